@@ -1,0 +1,39 @@
+# Front door. `make run` and `make test` do all the set-up on a fresh Debian 12 machine.
+BUILD   ?= build
+CHECK   ?= build-check
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+NANOLM_IMPL ?= src
+
+.PHONY: all deps build run test bench check fuzz clean
+
+all: build
+
+deps:
+	@scripts/setup-deps.sh
+
+$(BUILD)/Makefile: CMakeLists.txt
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DNANOLM_IMPL=$(NANOLM_IMPL) $(CMAKE_FLAGS)
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DNANOLM_IMPL=$(NANOLM_IMPL) $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The main job on built-in defaults.
+run: build
+	@scripts/run-main.sh $(BUILD)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure --timeout 900 -j $(JOBS)
+
+bench: build
+	@scripts/bench.sh $(BUILD)
+
+# ASan + UBSan (+ LeakSanitizer) build of the whole suite.
+check: deps
+	cmake -S . -B $(CHECK) -DCMAKE_BUILD_TYPE=Debug -DNANOLM_SANITIZE=ON -DNANOLM_IMPL=$(NANOLM_IMPL) $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(CHECK) -j $(JOBS)
+	cd $(CHECK) && NANOLM_SANITIZED=1 ctest --output-on-failure --timeout 1800 -j $(JOBS) -LE slow
+
+clean:
+	rm -rf $(BUILD) $(CHECK)

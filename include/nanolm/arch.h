@@ -1,0 +1,64 @@
+/*
+ * The shape of a decoder-only transformer (Llama family: RMSNorm, RoPE, GQA, SwiGLU),
+ * optionally with mixture-of-experts MLPs. One struct, two users: the runtime (model/) builds
+ * NanoLM from it and the planner (plan/) prices it, so a prediction can be checked against a
+ * real run.
+ */
+#ifndef NANOLM_ARCH_H
+#define NANOLM_ARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "nanolm/base.h"
+
+typedef struct nl_arch {
+    char name[64];
+    int64_t vocab_size;
+    int64_t dim;          /* d_model */
+    int64_t n_layers;
+    int64_t n_heads;
+    int64_t n_kv_heads;   /* = n_heads without GQA */
+    int64_t hidden_dim;   /* SwiGLU inner size of the dense MLP */
+    int64_t seq_len;      /* maximum context */
+    double rope_theta;    /* 10000 for Llama-2, 500000 for Llama-3 */
+    double norm_eps;      /* RMSNorm epsilon */
+    int tied_embeddings;  /* 1: the classifier shares the token embedding */
+    /* Mixture of experts (n_experts == 0: dense). Layers with index >= first_moe_layer use
+     * MoE MLPs; the first ones stay dense (DeepSeek-V3 keeps 3 dense layers). */
+    int64_t n_experts;        /* routed experts per MoE layer */
+    int64_t n_shared_experts; /* always-on experts per MoE layer */
+    int64_t top_k;            /* routed experts per token */
+    int64_t expert_hidden_dim;/* SwiGLU inner size of one expert */
+    int64_t first_moe_layer;
+    /* Attention variant the planner prices; the runtime implements standard GQA only. */
+    int64_t head_dim;         /* 0 = dim / n_heads */
+} nl_arch;
+
+/* Head size (dim / n_heads unless head_dim is set). */
+int64_t nl_arch_head_dim(const nl_arch *a);
+/* Checks the shape is consistent (positive sizes, heads divide, kv heads divide heads, ...).
+ * Returns NL_ERR_INVALID with a message naming the field. */
+nl_status nl_arch_validate(const nl_arch *a);
+
+/* Parameter counts (exact, as the runtime allocates them). */
+typedef struct nl_arch_params {
+    int64_t embedding;     /* vocab * dim */
+    int64_t classifier;    /* vocab * dim, 0 when tied */
+    int64_t attention;     /* all layers: wq, wk, wv, wo */
+    int64_t mlp_dense;     /* all dense layers: w1, w2, w3 */
+    int64_t mlp_experts;   /* all routed experts of all MoE layers */
+    int64_t mlp_shared;    /* all shared experts */
+    int64_t router;        /* all routers: dim * n_experts per MoE layer */
+    int64_t norms;         /* 2 per layer + final, dim each */
+    int64_t total;
+    int64_t non_embedding; /* total - embedding - classifier (Kaplan/Chinchilla-style N) */
+    int64_t active;        /* parameters used per token (top_k + shared experts only) */
+} nl_arch_params;
+void nl_arch_count_params(const nl_arch *a, nl_arch_params *out);
+
+/* Built-in NanoLM presets: "stories260k", "shakespeare-char", "small". */
+nl_status nl_arch_preset(const char *name, nl_arch *out);
+/* NULL-terminated list of preset names. */
+const char *const *nl_arch_preset_names(void);
+
+#endif

@@ -1,0 +1,112 @@
+/*
+ * nanolm base: status codes and the last error, checked allocation, a seedable RNG,
+ * a monotonic timer, a progress line, and atomic file writes.
+ *
+ * Every library function that can fail returns nl_status (0 = NL_OK) and leaves a
+ * human-readable message in a thread-local buffer, read with nl_last_error().
+ * The library never calls exit() or abort().
+ */
+#ifndef NANOLM_BASE_H
+#define NANOLM_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nl_status {
+    NL_OK = 0,
+    NL_ERR_INVALID = 1,   /* bad argument or bad input value (NaN, unknown name, bad shape) */
+    NL_ERR_NOMEM = 2,     /* allocation failed or request too large */
+    NL_ERR_IO = 3,        /* open/read/write/fsync/rename failed */
+    NL_ERR_FORMAT = 4,    /* a file is malformed (truncated, bad header, wrong dtype) */
+    NL_ERR_RANGE = 5,     /* a value is outside what the target can represent */
+    NL_ERR_UNSUPPORTED = 6, /* valid request this build or format cannot do */
+    NL_ERR_NUMERIC = 7,   /* a computation produced NaN/inf where it must not */
+    NL_ERR_COMM = 8,      /* a collective or peer failed */
+    NL_ERR_NOT_IMPLEMENTED = 9 /* used only by the course skeletons in exercises/ */
+} nl_status;
+
+/* Sets the thread's last error message (printf-style) and returns `code`, so that
+ * `return nl_fail(NL_ERR_INVALID, "bits must be 2..8, got %d", bits);` reads well. */
+nl_status nl_fail(nl_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The message of the last failure on this thread ("" if none). */
+const char *nl_last_error(void);
+/* Clears the last error. */
+void nl_clear_error(void);
+/* Short name of a status code ("invalid argument", ...). */
+const char *nl_status_name(nl_status s);
+
+#define NL_TRY(expr) do { nl_status nl__rc = (expr); if (nl__rc != NL_OK) return nl__rc; } while (0)
+
+/* ---- allocation ---------------------------------------------------------------------------
+ * Checked allocation: on failure (or a size overflow) returns NULL and sets the last error
+ * naming `what` and the byte count. Memory is 64-byte aligned; free with nl_free. */
+void *nl_malloc(size_t bytes, const char *what);
+void *nl_calloc(size_t count, size_t size, const char *what);
+void nl_free(void *p);
+/* count*size with overflow check; returns 0 on success. */
+int nl_mul_overflows(size_t count, size_t size, size_t *out);
+
+/* ---- random numbers -----------------------------------------------------------------------
+ * xoshiro256** seeded through splitmix64: deterministic for a seed on every platform. */
+typedef struct nl_rng { uint64_t s[4]; } nl_rng;
+void nl_rng_seed(nl_rng *r, uint64_t seed);
+uint64_t nl_rng_u64(nl_rng *r);
+uint32_t nl_rng_u32(nl_rng *r);
+/* Uniform in [0, 1) with 24 bits (float) or 53 bits (double). */
+float nl_rng_float(nl_rng *r);
+double nl_rng_double(nl_rng *r);
+/* Uniform integer in [0, n). */
+uint64_t nl_rng_below(nl_rng *r, uint64_t n);
+/* Standard normal (Box-Muller, deterministic). */
+double nl_rng_normal(nl_rng *r);
+
+/* ---- time ---------------------------------------------------------------------------------- */
+/* Monotonic seconds since an arbitrary origin. */
+double nl_time_s(void);
+
+/* ---- progress ------------------------------------------------------------------------------
+ * A one-line progress report on stderr, redrawn in place, shown only when stderr is a
+ * terminal (or NANOLM_PROGRESS=1). Prints step/total, rate, ETA and a caller's text. */
+typedef struct nl_progress {
+    const char *label;
+    int64_t total;
+    double t0, last_draw;
+    int enabled;
+} nl_progress;
+void nl_progress_begin(nl_progress *p, const char *label, int64_t total);
+/* `extra` may be NULL; `units_per_step` feeds the rate (e.g. tokens per step). */
+void nl_progress_update(nl_progress *p, int64_t done, double units_done, const char *unit,
+                        const char *extra);
+void nl_progress_end(nl_progress *p);
+
+/* ---- files ---------------------------------------------------------------------------------
+ * Atomic write: data goes to "<path>.tmp.<pid>", is fsynced, then renamed over `path`, and the
+ * directory is fsynced. On any failure the temp file is removed and `path` is untouched. */
+typedef struct nl_atomic_file {
+    FILE *f;
+    char *path;
+    char *tmp_path;
+} nl_atomic_file;
+nl_status nl_atomic_open(nl_atomic_file *af, const char *path);
+/* Writes all bytes or fails (NL_ERR_IO, message names the file and errno). */
+nl_status nl_atomic_write(nl_atomic_file *af, const void *data, size_t bytes);
+nl_status nl_atomic_commit(nl_atomic_file *af);
+void nl_atomic_abort(nl_atomic_file *af);
+/* Whole-file helpers. nl_read_file returns a NUL-terminated buffer (free with nl_free). */
+nl_status nl_read_file(const char *path, char **data, size_t *bytes);
+nl_status nl_write_file_atomic(const char *path, const void *data, size_t bytes);
+
+/* ---- threads --------------------------------------------------------------------------------
+ * Number of OpenMP threads nanolm uses (OMP_NUM_THREADS or cores); set both OpenMP and BLAS. */
+int nl_threads(void);
+void nl_set_threads(int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

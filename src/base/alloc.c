@@ -1,0 +1,37 @@
+/* Checked, 64-byte aligned allocation. */
+#include "nanolm/base.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int nl_mul_overflows(size_t count, size_t size, size_t *out) {
+    if (size != 0 && count > SIZE_MAX / size) return 1;
+    *out = count * size;
+    return 0;
+}
+
+void *nl_malloc(size_t bytes, const char *what) {
+    void *p = NULL;
+    size_t n = bytes ? bytes : 1;
+    n = (n + 63) & ~(size_t)63;
+    if (n < bytes || posix_memalign(&p, 64, n) != 0) {
+        nl_fail(NL_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes,
+                what ? what : "a buffer");
+        return NULL;
+    }
+    return p;
+}
+
+void *nl_calloc(size_t count, size_t size, const char *what) {
+    size_t bytes;
+    if (nl_mul_overflows(count, size, &bytes)) {
+        nl_fail(NL_ERR_NOMEM, "size overflow allocating %zu x %zu bytes for %s", count, size,
+                what ? what : "a buffer");
+        return NULL;
+    }
+    void *p = nl_malloc(bytes, what);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+void nl_free(void *p) { free(p); }

@@ -1,0 +1,183 @@
+/* Monotonic time, progress line, atomic file writes, thread count. */
+#include "nanolm/base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+double nl_time_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- progress ---- */
+
+void nl_progress_begin(nl_progress *p, const char *label, int64_t total) {
+    const char *force = getenv("NANOLM_PROGRESS");
+    p->label = label;
+    p->total = total;
+    p->t0 = nl_time_s();
+    p->last_draw = 0;
+    p->enabled = force ? atoi(force) != 0 : isatty(STDERR_FILENO);
+}
+
+static void fmt_duration(char *buf, size_t n, double s) {
+    if (!(s >= 0) || s > 1e7) { snprintf(buf, n, "?"); return; }
+    int h = (int)(s / 3600), m = (int)(s / 60) % 60, sec = (int)s % 60;
+    if (h) snprintf(buf, n, "%dh%02dm", h, m);
+    else snprintf(buf, n, "%dm%02ds", m, sec);
+}
+
+void nl_progress_update(nl_progress *p, int64_t done, double units_done, const char *unit,
+                        const char *extra) {
+    if (!p->enabled) return;
+    double now = nl_time_s();
+    if (now - p->last_draw < 0.2 && done < p->total) return;
+    p->last_draw = now;
+    double el = now - p->t0;
+    double rate = el > 0 ? units_done / el : 0;
+    double eta = (done > 0 && p->total > 0) ? el * (double)(p->total - done) / (double)done : -1;
+    char etab[32];
+    fmt_duration(etab, sizeof etab, eta);
+    fprintf(stderr, "\r\033[K%s %lld/%lld  %.4g %s/s  ETA %s  %s", p->label ? p->label : "",
+            (long long)done, (long long)p->total, rate, unit ? unit : "it", etab,
+            extra ? extra : "");
+    fflush(stderr);
+}
+
+void nl_progress_end(nl_progress *p) {
+    if (!p->enabled) return;
+    fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+}
+
+/* ---- atomic files ---- */
+
+static char *dupstr(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+nl_status nl_atomic_open(nl_atomic_file *af, const char *path) {
+    memset(af, 0, sizeof *af);
+    af->path = dupstr(path);
+    size_t n = strlen(path) + 32;
+    af->tmp_path = malloc(n);
+    if (!af->path || !af->tmp_path) {
+        free(af->path); free(af->tmp_path);
+        return nl_fail(NL_ERR_NOMEM, "out of memory opening %s", path);
+    }
+    snprintf(af->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
+    af->f = fopen(af->tmp_path, "wb");
+    if (!af->f) {
+        nl_status rc = nl_fail(NL_ERR_IO, "cannot create %s: %s", af->tmp_path, strerror(errno));
+        free(af->path); free(af->tmp_path);
+        memset(af, 0, sizeof *af);
+        return rc;
+    }
+    return NL_OK;
+}
+
+nl_status nl_atomic_write(nl_atomic_file *af, const void *data, size_t bytes) {
+    if (!af->f) return nl_fail(NL_ERR_IO, "write to a closed file");
+    if (bytes && fwrite(data, 1, bytes, af->f) != bytes) {
+        int e = errno;
+        return nl_fail(NL_ERR_IO, "writing %s failed: %s", af->path, e ? strerror(e) : "short write");
+    }
+    return NL_OK;
+}
+
+void nl_atomic_abort(nl_atomic_file *af) {
+    if (af->f) fclose(af->f);
+    if (af->tmp_path) unlink(af->tmp_path);
+    free(af->path);
+    free(af->tmp_path);
+    memset(af, 0, sizeof *af);
+}
+
+nl_status nl_atomic_commit(nl_atomic_file *af) {
+    nl_status rc = NL_OK;
+    if (!af->f) return nl_fail(NL_ERR_IO, "commit of a closed file");
+    if (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0) {
+        rc = nl_fail(NL_ERR_IO, "writing %s failed: %s (previous file kept)", af->path, strerror(errno));
+        nl_atomic_abort(af);
+        return rc;
+    }
+    if (fclose(af->f) != 0) {
+        af->f = NULL;
+        rc = nl_fail(NL_ERR_IO, "closing %s failed: %s (previous file kept)", af->path, strerror(errno));
+        nl_atomic_abort(af);
+        return rc;
+    }
+    af->f = NULL;
+    if (rename(af->tmp_path, af->path) != 0) {
+        rc = nl_fail(NL_ERR_IO, "renaming %s to %s failed: %s", af->tmp_path, af->path, strerror(errno));
+        nl_atomic_abort(af);
+        return rc;
+    }
+    /* fsync the directory so the rename itself is durable. */
+    char *d = dupstr(af->path);
+    if (d) {
+        int fd = open(dirname(d), O_RDONLY | O_DIRECTORY);
+        if (fd >= 0) { fsync(fd); close(fd); }
+        free(d);
+    }
+    free(af->path);
+    free(af->tmp_path);
+    memset(af, 0, sizeof *af);
+    return NL_OK;
+}
+
+nl_status nl_write_file_atomic(const char *path, const void *data, size_t bytes) {
+    nl_atomic_file af;
+    NL_TRY(nl_atomic_open(&af, path));
+    nl_status rc = nl_atomic_write(&af, data, bytes);
+    if (rc) { nl_atomic_abort(&af); return rc; }
+    return nl_atomic_commit(&af);
+}
+
+nl_status nl_read_file(const char *path, char **data, size_t *bytes) {
+    *data = NULL;
+    *bytes = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return nl_fail(NL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return nl_fail(NL_ERR_IO, "%s is not a regular file", path);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = nl_malloc(n + 1, path);
+    if (!buf) { fclose(f); return NL_ERR_NOMEM; }
+    if (n && fread(buf, 1, n, f) != n) {
+        nl_free(buf);
+        fclose(f);
+        return nl_fail(NL_ERR_IO, "reading %s failed (short read)", path);
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *data = buf;
+    *bytes = n;
+    return NL_OK;
+}
+
+/* ---- threads ---- */
+
+extern void openblas_set_num_threads(int);
+
+int nl_threads(void) { return omp_get_max_threads(); }
+
+void nl_set_threads(int n) {
+    if (n < 1) n = 1;
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+}

@@ -1,0 +1,51 @@
+/* nanolm <command> [subcommand] [options]: dispatch to one file per command. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct nl_command {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+} nl_command;
+
+int nl_cmd_version(int argc, char **argv);
+
+/* One line per command; each lives in src/cli/cmd_<name>.c. */
+static const nl_command commands[] = {
+    {"version", "print the version and build configuration", nl_cmd_version},
+};
+
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "nanolm: the economics of large language models, computable and checkable.\n\n"
+            "usage: nanolm <command> [subcommand] [options]\n"
+            "       nanolm <command> --help\n\n"
+            "commands:\n");
+    for (size_t i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nEvery command prints a table by default and the same data with --json.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return NL_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return NL_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version")) return nl_cmd_version(argc - 1, argv + 1);
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name)) {
+            nl_cli_getopt_reset();
+            return commands[i].run(argc - 1, argv + 1);
+        }
+    fprintf(stderr, "nanolm: unknown command '%s' (commands:", argv[1]);
+    for (size_t i = 0; i < NCOMMANDS; i++) fprintf(stderr, " %s", commands[i].name);
+    fprintf(stderr, ")\n");
+    return NL_EXIT_USAGE;
+}

@@ -1,0 +1,154 @@
+/* base/: errors, allocation, RNG determinism, atomic files, SVG, arch counts, CLI errors. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "nanolm/arch.h"
+#include "nanolm/base.h"
+#include "nanolm/svg.h"
+
+static void test_error_message(void **state) {
+    (void)state;
+    nl_status rc = nl_fail(NL_ERR_INVALID, "bits must be 2..8, got %d", 9);
+    assert_int_equal(rc, NL_ERR_INVALID);
+    assert_string_equal(nl_last_error(), "bits must be 2..8, got 9");
+    nl_clear_error();
+    assert_string_equal(nl_last_error(), "");
+}
+
+static void test_alloc_overflow(void **state) {
+    (void)state;
+    void *p = nl_calloc(SIZE_MAX / 2, 4, "huge buffer");
+    assert_null(p);
+    assert_non_null(strstr(nl_last_error(), "huge buffer"));
+    p = nl_malloc(100, "small");
+    assert_non_null(p);
+    assert_int_equal((uintptr_t)p % 64, 0);
+    nl_free(p);
+}
+
+static void test_rng_deterministic(void **state) {
+    (void)state;
+    nl_rng a, b;
+    nl_rng_seed(&a, 42);
+    nl_rng_seed(&b, 42);
+    for (int i = 0; i < 1000; i++) assert_true(nl_rng_u64(&a) == nl_rng_u64(&b));
+    nl_rng_seed(&b, 43);
+    assert_true(nl_rng_u64(&a) != nl_rng_u64(&b));
+    /* Moments of the normal generator. */
+    double s = 0, s2 = 0;
+    int n = 200000;
+    for (int i = 0; i < n; i++) { double x = nl_rng_normal(&a); s += x; s2 += x * x; }
+    assert_true(fabs(s / n) < 0.01);
+    assert_true(fabs(s2 / n - 1) < 0.02);
+    for (int i = 0; i < 1000; i++) {
+        float f = nl_rng_float(&a);
+        assert_true(f >= 0 && f < 1);
+        assert_true(nl_rng_below(&a, 7) < 7);
+    }
+}
+
+static void test_atomic_file(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    assert_non_null(dir);
+    char path[256];
+    snprintf(path, sizeof path, "%s/x.bin", dir);
+    assert_int_equal(nl_write_file_atomic(path, "old", 3), NL_OK);
+    nl_atomic_file af;
+    assert_int_equal(nl_atomic_open(&af, path), NL_OK);
+    assert_int_equal(nl_atomic_write(&af, "new-but-aborted", 15), NL_OK);
+    nl_atomic_abort(&af); /* a failed write must leave the old file intact */
+    char *d;
+    size_t n;
+    assert_int_equal(nl_read_file(path, &d, &n), NL_OK);
+    assert_int_equal(n, 3);
+    assert_memory_equal(d, "old", 3);
+    nl_free(d);
+    assert_int_equal(nl_write_file_atomic(path, "newer", 5), NL_OK);
+    assert_int_equal(nl_read_file(path, &d, &n), NL_OK);
+    assert_int_equal(n, 5);
+    nl_free(d);
+    /* Reading a missing file names it. */
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/nope", dir);
+    assert_int_equal(nl_read_file(missing, &d, &n), NL_ERR_IO);
+    assert_non_null(strstr(nl_last_error(), "nope"));
+    tu_rmdir(dir);
+    free(dir);
+}
+
+static void test_svg_plot(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char path[256];
+    snprintf(path, sizeof path, "%s/p.svg", dir);
+    double x[] = {1, 2, 3, 4}, y[] = {4, 3, 2.5, 2.2};
+    nl_svg_series s = {.name = "loss <train>", .x = x, .y = y, .n = 4};
+    nl_svg_plot_opts o = {.title = "t", .xlabel = "step", .ylabel = "loss"};
+    assert_int_equal(nl_svg_plot(path, &o, &s, 1), NL_OK);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "<svg"));
+    assert_non_null(strstr(svg, "</svg>"));
+    assert_non_null(strstr(svg, "loss &lt;train&gt;"));
+    assert_non_null(strstr(svg, "<polyline"));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+static void test_arch_stories260k_params(void **state) {
+    (void)state;
+    nl_arch a;
+    assert_int_equal(nl_arch_preset("stories260k", &a), NL_OK);
+    assert_int_equal(nl_arch_validate(&a), NL_OK);
+    nl_arch_params p;
+    nl_arch_count_params(&a, &p);
+    /* From the llama2.c file layout in ../shared/data/README.md: 260,032 floats of weights. */
+    assert_int_equal(p.total, 260032);
+    assert_int_equal(p.embedding, 512 * 64);
+    assert_int_equal(p.classifier, 0);
+    assert_int_not_equal(nl_arch_preset("nope", &a), NL_OK);
+    assert_non_null(strstr(nl_last_error(), "nope"));
+}
+
+static void test_arch_validate_names_field(void **state) {
+    (void)state;
+    nl_arch a;
+    assert_int_equal(nl_arch_preset("small", &a), NL_OK);
+    a.n_kv_heads = 4; /* 6 heads not a multiple of 4 */
+    assert_int_equal(nl_arch_validate(&a), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "n_kv_heads"));
+}
+
+static void test_cli_errors(void **state) {
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("no-such-command", &out), 2);
+    assert_non_null(strstr(out, "no-such-command"));
+    free(out);
+    assert_int_equal(tu_run_cli("version --bogus", &out), 2);
+    assert_non_null(strstr(out, "--bogus"));
+    free(out);
+    assert_int_equal(tu_run_cli("--help", &out), 0);
+    assert_non_null(strstr(out, "usage"));
+    free(out);
+    assert_int_equal(tu_run_cli("version --json", &out), 0);
+    assert_non_null(strstr(out, "\"version\""));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_message),     cmocka_unit_test(test_alloc_overflow),
+        cmocka_unit_test(test_rng_deterministic), cmocka_unit_test(test_atomic_file),
+        cmocka_unit_test(test_svg_plot),          cmocka_unit_test(test_arch_stories260k_params),
+        cmocka_unit_test(test_arch_validate_names_field), cmocka_unit_test(test_cli_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,33 @@
+/* Helpers for the cmocka tests: shared data paths, running the CLI, temp dirs. */
+#ifndef NANOLM_TESTUTIL_H
+#define NANOLM_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* Path of a file under ../shared/data (NANOLM_DATA), or NULL if it does not exist.
+ * Returned buffer is static per call slot (8 slots, round-robin). */
+const char *tu_data_path(const char *rel);
+/* Skips the current test with a message naming the missing file when path is NULL. */
+#define TU_REQUIRE_DATA(var, rel)                                                     \
+    const char *var = tu_data_path(rel);                                              \
+    if (!var) {                                                                       \
+        print_message("[  SKIP    ] needs ../shared/data/%s (not present)\n", rel);    \
+        skip();                                                                       \
+        return;                                                                       \
+    }
+/* Runs the CLI (NANOLM_BIN) with a shell-quoted argument string; captures stdout+stderr into
+ * a malloc'd string (*out, may be NULL) and returns the exit status. */
+int tu_run_cli(const char *args, char **out);
+/* A fresh temporary directory (removed by tu_rmdir). */
+char *tu_tmpdir(void);
+void tu_rmdir(const char *dir);
+/* Reads a whole file; returns malloc'd buffer or NULL. */
+char *tu_read_file(const char *path, size_t *bytes);
+/* Path under the source tree (NANOLM_SRC), e.g. tests/ref/x.bin. Static buffer slots. */
+const char *tu_src_path(const char *rel);
+
+#endif
