@@ -371,13 +371,57 @@ static void test_array_api(void **state) {
     free(h); free(hd); free(r); free(codes); free(d); free(x);
 }
 
+/* The CLI: table, cast, sum, and bad input (exit 2, names the problem). */
+static void test_cli(void **state) {
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("formats", &out), 0);
+    assert_non_null(strstr(out, "e4m3"));
+    assert_non_null(strstr(out, "57344"));
+    assert_non_null(strstr(out, "65504"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast 257 --to bf16", &out), 0);
+    assert_non_null(strstr(out, "0x4380"));
+    assert_non_null(strstr(out, "0 | 10000111 | 0000000"));
+    assert_non_null(strstr(out, "decoded    256\n"));
+    assert_non_null(strstr(out, "256 below, 258 above"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast 257 --to fp16 --json", &out), 0);
+    assert_non_null(strstr(out, "\"decoded\":\t257"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast -500 --to e4m3", &out), 0);
+    assert_non_null(strstr(out, "0xFE"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats sum --format e4m3 --value 3 --count 100", &out), 0);
+    assert_non_null(strstr(out, "result 64 (exact 300; reaches 64 at step 18 and stays there)"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats sum --format e4m3 --value 3 --count 100 --promote-every 8", &out), 0);
+    assert_non_null(strstr(out, "result 300 (exact 300)"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast abc --to bf16", &out), 2);
+    assert_non_null(strstr(out, "abc"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast 1 --to fp7", &out), 2);
+    assert_non_null(strstr(out, "fp7"));
+    assert_non_null(strstr(out, "bf16, fp16, e4m3, e5m2"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats sum --format bogus --value 3 --count 2", &out), 2);
+    assert_non_null(strstr(out, "bogus"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats --frobnicate", &out), 2);
+    assert_non_null(strstr(out, "--frobnicate"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast 1 --to bf16 --rounding up", &out), 2);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_course_examples), cmocka_unit_test(test_known_codes),
         cmocka_unit_test(test_properties),      cmocka_unit_test(test_decode_exact),
         cmocka_unit_test(test_rounding_modes),  cmocka_unit_test(test_stochastic),
         cmocka_unit_test(test_neighbors),       cmocka_unit_test(test_kernels_vs_scalar),
-        cmocka_unit_test(test_array_api),
+        cmocka_unit_test(test_array_api),       cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
