@@ -420,13 +420,15 @@ static inline uint32_t mini_one(const nl_fmt_mini *p, uint32_t u, int *nan) {
     return c | ((u >> 31) << p->sign_shift);
 }
 
-int nl_fmt_mini_portable_u8(const nl_fmt_mini *p, const float *x, size_t n, uint8_t *out) {
+int nl_fmt_mini_portable_u8(const nl_fmt_mini *pp, const float *x, size_t n, uint8_t *out) {
+    const nl_fmt_mini local = *pp, *p = &local; /* a copy: stores to out cannot alias it */
     int nan = 0;
     for (size_t i = 0; i < n; i++) out[i] = (uint8_t)mini_one(p, f2u(x[i]), &nan);
     return nan;
 }
 
-int nl_fmt_mini_portable_u16(const nl_fmt_mini *p, const float *x, size_t n, uint16_t *out) {
+int nl_fmt_mini_portable_u16(const nl_fmt_mini *pp, const float *x, size_t n, uint16_t *out) {
+    const nl_fmt_mini local = *pp, *p = &local;
     int nan = 0;
     for (size_t i = 0; i < n; i++) out[i] = (uint16_t)mini_one(p, f2u(x[i]), &nan);
     return nan;
