@@ -286,14 +286,15 @@ static void check_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n,
         assert_int_equal(rc, NL_OK);
         for (size_t i = 0; i < m; i++) {
             uint32_t ref = enc(f, x[off + i]);
-            uint32_t got = w == 2 ? ((uint16_t *)codes)[i] : codes[i];
+            uint32_t got = w == 4 ? ((uint32_t *)codes)[i] : w == 2 ? ((uint16_t *)codes)[i] : codes[i];
             if (got != ref) {
                 print_error("%s kernel %s: x=%a (0x%08X) got 0x%X want 0x%X\n", nl_fmt_name(f),
                             nl_fmt_kernel_name(k), (double)x[off + i], f2bits(x[off + i]), got, ref);
                 fail();
             }
         }
-        assert_int_equal(w == 2 ? ((uint16_t *)codes)[m] : codes[m], w == 2 ? 0xABAB : 0xAB);
+        assert_int_equal(w == 4 ? ((uint32_t *)codes)[m] : w == 2 ? ((uint16_t *)codes)[m] : codes[m],
+                         w == 4 ? 0xABABABABu : w == 2 ? 0xABAB : 0xAB);
     }
     free(codes);
 }
@@ -305,7 +306,8 @@ static void test_kernels_vs_scalar(void **state) {
     float *xn = malloc(n * sizeof *xn); /* NaN-free copy for formats without NaN */
     size_t nn = 0;
     for (size_t i = 0; i < n; i++) if (!isnan(x[i])) xn[nn++] = x[i];
-    const nl_format fs[] = {NL_FMT_BF16, NL_FMT_FP16, NL_FMT_E4M3, NL_FMT_E5M2, NL_FMT_E3M2, NL_FMT_E2M3, NL_FMT_E2M1};
+    const nl_format fs[] = {NL_FMT_BF16, NL_FMT_FP16, NL_FMT_E4M3, NL_FMT_E5M2, NL_FMT_E3M2, NL_FMT_E2M3, NL_FMT_E2M1,
+                            NL_FMT_FP32, NL_FMT_TF32, NL_FMT_E8M0, NL_FMT_INT8, NL_FMT_INT4};
     int ran = 0;
     for (size_t j = 0; j < sizeof fs / sizeof fs[0]; j++) {
         const nl_format_info *fi = nl_fmt_info(fs[j]);
@@ -314,11 +316,19 @@ static void test_kernels_vs_scalar(void **state) {
                 print_message("[  INFO    ] %s kernel %s not available here\n", fi->name, nl_fmt_kernel_name((nl_fmt_kernel)k));
                 continue;
             }
-            check_kernel(fs[j], (nl_fmt_kernel)k, fi->has_nan ? x : xn, fi->has_nan ? n : nn, 0);
+            if (fs[j] == NL_FMT_E8M0) { /* no zero or negatives: use |x| > 0 */
+                float *xp = malloc(nn * sizeof *xp);
+                size_t np = 0;
+                for (size_t i = 0; i < nn; i++) if (xn[i] != 0) xp[np++] = fabsf(xn[i]);
+                check_kernel(fs[j], (nl_fmt_kernel)k, xp, np, 0);
+                free(xp);
+            } else {
+                check_kernel(fs[j], (nl_fmt_kernel)k, fi->has_nan ? x : xn, fi->has_nan ? n : nn, 0);
+            }
             ran++;
         }
     }
-    assert_true(ran >= 14); /* at least auto + portable for each */
+    assert_true(ran >= 24); /* at least auto + portable for each */
     free(x);
     free(xn);
 }

@@ -446,6 +446,19 @@ int nl_fmt_bf16_portable(const float *x, size_t n, uint16_t *out) {
     return nan;
 }
 
+/* tf32: the bf16 trick with 13 dropped bits; the sign lands in bit 18 of the 19-bit code. */
+static int tf32_portable(const float *x, size_t n, uint32_t *out) {
+    int nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = f2u(x[i]);
+        int isnan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+        uint32_t r = (u + 0xFFFu + ((u >> 13) & 1u)) >> 13;
+        nan |= isnan;
+        out[i] = isnan ? (((u >> 13) & 0x40000u) | 0x3FE00u) : r;
+    }
+    return nan;
+}
+
 /* ---- bulk: dispatch ----------------------------------------------------------------------- */
 
 const char *nl_fmt_kernel_name(nl_fmt_kernel k) {
@@ -506,7 +519,12 @@ static int run_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n, vo
         default: return nl_fmt_mini_portable_u8(&MINI[f], x, n, codes);
         }
     }
-    return -1; /* scalar formats: handled by the caller */
+    if (f == NL_FMT_FP32) {
+        memmove(codes, x, n * sizeof(float));
+        return 0;
+    }
+    if (f == NL_FMT_TF32) return tf32_portable(x, n, codes);
+    return -1; /* E8M0, int8, int4: the scalar loop in the caller */
 }
 
 static nl_status encode_scalar_loop(nl_format f, const float *x, size_t n, void *codes) {
