@@ -140,8 +140,8 @@ nl_status nl_plan_train_eval(const nl_train_req *q, const nl_layout *L0, nl_trai
                        (long long)(L->dp * L->tp * L->pp * L->cp), (long long)q->gpus);
     if (a->n_heads % L->tp)
         return nl_fail(NL_ERR_INVALID, "layout: tp %lld does not divide %lld heads", (long long)L->tp, (long long)a->n_heads);
-    if (L->pp * L->vpp > a->n_layers)
-        return nl_fail(NL_ERR_INVALID, "layout: pp*v %lld exceeds %lld layers", (long long)(L->pp * L->vpp), (long long)a->n_layers);
+    if (a->n_layers % (L->pp * L->vpp)) /* Megatron-LM's requirement for even stages */
+        return nl_fail(NL_ERR_INVALID, "layout: pp*v %lld does not divide %lld layers", (long long)(L->pp * L->vpp), (long long)a->n_layers);
     if (q->seq % L->cp)
         return nl_fail(NL_ERR_INVALID, "layout: cp %lld does not divide the sequence %lld", (long long)L->cp, (long long)q->seq);
     if (L->ep > 1 && (a->n_experts == 0 || a->n_experts % L->ep || (L->dp * L->cp) % L->ep))
@@ -330,8 +330,7 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
     for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp *= 2) {
         if (q->gpus % tp || a->n_heads % tp) continue;
         for (int64_t pp = 1; pp <= a->n_layers && tp * pp <= q->gpus; pp++) {
-            if ((q->gpus / tp) % pp) continue;
-            if (pp > 1 && a->n_layers % pp && pp > 64) continue;
+            if ((q->gpus / tp) % pp || a->n_layers % pp) continue;
             for (int64_t cp = 1; cp <= 16 && tp * pp * cp <= q->gpus; cp *= 2) {
                 if ((q->gpus / (tp * pp)) % cp || q->seq % cp || q->seq / cp < 512) continue;
                 int64_t dp = q->gpus / (tp * pp * cp);
@@ -371,8 +370,9 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
         if (!saw_decomp)
             return nl_fail(NL_ERR_INVALID,
                            "no layout can use %lld GPUs: the global batch of %lld sequences is not a multiple of any "
-                           "data-parallel degree left after tp (<= %lld, dividing %lld heads), pp and cp",
-                           (long long)q->gpus, (long long)q->global_batch, (long long)gpn, (long long)a->n_heads);
+                           "data-parallel degree left after tp (<= %lld, dividing %lld heads), pp (dividing %lld layers) and cp",
+                           (long long)q->gpus, (long long)q->global_batch, (long long)gpn, (long long)a->n_heads,
+                           (long long)a->n_layers);
         return nl_fail(NL_ERR_INVALID, "no layout can use %lld GPUs with a global batch of %lld sequences "
                        "(pipelines need at least as many microbatches as stages)", (long long)q->gpus, (long long)q->global_batch);
     }
