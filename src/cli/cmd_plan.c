@@ -13,6 +13,8 @@ static void usage(FILE *f) {
             "usage: nanolm plan catalog [--hw FILE.json] [--model-file FILE.json] [--json]\n"
             "       nanolm plan train --model M --gpus N [--gpu G] [--tokens D] [--global-batch B] [--seq S]\n"
             "                         [--recipe bf16] [--params N] [--top K] [--svg FILE] [--json] [assumptions]\n"
+            "                         [--dp D --tp T --pp P --cp C --ep E --micro-batch B --zero Z --recompute R]\n"
+            "                         (each of these fixes that part of the layout; the rest is searched)\n"
             "       nanolm plan layer --model M [--params N] --tp T [--sp] [--pp P] [--dp D] [--ep E]\n"
             "                         [--zero 0|1|2|3|hsdp] [--tokens-per-gpu T] [--micro M] [--json] [assumptions]\n"
             "       nanolm plan serve --model M [--gpu G] [--tp N] [--prompt P] [--output O] [--batch B]\n"
@@ -177,17 +179,32 @@ static cJSON *eval_json(const nl_train_eval *e) {
 static int cmd_train(int argc, char **argv) {
     static const struct option opts[] = {COMMON_OPTS, {"gpus", required_argument, 0, 'g'}, {"tokens", required_argument, 0, 'd'},
                                          {"global-batch", required_argument, 0, 'b'}, {"seq", required_argument, 0, 's'},
-                                         {"top", required_argument, 0, 'k'}, {"svg", required_argument, 0, 'v'}, {0, 0, 0, 0}};
+                                         {"top", required_argument, 0, 'k'}, {"svg", required_argument, 0, 'v'},
+                                         {"dp", required_argument, 0, 'D'}, {"tp", required_argument, 0, 'T'},
+                                         {"pp", required_argument, 0, 'P'}, {"cp", required_argument, 0, 'C'},
+                                         {"ep", required_argument, 0, 'E'}, {"micro-batch", required_argument, 0, 'B'},
+                                         {"zero", required_argument, 0, 'Z'}, {"recompute", required_argument, 0, 'R'},
+                                         {0, 0, 0, 0}};
+    int64_t fx[6] = {0};
+    int fz = 0, fr = 0;
     common o;
     common_init(&o);
     int64_t gpus = 0, gb = 0, seq = 0, top = 8;
     const char *svg = NULL;
     int c;
-    while ((c = getopt_long(argc, argv, "M:G:n:r:g:d:b:s:k:v:jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "M:G:n:r:g:d:b:s:k:v:D:T:P:C:E:B:Z:R:jh", opts, NULL)) != -1) {
         int r = common_opt(&o, c, optarg);
         if (r == 1) continue;
         if (r < 0) return common_rc(r, "plan train", c);
         switch (c) {
+        case 'D': if (nl_cli_int("--dp", optarg, 1, 1 << 20, &fx[0])) return NL_EXIT_USAGE; break;
+        case 'T': if (nl_cli_int("--tp", optarg, 1, 1024, &fx[1])) return NL_EXIT_USAGE; break;
+        case 'P': if (nl_cli_int("--pp", optarg, 1, 1024, &fx[2])) return NL_EXIT_USAGE; break;
+        case 'C': if (nl_cli_int("--cp", optarg, 1, 1024, &fx[3])) return NL_EXIT_USAGE; break;
+        case 'E': if (nl_cli_int("--ep", optarg, 1, 4096, &fx[4])) return NL_EXIT_USAGE; break;
+        case 'B': if (nl_cli_int("--micro-batch", optarg, 1, 1 << 16, &fx[5])) return NL_EXIT_USAGE; break;
+        case 'Z': if ((fz = nl_parse_zero(optarg)) < 0) return nl_cli_usage_error("plan train: unknown --zero '%s' (0, 1, 2, 3, hsdp)", optarg); fz++; break;
+        case 'R': if ((fr = nl_parse_recompute(optarg)) < 0) return nl_cli_usage_error("plan train: unknown --recompute '%s' (none, selective, full)", optarg); fr++; break;
         case 'g': if (nl_cli_int("--gpus", optarg, 1, 1 << 20, &gpus)) return NL_EXIT_USAGE; break;
         case 'd': if (nl_cli_double_si("--tokens", optarg, &o.tokens) || !(o.tokens > 0)) return nl_cli_usage_error("plan train: bad --tokens"); break;
         case 'b': if (nl_cli_int("--global-batch", optarg, 1, 1 << 24, &gb)) return NL_EXIT_USAGE; break;
@@ -205,6 +222,9 @@ static int cmd_train(int argc, char **argv) {
     if (rc) return rc;
     q.gpus = gpus;
     q.seq = seq > 0 ? seq : q.arch.seq_len;
+    q.fix.dp = fx[0]; q.fix.tp = fx[1]; q.fix.pp = fx[2]; q.fix.cp = fx[3]; q.fix.ep = fx[4]; q.fix.micro_batch = fx[5];
+    q.fix.zero_plus1 = fz;
+    q.fix.recompute_plus1 = fr;
     nl_arch_params ap;
     nl_arch_count_params(&q.arch, &ap);
     double N = o.params > 0 ? o.params : (double)ap.total;

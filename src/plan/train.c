@@ -140,8 +140,9 @@ nl_status nl_plan_train_eval(const nl_train_req *q, const nl_layout *L0, nl_trai
                        (long long)(L->dp * L->tp * L->pp * L->cp), (long long)q->gpus);
     if (a->n_heads % L->tp)
         return nl_fail(NL_ERR_INVALID, "layout: tp %lld does not divide %lld heads", (long long)L->tp, (long long)a->n_heads);
-    if (a->n_layers % (L->pp * L->vpp)) /* Megatron-LM's requirement for even stages */
-        return nl_fail(NL_ERR_INVALID, "layout: pp*v %lld does not divide %lld layers", (long long)(L->pp * L->vpp), (long long)a->n_layers);
+    /* Uneven stages are priced by the busiest one (ceil); the search keeps to pp | layers. */
+    if (L->pp * L->vpp > a->n_layers)
+        return nl_fail(NL_ERR_INVALID, "layout: pp*v %lld exceeds %lld layers", (long long)(L->pp * L->vpp), (long long)a->n_layers);
     if (q->seq % L->cp)
         return nl_fail(NL_ERR_INVALID, "layout: cp %lld does not divide the sequence %lld", (long long)L->cp, (long long)q->seq);
     if (L->ep > 1 && (a->n_experts == 0 || a->n_experts % L->ep || (L->dp * L->cp) % L->ep))
@@ -240,7 +241,8 @@ nl_status nl_plan_train_eval(const nl_train_req *q, const nl_layout *L0, nl_trai
     }
     /* Pipeline: one activation forward and one gradient backward per microbatch and boundary. */
     double t_pp_mb = 0;
-    if (L->pp > 1) t_pp_mb = 2 * nl_plan_coll_time(hw, NL_P2P, 2, layer_act / (L->sp ? t : 1.0), pp_span);
+    /* Interleaving sends v times as often (Narayanan et al. 2021 sec. 2.2). */
+    if (L->pp > 1) t_pp_mb = 2 * (double)L->vpp * nl_plan_coll_time(hw, NL_P2P, 2, layer_act / (L->sp ? t : 1.0), pp_span);
 
     /* Data parallel / ZeRO per step. Gradients reduce in the recipe's gradient precision, weights
      * gather in the weight precision. */
@@ -325,12 +327,12 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
     r->evals = malloc(cap * sizeof *r->evals); /* grown with realloc, freed with free */
     if (!r->evals) return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
     int64_t gpn = q->hw.gpus_per_node;
-    static const int64_t mbs[] = {1, 2, 4, 8, 16};
+    static const int64_t mbs[] = {1, 2, 3, 4, 6, 8, 16};
     int saw_decomp = 0;
     for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp *= 2) {
         if (q->gpus % tp || a->n_heads % tp) continue;
         for (int64_t pp = 1; pp <= a->n_layers && tp * pp <= q->gpus; pp++) {
-            if ((q->gpus / tp) % pp || a->n_layers % pp) continue;
+            if ((q->gpus / tp) % pp || (a->n_layers % pp && pp != q->fix.pp)) continue;
             for (int64_t cp = 1; cp <= 16 && tp * pp * cp <= q->gpus; cp *= 2) {
                 if ((q->gpus / (tp * pp)) % cp || q->seq % cp || q->seq / cp < 512) continue;
                 int64_t dp = q->gpus / (tp * pp * cp);
@@ -345,10 +347,18 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
                             saw_decomp = 1;
                             int64_t nm = q->global_batch / (dp * mb);
                             if (pp > 1 && nm < pp) continue;
-                            for (int64_t v = 1; v <= (pp > 1 ? 2 : 1); v++) {
-                                if (v > 1 && (a->n_layers % (pp * v) || nm % pp)) continue;
+                            if (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) continue;
+                            for (int64_t v = 1; v <= (pp > 1 ? 8 : 1); v *= 2) {
+                                /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
+                                if (v > 1 && (pp * v > a->n_layers || nm % pp || (a->n_layers % (pp * v) && pp != q->fix.pp))) continue;
                                 for (int rc = 0; rc <= 2; rc++) {
                                     nl_layout L = {dp, tp, pp, cp, ep, (nl_zero)z, mb, nm, v, (nl_recompute)rc, tp > 1};
+                                    if ((q->fix.dp > 0 && dp != q->fix.dp) || (q->fix.tp > 0 && tp != q->fix.tp) ||
+                                        (q->fix.pp > 0 && pp != q->fix.pp) || (q->fix.cp > 0 && cp != q->fix.cp) ||
+                                        (q->fix.ep > 0 && ep != q->fix.ep) || (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) ||
+                                        (q->fix.zero_plus1 > 0 && z + 1 != q->fix.zero_plus1) ||
+                                        (q->fix.recompute_plus1 > 0 && rc + 1 != q->fix.recompute_plus1))
+                                        continue;
                                     if (r->n == cap) {
                                         cap *= 2;
                                         nl_train_eval *ne = realloc(r->evals, cap * sizeof *ne);
@@ -423,7 +433,7 @@ void nl_plan_train_explain(const nl_train_req *q, const nl_train_result *r, char
         b->mem_grads / 1e9, b->mem_optim / 1e9);
     OUT("with tp %lld%s, pp %lld, cp %lld, ep %lld. ", (long long)b->L.tp, b->L.tp > 1 ? " inside a node" : "",
         (long long)b->L.pp, (long long)b->L.cp, (long long)b->L.ep);
-    OUT("Activations: micro-batch %lld x %lld tokens with %s recomputation take %.1f GB, logits %.1f GB; total %.1f of %.1f GB. ",
+    OUT("Activations: micro-batch %lld x %lld tokens, recomputation %s: %.1f GB, logits %.1f GB; total %.1f of %.1f GB. ",
         (long long)b->L.micro_batch, (long long)q->seq, nl_recompute_name(b->L.recompute), b->mem_act / 1e9,
         b->mem_logits / 1e9, b->mem_total / 1e9, usable / 1e9);
     OUT("Communication: %.0f ms per step (dp %.0f, tp %.0f, pp %.0f, cp %.0f, ep %.0f), %.0f ms of it exposed; "
