@@ -198,6 +198,7 @@ typedef struct nl_train_eval {
     double t_bubble;
     double t_tp, t_cp, t_ep, t_pp, t_dp;    /* communication, total per step */
     double t_exposed;        /* communication not hidden behind compute */
+    double t_optim;          /* optimizer step: Adam reads and writes its shard (memory bound) */
     double t_step;
     double tokens_per_s, mfu, model_flops_per_step;
     double total_s, gpu_hours, cost;

@@ -167,6 +167,7 @@ static cJSON *eval_json(const nl_train_eval *e) {
     cJSON_AddNumberToObject(o, "t_cp", e->t_cp);
     cJSON_AddNumberToObject(o, "t_ep", e->t_ep);
     cJSON_AddNumberToObject(o, "t_exposed", e->t_exposed);
+    cJSON_AddNumberToObject(o, "t_optim", e->t_optim);
     cJSON_AddNumberToObject(o, "t_step", e->t_step);
     cJSON_AddNumberToObject(o, "tokens_per_s", e->tokens_per_s);
     cJSON_AddNumberToObject(o, "mfu", e->mfu);

@@ -297,7 +297,11 @@ nl_status nl_plan_train_eval(const nl_train_req *q, const nl_layout *L0, nl_trai
     o->t_pp = m * t_pp_mb;
     o->t_dp = t_dp;
     o->t_exposed = o->t_tp + m * cp_exposed_mb + o->t_ep + o->t_pp + dp_exposed;
-    o->t_step = o->t_compute + o->t_bubble + o->t_exposed;
+    /* Adam reads grads, master weights, m, v and writes master, m, v and the bf16 weights: the
+     * optimizer bytes twice plus gradient and weight bytes, per parameter of this rank's shard. */
+    o->t_optim = (o->mem_optim * 2 + o->mem_grads + (o->mem_optim > 0 ? o->mem_optim / q->recipe.optim_bytes : 0) *
+                  q->recipe.weight_bytes) / hw->hbm_bw;
+    o->t_step = o->t_compute + o->t_bubble + o->t_exposed + o->t_optim;
     o->tokens_per_s = tokens_step / o->t_step;
     o->mfu = o->model_flops_per_step / (o->t_step * (double)q->gpus * hw->flops_bf16);
     o->total_s = q->tokens / o->tokens_per_s;
@@ -311,7 +315,10 @@ static int cmp_eval(const void *x, const void *y) {
     const nl_train_eval *a = x, *b = y;
     if (a->fits != b->fits) return b->fits - a->fits;
     if (a->fits) {
-        if (a->t_step != b->t_step) return a->t_step < b->t_step ? -1 : 1;
+        if (fabs(a->t_step - b->t_step) > 1e-9 * a->t_step) return a->t_step < b->t_step ? -1 : 1;
+        /* Equal time: the simpler layout (fewer model-parallel dimensions), then less memory. */
+        int64_t ca = a->L.tp * a->L.pp * a->L.cp * a->L.ep * a->L.vpp, cb = b->L.tp * b->L.pp * b->L.cp * b->L.ep * b->L.vpp;
+        if (ca != cb) return ca < cb ? -1 : 1;
         return a->mem_total < b->mem_total ? -1 : a->mem_total > b->mem_total;
     }
     return a->mem_total < b->mem_total ? -1 : a->mem_total > b->mem_total;
