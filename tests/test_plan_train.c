@@ -46,7 +46,7 @@ static void test_course_fsdp_one_node(void **state) {
     nl_layer_plan lp;
     assert_int_equal(nl_plan_layer(&q, &L, 16384, &lp), NL_OK);
     assert_int_equal(lp.n, 3);
-    const nl_layer_coll *ag = find(&lp, "all-gather (forward)"), *ag2 = find(&lp, "all-gather (backward)"),
+    const nl_layer_coll *ag = find(&lp, "all-gather (forward"), *ag2 = find(&lp, "all-gather (backward"),
                         *rs = find(&lp, "reduce-scatter");
     assert_non_null(ag);
     assert_non_null(ag2);

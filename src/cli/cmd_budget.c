@@ -130,6 +130,7 @@ int nl_cmd_budget(int argc, char **argv) {
     for (int z = 0; z <= 4; z++) {
         if (zero >= 0 && z != zero) continue;
         if (zero < 0 && z == NL_ZERO_HSDP && dp <= shard) continue;
+        if (zero < 0 && z > 0 && dp == 1) continue; /* nothing to shard over */
         nl_state_bytes sd, se;
         nl_plan_state_bytes(&rec, (nl_zero)z, dp, shard, &sd);
         nl_plan_state_bytes(&rec, (nl_zero)z, (int64_t)edp, shard < edp ? shard : (int64_t)edp, &se);

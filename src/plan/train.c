@@ -530,9 +530,9 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         push(lp, hw, "updated weights all-gather", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, 1);
         break;
     case NL_ZERO_3:
-        push(lp, hw, "weights all-gather (forward)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
-        push(lp, hw, "weights all-gather (backward)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
-        push(lp, hw, "gradient reduce-scatter", "step", NL_REDUCE_SCATTER, "dp", dz, gb, dp_span, m);
+        push(lp, hw, "weights all-gather (forward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
+        push(lp, hw, "weights all-gather (backward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
+        push(lp, hw, "gradient reduce-scatter (layer by layer)", "step", NL_REDUCE_SCATTER, "dp", dz, gb, dp_span, m);
         break;
     case NL_ZERO_HSDP: {
         double in_node = fmax(1, floor((double)hw->gpus_per_node / (t * (double)L->cp)));
