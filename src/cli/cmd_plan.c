@@ -21,7 +21,7 @@ static void usage(FILE *f) {
             "                         [--context C] [--chunk K] [--prefill-mfu 0.5] [--json]\n"
             "       nanolm plan pipeline --stages P --micro M --svg FILE\n\n"
             "assumptions (each overrides a named default; see docs/planning.md):\n"
-            "  --gemm-eff 0.75  --attn-eff 0.5  --kernel-us 5  --dp-overlap 0.8  --usable-mem 0.9\n"
+            "  --gemm-eff 0.6  --attn-eff 0.4  --kernel-us 5  --dp-overlap 0.8  --usable-mem 0.9\n"
             "  --reserved-gb 2  --link-eff 0.8  --latency-us 10  --price $/h  --gpus-per-node 8\n"
             "  --mfu X          time = 6*N*tokens / (peak * X) instead of the kernel model\n"
             "  --napkin         the course's napkin: --mfu 0.4, --link-eff 1, --latency-us 0\n"
@@ -124,7 +124,8 @@ static void print_assumptions(const nl_train_req *q) {
     if (e->fixed_mfu > 0)
         printf("  --mfu %.2f          compute = 6*N*tokens / (peak * MFU), the napkin model\n", e->fixed_mfu);
     else
-        printf("  --gemm-eff %.2f     fraction of %s's %.0f TFLOP/s a large bf16 GEMM reaches (roofline per GEMM)\n"
+        printf("  --gemm-eff %.2f     share of %s's %.0f TFLOP/s GEMMs get in a training stack (roofline per GEMM;\n"
+               "                     calibrated on published runs, docs/planning.md)\n"
                "  --attn-eff %.2f     flash attention (FA2 ~0.35, FA3 ~0.75 of H100 peak; Shah et al. 2024)\n"
                "  --kernel-us %.0f      per kernel launch, %.0f kernels per layer forward, twice in backward\n",
                e->gemm, q->hw.name, q->hw.flops_bf16 / 1e12, e->attn, e->kernel_s * 1e6, e->kernels_per_layer);
