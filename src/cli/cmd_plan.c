@@ -63,7 +63,13 @@ static void common_init(common *o) {
     nl_eff_default(&o->eff);
 }
 
-/* Returns 1 if handled, 0 if not a common option, NL_EXIT_USAGE+10 on a bad value. */
+static int range_err(const char *opt, const char *arg) {
+    nl_cli_usage_error("value '%s' of %s is out of range (see nanolm plan --help)", arg, opt);
+    return -1;
+}
+
+/* Returns 1 if handled, 0 if not a common option, -1 on a bad value (message printed), -3 when a
+ * catalog file failed (message printed). */
 static int common_opt(common *o, int c, const char *arg) {
     double v;
     switch (c) {
@@ -71,17 +77,17 @@ static int common_opt(common *o, int c, const char *arg) {
     case 'G': o->gpu = arg; return 1;
     case 'n': return nl_cli_double_si("--params", arg, &o->params) ? -1 : 1;
     case 'r': o->recipe = arg; return 1;
-    case O_GEMM: if (nl_cli_double("--gemm-eff", arg, &v) || !(v > 0 && v <= 1)) return -2; o->eff.gemm = v; return 1;
-    case O_ATTN: if (nl_cli_double("--attn-eff", arg, &v) || !(v > 0 && v <= 1)) return -2; o->eff.attn = v; return 1;
-    case O_KERN: if (nl_cli_double("--kernel-us", arg, &v) || v < 0) return -2; o->eff.kernel_s = v * 1e-6; return 1;
-    case O_DPO: if (nl_cli_double("--dp-overlap", arg, &v) || v < 0 || v > 1) return -2; o->eff.dp_overlap = v; return 1;
-    case O_USABLE: if (nl_cli_double("--usable-mem", arg, &v) || !(v > 0 && v <= 1)) return -2; o->eff.usable_mem = v; return 1;
-    case O_RES: if (nl_cli_double("--reserved-gb", arg, &v) || v < 0) return -2; o->eff.reserved_bytes = v * 1e9; return 1;
-    case O_LINK: if (nl_cli_double("--link-eff", arg, &v) || !(v > 0 && v <= 1)) return -2; o->link_eff = v; return 1;
-    case O_LAT: if (nl_cli_double("--latency-us", arg, &v) || v < 0) return -2; o->latency_us = v; return 1;
-    case O_PRICE: if (nl_cli_double("--price", arg, &v) || v < 0) return -2; o->price = v; return 1;
+    case O_GEMM: if (nl_cli_double("--gemm-eff", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--gemm-eff", arg); o->eff.gemm = v; return 1;
+    case O_ATTN: if (nl_cli_double("--attn-eff", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--attn-eff", arg); o->eff.attn = v; return 1;
+    case O_KERN: if (nl_cli_double("--kernel-us", arg, &v)) return -1; if (v < 0) return range_err("--kernel-us", arg); o->eff.kernel_s = v * 1e-6; return 1;
+    case O_DPO: if (nl_cli_double("--dp-overlap", arg, &v)) return -1; if (v < 0 || v > 1) return range_err("--dp-overlap", arg); o->eff.dp_overlap = v; return 1;
+    case O_USABLE: if (nl_cli_double("--usable-mem", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--usable-mem", arg); o->eff.usable_mem = v; return 1;
+    case O_RES: if (nl_cli_double("--reserved-gb", arg, &v)) return -1; if (v < 0) return range_err("--reserved-gb", arg); o->eff.reserved_bytes = v * 1e9; return 1;
+    case O_LINK: if (nl_cli_double("--link-eff", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--link-eff", arg); o->link_eff = v; return 1;
+    case O_LAT: if (nl_cli_double("--latency-us", arg, &v)) return -1; if (v < 0) return range_err("--latency-us", arg); o->latency_us = v; return 1;
+    case O_PRICE: if (nl_cli_double("--price", arg, &v)) return -1; if (v < 0) return range_err("--price", arg); o->price = v; return 1;
     case O_GPN: { int64_t g; if (nl_cli_int("--gpus-per-node", arg, 1, 1024, &g)) return -1; o->gpn = g; return 1; }
-    case O_MFU: if (nl_cli_double("--mfu", arg, &v) || !(v > 0 && v <= 1)) return -2; o->mfu = v; return 1;
+    case O_MFU: if (nl_cli_double("--mfu", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--mfu", arg); o->mfu = v; return 1;
     case O_NAPKIN: o->napkin = 1; return 1;
     case O_HW: if (nl_catalog_load_hw(&o->cat, arg)) { nl_cli_fail("--hw"); return -3; } return 1;
     case O_MF: if (nl_catalog_load_model(&o->cat, arg)) { nl_cli_fail("--model-file"); return -3; } return 1;
@@ -91,7 +97,8 @@ static int common_opt(common *o, int c, const char *arg) {
 }
 
 static int common_rc(int r, const char *cmd, int c) {
-    if (r == -2) return nl_cli_usage_error("%s: value of option %d out of range (see --help)", cmd, c);
+    (void)cmd;
+    (void)c;
     if (r == -3) return NL_EXIT_FAIL;
     return NL_EXIT_USAGE;
 }

@@ -80,9 +80,10 @@ nl_status nl_plan_svg_pipeline(const char *path, int64_t p, int64_t m) {
         if (span < 0) { nl_svg_free(&s); nl_free(fs); return NL_ERR_NOMEM; }
         double y0 = top + sched * ((double)p * row + 50);
         char title[160];
-        snprintf(title, sizeof title, "%s: %lld stages, %lld microbatches, bubble (p-1)/(m+p-1) = %lld/%lld = %.0f%%",
-                 sched ? "1F1B" : "GPipe", (long long)p, (long long)m, (long long)(p - 1), (long long)(m + p - 1),
-                 100.0 * (double)(p - 1) / (double)(m + p - 1));
+        /* Idle share of the simulated timeline: each stage works 3m units of the span. */
+        snprintf(title, sizeof title, "%s: %lld stages, %lld microbatches: simulated idle %.0f%%; (p-1)/(m+p-1) = %lld/%lld",
+                 sched ? "1F1B" : "GPipe", (long long)p, (long long)m, 100.0 * (1.0 - 3.0 * (double)m / span),
+                 (long long)(p - 1), (long long)(m + p - 1));
         nl_svg_text(&s, 10, y0 - 8, 13, "start", title);
         for (int64_t st = 0; st < p; st++) {
             double y = y0 + (double)st * row;
