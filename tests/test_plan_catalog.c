@@ -107,6 +107,11 @@ static void test_json_overrides(void **state) {
     assert_int_equal(tu_run_cli(args, &out), 0);
     assert_non_null(strstr(out, "llama-3-8b-32k"));
     free(out);
+    /* --model FILE.json prices the file's model directly. */
+    snprintf(args, sizeof args, "budget --model %s --params 7B --gpus 8 --zero 3 --json", p);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, "\"bytes_per_gpu\":\t14000000000"));
+    free(out);
     assert_int_equal(tu_run_cli("plan catalog", &out), 0);
     assert_non_null(strstr(out, "mi300x"));
     assert_non_null(strstr(out, "course-moe"));

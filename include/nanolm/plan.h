@@ -44,6 +44,7 @@ typedef struct nl_catalog {
     size_t n_hw;
     nl_model models[NL_CATALOG_MAX];
     size_t n_models;
+    size_t last_model;  /* index of the last entry nl_catalog_load_model added or changed */
 } nl_catalog;
 
 /* Fills the catalog with the built-in GPUs and models (NanoLM presets included). */
@@ -59,6 +60,9 @@ nl_status nl_catalog_find_model(const nl_catalog *c, const char *name, nl_arch *
  * bad values fail with NL_ERR_FORMAT naming the file and the field. */
 nl_status nl_catalog_load_hw(nl_catalog *c, const char *path);
 nl_status nl_catalog_load_model(nl_catalog *c, const char *path);
+/* A model named on the command line: a catalog name, or a JSON file (ending in .json) whose
+ * last entry is loaded into the catalog and returned. */
+nl_status nl_catalog_model_arg(nl_catalog *c, const char *arg, nl_arch *out);
 /* Comma-separated names, for error messages. Writes into buf. */
 const char *nl_catalog_hw_names(const nl_catalog *c, char *buf, size_t n);
 const char *nl_catalog_model_names(const nl_catalog *c, char *buf, size_t n);

@@ -9,7 +9,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: nanolm budget (--model M | --params N) [--recipe bf16] [--gpus N] [--tp T] [--pp P]\n"
+            "usage: nanolm budget (--model M|FILE.json | --params N) [--recipe bf16] [--gpus N] [--tp T] [--pp P]\n"
             "                     [--ep E] [--zero 0|1|2|3|hsdp] [--batch B] [--seq S] [--recompute none|selective|full]\n"
             "                     [--sp] [--no-flash] [--micro M] [--gpu G] [--hw FILE.json] [--model-file FILE.json]\n"
             "                     [--svg FILE] [--json]\n\n"
@@ -70,7 +70,7 @@ int nl_cmd_budget(int argc, char **argv) {
     memset(&a, 0, sizeof a);
     double total = params, nonemb = params, active = params, expert = 0;
     if (model) {
-        if (nl_catalog_find_model(&cat, model, &a)) return nl_cli_usage_error("budget: --model: %s", nl_last_error());
+        if (nl_catalog_model_arg(&cat, model, &a)) return nl_cli_usage_error("budget: --model: %s", nl_last_error());
         nl_arch_params p;
         nl_arch_count_params(&a, &p);
         total = (double)p.total;

@@ -11,7 +11,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: nanolm plan catalog [--hw FILE.json] [--model-file FILE.json] [--json]\n"
-            "       nanolm plan train --model M --gpus N [--gpu G] [--tokens D] [--global-batch B] [--seq S]\n"
+            "       nanolm plan train --model M|FILE.json --gpus N [--gpu G] [--tokens D] [--global-batch B] [--seq S]\n"
             "                         [--recipe bf16] [--params N] [--top K] [--svg FILE] [--json] [assumptions]\n"
             "                         [--dp D --tp T --pp P --cp C --ep E --micro-batch B --zero Z --recompute R]\n"
             "                         (each of these fixes that part of the layout; the rest is searched)\n"
@@ -107,7 +107,7 @@ static int common_rc(int r, const char *cmd, int c) {
 static int common_finish(common *o, const char *cmd, nl_train_req *q) {
     memset(q, 0, sizeof *q);
     if (!o->model) return nl_cli_usage_error("%s: --model is required", cmd);
-    if (nl_catalog_find_model(&o->cat, o->model, &q->arch)) return nl_cli_usage_error("%s: --model: %s", cmd, nl_last_error());
+    if (nl_catalog_model_arg(&o->cat, o->model, &q->arch)) return nl_cli_usage_error("%s: --model: %s", cmd, nl_last_error());
     if (nl_catalog_find_hw(&o->cat, o->gpu, &q->hw)) return nl_cli_usage_error("%s: --gpu: %s", cmd, nl_last_error());
     if (nl_plan_recipe(o->recipe, &q->recipe)) return nl_cli_usage_error("%s: --recipe: %s", cmd, nl_last_error());
     if (o->napkin) {

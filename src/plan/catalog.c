@@ -288,9 +288,20 @@ nl_status nl_catalog_load_model(nl_catalog *c, const char *path) {
             c->n_models++;
         }
         c->models[slot] = m;
+        c->last_model = slot;
     }
     cJSON_Delete(root);
     return rc;
+}
+
+nl_status nl_catalog_model_arg(nl_catalog *c, const char *arg, nl_arch *out) {
+    size_t n = strlen(arg);
+    if (n > 5 && !strcasecmp(arg + n - 5, ".json")) {
+        NL_TRY(nl_catalog_load_model(c, arg));
+        *out = c->models[c->last_model].arch;
+        return NL_OK;
+    }
+    return nl_catalog_find_model(c, arg, out);
 }
 
 /* ---- counts -------------------------------------------------------------------------------- */
