@@ -162,6 +162,7 @@ typedef struct nl_eff {
     double reserved_bytes;/* CUDA context, NCCL buffers, workspace */
     double fixed_mfu;     /* > 0: napkin mode: time = model FLOPs / (peak * fixed_mfu) */
     int fp8_gemm;         /* GEMMs at the fp8 peak (set from the recipe by the search) */
+    double tp_overlap;    /* fraction of tensor-parallel communication hidden behind GEMMs */
 } nl_eff;
 /* The defaults, each with its source in plan/train.c. */
 void nl_eff_default(nl_eff *e);

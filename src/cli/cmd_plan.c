@@ -22,7 +22,7 @@ static void usage(FILE *f) {
             "       nanolm plan pipeline --stages P --micro M --svg FILE\n\n"
             "assumptions (each overrides a named default; see docs/planning.md):\n"
             "  --gemm-eff 0.6  --attn-eff 0.4  --kernel-us 5  --dp-overlap 0.8  --usable-mem 0.9\n"
-            "  --reserved-gb 2  --link-eff 0.8  --latency-us 10  --price $/h  --gpus-per-node 8\n"
+            "  --tp-overlap 0  --reserved-gb 2  --link-eff 0.8  --latency-us 10  --price $/h  --gpus-per-node 8\n"
             "  --mfu X          time = 6*N*tokens / (peak * X) instead of the kernel model\n"
             "  --napkin         the course's napkin: --mfu 0.4, --link-eff 1, --latency-us 0\n"
             "  --hw FILE.json / --model-file FILE.json add or override catalog entries\n");
@@ -38,12 +38,13 @@ typedef struct common {
     nl_eff eff;
 } common;
 
-enum { O_GEMM = 1000, O_ATTN, O_KERN, O_DPO, O_USABLE, O_RES, O_LINK, O_LAT, O_PRICE, O_GPN, O_MFU, O_NAPKIN, O_HW, O_MF };
+enum { O_TPO = 999, O_GEMM = 1000, O_ATTN, O_KERN, O_DPO, O_USABLE, O_RES, O_LINK, O_LAT, O_PRICE, O_GPN, O_MFU, O_NAPKIN, O_HW, O_MF };
 
 #define COMMON_OPTS                                                                                     \
     {"model", required_argument, 0, 'M'}, {"gpu", required_argument, 0, 'G'},                           \
     {"params", required_argument, 0, 'n'}, {"recipe", required_argument, 0, 'r'},                       \
     {"gemm-eff", required_argument, 0, O_GEMM}, {"attn-eff", required_argument, 0, O_ATTN},             \
+    {"tp-overlap", required_argument, 0, O_TPO},                                                         \
     {"kernel-us", required_argument, 0, O_KERN}, {"dp-overlap", required_argument, 0, O_DPO},           \
     {"usable-mem", required_argument, 0, O_USABLE}, {"reserved-gb", required_argument, 0, O_RES},       \
     {"link-eff", required_argument, 0, O_LINK}, {"latency-us", required_argument, 0, O_LAT},            \
@@ -79,6 +80,7 @@ static int common_opt(common *o, int c, const char *arg) {
     case 'r': o->recipe = arg; return 1;
     case O_GEMM: if (nl_cli_double("--gemm-eff", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--gemm-eff", arg); o->eff.gemm = v; return 1;
     case O_ATTN: if (nl_cli_double("--attn-eff", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--attn-eff", arg); o->eff.attn = v; return 1;
+    case O_TPO: if (nl_cli_double("--tp-overlap", arg, &v)) return -1; if (v < 0 || v > 1) return range_err("--tp-overlap", arg); o->eff.tp_overlap = v; return 1;
     case O_KERN: if (nl_cli_double("--kernel-us", arg, &v)) return -1; if (v < 0) return range_err("--kernel-us", arg); o->eff.kernel_s = v * 1e-6; return 1;
     case O_DPO: if (nl_cli_double("--dp-overlap", arg, &v)) return -1; if (v < 0 || v > 1) return range_err("--dp-overlap", arg); o->eff.dp_overlap = v; return 1;
     case O_USABLE: if (nl_cli_double("--usable-mem", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--usable-mem", arg); o->eff.usable_mem = v; return 1;
@@ -136,6 +138,7 @@ static void print_assumptions(const nl_train_req *q) {
                "  --attn-eff %.2f     flash attention (FA2 ~0.35, FA3 ~0.75 of H100 peak; Shah et al. 2024)\n"
                "  --kernel-us %.0f      per kernel launch, %.0f kernels per layer forward, twice in backward\n",
                e->gemm, q->hw.name, q->hw.flops_bf16 / 1e12, e->attn, e->kernel_s * 1e6, e->kernels_per_layer);
+    printf("  --tp-overlap %.2f   share of tensor-parallel communication hidden behind GEMMs\n", e->tp_overlap);
     printf("  --dp-overlap %.2f   share of backward that hides data-parallel communication\n"
            "  --link-eff %.2f     achieved share of NVLink %.0f GB/s and network %.0f GB/s per GPU, nodes of %lld\n"
            "  --latency-us %.0f    per collective call\n"

@@ -19,6 +19,9 @@
  *     adds, activation): launch and tail cost that small microbatches cannot hide (assumption).
  *  dp_overlap 0.8: bucketed gradient reduction overlaps the backward pass except the tail
  *     (Li et al. 2020, PyTorch Distributed, sec. 3.2.3; assumption on the fraction).
+ *  tp_overlap 0: tensor-parallel collectives are exposed (Megatron-LM's default); splitting GEMMs
+ *     to overlap them (Wang et al. 2022, "Overlap communication with dependent computation via
+ *     decomposition"; Megatron's --tp-comm-overlap) hides a fraction, set with --tp-overlap.
  *  usable_mem 0.9 and reserved 2 GB: allocator fragmentation, CUDA context, NCCL buffers and
  *     GEMM workspaces (assumption). */
 void nl_eff_default(nl_eff *e) {
@@ -31,6 +34,7 @@ void nl_eff_default(nl_eff *e) {
     e->reserved_bytes = 2e9;
     e->fixed_mfu = 0;
     e->fp8_gemm = 0;
+    e->tp_overlap = 0;
 }
 
 const char *nl_layout_str(const nl_layout *L, char *buf, size_t n) {
@@ -303,7 +307,7 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     o->t_ep = m * t_ep_mb;
     o->t_pp = m * t_pp_mb;
     o->t_dp = t_dp;
-    o->t_exposed = o->t_tp + m * cp_exposed_mb + o->t_ep + o->t_pp + dp_exposed;
+    o->t_exposed = o->t_tp * (1 - e->tp_overlap) + m * cp_exposed_mb + o->t_ep + o->t_pp + dp_exposed;
     /* Adam reads grads, master weights, m, v and writes master, m, v and the bf16 weights: the
      * optimizer bytes twice plus gradient and weight bytes, per parameter of this rank's shard. */
     o->t_optim = (o->mem_optim * 2 + o->mem_grads + (o->mem_optim > 0 ? o->mem_optim / q->recipe.optim_bytes : 0) *
@@ -457,9 +461,15 @@ void nl_plan_train_explain(const nl_train_req *q, const nl_train_result *r, char
     OUT("Time: step %.2f s for %lld x %lld tokens, %.0f tokens/s, MFU %.1f%%, %.1f days (%.1f hours), %.0f GPU-hours, $%.0f. ",
         b->t_step, (long long)q->global_batch, (long long)q->seq, b->tokens_per_s, 100 * b->mfu, b->total_s / 86400,
         b->total_s / 3600, b->gpu_hours, b->cost);
+    if (b->L.n_micro == 1 && b->L.pp == 1)
+        OUT("The global batch is the limit: %lld sequences over %lld data-parallel ranks leave %lld per GPU in one "
+            "microbatch, so more GPUs need a larger batch or more model parallelism. ",
+            (long long)q->global_batch, (long long)b->L.dp, (long long)b->L.micro_batch);
     if (r->n_fit > 1) {
         const nl_train_eval *c = &r->evals[1];
-        OUT("Runner-up %s is %.1f%% slower.", nl_layout_str(&c->L, lb, sizeof lb), 100 * (c->t_step / b->t_step - 1));
+        double d = 100 * (c->t_step / b->t_step - 1);
+        if (d < 0.05) OUT("Runner-up %s is as fast (the simpler layout wins the tie).", nl_layout_str(&c->L, lb, sizeof lb));
+        else OUT("Runner-up %s is %.1f%% slower.", nl_layout_str(&c->L, lb, sizeof lb), d);
     }
 #undef OUT
 }
