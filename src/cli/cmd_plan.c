@@ -414,10 +414,18 @@ static int cmd_layer(int argc, char **argv) {
     }
     nl_table_print(&t, stdout);
     nl_table_free(&t);
-    printf("\nPer layer: %.3g ms of communication in forward, %.3g ms in backward. Per step: %.3g ms in all,\n"
+    printf("\nPer layer, tensor/expert/pipeline collectives: %.3g ms in forward, %.3g ms in backward. Per step: %.3g ms in all,\n"
            "%.3g ms of it data-parallel/ZeRO; compute per step %.3g s (%s), so communication is %.1f%% of it.\n",
            lp.per_layer_fwd_s * 1e3, lp.per_layer_bwd_s * 1e3, lp.per_step_s * 1e3, dp_traffic * 1e3, lp.compute_step_s,
            q.eff.fixed_mfu > 0 ? "6*N*tokens at the fixed MFU" : "kernel model", 100 * lp.per_step_s / lp.compute_step_s);
+    if (zero == NL_ZERO_3 || zero == NL_ZERO_HSDP) {
+        double layer_bytes = 0;
+        for (int i = 0; i < lp.n; i++)
+            if (strstr(lp.c[i].what, "all-gather")) { layer_bytes = lp.c[i].bytes; break; }
+        char b1[32];
+        printf("FSDP issues these layer by layer, prefetching the next layer's weights: %lld gathers of ~%s each way.\n",
+               (long long)q.arch.n_layers, nl_fmt_bytes(layer_bytes / (double)q.arch.n_layers, b1, sizeof b1));
+    }
     if (dp > 1)
         printf("Against plain DDP (one all-reduce of the gradients, %.3g ms): this layout's data-parallel traffic is %.2fx.\n"
                "An all-reduce is a reduce-scatter plus an all-gather, so ZeRO-1/2 (reduce-scatter the gradients, all-gather\n"
