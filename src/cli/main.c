@@ -12,11 +12,17 @@ typedef struct nl_command {
 
 int nl_cmd_version(int argc, char **argv);
 int nl_cmd_formats(int argc, char **argv);
+int nl_cmd_scaling(int argc, char **argv);
+int nl_cmd_budget(int argc, char **argv);
+int nl_cmd_plan(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
     {"version", "print the version and build configuration", nl_cmd_version},
     {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
+    {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
+    {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},
+    {"plan", "parallel training and serving plans for real clusters", nl_cmd_plan},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
