@@ -33,16 +33,16 @@ typedef struct nl_hw {
 } nl_hw;
 
 /* A model entry: its shape plus where the numbers come from. */
-typedef struct nl_model {
+typedef struct nl_model_entry {
     nl_arch arch;
     char source[160];
-} nl_model;
+} nl_model_entry;
 
 #define NL_CATALOG_MAX 64
 typedef struct nl_catalog {
     nl_hw hw[NL_CATALOG_MAX];
     size_t n_hw;
-    nl_model models[NL_CATALOG_MAX];
+    nl_model_entry models[NL_CATALOG_MAX];
     size_t n_models;
     size_t last_model;  /* index of the last entry nl_catalog_load_model added or changed */
 } nl_catalog;

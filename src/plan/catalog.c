@@ -40,7 +40,7 @@ static const nl_hw builtin_hw[] = {
 };
 
 #define M(...) {__VA_ARGS__}
-static const nl_model builtin_models[] = {
+static const nl_model_entry builtin_models[] = {
     /* meta-llama/Llama-2-7b-hf config.json (Touvron et al. 2023). */
     {M(.name = "llama-2-7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32,
        .n_kv_heads = 32, .hidden_dim = 11008, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5),
@@ -94,7 +94,7 @@ void nl_catalog_init(nl_catalog *c) {
     for (size_t i = 0; i < sizeof builtin_models / sizeof builtin_models[0]; i++)
         c->models[c->n_models++] = builtin_models[i];
     for (const char *const *p = nl_arch_preset_names(); *p; p++) {
-        nl_model m;
+        nl_model_entry m;
         memset(&m, 0, sizeof m);
         if (nl_arch_preset(*p, &m.arch) == NL_OK) {
             snprintf(m.source, sizeof m.source, "NanoLM preset (include/nanolm/arch.h)");
@@ -255,7 +255,7 @@ nl_status nl_catalog_load_model(nl_catalog *c, const char *path) {
     for (cJSON *o = arr ? root->child : root; o && rc == NL_OK; o = arr ? o->next : NULL) {
         const char *name, *base;
         if ((rc = entry_name(path, o, &name, &base))) break;
-        nl_model m;
+        nl_model_entry m;
         memset(&m, 0, sizeof m);
         size_t slot = c->n_models;
         for (size_t i = 0; i < c->n_models; i++)
