@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "nanolm/checkpoint.h"
+#include "nanolm/llama2c.h"
 #include "nanolm/safetensors.h"
 
 static const char *prec_name(nl_precision p) {
@@ -127,8 +128,65 @@ static nl_status load_params(const nl_st_file *f, nl_model *m, const char *prefi
     return NL_OK;
 }
 
+/* llama2.c legacy .bin: arrays stacked over layers, (L, out, in), mapped onto the flat layout. */
+static nl_status load_llama2c(const char *path, nl_model *m) {
+    nl_llama2c c;
+    NL_TRY(nl_llama2c_read(&c, path));
+    nl_status rc = nl_model_init(m, &c.arch);
+    if (rc) {
+        nl_llama2c_free(&c);
+        return rc;
+    }
+    static const struct { const char *name; nl_param_kind kind; } map[] = {
+        {"token_embedding", NL_PARAM_EMBED}, {"rms_att", NL_PARAM_RMS_ATT}, {"wq", NL_PARAM_WQ}, {"wk", NL_PARAM_WK},
+        {"wv", NL_PARAM_WV}, {"wo", NL_PARAM_WO}, {"rms_ffn", NL_PARAM_RMS_FFN}, {"w1", NL_PARAM_W1},
+        {"w2", NL_PARAM_W2}, {"w3", NL_PARAM_W3}, {"rms_final", NL_PARAM_RMS_FINAL}, {"wcls", NL_PARAM_CLS}};
+    for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
+        const nl_llama2c_tensor *t = nl_llama2c_find(&c, map[k].name);
+        if (!t) {
+            if (map[k].kind == NL_PARAM_CLS && m->arch.tied_embeddings) continue;
+            rc = nl_fail(NL_ERR_FORMAT, "%s: no array %s", path, map[k].name);
+            break;
+        }
+        /* the tensors of this kind, in layer order, must add up to the array */
+        int64_t used = 0;
+        for (int i = 0; i < m->n_tensors; i++) {
+            const nl_param_info *p = &m->table[i];
+            if (p->kind != map[k].kind) continue;
+            if (used + (int64_t)p->numel > t->numel) break;
+            memcpy(m->params + p->offset, t->data + used, p->numel * sizeof(float));
+            used += (int64_t)p->numel;
+        }
+        if (used != t->numel) {
+            rc = nl_fail(NL_ERR_FORMAT, "%s: array %s has %lld floats but the arch needs %lld", path, map[k].name,
+                         (long long)t->numel, (long long)used);
+            break;
+        }
+    }
+    nl_llama2c_free(&c);
+    if (rc) nl_model_free(m);
+    return rc;
+}
+
+/* 1 when the file looks like safetensors (u64 header length, then '{'). */
+static int is_safetensors(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    unsigned char b[9];
+    int ok = fp && fread(b, 1, 9, fp) == 9 && b[8] == '{';
+    if (fp) fclose(fp);
+    return ok;
+}
+
 nl_status nl_ckpt_load_model(const char *path, nl_model *m, char *tokenizer) {
     memset(m, 0, sizeof *m);
+    if (!is_safetensors(path)) {
+        FILE *fp = fopen(path, "rb");
+        if (!fp) return nl_fail(NL_ERR_IO, "cannot open %s", path);
+        fclose(fp);
+        NL_TRY(load_llama2c(path, m));
+        if (tokenizer) snprintf(tokenizer, 64, "tok512");
+        return NL_OK;
+    }
     nl_st_file f;
     NL_TRY(nl_st_open(&f, path));
     const char *aj = nl_st_meta(&f, "nanolm.arch");
