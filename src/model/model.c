@@ -8,10 +8,7 @@
 
 #include "nanolm/model.h"
 
-#if __has_include("nanolm/formats.h")
 #include "nanolm/formats.h"
-#define NL_HAVE_FORMATS 1
-#endif
 
 /* ---- parameter table ------------------------------------------------------------------------ */
 
@@ -237,30 +234,20 @@ nl_status nl_model_set_precision(nl_model *m, nl_precision p) {
         m->precision = p;
         return NL_OK;
     }
-#ifdef NL_HAVE_FORMATS
     if (!m->params_lp) {
         m->params_lp = nl_malloc(m->n_params * sizeof(float), "low-precision weights");
         if (!m->params_lp) return NL_ERR_NOMEM;
     }
     m->precision = p;
     return ensure_lp_scratch(m);
-#else
-    return nl_fail(NL_ERR_UNSUPPORTED, "bf16/fp16 emulation needs the formats module");
-#endif
 }
 
-#ifdef NL_HAVE_FORMATS
 static nl_format prec_format(nl_precision p) { return p == NL_PREC_BF16 ? NL_FMT_BF16 : NL_FMT_FP16; }
-#endif
 
 /* Rounds x (n) into dst in the model's precision (a copy; x untouched). */
 static const float *round_copy(nl_model *m, float *dst, const float *x, size_t n) {
     memcpy(dst, x, n * sizeof(float));
-#ifdef NL_HAVE_FORMATS
-    nl_fmt_round_array(prec_format(m->precision), dst, n);
-#else
-    (void)m;
-#endif
+    nl_fmt_round_array(prec_format(m->precision), dst, n); /* cannot fail for bf16/fp16 */
     return dst;
 }
 
