@@ -87,6 +87,7 @@ typedef struct nl_train_opts {
     int64_t warmup;         /* linear warmup steps */
     float weight_decay, beta1, beta2, adam_eps, grad_clip;
     nl_precision precision;
+    float loss_scale_init;  /* fp16: initial loss scale (0: GradScaler's 65536) */
     uint64_t seed;          /* initialisation and data sampling */
     int64_t eval_every;     /* validation every K steps (0: only at the end) */
     int64_t eval_windows;   /* validation windows of T tokens (the first ones of the split) */

@@ -13,7 +13,7 @@
  * distributed runtime: --dp/--tp/--pp/--zero; --precision fp8, --qat) add theirs the same way. */
 enum {
     OPT_DATA = 1000, OPT_PRESET, OPT_STEPS, OPT_BATCH, OPT_SEQ, OPT_LR, OPT_LR_MIN, OPT_WARMUP, OPT_ACCUM,
-    OPT_WD, OPT_CLIP, OPT_PRECISION, OPT_SEED, OPT_OUT, OPT_RESUME, OPT_LOG, OPT_SVG, OPT_EVAL_EVERY,
+    OPT_WD, OPT_CLIP, OPT_PRECISION, OPT_LOSS_SCALE, OPT_SEED, OPT_OUT, OPT_RESUME, OPT_LOG, OPT_SVG, OPT_EVAL_EVERY,
     OPT_EVAL_WINDOWS, OPT_STOP_AFTER, OPT_REPORT_MEMORY, OPT_JSON, OPT_HELP
 };
 
@@ -35,6 +35,7 @@ static const train_option train_options[] = {
     {{"weight-decay", required_argument, 0, OPT_WD}, "X", "AdamW decay of 2-D weights (default 0.1)"},
     {{"clip", required_argument, 0, OPT_CLIP}, "X", "gradient-norm clip, 0 = off (default 1.0)"},
     {{"precision", required_argument, 0, OPT_PRECISION}, "P", "fp32 | bf16 | fp16 (emulated; default fp32)"},
+    {{"loss-scale", required_argument, 0, OPT_LOSS_SCALE}, "X", "fp16: initial dynamic loss scale (default 65536)"},
     {{"seed", required_argument, 0, OPT_SEED}, "S", "initialisation and data seed (default 1337)"},
     {{"out", required_argument, 0, OPT_OUT}, "CKPT", "safetensors checkpoint, saved at each validation"},
     {{"resume", required_argument, 0, OPT_RESUME}, "CKPT", "continue a run from its checkpoint"},
@@ -106,6 +107,11 @@ static int parse_option(train_cli *c, int id, const char *arg) {
         else if (!strcmp(arg, "bf16")) c->o.precision = NL_PREC_BF16;
         else if (!strcmp(arg, "fp16")) c->o.precision = NL_PREC_FP16;
         else return nl_cli_usage_error("unknown --precision '%s' (known: fp32, bf16, fp16)", arg);
+        return 0;
+    case OPT_LOSS_SCALE:
+        if (nl_cli_double("--loss-scale", arg, &d)) return NL_EXIT_USAGE;
+        if (d < 1 || d > 3e38) return nl_cli_usage_error("--loss-scale must be in [1, 3e38], got %s", arg);
+        c->o.loss_scale_init = (float)d;
         return 0;
     case OPT_OUT: c->o.out = arg; return 0;
     case OPT_RESUME: c->o.resume = arg; return 0;

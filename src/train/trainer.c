@@ -81,6 +81,7 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
         (rc = nl_adamw_init(&t->opt, m, o->beta1, o->beta2, o->adam_eps, o->weight_decay)))
         goto fail;
     nl_scaler_init(&t->scaler);
+    if (o->loss_scale_init > 0) t->scaler.scale = o->loss_scale_init;
     t->saved_step = o->resume ? -2 : -1; /* -2: the resumed file is a good checkpoint too */
     nl_rng_seed(&t->rng, o->seed ^ 0x9e3779b97f4a7c15ULL);
     if (o->resume) {
