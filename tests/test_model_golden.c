@@ -55,9 +55,16 @@ static void fixture_load(fixture *f, const char *path) {
             t->numel *= (size_t)t->dims[d];
         }
         assert_true((size_t)(end - p) >= 4 * t->numel);
-        t->data = (void *)p;
+        t->data = malloc(4 * t->numel + 4); /* aligned copy: records are packed at any offset */
+        assert_non_null(t->data);
+        memcpy(t->data, p, 4 * t->numel);
         p += 4 * t->numel;
     }
+}
+
+static void fixture_free(fixture *f) {
+    for (int i = 0; i < f->n; i++) free(f->t[i].data);
+    free(f->buf);
 }
 
 static fx_tensor *fx_get(fixture *f, const char *name) {
@@ -132,7 +139,7 @@ static void test_forward_backward(void **state) {
     }
     print_message("worst gradient rel err %.3g over %d tensors\n", worst, nt);
     nl_model_free(&m);
-    free(f.buf);
+    fixture_free(&f);
 }
 
 static void test_adamw_trajectory(void **state) {
@@ -158,7 +165,7 @@ static void test_adamw_trajectory(void **state) {
     }
     nl_adamw_free(&opt);
     nl_model_free(&m);
-    free(f.buf);
+    fixture_free(&f);
 }
 
 /* Safetensors interop: tests/ref/interop.safetensors was written by nl_ckpt_save from this
@@ -200,8 +207,8 @@ static void test_safetensors_interop(void **state) {
     assert_true(e < 1e-5);
     nl_model_free(&m2);
     nl_model_free(&m);
-    free(f.buf);
-    free(fl.buf);
+    fixture_free(&f);
+    fixture_free(&fl);
 }
 
 int main(void) {
