@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "nanolm/model.h"
+#include "vexp.h"
 
 #include "nanolm/formats.h"
 
@@ -206,7 +207,7 @@ nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
         {&m->a.h13, L * BT * 2 * H}, {&m->a.hact, L * BT * H}, {&m->a.lnf, BT * C},
         {&m->a.lnf_rstd, BT}, {&m->a.logits, BT * V}, {&m->a.losses, BT},
         {&m->a.dresid, BT * C}, {&m->a.dln, BT * C}, {&m->a.dqkv, BT * QKV},
-        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, B * NH * T}, {&m->a.dh13, BT * 2 * H},
+        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, B * NH * T * T}, {&m->a.dh13, BT * 2 * H},
         {&m->a.dhact, BT * H},
     };
     size_t n = sizeof parts / sizeof parts[0], total = 0;
@@ -356,9 +357,11 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     for (int64_t i = 0; i < BT; i++) {
         const float *z = a->logits + i * V;
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         float sum = 0.0f;
-        for (int64_t v = 0; v < V; v++) sum += expf(z[v] - mx);
+#pragma omp simd reduction(+ : sum)
+        for (int64_t v = 0; v < V; v++) sum += nl_vexpf(z[v] - mx);
         a->losses[i] = logf(sum) + mx - z[targets[i]];
     }
     double total = 0.0;
@@ -385,13 +388,16 @@ nl_status nl_model_backward(nl_model *m) {
     for (int64_t i = 0; i < BT; i++) {
         float *z = a->logits + i * V;
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int64_t v = 0; v < V; v++) {
-            z[v] = expf(z[v] - mx);
+            z[v] = nl_vexpf(z[v] - mx);
             sum += z[v];
         }
         float inv = 1.0f / sum;
+#pragma omp simd
         for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
         z[targets[i]] -= dscale;
     }
