@@ -16,7 +16,10 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct nl_comm {
     MPI_Comm mpi;
@@ -177,6 +180,58 @@ static nl_status sendrecv(nl_comm *c, const char *what, const void *sbuf, size_t
 
 /* ---- lifecycle ------------------------------------------------------------------------------- */
 
+/* ---- a rank that leaves early says so ---------------------------------------------------------
+ * mpirun ends the whole job when one rank exits or dies; these hooks add a line that names the
+ * rank. A normal exit() before nl_comm_finalize and a crash signal (SEGV, BUS, FPE, ILL, ABRT)
+ * print "nanolm: rank R of P ..." on stderr; the crash handler then hands the signal on to the
+ * handler that was there before (Open MPI's or a sanitizer's). _exit() and SIGKILL run no code:
+ * then mpirun's own report names the process ("process rank R", or "[[job,1],R]"). */
+static char g_crash_prefix[96];
+static size_t g_crash_prefix_len;
+static struct sigaction g_old_action[32];
+static const int g_crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+
+static void on_crash(int sig) {
+    char msg[160];
+    size_t k = g_crash_prefix_len;
+    memcpy(msg, g_crash_prefix, k);
+    const char *mid = "crashed with signal ";
+    memcpy(msg + k, mid, strlen(mid));
+    k += strlen(mid);
+    if (sig >= 10) msg[k++] = (char)('0' + sig / 10);
+    msg[k++] = (char)('0' + sig % 10);
+    const char *tail = "; mpirun ends the job\n";
+    memcpy(msg + k, tail, strlen(tail));
+    k += strlen(tail);
+    if (write(STDERR_FILENO, msg, k) < 0) { /* nothing more to do in a signal handler */
+    }
+    sigaction(sig, &g_old_action[sig], NULL);
+    raise(sig);
+}
+
+static void on_exit_early(int status, void *arg) {
+    (void)arg;
+    int fin = 1;
+    if (!g_world) return;
+    MPI_Finalized(&fin);
+    if (fin) return;
+    fprintf(stderr, "nanolm: rank %d of %d exited (status %d) before the job finished; mpirun ends the job\n",
+            g_world->rank, g_world->size, status);
+}
+
+static void install_fault_hooks(int rank, int size) {
+    snprintf(g_crash_prefix, sizeof g_crash_prefix, "nanolm: rank %d of %d (pid %ld) ", rank, size, (long)getpid());
+    g_crash_prefix_len = strlen(g_crash_prefix);
+    if (size > 1) on_exit(on_exit_early, NULL);
+    for (size_t i = 0; i < sizeof g_crash_signals / sizeof g_crash_signals[0]; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_crash;
+        sigemptyset(&sa.sa_mask);
+        sigaction(g_crash_signals[i], &sa, &g_old_action[g_crash_signals[i]]);
+    }
+}
+
 static nl_comm *comm_wrap(MPI_Comm m, const char *name) {
     nl_comm *c = nl_calloc(1, sizeof *c, "communicator");
     if (!c) return NULL;
@@ -201,6 +256,8 @@ nl_status nl_comm_init(int *argc, char ***argv) {
     g_world = comm_wrap(MPI_COMM_WORLD, "world");
     if (!g_world) return NL_ERR_NOMEM;
     g_world->is_world = 1;
+    static int hooks;
+    if (!hooks++) install_fault_hooks(g_world->rank, g_world->size);
     return NL_OK;
 }
 
