@@ -70,7 +70,7 @@ static const nl_comm_impl impls[] = {NL_COMM_OURS, NL_COMM_NATIVE};
 static const nl_comm_dtype dts[] = {NL_COMM_F32, NL_COMM_BF16};
 
 /* Sent/received bytes of collective k since `before`. */
-static void delta(nl_coll k, const nl_comm_stats *before, uint64_t *sent, uint64_t *recvd) {
+static void delta(nl_comm_op k, const nl_comm_stats *before, uint64_t *sent, uint64_t *recvd) {
     nl_comm_stats now;
     nl_comm_get_stats(W, &now);
     *sent = now.coll[k].sent_bytes - before->coll[k].sent_bytes;
@@ -92,7 +92,7 @@ static void test_all_reduce(void **state) {
                 int ok = nl_comm_all_reduce(W, buf, n, dts[di], impls[ii]) == NL_OK;
                 for (size_t i = 0; ok && i < n; i++) ok = get(buf, dts[di], i) == sum_ref(1, i);
                 uint64_t s, v;
-                delta(NL_COLL_ALL_REDUCE, &before, &s, &v);
+                delta(NL_COMM_OP_ALL_REDUCE, &before, &s, &v);
                 /* ring: reduce-scatter sends every chunk but its own, all-gather every chunk but
                  * the next rank's: 2(p-1)/p of the array when p divides n. */
                 uint64_t want_s = (2 * n - cnt(n, R) - cnt(n, (R + 1) % P)) * es;
@@ -129,7 +129,7 @@ static void test_reduce_scatter_all_gather(void **state) {
                     int ok = nl_comm_reduce_scatter(W, send, mine, n, dt, impls[ii]) == NL_OK;
                     for (size_t i = 0; ok && i < c; i++) ok = get(mine, dt, i) == sum_ref(2, o + i);
                     uint64_t s, v;
-                    delta(NL_COLL_REDUCE_SCATTER, &before, &s, &v);
+                    delta(NL_COMM_OP_REDUCE_SCATTER, &before, &s, &v);
                     ok = ok && s == (n - c) * es && v == (n - cnt(n, (R + P - 1) % P)) * es;
                     if (n % (size_t)P == 0) ok = ok && s == (uint64_t)(P - 1) * (n / (size_t)P) * es;
                     if (!ok)
@@ -146,7 +146,7 @@ static void test_reduce_scatter_all_gather(void **state) {
                         ok = nl_comm_all_gather(W, mine, full, n, dt, impls[ii]) == NL_OK;
                     }
                     for (size_t i = 0; ok && i < n; i++) ok = get(full, dt, i) == sum_ref(2, i);
-                    delta(NL_COLL_ALL_GATHER, &before, &s, &v);
+                    delta(NL_COMM_OP_ALL_GATHER, &before, &s, &v);
                     ok = ok && s == (n - cnt(n, (R + 1) % P)) * es && v == (n - c) * es;
                     if (!ok)
                         print_message("rank %d: all-gather %s %s n=%zu inplace=%d failed\n", R,
@@ -175,7 +175,7 @@ static void test_broadcast_reduce(void **state) {
                     int ok = nl_comm_broadcast(W, buf, n, dt, root, impls[ii]) == NL_OK;
                     ok = ok && memcmp(buf, want, n * es) == 0;
                     uint64_t s, v;
-                    delta(NL_COLL_BROADCAST, &before, &s, &v);
+                    delta(NL_COMM_OP_BROADCAST, &before, &s, &v);
                     /* chain: everyone but the last sends n, everyone but the root receives n */
                     ok = ok && s == (pos < P - 1 ? n * es : 0) && v == (pos > 0 ? n * es : 0);
                     if (!ok)
@@ -192,7 +192,7 @@ static void test_broadcast_reduce(void **state) {
                         if (R == root)
                             for (size_t i = 0; ok && i < n; i++) ok = get(out, dt, i) == sum_ref(4, i);
                         for (size_t i = 0; ok && R != root && i < n; i++) ok = get(buf, dt, i) == val(4, R, i);
-                        delta(NL_COLL_REDUCE, &before, &s, &v);
+                        delta(NL_COMM_OP_REDUCE, &before, &s, &v);
                         ok = ok && s == (pos > 0 ? n * es : 0) && v == (pos < P - 1 ? n * es : 0);
                         if (!ok)
                             print_message("rank %d: reduce %s %s n=%zu root=%d inplace=%d failed\n", R,
@@ -231,7 +231,7 @@ static void test_all_to_all(void **state) {
                 for (int from = 0; ok && from < P; from++)
                     for (size_t i = 0; ok && i < m; i++) ok = get(recv, dt, from * m + i) == a2a_val(from, R, i);
                 uint64_t s, v;
-                delta(NL_COLL_ALL_TO_ALL, &before, &s, &v);
+                delta(NL_COMM_OP_ALL_TO_ALL, &before, &s, &v);
                 ok = ok && s == (uint64_t)(P - 1) * m * es && v == s;
                 nl_free(send);
                 nl_free(recv);
@@ -266,7 +266,7 @@ static void test_all_to_all(void **state) {
                 ok = nl_comm_all_to_allv(W, send, sc, so, recv, rc, ro, dt, impls[ii]) == NL_OK;
                 for (int from = 0; ok && from < P; from++)
                     for (size_t i = 0; ok && i < rc[from]; i++) ok = get(recv, dt, ro[from] + i) == a2a_val(from, R, i);
-                delta(NL_COLL_ALL_TO_ALL, &before, &s, &v);
+                delta(NL_COMM_OP_ALL_TO_ALL, &before, &s, &v);
                 ok = ok && s == (st - sc[R]) * es && v == (rt - rc[R]) * es;
                 nl_free(send);
                 nl_free(recv);
@@ -348,7 +348,7 @@ static void test_nonblocking(void **state) {
                 nl_free(bufs[b]);
             }
             uint64_t s, v;
-            delta(NL_COLL_ALL_REDUCE, &before, &s, &v);
+            delta(NL_COMM_OP_ALL_REDUCE, &before, &s, &v);
             ok = ok && s == want;
             if (!ok) print_message("rank %d: non-blocking all-reduce %s %s failed\n", R, nl_comm_impl_name(impls[ii]),
                                    nl_comm_dtype_name(dt));

@@ -39,16 +39,16 @@ extern "C" {
 typedef enum nl_comm_dtype { NL_COMM_F32 = 0, NL_COMM_BF16 = 1 } nl_comm_dtype;
 typedef enum nl_comm_impl { NL_COMM_OURS = 0, NL_COMM_NATIVE = 1 } nl_comm_impl;
 
-typedef enum nl_coll {
-    NL_COLL_BROADCAST = 0,
-    NL_COLL_REDUCE,
-    NL_COLL_ALL_REDUCE,
-    NL_COLL_ALL_GATHER,
-    NL_COLL_REDUCE_SCATTER,
-    NL_COLL_ALL_TO_ALL,
-    NL_COLL_SEND_RECV, /* point-to-point (pipeline stages) */
-    NL_COLL_COUNT
-} nl_coll;
+typedef enum nl_comm_op {
+    NL_COMM_OP_BROADCAST = 0,
+    NL_COMM_OP_REDUCE,
+    NL_COMM_OP_ALL_REDUCE,
+    NL_COMM_OP_ALL_GATHER,
+    NL_COMM_OP_REDUCE_SCATTER,
+    NL_COMM_OP_ALL_TO_ALL,
+    NL_COMM_OP_SEND_RECV, /* point-to-point (pipeline stages) */
+    NL_COMM_OP_COUNT
+} nl_comm_op;
 
 typedef struct nl_comm_counter {
     uint64_t calls;
@@ -58,7 +58,7 @@ typedef struct nl_comm_counter {
 } nl_comm_counter;
 
 typedef struct nl_comm_stats {
-    nl_comm_counter coll[NL_COLL_COUNT];
+    nl_comm_counter coll[NL_COMM_OP_COUNT];
 } nl_comm_stats;
 
 typedef struct nl_comm nl_comm;
@@ -68,7 +68,7 @@ size_t nl_comm_dtype_bytes(nl_comm_dtype dt);
 /* Names: "f32"/"bf16", "ours"/"native", "all-reduce"/... */
 const char *nl_comm_dtype_name(nl_comm_dtype dt);
 const char *nl_comm_impl_name(nl_comm_impl impl);
-const char *nl_coll_name(nl_coll c);
+const char *nl_comm_op_name(nl_comm_op c);
 
 /* ---- lifecycle ---------------------------------------------------------------------------- */
 
@@ -140,7 +140,7 @@ nl_status nl_comm_all_to_all(nl_comm *c, const void *send, void *recv, size_t co
 nl_status nl_comm_all_to_allv(nl_comm *c, const void *send, const size_t *send_counts,
                               const size_t *send_offsets, void *recv, const size_t *recv_counts,
                               const size_t *recv_offsets, nl_comm_dtype dt, nl_comm_impl impl);
-/* Point-to-point (counted as NL_COLL_SEND_RECV). `tag` >= 0 separates message streams. */
+/* Point-to-point (counted as NL_COMM_OP_SEND_RECV). `tag` >= 0 separates message streams. */
 nl_status nl_comm_send(nl_comm *c, const void *buf, size_t n, nl_comm_dtype dt, int dest, int tag);
 nl_status nl_comm_recv(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, int src, int tag);
 /* Waits until every rank of c arrives. */

@@ -137,9 +137,9 @@ static int cmd_demo(int argc, char **argv) {
     size_t rl = NF + 2 * (size_t)p;
     double *me = row + (size_t)r * rl;
     me[0] = load(mine, dt, 0);
-    me[1] = (double)after_rs.coll[NL_COLL_REDUCE_SCATTER].sent_bytes / es;
-    me[2] = (double)after_ag.coll[NL_COLL_ALL_GATHER].sent_bytes / es;
-    me[3] = (double)(after_rs.coll[NL_COLL_REDUCE_SCATTER].recv_bytes + after_ag.coll[NL_COLL_ALL_GATHER].recv_bytes) / es;
+    me[1] = (double)after_rs.coll[NL_COMM_OP_REDUCE_SCATTER].sent_bytes / es;
+    me[2] = (double)after_ag.coll[NL_COMM_OP_ALL_GATHER].sent_bytes / es;
+    me[3] = (double)(after_rs.coll[NL_COMM_OP_REDUCE_SCATTER].recv_bytes + after_ag.coll[NL_COMM_OP_ALL_GATHER].recv_bytes) / es;
     me[4] = (double)nl_comm_stats_sent_bytes(&after_ag);
     for (size_t i = 0; i < n; i++) {
         me[NF + i] = load(holds, dt, i);
@@ -216,17 +216,17 @@ out:
 
 /* ---- bench ---------------------------------------------------------------------------------- */
 
-static const nl_coll bench_ops[] = {NL_COLL_ALL_REDUCE, NL_COLL_REDUCE_SCATTER, NL_COLL_ALL_GATHER,
-                                    NL_COLL_BROADCAST,  NL_COLL_REDUCE,         NL_COLL_ALL_TO_ALL};
+static const nl_comm_op bench_ops[] = {NL_COMM_OP_ALL_REDUCE, NL_COMM_OP_REDUCE_SCATTER, NL_COMM_OP_ALL_GATHER,
+                                    NL_COMM_OP_BROADCAST,  NL_COMM_OP_REDUCE,         NL_COMM_OP_ALL_TO_ALL};
 #define NOPS (sizeof bench_ops / sizeof bench_ops[0])
 
 /* nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md of nccl-tests). */
-static double busbw_factor(nl_coll k, int p) {
+static double busbw_factor(nl_comm_op k, int p) {
     switch (k) {
-    case NL_COLL_ALL_REDUCE: return 2.0 * (p - 1) / p;
-    case NL_COLL_REDUCE_SCATTER:
-    case NL_COLL_ALL_GATHER:
-    case NL_COLL_ALL_TO_ALL: return (double)(p - 1) / p;
+    case NL_COMM_OP_ALL_REDUCE: return 2.0 * (p - 1) / p;
+    case NL_COMM_OP_REDUCE_SCATTER:
+    case NL_COMM_OP_ALL_GATHER:
+    case NL_COMM_OP_ALL_TO_ALL: return (double)(p - 1) / p;
     default: return 1.0;
     }
 }
@@ -248,26 +248,26 @@ static void bench_usage(FILE *f) {
             "(p-1)/p reduce-scatter, all-gather, all-to-all; 1 broadcast, reduce).\n");
 }
 
-static int op_from_name(const char *s, nl_coll *out) {
+static int op_from_name(const char *s, nl_comm_op *out) {
     for (size_t k = 0; k < NOPS; k++)
-        if (!strcmp(s, nl_coll_name(bench_ops[k]))) {
+        if (!strcmp(s, nl_comm_op_name(bench_ops[k]))) {
             *out = bench_ops[k];
             return 0;
         }
     return -1;
 }
 
-static nl_status run_op(nl_comm *w, nl_coll k, char *a, char *b, size_t n, nl_comm_dtype dt, nl_comm_impl impl) {
+static nl_status run_op(nl_comm *w, nl_comm_op k, char *a, char *b, size_t n, nl_comm_dtype dt, nl_comm_impl impl) {
     int p = nl_comm_size(w), r = nl_comm_rank(w);
     size_t es = nl_comm_dtype_bytes(dt);
     switch (k) {
-    case NL_COLL_ALL_REDUCE: return nl_comm_all_reduce(w, a, n, dt, impl);
-    case NL_COLL_REDUCE_SCATTER: return nl_comm_reduce_scatter(w, a, b, n, dt, impl);
-    case NL_COLL_ALL_GATHER:
+    case NL_COMM_OP_ALL_REDUCE: return nl_comm_all_reduce(w, a, n, dt, impl);
+    case NL_COMM_OP_REDUCE_SCATTER: return nl_comm_reduce_scatter(w, a, b, n, dt, impl);
+    case NL_COMM_OP_ALL_GATHER:
         return nl_comm_all_gather(w, a + nl_comm_chunk_offset(n, p, r) * es, a, n, dt, impl);
-    case NL_COLL_BROADCAST: return nl_comm_broadcast(w, a, n, dt, 0, impl);
-    case NL_COLL_REDUCE: return nl_comm_reduce(w, a, b, n, dt, 0, impl);
-    case NL_COLL_ALL_TO_ALL: return nl_comm_all_to_all(w, a, b, n / (size_t)p, dt, impl);
+    case NL_COMM_OP_BROADCAST: return nl_comm_broadcast(w, a, n, dt, 0, impl);
+    case NL_COMM_OP_REDUCE: return nl_comm_reduce(w, a, b, n, dt, 0, impl);
+    case NL_COMM_OP_ALL_TO_ALL: return nl_comm_all_to_all(w, a, b, n / (size_t)p, dt, impl);
     default: return nl_fail(NL_ERR_INVALID, "bench: no such collective");
     }
 }
@@ -277,7 +277,7 @@ static int cmp_double(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
-typedef struct bench_row { nl_coll op; nl_comm_impl impl; size_t bytes; double time_s, algbw, busbw; int reps; } bench_row;
+typedef struct bench_row { nl_comm_op op; nl_comm_impl impl; size_t bytes; double time_s, algbw, busbw; int reps; } bench_row;
 
 /* Weighted least squares t = alpha + beta * x with weights 1/t^2 (relative errors), x = bus bytes. */
 static void fit_alpha_beta(const double *x, const double *t, int m, double *alpha, double *beta) {
@@ -305,7 +305,7 @@ static int cmd_bench(int argc, char **argv) {
         {"inject-fault", required_argument, 0, 'F'}, {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
     int impl_mask = 3, json = 0, c, nops = 0, nsizes = 0;
-    nl_coll ops[NOPS];
+    nl_comm_op ops[NOPS];
     size_t min_b = 1024, max_b = 256u << 20, sizes[64];
     int64_t step = 4, reps_opt = 0;
     nl_comm_dtype dt = NL_COMM_F32;
@@ -373,7 +373,7 @@ static int cmd_bench(int argc, char **argv) {
                 if (!(impl_mask & (1 << ii))) continue;
                 nl_comm_impl impl = ii ? NL_COMM_NATIVE : NL_COMM_OURS;
                 size_t n = sizes[si] / es;
-                if (ops[oi] == NL_COLL_ALL_TO_ALL) n -= n % (size_t)p;
+                if (ops[oi] == NL_COMM_OP_ALL_TO_ALL) n -= n % (size_t)p;
                 if (n == 0) continue;
                 double times[1000];
                 /* warm-up, which also sizes the repetitions (same count on every rank) */
@@ -425,7 +425,7 @@ static int cmd_bench(int argc, char **argv) {
             cJSON *res = cJSON_AddArrayToObject(d, "results");
             for (int k = 0; k < nrows; k++) {
                 cJSON *o = cJSON_CreateObject();
-                cJSON_AddStringToObject(o, "op", nl_coll_name(rows[k].op));
+                cJSON_AddStringToObject(o, "op", nl_comm_op_name(rows[k].op));
                 cJSON_AddStringToObject(o, "impl", nl_comm_impl_name(rows[k].impl));
                 cJSON_AddNumberToObject(o, "bytes", (double)rows[k].bytes);
                 cJSON_AddNumberToObject(o, "time_s", rows[k].time_s);
@@ -444,13 +444,13 @@ static int cmd_bench(int argc, char **argv) {
                 for (int ii = 1; ii >= 0; ii--) {
                     if (!has[oi][ii]) continue;
                     cJSON *o = cJSON_CreateObject();
-                    cJSON_AddStringToObject(o, "op", nl_coll_name(ops[oi]));
+                    cJSON_AddStringToObject(o, "op", nl_comm_op_name(ops[oi]));
                     cJSON_AddStringToObject(o, "impl", ii ? "native" : "ours");
                     cJSON_AddNumberToObject(o, "alpha_s", fa[oi][ii]);
                     cJSON_AddNumberToObject(o, "beta_s_per_byte", fb[oi][ii]);
                     cJSON_AddNumberToObject(o, "bandwidth_bytes_per_s", fb[oi][ii] > 0 ? 1.0 / fb[oi][ii] : 0);
                     cJSON_AddItemToArray(fits, o);
-                    if (!link && ops[oi] == NL_COLL_ALL_REDUCE) { /* the measured link: all-reduce, native first */
+                    if (!link && ops[oi] == NL_COMM_OP_ALL_REDUCE) { /* the measured link: all-reduce, native first */
                         link = cJSON_CreateObject();
                         cJSON_AddStringToObject(link, "source", ii ? "all-reduce native" : "all-reduce ours");
                         cJSON_AddNumberToObject(link, "ranks", p);
@@ -480,7 +480,7 @@ static int cmd_bench(int argc, char **argv) {
                 double ts = rows[k].time_s;
                 if (ts < 1e-3) snprintf(tm, sizeof tm, "%.1f us", ts * 1e6);
                 else snprintf(tm, sizeof tm, "%.2f ms", ts * 1e3);
-                nl_table_rowf(&t, "%s|%s|%s|%s|%.3f|%.3f|%s", nl_coll_name(rows[k].op), bytes,
+                nl_table_rowf(&t, "%s|%s|%s|%s|%.3f|%.3f|%s", nl_comm_op_name(rows[k].op), bytes,
                               nl_comm_impl_name(rows[k].impl), tm, rows[k].algbw / 1e9, rows[k].busbw / 1e9, ratio);
             }
             nl_table_print(&t, stdout);
@@ -491,7 +491,7 @@ static int cmd_bench(int argc, char **argv) {
             for (int oi = 0; oi < nops; oi++)
                 for (int ii = 0; ii < 2; ii++)
                     if (has[oi][ii])
-                        nl_table_rowf(&t, "%s|%s|%.1f us|%.3f", nl_coll_name(ops[oi]), ii ? "native" : "ours",
+                        nl_table_rowf(&t, "%s|%s|%.1f us|%.3f", nl_comm_op_name(ops[oi]), ii ? "native" : "ours",
                                       fa[oi][ii] * 1e6, fb[oi][ii] > 0 ? 1e-9 / fb[oi][ii] : 0.0);
             nl_table_print(&t, stdout);
             nl_table_free(&t);

@@ -16,6 +16,7 @@ int nl_cmd_eval(int argc, char **argv);
 int nl_cmd_generate(int argc, char **argv);
 int nl_cmd_formats(int argc, char **argv);
 int nl_cmd_collectives(int argc, char **argv);
+int nl_cmd_parallel(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -25,6 +26,7 @@ static const nl_command commands[] = {
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
     {"collectives", "MPI collectives: the course demo and a benchmark (ours vs native)", nl_cmd_collectives},
+    {"parallel", "data-parallel training over MPI: DDP, ZeRO-1/2/3 (mpirun -np N nanolm parallel train)", nl_cmd_parallel},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])

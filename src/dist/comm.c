@@ -64,10 +64,10 @@ static MPI_Op g_bf16_sum = MPI_OP_NULL;
 size_t nl_comm_dtype_bytes(nl_comm_dtype dt) { return dt == NL_COMM_BF16 ? 2 : 4; }
 const char *nl_comm_dtype_name(nl_comm_dtype dt) { return dt == NL_COMM_BF16 ? "bf16" : "f32"; }
 const char *nl_comm_impl_name(nl_comm_impl impl) { return impl == NL_COMM_NATIVE ? "native" : "ours"; }
-const char *nl_coll_name(nl_coll c) {
-    static const char *names[NL_COLL_COUNT] = {"broadcast",      "reduce",     "all-reduce", "all-gather",
+const char *nl_comm_op_name(nl_comm_op c) {
+    static const char *names[NL_COMM_OP_COUNT] = {"broadcast",      "reduce",     "all-reduce", "all-gather",
                                                "reduce-scatter", "all-to-all", "send-recv"};
-    return (unsigned)c < NL_COLL_COUNT ? names[c] : "?";
+    return (unsigned)c < NL_COMM_OP_COUNT ? names[c] : "?";
 }
 
 size_t nl_comm_chunk_offset(size_t n, int p, int i) {
@@ -128,7 +128,7 @@ static nl_status mpi_fail(const nl_comm *c, const char *what, int rc) {
 static MPI_Datatype mpi_type(nl_comm_dtype dt) { return dt == NL_COMM_BF16 ? MPI_UINT16_T : MPI_FLOAT; }
 static MPI_Op mpi_sum(nl_comm_dtype dt) { return dt == NL_COMM_BF16 ? g_bf16_sum : MPI_SUM; }
 
-static void count(nl_comm *c, nl_coll k, uint64_t sent, uint64_t recvd, double dt_s, int call) {
+static void count(nl_comm *c, nl_comm_op k, uint64_t sent, uint64_t recvd, double dt_s, int call) {
     nl_comm_counter *a = &c->stats.coll[k], *b = &g_total.coll[k];
     a->sent_bytes += sent;
     a->recv_bytes += recvd;
@@ -473,29 +473,29 @@ static nl_status pairwise_all_to_all(nl_comm *c, const char *send, const size_t 
 
 /* ---- the bytes our algorithms move, recorded for the native calls --------------------------------- */
 
-static void nominal_bytes(nl_coll k, const nl_comm *c, size_t n, int root, nl_comm_dtype dt, uint64_t *sent,
+static void nominal_bytes(nl_comm_op k, const nl_comm *c, size_t n, int root, nl_comm_dtype dt, uint64_t *sent,
                           uint64_t *recvd) {
     int p = c->size, r = c->rank, pos = mod(r - root, p);
     size_t es = nl_comm_dtype_bytes(dt);
     uint64_t s = 0, v = 0;
     if (p > 1) switch (k) {
-        case NL_COLL_BROADCAST:
+        case NL_COMM_OP_BROADCAST:
             s = pos < p - 1 ? n : 0;
             v = pos > 0 ? n : 0;
             break;
-        case NL_COLL_REDUCE:
+        case NL_COMM_OP_REDUCE:
             s = pos > 0 ? n : 0;
             v = pos < p - 1 ? n : 0;
             break;
-        case NL_COLL_REDUCE_SCATTER:
+        case NL_COMM_OP_REDUCE_SCATTER:
             s = n - nl_comm_chunk_count(n, p, r);
             v = n - nl_comm_chunk_count(n, p, mod(r - 1, p));
             break;
-        case NL_COLL_ALL_GATHER:
+        case NL_COMM_OP_ALL_GATHER:
             s = n - nl_comm_chunk_count(n, p, mod(r + 1, p));
             v = n - nl_comm_chunk_count(n, p, r);
             break;
-        case NL_COLL_ALL_REDUCE:
+        case NL_COMM_OP_ALL_REDUCE:
             s = 2 * n - nl_comm_chunk_count(n, p, r) - nl_comm_chunk_count(n, p, mod(r + 1, p));
             v = 2 * n - nl_comm_chunk_count(n, p, mod(r - 1, p)) - nl_comm_chunk_count(n, p, r);
             break;
@@ -529,9 +529,9 @@ nl_status nl_comm_broadcast(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, i
         NL_TRY(chain_broadcast(c, buf, n, dt, root, tag, &s, &v));
     } else {
         NL_NATIVE(MPI_Bcast(buf, (int)n, mpi_type(dt), root, c->mpi), "MPI_Bcast");
-        nominal_bytes(NL_COLL_BROADCAST, c, n, root, dt, &s, &v);
+        nominal_bytes(NL_COMM_OP_BROADCAST, c, n, root, dt, &s, &v);
     }
-    count(c, NL_COLL_BROADCAST, s, v, nl_time_s() - t0, 1);
+    count(c, NL_COMM_OP_BROADCAST, s, v, nl_time_s() - t0, 1);
     return NL_OK;
 }
 
@@ -548,9 +548,9 @@ nl_status nl_comm_reduce(nl_comm *c, const void *send, void *recv, size_t n, nl_
     } else {
         const void *sb = (c->rank == root && send == recv) ? MPI_IN_PLACE : send;
         NL_NATIVE(MPI_Reduce(sb, recv, (int)n, mpi_type(dt), mpi_sum(dt), root, c->mpi), "MPI_Reduce");
-        nominal_bytes(NL_COLL_REDUCE, c, n, root, dt, &s, &v);
+        nominal_bytes(NL_COMM_OP_REDUCE, c, n, root, dt, &s, &v);
     }
-    count(c, NL_COLL_REDUCE, s, v, nl_time_s() - t0, 1);
+    count(c, NL_COMM_OP_REDUCE, s, v, nl_time_s() - t0, 1);
     return NL_OK;
 }
 
@@ -568,9 +568,9 @@ nl_status nl_comm_all_reduce(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, 
         NL_TRY(ring_all_gather(c, "all-reduce", b, n, dt, tag, &s, &v));
     } else {
         NL_NATIVE(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), mpi_sum(dt), c->mpi), "MPI_Allreduce");
-        nominal_bytes(NL_COLL_ALL_REDUCE, c, n, 0, dt, &s, &v);
+        nominal_bytes(NL_COMM_OP_ALL_REDUCE, c, n, 0, dt, &s, &v);
     }
-    count(c, NL_COLL_ALL_REDUCE, s, v, nl_time_s() - t0, 1);
+    count(c, NL_COMM_OP_ALL_REDUCE, s, v, nl_time_s() - t0, 1);
     return NL_OK;
 }
 
@@ -613,9 +613,9 @@ nl_status nl_comm_reduce_scatter(nl_comm *c, const void *send, void *recv, size_
         }
         nl_free(cnt);
         if (rc != MPI_SUCCESS) return mpi_fail(c, "MPI_Reduce_scatter", rc);
-        nominal_bytes(NL_COLL_REDUCE_SCATTER, c, n, 0, dt, &s, &v);
+        nominal_bytes(NL_COMM_OP_REDUCE_SCATTER, c, n, 0, dt, &s, &v);
     }
-    count(c, NL_COLL_REDUCE_SCATTER, s, v, nl_time_s() - t0, 1);
+    count(c, NL_COMM_OP_REDUCE_SCATTER, s, v, nl_time_s() - t0, 1);
     return NL_OK;
 }
 
@@ -639,9 +639,9 @@ nl_status nl_comm_all_gather(nl_comm *c, const void *send, void *recv, size_t n,
         int rc = MPI_Allgatherv(sb, (int)nown, mpi_type(dt), recv, cnt, offs, mpi_type(dt), c->mpi);
         nl_free(cnt);
         if (rc != MPI_SUCCESS) return mpi_fail(c, "MPI_Allgatherv", rc);
-        nominal_bytes(NL_COLL_ALL_GATHER, c, n, 0, dt, &s, &v);
+        nominal_bytes(NL_COMM_OP_ALL_GATHER, c, n, 0, dt, &s, &v);
     }
-    count(c, NL_COLL_ALL_GATHER, s, v, nl_time_s() - t0, 1);
+    count(c, NL_COMM_OP_ALL_GATHER, s, v, nl_time_s() - t0, 1);
     return NL_OK;
 }
 
@@ -682,7 +682,7 @@ nl_status nl_comm_all_to_allv(nl_comm *c, const void *send, const size_t *send_c
         nl_free(a);
         if (rc != MPI_SUCCESS) return mpi_fail(c, "MPI_Alltoallv", rc);
     }
-    count(c, NL_COLL_ALL_TO_ALL, s, v, nl_time_s() - t0, 1);
+    count(c, NL_COMM_OP_ALL_TO_ALL, s, v, nl_time_s() - t0, 1);
     return NL_OK;
 }
 
@@ -709,7 +709,7 @@ nl_status nl_comm_send(nl_comm *c, const void *buf, size_t n, nl_comm_dtype dt, 
     double t0 = nl_time_s();
     size_t bytes = n * nl_comm_dtype_bytes(dt);
     NL_NATIVE(MPI_Send(buf, (int)bytes, MPI_BYTE, dest, NL_TAG_P2P_BASE + tag, c->mpi), "MPI_Send");
-    count(c, NL_COLL_SEND_RECV, bytes, 0, nl_time_s() - t0, 1);
+    count(c, NL_COMM_OP_SEND_RECV, bytes, 0, nl_time_s() - t0, 1);
     return NL_OK;
 }
 
@@ -722,7 +722,7 @@ nl_status nl_comm_recv(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, int sr
     size_t bytes = n * nl_comm_dtype_bytes(dt);
     NL_NATIVE(MPI_Recv(buf, (int)bytes, MPI_BYTE, src, NL_TAG_P2P_BASE + tag, c->mpi, MPI_STATUS_IGNORE),
               "MPI_Recv");
-    count(c, NL_COLL_SEND_RECV, 0, bytes, nl_time_s() - t0, 1);
+    count(c, NL_COMM_OP_SEND_RECV, 0, bytes, nl_time_s() - t0, 1);
     return NL_OK;
 }
 
@@ -807,7 +807,7 @@ nl_status nl_comm_all_reduce_start(nl_comm *c, void *buf, size_t n, nl_comm_dtyp
             nl_free(q);
             return mpi_fail(c, "MPI_Iallreduce", rc);
         }
-        nominal_bytes(NL_COLL_ALL_REDUCE, c, n, 0, dt, &q->sent, &q->recvd);
+        nominal_bytes(NL_COMM_OP_ALL_REDUCE, c, n, 0, dt, &q->sent, &q->recvd);
     } else if (c->size > 1) {
         q->tmp = nl_malloc(nl_comm_chunk_count(n, c->size, 0) * nl_comm_dtype_bytes(dt) + 64, "all-reduce buffer");
         if (!q->tmp) {
@@ -821,7 +821,7 @@ nl_status nl_comm_all_reduce_start(nl_comm *c, void *buf, size_t n, nl_comm_dtyp
             return st;
         }
     }
-    count(c, NL_COLL_ALL_REDUCE, 0, 0, nl_time_s() - q->t0, 1);
+    count(c, NL_COMM_OP_ALL_REDUCE, 0, 0, nl_time_s() - q->t0, 1);
     *req = q;
     return NL_OK;
 }
@@ -849,7 +849,7 @@ nl_status nl_comm_progress(nl_comm_request *q, int *done) {
         }
     }
     *done = req_done(q);
-    count(q->c, NL_COLL_ALL_REDUCE, 0, 0, nl_time_s() - t0, 0);
+    count(q->c, NL_COMM_OP_ALL_REDUCE, 0, 0, nl_time_s() - t0, 0);
     return NL_OK;
 }
 
@@ -871,7 +871,7 @@ nl_status nl_comm_wait(nl_comm_request *q) {
             if (!req_done(q)) st = req_post(q);
         }
     }
-    count(q->c, NL_COLL_ALL_REDUCE, st ? 0 : q->sent, st ? 0 : q->recvd, nl_time_s() - t0, 0);
+    count(q->c, NL_COMM_OP_ALL_REDUCE, st ? 0 : q->sent, st ? 0 : q->recvd, nl_time_s() - t0, 0);
     nl_free(q->tmp);
     nl_free(q);
     return st;
@@ -892,11 +892,11 @@ void nl_comm_reset_stats(nl_comm *c) {
 void nl_comm_reset_total_stats(void) { memset(&g_total, 0, sizeof g_total); }
 uint64_t nl_comm_stats_sent_bytes(const nl_comm_stats *s) {
     uint64_t t = 0;
-    for (int k = 0; k < NL_COLL_COUNT; k++) t += s->coll[k].sent_bytes;
+    for (int k = 0; k < NL_COMM_OP_COUNT; k++) t += s->coll[k].sent_bytes;
     return t;
 }
 uint64_t nl_comm_stats_recv_bytes(const nl_comm_stats *s) {
     uint64_t t = 0;
-    for (int k = 0; k < NL_COLL_COUNT; k++) t += s->coll[k].recv_bytes;
+    for (int k = 0; k < NL_COMM_OP_COUNT; k++) t += s->coll[k].recv_bytes;
     return t;
 }
