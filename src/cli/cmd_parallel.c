@@ -9,11 +9,12 @@
 
 #include "cli.h"
 #include "nanolm/dist.h"
+#include "nanolm/svg.h"
 #include "nanolm/tokenizer.h"
 
 enum {
     O_DATA = 1000, O_PRESET, O_DIM, O_LAYERS, O_HEADS, O_KVH, O_HIDDEN, O_STEPS, O_BATCH, O_SEQ, O_LR, O_CLIP,
-    O_WD, O_SEED, O_DP, O_TP, O_PP, O_ZERO, O_MICRO, O_SCHED, O_IMPL, O_NO_OVERLAP, O_MEM, O_JSON, O_HELP
+    O_WD, O_SEED, O_DP, O_TP, O_PP, O_ZERO, O_MICRO, O_SCHED, O_IMPL, O_NO_OVERLAP, O_MEM, O_JSON, O_SVG, O_HELP
 };
 
 static const struct option popts[] = {
@@ -29,6 +30,7 @@ static const struct option popts[] = {
     {"microbatches", required_argument, 0, O_MICRO}, {"schedule", required_argument, 0, O_SCHED},
     {"impl", required_argument, 0, O_IMPL},      {"no-overlap", no_argument, 0, O_NO_OVERLAP},
     {"report-memory", no_argument, 0, O_MEM},    {"json", no_argument, 0, O_JSON},
+    {"svg", required_argument, 0, O_SVG},
     {"help", no_argument, 0, O_HELP},            {0, 0, 0, 0}};
 
 static void usage(FILE *f) {
@@ -45,12 +47,65 @@ static void usage(FILE *f) {
             "  --clip X (1.0) --weight-decay X (0.1) --seed S (1337)\n"
             "  --report-memory       bytes of parameters, gradients, optimizer state on each rank\n"
             "  --json                the same as JSON\n"
+            "  --svg FILE            picture of who holds what (measured bytes) and what moves per step\n"
             "The batch of dp rank r is its slice of the global batch of D*B windows: the same data as one\n"
             "process with --batch D*B.\n");
 }
 
 static int parse_i(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *v) {
     return nl_cli_int(opt, arg, lo, hi, v);
+}
+
+/* Who holds what: per rank, bars of parameters, gradients and optimizer state (the full size
+ * outlined, the part held filled; a shard sits at the rank's slice), and what it sent per step. */
+static nl_status draw_layout(const char *path, int zero, int P, size_t n_params, const double *rows, int nk) {
+    nl_svg s;
+    double W = 900, rowh = 64, top = 60, H = top + rowh * P + 70, x0 = 80, barw = 420;
+    nl_svg_begin(&s, W, H);
+    char t[256];
+    snprintf(t, sizeof t, "%s on %d ranks, %zu parameters (fp32 + AdamW): what each rank holds", zero ? "ZeRO" : "DDP",
+             P, n_params);
+    if (zero) snprintf(t, sizeof t, "ZeRO-%d on %d ranks, %zu parameters (fp32 + AdamW): what each rank holds", zero, P,
+                       n_params);
+    nl_svg_text(&s, W / 2, 24, 15, "middle", t);
+    const char *names[3] = {"params", "grads", "Adam m,v"};
+    const char *colors[3] = {"#4e79a7", "#f28e2b", "#59a14f"};
+    double full[3] = {4.0 * n_params, 4.0 * n_params, 8.0 * n_params};
+    double scale = barw / full[2];
+    for (int r = 0; r < P; r++) {
+        const double *x = rows + (size_t)r * nk;
+        double y = top + r * rowh;
+        snprintf(t, sizeof t, "rank %d", r);
+        nl_svg_text(&s, 10, y + 28, 13, "start", t);
+        for (int k = 0; k < 3; k++) {
+            double held = x[2 + NL_COMM_OP_COUNT + k], by = y + k * 18, fw = full[k] * scale;
+            nl_svg_rect(&s, x0, by, fw, 14, "#eeeeee", "full size");
+            int sharded = held < 0.9 * full[k];
+            double hx = sharded ? x0 + fw * r / P : x0, hw = held * scale;
+            snprintf(t, sizeof t, "%s: %.0f bytes held", names[k], held);
+            nl_svg_rect(&s, hx, by, hw, 14, colors[k], t);
+            snprintf(t, sizeof t, "%s %s", names[k], sharded ? "1/p shard" : "full");
+            nl_svg_text(&s, x0 + barw + 8, by + 11, 10, "start", t);
+        }
+        double sent = x[0];
+        char m[256] = "";
+        for (int k = 0; k < NL_COMM_OP_COUNT; k++)
+            if (x[2 + k] > 0) {
+                char part[64];
+                snprintf(part, sizeof part, "%s%s %.0f", m[0] ? ", " : "", nl_comm_op_name((nl_comm_op)k), x[2 + k]);
+                strncat(m, part, sizeof m - strlen(m) - 1);
+            }
+        snprintf(t, sizeof t, "sends %.0f B/step (%.3f x params)", sent, sent / full[0]);
+        nl_svg_text(&s, x0 + barw + 110, y + 18, 11, "start", t);
+        nl_svg_text(&s, x0 + barw + 110, y + 34, 10, "start", m);
+    }
+    static const char *moves[4] = {
+        "moves: gradients all-reduced per layer bucket during backward (2(p-1)/p of the gradient bytes)",
+        "moves: gradients reduce-scattered per unit, updated shard all-gathered (same 2(p-1)/p as DDP)",
+        "moves: as ZeRO-1; only the reduced gradient shard is kept between steps",
+        "moves: each layer all-gathered before forward and before backward, gradients reduce-scattered (~3(p-1)/p)"};
+    nl_svg_text(&s, 10, H - 30, 12, "start", moves[zero]);
+    return nl_svg_save(&s, path);
 }
 
 /* Each rank fills its row of (p, k) doubles; afterwards every rank holds the whole table. */
@@ -72,6 +127,7 @@ int nl_cmd_parallel(int argc, char **argv) {
     int64_t dim = 0, layers = 0, heads = 0, kvh = 0, hidden = 0, steps = 20, dp = 0, tp = 1, pp = 1, v;
     int64_t micro = 1;
     int json = 0, mem = 0;
+    const char *svg = NULL;
     nl_dist_opts o;
     nl_dist_opts_default(&o);
     double dv;
@@ -109,6 +165,7 @@ int nl_cmd_parallel(int argc, char **argv) {
         case O_NO_OVERLAP: o.overlap = 0; break;
         case O_MEM: mem = 1; break;
         case O_JSON: json = 1; break;
+        case O_SVG: svg = optarg; break;
         case O_HELP: usage(stdout); return NL_EXIT_OK;
         default: return nl_cli_bad_option("parallel train", argv);
         }
@@ -245,6 +302,7 @@ int nl_cmd_parallel(int argc, char **argv) {
             nl_table_print(&tb, stdout);
             nl_table_free(&tb);
         }
+        if (svg && draw_layout(svg, o.zero, P, t.model.n_params, rows, NK)) rc = nl_cli_fail("parallel train: --svg");
     }
 out:
     free(losses);
