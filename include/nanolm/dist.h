@@ -101,6 +101,14 @@ void nl_dist_memory_report(const nl_dist_trainer *t, nl_dist_memory *out);
 /* Copies the full parameter vector into out (n_params floats); zero 3 gathers it (collective). */
 nl_status nl_dist_gather_params(nl_dist_trainer *t, float *out);
 
+/* Writes a checkpoint (nanolm/checkpoint.h: weights, AdamW moments and t, the step) that one
+ * process can read: the shards are gathered to dp rank 0, which writes the file atomically.
+ * Collective over the group. Errors: NL_ERR_IO naming the file, NL_ERR_COMM, NL_ERR_NOMEM. */
+nl_status nl_dist_save(nl_dist_trainer *t, const char *path, int64_t step);
+/* Every rank reads the checkpoint and keeps its part; *step gets the steps it had completed.
+ * Errors: NL_ERR_IO / NL_ERR_FORMAT naming the file, NL_ERR_INVALID when its model differs. */
+nl_status nl_dist_load(nl_dist_trainer *t, const char *path, int64_t *step);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,7 +5,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "nanolm/dist.h"
@@ -14,7 +16,7 @@
 
 enum {
     O_DATA = 1000, O_PRESET, O_DIM, O_LAYERS, O_HEADS, O_KVH, O_HIDDEN, O_STEPS, O_BATCH, O_SEQ, O_LR, O_CLIP,
-    O_WD, O_SEED, O_DP, O_TP, O_PP, O_ZERO, O_MICRO, O_SCHED, O_IMPL, O_NO_OVERLAP, O_MEM, O_JSON, O_SVG, O_HELP
+    O_WD, O_SEED, O_DP, O_TP, O_PP, O_ZERO, O_MICRO, O_SCHED, O_IMPL, O_NO_OVERLAP, O_MEM, O_JSON, O_SVG, O_OUT, O_SAVE_EVERY, O_RESUME, O_FAULT, O_HELP
 };
 
 static const struct option popts[] = {
@@ -30,7 +32,9 @@ static const struct option popts[] = {
     {"microbatches", required_argument, 0, O_MICRO}, {"schedule", required_argument, 0, O_SCHED},
     {"impl", required_argument, 0, O_IMPL},      {"no-overlap", no_argument, 0, O_NO_OVERLAP},
     {"report-memory", no_argument, 0, O_MEM},    {"json", no_argument, 0, O_JSON},
-    {"svg", required_argument, 0, O_SVG},
+    {"svg", required_argument, 0, O_SVG},        {"out", required_argument, 0, O_OUT},
+    {"save-every", required_argument, 0, O_SAVE_EVERY}, {"resume", required_argument, 0, O_RESUME},
+    {"inject-fault", required_argument, 0, O_FAULT},
     {"help", no_argument, 0, O_HELP},            {0, 0, 0, 0}};
 
 static void usage(FILE *f) {
@@ -48,6 +52,9 @@ static void usage(FILE *f) {
             "  --report-memory       bytes of parameters, gradients, optimizer state on each rank\n"
             "  --json                the same as JSON\n"
             "  --svg FILE            picture of who holds what (measured bytes) and what moves per step\n"
+            "  --out CKPT --save-every K   checkpoint (safetensors, written by rank 0) every K steps and at the end\n"
+            "  --resume CKPT         continue from a checkpoint up to --steps\n"
+            "  --inject-fault R[:exit|_exit|segv|kill]@S   (tests) rank R leaves at the start of step S\n"
             "The batch of dp rank r is its slice of the global batch of D*B windows: the same data as one\n"
             "process with --batch D*B.\n");
 }
@@ -127,7 +134,10 @@ int nl_cmd_parallel(int argc, char **argv) {
     int64_t dim = 0, layers = 0, heads = 0, kvh = 0, hidden = 0, steps = 20, dp = 0, tp = 1, pp = 1, v;
     int64_t micro = 1;
     int json = 0, mem = 0;
-    const char *svg = NULL;
+    const char *svg = NULL, *out_path = NULL, *resume = NULL;
+    int64_t save_every = 0;
+    int fault_rank = -1, fault_step = 0;
+    char fault_how[8] = "exit";
     nl_dist_opts o;
     nl_dist_opts_default(&o);
     double dv;
@@ -166,6 +176,19 @@ int nl_cmd_parallel(int argc, char **argv) {
         case O_MEM: mem = 1; break;
         case O_JSON: json = 1; break;
         case O_SVG: svg = optarg; break;
+        case O_OUT: out_path = optarg; break;
+        case O_RESUME: resume = optarg; break;
+        case O_SAVE_EVERY: if (parse_i("--save-every", optarg, 1, 100000000, &save_every)) return NL_EXIT_USAGE; break;
+        case O_FAULT: {
+            char how[16] = "exit";
+            if (sscanf(optarg, "%d@%d", &fault_rank, &fault_step) != 2 &&
+                sscanf(optarg, "%d:%15[_a-z]@%d", &fault_rank, how, &fault_step) != 3)
+                return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", optarg);
+            if (strcmp(how, "exit") && strcmp(how, "_exit") && strcmp(how, "segv") && strcmp(how, "kill"))
+                return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", optarg);
+            snprintf(fault_how, sizeof fault_how, "%s", how);
+            break;
+        }
         case O_HELP: usage(stdout); return NL_EXIT_OK;
         default: return nl_cli_bad_option("parallel train", argv);
         }
@@ -215,8 +238,20 @@ int nl_cmd_parallel(int argc, char **argv) {
     norms = calloc((size_t)steps, sizeof(double));
     rows = calloc((size_t)P * NK, sizeof(double));
     nl_comm_stats st;
+    memset(&st, 0, sizeof st);
+    int64_t first = 0;
+    if (resume) {
+        if (nl_dist_load(&t, resume, &first)) { rc = nl_cli_fail("parallel train: --resume"); goto out; }
+        if (R == 0 && !json) printf("resumed from %s after step %lld\n", resume, (long long)first);
+    }
     double t0 = nl_time_s(), bw_s = 0, wait_s = 0;
-    for (int64_t s = 0; s < steps; s++) {
+    for (int64_t s = first; s < steps; s++) {
+        if (R == fault_rank && s + 1 == fault_step) { /* a rank that dies at the start of a step */
+            if (!strcmp(fault_how, "kill")) raise(SIGKILL);
+            if (!strcmp(fault_how, "segv")) raise(SIGSEGV);
+            if (!strcmp(fault_how, "_exit")) _exit(3);
+            exit(3);
+        }
         nl_comm_reset_total_stats();
         float loss;
         double norm;
@@ -228,6 +263,10 @@ int nl_cmd_parallel(int argc, char **argv) {
         wait_s += t.comm_wait_s;
         if (!json && R == 0)
             printf("step %3lld  loss %.6f  grad norm %.4f\n", (long long)s + 1, loss, norm);
+        if (out_path && ((save_every && (s + 1) % save_every == 0) || s + 1 == steps)) {
+            if (nl_dist_save(&t, out_path, s + 1)) { rc = nl_cli_fail("parallel train: --out"); goto out; }
+            if (!json && R == 0) printf("saved %s after step %lld\n", out_path, (long long)s + 1);
+        }
     }
     double wall = nl_time_s() - t0;
     nl_dist_memory dm;
@@ -243,7 +282,7 @@ int nl_cmd_parallel(int argc, char **argv) {
     if (share_rows(w, rows, NK)) { rc = nl_cli_fail("parallel train: report"); goto out; }
     if (R == 0) {
         const char *what = o.zero ? "ZeRO" : "DDP";
-        double tokens_per_s = (double)steps * (double)(o.batch * o.seq * dp) / wall;
+        double tokens_per_s = (double)(steps - first) * (double)(o.batch * o.seq * dp) / wall;
         if (json) {
             cJSON *j = cJSON_CreateObject();
             cJSON_AddNumberToObject(j, "ranks", P);
@@ -257,7 +296,8 @@ int nl_cmd_parallel(int argc, char **argv) {
             cJSON_AddNumberToObject(j, "backward_s", bw_s);
             cJSON_AddNumberToObject(j, "comm_wait_after_backward_s", wait_s);
             cJSON *ls = cJSON_AddArrayToObject(j, "losses"), *ns = cJSON_AddArrayToObject(j, "grad_norms");
-            for (int64_t s = 0; s < steps; s++) {
+            cJSON_AddNumberToObject(j, "first_step", (double)first + 1);
+            for (int64_t s = first; s < steps; s++) {
                 cJSON_AddItemToArray(ls, cJSON_CreateNumber(losses[s]));
                 cJSON_AddItemToArray(ns, cJSON_CreateNumber(norms[s]));
             }

@@ -11,6 +11,7 @@
  *     layer l+1 (or the tail) must be there before its first norm.
  */
 #include "nanolm/dist.h"
+#include "nanolm/checkpoint.h"
 
 #include <math.h>
 #include <string.h>
@@ -368,4 +369,106 @@ nl_status nl_dist_gather_params(nl_dist_trainer *t, float *out) {
     }
     memcpy(out, t->model.params, t->model.n_params * sizeof(float));
     return NL_OK;
+}
+
+/* ---- checkpoints --------------------------------------------------------------------------------- */
+
+/* All-gather a sharded per-unit array (shard_total floats) into a full one (n_params floats). */
+static nl_status gather_shards(nl_dist_trainer *t, const float *shards, float *full) {
+    for (int u = 0; u < t->n_units; u++) {
+        const nl_dist_unit *x = &t->units[u];
+        float *mine = t->staging + (size_t)t->r * x->shard;
+        memcpy(mine, shards + x->pos, x->shard * sizeof(float));
+        NL_TRY(nl_comm_all_gather(t->dp, mine, t->staging, x->shard * (size_t)t->p, NL_COMM_F32, t->o.impl));
+        memcpy(full + x->begin, t->staging, x->len * sizeof(float));
+    }
+    return NL_OK;
+}
+
+nl_status nl_dist_save(nl_dist_trainer *t, const char *path, int64_t step) {
+    nl_model *m = &t->model;
+    size_t n = m->n_params;
+    float *mom = NULL, *params = NULL;
+    nl_status st = NL_OK;
+    if (t->o.zero >= 1) {
+        mom = nl_malloc(2 * n * sizeof(float), "checkpoint moments");
+        if (!mom) return NL_ERR_NOMEM;
+        if ((st = gather_shards(t, t->adam_m, mom)) || (st = gather_shards(t, t->adam_v, mom + n))) goto out;
+    }
+    if (t->o.zero == 3) {
+        params = nl_malloc(n * sizeof(float), "checkpoint parameters");
+        if (!params) { st = NL_ERR_NOMEM; goto out; }
+        if ((st = nl_dist_gather_params(t, params))) goto out;
+    }
+    if (t->r == 0) {
+        nl_adamw opt;
+        memset(&opt, 0, sizeof opt);
+        opt.beta1 = t->o.beta1, opt.beta2 = t->o.beta2, opt.eps = t->o.eps, opt.weight_decay = t->o.weight_decay;
+        opt.t = t->t;
+        opt.n = n;
+        opt.m = mom ? mom : t->adam_m;
+        opt.v = mom ? mom + n : t->adam_v;
+        nl_ckpt_state cs;
+        memset(&cs, 0, sizeof cs);
+        cs.step = step;
+        cs.opt = &opt;
+        cs.precision = NL_PREC_FP32;
+        nl_rng_seed(&cs.rng, t->o.seed); /* batches are a pure function of (seed, step) */
+        if (params) memcpy(m->params, params, n * sizeof(float));
+        st = nl_ckpt_save(path, m, "byte", &cs);
+        if (params) for (int u = 0; u < t->n_units; u++) unit_drop(t, u);
+    }
+    /* everyone learns whether rank 0 managed to write the file */
+    double bad = st ? 1 : 0;
+    nl_status st2 = nl_comm_max_double(t->dp, &bad);
+    if (!st && (st2 || bad)) st = st2 ? st2 : nl_fail(NL_ERR_IO, "checkpoint %s: rank 0 could not write it", path);
+out:
+    nl_free(mom);
+    nl_free(params);
+    return st;
+}
+
+nl_status nl_dist_load(nl_dist_trainer *t, const char *path, int64_t *step) {
+    nl_model tmp, *m = &t->model;
+    memset(&tmp, 0, sizeof tmp);
+    char tok[64];
+    nl_adamw opt;
+    memset(&opt, 0, sizeof opt);
+    NL_TRY(nl_ckpt_load_model(path, &tmp, tok));
+    nl_status st = NL_OK;
+    if (tmp.n_params != m->n_params || tmp.L != m->L) {
+        st = nl_fail(NL_ERR_INVALID, "checkpoint %s holds a model of %zu parameters, this run has %zu", path,
+                     tmp.n_params, m->n_params);
+        goto out;
+    }
+    if ((st = nl_adamw_init(&opt, &tmp, t->o.beta1, t->o.beta2, t->o.eps, t->o.weight_decay))) goto out;
+    nl_ckpt_state cs;
+    memset(&cs, 0, sizeof cs);
+    cs.opt = &opt;
+    if ((st = nl_ckpt_load_state(path, &tmp, &cs))) goto out;
+    t->t = opt.t;
+    *step = cs.step;
+    if (t->o.zero == 0) {
+        memcpy(m->params, tmp.params, m->n_params * sizeof(float));
+        memcpy(t->adam_m, opt.m, m->n_params * sizeof(float));
+        memcpy(t->adam_v, opt.v, m->n_params * sizeof(float));
+    } else {
+        if (t->o.zero < 3) memcpy(m->params, tmp.params, m->n_params * sizeof(float));
+        for (int u = 0; u < t->n_units; u++) {
+            const nl_dist_unit *x = &t->units[u];
+            size_t g0 = x->begin + (size_t)t->r * x->shard, real = shard_real(t, u);
+            memset(t->adam_m + x->pos, 0, x->shard * sizeof(float));
+            memset(t->adam_v + x->pos, 0, x->shard * sizeof(float));
+            memcpy(t->adam_m + x->pos, opt.m + g0, real * sizeof(float));
+            memcpy(t->adam_v + x->pos, opt.v + g0, real * sizeof(float));
+            if (t->o.zero == 3) {
+                memset(t->pshard + x->pos, 0, x->shard * sizeof(float));
+                memcpy(t->pshard + x->pos, tmp.params + g0, real * sizeof(float));
+            }
+        }
+    }
+out:
+    nl_adamw_free(&opt);
+    nl_model_free(&tmp);
+    return st;
 }
