@@ -157,6 +157,10 @@ nl_status nl_comm_sum_double(nl_comm *c, double *v);
 typedef struct nl_comm_request nl_comm_request;
 nl_status nl_comm_all_reduce_start(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt,
                                    nl_comm_impl impl, nl_comm_request **req);
+/* Starts a point-to-point send of buf (n) to `dest` (counted as NL_COMM_OP_SEND_RECV); buf must
+ * stay untouched until nl_comm_wait returns. */
+nl_status nl_comm_send_start(nl_comm *c, const void *buf, size_t n, nl_comm_dtype dt, int dest, int tag,
+                             nl_comm_request **req);
 /* Advances the request without blocking; *done = 1 when finished (then call nl_comm_wait). */
 nl_status nl_comm_progress(nl_comm_request *req, int *done);
 /* Blocks until the request completes and frees it. */

@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "nanolm/dist.h"
+#include "nanolm/pipeline.h"
 #include "nanolm/svg.h"
 #include "nanolm/tokenizer.h"
 
@@ -133,7 +134,7 @@ int nl_cmd_parallel(int argc, char **argv) {
     const char *data = NULL, *preset = "shakespeare-char";
     int64_t dim = 0, layers = 0, heads = 0, kvh = 0, hidden = 0, steps = 20, dp = 0, tp = 1, pp = 1, v;
     int64_t micro = 1;
-    int json = 0, mem = 0;
+    int json = 0, mem = 0, sched = NL_PIPE_GPIPE;
     const char *svg = NULL, *out_path = NULL, *resume = NULL;
     int64_t save_every = 0;
     int fault_rank = -1, fault_step = 0;
@@ -166,6 +167,7 @@ int nl_cmd_parallel(int argc, char **argv) {
         case O_SCHED:
             if (strcmp(optarg, "gpipe") && strcmp(optarg, "1f1b"))
                 return nl_cli_usage_error("parallel train: unknown --schedule '%s' (gpipe, 1f1b)", optarg);
+            sched = strcmp(optarg, "gpipe") ? NL_PIPE_1F1B : NL_PIPE_GPIPE;
             break;
         case O_IMPL:
             if (!strcmp(optarg, "ours")) o.impl = NL_COMM_OURS;
@@ -207,17 +209,18 @@ int nl_cmd_parallel(int argc, char **argv) {
     if (arch.vocab_size != 256)
         return nl_cli_usage_error("parallel train: preset %s has vocab %lld; training reads byte tokens (vocab 256)",
                                   preset, (long long)arch.vocab_size);
-    if (tp != 1 || pp != 1) {
-        fprintf(stderr, "nanolm: parallel train: tensor and pipeline parallelism are not implemented yet "
-                        "(--tp %lld --pp %lld; both must be 1)\n", (long long)tp, (long long)pp);
+    if (tp != 1) {
+        fprintf(stderr, "nanolm: parallel train: tensor parallelism is not implemented yet (--tp %lld must be 1)\n",
+                (long long)tp);
         return NL_EXIT_FAIL;
     }
-    (void)micro;
+    if (pp > 1 && (out_path || resume))
+        return nl_cli_usage_error("parallel train: --out/--resume are not implemented with --pp > 1");
 
     if (nl_comm_init(NULL, NULL)) return nl_cli_fail("parallel train: MPI");
     nl_comm *w = nl_comm_world();
     int P = nl_comm_size(w), R = nl_comm_rank(w), rc = NL_EXIT_OK;
-    if (!dp) dp = P;
+    if (!dp) dp = P / (tp * pp) > 0 ? P / (tp * pp) : 1;
     nl_layout L;
     memset(&L, 0, sizeof L);
     nl_tokenizer tok;
@@ -226,14 +229,25 @@ int nl_cmd_parallel(int argc, char **argv) {
     memset(&d, 0, sizeof d);
     nl_dist_trainer t;
     memset(&t, 0, sizeof t);
+    nl_pipe pl;
+    memset(&pl, 0, sizeof pl);
+    nl_model *model = pp > 1 ? &pl.model : &t.model;
     double *losses = NULL, *norms = NULL, *rows = NULL;
-    enum { NK = 2 + NL_COMM_OP_COUNT + 4 }; /* per rank: sent, recv, sent per collective, memory x4 */
+    enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 }; /* per rank: sent, recv, per collective, memory x4, pipeline x3 */
     if (nl_layout_init(w, (int)dp, (int)tp, (int)pp, &L)) { rc = nl_cli_fail("parallel train: layout"); goto out; }
     if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, data, &tok) || nl_data_check_window(&d, (int)o.seq)) {
         rc = nl_cli_fail("parallel train: data");
         goto out;
     }
-    if (nl_dist_init(&t, &arch, &o, L.dp_comm)) { rc = nl_cli_fail("parallel train: init"); goto out; }
+    if (pp > 1) {
+        if (nl_pipe_init(&pl, &arch, &o, (int)micro, (nl_pipe_schedule)sched, L.pp_comm, L.dp_comm, w)) {
+            rc = nl_cli_fail("parallel train: init");
+            goto out;
+        }
+    } else if (nl_dist_init(&t, &arch, &o, L.dp_comm)) {
+        rc = nl_cli_fail("parallel train: init");
+        goto out;
+    }
     losses = calloc((size_t)steps, sizeof(double));
     norms = calloc((size_t)steps, sizeof(double));
     rows = calloc((size_t)P * NK, sizeof(double));
@@ -244,7 +258,7 @@ int nl_cmd_parallel(int argc, char **argv) {
         if (nl_dist_load(&t, resume, &first)) { rc = nl_cli_fail("parallel train: --resume"); goto out; }
         if (R == 0 && !json) printf("resumed from %s after step %lld\n", resume, (long long)first);
     }
-    double t0 = nl_time_s(), bw_s = 0, wait_s = 0;
+    double t0 = nl_time_s(), bw_s = 0, wait_s = 0, busy_s = 0, idle_s = 0;
     for (int64_t s = first; s < steps; s++) {
         if (R == fault_rank && s + 1 == fault_step) { /* a rank that dies at the start of a step */
             if (!strcmp(fault_how, "kill")) raise(SIGKILL);
@@ -255,7 +269,10 @@ int nl_cmd_parallel(int argc, char **argv) {
         nl_comm_reset_total_stats();
         float loss;
         double norm;
-        if (nl_dist_step(&t, &d, s, o.lr, &loss, &norm)) { rc = nl_cli_fail("parallel train: step"); goto out; }
+        nl_status sst = pp > 1 ? nl_pipe_step(&pl, &d, s, o.lr, &loss, &norm) : nl_dist_step(&t, &d, s, o.lr, &loss, &norm);
+        if (sst) { rc = nl_cli_fail("parallel train: step"); goto out; }
+        busy_s += pl.busy_s;
+        idle_s += pl.idle_s;
         nl_comm_get_total_stats(&st); /* bytes of this step (the last step's are reported) */
         losses[s] = loss;
         norms[s] = norm;
@@ -270,7 +287,13 @@ int nl_cmd_parallel(int argc, char **argv) {
     }
     double wall = nl_time_s() - t0;
     nl_dist_memory dm;
-    nl_dist_memory_report(&t, &dm);
+    if (pp > 1) { /* every stage allocates the whole model (see nanolm/pipeline.h) */
+        dm.params = dm.grads = model->n_params * sizeof(float);
+        dm.optimizer = 2 * model->n_params * sizeof(float);
+        dm.workspace = 0;
+    } else {
+        nl_dist_memory_report(&t, &dm);
+    }
     double *me = rows + (size_t)R * NK;
     me[0] = (double)nl_comm_stats_sent_bytes(&st);
     me[1] = (double)nl_comm_stats_recv_bytes(&st);
@@ -279,18 +302,27 @@ int nl_cmd_parallel(int argc, char **argv) {
     me[3 + NL_COMM_OP_COUNT] = (double)dm.grads;
     me[4 + NL_COMM_OP_COUNT] = (double)dm.optimizer;
     me[5 + NL_COMM_OP_COUNT] = (double)dm.workspace;
+    me[6 + NL_COMM_OP_COUNT] = busy_s;
+    me[7 + NL_COMM_OP_COUNT] = idle_s;
+    me[8 + NL_COMM_OP_COUNT] = L.pp_rank;
     if (share_rows(w, rows, NK)) { rc = nl_cli_fail("parallel train: report"); goto out; }
     if (R == 0) {
-        const char *what = o.zero ? "ZeRO" : "DDP";
+        const char *what = o.zero ? "ZeRO" : (dp > 1 ? "DDP" : "One process");
         double tokens_per_s = (double)(steps - first) * (double)(o.batch * o.seq * dp) / wall;
         if (json) {
             cJSON *j = cJSON_CreateObject();
             cJSON_AddNumberToObject(j, "ranks", P);
             cJSON_AddNumberToObject(j, "dp", (double)dp);
             cJSON_AddNumberToObject(j, "zero", o.zero);
+            cJSON_AddNumberToObject(j, "pp", (double)pp);
+            if (pp > 1) {
+                cJSON_AddNumberToObject(j, "microbatches", (double)micro);
+                cJSON_AddStringToObject(j, "schedule", sched == NL_PIPE_GPIPE ? "gpipe" : "1f1b");
+                cJSON_AddNumberToObject(j, "bubble_formula", nl_pipe_bubble_formula((int)pp, (int)micro));
+            }
             cJSON_AddStringToObject(j, "impl", nl_comm_impl_name(o.impl));
             cJSON_AddNumberToObject(j, "overlap", o.overlap);
-            cJSON_AddNumberToObject(j, "n_params", (double)t.model.n_params);
+            cJSON_AddNumberToObject(j, "n_params", (double)model->n_params);
             cJSON_AddNumberToObject(j, "global_batch", (double)(o.batch * dp));
             cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_s);
             cJSON_AddNumberToObject(j, "backward_s", bw_s);
@@ -316,20 +348,27 @@ int nl_cmd_parallel(int argc, char **argv) {
                 cJSON_AddNumberToObject(mm, "grads", x[3 + NL_COMM_OP_COUNT]);
                 cJSON_AddNumberToObject(mm, "optimizer", x[4 + NL_COMM_OP_COUNT]);
                 cJSON_AddNumberToObject(mm, "workspace", x[5 + NL_COMM_OP_COUNT]);
+                if (pp > 1) {
+                    cJSON_AddNumberToObject(e, "stage", x[8 + NL_COMM_OP_COUNT]);
+                    cJSON_AddNumberToObject(e, "busy_s", x[6 + NL_COMM_OP_COUNT]);
+                    cJSON_AddNumberToObject(e, "idle_s", x[7 + NL_COMM_OP_COUNT]);
+                    cJSON_AddNumberToObject(e, "bubble", x[7 + NL_COMM_OP_COUNT] / (x[6 + NL_COMM_OP_COUNT] + x[7 + NL_COMM_OP_COUNT]));
+                }
                 cJSON_AddItemToArray(rk, e);
             }
             nl_cli_print_json(j);
         } else {
+            if (pp > 1) what = "Pipeline";
             printf("%s%s on %d ranks (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n",
                    what, o.zero ? (o.zero == 1 ? "-1" : o.zero == 2 ? "-2" : "-3") : "", P, (long long)dp,
-                   t.model.n_params, (long long)(o.batch * dp), (long long)o.seq, nl_comm_impl_name(o.impl));
+                   model->n_params, (long long)(o.batch * dp), (long long)o.seq, nl_comm_impl_name(o.impl));
             printf("%.0f tokens/s; backward %.3f s, waiting for gradient buckets after backward %.3f s\n",
                    tokens_per_s, bw_s, wait_s);
             const char *hdr[] = {"rank", "sent/step", "of params", "recv/step", "params B", "grads B", "optimizer B",
                                  "workspace B"};
             nl_table tb;
             nl_table_init(&tb, mem ? 8 : 4, hdr);
-            double pbytes = (double)t.model.n_params * 4;
+            double pbytes = (double)model->n_params * 4;
             for (int q = 0; q < P; q++) {
                 double *x = rows + (size_t)q * NK;
                 if (mem)
@@ -342,13 +381,31 @@ int nl_cmd_parallel(int argc, char **argv) {
             nl_table_print(&tb, stdout);
             nl_table_free(&tb);
         }
-        if (svg && draw_layout(svg, o.zero, P, t.model.n_params, rows, NK)) rc = nl_cli_fail("parallel train: --svg");
+        if (pp > 1 && !json) {
+            printf("pipeline: %lld stages, %lld micro-batches, %s; bubble formula (P-1)/(M+P-1) = %.4f\n",
+                   (long long)pp, (long long)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B",
+                   nl_pipe_bubble_formula((int)pp, (int)micro));
+            const char *bh[] = {"rank", "stage", "busy s", "idle s", "measured bubble"};
+            nl_table bt;
+            nl_table_init(&bt, 5, bh);
+            double sb = 0, si = 0;
+            for (int q = 0; q < P; q++) {
+                double *x = rows + (size_t)q * NK, bu = x[6 + NL_COMM_OP_COUNT], id = x[7 + NL_COMM_OP_COUNT];
+                sb += bu, si += id;
+                nl_table_rowf(&bt, "%d|%.0f|%.4f|%.4f|%.4f", q, x[8 + NL_COMM_OP_COUNT], bu, id, id / (bu + id));
+            }
+            nl_table_print(&bt, stdout);
+            nl_table_free(&bt);
+            printf("mean measured bubble %.4f vs formula %.4f\n", si / (sb + si), nl_pipe_bubble_formula((int)pp, (int)micro));
+        }
+        if (svg && draw_layout(svg, o.zero, P, model->n_params, rows, NK)) rc = nl_cli_fail("parallel train: --svg");
     }
 out:
     free(losses);
     free(norms);
     free(rows);
     nl_dist_free(&t);
+    nl_pipe_free(&pl);
     nl_data_free(&d);
     nl_tokenizer_free(&tok);
     nl_layout_free(&L);

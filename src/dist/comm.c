@@ -38,6 +38,7 @@ struct nl_comm_request {
     size_t n;
     nl_comm_dtype dt;
     nl_comm_impl impl;
+    int p2p;       /* a point-to-point send (r[0]) */
     int tag;
     int step;      /* ours: 0 .. 2(p-1); == 2(p-1) when done */
     int posted;    /* ours: messages of `step` are in flight */
@@ -826,6 +827,31 @@ nl_status nl_comm_all_reduce_start(nl_comm *c, void *buf, size_t n, nl_comm_dtyp
     return NL_OK;
 }
 
+nl_status nl_comm_send_start(nl_comm *c, const void *buf, size_t n, nl_comm_dtype dt, int dest, int tag,
+                             nl_comm_request **req) {
+    *req = NULL;
+    NL_TRY(need_comm(c, "send"));
+    NL_TRY(check_count(c, "send", n, dt));
+    if (dest < 0 || dest >= c->size || tag < 0 || tag > NL_TAG_P2P_MAX)
+        return nl_fail(NL_ERR_INVALID, "send on '%s': bad destination %d or tag %d", c->name, dest, tag);
+    nl_comm_request *q = nl_calloc(1, sizeof *q, "send request");
+    if (!q) return NL_ERR_NOMEM;
+    q->c = c;
+    q->p2p = 1;
+    q->impl = NL_COMM_NATIVE; /* completes through MPI_Test / MPI_Wait on r[0] */
+    q->t0 = nl_time_s();
+    size_t bytes = n * nl_comm_dtype_bytes(dt);
+    int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, dest, NL_TAG_P2P_BASE + tag, c->mpi, &q->r[0]);
+    if (rc != MPI_SUCCESS) {
+        nl_free(q);
+        return mpi_fail(c, "MPI_Isend", rc);
+    }
+    q->sent = bytes;
+    count(c, NL_COMM_OP_SEND_RECV, 0, 0, nl_time_s() - q->t0, 1);
+    *req = q;
+    return NL_OK;
+}
+
 static int req_done(const nl_comm_request *q) {
     if (q->impl == NL_COMM_NATIVE) return q->r[0] == MPI_REQUEST_NULL;
     return q->c->size == 1 || q->step >= 2 * (q->c->size - 1);
@@ -849,7 +875,7 @@ nl_status nl_comm_progress(nl_comm_request *q, int *done) {
         }
     }
     *done = req_done(q);
-    count(q->c, NL_COMM_OP_ALL_REDUCE, 0, 0, nl_time_s() - t0, 0);
+    count(q->c, q->p2p ? NL_COMM_OP_SEND_RECV : NL_COMM_OP_ALL_REDUCE, 0, 0, nl_time_s() - t0, 0);
     return NL_OK;
 }
 
@@ -871,7 +897,8 @@ nl_status nl_comm_wait(nl_comm_request *q) {
             if (!req_done(q)) st = req_post(q);
         }
     }
-    count(q->c, NL_COMM_OP_ALL_REDUCE, st ? 0 : q->sent, st ? 0 : q->recvd, nl_time_s() - t0, 0);
+    count(q->c, q->p2p ? NL_COMM_OP_SEND_RECV : NL_COMM_OP_ALL_REDUCE, st ? 0 : q->sent, st ? 0 : q->recvd,
+          nl_time_s() - t0, 0);
     nl_free(q->tmp);
     nl_free(q);
     return st;

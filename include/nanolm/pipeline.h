@@ -1,0 +1,69 @@
+/*
+ * Pipeline parallelism of NanoLM over MPI (GPipe and 1F1B), optionally times data parallelism.
+ *
+ * The layers are split into P contiguous stages (stage s gets layers [s*L/P, (s+1)*L/P)); stage 0
+ * also does the embedding lookup, the last stage the final norm, the classifier and the loss.
+ * A data-parallel rank's batch of B windows is cut into M micro-batches of B/M windows; the
+ * residual stream (b, T, C) of each micro-batch travels forward from stage to stage and its
+ * gradient travels back (point-to-point). Gradients are accumulated over the micro-batches,
+ * averaged, all-reduced over the data-parallel group (per owned unit), clipped by the global
+ * norm and each stage updates the parameters it owns.
+ *
+ *   GPipe: all M forwards, then all M backwards.
+ *   1F1B:  stage s runs min(P-s-1, M) forwards, then alternates one forward and one backward,
+ *          then the remaining backwards: at most P-s micro-batches of activations are alive.
+ *
+ * Each rank records the seconds it computes (busy) and waits for a message (idle), so the
+ * measured bubble idle/(busy+idle) can be compared with (P-1)/(M+P-1).
+ *
+ * Limits of this implementation: every stage allocates the whole model (only its own layers are
+ * computed and updated), no ZeRO with PP, untied embeddings only.
+ */
+#ifndef NANOLM_PIPELINE_H
+#define NANOLM_PIPELINE_H
+
+#include "nanolm/dist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nl_pipe_schedule { NL_PIPE_GPIPE = 0, NL_PIPE_1F1B = 1 } nl_pipe_schedule;
+
+typedef struct nl_pipe_mb nl_pipe_mb; /* activations of one micro-batch on this stage */
+
+typedef struct nl_pipe {
+    nl_model model;
+    nl_dist_opts o;
+    int M;                       /* micro-batches per step */
+    nl_pipe_schedule schedule;
+    nl_comm *pp, *dp;            /* borrowed */
+    int P, s, D, d;              /* pipeline size and stage, data-parallel size and rank */
+    int l0, l1;                  /* this stage's layers [l0, l1) */
+    int64_t b;                   /* windows per micro-batch */
+    nl_pipe_mb *mbs;             /* [M] */
+    float *scratch;              /* backward scratch of one micro-batch */
+    float *dresid, *dln, *dqkv, *datty, *datt, *dh13, *dhact;
+    float *adam_m, *adam_v;      /* (n_params); only the owned ranges are used */
+    int64_t t;
+    int32_t *x, *y;              /* (B, T) this data-parallel rank's batch */
+    double busy_s, idle_s;       /* last step */
+    double step_s;
+} nl_pipe;
+
+/* Builds the stage (model initialised on world rank 0's seed: every rank initialises the same
+ * way and rank 0 of each pipeline broadcasts to... see the .c). Errors: NL_ERR_INVALID (batch not
+ * divisible by M, more stages than layers), NL_ERR_UNSUPPORTED (tied embeddings, zero > 0),
+ * NL_ERR_NOMEM. */
+nl_status nl_pipe_init(nl_pipe *pp, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
+                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *world);
+void nl_pipe_free(nl_pipe *pp);
+/* One step; *loss = mean loss of the global batch (on every rank), *grad_norm before clipping. */
+nl_status nl_pipe_step(nl_pipe *pp, const nl_data *d, int64_t step, float lr, float *loss, double *grad_norm);
+/* (P-1)/(M+P-1). */
+double nl_pipe_bubble_formula(int P, int M);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

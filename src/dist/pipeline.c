@@ -1,0 +1,370 @@
+/*
+ * Pipeline parallelism (GPipe, 1F1B) of NanoLM; see include/nanolm/pipeline.h.
+ *
+ * A stage runs the same layer code as nl_model_forward / nl_model_backward (the building blocks
+ * of nanolm/model.h in the same order), on its own layers and on one micro-batch at a time, with
+ * the activations of each micro-batch kept until its backward.
+ */
+#include "nanolm/pipeline.h"
+
+#include <math.h>
+#include <string.h>
+
+struct nl_pipe_mb {
+    float *mem;
+    float *R;        /* (nl+1, b, T, C) residual stream entering each local layer (+ leaving) */
+    float *ln1, *ln1_rstd, *qkv, *att, *atty, *resid2, *ln2, *ln2_rstd, *h13, *hact;
+    float *lnf, *lnf_rstd, *logits; /* last stage */
+    float *dsend;    /* (b, T, C) gradient sent to the previous stage */
+    nl_comm_request *fwd_req, *bwd_req;
+    float loss;
+};
+
+double nl_pipe_bubble_formula(int P, int M) { return (double)(P - 1) / (double)(M + P - 1); }
+
+static int first_stage(const nl_pipe *p) { return p->s == 0; }
+static int last_stage(const nl_pipe *p) { return p->s == p->P - 1; }
+
+nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
+                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *world) {
+    (void)world;
+    memset(p, 0, sizeof *p);
+    p->o = *o;
+    p->M = M;
+    p->schedule = sched;
+    p->pp = pp_comm;
+    p->dp = dp_comm;
+    p->P = nl_comm_size(pp_comm);
+    p->s = nl_comm_rank(pp_comm);
+    p->D = nl_comm_size(dp_comm);
+    p->d = nl_comm_rank(dp_comm);
+    if (o->zero) return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with --zero %d is not implemented (use --zero 0)", o->zero);
+    if (arch->tied_embeddings && p->P > 1)
+        return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism needs untied embeddings (model %s ties them)", arch->name);
+    if (M < 1 || o->batch % M)
+        return nl_fail(NL_ERR_INVALID, "--batch %lld must be a multiple of --microbatches %d", (long long)o->batch, M);
+    if (p->P > arch->n_layers)
+        return nl_fail(NL_ERR_INVALID, "%d pipeline stages for %lld layers: at most one stage per layer", p->P,
+                       (long long)arch->n_layers);
+    nl_model *m = &p->model;
+    NL_TRY(nl_model_init(m, arch));
+    nl_status st;
+    nl_model_init_random(m, o->seed);
+    if ((st = nl_comm_broadcast(dp_comm, m->params, m->n_params, NL_COMM_F32, 0, o->impl))) goto fail;
+    if ((st = nl_model_alloc_grads(m))) goto fail;
+    p->l0 = (int)(p->s * m->L / p->P);
+    p->l1 = (int)((p->s + 1) * m->L / p->P);
+    p->b = o->batch / M;
+    int64_t nl = p->l1 - p->l0, bT = p->b * o->seq, T = o->seq, C = m->C, QKV = m->QKV, H = m->H, V = m->V,
+            NH = m->NH, hd = m->hd;
+    p->mbs = nl_calloc((size_t)M, sizeof *p->mbs, "micro-batches");
+    if (!p->mbs) { st = NL_ERR_NOMEM; goto fail; }
+    for (int k = 0; k < M; k++) {
+        nl_pipe_mb *mb = &p->mbs[k];
+        size_t f = (size_t)((nl + 1) * bT * C + nl * (bT * C * 4 + bT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd +
+                                                      bT * 3 * H) + bT * C);
+        if (last_stage(p)) f += (size_t)(bT * C + bT + bT * V);
+        mb->mem = nl_calloc(f, sizeof(float), "micro-batch activations");
+        if (!mb->mem) { st = NL_ERR_NOMEM; goto fail; }
+        float *q = mb->mem;
+#define TAKE(ptr, n) (ptr = q, q += (n))
+        TAKE(mb->R, (nl + 1) * bT * C);
+        TAKE(mb->ln1, nl * bT * C);
+        TAKE(mb->ln1_rstd, nl * bT);
+        TAKE(mb->qkv, nl * bT * QKV);
+        TAKE(mb->att, nl * p->b * NH * T * T);
+        TAKE(mb->atty, nl * bT * NH * hd);
+        TAKE(mb->resid2, nl * bT * C);
+        TAKE(mb->ln2, nl * bT * C);
+        TAKE(mb->ln2_rstd, nl * bT);
+        TAKE(mb->h13, nl * bT * 2 * H);
+        TAKE(mb->hact, nl * bT * H);
+        TAKE(mb->dsend, bT * C);
+        if (last_stage(p)) {
+            TAKE(mb->lnf, bT * C);
+            TAKE(mb->lnf_rstd, bT);
+            TAKE(mb->logits, bT * V);
+        }
+    }
+    size_t sf = (size_t)(bT * C * 2 + bT * QKV + bT * NH * hd + p->b * NH * T + bT * 2 * H + bT * H);
+    p->scratch = nl_calloc(sf, sizeof(float), "pipeline backward scratch");
+    p->adam_m = nl_calloc(m->n_params, sizeof(float), "AdamW first moment");
+    p->adam_v = nl_calloc(m->n_params, sizeof(float), "AdamW second moment");
+    p->x = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch inputs");
+    p->y = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch targets");
+    if (!p->scratch || !p->adam_m || !p->adam_v || !p->x || !p->y) { st = NL_ERR_NOMEM; goto fail; }
+    float *q = p->scratch;
+    TAKE(p->dresid, bT * C);
+    TAKE(p->dln, bT * C);
+    TAKE(p->dqkv, bT * QKV);
+    TAKE(p->datty, bT * NH * hd);
+    TAKE(p->datt, p->b * NH * T);
+    TAKE(p->dh13, bT * 2 * H);
+    TAKE(p->dhact, bT * H);
+#undef TAKE
+    return NL_OK;
+fail:
+    nl_pipe_free(p);
+    return st;
+}
+
+void nl_pipe_free(nl_pipe *p) {
+    for (int k = 0; p->mbs && k < p->M; k++) {
+        if (p->mbs[k].fwd_req) nl_comm_wait(p->mbs[k].fwd_req);
+        if (p->mbs[k].bwd_req) nl_comm_wait(p->mbs[k].bwd_req);
+        nl_free(p->mbs[k].mem);
+    }
+    nl_free(p->mbs);
+    nl_free(p->scratch);
+    nl_free(p->adam_m);
+    nl_free(p->adam_v);
+    nl_free(p->x);
+    nl_free(p->y);
+    nl_model_free(&p->model);
+    memset(p, 0, sizeof *p);
+}
+
+static nl_linear_site site(const nl_model *m, nl_linear_kind k, int layer, const float *w) {
+    nl_linear_site s = {k, layer, (size_t)(w - m->params)};
+    return s;
+}
+
+/* Forward of micro-batch k on this stage. */
+static nl_status stage_forward(nl_pipe *p, int k) {
+    nl_model *m = &p->model;
+    nl_pipe_mb *mb = &p->mbs[k];
+    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH,
+            KVH = m->KVH, hd = m->hd;
+    const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
+    float eps = (float)m->arch.norm_eps;
+    double t0 = nl_time_s();
+    if (first_stage(p)) {
+        for (int64_t i = 0; i < BT; i++)
+            memcpy(mb->R + i * C, m->w.embed + (int64_t)tok[i] * C, (size_t)C * sizeof(float));
+    } else {
+        NL_TRY(nl_comm_recv(p->pp, mb->R, (size_t)(BT * C), NL_COMM_F32, p->s - 1, 2 * k));
+    }
+    double t1 = nl_time_s();
+    p->idle_s += t1 - t0;
+    for (int64_t j = 0; j < p->l1 - p->l0; j++) {
+        int l = p->l0 + (int)j;
+        nl_layer_weights *lw = &m->w.layers[l];
+        float *x = mb->R + j * BT * C, *ln1 = mb->ln1 + j * BT * C, *qkv = mb->qkv + j * BT * QKV;
+        float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
+        float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
+        float *hact = mb->hact + j * BT * H, *xo = mb->R + (j + 1) * BT * C;
+        nl_rmsnorm_forward(ln1, mb->ln1_rstd + j * BT, x, lw->rms_att, BT, C, eps);
+        nl_linear_site s = site(m, NL_LIN_QKV, l, lw->wq);
+        nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
+        nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 0);
+        nl_rope_apply(qkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 0);
+        nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
+        s = site(m, NL_LIN_O, l, lw->wo);
+        nl_linear_forward(m, &s, x2, atty, lw->wo, BT, NH * hd, C);
+        for (int64_t i = 0; i < BT * C; i++) x2[i] += x[i];
+        nl_rmsnorm_forward(ln2, mb->ln2_rstd + j * BT, x2, lw->rms_ffn, BT, C, eps);
+        s = site(m, NL_LIN_GATE_UP, l, lw->w1);
+        nl_linear_forward(m, &s, h13, ln2, lw->w1, BT, C, 2 * H);
+        nl_swiglu_forward(hact, h13, BT, H);
+        s = site(m, NL_LIN_DOWN, l, lw->w2);
+        nl_linear_forward(m, &s, xo, hact, lw->w2, BT, H, C);
+        for (int64_t i = 0; i < BT * C; i++) xo[i] += x2[i];
+    }
+    float *out = mb->R + (p->l1 - p->l0) * BT * C;
+    if (last_stage(p)) {
+        nl_rmsnorm_forward(mb->lnf, mb->lnf_rstd, out, m->w.rms_final, BT, C, eps);
+        nl_linear_site s = site(m, NL_LIN_CLS, -1, m->w.cls);
+        nl_linear_forward(m, &s, mb->logits, mb->lnf, m->w.cls, BT, C, V);
+        double total = 0;
+        for (int64_t i = 0; i < BT; i++) {
+            const float *z = mb->logits + i * V;
+            float mx = -INFINITY;
+            for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+            float sum = 0.0f;
+            for (int64_t v = 0; v < V; v++) sum += expf(z[v] - mx);
+            total += logf(sum) + mx - z[tgt[i]];
+        }
+        mb->loss = (float)(total / (double)BT);
+        p->busy_s += nl_time_s() - t1;
+    } else {
+        p->busy_s += nl_time_s() - t1;
+        NL_TRY(nl_comm_send_start(p->pp, out, (size_t)(BT * C), NL_COMM_F32, p->s + 1, 2 * k, &mb->fwd_req));
+    }
+    return NL_OK;
+}
+
+/* Backward of micro-batch k on this stage: gradients accumulate (+=) into model.grads. */
+static nl_status stage_backward(nl_pipe *p, int k) {
+    nl_model *m = &p->model;
+    nl_pipe_mb *mb = &p->mbs[k];
+    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH,
+            KVH = m->KVH, hd = m->hd;
+    const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
+    float *G = m->grads;
+#define GRAD(ptr) (G + ((ptr) - m->params))
+    double t0 = nl_time_s();
+    int64_t nl = p->l1 - p->l0;
+    if (last_stage(p)) {
+        float dscale = 1.0f / (float)BT;
+        for (int64_t i = 0; i < BT; i++) {
+            float *z = mb->logits + i * V;
+            float mx = -INFINITY;
+            for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+            float sum = 0.0f;
+            for (int64_t v = 0; v < V; v++) {
+                z[v] = expf(z[v] - mx);
+                sum += z[v];
+            }
+            float inv = 1.0f / sum;
+            for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
+            z[tgt[i]] -= dscale;
+        }
+        nl_linear_site s = site(m, NL_LIN_CLS, -1, m->w.cls);
+        nl_linear_backward(m, &s, p->dln, GRAD(m->w.cls), mb->logits, mb->lnf, m->w.cls, BT, C, V);
+        memset(p->dresid, 0, (size_t)(BT * C) * sizeof(float));
+        nl_rmsnorm_backward(p->dresid, GRAD(m->w.rms_final), p->dln, mb->R + nl * BT * C, m->w.rms_final,
+                            mb->lnf_rstd, BT, C);
+    } else {
+        NL_TRY(nl_comm_recv(p->pp, p->dresid, (size_t)(BT * C), NL_COMM_F32, p->s + 1, 2 * k + 1));
+        double t1 = nl_time_s();
+        p->idle_s += t1 - t0;
+        t0 = t1;
+    }
+    for (int64_t j = nl - 1; j >= 0; j--) {
+        int l = p->l0 + (int)j;
+        nl_layer_weights *lw = &m->w.layers[l];
+        float *x = mb->R + j * BT * C, *ln1 = mb->ln1 + j * BT * C, *qkv = mb->qkv + j * BT * QKV;
+        float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
+        float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
+        float *hact = mb->hact + j * BT * H;
+        nl_linear_site s = site(m, NL_LIN_DOWN, l, lw->w2);
+        nl_linear_backward(m, &s, p->dhact, GRAD(lw->w2), p->dresid, hact, lw->w2, BT, H, C);
+        nl_swiglu_backward(p->dh13, p->dhact, h13, BT, H);
+        s = site(m, NL_LIN_GATE_UP, l, lw->w1);
+        nl_linear_backward(m, &s, p->dln, GRAD(lw->w1), p->dh13, ln2, lw->w1, BT, C, 2 * H);
+        nl_rmsnorm_backward(p->dresid, GRAD(lw->rms_ffn), p->dln, x2, lw->rms_ffn, mb->ln2_rstd + j * BT, BT, C);
+        s = site(m, NL_LIN_O, l, lw->wo);
+        nl_linear_backward(m, &s, p->datty, GRAD(lw->wo), p->dresid, atty, lw->wo, BT, NH * hd, C);
+        nl_attention_backward(p->dqkv, p->datt, p->datty, att, qkv, B, T, NH, KVH, hd);
+        nl_rope_apply(p->dqkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 1);
+        nl_rope_apply(p->dqkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 1);
+        s = site(m, NL_LIN_QKV, l, lw->wq);
+        nl_linear_backward(m, &s, p->dln, GRAD(lw->wq), p->dqkv, ln1, lw->wq, BT, C, QKV);
+        nl_rmsnorm_backward(p->dresid, GRAD(lw->rms_att), p->dln, x, lw->rms_att, mb->ln1_rstd + j * BT, BT, C);
+    }
+    if (first_stage(p)) {
+        float *dembed = GRAD(m->w.embed);
+        for (int64_t i = 0; i < BT; i++) {
+            float *dd = dembed + (int64_t)tok[i] * C;
+            const float *g = p->dresid + i * C;
+            for (int64_t c = 0; c < C; c++) dd[c] += g[c];
+        }
+        p->busy_s += nl_time_s() - t0;
+    } else {
+        memcpy(mb->dsend, p->dresid, (size_t)(BT * C) * sizeof(float));
+        p->busy_s += nl_time_s() - t0;
+        NL_TRY(nl_comm_send_start(p->pp, mb->dsend, (size_t)(BT * C), NL_COMM_F32, p->s - 1, 2 * k + 1, &mb->bwd_req));
+    }
+#undef GRAD
+    return NL_OK;
+}
+
+/* Offset ranges of the parameters this stage owns: its layers, plus the embedding (first) and the
+ * final norm and classifier (last). Returns the number of ranges. */
+static int owned_ranges(const nl_pipe *p, size_t lo[3], size_t hi[3]) {
+    const nl_model *m = &p->model;
+    int n = 0;
+    lo[n] = m->layer_offsets[p->l0];
+    hi[n++] = m->layer_offsets[p->l1];
+    if (first_stage(p)) lo[n] = 0, hi[n++] = m->layer_offsets[0];
+    if (last_stage(p)) lo[n] = m->layer_offsets[m->L], hi[n++] = m->n_params;
+    return n;
+}
+
+nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, float *loss_out, double *norm_out) {
+    nl_model *m = &p->model;
+    double ts = nl_time_s();
+    p->busy_s = p->idle_s = 0;
+    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.seed, step, p->d, p->D, (int)p->o.batch, (int)p->o.seq, p->x, p->y));
+    nl_model_zero_grad(m);
+    int M = p->M;
+    if (p->schedule == NL_PIPE_GPIPE) {
+        for (int k = 0; k < M; k++) NL_TRY(stage_forward(p, k));
+        for (int k = 0; k < M; k++) NL_TRY(stage_backward(p, k));
+    } else {
+        int warm = p->P - p->s - 1 < M ? p->P - p->s - 1 : M, f = 0, b = 0;
+        for (; f < warm; f++) NL_TRY(stage_forward(p, f));
+        while (f < M) {
+            NL_TRY(stage_forward(p, f++));
+            NL_TRY(stage_backward(p, b++));
+        }
+        while (b < M) NL_TRY(stage_backward(p, b++));
+    }
+    double tw = nl_time_s();
+    for (int k = 0; k < M; k++) {
+        nl_status st = nl_comm_wait(p->mbs[k].fwd_req);
+        p->mbs[k].fwd_req = NULL;
+        NL_TRY(st);
+        st = nl_comm_wait(p->mbs[k].bwd_req);
+        p->mbs[k].bwd_req = NULL;
+        NL_TRY(st);
+    }
+    p->idle_s += nl_time_s() - tw;
+    p->step_s = nl_time_s() - ts;
+
+    /* mean over micro-batches and data-parallel ranks */
+    size_t lo[3], hi[3];
+    int nr = owned_ranges(p, lo, hi);
+    float scale = 1.0f / (float)M;
+    for (int i = 0; i < nr; i++) {
+        for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= scale;
+        if (p->D > 1) {
+            NL_TRY(nl_comm_all_reduce(p->dp, m->grads + lo[i], hi[i] - lo[i], NL_COMM_F32, p->o.impl));
+            float inv = 1.0f / (float)p->D;
+            for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= inv;
+        }
+    }
+    double ss = 0;
+    for (int i = 0; i < nr; i++)
+        for (size_t j = lo[i]; j < hi[i]; j++) ss += (double)m->grads[j] * m->grads[j];
+    NL_TRY(nl_comm_sum_double(p->pp, &ss)); /* stages own disjoint ranges */
+    double norm = sqrt(ss);
+    double lsum = 0;
+    if (last_stage(p))
+        for (int k = 0; k < M; k++) lsum += p->mbs[k].loss;
+    NL_TRY(nl_comm_sum_double(p->pp, &lsum));
+    lsum /= M;
+    NL_TRY(nl_comm_sum_double(p->dp, &lsum));
+    float loss = (float)(lsum / p->D);
+    if (!isfinite(loss)) return nl_fail(NL_ERR_NUMERIC, "loss is %f at step %lld", loss, (long long)step + 1);
+    if (p->o.grad_clip > 0 && isfinite(norm) && norm > p->o.grad_clip) {
+        float c = (float)(p->o.grad_clip / (norm + 1e-6));
+        for (int i = 0; i < nr; i++)
+            for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= c;
+    }
+    /* AdamW on the owned ranges, the float expressions of nl_adamw_step */
+    p->t++;
+    float b1 = p->o.beta1, b2 = p->o.beta2, eps = p->o.eps;
+    double bc1 = 1.0 - pow((double)b1, (double)p->t), bc2 = 1.0 - pow((double)b2, (double)p->t);
+    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    const nl_param_info *tab;
+    int nt = nl_model_params_table(m, &tab);
+    for (int k = 0; k < nt; k++) {
+        size_t a = tab[k].offset, e = a + tab[k].numel;
+        int mine = 0;
+        for (int i = 0; i < nr; i++) mine |= a >= lo[i] && e <= hi[i];
+        if (!mine) continue;
+        float decay = tab[k].ndim == 2 ? 1.0f - lr * p->o.weight_decay : 1.0f;
+        float *pp = m->params + a, *g = m->grads + a, *mm = p->adam_m + a, *vv = p->adam_v + a;
+        for (size_t i = 0; i < tab[k].numel; i++) {
+            pp[i] *= decay;
+            mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
+            vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
+            float denom = sqrtf(vv[i]) / bc2_sqrt + eps;
+            pp[i] -= step_size * (mm[i] / denom);
+        }
+    }
+    if (loss_out) *loss_out = loss;
+    if (norm_out) *norm_out = norm;
+    return NL_OK;
+}
