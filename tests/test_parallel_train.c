@@ -126,10 +126,16 @@ static void test_one_process_reference(void **state) {
 /* Pipeline: rank r = stage * dp + dp_rank sends M activations (b, T, C) forward unless it is
  * the last stage, M gradients back unless it is the first, and all-reduces the parameter ranges
  * its stage owns over the data-parallel group. */
-static double expected_sent_pp(int np, int dp, int M, int r) {
-    int P = np / dp, s = r / dp, d = r % dp, L = n_units - 2;
-    double act = 4.0 * M * (double)(GLOBAL_BATCH / dp / M) * 16 * 32; /* b x T x C floats */
+static double expected_sent_pp(int np, int dp, int tp, int M, int r) {
+    int P = np / (dp * tp), t = r % tp, d = (r / tp) % dp, s = r / (tp * dp), L = n_units - 2;
+    size_t n_act = (size_t)(GLOBAL_BATCH / dp / M) * 16 * 32; /* b x T x C floats */
+    double act = 4.0 * M * (double)n_act;
     double b = (s < P - 1 ? act : 0) + (s > 0 ? act : 0);
+    /* tensor parallel: per layer of the stage and micro-batch, 2 all-reduces of (b, T, C) in
+     * forward and 2 in backward */
+    if (tp > 1)
+        b += 4.0 * M * (double)((s + 1) * L / P - s * L / P) * 4 *
+             (double)(2 * n_act - chunk(n_act, tp, t) - chunk(n_act, tp, (t + 1) % tp));
     if (dp > 1) {
         size_t ranges[3], nr = 0, lay = 0;
         for (int l = s * L / P; l < (s + 1) * L / P; l++) lay += unit_len[1 + l];
@@ -145,9 +151,11 @@ static double expected_sent_pp(int np, int dp, int M, int r) {
 static void check_run_layout(int np, int dp, int zero, const char *extra) {
     assert_non_null(ref_doc);
     char args[1024], *out;
-    int pp = np / dp, M = 0;
-    const char *mp = strstr(extra, "--microbatches ");
+    int tp = 1, M = 1;
+    const char *mp = strstr(extra, "--microbatches "), *tpp = strstr(extra, "--tp ");
     if (mp) M = atoi(mp + 15);
+    if (tpp) tp = atoi(tpp + 5);
+    int pp = np / (dp * tp);
     snprintf(args, sizeof args, "parallel train --data %s %s --steps %d --batch %d --dp %d --pp %d --zero %d %s --json",
              data_file(), SHAPE, STEPS, GLOBAL_BATCH / dp, dp, pp, zero, extra);
     int rc = run(np, args, &out);
@@ -165,7 +173,7 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
         worst = e > worst ? e : worst;
         exact += l[i] == lr[i];
     }
-    print_message("np %d dp %d pp %d zero %d %s: max relative loss difference %.3g over %d steps, %d bit-exact\n", np, dp, pp, zero, extra,
+    print_message("np %d dp %d tp %d pp %d zero %d %s: max relative loss difference %.3g over %d steps, %d bit-exact\n", np, dp, tp, pp, zero, extra,
                   worst, n, exact);
     (void)np;
     assert_true(worst <= 1e-5);
@@ -179,16 +187,18 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
     double pad_bound = 4.0 * 2 * n_units; /* a few floats per unit of padding, times 8 bytes/param at most */
     cJSON *ranks = cJSON_GetObjectItem(d, "per_rank");
     assert_int_equal(cJSON_GetArraySize(ranks), np);
-    if (pp > 1) { /* bytes of the pipeline; memory: every stage allocates the whole model (not checked) */
+    if (pp > 1 || tp > 1) { /* bytes of the pipeline / tensor parallelism; memory: every stage allocates the whole model (not checked) */
         for (int r = 0; r < np; r++) {
             cJSON *e = cJSON_GetArrayItem(ranks, r);
-            double sent = cJSON_GetObjectItem(e, "sent_bytes_per_step")->valuedouble, want = expected_sent_pp(np, dp, M, r);
+            double sent = cJSON_GetObjectItem(e, "sent_bytes_per_step")->valuedouble, want = expected_sent_pp(np, dp, tp, M, r);
             if (sent != want) print_message("rank %d sent %.0f bytes per step, formula %.0f\n", r, sent, want);
             assert_true(sent == want);
-            double bub = cJSON_GetObjectItem(e, "bubble")->valuedouble;
-            assert_true(bub >= 0 && bub <= 1);
+            if (pp > 1) {
+                double bub = cJSON_GetObjectItem(e, "bubble")->valuedouble;
+                assert_true(bub >= 0 && bub <= 1);
+            }
         }
-        print_message("  measured bubble rank 0 %.3f, formula %.3f\n",
+        if (pp > 1) print_message("  measured bubble rank 0 %.3f, formula %.3f\n",
                       cJSON_GetObjectItem(cJSON_GetArrayItem(ranks, 0), "bubble")->valuedouble,
                       cJSON_GetObjectItem(d, "bubble_formula")->valuedouble);
         free(l);
@@ -236,6 +246,9 @@ static void check_run(int np, int zero, const char *extra) { check_run_layout(np
 static void test_pp_2_gpipe(void **state) { (void)state; check_run_layout(2, 1, 0, "--microbatches 4 --schedule gpipe"); }
 static void test_pp_2_1f1b(void **state) { (void)state; check_run_layout(2, 1, 0, "--microbatches 4 --schedule 1f1b"); }
 static void test_dp2_pp2_1f1b(void **state) { (void)state; check_run_layout(4, 2, 0, "--microbatches 2 --schedule 1f1b"); }
+static void test_tp_2(void **state) { (void)state; check_run_layout(2, 1, 0, "--tp 2"); }
+static void test_dp2_tp2(void **state) { (void)state; check_run_layout(4, 2, 0, "--tp 2"); }
+static void test_tp2_pp2_gpipe(void **state) { (void)state; check_run_layout(4, 1, 0, "--tp 2 --microbatches 2 --schedule gpipe"); }
 static void test_ddp_2(void **state) { (void)state; check_run(2, 0, ""); }
 static void test_ddp_2_no_overlap(void **state) { (void)state; check_run(2, 0, "--no-overlap"); }
 static void test_ddp_2_native(void **state) { (void)state; check_run(2, 0, "--impl native"); }
@@ -276,6 +289,9 @@ int main(void) {
         cmocka_unit_test(test_pp_2_gpipe),
         cmocka_unit_test(test_pp_2_1f1b),
         cmocka_unit_test(test_dp2_pp2_1f1b),
+        cmocka_unit_test(test_tp_2),
+        cmocka_unit_test(test_dp2_tp2),
+        cmocka_unit_test(test_tp2_pp2_gpipe),
         cmocka_unit_test(test_bad_layouts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,5 +1,12 @@
 /*
- * Pipeline parallelism of NanoLM over MPI (GPipe and 1F1B), optionally times data parallelism.
+ * Pipeline (GPipe, 1F1B) and tensor (Megatron) parallelism of NanoLM over MPI, with data
+ * parallelism on top (DP x TP x PP).
+ *
+ * Tensor parallelism over T ranks: each rank holds T-th of the heads and KV heads (rows of wq,
+ * wk, wv: column-parallel) and the matching columns of wo (row-parallel), T-th of the SwiGLU
+ * width (rows of w1, w3; columns of w2). Norms, embedding and classifier are replicated. Per
+ * block, forward all-reduces the (b, T, C) outputs of o and of w2, backward the (b, T, C)
+ * input gradients of the q/k/v and the w1/w3 matmuls: 2 all-reduces forward and 2 backward.
  *
  * The layers are split into P contiguous stages (stage s gets layers [s*L/P, (s+1)*L/P)); stage 0
  * also does the embedding lookup, the last stage the final norm, the classifier and the loss.
@@ -22,6 +29,8 @@
 #ifndef NANOLM_PIPELINE_H
 #define NANOLM_PIPELINE_H
 
+#include <stdint.h>
+
 #include "nanolm/dist.h"
 
 #ifdef __cplusplus
@@ -37,8 +46,11 @@ typedef struct nl_pipe {
     nl_dist_opts o;
     int M;                       /* micro-batches per step */
     nl_pipe_schedule schedule;
-    nl_comm *pp, *dp;            /* borrowed */
+    nl_comm *pp, *dp, *tp;       /* borrowed */
     int P, s, D, d;              /* pipeline size and stage, data-parallel size and rank */
+    int TP, tr;                  /* tensor-parallel size and rank */
+    int nh, kvh, h;              /* this rank's heads, KV heads and SwiGLU width */
+    uint8_t *own;                /* (n_params) 1 replicated, 2 this rank's slice, 0 not updated here */
     int l0, l1;                  /* this stage's layers [l0, l1) */
     int64_t b;                   /* windows per micro-batch */
     nl_pipe_mb *mbs;             /* [M] */
@@ -47,16 +59,17 @@ typedef struct nl_pipe {
     float *adam_m, *adam_v;      /* (n_params); only the owned ranges are used */
     int64_t t;
     int32_t *x, *y;              /* (B, T) this data-parallel rank's batch */
-    double busy_s, idle_s;       /* last step */
+    double busy_s, idle_s;       /* last step: computing, waiting for a pipeline message */
+    double tp_s;                 /* last step: in tensor-parallel all-reduces */
     double step_s;
 } nl_pipe;
 
-/* Builds the stage (model initialised on world rank 0's seed: every rank initialises the same
- * way and rank 0 of each pipeline broadcasts to... see the .c). Errors: NL_ERR_INVALID (batch not
+/* Builds this rank's stage and tensor-parallel slice. Every rank initialises the whole model from
+ * o->seed (deterministic) and dp rank 0 broadcasts it over the data-parallel group. Errors: NL_ERR_INVALID (batch not
  * divisible by M, more stages than layers), NL_ERR_UNSUPPORTED (tied embeddings, zero > 0),
  * NL_ERR_NOMEM. */
 nl_status nl_pipe_init(nl_pipe *pp, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
-                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *world);
+                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *tp_comm);
 void nl_pipe_free(nl_pipe *pp);
 /* One step; *loss = mean loss of the global batch (on every rank), *grad_norm before clipping. */
 nl_status nl_pipe_step(nl_pipe *pp, const nl_data *d, int64_t step, float lr, float *loss, double *grad_norm);

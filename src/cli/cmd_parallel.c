@@ -209,13 +209,9 @@ int nl_cmd_parallel(int argc, char **argv) {
     if (arch.vocab_size != 256)
         return nl_cli_usage_error("parallel train: preset %s has vocab %lld; training reads byte tokens (vocab 256)",
                                   preset, (long long)arch.vocab_size);
-    if (tp != 1) {
-        fprintf(stderr, "nanolm: parallel train: tensor parallelism is not implemented yet (--tp %lld must be 1)\n",
-                (long long)tp);
-        return NL_EXIT_FAIL;
-    }
-    if (pp > 1 && (out_path || resume))
-        return nl_cli_usage_error("parallel train: --out/--resume are not implemented with --pp > 1");
+    int mp = tp > 1 || pp > 1; /* model parallel: the pipeline/tensor engine */
+    if (mp && (out_path || resume))
+        return nl_cli_usage_error("parallel train: --out/--resume are not implemented with --tp or --pp > 1");
 
     if (nl_comm_init(NULL, NULL)) return nl_cli_fail("parallel train: MPI");
     nl_comm *w = nl_comm_world();
@@ -231,7 +227,7 @@ int nl_cmd_parallel(int argc, char **argv) {
     memset(&t, 0, sizeof t);
     nl_pipe pl;
     memset(&pl, 0, sizeof pl);
-    nl_model *model = pp > 1 ? &pl.model : &t.model;
+    nl_model *model = mp ? &pl.model : &t.model;
     double *losses = NULL, *norms = NULL, *rows = NULL;
     enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 }; /* per rank: sent, recv, per collective, memory x4, pipeline x3 */
     if (nl_layout_init(w, (int)dp, (int)tp, (int)pp, &L)) { rc = nl_cli_fail("parallel train: layout"); goto out; }
@@ -239,8 +235,8 @@ int nl_cmd_parallel(int argc, char **argv) {
         rc = nl_cli_fail("parallel train: data");
         goto out;
     }
-    if (pp > 1) {
-        if (nl_pipe_init(&pl, &arch, &o, (int)micro, (nl_pipe_schedule)sched, L.pp_comm, L.dp_comm, w)) {
+    if (mp) {
+        if (nl_pipe_init(&pl, &arch, &o, (int)micro, (nl_pipe_schedule)sched, L.pp_comm, L.dp_comm, L.tp_comm)) {
             rc = nl_cli_fail("parallel train: init");
             goto out;
         }
@@ -269,7 +265,7 @@ int nl_cmd_parallel(int argc, char **argv) {
         nl_comm_reset_total_stats();
         float loss;
         double norm;
-        nl_status sst = pp > 1 ? nl_pipe_step(&pl, &d, s, o.lr, &loss, &norm) : nl_dist_step(&t, &d, s, o.lr, &loss, &norm);
+        nl_status sst = mp ? nl_pipe_step(&pl, &d, s, o.lr, &loss, &norm) : nl_dist_step(&t, &d, s, o.lr, &loss, &norm);
         if (sst) { rc = nl_cli_fail("parallel train: step"); goto out; }
         busy_s += pl.busy_s;
         idle_s += pl.idle_s;
@@ -287,7 +283,7 @@ int nl_cmd_parallel(int argc, char **argv) {
     }
     double wall = nl_time_s() - t0;
     nl_dist_memory dm;
-    if (pp > 1) { /* every stage allocates the whole model (see nanolm/pipeline.h) */
+    if (mp) { /* every stage allocates the whole model (see nanolm/pipeline.h) */
         dm.params = dm.grads = model->n_params * sizeof(float);
         dm.optimizer = 2 * model->n_params * sizeof(float);
         dm.workspace = 0;
@@ -315,6 +311,7 @@ int nl_cmd_parallel(int argc, char **argv) {
             cJSON_AddNumberToObject(j, "dp", (double)dp);
             cJSON_AddNumberToObject(j, "zero", o.zero);
             cJSON_AddNumberToObject(j, "pp", (double)pp);
+            cJSON_AddNumberToObject(j, "tp", (double)tp);
             if (pp > 1) {
                 cJSON_AddNumberToObject(j, "microbatches", (double)micro);
                 cJSON_AddStringToObject(j, "schedule", sched == NL_PIPE_GPIPE ? "gpipe" : "1f1b");
@@ -359,6 +356,7 @@ int nl_cmd_parallel(int argc, char **argv) {
             nl_cli_print_json(j);
         } else {
             if (pp > 1) what = "Pipeline";
+            else if (tp > 1) what = "Tensor parallel";
             printf("%s%s on %d ranks (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n",
                    what, o.zero ? (o.zero == 1 ? "-1" : o.zero == 2 ? "-2" : "-3") : "", P, (long long)dp,
                    model->n_params, (long long)(o.batch * dp), (long long)o.seq, nl_comm_impl_name(o.impl));

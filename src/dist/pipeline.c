@@ -7,6 +7,7 @@
  */
 #include "nanolm/pipeline.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -26,9 +27,11 @@ static int first_stage(const nl_pipe *p) { return p->s == 0; }
 static int last_stage(const nl_pipe *p) { return p->s == p->P - 1; }
 
 nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
-                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *world) {
-    (void)world;
+                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *tp_comm) {
     memset(p, 0, sizeof *p);
+    p->tp = tp_comm;
+    p->TP = nl_comm_size(tp_comm);
+    p->tr = nl_comm_rank(tp_comm);
     p->o = *o;
     p->M = M;
     p->schedule = sched;
@@ -43,6 +46,9 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
         return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism needs untied embeddings (model %s ties them)", arch->name);
     if (M < 1 || o->batch % M)
         return nl_fail(NL_ERR_INVALID, "--batch %lld must be a multiple of --microbatches %d", (long long)o->batch, M);
+    if (arch->n_heads % p->TP || arch->n_kv_heads % p->TP || arch->hidden_dim % p->TP)
+        return nl_fail(NL_ERR_INVALID, "--tp %d must divide the heads %lld, the KV heads %lld and the hidden size %lld",
+                       p->TP, (long long)arch->n_heads, (long long)arch->n_kv_heads, (long long)arch->hidden_dim);
     if (p->P > arch->n_layers)
         return nl_fail(NL_ERR_INVALID, "%d pipeline stages for %lld layers: at most one stage per layer", p->P,
                        (long long)arch->n_layers);
@@ -55,8 +61,11 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->l0 = (int)(p->s * m->L / p->P);
     p->l1 = (int)((p->s + 1) * m->L / p->P);
     p->b = o->batch / M;
-    int64_t nl = p->l1 - p->l0, bT = p->b * o->seq, T = o->seq, C = m->C, QKV = m->QKV, H = m->H, V = m->V,
-            NH = m->NH, hd = m->hd;
+    p->nh = (int)(m->NH / p->TP);
+    p->kvh = (int)(m->KVH / p->TP);
+    p->h = (int)(m->H / p->TP);
+    int64_t nl = p->l1 - p->l0, bT = p->b * o->seq, T = o->seq, C = m->C, QKV = (p->nh + 2 * p->kvh) * m->hd,
+            H = p->h, V = m->V, NH = p->nh, hd = m->hd;
     p->mbs = nl_calloc((size_t)M, sizeof *p->mbs, "micro-batches");
     if (!p->mbs) { st = NL_ERR_NOMEM; goto fail; }
     for (int k = 0; k < M; k++) {
@@ -92,7 +101,35 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->adam_v = nl_calloc(m->n_params, sizeof(float), "AdamW second moment");
     p->x = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch inputs");
     p->y = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch targets");
-    if (!p->scratch || !p->adam_m || !p->adam_v || !p->x || !p->y) { st = NL_ERR_NOMEM; goto fail; }
+    p->own = nl_calloc(m->n_params, 1, "ownership mask");
+    if (!p->scratch || !p->adam_m || !p->adam_v || !p->x || !p->y || !p->own) { st = NL_ERR_NOMEM; goto fail; }
+    /* what this rank updates: 1 = replicated over the tensor-parallel group (norms, embedding,
+     * classifier), 2 = its slice of a split weight */
+    {
+        const nl_param_info *tab;
+        int nt = nl_model_params_table(m, &tab);
+        for (int k = 0; k < nt; k++) {
+            const nl_param_info *t = &tab[k];
+            int stage_has = t->layer >= 0 ? (t->layer >= p->l0 && t->layer < p->l1)
+                                          : (t->kind == NL_PARAM_EMBED ? first_stage(p) : last_stage(p));
+            if (!stage_has) continue;
+            uint8_t *o8 = p->own + t->offset;
+            int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+            switch (t->kind) {
+            case NL_PARAM_WQ: case NL_PARAM_WK: case NL_PARAM_WV: case NL_PARAM_W1: case NL_PARAM_W3: {
+                int64_t r0 = rows / p->TP * p->tr, rn = rows / p->TP; /* column-parallel: rows of (out, in) */
+                memset(o8 + r0 * cols, 2, (size_t)(rn * cols));
+                break;
+            }
+            case NL_PARAM_WO: case NL_PARAM_W2: { /* row-parallel: columns of (out, in) */
+                int64_t c0 = cols / p->TP * p->tr, cn = cols / p->TP;
+                for (int64_t r = 0; r < rows; r++) memset(o8 + r * cols + c0, 2, (size_t)cn);
+                break;
+            }
+            default: memset(o8, 1, t->numel); break;
+            }
+        }
+    }
     float *q = p->scratch;
     TAKE(p->dresid, bT * C);
     TAKE(p->dln, bT * C);
@@ -120,6 +157,7 @@ void nl_pipe_free(nl_pipe *p) {
     nl_free(p->adam_v);
     nl_free(p->x);
     nl_free(p->y);
+    nl_free(p->own);
     nl_model_free(&p->model);
     memset(p, 0, sizeof *p);
 }
@@ -129,12 +167,43 @@ static nl_linear_site site(const nl_model *m, nl_linear_kind k, int layer, const
     return s;
 }
 
+/* c (M, N, ldc) = a (M, K, lda) . b^T where b is (N, K, ldb): y = x W^T. */
+static void gemm_nt(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float *c, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 0.0f,
+                c, (int)ldc);
+}
+/* c (M, N) = a (M, K) . b (K, N) + beta c: dx = dy W. */
+static void gemm_nn(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float *c, int64_t ldc, float beta) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb,
+                beta, c, (int)ldc);
+}
+/* c (M, N) += a^T . b with a (K, M), b (K, N): dW += dy^T x. */
+static void gemm_tn(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float *c, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 1.0f,
+                c, (int)ldc);
+}
+
+/* Megatron's all-reduce over the tensor-parallel group (the time counts as communication, not
+ * computation: *t_mark is moved past it). */
+static nl_status tp_sum(nl_pipe *p, float *buf, size_t n, double *t_mark) {
+    if (p->TP == 1) return NL_OK;
+    double t0 = nl_time_s();
+    NL_TRY(nl_comm_all_reduce(p->tp, buf, n, NL_COMM_F32, p->o.impl));
+    double dt = nl_time_s() - t0;
+    p->tp_s += dt;
+    *t_mark += dt;
+    return NL_OK;
+}
+
 /* Forward of micro-batch k on this stage. */
 static nl_status stage_forward(nl_pipe *p, int k) {
     nl_model *m = &p->model;
     nl_pipe_mb *mb = &p->mbs[k];
-    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH,
-            KVH = m->KVH, hd = m->hd;
+    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
+            hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
     float eps = (float)m->arch.norm_eps;
     double t0 = nl_time_s();
@@ -153,21 +222,25 @@ static nl_status stage_forward(nl_pipe *p, int k) {
         float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
         float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
         float *hact = mb->hact + j * BT * H, *xo = mb->R + (j + 1) * BT * C;
+        int64_t qd = NH * hd, kd = KVH * hd;
         nl_rmsnorm_forward(ln1, mb->ln1_rstd + j * BT, x, lw->rms_att, BT, C, eps);
-        nl_linear_site s = site(m, NL_LIN_QKV, l, lw->wq);
-        nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
+        /* column-parallel q, k, v: this rank's heads are rows [tr*qd, (tr+1)*qd) of wq, ... */
+        gemm_nt(BT, qd, C, ln1, C, lw->wq + p->tr * qd * C, C, qkv, QKV);
+        gemm_nt(BT, kd, C, ln1, C, lw->wk + p->tr * kd * C, C, qkv + qd, QKV);
+        gemm_nt(BT, kd, C, ln1, C, lw->wv + p->tr * kd * C, C, qkv + qd + kd, QKV);
         nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 0);
-        nl_rope_apply(qkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 0);
+        nl_rope_apply(qkv + qd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 0);
         nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
-        s = site(m, NL_LIN_O, l, lw->wo);
-        nl_linear_forward(m, &s, x2, atty, lw->wo, BT, NH * hd, C);
+        /* row-parallel o: this rank's columns of wo, then the sum over the group */
+        gemm_nt(BT, C, qd, atty, qd, lw->wo + p->tr * qd, m->NH * hd, x2, C);
+        NL_TRY(tp_sum(p, x2, (size_t)(BT * C), &t1));
         for (int64_t i = 0; i < BT * C; i++) x2[i] += x[i];
         nl_rmsnorm_forward(ln2, mb->ln2_rstd + j * BT, x2, lw->rms_ffn, BT, C, eps);
-        s = site(m, NL_LIN_GATE_UP, l, lw->w1);
-        nl_linear_forward(m, &s, h13, ln2, lw->w1, BT, C, 2 * H);
+        gemm_nt(BT, H, C, ln2, C, lw->w1 + p->tr * H * C, C, h13, 2 * H);
+        gemm_nt(BT, H, C, ln2, C, lw->w3 + p->tr * H * C, C, h13 + H, 2 * H);
         nl_swiglu_forward(hact, h13, BT, H);
-        s = site(m, NL_LIN_DOWN, l, lw->w2);
-        nl_linear_forward(m, &s, xo, hact, lw->w2, BT, H, C);
+        gemm_nt(BT, C, H, hact, H, lw->w2 + p->tr * H, m->H, xo, C);
+        NL_TRY(tp_sum(p, xo, (size_t)(BT * C), &t1));
         for (int64_t i = 0; i < BT * C; i++) xo[i] += x2[i];
     }
     float *out = mb->R + (p->l1 - p->l0) * BT * C;
@@ -197,8 +270,8 @@ static nl_status stage_forward(nl_pipe *p, int k) {
 static nl_status stage_backward(nl_pipe *p, int k) {
     nl_model *m = &p->model;
     nl_pipe_mb *mb = &p->mbs[k];
-    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH,
-            KVH = m->KVH, hd = m->hd;
+    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
+            hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
     float *G = m->grads;
 #define GRAD(ptr) (G + ((ptr) - m->params))
@@ -237,19 +310,32 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
         float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
         float *hact = mb->hact + j * BT * H;
-        nl_linear_site s = site(m, NL_LIN_DOWN, l, lw->w2);
-        nl_linear_backward(m, &s, p->dhact, GRAD(lw->w2), p->dresid, hact, lw->w2, BT, H, C);
+        int64_t qd = NH * hd, kd = KVH * hd, ldo = m->NH * hd, ldw2 = m->H;
+        /* down (row-parallel): dhact = dresid . w2[:, slice]; dw2[:, slice] += dresid^T . hact */
+        gemm_nn(BT, H, C, p->dresid, C, lw->w2 + p->tr * H, ldw2, p->dhact, H, 0.0f);
+        gemm_tn(C, H, BT, p->dresid, C, hact, H, GRAD(lw->w2) + p->tr * H, ldw2);
         nl_swiglu_backward(p->dh13, p->dhact, h13, BT, H);
-        s = site(m, NL_LIN_GATE_UP, l, lw->w1);
-        nl_linear_backward(m, &s, p->dln, GRAD(lw->w1), p->dh13, ln2, lw->w1, BT, C, 2 * H);
+        /* gate/up (column-parallel): dln = dgate . w1s + dup . w3s, summed over the group */
+        gemm_nn(BT, C, H, p->dh13, 2 * H, lw->w1 + p->tr * H * C, C, p->dln, C, 0.0f);
+        gemm_nn(BT, C, H, p->dh13 + H, 2 * H, lw->w3 + p->tr * H * C, C, p->dln, C, 1.0f);
+        gemm_tn(H, C, BT, p->dh13, 2 * H, ln2, C, GRAD(lw->w1) + p->tr * H * C, C);
+        gemm_tn(H, C, BT, p->dh13 + H, 2 * H, ln2, C, GRAD(lw->w3) + p->tr * H * C, C);
+        NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
         nl_rmsnorm_backward(p->dresid, GRAD(lw->rms_ffn), p->dln, x2, lw->rms_ffn, mb->ln2_rstd + j * BT, BT, C);
-        s = site(m, NL_LIN_O, l, lw->wo);
-        nl_linear_backward(m, &s, p->datty, GRAD(lw->wo), p->dresid, atty, lw->wo, BT, NH * hd, C);
+        /* o (row-parallel) */
+        gemm_nn(BT, qd, C, p->dresid, C, lw->wo + p->tr * qd, ldo, p->datty, qd, 0.0f);
+        gemm_tn(C, qd, BT, p->dresid, C, atty, qd, GRAD(lw->wo) + p->tr * qd, ldo);
         nl_attention_backward(p->dqkv, p->datt, p->datty, att, qkv, B, T, NH, KVH, hd);
         nl_rope_apply(p->dqkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 1);
-        nl_rope_apply(p->dqkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 1);
-        s = site(m, NL_LIN_QKV, l, lw->wq);
-        nl_linear_backward(m, &s, p->dln, GRAD(lw->wq), p->dqkv, ln1, lw->wq, BT, C, QKV);
+        nl_rope_apply(p->dqkv + qd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 1);
+        /* q, k, v (column-parallel) */
+        gemm_nn(BT, C, qd, p->dqkv, QKV, lw->wq + p->tr * qd * C, C, p->dln, C, 0.0f);
+        gemm_nn(BT, C, kd, p->dqkv + qd, QKV, lw->wk + p->tr * kd * C, C, p->dln, C, 1.0f);
+        gemm_nn(BT, C, kd, p->dqkv + qd + kd, QKV, lw->wv + p->tr * kd * C, C, p->dln, C, 1.0f);
+        gemm_tn(qd, C, BT, p->dqkv, QKV, ln1, C, GRAD(lw->wq) + p->tr * qd * C, C);
+        gemm_tn(kd, C, BT, p->dqkv + qd, QKV, ln1, C, GRAD(lw->wk) + p->tr * kd * C, C);
+        gemm_tn(kd, C, BT, p->dqkv + qd + kd, QKV, ln1, C, GRAD(lw->wv) + p->tr * kd * C, C);
+        NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
         nl_rmsnorm_backward(p->dresid, GRAD(lw->rms_att), p->dln, x, lw->rms_att, mb->ln1_rstd + j * BT, BT, C);
     }
     if (first_stage(p)) {
@@ -284,7 +370,7 @@ static int owned_ranges(const nl_pipe *p, size_t lo[3], size_t hi[3]) {
 nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, float *loss_out, double *norm_out) {
     nl_model *m = &p->model;
     double ts = nl_time_s();
-    p->busy_s = p->idle_s = 0;
+    p->busy_s = p->idle_s = p->tp_s = 0;
     NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.seed, step, p->d, p->D, (int)p->o.batch, (int)p->o.seq, p->x, p->y));
     nl_model_zero_grad(m);
     int M = p->M;
@@ -324,10 +410,13 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
             for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= inv;
         }
     }
+    /* global norm: split slices once each, replicated tensors once per tensor-parallel group */
     double ss = 0;
     for (int i = 0; i < nr; i++)
-        for (size_t j = lo[i]; j < hi[i]; j++) ss += (double)m->grads[j] * m->grads[j];
+        for (size_t j = lo[i]; j < hi[i]; j++)
+            if (p->own[j] == 2 || (p->own[j] == 1 && p->tr == 0)) ss += (double)m->grads[j] * m->grads[j];
     NL_TRY(nl_comm_sum_double(p->pp, &ss)); /* stages own disjoint ranges */
+    NL_TRY(nl_comm_sum_double(p->tp, &ss));
     double norm = sqrt(ss);
     double lsum = 0;
     if (last_stage(p))
@@ -350,13 +439,12 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
     const nl_param_info *tab;
     int nt = nl_model_params_table(m, &tab);
     for (int k = 0; k < nt; k++) {
-        size_t a = tab[k].offset, e = a + tab[k].numel;
-        int mine = 0;
-        for (int i = 0; i < nr; i++) mine |= a >= lo[i] && e <= hi[i];
-        if (!mine) continue;
         float decay = tab[k].ndim == 2 ? 1.0f - lr * p->o.weight_decay : 1.0f;
-        float *pp = m->params + a, *g = m->grads + a, *mm = p->adam_m + a, *vv = p->adam_v + a;
+        size_t a0 = tab[k].offset;
+        float *pp = m->params + a0, *g = m->grads + a0, *mm = p->adam_m + a0, *vv = p->adam_v + a0;
+        const uint8_t *own = p->own + a0;
         for (size_t i = 0; i < tab[k].numel; i++) {
+            if (!own[i]) continue;
             pp[i] *= decay;
             mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
             vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
