@@ -61,6 +61,12 @@ typedef struct nl_pipe {
     int32_t *x, *y;              /* (B, T) this data-parallel rank's batch */
     double busy_s, idle_s;       /* last step: computing, waiting for a pipeline message */
     double tp_s;                 /* last step: in tensor-parallel all-reduces */
+    /* last step's timeline: event i is a forward (kind 0) or backward (1) of micro-batch ev_mb[i]
+     * computing from ev_t0[i] to ev_t1[i] seconds after the step began (after a barrier) */
+    int n_ev;
+    int *ev_kind, *ev_mb;
+    double *ev_t0, *ev_t1;
+    double t_step0;
     double step_s;
 } nl_pipe;
 

@@ -116,6 +116,47 @@ static nl_status draw_layout(const char *path, int zero, int P, size_t n_params,
     return nl_svg_save(&s, path);
 }
 
+/* The last step's pipeline timeline: one row per rank, forward (blue) and backward (green)
+ * boxes of each micro-batch where the stage computed; white is the bubble. */
+static nl_status draw_timeline(const char *path, int P, int M, const char *sched, const double *ev, const double *rows,
+                               int nk, double formula) {
+    nl_svg s;
+    double W = 900, x0 = 120, rowh = 34, top = 50, H = top + rowh * P + 50, tmax = 0;
+    for (int r = 0; r < P; r++)
+        for (int i = 0; i < 2 * M; i++) tmax = fmax(tmax, ev[((size_t)r * 2 * M + i) * 4 + 3]);
+    if (tmax <= 0) tmax = 1;
+    nl_svg_begin(&s, W, H);
+    double sb = 0, si = 0;
+    for (int r = 0; r < P; r++) {
+        sb += rows[(size_t)r * nk + 6 + NL_COMM_OP_COUNT];
+        si += rows[(size_t)r * nk + 7 + NL_COMM_OP_COUNT];
+    }
+    char t[200];
+    snprintf(t, sizeof t, "%s, %d ranks, %d micro-batches (last step): measured bubble %.3f, formula (P-1)/(M+P-1) = %.3f",
+             sched, P, M, si / (sb + si), formula);
+    nl_svg_text(&s, W / 2, 24, 14, "middle", t);
+    double scale = (W - x0 - 20) / tmax;
+    for (int r = 0; r < P; r++) {
+        double y = top + r * rowh;
+        snprintf(t, sizeof t, "rank %d (stage %.0f)", r, rows[(size_t)r * nk + 8 + NL_COMM_OP_COUNT]);
+        nl_svg_text(&s, 8, y + 18, 11, "start", t);
+        nl_svg_rect(&s, x0, y, tmax * scale, rowh - 8, "#ffffff", "idle");
+        for (int i = 0; i < 2 * M; i++) {
+            const double *e = ev + ((size_t)r * 2 * M + i) * 4;
+            if (e[3] <= e[2]) continue;
+            snprintf(t, sizeof t, "%s micro-batch %.0f: %.2f ms", e[0] ? "backward" : "forward", e[1], (e[3] - e[2]) * 1e3);
+            nl_svg_rect(&s, x0 + e[2] * scale, y, (e[3] - e[2]) * scale, rowh - 8, e[0] ? "#59a14f" : "#4e79a7", t);
+            if ((e[3] - e[2]) * scale > 14) {
+                snprintf(t, sizeof t, "%s%.0f", e[0] ? "B" : "F", e[1]);
+                nl_svg_text(&s, x0 + (e[2] + e[3]) / 2 * scale, y + 17, 10, "middle", t);
+            }
+        }
+    }
+    snprintf(t, sizeof t, "time (0 .. %.2f ms); blue forward, green backward, white waiting", tmax * 1e3);
+    nl_svg_text(&s, x0, H - 20, 11, "start", t);
+    return nl_svg_save(&s, path);
+}
+
 /* Each rank fills its row of (p, k) doubles; afterwards every rank holds the whole table. */
 static nl_status share_rows(nl_comm *w, double *rows, int k) {
     int p = nl_comm_size(w);
@@ -228,7 +269,7 @@ int nl_cmd_parallel(int argc, char **argv) {
     nl_pipe pl;
     memset(&pl, 0, sizeof pl);
     nl_model *model = mp ? &pl.model : &t.model;
-    double *losses = NULL, *norms = NULL, *rows = NULL;
+    double *losses = NULL, *norms = NULL, *rows = NULL, *ev = NULL;
     enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 }; /* per rank: sent, recv, per collective, memory x4, pipeline x3 */
     if (nl_layout_init(w, (int)dp, (int)tp, (int)pp, &L)) { rc = nl_cli_fail("parallel train: layout"); goto out; }
     if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, data, &tok) || nl_data_check_window(&d, (int)o.seq)) {
@@ -302,6 +343,15 @@ int nl_cmd_parallel(int argc, char **argv) {
     me[7 + NL_COMM_OP_COUNT] = idle_s;
     me[8 + NL_COMM_OP_COUNT] = L.pp_rank;
     if (share_rows(w, rows, NK)) { rc = nl_cli_fail("parallel train: report"); goto out; }
+    if (pp > 1 && svg) {
+        ev = calloc((size_t)P * 2 * (size_t)micro * 4, sizeof(double));
+        if (!ev) { rc = nl_cli_fail("parallel train: --svg"); goto out; }
+        for (int i = 0; i < pl.n_ev; i++) {
+            double *e = ev + ((size_t)R * 2 * (size_t)micro + (size_t)i) * 4;
+            e[0] = pl.ev_kind[i], e[1] = pl.ev_mb[i], e[2] = pl.ev_t0[i], e[3] = pl.ev_t1[i];
+        }
+        if (share_rows(w, ev, (int)(2 * micro * 4))) { rc = nl_cli_fail("parallel train: report"); goto out; }
+    }
     if (R == 0) {
         const char *what = o.zero ? "ZeRO" : (dp > 1 ? "DDP" : "One process");
         double tokens_per_s = (double)(steps - first) * (double)(o.batch * o.seq * dp) / wall;
@@ -396,12 +446,19 @@ int nl_cmd_parallel(int argc, char **argv) {
             nl_table_free(&bt);
             printf("mean measured bubble %.4f vs formula %.4f\n", si / (sb + si), nl_pipe_bubble_formula((int)pp, (int)micro));
         }
-        if (svg && draw_layout(svg, o.zero, P, model->n_params, rows, NK)) rc = nl_cli_fail("parallel train: --svg");
+        if (svg && pp > 1) {
+            if (draw_timeline(svg, P, (int)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B", ev, rows, NK,
+                              nl_pipe_bubble_formula((int)pp, (int)micro)))
+                rc = nl_cli_fail("parallel train: --svg");
+        } else if (svg && draw_layout(svg, o.zero, P, model->n_params, rows, NK)) {
+            rc = nl_cli_fail("parallel train: --svg");
+        }
     }
 out:
     free(losses);
     free(norms);
     free(rows);
+    free(ev);
     nl_dist_free(&t);
     nl_pipe_free(&pl);
     nl_data_free(&d);

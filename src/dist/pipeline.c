@@ -102,6 +102,11 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->x = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch inputs");
     p->y = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch targets");
     p->own = nl_calloc(m->n_params, 1, "ownership mask");
+    p->ev_kind = nl_calloc((size_t)(4 * M), sizeof(int), "timeline");
+    p->ev_t0 = nl_calloc((size_t)(4 * M), sizeof(double), "timeline");
+    if (!p->ev_kind || !p->ev_t0) { st = NL_ERR_NOMEM; goto fail; }
+    p->ev_mb = p->ev_kind + 2 * M;
+    p->ev_t1 = p->ev_t0 + 2 * M;
     if (!p->scratch || !p->adam_m || !p->adam_v || !p->x || !p->y || !p->own) { st = NL_ERR_NOMEM; goto fail; }
     /* what this rank updates: 1 = replicated over the tensor-parallel group (norms, embedding,
      * classifier), 2 = its slice of a split weight */
@@ -158,6 +163,8 @@ void nl_pipe_free(nl_pipe *p) {
     nl_free(p->x);
     nl_free(p->y);
     nl_free(p->own);
+    nl_free(p->ev_kind);
+    nl_free(p->ev_t0);
     nl_model_free(&p->model);
     memset(p, 0, sizeof *p);
 }
@@ -198,6 +205,15 @@ static nl_status tp_sum(nl_pipe *p, float *buf, size_t n, double *t_mark) {
     return NL_OK;
 }
 
+static void record(nl_pipe *p, int kind, int k, double t0, double t1) {
+    if (p->n_ev >= 2 * p->M) return;
+    p->ev_kind[p->n_ev] = kind;
+    p->ev_mb[p->n_ev] = k;
+    p->ev_t0[p->n_ev] = t0 - p->t_step0;
+    p->ev_t1[p->n_ev] = t1 - p->t_step0;
+    p->n_ev++;
+}
+
 /* Forward of micro-batch k on this stage. */
 static nl_status stage_forward(nl_pipe *p, int k) {
     nl_model *m = &p->model;
@@ -213,7 +229,7 @@ static nl_status stage_forward(nl_pipe *p, int k) {
     } else {
         NL_TRY(nl_comm_recv(p->pp, mb->R, (size_t)(BT * C), NL_COMM_F32, p->s - 1, 2 * k));
     }
-    double t1 = nl_time_s();
+    double t1 = nl_time_s(), t_busy0 = t1;
     p->idle_s += t1 - t0;
     for (int64_t j = 0; j < p->l1 - p->l0; j++) {
         int l = p->l0 + (int)j;
@@ -259,8 +275,10 @@ static nl_status stage_forward(nl_pipe *p, int k) {
         }
         mb->loss = (float)(total / (double)BT);
         p->busy_s += nl_time_s() - t1;
+        record(p, 0, k, t_busy0, nl_time_s());
     } else {
         p->busy_s += nl_time_s() - t1;
+        record(p, 0, k, t_busy0, nl_time_s());
         NL_TRY(nl_comm_send_start(p->pp, out, (size_t)(BT * C), NL_COMM_F32, p->s + 1, 2 * k, &mb->fwd_req));
     }
     return NL_OK;
@@ -303,6 +321,7 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         p->idle_s += t1 - t0;
         t0 = t1;
     }
+    double t_busy0 = t0;
     for (int64_t j = nl - 1; j >= 0; j--) {
         int l = p->l0 + (int)j;
         nl_layer_weights *lw = &m->w.layers[l];
@@ -346,9 +365,11 @@ static nl_status stage_backward(nl_pipe *p, int k) {
             for (int64_t c = 0; c < C; c++) dd[c] += g[c];
         }
         p->busy_s += nl_time_s() - t0;
+        record(p, 1, k, t_busy0, nl_time_s());
     } else {
         memcpy(mb->dsend, p->dresid, (size_t)(BT * C) * sizeof(float));
         p->busy_s += nl_time_s() - t0;
+        record(p, 1, k, t_busy0, nl_time_s());
         NL_TRY(nl_comm_send_start(p->pp, mb->dsend, (size_t)(BT * C), NL_COMM_F32, p->s - 1, 2 * k + 1, &mb->bwd_req));
     }
 #undef GRAD
@@ -369,7 +390,10 @@ static int owned_ranges(const nl_pipe *p, size_t lo[3], size_t hi[3]) {
 
 nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, float *loss_out, double *norm_out) {
     nl_model *m = &p->model;
+    NL_TRY(nl_comm_barrier(p->pp)); /* a common origin for the timeline */
     double ts = nl_time_s();
+    p->t_step0 = ts;
+    p->n_ev = 0;
     p->busy_s = p->idle_s = p->tp_s = 0;
     NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.seed, step, p->d, p->D, (int)p->o.batch, (int)p->o.seq, p->x, p->y));
     nl_model_zero_grad(m);
