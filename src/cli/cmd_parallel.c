@@ -407,11 +407,14 @@ int nl_cmd_parallel(int argc, char **argv) {
         } else {
             if (pp > 1) what = "Pipeline";
             else if (tp > 1) what = "Tensor parallel";
-            printf("%s%s on %d ranks (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n",
-                   what, o.zero ? (o.zero == 1 ? "-1" : o.zero == 2 ? "-2" : "-3") : "", P, (long long)dp,
+            printf("%s%s on %d rank%s (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n",
+                   what, o.zero ? (o.zero == 1 ? "-1" : o.zero == 2 ? "-2" : "-3") : "", P, P > 1 ? "s" : "", (long long)dp,
                    model->n_params, (long long)(o.batch * dp), (long long)o.seq, nl_comm_impl_name(o.impl));
-            printf("%.0f tokens/s; backward %.3f s, waiting for gradient buckets after backward %.3f s\n",
-                   tokens_per_s, bw_s, wait_s);
+            if (mp)
+                printf("%.0f tokens/s\n", tokens_per_s);
+            else
+                printf("%.0f tokens/s; backward %.3f s, waiting for gradient buckets after backward %.3f s\n",
+                       tokens_per_s, bw_s, wait_s);
             const char *hdr[] = {"rank", "sent/step", "of params", "recv/step", "params B", "grads B", "optimizer B",
                                  "workspace B"};
             nl_table tb;
