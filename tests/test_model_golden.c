@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/checkpoint.h"
 #include "nanolm/model.h"
 #include "nanolm/train.h"
 
@@ -54,9 +55,16 @@ static void fixture_load(fixture *f, const char *path) {
             t->numel *= (size_t)t->dims[d];
         }
         assert_true((size_t)(end - p) >= 4 * t->numel);
-        t->data = (void *)p;
+        t->data = malloc(4 * t->numel + 4); /* aligned copy: records are packed at any offset */
+        assert_non_null(t->data);
+        memcpy(t->data, p, 4 * t->numel);
         p += 4 * t->numel;
     }
+}
+
+static void fixture_free(fixture *f) {
+    for (int i = 0; i < f->n; i++) free(f->t[i].data);
+    free(f->buf);
 }
 
 static fx_tensor *fx_get(fixture *f, const char *name) {
@@ -131,7 +139,7 @@ static void test_forward_backward(void **state) {
     }
     print_message("worst gradient rel err %.3g over %d tensors\n", worst, nt);
     nl_model_free(&m);
-    free(f.buf);
+    fixture_free(&f);
 }
 
 static void test_adamw_trajectory(void **state) {
@@ -157,13 +165,57 @@ static void test_adamw_trajectory(void **state) {
     }
     nl_adamw_free(&opt);
     nl_model_free(&m);
-    free(f.buf);
+    fixture_free(&f);
+}
+
+/* Safetensors interop: tests/ref/interop.safetensors was written by nl_ckpt_save from this
+ * model (NANOLM_WRITE_FIXTURES=1 rewrites it) and loaded by PyTorch in
+ * tests/ref/make_interop_fixture.py, whose logits are in interop_logits.bin. Checks that today's
+ * writer produces the same bytes and that nanolm reading the file reproduces PyTorch's logits. */
+static void test_safetensors_interop(void **state) {
+    (void)state;
+    fixture f, fl;
+    nl_model m;
+    setup_model(&f, &m);
+    const char *path = tu_src_path("tests/ref/interop.safetensors");
+    if (getenv("NANOLM_WRITE_FIXTURES")) assert_int_equal(nl_ckpt_save(path, &m, "none", NULL), NL_OK);
+    char *dir = tu_tmpdir(), fresh[512];
+    snprintf(fresh, sizeof fresh, "%s/fresh.safetensors", dir);
+    assert_int_equal(nl_ckpt_save(fresh, &m, "none", NULL), NL_OK);
+    size_t na, nb;
+    char *a = tu_read_file(path, &na), *b = tu_read_file(fresh, &nb);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    tu_rmdir(dir);
+    free(dir);
+    nl_model m2;
+    char kind[64];
+    assert_int_equal(nl_ckpt_load_model(path, &m2, kind), NL_OK);
+    assert_string_equal(kind, "none");
+    const int32_t *cfg = fx_get(&f, "config")->data;
+    assert_int_equal(nl_model_alloc_acts(&m2, cfg[7], cfg[8]), NL_OK);
+    assert_int_equal(nl_model_forward(&m2, fx_get(&f, "tokens")->data, NULL, cfg[7], cfg[8], NULL), NL_OK);
+    fixture_load(&fl, tu_src_path("tests/ref/interop_logits.bin"));
+    fx_tensor *lg = fx_get(&fl, "logits");
+    assert_int_equal(lg->numel, (size_t)(cfg[7] * cfg[8] * m2.V));
+    double e = rel_err(m2.a.logits, lg->data, lg->numel);
+    print_message("PyTorch on nanolm's file vs nanolm: logits rel err %.3g\n", e);
+    assert_true(e < 1e-5);
+    nl_model_free(&m2);
+    nl_model_free(&m);
+    fixture_free(&f);
+    fixture_free(&fl);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_backward),
         cmocka_unit_test(test_adamw_trajectory),
+        cmocka_unit_test(test_safetensors_interop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -134,7 +134,7 @@ typedef struct nl_acts {
     float *dln;       /* (B, T, C) */
     float *dqkv;      /* (B, T, (NH+2KVH)*hd) */
     float *datty;     /* (B, T, NH*hd) */
-    float *datt;      /* (B, NH, T) one row of d(probabilities) per head */
+    float *datt;      /* (B, NH, T, T) d(probabilities), then d(scores) */
     float *dh13;      /* (B, T, 2H) */
     float *dhact;     /* (B, T, H) */
     /* bf16/fp16 only (separate allocation): rounded copies of a matmul's input and dout */

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nanolm/data.h"
 #include "nanolm/model.h"
 
 #ifdef __cplusplus
@@ -67,24 +68,29 @@ int nl_scaler_unscale(nl_loss_scaler *s, nl_model *m);
 void nl_scaler_update(nl_loss_scaler *s, int found_inf);
 
 /* ---- evaluation ------------------------------------------------------------------------------
- * Mean cross-entropy (nats/token) of `tokens` (n) in consecutive windows of T+1 tokens (the
- * last window may be shorter), B windows per forward. m must have activations for (B, T).
- * *n_scored receives the number of predicted tokens. Errors: NL_ERR_INVALID when n < 2. */
-nl_status nl_eval_loss(nl_model *m, const int32_t *tokens, int64_t n, int64_t B, int64_t T, double *mean_loss,
-                       int64_t *n_scored);
+ * Mean cross-entropy (nats/token) over a split of d in consecutive windows of T tokens
+ * (nl_data_eval_batch: every token after the first is a target once; a last partial window is
+ * dropped), B windows per forward, at most max_windows windows (0: all). m must have
+ * activations for (B, T). *n_scored receives the number of predicted tokens.
+ * Errors: NL_ERR_INVALID when the split has no full window. */
+nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
+                       int64_t max_windows, double *mean_loss, int64_t *n_scored);
 
 /* ---- the training loop ------------------------------------------------------------------------- */
 typedef struct nl_train_opts {
     int64_t steps;          /* optimizer steps in total (a resumed run continues up to this) */
+    int64_t stop_after;     /* > 0: stop after this step (validate and save) without changing
+                               the schedule, to be resumed later */
     int64_t batch, seq;     /* B windows of T tokens per micro-batch */
     int64_t grad_accum;     /* micro-batches per step (gradients averaged) */
     float lr, lr_min;       /* cosine from lr to lr_min */
     int64_t warmup;         /* linear warmup steps */
     float weight_decay, beta1, beta2, adam_eps, grad_clip;
     nl_precision precision;
+    float loss_scale_init;  /* fp16: initial loss scale (0: GradScaler's 65536) */
     uint64_t seed;          /* initialisation and data sampling */
     int64_t eval_every;     /* validation every K steps (0: only at the end) */
-    int64_t eval_windows;   /* validation windows of T tokens (evenly spaced over the split) */
+    int64_t eval_windows;   /* validation windows of T tokens (the first ones of the split) */
     const char *out;        /* checkpoint path (NULL: none); saved at each validation and the end */
     const char *resume;     /* checkpoint to resume from (NULL: fresh run) */
     const char *tokenizer;  /* recorded in checkpoints: "byte" or "tok512" */
@@ -115,8 +121,9 @@ typedef struct nl_trainer {
     nl_model model;
     nl_adamw opt;
     nl_loss_scaler scaler;
-    nl_rng rng;             /* data sampling */
+    nl_rng rng;             /* seeded from o->seed; batches are nl_data_batch(seed, step) */
     int64_t step;           /* completed steps */
+    int64_t saved_step;     /* step of the last checkpoint written (-1: none yet) */
     int32_t *x, *y;         /* (B, T) batch buffers */
     nl_train_log *log;      /* (steps) records, 0..n_log */
     int64_t n_log;
@@ -129,12 +136,12 @@ typedef struct nl_trainer {
  * everything once. Errors: invalid sizes (seq > arch seq_len), NL_ERR_NOMEM, checkpoint errors. */
 nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opts *o);
 void nl_trainer_free(nl_trainer *t);
-/* Trains on train (n_train tokens) up to o->steps, evaluating on val. Calls cb (may be NULL)
- * after each step. A non-finite loss stops training with NL_ERR_NUMERIC ("loss is nan at step
- * N ...") and the last good checkpoint (if any) stays on disk. Errors: NL_ERR_INVALID when a
- * split is shorter than one window (T + 1 tokens). */
-nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const int32_t *train, int64_t n_train,
-                         const int32_t *val, int64_t n_val, nl_train_callback cb, void *user);
+/* Trains on d's train split up to o->steps, evaluating on its validation split. Micro-batch k
+ * of step s is nl_data_batch(d, train, seed, s * grad_accum + k), so a resumed run sees the same
+ * batches. Calls cb (may be NULL) after each step. A non-finite loss stops training with
+ * NL_ERR_NUMERIC ("loss is nan at step N ...") and the last good checkpoint (if any) stays on
+ * disk. Errors: NL_ERR_INVALID when a split is shorter than one window (T + 1 tokens). */
+nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d, nl_train_callback cb, void *user);
 
 #ifdef __cplusplus
 }

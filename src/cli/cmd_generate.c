@@ -60,6 +60,20 @@ int nl_cmd_generate(int argc, char **argv) {
     nl_rng_seed(&rng, (uint64_t)seed);
     if (json) out_tokens = cJSON_CreateArray();
     int token = ids[0];
+    if (tok.bos_id < 0) { /* no BOS (byte-level): the first prompt token is text too */
+        size_t len;
+        const char *piece = nl_tokenizer_piece(&tok, -1, token, &len);
+        if (json && out_tokens) cJSON_AddItemToArray(out_tokens, cJSON_CreateNumber(token));
+        if (piece && !json) nl_tokenizer_print_piece(stdout, piece, len);
+        if (piece && json) {
+            text_cap = len + 256;
+            text = nl_malloc(text_cap, "generated text");
+            if (!text) { rcode = nl_cli_fail("generate"); goto done; }
+            memcpy(text, piece, len);
+            text_len = len;
+            text[len] = 0;
+        }
+    }
     double t0 = nl_time_s();
     int64_t pos = 0, generated = 0;
     while (pos < steps) {
@@ -109,6 +123,7 @@ int nl_cmd_generate(int argc, char **argv) {
         nl_cli_print_json(d);
     } else {
         printf("\n");
+        fflush(stdout);
         fprintf(stderr, "generate: %lld positions, %.1f tokens/s\n", (long long)pos, dt > 0 ? (double)pos / dt : 0.0);
     }
 done:

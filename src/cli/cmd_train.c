@@ -13,8 +13,8 @@
  * distributed runtime: --dp/--tp/--pp/--zero; --precision fp8, --qat) add theirs the same way. */
 enum {
     OPT_DATA = 1000, OPT_PRESET, OPT_STEPS, OPT_BATCH, OPT_SEQ, OPT_LR, OPT_LR_MIN, OPT_WARMUP, OPT_ACCUM,
-    OPT_WD, OPT_CLIP, OPT_PRECISION, OPT_SEED, OPT_OUT, OPT_RESUME, OPT_LOG, OPT_SVG, OPT_EVAL_EVERY,
-    OPT_EVAL_WINDOWS, OPT_REPORT_MEMORY, OPT_JSON, OPT_HELP
+    OPT_WD, OPT_CLIP, OPT_PRECISION, OPT_LOSS_SCALE, OPT_SEED, OPT_OUT, OPT_RESUME, OPT_LOG, OPT_SVG, OPT_EVAL_EVERY,
+    OPT_EVAL_WINDOWS, OPT_STOP_AFTER, OPT_REPORT_MEMORY, OPT_JSON, OPT_HELP
 };
 
 typedef struct train_option {
@@ -35,6 +35,7 @@ static const train_option train_options[] = {
     {{"weight-decay", required_argument, 0, OPT_WD}, "X", "AdamW decay of 2-D weights (default 0.1)"},
     {{"clip", required_argument, 0, OPT_CLIP}, "X", "gradient-norm clip, 0 = off (default 1.0)"},
     {{"precision", required_argument, 0, OPT_PRECISION}, "P", "fp32 | bf16 | fp16 (emulated; default fp32)"},
+    {{"loss-scale", required_argument, 0, OPT_LOSS_SCALE}, "X", "fp16: initial dynamic loss scale (default 65536)"},
     {{"seed", required_argument, 0, OPT_SEED}, "S", "initialisation and data seed (default 1337)"},
     {{"out", required_argument, 0, OPT_OUT}, "CKPT", "safetensors checkpoint, saved at each validation"},
     {{"resume", required_argument, 0, OPT_RESUME}, "CKPT", "continue a run from its checkpoint"},
@@ -42,6 +43,7 @@ static const train_option train_options[] = {
     {{"svg", required_argument, 0, OPT_SVG}, "PLOT", "loss curves"},
     {{"eval-every", required_argument, 0, OPT_EVAL_EVERY}, "K", "validation every K steps (default 250)"},
     {{"eval-windows", required_argument, 0, OPT_EVAL_WINDOWS}, "N", "validation windows (default 200)"},
+    {{"stop-after", required_argument, 0, OPT_STOP_AFTER}, "K", "stop (and save) after step K of the --steps schedule"},
     {{"report-memory", no_argument, 0, OPT_REPORT_MEMORY}, NULL, "print the bytes allocated, exactly"},
     {{"json", no_argument, 0, OPT_JSON}, NULL, "print the summary as JSON"},
     {{"help", no_argument, 0, OPT_HELP}, NULL, "this help"},
@@ -77,6 +79,7 @@ static int parse_option(train_cli *c, int id, const char *arg) {
     case OPT_ACCUM: if (nl_cli_int("--grad-accum", arg, 1, 65536, &v)) return NL_EXIT_USAGE; c->o.grad_accum = v; return 0;
     case OPT_SEED: if (nl_cli_int("--seed", arg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE; c->o.seed = (uint64_t)v; return 0;
     case OPT_EVAL_EVERY: if (nl_cli_int("--eval-every", arg, 0, 100000000, &v)) return NL_EXIT_USAGE; c->o.eval_every = v; return 0;
+    case OPT_STOP_AFTER: if (nl_cli_int("--stop-after", arg, 1, 100000000, &v)) return NL_EXIT_USAGE; c->o.stop_after = v; return 0;
     case OPT_EVAL_WINDOWS: if (nl_cli_int("--eval-windows", arg, 1, 1000000, &v)) return NL_EXIT_USAGE; c->o.eval_windows = v; return 0;
     case OPT_LR:
         if (nl_cli_double("--lr", arg, &d)) return NL_EXIT_USAGE;
@@ -104,6 +107,11 @@ static int parse_option(train_cli *c, int id, const char *arg) {
         else if (!strcmp(arg, "bf16")) c->o.precision = NL_PREC_BF16;
         else if (!strcmp(arg, "fp16")) c->o.precision = NL_PREC_FP16;
         else return nl_cli_usage_error("unknown --precision '%s' (known: fp32, bf16, fp16)", arg);
+        return 0;
+    case OPT_LOSS_SCALE:
+        if (nl_cli_double("--loss-scale", arg, &d)) return NL_EXIT_USAGE;
+        if (d < 1 || d > 3e38) return nl_cli_usage_error("--loss-scale must be in [1, 3e38], got %s", arg);
+        c->o.loss_scale_init = (float)d;
         return 0;
     case OPT_OUT: c->o.out = arg; return 0;
     case OPT_RESUME: c->o.resume = arg; return 0;
@@ -142,8 +150,8 @@ static nl_status write_csv(const char *path, const nl_trainer *t) {
     for (int64_t i = 0; i < t->n_log; i++) {
         const nl_train_log *r = &t->log[i];
         char val[32] = "";
-        if (!isnan(r->val_loss)) snprintf(val, sizeof val, "%.6f", r->val_loss);
-        len += (size_t)snprintf(buf + len, cap - len, "%lld,%.6g,%.6f,%s,%.6g,%.6g,%d,%.1f\n", (long long)r->step, r->lr,
+        if (!isnan(r->val_loss)) snprintf(val, sizeof val, "%.9g", r->val_loss);
+        len += (size_t)snprintf(buf + len, cap - len, "%lld,%.9g,%.9g,%s,%.9g,%.9g,%d,%.1f\n", (long long)r->step, r->lr,
                                 r->loss, val, r->grad_norm, r->loss_scale, r->skipped, r->tokens_per_s);
     }
     nl_status rc = nl_write_file_atomic(path, buf, len);
@@ -206,17 +214,22 @@ int nl_cmd_train(int argc, char **argv) {
                                   (long long)arch.vocab_size);
     c.o.tokenizer = "byte";
 
-    nl_tokens train, val;
-    if (nl_cli_load_text_split(c.data, &train, &val)) return nl_cli_fail("train");
+    nl_tokenizer tok;
+    nl_data data;
+    if (nl_tokenizer_init_byte(&tok)) return nl_cli_fail("train");
+    if (nl_data_open(&data, c.data, &tok) || nl_data_check_window(&data, (int)c.o.seq)) {
+        nl_tokenizer_free(&tok);
+        return nl_cli_fail("train");
+    }
+    nl_tokenizer_free(&tok);
     nl_trainer t;
     if (nl_trainer_init(&t, &arch, &c.o)) {
-        nl_cli_tokens_free(&train);
-        nl_cli_tokens_free(&val);
+        nl_data_free(&data);
         return nl_cli_fail("train");
     }
     if (!c.json)
         printf("train %s: %lld parameters, %lld train / %lld validation tokens, batch %lld x %lld, %s%s\n",
-               t.model.arch.name, (long long)t.model.n_params, (long long)train.n, (long long)val.n, (long long)c.o.batch,
+               t.model.arch.name, (long long)t.model.n_params, (long long)nl_data_split_tokens(&data, NL_DATA_TRAIN), (long long)nl_data_split_tokens(&data, NL_DATA_VAL), (long long)c.o.batch,
                (long long)c.o.seq, c.o.precision == NL_PREC_BF16 ? "bf16" : c.o.precision == NL_PREC_FP16 ? "fp16" : "fp32",
                c.o.resume ? " (resumed)" : "");
     if (c.report_memory && !c.json) {
@@ -234,7 +247,7 @@ int nl_cmd_train(int argc, char **argv) {
     fflush(stdout);
     progress_ctx pc = {.quiet = c.json, .first_step = t.step};
     nl_progress_begin(&pc.bar, "train", c.o.steps - t.step);
-    nl_status rc = nl_trainer_run(&t, &c.o, train.ids, train.n, val.ids, val.n, on_step, &pc);
+    nl_status rc = nl_trainer_run(&t, &c.o, &data, on_step, &pc);
     nl_progress_end(&pc.bar);
     int exit_code = NL_EXIT_OK;
     if (rc) exit_code = nl_cli_fail("train");
@@ -277,7 +290,6 @@ int nl_cmd_train(int argc, char **argv) {
         }
     }
     nl_trainer_free(&t);
-    nl_cli_tokens_free(&train);
-    nl_cli_tokens_free(&val);
+    nl_data_free(&data);
     return exit_code;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "nanolm/model.h"
+#include "vexp.h"
 
 /* ---- RMSNorm --------------------------------------------------------------------------------
  * out (N, C) = x / sqrt(mean(x^2) + eps) * w;  rstd (N) saved for backward. */
@@ -18,6 +19,7 @@ void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
         const float *xr = x + n * C;
         float *o = out + n * C;
         float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
         for (int64_t i = 0; i < C; i++) ss += xr[i] * xr[i];
         float r = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[n] = r;
@@ -33,6 +35,7 @@ void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x
         const float *xr = x + n * C, *d = dout + n * C;
         float r = rstd[n];
         float dot = 0.0f; /* sum_i dout_i w_i xhat_i */
+#pragma omp simd reduction(+ : dot)
         for (int64_t i = 0; i < C; i++) dot += d[i] * w[i] * xr[i] * r;
         dot /= (float)C;
         float *dxr = dx + n * C;
@@ -74,91 +77,84 @@ void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, 
 
 /* ---- causal grouped-query attention -------------------------------------------------------------
  * qkv (B, T, QKV) rows [q (NH*hd) | k (KVH*hd) | v (KVH*hd)]; query head h reads kv head
- * h / (NH/KVH). out (B, T, NH*hd); att (B, NH, T, T) softmax probabilities (row t uses 0..t). */
+ * h / (NH/KVH). out (B, T, NH*hd); att (B, NH, T, T) softmax probabilities (row t: columns
+ * 0..t, the rest zero). Three phases: S = Q K^T / sqrt(hd) per (b, h) with cblas_sgemm (the
+ * full square; the causal half is masked), a causal softmax over all B*NH*T rows in parallel,
+ * then O = P V per (b, h). BLAS is called outside OpenMP regions. */
 void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH,
                           int64_t KVH, int64_t hd) {
     int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH;
     float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < NH; h++) {
-            int64_t kh = h / group;
-            const float *base = qkv + b * T * QKV;
-            for (int64_t t = 0; t < T; t++) {
-                const float *q = base + t * QKV + h * hd;
-                float *a = att + ((b * NH + h) * T + t) * T;
-                float mx = -INFINITY;
-                for (int64_t t2 = 0; t2 <= t; t2++) {
-                    const float *k = base + t2 * QKV + NH * hd + kh * hd;
-                    float s = 0.0f;
-                    for (int64_t i = 0; i < hd; i++) s += q[i] * k[i];
-                    s *= scale;
-                    a[t2] = s;
-                    if (s > mx) mx = s;
-                }
-                float sum = 0.0f;
-                for (int64_t t2 = 0; t2 <= t; t2++) {
-                    a[t2] = expf(a[t2] - mx);
-                    sum += a[t2];
-                }
-                float inv = 1.0f / sum;
-                float *o = out + (b * T + t) * NH * hd + h * hd;
-                for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
-                for (int64_t t2 = 0; t2 <= t; t2++) {
-                    a[t2] *= inv;
-                    const float *v = base + t2 * QKV + (NH + KVH) * hd + kh * hd;
-                    float p = a[t2];
-                    for (int64_t i = 0; i < hd; i++) o[i] += p * v[i];
-                }
-            }
+            const float *q = qkv + b * T * QKV + h * hd, *k = qkv + b * T * QKV + (NH + h / group) * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hd, scale, q, (int)QKV, k,
+                        (int)QKV, 0.0f, att + (b * NH + h) * T * T, (int)T);
+        }
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < B * NH * T; row++) {
+        int64_t t = row % T;
+        float *a = att + row * T, mx = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : mx)
+        for (int64_t t2 = 0; t2 <= t; t2++) mx = a[t2] > mx ? a[t2] : mx;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t2 = 0; t2 <= t; t2++) {
+            a[t2] = nl_vexpf(a[t2] - mx);
+            sum += a[t2];
+        }
+        float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t t2 = 0; t2 <= t; t2++) a[t2] *= inv;
+        for (int64_t t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < NH; h++) {
+            const float *v = qkv + b * T * QKV + (NH + KVH + h / group) * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f,
+                        att + (b * NH + h) * T * T, (int)T, v, (int)QKV, 0.0f, out + b * T * NH * hd + h * hd,
+                        (int)(NH * hd));
         }
 }
 
-/* dqkv (B, T, QKV) = d/dqkv (overwritten) from dout (B, T, NH*hd). O(T^2 hd) per head.
- * datt (B, NH, T) is scratch. Parallel over (b, kv head) so that GQA heads sharing k/v do not
- * race on dk/dv. */
+/* dqkv (B, T, QKV) = d/dqkv (overwritten) from dout (B, T, NH*hd); datt (B, NH, T, T) scratch.
+ * dP = dO V^T; dS = P * (dP - rowsum(P * dP)) / sqrt(hd); dQ = dS K; dK += dS^T Q; dV += P^T dO
+ * (K and V gradients of a GQA group accumulate over its query heads). O(T^2 hd) per head. */
 void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
                            const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd) {
-    int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH;
+    int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH, OD = NH * hd;
     float scale = 1.0f / sqrtf((float)hd);
     memset(dqkv, 0, (size_t)(B * T * QKV) * sizeof(float));
-#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
-        for (int64_t kh = 0; kh < KVH; kh++) {
-            const float *base = qkv + b * T * QKV;
-            float *dbase = dqkv + b * T * QKV;
-            for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
-                float *da = datt + (b * NH + h) * T;
-                for (int64_t t = 0; t < T; t++) {
-                    const float *a = att + ((b * NH + h) * T + t) * T;
-                    const float *d = dout + (b * T + t) * NH * hd + h * hd;
-                    /* d(prob) and dv */
-                    float dot = 0.0f;
-                    for (int64_t t2 = 0; t2 <= t; t2++) {
-                        const float *v = base + t2 * QKV + (NH + KVH) * hd + kh * hd;
-                        float *dv = dbase + t2 * QKV + (NH + KVH) * hd + kh * hd;
-                        float s = 0.0f, p = a[t2];
-                        for (int64_t i = 0; i < hd; i++) {
-                            s += d[i] * v[i];
-                            dv[i] += p * d[i];
-                        }
-                        da[t2] = s;
-                        dot += p * s;
-                    }
-                    /* softmax backward, then the scores q.k */
-                    const float *q = base + t * QKV + h * hd;
-                    float *dq = dbase + t * QKV + h * hd;
-                    for (int64_t t2 = 0; t2 <= t; t2++) {
-                        float ds = a[t2] * (da[t2] - dot) * scale;
-                        const float *k = base + t2 * QKV + NH * hd + kh * hd;
-                        float *dk = dbase + t2 * QKV + NH * hd + kh * hd;
-                        for (int64_t i = 0; i < hd; i++) {
-                            dq[i] += ds * k[i];
-                            dk[i] += ds * q[i];
-                        }
-                    }
-                }
-            }
+        for (int64_t h = 0; h < NH; h++) {
+            const float *v = qkv + b * T * QKV + (NH + KVH + h / group) * hd;
+            const float *d = dout + b * T * OD + h * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hd, 1.0f, d, (int)OD, v,
+                        (int)QKV, 0.0f, datt + (b * NH + h) * T * T, (int)T);
+            /* dV += P^T dO */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f,
+                        att + (b * NH + h) * T * T, (int)T, d, (int)OD, 1.0f,
+                        dqkv + b * T * QKV + (NH + KVH + h / group) * hd, (int)QKV);
+        }
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < B * NH * T; row++) {
+        int64_t t = row % T;
+        const float *p = att + row * T;
+        float *dp = datt + row * T, dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t t2 = 0; t2 <= t; t2++) dot += p[t2] * dp[t2];
+#pragma omp simd
+        for (int64_t t2 = 0; t2 <= t; t2++) dp[t2] = p[t2] * (dp[t2] - dot) * scale;
+        for (int64_t t2 = t + 1; t2 < T; t2++) dp[t2] = 0.0f;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < NH; h++) {
+            const float *ds = datt + (b * NH + h) * T * T;
+            const float *q = qkv + b * T * QKV + h * hd, *k = qkv + b * T * QKV + (NH + h / group) * hd;
+            float *dq = dqkv + b * T * QKV + h * hd, *dk = dqkv + b * T * QKV + (NH + h / group) * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, ds, (int)T, k,
+                        (int)QKV, 0.0f, dq, (int)QKV);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, ds, (int)T, q,
+                        (int)QKV, 1.0f, dk, (int)QKV);
         }
 }
 
@@ -169,7 +165,8 @@ void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H) {
     for (int64_t n = 0; n < N; n++) {
         const float *g = h13 + n * 2 * H, *u = g + H;
         float *o = out + n * H;
-        for (int64_t i = 0; i < H; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) o[i] = g[i] / (1.0f + nl_vexpf(-g[i])) * u[i];
     }
 }
 
@@ -179,8 +176,9 @@ void nl_swiglu_backward(float *dh13, const float *dout, const float *h13, int64_
     for (int64_t n = 0; n < N; n++) {
         const float *g = h13 + n * 2 * H, *u = g + H, *d = dout + n * H;
         float *dg = dh13 + n * 2 * H, *du = dg + H;
+#pragma omp simd
         for (int64_t i = 0; i < H; i++) {
-            float sig = 1.0f / (1.0f + expf(-g[i]));
+            float sig = 1.0f / (1.0f + nl_vexpf(-g[i]));
             float silu = g[i] * sig;
             du[i] = d[i] * silu;
             dg[i] = d[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));

@@ -7,11 +7,9 @@
 #include <string.h>
 
 #include "nanolm/model.h"
+#include "vexp.h"
 
-#if __has_include("nanolm/formats.h")
 #include "nanolm/formats.h"
-#define NL_HAVE_FORMATS 1
-#endif
 
 /* ---- parameter table ------------------------------------------------------------------------ */
 
@@ -209,7 +207,7 @@ nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
         {&m->a.h13, L * BT * 2 * H}, {&m->a.hact, L * BT * H}, {&m->a.lnf, BT * C},
         {&m->a.lnf_rstd, BT}, {&m->a.logits, BT * V}, {&m->a.losses, BT},
         {&m->a.dresid, BT * C}, {&m->a.dln, BT * C}, {&m->a.dqkv, BT * QKV},
-        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, B * NH * T}, {&m->a.dh13, BT * 2 * H},
+        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, B * NH * T * T}, {&m->a.dh13, BT * 2 * H},
         {&m->a.dhact, BT * H},
     };
     size_t n = sizeof parts / sizeof parts[0], total = 0;
@@ -237,30 +235,20 @@ nl_status nl_model_set_precision(nl_model *m, nl_precision p) {
         m->precision = p;
         return NL_OK;
     }
-#ifdef NL_HAVE_FORMATS
     if (!m->params_lp) {
         m->params_lp = nl_malloc(m->n_params * sizeof(float), "low-precision weights");
         if (!m->params_lp) return NL_ERR_NOMEM;
     }
     m->precision = p;
     return ensure_lp_scratch(m);
-#else
-    return nl_fail(NL_ERR_UNSUPPORTED, "bf16/fp16 emulation needs the formats module");
-#endif
 }
 
-#ifdef NL_HAVE_FORMATS
 static nl_format prec_format(nl_precision p) { return p == NL_PREC_BF16 ? NL_FMT_BF16 : NL_FMT_FP16; }
-#endif
 
 /* Rounds x (n) into dst in the model's precision (a copy; x untouched). */
 static const float *round_copy(nl_model *m, float *dst, const float *x, size_t n) {
     memcpy(dst, x, n * sizeof(float));
-#ifdef NL_HAVE_FORMATS
-    nl_fmt_round_array(prec_format(m->precision), dst, n);
-#else
-    (void)m;
-#endif
+    nl_fmt_round_array(prec_format(m->precision), dst, n); /* cannot fail for bf16/fp16 */
     return dst;
 }
 
@@ -369,9 +357,11 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     for (int64_t i = 0; i < BT; i++) {
         const float *z = a->logits + i * V;
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         float sum = 0.0f;
-        for (int64_t v = 0; v < V; v++) sum += expf(z[v] - mx);
+#pragma omp simd reduction(+ : sum)
+        for (int64_t v = 0; v < V; v++) sum += nl_vexpf(z[v] - mx);
         a->losses[i] = logf(sum) + mx - z[targets[i]];
     }
     double total = 0.0;
@@ -398,13 +388,16 @@ nl_status nl_model_backward(nl_model *m) {
     for (int64_t i = 0; i < BT; i++) {
         float *z = a->logits + i * V;
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int64_t v = 0; v < V; v++) {
-            z[v] = expf(z[v] - mx);
+            z[v] = nl_vexpf(z[v] - mx);
             sum += z[v];
         }
         float inv = 1.0f / sum;
+#pragma omp simd
         for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
         z[targets[i]] -= dscale;
     }

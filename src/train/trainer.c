@@ -27,29 +27,28 @@ void nl_train_opts_default(nl_train_opts *o) {
     o->tokenizer = "byte";
 }
 
-nl_status nl_eval_loss(nl_model *m, const int32_t *tokens, int64_t n, int64_t B, int64_t T, double *mean_loss,
-                       int64_t *n_scored) {
-    if (n < 2) return nl_fail(NL_ERR_INVALID, "evaluation needs at least 2 tokens, got %lld", (long long)n);
+nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
+                       int64_t max_windows, double *mean_loss, int64_t *n_scored) {
+    int64_t windows = nl_data_eval_windows(d, split, (int)T);
+    if (max_windows > 0 && windows > max_windows) windows = max_windows;
+    if (windows < 1)
+        return nl_fail(NL_ERR_INVALID, "%s: the %s split has %lld tokens, fewer than one window of %lld + 1", d->path,
+                       nl_data_split_name(split), (long long)nl_data_split_tokens(d, split), (long long)T);
     int32_t *x = nl_malloc((size_t)(B * T) * sizeof(int32_t), "eval batch");
     int32_t *y = nl_malloc((size_t)(B * T) * sizeof(int32_t), "eval batch");
     nl_status rc = (x && y) ? NL_OK : NL_ERR_NOMEM;
     double total = 0.0;
-    int64_t scored = 0, pos = 0;
-    while (!rc && pos + 1 < n) {
-        /* up to B full windows of T tokens back to back; a short tail goes alone as (1, len) */
-        int64_t len = n - 1 - pos < T ? n - 1 - pos : T, nb = 1;
-        if (len == T)
-            while (nb < B && pos + (nb + 1) * T + 1 <= n) nb++;
-        for (int64_t b = 0; b < nb; b++) {
-            memcpy(x + b * len, tokens + pos + b * len, (size_t)len * sizeof(int32_t));
-            memcpy(y + b * len, tokens + pos + b * len + 1, (size_t)len * sizeof(int32_t));
-        }
+    int64_t scored = 0;
+    for (int64_t w = 0; !rc && w < windows; w += B) {
+        int nb = 0;
+        int want = (int)(windows - w < B ? windows - w : B);
+        rc = nl_data_eval_batch(d, split, w, want, (int)T, x, y, &nb);
+        if (rc || nb == 0) break;
         float loss;
-        rc = nl_model_forward(m, x, y, nb, len, &loss);
+        rc = nl_model_forward(m, x, y, nb, T, &loss);
         if (rc) break;
-        for (int64_t i = 0; i < nb * len; i++) total += m->a.losses[i];
-        scored += nb * len;
-        pos += nb * len;
+        for (int64_t i = 0; i < nb * T; i++) total += m->a.losses[i];
+        scored += nb * T;
     }
     nl_free(x);
     nl_free(y);
@@ -57,38 +56,6 @@ nl_status nl_eval_loss(nl_model *m, const int32_t *tokens, int64_t n, int64_t B,
     *mean_loss = total / (double)scored;
     if (n_scored) *n_scored = scored;
     return NL_OK;
-}
-
-/* Mean loss over `windows` windows of (T+1) tokens evenly spaced over the split (no RNG, so
- * validation never disturbs the training trajectory). */
-static nl_status val_loss(nl_trainer *t, const nl_train_opts *o, const int32_t *val, int64_t n_val, float *out) {
-    int64_t B = o->batch, T = o->seq, W = o->eval_windows, span = n_val - T - 1;
-    double total = 0.0;
-    int64_t done = 0;
-    for (int64_t w0 = 0; w0 < W; w0 += B) {
-        int64_t nb = W - w0 < B ? W - w0 : B;
-        for (int64_t b = 0; b < nb; b++) {
-            int64_t start = W > 1 ? (w0 + b) * span / (W - 1) : 0;
-            memcpy(t->x + b * T, val + start, (size_t)T * sizeof(int32_t));
-            memcpy(t->y + b * T, val + start + 1, (size_t)T * sizeof(int32_t));
-        }
-        float loss;
-        NL_TRY(nl_model_forward(&t->model, t->x, t->y, nb, T, &loss));
-        total += (double)loss * (double)(nb * T);
-        done += nb * T;
-    }
-    *out = (float)(total / (double)done);
-    return NL_OK;
-}
-
-/* B random windows of T+1 tokens from the training split. */
-static void sample_batch(nl_trainer *t, const nl_train_opts *o, const int32_t *train, int64_t n_train) {
-    int64_t B = o->batch, T = o->seq;
-    for (int64_t b = 0; b < B; b++) {
-        int64_t start = (int64_t)nl_rng_below(&t->rng, (uint64_t)(n_train - T));
-        memcpy(t->x + b * T, train + start, (size_t)T * sizeof(int32_t));
-        memcpy(t->y + b * T, train + start + 1, (size_t)T * sizeof(int32_t));
-    }
 }
 
 nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opts *o) {
@@ -114,6 +81,8 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
         (rc = nl_adamw_init(&t->opt, m, o->beta1, o->beta2, o->adam_eps, o->weight_decay)))
         goto fail;
     nl_scaler_init(&t->scaler);
+    if (o->loss_scale_init > 0) t->scaler.scale = o->loss_scale_init;
+    t->saved_step = o->resume ? -2 : -1; /* -2: the resumed file is a good checkpoint too */
     nl_rng_seed(&t->rng, o->seed ^ 0x9e3779b97f4a7c15ULL);
     if (o->resume) {
         st.opt = &t->opt;
@@ -158,21 +127,21 @@ void nl_trainer_free(nl_trainer *t) {
 static nl_status save(nl_trainer *t, const nl_train_opts *o) {
     if (!o->out) return NL_OK;
     nl_ckpt_state st = {t->step, t->rng, &t->opt, t->scaler, o->precision};
-    return nl_ckpt_save(o->out, &t->model, o->tokenizer, &st);
+    NL_TRY(nl_ckpt_save(o->out, &t->model, o->tokenizer, &st));
+    t->saved_step = t->step;
+    return NL_OK;
 }
 
-nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const int32_t *train, int64_t n_train,
-                         const int32_t *val, int64_t n_val, nl_train_callback cb, void *user) {
+nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d, nl_train_callback cb, void *user) {
     nl_model *m = &t->model;
     int64_t T = o->seq, B = o->batch, accum = o->grad_accum > 0 ? o->grad_accum : 1;
-    if (n_train < T + 1)
-        return nl_fail(NL_ERR_INVALID, "the training split has %lld tokens, fewer than one window of %lld + 1",
-                       (long long)n_train, (long long)T);
-    if (n_val < T + 1)
-        return nl_fail(NL_ERR_INVALID, "the validation split has %lld tokens, fewer than one window of %lld + 1",
-                       (long long)n_val, (long long)T);
+    NL_TRY(nl_data_check_window(d, (int)T));
+    if (d->vocab_size > m->V)
+        return nl_fail(NL_ERR_INVALID, "%s: tokenizer vocab %d exceeds the model's vocab %lld", d->path, d->vocab_size,
+                       (long long)m->V);
     double t_start = nl_time_s();
-    while (t->step < o->steps) {
+    int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
+    while (t->step < last) {
         double t0 = nl_time_s();
         float lr = nl_lr_cosine(t->step, o->warmup, o->steps, o->lr, o->lr_min);
         nl_model_zero_grad(m);
@@ -180,7 +149,7 @@ nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const int32_t *t
         m->loss_scale = (fp16 ? t->scaler.scale : 1.0f) / (float)accum;
         double loss = 0.0;
         for (int64_t k = 0; k < accum; k++) {
-            sample_batch(t, o, train, n_train);
+            NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, o->seed, t->step * accum + k, 0, 1, (int)B, (int)T, t->x, t->y));
             float l;
             NL_TRY(nl_model_forward(m, t->x, t->y, B, T, &l));
             loss += l / (double)accum;
@@ -189,8 +158,8 @@ nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const int32_t *t
         }
         if (!isfinite(loss))
             return nl_fail(NL_ERR_NUMERIC, "loss is %s at step %lld (lr %.3g); training stopped%s%s", isnan(loss) ? "nan" : "inf",
-                           (long long)t->step + 1, (double)lr, o->out ? ", the last good checkpoint is " : "",
-                           o->out ? o->out : "");
+                           (long long)t->step + 1, (double)lr, o->out && t->saved_step != -1 ? ", the last good checkpoint is " : "",
+                           o->out && t->saved_step != -1 ? o->out : "");
         nl_train_log rec = {.step = t->step + 1, .lr = lr, .loss = (float)loss, .val_loss = NAN, .loss_scale = 1.0f};
         int found_inf = 0;
         if (fp16) {
@@ -209,8 +178,14 @@ nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const int32_t *t
         double dt = nl_time_s() - t0;
         rec.tokens_per_s = (double)(accum * B * T) / dt;
         t->tokens_done += accum * B * T;
-        if ((o->eval_every > 0 && t->step % o->eval_every == 0) || t->step == o->steps) {
-            NL_TRY(val_loss(t, o, val, n_val, &rec.val_loss));
+        if ((o->eval_every > 0 && t->step % o->eval_every == 0) || t->step == last) {
+            double vl;
+            NL_TRY(nl_eval_loss(m, d, NL_DATA_VAL, B, T, o->eval_windows, &vl, NULL));
+            rec.val_loss = (float)vl;
+            if (!isfinite(vl))
+                return nl_fail(NL_ERR_NUMERIC, "validation loss is %s after step %lld; training stopped%s%s",
+                               isnan(vl) ? "nan" : "inf", (long long)t->step, o->out && t->saved_step != -1 ? ", the last good checkpoint is " : "",
+                               o->out && t->saved_step != -1 ? o->out : "");
             NL_TRY(save(t, o));
         }
         t->wall_s = nl_time_s() - t_start;
