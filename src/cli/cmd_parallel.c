@@ -41,6 +41,7 @@ static const struct option popts[] = {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: mpirun -np N nanolm parallel train --data FILE [options]\n"
+            "   or: mpirun -np N nanolm train --data FILE --dp/--tp/--pp/--zero ... (the same run)\n"
             "  --dp D --tp 1 --pp 1  layout (D x T x P must equal N; default D = N). Tensor and pipeline\n"
             "                        parallelism are not implemented yet: --tp and --pp must be 1\n"
             "  --zero Z              0 = DDP (default), 1, 2, 3 (FSDP full shard)\n"
@@ -165,13 +166,18 @@ static nl_status share_rows(nl_comm *w, double *rows, int k) {
 }
 
 int nl_cmd_parallel(int argc, char **argv);
+int nl_cmd_parallel_train(int argc, char **argv);
 int nl_cmd_parallel(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? NL_EXIT_USAGE : NL_EXIT_OK;
     }
     if (strcmp(argv[1], "train")) return nl_cli_usage_error("parallel: unknown subcommand '%s' (train)", argv[1]);
-    argc--, argv++;
+    return nl_cmd_parallel_train(argc - 1, argv + 1);
+}
+
+/* `parallel train` (and `train` with a layout option): argv[0] is "train". */
+int nl_cmd_parallel_train(int argc, char **argv) {
     const char *data = NULL, *preset = "shakespeare-char";
     int64_t dim = 0, layers = 0, heads = 0, kvh = 0, hidden = 0, steps = 20, dp = 0, tp = 1, pp = 1, v;
     int64_t micro = 1;
