@@ -184,7 +184,14 @@ static nl_status write_svg(const char *path, const nl_trainer *t) {
     return rc;
 }
 
+int nl_cmd_parallel_train(int argc, char **argv); /* src/cli/cmd_parallel.c */
+
 int nl_cmd_train(int argc, char **argv) {
+    /* hook for the distributed runtime: a layout option hands the run to `nanolm parallel train` */
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--dp", 4) || !strncmp(argv[i], "--tp", 4) || !strncmp(argv[i], "--pp", 4) ||
+            !strncmp(argv[i], "--zero", 6) || !strncmp(argv[i], "--microbatches", 14) || !strncmp(argv[i], "--schedule", 10))
+            return nl_cmd_parallel_train(argc, argv);
     struct option longopts[N_TRAIN_OPTIONS + 1];
     for (size_t i = 0; i < N_TRAIN_OPTIONS; i++) longopts[i] = train_options[i].opt;
     memset(&longopts[N_TRAIN_OPTIONS], 0, sizeof longopts[0]);
