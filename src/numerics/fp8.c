@@ -152,13 +152,13 @@ static void limited_lanes(const nl_fp8_acc *acc, const double *a, const double *
                 const int64_t s = e - kbits + 1;
                 sc[w] = pow2(-s);
                 unsc[w] = pow2(s);
-                sum[w] = trunc(part[w] * sc[w]);
+                sum[w] = (double)(int32_t)(part[w] * sc[w]);
             }
             for (int64_t k = k0; k < k1; k++) {
                 const double ak = a[k];
                 const double *bk = b + k * ldb;
 #pragma omp simd
-                for (int w = 0; w < LANES; w++) sum[w] += trunc(ak * bk[w] * sc[w]);
+                for (int w = 0; w < LANES; w++) sum[w] += (double)(int32_t)(ak * bk[w] * sc[w]); /* |.| < 2^k: exact truncation */
             }
             /* 3. the sum keeps k significant bits (truncated) */
 #pragma omp simd
@@ -289,7 +289,10 @@ static nl_status quantize_operand(nl_format fmt, nl_fp8_scaling scaling, nl_fp8_
         const int64_t o0 = ob * g.bo, o1 = o0 + g.bo < no ? o0 + g.bo : no;
         float am = 0.0f;
         for (int64_t oo = o0; oo < o1; oo++)
-            for (int64_t kk = k0; kk < k1; kk++) am = fmaxf(am, fabsf(x[elem_index(kk, oo, cols, k_is_cols)]));
+            for (int64_t kk = k0; kk < k1; kk++) {
+                const float v = fabsf(x[elem_index(kk, oo, cols, k_is_cols)]);
+                am = am > v ? am : v;
+            }
         tensor_amax = fmaxf(tensor_amax, am);
         double s = 1.0;
         switch (scaling) {
