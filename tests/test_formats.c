@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "nanolm/formats.h"
 
 static uint32_t enc(nl_format f, float x) {
@@ -286,14 +288,15 @@ static void check_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n,
         assert_int_equal(rc, NL_OK);
         for (size_t i = 0; i < m; i++) {
             uint32_t ref = enc(f, x[off + i]);
-            uint32_t got = w == 2 ? ((uint16_t *)codes)[i] : codes[i];
+            uint32_t got = w == 4 ? ((uint32_t *)codes)[i] : w == 2 ? ((uint16_t *)codes)[i] : codes[i];
             if (got != ref) {
                 print_error("%s kernel %s: x=%a (0x%08X) got 0x%X want 0x%X\n", nl_fmt_name(f),
                             nl_fmt_kernel_name(k), (double)x[off + i], f2bits(x[off + i]), got, ref);
                 fail();
             }
         }
-        assert_int_equal(w == 2 ? ((uint16_t *)codes)[m] : codes[m], w == 2 ? 0xABAB : 0xAB);
+        assert_int_equal(w == 4 ? ((uint32_t *)codes)[m] : w == 2 ? ((uint16_t *)codes)[m] : codes[m],
+                         w == 4 ? 0xABABABABu : w == 2 ? 0xABAB : 0xAB);
     }
     free(codes);
 }
@@ -305,7 +308,8 @@ static void test_kernels_vs_scalar(void **state) {
     float *xn = malloc(n * sizeof *xn); /* NaN-free copy for formats without NaN */
     size_t nn = 0;
     for (size_t i = 0; i < n; i++) if (!isnan(x[i])) xn[nn++] = x[i];
-    const nl_format fs[] = {NL_FMT_BF16, NL_FMT_FP16, NL_FMT_E4M3, NL_FMT_E5M2, NL_FMT_E3M2, NL_FMT_E2M3, NL_FMT_E2M1};
+    const nl_format fs[] = {NL_FMT_BF16, NL_FMT_FP16, NL_FMT_E4M3, NL_FMT_E5M2, NL_FMT_E3M2, NL_FMT_E2M3, NL_FMT_E2M1,
+                            NL_FMT_FP32, NL_FMT_TF32, NL_FMT_E8M0, NL_FMT_INT8, NL_FMT_INT4};
     int ran = 0;
     for (size_t j = 0; j < sizeof fs / sizeof fs[0]; j++) {
         const nl_format_info *fi = nl_fmt_info(fs[j]);
@@ -314,11 +318,19 @@ static void test_kernels_vs_scalar(void **state) {
                 print_message("[  INFO    ] %s kernel %s not available here\n", fi->name, nl_fmt_kernel_name((nl_fmt_kernel)k));
                 continue;
             }
-            check_kernel(fs[j], (nl_fmt_kernel)k, fi->has_nan ? x : xn, fi->has_nan ? n : nn, 0);
+            if (fs[j] == NL_FMT_E8M0) { /* no zero or negatives: use |x| > 0 */
+                float *xp = malloc(nn * sizeof *xp);
+                size_t np = 0;
+                for (size_t i = 0; i < nn; i++) if (xn[i] != 0) xp[np++] = fabsf(xn[i]);
+                check_kernel(fs[j], (nl_fmt_kernel)k, xp, np, 0);
+                free(xp);
+            } else {
+                check_kernel(fs[j], (nl_fmt_kernel)k, fi->has_nan ? x : xn, fi->has_nan ? n : nn, 0);
+            }
             ran++;
         }
     }
-    assert_true(ran >= 14); /* at least auto + portable for each */
+    assert_true(ran >= 24); /* at least auto + portable for each */
     free(x);
     free(xn);
 }
@@ -371,13 +383,79 @@ static void test_array_api(void **state) {
     free(h); free(hd); free(r); free(codes); free(d); free(x);
 }
 
+/* The CLI: table, cast, sum, and bad input (exit 2, names the problem). */
+static void test_cli(void **state) {
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("formats", &out), 0);
+    assert_non_null(strstr(out, "e4m3"));
+    assert_non_null(strstr(out, "57344"));
+    assert_non_null(strstr(out, "65504"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats --json", &out), 0);
+    cJSON *doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    cJSON *arr = cJSON_GetObjectItem(doc, "formats");
+    assert_int_equal(cJSON_GetArraySize(arr), NL_FMT_COUNT);
+    for (int f = 0; f < NL_FMT_COUNT; f++) {
+        cJSON *o = cJSON_GetArrayItem(arr, f);
+        assert_string_equal(cJSON_GetObjectItem(o, "name")->valuestring, nl_fmt_name((nl_format)f));
+        assert_true(cJSON_GetObjectItem(o, "max_finite")->valuedouble == nl_fmt_info((nl_format)f)->max_finite);
+    }
+    cJSON_Delete(doc);
+    free(out);
+    assert_int_equal(tu_run_cli("formats sum --format e4m3 --value 3 --count 100 --json", &out), 0);
+    doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "trajectory")), 100);
+    assert_true(cJSON_GetObjectItem(doc, "result")->valuedouble == 64);
+    assert_true(cJSON_GetObjectItem(doc, "stuck_from_step")->valuedouble == 18);
+    assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "trajectory"), 17)->valuedouble == 64);
+    assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "trajectory"), 16)->valuedouble == 60);
+    cJSON_Delete(doc);
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast 257 --to bf16", &out), 0);
+    assert_non_null(strstr(out, "0x4380"));
+    assert_non_null(strstr(out, "0 | 10000111 | 0000000"));
+    assert_non_null(strstr(out, "decoded    256\n"));
+    assert_non_null(strstr(out, "256 below, 258 above"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast 257 --to fp16 --json", &out), 0);
+    assert_non_null(strstr(out, "\"decoded\":\t257"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast -500 --to e4m3", &out), 0);
+    assert_non_null(strstr(out, "0xFE"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats sum --format e4m3 --value 3 --count 100", &out), 0);
+    assert_non_null(strstr(out, "result 64 (exact 300; reaches 64 at step 18 and stays there)"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats sum --format e4m3 --value 3 --count 100 --promote-every 8", &out), 0);
+    assert_non_null(strstr(out, "result 300 (exact 300)"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast abc --to bf16", &out), 2);
+    assert_non_null(strstr(out, "abc"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast 1 --to fp7", &out), 2);
+    assert_non_null(strstr(out, "fp7"));
+    assert_non_null(strstr(out, "bf16, fp16, e4m3, e5m2"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats sum --format bogus --value 3 --count 2", &out), 2);
+    assert_non_null(strstr(out, "bogus"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats --frobnicate", &out), 2);
+    assert_non_null(strstr(out, "--frobnicate"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats cast 1 --to bf16 --rounding up", &out), 2);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_course_examples), cmocka_unit_test(test_known_codes),
         cmocka_unit_test(test_properties),      cmocka_unit_test(test_decode_exact),
         cmocka_unit_test(test_rounding_modes),  cmocka_unit_test(test_stochastic),
         cmocka_unit_test(test_neighbors),       cmocka_unit_test(test_kernels_vs_scalar),
-        cmocka_unit_test(test_array_api),
+        cmocka_unit_test(test_array_api),       cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -94,7 +94,8 @@ nl_status nl_fmt_encode(nl_format f, float x, nl_rounding r, nl_overflow o, uint
  * Returns NaN for an out-of-range f. */
 float nl_fmt_decode(nl_format f, uint32_t code);
 /* x rounded through format f: nearest-even, default overflow. NaN stays NaN (also for
- * formats without NaN, where nl_fmt_encode would fail). */
+ * formats without NaN, where nl_fmt_encode would fail); E8M0 of x <= 0 (no zero, no sign)
+ * gives NaN. int8/int4 give the nearest integer, clamped. */
 float nl_fmt_round(nl_format f, float x);
 
 /* Representable neighbours of x in format f: if x is representable, the next smaller and

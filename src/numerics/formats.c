@@ -302,17 +302,9 @@ static double value_or_none(nl_format f, int64_t code, double inf_side) {
     return (double)nl_fmt_decode(f, (uint32_t)code);
 }
 
-/* Neighbours of m >= 0 among magnitudes (codes are monotone in magnitude). */
+/* Neighbours of m >= 0 among magnitudes (float and E8M0 codes are monotone in magnitude). */
 static void mag_neighbors(nl_format f, float m, double *below, double *above) {
     const nl_format_info *fi = &INFO[f];
-    if (fi->kind == NL_FMT_KIND_INT) {
-        double fl = floor((double)m);
-        if (fl > fi->max_finite) fl = fi->max_finite;
-        *below = fl == m ? fl - 1 : fl;
-        *above = fl + 1 > fi->max_finite ? NAN : fl + 1;
-        if (isinf(m)) *above = NAN;
-        return;
-    }
     int64_t c = floor_code(f, m);
     double v = c < 0 ? -1 : (double)nl_fmt_decode(f, (uint32_t)c);
     if (isinf(m)) {
@@ -420,13 +412,15 @@ static inline uint32_t mini_one(const nl_fmt_mini *p, uint32_t u, int *nan) {
     return c | ((u >> 31) << p->sign_shift);
 }
 
-int nl_fmt_mini_portable_u8(const nl_fmt_mini *p, const float *x, size_t n, uint8_t *out) {
+int nl_fmt_mini_portable_u8(const nl_fmt_mini *pp, const float *x, size_t n, uint8_t *out) {
+    const nl_fmt_mini local = *pp, *p = &local; /* a copy: stores to out cannot alias it */
     int nan = 0;
     for (size_t i = 0; i < n; i++) out[i] = (uint8_t)mini_one(p, f2u(x[i]), &nan);
     return nan;
 }
 
-int nl_fmt_mini_portable_u16(const nl_fmt_mini *p, const float *x, size_t n, uint16_t *out) {
+int nl_fmt_mini_portable_u16(const nl_fmt_mini *pp, const float *x, size_t n, uint16_t *out) {
+    const nl_fmt_mini local = *pp, *p = &local;
     int nan = 0;
     for (size_t i = 0; i < n; i++) out[i] = (uint16_t)mini_one(p, f2u(x[i]), &nan);
     return nan;
@@ -440,6 +434,19 @@ int nl_fmt_bf16_portable(const float *x, size_t n, uint16_t *out) {
         uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
         nan |= isnan;
         out[i] = (uint16_t)(isnan ? (((u >> 16) & 0x8000u) | 0x7FC0u) : r);
+    }
+    return nan;
+}
+
+/* tf32: the bf16 trick with 13 dropped bits; the sign lands in bit 18 of the 19-bit code. */
+static int tf32_portable(const float *x, size_t n, uint32_t *out) {
+    int nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = f2u(x[i]);
+        int isnan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+        uint32_t r = (u + 0xFFFu + ((u >> 13) & 1u)) >> 13;
+        nan |= isnan;
+        out[i] = isnan ? (((u >> 13) & 0x40000u) | 0x3FE00u) : r;
     }
     return nan;
 }
@@ -504,7 +511,12 @@ static int run_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n, vo
         default: return nl_fmt_mini_portable_u8(&MINI[f], x, n, codes);
         }
     }
-    return -1; /* scalar formats: handled by the caller */
+    if (f == NL_FMT_FP32) {
+        memmove(codes, x, n * sizeof(float));
+        return 0;
+    }
+    if (f == NL_FMT_TF32) return tf32_portable(x, n, codes);
+    return -1; /* E8M0, int8, int4: the scalar loop in the caller */
 }
 
 static nl_status encode_scalar_loop(nl_format f, const float *x, size_t n, void *codes) {

@@ -55,7 +55,8 @@ T512 static inline __m512i mini16(const nl_fmt_mini *p, __m512i u, __mmask16 *na
     return _mm512_or_si512(c, sign);
 }
 
-T512 int nl_fmt_mini_avx512_u8(const nl_fmt_mini *p, const float *x, size_t n, uint8_t *out) {
+T512 int nl_fmt_mini_avx512_u8(const nl_fmt_mini *pp, const float *x, size_t n, uint8_t *out) {
+    const nl_fmt_mini local = *pp, *p = &local; /* a copy: stores to out cannot alias it */
     __mmask16 nan = 0;
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -181,7 +182,8 @@ T256 static inline __m256i mini8(const nl_fmt_mini *p, __m256i u, __m256i *nanac
     return _mm256_or_si256(c, sign);
 }
 
-T256 int nl_fmt_mini_avx2_u8(const nl_fmt_mini *p, const float *x, size_t n, uint8_t *out) {
+T256 int nl_fmt_mini_avx2_u8(const nl_fmt_mini *pp, const float *x, size_t n, uint8_t *out) {
+    const nl_fmt_mini local = *pp, *p = &local; /* a copy: stores to out cannot alias it */
     __m256i nan = _mm256_setzero_si256();
     const __m256i gather = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
     size_t i = 0;
