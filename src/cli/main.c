@@ -16,6 +16,7 @@ int nl_cmd_eval(int argc, char **argv);
 int nl_cmd_generate(int argc, char **argv);
 int nl_cmd_formats(int argc, char **argv);
 int nl_cmd_fp8(int argc, char **argv);
+int nl_cmd_precision(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -25,6 +26,7 @@ static const nl_command commands[] = {
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
     {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
+    {"precision", "gradient underflow/overflow in fp16 (with and without loss scaling) and bf16", nl_cmd_precision},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
