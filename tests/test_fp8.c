@@ -391,7 +391,7 @@ static void test_cli(void **state) {
     cJSON_Delete(d);
     free(out);
 
-    char *dir = tu_tmpdir(), args[512], path[300];
+    char *dir = tu_tmpdir(), args[1024], path[300];
     snprintf(path, sizeof path, "%s/sweep.svg", dir);
     snprintf(args, sizeof args, "fp8 gemm --m 8 --n 8 --k 512 --sweep-k --svg %s", path);
     rc = tu_run_cli(args, &out);
@@ -403,12 +403,37 @@ static void test_cli(void **state) {
     assert_non_null(svg);
     assert_non_null(strstr(svg, "<svg"));
     free(svg);
+    /* curves of two training logs (the CSV of nanolm train --log) */
+    char csv[300], csv2[300];
+    snprintf(csv, sizeof csv, "%s/a.csv", dir);
+    snprintf(csv2, sizeof csv2, "%s/b.csv", dir);
+    const char *log_a = "step,lr,train_loss,val_loss,grad_norm,loss_scale,skipped,tokens_per_s\n"
+                        "1,1e-4,4.5,4.4,1,1,0,100\n2,1e-4,4.0,,1,1,0,100\n3,1e-4,3.5,3.25,1,1,0,100\n";
+    assert_int_equal(nl_write_file_atomic(csv, log_a, strlen(log_a)), NL_OK);
+    assert_int_equal(nl_write_file_atomic(csv2, "step,lr\n1,2\n", 12), NL_OK);
+    snprintf(path, sizeof path, "%s/curves.svg", dir);
+    snprintf(args, sizeof args, "fp8 curves --run first=%s --svg %s --json", csv, path);
+    rc = tu_run_cli(args, &out);
+    assert_int_equal(rc, 0);
+    d = cJSON_Parse(out);
+    assert_non_null(d);
+    cJSON *run0 = cJSON_GetArrayItem(cJSON_GetObjectItem(d, "runs"), 0);
+    cJSON *vl = cJSON_GetObjectItem(run0, "val_loss");
+    assert_int_equal(cJSON_GetArraySize(vl), 2); /* step 2 has no validation */
+    assert_true(cJSON_GetArrayItem(vl, 1)->valuedouble == 3.25);
+    cJSON_Delete(d);
+    free(out);
+    snprintf(args, sizeof args, "fp8 curves --run x=%s", csv2);
+    rc = tu_run_cli(args, &out);
+    assert_int_equal(rc, 1); /* not a training log: the work failed, one line naming the file */
+    assert_non_null(strstr(out, "b.csv"));
+    free(out);
     tu_rmdir(dir);
     free(dir);
 
     const char *bad[] = {"fp8 gemm --scaling rowwise", "fp8 gemm --format bf16", "fp8 gemm --k 128 --outlier 200:10",
                          "fp8 gemm --outlier 3", "fp8 gemm --promote 100", "fp8 gemm --bogus", "fp8 transpose",
-                         "fp8 gemm --acc-bits 40"};
+                         "fp8 gemm --acc-bits 40", "fp8 curves", "fp8 curves --run nolabel"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = tu_run_cli(bad[i], &out);
         if (rc != 2) print_message("'%s' -> %d: %s\n", bad[i], rc, out);

@@ -130,7 +130,9 @@ static void usage(FILE *f) {
             "  row COL of B by it: the exact product is unchanged, only the representation is stressed.\n"
             "  --history H: delayed scaling first records H steps of the same distribution without\n"
             "  the outlier (so an outlier beyond the history's max saturates).\n"
-            "  --sweep-k: error (acc err, max) versus K = 128, 256, ... up to --k; --svg writes the plot.\n");
+            "  --sweep-k: error (acc err, max) versus K = 128, 256, ... up to --k; --svg writes the plot.\n"
+            "       nanolm fp8 curves --run LABEL=CSV [--run ...] [--svg FILE] [--train]\n"
+            "  Loss curves of several `nanolm train --log` files in one table and SVG.\n");
 }
 
 static int parse_scalings(const char *s, int *want) {
@@ -394,11 +396,133 @@ static int gemm_cmd(int argc, char **argv) {
     return NL_EXIT_OK;
 }
 
+/* ---- fp8 curves: loss curves of several training logs (train --log CSV) in one SVG ---------- */
+
+typedef struct curve {
+    const char *label;
+    double *step, *loss;
+    size_t n;
+} curve;
+
+/* Reads step and train_loss or val_loss (the CSV of nanolm train --log). */
+static nl_status read_curve(const char *path, int val, curve *c) {
+    char *text;
+    size_t bytes;
+    NL_TRY(nl_read_file(path, &text, &bytes));
+    size_t lines = 0;
+    for (size_t i = 0; i < bytes; i++) lines += text[i] == '\n';
+    c->step = nl_malloc((lines + 1) * sizeof(double), "curve");
+    c->loss = nl_malloc((lines + 1) * sizeof(double), "curve");
+    c->n = 0;
+    if (!c->step || !c->loss) {
+        nl_free(text);
+        return NL_ERR_NOMEM;
+    }
+    char *save = NULL, *line = strtok_r(text, "\n", &save);
+    if (!line || strncmp(line, "step,lr,train_loss,val_loss", 27)) {
+        nl_free(text);
+        return nl_fail(NL_ERR_FORMAT, "%s: not a training log (expected the header of nanolm train --log)", path);
+    }
+    while ((line = strtok_r(NULL, "\n", &save))) {
+        /* step,lr,train_loss,val_loss,... ; val_loss may be empty */
+        char *f[4] = {line, NULL, NULL, NULL};
+        for (int k = 1; k < 4; k++) {
+            char *comma = f[k - 1] ? strchr(f[k - 1], ',') : NULL;
+            if (comma) { *comma = 0; f[k] = comma + 1; }
+        }
+        if (!f[3]) continue;
+        const char *v = val ? f[3] : f[2];
+        if (!*v || *v == ',') continue;
+        c->step[c->n] = atof(f[0]);
+        c->loss[c->n] = atof(v);
+        c->n++;
+    }
+    nl_free(text);
+    if (c->n == 0) return nl_fail(NL_ERR_FORMAT, "%s: no %s loss values", path, val ? "validation" : "training");
+    return NL_OK;
+}
+
+static int curves_cmd(int argc, char **argv) {
+    static const struct option opts[] = {{"run", required_argument, 0, 'r'}, {"svg", required_argument, 0, 's'},
+                                         {"train", no_argument, 0, 't'}, {"title", required_argument, 0, 'T'},
+                                         {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    curve runs[8];
+    int nrun = 0, val = 1, json = 0, ch;
+    const char *svg = NULL, *title = "validation loss";
+    char *paths[8];
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'r': {
+            if (nrun == 8) return nl_cli_usage_error("fp8 curves: at most 8 --run");
+            char *eq = strchr(optarg, '=');
+            if (!eq || eq == optarg || !eq[1]) return nl_cli_usage_error("fp8 curves: --run '%s': expected LABEL=CSV", optarg);
+            *eq = 0;
+            runs[nrun].label = optarg;
+            paths[nrun++] = eq + 1;
+            break;
+        }
+        case 's': svg = optarg; break;
+        case 't': val = 0; title = "training loss"; break;
+        case 'T': title = optarg; break;
+        case 'j': json = 1; break;
+        case 'h':
+            printf("usage: nanolm fp8 curves --run LABEL=CSV [--run ...] [--svg FILE] [--train] [--title T] [--json]\n"
+                   "  Validation (or --train: training) loss of several `nanolm train --log` files, as a table and in\n"
+                   "  one SVG.\n");
+            return NL_EXIT_OK;
+        default: return nl_cli_bad_option("fp8 curves", argv);
+        }
+    }
+    if (optind < argc) return nl_cli_usage_error("fp8 curves: unexpected argument '%s'", argv[optind]);
+    if (nrun == 0) return nl_cli_usage_error("fp8 curves: give at least one --run LABEL=CSV");
+    for (int i = 0; i < nrun; i++)
+        if (read_curve(paths[i], val, &runs[i])) return nl_cli_fail("fp8 curves");
+    int rc = NL_EXIT_OK;
+    if (json) {
+        cJSON *d = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(d, "runs");
+        for (int i = 0; i < nrun; i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "label", runs[i].label);
+            cJSON_AddItemToObject(o, "step", cJSON_CreateDoubleArray(runs[i].step, (int)runs[i].n));
+            cJSON_AddItemToObject(o, val ? "val_loss" : "train_loss", cJSON_CreateDoubleArray(runs[i].loss, (int)runs[i].n));
+            cJSON_AddItemToArray(arr, o);
+        }
+        rc = nl_cli_print_json(d);
+    } else {
+        static const char *const hdr[] = {"run", "points", "last step", "last loss", "min loss"};
+        nl_table t;
+        nl_table_init(&t, 5, hdr);
+        for (int i = 0; i < nrun; i++) {
+            double mn = runs[i].loss[0];
+            for (size_t k = 1; k < runs[i].n; k++) mn = fmin(mn, runs[i].loss[k]);
+            nl_table_rowf(&t, "%s|%zu|%.0f|%.4f|%.4f", runs[i].label, runs[i].n, runs[i].step[runs[i].n - 1],
+                          runs[i].loss[runs[i].n - 1], mn);
+        }
+        nl_table_print(&t, stdout);
+        nl_table_free(&t);
+    }
+    if (svg) {
+        nl_svg_series ser[8];
+        for (int i = 0; i < nrun; i++)
+            ser[i] = (nl_svg_series){.name = runs[i].label, .x = runs[i].step, .y = runs[i].loss, .n = runs[i].n,
+                                     .markers = val};
+        nl_svg_plot_opts po = {.title = title, .xlabel = "step", .ylabel = "loss (nats/token)"};
+        if (nl_svg_plot(svg, &po, ser, (size_t)nrun)) rc = nl_cli_fail("fp8 curves --svg");
+        else if (!json) printf("wrote %s\n", svg);
+    }
+    for (int i = 0; i < nrun; i++) {
+        nl_free(runs[i].step);
+        nl_free(runs[i].loss);
+    }
+    return rc;
+}
+
 int nl_cmd_fp8(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? NL_EXIT_USAGE : NL_EXIT_OK;
     }
     if (!strcmp(argv[1], "gemm")) return gemm_cmd(argc - 1, argv + 1);
-    return nl_cli_usage_error("fp8: unknown subcommand '%s' (valid: gemm)", argv[1]);
+    if (!strcmp(argv[1], "curves")) return curves_cmd(argc - 1, argv + 1);
+    return nl_cli_usage_error("fp8: unknown subcommand '%s' (valid: gemm, curves)", argv[1]);
 }
