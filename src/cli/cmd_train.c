@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "cli_model.h"
+#include "nanolm/fp8_train.h"
 #include "nanolm/svg.h"
 #include "nanolm/train.h"
 
@@ -14,7 +15,8 @@
 enum {
     OPT_DATA = 1000, OPT_PRESET, OPT_STEPS, OPT_BATCH, OPT_SEQ, OPT_LR, OPT_LR_MIN, OPT_WARMUP, OPT_ACCUM,
     OPT_WD, OPT_CLIP, OPT_PRECISION, OPT_LOSS_SCALE, OPT_SEED, OPT_OUT, OPT_RESUME, OPT_LOG, OPT_SVG, OPT_EVAL_EVERY,
-    OPT_EVAL_WINDOWS, OPT_STOP_AFTER, OPT_REPORT_MEMORY, OPT_JSON, OPT_HELP
+    OPT_EVAL_WINDOWS, OPT_STOP_AFTER, OPT_REPORT_MEMORY, OPT_JSON, OPT_HELP,
+    OPT_FP8_RECIPE, OPT_FP8_SCALING, OPT_FP8_ACC_BITS, OPT_FP8_PROMOTE, OPT_NO_LOSS_SCALING
 };
 
 typedef struct train_option {
@@ -34,8 +36,13 @@ static const train_option train_options[] = {
     {{"grad-accum", required_argument, 0, OPT_ACCUM}, "K", "micro-batches per step (default 1)"},
     {{"weight-decay", required_argument, 0, OPT_WD}, "X", "AdamW decay of 2-D weights (default 0.1)"},
     {{"clip", required_argument, 0, OPT_CLIP}, "X", "gradient-norm clip, 0 = off (default 1.0)"},
-    {{"precision", required_argument, 0, OPT_PRECISION}, "P", "fp32 | bf16 | fp16 (emulated; default fp32)"},
+    {{"precision", required_argument, 0, OPT_PRECISION}, "P", "fp32 | bf16 | fp16 | fp8 (emulated; default fp32)"},
     {{"loss-scale", required_argument, 0, OPT_LOSS_SCALE}, "X", "fp16: initial dynamic loss scale (default 65536)"},
+    {{"fp8-recipe", required_argument, 0, OPT_FP8_RECIPE}, "R", "fp8: e4m3 (everywhere, default) | hybrid (e5m2 grads)"},
+    {{"fp8-scaling", required_argument, 0, OPT_FP8_SCALING}, "S", "fp8: block (default) | tensor | delayed | mx"},
+    {{"fp8-acc-bits", required_argument, 0, OPT_FP8_ACC_BITS}, "K", "fp8: 0 = fp32 accumulation (default), 2..24 limited"},
+    {{"fp8-promote", required_argument, 0, OPT_FP8_PROMOTE}, "N", "fp8: promote to fp32 every N products (128; 0 never)"},
+    {{"no-loss-scaling", no_argument, 0, OPT_NO_LOSS_SCALING}, NULL, "fp16: fixed loss scale 1 (no GradScaler)"},
     {{"seed", required_argument, 0, OPT_SEED}, "S", "initialisation and data seed (default 1337)"},
     {{"out", required_argument, 0, OPT_OUT}, "CKPT", "safetensors checkpoint, saved at each validation"},
     {{"resume", required_argument, 0, OPT_RESUME}, "CKPT", "continue a run from its checkpoint"},
@@ -54,6 +61,8 @@ typedef struct train_cli {
     nl_train_opts o;
     const char *data, *preset, *log_csv, *svg;
     int report_memory, json, help, seq_given, lr_min_given;
+    int fp8, no_loss_scaling; /* --precision fp8: bf16 model + FP8 linears (nanolm/fp8_train.h) */
+    nl_fp8_recipe fp8r;
 } train_cli;
 
 static void usage(FILE *f) {
@@ -106,7 +115,8 @@ static int parse_option(train_cli *c, int id, const char *arg) {
         if (!strcmp(arg, "fp32")) c->o.precision = NL_PREC_FP32;
         else if (!strcmp(arg, "bf16")) c->o.precision = NL_PREC_BF16;
         else if (!strcmp(arg, "fp16")) c->o.precision = NL_PREC_FP16;
-        else return nl_cli_usage_error("unknown --precision '%s' (known: fp32, bf16, fp16)", arg);
+        else if (!strcmp(arg, "fp8")) c->o.precision = NL_PREC_BF16, c->fp8 = 1;
+        else return nl_cli_usage_error("unknown --precision '%s' (known: fp32, bf16, fp16, fp8)", arg);
         return 0;
     case OPT_LOSS_SCALE:
         if (nl_cli_double("--loss-scale", arg, &d)) return NL_EXIT_USAGE;
@@ -119,6 +129,21 @@ static int parse_option(train_cli *c, int id, const char *arg) {
     case OPT_SVG: c->svg = arg; return 0;
     case OPT_REPORT_MEMORY: c->report_memory = 1; return 0;
     case OPT_JSON: c->json = 1; return 0;
+    case OPT_FP8_RECIPE:
+        if (!strcmp(arg, "e4m3")) c->fp8r.fmt_grad = NL_FMT_E4M3;
+        else if (!strcmp(arg, "hybrid")) c->fp8r.fmt_grad = NL_FMT_E5M2;
+        else return nl_cli_usage_error("unknown --fp8-recipe '%s' (known: e4m3, hybrid)", arg);
+        return 0;
+    case OPT_FP8_SCALING:
+        if (nl_fp8_scaling_from_name(arg, &c->fp8r.scaling)) return nl_cli_usage_error("--fp8-scaling: %s", nl_last_error());
+        return 0;
+    case OPT_FP8_ACC_BITS:
+        if (nl_cli_int("--fp8-acc-bits", arg, 0, 24, &v)) return NL_EXIT_USAGE;
+        if (v == 1) return nl_cli_usage_error("--fp8-acc-bits must be 0 (fp32) or 2..24, got 1");
+        c->fp8r.acc.bits = (int)v;
+        return 0;
+    case OPT_FP8_PROMOTE: if (nl_cli_int("--fp8-promote", arg, 0, 1 << 20, &v)) return NL_EXIT_USAGE; c->fp8r.acc.promote = (int)v; return 0;
+    case OPT_NO_LOSS_SCALING: c->no_loss_scaling = 1; return 0;
     case OPT_HELP: c->help = 1; return 0;
     }
     return nl_cli_usage_error("train: unhandled option");
@@ -198,6 +223,7 @@ int nl_cmd_train(int argc, char **argv) {
     train_cli c;
     memset(&c, 0, sizeof c);
     nl_train_opts_default(&c.o);
+    nl_fp8_recipe_default(&c.fp8r);
     c.preset = "shakespeare-char";
     int id;
     while ((id = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -221,6 +247,15 @@ int nl_cmd_train(int argc, char **argv) {
                                   (long long)arch.vocab_size);
     c.o.tokenizer = "byte";
 
+    if (c.no_loss_scaling && c.o.precision != NL_PREC_FP16)
+        return nl_cli_usage_error("train: --no-loss-scaling applies to --precision fp16 only");
+    if (c.fp8) {
+        if (nl_fp8_acc_validate(&c.fp8r.acc))
+            return nl_cli_usage_error("train: %s", nl_last_error());
+        if (c.fp8r.scaling == NL_FP8_SCALE_BLOCK && c.fp8r.acc.bits &&
+            (c.fp8r.acc.promote == 0 || NL_FP8_BLOCK % c.fp8r.acc.promote))
+            return nl_cli_usage_error("train: --fp8-scaling block needs --fp8-promote dividing %d", NL_FP8_BLOCK);
+    }
     nl_tokenizer tok;
     nl_data data;
     if (nl_tokenizer_init_byte(&tok)) return nl_cli_fail("train");
@@ -235,11 +270,31 @@ int nl_cmd_train(int argc, char **argv) {
         nl_data_free(&data);
         return nl_cli_fail("train");
     }
+    nl_fp8_linear fp8;
+    memset(&fp8, 0, sizeof fp8);
+    if (c.fp8 && nl_fp8_linear_install(&fp8, &t.model, &c.fp8r)) {
+        nl_trainer_free(&t);
+        nl_data_free(&data);
+        return nl_cli_fail("train");
+    }
+    if (c.no_loss_scaling) { /* the scaler stays at 1: overflow still skips a step, nothing rescales */
+        t.scaler.scale = 1.0f;
+        t.scaler.growth_factor = 1.0f;
+        t.scaler.backoff_factor = 1.0f;
+    }
+    char fp8_desc[160] = "";
+    if (c.fp8) {
+        char acc[48];
+        if (c.fp8r.acc.bits) snprintf(acc, sizeof acc, "%d-bit accumulator, promote %d", c.fp8r.acc.bits, c.fp8r.acc.promote);
+        else snprintf(acc, sizeof acc, "fp32 accumulation");
+        snprintf(fp8_desc, sizeof fp8_desc, " + FP8 linears (%s/%s, %s scaling, %s)", nl_fmt_name(c.fp8r.fmt_act),
+                 nl_fmt_name(c.fp8r.fmt_grad), nl_fp8_scaling_name(c.fp8r.scaling), acc);
+    }
     if (!c.json)
-        printf("train %s: %lld parameters, %lld train / %lld validation tokens, batch %lld x %lld, %s%s\n",
+        printf("train %s: %lld parameters, %lld train / %lld validation tokens, batch %lld x %lld, %s%s%s%s\n",
                t.model.arch.name, (long long)t.model.n_params, (long long)nl_data_split_tokens(&data, NL_DATA_TRAIN), (long long)nl_data_split_tokens(&data, NL_DATA_VAL), (long long)c.o.batch,
                (long long)c.o.seq, c.o.precision == NL_PREC_BF16 ? "bf16" : c.o.precision == NL_PREC_FP16 ? "fp16" : "fp32",
-               c.o.resume ? " (resumed)" : "");
+               fp8_desc, c.no_loss_scaling ? " without loss scaling" : "", c.o.resume ? " (resumed)" : "");
     if (c.report_memory && !c.json) {
         const char *hdr[] = {"buffer", "bytes", "MiB"};
         nl_table tb;
@@ -259,6 +314,7 @@ int nl_cmd_train(int argc, char **argv) {
     nl_progress_end(&pc.bar);
     int exit_code = NL_EXIT_OK;
     if (rc) exit_code = nl_cli_fail("train");
+    if (c.fp8 && nl_fp8_linear_status(&fp8)) fprintf(stderr, "nanolm: train: %s\n", fp8.error);
     /* logs cover what ran, also after a failure */
     if (c.log_csv && t.n_log && write_csv(c.log_csv, &t)) exit_code = nl_cli_fail("train: --log");
     if (c.svg && t.n_log && write_svg(c.svg, &t)) exit_code = nl_cli_fail("train: --svg");
@@ -278,6 +334,18 @@ int nl_cmd_train(int argc, char **argv) {
             cJSON_AddNumberToObject(d, "wall_s", t.wall_s);
             cJSON_AddNumberToObject(d, "tokens_per_s", tps);
             cJSON_AddNumberToObject(d, "skipped_steps", (double)skipped);
+            if (c.fp8) {
+                cJSON *f8 = cJSON_AddObjectToObject(d, "fp8");
+                cJSON_AddStringToObject(f8, "activations", nl_fmt_name(c.fp8r.fmt_act));
+                cJSON_AddStringToObject(f8, "gradients", nl_fmt_name(c.fp8r.fmt_grad));
+                cJSON_AddStringToObject(f8, "scaling", nl_fp8_scaling_name(c.fp8r.scaling));
+                cJSON_AddNumberToObject(f8, "acc_bits", c.fp8r.acc.bits);
+                cJSON_AddNumberToObject(f8, "promote", c.fp8r.acc.promote);
+                cJSON_AddNumberToObject(f8, "gemms", (double)fp8.stats.gemms);
+                cJSON_AddNumberToObject(f8, "saturated", (double)fp8.stats.saturated);
+                cJSON_AddNumberToObject(f8, "flushed", (double)fp8.stats.flushed);
+                cJSON_AddNumberToObject(f8, "quantized", (double)fp8.stats.quantized);
+            }
             if (c.report_memory) {
                 cJSON *mm = cJSON_AddObjectToObject(d, "memory_bytes");
                 cJSON_AddNumberToObject(mm, "parameters", (double)t.mem.params);
@@ -295,8 +363,13 @@ int nl_cmd_train(int argc, char **argv) {
             if (c.o.out) printf("%s", c.o.out);
             if (c.o.precision == NL_PREC_FP16) printf(", %lld skipped steps (loss scale %g)", (long long)skipped, t.scaler.scale);
             printf("\n");
+            if (c.fp8)
+                printf("fp8: %lld GEMMs, %.3g%% of quantized values saturated, %.3g%% flushed to zero\n",
+                       (long long)fp8.stats.gemms, 100.0 * (double)fp8.stats.saturated / (double)(fp8.stats.quantized + !fp8.stats.quantized),
+                       100.0 * (double)fp8.stats.flushed / (double)(fp8.stats.quantized + !fp8.stats.quantized));
         }
     }
+    nl_fp8_linear_remove(&fp8);
     nl_trainer_free(&t);
     nl_data_free(&data);
     return exit_code;

@@ -20,6 +20,8 @@ int nl_cmd_parallel(int argc, char **argv);
 int nl_cmd_scaling(int argc, char **argv);
 int nl_cmd_budget(int argc, char **argv);
 int nl_cmd_plan(int argc, char **argv);
+int nl_cmd_fp8(int argc, char **argv);
+int nl_cmd_precision(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -33,6 +35,8 @@ static const nl_command commands[] = {
     {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
     {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},
     {"plan", "parallel training and serving plans for real clusters", nl_cmd_plan},
+    {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
+    {"precision", "gradient underflow/overflow in fp16 (with and without loss scaling) and bf16", nl_cmd_precision},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
