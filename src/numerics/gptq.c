@@ -59,6 +59,48 @@ nl_status nl_gptq_hessian_add(nl_gptq_hessian *hs, const float *x, int64_t n_tok
 
 /* ---- U = chol(H^-1), upper ----------------------------------------------------------------- */
 
+/* In-place lower Cholesky of a (n, n) row-major (lower triangle used), blocked by 128:
+ * unblocked factor of the diagonal block, triangular solve of the panel below it, rank-b
+ * update of the trailing matrix (the last two with BLAS level 3). Returns the first column
+ * whose pivot is not positive, or -1. */
+static int64_t chol_lower(double *a, int64_t n) {
+    const int64_t nb = 128;
+    for (int64_t k = 0; k < n; k += nb) {
+        const int64_t b = n - k < nb ? n - k : nb;
+        for (int64_t j = k; j < k + b; j++) {
+            double *aj = a + j * n;
+            double s = aj[j];
+            for (int64_t p = k; p < j; p++) s -= aj[p] * aj[p];
+            if (!(s > 0.0)) return j;
+            const double d = sqrt(s);
+            aj[j] = d;
+            for (int64_t i = j + 1; i < k + b; i++) {
+                double *ai = a + i * n;
+                double t = ai[j];
+                for (int64_t p = k; p < j; p++) t -= ai[p] * aj[p];
+                ai[j] = t / d;
+            }
+        }
+        const int64_t m = n - k - b;
+        if (m > 0) {
+            double *panel = a + (k + b) * n + k;
+            cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, (int)m, (int)b,
+                        1.0, a + k * n + k, (int)n, panel, (int)n);
+            cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (int)m, (int)b, -1.0, panel, (int)n, 1.0,
+                        a + (k + b) * n + (k + b), (int)n);
+        }
+    }
+    return -1;
+}
+
+static void reverse_flat(double *a, int64_t count) {
+    for (int64_t i = 0, j = count - 1; i < j; i++, j--) {
+        double t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
 nl_status nl_gptq_inverse_factor(const double *h, int cols, double damp_frac, double *u, uint8_t *dead) {
     const int64_t n = cols;
     if (cols <= 0) return nl_fail(NL_ERR_INVALID, "gptq: bad column count %d", cols);
@@ -68,59 +110,40 @@ nl_status nl_gptq_inverse_factor(const double *h, int cols, double damp_frac, do
         if (!isfinite(h[i]))
             return nl_fail(NL_ERR_INVALID, "gptq: Hessian entry (%lld, %lld) is not finite",
                            (long long)(i / n), (long long)(i % n));
-    double *v = nl_malloc((size_t)(n * n) * sizeof(double), "gptq factor");
-    if (!v) return NL_ERR_NOMEM;
-    memcpy(v, h, (size_t)(n * n) * sizeof(double));
+    double *a = nl_malloc((size_t)(n * n) * sizeof(double), "gptq factor");
+    if (!a) return NL_ERR_NOMEM;
+    memcpy(a, h, (size_t)(n * n) * sizeof(double));
     double mean_diag = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        int is_dead = v[i * n + i] == 0.0;
+        int is_dead = a[i * n + i] == 0.0;
         if (dead) dead[i] = (uint8_t)is_dead;
-        if (is_dead) v[i * n + i] = 1.0;
-        mean_diag += v[i * n + i];
+        if (is_dead) a[i * n + i] = 1.0;
+        mean_diag += a[i * n + i];
     }
     mean_diag /= (double)n;
-    for (int64_t i = 0; i < n; i++) v[i * n + i] += damp_frac * mean_diag;
+    for (int64_t i = 0; i < n; i++) a[i * n + i] += damp_frac * mean_diag;
 
-    /* H = V V^T with V upper, computed from the last column backwards, in place in the upper
-     * triangle of v: V[i][j] = (H[i][j] - sum_{p>j} V[i][p] V[j][p]) / V[j][j]. */
-    nl_status rc = NL_OK;
-    for (int64_t j = n - 1; j >= 0; j--) {
-        double s = v[j * n + j];
-        const double *vj = v + j * n;
-#pragma omp simd reduction(+ : s)
-        for (int64_t p = j + 1; p < n; p++) s -= vj[p] * vj[p];
-        if (!(s > 0.0)) {
-            rc = nl_fail(NL_ERR_NUMERIC, "gptq: H + damp is not positive definite at column %lld "
-                         "(pivot %g); raise the dampening", (long long)j, s);
-            break;
-        }
-        double d = sqrt(s);
-        v[j * n + j] = d;
-#pragma omp parallel for schedule(static) if (j > 64)
-        for (int64_t i = 0; i < j; i++) {
-            const double *vi = v + i * n;
-            double t = vi[j];
-#pragma omp simd reduction(+ : t)
-            for (int64_t p = j + 1; p < n; p++) t -= vi[p] * vj[p];
-            v[i * n + j] = t / d;
-        }
+    /* With J the order reversal, J H J = L L^T gives H = V V^T with V = J L J upper, and
+     * H^-1 = (V^-1)^T V^-1: U = V^-1 = J L^-1 J is the upper Cholesky factor of H^-1.
+     * Reversing a row-major matrix in both indices is reversing its flat array. */
+    reverse_flat(a, n * n);
+    int64_t bad = chol_lower(a, n);
+    if (bad >= 0) {
+        nl_free(a);
+        return nl_fail(NL_ERR_NUMERIC, "gptq: H + damp is not positive definite at column %lld; "
+                       "raise the dampening", (long long)(n - 1 - bad));
     }
-    if (rc != NL_OK) { nl_free(v); return rc; }
-
-    /* U = V^-1 (upper): row i solves x V = e_i, left to right, in place in u's row i. */
-#pragma omp parallel for schedule(dynamic, 8)
-    for (int64_t i = 0; i < n; i++) {
-        double *x = u + i * n;
-        for (int64_t p = 0; p < n; p++) x[p] = 0.0;
-        x[i] = 1.0;
-        for (int64_t p = i; p < n; p++) {
-            double xp = x[p] / v[p * n + p];
-            x[p] = xp;
-            const double *vp = v + p * n;
-            for (int64_t m = p + 1; m < n; m++) x[m] -= xp * vp[m];
-        }
+    /* L^-1 (lower) into u: solve L X = I one block column at a time (rows >= c only). */
+    memset(u, 0, (size_t)(n * n) * sizeof(double));
+    for (int64_t i = 0; i < n; i++) u[i * n + i] = 1.0;
+    const int64_t nb = 128;
+    for (int64_t c = 0; c < n; c += nb) {
+        const int64_t b = n - c < nb ? n - c : nb;
+        cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasNonUnit, (int)(n - c), (int)b,
+                    1.0, a + c * n + c, (int)n, u + c * n + c, (int)n);
     }
-    nl_free(v);
+    nl_free(a);
+    reverse_flat(u, n * n);
     return NL_OK;
 }
 
@@ -212,19 +235,22 @@ nl_status nl_gptq_quantize(const float *w, int rows, int cols, const double *h,
                 /* Lazy batch update of the columns after the block: W[:, i2:] -= E1 U[i1:i2, i2:]. */
                 if (i2 < n) {
                     const int64_t len = n - i2;
-                    for (int64_t r = 0; r < R; r++) {
-                        double *dst = wt + r * n + i2;
-                        const double *er = e1 + r * B;
-                        int64_t k = 0;
-                        for (; k + 4 <= cnt; k += 4) {
-                            const double a0 = er[k], a1 = er[k + 1], a2 = er[k + 2], a3 = er[k + 3];
-                            const double *u0 = u + (i1 + k) * n + i2, *u1 = u0 + n, *u2 = u1 + n, *u3 = u2 + n;
+                    int64_t k = 0;
+                    for (; k + 4 <= cnt; k += 4) {
+                        const double *u0 = u + (i1 + k) * n + i2, *u1 = u0 + n, *u2 = u1 + n, *u3 = u2 + n;
+                        for (int64_t r = 0; r < R; r++) {
+                            double *dst = wt + r * n + i2;
+                            const double *er = e1 + r * B + k;
+                            const double a0 = er[0], a1 = er[1], a2 = er[2], a3 = er[3];
                             for (int64_t m = 0; m < len; m++)
                                 dst[m] -= ((a0 * u0[m] + a1 * u1[m]) + (a2 * u2[m] + a3 * u3[m]));
                         }
-                        for (; k < cnt; k++) {
-                            const double a0 = er[k];
-                            const double *u0 = u + (i1 + k) * n + i2;
+                    }
+                    for (; k < cnt; k++) {
+                        const double *u0 = u + (i1 + k) * n + i2;
+                        for (int64_t r = 0; r < R; r++) {
+                            double *dst = wt + r * n + i2;
+                            const double a0 = e1[r * B + k];
                             for (int64_t m = 0; m < len; m++) dst[m] -= a0 * u0[m];
                         }
                     }
