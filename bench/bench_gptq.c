@@ -95,7 +95,7 @@ int main(void) {
         free(ts);
         nl_gptq_hessian_free(&hs);
     }
-    if (segs < SEGS_PAPER) printf("  * projected: %d segment(s) timed, x128/%d (NANOLM_BENCH_GPTQ_SEGS=128 runs all)\n", segs, 1);
+    if (segs < SEGS_PAPER) printf("  * projected: median of %d timed segment(s) x 128 (NANOLM_BENCH_GPTQ_SEGS=128 runs all)\n", segs);
     nl_free(w); nl_free(x); nl_free(a); nl_free(c); nl_free(wq);
     return 0;
 }
