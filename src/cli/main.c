@@ -14,6 +14,7 @@ int nl_cmd_version(int argc, char **argv);
 int nl_cmd_train(int argc, char **argv);
 int nl_cmd_eval(int argc, char **argv);
 int nl_cmd_generate(int argc, char **argv);
+int nl_cmd_quant_compare(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -21,6 +22,7 @@ static const nl_command commands[] = {
     {"train", "train NanoLM on a text file (AdamW, cosine, fp32/bf16/fp16)", nl_cmd_train},
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
+    {"quant-compare", "RTN vs GPTQ, AWQ, SmoothQuant, LLM.int8() on a checkpoint (= quant compare)", nl_cmd_quant_compare},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
