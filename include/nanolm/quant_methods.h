@@ -71,11 +71,12 @@ typedef struct nl_qm_runtime {
     double awq_alpha_mean;        /* mean chosen alpha over AWQ sites (AWQ only) */
 } nl_qm_runtime;
 
-/* Applies scheme s to the model in place, calibrating on c (may be NULL for fp32, RTN and
- * W8A8-without-calibration schemes... all but fp32/rtn/w8a8 need it). rt is filled (zeroed
- * first) and must be released with nl_qm_runtime_free, which also uninstalls the hook.
- * Errors: NL_ERR_INVALID (missing calibration, unsupported model), NL_ERR_NOMEM, and those of
- * the per-layer methods. */
+/* Applies scheme s to the model in place. GPTQ, AWQ, SmoothQuant and LLM.int8() calibrate on c
+ * (windows of (c->B, c->T) tokens, within the model's activation buffers); fp32, RTN and W8A8
+ * ignore it (c may be NULL). rt is filled (zeroed first) and must be released with
+ * nl_qm_runtime_free, which also uninstalls the linear hook of the W8A8 schemes.
+ * Errors: NL_ERR_INVALID (missing or too large calibration windows), NL_ERR_NOMEM, and those
+ * of the per-layer methods (non-finite weights or activations). */
 nl_status nl_qm_apply(nl_model *m, const nl_qm_scheme *s, const nl_qm_calib *c, nl_qm_runtime *rt);
 void nl_qm_runtime_free(nl_qm_runtime *rt);
 
