@@ -16,6 +16,9 @@ static void test_error_message(void **state) {
     nl_status rc = nl_fail(NL_ERR_INVALID, "bits must be 2..8, got %d", 9);
     assert_int_equal(rc, NL_ERR_INVALID);
     assert_string_equal(nl_last_error(), "bits must be 2..8, got 9");
+    /* Wrapping the last error with context must not corrupt it. */
+    nl_fail(NL_ERR_IO, "reading %s: %s", "x.bin", nl_last_error());
+    assert_string_equal(nl_last_error(), "reading x.bin: bits must be 2..8, got 9");
     nl_clear_error();
     assert_string_equal(nl_last_error(), "");
 }

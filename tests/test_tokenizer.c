@@ -175,12 +175,70 @@ static void test_matches_reference(void **state) {
         assert_memory_equal(tok, ref, (size_t)m * sizeof(int));
         print_message("3000 bytes of TinyStories -> %lld tokens, equal to the reference\n", (long long)m);
         nl_free(tok);
+        /* The same text with its spaces removed: one long word, many merges. */
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (text[i] != ' ') text[k++] = text[i];
+        assert_int_equal(nl_tokenizer_encode(&t, text, k, 1, 0, &tok, &m), NL_OK);
+        rm = ref_encode(&t, text, k, 1, ref);
+        assert_int_equal(m, rm);
+        assert_memory_equal(tok, ref, (size_t)m * sizeof(int));
+        print_message("the same without spaces: %zu bytes -> %lld tokens, equal to the reference\n", k, (long long)m);
+        nl_free(tok);
+        checked++;
         free(text);
         checked++;
     }
     print_message("%lld texts encoded identically by the word-wise and the whole-text encoder\n", (long long)checked);
     free(ref);
     nl_tokenizer_free(&t);
+}
+
+/* A vocabulary with pieces that span a space ("e t", "d a"): merges cross word starts, so the
+ * encoder must treat the text as one sequence, and still equal the reference. */
+static void test_cross_word_vocab(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(path, "stories260K/tok512.bin");
+    size_t n;
+    char *raw = tu_read_file(path, &n);
+    char *dir = tu_tmpdir();
+    char ext[256];
+    snprintf(ext, sizeof ext, "%s/tok514.bin", dir);
+    FILE *f = fopen(ext, "wb");
+    fwrite(raw, 1, n, f);
+    const char *extra[2] = {"e t", "d a"};
+    const float score[2] = {-5.0f, 0.5f};
+    for (int i = 0; i < 2; i++) {
+        int32_t len = 3;
+        fwrite(&score[i], 4, 1, f);
+        fwrite(&len, 4, 1, f);
+        fwrite(extra[i], 1, 3, f);
+    }
+    fclose(f);
+    free(raw);
+    nl_tokenizer t;
+    assert_int_equal(nl_tokenizer_load_llama2c(&t, ext, 514), NL_OK);
+    assert_int_equal(t.words_independent, 0);
+    const char *cases[] = {"the tree and a dog", "she ate the cake", "Once upon a time", "red and blue",
+                           "  e  t  d  a  ", "Lily and Ben went to the park. They saw a big dog!"};
+    int ref[256];
+    int crossed = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int *tok;
+        int64_t m;
+        size_t len = strlen(cases[c]);
+        assert_int_equal(nl_tokenizer_encode(&t, cases[c], len, 1, 0, &tok, &m), NL_OK);
+        int64_t rm = ref_encode(&t, cases[c], len, 1, ref);
+        assert_int_equal(m, rm);
+        assert_memory_equal(tok, ref, (size_t)m * sizeof(int));
+        for (int64_t i = 0; i < m; i++) crossed += tok[i] >= 512;
+        nl_free(tok);
+    }
+    print_message("%d tokens of the extra cross-word pieces used; all equal to the reference\n", crossed);
+    assert_true(crossed > 0);
+    nl_tokenizer_free(&t);
+    tu_rmdir(dir);
+    free(dir);
 }
 
 /* encode -> decode gives the text back, for whole real files. */
@@ -321,6 +379,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_known_prompts),
         cmocka_unit_test(test_matches_reference),
+        cmocka_unit_test(test_cross_word_vocab),
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_byte_tokenizer),
         cmocka_unit_test(test_bad_files),

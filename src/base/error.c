@@ -3,14 +3,19 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char nl_errbuf[1024];
 
 nl_status nl_fail(nl_status code, const char *fmt, ...) {
+    /* Format into a scratch buffer first: the arguments may include nl_last_error() itself
+     * (wrapping an inner error with context), which must not be overwritten while read. */
+    char tmp[sizeof nl_errbuf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(nl_errbuf, sizeof nl_errbuf, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(nl_errbuf, tmp, sizeof nl_errbuf);
     return code;
 }
 

@@ -169,7 +169,9 @@ void nl_table_print(nl_table *t, FILE *f) {
         for (int c = 0; c < t->ncols; c++) {
             const char *s = t->cells[r * t->ncols + c];
             int right = r > 0 && t->right[c];
-            fprintf(f, c ? "  %*s" : "%*s", right ? w[c] : -w[c], s);
+            int last = c == t->ncols - 1;
+            if (last && !right) fprintf(f, c ? "  %s" : "%s", s); /* no trailing blanks */
+            else fprintf(f, c ? "  %*s" : "%*s", right ? w[c] : -w[c], s);
         }
         fputc('\n', f);
         if (r == 0) {

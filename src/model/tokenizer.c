@@ -180,34 +180,87 @@ nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab
 
 /* ---- encode ---- */
 
-/* run.c's merge loop over tok[0..m): merge the best-scoring adjacent pair (leftmost on ties)
- * until none merges. pair_id/pair_score cache the merge of (tok[i], tok[i+1]); `cat` holds
- * 2*max_token_length+1 bytes. Returns the new length. */
-static int64_t merge(const nl_tokenizer *t, int *tok, int64_t m, int *pair_id, float *pair_score, char *cat) {
-    for (int64_t i = 0; i + 1 < m; i++) {
-        strcpy(cat, t->pieces[tok[i]]);
-        strcat(cat, t->pieces[tok[i + 1]]);
-        pair_id[i] = nl_tokenizer_lookup(t, cat);
-        pair_score[i] = pair_id[i] >= 0 ? t->scores[pair_id[i]] : 0;
-    }
+/* Scratch of the merge loop for sequences of up to `cap` tokens. */
+typedef struct merge_cand { float score; int left, right, id; uint32_t ver_left, ver_right; } merge_cand;
+typedef struct merge_scratch {
+    int *prev, *next;      /* (cap,) doubly linked list of live symbols, -1 at the ends */
+    uint32_t *ver;         /* (cap,) bumped whenever a symbol's token changes */
+    char *alive;           /* (cap,) */
+    merge_cand *heap;      /* (3*cap,) candidate merges, best first */
+    int n_heap;
+    char *cat;             /* 2*max_token_length+2 bytes */
+} merge_scratch;
+
+/* Heap order = run.c's choice: higher score first, then the leftmost pair. Symbols keep their
+ * left-to-right order when merged, so the original index of the left symbol orders pairs. */
+static int cand_before(const merge_cand *a, const merge_cand *b) {
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void heap_push(merge_scratch *s, merge_cand c) {
+    int i = s->n_heap++;
+    while (i > 0 && cand_before(&c, &s->heap[(i - 1) / 2])) { s->heap[i] = s->heap[(i - 1) / 2]; i = (i - 1) / 2; }
+    s->heap[i] = c;
+}
+
+static merge_cand heap_pop(merge_scratch *s) {
+    merge_cand top = s->heap[0], last = s->heap[--s->n_heap];
+    int i = 0;
     for (;;) {
-        float best = -1e10f;
-        int64_t at = -1;
-        for (int64_t i = 0; i + 1 < m; i++)
-            if (pair_id[i] >= 0 && pair_score[i] > best) { best = pair_score[i]; at = i; }
-        if (at < 0) return m;
-        tok[at] = pair_id[at];
-        memmove(tok + at + 1, tok + at + 2, (size_t)(m - at - 2) * sizeof *tok);
-        memmove(pair_id + at, pair_id + at + 1, (size_t)(m - at - 2) * sizeof *pair_id);
-        memmove(pair_score + at, pair_score + at + 1, (size_t)(m - at - 2) * sizeof *pair_score);
-        m--;
-        for (int64_t i = at > 0 ? at - 1 : 0; i <= at && i + 1 < m; i++) { /* the two changed pairs */
-            strcpy(cat, t->pieces[tok[i]]);
-            strcat(cat, t->pieces[tok[i + 1]]);
-            pair_id[i] = nl_tokenizer_lookup(t, cat);
-            pair_score[i] = pair_id[i] >= 0 ? t->scores[pair_id[i]] : 0;
-        }
+        int c = 2 * i + 1;
+        if (c >= s->n_heap) break;
+        if (c + 1 < s->n_heap && cand_before(&s->heap[c + 1], &s->heap[c])) c++;
+        if (!cand_before(&s->heap[c], &last)) break;
+        s->heap[i] = s->heap[c];
+        i = c;
     }
+    if (s->n_heap) s->heap[i] = last;
+    return top;
+}
+
+/* Pushes the merge of symbols (l, r) if their concatenation is a piece that run.c would take
+ * (score > -1e10, its initial best). */
+static void push_pair(const nl_tokenizer *t, merge_scratch *s, const int *tok, int l, int r) {
+    if (l < 0 || r < 0) return;
+    strcpy(s->cat, t->pieces[tok[l]]);
+    strcat(s->cat, t->pieces[tok[r]]);
+    int id = nl_tokenizer_lookup(t, s->cat);
+    if (id < 0 || !(t->scores[id] > -1e10f)) return;
+    merge_cand c = {t->scores[id], l, r, id, s->ver[l], s->ver[r]};
+    heap_push(s, c);
+}
+
+/* run.c's merge loop over tok[0..m): repeatedly merge the adjacent pair whose concatenation is
+ * the highest-scoring piece (leftmost on ties) until none merges. run.c rescans all pairs per
+ * merge (quadratic); this keeps candidates in a heap and drops stale ones when popped, which
+ * gives the same merges in O(m log m). Returns the new length (tokens compacted in place). */
+static int64_t merge(const nl_tokenizer *t, int *tok, int64_t m, merge_scratch *s) {
+    if (m < 2) return m;
+    s->n_heap = 0;
+    for (int i = 0; i < m; i++) {
+        s->prev[i] = i - 1;
+        s->next[i] = i + 1 < m ? i + 1 : -1;
+        s->ver[i] = 0;
+        s->alive[i] = 1;
+    }
+    for (int i = 0; i + 1 < m; i++) push_pair(t, s, tok, i, i + 1);
+    while (s->n_heap) {
+        merge_cand c = heap_pop(s);
+        if (!s->alive[c.left] || !s->alive[c.right] || s->next[c.left] != c.right || s->ver[c.left] != c.ver_left ||
+            s->ver[c.right] != c.ver_right)
+            continue; /* stale: one of the symbols changed since the candidate was pushed */
+        int l = c.left, r = c.right;
+        tok[l] = c.id;
+        s->ver[l]++;
+        s->alive[r] = 0;
+        s->next[l] = s->next[r];
+        if (s->next[r] >= 0) s->prev[s->next[r]] = l;
+        push_pair(t, s, tok, s->prev[l], l);
+        push_pair(t, s, tok, l, s->next[l]);
+    }
+    int64_t n = 0;
+    for (int i = 0; i >= 0; i = s->next[i]) tok[n++] = tok[i]; /* symbol 0 is never merged away */
+    return n;
 }
 
 /* run.c's first pass over text[s..e): one token per UTF-8 codepoint found in the vocabulary,
@@ -236,7 +289,7 @@ nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t te
                               int **tokens, int64_t *n_tokens) {
     *tokens = NULL;
     *n_tokens = 0;
-    if (text_bytes > INT32_MAX)
+    if (text_bytes > INT32_MAX - 8)
         return nl_fail(NL_ERR_RANGE, "text of %zu bytes is too long to encode at once", text_bytes);
     const unsigned char *s = (const unsigned char *)text;
     int *out = nl_malloc((text_bytes + 3) * sizeof(int), "encoded tokens");
@@ -255,13 +308,16 @@ nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t te
             if (i - w > longest) longest = i - w;
             w = i;
         }
-    int *pair_id = nl_malloc((longest + 2) * sizeof(int), "merge scratch");
-    float *pair_score = nl_malloc((longest + 2) * sizeof(float), "merge scratch");
-    char *cat = nl_malloc(2 * (size_t)t->max_token_length + 2, "merge scratch");
-    if (!pair_id || !pair_score || !cat) {
-        nl_free(out); nl_free(pair_id); nl_free(pair_score); nl_free(cat);
-        return NL_ERR_NOMEM;
-    }
+    size_t cap = longest + 2; /* + the dummy prefix */
+    merge_scratch ms = {0};
+    ms.prev = nl_malloc(cap * sizeof(int), "merge scratch");
+    ms.next = nl_malloc(cap * sizeof(int), "merge scratch");
+    ms.ver = nl_malloc(cap * sizeof(uint32_t), "merge scratch");
+    ms.alive = nl_malloc(cap, "merge scratch");
+    ms.heap = nl_malloc(3 * cap * sizeof(merge_cand), "merge scratch"); /* m-1 + 2 per merge */
+    ms.cat = nl_malloc(2 * (size_t)t->max_token_length + 2, "merge scratch");
+    nl_status rc = ms.prev && ms.next && ms.ver && ms.alive && ms.heap && ms.cat ? NL_OK : NL_ERR_NOMEM;
+    if (rc) goto done;
     if (bos && t->bos_id >= 0) out[n++] = t->bos_id;
     size_t w = 0; /* start of the current word */
     for (size_t i = 1; text_bytes && i <= text_bytes; i++) {
@@ -269,16 +325,22 @@ nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t te
         int64_t start = n;
         if (w == 0) out[n++] = t->dummy_prefix_id; /* run.c: dummy prefix before non-empty text */
         n = codepoints(t, s, text_bytes, w, i, out, n);
-        n = start + merge(t, out + start, n - start, pair_id, pair_score, cat);
+        n = start + merge(t, out + start, n - start, &ms);
         w = i;
     }
     if (eos && t->eos_id >= 0) out[n++] = t->eos_id;
-    nl_free(pair_id);
-    nl_free(pair_score);
-    nl_free(cat);
     *tokens = out;
     *n_tokens = n;
-    return NL_OK;
+    out = NULL;
+done:
+    nl_free(out);
+    nl_free(ms.prev);
+    nl_free(ms.next);
+    nl_free(ms.ver);
+    nl_free(ms.alive);
+    nl_free(ms.heap);
+    nl_free(ms.cat);
+    return rc;
 }
 
 /* ---- decode ---- */

@@ -63,4 +63,4 @@ assert list(arrays["w.u8"]) == [0, 7, 255]
 assert list(arrays["w.i32"]) == [-7, 2 ** 31 - 1]
 assert list(arrays["w.i64"]) == [-(2 ** 40), 3]
 assert header["scalar"]["shape"] == [] and float(arrays["scalar"]) == 42.5
-print(f"{path}: OK ({len(raw)} bytes, {len(order)} tensors, header {n} bytes, data at byte {8 + n})")
+print(f"{os.path.relpath(path)}: OK ({len(raw)} bytes, {len(order)} tensors, header {n} bytes, data at byte {8 + n})")
