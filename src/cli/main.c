@@ -14,6 +14,7 @@ int nl_cmd_version(int argc, char **argv);
 int nl_cmd_train(int argc, char **argv);
 int nl_cmd_eval(int argc, char **argv);
 int nl_cmd_generate(int argc, char **argv);
+int nl_cmd_quant_compare(int argc, char **argv);
 int nl_cmd_formats(int argc, char **argv);
 int nl_cmd_collectives(int argc, char **argv);
 int nl_cmd_parallel(int argc, char **argv);
@@ -29,6 +30,7 @@ static const nl_command commands[] = {
     {"train", "train NanoLM on a text file (AdamW, cosine, fp32/bf16/fp16)", nl_cmd_train},
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
+    {"quant-compare", "RTN vs GPTQ, AWQ, SmoothQuant, LLM.int8() on a checkpoint (= quant compare)", nl_cmd_quant_compare},
     {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
     {"collectives", "MPI collectives: the course demo and a benchmark (ours vs native)", nl_cmd_collectives},
     {"parallel", "data-parallel training over MPI: DDP, ZeRO-1/2/3 (mpirun -np N nanolm parallel train)", nl_cmd_parallel},

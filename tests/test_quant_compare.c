@@ -1,0 +1,98 @@
+/* nanolm quant compare on the real stories260K model: GPTQ and AWQ beat RTN at int4 group 32,
+ * the 8-bit methods (AWQ int8, SmoothQuant W8A8, LLM.int8()) stay within 1% of fp32, bytes
+ * follow the documented count, bad schemes are rejected. */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cJSON *find_scheme(cJSON *doc, const char *name) {
+    cJSON *r;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(doc, "schemes"))
+        if (!strcmp(cJSON_GetObjectItem(r, "scheme")->valuestring, name)) return r;
+    fail_msg("scheme %s missing from the output", name);
+    return NULL;
+}
+
+static double num(cJSON *o, const char *k) {
+    cJSON *v = cJSON_GetObjectItem(o, k);
+    if (!cJSON_IsNumber(v)) fail_msg("field %s missing", k);
+    return v->valuedouble;
+}
+
+/* Packed codes + (fp32 scale, u8 zero) per group of 32 for a (rows, cols) weight. */
+static double wbytes(double rows, double cols, int bits) {
+    return ceil(rows * cols * bits / 8) + rows * ceil(cols / 32) * 5;
+}
+
+static void test_stories260k_table(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(ckpt, "stories260K/stories260K.bin");
+    TU_REQUIRE_DATA(tok, "stories260K/tok512.bin");
+    TU_REQUIRE_DATA(text, "tinystories/tinystories_head.txt");
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args,
+             "quant-compare --ckpt '%s' --tokenizer '%s' --data '%s' --calib '%s' --calib-tokens 2048 --eval-tokens 8192 --json "
+             "--schemes rtn-int4-g32,gptq-int4-g32,awq-int4-g32,awq-int8-g32,smoothquant-w8a8,int8-outlier6",
+             ckpt, tok, text, text);
+    int rc = tu_run_cli(args, &out);
+    if (rc != 0) fail_msg("quant-compare exited %d: %s", rc, out ? out : "");
+    cJSON *doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    double fp = num(doc, "fp32_loss");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(doc, "split_halves")));
+    assert_true(num(doc, "calib_tokens") == 2048);
+    double rtn = num(find_scheme(doc, "rtn-int4-g32"), "delta_loss");
+    double gptq = num(find_scheme(doc, "gptq-int4-g32"), "delta_loss");
+    double awq = num(find_scheme(doc, "awq-int4-g32"), "delta_loss");
+    print_message("  fp32 %.4f; int4-g32 delta: rtn %+.4f gptq %+.4f awq %+.4f\n", fp, rtn, gptq, awq);
+    assert_true(rtn > 0);
+    assert_true(gptq < rtn);
+    assert_true(awq < rtn);
+    const char *eight[3] = {"awq-int8-g32", "smoothquant-w8a8", "int8-outlier6"};
+    for (int i = 0; i < 3; i++) {
+        double d = num(find_scheme(doc, eight[i]), "delta_loss");
+        print_message("  %s delta %+.5f (%.3f%%)\n", eight[i], d, 100 * d / fp);
+        assert_true(fabs(d) < 0.01 * fp);
+    }
+    /* Bytes from the arch (dim 64, hidden 172, 5 layers, 8 heads, 4 kv heads, vocab 512, tied). */
+    double fp32_other = 4.0 * (512 * 64 + 5 * 2 * 64 + 64);
+    double lin = 0;
+    for (int l = 0; l < 5; l++)
+        lin += wbytes(64, 64, 4) + 2 * wbytes(32, 64, 4) + wbytes(64, 64, 4) + 2 * wbytes(172, 64, 4) + wbytes(64, 172, 4);
+    assert_true(num(find_scheme(doc, "rtn-int4-g32"), "bytes") == fp32_other + lin);
+    double lin8 = 5 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 2 * 172 * 64 + 64 * 172 + 4.0 * (64 + 32 + 32 + 64 + 172 + 172 + 64));
+    assert_true(num(find_scheme(doc, "smoothquant-w8a8"), "bytes") == fp32_other + lin8);
+    cJSON *ol = cJSON_GetObjectItem(find_scheme(doc, "int8-outlier6"), "outlier_dims");
+    assert_int_equal(cJSON_GetArraySize(ol), 5 * 4);
+    cJSON_Delete(doc);
+    free(out);
+}
+
+static void test_bad_scheme(void **state) {
+    (void)state;
+    char *out = NULL;
+    int rc = tu_run_cli("quant-compare --ckpt x --data y --calib y --schemes rtn-int4-g32,gptq-int9-g32", &out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "gptq-int9-g32"));
+    free(out);
+    rc = tu_run_cli("quant-compare --ckpt x --data y --calib y --schemes magic", &out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "magic"));
+    free(out);
+    rc = tu_run_cli("quant-compare --ckpt x --data y --calib y --frobnicate", &out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "frobnicate"));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_scheme),
+        cmocka_unit_test(test_stories260k_table),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
