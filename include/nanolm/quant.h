@@ -135,7 +135,8 @@ float nl_mx_elem_decode(nl_mx_elem e, uint32_t code);
 
 /* ---- helpers (src/numerics/quant_tensor.c) -------------------------------------------------- */
 
-/* Allocates codes and scales of *q for `spec` and shape (rows, cols), zeroed. Checks bits,
+/* Allocates codes and scales of *q for `spec` and shape (rows, cols); 8-bit codes are left
+ * uninitialised (every quantizer writes them all), nibble codes and scales are zeroed. Checks bits,
  * block and shape (NL_ERR_INVALID naming the bad value) and memory (NL_ERR_NOMEM). */
 nl_status nl_qtensor_alloc(nl_qtensor *q, const nl_quant_spec *spec, int64_t rows, int64_t cols);
 void nl_qtensor_free(nl_qtensor *q);

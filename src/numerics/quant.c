@@ -45,13 +45,21 @@ static void encode_sym(const float *x, int64_t n, float scale, int qmax, uint8_t
     }
 }
 
-static float absmax(const float *x, int64_t n) {
+/* max|x| over n values; sets *bad when one of them is NaN or inf (same pass over memory). */
+static float absmax_checked(const float *x, int64_t n, int *bad) {
     float m = 0.0f;
-    for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+    int b = 0;
+    for (int64_t i = 0; i < n; i++) {
+        m = fmaxf(m, fabsf(x[i]));
+        b |= !isfinite(x[i]);
+    }
+    *bad |= b;
     return m;
 }
 
-/* Absmax quantization with one scale per tensor, per row or per block of a row. */
+/* Absmax quantization with one scale per tensor, per row or per block of a row. Per channel
+ * and per block read the input once: the NaN/inf check rides on the absmax pass, and a row
+ * is encoded while it is still in cache. */
 static nl_status absmax_quant(const float *x, int64_t rows, int64_t cols, int bits, nl_quant_granularity gran,
                               int64_t block, nl_qtensor *out) {
     nl_quant_spec spec = {.kind = NL_QUANT_SYMMETRIC, .gran = gran, .bits = bits, .block = block};
@@ -60,7 +68,7 @@ static nl_status absmax_quant(const float *x, int64_t rows, int64_t cols, int bi
     if (!x || rows <= 0 || cols <= 0)
         return nl_fail(NL_ERR_INVALID, "tensor shape must be positive, got (%lld, %lld)", (long long)rows,
                        (long long)cols);
-    NL_TRY(nl_quant_check_finite(x, (size_t)rows * (size_t)cols, "quantize input"));
+    if (gran == NL_QUANT_PER_TENSOR) NL_TRY(nl_quant_check_finite(x, (size_t)rows * (size_t)cols, "quantize input"));
     NL_TRY(nl_qtensor_alloc(out, &spec, rows, cols));
     const int qmax = (1 << (bits - 1)) - 1;
     const int nib = nl_quant_spec_nibbles(&spec);
@@ -72,23 +80,28 @@ static nl_status absmax_quant(const float *x, int64_t rows, int64_t cols, int bi
         for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
         q->scales[0] = absmax_scale(m, qmax);
     }
-#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (rows * cols > (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * cols;
         uint8_t *row = q->codes + r * q->row_bytes;
         if (gran == NL_QUANT_PER_TENSOR) {
             encode_sym(xr, cols, q->scales[0], qmax, row, 0, nib);
         } else if (gran == NL_QUANT_PER_CHANNEL) {
-            q->scales[r] = absmax_scale(absmax(xr, cols), qmax);
+            q->scales[r] = absmax_scale(absmax_checked(xr, cols, &bad), qmax);
             encode_sym(xr, cols, q->scales[r], qmax, row, 0, nib);
         } else {
             for (int64_t g = 0; g < q->groups_per_row; g++) {
                 int64_t c0 = g * block, n = cols - c0 < block ? cols - c0 : block;
-                float s = absmax_scale(absmax(xr + c0, n), qmax);
+                float s = absmax_scale(absmax_checked(xr + c0, n, &bad), qmax);
                 q->scales[r * q->groups_per_row + g] = s;
                 encode_sym(xr + c0, n, s, qmax, row, c0, nib);
             }
         }
+    }
+    if (bad) {
+        nl_qtensor_free(q);
+        return nl_quant_check_finite(x, (size_t)rows * (size_t)cols, "quantize input");
     }
     return NL_OK;
 }

@@ -58,7 +58,9 @@ nl_status nl_qtensor_alloc(nl_qtensor *q, const nl_quant_spec *spec, int64_t row
     size_t code_bytes;
     if (nl_mul_overflows((size_t)rows, (size_t)q->row_bytes, &code_bytes))
         return nl_fail(NL_ERR_NOMEM, "quantized tensor (%lld, %lld) too large", (long long)rows, (long long)cols);
-    q->codes = nl_calloc(code_bytes, 1, "quantized codes");
+    /* Every quantizer writes every code; only nibble rows need a zeroed spare half byte. */
+    q->codes = nl_quant_spec_nibbles(&q->spec) ? nl_calloc(code_bytes, 1, "quantized codes")
+                                               : nl_malloc(code_bytes, "quantized codes");
     q->scales = nl_calloc((size_t)q->n_scales, sizeof(float), "quantization scales");
     if (q->spec.kind == NL_QUANT_AFFINE)
         q->zero_points = nl_calloc((size_t)q->n_scales, sizeof(int32_t), "quantization zero points");
