@@ -113,6 +113,11 @@ nl_status nl_quant_affine(const float *x, int64_t rows, int64_t cols, int bits, 
 nl_status nl_quant_blockwise(const float *x, int64_t rows, int64_t cols, int bits, int64_t block,
                              nl_qtensor *out);
 
+/* Re-quantizes x, of the same shape, into q, an absmax tensor from nl_quant_symmetric /
+ * nl_quant_blockwise (or nl_qtensor_alloc with a symmetric spec), without allocating: for
+ * tensors quantized again and again (activations, benchmarks). Errors as nl_quant_symmetric. */
+nl_status nl_quant_absmax_into(const float *x, nl_qtensor *q);
+
 /* Dequantizes any nl_qtensor (symmetric, affine, blockwise, MX) into out (rows, cols). */
 nl_status nl_quant_dequantize(const nl_qtensor *q, float *out);
 

@@ -7,6 +7,11 @@
 #include "nanolm/qlinear.h"
 #include "nanolm/quant.h"
 
+/* min/max that compile to single vector instructions (fminf/fmaxf are library calls because of
+ * their NaN rules; NaN never reaches these: inputs are checked for it). */
+static inline float qmin_f(float a, float b) { return a < b ? a : b; }
+static inline float qmax_f(float a, float b) { return a > b ? a : b; }
+
 #define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define TGT_AVX2 __attribute__((target("avx2")))
 #define INLINE static inline __attribute__((always_inline))
@@ -215,7 +220,7 @@ TGT_VNNI static void block_vnni(const uint8_t *au, int64_t lda, const int8_t *b,
 static void run_gemm(nl_qdot_path path, const int8_t *a, const uint8_t *au, int64_t lda, const int8_t *b,
                      int64_t ldb, const int32_t *bsum, int64_t M, int64_t N, int64_t K, const qout *o) {
     const int64_t ntiles = (N + 3) / 4;
-    const int par = (double)M * (double)N * (double)K > 1e6;
+    const int par = (double)M * (double)N * (double)K > 4e6; /* below ~20 us of work, one thread */
 #pragma omp parallel if (par)
     for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
         int64_t m1 = M - m0 < M_CHUNK ? M : m0 + M_CHUNK;
@@ -339,19 +344,23 @@ static int quantize_tokens(const float *x, int64_t M, int64_t K, int64_t kp, int
 #pragma omp parallel for schedule(static) reduction(| : bad) if (M * K > (1 << 15))
     for (int64_t m = 0; m < M; m++) {
         const float *xm = x + m * K;
-        float amax = 0.0f;
-        int b = 0;
+        /* max |x| on the bits (vectorizes); patterns >= 0x7F800000 are NaN/inf */
+        uint32_t mb = 0;
         for (int64_t k = 0; k < K; k++) {
-            amax = fmaxf(amax, fabsf(xm[k]));
-            b |= !isfinite(xm[k]);
+            uint32_t v;
+            memcpy(&v, xm + k, 4);
+            v &= 0x7FFFFFFFu;
+            mb = v > mb ? v : mb;
         }
-        bad |= b;
+        bad |= mb >= 0x7F800000u;
+        float amax;
+        memcpy(&amax, &mb, 4);
         float s = amax > 0.0f ? amax / 127.0f : 1.0f;
         if (!(s > 0.0f)) s = 1.1754944e-38f; /* amax so small that amax/127 underflows */
         float inv = 1.0f / s;
         xs[m] = s;
         int8_t *qm = q + m * kp;
-        for (int64_t k = 0; k < K; k++) qm[k] = (int8_t)(int)fminf(fmaxf(rintf(xm[k] * inv), -127.0f), 127.0f);
+        for (int64_t k = 0; k < K; k++) qm[k] = (int8_t)(int)qmin_f(qmax_f(rintf(xm[k] * inv), -127.0f), 127.0f);
         memset(qm + K, 0, (size_t)(kp - K));
         if (qu)
             for (int64_t k = 0; k < kp; k++) qu[m * kp + k] = (uint8_t)qm[k] ^ 0x80u;

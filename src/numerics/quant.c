@@ -11,6 +11,11 @@
 
 #include "nanolm/quant.h"
 
+/* min/max that compile to single vector instructions (fminf/fmaxf are library calls because of
+ * their NaN rules; NaN never reaches these: inputs are checked for it). */
+static inline float qmin_f(float a, float b) { return a < b ? a : b; }
+static inline float qmax_f(float a, float b) { return a > b ? a : b; }
+
 /* The finite scale for a group whose absmax is `amax` with `qmax` levels each side: an
  * all-zero group gets 1 (its codes are all 0). */
 static float absmax_scale(float amax, int qmax) {
@@ -25,7 +30,7 @@ static void encode_sym(const float *x, int64_t n, float scale, int qmax, uint8_t
     float inv = 1.0f / scale, lim = (float)qmax;
     if (!isfinite(inv)) { /* scale is subnormal: divide instead */
         for (int64_t i = 0; i < n; i++) {
-            float v = fminf(fmaxf(rintf(x[i] / scale), -lim), lim);
+            float v = qmin_f(qmax_f(rintf(x[i] / scale), -lim), lim);
             int64_t c = c0 + i;
             if (nib) row[c >> 1] = (uint8_t)((row[c >> 1] & ~(0xF << ((c & 1) * 4))) | (((int)v & 0xF) << ((c & 1) * 4)));
             else row[c] = (uint8_t)(int8_t)v;
@@ -34,50 +39,55 @@ static void encode_sym(const float *x, int64_t n, float scale, int qmax, uint8_t
     }
     if (!nib) {
         int8_t *q = (int8_t *)row + c0;
-        for (int64_t i = 0; i < n; i++) q[i] = (int8_t)(int)fminf(fmaxf(rintf(x[i] * inv), -lim), lim);
+        for (int64_t i = 0; i < n; i++) q[i] = (int8_t)(int)qmin_f(qmax_f(rintf(x[i] * inv), -lim), lim);
         return;
     }
     for (int64_t i = 0; i < n; i++) {
-        int v = (int)fminf(fmaxf(rintf(x[i] * inv), -lim), lim);
+        int v = (int)qmin_f(qmax_f(rintf(x[i] * inv), -lim), lim);
         int64_t c = c0 + i;
         int sh = (int)(c & 1) * 4;
         row[c >> 1] = (uint8_t)((row[c >> 1] & ~(0xF << sh)) | ((v & 0xF) << sh));
     }
 }
 
-/* max|x| over n values; sets *bad when one of them is NaN or inf (same pass over memory). */
+/* max|x| over n values; sets *bad when one of them is NaN or inf, in the same pass. Works on
+ * the bits: for |x| as an unsigned integer the order is the order of magnitudes, and NaN/inf
+ * are exactly the patterns >= 0x7F800000 (an integer max vectorizes; a float one does not). */
 static float absmax_checked(const float *x, int64_t n, int *bad) {
-    float m = 0.0f;
-    int b = 0;
+    uint32_t m = 0;
     for (int64_t i = 0; i < n; i++) {
-        m = fmaxf(m, fabsf(x[i]));
-        b |= !isfinite(x[i]);
+        uint32_t v;
+        memcpy(&v, x + i, 4);
+        v &= 0x7FFFFFFFu;
+        m = v > m ? v : m;
     }
-    *bad |= b;
-    return m;
+    if (m >= 0x7F800000u) *bad = 1;
+    float f;
+    memcpy(&f, &m, 4);
+    return f;
 }
 
-/* Absmax quantization with one scale per tensor, per row or per block of a row. Per channel
- * and per block read the input once: the NaN/inf check rides on the absmax pass, and a row
- * is encoded while it is still in cache. */
-static nl_status absmax_quant(const float *x, int64_t rows, int64_t cols, int bits, nl_quant_granularity gran,
-                              int64_t block, nl_qtensor *out) {
-    nl_quant_spec spec = {.kind = NL_QUANT_SYMMETRIC, .gran = gran, .bits = bits, .block = block};
-    memset(out, 0, sizeof *out);
-    NL_TRY(nl_quant_check_spec(&spec));
-    if (!x || rows <= 0 || cols <= 0)
-        return nl_fail(NL_ERR_INVALID, "tensor shape must be positive, got (%lld, %lld)", (long long)rows,
-                       (long long)cols);
+/* Absmax codes and scales of x into an allocated symmetric tensor q. Per channel and per
+ * block read the input once: the NaN/inf check rides on the absmax pass, and a row is encoded
+ * while it is still in cache. */
+static nl_status absmax_fill(const float *x, nl_qtensor *q) {
+    const int64_t rows = q->rows, cols = q->cols, block = q->spec.block;
+    const nl_quant_granularity gran = q->spec.gran;
     if (gran == NL_QUANT_PER_TENSOR) NL_TRY(nl_quant_check_finite(x, (size_t)rows * (size_t)cols, "quantize input"));
-    NL_TRY(nl_qtensor_alloc(out, &spec, rows, cols));
-    const int qmax = (1 << (bits - 1)) - 1;
-    const int nib = nl_quant_spec_nibbles(&spec);
-    nl_qtensor *q = out;
+    const int qmax = (1 << (q->spec.bits - 1)) - 1;
+    const int nib = nl_quant_spec_nibbles(&q->spec);
     if (gran == NL_QUANT_PER_TENSOR) {
-        float m = 0.0f;
+        uint32_t mb = 0; /* max |x| on the bits, as in absmax_checked (x is known finite here) */
         const int64_t n = rows * cols;
-#pragma omp parallel for reduction(max : m) schedule(static) if (n > (1 << 16))
-        for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+#pragma omp parallel for reduction(max : mb) schedule(static) if (n > (1 << 16))
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t v;
+            memcpy(&v, x + i, 4);
+            v &= 0x7FFFFFFFu;
+            mb = v > mb ? v : mb;
+        }
+        float m;
+        memcpy(&m, &mb, 4);
         q->scales[0] = absmax_scale(m, qmax);
     }
     int bad = 0;
@@ -99,11 +109,29 @@ static nl_status absmax_quant(const float *x, int64_t rows, int64_t cols, int bi
             }
         }
     }
-    if (bad) {
-        nl_qtensor_free(q);
-        return nl_quant_check_finite(x, (size_t)rows * (size_t)cols, "quantize input");
-    }
+    if (bad) return nl_quant_check_finite(x, (size_t)rows * (size_t)cols, "quantize input");
     return NL_OK;
+}
+
+/* Absmax quantization with one scale per tensor, per row or per block of a row. */
+static nl_status absmax_quant(const float *x, int64_t rows, int64_t cols, int bits, nl_quant_granularity gran,
+                              int64_t block, nl_qtensor *out) {
+    nl_quant_spec spec = {.kind = NL_QUANT_SYMMETRIC, .gran = gran, .bits = bits, .block = block};
+    memset(out, 0, sizeof *out);
+    NL_TRY(nl_quant_check_spec(&spec));
+    if (!x || rows <= 0 || cols <= 0)
+        return nl_fail(NL_ERR_INVALID, "tensor shape must be positive, got (%lld, %lld)", (long long)rows,
+                       (long long)cols);
+    NL_TRY(nl_qtensor_alloc(out, &spec, rows, cols));
+    nl_status rc = absmax_fill(x, out);
+    if (rc) nl_qtensor_free(out);
+    return rc;
+}
+
+nl_status nl_quant_absmax_into(const float *x, nl_qtensor *q) {
+    if (!x || !q || !q->codes || q->spec.kind != NL_QUANT_SYMMETRIC)
+        return nl_fail(NL_ERR_INVALID, "nl_quant_absmax_into needs an allocated symmetric (absmax) tensor");
+    return absmax_fill(x, q);
 }
 
 nl_status nl_quant_symmetric(const float *x, int64_t rows, int64_t cols, int bits, int per_channel,
@@ -121,9 +149,9 @@ nl_status nl_quant_affine_params(float min, float max, int qmin, int qmax, float
         return nl_fail(NL_ERR_INVALID, "affine range [%g, %g] is not finite", (double)min, (double)max);
     if (qmin >= qmax) return nl_fail(NL_ERR_INVALID, "affine code range [%d, %d] is empty", qmin, qmax);
     /* MinMaxObserver._calculate_qparams (affine): widen to include 0, fp32 arithmetic. */
-    float lo = fminf(min, 0.0f), hi = fmaxf(max, 0.0f);
+    float lo = qmin_f(min, 0.0f), hi = qmax_f(max, 0.0f);
     float s = (hi - lo) / (float)(qmax - qmin);
-    s = fmaxf(s, FLT_EPSILON);
+    s = qmax_f(s, FLT_EPSILON);
     float zp = (float)qmin - rintf(lo / s);
     if (zp < (float)qmin) zp = (float)qmin;
     if (zp > (float)qmax) zp = (float)qmax;
@@ -165,8 +193,8 @@ nl_status nl_quant_affine(const float *x, int64_t rows, int64_t cols, int bits, 
         int64_t n = per_channel ? cols : rows * cols;
         float lo = xs[0], hi = xs[0];
         for (int64_t i = 1; i < n; i++) {
-            lo = fminf(lo, xs[i]);
-            hi = fmaxf(hi, xs[i]);
+            lo = qmin_f(lo, xs[i]);
+            hi = qmax_f(hi, xs[i]);
         }
         nl_status rc = nl_quant_affine_params(lo, hi, qmin, qmax, &out->scales[g], &out->zero_points[g]);
         if (rc) { nl_qtensor_free(out); return rc; }
