@@ -1,0 +1,93 @@
+/*
+ * Tokenizers: text <-> token ids.
+ *
+ * - byte-level: vocab 256, token = byte value, no special tokens. Works on any file.
+ * - llama2.c: the SentencePiece-style vocabulary of llama2.c's tokenizer.bin files
+ *   (int32 max_token_length, then per token {float32 score, int32 len, len bytes}), with
+ *   0 <unk>, 1 BOS, 2 EOS, 3..258 byte fallbacks <0x00>..<0xFF>, merges from 259 on.
+ *   Encoding and decoding follow llama2.c's run.c: BOS, a dummy-prefix space, one token per
+ *   UTF-8 codepoint found in the vocabulary (else one byte-fallback token per byte, id byte+3),
+ *   then repeatedly merge the adjacent pair whose concatenation is the vocabulary piece with the
+ *   highest score (leftmost on ties) until no pair merges. Decoding maps <0xXX> pieces to the
+ *   raw byte and drops the leading space of the piece right after BOS.
+ *
+ * Encoding long texts: merges never cross a position where a space follows a non-space when
+ * every piece looks like [spaces][non-spaces] (true for tok512.bin and Llama's SentencePiece
+ * vocabularies), so the encoder processes such words independently; the result is identical
+ * to run.c's whole-text loop, and a 1 MB file encodes in well under a second. Vocabularies
+ * without that property are encoded as one sequence (exact, quadratic in length).
+ */
+#ifndef NANOLM_TOKENIZER_H
+#define NANOLM_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "nanolm/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nl_tokenizer_kind {
+    NL_TOKENIZER_BYTE = 0,
+    NL_TOKENIZER_LLAMA2C = 1
+} nl_tokenizer_kind;
+
+typedef struct nl_tokenizer {
+    nl_tokenizer_kind kind;
+    int vocab_size;
+    int bos_id, eos_id;        /* -1 when the tokenizer has none (byte-level) */
+    int max_token_length;      /* longest piece in bytes */
+    char **pieces;             /* (vocab_size,) NUL-terminated piece strings */
+    float *scores;             /* (vocab_size,) merge scores (0 for byte-level) */
+    int *sorted_ids;           /* (vocab_size,) ids sorted by piece, for lookup */
+    int dummy_prefix_id;       /* id of " " (llama2.c), -1 for byte-level */
+    int words_independent;     /* 1: pieces never contain a space after a non-space */
+    char byte_pieces[512];     /* byte b as a 1-byte string at [2b] */
+} nl_tokenizer;
+
+/* The byte-level tokenizer (vocab 256). Returns NL_ERR_NOMEM only. */
+nl_status nl_tokenizer_init_byte(nl_tokenizer *t);
+/* Loads a llama2.c tokenizer file. vocab_size > 0: the file must hold exactly that many
+ * tokens (the model's vocab); 0: as many as the file holds. Errors (NL_ERR_IO, NL_ERR_FORMAT
+ * naming the file): "truncated at byte N: token I needs L bytes", a negative or too long piece
+ * length, a NaN score, a NUL byte inside a piece, fewer than 259 tokens or byte-fallback
+ * pieces not at 3..258, no " " piece for the dummy prefix, token count != vocab_size.
+ * On error *t is zeroed. */
+nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab_size);
+/* Frees a tokenizer (safe on a zeroed struct). */
+void nl_tokenizer_free(nl_tokenizer *t);
+/* "byte" or "llama2c". */
+const char *nl_tokenizer_kind_name(nl_tokenizer_kind kind);
+
+/* Encodes text[0..text_bytes) into a new array (*tokens, free with nl_free; *n_tokens ids).
+ * bos/eos: prepend BOS / append EOS when the tokenizer has them (ignored for byte-level).
+ * A NUL byte inside the text is encoded like any other byte. Errors: NL_ERR_NOMEM,
+ * NL_ERR_RANGE when the text exceeds INT32_MAX bytes. */
+nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos,
+                              int eos, int **tokens, int64_t *n_tokens);
+/* Id of the piece exactly equal to `piece`, or -1. */
+int nl_tokenizer_lookup(const nl_tokenizer *t, const char *piece);
+
+/* The bytes that `token` prints after `prev_token` (prev = -1 at the start), as run.c's
+ * decode: a <0xXX> piece becomes that byte, and after BOS a leading space is dropped. Returns a
+ * pointer into the tokenizer and sets *len (a <0x00> piece is 1 byte, the NUL); NULL with
+ * NL_ERR_INVALID set when the token is outside the vocabulary. */
+const char *nl_tokenizer_piece(const nl_tokenizer *t, int prev_token, int token, size_t *len);
+/* Decodes a sequence into a new NUL-terminated string (*text, free with nl_free; *text_bytes).
+ * BOS and EOS produce no text. Error: NL_ERR_INVALID naming the position of an id outside
+ * the vocabulary; NL_ERR_NOMEM. */
+nl_status nl_tokenizer_decode(const nl_tokenizer *t, const int *tokens, int64_t n_tokens, char **text,
+                              size_t *text_bytes);
+/* run.c's safe_printf rule: 0 for an empty piece or a single byte that is neither printable
+ * nor whitespace (a raw control byte), 1 otherwise. */
+int nl_tokenizer_piece_printable(const char *piece, size_t len);
+/* Writes the piece to f when nl_tokenizer_piece_printable says so. */
+void nl_tokenizer_print_piece(FILE *f, const char *piece, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
