@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,11 +103,57 @@ static void test_cli_errors(void **state) {
     free(out);
 }
 
+/* quant model: errors, and one small real run (stories260K, 2048 tokens). */
+static void test_model_cli(void **state) {
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("quant model --data x.txt", &out), 2);
+    assert_non_null(strstr(out, "--ckpt"));
+    free(out);
+    assert_int_equal(tu_run_cli("quant model --ckpt a --data b --scheme int3-b0", &out), 2);
+    assert_non_null(strstr(out, "block size must be > 0"));
+    free(out);
+    assert_int_equal(tu_run_cli("quant model --ckpt a --data b --scheme int9-channel", &out), 2);
+    assert_non_null(strstr(out, "bits must be 2..8"));
+    free(out);
+    assert_int_equal(tu_run_cli("quant model --ckpt a --data b --scheme nf4", &out), 2);
+    assert_non_null(strstr(out, "unknown quantization scheme 'nf4'"));
+    free(out);
+    assert_int_equal(tu_run_cli("quant model --ckpt a --data b --scheme int8-channel --scheme mxfp4 --out q.st", &out), 2);
+    assert_non_null(strstr(out, "--out needs exactly one --scheme"));
+    free(out);
+    assert_int_equal(tu_run_cli("quant model --ckpt missing.bin --data b", &out), 1);
+    assert_non_null(strstr(out, "missing.bin"));
+    free(out);
+    TU_REQUIRE_DATA(bin, "stories260K/stories260K.bin");
+    TU_REQUIRE_DATA(tokp, "stories260K/tok512.bin");
+    TU_REQUIRE_DATA(txt, "tinystories/tinystories_head.txt");
+    char args[2048];
+    snprintf(args, sizeof args,
+             "quant model --ckpt %s --tokenizer %s --data %s --max-tokens 2048 --scheme int8-channel --scheme mxfp4 --gen 8 --json",
+             bin, tokp, txt);
+    cJSON *d = run_json(args);
+    cJSON *a = cJSON_GetObjectItem(d, "schemes");
+    assert_int_equal(cJSON_GetArraySize(a), 3);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(a, 0), "scheme")->valuestring, "fp32");
+    cJSON *q = cJSON_GetArrayItem(a, 1);
+    assert_string_equal(cJSON_GetObjectItem(q, "scheme")->valuestring, "int8-channel");
+    assert_string_equal(cJSON_GetObjectItem(q, "mode")->valuestring, "w8a8");
+    assert_int_equal((int)cJSON_GetObjectItem(q, "linear_bytes")->valuedouble, 226560 + 3000 * 4);
+    assert_true(fabs(cJSON_GetObjectItem(q, "delta_loss_rel")->valuedouble) < 0.01);
+    assert_int_equal(cJSON_GetObjectItem(q, "greedy_shared_with_first")->valueint, 8);
+    cJSON *m4 = cJSON_GetArrayItem(a, 2);
+    /* MXFP4: 4 bits + one E8M0 byte per 32 (rows of 64 and 172: 2 and 6 blocks) */
+    assert_int_equal((int)cJSON_GetObjectItem(m4, "linear_bytes")->valuedouble, 226560 / 2 + 5 * ((64 + 32 + 32 + 64 + 172 + 172) * 2 + 64 * 6));
+    cJSON_Delete(d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_demo_numbers),
         cmocka_unit_test(test_outliers),
         cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_model_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

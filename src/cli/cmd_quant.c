@@ -8,12 +8,14 @@
 #include "cli.h"
 #include "nanolm/quant.h"
 
+int nl_cmd_quant_model(int argc, char **argv); /* cmd_quant_model.c */
+
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: nanolm quant demo [--json]\n"
             "       nanolm quant outliers [--rows N] [--cols N] [--bits B] [--outlier F] [--seed S] [--json]\n"
-            "\n"
+            "       nanolm quant model --ckpt F --data TEXT [--scheme S ...] [--out Q.safetensors] [--json]\n\n"
             "demo:     the course's absmax example: (0.3, -0.5, 0.12, 1.5) in int8, then with an outlier 30,\n"
             "          then with blocks of 2.\n"
             "outliers: a random N(0, 0.02) weight matrix whose row 7 is multiplied by F (default 50);\n"
@@ -230,5 +232,6 @@ int nl_cmd_quant(int argc, char **argv) {
     }
     if (!strcmp(sub, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(sub, "outliers")) return cmd_outliers(argc - 1, argv + 1);
-    return nl_cli_usage_error("quant: unknown subcommand '%s' (demo, outliers)", sub);
+    if (!strcmp(sub, "model")) return nl_cmd_quant_model(argc - 1, argv + 1);
+    return nl_cli_usage_error("quant: unknown subcommand '%s' (demo, outliers, model)", sub);
 }
