@@ -257,12 +257,37 @@ static void test_scheme_names(void **state) {
     nl_qtensor_free(&b);
 }
 
+/* Re-quantizing into an allocated tensor gives the same codes and scales as a fresh call. */
+static void test_absmax_into(void **state) {
+    (void)state;
+    float x[6 * 40], x2[6 * 40];
+    fill_normal(x, 240, 21);
+    fill_normal(x2, 240, 22);
+    for (int mode = 0; mode < 3; mode++) {
+        nl_qtensor q, fresh;
+        if (mode == 2) QOK(nl_quant_blockwise(x, 6, 40, 4, 16, &q));
+        else QOK(nl_quant_symmetric(x, 6, 40, 8, mode, &q));
+        QOK(nl_quant_absmax_into(x2, &q));
+        if (mode == 2) QOK(nl_quant_blockwise(x2, 6, 40, 4, 16, &fresh));
+        else QOK(nl_quant_symmetric(x2, 6, 40, 8, mode, &fresh));
+        assert_memory_equal(q.codes, fresh.codes, (size_t)(q.rows * q.row_bytes));
+        assert_memory_equal(q.scales, fresh.scales, sizeof(float) * (size_t)q.n_scales);
+        x2[77] = NAN;
+        assert_int_equal(nl_quant_absmax_into(x2, &q), NL_ERR_INVALID);
+        assert_non_null(strstr(nl_last_error(), "index 77"));
+        x2[77] = 0.0f;
+        nl_qtensor_free(&q);
+        nl_qtensor_free(&fresh);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_course_example), cmocka_unit_test(test_error_bounds),
         cmocka_unit_test(test_ties_to_even),   cmocka_unit_test(test_zero_groups),
         cmocka_unit_test(test_affine),         cmocka_unit_test(test_int4_packing),
         cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_scheme_names),
+        cmocka_unit_test(test_absmax_into),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
