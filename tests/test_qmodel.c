@@ -154,7 +154,7 @@ static void test_stories260k(void **state) {
     QOK(nl_model_alloc_kv(&m));
     double l32, lq;
     int64_t scored;
-    QOK(nl_eval_loss(&m, ids, n, 4, 512, &l32, &scored));
+    QOK(nl_eval_loss_tokens(&m, ids, n, 4, 512, &l32, &scored));
     int g32[20], gq[20];
     greedy(&m, pids, np, 20, g32);
     /* The fp32 model's own continuation (documented in the data README) as a sanity anchor. */
@@ -173,7 +173,7 @@ static void test_stories260k(void **state) {
     /* 226,560 int8 weights + 3,000 fp32 row scales. */
     assert_int_equal(lin32, 226560 * 4);
     assert_int_equal(linq, 226560 + 3000 * 4);
-    QOK(nl_eval_loss(&m, ids, n, 4, 512, &lq, &scored));
+    QOK(nl_eval_loss_tokens(&m, ids, n, 4, 512, &lq, &scored));
     greedy(&m, pids, np, 20, gq);
     print_message("[  INFO    ] stories260K: fp32 loss %.4f, int8-channel W8A8 %.4f (%+.3f%%), linear %.2fx smaller\n", l32, lq,
                   100 * (lq - l32) / l32, (double)lin32 / (double)linq);

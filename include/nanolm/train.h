@@ -75,6 +75,10 @@ void nl_scaler_update(nl_loss_scaler *s, int found_inf);
  * Errors: NL_ERR_INVALID when the split has no full window. */
 nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
                        int64_t max_windows, double *mean_loss, int64_t *n_scored);
+/* The same over a token array already in memory (all of it, consecutive windows of T).
+ * Errors as nl_eval_loss, plus NL_ERR_INVALID for a token outside the model's vocabulary. */
+nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T,
+                              double *mean_loss, int64_t *n_scored);
 
 /* ---- the training loop ------------------------------------------------------------------------- */
 typedef struct nl_train_opts {

@@ -152,7 +152,7 @@ int nl_cmd_quant_compare(int argc, char **argv) {
     orig = nl_malloc(m.n_params * sizeof(float), "fp32 parameter copy");
     if (!orig || nl_model_alloc_acts(&m, B, T)) { rcode = nl_cli_fail("quant compare"); goto done; }
     memcpy(orig, m.params, m.n_params * sizeof(float));
-    if (nl_eval_loss(&m, eval_ids, n_eval, B, T, &base, &scored)) { rcode = nl_cli_fail("quant compare"); goto done; }
+    if (nl_eval_loss_tokens(&m, eval_ids, n_eval, B, T, &base, &scored)) { rcode = nl_cli_fail("quant compare"); goto done; }
     nl_qm_calib cb = {.tokens = calib_ids, .n = n_calib, .B = B, .T = T};
     for (int i = 0; i < n_rows; i++) {
         memcpy(m.params, orig, m.n_params * sizeof(float));
@@ -160,7 +160,7 @@ int nl_cmd_quant_compare(int argc, char **argv) {
         double t0 = nl_time_s();
         nl_status rc = nl_qm_apply(&m, &rows[i].s, &cb, &rt);
         rows[i].time_s = nl_time_s() - t0;
-        if (!rc) rc = nl_eval_loss(&m, eval_ids, n_eval, B, T, &rows[i].loss, NULL);
+        if (!rc) rc = nl_eval_loss_tokens(&m, eval_ids, n_eval, B, T, &rows[i].loss, NULL);
         if (rc) { nl_qm_runtime_free(&rt); rcode = nl_cli_fail("quant compare"); goto done; }
         rows[i].bytes = nl_qm_model_bytes(&m, &rows[i].s);
         rows[i].awq_alpha = rt.awq_alpha_mean;

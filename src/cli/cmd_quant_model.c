@@ -70,7 +70,7 @@ static nl_status greedy(nl_model *m, const nl_tokenizer *tok, const int *ids, in
 static nl_status evaluate(nl_model *m, const nl_tokenizer *tok, const int *ids, int64_t n, int64_t B, int64_t T,
                           const int *pids, int64_t np, int n_gen, qrow *r) {
     int64_t scored;
-    NL_TRY(nl_eval_loss(m, ids, n, B, T, &r->loss, &scored));
+    NL_TRY(nl_eval_loss_tokens(m, ids, n, B, T, &r->loss, &scored));
     return greedy(m, tok, pids, np, n_gen, r);
 }
 

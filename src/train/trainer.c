@@ -194,3 +194,12 @@ nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d
     }
     return NL_OK;
 }
+
+nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T,
+                              double *mean_loss, int64_t *n_scored) {
+    nl_data d;
+    NL_TRY(nl_data_from_tokens(&d, "evaluation tokens", tokens, n, (int)m->arch.vocab_size));
+    nl_status rc = nl_eval_loss(m, &d, NL_DATA_ALL, B, T, 0, mean_loss, n_scored);
+    nl_data_free(&d);
+    return rc;
+}
