@@ -1,0 +1,88 @@
+/*
+ * Pipeline (GPipe, 1F1B) and tensor (Megatron) parallelism of NanoLM over MPI, with data
+ * parallelism on top (DP x TP x PP).
+ *
+ * Tensor parallelism over T ranks: each rank holds T-th of the heads and KV heads (rows of wq,
+ * wk, wv: column-parallel) and the matching columns of wo (row-parallel), T-th of the SwiGLU
+ * width (rows of w1, w3; columns of w2). Norms, embedding and classifier are replicated. Per
+ * block, forward all-reduces the (b, T, C) outputs of o and of w2, backward the (b, T, C)
+ * input gradients of the q/k/v and the w1/w3 matmuls: 2 all-reduces forward and 2 backward.
+ *
+ * The layers are split into P contiguous stages (stage s gets layers [s*L/P, (s+1)*L/P)); stage 0
+ * also does the embedding lookup, the last stage the final norm, the classifier and the loss.
+ * A data-parallel rank's batch of B windows is cut into M micro-batches of B/M windows; the
+ * residual stream (b, T, C) of each micro-batch travels forward from stage to stage and its
+ * gradient travels back (point-to-point). Gradients are accumulated over the micro-batches,
+ * averaged, all-reduced over the data-parallel group (per owned unit), clipped by the global
+ * norm and each stage updates the parameters it owns.
+ *
+ *   GPipe: all M forwards, then all M backwards.
+ *   1F1B:  stage s runs min(P-s-1, M) forwards, then alternates one forward and one backward,
+ *          then the remaining backwards: at most P-s micro-batches of activations are alive.
+ *
+ * Each rank records the seconds it computes (busy) and waits for a message (idle), so the
+ * measured bubble idle/(busy+idle) can be compared with (P-1)/(M+P-1).
+ *
+ * Limits of this implementation: every stage allocates the whole model (only its own layers are
+ * computed and updated), no ZeRO with PP, untied embeddings only.
+ */
+#ifndef NANOLM_PIPELINE_H
+#define NANOLM_PIPELINE_H
+
+#include <stdint.h>
+
+#include "nanolm/dist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nl_pipe_schedule { NL_PIPE_GPIPE = 0, NL_PIPE_1F1B = 1 } nl_pipe_schedule;
+
+typedef struct nl_pipe_mb nl_pipe_mb; /* activations of one micro-batch on this stage */
+
+typedef struct nl_pipe {
+    nl_model model;
+    nl_dist_opts o;
+    int M;                       /* micro-batches per step */
+    nl_pipe_schedule schedule;
+    nl_comm *pp, *dp, *tp;       /* borrowed */
+    int P, s, D, d;              /* pipeline size and stage, data-parallel size and rank */
+    int TP, tr;                  /* tensor-parallel size and rank */
+    int nh, kvh, h;              /* this rank's heads, KV heads and SwiGLU width */
+    uint8_t *own;                /* (n_params) 1 replicated, 2 this rank's slice, 0 not updated here */
+    int l0, l1;                  /* this stage's layers [l0, l1) */
+    int64_t b;                   /* windows per micro-batch */
+    nl_pipe_mb *mbs;             /* [M] */
+    float *scratch;              /* backward scratch of one micro-batch */
+    float *dresid, *dln, *dqkv, *datty, *datt, *dh13, *dhact;
+    float *adam_m, *adam_v;      /* (n_params); only the owned ranges are used */
+    int64_t t;
+    int32_t *x, *y;              /* (B, T) this data-parallel rank's batch */
+    double busy_s, idle_s;       /* last step: computing, waiting for a pipeline message */
+    double tp_s;                 /* last step: in tensor-parallel all-reduces */
+    /* last step's timeline: event i is a forward (kind 0) or backward (1) of micro-batch ev_mb[i]
+     * computing from ev_t0[i] to ev_t1[i] seconds after the step began (after a barrier) */
+    int n_ev;
+    int *ev_kind, *ev_mb;
+    double *ev_t0, *ev_t1;
+    double t_step0;
+    double step_s;
+} nl_pipe;
+
+/* Builds this rank's stage and tensor-parallel slice. Every rank initialises the whole model from
+ * o->seed (deterministic) and dp rank 0 broadcasts it over the data-parallel group. Errors: NL_ERR_INVALID (batch not
+ * divisible by M, more stages than layers), NL_ERR_UNSUPPORTED (tied embeddings, zero > 0),
+ * NL_ERR_NOMEM. */
+nl_status nl_pipe_init(nl_pipe *pp, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
+                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *tp_comm);
+void nl_pipe_free(nl_pipe *pp);
+/* One step; *loss = mean loss of the global batch (on every rank), *grad_norm before clipping. */
+nl_status nl_pipe_step(nl_pipe *pp, const nl_data *d, int64_t step, float lr, float *loss, double *grad_norm);
+/* (P-1)/(M+P-1). */
+double nl_pipe_bubble_formula(int P, int M);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,482 @@
+/*
+ * Pipeline parallelism (GPipe, 1F1B) of NanoLM; see include/nanolm/pipeline.h.
+ *
+ * A stage runs the same layer code as nl_model_forward / nl_model_backward (the building blocks
+ * of nanolm/model.h in the same order), on its own layers and on one micro-batch at a time, with
+ * the activations of each micro-batch kept until its backward.
+ */
+#include "nanolm/pipeline.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+struct nl_pipe_mb {
+    float *mem;
+    float *R;        /* (nl+1, b, T, C) residual stream entering each local layer (+ leaving) */
+    float *ln1, *ln1_rstd, *qkv, *att, *atty, *resid2, *ln2, *ln2_rstd, *h13, *hact;
+    float *lnf, *lnf_rstd, *logits; /* last stage */
+    float *dsend;    /* (b, T, C) gradient sent to the previous stage */
+    nl_comm_request *fwd_req, *bwd_req;
+    float loss;
+};
+
+double nl_pipe_bubble_formula(int P, int M) { return (double)(P - 1) / (double)(M + P - 1); }
+
+static int first_stage(const nl_pipe *p) { return p->s == 0; }
+static int last_stage(const nl_pipe *p) { return p->s == p->P - 1; }
+
+nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
+                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *tp_comm) {
+    memset(p, 0, sizeof *p);
+    p->tp = tp_comm;
+    p->TP = nl_comm_size(tp_comm);
+    p->tr = nl_comm_rank(tp_comm);
+    p->o = *o;
+    p->M = M;
+    p->schedule = sched;
+    p->pp = pp_comm;
+    p->dp = dp_comm;
+    p->P = nl_comm_size(pp_comm);
+    p->s = nl_comm_rank(pp_comm);
+    p->D = nl_comm_size(dp_comm);
+    p->d = nl_comm_rank(dp_comm);
+    if (o->zero) return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with --zero %d is not implemented (use --zero 0)", o->zero);
+    if (arch->tied_embeddings && p->P > 1)
+        return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism needs untied embeddings (model %s ties them)", arch->name);
+    if (M < 1 || o->batch % M)
+        return nl_fail(NL_ERR_INVALID, "--batch %lld must be a multiple of --microbatches %d", (long long)o->batch, M);
+    if (arch->n_heads % p->TP || arch->n_kv_heads % p->TP || arch->hidden_dim % p->TP)
+        return nl_fail(NL_ERR_INVALID, "--tp %d must divide the heads %lld, the KV heads %lld and the hidden size %lld",
+                       p->TP, (long long)arch->n_heads, (long long)arch->n_kv_heads, (long long)arch->hidden_dim);
+    if (p->P > arch->n_layers)
+        return nl_fail(NL_ERR_INVALID, "%d pipeline stages for %lld layers: at most one stage per layer", p->P,
+                       (long long)arch->n_layers);
+    nl_model *m = &p->model;
+    NL_TRY(nl_model_init(m, arch));
+    nl_status st;
+    nl_model_init_random(m, o->seed);
+    if ((st = nl_comm_broadcast(dp_comm, m->params, m->n_params, NL_COMM_F32, 0, o->impl))) goto fail;
+    if ((st = nl_model_alloc_grads(m))) goto fail;
+    p->l0 = (int)(p->s * m->L / p->P);
+    p->l1 = (int)((p->s + 1) * m->L / p->P);
+    p->b = o->batch / M;
+    p->nh = (int)(m->NH / p->TP);
+    p->kvh = (int)(m->KVH / p->TP);
+    p->h = (int)(m->H / p->TP);
+    int64_t nl = p->l1 - p->l0, bT = p->b * o->seq, T = o->seq, C = m->C, QKV = (p->nh + 2 * p->kvh) * m->hd,
+            H = p->h, V = m->V, NH = p->nh, hd = m->hd;
+    p->mbs = nl_calloc((size_t)M, sizeof *p->mbs, "micro-batches");
+    if (!p->mbs) { st = NL_ERR_NOMEM; goto fail; }
+    for (int k = 0; k < M; k++) {
+        nl_pipe_mb *mb = &p->mbs[k];
+        size_t f = (size_t)((nl + 1) * bT * C + nl * (bT * C * 4 + bT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd +
+                                                      bT * 3 * H) + bT * C);
+        if (last_stage(p)) f += (size_t)(bT * C + bT + bT * V);
+        mb->mem = nl_calloc(f, sizeof(float), "micro-batch activations");
+        if (!mb->mem) { st = NL_ERR_NOMEM; goto fail; }
+        float *q = mb->mem;
+#define TAKE(ptr, n) (ptr = q, q += (n))
+        TAKE(mb->R, (nl + 1) * bT * C);
+        TAKE(mb->ln1, nl * bT * C);
+        TAKE(mb->ln1_rstd, nl * bT);
+        TAKE(mb->qkv, nl * bT * QKV);
+        TAKE(mb->att, nl * p->b * NH * T * T);
+        TAKE(mb->atty, nl * bT * NH * hd);
+        TAKE(mb->resid2, nl * bT * C);
+        TAKE(mb->ln2, nl * bT * C);
+        TAKE(mb->ln2_rstd, nl * bT);
+        TAKE(mb->h13, nl * bT * 2 * H);
+        TAKE(mb->hact, nl * bT * H);
+        TAKE(mb->dsend, bT * C);
+        if (last_stage(p)) {
+            TAKE(mb->lnf, bT * C);
+            TAKE(mb->lnf_rstd, bT);
+            TAKE(mb->logits, bT * V);
+        }
+    }
+    size_t sf = (size_t)(bT * C * 2 + bT * QKV + bT * NH * hd + p->b * NH * T + bT * 2 * H + bT * H);
+    p->scratch = nl_calloc(sf, sizeof(float), "pipeline backward scratch");
+    p->adam_m = nl_calloc(m->n_params, sizeof(float), "AdamW first moment");
+    p->adam_v = nl_calloc(m->n_params, sizeof(float), "AdamW second moment");
+    p->x = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch inputs");
+    p->y = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch targets");
+    p->own = nl_calloc(m->n_params, 1, "ownership mask");
+    p->ev_kind = nl_calloc((size_t)(4 * M), sizeof(int), "timeline");
+    p->ev_t0 = nl_calloc((size_t)(4 * M), sizeof(double), "timeline");
+    if (!p->ev_kind || !p->ev_t0) { st = NL_ERR_NOMEM; goto fail; }
+    p->ev_mb = p->ev_kind + 2 * M;
+    p->ev_t1 = p->ev_t0 + 2 * M;
+    if (!p->scratch || !p->adam_m || !p->adam_v || !p->x || !p->y || !p->own) { st = NL_ERR_NOMEM; goto fail; }
+    /* what this rank updates: 1 = replicated over the tensor-parallel group (norms, embedding,
+     * classifier), 2 = its slice of a split weight */
+    {
+        const nl_param_info *tab;
+        int nt = nl_model_params_table(m, &tab);
+        for (int k = 0; k < nt; k++) {
+            const nl_param_info *t = &tab[k];
+            int stage_has = t->layer >= 0 ? (t->layer >= p->l0 && t->layer < p->l1)
+                                          : (t->kind == NL_PARAM_EMBED ? first_stage(p) : last_stage(p));
+            if (!stage_has) continue;
+            uint8_t *o8 = p->own + t->offset;
+            int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+            switch (t->kind) {
+            case NL_PARAM_WQ: case NL_PARAM_WK: case NL_PARAM_WV: case NL_PARAM_W1: case NL_PARAM_W3: {
+                int64_t r0 = rows / p->TP * p->tr, rn = rows / p->TP; /* column-parallel: rows of (out, in) */
+                memset(o8 + r0 * cols, 2, (size_t)(rn * cols));
+                break;
+            }
+            case NL_PARAM_WO: case NL_PARAM_W2: { /* row-parallel: columns of (out, in) */
+                int64_t c0 = cols / p->TP * p->tr, cn = cols / p->TP;
+                for (int64_t r = 0; r < rows; r++) memset(o8 + r * cols + c0, 2, (size_t)cn);
+                break;
+            }
+            default: memset(o8, 1, t->numel); break;
+            }
+        }
+    }
+    float *q = p->scratch;
+    TAKE(p->dresid, bT * C);
+    TAKE(p->dln, bT * C);
+    TAKE(p->dqkv, bT * QKV);
+    TAKE(p->datty, bT * NH * hd);
+    TAKE(p->datt, p->b * NH * T);
+    TAKE(p->dh13, bT * 2 * H);
+    TAKE(p->dhact, bT * H);
+#undef TAKE
+    return NL_OK;
+fail:
+    nl_pipe_free(p);
+    return st;
+}
+
+void nl_pipe_free(nl_pipe *p) {
+    for (int k = 0; p->mbs && k < p->M; k++) {
+        if (p->mbs[k].fwd_req) nl_comm_wait(p->mbs[k].fwd_req);
+        if (p->mbs[k].bwd_req) nl_comm_wait(p->mbs[k].bwd_req);
+        nl_free(p->mbs[k].mem);
+    }
+    nl_free(p->mbs);
+    nl_free(p->scratch);
+    nl_free(p->adam_m);
+    nl_free(p->adam_v);
+    nl_free(p->x);
+    nl_free(p->y);
+    nl_free(p->own);
+    nl_free(p->ev_kind);
+    nl_free(p->ev_t0);
+    nl_model_free(&p->model);
+    memset(p, 0, sizeof *p);
+}
+
+static nl_linear_site site(const nl_model *m, nl_linear_kind k, int layer, const float *w) {
+    nl_linear_site s = {k, layer, (size_t)(w - m->params)};
+    return s;
+}
+
+/* c (M, N, ldc) = a (M, K, lda) . b^T where b is (N, K, ldb): y = x W^T. */
+static void gemm_nt(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float *c, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 0.0f,
+                c, (int)ldc);
+}
+/* c (M, N) = a (M, K) . b (K, N) + beta c: dx = dy W. */
+static void gemm_nn(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float *c, int64_t ldc, float beta) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb,
+                beta, c, (int)ldc);
+}
+/* c (M, N) += a^T . b with a (K, M), b (K, N): dW += dy^T x. */
+static void gemm_tn(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float *c, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 1.0f,
+                c, (int)ldc);
+}
+
+/* Megatron's all-reduce over the tensor-parallel group (the time counts as communication, not
+ * computation: *t_mark is moved past it). */
+static nl_status tp_sum(nl_pipe *p, float *buf, size_t n, double *t_mark) {
+    if (p->TP == 1) return NL_OK;
+    double t0 = nl_time_s();
+    NL_TRY(nl_comm_all_reduce(p->tp, buf, n, NL_COMM_F32, p->o.impl));
+    double dt = nl_time_s() - t0;
+    p->tp_s += dt;
+    *t_mark += dt;
+    return NL_OK;
+}
+
+static void record(nl_pipe *p, int kind, int k, double t0, double t1) {
+    if (p->n_ev >= 2 * p->M) return;
+    p->ev_kind[p->n_ev] = kind;
+    p->ev_mb[p->n_ev] = k;
+    p->ev_t0[p->n_ev] = t0 - p->t_step0;
+    p->ev_t1[p->n_ev] = t1 - p->t_step0;
+    p->n_ev++;
+}
+
+/* Forward of micro-batch k on this stage. */
+static nl_status stage_forward(nl_pipe *p, int k) {
+    nl_model *m = &p->model;
+    nl_pipe_mb *mb = &p->mbs[k];
+    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
+            hd = m->hd, QKV = (NH + 2 * KVH) * hd;
+    const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
+    float eps = (float)m->arch.norm_eps;
+    double t0 = nl_time_s();
+    if (first_stage(p)) {
+        for (int64_t i = 0; i < BT; i++)
+            memcpy(mb->R + i * C, m->w.embed + (int64_t)tok[i] * C, (size_t)C * sizeof(float));
+    } else {
+        NL_TRY(nl_comm_recv(p->pp, mb->R, (size_t)(BT * C), NL_COMM_F32, p->s - 1, 2 * k));
+    }
+    double t1 = nl_time_s(), t_busy0 = t1;
+    p->idle_s += t1 - t0;
+    for (int64_t j = 0; j < p->l1 - p->l0; j++) {
+        int l = p->l0 + (int)j;
+        nl_layer_weights *lw = &m->w.layers[l];
+        float *x = mb->R + j * BT * C, *ln1 = mb->ln1 + j * BT * C, *qkv = mb->qkv + j * BT * QKV;
+        float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
+        float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
+        float *hact = mb->hact + j * BT * H, *xo = mb->R + (j + 1) * BT * C;
+        int64_t qd = NH * hd, kd = KVH * hd;
+        nl_rmsnorm_forward(ln1, mb->ln1_rstd + j * BT, x, lw->rms_att, BT, C, eps);
+        /* column-parallel q, k, v: this rank's heads are rows [tr*qd, (tr+1)*qd) of wq, ... */
+        gemm_nt(BT, qd, C, ln1, C, lw->wq + p->tr * qd * C, C, qkv, QKV);
+        gemm_nt(BT, kd, C, ln1, C, lw->wk + p->tr * kd * C, C, qkv + qd, QKV);
+        gemm_nt(BT, kd, C, ln1, C, lw->wv + p->tr * kd * C, C, qkv + qd + kd, QKV);
+        nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 0);
+        nl_rope_apply(qkv + qd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 0);
+        nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
+        /* row-parallel o: this rank's columns of wo, then the sum over the group */
+        gemm_nt(BT, C, qd, atty, qd, lw->wo + p->tr * qd, m->NH * hd, x2, C);
+        NL_TRY(tp_sum(p, x2, (size_t)(BT * C), &t1));
+        for (int64_t i = 0; i < BT * C; i++) x2[i] += x[i];
+        nl_rmsnorm_forward(ln2, mb->ln2_rstd + j * BT, x2, lw->rms_ffn, BT, C, eps);
+        gemm_nt(BT, H, C, ln2, C, lw->w1 + p->tr * H * C, C, h13, 2 * H);
+        gemm_nt(BT, H, C, ln2, C, lw->w3 + p->tr * H * C, C, h13 + H, 2 * H);
+        nl_swiglu_forward(hact, h13, BT, H);
+        gemm_nt(BT, C, H, hact, H, lw->w2 + p->tr * H, m->H, xo, C);
+        NL_TRY(tp_sum(p, xo, (size_t)(BT * C), &t1));
+        for (int64_t i = 0; i < BT * C; i++) xo[i] += x2[i];
+    }
+    float *out = mb->R + (p->l1 - p->l0) * BT * C;
+    if (last_stage(p)) {
+        nl_rmsnorm_forward(mb->lnf, mb->lnf_rstd, out, m->w.rms_final, BT, C, eps);
+        nl_linear_site s = site(m, NL_LIN_CLS, -1, m->w.cls);
+        nl_linear_forward(m, &s, mb->logits, mb->lnf, m->w.cls, BT, C, V);
+        double total = 0;
+        for (int64_t i = 0; i < BT; i++) {
+            const float *z = mb->logits + i * V;
+            float mx = -INFINITY;
+            for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+            float sum = 0.0f;
+            for (int64_t v = 0; v < V; v++) sum += expf(z[v] - mx);
+            total += logf(sum) + mx - z[tgt[i]];
+        }
+        mb->loss = (float)(total / (double)BT);
+        p->busy_s += nl_time_s() - t1;
+        record(p, 0, k, t_busy0, nl_time_s());
+    } else {
+        p->busy_s += nl_time_s() - t1;
+        record(p, 0, k, t_busy0, nl_time_s());
+        NL_TRY(nl_comm_send_start(p->pp, out, (size_t)(BT * C), NL_COMM_F32, p->s + 1, 2 * k, &mb->fwd_req));
+    }
+    return NL_OK;
+}
+
+/* Backward of micro-batch k on this stage: gradients accumulate (+=) into model.grads. */
+static nl_status stage_backward(nl_pipe *p, int k) {
+    nl_model *m = &p->model;
+    nl_pipe_mb *mb = &p->mbs[k];
+    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
+            hd = m->hd, QKV = (NH + 2 * KVH) * hd;
+    const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
+    float *G = m->grads;
+#define GRAD(ptr) (G + ((ptr) - m->params))
+    double t0 = nl_time_s();
+    int64_t nl = p->l1 - p->l0;
+    if (last_stage(p)) {
+        float dscale = 1.0f / (float)BT;
+        for (int64_t i = 0; i < BT; i++) {
+            float *z = mb->logits + i * V;
+            float mx = -INFINITY;
+            for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+            float sum = 0.0f;
+            for (int64_t v = 0; v < V; v++) {
+                z[v] = expf(z[v] - mx);
+                sum += z[v];
+            }
+            float inv = 1.0f / sum;
+            for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
+            z[tgt[i]] -= dscale;
+        }
+        nl_linear_site s = site(m, NL_LIN_CLS, -1, m->w.cls);
+        nl_linear_backward(m, &s, p->dln, GRAD(m->w.cls), mb->logits, mb->lnf, m->w.cls, BT, C, V);
+        memset(p->dresid, 0, (size_t)(BT * C) * sizeof(float));
+        nl_rmsnorm_backward(p->dresid, GRAD(m->w.rms_final), p->dln, mb->R + nl * BT * C, m->w.rms_final,
+                            mb->lnf_rstd, BT, C);
+    } else {
+        NL_TRY(nl_comm_recv(p->pp, p->dresid, (size_t)(BT * C), NL_COMM_F32, p->s + 1, 2 * k + 1));
+        double t1 = nl_time_s();
+        p->idle_s += t1 - t0;
+        t0 = t1;
+    }
+    double t_busy0 = t0;
+    for (int64_t j = nl - 1; j >= 0; j--) {
+        int l = p->l0 + (int)j;
+        nl_layer_weights *lw = &m->w.layers[l];
+        float *x = mb->R + j * BT * C, *ln1 = mb->ln1 + j * BT * C, *qkv = mb->qkv + j * BT * QKV;
+        float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
+        float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
+        float *hact = mb->hact + j * BT * H;
+        int64_t qd = NH * hd, kd = KVH * hd, ldo = m->NH * hd, ldw2 = m->H;
+        /* down (row-parallel): dhact = dresid . w2[:, slice]; dw2[:, slice] += dresid^T . hact */
+        gemm_nn(BT, H, C, p->dresid, C, lw->w2 + p->tr * H, ldw2, p->dhact, H, 0.0f);
+        gemm_tn(C, H, BT, p->dresid, C, hact, H, GRAD(lw->w2) + p->tr * H, ldw2);
+        nl_swiglu_backward(p->dh13, p->dhact, h13, BT, H);
+        /* gate/up (column-parallel): dln = dgate . w1s + dup . w3s, summed over the group */
+        gemm_nn(BT, C, H, p->dh13, 2 * H, lw->w1 + p->tr * H * C, C, p->dln, C, 0.0f);
+        gemm_nn(BT, C, H, p->dh13 + H, 2 * H, lw->w3 + p->tr * H * C, C, p->dln, C, 1.0f);
+        gemm_tn(H, C, BT, p->dh13, 2 * H, ln2, C, GRAD(lw->w1) + p->tr * H * C, C);
+        gemm_tn(H, C, BT, p->dh13 + H, 2 * H, ln2, C, GRAD(lw->w3) + p->tr * H * C, C);
+        NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
+        nl_rmsnorm_backward(p->dresid, GRAD(lw->rms_ffn), p->dln, x2, lw->rms_ffn, mb->ln2_rstd + j * BT, BT, C);
+        /* o (row-parallel) */
+        gemm_nn(BT, qd, C, p->dresid, C, lw->wo + p->tr * qd, ldo, p->datty, qd, 0.0f);
+        gemm_tn(C, qd, BT, p->dresid, C, atty, qd, GRAD(lw->wo) + p->tr * qd, ldo);
+        nl_attention_backward(p->dqkv, p->datt, p->datty, att, qkv, B, T, NH, KVH, hd);
+        nl_rope_apply(p->dqkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 1);
+        nl_rope_apply(p->dqkv + qd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 1);
+        /* q, k, v (column-parallel) */
+        gemm_nn(BT, C, qd, p->dqkv, QKV, lw->wq + p->tr * qd * C, C, p->dln, C, 0.0f);
+        gemm_nn(BT, C, kd, p->dqkv + qd, QKV, lw->wk + p->tr * kd * C, C, p->dln, C, 1.0f);
+        gemm_nn(BT, C, kd, p->dqkv + qd + kd, QKV, lw->wv + p->tr * kd * C, C, p->dln, C, 1.0f);
+        gemm_tn(qd, C, BT, p->dqkv, QKV, ln1, C, GRAD(lw->wq) + p->tr * qd * C, C);
+        gemm_tn(kd, C, BT, p->dqkv + qd, QKV, ln1, C, GRAD(lw->wk) + p->tr * kd * C, C);
+        gemm_tn(kd, C, BT, p->dqkv + qd + kd, QKV, ln1, C, GRAD(lw->wv) + p->tr * kd * C, C);
+        NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
+        nl_rmsnorm_backward(p->dresid, GRAD(lw->rms_att), p->dln, x, lw->rms_att, mb->ln1_rstd + j * BT, BT, C);
+    }
+    if (first_stage(p)) {
+        float *dembed = GRAD(m->w.embed);
+        for (int64_t i = 0; i < BT; i++) {
+            float *dd = dembed + (int64_t)tok[i] * C;
+            const float *g = p->dresid + i * C;
+            for (int64_t c = 0; c < C; c++) dd[c] += g[c];
+        }
+        p->busy_s += nl_time_s() - t0;
+        record(p, 1, k, t_busy0, nl_time_s());
+    } else {
+        memcpy(mb->dsend, p->dresid, (size_t)(BT * C) * sizeof(float));
+        p->busy_s += nl_time_s() - t0;
+        record(p, 1, k, t_busy0, nl_time_s());
+        NL_TRY(nl_comm_send_start(p->pp, mb->dsend, (size_t)(BT * C), NL_COMM_F32, p->s - 1, 2 * k + 1, &mb->bwd_req));
+    }
+#undef GRAD
+    return NL_OK;
+}
+
+/* Offset ranges of the parameters this stage owns: its layers, plus the embedding (first) and the
+ * final norm and classifier (last). Returns the number of ranges. */
+static int owned_ranges(const nl_pipe *p, size_t lo[3], size_t hi[3]) {
+    const nl_model *m = &p->model;
+    int n = 0;
+    lo[n] = m->layer_offsets[p->l0];
+    hi[n++] = m->layer_offsets[p->l1];
+    if (first_stage(p)) lo[n] = 0, hi[n++] = m->layer_offsets[0];
+    if (last_stage(p)) lo[n] = m->layer_offsets[m->L], hi[n++] = m->n_params;
+    return n;
+}
+
+nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, float *loss_out, double *norm_out) {
+    nl_model *m = &p->model;
+    NL_TRY(nl_comm_barrier(p->pp)); /* a common origin for the timeline */
+    double ts = nl_time_s();
+    p->t_step0 = ts;
+    p->n_ev = 0;
+    p->busy_s = p->idle_s = p->tp_s = 0;
+    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.seed, step, p->d, p->D, (int)p->o.batch, (int)p->o.seq, p->x, p->y));
+    nl_model_zero_grad(m);
+    int M = p->M;
+    if (p->schedule == NL_PIPE_GPIPE) {
+        for (int k = 0; k < M; k++) NL_TRY(stage_forward(p, k));
+        for (int k = 0; k < M; k++) NL_TRY(stage_backward(p, k));
+    } else {
+        int warm = p->P - p->s - 1 < M ? p->P - p->s - 1 : M, f = 0, b = 0;
+        for (; f < warm; f++) NL_TRY(stage_forward(p, f));
+        while (f < M) {
+            NL_TRY(stage_forward(p, f++));
+            NL_TRY(stage_backward(p, b++));
+        }
+        while (b < M) NL_TRY(stage_backward(p, b++));
+    }
+    double tw = nl_time_s();
+    for (int k = 0; k < M; k++) {
+        nl_status st = nl_comm_wait(p->mbs[k].fwd_req);
+        p->mbs[k].fwd_req = NULL;
+        NL_TRY(st);
+        st = nl_comm_wait(p->mbs[k].bwd_req);
+        p->mbs[k].bwd_req = NULL;
+        NL_TRY(st);
+    }
+    p->idle_s += nl_time_s() - tw;
+    p->step_s = nl_time_s() - ts;
+
+    /* mean over micro-batches and data-parallel ranks */
+    size_t lo[3], hi[3];
+    int nr = owned_ranges(p, lo, hi);
+    float scale = 1.0f / (float)M;
+    for (int i = 0; i < nr; i++) {
+        for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= scale;
+        if (p->D > 1) {
+            NL_TRY(nl_comm_all_reduce(p->dp, m->grads + lo[i], hi[i] - lo[i], NL_COMM_F32, p->o.impl));
+            float inv = 1.0f / (float)p->D;
+            for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= inv;
+        }
+    }
+    /* global norm: split slices once each, replicated tensors once per tensor-parallel group */
+    double ss = 0;
+    for (int i = 0; i < nr; i++)
+        for (size_t j = lo[i]; j < hi[i]; j++)
+            if (p->own[j] == 2 || (p->own[j] == 1 && p->tr == 0)) ss += (double)m->grads[j] * m->grads[j];
+    NL_TRY(nl_comm_sum_double(p->pp, &ss)); /* stages own disjoint ranges */
+    NL_TRY(nl_comm_sum_double(p->tp, &ss));
+    double norm = sqrt(ss);
+    double lsum = 0;
+    if (last_stage(p))
+        for (int k = 0; k < M; k++) lsum += p->mbs[k].loss;
+    NL_TRY(nl_comm_sum_double(p->pp, &lsum));
+    lsum /= M;
+    NL_TRY(nl_comm_sum_double(p->dp, &lsum));
+    float loss = (float)(lsum / p->D);
+    if (!isfinite(loss)) return nl_fail(NL_ERR_NUMERIC, "loss is %f at step %lld", loss, (long long)step + 1);
+    if (p->o.grad_clip > 0 && isfinite(norm) && norm > p->o.grad_clip) {
+        float c = (float)(p->o.grad_clip / (norm + 1e-6));
+        for (int i = 0; i < nr; i++)
+            for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= c;
+    }
+    /* AdamW on the owned ranges, the float expressions of nl_adamw_step */
+    p->t++;
+    float b1 = p->o.beta1, b2 = p->o.beta2, eps = p->o.eps;
+    double bc1 = 1.0 - pow((double)b1, (double)p->t), bc2 = 1.0 - pow((double)b2, (double)p->t);
+    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    const nl_param_info *tab;
+    int nt = nl_model_params_table(m, &tab);
+    for (int k = 0; k < nt; k++) {
+        float decay = tab[k].ndim == 2 ? 1.0f - lr * p->o.weight_decay : 1.0f;
+        size_t a0 = tab[k].offset;
+        float *pp = m->params + a0, *g = m->grads + a0, *mm = p->adam_m + a0, *vv = p->adam_v + a0;
+        const uint8_t *own = p->own + a0;
+        for (size_t i = 0; i < tab[k].numel; i++) {
+            if (!own[i]) continue;
+            pp[i] *= decay;
+            mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
+            vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
+            float denom = sqrtf(vv[i]) / bc2_sqrt + eps;
+            pp[i] -= step_size * (mm[i] / denom);
+        }
+    }
+    if (loss_out) *loss_out = loss;
+    if (norm_out) *norm_out = norm;
+    return NL_OK;
+}
