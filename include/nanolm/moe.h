@@ -91,6 +91,8 @@ typedef struct nl_moe {
     double aux_loss;            /* alpha-weighted, summed over layers, mean over sequences */
     int64_t rows_sent, rows_self; /* rows of all exchanges of the last forward+backward that left
                                    * the rank / stayed on it (payload only) */
+    int64_t rows_dispatched;    /* rows this rank's slots sent to the experts (incl. itself) */
+    int64_t rows_returned;      /* rows that came back to its slots (incl. from itself) */
 } nl_moe;
 
 /* Like nl_model_init, for rank ep_rank of an expert-parallel group of ep ranks: only experts

@@ -390,6 +390,7 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     if (m->moe) {
         m->moe->aux_loss = 0;
         m->moe->slots = m->moe->dropped = m->moe->rows_sent = m->moe->rows_self = 0;
+        m->moe->rows_dispatched = m->moe->rows_returned = 0;
     }
     m->targets = targets;
     m->tokens = tokens;

@@ -141,11 +141,13 @@ static nl_status to_experts(nl_model *m, nl_moe_layer *la, const float *send, fl
     if (e->ep == 1) {
         memcpy(dst, send, (size_t)(la->n_send * width) * sizeof(float));
         e->rows_self += la->n_send;
+        e->rows_dispatched += la->n_send;
         return NL_OK;
     }
     int64_t *to = e->s_cnt + e->n_moe_layers * 2 * e->E + 4 * e->E, *from = to + e->ep;
     rank_rows(e, la, to, from);
     NL_TRY(e->ops->rows(e->ops->user, send, to, e->s_recv, from, width));
+    e->rows_dispatched += la->n_send;
     for (int r = 0; r < e->ep; r++) {
         if (r == e->ep_rank) e->rows_self += to[r];
         else e->rows_sent += to[r];
@@ -160,12 +162,14 @@ static nl_status from_experts(nl_model *m, nl_moe_layer *la, const float *src, f
     if (e->ep == 1) {
         memcpy(send, src, (size_t)(la->n_send * width) * sizeof(float));
         e->rows_self += la->n_send;
+        e->rows_returned += la->n_send;
         return NL_OK;
     }
     int64_t *to = e->s_cnt + e->n_moe_layers * 2 * e->E + 4 * e->E, *from = to + e->ep;
     rank_rows(e, la, to, from);
     permute(e, la, src, e->s_recv, width, 1);
     NL_TRY(e->ops->rows(e->ops->user, e->s_recv, from, send, to, width));
+    e->rows_returned += la->n_send;
     for (int r = 0; r < e->ep; r++) {
         if (r == e->ep_rank) e->rows_self += from[r];
         else e->rows_sent += from[r];
