@@ -114,6 +114,17 @@ typedef struct nl_linear_ops {
     void *user;
 } nl_linear_ops;
 
+/* Replacement of the causal attention core (context parallelism installs ring attention):
+ * out (B, T, NH*hd) from qkv (B, T, QKV) with q, k already rotated; backward writes dqkv
+ * (overwritten) from dout. With attn_ops set before nl_model_alloc_acts, no (T, T) probability
+ * buffers are allocated. */
+typedef struct nl_attn_ops {
+    nl_status (*forward)(void *user, int layer, float *out, const float *qkv, int64_t B, int64_t T);
+    nl_status (*backward)(void *user, int layer, float *dqkv, const float *dout, const float *qkv, int64_t B,
+                          int64_t T);
+    void *user;
+} nl_attn_ops;
+
 struct nl_model;
 /* The default linear: cblas_sgemm, with inputs rounded per model->precision. */
 void nl_linear_forward(struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
@@ -183,6 +194,10 @@ typedef struct nl_model {
     /* inference KV cache (nl_model_alloc_kv) */
     float *kv_cache;             /* (L, 2, seq_len, KVH*hd) */
     float *inf_x, *inf_xb, *inf_q, *inf_att, *inf_hb, *inf_logits;
+    /* context parallelism: the global position of each of the T columns of a batch (NULL:
+     * 0..T-1), used by RoPE; and the attention replacement (NULL: nl_attention_*) */
+    const int64_t *positions;
+    nl_attn_ops *attn_ops;
     /* mixture of experts (nanolm/moe.h); NULL for a dense model */
     struct nl_moe *moe;
 } nl_model;

@@ -16,6 +16,7 @@
 #define NANOLM_MOE_DIST_H
 
 #include "nanolm/comm.h"
+#include "nanolm/cp.h"
 #include "nanolm/data.h"
 #include "nanolm/moe.h"
 #include "nanolm/train.h"
@@ -26,8 +27,11 @@ extern "C" {
 
 typedef struct nl_ep_opts {
     int ep;
+    int cp;                    /* context parallel: groups of cp consecutive ranks share sequences,
+                                * each rank holds 2 of the 2*cp chunks (needs ep 1, no aux loss
+                                * and no capacity, whose groups are whole sequences) */
     nl_comm_impl impl;
-    int64_t batch, seq;        /* per rank */
+    int64_t batch, seq;        /* sequences per data-parallel rank, tokens per sequence */
     float lr, weight_decay, beta1, beta2, eps, grad_clip;
     float capacity_factor, aux_coef;
     uint64_t seed;
@@ -60,12 +64,20 @@ typedef struct nl_ep_trainer {
     int32_t *x, *y;
     nl_ep_step_stats st;
     float *fbuf;                /* (n_moe_layers * E + 3) stats reduction */
+    /* context parallelism */
+    nl_comm *cp_comm;
+    nl_cp_attn *cpa;            /* [L] one ring-attention context per layer */
+    int64_t *positions;         /* (seq / cp) global positions of this rank's columns */
+    int32_t *gx, *gy;           /* (B, seq) the full windows */
+    nl_attn_ops attn;
 } nl_ep_trainer;
 
 /* Builds the model part of this rank. Errors: NL_ERR_INVALID (ep does not divide the world or
  * the experts, dense arch), NL_ERR_NOMEM, NL_ERR_COMM. */
 nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o, nl_comm *world);
 void nl_ep_free(nl_ep_trainer *t);
+/* Activation bytes of this rank (the model's and the ring-attention contexts'). */
+size_t nl_ep_act_bytes(const nl_ep_trainer *t);
 /* One AdamW step on this rank's slice of the global batch for `step`; fills t->st. */
 nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step);
 

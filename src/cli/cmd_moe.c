@@ -19,6 +19,8 @@ static void usage(FILE *f) {
             "  --preset NAME      MoE shape (moe-course-tiny: 64 routed + 2 shared, top-6, D 64, 2 layers)\n"
             "  --layers N --dim D --experts E --top-k K --shared S --expert-hidden F   override the shape\n"
             "  --ep E             ranks per expert-parallel group (divides N and the experts; 1)\n"
+            "  --cp C             context parallel: C ranks share each sequence, ring attention over\n"
+            "                     a load-balanced split (2C chunks); needs --aux 0, no --ep\n"
             "  --steps N (20) --batch B (sequences per rank, 4) --seq T (32) --lr X (1e-3) --seed S (1337)\n"
             "  --aux A            load-balancing loss coefficient (0.01; 0 = off)\n"
             "  --capacity C       capacity factor (0 = no token dropping)\n"
@@ -38,14 +40,14 @@ int nl_cmd_moe(int argc, char **argv) {
     return nl_cmd_moe_train(argc - 1, argv + 1);
 }
 
-enum { O_DATA = 1, O_PRESET, O_LAYERS, O_DIM, O_EXPERTS, O_TOPK, O_SHARED, O_FE, O_EP, O_STEPS, O_BATCH, O_SEQ,
+enum { O_DATA = 1, O_PRESET, O_LAYERS, O_DIM, O_EXPERTS, O_TOPK, O_SHARED, O_FE, O_EP, O_CP, O_STEPS, O_BATCH, O_SEQ,
        O_LR, O_SEED, O_AUX, O_CAP, O_IMPL, O_MEM, O_JSON, O_HELP };
 static const struct option mopts[] = {
     {"data", required_argument, 0, O_DATA}, {"preset", required_argument, 0, O_PRESET},
     {"layers", required_argument, 0, O_LAYERS}, {"dim", required_argument, 0, O_DIM},
     {"experts", required_argument, 0, O_EXPERTS}, {"top-k", required_argument, 0, O_TOPK},
     {"shared", required_argument, 0, O_SHARED}, {"expert-hidden", required_argument, 0, O_FE},
-    {"ep", required_argument, 0, O_EP}, {"steps", required_argument, 0, O_STEPS},
+    {"ep", required_argument, 0, O_EP}, {"cp", required_argument, 0, O_CP}, {"steps", required_argument, 0, O_STEPS},
     {"batch", required_argument, 0, O_BATCH}, {"seq", required_argument, 0, O_SEQ},
     {"lr", required_argument, 0, O_LR}, {"seed", required_argument, 0, O_SEED},
     {"aux", required_argument, 0, O_AUX}, {"capacity", required_argument, 0, O_CAP},
@@ -77,7 +79,7 @@ static nl_status gather(nl_comm *w, double *v, int n, int rank, double mine) {
 
 int nl_cmd_moe_train(int argc, char **argv) {
     const char *data = NULL, *preset = "moe-course-tiny";
-    int64_t layers = 0, dim = 0, experts = 0, topk = 0, shared = -1, fe = 0, ep = 1, steps = 20, batch = 4,
+    int64_t layers = 0, dim = 0, experts = 0, topk = 0, shared = -1, fe = 0, ep = 1, cp = 1, steps = 20, batch = 4,
             seq = 32, seed = 1337;
     double lr = 1e-3, aux = 0.01, cap = 0;
     int json = 0, mem = 0;
@@ -95,6 +97,7 @@ int nl_cmd_moe_train(int argc, char **argv) {
         case O_SHARED: if (nl_cli_int("--shared", optarg, 0, 64, &shared)) return NL_EXIT_USAGE; break;
         case O_FE: if (nl_cli_int("--expert-hidden", optarg, 1, 65536, &fe)) return NL_EXIT_USAGE; break;
         case O_EP: if (nl_cli_int("--ep", optarg, 1, 64, &ep)) return NL_EXIT_USAGE; break;
+        case O_CP: if (nl_cli_int("--cp", optarg, 1, 64, &cp)) return NL_EXIT_USAGE; break;
         case O_STEPS: if (nl_cli_int("--steps", optarg, 1, 10000000, &steps)) return NL_EXIT_USAGE; break;
         case O_BATCH: if (nl_cli_int("--batch", optarg, 1, 65536, &batch)) return NL_EXIT_USAGE; break;
         case O_SEQ: if (nl_cli_int("--seq", optarg, 1, 65536, &seq)) return NL_EXIT_USAGE; break;
@@ -132,7 +135,7 @@ int nl_cmd_moe_train(int argc, char **argv) {
     int N = nl_comm_size(w), R = nl_comm_rank(w), rc = NL_EXIT_OK;
     nl_ep_opts o;
     nl_ep_opts_default(&o);
-    o.ep = (int)ep, o.impl = impl, o.batch = batch, o.seq = seq, o.lr = (float)lr, o.seed = (uint64_t)seed;
+    o.ep = (int)ep, o.cp = (int)cp, o.impl = impl, o.batch = batch, o.seq = seq, o.lr = (float)lr, o.seed = (uint64_t)seed;
     o.aux_coef = (float)aux, o.capacity_factor = (float)cap;
     nl_tokenizer tok;
     nl_data d;
@@ -146,8 +149,9 @@ int nl_cmd_moe_train(int argc, char **argv) {
         rc = nl_cli_fail("moe train: data");
         goto out;
     }
-    if (N % ep) {
-        rc = nl_cli_usage_error("moe train: --ep %lld must divide the %d ranks", (long long)ep, N);
+    if (N % ep || N % cp) {
+        rc = nl_cli_usage_error("moe train: --ep %lld and --cp %lld must divide the %d ranks", (long long)ep,
+                                (long long)cp, N);
         goto out;
     }
     if (nl_ep_init(&t, &a, &o, w)) {
@@ -160,11 +164,12 @@ int nl_cmd_moe_train(int argc, char **argv) {
         cJSON_AddStringToObject(doc, "model", a.name);
         cJSON_AddNumberToObject(doc, "ranks", N);
         cJSON_AddNumberToObject(doc, "ep", (double)ep);
+        cJSON_AddNumberToObject(doc, "cp", (double)cp);
         cJSON_AddNumberToObject(doc, "dim", (double)a.dim);
         cJSON_AddNumberToObject(doc, "moe_layers", (double)e->n_moe_layers);
         cJSON_AddNumberToObject(doc, "top_k", (double)a.top_k);
         cJSON_AddNumberToObject(doc, "experts", (double)a.n_experts);
-        cJSON_AddNumberToObject(doc, "tokens_per_rank", (double)(batch * seq));
+        cJSON_AddNumberToObject(doc, "tokens_per_rank", (double)(batch * seq / cp));
         cJSON *ja = cJSON_AddObjectToObject(doc, "arch");
         cJSON_AddNumberToObject(ja, "vocab_size", (double)a.vocab_size);
         cJSON_AddNumberToObject(ja, "dim", (double)a.dim);
@@ -184,7 +189,7 @@ int nl_cmd_moe_train(int argc, char **argv) {
         printf("NanoLM-MoE %s: %lld layers, D %lld, %lld routed + %lld shared experts (F %lld), top-%lld; %d ranks, "
                "ep %lld; %lld tokens per rank and step\n",
                a.name, (long long)a.n_layers, (long long)a.dim, (long long)a.n_experts, (long long)a.n_shared_experts,
-               (long long)a.expert_hidden_dim, (long long)a.top_k, N, (long long)ep, (long long)(batch * seq));
+               (long long)a.expert_hidden_dim, (long long)a.top_k, N, (long long)ep, (long long)(batch * seq / cp));
         printf("%5s %9s %9s %9s %9s %8s %14s\n", "step", "loss", "aux", "max/mean", "dropped", "|grad|",
                "a2a B/rank0");
     }
@@ -228,7 +233,7 @@ int nl_cmd_moe_train(int argc, char **argv) {
     nl_comm_max_double(w, &el);
     if (mem) {
         double mine[4] = {(double)nl_model_param_bytes(&t.model), (double)nl_model_param_bytes(&t.model),
-                          (double)nl_adamw_bytes(&t.opt), (double)nl_model_act_bytes(&t.model)};
+                          (double)nl_adamw_bytes(&t.opt), (double)nl_ep_act_bytes(&t)};
         const char *names[4] = {"params", "grads", "optimizer", "activations"};
         cJSON *jm = json ? cJSON_AddObjectToObject(doc, "memory") : NULL;
         for (int k = 0; k < 4; k++) {
@@ -240,7 +245,7 @@ int nl_cmd_moe_train(int argc, char **argv) {
                 printf("rank %d: params %.0f B, grads %.0f B, optimizer %.0f B, activations %.0f B\n", r, v[r],
                        v[N + r], v[2 * N + r], v[3 * N + r]);
     }
-    double tps = (double)(steps * batch * seq * N) / el;
+    double tps = (double)(steps * batch * seq * (N / cp)) / el;
     if (json) {
         cJSON_AddNumberToObject(doc, "seconds", el);
         cJSON_AddNumberToObject(doc, "tokens_per_s", tps);

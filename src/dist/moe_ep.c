@@ -7,6 +7,7 @@
 void nl_ep_opts_default(nl_ep_opts *o) {
     memset(o, 0, sizeof *o);
     o->ep = 1;
+    o->cp = 1;
     o->impl = NL_COMM_OURS;
     o->batch = 4;
     o->seq = 32;
@@ -43,6 +44,28 @@ static nl_status ep_rows(void *user, const float *send, const int64_t *send_rows
     return nl_comm_all_to_allv(t->ep_comm, send, sc, so, recv, rc, ro, NL_COMM_F32, t->o.impl);
 }
 
+static nl_status cp_fwd(void *user, int layer, float *out, const float *qkv, int64_t B, int64_t T) {
+    nl_ep_trainer *t = user;
+    nl_cp_attn *a = &t->cpa[layer];
+    (void)T;
+    NL_TRY(nl_cp_attn_forward(a, qkv));
+    memcpy(out, a->out, (size_t)(B * a->Tl * a->NH * a->hd) * sizeof(float));
+    return NL_OK;
+}
+
+static nl_status cp_bwd(void *user, int layer, float *dqkv, const float *dout, const float *qkv, int64_t B, int64_t T) {
+    nl_ep_trainer *t = user;
+    (void)B, (void)T;
+    return nl_cp_attn_backward(&t->cpa[layer], dqkv, dout, qkv);
+}
+
+size_t nl_ep_act_bytes(const nl_ep_trainer *t) {
+    size_t b = nl_model_act_bytes(&t->model);
+    if (t->cpa)
+        for (int64_t l = 0; l < t->model.L; l++) b += t->cpa[l].bytes;
+    return b;
+}
+
 nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o, nl_comm *world) {
     memset(t, 0, sizeof *t);
     t->o = *o;
@@ -52,6 +75,12 @@ nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o,
     if (arch->n_experts <= 0) return nl_fail(NL_ERR_INVALID, "expert parallelism: arch %s has no experts", arch->name);
     if (o->ep < 1 || o->ep > 64 || t->n % o->ep)
         return nl_fail(NL_ERR_INVALID, "--ep %d must divide the %d ranks (and be at most 64)", o->ep, t->n);
+    if (o->cp < 1 || t->n % o->cp || (o->cp > 1 && o->ep > 1))
+        return nl_fail(NL_ERR_INVALID, "--cp %d must divide the %d ranks (and is not combined with --ep)", o->cp, t->n);
+    if (o->cp > 1 && (o->aux_coef != 0 || o->capacity_factor != 0))
+        return nl_fail(NL_ERR_INVALID, "--cp %d needs --aux 0 and --capacity 0 (their groups are whole sequences)", o->cp);
+    if (o->seq % (2 * o->cp))
+        return nl_fail(NL_ERR_INVALID, "--seq %lld must be a multiple of 2 x --cp %d", (long long)o->seq, o->cp);
     int er = t->rank % o->ep;
     nl_status st = nl_model_init_ep(&t->model, arch, o->ep, er);
     if (st) return st;
@@ -63,8 +92,27 @@ nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o,
         goto fail;
     t->ops = (nl_moe_ops){ep_counts, ep_rows, t};
     t->model.moe->ops = &t->ops;
-    int64_t BT = o->batch * o->seq, ne = t->model.moe->n_moe_layers * t->model.moe->E;
-    if ((st = nl_model_alloc_grads(&t->model)) || (st = nl_model_alloc_acts(&t->model, o->batch, o->seq)) ||
+    int64_t Tl = o->seq / o->cp;
+    if (o->cp > 1) {
+        if ((st = nl_comm_split(world, t->rank / o->cp, t->rank, "cp", &t->cp_comm))) goto fail;
+        t->cpa = nl_calloc((size_t)t->model.L, sizeof *t->cpa, "ring attention contexts");
+        t->positions = nl_malloc((size_t)Tl * sizeof(int64_t), "positions");
+        t->gx = nl_malloc((size_t)(2 * o->batch * o->seq) * sizeof(int32_t), "full windows");
+        if (!t->cpa || !t->positions || !t->gx) {
+            st = NL_ERR_NOMEM;
+            goto fail;
+        }
+        t->gy = t->gx + o->batch * o->seq;
+        for (int64_t l = 0; l < t->model.L; l++)
+            if ((st = nl_cp_attn_init(&t->cpa[l], t->cp_comm, o->batch, o->seq, t->model.NH, t->model.KVH, t->model.hd)))
+                goto fail;
+        for (int64_t i = 0; i < Tl; i++) t->positions[i] = nl_cp_position(o->cp, t->rank % o->cp, o->seq, i);
+        t->attn = (nl_attn_ops){cp_fwd, cp_bwd, t};
+        t->model.attn_ops = &t->attn;
+        t->model.positions = t->positions;
+    }
+    int64_t BT = o->batch * Tl, ne = t->model.moe->n_moe_layers * t->model.moe->E;
+    if ((st = nl_model_alloc_grads(&t->model)) || (st = nl_model_alloc_acts(&t->model, o->batch, Tl)) ||
         (st = nl_adamw_init(&t->opt, &t->model, o->beta1, o->beta2, o->eps, o->weight_decay)))
         goto fail;
     t->x = nl_malloc((size_t)(2 * BT) * sizeof(int32_t), "batch");
@@ -82,7 +130,13 @@ fail:
 }
 
 void nl_ep_free(nl_ep_trainer *t) {
+    if (t->cpa)
+        for (int64_t l = 0; l < t->model.L; l++) nl_cp_attn_free(&t->cpa[l]);
     nl_model_free(&t->model);
+    nl_free(t->cpa);
+    nl_free(t->positions);
+    nl_free(t->gx);
+    if (t->cp_comm) nl_comm_free(t->cp_comm);
     nl_adamw_free(&t->opt);
     if (t->ep_comm) nl_comm_free(t->ep_comm);
     if (t->edp_comm) nl_comm_free(t->edp_comm);
@@ -101,8 +155,19 @@ static double sumsq(const float *g, size_t n) {
 nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
     nl_model *m = &t->model;
     nl_moe *e = m->moe;
-    int B = (int)t->o.batch, T = (int)t->o.seq;
-    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.seed, step, t->rank, t->n, B, T, t->x, t->y));
+    int B = (int)t->o.batch, T = (int)(t->o.seq / t->o.cp), cp = t->o.cp;
+    if (cp == 1) {
+        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.seed, step, t->rank, t->n, B, T, t->x, t->y));
+    } else {
+        /* the data-parallel rank's full windows; this rank keeps its columns */
+        int S = (int)t->o.seq;
+        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.seed, step, t->rank / cp, t->n / cp, B, S, t->gx, t->gy));
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < T; i++) {
+                t->x[b * T + i] = t->gx[b * S + t->positions[i]];
+                t->y[b * T + i] = t->gy[b * S + t->positions[i]];
+            }
+    }
     nl_comm_stats s0, s1;
     nl_comm_get_stats(t->ep_comm, &s0);
     t->st.a2a_count_bytes = 0;

@@ -273,12 +273,12 @@ nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
     if (NH * m->hd > maxdim) maxdim = NH * m->hd;
     struct { float **p; int64_t n; } parts[] = {
         {&m->a.resid, (L + 1) * BT * C}, {&m->a.ln1, L * BT * C}, {&m->a.ln1_rstd, L * BT},
-        {&m->a.qkv, L * BT * QKV}, {&m->a.att, L * B * NH * T * T}, {&m->a.atty, L * BT * NH * m->hd},
+        {&m->a.qkv, L * BT * QKV}, {&m->a.att, m->attn_ops ? 0 : L * B * NH * T * T}, {&m->a.atty, L * BT * NH * m->hd},
         {&m->a.resid2, L * BT * C}, {&m->a.ln2, L * BT * C}, {&m->a.ln2_rstd, L * BT},
         {&m->a.h13, L * BT * 2 * H}, {&m->a.hact, L * BT * H}, {&m->a.lnf, BT * C},
         {&m->a.lnf_rstd, BT}, {&m->a.logits, BT * V}, {&m->a.losses, BT},
         {&m->a.dresid, BT * C}, {&m->a.dln, BT * C}, {&m->a.dqkv, BT * QKV},
-        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, B * NH * T * T}, {&m->a.dh13, BT * 2 * H},
+        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, m->attn_ops ? 0 : B * NH * T * T}, {&m->a.dh13, BT * 2 * H},
         {&m->a.dhact, BT * H},
     };
     size_t n = sizeof parts / sizeof parts[0], total = 0;
@@ -369,6 +369,23 @@ static nl_linear_site site_of(const nl_model *m, nl_linear_kind kind, int layer,
     return s;
 }
 
+/* RoPE on the q and k heads of qkv (B, T, QKV), by column index or by m->positions */
+static void rope(const nl_model *m, float *qkv, int64_t B, int64_t T, int inverse) {
+    int64_t NH = m->NH, KVH = m->KVH, hd = m->hd, QKV = m->QKV, half = hd / 2;
+    if (!m->positions) {
+        nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, inverse);
+        nl_rope_apply(qkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, inverse);
+        return;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            float *x = qkv + (b * T + t) * QKV;
+            const float *c = m->rope_cos + m->positions[t] * half, *s = m->rope_sin + m->positions[t] * half;
+            nl_rope_apply(x, c, s, 1, 1, NH, hd, QKV, inverse);
+            nl_rope_apply(x + NH * hd, c, s, 1, 1, KVH, hd, QKV, inverse);
+        }
+}
+
 /* ---- forward ------------------------------------------------------------------------------------ */
 
 nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
@@ -409,9 +426,9 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         nl_rmsnorm_forward(ln1, a->ln1_rstd + l * BT, x, lw->rms_att, BT, C, eps);
         nl_linear_site s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
-        nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 0);
-        nl_rope_apply(qkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 0);
-        nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
+        rope(m, qkv, B, T, 0);
+        if (m->attn_ops) NL_TRY(m->attn_ops->forward(m->attn_ops->user, (int)l, atty, qkv, B, T));
+        else nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_forward(m, &s, x2, atty, lw->wo, BT, NH * hd, C);
 #pragma omp parallel for schedule(static)
@@ -510,9 +527,9 @@ nl_status nl_model_backward(nl_model *m) {
         /* dresid holds d x2; x2 = x + o(atty) */
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_backward(m, &s, a->datty, GRAD(lw->wo), a->dresid, atty, lw->wo, BT, NH * hd, C);
-        nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
-        nl_rope_apply(a->dqkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 1);
-        nl_rope_apply(a->dqkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 1);
+        if (m->attn_ops) NL_TRY(m->attn_ops->backward(m->attn_ops->user, (int)l, a->dqkv, a->datty, qkv, B, T));
+        else nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
+        rope(m, a->dqkv, B, T, 1);
         s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_backward(m, &s, a->dln, GRAD(lw->wq), a->dqkv, ln1, lw->wq, BT, C, QKV);
         nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_att), a->dln, x, lw->rms_att, a->ln1_rstd + l * BT, BT, C);
