@@ -1,7 +1,8 @@
 /* A vectorizable expf for the softmax and SwiGLU loops (libm's expf is a scalar call that stops
  * GCC from vectorizing them). Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial
- * for e^r, then the exponent bits; relative error ~2 ulp. Inputs below -87.3 give ~1.7e-38
- * (never a subnormal), above 88.7 give ~3.4e38. Private to src/model. */
+ * for e^r, then the exponent bits; relative error ~2 ulp. Inputs below -87.3 give ~1.2e-38
+ * (never a subnormal); inputs near 88.7 and above give inf, as expf overflows. Private to
+ * src/model. */
 #ifndef NANOLM_MODEL_VEXP_H
 #define NANOLM_MODEL_VEXP_H
 
