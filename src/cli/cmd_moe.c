@@ -150,8 +150,8 @@ int nl_cmd_moe_train(int argc, char **argv) {
         goto out;
     }
     if (N % ep || N % cp) {
-        rc = nl_cli_usage_error("moe train: --ep %lld and --cp %lld must divide the %d ranks", (long long)ep,
-                                (long long)cp, N);
+        rc = nl_cli_usage_error("moe train: --%s %lld must divide the %d ranks", N % ep ? "ep" : "cp",
+                                (long long)(N % ep ? ep : cp), N);
         goto out;
     }
     if (nl_ep_init(&t, &a, &o, w)) {
