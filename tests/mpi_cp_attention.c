@@ -80,6 +80,7 @@ static void test_mha(void **state) { (void)state; check(4, 4); }
 static void test_gqa(void **state) { (void)state; check(4, 2); }
 
 int main(int argc, char **argv) {
+    nl_set_threads(1); /* several ranks share the cores: OpenMP spinning threads would starve them */
     if (nl_comm_init(&argc, &argv)) {
         fprintf(stderr, "nl_comm_init: %s\n", nl_last_error());
         return 1;
