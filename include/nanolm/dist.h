@@ -42,6 +42,7 @@ extern "C" {
 typedef struct nl_dist_opts {
     int zero;            /* 0 (DDP), 1, 2, 3 */
     int overlap;         /* DDP: all-reduce buckets during backward (1) or after it (0) */
+    int sp;              /* tensor parallel: sequence parallelism (Korthikanti et al.; pipeline.h) */
     nl_comm_impl impl;   /* collectives: ours or native */
     int64_t batch, seq;  /* windows of T tokens per data-parallel rank */
     float lr, weight_decay, beta1, beta2, eps, grad_clip;

@@ -43,7 +43,10 @@ extern "C" {
 
 typedef enum nl_param_kind {
     NL_PARAM_EMBED, NL_PARAM_RMS_ATT, NL_PARAM_WQ, NL_PARAM_WK, NL_PARAM_WV, NL_PARAM_WO,
-    NL_PARAM_RMS_FFN, NL_PARAM_W1, NL_PARAM_W3, NL_PARAM_W2, NL_PARAM_RMS_FINAL, NL_PARAM_CLS
+    NL_PARAM_RMS_FFN, NL_PARAM_W1, NL_PARAM_W3, NL_PARAM_W2, NL_PARAM_RMS_FINAL, NL_PARAM_CLS,
+    /* mixture-of-experts layers (see nanolm/moe.h) */
+    NL_PARAM_ROUTER, NL_PARAM_SHARED_W1, NL_PARAM_SHARED_W3, NL_PARAM_SHARED_W2,
+    NL_PARAM_EXPERT_W1, NL_PARAM_EXPERT_W3, NL_PARAM_EXPERT_W2
 } nl_param_kind;
 
 /* One tensor of the flat parameter vector. */
@@ -55,6 +58,7 @@ typedef struct nl_param_info {
     int64_t shape[2];     /* (out, in) for matrices, (C) for norms */
     size_t offset;        /* in floats, into params / grads */
     size_t numel;
+    int expert;           /* routed expert index (global) for NL_PARAM_EXPERT_*, else -1 */
 } nl_param_info;
 
 /* Pointers into the flat buffer for one layer. */
@@ -67,6 +71,12 @@ typedef struct nl_layer_weights {
     float *w1;       /* gate (H, C); w3 (up, (H, C)) follows it directly */
     float *w3;
     float *w2;       /* down (C, H) */
+    /* MoE layers only (w1, w3, w2 are NULL there): */
+    float *router;   /* (E, C) */
+    float *sw1;      /* shared experts fused: gate (S*F, C); up (S*F, C) follows; NULL when S = 0 */
+    float *sw2;      /* shared down (C, S*F) */
+    float *experts;  /* this rank's routed experts, expert j at experts + j*3*F*C: gate (F, C),
+                      * up (F, C), down (C, F) -- one contiguous offset range per expert */
 } nl_layer_weights;
 
 typedef struct nl_weights {
@@ -103,6 +113,17 @@ typedef struct nl_linear_ops {
                      int64_t in_dim, int64_t out_dim);
     void *user;
 } nl_linear_ops;
+
+/* Replacement of the causal attention core (context parallelism installs ring attention):
+ * out (B, T, NH*hd) from qkv (B, T, QKV) with q, k already rotated; backward writes dqkv
+ * (overwritten) from dout. With attn_ops set before nl_model_alloc_acts, no (T, T) probability
+ * buffers are allocated. */
+typedef struct nl_attn_ops {
+    nl_status (*forward)(void *user, int layer, float *out, const float *qkv, int64_t B, int64_t T);
+    nl_status (*backward)(void *user, int layer, float *dqkv, const float *dout, const float *qkv, int64_t B,
+                          int64_t T);
+    void *user;
+} nl_attn_ops;
 
 struct nl_model;
 /* The default linear: cblas_sgemm, with inputs rounded per model->precision. */
@@ -173,6 +194,12 @@ typedef struct nl_model {
     /* inference KV cache (nl_model_alloc_kv) */
     float *kv_cache;             /* (L, 2, seq_len, KVH*hd) */
     float *inf_x, *inf_xb, *inf_q, *inf_att, *inf_hb, *inf_logits;
+    /* context parallelism: the global position of each of the T columns of a batch (NULL:
+     * 0..T-1), used by RoPE; and the attention replacement (NULL: nl_attention_*) */
+    const int64_t *positions;
+    nl_attn_ops *attn_ops;
+    /* mixture of experts (nanolm/moe.h); NULL for a dense model */
+    struct nl_moe *moe;
 } nl_model;
 
 /* Builds a model for `arch` with parameters allocated (zeroed). Returns NL_ERR_INVALID for a bad

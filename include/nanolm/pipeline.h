@@ -60,7 +60,13 @@ typedef struct nl_pipe {
     int64_t t;
     int32_t *x, *y;              /* (B, T) this data-parallel rank's batch */
     double busy_s, idle_s;       /* last step: computing, waiting for a pipeline message */
-    double tp_s;                 /* last step: in tensor-parallel all-reduces */
+    double tp_s;                 /* last step: in tensor-parallel collectives */
+    /* sequence parallelism (o.sp with TP > 1, one stage): the residual stream, RMSNorms and
+     * residual adds work on this rank's rows [sp_r0, sp_r0 + sp_n) of the (b*T) rows; each
+     * all-reduce of the TP block becomes a reduce-scatter (after o_proj / down_proj) and an
+     * all-gather (before q/k/v and gate/up), and the same in backward. The norm weights' and
+     * the embedding's gradients are partial per rank and summed over the group. */
+    int64_t sp_r0, sp_n;
     /* last step's timeline: event i is a forward (kind 0) or backward (1) of micro-batch ev_mb[i]
      * computing from ev_t0[i] to ev_t1[i] seconds after the step began (after a barrier) */
     int n_ev;

@@ -17,7 +17,7 @@
 
 enum {
     O_DATA = 1000, O_PRESET, O_DIM, O_LAYERS, O_HEADS, O_KVH, O_HIDDEN, O_STEPS, O_BATCH, O_SEQ, O_LR, O_CLIP,
-    O_WD, O_SEED, O_DP, O_TP, O_PP, O_ZERO, O_MICRO, O_SCHED, O_IMPL, O_NO_OVERLAP, O_MEM, O_JSON, O_SVG, O_OUT, O_SAVE_EVERY, O_RESUME, O_FAULT, O_HELP
+    O_WD, O_SEED, O_DP, O_TP, O_PP, O_ZERO, O_MICRO, O_SCHED, O_IMPL, O_NO_OVERLAP, O_MEM, O_JSON, O_SVG, O_OUT, O_SAVE_EVERY, O_RESUME, O_FAULT, O_SP, O_HELP
 };
 
 static const struct option popts[] = {
@@ -32,6 +32,7 @@ static const struct option popts[] = {
     {"pp", required_argument, 0, O_PP},          {"zero", required_argument, 0, O_ZERO},
     {"microbatches", required_argument, 0, O_MICRO}, {"schedule", required_argument, 0, O_SCHED},
     {"impl", required_argument, 0, O_IMPL},      {"no-overlap", no_argument, 0, O_NO_OVERLAP},
+    {"sp", no_argument, 0, O_SP},
     {"report-memory", no_argument, 0, O_MEM},    {"json", no_argument, 0, O_JSON},
     {"svg", required_argument, 0, O_SVG},        {"out", required_argument, 0, O_OUT},
     {"save-every", required_argument, 0, O_SAVE_EVERY}, {"resume", required_argument, 0, O_RESUME},
@@ -47,6 +48,8 @@ static void usage(FILE *f) {
             "  --zero Z              0 = DDP (default), 1, 2, 3 (FSDP full shard)\n"
             "  --impl ours|native    collectives: our ring algorithms (default) or the MPI library's\n"
             "  --no-overlap          DDP: all-reduce the buckets after backward instead of during it\n"
+            "  --sp                  with --tp: sequence parallelism (norms/residuals on sequence shards;\n"
+            "                        reduce-scatter + all-gather instead of all-reduce; one stage)\n"
             "  --preset P            model shape (default shakespeare-char), then overrides:\n"
             "  --dim C --layers L --heads H --kv-heads K --hidden F\n"
             "  --steps N (20) --batch B per dp rank (4) --seq T (32) --lr X (1e-3, constant)\n"
@@ -222,6 +225,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             else return nl_cli_usage_error("parallel train: unknown --impl '%s' (ours, native)", optarg);
             break;
         case O_NO_OVERLAP: o.overlap = 0; break;
+        case O_SP: o.sp = 1; break;
         case O_MEM: mem = 1; break;
         case O_JSON: json = 1; break;
         case O_SVG: svg = optarg; break;

@@ -19,6 +19,7 @@ int nl_cmd_quant_compare(int argc, char **argv);
 int nl_cmd_formats(int argc, char **argv);
 int nl_cmd_collectives(int argc, char **argv);
 int nl_cmd_parallel(int argc, char **argv);
+int nl_cmd_moe(int argc, char **argv);
 int nl_cmd_scaling(int argc, char **argv);
 int nl_cmd_budget(int argc, char **argv);
 int nl_cmd_plan(int argc, char **argv);
@@ -36,6 +37,7 @@ static const nl_command commands[] = {
     {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
     {"collectives", "MPI collectives: the course demo and a benchmark (ours vs native)", nl_cmd_collectives},
     {"parallel", "data-parallel training over MPI: DDP, ZeRO-1/2/3 (mpirun -np N nanolm parallel train)", nl_cmd_parallel},
+    {"moe", "mixture-of-experts NanoLM with expert parallelism (mpirun -np N nanolm moe train --ep E)", nl_cmd_moe},
     {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
     {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},
     {"plan", "parallel training and serving plans for real clusters", nl_cmd_plan},

@@ -49,6 +49,9 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     if (arch->n_heads % p->TP || arch->n_kv_heads % p->TP || arch->hidden_dim % p->TP)
         return nl_fail(NL_ERR_INVALID, "--tp %d must divide the heads %lld, the KV heads %lld and the hidden size %lld",
                        p->TP, (long long)arch->n_heads, (long long)arch->n_kv_heads, (long long)arch->hidden_dim);
+    if (o->sp && p->TP > 1 && (p->P > 1 || arch->tied_embeddings || ((o->batch / M) * o->seq) % p->TP))
+        return nl_fail(NL_ERR_UNSUPPORTED, "sequence parallelism needs one pipeline stage, untied embeddings and "
+                       "micro-batch rows (%lld) divisible by --tp %d", (long long)((o->batch / M) * o->seq), p->TP);
     if (p->P > arch->n_layers)
         return nl_fail(NL_ERR_INVALID, "%d pipeline stages for %lld layers: at most one stage per layer", p->P,
                        (long long)arch->n_layers);
@@ -61,6 +64,8 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->l0 = (int)(p->s * m->L / p->P);
     p->l1 = (int)((p->s + 1) * m->L / p->P);
     p->b = o->batch / M;
+    p->sp_n = o->sp && p->TP > 1 ? p->b * o->seq / p->TP : 0;
+    p->sp_r0 = p->sp_n * p->tr;
     p->nh = (int)(m->NH / p->TP);
     p->kvh = (int)(m->KVH / p->TP);
     p->h = (int)(m->H / p->TP);
@@ -205,6 +210,26 @@ static nl_status tp_sum(nl_pipe *p, float *buf, size_t n, double *t_mark) {
     return NL_OK;
 }
 
+/* Sequence parallel: rows [sp_r0, sp_r0 + sp_n) of buf (BT, C) -> all rows (all-gather), and the
+ * sum over the group of buf's rows -> this rank's rows (reduce-scatter), in place. */
+static nl_status sp_gather(nl_pipe *p, float *buf, size_t n, double *t_mark) {
+    double t0 = nl_time_s();
+    NL_TRY(nl_comm_all_gather(p->tp, buf + nl_comm_chunk_offset(n, p->TP, p->tr), buf, n, NL_COMM_F32, p->o.impl));
+    double dt = nl_time_s() - t0;
+    p->tp_s += dt;
+    *t_mark += dt;
+    return NL_OK;
+}
+
+static nl_status sp_scatter(nl_pipe *p, float *buf, size_t n, double *t_mark) {
+    double t0 = nl_time_s();
+    NL_TRY(nl_comm_reduce_scatter(p->tp, buf, buf + nl_comm_chunk_offset(n, p->TP, p->tr), n, NL_COMM_F32, p->o.impl));
+    double dt = nl_time_s() - t0;
+    p->tp_s += dt;
+    *t_mark += dt;
+    return NL_OK;
+}
+
 static void record(nl_pipe *p, int kind, int k, double t0, double t1) {
     if (p->n_ev >= 2 * p->M) return;
     p->ev_kind[p->n_ev] = kind;
@@ -239,7 +264,10 @@ static nl_status stage_forward(nl_pipe *p, int k) {
         float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
         float *hact = mb->hact + j * BT * H, *xo = mb->R + (j + 1) * BT * C;
         int64_t qd = NH * hd, kd = KVH * hd;
-        nl_rmsnorm_forward(ln1, mb->ln1_rstd + j * BT, x, lw->rms_att, BT, C, eps);
+        /* rows the norms and residuals work on: all, or this rank's sequence shard */
+        int64_t r0 = p->sp_n ? p->sp_r0 : 0, rn = p->sp_n ? p->sp_n : BT;
+        nl_rmsnorm_forward(ln1 + r0 * C, mb->ln1_rstd + j * BT + r0, x + r0 * C, lw->rms_att, rn, C, eps);
+        if (p->sp_n) NL_TRY(sp_gather(p, ln1, (size_t)(BT * C), &t1));
         /* column-parallel q, k, v: this rank's heads are rows [tr*qd, (tr+1)*qd) of wq, ... */
         gemm_nt(BT, qd, C, ln1, C, lw->wq + p->tr * qd * C, C, qkv, QKV);
         gemm_nt(BT, kd, C, ln1, C, lw->wk + p->tr * kd * C, C, qkv + qd, QKV);
@@ -249,19 +277,28 @@ static nl_status stage_forward(nl_pipe *p, int k) {
         nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
         /* row-parallel o: this rank's columns of wo, then the sum over the group */
         gemm_nt(BT, C, qd, atty, qd, lw->wo + p->tr * qd, m->NH * hd, x2, C);
-        NL_TRY(tp_sum(p, x2, (size_t)(BT * C), &t1));
-        for (int64_t i = 0; i < BT * C; i++) x2[i] += x[i];
-        nl_rmsnorm_forward(ln2, mb->ln2_rstd + j * BT, x2, lw->rms_ffn, BT, C, eps);
+        if (p->sp_n) NL_TRY(sp_scatter(p, x2, (size_t)(BT * C), &t1));
+        else NL_TRY(tp_sum(p, x2, (size_t)(BT * C), &t1));
+        for (int64_t i = r0 * C; i < (r0 + rn) * C; i++) x2[i] += x[i];
+        nl_rmsnorm_forward(ln2 + r0 * C, mb->ln2_rstd + j * BT + r0, x2 + r0 * C, lw->rms_ffn, rn, C, eps);
+        if (p->sp_n) NL_TRY(sp_gather(p, ln2, (size_t)(BT * C), &t1));
         gemm_nt(BT, H, C, ln2, C, lw->w1 + p->tr * H * C, C, h13, 2 * H);
         gemm_nt(BT, H, C, ln2, C, lw->w3 + p->tr * H * C, C, h13 + H, 2 * H);
         nl_swiglu_forward(hact, h13, BT, H);
         gemm_nt(BT, C, H, hact, H, lw->w2 + p->tr * H, m->H, xo, C);
-        NL_TRY(tp_sum(p, xo, (size_t)(BT * C), &t1));
-        for (int64_t i = 0; i < BT * C; i++) xo[i] += x2[i];
+        if (p->sp_n) NL_TRY(sp_scatter(p, xo, (size_t)(BT * C), &t1));
+        else NL_TRY(tp_sum(p, xo, (size_t)(BT * C), &t1));
+        for (int64_t i = r0 * C; i < (r0 + rn) * C; i++) xo[i] += x2[i];
     }
     float *out = mb->R + (p->l1 - p->l0) * BT * C;
     if (last_stage(p)) {
-        nl_rmsnorm_forward(mb->lnf, mb->lnf_rstd, out, m->w.rms_final, BT, C, eps);
+        if (p->sp_n) {
+            nl_rmsnorm_forward(mb->lnf + p->sp_r0 * C, mb->lnf_rstd + p->sp_r0, out + p->sp_r0 * C, m->w.rms_final,
+                               p->sp_n, C, eps);
+            NL_TRY(sp_gather(p, mb->lnf, (size_t)(BT * C), &t1));
+        } else {
+            nl_rmsnorm_forward(mb->lnf, mb->lnf_rstd, out, m->w.rms_final, BT, C, eps);
+        }
         nl_linear_site s = site(m, NL_LIN_CLS, -1, m->w.cls);
         nl_linear_forward(m, &s, mb->logits, mb->lnf, m->w.cls, BT, C, V);
         double total = 0;
@@ -313,8 +350,9 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         nl_linear_site s = site(m, NL_LIN_CLS, -1, m->w.cls);
         nl_linear_backward(m, &s, p->dln, GRAD(m->w.cls), mb->logits, mb->lnf, m->w.cls, BT, C, V);
         memset(p->dresid, 0, (size_t)(BT * C) * sizeof(float));
-        nl_rmsnorm_backward(p->dresid, GRAD(m->w.rms_final), p->dln, mb->R + nl * BT * C, m->w.rms_final,
-                            mb->lnf_rstd, BT, C);
+        int64_t f0 = p->sp_n ? p->sp_r0 : 0, fn = p->sp_n ? p->sp_n : BT;
+        nl_rmsnorm_backward(p->dresid + f0 * C, GRAD(m->w.rms_final), p->dln + f0 * C, mb->R + nl * BT * C + f0 * C,
+                            m->w.rms_final, mb->lnf_rstd + f0, fn, C);
     } else {
         NL_TRY(nl_comm_recv(p->pp, p->dresid, (size_t)(BT * C), NL_COMM_F32, p->s + 1, 2 * k + 1));
         double t1 = nl_time_s();
@@ -330,6 +368,9 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
         float *hact = mb->hact + j * BT * H;
         int64_t qd = NH * hd, kd = KVH * hd, ldo = m->NH * hd, ldw2 = m->H;
+        int64_t r0 = p->sp_n ? p->sp_r0 : 0, rn = p->sp_n ? p->sp_n : BT;
+        /* sequence parallel: this rank's rows of dresid -> all rows (grad of the reduce-scatter) */
+        if (p->sp_n) NL_TRY(sp_gather(p, p->dresid, (size_t)(BT * C), &t0));
         /* down (row-parallel): dhact = dresid . w2[:, slice]; dw2[:, slice] += dresid^T . hact */
         gemm_nn(BT, H, C, p->dresid, C, lw->w2 + p->tr * H, ldw2, p->dhact, H, 0.0f);
         gemm_tn(C, H, BT, p->dresid, C, hact, H, GRAD(lw->w2) + p->tr * H, ldw2);
@@ -339,8 +380,11 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         gemm_nn(BT, C, H, p->dh13 + H, 2 * H, lw->w3 + p->tr * H * C, C, p->dln, C, 1.0f);
         gemm_tn(H, C, BT, p->dh13, 2 * H, ln2, C, GRAD(lw->w1) + p->tr * H * C, C);
         gemm_tn(H, C, BT, p->dh13 + H, 2 * H, ln2, C, GRAD(lw->w3) + p->tr * H * C, C);
-        NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
-        nl_rmsnorm_backward(p->dresid, GRAD(lw->rms_ffn), p->dln, x2, lw->rms_ffn, mb->ln2_rstd + j * BT, BT, C);
+        if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, (size_t)(BT * C), &t0));
+        else NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
+        nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_ffn), p->dln + r0 * C, x2 + r0 * C, lw->rms_ffn,
+                            mb->ln2_rstd + j * BT + r0, rn, C);
+        if (p->sp_n) NL_TRY(sp_gather(p, p->dresid, (size_t)(BT * C), &t0));
         /* o (row-parallel) */
         gemm_nn(BT, qd, C, p->dresid, C, lw->wo + p->tr * qd, ldo, p->datty, qd, 0.0f);
         gemm_tn(C, qd, BT, p->dresid, C, atty, qd, GRAD(lw->wo) + p->tr * qd, ldo);
@@ -354,12 +398,15 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         gemm_tn(qd, C, BT, p->dqkv, QKV, ln1, C, GRAD(lw->wq) + p->tr * qd * C, C);
         gemm_tn(kd, C, BT, p->dqkv + qd, QKV, ln1, C, GRAD(lw->wk) + p->tr * kd * C, C);
         gemm_tn(kd, C, BT, p->dqkv + qd + kd, QKV, ln1, C, GRAD(lw->wv) + p->tr * kd * C, C);
-        NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
-        nl_rmsnorm_backward(p->dresid, GRAD(lw->rms_att), p->dln, x, lw->rms_att, mb->ln1_rstd + j * BT, BT, C);
+        if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, (size_t)(BT * C), &t0));
+        else NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
+        nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_att), p->dln + r0 * C, x + r0 * C, lw->rms_att,
+                            mb->ln1_rstd + j * BT + r0, rn, C);
     }
     if (first_stage(p)) {
         float *dembed = GRAD(m->w.embed);
-        for (int64_t i = 0; i < BT; i++) {
+        int64_t e0 = p->sp_n ? p->sp_r0 : 0, e1 = p->sp_n ? p->sp_r0 + p->sp_n : BT;
+        for (int64_t i = e0; i < e1; i++) {
             float *dd = dembed + (int64_t)tok[i] * C;
             const float *g = p->dresid + i * C;
             for (int64_t c = 0; c < C; c++) dd[c] += g[c];
@@ -422,6 +469,15 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
     p->idle_s += nl_time_s() - tw;
     p->step_s = nl_time_s() - ts;
 
+    /* sequence parallel: norm weights and the embedding saw only this rank's rows */
+    if (p->sp_n) {
+        const nl_param_info *tb;
+        int ntb = nl_model_params_table(m, &tb);
+        for (int k = 0; k < ntb; k++)
+            if (tb[k].kind == NL_PARAM_EMBED || tb[k].kind == NL_PARAM_RMS_ATT || tb[k].kind == NL_PARAM_RMS_FFN ||
+                tb[k].kind == NL_PARAM_RMS_FINAL)
+                NL_TRY(nl_comm_all_reduce(p->tp, m->grads + tb[k].offset, tb[k].numel, NL_COMM_F32, p->o.impl));
+    }
     /* mean over micro-batches and data-parallel ranks */
     size_t lo[3], hi[3];
     int nr = owned_ranges(p, lo, hi);

@@ -8,6 +8,9 @@
 #include "nanolm/model.h"
 
 nl_status nl_model_alloc_kv(nl_model *m) {
+    if (m->moe)
+        return nl_fail(NL_ERR_UNSUPPORTED, "arch %s: KV-cache generation has no mixture-of-experts layers",
+                       m->arch.name);
     if (m->kv_cache) return NL_OK;
     int64_t S = m->arch.seq_len, kvd = m->KVH * m->hd;
     size_t cache = (size_t)(m->L * 2 * S * kvd);

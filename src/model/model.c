@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "nanolm/model.h"
+#include "nanolm/moe.h"
 #include "vexp.h"
 
 #include "nanolm/formats.h"
@@ -25,6 +26,7 @@ static void add_tensor(nl_model *m, size_t *off, nl_param_kind kind, int layer, 
     p->shape[1] = d1 > 0 ? d1 : 0;
     p->offset = *off;
     p->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    p->expert = -1;
     *off += p->numel;
 }
 
@@ -45,6 +47,26 @@ static void build_table(nl_model *m) {
         T(NL_PARAM_WV, "self_attn.v_proj.weight", m->KVH * m->hd, m->C);
         T(NL_PARAM_WO, "self_attn.o_proj.weight", m->C, m->NH * m->hd);
         T(NL_PARAM_RMS_FFN, "post_attention_layernorm.weight", m->C, 0);
+        if (nl_moe_is_layer(m, l)) {
+            const nl_moe *e = m->moe;
+            T(NL_PARAM_ROUTER, "mlp.gate.weight", e->E, m->C);
+            if (e->S > 0) {
+                T(NL_PARAM_SHARED_W1, "mlp.shared_experts.gate_proj.weight", e->S * e->F, m->C);
+                T(NL_PARAM_SHARED_W3, "mlp.shared_experts.up_proj.weight", e->S * e->F, m->C);
+                T(NL_PARAM_SHARED_W2, "mlp.shared_experts.down_proj.weight", m->C, e->S * e->F);
+            }
+            for (int64_t j = 0; j < e->E_local; j++) {
+                int x = (int)(e->e0 + j);
+                static const char *const part[3] = {"gate_proj", "up_proj", "down_proj"};
+                static const nl_param_kind kinds[3] = {NL_PARAM_EXPERT_W1, NL_PARAM_EXPERT_W3, NL_PARAM_EXPERT_W2};
+                for (int q = 0; q < 3; q++) {
+                    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.%s.weight", l, x, part[q]);
+                    add_tensor(m, &off, kinds[q], l, nm, q < 2 ? e->F : m->C, q < 2 ? m->C : e->F);
+                    m->table[m->n_tensors - 1].expert = x;
+                }
+            }
+            continue;
+        }
         T(NL_PARAM_W1, "mlp.gate_proj.weight", m->H, m->C);
         T(NL_PARAM_W3, "mlp.up_proj.weight", m->H, m->C);
         T(NL_PARAM_W2, "mlp.down_proj.weight", m->C, m->H);
@@ -68,6 +90,17 @@ static void point_weights(nl_model *m) {
         lw->wv = P + m->table[i++].offset;
         lw->wo = P + m->table[i++].offset;
         lw->rms_ffn = P + m->table[i++].offset;
+        if (nl_moe_is_layer(m, l)) {
+            lw->router = P + m->table[i++].offset;
+            if (m->moe->S > 0) {
+                lw->sw1 = P + m->table[i].offset;
+                lw->sw2 = P + m->table[i + 2].offset;
+                i += 3;
+            }
+            lw->experts = m->moe->E_local > 0 ? P + m->table[i].offset : NULL;
+            i += (int)(3 * m->moe->E_local);
+            continue;
+        }
         lw->w1 = P + m->table[i++].offset;
         lw->w3 = P + m->table[i++].offset;
         lw->w2 = P + m->table[i++].offset;
@@ -76,12 +109,36 @@ static void point_weights(nl_model *m) {
     m->w.cls = m->arch.tied_embeddings ? m->w.embed : P + m->table[i++].offset;
 }
 
-nl_status nl_model_init(nl_model *m, const nl_arch *arch) {
+nl_status nl_model_init(nl_model *m, const nl_arch *arch) { return nl_model_init_ep(m, arch, 1, 0); }
+
+nl_status nl_model_init_ep(nl_model *m, const nl_arch *arch, int ep, int ep_rank) {
     memset(m, 0, sizeof *m);
     NL_TRY(nl_arch_validate(arch));
-    if (arch->n_experts > 0)
-        return nl_fail(NL_ERR_UNSUPPORTED, "arch %s: the NanoLM runtime has no mixture-of-experts layers",
-                       arch->name);
+    if (ep < 1 || ep_rank < 0 || ep_rank >= ep)
+        return nl_fail(NL_ERR_INVALID, "expert parallelism: rank %d of %d is not valid", ep_rank, ep);
+    if (arch->n_experts > 0) {
+        if (arch->n_experts % ep)
+            return nl_fail(NL_ERR_INVALID, "arch %s: --ep %d does not divide n_experts %lld", arch->name, ep,
+                           (long long)arch->n_experts);
+        if (arch->first_moe_layer < 0 || arch->first_moe_layer >= arch->n_layers)
+            return nl_fail(NL_ERR_INVALID, "arch %s: first_moe_layer %lld outside [0, %lld)", arch->name,
+                           (long long)arch->first_moe_layer, (long long)arch->n_layers);
+        nl_moe *e = m->moe = nl_calloc(1, sizeof *m->moe, "MoE state");
+        if (!e) return NL_ERR_NOMEM;
+        e->E = arch->n_experts;
+        e->K = arch->top_k;
+        e->S = arch->n_shared_experts;
+        e->F = arch->expert_hidden_dim;
+        e->first = arch->first_moe_layer;
+        e->n_moe_layers = arch->n_layers - arch->first_moe_layer;
+        e->ep = ep;
+        e->ep_rank = ep_rank;
+        e->E_local = e->E / ep;
+        e->e0 = e->E_local * ep_rank;
+        e->aux_coef = 0.01f;
+    } else if (ep > 1) {
+        return nl_fail(NL_ERR_INVALID, "arch %s: --ep %d needs a mixture-of-experts model", arch->name, ep);
+    }
     m->arch = *arch;
     m->C = arch->dim;
     m->L = arch->n_layers;
@@ -93,7 +150,9 @@ nl_status nl_model_init(nl_model *m, const nl_arch *arch) {
     m->QKV = (m->NH + 2 * m->KVH) * m->hd;
     m->loss_scale = 1.0f;
     m->precision = NL_PREC_FP32;
-    m->table = nl_calloc((size_t)(9 * m->L + 3), sizeof(nl_param_info), "parameter table");
+    size_t n_tab = (size_t)(9 * m->L + 3);
+    if (m->moe) n_tab += (size_t)(m->L * (4 + 3 * m->moe->E_local));
+    m->table = nl_calloc(n_tab, sizeof(nl_param_info), "parameter table");
     m->layer_offsets = nl_calloc((size_t)m->L + 1, sizeof(size_t), "layer offsets");
     m->w.layers = nl_calloc((size_t)m->L, sizeof(nl_layer_weights), "layer pointers");
     if (!m->table || !m->layer_offsets || !m->w.layers) {
@@ -121,6 +180,7 @@ nl_status nl_model_init(nl_model *m, const nl_arch *arch) {
 }
 
 void nl_model_free(nl_model *m) {
+    nl_moe_free(m);
     nl_free(m->params);
     nl_free(m->grads);
     nl_free(m->params_lp);
@@ -136,7 +196,7 @@ void nl_model_free(nl_model *m) {
 }
 
 void nl_model_init_random(nl_model *m, uint64_t seed) {
-    nl_rng rng;
+    nl_rng rng, erng;
     nl_rng_seed(&rng, seed);
     float resid_std = 0.02f / sqrtf(2.0f * (float)m->L);
     for (int i = 0; i < m->n_tensors; i++) {
@@ -146,8 +206,17 @@ void nl_model_init_random(nl_model *m, uint64_t seed) {
             for (size_t j = 0; j < p->numel; j++) x[j] = 1.0f;
             continue;
         }
-        float std = (p->kind == NL_PARAM_WO || p->kind == NL_PARAM_W2) ? resid_std : 0.02f;
-        for (size_t j = 0; j < p->numel; j++) x[j] = (float)(nl_rng_normal(&rng) * std);
+        float std = (p->kind == NL_PARAM_WO || p->kind == NL_PARAM_W2 || p->kind == NL_PARAM_SHARED_W2 ||
+                     p->kind == NL_PARAM_EXPERT_W2) ? resid_std : 0.02f;
+        /* a routed expert draws from its own stream (seed, layer, expert), so a rank that holds
+         * only some experts (expert parallelism) gets the same values as one process */
+        nl_rng *r = &rng;
+        if (p->expert >= 0) {
+            if (p->kind == NL_PARAM_EXPERT_W1)
+                nl_rng_seed(&erng, seed ^ (0x9e3779b97f4a7c15ULL * (uint64_t)(1 + p->layer * 65536 + p->expert)));
+            r = &erng;
+        }
+        for (size_t j = 0; j < p->numel; j++) x[j] = (float)(nl_rng_normal(r) * std);
     }
 }
 
@@ -173,7 +242,9 @@ const nl_param_info *nl_model_find_param(const nl_model *m, const char *name) {
 }
 
 size_t nl_model_param_bytes(const nl_model *m) { return m->n_params * sizeof(float); }
-size_t nl_model_act_bytes(const nl_model *m) { return (m->acts_floats + m->lp_floats) * sizeof(float); }
+size_t nl_model_act_bytes(const nl_model *m) {
+    return (m->acts_floats + m->lp_floats + (m->moe ? m->moe->mem_floats : 0)) * sizeof(float);
+}
 size_t nl_model_lp_weight_bytes(const nl_model *m) { return m->params_lp ? m->n_params * sizeof(float) : 0; }
 
 /* Allocates the bf16/fp16 matmul scratch once both the precision and the batch are known. */
@@ -202,12 +273,12 @@ nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
     if (NH * m->hd > maxdim) maxdim = NH * m->hd;
     struct { float **p; int64_t n; } parts[] = {
         {&m->a.resid, (L + 1) * BT * C}, {&m->a.ln1, L * BT * C}, {&m->a.ln1_rstd, L * BT},
-        {&m->a.qkv, L * BT * QKV}, {&m->a.att, L * B * NH * T * T}, {&m->a.atty, L * BT * NH * m->hd},
+        {&m->a.qkv, L * BT * QKV}, {&m->a.att, m->attn_ops ? 0 : L * B * NH * T * T}, {&m->a.atty, L * BT * NH * m->hd},
         {&m->a.resid2, L * BT * C}, {&m->a.ln2, L * BT * C}, {&m->a.ln2_rstd, L * BT},
         {&m->a.h13, L * BT * 2 * H}, {&m->a.hact, L * BT * H}, {&m->a.lnf, BT * C},
         {&m->a.lnf_rstd, BT}, {&m->a.logits, BT * V}, {&m->a.losses, BT},
         {&m->a.dresid, BT * C}, {&m->a.dln, BT * C}, {&m->a.dqkv, BT * QKV},
-        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, B * NH * T * T}, {&m->a.dh13, BT * 2 * H},
+        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, m->attn_ops ? 0 : B * NH * T * T}, {&m->a.dh13, BT * 2 * H},
         {&m->a.dhact, BT * H},
     };
     size_t n = sizeof parts / sizeof parts[0], total = 0;
@@ -223,6 +294,7 @@ nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
     m->B = B;
     m->T = T;
     m->maxdim = maxdim;
+    if (m->moe) NL_TRY(nl_moe_alloc_acts(m, B, T));
     return ensure_lp_scratch(m);
 }
 
@@ -297,6 +369,23 @@ static nl_linear_site site_of(const nl_model *m, nl_linear_kind kind, int layer,
     return s;
 }
 
+/* RoPE on the q and k heads of qkv (B, T, QKV), by column index or by m->positions */
+static void rope(const nl_model *m, float *qkv, int64_t B, int64_t T, int inverse) {
+    int64_t NH = m->NH, KVH = m->KVH, hd = m->hd, QKV = m->QKV, half = hd / 2;
+    if (!m->positions) {
+        nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, inverse);
+        nl_rope_apply(qkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, inverse);
+        return;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            float *x = qkv + (b * T + t) * QKV;
+            const float *c = m->rope_cos + m->positions[t] * half, *s = m->rope_sin + m->positions[t] * half;
+            nl_rope_apply(x, c, s, 1, 1, NH, hd, QKV, inverse);
+            nl_rope_apply(x + NH * hd, c, s, 1, 1, KVH, hd, QKV, inverse);
+        }
+}
+
 /* ---- forward ------------------------------------------------------------------------------------ */
 
 nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
@@ -315,6 +404,11 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     }
     m->B_cur = B;
     m->T_cur = T;
+    if (m->moe) {
+        m->moe->aux_loss = 0;
+        m->moe->slots = m->moe->dropped = m->moe->rows_sent = m->moe->rows_self = 0;
+        m->moe->rows_dispatched = m->moe->rows_returned = 0;
+    }
     m->targets = targets;
     m->tokens = tokens;
     refresh_lp_weights(m);
@@ -332,14 +426,20 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         nl_rmsnorm_forward(ln1, a->ln1_rstd + l * BT, x, lw->rms_att, BT, C, eps);
         nl_linear_site s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
-        nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 0);
-        nl_rope_apply(qkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 0);
-        nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
+        rope(m, qkv, B, T, 0);
+        if (m->attn_ops) NL_TRY(m->attn_ops->forward(m->attn_ops->user, (int)l, atty, qkv, B, T));
+        else nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_forward(m, &s, x2, atty, lw->wo, BT, NH * hd, C);
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < BT * C; i++) x2[i] += x[i];
         nl_rmsnorm_forward(ln2, a->ln2_rstd + l * BT, x2, lw->rms_ffn, BT, C, eps);
+        if (nl_moe_is_layer(m, l)) {
+            NL_TRY(nl_moe_forward(m, l, ln2, xo, B, T));
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < BT * C; i++) xo[i] += x2[i];
+            continue;
+        }
         s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
         nl_linear_forward(m, &s, h13, ln2, lw->w1, BT, C, 2 * H);
         nl_swiglu_forward(hact, h13, BT, H);
@@ -414,18 +514,22 @@ nl_status nl_model_backward(nl_model *m) {
         float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C, *h13 = a->h13 + l * BT * 2 * H;
         float *hact = a->hact + l * BT * H;
         /* dresid holds d resid[l+1]; resid[l+1] = x2 + down(hact) */
-        s = site_of(m, NL_LIN_DOWN, (int)l, lw->w2);
-        nl_linear_backward(m, &s, a->dhact, GRAD(lw->w2), a->dresid, hact, lw->w2, BT, H, C);
-        nl_swiglu_backward(a->dh13, a->dhact, h13, BT, H);
-        s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
-        nl_linear_backward(m, &s, a->dln, GRAD(lw->w1), a->dh13, ln2, lw->w1, BT, C, 2 * H);
+        if (nl_moe_is_layer(m, l)) {
+            NL_TRY(nl_moe_backward(m, l, ln2, a->dresid, a->dln, B, T));
+        } else {
+            s = site_of(m, NL_LIN_DOWN, (int)l, lw->w2);
+            nl_linear_backward(m, &s, a->dhact, GRAD(lw->w2), a->dresid, hact, lw->w2, BT, H, C);
+            nl_swiglu_backward(a->dh13, a->dhact, h13, BT, H);
+            s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
+            nl_linear_backward(m, &s, a->dln, GRAD(lw->w1), a->dh13, ln2, lw->w1, BT, C, 2 * H);
+        }
         nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_ffn), a->dln, x2, lw->rms_ffn, a->ln2_rstd + l * BT, BT, C);
         /* dresid holds d x2; x2 = x + o(atty) */
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_backward(m, &s, a->datty, GRAD(lw->wo), a->dresid, atty, lw->wo, BT, NH * hd, C);
-        nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
-        nl_rope_apply(a->dqkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 1);
-        nl_rope_apply(a->dqkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 1);
+        if (m->attn_ops) NL_TRY(m->attn_ops->backward(m->attn_ops->user, (int)l, a->dqkv, a->datty, qkv, B, T));
+        else nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
+        rope(m, a->dqkv, B, T, 1);
         s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_backward(m, &s, a->dln, GRAD(lw->wq), a->dqkv, ln1, lw->wq, BT, C, QKV);
         nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_att), a->dln, x, lw->rms_att, a->ln1_rstd + l * BT, BT, C);

@@ -1,0 +1,229 @@
+/* Expert-parallel training of NanoLM-MoE (see nanolm/moe_dist.h). */
+#include <math.h>
+#include <string.h>
+
+#include "nanolm/moe_dist.h"
+
+void nl_ep_opts_default(nl_ep_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->ep = 1;
+    o->cp = 1;
+    o->impl = NL_COMM_OURS;
+    o->batch = 4;
+    o->seq = 32;
+    o->lr = 1e-3f;
+    o->weight_decay = 0.1f;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.95f;
+    o->eps = 1e-8f;
+    o->grad_clip = 1.0f;
+    o->aux_coef = 0.01f;
+    o->seed = 1337;
+}
+
+/* counts: int64 blocks travel as pairs of f32 words (all-to-all copies bits, never adds) */
+static nl_status ep_counts(void *user, const int64_t *send, int64_t *recv, int64_t n) {
+    nl_ep_trainer *t = user;
+    t->st.a2a_count_bytes += (uint64_t)((nl_comm_size(t->ep_comm) - 1) * n) * sizeof(int64_t);
+    return nl_comm_all_to_all(t->ep_comm, send, recv, (size_t)(2 * n), NL_COMM_F32, t->o.impl);
+}
+
+static nl_status ep_rows(void *user, const float *send, const int64_t *send_rows, float *recv, const int64_t *recv_rows,
+                         int64_t width) {
+    nl_ep_trainer *t = user;
+    int p = nl_comm_size(t->ep_comm);
+    size_t sc[64], so[64], rc[64], ro[64], a = 0, b = 0;
+    for (int r = 0; r < p; r++) {
+        sc[r] = (size_t)(send_rows[r] * width);
+        so[r] = a;
+        a += sc[r];
+        rc[r] = (size_t)(recv_rows[r] * width);
+        ro[r] = b;
+        b += rc[r];
+    }
+    return nl_comm_all_to_allv(t->ep_comm, send, sc, so, recv, rc, ro, NL_COMM_F32, t->o.impl);
+}
+
+static nl_status cp_fwd(void *user, int layer, float *out, const float *qkv, int64_t B, int64_t T) {
+    nl_ep_trainer *t = user;
+    nl_cp_attn *a = &t->cpa[layer];
+    (void)T;
+    NL_TRY(nl_cp_attn_forward(a, qkv));
+    memcpy(out, a->out, (size_t)(B * a->Tl * a->NH * a->hd) * sizeof(float));
+    return NL_OK;
+}
+
+static nl_status cp_bwd(void *user, int layer, float *dqkv, const float *dout, const float *qkv, int64_t B, int64_t T) {
+    nl_ep_trainer *t = user;
+    (void)B, (void)T;
+    return nl_cp_attn_backward(&t->cpa[layer], dqkv, dout, qkv);
+}
+
+size_t nl_ep_act_bytes(const nl_ep_trainer *t) {
+    size_t b = nl_model_act_bytes(&t->model);
+    if (t->cpa)
+        for (int64_t l = 0; l < t->model.L; l++) b += t->cpa[l].bytes;
+    return b;
+}
+
+nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o, nl_comm *world) {
+    memset(t, 0, sizeof *t);
+    t->o = *o;
+    t->world = world;
+    t->n = nl_comm_size(world);
+    t->rank = nl_comm_rank(world);
+    if (arch->n_experts <= 0) return nl_fail(NL_ERR_INVALID, "expert parallelism: arch %s has no experts", arch->name);
+    if (o->ep < 1 || o->ep > 64 || t->n % o->ep)
+        return nl_fail(NL_ERR_INVALID, "--ep %d must divide the %d ranks (and be at most 64)", o->ep, t->n);
+    if (o->cp < 1 || t->n % o->cp || (o->cp > 1 && o->ep > 1))
+        return nl_fail(NL_ERR_INVALID, "--cp %d must divide the %d ranks (and is not combined with --ep)", o->cp, t->n);
+    if (o->cp > 1 && (o->aux_coef != 0 || o->capacity_factor != 0))
+        return nl_fail(NL_ERR_INVALID, "--cp %d needs --aux 0 and --capacity 0 (their groups are whole sequences)", o->cp);
+    if (o->seq % (2 * o->cp))
+        return nl_fail(NL_ERR_INVALID, "--seq %lld must be a multiple of 2 x --cp %d", (long long)o->seq, o->cp);
+    int er = t->rank % o->ep;
+    nl_status st = nl_model_init_ep(&t->model, arch, o->ep, er);
+    if (st) return st;
+    t->model.moe->capacity_factor = o->capacity_factor;
+    t->model.moe->aux_coef = o->aux_coef;
+    nl_model_init_random(&t->model, o->seed);
+    if ((st = nl_comm_split(world, t->rank / o->ep, t->rank, "ep", &t->ep_comm)) ||
+        (st = nl_comm_split(world, er, t->rank, "expert-dp", &t->edp_comm)))
+        goto fail;
+    t->ops = (nl_moe_ops){ep_counts, ep_rows, t};
+    t->model.moe->ops = &t->ops;
+    int64_t Tl = o->seq / o->cp;
+    if (o->cp > 1) {
+        if ((st = nl_comm_split(world, t->rank / o->cp, t->rank, "cp", &t->cp_comm))) goto fail;
+        t->cpa = nl_calloc((size_t)t->model.L, sizeof *t->cpa, "ring attention contexts");
+        t->positions = nl_malloc((size_t)Tl * sizeof(int64_t), "positions");
+        t->gx = nl_malloc((size_t)(2 * o->batch * o->seq) * sizeof(int32_t), "full windows");
+        if (!t->cpa || !t->positions || !t->gx) {
+            st = NL_ERR_NOMEM;
+            goto fail;
+        }
+        t->gy = t->gx + o->batch * o->seq;
+        for (int64_t l = 0; l < t->model.L; l++)
+            if ((st = nl_cp_attn_init(&t->cpa[l], t->cp_comm, o->batch, o->seq, t->model.NH, t->model.KVH, t->model.hd)))
+                goto fail;
+        for (int64_t i = 0; i < Tl; i++) t->positions[i] = nl_cp_position(o->cp, t->rank % o->cp, o->seq, i);
+        t->attn = (nl_attn_ops){cp_fwd, cp_bwd, t};
+        t->model.attn_ops = &t->attn;
+        t->model.positions = t->positions;
+    }
+    int64_t BT = o->batch * Tl, ne = t->model.moe->n_moe_layers * t->model.moe->E;
+    if ((st = nl_model_alloc_grads(&t->model)) || (st = nl_model_alloc_acts(&t->model, o->batch, Tl)) ||
+        (st = nl_adamw_init(&t->opt, &t->model, o->beta1, o->beta2, o->eps, o->weight_decay)))
+        goto fail;
+    t->x = nl_malloc((size_t)(2 * BT) * sizeof(int32_t), "batch");
+    t->st.tokens = nl_calloc((size_t)ne, sizeof(int64_t), "expert loads");
+    t->fbuf = nl_malloc((size_t)(ne + 3) * sizeof(float), "stats");
+    if (!t->x || !t->st.tokens || !t->fbuf) {
+        st = NL_ERR_NOMEM;
+        goto fail;
+    }
+    t->y = t->x + BT;
+    return NL_OK;
+fail:
+    nl_ep_free(t);
+    return st;
+}
+
+void nl_ep_free(nl_ep_trainer *t) {
+    if (t->cpa)
+        for (int64_t l = 0; l < t->model.L; l++) nl_cp_attn_free(&t->cpa[l]);
+    nl_model_free(&t->model);
+    nl_free(t->cpa);
+    nl_free(t->positions);
+    nl_free(t->gx);
+    if (t->cp_comm) nl_comm_free(t->cp_comm);
+    nl_adamw_free(&t->opt);
+    if (t->ep_comm) nl_comm_free(t->ep_comm);
+    if (t->edp_comm) nl_comm_free(t->edp_comm);
+    nl_free(t->x);
+    nl_free(t->st.tokens);
+    nl_free(t->fbuf);
+    memset(t, 0, sizeof *t);
+}
+
+static double sumsq(const float *g, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+    return s;
+}
+
+nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
+    nl_model *m = &t->model;
+    nl_moe *e = m->moe;
+    int B = (int)t->o.batch, T = (int)(t->o.seq / t->o.cp), cp = t->o.cp;
+    if (cp == 1) {
+        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.seed, step, t->rank, t->n, B, T, t->x, t->y));
+    } else {
+        /* the data-parallel rank's full windows; this rank keeps its columns */
+        int S = (int)t->o.seq;
+        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.seed, step, t->rank / cp, t->n / cp, B, S, t->gx, t->gy));
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < T; i++) {
+                t->x[b * T + i] = t->gx[b * S + t->positions[i]];
+                t->y[b * T + i] = t->gy[b * S + t->positions[i]];
+            }
+    }
+    nl_comm_stats s0, s1;
+    nl_comm_get_stats(t->ep_comm, &s0);
+    t->st.a2a_count_bytes = 0;
+    nl_model_zero_grad(m);
+    float loss;
+    NL_TRY(nl_model_forward(m, t->x, t->y, B, T, &loss));
+    if (!isfinite(loss)) return nl_fail(NL_ERR_NUMERIC, "step %lld: loss is %f", (long long)step, (double)loss);
+    NL_TRY(nl_model_backward(m));
+    nl_comm_get_stats(t->ep_comm, &s1);
+    t->st.a2a_sent_bytes = s1.coll[NL_COMM_OP_ALL_TO_ALL].sent_bytes - s0.coll[NL_COMM_OP_ALL_TO_ALL].sent_bytes;
+    t->st.payload_sent_bytes = (uint64_t)e->rows_sent * (uint64_t)m->C * sizeof(float);
+    t->st.payload_self_bytes = (uint64_t)e->rows_self * (uint64_t)m->C * sizeof(float);
+    t->st.dispatched_bytes = (uint64_t)e->rows_dispatched * (uint64_t)m->C * sizeof(float);
+    t->st.returned_bytes = (uint64_t)e->rows_returned * (uint64_t)m->C * sizeof(float);
+    /* gradients: replicated ranges over the world, expert ranges over the expert replicas */
+    size_t pos = 0;
+    double ss_rep = 0, ss_exp = 0;
+    float inv = 1.0f / (float)t->n;
+    for (int64_t l = 0; l <= m->L; l++) {
+        size_t b = m->n_params, en = m->n_params;
+        if (l < m->L) nl_moe_expert_range(m, l, &b, &en);
+        if (l < m->L && b == en) continue; /* dense layer: part of the next replicated range */
+        if (b > pos) {
+            if (t->n > 1) NL_TRY(nl_comm_all_reduce(t->world, m->grads + pos, b - pos, NL_COMM_F32, t->o.impl));
+            for (size_t i = pos; i < b; i++) m->grads[i] *= inv;
+            ss_rep += sumsq(m->grads + pos, b - pos);
+        }
+        if (en > b) {
+            if (nl_comm_size(t->edp_comm) > 1)
+                NL_TRY(nl_comm_all_reduce(t->edp_comm, m->grads + b, en - b, NL_COMM_F32, t->o.impl));
+            for (size_t i = b; i < en; i++) m->grads[i] *= inv;
+            ss_exp += sumsq(m->grads + b, en - b);
+        }
+        pos = en;
+    }
+    if (t->o.ep > 1) NL_TRY(nl_comm_sum_double(t->ep_comm, &ss_exp));
+    double norm = sqrt(ss_rep + ss_exp);
+    if (t->o.grad_clip > 0 && isfinite(norm) && norm > t->o.grad_clip)
+        nl_grad_scale(m, (float)(t->o.grad_clip / (norm + 1e-6)));
+    nl_adamw_step(&t->opt, m, t->o.lr);
+    /* statistics over the world */
+    int64_t ne = e->n_moe_layers * e->E;
+    double v[3] = {loss, e->aux_loss, 0};
+    for (int k = 0; k < 2; k++) {
+        if (t->n > 1) NL_TRY(nl_comm_sum_double(t->world, &v[k]));
+        v[k] /= t->n;
+    }
+    for (int64_t i = 0; i < ne; i++) t->fbuf[i] = (float)e->tokens[i];
+    t->fbuf[ne] = (float)e->slots;
+    t->fbuf[ne + 1] = (float)e->dropped;
+    if (t->n > 1) NL_TRY(nl_comm_all_reduce(t->world, t->fbuf, (size_t)ne + 2, NL_COMM_F32, NL_COMM_NATIVE));
+    for (int64_t i = 0; i < ne; i++) t->st.tokens[i] = (int64_t)t->fbuf[i];
+    t->st.slots = (int64_t)t->fbuf[ne];
+    t->st.dropped = (int64_t)t->fbuf[ne + 1];
+    t->st.loss = (float)v[0];
+    t->st.aux_loss = v[1];
+    t->st.grad_norm = norm;
+    return NL_OK;
+}
