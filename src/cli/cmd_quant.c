@@ -9,17 +9,20 @@
 #include "nanolm/quant.h"
 
 int nl_cmd_quant_model(int argc, char **argv); /* cmd_quant_model.c */
+int nl_cmd_quant_compare(int argc, char **argv); /* cmd_quant_compare.c */
 
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: nanolm quant demo [--json]\n"
             "       nanolm quant outliers [--rows N] [--cols N] [--bits B] [--outlier F] [--seed S] [--json]\n"
-            "       nanolm quant model --ckpt F --data TEXT [--scheme S ...] [--out Q.safetensors] [--json]\n\n"
+            "       nanolm quant model --ckpt F --data TEXT [--scheme S ...] [--out Q.safetensors] [--json]\n"
+            "       nanolm quant compare --ckpt F --data TEXT --calib TEXT [--schemes LIST] [--json] [--svg F]\n\n"
             "demo:     the course's absmax example: (0.3, -0.5, 0.12, 1.5) in int8, then with an outlier 30,\n"
             "          then with blocks of 2.\n"
             "outliers: a random N(0, 0.02) weight matrix whose row 7 is multiplied by F (default 50);\n"
             "          MSE and SQNR for per tensor, per channel and per block 32/64/128.\n"
+            "compare:  RTN vs GPTQ, AWQ, SmoothQuant and LLM.int8() on a checkpoint (see quant compare --help).\n"
 );
 }
 
@@ -233,5 +236,6 @@ int nl_cmd_quant(int argc, char **argv) {
     if (!strcmp(sub, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(sub, "outliers")) return cmd_outliers(argc - 1, argv + 1);
     if (!strcmp(sub, "model")) return nl_cmd_quant_model(argc - 1, argv + 1);
-    return nl_cli_usage_error("quant: unknown subcommand '%s' (demo, outliers, model)", sub);
+    if (!strcmp(sub, "compare")) return nl_cmd_quant_compare(argc - 1, argv + 1);
+    return nl_cli_usage_error("quant: unknown subcommand '%s' (demo, outliers, model, compare)", sub);
 }
