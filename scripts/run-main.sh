@@ -2,4 +2,4 @@
 # The main job on built-in defaults (what `make run` shows).
 set -euo pipefail
 build=${1:-build}
-"$build/nanolm" --help
+"$build/nanolm" formats

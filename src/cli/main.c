@@ -11,10 +11,12 @@ typedef struct nl_command {
 } nl_command;
 
 int nl_cmd_version(int argc, char **argv);
+int nl_cmd_formats(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
     {"version", "print the version and build configuration", nl_cmd_version},
+    {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
