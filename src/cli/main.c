@@ -12,11 +12,19 @@ typedef struct nl_command {
 
 int nl_cmd_version(int argc, char **argv);
 int nl_cmd_formats(int argc, char **argv);
+int nl_cmd_quant(int argc, char **argv);
+int nl_cmd_train(int argc, char **argv);
+int nl_cmd_eval(int argc, char **argv);
+int nl_cmd_generate(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
     {"version", "print the version and build configuration", nl_cmd_version},
     {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
+    {"quant", "quantization: course demo, outliers, quantize a model", nl_cmd_quant},
+    {"train", "train NanoLM on a text file (AdamW, cosine, fp32/bf16/fp16)", nl_cmd_train},
+    {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
+    {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])

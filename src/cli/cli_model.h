@@ -1,0 +1,26 @@
+/* Shared helpers of the NanoLM commands (train, eval, generate): text -> tokens, model files. */
+#ifndef NANOLM_CLI_MODEL_H
+#define NANOLM_CLI_MODEL_H
+
+#include <stdint.h>
+
+#include "nanolm/base.h"
+#include "nanolm/model.h"
+#include "nanolm/tokenizer.h"
+
+typedef struct nl_tokens {
+    int32_t *ids;
+    int64_t n;
+} nl_tokens;
+
+/* Reads a text file as byte tokens and splits it: first 90% train, last 10% validation.
+ * Errors: NL_ERR_IO for a missing file, NL_ERR_INVALID for an empty one (naming the file). */
+nl_status nl_cli_load_text_split(const char *path, nl_tokens *train, nl_tokens *val);
+void nl_cli_tokens_free(nl_tokens *t);
+
+/* Loads a model from a safetensors checkpoint or a llama2.c .bin, and its tokenizer: the
+ * checkpoint's kind, or the llama2.c tokenizer file `tok_path` (required for .bin files).
+ * Errors name the file. */
+nl_status nl_cli_load_model(const char *ckpt, const char *tok_path, nl_model *m, nl_tokenizer *tok);
+
+#endif
