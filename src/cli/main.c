@@ -16,6 +16,7 @@ int nl_cmd_quant(int argc, char **argv);
 int nl_cmd_train(int argc, char **argv);
 int nl_cmd_eval(int argc, char **argv);
 int nl_cmd_generate(int argc, char **argv);
+int nl_cmd_fp8(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -25,6 +26,7 @@ static const nl_command commands[] = {
     {"train", "train NanoLM on a text file (AdamW, cosine, fp32/bf16/fp16)", nl_cmd_train},
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
+    {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
