@@ -119,4 +119,17 @@ rng = struct.pack("<qq", -1000, 1000)
 for i, s in enumerate([b"1e9", b"7B", b"1.5T", b"2k", b"-0", b"nan", b"inf", b"0x1p-3", b"1e400",
                        b"123", b"-9223372036854775808", b" 5", b"5 "]):
     put("cli_numbers", "n%02d.txt" % i, rng + s)
+
+# ---- names: formats, quantization schemes, FP8 scalings ----
+for i, s in enumerate([b"bf16", b"E4M3FN", b"fp8_e5m2", b"mxfp4", b"int4", b"float32", b"half", b"e8m0",
+                       b"int8-channel", b"int4-b32", b"affine-uint8-channel", b"mxfp6-e2m3-away", b"mxint8",
+                       b"tensor", b"delayed", b"block", b"mx"]):
+    put("names", "n%02d.txt" % i, s)
+
+# ---- formats cast arguments, NUL separated ----
+for i, args in enumerate([[b"257", b"--to", b"bf16"], [b"-1.5", b"--to", b"e4m3", b"--json"],
+                          [b"1e9", b"-t", b"e2m1", b"--rounding", b"stochastic", b"--seed", b"7"],
+                          [b"inf", b"--to", b"e5m2", b"--overflow", b"ieee"], [b"nan", b"--to", b"int4"],
+                          [b"-inf", b"--to", b"e8m0", b"-r", b"rtz"], [b"0.1", b"--to", b"tf32", b"-o", b"saturate"]]):
+    put("formats_cli", "a%02d.bin" % i, b"\0".join(args))
 print("make_corpus: wrote", OUT)

@@ -25,9 +25,9 @@ for t in "${targets[@]}"; do
   [[ -n ${FUZZ_RUNS:-} ]] && extra+=("-runs=$FUZZ_RUNS")
   log="$build/fuzz_$t.log"
   echo "fuzz: $t for ${secs}s (log $log)"
-  # -close_fd_mask=2: the targets' own error messages would flood the log; crash reports still print.
+  # -close_fd_mask=3: the targets' own output (CLI errors, tables) would flood the log; crash reports still print.
   "$bin" "$build/corpus/$t" "fuzz/corpus/$t" "${extra[@]}" -max_total_time="$secs" -timeout=10 \
-    -rss_limit_mb=2560 -malloc_limit_mb=2048 -print_final_stats=1 -close_fd_mask=2 \
+    -rss_limit_mb=2560 -malloc_limit_mb=2048 -print_final_stats=1 -close_fd_mask=3 \
     -artifact_prefix="$build/artifacts/$t/" >"$log" 2>&1
   rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

@@ -17,13 +17,21 @@
 #define NL_FUZZ_NO_MAIN
 #include "../fuzz/fuzz_cli_numbers.c"
 #include "../fuzz/fuzz_data.c"
+#include "../fuzz/fuzz_formats_cli.c"
 #include "../fuzz/fuzz_llama2c.c"
+#include "../fuzz/fuzz_names.c"
 #include "../fuzz/fuzz_safetensors.c"
 #include "../fuzz/fuzz_tokenizer.c"
 /* The CLI helpers are not part of the library; the number fuzzer needs them. */
 #define dup cli_util_dup /* its static string helper would clash with unistd.h's dup() */
 #include "../src/cli/cli_util.c"
 #undef dup
+/* gcc, inlining cli_util.c's parser into this one translation unit, loses track of the value it
+ * writes on success and warns; the separately compiled CLI has no such warning. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "../src/cli/cmd_formats.c"
+#pragma GCC diagnostic pop
 
 typedef int (*fuzz_fn)(const uint8_t *, size_t);
 
@@ -62,17 +70,24 @@ static void test_safetensors(void **s) { (void)s; replay("safetensors", nl_fuzz_
 static void test_llama2c(void **s) { (void)s; replay("llama2c", nl_fuzz_llama2c, 2); }
 static void test_tokenizer(void **s) { (void)s; replay("tokenizer", nl_fuzz_tokenizer, 2); }
 static void test_data(void **s) { (void)s; replay("data", nl_fuzz_data, 2); }
-static void test_cli_numbers(void **s) {
-    (void)s;
-    /* The harness prints the CLI's one-line errors; keep the test log short. */
+/* Replays with stdout and stderr sent to /dev/null: the CLI targets print their one-line errors
+ * and results, which would bury the test's own output. */
+static void replay_quiet(const char *target, fuzz_fn fn, int min_seeds) {
+    fflush(stdout);
     fflush(stderr);
-    int saved = dup(2), null_fd = open("/dev/null", O_WRONLY);
-    if (null_fd >= 0) dup2(null_fd, 2);
-    replay("cli_numbers", nl_fuzz_cli_numbers, 5);
+    int out = dup(1), err = dup(2), null_fd = open("/dev/null", O_WRONLY);
+    if (null_fd >= 0) { dup2(null_fd, 1); dup2(null_fd, 2); }
+    replay(target, fn, min_seeds);
+    fflush(stdout);
     fflush(stderr);
-    if (saved >= 0) { dup2(saved, 2); close(saved); }
+    if (out >= 0) { dup2(out, 1); close(out); }
+    if (err >= 0) { dup2(err, 2); close(err); }
     if (null_fd >= 0) close(null_fd);
 }
+
+static void test_cli_numbers(void **s) { (void)s; replay_quiet("cli_numbers", nl_fuzz_cli_numbers, 5); }
+static void test_names(void **s) { (void)s; replay("names", nl_fuzz_names, 5); }
+static void test_formats_cli(void **s) { (void)s; replay_quiet("formats_cli", nl_fuzz_formats_cli, 3); }
 
 /* The first finding, pinned by its exact outcome: a 33-byte header whose fields multiply past
  * int64 (dim*hidden_dim*n_layers overflowed in the layout) must be refused as a format error
@@ -95,6 +110,8 @@ int main(void) {
         cmocka_unit_test(test_tokenizer),
         cmocka_unit_test(test_data),
         cmocka_unit_test(test_cli_numbers),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_formats_cli),
         cmocka_unit_test(test_llama2c_header_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
