@@ -1,5 +1,6 @@
 /* llama2.c legacy checkpoints: read into named fp32 arrays, write atomically. */
 #include "nanolm/llama2c.h"
+#include "nanolm/resources.h"
 
 #include <errno.h>
 #include <math.h>
@@ -153,6 +154,10 @@ nl_status nl_llama2c_read(nl_llama2c *m, const char *path) {
         return nl_fail(NL_ERR_FORMAT, "%s: %llu bytes but the header (%s) implies %llu: wrong header or not a llama2.c legacy checkpoint",
                        path, (unsigned long long)size, desc, (unsigned long long)expect);
     }
+    char what[600];
+    snprintf(what, sizeof what, "%s: the weights (%s)", path, desc);
+    nl_status mem = nl_mem_require((uint64_t)n_weights * sizeof(float), what);
+    if (mem) { fclose(f); return mem; }
     float *w = nl_malloc((size_t)n_weights * sizeof(float), path);
     if (!w) { fclose(f); return NL_ERR_NOMEM; }
     /* Everything before the RoPE tables, skip them, then the classifier. */
