@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "nanolm/formats.h"
 
 static uint32_t enc(nl_format f, float x) {
@@ -389,6 +391,28 @@ static void test_cli(void **state) {
     assert_non_null(strstr(out, "e4m3"));
     assert_non_null(strstr(out, "57344"));
     assert_non_null(strstr(out, "65504"));
+    free(out);
+    assert_int_equal(tu_run_cli("formats --json", &out), 0);
+    cJSON *doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    cJSON *arr = cJSON_GetObjectItem(doc, "formats");
+    assert_int_equal(cJSON_GetArraySize(arr), NL_FMT_COUNT);
+    for (int f = 0; f < NL_FMT_COUNT; f++) {
+        cJSON *o = cJSON_GetArrayItem(arr, f);
+        assert_string_equal(cJSON_GetObjectItem(o, "name")->valuestring, nl_fmt_name((nl_format)f));
+        assert_true(cJSON_GetObjectItem(o, "max_finite")->valuedouble == nl_fmt_info((nl_format)f)->max_finite);
+    }
+    cJSON_Delete(doc);
+    free(out);
+    assert_int_equal(tu_run_cli("formats sum --format e4m3 --value 3 --count 100 --json", &out), 0);
+    doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "trajectory")), 100);
+    assert_true(cJSON_GetObjectItem(doc, "result")->valuedouble == 64);
+    assert_true(cJSON_GetObjectItem(doc, "stuck_from_step")->valuedouble == 18);
+    assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "trajectory"), 17)->valuedouble == 64);
+    assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "trajectory"), 16)->valuedouble == 60);
+    cJSON_Delete(doc);
     free(out);
     assert_int_equal(tu_run_cli("formats cast 257 --to bf16", &out), 0);
     assert_non_null(strstr(out, "0x4380"));

@@ -163,7 +163,7 @@ static void test_attention_grad(void **state) {
     nl_model m;
     assert_int_equal(nl_model_init(&m, &a), NL_OK);
     static float qkv[B * T * QKV], R[B * T * NH * HD], out[B * T * NH * HD], att[B * NH * T * T], dqkv[B * T * QKV],
-        datt[B * NH * T];
+        datt[B * NH * T * T];
     static double qd[B * T * QKV], Rd[B * T * NH * HD], g[B * T * QKV];
     fill(qkv, B * T * QKV, 1.0);
     fill(R, B * T * NH * HD, 1.0);

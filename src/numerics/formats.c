@@ -302,17 +302,9 @@ static double value_or_none(nl_format f, int64_t code, double inf_side) {
     return (double)nl_fmt_decode(f, (uint32_t)code);
 }
 
-/* Neighbours of m >= 0 among magnitudes (codes are monotone in magnitude). */
+/* Neighbours of m >= 0 among magnitudes (float and E8M0 codes are monotone in magnitude). */
 static void mag_neighbors(nl_format f, float m, double *below, double *above) {
     const nl_format_info *fi = &INFO[f];
-    if (fi->kind == NL_FMT_KIND_INT) {
-        double fl = floor((double)m);
-        if (fl > fi->max_finite) fl = fi->max_finite;
-        *below = fl == m ? fl - 1 : fl;
-        *above = fl + 1 > fi->max_finite ? NAN : fl + 1;
-        if (isinf(m)) *above = NAN;
-        return;
-    }
     int64_t c = floor_code(f, m);
     double v = c < 0 ? -1 : (double)nl_fmt_decode(f, (uint32_t)c);
     if (isinf(m)) {
