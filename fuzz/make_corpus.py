@@ -132,4 +132,47 @@ for i, args in enumerate([[b"257", b"--to", b"bf16"], [b"-1.5", b"--to", b"e4m3"
                           [b"inf", b"--to", b"e5m2", b"--overflow", b"ieee"], [b"nan", b"--to", b"int4"],
                           [b"-inf", b"--to", b"e8m0", b"-r", b"rtz"], [b"0.1", b"--to", b"tf32", b"-o", b"saturate"]]):
     put("formats_cli", "a%02d.bin" % i, b"\0".join(args))
+
+# ---- NanoLM checkpoints: safetensors with nanolm's metadata, a tiny arch, as nanolm writes them ----
+def nanolm_ckpt(dim, hidden, layers, heads, kv, vocab, tied, state):
+    hd = dim // heads
+    shapes = [("model.embed_tokens.weight", [vocab, dim])]
+    for l in range(layers):
+        p = "model.layers.%d." % l
+        shapes += [(p + "input_layernorm.weight", [dim]), (p + "self_attn.q_proj.weight", [heads * hd, dim]),
+                   (p + "self_attn.k_proj.weight", [kv * hd, dim]), (p + "self_attn.v_proj.weight", [kv * hd, dim]),
+                   (p + "self_attn.o_proj.weight", [dim, heads * hd]), (p + "post_attention_layernorm.weight", [dim]),
+                   (p + "mlp.gate_proj.weight", [hidden, dim]), (p + "mlp.up_proj.weight", [hidden, dim]),
+                   (p + "mlp.down_proj.weight", [dim, hidden])]
+    shapes.append(("model.norm.weight", [dim]))
+    if not tied:
+        shapes.append(("lm_head.weight", [vocab, dim]))
+    arch = {"name": "tiny", "vocab_size": vocab, "dim": dim, "n_layers": layers, "n_heads": heads,
+            "n_kv_heads": kv, "hidden_dim": hidden, "seq_len": 8, "rope_theta": 10000, "norm_eps": 1e-05,
+            "tied_embeddings": int(tied), "head_dim": 0}
+    meta = {"format": "pt", "nanolm.arch": json.dumps(arch, separators=(",", ":")), "nanolm.tokenizer": "byte"}
+    tensors = []
+    for name, shp in shapes:
+        k = 1
+        for d in shp:
+            k *= d
+        tensors.append((name, "F32", shp, f32([((i * 7) % 13 - 6) / 16.0 for i in range(k)])))
+    if state:
+        meta["nanolm.train"] = json.dumps({"step": 3, "precision": "fp32", "rng": ["1", "2", "3", "4"],
+                                           "adamw": {"t": 3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                                                     "weight_decay": 0.1},
+                                           "scaler": {"scale": 65536, "good_steps": 0, "skipped": 0, "growth_interval": 2000}},
+                                          separators=(",", ":"))
+        for name, shp in list(shapes):
+            k = 1
+            for d in shp:
+                k *= d
+            tensors.append(("optimizer.exp_avg." + name, "F32", shp, f32([0.01] * k)))
+            tensors.append(("optimizer.exp_avg_sq." + name, "F32", shp, f32([0.001] * k)))
+    return safetensors(tensors, meta)
+
+
+put("checkpoint", "tiny_untied_state.st", nanolm_ckpt(8, 12, 1, 2, 1, 6, False, True))
+put("checkpoint", "tiny_tied.st", nanolm_ckpt(4, 8, 2, 2, 2, 5, True, False))
+put("checkpoint", "tiny_llama2c.bin", llama2c(8, 16, 1, 2, 1, 16, 4))
 print("make_corpus: wrote", OUT)

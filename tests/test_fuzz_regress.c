@@ -15,6 +15,7 @@
 #include "nanolm/llama2c.h"
 
 #define NL_FUZZ_NO_MAIN
+#include "../fuzz/fuzz_checkpoint.c"
 #include "../fuzz/fuzz_cli_numbers.c"
 #include "../fuzz/fuzz_data.c"
 #include "../fuzz/fuzz_formats_cli.c"
@@ -69,6 +70,7 @@ static void replay(const char *target, fuzz_fn fn, int min_seeds) {
 static void test_safetensors(void **s) { (void)s; replay("safetensors", nl_fuzz_safetensors, 3); }
 static void test_llama2c(void **s) { (void)s; replay("llama2c", nl_fuzz_llama2c, 2); }
 static void test_tokenizer(void **s) { (void)s; replay("tokenizer", nl_fuzz_tokenizer, 2); }
+static void test_checkpoint(void **s) { (void)s; replay("checkpoint", nl_fuzz_checkpoint, 3); }
 static void test_data(void **s) { (void)s; replay("data", nl_fuzz_data, 2); }
 /* Replays with stdout and stderr sent to /dev/null: the CLI targets print their one-line errors
  * and results, which would bury the test's own output. */
@@ -109,6 +111,7 @@ int main(void) {
         cmocka_unit_test(test_llama2c),
         cmocka_unit_test(test_tokenizer),
         cmocka_unit_test(test_data),
+        cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_cli_numbers),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_formats_cli),
