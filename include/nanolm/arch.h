@@ -31,7 +31,13 @@ typedef struct nl_arch {
     int64_t expert_hidden_dim;/* SwiGLU inner size of one expert */
     int64_t first_moe_layer;
     /* Attention variant the planner prices; the runtime implements standard GQA only. */
-    int64_t head_dim;         /* 0 = dim / n_heads */
+    int64_t head_dim;         /* 0 = dim / n_heads (with MLA: the no-RoPE part of a q/k head) */
+    /* Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank == 0: standard GQA). The
+     * runtime does not implement it; the planner prices it (parameters, KV cache). */
+    int64_t q_lora_rank;      /* 0 = queries projected directly */
+    int64_t kv_lora_rank;     /* compressed KV size cached per token and layer */
+    int64_t qk_rope_head_dim; /* RoPE part of a q/k head (shared across heads for k) */
+    int64_t v_head_dim;       /* value head size */
 } nl_arch;
 
 /* Head size (dim / n_heads unless head_dim is set). */

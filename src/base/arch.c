@@ -42,7 +42,19 @@ void nl_arch_count_params(const nl_arch *a, nl_arch_params *p) {
     int64_t dense_layers = a->n_layers - moe_layers;
     p->embedding = a->vocab_size * a->dim;
     p->classifier = a->tied_embeddings ? 0 : a->vocab_size * a->dim;
-    p->attention = a->n_layers * (a->dim * q + 2 * a->dim * kv + q * a->dim);
+    if (a->kv_lora_rank > 0) {
+        /* MLA (DeepSeek-V2 sec. 2.1): q = W_qb·norm(W_qa x) (or W_q x), [c_kv, k_rope] = W_kva x,
+         * [k_nope, v] = W_kvb·norm(c_kv), out = W_o v; the two low-rank norms count here. */
+        int64_t qk = hd + a->qk_rope_head_dim;
+        int64_t wq = a->q_lora_rank > 0
+                         ? a->dim * a->q_lora_rank + a->q_lora_rank + a->q_lora_rank * a->n_heads * qk
+                         : a->dim * a->n_heads * qk;
+        int64_t wkv = a->dim * (a->kv_lora_rank + a->qk_rope_head_dim) + a->kv_lora_rank +
+                      a->kv_lora_rank * a->n_heads * (hd + a->v_head_dim);
+        p->attention = a->n_layers * (wq + wkv + a->n_heads * a->v_head_dim * a->dim);
+    } else {
+        p->attention = a->n_layers * (a->dim * q + 2 * a->dim * kv + q * a->dim);
+    }
     p->mlp_dense = dense_layers * 3 * a->dim * a->hidden_dim;
     int64_t expert = 3 * a->dim * a->expert_hidden_dim;
     p->mlp_experts = moe_layers * a->n_experts * expert;

@@ -17,6 +17,9 @@ int nl_cmd_train(int argc, char **argv);
 int nl_cmd_eval(int argc, char **argv);
 int nl_cmd_generate(int argc, char **argv);
 int nl_cmd_fp8(int argc, char **argv);
+int nl_cmd_scaling(int argc, char **argv);
+int nl_cmd_budget(int argc, char **argv);
+int nl_cmd_plan(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -27,6 +30,9 @@ static const nl_command commands[] = {
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
+    {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
+    {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},
+    {"plan", "parallel training and serving plans for real clusters", nl_cmd_plan},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])

@@ -1,0 +1,301 @@
+/*
+ * The planner: pure arithmetic that prices training and serving of transformers on real
+ * clusters. Catalog of hardware and models, memory budgets (bytes per parameter by recipe and
+ * sharding stage, activations), collectives with an alpha-beta model, the search over parallel
+ * training layouts, and serving (prefill, decode, KV cache). No model memory, no MPI.
+ * Scaling laws live in scaling.h.
+ *
+ * Units: bytes, FLOPs, seconds, bytes/s, FLOP/s (all double). GB = 1e9 bytes, GiB = 2^30.
+ */
+#ifndef NANOLM_PLAN_H
+#define NANOLM_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "nanolm/arch.h"
+#include "nanolm/base.h"
+
+/* ---- hardware ------------------------------------------------------------------------- */
+typedef struct nl_hw {
+    char name[32];
+    double flops_bf16;      /* dense peak, FLOP/s */
+    double flops_fp8;       /* dense peak, FLOP/s */
+    double mem_bytes;       /* HBM capacity */
+    double hbm_bw;          /* HBM bandwidth, bytes/s */
+    double intra_bw;        /* scale-up link (NVLink/xGMI) per GPU, one direction, bytes/s */
+    double inter_bw;        /* scale-out network per GPU, one direction, bytes/s */
+    int64_t gpus_per_node;  /* GPUs on one scale-up domain */
+    double latency_s;       /* launch + sync latency of one collective call */
+    double intra_eff;       /* achievable fraction of intra_bw for large collectives */
+    double inter_eff;       /* achievable fraction of inter_bw for large collectives */
+    double price_per_hour;  /* $ per GPU-hour (a parameter, not a fact) */
+    char source[160];
+} nl_hw;
+
+/* A model entry: its shape plus where the numbers come from. */
+typedef struct nl_model {
+    nl_arch arch;
+    char source[160];
+} nl_model;
+
+#define NL_CATALOG_MAX 64
+typedef struct nl_catalog {
+    nl_hw hw[NL_CATALOG_MAX];
+    size_t n_hw;
+    nl_model models[NL_CATALOG_MAX];
+    size_t n_models;
+    size_t last_model;  /* index of the last entry nl_catalog_load_model added or changed */
+} nl_catalog;
+
+/* Fills the catalog with the built-in GPUs and models (NanoLM presets included). */
+void nl_catalog_init(nl_catalog *c);
+/* Looks a GPU / model up by name (case-insensitive). NL_ERR_INVALID with a message that lists
+ * the known names when it is not there. */
+nl_status nl_catalog_find_hw(const nl_catalog *c, const char *name, nl_hw *out);
+nl_status nl_catalog_find_model(const nl_catalog *c, const char *name, nl_arch *out);
+/* Adds or overrides entries from a JSON file: one object or an array of objects. A GPU object
+ * names "name" and any of the nl_hw fields (missing fields of a new entry come from "base",
+ * default "h100"); a model object names "name" and nl_arch fields ("base" likewise, default
+ * none: then vocab_size, dim, n_layers, n_heads, hidden_dim are required). Unknown fields and
+ * bad values fail with NL_ERR_FORMAT naming the file and the field. */
+nl_status nl_catalog_load_hw(nl_catalog *c, const char *path);
+nl_status nl_catalog_load_model(nl_catalog *c, const char *path);
+/* A model named on the command line: a catalog name, or a JSON file (ending in .json) whose
+ * last entry is loaded into the catalog and returned. */
+nl_status nl_catalog_model_arg(nl_catalog *c, const char *arg, nl_arch *out);
+/* Comma-separated names, for error messages. Writes into buf. */
+const char *nl_catalog_hw_names(const nl_catalog *c, char *buf, size_t n);
+const char *nl_catalog_model_names(const nl_catalog *c, char *buf, size_t n);
+
+/* ---- counts from the shape -------------------------------------------------------------- */
+/* Parameters that do matmul work per token: active parameters minus the embedding lookup
+ * (the classifier matmul counts, tied or not) minus the norms. */
+double nl_plan_matmul_params(const nl_arch *a);
+/* Forward attention-score FLOPs per token averaged over a causal sequence of length `seq`
+ * (QK^T and PV: 2 * 2 * q_dim * seq/2 per layer). */
+double nl_plan_attn_flops_per_token(const nl_arch *a, double seq);
+/* KV-cache bytes per token (all layers) at `bytes_per_elem`; MLA caches kv_lora_rank +
+ * qk_rope_head_dim per layer. */
+double nl_plan_kv_bytes_per_token(const nl_arch *a, double bytes_per_elem);
+
+/* ---- memory: model state ---------------------------------------------------------------- */
+typedef struct nl_recipe {
+    const char *name;
+    double weight_bytes;  /* per parameter, the copy used in forward/backward */
+    double grad_bytes;
+    double optim_bytes;   /* master weights + optimizer moments */
+    const char *source;
+} nl_recipe;
+/* "fp32", "bf16" (mixed, the default), "fp8" (Transformer Engine style), "fp8-ds3"
+ * (DeepSeek-V3). NL_ERR_INVALID listing the known ones otherwise. */
+nl_status nl_plan_recipe(const char *name, nl_recipe *out);
+const char *const *nl_plan_recipe_names(void);
+
+typedef enum nl_zero { NL_ZERO_0 = 0, NL_ZERO_1 = 1, NL_ZERO_2 = 2, NL_ZERO_3 = 3, NL_ZERO_HSDP = 4 } nl_zero;
+const char *nl_zero_name(nl_zero z);
+
+/* Bytes per parameter of model state on one GPU under a ZeRO stage sharded over `dp` ranks
+ * (HSDP: shard over `shard` ranks, replicate across dp/shard). */
+typedef struct nl_state_bytes {
+    double weights, grads, optim, total; /* per parameter held by this model-parallel rank */
+} nl_state_bytes;
+void nl_plan_state_bytes(const nl_recipe *r, nl_zero z, int64_t dp, int64_t shard, nl_state_bytes *out);
+
+/* ---- memory: activations ---------------------------------------------------------------- */
+typedef enum nl_recompute { NL_RECOMPUTE_NONE = 0, NL_RECOMPUTE_SELECTIVE = 1, NL_RECOMPUTE_FULL = 2 } nl_recompute;
+const char *nl_recompute_name(nl_recompute r);
+
+/* One tensor kept for backward: bytes per token per layer, and whether tensor parallelism
+ * shards it (without sequence parallelism the norm regions stay replicated). */
+typedef struct nl_act_term {
+    char name[48];
+    double bytes;       /* per token per layer on one GPU, after TP/SP sharding */
+    double unsharded;   /* per token per layer at tp = 1 */
+} nl_act_term;
+
+#define NL_ACT_MAX_TERMS 20
+typedef struct nl_act_opts {
+    int64_t tp;          /* tensor-parallel degree (>= 1) */
+    int sp;              /* sequence parallelism (shards the norm regions by tp) */
+    int flash;           /* flash attention (no s x s scores kept) */
+    nl_recompute recompute;
+    double seq;          /* sequence length (scores without flash) */
+    double bytes_per_elem; /* 2 for bf16 */
+} nl_act_opts;
+
+typedef struct nl_act_layer {
+    nl_act_term terms[NL_ACT_MAX_TERMS];
+    int n;
+    double bytes_per_token;        /* sum over terms, one layer, what stays until backward */
+    double working_bytes_per_token;/* one layer's full set, live while it is recomputed */
+} nl_act_layer;
+/* Activations of one (average) transformer layer, per token, adapted from Korthikanti et al.
+ * 2022 ("Reducing Activation Recomputation in Large Transformer Models", sec. 4) to
+ * RMSNorm, GQA, SwiGLU (SiLU as x*sigmoid(x)), no dropout. */
+void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *out);
+/* Korthikanti et al. 2022 eq. (1)-(2) as published for GPT (4h GeLU MLP, dropout, fp16):
+ * bytes per token per layer = h*(34 + 5*a*s/h) (no recompute, tp = 1); with flash attention or
+ * selective recompute 34*h; with full recompute 2*h. */
+double nl_plan_act_korthikanti(const nl_arch *a, double seq, nl_recompute r, int flash);
+/* Bytes of the logits and the fp32 loss working copy for `tokens` tokens. */
+double nl_plan_logits_bytes(const nl_arch *a, double tokens);
+
+/* ---- collectives (alpha-beta) ------------------------------------------------------------ */
+typedef enum nl_coll { NL_ALL_REDUCE, NL_REDUCE_SCATTER, NL_ALL_GATHER, NL_ALL_TO_ALL, NL_P2P } nl_coll;
+const char *nl_coll_name(nl_coll c);
+/* Bytes that leave each GPU for a collective over p ranks on an array of `bytes`:
+ * (p-1)/p * bytes for reduce-scatter, all-gather, all-to-all; twice that for all-reduce;
+ * `bytes` for a point-to-point send. */
+double nl_plan_coll_bytes(nl_coll c, int64_t p, double bytes);
+/* Time: latency + wire bytes / (bandwidth * efficiency) with the bandwidth of the slowest link
+ * the group spans: `spans_nodes` picks inter_bw. */
+double nl_plan_coll_time(const nl_hw *hw, nl_coll c, int64_t p, double bytes, int spans_nodes);
+
+/* ---- efficiency assumptions of the time model -------------------------------------------- */
+typedef struct nl_eff {
+    double gemm;          /* fraction of peak a large bf16 GEMM reaches */
+    double attn;          /* fraction of peak the flash-attention kernels reach */
+    double kernel_s;      /* fixed cost per kernel launch */
+    double kernels_per_layer; /* kernels per layer forward (backward: twice) */
+    double dp_overlap;    /* fraction of backward that can hide data-parallel comm */
+    double usable_mem;    /* fraction of HBM the allocator can use */
+    double reserved_bytes;/* CUDA context, NCCL buffers, workspace */
+    double fixed_mfu;     /* > 0: napkin mode: time = model FLOPs / (peak * fixed_mfu) */
+    int fp8_gemm;         /* GEMMs at the fp8 peak (set from the recipe by the search) */
+    double tp_overlap;    /* fraction of tensor-parallel communication hidden behind GEMMs */
+} nl_eff;
+/* The defaults, each with its source in plan/train.c. */
+void nl_eff_default(nl_eff *e);
+
+/* ---- training plans ---------------------------------------------------------------------- */
+typedef struct nl_layout {
+    int64_t dp, tp, pp, cp, ep;
+    nl_zero zero;
+    int64_t micro_batch;    /* sequences per microbatch (per data-parallel rank) */
+    int64_t n_micro;        /* microbatches per step (gradient accumulation) */
+    int64_t vpp;            /* interleaved virtual stages (1 = plain 1F1B) */
+    nl_recompute recompute;
+    int sp;                 /* sequence parallel with tp > 1 */
+} nl_layout;
+
+typedef struct nl_train_req {
+    nl_arch arch;
+    nl_hw hw;
+    nl_recipe recipe;
+    nl_eff eff;
+    int64_t gpus;
+    double tokens;           /* training tokens */
+    int64_t seq;             /* sequence length */
+    int64_t global_batch;    /* sequences per step */
+    double params_override;  /* > 0: use this N for state bytes and 6N (course "7B") */
+    /* Search restrictions; 0 = free. A degree > 0 fixes it; zero_plus1 = nl_zero + 1 and
+     * recompute_plus1 = nl_recompute + 1 fix those. A fixed pp may leave uneven stages. */
+    struct { int64_t dp, tp, pp, cp, ep, micro_batch; int zero_plus1, recompute_plus1; } fix;
+} nl_train_req;
+
+typedef struct nl_train_eval {
+    nl_layout L;
+    int fits;
+    char reason[160];        /* why it does not fit / is invalid */
+    /* memory per GPU, bytes */
+    double mem_weights, mem_grads, mem_optim, mem_act, mem_logits, mem_temp, mem_total, mem_usable;
+    /* time per step, seconds */
+    double t_compute;        /* all microbatches on one GPU incl. recompute, no bubble */
+    double t_bubble;
+    double t_tp, t_cp, t_ep, t_pp, t_dp;    /* communication, total per step */
+    double t_exposed;        /* communication not hidden behind compute */
+    double t_optim;          /* optimizer step: Adam reads and writes its shard (memory bound) */
+    double t_step;
+    double tokens_per_s, mfu, model_flops_per_step;
+    double total_s, gpu_hours, cost;
+} nl_train_eval;
+
+/* Evaluates one layout (memory, then time). Returns NL_ERR_INVALID if the layout is not a valid
+ * decomposition (e.g. dp*tp*pp*cp != gpus); a valid layout that does not fit returns NL_OK
+ * with fits = 0 and a reason. */
+nl_status nl_plan_train_eval(const nl_train_req *q, const nl_layout *L, nl_train_eval *out);
+
+typedef struct nl_train_result {
+    nl_train_eval *evals;    /* all valid layouts, fitting ones first, ranked by step time */
+    size_t n, n_fit;
+    double search_s;         /* wall time of the search */
+    double min_mem;          /* smallest memory need over all layouts, bytes */
+    nl_train_eval smallest;  /* the layout with that need */
+} nl_train_result;
+/* Enumerates every layout (DP x TP x PP x CP x EP, ZeRO stage or HSDP, micro-batch,
+ * recomputation) and ranks those that fit. Fails with NL_ERR_INVALID when no layout can use
+ * the GPU count (message says why) or when nothing fits (message gives the smallest need and
+ * its layout). Free with nl_plan_train_free. */
+nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *out);
+void nl_plan_train_free(nl_train_result *r);
+/* Writes a short explanation of why `best` wins (memory first, then sharding, activations,
+ * communication, time) into buf. */
+void nl_plan_train_explain(const nl_train_req *q, const nl_train_result *r, char *buf, size_t n);
+/* "dp8 tp1 pp1 cp1 ep1 zero3 mb1x16 none" */
+const char *nl_layout_str(const nl_layout *L, char *buf, size_t n);
+
+/* ---- collectives of one layer under a layout ----------------------------------------------- */
+typedef struct nl_layer_coll {
+    char what[64];       /* "attention output", "FSDP weight all-gather", ... */
+    char when[16];       /* "forward", "backward", "step" */
+    nl_coll coll;
+    char group[8];       /* "tp", "dp", "pp", "ep", "dp-inter" */
+    int64_t p;
+    double bytes;        /* array size */
+    double wire_bytes;   /* bytes through each GPU */
+    double time_s;
+    double count;        /* how many per step */
+} nl_layer_coll;
+
+#define NL_LAYER_COLL_MAX 24
+typedef struct nl_layer_plan {
+    nl_layer_coll c[NL_LAYER_COLL_MAX];
+    int n;
+    double per_layer_fwd_s, per_layer_bwd_s, per_step_s;   /* communication sums */
+    double compute_step_s;   /* compute for the step at the request's efficiency */
+    double ddp_step_s;       /* the same model under plain DDP (all-reduce), for comparison */
+} nl_layer_plan;
+/* Lists every collective one transformer layer issues under `L` (with tokens_per_gpu tokens per
+ * GPU per step in one microbatch) and the data-parallel/ZeRO collectives per step. */
+nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens_per_gpu,
+                        nl_layer_plan *out);
+
+/* ---- serving ----------------------------------------------------------------------------- */
+typedef struct nl_serve_req {
+    nl_arch arch;
+    nl_hw hw;
+    int64_t tp;
+    double prompt, output;   /* tokens */
+    int64_t batch;           /* concurrent decode sequences */
+    double context;          /* decode context; 0 = prompt + output/2 */
+    double prefill_mfu;      /* fraction of peak in prefill (0.5) */
+    double weight_bytes;     /* bytes per weight (2 = bf16) */
+    double kv_bytes;         /* bytes per KV element (2) */
+    double chunk;            /* chunked-prefill tokens per step (256) */
+} nl_serve_req;
+
+typedef struct nl_serve_plan {
+    double params, matmul_params;
+    double prefill_flops, prefill_s;           /* one prompt, on tp GPUs */
+    double kv_bytes_per_token, prompt_kv_bytes;
+    double weight_read_s, kv_read_s, decode_compute_s, decode_mem_s, decode_step_s; /* tp applied */
+    double tp_allreduces, tp_allreduce_bytes, tp_comm_s, tp_comm_latency_s;
+    double decode_step_total_s;                /* step + TP communication */
+    double ttft_s, tpot_s;
+    double stall_steps;                        /* decode steps one prefill stalls */
+    double chunk_compute_s, chunk_free_tokens; /* chunked prefill */
+    double prefill_rps, decode_rps, decode_per_prefill; /* disaggregation, per GPU group */
+    double mem_weights, mem_kv, mem_total;     /* per GPU */
+    int fits;
+} nl_serve_plan;
+/* Prices serving `arch` on `tp` GPUs of `hw`. NL_ERR_INVALID on bad sizes. */
+nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *out);
+void nl_serve_req_default(nl_serve_req *q);
+
+/* ---- pictures ------------------------------------------------------------------------------ */
+/* GPipe and 1F1B timelines for p stages and m microbatches (bubble visible). */
+nl_status nl_plan_svg_pipeline(const char *path, int64_t p, int64_t m);
+/* Memory bars (weights, grads, optimizer, activations, logits, temp) per evaluated layout. */
+nl_status nl_plan_svg_memory(const char *path, const nl_train_eval *e, size_t n, double capacity);
+
+#endif

@@ -1,0 +1,24 @@
+/* Collectives priced with the alpha-beta model (Hockney 1994; Thakur et al. 2005 for the ring
+ * algorithms): time = alpha + wire bytes / bandwidth. */
+#include "nanolm/plan.h"
+
+const char *nl_coll_name(nl_coll c) {
+    static const char *n[] = {"all-reduce", "reduce-scatter", "all-gather", "all-to-all", "send/recv"};
+    return (unsigned)c < 5 ? n[c] : "?";
+}
+
+/* Ring reduce-scatter and all-gather move (p-1)/p of the array through each GPU; all-reduce is
+ * reduce-scatter + all-gather, 2(p-1)/p (Patarasuk & Yuan 2009); an all-to-all keeps 1/p at
+ * home and sends the rest. */
+double nl_plan_coll_bytes(nl_coll c, int64_t p, double bytes) {
+    if (c == NL_P2P) return bytes;
+    if (p <= 1) return 0.0;
+    double f = (double)(p - 1) / (double)p;
+    return (c == NL_ALL_REDUCE ? 2.0 : 1.0) * f * bytes;
+}
+
+double nl_plan_coll_time(const nl_hw *hw, nl_coll c, int64_t p, double bytes, int spans_nodes) {
+    if (c != NL_P2P && p <= 1) return 0.0;
+    double bw = spans_nodes ? hw->inter_bw * hw->inter_eff : hw->intra_bw * hw->intra_eff;
+    return hw->latency_s + nl_plan_coll_bytes(c, p, bytes) / bw;
+}

@@ -1,0 +1,84 @@
+/* Serving plans: prefill is compute bound, decode reads the weights and the KV cache each step
+ * (roofline, Williams et al. 2009); tensor parallelism splits both and adds two all-reduces per
+ * layer (Shoeybi et al. 2019); chunked prefill (Agrawal et al. 2024, Sarathi-Serve) and
+ * disaggregated prefill/decode pools (Zhong et al. 2024, DistServe; Patel et al. 2024, Splitwise). */
+#include "nanolm/plan.h"
+
+#include <math.h>
+#include <string.h>
+
+void nl_serve_req_default(nl_serve_req *q) {
+    memset(q, 0, sizeof *q);
+    q->tp = 1;
+    q->prompt = 2000;
+    q->output = 500;
+    q->batch = 32;
+    q->prefill_mfu = 0.5; /* the course's assumption for a long prefill */
+    q->weight_bytes = 2;
+    q->kv_bytes = 2;
+    q->chunk = 256;
+}
+
+nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
+    memset(o, 0, sizeof *o);
+    const nl_arch *a = &q->arch;
+    const nl_hw *hw = &q->hw;
+    if (q->tp < 1 || q->batch < 1 || !(q->prompt >= 1) || !(q->output >= 1) || !(q->prefill_mfu > 0) ||
+        q->prefill_mfu > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0)
+        return nl_fail(NL_ERR_INVALID, "serve: tp, batch, prompt, output must be >= 1, prefill MFU in (0, 1]");
+    if (a->n_heads % q->tp)
+        return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp, (long long)a->n_heads);
+    nl_arch_params p;
+    nl_arch_count_params(a, &p);
+    double tp = (double)q->tp, P = hw->flops_bf16, B = (double)q->batch;
+    o->params = (double)p.total;
+    o->matmul_params = nl_plan_matmul_params(a);
+    int span = (double)q->tp > (double)hw->gpus_per_node;
+    double D = (double)a->dim, nlay = (double)a->n_layers;
+
+    /* Prefill: 2 N FLOPs per token for the matmuls (the embedding lookup computes nothing) plus
+     * the causal attention scores; at prefill_mfu of peak on tp GPUs. */
+    o->prefill_flops = 2 * o->matmul_params * q->prompt + q->prompt * nl_plan_attn_flops_per_token(a, q->prompt);
+    double prefill_comm = q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, q->prompt * D * 2, span) : 0;
+    o->prefill_s = o->prefill_flops / (tp * P * q->prefill_mfu) + prefill_comm;
+
+    o->kv_bytes_per_token = nl_plan_kv_bytes_per_token(a, q->kv_bytes);
+    o->prompt_kv_bytes = q->prompt * o->kv_bytes_per_token;
+
+    /* Decode step: every weight is read once (the course counts all of them, embedding table
+     * included), plus each sequence's KV cache; compute at peak; the step is the larger. */
+    double ctx = q->context > 0 ? q->context : q->prompt + q->output / 2;
+    o->weight_read_s = o->params * q->weight_bytes / (tp * hw->hbm_bw);
+    o->kv_read_s = B * ctx * o->kv_bytes_per_token / (tp * hw->hbm_bw);
+    o->decode_mem_s = o->weight_read_s + o->kv_read_s;
+    o->decode_compute_s = (2 * o->matmul_params * B + B * 2 * nl_plan_attn_flops_per_token(a, ctx)) / (tp * P);
+    o->decode_step_s = fmax(o->decode_mem_s, o->decode_compute_s);
+    /* Two all-reduces per layer (after attention, after the MLP) of B x D activations. */
+    if (q->tp > 1) {
+        o->tp_allreduces = 2 * nlay;
+        o->tp_allreduce_bytes = B * D * 2;
+        o->tp_comm_s = o->tp_allreduces * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, o->tp_allreduce_bytes, span);
+        o->tp_comm_latency_s = o->tp_allreduces * hw->latency_s;
+    }
+    o->decode_step_total_s = o->decode_step_s + o->tp_comm_s;
+    o->ttft_s = o->prefill_s;
+    o->tpot_s = o->decode_step_total_s;
+    o->stall_steps = o->prefill_s / o->decode_step_total_s;
+
+    /* Chunked prefill: a chunk of prompt tokens rides in a decode step; its matmuls cost
+     * 2 N (chunk + B) / P, free while that stays under the step's memory time. */
+    o->chunk_compute_s = 2 * o->matmul_params * (q->chunk + B) / (tp * P);
+    o->chunk_free_tokens = fmax(0, o->decode_mem_s * tp * P / (2 * o->matmul_params) - B);
+
+    /* Disaggregation: a prefill group serves 1/prefill_s requests/s, a decode group B requests
+     * every output * step seconds. */
+    o->prefill_rps = 1 / o->prefill_s;
+    o->decode_rps = B / (q->output * o->decode_step_total_s);
+    o->decode_per_prefill = o->prefill_rps / o->decode_rps;
+
+    o->mem_weights = o->params * q->weight_bytes / tp;
+    o->mem_kv = B * (q->prompt + q->output) * o->kv_bytes_per_token / tp;
+    o->mem_total = o->mem_weights + o->mem_kv;
+    o->fits = o->mem_total <= hw->mem_bytes;
+    return NL_OK;
+}

@@ -1,0 +1,574 @@
+/* Parallel training plans: evaluate one layout (memory, then time), search all of them, explain
+ * the winner, and list the collectives of one layer. Rank order inside a layout follows
+ * Megatron-LM (tp innermost, then cp, ep inside dp, dp, pp outermost), so a group spans nodes
+ * when (its stride * its size) exceeds the GPUs of one node. */
+#include "nanolm/plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The efficiency assumptions, each overridable from the CLI (--gemm-eff, ...):
+ *  gemm 0.6 and attn 0.4: what a whole training stack gets out of GEMMs and flash attention
+ *     (kernel peaks are higher: ~0.75 for large cuBLAS GEMMs, FlashAttention-2 ~0.35 and
+ *     FlashAttention-3 ~0.75 of H100 peak, Shah et al. 2024). Chosen against published runs
+ *     (docs/planning.md, "Against published runs"): with them the predictions for Llama 2 7B
+ *     on A100 (Touvron et al. 2023) and NeMo's FP8 Llama 7B/8B on 8 H100 are within 15-25%.
+ *  kernel_s 5 us x 20 kernels per layer forward (norms, projections, RoPE, attention, residual
+ *     adds, activation): launch and tail cost that small microbatches cannot hide (assumption).
+ *  dp_overlap 0.8: bucketed gradient reduction overlaps the backward pass except the tail
+ *     (Li et al. 2020, PyTorch Distributed, sec. 3.2.3; assumption on the fraction).
+ *  tp_overlap 0: tensor-parallel collectives are exposed (Megatron-LM's default); splitting GEMMs
+ *     to overlap them (Wang et al. 2022, "Overlap communication with dependent computation via
+ *     decomposition"; Megatron's --tp-comm-overlap) hides a fraction, set with --tp-overlap.
+ *  usable_mem 0.9 and reserved 2 GB: allocator fragmentation, CUDA context, NCCL buffers and
+ *     GEMM workspaces (assumption). */
+void nl_eff_default(nl_eff *e) {
+    e->gemm = 0.6;
+    e->attn = 0.4;
+    e->kernel_s = 5e-6;
+    e->kernels_per_layer = 20;
+    e->dp_overlap = 0.8;
+    e->usable_mem = 0.9;
+    e->reserved_bytes = 2e9;
+    e->fixed_mfu = 0;
+    e->fp8_gemm = 0;
+    e->tp_overlap = 0;
+}
+
+const char *nl_layout_str(const nl_layout *L, char *buf, size_t n) {
+    char v[32] = "";
+    if (L->vpp > 1) snprintf(v, sizeof v, " v%lld", (long long)L->vpp);
+    snprintf(buf, n, "dp%lld tp%lld%s pp%lld%s cp%lld ep%lld %s mb%lldx%lld %s", (long long)L->dp,
+             (long long)L->tp, (L->sp && L->tp > 1) ? "+sp" : "", (long long)L->pp, v, (long long)L->cp,
+             (long long)L->ep, nl_zero_name(L->zero), (long long)L->micro_batch, (long long)L->n_micro,
+             nl_recompute_name(L->recompute));
+    return buf;
+}
+
+/* Shared parameter bookkeeping of a layout. */
+typedef struct parts {
+    double scale;                 /* params_override / counted total, or 1 */
+    double total;                 /* parameters (after scale) */
+    double dense_layers_params;   /* attention + dense MLP + shared experts + router + norms */
+    double expert_params;         /* routed experts, all layers */
+    double emb, cls;
+    double layer_params_max;      /* largest layer, non-expert part */
+    double moe_layers, dense_layers;
+} parts;
+
+static void get_parts(const nl_train_req *q, parts *p) {
+    nl_arch_params c;
+    nl_arch_count_params(&q->arch, &c);
+    p->scale = q->params_override > 0 ? q->params_override / (double)c.total : 1.0;
+    p->total = (double)c.total * p->scale;
+    p->emb = (double)c.embedding * p->scale;
+    p->cls = (double)c.classifier * p->scale;
+    p->expert_params = (double)c.mlp_experts * p->scale;
+    p->dense_layers_params = ((double)(c.attention + c.mlp_dense + c.mlp_shared + c.router + c.norms)) * p->scale;
+    p->moe_layers = q->arch.n_experts > 0 ? (double)(q->arch.n_layers - q->arch.first_moe_layer) : 0;
+    p->dense_layers = (double)q->arch.n_layers - p->moe_layers;
+    p->layer_params_max = p->dense_layers_params / (double)q->arch.n_layers;
+}
+
+/* Roofline of one GEMM (M x K) * (K x N): bf16 operands, or fp8 operands at the fp8 peak when
+ * the recipe runs its GEMMs in FP8 (e->fp8_gemm; Micikevicius et al. 2022). */
+static double gemm_s(const nl_hw *hw, const nl_eff *e, double M, double N, double K) {
+    if (M <= 0 || N <= 0 || K <= 0) return 0;
+    double peak = e->fp8_gemm ? hw->flops_fp8 : hw->flops_bf16, bytes = e->fp8_gemm ? 1 : 2;
+    double t_c = 2 * M * N * K / (peak * e->gemm);
+    double t_m = bytes * (M * K + K * N) / hw->hbm_bw + 2 * M * N / hw->hbm_bw;
+    return t_c > t_m ? t_c : t_m;
+}
+
+typedef struct layer_time {
+    double fwd, bwd, recompute; /* compute of one layer for one microbatch */
+    double attn_fwd;            /* attention-core share of fwd */
+} layer_time;
+
+/* One layer's compute for T tokens per GPU (dense or MoE MLP). */
+static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, int moe, layer_time *lt) {
+    const nl_arch *a = &q->arch;
+    const nl_hw *hw = &q->hw;
+    const nl_eff *e = &q->eff;
+    double t = (double)L->tp, D = (double)a->dim, hd = (double)nl_arch_head_dim(a);
+    double qd = (double)a->n_heads * hd, kvd = (double)a->n_kv_heads * hd;
+    if (a->kv_lora_rank > 0) { qd = (double)a->n_heads * (hd + (double)a->qk_rope_head_dim); kvd = qd; }
+    double g = gemm_s(hw, e, T, (qd + 2 * kvd) / t, D) + gemm_s(hw, e, T, D, qd / t);
+    double F = moe ? (double)a->expert_hidden_dim : (double)a->hidden_dim;
+    if (!moe) {
+        g += 2 * gemm_s(hw, e, T, F / t, D) + gemm_s(hw, e, T, D, F / t);
+    } else {
+        double E = (double)a->n_experts, ep = (double)L->ep;
+        double local = E / ep;                                  /* experts on this GPU */
+        double m = T * ep * (double)a->top_k / E;               /* tokens per local expert */
+        g += local * (2 * gemm_s(hw, e, m, F / t, D) + gemm_s(hw, e, m, D, F / t));
+        if (a->n_shared_experts > 0) {
+            double Fs = F * (double)a->n_shared_experts;
+            g += 2 * gemm_s(hw, e, T, Fs / t, D) + gemm_s(hw, e, T, D, Fs / t);
+        }
+        g += gemm_s(hw, e, T, E, D); /* router */
+    }
+    /* Attention core on T local queries against the whole (causal) sequence. */
+    double seq = (double)q->seq;
+    double attn_flops = T * (double)a->n_heads / t * 2.0 * (qd / (double)a->n_heads + hd) * seq / 2.0;
+    double at = attn_flops / (hw->flops_bf16 * e->attn);
+    /* Element-wise traffic (norms, residual adds, RoPE, activation), bf16 read + write. */
+    double sp = L->sp ? t : 1.0;
+    double Fl = moe ? F * (double)(a->top_k + a->n_shared_experts) : F;
+    double ew_bytes = T * 2.0 * (10 * D / sp + 2 * (qd + kvd) / t + 3 * Fl / t);
+    double ew = ew_bytes / hw->hbm_bw;
+    double k = e->kernels_per_layer * e->kernel_s;
+    lt->attn_fwd = at;
+    lt->fwd = g + at + ew + k;
+    lt->bwd = 2 * g + 2.5 * at + 2 * ew + 2 * k;
+    lt->recompute = 0;
+    if (L->recompute == NL_RECOMPUTE_SELECTIVE) lt->recompute = 0.3 * ew + 0.25 * k; /* the activation */
+    if (L->recompute == NL_RECOMPUTE_FULL) lt->recompute = lt->fwd;
+}
+
+static int spans(const nl_hw *hw, double stride_times_size) {
+    return stride_times_size > (double)hw->gpus_per_node;
+}
+
+nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_train_eval *o) {
+    memset(o, 0, sizeof *o);
+    nl_train_req qq = *q0;
+    const nl_train_req *q = &qq;
+    qq.eff.fp8_gemm = !strncmp(q0->recipe.name, "fp8", 3); /* FP8 recipes run their GEMMs in FP8 */
+    o->L = *L0;
+    nl_layout *L = &o->L;
+    const nl_arch *a = &q->arch;
+    const nl_hw *hw = &q->hw;
+    const nl_eff *e = &q->eff;
+    if (L->dp < 1 || L->tp < 1 || L->pp < 1 || L->cp < 1 || L->ep < 1 || L->micro_batch < 1 || L->n_micro < 1)
+        return nl_fail(NL_ERR_INVALID, "layout: every degree must be >= 1");
+    if (L->vpp < 1) L->vpp = 1;
+    if (L->tp == 1) L->sp = 0;
+    if (L->dp * L->tp * L->pp * L->cp != q->gpus)
+        return nl_fail(NL_ERR_INVALID, "layout: dp*tp*pp*cp = %lld, not the %lld GPUs",
+                       (long long)(L->dp * L->tp * L->pp * L->cp), (long long)q->gpus);
+    if (a->n_heads % L->tp)
+        return nl_fail(NL_ERR_INVALID, "layout: tp %lld does not divide %lld heads", (long long)L->tp, (long long)a->n_heads);
+    /* Uneven stages are priced by the busiest one (ceil); the search keeps to pp | layers. */
+    if (L->pp * L->vpp > a->n_layers)
+        return nl_fail(NL_ERR_INVALID, "layout: pp*v %lld exceeds %lld layers", (long long)(L->pp * L->vpp), (long long)a->n_layers);
+    if (q->seq % L->cp)
+        return nl_fail(NL_ERR_INVALID, "layout: cp %lld does not divide the sequence %lld", (long long)L->cp, (long long)q->seq);
+    if (L->ep > 1 && (a->n_experts == 0 || a->n_experts % L->ep || (L->dp * L->cp) % L->ep))
+        return nl_fail(NL_ERR_INVALID, "layout: ep %lld must divide the experts and dp*cp", (long long)L->ep);
+    if (L->zero == NL_ZERO_HSDP && L->dp <= 1)
+        return nl_fail(NL_ERR_INVALID, "layout: hsdp needs dp > 1");
+
+    parts P;
+    get_parts(q, &P);
+    double t = (double)L->tp, pp = (double)L->pp, dpz = (double)(L->dp * L->cp);
+    double lps = ceil((double)a->n_layers / pp); /* layers on the busiest stage */
+    /* Data-parallel ranks inside one node: the HSDP shard group. */
+    double in_node = floor((double)hw->gpus_per_node / (t * (double)L->cp));
+    if (in_node < 1) in_node = 1;
+    double shard = L->zero == NL_ZERO_HSDP ? fmin(in_node, dpz) : dpz;
+
+    /* ---- memory ---- */
+    double dense_local = (P.dense_layers_params * lps / (double)a->n_layers + (L->pp > 1 ? fmax(P.emb, P.cls) : P.emb + P.cls)) / t;
+    double expert_local = P.expert_params * lps / (double)a->n_layers / ((double)L->ep * t);
+    nl_state_bytes sd, se;
+    nl_plan_state_bytes(&q->recipe, L->zero, (int64_t)dpz, (int64_t)shard, &sd);
+    double edp = dpz / (double)L->ep;
+    nl_plan_state_bytes(&q->recipe, L->zero, (int64_t)edp, (int64_t)fmin(shard, edp), &se);
+    o->mem_weights = dense_local * sd.weights + expert_local * se.weights;
+    o->mem_grads = dense_local * sd.grads + expert_local * se.grads;
+    o->mem_optim = dense_local * sd.optim + expert_local * se.optim;
+
+    double T = (double)L->micro_batch * (double)q->seq / (double)L->cp; /* tokens per microbatch per GPU */
+    nl_act_opts ao = {.tp = L->tp, .sp = L->sp, .flash = 1, .recompute = L->recompute, .seq = (double)q->seq, .bytes_per_elem = 2};
+    nl_act_layer al;
+    nl_plan_act_layer(a, &ao, &al);
+    /* 1F1B: the first stage holds min(p, m) microbatches (Narayanan et al. 2021 sec. 2.2);
+     * interleaved adds (p-1)/(p v) (Korthikanti et al. 2022 sec. 4.2.3). */
+    double inflight = L->pp > 1 ? fmin(pp, (double)L->n_micro) : 1.0;
+    if (L->vpp > 1) inflight *= 1.0 + (pp - 1) / (pp * (double)L->vpp);
+    o->mem_act = T * lps * al.bytes_per_token * inflight + T * (al.working_bytes_per_token - al.bytes_per_token);
+    o->mem_logits = nl_plan_logits_bytes(a, T) / t;
+    o->mem_temp = e->reserved_bytes;
+    if (L->zero == NL_ZERO_3 || L->zero == NL_ZERO_HSDP) /* gathered weights + grads of 2 layers */
+        o->mem_temp += 2 * 2 * P.layer_params_max / t * q->recipe.weight_bytes;
+    o->mem_total = o->mem_weights + o->mem_grads + o->mem_optim + o->mem_act + o->mem_logits + o->mem_temp;
+    o->mem_usable = hw->mem_bytes * e->usable_mem;
+    o->fits = o->mem_total <= o->mem_usable;
+    if (!o->fits)
+        snprintf(o->reason, sizeof o->reason, "needs %.1f GB > %.1f GB usable (state %.1f, activations %.1f, logits %.1f)",
+                 o->mem_total / 1e9, o->mem_usable / 1e9, (o->mem_weights + o->mem_grads + o->mem_optim) / 1e9,
+                 o->mem_act / 1e9, o->mem_logits / 1e9);
+
+    /* ---- time ---- */
+    double m = (double)L->n_micro;
+    double tokens_step = (double)q->global_batch * (double)q->seq;
+    double nmm = nl_plan_matmul_params(a) * P.scale;
+    o->model_flops_per_step = tokens_step * (6 * nmm + 3 * nl_plan_attn_flops_per_token(a, (double)q->seq));
+    double moe_frac = P.moe_layers / (double)a->n_layers;
+    layer_time ld, lm = {0, 0, 0, 0};
+    layer_compute(q, L, T, 0, &ld);
+    if (P.moe_layers > 0) layer_compute(q, L, T, 1, &lm);
+    double per_layer_fwd = (1 - moe_frac) * ld.fwd + moe_frac * lm.fwd;
+    double per_layer_bwd = (1 - moe_frac) * ld.bwd + moe_frac * lm.bwd;
+    double per_layer_rec = (1 - moe_frac) * ld.recompute + moe_frac * lm.recompute;
+    double attn_fwd = (1 - moe_frac) * ld.attn_fwd + moe_frac * lm.attn_fwd;
+    double cls = 3 * gemm_s(hw, e, T, (double)a->vocab_size / t, (double)a->dim) + 3 * T * (double)a->vocab_size / t * 6 / hw->hbm_bw;
+    double t_mb_fwd = lps * per_layer_fwd, t_mb_bwd = lps * (per_layer_bwd + per_layer_rec);
+    double t_mb = t_mb_fwd + t_mb_bwd + cls;
+
+    /* Communication per microbatch. */
+    double D = (double)a->dim, layer_act = T * D * 2;
+    double tp_span = spans(hw, t), cp_span = spans(hw, t * (double)L->cp);
+    double ep_span = spans(hw, t * (double)L->ep), dp_span = spans(hw, t * dpz), pp_span = spans(hw, t * dpz * pp);
+    /* Tensor parallel: 2 all-reduces per layer forward, 2 backward (Shoeybi et al. 2019 fig. 4);
+     * with SP each is a reduce-scatter + all-gather, the same bytes (Korthikanti sec. 4.2.2). */
+    double t_tp_mb = 0;
+    if (L->tp > 1) {
+        double one = L->sp ? nl_plan_coll_time(hw, NL_REDUCE_SCATTER, L->tp, layer_act, tp_span) +
+                                 nl_plan_coll_time(hw, NL_ALL_GATHER, L->tp, layer_act, tp_span)
+                           : nl_plan_coll_time(hw, NL_ALL_REDUCE, L->tp, layer_act, tp_span);
+        t_tp_mb = lps * 4 * one * (L->recompute == NL_RECOMPUTE_FULL ? 1.5 : 1.0);
+    }
+    /* Context parallel (ring attention, Liu et al. 2023): all-gather K,V forward, again in
+     * backward plus a reduce-scatter of dK,dV; overlapped with the attention core. */
+    double t_cp_mb = 0, cp_exposed_mb = 0;
+    if (L->cp > 1) {
+        double hd = (double)nl_arch_head_dim(a);
+        double kv = a->kv_lora_rank > 0 ? (double)(a->kv_lora_rank + a->qk_rope_head_dim) : 2 * (double)a->n_kv_heads * hd / fmin(t, (double)a->n_kv_heads);
+        double kv_arr = T * (double)L->cp * kv * 2;
+        double one = nl_plan_coll_time(hw, NL_ALL_GATHER, L->cp, kv_arr, cp_span);
+        double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, L->cp, kv_arr, cp_span);
+        t_cp_mb = lps * (2 * one + rs);
+        cp_exposed_mb = lps * (fmax(0, one - attn_fwd) + fmax(0, one + rs - 2.5 * attn_fwd));
+    }
+    /* Expert parallel: all-to-all dispatch and combine forward, their twins backward. */
+    double t_ep_mb = 0;
+    if (L->ep > 1 && P.moe_layers > 0) {
+        double arr = T * (double)a->top_k * D * 2;
+        t_ep_mb = lps * moe_frac * 4 * nl_plan_coll_time(hw, NL_ALL_TO_ALL, L->ep, arr, ep_span);
+    }
+    /* Pipeline: one activation forward and one gradient backward per microbatch and boundary. */
+    double t_pp_mb = 0;
+    /* Interleaving sends v times as often (Narayanan et al. 2021 sec. 2.2). */
+    if (L->pp > 1) t_pp_mb = 2 * (double)L->vpp * nl_plan_coll_time(hw, NL_P2P, 2, layer_act / (L->sp ? t : 1.0), pp_span);
+
+    /* Data parallel / ZeRO per step. Gradients reduce in the recipe's gradient precision, weights
+     * gather in the weight precision. */
+    double gbytes = (dense_local + expert_local) * fmin(q->recipe.grad_bytes, 4);
+    double wbytes = (dense_local + expert_local) * q->recipe.weight_bytes;
+    double t_dp = 0, dp_exposed = 0;
+    double bwd_last = lps * per_layer_bwd, fwd_first = lps * per_layer_fwd;
+    int64_t dz = (int64_t)dpz;
+    switch (L->zero) {
+    case NL_ZERO_0: {
+        t_dp = nl_plan_coll_time(hw, NL_ALL_REDUCE, dz, gbytes, dp_span);
+        dp_exposed = fmax(0, t_dp - e->dp_overlap * bwd_last);
+        break;
+    }
+    case NL_ZERO_1: case NL_ZERO_2: {
+        double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, dz, gbytes, dp_span);
+        double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, dz, wbytes, dp_span);
+        t_dp = rs + ag;
+        dp_exposed = fmax(0, rs - e->dp_overlap * bwd_last) + fmax(0, ag - e->dp_overlap * fwd_first);
+        break;
+    }
+    case NL_ZERO_3: case NL_ZERO_HSDP: {
+        int64_t s = (int64_t)shard;
+        int sspan = L->zero == NL_ZERO_HSDP ? spans(hw, t * (double)L->cp * (double)s) : (int)dp_span;
+        double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, s, wbytes, sspan);
+        double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, s, gbytes, sspan);
+        double bwd_ag = L->recompute == NL_RECOMPUTE_FULL ? ag : ag; /* recompute reuses the gathered layer */
+        t_dp = m * (ag + bwd_ag + rs);
+        dp_exposed = m * (fmax(0, ag - e->dp_overlap * fwd_first) + fmax(0, bwd_ag + rs - e->dp_overlap * bwd_last));
+        if (L->zero == NL_ZERO_HSDP && dpz > shard) {
+            double ar = nl_plan_coll_time(hw, NL_ALL_REDUCE, (int64_t)(dpz / shard), gbytes / shard, 1);
+            t_dp += ar;
+            dp_exposed += fmax(0, ar - e->dp_overlap * bwd_last * 0.5);
+        }
+        break;
+    }
+    }
+
+    if (e->fixed_mfu > 0) {
+        /* Napkin mode (the course's): compute = 6 * N * tokens at a fixed MFU, N = all parameters;
+         * no kernel model. */
+        o->t_compute = 6 * P.total * tokens_step / (double)q->gpus / (hw->flops_bf16 * e->fixed_mfu);
+        o->t_bubble = L->pp > 1 ? o->t_compute * (pp - 1) / (m * (double)L->vpp) : 0;
+    } else {
+        o->t_compute = m * t_mb;
+        /* Bubble: (p-1)/v microbatch slots (GPipe and 1F1B alike; Narayanan et al. 2021 sec. 2.2). */
+        o->t_bubble = L->pp > 1 ? (pp - 1) / (double)L->vpp * t_mb : 0;
+    }
+    o->t_tp = m * t_tp_mb;
+    o->t_cp = m * t_cp_mb;
+    o->t_ep = m * t_ep_mb;
+    o->t_pp = m * t_pp_mb;
+    o->t_dp = t_dp;
+    o->t_exposed = o->t_tp * (1 - e->tp_overlap) + m * cp_exposed_mb + o->t_ep + o->t_pp + dp_exposed;
+    /* Adam reads grads, master weights, m, v and writes master, m, v and the bf16 weights: the
+     * optimizer bytes twice plus gradient and weight bytes, per parameter of this rank's shard. */
+    o->t_optim = (o->mem_optim * 2 + o->mem_grads + (o->mem_optim > 0 ? o->mem_optim / q->recipe.optim_bytes : 0) *
+                  q->recipe.weight_bytes) / hw->hbm_bw;
+    o->t_step = o->t_compute + o->t_bubble + o->t_exposed + o->t_optim;
+    o->tokens_per_s = tokens_step / o->t_step;
+    o->mfu = o->model_flops_per_step / (o->t_step * (double)q->gpus * hw->flops_bf16);
+    o->total_s = q->tokens / o->tokens_per_s;
+    o->gpu_hours = o->total_s * (double)q->gpus / 3600.0;
+    o->cost = o->gpu_hours * hw->price_per_hour;
+    return NL_OK;
+}
+
+/* ---- search --------------------------------------------------------------------------------- */
+static int cmp_eval(const void *x, const void *y) {
+    const nl_train_eval *a = x, *b = y;
+    if (a->fits != b->fits) return b->fits - a->fits;
+    if (a->fits) {
+        if (fabs(a->t_step - b->t_step) > 1e-9 * a->t_step) return a->t_step < b->t_step ? -1 : 1;
+        /* Equal time: the simpler layout (fewer model-parallel dimensions), then less memory. */
+        int64_t ca = a->L.tp * a->L.pp * a->L.cp * a->L.ep * a->L.vpp, cb = b->L.tp * b->L.pp * b->L.cp * b->L.ep * b->L.vpp;
+        if (ca != cb) return ca < cb ? -1 : 1;
+        return a->mem_total < b->mem_total ? -1 : a->mem_total > b->mem_total;
+    }
+    return a->mem_total < b->mem_total ? -1 : a->mem_total > b->mem_total;
+}
+
+nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
+    memset(r, 0, sizeof *r);
+    double t0 = nl_time_s();
+    const nl_arch *a = &q->arch;
+    if (q->gpus < 1) return nl_fail(NL_ERR_INVALID, "gpus must be >= 1, got %lld", (long long)q->gpus);
+    if (q->seq < 1 || q->global_batch < 1) return nl_fail(NL_ERR_INVALID, "seq and global batch must be >= 1");
+    size_t cap = 4096;
+    r->evals = malloc(cap * sizeof *r->evals); /* grown with realloc, freed with free */
+    if (!r->evals) return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
+    int64_t gpn = q->hw.gpus_per_node;
+    static const int64_t mbs[] = {1, 2, 3, 4, 6, 8, 16};
+    int saw_decomp = 0;
+    for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp *= 2) {
+        if (q->gpus % tp || a->n_heads % tp) continue;
+        for (int64_t pp = 1; pp <= a->n_layers && tp * pp <= q->gpus; pp++) {
+            if ((q->gpus / tp) % pp || (a->n_layers % pp && pp != q->fix.pp)) continue;
+            for (int64_t cp = 1; cp <= 16 && tp * pp * cp <= q->gpus; cp *= 2) {
+                if ((q->gpus / (tp * pp)) % cp || q->seq % cp || q->seq / cp < 512) continue;
+                int64_t dp = q->gpus / (tp * pp * cp);
+                for (int64_t ep = 1; ep <= dp * cp; ep *= 2) {
+                    if (ep > 1 && (a->n_experts == 0 || a->n_experts % ep || (dp * cp) % ep)) continue;
+                    for (int z = 0; z <= 4; z++) {
+                        if (dp * cp == 1 && z > 0) continue;
+                        if (z == NL_ZERO_HSDP && (dp <= 1 || tp * cp * dp <= gpn)) continue;
+                        for (size_t mi = 0; mi < sizeof mbs / sizeof mbs[0]; mi++) {
+                            int64_t mb = mbs[mi];
+                            if (q->global_batch % (dp * mb)) continue;
+                            saw_decomp = 1;
+                            int64_t nm = q->global_batch / (dp * mb);
+                            if (pp > 1 && nm < pp) continue;
+                            if (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) continue;
+                            for (int64_t v = 1; v <= (pp > 1 ? 8 : 1); v *= 2) {
+                                /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
+                                if (v > 1 && (pp * v > a->n_layers || nm % pp || (a->n_layers % (pp * v) && pp != q->fix.pp))) continue;
+                                for (int rc = 0; rc <= 2; rc++) {
+                                    nl_layout L = {dp, tp, pp, cp, ep, (nl_zero)z, mb, nm, v, (nl_recompute)rc, tp > 1};
+                                    if ((q->fix.dp > 0 && dp != q->fix.dp) || (q->fix.tp > 0 && tp != q->fix.tp) ||
+                                        (q->fix.pp > 0 && pp != q->fix.pp) || (q->fix.cp > 0 && cp != q->fix.cp) ||
+                                        (q->fix.ep > 0 && ep != q->fix.ep) || (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) ||
+                                        (q->fix.zero_plus1 > 0 && z + 1 != q->fix.zero_plus1) ||
+                                        (q->fix.recompute_plus1 > 0 && rc + 1 != q->fix.recompute_plus1))
+                                        continue;
+                                    if (r->n == cap) {
+                                        cap *= 2;
+                                        nl_train_eval *ne = realloc(r->evals, cap * sizeof *ne);
+                                        if (!ne) { nl_plan_train_free(r); return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory"); }
+                                        r->evals = ne;
+                                    }
+                                    if (nl_plan_train_eval(q, &L, &r->evals[r->n]) != NL_OK) continue;
+                                    r->n++;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (r->n == 0) {
+        nl_plan_train_free(r);
+        if (!saw_decomp)
+            return nl_fail(NL_ERR_INVALID,
+                           "no layout can use %lld GPUs: the global batch of %lld sequences is not a multiple of any "
+                           "data-parallel degree left after tp (<= %lld, dividing %lld heads), pp (dividing %lld layers) and cp",
+                           (long long)q->gpus, (long long)q->global_batch, (long long)gpn, (long long)a->n_heads,
+                           (long long)a->n_layers);
+        return nl_fail(NL_ERR_INVALID, "no layout can use %lld GPUs with a global batch of %lld sequences "
+                       "(pipelines need at least as many microbatches as stages)", (long long)q->gpus, (long long)q->global_batch);
+    }
+    qsort(r->evals, r->n, sizeof *r->evals, cmp_eval);
+    r->n_fit = 0;
+    r->min_mem = INFINITY;
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->evals[i].fits) r->n_fit++;
+        if (r->evals[i].mem_total < r->min_mem) { r->min_mem = r->evals[i].mem_total; r->smallest = r->evals[i]; }
+    }
+    r->search_s = nl_time_s() - t0;
+    if (r->n_fit == 0) {
+        char lb[128];
+        nl_layout_str(&r->smallest.L, lb, sizeof lb);
+        double need = r->min_mem, usable = r->smallest.mem_usable;
+        size_t n = r->n;
+        nl_plan_train_free(r);
+        return nl_fail(NL_ERR_INVALID,
+                       "%s fits on no layout of %lld x %s: the smallest need is %.1f GB per GPU (%s) against %.1f GB usable",
+                       a->name, (long long)q->gpus, q->hw.name, need / 1e9, lb, usable / 1e9 + 0 * (double)n);
+    }
+    return NL_OK;
+}
+
+void nl_plan_train_free(nl_train_result *r) {
+    free(r->evals);
+    r->evals = NULL;
+    r->n = r->n_fit = 0;
+}
+
+void nl_plan_train_explain(const nl_train_req *q, const nl_train_result *r, char *buf, size_t n) {
+    const nl_train_eval *b = &r->evals[0];
+    parts P;
+    get_parts(q, &P);
+    double bpp = q->recipe.weight_bytes + q->recipe.grad_bytes + q->recipe.optim_bytes;
+    double usable = b->mem_usable;
+    size_t len = 0;
+#define OUT(...) do { if (len < n) len += (size_t)snprintf(buf + len, n - len, __VA_ARGS__); } while (0)
+    char lb[128];
+    OUT("Memory first: %.2fB parameters x %.0f bytes (%s) = %.0f GB of training state; ", P.total / 1e9, bpp,
+        q->recipe.name, P.total * bpp / 1e9);
+    if (P.total * bpp > usable)
+        OUT("one GPU has %.0f GB usable, so plain DDP cannot hold it and the state must be sharded. ", usable / 1e9);
+    else
+        OUT("it fits one GPU's %.0f GB usable, so replication is possible. ", usable / 1e9);
+    OUT("Sharding: the winner (%s) keeps %.1f GB of state per GPU (weights %.1f, grads %.1f, optimizer %.1f) ",
+        nl_layout_str(&b->L, lb, sizeof lb), (b->mem_weights + b->mem_grads + b->mem_optim) / 1e9, b->mem_weights / 1e9,
+        b->mem_grads / 1e9, b->mem_optim / 1e9);
+    OUT("with tp %lld%s, pp %lld, cp %lld, ep %lld. ", (long long)b->L.tp, b->L.tp > 1 ? " inside a node" : "",
+        (long long)b->L.pp, (long long)b->L.cp, (long long)b->L.ep);
+    OUT("Activations: micro-batch %lld x %lld tokens, recomputation %s: %.1f GB, logits %.1f GB; total %.1f of %.1f GB. ",
+        (long long)b->L.micro_batch, (long long)q->seq, nl_recompute_name(b->L.recompute), b->mem_act / 1e9,
+        b->mem_logits / 1e9, b->mem_total / 1e9, usable / 1e9);
+    OUT("Communication: %.0f ms per step (dp %.0f, tp %.0f, pp %.0f, cp %.0f, ep %.0f), %.0f ms of it exposed; "
+        "pipeline bubble %.0f ms. ",
+        (b->t_dp + b->t_tp + b->t_pp + b->t_cp + b->t_ep) * 1e3, b->t_dp * 1e3, b->t_tp * 1e3, b->t_pp * 1e3,
+        b->t_cp * 1e3, b->t_ep * 1e3, b->t_exposed * 1e3, b->t_bubble * 1e3);
+    OUT("Time: step %.2f s for %lld x %lld tokens, %.0f tokens/s, MFU %.1f%%, %.1f days (%.1f hours), %.0f GPU-hours, $%.0f. ",
+        b->t_step, (long long)q->global_batch, (long long)q->seq, b->tokens_per_s, 100 * b->mfu, b->total_s / 86400,
+        b->total_s / 3600, b->gpu_hours, b->cost);
+    if (b->L.n_micro == 1 && b->L.pp == 1)
+        OUT("The global batch is the limit: %lld sequences over %lld data-parallel ranks leave %lld per GPU in one "
+            "microbatch, so more GPUs need a larger batch or more model parallelism. ",
+            (long long)q->global_batch, (long long)b->L.dp, (long long)b->L.micro_batch);
+    if (r->n_fit > 1) {
+        const nl_train_eval *c = &r->evals[1];
+        double d = 100 * (c->t_step / b->t_step - 1);
+        if (d < 0.05) OUT("Runner-up %s is as fast (the simpler layout wins the tie).", nl_layout_str(&c->L, lb, sizeof lb));
+        else OUT("Runner-up %s is %.1f%% slower.", nl_layout_str(&c->L, lb, sizeof lb), d);
+    }
+#undef OUT
+}
+
+/* ---- one layer's collectives ------------------------------------------------------------------ */
+static void push(nl_layer_plan *lp, const nl_hw *hw, const char *what, const char *when, nl_coll c, const char *group,
+                 int64_t p, double bytes, int span, double count) {
+    if (lp->n >= NL_LAYER_COLL_MAX || (c != NL_P2P && p <= 1)) return;
+    nl_layer_coll *x = &lp->c[lp->n++];
+    snprintf(x->what, sizeof x->what, "%s", what);
+    snprintf(x->when, sizeof x->when, "%s", when);
+    snprintf(x->group, sizeof x->group, "%s", group);
+    x->coll = c;
+    x->p = p;
+    x->bytes = bytes;
+    x->wire_bytes = nl_plan_coll_bytes(c, p, bytes);
+    x->time_s = nl_plan_coll_time(hw, c, p, bytes, span);
+    x->count = count;
+}
+
+nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens_per_gpu, nl_layer_plan *lp) {
+    memset(lp, 0, sizeof *lp);
+    const nl_arch *a = &q->arch;
+    const nl_hw *hw = &q->hw;
+    nl_train_eval ev;
+    NL_TRY(nl_plan_train_eval(q, L, &ev));
+    parts P;
+    get_parts(q, &P);
+    double t = (double)L->tp, D = (double)a->dim, T = tokens_per_gpu;
+    double nl = (double)a->n_layers, lps = ceil(nl / (double)L->pp), m = (double)L->n_micro;
+    double dpz = (double)(L->dp * L->cp);
+    int tp_span = spans(hw, t), dp_span = spans(hw, t * dpz);
+    double act = T * D * 2;
+    if (L->tp > 1) {
+        if (!L->sp) {
+            push(lp, hw, "after attention (row-parallel wo)", "forward", NL_ALL_REDUCE, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "after MLP (row-parallel w2)", "forward", NL_ALL_REDUCE, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "grad of attention input (column-parallel qkv)", "backward", NL_ALL_REDUCE, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "grad of MLP input (column-parallel w1/w3)", "backward", NL_ALL_REDUCE, "tp", L->tp, act, tp_span, lps * m);
+        } else {
+            push(lp, hw, "gather sequence before qkv", "forward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "scatter after wo", "forward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "gather sequence before w1/w3", "forward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "scatter after w2", "forward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "grad: gather before w2 backward", "backward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "grad: scatter after w1/w3 backward", "backward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "grad: gather before wo backward", "backward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "grad: scatter after qkv backward", "backward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
+        }
+    }
+    if (L->ep > 1 && P.moe_layers > 0) {
+        int ep_span = spans(hw, t * (double)L->ep);
+        double arr = T * (double)a->top_k * D * 2;
+        double c = P.moe_layers / nl * lps * m;
+        push(lp, hw, "dispatch tokens to experts", "forward", NL_ALL_TO_ALL, "ep", L->ep, arr, ep_span, c);
+        push(lp, hw, "combine expert outputs", "forward", NL_ALL_TO_ALL, "ep", L->ep, arr, ep_span, c);
+        push(lp, hw, "grad of combine", "backward", NL_ALL_TO_ALL, "ep", L->ep, arr, ep_span, c);
+        push(lp, hw, "grad of dispatch", "backward", NL_ALL_TO_ALL, "ep", L->ep, arr, ep_span, c);
+    }
+    if (L->pp > 1) {
+        int pp_span = spans(hw, t * dpz * (double)L->pp);
+        push(lp, hw, "activation to next stage", "forward", NL_P2P, "pp", 2, act / (L->sp ? t : 1), pp_span, m);
+        push(lp, hw, "gradient to previous stage", "backward", NL_P2P, "pp", 2, act / (L->sp ? t : 1), pp_span, m);
+    }
+    double local = (P.dense_layers_params * lps / nl + (L->pp > 1 ? fmax(P.emb, P.cls) : P.emb + P.cls)) / t +
+                   P.expert_params * lps / nl / ((double)L->ep * t);
+    double wb = local * q->recipe.weight_bytes, gb = local * fmin(q->recipe.grad_bytes, 4);
+    int64_t dz = (int64_t)dpz;
+    switch (L->zero) {
+    case NL_ZERO_0:
+        push(lp, hw, "gradient all-reduce (DDP)", "step", NL_ALL_REDUCE, "dp", dz, gb, dp_span, 1);
+        break;
+    case NL_ZERO_1: case NL_ZERO_2:
+        push(lp, hw, "gradient reduce-scatter", "step", NL_REDUCE_SCATTER, "dp", dz, gb, dp_span, 1);
+        push(lp, hw, "updated weights all-gather", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, 1);
+        break;
+    case NL_ZERO_3:
+        push(lp, hw, "weights all-gather (forward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
+        push(lp, hw, "weights all-gather (backward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
+        push(lp, hw, "gradient reduce-scatter (layer by layer)", "step", NL_REDUCE_SCATTER, "dp", dz, gb, dp_span, m);
+        break;
+    case NL_ZERO_HSDP: {
+        double in_node = fmax(1, floor((double)hw->gpus_per_node / (t * (double)L->cp)));
+        int64_t s = (int64_t)fmin(in_node, dpz);
+        int sspan = spans(hw, t * (double)L->cp * (double)s);
+        push(lp, hw, "weights all-gather in node (forward)", "step", NL_ALL_GATHER, "dp", s, wb, sspan, m);
+        push(lp, hw, "weights all-gather in node (backward)", "step", NL_ALL_GATHER, "dp", s, wb, sspan, m);
+        push(lp, hw, "gradient reduce-scatter in node", "step", NL_REDUCE_SCATTER, "dp", s, gb, sspan, m);
+        push(lp, hw, "all-reduce of the 1/s gradient shard across nodes", "step", NL_ALL_REDUCE, "dp-x", dz / s, gb / (double)s, 1, 1);
+        break;
+    }
+    }
+    for (int i = 0; i < lp->n; i++) {
+        nl_layer_coll *x = &lp->c[i];
+        lp->per_step_s += x->time_s * x->count;
+        if (!strcmp(x->when, "forward")) lp->per_layer_fwd_s += x->time_s;
+        if (!strcmp(x->when, "backward")) lp->per_layer_bwd_s += x->time_s;
+    }
+    lp->ddp_step_s = nl_plan_coll_time(hw, NL_ALL_REDUCE, dz, gb, dp_span);
+    lp->compute_step_s = ev.t_compute + ev.t_bubble;
+    return NL_OK;
+}

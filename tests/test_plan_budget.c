@@ -1,0 +1,177 @@
+/* plan/ memory: bytes per parameter by ZeRO stage, activations (the course's 384 GiB), MoE. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nanolm/plan.h"
+
+#define ROUNDS_TO(x, v, unit) assert_true(fabs((double)(x) - (double)(v)) <= 0.5 * (unit) + 1e-9 * fabs((double)(v)))
+
+static double state_gb(double n, nl_zero z, int64_t dp) {
+    nl_recipe r;
+    assert_int_equal(nl_plan_recipe("bf16", &r), NL_OK);
+    nl_state_bytes s;
+    nl_plan_state_bytes(&r, z, dp, 0, &s);
+    return n * s.total / 1e9;
+}
+
+static void test_course_zero(void **state) {
+    (void)state;
+    nl_recipe r;
+    nl_plan_recipe("bf16", &r);
+    nl_state_bytes s;
+    /* 16 bytes/param under DDP: 7B -> 112 GB per GPU. */
+    nl_plan_state_bytes(&r, NL_ZERO_0, 4, 0, &s);
+    assert_true(s.total == 16);
+    ROUNDS_TO(state_gb(7e9, NL_ZERO_0, 4), 112, 1);
+    /* 4 GPUs: ZeRO-1 7 bytes/param = 49 GB, ZeRO-2 5.5 = 38.5 GB, ZeRO-3 4 = 28 GB. */
+    nl_plan_state_bytes(&r, NL_ZERO_1, 4, 0, &s);
+    assert_true(s.total == 7);
+    ROUNDS_TO(state_gb(7e9, NL_ZERO_1, 4), 49, 1);
+    nl_plan_state_bytes(&r, NL_ZERO_2, 4, 0, &s);
+    assert_true(s.total == 5.5);
+    ROUNDS_TO(state_gb(7e9, NL_ZERO_2, 4), 38.5, 0.1);
+    nl_plan_state_bytes(&r, NL_ZERO_3, 4, 0, &s);
+    assert_true(s.total == 4);
+    ROUNDS_TO(state_gb(7e9, NL_ZERO_3, 4), 28, 1);
+    /* 8 GPUs, ZeRO-3: 2 bytes/param = 14 GB. */
+    nl_plan_state_bytes(&r, NL_ZERO_3, 8, 0, &s);
+    assert_true(s.total == 2);
+    ROUNDS_TO(state_gb(7e9, NL_ZERO_3, 8), 14, 1);
+    /* 70B: 1.12 TB of state; 140 GB per GPU on 8 (does not fit 80 GB); 17.5 GB on 64. */
+    ROUNDS_TO(70e9 * 16 / 1e12, 1.12, 0.01);
+    ROUNDS_TO(state_gb(70e9, NL_ZERO_3, 8), 140, 1);
+    assert_true(state_gb(70e9, NL_ZERO_3, 8) > 80);
+    ROUNDS_TO(state_gb(70e9, NL_ZERO_3, 64), 17.5, 0.1);
+    /* TP = 8 in a node + ZeRO-1 across 8 nodes: 8.75e9 x (2 + 2 + 12/8) ~ 48 GB. */
+    ROUNDS_TO(state_gb(70e9 / 8, NL_ZERO_1, 8), 48, 1);
+    /* HSDP shards inside the group only. */
+    nl_plan_state_bytes(&r, NL_ZERO_HSDP, 512, 8, &s);
+    assert_true(s.total == 2);
+    assert_int_equal(nl_plan_recipe("bf17", &r), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "fp8"));
+}
+
+static void test_course_384gib(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_arch a;
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-3-8b", &a), NL_OK);
+    /* Llama-3-8B, batch 8 x 8192 tokens, bf16, flash attention, no recomputation: 48 bytes per
+     * hidden unit per token per layer = 384 GiB (plus 0.07% of softmax statistics). */
+    nl_act_opts o = {.tp = 1, .sp = 0, .flash = 1, .recompute = NL_RECOMPUTE_NONE, .seq = 8192, .bytes_per_elem = 2};
+    nl_act_layer L;
+    nl_plan_act_layer(&a, &o, &L);
+    double gib = (double)(1u << 30), tokens = 8.0 * 8192;
+    double stats = 4.0 * 32; /* fp32 log-sum-exp per head */
+    assert_true(L.bytes_per_token - stats == 48.0 * 4096);
+    ROUNDS_TO(L.bytes_per_token * tokens * 32 / gib, 384, 1);
+    /* Term by term: 6 D-sized + 2 kv-sized + 5 F-sized bf16 tensors. */
+    double sum = 0;
+    for (int i = 0; i < L.n; i++) sum += L.terms[i].bytes;
+    assert_true(sum == L.bytes_per_token);
+    /* Korthikanti et al. 2022 as published: 34 sbh with flash/selective = 272 GiB here; full
+     * recomputation keeps the layer input only: 2 sbh = 16 GiB. */
+    ROUNDS_TO(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 1) * tokens * 32 / gib, 272, 1);
+    ROUNDS_TO(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_FULL, 1) * tokens * 32 / gib, 16, 1);
+    /* Without flash: the a*s*b*s score terms dominate (34 + 5 a s / h). */
+    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 0) == 4096.0 * (34 + 5.0 * 32 * 8192 / 4096));
+    /* Selective keeps less, full least. */
+    o.recompute = NL_RECOMPUTE_SELECTIVE;
+    nl_act_layer S;
+    nl_plan_act_layer(&a, &o, &S);
+    o.recompute = NL_RECOMPUTE_FULL;
+    nl_act_layer F;
+    nl_plan_act_layer(&a, &o, &F);
+    assert_true(S.bytes_per_token < L.bytes_per_token && F.bytes_per_token < S.bytes_per_token);
+    assert_true(F.bytes_per_token == 2.0 * 4096);
+    /* Tensor parallel without SP leaves the 4 norm tensors replicated; SP shards them too. */
+    o.recompute = NL_RECOMPUTE_NONE;
+    o.tp = 8;
+    nl_act_layer T8, T8s;
+    nl_plan_act_layer(&a, &o, &T8);
+    o.sp = 1;
+    nl_plan_act_layer(&a, &o, &T8s);
+    assert_true(fabs(T8s.bytes_per_token - L.bytes_per_token / 8) < 1e-6);
+    assert_true(fabs(T8.bytes_per_token - (T8s.bytes_per_token + 4 * 2 * 4096 * 7.0 / 8)) < 1e-6);
+}
+
+static void test_course_moe(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_arch a;
+    assert_int_equal(nl_catalog_find_model(&cat, "course-moe", &a), NL_OK);
+    nl_arch_params p;
+    nl_arch_count_params(&a, &p);
+    double expert = 3.0 * 2048 * 1024, attn = 4.0 * 2048 * 2048;
+    ROUNDS_TO(expert / 1e6, 6.3, 0.1);
+    ROUNDS_TO(attn / 1e6, 16.8, 0.1);
+    ROUNDS_TO(((double)p.attention + (double)p.mlp_experts + (double)p.mlp_shared) / 24 / 1e6, 432, 1);
+    /* Embeddings not counted: ~10.4B in all, ~1.6B active per token. */
+    ROUNDS_TO((double)p.non_embedding / 1e9, 10.4, 0.1);
+    double active_ne = (double)(p.active - p.embedding - p.classifier);
+    ROUNDS_TO(active_ne / 24 / 1e6, 67, 1);
+    ROUNDS_TO(active_ne / 1e9, 1.6, 0.1);
+    /* EP = 8: 8 routed experts of each layer + the shared ones + attention: ~80M per layer,
+     * 1.9B parameters, 3.8 GB in bf16. */
+    double per_gpu = (double)p.non_embedding - (double)p.mlp_experts + (double)p.mlp_experts / 8;
+    ROUNDS_TO(per_gpu / 24 / 1e6, 80, 1);
+    ROUNDS_TO(per_gpu / 1e9, 1.9, 0.1);
+    ROUNDS_TO(per_gpu * 2 / 1e9, 3.8, 0.1);
+    /* The same through the command. */
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("budget --model course-moe --gpus 8 --ep 8 --json", &out), 0);
+    char *q = strstr(out, "\"params_per_gpu_non_embedding\":");
+    assert_non_null(q);
+    ROUNDS_TO(strtod(q + strlen("\"params_per_gpu_non_embedding\":"), NULL) / 1e9, 1.9, 0.1);
+    free(out);
+}
+
+static void test_cli(void **state) {
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("budget --params 7B --gpus 4", &out), 0);
+    assert_non_null(strstr(out, "zero1  4   2        2      3          7            49.00"));
+    assert_non_null(strstr(out, "38.50"));
+    free(out);
+    assert_int_equal(tu_run_cli("budget --model llama-3-8b --batch 8 --seq 8192 --json", &out), 0);
+    char *q = strstr(out, "\"bytes_per_hidden_unit\":");
+    assert_non_null(q);
+    ROUNDS_TO(strtod(q + strlen("\"bytes_per_hidden_unit\":"), NULL), 48, 1);
+    free(out);
+    char *dir = tu_tmpdir();
+    char args[512];
+    snprintf(args, sizeof args, "budget --model llama-3-8b --batch 1 --svg %s/mem.svg", dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    free(out);
+    snprintf(args, sizeof args, "%s/mem.svg", dir);
+    char *svg = tu_read_file(args, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "zero3"));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
+    assert_int_equal(tu_run_cli("budget --model llama-9", &out), 2);
+    assert_non_null(strstr(out, "llama-3-8b")); /* lists the known models */
+    free(out);
+    assert_int_equal(tu_run_cli("budget --params 7B --zero 5", &out), 2);
+    assert_non_null(strstr(out, "--zero"));
+    free(out);
+    assert_int_equal(tu_run_cli("budget --params 7B --gpus 6 --tp 4", &out), 2);
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_course_zero),
+        cmocka_unit_test(test_course_384gib),
+        cmocka_unit_test(test_course_moe),
+        cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,102 @@
+/* plan/ serving: the course's inference numbers for Llama-3-8B on H100. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nanolm/plan.h"
+
+#define ROUNDS_TO(x, v, unit) assert_true(fabs((double)(x) - (double)(v)) <= 0.5 * (unit) + 1e-9 * fabs((double)(v)))
+
+static void req(nl_serve_req *q, int64_t tp, double context) {
+    nl_serve_req_default(q);
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-3-8b", &q->arch), NL_OK);
+    assert_int_equal(nl_catalog_find_hw(&cat, "h100", &q->hw), NL_OK);
+    q->tp = tp;
+    q->context = context;
+}
+
+static void test_course_prefill_decode(void **state) {
+    (void)state;
+    nl_serve_req q;
+    nl_serve_plan p;
+    req(&q, 1, 0);
+    assert_int_equal(nl_plan_serve(&q, &p), NL_OK);
+    /* A 2,000-token prompt: ~3.1e13 FLOPs, ~63 ms at 50% MFU. */
+    ROUNDS_TO(p.prefill_flops / 1e13, 3.1, 0.1);
+    ROUNDS_TO(p.prefill_s * 1e3, 63, 1);
+    /* Decode at B = 32, context ~2,250: ~7.6 ms a step; one prefill stalls 32 users 8+ steps. */
+    ROUNDS_TO(2000 + 500 / 2, 2250, 1);
+    ROUNDS_TO(p.decode_step_total_s * 1e3, 7.6, 0.1);
+    assert_true(p.stall_steps > 8 && p.stall_steps < 9);
+    /* KV cache of the prompt: ~262 MB (128 KiB per token with GQA 8 x 128). */
+    assert_true(p.kv_bytes_per_token == 2.0 * 32 * 8 * 128 * 2);
+    ROUNDS_TO(p.prompt_kv_bytes / 1e6, 262, 1);
+    /* Chunked prefill: 256 prompt + 32 decode tokens ~4.4 ms of compute vs 4.79 ms of weights. */
+    ROUNDS_TO(p.chunk_compute_s * 1e3, 4.4, 0.1);
+    ROUNDS_TO(p.weight_read_s * 1e3, 4.79, 0.01);
+    assert_true(p.chunk_compute_s < p.weight_read_s);
+    /* Disaggregation: prefill GPU ~16 requests/s, decode GPU ~8.4 requests/s: ~2 decode GPUs
+     * per prefill GPU. */
+    ROUNDS_TO(p.prefill_rps, 16, 1);
+    ROUNDS_TO(p.decode_rps, 8.4, 0.1);
+    ROUNDS_TO(p.decode_per_prefill, 2, 1);
+    assert_true(p.fits);
+}
+
+static void test_course_tp_decode(void **state) {
+    (void)state;
+    nl_serve_req q;
+    nl_serve_plan p1, p2, p8;
+    /* B = 32 at 8k: one GPU 15.1 ms a step, TP 2 7.5 ms, with 64 all-reduces of B x D x 2 =
+     * 256 KiB costing ~0.6 ms of launch latency; TP 8: 1.9 ms, communication adds a third. */
+    req(&q, 1, 8192);
+    assert_int_equal(nl_plan_serve(&q, &p1), NL_OK);
+    ROUNDS_TO(p1.decode_step_s * 1e3, 15.1, 0.1);
+    req(&q, 2, 8192);
+    assert_int_equal(nl_plan_serve(&q, &p2), NL_OK);
+    ROUNDS_TO(p2.decode_step_s * 1e3, 7.5, 0.1);
+    assert_true(p2.tp_allreduces == 64);
+    assert_true(p2.tp_allreduce_bytes == 256 * 1024);
+    ROUNDS_TO(p2.tp_comm_latency_s * 1e3, 0.6, 0.1);
+    /* By bandwidth each all-reduce is a fraction of a microsecond. */
+    assert_true(p2.tp_comm_s - p2.tp_comm_latency_s < 64 * 1e-6);
+    req(&q, 8, 8192);
+    assert_int_equal(nl_plan_serve(&q, &p8), NL_OK);
+    ROUNDS_TO(p8.decode_step_s * 1e3, 1.9, 0.1);
+    ROUNDS_TO(p8.tp_comm_latency_s / p8.decode_step_s, 1.0 / 3, 0.1);
+    assert_true(p8.tp_comm_s / p8.decode_step_s < 0.4);
+    /* Bad input. */
+    req(&q, 3, 8192);
+    assert_int_equal(nl_plan_serve(&q, &p8), NL_ERR_INVALID);
+}
+
+static void test_cli(void **state) {
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("plan serve --model llama-3-8b", &out), 0);
+    assert_non_null(strstr(out, "62.8 ms"));
+    assert_non_null(strstr(out, "262 MB"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan serve --model llama-3-8b --tp 2 --context 8192 --json", &out), 0);
+    assert_non_null(strstr(out, "\"tp_allreduces\":\t64"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan serve --model llama-3-8b --prefill-mfu 2", &out), 2);
+    free(out);
+    assert_int_equal(tu_run_cli("plan serve --model nope", &out), 2);
+    assert_non_null(strstr(out, "known:"));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_course_prefill_decode),
+        cmocka_unit_test(test_course_tp_decode),
+        cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

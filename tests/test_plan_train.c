@@ -1,0 +1,293 @@
+/* plan/ training: the course's napkin problems (FSDP, HSDP, 70B, MoE all-to-all, TP bound,
+ * all-reduce factor, pipeline bubble), the layout search and its errors. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nanolm/plan.h"
+
+#define ROUNDS_TO(x, v, unit) assert_true(fabs((double)(x) - (double)(v)) <= 0.5 * (unit) + 1e-9 * fabs((double)(v)))
+
+/* The course's napkin: NVLink 450 GB/s, network 50 GB/s, no latency, full link rate, MFU 40%. */
+static void napkin_req(nl_train_req *q, const char *model, double params) {
+    memset(q, 0, sizeof *q);
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    assert_int_equal(nl_catalog_find_model(&cat, model, &q->arch), NL_OK);
+    assert_int_equal(nl_catalog_find_hw(&cat, "h100", &q->hw), NL_OK);
+    assert_int_equal(nl_plan_recipe("bf16", &q->recipe), NL_OK);
+    nl_eff_default(&q->eff);
+    q->eff.fixed_mfu = 0.4;
+    q->hw.intra_eff = q->hw.inter_eff = 1;
+    q->hw.latency_s = 0;
+    q->params_override = params;
+    q->tokens = 1e12;
+}
+
+static const nl_layer_coll *find(const nl_layer_plan *lp, const char *what) {
+    for (int i = 0; i < lp->n; i++)
+        if (strstr(lp->c[i].what, what)) return &lp->c[i];
+    return NULL;
+}
+
+static void test_course_fsdp_one_node(void **state) {
+    (void)state;
+    /* 7B under FSDP in one node of 8 H100, 16,384 tokens per GPU per step: three collectives of
+     * 7/8 x 14 GB = 12.3 GB, 27 ms each, ~80 ms in all, against ~1.7 s of compute (~5%). */
+    nl_train_req q;
+    napkin_req(&q, "llama-2-7b", 7e9);
+    q.gpus = 8;
+    q.seq = 4096;
+    q.global_batch = 8 * 4;
+    nl_layout L = {8, 1, 1, 1, 1, NL_ZERO_3, 4, 1, 1, NL_RECOMPUTE_NONE, 0};
+    nl_layer_plan lp;
+    assert_int_equal(nl_plan_layer(&q, &L, 16384, &lp), NL_OK);
+    assert_int_equal(lp.n, 3);
+    const nl_layer_coll *ag = find(&lp, "all-gather (forward"), *ag2 = find(&lp, "all-gather (backward"),
+                        *rs = find(&lp, "reduce-scatter");
+    assert_non_null(ag);
+    assert_non_null(ag2);
+    assert_non_null(rs);
+    ROUNDS_TO(ag->bytes / 1e9, 14, 1);
+    for (int i = 0; i < 3; i++) {
+        ROUNDS_TO(lp.c[i].wire_bytes / 1e9, 12.3, 0.1);
+        ROUNDS_TO(lp.c[i].time_s * 1e3, 27, 1);
+    }
+    ROUNDS_TO(lp.per_step_s * 1e3, 80, 10);
+    ROUNDS_TO(lp.compute_step_s, 1.7, 0.1);
+    ROUNDS_TO(100 * lp.per_step_s / lp.compute_step_s, 5, 1);
+    /* ZeRO-3 moves 1.5x what DDP's all-reduce moves. */
+    ROUNDS_TO(lp.per_step_s / lp.ddp_step_s, 1.5, 0.01);
+    /* ZeRO-1 adds nothing to DDP: reduce-scatter + all-gather = all-reduce. */
+    L.zero = NL_ZERO_1;
+    assert_int_equal(nl_plan_layer(&q, &L, 16384, &lp), NL_OK);
+    assert_int_equal(lp.n, 2);
+    assert_true(fabs(lp.per_step_s / lp.ddp_step_s - 1) < 1e-12);
+}
+
+static void test_course_fsdp_64_nodes(void **state) {
+    (void)state;
+    /* The same FSDP over 64 nodes: every collective crosses the network: 14/50 = 0.28 s each,
+     * 0.84 s for the three, half the compute. HSDP keeps the shards in a node and all-reduces an
+     * eighth of the gradients across nodes: 2 x 1.75 / 50 = 0.07 s. */
+    nl_train_req q;
+    napkin_req(&q, "llama-2-7b", 7e9);
+    q.gpus = 512;
+    q.seq = 4096;
+    q.global_batch = 512 * 4;
+    nl_layout L = {512, 1, 1, 1, 1, NL_ZERO_3, 4, 1, 1, NL_RECOMPUTE_NONE, 0};
+    nl_layer_plan lp;
+    assert_int_equal(nl_plan_layer(&q, &L, 16384, &lp), NL_OK);
+    for (int i = 0; i < lp.n; i++) ROUNDS_TO(lp.c[i].time_s, 0.28, 0.01);
+    ROUNDS_TO(lp.per_step_s, 0.84, 0.01);
+    ROUNDS_TO(lp.per_step_s / lp.compute_step_s, 0.5, 0.1);
+    L.zero = NL_ZERO_HSDP;
+    assert_int_equal(nl_plan_layer(&q, &L, 16384, &lp), NL_OK);
+    const nl_layer_coll *x = find(&lp, "across nodes");
+    assert_non_null(x);
+    assert_int_equal(x->p, 64);
+    ROUNDS_TO(x->bytes / 1e9, 1.75, 0.01);
+    ROUNDS_TO(x->time_s, 0.07, 0.01);
+    /* In-node collectives are back to 27 ms. */
+    ROUNDS_TO(find(&lp, "in node (forward)")->time_s * 1e3, 27, 1);
+}
+
+static void test_course_moe_all_to_all(void **state) {
+    (void)state;
+    /* The course MoE, 8,192 tokens per GPU, EP = 8: dispatch 8192 x 6 x 2048 x 2 = 201 MB, the
+     * same back; 7/8 of both (~350 MB) leave the GPU: ~0.8 ms in a node, ~7 ms across nodes,
+     * against ~2.2 ms of the layer's forward compute at 50% MFU. */
+    nl_train_req q;
+    napkin_req(&q, "course-moe", 0);
+    q.eff.fixed_mfu = 0.5;
+    q.gpus = 8;
+    q.seq = 4096;
+    q.global_batch = 16;
+    nl_layout L = {8, 1, 1, 1, 8, NL_ZERO_0, 2, 1, 1, NL_RECOMPUTE_NONE, 0};
+    nl_layer_plan lp;
+    assert_int_equal(nl_plan_layer(&q, &L, 8192, &lp), NL_OK);
+    const nl_layer_coll *d = find(&lp, "dispatch"), *c = find(&lp, "combine expert");
+    assert_non_null(d);
+    assert_non_null(c);
+    ROUNDS_TO(d->bytes / 1e6, 201, 1);
+    ROUNDS_TO((d->wire_bytes + c->wire_bytes) / 1e6, 350, 10);
+    ROUNDS_TO(lp.per_layer_fwd_s * 1e3, 0.8, 0.1);
+    q.hw.gpus_per_node = 1; /* every EP peer on another node */
+    assert_int_equal(nl_plan_layer(&q, &L, 8192, &lp), NL_OK);
+    ROUNDS_TO(lp.per_layer_fwd_s * 1e3, 7, 1);
+    /* Forward compute of one layer: 2 x active parameters per layer x tokens / (P x 0.5). */
+    nl_arch_params p;
+    nl_arch_count_params(&q.arch, &p);
+    double active_layer = (double)(p.active - p.embedding - p.classifier) / 24;
+    ROUNDS_TO(2 * active_layer * 8192 / (989e12 * 0.5) * 1e3, 2.2, 0.1);
+}
+
+static void test_course_small_facts(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_hw hw;
+    nl_catalog_find_hw(&cat, "h100", &hw);
+    /* All-reduce moves 2(p-1)/p of the array: 1.75x at p = 8; the others (p-1)/p. */
+    assert_true(nl_plan_coll_bytes(NL_ALL_REDUCE, 8, 1.0) == 1.75);
+    assert_true(nl_plan_coll_bytes(NL_REDUCE_SCATTER, 8, 1.0) + nl_plan_coll_bytes(NL_ALL_GATHER, 8, 1.0) == 1.75);
+    assert_true(nl_plan_coll_bytes(NL_ALL_REDUCE, 1000, 1.0) > 1.99);
+    /* The 4-GPU example: each sends 3 numbers in reduce-scatter and 3 in all-gather of 4. */
+    assert_true(nl_plan_coll_bytes(NL_ALL_REDUCE, 4, 4.0) == 6.0);
+    /* TP of (B x D)(D x F) over 2 GPUs is compute-bound only for D > 2 P / W ~ 4,400 on NVLink. */
+    ROUNDS_TO(2 * hw.flops_bf16 / hw.intra_bw, 4400, 100);
+    /* Pipeline: 4 stages, 8 microbatches: bubble 3/11 ~ 27%, from the evaluator's own times. */
+    nl_train_req q;
+    napkin_req(&q, "llama-2-7b", 0);
+    q.eff.fixed_mfu = 0;
+    q.hw = hw;
+    q.gpus = 4;
+    q.seq = 4096;
+    q.global_batch = 8;
+    nl_layout L = {1, 1, 4, 1, 1, NL_ZERO_0, 1, 8, 1, NL_RECOMPUTE_NONE, 0};
+    nl_train_eval e;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e), NL_OK);
+    ROUNDS_TO(100 * e.t_bubble / (e.t_compute + e.t_bubble), 27, 1);
+    assert_true(fabs(e.t_bubble / (e.t_compute + e.t_bubble) - 3.0 / 11) < 1e-12);
+    /* Interleaving v = 2 halves it. */
+    L.vpp = 2;
+    nl_train_eval e2;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e2), NL_OK);
+    assert_true(fabs(e2.t_bubble - e.t_bubble / 2) < 1e-12);
+}
+
+static void base_req(nl_train_req *q, const char *model, int64_t gpus) {
+    memset(q, 0, sizeof *q);
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    assert_int_equal(nl_catalog_find_model(&cat, model, &q->arch), NL_OK);
+    assert_int_equal(nl_catalog_find_hw(&cat, "h100", &q->hw), NL_OK);
+    nl_plan_recipe("bf16", &q->recipe);
+    nl_eff_default(&q->eff);
+    q->gpus = gpus;
+    q->seq = q->arch.seq_len;
+    q->global_batch = 1024;
+    q->tokens = 20 * 6.74e9;
+}
+
+static void test_search(void **state) {
+    (void)state;
+    nl_train_req q;
+    base_req(&q, "llama-2-7b", 8);
+    nl_train_result r;
+    assert_int_equal(nl_plan_train_search(&q, &r), NL_OK);
+    assert_true(r.n_fit > 0 && r.n > r.n_fit);
+    /* Plain DDP cannot hold 7B's 16 bytes/param in 80 GB: every ddp layout without model
+     * parallelism is rejected with a reason. */
+    for (size_t i = 0; i < r.n; i++) {
+        const nl_train_eval *e = &r.evals[i];
+        if (e->L.zero == NL_ZERO_0 && e->L.tp == 1 && e->L.pp == 1) {
+            assert_false(e->fits);
+            assert_non_null(strstr(e->reason, "needs"));
+        }
+        if (e->fits) {
+            assert_true(e->mem_total <= e->mem_usable);
+            /* The step is the sum of its parts, tokens/s and MFU follow from it. */
+            assert_true(fabs(e->t_step - (e->t_compute + e->t_bubble + e->t_exposed + e->t_optim)) < 1e-9 * e->t_step);
+            assert_true(e->t_optim > 0);
+            assert_true(fabs(e->tokens_per_s * e->t_step - 1024.0 * 4096) < 1e-6 * 1024 * 4096);
+            assert_true(e->mfu > 0 && e->mfu < q.eff.gemm);
+        }
+    }
+    /* Ranked by step time. */
+    for (size_t i = 1; i < r.n_fit; i++) assert_true(r.evals[i - 1].t_step <= r.evals[i].t_step * (1 + 1e-9));
+    char buf[4096];
+    nl_plan_train_explain(&q, &r, buf, sizeof buf);
+    assert_non_null(strstr(buf, "Memory first"));
+    assert_non_null(strstr(buf, "sharded"));
+    nl_plan_train_free(&r);
+    /* 512 GPUs: the search covers every layout (it prints its own time; no assertion on it). */
+    base_req(&q, "llama-2-7b", 512);
+    assert_int_equal(nl_plan_train_search(&q, &r), NL_OK);
+    assert_true(r.n > 1000);
+    assert_true(r.evals[0].L.dp * r.evals[0].L.tp * r.evals[0].L.pp * r.evals[0].L.cp == 512);
+    nl_plan_train_free(&r);
+}
+
+static void test_search_errors(void **state) {
+    (void)state;
+    nl_train_req q;
+    /* 7 GPUs: 7 does not divide the heads (no tp 7) and no dp divides a batch of 1024. */
+    base_req(&q, "llama-2-7b", 7);
+    nl_train_result r;
+    assert_int_equal(nl_plan_train_search(&q, &r), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "no layout can use 7 GPUs"));
+    /* 405B on 8 GPUs fits nowhere: the message names the smallest need and its layout. */
+    base_req(&q, "llama-3-405b", 8);
+    assert_int_equal(nl_plan_train_search(&q, &r), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "fits on no layout"));
+    assert_non_null(strstr(nl_last_error(), "smallest need"));
+    assert_non_null(strstr(nl_last_error(), "tp8")); /* 405B x 16 B / 8 = 812 GB even at tp 8 */
+    /* Invalid decompositions are refused by the evaluator. */
+    base_req(&q, "llama-2-7b", 8);
+    nl_layout L = {3, 1, 1, 1, 1, NL_ZERO_0, 1, 1, 1, NL_RECOMPUTE_NONE, 0};
+    nl_train_eval e;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e), NL_ERR_INVALID);
+}
+
+static void test_cli(void **state) {
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("plan train --model llama-2-7b --gpus 8", &out), 0);
+    assert_non_null(strstr(out, "Searched"));
+    assert_non_null(strstr(out, "Why #1: Memory first"));
+    assert_non_null(strstr(out, "Rejected"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan layer --model llama-3-8b --tp 8 --sp --json", &out), 0);
+    /* TP = 8 with SP: 4 all-gathers and 4 reduce-scatters per layer (forward and backward). */
+    int ag = 0, rs = 0;
+    for (char *p = out; (p = strstr(p, "\"all-gather\"")); p++) ag++;
+    for (char *p = out; (p = strstr(p, "\"reduce-scatter\"")); p++) rs++;
+    assert_int_equal(ag, 4);
+    assert_int_equal(rs, 4);
+    free(out);
+    assert_int_equal(tu_run_cli("plan layer --model llama-3-8b --tp 8", &out), 0);
+    assert_non_null(strstr(out, "after attention"));
+    assert_non_null(strstr(out, "after MLP"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan train --model gpt-5 --gpus 8", &out), 2);
+    assert_non_null(strstr(out, "llama-2-7b"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan train --model llama-2-7b --gpus 8 --gpu tpu", &out), 2);
+    assert_non_null(strstr(out, "h100"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan train --model llama-3-405b --gpus 8", &out), 1);
+    assert_non_null(strstr(out, "smallest need"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan train --model llama-2-7b --gpus 8 --frobnicate", &out), 2);
+    assert_non_null(strstr(out, "--frobnicate"));
+    free(out);
+    char *dir = tu_tmpdir();
+    char args[512], path[300];
+    snprintf(args, sizeof args, "plan pipeline --stages 4 --micro 8 --svg %s/pp.svg", dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, "3/11"));
+    free(out);
+    snprintf(path, sizeof path, "%s/pp.svg", dir);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    /* Both schedules, simulated op by op, leave the same 3/11 idle. */
+    assert_non_null(strstr(svg, "GPipe: 4 stages, 8 microbatches: simulated idle 27%"));
+    assert_non_null(strstr(svg, "1F1B: 4 stages, 8 microbatches: simulated idle 27%"));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_course_fsdp_one_node), cmocka_unit_test(test_course_fsdp_64_nodes),
+        cmocka_unit_test(test_course_moe_all_to_all), cmocka_unit_test(test_course_small_facts),
+        cmocka_unit_test(test_search),               cmocka_unit_test(test_search_errors),
+        cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
