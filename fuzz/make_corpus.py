@@ -4,7 +4,7 @@
 Seeds are small files of each format as nanolm writes them (same layout, written here from
 the format descriptions in include/nanolm/*.h) and short heads of the real files in
 ../shared/data (or $NANOLM_DATA); a missing data file is skipped with a note.
-Run from the project root: /usr/bin/python3 fuzz/make_corpus.py
+Run from the project root: NANOLM_BIN=build/nanolm /usr/bin/python3 fuzz/make_corpus.py
 """
 import json
 import math
@@ -175,4 +175,25 @@ def nanolm_ckpt(dim, hidden, layers, heads, kv, vocab, tied, state):
 put("checkpoint", "tiny_untied_state.st", nanolm_ckpt(8, 12, 1, 2, 1, 6, False, True))
 put("checkpoint", "tiny_tied.st", nanolm_ckpt(4, 8, 2, 2, 2, 5, True, False))
 put("checkpoint", "tiny_llama2c.bin", llama2c(8, 16, 1, 2, 1, 16, 4))
+
+# ---- planner catalog JSON (first byte: 0 = GPU file, 1 = model file) and scaling CSV ----
+hw = [b'[{"name": "h100-pcie", "base": "h100", "flops_bf16": 756e12, "intra_bw": 64e9}, {"name": "h100", "price_per_hour": 1.99}]',
+      b'{"name": "x", "mem_bytes": 80e9, "gpus_per_node": 4, "latency_s": 2e-5, "intra_eff": 0.7, "source": "made up"}']
+models = [b'{"name": "tiny", "vocab_size": 1000, "dim": 256, "n_layers": 4, "n_heads": 4, "hidden_dim": 688}',
+          b'[{"name": "llama-3-8b-32k", "base": "llama-3-8b", "seq_len": 32768}, {"name": "moe", "base": "tiny", "n_experts": 8, "top_k": 2, "expert_hidden_dim": 128}]']
+for i, j in enumerate(hw):
+    put("catalog", "hw%d.json" % i, b"\0" + j)
+for i, j in enumerate(models):
+    put("catalog", "model%d.json" % i, b"\1" + j)
+put("scaling_csv", "nd.csv", b"N,D,loss\n1e8,2e9,3.1\n4e8,8e9,2.8\n1e9,2e10,2.5\n")
+put("scaling_csv", "flops.csv", b"params,FLOPs,loss\n70e6,8.4e17,3.5\n1.6e8,3e18,3.2\n")
+put("scaling_csv", "bad.csv", b"N,D,loss\n1e9,2e10,2.5\n1e9,abc,2.4\n")
+# The catalog as `nanolm plan catalog --json` prints it, split into a GPU and a model file
+# (needs the CLI: NANOLM_BIN=build/nanolm).
+if os.environ.get("NANOLM_BIN"):
+    import subprocess
+    cat = json.loads(subprocess.run([os.environ["NANOLM_BIN"], "plan", "catalog", "--json"], check=True,
+                                    capture_output=True).stdout)
+    put("catalog", "cli_gpus.json", b"\0" + json.dumps(cat["gpus"][:4]).encode())
+    put("catalog", "cli_models.json", b"\1" + json.dumps(cat["models"][:4]).encode())
 print("make_corpus: wrote", OUT)
