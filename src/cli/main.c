@@ -17,6 +17,8 @@ int nl_cmd_train(int argc, char **argv);
 int nl_cmd_eval(int argc, char **argv);
 int nl_cmd_generate(int argc, char **argv);
 int nl_cmd_fp8(int argc, char **argv);
+int nl_cmd_collectives(int argc, char **argv);
+int nl_cmd_parallel(int argc, char **argv);
 int nl_cmd_scaling(int argc, char **argv);
 int nl_cmd_budget(int argc, char **argv);
 int nl_cmd_plan(int argc, char **argv);
@@ -30,6 +32,8 @@ static const nl_command commands[] = {
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
+    {"collectives", "MPI collectives: the course demo and a benchmark (ours vs native)", nl_cmd_collectives},
+    {"parallel", "data-parallel training over MPI: DDP, ZeRO-1/2/3 (mpirun -np N nanolm parallel train)", nl_cmd_parallel},
     {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
     {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},
     {"plan", "parallel training and serving plans for real clusters", nl_cmd_plan},
