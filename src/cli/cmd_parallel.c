@@ -137,7 +137,7 @@ int nl_cmd_parallel(int argc, char **argv) {
     const char *svg = NULL, *out_path = NULL, *resume = NULL;
     int64_t save_every = 0;
     int fault_rank = -1, fault_step = 0;
-    char fault_how[8] = "exit";
+    char fault_how[16] = "exit";
     nl_dist_opts o;
     nl_dist_opts_default(&o);
     double dv;
