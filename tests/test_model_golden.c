@@ -60,23 +60,6 @@ static void fixture_load(fixture *f, const char *path) {
         memcpy(t->data, p, 4 * t->numel);
         p += 4 * t->numel;
     }
-    /* The arrays sit at unaligned offsets of the file (after variable-length names): copy them
-     * to 4-byte aligned places at the end of one buffer, still freed by free(f->buf)
-     * (UBSan reported the misaligned int32/float loads). */
-    size_t total = 0;
-    for (int i = 0; i < f->n; i++) total += 4 * f->t[i].numel;
-    size_t base = (bytes + 15) & ~(size_t)15;
-    char *nb = malloc(base + total);
-    assert_non_null(nb);
-    size_t off = base;
-    for (int i = 0; i < f->n; i++) {
-        memcpy(nb + off, f->t[i].data, 4 * f->t[i].numel);
-        f->t[i].data = nb + off;
-        off += 4 * f->t[i].numel;
-    }
-    memcpy(nb, f->buf, bytes);
-    free(f->buf);
-    f->buf = nb;
 }
 
 static void fixture_free(fixture *f) {
