@@ -26,8 +26,8 @@
  * Memory: a rank allocates only its part (nl_model_init_part): its stage's layers with T-th of
  * the heads, KV heads and SwiGLU width, plus the embedding (first stage) and the final norm and
  * classifier (last stage), replicated over the tensor-parallel group; gradients and AdamW state
- * of the same size; activations of its layers for the M micro-batches (all M are allocated, also
- * under 1F1B). The whole model is built once at init to cut the part from (then freed).
+ * of the same size; activations of its layers for the micro-batches in flight: all M under GPipe,
+ * min(M, P - s) on stage s under 1F1B. The whole model is built once at init to cut the part from (then freed).
  *
  * Limits of this implementation: no ZeRO with PP/TP, untied embeddings only, no MoE layers.
  */
@@ -60,7 +60,9 @@ typedef struct nl_pipe {
     size_t n_params_full;        /* parameters of the whole model */
     size_t act_floats;           /* micro-batch activations + backward scratch, floats */
     int64_t b;                   /* windows per micro-batch */
-    nl_pipe_mb *mbs;             /* [M] */
+    int n_slots;                 /* micro-batch activation slots: M (GPipe), min(M, P - s) (1F1B) */
+    nl_pipe_mb *mbs;             /* [n_slots]; micro-batch k uses slot k % n_slots */
+    double loss_sum;             /* last stage: sum of the step's micro-batch losses */
     float *scratch;              /* backward scratch of one micro-batch */
     float *dresid, *dln, *dqkv, *datty, *datt, *dh13, *dhact;
     float *adam_m, *adam_v;      /* (n_params); only the owned ranges are used */

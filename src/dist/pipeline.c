@@ -18,7 +18,6 @@ struct nl_pipe_mb {
     float *lnf, *lnf_rstd, *logits; /* last stage */
     float *dsend;    /* (b, T, C) gradient sent to the previous stage */
     nl_comm_request *fwd_req, *bwd_req;
-    float loss;
 };
 
 void nl_pipe_memory_report(const nl_pipe *p, nl_dist_memory *out) {
@@ -133,11 +132,14 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->h = (int)m->H;
     int64_t nl = p->l1 - p->l0, bT = p->b * o->seq, T = o->seq, C = m->C, QKV = (p->nh + 2 * p->kvh) * m->hd,
             H = p->h, V = m->V, NH = p->nh, hd = m->hd;
-    p->mbs = nl_calloc((size_t)M, sizeof *p->mbs, "micro-batches");
+    /* activation slots: GPipe keeps all M micro-batches alive; 1F1B at most P - s on stage s
+     * (micro-batch k lives in slot k mod n_slots) */
+    p->n_slots = sched == NL_PIPE_1F1B && p->P - p->s < M ? p->P - p->s : M;
+    p->mbs = nl_calloc((size_t)p->n_slots, sizeof *p->mbs, "micro-batches");
     if (!p->mbs) { st = NL_ERR_NOMEM; goto fail; }
-    for (int k = 0; k < M; k++) {
+    for (int k = 0; k < p->n_slots; k++) {
         nl_pipe_mb *mb = &p->mbs[k];
-        size_t f = (size_t)((nl + 1) * bT * C + nl * (bT * C * 4 + bT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd +
+        size_t f = (size_t)((nl + 1) * bT * C + nl * (bT * C * 3 + bT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd +
                                                       bT * 3 * H) + bT * C);
         if (last_stage(p)) f += (size_t)(bT * C + bT + bT * V);
         p->act_floats += f;
@@ -205,7 +207,7 @@ fail:
 }
 
 void nl_pipe_free(nl_pipe *p) {
-    for (int k = 0; p->mbs && k < p->M; k++) {
+    for (int k = 0; p->mbs && k < p->n_slots; k++) {
         if (p->mbs[k].fwd_req) nl_comm_wait(p->mbs[k].fwd_req);
         if (p->mbs[k].bwd_req) nl_comm_wait(p->mbs[k].bwd_req);
         nl_free(p->mbs[k].mem);
@@ -291,12 +293,21 @@ static void record(nl_pipe *p, int kind, int k, double t0, double t1) {
 /* Forward of micro-batch k on this stage. */
 static nl_status stage_forward(nl_pipe *p, int k) {
     nl_model *m = &p->model;
-    nl_pipe_mb *mb = &p->mbs[k];
+    nl_pipe_mb *mb = &p->mbs[k % p->n_slots];
     int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
             hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
     float eps = (float)m->arch.norm_eps;
     double t0 = nl_time_s();
+    /* a reused slot (1F1B): the sends of its previous micro-batch must be done */
+    if (mb->fwd_req || mb->bwd_req) {
+        nl_status st = nl_comm_wait(mb->fwd_req);
+        mb->fwd_req = NULL;
+        NL_TRY(st);
+        st = nl_comm_wait(mb->bwd_req);
+        mb->bwd_req = NULL;
+        NL_TRY(st);
+    }
     if (first_stage(p)) {
         for (int64_t i = 0; i < BT; i++)
             memcpy(mb->R + i * C, m->w.embed + (int64_t)tok[i] * C, (size_t)C * sizeof(float));
@@ -358,7 +369,7 @@ static nl_status stage_forward(nl_pipe *p, int k) {
             for (int64_t v = 0; v < V; v++) sum += expf(z[v] - mx);
             total += logf(sum) + mx - z[tgt[i]];
         }
-        mb->loss = (float)(total / (double)BT);
+        p->loss_sum += (float)(total / (double)BT);
         p->busy_s += nl_time_s() - t1;
         record(p, 0, k, t_busy0, nl_time_s());
     } else {
@@ -372,7 +383,7 @@ static nl_status stage_forward(nl_pipe *p, int k) {
 /* Backward of micro-batch k on this stage: gradients accumulate (+=) into model.grads. */
 static nl_status stage_backward(nl_pipe *p, int k) {
     nl_model *m = &p->model;
-    nl_pipe_mb *mb = &p->mbs[k];
+    nl_pipe_mb *mb = &p->mbs[k % p->n_slots];
     int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
             hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
@@ -477,6 +488,7 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
     p->t_step0 = ts;
     p->n_ev = 0;
     p->busy_s = p->idle_s = p->tp_s = 0;
+    p->loss_sum = 0;
     NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.seed, step, p->d, p->D, (int)p->o.batch, (int)p->o.seq, p->x, p->y));
     nl_model_zero_grad(m);
     int M = p->M;
@@ -493,7 +505,7 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
         while (b < M) NL_TRY(stage_backward(p, b++));
     }
     double tw = nl_time_s();
-    for (int k = 0; k < M; k++) {
+    for (int k = 0; k < p->n_slots; k++) {
         nl_status st = nl_comm_wait(p->mbs[k].fwd_req);
         p->mbs[k].fwd_req = NULL;
         NL_TRY(st);
@@ -536,7 +548,7 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
     double norm = sqrt(ss);
     double lsum = 0;
     if (last_stage(p))
-        for (int k = 0; k < M; k++) lsum += p->mbs[k].loss;
+        lsum = p->loss_sum;
     NL_TRY(nl_comm_sum_double(p->pp, &lsum));
     lsum /= M;
     NL_TRY(nl_comm_sum_double(p->dp, &lsum));
