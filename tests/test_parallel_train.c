@@ -5,7 +5,10 @@
  *   - the bytes every rank sent per step equal the formula of the layout computed here from the
  *     model's layout (exactly), and the planner's per-collective formula up to padding;
  *   - --report-memory: the bytes of parameters, gradients and optimizer state every rank holds
- *     equal the padded-shard formula exactly and the planner's ZeRO formula up to padding. */
+ *     equal the padded-shard formula exactly and the planner's ZeRO formula up to padding;
+ *   - TP/PP layouts: each rank's parameter, gradient and optimizer bytes equal its part (stage
+ *     layers with the matrices split T ways, embedding on the first stage, tail on the last)
+ *     times the planner's fp32 bytes per parameter, and its activation bytes the formula, exactly. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
