@@ -11,6 +11,9 @@ typedef struct nl_command {
 } nl_command;
 
 int nl_cmd_version(int argc, char **argv);
+int nl_cmd_train(int argc, char **argv);
+int nl_cmd_eval(int argc, char **argv);
+int nl_cmd_generate(int argc, char **argv);
 int nl_cmd_formats(int argc, char **argv);
 int nl_cmd_scaling(int argc, char **argv);
 int nl_cmd_budget(int argc, char **argv);
@@ -19,6 +22,9 @@ int nl_cmd_plan(int argc, char **argv);
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
     {"version", "print the version and build configuration", nl_cmd_version},
+    {"train", "train NanoLM on a text file (AdamW, cosine, fp32/bf16/fp16)", nl_cmd_train},
+    {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
+    {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
     {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
     {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},

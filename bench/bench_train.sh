@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Training throughput of NanoLM against the same architecture in PyTorch (bench/torch_train.py,
+# Debian's python3-torch) with the same thread count, measured in the same run: 30 steps of
+# shakespeare-char (batch 12 x 64) and small (batch 2 x 256); each run's figure is the median
+# tokens/s of its steps 6..30. nanolm and PyTorch runs alternate (REPS pairs, default 5 and 3),
+# and the ratio printed is the median of the per-pair ratios, so that load from other jobs on a
+# shared machine hits both sides of a pair alike. Every run's figure is printed too.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${NANOLM_BUILD:-build}
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+bin="$build/nanolm"
+data="$root/../shared/data/tinyshakespeare/input.txt"
+[[ -f "$data" ]] || data=$(ls /usr/share/games/fortunes/fortunes 2>/dev/null)
+if [[ ! -x "$bin" || -z "$data" ]]; then echo "bench_train: needs $bin and a text file"; exit 1; fi
+threads=${OMP_NUM_THREADS:-$(nproc)}
+export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
+steps=30
+have_torch=0
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then have_torch=1; else echo "bench_train: PyTorch (python3-torch) is not installed; printing nanolm alone"; fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print 0; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+nanolm_rate() { # preset batch seq -> median tokens/s of steps 6..30 of one run
+  "$bin" train --data "$data" --preset "$1" --steps $steps --batch "$2" --seq "$3" --eval-every 0 --eval-windows 1 \
+    --log "$tmp/log.csv" >/dev/null || { echo 0; return 1; }
+  awk -F, 'NR > 6 {print $8}' "$tmp/log.csv" | median
+}
+
+printf "%-18s %8s %14s %14s %8s\n" preset threads "nanolm tok/s" "torch tok/s" ratio
+for cfg in "shakespeare-char 12 64 1.5 5" "small 2 256 1.0 3"; do
+  set -- $cfg
+  preset=$1 B=$2 T=$3 target=$4 reps=${REPS:-$5}
+  nr=(); tr=(); rr=()
+  for ((rep = 0; rep < reps; rep++)); do
+    n=$(nanolm_rate "$preset" "$B" "$T")
+    nr+=("$(printf %.0f "$n")")
+    if [[ $have_torch == 1 ]]; then
+      t=$(/usr/bin/python3 "$root/bench/torch_train.py" "$data" "$preset" $steps "$B" "$T" "$threads" | sed -E 's/.*median ([0-9.]+) tokens.*/\1/')
+      tr+=("$(printf %.0f "$t")")
+      rr+=("$(awk -v a="$n" -v b="$t" 'BEGIN {printf "%.3f", a / b}')")
+    fi
+  done
+  n=$(printf "%s\n" "${nr[@]}" | median)
+  if [[ $have_torch == 1 ]]; then
+    t=$(printf "%s\n" "${tr[@]}" | median)
+    r=$(printf "%s\n" "${rr[@]}" | median)
+    printf "%-18s %8d %14.0f %14.0f %7.2fx  (target >= %sx)\n" "$preset" "$threads" "$n" "$t" "$r" "$target"
+    printf "    runs: nanolm %s | torch %s | pair ratios %s\n" "${nr[*]}" "${tr[*]}" "${rr[*]}"
+  else
+    printf "%-18s %8d %14.0f %14s %8s\n" "$preset" "$threads" "$n" "-" "-"
+    printf "    runs: nanolm %s\n" "${nr[*]}"
+  fi
+done

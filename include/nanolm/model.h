@@ -1,0 +1,241 @@
+/*
+ * NanoLM: a Llama-architecture decoder-only transformer in plain C (llm.c / llama2.c style).
+ *
+ *   tokens (B, T) -> embedding (B, T, C)
+ *   L x [ x += Wo . attention(RoPE(Wq . rmsnorm(x)), RoPE(Wk . rmsnorm(x)), Wv . rmsnorm(x))
+ *         x += W2 . (silu(W1 . rmsnorm(x)) * (W3 . rmsnorm(x))) ]
+ *   logits (B, T, V) = Wcls . rmsnorm(x)       (Wcls = embedding when tied)
+ *
+ * Memory layout: every parameter lives in ONE flat fp32 allocation (`params`), gradients in a
+ * second with the same layout (`grads`). A layer's tensors are contiguous, so a layer (or any
+ * ZeRO shard) is an offset range. The order is:
+ *   model.embed_tokens.weight                          (V, C)
+ *   for each layer l:                                  [layer_offset(l), layer_offset(l+1))
+ *     model.layers.l.input_layernorm.weight            (C)
+ *     model.layers.l.self_attn.q_proj.weight           (NH*hd, C)   \ contiguous: one fused
+ *     model.layers.l.self_attn.k_proj.weight           (KVH*hd, C)  | (NH+2KVH)*hd x C matmul
+ *     model.layers.l.self_attn.v_proj.weight           (KVH*hd, C)  /
+ *     model.layers.l.self_attn.o_proj.weight           (C, NH*hd)
+ *     model.layers.l.post_attention_layernorm.weight   (C)
+ *     model.layers.l.mlp.gate_proj.weight              (H, C)       \ contiguous: one fused
+ *     model.layers.l.mlp.up_proj.weight                (H, C)       / 2H x C matmul
+ *     model.layers.l.mlp.down_proj.weight              (C, H)
+ *   model.norm.weight                                  (C)
+ *   lm_head.weight                                     (V, C)   only when untied
+ * Linear weights are stored (out, in) as in PyTorch's nn.Linear: y = x W^T.
+ * RoPE rotates adjacent pairs (2i, 2i+1) of each head (Meta / llama2.c convention), with
+ * frequency rope_theta^(-2i/hd).
+ */
+#ifndef NANOLM_MODEL_H
+#define NANOLM_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nanolm/arch.h"
+#include "nanolm/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- parameter table ------------------------------------------------------------------------ */
+
+typedef enum nl_param_kind {
+    NL_PARAM_EMBED, NL_PARAM_RMS_ATT, NL_PARAM_WQ, NL_PARAM_WK, NL_PARAM_WV, NL_PARAM_WO,
+    NL_PARAM_RMS_FFN, NL_PARAM_W1, NL_PARAM_W3, NL_PARAM_W2, NL_PARAM_RMS_FINAL, NL_PARAM_CLS
+} nl_param_kind;
+
+/* One tensor of the flat parameter vector. */
+typedef struct nl_param_info {
+    char name[80];        /* Hugging Face Llama name, e.g. model.layers.0.self_attn.q_proj.weight */
+    nl_param_kind kind;
+    int layer;            /* -1 for embedding, final norm, classifier */
+    int ndim;             /* 1 or 2 */
+    int64_t shape[2];     /* (out, in) for matrices, (C) for norms */
+    size_t offset;        /* in floats, into params / grads */
+    size_t numel;
+} nl_param_info;
+
+/* Pointers into the flat buffer for one layer. */
+typedef struct nl_layer_weights {
+    float *rms_att;  /* (C) */
+    float *wq;       /* (NH*hd, C); wk (KVH*hd, C) and wv (KVH*hd, C) follow it directly */
+    float *wk, *wv;
+    float *wo;       /* (C, NH*hd) */
+    float *rms_ffn;  /* (C) */
+    float *w1;       /* gate (H, C); w3 (up, (H, C)) follows it directly */
+    float *w3;
+    float *w2;       /* down (C, H) */
+} nl_layer_weights;
+
+typedef struct nl_weights {
+    float *embed;              /* (V, C) */
+    nl_layer_weights *layers;  /* [L] */
+    float *rms_final;          /* (C) */
+    float *cls;                /* (V, C); == embed when tied */
+} nl_weights;
+
+/* ---- the linear layer and its hook -------------------------------------------------------------
+ * Every matmul of the model goes through nl_linear_forward/backward. A site names which linear
+ * it is, so that a replacement (int8 QuantizedLinear, emulated FP8 GEMM, tensor-parallel shard)
+ * can be installed as nl_linear_ops without touching the layer code. */
+typedef enum nl_linear_kind { NL_LIN_QKV, NL_LIN_O, NL_LIN_GATE_UP, NL_LIN_DOWN, NL_LIN_CLS } nl_linear_kind;
+
+typedef struct nl_linear_site {
+    nl_linear_kind kind;
+    int layer;            /* -1 for the classifier */
+    size_t weight_offset; /* in floats, into params: the (out, in) weight starts here */
+} nl_linear_site;
+
+/* Precision of the matmul inputs (fp32 accumulation always). BF16/FP16 round weights and
+ * activations (and output gradients in backward) to the format before the GEMM. */
+typedef enum nl_precision { NL_PREC_FP32 = 0, NL_PREC_BF16, NL_PREC_FP16 } nl_precision;
+
+typedef struct nl_linear_ops {
+    /* out (N, out_dim) = in (N, in_dim) . w^T, w (out_dim, in_dim). Overwrites out. */
+    void (*forward)(void *user, const nl_linear_site *site, float *out, const float *in,
+                    const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
+    /* din (N, in_dim) = dout . w (overwritten; skipped when din == NULL);
+     * dw (out_dim, in_dim) += dout^T . in (accumulated). */
+    void (*backward)(void *user, const nl_linear_site *site, float *din, float *dw,
+                     const float *dout, const float *in, const float *w, int64_t n,
+                     int64_t in_dim, int64_t out_dim);
+    void *user;
+} nl_linear_ops;
+
+struct nl_model;
+/* The default linear: cblas_sgemm, with inputs rounded per model->precision. */
+void nl_linear_forward(struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
+                       const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
+void nl_linear_backward(struct nl_model *m, const nl_linear_site *site, float *din, float *dw,
+                        const float *dout, const float *in, const float *w, int64_t n,
+                        int64_t in_dim, int64_t out_dim);
+
+/* ---- activations (one buffer, sized once for (B, T)) ---------------------------------------- */
+typedef struct nl_acts {
+    float *resid;     /* (L+1, B, T, C) residual stream entering each layer (+ final) */
+    float *ln1;       /* (L, B, T, C) */
+    float *ln1_rstd;  /* (L, B, T) */
+    float *qkv;       /* (L, B, T, (NH+2KVH)*hd) q and k after RoPE */
+    float *att;       /* (L, B, NH, T, T) softmax probabilities (causal, upper part unused) */
+    float *atty;      /* (L, B, T, NH*hd) attention output before o_proj */
+    float *resid2;    /* (L, B, T, C) residual after attention */
+    float *ln2;       /* (L, B, T, C) */
+    float *ln2_rstd;  /* (L, B, T) */
+    float *h13;       /* (L, B, T, 2H) gate | up pre-activations */
+    float *hact;      /* (L, B, T, H) silu(gate) * up */
+    float *lnf;       /* (B, T, C) */
+    float *lnf_rstd;  /* (B, T) */
+    float *logits;    /* (B, T, V); after backward-prep holds dlogits */
+    float *losses;    /* (B, T) */
+    /* backward scratch, reused by every layer */
+    float *dresid;    /* (B, T, C) */
+    float *dln;       /* (B, T, C) */
+    float *dqkv;      /* (B, T, (NH+2KVH)*hd) */
+    float *datty;     /* (B, T, NH*hd) */
+    float *datt;      /* (B, NH, T, T) d(probabilities), then d(scores) */
+    float *dh13;      /* (B, T, 2H) */
+    float *dhact;     /* (B, T, H) */
+    /* bf16/fp16 only (separate allocation): rounded copies of a matmul's input and dout */
+    float *lp_scratch;  /* (B*T*maxdim) */
+    float *lp_scratch2; /* (B*T*maxdim) */
+} nl_acts;
+
+typedef struct nl_model {
+    nl_arch arch;
+    int64_t C, L, NH, KVH, hd, H, V, QKV; /* QKV = (NH + 2 KVH) * hd */
+    /* parameters */
+    size_t n_params;             /* floats */
+    float *params;               /* one allocation */
+    float *grads;                /* same layout; NULL until nl_model_alloc_grads */
+    nl_weights w;
+    nl_param_info *table;        /* n_tensors entries, in memory order */
+    int n_tensors;
+    size_t *layer_offsets;       /* [L+1]: layer l spans [layer_offsets[l], layer_offsets[l+1]) */
+    /* activations */
+    int64_t B, T;                /* what acts is sized for (0 before nl_model_alloc_acts) */
+    int64_t maxdim;              /* widest matmul operand row: max(C, QKV, 2H, V) */
+    float *acts_mem;
+    size_t acts_floats;
+    float *lp_mem;               /* the two lp_scratch buffers (bf16/fp16 only) */
+    size_t lp_floats;
+    int64_t B_cur, T_cur;        /* shape of the last forward */
+    const int32_t *tokens, *targets; /* of the last forward (borrowed; valid until backward) */
+    nl_acts a;
+    float *rope_cos, *rope_sin;  /* (seq_len, hd/2) */
+    /* precision of matmul inputs */
+    nl_precision precision;
+    float *params_lp;            /* params rounded to `precision` (bf16/fp16 only) */
+    nl_linear_ops *linear_ops;   /* NULL: default path */
+    float loss_scale;            /* dlogits are multiplied by this (fp16 loss scaling); 1 */
+    float mean_loss;             /* of the last forward with targets */
+    /* inference KV cache (nl_model_alloc_kv) */
+    float *kv_cache;             /* (L, 2, seq_len, KVH*hd) */
+    float *inf_x, *inf_xb, *inf_q, *inf_att, *inf_hb, *inf_logits;
+} nl_model;
+
+/* Builds a model for `arch` with parameters allocated (zeroed). Returns NL_ERR_INVALID for a bad
+ * arch (MoE is not supported by the runtime), NL_ERR_NOMEM on allocation failure. */
+nl_status nl_model_init(nl_model *m, const nl_arch *arch);
+/* Frees everything nl_model_* allocated; safe on a zeroed struct. */
+void nl_model_free(nl_model *m);
+/* GPT-2-style random initialisation: linear weights ~ N(0, 0.02), o_proj/down_proj scaled by
+ * 1/sqrt(2L), norms = 1. Deterministic for a seed. */
+void nl_model_init_random(nl_model *m, uint64_t seed);
+/* Allocates (and zeroes) the gradient buffer. */
+nl_status nl_model_alloc_grads(nl_model *m);
+/* Sizes the activation buffer for batches of up to (B, T) tokens, T <= seq_len. Called once. */
+nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T);
+/* Bytes of each buffer (exact, as allocated). */
+size_t nl_model_param_bytes(const nl_model *m);
+size_t nl_model_act_bytes(const nl_model *m); /* activations + bf16/fp16 scratch */
+/* Bytes of the low-precision weight copy (bf16/fp16 emulation; 0 in fp32). */
+size_t nl_model_lp_weight_bytes(const nl_model *m);
+
+/* Parameter table: returns the number of tensors; *out points at the model's table. */
+int nl_model_params_table(const nl_model *m, const nl_param_info **out);
+/* Finds a tensor by its HF name; NULL if absent. */
+const nl_param_info *nl_model_find_param(const nl_model *m, const char *name);
+
+/* Sets matmul precision (allocates the low-precision weight copy when needed). */
+nl_status nl_model_set_precision(nl_model *m, nl_precision p);
+
+/* Forward over tokens (B, T) (B, T <= the sizes of nl_model_alloc_acts). When targets is not
+ * NULL computes per-token cross-entropy and returns the mean in *loss (may be NULL).
+ * Tokens outside [0, V) give NL_ERR_INVALID naming the index. */
+nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B,
+                           int64_t T, float *loss);
+/* Backward of the last forward (which must have had targets): adds (+=) d(mean loss)/d(param)
+ * times m->loss_scale into m->grads. */
+nl_status nl_model_backward(nl_model *m);
+/* Zeroes m->grads. */
+void nl_model_zero_grad(nl_model *m);
+
+/* ---- inference ---------------------------------------------------------------------------------- */
+/* Allocates the KV cache and the single-token buffers. */
+nl_status nl_model_alloc_kv(nl_model *m);
+/* Runs one token at position pos (0-based, < seq_len) with the KV cache; returns logits (V). */
+float *nl_model_step(nl_model *m, int32_t token, int64_t pos);
+/* Picks the next token from logits (V): argmax when temperature == 0, else samples from
+ * softmax(logits / temperature) with rng. Modifies logits. */
+int32_t nl_model_sample(float *logits, int64_t V, float temperature, nl_rng *rng);
+
+/* ---- building blocks (exposed for tests, shapes as in llm.c) ---------------------------------- */
+void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C, float eps);
+void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                         const float *rstd, int64_t N, int64_t C);
+/* RoPE on (B, T, nh, hd) rows with row stride `stride` floats; inverse=1 rotates backwards. */
+void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nh,
+                   int64_t hd, int64_t stride, int inverse);
+void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH,
+                          int64_t KVH, int64_t hd);
+void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
+                           const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd);
+void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H);
+void nl_swiglu_backward(float *dh13, const float *dout, const float *h13, int64_t N, int64_t H);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

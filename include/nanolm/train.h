@@ -1,0 +1,149 @@
+/*
+ * Training pieces for NanoLM: AdamW (PyTorch semantics, decay on 2-D weights only), global
+ * gradient-norm clipping, a cosine learning-rate schedule with linear warmup, and fp16 dynamic
+ * loss scaling with torch.cuda.amp.GradScaler semantics. Everything walks the model's flat
+ * parameter vector, so a shard (an offset range) can be updated on its own.
+ */
+#ifndef NANOLM_TRAIN_H
+#define NANOLM_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nanolm/data.h"
+#include "nanolm/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- AdamW --------------------------------------------------------------------------------------
+ * torch.optim.AdamW: p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). Weight decay only on tensors with ndim 2. */
+typedef struct nl_adamw {
+    float beta1, beta2, eps, weight_decay;
+    int64_t t;        /* completed optimizer steps */
+    size_t n;         /* floats (= model->n_params) */
+    float *m, *v;     /* first and second moments, same layout as params; one allocation */
+} nl_adamw;
+
+/* Allocates zeroed moments for model m. Returns NL_ERR_NOMEM on failure. */
+nl_status nl_adamw_init(nl_adamw *opt, const nl_model *m, float beta1, float beta2, float eps, float weight_decay);
+void nl_adamw_free(nl_adamw *opt);
+/* One update of all parameters with learning rate lr from m->grads (not modified). */
+void nl_adamw_step(nl_adamw *opt, nl_model *m, float lr);
+/* Bytes of optimizer state (m and v). */
+size_t nl_adamw_bytes(const nl_adamw *opt);
+
+/* ---- gradients ----------------------------------------------------------------------------------- */
+/* L2 norm of all gradients (accumulated in double). Non-finite if any gradient is. */
+double nl_grad_norm(const nl_model *m);
+/* Scales gradients by max_norm / (norm + 1e-6) when norm > max_norm (torch clip_grad_norm_).
+ * Returns the norm before clipping. max_norm <= 0 disables clipping. */
+double nl_grad_clip(nl_model *m, double max_norm);
+/* Multiplies every gradient by s. */
+void nl_grad_scale(nl_model *m, float s);
+
+/* ---- schedule ------------------------------------------------------------------------------------
+ * Linear warmup from lr_max/warmup to lr_max over `warmup` steps, then cosine decay to lr_min at
+ * step total-1. step is 0-based. */
+float nl_lr_cosine(int64_t step, int64_t warmup, int64_t total, float lr_max, float lr_min);
+
+/* ---- fp16 dynamic loss scaling (torch GradScaler) -----------------------------------------------
+ * The loss is multiplied by `scale` before backward; after backward nl_scaler_unscale divides the
+ * gradients by it and reports inf/NaN; nl_scaler_update then halves the scale (and the caller
+ * skips the step) on inf/NaN, or doubles it after `growth_interval` consecutive good steps. */
+typedef struct nl_loss_scaler {
+    float scale;             /* 65536 initially */
+    float growth_factor;     /* 2 */
+    float backoff_factor;    /* 0.5 */
+    int64_t growth_interval; /* 2000 */
+    int64_t good_steps;      /* consecutive steps without inf/NaN */
+    int64_t skipped;         /* steps skipped so far */
+} nl_loss_scaler;
+void nl_scaler_init(nl_loss_scaler *s);
+/* Divides m->grads by s->scale; returns 1 if any gradient is inf or NaN (grads then unusable). */
+int nl_scaler_unscale(nl_loss_scaler *s, nl_model *m);
+/* Updates the scale after a step; found_inf from nl_scaler_unscale. */
+void nl_scaler_update(nl_loss_scaler *s, int found_inf);
+
+/* ---- evaluation ------------------------------------------------------------------------------
+ * Mean cross-entropy (nats/token) over a split of d in consecutive windows of T tokens
+ * (nl_data_eval_batch: every token after the first is a target once; a last partial window is
+ * dropped), B windows per forward, at most max_windows windows (0: all). m must have
+ * activations for (B, T). *n_scored receives the number of predicted tokens.
+ * Errors: NL_ERR_INVALID when the split has no full window. */
+nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
+                       int64_t max_windows, double *mean_loss, int64_t *n_scored);
+
+/* ---- the training loop ------------------------------------------------------------------------- */
+typedef struct nl_train_opts {
+    int64_t steps;          /* optimizer steps in total (a resumed run continues up to this) */
+    int64_t stop_after;     /* > 0: stop after this step (validate and save) without changing
+                               the schedule, to be resumed later */
+    int64_t batch, seq;     /* B windows of T tokens per micro-batch */
+    int64_t grad_accum;     /* micro-batches per step (gradients averaged) */
+    float lr, lr_min;       /* cosine from lr to lr_min */
+    int64_t warmup;         /* linear warmup steps */
+    float weight_decay, beta1, beta2, adam_eps, grad_clip;
+    nl_precision precision;
+    float loss_scale_init;  /* fp16: initial loss scale (0: GradScaler's 65536) */
+    uint64_t seed;          /* initialisation and data sampling */
+    int64_t eval_every;     /* validation every K steps (0: only at the end) */
+    int64_t eval_windows;   /* validation windows of T tokens (the first ones of the split) */
+    const char *out;        /* checkpoint path (NULL: none); saved at each validation and the end */
+    const char *resume;     /* checkpoint to resume from (NULL: fresh run) */
+    const char *tokenizer;  /* recorded in checkpoints: "byte" or "tok512" */
+    int quiet;              /* no per-evaluation lines on stdout */
+} nl_train_opts;
+
+/* Fills defaults: steps 2000, batch 12, seq 64, accum 1, lr 1e-3, lr_min lr/10, warmup 100,
+ * weight_decay 0.1, betas (0.9, 0.95), eps 1e-8, clip 1.0, fp32, seed 1337, eval 250 x 200. */
+void nl_train_opts_default(nl_train_opts *o);
+
+/* Exact bytes of what training allocates. */
+typedef struct nl_train_memory {
+    size_t params, grads, optimizer, activations, lp_weights, batch, total;
+} nl_train_memory;
+
+/* One record per optimizer step (and per validation). */
+typedef struct nl_train_log {
+    int64_t step;           /* 1-based */
+    float lr, loss, grad_norm, loss_scale;
+    float val_loss;         /* NaN when not evaluated at this step */
+    double tokens_per_s;    /* of this step */
+    int skipped;            /* fp16: step skipped on inf/NaN gradients */
+} nl_train_log;
+
+typedef void (*nl_train_callback)(void *user, const nl_train_log *rec, const nl_train_opts *o);
+
+typedef struct nl_trainer {
+    nl_model model;
+    nl_adamw opt;
+    nl_loss_scaler scaler;
+    nl_rng rng;             /* seeded from o->seed; batches are nl_data_batch(seed, step) */
+    int64_t step;           /* completed steps */
+    int64_t saved_step;     /* step of the last checkpoint written (-1: none yet) */
+    int32_t *x, *y;         /* (B, T) batch buffers */
+    nl_train_log *log;      /* (steps) records, 0..n_log */
+    int64_t n_log;
+    nl_train_memory mem;
+    double wall_s;          /* of the steps run in this process */
+    int64_t tokens_done;
+} nl_trainer;
+
+/* Builds the model (fresh from arch and seed, or from o->resume with its state) and allocates
+ * everything once. Errors: invalid sizes (seq > arch seq_len), NL_ERR_NOMEM, checkpoint errors. */
+nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opts *o);
+void nl_trainer_free(nl_trainer *t);
+/* Trains on d's train split up to o->steps, evaluating on its validation split. Micro-batch k
+ * of step s is nl_data_batch(d, train, seed, s * grad_accum + k), so a resumed run sees the same
+ * batches. Calls cb (may be NULL) after each step. A non-finite loss stops training with
+ * NL_ERR_NUMERIC ("loss is nan at step N ...") and the last good checkpoint (if any) stays on
+ * disk. Errors: NL_ERR_INVALID when a split is shorter than one window (T + 1 tokens). */
+nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d, nl_train_callback cb, void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

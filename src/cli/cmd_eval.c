@@ -1,0 +1,88 @@
+/* nanolm eval: mean loss, perplexity and tokens of a model on a text file. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_model.h"
+#include "nanolm/train.h"
+
+int nl_cmd_eval(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"ckpt", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
+        {"tokenizer", required_argument, 0, 'k'}, {"batch", required_argument, 0, 'b'},
+        {"seq", required_argument, 0, 's'}, {"split", required_argument, 0, 'p'}, {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *ckpt = NULL, *path = NULL, *tok_path = NULL;
+    int64_t B = 4, T = 0;
+    int json = 0, c;
+    nl_data_split split = NL_DATA_ALL;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': ckpt = optarg; break;
+        case 'd': path = optarg; break;
+        case 'k': tok_path = optarg; break;
+        case 'b': if (nl_cli_int("--batch", optarg, 1, 4096, &B)) return NL_EXIT_USAGE; break;
+        case 's': if (nl_cli_int("--seq", optarg, 1, 1 << 20, &T)) return NL_EXIT_USAGE; break;
+        case 'p':
+            if (!strcmp(optarg, "all")) split = NL_DATA_ALL;
+            else if (!strcmp(optarg, "train")) split = NL_DATA_TRAIN;
+            else if (!strcmp(optarg, "val")) split = NL_DATA_VAL;
+            else return nl_cli_usage_error("eval: unknown --split '%s' (known: all, train, val)", optarg);
+            break;
+        case 'j': json = 1; break;
+        case 'h':
+            printf("usage: nanolm eval --ckpt F --data FILE [--tokenizer tok512.bin] [--batch B] [--seq T]\n"
+                   "                   [--split all|train|val] [--json]\n"
+                   "  Mean cross-entropy (nats/token) over the whole file (tokenized once, BOS first) in\n"
+                   "  consecutive windows of --seq tokens; a last partial window is dropped. --split val: only\n"
+                   "  the last 10%% of the tokens (the validation split of nanolm train).\n"
+                   "  --seq defaults to the model's seq_len. --tokenizer is needed for llama2.c .bin checkpoints.\n");
+            return NL_EXIT_OK;
+        default: return nl_cli_bad_option("eval", argv);
+        }
+    }
+    if (optind < argc) return nl_cli_usage_error("eval: unexpected argument '%s'", argv[optind]);
+    if (!ckpt || !path) return nl_cli_usage_error("eval: --ckpt F and --data FILE are required");
+    nl_model m;
+    nl_tokenizer tok;
+    if (nl_cli_load_model(ckpt, tok_path, &m, &tok)) return nl_cli_fail("eval");
+    int rcode = NL_EXIT_OK;
+    nl_data data;
+    memset(&data, 0, sizeof data);
+    int64_t scored = 0;
+    double loss = 0;
+    if (T == 0 || T > m.arch.seq_len) T = T == 0 ? m.arch.seq_len : T;
+    if (T > m.arch.seq_len) {
+        rcode = nl_cli_usage_error("eval: --seq %lld exceeds the model's seq_len %lld", (long long)T, (long long)m.arch.seq_len);
+        goto done;
+    }
+    if (nl_data_open(&data, path, &tok) || nl_model_alloc_acts(&m, B, T) ||
+        nl_eval_loss(&m, &data, split, B, T, 0, &loss, &scored)) {
+        rcode = nl_cli_fail("eval");
+        goto done;
+    }
+    if (json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "checkpoint", ckpt);
+        cJSON_AddStringToObject(d, "data", path);
+        cJSON_AddStringToObject(d, "split", nl_data_split_name(split));
+        cJSON_AddNumberToObject(d, "mean_loss", loss);
+        cJSON_AddNumberToObject(d, "perplexity", exp(loss));
+        cJSON_AddNumberToObject(d, "tokens", (double)scored);
+        cJSON_AddNumberToObject(d, "seq", (double)T);
+        nl_cli_print_json(d);
+    } else {
+        const char *hdr[] = {"checkpoint", "data", "tokens", "mean loss (nats/token)", "perplexity"};
+        nl_table tb;
+        nl_table_init(&tb, 5, hdr);
+        nl_table_rowf(&tb, "%s|%s|%lld|%.4f|%.3f", ckpt, path, (long long)scored, loss, exp(loss));
+        nl_table_print(&tb, stdout);
+        nl_table_free(&tb);
+    }
+done:
+    nl_data_free(&data);
+    nl_tokenizer_free(&tok);
+    nl_model_free(&m);
+    return rcode;
+}

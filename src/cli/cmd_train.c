@@ -1,0 +1,295 @@
+/* nanolm train: train NanoLM on a text file (byte-level tokens). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_model.h"
+#include "nanolm/svg.h"
+#include "nanolm/train.h"
+
+/* Options: one row here and one case in parse_option() per flag, so that other modules (the
+ * distributed runtime: --dp/--tp/--pp/--zero; --precision fp8, --qat) add theirs the same way. */
+enum {
+    OPT_DATA = 1000, OPT_PRESET, OPT_STEPS, OPT_BATCH, OPT_SEQ, OPT_LR, OPT_LR_MIN, OPT_WARMUP, OPT_ACCUM,
+    OPT_WD, OPT_CLIP, OPT_PRECISION, OPT_LOSS_SCALE, OPT_SEED, OPT_OUT, OPT_RESUME, OPT_LOG, OPT_SVG, OPT_EVAL_EVERY,
+    OPT_EVAL_WINDOWS, OPT_STOP_AFTER, OPT_REPORT_MEMORY, OPT_JSON, OPT_HELP
+};
+
+typedef struct train_option {
+    struct option opt;
+    const char *arg, *help;
+} train_option;
+
+static const train_option train_options[] = {
+    {{"data", required_argument, 0, OPT_DATA}, "FILE", "training text (byte tokens; last 10% = validation)"},
+    {{"preset", required_argument, 0, OPT_PRESET}, "P", "stories260k | shakespeare-char | small (default shakespeare-char)"},
+    {{"steps", required_argument, 0, OPT_STEPS}, "N", "optimizer steps (default 2000)"},
+    {{"batch", required_argument, 0, OPT_BATCH}, "B", "windows per micro-batch (default 12)"},
+    {{"seq", required_argument, 0, OPT_SEQ}, "T", "tokens per window (default: the preset's seq_len)"},
+    {{"lr", required_argument, 0, OPT_LR}, "X", "peak learning rate (default 1e-3)"},
+    {{"lr-min", required_argument, 0, OPT_LR_MIN}, "X", "final learning rate of the cosine (default lr/10)"},
+    {{"warmup", required_argument, 0, OPT_WARMUP}, "N", "linear warmup steps (default 100)"},
+    {{"grad-accum", required_argument, 0, OPT_ACCUM}, "K", "micro-batches per step (default 1)"},
+    {{"weight-decay", required_argument, 0, OPT_WD}, "X", "AdamW decay of 2-D weights (default 0.1)"},
+    {{"clip", required_argument, 0, OPT_CLIP}, "X", "gradient-norm clip, 0 = off (default 1.0)"},
+    {{"precision", required_argument, 0, OPT_PRECISION}, "P", "fp32 | bf16 | fp16 (emulated; default fp32)"},
+    {{"loss-scale", required_argument, 0, OPT_LOSS_SCALE}, "X", "fp16: initial dynamic loss scale (default 65536)"},
+    {{"seed", required_argument, 0, OPT_SEED}, "S", "initialisation and data seed (default 1337)"},
+    {{"out", required_argument, 0, OPT_OUT}, "CKPT", "safetensors checkpoint, saved at each validation"},
+    {{"resume", required_argument, 0, OPT_RESUME}, "CKPT", "continue a run from its checkpoint"},
+    {{"log", required_argument, 0, OPT_LOG}, "CSV", "per-step log"},
+    {{"svg", required_argument, 0, OPT_SVG}, "PLOT", "loss curves"},
+    {{"eval-every", required_argument, 0, OPT_EVAL_EVERY}, "K", "validation every K steps (default 250)"},
+    {{"eval-windows", required_argument, 0, OPT_EVAL_WINDOWS}, "N", "validation windows (default 200)"},
+    {{"stop-after", required_argument, 0, OPT_STOP_AFTER}, "K", "stop (and save) after step K of the --steps schedule"},
+    {{"report-memory", no_argument, 0, OPT_REPORT_MEMORY}, NULL, "print the bytes allocated, exactly"},
+    {{"json", no_argument, 0, OPT_JSON}, NULL, "print the summary as JSON"},
+    {{"help", no_argument, 0, OPT_HELP}, NULL, "this help"},
+};
+#define N_TRAIN_OPTIONS (sizeof train_options / sizeof train_options[0])
+
+typedef struct train_cli {
+    nl_train_opts o;
+    const char *data, *preset, *log_csv, *svg;
+    int report_memory, json, help, seq_given, lr_min_given;
+} train_cli;
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: nanolm train --data FILE [options]\n\n");
+    for (size_t i = 0; i < N_TRAIN_OPTIONS; i++) {
+        char lhs[48];
+        snprintf(lhs, sizeof lhs, "--%s%s%s", train_options[i].opt.name, train_options[i].arg ? " " : "",
+                 train_options[i].arg ? train_options[i].arg : "");
+        fprintf(f, "  %-22s %s\n", lhs, train_options[i].help);
+    }
+}
+
+static int parse_option(train_cli *c, int id, const char *arg) {
+    int64_t v;
+    double d;
+    switch (id) {
+    case OPT_DATA: c->data = arg; return 0;
+    case OPT_PRESET: c->preset = arg; return 0;
+    case OPT_STEPS: if (nl_cli_int("--steps", arg, 1, 100000000, &v)) return NL_EXIT_USAGE; c->o.steps = v; return 0;
+    case OPT_BATCH: if (nl_cli_int("--batch", arg, 1, 65536, &v)) return NL_EXIT_USAGE; c->o.batch = v; return 0;
+    case OPT_SEQ: if (nl_cli_int("--seq", arg, 1, 1 << 20, &v)) return NL_EXIT_USAGE; c->o.seq = v; c->seq_given = 1; return 0;
+    case OPT_WARMUP: if (nl_cli_int("--warmup", arg, 0, 100000000, &v)) return NL_EXIT_USAGE; c->o.warmup = v; return 0;
+    case OPT_ACCUM: if (nl_cli_int("--grad-accum", arg, 1, 65536, &v)) return NL_EXIT_USAGE; c->o.grad_accum = v; return 0;
+    case OPT_SEED: if (nl_cli_int("--seed", arg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE; c->o.seed = (uint64_t)v; return 0;
+    case OPT_EVAL_EVERY: if (nl_cli_int("--eval-every", arg, 0, 100000000, &v)) return NL_EXIT_USAGE; c->o.eval_every = v; return 0;
+    case OPT_STOP_AFTER: if (nl_cli_int("--stop-after", arg, 1, 100000000, &v)) return NL_EXIT_USAGE; c->o.stop_after = v; return 0;
+    case OPT_EVAL_WINDOWS: if (nl_cli_int("--eval-windows", arg, 1, 1000000, &v)) return NL_EXIT_USAGE; c->o.eval_windows = v; return 0;
+    case OPT_LR:
+        if (nl_cli_double("--lr", arg, &d)) return NL_EXIT_USAGE;
+        if (d <= 0) return nl_cli_usage_error("--lr must be positive, got %s", arg);
+        c->o.lr = (float)d;
+        return 0;
+    case OPT_LR_MIN:
+        if (nl_cli_double("--lr-min", arg, &d)) return NL_EXIT_USAGE;
+        if (d < 0) return nl_cli_usage_error("--lr-min must be >= 0, got %s", arg);
+        c->o.lr_min = (float)d;
+        c->lr_min_given = 1;
+        return 0;
+    case OPT_WD:
+        if (nl_cli_double("--weight-decay", arg, &d)) return NL_EXIT_USAGE;
+        if (d < 0) return nl_cli_usage_error("--weight-decay must be >= 0, got %s", arg);
+        c->o.weight_decay = (float)d;
+        return 0;
+    case OPT_CLIP:
+        if (nl_cli_double("--clip", arg, &d)) return NL_EXIT_USAGE;
+        if (d < 0) return nl_cli_usage_error("--clip must be >= 0, got %s", arg);
+        c->o.grad_clip = (float)d;
+        return 0;
+    case OPT_PRECISION:
+        if (!strcmp(arg, "fp32")) c->o.precision = NL_PREC_FP32;
+        else if (!strcmp(arg, "bf16")) c->o.precision = NL_PREC_BF16;
+        else if (!strcmp(arg, "fp16")) c->o.precision = NL_PREC_FP16;
+        else return nl_cli_usage_error("unknown --precision '%s' (known: fp32, bf16, fp16)", arg);
+        return 0;
+    case OPT_LOSS_SCALE:
+        if (nl_cli_double("--loss-scale", arg, &d)) return NL_EXIT_USAGE;
+        if (d < 1 || d > 3e38) return nl_cli_usage_error("--loss-scale must be in [1, 3e38], got %s", arg);
+        c->o.loss_scale_init = (float)d;
+        return 0;
+    case OPT_OUT: c->o.out = arg; return 0;
+    case OPT_RESUME: c->o.resume = arg; return 0;
+    case OPT_LOG: c->log_csv = arg; return 0;
+    case OPT_SVG: c->svg = arg; return 0;
+    case OPT_REPORT_MEMORY: c->report_memory = 1; return 0;
+    case OPT_JSON: c->json = 1; return 0;
+    case OPT_HELP: c->help = 1; return 0;
+    }
+    return nl_cli_usage_error("train: unhandled option");
+}
+
+typedef struct progress_ctx {
+    nl_progress bar;
+    int quiet;
+    int64_t first_step;
+} progress_ctx;
+
+static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
+    progress_ctx *p = user;
+    char extra[160];
+    snprintf(extra, sizeof extra, "loss %.4f lr %.2e%s", r->loss, r->lr, r->skipped ? " (skipped)" : "");
+    nl_progress_update(&p->bar, r->step - p->first_step, (double)(r->step - p->first_step) * (double)(o->batch * o->seq * (o->grad_accum > 0 ? o->grad_accum : 1)), "tok", extra);
+    if (!isnan(r->val_loss) && !p->quiet) {
+        printf("step %6lld/%lld  train %.4f  val %.4f  lr %.2e  %.0f tok/s%s\n", (long long)r->step, (long long)o->steps,
+               r->loss, r->val_loss, r->lr, r->tokens_per_s, r->skipped ? "  (skipped)" : "");
+        fflush(stdout);
+    }
+}
+
+static nl_status write_csv(const char *path, const nl_trainer *t) {
+    size_t cap = 128 + (size_t)t->n_log * 160, len = 0;
+    char *buf = nl_malloc(cap, "CSV log");
+    if (!buf) return NL_ERR_NOMEM;
+    len += (size_t)snprintf(buf + len, cap - len, "step,lr,train_loss,val_loss,grad_norm,loss_scale,skipped,tokens_per_s\n");
+    for (int64_t i = 0; i < t->n_log; i++) {
+        const nl_train_log *r = &t->log[i];
+        char val[32] = "";
+        if (!isnan(r->val_loss)) snprintf(val, sizeof val, "%.9g", r->val_loss);
+        len += (size_t)snprintf(buf + len, cap - len, "%lld,%.9g,%.9g,%s,%.9g,%.9g,%d,%.1f\n", (long long)r->step, r->lr,
+                                r->loss, val, r->grad_norm, r->loss_scale, r->skipped, r->tokens_per_s);
+    }
+    nl_status rc = nl_write_file_atomic(path, buf, len);
+    nl_free(buf);
+    return rc;
+}
+
+static nl_status write_svg(const char *path, const nl_trainer *t) {
+    int64_t n = t->n_log, nv = 0;
+    double *x = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot"), *y = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot");
+    if (!x || !y) {
+        nl_free(x);
+        nl_free(y);
+        return NL_ERR_NOMEM;
+    }
+    double *vx = x + n, *vy = y + n;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = (double)t->log[i].step;
+        y[i] = t->log[i].loss;
+        if (!isnan(t->log[i].val_loss)) {
+            vx[nv] = x[i];
+            vy[nv++] = t->log[i].val_loss;
+        }
+    }
+    nl_svg_series s[2] = {{"train loss", x, y, (size_t)n, NULL, 0}, {"validation loss", vx, vy, (size_t)nv, NULL, 1}};
+    nl_svg_plot_opts po = {.title = "NanoLM training", .xlabel = "step", .ylabel = "loss (nats/token)"};
+    nl_status rc = nl_svg_plot(path, &po, s, nv ? 2 : 1);
+    nl_free(x);
+    nl_free(y);
+    return rc;
+}
+
+int nl_cmd_train(int argc, char **argv) {
+    struct option longopts[N_TRAIN_OPTIONS + 1];
+    for (size_t i = 0; i < N_TRAIN_OPTIONS; i++) longopts[i] = train_options[i].opt;
+    memset(&longopts[N_TRAIN_OPTIONS], 0, sizeof longopts[0]);
+    train_cli c;
+    memset(&c, 0, sizeof c);
+    nl_train_opts_default(&c.o);
+    c.preset = "shakespeare-char";
+    int id;
+    while ((id = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (id == '?' || id == ':') return nl_cli_bad_option("train", argv);
+        int rc = parse_option(&c, id, optarg);
+        if (rc) return rc;
+    }
+    if (c.help) {
+        usage(stdout);
+        return NL_EXIT_OK;
+    }
+    if (optind < argc) return nl_cli_usage_error("train: unexpected argument '%s'", argv[optind]);
+    if (!c.data) return nl_cli_usage_error("train: --data FILE is required");
+    nl_arch arch;
+    if (nl_arch_preset(c.preset, &arch)) return nl_cli_usage_error("train: --preset: %s", nl_last_error());
+    if (!c.seq_given) c.o.seq = arch.seq_len;
+    if (!c.lr_min_given) c.o.lr_min = c.o.lr / 10.0f;
+    if (c.o.warmup >= c.o.steps) c.o.warmup = c.o.steps / 10;
+    if (arch.vocab_size != 256)
+        return nl_cli_usage_error("train: preset %s has vocab %lld; training reads byte tokens (vocab 256)", c.preset,
+                                  (long long)arch.vocab_size);
+    c.o.tokenizer = "byte";
+
+    nl_tokenizer tok;
+    nl_data data;
+    if (nl_tokenizer_init_byte(&tok)) return nl_cli_fail("train");
+    if (nl_data_open(&data, c.data, &tok) || nl_data_check_window(&data, (int)c.o.seq)) {
+        nl_tokenizer_free(&tok);
+        return nl_cli_fail("train");
+    }
+    nl_tokenizer_free(&tok);
+    nl_trainer t;
+    if (nl_trainer_init(&t, &arch, &c.o)) {
+        nl_data_free(&data);
+        return nl_cli_fail("train");
+    }
+    if (!c.json)
+        printf("train %s: %lld parameters, %lld train / %lld validation tokens, batch %lld x %lld, %s%s\n",
+               t.model.arch.name, (long long)t.model.n_params, (long long)nl_data_split_tokens(&data, NL_DATA_TRAIN), (long long)nl_data_split_tokens(&data, NL_DATA_VAL), (long long)c.o.batch,
+               (long long)c.o.seq, c.o.precision == NL_PREC_BF16 ? "bf16" : c.o.precision == NL_PREC_FP16 ? "fp16" : "fp32",
+               c.o.resume ? " (resumed)" : "");
+    if (c.report_memory && !c.json) {
+        const char *hdr[] = {"buffer", "bytes", "MiB"};
+        nl_table tb;
+        nl_table_init(&tb, 3, hdr);
+        struct { const char *n; size_t b; } rows[] = {{"parameters", t.mem.params}, {"gradients", t.mem.grads},
+            {"optimizer (AdamW m, v)", t.mem.optimizer}, {"activations", t.mem.activations},
+            {"low-precision weights", t.mem.lp_weights}, {"token batch", t.mem.batch}, {"total", t.mem.total}};
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+            nl_table_rowf(&tb, "%s|%zu|%.2f", rows[i].n, rows[i].b, (double)rows[i].b / 1048576.0);
+        nl_table_print(&tb, stdout);
+        nl_table_free(&tb);
+    }
+    fflush(stdout);
+    progress_ctx pc = {.quiet = c.json, .first_step = t.step};
+    nl_progress_begin(&pc.bar, "train", c.o.steps - t.step);
+    nl_status rc = nl_trainer_run(&t, &c.o, &data, on_step, &pc);
+    nl_progress_end(&pc.bar);
+    int exit_code = NL_EXIT_OK;
+    if (rc) exit_code = nl_cli_fail("train");
+    /* logs cover what ran, also after a failure */
+    if (c.log_csv && t.n_log && write_csv(c.log_csv, &t)) exit_code = nl_cli_fail("train: --log");
+    if (c.svg && t.n_log && write_svg(c.svg, &t)) exit_code = nl_cli_fail("train: --svg");
+    if (!rc) {
+        const nl_train_log *last = t.n_log ? &t.log[t.n_log - 1] : NULL;
+        double tps = t.wall_s > 0 ? (double)t.tokens_done / t.wall_s : 0;
+        int64_t skipped = t.scaler.skipped;
+        if (c.json) {
+            cJSON *d = cJSON_CreateObject();
+            cJSON_AddStringToObject(d, "preset", t.model.arch.name);
+            cJSON_AddNumberToObject(d, "parameters", (double)t.model.n_params);
+            cJSON_AddNumberToObject(d, "steps", (double)t.step);
+            if (last) {
+                cJSON_AddNumberToObject(d, "train_loss", last->loss);
+                cJSON_AddNumberToObject(d, "val_loss", last->val_loss);
+            }
+            cJSON_AddNumberToObject(d, "wall_s", t.wall_s);
+            cJSON_AddNumberToObject(d, "tokens_per_s", tps);
+            cJSON_AddNumberToObject(d, "skipped_steps", (double)skipped);
+            if (c.report_memory) {
+                cJSON *mm = cJSON_AddObjectToObject(d, "memory_bytes");
+                cJSON_AddNumberToObject(mm, "parameters", (double)t.mem.params);
+                cJSON_AddNumberToObject(mm, "gradients", (double)t.mem.grads);
+                cJSON_AddNumberToObject(mm, "optimizer", (double)t.mem.optimizer);
+                cJSON_AddNumberToObject(mm, "activations", (double)t.mem.activations);
+                cJSON_AddNumberToObject(mm, "low_precision_weights", (double)t.mem.lp_weights);
+                cJSON_AddNumberToObject(mm, "token_batch", (double)t.mem.batch);
+                cJSON_AddNumberToObject(mm, "total", (double)t.mem.total);
+            }
+            nl_cli_print_json(d);
+        } else if (last) {
+            printf("done: %lld steps, train loss %.4f, val loss %.4f, %.1f s, %.0f tokens/s%s", (long long)t.step,
+                   last->loss, last->val_loss, t.wall_s, tps, c.o.out ? ", checkpoint " : "");
+            if (c.o.out) printf("%s", c.o.out);
+            if (c.o.precision == NL_PREC_FP16) printf(", %lld skipped steps (loss scale %g)", (long long)skipped, t.scaler.scale);
+            printf("\n");
+        }
+    }
+    nl_trainer_free(&t);
+    nl_data_free(&data);
+    return exit_code;
+}

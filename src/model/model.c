@@ -1,0 +1,442 @@
+/*
+ * NanoLM: parameter layout, activations, forward, backward (see include/nanolm/model.h).
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nanolm/model.h"
+#include "vexp.h"
+
+#include "nanolm/formats.h"
+
+/* ---- parameter table ------------------------------------------------------------------------ */
+
+static void add_tensor(nl_model *m, size_t *off, nl_param_kind kind, int layer, const char *name,
+                       int64_t d0, int64_t d1) {
+    nl_param_info *p = &m->table[m->n_tensors++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->kind = kind;
+    p->layer = layer;
+    p->ndim = d1 > 0 ? 2 : 1;
+    p->shape[0] = d0;
+    p->shape[1] = d1 > 0 ? d1 : 0;
+    p->offset = *off;
+    p->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    *off += p->numel;
+}
+
+/* Fills m->table and the counts; pointers are set later by point_weights. */
+static void build_table(nl_model *m) {
+    size_t off = 0;
+    char nm[80];
+    m->n_tensors = 0;
+    add_tensor(m, &off, NL_PARAM_EMBED, -1, "model.embed_tokens.weight", m->V, m->C);
+    for (int l = 0; l < m->L; l++) {
+        m->layer_offsets[l] = off;
+#define T(kind, suffix, d0, d1)                                         \
+    snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);           \
+    add_tensor(m, &off, kind, l, nm, d0, d1)
+        T(NL_PARAM_RMS_ATT, "input_layernorm.weight", m->C, 0);
+        T(NL_PARAM_WQ, "self_attn.q_proj.weight", m->NH * m->hd, m->C);
+        T(NL_PARAM_WK, "self_attn.k_proj.weight", m->KVH * m->hd, m->C);
+        T(NL_PARAM_WV, "self_attn.v_proj.weight", m->KVH * m->hd, m->C);
+        T(NL_PARAM_WO, "self_attn.o_proj.weight", m->C, m->NH * m->hd);
+        T(NL_PARAM_RMS_FFN, "post_attention_layernorm.weight", m->C, 0);
+        T(NL_PARAM_W1, "mlp.gate_proj.weight", m->H, m->C);
+        T(NL_PARAM_W3, "mlp.up_proj.weight", m->H, m->C);
+        T(NL_PARAM_W2, "mlp.down_proj.weight", m->C, m->H);
+#undef T
+    }
+    m->layer_offsets[m->L] = off;
+    add_tensor(m, &off, NL_PARAM_RMS_FINAL, -1, "model.norm.weight", m->C, 0);
+    if (!m->arch.tied_embeddings) add_tensor(m, &off, NL_PARAM_CLS, -1, "lm_head.weight", m->V, m->C);
+    m->n_params = off;
+}
+
+static void point_weights(nl_model *m) {
+    float *P = m->params;
+    int i = 0;
+    m->w.embed = P + m->table[i++].offset;
+    for (int l = 0; l < m->L; l++) {
+        nl_layer_weights *lw = &m->w.layers[l];
+        lw->rms_att = P + m->table[i++].offset;
+        lw->wq = P + m->table[i++].offset;
+        lw->wk = P + m->table[i++].offset;
+        lw->wv = P + m->table[i++].offset;
+        lw->wo = P + m->table[i++].offset;
+        lw->rms_ffn = P + m->table[i++].offset;
+        lw->w1 = P + m->table[i++].offset;
+        lw->w3 = P + m->table[i++].offset;
+        lw->w2 = P + m->table[i++].offset;
+    }
+    m->w.rms_final = P + m->table[i++].offset;
+    m->w.cls = m->arch.tied_embeddings ? m->w.embed : P + m->table[i++].offset;
+}
+
+nl_status nl_model_init(nl_model *m, const nl_arch *arch) {
+    memset(m, 0, sizeof *m);
+    NL_TRY(nl_arch_validate(arch));
+    if (arch->n_experts > 0)
+        return nl_fail(NL_ERR_UNSUPPORTED, "arch %s: the NanoLM runtime has no mixture-of-experts layers",
+                       arch->name);
+    m->arch = *arch;
+    m->C = arch->dim;
+    m->L = arch->n_layers;
+    m->NH = arch->n_heads;
+    m->KVH = arch->n_kv_heads;
+    m->hd = nl_arch_head_dim(arch);
+    m->H = arch->hidden_dim;
+    m->V = arch->vocab_size;
+    m->QKV = (m->NH + 2 * m->KVH) * m->hd;
+    m->loss_scale = 1.0f;
+    m->precision = NL_PREC_FP32;
+    m->table = nl_calloc((size_t)(9 * m->L + 3), sizeof(nl_param_info), "parameter table");
+    m->layer_offsets = nl_calloc((size_t)m->L + 1, sizeof(size_t), "layer offsets");
+    m->w.layers = nl_calloc((size_t)m->L, sizeof(nl_layer_weights), "layer pointers");
+    if (!m->table || !m->layer_offsets || !m->w.layers) {
+        nl_model_free(m);
+        return NL_ERR_NOMEM;
+    }
+    build_table(m);
+    m->params = nl_calloc(m->n_params, sizeof(float), "parameters");
+    /* RoPE tables (seq_len, hd/2), computed in double */
+    int64_t half = m->hd / 2, S = arch->seq_len;
+    m->rope_cos = nl_malloc((size_t)(S * half) * sizeof(float), "rope cos");
+    m->rope_sin = nl_malloc((size_t)(S * half) * sizeof(float), "rope sin");
+    if (!m->params || !m->rope_cos || !m->rope_sin) {
+        nl_model_free(m);
+        return NL_ERR_NOMEM;
+    }
+    for (int64_t t = 0; t < S; t++)
+        for (int64_t i = 0; i < half; i++) {
+            double freq = pow(arch->rope_theta, -(double)(2 * i) / (double)m->hd);
+            m->rope_cos[t * half + i] = (float)cos((double)t * freq);
+            m->rope_sin[t * half + i] = (float)sin((double)t * freq);
+        }
+    point_weights(m);
+    return NL_OK;
+}
+
+void nl_model_free(nl_model *m) {
+    nl_free(m->params);
+    nl_free(m->grads);
+    nl_free(m->params_lp);
+    nl_free(m->acts_mem);
+    nl_free(m->lp_mem);
+    nl_free(m->rope_cos);
+    nl_free(m->rope_sin);
+    nl_free(m->table);
+    nl_free(m->layer_offsets);
+    nl_free(m->w.layers);
+    nl_free(m->kv_cache);
+    memset(m, 0, sizeof *m);
+}
+
+void nl_model_init_random(nl_model *m, uint64_t seed) {
+    nl_rng rng;
+    nl_rng_seed(&rng, seed);
+    float resid_std = 0.02f / sqrtf(2.0f * (float)m->L);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const nl_param_info *p = &m->table[i];
+        float *x = m->params + p->offset;
+        if (p->ndim == 1) {
+            for (size_t j = 0; j < p->numel; j++) x[j] = 1.0f;
+            continue;
+        }
+        float std = (p->kind == NL_PARAM_WO || p->kind == NL_PARAM_W2) ? resid_std : 0.02f;
+        for (size_t j = 0; j < p->numel; j++) x[j] = (float)(nl_rng_normal(&rng) * std);
+    }
+}
+
+nl_status nl_model_alloc_grads(nl_model *m) {
+    if (m->grads) return NL_OK;
+    m->grads = nl_calloc(m->n_params, sizeof(float), "gradients");
+    return m->grads ? NL_OK : NL_ERR_NOMEM;
+}
+
+void nl_model_zero_grad(nl_model *m) {
+    if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
+}
+
+int nl_model_params_table(const nl_model *m, const nl_param_info **out) {
+    *out = m->table;
+    return m->n_tensors;
+}
+
+const nl_param_info *nl_model_find_param(const nl_model *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->table[i].name, name)) return &m->table[i];
+    return NULL;
+}
+
+size_t nl_model_param_bytes(const nl_model *m) { return m->n_params * sizeof(float); }
+size_t nl_model_act_bytes(const nl_model *m) { return (m->acts_floats + m->lp_floats) * sizeof(float); }
+size_t nl_model_lp_weight_bytes(const nl_model *m) { return m->params_lp ? m->n_params * sizeof(float) : 0; }
+
+/* Allocates the bf16/fp16 matmul scratch once both the precision and the batch are known. */
+static nl_status ensure_lp_scratch(nl_model *m) {
+    if (m->precision == NL_PREC_FP32 || !m->acts_mem || m->lp_mem) return NL_OK;
+    size_t n = (size_t)(m->B * m->T * m->maxdim);
+    m->lp_mem = nl_malloc(2 * n * sizeof(float), "low-precision matmul scratch");
+    if (!m->lp_mem) return NL_ERR_NOMEM;
+    m->lp_floats = 2 * n;
+    m->a.lp_scratch = m->lp_mem;
+    m->a.lp_scratch2 = m->lp_mem + n;
+    return NL_OK;
+}
+
+nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
+    if (B <= 0 || T <= 0) return nl_fail(NL_ERR_INVALID, "activations: batch %lld x %lld must be positive", (long long)B, (long long)T);
+    if (T > m->arch.seq_len)
+        return nl_fail(NL_ERR_INVALID, "sequence length %lld exceeds the model's seq_len %lld", (long long)T,
+                       (long long)m->arch.seq_len);
+    if (m->acts_mem) return nl_fail(NL_ERR_INVALID, "activations already allocated for (%lld, %lld)", (long long)m->B, (long long)m->T);
+    int64_t L = m->L, C = m->C, BT = B * T, NH = m->NH, H = m->H, V = m->V, QKV = m->QKV;
+    int64_t maxdim = C;
+    if (QKV > maxdim) maxdim = QKV;
+    if (2 * H > maxdim) maxdim = 2 * H;
+    if (V > maxdim) maxdim = V;
+    if (NH * m->hd > maxdim) maxdim = NH * m->hd;
+    struct { float **p; int64_t n; } parts[] = {
+        {&m->a.resid, (L + 1) * BT * C}, {&m->a.ln1, L * BT * C}, {&m->a.ln1_rstd, L * BT},
+        {&m->a.qkv, L * BT * QKV}, {&m->a.att, L * B * NH * T * T}, {&m->a.atty, L * BT * NH * m->hd},
+        {&m->a.resid2, L * BT * C}, {&m->a.ln2, L * BT * C}, {&m->a.ln2_rstd, L * BT},
+        {&m->a.h13, L * BT * 2 * H}, {&m->a.hact, L * BT * H}, {&m->a.lnf, BT * C},
+        {&m->a.lnf_rstd, BT}, {&m->a.logits, BT * V}, {&m->a.losses, BT},
+        {&m->a.dresid, BT * C}, {&m->a.dln, BT * C}, {&m->a.dqkv, BT * QKV},
+        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, B * NH * T * T}, {&m->a.dh13, BT * 2 * H},
+        {&m->a.dhact, BT * H},
+    };
+    size_t n = sizeof parts / sizeof parts[0], total = 0;
+    for (size_t i = 0; i < n; i++) total += ((size_t)parts[i].n + 15) & ~(size_t)15; /* 64-byte aligned parts */
+    m->acts_mem = nl_malloc(total * sizeof(float), "activations");
+    if (!m->acts_mem) return NL_ERR_NOMEM;
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        *parts[i].p = m->acts_mem + off;
+        off += ((size_t)parts[i].n + 15) & ~(size_t)15;
+    }
+    m->acts_floats = total;
+    m->B = B;
+    m->T = T;
+    m->maxdim = maxdim;
+    return ensure_lp_scratch(m);
+}
+
+/* ---- mixed precision -------------------------------------------------------------------------- */
+
+nl_status nl_model_set_precision(nl_model *m, nl_precision p) {
+    if (p == NL_PREC_FP32) {
+        nl_free(m->params_lp);
+        m->params_lp = NULL;
+        m->precision = p;
+        return NL_OK;
+    }
+    if (!m->params_lp) {
+        m->params_lp = nl_malloc(m->n_params * sizeof(float), "low-precision weights");
+        if (!m->params_lp) return NL_ERR_NOMEM;
+    }
+    m->precision = p;
+    return ensure_lp_scratch(m);
+}
+
+static nl_format prec_format(nl_precision p) { return p == NL_PREC_BF16 ? NL_FMT_BF16 : NL_FMT_FP16; }
+
+/* Rounds x (n) into dst in the model's precision (a copy; x untouched). */
+static const float *round_copy(nl_model *m, float *dst, const float *x, size_t n) {
+    memcpy(dst, x, n * sizeof(float));
+    nl_fmt_round_array(prec_format(m->precision), dst, n); /* cannot fail for bf16/fp16 */
+    return dst;
+}
+
+/* Refreshes the rounded weight copy from the fp32 master weights (once per forward). */
+static void refresh_lp_weights(nl_model *m) {
+    if (m->precision == NL_PREC_FP32 || !m->params_lp) return;
+    round_copy(m, m->params_lp, m->params, m->n_params);
+}
+
+/* ---- linear ---------------------------------------------------------------------------------- */
+
+void nl_linear_forward(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
+                       int64_t n, int64_t in_dim, int64_t out_dim) {
+    if (m->linear_ops && m->linear_ops->forward) {
+        m->linear_ops->forward(m->linear_ops->user, site, out, in, w, n, in_dim, out_dim);
+        return;
+    }
+    if (m->precision != NL_PREC_FP32 && m->params_lp) {
+        w = m->params_lp + site->weight_offset;
+        in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out_dim, (int)in_dim, 1.0f, in,
+                (int)in_dim, w, (int)in_dim, 0.0f, out, (int)out_dim);
+}
+
+void nl_linear_backward(nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
+                        const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
+    if (m->linear_ops && m->linear_ops->backward) {
+        m->linear_ops->backward(m->linear_ops->user, site, din, dw, dout, in, w, n, in_dim, out_dim);
+        return;
+    }
+    if (m->precision != NL_PREC_FP32 && m->params_lp) {
+        w = m->params_lp + site->weight_offset;
+        in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
+        dout = round_copy(m, m->a.lp_scratch2, dout, (size_t)(n * out_dim));
+    }
+    if (din)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)in_dim, (int)out_dim, 1.0f, dout,
+                    (int)out_dim, w, (int)in_dim, 0.0f, din, (int)in_dim);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out_dim, (int)in_dim, (int)n, 1.0f, dout,
+                (int)out_dim, in, (int)in_dim, 1.0f, dw, (int)in_dim);
+}
+
+static nl_linear_site site_of(const nl_model *m, nl_linear_kind kind, int layer, const float *w) {
+    nl_linear_site s = {kind, layer, (size_t)(w - m->params)};
+    return s;
+}
+
+/* ---- forward ------------------------------------------------------------------------------------ */
+
+nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                           float *loss) {
+    if (!m->acts_mem || B > m->B || T > m->T || B * T > m->B * m->T)
+        return nl_fail(NL_ERR_INVALID, "forward: batch (%lld, %lld) exceeds the activations sized for (%lld, %lld)",
+                       (long long)B, (long long)T, (long long)m->B, (long long)m->T);
+    int64_t C = m->C, BT = B * T, L = m->L, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH, KVH = m->KVH, hd = m->hd;
+    for (int64_t i = 0; i < BT; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return nl_fail(NL_ERR_INVALID, "forward: token %d at index %lld is outside the vocabulary [0, %lld)",
+                           tokens[i], (long long)i, (long long)V);
+        if (targets && (targets[i] < 0 || targets[i] >= V))
+            return nl_fail(NL_ERR_INVALID, "forward: target %d at index %lld is outside the vocabulary [0, %lld)",
+                           targets[i], (long long)i, (long long)V);
+    }
+    m->B_cur = B;
+    m->T_cur = T;
+    m->targets = targets;
+    m->tokens = tokens;
+    refresh_lp_weights(m);
+    nl_acts *a = &m->a;
+    float eps = (float)m->arch.norm_eps;
+    /* embedding: resid[0] (B, T, C) */
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < BT; i++) memcpy(a->resid + i * C, m->w.embed + (int64_t)tokens[i] * C, (size_t)C * sizeof(float));
+    for (int64_t l = 0; l < L; l++) {
+        nl_layer_weights *lw = &m->w.layers[l];
+        float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
+        float *att = a->att + l * B * NH * T * T, *atty = a->atty + l * BT * NH * hd;
+        float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C, *h13 = a->h13 + l * BT * 2 * H;
+        float *hact = a->hact + l * BT * H, *xo = a->resid + (l + 1) * BT * C;
+        nl_rmsnorm_forward(ln1, a->ln1_rstd + l * BT, x, lw->rms_att, BT, C, eps);
+        nl_linear_site s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
+        nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
+        nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 0);
+        nl_rope_apply(qkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 0);
+        nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
+        s = site_of(m, NL_LIN_O, (int)l, lw->wo);
+        nl_linear_forward(m, &s, x2, atty, lw->wo, BT, NH * hd, C);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < BT * C; i++) x2[i] += x[i];
+        nl_rmsnorm_forward(ln2, a->ln2_rstd + l * BT, x2, lw->rms_ffn, BT, C, eps);
+        s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
+        nl_linear_forward(m, &s, h13, ln2, lw->w1, BT, C, 2 * H);
+        nl_swiglu_forward(hact, h13, BT, H);
+        s = site_of(m, NL_LIN_DOWN, (int)l, lw->w2);
+        nl_linear_forward(m, &s, xo, hact, lw->w2, BT, H, C);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < BT * C; i++) xo[i] += x2[i];
+    }
+    nl_rmsnorm_forward(a->lnf, a->lnf_rstd, a->resid + L * BT * C, m->w.rms_final, BT, C, eps);
+    nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
+    nl_linear_forward(m, &s, a->logits, a->lnf, m->w.cls, BT, C, V);
+    if (!targets) return NL_OK;
+    /* cross-entropy per token: logsumexp(logits) - logits[target] */
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < BT; i++) {
+        const float *z = a->logits + i * V;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t v = 0; v < V; v++) sum += nl_vexpf(z[v] - mx);
+        a->losses[i] = logf(sum) + mx - z[targets[i]];
+    }
+    double total = 0.0;
+    for (int64_t i = 0; i < BT; i++) total += a->losses[i];
+    m->mean_loss = (float)(total / (double)BT);
+    if (loss) *loss = m->mean_loss;
+    return NL_OK;
+}
+
+/* ---- backward ----------------------------------------------------------------------------------- */
+
+nl_status nl_model_backward(nl_model *m) {
+    if (!m->grads) return nl_fail(NL_ERR_INVALID, "backward: gradients not allocated (nl_model_alloc_grads)");
+    if (!m->targets) return nl_fail(NL_ERR_INVALID, "backward: the last forward had no targets");
+    int64_t B = m->B_cur, T = m->T_cur;
+    int64_t C = m->C, BT = B * T, L = m->L, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH, KVH = m->KVH, hd = m->hd;
+    nl_acts *a = &m->a;
+    const int32_t *targets = m->targets;
+    float *G = m->grads;
+#define GRAD(ptr) (G + ((ptr) - m->params))
+    /* dlogits = (softmax - onehot) * loss_scale / (B T), in place of the logits */
+    float dscale = m->loss_scale / (float)BT;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < BT; i++) {
+        float *z = a->logits + i * V;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t v = 0; v < V; v++) {
+            z[v] = nl_vexpf(z[v] - mx);
+            sum += z[v];
+        }
+        float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
+        z[targets[i]] -= dscale;
+    }
+    m->targets = NULL; /* logits are gone: a second backward needs a new forward */
+    nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
+    nl_linear_backward(m, &s, a->dln, GRAD(m->w.cls), a->logits, a->lnf, m->w.cls, BT, C, V);
+    memset(a->dresid, 0, (size_t)(BT * C) * sizeof(float));
+    nl_rmsnorm_backward(a->dresid, GRAD(m->w.rms_final), a->dln, a->resid + L * BT * C, m->w.rms_final,
+                        a->lnf_rstd, BT, C);
+    for (int64_t l = L - 1; l >= 0; l--) {
+        nl_layer_weights *lw = &m->w.layers[l];
+        float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
+        float *att = a->att + l * B * NH * T * T, *atty = a->atty + l * BT * NH * hd;
+        float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C, *h13 = a->h13 + l * BT * 2 * H;
+        float *hact = a->hact + l * BT * H;
+        /* dresid holds d resid[l+1]; resid[l+1] = x2 + down(hact) */
+        s = site_of(m, NL_LIN_DOWN, (int)l, lw->w2);
+        nl_linear_backward(m, &s, a->dhact, GRAD(lw->w2), a->dresid, hact, lw->w2, BT, H, C);
+        nl_swiglu_backward(a->dh13, a->dhact, h13, BT, H);
+        s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
+        nl_linear_backward(m, &s, a->dln, GRAD(lw->w1), a->dh13, ln2, lw->w1, BT, C, 2 * H);
+        nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_ffn), a->dln, x2, lw->rms_ffn, a->ln2_rstd + l * BT, BT, C);
+        /* dresid holds d x2; x2 = x + o(atty) */
+        s = site_of(m, NL_LIN_O, (int)l, lw->wo);
+        nl_linear_backward(m, &s, a->datty, GRAD(lw->wo), a->dresid, atty, lw->wo, BT, NH * hd, C);
+        nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
+        nl_rope_apply(a->dqkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 1);
+        nl_rope_apply(a->dqkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 1);
+        s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
+        nl_linear_backward(m, &s, a->dln, GRAD(lw->wq), a->dqkv, ln1, lw->wq, BT, C, QKV);
+        nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_att), a->dln, x, lw->rms_att, a->ln1_rstd + l * BT, BT, C);
+    }
+    /* embedding: serial over tokens (repeated tokens add to the same row), vectorised over C */
+    float *dembed = GRAD(m->w.embed);
+    for (int64_t i = 0; i < BT; i++) {
+        float *d = dembed + (int64_t)m->tokens[i] * C;
+        const float *g = a->dresid + i * C;
+        for (int64_t c = 0; c < C; c++) d[c] += g[c];
+    }
+#undef GRAD
+    return NL_OK;
+}

@@ -1,0 +1,124 @@
+/* AdamW, gradient clipping, the cosine schedule and fp16 loss scaling (see nanolm/train.h). */
+#include <math.h>
+#include <string.h>
+
+#include "nanolm/train.h"
+
+nl_status nl_adamw_init(nl_adamw *opt, const nl_model *m, float beta1, float beta2, float eps, float weight_decay) {
+    memset(opt, 0, sizeof *opt);
+    opt->beta1 = beta1;
+    opt->beta2 = beta2;
+    opt->eps = eps;
+    opt->weight_decay = weight_decay;
+    opt->n = m->n_params;
+    opt->m = nl_calloc(2 * opt->n, sizeof(float), "AdamW moments");
+    if (!opt->m) return NL_ERR_NOMEM;
+    opt->v = opt->m + opt->n;
+    return NL_OK;
+}
+
+void nl_adamw_free(nl_adamw *opt) {
+    nl_free(opt->m);
+    memset(opt, 0, sizeof *opt);
+}
+
+size_t nl_adamw_bytes(const nl_adamw *opt) { return 2 * opt->n * sizeof(float); }
+
+void nl_adamw_step(nl_adamw *opt, nl_model *m, float lr) {
+    opt->t++;
+    float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
+    /* bias corrections in double, as PyTorch computes them on Python floats */
+    double bc1 = 1.0 - pow((double)b1, (double)opt->t), bc2 = 1.0 - pow((double)b2, (double)opt->t);
+    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    const nl_param_info *tab;
+    int nt = nl_model_params_table(m, &tab);
+    for (int k = 0; k < nt; k++) {
+        float decay = tab[k].ndim == 2 ? 1.0f - lr * opt->weight_decay : 1.0f;
+        float *p = m->params + tab[k].offset, *g = m->grads + tab[k].offset;
+        float *mm = opt->m + tab[k].offset, *vv = opt->v + tab[k].offset;
+        int64_t n = (int64_t)tab[k].numel;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            p[i] *= decay;
+            mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
+            vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
+            float denom = sqrtf(vv[i]) / bc2_sqrt + eps;
+            p[i] -= step_size * (mm[i] / denom);
+        }
+    }
+}
+
+double nl_grad_norm(const nl_model *m) {
+    double ss = 0.0;
+    /* fixed-size chunks so the sum does not depend on the thread count */
+    const int64_t chunk = 4096, n = (int64_t)m->n_params, nchunks = (n + chunk - 1) / chunk;
+    for (int64_t c0 = 0; c0 < nchunks; c0 += 256) {
+        double part[256];
+        int64_t cn = nchunks - c0 < 256 ? nchunks - c0 : 256;
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < cn; c++) {
+            int64_t lo = (c0 + c) * chunk, hi = lo + chunk < n ? lo + chunk : n;
+            double s = 0.0;
+            for (int64_t i = lo; i < hi; i++) s += (double)m->grads[i] * m->grads[i];
+            part[c] = s;
+        }
+        for (int64_t c = 0; c < cn; c++) ss += part[c];
+    }
+    return sqrt(ss);
+}
+
+void nl_grad_scale(nl_model *m, float s) {
+    int64_t n = (int64_t)m->n_params;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) m->grads[i] *= s;
+}
+
+double nl_grad_clip(nl_model *m, double max_norm) {
+    double norm = nl_grad_norm(m);
+    if (max_norm > 0 && isfinite(norm) && norm > max_norm) nl_grad_scale(m, (float)(max_norm / (norm + 1e-6)));
+    return norm;
+}
+
+float nl_lr_cosine(int64_t step, int64_t warmup, int64_t total, float lr_max, float lr_min) {
+    if (warmup > 0 && step < warmup) return lr_max * (float)(step + 1) / (float)warmup;
+    int64_t span = total - 1 - warmup;
+    if (span <= 0) return lr_max;
+    double r = (double)(step - warmup) / (double)span;
+    if (r > 1.0) r = 1.0;
+    return (float)(lr_min + 0.5 * (lr_max - lr_min) * (1.0 + cos(M_PI * r)));
+}
+
+void nl_scaler_init(nl_loss_scaler *s) {
+    s->scale = 65536.0f;
+    s->growth_factor = 2.0f;
+    s->backoff_factor = 0.5f;
+    s->growth_interval = 2000;
+    s->good_steps = 0;
+    s->skipped = 0;
+}
+
+int nl_scaler_unscale(nl_loss_scaler *s, nl_model *m) {
+    float inv = 1.0f / s->scale;
+    int64_t n = (int64_t)m->n_params;
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad)
+    for (int64_t i = 0; i < n; i++) {
+        float g = m->grads[i] * inv;
+        if (!isfinite(g)) bad = 1;
+        m->grads[i] = g;
+    }
+    return bad;
+}
+
+void nl_scaler_update(nl_loss_scaler *s, int found_inf) {
+    if (found_inf) {
+        s->scale *= s->backoff_factor;
+        s->good_steps = 0;
+        s->skipped++;
+        return;
+    }
+    if (++s->good_steps >= s->growth_interval) {
+        s->scale *= s->growth_factor;
+        s->good_steps = 0;
+    }
+}
