@@ -30,7 +30,8 @@ typedef struct nl_sweep_grid {
     int64_t checkpoints;    /* checkpoints (and quick validations) per run */
 } nl_sweep_grid;
 
-/* "default" (the documented ~1 h CPU grid) or "tiny" (seconds; tests). NL_ERR_INVALID names
+/* "default" (the documented ~1 h CPU grid), "small" (a reduced ~4M-token grid) or "tiny"
+ * (seconds; tests). NL_ERR_INVALID names
  * an unknown grid. */
 nl_status nl_sweep_grid_preset(const char *name, nl_sweep_grid *g);
 /* The NanoLM shape of width `dim` and `layers` layers: heads of 16, SwiGLU hidden ~8/3 dim

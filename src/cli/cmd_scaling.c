@@ -15,7 +15,9 @@ static void usage(FILE *f) {
             "                              [--hw FILE.json] [--svg FILE] [--json]\n"
             "       nanolm scaling overtrain --params N --tokens D [--ratio 20] [--json]\n"
             "       nanolm scaling fit FILE.csv [--bootstrap 100] [--seed S] [--delta 1e-3] [--json]\n"
-            "       nanolm scaling sweep --data FILE [--grid default|tiny] [--out DIR] (see --help)\n\n"
+            "       nanolm scaling sweep --data FILE [--grid default|small|tiny] [--out DIR] (see --help)\n"
+            "       nanolm scaling lr-transfer --data FILE [--widths 16,32,64] (muP; see --help)\n"
+            "       nanolm scaling emergence --data FILE (--ckpt F ... | --sweep DIR) (see --help)\n\n"
             "optimal:   N and D for a budget C = 6*N*D (or the budget that makes N optimal) by the\n"
             "           20 tokens/parameter rule, Chinchilla approaches 1 and 3, and Kaplan et al.\n"
             "overtrain: a model trained past the optimum against the compute-optimal model of the\n"
@@ -257,5 +259,7 @@ int nl_cmd_scaling(int argc, char **argv) {
     if (!strcmp(sub, "overtrain")) return cmd_overtrain(argc - 1, argv + 1);
     if (!strcmp(sub, "fit")) return cmd_fit(argc - 1, argv + 1);
     if (!strcmp(sub, "sweep")) return nl_cmd_scaling_sweep(argc - 1, argv + 1);
-    return nl_cli_usage_error("scaling: unknown subcommand '%s' (optimal, overtrain, fit, sweep)", sub);
+    if (!strcmp(sub, "lr-transfer")) return nl_cmd_scaling_lr_transfer(argc - 1, argv + 1);
+    if (!strcmp(sub, "emergence")) return nl_cmd_scaling_emergence(argc - 1, argv + 1);
+    return nl_cli_usage_error("scaling: unknown subcommand '%s' (optimal, overtrain, fit, sweep, lr-transfer, emergence)", sub);
 }

@@ -28,6 +28,20 @@ nl_status nl_sweep_grid_preset(const char *name, nl_sweep_grid *g) {
         g->lr = 3e-3;
         g->val_windows = 200;
         g->checkpoints = 5;
+    } else if (!strcmp(name, "small")) {
+        /* a reduced grid (~4M tokens) for a loaded machine: 3 budgets x 5 shapes, N = 3.4k .. 101k */
+        static const double c[] = {3e9, 1e10, 3e10};
+        static const int64_t d[] = {16, 24, 32, 48, 64}, l[] = {1, 1, 1, 1, 2};
+        g->n_budgets = 3;
+        g->n_shapes = 5;
+        memcpy(g->budgets_flops, c, sizeof c);
+        memcpy(g->dims, d, sizeof d);
+        memcpy(g->layers, l, sizeof l);
+        g->batch = 8;
+        g->seq = 64;
+        g->lr = 3e-3;
+        g->val_windows = 200;
+        g->checkpoints = 5;
     } else if (!strcmp(name, "tiny")) {
         static const double c[] = {1e8, 3e8};
         static const int64_t d[] = {16, 24, 32}, l[] = {1, 1, 1};
@@ -42,7 +56,7 @@ nl_status nl_sweep_grid_preset(const char *name, nl_sweep_grid *g) {
         g->val_windows = 16;
         g->checkpoints = 4;
     } else {
-        return nl_fail(NL_ERR_INVALID, "unknown --grid '%s' (known: default, tiny)", name);
+        return nl_fail(NL_ERR_INVALID, "unknown --grid '%s' (known: default, small, tiny)", name);
     }
     snprintf(g->name, sizeof g->name, "%s", name);
     return NL_OK;
