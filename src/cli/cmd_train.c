@@ -221,6 +221,7 @@ int nl_cmd_train(int argc, char **argv) {
     if (nl_tokenizer_init_byte(&tok)) return nl_cli_fail("train");
     if (nl_data_open(&data, c.data, &tok) || nl_data_check_window(&data, (int)c.o.seq)) {
         nl_tokenizer_free(&tok);
+        nl_data_free(&data);
         return nl_cli_fail("train");
     }
     nl_tokenizer_free(&tok);

@@ -75,16 +75,23 @@ void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, 
     }
 }
 
+/* Per-head GEMMs smaller than this (T*T*hd multiply-adds) run in parallel over heads, one
+ * single-threaded sgemm each; larger ones run one after another and OpenBLAS threads each. */
+#define NL_ATT_PAR_HEADS_MAX (1 << 20)
+
 /* ---- causal grouped-query attention -------------------------------------------------------------
  * qkv (B, T, QKV) rows [q (NH*hd) | k (KVH*hd) | v (KVH*hd)]; query head h reads kv head
  * h / (NH/KVH). out (B, T, NH*hd); att (B, NH, T, T) softmax probabilities (row t: columns
  * 0..t, the rest zero). Three phases: S = Q K^T / sqrt(hd) per (b, h) with cblas_sgemm (the
- * full square; the causal half is masked), a causal softmax over all B*NH*T rows in parallel,
- * then O = P V per (b, h). BLAS is called outside OpenMP regions. */
+ * full square; the causal half is masked), a causal softmax over all B*NH*T rows, then
+ * O = P V per (b, h); for small heads each phase runs its (b, h) in parallel with OpenMP (one
+ * sgemm per head; results do not depend on the thread count). */
 void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH,
                           int64_t KVH, int64_t hd) {
     int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH;
     float scale = 1.0f / sqrtf((float)hd);
+    int par_heads = T * T * hd < NL_ATT_PAR_HEADS_MAX;
+#pragma omp parallel for collapse(2) schedule(static) if (par_heads)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < NH; h++) {
             const float *q = qkv + b * T * QKV + h * hd, *k = qkv + b * T * QKV + (NH + h / group) * hd;
@@ -107,6 +114,7 @@ void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, i
         for (int64_t t2 = 0; t2 <= t; t2++) a[t2] *= inv;
         for (int64_t t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
     }
+#pragma omp parallel for collapse(2) schedule(static) if (par_heads)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < NH; h++) {
             const float *v = qkv + b * T * QKV + (NH + KVH + h / group) * hd;
@@ -118,14 +126,18 @@ void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, i
 
 /* dqkv (B, T, QKV) = d/dqkv (overwritten) from dout (B, T, NH*hd); datt (B, NH, T, T) scratch.
  * dP = dO V^T; dS = P * (dP - rowsum(P * dP)) / sqrt(hd); dQ = dS K; dK += dS^T Q; dV += P^T dO
- * (K and V gradients of a GQA group accumulate over its query heads). O(T^2 hd) per head. */
+ * (K and V gradients of a GQA group accumulate over its query heads, so the parallel loops run
+ * over (b, kv head) and the heads of a group in order). O(T^2 hd) per head. */
 void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
                            const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd) {
     int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH, OD = NH * hd;
     float scale = 1.0f / sqrtf((float)hd);
+    int par_heads = T * T * hd < NL_ATT_PAR_HEADS_MAX;
     memset(dqkv, 0, (size_t)(B * T * QKV) * sizeof(float));
+#pragma omp parallel for collapse(2) schedule(static) if (par_heads)
     for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
+        for (int64_t kh = 0; kh < KVH; kh++)
+        for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
             const float *v = qkv + b * T * QKV + (NH + KVH + h / group) * hd;
             const float *d = dout + b * T * OD + h * hd;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hd, 1.0f, d, (int)OD, v,
@@ -146,8 +158,10 @@ void nl_attention_backward(float *dqkv, float *datt, const float *dout, const fl
         for (int64_t t2 = 0; t2 <= t; t2++) dp[t2] = p[t2] * (dp[t2] - dot) * scale;
         for (int64_t t2 = t + 1; t2 < T; t2++) dp[t2] = 0.0f;
     }
+#pragma omp parallel for collapse(2) schedule(static) if (par_heads)
     for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
+        for (int64_t kh = 0; kh < KVH; kh++)
+        for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
             const float *ds = datt + (b * NH + h) * T * T;
             const float *q = qkv + b * T * QKV + h * hd, *k = qkv + b * T * QKV + (NH + h / group) * hd;
             float *dq = dqkv + b * T * QKV + h * hd, *dk = dqkv + b * T * QKV + (NH + h / group) * hd;
