@@ -175,7 +175,13 @@ int nl_cmd_scaling_sweep(int argc, char **argv) {
     if (have2 && f2.n_budgets >= 3 && isfinite(f2.b[f2.n_budgets - 1].loss_opt)) meas_parab = f2.b[f2.n_budgets - 1].loss_opt;
     nl_scaling_fit_result fs;
     nl_scaling_fit_opts fso = {1e-3, 0, 1};
-    if (have2 && f2.n_budgets >= 3 && n_small >= 5 && nl_scaling_fit(small, (size_t)n_small, &fso, &fs) == NL_OK)
+    int n_budgets = 0;
+    for (int i = 0; i < n; i++) {
+        int first = 1;
+        for (int k = 0; k < i; k++) first &= !(fabs(C[k] / C[i] - 1) < 1e-6);
+        n_budgets += first;
+    }
+    if (n_budgets >= 3 && n_small >= 5 && nl_scaling_fit(small, (size_t)n_small, &fso, &fs) == NL_OK)
         pred3 = law_best_loss(&fs.law, cmax);
     nl_isoflop_fit fs2;
     if (have2 && f2.n_budgets >= 3 && nl_isoflop_fit_run(sN, sC, sL, n_small, 0, 1, &fs2) == NL_OK) {
@@ -295,7 +301,7 @@ int nl_cmd_scaling_sweep(int argc, char **argv) {
         if (isfinite(pred2)) printf("  approach 2 (power law of the minima) predicts %.4f: error %+.4f (%+.1f%%)\n", pred2, pred2 - meas_best,
                                     100 * (pred2 / meas_best - 1));
     } else {
-        printf("  needs >= 3 budgets with a minimum\n");
+        printf("  needs >= 3 budgets (approach 3) or >= 3 budgets with a minimum (approach 2)\n");
     }
     if (have2) printf("\nwrote %s\n", svg);
     nl_free(rows);
