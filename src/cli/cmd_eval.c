@@ -5,16 +5,18 @@
 
 #include "cli.h"
 #include "cli_model.h"
+#include "nanolm/lossstat.h"
 #include "nanolm/train.h"
 
 int nl_cmd_eval(int argc, char **argv) {
     static const struct option opts[] = {
         {"ckpt", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
         {"tokenizer", required_argument, 0, 'k'}, {"batch", required_argument, 0, 'b'},
-        {"seq", required_argument, 0, 's'}, {"split", required_argument, 0, 'p'}, {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
+        {"seq", required_argument, 0, 's'}, {"split", required_argument, 0, 'p'}, {"target-se", required_argument, 0, 't'}, {"se-batch", required_argument, 0, 'w'}, {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *ckpt = NULL, *path = NULL, *tok_path = NULL;
-    int64_t B = 4, T = 0;
+    int64_t B = 4, T = 0, se_batch = 0;
+    double target_se = 0;
     int json = 0, c;
     nl_data_split split = NL_DATA_ALL;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -30,14 +32,23 @@ int nl_cmd_eval(int argc, char **argv) {
             else if (!strcmp(optarg, "val")) split = NL_DATA_VAL;
             else return nl_cli_usage_error("eval: unknown --split '%s' (known: all, train, val)", optarg);
             break;
+        case 't':
+            if (nl_cli_double("--target-se", optarg, &target_se)) return NL_EXIT_USAGE;
+            if (!(target_se > 0)) return nl_cli_usage_error("eval: --target-se must be > 0, got '%s'", optarg);
+            break;
+        case 'w': if (nl_cli_int("--se-batch", optarg, 1, INT64_MAX, &se_batch)) return NL_EXIT_USAGE; break;
         case 'j': json = 1; break;
         case 'h':
             printf("usage: nanolm eval --ckpt F --data FILE [--tokenizer tok512.bin] [--batch B] [--seq T]\n"
-                   "                   [--split all|train|val] [--json]\n"
+                   "                   [--split all|train|val] [--target-se X] [--se-batch TOKENS] [--json]\n"
                    "  Mean cross-entropy (nats/token) over the whole file (tokenized once, BOS first) in\n"
                    "  consecutive windows of --seq tokens; a last partial window is dropped. --split val: only\n"
                    "  the last 10%% of the tokens (the validation split of nanolm train).\n"
-                   "  --seq defaults to the model's seq_len. --tokenizer is needed for llama2.c .bin checkpoints.\n");
+                   "  --seq defaults to the model's seq_len. --tokenizer is needed for llama2.c .bin checkpoints.\n"
+                   "  Standard error by batch means: the token stream is cut into consecutive batches of\n"
+                   "  --se-batch tokens (default sqrt(tokens)) whose means are nearly independent, so the SE\n"
+                   "  and 95%% interval account for correlated neighbouring tokens. --target-se X: tokens needed\n"
+                   "  for SE = X (same per-token long-run variance).\n");
             return NL_EXIT_OK;
         default: return nl_cli_bad_option("eval", argv);
         }
@@ -52,16 +63,22 @@ int nl_cmd_eval(int argc, char **argv) {
     memset(&data, 0, sizeof data);
     int64_t scored = 0;
     double loss = 0;
+    float *tl = NULL;
+    nl_loss_stats st;
     if (T == 0 || T > m.arch.seq_len) T = T == 0 ? m.arch.seq_len : T;
     if (T > m.arch.seq_len) {
         rcode = nl_cli_usage_error("eval: --seq %lld exceeds the model's seq_len %lld", (long long)T, (long long)m.arch.seq_len);
         goto done;
     }
     if (nl_data_open(&data, path, &tok) || nl_model_alloc_acts(&m, B, T) ||
-        nl_eval_loss(&m, &data, split, B, T, 0, &loss, &scored)) {
+        nl_eval_token_losses(&m, &data, split, B, T, 0, &tl, &scored) || nl_loss_stats_compute(tl, scored, se_batch, &st)) {
         rcode = nl_cli_fail("eval");
         goto done;
     }
+    double sum = 0;
+    for (int64_t i = 0; i < scored; i++) sum += tl[i];
+    loss = sum / (double)scored; /* all tokens; st.mean drops a last partial SE batch */
+    double need = target_se > 0 ? nl_loss_stats_tokens_for_se(&st, target_se) : 0;
     if (json) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "checkpoint", ckpt);
@@ -71,6 +88,16 @@ int nl_cmd_eval(int argc, char **argv) {
         cJSON_AddNumberToObject(d, "perplexity", exp(loss));
         cJSON_AddNumberToObject(d, "tokens", (double)scored);
         cJSON_AddNumberToObject(d, "seq", (double)T);
+        cJSON_AddNumberToObject(d, "se", st.se);
+        cJSON_AddNumberToObject(d, "se_iid", st.se_iid);
+        cJSON_AddNumberToObject(d, "ci95_lo", st.ci_lo);
+        cJSON_AddNumberToObject(d, "ci95_hi", st.ci_hi);
+        cJSON_AddNumberToObject(d, "se_batch_tokens", (double)st.batch);
+        cJSON_AddNumberToObject(d, "se_tokens_used", (double)st.n);
+        if (target_se > 0) {
+            cJSON_AddNumberToObject(d, "target_se", target_se);
+            cJSON_AddNumberToObject(d, "tokens_for_target_se", need);
+        }
         nl_cli_print_json(d);
     } else {
         const char *hdr[] = {"checkpoint", "data", "tokens", "mean loss (nats/token)", "perplexity"};
@@ -79,8 +106,13 @@ int nl_cmd_eval(int argc, char **argv) {
         nl_table_rowf(&tb, "%s|%s|%lld|%.4f|%.3f", ckpt, path, (long long)scored, loss, exp(loss));
         nl_table_print(&tb, stdout);
         nl_table_free(&tb);
+        printf("standard error %.4f (i.i.d. formula %.4f; correlation costs x%.1f tokens), 95%% interval [%.4f, %.4f]\n"
+               "  batch means over %lld batches of %lld tokens\n",
+               st.se, st.se_iid, st.ess_factor, st.ci_lo, st.ci_hi, (long long)st.n_batches, (long long)st.batch);
+        if (target_se > 0) printf("tokens for standard error %g: %.0f\n", target_se, need);
     }
 done:
+    nl_free(tl);
     nl_data_free(&data);
     nl_tokenizer_free(&tok);
     nl_model_free(&m);
