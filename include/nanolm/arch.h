@@ -62,6 +62,14 @@ typedef struct nl_arch_params {
 } nl_arch_params;
 void nl_arch_count_params(const nl_arch *a, nl_arch_params *out);
 
+/* The arch as one-line JSON (every field, MoE included), as checkpoints store it in their
+ * metadata. Returns a malloc'd string (free with free()) or NULL when out of memory. */
+char *nl_arch_to_json(const nl_arch *a);
+/* Parses nl_arch_to_json's output. `what` names the source in messages (a file). Missing
+ * optional fields take Llama defaults; sizes must be integers in [0, 2^40]. The result is
+ * validated. Errors: NL_ERR_FORMAT naming the file and the field. */
+nl_status nl_arch_from_json(const char *what, const char *json, nl_arch *a);
+
 /* Built-in NanoLM presets: "stories260k", "shakespeare-char", "small". */
 nl_status nl_arch_preset(const char *name, nl_arch *out);
 /* NULL-terminated list of preset names. */

@@ -1,6 +1,9 @@
 /* Transformer shapes: validation, exact parameter counts, NanoLM presets. */
 #include "nanolm/arch.h"
 
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 int64_t nl_arch_head_dim(const nl_arch *a) {
@@ -89,4 +92,71 @@ nl_status nl_arch_preset(const char *name, nl_arch *out) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, name) == 0) { *out = presets[i]; return NL_OK; }
     return nl_fail(NL_ERR_INVALID, "unknown preset '%s' (known: stories260k, shakespeare-char, small)", name);
+}
+
+/* ---- JSON ------------------------------------------------------------------------------------ */
+
+#define ARCH_INT_FIELDS(X)                                                                       \
+    X(vocab_size, 1) X(dim, 1) X(n_layers, 1) X(n_heads, 1) X(n_kv_heads, 1) X(hidden_dim, 1)     \
+    X(seq_len, 1) X(head_dim, 0) X(n_experts, 0) X(n_shared_experts, 0) X(top_k, 0)             \
+    X(expert_hidden_dim, 0) X(first_moe_layer, 0)
+
+char *nl_arch_to_json(const nl_arch *a) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "name", a->name);
+    cJSON_AddNumberToObject(o, "vocab_size", (double)a->vocab_size);
+    cJSON_AddNumberToObject(o, "dim", (double)a->dim);
+    cJSON_AddNumberToObject(o, "n_layers", (double)a->n_layers);
+    cJSON_AddNumberToObject(o, "n_heads", (double)a->n_heads);
+    cJSON_AddNumberToObject(o, "n_kv_heads", (double)a->n_kv_heads);
+    cJSON_AddNumberToObject(o, "hidden_dim", (double)a->hidden_dim);
+    cJSON_AddNumberToObject(o, "seq_len", (double)a->seq_len);
+    cJSON_AddNumberToObject(o, "rope_theta", a->rope_theta);
+    cJSON_AddNumberToObject(o, "norm_eps", a->norm_eps);
+    cJSON_AddNumberToObject(o, "tied_embeddings", a->tied_embeddings);
+    cJSON_AddNumberToObject(o, "head_dim", (double)a->head_dim);
+    if (a->n_experts > 0) { /* dense models keep the shorter header of earlier checkpoints */
+        cJSON_AddNumberToObject(o, "n_experts", (double)a->n_experts);
+        cJSON_AddNumberToObject(o, "n_shared_experts", (double)a->n_shared_experts);
+        cJSON_AddNumberToObject(o, "top_k", (double)a->top_k);
+        cJSON_AddNumberToObject(o, "expert_hidden_dim", (double)a->expert_hidden_dim);
+        cJSON_AddNumberToObject(o, "first_moe_layer", (double)a->first_moe_layer);
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+nl_status nl_arch_from_json(const char *what, const char *json, nl_arch *a) {
+    cJSON *o = cJSON_Parse(json);
+    if (!o) return nl_fail(NL_ERR_FORMAT, "%s: the arch metadata is not valid JSON", what);
+    memset(a, 0, sizeof *a);
+    cJSON *v;
+#define X(f, req)                                                                                  \
+    v = cJSON_GetObjectItemCaseSensitive(o, #f);                                                   \
+    if (!cJSON_IsNumber(v) && req) {                                                               \
+        cJSON_Delete(o);                                                                           \
+        return nl_fail(NL_ERR_FORMAT, "%s: the arch metadata has no number '%s'", what, #f);       \
+    }                                                                                              \
+    if (cJSON_IsNumber(v)) {                                                                       \
+        if (!(v->valuedouble >= 0 && v->valuedouble <= 0x1p40) || v->valuedouble != floor(v->valuedouble)) { \
+            cJSON_Delete(o);                                                                       \
+            return nl_fail(NL_ERR_FORMAT, "%s: arch field '%s' = %g is not an integer in [0, 2^40]", what, #f, \
+                           v->valuedouble);                                                        \
+        }                                                                                          \
+        a->f = (int64_t)v->valuedouble;                                                            \
+    }
+    ARCH_INT_FIELDS(X)
+#undef X
+    if (cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(o, "name")))
+        snprintf(a->name, sizeof a->name, "%s", v->valuestring);
+    a->rope_theta = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "rope_theta")) ? v->valuedouble : 10000.0;
+    a->norm_eps = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "norm_eps")) ? v->valuedouble : 1e-5;
+    a->tied_embeddings = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "tied_embeddings")) ? v->valuedouble != 0 : 0;
+    cJSON_Delete(o);
+    if (!(a->rope_theta > 0) || !(a->norm_eps > 0))
+        return nl_fail(NL_ERR_FORMAT, "%s: arch rope_theta and norm_eps must be positive", what);
+    if (nl_arch_validate(a)) return nl_fail(NL_ERR_FORMAT, "%s: %s", what, nl_last_error());
+    return NL_OK;
 }

@@ -222,53 +222,6 @@ static int codes_signed(const nl_quant_spec *s) {
     return 1;
 }
 
-static char *arch_json(const nl_arch *a) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "name", a->name);
-    cJSON_AddNumberToObject(o, "vocab_size", (double)a->vocab_size);
-    cJSON_AddNumberToObject(o, "dim", (double)a->dim);
-    cJSON_AddNumberToObject(o, "n_layers", (double)a->n_layers);
-    cJSON_AddNumberToObject(o, "n_heads", (double)a->n_heads);
-    cJSON_AddNumberToObject(o, "n_kv_heads", (double)a->n_kv_heads);
-    cJSON_AddNumberToObject(o, "hidden_dim", (double)a->hidden_dim);
-    cJSON_AddNumberToObject(o, "seq_len", (double)a->seq_len);
-    cJSON_AddNumberToObject(o, "rope_theta", a->rope_theta);
-    cJSON_AddNumberToObject(o, "norm_eps", a->norm_eps);
-    cJSON_AddNumberToObject(o, "tied_embeddings", a->tied_embeddings);
-    cJSON_AddNumberToObject(o, "head_dim", (double)a->head_dim);
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return s;
-}
-
-static nl_status parse_arch(const char *path, const char *js, nl_arch *a) {
-    cJSON *o = cJSON_Parse(js);
-    if (!o) return nl_fail(NL_ERR_FORMAT, "%s: __metadata__ nanolm.arch is not valid JSON", path);
-    memset(a, 0, sizeof *a);
-    const char *ints[] = {"vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "seq_len"};
-    int64_t *dst[] = {&a->vocab_size, &a->dim, &a->n_layers, &a->n_heads, &a->n_kv_heads, &a->hidden_dim, &a->seq_len};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        cJSON *v = cJSON_GetObjectItemCaseSensitive(o, ints[i]);
-        if (!cJSON_IsNumber(v)) {
-            cJSON_Delete(o);
-            return nl_fail(NL_ERR_FORMAT, "%s: nanolm.arch has no number '%s'", path, ints[i]);
-        }
-        *dst[i] = (int64_t)v->valuedouble;
-    }
-    cJSON *v;
-    if (cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(o, "name"))) snprintf(a->name, sizeof a->name, "%s", v->valuestring);
-    a->rope_theta = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "rope_theta")) ? v->valuedouble : 10000.0;
-    a->norm_eps = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "norm_eps")) ? v->valuedouble : 1e-5;
-    a->tied_embeddings = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "tied_embeddings")) ? (int)v->valuedouble : 0;
-    a->head_dim = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "head_dim")) ? (int64_t)v->valuedouble : 0;
-    cJSON_Delete(o);
-    if (nl_arch_validate(a)) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", nl_last_error());
-        return nl_fail(NL_ERR_FORMAT, "%s: %s", path, msg);
-    }
-    return NL_OK;
-}
 
 nl_status nl_qmodel_save(const nl_qmodel *qm, const char *path, const char *tokenizer) {
     const nl_model *m = qm->model;
@@ -276,7 +229,7 @@ nl_status nl_qmodel_save(const nl_qmodel *qm, const char *path, const char *toke
     nl_st_writer_init(&w);
     char scheme[64], name[128];
     nl_quant_spec_name(&qm->spec, scheme, sizeof scheme);
-    char *aj = arch_json(&m->arch);
+    char *aj = nl_arch_to_json(&m->arch);
     nl_status rc = aj ? NL_OK : nl_fail(NL_ERR_NOMEM, "arch metadata");
     if (!rc) rc = nl_st_writer_meta(&w, "format", "pt");
     if (!rc) rc = nl_st_writer_meta(&w, "nanolm.arch", aj);
@@ -348,7 +301,7 @@ nl_status nl_qmodel_load(const char *path, nl_model *m, nl_qmodel *qm, char *tok
     nl_quant_spec spec;
     nl_status rc = NL_OK;
     if (!aj || !sj) rc = nl_fail(NL_ERR_FORMAT, "%s: not a quantized nanolm checkpoint (no nanolm.arch / nanolm.quant.scheme)", path);
-    if (!rc) rc = parse_arch(path, aj, &a);
+    if (!rc) rc = nl_arch_from_json(path, aj, &a);
     if (!rc && nl_quant_spec_parse(sj, &spec)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", nl_last_error());

@@ -14,56 +14,12 @@ static const char *prec_name(nl_precision p) {
     return p == NL_PREC_BF16 ? "bf16" : p == NL_PREC_FP16 ? "fp16" : "fp32";
 }
 
-static char *arch_json(const nl_arch *a) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "name", a->name);
-    cJSON_AddNumberToObject(o, "vocab_size", (double)a->vocab_size);
-    cJSON_AddNumberToObject(o, "dim", (double)a->dim);
-    cJSON_AddNumberToObject(o, "n_layers", (double)a->n_layers);
-    cJSON_AddNumberToObject(o, "n_heads", (double)a->n_heads);
-    cJSON_AddNumberToObject(o, "n_kv_heads", (double)a->n_kv_heads);
-    cJSON_AddNumberToObject(o, "hidden_dim", (double)a->hidden_dim);
-    cJSON_AddNumberToObject(o, "seq_len", (double)a->seq_len);
-    cJSON_AddNumberToObject(o, "rope_theta", a->rope_theta);
-    cJSON_AddNumberToObject(o, "norm_eps", a->norm_eps);
-    cJSON_AddNumberToObject(o, "tied_embeddings", a->tied_embeddings);
-    cJSON_AddNumberToObject(o, "head_dim", (double)a->head_dim);
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return s;
-}
-
-static nl_status parse_arch(const char *path, const char *js, nl_arch *a) {
-    cJSON *o = cJSON_Parse(js);
-    if (!o) return nl_fail(NL_ERR_FORMAT, "%s: __metadata__ nanolm.arch is not valid JSON", path);
-    memset(a, 0, sizeof *a);
-    const char *ints[] = {"vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "seq_len"};
-    int64_t *dst[] = {&a->vocab_size, &a->dim, &a->n_layers, &a->n_heads, &a->n_kv_heads, &a->hidden_dim, &a->seq_len};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        cJSON *v = cJSON_GetObjectItemCaseSensitive(o, ints[i]);
-        if (!cJSON_IsNumber(v)) {
-            cJSON_Delete(o);
-            return nl_fail(NL_ERR_FORMAT, "%s: nanolm.arch has no number '%s'", path, ints[i]);
-        }
-        *dst[i] = (int64_t)v->valuedouble;
-    }
-    cJSON *v;
-    if (cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(o, "name"))) snprintf(a->name, sizeof a->name, "%s", v->valuestring);
-    a->rope_theta = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "rope_theta")) ? v->valuedouble : 10000.0;
-    a->norm_eps = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "norm_eps")) ? v->valuedouble : 1e-5;
-    a->tied_embeddings = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "tied_embeddings")) ? (int)v->valuedouble : 0;
-    a->head_dim = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "head_dim")) ? (int64_t)v->valuedouble : 0;
-    cJSON_Delete(o);
-    nl_status rc = nl_arch_validate(a);
-    if (rc) return nl_fail(NL_ERR_FORMAT, "%s: %s", path, nl_last_error());
-    return NL_OK;
-}
 
 nl_status nl_ckpt_save(const char *path, const nl_model *m, const char *tokenizer, const nl_ckpt_state *st) {
     nl_st_writer w;
     nl_st_writer_init(&w);
     nl_status rc = NL_OK;
-    char *aj = arch_json(&m->arch), *tj = NULL;
+    char *aj = nl_arch_to_json(&m->arch), *tj = NULL;
     char (*names)[112] = NULL;
     rc = nl_st_writer_meta(&w, "format", "pt");
     if (!rc) rc = nl_st_writer_meta(&w, "nanolm.arch", aj);
@@ -192,7 +148,7 @@ nl_status nl_ckpt_load_model(const char *path, nl_model *m, char *tokenizer) {
     NL_TRY(nl_st_open(&f, path));
     const char *aj = nl_st_meta(&f, "nanolm.arch");
     nl_arch a;
-    nl_status rc = aj ? parse_arch(path, aj, &a)
+    nl_status rc = aj ? nl_arch_from_json(path, aj, &a)
                       : nl_fail(NL_ERR_FORMAT, "%s: no __metadata__ nanolm.arch (not a nanolm checkpoint)", path);
     if (!rc) { /* refuse a model larger than memory before allocating it (no OOM kill) */
         nl_arch_params np;
