@@ -12,9 +12,10 @@ int nl_cmd_eval(int argc, char **argv) {
         {"ckpt", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
         {"tokenizer", required_argument, 0, 'k'}, {"batch", required_argument, 0, 'b'},
         {"seq", required_argument, 0, 's'}, {"split", required_argument, 0, 'p'}, {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"kv-cache", required_argument, 0, 'v'}, {"max-windows", required_argument, 0, 'w'}, {0, 0, 0, 0}};
     const char *ckpt = NULL, *path = NULL, *tok_path = NULL;
-    int64_t B = 4, T = 0;
+    int64_t B = 4, T = 0, max_windows = 0;
+    int kv = -1; /* -1: batched forward; else nl_kv_dtype, token by token through the KV cache */
     int json = 0, c;
     nl_data_split split = NL_DATA_ALL;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -31,13 +32,22 @@ int nl_cmd_eval(int argc, char **argv) {
             else return nl_cli_usage_error("eval: unknown --split '%s' (known: all, train, val)", optarg);
             break;
         case 'j': json = 1; break;
+        case 'v':
+            if (!strcmp(optarg, "fp32")) kv = NL_KV_FP32;
+            else if (!strcmp(optarg, "int8")) kv = NL_KV_INT8;
+            else return nl_cli_usage_error("eval: unknown --kv-cache '%s' (known: fp32, int8)", optarg);
+            break;
+        case 'w': if (nl_cli_int("--max-windows", optarg, 1, INT64_MAX, &max_windows)) return NL_EXIT_USAGE; break;
         case 'h':
             printf("usage: nanolm eval --ckpt F --data FILE [--tokenizer tok512.bin] [--batch B] [--seq T]\n"
-                   "                   [--split all|train|val] [--json]\n"
+                   "                   [--split all|train|val] [--kv-cache fp32|int8] [--max-windows N] [--json]\n"
                    "  Mean cross-entropy (nats/token) over the whole file (tokenized once, BOS first) in\n"
                    "  consecutive windows of --seq tokens; a last partial window is dropped. --split val: only\n"
                    "  the last 10%% of the tokens (the validation split of nanolm train).\n"
-                   "  --seq defaults to the model's seq_len. --tokenizer is needed for llama2.c .bin checkpoints.\n");
+                   "  --seq defaults to the model's seq_len. --tokenizer is needed for llama2.c .bin checkpoints.\n"
+                   "  --kv-cache runs the generation path instead: token by token through a KV cache of fp32 or\n"
+                   "  int8 (per head, per token absmax, fp16 scales), each window from an empty cache; prints the\n"
+                   "  bytes of the cache as allocated. --max-windows N evaluates only the first N windows.\n");
             return NL_EXIT_OK;
         default: return nl_cli_bad_option("eval", argv);
         }
@@ -57,8 +67,10 @@ int nl_cmd_eval(int argc, char **argv) {
         rcode = nl_cli_usage_error("eval: --seq %lld exceeds the model's seq_len %lld", (long long)T, (long long)m.arch.seq_len);
         goto done;
     }
-    if (nl_data_open(&data, path, &tok) || nl_model_alloc_acts(&m, B, T) ||
-        nl_eval_loss(&m, &data, split, B, T, 0, &loss, &scored)) {
+    if (kv >= 0 ? (nl_data_open(&data, path, &tok) || nl_model_alloc_kv_dtype(&m, (nl_kv_dtype)kv) ||
+                   nl_eval_loss_kv(&m, &data, split, T, max_windows, &loss, &scored))
+                : (nl_data_open(&data, path, &tok) || nl_model_alloc_acts(&m, B, T) ||
+                   nl_eval_loss(&m, &data, split, B, T, max_windows, &loss, &scored))) {
         rcode = nl_cli_fail("eval");
         goto done;
     }
@@ -71,6 +83,11 @@ int nl_cmd_eval(int argc, char **argv) {
         cJSON_AddNumberToObject(d, "perplexity", exp(loss));
         cJSON_AddNumberToObject(d, "tokens", (double)scored);
         cJSON_AddNumberToObject(d, "seq", (double)T);
+        if (kv >= 0) {
+            cJSON_AddStringToObject(d, "kv_cache", kv == NL_KV_INT8 ? "int8" : "fp32");
+            cJSON_AddNumberToObject(d, "kv_cache_bytes", (double)m.kv_bytes);
+            cJSON_AddNumberToObject(d, "kv_cache_bytes_fp16_basis", (double)(m.L * 2 * m.arch.seq_len * m.KVH * m.hd * 2));
+        }
         nl_cli_print_json(d);
     } else {
         const char *hdr[] = {"checkpoint", "data", "tokens", "mean loss (nats/token)", "perplexity"};
@@ -79,6 +96,10 @@ int nl_cmd_eval(int argc, char **argv) {
         nl_table_rowf(&tb, "%s|%s|%lld|%.4f|%.3f", ckpt, path, (long long)scored, loss, exp(loss));
         nl_table_print(&tb, stdout);
         nl_table_free(&tb);
+        if (kv >= 0)
+            printf("KV cache %s: %zu bytes allocated for %lld positions (fp32 would be %lld, fp16 %lld)\n",
+                   kv == NL_KV_INT8 ? "int8" : "fp32", m.kv_bytes, (long long)m.arch.seq_len,
+                   (long long)(m.L * 2 * m.arch.seq_len * m.KVH * m.hd * 4), (long long)(m.L * 2 * m.arch.seq_len * m.KVH * m.hd * 2));
     }
 done:
     nl_data_free(&data);
