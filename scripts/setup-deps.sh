@@ -9,7 +9,7 @@ pkgs=(cmake pkg-config gcc g++ make libopenblas-dev libopenmpi-dev openmpi-bin
 # Extra packages for optional targets: `scripts/setup-deps.sh fuzz` adds the fuzzing toolchain.
 for extra in "$@"; do
   case "$extra" in
-    fuzz) pkgs+=(clang libclang-rt-14-dev) ;;
+    fuzz) pkgs+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     torch) pkgs+=(python3-torch python3-numpy) ;;
     *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch)" >&2; exit 2 ;;
   esac

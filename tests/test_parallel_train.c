@@ -5,7 +5,10 @@
  *   - the bytes every rank sent per step equal the formula of the layout computed here from the
  *     model's layout (exactly), and the planner's per-collective formula up to padding;
  *   - --report-memory: the bytes of parameters, gradients and optimizer state every rank holds
- *     equal the padded-shard formula exactly and the planner's ZeRO formula up to padding. */
+ *     equal the padded-shard formula exactly and the planner's ZeRO formula up to padding;
+ *   - TP/PP layouts: each rank's parameter, gradient and optimizer bytes equal its part (stage
+ *     layers with the matrices split T ways, embedding on the first stage, tail on the last)
+ *     times the planner's fp32 bytes per parameter, and its activation bytes the formula, exactly. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +55,9 @@ static int run(int np, const char *args, char **out) {
  * Llama shapes (model.h's layout), computed here independently of the model code. */
 static size_t unit_len[64], n_params;
 static int n_units;
+/* one layer's parts: the two norms (replicated under TP) and the q, k, v, o, w1, w3, w2 matrices
+ * (split in T parts under TP, Megatron) */
+static size_t layer_norms, layer_mats, vocab;
 
 static int setup(void **state) {
     (void)state;
@@ -65,6 +71,9 @@ static int setup(void **state) {
     unit_len[0] = V * C;                                       /* embedding */
     for (int l = 0; l < a.n_layers; l++)                       /* norm, q, k, v, o, norm, w1, w3, w2 */
         unit_len[1 + l] = C + (q + 2 * kv) * C + C * q + C + 2 * H * C + C * H;
+    layer_norms = 2 * C;
+    vocab = V;
+    layer_mats = (q + 2 * kv) * C + C * q + 2 * H * C + C * H;
     unit_len[n_units - 1] = C + (a.tied_embeddings ? 0 : V * C); /* final norm (+ classifier) */
     n_params = 0;
     for (int u = 0; u < n_units; u++) n_params += unit_len[u];
@@ -123,9 +132,40 @@ static void test_one_process_reference(void **state) {
     free(out);
 }
 
+/* Parameters rank r of a (dp, tp, pp) layout holds (rank = (stage * dp + dp_rank) * tp + tp_rank):
+ * its stage's layers with T-th of each matrix and the whole norms, the embedding on the first
+ * stage, the final norm and classifier on the last. */
+static size_t part_params(int np, int dp, int tp, int r) {
+    int P = np / (dp * tp), s = r / (tp * dp), L = n_units - 2;
+    size_t n = 0;
+    for (int l = s * L / P; l < (s + 1) * L / P; l++) n += layer_norms + layer_mats / (size_t)tp;
+    if (s == 0) n += unit_len[0];
+    if (s == P - 1) n += unit_len[n_units - 1];
+    return n;
+}
+
+/* Activation floats rank r allocates (SHAPE: C 32, 4 heads, 2 KV heads of 8, hidden 64, T 16),
+ * with b = GLOBAL_BATCH / dp / M windows per micro-batch, n of its stage's layers and the heads
+ * and width divided by tp. Per micro-batch in flight: the residual stream entering each layer and
+ * leaving the last, per layer the two norm outputs and the residual after attention (b T C each),
+ * two norm rstd (b T), q k v (b T QKV), attention probabilities (b NH T T), attention output
+ * (b T NH hd), gate and up (2 b T H), SwiGLU output (b T H); the gradient sent back (b T C); the
+ * last stage adds the final norm (b T C + b T) and the logits (b T V). One backward scratch:
+ * 2 b T C + b T QKV + b T NH hd + b NH T + 3 b T H. Micro-batches in flight: M (GPipe),
+ * min(M, P - s) (1F1B). */
+static double expected_act_floats(int np, int dp, int tp, int M, int onef1b, int r) {
+    int P = np / (dp * tp), s = r / (tp * dp), L = n_units - 2;
+    double n = (double)((s + 1) * L / P - s * L / P), b = (double)(GLOBAL_BATCH / dp / M), T = 16, C = 32;
+    double NH = 4.0 / tp, KVH = 2.0 / tp, hd = 8, H = 64.0 / tp, QKV = (NH + 2 * KVH) * hd, bT = b * T;
+    double mb = (n + 1) * bT * C + n * (3 * bT * C + 2 * bT + bT * QKV + b * NH * T * T + bT * NH * hd + 3 * bT * H) + bT * C;
+    if (s == P - 1) mb += bT * C + bT + bT * (double)vocab;
+    double inflight = onef1b && P - s < M ? P - s : M;
+    return inflight * mb + 2 * bT * C + bT * QKV + bT * NH * hd + b * NH * T + 3 * bT * H;
+}
+
 /* Pipeline: rank r = stage * dp + dp_rank sends M activations (b, T, C) forward unless it is
- * the last stage, M gradients back unless it is the first, and all-reduces the parameter ranges
- * its stage owns over the data-parallel group. */
+ * the last stage, M gradients back unless it is the first, and all-reduces the parameters it
+ * holds (part_params) over the data-parallel group. */
 static double expected_sent_pp(int np, int dp, int tp, int M, int r) {
     int P = np / (dp * tp), t = r % tp, d = (r / tp) % dp, s = r / (tp * dp), L = n_units - 2;
     size_t n_act = (size_t)(GLOBAL_BATCH / dp / M) * 16 * 32; /* b x T x C floats */
@@ -137,13 +177,8 @@ static double expected_sent_pp(int np, int dp, int tp, int M, int r) {
         b += 4.0 * M * (double)((s + 1) * L / P - s * L / P) * 4 *
              (double)(2 * n_act - chunk(n_act, tp, t) - chunk(n_act, tp, (t + 1) % tp));
     if (dp > 1) {
-        size_t ranges[3], nr = 0, lay = 0;
-        for (int l = s * L / P; l < (s + 1) * L / P; l++) lay += unit_len[1 + l];
-        ranges[nr++] = lay;
-        if (s == 0) ranges[nr++] = unit_len[0];
-        if (s == P - 1) ranges[nr++] = unit_len[n_units - 1];
-        for (size_t i = 0; i < nr; i++)
-            b += 4.0 * (double)(2 * ranges[i] - chunk(ranges[i], dp, d) - chunk(ranges[i], dp, (d + 1) % dp));
+        size_t n = part_params(np, dp, tp, r);
+        b += 4.0 * (double)(2 * n - chunk(n, dp, d) - chunk(n, dp, (d + 1) % dp));
     }
     return b;
 }
@@ -187,9 +222,27 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
     double pad_bound = 4.0 * 2 * n_units; /* a few floats per unit of padding, times 8 bytes/param at most */
     cJSON *ranks = cJSON_GetObjectItem(d, "per_rank");
     assert_int_equal(cJSON_GetArraySize(ranks), np);
-    if (pp > 1 || tp > 1) { /* bytes of the pipeline / tensor parallelism; memory: every stage allocates the whole model (not checked) */
+    if (pp > 1 || tp > 1) { /* bytes of the pipeline / tensor parallelism; memory of this rank's part */
         for (int r = 0; r < np; r++) {
             cJSON *e = cJSON_GetArrayItem(ranks, r);
+            /* --report-memory: exactly the part's parameters at the planner's fp32 bytes per
+             * parameter (4 weights, 4 gradients, 8 AdamW) */
+            cJSON *mm = cJSON_GetObjectItem(e, "memory_bytes");
+            double part = (double)part_params(np, dp, tp, r);
+            double pb = cJSON_GetObjectItem(mm, "params")->valuedouble, gb = cJSON_GetObjectItem(mm, "grads")->valuedouble;
+            double ob = cJSON_GetObjectItem(mm, "optimizer")->valuedouble;
+            if (r == 0 || r == np - 1)
+                print_message("  rank %d holds %.0f B params, %.0f B grads, %.0f B optimizer = %.4f of the model's; "
+                              "activations %.0f B\n", r, pb, gb, ob, part / (double)n_params,
+                              cJSON_GetObjectItem(mm, "workspace")->valuedouble);
+            assert_true(pb == sb.weights * part);
+            assert_true(gb == sb.grads * part);
+            assert_true(ob == sb.optim * part);
+            assert_true(part < (double)n_params);
+            double ws = cJSON_GetObjectItem(mm, "workspace")->valuedouble;
+            double wa = 4 * expected_act_floats(np, dp, tp, M, strstr(extra, "1f1b") != NULL, r);
+            if (ws != wa) print_message("rank %d activations %.0f B, formula %.0f B\n", r, ws, wa);
+            assert_true(ws == wa);
             double sent = cJSON_GetObjectItem(e, "sent_bytes_per_step")->valuedouble, want = expected_sent_pp(np, dp, tp, M, r);
             if (sent != want) print_message("rank %d sent %.0f bytes per step, formula %.0f\n", r, sent, want);
             assert_true(sent == want);

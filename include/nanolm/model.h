@@ -205,11 +205,21 @@ typedef struct nl_model {
     nl_attn_ops *attn_ops;
     /* mixture of experts (nanolm/moe.h); NULL for a dense model */
     struct nl_moe *moe;
+    /* a part of a model (nl_model_init_part): no embedding table (w.embed NULL) / no final norm
+     * and classifier (w.rms_final, w.cls NULL); the forward and backward here need neither set */
+    int no_embed, no_tail;
 } nl_model;
 
 /* Builds a model for `arch` with parameters allocated (zeroed). Returns NL_ERR_INVALID for a bad
  * arch (MoE is not supported by the runtime), NL_ERR_NOMEM on allocation failure. */
 nl_status nl_model_init(nl_model *m, const nl_arch *arch);
+/* Like nl_model_init, but only the tensors a pipeline stage holds: the embedding table only when
+ * with_embed, the final norm and classifier only when with_tail (the layers always). For a stage
+ * or tensor-parallel shard, pass an arch whose n_layers / n_heads / n_kv_heads / hidden_dim are
+ * the local ones (and head_dim set). Only the table, pointers, RoPE tables and parameters are
+ * built; nl_model_forward/backward must not be called on a part without both. Errors as
+ * nl_model_init. */
+nl_status nl_model_init_part(nl_model *m, const nl_arch *arch, int with_embed, int with_tail);
 /* Frees everything nl_model_* allocated; safe on a zeroed struct. */
 void nl_model_free(nl_model *m);
 /* GPT-2-style random initialisation: linear weights ~ N(0, 0.02), o_proj/down_proj scaled by

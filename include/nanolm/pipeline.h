@@ -23,8 +23,13 @@
  * Each rank records the seconds it computes (busy) and waits for a message (idle), so the
  * measured bubble idle/(busy+idle) can be compared with (P-1)/(M+P-1).
  *
- * Limits of this implementation: every stage allocates the whole model (only its own layers are
- * computed and updated), no ZeRO with PP, untied embeddings only.
+ * Memory: a rank allocates only its part (nl_model_init_part): its stage's layers with T-th of
+ * the heads, KV heads and SwiGLU width, plus the embedding (first stage) and the final norm and
+ * classifier (last stage), replicated over the tensor-parallel group; gradients and AdamW state
+ * of the same size; activations of its layers for the micro-batches in flight: all M under GPipe,
+ * min(M, P - s) on stage s under 1F1B. The whole model is built once at init to cut the part from (then freed).
+ *
+ * Limits of this implementation: no ZeRO with PP/TP, untied embeddings only, no MoE layers.
  */
 #ifndef NANOLM_PIPELINE_H
 #define NANOLM_PIPELINE_H
@@ -42,7 +47,7 @@ typedef enum nl_pipe_schedule { NL_PIPE_GPIPE = 0, NL_PIPE_1F1B = 1 } nl_pipe_sc
 typedef struct nl_pipe_mb nl_pipe_mb; /* activations of one micro-batch on this stage */
 
 typedef struct nl_pipe {
-    nl_model model;
+    nl_model model;              /* this rank's part only: local layers, heads, width */
     nl_dist_opts o;
     int M;                       /* micro-batches per step */
     nl_pipe_schedule schedule;
@@ -50,10 +55,14 @@ typedef struct nl_pipe {
     int P, s, D, d;              /* pipeline size and stage, data-parallel size and rank */
     int TP, tr;                  /* tensor-parallel size and rank */
     int nh, kvh, h;              /* this rank's heads, KV heads and SwiGLU width */
-    uint8_t *own;                /* (n_params) 1 replicated, 2 this rank's slice, 0 not updated here */
-    int l0, l1;                  /* this stage's layers [l0, l1) */
+    uint8_t *own;                /* (model.n_params) 1 replicated over the TP group, 2 a TP slice */
+    int l0, l1;                  /* this stage's layers [l0, l1) of the whole model */
+    size_t n_params_full;        /* parameters of the whole model */
+    size_t act_floats;           /* micro-batch activations + backward scratch, floats */
     int64_t b;                   /* windows per micro-batch */
-    nl_pipe_mb *mbs;             /* [M] */
+    int n_slots;                 /* micro-batch activation slots: M (GPipe), min(M, P - s) (1F1B) */
+    nl_pipe_mb *mbs;             /* [n_slots]; micro-batch k uses slot k % n_slots */
+    double loss_sum;             /* last stage: sum of the step's micro-batch losses */
     float *scratch;              /* backward scratch of one micro-batch */
     float *dresid, *dln, *dqkv, *datty, *datt, *dh13, *dhact;
     float *adam_m, *adam_v;      /* (n_params); only the owned ranges are used */
@@ -85,6 +94,9 @@ nl_status nl_pipe_init(nl_pipe *pp, const nl_arch *arch, const nl_dist_opts *o, 
 void nl_pipe_free(nl_pipe *pp);
 /* One step; *loss = mean loss of the global batch (on every rank), *grad_norm before clipping. */
 nl_status nl_pipe_step(nl_pipe *pp, const nl_data *d, int64_t step, float lr, float *loss, double *grad_norm);
+/* Bytes this rank holds: parameters, gradients, AdamW state (all of its part) and, as workspace,
+ * the activations of its micro-batches and the backward scratch. */
+void nl_pipe_memory_report(const nl_pipe *p, nl_dist_memory *out);
 /* (P-1)/(M+P-1). */
 double nl_pipe_bubble_formula(int P, int M);
 

@@ -25,6 +25,7 @@ typedef struct nl_adamw {
     int64_t t;        /* completed optimizer steps */
     size_t n;         /* floats (= model->n_params) */
     float *m, *v;     /* first and second moments, same layout as params; one allocation */
+    const float *lr_mult; /* NULL, or one learning-rate multiplier per tensor (muP; borrowed) */
 } nl_adamw;
 
 /* Allocates zeroed moments for model m. Returns NL_ERR_NOMEM on failure. */
@@ -108,6 +109,7 @@ typedef struct nl_train_opts {
                                  step 0, full schedule (QAT; exclusive with resume) */
     const char *tokenizer;  /* recorded in checkpoints: "byte" or "tok512" */
     int quiet;              /* no per-evaluation lines on stdout */
+    int64_t mup_base_dim;   /* > 0: muP (nanolm/mup.h) with this base width; 0: standard */
 } nl_train_opts;
 
 /* Fills defaults: steps 2000, batch 12, seq 64, accum 1, lr 1e-3, lr_min lr/10, warmup 100,
@@ -142,6 +144,7 @@ typedef struct nl_trainer {
     int64_t n_log;
     nl_train_memory mem;
     double wall_s;          /* of the steps run in this process */
+    struct nl_mup *mup;     /* muP hooks (NULL: standard parametrisation) */
     int64_t tokens_done;
 } nl_trainer;
 

@@ -1,5 +1,6 @@
 /* llama2.c legacy checkpoints: read into named fp32 arrays, write atomically. */
 #include "nanolm/llama2c.h"
+#include "nanolm/resources.h"
 
 #include <errno.h>
 #include <math.h>
@@ -121,6 +122,18 @@ nl_status nl_llama2c_read(nl_llama2c *m, const char *path) {
     nl_arch a;
     nl_status rc = arch_from_header(path, h, &a);
     if (rc) { fclose(f); return rc; }
+    /* Header fields go up to 2^24 each, so products of three overflow int64: bound the total in
+     * floating point first (found by fuzz/fuzz_llama2c.c); the exact checks below then fit. */
+    double D = (double)a.dim, Hd = (double)a.hidden_dim, L = (double)a.n_layers, V = (double)a.vocab_size;
+    double hsd = (double)(a.dim / a.n_heads), qd = (double)a.n_heads * hsd, kvd = (double)a.n_kv_heads * hsd;
+    double approx = V * D * (a.tied_embeddings ? 1 : 2) + L * (2 * D + 2 * qd * D + 2 * kvd * D + 3 * Hd * D) + D +
+                    (double)a.seq_len * hsd;
+    if (4 * approx > 0x1p62) { /* no file is that long; exact sizes below cannot overflow */
+        fclose(f);
+        return nl_fail(NL_ERR_FORMAT, "%s: truncated at byte %llu: the header (dim=%d hidden_dim=%d n_layers=%d n_heads=%d n_kv_heads=%d vocab_size=%d seq_len=%d) implies %.4g bytes",
+                       path, (unsigned long long)size, (int)h[0], (int)h[1], (int)h[2], (int)h[3], (int)h[4], (int)h[5],
+                       (int)h[6], 4 * approx + NL_LLAMA2C_HEADER_BYTES);
+    }
     nl_llama2c_tensor t[NL_LLAMA2C_MAX_TENSORS];
     int n = nl_llama2c_layout(&a, t);
     int64_t hs = a.dim / a.n_heads, rope = a.seq_len * hs; /* two tables of seq_len*hs/2 */
@@ -141,6 +154,10 @@ nl_status nl_llama2c_read(nl_llama2c *m, const char *path) {
         return nl_fail(NL_ERR_FORMAT, "%s: %llu bytes but the header (%s) implies %llu: wrong header or not a llama2.c legacy checkpoint",
                        path, (unsigned long long)size, desc, (unsigned long long)expect);
     }
+    char what[600];
+    snprintf(what, sizeof what, "%s: the weights (%s)", path, desc);
+    nl_status mem = nl_mem_require((uint64_t)n_weights * sizeof(float), what);
+    if (mem) { fclose(f); return mem; }
     float *w = nl_malloc((size_t)n_weights * sizeof(float), path);
     if (!w) { fclose(f); return NL_ERR_NOMEM; }
     /* Everything before the RoPE tables, skip them, then the classifier. */

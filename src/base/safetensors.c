@@ -1,5 +1,6 @@
 /* safetensors reader (validating, mmap) and atomic writer. See include/nanolm/safetensors.h. */
 #include "nanolm/safetensors.h"
+#include "nanolm/resources.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -317,6 +318,8 @@ nl_status nl_st_open(nl_st_file *f, const char *path) {
     void *p = n ? mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
     int mapped = p != MAP_FAILED;
     if (!mapped) { /* empty file or no mmap here: read it */
+        nl_status mem = nl_mem_require((uint64_t)n + 1, path);
+        if (mem) { close(fd); return mem; }
         p = nl_malloc(n, path);
         if (!p) { close(fd); return NL_ERR_NOMEM; }
         size_t got = 0;

@@ -1,5 +1,6 @@
 /* Monotonic time, progress line, atomic file writes, thread count. */
 #include "nanolm/base.h"
+#include "nanolm/resources.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -156,6 +157,8 @@ nl_status nl_read_file(const char *path, char **data, size_t *bytes) {
         return nl_fail(NL_ERR_IO, "%s is not a regular file", path);
     }
     size_t n = (size_t)st.st_size;
+    nl_status mem = nl_mem_require((uint64_t)n + 1, path);
+    if (mem) { fclose(f); return mem; }
     char *buf = nl_malloc(n + 1, path);
     if (!buf) { fclose(f); return NL_ERR_NOMEM; }
     if (n && fread(buf, 1, n, f) != n) {

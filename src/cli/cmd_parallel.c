@@ -278,7 +278,6 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     memset(&t, 0, sizeof t);
     nl_pipe pl;
     memset(&pl, 0, sizeof pl);
-    nl_model *model = mp ? &pl.model : &t.model;
     double *losses = NULL, *norms = NULL, *rows = NULL, *ev = NULL;
     enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 }; /* per rank: sent, recv, per collective, memory x4, pipeline x3 */
     if (nl_layout_init(w, (int)dp, (int)tp, (int)pp, &L)) { rc = nl_cli_fail("parallel train: layout"); goto out; }
@@ -333,11 +332,10 @@ int nl_cmd_parallel_train(int argc, char **argv) {
         }
     }
     double wall = nl_time_s() - t0;
+    size_t n_full = mp ? pl.n_params_full : t.model.n_params; /* parameters of the whole model */
     nl_dist_memory dm;
-    if (mp) { /* every stage allocates the whole model (see nanolm/pipeline.h) */
-        dm.params = dm.grads = model->n_params * sizeof(float);
-        dm.optimizer = 2 * model->n_params * sizeof(float);
-        dm.workspace = 0;
+    if (mp) { /* this rank's part only (see nanolm/pipeline.h) */
+        nl_pipe_memory_report(&pl, &dm);
     } else {
         nl_dist_memory_report(&t, &dm);
     }
@@ -379,7 +377,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             }
             cJSON_AddStringToObject(j, "impl", nl_comm_impl_name(o.impl));
             cJSON_AddNumberToObject(j, "overlap", o.overlap);
-            cJSON_AddNumberToObject(j, "n_params", (double)model->n_params);
+            cJSON_AddNumberToObject(j, "n_params", (double)n_full);
             cJSON_AddNumberToObject(j, "global_batch", (double)(o.batch * dp));
             cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_s);
             cJSON_AddNumberToObject(j, "backward_s", bw_s);
@@ -419,7 +417,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             else if (tp > 1) what = "Tensor parallel";
             printf("%s%s on %d rank%s (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n",
                    what, o.zero ? (o.zero == 1 ? "-1" : o.zero == 2 ? "-2" : "-3") : "", P, P > 1 ? "s" : "", (long long)dp,
-                   model->n_params, (long long)(o.batch * dp), (long long)o.seq, nl_comm_impl_name(o.impl));
+                   n_full, (long long)(o.batch * dp), (long long)o.seq, nl_comm_impl_name(o.impl));
             if (mp)
                 printf("%.0f tokens/s\n", tokens_per_s);
             else
@@ -429,7 +427,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
                                  "workspace B"};
             nl_table tb;
             nl_table_init(&tb, mem ? 8 : 4, hdr);
-            double pbytes = (double)model->n_params * 4;
+            double pbytes = (double)n_full * 4;
             for (int q = 0; q < P; q++) {
                 double *x = rows + (size_t)q * NK;
                 if (mem)
@@ -463,7 +461,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             if (draw_timeline(svg, P, (int)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B", ev, rows, NK,
                               nl_pipe_bubble_formula((int)pp, (int)micro)))
                 rc = nl_cli_fail("parallel train: --svg");
-        } else if (svg && draw_layout(svg, o.zero, P, model->n_params, rows, NK)) {
+        } else if (svg && draw_layout(svg, o.zero, P, n_full, rows, NK)) {
             rc = nl_cli_fail("parallel train: --svg");
         }
     }

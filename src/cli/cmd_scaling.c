@@ -7,13 +7,17 @@
 #include "nanolm/plan.h"
 #include "nanolm/scaling.h"
 #include "plan_opts.h"
+#include "scaling_lab.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: nanolm scaling optimal (--flops C | --params N) [--gpu G] [--mfu 0.4] [--price $/h]\n"
             "                              [--hw FILE.json] [--svg FILE] [--json]\n"
             "       nanolm scaling overtrain --params N --tokens D [--ratio 20] [--json]\n"
-            "       nanolm scaling fit FILE.csv [--bootstrap 100] [--seed S] [--delta 1e-3] [--json]\n\n"
+            "       nanolm scaling fit FILE.csv [--bootstrap 100] [--seed S] [--delta 1e-3] [--json]\n"
+            "       nanolm scaling sweep --data FILE [--grid default|small|tiny] [--out DIR] (see --help)\n"
+            "       nanolm scaling lr-transfer --data FILE [--widths 16,32,64] (muP; see --help)\n"
+            "       nanolm scaling emergence --data FILE (--ckpt F ... | --sweep DIR) (see --help)\n\n"
             "optimal:   N and D for a budget C = 6*N*D (or the budget that makes N optimal) by the\n"
             "           20 tokens/parameter rule, Chinchilla approaches 1 and 3, and Kaplan et al.\n"
             "overtrain: a model trained past the optimum against the compute-optimal model of the\n"
@@ -254,5 +258,8 @@ int nl_cmd_scaling(int argc, char **argv) {
     if (!strcmp(sub, "optimal")) return cmd_optimal(argc - 1, argv + 1);
     if (!strcmp(sub, "overtrain")) return cmd_overtrain(argc - 1, argv + 1);
     if (!strcmp(sub, "fit")) return cmd_fit(argc - 1, argv + 1);
-    return nl_cli_usage_error("scaling: unknown subcommand '%s' (optimal, overtrain, fit)", sub);
+    if (!strcmp(sub, "sweep")) return nl_cmd_scaling_sweep(argc - 1, argv + 1);
+    if (!strcmp(sub, "lr-transfer")) return nl_cmd_scaling_lr_transfer(argc - 1, argv + 1);
+    if (!strcmp(sub, "emergence")) return nl_cmd_scaling_emergence(argc - 1, argv + 1);
+    return nl_cli_usage_error("scaling: unknown subcommand '%s' (optimal, overtrain, fit, sweep, lr-transfer, emergence)", sub);
 }

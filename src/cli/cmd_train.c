@@ -17,7 +17,7 @@ enum {
     OPT_DATA = 1000, OPT_PRESET, OPT_STEPS, OPT_BATCH, OPT_SEQ, OPT_LR, OPT_LR_MIN, OPT_WARMUP, OPT_ACCUM,
     OPT_WD, OPT_CLIP, OPT_PRECISION, OPT_LOSS_SCALE, OPT_SEED, OPT_OUT, OPT_RESUME, OPT_LOG, OPT_SVG, OPT_EVAL_EVERY,
     OPT_EVAL_WINDOWS, OPT_STOP_AFTER, OPT_REPORT_MEMORY, OPT_JSON, OPT_HELP,
-    OPT_FP8_RECIPE, OPT_FP8_SCALING, OPT_FP8_ACC_BITS, OPT_FP8_PROMOTE, OPT_NO_LOSS_SCALING,
+    OPT_FP8_RECIPE, OPT_FP8_SCALING, OPT_FP8_ACC_BITS, OPT_FP8_PROMOTE, OPT_NO_LOSS_SCALING, OPT_MUP,
     OPT_QAT, OPT_RESUME_WEIGHTS
 };
 
@@ -56,6 +56,7 @@ static const train_option train_options[] = {
     {{"eval-windows", required_argument, 0, OPT_EVAL_WINDOWS}, "N", "validation windows (default 200)"},
     {{"stop-after", required_argument, 0, OPT_STOP_AFTER}, "K", "stop (and save) after step K of the --steps schedule"},
     {{"report-memory", no_argument, 0, OPT_REPORT_MEMORY}, NULL, "print the bytes allocated, exactly"},
+    {{"mup", required_argument, 0, OPT_MUP}, "BASE", "muP with base width BASE (fp32; give it again with --resume)"},
     {{"json", no_argument, 0, OPT_JSON}, NULL, "print the summary as JSON"},
     {{"help", no_argument, 0, OPT_HELP}, NULL, "this help"},
 };
@@ -94,6 +95,7 @@ static int parse_option(train_cli *c, int id, const char *arg) {
     case OPT_ACCUM: if (nl_cli_int("--grad-accum", arg, 1, 65536, &v)) return NL_EXIT_USAGE; c->o.grad_accum = v; return 0;
     case OPT_SEED: if (nl_cli_int("--seed", arg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE; c->o.seed = (uint64_t)v; return 0;
     case OPT_EVAL_EVERY: if (nl_cli_int("--eval-every", arg, 0, 100000000, &v)) return NL_EXIT_USAGE; c->o.eval_every = v; return 0;
+    case OPT_MUP: if (nl_cli_int("--mup", arg, 1, 1 << 20, &v)) return NL_EXIT_USAGE; c->o.mup_base_dim = v; return 0;
     case OPT_STOP_AFTER: if (nl_cli_int("--stop-after", arg, 1, 100000000, &v)) return NL_EXIT_USAGE; c->o.stop_after = v; return 0;
     case OPT_EVAL_WINDOWS: if (nl_cli_int("--eval-windows", arg, 1, 1000000, &v)) return NL_EXIT_USAGE; c->o.eval_windows = v; return 0;
     case OPT_LR:

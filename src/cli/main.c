@@ -11,12 +11,14 @@ typedef struct nl_command {
 } nl_command;
 
 int nl_cmd_version(int argc, char **argv);
+int nl_cmd_formats(int argc, char **argv);
 int nl_cmd_quant(int argc, char **argv);
 int nl_cmd_train(int argc, char **argv);
 int nl_cmd_eval(int argc, char **argv);
 int nl_cmd_generate(int argc, char **argv);
 int nl_cmd_quant_compare(int argc, char **argv);
 int nl_cmd_formats(int argc, char **argv);
+int nl_cmd_fp8(int argc, char **argv);
 int nl_cmd_collectives(int argc, char **argv);
 int nl_cmd_parallel(int argc, char **argv);
 int nl_cmd_moe(int argc, char **argv);
@@ -29,12 +31,14 @@ int nl_cmd_precision(int argc, char **argv);
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
     {"version", "print the version and build configuration", nl_cmd_version},
+    {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
     {"quant", "quantization: course demo, outliers, quantize a model", nl_cmd_quant},
     {"train", "train NanoLM on a text file (AdamW, cosine, fp32/bf16/fp16)", nl_cmd_train},
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"quant-compare", "RTN vs GPTQ, AWQ, SmoothQuant, LLM.int8() on a checkpoint (= quant compare)", nl_cmd_quant_compare},
     {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
+    {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
     {"collectives", "MPI collectives: the course demo and a benchmark (ours vs native)", nl_cmd_collectives},
     {"parallel", "data-parallel training over MPI: DDP, ZeRO-1/2/3 (mpirun -np N nanolm parallel train)", nl_cmd_parallel},
     {"moe", "mixture-of-experts NanoLM with expert parallelism (mpirun -np N nanolm moe train --ep E)", nl_cmd_moe},

@@ -18,13 +18,54 @@ struct nl_pipe_mb {
     float *lnf, *lnf_rstd, *logits; /* last stage */
     float *dsend;    /* (b, T, C) gradient sent to the previous stage */
     nl_comm_request *fwd_req, *bwd_req;
-    float loss;
 };
+
+void nl_pipe_memory_report(const nl_pipe *p, nl_dist_memory *out) {
+    size_t n = p->model.n_params, f = sizeof(float);
+    out->params = n * f;
+    out->grads = n * f;
+    out->optimizer = 2 * n * f;
+    out->workspace = p->act_floats * f;
+}
 
 double nl_pipe_bubble_formula(int P, int M) { return (double)(P - 1) / (double)(M + P - 1); }
 
 static int first_stage(const nl_pipe *p) { return p->s == 0; }
 static int last_stage(const nl_pipe *p) { return p->s == p->P - 1; }
+
+/* Copies this rank's part of the whole model `full` into p->model (same tensor order): layer j is
+ * the whole model's layer l0 + j; q/k/v/gate/up (column-parallel) are rows [tr*n, (tr+1)*n) of
+ * the (out, in) weight, o/down (row-parallel) its columns [tr*n, (tr+1)*n); the rest is copied. */
+static nl_status cut_part(nl_pipe *p, const nl_model *full) {
+    nl_model *m = &p->model;
+    const nl_param_info *lt, *ft;
+    int nl_ = nl_model_params_table(m, &lt), nf = nl_model_params_table(full, &ft);
+    for (int k = 0; k < nl_; k++) {
+        const nl_param_info *t = &lt[k], *g = NULL;
+        int gl = t->layer >= 0 ? t->layer + p->l0 : -1;
+        for (int i = 0; i < nf && !g; i++)
+            if (ft[i].kind == t->kind && ft[i].layer == gl) g = &ft[i];
+        if (!g) return nl_fail(NL_ERR_INVALID, "pipeline: tensor %s has no counterpart in the whole model", t->name);
+        float *dst = m->params + t->offset;
+        const float *src = full->params + g->offset;
+        switch (t->kind) {
+        case NL_PARAM_WQ: case NL_PARAM_WK: case NL_PARAM_WV: case NL_PARAM_W1: case NL_PARAM_W3:
+            memcpy(dst, src + (size_t)p->tr * t->numel, t->numel * sizeof(float));
+            break;
+        case NL_PARAM_WO: case NL_PARAM_W2: {
+            int64_t rows = t->shape[0], cn = t->shape[1], cols = g->shape[1];
+            for (int64_t r = 0; r < rows; r++)
+                memcpy(dst + r * cn, src + r * cols + p->tr * cn, (size_t)cn * sizeof(float));
+            break;
+        }
+        default:
+            if (t->numel != g->numel) return nl_fail(NL_ERR_INVALID, "pipeline: tensor %s size mismatch", t->name);
+            memcpy(dst, src, t->numel * sizeof(float));
+            break;
+        }
+    }
+    return NL_OK;
+}
 
 nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
                        nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *tp_comm) {
@@ -55,29 +96,53 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     if (p->P > arch->n_layers)
         return nl_fail(NL_ERR_INVALID, "%d pipeline stages for %lld layers: at most one stage per layer", p->P,
                        (long long)arch->n_layers);
+    if (arch->n_experts > 0)
+        return nl_fail(NL_ERR_UNSUPPORTED, "tensor/pipeline parallelism of a mixture-of-experts model (%s) is not implemented",
+                       arch->name);
+    p->l0 = (int)(p->s * arch->n_layers / p->P);
+    p->l1 = (int)((p->s + 1) * arch->n_layers / p->P);
+    /* This rank's part as a model of its own: the stage's layers, T-th of the heads, KV heads and
+     * SwiGLU width, the embedding on the first stage, final norm and classifier on the last. The
+     * values are the one-process initialisation's (a whole model is built, cut and freed). */
+    nl_arch la = *arch;
+    la.n_layers = p->l1 - p->l0;
+    la.n_heads = arch->n_heads / p->TP;
+    la.n_kv_heads = arch->n_kv_heads / p->TP;
+    la.hidden_dim = arch->hidden_dim / p->TP;
+    la.head_dim = nl_arch_head_dim(arch);
     nl_model *m = &p->model;
-    NL_TRY(nl_model_init(m, arch));
+    NL_TRY(nl_model_init_part(m, &la, first_stage(p), last_stage(p)));
     nl_status st;
-    nl_model_init_random(m, o->seed);
+    {
+        nl_model full;
+        if ((st = nl_model_init(&full, arch))) goto fail;
+        nl_model_init_random(&full, o->seed);
+        p->n_params_full = full.n_params;
+        st = cut_part(p, &full);
+        nl_model_free(&full);
+        if (st) goto fail;
+    }
     if ((st = nl_comm_broadcast(dp_comm, m->params, m->n_params, NL_COMM_F32, 0, o->impl))) goto fail;
     if ((st = nl_model_alloc_grads(m))) goto fail;
-    p->l0 = (int)(p->s * m->L / p->P);
-    p->l1 = (int)((p->s + 1) * m->L / p->P);
     p->b = o->batch / M;
     p->sp_n = o->sp && p->TP > 1 ? p->b * o->seq / p->TP : 0;
     p->sp_r0 = p->sp_n * p->tr;
-    p->nh = (int)(m->NH / p->TP);
-    p->kvh = (int)(m->KVH / p->TP);
-    p->h = (int)(m->H / p->TP);
+    p->nh = (int)m->NH;
+    p->kvh = (int)m->KVH;
+    p->h = (int)m->H;
     int64_t nl = p->l1 - p->l0, bT = p->b * o->seq, T = o->seq, C = m->C, QKV = (p->nh + 2 * p->kvh) * m->hd,
             H = p->h, V = m->V, NH = p->nh, hd = m->hd;
-    p->mbs = nl_calloc((size_t)M, sizeof *p->mbs, "micro-batches");
+    /* activation slots: GPipe keeps all M micro-batches alive; 1F1B at most P - s on stage s
+     * (micro-batch k lives in slot k mod n_slots) */
+    p->n_slots = sched == NL_PIPE_1F1B && p->P - p->s < M ? p->P - p->s : M;
+    p->mbs = nl_calloc((size_t)p->n_slots, sizeof *p->mbs, "micro-batches");
     if (!p->mbs) { st = NL_ERR_NOMEM; goto fail; }
-    for (int k = 0; k < M; k++) {
+    for (int k = 0; k < p->n_slots; k++) {
         nl_pipe_mb *mb = &p->mbs[k];
-        size_t f = (size_t)((nl + 1) * bT * C + nl * (bT * C * 4 + bT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd +
+        size_t f = (size_t)((nl + 1) * bT * C + nl * (bT * C * 3 + bT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd +
                                                       bT * 3 * H) + bT * C);
         if (last_stage(p)) f += (size_t)(bT * C + bT + bT * V);
+        p->act_floats += f;
         mb->mem = nl_calloc(f, sizeof(float), "micro-batch activations");
         if (!mb->mem) { st = NL_ERR_NOMEM; goto fail; }
         float *q = mb->mem;
@@ -101,43 +166,29 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
         }
     }
     size_t sf = (size_t)(bT * C * 2 + bT * QKV + bT * NH * hd + p->b * NH * T + bT * 2 * H + bT * H);
+    p->act_floats += sf;
     p->scratch = nl_calloc(sf, sizeof(float), "pipeline backward scratch");
     p->adam_m = nl_calloc(m->n_params, sizeof(float), "AdamW first moment");
     p->adam_v = nl_calloc(m->n_params, sizeof(float), "AdamW second moment");
     p->x = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch inputs");
     p->y = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch targets");
-    p->own = nl_calloc(m->n_params, 1, "ownership mask");
+    p->own = nl_calloc(m->n_params, 1, "replicated/split mask");
     p->ev_kind = nl_calloc((size_t)(4 * M), sizeof(int), "timeline");
     p->ev_t0 = nl_calloc((size_t)(4 * M), sizeof(double), "timeline");
     if (!p->ev_kind || !p->ev_t0) { st = NL_ERR_NOMEM; goto fail; }
     p->ev_mb = p->ev_kind + 2 * M;
     p->ev_t1 = p->ev_t0 + 2 * M;
     if (!p->scratch || !p->adam_m || !p->adam_v || !p->x || !p->y || !p->own) { st = NL_ERR_NOMEM; goto fail; }
-    /* what this rank updates: 1 = replicated over the tensor-parallel group (norms, embedding,
-     * classifier), 2 = its slice of a split weight */
+    /* 1 = replicated over the tensor-parallel group (norms, embedding, classifier), 2 = this
+     * rank's slice of a split weight (counted once in the global gradient norm) */
     {
         const nl_param_info *tab;
         int nt = nl_model_params_table(m, &tab);
         for (int k = 0; k < nt; k++) {
-            const nl_param_info *t = &tab[k];
-            int stage_has = t->layer >= 0 ? (t->layer >= p->l0 && t->layer < p->l1)
-                                          : (t->kind == NL_PARAM_EMBED ? first_stage(p) : last_stage(p));
-            if (!stage_has) continue;
-            uint8_t *o8 = p->own + t->offset;
-            int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
-            switch (t->kind) {
-            case NL_PARAM_WQ: case NL_PARAM_WK: case NL_PARAM_WV: case NL_PARAM_W1: case NL_PARAM_W3: {
-                int64_t r0 = rows / p->TP * p->tr, rn = rows / p->TP; /* column-parallel: rows of (out, in) */
-                memset(o8 + r0 * cols, 2, (size_t)(rn * cols));
-                break;
-            }
-            case NL_PARAM_WO: case NL_PARAM_W2: { /* row-parallel: columns of (out, in) */
-                int64_t c0 = cols / p->TP * p->tr, cn = cols / p->TP;
-                for (int64_t r = 0; r < rows; r++) memset(o8 + r * cols + c0, 2, (size_t)cn);
-                break;
-            }
-            default: memset(o8, 1, t->numel); break;
-            }
+            nl_param_kind kd = tab[k].kind;
+            int split = kd == NL_PARAM_WQ || kd == NL_PARAM_WK || kd == NL_PARAM_WV || kd == NL_PARAM_WO ||
+                        kd == NL_PARAM_W1 || kd == NL_PARAM_W2 || kd == NL_PARAM_W3;
+            memset(p->own + tab[k].offset, split && p->TP > 1 ? 2 : 1, tab[k].numel);
         }
     }
     float *q = p->scratch;
@@ -156,7 +207,7 @@ fail:
 }
 
 void nl_pipe_free(nl_pipe *p) {
-    for (int k = 0; p->mbs && k < p->M; k++) {
+    for (int k = 0; p->mbs && k < p->n_slots; k++) {
         if (p->mbs[k].fwd_req) nl_comm_wait(p->mbs[k].fwd_req);
         if (p->mbs[k].bwd_req) nl_comm_wait(p->mbs[k].bwd_req);
         nl_free(p->mbs[k].mem);
@@ -242,12 +293,21 @@ static void record(nl_pipe *p, int kind, int k, double t0, double t1) {
 /* Forward of micro-batch k on this stage. */
 static nl_status stage_forward(nl_pipe *p, int k) {
     nl_model *m = &p->model;
-    nl_pipe_mb *mb = &p->mbs[k];
+    nl_pipe_mb *mb = &p->mbs[k % p->n_slots];
     int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
             hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
     float eps = (float)m->arch.norm_eps;
     double t0 = nl_time_s();
+    /* a reused slot (1F1B): the sends of its previous micro-batch must be done */
+    if (mb->fwd_req || mb->bwd_req) {
+        nl_status st = nl_comm_wait(mb->fwd_req);
+        mb->fwd_req = NULL;
+        NL_TRY(st);
+        st = nl_comm_wait(mb->bwd_req);
+        mb->bwd_req = NULL;
+        NL_TRY(st);
+    }
     if (first_stage(p)) {
         for (int64_t i = 0; i < BT; i++)
             memcpy(mb->R + i * C, m->w.embed + (int64_t)tok[i] * C, (size_t)C * sizeof(float));
@@ -257,8 +317,7 @@ static nl_status stage_forward(nl_pipe *p, int k) {
     double t1 = nl_time_s(), t_busy0 = t1;
     p->idle_s += t1 - t0;
     for (int64_t j = 0; j < p->l1 - p->l0; j++) {
-        int l = p->l0 + (int)j;
-        nl_layer_weights *lw = &m->w.layers[l];
+        nl_layer_weights *lw = &m->w.layers[j]; /* the whole model's layer l0 + j */
         float *x = mb->R + j * BT * C, *ln1 = mb->ln1 + j * BT * C, *qkv = mb->qkv + j * BT * QKV;
         float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
         float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
@@ -269,23 +328,23 @@ static nl_status stage_forward(nl_pipe *p, int k) {
         nl_rmsnorm_forward(ln1 + r0 * C, mb->ln1_rstd + j * BT + r0, x + r0 * C, lw->rms_att, rn, C, eps);
         if (p->sp_n) NL_TRY(sp_gather(p, ln1, (size_t)(BT * C), &t1));
         /* column-parallel q, k, v: this rank's heads are rows [tr*qd, (tr+1)*qd) of wq, ... */
-        gemm_nt(BT, qd, C, ln1, C, lw->wq + p->tr * qd * C, C, qkv, QKV);
-        gemm_nt(BT, kd, C, ln1, C, lw->wk + p->tr * kd * C, C, qkv + qd, QKV);
-        gemm_nt(BT, kd, C, ln1, C, lw->wv + p->tr * kd * C, C, qkv + qd + kd, QKV);
+        gemm_nt(BT, qd, C, ln1, C, lw->wq, C, qkv, QKV);
+        gemm_nt(BT, kd, C, ln1, C, lw->wk, C, qkv + qd, QKV);
+        gemm_nt(BT, kd, C, ln1, C, lw->wv, C, qkv + qd + kd, QKV);
         nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 0);
         nl_rope_apply(qkv + qd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 0);
         nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
         /* row-parallel o: this rank's columns of wo, then the sum over the group */
-        gemm_nt(BT, C, qd, atty, qd, lw->wo + p->tr * qd, m->NH * hd, x2, C);
+        gemm_nt(BT, C, qd, atty, qd, lw->wo, qd, x2, C);
         if (p->sp_n) NL_TRY(sp_scatter(p, x2, (size_t)(BT * C), &t1));
         else NL_TRY(tp_sum(p, x2, (size_t)(BT * C), &t1));
         for (int64_t i = r0 * C; i < (r0 + rn) * C; i++) x2[i] += x[i];
         nl_rmsnorm_forward(ln2 + r0 * C, mb->ln2_rstd + j * BT + r0, x2 + r0 * C, lw->rms_ffn, rn, C, eps);
         if (p->sp_n) NL_TRY(sp_gather(p, ln2, (size_t)(BT * C), &t1));
-        gemm_nt(BT, H, C, ln2, C, lw->w1 + p->tr * H * C, C, h13, 2 * H);
-        gemm_nt(BT, H, C, ln2, C, lw->w3 + p->tr * H * C, C, h13 + H, 2 * H);
+        gemm_nt(BT, H, C, ln2, C, lw->w1, C, h13, 2 * H);
+        gemm_nt(BT, H, C, ln2, C, lw->w3, C, h13 + H, 2 * H);
         nl_swiglu_forward(hact, h13, BT, H);
-        gemm_nt(BT, C, H, hact, H, lw->w2 + p->tr * H, m->H, xo, C);
+        gemm_nt(BT, C, H, hact, H, lw->w2, H, xo, C);
         if (p->sp_n) NL_TRY(sp_scatter(p, xo, (size_t)(BT * C), &t1));
         else NL_TRY(tp_sum(p, xo, (size_t)(BT * C), &t1));
         for (int64_t i = r0 * C; i < (r0 + rn) * C; i++) xo[i] += x2[i];
@@ -310,7 +369,7 @@ static nl_status stage_forward(nl_pipe *p, int k) {
             for (int64_t v = 0; v < V; v++) sum += expf(z[v] - mx);
             total += logf(sum) + mx - z[tgt[i]];
         }
-        mb->loss = (float)(total / (double)BT);
+        p->loss_sum += (float)(total / (double)BT);
         p->busy_s += nl_time_s() - t1;
         record(p, 0, k, t_busy0, nl_time_s());
     } else {
@@ -324,7 +383,7 @@ static nl_status stage_forward(nl_pipe *p, int k) {
 /* Backward of micro-batch k on this stage: gradients accumulate (+=) into model.grads. */
 static nl_status stage_backward(nl_pipe *p, int k) {
     nl_model *m = &p->model;
-    nl_pipe_mb *mb = &p->mbs[k];
+    nl_pipe_mb *mb = &p->mbs[k % p->n_slots];
     int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
             hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
@@ -361,43 +420,42 @@ static nl_status stage_backward(nl_pipe *p, int k) {
     }
     double t_busy0 = t0;
     for (int64_t j = nl - 1; j >= 0; j--) {
-        int l = p->l0 + (int)j;
-        nl_layer_weights *lw = &m->w.layers[l];
+        nl_layer_weights *lw = &m->w.layers[j]; /* the whole model's layer l0 + j */
         float *x = mb->R + j * BT * C, *ln1 = mb->ln1 + j * BT * C, *qkv = mb->qkv + j * BT * QKV;
         float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
         float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
         float *hact = mb->hact + j * BT * H;
-        int64_t qd = NH * hd, kd = KVH * hd, ldo = m->NH * hd, ldw2 = m->H;
+        int64_t qd = NH * hd, kd = KVH * hd, ldo = qd, ldw2 = H;
         int64_t r0 = p->sp_n ? p->sp_r0 : 0, rn = p->sp_n ? p->sp_n : BT;
         /* sequence parallel: this rank's rows of dresid -> all rows (grad of the reduce-scatter) */
         if (p->sp_n) NL_TRY(sp_gather(p, p->dresid, (size_t)(BT * C), &t0));
         /* down (row-parallel): dhact = dresid . w2[:, slice]; dw2[:, slice] += dresid^T . hact */
-        gemm_nn(BT, H, C, p->dresid, C, lw->w2 + p->tr * H, ldw2, p->dhact, H, 0.0f);
-        gemm_tn(C, H, BT, p->dresid, C, hact, H, GRAD(lw->w2) + p->tr * H, ldw2);
+        gemm_nn(BT, H, C, p->dresid, C, lw->w2, ldw2, p->dhact, H, 0.0f);
+        gemm_tn(C, H, BT, p->dresid, C, hact, H, GRAD(lw->w2), ldw2);
         nl_swiglu_backward(p->dh13, p->dhact, h13, BT, H);
         /* gate/up (column-parallel): dln = dgate . w1s + dup . w3s, summed over the group */
-        gemm_nn(BT, C, H, p->dh13, 2 * H, lw->w1 + p->tr * H * C, C, p->dln, C, 0.0f);
-        gemm_nn(BT, C, H, p->dh13 + H, 2 * H, lw->w3 + p->tr * H * C, C, p->dln, C, 1.0f);
-        gemm_tn(H, C, BT, p->dh13, 2 * H, ln2, C, GRAD(lw->w1) + p->tr * H * C, C);
-        gemm_tn(H, C, BT, p->dh13 + H, 2 * H, ln2, C, GRAD(lw->w3) + p->tr * H * C, C);
+        gemm_nn(BT, C, H, p->dh13, 2 * H, lw->w1, C, p->dln, C, 0.0f);
+        gemm_nn(BT, C, H, p->dh13 + H, 2 * H, lw->w3, C, p->dln, C, 1.0f);
+        gemm_tn(H, C, BT, p->dh13, 2 * H, ln2, C, GRAD(lw->w1), C);
+        gemm_tn(H, C, BT, p->dh13 + H, 2 * H, ln2, C, GRAD(lw->w3), C);
         if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, (size_t)(BT * C), &t0));
         else NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
         nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_ffn), p->dln + r0 * C, x2 + r0 * C, lw->rms_ffn,
                             mb->ln2_rstd + j * BT + r0, rn, C);
         if (p->sp_n) NL_TRY(sp_gather(p, p->dresid, (size_t)(BT * C), &t0));
         /* o (row-parallel) */
-        gemm_nn(BT, qd, C, p->dresid, C, lw->wo + p->tr * qd, ldo, p->datty, qd, 0.0f);
-        gemm_tn(C, qd, BT, p->dresid, C, atty, qd, GRAD(lw->wo) + p->tr * qd, ldo);
+        gemm_nn(BT, qd, C, p->dresid, C, lw->wo, ldo, p->datty, qd, 0.0f);
+        gemm_tn(C, qd, BT, p->dresid, C, atty, qd, GRAD(lw->wo), ldo);
         nl_attention_backward(p->dqkv, p->datt, p->datty, att, qkv, B, T, NH, KVH, hd);
         nl_rope_apply(p->dqkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 1);
         nl_rope_apply(p->dqkv + qd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 1);
         /* q, k, v (column-parallel) */
-        gemm_nn(BT, C, qd, p->dqkv, QKV, lw->wq + p->tr * qd * C, C, p->dln, C, 0.0f);
-        gemm_nn(BT, C, kd, p->dqkv + qd, QKV, lw->wk + p->tr * kd * C, C, p->dln, C, 1.0f);
-        gemm_nn(BT, C, kd, p->dqkv + qd + kd, QKV, lw->wv + p->tr * kd * C, C, p->dln, C, 1.0f);
-        gemm_tn(qd, C, BT, p->dqkv, QKV, ln1, C, GRAD(lw->wq) + p->tr * qd * C, C);
-        gemm_tn(kd, C, BT, p->dqkv + qd, QKV, ln1, C, GRAD(lw->wk) + p->tr * kd * C, C);
-        gemm_tn(kd, C, BT, p->dqkv + qd + kd, QKV, ln1, C, GRAD(lw->wv) + p->tr * kd * C, C);
+        gemm_nn(BT, C, qd, p->dqkv, QKV, lw->wq, C, p->dln, C, 0.0f);
+        gemm_nn(BT, C, kd, p->dqkv + qd, QKV, lw->wk, C, p->dln, C, 1.0f);
+        gemm_nn(BT, C, kd, p->dqkv + qd + kd, QKV, lw->wv, C, p->dln, C, 1.0f);
+        gemm_tn(qd, C, BT, p->dqkv, QKV, ln1, C, GRAD(lw->wq), C);
+        gemm_tn(kd, C, BT, p->dqkv + qd, QKV, ln1, C, GRAD(lw->wk), C);
+        gemm_tn(kd, C, BT, p->dqkv + qd + kd, QKV, ln1, C, GRAD(lw->wv), C);
         if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, (size_t)(BT * C), &t0));
         else NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
         nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_att), p->dln + r0 * C, x + r0 * C, lw->rms_att,
@@ -423,18 +481,6 @@ static nl_status stage_backward(nl_pipe *p, int k) {
     return NL_OK;
 }
 
-/* Offset ranges of the parameters this stage owns: its layers, plus the embedding (first) and the
- * final norm and classifier (last). Returns the number of ranges. */
-static int owned_ranges(const nl_pipe *p, size_t lo[3], size_t hi[3]) {
-    const nl_model *m = &p->model;
-    int n = 0;
-    lo[n] = m->layer_offsets[p->l0];
-    hi[n++] = m->layer_offsets[p->l1];
-    if (first_stage(p)) lo[n] = 0, hi[n++] = m->layer_offsets[0];
-    if (last_stage(p)) lo[n] = m->layer_offsets[m->L], hi[n++] = m->n_params;
-    return n;
-}
-
 nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, float *loss_out, double *norm_out) {
     nl_model *m = &p->model;
     NL_TRY(nl_comm_barrier(p->pp)); /* a common origin for the timeline */
@@ -442,6 +488,7 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
     p->t_step0 = ts;
     p->n_ev = 0;
     p->busy_s = p->idle_s = p->tp_s = 0;
+    p->loss_sum = 0;
     NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.seed, step, p->d, p->D, (int)p->o.batch, (int)p->o.seq, p->x, p->y));
     nl_model_zero_grad(m);
     int M = p->M;
@@ -458,7 +505,7 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
         while (b < M) NL_TRY(stage_backward(p, b++));
     }
     double tw = nl_time_s();
-    for (int k = 0; k < M; k++) {
+    for (int k = 0; k < p->n_slots; k++) {
         nl_status st = nl_comm_wait(p->mbs[k].fwd_req);
         p->mbs[k].fwd_req = NULL;
         NL_TRY(st);
@@ -479,8 +526,9 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
                 NL_TRY(nl_comm_all_reduce(p->tp, m->grads + tb[k].offset, tb[k].numel, NL_COMM_F32, p->o.impl));
     }
     /* mean over micro-batches and data-parallel ranks */
-    size_t lo[3], hi[3];
-    int nr = owned_ranges(p, lo, hi);
+    /* this rank holds only what it owns: one range, its whole parameter buffer */
+    size_t lo[1] = {0}, hi[1] = {m->n_params};
+    int nr = 1;
     float scale = 1.0f / (float)M;
     for (int i = 0; i < nr; i++) {
         for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= scale;
@@ -500,7 +548,7 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
     double norm = sqrt(ss);
     double lsum = 0;
     if (last_stage(p))
-        for (int k = 0; k < M; k++) lsum += p->mbs[k].loss;
+        lsum = p->loss_sum;
     NL_TRY(nl_comm_sum_double(p->pp, &lsum));
     lsum /= M;
     NL_TRY(nl_comm_sum_double(p->dp, &lsum));

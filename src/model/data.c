@@ -1,6 +1,8 @@
 /* Data loader: tokenize a file once, 90/10 split, stateless random windows, eval windows. */
 #include "nanolm/data.h"
+#include "nanolm/resources.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +33,14 @@ nl_status nl_data_open(nl_data *d, const char *path, const nl_tokenizer *tok) {
     }
     int *tokens;
     int64_t m;
-    nl_status rc = nl_tokenizer_encode(tok, text, n, 1, 0, &tokens, &m);
+    char what[600];
+    snprintf(what, sizeof what, "%s: the tokens of its %zu bytes", path, n);
+    nl_status rc = nl_mem_require(((uint64_t)n + 2) * sizeof(int), what); /* at most one token per byte + BOS */
+    if (rc) {
+        nl_free(text);
+        return rc;
+    }
+    rc = nl_tokenizer_encode(tok, text, n, 1, 0, &tokens, &m);
     nl_free(text);
     if (rc) return rc;
     if (!(d->path = dupstr(path))) {

@@ -35,7 +35,7 @@ static void build_table(nl_model *m) {
     size_t off = 0;
     char nm[80];
     m->n_tensors = 0;
-    add_tensor(m, &off, NL_PARAM_EMBED, -1, "model.embed_tokens.weight", m->V, m->C);
+    if (!m->no_embed) add_tensor(m, &off, NL_PARAM_EMBED, -1, "model.embed_tokens.weight", m->V, m->C);
     for (int l = 0; l < m->L; l++) {
         m->layer_offsets[l] = off;
 #define T(kind, suffix, d0, d1)                                         \
@@ -73,6 +73,10 @@ static void build_table(nl_model *m) {
 #undef T
     }
     m->layer_offsets[m->L] = off;
+    if (m->no_tail) {
+        m->n_params = off;
+        return;
+    }
     add_tensor(m, &off, NL_PARAM_RMS_FINAL, -1, "model.norm.weight", m->C, 0);
     if (!m->arch.tied_embeddings) add_tensor(m, &off, NL_PARAM_CLS, -1, "lm_head.weight", m->V, m->C);
     m->n_params = off;
@@ -81,7 +85,7 @@ static void build_table(nl_model *m) {
 static void point_weights(nl_model *m) {
     float *P = m->params;
     int i = 0;
-    m->w.embed = P + m->table[i++].offset;
+    m->w.embed = m->no_embed ? NULL : P + m->table[i++].offset;
     for (int l = 0; l < m->L; l++) {
         nl_layer_weights *lw = &m->w.layers[l];
         lw->rms_att = P + m->table[i++].offset;
@@ -105,14 +109,27 @@ static void point_weights(nl_model *m) {
         lw->w3 = P + m->table[i++].offset;
         lw->w2 = P + m->table[i++].offset;
     }
+    if (m->no_tail) return;
     m->w.rms_final = P + m->table[i++].offset;
     m->w.cls = m->arch.tied_embeddings ? m->w.embed : P + m->table[i++].offset;
 }
 
-nl_status nl_model_init(nl_model *m, const nl_arch *arch) { return nl_model_init_ep(m, arch, 1, 0); }
+static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_rank, int with_embed, int with_tail);
+
+nl_status nl_model_init(nl_model *m, const nl_arch *arch) { return model_init(m, arch, 1, 0, 1, 1); }
 
 nl_status nl_model_init_ep(nl_model *m, const nl_arch *arch, int ep, int ep_rank) {
+    return model_init(m, arch, ep, ep_rank, 1, 1);
+}
+
+nl_status nl_model_init_part(nl_model *m, const nl_arch *arch, int with_embed, int with_tail) {
+    return model_init(m, arch, 1, 0, with_embed, with_tail);
+}
+
+static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_rank, int with_embed, int with_tail) {
     memset(m, 0, sizeof *m);
+    m->no_embed = !with_embed;
+    m->no_tail = !with_tail;
     NL_TRY(nl_arch_validate(arch));
     if (ep < 1 || ep_rank < 0 || ep_rank >= ep)
         return nl_fail(NL_ERR_INVALID, "expert parallelism: rank %d of %d is not valid", ep_rank, ep);

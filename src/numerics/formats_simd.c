@@ -11,6 +11,7 @@
  *    the canonical sign | quiet NaN code.
  * Tails shorter than a vector go through the portable kernels.
  */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -18,8 +19,14 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 
+/* F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" in __builtin_cpu_supports. */
+static int cpu_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
+}
+
 int nl_fmt_cpu_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && cpu_f16c();
 }
 
 int nl_fmt_cpu_avx512(void) {

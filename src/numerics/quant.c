@@ -21,6 +21,9 @@ static inline float qmax_f(float a, float b) { return a > b ? a : b; }
 static float absmax_scale(float amax, int qmax) {
     if (amax == 0.0f) return 1.0f;
     float s = amax / (float)qmax;
+    /* amax near FLT_MAX: amax/qmax may round up so that qmax * s, the dequantized extreme,
+     * overflows to inf; one ulp smaller keeps it finite (found by tests/test_edge_cases.c). */
+    if (isinf(s * (float)qmax)) s = nextafterf(s, 0.0f);
     return s > 0.0f ? s : FLT_TRUE_MIN; /* amax below 127 * 2^-149 underflows */
 }
 
@@ -150,8 +153,13 @@ nl_status nl_quant_affine_params(float min, float max, int qmin, int qmax, float
     if (qmin >= qmax) return nl_fail(NL_ERR_INVALID, "affine code range [%d, %d] is empty", qmin, qmax);
     /* MinMaxObserver._calculate_qparams (affine): widen to include 0, fp32 arithmetic. */
     float lo = qmin_f(min, 0.0f), hi = qmax_f(max, 0.0f);
+    if (!isfinite(hi - lo))
+        return nl_fail(NL_ERR_INVALID, "affine range [%g, %g] is wider than fp32 can hold (max - min overflows)",
+                       (double)min, (double)max);
     float s = (hi - lo) / (float)(qmax - qmin);
     s = qmax_f(s, FLT_EPSILON);
+    /* As absmax_scale: keep (qmax - qmin) * s, the widest dequantized span, finite. */
+    if (isinf(s * (float)(qmax - qmin))) s = nextafterf(s, 0.0f);
     float zp = (float)qmin - rintf(lo / s);
     if (zp < (float)qmin) zp = (float)qmin;
     if (zp > (float)qmax) zp = (float)qmax;

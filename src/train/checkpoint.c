@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "nanolm/checkpoint.h"
+#include "nanolm/resources.h"
 #include "nanolm/llama2c.h"
 #include "nanolm/safetensors.h"
 
@@ -193,6 +194,13 @@ nl_status nl_ckpt_load_model(const char *path, nl_model *m, char *tokenizer) {
     nl_arch a;
     nl_status rc = aj ? parse_arch(path, aj, &a)
                       : nl_fail(NL_ERR_FORMAT, "%s: no __metadata__ nanolm.arch (not a nanolm checkpoint)", path);
+    if (!rc) { /* refuse a model larger than memory before allocating it (no OOM kill) */
+        nl_arch_params np;
+        nl_arch_count_params(&a, &np);
+        char what[512];
+        snprintf(what, sizeof what, "%s: a model of %lld parameters", path, (long long)np.total);
+        rc = nl_mem_require((uint64_t)np.total * sizeof(float), what);
+    }
     if (!rc) rc = nl_model_init(m, &a);
     if (!rc) rc = load_params(&f, m, "", m->params);
     if (!rc && tokenizer) {

@@ -29,11 +29,13 @@ void nl_adamw_step(nl_adamw *opt, nl_model *m, float lr) {
     float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
     /* bias corrections in double, as PyTorch computes them on Python floats */
     double bc1 = 1.0 - pow((double)b1, (double)opt->t), bc2 = 1.0 - pow((double)b2, (double)opt->t);
-    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    float step_size0 = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
     const nl_param_info *tab;
     int nt = nl_model_params_table(m, &tab);
     for (int k = 0; k < nt; k++) {
-        float decay = tab[k].ndim == 2 ? 1.0f - lr * opt->weight_decay : 1.0f;
+        float lrk = opt->lr_mult ? lr * opt->lr_mult[k] : lr; /* muP: per-tensor learning rate */
+        float decay = tab[k].ndim == 2 ? 1.0f - lrk * opt->weight_decay : 1.0f;
+        float step_size = opt->lr_mult ? (float)((double)lrk / bc1) : step_size0;
         float *p = m->params + tab[k].offset, *g = m->grads + tab[k].offset;
         float *mm = opt->m + tab[k].offset, *vv = opt->v + tab[k].offset;
         int64_t n = (int64_t)tab[k].numel;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "nanolm/checkpoint.h"
+#include "nanolm/mup.h"
 #include "nanolm/train.h"
 
 void nl_train_opts_default(nl_train_opts *o) {
@@ -82,6 +83,11 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
         (rc = nl_model_set_precision(m, o->precision)) ||
         (rc = nl_adamw_init(&t->opt, m, o->beta1, o->beta2, o->adam_eps, o->weight_decay)))
         goto fail;
+    if (o->mup_base_dim > 0) { /* muP hooks: output multiplier, per-tensor learning rates, init */
+        t->mup = nl_calloc(1, sizeof *t->mup, "muP");
+        if (!t->mup) { rc = NL_ERR_NOMEM; goto fail; }
+        if ((rc = nl_mup_init(t->mup, m, &t->opt, o->mup_base_dim, !o->resume && !o->init_weights))) goto fail;
+    }
     nl_scaler_init(&t->scaler);
     if (o->loss_scale_init > 0) t->scaler.scale = o->loss_scale_init;
     t->saved_step = o->resume ? -2 : -1; /* -2: the resumed file is a good checkpoint too */
@@ -118,6 +124,8 @@ fail:
 }
 
 void nl_trainer_free(nl_trainer *t) {
+    if (t->mup) nl_mup_free(t->mup, &t->model, &t->opt);
+    nl_free(t->mup);
     nl_model_free(&t->model);
     nl_adamw_free(&t->opt);
     nl_free(t->x);

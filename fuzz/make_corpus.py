@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""Writes the seed corpora fuzz/corpus/<target>/ (committed; each file a few KB at most).
+
+Seeds are small files of each format as nanolm writes them (same layout, written here from
+the format descriptions in include/nanolm/*.h) and short heads of the real files in
+../shared/data (or $NANOLM_DATA); a missing data file is skipped with a note.
+Run from the project root: NANOLM_BIN=build/nanolm /usr/bin/python3 fuzz/make_corpus.py
+"""
+import json
+import math
+import os
+import struct
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.environ.get("NANOLM_DATA", os.path.join(ROOT, "..", "shared", "data"))
+OUT = os.path.join(ROOT, "fuzz", "corpus")
+
+
+def put(target, name, data):
+    d = os.path.join(OUT, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def shared(rel, limit):
+    p = os.path.join(DATA, rel)
+    if not os.path.exists(p):
+        print("make_corpus: skipping missing", rel)
+        return None
+    with open(p, "rb") as f:
+        return f.read(limit)
+
+
+# ---- safetensors ----
+def safetensors(tensors, meta=None):
+    header, blob = {}, b""
+    if meta is not None:
+        header["__metadata__"] = meta
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + len(raw)]}
+        blob += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - (8 + len(h)) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + blob
+
+
+f32 = lambda xs: struct.pack("<%df" % len(xs), *xs)
+put("safetensors", "two_f32.st", safetensors(
+    [("a", "F32", [2, 3], f32([1, 2, 3, 4, 5, 6])), ("b", "F32", [], f32([7]))], {"arch": "tiny"}))
+put("safetensors", "dtypes.st", safetensors([
+    ("h", "F16", [4], struct.pack("<4H", 0x3C00, 0x8000, 0x7C00, 0x0001)),
+    ("bf", "BF16", [2, 2], struct.pack("<4H", 0x3F80, 0xFF80, 0x7FC0, 0x0001)),
+    ("i8", "I8", [3], bytes([1, 255, 128])), ("u8", "U8", [1], b"\x07"),
+    ("i32", "I32", [2], struct.pack("<2i", -1, 1 << 30)), ("i64", "I64", [1], struct.pack("<q", -5)),
+    ("d", "F64", [1], struct.pack("<d", math.pi)), ("empty", "F32", [0, 4], b"")]))
+put("safetensors", "empty.st", safetensors([]))
+for name in ("st_from_nanolm.safetensors", "st_from_numpy.safetensors"):
+    with open(os.path.join(ROOT, "tests", "ref", name), "rb") as f:
+        put("safetensors", name, f.read())
+
+
+# ---- llama2.c checkpoints ----
+def llama2c(dim, hidden, layers, heads, kv, vocab, seq, tied=True):
+    hs = dim // heads
+    n = vocab * dim + layers * dim
+    n += layers * (heads * hs) * dim + 2 * layers * (kv * hs) * dim + layers * dim * (heads * hs)
+    n += layers * dim + 3 * layers * hidden * dim + dim
+    rope = seq * hs
+    cls = 0 if tied else vocab * dim
+    vals = [((i * 37) % 101 - 50) / 64.0 for i in range(n + rope + cls)]
+    head = struct.pack("<7i", dim, hidden, layers, heads, kv, vocab if tied else -vocab, seq)
+    return head + f32(vals)
+
+
+put("llama2c", "tiny_tied.bin", llama2c(8, 16, 1, 2, 1, 16, 4))
+put("llama2c", "tiny_untied.bin", llama2c(8, 12, 2, 4, 2, 10, 2, tied=False))
+head = shared("stories260K/stories260K.bin", 2048)
+if head:
+    put("llama2c", "stories260K_head.bin", head)      # real header, truncated weights
+
+
+# ---- llama2.c tokenizer ----
+def tokenizer(pieces):
+    mtl = max(len(p) for p, _ in pieces)
+    out = struct.pack("<i", mtl)
+    for p, s in pieces:
+        out += struct.pack("<fi", s, len(p)) + p
+    return out
+
+
+base = [(b"<unk>", 0.0), (b"\n<s>\n", 0.0), (b"\n</s>\n", 0.0)]
+base += [(("<0x%02X>" % b).encode(), 0.0) for b in range(256)]
+merges = [b" ", b"e", b"t", b"a", b"o", b" t", b"he", b" the", b"in", b" a", b"an", b"nd", b" and",
+          b"on", b"ce", b" on", b" once", b"up", b" up", b"\xc3\xa9"]
+put("tokenizer", "synthetic.bin", tokenizer(base + [(m, -float(i)) for i, m in enumerate(merges)]))
+put("tokenizer", "spaces_inside.bin", tokenizer(base + [(b" ", -1.0), (b"a b", -2.0), (b"a", -3.0), (b"b", -4.0)]))
+head = shared("stories260K/tok512.bin", 3072)
+if head:
+    put("tokenizer", "tok512_head.bin", head)          # real vocabulary, cut inside a piece
+
+
+# ---- data loader: 8 bytes of geometry, then the text ----
+def geometry(B, T, world, rank, step, split):
+    return bytes([B, T, world - 1, rank]) + struct.pack("<I", step + 4)[:3] + bytes([split])
+
+
+text = shared("tinystories/tinystories_sample.txt", 2048) or b"Once upon a time there was a tiny file.\n" * 8
+put("data", "sample.bin", geometry(2, 16, 2, 1, 3, 0) + text)
+put("data", "short.bin", geometry(1, 8, 1, 0, 0, 1) + b"0123456789abcdef")
+put("data", "empty.bin", geometry(1, 1, 1, 0, 0, 2))
+shk = shared("tinyshakespeare/input.txt", 1024)
+if shk:
+    put("data", "shakespeare_head.bin", geometry(4, 32, 4, 3, 100, 2) + shk)
+
+
+# ---- CLI numbers: 16 bytes of range (lo, hi), then the string ----
+rng = struct.pack("<qq", -1000, 1000)
+for i, s in enumerate([b"1e9", b"7B", b"1.5T", b"2k", b"-0", b"nan", b"inf", b"0x1p-3", b"1e400",
+                       b"123", b"-9223372036854775808", b" 5", b"5 "]):
+    put("cli_numbers", "n%02d.txt" % i, rng + s)
+
+# ---- names: formats, quantization schemes, FP8 scalings ----
+for i, s in enumerate([b"bf16", b"E4M3FN", b"fp8_e5m2", b"mxfp4", b"int4", b"float32", b"half", b"e8m0",
+                       b"int8-channel", b"int4-b32", b"affine-uint8-channel", b"mxfp6-e2m3-away", b"mxint8",
+                       b"tensor", b"delayed", b"block", b"mx"]):
+    put("names", "n%02d.txt" % i, s)
+
+# ---- formats cast arguments, NUL separated ----
+for i, args in enumerate([[b"257", b"--to", b"bf16"], [b"-1.5", b"--to", b"e4m3", b"--json"],
+                          [b"1e9", b"-t", b"e2m1", b"--rounding", b"stochastic", b"--seed", b"7"],
+                          [b"inf", b"--to", b"e5m2", b"--overflow", b"ieee"], [b"nan", b"--to", b"int4"],
+                          [b"-inf", b"--to", b"e8m0", b"-r", b"rtz"], [b"0.1", b"--to", b"tf32", b"-o", b"saturate"]]):
+    put("formats_cli", "a%02d.bin" % i, b"\0".join(args))
+
+# ---- NanoLM checkpoints: safetensors with nanolm's metadata, a tiny arch, as nanolm writes them ----
+def nanolm_ckpt(dim, hidden, layers, heads, kv, vocab, tied, state):
+    hd = dim // heads
+    shapes = [("model.embed_tokens.weight", [vocab, dim])]
+    for l in range(layers):
+        p = "model.layers.%d." % l
+        shapes += [(p + "input_layernorm.weight", [dim]), (p + "self_attn.q_proj.weight", [heads * hd, dim]),
+                   (p + "self_attn.k_proj.weight", [kv * hd, dim]), (p + "self_attn.v_proj.weight", [kv * hd, dim]),
+                   (p + "self_attn.o_proj.weight", [dim, heads * hd]), (p + "post_attention_layernorm.weight", [dim]),
+                   (p + "mlp.gate_proj.weight", [hidden, dim]), (p + "mlp.up_proj.weight", [hidden, dim]),
+                   (p + "mlp.down_proj.weight", [dim, hidden])]
+    shapes.append(("model.norm.weight", [dim]))
+    if not tied:
+        shapes.append(("lm_head.weight", [vocab, dim]))
+    arch = {"name": "tiny", "vocab_size": vocab, "dim": dim, "n_layers": layers, "n_heads": heads,
+            "n_kv_heads": kv, "hidden_dim": hidden, "seq_len": 8, "rope_theta": 10000, "norm_eps": 1e-05,
+            "tied_embeddings": int(tied), "head_dim": 0}
+    meta = {"format": "pt", "nanolm.arch": json.dumps(arch, separators=(",", ":")), "nanolm.tokenizer": "byte"}
+    tensors = []
+    for name, shp in shapes:
+        k = 1
+        for d in shp:
+            k *= d
+        tensors.append((name, "F32", shp, f32([((i * 7) % 13 - 6) / 16.0 for i in range(k)])))
+    if state:
+        meta["nanolm.train"] = json.dumps({"step": 3, "precision": "fp32", "rng": ["1", "2", "3", "4"],
+                                           "adamw": {"t": 3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                                                     "weight_decay": 0.1},
+                                           "scaler": {"scale": 65536, "good_steps": 0, "skipped": 0, "growth_interval": 2000}},
+                                          separators=(",", ":"))
+        for name, shp in list(shapes):
+            k = 1
+            for d in shp:
+                k *= d
+            tensors.append(("optimizer.exp_avg." + name, "F32", shp, f32([0.01] * k)))
+            tensors.append(("optimizer.exp_avg_sq." + name, "F32", shp, f32([0.001] * k)))
+    return safetensors(tensors, meta)
+
+
+put("checkpoint", "tiny_untied_state.st", nanolm_ckpt(8, 12, 1, 2, 1, 6, False, True))
+put("checkpoint", "tiny_tied.st", nanolm_ckpt(4, 8, 2, 2, 2, 5, True, False))
+put("checkpoint", "tiny_llama2c.bin", llama2c(8, 16, 1, 2, 1, 16, 4))
+
+# ---- planner catalog JSON (first byte: 0 = GPU file, 1 = model file) and scaling CSV ----
+hw = [b'[{"name": "h100-pcie", "base": "h100", "flops_bf16": 756e12, "intra_bw": 64e9}, {"name": "h100", "price_per_hour": 1.99}]',
+      b'{"name": "x", "mem_bytes": 80e9, "gpus_per_node": 4, "latency_s": 2e-5, "intra_eff": 0.7, "source": "made up"}']
+models = [b'{"name": "tiny", "vocab_size": 1000, "dim": 256, "n_layers": 4, "n_heads": 4, "hidden_dim": 688}',
+          b'[{"name": "llama-3-8b-32k", "base": "llama-3-8b", "seq_len": 32768}, {"name": "moe", "base": "tiny", "n_experts": 8, "top_k": 2, "expert_hidden_dim": 128}]']
+for i, j in enumerate(hw):
+    put("catalog", "hw%d.json" % i, b"\0" + j)
+for i, j in enumerate(models):
+    put("catalog", "model%d.json" % i, b"\1" + j)
+put("scaling_csv", "nd.csv", b"N,D,loss\n1e8,2e9,3.1\n4e8,8e9,2.8\n1e9,2e10,2.5\n")
+put("scaling_csv", "flops.csv", b"params,FLOPs,loss\n70e6,8.4e17,3.5\n1.6e8,3e18,3.2\n")
+put("scaling_csv", "bad.csv", b"N,D,loss\n1e9,2e10,2.5\n1e9,abc,2.4\n")
+# The catalog as `nanolm plan catalog --json` prints it, split into a GPU and a model file
+# (needs the CLI: NANOLM_BIN=build/nanolm).
+if os.environ.get("NANOLM_BIN"):
+    import subprocess
+    cat = json.loads(subprocess.run([os.environ["NANOLM_BIN"], "plan", "catalog", "--json"], check=True,
+                                    capture_output=True).stdout)
+    put("catalog", "cli_gpus.json", b"\0" + json.dumps(cat["gpus"][:4]).encode())
+    put("catalog", "cli_models.json", b"\1" + json.dumps(cat["models"][:4]).encode())
+print("make_corpus: wrote", OUT)

@@ -1,0 +1,119 @@
+/* muP for NanoLM (see nanolm/mup.h). */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "nanolm/mup.h"
+#include "nanolm/train.h"
+
+static int is_hidden(nl_param_kind k) {
+    return k == NL_PARAM_WQ || k == NL_PARAM_WK || k == NL_PARAM_WV || k == NL_PARAM_WO || k == NL_PARAM_W1 ||
+           k == NL_PARAM_W3 || k == NL_PARAM_W2;
+}
+
+/* out (n, out_dim) = alpha in . w^T, alpha = the output multiplier at the classifier. */
+static void mup_forward(void *user, const nl_linear_site *site, float *out, const float *in, const float *w, int64_t n,
+                        int64_t in_dim, int64_t out_dim) {
+    const nl_mup *mu = user;
+    float alpha = site->kind == NL_LIN_CLS ? mu->out_mult : 1.0f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out_dim, (int)in_dim, alpha, in, (int)in_dim, w,
+                (int)in_dim, 0.0f, out, (int)out_dim);
+}
+
+static void mup_backward(void *user, const nl_linear_site *site, float *din, float *dw, const float *dout, const float *in,
+                         const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
+    const nl_mup *mu = user;
+    float alpha = site->kind == NL_LIN_CLS ? mu->out_mult : 1.0f;
+    if (din)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)in_dim, (int)out_dim, alpha, dout, (int)out_dim,
+                    w, (int)in_dim, 0.0f, din, (int)in_dim);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out_dim, (int)in_dim, (int)n, alpha, dout, (int)out_dim, in,
+                (int)in_dim, 1.0f, dw, (int)in_dim);
+}
+
+nl_status nl_mup_init(nl_mup *mu, nl_model *m, struct nl_adamw *opt, int64_t base_dim, int rescale_init) {
+    memset(mu, 0, sizeof *mu);
+    if (base_dim <= 0) return nl_fail(NL_ERR_INVALID, "--mup-base %lld must be positive", (long long)base_dim);
+    if (m->precision != NL_PREC_FP32) return nl_fail(NL_ERR_INVALID, "muP is implemented for fp32 training only");
+    if (m->linear_ops) return nl_fail(NL_ERR_INVALID, "muP: the model already has a linear hook installed");
+    mu->base_dim = base_dim;
+    mu->width_mult = (double)m->C / (double)base_dim;
+    mu->out_mult = (float)(1.0 / mu->width_mult);
+    const nl_param_info *tab;
+    int nt = nl_model_params_table(m, &tab);
+    mu->lr_mult = nl_malloc((size_t)nt * sizeof(float), "muP learning-rate multipliers");
+    if (!mu->lr_mult) return NL_ERR_NOMEM;
+    float init_scale = (float)(1.0 / sqrt(mu->width_mult));
+    for (int k = 0; k < nt; k++) {
+        int hidden = is_hidden(tab[k].kind);
+        mu->lr_mult[k] = hidden ? (float)(1.0 / mu->width_mult) : 1.0f;
+        if (hidden && rescale_init) {
+            float *p = m->params + tab[k].offset;
+            for (size_t i = 0; i < tab[k].numel; i++) p[i] *= init_scale;
+        }
+    }
+    mu->ops = (nl_linear_ops){mup_forward, mup_backward, mu};
+    m->linear_ops = &mu->ops;
+    if (opt) opt->lr_mult = mu->lr_mult;
+    return NL_OK;
+}
+
+void nl_mup_free(nl_mup *mu, nl_model *m, struct nl_adamw *opt) {
+    if (m && m->linear_ops == &mu->ops) m->linear_ops = NULL;
+    if (opt && opt->lr_mult == mu->lr_mult) opt->lr_mult = NULL;
+    nl_free(mu->lr_mult);
+    memset(mu, 0, sizeof *mu);
+}
+
+#include "nanolm/sweep.h"
+
+int nl_argmin(const double *x, int n) {
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i]) && (best < 0 || x[i] < x[best])) best = i;
+    return best;
+}
+
+nl_status nl_lr_sweep(const nl_data *d, const int64_t *widths, int n_w, const double *lrs, int n_lr, int64_t layers,
+                      int64_t steps, int64_t batch, int64_t seq, int64_t val_windows, int64_t base_dim, uint64_t seed,
+                      double *loss) {
+    for (int i = 0; i < n_w; i++) {
+        for (int j = 0; j < n_lr; j++) {
+            nl_arch a;
+            nl_sweep_arch(widths[i], layers, seq, &a);
+            nl_train_opts o;
+            nl_train_opts_default(&o);
+            o.steps = steps;
+            o.batch = batch;
+            o.seq = seq;
+            o.lr = (float)lrs[j];
+            o.lr_min = (float)lrs[j] / 10;
+            o.warmup = steps / 10 > 0 ? steps / 10 : 1;
+            o.eval_every = 0;
+            o.eval_windows = 1;
+            o.quiet = 1;
+            o.seed = seed;
+            o.mup_base_dim = base_dim;
+            nl_trainer t;
+            nl_status rc = nl_trainer_init(&t, &a, &o);
+            if (rc) return nl_fail(rc, "lr sweep, width %lld, lr %g: %s", (long long)widths[i], lrs[j], nl_last_error());
+            rc = nl_trainer_run(&t, &o, d, NULL, NULL);
+            double vl = INFINITY;
+            if (rc == NL_ERR_NUMERIC) rc = NL_OK; /* diverged: infinite loss */
+            else if (!rc) rc = nl_eval_loss(&t.model, d, NL_DATA_VAL, batch, seq, val_windows, &vl, NULL);
+            nl_trainer_free(&t);
+            if (rc) return nl_fail(rc, "lr sweep, width %lld, lr %g: %s", (long long)widths[i], lrs[j], nl_last_error());
+            loss[i * n_lr + j] = isfinite(vl) ? vl : INFINITY;
+        }
+    }
+    return NL_OK;
+}
+
+double nl_argmin_interp(const double *x, int n) {
+    int b = nl_argmin(x, n);
+    if (b < 0) return NAN;
+    if (b == 0 || b == n - 1 || !isfinite(x[b - 1]) || !isfinite(x[b + 1])) return b;
+    double l = x[b - 1], c = x[b], r = x[b + 1], den = l - 2 * c + r;
+    if (!(den > 0)) return b;
+    return b + (l - r) / (2 * den);
+}

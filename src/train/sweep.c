@@ -1,0 +1,428 @@
+/* IsoFLOP sweeps of NanoLM and approach-2 fits (see nanolm/sweep.h). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "nanolm/data.h"
+#include "nanolm/sweep.h"
+#include "nanolm/tokenizer.h"
+#include "nanolm/train.h"
+
+nl_status nl_sweep_grid_preset(const char *name, nl_sweep_grid *g) {
+    memset(g, 0, sizeof *g);
+    if (!strcmp(name, "default")) {
+        /* 3 budgets x 5 shapes; N = 56k .. 779k non-embedding parameters, 26M training tokens
+         * in all. The 20-tokens rule would put N_opt at 50k, 91k and 158k. */
+        static const double c[] = {3e11, 1e12, 3e12};
+        static const int64_t d[] = {48, 64, 80, 96, 128}, l[] = {2, 2, 3, 4, 4};
+        g->n_budgets = 3;
+        g->n_shapes = 5;
+        memcpy(g->budgets_flops, c, sizeof c);
+        memcpy(g->dims, d, sizeof d);
+        memcpy(g->layers, l, sizeof l);
+        g->batch = 16;
+        g->seq = 64;
+        g->lr = 3e-3;
+        g->val_windows = 200;
+        g->checkpoints = 5;
+    } else if (!strcmp(name, "small")) {
+        /* a reduced grid (~4M tokens) for a loaded machine: 3 budgets x 5 shapes, N = 3.4k .. 101k */
+        static const double c[] = {3e9, 1e10, 3e10};
+        static const int64_t d[] = {16, 24, 32, 48, 64}, l[] = {1, 1, 1, 1, 2};
+        g->n_budgets = 3;
+        g->n_shapes = 5;
+        memcpy(g->budgets_flops, c, sizeof c);
+        memcpy(g->dims, d, sizeof d);
+        memcpy(g->layers, l, sizeof l);
+        g->batch = 8;
+        g->seq = 64;
+        g->lr = 3e-3;
+        g->val_windows = 200;
+        g->checkpoints = 5;
+    } else if (!strcmp(name, "tiny")) {
+        static const double c[] = {1e8, 3e8};
+        static const int64_t d[] = {16, 24, 32}, l[] = {1, 1, 1};
+        g->n_budgets = 2;
+        g->n_shapes = 3;
+        memcpy(g->budgets_flops, c, sizeof c);
+        memcpy(g->dims, d, sizeof d);
+        memcpy(g->layers, l, sizeof l);
+        g->batch = 4;
+        g->seq = 32;
+        g->lr = 3e-3;
+        g->val_windows = 16;
+        g->checkpoints = 4;
+    } else {
+        return nl_fail(NL_ERR_INVALID, "unknown --grid '%s' (known: default, small, tiny)", name);
+    }
+    snprintf(g->name, sizeof g->name, "%s", name);
+    return NL_OK;
+}
+
+void nl_sweep_arch(int64_t dim, int64_t layers, int64_t seq, nl_arch *a) {
+    memset(a, 0, sizeof *a);
+    snprintf(a->name, sizeof a->name, "sweep-d%lld-l%lld", (long long)dim, (long long)layers);
+    a->vocab_size = 256;
+    a->dim = dim;
+    a->n_layers = layers;
+    a->n_heads = dim / 16 > 0 ? dim / 16 : 1;
+    a->n_kv_heads = a->n_heads;
+    int64_t h = (int64_t)llround(8.0 * (double)dim / 3.0 / 16.0) * 16;
+    a->hidden_dim = h > 0 ? h : 16;
+    a->seq_len = seq;
+    a->rope_theta = 10000.0;
+    a->norm_eps = 1e-5;
+    a->tied_embeddings = 0;
+}
+
+static const char *CSV_HEADER = "run,budget_flops,dim,layers,N,D,steps,flops_6nd,loss,wall_s\n";
+
+nl_status nl_sweep_read_csv(const char *path, nl_sweep_row **rows, int *n) {
+    *rows = NULL;
+    *n = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT ? NL_OK : nl_fail(NL_ERR_IO, "%s: %s", path, strerror(errno));
+    char line[1024];
+    int cap = 0, line_no = 0;
+    nl_status rc = NL_OK;
+    while (fgets(line, sizeof line, f)) {
+        line_no++;
+        if (line_no == 1 || line[0] == '\n') continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 32;
+            nl_sweep_row *r = realloc(*rows, (size_t)cap * sizeof **rows);
+            if (!r) { rc = nl_fail(NL_ERR_NOMEM, "%s: out of memory", path); break; }
+            *rows = r;
+        }
+        nl_sweep_row *r = &(*rows)[*n];
+        long long dim, layers, steps;
+        if (sscanf(line, "%31[^,],%lf,%lld,%lld,%lf,%lf,%lld,%lf,%lf,%lf", r->run, &r->budget_flops, &dim, &layers,
+                   &r->n_params, &r->n_tokens, &steps, &r->flops, &r->val_loss, &r->wall_s) != 10) {
+            rc = nl_fail(NL_ERR_FORMAT, "%s:%d: expected %d columns (%s)", path, line_no, 10, "run,budget_flops,...");
+            break;
+        }
+        r->dim = dim;
+        r->layers = layers;
+        r->steps = steps;
+        (*n)++;
+    }
+    fclose(f);
+    if (rc) {
+        free(*rows);
+        *rows = NULL;
+        *n = 0;
+        return rc;
+    }
+    /* hand back an nl_malloc'd copy so callers free with nl_free */
+    nl_sweep_row *out = nl_malloc((size_t)(*n > 0 ? *n : 1) * sizeof *out, "sweep rows");
+    if (!out) { free(*rows); *rows = NULL; *n = 0; return NL_ERR_NOMEM; }
+    if (*n) memcpy(out, *rows, (size_t)*n * sizeof *out);
+    free(*rows);
+    *rows = out;
+    return NL_OK;
+}
+
+static nl_status write_csv(const char *path, const nl_sweep_row *rows, int n) {
+    size_t cap = 256 + (size_t)n * 256, len = 0;
+    char *buf = nl_malloc(cap, "sweep csv");
+    if (!buf) return NL_ERR_NOMEM;
+    len += (size_t)snprintf(buf + len, cap - len, "%s", CSV_HEADER);
+    for (int i = 0; i < n; i++) {
+        const nl_sweep_row *r = &rows[i];
+        len += (size_t)snprintf(buf + len, cap - len, "%s,%.6g,%lld,%lld,%.0f,%.0f,%lld,%.6g,%.6f,%.2f\n", r->run,
+                                r->budget_flops, (long long)r->dim, (long long)r->layers, r->n_params, r->n_tokens,
+                                (long long)r->steps, r->flops, r->val_loss, r->wall_s);
+    }
+    nl_status rc = nl_write_file_atomic(path, buf, len);
+    nl_free(buf);
+    return rc;
+}
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+typedef struct wall_ctx { const char *wall_path; double prior_s; nl_trainer *t; } wall_ctx;
+
+/* After each checkpoint, record the wall time so far next to it (a resumed run adds to it). */
+static void on_step(void *user, const nl_train_log *rec, const nl_train_opts *o) {
+    (void)o;
+    wall_ctx *w = user;
+    if (isnan(rec->val_loss)) return;
+    char buf[64];
+    int len = snprintf(buf, sizeof buf, "%.3f\n", w->prior_s + w->t->wall_s);
+    (void)nl_write_file_atomic(w->wall_path, buf, (size_t)len);
+}
+
+nl_status nl_sweep_run(const nl_sweep_grid *g, const char *data_path, const char *dir, const nl_sweep_progress *p) {
+    char csv[1024], runs[1024];
+    snprintf(csv, sizeof csv, "%s/sweep.csv", dir);
+    snprintf(runs, sizeof runs, "%s/runs", dir);
+    if (mkdir(dir, 0755) && errno != EEXIST) return nl_fail(NL_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (mkdir(runs, 0755) && errno != EEXIST) return nl_fail(NL_ERR_IO, "%s: %s", runs, strerror(errno));
+    nl_sweep_row *rows;
+    int n_rows;
+    NL_TRY(nl_sweep_read_csv(csv, &rows, &n_rows));
+    nl_sweep_row *all = nl_malloc((size_t)(n_rows + g->n_budgets * g->n_shapes + 1) * sizeof *all, "sweep rows");
+    if (!all) { nl_free(rows); return NL_ERR_NOMEM; }
+    if (n_rows) memcpy(all, rows, (size_t)n_rows * sizeof *all);
+    nl_free(rows);
+    nl_tokenizer tok;
+    nl_data data;
+    memset(&data, 0, sizeof data);
+    nl_status rc = nl_tokenizer_init_byte(&tok);
+    if (!rc) rc = nl_data_open(&data, data_path, &tok);
+    for (int bi = 0; !rc && bi < g->n_budgets; bi++) {
+        for (int si = 0; !rc && si < g->n_shapes; si++) {
+            char run[32];
+            snprintf(run, sizeof run, "c%d_n%d", bi, si);
+            int done = 0;
+            for (int k = 0; k < n_rows; k++) done |= !strcmp(all[k].run, run);
+            if (done) {
+                if (p && p->on_run) p->on_run(p->user, run, "done already (in the CSV): skipped", NULL);
+                continue;
+            }
+            nl_arch arch;
+            nl_sweep_arch(g->dims[si], g->layers[si], g->seq, &arch);
+            nl_arch_params ap;
+            nl_arch_count_params(&arch, &ap);
+            double N = (double)ap.non_embedding, C = g->budgets_flops[bi];
+            double D = C / (6.0 * N);
+            int64_t tps = g->batch * g->seq;
+            int64_t steps = (int64_t)llround(D / (double)tps);
+            if (steps < 4) steps = 4;
+            char ckpt[1100], wall_path[1100];
+            snprintf(ckpt, sizeof ckpt, "%s/%s.safetensors", runs, run);
+            snprintf(wall_path, sizeof wall_path, "%s/%s.wall", runs, run);
+            nl_train_opts o;
+            nl_train_opts_default(&o);
+            o.steps = steps;
+            o.batch = g->batch;
+            o.seq = g->seq;
+            o.lr = (float)g->lr;
+            o.lr_min = (float)g->lr / 10;
+            o.warmup = steps / 20 > 1 ? steps / 20 : 1;
+            o.eval_every = g->checkpoints > 0 && steps / g->checkpoints > 0 ? steps / g->checkpoints : steps;
+            o.eval_windows = 4; /* quick validations at checkpoints; the final one is below */
+            o.out = ckpt;
+            o.quiet = 1;
+            o.seed = 1000 + (uint64_t)si;
+            int resumed = file_exists(ckpt);
+            o.resume = resumed ? ckpt : NULL;
+            wall_ctx w = {wall_path, 0, NULL};
+            if (resumed) {
+                char *txt = NULL;
+                size_t txt_bytes = 0;
+                if (nl_read_file(wall_path, &txt, &txt_bytes) == NL_OK) { w.prior_s = atof(txt); nl_free(txt); }
+            }
+            nl_trainer t;
+            if ((rc = nl_trainer_init(&t, &arch, &o))) {
+                nl_fail(rc, "sweep run %s: %s", run, nl_last_error());
+                break;
+            }
+            w.t = &t;
+            if (p && p->on_run) {
+                char what[160];
+                snprintf(what, sizeof what, "%s: N %.0f, D %.0f tokens, %lld steps%s", resumed ? "resuming" : "training", N,
+                         (double)steps * (double)tps, (long long)steps, resumed ? " (from its checkpoint)" : "");
+                p->on_run(p->user, run, what, NULL);
+            }
+            int64_t start_step = t.step;
+            rc = nl_trainer_run(&t, &o, &data, on_step, &w);
+            double vl = NAN;
+            if (!rc) rc = nl_eval_loss(&t.model, &data, NL_DATA_VAL, g->batch, g->seq, g->val_windows, &vl, NULL);
+            double wall = w.prior_s + t.wall_s;
+            (void)start_step;
+            nl_trainer_free(&t);
+            if (rc) {
+                nl_fail(rc, "sweep run %s: %s", run, nl_last_error());
+                break;
+            }
+            nl_sweep_row *r = &all[n_rows];
+            memset(r, 0, sizeof *r);
+            snprintf(r->run, sizeof r->run, "%s", run);
+            r->budget_flops = C;
+            r->dim = g->dims[si];
+            r->layers = g->layers[si];
+            r->n_params = N;
+            r->steps = steps;
+            r->n_tokens = (double)steps * (double)tps;
+            r->flops = 6.0 * N * r->n_tokens;
+            r->val_loss = vl;
+            r->wall_s = wall;
+            n_rows++;
+            if ((rc = write_csv(csv, all, n_rows))) break;
+            if (p && p->on_run) p->on_run(p->user, run, "finished", r);
+        }
+    }
+    nl_data_free(&data);
+    nl_tokenizer_free(&tok);
+    nl_free(all);
+    return rc;
+}
+
+/* ---- approach 2 ---------------------------------------------------------------------------- */
+
+/* Least-squares parabola y = c0 + c1 x + c2 x^2 (x centred for conditioning). 0 on success. */
+static int parabola(const double *x, const double *y, int n, double *c0, double *c1, double *c2) {
+    double xm = 0;
+    for (int i = 0; i < n; i++) xm += x[i];
+    xm /= n;
+    double s[5] = {0}, t[3] = {0};
+    for (int i = 0; i < n; i++) {
+        double u = x[i] - xm, p = 1;
+        for (int k = 0; k < 5; k++) { s[k] += p; if (k < 3) t[k] += p * y[i]; p *= u; }
+    }
+    /* normal equations [s0 s1 s2; s1 s2 s3; s2 s3 s4] b = t, by Cramer's rule */
+    double M[3][3] = {{s[0], s[1], s[2]}, {s[1], s[2], s[3]}, {s[2], s[3], s[4]}};
+#define DET3(A) (A[0][0] * (A[1][1] * A[2][2] - A[1][2] * A[2][1]) - A[0][1] * (A[1][0] * A[2][2] - A[1][2] * A[2][0]) + \
+                 A[0][2] * (A[1][0] * A[2][1] - A[1][1] * A[2][0]))
+    double det = DET3(M);
+    if (!(fabs(det) > 1e-12 * (fabs(s[0] * s[2] * s[4]) + 1e-300))) return 1;
+    double b[3];
+    for (int c = 0; c < 3; c++) {
+        double A[3][3];
+        memcpy(A, M, sizeof A);
+        for (int r = 0; r < 3; r++) A[r][c] = t[r];
+        b[c] = DET3(A) / det;
+    }
+#undef DET3
+    /* un-centre: y = b0 + b1 (x - xm) + b2 (x - xm)^2 */
+    *c2 = b[2];
+    *c1 = b[1] - 2 * b[2] * xm;
+    *c0 = b[0] - b[1] * xm + b[2] * xm * xm;
+    return 0;
+}
+
+static int fit_budget(const double *x, const double *y, int n, nl_isoflop_budget *b) {
+    b->n_points = n;
+    b->outside = 0;
+    b->n_opt = b->loss_opt = NAN;
+    if (n < 3 || parabola(x, y, n, &b->c0, &b->c1, &b->c2)) return 1;
+    if (!(b->c2 > 0)) return 1;
+    double xs = -b->c1 / (2 * b->c2), lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) { lo = fmin(lo, x[i]); hi = fmax(hi, x[i]); }
+    b->n_opt = exp(xs);
+    if (xs < lo || xs > hi) { b->outside = 1; return 1; } /* the sizes do not bracket the minimum */
+    b->loss_opt = b->c0 + b->c1 * xs + b->c2 * xs * xs;
+    return 0;
+}
+
+static int line_fit(const double *x, const double *y, int n, double *slope, double *icpt) {
+    double mx = 0, my = 0;
+    for (int i = 0; i < n; i++) { mx += x[i]; my += y[i]; }
+    mx /= n;
+    my /= n;
+    double sxx = 0, sxy = 0;
+    for (int i = 0; i < n; i++) { sxx += (x[i] - mx) * (x[i] - mx); sxy += (x[i] - mx) * (y[i] - my); }
+    if (!(sxx > 0)) return 1;
+    *slope = sxy / sxx;
+    *icpt = my - *slope * mx;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const double *loss, int n, int bootstrap,
+                             uint64_t seed, nl_isoflop_fit *out) {
+    memset(out, 0, sizeof *out);
+    out->a = out->a_lo = out->a_hi = out->se_a = NAN;
+    /* group by budget */
+    double cs[NL_SWEEP_MAX_BUDGETS];
+    int nb = 0;
+    int *grp = nl_malloc((size_t)(n > 0 ? n : 1) * sizeof(int), "isoflop groups");
+    if (!grp) return NL_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        if (!(n_params[i] > 0 && flops[i] > 0 && isfinite(loss[i]))) {
+            nl_free(grp);
+            return nl_fail(NL_ERR_INVALID, "approach 2: row %d has N %g, C %g, loss %g", i, n_params[i], flops[i], loss[i]);
+        }
+        int g = -1;
+        for (int k = 0; k < nb; k++) if (fabs(flops[i] / cs[k] - 1) < 1e-6) g = k;
+        if (g < 0) {
+            if (nb == NL_SWEEP_MAX_BUDGETS) { nl_free(grp); return nl_fail(NL_ERR_INVALID, "approach 2: more than %d budgets", NL_SWEEP_MAX_BUDGETS); }
+            cs[nb] = flops[i];
+            g = nb++;
+        }
+        grp[i] = g;
+    }
+    /* sort budgets ascending */
+    for (int a = 0; a < nb; a++)
+        for (int b = a + 1; b < nb; b++)
+            if (cs[b] < cs[a]) {
+                double t = cs[a]; cs[a] = cs[b]; cs[b] = t;
+                for (int i = 0; i < n; i++) grp[i] = grp[i] == a ? b : grp[i] == b ? a : grp[i];
+            }
+    double *x = nl_malloc((size_t)(2 * n + 2) * sizeof(double), "isoflop points");
+    double *lc = nl_malloc((size_t)(2 * NL_SWEEP_MAX_BUDGETS) * sizeof(double), "isoflop minima");
+    double *boot = nl_malloc((size_t)(bootstrap > 0 ? bootstrap : 1) * sizeof(double), "bootstrap");
+    if (!x || !lc || !boot) { nl_free(grp); nl_free(x); nl_free(lc); nl_free(boot); return NL_ERR_NOMEM; }
+    double *y = x + n + 1;
+    out->n_budgets = nb;
+    int nv = 0, valid[NL_SWEEP_MAX_BUDGETS] = {0};
+    double *ln_c = lc, *ln_n = lc + NL_SWEEP_MAX_BUDGETS;
+    for (int k = 0; k < nb; k++) {
+        int m = 0;
+        for (int i = 0; i < n; i++) if (grp[i] == k) { x[m] = log(n_params[i]); y[m] = loss[i]; m++; }
+        out->b[k].flops = cs[k];
+        if (!fit_budget(x, y, m, &out->b[k])) { valid[k] = 1; ln_c[nv] = log(cs[k]); ln_n[nv] = log(out->b[k].n_opt); nv++; }
+    }
+    nl_status rc = NL_OK;
+    if (nv < 2 || line_fit(ln_c, ln_n, nv, &out->a, &out->log_k)) {
+        rc = nl_fail(NL_ERR_INVALID, "approach 2: only %d of %d budgets have a loss minimum (a parabola opening upwards over >= 3 sizes); need 2",
+                     nv, nb);
+        goto done;
+    }
+    nl_rng rng;
+    nl_rng_seed(&rng, seed);
+    int used = 0;
+    for (int r = 0; r < bootstrap; r++) {
+        int ok = 0;
+        for (int attempt = 0; attempt < 50 && !ok; attempt++) {
+            int nv2 = 0;
+            for (int k = 0; k < nb; k++) {
+                int idx[256], cnt = 0;
+                for (int i = 0; i < n && cnt < 256; i++) if (grp[i] == k) idx[cnt++] = i;
+                if (!valid[k]) continue;
+                int m = 0, distinct = 0;
+                for (int j = 0; j < cnt; j++) {
+                    int i = idx[nl_rng_below(&rng, (uint64_t)cnt)];
+                    x[m] = log(n_params[i]);
+                    y[m] = loss[i];
+                    int seen = 0;
+                    for (int q = 0; q < m; q++) seen |= x[q] == x[m];
+                    distinct += !seen;
+                    m++;
+                }
+                nl_isoflop_budget bb;
+                if (distinct >= 3 && !fit_budget(x, y, m, &bb)) { ln_c[nv2] = log(cs[k]); ln_n[nv2] = log(bb.n_opt); nv2++; }
+            }
+            double s, ic;
+            if (nv2 == nv && !line_fit(ln_c, ln_n, nv2, &s, &ic)) { boot[used++] = s; ok = 1; }
+        }
+    }
+    out->boot_used = used;
+    if (used >= 10) {
+        double mean = 0, ss = 0;
+        for (int i = 0; i < used; i++) mean += boot[i];
+        mean /= used;
+        for (int i = 0; i < used; i++) ss += (boot[i] - mean) * (boot[i] - mean);
+        out->se_a = sqrt(ss / (used - 1));
+        qsort(boot, (size_t)used, sizeof(double), cmp_double);
+        out->a_lo = boot[(int)floor(0.025 * (used - 1))];
+        out->a_hi = boot[(int)ceil(0.975 * (used - 1))];
+    }
+done:
+    nl_free(grp);
+    nl_free(x);
+    nl_free(lc);
+    nl_free(boot);
+    return rc;
+}
