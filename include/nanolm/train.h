@@ -81,6 +81,13 @@ nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64
 nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T,
                               double *mean_loss, int64_t *n_scored);
 
+/* The same loss computed token by token through the KV cache (nl_model_step, the generation
+ * path) in its current element type (nl_model_alloc_kv_dtype first): window w of T tokens runs
+ * positions 0..T-1 from an empty cache. At most max_windows windows (0: all). Errors as
+ * nl_eval_loss, plus NL_ERR_INVALID without a KV cache or for a token outside the vocabulary. */
+nl_status nl_eval_loss_kv(nl_model *m, const nl_data *d, nl_data_split split, int64_t T, int64_t max_windows,
+                          double *mean_loss, int64_t *n_scored);
+
 /* ---- the training loop ------------------------------------------------------------------------- */
 typedef struct nl_train_opts {
     int64_t steps;          /* optimizer steps in total (a resumed run continues up to this) */
@@ -98,6 +105,8 @@ typedef struct nl_train_opts {
     int64_t eval_windows;   /* validation windows of T tokens (the first ones of the split) */
     const char *out;        /* checkpoint path (NULL: none); saved at each validation and the end */
     const char *resume;     /* checkpoint to resume from (NULL: fresh run) */
+    const char *init_weights; /* start from this checkpoint's weights only: fresh optimizer,
+                                 step 0, full schedule (QAT; exclusive with resume) */
     const char *tokenizer;  /* recorded in checkpoints: "byte" or "tok512" */
     int quiet;              /* no per-evaluation lines on stdout */
     int64_t mup_base_dim;   /* > 0: muP (nanolm/mup.h) with this base width; 0: standard */

@@ -13,9 +13,10 @@ int nl_cmd_eval(int argc, char **argv) {
         {"ckpt", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
         {"tokenizer", required_argument, 0, 'k'}, {"batch", required_argument, 0, 'b'},
         {"seq", required_argument, 0, 's'}, {"split", required_argument, 0, 'p'}, {"target-se", required_argument, 0, 't'}, {"se-batch", required_argument, 0, 'w'}, {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"kv-cache", required_argument, 0, 'v'}, {"max-windows", required_argument, 0, 'x'}, {0, 0, 0, 0}};
     const char *ckpt = NULL, *path = NULL, *tok_path = NULL;
-    int64_t B = 4, T = 0, se_batch = 0;
+    int64_t B = 4, T = 0, se_batch = 0, max_windows = 0;
+    int kv = -1; /* -1: batched forward; else nl_kv_dtype, token by token through the KV cache */
     double target_se = 0;
     int json = 0, c;
     nl_data_split split = NL_DATA_ALL;
@@ -38,9 +39,16 @@ int nl_cmd_eval(int argc, char **argv) {
             break;
         case 'w': if (nl_cli_int("--se-batch", optarg, 1, INT64_MAX, &se_batch)) return NL_EXIT_USAGE; break;
         case 'j': json = 1; break;
+        case 'v':
+            if (!strcmp(optarg, "fp32")) kv = NL_KV_FP32;
+            else if (!strcmp(optarg, "int8")) kv = NL_KV_INT8;
+            else return nl_cli_usage_error("eval: unknown --kv-cache '%s' (known: fp32, int8)", optarg);
+            break;
+        case 'x': if (nl_cli_int("--max-windows", optarg, 1, INT64_MAX, &max_windows)) return NL_EXIT_USAGE; break;
         case 'h':
             printf("usage: nanolm eval --ckpt F --data FILE [--tokenizer tok512.bin] [--batch B] [--seq T]\n"
                    "                   [--split all|train|val] [--target-se X] [--se-batch TOKENS] [--json]\n"
+                   "                   [--kv-cache fp32|int8] [--max-windows N]\n"
                    "  Mean cross-entropy (nats/token) over the whole file (tokenized once, BOS first) in\n"
                    "  consecutive windows of --seq tokens; a last partial window is dropped. --split val: only\n"
                    "  the last 10%% of the tokens (the validation split of nanolm train).\n"
@@ -48,7 +56,10 @@ int nl_cmd_eval(int argc, char **argv) {
                    "  Standard error by batch means: the token stream is cut into consecutive batches of\n"
                    "  --se-batch tokens (default sqrt(tokens)) whose means are nearly independent, so the SE\n"
                    "  and 95%% interval account for correlated neighbouring tokens. --target-se X: tokens needed\n"
-                   "  for SE = X (same per-token long-run variance).\n");
+                   "  for SE = X (same per-token long-run variance).\n"
+                   "  --kv-cache runs the generation path instead: token by token through a KV cache of fp32 or\n"
+                   "  int8 (per head, per token absmax, fp16 scales), each window from an empty cache; prints the\n"
+                   "  bytes of the cache as allocated (no standard error). --max-windows N: only the first N windows.\n");
             return NL_EXIT_OK;
         default: return nl_cli_bad_option("eval", argv);
         }
@@ -65,19 +76,29 @@ int nl_cmd_eval(int argc, char **argv) {
     double loss = 0;
     float *tl = NULL;
     nl_loss_stats st;
+    memset(&st, 0, sizeof st);
     if (T == 0 || T > m.arch.seq_len) T = T == 0 ? m.arch.seq_len : T;
     if (T > m.arch.seq_len) {
         rcode = nl_cli_usage_error("eval: --seq %lld exceeds the model's seq_len %lld", (long long)T, (long long)m.arch.seq_len);
         goto done;
     }
-    if (nl_data_open(&data, path, &tok) || nl_model_alloc_acts(&m, B, T) ||
-        nl_eval_token_losses(&m, &data, split, B, T, 0, &tl, &scored) || nl_loss_stats_compute(tl, scored, se_batch, &st)) {
+    if (kv >= 0 && (se_batch || target_se > 0)) {
+        rcode = nl_cli_usage_error("eval: --se-batch/--target-se apply to the batched eval, not --kv-cache");
+        goto done;
+    }
+    if (kv >= 0 ? (nl_data_open(&data, path, &tok) || nl_model_alloc_kv_dtype(&m, (nl_kv_dtype)kv) ||
+                   nl_eval_loss_kv(&m, &data, split, T, max_windows, &loss, &scored))
+                : (nl_data_open(&data, path, &tok) || nl_model_alloc_acts(&m, B, T) ||
+                   nl_eval_token_losses(&m, &data, split, B, T, max_windows, &tl, &scored) ||
+                   nl_loss_stats_compute(tl, scored, se_batch, &st))) {
         rcode = nl_cli_fail("eval");
         goto done;
     }
-    double sum = 0;
-    for (int64_t i = 0; i < scored; i++) sum += tl[i];
-    loss = sum / (double)scored; /* all tokens; st.mean drops a last partial SE batch */
+    if (kv < 0) {
+        double sum = 0;
+        for (int64_t i = 0; i < scored; i++) sum += tl[i];
+        loss = sum / (double)scored; /* all tokens; st.mean drops a last partial SE batch */
+    }
     double need = target_se > 0 ? nl_loss_stats_tokens_for_se(&st, target_se) : 0;
     if (json) {
         cJSON *d = cJSON_CreateObject();
@@ -88,6 +109,11 @@ int nl_cmd_eval(int argc, char **argv) {
         cJSON_AddNumberToObject(d, "perplexity", exp(loss));
         cJSON_AddNumberToObject(d, "tokens", (double)scored);
         cJSON_AddNumberToObject(d, "seq", (double)T);
+        if (kv >= 0) {
+            cJSON_AddStringToObject(d, "kv_cache", kv == NL_KV_INT8 ? "int8" : "fp32");
+            cJSON_AddNumberToObject(d, "kv_cache_bytes", (double)m.kv_bytes);
+            cJSON_AddNumberToObject(d, "kv_cache_bytes_fp16_basis", (double)(m.L * 2 * m.arch.seq_len * m.KVH * m.hd * 2));
+        } else {
         cJSON_AddNumberToObject(d, "se", st.se);
         cJSON_AddNumberToObject(d, "se_iid", st.se_iid);
         cJSON_AddNumberToObject(d, "ci95_lo", st.ci_lo);
@@ -98,6 +124,7 @@ int nl_cmd_eval(int argc, char **argv) {
             cJSON_AddNumberToObject(d, "target_se", target_se);
             cJSON_AddNumberToObject(d, "tokens_for_target_se", need);
         }
+        }
         nl_cli_print_json(d);
     } else {
         const char *hdr[] = {"checkpoint", "data", "tokens", "mean loss (nats/token)", "perplexity"};
@@ -106,6 +133,11 @@ int nl_cmd_eval(int argc, char **argv) {
         nl_table_rowf(&tb, "%s|%s|%lld|%.4f|%.3f", ckpt, path, (long long)scored, loss, exp(loss));
         nl_table_print(&tb, stdout);
         nl_table_free(&tb);
+        if (kv >= 0)
+            printf("KV cache %s: %zu bytes allocated for %lld positions (fp32 would be %lld, fp16 %lld)\n",
+                   kv == NL_KV_INT8 ? "int8" : "fp32", m.kv_bytes, (long long)m.arch.seq_len,
+                   (long long)(m.L * 2 * m.arch.seq_len * m.KVH * m.hd * 4), (long long)(m.L * 2 * m.arch.seq_len * m.KVH * m.hd * 2));
+        else
         printf("standard error %.4f (i.i.d. formula %.4f; correlation costs x%.1f tokens), 95%% interval [%.4f, %.4f]\n"
                "  batch means over %lld batches of %lld tokens\n",
                st.se, st.se_iid, st.ess_factor, st.ci_lo, st.ci_hi, (long long)st.n_batches, (long long)st.batch);

@@ -10,11 +10,12 @@ int nl_cmd_generate(int argc, char **argv) {
         {"ckpt", required_argument, 0, 'c'}, {"prompt", required_argument, 0, 'p'},
         {"steps", required_argument, 0, 'n'}, {"temperature", required_argument, 0, 't'},
         {"seed", required_argument, 0, 's'}, {"tokenizer", required_argument, 0, 'k'},
-        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {"kv-cache", required_argument, 0, 'v'},
+        {0, 0, 0, 0}};
     const char *ckpt = NULL, *prompt = "", *tok_path = NULL;
     int64_t steps = 256, seed = 1337;
     double temperature = 1.0;
-    int json = 0, c;
+    int json = 0, c, kv = NL_KV_FP32;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'c': ckpt = optarg; break;
@@ -27,11 +28,17 @@ int nl_cmd_generate(int argc, char **argv) {
             if (temperature < 0) return nl_cli_usage_error("--temperature must be >= 0, got %s", optarg);
             break;
         case 'j': json = 1; break;
+        case 'v':
+            if (!strcmp(optarg, "fp32")) kv = NL_KV_FP32;
+            else if (!strcmp(optarg, "int8")) kv = NL_KV_INT8;
+            else return nl_cli_usage_error("generate: unknown --kv-cache '%s' (known: fp32, int8)", optarg);
+            break;
         case 'h':
             printf("usage: nanolm generate --ckpt F --prompt TEXT [--steps N] [--temperature T] [--seed S]\n"
-                   "                       [--tokenizer tok512.bin] [--json]\n"
+                   "                       [--tokenizer tok512.bin] [--kv-cache fp32|int8] [--json]\n"
                    "  --steps counts positions including the prompt (as llama2.c's run), at most seq_len.\n"
-                   "  --temperature 0 is greedy. --tokenizer is needed for llama2.c .bin checkpoints.\n");
+                   "  --temperature 0 is greedy. --tokenizer is needed for llama2.c .bin checkpoints.\n"
+                   "  --kv-cache int8: K and V stored as int8 per head and token (absmax, fp16 scales).\n");
             return NL_EXIT_OK;
         default: return nl_cli_bad_option("generate", argv);
         }
@@ -55,7 +62,7 @@ int nl_cmd_generate(int argc, char **argv) {
         goto done;
     }
     if (steps > m.arch.seq_len) steps = m.arch.seq_len;
-    if (nl_model_alloc_kv(&m)) { rcode = nl_cli_fail("generate"); goto done; }
+    if (nl_model_alloc_kv_dtype(&m, (nl_kv_dtype)kv)) { rcode = nl_cli_fail("generate"); goto done; }
     nl_rng rng;
     nl_rng_seed(&rng, (uint64_t)seed);
     if (json) out_tokens = cJSON_CreateArray();
@@ -120,11 +127,14 @@ int nl_cmd_generate(int argc, char **argv) {
         cJSON_AddStringToObject(d, "text", text ? text : "");
         cJSON_AddNumberToObject(d, "generated", (double)generated);
         cJSON_AddNumberToObject(d, "tokens_per_s", dt > 0 ? (double)pos / dt : 0);
+        cJSON_AddStringToObject(d, "kv_cache", kv == NL_KV_INT8 ? "int8" : "fp32");
+        cJSON_AddNumberToObject(d, "kv_cache_bytes", (double)m.kv_bytes);
         nl_cli_print_json(d);
     } else {
         printf("\n");
         fflush(stdout);
-        fprintf(stderr, "generate: %lld positions, %.1f tokens/s\n", (long long)pos, dt > 0 ? (double)pos / dt : 0.0);
+        fprintf(stderr, "generate: %lld positions, %.1f tokens/s, %s KV cache %zu bytes\n", (long long)pos,
+                dt > 0 ? (double)pos / dt : 0.0, kv == NL_KV_INT8 ? "int8" : "fp32", m.kv_bytes);
     }
 done:
     cJSON_Delete(out_tokens);

@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "cli_model.h"
 #include "nanolm/fp8_train.h"
+#include "nanolm/qat.h"
 #include "nanolm/svg.h"
 #include "nanolm/train.h"
 
@@ -16,7 +17,8 @@ enum {
     OPT_DATA = 1000, OPT_PRESET, OPT_STEPS, OPT_BATCH, OPT_SEQ, OPT_LR, OPT_LR_MIN, OPT_WARMUP, OPT_ACCUM,
     OPT_WD, OPT_CLIP, OPT_PRECISION, OPT_LOSS_SCALE, OPT_SEED, OPT_OUT, OPT_RESUME, OPT_LOG, OPT_SVG, OPT_EVAL_EVERY,
     OPT_EVAL_WINDOWS, OPT_STOP_AFTER, OPT_REPORT_MEMORY, OPT_JSON, OPT_HELP,
-    OPT_FP8_RECIPE, OPT_FP8_SCALING, OPT_FP8_ACC_BITS, OPT_FP8_PROMOTE, OPT_NO_LOSS_SCALING, OPT_MUP
+    OPT_FP8_RECIPE, OPT_FP8_SCALING, OPT_FP8_ACC_BITS, OPT_FP8_PROMOTE, OPT_NO_LOSS_SCALING, OPT_MUP,
+    OPT_QAT, OPT_RESUME_WEIGHTS
 };
 
 typedef struct train_option {
@@ -46,6 +48,8 @@ static const train_option train_options[] = {
     {{"seed", required_argument, 0, OPT_SEED}, "S", "initialisation and data seed (default 1337)"},
     {{"out", required_argument, 0, OPT_OUT}, "CKPT", "safetensors checkpoint, saved at each validation"},
     {{"resume", required_argument, 0, OPT_RESUME}, "CKPT", "continue a run from its checkpoint"},
+    {{"resume-weights", required_argument, 0, OPT_RESUME_WEIGHTS}, "CKPT", "start from a checkpoint's weights (fresh optimizer, step 0)"},
+    {{"qat", required_argument, 0, OPT_QAT}, "S", "quantization-aware training: int<b>-g<G> (e.g. int4-g32) | int<b>-channel"},
     {{"log", required_argument, 0, OPT_LOG}, "CSV", "per-step log"},
     {{"svg", required_argument, 0, OPT_SVG}, "PLOT", "loss curves"},
     {{"eval-every", required_argument, 0, OPT_EVAL_EVERY}, "K", "validation every K steps (default 250)"},
@@ -64,6 +68,8 @@ typedef struct train_cli {
     int report_memory, json, help, seq_given, lr_min_given;
     int fp8, no_loss_scaling; /* --precision fp8: bf16 model + FP8 linears (nanolm/fp8_train.h) */
     nl_fp8_recipe fp8r;
+    const char *qat_name;     /* --qat: fake-quantized linears (nanolm/qat.h) */
+    nl_quant_spec qat;
 } train_cli;
 
 static void usage(FILE *f) {
@@ -127,6 +133,11 @@ static int parse_option(train_cli *c, int id, const char *arg) {
         return 0;
     case OPT_OUT: c->o.out = arg; return 0;
     case OPT_RESUME: c->o.resume = arg; return 0;
+    case OPT_RESUME_WEIGHTS: c->o.init_weights = arg; return 0;
+    case OPT_QAT:
+        if (nl_qat_parse(arg, &c->qat)) return nl_cli_usage_error("--qat: %s", nl_last_error());
+        c->qat_name = arg;
+        return 0;
     case OPT_LOG: c->log_csv = arg; return 0;
     case OPT_SVG: c->svg = arg; return 0;
     case OPT_REPORT_MEMORY: c->report_memory = 1; return 0;
@@ -258,6 +269,9 @@ int nl_cmd_train(int argc, char **argv) {
             (c.fp8r.acc.promote == 0 || NL_FP8_BLOCK % c.fp8r.acc.promote))
             return nl_cli_usage_error("train: --fp8-scaling block needs --fp8-promote dividing %d", NL_FP8_BLOCK);
     }
+    if (c.qat_name && (c.fp8 || c.o.precision != NL_PREC_FP32))
+        return nl_cli_usage_error("train: --qat needs --precision fp32");
+    if (c.o.resume && c.o.init_weights) return nl_cli_usage_error("train: --resume and --resume-weights exclude each other");
     nl_tokenizer tok;
     nl_data data;
     if (nl_tokenizer_init_byte(&tok)) return nl_cli_fail("train");
@@ -279,6 +293,20 @@ int nl_cmd_train(int argc, char **argv) {
         nl_data_free(&data);
         return nl_cli_fail("train");
     }
+    /* QAT: validation loss of the starting weights in fp32 and fake-quantized (= RTN) */
+    nl_qat qat;
+    memset(&qat, 0, sizeof qat);
+    double qat_fp32_start = NAN, qat_rtn_start = NAN, qat_end = NAN, qat_fp32_end = NAN;
+    if (c.qat_name &&
+        (nl_eval_loss(&t.model, &data, NL_DATA_VAL, c.o.batch, c.o.seq, c.o.eval_windows, &qat_fp32_start, NULL) ||
+         nl_qat_install(&qat, &t.model, &c.qat) ||
+         nl_eval_loss(&t.model, &data, NL_DATA_VAL, c.o.batch, c.o.seq, c.o.eval_windows, &qat_rtn_start, NULL))) {
+        nl_qat_remove(&qat);
+        nl_fp8_linear_remove(&fp8);
+        nl_trainer_free(&t);
+        nl_data_free(&data);
+        return nl_cli_fail("train: --qat");
+    }
     if (c.no_loss_scaling) { /* the scaler stays at 1: overflow still skips a step, nothing rescales */
         t.scaler.scale = 1.0f;
         t.scaler.growth_factor = 1.0f;
@@ -297,6 +325,11 @@ int nl_cmd_train(int argc, char **argv) {
                t.model.arch.name, (long long)t.model.n_params, (long long)nl_data_split_tokens(&data, NL_DATA_TRAIN), (long long)nl_data_split_tokens(&data, NL_DATA_VAL), (long long)c.o.batch,
                (long long)c.o.seq, c.o.precision == NL_PREC_BF16 ? "bf16" : c.o.precision == NL_PREC_FP16 ? "fp16" : "fp32",
                fp8_desc, c.no_loss_scaling ? " without loss scaling" : "", c.o.resume ? " (resumed)" : "");
+    if (c.qat_name && !c.json)
+        printf("qat %s (absmax, fake-quantized q/k/v/o/gate/up/down, straight-through backward) from %s:\n"
+               "  validation loss at start: fp32 %.4f, fake-quantized (RTN) %.4f, RTN delta %+.4f\n",
+               c.qat_name, c.o.init_weights ? c.o.init_weights : c.o.resume ? c.o.resume : "random init", qat_fp32_start,
+               qat_rtn_start, qat_rtn_start - qat_fp32_start);
     if (c.report_memory && !c.json) {
         const char *hdr[] = {"buffer", "bytes", "MiB"};
         nl_table tb;
@@ -317,6 +350,13 @@ int nl_cmd_train(int argc, char **argv) {
     int exit_code = NL_EXIT_OK;
     if (rc) exit_code = nl_cli_fail("train");
     if (c.fp8 && nl_fp8_linear_status(&fp8)) fprintf(stderr, "nanolm: train: %s\n", fp8.error);
+    if (c.qat_name && nl_qat_status(&qat)) fprintf(stderr, "nanolm: train: %s\n", qat.error);
+    if (!rc && c.qat_name) { /* fake-quantized loss after QAT, then the fp32 master weights alone */
+        rc = nl_eval_loss(&t.model, &data, NL_DATA_VAL, c.o.batch, c.o.seq, c.o.eval_windows, &qat_end, NULL);
+        nl_qat_remove(&qat);
+        if (!rc) rc = nl_eval_loss(&t.model, &data, NL_DATA_VAL, c.o.batch, c.o.seq, c.o.eval_windows, &qat_fp32_end, NULL);
+        if (rc) exit_code = nl_cli_fail("train: --qat");
+    }
     /* logs cover what ran, also after a failure */
     if (c.log_csv && t.n_log && write_csv(c.log_csv, &t)) exit_code = nl_cli_fail("train: --log");
     if (c.svg && t.n_log && write_svg(c.svg, &t)) exit_code = nl_cli_fail("train: --svg");
@@ -348,6 +388,17 @@ int nl_cmd_train(int argc, char **argv) {
                 cJSON_AddNumberToObject(f8, "flushed", (double)fp8.stats.flushed);
                 cJSON_AddNumberToObject(f8, "quantized", (double)fp8.stats.quantized);
             }
+            if (c.qat_name) {
+                cJSON *q = cJSON_AddObjectToObject(d, "qat");
+                cJSON_AddStringToObject(q, "scheme", c.qat_name);
+                cJSON_AddNumberToObject(q, "val_loss_fp32_start", qat_fp32_start);
+                cJSON_AddNumberToObject(q, "val_loss_rtn_start", qat_rtn_start);
+                cJSON_AddNumberToObject(q, "val_loss_qat_end", qat_end);
+                cJSON_AddNumberToObject(q, "val_loss_fp32_master_end", qat_fp32_end);
+                cJSON_AddNumberToObject(q, "rtn_delta", qat_rtn_start - qat_fp32_start);
+                cJSON_AddNumberToObject(q, "qat_delta", qat_end - qat_fp32_start);
+                cJSON_AddNumberToObject(q, "recovered_fraction", (qat_rtn_start - qat_end) / (qat_rtn_start - qat_fp32_start));
+            }
             if (c.report_memory) {
                 cJSON *mm = cJSON_AddObjectToObject(d, "memory_bytes");
                 cJSON_AddNumberToObject(mm, "parameters", (double)t.mem.params);
@@ -369,8 +420,14 @@ int nl_cmd_train(int argc, char **argv) {
                 printf("fp8: %lld GEMMs, %.3g%% of quantized values saturated, %.3g%% flushed to zero\n",
                        (long long)fp8.stats.gemms, 100.0 * (double)fp8.stats.saturated / (double)(fp8.stats.quantized + !fp8.stats.quantized),
                        100.0 * (double)fp8.stats.flushed / (double)(fp8.stats.quantized + !fp8.stats.quantized));
+            if (c.qat_name)
+                printf("qat %s: validation loss fake-quantized %.4f (delta vs fp32 start %+.4f, RTN %+.4f: %.1f%% of RTN's delta "
+                       "recovered); fp32 master weights %.4f\n",
+                       c.qat_name, qat_end, qat_end - qat_fp32_start, qat_rtn_start - qat_fp32_start,
+                       100.0 * (qat_rtn_start - qat_end) / (qat_rtn_start - qat_fp32_start), qat_fp32_end);
         }
     }
+    nl_qat_remove(&qat);
     nl_fp8_linear_remove(&fp8);
     nl_trainer_free(&t);
     nl_data_free(&data);

@@ -5,18 +5,43 @@
 #include <math.h>
 #include <string.h>
 
+#include "nanolm/formats.h"
 #include "nanolm/model.h"
 
-nl_status nl_model_alloc_kv(nl_model *m) {
+nl_status nl_model_alloc_kv(nl_model *m) { return nl_model_alloc_kv_dtype(m, NL_KV_FP32); }
+
+nl_status nl_model_alloc_kv_dtype(nl_model *m, nl_kv_dtype dt) {
     if (m->moe)
         return nl_fail(NL_ERR_UNSUPPORTED, "arch %s: KV-cache generation has no mixture-of-experts layers",
                        m->arch.name);
-    if (m->kv_cache) return NL_OK;
+    if (dt != NL_KV_FP32 && dt != NL_KV_INT8) return nl_fail(NL_ERR_INVALID, "unknown KV cache type %d", (int)dt);
+    if (m->kv_cache && m->kv_dtype == (int)dt) return NL_OK;
+    nl_free(m->kv_cache);
+    nl_free(m->kv_codes);
+    m->kv_cache = NULL;
+    m->kv_codes = NULL;
+    m->kv_scales = NULL;
     int64_t S = m->arch.seq_len, kvd = m->KVH * m->hd;
-    size_t cache = (size_t)(m->L * 2 * S * kvd);
+    size_t n_kv = (size_t)(m->L * 2 * S * kvd), n_scales = (size_t)(m->L * 2 * S * m->KVH);
+    size_t cache = dt == NL_KV_FP32 ? n_kv : 0;
     size_t bufs = (size_t)(m->C + m->C + m->QKV + m->NH * S + m->NH * m->hd + 3 * m->H + m->V);
+    if (dt == NL_KV_INT8) {
+        /* codes, then the fp16 scales (2-byte aligned: n_kv is even) */
+        m->kv_codes = nl_calloc(n_kv + n_scales * sizeof(uint16_t), 1, "int8 KV cache");
+        if (!m->kv_codes) return NL_ERR_NOMEM;
+        m->kv_scales = (uint16_t *)(void *)(m->kv_codes + n_kv);
+        m->kv_bytes = n_kv + n_scales * sizeof(uint16_t);
+    } else {
+        m->kv_bytes = n_kv * sizeof(float);
+    }
     m->kv_cache = nl_calloc(cache + bufs, sizeof(float), "KV cache");
-    if (!m->kv_cache) return NL_ERR_NOMEM;
+    if (!m->kv_cache) {
+        nl_free(m->kv_codes);
+        m->kv_codes = NULL;
+        m->kv_scales = NULL;
+        return NL_ERR_NOMEM;
+    }
+    m->kv_dtype = (int)dt;
     float *p = m->kv_cache + cache;
     m->inf_x = p; p += m->C;         /* (C) residual stream */
     m->inf_xb = p; p += m->C;        /* (C) normed input / matmul output */
@@ -25,6 +50,54 @@ nl_status nl_model_alloc_kv(nl_model *m) {
     m->inf_hb = p; p += m->NH * m->hd + 3 * m->H; /* (NH*hd) attention out, then (2H) gate|up + (H) */
     m->inf_logits = p;               /* (V) */
     return NL_OK;
+}
+
+/* Per head absmax int8 of one token's (KVH, hd) row x into codes and fp16 scales. */
+static void kv_quantize(int8_t *codes, uint16_t *scales, const float *x, int64_t KVH, int64_t hd) {
+    for (int64_t h = 0; h < KVH; h++) {
+        const float *xh = x + h * hd;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < hd; i++) amax = fmaxf(amax, fabsf(xh[i]));
+        uint32_t code = 0;
+        if (nl_fmt_encode(NL_FMT_FP16, amax / 127.0f, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_SATURATE, 0, &code))
+            code = 0x7BFFu; /* NaN/inf activations: the largest fp16 (they poison the output anyway) */
+        scales[h] = (uint16_t)code;
+        float s = nl_fmt_decode(NL_FMT_FP16, code), inv = s > 0.0f ? 1.0f / s : 0.0f;
+        for (int64_t i = 0; i < hd; i++) {
+            float q = rintf(xh[i] * inv);
+            codes[h * hd + i] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+        }
+    }
+}
+
+/* Attention of one query row over positions 0..pos of an int8 cache layer. */
+static void attend_int8(nl_model *m, float *atty, const float *q, const int8_t *kc, const uint16_t *ks,
+                        const int8_t *vc, const uint16_t *vs, int64_t pos) {
+    int64_t NH = m->NH, KVH = m->KVH, hd = m->hd, S = m->arch.seq_len, kvd = KVH * hd, group = NH / KVH;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = 0; h < NH; h++) {
+        int64_t kh = h / group;
+        const float *qh = q + h * hd;
+        float *a = m->inf_att + h * S, mx = -INFINITY, sum = 0.0f;
+        for (int64_t t = 0; t <= pos; t++) {
+            const int8_t *k = kc + t * kvd + kh * hd;
+            float sc = 0.0f;
+            for (int64_t i = 0; i < hd; i++) sc += qh[i] * (float)k[i];
+            a[t] = sc * nl_fmt_decode(NL_FMT_FP16, ks[t * KVH + kh]) * scale;
+            if (a[t] > mx) mx = a[t];
+        }
+        for (int64_t t = 0; t <= pos; t++) {
+            a[t] = expf(a[t] - mx);
+            sum += a[t];
+        }
+        float *o = atty + h * hd;
+        for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int64_t t = 0; t <= pos; t++) {
+            const int8_t *v = vc + t * kvd + kh * hd;
+            float p = a[t] / sum * nl_fmt_decode(NL_FMT_FP16, vs[t * KVH + kh]);
+            for (int64_t i = 0; i < hd; i++) o[i] += p * (float)v[i];
+        }
+    }
 }
 
 float *nl_model_step(nl_model *m, int32_t token, int64_t pos) {
@@ -36,7 +109,6 @@ float *nl_model_step(nl_model *m, int32_t token, int64_t pos) {
     memcpy(x, m->w.embed + (int64_t)token * C, (size_t)C * sizeof(float));
     for (int64_t l = 0; l < m->L; l++) {
         nl_layer_weights *lw = &m->w.layers[l];
-        float *kc = m->kv_cache + (l * 2) * S * kvd, *vc = m->kv_cache + (l * 2 + 1) * S * kvd;
         nl_rmsnorm_forward(xb, &rstd, x, lw->rms_att, 1, C, eps);
         nl_linear_site s = {NL_LIN_QKV, (int)l, (size_t)(lw->wq - m->params)};
         nl_linear_forward(m, &s, q, xb, lw->wq, 1, C, QKV);
@@ -48,30 +120,39 @@ float *nl_model_step(nl_model *m, int32_t token, int64_t pos) {
                 v[0] = x0 * c[i] - x1 * sn[i];
                 v[1] = x0 * sn[i] + x1 * c[i];
             }
-        memcpy(kc + pos * kvd, q + NH * hd, (size_t)kvd * sizeof(float));
-        memcpy(vc + pos * kvd, q + (NH + KVH) * hd, (size_t)kvd * sizeof(float));
-        float scale = 1.0f / sqrtf((float)hd);
-        for (int64_t h = 0; h < NH; h++) {
-            int64_t kh = h / group;
-            const float *qh = q + h * hd;
-            float *a = m->inf_att + h * S, mx = -INFINITY, sum = 0.0f;
-            for (int64_t t = 0; t <= pos; t++) {
-                const float *k = kc + t * kvd + kh * hd;
-                float sc = 0.0f;
-                for (int64_t i = 0; i < hd; i++) sc += qh[i] * k[i];
-                a[t] = sc * scale;
-                if (a[t] > mx) mx = a[t];
-            }
-            for (int64_t t = 0; t <= pos; t++) {
-                a[t] = expf(a[t] - mx);
-                sum += a[t];
-            }
-            float *o = atty + h * hd;
-            for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
-            for (int64_t t = 0; t <= pos; t++) {
-                const float *v = vc + t * kvd + kh * hd;
-                float p = a[t] / sum;
-                for (int64_t i = 0; i < hd; i++) o[i] += p * v[i];
+        if (m->kv_dtype == NL_KV_INT8) {
+            int8_t *kq = m->kv_codes + (l * 2) * S * kvd, *vq = m->kv_codes + (l * 2 + 1) * S * kvd;
+            uint16_t *ks = m->kv_scales + (l * 2) * S * KVH, *vs = m->kv_scales + (l * 2 + 1) * S * KVH;
+            kv_quantize(kq + pos * kvd, ks + pos * KVH, q + NH * hd, KVH, hd);
+            kv_quantize(vq + pos * kvd, vs + pos * KVH, q + (NH + KVH) * hd, KVH, hd);
+            attend_int8(m, atty, q, kq, ks, vq, vs, pos);
+        } else {
+            float *kc = m->kv_cache + (l * 2) * S * kvd, *vc = m->kv_cache + (l * 2 + 1) * S * kvd;
+            memcpy(kc + pos * kvd, q + NH * hd, (size_t)kvd * sizeof(float));
+            memcpy(vc + pos * kvd, q + (NH + KVH) * hd, (size_t)kvd * sizeof(float));
+            float scale = 1.0f / sqrtf((float)hd);
+            for (int64_t h = 0; h < NH; h++) {
+                int64_t kh = h / group;
+                const float *qh = q + h * hd;
+                float *a = m->inf_att + h * S, mx = -INFINITY, sum = 0.0f;
+                for (int64_t t = 0; t <= pos; t++) {
+                    const float *k = kc + t * kvd + kh * hd;
+                    float sc = 0.0f;
+                    for (int64_t i = 0; i < hd; i++) sc += qh[i] * k[i];
+                    a[t] = sc * scale;
+                    if (a[t] > mx) mx = a[t];
+                }
+                for (int64_t t = 0; t <= pos; t++) {
+                    a[t] = expf(a[t] - mx);
+                    sum += a[t];
+                }
+                float *o = atty + h * hd;
+                for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+                for (int64_t t = 0; t <= pos; t++) {
+                    const float *v = vc + t * kvd + kh * hd;
+                    float p = a[t] / sum;
+                    for (int64_t i = 0; i < hd; i++) o[i] += p * v[i];
+                }
             }
         }
         s = (nl_linear_site){NL_LIN_O, (int)l, (size_t)(lw->wo - m->params)};

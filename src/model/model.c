@@ -209,6 +209,7 @@ void nl_model_free(nl_model *m) {
     nl_free(m->layer_offsets);
     nl_free(m->w.layers);
     nl_free(m->kv_cache);
+    nl_free(m->kv_codes);
     memset(m, 0, sizeof *m);
 }
 

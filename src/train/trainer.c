@@ -64,9 +64,11 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
     nl_status rc;
     nl_ckpt_state st;
     memset(&st, 0, sizeof st);
-    if (o->resume) {
+    if (o->resume && o->init_weights)
+        return nl_fail(NL_ERR_INVALID, "--resume and --resume-weights exclude each other");
+    if (o->resume || o->init_weights) {
         char tok[64];
-        NL_TRY(nl_ckpt_load_model(o->resume, &t->model, tok));
+        NL_TRY(nl_ckpt_load_model(o->resume ? o->resume : o->init_weights, &t->model, tok));
     } else {
         NL_TRY(nl_model_init(&t->model, arch));
         nl_model_init_random(&t->model, o->seed);
@@ -84,7 +86,7 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
     if (o->mup_base_dim > 0) { /* muP hooks: output multiplier, per-tensor learning rates, init */
         t->mup = nl_calloc(1, sizeof *t->mup, "muP");
         if (!t->mup) { rc = NL_ERR_NOMEM; goto fail; }
-        if ((rc = nl_mup_init(t->mup, m, &t->opt, o->mup_base_dim, !o->resume))) goto fail;
+        if ((rc = nl_mup_init(t->mup, m, &t->opt, o->mup_base_dim, !o->resume && !o->init_weights))) goto fail;
     }
     nl_scaler_init(&t->scaler);
     if (o->loss_scale_init > 0) t->scaler.scale = o->loss_scale_init;
@@ -210,4 +212,47 @@ nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t
     nl_status rc = nl_eval_loss(m, &d, NL_DATA_ALL, B, T, 0, mean_loss, n_scored);
     nl_data_free(&d);
     return rc;
+}
+
+nl_status nl_eval_loss_kv(nl_model *m, const nl_data *d, nl_data_split split, int64_t T, int64_t max_windows,
+                          double *mean_loss, int64_t *n_scored) {
+    if (!m->kv_cache) return nl_fail(NL_ERR_INVALID, "nl_eval_loss_kv: allocate the KV cache first");
+    if (T < 1 || T > m->arch.seq_len)
+        return nl_fail(NL_ERR_INVALID, "KV-cache eval: --seq %lld must be in [1, %lld]", (long long)T,
+                       (long long)m->arch.seq_len);
+    int64_t windows = nl_data_eval_windows(d, split, (int)T);
+    if (max_windows > 0 && windows > max_windows) windows = max_windows;
+    if (windows < 1)
+        return nl_fail(NL_ERR_INVALID, "%s: the %s split has %lld tokens, fewer than one window of %lld + 1", d->path,
+                       nl_data_split_name(split), (long long)nl_data_split_tokens(d, split), (long long)T);
+    int32_t *x = nl_malloc((size_t)T * sizeof(int32_t), "eval window");
+    int32_t *y = nl_malloc((size_t)T * sizeof(int32_t), "eval window");
+    nl_status rc = (x && y) ? NL_OK : NL_ERR_NOMEM;
+    double total = 0.0;
+    int64_t scored = 0;
+    for (int64_t w = 0; !rc && w < windows; w++) {
+        int nb = 0;
+        rc = nl_data_eval_batch(d, split, w, 1, (int)T, x, y, &nb);
+        if (rc || nb == 0) break;
+        for (int64_t t = 0; t < T; t++) {
+            if (x[t] < 0 || x[t] >= m->V || y[t] < 0 || y[t] >= m->V) {
+                rc = nl_fail(NL_ERR_INVALID, "%s: token %d at window %lld position %lld is outside the vocabulary",
+                             d->path, (int)(x[t] < 0 || x[t] >= m->V ? x[t] : y[t]), (long long)w, (long long)t);
+                break;
+            }
+            const float *logits = nl_model_step(m, x[t], t);
+            float mx = logits[0];
+            for (int64_t v = 1; v < m->V; v++) mx = logits[v] > mx ? logits[v] : mx;
+            double se = 0.0;
+            for (int64_t v = 0; v < m->V; v++) se += exp((double)(logits[v] - mx));
+            total += log(se) + (double)mx - (double)logits[y[t]];
+            scored++;
+        }
+    }
+    nl_free(x);
+    nl_free(y);
+    if (rc) return rc;
+    *mean_loss = total / (double)scored;
+    if (n_scored) *n_scored = scored;
+    return NL_OK;
 }

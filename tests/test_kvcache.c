@@ -1,0 +1,159 @@
+/* model/infer: the int8 KV cache (per head, per token absmax, fp16 scales). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "nanolm/formats.h"
+#include "nanolm/model.h"
+
+/* vocab 64, dim 64, 2 layers, 4 heads, 2 KV heads (hd 16), seq 32. */
+static void tiny(nl_model *m) {
+    nl_arch a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.name, sizeof a.name, "tiny");
+    a.vocab_size = 64; a.dim = 64; a.n_layers = 2; a.n_heads = 4; a.n_kv_heads = 2; a.hidden_dim = 96;
+    a.seq_len = 32; a.rope_theta = 10000.0; a.norm_eps = 1e-5;
+    assert_int_equal(nl_model_init(m, &a), NL_OK);
+    nl_model_init_random(m, 21);
+}
+
+/* Exact bytes; fp32-cache steps match the batched forward; the int8 cache stores each head's
+ * K and V of a token as round(x / s), s = fp16(max|x| / 127), and its logits stay close to
+ * fp32's without being equal. */
+static void int8_cache(void **state) {
+    (void)state;
+    const int64_t T = 32;
+    nl_model m;
+    tiny(&m);
+    const int64_t L = m.L, S = m.arch.seq_len, KVH = m.KVH, hd = m.hd, NH = m.NH, V = m.V;
+    int32_t x[32];
+    nl_rng g;
+    nl_rng_seed(&g, 4);
+    for (int i = 0; i < T; i++) x[i] = (int32_t)nl_rng_below(&g, (uint64_t)V);
+    assert_int_equal(nl_model_alloc_acts(&m, 1, T), NL_OK);
+    assert_int_equal(nl_model_forward(&m, x, NULL, 1, T, NULL), NL_OK);
+    float *ref = malloc(sizeof(float) * (size_t)(T * V));
+    memcpy(ref, m.a.logits, sizeof(float) * (size_t)(T * V));
+
+    assert_int_equal(nl_model_alloc_kv(&m), NL_OK);
+    assert_int_equal(m.kv_bytes, (size_t)(L * 2 * S * KVH * hd * 4));
+    double d32 = 0, amax = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const float *lg = nl_model_step(&m, x[t], t);
+        for (int64_t v = 0; v < V; v++) {
+            d32 = fmax(d32, fabs(lg[v] - ref[t * V + v]));
+            amax = fmax(amax, fabs(ref[t * V + v]));
+        }
+    }
+    assert_int_equal(nl_model_alloc_kv_dtype(&m, NL_KV_INT8), NL_OK);
+    assert_int_equal(m.kv_dtype, NL_KV_INT8);
+    /* codes (1 byte) + one fp16 scale per head and token: exactly half of fp16 for the codes */
+    assert_int_equal(m.kv_bytes, (size_t)(L * 2 * S * KVH * hd + L * 2 * S * KVH * 2));
+    double d8 = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const float *lg = nl_model_step(&m, x[t], t);
+        for (int64_t v = 0; v < V; v++) d8 = fmax(d8, fabs(lg[v] - ref[t * V + v]));
+        /* inf_q holds the last layer's rotated q | k | v of this token: check its cache entries */
+        const int64_t l = L - 1, kvd = KVH * hd;
+        for (int kv = 0; kv < 2; kv++) {
+            const float *src = m.inf_q + (NH + kv * KVH) * hd;
+            const int8_t *codes = m.kv_codes + ((l * 2 + kv) * S + t) * kvd;
+            const uint16_t *sc = m.kv_scales + ((l * 2 + kv) * S + t) * KVH;
+            for (int64_t h = 0; h < KVH; h++) {
+                float hmax = 0;
+                for (int64_t i = 0; i < hd; i++) hmax = fmaxf(hmax, fabsf(src[h * hd + i]));
+                float s = nl_fmt_decode(NL_FMT_FP16, sc[h]);
+                assert_true(s == nl_fmt_round(NL_FMT_FP16, hmax / 127.0f));
+                int top = 0;
+                for (int64_t i = 0; i < hd; i++) {
+                    int c = codes[h * hd + i];
+                    assert_true(c >= -127 && c <= 127);
+                    top = abs(c) > top ? abs(c) : top;
+                    /* round to nearest (clamped at 127 when the fp16 scale rounded down) */
+                    float err = fabsf((float)c * s - src[h * hd + i]);
+                    assert_true(err <= 0.5f * s * 1.0001f || abs(c) == 127);
+                }
+                assert_true(top >= 126); /* absmax: the largest value lands on the edge of the grid */
+            }
+        }
+    }
+    print_message("max |logit - batched| fp32 cache %.3g, int8 cache %.3g (max |logit| %.3g); bytes fp32 %zu int8 %zu\n",
+                  d32, d8, amax, (size_t)(L * 2 * S * KVH * hd * 4), m.kv_bytes);
+    assert_true(d32 <= 1e-4 * amax);
+    assert_true(d8 > d32);
+    assert_true(d8 <= 0.05 * amax);
+    assert_int_equal(nl_model_alloc_kv_dtype(&m, (nl_kv_dtype)7), NL_ERR_INVALID);
+    free(ref);
+    nl_model_free(&m);
+}
+
+static cJSON *eval_json(const char *args) {
+    char *out = NULL;
+    int rc = tu_run_cli(args, &out);
+    if (rc != 0) print_message("%s\n", out ? out : "");
+    assert_int_equal(rc, 0);
+    cJSON *d = cJSON_Parse(out);
+    free(out);
+    assert_non_null(d);
+    return d;
+}
+
+/* stories260K on tinystories: the int8 cache changes the loss by < 0.5% relative; the fp32
+ * cache path gives the batched loss; greedy text agrees on its first tokens. */
+static void stories(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(ck, "stories260K/stories260K.bin");
+    TU_REQUIRE_DATA(tk, "stories260K/tok512.bin");
+    TU_REQUIRE_DATA(tx, "tinystories/tinystories_head.txt");
+    char args[2048];
+    double loss[3], kvb[3];
+    const char *mode[3] = {"", "--kv-cache fp32", "--kv-cache int8"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "eval --ckpt %s --tokenizer %s --data %s --max-windows 3 %s --json", ck, tk, tx, mode[i]);
+        cJSON *d = eval_json(args);
+        loss[i] = cJSON_GetObjectItem(d, "mean_loss")->valuedouble;
+        assert_int_equal((int)cJSON_GetObjectItem(d, "tokens")->valuedouble, 3 * 512);
+        cJSON *b = cJSON_GetObjectItem(d, "kv_cache_bytes");
+        kvb[i] = b ? b->valuedouble : 0;
+        cJSON_Delete(d);
+    }
+    print_message("stories260K, 1536 tokens: batched %.5f, fp32 cache %.5f, int8 cache %.5f (%+.3f%%); KV bytes %.0f -> %.0f\n",
+                  loss[0], loss[1], loss[2], 100 * (loss[2] - loss[1]) / loss[1], kvb[1], kvb[2]);
+    assert_true(fabs(loss[1] - loss[0]) < 1e-4 * loss[0]);
+    assert_true(fabs(loss[2] - loss[1]) < 0.005 * loss[1]);
+    assert_true(loss[2] != loss[1]);
+    /* 5 layers, 4 KV heads of 8, 512 positions: 81920 values per K and V */
+    assert_true(kvb[1] == 5.0 * 2 * 512 * 32 * 4);
+    assert_true(kvb[2] == 5.0 * 2 * 512 * 32 + 5.0 * 2 * 512 * 4 * 2);
+    /* greedy generation: the first 40 tokens agree */
+    cJSON *gen[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --temperature 0 --steps 44 "
+                 "--kv-cache %s --json", ck, tk, i ? "int8" : "fp32");
+        gen[i] = eval_json(args);
+    }
+    cJSON *a = cJSON_GetObjectItem(gen[0], "tokens"), *b = cJSON_GetObjectItem(gen[1], "tokens");
+    assert_true(cJSON_GetArraySize(a) >= 40 && cJSON_GetArraySize(b) >= 40);
+    for (int i = 0; i < 40; i++)
+        assert_int_equal((int)cJSON_GetArrayItem(a, i)->valuedouble, (int)cJSON_GetArrayItem(b, i)->valuedouble);
+    cJSON_Delete(gen[0]);
+    cJSON_Delete(gen[1]);
+    char *out = NULL;
+    snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt hi --kv-cache int4", ck, tk);
+    assert_int_equal(tu_run_cli(args, &out), 2);
+    assert_non_null(strstr(out, "int4"));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(int8_cache),
+        cmocka_unit_test(stories),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
