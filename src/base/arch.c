@@ -140,12 +140,12 @@ nl_status nl_arch_from_json(const char *what, const char *json, nl_arch *a) {
         return nl_fail(NL_ERR_FORMAT, "%s: the arch metadata has no number '%s'", what, #f);       \
     }                                                                                              \
     if (cJSON_IsNumber(v)) {                                                                       \
-        if (!(v->valuedouble >= 0 && v->valuedouble <= 0x1p40) || v->valuedouble != floor(v->valuedouble)) { \
-            cJSON_Delete(o);                                                                       \
-            return nl_fail(NL_ERR_FORMAT, "%s: arch field '%s' = %g is not an integer in [0, 2^40]", what, #f, \
-                           v->valuedouble);                                                        \
+        double val = v->valuedouble;                                                               \
+        if (!(val >= 0 && val <= 0x1p40) || val != floor(val)) {                                   \
+            cJSON_Delete(o); /* v belongs to o: use the copied value from here on */               \
+            return nl_fail(NL_ERR_FORMAT, "%s: arch field '%s' = %g is not an integer in [0, 2^40]", what, #f, val); \
         }                                                                                          \
-        a->f = (int64_t)v->valuedouble;                                                            \
+        a->f = (int64_t)val;                                                                       \
     }
     ARCH_INT_FIELDS(X)
 #undef X
