@@ -65,6 +65,7 @@ typedef struct nl_pipe {
     double loss_sum;             /* last stage: sum of the step's micro-batch losses */
     float *scratch;              /* backward scratch of one micro-batch */
     float *dresid, *dln, *dqkv, *datty, *datt, *dh13, *dhact;
+    float *gat;                  /* SP: (b*T, C) all-gathered norm output, transient (NULL without SP) */
     float *adam_m, *adam_v;      /* (n_params); only the owned ranges are used */
     int64_t t;
     int32_t *x, *y;              /* (B, T) this data-parallel rank's batch */
