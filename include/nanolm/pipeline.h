@@ -65,6 +65,7 @@ typedef struct nl_pipe {
     double loss_sum;             /* last stage: sum of the step's micro-batch losses */
     float *scratch;              /* backward scratch of one micro-batch */
     float *dresid, *dln, *dqkv, *datty, *datt, *dh13, *dhact;
+    float *gat;                  /* SP: (b*T, C) all-gathered norm output, transient (NULL without SP) */
     float *adam_m, *adam_v;      /* (n_params); only the owned ranges are used */
     int64_t t;
     int32_t *x, *y;              /* (B, T) this data-parallel rank's batch */
@@ -74,7 +75,10 @@ typedef struct nl_pipe {
      * residual adds work on this rank's rows [sp_r0, sp_r0 + sp_n) of the (b*T) rows; each
      * all-reduce of the TP block becomes a reduce-scatter (after o_proj / down_proj) and an
      * all-gather (before q/k/v and gate/up), and the same in backward. The norm weights' and
-     * the embedding's gradients are partial per rank and summed over the group. */
+     * the embedding's gradients are partial per rank and summed over the group. The buffers of
+     * those sequence-sharded tensors (residual stream, norm outputs and rstd, residual after
+     * attention) hold sp_n rows; an all-gathered norm output lives only in `gat` and is gathered
+     * again in backward. */
     int64_t sp_r0, sp_n;
     /* last step's timeline: event i is a forward (kind 0) or backward (1) of micro-batch ev_mb[i]
      * computing from ev_t0[i] to ev_t1[i] seconds after the step began (after a barrier) */

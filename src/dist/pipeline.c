@@ -13,9 +13,11 @@
 
 struct nl_pipe_mb {
     float *mem;
-    float *R;        /* (nl+1, b, T, C) residual stream entering each local layer (+ leaving) */
-    float *ln1, *ln1_rstd, *qkv, *att, *atty, *resid2, *ln2, *ln2_rstd, *h13, *hact;
-    float *lnf, *lnf_rstd, *logits; /* last stage */
+    /* Under sequence parallelism the buffers marked [rows] hold only this rank's sp_n rows
+     * (b*T/TP instead of b*T): the residual stream, the norm outputs and their rstd. */
+    float *R;        /* [rows] (nl+1, b, T, C) residual stream entering each local layer (+ leaving) */
+    float *ln1, *ln1_rstd, *qkv, *att, *atty, *resid2, *ln2, *ln2_rstd, *h13, *hact; /* ln*, resid2: [rows] */
+    float *lnf, *lnf_rstd, *logits; /* last stage; lnf, lnf_rstd: [rows] */
     float *dsend;    /* (b, T, C) gradient sent to the previous stage */
     nl_comm_request *fwd_req, *bwd_req;
 };
@@ -139,33 +141,38 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     if (!p->mbs) { st = NL_ERR_NOMEM; goto fail; }
     for (int k = 0; k < p->n_slots; k++) {
         nl_pipe_mb *mb = &p->mbs[k];
-        size_t f = (size_t)((nl + 1) * bT * C + nl * (bT * C * 3 + bT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd +
+        /* rows of the sequence-sharded tensors: this rank's shard under SP, all otherwise */
+        int64_t rT = p->sp_n ? p->sp_n : bT;
+        size_t f = (size_t)((nl + 1) * rT * C + nl * (rT * C * 3 + rT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd +
                                                       bT * 3 * H) + bT * C);
-        if (last_stage(p)) f += (size_t)(bT * C + bT + bT * V);
+        if (last_stage(p)) f += (size_t)(rT * C + rT + bT * V);
         p->act_floats += f;
         mb->mem = nl_calloc(f, sizeof(float), "micro-batch activations");
         if (!mb->mem) { st = NL_ERR_NOMEM; goto fail; }
         float *q = mb->mem;
 #define TAKE(ptr, n) (ptr = q, q += (n))
-        TAKE(mb->R, (nl + 1) * bT * C);
-        TAKE(mb->ln1, nl * bT * C);
-        TAKE(mb->ln1_rstd, nl * bT);
+        TAKE(mb->R, (nl + 1) * rT * C);
+        TAKE(mb->ln1, nl * rT * C);
+        TAKE(mb->ln1_rstd, nl * rT);
         TAKE(mb->qkv, nl * bT * QKV);
         TAKE(mb->att, nl * p->b * NH * T * T);
         TAKE(mb->atty, nl * bT * NH * hd);
-        TAKE(mb->resid2, nl * bT * C);
-        TAKE(mb->ln2, nl * bT * C);
-        TAKE(mb->ln2_rstd, nl * bT);
+        TAKE(mb->resid2, nl * rT * C);
+        TAKE(mb->ln2, nl * rT * C);
+        TAKE(mb->ln2_rstd, nl * rT);
         TAKE(mb->h13, nl * bT * 2 * H);
         TAKE(mb->hact, nl * bT * H);
         TAKE(mb->dsend, bT * C);
         if (last_stage(p)) {
-            TAKE(mb->lnf, bT * C);
-            TAKE(mb->lnf_rstd, bT);
+            TAKE(mb->lnf, rT * C);
+            TAKE(mb->lnf_rstd, rT);
             TAKE(mb->logits, bT * V);
         }
     }
-    size_t sf = (size_t)(bT * C * 2 + bT * QKV + bT * NH * hd + p->b * NH * T + bT * 2 * H + bT * H);
+    /* backward scratch; SP adds one (b*T, C) buffer that holds, transiently, the all-gathered
+     * norm output feeding a column-parallel matmul (re-gathered in backward for its weight gradient) */
+    size_t sf = (size_t)(bT * C * 2 + bT * QKV + bT * NH * hd + p->b * NH * T + bT * 2 * H + bT * H +
+                         (p->sp_n ? bT * C : 0));
     p->act_floats += sf;
     p->scratch = nl_calloc(sf, sizeof(float), "pipeline backward scratch");
     p->adam_m = nl_calloc(m->n_params, sizeof(float), "AdamW first moment");
@@ -199,6 +206,7 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     TAKE(p->datt, p->b * NH * T);
     TAKE(p->dh13, bT * 2 * H);
     TAKE(p->dhact, bT * H);
+    if (p->sp_n) TAKE(p->gat, bT * C);
 #undef TAKE
     return NL_OK;
 fail:
@@ -261,20 +269,21 @@ static nl_status tp_sum(nl_pipe *p, float *buf, size_t n, double *t_mark) {
     return NL_OK;
 }
 
-/* Sequence parallel: rows [sp_r0, sp_r0 + sp_n) of buf (BT, C) -> all rows (all-gather), and the
- * sum over the group of buf's rows -> this rank's rows (reduce-scatter), in place. */
-static nl_status sp_gather(nl_pipe *p, float *buf, size_t n, double *t_mark) {
+/* Sequence parallel: this rank's rows [sp_r0, sp_r0 + sp_n) `shard` (sp_n, C) -> all rows `full`
+ * (BT, C) (all-gather), and the sum over the group of `full`'s rows -> this rank's rows `shard`
+ * (reduce-scatter). n = BT * C; shard may point into full at this rank's rows (in place). */
+static nl_status sp_gather(nl_pipe *p, const float *shard, float *full, size_t n, double *t_mark) {
     double t0 = nl_time_s();
-    NL_TRY(nl_comm_all_gather(p->tp, buf + nl_comm_chunk_offset(n, p->TP, p->tr), buf, n, NL_COMM_F32, p->o.impl));
+    NL_TRY(nl_comm_all_gather(p->tp, shard, full, n, NL_COMM_F32, p->o.impl));
     double dt = nl_time_s() - t0;
     p->tp_s += dt;
     *t_mark += dt;
     return NL_OK;
 }
 
-static nl_status sp_scatter(nl_pipe *p, float *buf, size_t n, double *t_mark) {
+static nl_status sp_scatter(nl_pipe *p, float *full, float *shard, size_t n, double *t_mark) {
     double t0 = nl_time_s();
-    NL_TRY(nl_comm_reduce_scatter(p->tp, buf, buf + nl_comm_chunk_offset(n, p->TP, p->tr), n, NL_COMM_F32, p->o.impl));
+    NL_TRY(nl_comm_reduce_scatter(p->tp, full, shard, n, NL_COMM_F32, p->o.impl));
     double dt = nl_time_s() - t0;
     p->tp_s += dt;
     *t_mark += dt;
@@ -308,9 +317,12 @@ static nl_status stage_forward(nl_pipe *p, int k) {
         mb->bwd_req = NULL;
         NL_TRY(st);
     }
+    /* rows the norms and residuals work on: all, or this rank's sequence shard [r0, r0 + rn); the
+     * buffers of sequence-sharded tensors hold rn rows */
+    int64_t r0 = p->sp_n ? p->sp_r0 : 0, rn = p->sp_n ? p->sp_n : BT;
     if (first_stage(p)) {
-        for (int64_t i = 0; i < BT; i++)
-            memcpy(mb->R + i * C, m->w.embed + (int64_t)tok[i] * C, (size_t)C * sizeof(float));
+        for (int64_t i = 0; i < rn; i++)
+            memcpy(mb->R + i * C, m->w.embed + (int64_t)tok[r0 + i] * C, (size_t)C * sizeof(float));
     } else {
         NL_TRY(nl_comm_recv(p->pp, mb->R, (size_t)(BT * C), NL_COMM_F32, p->s - 1, 2 * k));
     }
@@ -318,48 +330,48 @@ static nl_status stage_forward(nl_pipe *p, int k) {
     p->idle_s += t1 - t0;
     for (int64_t j = 0; j < p->l1 - p->l0; j++) {
         nl_layer_weights *lw = &m->w.layers[j]; /* the whole model's layer l0 + j */
-        float *x = mb->R + j * BT * C, *ln1 = mb->ln1 + j * BT * C, *qkv = mb->qkv + j * BT * QKV;
+        float *x = mb->R + j * rn * C, *ln1 = mb->ln1 + j * rn * C, *qkv = mb->qkv + j * BT * QKV;
         float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
-        float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
-        float *hact = mb->hact + j * BT * H, *xo = mb->R + (j + 1) * BT * C;
+        float *x2 = mb->resid2 + j * rn * C, *ln2 = mb->ln2 + j * rn * C, *h13 = mb->h13 + j * BT * 2 * H;
+        float *hact = mb->hact + j * BT * H, *xo = mb->R + (j + 1) * rn * C;
         int64_t qd = NH * hd, kd = KVH * hd;
-        /* rows the norms and residuals work on: all, or this rank's sequence shard */
-        int64_t r0 = p->sp_n ? p->sp_r0 : 0, rn = p->sp_n ? p->sp_n : BT;
-        nl_rmsnorm_forward(ln1 + r0 * C, mb->ln1_rstd + j * BT + r0, x + r0 * C, lw->rms_att, rn, C, eps);
-        if (p->sp_n) NL_TRY(sp_gather(p, ln1, (size_t)(BT * C), &t1));
+        /* SP: the column-parallel matmuls read the all-gathered norm output (transient, p->gat),
+         * the row-parallel ones write all rows into p->dresid (free during a forward), which is
+         * reduce-scattered into the shard */
+        float *lin = p->sp_n ? p->gat : ln1, *rpo = p->sp_n ? p->dresid : x2;
+        nl_rmsnorm_forward(ln1, mb->ln1_rstd + j * rn, x, lw->rms_att, rn, C, eps);
+        if (p->sp_n) NL_TRY(sp_gather(p, ln1, lin, (size_t)(BT * C), &t1));
         /* column-parallel q, k, v: this rank's heads are rows [tr*qd, (tr+1)*qd) of wq, ... */
-        gemm_nt(BT, qd, C, ln1, C, lw->wq, C, qkv, QKV);
-        gemm_nt(BT, kd, C, ln1, C, lw->wk, C, qkv + qd, QKV);
-        gemm_nt(BT, kd, C, ln1, C, lw->wv, C, qkv + qd + kd, QKV);
+        gemm_nt(BT, qd, C, lin, C, lw->wq, C, qkv, QKV);
+        gemm_nt(BT, kd, C, lin, C, lw->wk, C, qkv + qd, QKV);
+        gemm_nt(BT, kd, C, lin, C, lw->wv, C, qkv + qd + kd, QKV);
         nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, 0);
         nl_rope_apply(qkv + qd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, 0);
         nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
         /* row-parallel o: this rank's columns of wo, then the sum over the group */
-        gemm_nt(BT, C, qd, atty, qd, lw->wo, qd, x2, C);
-        if (p->sp_n) NL_TRY(sp_scatter(p, x2, (size_t)(BT * C), &t1));
+        gemm_nt(BT, C, qd, atty, qd, lw->wo, qd, rpo, C);
+        if (p->sp_n) NL_TRY(sp_scatter(p, rpo, x2, (size_t)(BT * C), &t1));
         else NL_TRY(tp_sum(p, x2, (size_t)(BT * C), &t1));
-        for (int64_t i = r0 * C; i < (r0 + rn) * C; i++) x2[i] += x[i];
-        nl_rmsnorm_forward(ln2 + r0 * C, mb->ln2_rstd + j * BT + r0, x2 + r0 * C, lw->rms_ffn, rn, C, eps);
-        if (p->sp_n) NL_TRY(sp_gather(p, ln2, (size_t)(BT * C), &t1));
-        gemm_nt(BT, H, C, ln2, C, lw->w1, C, h13, 2 * H);
-        gemm_nt(BT, H, C, ln2, C, lw->w3, C, h13 + H, 2 * H);
+        for (int64_t i = 0; i < rn * C; i++) x2[i] += x[i];
+        nl_rmsnorm_forward(ln2, mb->ln2_rstd + j * rn, x2, lw->rms_ffn, rn, C, eps);
+        if (p->sp_n) lin = p->gat, rpo = p->dresid;
+        else lin = ln2, rpo = xo;
+        if (p->sp_n) NL_TRY(sp_gather(p, ln2, lin, (size_t)(BT * C), &t1));
+        gemm_nt(BT, H, C, lin, C, lw->w1, C, h13, 2 * H);
+        gemm_nt(BT, H, C, lin, C, lw->w3, C, h13 + H, 2 * H);
         nl_swiglu_forward(hact, h13, BT, H);
-        gemm_nt(BT, C, H, hact, H, lw->w2, H, xo, C);
-        if (p->sp_n) NL_TRY(sp_scatter(p, xo, (size_t)(BT * C), &t1));
+        gemm_nt(BT, C, H, hact, H, lw->w2, H, rpo, C);
+        if (p->sp_n) NL_TRY(sp_scatter(p, rpo, xo, (size_t)(BT * C), &t1));
         else NL_TRY(tp_sum(p, xo, (size_t)(BT * C), &t1));
-        for (int64_t i = r0 * C; i < (r0 + rn) * C; i++) xo[i] += x2[i];
+        for (int64_t i = 0; i < rn * C; i++) xo[i] += x2[i];
     }
-    float *out = mb->R + (p->l1 - p->l0) * BT * C;
+    float *out = mb->R + (p->l1 - p->l0) * rn * C;
     if (last_stage(p)) {
-        if (p->sp_n) {
-            nl_rmsnorm_forward(mb->lnf + p->sp_r0 * C, mb->lnf_rstd + p->sp_r0, out + p->sp_r0 * C, m->w.rms_final,
-                               p->sp_n, C, eps);
-            NL_TRY(sp_gather(p, mb->lnf, (size_t)(BT * C), &t1));
-        } else {
-            nl_rmsnorm_forward(mb->lnf, mb->lnf_rstd, out, m->w.rms_final, BT, C, eps);
-        }
+        nl_rmsnorm_forward(mb->lnf, mb->lnf_rstd, out, m->w.rms_final, rn, C, eps);
+        float *lnf = mb->lnf;
+        if (p->sp_n) NL_TRY(sp_gather(p, mb->lnf, lnf = p->gat, (size_t)(BT * C), &t1));
         nl_linear_site s = site(m, NL_LIN_CLS, -1, m->w.cls);
-        nl_linear_forward(m, &s, mb->logits, mb->lnf, m->w.cls, BT, C, V);
+        nl_linear_forward(m, &s, mb->logits, lnf, m->w.cls, BT, C, V);
         double total = 0;
         for (int64_t i = 0; i < BT; i++) {
             const float *z = mb->logits + i * V;
@@ -391,6 +403,8 @@ static nl_status stage_backward(nl_pipe *p, int k) {
 #define GRAD(ptr) (G + ((ptr) - m->params))
     double t0 = nl_time_s();
     int64_t nl = p->l1 - p->l0;
+    /* this rank's rows [r0, r0 + rn) of the scratch gradients; stored shards hold rn rows */
+    int64_t r0 = p->sp_n ? p->sp_r0 : 0, rn = p->sp_n ? p->sp_n : BT;
     if (last_stage(p)) {
         float dscale = 1.0f / (float)BT;
         for (int64_t i = 0; i < BT; i++) {
@@ -406,12 +420,14 @@ static nl_status stage_backward(nl_pipe *p, int k) {
             for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
             z[tgt[i]] -= dscale;
         }
+        /* SP: the classifier's input is re-gathered from the stored shard */
+        float *lnf = mb->lnf;
+        if (p->sp_n) NL_TRY(sp_gather(p, mb->lnf, lnf = p->gat, (size_t)(BT * C), &t0));
         nl_linear_site s = site(m, NL_LIN_CLS, -1, m->w.cls);
-        nl_linear_backward(m, &s, p->dln, GRAD(m->w.cls), mb->logits, mb->lnf, m->w.cls, BT, C, V);
+        nl_linear_backward(m, &s, p->dln, GRAD(m->w.cls), mb->logits, lnf, m->w.cls, BT, C, V);
         memset(p->dresid, 0, (size_t)(BT * C) * sizeof(float));
-        int64_t f0 = p->sp_n ? p->sp_r0 : 0, fn = p->sp_n ? p->sp_n : BT;
-        nl_rmsnorm_backward(p->dresid + f0 * C, GRAD(m->w.rms_final), p->dln + f0 * C, mb->R + nl * BT * C + f0 * C,
-                            m->w.rms_final, mb->lnf_rstd + f0, fn, C);
+        nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(m->w.rms_final), p->dln + r0 * C, mb->R + nl * rn * C,
+                            m->w.rms_final, mb->lnf_rstd, rn, C);
     } else {
         NL_TRY(nl_comm_recv(p->pp, p->dresid, (size_t)(BT * C), NL_COMM_F32, p->s + 1, 2 * k + 1));
         double t1 = nl_time_s();
@@ -421,14 +437,13 @@ static nl_status stage_backward(nl_pipe *p, int k) {
     double t_busy0 = t0;
     for (int64_t j = nl - 1; j >= 0; j--) {
         nl_layer_weights *lw = &m->w.layers[j]; /* the whole model's layer l0 + j */
-        float *x = mb->R + j * BT * C, *ln1 = mb->ln1 + j * BT * C, *qkv = mb->qkv + j * BT * QKV;
+        float *x = mb->R + j * rn * C, *ln1 = mb->ln1 + j * rn * C, *qkv = mb->qkv + j * BT * QKV;
         float *att = mb->att + j * B * NH * T * T, *atty = mb->atty + j * BT * NH * hd;
-        float *x2 = mb->resid2 + j * BT * C, *ln2 = mb->ln2 + j * BT * C, *h13 = mb->h13 + j * BT * 2 * H;
+        float *x2 = mb->resid2 + j * rn * C, *ln2 = mb->ln2 + j * rn * C, *h13 = mb->h13 + j * BT * 2 * H;
         float *hact = mb->hact + j * BT * H;
         int64_t qd = NH * hd, kd = KVH * hd, ldo = qd, ldw2 = H;
-        int64_t r0 = p->sp_n ? p->sp_r0 : 0, rn = p->sp_n ? p->sp_n : BT;
         /* sequence parallel: this rank's rows of dresid -> all rows (grad of the reduce-scatter) */
-        if (p->sp_n) NL_TRY(sp_gather(p, p->dresid, (size_t)(BT * C), &t0));
+        if (p->sp_n) NL_TRY(sp_gather(p, p->dresid + p->sp_r0 * C, p->dresid, (size_t)(BT * C), &t0));
         /* down (row-parallel): dhact = dresid . w2[:, slice]; dw2[:, slice] += dresid^T . hact */
         gemm_nn(BT, H, C, p->dresid, C, lw->w2, ldw2, p->dhact, H, 0.0f);
         gemm_tn(C, H, BT, p->dresid, C, hact, H, GRAD(lw->w2), ldw2);
@@ -436,13 +451,16 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         /* gate/up (column-parallel): dln = dgate . w1s + dup . w3s, summed over the group */
         gemm_nn(BT, C, H, p->dh13, 2 * H, lw->w1, C, p->dln, C, 0.0f);
         gemm_nn(BT, C, H, p->dh13 + H, 2 * H, lw->w3, C, p->dln, C, 1.0f);
-        gemm_tn(H, C, BT, p->dh13, 2 * H, ln2, C, GRAD(lw->w1), C);
-        gemm_tn(H, C, BT, p->dh13 + H, 2 * H, ln2, C, GRAD(lw->w3), C);
-        if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, (size_t)(BT * C), &t0));
+        /* SP: the weight gradients need all rows of the norm output: re-gathered from the shard */
+        float *lin = ln2;
+        if (p->sp_n) NL_TRY(sp_gather(p, ln2, lin = p->gat, (size_t)(BT * C), &t0));
+        gemm_tn(H, C, BT, p->dh13, 2 * H, lin, C, GRAD(lw->w1), C);
+        gemm_tn(H, C, BT, p->dh13 + H, 2 * H, lin, C, GRAD(lw->w3), C);
+        if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, p->dln + p->sp_r0 * C, (size_t)(BT * C), &t0));
         else NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
-        nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_ffn), p->dln + r0 * C, x2 + r0 * C, lw->rms_ffn,
-                            mb->ln2_rstd + j * BT + r0, rn, C);
-        if (p->sp_n) NL_TRY(sp_gather(p, p->dresid, (size_t)(BT * C), &t0));
+        nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_ffn), p->dln + r0 * C, x2, lw->rms_ffn,
+                            mb->ln2_rstd + j * rn, rn, C);
+        if (p->sp_n) NL_TRY(sp_gather(p, p->dresid + p->sp_r0 * C, p->dresid, (size_t)(BT * C), &t0));
         /* o (row-parallel) */
         gemm_nn(BT, qd, C, p->dresid, C, lw->wo, ldo, p->datty, qd, 0.0f);
         gemm_tn(C, qd, BT, p->dresid, C, atty, qd, GRAD(lw->wo), ldo);
@@ -453,18 +471,19 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         gemm_nn(BT, C, qd, p->dqkv, QKV, lw->wq, C, p->dln, C, 0.0f);
         gemm_nn(BT, C, kd, p->dqkv + qd, QKV, lw->wk, C, p->dln, C, 1.0f);
         gemm_nn(BT, C, kd, p->dqkv + qd + kd, QKV, lw->wv, C, p->dln, C, 1.0f);
-        gemm_tn(qd, C, BT, p->dqkv, QKV, ln1, C, GRAD(lw->wq), C);
-        gemm_tn(kd, C, BT, p->dqkv + qd, QKV, ln1, C, GRAD(lw->wk), C);
-        gemm_tn(kd, C, BT, p->dqkv + qd + kd, QKV, ln1, C, GRAD(lw->wv), C);
-        if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, (size_t)(BT * C), &t0));
+        lin = ln1;
+        if (p->sp_n) NL_TRY(sp_gather(p, ln1, lin = p->gat, (size_t)(BT * C), &t0));
+        gemm_tn(qd, C, BT, p->dqkv, QKV, lin, C, GRAD(lw->wq), C);
+        gemm_tn(kd, C, BT, p->dqkv + qd, QKV, lin, C, GRAD(lw->wk), C);
+        gemm_tn(kd, C, BT, p->dqkv + qd + kd, QKV, lin, C, GRAD(lw->wv), C);
+        if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, p->dln + p->sp_r0 * C, (size_t)(BT * C), &t0));
         else NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
-        nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_att), p->dln + r0 * C, x + r0 * C, lw->rms_att,
-                            mb->ln1_rstd + j * BT + r0, rn, C);
+        nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_att), p->dln + r0 * C, x, lw->rms_att,
+                            mb->ln1_rstd + j * rn, rn, C);
     }
     if (first_stage(p)) {
         float *dembed = GRAD(m->w.embed);
-        int64_t e0 = p->sp_n ? p->sp_r0 : 0, e1 = p->sp_n ? p->sp_r0 + p->sp_n : BT;
-        for (int64_t i = e0; i < e1; i++) {
+        for (int64_t i = r0; i < r0 + rn; i++) {
             float *dd = dembed + (int64_t)tok[i] * C;
             const float *g = p->dresid + i * C;
             for (int64_t c = 0; c < C; c++) dd[c] += g[c];
