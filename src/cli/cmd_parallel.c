@@ -43,8 +43,9 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: mpirun -np N nanolm parallel train --data FILE [options]\n"
             "   or: mpirun -np N nanolm train --data FILE --dp/--tp/--pp/--zero ... (the same run)\n"
-            "  --dp D --tp 1 --pp 1  layout (D x T x P must equal N; default D = N). Tensor and pipeline\n"
-            "                        parallelism are not implemented yet: --tp and --pp must be 1\n"
+            "  --dp D --tp T --pp P  layout (D x T x P must equal N; default D = N): data, tensor\n"
+            "                        (Megatron) and pipeline parallelism; --sp adds sequence parallelism\n"
+            "                        to --tp; ZeRO and checkpoints need --tp 1 --pp 1\n"
             "  --zero Z              0 = DDP (default), 1, 2, 3 (FSDP full shard)\n"
             "  --impl ours|native    collectives: our ring algorithms (default) or the MPI library's\n"
             "  --no-overlap          DDP: all-reduce the buckets after backward instead of during it\n"
