@@ -263,7 +263,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
                                   preset, (long long)arch.vocab_size);
     int mp = tp > 1 || pp > 1; /* model parallel: the pipeline/tensor engine */
     if (mp && (out_path || resume))
-        return nl_cli_usage_error("parallel train: --out/--resume are not implemented with --tp or --pp > 1");
+        return nl_cli_usage_error("parallel train: --out/--resume are not supported yet with --tp or --pp > 1");
 
     if (nl_comm_init(NULL, NULL)) return nl_cli_fail("parallel train: MPI");
     nl_comm *w = nl_comm_world();

@@ -84,7 +84,7 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->s = nl_comm_rank(pp_comm);
     p->D = nl_comm_size(dp_comm);
     p->d = nl_comm_rank(dp_comm);
-    if (o->zero) return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with --zero %d is not implemented (use --zero 0)", o->zero);
+    if (o->zero) return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with --zero %d is not supported yet (use --zero 0)", o->zero);
     if (arch->tied_embeddings && p->P > 1)
         return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism needs untied embeddings (model %s ties them)", arch->name);
     if (M < 1 || o->batch % M)
@@ -99,7 +99,7 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
         return nl_fail(NL_ERR_INVALID, "%d pipeline stages for %lld layers: at most one stage per layer", p->P,
                        (long long)arch->n_layers);
     if (arch->n_experts > 0)
-        return nl_fail(NL_ERR_UNSUPPORTED, "tensor/pipeline parallelism of a mixture-of-experts model (%s) is not implemented",
+        return nl_fail(NL_ERR_UNSUPPORTED, "tensor/pipeline parallelism of a mixture-of-experts model (%s) is not supported yet",
                        arch->name);
     p->l0 = (int)(p->s * arch->n_layers / p->P);
     p->l1 = (int)((p->s + 1) * arch->n_layers / p->P);
