@@ -15,12 +15,14 @@
 #include "nanolm/llama2c.h"
 
 #define NL_FUZZ_NO_MAIN
+#include "../fuzz/fuzz_catalog.c"
 #include "../fuzz/fuzz_checkpoint.c"
 #include "../fuzz/fuzz_cli_numbers.c"
 #include "../fuzz/fuzz_data.c"
 #include "../fuzz/fuzz_formats_cli.c"
 #include "../fuzz/fuzz_llama2c.c"
 #include "../fuzz/fuzz_names.c"
+#include "../fuzz/fuzz_scaling_csv.c"
 #include "../fuzz/fuzz_safetensors.c"
 #include "../fuzz/fuzz_tokenizer.c"
 /* The CLI helpers are not part of the library; the number fuzzer needs them. */
@@ -72,6 +74,8 @@ static void test_llama2c(void **s) { (void)s; replay("llama2c", nl_fuzz_llama2c,
 static void test_tokenizer(void **s) { (void)s; replay("tokenizer", nl_fuzz_tokenizer, 2); }
 static void test_checkpoint(void **s) { (void)s; replay("checkpoint", nl_fuzz_checkpoint, 3); }
 static void test_data(void **s) { (void)s; replay("data", nl_fuzz_data, 2); }
+static void test_catalog(void **s) { (void)s; replay("catalog", nl_fuzz_catalog, 4); }
+static void test_scaling_csv(void **s) { (void)s; replay("scaling_csv", nl_fuzz_scaling_csv, 3); }
 /* Replays with stdout and stderr sent to /dev/null: the CLI targets print their one-line errors
  * and results, which would bury the test's own output. */
 static void replay_quiet(const char *target, fuzz_fn fn, int min_seeds) {
@@ -112,6 +116,8 @@ int main(void) {
         cmocka_unit_test(test_tokenizer),
         cmocka_unit_test(test_data),
         cmocka_unit_test(test_checkpoint),
+        cmocka_unit_test(test_catalog),
+        cmocka_unit_test(test_scaling_csv),
         cmocka_unit_test(test_cli_numbers),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_formats_cli),
