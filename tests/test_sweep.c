@@ -118,6 +118,20 @@ static void test_kill_and_resume(void **state) {
     assert_null(strstr(out, "training:"));
     assert_null(strstr(out, "resuming"));
     free(out);
+    /* two worker processes share the runs: every run once, the same losses in the same order */
+    char par[600], csv_par[700];
+    snprintf(par, sizeof par, "%s/par", dir);
+    snprintf(csv_par, sizeof csv_par, "%s/sweep.csv", par);
+    snprintf(args, sizeof args, "scaling sweep --grid tiny --jobs 2 --data %s --out %s --bootstrap 0", data, par);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    free(out);
+    assert_int_equal(csv_rows(csv_par), 6);
+    char lp[512], ra[512], rp[512];
+    csv_col(csv_par, 8, lp, sizeof lp);
+    assert_string_equal(la, lp);
+    csv_col(csv_ref, 0, ra, sizeof ra);
+    csv_col(csv_par, 0, rp, sizeof rp);
+    assert_string_equal(ra, rp);
     free(rows_before);
     free(rows_after);
     tu_rmdir(dir);
@@ -167,8 +181,38 @@ static void test_recover_exponents(void **state) {
     assert_non_null(strstr(nl_last_error(), "minimum"));
 }
 
+/* the default grid's windows hold the reduced grid's measured optimum (55-100 tokens per
+ * parameter, docs/scaling.md) strictly inside their sizes at every budget */
+static void test_default_grid_centred(void **state) {
+    (void)state;
+    nl_sweep_grid g;
+    assert_int_equal(nl_sweep_grid_preset("default", &g), NL_OK);
+    assert_true(g.n_budgets >= 3 && g.n_budgets <= 4);
+    for (int b = 0; b < g.n_budgets; b++) {
+        int first, ns = nl_sweep_budget_shapes(&g, b, &first);
+        assert_true(ns >= 4 && ns <= 6);
+        assert_true(first >= 0 && first + ns <= g.n_shapes);
+        double lo = INFINITY, hi = 0;
+        for (int s = first; s < first + ns; s++) {
+            nl_arch a;
+            nl_sweep_arch(g.dims[s], g.layers[s], g.seq, &a);
+            nl_arch_params ap;
+            nl_arch_count_params(&a, &ap);
+            lo = fmin(lo, (double)ap.non_embedding);
+            hi = fmax(hi, (double)ap.non_embedding);
+        }
+        for (double tpp = 55; tpp <= 100; tpp += 45) {
+            double n_opt = sqrt(g.budgets_flops[b] / (6 * tpp)); /* C = 6 N D, D = tpp N */
+            print_message("C %.3g: N_opt %.0f at %.0f tokens/param, sizes %.0f .. %.0f\n", g.budgets_flops[b], n_opt, tpp, lo, hi);
+            assert_true(lo < n_opt / 2 && n_opt * 2 < hi); /* at least one size step either side */
+        }
+    }
+    assert_int_equal(nl_sweep_grid_preset("nope", &g), NL_ERR_INVALID);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_grid_centred),
         cmocka_unit_test(test_recover_exponents),
         cmocka_unit_test(test_kill_and_resume),
     };

@@ -22,6 +22,9 @@ typedef struct nl_emergence {
     int kmax;
     double exact[NL_EMERGENCE_KMAX + 1]; /* exact[k]: the next k tokens all argmax-correct
                                             (teacher forcing = greedy decoding while correct) */
+    double p_after_correct; /* q = P(token t right | token t-1 right), within windows: errors
+                               come in runs when q > p, and exact match of k tokens is then
+                               closer to p q^(k-1) (a first-order chain) than to p^k */
 } nl_emergence;
 
 /* Evaluates m on the first `windows` windows of T tokens of a split of d (B windows per

@@ -17,13 +17,17 @@
 #include "nanolm/scaling.h"
 
 #define NL_SWEEP_MAX_BUDGETS 8
-#define NL_SWEEP_MAX_SHAPES 8
+#define NL_SWEEP_MAX_SHAPES 12
 
 typedef struct nl_sweep_grid {
     char name[32];
     int n_budgets, n_shapes;
     double budgets_flops[NL_SWEEP_MAX_BUDGETS];
     int64_t dims[NL_SWEEP_MAX_SHAPES], layers[NL_SWEEP_MAX_SHAPES];
+    /* Budget b trains the shapes first_shape[b] .. first_shape[b] + budget_shapes[b] - 1 of the
+     * list (a window that slides with the budget, as Chinchilla's IsoFLOP sizes do);
+     * budget_shapes[b] == 0 means every shape. Run names are c<b>_n<shape index in the list>. */
+    int first_shape[NL_SWEEP_MAX_BUDGETS], budget_shapes[NL_SWEEP_MAX_BUDGETS];
     int64_t batch, seq;     /* windows per step, tokens per window */
     double lr;              /* peak of the cosine (lr_min = lr / 10), warmup 5% of the steps */
     int64_t val_windows;    /* final validation: the first windows of the validation split */
@@ -34,6 +38,8 @@ typedef struct nl_sweep_grid {
  * (seconds; tests). NL_ERR_INVALID names
  * an unknown grid. */
 nl_status nl_sweep_grid_preset(const char *name, nl_sweep_grid *g);
+/* The shapes of budget b: returns how many and sets *first to the index of the first. */
+int nl_sweep_budget_shapes(const nl_sweep_grid *g, int b, int *first);
 /* The NanoLM shape of width `dim` and `layers` layers: heads of 16, SwiGLU hidden ~8/3 dim
  * (multiple of 16), byte vocabulary, seq_len = seq, untied classifier. */
 void nl_sweep_arch(int64_t dim, int64_t layers, int64_t seq, nl_arch *a);
@@ -61,6 +67,14 @@ typedef struct nl_sweep_progress {
  * atomically). Checkpoints live in DIR/runs/<run>.safetensors; a killed run resumes from
  * its last one. Errors name the run, file or option. */
 nl_status nl_sweep_run(const nl_sweep_grid *g, const char *data_path, const char *dir, const nl_sweep_progress *p);
+/* nl_sweep_run for one of several workers sharing DIR (separate processes): a run is trained by
+ * whoever holds its lock (flock on DIR/runs/<run>.lock, released when the worker dies, so a
+ * killed run is resumed by the next worker that reaches it); the others skip it. The CSV is
+ * re-read and rewritten under DIR/sweep.lock, sorted by budget and N. largest_first: take the
+ * largest budget first (and within a budget the smallest model, which trains the most tokens),
+ * so that the long runs start early and the workers finish together. */
+nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, const char *dir, const nl_sweep_progress *p,
+                              int largest_first);
 
 /* Reads DIR's sweep CSV. *rows is malloc'd (nl_free); a missing file gives 0 rows. */
 nl_status nl_sweep_read_csv(const char *path, nl_sweep_row **rows, int *n);

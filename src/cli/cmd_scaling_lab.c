@@ -1,8 +1,11 @@
 /* nanolm scaling sweep: a mini-Chinchilla IsoFLOP study on NanoLM with approach 2 and 3 fits. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "cli_model.h"
@@ -73,10 +76,10 @@ int nl_cmd_scaling_sweep(int argc, char **argv) {
                                          {"out", required_argument, 0, 'o'},    {"fit-only", no_argument, 0, 'f'},
                                          {"plan", no_argument, 0, 'p'},         {"bootstrap", required_argument, 0, 'b'},
                                          {"json", no_argument, 0, 'j'},         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+                                         {"jobs", required_argument, 0, 'J'},   {0, 0, 0, 0}};
     const char *data = NULL, *grid = "default", *dir = "sweep";
     int fit_only = 0, plan = 0, json = 0, c;
-    int64_t boot = 100;
+    int64_t boot = 100, jobs = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'd': data = optarg; break;
@@ -86,9 +89,10 @@ int nl_cmd_scaling_sweep(int argc, char **argv) {
         case 'p': plan = 1; break;
         case 'b': if (nl_cli_int("--bootstrap", optarg, 0, 100000, &boot)) return NL_EXIT_USAGE; break;
         case 'j': json = 1; break;
+        case 'J': if (nl_cli_int("--jobs", optarg, 1, 16, &jobs)) return NL_EXIT_USAGE; break;
         case 'h':
             printf("usage: nanolm scaling sweep --data FILE [--grid default|small|tiny] [--out DIR] [--plan] [--fit-only]\n"
-                   "                            [--bootstrap 100] [--json]\n"
+                   "                            [--jobs 1] [--bootstrap 100] [--json]\n"
                    "  Trains an IsoFLOP grid of NanoLM models on FILE (byte tokens; last 10%% = validation): at each\n"
                    "  budget C every shape gets D = C / (6 N) tokens, N = its NON-EMBEDDING parameters (embedding\n"
                    "  and classifier excluded), with a cosine schedule over its own steps. One row per finished run\n"
@@ -97,7 +101,9 @@ int nl_cmd_scaling_sweep(int argc, char **argv) {
                    "  budget, N_opt ~ C^a, bootstrap 95%% interval) and approach 3 (L = E + A/N^alpha + B/D^beta),\n"
                    "  the optimal tokens per parameter per budget, an extrapolation check (fit the smaller budgets,\n"
                    "  predict the largest budget's best loss) and DIR/isoflop.svg.\n"
-                   "  --plan: print the grid and exit. --fit-only: fit DIR/sweep.csv without training.\n");
+                   "  --plan: print the grid and exit. --fit-only: fit DIR/sweep.csv without training.\n"
+                   "  --jobs J: J worker processes of one thread each share the runs (largest budget first; a run\n"
+                   "  is locked by the worker training it); on 2 cores --jobs 2 beats one 2-thread process.\n");
             return NL_EXIT_OK;
         default: return nl_cli_bad_option("scaling sweep", argv);
         }
@@ -112,7 +118,7 @@ int nl_cmd_scaling_sweep(int argc, char **argv) {
         nl_table_init(&t, 8, hdr);
         double tok = 0;
         for (int b = 0; b < g.n_budgets; b++)
-            for (int s = 0; s < g.n_shapes; s++) {
+            for (int s0, ns = nl_sweep_budget_shapes(&g, b, &s0), s = s0; s < s0 + ns; s++) {
                 nl_arch a;
                 nl_sweep_arch(g.dims[s], g.layers[s], g.seq, &a);
                 nl_arch_params ap;
@@ -128,9 +134,46 @@ int nl_cmd_scaling_sweep(int argc, char **argv) {
         return NL_EXIT_OK;
     }
     if (!fit_only) {
-        fprintf(stderr, "scaling sweep: grid %s, %d budgets x %d shapes -> %s/sweep.csv\n", g.name, g.n_budgets, g.n_shapes, dir);
+        int n_runs = 0;
+        for (int b = 0, s0; b < g.n_budgets; b++) n_runs += nl_sweep_budget_shapes(&g, b, &s0);
+        fprintf(stderr, "scaling sweep: grid %s, %d budgets, %d runs, %lld worker%s -> %s/sweep.csv\n", g.name, g.n_budgets, n_runs,
+                (long long)jobs, jobs > 1 ? "s" : "", dir);
         nl_sweep_progress p = {progress, NULL};
-        if (nl_sweep_run(&g, data, dir, &p)) return nl_cli_fail("scaling sweep");
+        double t0 = nl_time_s();
+        if (jobs == 1) {
+            if (nl_sweep_run(&g, data, dir, &p)) return nl_cli_fail("scaling sweep");
+        } else {
+            /* workers are forked before this process runs any parallel region */
+            pid_t pids[16] = {0};
+            int failed = 0;
+            for (int w = 0; w < jobs; w++) {
+                fflush(NULL);
+                pids[w] = fork();
+                if (pids[w] < 0) {
+                    fprintf(stderr, "error: scaling sweep: fork: %s\n", strerror(errno));
+                    failed = 1;
+                    break;
+                }
+                if (pids[w] == 0) {
+                    nl_set_threads(1);
+                    nl_status rc = nl_sweep_run_worker(&g, data, dir, &p, 1);
+                    if (rc) fprintf(stderr, "error: scaling sweep (worker %d): %s\n", w, nl_last_error());
+                    fflush(NULL);
+                    _exit(rc ? NL_EXIT_FAIL : NL_EXIT_OK);
+                }
+            }
+            for (int w = 0; w < jobs; w++) {
+                if (pids[w] <= 0) continue;
+                int st = 0;
+                while (waitpid(pids[w], &st, 0) < 0 && errno == EINTR) {}
+                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
+            }
+            if (failed) {
+                fprintf(stderr, "error: scaling sweep: a worker failed (finished runs are in %s/sweep.csv; run again to resume)\n", dir);
+                return NL_EXIT_FAIL;
+            }
+        }
+        fprintf(stderr, "scaling sweep: training took %.1f s wall\n", nl_time_s() - t0);
     }
     char csv[1024], svg[1024];
     snprintf(csv, sizeof csv, "%s/sweep.csv", dir);
@@ -480,9 +523,11 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
     static const struct option opts[] = {{"data", required_argument, 0, 'd'}, {"ckpt", required_argument, 0, 'c'},
                                          {"sweep", required_argument, 0, 'S'}, {"windows", required_argument, 0, 'w'},
                                          {"svg", required_argument, 0, 'o'},   {"json", no_argument, 0, 'j'},
-                                         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
-    const char *data = NULL, *svg = NULL, *sweep = NULL, *ckpts[64];
+                                         {"help", no_argument, 0, 'h'},        {"svg-log", required_argument, 0, 'L'},
+                                         {"split", required_argument, 0, 's'}, {0, 0, 0, 0}};
+    const char *data = NULL, *svg = NULL, *svg_log = NULL, *sweep = NULL, *ckpts[64];
     int n_ck = 0, json = 0, c;
+    nl_data_split split = NL_DATA_VAL;
     int64_t windows = 100;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -494,21 +539,29 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
         case 'S': sweep = optarg; break;
         case 'w': if (nl_cli_int("--windows", optarg, 1, 1 << 24, &windows)) return NL_EXIT_USAGE; break;
         case 'o': svg = optarg; break;
+        case 'L': svg_log = optarg; break;
+        case 's':
+            if (!strcmp(optarg, "val")) split = NL_DATA_VAL;
+            else if (!strcmp(optarg, "train")) split = NL_DATA_TRAIN;
+            else return nl_cli_usage_error("scaling emergence: --split must be val or train, got '%s'", optarg);
+            break;
         case 'j': json = 1; break;
         case 'h':
-            printf("usage: nanolm scaling emergence --data FILE (--ckpt F ... | --sweep DIR) [--windows 100] [--svg PLOT]\n"
-                   "                                [--json]\n"
-                   "  For each checkpoint (or every run of a sweep): per-token loss and accuracy p (argmax = next\n"
+            printf("usage: nanolm scaling emergence --data FILE [--ckpt F ...] [--sweep DIR] [--windows 100] [--svg PLOT]\n"
+                   "                                [--svg-log PLOT] [--split val|train] [--json]\n"
+                   "  For each checkpoint (and every run of a sweep): per-token loss and accuracy p (argmax = next\n"
                    "  token) on the first --windows windows of the validation split, and exact match of the next k\n"
                    "  tokens (k = 1..32; all k argmax-correct = greedy decoding reproduces them) against p^k.\n"
-                   "  Rows are sorted by p. --svg: exact match (points) and p^k (lines) against p.\n");
+                   "  Rows are sorted by p. --svg: exact match (points) and p^k (lines) against p; --svg-log: the\n"
+                   "  same on a log scale. q = P(right | previous token right): errors come in runs when q > p,\n"
+                   "  and p q^(k-1) (a first-order chain) is printed next to p^k. --split train: the training text.\n");
             return NL_EXIT_OK;
         default: return nl_cli_bad_option("scaling emergence", argv);
         }
     }
     if (optind < argc) return nl_cli_usage_error("scaling emergence: unexpected argument '%s'", argv[optind]);
-    if (!data || (n_ck == 0) == (sweep == NULL))
-        return nl_cli_usage_error("scaling emergence: --data FILE and either --ckpt F (repeatable) or --sweep DIR are required");
+    if (!data || (n_ck == 0 && sweep == NULL))
+        return nl_cli_usage_error("scaling emergence: --data FILE and --ckpt F (repeatable) and/or --sweep DIR are required");
     static char sweep_paths[64][1100];
     if (sweep) {
         char csv[1024];
@@ -538,7 +591,7 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
         kmax = k < kmax ? k : kmax;
         nl_status st = nl_data_open(&d, data, &tok);
         if (!st) st = nl_model_alloc_acts(&m, 8, T);
-        if (!st) st = nl_emergence_eval(&m, &d, NL_DATA_VAL, 8, T, windows, k, &r[i].e);
+        if (!st) st = nl_emergence_eval(&m, &d, split, 8, T, windows, k, &r[i].e);
         nl_data_free(&d);
         nl_tokenizer_free(&tok);
         nl_model_free(&m);
@@ -559,6 +612,8 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
             cJSON_AddStringToObject(o, "checkpoint", r[i].name);
             cJSON_AddNumberToObject(o, "loss", r[i].e.mean_loss);
             cJSON_AddNumberToObject(o, "accuracy", r[i].e.accuracy);
+            cJSON_AddNumberToObject(o, "p_after_correct", r[i].e.p_after_correct);
+            cJSON_AddNumberToObject(o, "starts", (double)r[i].e.starts);
             cJSON_AddItemToObject(o, "exact_match", cJSON_CreateDoubleArray(r[i].e.exact + 1, kmax));
             cJSON_AddItemToArray(j, o);
         }
@@ -583,10 +638,39 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
         }
         nl_table_print(&t, stdout);
         nl_table_free(&t);
-        printf("(validation split, %lld windows; EM k = all of the next k tokens argmax-correct, %lld start positions)\n",
-               (long long)windows, (long long)r[0].e.starts);
+        printf("(%s split, %lld windows; EM k = all of the next k tokens argmax-correct, %lld start positions)\n",
+               nl_data_split_name(split), (long long)windows, (long long)r[0].e.starts);
+        /* runs of errors: a first-order chain with q = P(right | previous right) */
+        static const int kr[] = {4, 8, 16, 32};
+        int nkr = 0;
+        while (nkr < 4 && kr[nkr] <= kmax) nkr++;
+        const char *h2[2 + 3 + 12] = {"checkpoint", "p", "q"};
+        char n2[12][24];
+        for (int q = 0; q < nkr; q++) {
+            snprintf(n2[3 * q], 24, "EM k=%d", kr[q]);
+            snprintf(n2[3 * q + 1], 24, "p^%d", kr[q]);
+            snprintf(n2[3 * q + 2], 24, "p q^%d", kr[q] - 1);
+            for (int z = 0; z < 3; z++) h2[3 + 3 * q + z] = n2[3 * q + z];
+        }
+        printf("\n");
+        nl_table_init(&t, 3 + 3 * nkr, h2);
+        for (int i = 0; i < n_ck; i++) {
+            char line[1024];
+            double p = r[i].e.accuracy, qq = r[i].e.p_after_correct;
+            int len = snprintf(line, sizeof line, "%s|%.4f|%.4f", r[i].name, p, qq);
+            for (int q = 0; q < nkr; q++)
+                len += snprintf(line + len, sizeof line - (size_t)len, "|%.2e|%.2e|%.2e", r[i].e.exact[kr[q]], pow(p, kr[q]),
+                                p * pow(qq, kr[q] - 1));
+            nl_table_rowf(&t, "%s", line);
+        }
+        nl_table_print(&t, stdout);
+        nl_table_free(&t);
+        printf("(q = P(token right | previous token right); p q^(k-1): exact match if right answers came in runs of a\n"
+               " first-order chain; one hit among the start positions is %.1e)\n", 1.0 / (double)r[0].e.starts);
     }
-    if (svg) {
+    for (int lg = 0; lg < 2; lg++) {
+        const char *path = lg ? svg_log : svg;
+        if (!path) continue;
         nl_svg_series s[12];
         double px[64], ey[6][64], py[6][64];
         char nm[12][32];
@@ -596,6 +680,8 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
             for (int i = 0; i < n_ck; i++) {
                 ey[q][i] = r[i].e.exact[ks[q]];
                 py[q][i] = pow(r[i].e.accuracy, ks[q]);
+                /* log scale: p^k far below one hit among the start positions would only stretch the axis */
+                if (lg && py[q][i] < 0.1 / (double)r[i].e.starts) py[q][i] = NAN;
             }
             snprintf(nm[2 * q], 32, "exact match k=%d", ks[q]);
             snprintf(nm[2 * q + 1], 32, "p^%d", ks[q]);
@@ -603,9 +689,9 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
             s[ns++] = (nl_svg_series){nm[2 * q + 1], px, py[q], (size_t)n_ck, nl_svg_color((size_t)q), 0};
         }
         nl_svg_plot_opts o = {"Per-token accuracy is smooth; exact match of k tokens jumps", "per-token accuracy p",
-                              "exact match of the next k tokens", 0, 0, 0, 0};
-        if (nl_svg_plot(svg, &o, s, (size_t)ns)) rcode = nl_cli_fail("scaling emergence");
-        else if (!json) printf("wrote %s\n", svg);
+                              "exact match of the next k tokens", 0, lg, 0, 0};
+        if (nl_svg_plot(path, &o, s, (size_t)ns)) rcode = nl_cli_fail("scaling emergence");
+        else if (!json) printf("wrote %s\n", path);
     }
     nl_free(r);
     return rcode;

@@ -18,7 +18,7 @@ nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, 
     unsigned char *ok = nl_malloc((size_t)(B * T), "emergence correct");
     nl_status rc = (x && y && ok) ? NL_OK : NL_ERR_NOMEM;
     double loss = 0;
-    int64_t correct = 0, scored = 0, starts = 0, hits[NL_EMERGENCE_KMAX + 1] = {0};
+    int64_t correct = 0, scored = 0, starts = 0, hits[NL_EMERGENCE_KMAX + 1] = {0}, prev_ok = 0, both_ok = 0;
     const int64_t V = m->V;
     for (int64_t w = 0; !rc && w < windows; w += B) {
         int nb = 0, want = (int)(windows - w < B ? windows - w : B);
@@ -34,6 +34,9 @@ nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, 
             loss += m->a.losses[i];
         }
         scored += nb * T;
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t t = 1; t < T; t++)
+                if (ok[b * T + t - 1]) { prev_ok++; both_ok += ok[b * T + t]; }
         for (int64_t b = 0; b < nb; b++)
             for (int64_t t = 0; t + kmax <= T; t++) {
                 int run = 0;
@@ -51,6 +54,7 @@ nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, 
     out->tokens = scored;
     out->starts = starts;
     out->kmax = kmax;
+    out->p_after_correct = prev_ok ? (double)both_ok / (double)prev_ok : NAN;
     for (int k = 1; k <= kmax; k++) out->exact[k] = (double)hits[k] / (double)starts;
     return NL_OK;
 }
