@@ -638,8 +638,8 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
         }
         nl_table_print(&t, stdout);
         nl_table_free(&t);
-        printf("(%s split, %lld windows; EM k = all of the next k tokens argmax-correct, %lld start positions)\n",
-               nl_data_split_name(split), (long long)windows, (long long)r[0].e.starts);
+        printf("(%s split, %lld tokens scored; EM k = all of the next k tokens argmax-correct, %lld start positions)\n",
+               nl_data_split_name(split), (long long)r[0].e.tokens, (long long)r[0].e.starts);
         /* runs of errors: a first-order chain with q = P(right | previous right) */
         static const int kr[] = {4, 8, 16, 32};
         int nkr = 0;
