@@ -524,8 +524,9 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
                                          {"sweep", required_argument, 0, 'S'}, {"windows", required_argument, 0, 'w'},
                                          {"svg", required_argument, 0, 'o'},   {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},        {"svg-log", required_argument, 0, 'L'},
-                                         {"split", required_argument, 0, 's'}, {0, 0, 0, 0}};
-    const char *data = NULL, *svg = NULL, *svg_log = NULL, *sweep = NULL, *ckpts[64];
+                                         {"split", required_argument, 0, 's'},
+                                         {"svg-rel", required_argument, 0, 'R'}, {0, 0, 0, 0}};
+    const char *data = NULL, *svg = NULL, *svg_log = NULL, *svg_rel = NULL, *sweep = NULL, *ckpts[64];
     int n_ck = 0, json = 0, c;
     nl_data_split split = NL_DATA_VAL;
     int64_t windows = 100;
@@ -540,6 +541,7 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
         case 'w': if (nl_cli_int("--windows", optarg, 1, 1 << 24, &windows)) return NL_EXIT_USAGE; break;
         case 'o': svg = optarg; break;
         case 'L': svg_log = optarg; break;
+        case 'R': svg_rel = optarg; break;
         case 's':
             if (!strcmp(optarg, "val")) split = NL_DATA_VAL;
             else if (!strcmp(optarg, "train")) split = NL_DATA_TRAIN;
@@ -548,12 +550,13 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
         case 'j': json = 1; break;
         case 'h':
             printf("usage: nanolm scaling emergence --data FILE [--ckpt F ...] [--sweep DIR] [--windows 100] [--svg PLOT]\n"
-                   "                                [--svg-log PLOT] [--split val|train] [--json]\n"
+                   "                                [--svg-log PLOT] [--svg-rel PLOT] [--split val|train] [--json]\n"
                    "  For each checkpoint (and every run of a sweep): per-token loss and accuracy p (argmax = next\n"
                    "  token) on the first --windows windows of the validation split, and exact match of the next k\n"
                    "  tokens (k = 1..32; all k argmax-correct = greedy decoding reproduces them) against p^k.\n"
                    "  Rows are sorted by p. --svg: exact match (points) and p^k (lines) against p; --svg-log: the\n"
-                   "  same on a log scale. q = P(right | previous token right): errors come in runs when q > p,\n"
+                   "  same on a log scale; --svg-rel: k = 1, 2, 4, 8, each relative to its largest value over the\n"
+                   "  checkpoints (the shape of each curve on one linear scale). q = P(right | previous token right): errors come in runs when q > p,\n"
                    "  and p q^(k-1) (a first-order chain) is printed next to p^k. --split train: the training text.\n");
             return NL_EXIT_OK;
         default: return nl_cli_bad_option("scaling emergence", argv);
@@ -668,8 +671,8 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
         printf("(q = P(token right | previous token right); p q^(k-1): exact match if right answers came in runs of a\n"
                " first-order chain; one hit among the start positions is %.1e)\n", 1.0 / (double)r[0].e.starts);
     }
-    for (int lg = 0; lg < 2; lg++) {
-        const char *path = lg ? svg_log : svg;
+    for (int lg = 0; lg < 3; lg++) { /* 0 linear, 1 log, 2 relative to the largest value */
+        const char *path = lg == 0 ? svg : lg == 1 ? svg_log : svg_rel;
         if (!path) continue;
         nl_svg_series s[12];
         double px[64], ey[6][64], py[6][64];
@@ -681,7 +684,16 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
                 ey[q][i] = r[i].e.exact[ks[q]];
                 py[q][i] = pow(r[i].e.accuracy, ks[q]);
                 /* log scale: p^k far below one hit among the start positions would only stretch the axis */
-                if (lg && py[q][i] < 0.1 / (double)r[i].e.starts) py[q][i] = NAN;
+                if (lg == 1 && py[q][i] < 0.1 / (double)r[i].e.starts) py[q][i] = NAN;
+            }
+            if (lg == 2) {
+                if (ks[q] > 8) break; /* longer answers have a handful of hits at most here: noise */
+                double me = 0, mp = 0;
+                for (int i = 0; i < n_ck; i++) { me = fmax(me, ey[q][i]); mp = fmax(mp, py[q][i]); }
+                for (int i = 0; i < n_ck; i++) {
+                    ey[q][i] = me > 0 ? ey[q][i] / me : NAN;
+                    py[q][i] = mp > 0 ? py[q][i] / mp : NAN;
+                }
             }
             snprintf(nm[2 * q], 32, "exact match k=%d", ks[q]);
             snprintf(nm[2 * q + 1], 32, "p^%d", ks[q]);
@@ -689,7 +701,8 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
             s[ns++] = (nl_svg_series){nm[2 * q + 1], px, py[q], (size_t)n_ck, nl_svg_color((size_t)q), 0};
         }
         nl_svg_plot_opts o = {"Per-token accuracy is smooth; exact match of k tokens jumps", "per-token accuracy p",
-                              "exact match of the next k tokens", 0, lg, 0, 0};
+                              lg == 2 ? "exact match (points) and p^k (lines) / their largest value" : "exact match of the next k tokens",
+                              0, lg == 1, 0, 0};
         if (nl_svg_plot(path, &o, s, (size_t)ns)) rcode = nl_cli_fail("scaling emergence");
         else if (!json) printf("wrote %s\n", path);
     }
