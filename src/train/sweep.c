@@ -18,11 +18,11 @@ nl_status nl_sweep_grid_preset(const char *name, nl_sweep_grid *g) {
     memset(g, 0, sizeof *g);
     if (!strcmp(name, "default")) {
         /* 4 budgets over 1.5 decades (1e12, 3e12, 1e13, 3e13) x a window of 5 of 8 shapes
-         * (N = 12k .. 804k non-embedding parameters), 20 runs, 2.2e14 FLOPs (6ND). Centred on
+         * (N = 12k .. 779k non-embedding parameters), 20 runs, 2.2e14 FLOPs (6ND). Centred on
          * the reduced grid's measured optimum of 55-100 tokens per parameter (N_opt ~ 40-55k at
-         * 1e12, 225-300k at 3e13): every window spans 3-6 tokens per parameter at its largest
-         * shape to 250-1200 at its smallest. Sized for 30-40 min with two single-threaded
-         * workers (--jobs 2) on 2 cores, which train ~40-60 GFLOP/s (6ND) each. */
+         * 1e12, 225-300k at 3e13): every window spans 3-8 tokens per parameter at its largest
+         * shape to 490-1200 at its smallest. Measured: 29.6 min wall with two single-threaded
+         * workers (--jobs 2) on 2 cores, 31-73 GFLOP/s (6ND) each (docs/scaling.md). */
         static const double c[] = {1e12, 3e12, 1e13, 3e13};
         static const int64_t d[] = {32, 48, 64, 64, 96, 96, 128, 128}, l[] = {1, 1, 1, 2, 2, 3, 3, 4};
         static const int first[] = {0, 1, 2, 3}, count[] = {5, 5, 5, 5};
