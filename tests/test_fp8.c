@@ -273,9 +273,12 @@ static void test_deepseek_k4096(void **state) {
 }
 
 /* An outlier input channel: column c of A x F, row c of B / F (the exact product unchanged).
- * E4M3 spans ~18 binades: a 100x outlier leaves the other values in the normal range under a
- * per-tensor scale (only the smallest values are flushed), so the error barely moves; a 1e5x
- * outlier pushes them into subnormals and per-tensor scaling loses far more than per-block. */
+ * E4M3 spans ~18 binades: a 100x or 1000x outlier leaves the other values in the normal range
+ * under a per-tensor scale (only the smallest values are flushed), so the error barely moves and
+ * per-tensor is not reliably worse than per-block there (measured over seeds 1-6: either one
+ * wins by ~1-3 %, docs/fp8.md); only the count of flushed values separates them. At 1e4 the
+ * bulk reaches E4M3's subnormals (over seeds 1-6 per-tensor's error is 1.17-1.31x per-block's:
+ * asserted with margin 1.1), at 1e5 per-tensor loses far more (5-7x: asserted > 3x). */
 static void test_outlier_channel(void **state) {
     (void)state;
     const int64_t M = 64, N = 64, K = 1024;
@@ -283,9 +286,9 @@ static void test_outlier_channel(void **state) {
     const nl_fp8_acc prom = {14, 32, 128, NL_FP8_ACC_TRUNCATE};
     random_operands(A, B, M, N, K, 0, 3);
     errs base = gemm_errors(NL_FP8_SCALE_TENSOR, prom, M, N, K, A, B);
-    const double factors[2] = {100.0, 1e5};
+    const double factors[4] = {100.0, 1e3, 1e4, 1e5};
     double prev = 1.0;
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 4; f++) {
         const double F = factors[f] / prev;
         prev = factors[f];
         for (int64_t i = 0; i < M; i++) A[i * K + 5] *= (float)F;
@@ -295,10 +298,12 @@ static void test_outlier_channel(void **state) {
         print_message("outlier x%g: total err fro tensor %.3e (flushed %lld) | block %.3e (flushed %lld);"
                       " no outlier tensor %.3e\n", factors[f], t.tot_fro, (long long)t.st.a.flushed,
                       b.tot_fro, (long long)b.st.a.flushed, base.tot_fro);
-        /* per-tensor loses more values than per-block in both cases */
+        /* per-tensor loses more values than per-block at every factor */
         assert_true(t.st.a.flushed > 4 * b.st.a.flushed);
-        if (f == 0) {
-            assert_true(t.tot_fro < 1.2 * base.tot_fro);
+        if (f <= 1) {
+            assert_true(t.tot_fro < 1.2 * base.tot_fro); /* 100x, 1000x: hardly any effect */
+        } else if (f == 2) {
+            assert_true(t.tot_fro > 1.1 * b.tot_fro);
         } else {
             assert_true(t.tot_fro > 3.0 * b.tot_fro);
         }
