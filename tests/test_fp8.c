@@ -31,37 +31,157 @@ static void test_course_hundred_threes(void **state) {
     assert_true(acc_sum(4, 1, 0, NL_FP8_ACC_NEAREST, t, 100) == 64.0f);
     assert_true(acc_sum(4, 1, 8, NL_FP8_ACC_NEAREST, t, 100) == 300.0f);
     assert_true(acc_sum(0, 1, 0, NL_FP8_ACC_TRUNCATE, t, 100) == 300.0f);
-    /* The truncating (tensor-core) model with k = 4 sticks even earlier, by hand: 3 6 9 12 15 18
-     * (exact), then above 16 the alignment unit is 2 and 3 truncates to 2: 20 22 ... 32; at 32
-     * the unit is 4 and 3 truncates to 0. */
+    /* The truncating (tensor-core) model with k = 4 sticks even earlier, by hand: each 3 is
+     * exact in its own group (e = 1, unit 1/2: 6 units fit in [-8, 7]); the 4-bit register,
+     * truncating toward zero, holds 3 6 9 12 15 18 exactly, then 21 -> 20, 23 -> 22, ...,
+     * 31 -> 30, 33 -> 32, and from 32 on (unit 4) 35 -> 32. */
     assert_true(acc_sum(4, 1, 0, NL_FP8_ACC_TRUNCATE, t, 100) == 32.0f);
-    /* With promotion every 8 the chunks are 3..18 exact then 20, 22 -> 22 per 8 terms:
+    /* With promotion every 8 the chunks are 3..18 exact then 21 -> 20, 23 -> 22: 22 per 8 terms:
      * 12 chunks of 22 plus 4 threes (12) = 276. */
     assert_true(acc_sum(4, 1, 8, NL_FP8_ACC_TRUNCATE, t, 100) == 276.0f);
 }
 
-/* Hand cases of alignment and truncation. */
+/* Hand cases of alignment and truncation (k = 4: a product is kept as a 4-bit two's-complement
+ * integer of units 2^(e-2), i.e. in [-8, 7] units; the register keeps 4 significant bits). */
 static void test_acc_alignment_by_hand(void **state) {
     (void)state;
-    /* k = 4, group of 2: {16, 1} aligns to 2^4: unit 2^(4-3) = 2, the 1 is dropped -> 16;
-     * then {acc 16, 1} -> 16. fp32 would give 18. */
+    /* group {16, 1}: e = 4, unit 4: 16 -> 4 units, 1 -> floor(0.25) = 0 -> 16; then the group
+     * {1}: exact; the register 16 + 1 = 17 = 10001b truncates to 4 bits -> 16. fp32: 18. */
     const double a[3] = {16.0, 1.0, 1.0};
     assert_true(acc_sum(4, 2, 0, NL_FP8_ACC_TRUNCATE, a, 3) == 16.0f);
-    const double an[3] = {-16.0, -1.0, -1.0}; /* toward zero: symmetric */
-    assert_true(acc_sum(4, 2, 0, NL_FP8_ACC_TRUNCATE, an, 3) == -16.0f);
-    /* all three in one group: 16 + 1 + 1 aligned to unit 2 -> 16 + 0 + 0 */
+    /* negative: the sign-filling shift floors -0.25 units to -1 unit = -4, so the first group
+     * gives -16 - 4 = -20 (10100b, exact in 4 bits); then -20 - 1 = -21 truncates toward zero
+     * to -20. Floor is not symmetric: the positive case gave 16. */
+    const double an[3] = {-16.0, -1.0, -1.0};
+    assert_true(acc_sum(4, 2, 0, NL_FP8_ACC_TRUNCATE, an, 3) == -20.0f);
+    /* all three in one group: 16 + 0 + 0 */
     assert_true(acc_sum(4, 3, 0, NL_FP8_ACC_TRUNCATE, a, 3) == 16.0f);
-    /* 7.5 = 111.1b has 4 bits; with 0.25 in its group the unit is 2^(2-3) = 0.5 -> 7.5 */
+    /* 7.5 = 111.1b needs 4 magnitude bits + a sign bit: with e = 2 (unit 1) it floors to 7 */
     const double b[2] = {7.5, 0.25};
-    assert_true(acc_sum(4, 2, 0, NL_FP8_ACC_TRUNCATE, b, 2) == 7.5f);
+    assert_true(acc_sum(4, 2, 0, NL_FP8_ACC_TRUNCATE, b, 2) == 7.0f);
     /* k = 24 keeps these exactly */
     assert_true(acc_sum(24, 2, 0, NL_FP8_ACC_TRUNCATE, a, 3) == 18.0f);
-    /* carry: 15 + 15 = 30 = 11110b, 5 bits -> truncated to 4 bits = 30 (exact: 1111 x 2) ;
-     * 15 + 14 = 29 = 11101b -> 28 */
+    /* 15 and 14 in one group: e = 3, unit 2: 15 -> 7 (floor 7.5), 14 -> 7: 28 */
     const double c[2] = {15.0, 14.0};
     assert_true(acc_sum(4, 2, 0, NL_FP8_ACC_TRUNCATE, c, 2) == 28.0f);
     /* nearest: 29 is a tie between 28 and 30 (29/2 = 14.5) -> even 14 -> 28 */
     assert_true(acc_sum(4, 2, 0, NL_FP8_ACC_NEAREST, c, 2) == 28.0f);
+}
+
+/* k = 14 (DeepSeek-V3's H800): products aligned to the group's largest exponent e become
+ * 14-bit two's-complement integers of unit 2^(e-12) by floor (sign-filling right shift);
+ * the register keeps 14 significant bits and truncates toward zero. */
+static void test_acc14_rounding_semantics(void **state) {
+    (void)state;
+    const double u = ldexp(1.0, -12); /* the product unit when e = 0 */
+    /* a tiny product next to a big one: positive vanishes, negative becomes -1 unit */
+    const double t1[2] = {1.0, ldexp(1.0, -20)}, t2[2] = {1.0, -ldexp(1.0, -20)};
+    const double t3[2] = {-1.0, -ldexp(1.0, -20)}, t4[2] = {-1.0, ldexp(1.0, -20)};
+    assert_true(acc_sum(14, 32, 0, NL_FP8_ACC_TRUNCATE, t1, 2) == 1.0f);
+    assert_true(acc_sum(14, 32, 0, NL_FP8_ACC_TRUNCATE, t2, 2) == (float)(1.0 - u));
+    assert_true(acc_sum(14, 32, 0, NL_FP8_ACC_TRUNCATE, t3, 2) == (float)(-1.0 - u));
+    assert_true(acc_sum(14, 32, 0, NL_FP8_ACC_TRUNCATE, t4, 2) == -1.0f);
+    /* a product of -1.25 units floors away from zero to -2 units (toward zero would be -1) */
+    const double t5[2] = {1.0, -1.25 * u};
+    assert_true(acc_sum(14, 32, 0, NL_FP8_ACC_TRUNCATE, t5, 2) == (float)(1.0 - 2 * u));
+    /* the largest product keeps 13 bits below its sign: 2 - 2^-12 is exact, so is 1 + 2^-12 */
+    const double t6[2] = {2.0 - u, 1.0 + u};
+    assert_true(acc_sum(14, 32, 0, NL_FP8_ACC_TRUNCATE, t6, 2) == (float)(3.0));
+    /* the register: 14 significant bits, truncation toward zero when a group sum is added
+     * (groups of 1, so every product is exact on its own) */
+    const double r1[2] = {1.5, -ldexp(1.0, -20)}, r2[2] = {1.5, ldexp(1.0, -20)};
+    const double r3[2] = {-1.5, ldexp(1.0, -20)}, r4[2] = {1.5, -ldexp(1.0, -100)};
+    assert_true(acc_sum(14, 1, 0, NL_FP8_ACC_TRUNCATE, r1, 2) == (float)(1.5 - ldexp(1.0, -13))); /* -1 ulp */
+    assert_true(acc_sum(14, 1, 0, NL_FP8_ACC_TRUNCATE, r2, 2) == 1.5f);
+    assert_true(acc_sum(14, 1, 0, NL_FP8_ACC_TRUNCATE, r3, 2) == (float)(-1.5 + ldexp(1.0, -13)));
+    assert_true(acc_sum(14, 1, 0, NL_FP8_ACC_TRUNCATE, r4, 2) == (float)(1.5 - ldexp(1.0, -13)));
+    /* at a power of two the step below is the finer ulp of the lower binade */
+    const double r5[2] = {2.0, -ldexp(1.0, -30)};
+    assert_true(acc_sum(14, 1, 0, NL_FP8_ACC_TRUNCATE, r5, 2) == (float)(2.0 - ldexp(1.0, -13)));
+    /* a carry past 14 bits: 16383 * 2^-13 + 2^-13 = 2 exactly; + 3 * 2^-13 truncates */
+    const double r6[2] = {16383 * ldexp(1.0, -13), 3 * ldexp(1.0, -13)};
+    assert_true(acc_sum(14, 1, 0, NL_FP8_ACC_TRUNCATE, r6, 2) == 2.0f);
+    /* promotion every group: the tiny negative product costs 1 unit in its own group only */
+    const double p[64] = {[0] = 1.0, [1] = -ldexp(1.0, -20), [32] = 1.0};
+    assert_true(acc_sum(14, 32, 32, NL_FP8_ACC_TRUNCATE, p, 64) == (float)(2.0 - u));
+}
+
+/* The fast integer kernel against the scalar reference: bit-identical outputs for every
+ * scaling, format, group, width and promotion, on operands with zeros, tiny and huge values. */
+static void test_fast_kernel_matches_reference(void **state) {
+    (void)state;
+    const int64_t M = 7, N = 37, K = 300; /* N not a multiple of 16, K not of 32 or 128 */
+    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
+    float *C1 = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N);
+    nl_rng r;
+    nl_rng_seed(&r, 99);
+    const nl_fp8_acc accs[] = {{14, 32, 0, NL_FP8_ACC_TRUNCATE}, {14, 32, 128, NL_FP8_ACC_TRUNCATE},
+                               {14, 32, 32, NL_FP8_ACC_TRUNCATE}, {4, 8, 64, NL_FP8_ACC_TRUNCATE},
+                               {24, 64, 128, NL_FP8_ACC_TRUNCATE}, {9, 1, 0, NL_FP8_ACC_TRUNCATE},
+                               {2, 16, 16, NL_FP8_ACC_TRUNCATE}};
+    const nl_format fmts[2] = {NL_FMT_E4M3, NL_FMT_E5M2};
+    int compared = 0;
+    for (int dist = 0; dist < 4; dist++) {
+        for (int64_t i = 0; i < M * K; i++) {
+            double v = dist == 1 ? nl_rng_float(&r) : nl_rng_normal(&r);
+            if (dist == 2 && nl_rng_below(&r, 4) == 0) v = 0.0;              /* zeros */
+            if (dist == 3) v *= ldexp(1.0, (int)nl_rng_below(&r, 60) - 30); /* 2^-30 .. 2^30 */
+            A[i] = (float)v;
+        }
+        for (int64_t i = 0; i < K * N; i++) {
+            double v = dist == 1 ? nl_rng_float(&r) - 0.5 : nl_rng_normal(&r);
+            if (dist == 3) v *= ldexp(1.0, (int)nl_rng_below(&r, 60) - 30);
+            B[i] = (float)v;
+        }
+        for (int sc = 0; sc < NL_FP8_SCALE_COUNT; sc++) {
+            if (sc == NL_FP8_SCALE_DELAYED) continue;
+            for (size_t a = 0; a < sizeof accs / sizeof accs[0]; a++) {
+                if (sc == NL_FP8_SCALE_BLOCK && (accs[a].promote == 0 || NL_FP8_BLOCK % accs[a].promote)) continue;
+                nl_fp8_gemm_opts o;
+                nl_fp8_gemm_opts_default(&o);
+                o.scaling = (nl_fp8_scaling)sc;
+                o.acc = accs[a];
+                o.fmt_a = fmts[a % 2];
+                o.fmt_b = fmts[(a / 2) % 2];
+                o.reference = 1;
+                assert_int_equal(nl_fp8_gemm(&o, M, N, K, A, B, C2, NULL), NL_OK);
+                for (int kernel = 0; kernel <= 2; kernel += 2) { /* fastest built, portable */
+                    o.reference = kernel;
+                    assert_int_equal(nl_fp8_gemm(&o, M, N, K, A, B, C1, NULL), NL_OK);
+                    for (int64_t i = 0; i < M * N; i++)
+                        if (memcmp(&C1[i], &C2[i], sizeof(float))) {
+                            print_message("dist %d scaling %d acc %zu kernel %d: C[%lld] fast %.9g reference %.9g\n",
+                                          dist, sc, a, kernel, (long long)i, C1[i], C2[i]);
+                            fail();
+                        }
+                    compared++;
+                }
+            }
+        }
+    }
+    assert_true(compared > 50);
+    /* hand-made: MX blocks of 32 with very different scales; row 0 of A holds 32 ones and then
+     * 32 values 2^-40 times larger and negative; B is all ones. With promote 0 the second
+     * group's sum (one tiny negative number) reaches the register: the exact sum lies just
+     * below 32, and truncation toward zero gives the next 14-bit value below 32. */
+    const int64_t k2 = 64, n2 = 16;
+    float *A2 = calloc((size_t)k2, sizeof(float)), *B2 = malloc(sizeof(float) * k2 * n2), c2[16], c3[16];
+    for (int64_t k = 0; k < k2; k++) A2[k] = k < 32 ? 1.0f : -ldexpf(1.0f, -40);
+    for (int64_t i = 0; i < k2 * n2; i++) B2[i] = 1.0f;
+    nl_fp8_gemm_opts o;
+    nl_fp8_gemm_opts_default(&o);
+    o.scaling = NL_FP8_SCALE_MX;
+    o.acc = (nl_fp8_acc){14, 32, 0, NL_FP8_ACC_TRUNCATE};
+    for (int kernel = 0; kernel <= 2; kernel++) {
+        o.reference = kernel;
+        assert_int_equal(nl_fp8_gemm(&o, 1, n2, k2, A2, B2, kernel ? c3 : c2, NULL), NL_OK);
+        for (int w = 0; w < 16; w++) {
+            assert_true(c2[w] == 32.0f - ldexpf(1.0f, -9)); /* 14 bits below 32: ulp 2^(4-13) */
+            if (kernel) assert_true(c3[w] == c2[w]);
+        }
+    }
+    free(A2); free(B2);
+    free(A); free(B); free(C1); free(C2);
 }
 
 /* Runs the GEMM and returns the errors against fp64 of the FP8 operands (acc) and of the fp32
@@ -89,52 +209,76 @@ static errs gemm_errors(nl_fp8_scaling sc, nl_fp8_acc acc, int64_t M, int64_t N,
     return e;
 }
 
-static void random_operands(float *A, float *B, int64_t M, int64_t N, int64_t K, int uniform, uint64_t seed) {
+/* dist: 0 = N(0,1), 1 = uniform [0,1), 2 = uniform [-1,1) */
+static void random_operands(float *A, float *B, int64_t M, int64_t N, int64_t K, int dist, uint64_t seed) {
     nl_rng r;
     nl_rng_seed(&r, seed);
-    for (int64_t i = 0; i < M * K; i++) A[i] = uniform ? nl_rng_float(&r) : (float)nl_rng_normal(&r);
-    for (int64_t i = 0; i < K * N; i++) B[i] = uniform ? nl_rng_float(&r) : (float)nl_rng_normal(&r);
+    for (int64_t i = 0; i < M * K + K * N; i++) {
+        const float v = dist == 2 ? 2.0f * nl_rng_float(&r) - 1.0f : dist ? nl_rng_float(&r) : (float)nl_rng_normal(&r);
+        if (i < M * K) A[i] = v;
+        else B[i - M * K] = v;
+    }
 }
 
 /* DeepSeek-V3 §3.3.2: K = 4096, ~14-bit accumulation without promotion -> error of ~2%;
- * promotion every N_C = 128 restores it. Our model, two operand distributions. */
+ * promotion every N_C = 128 restores it. What our model of that hardware gives, on three
+ * operand distributions. Without promotion the register (14 significant bits, truncated
+ * toward zero at each of the K/32 group additions) loses on average about half an ulp,
+ * ~2^-14.5 of the partial sum, per addition: ~0.3 % at K = 4096 for every distribution, growing
+ * linearly in K. Products of FP8 values have only 8 significant bits, so their own floor to 14
+ * bits below the group's largest exponent touches only products < 1/32 of it. */
 static void test_deepseek_k4096(void **state) {
     (void)state;
     const int64_t M = 64, N = 64, K = 4096;
     float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
     const nl_fp8_acc fp32 = {0, 32, 0, NL_FP8_ACC_TRUNCATE}, never = {14, 32, 0, NL_FP8_ACC_TRUNCATE},
                      prom = {14, 32, 128, NL_FP8_ACC_TRUNCATE};
-    for (int uniform = 0; uniform < 2; uniform++) {
-        random_operands(A, B, M, N, K, uniform, 7);
+    const char *names[3] = {"N(0,1)", "uniform[0,1)", "uniform[-1,1)"};
+    for (int dist = 0; dist < 3; dist++) {
+        random_operands(A, B, M, N, K, dist, 7);
         errs f = gemm_errors(NL_FP8_SCALE_TENSOR, fp32, M, N, K, A, B);
         errs n = gemm_errors(NL_FP8_SCALE_TENSOR, never, M, N, K, A, B);
         errs p = gemm_errors(NL_FP8_SCALE_TENSOR, prom, M, N, K, A, B);
         print_message("%s operands, K=4096: acc err max fp32 %.2e | 14-bit never %.2e | 14-bit every 128 %.2e;"
-                      " total err max %.3e | %.3e | %.3e\n", uniform ? "uniform[0,1)" : "N(0,1)",
+                      " total err max %.3e | %.3e | %.3e\n", names[dist],
                       f.acc_max, n.acc_max, p.acc_max, f.tot_max, n.tot_max, p.tot_max);
         /* fp32 accumulation of exact FP8 products: fp32 rounding only */
         assert_true(f.acc_max < 2e-6);
-        if (uniform) {
-            /* same-sign terms: every truncation drops value toward zero, the bias adds up */
-            assert_true(n.acc_max > 2e-2 && n.acc_max < 1.5e-1);
-        } else {
-            /* zero-mean terms: truncation errors partly cancel */
-            assert_true(n.acc_max > 1e-3 && n.acc_max < 2e-2);
-        }
+        /* never promoted: a few tenths of a percent (the estimate above), far above fp32 */
+        assert_true(n.acc_max > 1e-3 && n.acc_max < 1e-2);
         /* promotion every 128: the accumulator error falls by more than 5x ... */
         assert_true(p.acc_max * 5.0 < n.acc_max);
         /* ... and the total error is within 2x of fp32 accumulation */
         assert_true(p.tot_max <= 2.0 * f.tot_max);
         assert_true(p.tot_fro <= 2.0 * f.tot_fro);
     }
+    /* the unpromoted error grows ~linearly in K (x8 in K: more than x4 in error); promoted
+     * every 128 it stays at the level of one chunk (less than x2) */
+    const int64_t Ks = 1024, Kl = 8192;
+    float *A2 = malloc(sizeof(float) * M * Kl), *B2 = malloc(sizeof(float) * Kl * N);
+    random_operands(A2, B2, M, N, Kl, 1, 8);
+    for (int64_t i = 0; i < M; i++) memcpy(A + i * Ks, A2 + i * Kl, sizeof(float) * Ks); /* first Ks columns */
+    errs ns = gemm_errors(NL_FP8_SCALE_TENSOR, never, M, N, Ks, A, B2);
+    errs nl = gemm_errors(NL_FP8_SCALE_TENSOR, never, M, N, Kl, A2, B2);
+    errs ps = gemm_errors(NL_FP8_SCALE_TENSOR, prom, M, N, Ks, A, B2);
+    errs pl = gemm_errors(NL_FP8_SCALE_TENSOR, prom, M, N, Kl, A2, B2);
+    print_message("uniform[0,1): never promoted K=1024 %.2e, K=8192 %.2e; every 128: %.2e, %.2e\n", ns.acc_max,
+                  nl.acc_max, ps.acc_max, pl.acc_max);
+    assert_true(nl.acc_max > 4.0 * ns.acc_max);
+    assert_true(pl.acc_max < 2.0 * ps.acc_max);
+    free(A2);
+    free(B2);
     free(A);
     free(B);
 }
 
 /* An outlier input channel: column c of A x F, row c of B / F (the exact product unchanged).
- * E4M3 spans ~18 binades: a 100x outlier leaves the other values in the normal range under a
- * per-tensor scale (only the smallest values are flushed), so the error barely moves; a 1e5x
- * outlier pushes them into subnormals and per-tensor scaling loses far more than per-block. */
+ * E4M3 spans ~18 binades: a 100x or 1000x outlier leaves the other values in the normal range
+ * under a per-tensor scale (only the smallest values are flushed), so the error barely moves and
+ * per-tensor is not reliably worse than per-block there (measured over seeds 1-6: either one
+ * wins by ~1-3 %, docs/fp8.md); only the count of flushed values separates them. At 1e4 the
+ * bulk reaches E4M3's subnormals (over seeds 1-6 per-tensor's error is 1.18-1.31x per-block's:
+ * asserted with margin 1.1), at 1e5 per-tensor loses far more (5-7x: asserted > 3x). */
 static void test_outlier_channel(void **state) {
     (void)state;
     const int64_t M = 64, N = 64, K = 1024;
@@ -142,9 +286,9 @@ static void test_outlier_channel(void **state) {
     const nl_fp8_acc prom = {14, 32, 128, NL_FP8_ACC_TRUNCATE};
     random_operands(A, B, M, N, K, 0, 3);
     errs base = gemm_errors(NL_FP8_SCALE_TENSOR, prom, M, N, K, A, B);
-    const double factors[2] = {100.0, 1e5};
+    const double factors[4] = {100.0, 1e3, 1e4, 1e5};
     double prev = 1.0;
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 4; f++) {
         const double F = factors[f] / prev;
         prev = factors[f];
         for (int64_t i = 0; i < M; i++) A[i * K + 5] *= (float)F;
@@ -154,10 +298,12 @@ static void test_outlier_channel(void **state) {
         print_message("outlier x%g: total err fro tensor %.3e (flushed %lld) | block %.3e (flushed %lld);"
                       " no outlier tensor %.3e\n", factors[f], t.tot_fro, (long long)t.st.a.flushed,
                       b.tot_fro, (long long)b.st.a.flushed, base.tot_fro);
-        /* per-tensor loses more values than per-block in both cases */
+        /* per-tensor loses more values than per-block at every factor */
         assert_true(t.st.a.flushed > 4 * b.st.a.flushed);
-        if (f == 0) {
-            assert_true(t.tot_fro < 1.2 * base.tot_fro);
+        if (f <= 1) {
+            assert_true(t.tot_fro < 1.2 * base.tot_fro); /* 100x, 1000x: hardly any effect */
+        } else if (f == 2) {
+            assert_true(t.tot_fro > 1.1 * b.tot_fro);
         } else {
             assert_true(t.tot_fro > 3.0 * b.tot_fro);
         }
@@ -449,6 +595,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_course_hundred_threes),
         cmocka_unit_test(test_acc_alignment_by_hand),
+        cmocka_unit_test(test_acc14_rounding_semantics),
+        cmocka_unit_test(test_fast_kernel_matches_reference),
         cmocka_unit_test(test_deepseek_k4096),
         cmocka_unit_test(test_outlier_channel),
         cmocka_unit_test(test_delayed_te_rule),

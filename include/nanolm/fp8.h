@@ -25,25 +25,35 @@
  *     FP8 x FP8 products are exact in fp32, so this is fp32 accumulation up to the order of the
  *     additions and the place where 1/(s_a s_b) is multiplied in (both at the fp32 rounding
  *     level, ~1e-7, far below FP8's 2^-4).
- *   bits = k (2..24): a limited accumulator, the model of a tensor core's fixed-point adder that
- *     DeepSeek-V3 §3.3.2 ("Increasing Accumulation Precision") measured on H800 at about 14 bits.
- *     Products of the (unscaled) FP8 values are exact. K is walked in groups of `group` products
- *     (default 32 = the K of one FP8 WGMMA instruction). For each group:
+ *   bits = k (2..24): a limited accumulator, the model of Hopper's FP8 tensor core as DeepSeek-V3
+ *     describes it (§3.3.2 measures ~14 bits; §3.5.2: "after aligning 32 mantissa products by right-shifting based on the
+ *     maximum exponent, the Tensor Core only uses the highest 14 bits of each mantissa product
+ *     for addition, and truncates bits exceeding this range. The accumulation of addition
+ *     results into registers also employs 14-bit precision"), k = 14 on H800. Products of the
+ *     (unscaled) FP8 values are exact. K is walked in groups of `group` products (default 32 =
+ *     the K of one FP8 WGMMA instruction). For each group:
  *       NL_FP8_ACC_TRUNCATE (default, the tensor-core model):
- *         e   = the largest exponent (floor log2 |.|) among the group's products and the running
- *               partial sum;
- *         every term (each product and the partial sum) is truncated toward zero to a multiple of
- *               2^(e - k + 1), i.e. only its bits at weights 2^e .. 2^(e-k+1) survive (the k top
- *               bits after alignment; all lower bits are dropped, no guard/round/sticky bits);
- *         the aligned terms are summed exactly, and the sum is truncated toward zero to k
- *               significant bits (a no-op unless the carries made it longer).
+ *         e   = the largest exponent floor(log2 |p|) among the group's nonzero products (the
+ *               register does not take part in the alignment);
+ *         each product p becomes the k-bit two's-complement integer (SIGN INCLUDED)
+ *               q = floor(p / 2^(e-k+2)), i.e. k-1 magnitude bits below 2^(e+1): the
+ *               sign-filling right shift of the hardware, so a negative product with bits below
+ *               the unit rounds AWAY from zero (a tiny negative product becomes -1 unit, a tiny
+ *               positive one vanishes);
+ *         the integers are summed exactly (S * 2^(e-k+2));
+ *         the register (a float of k significant bits: FP22 = 1 sign, 8 exponent, 13 stored
+ *               mantissa bits for k = 14, as SageAttention-2 measured) receives reg + S*2^(e-k+2)
+ *               computed exactly and truncated TOWARD ZERO to k significant bits. Its exponent
+ *               range is not limited.
+ *     nl_fp8_gemm runs this as integer SIMD on the FP8 significands (AVX-512 where built, else
+ *     portable C); a scalar reference on double products gives the same bits (opts.reference).
  *       NL_FP8_ACC_NEAREST (a k-bit floating-point accumulator, the course's "round the sum to
  *         E4M3 after every step" with k = 4, group = 1): the partial sum plus the group's products
  *         is formed exactly (in double) and rounded to nearest-even at k significant bits.
- *     Promotion: every `promote` products (N_C; a multiple of `group`; 0 = never) the partial
- *     sum is multiplied by the scales' inverses 1/(s_a s_b) of the current block and added to an
- *     fp32 accumulator (CUDA-core FMA in DeepSeek-V3), and the partial sum restarts from zero.
- *     The last partial sum is promoted at the end of K. With block scaling the scales change every
+ *     Promotion: every `promote` products (N_C; a multiple of `group`; 0 = never) the register
+ *     is multiplied by the scales' inverses 1/(s_a s_b) of the current block and added to an
+ *     fp32 accumulator (CUDA-core FMA in DeepSeek-V3), and the register restarts from zero.
+ *     The last register value is promoted at the end of K. With block scaling the scales change every
  *     128 along K, so promote must divide 128 (DeepSeek-V3 uses N_C = 128 = the block);
  *     with mx the power-of-two scales are applied exactly to the products inside the
  *     accumulator (as MX tensor cores do), so any promote (also 0) works.
@@ -128,6 +138,10 @@ typedef struct nl_fp8_gemm_opts {
     int trans_a;                /* 0: A stored (M, K) row-major; 1: stored (K, M) (A^T given) */
     int trans_b;                /* 0: B stored (K, N) row-major; 1: stored (N, K) (B^T given) */
     int accumulate;             /* 0: C = A.B; 1: C += A.B */
+    int reference;              /* limited accumulator kernel (all give the same bits):
+                                 * 0 = the fastest one built (AVX-512 where available),
+                                 * 1 = the scalar reference (one output at a time, slow),
+                                 * 2 = the portable vectorised C kernel. For tests. */
 } nl_fp8_gemm_opts;
 
 /* What the quantization did to one operand. */

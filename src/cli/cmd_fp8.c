@@ -11,7 +11,7 @@
 typedef struct gemm_cfg {
     int64_t M, N, K;
     nl_format fmt;
-    int uniform;          /* operands uniform in [0, 1) instead of N(0, 1) */
+    int uniform;          /* operands: 0 = N(0, 1), 1 = uniform [0, 1), 2 = uniform [-1, 1) */
     int64_t outlier_col;  /* -1 = none */
     double outlier_factor;
     uint64_t seed;
@@ -26,8 +26,12 @@ typedef struct gemm_row {
     nl_fp8_stats st;
 } gemm_row;
 
+static const char *const dist_names[3] = {"normal", "uniform", "symmetric"};
+static const char *const dist_labels[3] = {"N(0,1)", "uniform [0,1)", "uniform [-1,1)"};
+
 static void fill(float *x, int64_t n, int uniform, nl_rng *r) {
-    for (int64_t i = 0; i < n; i++) x[i] = uniform ? nl_rng_float(r) : (float)nl_rng_normal(r);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = uniform == 2 ? 2.0f * nl_rng_float(r) - 1.0f : uniform ? nl_rng_float(r) : (float)nl_rng_normal(r);
 }
 
 /* A (M, K) and B (K, N) for a seed. The outlier multiplies column `col` of A (one input
@@ -118,12 +122,16 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: nanolm fp8 gemm --m M --n N --k K [--scaling tensor|delayed|block|mx|all[,..]]\n"
             "                       [--format e4m3|e5m2] [--acc-bits 14] [--promote 128] [--group 32]\n"
-            "                       [--outlier COL:FACTOR] [--dist normal|uniform] [--history 16]\n"
+            "                       [--outlier COL:FACTOR] [--dist normal|uniform|symmetric] [--history 16]\n"
             "                       [--seed S] [--json] [--sweep-k [--svg FILE]]\n"
             "  Emulated FP8 GEMM C = A.B (A: M x K, B: K x N, random operands) against an fp64\n"
-            "  reference. For each scaling, three accumulators: fp32, the limited one (acc-bits\n"
-            "  significant bits, truncation after aligning each group of products to its largest\n"
-            "  exponent) never promoted, and promoted to fp32 every --promote products.\n"
+            "  reference. For each scaling, three accumulators: fp32, the limited one never\n"
+            "  promoted, and promoted to fp32 every --promote products. Limited (Hopper's FP8\n"
+            "  tensor core as DeepSeek-V3 describes it): each group of --group products is aligned\n"
+            "  to its largest exponent and every product kept as an acc-bits two's-complement\n"
+            "  integer (sign included) by floor; the group's exact sum goes into a register of\n"
+            "  acc-bits significant bits, truncated toward zero.\n"
+            "  --dist: normal = N(0,1), uniform = U[0,1), symmetric = U[-1,1).\n"
             "  'acc err' compares with fp64 of the FP8 operands (what accumulation loses),\n"
             "  'total err' with fp64 of the fp32 operands. max = max|C-R| / max|R|, fro = ||C-R||/||R||.\n"
             "  --outlier COL:FACTOR multiplies column COL of A (one input channel) by FACTOR and divides\n"
@@ -220,7 +228,8 @@ static int gemm_cmd(int argc, char **argv) {
         case O_DIST:
             if (!strcmp(optarg, "normal")) c.uniform = 0;
             else if (!strcmp(optarg, "uniform")) c.uniform = 1;
-            else return nl_cli_usage_error("fp8 gemm: --dist '%s' (valid: normal, uniform)", optarg);
+            else if (!strcmp(optarg, "symmetric")) c.uniform = 2;
+            else return nl_cli_usage_error("fp8 gemm: --dist '%s' (valid: normal, uniform, symmetric)", optarg);
             break;
         case O_HISTORY: if (nl_cli_int("--history", optarg, 1, NL_FP8_HISTORY_MAX, &v)) return NL_EXIT_USAGE; c.history = (int)v; break;
         case O_HELP: usage(stdout); return NL_EXIT_OK;
@@ -361,7 +370,7 @@ static int gemm_cmd(int argc, char **argv) {
         cJSON_AddNumberToObject(d, "n", (double)N);
         cJSON_AddNumberToObject(d, "k", (double)K);
         cJSON_AddStringToObject(d, "format", nl_fmt_name(c.fmt));
-        cJSON_AddStringToObject(d, "dist", c.uniform ? "uniform" : "normal");
+        cJSON_AddStringToObject(d, "dist", dist_names[c.uniform]);
         cJSON_AddNumberToObject(d, "seed", (double)c.seed);
         if (c.outlier_col >= 0) {
             cJSON_AddNumberToObject(d, "outlier_col", (double)c.outlier_col);
@@ -372,7 +381,7 @@ static int gemm_cmd(int argc, char **argv) {
         return nl_cli_print_json(d);
     }
     printf("FP8 GEMM %lld x %lld x %lld, %s, %s operands%s", (long long)M, (long long)N, (long long)K,
-           nl_fmt_name(c.fmt), c.uniform ? "uniform [0,1)" : "N(0,1)", c.outlier_col >= 0 ? "" : "\n");
+           nl_fmt_name(c.fmt), dist_labels[c.uniform], c.outlier_col >= 0 ? "" : "\n");
     if (c.outlier_col >= 0) printf(", column %lld of A x %g\n", (long long)c.outlier_col, c.outlier_factor);
     static const char *const hdr[] = {"scaling", "accumulator", "acc err max", "acc err fro",
                                       "total err max", "total err fro", "saturated", "flushed to 0"};

@@ -6,6 +6,9 @@
 #include "nanolm/fp8.h"
 
 #include <cblas.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -99,102 +102,274 @@ static inline double dfrom(uint64_t u) {
     memcpy(&x, &u, 8);
     return x;
 }
-/* floor(log2 |x|) for a normal double (or a large negative number for 0). */
-static inline int64_t dexp(double x) { return (int64_t)((dbits(x) >> 52) & 0x7FF) - 1023; }
 /* 2^e for -1022 <= e <= 1023. */
 static inline double pow2(int64_t e) { return dfrom((uint64_t)(e + 1023) << 52); }
+/* x truncated toward zero to k significant bits (x a normal double or 0; sign-magnitude, so
+ * clearing the low mantissa bits drops magnitude). */
+static inline double trunc_sig(double x, int k) {
+    return dfrom(dbits(x) & ~((UINT64_C(1) << (53 - k)) - 1));
+}
+/* x rounded to nearest-even at k significant bits. */
+static double round_sig_nearest(double x, int k) {
+    if (x == 0.0) return 0.0;
+    const int s = ilogb(x) - k + 1;
+    return ldexp(nearbyint(ldexp(x, -s)), s);
+}
 
 /*
- * The limited-accumulator kernel for one row i of A and LANES consecutive columns of B.
- *   a      (K)        the row of A: FP8 values (unscaled; MX: exact q * 2^X)
- *   b      (K, ldb)   B's FP8 values, b[k * ldb + w] for lane w
- *   inv    (LANES)    filled by scale_at(k_window_start) before each promotion
- *   out    (LANES)    the fp32 results
- * Promotion every `promote` products (0 = only at the end); scale_cb gives, for the window
- * that starts at k, 1/(s_a s_b) per lane.
+ * ---- the limited accumulator, scalar reference ----------------------------------------------
+ * Written for clarity on arbitrary finite double terms (products of FP8 values in the GEMM).
+ * The fast GEMM kernel below must agree with it bit for bit (tests/test_fp8.c).
  */
+
+/* The value one group of products contributes (TRUNCATE): e = the largest floor(log2 |p|)
+ * among the group's nonzero products; each product is kept as the k-bit two's-complement
+ * integer floor(p / 2^(e-k+2)) (1 sign bit + k-1 bits below 2^(e+1); floor = the sign-filling
+ * right shift of the hardware: a negative remainder rounds away from zero); the integers are
+ * summed exactly. Returns sum * 2^(e-k+2) (exact in double). */
+static double group_value_ref(const double *p, int64_t n, int k) {
+    int e = INT32_MIN;
+    for (int64_t j = 0; j < n; j++)
+        if (p[j] != 0.0 && ilogb(p[j]) > e) e = ilogb(p[j]);
+    if (e == INT32_MIN) return 0.0;
+    double sum = 0.0; /* an exact integer: |sum| < n * 2^(k-1) */
+    for (int64_t j = 0; j < n; j++) {
+        const double v = ldexp(p[j], k - 2 - e); /* exact unless it underflows below 2^-1074 */
+        double q = floor(v);
+        if (q == 0.0 && p[j] < 0.0) q = -1.0; /* a negative value that underflowed still floors to -1 */
+        sum += q;
+    }
+    return ldexp(sum, e - k + 2);
+}
+
+/* r + x computed exactly, then truncated toward zero to k significant bits (the register). */
+static double add_trunc_ref(double r, double x, int k) {
+    if (x == 0.0) return r;
+    if (r == 0.0) return trunc_sig(x, k);
+    /* both as 53-bit integers m * 2^e */
+    int er, ex;
+    int64_t mr = (int64_t)ldexp(frexp(r, &er), 53), mx = (int64_t)ldexp(frexp(x, &ex), 53);
+    er -= 53;
+    ex -= 53;
+    /* A term more than 64 binades below the other lies strictly between 0 and one unit of the
+     * other's last bit: only its sign can change the truncated result, so it is replaced by
+     * sign * 2^(hi - 64) (a sticky bit). */
+    const int hi = er > ex ? er : ex;
+    if (er < hi - 64) { mr = mr > 0 ? 1 : -1; er = hi - 64; }
+    if (ex < hi - 64) { mx = mx > 0 ? 1 : -1; ex = hi - 64; }
+    const int lo = er < ex ? er : ex;
+    __extension__ typedef __int128 i128;
+    __extension__ typedef unsigned __int128 u128;
+    const i128 sum = (i128)mr * ((i128)1 << (er - lo)) + (i128)mx * ((i128)1 << (ex - lo)); /* |.| < 2^118 */
+    if (sum == 0) return 0.0;
+    u128 mag = sum < 0 ? (u128)(-sum) : (u128)sum;
+    int msb = 127;
+    while (!((mag >> msb) & 1)) msb--;
+    if (msb >= k) mag &= ~(((u128)1 << (msb - k + 1)) - 1); /* keep the top k bits */
+    const double v = ldexp((double)mag, lo); /* exact: at most k nonzero bits */
+    return sum < 0 ? -v : v;
+}
+
+/* The inverse scales 1/(s_a s_b) of the products of the promotion window that starts at k. */
 typedef struct kernel_scales {
     const double *inv_a; int64_t bk_a, bo_a, nob_a; /* A block (kb, ob): inv_a[kb * nob_a + ob] */
     const double *inv_b; int64_t bk_b, bo_b, nob_b;
     int64_t ncols; /* N: padding lanes past it use the last column's scale */
 } kernel_scales;
 
-static void limited_lanes(const nl_fp8_acc *acc, const double *a, const double *b, int64_t ldb,
-                          int64_t K, int64_t row, int64_t col0, const kernel_scales *ks,
-                          float *out) {
+static inline double window_inv(const kernel_scales *ks, int64_t k, int64_t row, int64_t col) {
+    if (col >= ks->ncols) col = ks->ncols - 1;
+    return ks->inv_a[(k / ks->bk_a) * ks->nob_a + row / ks->bo_a] *
+           ks->inv_b[(k / ks->bk_b) * ks->nob_b + col / ks->bo_b];
+}
+
+/* One output through the limited accumulator, scalar: terms[0..K) are the products of
+ * output (row, col); groups of g, the register of k significant bits, promotion into fp32. */
+static float acc_dot_ref(const nl_fp8_acc *acc, const double *terms, int64_t K, int64_t row, int64_t col,
+                         const kernel_scales *ks) {
     const int kbits = acc->bits;
     const int64_t g = acc->group ? acc->group : DEFAULT_GROUP;
-    const int64_t promote = acc->promote;
-    const uint64_t keep_mask = ~((UINT64_C(1) << (53 - kbits)) - 1); /* k significant bits */
-    double part[LANES], mx[LANES], sum[LANES], sc[LANES], unsc[LANES];
-    float acc32[LANES];
-    for (int w = 0; w < LANES; w++) { part[w] = 0.0; acc32[w] = 0.0f; }
+    double reg = 0.0;
+    float acc32 = 0.0f;
     int64_t window_start = 0;
     for (int64_t k0 = 0; k0 < K; k0 += g) {
         const int64_t k1 = k0 + g < K ? k0 + g : K;
         if (acc->round == NL_FP8_ACC_TRUNCATE) {
-            /* 1. the largest exponent among the partial sum and the group's products */
-            for (int w = 0; w < LANES; w++) mx[w] = fabs(part[w]);
-            for (int64_t k = k0; k < k1; k++) {
-                const double ak = a[k];
-                const double *bk = b + k * ldb;
-#pragma omp simd
-                for (int w = 0; w < LANES; w++) {
-                    const double v = fabs(ak * bk[w]);
-                    mx[w] = mx[w] > v ? mx[w] : v;
-                }
-            }
-            /* 2. align to 2^(e - k + 1), truncate toward zero, sum exactly */
-#pragma omp simd
-            for (int w = 0; w < LANES; w++) {
-                int64_t e = dexp(mx[w]);
-                if (e < -900) e = -900; /* all zero: any alignment works */
-                const int64_t s = e - kbits + 1;
-                sc[w] = pow2(-s);
-                unsc[w] = pow2(s);
-                sum[w] = (double)(int32_t)(part[w] * sc[w]);
-            }
-            for (int64_t k = k0; k < k1; k++) {
-                const double ak = a[k];
-                const double *bk = b + k * ldb;
-#pragma omp simd
-                for (int w = 0; w < LANES; w++) sum[w] += (double)(int32_t)(ak * bk[w] * sc[w]); /* |.| < 2^k: exact truncation */
-            }
-            /* 3. the sum keeps k significant bits (truncated) */
-#pragma omp simd
-            for (int w = 0; w < LANES; w++) part[w] = dfrom(dbits(sum[w]) & keep_mask) * unsc[w];
+            reg = add_trunc_ref(reg, group_value_ref(terms + k0, k1 - k0, kbits), kbits);
         } else {
-            for (int w = 0; w < LANES; w++) sum[w] = part[w];
-            for (int64_t k = k0; k < k1; k++) {
-                const double ak = a[k];
-                const double *bk = b + k * ldb;
-#pragma omp simd
-                for (int w = 0; w < LANES; w++) sum[w] += ak * bk[w];
-            }
+            double s = reg; /* exact for the course's small examples; one rounding at the end */
+            for (int64_t k = k0; k < k1; k++) s += terms[k];
+            reg = round_sig_nearest(s, kbits);
+        }
+        if (k1 == K || (acc->promote > 0 && k1 - window_start >= acc->promote)) {
+            acc32 += (float)reg * (float)window_inv(ks, window_start, row, col);
+            reg = 0.0;
+            window_start = k1;
+        }
+    }
+    return acc32;
+}
+
+/*
+ * ---- the limited accumulator, fast GEMM kernel (TRUNCATE) -------------------------------------
+ * Every FP8 value (times its MX power of two) is an integer significand times a power of two:
+ * v = m * 2^x with m in [8, 15] (E4M3: 4 significant bits; E5M2's 3 bits fit too) or m = 0.
+ * A product is P * 2^(xa + xb) with P = ma * mb, |P| in [64, 225], so its floor(log2) is
+ * xa + xb + 6 + (|P| >= 128). With e the group's largest one, the k-bit integer of a product is
+ *   floor(P * 2^(xa + xb) / 2^(e - k + 2)) = (P * 2^(k-2)) >> (e - xa - xb)
+ * with an arithmetic (sign-filling) shift, which is the hardware's own operation; shifts past
+ * 31 give 0 or -1 just the same, so the count is clamped there. All in int32 SIMD lanes.
+ * The group's integer sum S is then added to the register in double: s = reg + S * 2^(e-k+2)
+ * with its rounding error from Knuth's TwoSum; truncating s to k bits equals truncating the
+ * exact sum, except when s already sits on the k-bit grid and the error points toward zero:
+ * then the exact sum lies just inside, and the result is one k-bit step toward zero.
+ */
+#define ZERO_EXP (-(1 << 20)) /* exponent of a zero value: below every real one, no overflow */
+
+/* Splits FP8 values (doubles) into significand m and exponent x (x + 6 when `plus6`). */
+static void split_fp8(const double *q, int64_t n, int32_t *m, int32_t *x, int plus6) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        if (q[i] == 0.0) {
+            m[i] = 0;
+            x[i] = ZERO_EXP;
+        } else {
+            const int l = ilogb(q[i]);
+            m[i] = (int32_t)ldexp(q[i], 3 - l); /* exact: at most 4 significant bits */
+            x[i] = l - 3 + (plus6 ? 6 : 0);
+        }
+    }
+}
+
+/* Row `row` of A (ma, xa6: x + 6, length K) times the panel of LANES columns of B (mb, xb:
+ * (K, LANES)), out (LANES) = the fp32 accumulators after the last promotion. */
+static void fast_lanes(int kbits, int64_t g, int64_t promote, const int32_t *ma, const int32_t *xa6,
+                       const int32_t *mb, const int32_t *xb, int64_t K, int64_t row, int64_t col0,
+                       const kernel_scales *ks, float *out) {
+    const uint64_t unit_k = UINT64_C(1) << (53 - kbits);
+    const int32_t pre = 1 << (kbits - 2);
+    int32_t P[DEFAULT_GROUP * 2][LANES], X[DEFAULT_GROUP * 2][LANES]; /* g <= 64 here */
+    double reg[LANES];
+    float acc32[LANES];
+    for (int w = 0; w < LANES; w++) { reg[w] = 0.0; acc32[w] = 0.0f; }
+    int64_t window_start = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += g) {
+        const int64_t n = k0 + g < K ? g : K - k0;
+        int32_t e[LANES], S[LANES]; /* e: the group's largest product exponent, + 6 */
+        for (int w = 0; w < LANES; w++) e[w] = INT32_MIN / 2;
+        for (int64_t j = 0; j < n; j++) {
+            const int32_t a = ma[k0 + j] * pre, xa = xa6[k0 + j];
+            const int32_t *bm = mb + (k0 + j) * LANES, *bx = xb + (k0 + j) * LANES;
 #pragma omp simd
             for (int w = 0; w < LANES; w++) {
-                int64_t e = dexp(sum[w]);
-                if (e < -900) e = -900;
-                const int64_t s = e - kbits + 1;
-                part[w] = nearbyint(sum[w] * pow2(-s)) * pow2(s);
+                const int32_t p = a * bm[w], x = xa + bx[w]; /* x = xa + xb + 6 */
+                const int32_t ap = p < 0 ? -p : p;
+                const int32_t ef = x + (ap >= (128 * pre)); /* floor(log2 |product|) */
+                P[j][w] = p;
+                X[j][w] = x;
+                e[w] = e[w] > ef ? e[w] : ef;
             }
         }
-        /* 4. promotion: scales multiplied in, added to the fp32 accumulator */
-        const int at_end = (k1 == K);
-        if (at_end || (promote > 0 && k1 - window_start >= promote)) {
-            const int64_t kb_a = window_start / ks->bk_a, kb_b = window_start / ks->bk_b;
-            const double ia = ks->inv_a[kb_a * ks->nob_a + row / ks->bo_a];
+        for (int w = 0; w < LANES; w++) {
+            S[w] = 0;
+            e[w] += 6; /* now e - X = e_group - xa - xb, the shift */
+        }
+        for (int64_t j = 0; j < n; j++) {
+#pragma omp simd
             for (int w = 0; w < LANES; w++) {
-                const int64_t col = col0 + w < ks->ncols ? col0 + w : ks->ncols - 1;
-                const double ib = ks->inv_b[kb_b * ks->nob_b + col / ks->bo_b];
-                acc32[w] += (float)part[w] * (float)(ia * ib);
-                part[w] = 0.0;
+                int32_t t = e[w] - X[j][w];
+                t = t < 31 ? t : 31;
+                S[w] += P[j][w] >> t;
+            }
+        }
+#pragma omp simd
+        for (int w = 0; w < LANES; w++) {
+            if (S[w] != 0) {
+                const double x = (double)S[w] * pow2((int64_t)e[w] - 6 - kbits + 2);
+                const double r = reg[w];
+                const double s = r + x, bb = s - r, err = (r - (s - bb)) + (x - bb);
+                uint64_t tb = dbits(s) & ~(unit_k - 1);
+                if (tb == dbits(s) && err != 0.0 && ((err < 0.0) != (s < 0.0))) tb -= unit_k;
+                reg[w] = dfrom(tb);
+            }
+        }
+        const int64_t k1 = k0 + n;
+        if (k1 == K || (promote > 0 && k1 - window_start >= promote)) {
+            for (int w = 0; w < LANES; w++) {
+                acc32[w] += (float)reg[w] * (float)window_inv(ks, window_start, row, col0 + w);
+                reg[w] = 0.0;
             }
             window_start = k1;
         }
     }
     for (int w = 0; w < LANES; w++) out[w] = acc32[w];
 }
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* The same kernel in AVX-512: the 16 lanes are one register of int32 (two of double for the
+ * register adds); vpsravd's counts past 31 fill with the sign, as needed, so no clamp. */
+static void fast_lanes_avx512(int kbits, int64_t g, int64_t promote, const int32_t *ma, const int32_t *xa6,
+                              const int32_t *mb, const int32_t *xb, int64_t K, int64_t row, int64_t col0,
+                              const kernel_scales *ks, float *out) {
+    const int32_t pre = 1 << (kbits - 2);
+    const __m512i thr = _mm512_set1_epi32(128 * pre - 1), one = _mm512_set1_epi32(1);
+    const __m512i six = _mm512_set1_epi32(6), bias = _mm512_set1_epi32(1023 - kbits + 2);
+    const __m512i unit = _mm512_set1_epi64((int64_t)1 << (53 - kbits));
+    const __m512i keep = _mm512_set1_epi64(~(((int64_t)1 << (53 - kbits)) - 1));
+    const __m512d zero = _mm512_setzero_pd();
+    __m512i P[2 * DEFAULT_GROUP], X[2 * DEFAULT_GROUP];
+    __m512d reg[2] = {zero, zero};
+    float acc32[LANES] = {0};
+    int64_t window_start = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += g) {
+        const int64_t n = k0 + g < K ? g : K - k0;
+        __m512i e = _mm512_set1_epi32(INT32_MIN / 2);
+        for (int64_t j = 0; j < n; j++) {
+            const __m512i a = _mm512_set1_epi32(ma[k0 + j] * pre), xa = _mm512_set1_epi32(xa6[k0 + j]);
+            const __m512i p = _mm512_mullo_epi32(a, _mm512_load_si512((const void *)(mb + (k0 + j) * LANES)));
+            const __m512i x = _mm512_add_epi32(xa, _mm512_load_si512((const void *)(xb + (k0 + j) * LANES)));
+            const __mmask16 big = _mm512_cmpgt_epi32_mask(_mm512_abs_epi32(p), thr);
+            e = _mm512_max_epi32(e, _mm512_mask_add_epi32(x, big, x, one));
+            P[j] = p;
+            X[j] = x;
+        }
+        const __m512i e6 = _mm512_add_epi32(e, six);
+        __m512i S = _mm512_setzero_si512();
+        for (int64_t j = 0; j < n; j++) S = _mm512_add_epi32(S, _mm512_srav_epi32(P[j], _mm512_sub_epi32(e6, X[j])));
+        const __mmask16 nz = _mm512_test_epi32_mask(S, S);
+        if (nz) {
+            const __m512i be = _mm512_add_epi32(e, bias); /* biased exponent of the unit 2^(e-k+2) */
+            for (int h = 0; h < 2; h++) {
+                const __mmask8 m = (__mmask8)(nz >> (8 * h));
+                const __m256i Sh = h ? _mm512_extracti64x4_epi64(S, 1) : _mm512_castsi512_si256(S);
+                const __m256i bh = h ? _mm512_extracti64x4_epi64(be, 1) : _mm512_castsi512_si256(be);
+                const __m512d u = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_cvtepi32_epi64(bh), 52));
+                const __m512d x = _mm512_maskz_mul_pd(m, _mm512_cvtepi32_pd(Sh), u);
+                const __m512d r = reg[h];
+                const __m512d s = _mm512_add_pd(r, x), bb = _mm512_sub_pd(s, r);
+                const __m512d err = _mm512_add_pd(_mm512_sub_pd(r, _mm512_sub_pd(s, bb)), _mm512_sub_pd(x, bb));
+                const __m512i sb = _mm512_castpd_si512(s);
+                const __m512i tb = _mm512_and_si512(sb, keep);
+                const __mmask8 on_grid = _mm512_cmpeq_epi64_mask(tb, sb);
+                const __mmask8 err_nz = _mm512_cmp_pd_mask(err, zero, _CMP_NEQ_OQ);
+                const __mmask8 opposite = _mm512_movepi64_mask(_mm512_xor_si512(_mm512_castpd_si512(err), sb));
+                reg[h] = _mm512_castsi512_pd(_mm512_mask_sub_epi64(tb, on_grid & err_nz & opposite, tb, unit));
+            }
+        }
+        const int64_t k1 = k0 + n;
+        if (k1 == K || (promote > 0 && k1 - window_start >= promote)) {
+            double rv[LANES];
+            _mm512_storeu_pd(rv, reg[0]);
+            _mm512_storeu_pd(rv + 8, reg[1]);
+            for (int w = 0; w < LANES; w++)
+                acc32[w] += (float)rv[w] * (float)window_inv(ks, window_start, row, col0 + w);
+            reg[0] = reg[1] = zero;
+            window_start = k1;
+        }
+    }
+    memcpy(out, acc32, sizeof acc32);
+}
+#endif
 
 nl_status nl_fp8_acc_sum(const nl_fp8_acc *acc, const double *terms, int64_t n, float *out_sum) {
     NL_TRY(nl_fp8_acc_validate(acc));
@@ -213,16 +388,9 @@ nl_status nl_fp8_acc_sum(const nl_fp8_acc *acc, const double *terms, int64_t n, 
         *out_sum = s;
         return NL_OK;
     }
-    /* The same kernel as the GEMM: A = terms (1, n), B = (n, LANES) with 1 in lane 0. */
-    double *b = nl_calloc((size_t)n * LANES, sizeof(double), "fp8 accumulator ones");
-    if (!b) return NL_ERR_NOMEM;
-    for (int64_t i = 0; i < n; i++) b[i * LANES] = 1.0;
     const double one = 1.0;
-    kernel_scales ks = {&one, n, 1, 1, &one, n, 1, 1, 1};
-    float out[LANES];
-    limited_lanes(acc, terms, b, LANES, n, 0, 0, &ks, out);
-    nl_free(b);
-    *out_sum = out[0];
+    const kernel_scales ks = {&one, n, 1, 1, &one, n, 1, 1, 1};
+    *out_sum = acc_dot_ref(acc, terms, n, 0, 0, &ks);
     return NL_OK;
 }
 
@@ -463,6 +631,80 @@ static float *logical_copy(const float *src, int64_t rows, int64_t cols, int tra
     return d;
 }
 
+/* The limited accumulator over the quantized operands qa (M, K), qb (K, N) into cw (M, ldc). */
+static nl_status limited_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K, const double *qa,
+                              const double *qb, const double *inva, const double *invb, const qgeom *ga,
+                              const qgeom *gb, float *cw, int64_t ldc) {
+    const kernel_scales ks = {inva, ga->bk, ga->bo, ga->nob, invb, gb->bk, gb->bo, gb->nob, N};
+    const int64_t g = o->acc.group ? o->acc.group : DEFAULT_GROUP;
+    if (o->reference == 1 || o->acc.round != NL_FP8_ACC_TRUNCATE || g > 2 * DEFAULT_GROUP) {
+        /* scalar reference: one output at a time from its products */
+        nl_status rc = NL_OK;
+#pragma omp parallel
+        {
+            double *terms = nl_malloc((size_t)K * sizeof(double), "fp8 gemm products");
+            if (!terms) {
+#pragma omp critical
+                rc = NL_ERR_NOMEM;
+            }
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N && terms; j++) {
+                    for (int64_t k = 0; k < K; k++) terms[k] = qa[i * K + k] * qb[k * N + j];
+                    cw[i * ldc + j] = acc_dot_ref(&o->acc, terms, K, i, j, &ks);
+                }
+            nl_free(terms);
+        }
+        return rc;
+    }
+    /* fast kernel: significands and exponents; B repacked into panels of LANES columns,
+     * (nchunks, K, LANES), zero past N, so that a panel streams contiguously from cache while
+     * every row of A goes through it */
+    const int64_t nchunks = (N + LANES - 1) / LANES;
+    int32_t *ma = nl_malloc((size_t)(M * K) * sizeof(int32_t), "fp8 gemm A significands");
+    int32_t *xa = nl_malloc((size_t)(M * K) * sizeof(int32_t), "fp8 gemm A exponents");
+    int32_t *mbr = nl_malloc((size_t)(K * N) * sizeof(int32_t), "fp8 gemm B significands");
+    int32_t *xbr = nl_malloc((size_t)(K * N) * sizeof(int32_t), "fp8 gemm B exponents");
+    int32_t *mb = nl_malloc((size_t)(nchunks * K * LANES) * sizeof(int32_t), "fp8 gemm B panels");
+    int32_t *xb = nl_malloc((size_t)(nchunks * K * LANES) * sizeof(int32_t), "fp8 gemm B panel exponents");
+    nl_status rc = NL_OK;
+    if (!ma || !xa || !mbr || !xbr || !mb || !xb) {
+        rc = NL_ERR_NOMEM;
+        goto out;
+    }
+    split_fp8(qa, M * K, ma, xa, 1);
+    split_fp8(qb, K * N, mbr, xbr, 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t jc = 0; jc < nchunks; jc++)
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t w = 0; w < LANES; w++) {
+                const int64_t j = jc * LANES + w, d = (jc * K + k) * LANES + w;
+                mb[d] = j < N ? mbr[k * N + j] : 0;
+                xb[d] = j < N ? xbr[k * N + j] : ZERO_EXP;
+            }
+    void (*kernel)(int, int64_t, int64_t, const int32_t *, const int32_t *, const int32_t *, const int32_t *,
+                   int64_t, int64_t, int64_t, const kernel_scales *, float *) = fast_lanes;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (o->reference != 2) kernel = fast_lanes_avx512;
+#endif
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < nchunks * M; t++) {
+        const int64_t jc = t / M, i = t % M;
+        float res[LANES];
+        kernel(o->acc.bits, g, o->acc.promote, ma + i * K, xa + i * K, mb + jc * K * LANES,
+               xb + jc * K * LANES, K, i, jc * LANES, &ks, res);
+        memcpy(cw + i * ldc + jc * LANES, res, sizeof res);
+    }
+out:
+    nl_free(ma);
+    nl_free(xa);
+    nl_free(mbr);
+    nl_free(xbr);
+    nl_free(mb);
+    nl_free(xb);
+    return rc;
+}
+
 nl_status nl_fp8_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K, const float *A,
                       const float *B, float *C, nl_fp8_stats *stats) {
     if (!o) return nl_fail(NL_ERR_INVALID, "fp8 gemm: NULL options");
@@ -493,7 +735,6 @@ nl_status nl_fp8_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K
     qgeom ga = geometry(o->scaling, K, M, 1), gb = geometry(o->scaling, K, N, 0);
     double *inva = nl_malloc((size_t)(ga.nkb * ga.nob) * sizeof(double), "fp8 gemm A scales");
     double *invb = nl_malloc((size_t)(gb.nkb * gb.nob) * sizeof(double), "fp8 gemm B scales");
-    double *bp = NULL;
     float *cw = NULL;
     nl_fp8_stats st_local;
     nl_fp8_stats *st = stats ? stats : &st_local;
@@ -524,28 +765,8 @@ nl_status nl_fp8_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, Al,
                     (int)K, Bl, (int)N, 0.0f, cw, (int)Np);
     } else {
-        /* limited accumulator: B repacked into panels of LANES columns, (nchunks, K, LANES),
-         * zero-padded past N, so that one panel streams contiguously and stays in cache while
-         * every row of A goes through it */
-        const int64_t nchunks = Np / LANES;
-        bp = nl_calloc((size_t)(K * Np), sizeof(double), "fp8 gemm B panels");
-        if (!bp) {
-            rc = NL_ERR_NOMEM;
-            goto done;
-        }
-#pragma omp parallel for schedule(static)
-        for (int64_t jc = 0; jc < nchunks; jc++)
-            for (int64_t k = 0; k < K; k++)
-                for (int64_t w = 0; w < LANES && jc * LANES + w < N; w++)
-                    bp[(jc * K + k) * LANES + w] = qb[k * N + jc * LANES + w];
-        const kernel_scales ks = {inva, ga.bk, ga.bo, ga.nob, invb, gb.bk, gb.bo, gb.nob, N};
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < nchunks * M; t++) {
-            const int64_t jc = t / M, i = t % M;
-            float out[LANES];
-            limited_lanes(&o->acc, qa + i * K, bp + jc * K * LANES, LANES, K, i, jc * LANES, &ks, out);
-            memcpy(cw + i * Np + jc * LANES, out, sizeof out);
-        }
+        rc = limited_gemm(o, M, N, K, qa, qb, inva, invb, &ga, &gb, cw, Np);
+        if (rc) goto done;
     }
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) C[i * N + j] = o->accumulate ? C[i * N + j] + cw[i * Np + j] : cw[i * Np + j];
@@ -556,7 +777,6 @@ done:
     nl_free(qb);
     nl_free(inva);
     nl_free(invb);
-    nl_free(bp);
     nl_free(cw);
     return rc;
 }
