@@ -17,7 +17,6 @@ int nl_cmd_train(int argc, char **argv);
 int nl_cmd_eval(int argc, char **argv);
 int nl_cmd_generate(int argc, char **argv);
 int nl_cmd_quant_compare(int argc, char **argv);
-int nl_cmd_formats(int argc, char **argv);
 int nl_cmd_fp8(int argc, char **argv);
 int nl_cmd_collectives(int argc, char **argv);
 int nl_cmd_parallel(int argc, char **argv);
@@ -25,7 +24,6 @@ int nl_cmd_moe(int argc, char **argv);
 int nl_cmd_scaling(int argc, char **argv);
 int nl_cmd_budget(int argc, char **argv);
 int nl_cmd_plan(int argc, char **argv);
-int nl_cmd_fp8(int argc, char **argv);
 int nl_cmd_precision(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
@@ -37,7 +35,6 @@ static const nl_command commands[] = {
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"quant-compare", "RTN vs GPTQ, AWQ, SmoothQuant, LLM.int8() on a checkpoint (= quant compare)", nl_cmd_quant_compare},
-    {"formats", "number formats: properties table, cast a value, rounded running sums", nl_cmd_formats},
     {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
     {"collectives", "MPI collectives: the course demo and a benchmark (ours vs native)", nl_cmd_collectives},
     {"parallel", "data-parallel training over MPI: DDP, ZeRO-1/2/3 (mpirun -np N nanolm parallel train)", nl_cmd_parallel},
@@ -45,7 +42,6 @@ static const nl_command commands[] = {
     {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
     {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},
     {"plan", "parallel training and serving plans for real clusters", nl_cmd_plan},
-    {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
     {"precision", "gradient underflow/overflow in fp16 (with and without loss scaling) and bf16", nl_cmd_precision},
 };
 

@@ -1,0 +1,61 @@
+/* nanolm --help: every command is listed exactly once, and each one answers --help.
+ * (The command table in src/cli/main.c is merged line by line from parallel branches; a line
+ * added twice showed up as a duplicate entry in the help text.) */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_COMMANDS 64
+
+/* Command names from the "commands:" block of the top-level help. */
+static int list_commands(char names[][32]) {
+    char *out = NULL;
+    int rc = tu_run_cli("--help", &out);
+    assert_int_equal(rc, 0);
+    char *block = strstr(out, "commands:\n");
+    assert_non_null(block);
+    int n = 0;
+    for (char *line = strchr(block, '\n') + 1; line && *line == ' '; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        char name[32];
+        if (sscanf(line, " %31s", name) == 1) {
+            assert_true(n < MAX_COMMANDS);
+            strcpy(names[n++], name);
+        }
+    }
+    free(out);
+    return n;
+}
+
+static void test_each_command_once(void **state) {
+    (void)state;
+    char names[MAX_COMMANDS][32];
+    int n = list_commands(names);
+    assert_true(n >= 10);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (!strcmp(names[i], names[j])) fail_msg("command '%s' is listed twice in nanolm --help", names[i]);
+}
+
+static void test_each_command_has_help(void **state) {
+    (void)state;
+    char names[MAX_COMMANDS][32];
+    int n = list_commands(names);
+    for (int i = 0; i < n; i++) {
+        char args[80], *out = NULL;
+        snprintf(args, sizeof args, "%.31s --help", names[i]);
+        int rc = tu_run_cli(args, &out);
+        if (rc != 0) fail_msg("nanolm %s exited %d: %s", args, rc, out ? out : "");
+        if (!out || !strstr(out, "usage")) fail_msg("nanolm %s printed no usage line: %s", args, out ? out : "");
+        free(out);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_each_command_once),
+        cmocka_unit_test(test_each_command_has_help),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
