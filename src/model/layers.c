@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "nanolm/model.h"
-#include "gemm.h"
+#include "blas_serial.h"
 #include "vexp.h"
 
 /* ---- RMSNorm --------------------------------------------------------------------------------
@@ -112,8 +112,8 @@ void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, 
  * h / (NH/KVH). out (B, T, NH*hd); att (B, NH, T, T) softmax probabilities (row t: columns
  * 0..t, the rest zero). One OpenMP task per (b, h), all three steps on the (T, T) block while
  * it is in cache: S = Q K^T / sqrt(hd) with one single-threaded cblas_sgemm (the full square;
- * the causal half is masked), a causal softmax over its T rows, then O = P V (gemm.h: one
- * thread pool). Results do not depend on the thread count. */
+ * the causal half is masked), a causal softmax over its T rows, then O = P V (OpenBLAS set to
+ * one thread meanwhile: blas_serial.h). Results do not depend on the thread count. */
 
 /* Causal softmax in place of row t of a (T, T) score block: columns 0..t, the rest set to 0. */
 static void causal_softmax_row(float *a, int64_t t, int64_t T) {

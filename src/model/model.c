@@ -8,7 +8,6 @@
 
 #include "nanolm/model.h"
 #include "nanolm/moe.h"
-#include "gemm.h"
 #include "vexp.h"
 
 #include "nanolm/formats.h"
@@ -246,7 +245,14 @@ nl_status nl_model_alloc_grads(nl_model *m) {
 }
 
 void nl_model_zero_grad(nl_model *m) {
-    if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
+    if (!m->grads) return;
+    const size_t chunk = 1 << 16; /* floats */
+    int64_t nchunks = (int64_t)((m->n_params + chunk - 1) / chunk);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (int64_t c = 0; c < nchunks; c++) {
+        size_t lo = (size_t)c * chunk, n = m->n_params - lo < chunk ? m->n_params - lo : chunk;
+        memset(m->grads + lo, 0, n * sizeof(float));
+    }
 }
 
 int nl_model_params_table(const nl_model *m, const nl_param_info **out) {
@@ -361,16 +367,8 @@ void nl_linear_forward(nl_model *m, const nl_linear_site *site, float *out, cons
         w = m->params_lp + site->weight_offset;
         in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
     }
-    /* rows of out split over the OpenMP threads (see gemm.h) */
-    if (!nl_gemm_parallel(n, out_dim, in_dim)) {
-        nl_gemm_rows(0, 1, CblasNoTrans, CblasTrans, n, out_dim, in_dim, 1.0f, in, in_dim, w, in_dim, 0.0f, out, out_dim);
-        return;
-    }
-    int nb = nl_blas_serial_begin();
-#pragma omp parallel
-    nl_gemm_rows(omp_get_thread_num(), omp_get_num_threads(), CblasNoTrans, CblasTrans, n, out_dim, in_dim, 1.0f, in,
-                 in_dim, w, in_dim, 0.0f, out, out_dim);
-    nl_blas_serial_end(nb);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out_dim, (int)in_dim, 1.0f, in,
+                (int)in_dim, w, (int)in_dim, 0.0f, out, (int)out_dim);
 }
 
 void nl_linear_backward(nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
@@ -384,19 +382,11 @@ void nl_linear_backward(nl_model *m, const nl_linear_site *site, float *din, flo
         in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
         dout = round_copy(m, m->a.lp_scratch2, dout, (size_t)(n * out_dim));
     }
-    /* din (n, in_dim) = dout . w and dw (out_dim, in_dim) += dout^T . in are independent: one
-     * OpenMP region computes both, each thread a block of rows of each (see gemm.h) */
-    int par = nl_gemm_parallel(n, out_dim, in_dim), nb = par ? nl_blas_serial_begin() : 1;
-#pragma omp parallel if (par)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (din)
-            nl_gemm_rows(t, nt, CblasNoTrans, CblasNoTrans, n, in_dim, out_dim, 1.0f, dout, out_dim, w, in_dim, 0.0f,
-                         din, in_dim);
-        nl_gemm_rows(t, nt, CblasTrans, CblasNoTrans, out_dim, in_dim, n, 1.0f, dout, out_dim, in, in_dim, 1.0f, dw,
-                     in_dim);
-    }
-    nl_blas_serial_end(nb);
+    if (din)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)in_dim, (int)out_dim, 1.0f, dout,
+                    (int)out_dim, w, (int)in_dim, 0.0f, din, (int)in_dim);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out_dim, (int)in_dim, (int)n, 1.0f, dout,
+                (int)out_dim, in, (int)in_dim, 1.0f, dw, (int)in_dim);
 }
 
 static nl_linear_site site_of(const nl_model *m, nl_linear_kind kind, int layer, const float *w) {
