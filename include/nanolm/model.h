@@ -273,6 +273,9 @@ int32_t nl_model_sample(float *logits, int64_t V, float temperature, nl_rng *rng
 
 /* ---- building blocks (exposed for tests, shapes as in llm.c) ---------------------------------- */
 void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C, float eps);
+/* x (N, C) += r (skipped when r is NULL), then as nl_rmsnorm_forward on the sum (one pass). */
+void nl_rmsnorm_residual_forward(float *out, float *rstd, float *x, const float *r, const float *w, int64_t N,
+                                 int64_t C, float eps);
 void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
                          const float *rstd, int64_t N, int64_t C);
 /* RoPE on (B, T, nh, hd) rows with row stride `stride` floats; inverse=1 rotates backwards. */

@@ -8,45 +8,77 @@
 #include <string.h>
 
 #include "nanolm/model.h"
+#include "blas_serial.h"
 #include "vexp.h"
 
 /* ---- RMSNorm --------------------------------------------------------------------------------
  * out (N, C) = x / sqrt(mean(x^2) + eps) * w;  rstd (N) saved for backward. */
+
+/* One row: o (C) = x * rstd * w; returns rstd. */
+static inline float rmsnorm_row(float *o, const float *x, const float *w, int64_t C, float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < C; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)C + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < C; i++) o[i] = x[i] * r * w[i];
+    return r;
+}
+
 void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C,
                         float eps) {
 #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) rstd[n] = rmsnorm_row(out + n * C, x + n * C, w, C, eps);
+}
+
+/* x (N, C) += r (skipped when r is NULL), then out (N, C) = rmsnorm(x) * w and rstd (N) as
+ * nl_rmsnorm_forward: a residual add and the norm that reads its sum in one pass. */
+void nl_rmsnorm_residual_forward(float *out, float *rstd, float *x, const float *r, const float *w, int64_t N,
+                                 int64_t C, float eps) {
+#pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
-        const float *xr = x + n * C;
-        float *o = out + n * C;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < C; i++) ss += xr[i] * xr[i];
-        float r = 1.0f / sqrtf(ss / (float)C + eps);
-        rstd[n] = r;
-        for (int64_t i = 0; i < C; i++) o[i] = xr[i] * r * w[i];
+        float *xr = x + n * C;
+        if (r) {
+            const float *rr = r + n * C;
+#pragma omp simd
+            for (int64_t i = 0; i < C; i++) xr[i] += rr[i];
+        }
+        rstd[n] = rmsnorm_row(out + n * C, xr, w, C, eps);
     }
 }
 
-/* dx (N, C) += d/dx, dw (C) += d/dw, given dout (N, C), the forward input x and saved rstd. */
+/* dx (N, C) += d/dx, dw (C) += d/dw, given dout (N, C), the forward input x and saved rstd.
+ * One OpenMP region: rows of dx, then blocks of columns of dw (no barrier between: they are
+ * independent). dw[i] sums over the rows in order, whatever the thread count. */
 void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
                          const float *rstd, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const float *xr = x + n * C, *d = dout + n * C;
-        float r = rstd[n];
-        float dot = 0.0f; /* sum_i dout_i w_i xhat_i */
+    enum { CB = 64 }; /* dw columns per block: the partial sums stay in registers */
+#pragma omp parallel
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t n = 0; n < N; n++) {
+            const float *xr = x + n * C, *d = dout + n * C;
+            float r = rstd[n];
+            float dot = 0.0f; /* sum_i dout_i w_i xhat_i */
 #pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < C; i++) dot += d[i] * w[i] * xr[i] * r;
-        dot /= (float)C;
-        float *dxr = dx + n * C;
-        for (int64_t i = 0; i < C; i++) dxr[i] += r * (d[i] * w[i] - xr[i] * r * dot);
-    }
-    /* dw: columns in parallel so the sum order does not depend on the thread count */
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < C; i++) {
-        float s = 0.0f;
-        for (int64_t n = 0; n < N; n++) s += dout[n * C + i] * x[n * C + i] * rstd[n];
-        dw[i] += s;
+            for (int64_t i = 0; i < C; i++) dot += d[i] * w[i] * xr[i] * r;
+            dot /= (float)C;
+            float *dxr = dx + n * C;
+#pragma omp simd
+            for (int64_t i = 0; i < C; i++) dxr[i] += r * (d[i] * w[i] - xr[i] * r * dot);
+        }
+#pragma omp for schedule(static)
+        for (int64_t c0 = 0; c0 < C; c0 += CB) {
+            int64_t nc = C - c0 < CB ? C - c0 : CB;
+            float s[CB] = {0};
+            for (int64_t n = 0; n < N; n++) {
+                const float *d = dout + n * C + c0, *xr = x + n * C + c0;
+                float r = rstd[n];
+#pragma omp simd
+                for (int64_t i = 0; i < nc; i++) s[i] += d[i] * xr[i] * r;
+            }
+            for (int64_t i = 0; i < nc; i++) dw[c0 + i] += s[i];
+        }
     }
 }
 
@@ -75,101 +107,93 @@ void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, 
     }
 }
 
-/* Per-head GEMMs smaller than this (T*T*hd multiply-adds) run in parallel over heads, one
- * single-threaded sgemm each; larger ones run one after another and OpenBLAS threads each. */
-#define NL_ATT_PAR_HEADS_MAX (1 << 20)
-
 /* ---- causal grouped-query attention -------------------------------------------------------------
  * qkv (B, T, QKV) rows [q (NH*hd) | k (KVH*hd) | v (KVH*hd)]; query head h reads kv head
  * h / (NH/KVH). out (B, T, NH*hd); att (B, NH, T, T) softmax probabilities (row t: columns
- * 0..t, the rest zero). Three phases: S = Q K^T / sqrt(hd) per (b, h) with cblas_sgemm (the
- * full square; the causal half is masked), a causal softmax over all B*NH*T rows, then
- * O = P V per (b, h); for small heads each phase runs its (b, h) in parallel with OpenMP (one
- * sgemm per head; results do not depend on the thread count). */
+ * 0..t, the rest zero). One OpenMP task per (b, h), all three steps on the (T, T) block while
+ * it is in cache: S = Q K^T / sqrt(hd) with one single-threaded cblas_sgemm (the full square;
+ * the causal half is masked), a causal softmax over its T rows, then O = P V (OpenBLAS set to
+ * one thread meanwhile: blas_serial.h). Results do not depend on the thread count. */
+
+/* Causal softmax in place of row t of a (T, T) score block: columns 0..t, the rest set to 0. */
+static void causal_softmax_row(float *a, int64_t t, int64_t T) {
+    float mx = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : mx)
+    for (int64_t t2 = 0; t2 <= t; t2++) mx = a[t2] > mx ? a[t2] : mx;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t2 = 0; t2 <= t; t2++) {
+        a[t2] = nl_vexpf(a[t2] - mx);
+        sum += a[t2];
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t t2 = 0; t2 <= t; t2++) a[t2] *= inv;
+    for (int64_t t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
+}
+
 void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH,
                           int64_t KVH, int64_t hd) {
     int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH;
     float scale = 1.0f / sqrtf((float)hd);
-    int par_heads = T * T * hd < NL_ATT_PAR_HEADS_MAX;
-#pragma omp parallel for collapse(2) schedule(static) if (par_heads)
+    int nb = nl_blas_serial_begin();
+#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < NH; h++) {
             const float *q = qkv + b * T * QKV + h * hd, *k = qkv + b * T * QKV + (NH + h / group) * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hd, scale, q, (int)QKV, k,
-                        (int)QKV, 0.0f, att + (b * NH + h) * T * T, (int)T);
-        }
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < B * NH * T; row++) {
-        int64_t t = row % T;
-        float *a = att + row * T, mx = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : mx)
-        for (int64_t t2 = 0; t2 <= t; t2++) mx = a[t2] > mx ? a[t2] : mx;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t2 = 0; t2 <= t; t2++) {
-            a[t2] = nl_vexpf(a[t2] - mx);
-            sum += a[t2];
-        }
-        float inv = 1.0f / sum;
-#pragma omp simd
-        for (int64_t t2 = 0; t2 <= t; t2++) a[t2] *= inv;
-        for (int64_t t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
-    }
-#pragma omp parallel for collapse(2) schedule(static) if (par_heads)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
             const float *v = qkv + b * T * QKV + (NH + KVH + h / group) * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f,
-                        att + (b * NH + h) * T * T, (int)T, v, (int)QKV, 0.0f, out + b * T * NH * hd + h * hd,
-                        (int)(NH * hd));
+            float *p = att + (b * NH + h) * T * T; /* (T, T) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hd, scale, q, (int)QKV, k,
+                        (int)QKV, 0.0f, p, (int)T);
+            for (int64_t t = 0; t < T; t++) causal_softmax_row(p + t * T, t, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, p, (int)T, v,
+                        (int)QKV, 0.0f, out + b * T * NH * hd + h * hd, (int)(NH * hd));
         }
+    nl_blas_serial_end(nb);
 }
 
 /* dqkv (B, T, QKV) = d/dqkv (overwritten) from dout (B, T, NH*hd); datt (B, NH, T, T) scratch.
- * dP = dO V^T; dS = P * (dP - rowsum(P * dP)) / sqrt(hd); dQ = dS K; dK += dS^T Q; dV += P^T dO
- * (K and V gradients of a GQA group accumulate over its query heads, so the parallel loops run
- * over (b, kv head) and the heads of a group in order). O(T^2 hd) per head. */
+ * dP = dO V^T; dS = P * (dP - rowsum(P * dP)) / sqrt(hd); dQ = dS K; dK += dS^T Q; dV += P^T dO.
+ * K and V gradients of a GQA group accumulate over its query heads, so the parallel loop runs
+ * over (b, kv head) and the heads of a group in order; the first head of a group overwrites dK
+ * and dV (beta 0), the others add. O(T^2 hd) per head. */
 void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
                            const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd) {
     int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH, OD = NH * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    int par_heads = T * T * hd < NL_ATT_PAR_HEADS_MAX;
-    memset(dqkv, 0, (size_t)(B * T * QKV) * sizeof(float));
-#pragma omp parallel for collapse(2) schedule(static) if (par_heads)
+    int nb = nl_blas_serial_begin();
+#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
-        for (int64_t kh = 0; kh < KVH; kh++)
-        for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
-            const float *v = qkv + b * T * QKV + (NH + KVH + h / group) * hd;
-            const float *d = dout + b * T * OD + h * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hd, 1.0f, d, (int)OD, v,
-                        (int)QKV, 0.0f, datt + (b * NH + h) * T * T, (int)T);
-            /* dV += P^T dO */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f,
-                        att + (b * NH + h) * T * T, (int)T, d, (int)OD, 1.0f,
-                        dqkv + b * T * QKV + (NH + KVH + h / group) * hd, (int)QKV);
-        }
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < B * NH * T; row++) {
-        int64_t t = row % T;
-        const float *p = att + row * T;
-        float *dp = datt + row * T, dot = 0.0f;
+        for (int64_t kh = 0; kh < KVH; kh++) {
+            const float *k = qkv + b * T * QKV + (NH + kh) * hd, *v = qkv + b * T * QKV + (NH + KVH + kh) * hd;
+            float *dk = dqkv + b * T * QKV + (NH + kh) * hd, *dv = dqkv + b * T * QKV + (NH + KVH + kh) * hd;
+            for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
+                const float *q = qkv + b * T * QKV + h * hd, *d = dout + b * T * OD + h * hd;
+                const float *p = att + (b * NH + h) * T * T;
+                float *ds = datt + (b * NH + h) * T * T, *dq = dqkv + b * T * QKV + h * hd;
+                float beta = h == kh * group ? 0.0f : 1.0f;
+                /* dP = dO V^T into ds; dV (+)= P^T dO */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hd, 1.0f, d, (int)OD, v,
+                            (int)QKV, 0.0f, ds, (int)T);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, p, (int)T, d,
+                            (int)OD, beta, dv, (int)QKV);
+                /* softmax backward, row by row: dS = P * (dP - <P, dP>) / sqrt(hd) */
+                for (int64_t t = 0; t < T; t++) {
+                    const float *pr = p + t * T;
+                    float *dp = ds + t * T, dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t t2 = 0; t2 <= t; t2++) dot += p[t2] * dp[t2];
+                    for (int64_t t2 = 0; t2 <= t; t2++) dot += pr[t2] * dp[t2];
 #pragma omp simd
-        for (int64_t t2 = 0; t2 <= t; t2++) dp[t2] = p[t2] * (dp[t2] - dot) * scale;
-        for (int64_t t2 = t + 1; t2 < T; t2++) dp[t2] = 0.0f;
-    }
-#pragma omp parallel for collapse(2) schedule(static) if (par_heads)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t kh = 0; kh < KVH; kh++)
-        for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
-            const float *ds = datt + (b * NH + h) * T * T;
-            const float *q = qkv + b * T * QKV + h * hd, *k = qkv + b * T * QKV + (NH + h / group) * hd;
-            float *dq = dqkv + b * T * QKV + h * hd, *dk = dqkv + b * T * QKV + (NH + h / group) * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, ds, (int)T, k,
-                        (int)QKV, 0.0f, dq, (int)QKV);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, ds, (int)T, q,
-                        (int)QKV, 1.0f, dk, (int)QKV);
+                    for (int64_t t2 = 0; t2 <= t; t2++) dp[t2] = pr[t2] * (dp[t2] - dot) * scale;
+                    for (int64_t t2 = t + 1; t2 < T; t2++) dp[t2] = 0.0f;
+                }
+                /* dQ = dS K; dK (+)= dS^T Q */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, ds, (int)T, k,
+                            (int)QKV, 0.0f, dq, (int)QKV);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, ds, (int)T, q,
+                            (int)QKV, beta, dk, (int)QKV);
+            }
         }
+    nl_blas_serial_end(nb);
 }
 
 /* ---- SwiGLU -------------------------------------------------------------------------------------

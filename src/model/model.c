@@ -245,7 +245,14 @@ nl_status nl_model_alloc_grads(nl_model *m) {
 }
 
 void nl_model_zero_grad(nl_model *m) {
-    if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
+    if (!m->grads) return;
+    const size_t chunk = 1 << 16; /* floats */
+    int64_t nchunks = (int64_t)((m->n_params + chunk - 1) / chunk);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (int64_t c = 0; c < nchunks; c++) {
+        size_t lo = (size_t)c * chunk, n = m->n_params - lo < chunk ? m->n_params - lo : chunk;
+        memset(m->grads + lo, 0, n * sizeof(float));
+    }
 }
 
 int nl_model_params_table(const nl_model *m, const nl_param_info **out) {
@@ -387,20 +394,19 @@ static nl_linear_site site_of(const nl_model *m, nl_linear_kind kind, int layer,
     return s;
 }
 
-/* RoPE on the q and k heads of qkv (B, T, QKV), by column index or by m->positions */
+/* RoPE on the q and k heads of qkv (B, T, QKV), by column index or by m->positions. The NH q
+ * heads and the KVH k heads are adjacent in a row, so one pass rotates NH + KVH heads. */
 static void rope(const nl_model *m, float *qkv, int64_t B, int64_t T, int inverse) {
     int64_t NH = m->NH, KVH = m->KVH, hd = m->hd, QKV = m->QKV, half = hd / 2;
     if (!m->positions) {
-        nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH, hd, QKV, inverse);
-        nl_rope_apply(qkv + NH * hd, m->rope_cos, m->rope_sin, B, T, KVH, hd, QKV, inverse);
+        nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH + KVH, hd, QKV, inverse);
         return;
     }
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) {
             float *x = qkv + (b * T + t) * QKV;
             const float *c = m->rope_cos + m->positions[t] * half, *s = m->rope_sin + m->positions[t] * half;
-            nl_rope_apply(x, c, s, 1, 1, NH, hd, QKV, inverse);
-            nl_rope_apply(x + NH * hd, c, s, 1, 1, KVH, hd, QKV, inverse);
+            nl_rope_apply(x, c, s, 1, 1, NH + KVH, hd, QKV, inverse);
         }
 }
 
@@ -435,13 +441,16 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     /* embedding: resid[0] (B, T, C) */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < BT; i++) memcpy(a->resid + i * C, m->w.embed + (int64_t)tokens[i] * C, (size_t)C * sizeof(float));
+    /* Each residual add is done by the RMSNorm that reads its sum (nl_rmsnorm_residual_forward):
+     * resid[l+1] = xo + x2 of layer l is completed by layer l+1's input norm (or the final norm). */
+    const float *pending = NULL; /* what resid[l] still lacks: x2 of layer l-1 */
     for (int64_t l = 0; l < L; l++) {
         nl_layer_weights *lw = &m->w.layers[l];
         float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
         float *att = a->att + l * B * NH * T * T, *atty = a->atty + l * BT * NH * hd;
         float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C, *h13 = a->h13 + l * BT * 2 * H;
         float *hact = a->hact + l * BT * H, *xo = a->resid + (l + 1) * BT * C;
-        nl_rmsnorm_forward(ln1, a->ln1_rstd + l * BT, x, lw->rms_att, BT, C, eps);
+        nl_rmsnorm_residual_forward(ln1, a->ln1_rstd + l * BT, x, pending, lw->rms_att, BT, C, eps);
         nl_linear_site s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
         rope(m, qkv, B, T, 0);
@@ -449,13 +458,10 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         else nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_forward(m, &s, x2, atty, lw->wo, BT, NH * hd, C);
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < BT * C; i++) x2[i] += x[i];
-        nl_rmsnorm_forward(ln2, a->ln2_rstd + l * BT, x2, lw->rms_ffn, BT, C, eps);
+        nl_rmsnorm_residual_forward(ln2, a->ln2_rstd + l * BT, x2, x, lw->rms_ffn, BT, C, eps); /* x2 += x */
+        pending = x2; /* resid[l+1] = xo + x2 */
         if (nl_moe_is_layer(m, l)) {
             NL_TRY(nl_moe_forward(m, l, ln2, xo, B, T));
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < BT * C; i++) xo[i] += x2[i];
             continue;
         }
         s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
@@ -463,10 +469,8 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         nl_swiglu_forward(hact, h13, BT, H);
         s = site_of(m, NL_LIN_DOWN, (int)l, lw->w2);
         nl_linear_forward(m, &s, xo, hact, lw->w2, BT, H, C);
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < BT * C; i++) xo[i] += x2[i];
     }
-    nl_rmsnorm_forward(a->lnf, a->lnf_rstd, a->resid + L * BT * C, m->w.rms_final, BT, C, eps);
+    nl_rmsnorm_residual_forward(a->lnf, a->lnf_rstd, a->resid + L * BT * C, pending, m->w.rms_final, BT, C, eps);
     nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
     nl_linear_forward(m, &s, a->logits, a->lnf, m->w.cls, BT, C, V);
     if (!targets) return NL_OK;

@@ -32,6 +32,9 @@ void nl_adamw_step(nl_adamw *opt, nl_model *m, float lr) {
     float step_size0 = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
     const nl_param_info *tab;
     int nt = nl_model_params_table(m, &tab);
+    /* one OpenMP region for all tensors: each tensor's elements split over the threads, no
+     * barrier between tensors (the updates are elementwise) */
+#pragma omp parallel
     for (int k = 0; k < nt; k++) {
         float lrk = opt->lr_mult ? lr * opt->lr_mult[k] : lr; /* muP: per-tensor learning rate */
         float decay = tab[k].ndim == 2 ? 1.0f - lrk * opt->weight_decay : 1.0f;
@@ -39,7 +42,7 @@ void nl_adamw_step(nl_adamw *opt, nl_model *m, float lr) {
         float *p = m->params + tab[k].offset, *g = m->grads + tab[k].offset;
         float *mm = opt->m + tab[k].offset, *vv = opt->v + tab[k].offset;
         int64_t n = (int64_t)tab[k].numel;
-#pragma omp parallel for schedule(static)
+#pragma omp for simd schedule(static) nowait
         for (int64_t i = 0; i < n; i++) {
             p[i] *= decay;
             mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
@@ -60,8 +63,15 @@ double nl_grad_norm(const nl_model *m) {
 #pragma omp parallel for schedule(static)
         for (int64_t c = 0; c < cn; c++) {
             int64_t lo = (c0 + c) * chunk, hi = lo + chunk < n ? lo + chunk : n;
-            double s = 0.0;
-            for (int64_t i = lo; i < hi; i++) s += (double)m->grads[i] * m->grads[i];
+            /* 16 partial sums (i mod 16), added in order: the loop vectorizes, and the sum
+             * order still depends only on n */
+            const float *g = m->grads;
+            double lane[16] = {0}, s = 0.0;
+            int64_t i = lo;
+            for (; i + 16 <= hi; i += 16)
+                for (int j = 0; j < 16; j++) lane[j] += (double)g[i + j] * g[i + j];
+            for (int j = 0; j < 16; j++) s += lane[j];
+            for (; i < hi; i++) s += (double)g[i] * g[i];
             part[c] = s;
         }
         for (int64_t c = 0; c < cn; c++) ss += part[c];
