@@ -57,6 +57,9 @@ int nl_cmd_eval(int argc, char **argv) {
                    "  --se-batch tokens (default sqrt(tokens)) whose means are nearly independent, so the SE\n"
                    "  and 95%% interval account for correlated neighbouring tokens. --target-se X: tokens needed\n"
                    "  for SE = X (same per-token long-run variance).\n"
+                   "  With a llama2.c tokenizer the batched eval also splits the mean between non-ASCII\n"
+                   "  byte-fallback targets (<0x80>..<0xFF>: UTF-8 bytes no piece covers, e.g. mis-encoded\n"
+                   "  text such as 'â€™') and the rest.\n"
                    "  --kv-cache runs the generation path instead: token by token through a KV cache of fp32 or\n"
                    "  int8 (per head, per token absmax, fp16 scales), each window from an empty cache; prints the\n"
                    "  bytes of the cache as allocated (no standard error). --max-windows N: only the first N windows.\n");
@@ -94,11 +97,25 @@ int nl_cmd_eval(int argc, char **argv) {
         rcode = nl_cli_fail("eval");
         goto done;
     }
+    /* Non-ASCII byte-fallback targets (llama2.c pieces <0x80>..<0xFF>, ids 3+128..258; ASCII
+     * fallbacks such as <0x0A> for a newline are ordinary text): loss i predicts token
+     * split_begin + i + 1 (window w covers tokens wT .. wT+T of the split). */
+    int64_t n_fb = 0;
+    double sum_fb = 0, sum_all = 0;
     if (kv < 0) {
-        double sum = 0;
-        for (int64_t i = 0; i < scored; i++) sum += tl[i];
-        loss = sum / (double)scored; /* all tokens; st.mean drops a last partial SE batch */
+        const int *tgt = data.tokens + nl_data_split_begin(&data, split) + 1;
+        for (int64_t i = 0; i < scored; i++) {
+            sum_all += tl[i];
+            if (tok.kind == NL_TOKENIZER_LLAMA2C && tgt[i] >= 3 + 128 && tgt[i] <= 258) {
+                n_fb++;
+                sum_fb += tl[i];
+            }
+        }
+        loss = sum_all / (double)scored; /* all tokens; st.mean drops a last partial SE batch */
     }
+    int show_fb = kv < 0 && tok.kind == NL_TOKENIZER_LLAMA2C;
+    double fb_mean = n_fb ? sum_fb / (double)n_fb : 0;
+    double rest_mean = scored > n_fb ? (sum_all - sum_fb) / (double)(scored - n_fb) : 0;
     double need = target_se > 0 ? nl_loss_stats_tokens_for_se(&st, target_se) : 0;
     if (json) {
         cJSON *d = cJSON_CreateObject();
@@ -120,6 +137,11 @@ int nl_cmd_eval(int argc, char **argv) {
         cJSON_AddNumberToObject(d, "ci95_hi", st.ci_hi);
         cJSON_AddNumberToObject(d, "se_batch_tokens", (double)st.batch);
         cJSON_AddNumberToObject(d, "se_tokens_used", (double)st.n);
+        if (show_fb) {
+            cJSON_AddNumberToObject(d, "non_ascii_byte_tokens", (double)n_fb);
+            cJSON_AddNumberToObject(d, "non_ascii_byte_mean_loss", fb_mean);
+            cJSON_AddNumberToObject(d, "other_tokens_mean_loss", rest_mean);
+        }
         if (target_se > 0) {
             cJSON_AddNumberToObject(d, "target_se", target_se);
             cJSON_AddNumberToObject(d, "tokens_for_target_se", need);
@@ -141,6 +163,11 @@ int nl_cmd_eval(int argc, char **argv) {
         printf("standard error %.4f (i.i.d. formula %.4f; correlation costs x%.1f tokens), 95%% interval [%.4f, %.4f]\n"
                "  batch means over %lld batches of %lld tokens\n",
                st.se, st.se_iid, st.ess_factor, st.ci_lo, st.ci_hi, (long long)st.n_batches, (long long)st.batch);
+        if (show_fb)
+            printf("non-ASCII byte-fallback targets (<0x80>..<0xFF>): %lld of %lld (%.2f%%), mean loss %.4f, adding %.4f "
+                   "nats/token to the mean; the other tokens: mean loss %.4f\n",
+                   (long long)n_fb, (long long)scored, 100.0 * (double)n_fb / (double)scored, fb_mean,
+                   sum_fb / (double)scored, rest_mean);
         if (target_se > 0) printf("tokens for standard error %g: %.0f\n", target_se, need);
     }
 done:
