@@ -126,12 +126,20 @@ typedef struct nl_attn_ops {
 } nl_attn_ops;
 
 struct nl_model;
-/* The default linear: cblas_sgemm, with inputs rounded per model->precision. */
+/* The linear layer: m->linear_ops when installed, else the default below. */
 void nl_linear_forward(struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
                        const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
 void nl_linear_backward(struct nl_model *m, const nl_linear_site *site, float *din, float *dw,
                         const float *dout, const float *in, const float *w, int64_t n,
                         int64_t in_dim, int64_t out_dim);
+/* The default linear, whatever hook is installed (a hook that wraps it calls these): inputs
+ * rounded per m->precision, then cblas_sgemm in fixed row blocks over the OpenMP threads
+ * (bit-identical run to run for a given thread count). Same contract as nl_linear_ops. */
+void nl_linear_forward_default(struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
+                               const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
+void nl_linear_backward_default(struct nl_model *m, const nl_linear_site *site, float *din, float *dw,
+                                const float *dout, const float *in, const float *w, int64_t n,
+                                int64_t in_dim, int64_t out_dim);
 
 /* ---- activations (one buffer, sized once for (B, T)) ---------------------------------------- */
 typedef struct nl_acts {

@@ -26,7 +26,9 @@ typedef struct nl_mup {
     double width_mult;    /* r = dim / base_dim */
     float out_mult;       /* 1 / r */
     float *lr_mult;       /* (n_tensors) per-tensor learning-rate multipliers, given to AdamW */
-    nl_linear_ops ops;    /* the classifier's output multiplier */
+    nl_linear_ops ops;    /* the classifier's output multiplier, around nl_linear_*_default */
+    nl_model *model;      /* the model the hook is installed on */
+    float *dw_cls;        /* (V, C) scratch for the classifier's weight gradient; NULL at r = 1 */
 } nl_mup;
 
 /* Sets up muP for m and its optimizer opt: installs the output multiplier on m->linear_ops and

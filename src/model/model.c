@@ -8,6 +8,7 @@
 
 #include "nanolm/model.h"
 #include "nanolm/moe.h"
+#include "blas_serial.h"
 #include "vexp.h"
 
 #include "nanolm/formats.h"
@@ -355,38 +356,117 @@ static void refresh_lp_weights(nl_model *m) {
     round_copy(m, m->params_lp, m->params, m->n_params);
 }
 
-/* ---- linear ---------------------------------------------------------------------------------- */
+/* ---- linear ----------------------------------------------------------------------------------
+ * The linear GEMMs run on the OpenMP threads, one pool for the whole step: each thread computes a
+ * fixed block of rows of the product with a single-threaded cblas_sgemm (OpenBLAS set to one
+ * thread meanwhile: blas_serial.h). With OpenBLAS's own threads for these GEMMs and OpenMP's for
+ * everything else, the two pools met every few hundred microseconds and a 2-thread step lost
+ * to other jobs sharing the cores (docs/nanolm.md, Speed).
+ *
+ * Blocks depend only on the shape and the thread count, so results are bit-identical run to run
+ * for a given thread count (not across thread counts: OpenBLAS's result for a block of rows is
+ * not always bit-identical to the same rows of the whole product). */
 
-void nl_linear_forward(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
-                       int64_t n, int64_t in_dim, int64_t out_dim) {
-    if (m->linear_ops && m->linear_ops->forward) {
-        m->linear_ops->forward(m->linear_ops->user, site, out, in, w, n, in_dim, out_dim);
-        return;
+enum { LIN_ALIGN = 16, /* block boundaries on multiples of 16 rows (the sgemm kernel's tiles) */
+       LIN_MIN_FLOP = 1 << 18 /* smaller products (inference, n = 1) stay one call */ };
+
+/* Rows [*r0, *r1) of `rows` for block `i` of `nb`: equal shares rounded up to LIN_ALIGN. */
+static void lin_block(int64_t rows, int i, int nb, int64_t *r0, int64_t *r1) {
+    int64_t per = (rows + nb - 1) / nb;
+    per = (per + LIN_ALIGN - 1) / LIN_ALIGN * LIN_ALIGN;
+    *r0 = (int64_t)i * per < rows ? (int64_t)i * per : rows;
+    *r1 = *r0 + per < rows ? *r0 + per : rows;
+}
+
+/* Number of row blocks for a product of `flop` multiply-adds over `rows` rows: the thread count,
+ * or 1 when the product is small or the rows too few to give each thread an aligned block. */
+static int lin_blocks(int64_t rows, int64_t flop) {
+    int nt = nl_threads();
+    if (nt < 2 || flop < LIN_MIN_FLOP || rows < (int64_t)nt * LIN_ALIGN) return 1;
+    return nt;
+}
+
+/* out (n, out_dim) = in (n, in_dim) . w^T: thread i computes rows block i of out. */
+static void lin_forward_blocks(float *out, const float *in, const float *w, int64_t n, int64_t in_dim,
+                               int64_t out_dim) {
+    int nb = lin_blocks(n, n * in_dim * out_dim);
+    int saved = nl_blas_serial_begin();
+#pragma omp parallel for schedule(static, 1) num_threads(nb) if (nb > 1)
+    for (int i = 0; i < nb; i++) {
+        int64_t r0, r1;
+        lin_block(n, i, nb, &r0, &r1);
+        if (r1 > r0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)out_dim, (int)in_dim, 1.0f,
+                        in + r0 * in_dim, (int)in_dim, w, (int)in_dim, 0.0f, out + r0 * out_dim, (int)out_dim);
     }
+    nl_blas_serial_end(saved);
+}
+
+/* din (n, in_dim) = dout . w (skipped when din is NULL) in row blocks of din, and
+ * dw (out_dim, in_dim) += dout^T . in in row blocks of dw (each block sums over all n rows, so
+ * no reduction across threads). One parallel region; the two GEMMs need no barrier between. */
+static void lin_backward_blocks(float *din, float *dw, const float *dout, const float *in, const float *w,
+                                int64_t n, int64_t in_dim, int64_t out_dim) {
+    int64_t flop = n * in_dim * out_dim;
+    int nb_in = din ? lin_blocks(n, flop) : 0, nb_w = lin_blocks(out_dim, flop);
+    int nb = nb_in > nb_w ? nb_in : nb_w;
+    int saved = nl_blas_serial_begin();
+#pragma omp parallel num_threads(nb) if (nb > 1)
+    {
+#pragma omp for schedule(static, 1) nowait
+        for (int i = 0; i < nb_in; i++) {
+            int64_t r0, r1;
+            lin_block(n, i, nb_in, &r0, &r1);
+            if (r1 > r0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)in_dim, (int)out_dim,
+                            1.0f, dout + r0 * out_dim, (int)out_dim, w, (int)in_dim, 0.0f, din + r0 * in_dim,
+                            (int)in_dim);
+        }
+#pragma omp for schedule(static, 1)
+        for (int i = 0; i < nb_w; i++) {
+            int64_t o0, o1;
+            lin_block(out_dim, i, nb_w, &o0, &o1);
+            if (o1 > o0)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(o1 - o0), (int)in_dim, (int)n, 1.0f,
+                            dout + o0, (int)out_dim, in, (int)in_dim, 1.0f, dw + o0 * in_dim, (int)in_dim);
+        }
+    }
+    nl_blas_serial_end(saved);
+}
+
+void nl_linear_forward_default(nl_model *m, const nl_linear_site *site, float *out, const float *in,
+                               const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
     if (m->precision != NL_PREC_FP32 && m->params_lp) {
         w = m->params_lp + site->weight_offset;
         in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out_dim, (int)in_dim, 1.0f, in,
-                (int)in_dim, w, (int)in_dim, 0.0f, out, (int)out_dim);
+    lin_forward_blocks(out, in, w, n, in_dim, out_dim);
 }
 
-void nl_linear_backward(nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
-                        const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
-    if (m->linear_ops && m->linear_ops->backward) {
-        m->linear_ops->backward(m->linear_ops->user, site, din, dw, dout, in, w, n, in_dim, out_dim);
-        return;
-    }
+void nl_linear_backward_default(nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
+                                const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
     if (m->precision != NL_PREC_FP32 && m->params_lp) {
         w = m->params_lp + site->weight_offset;
         in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
         dout = round_copy(m, m->a.lp_scratch2, dout, (size_t)(n * out_dim));
     }
-    if (din)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)in_dim, (int)out_dim, 1.0f, dout,
-                    (int)out_dim, w, (int)in_dim, 0.0f, din, (int)in_dim);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out_dim, (int)in_dim, (int)n, 1.0f, dout,
-                (int)out_dim, in, (int)in_dim, 1.0f, dw, (int)in_dim);
+    lin_backward_blocks(din, dw, dout, in, w, n, in_dim, out_dim);
+}
+
+void nl_linear_forward(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
+                       int64_t n, int64_t in_dim, int64_t out_dim) {
+    if (m->linear_ops && m->linear_ops->forward)
+        m->linear_ops->forward(m->linear_ops->user, site, out, in, w, n, in_dim, out_dim);
+    else
+        nl_linear_forward_default(m, site, out, in, w, n, in_dim, out_dim);
+}
+
+void nl_linear_backward(nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
+                        const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
+    if (m->linear_ops && m->linear_ops->backward)
+        m->linear_ops->backward(m->linear_ops->user, site, din, dw, dout, in, w, n, in_dim, out_dim);
+    else
+        nl_linear_backward_default(m, site, din, dw, dout, in, w, n, in_dim, out_dim);
 }
 
 static nl_linear_site site_of(const nl_model *m, nl_linear_kind kind, int layer, const float *w) {

@@ -1,5 +1,4 @@
 /* muP for NanoLM (see nanolm/mup.h). */
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -11,24 +10,44 @@ static int is_hidden(nl_param_kind k) {
            k == NL_PARAM_W3 || k == NL_PARAM_W2;
 }
 
-/* out (n, out_dim) = alpha in . w^T, alpha = the output multiplier at the classifier. */
+/* The output multiplier alpha = 1/r at the classifier, around the model's default linear, so
+ * that muP and the standard parametrisation compute the very same products (the default linear
+ * splits each GEMM into row blocks; at r = 1 nothing is scaled and the two are bit-identical). */
+
+/* out (n, out_dim) = alpha in . w^T */
 static void mup_forward(void *user, const nl_linear_site *site, float *out, const float *in, const float *w, int64_t n,
                         int64_t in_dim, int64_t out_dim) {
     const nl_mup *mu = user;
-    float alpha = site->kind == NL_LIN_CLS ? mu->out_mult : 1.0f;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out_dim, (int)in_dim, alpha, in, (int)in_dim, w,
-                (int)in_dim, 0.0f, out, (int)out_dim);
+    nl_linear_forward_default(mu->model, site, out, in, w, n, in_dim, out_dim);
+    if (site->kind != NL_LIN_CLS || mu->out_mult == 1.0f) return;
+    float alpha = mu->out_mult;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < out_dim; j++) out[i * out_dim + j] *= alpha;
 }
 
+/* din (n, in_dim) = alpha dout . w; dw (out_dim, in_dim) += alpha dout^T . in. The classifier's
+ * weight gradient of this call goes to mu->dw_cls first (zeroed), then alpha times it into dw. */
 static void mup_backward(void *user, const nl_linear_site *site, float *din, float *dw, const float *dout, const float *in,
                          const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
     const nl_mup *mu = user;
-    float alpha = site->kind == NL_LIN_CLS ? mu->out_mult : 1.0f;
-    if (din)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)in_dim, (int)out_dim, alpha, dout, (int)out_dim,
-                    w, (int)in_dim, 0.0f, din, (int)in_dim);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out_dim, (int)in_dim, (int)n, alpha, dout, (int)out_dim, in,
-                (int)in_dim, 1.0f, dw, (int)in_dim);
+    if (site->kind != NL_LIN_CLS || mu->out_mult == 1.0f) {
+        nl_linear_backward_default(mu->model, site, din, dw, dout, in, w, n, in_dim, out_dim);
+        return;
+    }
+    float alpha = mu->out_mult, *g = mu->dw_cls;
+    int64_t nw = out_dim * in_dim;
+    memset(g, 0, (size_t)nw * sizeof(float));
+    nl_linear_backward_default(mu->model, site, din, g, dout, in, w, n, in_dim, out_dim);
+#pragma omp parallel
+    {
+        if (din) {
+#pragma omp for schedule(static) nowait
+            for (int64_t i = 0; i < n * in_dim; i++) din[i] *= alpha;
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < nw; i++) dw[i] += alpha * g[i];
+    }
 }
 
 nl_status nl_mup_init(nl_mup *mu, nl_model *m, struct nl_adamw *opt, int64_t base_dim, int rescale_init) {
@@ -52,6 +71,15 @@ nl_status nl_mup_init(nl_mup *mu, nl_model *m, struct nl_adamw *opt, int64_t bas
             for (size_t i = 0; i < tab[k].numel; i++) p[i] *= init_scale;
         }
     }
+    if (mu->out_mult != 1.0f) { /* the classifier's weight gradient before the multiplier */
+        mu->dw_cls = nl_malloc((size_t)(m->V * m->C) * sizeof(float), "muP classifier gradient scratch");
+        if (!mu->dw_cls) {
+            nl_free(mu->lr_mult);
+            mu->lr_mult = NULL;
+            return NL_ERR_NOMEM;
+        }
+    }
+    mu->model = m;
     mu->ops = (nl_linear_ops){mup_forward, mup_backward, mu};
     m->linear_ops = &mu->ops;
     if (opt) opt->lr_mult = mu->lr_mult;
@@ -62,6 +90,7 @@ void nl_mup_free(nl_mup *mu, nl_model *m, struct nl_adamw *opt) {
     if (m && m->linear_ops == &mu->ops) m->linear_ops = NULL;
     if (opt && opt->lr_mult == mu->lr_mult) opt->lr_mult = NULL;
     nl_free(mu->lr_mult);
+    nl_free(mu->dw_cls);
     memset(mu, 0, sizeof *mu);
 }
 
