@@ -17,12 +17,11 @@ static int list_commands(char names[][32]) {
     char *block = strstr(out, "commands:\n");
     assert_non_null(block);
     int n = 0;
-    for (char *line = strchr(block, '\n') + 1; line && *line == ' '; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        char name[32];
-        if (sscanf(line, " %31s", name) == 1) {
-            assert_true(n < MAX_COMMANDS);
-            strcpy(names[n++], name);
-        }
+    /* one indented line per command, until the first line that is not indented */
+    for (char *line = strchr(block, '\n') + 1; *line == ' '; line = strchr(line, '\n') + 1) {
+        assert_true(n < MAX_COMMANDS);
+        assert_int_equal(sscanf(line, " %31s", names[n]), 1);
+        n++;
     }
     free(out);
     return n;

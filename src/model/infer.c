@@ -70,6 +70,42 @@ static void kv_quantize(int8_t *codes, uint16_t *scales, const float *x, int64_t
     }
 }
 
+/* a[t] = exp(a[t] - mx) for t < n (the softmax numerators of one score row); returns their sum. */
+static float exp_shifted(float *a, int64_t n, float mx) {
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n; t++) {
+        a[t] = expf(a[t] - mx);
+        sum += a[t];
+    }
+    return sum;
+}
+
+/* Attention of one query row over positions 0..pos of an fp32 cache layer. */
+static void attend_fp32(nl_model *m, float *atty, const float *q, const float *kc, const float *vc, int64_t pos) {
+    int64_t NH = m->NH, KVH = m->KVH, hd = m->hd, S = m->arch.seq_len, kvd = KVH * hd, group = NH / KVH;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = 0; h < NH; h++) {
+        int64_t kh = h / group;
+        const float *qh = q + h * hd;
+        float *a = m->inf_att + h * S, mx = -INFINITY;
+        for (int64_t t = 0; t <= pos; t++) {
+            const float *k = kc + t * kvd + kh * hd;
+            float sc = 0.0f;
+            for (int64_t i = 0; i < hd; i++) sc += qh[i] * k[i];
+            a[t] = sc * scale;
+            if (a[t] > mx) mx = a[t];
+        }
+        float sum = exp_shifted(a, pos + 1, mx);
+        float *o = atty + h * hd;
+        for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int64_t t = 0; t <= pos; t++) {
+            const float *v = vc + t * kvd + kh * hd;
+            float p = a[t] / sum;
+            for (int64_t i = 0; i < hd; i++) o[i] += p * v[i];
+        }
+    }
+}
+
 /* Attention of one query row over positions 0..pos of an int8 cache layer. */
 static void attend_int8(nl_model *m, float *atty, const float *q, const int8_t *kc, const uint16_t *ks,
                         const int8_t *vc, const uint16_t *vs, int64_t pos) {
@@ -78,7 +114,7 @@ static void attend_int8(nl_model *m, float *atty, const float *q, const int8_t *
     for (int64_t h = 0; h < NH; h++) {
         int64_t kh = h / group;
         const float *qh = q + h * hd;
-        float *a = m->inf_att + h * S, mx = -INFINITY, sum = 0.0f;
+        float *a = m->inf_att + h * S, mx = -INFINITY;
         for (int64_t t = 0; t <= pos; t++) {
             const int8_t *k = kc + t * kvd + kh * hd;
             float sc = 0.0f;
@@ -86,10 +122,7 @@ static void attend_int8(nl_model *m, float *atty, const float *q, const int8_t *
             a[t] = sc * nl_fmt_decode(NL_FMT_FP16, ks[t * KVH + kh]) * scale;
             if (a[t] > mx) mx = a[t];
         }
-        for (int64_t t = 0; t <= pos; t++) {
-            a[t] = expf(a[t] - mx);
-            sum += a[t];
-        }
+        float sum = exp_shifted(a, pos + 1, mx);
         float *o = atty + h * hd;
         for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
         for (int64_t t = 0; t <= pos; t++) {
@@ -102,7 +135,7 @@ static void attend_int8(nl_model *m, float *atty, const float *q, const int8_t *
 
 float *nl_model_step(nl_model *m, int32_t token, int64_t pos) {
     int64_t C = m->C, NH = m->NH, KVH = m->KVH, hd = m->hd, H = m->H, S = m->arch.seq_len, QKV = m->QKV;
-    int64_t kvd = KVH * hd, group = NH / KVH, half = hd / 2;
+    int64_t kvd = KVH * hd, half = hd / 2;
     float eps = (float)m->arch.norm_eps, rstd;
     float *x = m->inf_x, *xb = m->inf_xb, *q = m->inf_q, *atty = m->inf_hb, *h13 = m->inf_hb + NH * hd;
     float *hact = h13 + 2 * H;
@@ -130,30 +163,7 @@ float *nl_model_step(nl_model *m, int32_t token, int64_t pos) {
             float *kc = m->kv_cache + (l * 2) * S * kvd, *vc = m->kv_cache + (l * 2 + 1) * S * kvd;
             memcpy(kc + pos * kvd, q + NH * hd, (size_t)kvd * sizeof(float));
             memcpy(vc + pos * kvd, q + (NH + KVH) * hd, (size_t)kvd * sizeof(float));
-            float scale = 1.0f / sqrtf((float)hd);
-            for (int64_t h = 0; h < NH; h++) {
-                int64_t kh = h / group;
-                const float *qh = q + h * hd;
-                float *a = m->inf_att + h * S, mx = -INFINITY, sum = 0.0f;
-                for (int64_t t = 0; t <= pos; t++) {
-                    const float *k = kc + t * kvd + kh * hd;
-                    float sc = 0.0f;
-                    for (int64_t i = 0; i < hd; i++) sc += qh[i] * k[i];
-                    a[t] = sc * scale;
-                    if (a[t] > mx) mx = a[t];
-                }
-                for (int64_t t = 0; t <= pos; t++) {
-                    a[t] = expf(a[t] - mx);
-                    sum += a[t];
-                }
-                float *o = atty + h * hd;
-                for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
-                for (int64_t t = 0; t <= pos; t++) {
-                    const float *v = vc + t * kvd + kh * hd;
-                    float p = a[t] / sum;
-                    for (int64_t i = 0; i < hd; i++) o[i] += p * v[i];
-                }
-            }
+            attend_fp32(m, atty, q, kc, vc, pos);
         }
         s = (nl_linear_site){NL_LIN_O, (int)l, (size_t)(lw->wo - m->params)};
         nl_linear_forward(m, &s, xb, atty, lw->wo, 1, NH * hd, C);
