@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nanolm/fp8_train.h"
+#include "nanolm/fp8_linear.h"
 #include "nanolm/precision.h"
 #include <cjson/cJSON.h>
 #include <stdio.h>

@@ -8,7 +8,7 @@
 
 #include "nanolm/checkpoint.h"
 #include "nanolm/model.h"
-#include "nanolm/qmodel.h"
+#include "nanolm/quantize_model.h"
 #include "nanolm/tokenizer.h"
 #include "nanolm/train.h"
 #include "quant_check.h"

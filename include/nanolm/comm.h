@@ -22,7 +22,7 @@
  * (the first n % p chunks are one element longer). Reduce-scatter leaves chunk `rank` on each
  * rank; all-gather assembles the chunks.
  *
- * Only src/dist/ includes <mpi.h>. Without mpirun the same binary runs as one rank.
+ * Only src/parallel/ includes <mpi.h>. Without mpirun the same binary runs as one rank.
  */
 #ifndef NANOLM_COMM_H
 #define NANOLM_COMM_H

@@ -36,7 +36,7 @@
 
 #include <stdint.h>
 
-#include "nanolm/dist.h"
+#include "nanolm/dtrain.h"
 
 #ifdef __cplusplus
 extern "C" {

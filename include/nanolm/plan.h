@@ -164,7 +164,7 @@ typedef struct nl_eff {
     int fp8_gemm;         /* GEMMs at the fp8 peak (set from the recipe by the search) */
     double tp_overlap;    /* fraction of tensor-parallel communication hidden behind GEMMs */
 } nl_eff;
-/* The defaults, each with its source in plan/train.c. */
+/* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
 
 /* ---- training plans ---------------------------------------------------------------------- */

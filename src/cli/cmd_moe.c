@@ -1,4 +1,4 @@
-/* nanolm moe train: NanoLM-MoE with expert parallelism under mpirun (nanolm/moe_dist.h). */
+/* nanolm moe train: NanoLM-MoE with expert parallelism under mpirun (nanolm/moe_ep.h). */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
-#include "nanolm/moe_dist.h"
+#include "nanolm/moe_ep.h"
 #include "nanolm/tokenizer.h"
 
 static void usage(FILE *f) {

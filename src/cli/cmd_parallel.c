@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "nanolm/dist.h"
+#include "nanolm/dtrain.h"
 #include "nanolm/pipeline.h"
 #include "nanolm/svg.h"
 #include "nanolm/tokenizer.h"

@@ -6,7 +6,7 @@
 
 #include "cli.h"
 #include "cli_model.h"
-#include "nanolm/qmodel.h"
+#include "nanolm/quantize_model.h"
 #include "nanolm/train.h"
 
 #define MAX_SCHEMES 24

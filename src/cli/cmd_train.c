@@ -6,7 +6,7 @@
 
 #include "cli.h"
 #include "cli_model.h"
-#include "nanolm/fp8_train.h"
+#include "nanolm/fp8_linear.h"
 #include "nanolm/qat.h"
 #include "nanolm/svg.h"
 #include "nanolm/train.h"
@@ -66,7 +66,7 @@ typedef struct train_cli {
     nl_train_opts o;
     const char *data, *preset, *log_csv, *svg;
     int report_memory, json, help, seq_given, lr_min_given;
-    int fp8, no_loss_scaling; /* --precision fp8: bf16 model + FP8 linears (nanolm/fp8_train.h) */
+    int fp8, no_loss_scaling; /* --precision fp8: bf16 model + FP8 linears (nanolm/fp8_linear.h) */
     nl_fp8_recipe fp8r;
     const char *qat_name;     /* --qat: fake-quantized linears (nanolm/qat.h) */
     nl_quant_spec qat;

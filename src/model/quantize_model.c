@@ -1,5 +1,5 @@
 /* quantize_model / model_size_bytes on NanoLM, and quantized safetensors checkpoints
- * (see nanolm/qmodel.h). Walks the model's parameter table; the quantizers and the int8
+ * (see nanolm/quantize_model.h). Walks the model's parameter table; the quantizers and the int8
  * kernels live in numerics/ and know nothing of models. */
 #include <cblas.h>
 #include <cjson/cJSON.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "nanolm/formats.h"
-#include "nanolm/qmodel.h"
+#include "nanolm/quantize_model.h"
 #include "nanolm/safetensors.h"
 
 /* Slot of a parameter kind among the 7 linear weights of a layer, or -1. */

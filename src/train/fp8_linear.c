@@ -1,5 +1,5 @@
 /* FP8 linears for NanoLM training: the model's linear hook running the emulated FP8 GEMM. */
-#include "nanolm/fp8_train.h"
+#include "nanolm/fp8_linear.h"
 
 #include <math.h>
 #include <stdio.h>

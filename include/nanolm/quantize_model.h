@@ -15,8 +15,8 @@
  * NAME.qzero (I32, affine); metadata nanolm.arch, nanolm.tokenizer, nanolm.quant.scheme,
  * nanolm.quant.mode.
  */
-#ifndef NANOLM_QMODEL_H
-#define NANOLM_QMODEL_H
+#ifndef NANOLM_QUANTIZE_MODEL_H
+#define NANOLM_QUANTIZE_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>

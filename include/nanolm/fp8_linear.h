@@ -15,8 +15,8 @@
  * With block scaling A is quantized in 1x128 tiles along the GEMM's K and B in 128x128 blocks,
  * whatever the GEMM (for wgrad K is the token dimension).
  */
-#ifndef NANOLM_FP8_TRAIN_H
-#define NANOLM_FP8_TRAIN_H
+#ifndef NANOLM_FP8_LINEAR_H
+#define NANOLM_FP8_LINEAR_H
 
 #include "nanolm/fp8.h"
 #include "nanolm/model.h"

@@ -23,8 +23,8 @@
  * run on p ranks with batch B sees the same data as one process with batch p*B.
  * Only fp32 training; tensor and pipeline parallelism are not part of this module.
  */
-#ifndef NANOLM_DIST_H
-#define NANOLM_DIST_H
+#ifndef NANOLM_DTRAIN_H
+#define NANOLM_DTRAIN_H
 
 #include <stddef.h>
 #include <stdint.h>

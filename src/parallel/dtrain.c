@@ -1,5 +1,5 @@
 /*
- * DDP and ZeRO-1/2/3 on NanoLM (see include/nanolm/dist.h).
+ * DDP and ZeRO-1/2/3 on NanoLM (see include/nanolm/dtrain.h).
  *
  * The per-layer timing comes from the model's linear hook (nl_linear_ops): the layer code calls
  * it for every matmul, in forward order QKV, O, GATE_UP, DOWN per layer and in backward order
@@ -10,7 +10,7 @@
  *   - forward finishing (DOWN, l) means layer l's weights are no longer needed in forward and
  *     layer l+1 (or the tail) must be there before its first norm.
  */
-#include "nanolm/dist.h"
+#include "nanolm/dtrain.h"
 #include "nanolm/checkpoint.h"
 
 #include <math.h>

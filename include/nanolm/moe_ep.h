@@ -12,8 +12,8 @@
  * Initialisation is deterministic per tensor (nl_model_init_random), so every rank builds its
  * part of the same model as one process; the run equals one process with batch N*B.
  */
-#ifndef NANOLM_MOE_DIST_H
-#define NANOLM_MOE_DIST_H
+#ifndef NANOLM_MOE_EP_H
+#define NANOLM_MOE_EP_H
 
 #include "nanolm/comm.h"
 #include "nanolm/cp.h"

@@ -1,8 +1,8 @@
-/* Expert-parallel training of NanoLM-MoE (see nanolm/moe_dist.h). */
+/* Expert-parallel training of NanoLM-MoE (see nanolm/moe_ep.h). */
 #include <math.h>
 #include <string.h>
 
-#include "nanolm/moe_dist.h"
+#include "nanolm/moe_ep.h"
 
 void nl_ep_opts_default(nl_ep_opts *o) {
     memset(o, 0, sizeof *o);
