@@ -489,9 +489,9 @@ static void free_blocks(nl_engine *e, nl_req *r) {
 /* Preempts the youngest running request other than `keep` (mutex held): its blocks go back to
  * the pool and it goes to the front of the queue, to be recomputed. Returns 0 if there is none. */
 static int preempt_youngest(nl_engine *e, const nl_req *keep) {
-    nl_req *y = NULL;
+    nl_req *y = NULL; /* the running set is in admission order: the youngest is last */
     for (int64_t i = 0; i < e->n_running; i++)
-        if (e->running[i] != keep && (!y || e->running[i]->admit_seq > y->admit_seq)) y = e->running[i];
+        if (e->running[i] != keep) y = e->running[i];
     if (!y) return 0;
     free_blocks(e, y);
     remove_ptr(e->running, &e->n_running, y);
@@ -527,10 +527,19 @@ static int64_t schedule(nl_engine *e, int64_t *n_out) {
     for (int64_t i = 0; i < e->n_running; i++) {
         nl_req *r = e->running[i];
         if (r->n_toks - r->n_cached != 1) continue;
-        while (!reserve(e, r, r->n_cached + 1)) {
-            if (!preempt_youngest(e, r)) break;
-            if (i >= e->n_running || e->running[i] != r) i--; /* only younger ones go, but stay safe */
+        /* Everything older than r is scheduled already; the youngest running request goes
+         * (r itself, when it is the youngest) until r has its block. */
+        int self = 0;
+        while (!reserve(e, r, r->n_cached + 1) && e->n_running > 1) {
+            nl_req *y = e->running[e->n_running - 1];
+            if (y == r) {
+                preempt_youngest(e, NULL);
+                self = 1;
+                break;
+            }
+            preempt_youngest(e, r);
         }
+        if (self) break; /* r was the last of the running set */
         if (r->n_table * bs < r->n_cached + 1) {
             /* alone and still no room: the pool is smaller than its context */
             free_blocks(e, r);
@@ -657,8 +666,14 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
         finish_req(e, r, NL_FINISH_CANCELLED);
         i--;
     }
+    /* admission (FCFS): a request joins when the free blocks hold all its tokens, so that a
+     * recomputed or long prompt does not push out the decodes (vLLM's admission rule) */
+    int64_t free_blocks_left = e->kv.n_free;
     while (e->n_running < e->o.max_batch && e->n_waiting > 0) {
         nl_req *r = e->waiting[0];
+        int64_t need = (r->n_toks + e->kv.block_size) / e->kv.block_size;
+        if (need > free_blocks_left && e->n_running > 0) break;
+        free_blocks_left -= need;
         memmove(e->waiting, e->waiting + 1, (size_t)(e->n_waiting - 1) * sizeof(nl_req *));
         e->n_waiting--;
         r->state = REQ_RUNNING;
