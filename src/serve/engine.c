@@ -45,6 +45,7 @@ struct nl_engine {
     nl_tokenizer own_tok;
     const nl_tokenizer *tok;
     nl_wfmt wfmt;
+    int64_t weight_macs;      /* multiply-adds of the linears per token */
     nl_mv_weight *w;          /* (L, 4): qkv, o, gate_up, down; then the classifier at [4L] */
     size_t weight_bytes;
     nl_kvcache kv;
@@ -157,7 +158,11 @@ static nl_status build_weights(nl_engine *e) {
     }
     NL_TRY(nl_mv_weight_init(&e->w[4 * L], e->wfmt, m->w.cls, m->V, m->C, 0));
     e->weight_bytes = 0;
-    for (int64_t i = 0; i <= 4 * L; i++) e->weight_bytes += nl_mv_weight_bytes(&e->w[i]);
+    e->weight_macs = 0;
+    for (int64_t i = 0; i <= 4 * L; i++) {
+        e->weight_bytes += nl_mv_weight_bytes(&e->w[i]);
+        e->weight_macs += e->w[i].rows * e->w[i].cols;
+    }
     return NL_OK;
 }
 
@@ -434,7 +439,24 @@ void nl_engine_release(nl_engine *e, uint64_t id) {
  * rows: n tokens row_tok[i] at positions row_pos[i] of sequences row_req[i] (their blocks already
  * allocated); logits (n_out, V) for rows out_rows[0..n_out). Every row is computed alone. */
 
+static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out);
+
+/* Below this many multiply-adds a step runs on one thread: waking a second one costs more than
+ * it saves, and on a loaded machine a barrier waits for a descheduled thread (measured: the
+ * 260K-parameter stories model decodes ~70x slower with 2 threads than with 1 under load). */
+#define SERIAL_STEP_MACS 2000000.0
+
 static nl_status forward(nl_engine *e, int64_t n, int64_t n_out) {
+    double macs = (double)n * (double)e->weight_macs;
+    if (macs >= SERIAL_STEP_MACS) return forward_rows(e, n, n_out);
+    int saved = omp_get_max_active_levels();
+    omp_set_max_active_levels(0); /* every parallel region of this thread runs on one thread */
+    nl_status rc = forward_rows(e, n, n_out);
+    omp_set_max_active_levels(saved);
+    return rc;
+}
+
+static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
     const nl_model *m = e->m;
     const int64_t C = m->C, NH = m->NH, KVH = m->KVH, hd = m->hd, H = m->H, QKV = m->QKV, half = hd / 2;
     const int64_t S = m->arch.seq_len;
