@@ -97,6 +97,17 @@ static void test_bench_json(void **state) {
         double f = !strcmp(op, "all-reduce") ? 1.0 : (!strcmp(op, "broadcast") || !strcmp(op, "reduce")) ? 1.0 : 0.5;
         assert_true(fabs(bus - alg * f) <= 1e-9 * bus); /* p = 2: 2(p-1)/p = 1, (p-1)/p = 0.5 */
     }
+    /* every alpha-beta fit is a latency and a time per byte that cannot be negative (the free fit
+     * once printed alpha = -2419.6 us); a constrained one says which parameter it pinned */
+    cJSON *fits = cJSON_GetObjectItem(d, "fits");
+    assert_int_equal(cJSON_GetArraySize(fits), 12);
+    cJSON_ArrayForEach(o, fits) {
+        assert_true(cJSON_GetObjectItem(o, "alpha_s")->valuedouble >= 0);
+        assert_true(cJSON_GetObjectItem(o, "beta_s_per_byte")->valuedouble >= 0);
+        assert_true(cJSON_GetObjectItem(o, "r2")->valuedouble <= 1);
+        const char *cl = cJSON_GetObjectItem(o, "clamped")->valuestring;
+        assert_true(!strcmp(cl, "-") || !strcmp(cl, "alpha = 0") || !strcmp(cl, "beta = 0"));
+    }
     cJSON *link = cJSON_GetObjectItem(d, "link");
     assert_non_null(link);
     assert_non_null(cJSON_GetObjectItem(link, "alpha_s"));
