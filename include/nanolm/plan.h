@@ -36,6 +36,7 @@ typedef struct nl_hw {
 typedef struct nl_model_entry {
     nl_arch arch;
     char source[160];
+    char family[16];  /* "" = llama */
 } nl_model_entry;
 
 #define NL_CATALOG_MAX 64
@@ -66,6 +67,25 @@ nl_status nl_catalog_model_arg(nl_catalog *c, const char *arg, nl_arch *out);
 /* Comma-separated names, for error messages. Writes into buf. */
 const char *nl_catalog_hw_names(const nl_catalog *c, char *buf, size_t n);
 const char *nl_catalog_model_names(const nl_catalog *c, char *buf, size_t n);
+
+/* ---- model families ------------------------------------------------------------------------ */
+/* What the shape (nl_arch) does not say: the block's flavour. Llama (the default, all zero):
+ * RMSNorm, RoPE, SwiGLU MLP of 3 matrices of width hidden_dim, no biases, no dropout. GPT-3,
+ * OPT, BLOOM and MPT: LayerNorm, a GeLU (OPT: ReLU) MLP of 2 matrices of width hidden_dim
+ * (usually 4 d), learned or ALiBi positions, biases (not MPT), dropout (GPT-3, OPT). */
+typedef enum nl_pos { NL_POS_ROPE = 0, NL_POS_LEARNED = 1, NL_POS_ALIBI = 2 } nl_pos;
+typedef struct nl_family {
+    char name[16];
+    int gelu_mlp;   /* 2-matrix MLP with one element-wise activation */
+    int layernorm;  /* LayerNorm (mean and variance) instead of RMSNorm */
+    int bias;       /* biases on every linear layer and norm */
+    int dropout;    /* dropout after attention softmax, attention output and MLP (masks kept) */
+    nl_pos pos;
+} nl_family;
+/* "llama", "gpt" (GPT-2/3, Megatron GPT), "opt", "bloom", "mpt". NL_ERR_INVALID otherwise. */
+nl_status nl_plan_family(const char *name, nl_family *out);
+/* The family of a catalog model (llama when the entry names none). */
+void nl_catalog_family(const nl_catalog *c, const char *model, nl_family *out);
 
 /* ---- counts from the shape -------------------------------------------------------------- */
 /* Parameters that do matmul work per token: active parameters minus the embedding lookup
@@ -121,6 +141,7 @@ typedef struct nl_act_opts {
     nl_recompute recompute;
     double seq;          /* sequence length (scores without flash) */
     double bytes_per_elem; /* 2 for bf16 */
+    nl_family fam;       /* zero = llama */
 } nl_act_opts;
 
 typedef struct nl_act_layer {
@@ -178,8 +199,13 @@ typedef struct nl_layout {
     int sp;                 /* sequence parallel with tp > 1 */
 } nl_layout;
 
+/* Pipeline schedule: 1F1B (interleaved when vpp > 1) or DeepSeek-V3's DualPipe. */
+typedef enum nl_sched { NL_SCHED_1F1B = 0, NL_SCHED_DUALPIPE = 1 } nl_sched;
+
 typedef struct nl_train_req {
     nl_arch arch;
+    nl_family fam;           /* zero = llama */
+    nl_sched schedule;
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;
@@ -263,6 +289,8 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
 /* ---- serving ----------------------------------------------------------------------------- */
 typedef struct nl_serve_req {
     nl_arch arch;
+    nl_family fam;           /* zero = llama */
+    int fp8;                 /* GEMMs at the fp8 peak (FP8 weights and activations) */
     nl_hw hw;
     int64_t tp;
     double prompt, output;   /* tokens */
@@ -277,6 +305,7 @@ typedef struct nl_serve_req {
 typedef struct nl_serve_plan {
     double params, matmul_params;
     double prefill_flops, prefill_s;           /* one prompt, on tp GPUs */
+    double batch_prefill_s;                    /* the whole batch's prompts in one prefill */
     double kv_bytes_per_token, prompt_kv_bytes;
     double weight_read_s, kv_read_s, decode_compute_s, decode_mem_s, decode_step_s; /* tp applied */
     double tp_allreduces, tp_allreduce_bytes, tp_comm_s, tp_comm_latency_s;
@@ -291,6 +320,45 @@ typedef struct nl_serve_plan {
 /* Prices serving `arch` on `tp` GPUs of `hw`. NL_ERR_INVALID on bad sizes. */
 nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *out);
 void nl_serve_req_default(nl_serve_req *q);
+
+/* ---- validation against published runs ------------------------------------------------- */
+/* One published figure (tests/validation/published.json) and what the planner predicts for it
+ * with the default assumptions. */
+typedef struct nl_valid_case {
+    char id[64];
+    char group[16];       /* "train", "memory", "serve", "collective" */
+    char metric[32];      /* "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "state_gb", ... */
+    char unit[96];
+    char source[320];
+    double published, predicted;
+    double err;           /* signed relative error: predicted / published - 1 */
+    int fits;             /* training cases: the published layout fits in memory; -1 elsewhere */
+    int formula;          /* the published figure is the source's own formula (memory accounting) */
+} nl_valid_case;
+
+typedef struct nl_valid_group {
+    char group[16];
+    int n;
+    double median_abs, worst_abs; /* |err| */
+    char worst_id[64];
+    int n_formula;                /* cases whose accounting the source spells out */
+    double worst_formula_abs;
+} nl_valid_group;
+
+typedef struct nl_valid_result {
+    nl_valid_case *cases;
+    size_t n;
+    nl_valid_group groups[4]; /* train, memory, serve, collective (n = 0 when none) */
+    int n_nofit;              /* training cases whose published layout the planner rejects */
+} nl_valid_result;
+/* Loads the validation set at `path` (a JSON array, one object per published figure: id, group,
+ * source, model or arch, gpu, layout, metric, published; see tests/validation/README.md) and
+ * prices every entry with the default assumptions, models and GPUs from `cat`. NL_ERR_IO /
+ * NL_ERR_FORMAT naming the file and the entry on bad input. Free with nl_plan_validate_free. */
+nl_status nl_plan_validate(const nl_catalog *cat, const char *path, nl_valid_result *out);
+void nl_plan_validate_free(nl_valid_result *r);
+/* Signed errors per case as horizontal bars, grouped. */
+nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r);
 
 /* ---- pictures ------------------------------------------------------------------------------ */
 /* GPipe and 1F1B timelines for p stages and m microbatches (bubble visible). */

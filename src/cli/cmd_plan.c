@@ -19,7 +19,9 @@ static void usage(FILE *f) {
             "                         [--zero 0|1|2|3|hsdp] [--tokens-per-gpu T] [--micro M] [--json] [assumptions]\n"
             "       nanolm plan serve --model M [--gpu G] [--tp N] [--prompt P] [--output O] [--batch B]\n"
             "                         [--context C] [--chunk K] [--prefill-mfu 0.5] [--json]\n"
-            "       nanolm plan pipeline --stages P --micro M --svg FILE\n\n"
+            "       nanolm plan pipeline --stages P --micro M --svg FILE\n"
+            "       nanolm plan validate [--file FILE.json] [--json] [--svg FILE]\n"
+            "                         (every published figure of tests/validation/published.json, default assumptions)\n\n"
             "assumptions (each overrides a named default; see docs/planning.md):\n"
             "  --gemm-eff 0.6  --attn-eff 0.4  --kernel-us 5  --dp-overlap 0.8  --usable-mem 0.9\n"
             "  --tp-overlap 0  --reserved-gb 2  --link-eff 0.8  --latency-us 10  --price $/h  --gpus-per-node 8\n"
@@ -655,6 +657,102 @@ static int cmd_pipeline(int argc, char **argv) {
     return NL_EXIT_OK;
 }
 
+/* nanolm plan validate: the planner against published runs. */
+static int cmd_validate(int argc, char **argv) {
+    static const struct option opts[] = {{"file", required_argument, 0, 'f'}, {"json", no_argument, 0, 'j'},
+                                         {"svg", required_argument, 0, 'v'}, {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *file = NULL, *svg = NULL;
+    int json = 0, c;
+    while ((c = getopt_long(argc, argv, "f:jv:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'f': file = optarg; break;
+        case 'j': json = 1; break;
+        case 'v': svg = optarg; break;
+        case 'h': usage(stdout); return NL_EXIT_OK;
+        default: return nl_cli_bad_option("plan validate", argv);
+        }
+    }
+    if (optind < argc) return nl_cli_usage_error("plan validate: unexpected argument '%s'", argv[optind]);
+    /* The set lives in the source tree: found from the working directory (the repository root,
+     * as `make run` and the tests use it) or from NANOLM_SRC. */
+    char def[4096];
+    if (!file) {
+        const char *src = getenv("NANOLM_SRC");
+        FILE *f = fopen("tests/validation/published.json", "rb");
+        if (f) { fclose(f); file = "tests/validation/published.json"; }
+        else if (src) { snprintf(def, sizeof def, "%s/tests/validation/published.json", src); file = def; }
+        else return nl_cli_usage_error("plan validate: tests/validation/published.json is not in this directory; "
+                                       "run from the repository root or give --file FILE.json");
+    }
+    nl_catalog *cat = malloc(sizeof *cat);
+    if (!cat) return nl_cli_usage_error("plan validate: out of memory");
+    nl_catalog_init(cat);
+    nl_valid_result r;
+    nl_status st = nl_plan_validate(cat, file, &r);
+    free(cat);
+    if (st) return nl_cli_fail("plan validate");
+    if (svg && nl_plan_svg_validate(svg, &r)) { nl_plan_validate_free(&r); return nl_cli_fail("--svg"); }
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON *arr = cJSON_AddArrayToObject(j, "cases");
+        for (size_t i = 0; i < r.n; i++) {
+            const nl_valid_case *x = &r.cases[i];
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "id", x->id);
+            cJSON_AddStringToObject(o, "group", x->group);
+            cJSON_AddStringToObject(o, "metric", x->metric);
+            cJSON_AddStringToObject(o, "unit", x->unit);
+            cJSON_AddStringToObject(o, "source", x->source);
+            cJSON_AddNumberToObject(o, "published", x->published);
+            cJSON_AddNumberToObject(o, "predicted", x->predicted);
+            cJSON_AddNumberToObject(o, "error", x->err);
+            if (x->fits >= 0) cJSON_AddBoolToObject(o, "fits", x->fits);
+            cJSON_AddBoolToObject(o, "formula", x->formula);
+            cJSON_AddItemToArray(arr, o);
+        }
+        cJSON *g = cJSON_AddArrayToObject(j, "groups");
+        for (int k = 0; k < 4; k++) {
+            const nl_valid_group *G = &r.groups[k];
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "group", G->group);
+            cJSON_AddNumberToObject(o, "n", G->n);
+            cJSON_AddNumberToObject(o, "median_abs_error", G->median_abs);
+            cJSON_AddNumberToObject(o, "worst_abs_error", G->worst_abs);
+            cJSON_AddStringToObject(o, "worst", G->worst_id);
+            cJSON_AddNumberToObject(o, "n_formula", G->n_formula);
+            cJSON_AddNumberToObject(o, "worst_formula_abs_error", G->worst_formula_abs);
+            cJSON_AddItemToArray(g, o);
+        }
+        cJSON_AddNumberToObject(j, "published_layouts_rejected", r.n_nofit);
+        nl_plan_validate_free(&r);
+        return nl_cli_print_json(j);
+    }
+    static const char *hdr[] = {"group", "case", "metric", "published", "predicted", "error", "fits"};
+    nl_table t;
+    nl_table_init(&t, 7, hdr);
+    for (size_t i = 0; i < r.n; i++) {
+        const nl_valid_case *x = &r.cases[i];
+        nl_table_rowf(&t, "%s|%s|%s|%.4g|%.4g|%+.1f%%|%s", x->group, x->id, x->metric, x->published, x->predicted,
+                      100 * x->err, x->fits < 0 ? "" : x->fits ? "yes" : "NO");
+    }
+    nl_table_print(&t, stdout);
+    nl_table_free(&t);
+    printf("\nSummary (|error| = |predicted / published - 1|):\n");
+    for (int k = 0; k < 4; k++) {
+        const nl_valid_group *G = &r.groups[k];
+        if (!G->n) { printf("  %-10s no cases\n", G->group); continue; }
+        printf("  %-10s %2d cases  median %5.1f%%  worst %5.1f%% (%s)", G->group, G->n, 100 * G->median_abs,
+               100 * G->worst_abs, G->worst_id);
+        if (G->n_formula) printf("; %d spelled-out accounting cases, worst %.2f%%", G->n_formula, 100 * G->worst_formula_abs);
+        printf("\n");
+    }
+    printf("  published training layouts the planner rejects as not fitting: %d\n", r.n_nofit);
+    printf("Sources: each case's \"source\" in %s (--json prints them).\n", file);
+    nl_plan_validate_free(&r);
+    return NL_EXIT_OK;
+}
+
 int nl_cmd_plan(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
@@ -667,5 +765,6 @@ int nl_cmd_plan(int argc, char **argv) {
     if (!strcmp(sub, "layer")) return cmd_layer(argc - 1, argv + 1);
     if (!strcmp(sub, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(sub, "pipeline")) return cmd_pipeline(argc - 1, argv + 1);
+    if (!strcmp(sub, "validate")) return cmd_validate(argc - 1, argv + 1);
     return nl_cli_usage_error("plan: unknown subcommand '%s' (catalog, train, layer, serve, pipeline)", sub);
 }

@@ -28,6 +28,23 @@ static const nl_hw builtin_hw[] = {
      * NVLink 3 600 GB/s bidirectional = 300 per direction; DGX A100: 200 Gb/s HDR per GPU. */
     {"a100", 312e12, 312e12, 80e9, 2.039e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.50,
      "NVIDIA A100 80GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)"},
+    /* NVIDIA A100 40GB SXM datasheet (2020): as the 80 GB part with 40 GB HBM2 at 1.555 TB/s. */
+    {"a100-40", 312e12, 312e12, 40e9, 1.555e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.20,
+     "NVIDIA A100 40GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)"},
+    /* NVIDIA H800 SXM (the H100 for the Chinese market): H100 compute and HBM, NVLink cut to
+     * 400 GB/s bidirectional = 200 per direction (DeepSeek-V3 report sec. 3.1: 'NVLink 160 GB/s'
+     * achieved, 'IB 50 GB/s'); 400 Gb/s InfiniBand per GPU. */
+    {"h800", 989e12, 1979e12, 80e9, 3.35e12, 200e9, 50e9, 8, LAT, EFF, EFF, 2.00,
+     "H100 SXM datasheet with NVLink at 400 GB/s; DeepSeek-V3 report sec. 3.1"},
+    /* NVIDIA H100 PCIe datasheet (2023): 756 TFLOP/s dense BF16, 1513 FP8, 80 GB HBM2e at
+     * 2.0 TB/s; PCIe Gen5 64 GB/s per direction between cards (NVLink bridges pair only two). */
+    {"h100-pcie", 756e12, 1513e12, 80e9, 2.0e12, 64e9, 50e9, 8, LAT, EFF, EFF, 2.00,
+     "NVIDIA H100 PCIe datasheet; PCIe Gen5 x16 between GPUs"},
+    /* Google Cloud TPU v5p documentation (2023): 459 TFLOP/s BF16 per chip (no FP8; int8 918
+     * TOPS), 95 GB HBM2e at 2.765 TB/s, ICI 4,800 Gb/s per chip = 600 GB/s, 3D torus of up to
+     * 8,960 chips; priced here with 4 chips per host and the ICI as the scale-up link. */
+    {"tpu-v5p", 459e12, 459e12, 95e9, 2.765e12, 300e9, 100e9, 4, LAT, EFF, EFF, 4.20,
+     "Google Cloud TPU v5p documentation (per chip)"},
     /* NVIDIA DGX B200 datasheet (2024): 72 PF FP8 dense training / 8 GPUs = 4.5 PF FP8 and
      * 2.25 PF BF16 dense per GPU, 1,440 GB and 64 TB/s in 8 GPUs = 180 GB and 8 TB/s each,
      * NVLink 5 1.8 TB/s bidirectional = 900 GB/s per direction, 400 Gb/s ConnectX-7 per GPU. */
@@ -44,31 +61,39 @@ static const nl_model_entry builtin_models[] = {
     /* meta-llama/Llama-2-7b-hf config.json (Touvron et al. 2023). */
     {M(.name = "llama-2-7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32,
        .n_kv_heads = 32, .hidden_dim = 11008, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5),
-     "meta-llama/Llama-2-7b-hf config.json"},
+     "meta-llama/Llama-2-7b-hf config.json", ""},
+    /* Touvron et al. 2023 (LLaMA), Table 2: 7B: d 4096, 32 heads, 32 layers; context 2048. */
+    {M(.name = "llama-7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32,
+       .n_kv_heads = 32, .hidden_dim = 11008, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-6),
+     "Touvron et al. 2023 (LLaMA) Table 2; huggyllama/llama-7b config.json", ""},
+    /* meta-llama/Llama-2-70b-hf config.json: GQA with 8 KV heads. */
+    {M(.name = "llama-2-70b", .vocab_size = 32000, .dim = 8192, .n_layers = 80, .n_heads = 64,
+       .n_kv_heads = 8, .hidden_dim = 28672, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5),
+     "meta-llama/Llama-2-70b-hf config.json", ""},
     /* meta-llama/Meta-Llama-3-8B config.json. */
     {M(.name = "llama-3-8b", .vocab_size = 128256, .dim = 4096, .n_layers = 32, .n_heads = 32,
        .n_kv_heads = 8, .hidden_dim = 14336, .seq_len = 8192, .rope_theta = 5e5, .norm_eps = 1e-5),
-     "meta-llama/Meta-Llama-3-8B config.json"},
+     "meta-llama/Meta-Llama-3-8B config.json", ""},
     /* meta-llama/Meta-Llama-3-70B config.json. */
     {M(.name = "llama-3-70b", .vocab_size = 128256, .dim = 8192, .n_layers = 80, .n_heads = 64,
        .n_kv_heads = 8, .hidden_dim = 28672, .seq_len = 8192, .rope_theta = 5e5, .norm_eps = 1e-5),
-     "meta-llama/Meta-Llama-3-70B config.json"},
+     "meta-llama/Meta-Llama-3-70B config.json", ""},
     /* meta-llama/Llama-3.1-405B config.json (Llama 3 paper, Table 3: 126 layers, 16384). */
     {M(.name = "llama-3-405b", .vocab_size = 128256, .dim = 16384, .n_layers = 126, .n_heads = 128,
        .n_kv_heads = 8, .hidden_dim = 53248, .seq_len = 8192, .rope_theta = 5e5, .norm_eps = 1e-5),
-     "meta-llama/Llama-3.1-405B config.json; Dubey et al. 2024 Table 3"},
+     "meta-llama/Llama-3.1-405B config.json; Dubey et al. 2024 Table 3", ""},
     /* Brown et al. 2020 Table 2.1: 96 layers, d = 12288, 96 heads, context 2048, tied
      * embeddings, 50257 tokens. Its 4d GeLU MLP (2 matrices) is priced as a SwiGLU with
      * F = 8d/3 = 32768 (3 matrices): same parameters and FLOPs; LayerNorm biases ignored. */
     {M(.name = "gpt-3-175b", .vocab_size = 50257, .dim = 12288, .n_layers = 96, .n_heads = 96,
        .n_kv_heads = 96, .hidden_dim = 32768, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
        .tied_embeddings = 1),
-     "Brown et al. 2020 Table 2.1 (MLP as SwiGLU with equal parameters)"},
+     "Brown et al. 2020 Table 2.1 (MLP as SwiGLU with equal parameters)", ""},
     /* mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, top-2, expert F = 14336. */
     {M(.name = "mixtral-8x7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32,
        .n_kv_heads = 8, .hidden_dim = 14336, .seq_len = 32768, .rope_theta = 1e6, .norm_eps = 1e-5,
        .n_experts = 8, .top_k = 2, .expert_hidden_dim = 14336),
-     "mistralai/Mixtral-8x7B-v0.1 config.json"},
+     "mistralai/Mixtral-8x7B-v0.1 config.json", ""},
     /* deepseek-ai/DeepSeek-V3 config.json: MLA (q_lora 1536, kv_lora 512, nope 128, rope 64,
      * v 128), first 3 layers dense (F = 18432), then 256 routed + 1 shared experts of
      * F = 2048, top-8. The multi-token-prediction module (14B) is not counted. */
@@ -77,14 +102,14 @@ static const nl_model_entry builtin_models[] = {
        .n_experts = 256, .n_shared_experts = 1, .top_k = 8, .expert_hidden_dim = 2048,
        .first_moe_layer = 3, .head_dim = 128, .q_lora_rank = 1536, .kv_lora_rank = 512,
        .qk_rope_head_dim = 64, .v_head_dim = 128),
-     "deepseek-ai/DeepSeek-V3 config.json (DeepSeek-AI 2024)"},
+     "deepseek-ai/DeepSeek-V3 config.json (DeepSeek-AI 2024)", ""},
     /* The course's MoE example (week 14, problem 4): 24 layers, D = 2048, SwiGLU experts with
      * F = 1024, 64 routed + 2 shared, top-6, attention 4*D^2 (no GQA). Embeddings are not
      * counted there; the vocabulary here (32000) only matters for the logits. */
     {M(.name = "course-moe", .vocab_size = 32000, .dim = 2048, .n_layers = 24, .n_heads = 16,
        .n_kv_heads = 16, .hidden_dim = 0, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5,
        .n_experts = 64, .n_shared_experts = 2, .top_k = 6, .expert_hidden_dim = 1024),
-     "course week 14, problem 4"},
+     "course week 14, problem 4", ""},
 };
 #undef M
 
@@ -101,6 +126,13 @@ void nl_catalog_init(nl_catalog *c) {
             c->models[c->n_models++] = m;
         }
     }
+}
+
+void nl_catalog_family(const nl_catalog *c, const char *model, nl_family *out) {
+    nl_plan_family("llama", out);
+    for (size_t i = 0; i < c->n_models; i++)
+        if (!strcasecmp(c->models[i].arch.name, model) && c->models[i].family[0])
+            nl_plan_family(c->models[i].family, out);
 }
 
 const char *nl_catalog_hw_names(const nl_catalog *c, char *buf, size_t n) {

@@ -16,16 +16,38 @@ static const nl_recipe recipes[] = {
     /* DeepSeek-V3 (2024) sec. 3.3.2: bf16 Adam moments, fp32 master weights and gradient
      * accumulation, bf16 weights: 2 + 4 + (4 + 2 + 2) = 14. */
     {"fp8-ds3", 2, 4, 8, "DeepSeek-V3 sec. 3.3.2: bf16 moments, fp32 master and grads"},
+    /* Megatron-LM (docs/source/distrib_optimizer.md): bf16 weights 2, fp32 main gradients 4,
+     * fp32 master weights and Adam moments 12 = 18 bytes; its distributed optimizer shards the
+     * 12 over the data-parallel ranks (6 + 12/d): select it with ZeRO stage 1. */
+    {"megatron-bf16", 2, 4, 12, "Megatron-LM distributed optimizer docs: 18 bytes, 6 + 12/d sharded"},
 };
 
-static const char *const recipe_names[] = {"fp32", "bf16", "fp8", "fp8-ds3", NULL};
+static const char *const recipe_names[] = {"fp32", "bf16", "fp8", "fp8-ds3", "megatron-bf16", NULL};
 
 const char *const *nl_plan_recipe_names(void) { return recipe_names; }
 
 nl_status nl_plan_recipe(const char *name, nl_recipe *out) {
     for (size_t i = 0; i < sizeof recipes / sizeof recipes[0]; i++)
         if (!strcmp(recipes[i].name, name)) { *out = recipes[i]; return NL_OK; }
-    return nl_fail(NL_ERR_INVALID, "unknown recipe '%s' (known: fp32, bf16, fp8, fp8-ds3)", name);
+    return nl_fail(NL_ERR_INVALID, "unknown recipe '%s' (known: fp32, bf16, fp8, fp8-ds3, megatron-bf16)", name);
+}
+
+/* Families: Llama (Touvron et al. 2023), GPT-3 (Brown et al. 2020; Megatron-LM's GPT: learned
+ * positions, LayerNorm and linear biases, dropout 0.1), OPT (Zhang et al. 2022: GPT-3 with
+ * ReLU, dropout 0.1), BLOOM (Le Scao et al. 2022: ALiBi, biases, no dropout in the 176B run),
+ * MPT (MosaicML 2023: ALiBi, LayerNorm without bias, no biases, no dropout). */
+static const nl_family families[] = {
+    {"llama", 0, 0, 0, 0, NL_POS_ROPE},
+    {"gpt", 1, 1, 1, 1, NL_POS_LEARNED},
+    {"opt", 1, 1, 1, 1, NL_POS_LEARNED},
+    {"bloom", 1, 1, 1, 0, NL_POS_ALIBI},
+    {"mpt", 1, 1, 0, 0, NL_POS_ALIBI},
+};
+
+nl_status nl_plan_family(const char *name, nl_family *out) {
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (!strcmp(families[i].name, name)) { *out = families[i]; return NL_OK; }
+    return nl_fail(NL_ERR_INVALID, "unknown model family '%s' (known: llama, gpt, opt, bloom, mpt)", name);
 }
 
 const char *nl_zero_name(nl_zero z) {

@@ -41,6 +41,7 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->prefill_flops = 2 * o->matmul_params * q->prompt + q->prompt * nl_plan_attn_flops_per_token(a, q->prompt);
     double prefill_comm = q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, q->prompt * D * 2, span) : 0;
     o->prefill_s = o->prefill_flops / (tp * P * q->prefill_mfu) + prefill_comm;
+    o->batch_prefill_s = B * o->prefill_s;
 
     o->kv_bytes_per_token = nl_plan_kv_bytes_per_token(a, q->kv_bytes);
     o->prompt_kv_bytes = q->prompt * o->kv_bytes_per_token;
