@@ -30,6 +30,7 @@ typedef struct nl_hw {
     double inter_eff;       /* achievable fraction of inter_bw for large collectives */
     double price_per_hour;  /* $ per GPU-hour (a parameter, not a fact) */
     char source[160];
+    double gemm_eff;        /* fraction of peak a large GEMM reaches in a training stack */
 } nl_hw;
 
 /* A model entry: its shape plus where the numbers come from. */
@@ -91,6 +92,13 @@ void nl_catalog_family(const nl_catalog *c, const char *model, nl_family *out);
 /* Parameters that do matmul work per token: active parameters minus the embedding lookup
  * (the classifier matmul counts, tied or not) minus the norms. */
 double nl_plan_matmul_params(const nl_arch *a);
+/* Parameters of `a` built as family `f` (NULL = llama, then exactly nl_arch_count_params): a
+ * GeLU MLP has 2 matrices of width hidden_dim instead of SwiGLU's 3; biases add q+2kv+D on
+ * attention, F+D on the MLP and D per norm; learned positions add seq_len x D to the
+ * embedding. */
+void nl_plan_count_params(const nl_arch *a, const nl_family *f, nl_arch_params *out);
+/* nl_plan_matmul_params for family `f`. */
+double nl_plan_matmul_params_fam(const nl_arch *a, const nl_family *f);
 /* Forward attention-score FLOPs per token averaged over a causal sequence of length `seq`
  * (QK^T and PV: 2 * 2 * q_dim * seq/2 per layer). */
 double nl_plan_attn_flops_per_token(const nl_arch *a, double seq);
@@ -150,14 +158,16 @@ typedef struct nl_act_layer {
     double bytes_per_token;        /* sum over terms, one layer, what stays until backward */
     double working_bytes_per_token;/* one layer's full set, live while it is recomputed */
 } nl_act_layer;
-/* Activations of one (average) transformer layer, per token, adapted from Korthikanti et al.
- * 2022 ("Reducing Activation Recomputation in Large Transformer Models", sec. 4) to
- * RMSNorm, GQA, SwiGLU (SiLU as x*sigmoid(x)), no dropout. */
+/* Activations of one (average) transformer layer, per token, as Korthikanti et al. 2022
+ * ("Reducing Activation Recomputation in Large Transformer Models", sec. 4) count them: for the
+ * GPT family exactly their 34 + 5as/h (dropout masks included); for Llama the same walk with
+ * RMSNorm, GQA, a fused SwiGLU and no dropout (terms named in memory.c). */
 void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *out);
-/* Korthikanti et al. 2022 eq. (1)-(2) as published for GPT (4h GeLU MLP, dropout, fp16):
- * bytes per token per layer = h*(34 + 5*a*s/h) (no recompute, tp = 1); with flash attention or
- * selective recompute 34*h; with full recompute 2*h. */
-double nl_plan_act_korthikanti(const nl_arch *a, double seq, nl_recompute r, int flash);
+/* Korthikanti et al. 2022 Table 2 as published for GPT (4h GeLU MLP, dropout, fp16), bytes per
+ * token per layer: h (34 + 5as/h) at tp = 1; h (10 + 24/t + 5as/(ht)) with tensor parallelism;
+ * h/t (34 + 5as/h) with sequence parallelism; the 5as/h term dropped by selective
+ * recomputation or flash attention; 2h with full recomputation. */
+double nl_plan_act_korthikanti(const nl_arch *a, double seq, nl_recompute r, int flash, int64_t tp, int sp);
 /* Bytes of the logits and the fp32 loss working copy for `tokens` tokens. */
 double nl_plan_logits_bytes(const nl_arch *a, double tokens);
 
@@ -174,7 +184,7 @@ double nl_plan_coll_time(const nl_hw *hw, nl_coll c, int64_t p, double bytes, in
 
 /* ---- efficiency assumptions of the time model -------------------------------------------- */
 typedef struct nl_eff {
-    double gemm;          /* fraction of peak a large bf16 GEMM reaches */
+    double gemm;          /* fraction of peak a large GEMM reaches; 0 = the GPU's gemm_eff */
     double attn;          /* fraction of peak the flash-attention kernels reach */
     double kernel_s;      /* fixed cost per kernel launch */
     double kernels_per_layer; /* kernels per layer forward (backward: twice) */
@@ -184,6 +194,7 @@ typedef struct nl_eff {
     double fixed_mfu;     /* > 0: napkin mode: time = model FLOPs / (peak * fixed_mfu) */
     int fp8_gemm;         /* GEMMs at the fp8 peak (set from the recipe by the search) */
     double tp_overlap;    /* fraction of tensor-parallel communication hidden behind GEMMs */
+    double ep_overlap;    /* fraction of expert all-to-all hidden (1F1B; DualPipe hides it all) */
 } nl_eff;
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
@@ -206,6 +217,7 @@ typedef struct nl_train_req {
     nl_arch arch;
     nl_family fam;           /* zero = llama */
     nl_sched schedule;
+    int attn_materialized;   /* the run materialises the s x s scores (no flash attention) */
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;
@@ -296,7 +308,9 @@ typedef struct nl_serve_req {
     double prompt, output;   /* tokens */
     int64_t batch;           /* concurrent decode sequences */
     double context;          /* decode context; 0 = prompt + output/2 */
-    double prefill_mfu;      /* fraction of peak in prefill (0.5) */
+    double prefill_mfu;      /* fraction of peak in prefill; 0 = the GPU's gemm_eff */
+    double kernel_s;         /* per kernel launch (5 us) */
+    double kernels_per_layer;/* kernels per layer per forward pass (20) */
     double weight_bytes;     /* bytes per weight (2 = bf16) */
     double kv_bytes;         /* bytes per KV element (2) */
     double chunk;            /* chunked-prefill tokens per step (256) */

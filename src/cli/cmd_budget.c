@@ -173,9 +173,9 @@ int nl_cmd_budget(int argc, char **argv) {
         o2.recompute = NL_RECOMPUTE_FULL;
         nl_act_layer full;
         nl_plan_act_layer(&a, &o2, &full);
-        double k_none = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 0);
-        double k_flash = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 1);
-        double k_full = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_FULL, 1);
+        double k_none = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 0, tp, sp);
+        double k_flash = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 1, tp, sp);
+        double k_full = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_FULL, 1, tp, sp);
         double logits = nl_plan_logits_bytes(&a, tokens) / (double)tp;
         int64_t m = micro > 0 ? micro : (pp > 1 ? 2 * pp : 1);
         double inflight_1f1b = pp > 1 ? fmin((double)pp, (double)m) : 1, inflight_gpipe = (double)m;

@@ -18,7 +18,7 @@ static void usage(FILE *f) {
             "       nanolm plan layer --model M [--params N] --tp T [--sp] [--pp P] [--dp D] [--ep E]\n"
             "                         [--zero 0|1|2|3|hsdp] [--tokens-per-gpu T] [--micro M] [--json] [assumptions]\n"
             "       nanolm plan serve --model M [--gpu G] [--tp N] [--prompt P] [--output O] [--batch B]\n"
-            "                         [--context C] [--chunk K] [--prefill-mfu 0.5] [--json]\n"
+            "                         [--context C] [--chunk K] [--prefill-mfu X] [--json]\n"
             "       nanolm plan pipeline --stages P --micro M --svg FILE\n"
             "       nanolm plan validate [--file FILE.json] [--json] [--svg FILE]\n"
             "                         (every published figure of tests/validation/published.json, default assumptions)\n\n"
@@ -139,7 +139,7 @@ static void print_assumptions(const nl_train_req *q) {
                "                     calibrated on published runs, docs/planning.md)\n"
                "  --attn-eff %.2f     flash attention (FA2 ~0.35, FA3 ~0.75 of H100 peak; Shah et al. 2024)\n"
                "  --kernel-us %.0f      per kernel launch, %.0f kernels per layer forward, twice in backward\n",
-               e->gemm, q->hw.name, q->hw.flops_bf16 / 1e12, e->attn, e->kernel_s * 1e6, e->kernels_per_layer);
+               e->gemm > 0 ? e->gemm : q->hw.gemm_eff, q->hw.name, q->hw.flops_bf16 / 1e12, e->attn, e->kernel_s * 1e6, e->kernels_per_layer);
     printf("  --tp-overlap %.2f   share of tensor-parallel communication hidden behind GEMMs\n", e->tp_overlap);
     printf("  --dp-overlap %.2f   share of backward that hides data-parallel communication\n"
            "  --link-eff %.2f     achieved share of NVLink %.0f GB/s and network %.0f GB/s per GPU, nodes of %lld\n"
@@ -505,7 +505,8 @@ static int cmd_serve(int argc, char **argv) {
     nl_table t;
     nl_table_init(&t, 3, hdr);
     nl_table_rowf(&t, "prefill FLOPs|%.3g|2 x %.3gB matmul params x %.0f + causal attention", sp.prefill_flops, sp.matmul_params / 1e9, sq.prompt);
-    nl_table_rowf(&t, "prefill = TTFT|%.1f ms|at %.0f%% of %.0f TFLOP/s x %lld GPUs", sp.prefill_s * 1e3, 100 * sq.prefill_mfu, q.hw.flops_bf16 / 1e12, (long long)tp);
+    nl_table_rowf(&t, "prefill = TTFT|%.1f ms|at %.0f%% of %.0f TFLOP/s x %lld GPUs", sp.prefill_s * 1e3,
+                  100 * (sq.prefill_mfu > 0 ? sq.prefill_mfu : q.hw.gemm_eff), q.hw.flops_bf16 / 1e12, (long long)tp);
     nl_table_rowf(&t, "KV cache per token|%.0f KiB|2 x layers x kv heads x head dim x 2 bytes", sp.kv_bytes_per_token / 1024);
     nl_table_rowf(&t, "KV cache of the prompt|%.0f MB|to ship when prefill runs elsewhere", sp.prompt_kv_bytes / 1e6);
     nl_table_rowf(&t, "decode: weight reads|%.2f ms|%.1f GB / %lld / %.2f TB/s", sp.weight_read_s * 1e3, sp.params * sq.weight_bytes / 1e9, (long long)tp, q.hw.hbm_bw / 1e12);

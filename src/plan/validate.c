@@ -41,9 +41,6 @@ static nl_status arch_of(const char *path, const char *id, cJSON *j, nl_arch *a,
     if (a->vocab_size < 1 || a->dim < 1 || a->n_layers < 1 || a->n_heads < 1 || a->hidden_dim < 1 || a->dim % a->n_heads)
         return bad(path, id, "arch needs vocab_size, dim, n_layers, n_heads (dividing dim), hidden_dim");
     if (nl_plan_family(str(j, "family", "llama"), fam)) return bad(path, id, nl_last_error());
-    /* The planner prices one block, Llama's: a 2-matrix MLP of width F becomes a SwiGLU of
-     * width 2F/3 (same parameters and FLOPs), as the catalog's GPT-3 entry does. */
-    if (fam->gelu_mlp) a->hidden_dim = 2 * a->hidden_dim / 3;
     return NL_OK;
 }
 
@@ -104,6 +101,7 @@ static nl_status run_train(const nl_catalog *cat, const char *path, const char *
     L.n_micro = q.global_batch / (L.dp * L.micro_batch);
     const char *sched = str(cJSON_GetObjectItemCaseSensitive(e, "layout"), "schedule", "1f1b");
     q.schedule = !strcmp(sched, "dualpipe") ? NL_SCHED_DUALPIPE : NL_SCHED_1F1B;
+    q.attn_materialized = !strcmp(str(e, "attention", "flash"), "materialized");
     nl_train_eval ev;
     if (nl_plan_train_eval(&q, &L, &ev)) return bad(path, id, nl_last_error());
     c->fits = ev.fits;
