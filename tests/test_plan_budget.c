@@ -170,12 +170,38 @@ static void test_cli(void **state) {
     free(out);
 }
 
+/* Issue 16's budget bugs: the Korthikanti rows honour --tp and --sp; --params -7B names the
+ * problem. */
+static void test_budget_bugs(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_arch a;
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-3-8b", &a), NL_OK);
+    double h = 4096, as_h = 5.0 * 32 * 8192 / 4096;
+    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 0, 8, 0) == h * (10 + 24.0 / 8 + as_h / 8));
+    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 0, 8, 1) == h / 8 * (34 + as_h));
+    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_SELECTIVE, 0, 8, 1) == h / 8 * 34);
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("budget --model llama-3-8b --batch 1 --seq 8192 --gpus 8 --tp 8 --sp --json", &out), 0);
+    char *q = strstr(out, "\"korthikanti_flash_bytes\":");
+    assert_non_null(q);
+    double got = strtod(q + strlen("\"korthikanti_flash_bytes\":"), NULL);
+    assert_true(fabs(got - h / 8 * 34 * 8192 * 32) < 1e-6 * got);
+    free(out);
+    assert_int_equal(tu_run_cli("budget --params -7B", &out), 2);
+    assert_non_null(strstr(out, "--params must be a positive"));
+    assert_null(strstr(out, "give --model"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_course_zero),
         cmocka_unit_test(test_course_384gib),
         cmocka_unit_test(test_course_moe),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_budget_bugs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

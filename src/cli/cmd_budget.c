@@ -38,7 +38,10 @@ int nl_cmd_budget(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "M:n:r:g:t:p:e:z:b:s:R:SFm:G:H:X:v:jh", opts, NULL)) != -1) {
         switch (c) {
         case 'M': model = optarg; break;
-        case 'n': if (nl_cli_double_si("--params", optarg, &params)) return NL_EXIT_USAGE; break;
+        case 'n':
+            if (nl_cli_double_si("--params", optarg, &params)) return NL_EXIT_USAGE;
+            if (!(params > 0)) return nl_cli_usage_error("budget: --params must be a positive count (like 7B), got '%s'", optarg);
+            break;
         case 'r': recipe_name = optarg; break;
         case 'g': if (nl_cli_int("--gpus", optarg, 1, 1 << 24, &gpus)) return NL_EXIT_USAGE; break;
         case 't': if (nl_cli_int("--tp", optarg, 1, 1024, &tp)) return NL_EXIT_USAGE; break;

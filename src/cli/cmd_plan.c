@@ -78,7 +78,10 @@ static int common_opt(common *o, int c, const char *arg) {
     switch (c) {
     case 'M': o->model = arg; return 1;
     case 'G': o->gpu = arg; return 1;
-    case 'n': return nl_cli_double_si("--params", arg, &o->params) ? -1 : 1;
+    case 'n':
+        if (nl_cli_double_si("--params", arg, &o->params)) return -1;
+        if (!(o->params > 0)) { nl_cli_usage_error("--params must be a positive count (like 7B), got '%s'", arg); return -1; }
+        return 1;
     case 'r': o->recipe = arg; return 1;
     case O_GEMM: if (nl_cli_double("--gemm-eff", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--gemm-eff", arg); o->eff.gemm = v; return 1;
     case O_ATTN: if (nl_cli_double("--attn-eff", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--attn-eff", arg); o->eff.attn = v; return 1;
@@ -276,10 +279,10 @@ static int cmd_train(int argc, char **argv) {
         nl_plan_train_free(&res);
         return nl_cli_print_json(j);
     }
-    char a1[32], a2[32];
+    char a1[32], a2[32], a3[32];
     printf("Plan: %s (%s parameters) on %lld x %s, %s tokens, global batch %lld x %lld = %s tokens, recipe %s.\n",
            q.arch.name, nl_fmt_count(N, a1, sizeof a1), (long long)gpus, q.hw.name, nl_fmt_count(q.tokens, a2, sizeof a2),
-           (long long)q.global_batch, (long long)q.seq, nl_fmt_count((double)q.global_batch * (double)q.seq, a1, sizeof a1),
+           (long long)q.global_batch, (long long)q.seq, nl_fmt_count((double)q.global_batch * (double)q.seq, a3, sizeof a3),
            q.recipe.name);
     printf("Searched %zu layouts in %.1f ms: %zu fit in memory, %zu do not.\n\n", res.n, res.search_s * 1e3, res.n_fit,
            res.n - res.n_fit);

@@ -395,9 +395,13 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
     r->evals = malloc(cap * sizeof *r->evals); /* grown with realloc, freed with free */
     if (!r->evals) return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
     int64_t gpn = q->hw.gpus_per_node;
-    static const int64_t mbs[] = {1, 2, 3, 4, 6, 8, 16};
-    int saw_decomp = 0;
-    for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp *= 2) {
+    /* Micro-batches tried: a fixed one (any size), else these. */
+    int64_t mbs[8] = {1, 2, 3, 4, 6, 8, 16, 0};
+    size_t n_mbs = 7;
+    if (q->fix.micro_batch > 0) { mbs[0] = q->fix.micro_batch; n_mbs = 1; }
+    int saw_decomp = 0, saw_zero_dp1 = 0, saw_mb = 0;
+    /* Any tensor-parallel degree that divides the heads and the GPUs, inside one node. */
+    for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp++) {
         if (q->gpus % tp || a->n_heads % tp) continue;
         for (int64_t pp = 1; pp <= a->n_layers && tp * pp <= q->gpus; pp++) {
             if ((q->gpus / tp) % pp || (a->n_layers % pp && pp != q->fix.pp)) continue;
@@ -407,18 +411,18 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
                 for (int64_t ep = 1; ep <= dp * cp; ep *= 2) {
                     if (ep > 1 && (a->n_experts == 0 || a->n_experts % ep || (dp * cp) % ep)) continue;
                     for (int z = 0; z <= 4; z++) {
-                        if (dp * cp == 1 && z > 0) continue;
+                        if (dp * cp == 1 && z > 0) { saw_zero_dp1 = 1; continue; }
                         if (z == NL_ZERO_HSDP && (dp <= 1 || tp * cp * dp <= gpn)) continue;
-                        for (size_t mi = 0; mi < sizeof mbs / sizeof mbs[0]; mi++) {
+                        for (size_t mi = 0; mi < n_mbs; mi++) {
                             int64_t mb = mbs[mi];
-                            if (q->global_batch % (dp * mb)) continue;
+                            if (q->global_batch % (dp * mb)) { saw_mb = 1; continue; }
                             saw_decomp = 1;
                             int64_t nm = q->global_batch / (dp * mb);
                             if (pp > 1 && nm < pp) continue;
                             if (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) continue;
                             for (int64_t v = 1; v <= (pp > 1 ? 8 : 1); v *= 2) {
                                 /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
-                                if (v > 1 && (pp * v > a->n_layers || nm % pp || (a->n_layers % (pp * v) && pp != q->fix.pp))) continue;
+                                if (v > 1 && (pp * v > a->n_layers || nm % pp || a->n_layers % (pp * v))) continue;
                                 for (int rc = 0; rc <= 2; rc++) {
                                     nl_layout L = {dp, tp, pp, cp, ep, (nl_zero)z, mb, nm, v, (nl_recompute)rc, tp > 1};
                                     if ((q->fix.dp > 0 && dp != q->fix.dp) || (q->fix.tp > 0 && tp != q->fix.tp) ||
@@ -445,6 +449,14 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
     }
     if (r->n == 0) {
         nl_plan_train_free(r);
+        if (q->fix.zero_plus1 > 1 && saw_zero_dp1)
+            return nl_fail(NL_ERR_INVALID, "ZeRO stage %s shards over data-parallel ranks, but the fixed layout leaves "
+                           "dp = 1 on %lld GPUs: use --zero 0 or more GPUs", nl_zero_name((nl_zero)(q->fix.zero_plus1 - 1)),
+                           (long long)q->gpus);
+        if (q->fix.micro_batch > 0 && saw_mb)
+            return nl_fail(NL_ERR_INVALID, "micro-batch %lld does not divide the global batch of %lld sequences per "
+                           "data-parallel rank on any layout of %lld GPUs", (long long)q->fix.micro_batch,
+                           (long long)q->global_batch, (long long)q->gpus);
         if (!saw_decomp)
             return nl_fail(NL_ERR_INVALID,
                            "no layout can use %lld GPUs: the global batch of %lld sequences is not a multiple of any "
