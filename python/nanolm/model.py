@@ -107,6 +107,8 @@ class Model:
                 check(lib.nl_tokenizer_load_llama2c(tok, cstr(os.fspath(tokenizer)), int(head.V)), "Model.load")
             elif kind.value == b"byte":
                 check(lib.nl_tokenizer_init_byte(tok), "Model.load")
+            elif kind.value in (b"", b"none"):
+                tok = None  # a checkpoint without a tokenizer: token ids only
             else:
                 raise _lib.InvalidError(f"Model.load: {path} uses the {kind.value.decode()} tokenizer: pass its "
                                         f"file with tokenizer=", 1, "invalid argument")
@@ -127,7 +129,8 @@ class Model:
             if self._qm is not None:
                 lib.nl_qmodel_free(self._qm)
                 self._qm = None
-            lib.nl_tokenizer_free(self._tok)
+            if self._tok is not None:
+                lib.nl_tokenizer_free(self._tok)
             lib.nl_model_free(self._m)
             self._m = None
 
@@ -175,6 +178,10 @@ class Model:
     # ---- text ------------------------------------------------------------------------------------
     def encode(self, text, bos=True):
         """Token ids (int32 array) of text with the model's tokenizer (BOS when it has one)."""
+        self._alive()
+        if self._tok is None:
+            raise _lib.InvalidError(f"{self.path} has no tokenizer: pass tokenizer= to Model.load, or token ids",
+                                    1, "invalid argument")
         b = text.encode() if isinstance(text, str) else bytes(text)
         ids, n = _int_p(), i64()
         check(lib.nl_tokenizer_encode(self._tok, b, len(b), 1 if bos else 0, 0, ctypes.byref(ids),
@@ -197,12 +204,12 @@ class Model:
         (same defaults; steps counts positions including the prompt, at most seq_len; temperature
         0 is greedy). Returns the text (prompt included, as the CLI prints it)."""
         m = self._alive()
+        ids = self.encode(prompt)
         if kv_cache not in _KV:
             raise _lib.InvalidError(f"generate: unknown kv_cache {kv_cache!r} (known: fp32, int8)", 1,
                                     "invalid argument")
         if temperature < 0:
             raise _lib.InvalidError(f"generate: temperature must be >= 0, got {temperature}", 1, "invalid argument")
-        ids = self.encode(prompt)
         h = self._head
         if len(ids) < 1:
             raise _lib.InvalidError("generate: the prompt is empty (the byte tokenizer needs at least one byte)", 1,
@@ -262,6 +269,8 @@ class Model:
             if split not in _SPLITS:
                 raise _lib.InvalidError(f"eval_loss: unknown split {split!r} (known: all, train, val)", 1,
                                         "invalid argument")
+            if self._tok is None:
+                self.encode("")  # raises: no tokenizer to read a text file with
             d = ctypes.create_string_buffer(_PAD)
             check(lib.nl_data_open(d, cstr(os.fspath(data)), self._tok), "eval_loss")
             try:
