@@ -11,7 +11,8 @@ for extra in "$@"; do
   case "$extra" in
     fuzz) pkgs+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     torch) pkgs+=(python3-torch python3-numpy) ;;
-    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch)" >&2; exit 2 ;;
+    pip) pkgs+=(python3-venv python3-pip python3-setuptools python3-wheel) ;;  # pip install ./python
+    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch, pip)" >&2; exit 2 ;;
   esac
 done
 

@@ -8,7 +8,8 @@ Where the library is looked for, first hit wins:
   1. $NANOLM_LIB (a path to libnanolm.so);
   2. next to an installed package: PREFIX/lib/libnanolm.so for a package in
      PREFIX/lib/python3*/dist-packages/nanolm (what `make install` lays out);
-  3. a build folder of the source tree the package sits in (python/nanolm -> build/);
+  3. a build folder of the source tree the package sits in (python/nanolm -> build/), or of the
+     tree `pip install ./python` built it from;
   4. the system loader (ldconfig's paths, LD_LIBRARY_PATH), then /usr/local/lib and /usr/lib.
 """
 import ctypes
@@ -79,10 +80,17 @@ def _candidates():
     if len(here.parents) >= 3:
         libdir = here.parents[2]
         out += [libdir / "libnanolm.so"] + sorted(libdir.glob("*-linux-gnu/libnanolm.so"))
-    # Source tree: REPO/python/nanolm -> REPO/build*/libnanolm.so
-    repo = here.parents[1]
-    if (repo / "CMakeLists.txt").exists():
-        out += [repo / "build" / "libnanolm.so"] + sorted(repo.glob("build*/libnanolm.so"))
+    # Source tree: REPO/python/nanolm -> REPO/build*/libnanolm.so; a pip-installed package knows
+    # the tree it was built from (nanolm/_build_paths.py, written by python/setup.py).
+    trees = [here.parents[1]]
+    try:
+        from ._build_paths import SOURCE_TREE
+        trees.append(Path(SOURCE_TREE))
+    except ImportError:
+        pass
+    for repo in trees:
+        if (repo / "CMakeLists.txt").exists():
+            out += [repo / "build" / "libnanolm.so"] + sorted(repo.glob("build*/libnanolm.so"))
     return out, False
 
 
