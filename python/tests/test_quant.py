@@ -96,14 +96,19 @@ def test_course_blocks_of_2():
     assert abs(back[0] - 0.3) < 0.002 and abs(back[1] + 0.5) < 1e-6  # the outlier spoilt only its block
 
 
-def test_dequantize_course_codes():
-    """Each dequantize on its own, from the course's codes."""
+def test_dequantize_symmetric_course_codes():
     s = np.float32(1.5) / np.float32(127)
     same(quant.dequantize_symmetric(np.array([25, -42, 10, 127], np.int8), s),
          np.array([25, -42, 10, 127], np.float32) * s)
+
+
+def test_dequantize_blockwise_course_codes():
     s2 = np.array([0.5, 30.0], np.float32) / np.float32(127)
     same(quant.dequantize_blockwise(np.array([76, -127, 1, 127], np.int8), s2, 2),
          np.array([76 * s2[0], -127 * s2[0], 1 * s2[1], 127 * s2[1]], np.float32))
+
+
+def test_dequantize_affine_codes():
     back = quant.dequantize_affine(np.array([0, 64, 255], np.uint8), np.float32(0.5), 64)
     same(back, np.array([-32.0, 0.0, 95.5], np.float32))
 
