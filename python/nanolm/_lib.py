@@ -77,7 +77,7 @@ def _candidates():
     here = Path(__file__).resolve().parent
     out = []
     # Installed: PREFIX/lib/python3[.X]/dist-packages/nanolm -> PREFIX/lib
-    if len(here.parents) >= 3:
+    if here.parent.name in ("dist-packages", "site-packages") and len(here.parents) >= 3:
         libdir = here.parents[2]
         out += [libdir / "libnanolm.so"] + sorted(libdir.glob("*-linux-gnu/libnanolm.so"))
     # Source tree: REPO/python/nanolm -> REPO/build*/libnanolm.so; a pip-installed package knows
@@ -158,7 +158,11 @@ def check(status, what=""):
 def to_numpy(x):
     """A torch tensor becomes its numpy view (CPU, detached); anything else goes to np.asarray."""
     if type(x).__module__.startswith("torch"):
-        return x.detach().cpu().numpy()
+        t = x.detach().cpu()
+        try:
+            return t.numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16): through fp32, exactly
+            return t.float().numpy()
     return np.asarray(x)
 
 

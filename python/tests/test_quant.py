@@ -351,6 +351,8 @@ def test_quantized_linear_from_torch_and_torch_model():
     assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and y.shape == (4, 32)
     ref = lin(x).detach()
     assert float((y - ref).abs().max()) < 0.02 * float(ref.abs().max())
+    y16 = ql(x.to(torch.bfloat16))  # a dtype numpy lacks goes through fp32; the result keeps x's dtype
+    assert y16.dtype == torch.bfloat16 and y16.shape == (4, 32)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
     before = quant.model_size_bytes(model)
     assert before == 4 * sum(p.numel() for p in model.parameters())
