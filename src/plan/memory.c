@@ -18,10 +18,6 @@ static const nl_recipe recipes[] = {
     {"fp8-ds3", 2, 4, 8, "DeepSeek-V3 sec. 3.3.2: bf16 moments, fp32 master and grads"},
 };
 
-static const char *const recipe_names[] = {"fp32", "bf16", "fp8", "fp8-ds3", NULL};
-
-const char *const *nl_plan_recipe_names(void) { return recipe_names; }
-
 nl_status nl_plan_recipe(const char *name, nl_recipe *out) {
     for (size_t i = 0; i < sizeof recipes / sizeof recipes[0]; i++)
         if (!strcmp(recipes[i].name, name)) { *out = recipes[i]; return NL_OK; }
