@@ -108,7 +108,6 @@ typedef struct nl_train_opts {
     const char *init_weights; /* start from this checkpoint's weights only: fresh optimizer,
                                  step 0, full schedule (QAT; exclusive with resume) */
     const char *tokenizer;  /* recorded in checkpoints: "byte" or "tok512" */
-    int quiet;              /* no per-evaluation lines on stdout */
     int64_t mup_base_dim;   /* > 0: muP (nanolm/mup.h) with this base width; 0: standard */
 } nl_train_opts;
 

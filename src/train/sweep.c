@@ -326,7 +326,6 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
         o.eval_every = g->checkpoints > 0 && steps / g->checkpoints > 0 ? steps / g->checkpoints : steps;
         o.eval_windows = 4; /* quick validations at checkpoints; the final one is below */
         o.out = ckpt;
-        o.quiet = 1;
         o.seed = 1000 + (uint64_t)si;
         int resumed = file_exists(ckpt);
         o.resume = resumed ? ckpt : NULL;
