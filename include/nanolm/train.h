@@ -93,7 +93,7 @@ typedef struct nl_train_opts {
     int64_t steps;          /* optimizer steps in total (a resumed run continues up to this) */
     int64_t stop_after;     /* > 0: stop after this step (validate and save) without changing
                                the schedule, to be resumed later */
-    int64_t batch, seq;     /* B windows of T tokens per micro-batch */
+    int64_t batch, seq;     /* B windows of T tokens per micro-batch (seq 0: the model's seq_len) */
     int64_t grad_accum;     /* micro-batches per step (gradients averaged) */
     float lr, lr_min;       /* cosine from lr to lr_min */
     int64_t warmup;         /* linear warmup steps */
@@ -110,6 +110,12 @@ typedef struct nl_train_opts {
     const char *tokenizer;  /* recorded in checkpoints: "byte" or "tok512" */
     int quiet;              /* no per-evaluation lines on stdout */
     int64_t mup_base_dim;   /* > 0: muP (nanolm/mup.h) with this base width; 0: standard */
+    int no_loss_scaling;    /* fp16: a fixed loss scale of 1 (an overflow still skips the step) */
+    const char *qat;        /* QAT scheme the caller installs (recorded, checked on resume; NULL none) */
+    const char *fp8;        /* FP8 recipe the caller installs (recorded, checked on resume; NULL none) */
+    const volatile int *stop; /* when *stop becomes nonzero (a signal handler sets it), the current
+                                 step finishes, is validated and saved, and nl_trainer_run returns
+                                 NL_OK with t->stopped set (NULL: never) */
 } nl_train_opts;
 
 /* Fills defaults: steps 2000, batch 12, seq 64, accum 1, lr 1e-3, lr_min lr/10, warmup 100,
@@ -140,8 +146,10 @@ typedef struct nl_trainer {
     int64_t step;           /* completed steps */
     int64_t saved_step;     /* step of the last checkpoint written (-1: none yet) */
     int32_t *x, *y;         /* (B, T) batch buffers */
-    nl_train_log *log;      /* (steps) records, 0..n_log */
-    int64_t n_log;
+    nl_train_log *log;      /* (log_cap) records, 0..n_log: one per step this process runs */
+    int64_t n_log, log_cap;
+    int64_t seq;            /* tokens per window (o->seq, or the model's seq_len when 0) */
+    int stopped;            /* nl_trainer_run returned early on o->stop */
     nl_train_memory mem;
     double wall_s;          /* of the steps run in this process */
     struct nl_mup *mup;     /* muP hooks (NULL: standard parametrisation) */
@@ -149,7 +157,11 @@ typedef struct nl_trainer {
 } nl_trainer;
 
 /* Builds the model (fresh from arch and seed, or from o->resume with its state) and allocates
- * everything once. Errors: invalid sizes (seq > arch seq_len), NL_ERR_NOMEM, checkpoint errors. */
+ * everything once. With o->resume, arch may be NULL (the checkpoint's shape); when given it must
+ * equal the checkpoint's. Everything that defines the run (shape, precision, loss scaling, muP
+ * base width, QAT scheme, FP8 recipe, schedule and warmup) must match what the checkpoint
+ * recorded, and o->steps must exceed its step. Errors: NL_ERR_INVALID naming both values of a
+ * mismatch or invalid sizes (seq > arch seq_len), NL_ERR_NOMEM, checkpoint errors. */
 nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opts *o);
 void nl_trainer_free(nl_trainer *t);
 /* Trains on d's train split up to o->steps, evaluating on its validation split. Micro-batch k

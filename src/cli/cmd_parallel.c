@@ -261,6 +261,9 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     if (arch.vocab_size != 256)
         return nl_cli_usage_error("parallel train: preset %s has vocab %lld; training reads byte tokens (vocab 256)",
                                   preset, (long long)arch.vocab_size);
+    /* every output is checked before any work starts */
+    if ((out_path && nl_check_writable(out_path, "--out")) || (svg && nl_check_writable(svg, "--svg")))
+        return nl_cli_fail("parallel train");
     int mp = tp > 1 || pp > 1; /* model parallel: the pipeline/tensor engine */
     if (mp && (out_path || resume))
         return nl_cli_usage_error("parallel train: --out/--resume are not supported yet with --tp or --pp > 1");

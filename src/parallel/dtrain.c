@@ -14,6 +14,7 @@
 #include "nanolm/checkpoint.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 void nl_dist_opts_default(nl_dist_opts *o) {
@@ -413,6 +414,9 @@ nl_status nl_dist_save(nl_dist_trainer *t, const char *path, int64_t step) {
         cs.step = step;
         cs.opt = &opt;
         cs.precision = NL_PREC_FP32;
+        nl_scaler_init(&cs.scaler);
+        cs.run.loss_scaling = 1;
+        snprintf(cs.run.schedule, sizeof cs.run.schedule, "cosine");
         nl_rng_seed(&cs.rng, t->o.seed); /* batches are a pure function of (seed, step) */
         if (params) memcpy(m->params, params, n * sizeof(float));
         st = nl_ckpt_save(path, m, "byte", &cs);
