@@ -181,23 +181,6 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     }
 }
 
-static nl_status write_csv(const char *path, const nl_trainer *t) {
-    size_t cap = 128 + (size_t)t->n_log * 160, len = 0;
-    char *buf = nl_malloc(cap, "CSV log");
-    if (!buf) return NL_ERR_NOMEM;
-    len += (size_t)snprintf(buf + len, cap - len, "step,lr,train_loss,val_loss,grad_norm,loss_scale,skipped,tokens_per_s\n");
-    for (int64_t i = 0; i < t->n_log; i++) {
-        const nl_train_log *r = &t->log[i];
-        char val[32] = "";
-        if (!isnan(r->val_loss)) snprintf(val, sizeof val, "%.9g", r->val_loss);
-        len += (size_t)snprintf(buf + len, cap - len, "%lld,%.9g,%.9g,%s,%.9g,%.9g,%d,%.1f\n", (long long)r->step, r->lr,
-                                r->loss, val, r->grad_norm, r->loss_scale, r->skipped, r->tokens_per_s);
-    }
-    nl_status rc = nl_write_file_atomic(path, buf, len);
-    nl_free(buf);
-    return rc;
-}
-
 static nl_status write_svg(const char *path, const nl_trainer *t) {
     int64_t n = t->n_log, nv = 0;
     double *x = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot"), *y = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot");
@@ -398,7 +381,7 @@ int nl_cmd_train(int argc, char **argv) {
         if (rc) exit_code = nl_cli_fail("train: --qat");
     }
     /* logs cover what ran, also after a failure */
-    if (c.log_csv && t.n_log && write_csv(c.log_csv, &t)) exit_code = nl_cli_fail("train: --log");
+    if (c.log_csv && t.n_log && nl_train_log_write_csv(&t, c.log_csv)) exit_code = nl_cli_fail("train: --log");
     if (c.svg && t.n_log && write_svg(c.svg, &t)) exit_code = nl_cli_fail("train: --svg");
     if (!rc) {
         const nl_train_log *last = t.n_log ? &t.log[t.n_log - 1] : NULL;

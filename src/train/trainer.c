@@ -193,7 +193,67 @@ fail:
     return rc;
 }
 
+nl_status nl_train_layout_step(const nl_train_layout *L, const nl_data *d, int64_t step, float lr, float grad_clip,
+                               float *loss_out, double *norm_out) {
+    float loss = 0;
+    NL_TRY(L->grads(L->user, d, step, &loss));
+    if (!isfinite(loss))
+        return nl_fail(NL_ERR_NUMERIC, "loss is %s at step %lld (lr %.3g)", isnan(loss) ? "nan" : "inf", (long long)step + 1,
+                       (double)lr);
+    double ss = 0;
+    NL_TRY(L->sumsq(L->user, &ss));
+    double norm = sqrt(ss);
+    float f = nl_clip_factor(norm, grad_clip);
+    if (f != 1.0f) L->scale(L->user, f);
+    NL_TRY(L->update(L->user, lr));
+    if (loss_out) *loss_out = loss;
+    if (norm_out) *norm_out = norm;
+    return NL_OK;
+}
+
+nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl_train_layout *L) {
+    memset(t, 0, sizeof *t);
+    const char *no = o->precision != NL_PREC_FP32 ? "a precision other than fp32"
+                     : o->grad_accum > 1         ? "gradient accumulation (use a larger batch, or --microbatches with --pp)"
+                     : o->mup_base_dim > 0       ? "muP"
+                     : o->qat                    ? "QAT"
+                     : o->fp8                    ? "FP8 training"
+                     : o->init_weights           ? "starting from a checkpoint's weights"
+                     : o->out && !L->save        ? "checkpoints"
+                     : o->resume && !L->load     ? "resuming"
+                                                 : NULL;
+    if (no) return nl_fail(NL_ERR_UNSUPPORTED, "the %s layout does not support %s", L->name, no);
+    if (o->steps < 1) return nl_fail(NL_ERR_INVALID, "steps must be >= 1, got %lld", (long long)o->steps);
+    t->layout = L;
+    t->seq = o->seq;
+    t->saved_step = o->resume ? -2 : -1;
+    nl_scaler_init(&t->scaler);
+    nl_rng_seed(&t->rng, o->seed ^ 0x9e3779b97f4a7c15ULL);
+    if (o->resume) {
+        nl_ckpt_state st;
+        memset(&st, 0, sizeof st);
+        nl_status rc = L->load(L->user, o->resume, &st);
+        if (!rc) rc = check_resume(o->resume, o, &st);
+        if (rc) {
+            memset(t, 0, sizeof *t);
+            return rc;
+        }
+        t->step = st.step;
+        t->rng = st.rng;
+        t->scaler = st.scaler;
+    }
+    t->log_cap = o->steps - t->step;
+    t->log = nl_calloc((size_t)t->log_cap, sizeof(nl_train_log), "training log");
+    if (!t->log) return NL_ERR_NOMEM;
+    return NL_OK;
+}
+
 void nl_trainer_free(nl_trainer *t) {
+    if (t->layout) { /* the model and optimizer live in the layout */
+        nl_free(t->log);
+        memset(t, 0, sizeof *t);
+        return;
+    }
     if (t->mup) nl_mup_free(t->mup, &t->model, &t->opt);
     nl_free(t->mup);
     nl_model_free(&t->model);
@@ -208,68 +268,96 @@ static nl_status save(nl_trainer *t, const nl_train_opts *o) {
     if (!o->out) return NL_OK;
     nl_ckpt_state st = {t->step, t->rng, &t->opt, t->scaler, o->precision, {0}};
     run_of(o, &st.run);
-    NL_TRY(nl_ckpt_save(o->out, &t->model, o->tokenizer, &st));
+    if (t->layout)
+        NL_TRY(t->layout->save(t->layout->user, o->out, &st));
+    else
+        NL_TRY(nl_ckpt_save(o->out, &t->model, o->tokenizer, &st));
     t->saved_step = t->step;
     return NL_OK;
 }
 
-nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d, nl_train_callback cb, void *user) {
+/* One step of this process alone: micro-batches, loss scaling, clipping, AdamW. */
+static nl_status plain_step(nl_trainer *t, const nl_train_opts *o, const nl_data *d, float lr, nl_train_log *rec) {
     nl_model *m = &t->model;
     int64_t T = t->seq, B = o->batch, accum = o->grad_accum > 0 ? o->grad_accum : 1;
+    nl_model_zero_grad(m);
+    int fp16 = o->precision == NL_PREC_FP16;
+    m->loss_scale = (fp16 ? t->scaler.scale : 1.0f) / (float)accum;
+    double loss = 0.0;
+    for (int64_t k = 0; k < accum; k++) {
+        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, o->seed, t->step * accum + k, 0, 1, (int)B, (int)T, t->x, t->y));
+        float l;
+        NL_TRY(nl_model_forward(m, t->x, t->y, B, T, &l));
+        loss += l / (double)accum;
+        if (!isfinite(l)) break;
+        NL_TRY(nl_model_backward(m));
+    }
+    if (!isfinite(loss))
+        return nl_fail(NL_ERR_NUMERIC, "loss is %s at step %lld (lr %.3g)", isnan(loss) ? "nan" : "inf",
+                       (long long)t->step + 1, (double)lr);
+    rec->loss = (float)loss;
+    int found_inf = 0;
+    if (fp16) {
+        rec->loss_scale = t->scaler.scale;
+        found_inf = nl_scaler_unscale(&t->scaler, m);
+        nl_scaler_update(&t->scaler, found_inf);
+    }
+    if (found_inf) {
+        rec->skipped = 1;
+        rec->grad_norm = NAN;
+    } else {
+        rec->grad_norm = (float)nl_grad_clip(m, o->grad_clip);
+        nl_adamw_step(&t->opt, m, lr);
+    }
+    return NL_OK;
+}
+
+nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d, nl_train_callback cb, void *user) {
+    const nl_train_layout *L = t->layout;
+    int64_t T = t->seq, B = o->batch, accum = o->grad_accum > 0 ? o->grad_accum : 1;
     NL_TRY(nl_data_check_window(d, (int)T));
-    if (d->vocab_size > m->V)
+    if (!L && d->vocab_size > t->model.V)
         return nl_fail(NL_ERR_INVALID, "%s: tokenizer vocab %d exceeds the model's vocab %lld", d->path, d->vocab_size,
-                       (long long)m->V);
+                       (long long)t->model.V);
     double t_start = nl_time_s();
     int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
+    const char *kept = o->out && t->saved_step != -1 ? o->out : NULL; /* the last good checkpoint */
     t->stopped = 0;
     while (t->step < last && t->n_log < t->log_cap) {
         double t0 = nl_time_s();
         float lr = nl_lr_cosine(t->step, o->warmup, o->steps, o->lr, o->lr_min);
-        nl_model_zero_grad(m);
-        int fp16 = o->precision == NL_PREC_FP16;
-        m->loss_scale = (fp16 ? t->scaler.scale : 1.0f) / (float)accum;
-        double loss = 0.0;
-        for (int64_t k = 0; k < accum; k++) {
-            NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, o->seed, t->step * accum + k, 0, 1, (int)B, (int)T, t->x, t->y));
-            float l;
-            NL_TRY(nl_model_forward(m, t->x, t->y, B, T, &l));
-            loss += l / (double)accum;
-            if (!isfinite(l)) break;
-            NL_TRY(nl_model_backward(m));
-        }
-        if (!isfinite(loss))
-            return nl_fail(NL_ERR_NUMERIC, "loss is %s at step %lld (lr %.3g); training stopped%s%s", isnan(loss) ? "nan" : "inf",
-                           (long long)t->step + 1, (double)lr, o->out && t->saved_step != -1 ? ", the last good checkpoint is " : "",
-                           o->out && t->saved_step != -1 ? o->out : "");
-        nl_train_log rec = {.step = t->step + 1, .lr = lr, .loss = (float)loss, .val_loss = NAN, .loss_scale = 1.0f};
-        int found_inf = 0;
-        if (fp16) {
-            rec.loss_scale = t->scaler.scale;
-            found_inf = nl_scaler_unscale(&t->scaler, m);
-            nl_scaler_update(&t->scaler, found_inf);
-        }
-        if (found_inf) {
-            rec.skipped = 1;
-            rec.grad_norm = NAN;
+        nl_train_log rec = {.step = t->step + 1, .lr = lr, .val_loss = NAN, .loss_scale = 1.0f};
+        nl_status rc;
+        if (L) {
+            double norm = 0;
+            rc = nl_train_layout_step(L, d, t->step, lr, o->grad_clip, &rec.loss, &norm);
+            rec.grad_norm = (float)norm;
         } else {
-            rec.grad_norm = (float)nl_grad_clip(m, o->grad_clip);
-            nl_adamw_step(&t->opt, m, lr);
+            rc = plain_step(t, o, d, lr, &rec);
         }
+        if (rc == NL_ERR_NUMERIC)
+            return nl_fail(NL_ERR_NUMERIC, "%s; training stopped%s%s", nl_last_error(),
+                           kept ? ", the last good checkpoint is " : "", kept ? kept : "");
+        if (rc) return rc;
         t->step++;
         double dt = nl_time_s() - t0;
-        rec.tokens_per_s = (double)(accum * B * T) / dt;
-        t->tokens_done += accum * B * T;
+        int64_t tokens = accum * B * T;
+        rec.tokens_per_s = (double)tokens / dt;
+        t->tokens_done += tokens;
         int stop = o->stop && *o->stop;
         if ((o->eval_every > 0 && t->step % o->eval_every == 0) || t->step == last || stop) {
-            double vl;
-            NL_TRY(nl_eval_loss(m, d, NL_DATA_VAL, B, T, o->eval_windows, &vl, NULL));
-            rec.val_loss = (float)vl;
-            if (!isfinite(vl))
-                return nl_fail(NL_ERR_NUMERIC, "validation loss is %s after step %lld; training stopped%s%s",
-                               isnan(vl) ? "nan" : "inf", (long long)t->step, o->out && t->saved_step != -1 ? ", the last good checkpoint is " : "",
-                               o->out && t->saved_step != -1 ? o->out : "");
+            if (!L || L->eval) {
+                double vl;
+                NL_TRY(L ? L->eval(L->user, d, o->eval_windows, &vl)
+                         : nl_eval_loss(&t->model, d, NL_DATA_VAL, B, T, o->eval_windows, &vl, NULL));
+                rec.val_loss = (float)vl;
+                if (!isfinite(vl))
+                    return nl_fail(NL_ERR_NUMERIC, "validation loss is %s after step %lld; training stopped%s%s",
+                                   isnan(vl) ? "nan" : "inf", (long long)t->step, kept ? ", the last good checkpoint is " : "",
+                                   kept ? kept : "");
+            }
             NL_TRY(save(t, o));
+            kept = o->out;
         }
         t->wall_s = nl_time_s() - t_start;
         t->log[t->n_log++] = rec;
@@ -280,6 +368,23 @@ nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d
         }
     }
     return NL_OK;
+}
+
+nl_status nl_train_log_write_csv(const nl_trainer *t, const char *path) {
+    size_t cap = 128 + (size_t)t->n_log * 160, len = 0;
+    char *buf = nl_malloc(cap, "CSV log");
+    if (!buf) return NL_ERR_NOMEM;
+    len += (size_t)snprintf(buf + len, cap - len, "step,lr,train_loss,val_loss,grad_norm,loss_scale,skipped,tokens_per_s\n");
+    for (int64_t i = 0; i < t->n_log; i++) {
+        const nl_train_log *r = &t->log[i];
+        char val[32] = "";
+        if (!isnan(r->val_loss)) snprintf(val, sizeof val, "%.9g", r->val_loss);
+        len += (size_t)snprintf(buf + len, cap - len, "%lld,%.9g,%.9g,%s,%.9g,%.9g,%d,%.1f\n", (long long)r->step, r->lr,
+                                r->loss, val, r->grad_norm, r->loss_scale, r->skipped, r->tokens_per_s);
+    }
+    nl_status rc = nl_write_file_atomic(path, buf, len);
+    nl_free(buf);
+    return rc;
 }
 
 nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T,
