@@ -8,8 +8,14 @@
 #include "nanolm/model.h"
 #include "nanolm/tokenizer.h"
 
-/* Loads a model from a safetensors checkpoint or a llama2.c .bin, and its tokenizer: the
- * checkpoint's kind, or the llama2.c tokenizer file `tok_path` (required for .bin files).
+/* Context cap for Hugging Face folders: their max_position_embeddings (131072 for Llama 3.2)
+ * would size RoPE tables and a KV cache for far more tokens than these commands use. */
+#define NL_CLI_MAX_SEQ 4096
+
+/* Loads a model, and its tokenizer, from one of: a Hugging Face model folder (nanolm/hf.h; its
+ * tokenizer.json unless tok_path is given), a safetensors checkpoint or a llama2.c .bin. The
+ * tokenizer is `tok_path` when given (tokenizer.json when it ends in .json, else a llama2.c
+ * tokenizer.bin), else the folder's tokenizer.json, else the checkpoint's kind ("byte").
  * Errors name the file. */
 nl_status nl_cli_load_model(const char *ckpt, const char *tok_path, nl_model *m, nl_tokenizer *tok);
 
