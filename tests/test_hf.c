@@ -4,6 +4,7 @@
  * Face's rotate-half formula; every bad folder refused with the file and the key. */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,6 +219,26 @@ static void test_families(void **state) {
             /* generate's speed line differs run to run: compare everything but rates */
             for (char *o = out1; o && (o = strstr(o, "tokens/s")); o++) memset(o - 12 > out1 ? o - 12 : o, ' ', 12);
             for (char *o = out2; o && (o = strstr(o, "tokens/s")); o++) memset(o - 12 > out2 ? o - 12 : o, ' ', 12);
+            if (k == 0) { /* greedy tokens equal the library's KV-cache step (biases, RoPE scaling) */
+                cJSON *j = cJSON_Parse(strchr(out1, '{'));
+                assert_non_null(j);
+                const cJSON *tk = cJSON_GetObjectItem(j, "tokens");
+                int nt = cJSON_GetArraySize(tk), np = 9; /* "Once upon" */
+                nl_model g;
+                QOK(nl_hf_load_model(folder, 0, &g));
+                QOK(nl_model_alloc_kv(&g));
+                int token = cJSON_GetArrayItem(tk, 0)->valueint;
+                for (int pos = 0; pos + 1 < nt; pos++) {
+                    float *lg = nl_model_step(&g, token, pos);
+                    int next = pos + 1 < np ? cJSON_GetArrayItem(tk, pos + 1)->valueint : nl_model_sample(lg, g.V, 0, NULL);
+                    if (next != cJSON_GetArrayItem(tk, pos + 1)->valueint)
+                        fail_msg("%s: generate's token %d is %d, the model's step gives %d", fam_name[fam], pos + 1,
+                                 cJSON_GetArrayItem(tk, pos + 1)->valueint, next);
+                    token = next;
+                }
+                nl_model_free(&g);
+                cJSON_Delete(j);
+            }
             if (strstr(cmds[k], "generate") && strstr(cmds[k], "--json")) {
                 char *t1 = strstr(out1, "\"text\""), *t2 = strstr(out2, "\"text\"");
                 assert_non_null(t1);

@@ -39,6 +39,10 @@
 extern "C" {
 #endif
 
+/* Context the commands load a folder with: max_position_embeddings (131072 for Llama 3.2) would
+ * size RoPE tables and KV caches for far more tokens than they use. */
+#define NL_HF_DEFAULT_MAX_SEQ 4096
+
 /* 1 when `path` is a directory (a model folder), else 0. */
 int nl_hf_is_folder(const char *path);
 
@@ -56,6 +60,14 @@ nl_status nl_arch_from_hf_config(const char *path, nl_arch *a);
  * with config.json, a dtype other than F32/BF16/F16, a tensor nanolm does not use (such as an
  * o_proj bias), a model larger than memory (NL_ERR_NOMEM). On error *m is zeroed. */
 nl_status nl_hf_load_model(const char *dir, int64_t max_seq, nl_model *m);
+
+/* The tokenizer of a model loaded from `model_path`: `tok_path` when given (a tokenizer.json
+ * when it ends in ".json", else a llama2.c tokenizer.bin), else the folder's tokenizer.json when
+ * model_path is a folder, else by the checkpoint's tokenizer kind ("byte"; others need
+ * tok_path). V is the model's vocabulary. The one rule every command uses. Errors name the
+ * file, or say to pass --tokenizer. */
+nl_status nl_hf_load_tokenizer(const char *model_path, const char *kind, const char *tok_path, int64_t V,
+                               nl_tokenizer *tok);
 
 /* Writes `m` as a model folder: config.json (Qwen2ForCausalLM with q/k/v biases, else
  * LlamaForCausalLM), its weights as `dtype` (F32, BF16 or F16) in shards of at most

@@ -5,12 +5,12 @@
 #include <stdint.h>
 
 #include "nanolm/base.h"
+#include "nanolm/hf.h"
 #include "nanolm/model.h"
 #include "nanolm/tokenizer.h"
 
-/* Context cap for Hugging Face folders: their max_position_embeddings (131072 for Llama 3.2)
- * would size RoPE tables and a KV cache for far more tokens than these commands use. */
-#define NL_CLI_MAX_SEQ 4096
+/* Context cap for Hugging Face folders (nanolm/hf.h). */
+#define NL_CLI_MAX_SEQ NL_HF_DEFAULT_MAX_SEQ
 
 /* Loads a model, and its tokenizer, from one of: a Hugging Face model folder (nanolm/hf.h; its
  * tokenizer.json unless tok_path is given), a safetensors checkpoint or a llama2.c .bin. The

@@ -4,56 +4,45 @@
 
 #include "cli.h"
 #include "cli_model.h"
+#include "cli_opt.h"
 #include "nanolm/checkpoint.h"
 #include "nanolm/hf.h"
 #include "nanolm/model_export.h"
 
 int nl_cmd_export(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"ckpt", required_argument, 0, 'c'},      {"model", required_argument, 0, 'c'},
-        {"to", required_argument, 0, 'o'},        {"dtype", required_argument, 0, 'd'},
-        {"shard-mb", required_argument, 0, 's'},  {"tokenizer", required_argument, 0, 'k'},
-        {"json", no_argument, 0, 'j'},            {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
-    const char *ckpt = NULL, *to = NULL, *tok_path = NULL;
-    nl_st_dtype dtype = NL_ST_BF16;
+    const char *ckpt = NULL, *tok_path = NULL;
+    int to_i = -1, dtype_i = 0, json = 0;
     int64_t shard_mb = 0;
-    int json = 0, c;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c': ckpt = optarg; break;
-        case 'o': to = optarg; break;
-        case 'k': tok_path = optarg; break;
-        case 'd':
-            if (!strcmp(optarg, "bf16")) dtype = NL_ST_BF16;
-            else if (!strcmp(optarg, "f16") || !strcmp(optarg, "fp16")) dtype = NL_ST_F16;
-            else if (!strcmp(optarg, "f32") || !strcmp(optarg, "fp32")) dtype = NL_ST_F32;
-            else return nl_cli_usage_error("export: unknown --dtype '%s' (known: bf16, f16, f32)", optarg);
-            break;
-        case 's': if (nl_cli_int("--shard-mb", optarg, 1, 1 << 20, &shard_mb)) return NL_EXIT_USAGE; break;
-        case 'j': json = 1; break;
-        case 'h':
-            printf("usage: nanolm export --ckpt F --to hf DIR [--dtype bf16|f16|f32] [--shard-mb N] [--json]\n"
-                   "       nanolm export --ckpt F --to llama2c FILE\n"
-                   "  --ckpt (alias --model) takes a checkpoint, a llama2.c .bin or a model folder.\n"
-                   "  --to hf DIR writes config.json, model.safetensors (or shards of at most --shard-mb MB\n"
-                   "  with model.safetensors.index.json) and tokenizer.json. --dtype defaults to bf16;\n"
-                   "  f32 keeps every bit, so loading the folder gives back the checkpoint's weights.\n"
-                   "  --to llama2c FILE writes llama2.c's legacy .bin (no biases, rope_theta 10000,\n"
-                   "  norm_eps 1e-5 only). --tokenizer as for generate (needed for llama2.c .bin inputs).\n");
-            return NL_EXIT_OK;
-        default: return nl_cli_bad_option("export", argv);
-        }
-    }
+    nl_opt opts[] = {
+        NL_OPT_STR("ckpt", &ckpt, "F", "checkpoint, llama2.c .bin or model folder (required)"),
+        NL_OPT_CHOICE("to", &to_i, "hf|llama2c", "hf: a Hugging Face folder; llama2c: llama2.c's .bin (required)"),
+        NL_OPT_CHOICE("dtype", &dtype_i, "bf16|f16|f32", "--to hf tensor type (default bf16; f32 keeps every bit)"),
+        NL_OPT_INT("shard-mb", &shard_mb, 1, 1 << 20, "N",
+                   "--to hf: shards of at most N MB with model.safetensors.index.json (default one file)"),
+        NL_OPT_STR("tokenizer", &tok_path, "FILE", "tokenizer.json or llama2.c tokenizer.bin (as for generate)"),
+        NL_OPT_FLAG("json", &json, "print the result as JSON"),
+    };
+    opts[0].aliases = "model";
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"export", "nanolm export --ckpt F --to hf|llama2c PATH [options]",
+                       "Writes a model as a Hugging Face folder (config.json, model.safetensors or shards with "
+                       "an index, tokenizer.json) that transformers, vLLM and llama.cpp's converters read, or as "
+                       "llama2.c's legacy .bin (no biases or RoPE scaling; readers assume rope_theta 10000 and norm_eps 1e-5: "
+                       "models that need more are refused).",
+                       groups, 1, 1};
+    const char *pos[1];
+    int npos = 0;
+    int prc = nl_cli_parse(&spec, argc, argv, pos, &npos);
+    if (prc) return prc == NL_CLI_HELP ? NL_EXIT_OK : prc;
     if (!ckpt) return nl_cli_usage_error("export: --ckpt F is required");
-    if (!to) return nl_cli_usage_error("export: --to hf DIR or --to llama2c FILE is required");
-    if (strcmp(to, "hf") && strcmp(to, "llama2c"))
-        return nl_cli_usage_error("export: unknown --to '%s' (known: hf, llama2c)", to);
-    if (optind + 1 != argc)
-        return nl_cli_usage_error("export: give exactly one output path after the options (--to %s PATH)", to);
-    const char *out = argv[optind];
-    int hf = !strcmp(to, "hf");
-    if (!hf && (shard_mb || dtype != NL_ST_BF16))
+    if (to_i < 0) return nl_cli_usage_error("export: --to hf DIR or --to llama2c FILE is required");
+    const char *to = to_i == 0 ? "hf" : "llama2c";
+    if (npos != 1) return nl_cli_usage_error("export: give the output path after the options (--to %s PATH)", to);
+    const char *out = pos[0];
+    int hf = to_i == 0;
+    static const nl_st_dtype dtypes[] = {NL_ST_BF16, NL_ST_F16, NL_ST_F32};
+    nl_st_dtype dtype = dtypes[dtype_i];
+    if (!hf && (shard_mb || dtype_i))
         return nl_cli_usage_error("export: --dtype and --shard-mb apply to --to hf only (llama2.c files are fp32)");
     nl_model m;
     nl_tokenizer tok;

@@ -375,6 +375,34 @@ nl_status nl_hf_load_model(const char *dir, int64_t max_seq, nl_model *m) {
     return rc;
 }
 
+nl_status nl_hf_load_tokenizer(const char *model_path, const char *kind, const char *tok_path, int64_t V,
+                               nl_tokenizer *tok) {
+    memset(tok, 0, sizeof *tok);
+    if (tok_path) {
+        size_t n = strlen(tok_path);
+        return n >= 5 && !strcmp(tok_path + n - 5, ".json") ? nl_tokenizer_load_json(tok, tok_path, (int)V)
+                                                            : nl_tokenizer_load_llama2c(tok, tok_path, (int)V);
+    }
+    if (nl_hf_is_folder(model_path)) {
+        char path[4096];
+        struct stat st;
+        join(path, sizeof path, model_path, "tokenizer.json");
+        if (stat(path, &st) != 0)
+            return nl_fail(NL_ERR_INVALID, "%s has no tokenizer.json: pass one with --tokenizer", model_path);
+        return nl_tokenizer_load_json(tok, path, (int)V);
+    }
+    if (kind && !strcmp(kind, "byte")) {
+        NL_TRY(nl_tokenizer_init_byte(tok));
+        if (V != 256) {
+            nl_tokenizer_free(tok);
+            return nl_fail(NL_ERR_FORMAT, "%s: byte tokenizer but vocab %lld", model_path, (long long)V);
+        }
+        return NL_OK;
+    }
+    return nl_fail(NL_ERR_INVALID, "%s uses the %s tokenizer: pass its file with --tokenizer", model_path,
+                   kind ? kind : "?");
+}
+
 /* ---- export --------------------------------------------------------------------------------- */
 
 static cJSON *config_json(const nl_model *m, const nl_tokenizer *tok, nl_st_dtype dtype) {

@@ -145,7 +145,7 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
         return nl_fail(NL_ERR_INVALID, "expert parallelism: rank %d of %d is not valid", ep_rank, ep);
     if (arch->n_experts > 0) {
         if (arch->n_experts % ep)
-            return nl_fail(NL_ERR_INVALID, "arch %s: --ep %d does not divide n_experts %lld", arch->name, ep,
+            return nl_fail(NL_ERR_INVALID, "arch %s: expert-parallel degree %d does not divide n_experts %lld", arch->name, ep,
                            (long long)arch->n_experts);
         if (arch->first_moe_layer < 0 || arch->first_moe_layer >= arch->n_layers)
             return nl_fail(NL_ERR_INVALID, "arch %s: first_moe_layer %lld outside [0, %lld)", arch->name,
@@ -164,7 +164,7 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
         e->e0 = e->E_local * ep_rank;
         e->aux_coef = 0.01f;
     } else if (ep > 1) {
-        return nl_fail(NL_ERR_INVALID, "arch %s: --ep %d needs a mixture-of-experts model", arch->name, ep);
+        return nl_fail(NL_ERR_INVALID, "arch %s: expert-parallel degree %d needs a mixture-of-experts model", arch->name, ep);
     }
     if (!(arch->norm_eps > 0) || !isfinite(arch->norm_eps) || !(arch->rope_theta > 0) || !isfinite(arch->rope_theta))
         return nl_fail(NL_ERR_INVALID, "arch %s: norm_eps %g and rope_theta %g must be finite and positive", arch->name,

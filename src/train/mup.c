@@ -52,7 +52,7 @@ static void mup_backward(void *user, const nl_linear_site *site, float *din, flo
 
 nl_status nl_mup_init(nl_mup *mu, nl_model *m, struct nl_adamw *opt, int64_t base_dim, int rescale_init) {
     memset(mu, 0, sizeof *mu);
-    if (base_dim <= 0) return nl_fail(NL_ERR_INVALID, "--mup-base %lld must be positive", (long long)base_dim);
+    if (base_dim <= 0) return nl_fail(NL_ERR_INVALID, "muP base width %lld must be positive", (long long)base_dim);
     if (m->precision != NL_PREC_FP32) return nl_fail(NL_ERR_INVALID, "muP is implemented for fp32 training only");
     if (m->linear_ops) return nl_fail(NL_ERR_INVALID, "muP: the model already has a linear hook installed");
     mu->base_dim = base_dim;
