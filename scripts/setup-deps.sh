@@ -5,7 +5,7 @@
 set -euo pipefail
 
 pkgs=(cmake pkg-config gcc g++ make libopenblas-dev libopenmpi-dev openmpi-bin
-      libcjson-dev libcmocka-dev fortunes)
+      libcjson-dev libcmocka-dev fortunes libmicrohttpd-dev curl)
 # Extra packages for optional targets: `scripts/setup-deps.sh fuzz` adds the fuzzing toolchain.
 for extra in "$@"; do
   case "$extra" in
