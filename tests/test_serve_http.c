@@ -90,6 +90,7 @@ static void bad_requests(void **state) {
         {"{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "at most 4"},
         {"{\"prompt\":\"a\",\"stop\":[1]}", "stop", "must be a string"},
         {"{\"prompt\":\"a\",\"stop\":\"\"}", "stop", "empty"},
+        {"{\"prompt\":\"a\",\"stop\":\"01234567890123456789012345678901234567890123456789012345678901234\"}", "stop", "at most 64"},
         {"{\"prompt\":\"a\",\"stream\":\"yes\"}", "stream", "boolean"},
         {"{\"prompt\":\"a\",\"stream_options\":1}", "stream_options", "object"},
         {"{\"prompt\":\"a\",\"n\":2}", "n", "must be 1"},
@@ -141,7 +142,7 @@ static void responses(void **state) {
     (void)state;
     nl_completion_id id = {"cmpl-1", 1700000000, "stories260K"};
     nl_http_buf b = {0};
-    assert_int_equal(nl_http_sse_chunk(&id, "Lily\"\n", 6, NL_FINISH_NONE, &b), NL_OK);
+    assert_int_equal(nl_http_sse_chunk(&id, "Lily\"\n", 6, NULL, &b), NL_OK);
     cJSON *doc = event_json(b.data);
     assert_string_equal(cJSON_GetObjectItem(doc, "object")->valuestring, "text_completion");
     assert_string_equal(cJSON_GetObjectItem(doc, "id")->valuestring, "cmpl-1");
@@ -152,7 +153,7 @@ static void responses(void **state) {
     assert_int_equal(cJSON_GetObjectItem(c, "index")->valueint, 0);
     cJSON_Delete(doc);
     b.len = 0;
-    assert_int_equal(nl_http_sse_chunk(&id, "", 0, NL_FINISH_LENGTH, &b), NL_OK);
+    assert_int_equal(nl_http_sse_chunk(&id, "", 0, "length", &b), NL_OK);
     doc = event_json(b.data);
     c = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "choices"), 0);
     assert_string_equal(cJSON_GetObjectItem(c, "finish_reason")->valuestring, "length");
@@ -167,7 +168,7 @@ static void responses(void **state) {
     assert_int_equal(nl_http_sse_done(&b), NL_OK);
     assert_string_equal(b.data, "data: [DONE]\n\n");
     b.len = 0;
-    assert_int_equal(nl_http_completion_json(&id, "abc", 2, NL_FINISH_STOP, 4, 2, &b), NL_OK);
+    assert_int_equal(nl_http_completion_json(&id, "abc", 2, "stop", 4, 2, &b), NL_OK);
     doc = cJSON_Parse(b.data);
     c = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "choices"), 0);
     assert_string_equal(cJSON_GetObjectItem(c, "text")->valuestring, "ab");
@@ -186,24 +187,6 @@ static void responses(void **state) {
     assert_int_equal(cJSON_GetObjectItem(m, "vocab_size")->valueint, 512);
     cJSON_Delete(doc);
     nl_http_buf_free(&b);
-}
-
-static void stop_strings(void **state) {
-    (void)state;
-    char *stop[] = {"The end", "\n\n"};
-    int which = -1;
-    const char *t = "once. The end. x";
-    assert_int_equal(nl_http_stop_find(t, strlen(t), stop, 2, &which), 6);
-    assert_int_equal(which, 0);
-    assert_int_equal(nl_http_stop_find("a\n\nb", 4, stop, 2, &which), 1);
-    assert_int_equal(which, 1);
-    assert_int_equal(nl_http_stop_find("The en", 6, stop, 2, &which), -1);
-    /* held back: the longest tail that could still become a stop string */
-    assert_int_equal(nl_http_stop_holdback("so The en", 9, stop, 2), 6);
-    assert_int_equal(nl_http_stop_holdback("so T", 4, stop, 2), 1);
-    assert_int_equal(nl_http_stop_holdback("ab\n", 3, stop, 2), 1);
-    assert_int_equal(nl_http_stop_holdback("abc", 3, stop, 2), 0);
-    assert_int_equal(nl_http_stop_holdback("", 0, stop, 2), 0);
 }
 
 /* Cumulative buckets, +Inf = count, sum; every gauge present. */
@@ -301,7 +284,7 @@ static void fuzz_replay(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(full_request), cmocka_unit_test(defaults_and_token_prompts), cmocka_unit_test(bad_requests),
-        cmocka_unit_test(responses),    cmocka_unit_test(stop_strings),               cmocka_unit_test(metrics_text),
+        cmocka_unit_test(responses),                   cmocka_unit_test(metrics_text),
         cmocka_unit_test(percentiles),  cmocka_unit_test(urls),                       cmocka_unit_test(fuzz_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

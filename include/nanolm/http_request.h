@@ -13,7 +13,7 @@
  *   top_p        number in (0, 1] (default 1)
  *   top_k        integer, -1 or 0 = off (vLLM's extension)
  *   seed         integer (default: a per-request seed)
- *   stop         string or [string] (at most 4, each non-empty)
+ *   stop         string or [string] (at most 4, each 1..64 bytes: the engine's limits)
  *   stream       bool; stream_options.include_usage bool
  *   ignore_eos   bool (vLLM's extension; the load generator uses it to fix output lengths)
  *   n            1 only; best_of 1 only
@@ -29,7 +29,8 @@
 
 #include "nanolm/base.h"
 
-#define NL_HTTP_MAX_STOP 4
+#define NL_HTTP_MAX_STOP 4        /* stop strings per request (OpenAI's limit) */
+#define NL_HTTP_MAX_STOP_BYTES 64 /* bytes of one stop string */
 #define NL_HTTP_DEFAULT_MAX_TOKENS 16
 
 /* A growable byte buffer, always NUL-terminated when len > 0. */
@@ -86,11 +87,6 @@ void nl_http_completion_free(nl_completion_req *req);
 /* Appends the error's JSON document to out. */
 nl_status nl_http_error_json(const nl_http_error *err, nl_http_buf *out);
 
-/* Why a completion ended: "stop" (EOS or a stop string), "length" (max_tokens or the context),
- * "abort" (cancelled: client gone or server shutting down). */
-typedef enum nl_finish_reason { NL_FINISH_NONE = 0, NL_FINISH_STOP, NL_FINISH_LENGTH, NL_FINISH_ABORT } nl_finish_reason;
-const char *nl_finish_reason_name(nl_finish_reason r);
-
 /* The identity shared by a response and all its chunks. */
 typedef struct nl_completion_id {
     char id[40];        /* "cmpl-<hex>" */
@@ -102,13 +98,13 @@ typedef struct nl_completion_id {
  * {"id","object":"text_completion","created","model","choices":[{"text","index":0,
  *  "logprobs":null,"finish_reason"}],"usage":{"prompt_tokens","completion_tokens","total_tokens"}} */
 nl_status nl_http_completion_json(const nl_completion_id *id, const char *text, size_t text_bytes,
-                                  nl_finish_reason finish, int64_t prompt_tokens, int64_t completion_tokens,
+                                  const char *finish, int64_t prompt_tokens, int64_t completion_tokens,
                                   nl_http_buf *out);
 
 /* Appends one server-sent event "data: {chunk}\n\n" in OpenAI's streaming format: the text delta
- * with finish_reason null (finish == NL_FINISH_NONE) or the reason on the last chunk. */
+ * with finish_reason null (finish == NULL) or the reason ("stop", "length") on the last chunk. */
 nl_status nl_http_sse_chunk(const nl_completion_id *id, const char *text, size_t text_bytes,
-                            nl_finish_reason finish, nl_http_buf *out);
+                            const char *finish, nl_http_buf *out);
 /* Appends the usage chunk (choices empty) sent before [DONE] when stream_options.include_usage. */
 nl_status nl_http_sse_usage(const nl_completion_id *id, int64_t prompt_tokens, int64_t completion_tokens,
                             nl_http_buf *out);
@@ -121,11 +117,5 @@ nl_status nl_http_sse_error(const nl_http_error *err, nl_http_buf *out);
  * "max_model_len","vocab_size"}]}; vocab_size is an extension that lets a load generator send token ids. */
 nl_status nl_http_models_json(const char *model, int64_t created, int64_t max_model_len, int64_t vocab_size,
                               nl_http_buf *out);
-
-/* Length of the longest suffix of text[0..n) that is a proper prefix of some stop string: those
- * bytes must be held back from a stream until it is known whether a stop string follows. */
-size_t nl_http_stop_holdback(const char *text, size_t n, char *const *stop, int n_stop);
-/* Position of the first stop string in text[0..n), or -1. *which gets its index. */
-int64_t nl_http_stop_find(const char *text, size_t n, char *const *stop, int n_stop, int *which);
 
 #endif

@@ -216,6 +216,8 @@ static int parse_stop(const cJSON *doc, nl_completion_req *req, nl_http_error *e
     if (!s) return 0;
     if (cJSON_IsString(s)) {
         if (!s->valuestring[0]) return bad(err, "stop", "'stop' must not be empty");
+        if (strlen(s->valuestring) > NL_HTTP_MAX_STOP_BYTES)
+            return bad(err, "stop", "'stop' is %zu bytes, at most %d are allowed", strlen(s->valuestring), NL_HTTP_MAX_STOP_BYTES);
         if (!(req->stop[0] = dup_str(s->valuestring, NULL))) return bad(err, "stop", "'stop': out of memory");
         req->n_stop = 1;
         return 0;
@@ -227,6 +229,9 @@ static int parse_stop(const cJSON *doc, nl_completion_req *req, nl_http_error *e
     cJSON_ArrayForEach(t, s) {
         if (!cJSON_IsString(t)) return bad(err, "stop", "'stop'[%d] must be a string, got %s", req->n_stop, type_name(t));
         if (!t->valuestring[0]) return bad(err, "stop", "'stop'[%d] must not be empty", req->n_stop);
+        if (strlen(t->valuestring) > NL_HTTP_MAX_STOP_BYTES)
+            return bad(err, "stop", "'stop'[%d] is %zu bytes, at most %d are allowed", req->n_stop, strlen(t->valuestring),
+                       NL_HTTP_MAX_STOP_BYTES);
         if (!(req->stop[req->n_stop] = dup_str(t->valuestring, NULL))) return bad(err, "stop", "'stop': out of memory");
         req->n_stop++;
     }
@@ -317,15 +322,6 @@ void nl_http_completion_free(nl_completion_req *req) {
 
 /* ---- responses ------------------------------------------------------------------------------- */
 
-const char *nl_finish_reason_name(nl_finish_reason r) {
-    switch (r) {
-    case NL_FINISH_STOP: return "stop";
-    case NL_FINISH_LENGTH: return "length";
-    case NL_FINISH_ABORT: return "abort";
-    default: return NULL;
-    }
-}
-
 /* cJSON strings must be NUL-terminated: copy text[0..n). */
 static cJSON *string_n(const char *text, size_t n) {
     char small[256];
@@ -347,14 +343,13 @@ static cJSON *head(const nl_completion_id *id) {
     return doc;
 }
 
-static void add_choice(cJSON *doc, const char *text, size_t n, nl_finish_reason finish) {
+static void add_choice(cJSON *doc, const char *text, size_t n, const char *finish) {
     cJSON *choices = cJSON_AddArrayToObject(doc, "choices");
     cJSON *c = cJSON_CreateObject();
     cJSON_AddItemToObject(c, "text", string_n(text, n));
     cJSON_AddNumberToObject(c, "index", 0);
     cJSON_AddNullToObject(c, "logprobs");
-    const char *f = nl_finish_reason_name(finish);
-    if (f) cJSON_AddStringToObject(c, "finish_reason", f);
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
 }
@@ -367,7 +362,7 @@ static void add_usage(cJSON *doc, int64_t prompt_tokens, int64_t completion_toke
 }
 
 nl_status nl_http_completion_json(const nl_completion_id *id, const char *text, size_t text_bytes,
-                                  nl_finish_reason finish, int64_t prompt_tokens, int64_t completion_tokens,
+                                  const char *finish, int64_t prompt_tokens, int64_t completion_tokens,
                                   nl_http_buf *out) {
     cJSON *doc = head(id);
     add_choice(doc, text, text_bytes, finish);
@@ -375,7 +370,7 @@ nl_status nl_http_completion_json(const nl_completion_id *id, const char *text, 
     return append_json(doc, out);
 }
 
-nl_status nl_http_sse_chunk(const nl_completion_id *id, const char *text, size_t text_bytes, nl_finish_reason finish,
+nl_status nl_http_sse_chunk(const nl_completion_id *id, const char *text, size_t text_bytes, const char *finish,
                             nl_http_buf *out) {
     cJSON *doc = head(id);
     add_choice(doc, text, text_bytes, finish);
@@ -410,36 +405,4 @@ nl_status nl_http_models_json(const char *model, int64_t created, int64_t max_mo
     cJSON_AddNumberToObject(m, "vocab_size", (double)vocab_size);
     cJSON_AddItemToArray(data, m);
     return append_json(doc, out);
-}
-
-/* ---- stop strings ---------------------------------------------------------------------------- */
-
-size_t nl_http_stop_holdback(const char *text, size_t n, char *const *stop, int n_stop) {
-    size_t best = 0;
-    for (int i = 0; i < n_stop; i++) {
-        size_t ls = strlen(stop[i]);
-        for (size_t k = ls > 0 ? ls - 1 : 0; k > best; k--)
-            if (k <= n && !memcmp(text + n - k, stop[i], k)) {
-                best = k;
-                break;
-            }
-    }
-    return best;
-}
-
-int64_t nl_http_stop_find(const char *text, size_t n, char *const *stop, int n_stop, int *which) {
-    int64_t first = -1;
-    for (int i = 0; i < n_stop; i++) {
-        size_t ls = strlen(stop[i]);
-        if (!ls || ls > n) continue;
-        for (size_t p = 0; p + ls <= n; p++)
-            if (text[p] == stop[i][0] && !memcmp(text + p, stop[i], ls)) {
-                if (first < 0 || (int64_t)p < first) {
-                    first = (int64_t)p;
-                    if (which) *which = i;
-                }
-                break;
-            }
-    }
-    return first;
 }
