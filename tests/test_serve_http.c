@@ -87,6 +87,7 @@ static void bad_requests(void **state) {
         {"{\"prompt\":\"a\",\"top_p\":0}", "top_p", "(0, 1]"},
         {"{\"prompt\":\"a\",\"top_k\":-2}", "top_k", "must be in"},
         {"{\"prompt\":\"a\",\"seed\":\"1\"}", "seed", "integer"},
+        {"{\"prompt\":\"a\",\"seed\":9223372036854775808}", "seed", "must be in"},
         {"{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "at most 4"},
         {"{\"prompt\":\"a\",\"stop\":[1]}", "stop", "must be a string"},
         {"{\"prompt\":\"a\",\"stop\":\"\"}", "stop", "empty"},

@@ -41,6 +41,8 @@ typedef struct nl_latency_summary {
 typedef struct nl_loadgen_result {
     int64_t requests, ok, failed, good;
     int64_t prompt_tokens, output_tokens; /* of the successful requests (usage) */
+    int64_t short_outputs;                /* successful requests that stopped before max_tokens (the
+                                             model wrote BOS, which ends a llama2.c story) */
     double duration_s;                    /* first send to last response */
     double requests_per_s, output_tokens_per_s, total_tokens_per_s, goodput_rps;
     nl_latency_summary ttft, tpot, itl, e2e;

@@ -142,7 +142,7 @@ static int get_int(const cJSON *obj, const char *name, int64_t lo, int64_t hi, i
     if (!cJSON_IsNumber(j)) return bad(err, name, "'%s' must be an integer, got %s", name, type_name(j));
     double v = j->valuedouble;
     if (!isfinite(v) || v != floor(v)) return bad(err, name, "'%s' must be an integer, got %.17g", name, v);
-    if (v < (double)lo || v > (double)hi)
+    if (v < (double)lo || v > (double)hi || v >= 0x1p63) /* (double)INT64_MAX rounds up to 2^63 */
         return bad(err, name, "'%s' must be in [%lld, %lld], got %.17g", name, (long long)lo, (long long)hi, v);
     *out = (int64_t)v;
     return 0;
