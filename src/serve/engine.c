@@ -45,6 +45,7 @@ struct nl_engine {
     nl_tokenizer own_tok;
     const nl_tokenizer *tok;
     nl_wfmt wfmt;
+    int64_t weight_macs;      /* multiply-adds of the linears per token */
     nl_mv_weight *w;          /* (L, 4): qkv, o, gate_up, down; then the classifier at [4L] */
     size_t weight_bytes;
     nl_kvcache kv;
@@ -157,7 +158,11 @@ static nl_status build_weights(nl_engine *e) {
     }
     NL_TRY(nl_mv_weight_init(&e->w[4 * L], e->wfmt, m->w.cls, m->V, m->C, 0));
     e->weight_bytes = 0;
-    for (int64_t i = 0; i <= 4 * L; i++) e->weight_bytes += nl_mv_weight_bytes(&e->w[i]);
+    e->weight_macs = 0;
+    for (int64_t i = 0; i <= 4 * L; i++) {
+        e->weight_bytes += nl_mv_weight_bytes(&e->w[i]);
+        e->weight_macs += e->w[i].rows * e->w[i].cols;
+    }
     return NL_OK;
 }
 
@@ -434,7 +439,24 @@ void nl_engine_release(nl_engine *e, uint64_t id) {
  * rows: n tokens row_tok[i] at positions row_pos[i] of sequences row_req[i] (their blocks already
  * allocated); logits (n_out, V) for rows out_rows[0..n_out). Every row is computed alone. */
 
+static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out);
+
+/* Below this many multiply-adds a step runs on one thread: waking a second one costs more than
+ * it saves, and on a loaded machine a barrier waits for a descheduled thread (measured: the
+ * 260K-parameter stories model decodes ~70x slower with 2 threads than with 1 under load). */
+#define SERIAL_STEP_MACS 2000000.0
+
 static nl_status forward(nl_engine *e, int64_t n, int64_t n_out) {
+    double macs = (double)n * (double)e->weight_macs;
+    if (macs >= SERIAL_STEP_MACS) return forward_rows(e, n, n_out);
+    int saved = omp_get_max_active_levels();
+    omp_set_max_active_levels(0); /* every parallel region of this thread runs on one thread */
+    nl_status rc = forward_rows(e, n, n_out);
+    omp_set_max_active_levels(saved);
+    return rc;
+}
+
+static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
     const nl_model *m = e->m;
     const int64_t C = m->C, NH = m->NH, KVH = m->KVH, hd = m->hd, H = m->H, QKV = m->QKV, half = hd / 2;
     const int64_t S = m->arch.seq_len;
@@ -489,9 +511,9 @@ static void free_blocks(nl_engine *e, nl_req *r) {
 /* Preempts the youngest running request other than `keep` (mutex held): its blocks go back to
  * the pool and it goes to the front of the queue, to be recomputed. Returns 0 if there is none. */
 static int preempt_youngest(nl_engine *e, const nl_req *keep) {
-    nl_req *y = NULL;
+    nl_req *y = NULL; /* the running set is in admission order: the youngest is last */
     for (int64_t i = 0; i < e->n_running; i++)
-        if (e->running[i] != keep && (!y || e->running[i]->admit_seq > y->admit_seq)) y = e->running[i];
+        if (e->running[i] != keep) y = e->running[i];
     if (!y) return 0;
     free_blocks(e, y);
     remove_ptr(e->running, &e->n_running, y);
@@ -527,10 +549,19 @@ static int64_t schedule(nl_engine *e, int64_t *n_out) {
     for (int64_t i = 0; i < e->n_running; i++) {
         nl_req *r = e->running[i];
         if (r->n_toks - r->n_cached != 1) continue;
-        while (!reserve(e, r, r->n_cached + 1)) {
-            if (!preempt_youngest(e, r)) break;
-            if (i >= e->n_running || e->running[i] != r) i--; /* only younger ones go, but stay safe */
+        /* Everything older than r is scheduled already; the youngest running request goes
+         * (r itself, when it is the youngest) until r has its block. */
+        int self = 0;
+        while (!reserve(e, r, r->n_cached + 1) && e->n_running > 1) {
+            nl_req *y = e->running[e->n_running - 1];
+            if (y == r) {
+                preempt_youngest(e, NULL);
+                self = 1;
+                break;
+            }
+            preempt_youngest(e, r);
         }
+        if (self) break; /* r was the last of the running set */
         if (r->n_table * bs < r->n_cached + 1) {
             /* alone and still no room: the pool is smaller than its context */
             free_blocks(e, r);
@@ -657,8 +688,14 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
         finish_req(e, r, NL_FINISH_CANCELLED);
         i--;
     }
+    /* admission (FCFS): a request joins when the free blocks hold all its tokens, so that a
+     * recomputed or long prompt does not push out the decodes (vLLM's admission rule) */
+    int64_t free_blocks_left = e->kv.n_free;
     while (e->n_running < e->o.max_batch && e->n_waiting > 0) {
         nl_req *r = e->waiting[0];
+        int64_t need = (r->n_toks + e->kv.block_size) / e->kv.block_size;
+        if (need > free_blocks_left && e->n_running > 0) break;
+        free_blocks_left -= need;
         memmove(e->waiting, e->waiting + 1, (size_t)(e->n_waiting - 1) * sizeof(nl_req *));
         e->n_waiting--;
         r->state = REQ_RUNNING;
