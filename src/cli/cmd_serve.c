@@ -7,16 +7,22 @@
 
 #include "cli.h"
 #include "cli_opt.h"
+#include "nanolm/arch.h"
 #include "nanolm/engine.h"
+#include "nanolm/model.h"
+#include "nanolm/tokenizer.h"
 #include "nanolm/server.h"
 
 int nl_cmd_serve(int argc, char **argv) {
-    const char *ckpt = NULL, *tok = NULL, *host = "127.0.0.1", *port_file = NULL, *model_name = NULL;
+    const char *ckpt = NULL, *dummy = NULL, *tok = NULL, *host = "127.0.0.1", *port_file = NULL, *model_name = NULL;
     int port = 8080, weights = 0, kv = 0, max_batch = 32, max_waiting = 256, threads = 0, max_conn = 512;
     int64_t block_size = 16, kv_blocks = 0, max_step = 512, chunk = 256;
     double kv_mem = 0, max_body = 1 << 20, drain_s = 30;
     nl_opt model_opts[] = {
         NL_OPT_STR("ckpt", &ckpt, "FILE", "checkpoint: NanoLM safetensors, a `quant model --out` file, or llama2.c .bin (required)"),
+        NL_OPT_STR("dummy-arch", &dummy, "JSON", "instead of --ckpt: random weights of this shape (vLLM's --load-format dummy), "
+                   "e.g. '{\"vocab_size\":512,\"dim\":768,\"n_layers\":12,\"n_heads\":12,\"n_kv_heads\":12,"
+                   "\"hidden_dim\":2048,\"seq_len\":1024}'; with --tokenizer for vocabularies other than 256 bytes"),
         NL_OPT_STR("tokenizer", &tok, "FILE", "llama2.c tokenizer (needed for .bin checkpoints)"),
         NL_OPT_CHOICE("weights", &weights, "auto|fp32|bf16|int8", "weight format of the kernels (default auto: fp32, int8 for int8 checkpoints)"),
         NL_OPT_STR("model-name", &model_name, "NAME", "name in /v1/models and responses (default: the checkpoint's file name)"),
@@ -50,7 +56,7 @@ int nl_cmd_serve(int argc, char **argv) {
                        groups, 3, 0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
-    if (!ckpt) return nl_cli_usage_error("serve: --ckpt FILE is required");
+    if (!ckpt == !dummy) return nl_cli_usage_error("serve: give --ckpt FILE or --dummy-arch JSON (one of them)");
 
     /* OpenMP workers that spin after each step take the cores from the HTTP threads and the
      * clients: on 2 busy cores stories260K served 16 sequential requests at 11.8 tokens/s with
@@ -81,7 +87,32 @@ int nl_cmd_serve(int argc, char **argv) {
     eo.max_waiting = max_waiting;
     eo.threads = threads;
     nl_engine *e = NULL;
-    if (nl_engine_open(&e, ckpt, tok, &eo)) return nl_cli_fail("serve");
+    nl_model dm;
+    nl_tokenizer dt;
+    int have_dummy = 0;
+    if (dummy) { /* random weights: for load tests of a model shape without its checkpoint */
+        nl_arch a;
+        if (nl_arch_from_json("--dummy-arch", dummy, &a)) return nl_cli_usage_error("serve: %s", nl_last_error());
+        if (!a.name[0]) snprintf(a.name, sizeof a.name, "dummy");
+        memset(&dt, 0, sizeof dt);
+        if (nl_model_init(&dm, &a)) return nl_cli_fail("serve: --dummy-arch");
+        nl_model_init_random(&dm, 1);
+        nl_status trc = tok ? nl_tokenizer_load_llama2c(&dt, tok, (int)a.vocab_size)
+                            : a.vocab_size == 256 ? nl_tokenizer_init_byte(&dt)
+                                                  : nl_fail(NL_ERR_INVALID, "--dummy-arch with vocab_size %lld needs --tokenizer",
+                                                            (long long)a.vocab_size);
+        if (trc || nl_engine_open_model(&e, &dm, &dt, &eo)) {
+            nl_tokenizer_free(&dt);
+            nl_model_free(&dm);
+            return nl_cli_fail("serve");
+        }
+        have_dummy = 1;
+        static char dname[sizeof a.name];
+        snprintf(dname, sizeof dname, "%s", a.name);
+        ckpt = dname;
+    } else if (nl_engine_open(&e, ckpt, tok, &eo)) {
+        return nl_cli_fail("serve");
+    }
 
     /* SIGINT and SIGTERM are blocked in every thread (the HTTP and engine threads inherit the
      * mask) and taken here by sigwait, so a signal never interrupts a step. */
@@ -112,6 +143,7 @@ int nl_cmd_serve(int argc, char **argv) {
     nl_server *s = NULL;
     if (nl_server_start(&s, e, &so)) {
         nl_engine_close(e);
+        if (have_dummy) nl_model_free(&dm), nl_tokenizer_free(&dt);
         return nl_cli_fail("serve");
     }
     const nl_arch *a = nl_engine_arch(e);
@@ -129,6 +161,7 @@ int nl_cmd_serve(int argc, char **argv) {
         if (nl_write_file_atomic(port_file, buf, (size_t)n)) {
             nl_server_stop(s);
             nl_engine_close(e);
+            if (have_dummy) nl_model_free(&dm), nl_tokenizer_free(&dt);
             return nl_cli_fail("serve: --port-file");
         }
     }
@@ -139,6 +172,7 @@ int nl_cmd_serve(int argc, char **argv) {
     nl_server_stop(s);
     nl_engine_stats_get(e, &st);
     nl_engine_close(e);
+    if (have_dummy) nl_model_free(&dm), nl_tokenizer_free(&dt);
     fprintf(stderr, "serve: stopped (%lld requests, %lld tokens generated)\n", (long long)st.requests_finished,
             (long long)st.tokens_generated);
     return NL_EXIT_OK;
