@@ -7,10 +7,10 @@
 # prompts, DECODE_OUT output tokens, DECODE_REQS requests) and Poisson arrivals of 1024-token
 # prompts (1 output token) at LONG_RATE/s. Prints the decode streams' ITL p99 and the
 # throughput (prompt + generated tokens the engine ran, from /metrics, per second from the start
-# of the loads to the end of both) per setting, and the ratios to no chunking. Not part of `make bench` (a few minutes); usage: bench/serve_chunked_prefill.sh [BUILD]
+# of the loads to the end of both) per setting, and the ratios to no chunking. Not part of `make bench` (bench/serve/ is not globbed) (a few minutes); usage: bench/serve/chunked_prefill.sh [BUILD]
 set -euo pipefail
 build=${1:-${NANOLM_BUILD:-build}}
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 tok="$root/../shared/data/stories260K/tok512.bin"
 arch=${ARCH:-'{"name":"rand-d512-l8","vocab_size":512,"dim":512,"n_layers":8,"n_heads":8,"n_kv_heads":8,"hidden_dim":1408,"seq_len":2048}'}
 decode_out=${DECODE_OUT:-128}

@@ -3,10 +3,10 @@
 # 2000) at concurrency CONC (default 64) with random prompt (8..256 tokens) and output (8..128)
 # lengths on stories260K. Passes when no request failed, the KV pool is back to 0 blocks used
 # with nothing running or waiting, and the server's resident memory after the run is within 10%
-# (+ 8 MiB) of what it was after a warm-up of the same load. Usage: bench/serve_soak.sh [BUILD]
+# (+ 8 MiB) of what it was after a warm-up of the same load. Usage: bench/serve/soak.sh [BUILD]
 set -euo pipefail
 build=${1:-${NANOLM_BUILD:-build}}
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 data="$root/../shared/data/stories260K"
 requests=${REQUESTS:-2000}
 conc=${CONC:-64}
