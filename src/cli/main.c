@@ -26,6 +26,8 @@ int nl_cmd_budget(int argc, char **argv);
 int nl_cmd_plan(int argc, char **argv);
 int nl_cmd_precision(int argc, char **argv);
 int nl_cmd_export(int argc, char **argv);
+int nl_cmd_serve(int argc, char **argv);
+int nl_cmd_bench(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -44,6 +46,8 @@ static const nl_command commands[] = {
     {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
     {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},
     {"plan", "parallel training and serving plans for real clusters", nl_cmd_plan},
+    {"serve", "OpenAI-compatible HTTP server: continuous batching, paged KV cache, SSE streaming, /metrics", nl_cmd_serve},
+    {"bench", "load generator for OpenAI-compatible servers: throughput, TTFT/TPOT/ITL percentiles, goodput", nl_cmd_bench},
     {"precision", "gradient underflow/overflow in fp16 (with and without loss scaling) and bf16", nl_cmd_precision},
 };
 
