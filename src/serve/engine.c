@@ -629,7 +629,7 @@ static nl_finish append_token(nl_engine *e, nl_req *r, int32_t tok) {
     r->toks[r->n_toks++] = tok;
     if (!r->t_first) r->t_first = nl_time_s();
     e->st.tokens_generated++;
-    if (t && t->bos_id >= 0 && tok == t->bos_id) return NL_FINISH_STOP;
+    if (t && t->bos_id >= 0 && tok == t->bos_id && !r->s.ignore_eos) return NL_FINISH_STOP; /* llama2.c's end */
     if (t && t->eos_id >= 0 && tok == t->eos_id && !r->s.ignore_eos) return NL_FINISH_STOP;
     if (t) {
         size_t len = 0;
