@@ -332,6 +332,50 @@ static void test_queue_cancel_errors(void **state) {
     nl_model_free(&m);
 }
 
+/* Preemption while the waiting queue is full: the preempted requests go back to the queue
+ * beyond max_waiting, and every request still gets all its tokens (run under ASan by make check). */
+static void test_preempt_with_full_queue(void **state) {
+    (void)state;
+    nl_model m;
+    make_model(&m, 64);
+    nl_engine_opts o;
+    nl_engine_opts_default(&o);
+    o.max_batch = 4;
+    o.max_waiting = 2;
+    o.kv_blocks = 8;
+    o.block_size = 4;
+    nl_engine *e;
+    assert_int_equal(nl_engine_open_model(&e, &m, NULL, &o), NL_OK);
+    int32_t p[5];
+    prompt_of(2, p, 5);
+    nl_sampling s = greedy(20);
+    uint64_t id[6];
+    int n = 0;
+    for (int round = 0; round < 3; round++) {
+        for (int k = 0; k < 2; k++) assert_int_equal(nl_engine_submit(e, p, 5, &s, &id[n++]), NL_OK);
+        if (round < 2) assert_int_equal(nl_engine_step(e, NULL), NL_OK);
+    }
+    int guard = 0;
+    while (nl_engine_busy(e)) {
+        assert_int_equal(nl_engine_step(e, NULL), NL_OK);
+        assert_true(++guard < 10000);
+    }
+    nl_engine_stats st;
+    nl_engine_stats_get(e, &st);
+    print_message("%lld preemptions\n", (long long)st.preemptions);
+    assert_true(st.preemptions > 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    for (int i = 0; i < n; i++) {
+        nl_engine_output out;
+        assert_int_equal(nl_engine_read(e, id[i], 0, &out), NL_OK);
+        assert_int_equal(out.completion_tokens, 20);
+        assert_int_equal(out.finish, NL_FINISH_LENGTH);
+        nl_engine_output_free(&out);
+    }
+    nl_engine_close(e);
+    nl_model_free(&m);
+}
+
 /* bf16 and int8 weights run, and stay close to fp32 on this model. */
 static void test_weight_formats(void **state) {
     (void)state;
@@ -378,6 +422,7 @@ int main(void) {
         cmocka_unit_test(test_sampling_seeded),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_queue_cancel_errors),
+        cmocka_unit_test(test_preempt_with_full_queue),
         cmocka_unit_test(test_weight_formats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

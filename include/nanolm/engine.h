@@ -54,7 +54,7 @@ typedef struct nl_engine nl_engine;
 /* Why a request ended. */
 typedef enum nl_finish {
     NL_FINISH_NONE = 0,   /* still running or waiting */
-    NL_FINISH_STOP,       /* a stop string, BOS, or EOS (unless ignore_eos) */
+    NL_FINISH_STOP,       /* a stop string, or EOS or BOS (unless ignore_eos) */
     NL_FINISH_LENGTH,     /* max_tokens reached, or the context (seq_len) is full */
     NL_FINISH_CANCELLED,  /* nl_engine_cancel (a client went away) or nl_engine_close */
     NL_FINISH_ERROR       /* the model produced NaN/inf logits (message in the output) */

@@ -26,7 +26,7 @@ typedef struct nl_sampling {
     int64_t max_tokens;  /* tokens to generate at most; <= 0: until the context is full */
     int n_stop;          /* stop strings: generation ends before the first occurrence */
     char stop[NL_SAMPLING_MAX_STOP][NL_SAMPLING_MAX_STOP_LEN + 1];
-    int ignore_eos;      /* 1: EOS does not end the request (BOS still does, as in llama2.c) */
+    int ignore_eos;      /* 1: neither EOS nor BOS (which ends a llama2.c story) ends the request */
 } nl_sampling;
 
 /* temperature 1, top_p 1, top_k 0, seed 0, max_tokens 16 (OpenAI's default), no stop strings. */

@@ -139,7 +139,7 @@ int nl_cmd_generate(int argc, char **argv) {
         smp.top_p = (float)top_p;
         smp.seed = (uint64_t)seed;
         smp.max_tokens = steps - n + 1;
-        smp.ignore_eos = 1; /* llama2.c models end a story with BOS */
+        smp.ignore_eos = 1; /* only BOS ends generate's text (llama2.c's run): checked below */
         if (nl_engine_submit(e, ids, n, &smp, &id)) { rcode = nl_cli_fail("generate"); goto done; }
         nl_finish fin = NL_FINISH_NONE;
         while (fin == NL_FINISH_NONE) {
@@ -150,7 +150,12 @@ int nl_cmd_generate(int argc, char **argv) {
             generated += o.n_tokens;
             for (int64_t i = 0; i < o.n_tokens; i++) {
                 int32_t next = o.tokens[i];
-                if (tok->bos_id >= 0 && next == tok->bos_id) break;
+                if (tok->bos_id >= 0 && next == tok->bos_id) {
+                    generated -= o.n_tokens - i - 1; /* the tokens after BOS were never shown */
+                    fin = NL_FINISH_STOP;
+                    nl_engine_cancel(e, id);
+                    break;
+                }
                 size_t len;
                 const char *piece = nl_tokenizer_piece(tok, (int)prev, next, &len);
                 if (!piece) break;

@@ -1,6 +1,7 @@
 /* Decode kernels: y (M, N) = x (M, K) . W^T for fp32 / bf16 / int8 weights (see matvec.h). */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "nanolm/formats.h"
@@ -330,9 +331,36 @@ static void run_block(const mv_args *a, nl_mv_path path, int64_t n0, int64_t n1,
     }
 }
 
+/* int8: nl_qlinear_forward. One token is below the kernel's own threading threshold for these
+ * shapes (a 768 x 2304 layer would run on one thread), so the threads here split the rows into
+ * contiguous ranges, each a view of the layer (int32 sums are exact: the same bits). */
+static nl_status forward_int8(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads) {
+    const nl_qlinear *l = &wt->q8;
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+    if (M > 1 || nt < 2 || l->out_features < 64 * nt) return nl_qlinear_forward(l, x, M, y);
+    nl_status rc = NL_OK;
+    const int64_t N = l->out_features, per = ((N + nt - 1) / nt + 15) / 16 * 16;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        int64_t n0 = t * per, n1 = n0 + per < N ? n0 + per : N;
+        if (n0 >= n1) continue;
+        nl_qlinear v = *l;
+        v.out_features = n1 - n0;
+        v.w = l->w + n0 * l->k_pad;
+        v.w_scale = l->w_scale + n0;
+        v.w_sum = l->w_sum + n0;
+        nl_status r = nl_qlinear_forward(&v, x, 1, y + n0);
+        if (r) {
+#pragma omp critical
+            rc = r;
+        }
+    }
+    return rc;
+}
+
 nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads) {
     if (M < 1) return nl_fail(NL_ERR_INVALID, "matvec: M must be positive, got %lld", (long long)M);
-    if (wt->fmt == NL_WFMT_INT8) return nl_qlinear_forward(&wt->q8, x, M, y);
+    if (wt->fmt == NL_WFMT_INT8) return forward_int8(wt, x, M, y, threads);
     if (wt->fmt != NL_WFMT_FP32 && wt->fmt != NL_WFMT_BF16)
         return nl_fail(NL_ERR_INVALID, "matvec: weight not initialised (format %d)", (int)wt->fmt);
     mv_args a = {.x = x, .y = y, .wf = wt->fmt == NL_WFMT_FP32 ? wt->f32 : NULL,

@@ -361,8 +361,9 @@ nl_status nl_engine_submit(nl_engine *e, const int32_t *prompt, int64_t n, const
         e->st.requests_rejected++;
         rc = nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later", e->o.max_waiting);
     } else if (grow((void **)&e->all, &e->all_cap, e->n_all + 1, sizeof(nl_req *), "request table") ||
-               (e->n_waiting + 1 > 0 && !e->waiting &&
-                !(e->waiting = nl_malloc((size_t)(e->o.max_waiting + 1) * sizeof(nl_req *), "waiting queue"))) ||
+               /* the queue also takes back up to max_batch preempted requests */
+               (!e->waiting &&
+                !(e->waiting = nl_malloc((size_t)(e->o.max_waiting + e->o.max_batch + 1) * sizeof(nl_req *), "waiting queue"))) ||
                (!e->running && !(e->running = nl_malloc((size_t)e->o.max_batch * sizeof(nl_req *), "running set")))) {
         rc = NL_ERR_NOMEM;
     }
@@ -628,7 +629,7 @@ static nl_finish append_token(nl_engine *e, nl_req *r, int32_t tok) {
     r->toks[r->n_toks++] = tok;
     if (!r->t_first) r->t_first = nl_time_s();
     e->st.tokens_generated++;
-    if (t && t->bos_id >= 0 && tok == t->bos_id) return NL_FINISH_STOP;
+    if (t && t->bos_id >= 0 && tok == t->bos_id && !r->s.ignore_eos) return NL_FINISH_STOP; /* llama2.c's end */
     if (t && t->eos_id >= 0 && tok == t->eos_id && !r->s.ignore_eos) return NL_FINISH_STOP;
     if (t) {
         size_t len = 0;
@@ -648,7 +649,7 @@ static nl_finish append_token(nl_engine *e, nl_req *r, int32_t tok) {
             if (r->text) r->text[at] = 0;
             return NL_FINISH_STOP;
         }
-        r->text_final = r->text_len - hold;
+        if (r->text_len - hold > r->text_final) r->text_final = r->text_len - hold;
     }
     int64_t done = r->n_toks - r->n_prompt;
     if (r->s.max_tokens > 0 && done >= r->s.max_tokens) return NL_FINISH_LENGTH;
