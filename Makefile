@@ -6,8 +6,9 @@ FUZZ_SECONDS ?= 30
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 NANOLM_IMPL ?= src
+PREFIX  ?= /usr/local
 
-.PHONY: all deps build run test bench check fuzz clean
+.PHONY: all deps build run test bench check fuzz clean install
 
 all: build
 
@@ -20,6 +21,13 @@ $(BUILD)/Makefile: CMakeLists.txt
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DNANOLM_IMPL=$(NANOLM_IMPL) $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
+
+# libnanolm.so and the nanolm program under PREFIX, the Python package where Debian's python3
+# finds it (PREFIX/lib/python3/dist-packages for /usr, PREFIX/lib/python3.X/dist-packages else).
+# DESTDIR=/tmp/stage stages the tree there.
+install: build
+	cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
 
 # The main job on built-in defaults.
 run: build

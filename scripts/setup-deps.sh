@@ -5,13 +5,14 @@
 set -euo pipefail
 
 pkgs=(cmake pkg-config gcc g++ make libopenblas-dev libopenmpi-dev openmpi-bin
-      libcjson-dev libcmocka-dev fortunes)
+      libcjson-dev libcmocka-dev fortunes python3 python3-numpy python3-pytest)
 # Extra packages for optional targets: `scripts/setup-deps.sh fuzz` adds the fuzzing toolchain.
 for extra in "$@"; do
   case "$extra" in
     fuzz) pkgs+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     torch) pkgs+=(python3-torch python3-numpy) ;;
-    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch)" >&2; exit 2 ;;
+    pip) pkgs+=(python3-venv python3-pip python3-setuptools python3-wheel) ;;  # pip install ./python
+    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch, pip)" >&2; exit 2 ;;
   esac
 done
 

@@ -273,6 +273,9 @@ nl_status nl_model_alloc_kv(nl_model *m);
  * single-token buffers; m->kv_bytes receives the bytes of the K/V storage. Errors:
  * NL_ERR_INVALID (unknown dt), NL_ERR_UNSUPPORTED (MoE), NL_ERR_NOMEM. */
 nl_status nl_model_alloc_kv_dtype(nl_model *m, nl_kv_dtype dt);
+/* The int8 KV format of one token: per head absmax of x (KVH, hd) into codes (KVH*hd) and fp16
+ * scales (KVH), as described at nl_kv_dtype (shared by this cache and the serving engine's). */
+void nl_kv_quantize_token(int8_t *codes, uint16_t *scales, const float *x, int64_t KVH, int64_t hd);
 /* Runs one token at position pos (0-based, < seq_len) with the KV cache; returns logits (V). */
 float *nl_model_step(nl_model *m, int32_t token, int64_t pos);
 /* Picks the next token from logits (V): argmax when temperature == 0, else samples from

@@ -4,11 +4,20 @@
 #include <string.h>
 
 #include "nanolm/checkpoint.h"
+#include "nanolm/quantize_model.h"
 
 nl_status nl_cli_load_model(const char *ckpt, const char *tok_path, nl_model *m, nl_tokenizer *tok) {
     memset(tok, 0, sizeof *tok);
     char kind[64];
-    NL_TRY(nl_ckpt_load_model(ckpt, m, kind));
+    if (nl_qmodel_is_quantized(ckpt)) {
+        /* a checkpoint written by `quant model --out`: the model holds the dequantized weights
+         * (what the codes say); the quantized forward itself is the serving engine's */
+        nl_qmodel qm;
+        NL_TRY(nl_qmodel_load(ckpt, m, &qm, kind));
+        nl_qmodel_free(&qm);
+    } else {
+        NL_TRY(nl_ckpt_load_model(ckpt, m, kind));
+    }
     nl_status rc = NL_OK;
     if (tok_path) {
         rc = nl_tokenizer_load_llama2c(tok, tok_path, (int)m->V);
