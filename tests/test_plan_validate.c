@@ -63,6 +63,7 @@ static void test_bad_files(void **state) {
         assert_non_null(strstr(nl_last_error(), path));
     }
     tu_rmdir(dir);
+    free(dir);
 }
 
 /* The command prints the table, the summary per group, and the same data with --json. */
