@@ -15,7 +15,7 @@
 #include "nanolm/safetensors.h"
 #include "nanolm/train.h"
 
-int nl_fuzz_train_state(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 /* A checkpoint of a 1-layer, 8-wide model with `json` as its training state. */
 static nl_status write_ckpt(const char *path, const nl_model *m, const char *json) {
@@ -79,7 +79,6 @@ static void resume_from(const char *json, const nl_ckpt_state *st) {
     o.fp8 = st->run.fp8[0] ? st->run.fp8 : NULL;
     o.eval_every = 0;
     o.eval_windows = 1;
-    o.quiet = 1;
     o.resume = path;
     nl_trainer t;
     if (nl_trainer_init(&t, NULL, &o) != NL_OK) {
