@@ -9,7 +9,7 @@
 
 #include "nanolm/http_request.h"
 
-int nl_fuzz_http_request(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 static void check_json(const nl_http_buf *b, int sse) {
     const char *s = b->data;

@@ -15,7 +15,7 @@
 #include "nanolm/safetensors.h"
 #include "nanolm/train.h"
 
-int nl_fuzz_train_state(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 /* A checkpoint of a 1-layer, 8-wide model with `json` as its training state. */
 static nl_status write_ckpt(const char *path, const nl_model *m, const char *json) {

@@ -82,7 +82,8 @@ static int comm_start(nl_comm **w) {
 static void demo_usage(FILE *f) {
     fprintf(f, "usage: [mpirun -np P] nanolm collectives demo [--impl ours|native] [--dtype f32|bf16] [--json]\n"
                "  The course example: rank r holds (r*P+1, ..., r*P+P); reduce-scatter leaves the sum of\n"
-               "  column r on rank r, all-gather gives everyone the sums; each rank sends 2(P-1) numbers.\n");
+               "  column r on rank r, all-gather gives everyone the sums; each rank sends 2(P-1) numbers.\n"
+               "  --inject-fault RANK[:exit|_exit|segv|kill]  (testing) that rank fails between the two steps\n");
 }
 
 static void store(void *buf, nl_comm_dtype dt, size_t i, float v) {
@@ -244,6 +245,7 @@ static void bench_usage(FILE *f) {
             "  --dtype f32|bf16  element type (default f32)\n"
             "  --reps N          timed repetitions per row (default: 3..20, about 0.3 s per row)\n"
             "  --json            machine-readable output (its \"link\" is a measured alpha/bandwidth)\n"
+            "  --inject-fault RANK[:exit|_exit|segv|kill]  (testing) that rank fails in the middle of the run\n"
             "Size S is the nccl-tests size: the array of all-reduce/broadcast/reduce, the full array of\n"
             "all-gather and reduce-scatter, the whole send buffer of all-to-all. time is the median over\n"
             "repetitions of the slowest rank; algbw = S/time; busbw = algbw x factor (2(p-1)/p all-reduce,\n"

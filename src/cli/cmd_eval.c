@@ -5,69 +5,52 @@
 
 #include "cli.h"
 #include "cli_model.h"
+#include "cli_opt.h"
 #include "nanolm/lossstat.h"
 #include "nanolm/train.h"
 
 int nl_cmd_eval(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"ckpt", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
-        {"tokenizer", required_argument, 0, 'k'}, {"batch", required_argument, 0, 'b'},
-        {"seq", required_argument, 0, 's'}, {"split", required_argument, 0, 'p'}, {"target-se", required_argument, 0, 't'}, {"se-batch", required_argument, 0, 'w'}, {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
-        {"kv-cache", required_argument, 0, 'v'}, {"max-windows", required_argument, 0, 'x'}, {0, 0, 0, 0}};
     const char *ckpt = NULL, *path = NULL, *tok_path = NULL;
     int64_t B = 4, T = 0, se_batch = 0, max_windows = 0;
     int kv = -1; /* -1: batched forward; else nl_kv_dtype, token by token through the KV cache */
+    int kv_choice = 0, kv_given = 0, split_choice = 0, tse_given = 0;
     double target_se = 0;
-    int json = 0, c;
-    nl_data_split split = NL_DATA_ALL;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c': ckpt = optarg; break;
-        case 'd': path = optarg; break;
-        case 'k': tok_path = optarg; break;
-        case 'b': if (nl_cli_int("--batch", optarg, 1, 4096, &B)) return NL_EXIT_USAGE; break;
-        case 's': if (nl_cli_int("--seq", optarg, 1, 1 << 20, &T)) return NL_EXIT_USAGE; break;
-        case 'p':
-            if (!strcmp(optarg, "all")) split = NL_DATA_ALL;
-            else if (!strcmp(optarg, "train")) split = NL_DATA_TRAIN;
-            else if (!strcmp(optarg, "val")) split = NL_DATA_VAL;
-            else return nl_cli_usage_error("eval: unknown --split '%s' (known: all, train, val)", optarg);
-            break;
-        case 't':
-            if (nl_cli_double("--target-se", optarg, &target_se)) return NL_EXIT_USAGE;
-            if (!(target_se > 0)) return nl_cli_usage_error("eval: --target-se must be > 0, got '%s'", optarg);
-            break;
-        case 'w': if (nl_cli_int("--se-batch", optarg, 1, INT64_MAX, &se_batch)) return NL_EXIT_USAGE; break;
-        case 'j': json = 1; break;
-        case 'v':
-            if (!strcmp(optarg, "fp32")) kv = NL_KV_FP32;
-            else if (!strcmp(optarg, "int8")) kv = NL_KV_INT8;
-            else return nl_cli_usage_error("eval: unknown --kv-cache '%s' (known: fp32, int8)", optarg);
-            break;
-        case 'x': if (nl_cli_int("--max-windows", optarg, 1, INT64_MAX, &max_windows)) return NL_EXIT_USAGE; break;
-        case 'h':
-            printf("usage: nanolm eval --ckpt F --data FILE [--tokenizer tok512.bin] [--batch B] [--seq T]\n"
-                   "                   [--split all|train|val] [--target-se X] [--se-batch TOKENS] [--json]\n"
-                   "                   [--kv-cache fp32|int8] [--max-windows N]\n"
-                   "  Mean cross-entropy (nats/token) over the whole file (tokenized once, BOS first) in\n"
-                   "  consecutive windows of --seq tokens; a last partial window is dropped. --split val: only\n"
-                   "  the last 10%% of the tokens (the validation split of nanolm train).\n"
-                   "  --seq defaults to the model's seq_len. --tokenizer is needed for llama2.c .bin checkpoints.\n"
-                   "  Standard error by batch means: the token stream is cut into consecutive batches of\n"
-                   "  --se-batch tokens (default sqrt(tokens)) whose means are nearly independent, so the SE\n"
-                   "  and 95%% interval account for correlated neighbouring tokens. --target-se X: tokens needed\n"
-                   "  for SE = X (same per-token long-run variance).\n"
-                   "  With a llama2.c tokenizer the batched eval also splits the mean between non-ASCII\n"
-                   "  byte-fallback targets (<0x80>..<0xFF>: UTF-8 bytes no piece covers, e.g. mis-encoded\n"
-                   "  text such as 'â€™') and the rest.\n"
-                   "  --kv-cache runs the generation path instead: token by token through a KV cache of fp32 or\n"
-                   "  int8 (per head, per token absmax, fp16 scales), each window from an empty cache; prints the\n"
-                   "  bytes of the cache as allocated (no standard error). --max-windows N: only the first N windows.\n");
-            return NL_EXIT_OK;
-        default: return nl_cli_bad_option("eval", argv);
-        }
-    }
-    if (optind < argc) return nl_cli_usage_error("eval: unexpected argument '%s'", argv[optind]);
+    int json = 0;
+    nl_opt opts[] = {
+        NL_OPT_STR("ckpt", &ckpt, "F", "checkpoint: safetensors from train, or a llama2.c .bin (required)"),
+        NL_OPT_STR("data", &path, "FILE", "text to evaluate (required)"),
+        NL_OPT_STR("tokenizer", &tok_path, "FILE", "llama2.c tokenizer (tok512.bin), needed for .bin checkpoints"),
+        NL_OPT_INT("batch", &B, 1, 4096, "B", "windows per forward pass (default 4)"),
+        NL_OPT_INT("seq", &T, 1, 1 << 20, "T", "tokens per window (default: the model's seq_len)"),
+        NL_OPT_CHOICE("split", &split_choice, "all|train|val",
+                      "which tokens: all (default), or the train / val split of nanolm train (last 10%: val)"),
+        NL_OPT_DBL("target-se", &target_se, 0, INFINITY, "X", "also report the tokens needed for SE = X (> 0)"),
+        NL_OPT_INT("se-batch", &se_batch, 1, INT64_MAX, "TOKENS", "tokens per batch mean of the SE (default sqrt(tokens))"),
+        NL_OPT_CHOICE("kv-cache", &kv_choice, "fp32|int8", "token by token through a KV cache of this type instead"),
+        NL_OPT_INT("max-windows", &max_windows, 1, INT64_MAX, "N", "only the first N windows"),
+        NL_OPT_FLAG("json", &json, "print the result as JSON"),
+    };
+    opts[6].given = &tse_given;
+    opts[8].given = &kv_given;
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {
+        "eval", "nanolm eval --ckpt F --data FILE [options]",
+        "Mean cross-entropy (nats/token) over the whole file (tokenized once, BOS first) in consecutive\n"
+        "windows of --seq tokens; a last partial window is dropped. Standard error by batch means: the token\n"
+        "stream is cut into consecutive batches of --se-batch tokens whose means are nearly independent,\n"
+        "so the SE and 95% interval account for correlated neighbouring tokens. With a llama2.c tokenizer\n"
+        "the batched eval also splits the mean between non-ASCII byte-fallback targets (<0x80>..<0xFF>:\n"
+        "UTF-8 bytes no piece covers, e.g. mis-encoded text such as 'â€™') and the rest. --kv-cache runs\n"
+        "the generation path instead: token by token, each window from an empty cache; it prints the\n"
+        "bytes of the cache as allocated (no standard error).",
+        groups, 1, 0};
+    int prc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (prc) return prc == NL_CLI_HELP ? NL_EXIT_OK : prc;
+    static const nl_data_split splits[] = {NL_DATA_ALL, NL_DATA_TRAIN, NL_DATA_VAL};
+    nl_data_split split = splits[split_choice];
+    if (kv_given) kv = kv_choice == 0 ? NL_KV_FP32 : NL_KV_INT8;
+    if (tse_given && !(target_se > 0))
+        return nl_cli_usage_error("eval: --target-se must be > 0, got %g", target_se);
     if (!ckpt || !path) return nl_cli_usage_error("eval: --ckpt F and --data FILE are required");
     nl_model m;
     nl_tokenizer tok;

@@ -5,48 +5,45 @@
 #include <string.h>
 
 #include "cli.h"
-#include "nanolm/data.h"
 #include "cli_model.h"
+#include "cli_opt.h"
+#include "nanolm/data.h"
 #include "nanolm/precision.h"
+#include "report.h"
 
 #define GRADSCALER_INIT 65536.0 /* torch.cuda.amp.GradScaler(init_scale=2**16) */
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: nanolm precision underflow --ckpt F --data TEXT [--tokenizer tok512.bin] [--batch B] [--batches N]\n"
-            "                                   [--seq T] [--json]\n"
-            "  Runs N forward/backward passes of the model on the first N*B windows of the text's\n"
-            "  validation split (last 10%%) in fp32 and reports, for the linear layers' output gradients\n"
-            "  and for the parameter gradients, the fraction of nonzero values that would be flushed to\n"
-            "  zero, left subnormal or overflow: fp16 without loss scaling, with GradScaler's initial\n"
-            "  scale 2^16, with the largest power-of-two scale that does not overflow, and bf16.\n"
-            "  --tokenizer is needed for llama2.c .bin checkpoints.\n");
+    fprintf(f, "usage: nanolm precision underflow --ckpt F --data TEXT [options]\n"
+               "  underflow: what fp16 (with and without loss scaling) and bf16 would lose of a model's\n"
+               "  gradients (see nanolm precision underflow --help)\n");
 }
 
 typedef struct scheme { nl_format f; double scale; const char *label; } scheme;
 
 static int underflow_cmd(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"ckpt", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'}, {"batch", required_argument, 0, 'b'},
-        {"batches", required_argument, 0, 'n'}, {"seq", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'}, {"tokenizer", required_argument, 0, 'k'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *ckpt = NULL, *data = NULL, *tok_path = NULL;
     int64_t B = 8, nb = 4, T = 0;
-    int json = 0, c;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c': ckpt = optarg; break;
-        case 'd': data = optarg; break;
-        case 'k': tok_path = optarg; break;
-        case 'b': if (nl_cli_int("--batch", optarg, 1, 4096, &B)) return NL_EXIT_USAGE; break;
-        case 'n': if (nl_cli_int("--batches", optarg, 1, 1000, &nb)) return NL_EXIT_USAGE; break;
-        case 's': if (nl_cli_int("--seq", optarg, 1, 1 << 20, &T)) return NL_EXIT_USAGE; break;
-        case 'j': json = 1; break;
-        case 'h': usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("precision underflow", argv);
-        }
-    }
-    if (optind < argc) return nl_cli_usage_error("precision underflow: unexpected argument '%s'", argv[optind]);
+    int json = 0;
+    nl_opt opts[] = {
+        NL_OPT_STR("ckpt", &ckpt, "F", "checkpoint: safetensors from train, or a llama2.c .bin (required)"),
+        NL_OPT_STR("data", &data, "TEXT", "text whose validation split (last 10%) is used (required)"),
+        NL_OPT_STR("tokenizer", &tok_path, "FILE", "llama2.c tokenizer (tok512.bin), needed for .bin checkpoints"),
+        NL_OPT_INT("batch", &B, 1, 4096, "B", "windows per pass (default 8)"),
+        NL_OPT_INT("batches", &nb, 1, 1000, "N", "forward/backward passes (default 4)"),
+        NL_OPT_INT("seq", &T, 1, 1 << 20, "T", "tokens per window (default: the model's seq_len)"),
+        NL_OPT_FLAG("json", &json, "print the result as JSON"),
+    };
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"precision underflow", "nanolm precision underflow --ckpt F --data TEXT [options]",
+                       "Runs N forward/backward passes of the model on the first N*B windows of the text's validation\n"
+                       "split in fp32 and reports, for the linear layers' output gradients and for the parameter\n"
+                       "gradients, the fraction of nonzero values that would be flushed to zero, left subnormal or\n"
+                       "overflow: fp16 without loss scaling, with GradScaler's initial scale 2^16, with the largest\n"
+                       "power-of-two scale that does not overflow, and bf16.",
+                       groups, 1, 0};
+    int prc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (prc) return prc == NL_CLI_HELP ? NL_EXIT_OK : prc;
     if (!ckpt || !data) return nl_cli_usage_error("precision underflow: --ckpt F and --data TEXT are required");
     nl_model m;
     nl_tokenizer tok;
@@ -78,7 +75,6 @@ static int underflow_cmd(int argc, char **argv) {
     snprintf(best_label, sizeof best_label, "2^%d (largest w/o overflow)", (int)lround(log2(s_best)));
     const scheme schemes[4] = {{NL_FMT_FP16, 1.0, "1 (none)"}, {NL_FMT_FP16, GRADSCALER_INIT, "2^16 (GradScaler init)"},
                                {NL_FMT_FP16, s_best, best_label}, {NL_FMT_BF16, 1.0, "1 (none)"}};
-    const char *cats[2] = {"linear output grads dL/dy", "parameter grads"};
     const float *vals[2] = {act, wgt};
     const size_t nv[2] = {n_act, n_wgt};
     nl_underflow_counts cnt[2][4];
@@ -89,46 +85,38 @@ static int underflow_cmd(int argc, char **argv) {
                 rc = nl_cli_fail("precision underflow");
                 goto done;
             }
-    if (json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "checkpoint", ckpt);
-        cJSON_AddStringToObject(d, "data", data);
-        cJSON_AddNumberToObject(d, "batches", (double)nb);
-        cJSON_AddNumberToObject(d, "batch", (double)B);
-        cJSON_AddNumberToObject(d, "seq", (double)T);
-        cJSON *arr = cJSON_AddArrayToObject(d, "rows");
-        for (int k = 0; k < 2; k++)
-            for (int s = 0; s < 4; s++) {
-                const nl_underflow_counts *u = &cnt[k][s];
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddStringToObject(o, "tensor", k == 0 ? "linear_output_grads" : "parameter_grads");
-                cJSON_AddStringToObject(o, "format", nl_fmt_name(schemes[s].f));
-                cJSON_AddNumberToObject(o, "loss_scale", schemes[s].scale);
-                cJSON_AddNumberToObject(o, "values", (double)u->values);
-                cJSON_AddNumberToObject(o, "nonzero", (double)u->nonzero);
-                cJSON_AddNumberToObject(o, "flushed_frac", u->nonzero ? (double)u->flushed / (double)u->nonzero : 0.0);
-                cJSON_AddNumberToObject(o, "subnormal_frac", u->nonzero ? (double)u->subnormal / (double)u->nonzero : 0.0);
-                cJSON_AddNumberToObject(o, "overflow_frac", u->nonzero ? (double)u->overflow / (double)u->nonzero : 0.0);
-                cJSON_AddItemToArray(arr, o);
-            }
-        rc = nl_cli_print_json(d);
-        goto done;
-    }
-    printf("gradients of %s on %lld x %lld windows of %lld tokens from %s (validation split), fp32 backward\n", ckpt,
-           (long long)nb, (long long)B, (long long)T, data);
-    static const char *const hdr[] = {"gradients", "format", "loss scale", "nonzero values", "flushed to 0",
-                                      "subnormal", "overflow (inf)"};
-    nl_table t;
-    nl_table_init(&t, 7, hdr);
+    nl_report *r = nl_report_new("precision underflow");
+    nl_report_str(r, "checkpoint", "checkpoint", ckpt);
+    nl_report_str(r, "data", "text (validation split)", data);
+    nl_report_int(r, "batches", "passes", nb, NULL);
+    nl_report_int(r, "batch", "windows per pass", B, NULL);
+    nl_report_int(r, "seq", "tokens per window", T, NULL);
+    nl_report_table(r, "rows", "fraction of the nonzero gradient values", 9,
+                    (const nl_report_col[]){{"tensor", "gradients", NULL},
+                                            {"format", "format", NULL},
+                                            {"scale", "loss scale", NULL},
+                                            {"loss_scale", "scale value", "%g"},
+                                            {"values", "values", "%.0f"},
+                                            {"nonzero", "nonzero", "%.0f"},
+                                            {"flushed_frac", "flushed to 0", "%.6f"},
+                                            {"subnormal_frac", "subnormal", "%.6f"},
+                                            {"overflow_frac", "overflow (inf)", "%.6f"}});
     for (int k = 0; k < 2; k++)
         for (int s = 0; s < 4; s++) {
             const nl_underflow_counts *u = &cnt[k][s];
-            const double z = u->nonzero ? 100.0 / (double)u->nonzero : 0.0;
-            nl_table_rowf(&t, "%s|%s|%s|%lld|%.4f %%|%.4f %%|%.4f %%", cats[k], nl_fmt_name(schemes[s].f),
-                          schemes[s].label, (long long)u->nonzero, u->flushed * z, u->subnormal * z, u->overflow * z);
+            const double z = u->nonzero ? 1.0 / (double)u->nonzero : 0.0;
+            nl_report_cell_str(r, k == 0 ? "linear_output_grads" : "parameter_grads");
+            nl_report_cell_str(r, nl_fmt_name(schemes[s].f));
+            nl_report_cell_str(r, schemes[s].label);
+            nl_report_cell_num(r, schemes[s].scale);
+            nl_report_cell_num(r, (double)u->values);
+            nl_report_cell_num(r, (double)u->nonzero);
+            nl_report_cell_num(r, (double)u->flushed * z);
+            nl_report_cell_num(r, (double)u->subnormal * z);
+            nl_report_cell_num(r, (double)u->overflow * z);
+            nl_report_row_end(r);
         }
-    nl_table_print(&t, stdout);
-    nl_table_free(&t);
+    rc = nl_report_print(r, json);
 done:
     nl_free(act);
     nl_free(wgt);
