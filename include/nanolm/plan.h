@@ -311,6 +311,7 @@ typedef struct nl_serve_req {
     double prefill_mfu;      /* fraction of peak in prefill; 0 = the GPU's gemm_eff */
     double kernel_s;         /* per kernel launch (5 us) */
     double kernels_per_layer;/* kernels per layer per forward pass (20) */
+    double hbm_eff;          /* achieved fraction of HBM bandwidth (0.8) */
     double weight_bytes;     /* bytes per weight (2 = bf16) */
     double kv_bytes;         /* bytes per KV element (2) */
     double chunk;            /* chunked-prefill tokens per step (256) */
@@ -321,6 +322,7 @@ typedef struct nl_serve_plan {
     double prefill_flops, prefill_s;           /* one prompt, on tp GPUs */
     double batch_prefill_s;                    /* the whole batch's prompts in one prefill */
     double kv_bytes_per_token, prompt_kv_bytes;
+    double kv_replication;                     /* copies of each KV head when tp > KV heads */
     double weight_read_s, kv_read_s, decode_compute_s, decode_mem_s, decode_step_s; /* tp applied */
     double tp_allreduces, tp_allreduce_bytes, tp_comm_s, tp_comm_latency_s;
     double decode_step_total_s;                /* step + TP communication */

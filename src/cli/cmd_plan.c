@@ -18,7 +18,7 @@ static void usage(FILE *f) {
             "       nanolm plan layer --model M [--params N] --tp T [--sp] [--pp P] [--dp D] [--ep E]\n"
             "                         [--zero 0|1|2|3|hsdp] [--tokens-per-gpu T] [--micro M] [--json] [assumptions]\n"
             "       nanolm plan serve --model M [--gpu G] [--tp N] [--prompt P] [--output O] [--batch B]\n"
-            "                         [--context C] [--chunk K] [--prefill-mfu X] [--json]\n"
+            "                         [--context C] [--chunk K] [--prefill-mfu X] [--precision bf16|fp8|int8] [--napkin] [--json]\n"
             "       nanolm plan pipeline --stages P --micro M --svg FILE\n"
             "       nanolm plan validate [--file FILE.json] [--json] [--svg FILE]\n"
             "                         (every published figure of tests/validation/published.json, default assumptions)\n\n"
@@ -450,14 +450,15 @@ static int cmd_serve(int argc, char **argv) {
     static const struct option opts[] = {COMMON_OPTS, {"tp", required_argument, 0, 't'}, {"prompt", required_argument, 0, 'P'},
                                          {"output", required_argument, 0, 'O'}, {"batch", required_argument, 0, 'b'},
                                          {"context", required_argument, 0, 'C'}, {"chunk", required_argument, 0, 'K'},
-                                         {"prefill-mfu", required_argument, 0, 'F'}, {0, 0, 0, 0}};
+                                         {"prefill-mfu", required_argument, 0, 'F'}, {"precision", required_argument, 0, 'Q'},
+                                         {0, 0, 0, 0}};
     common o;
     common_init(&o);
     nl_serve_req sq;
     nl_serve_req_default(&sq);
     int64_t tp = 1, batch = 32;
     int c;
-    while ((c = getopt_long(argc, argv, "M:G:n:r:t:P:O:b:C:K:F:jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "M:G:n:r:t:P:O:b:C:K:F:Q:jh", opts, NULL)) != -1) {
         int r = common_opt(&o, c, optarg);
         if (r == 1) continue;
         if (r < 0) return common_rc(r, "plan serve", c);
@@ -469,6 +470,14 @@ static int cmd_serve(int argc, char **argv) {
         case 'C': if (nl_cli_double_si("--context", optarg, &sq.context) || !(sq.context >= 1)) return nl_cli_usage_error("plan serve: bad --context"); break;
         case 'K': if (nl_cli_double_si("--chunk", optarg, &sq.chunk) || sq.chunk < 0) return nl_cli_usage_error("plan serve: bad --chunk"); break;
         case 'F': if (nl_cli_double("--prefill-mfu", optarg, &sq.prefill_mfu) || !(sq.prefill_mfu > 0 && sq.prefill_mfu <= 1)) return nl_cli_usage_error("plan serve: --prefill-mfu must be in (0, 1]"); break;
+        case 'Q':
+            /* Weights and KV cache: bf16 (2 bytes), fp8 (1, GEMMs at the fp8 peak), int8 (1,
+             * weight-only: GEMMs stay bf16). */
+            if (!strcmp(optarg, "bf16") || !strcmp(optarg, "fp16")) { sq.weight_bytes = sq.kv_bytes = 2; sq.fp8 = 0; }
+            else if (!strcmp(optarg, "fp8")) { sq.weight_bytes = sq.kv_bytes = 1; sq.fp8 = 1; }
+            else if (!strcmp(optarg, "int8")) { sq.weight_bytes = sq.kv_bytes = 1; sq.fp8 = 0; }
+            else return nl_cli_usage_error("plan serve: unknown --precision '%s' (bf16, fp16, fp8, int8)", optarg);
+            break;
         case 'h': usage(stdout); return NL_EXIT_OK;
         default: return nl_cli_bad_option("plan serve", argv);
         }
@@ -479,6 +488,12 @@ static int cmd_serve(int argc, char **argv) {
     if (rc) return rc;
     sq.arch = q.arch;
     sq.hw = q.hw;
+    nl_catalog_family(&o.cat, q.arch.name, &sq.fam);
+    if (o.napkin) { /* the course's roofline: 50% MFU prefill, full HBM bandwidth, no launches */
+        if (!(sq.prefill_mfu > 0)) sq.prefill_mfu = 0.5;
+        sq.kernel_s = 0;
+        sq.hbm_eff = 1;
+    }
     sq.tp = tp;
     sq.batch = batch;
     nl_serve_plan sp;

@@ -138,6 +138,12 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     if (q->fam.layernorm) ew_bytes += T * 2.0 * 4 * D / sp;             /* mean pass of LayerNorm */
     if (q->fam.bias) ew_bytes += T * 2.0 * 2 * (D / sp + Fl / t);      /* bias adds */
     if (q->fam.dropout) ew_bytes += T * 3.0 * 2 * D / sp;              /* dropout: mask and output */
+    if (e->fp8_gemm) {
+        /* FP8 GEMMs cast their inputs (activations forward, gradients backward): read bf16 2,
+         * write fp8 1, plus the amax reduction, for the inputs of qkv, wo, fc1/w13 and fc2/w2
+         * (Transformer Engine's per-tensor recipe; Micikevicius et al. 2022 sec. 4). */
+        ew_bytes += T * 3.0 * (D / sp + qd / t + D / sp + Fl / t);
+    }
     double ew = ew_bytes / hw->hbm_bw;
     double k = e->kernels_per_layer * e->kernel_s;
     lt->attn_fwd = at;
