@@ -228,7 +228,8 @@ typedef struct nl_train_req {
     double params_override;  /* > 0: use this N for state bytes and 6N (course "7B") */
     /* Search restrictions; 0 = free. A degree > 0 fixes it; zero_plus1 = nl_zero + 1 and
      * recompute_plus1 = nl_recompute + 1 fix those. A fixed pp may leave uneven stages. */
-    struct { int64_t dp, tp, pp, cp, ep, micro_batch; int zero_plus1, recompute_plus1; } fix;
+    struct { int64_t dp, tp, pp, cp, ep, micro_batch; int zero_plus1, recompute_plus1;
+             int64_t vpp; int sp_plus1; /* interleave degree; sequence parallelism 1 = off, 2 = on */ } fix;
 } nl_train_req;
 
 typedef struct nl_train_eval {

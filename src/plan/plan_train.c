@@ -426,11 +426,15 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
                             int64_t nm = q->global_batch / (dp * mb);
                             if (pp > 1 && nm < pp) continue;
                             if (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) continue;
-                            for (int64_t v = 1; v <= (pp > 1 ? 8 : 1); v *= 2) {
+                            int64_t vmax = pp > 1 ? (q->fix.vpp > 8 ? q->fix.vpp : 8) : 1;
+                            for (int64_t v = 1; v <= vmax; v++) {
+                                /* Free: 1, 2, 4, 8; fixed: that degree only. */
+                                if (q->fix.vpp > 0 ? v != q->fix.vpp : (v & (v - 1)) != 0) continue;
                                 /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
                                 if (v > 1 && (pp * v > a->n_layers || nm % pp || a->n_layers % (pp * v))) continue;
                                 for (int rc = 0; rc <= 2; rc++) {
-                                    nl_layout L = {dp, tp, pp, cp, ep, (nl_zero)z, mb, nm, v, (nl_recompute)rc, tp > 1};
+                                    nl_layout L = {dp, tp, pp, cp, ep, (nl_zero)z, mb, nm, v, (nl_recompute)rc,
+                                                   tp > 1 && q->fix.sp_plus1 != 1};
                                     if ((q->fix.dp > 0 && dp != q->fix.dp) || (q->fix.tp > 0 && tp != q->fix.tp) ||
                                         (q->fix.pp > 0 && pp != q->fix.pp) || (q->fix.cp > 0 && cp != q->fix.cp) ||
                                         (q->fix.ep > 0 && ep != q->fix.ep) || (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) ||
