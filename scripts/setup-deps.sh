@@ -5,7 +5,8 @@
 set -euo pipefail
 
 pkgs=(cmake pkg-config gcc g++ make libopenblas-dev libopenmpi-dev openmpi-bin
-      libcjson-dev libcmocka-dev fortunes python3 python3-numpy python3-pytest)
+      libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev fortunes python3 python3-numpy python3-pytest
+      libmicrohttpd-dev curl)
 # Extra packages for optional targets: `scripts/setup-deps.sh fuzz` adds the fuzzing toolchain.
 for extra in "$@"; do
   case "$extra" in

@@ -142,7 +142,7 @@ static void qat_recovers(void **state) {
     nl_train_opts o;
     nl_train_opts_default(&o);
     o.steps = 300; o.batch = 8; o.seq = 32; o.warmup = 20; o.lr = 3e-3f; o.lr_min = 3e-4f;
-    o.eval_every = 0; o.eval_windows = 8; o.out = base; o.quiet = 1;
+    o.eval_every = 0; o.eval_windows = 8; o.out = base;
     nl_trainer t;
     assert_int_equal(nl_trainer_init(&t, &a, &o), NL_OK);
     assert_int_equal(nl_trainer_run(&t, &o, &d, NULL, NULL), NL_OK);

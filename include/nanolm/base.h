@@ -98,6 +98,14 @@ nl_status nl_atomic_open(nl_atomic_file *af, const char *path);
 nl_status nl_atomic_write(nl_atomic_file *af, const void *data, size_t bytes);
 nl_status nl_atomic_commit(nl_atomic_file *af);
 void nl_atomic_abort(nl_atomic_file *af);
+/* Async-signal-safe: removes the temporary file of an atomic write in progress in this process
+ * (if any), for a signal handler that is about to end the process in the middle of a save. */
+void nl_atomic_remove_pending(void);
+/* Checks, before any work, that `path` can be written as an output: it is not a directory or a
+ * special file (FIFO, device), and a file can be created in its directory (a probe file
+ * "<path>.tmp.<pid>" is created and removed; an existing `path` is not touched). `what` names
+ * the output in the message (e.g. "--out"). Errors: NL_ERR_IO naming the path and the reason. */
+nl_status nl_check_writable(const char *path, const char *what);
 /* Whole-file helpers. nl_read_file returns a NUL-terminated buffer (free with nl_free). */
 nl_status nl_read_file(const char *path, char **data, size_t *bytes);
 nl_status nl_write_file_atomic(const char *path, const void *data, size_t bytes);

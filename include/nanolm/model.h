@@ -15,6 +15,8 @@
  *     model.layers.l.self_attn.q_proj.weight           (NH*hd, C)   \ contiguous: one fused
  *     model.layers.l.self_attn.k_proj.weight           (KVH*hd, C)  | (NH+2KVH)*hd x C matmul
  *     model.layers.l.self_attn.v_proj.weight           (KVH*hd, C)  /
+ *     model.layers.l.self_attn.{q,k,v}_proj.bias       (NH*hd), (KVH*hd), (KVH*hd)  only with
+ *                                                      arch.qkv_bias (Qwen2): fused (QKV)
  *     model.layers.l.self_attn.o_proj.weight           (C, NH*hd)
  *     model.layers.l.post_attention_layernorm.weight   (C)
  *     model.layers.l.mlp.gate_proj.weight              (H, C)       \ contiguous: one fused
@@ -46,7 +48,9 @@ typedef enum nl_param_kind {
     NL_PARAM_RMS_FFN, NL_PARAM_W1, NL_PARAM_W3, NL_PARAM_W2, NL_PARAM_RMS_FINAL, NL_PARAM_CLS,
     /* mixture-of-experts layers (see nanolm/moe.h) */
     NL_PARAM_ROUTER, NL_PARAM_SHARED_W1, NL_PARAM_SHARED_W3, NL_PARAM_SHARED_W2,
-    NL_PARAM_EXPERT_W1, NL_PARAM_EXPERT_W3, NL_PARAM_EXPERT_W2
+    NL_PARAM_EXPERT_W1, NL_PARAM_EXPERT_W3, NL_PARAM_EXPERT_W2,
+    /* q/k/v biases (arch.qkv_bias, Qwen2): (NH*hd), (KVH*hd), (KVH*hd), right after wv */
+    NL_PARAM_BQ, NL_PARAM_BK, NL_PARAM_BV
 } nl_param_kind;
 
 /* One tensor of the flat parameter vector. */
@@ -77,6 +81,8 @@ typedef struct nl_layer_weights {
     float *sw2;      /* shared down (C, S*F) */
     float *experts;  /* this rank's routed experts, expert j at experts + j*3*F*C: gate (F, C),
                       * up (F, C), down (C, F) -- one contiguous offset range per expert */
+    float *bqkv;     /* arch.qkv_bias only, else NULL: q|k|v biases fused (QKV), added to the
+                      * q/k/v projection before RoPE */
 } nl_layer_weights;
 
 typedef struct nl_weights {
@@ -296,6 +302,8 @@ void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, i
                           int64_t KVH, int64_t hd);
 void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
                            const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd);
+/* x (N, D) += bias (D) on every row. */
+void nl_add_bias(float *x, const float *bias, int64_t N, int64_t D);
 void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H);
 void nl_swiglu_backward(float *dh13, const float *dout, const float *h13, int64_t N, int64_t H);
 

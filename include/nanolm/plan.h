@@ -117,7 +117,6 @@ typedef struct nl_recipe {
 /* "fp32", "bf16" (mixed, the default), "fp8" (Transformer Engine style), "fp8-ds3"
  * (DeepSeek-V3). NL_ERR_INVALID listing the known ones otherwise. */
 nl_status nl_plan_recipe(const char *name, nl_recipe *out);
-const char *const *nl_plan_recipe_names(void);
 
 typedef enum nl_zero { NL_ZERO_0 = 0, NL_ZERO_1 = 1, NL_ZERO_2 = 2, NL_ZERO_3 = 3, NL_ZERO_HSDP = 4 } nl_zero;
 const char *nl_zero_name(nl_zero z);

@@ -35,12 +35,9 @@ void nl_cli_getopt_reset(void);
 int nl_cli_bad_option(const char *cmd, char **argv);
 
 /* Prints a cJSON document (pretty) on stdout, then deletes it. Every number is written with the
- * fewest digits that parse back to the same double (nl_cli_fmt_double). Returns NL_EXIT_OK, or
- * NL_EXIT_FAIL when memory ran out. */
+ * fewest digits that parse back to the same double (nl_json_double, report.h). Returns
+ * NL_EXIT_OK, or NL_EXIT_FAIL when memory ran out. */
 int nl_cli_print_json(cJSON *doc);
-/* v with the fewest significant digits (up to 17) that strtod reads back as exactly v, integers
- * below 1e17 in full; "null" for NaN and infinities (JSON has neither). Returns buf (n >= 32). */
-const char *nl_cli_fmt_double(double v, char *buf, size_t n);
 
 /* Table printing: column widths are computed from the content. */
 typedef struct nl_table {

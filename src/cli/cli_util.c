@@ -1,5 +1,6 @@
 /* Shared helpers of the command-line tool: errors, number parsing, JSON, tables. */
 #include "cli.h"
+#include "report.h"
 
 #include <errno.h>
 #include <math.h>
@@ -89,31 +90,15 @@ int nl_cli_bad_option(const char *cmd, char **argv) {
     return nl_cli_usage_error("%s: unknown option '%s' (see nanolm %s --help)", cmd, arg ? arg : "?", cmd);
 }
 
-const char *nl_cli_fmt_double(double v, char *buf, size_t n) {
-    if (!isfinite(v)) {
-        snprintf(buf, n, "null");
-        return buf;
-    }
-    if (v == floor(v) && fabs(v) < 1e17) { /* integers in full, as cJSON writes them: 20000000000 */
-        snprintf(buf, n, "%.0f", v);
-        return buf;
-    }
-    for (int digits = 1; digits <= 17; digits++) {
-        snprintf(buf, n, "%.*g", digits, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    return buf;
-}
-
-/* Replaces every number under `item` by its raw text from nl_cli_fmt_double: cJSON prints 15
+/* Replaces every number under `item` by its raw text from nl_json_double (report.h): cJSON prints 15
  * digits and accepts them when they come back within an epsilon, so a value such as an fp16
  * 2.2224427084438503e-05 would read back as a different double. */
 static int exact_numbers(cJSON *item) {
     for (cJSON *c = item ? item->child : NULL, *next; c; c = next) {
         next = c->next;
         if (cJSON_IsNumber(c)) {
-            char buf[40];
-            cJSON *raw = cJSON_CreateRaw(nl_cli_fmt_double(c->valuedouble, buf, sizeof buf));
+            char buf[32];
+            cJSON *raw = cJSON_CreateRaw(nl_json_double(c->valuedouble, buf));
             if (!raw) return -1;
             raw->string = c->string; /* the key moves to the replacement */
             raw->type |= c->type & cJSON_StringIsConst;

@@ -144,6 +144,7 @@ float *nl_model_step(nl_model *m, int32_t token, int64_t pos) {
         nl_rmsnorm_forward(xb, &rstd, x, lw->rms_att, 1, C, eps);
         nl_linear_site s = {NL_LIN_QKV, (int)l, (size_t)(lw->wq - m->params)};
         nl_linear_forward(m, &s, q, xb, lw->wq, 1, C, QKV);
+        if (lw->bqkv) nl_add_bias(q, lw->bqkv, 1, QKV);
         /* RoPE at position pos on q and k */
         const float *c = m->rope_cos + pos * half, *sn = m->rope_sin + pos * half;
         for (int64_t h = 0; h < NH + KVH; h++)

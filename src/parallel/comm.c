@@ -315,7 +315,6 @@ void nl_comm_free(nl_comm *c) {
 
 int nl_comm_rank(const nl_comm *c) { return c ? c->rank : 0; }
 int nl_comm_size(const nl_comm *c) { return c ? c->size : 1; }
-const char *nl_comm_name(const nl_comm *c) { return c ? c->name : "?"; }
 int nl_comm_world_rank(void) { return g_world ? g_world->rank : 0; }
 
 nl_status nl_layout_init(nl_comm *world, int dp, int tp, int pp, nl_layout *out) {

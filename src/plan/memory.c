@@ -22,10 +22,6 @@ static const nl_recipe recipes[] = {
     {"megatron-bf16", 2, 4, 12, "Megatron-LM distributed optimizer docs: 18 bytes, 6 + 12/d sharded"},
 };
 
-static const char *const recipe_names[] = {"fp32", "bf16", "fp8", "fp8-ds3", "megatron-bf16", NULL};
-
-const char *const *nl_plan_recipe_names(void) { return recipe_names; }
-
 nl_status nl_plan_recipe(const char *name, nl_recipe *out) {
     for (size_t i = 0; i < sizeof recipes / sizeof recipes[0]; i++)
         if (!strcmp(recipes[i].name, name)) { *out = recipes[i]; return NL_OK; }

@@ -9,6 +9,7 @@
 
 #include "nanolm/checkpoint.h"
 #include "nanolm/engine.h"
+#include "nanolm/hf.h"
 #include "nanolm/kvcache.h"
 #include "nanolm/quantize_model.h"
 
@@ -224,7 +225,10 @@ nl_status nl_engine_open(nl_engine **out, const char *ckpt, const char *tokenize
     e->wfmt = e->o.weights;
     char kind[64] = "byte";
     nl_status rc = NL_OK;
-    if (nl_qmodel_is_quantized(ckpt)) {
+    if (nl_hf_is_folder(ckpt)) { /* a Hugging Face model folder (nanolm/hf.h) */
+        rc = nl_hf_load_model(ckpt, NL_HF_DEFAULT_MAX_SEQ, &e->own_model);
+        snprintf(kind, sizeof kind, "hf");
+    } else if (nl_qmodel_is_quantized(ckpt)) {
         /* The model keeps the dequantized fp32 weights once the hook is dropped; int8 per channel
          * checkpoints run on the int8 kernels (requantizing codes * scale per row by absmax gives
          * back the same codes and scales). */
@@ -240,15 +244,7 @@ nl_status nl_engine_open(nl_engine **out, const char *ckpt, const char *tokenize
     }
     if (!rc) {
         e->m = &e->own_model;
-        if (tokenizer) {
-            rc = nl_tokenizer_load_llama2c(&e->own_tok, tokenizer, (int)e->own_model.V);
-        } else if (!strcmp(kind, "byte")) {
-            rc = nl_tokenizer_init_byte(&e->own_tok);
-            if (!rc && e->own_model.V != 256)
-                rc = nl_fail(NL_ERR_FORMAT, "%s: byte tokenizer but vocab %lld", ckpt, (long long)e->own_model.V);
-        } else {
-            rc = nl_fail(NL_ERR_INVALID, "%s uses the %s tokenizer: pass its file with --tokenizer", ckpt, kind);
-        }
+        rc = nl_hf_load_tokenizer(ckpt, kind, tokenizer, e->own_model.V, &e->own_tok);
         if (!rc) e->tok = &e->own_tok;
     }
     if (!rc) rc = engine_init(e);
@@ -468,6 +464,7 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
         const nl_layer_weights *lw = &m->w.layers[l];
         nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_att, n, C, eps);
         NL_TRY(nl_mv_forward(&e->w[4 * l + 0], e->xb, n, e->qkv, nt));
+        if (lw->bqkv) nl_add_bias(e->qkv, lw->bqkv, n, QKV); /* Qwen2's q/k/v biases */
         for (int64_t i = 0; i < n; i++) {
             float *q = e->qkv + i * QKV;
             nl_rope_apply(q, m->rope_cos + e->row_pos[i] * half, m->rope_sin + e->row_pos[i] * half, 1, 1, NH + KVH, hd,

@@ -120,7 +120,6 @@ nl_status nl_lr_sweep(const nl_data *d, const int64_t *widths, int n_w, const do
             o.warmup = steps / 10 > 0 ? steps / 10 : 1;
             o.eval_every = 0;
             o.eval_windows = 1;
-            o.quiet = 1;
             o.seed = seed;
             o.mup_base_dim = base_dim;
             nl_trainer t;

@@ -257,6 +257,7 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
     snprintf(runs, sizeof runs, "%s/runs", dir);
     if (mkdir(dir, 0755) && errno != EEXIST) return nl_fail(NL_ERR_IO, "%s: %s", dir, strerror(errno));
     if (mkdir(runs, 0755) && errno != EEXIST) return nl_fail(NL_ERR_IO, "%s: %s", runs, strerror(errno));
+    NL_TRY(nl_check_writable(csv, "the sweep's results")); /* before any run trains */
     {
         nl_sweep_row *rows; /* fail early on an unreadable CSV */
         int n_rows;
@@ -326,7 +327,6 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
         o.eval_every = g->checkpoints > 0 && steps / g->checkpoints > 0 ? steps / g->checkpoints : steps;
         o.eval_windows = 4; /* quick validations at checkpoints; the final one is below */
         o.out = ckpt;
-        o.quiet = 1;
         o.seed = 1000 + (uint64_t)si;
         int resumed = file_exists(ckpt);
         o.resume = resumed ? ckpt : NULL;
