@@ -79,7 +79,6 @@ static void resume_from(const char *json, const nl_ckpt_state *st) {
     o.fp8 = st->run.fp8[0] ? st->run.fp8 : NULL;
     o.eval_every = 0;
     o.eval_windows = 1;
-    o.quiet = 1;
     o.resume = path;
     nl_trainer t;
     if (nl_trainer_init(&t, NULL, &o) != NL_OK) {
