@@ -150,6 +150,20 @@ static void test_cli(void **state) {
     assert_int_equal(tu_run_cli("scaling optimal --flops 1.2e20", &out), 0);
     assert_non_null(strstr(out, "84.26")); /* GPU-hours of the 20-tokens row at 40% MFU */
     free(out);
+    /* --explain: the Lagrange derivation with the numbers substituted; its N is approach 3's. */
+    assert_int_equal(tu_run_cli("scaling optimal --flops 1e23 --explain", &out), 0);
+    assert_non_null(strstr(out, "Lagrangian"));
+    assert_non_null(strstr(out, "alpha A N^-alpha = beta B D^-beta"));
+    {
+        nl_chinchilla law;
+        nl_scaling_hoffmann(&law);
+        double n3, d3;
+        nl_scaling_optimal_law(&law, 1e23, &n3, &d3);
+        char want[64];
+        snprintf(want, sizeof want, "= %.4g parameters", n3);
+        assert_non_null(strstr(out, want));
+    }
+    free(out);
     /* A CSV written from a known law is fitted back through the command. */
     char *dir = tu_tmpdir();
     char path[256], args[512];

@@ -21,6 +21,7 @@ static void req(nl_serve_req *q, int64_t tp, double context) {
     /* The course's napkin: 50% MFU in prefill, no launch cost. */
     q->prefill_mfu = 0.5;
     q->kernel_s = 0;
+    q->hbm_eff = 1;
 }
 
 static void test_course_prefill_decode(void **state) {

@@ -338,6 +338,13 @@ static void test_bugs(void **state) {
 static void test_cli_bugs(void **state) {
     (void)state;
     char *out = NULL;
+    /* Layout options: the interleave degree and sequence parallelism on or off. */
+    assert_int_equal(tu_run_cli("plan train --model llama-3-70b --gpus 64 --seq 4096 --tp 8 --pp 4 --interleave 5 --sp off --json", &out), 0);
+    assert_non_null(strstr(out, "\"vpp\":\t5"));
+    assert_null(strstr(out, "tp8+sp"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan train --model llama-3-70b --gpus 64 --sp maybe", &out), 2);
+    free(out);
     /* The headline's token count is the batch's, not the parameter count. */
     assert_int_equal(tu_run_cli("plan train --model llama-2-7b --gpus 8 --top 1", &out), 0);
     assert_non_null(strstr(out, "global batch 1024 x 4096 = 4.19M tokens"));

@@ -37,6 +37,25 @@ static void test_set_shape(void **state) {
     nl_plan_validate_free(&r);
 }
 
+/* The targets on the whole set, one set of defaults for every case. Met: memory cases whose
+ * accounting the source spells out within 3%. Not met yet (docs/planning.md gives the figures):
+ * training throughput median <= 5% and every case <= 15%, serving median <= 10%, every
+ * published layout fitting; those are guarded here at the level reached so that a change that
+ * makes the planner worse against published runs fails. */
+static void test_targets(void **state) {
+    (void)state;
+    nl_valid_result r;
+    assert_int_equal(nl_plan_validate(&cat, tu_src_path("tests/validation/published.json"), &r), NL_OK);
+    const nl_valid_group *m = group(&r, "memory"), *t = group(&r, "train"), *s = group(&r, "serve");
+    assert_true(m->n_formula >= 20);
+    assert_true(m->worst_formula_abs <= 0.03);
+    assert_true(t->median_abs <= 0.07);   /* target 0.05 */
+    assert_true(t->worst_abs <= 0.35);    /* target 0.15 */
+    assert_true(s->median_abs <= 0.20);   /* target 0.10 */
+    assert_true(r.n_nofit <= 4);          /* target 0 */
+    nl_plan_validate_free(&r);
+}
+
 /* Bad input: a missing file, a non-array, an entry without a source, an unknown metric. */
 static void test_bad_files(void **state) {
     (void)state;
@@ -83,6 +102,7 @@ int main(void) {
     nl_catalog_init(&cat);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_set_shape),
+        cmocka_unit_test(test_targets),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_cli),
     };

@@ -227,7 +227,8 @@ typedef struct nl_train_req {
     double params_override;  /* > 0: use this N for state bytes and 6N (course "7B") */
     /* Search restrictions; 0 = free. A degree > 0 fixes it; zero_plus1 = nl_zero + 1 and
      * recompute_plus1 = nl_recompute + 1 fix those. A fixed pp may leave uneven stages. */
-    struct { int64_t dp, tp, pp, cp, ep, micro_batch; int zero_plus1, recompute_plus1; } fix;
+    struct { int64_t dp, tp, pp, cp, ep, micro_batch; int zero_plus1, recompute_plus1;
+             int64_t vpp; int sp_plus1; /* interleave degree; sequence parallelism 1 = off, 2 = on */ } fix;
 } nl_train_req;
 
 typedef struct nl_train_eval {
@@ -310,6 +311,7 @@ typedef struct nl_serve_req {
     double prefill_mfu;      /* fraction of peak in prefill; 0 = the GPU's gemm_eff */
     double kernel_s;         /* per kernel launch (5 us) */
     double kernels_per_layer;/* kernels per layer per forward pass (20) */
+    double hbm_eff;          /* achieved fraction of HBM bandwidth (0.8) */
     double weight_bytes;     /* bytes per weight (2 = bf16) */
     double kv_bytes;         /* bytes per KV element (2) */
     double chunk;            /* chunked-prefill tokens per step (256) */
@@ -320,6 +322,7 @@ typedef struct nl_serve_plan {
     double prefill_flops, prefill_s;           /* one prompt, on tp GPUs */
     double batch_prefill_s;                    /* the whole batch's prompts in one prefill */
     double kv_bytes_per_token, prompt_kv_bytes;
+    double kv_replication;                     /* copies of each KV head when tp > KV heads */
     double weight_read_s, kv_read_s, decode_compute_s, decode_mem_s, decode_step_s; /* tp applied */
     double tp_allreduces, tp_allreduce_bytes, tp_comm_s, tp_comm_latency_s;
     double decode_step_total_s;                /* step + TP communication */

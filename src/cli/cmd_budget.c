@@ -224,7 +224,7 @@ int nl_cmd_budget(int argc, char **argv) {
             nl_table t3;
             nl_table_init(&t3, 3, h3);
             nl_table_rowf(&t3, "this walk, no recompute|%.0f|%.1f", al.bytes_per_token, tot / gib);
-            nl_table_rowf(&t3, "this walk, selective (recompute SwiGLU act%s)|%.0f|%.1f", flash ? "" : " + scores",
+            nl_table_rowf(&t3, "this walk, selective (recompute%s)|%.0f|%.1f", flash ? ": nothing kept to drop with flash" : " the scores",
                           sel.bytes_per_token, sel.bytes_per_token * tokens * L / gib);
             nl_table_rowf(&t3, "this walk, full (layer input only)|%.0f|%.1f", full.bytes_per_token, full.bytes_per_token * tokens * L / gib);
             nl_table_rowf(&t3, "Korthikanti eq.1 sbh(34+5as/h), no flash|%.0f|%.1f", k_none, k_none * tokens * L / gib);

@@ -14,11 +14,12 @@ static void usage(FILE *f) {
             "       nanolm plan train --model M|FILE.json --gpus N [--gpu G] [--tokens D] [--global-batch B] [--seq S]\n"
             "                         [--recipe bf16] [--params N] [--top K] [--svg FILE] [--json] [assumptions]\n"
             "                         [--dp D --tp T --pp P --cp C --ep E --micro-batch B --zero Z --recompute R]\n"
+            "                         [--interleave V] [--sp on|off]\n"
             "                         (each of these fixes that part of the layout; the rest is searched)\n"
             "       nanolm plan layer --model M [--params N] --tp T [--sp] [--pp P] [--dp D] [--ep E]\n"
             "                         [--zero 0|1|2|3|hsdp] [--tokens-per-gpu T] [--micro M] [--json] [assumptions]\n"
             "       nanolm plan serve --model M [--gpu G] [--tp N] [--prompt P] [--output O] [--batch B]\n"
-            "                         [--context C] [--chunk K] [--prefill-mfu X] [--json]\n"
+            "                         [--context C] [--chunk K] [--prefill-mfu X] [--precision bf16|fp8|int8] [--napkin] [--json]\n"
             "       nanolm plan pipeline --stages P --micro M --svg FILE\n"
             "       nanolm plan validate [--file FILE.json] [--json] [--svg FILE]\n"
             "                         (every published figure of tests/validation/published.json, default assumptions)\n\n"
@@ -129,6 +130,7 @@ static int common_finish(common *o, const char *cmd, nl_train_req *q) {
     if (o->mfu > 0) o->eff.fixed_mfu = o->mfu;
     q->eff = o->eff;
     q->params_override = o->params;
+    nl_catalog_family(&o->cat, q->arch.name, &q->fam);
     return 0;
 }
 
@@ -201,15 +203,17 @@ static int cmd_train(int argc, char **argv) {
                                          {"pp", required_argument, 0, 'P'}, {"cp", required_argument, 0, 'C'},
                                          {"ep", required_argument, 0, 'E'}, {"micro-batch", required_argument, 0, 'B'},
                                          {"zero", required_argument, 0, 'Z'}, {"recompute", required_argument, 0, 'R'},
+                                         {"interleave", required_argument, 0, 'V'}, {"sp", required_argument, 0, 'S'},
                                          {0, 0, 0, 0}};
-    int64_t fx[6] = {0};
+    int64_t fx[6] = {0}, fvpp = 0;
+    int fsp = 0;
     int fz = 0, fr = 0;
     common o;
     common_init(&o);
     int64_t gpus = 0, gb = 0, seq = 0, top = 8;
     const char *svg = NULL;
     int c;
-    while ((c = getopt_long(argc, argv, "M:G:n:r:g:d:b:s:k:v:D:T:P:C:E:B:Z:R:jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "M:G:n:r:g:d:b:s:k:v:D:T:P:C:E:B:Z:R:V:S:jh", opts, NULL)) != -1) {
         int r = common_opt(&o, c, optarg);
         if (r == 1) continue;
         if (r < 0) return common_rc(r, "plan train", c);
@@ -222,6 +226,12 @@ static int cmd_train(int argc, char **argv) {
         case 'B': if (nl_cli_int("--micro-batch", optarg, 1, 1 << 16, &fx[5])) return NL_EXIT_USAGE; break;
         case 'Z': if ((fz = nl_parse_zero(optarg)) < 0) return nl_cli_usage_error("plan train: unknown --zero '%s' (0, 1, 2, 3, hsdp)", optarg); fz++; break;
         case 'R': if ((fr = nl_parse_recompute(optarg)) < 0) return nl_cli_usage_error("plan train: unknown --recompute '%s' (none, selective, full)", optarg); fr++; break;
+        case 'V': if (nl_cli_int("--interleave", optarg, 1, 64, &fvpp)) return NL_EXIT_USAGE; break;
+        case 'S':
+            if (!strcmp(optarg, "on")) fsp = 2;
+            else if (!strcmp(optarg, "off")) fsp = 1;
+            else return nl_cli_usage_error("plan train: --sp must be on or off, got '%s'", optarg);
+            break;
         case 'g': if (nl_cli_int("--gpus", optarg, 1, 1 << 20, &gpus)) return NL_EXIT_USAGE; break;
         case 'd': if (nl_cli_double_si("--tokens", optarg, &o.tokens) || !(o.tokens > 0)) return nl_cli_usage_error("plan train: bad --tokens"); break;
         case 'b': if (nl_cli_int("--global-batch", optarg, 1, 1 << 24, &gb)) return NL_EXIT_USAGE; break;
@@ -242,6 +252,8 @@ static int cmd_train(int argc, char **argv) {
     q.fix.dp = fx[0]; q.fix.tp = fx[1]; q.fix.pp = fx[2]; q.fix.cp = fx[3]; q.fix.ep = fx[4]; q.fix.micro_batch = fx[5];
     q.fix.zero_plus1 = fz;
     q.fix.recompute_plus1 = fr;
+    q.fix.vpp = fvpp;
+    q.fix.sp_plus1 = fsp;
     nl_arch_params ap;
     nl_arch_count_params(&q.arch, &ap);
     double N = o.params > 0 ? o.params : (double)ap.total;
@@ -450,14 +462,15 @@ static int cmd_serve(int argc, char **argv) {
     static const struct option opts[] = {COMMON_OPTS, {"tp", required_argument, 0, 't'}, {"prompt", required_argument, 0, 'P'},
                                          {"output", required_argument, 0, 'O'}, {"batch", required_argument, 0, 'b'},
                                          {"context", required_argument, 0, 'C'}, {"chunk", required_argument, 0, 'K'},
-                                         {"prefill-mfu", required_argument, 0, 'F'}, {0, 0, 0, 0}};
+                                         {"prefill-mfu", required_argument, 0, 'F'}, {"precision", required_argument, 0, 'Q'},
+                                         {0, 0, 0, 0}};
     common o;
     common_init(&o);
     nl_serve_req sq;
     nl_serve_req_default(&sq);
     int64_t tp = 1, batch = 32;
     int c;
-    while ((c = getopt_long(argc, argv, "M:G:n:r:t:P:O:b:C:K:F:jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "M:G:n:r:t:P:O:b:C:K:F:Q:jh", opts, NULL)) != -1) {
         int r = common_opt(&o, c, optarg);
         if (r == 1) continue;
         if (r < 0) return common_rc(r, "plan serve", c);
@@ -469,6 +482,14 @@ static int cmd_serve(int argc, char **argv) {
         case 'C': if (nl_cli_double_si("--context", optarg, &sq.context) || !(sq.context >= 1)) return nl_cli_usage_error("plan serve: bad --context"); break;
         case 'K': if (nl_cli_double_si("--chunk", optarg, &sq.chunk) || sq.chunk < 0) return nl_cli_usage_error("plan serve: bad --chunk"); break;
         case 'F': if (nl_cli_double("--prefill-mfu", optarg, &sq.prefill_mfu) || !(sq.prefill_mfu > 0 && sq.prefill_mfu <= 1)) return nl_cli_usage_error("plan serve: --prefill-mfu must be in (0, 1]"); break;
+        case 'Q':
+            /* Weights and KV cache: bf16 (2 bytes), fp8 (1, GEMMs at the fp8 peak), int8 (1,
+             * weight-only: GEMMs stay bf16). */
+            if (!strcmp(optarg, "bf16") || !strcmp(optarg, "fp16")) { sq.weight_bytes = sq.kv_bytes = 2; sq.fp8 = 0; }
+            else if (!strcmp(optarg, "fp8")) { sq.weight_bytes = sq.kv_bytes = 1; sq.fp8 = 1; }
+            else if (!strcmp(optarg, "int8")) { sq.weight_bytes = sq.kv_bytes = 1; sq.fp8 = 0; }
+            else return nl_cli_usage_error("plan serve: unknown --precision '%s' (bf16, fp16, fp8, int8)", optarg);
+            break;
         case 'h': usage(stdout); return NL_EXIT_OK;
         default: return nl_cli_bad_option("plan serve", argv);
         }
@@ -479,6 +500,12 @@ static int cmd_serve(int argc, char **argv) {
     if (rc) return rc;
     sq.arch = q.arch;
     sq.hw = q.hw;
+    nl_catalog_family(&o.cat, q.arch.name, &sq.fam);
+    if (o.napkin) { /* the course's roofline: 50% MFU prefill, full HBM bandwidth, no launches */
+        if (!(sq.prefill_mfu > 0)) sq.prefill_mfu = 0.5;
+        sq.kernel_s = 0;
+        sq.hbm_eff = 1;
+    }
     sq.tp = tp;
     sq.batch = batch;
     nl_serve_plan sp;

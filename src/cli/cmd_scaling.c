@@ -12,7 +12,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: nanolm scaling optimal (--flops C | --params N) [--gpu G] [--mfu 0.4] [--price $/h]\n"
-            "                              [--hw FILE.json] [--svg FILE] [--json]\n"
+            "                              [--hw FILE.json] [--svg FILE] [--explain] [--json]\n"
             "       nanolm scaling overtrain --params N --tokens D [--ratio 20] [--json]\n"
             "       nanolm scaling fit FILE.csv [--bootstrap 100] [--seed S] [--delta 1e-3] [--json]\n"
             "                          [--n-col NAME] [--d-col NAME] [--flops-col NAME] [--loss-col NAME]\n"
@@ -34,14 +34,17 @@ static int cmd_optimal(int argc, char **argv) {
                                          {"gpu", required_argument, 0, 'g'},   {"mfu", required_argument, 0, 'm'},
                                          {"price", required_argument, 0, 'p'}, {"hw", required_argument, 0, 'H'},
                                          {"svg", required_argument, 0, 's'},   {"json", no_argument, 0, 'j'},
+                                         {"explain", no_argument, 0, 'x'},
                                          {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     double flops = 0, params = 0, mfu = 0.4, price = -1;
+    int explain = 0;
     const char *gpu = "h100", *svg = NULL;
     int json = 0, c;
     nl_catalog cat;
     nl_catalog_init(&cat);
-    while ((c = getopt_long(argc, argv, "c:n:g:m:p:H:s:jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:n:g:m:p:H:s:jxh", opts, NULL)) != -1) {
         switch (c) {
+        case 'x': explain = 1; break;
         case 'c': if (nl_cli_double_si("--flops", optarg, &flops)) return NL_EXIT_USAGE; break;
         case 'n': if (nl_cli_double_si("--params", optarg, &params)) return NL_EXIT_USAGE; break;
         case 'g': gpu = optarg; break;
@@ -128,6 +131,30 @@ static int cmd_optimal(int argc, char **argv) {
     printf("Compute-optimal allocation, C = 6*N*D; loss from Chinchilla approach 3 (unrounded);\n"
            "GPU-hours on %s at %.0f%% MFU (%.0f TFLOP/s peak), $%.2f per GPU-hour.\n\n", hw.name, 100 * mfu,
            hw.flops_bf16 / 1e12, hw.price_per_hour);
+    if (explain) {
+        /* The Lagrange-multiplier derivation of approach 3's closed form, numbers substituted
+         * (Hoffmann et al. 2022 appendix D.2). */
+        double al = law.alpha, be = law.beta, A = law.A, B = law.B, C = r[2].c;
+        double G = pow(al * A / (be * B), 1 / (al + be)), a = be / (al + be), b = al / (al + be);
+        double N = G * pow(C / 6, a), D = pow(C / 6, b) / G;
+        double lhs = al * A * pow(N, -al), rhs = be * B * pow(D, -be);
+        printf("Why (Lagrange multipliers, Hoffmann et al. 2022 approach 3):\n"
+               "  minimise L(N, D) = E + A/N^alpha + B/D^beta subject to 6 N D = C\n"
+               "  with E = %.4f, A = %.2f, B = %.2f, alpha = %.4f, beta = %.4f, C = %.4g FLOPs.\n"
+               "  Lagrangian: E + A N^-alpha + B D^-beta + lambda (6 N D - C)\n"
+               "  dL/dN = 0:  alpha A N^-alpha = 6 lambda N D\n"
+               "  dL/dD = 0:  beta B D^-beta  = 6 lambda N D\n"
+               "  so alpha A N^-alpha = beta B D^-beta; put D = C/(6N):\n"
+               "  N^(alpha+beta) = (alpha A / (beta B)) (C/6)^beta\n"
+               "  N = G (C/6)^a, D = G^-1 (C/6)^b with G = (alpha A/(beta B))^(1/(alpha+beta)),\n"
+               "  a = beta/(alpha+beta), b = alpha/(alpha+beta).\n"
+               "  Numbers: G = (%.4f x %.2f / (%.4f x %.2f))^(1/%.4f) = %.4f, a = %.4f, b = %.4f,\n"
+               "  C/6 = %.4g, N = %.4f x %.4g^%.4f = %.4g parameters, D = %.4g^%.4f / %.4f = %.4g tokens\n"
+               "  (%.1f tokens per parameter). Check: alpha A N^-alpha = %.4g, beta B D^-beta = %.4g,\n"
+               "  lambda = %.4g per FLOP; 6 N D = %.4g = C.\n\n",
+               law.E, A, B, al, be, C, al, A, be, B, al + be, G, a, b, C / 6, G, C / 6, a, N, C / 6, b, G, D, D / N,
+               lhs, rhs, lhs / (6 * N * D), 6 * N * D);
+    }
     nl_table_print(&t, stdout);
     nl_table_free(&t);
     printf("\nApproach 1: N = %.4g * C^%.4f (log-log fit to Hoffmann et al. 2022 Table 3), D = C / 6N.\n", a1n.k, a1n.a);

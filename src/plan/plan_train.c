@@ -138,6 +138,12 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     if (q->fam.layernorm) ew_bytes += T * 2.0 * 4 * D / sp;             /* mean pass of LayerNorm */
     if (q->fam.bias) ew_bytes += T * 2.0 * 2 * (D / sp + Fl / t);      /* bias adds */
     if (q->fam.dropout) ew_bytes += T * 3.0 * 2 * D / sp;              /* dropout: mask and output */
+    if (e->fp8_gemm) {
+        /* FP8 GEMMs cast their inputs (activations forward, gradients backward): read bf16 2,
+         * write fp8 1, plus the amax reduction, for the inputs of qkv, wo, fc1/w13 and fc2/w2
+         * (Transformer Engine's per-tensor recipe; Micikevicius et al. 2022 sec. 4). */
+        ew_bytes += T * 3.0 * (D / sp + qd / t + D / sp + Fl / t);
+    }
     double ew = ew_bytes / hw->hbm_bw;
     double k = e->kernels_per_layer * e->kernel_s;
     lt->attn_fwd = at;
@@ -420,11 +426,15 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
                             int64_t nm = q->global_batch / (dp * mb);
                             if (pp > 1 && nm < pp) continue;
                             if (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) continue;
-                            for (int64_t v = 1; v <= (pp > 1 ? 8 : 1); v *= 2) {
+                            int64_t vmax = pp > 1 ? (q->fix.vpp > 8 ? q->fix.vpp : 8) : 1;
+                            for (int64_t v = 1; v <= vmax; v++) {
+                                /* Free: 1, 2, 4, 8; fixed: that degree only. */
+                                if (q->fix.vpp > 0 ? v != q->fix.vpp : (v & (v - 1)) != 0) continue;
                                 /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
                                 if (v > 1 && (pp * v > a->n_layers || nm % pp || a->n_layers % (pp * v))) continue;
                                 for (int rc = 0; rc <= 2; rc++) {
-                                    nl_layout L = {dp, tp, pp, cp, ep, (nl_zero)z, mb, nm, v, (nl_recompute)rc, tp > 1};
+                                    nl_layout L = {dp, tp, pp, cp, ep, (nl_zero)z, mb, nm, v, (nl_recompute)rc,
+                                                   tp > 1 && q->fix.sp_plus1 != 1};
                                     if ((q->fix.dp > 0 && dp != q->fix.dp) || (q->fix.tp > 0 && tp != q->fix.tp) ||
                                         (q->fix.pp > 0 && pp != q->fix.pp) || (q->fix.cp > 0 && cp != q->fix.cp) ||
                                         (q->fix.ep > 0 && ep != q->fix.ep) || (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) ||

@@ -16,6 +16,7 @@ void nl_serve_req_default(nl_serve_req *q) {
     q->prefill_mfu = 0;   /* 0: the GPU's GEMM efficiency (catalog gemm_eff); the course says 0.5 */
     q->kernel_s = 5e-6;   /* per kernel launch, as plan train */
     q->kernels_per_layer = 20;
+    q->hbm_eff = 0.8;
     q->weight_bytes = 2;
     q->kv_bytes = 2;
     q->chunk = 256;
@@ -26,7 +27,8 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     const nl_arch *a = &q->arch;
     const nl_hw *hw = &q->hw;
     if (q->tp < 1 || q->batch < 1 || !(q->prompt >= 1) || !(q->output >= 1) || !(q->prefill_mfu >= 0) ||
-        q->prefill_mfu > 1 || !(q->kernel_s >= 0) || !(q->kernels_per_layer >= 0) || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0)
+        q->prefill_mfu > 1 || !(q->kernel_s >= 0) || !(q->kernels_per_layer >= 0) ||
+        !(q->hbm_eff > 0) || q->hbm_eff > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0)
         return nl_fail(NL_ERR_INVALID, "serve: tp, batch, prompt, output must be >= 1, prefill MFU in (0, 1]");
     if (a->n_heads % q->tp)
         return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp, (long long)a->n_heads);
@@ -47,18 +49,25 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * the causal attention scores; at prefill_mfu of peak on tp GPUs. */
     o->prefill_flops = 2 * o->matmul_params * q->prompt + q->prompt * nl_plan_attn_flops_per_token(a, q->prompt);
     double prefill_comm = q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, q->prompt * D * 2, span) : 0;
-    double wread = o->params * q->weight_bytes / (tp * hw->hbm_bw);
+    double wread = o->params * q->weight_bytes / (tp * hw->hbm_bw * q->hbm_eff);
     o->prefill_s = fmax(o->prefill_flops / (tp * P * mfu), wread) + prefill_comm + launch;
     o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfu), wread) + B * prefill_comm + launch;
 
     o->kv_bytes_per_token = nl_plan_kv_bytes_per_token(a, q->kv_bytes);
+    /* With more GPUs than KV heads, each KV head lives on tp / kv_heads GPUs: the cache is
+     * replicated, not split further (Pope et al. 2022 sec. 3.3; vLLM replicates KV heads). */
+    double kv_tp = a->kv_lora_rank > 0 ? 1.0 : fmin(tp, (double)a->n_kv_heads);
+    o->kv_replication = tp / kv_tp;
     o->prompt_kv_bytes = q->prompt * o->kv_bytes_per_token;
 
     /* Decode step: every weight is read once (the course counts all of them, embedding table
      * included), plus each sequence's KV cache; compute at peak; the step is the larger. */
     double ctx = q->context > 0 ? q->context : q->prompt + q->output / 2;
-    o->weight_read_s = o->params * q->weight_bytes / (tp * hw->hbm_bw);
-    o->kv_read_s = B * ctx * o->kv_bytes_per_token / (tp * hw->hbm_bw);
+    /* HBM streams reach hbm_eff of the datasheet bandwidth (STREAM-like reads on A100/H100
+     * measure 80-90%; an assumption shared by every GPU). */
+    double bw = hw->hbm_bw * q->hbm_eff;
+    o->weight_read_s = o->params * q->weight_bytes / (tp * bw);
+    o->kv_read_s = B * ctx * o->kv_bytes_per_token / (kv_tp * bw);
     o->decode_mem_s = o->weight_read_s + o->kv_read_s;
     o->decode_compute_s = (2 * o->matmul_params * B + B * 2 * nl_plan_attn_flops_per_token(a, ctx)) / (tp * P * mfu);
     o->decode_step_s = fmax(o->decode_mem_s, o->decode_compute_s);
@@ -86,7 +95,7 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->decode_per_prefill = o->prefill_rps / o->decode_rps;
 
     o->mem_weights = o->params * q->weight_bytes / tp;
-    o->mem_kv = B * (q->prompt + q->output) * o->kv_bytes_per_token / tp;
+    o->mem_kv = B * (q->prompt + q->output) * o->kv_bytes_per_token / kv_tp;
     o->mem_total = o->mem_weights + o->mem_kv;
     o->fits = o->mem_total <= hw->mem_bytes;
     return NL_OK;
