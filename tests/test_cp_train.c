@@ -19,10 +19,10 @@
 
 static cJSON *run(int np, int cp, int batch) {
     const char *bin = getenv("NANOLM_BIN");
-    const char *data = tu_data_path("tinyshakespeare/input.txt");
+    const char *data = tu_committed_data("tinyshakespeare/input.txt");
     char cmd[4096], args[1024];
     snprintf(args, sizeof args, "moe train --data %s --steps %d --batch %d --seq 64 --aux 0 --cp %d --json --report-memory",
-             data ? data : "/usr/share/games/fortunes/fortunes", STEPS, batch, cp);
+             data, STEPS, batch, cp);
     if (np > 0)
         snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 timeout -k 10 300 mpirun --allow-run-as-root --oversubscribe -np %d %s %s 2>&1",
                  np, bin ? bin : "build/nanolm", args);
