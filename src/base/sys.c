@@ -232,6 +232,8 @@ int nl_threads(void) { return omp_get_max_threads(); }
 
 void nl_set_threads(int n) {
     if (n < 1) n = 1;
+    int cap = nl_blas_guard_threads(); /* under an address-space limit: see nl_blas_guard */
+    if (cap > 0 && n > cap) n = cap;
     omp_set_num_threads(n);
-    openblas_set_num_threads(n);
+    openblas_set_num_threads(cap > 0 ? 1 : n);
 }
