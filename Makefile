@@ -2,12 +2,12 @@
 BUILD   ?= build
 CHECK   ?= build-check
 MEMCHECK ?= build-memcheck
-PREFIX  ?= /usr/local
 FUZZ    ?= build-fuzz
 FUZZ_SECONDS ?= 30
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 NANOLM_IMPL ?= src
+PREFIX  ?= /usr/local
 
 .PHONY: all deps build run test bench check memcheck install uninstall fuzz clean
 
@@ -24,7 +24,9 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Installs the CLI (PREFIX/bin/nanolm), libnanolm.a and libnanolm.so, the headers
-# (PREFIX/include/nanolm/) and PREFIX/lib/pkgconfig/nanolm.pc; DESTDIR=/staging is honoured.
+# (PREFIX/include/nanolm/), PREFIX/lib/pkgconfig/nanolm.pc and the Python package where Debian's
+# python3 finds it (PREFIX/lib/python3/dist-packages for /usr, PREFIX/lib/python3.X/dist-packages
+# else). DESTDIR=/tmp/stage stages the tree there.
 install: build
 	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix $(PREFIX)
 

@@ -7,7 +7,7 @@
 #include "fuzz_util.h"
 #include "nanolm/plan.h"
 
-int nl_fuzz_catalog(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 int nl_fuzz_catalog(const uint8_t *data, size_t size) {
     int models = (int)(fz_take(&data, &size, 1) & 1);

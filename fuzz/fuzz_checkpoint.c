@@ -10,7 +10,7 @@
 #include "nanolm/model.h"
 #include "nanolm/train.h"
 
-int nl_fuzz_checkpoint(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 int nl_fuzz_checkpoint(const uint8_t *data, size_t size) {
     const char *path = fz_memfile(data, size);

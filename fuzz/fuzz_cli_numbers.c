@@ -7,7 +7,7 @@
 #include "cli/cli.h"
 #include "fuzz_util.h"
 
-int nl_fuzz_cli_numbers(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 int nl_fuzz_cli_numbers(const uint8_t *data, size_t size) {
     int64_t lo = (int64_t)fz_take(&data, &size, 8);

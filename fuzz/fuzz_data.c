@@ -7,7 +7,7 @@
 #include "fuzz_util.h"
 #include "nanolm/data.h"
 
-int nl_fuzz_data(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 int nl_fuzz_data(const uint8_t *data, size_t size) {
     static nl_tokenizer tok;

@@ -8,7 +8,7 @@
 #include "fuzz_util.h"
 
 int nl_cmd_formats(int argc, char **argv);
-int nl_fuzz_formats_cli(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 int nl_fuzz_formats_cli(const uint8_t *data, size_t size) {
     char *buf = malloc(size + 1);

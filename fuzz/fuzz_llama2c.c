@@ -5,7 +5,7 @@
 #include "fuzz_util.h"
 #include "nanolm/llama2c.h"
 
-int nl_fuzz_llama2c(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 int nl_fuzz_llama2c(const uint8_t *data, size_t size) {
     const char *path = fz_memfile(data, size);

@@ -9,7 +9,7 @@
 #include "nanolm/fp8.h"
 #include "nanolm/quant.h"
 
-int nl_fuzz_names(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 int nl_fuzz_names(const uint8_t *data, size_t size) {
     char *s = malloc(size + 1);

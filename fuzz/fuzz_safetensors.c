@@ -6,7 +6,7 @@
 #include "fuzz_util.h"
 #include "nanolm/safetensors.h"
 
-int nl_fuzz_safetensors(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 int nl_fuzz_safetensors(const uint8_t *data, size_t size) {
     nl_st_file f;

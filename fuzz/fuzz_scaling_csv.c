@@ -6,7 +6,7 @@
 #include "fuzz_util.h"
 #include "nanolm/scaling.h"
 
-int nl_fuzz_scaling_csv(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 int nl_fuzz_scaling_csv(const uint8_t *data, size_t size) {
     const char *path = fz_memfile(data, size);

@@ -7,7 +7,7 @@
 #include "nanolm/base.h"
 #include "nanolm/tokenizer.h"
 
-int nl_fuzz_tokenizer(const uint8_t *data, size_t size);
+#include "fuzz_targets.h"
 
 static void roundtrip(const nl_tokenizer *t, const char *text, size_t n) {
     int *tok = NULL;

@@ -8,14 +8,16 @@
 set -euo pipefail
 
 pkgs=(cmake pkg-config gcc g++ make libopenblas-dev libopenmpi-dev openmpi-bin
-      libcjson-dev libcmocka-dev)
+      libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev python3 python3-numpy python3-pytest
+      libmicrohttpd-dev curl)
 # Extra packages for optional targets: `scripts/setup-deps.sh fuzz` adds the fuzzing toolchain.
 for extra in "$@"; do
   case "$extra" in
     fuzz) pkgs+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     torch) pkgs+=(python3-torch python3-numpy) ;;
     check) pkgs+=(valgrind) ;;
-    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch, check)" >&2; exit 2 ;;
+    pip) pkgs+=(python3-venv python3-pip python3-setuptools python3-wheel) ;;  # pip install ./python
+    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch, check, pip)" >&2; exit 2 ;;
   esac
 done
 
@@ -28,6 +30,9 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
   if command -v pkg-config >/dev/null 2>&1; then
     pkg-config --exists openblas || need+=("OpenBLAS with openblas.pc")
     pkg-config --exists libcjson || need+=("cJSON with libcjson.pc")
+    pkg-config --exists libpcre2-8 || need+=("PCRE2 with libpcre2-8.pc")
+    pkg-config --exists libutf8proc || need+=("utf8proc with libutf8proc.pc")
+    pkg-config --exists libmicrohttpd || need+=("GNU libmicrohttpd with libmicrohttpd.pc")
     pkg-config --exists cmocka || echo "setup-deps: optional: cmocka (cmocka.pc) to build the tests" >&2
     command -v mpicc >/dev/null 2>&1 || echo "setup-deps: optional: an MPI library (Open MPI) for the parallel commands" >&2
   fi

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "nanolm/comm.h"
+#include "nanolm/formats.h"
 #include "testutil.h"
 
 static nl_comm *W;
@@ -110,6 +111,22 @@ static void test_all_reduce(void **state) {
                 nl_free(buf);
                 CHECK_ALL(ok);
             }
+}
+
+/* A NaN in a bf16 sum comes out as formats.h encodes NaN (sign | 0x7FC0), whatever payload it
+ * carried in: the collectives round through nl_bf16_from_f32, the one bf16 rounding. */
+static void test_bf16_nan(void **state) {
+    (void)state;
+    for (int ii = 0; ii < 2; ii++) {
+        uint16_t buf[2 * 4];
+        for (int i = 0; i < 8; i++) buf[i] = to_bf16(1.0f);
+        if (R == 0) buf[0] = 0xFF81; /* -NaN with a payload */
+        int ok = nl_comm_all_reduce(W, buf, 8, NL_COMM_BF16, impls[ii]) == NL_OK;
+        ok = ok && buf[0] == nl_bf16_from_f32(from_bf16(0xFF81)) && buf[0] == 0xFFC0;
+        for (int i = 1; ok && i < 8; i++) ok = from_bf16(buf[i]) == (float)P;
+        if (!ok) print_message("rank %d: bf16 NaN all-reduce (%s) gave 0x%04X\n", R, nl_comm_impl_name(impls[ii]), buf[0]);
+        CHECK_ALL(ok);
+    }
 }
 
 static void test_reduce_scatter_all_gather(void **state) {
@@ -419,6 +436,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_broadcast_reduce),  cmocka_unit_test(test_all_to_all),
         cmocka_unit_test(test_random_values),     cmocka_unit_test(test_nonblocking),
         cmocka_unit_test(test_layout_groups),     cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_bf16_nan),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     nl_comm_finalize();

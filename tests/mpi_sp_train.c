@@ -26,11 +26,11 @@ static void run(nl_comm *tp, nl_comm *self, int sp, const nl_data *d, float *los
     a.dim = 48, a.n_layers = 2, a.n_heads = 12, a.n_kv_heads = 12, a.hidden_dim = 96, a.seq_len = 12;
     nl_dist_opts o;
     nl_dist_opts_default(&o);
-    o.batch = 4, o.seq = 12, o.sp = sp;
+    o.train.batch = 4, o.train.seq = 12, o.sp = sp;
     nl_pipe p;
     assert_int_equal(nl_pipe_init(&p, &a, &o, 1, NL_PIPE_GPIPE, self, self, tp), NL_OK);
     nl_comm_reset_stats(tp);
-    for (int s = 0; s < STEPS; s++) assert_int_equal(nl_pipe_step(&p, d, s, o.lr, &loss[s], NULL), NL_OK);
+    for (int s = 0; s < STEPS; s++) assert_int_equal(nl_pipe_step(&p, d, s, o.train.lr, &loss[s], NULL), NL_OK);
     nl_comm_get_stats(tp, st);
     nl_dist_memory dm;
     nl_pipe_memory_report(&p, &dm);

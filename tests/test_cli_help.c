@@ -3,6 +3,8 @@
  * added twice showed up as a duplicate entry in the help text.) */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,10 +53,27 @@ static void test_each_command_has_help(void **state) {
     }
 }
 
+/* JSON numbers parse back to the double the command computed: 2.2224427084438503e-05 rounds to
+ * the fp16 subnormal 373 x 2^-24 = 2.2232532501220703e-05, which 15 significant digits
+ * (2.22325325012207e-05) do not give back. */
+static void test_json_numbers_round_trip(void **state) {
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("formats cast 2.2224427084438503e-05 --to fp16 --json", &out), 0);
+    cJSON *d = cJSON_Parse(out);
+    assert_non_null(d);
+    assert_int_equal(cJSON_GetObjectItem(d, "code")->valueint, 373);
+    assert_true(cJSON_GetObjectItem(d, "decoded")->valuedouble == ldexp(373.0, -24));
+    assert_true(cJSON_GetObjectItem(d, "ulp")->valuedouble == ldexp(1.0, -24));
+    cJSON_Delete(d);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_command_once),
         cmocka_unit_test(test_each_command_has_help),
+        cmocka_unit_test(test_json_numbers_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,25 +15,8 @@
 /* Runs `mpirun -np np nanolm <args>` under `timeout` (a hang shows as status 124); returns the
  * exit status and the output (stdout + stderr). */
 static int run_mpi(int np, const char *args, char **out, double *elapsed_s) {
-    const char *bin = getenv("NANOLM_BIN");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "timeout -k 10 120 mpirun --allow-run-as-root --oversubscribe -np %d %s %s 2>&1", np,
-             bin ? bin : "build/nanolm", args);
-    double t0 = nl_time_s();
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 2) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = 0;
-    int st = pclose(p);
-    if (elapsed_s) *elapsed_s = nl_time_s() - t0;
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    const tu_run_opts o = {.np = np, .timeout_s = 120};
+    return tu_run_cli_ex(&o, args, out, elapsed_s);
 }
 
 static void test_demo_one_rank(void **state) {
@@ -113,6 +96,17 @@ static void test_bench_json(void **state) {
         assert_true(fabs(alg - S / t) <= 1e-9 * alg);
         double f = !strcmp(op, "all-reduce") ? 1.0 : (!strcmp(op, "broadcast") || !strcmp(op, "reduce")) ? 1.0 : 0.5;
         assert_true(fabs(bus - alg * f) <= 1e-9 * bus); /* p = 2: 2(p-1)/p = 1, (p-1)/p = 0.5 */
+    }
+    /* every alpha-beta fit is a latency and a time per byte that cannot be negative (the free fit
+     * once printed alpha = -2419.6 us); a constrained one says which parameter it pinned */
+    cJSON *fits = cJSON_GetObjectItem(d, "fits");
+    assert_int_equal(cJSON_GetArraySize(fits), 12);
+    cJSON_ArrayForEach(o, fits) {
+        assert_true(cJSON_GetObjectItem(o, "alpha_s")->valuedouble >= 0);
+        assert_true(cJSON_GetObjectItem(o, "beta_s_per_byte")->valuedouble >= 0);
+        assert_true(cJSON_GetObjectItem(o, "r2")->valuedouble <= 1);
+        const char *cl = cJSON_GetObjectItem(o, "clamped")->valuestring;
+        assert_true(!strcmp(cl, "-") || !strcmp(cl, "alpha = 0") || !strcmp(cl, "beta = 0"));
     }
     cJSON *link = cJSON_GetObjectItem(d, "link");
     assert_non_null(link);

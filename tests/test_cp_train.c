@@ -18,27 +18,17 @@
 #define STEPS 20
 
 static cJSON *run(int np, int cp, int batch) {
-    const char *bin = getenv("NANOLM_BIN");
     const char *data = tu_committed_data("tinyshakespeare/input.txt");
-    char cmd[4096], args[1024];
+    char args[1024], *buf = NULL;
     snprintf(args, sizeof args, "moe train --data %s --steps %d --batch %d --seq 64 --aux 0 --cp %d --json --report-memory",
              data, STEPS, batch, cp);
-    if (np > 0)
-        snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 timeout -k 10 300 mpirun --allow-run-as-root --oversubscribe -np %d %s %s 2>&1",
-                 np, bin ? bin : "build/nanolm", args);
-    else
-        snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 timeout -k 10 300 %s %s 2>&1", bin ? bin : "build/nanolm", args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 20, len = 0, n;
-    char *buf = malloc(cap);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) len += n;
-    buf[len] = 0;
-    int st = pclose(p);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("%s failed:\n%.3000s", cmd, buf);
+    const tu_run_opts o = {.np = np, .timeout_s = 300, .one_thread = 1};
+    int rc = tu_run_cli_ex(&o, args, &buf, NULL);
+    assert_non_null(buf);
+    if (rc) fail_msg("np %d: nanolm %s failed:\n%.3000s", np, args, buf);
     char *brace = strchr(buf, '{');
     cJSON *doc = brace ? cJSON_Parse(brace) : NULL;
-    if (!doc) fail_msg("%s: no JSON", cmd);
+    if (!doc) fail_msg("np %d: nanolm %s: no JSON", np, args);
     free(buf);
     return doc;
 }

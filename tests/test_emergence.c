@@ -34,7 +34,6 @@ static void test_periodic_stream(void **state) {
     o.warmup = 5;
     o.eval_every = 0;
     o.eval_windows = 2;
-    o.quiet = 1;
     nl_trainer t;
     assert_int_equal(nl_trainer_init(&t, &a, &o), NL_OK);
     nl_emergence before, after;

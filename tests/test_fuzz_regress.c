@@ -11,30 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "fuzz_targets.h"
 #include "nanolm/llama2c.h"
-
-#define NL_FUZZ_NO_MAIN
-#include "../fuzz/fuzz_catalog.c"
-#include "../fuzz/fuzz_checkpoint.c"
-#include "../fuzz/fuzz_cli_numbers.c"
-#include "../fuzz/fuzz_data.c"
-#include "../fuzz/fuzz_formats_cli.c"
-#include "../fuzz/fuzz_llama2c.c"
-#include "../fuzz/fuzz_names.c"
-#include "../fuzz/fuzz_scaling_csv.c"
-#include "../fuzz/fuzz_safetensors.c"
-#include "../fuzz/fuzz_tokenizer.c"
-/* The CLI helpers are not part of the library; the number fuzzer needs them. */
-#define dup cli_util_dup /* its static string helper would clash with unistd.h's dup() */
-#include "../src/cli/cli_util.c"
-#undef dup
-/* gcc, inlining cli_util.c's parser into this one translation unit, loses track of the value it
- * writes on success and warns; the separately compiled CLI has no such warning. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include "../src/cli/cmd_formats.c"
-#pragma GCC diagnostic pop
 
 typedef int (*fuzz_fn)(const uint8_t *, size_t);
 

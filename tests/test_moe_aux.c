@@ -12,19 +12,14 @@
 #include "testutil.h"
 
 static double last_load(const char *aux, double *loss) {
-    const char *bin = getenv("NANOLM_BIN");
     const char *data = tu_committed_data("tinyshakespeare/input.txt");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 timeout -k 10 300 %s moe train --data %s --steps 200 --aux %s --json",
-             bin ? bin : "build/nanolm", data, aux);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 22, len = 0, n;
-    char *buf = malloc(cap);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) len += n;
-    buf[len] = 0;
-    int st = pclose(p);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("%s failed:\n%.2000s", cmd, buf);
+    char args[2048], *buf = NULL;
+    snprintf(args, sizeof args, "moe train --data %s --steps 200 --aux %s --json",
+             data, aux);
+    const tu_run_opts o = {.timeout_s = 300, .one_thread = 1, .stdout_only = 1};
+    int rc = tu_run_cli_ex(&o, args, &buf, NULL);
+    assert_non_null(buf);
+    if (rc) fail_msg("nanolm %s failed:\n%.2000s", args, buf);
     cJSON *doc = cJSON_Parse(buf);
     assert_non_null(doc);
     const cJSON *steps = cJSON_GetObjectItemCaseSensitive(doc, "steps");

@@ -27,32 +27,17 @@ static const char *data_file(void) {
 }
 
 static cJSON *run(int np, int ep, const char *extra) {
-    const char *bin = getenv("NANOLM_BIN");
-    char cmd[4096];
     int batch = GLOBAL_BATCH / (np > 0 ? np : 1);
-    char args[1024];
+    char args[1024], *buf = NULL;
     snprintf(args, sizeof args, "moe train --data %s --steps %d --batch %d --seq %d --ep %d --json --report-memory %s",
              data_file(), STEPS, batch, SEQ, ep, extra);
-    if (np > 0)
-        snprintf(cmd, sizeof cmd,
-                 "OMP_NUM_THREADS=1 timeout -k 10 300 mpirun --allow-run-as-root --oversubscribe -np %d %s %s 2>&1", np,
-                 bin ? bin : "build/nanolm", args);
-    else
-        snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 timeout -k 10 300 %s %s 2>&1", bin ? bin : "build/nanolm", args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 20, len = 0, n;
-    char *buf = malloc(cap);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 2) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = 0;
-    int st = pclose(p);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("%s failed:\n%s", cmd, buf);
+    const tu_run_opts o = {.np = np, .timeout_s = 300, .one_thread = 1};
+    int rc = tu_run_cli_ex(&o, args, &buf, NULL);
+    assert_non_null(buf);
+    if (rc) fail_msg("np %d: nanolm %s failed:\n%s", np, args, buf);
     char *brace = strchr(buf, '{');
     cJSON *doc = brace ? cJSON_Parse(brace) : NULL;
-    if (!doc) fail_msg("%s: no JSON in\n%s", cmd, buf);
+    if (!doc) fail_msg("np %d: nanolm %s: no JSON in\n%s", np, args, buf);
     free(buf);
     return doc;
 }

@@ -29,25 +29,8 @@ static const char *data_file(void) {
 }
 
 static int run(int np, const char *args, char **out) {
-    const char *bin = getenv("NANOLM_BIN");
-    char cmd[4096];
-    if (np > 0)
-        snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 timeout -k 10 300 mpirun --allow-run-as-root --oversubscribe -np %d %s %s 2>&1", np,
-                 bin ? bin : "build/nanolm", args);
-    else
-        snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 timeout -k 10 300 %s %s 2>&1", bin ? bin : "build/nanolm", args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 2) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = 0;
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    const tu_run_opts o = {.np = np, .timeout_s = 300, .one_thread = 1};
+    return tu_run_cli_ex(&o, args, out, NULL);
 }
 
 /* The model's units as the trainer cuts them: embedding, each layer, tail; sizes from the

@@ -61,33 +61,37 @@ static void test_course_384gib(void **state) {
     nl_catalog_init(&cat);
     nl_arch a;
     assert_int_equal(nl_catalog_find_model(&cat, "llama-3-8b", &a), NL_OK);
-    /* Llama-3-8B, batch 8 x 8192 tokens, bf16, flash attention, no recomputation: 48 bytes per
-     * hidden unit per token per layer = 384 GiB (plus 0.07% of softmax statistics). */
+    /* Llama-3-8B, batch 8 x 8192 tokens, bf16, flash attention, no recomputation, counted as
+     * Korthikanti et al. count a layer (fused SwiGLU keeps gate and up, recomputes SiLU): 34
+     * bytes per hidden unit per token per layer = 272 GiB (plus 0.07% of softmax statistics).
+     * The course's 48 (384 GiB) also kept sigmoid(gate) and SiLU(gate) and a second copy of the
+     * norm inputs. */
     nl_act_opts o = {.tp = 1, .sp = 0, .flash = 1, .recompute = NL_RECOMPUTE_NONE, .seq = 8192, .bytes_per_elem = 2};
     nl_act_layer L;
     nl_plan_act_layer(&a, &o, &L);
     double gib = (double)(1u << 30), tokens = 8.0 * 8192;
     double stats = 4.0 * 32; /* fp32 log-sum-exp per head */
-    assert_true(L.bytes_per_token - stats == 48.0 * 4096);
-    ROUNDS_TO(L.bytes_per_token * tokens * 32 / gib, 384, 1);
-    /* Term by term: 6 D-sized + 2 kv-sized + 5 F-sized bf16 tensors. */
+    /* 4 D-sized (norm inputs and outputs), Q and wo input (q = D), K and V (kv = D/4), gate, up
+     * and SwiGLU output (F = 3.5 D): 2 x (4 + 2 + 0.5 + 10.5) D = 34 D bytes. */
+    assert_true(L.bytes_per_token - stats == 34.0 * 4096);
+    ROUNDS_TO(L.bytes_per_token * tokens * 32 / gib, 272, 1);
     double sum = 0;
     for (int i = 0; i < L.n; i++) sum += L.terms[i].bytes;
     assert_true(sum == L.bytes_per_token);
     /* Korthikanti et al. 2022 as published: 34 sbh with flash/selective = 272 GiB here; full
      * recomputation keeps the layer input only: 2 sbh = 16 GiB. */
-    ROUNDS_TO(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 1) * tokens * 32 / gib, 272, 1);
-    ROUNDS_TO(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_FULL, 1) * tokens * 32 / gib, 16, 1);
+    ROUNDS_TO(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 1, 1, 0) * tokens * 32 / gib, 272, 1);
+    ROUNDS_TO(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_FULL, 1, 1, 0) * tokens * 32 / gib, 16, 1);
     /* Without flash: the a*s*b*s score terms dominate (34 + 5 a s / h). */
-    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 0) == 4096.0 * (34 + 5.0 * 32 * 8192 / 4096));
-    /* Selective keeps less, full least. */
+    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 0, 1, 0) == 4096.0 * (34 + 5.0 * 32 * 8192 / 4096));
+    /* Selective keeps no more (with flash attention there are no scores to drop), full least. */
     o.recompute = NL_RECOMPUTE_SELECTIVE;
     nl_act_layer S;
     nl_plan_act_layer(&a, &o, &S);
     o.recompute = NL_RECOMPUTE_FULL;
     nl_act_layer F;
     nl_plan_act_layer(&a, &o, &F);
-    assert_true(S.bytes_per_token < L.bytes_per_token && F.bytes_per_token < S.bytes_per_token);
+    assert_true(S.bytes_per_token <= L.bytes_per_token && F.bytes_per_token < S.bytes_per_token);
     assert_true(F.bytes_per_token == 2.0 * 4096);
     /* Tensor parallel without SP leaves the 4 norm tensors replicated; SP shards them too. */
     o.recompute = NL_RECOMPUTE_NONE;
@@ -142,7 +146,7 @@ static void test_cli(void **state) {
     assert_int_equal(tu_run_cli("budget --model llama-3-8b --batch 8 --seq 8192 --json", &out), 0);
     char *q = strstr(out, "\"bytes_per_hidden_unit\":");
     assert_non_null(q);
-    ROUNDS_TO(strtod(q + strlen("\"bytes_per_hidden_unit\":"), NULL), 48, 1);
+    ROUNDS_TO(strtod(q + strlen("\"bytes_per_hidden_unit\":"), NULL), 34, 1);
     free(out);
     char *dir = tu_tmpdir();
     char args[512];
@@ -166,12 +170,38 @@ static void test_cli(void **state) {
     free(out);
 }
 
+/* Issue 16's budget bugs: the Korthikanti rows honour --tp and --sp; --params -7B names the
+ * problem. */
+static void test_budget_bugs(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_arch a;
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-3-8b", &a), NL_OK);
+    double h = 4096, as_h = 5.0 * 32 * 8192 / 4096;
+    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 0, 8, 0) == h * (10 + 24.0 / 8 + as_h / 8));
+    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 0, 8, 1) == h / 8 * (34 + as_h));
+    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_SELECTIVE, 0, 8, 1) == h / 8 * 34);
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("budget --model llama-3-8b --batch 1 --seq 8192 --gpus 8 --tp 8 --sp --json", &out), 0);
+    char *q = strstr(out, "\"korthikanti_flash_bytes\":");
+    assert_non_null(q);
+    double got = strtod(q + strlen("\"korthikanti_flash_bytes\":"), NULL);
+    assert_true(fabs(got - h / 8 * 34 * 8192 * 32) < 1e-6 * got);
+    free(out);
+    assert_int_equal(tu_run_cli("budget --params -7B", &out), 2);
+    assert_non_null(strstr(out, "--params must be a positive"));
+    assert_null(strstr(out, "give --model"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_course_zero),
         cmocka_unit_test(test_course_384gib),
         cmocka_unit_test(test_course_moe),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_budget_bugs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

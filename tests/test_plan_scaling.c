@@ -169,6 +169,22 @@ static void test_cli(void **state) {
     assert_non_null(p);
     assert_true(fabs(strtod(p + 8, NULL) - truth.alpha) < 2e-3);
     free(out);
+    /* Columns named by the user, extra columns (text included) ignored (issue 16). */
+    f = fopen(path, "w");
+    fprintf(f, "run,model_params,train_tokens,val_loss,notes\n");
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "r%zu,%.17g,%.17g,%.17g,seed %zu\n", i, obs[i].n_params, obs[i].n_tokens, obs[i].loss, i);
+    fclose(f);
+    snprintf(args, sizeof args, "scaling fit %s --bootstrap 0", path);
+    assert_int_equal(tu_run_cli(args, &out), 1);
+    assert_non_null(strstr(out, "--n-col"));
+    free(out);
+    snprintf(args, sizeof args, "scaling fit %s --bootstrap 0 --json --n-col model_params --d-col train_tokens --loss-col val_loss", path);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    p = strstr(out, "\"alpha\":");
+    assert_non_null(p);
+    assert_true(fabs(strtod(p + 8, NULL) - truth.alpha) < 2e-3);
+    free(out);
     /* Bad CSV: the line is named. */
     f = fopen(path, "w");
     fprintf(f, "N,D,loss\n1e9,2e10,2.5\n1e9,abc,2.4\n");

@@ -194,7 +194,7 @@ static void test_search(void **state) {
             assert_true(fabs(e->t_step - (e->t_compute + e->t_bubble + e->t_exposed + e->t_optim)) < 1e-9 * e->t_step);
             assert_true(e->t_optim > 0);
             assert_true(fabs(e->tokens_per_s * e->t_step - 1024.0 * 4096) < 1e-6 * 1024 * 4096);
-            assert_true(e->mfu > 0 && e->mfu < q.eff.gemm);
+            assert_true(e->mfu > 0 && e->mfu < (q.eff.gemm > 0 ? q.eff.gemm : q.hw.gemm_eff));
         }
     }
     /* Ranked by step time. */
@@ -282,12 +282,81 @@ static void test_cli(void **state) {
     free(dir);
 }
 
+/* Issue 16's bugs, each failing before its fix. */
+static void test_bugs(void **state) {
+    (void)state;
+    nl_train_req q;
+    nl_train_result r;
+    /* A fixed --pp keeps the interleaved chunks even: 80 layers on pp 8 allow v 2 (10 per
+     * stage = 2 x 5), never v 4 or 8. */
+    base_req(&q, "llama-3-70b", 64);
+    q.fix.pp = 8;
+    q.seq = 4096;
+    assert_int_equal(nl_plan_train_search(&q, &r), NL_OK);
+    for (size_t i = 0; i < r.n; i++)
+        assert_true(q.arch.n_layers % (r.evals[i].L.pp * r.evals[i].L.vpp) == 0);
+    nl_plan_train_free(&r);
+    nl_train_eval ev;
+    /* Tensor-parallel degrees that are not powers of two: 24 heads on 6 GPUs at tp 6. */
+    base_req(&q, "llama-2-7b", 6);
+    q.arch.dim = 3072;
+    q.arch.n_heads = q.arch.n_kv_heads = 24;
+    q.fix.tp = 6;
+    q.global_batch = 1020;
+    assert_int_equal(nl_plan_train_search(&q, &r), NL_OK);
+    assert_true(r.n_fit > 0 && r.evals[0].L.tp == 6);
+    nl_plan_train_free(&r);
+    /* Any micro-batch size: 5 with 1000 sequences on 8 GPUs (125 per rank). */
+    base_req(&q, "llama-2-7b", 8);
+    q.global_batch = 1000;
+    q.fix.micro_batch = 5;
+    assert_int_equal(nl_plan_train_search(&q, &r), NL_OK);
+    assert_true(r.n > 0 && r.evals[0].L.micro_batch == 5);
+    nl_plan_train_free(&r);
+    /* A micro-batch that divides nothing says so (not a pipeline message). */
+    q.fix.micro_batch = 7;
+    assert_int_not_equal(nl_plan_train_search(&q, &r), NL_OK);
+    assert_non_null(strstr(nl_last_error(), "micro-batch 7"));
+    /* ZeRO with dp = 1 names ZeRO, not pipelines (issue 18). */
+    base_req(&q, "llama-2-7b", 2);
+    q.fix.tp = 2;
+    q.fix.zero_plus1 = NL_ZERO_1 + 1;
+    assert_int_not_equal(nl_plan_train_search(&q, &r), NL_OK);
+    assert_non_null(strstr(nl_last_error(), "ZeRO"));
+    assert_null(strstr(nl_last_error(), "pipeline"));
+    /* PP > 1: the first stage holds the in-flight activations and not the logits (those are
+     * on the last stage). */
+    base_req(&q, "llama-3-8b", 8);
+    q.seq = 8192;
+    q.global_batch = 64;
+    nl_layout P = {2, 1, 4, 1, 1, NL_ZERO_1, 1, 32, 1, NL_RECOMPUTE_NONE, 0};
+    assert_int_equal(nl_plan_train_eval(&q, &P, &ev), NL_OK);
+    assert_true(ev.mem_act > 0);
+    assert_true(ev.mem_logits == 0);
+}
+
+static void test_cli_bugs(void **state) {
+    (void)state;
+    char *out = NULL;
+    /* The headline's token count is the batch's, not the parameter count. */
+    assert_int_equal(tu_run_cli("plan train --model llama-2-7b --gpus 8 --top 1", &out), 0);
+    assert_non_null(strstr(out, "global batch 1024 x 4096 = 4.19M tokens"));
+    free(out);
+    /* --params 0 or negative is refused (issue 18), not ignored. */
+    assert_int_equal(tu_run_cli("plan train --model llama-2-7b --gpus 8 --params 0", &out), 2);
+    assert_non_null(strstr(out, "--params must be a positive"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan train --model llama-2-7b --gpus 8 --params -1", &out), 2);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_course_fsdp_one_node), cmocka_unit_test(test_course_fsdp_64_nodes),
         cmocka_unit_test(test_course_moe_all_to_all), cmocka_unit_test(test_course_small_facts),
         cmocka_unit_test(test_search),               cmocka_unit_test(test_search_errors),
-        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_cli),                  cmocka_unit_test(test_bugs),
+        cmocka_unit_test(test_cli_bugs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -142,7 +142,7 @@ static void qat_recovers(void **state) {
     nl_train_opts o;
     nl_train_opts_default(&o);
     o.steps = 300; o.batch = 8; o.seq = 32; o.warmup = 20; o.lr = 3e-3f; o.lr_min = 3e-4f;
-    o.eval_every = 0; o.eval_windows = 8; o.out = base; o.quiet = 1;
+    o.eval_every = 0; o.eval_windows = 8; o.out = base;
     nl_trainer t;
     assert_int_equal(nl_trainer_init(&t, &a, &o), NL_OK);
     assert_int_equal(nl_trainer_run(&t, &o, &d, NULL, NULL), NL_OK);
@@ -217,8 +217,33 @@ static void qat_recovers(void **state) {
     free(dir);
 }
 
+/* The recovered fraction is reported only where it measures recovery: RTN must cost something,
+ * and training must not move the fp32 loss by more than that (a few steps from a random init
+ * printed "-17836.6% of RTN's delta recovered"). */
+static void recovered_fraction(void **state) {
+    (void)state;
+    nl_qat_recovery r = nl_qat_recovered(2.0, 2.1, 2.02, 2.01);
+    assert_null(r.why);
+    assert_true(fabs(r.fraction - 0.8) < 1e-12);
+    assert_true(fabs(r.rtn_delta - 0.1) < 1e-12 && fabs(r.fp32_drift - 0.01) < 1e-12);
+    r = nl_qat_recovered(2.0, 2.1, 2.15, 2.05); /* QAT made it worse: a negative fraction, reported */
+    assert_null(r.why);
+    assert_true(fabs(r.fraction + 0.5) < 1e-12);
+    /* random init, 3 steps: RTN changes nothing measurable, training drops the loss a lot */
+    r = nl_qat_recovered(5.5452, 5.54525, 4.6, 4.59);
+    assert_true(isnan(r.fraction));
+    assert_non_null(strstr(r.why, "nothing to recover"));
+    r = nl_qat_recovered(4.0, 4.1, 3.0, 3.0);
+    assert_true(isnan(r.fraction));
+    assert_non_null(strstr(r.why, "training moved the fp32 loss"));
+    r = nl_qat_recovered(4.0, NAN, 3.0, 3.0);
+    assert_true(isnan(r.fraction));
+    assert_non_null(strstr(r.why, "not finite"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(recovered_fraction),
         cmocka_unit_test(parse),
         cmocka_unit_test(ste_gradients),
         cmocka_unit_test(qat_recovers),

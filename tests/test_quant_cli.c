@@ -57,6 +57,79 @@ static void test_demo_numbers(void **state) {
     free(out);
 }
 
+static double item(cJSON *o, const char *k) { return cJSON_GetObjectItem(o, k)->valuedouble; }
+
+/* `quant values`: one's own values, checked against the absmax and affine rules computed here in
+ * fp32 as the course states them (scale = max|x| / 127, q = round(x / scale), back = q * scale). */
+static void test_values(void **state) {
+    (void)state;
+    const float x[4] = {0.3f, -0.5f, 0.12f, 1.5f};
+    cJSON *d = run_json("quant values 0.3,-0.5,0.12,1.5 --json");
+    assert_string_equal(cJSON_GetObjectItem(d, "scheme")->valuestring, "int8-tensor");
+    cJSON *g = cJSON_GetArrayItem(cJSON_GetObjectItem(d, "groups"), 0);
+    float scale = 1.5f / 127.0f;
+    assert_true(item(g, "scale") == (double)scale);
+    assert_true(item(g, "zero_point") == 0);
+    const int course[4] = {25, -42, 10, 127}; /* the course's walk-through */
+    for (int i = 0; i < 4; i++) {
+        assert_true(num(d, "x", i) == (double)x[i]);
+        assert_int_equal((int)num(d, "codes", i), course[i]);
+        assert_int_equal((int)num(d, "codes", i), (int)rintf(x[i] * (1.0f / scale)));
+        assert_true(num(d, "dequantized", i) == (double)((float)course[i] * scale));
+    }
+    cJSON_Delete(d);
+    /* an outlier with blocks of 2: the first pair keeps its own step, (76, -127) */
+    d = run_json("quant values 0.3,-0.5,0.12,30 --block 2 --json");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(d, "groups")), 2);
+    assert_true(item(cJSON_GetArrayItem(cJSON_GetObjectItem(d, "groups"), 0), "scale") == (double)(0.5f / 127.0f));
+    const int blocks[4] = {76, -127, 1, 127};
+    for (int i = 0; i < 4; i++) assert_int_equal((int)num(d, "codes", i), blocks[i]);
+    cJSON_Delete(d);
+    /* int4: step max|x| / 7 */
+    d = run_json("quant values 0.3,-0.5,0.12,1.5 --scheme int4 --json");
+    assert_true(item(cJSON_GetArrayItem(cJSON_GetObjectItem(d, "groups"), 0), "scale") == (double)(1.5f / 7.0f));
+    const int q4[4] = {1, -2, 1, 7};
+    for (int i = 0; i < 4; i++) assert_int_equal((int)num(d, "codes", i), q4[i]);
+    cJSON_Delete(d);
+    /* affine uint8: scale = (max - min) / 255, zero point = -round(min / scale), 0.0 exact */
+    d = run_json("quant values 0.3,-0.5,0.12,1.5 --scheme affine --json");
+    g = cJSON_GetArrayItem(cJSON_GetObjectItem(d, "groups"), 0);
+    float as = 2.0f / 255.0f;
+    int zp = (int)-rintf(-0.5f / as);
+    assert_true(item(g, "scale") == (double)as);
+    assert_int_equal((int)item(g, "zero_point"), zp);
+    assert_int_equal(zp, 64);
+    for (int i = 0; i < 4; i++) {
+        int q = (int)rintf(x[i] * (1.0f / as)) + zp;
+        assert_int_equal((int)num(d, "codes", i), q);
+        assert_true(fabs(num(d, "dequantized", i) - (double)((float)(q - zp) * as)) < 1e-7);
+    }
+    cJSON_Delete(d);
+    /* the table shows the same numbers, the values as typed */
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("quant values 0.3,-0.5,0.12,1.5", &out), 0);
+    assert_non_null(strstr(out, "x            = 0.3 -0.5 0.12 1.5"));
+    assert_non_null(strstr(out, "q            = 25 -42 10 127"));
+    assert_non_null(strstr(out, "max|x| / 127 = 1.5 / 127"));
+    free(out);
+    /* bad input names what was wrong */
+    assert_int_equal(tu_run_cli("quant values 0.3,abc", &out), 2);
+    assert_non_null(strstr(out, "'abc'"));
+    free(out);
+    assert_int_equal(tu_run_cli("quant values 1e39", &out), 2);
+    assert_non_null(strstr(out, "fp32"));
+    free(out);
+    assert_int_equal(tu_run_cli("quant values 1,2 --scheme affine --block 2", &out), 2);
+    assert_non_null(strstr(out, "--block"));
+    free(out);
+    assert_int_equal(tu_run_cli("quant values 1,2 --scheme int9", &out), 2);
+    assert_non_null(strstr(out, "int9"));
+    free(out);
+    assert_int_equal(tu_run_cli("quant values", &out), 2);
+    assert_non_null(strstr(out, "give the values"));
+    free(out);
+}
+
 static void test_outliers(void **state) {
     (void)state;
     cJSON *d = run_json("quant outliers --rows 64 --cols 256 --json");
@@ -152,6 +225,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_demo_numbers),
         cmocka_unit_test(test_outliers),
+        cmocka_unit_test(test_values),
         cmocka_unit_test(test_cli_errors),
         cmocka_unit_test(test_model_cli),
     };

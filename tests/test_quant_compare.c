@@ -89,9 +89,43 @@ static void test_bad_scheme(void **state) {
     free(out);
 }
 
+/* fp32 is the baseline row: listing it in --schemes printed it twice. */
+static void test_fp32_listed_once(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(ckpt, "stories260K/stories260K.bin");
+    TU_REQUIRE_DATA(tok, "stories260K/tok512.bin");
+    TU_REQUIRE_DATA(text, "tinystories/tinystories_head.txt");
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args,
+             "quant compare --ckpt '%s' --tokenizer '%s' --data '%s' --calib '%s' --calib-tokens 512 --eval-tokens 1024 "
+             "--schemes fp32,rtn-int8-g32",
+             ckpt, tok, text, text);
+    int rc = tu_run_cli(args, &out);
+    if (rc != 0) fail_msg("quant compare exited %d: %s", rc, out ? out : "");
+    int fp32_rows = 0, rtn_rows = 0;
+    for (char *line = out; line; line = strchr(line, '\n')) {
+        if (*line == '\n') line++;
+        fp32_rows += !strncmp(line, "fp32 ", 5);
+        rtn_rows += !strncmp(line, "rtn-int8-g32 ", 13);
+    }
+    print_message("%s", out);
+    assert_int_equal(fp32_rows, 1);
+    assert_int_equal(rtn_rows, 1);
+    free(out);
+    snprintf(args, sizeof args, "quant compare --ckpt x --data y --calib y --schemes fp32");
+    assert_int_equal(tu_run_cli(args, &out), 2);
+    assert_non_null(strstr(out, "baseline"));
+    free(out);
+    snprintf(args, sizeof args, "quant compare --ckpt x --data y --calib y --schemes rtn-int4-g32,rtn-int4-g32");
+    assert_int_equal(tu_run_cli(args, &out), 2);
+    assert_non_null(strstr(out, "rtn-int4-g32 twice"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_scheme),
+        cmocka_unit_test(test_fp32_listed_once),
         cmocka_unit_test(test_stories260k_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

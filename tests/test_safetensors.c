@@ -243,6 +243,9 @@ static void test_half_decoders(void **state) {
 
 static void test_malformed(void **state) {
     (void)state;
+    /* numel * element size wraps around 2^64: [2^31, 2^31] F32 once "needed 0 bytes". */
+    expect_bad_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2147483648,2147483648],\"data_offsets\":[0,0]}}", 0,
+                    "tensor \"a\": shape [2147483648,2147483648] of F32 needs more than 2^64 bytes");
     /* Shorter than the length field. */
     uint8_t five[5] = {1, 0, 0, 0, 0};
     expect_bad(five, 5, "truncated at byte 5");

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char slots[8][4096];
@@ -41,29 +42,62 @@ const char *tu_src_path(const char *rel) {
     return p;
 }
 
-int tu_run_cli(const char *args, char **out) {
-    const char *bin = getenv("NANOLM_BIN");
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "build/nanolm", args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t cap = 4096, len = 0;
+/* Reads all of `p` into a malloc'd, NUL-terminated string; NULL when memory runs out (the
+ * rest of the output is then drained so that the child never blocks on a full pipe). */
+static char *read_all(FILE *p) {
+    size_t cap = 1 << 16, len = 0, n;
     char *buf = malloc(cap);
-    size_t n;
+    char sink[4096];
     while (buf && (n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
         len += n;
         if (cap - len < 2) {
             char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
             buf = nb;
             cap *= 2;
         }
     }
-    if (buf) buf[len] = '\0';
-    int st = pclose(p);
-    if (out) *out = buf; else free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (!buf)
+        while (fread(sink, 1, sizeof sink, p) > 0) {
+        }
+    else
+        buf[len] = '\0';
+    return buf;
 }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int tu_run_cli_ex(const tu_run_opts *o, const char *args, char **out, double *elapsed_s) {
+    static const tu_run_opts plain = {0};
+    if (!o) o = &plain;
+    const char *bin = getenv("NANOLM_BIN");
+    char timeout[64] = "", mpi[128] = "", cmd[16384];
+    if (o->timeout_s > 0) snprintf(timeout, sizeof timeout, "timeout -k 10 %d ", o->timeout_s);
+    if (o->np > 0) snprintf(mpi, sizeof mpi, "mpirun --allow-run-as-root --oversubscribe -np %d ", o->np);
+    int n = snprintf(cmd, sizeof cmd, "%s%s%s%s %s%s", o->one_thread ? "OMP_NUM_THREADS=1 " : "", timeout,
+                     mpi, bin ? bin : "build/nanolm", args, o->stdout_only ? "" : " 2>&1");
+    if (out) *out = NULL;
+    if (n < 0 || (size_t)n >= sizeof cmd) return -1;
+    double t0 = now_s();
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char *buf = read_all(p);
+    int st = pclose(p);
+    if (elapsed_s) *elapsed_s = now_s() - t0;
+    if (out) *out = buf;
+    else free(buf);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int tu_run_cli(const char *args, char **out) { return tu_run_cli_ex(NULL, args, out, NULL); }
 
 char *tu_tmpdir(void) {
     char *t = malloc(64);

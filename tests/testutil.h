@@ -25,6 +25,19 @@ const char *tu_committed_data(const char *rel);
 /* Runs the CLI (NANOLM_BIN) with a shell-quoted argument string; captures stdout+stderr into
  * a malloc'd string (*out, may be NULL) and returns the exit status. */
 int tu_run_cli(const char *args, char **out);
+
+/* How tu_run_cli_ex runs the CLI. Zero fields are the defaults of tu_run_cli. */
+typedef struct tu_run_opts {
+    int np;          /* > 0: under `mpirun -np np` (as root and oversubscribed); 0: one process */
+    int timeout_s;   /* > 0: under `timeout -k 10 timeout_s` (a hang shows as status 124) */
+    int one_thread;  /* OMP_NUM_THREADS=1 (ranks on a shared machine) */
+    int stdout_only; /* capture stdout only (stderr goes to the test's own stderr) */
+} tu_run_opts;
+
+/* Runs `[timeout] [mpirun -np N] nanolm args` as `o` says; *out (may be NULL) gets the captured
+ * output as a malloc'd string (NULL when memory ran out), *elapsed_s (may be NULL) the wall
+ * time. Returns the exit status, or -1 when the command could not be started or did not exit. */
+int tu_run_cli_ex(const tu_run_opts *o, const char *args, char **out, double *elapsed_s);
 /* A fresh temporary directory (removed by tu_rmdir). */
 char *tu_tmpdir(void);
 void tu_rmdir(const char *dir);

@@ -38,10 +38,23 @@ typedef struct nl_arch {
     int64_t kv_lora_rank;     /* compressed KV size cached per token and layer */
     int64_t qk_rope_head_dim; /* RoPE part of a q/k head (shared across heads for k) */
     int64_t v_head_dim;       /* value head size */
+    /* Hugging Face families (nanolm/hf.h). qkv_bias: q/k/v projections carry a bias (Qwen2).
+     * rope_scaling_factor > 0: Llama 3's RoPE frequency scaling ("rope_type": "llama3"):
+     * wavelengths above original_max_pos / low_freq_factor are divided by the factor, those
+     * below original_max_pos / high_freq_factor are kept, and the band between is blended
+     * (transformers' _compute_llama3_parameters). 0 = plain RoPE. */
+    int qkv_bias;
+    double rope_scaling_factor;
+    double rope_low_freq_factor;
+    double rope_high_freq_factor;
+    int64_t rope_original_max_pos;
 } nl_arch;
 
 /* Head size (dim / n_heads unless head_dim is set). */
 int64_t nl_arch_head_dim(const nl_arch *a);
+/* Inverse frequency of RoPE pair i (0 <= i < head_dim/2): rope_theta^(-2i/hd), then Llama 3's
+ * scaling when rope_scaling_factor > 0. In double, as the runtime builds its tables. */
+double nl_arch_rope_inv_freq(const nl_arch *a, int64_t i);
 /* Checks the shape is consistent (positive sizes, heads divide, kv heads divide heads, ...).
  * Returns NL_ERR_INVALID with a message naming the field. */
 nl_status nl_arch_validate(const nl_arch *a);

@@ -27,7 +27,8 @@ typedef enum nl_status {
     NL_ERR_UNSUPPORTED = 6, /* valid request this build or format cannot do */
     NL_ERR_NUMERIC = 7,   /* a computation produced NaN/inf where it must not */
     NL_ERR_COMM = 8,      /* a collective or peer failed */
-    NL_ERR_NOT_IMPLEMENTED = 9 /* used only by the course skeletons in exercises/ */
+    NL_ERR_NOT_IMPLEMENTED = 9, /* used only by the course skeletons in exercises/ */
+    NL_ERR_BUSY = 10      /* a bounded queue is full: try again later (HTTP 429) */
 } nl_status;
 
 /* Sets the thread's last error message (printf-style) and returns `code`, so that
@@ -103,6 +104,14 @@ void nl_atomic_abort(nl_atomic_file *af);
  * descriptor in blocking mode (close it); the _stdio variant gives a FILE* opened "rb". */
 nl_status nl_file_open_read(const char *path, int *fd);
 nl_status nl_file_open_read_stdio(const char *path, FILE **f);
+/* Async-signal-safe: removes the temporary file of an atomic write in progress in this process
+ * (if any), for a signal handler that is about to end the process in the middle of a save. */
+void nl_atomic_remove_pending(void);
+/* Checks, before any work, that `path` can be written as an output: it is not a directory or a
+ * special file (FIFO, device), and a file can be created in its directory (a probe file
+ * "<path>.tmp.<pid>" is created and removed; an existing `path` is not touched). `what` names
+ * the output in the message (e.g. "--out"). Errors: NL_ERR_IO naming the path and the reason. */
+nl_status nl_check_writable(const char *path, const char *what);
 /* Whole-file helpers. nl_read_file returns a NUL-terminated buffer (free with nl_free). */
 nl_status nl_read_file(const char *path, char **data, size_t *bytes);
 nl_status nl_write_file_atomic(const char *path, const void *data, size_t bytes);

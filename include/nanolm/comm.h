@@ -88,7 +88,6 @@ nl_status nl_comm_split(nl_comm *parent, int color, int key, const char *name, n
 void nl_comm_free(nl_comm *c);
 int nl_comm_rank(const nl_comm *c);
 int nl_comm_size(const nl_comm *c);
-const char *nl_comm_name(const nl_comm *c);
 /* Rank in the world of this process (0 before init). */
 int nl_comm_world_rank(void);
 

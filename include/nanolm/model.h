@@ -15,6 +15,8 @@
  *     model.layers.l.self_attn.q_proj.weight           (NH*hd, C)   \ contiguous: one fused
  *     model.layers.l.self_attn.k_proj.weight           (KVH*hd, C)  | (NH+2KVH)*hd x C matmul
  *     model.layers.l.self_attn.v_proj.weight           (KVH*hd, C)  /
+ *     model.layers.l.self_attn.{q,k,v}_proj.bias       (NH*hd), (KVH*hd), (KVH*hd)  only with
+ *                                                      arch.qkv_bias (Qwen2): fused (QKV)
  *     model.layers.l.self_attn.o_proj.weight           (C, NH*hd)
  *     model.layers.l.post_attention_layernorm.weight   (C)
  *     model.layers.l.mlp.gate_proj.weight              (H, C)       \ contiguous: one fused
@@ -46,7 +48,9 @@ typedef enum nl_param_kind {
     NL_PARAM_RMS_FFN, NL_PARAM_W1, NL_PARAM_W3, NL_PARAM_W2, NL_PARAM_RMS_FINAL, NL_PARAM_CLS,
     /* mixture-of-experts layers (see nanolm/moe.h) */
     NL_PARAM_ROUTER, NL_PARAM_SHARED_W1, NL_PARAM_SHARED_W3, NL_PARAM_SHARED_W2,
-    NL_PARAM_EXPERT_W1, NL_PARAM_EXPERT_W3, NL_PARAM_EXPERT_W2
+    NL_PARAM_EXPERT_W1, NL_PARAM_EXPERT_W3, NL_PARAM_EXPERT_W2,
+    /* q/k/v biases (arch.qkv_bias, Qwen2): (NH*hd), (KVH*hd), (KVH*hd), right after wv */
+    NL_PARAM_BQ, NL_PARAM_BK, NL_PARAM_BV
 } nl_param_kind;
 
 /* One tensor of the flat parameter vector. */
@@ -77,6 +81,8 @@ typedef struct nl_layer_weights {
     float *sw2;      /* shared down (C, S*F) */
     float *experts;  /* this rank's routed experts, expert j at experts + j*3*F*C: gate (F, C),
                       * up (F, C), down (C, F) -- one contiguous offset range per expert */
+    float *bqkv;     /* arch.qkv_bias only, else NULL: q|k|v biases fused (QKV), added to the
+                      * q/k/v projection before RoPE */
 } nl_layer_weights;
 
 typedef struct nl_weights {
@@ -273,6 +279,9 @@ nl_status nl_model_alloc_kv(nl_model *m);
  * single-token buffers; m->kv_bytes receives the bytes of the K/V storage. Errors:
  * NL_ERR_INVALID (unknown dt), NL_ERR_UNSUPPORTED (MoE), NL_ERR_NOMEM. */
 nl_status nl_model_alloc_kv_dtype(nl_model *m, nl_kv_dtype dt);
+/* The int8 KV format of one token: per head absmax of x (KVH, hd) into codes (KVH*hd) and fp16
+ * scales (KVH), as described at nl_kv_dtype (shared by this cache and the serving engine's). */
+void nl_kv_quantize_token(int8_t *codes, uint16_t *scales, const float *x, int64_t KVH, int64_t hd);
 /* Runs one token at position pos (0-based, < seq_len) with the KV cache; returns logits (V). */
 float *nl_model_step(nl_model *m, int32_t token, int64_t pos);
 /* Picks the next token from logits (V): argmax when temperature == 0, else samples from
@@ -293,6 +302,8 @@ void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, i
                           int64_t KVH, int64_t hd);
 void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
                            const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd);
+/* x (N, D) += bias (D) on every row. */
+void nl_add_bias(float *x, const float *bias, int64_t N, int64_t D);
 void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H);
 void nl_swiglu_backward(float *dh13, const float *dout, const float *h13, int64_t N, int64_t H);
 

@@ -26,6 +26,8 @@ extern "C" {
 #endif
 
 typedef struct nl_ep_opts {
+    nl_train_opts train;       /* the training options (nanolm/train.h): batch = sequences per
+                                * data-parallel rank, seq, AdamW, clipping, seed */
     int ep;
     int cp;                    /* context parallel: groups of cp consecutive ranks share sequences,
                                 * each rank holds 2 of the 2*cp chunks (needs ep 1, no aux loss

@@ -67,7 +67,7 @@ typedef struct nl_pipe {
     float *dresid, *dln, *dqkv, *datty, *datt, *dh13, *dhact;
     float *gat;                  /* SP: (b*T, C) all-gathered norm output, transient (NULL without SP) */
     float *adam_m, *adam_v;      /* (n_params); only the owned ranges are used */
-    int64_t t;
+    nl_adamw opt;                /* hyper-parameters and steps taken (t); m, v stay NULL */
     int32_t *x, *y;              /* (B, T) this data-parallel rank's batch */
     double busy_s, idle_s;       /* last step: computing, waiting for a pipeline message */
     double tp_s;                 /* last step: in tensor-parallel collectives */
@@ -96,7 +96,19 @@ typedef struct nl_pipe {
 nl_status nl_pipe_init(nl_pipe *pp, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
                        nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *tp_comm);
 void nl_pipe_free(nl_pipe *pp);
-/* One step; *loss = mean loss of the global batch (on every rank), *grad_norm before clipping. */
+/* The hooks of the one training loop (nanolm/train.h): nl_pipe_grads runs the stage schedule
+ * (forward and backward of the micro-batches), sums tensor-parallel partial gradients, averages
+ * over micro-batches and all-reduces over the data-parallel group; *loss = mean loss of the global
+ * batch (every rank). nl_pipe_sumsq: the global gradient's sum of squares (split slices once,
+ * replicated tensors once per tensor-parallel group). nl_pipe_update: AdamW on the owned ranges.
+ * No evaluation and no checkpoints (the layout's eval / save / load are NULL). */
+nl_status nl_pipe_grads(nl_pipe *p, const nl_data *d, int64_t step, float *loss);
+nl_status nl_pipe_sumsq(nl_pipe *p, double *ss);
+void nl_pipe_scale_grads(nl_pipe *p, float f);
+nl_status nl_pipe_update(nl_pipe *p, float lr);
+void nl_pipe_layout(nl_pipe *p, nl_train_layout *L);
+/* One step (nl_train_layout_step over the hooks); *loss = mean loss of the global batch (on every
+ * rank), *grad_norm before clipping. */
 nl_status nl_pipe_step(nl_pipe *pp, const nl_data *d, int64_t step, float lr, float *loss, double *grad_norm);
 /* Bytes this rank holds: parameters, gradients, AdamW state (all of its part) and, as workspace,
  * the activations of its micro-batches and the backward scratch. */

@@ -30,12 +30,14 @@ typedef struct nl_hw {
     double inter_eff;       /* achievable fraction of inter_bw for large collectives */
     double price_per_hour;  /* $ per GPU-hour (a parameter, not a fact) */
     char source[160];
+    double gemm_eff;        /* fraction of peak a large GEMM reaches in a training stack */
 } nl_hw;
 
 /* A model entry: its shape plus where the numbers come from. */
 typedef struct nl_model_entry {
     nl_arch arch;
     char source[160];
+    char family[16];  /* "" = llama */
 } nl_model_entry;
 
 #define NL_CATALOG_MAX 64
@@ -67,10 +69,36 @@ nl_status nl_catalog_model_arg(nl_catalog *c, const char *arg, nl_arch *out);
 const char *nl_catalog_hw_names(const nl_catalog *c, char *buf, size_t n);
 const char *nl_catalog_model_names(const nl_catalog *c, char *buf, size_t n);
 
+/* ---- model families ------------------------------------------------------------------------ */
+/* What the shape (nl_arch) does not say: the block's flavour. Llama (the default, all zero):
+ * RMSNorm, RoPE, SwiGLU MLP of 3 matrices of width hidden_dim, no biases, no dropout. GPT-3,
+ * OPT, BLOOM and MPT: LayerNorm, a GeLU (OPT: ReLU) MLP of 2 matrices of width hidden_dim
+ * (usually 4 d), learned or ALiBi positions, biases (not MPT), dropout (GPT-3, OPT). */
+typedef enum nl_pos { NL_POS_ROPE = 0, NL_POS_LEARNED = 1, NL_POS_ALIBI = 2 } nl_pos;
+typedef struct nl_family {
+    char name[16];
+    int gelu_mlp;   /* 2-matrix MLP with one element-wise activation */
+    int layernorm;  /* LayerNorm (mean and variance) instead of RMSNorm */
+    int bias;       /* biases on every linear layer and norm */
+    int dropout;    /* dropout after attention softmax, attention output and MLP (masks kept) */
+    nl_pos pos;
+} nl_family;
+/* "llama", "gpt" (GPT-2/3, Megatron GPT), "opt", "bloom", "mpt". NL_ERR_INVALID otherwise. */
+nl_status nl_plan_family(const char *name, nl_family *out);
+/* The family of a catalog model (llama when the entry names none). */
+void nl_catalog_family(const nl_catalog *c, const char *model, nl_family *out);
+
 /* ---- counts from the shape -------------------------------------------------------------- */
 /* Parameters that do matmul work per token: active parameters minus the embedding lookup
  * (the classifier matmul counts, tied or not) minus the norms. */
 double nl_plan_matmul_params(const nl_arch *a);
+/* Parameters of `a` built as family `f` (NULL = llama, then exactly nl_arch_count_params): a
+ * GeLU MLP has 2 matrices of width hidden_dim instead of SwiGLU's 3; biases add q+2kv+D on
+ * attention, F+D on the MLP and D per norm; learned positions add seq_len x D to the
+ * embedding. */
+void nl_plan_count_params(const nl_arch *a, const nl_family *f, nl_arch_params *out);
+/* nl_plan_matmul_params for family `f`. */
+double nl_plan_matmul_params_fam(const nl_arch *a, const nl_family *f);
 /* Forward attention-score FLOPs per token averaged over a causal sequence of length `seq`
  * (QK^T and PV: 2 * 2 * q_dim * seq/2 per layer). */
 double nl_plan_attn_flops_per_token(const nl_arch *a, double seq);
@@ -89,7 +117,6 @@ typedef struct nl_recipe {
 /* "fp32", "bf16" (mixed, the default), "fp8" (Transformer Engine style), "fp8-ds3"
  * (DeepSeek-V3). NL_ERR_INVALID listing the known ones otherwise. */
 nl_status nl_plan_recipe(const char *name, nl_recipe *out);
-const char *const *nl_plan_recipe_names(void);
 
 typedef enum nl_zero { NL_ZERO_0 = 0, NL_ZERO_1 = 1, NL_ZERO_2 = 2, NL_ZERO_3 = 3, NL_ZERO_HSDP = 4 } nl_zero;
 const char *nl_zero_name(nl_zero z);
@@ -121,6 +148,7 @@ typedef struct nl_act_opts {
     nl_recompute recompute;
     double seq;          /* sequence length (scores without flash) */
     double bytes_per_elem; /* 2 for bf16 */
+    nl_family fam;       /* zero = llama */
 } nl_act_opts;
 
 typedef struct nl_act_layer {
@@ -129,14 +157,16 @@ typedef struct nl_act_layer {
     double bytes_per_token;        /* sum over terms, one layer, what stays until backward */
     double working_bytes_per_token;/* one layer's full set, live while it is recomputed */
 } nl_act_layer;
-/* Activations of one (average) transformer layer, per token, adapted from Korthikanti et al.
- * 2022 ("Reducing Activation Recomputation in Large Transformer Models", sec. 4) to
- * RMSNorm, GQA, SwiGLU (SiLU as x*sigmoid(x)), no dropout. */
+/* Activations of one (average) transformer layer, per token, as Korthikanti et al. 2022
+ * ("Reducing Activation Recomputation in Large Transformer Models", sec. 4) count them: for the
+ * GPT family exactly their 34 + 5as/h (dropout masks included); for Llama the same walk with
+ * RMSNorm, GQA, a fused SwiGLU and no dropout (terms named in memory.c). */
 void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *out);
-/* Korthikanti et al. 2022 eq. (1)-(2) as published for GPT (4h GeLU MLP, dropout, fp16):
- * bytes per token per layer = h*(34 + 5*a*s/h) (no recompute, tp = 1); with flash attention or
- * selective recompute 34*h; with full recompute 2*h. */
-double nl_plan_act_korthikanti(const nl_arch *a, double seq, nl_recompute r, int flash);
+/* Korthikanti et al. 2022 Table 2 as published for GPT (4h GeLU MLP, dropout, fp16), bytes per
+ * token per layer: h (34 + 5as/h) at tp = 1; h (10 + 24/t + 5as/(ht)) with tensor parallelism;
+ * h/t (34 + 5as/h) with sequence parallelism; the 5as/h term dropped by selective
+ * recomputation or flash attention; 2h with full recomputation. */
+double nl_plan_act_korthikanti(const nl_arch *a, double seq, nl_recompute r, int flash, int64_t tp, int sp);
 /* Bytes of the logits and the fp32 loss working copy for `tokens` tokens. */
 double nl_plan_logits_bytes(const nl_arch *a, double tokens);
 
@@ -153,7 +183,7 @@ double nl_plan_coll_time(const nl_hw *hw, nl_coll c, int64_t p, double bytes, in
 
 /* ---- efficiency assumptions of the time model -------------------------------------------- */
 typedef struct nl_eff {
-    double gemm;          /* fraction of peak a large bf16 GEMM reaches */
+    double gemm;          /* fraction of peak a large GEMM reaches; 0 = the GPU's gemm_eff */
     double attn;          /* fraction of peak the flash-attention kernels reach */
     double kernel_s;      /* fixed cost per kernel launch */
     double kernels_per_layer; /* kernels per layer forward (backward: twice) */
@@ -163,6 +193,7 @@ typedef struct nl_eff {
     double fixed_mfu;     /* > 0: napkin mode: time = model FLOPs / (peak * fixed_mfu) */
     int fp8_gemm;         /* GEMMs at the fp8 peak (set from the recipe by the search) */
     double tp_overlap;    /* fraction of tensor-parallel communication hidden behind GEMMs */
+    double ep_overlap;    /* fraction of expert all-to-all hidden (1F1B; DualPipe hides it all) */
 } nl_eff;
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
@@ -178,8 +209,14 @@ typedef struct nl_layout {
     int sp;                 /* sequence parallel with tp > 1 */
 } nl_layout;
 
+/* Pipeline schedule: 1F1B (interleaved when vpp > 1) or DeepSeek-V3's DualPipe. */
+typedef enum nl_sched { NL_SCHED_1F1B = 0, NL_SCHED_DUALPIPE = 1 } nl_sched;
+
 typedef struct nl_train_req {
     nl_arch arch;
+    nl_family fam;           /* zero = llama */
+    nl_sched schedule;
+    int attn_materialized;   /* the run materialises the s x s scores (no flash attention) */
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;
@@ -263,12 +300,16 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
 /* ---- serving ----------------------------------------------------------------------------- */
 typedef struct nl_serve_req {
     nl_arch arch;
+    nl_family fam;           /* zero = llama */
+    int fp8;                 /* GEMMs at the fp8 peak (FP8 weights and activations) */
     nl_hw hw;
     int64_t tp;
     double prompt, output;   /* tokens */
     int64_t batch;           /* concurrent decode sequences */
     double context;          /* decode context; 0 = prompt + output/2 */
-    double prefill_mfu;      /* fraction of peak in prefill (0.5) */
+    double prefill_mfu;      /* fraction of peak in prefill; 0 = the GPU's gemm_eff */
+    double kernel_s;         /* per kernel launch (5 us) */
+    double kernels_per_layer;/* kernels per layer per forward pass (20) */
     double weight_bytes;     /* bytes per weight (2 = bf16) */
     double kv_bytes;         /* bytes per KV element (2) */
     double chunk;            /* chunked-prefill tokens per step (256) */
@@ -277,6 +318,7 @@ typedef struct nl_serve_req {
 typedef struct nl_serve_plan {
     double params, matmul_params;
     double prefill_flops, prefill_s;           /* one prompt, on tp GPUs */
+    double batch_prefill_s;                    /* the whole batch's prompts in one prefill */
     double kv_bytes_per_token, prompt_kv_bytes;
     double weight_read_s, kv_read_s, decode_compute_s, decode_mem_s, decode_step_s; /* tp applied */
     double tp_allreduces, tp_allreduce_bytes, tp_comm_s, tp_comm_latency_s;
@@ -291,6 +333,45 @@ typedef struct nl_serve_plan {
 /* Prices serving `arch` on `tp` GPUs of `hw`. NL_ERR_INVALID on bad sizes. */
 nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *out);
 void nl_serve_req_default(nl_serve_req *q);
+
+/* ---- validation against published runs ------------------------------------------------- */
+/* One published figure (tests/validation/published.json) and what the planner predicts for it
+ * with the default assumptions. */
+typedef struct nl_valid_case {
+    char id[64];
+    char group[16];       /* "train", "memory", "serve", "collective" */
+    char metric[32];      /* "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "state_gb", ... */
+    char unit[96];
+    char source[320];
+    double published, predicted;
+    double err;           /* signed relative error: predicted / published - 1 */
+    int fits;             /* training cases: the published layout fits in memory; -1 elsewhere */
+    int formula;          /* the published figure is the source's own formula (memory accounting) */
+} nl_valid_case;
+
+typedef struct nl_valid_group {
+    char group[16];
+    int n;
+    double median_abs, worst_abs; /* |err| */
+    char worst_id[64];
+    int n_formula;                /* cases whose accounting the source spells out */
+    double worst_formula_abs;
+} nl_valid_group;
+
+typedef struct nl_valid_result {
+    nl_valid_case *cases;
+    size_t n;
+    nl_valid_group groups[4]; /* train, memory, serve, collective (n = 0 when none) */
+    int n_nofit;              /* training cases whose published layout the planner rejects */
+} nl_valid_result;
+/* Loads the validation set at `path` (a JSON array, one object per published figure: id, group,
+ * source, model or arch, gpu, layout, metric, published; see tests/validation/README.md) and
+ * prices every entry with the default assumptions, models and GPUs from `cat`. NL_ERR_IO /
+ * NL_ERR_FORMAT naming the file and the entry on bad input. Free with nl_plan_validate_free. */
+nl_status nl_plan_validate(const nl_catalog *cat, const char *path, nl_valid_result *out);
+void nl_plan_validate_free(nl_valid_result *r);
+/* Signed errors per case as horizontal bars, grouped. */
+nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r);
 
 /* ---- pictures ------------------------------------------------------------------------------ */
 /* GPipe and 1F1B timelines for p stages and m microbatches (bubble visible). */

@@ -53,6 +53,27 @@ nl_status nl_qat_status(const nl_qat *q);
  * the same quantizer as the hook), in place. Errors as nl_quant_absmax_into. */
 nl_status nl_qat_rtn_inplace(nl_model *m, const nl_quant_spec *spec);
 
+/* How much of RTN's loss increase a QAT run recovered, and whether that figure means anything. */
+typedef struct nl_qat_recovery {
+    double rtn_delta;  /* rtn_start - fp32_start: what RTN costs before training */
+    double fp32_drift; /* fp32_end - fp32_start: how far training moved the fp32 loss itself */
+    double fraction;   /* (rtn_start - qat_end) / rtn_delta; NAN when not meaningful */
+    const char *why;   /* NULL when meaningful, else why the fraction is not reported */
+} nl_qat_recovery;
+
+/* The smallest RTN delta (nats/token) from which a recovered fraction is reported. */
+#define NL_QAT_MIN_RTN_DELTA 1e-3
+
+/*
+ * The share of RTN's validation-loss increase that QAT recovered, from four validation losses:
+ * fp32 and RTN fake-quantized weights before training, fake-quantized and fp32 master weights
+ * after. The fraction is meaningful only when RTN costs something (rtn_delta >=
+ * NL_QAT_MIN_RTN_DELTA) and training did not move the fp32 loss by more than that delta (else
+ * the figure measures training, not recovery: e.g. from a random init); otherwise fraction is
+ * NAN and `why` says which. A NaN or infinite loss gives NAN with its own reason.
+ */
+nl_qat_recovery nl_qat_recovered(double fp32_start, double rtn_start, double qat_end, double fp32_end);
+
 #ifdef __cplusplus
 }
 #endif

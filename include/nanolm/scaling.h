@@ -77,6 +77,11 @@ nl_status nl_scaling_fit(const nl_scaling_obs *obs, size_t n, const nl_scaling_f
 /* Reads a CSV with a header naming columns N (or params), D (or tokens) or FLOPs (C, then
  * D = C / 6N), and loss. Returns a malloc'd array (nl_free). NL_ERR_FORMAT naming file and line. */
 nl_status nl_scaling_read_csv(const char *path, nl_scaling_obs **obs, size_t *n);
+/* Column names for nl_scaling_read_csv_cols: any left NULL keeps its usual names (N/params,
+ * D/tokens, C/FLOPs, loss/L) unless another is named, then only the named ones are read.
+ * Columns the fit does not use are ignored, whatever they hold. */
+typedef struct nl_scaling_cols { const char *n, *d, *flops, *loss; } nl_scaling_cols;
+nl_status nl_scaling_read_csv_cols(const char *path, const nl_scaling_cols *names, nl_scaling_obs **obs, size_t *n);
 
 /* The compute-optimal frontier (loss vs compute) under `law` and the 20-tokens rule as an SVG. */
 nl_status nl_scaling_svg_frontier(const char *path, const nl_chinchilla *law, double flops_lo,

@@ -32,8 +32,11 @@ extern "C" {
 
 typedef enum nl_tokenizer_kind {
     NL_TOKENIZER_BYTE = 0,
-    NL_TOKENIZER_LLAMA2C = 1
+    NL_TOKENIZER_LLAMA2C = 1,
+    NL_TOKENIZER_HF = 2        /* tokenizer.json BPE (nanolm/bpe.h) */
 } nl_tokenizer_kind;
+
+struct nl_bpe;
 
 typedef struct nl_tokenizer {
     nl_tokenizer_kind kind;
@@ -46,6 +49,7 @@ typedef struct nl_tokenizer {
     int dummy_prefix_id;       /* id of " " (llama2.c), -1 for byte-level */
     int words_independent;     /* 1: pieces never contain a space after a non-space */
     char byte_pieces[512];     /* byte b as a 1-byte string at [2b] */
+    struct nl_bpe *bpe;        /* NL_TOKENIZER_HF only (pieces, scores, sorted_ids are NULL) */
 } nl_tokenizer;
 
 /* The byte-level tokenizer (vocab 256). Returns NL_ERR_NOMEM only. */
@@ -57,9 +61,19 @@ nl_status nl_tokenizer_init_byte(nl_tokenizer *t);
  * pieces not at 3..258, no " " piece for the dummy prefix, token count != vocab_size.
  * On error *t is zeroed. */
 nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab_size);
+/* Loads a Hugging Face tokenizer.json (BPE: byte-level or SentencePiece-style, see
+ * nanolm/bpe.h). vocab_size > 0: the model's vocabulary, which must hold every id of the file
+ * (models often pad theirs: ids beyond the file decode to nothing). Errors: NL_ERR_IO,
+ * NL_ERR_FORMAT naming the file and the key. On error *t is zeroed. */
+nl_status nl_tokenizer_load_json(nl_tokenizer *t, const char *path, int vocab_size);
+/* Writes the tokenizer as tokenizer.json (atomically): a loaded tokenizer.json as it was read;
+ * the byte-level tokenizer as a 256-piece byte-level BPE without merges; a llama2.c vocabulary
+ * as SentencePiece-style BPE with byte fallback whose merges are ranked by the merged piece's
+ * score (so both encode the same). Errors: NL_ERR_IO naming the file, NL_ERR_NOMEM. */
+nl_status nl_tokenizer_save_json(const nl_tokenizer *t, const char *path);
 /* Frees a tokenizer (safe on a zeroed struct). */
 void nl_tokenizer_free(nl_tokenizer *t);
-/* "byte" or "llama2c". */
+/* "byte", "llama2c" or "hf". */
 const char *nl_tokenizer_kind_name(nl_tokenizer_kind kind);
 
 /* Encodes text[0..text_bytes) into a new array (*tokens, free with nl_free; *n_tokens ids).
@@ -68,6 +82,10 @@ const char *nl_tokenizer_kind_name(nl_tokenizer_kind kind);
  * NL_ERR_RANGE when the text exceeds INT32_MAX bytes. */
 nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos,
                               int eos, int **tokens, int64_t *n_tokens);
+/* As nl_tokenizer_encode; special = 1 also turns special tokens written in the text
+ * ("<|endoftext|>", "<s>") into their ids (tokenizer.json only; the others have none). */
+nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos,
+                                      int eos, int special, int **tokens, int64_t *n_tokens);
 /* Id of the piece exactly equal to `piece`, or -1. */
 int nl_tokenizer_lookup(const nl_tokenizer *t, const char *piece);
 

@@ -31,14 +31,27 @@ typedef struct nl_adamw {
 /* Allocates zeroed moments for model m. Returns NL_ERR_NOMEM on failure. */
 nl_status nl_adamw_init(nl_adamw *opt, const nl_model *m, float beta1, float beta2, float eps, float weight_decay);
 void nl_adamw_free(nl_adamw *opt);
-/* One update of all parameters with learning rate lr from m->grads (not modified). */
+/* One update of all parameters with learning rate lr from m->grads (not modified): t += 1, then
+ * nl_adamw_update_range over the whole vector. */
 void nl_adamw_step(nl_adamw *opt, nl_model *m, float lr);
+/* The AdamW update (the one copy of its arithmetic) of the parameters [g0, g0 + n) of model m's
+ * flat vector with opt's hyper-parameters and step count opt->t (already incremented for this
+ * step): p, g, mm, vv point at element g0 of wherever that range lives (the model's own buffers,
+ * or a shard's). Decay and muP multipliers follow m's tensor table. opt->m / opt->v are not used
+ * (mm, vv are), so a sharded layout keeps its moments where it likes. */
+void nl_adamw_update_range(const nl_adamw *opt, const nl_model *m, float lr, size_t g0, size_t n, float *p,
+                           const float *g, float *mm, float *vv);
 /* Bytes of optimizer state (m and v). */
 size_t nl_adamw_bytes(const nl_adamw *opt);
 
 /* ---- gradients ----------------------------------------------------------------------------------- */
-/* L2 norm of all gradients (accumulated in double). Non-finite if any gradient is. */
+/* Sum of squares of n floats in double, in an order that depends only on n (fixed chunks). */
+double nl_sumsq(const float *x, size_t n);
+/* L2 norm of all gradients: sqrt(nl_sumsq(grads)). Non-finite if any gradient is. */
 double nl_grad_norm(const nl_model *m);
+/* The clipping factor for a global gradient norm: max_norm / (norm + 1e-6) when norm > max_norm
+ * (torch clip_grad_norm_), else 1 (also for max_norm <= 0 or a non-finite norm). */
+float nl_clip_factor(double norm, double max_norm);
 /* Scales gradients by max_norm / (norm + 1e-6) when norm > max_norm (torch clip_grad_norm_).
  * Returns the norm before clipping. max_norm <= 0 disables clipping. */
 double nl_grad_clip(nl_model *m, double max_norm);
@@ -93,7 +106,7 @@ typedef struct nl_train_opts {
     int64_t steps;          /* optimizer steps in total (a resumed run continues up to this) */
     int64_t stop_after;     /* > 0: stop after this step (validate and save) without changing
                                the schedule, to be resumed later */
-    int64_t batch, seq;     /* B windows of T tokens per micro-batch */
+    int64_t batch, seq;     /* B windows of T tokens per micro-batch (seq 0: the model's seq_len) */
     int64_t grad_accum;     /* micro-batches per step (gradients averaged) */
     float lr, lr_min;       /* cosine from lr to lr_min */
     int64_t warmup;         /* linear warmup steps */
@@ -108,8 +121,13 @@ typedef struct nl_train_opts {
     const char *init_weights; /* start from this checkpoint's weights only: fresh optimizer,
                                  step 0, full schedule (QAT; exclusive with resume) */
     const char *tokenizer;  /* recorded in checkpoints: "byte" or "tok512" */
-    int quiet;              /* no per-evaluation lines on stdout */
     int64_t mup_base_dim;   /* > 0: muP (nanolm/mup.h) with this base width; 0: standard */
+    int no_loss_scaling;    /* fp16: a fixed loss scale of 1 (an overflow still skips the step) */
+    const char *qat;        /* QAT scheme the caller installs (recorded, checked on resume; NULL none) */
+    const char *fp8;        /* FP8 recipe the caller installs (recorded, checked on resume; NULL none) */
+    const volatile int *stop; /* when *stop becomes nonzero (a signal handler sets it), the current
+                                 step finishes, is validated and saved, and nl_trainer_run returns
+                                 NL_OK with t->stopped set (NULL: never) */
 } nl_train_opts;
 
 /* Fills defaults: steps 2000, batch 12, seq 64, accum 1, lr 1e-3, lr_min lr/10, warmup 100,
@@ -132,6 +150,34 @@ typedef struct nl_train_log {
 
 typedef void (*nl_train_callback)(void *user, const nl_train_log *rec, const nl_train_opts *o);
 
+/* ---- parallel layouts ----------------------------------------------------------------------------
+ * A parallel layout (data, ZeRO, tensor, pipeline: src/parallel/) plugs into the one training loop
+ * through these hooks; the loop keeps the schedule, the clipping, the evaluation points, the
+ * checkpoints and the log. One step (nl_train_layout_step) is: grads (forward and backward of this
+ * rank's slice, gradient synchronisation, stage schedule; *loss = mean of the global batch), sumsq
+ * (the global gradient's sum of squares), scale (by nl_clip_factor when clipping), update (AdamW
+ * through nl_adamw_update_range on what this rank owns). eval, save and load may be NULL: the
+ * layout then has no validation (val_loss NaN) and refuses checkpoints. All hooks are collective. */
+struct nl_ckpt_state;
+typedef struct nl_train_layout {
+    void *user;
+    const char *name;       /* "DDP", "ZeRO", "pipeline/tensor" */
+    int rank0;              /* 1 on the rank that prints and writes files */
+    size_t n_params;        /* of the whole model */
+    nl_status (*grads)(void *user, const nl_data *d, int64_t step, float *loss);
+    nl_status (*sumsq)(void *user, double *ss);
+    void (*scale)(void *user, float f);
+    nl_status (*update)(void *user, float lr);
+    nl_status (*eval)(void *user, const nl_data *d, int64_t windows, double *loss);
+    nl_status (*save)(void *user, const char *path, const struct nl_ckpt_state *st);
+    nl_status (*load)(void *user, const char *path, struct nl_ckpt_state *st);
+} nl_train_layout;
+
+/* One optimizer step through a layout's hooks (see above); *loss and *grad_norm (before
+ * clipping) may be NULL. Errors: the hooks', NL_ERR_NUMERIC for a non-finite loss (no update). */
+nl_status nl_train_layout_step(const nl_train_layout *L, const nl_data *d, int64_t step, float lr, float grad_clip,
+                               float *loss, double *grad_norm);
+
 typedef struct nl_trainer {
     nl_model model;
     nl_adamw opt;
@@ -140,18 +186,33 @@ typedef struct nl_trainer {
     int64_t step;           /* completed steps */
     int64_t saved_step;     /* step of the last checkpoint written (-1: none yet) */
     int32_t *x, *y;         /* (B, T) batch buffers */
-    nl_train_log *log;      /* (steps) records, 0..n_log */
-    int64_t n_log;
+    nl_train_log *log;      /* (log_cap) records, 0..n_log: one per step this process runs */
+    int64_t n_log, log_cap;
+    int64_t seq;            /* tokens per window (o->seq, or the model's seq_len when 0) */
+    int stopped;            /* nl_trainer_run returned early on o->stop */
     nl_train_memory mem;
     double wall_s;          /* of the steps run in this process */
     struct nl_mup *mup;     /* muP hooks (NULL: standard parametrisation) */
+    const nl_train_layout *layout; /* a parallel layout's hooks (NULL: this process alone, `model`) */
     int64_t tokens_done;
 } nl_trainer;
 
 /* Builds the model (fresh from arch and seed, or from o->resume with its state) and allocates
- * everything once. Errors: invalid sizes (seq > arch seq_len), NL_ERR_NOMEM, checkpoint errors. */
+ * everything once. With o->resume, arch may be NULL (the checkpoint's shape); when given it must
+ * equal the checkpoint's. Everything that defines the run (shape, precision, loss scaling, muP
+ * base width, QAT scheme, FP8 recipe, schedule and warmup) must match what the checkpoint
+ * recorded, and o->steps must exceed its step. Errors: NL_ERR_INVALID naming both values of a
+ * mismatch or invalid sizes (seq > arch seq_len), NL_ERR_NOMEM, checkpoint errors. */
 nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opts *o);
+/* The same loop over a parallel layout (whose model lives in the layout): allocates the log,
+ * resumes through L->load (the same checks as nl_trainer_init). Refused, naming the option:
+ * precision other than fp32, grad_accum > 1, muP, QAT, FP8, init_weights; o->out or o->resume
+ * when the layout has no save / load. L is borrowed until nl_trainer_free. */
+nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl_train_layout *L);
 void nl_trainer_free(nl_trainer *t);
+/* Writes the log (t->log) as CSV: step,lr,train_loss,val_loss,grad_norm,loss_scale,skipped,
+ * tokens_per_s; atomically. Errors: NL_ERR_IO naming the file, NL_ERR_NOMEM. */
+nl_status nl_train_log_write_csv(const nl_trainer *t, const char *path);
 /* Trains on d's train split up to o->steps, evaluating on its validation split. Micro-batch k
  * of step s is nl_data_batch(d, train, seed, s * grad_accum + k), so a resumed run sees the same
  * batches. Calls cb (may be NULL) after each step. A non-finite loss stops training with

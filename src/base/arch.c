@@ -30,7 +30,30 @@ nl_status nl_arch_validate(const nl_arch *a) {
                        a->name);
     if (a->hidden_dim <= 0 && (a->n_experts == 0 || a->first_moe_layer > 0))
         return nl_fail(NL_ERR_INVALID, "arch %s: hidden_dim must be positive for dense layers", a->name);
+    if (a->rope_scaling_factor != 0 &&
+        (!(a->rope_scaling_factor >= 1) || !isfinite(a->rope_scaling_factor) || !(a->rope_low_freq_factor > 0) ||
+         !(a->rope_high_freq_factor > a->rope_low_freq_factor) || !isfinite(a->rope_high_freq_factor) ||
+         a->rope_original_max_pos <= 0))
+        return nl_fail(NL_ERR_INVALID,
+                       "arch %s: llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and "
+                       "original_max_position_embeddings > 0 (got %g, %g, %g, %lld)",
+                       a->name, a->rope_scaling_factor, a->rope_low_freq_factor, a->rope_high_freq_factor,
+                       (long long)a->rope_original_max_pos);
     return NL_OK;
+}
+
+double nl_arch_rope_inv_freq(const nl_arch *a, int64_t i) {
+    double hd = (double)nl_arch_head_dim(a);
+    double f = pow(a->rope_theta, -(double)(2 * i) / hd);
+    if (!(a->rope_scaling_factor > 0)) return f;
+    /* transformers' _compute_llama3_parameters (modeling_rope_utils.py) */
+    double pi = 3.14159265358979323846, old = (double)a->rope_original_max_pos;
+    double low_wavelen = old / a->rope_low_freq_factor, high_wavelen = old / a->rope_high_freq_factor;
+    double wavelen = 2 * pi / f;
+    if (wavelen > low_wavelen) return f / a->rope_scaling_factor;
+    if (wavelen < high_wavelen) return f;
+    double smooth = (old / wavelen - a->rope_low_freq_factor) / (a->rope_high_freq_factor - a->rope_low_freq_factor);
+    return (1 - smooth) * f / a->rope_scaling_factor + smooth * f;
 }
 
 void nl_arch_count_params(const nl_arch *a, nl_arch_params *p) {
@@ -56,7 +79,7 @@ void nl_arch_count_params(const nl_arch *a, nl_arch_params *p) {
                       a->kv_lora_rank * a->n_heads * (hd + a->v_head_dim);
         p->attention = a->n_layers * (wq + wkv + a->n_heads * a->v_head_dim * a->dim);
     } else {
-        p->attention = a->n_layers * (a->dim * q + 2 * a->dim * kv + q * a->dim);
+        p->attention = a->n_layers * (a->dim * q + 2 * a->dim * kv + q * a->dim + (a->qkv_bias ? q + 2 * kv : 0));
     }
     p->mlp_dense = dense_layers * 3 * a->dim * a->hidden_dim;
     int64_t expert = 3 * a->dim * a->expert_hidden_dim;
@@ -99,7 +122,7 @@ nl_status nl_arch_preset(const char *name, nl_arch *out) {
 #define ARCH_INT_FIELDS(X)                                                                       \
     X(vocab_size, 1) X(dim, 1) X(n_layers, 1) X(n_heads, 1) X(n_kv_heads, 1) X(hidden_dim, 1)     \
     X(seq_len, 1) X(head_dim, 0) X(n_experts, 0) X(n_shared_experts, 0) X(top_k, 0)             \
-    X(expert_hidden_dim, 0) X(first_moe_layer, 0)
+    X(expert_hidden_dim, 0) X(first_moe_layer, 0) X(rope_original_max_pos, 0)
 
 char *nl_arch_to_json(const nl_arch *a) {
     cJSON *o = cJSON_CreateObject();
@@ -116,6 +139,13 @@ char *nl_arch_to_json(const nl_arch *a) {
     cJSON_AddNumberToObject(o, "norm_eps", a->norm_eps);
     cJSON_AddNumberToObject(o, "tied_embeddings", a->tied_embeddings);
     cJSON_AddNumberToObject(o, "head_dim", (double)a->head_dim);
+    if (a->qkv_bias) cJSON_AddBoolToObject(o, "qkv_bias", 1);
+    if (a->rope_scaling_factor > 0) { /* only when set: plain models keep the shorter header */
+        cJSON_AddNumberToObject(o, "rope_scaling_factor", a->rope_scaling_factor);
+        cJSON_AddNumberToObject(o, "rope_low_freq_factor", a->rope_low_freq_factor);
+        cJSON_AddNumberToObject(o, "rope_high_freq_factor", a->rope_high_freq_factor);
+        cJSON_AddNumberToObject(o, "rope_original_max_pos", (double)a->rope_original_max_pos);
+    }
     if (a->n_experts > 0) { /* dense models keep the shorter header of earlier checkpoints */
         cJSON_AddNumberToObject(o, "n_experts", (double)a->n_experts);
         cJSON_AddNumberToObject(o, "n_shared_experts", (double)a->n_shared_experts);
@@ -151,12 +181,36 @@ nl_status nl_arch_from_json(const char *what, const char *json, nl_arch *a) {
 #undef X
     if (cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(o, "name")))
         snprintf(a->name, sizeof a->name, "%s", v->valuestring);
-    a->rope_theta = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "rope_theta")) ? v->valuedouble : 10000.0;
-    a->norm_eps = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "norm_eps")) ? v->valuedouble : 1e-5;
-    a->tied_embeddings = cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "tied_embeddings")) ? v->valuedouble != 0 : 0;
+    /* Real-valued fields: absent takes the Llama default; present must be a finite number
+     * (cJSON reads 1e999 as infinity, and a string must not fall back to the default). */
+    static const struct { const char *key; double def; int positive; } reals[] = {
+        {"rope_theta", 10000.0, 1}, {"norm_eps", 1e-5, 1}, {"tied_embeddings", 0.0, 0},
+        {"rope_scaling_factor", 0.0, 0}, {"rope_low_freq_factor", 0.0, 0}, {"rope_high_freq_factor", 0.0, 0}};
+    double rv[sizeof reals / sizeof reals[0]];
+    for (size_t k = 0; k < sizeof reals / sizeof reals[0]; k++) {
+        v = cJSON_GetObjectItemCaseSensitive(o, reals[k].key);
+        rv[k] = reals[k].def;
+        if (!v) continue;
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 ||
+            (reals[k].positive && !(v->valuedouble > 0))) {
+            char shown[64];
+            if (cJSON_IsNumber(v)) snprintf(shown, sizeof shown, "%g", v->valuedouble);
+            else snprintf(shown, sizeof shown, "%s", cJSON_IsString(v) ? "a string" : "not a number");
+            cJSON_Delete(o);
+            return nl_fail(NL_ERR_FORMAT, "%s: arch field '%s' = %s is not a finite %s number", what, reals[k].key,
+                           shown, reals[k].positive ? "positive" : "non-negative");
+        }
+        rv[k] = v->valuedouble;
+    }
+    a->rope_theta = rv[0];
+    a->norm_eps = rv[1];
+    a->tied_embeddings = rv[2] != 0;
+    a->rope_scaling_factor = rv[3];
+    a->rope_low_freq_factor = rv[4];
+    a->rope_high_freq_factor = rv[5];
+    if (cJSON_IsBool(v = cJSON_GetObjectItemCaseSensitive(o, "qkv_bias"))) a->qkv_bias = cJSON_IsTrue(v);
+    else if (cJSON_IsNumber(v)) a->qkv_bias = v->valuedouble != 0;
     cJSON_Delete(o);
-    if (!(a->rope_theta > 0) || !(a->norm_eps > 0))
-        return nl_fail(NL_ERR_FORMAT, "%s: arch rope_theta and norm_eps must be positive", what);
     if (nl_arch_validate(a)) return nl_fail(NL_ERR_FORMAT, "%s: %s", what, nl_last_error());
     return NL_OK;
 }

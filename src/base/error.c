@@ -35,6 +35,7 @@ const char *nl_status_name(nl_status s) {
     case NL_ERR_NUMERIC: return "numeric error";
     case NL_ERR_COMM: return "communication error";
     case NL_ERR_NOT_IMPLEMENTED: return "not implemented (exercise)";
+    case NL_ERR_BUSY: return "busy";
     }
     return "unknown status";
 }

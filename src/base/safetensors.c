@@ -167,7 +167,12 @@ static nl_status parse_tensor(const char *file, const cJSON *e, nl_st_tensor *t)
     if (t->end < t->begin)
         return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%llu, %llu] end before they begin", file,
                        nm, (unsigned long long)t->begin, (unsigned long long)t->end);
-    uint64_t need = numel * nl_st_dtype_size(t->dtype);
+    uint64_t need;
+    if (__builtin_mul_overflow(numel, (uint64_t)nl_st_dtype_size(t->dtype), &need)) {
+        char sb[160];
+        return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": shape %s of %s needs more than 2^64 bytes", file, nm,
+                       nl_st_shape_str(t->ndim, t->shape, sb, sizeof sb), nl_st_dtype_name(t->dtype));
+    }
     if (need != t->end - t->begin) {
         char sb[160];
         return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": shape %s of %s needs %llu bytes but offsets span %llu",

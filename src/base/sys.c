@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -68,6 +69,53 @@ static char *dupstr(const char *s) {
     return d;
 }
 
+/* The temp file of the atomic write in progress (one at a time per process is what nanolm does;
+ * the last one opened is remembered), for nl_atomic_remove_pending in a signal handler. */
+static char pending_tmp[4096];
+static volatile sig_atomic_t pending_set;
+
+static void pending_remember(const char *tmp) {
+    pending_set = 0;
+    if (strlen(tmp) < sizeof pending_tmp) {
+        memcpy(pending_tmp, tmp, strlen(tmp) + 1);
+        pending_set = 1;
+    }
+}
+
+void nl_atomic_remove_pending(void) {
+    if (pending_set) unlink(pending_tmp);
+}
+
+nl_status nl_check_writable(const char *path, const char *what) {
+    struct stat st;
+    if (!path || !path[0]) return nl_fail(NL_ERR_IO, "%s: empty output path", what);
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return nl_fail(NL_ERR_IO, "%s %s is %s, not a file that can be written", what, path,
+                       S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a special file");
+    size_t n = strlen(path) + 32;
+    char *probe = malloc(n);
+    if (!probe) return nl_fail(NL_ERR_NOMEM, "out of memory checking %s", path);
+    snprintf(probe, n, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK, 0644);
+    if (fd < 0 && errno == EEXIST) { /* a stale probe of this pid: replace it */
+        unlink(probe);
+        fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK, 0644);
+    }
+    if (fd < 0) {
+        int e = errno;
+        char *d = dupstr(path);
+        nl_status rc = nl_fail(NL_ERR_IO, "%s %s cannot be written: cannot create a file in %s: %s", what, path,
+                               d ? dirname(d) : "its directory", strerror(e));
+        free(d);
+        free(probe);
+        return rc;
+    }
+    close(fd);
+    unlink(probe);
+    free(probe);
+    return NL_OK;
+}
+
 nl_status nl_atomic_open(nl_atomic_file *af, const char *path) {
     memset(af, 0, sizeof *af);
     af->path = dupstr(path);
@@ -78,8 +126,10 @@ nl_status nl_atomic_open(nl_atomic_file *af, const char *path) {
         return nl_fail(NL_ERR_NOMEM, "out of memory opening %s", path);
     }
     snprintf(af->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
+    pending_remember(af->tmp_path);
     af->f = fopen(af->tmp_path, "wb");
     if (!af->f) {
+        pending_set = 0;
         nl_status rc = nl_fail(NL_ERR_IO, "cannot create %s: %s", af->tmp_path, strerror(errno));
         free(af->path); free(af->tmp_path);
         memset(af, 0, sizeof *af);
@@ -98,6 +148,7 @@ nl_status nl_atomic_write(nl_atomic_file *af, const void *data, size_t bytes) {
 }
 
 void nl_atomic_abort(nl_atomic_file *af) {
+    pending_set = 0;
     if (af->f) fclose(af->f);
     if (af->tmp_path) unlink(af->tmp_path);
     free(af->path);
@@ -120,7 +171,9 @@ nl_status nl_atomic_commit(nl_atomic_file *af) {
         return rc;
     }
     af->f = NULL;
-    if (rename(af->tmp_path, af->path) != 0) {
+    int renamed = rename(af->tmp_path, af->path) == 0;
+    pending_set = 0;
+    if (!renamed) {
         rc = nl_fail(NL_ERR_IO, "renaming %s to %s failed: %s", af->tmp_path, af->path, strerror(errno));
         nl_atomic_abort(af);
         return rc;

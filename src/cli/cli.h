@@ -34,7 +34,9 @@ void nl_cli_getopt_reset(void);
  * or the option missing its value, and returns NL_EXIT_USAGE. */
 int nl_cli_bad_option(const char *cmd, char **argv);
 
-/* Prints a cJSON document (pretty) on stdout, then deletes it. Returns NL_EXIT_OK. */
+/* Prints a cJSON document (pretty) on stdout, then deletes it. Every number is written with the
+ * fewest digits that parse back to the same double (nl_json_double, report.h). Returns
+ * NL_EXIT_OK, or NL_EXIT_FAIL when memory ran out. */
 int nl_cli_print_json(cJSON *doc);
 
 /* Table printing: column widths are computed from the content. */

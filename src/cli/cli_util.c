@@ -1,5 +1,6 @@
 /* Shared helpers of the command-line tool: errors, number parsing, JSON, tables. */
 #include "cli.h"
+#include "report.h"
 
 #include <errno.h>
 #include <math.h>
@@ -89,8 +90,29 @@ int nl_cli_bad_option(const char *cmd, char **argv) {
     return nl_cli_usage_error("%s: unknown option '%s' (see nanolm %s --help)", cmd, arg ? arg : "?", cmd);
 }
 
+/* Replaces every number under `item` by its raw text from nl_json_double (report.h): cJSON prints 15
+ * digits and accepts them when they come back within an epsilon, so a value such as an fp16
+ * 2.2224427084438503e-05 would read back as a different double. */
+static int exact_numbers(cJSON *item) {
+    for (cJSON *c = item ? item->child : NULL, *next; c; c = next) {
+        next = c->next;
+        if (cJSON_IsNumber(c)) {
+            char buf[32];
+            cJSON *raw = cJSON_CreateRaw(nl_json_double(c->valuedouble, buf));
+            if (!raw) return -1;
+            raw->string = c->string; /* the key moves to the replacement */
+            raw->type |= c->type & cJSON_StringIsConst;
+            c->string = NULL;
+            cJSON_ReplaceItemViaPointer(item, c, raw);
+        } else if (exact_numbers(c)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int nl_cli_print_json(cJSON *doc) {
-    char *s = cJSON_Print(doc);
+    char *s = exact_numbers(doc) ? NULL : cJSON_Print(doc);
     if (s) {
         puts(s);
         cJSON_free(s);
@@ -101,7 +123,7 @@ int nl_cli_print_json(cJSON *doc) {
 
 /* ---- tables ---- */
 
-static char *dup(const char *s) {
+static char *str_dup(const char *s) {
     size_t n = strlen(s ? s : "") + 1;
     char *d = malloc(n);
     if (d) memcpy(d, s ? s : "", n);
@@ -115,7 +137,7 @@ void nl_table_init(nl_table *t, int ncols, const char *const *header) {
     t->cells = calloc((size_t)t->cap * (size_t)ncols, sizeof(char *));
     t->right = calloc((size_t)ncols, sizeof(int));
     if (!t->cells || !t->right) { t->ncols = 0; return; }
-    for (int c = 0; c < ncols; c++) t->cells[c] = dup(header[c]);
+    for (int c = 0; c < ncols; c++) t->cells[c] = str_dup(header[c]);
     t->nrows = 1;
 }
 
@@ -135,7 +157,7 @@ void nl_table_row(nl_table *t, ...) {
     if (!row) return;
     va_list ap;
     va_start(ap, t);
-    for (int c = 0; c < t->ncols; c++) row[c] = dup(va_arg(ap, const char *));
+    for (int c = 0; c < t->ncols; c++) row[c] = str_dup(va_arg(ap, const char *));
     va_end(ap);
 }
 
@@ -151,7 +173,7 @@ void nl_table_rowf(nl_table *t, const char *fmt, ...) {
     for (int c = 0; c < t->ncols; c++) {
         char *bar = p ? strchr(p, '|') : NULL;
         if (bar) *bar = '\0';
-        row[c] = dup(p ? p : "");
+        row[c] = str_dup(p ? p : "");
         p = bar ? bar + 1 : NULL;
     }
 }

@@ -38,7 +38,10 @@ int nl_cmd_budget(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "M:n:r:g:t:p:e:z:b:s:R:SFm:G:H:X:v:jh", opts, NULL)) != -1) {
         switch (c) {
         case 'M': model = optarg; break;
-        case 'n': if (nl_cli_double_si("--params", optarg, &params)) return NL_EXIT_USAGE; break;
+        case 'n':
+            if (nl_cli_double_si("--params", optarg, &params)) return NL_EXIT_USAGE;
+            if (!(params > 0)) return nl_cli_usage_error("budget: --params must be a positive count (like 7B), got '%s'", optarg);
+            break;
         case 'r': recipe_name = optarg; break;
         case 'g': if (nl_cli_int("--gpus", optarg, 1, 1 << 24, &gpus)) return NL_EXIT_USAGE; break;
         case 't': if (nl_cli_int("--tp", optarg, 1, 1024, &tp)) return NL_EXIT_USAGE; break;
@@ -173,9 +176,9 @@ int nl_cmd_budget(int argc, char **argv) {
         o2.recompute = NL_RECOMPUTE_FULL;
         nl_act_layer full;
         nl_plan_act_layer(&a, &o2, &full);
-        double k_none = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 0);
-        double k_flash = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 1);
-        double k_full = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_FULL, 1);
+        double k_none = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 0, tp, sp);
+        double k_flash = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 1, tp, sp);
+        double k_full = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_FULL, 1, tp, sp);
         double logits = nl_plan_logits_bytes(&a, tokens) / (double)tp;
         int64_t m = micro > 0 ? micro : (pp > 1 ? 2 * pp : 1);
         double inflight_1f1b = pp > 1 ? fmin((double)pp, (double)m) : 1, inflight_gpipe = (double)m;

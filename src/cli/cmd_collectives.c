@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "nanolm/comm.h"
+#include "nanolm/linfit.h"
 
 /* ---- shared option parsing ---------------------------------------------------------------- */
 
@@ -133,7 +134,8 @@ static int cmd_demo(int argc, char **argv) {
     /* Collect every rank's row on rank 0 (through the native all-gather of the report, which the
      * counters shown below do not include: they were read before). */
     enum { NF = 5 };
-    double *row = calloc((size_t)p * (NF + 2 * (size_t)p), sizeof(double));
+    double *row = nl_calloc((size_t)p * (NF + 2 * (size_t)p), sizeof(double), "collectives demo report");
+    if (!row) { rc = nl_cli_fail("collectives demo"); goto out; }
     size_t rl = NF + 2 * (size_t)p;
     double *me = row + (size_t)r * rl;
     me[0] = load(mine, dt, 0);
@@ -277,23 +279,19 @@ static int cmp_double(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
+/* The constrained parameter of an alpha-beta fit, "-" when the free fit held. */
+static const char *clamp_name(int clamped) { return clamped == 1 ? "beta = 0" : clamped == 2 ? "alpha = 0" : "-"; }
+
 typedef struct bench_row { nl_comm_op op; nl_comm_impl impl; size_t bytes; double time_s, algbw, busbw; int reps; } bench_row;
 
-/* Weighted least squares t = alpha + beta * x with weights 1/t^2 (relative errors), x = bus bytes. */
-static void fit_alpha_beta(const double *x, const double *t, int m, double *alpha, double *beta) {
-    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-    for (int i = 0; i < m; i++) {
-        double wt = 1.0 / (t[i] * t[i]);
-        sw += wt, sx += wt * x[i], sy += wt * t[i], sxx += wt * x[i] * x[i], sxy += wt * x[i] * t[i];
-    }
-    double det = sw * sxx - sx * sx;
-    if (m < 2 || det <= 0) {
-        *alpha = m ? t[0] : 0;
-        *beta = 0;
-        return;
-    }
-    *beta = (sw * sxy - sx * sy) / det;
-    *alpha = (sy - *beta * sx) / sw;
+/* Weighted least squares t = alpha + beta * x with weights 1/t^2 (relative errors), x = bus bytes,
+ * constrained to alpha >= 0 and beta >= 0 (nl_linfit_nonneg: a negative latency would say that
+ * the small messages were not resolved, so the fit says so instead of printing it). With one
+ * size only, alpha is that time and beta 0 (clamped). */
+static void fit_alpha_beta(const double *x, const double *t, int m, nl_linfit *f) {
+    double w[64];
+    for (int i = 0; i < m; i++) w[i] = 1.0 / (t[i] * t[i]);
+    if (m < 2 || nl_linfit_nonneg(x, t, w, (size_t)m, f)) *f = (nl_linfit){.intercept = m ? t[0] : 0, .r2 = 0, .clamped = 1};
 }
 
 static int cmd_bench(int argc, char **argv) {
@@ -359,7 +357,7 @@ static int cmd_bench(int argc, char **argv) {
     size_t maxn = 0;
     for (int s = 0; s < nsizes; s++) maxn = sizes[s] / es > maxn ? sizes[s] / es : maxn;
     char *a = nl_malloc(maxn * es + 64, "bench buffer"), *b = nl_malloc(maxn * es + 64, "bench buffer");
-    bench_row *rows = calloc((size_t)nops * nsizes * 2, sizeof *rows);
+    bench_row *rows = nl_calloc((size_t)nops * nsizes * 2, sizeof *rows, "bench rows");
     int nrows = 0;
     if (!a || !b || !rows) { rc = nl_cli_fail("collectives bench"); goto out; }
     for (size_t i = 0; i < maxn; i++) { /* small values: sums stay finite over all repetitions */
@@ -402,7 +400,8 @@ static int cmd_bench(int argc, char **argv) {
             }
     if (r == 0) {
         /* α–β fit per (op, impl): t = alpha + beta * (busbw factor * S) */
-        double fa[NOPS][2], fb[NOPS][2];
+        nl_linfit fit[NOPS][2];
+        int clamped = 0;
         int has[NOPS][2] = {{0}};
         for (int oi = 0; oi < nops; oi++)
             for (int ii = 0; ii < 2; ii++) {
@@ -414,7 +413,8 @@ static int cmd_bench(int argc, char **argv) {
                         t[m++] = rows[k].time_s;
                     }
                 if (m) {
-                    fit_alpha_beta(x, t, m, &fa[oi][ii], &fb[oi][ii]);
+                    fit_alpha_beta(x, t, m, &fit[oi][ii]);
+                    clamped += fit[oi][ii].clamped != 0;
                     has[oi][ii] = 1;
                 }
             }
@@ -446,16 +446,18 @@ static int cmd_bench(int argc, char **argv) {
                     cJSON *o = cJSON_CreateObject();
                     cJSON_AddStringToObject(o, "op", nl_comm_op_name(ops[oi]));
                     cJSON_AddStringToObject(o, "impl", ii ? "native" : "ours");
-                    cJSON_AddNumberToObject(o, "alpha_s", fa[oi][ii]);
-                    cJSON_AddNumberToObject(o, "beta_s_per_byte", fb[oi][ii]);
-                    cJSON_AddNumberToObject(o, "bandwidth_bytes_per_s", fb[oi][ii] > 0 ? 1.0 / fb[oi][ii] : 0);
+                    cJSON_AddNumberToObject(o, "alpha_s", fit[oi][ii].intercept);
+                    cJSON_AddNumberToObject(o, "beta_s_per_byte", fit[oi][ii].slope);
+                    cJSON_AddNumberToObject(o, "bandwidth_bytes_per_s", fit[oi][ii].slope > 0 ? 1.0 / fit[oi][ii].slope : 0);
+                    cJSON_AddNumberToObject(o, "r2", fit[oi][ii].r2);
+                    cJSON_AddStringToObject(o, "clamped", clamp_name(fit[oi][ii].clamped));
                     cJSON_AddItemToArray(fits, o);
                     if (!link && ops[oi] == NL_COMM_OP_ALL_REDUCE) { /* the measured link: all-reduce, native first */
                         link = cJSON_CreateObject();
                         cJSON_AddStringToObject(link, "source", ii ? "all-reduce native" : "all-reduce ours");
                         cJSON_AddNumberToObject(link, "ranks", p);
-                        cJSON_AddNumberToObject(link, "alpha_s", fa[oi][ii]);
-                        cJSON_AddNumberToObject(link, "bandwidth_bytes_per_s", fb[oi][ii] > 0 ? 1.0 / fb[oi][ii] : 0);
+                        cJSON_AddNumberToObject(link, "alpha_s", fit[oi][ii].intercept);
+                        cJSON_AddNumberToObject(link, "bandwidth_bytes_per_s", fit[oi][ii].slope > 0 ? 1.0 / fit[oi][ii].slope : 0);
                     }
                 }
             if (link) cJSON_AddItemToObject(d, "link", link);
@@ -486,15 +488,21 @@ static int cmd_bench(int argc, char **argv) {
             nl_table_print(&t, stdout);
             nl_table_free(&t);
             printf("\nalpha-beta fit, t = alpha + (busbw factor x S) / bandwidth:\n");
-            const char *fh[] = {"op", "impl", "alpha", "bandwidth GB/s"};
-            nl_table_init(&t, 4, fh);
+            const char *fh[] = {"op", "impl", "alpha", "bandwidth GB/s", "R^2", "constrained"};
+            nl_table_init(&t, 6, fh);
             for (int oi = 0; oi < nops; oi++)
                 for (int ii = 0; ii < 2; ii++)
                     if (has[oi][ii])
-                        nl_table_rowf(&t, "%s|%s|%.1f us|%.3f", nl_comm_op_name(ops[oi]), ii ? "native" : "ours",
-                                      fa[oi][ii] * 1e6, fb[oi][ii] > 0 ? 1e-9 / fb[oi][ii] : 0.0);
+                        nl_table_rowf(&t, "%s|%s|%.1f us|%.3f|%.3f|%s", nl_comm_op_name(ops[oi]), ii ? "native" : "ours",
+                                      fit[oi][ii].intercept * 1e6, fit[oi][ii].slope > 0 ? 1e-9 / fit[oi][ii].slope : 0.0,
+                                      fit[oi][ii].r2, clamp_name(fit[oi][ii].clamped));
             nl_table_print(&t, stdout);
             nl_table_free(&t);
+            if (clamped)
+                printf("\n%d fit(s) constrained: the free fit gave a negative latency or time per byte, so the\n"
+                       "times do not follow t = alpha + beta x over these sizes (noise, or too few sizes below\n"
+                       "the latency); the constrained line is shown, read its R^2 before trusting it.\n",
+                       clamped);
         }
     }
 out:

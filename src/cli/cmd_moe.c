@@ -135,7 +135,7 @@ int nl_cmd_moe_train(int argc, char **argv) {
     int N = nl_comm_size(w), R = nl_comm_rank(w), rc = NL_EXIT_OK;
     nl_ep_opts o;
     nl_ep_opts_default(&o);
-    o.ep = (int)ep, o.cp = (int)cp, o.impl = impl, o.batch = batch, o.seq = seq, o.lr = (float)lr, o.seed = (uint64_t)seed;
+    o.ep = (int)ep, o.cp = (int)cp, o.impl = impl, o.train.batch = batch, o.train.seq = seq, o.train.lr = (float)lr, o.train.seed = (uint64_t)seed;
     o.aux_coef = (float)aux, o.capacity_factor = (float)cap;
     nl_tokenizer tok;
     nl_data d;

@@ -17,7 +17,8 @@
 
 enum {
     O_DATA = 1000, O_PRESET, O_DIM, O_LAYERS, O_HEADS, O_KVH, O_HIDDEN, O_STEPS, O_BATCH, O_SEQ, O_LR, O_CLIP,
-    O_WD, O_SEED, O_DP, O_TP, O_PP, O_ZERO, O_MICRO, O_SCHED, O_IMPL, O_NO_OVERLAP, O_MEM, O_JSON, O_SVG, O_OUT, O_SAVE_EVERY, O_RESUME, O_FAULT, O_SP, O_HELP
+    O_WD, O_SEED, O_DP, O_TP, O_PP, O_ZERO, O_MICRO, O_SCHED, O_IMPL, O_NO_OVERLAP, O_MEM, O_JSON, O_SVG, O_OUT, O_SAVE_EVERY, O_RESUME, O_FAULT, O_SP, O_HELP,
+    O_LR_MIN, O_WARMUP, O_EVAL_WINDOWS, O_LOG, O_STOP_AFTER, O_ACCUM, O_PRECISION, O_TIMEOUT
 };
 
 static const struct option popts[] = {
@@ -37,6 +38,11 @@ static const struct option popts[] = {
     {"svg", required_argument, 0, O_SVG},        {"out", required_argument, 0, O_OUT},
     {"save-every", required_argument, 0, O_SAVE_EVERY}, {"resume", required_argument, 0, O_RESUME},
     {"inject-fault", required_argument, 0, O_FAULT},
+    {"lr-min", required_argument, 0, O_LR_MIN}, {"warmup", required_argument, 0, O_WARMUP},
+    {"eval-every", required_argument, 0, O_SAVE_EVERY}, {"eval-windows", required_argument, 0, O_EVAL_WINDOWS},
+    {"log", required_argument, 0, O_LOG},        {"stop-after", required_argument, 0, O_STOP_AFTER},
+    {"grad-accum", required_argument, 0, O_ACCUM}, {"precision", required_argument, 0, O_PRECISION},
+    {"micro", required_argument, 0, O_MICRO},    {"micro-batch", required_argument, 0, O_MICRO},
     {"help", no_argument, 0, O_HELP},            {0, 0, 0, 0}};
 
 static void usage(FILE *f) {
@@ -53,12 +59,21 @@ static void usage(FILE *f) {
             "                        reduce-scatter + all-gather instead of all-reduce; one stage)\n"
             "  --preset P            model shape (default shakespeare-char), then overrides:\n"
             "  --dim C --layers L --heads H --kv-heads K --hidden F\n"
-            "  --steps N (20) --batch B per dp rank (4) --seq T (32) --lr X (1e-3, constant)\n"
+            "  --microbatches M      with --pp: micro-batches per step (1; --micro, --micro-batch: aliases)\n"
+            "  --schedule gpipe|1f1b with --pp: the stage schedule (gpipe)\n"
+            "The training options and defaults of `nanolm train` (one trainer, src/train/trainer.c):\n"
+            "  --steps N (2000) --batch B per dp rank (12) --seq T (the preset's seq_len)\n"
+            "  --lr X (1e-3) --lr-min X (lr/10) --warmup N (100; steps/10 when >= steps): cosine schedule\n"
             "  --clip X (1.0) --weight-decay X (0.1) --seed S (1337)\n"
+            "  --eval-every K (250) --eval-windows N (200): validation (not with --tp/--pp > 1)\n"
+            "  --log CSV             per-step log (rank 0)\n"
+            "  --stop-after K        stop (and save) after step K of the schedule\n"
+            "  fp32 only; --grad-accum, --mup, --qat, --precision other than fp32 are refused\n"
             "  --report-memory       bytes of parameters, gradients, optimizer state on each rank\n"
             "  --json                the same as JSON\n"
             "  --svg FILE            picture of who holds what (measured bytes) and what moves per step\n"
-            "  --out CKPT --save-every K   checkpoint (safetensors, written by rank 0) every K steps and at the end\n"
+            "  --out CKPT            checkpoint (safetensors, written by rank 0) at each validation and the end\n"
+            "  --save-every K        alias of --eval-every K\n"
             "  --resume CKPT         continue from a checkpoint up to --steps\n"
             "  --inject-fault R[:exit|_exit|segv|kill]@S   (tests) rank R leaves at the start of step S\n"
             "The batch of dp rank r is its slice of the global batch of D*B windows: the same data as one\n"
@@ -180,18 +195,78 @@ int nl_cmd_parallel(int argc, char **argv) {
     return nl_cmd_parallel_train(argc - 1, argv + 1);
 }
 
+/* The layout's hooks wrapped for what this command reports per step (bytes sent, backward and
+ * waiting time, pipeline busy / idle) and for --inject-fault. */
+typedef struct step_probe {
+    nl_train_layout inner;
+    nl_dist_trainer *dt;
+    nl_pipe *pl;
+    nl_comm_stats st;       /* the last step's bytes */
+    double bw_s, wait_s, busy_s, idle_s;
+    int rank, fault_rank, fault_step;
+    const char *fault_how;
+    int json;
+    float *losses;          /* (steps) per step, for --json */
+    double *norms;
+} step_probe;
+
+static nl_status probe_grads(void *u, const nl_data *d, int64_t step, float *loss) {
+    step_probe *p = u;
+    if (p->rank == p->fault_rank && step + 1 == p->fault_step) { /* a rank that dies at the start of a step */
+        if (!strcmp(p->fault_how, "kill")) raise(SIGKILL);
+        if (!strcmp(p->fault_how, "segv")) raise(SIGSEGV);
+        if (!strcmp(p->fault_how, "_exit")) _exit(3);
+        exit(3);
+    }
+    nl_comm_reset_total_stats();
+    return p->inner.grads(p->inner.user, d, step, loss);
+}
+static nl_status probe_sumsq(void *u, double *ss) { step_probe *p = u; return p->inner.sumsq(p->inner.user, ss); }
+static void probe_scale(void *u, float f) { step_probe *p = u; p->inner.scale(p->inner.user, f); }
+static nl_status probe_update(void *u, float lr) {
+    step_probe *p = u;
+    NL_TRY(p->inner.update(p->inner.user, lr));
+    nl_comm_get_total_stats(&p->st); /* bytes of this step (the last step's are reported) */
+    if (p->pl) p->busy_s += p->pl->busy_s, p->idle_s += p->pl->idle_s;
+    if (p->dt) p->bw_s += p->dt->backward_s, p->wait_s += p->dt->comm_wait_s;
+    return NL_OK;
+}
+static nl_status probe_eval(void *u, const nl_data *d, int64_t w, double *loss) {
+    step_probe *p = u;
+    return p->inner.eval(p->inner.user, d, w, loss);
+}
+static nl_status probe_save(void *u, const char *path, const struct nl_ckpt_state *st) {
+    step_probe *p = u;
+    return p->inner.save(p->inner.user, path, st);
+}
+static nl_status probe_load(void *u, const char *path, struct nl_ckpt_state *st) {
+    step_probe *p = u;
+    return p->inner.load(p->inner.user, path, st);
+}
+
+static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
+    step_probe *p = user;
+    (void)o;
+    if (p->json || !p->inner.rank0) return;
+    if (isnan(r->val_loss))
+        printf("step %3lld  loss %.6f  grad norm %.4f\n", (long long)r->step, r->loss, r->grad_norm);
+    else
+        printf("step %3lld  loss %.6f  grad norm %.4f  val %.4f\n", (long long)r->step, r->loss, r->grad_norm, r->val_loss);
+    fflush(stdout);
+}
+
 /* `parallel train` (and `train` with a layout option): argv[0] is "train". */
 int nl_cmd_parallel_train(int argc, char **argv) {
     const char *data = NULL, *preset = "shakespeare-char";
-    int64_t dim = 0, layers = 0, heads = 0, kvh = 0, hidden = 0, steps = 20, dp = 0, tp = 1, pp = 1, v;
+    int64_t dim = 0, layers = 0, heads = 0, kvh = 0, hidden = 0, dp = 0, tp = 1, pp = 1, v;
     int64_t micro = 1;
-    int json = 0, mem = 0, sched = NL_PIPE_GPIPE;
-    const char *svg = NULL, *out_path = NULL, *resume = NULL;
-    int64_t save_every = 0;
+    int json = 0, mem = 0, sched = NL_PIPE_GPIPE, seq_given = 0, lr_min_given = 0;
+    const char *svg = NULL, *log_csv = NULL;
     int fault_rank = -1, fault_step = 0;
     char fault_how[16] = "exit";
     nl_dist_opts o;
     nl_dist_opts_default(&o);
+    nl_train_opts *tr = &o.train; /* the one training options struct, the one set of defaults */
     double dv;
     int c;
     while ((c = getopt_long(argc, argv, "", popts, NULL)) != -1) {
@@ -203,13 +278,41 @@ int nl_cmd_parallel_train(int argc, char **argv) {
         case O_HEADS: if (parse_i("--heads", optarg, 1, 1024, &heads)) return NL_EXIT_USAGE; break;
         case O_KVH: if (parse_i("--kv-heads", optarg, 1, 1024, &kvh)) return NL_EXIT_USAGE; break;
         case O_HIDDEN: if (parse_i("--hidden", optarg, 1, 1 << 20, &hidden)) return NL_EXIT_USAGE; break;
-        case O_STEPS: if (parse_i("--steps", optarg, 1, 100000000, &steps)) return NL_EXIT_USAGE; break;
-        case O_BATCH: if (parse_i("--batch", optarg, 1, 65536, &v)) return NL_EXIT_USAGE; o.batch = v; break;
-        case O_SEQ: if (parse_i("--seq", optarg, 1, 1 << 20, &v)) return NL_EXIT_USAGE; o.seq = v; break;
-        case O_SEED: if (parse_i("--seed", optarg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE; o.seed = (uint64_t)v; break;
-        case O_LR: if (nl_cli_double("--lr", optarg, &dv)) return NL_EXIT_USAGE; o.lr = (float)dv; break;
-        case O_CLIP: if (nl_cli_double("--clip", optarg, &dv)) return NL_EXIT_USAGE; o.grad_clip = (float)dv; break;
-        case O_WD: if (nl_cli_double("--weight-decay", optarg, &dv)) return NL_EXIT_USAGE; o.weight_decay = (float)dv; break;
+        case O_STEPS: if (parse_i("--steps", optarg, 1, 100000000, &v)) return NL_EXIT_USAGE; tr->steps = v; break;
+        case O_BATCH: if (parse_i("--batch", optarg, 1, 65536, &v)) return NL_EXIT_USAGE; tr->batch = v; break;
+        case O_SEQ: if (parse_i("--seq", optarg, 1, 1 << 20, &v)) return NL_EXIT_USAGE; tr->seq = v; seq_given = 1; break;
+        case O_SEED: if (parse_i("--seed", optarg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE; tr->seed = (uint64_t)v; break;
+        case O_LR:
+            if (nl_cli_double("--lr", optarg, &dv)) return NL_EXIT_USAGE;
+            if (dv <= 0) return nl_cli_usage_error("--lr must be positive, got %s", optarg);
+            tr->lr = (float)dv;
+            break;
+        case O_LR_MIN:
+            if (nl_cli_double("--lr-min", optarg, &dv)) return NL_EXIT_USAGE;
+            if (dv < 0) return nl_cli_usage_error("--lr-min must be >= 0, got %s", optarg);
+            tr->lr_min = (float)dv, lr_min_given = 1;
+            break;
+        case O_WARMUP: if (parse_i("--warmup", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE; tr->warmup = v; break;
+        case O_EVAL_WINDOWS: if (parse_i("--eval-windows", optarg, 1, 1000000, &v)) return NL_EXIT_USAGE; tr->eval_windows = v; break;
+        case O_STOP_AFTER: if (parse_i("--stop-after", optarg, 1, 100000000, &v)) return NL_EXIT_USAGE; tr->stop_after = v; break;
+        case O_ACCUM: if (parse_i("--grad-accum", optarg, 1, 65536, &v)) return NL_EXIT_USAGE; tr->grad_accum = v; break;
+        case O_PRECISION:
+            if (!strcmp(optarg, "fp32")) tr->precision = NL_PREC_FP32;
+            else if (!strcmp(optarg, "bf16")) tr->precision = NL_PREC_BF16;
+            else if (!strcmp(optarg, "fp16")) tr->precision = NL_PREC_FP16;
+            else return nl_cli_usage_error("parallel train: unknown --precision '%s' (fp32; bf16, fp16 are refused)", optarg);
+            break;
+        case O_LOG: log_csv = optarg; break;
+        case O_CLIP:
+            if (nl_cli_double("--clip", optarg, &dv)) return NL_EXIT_USAGE;
+            if (dv < 0) return nl_cli_usage_error("--clip must be >= 0, got %s", optarg);
+            tr->grad_clip = (float)dv;
+            break;
+        case O_WD:
+            if (nl_cli_double("--weight-decay", optarg, &dv)) return NL_EXIT_USAGE;
+            if (dv < 0) return nl_cli_usage_error("--weight-decay must be >= 0, got %s", optarg);
+            tr->weight_decay = (float)dv;
+            break;
         case O_DP: if (parse_i("--dp", optarg, 1, 65536, &dp)) return NL_EXIT_USAGE; break;
         case O_TP: if (parse_i("--tp", optarg, 1, 65536, &tp)) return NL_EXIT_USAGE; break;
         case O_PP: if (parse_i("--pp", optarg, 1, 65536, &pp)) return NL_EXIT_USAGE; break;
@@ -230,9 +333,9 @@ int nl_cmd_parallel_train(int argc, char **argv) {
         case O_MEM: mem = 1; break;
         case O_JSON: json = 1; break;
         case O_SVG: svg = optarg; break;
-        case O_OUT: out_path = optarg; break;
-        case O_RESUME: resume = optarg; break;
-        case O_SAVE_EVERY: if (parse_i("--save-every", optarg, 1, 100000000, &save_every)) return NL_EXIT_USAGE; break;
+        case O_OUT: tr->out = optarg; break;
+        case O_RESUME: tr->resume = optarg; break;
+        case O_SAVE_EVERY: if (parse_i("--eval-every", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE; tr->eval_every = v; break;
         case O_FAULT: {
             char how[16] = "exit";
             if (sscanf(optarg, "%d@%d", &fault_rank, &fault_step) != 2 &&
@@ -256,13 +359,22 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     if (heads) arch.n_heads = heads, arch.n_kv_heads = heads;
     if (kvh) arch.n_kv_heads = kvh;
     if (hidden) arch.hidden_dim = hidden;
-    if (arch.seq_len < o.seq) arch.seq_len = o.seq;
+    /* the defaults of `nanolm train`: the preset's window, lr_min = lr/10, warmup below steps */
+    if (!seq_given) tr->seq = arch.seq_len;
+    if (arch.seq_len < tr->seq) arch.seq_len = tr->seq;
+    if (!lr_min_given) tr->lr_min = tr->lr / 10.0f;
+    if (tr->warmup >= tr->steps) tr->warmup = tr->steps / 10;
+    tr->tokenizer = "byte";
     if (nl_arch_validate(&arch)) return nl_cli_usage_error("parallel train: model shape: %s", nl_last_error());
     if (arch.vocab_size != 256)
         return nl_cli_usage_error("parallel train: preset %s has vocab %lld; training reads byte tokens (vocab 256)",
                                   preset, (long long)arch.vocab_size);
+    /* every output is checked before any work starts */
+    if ((tr->out && nl_check_writable(tr->out, "--out")) || (svg && nl_check_writable(svg, "--svg")) ||
+        (log_csv && nl_check_writable(log_csv, "--log")))
+        return nl_cli_fail("parallel train");
     int mp = tp > 1 || pp > 1; /* model parallel: the pipeline/tensor engine */
-    if (mp && (out_path || resume))
+    if (mp && (tr->out || tr->resume))
         return nl_cli_usage_error("parallel train: --out/--resume are not supported yet with --tp or --pp > 1");
 
     if (nl_comm_init(NULL, NULL)) return nl_cli_fail("parallel train: MPI");
@@ -279,10 +391,16 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     memset(&t, 0, sizeof t);
     nl_pipe pl;
     memset(&pl, 0, sizeof pl);
-    double *losses = NULL, *norms = NULL, *rows = NULL, *ev = NULL;
+    nl_trainer tn;
+    memset(&tn, 0, sizeof tn);
+    double *rows = NULL, *ev = NULL;
+    step_probe probe;
+    memset(&probe, 0, sizeof probe);
+    nl_train_layout hooks;
+    int64_t steps = tr->steps;
     enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 }; /* per rank: sent, recv, per collective, memory x4, pipeline x3 */
     if (nl_layout_init(w, (int)dp, (int)tp, (int)pp, &L)) { rc = nl_cli_fail("parallel train: layout"); goto out; }
-    if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, data, &tok) || nl_data_check_window(&d, (int)o.seq)) {
+    if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, data, &tok) || nl_data_check_window(&d, (int)tr->seq)) {
         rc = nl_cli_fail("parallel train: data");
         goto out;
     }
@@ -291,47 +409,39 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             rc = nl_cli_fail("parallel train: init");
             goto out;
         }
-    } else if (nl_dist_init(&t, &arch, &o, L.dp_comm)) {
-        rc = nl_cli_fail("parallel train: init");
+        nl_pipe_layout(&pl, &probe.inner);
+        probe.pl = &pl;
+    } else {
+        if (nl_dist_init(&t, &arch, &o, L.dp_comm)) {
+            rc = nl_cli_fail("parallel train: init");
+            goto out;
+        }
+        nl_dist_layout(&t, &probe.inner);
+        probe.dt = &t;
+    }
+    probe.rank = R, probe.fault_rank = fault_rank, probe.fault_step = fault_step, probe.fault_how = fault_how;
+    probe.json = json;
+    hooks = probe.inner;
+    hooks.user = &probe;
+    hooks.grads = probe_grads, hooks.sumsq = probe_sumsq, hooks.scale = probe_scale, hooks.update = probe_update;
+    hooks.eval = probe.inner.eval ? probe_eval : NULL;
+    hooks.save = probe.inner.save ? probe_save : NULL;
+    hooks.load = probe.inner.load ? probe_load : NULL;
+    if (nl_trainer_init_layout(&tn, tr, &hooks)) {
+        rc = nl_cli_fail(tr->resume ? "parallel train: --resume" : "parallel train");
         goto out;
     }
-    losses = calloc((size_t)steps, sizeof(double));
-    norms = calloc((size_t)steps, sizeof(double));
     rows = calloc((size_t)P * NK, sizeof(double));
-    nl_comm_stats st;
-    memset(&st, 0, sizeof st);
-    int64_t first = 0;
-    if (resume) {
-        if (nl_dist_load(&t, resume, &first)) { rc = nl_cli_fail("parallel train: --resume"); goto out; }
-        if (R == 0 && !json) printf("resumed from %s after step %lld\n", resume, (long long)first);
-    }
-    double t0 = nl_time_s(), bw_s = 0, wait_s = 0, busy_s = 0, idle_s = 0;
-    for (int64_t s = first; s < steps; s++) {
-        if (R == fault_rank && s + 1 == fault_step) { /* a rank that dies at the start of a step */
-            if (!strcmp(fault_how, "kill")) raise(SIGKILL);
-            if (!strcmp(fault_how, "segv")) raise(SIGSEGV);
-            if (!strcmp(fault_how, "_exit")) _exit(3);
-            exit(3);
-        }
-        nl_comm_reset_total_stats();
-        float loss;
-        double norm;
-        nl_status sst = mp ? nl_pipe_step(&pl, &d, s, o.lr, &loss, &norm) : nl_dist_step(&t, &d, s, o.lr, &loss, &norm);
-        if (sst) { rc = nl_cli_fail("parallel train: step"); goto out; }
-        busy_s += pl.busy_s;
-        idle_s += pl.idle_s;
-        nl_comm_get_total_stats(&st); /* bytes of this step (the last step's are reported) */
-        losses[s] = loss;
-        norms[s] = norm;
-        bw_s += t.backward_s;
-        wait_s += t.comm_wait_s;
-        if (!json && R == 0)
-            printf("step %3lld  loss %.6f  grad norm %.4f\n", (long long)s + 1, loss, norm);
-        if (out_path && ((save_every && (s + 1) % save_every == 0) || s + 1 == steps)) {
-            if (nl_dist_save(&t, out_path, s + 1)) { rc = nl_cli_fail("parallel train: --out"); goto out; }
-            if (!json && R == 0) printf("saved %s after step %lld\n", out_path, (long long)s + 1);
-        }
-    }
+    if (!rows) { rc = nl_cli_fail("parallel train: out of memory"); goto out; }
+    int64_t first = tn.step;
+    if (tr->resume && R == 0 && !json) printf("resumed from %s after step %lld\n", tr->resume, (long long)first);
+    double t0 = nl_time_s();
+    if (nl_trainer_run(&tn, tr, &d, on_step, &probe)) { rc = nl_cli_fail("parallel train"); goto out; }
+    if (R == 0 && log_csv && nl_train_log_write_csv(&tn, log_csv)) { rc = nl_cli_fail("parallel train: --log"); goto out; }
+    if (R == 0 && !json && tr->out) printf("saved %s after step %lld\n", tr->out, (long long)tn.step);
+    steps = tn.step;
+    nl_comm_stats st = probe.st;
+    double bw_s = probe.bw_s, wait_s = probe.wait_s, busy_s = probe.busy_s, idle_s = probe.idle_s;
     double wall = nl_time_s() - t0;
     size_t n_full = mp ? pl.n_params_full : t.model.n_params; /* parameters of the whole model */
     nl_dist_memory dm;
@@ -363,7 +473,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     }
     if (R == 0) {
         const char *what = o.zero ? "ZeRO" : (dp > 1 ? "DDP" : "One process");
-        double tokens_per_s = (double)(steps - first) * (double)(o.batch * o.seq * dp) / wall;
+        double tokens_per_s = (double)(steps - first) * (double)(o.train.batch * o.train.seq * dp) / wall;
         if (json) {
             cJSON *j = cJSON_CreateObject();
             cJSON_AddNumberToObject(j, "ranks", P);
@@ -379,16 +489,18 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             cJSON_AddStringToObject(j, "impl", nl_comm_impl_name(o.impl));
             cJSON_AddNumberToObject(j, "overlap", o.overlap);
             cJSON_AddNumberToObject(j, "n_params", (double)n_full);
-            cJSON_AddNumberToObject(j, "global_batch", (double)(o.batch * dp));
+            cJSON_AddNumberToObject(j, "global_batch", (double)(o.train.batch * dp));
             cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_s);
             cJSON_AddNumberToObject(j, "backward_s", bw_s);
             cJSON_AddNumberToObject(j, "comm_wait_after_backward_s", wait_s);
             cJSON *ls = cJSON_AddArrayToObject(j, "losses"), *ns = cJSON_AddArrayToObject(j, "grad_norms");
             cJSON_AddNumberToObject(j, "first_step", (double)first + 1);
-            for (int64_t s = first; s < steps; s++) {
-                cJSON_AddItemToArray(ls, cJSON_CreateNumber(losses[s]));
-                cJSON_AddItemToArray(ns, cJSON_CreateNumber(norms[s]));
+            for (int64_t s = 0; s < tn.n_log; s++) {
+                cJSON_AddItemToArray(ls, cJSON_CreateNumber(tn.log[s].loss));
+                cJSON_AddItemToArray(ns, cJSON_CreateNumber(tn.log[s].grad_norm));
             }
+            if (tn.n_log && !isnan(tn.log[tn.n_log - 1].val_loss))
+                cJSON_AddNumberToObject(j, "val_loss", tn.log[tn.n_log - 1].val_loss);
             cJSON *rk = cJSON_AddArrayToObject(j, "per_rank");
             for (int q = 0; q < P; q++) {
                 double *x = rows + (size_t)q * NK;
@@ -418,7 +530,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             else if (tp > 1) what = "Tensor parallel";
             printf("%s%s on %d rank%s (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n",
                    what, o.zero ? (o.zero == 1 ? "-1" : o.zero == 2 ? "-2" : "-3") : "", P, P > 1 ? "s" : "", (long long)dp,
-                   n_full, (long long)(o.batch * dp), (long long)o.seq, nl_comm_impl_name(o.impl));
+                   n_full, (long long)(o.train.batch * dp), (long long)o.train.seq, nl_comm_impl_name(o.impl));
             if (mp)
                 printf("%.0f tokens/s\n", tokens_per_s);
             else
@@ -467,8 +579,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
         }
     }
 out:
-    free(losses);
-    free(norms);
+    nl_trainer_free(&tn);
     free(rows);
     free(ev);
     nl_dist_free(&t);

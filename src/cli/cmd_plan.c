@@ -18,8 +18,10 @@ static void usage(FILE *f) {
             "       nanolm plan layer --model M [--params N] --tp T [--sp] [--pp P] [--dp D] [--ep E]\n"
             "                         [--zero 0|1|2|3|hsdp] [--tokens-per-gpu T] [--micro M] [--json] [assumptions]\n"
             "       nanolm plan serve --model M [--gpu G] [--tp N] [--prompt P] [--output O] [--batch B]\n"
-            "                         [--context C] [--chunk K] [--prefill-mfu 0.5] [--json]\n"
-            "       nanolm plan pipeline --stages P --micro M --svg FILE\n\n"
+            "                         [--context C] [--chunk K] [--prefill-mfu X] [--json]\n"
+            "       nanolm plan pipeline --stages P --micro M --svg FILE\n"
+            "       nanolm plan validate [--file FILE.json] [--json] [--svg FILE]\n"
+            "                         (every published figure of tests/validation/published.json, default assumptions)\n\n"
             "assumptions (each overrides a named default; see docs/planning.md):\n"
             "  --gemm-eff 0.6  --attn-eff 0.4  --kernel-us 5  --dp-overlap 0.8  --usable-mem 0.9\n"
             "  --tp-overlap 0  --reserved-gb 2  --link-eff 0.8  --latency-us 10  --price $/h  --gpus-per-node 8\n"
@@ -76,7 +78,10 @@ static int common_opt(common *o, int c, const char *arg) {
     switch (c) {
     case 'M': o->model = arg; return 1;
     case 'G': o->gpu = arg; return 1;
-    case 'n': return nl_cli_double_si("--params", arg, &o->params) ? -1 : 1;
+    case 'n':
+        if (nl_cli_double_si("--params", arg, &o->params)) return -1;
+        if (!(o->params > 0)) { nl_cli_usage_error("--params must be a positive count (like 7B), got '%s'", arg); return -1; }
+        return 1;
     case 'r': o->recipe = arg; return 1;
     case O_GEMM: if (nl_cli_double("--gemm-eff", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--gemm-eff", arg); o->eff.gemm = v; return 1;
     case O_ATTN: if (nl_cli_double("--attn-eff", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--attn-eff", arg); o->eff.attn = v; return 1;
@@ -137,7 +142,7 @@ static void print_assumptions(const nl_train_req *q) {
                "                     calibrated on published runs, docs/planning.md)\n"
                "  --attn-eff %.2f     flash attention (FA2 ~0.35, FA3 ~0.75 of H100 peak; Shah et al. 2024)\n"
                "  --kernel-us %.0f      per kernel launch, %.0f kernels per layer forward, twice in backward\n",
-               e->gemm, q->hw.name, q->hw.flops_bf16 / 1e12, e->attn, e->kernel_s * 1e6, e->kernels_per_layer);
+               e->gemm > 0 ? e->gemm : q->hw.gemm_eff, q->hw.name, q->hw.flops_bf16 / 1e12, e->attn, e->kernel_s * 1e6, e->kernels_per_layer);
     printf("  --tp-overlap %.2f   share of tensor-parallel communication hidden behind GEMMs\n", e->tp_overlap);
     printf("  --dp-overlap %.2f   share of backward that hides data-parallel communication\n"
            "  --link-eff %.2f     achieved share of NVLink %.0f GB/s and network %.0f GB/s per GPU, nodes of %lld\n"
@@ -274,10 +279,10 @@ static int cmd_train(int argc, char **argv) {
         nl_plan_train_free(&res);
         return nl_cli_print_json(j);
     }
-    char a1[32], a2[32];
+    char a1[32], a2[32], a3[32];
     printf("Plan: %s (%s parameters) on %lld x %s, %s tokens, global batch %lld x %lld = %s tokens, recipe %s.\n",
            q.arch.name, nl_fmt_count(N, a1, sizeof a1), (long long)gpus, q.hw.name, nl_fmt_count(q.tokens, a2, sizeof a2),
-           (long long)q.global_batch, (long long)q.seq, nl_fmt_count((double)q.global_batch * (double)q.seq, a1, sizeof a1),
+           (long long)q.global_batch, (long long)q.seq, nl_fmt_count((double)q.global_batch * (double)q.seq, a3, sizeof a3),
            q.recipe.name);
     printf("Searched %zu layouts in %.1f ms: %zu fit in memory, %zu do not.\n\n", res.n, res.search_s * 1e3, res.n_fit,
            res.n - res.n_fit);
@@ -503,7 +508,8 @@ static int cmd_serve(int argc, char **argv) {
     nl_table t;
     nl_table_init(&t, 3, hdr);
     nl_table_rowf(&t, "prefill FLOPs|%.3g|2 x %.3gB matmul params x %.0f + causal attention", sp.prefill_flops, sp.matmul_params / 1e9, sq.prompt);
-    nl_table_rowf(&t, "prefill = TTFT|%.1f ms|at %.0f%% of %.0f TFLOP/s x %lld GPUs", sp.prefill_s * 1e3, 100 * sq.prefill_mfu, q.hw.flops_bf16 / 1e12, (long long)tp);
+    nl_table_rowf(&t, "prefill = TTFT|%.1f ms|at %.0f%% of %.0f TFLOP/s x %lld GPUs", sp.prefill_s * 1e3,
+                  100 * (sq.prefill_mfu > 0 ? sq.prefill_mfu : q.hw.gemm_eff), q.hw.flops_bf16 / 1e12, (long long)tp);
     nl_table_rowf(&t, "KV cache per token|%.0f KiB|2 x layers x kv heads x head dim x 2 bytes", sp.kv_bytes_per_token / 1024);
     nl_table_rowf(&t, "KV cache of the prompt|%.0f MB|to ship when prefill runs elsewhere", sp.prompt_kv_bytes / 1e6);
     nl_table_rowf(&t, "decode: weight reads|%.2f ms|%.1f GB / %lld / %.2f TB/s", sp.weight_read_s * 1e3, sp.params * sq.weight_bytes / 1e9, (long long)tp, q.hw.hbm_bw / 1e12);
@@ -655,6 +661,102 @@ static int cmd_pipeline(int argc, char **argv) {
     return NL_EXIT_OK;
 }
 
+/* nanolm plan validate: the planner against published runs. */
+static int cmd_validate(int argc, char **argv) {
+    static const struct option opts[] = {{"file", required_argument, 0, 'f'}, {"json", no_argument, 0, 'j'},
+                                         {"svg", required_argument, 0, 'v'}, {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *file = NULL, *svg = NULL;
+    int json = 0, c;
+    while ((c = getopt_long(argc, argv, "f:jv:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'f': file = optarg; break;
+        case 'j': json = 1; break;
+        case 'v': svg = optarg; break;
+        case 'h': usage(stdout); return NL_EXIT_OK;
+        default: return nl_cli_bad_option("plan validate", argv);
+        }
+    }
+    if (optind < argc) return nl_cli_usage_error("plan validate: unexpected argument '%s'", argv[optind]);
+    /* The set lives in the source tree: found from the working directory (the repository root,
+     * as `make run` and the tests use it) or from NANOLM_SRC. */
+    char def[4096];
+    if (!file) {
+        const char *src = getenv("NANOLM_SRC");
+        FILE *f = fopen("tests/validation/published.json", "rb");
+        if (f) { fclose(f); file = "tests/validation/published.json"; }
+        else if (src) { snprintf(def, sizeof def, "%s/tests/validation/published.json", src); file = def; }
+        else return nl_cli_usage_error("plan validate: tests/validation/published.json is not in this directory; "
+                                       "run from the repository root or give --file FILE.json");
+    }
+    nl_catalog *cat = malloc(sizeof *cat);
+    if (!cat) return nl_cli_usage_error("plan validate: out of memory");
+    nl_catalog_init(cat);
+    nl_valid_result r;
+    nl_status st = nl_plan_validate(cat, file, &r);
+    free(cat);
+    if (st) return nl_cli_fail("plan validate");
+    if (svg && nl_plan_svg_validate(svg, &r)) { nl_plan_validate_free(&r); return nl_cli_fail("--svg"); }
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON *arr = cJSON_AddArrayToObject(j, "cases");
+        for (size_t i = 0; i < r.n; i++) {
+            const nl_valid_case *x = &r.cases[i];
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "id", x->id);
+            cJSON_AddStringToObject(o, "group", x->group);
+            cJSON_AddStringToObject(o, "metric", x->metric);
+            cJSON_AddStringToObject(o, "unit", x->unit);
+            cJSON_AddStringToObject(o, "source", x->source);
+            cJSON_AddNumberToObject(o, "published", x->published);
+            cJSON_AddNumberToObject(o, "predicted", x->predicted);
+            cJSON_AddNumberToObject(o, "error", x->err);
+            if (x->fits >= 0) cJSON_AddBoolToObject(o, "fits", x->fits);
+            cJSON_AddBoolToObject(o, "formula", x->formula);
+            cJSON_AddItemToArray(arr, o);
+        }
+        cJSON *g = cJSON_AddArrayToObject(j, "groups");
+        for (int k = 0; k < 4; k++) {
+            const nl_valid_group *G = &r.groups[k];
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "group", G->group);
+            cJSON_AddNumberToObject(o, "n", G->n);
+            cJSON_AddNumberToObject(o, "median_abs_error", G->median_abs);
+            cJSON_AddNumberToObject(o, "worst_abs_error", G->worst_abs);
+            cJSON_AddStringToObject(o, "worst", G->worst_id);
+            cJSON_AddNumberToObject(o, "n_formula", G->n_formula);
+            cJSON_AddNumberToObject(o, "worst_formula_abs_error", G->worst_formula_abs);
+            cJSON_AddItemToArray(g, o);
+        }
+        cJSON_AddNumberToObject(j, "published_layouts_rejected", r.n_nofit);
+        nl_plan_validate_free(&r);
+        return nl_cli_print_json(j);
+    }
+    static const char *hdr[] = {"group", "case", "metric", "published", "predicted", "error", "fits"};
+    nl_table t;
+    nl_table_init(&t, 7, hdr);
+    for (size_t i = 0; i < r.n; i++) {
+        const nl_valid_case *x = &r.cases[i];
+        nl_table_rowf(&t, "%s|%s|%s|%.4g|%.4g|%+.1f%%|%s", x->group, x->id, x->metric, x->published, x->predicted,
+                      100 * x->err, x->fits < 0 ? "" : x->fits ? "yes" : "NO");
+    }
+    nl_table_print(&t, stdout);
+    nl_table_free(&t);
+    printf("\nSummary (|error| = |predicted / published - 1|):\n");
+    for (int k = 0; k < 4; k++) {
+        const nl_valid_group *G = &r.groups[k];
+        if (!G->n) { printf("  %-10s no cases\n", G->group); continue; }
+        printf("  %-10s %2d cases  median %5.1f%%  worst %5.1f%% (%s)", G->group, G->n, 100 * G->median_abs,
+               100 * G->worst_abs, G->worst_id);
+        if (G->n_formula) printf("; %d spelled-out accounting cases, worst %.2f%%", G->n_formula, 100 * G->worst_formula_abs);
+        printf("\n");
+    }
+    printf("  published training layouts the planner rejects as not fitting: %d\n", r.n_nofit);
+    printf("Sources: each case's \"source\" in %s (--json prints them).\n", file);
+    nl_plan_validate_free(&r);
+    return NL_EXIT_OK;
+}
+
 int nl_cmd_plan(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
@@ -667,5 +769,6 @@ int nl_cmd_plan(int argc, char **argv) {
     if (!strcmp(sub, "layer")) return cmd_layer(argc - 1, argv + 1);
     if (!strcmp(sub, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(sub, "pipeline")) return cmd_pipeline(argc - 1, argv + 1);
+    if (!strcmp(sub, "validate")) return cmd_validate(argc - 1, argv + 1);
     return nl_cli_usage_error("plan: unknown subcommand '%s' (catalog, train, layer, serve, pipeline)", sub);
 }

@@ -13,12 +13,14 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: nanolm precision underflow --ckpt F --data TEXT [--batch B] [--batches N] [--seq T] [--json]\n"
+            "usage: nanolm precision underflow --ckpt F --data TEXT [--tokenizer tok512.bin] [--batch B] [--batches N]\n"
+            "                                   [--seq T] [--json]\n"
             "  Runs N forward/backward passes of the model on the first N*B windows of the text's\n"
             "  validation split (last 10%%) in fp32 and reports, for the linear layers' output gradients\n"
             "  and for the parameter gradients, the fraction of nonzero values that would be flushed to\n"
             "  zero, left subnormal or overflow: fp16 without loss scaling, with GradScaler's initial\n"
-            "  scale 2^16, with the largest power-of-two scale that does not overflow, and bf16.\n");
+            "  scale 2^16, with the largest power-of-two scale that does not overflow, and bf16.\n"
+            "  --tokenizer is needed for llama2.c .bin checkpoints.\n");
 }
 
 typedef struct scheme { nl_format f; double scale; const char *label; } scheme;
@@ -26,15 +28,16 @@ typedef struct scheme { nl_format f; double scale; const char *label; } scheme;
 static int underflow_cmd(int argc, char **argv) {
     static const struct option opts[] = {
         {"ckpt", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'}, {"batch", required_argument, 0, 'b'},
-        {"batches", required_argument, 0, 'n'}, {"seq", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'},
+        {"batches", required_argument, 0, 'n'}, {"seq", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'}, {"tokenizer", required_argument, 0, 'k'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *ckpt = NULL, *data = NULL;
+    const char *ckpt = NULL, *data = NULL, *tok_path = NULL;
     int64_t B = 8, nb = 4, T = 0;
     int json = 0, c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'c': ckpt = optarg; break;
         case 'd': data = optarg; break;
+        case 'k': tok_path = optarg; break;
         case 'b': if (nl_cli_int("--batch", optarg, 1, 4096, &B)) return NL_EXIT_USAGE; break;
         case 'n': if (nl_cli_int("--batches", optarg, 1, 1000, &nb)) return NL_EXIT_USAGE; break;
         case 's': if (nl_cli_int("--seq", optarg, 1, 1 << 20, &T)) return NL_EXIT_USAGE; break;
@@ -47,7 +50,7 @@ static int underflow_cmd(int argc, char **argv) {
     if (!ckpt || !data) return nl_cli_usage_error("precision underflow: --ckpt F and --data TEXT are required");
     nl_model m;
     nl_tokenizer tok;
-    if (nl_cli_load_model(ckpt, NULL, &m, &tok)) return nl_cli_fail("precision underflow");
+    if (nl_cli_load_model(ckpt, tok_path, &m, &tok)) return nl_cli_fail("precision underflow");
     int rc = NL_EXIT_OK;
     nl_data dt;
     memset(&dt, 0, sizeof dt);

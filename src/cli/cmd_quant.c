@@ -1,5 +1,6 @@
 /* nanolm quant demo | outliers | model: the course's quantization walk-through, the damage one
  * outlier row does per tensor vs per channel vs per block, and quantizing a real model. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,11 +16,15 @@ int nl_cmd_quant_compare(int argc, char **argv); /* cmd_quant_compare.c */
 static void usage(FILE *f) {
     fprintf(f,
             "usage: nanolm quant demo [--json]\n"
+            "       nanolm quant values X1,X2,... [--scheme int8|int4|affine|NAME] [--block B] [--json]\n"
             "       nanolm quant outliers [--rows N] [--cols N] [--bits B] [--outlier F] [--seed S] [--json]\n"
             "       nanolm quant model --ckpt F --data TEXT [--scheme S ...] [--out Q.safetensors] [--json]\n"
             "       nanolm quant compare --ckpt F --data TEXT --calib TEXT [--schemes LIST] [--json] [--svg F]\n\n"
             "demo:     the course's absmax example: (0.3, -0.5, 0.12, 1.5) in int8, then with an outlier 30,\n"
             "          then with blocks of 2.\n"
+            "values:   quantizes your own values and prints the scale, the zero point, the codes and the\n"
+            "          dequantized values (int8 = absmax with 8 bits, int4, affine = uint8 with a zero point,\n"
+            "          or any scheme name of `quant model`, e.g. int3-b2, mxfp4); --block B: one scale per B values.\n"
             "outliers: a random N(0, 0.02) weight matrix whose row 7 is multiplied by F (default 50);\n"
             "          MSE and SQNR for per tensor, per channel and per block 32/64/128.\n"
             "compare:  RTN vs GPTQ, AWQ, SmoothQuant and LLM.int8() on a checkpoint (see quant compare --help).\n"
@@ -129,6 +134,194 @@ static int cmd_demo(int argc, char **argv) {
     return NL_EXIT_OK;
 }
 
+/* ---- values ---------------------------------------------------------------------------------- */
+
+/* Parses "0.3,-0.5,0.12,1.5" into a malloc'd float array (finite, within fp32's range). */
+static int parse_values(const char *list, float **out, int64_t *n) {
+    size_t len = strlen(list), cap = 1;
+    for (size_t i = 0; i < len; i++) cap += list[i] == ',';
+    if (cap > 1 << 20) return nl_cli_usage_error("quant values: at most %d values", 1 << 20);
+    char *buf = malloc(len + 1);
+    float *x = malloc(cap * sizeof *x);
+    if (!buf || !x) {
+        free(buf);
+        free(x);
+        return nl_cli_usage_error("quant values: out of memory for %zu values", cap);
+    }
+    memcpy(buf, list, len + 1);
+    int64_t k = 0;
+    int rc = 0;
+    char *p = buf;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma) *comma = '\0';
+        double v;
+        if ((rc = nl_cli_double("quant values", p, &v))) break;
+        if (fabs(v) > FLT_MAX) {
+            rc = nl_cli_usage_error("quant values: %s is outside fp32's range (|x| <= %g)", p, (double)FLT_MAX);
+            break;
+        }
+        x[k++] = (float)v;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    free(buf);
+    if (rc) {
+        free(x);
+        return rc;
+    }
+    *out = x;
+    *n = k;
+    return 0;
+}
+
+/* v with the fewest significant digits that read back as the same float (0.3f prints as 0.3). */
+static const char *short_float(float v, char *buf, size_t n) {
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, n, "%.*g", digits, (double)v);
+        if (strtof(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
+/* The scheme of `quant values`: int8 / int4 / intB (absmax, per tensor or per block), affine
+ * (uint8 with a zero point, per tensor), or any name nl_quant_spec_parse knows. */
+static int values_spec(const char *name, int64_t block, nl_quant_spec *spec) {
+    char full[64];
+    int bits;
+    char tail;
+    if (!strcmp(name, "affine")) {
+        if (block) return nl_cli_usage_error("quant values: --block needs an absmax scheme (int8, int4, ...), not affine");
+        snprintf(full, sizeof full, "affine-uint8-tensor");
+    } else if (sscanf(name, "int%d%c", &bits, &tail) == 1) {
+        if (block) snprintf(full, sizeof full, "int%d-b%lld", bits, (long long)block);
+        else snprintf(full, sizeof full, "int%d-tensor", bits);
+    } else {
+        if (block) return nl_cli_usage_error("quant values: --block goes with int8, int4 or intB, not '%s'", name);
+        snprintf(full, sizeof full, "%s", name);
+    }
+    if (nl_quant_spec_parse(full, spec)) return nl_cli_usage_error("quant values: --scheme %s: %s", name, nl_last_error());
+    return 0;
+}
+
+static int cmd_values(int argc, char **argv) {
+    static const struct option opts[] = {{"scheme", required_argument, 0, 's'}, {"block", required_argument, 0, 'b'},
+                                         {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *scheme = "int8", *list = NULL;
+    int64_t block = 0;
+    int json = 0, c, rc;
+    /* the list may start with a minus sign: take it before getopt sees it as an option */
+    if (argc > 1 && strncmp(argv[1], "--", 2) != 0) {
+        list = argv[1];
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+    }
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': scheme = optarg; break;
+        case 'b': if ((rc = nl_cli_int("--block", optarg, 1, 1 << 20, &block))) return rc; break;
+        case 'j': json = 1; break;
+        case 'h': usage(stdout); return NL_EXIT_OK;
+        default: return nl_cli_bad_option("quant values", argv);
+        }
+    }
+    if (optind < argc) {
+        if (list) return nl_cli_usage_error("quant values: unexpected argument '%s'", argv[optind]);
+        list = argv[optind++];
+        if (optind < argc) return nl_cli_usage_error("quant values: unexpected argument '%s'", argv[optind]);
+    }
+    if (!list) return nl_cli_usage_error("quant values: give the values, e.g. nanolm quant values 0.3,-0.5,0.12,1.5");
+    nl_quant_spec spec;
+    if ((rc = values_spec(scheme, block, &spec))) return rc;
+    float *x = NULL, *back = NULL;
+    int64_t n = 0;
+    if ((rc = parse_values(list, &x, &n))) return rc;
+    nl_qtensor q;
+    memset(&q, 0, sizeof q);
+    back = malloc((size_t)n * sizeof *back);
+    if (!back) {
+        free(x);
+        return nl_cli_usage_error("quant values: out of memory for %lld values", (long long)n);
+    }
+    if (nl_quant_tensor(x, 1, n, &spec, &q) || nl_quant_dequantize(&q, back)) {
+        free(x);
+        free(back);
+        nl_qtensor_free(&q);
+        return nl_cli_fail("quant values");
+    }
+    char name[64];
+    nl_quant_spec_name(&spec, name, sizeof name);
+    double max_err = 0;
+    for (int64_t i = 0; i < n; i++) max_err = fmax(max_err, fabs((double)x[i] - (double)back[i]));
+    if (json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "scheme", name);
+        cJSON_AddStringToObject(d, "kind", spec.kind == NL_QUANT_AFFINE ? "affine" : spec.kind == NL_QUANT_MX ? "mx" : "absmax");
+        cJSON_AddNumberToObject(d, "bits", spec.bits);
+        cJSON_AddNumberToObject(d, "values_per_scale", (double)q.group_cols);
+        cJSON *groups = cJSON_AddArrayToObject(d, "groups");
+        for (int64_t g = 0; g < q.n_scales; g++) {
+            cJSON *o = cJSON_CreateObject();
+            int64_t a = g * q.group_cols, b = a + q.group_cols < n ? a + q.group_cols : n;
+            cJSON_AddNumberToObject(o, "first", (double)a);
+            cJSON_AddNumberToObject(o, "count", (double)(b - a));
+            cJSON_AddNumberToObject(o, "scale", q.scales[g]);
+            cJSON_AddNumberToObject(o, "zero_point", q.zero_points ? q.zero_points[g] : 0);
+            cJSON_AddItemToArray(groups, o);
+        }
+        cJSON_AddItemToObject(d, "x", farr(x, (int)n));
+        cJSON *qa = cJSON_AddArrayToObject(d, "codes");
+        for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(qa, cJSON_CreateNumber(nl_qtensor_code(&q, 0, i)));
+        cJSON_AddItemToObject(d, "dequantized", farr(back, (int)n));
+        cJSON_AddNumberToObject(d, "max_abs_error", max_err);
+        cJSON_AddNumberToObject(d, "bytes", (double)nl_qtensor_bytes(&q));
+        rc = nl_cli_print_json(d);
+    } else {
+        int qmax = (1 << (spec.bits - 1)) - 1;
+        char b1[32], b2[32], b3[32];
+        printf("%s on %lld values: %lld scale%s, one per %lld values\n", name, (long long)n, (long long)q.n_scales,
+               q.n_scales == 1 ? "" : "s", (long long)q.group_cols);
+        for (int64_t g = 0; g < q.n_scales; g++) {
+            int64_t a = g * q.group_cols, b = a + q.group_cols < n ? a + q.group_cols : n;
+            if (q.n_scales > 1) printf("block %lld (values %lld..%lld):\n", (long long)g + 1, (long long)a + 1, (long long)b);
+            float amax = 0, lo = 0, hi = 0;
+            for (int64_t i = a; i < b; i++) {
+                amax = fmaxf(amax, fabsf(x[i]));
+                lo = fminf(lo, x[i]);
+                hi = fmaxf(hi, x[i]);
+            }
+            short_float(q.scales[g], b3, sizeof b3);
+            if (spec.kind == NL_QUANT_SYMMETRIC)
+                printf("  scale        = max|x| / %d = %s / %d = %s\n  zero point   = 0 (symmetric)\n", qmax,
+                       short_float(amax, b1, sizeof b1), qmax, b3);
+            else if (spec.kind == NL_QUANT_AFFINE)
+                printf("  scale        = (max - min) / %d = (%s - (%s)) / %d = %s\n"
+                       "  zero point   = qmin - round(min / scale) = %d (the code of 0.0)\n",
+                       (1 << spec.bits) - 1, short_float(hi, b1, sizeof b1), short_float(lo, b2, sizeof b2),
+                       (1 << spec.bits) - 1, b3, q.zero_points[g]);
+            else
+                printf("  scale        = 2^(floor(log2 max|x|) - emax) = %s (shared E8M0 exponent)\n", b3);
+            printf("  x            =");
+            for (int64_t i = a; i < b; i++) printf(" %s", short_float(x[i], b1, sizeof b1));
+            printf("\n  q            =");
+            for (int64_t i = a; i < b; i++) printf(" %d", nl_qtensor_code(&q, 0, i));
+            printf("   (%s)\n  dequantized  =", spec.kind == NL_QUANT_SYMMETRIC ? "round(x / scale)"
+                                                 : spec.kind == NL_QUANT_AFFINE ? "round(x / scale) + zero point"
+                                                                                : "element codes");
+            for (int64_t i = a; i < b; i++) printf(" %s", short_float(back[i], b1, sizeof b1));
+            printf("   (%s)\n", spec.kind == NL_QUANT_AFFINE ? "(q - zero point) * scale"
+                                : spec.kind == NL_QUANT_MX ? "element value * scale" : "q * scale");
+        }
+        printf("largest error |x - dequantized| = %.9g; %zu bytes stored (fp32: %lld)\n", max_err, nl_qtensor_bytes(&q),
+               (long long)n * 4);
+    }
+    free(x);
+    free(back);
+    nl_qtensor_free(&q);
+    return rc;
+}
+
 /* ---- outliers -------------------------------------------------------------------------------- */
 
 static int cmd_outliers(int argc, char **argv) {
@@ -234,8 +427,9 @@ int nl_cmd_quant(int argc, char **argv) {
         return NL_EXIT_OK;
     }
     if (!strcmp(sub, "demo")) return cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(sub, "values")) return cmd_values(argc - 1, argv + 1);
     if (!strcmp(sub, "outliers")) return cmd_outliers(argc - 1, argv + 1);
     if (!strcmp(sub, "model")) return nl_cmd_quant_model(argc - 1, argv + 1);
     if (!strcmp(sub, "compare")) return nl_cmd_quant_compare(argc - 1, argv + 1);
-    return nl_cli_usage_error("quant: unknown subcommand '%s' (demo, outliers, model, compare)", sub);
+    return nl_cli_usage_error("quant: unknown subcommand '%s' (demo, values, outliers, model, compare)", sub);
 }

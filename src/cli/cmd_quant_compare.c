@@ -107,9 +107,14 @@ int nl_cmd_quant_compare(int argc, char **argv) {
         if (n_rows == 64) return nl_cli_usage_error("quant compare: at most 64 schemes");
         memset(&rows[n_rows], 0, sizeof rows[n_rows]);
         if (nl_qm_parse(tokn, &rows[n_rows].s)) return nl_cli_usage_error("quant compare: --schemes: %s", nl_last_error());
+        /* fp32 is the baseline row, always measured and printed first: listing it adds nothing */
+        if (rows[n_rows].s.method == NL_QM_FP32) continue;
+        for (int j = 0; j < n_rows; j++)
+            if (!strcmp(rows[j].s.name, rows[n_rows].s.name))
+                return nl_cli_usage_error("quant compare: --schemes lists %s twice", rows[j].s.name);
         n_rows++;
     }
-    if (n_rows == 0) return nl_cli_usage_error("quant compare: --schemes is empty");
+    if (n_rows == 0) return nl_cli_usage_error("quant compare: --schemes names no scheme besides the fp32 baseline");
 
     nl_model m;
     nl_tokenizer tok;

@@ -119,6 +119,7 @@ int nl_cmd_quant_model(int argc, char **argv) {
     if (optind < argc) return nl_cli_usage_error("quant model: unexpected argument '%s'", argv[optind]);
     if (!ckpt || !data) return nl_cli_usage_error("quant model: --ckpt F and --data TEXT are required");
     if (out && ns != 1) return nl_cli_usage_error("quant model: --out needs exactly one --scheme");
+    if (out && nl_check_writable(out, "--out")) return nl_cli_fail("quant model"); /* before any work */
     if (ns == 0)
         for (size_t i = 0; i < sizeof DEFAULT_SCHEMES / sizeof DEFAULT_SCHEMES[0]; i++) {
             nl_quant_spec_parse(DEFAULT_SCHEMES[i], &specs[ns]);

@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "                              [--hw FILE.json] [--svg FILE] [--json]\n"
             "       nanolm scaling overtrain --params N --tokens D [--ratio 20] [--json]\n"
             "       nanolm scaling fit FILE.csv [--bootstrap 100] [--seed S] [--delta 1e-3] [--json]\n"
+            "                          [--n-col NAME] [--d-col NAME] [--flops-col NAME] [--loss-col NAME]\n"
             "       nanolm scaling sweep --data FILE [--grid default|small|tiny] [--out DIR] (see --help)\n"
             "       nanolm scaling lr-transfer --data FILE [--widths 16,32,64] (muP; see --help)\n"
             "       nanolm scaling emergence --data FILE (--ckpt F ... | --sweep DIR) (see --help)\n\n"
@@ -22,7 +23,8 @@ static void usage(FILE *f) {
             "           20 tokens/parameter rule, Chinchilla approaches 1 and 3, and Kaplan et al.\n"
             "overtrain: a model trained past the optimum against the compute-optimal model of the\n"
             "           same predicted loss, and the served tokens at which it pays off.\n"
-            "fit:       fits E, A, B, alpha, beta to (N, D or FLOPs, loss) rows (Hoffmann's method).\n");
+            "fit:       fits E, A, B, alpha, beta to (N, D or FLOPs, loss) rows (Hoffmann's method); columns are\n"
+            "           found by name (N/params, D/tokens, C/FLOPs, loss) or as --*-col names them; others are ignored.\n");
 }
 
 typedef struct row { const char *method; double n, d, c, loss; } row;
@@ -190,12 +192,19 @@ static int cmd_overtrain(int argc, char **argv) {
 static int cmd_fit(int argc, char **argv) {
     static const struct option opts[] = {{"bootstrap", required_argument, 0, 'b'}, {"seed", required_argument, 0, 's'},
                                          {"delta", required_argument, 0, 'd'},     {"json", no_argument, 0, 'j'},
+                                         {"n-col", required_argument, 0, 'N'},     {"d-col", required_argument, 0, 'D'},
+                                         {"flops-col", required_argument, 0, 'C'}, {"loss-col", required_argument, 0, 'L'},
                                          {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+    nl_scaling_cols names = {NULL, NULL, NULL, NULL};
     int64_t boot = 100, seed = 1;
     double delta = 1e-3;
     int json = 0, c;
-    while ((c = getopt_long(argc, argv, "b:s:d:jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "b:s:d:jN:D:C:L:h", opts, NULL)) != -1) {
         switch (c) {
+        case 'N': names.n = optarg; break;
+        case 'D': names.d = optarg; break;
+        case 'C': names.flops = optarg; break;
+        case 'L': names.loss = optarg; break;
         case 'b': if (nl_cli_int("--bootstrap", optarg, 0, 100000, &boot)) return NL_EXIT_USAGE; break;
         case 's': if (nl_cli_int("--seed", optarg, 0, INT64_MAX, &seed)) return NL_EXIT_USAGE; break;
         case 'd': if (nl_cli_double("--delta", optarg, &delta)) return NL_EXIT_USAGE; break;
@@ -208,7 +217,7 @@ static int cmd_fit(int argc, char **argv) {
     if (!(delta > 0)) return nl_cli_usage_error("scaling fit: --delta must be > 0");
     nl_scaling_obs *obs;
     size_t n;
-    if (nl_scaling_read_csv(argv[optind], &obs, &n)) return nl_cli_fail("scaling fit");
+    if (nl_scaling_read_csv_cols(argv[optind], &names, &obs, &n)) return nl_cli_fail("scaling fit");
     nl_scaling_fit_opts fo = {delta, (int)boot, (uint64_t)seed};
     nl_scaling_fit_result r;
     nl_status rc = nl_scaling_fit(obs, n, &fo, &r);

@@ -1,5 +1,6 @@
 /* nanolm train: train NanoLM on a text file (byte-level tokens). */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +66,7 @@ static const train_option train_options[] = {
 typedef struct train_cli {
     nl_train_opts o;
     const char *data, *preset, *log_csv, *svg;
-    int report_memory, json, help, seq_given, lr_min_given;
+    int report_memory, json, help, seq_given, lr_min_given, preset_given;
     int fp8, no_loss_scaling; /* --precision fp8: bf16 model + FP8 linears (nanolm/fp8_linear.h) */
     nl_fp8_recipe fp8r;
     const char *qat_name;     /* --qat: fake-quantized linears (nanolm/qat.h) */
@@ -87,7 +88,7 @@ static int parse_option(train_cli *c, int id, const char *arg) {
     double d;
     switch (id) {
     case OPT_DATA: c->data = arg; return 0;
-    case OPT_PRESET: c->preset = arg; return 0;
+    case OPT_PRESET: c->preset = arg; c->preset_given = 1; return 0;
     case OPT_STEPS: if (nl_cli_int("--steps", arg, 1, 100000000, &v)) return NL_EXIT_USAGE; c->o.steps = v; return 0;
     case OPT_BATCH: if (nl_cli_int("--batch", arg, 1, 65536, &v)) return NL_EXIT_USAGE; c->o.batch = v; return 0;
     case OPT_SEQ: if (nl_cli_int("--seq", arg, 1, 1 << 20, &v)) return NL_EXIT_USAGE; c->o.seq = v; c->seq_given = 1; return 0;
@@ -180,23 +181,6 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     }
 }
 
-static nl_status write_csv(const char *path, const nl_trainer *t) {
-    size_t cap = 128 + (size_t)t->n_log * 160, len = 0;
-    char *buf = nl_malloc(cap, "CSV log");
-    if (!buf) return NL_ERR_NOMEM;
-    len += (size_t)snprintf(buf + len, cap - len, "step,lr,train_loss,val_loss,grad_norm,loss_scale,skipped,tokens_per_s\n");
-    for (int64_t i = 0; i < t->n_log; i++) {
-        const nl_train_log *r = &t->log[i];
-        char val[32] = "";
-        if (!isnan(r->val_loss)) snprintf(val, sizeof val, "%.9g", r->val_loss);
-        len += (size_t)snprintf(buf + len, cap - len, "%lld,%.9g,%.9g,%s,%.9g,%.9g,%d,%.1f\n", (long long)r->step, r->lr,
-                                r->loss, val, r->grad_norm, r->loss_scale, r->skipped, r->tokens_per_s);
-    }
-    nl_status rc = nl_write_file_atomic(path, buf, len);
-    nl_free(buf);
-    return rc;
-}
-
 static nl_status write_svg(const char *path, const nl_trainer *t) {
     int64_t n = t->n_log, nv = 0;
     double *x = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot"), *y = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot");
@@ -220,6 +204,18 @@ static nl_status write_svg(const char *path, const nl_trainer *t) {
     nl_free(x);
     nl_free(y);
     return rc;
+}
+
+/* SIGTERM / SIGINT: the first one asks the trainer to finish the current step, save and stop
+ * (exit 0, what a preempted job needs); a second one ends the process at once, removing the
+ * temporary file of a checkpoint being written. */
+static volatile int stop_requested;
+static void on_stop_signal(int sig) {
+    if (stop_requested) {
+        nl_atomic_remove_pending();
+        _exit(128 + sig);
+    }
+    stop_requested = sig;
 }
 
 int nl_cmd_parallel_train(int argc, char **argv); /* src/cli/cmd_parallel.c */
@@ -252,16 +248,20 @@ int nl_cmd_train(int argc, char **argv) {
     if (!c.data) return nl_cli_usage_error("train: --data FILE is required");
     nl_arch arch;
     if (nl_arch_preset(c.preset, &arch)) return nl_cli_usage_error("train: --preset: %s", nl_last_error());
-    if (!c.seq_given) c.o.seq = arch.seq_len;
+    /* a resumed run takes its shape (and its window) from the checkpoint; --preset beside
+     * --resume is checked against it */
+    int from_ckpt = c.o.resume && !c.preset_given;
+    if (!c.seq_given) c.o.seq = from_ckpt ? 0 : arch.seq_len;
     if (!c.lr_min_given) c.o.lr_min = c.o.lr / 10.0f;
     if (c.o.warmup >= c.o.steps) c.o.warmup = c.o.steps / 10;
-    if (arch.vocab_size != 256)
+    if (!c.o.resume && arch.vocab_size != 256)
         return nl_cli_usage_error("train: preset %s has vocab %lld; training reads byte tokens (vocab 256)", c.preset,
                                   (long long)arch.vocab_size);
     c.o.tokenizer = "byte";
 
     if (c.no_loss_scaling && c.o.precision != NL_PREC_FP16)
         return nl_cli_usage_error("train: --no-loss-scaling applies to --precision fp16 only");
+    c.o.no_loss_scaling = c.no_loss_scaling;
     if (c.fp8) {
         if (nl_fp8_acc_validate(&c.fp8r.acc))
             return nl_cli_usage_error("train: %s", nl_last_error());
@@ -272,17 +272,39 @@ int nl_cmd_train(int argc, char **argv) {
     if (c.qat_name && (c.fp8 || c.o.precision != NL_PREC_FP32))
         return nl_cli_usage_error("train: --qat needs --precision fp32");
     if (c.o.resume && c.o.init_weights) return nl_cli_usage_error("train: --resume and --resume-weights exclude each other");
+    char fp8_desc[160] = "", fp8_id[96] = "";
+    if (c.fp8) {
+        char acc[48];
+        if (c.fp8r.acc.bits) snprintf(acc, sizeof acc, "%d-bit accumulator, promote %d", c.fp8r.acc.bits, c.fp8r.acc.promote);
+        else snprintf(acc, sizeof acc, "fp32 accumulation");
+        snprintf(fp8_desc, sizeof fp8_desc, " + FP8 linears (%s/%s, %s scaling, %s)", nl_fmt_name(c.fp8r.fmt_act),
+                 nl_fmt_name(c.fp8r.fmt_grad), nl_fp8_scaling_name(c.fp8r.scaling), acc);
+        snprintf(fp8_id, sizeof fp8_id, "%s/%s/%s/acc%d/promote%d", nl_fmt_name(c.fp8r.fmt_act), nl_fmt_name(c.fp8r.fmt_grad),
+                 nl_fp8_scaling_name(c.fp8r.scaling), c.fp8r.acc.bits, c.fp8r.acc.promote);
+        c.o.fp8 = fp8_id;
+    }
+    c.o.qat = c.qat_name;
+    /* every output is checked before any work starts (no training lost to a bad path) */
+    if ((c.o.out && nl_check_writable(c.o.out, "--out")) || (c.log_csv && nl_check_writable(c.log_csv, "--log")) ||
+        (c.svg && nl_check_writable(c.svg, "--svg")))
+        return nl_cli_fail("train");
     nl_tokenizer tok;
     nl_data data;
     if (nl_tokenizer_init_byte(&tok)) return nl_cli_fail("train");
-    if (nl_data_open(&data, c.data, &tok) || nl_data_check_window(&data, (int)c.o.seq)) {
+    if (nl_data_open(&data, c.data, &tok)) {
         nl_tokenizer_free(&tok);
         nl_data_free(&data);
         return nl_cli_fail("train");
     }
     nl_tokenizer_free(&tok);
     nl_trainer t;
-    if (nl_trainer_init(&t, &arch, &c.o)) {
+    if (nl_trainer_init(&t, from_ckpt ? NULL : &arch, &c.o)) {
+        nl_data_free(&data);
+        return nl_cli_fail(c.o.resume ? "train: --resume" : "train");
+    }
+    c.o.seq = t.seq;
+    if (nl_data_check_window(&data, (int)c.o.seq)) {
+        nl_trainer_free(&t);
         nl_data_free(&data);
         return nl_cli_fail("train");
     }
@@ -306,19 +328,6 @@ int nl_cmd_train(int argc, char **argv) {
         nl_trainer_free(&t);
         nl_data_free(&data);
         return nl_cli_fail("train: --qat");
-    }
-    if (c.no_loss_scaling) { /* the scaler stays at 1: overflow still skips a step, nothing rescales */
-        t.scaler.scale = 1.0f;
-        t.scaler.growth_factor = 1.0f;
-        t.scaler.backoff_factor = 1.0f;
-    }
-    char fp8_desc[160] = "";
-    if (c.fp8) {
-        char acc[48];
-        if (c.fp8r.acc.bits) snprintf(acc, sizeof acc, "%d-bit accumulator, promote %d", c.fp8r.acc.bits, c.fp8r.acc.promote);
-        else snprintf(acc, sizeof acc, "fp32 accumulation");
-        snprintf(fp8_desc, sizeof fp8_desc, " + FP8 linears (%s/%s, %s scaling, %s)", nl_fmt_name(c.fp8r.fmt_act),
-                 nl_fmt_name(c.fp8r.fmt_grad), nl_fp8_scaling_name(c.fp8r.scaling), acc);
     }
     if (!c.json)
         printf("train %s: %lld parameters, %lld train / %lld validation tokens, batch %lld x %lld, %s%s%s%s\n",
@@ -345,8 +354,22 @@ int nl_cmd_train(int argc, char **argv) {
     fflush(stdout);
     progress_ctx pc = {.quiet = c.json, .first_step = t.step};
     nl_progress_begin(&pc.bar, "train", c.o.steps - t.step);
+    struct sigaction sa, old_term, old_int;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    stop_requested = 0;
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
+    c.o.stop = &stop_requested;
     nl_status rc = nl_trainer_run(&t, &c.o, &data, on_step, &pc);
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGINT, &old_int, NULL);
     nl_progress_end(&pc.bar);
+    if (!rc && t.stopped && !c.json)
+        printf("stopped by %s after step %lld of %lld%s%s\n", stop_requested == SIGINT ? "SIGINT" : "SIGTERM",
+               (long long)t.step, (long long)c.o.steps, c.o.out ? "; resume with --resume " : " (no --out: nothing saved)",
+               c.o.out ? c.o.out : "");
     int exit_code = NL_EXIT_OK;
     if (rc) exit_code = nl_cli_fail("train");
     if (c.fp8 && nl_fp8_linear_status(&fp8)) fprintf(stderr, "nanolm: train: %s\n", fp8.error);
@@ -358,7 +381,7 @@ int nl_cmd_train(int argc, char **argv) {
         if (rc) exit_code = nl_cli_fail("train: --qat");
     }
     /* logs cover what ran, also after a failure */
-    if (c.log_csv && t.n_log && write_csv(c.log_csv, &t)) exit_code = nl_cli_fail("train: --log");
+    if (c.log_csv && t.n_log && nl_train_log_write_csv(&t, c.log_csv)) exit_code = nl_cli_fail("train: --log");
     if (c.svg && t.n_log && write_svg(c.svg, &t)) exit_code = nl_cli_fail("train: --svg");
     if (!rc) {
         const nl_train_log *last = t.n_log ? &t.log[t.n_log - 1] : NULL;

@@ -25,6 +25,9 @@ int nl_cmd_scaling(int argc, char **argv);
 int nl_cmd_budget(int argc, char **argv);
 int nl_cmd_plan(int argc, char **argv);
 int nl_cmd_precision(int argc, char **argv);
+int nl_cmd_export(int argc, char **argv);
+int nl_cmd_serve(int argc, char **argv);
+int nl_cmd_bench(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -34,6 +37,7 @@ static const nl_command commands[] = {
     {"train", "train NanoLM on a text file (AdamW, cosine, fp32/bf16/fp16)", nl_cmd_train},
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
+    {"export", "write a checkpoint as a Hugging Face folder or a llama2.c file", nl_cmd_export},
     {"quant-compare", "RTN vs GPTQ, AWQ, SmoothQuant, LLM.int8() on a checkpoint (= quant compare)", nl_cmd_quant_compare},
     {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
     {"collectives", "MPI collectives: the course demo and a benchmark (ours vs native)", nl_cmd_collectives},
@@ -42,6 +46,8 @@ static const nl_command commands[] = {
     {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
     {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},
     {"plan", "parallel training and serving plans for real clusters", nl_cmd_plan},
+    {"serve", "OpenAI-compatible HTTP server: continuous batching, paged KV cache, SSE streaming, /metrics", nl_cmd_serve},
+    {"bench", "load generator for OpenAI-compatible servers: throughput, TTFT/TPOT/ITL percentiles, goodput", nl_cmd_bench},
     {"precision", "gradient underflow/overflow in fp16 (with and without loss scaling) and bf16", nl_cmd_precision},
 };
 

@@ -52,8 +52,7 @@ nl_status nl_model_alloc_kv_dtype(nl_model *m, nl_kv_dtype dt) {
     return NL_OK;
 }
 
-/* Per head absmax int8 of one token's (KVH, hd) row x into codes and fp16 scales. */
-static void kv_quantize(int8_t *codes, uint16_t *scales, const float *x, int64_t KVH, int64_t hd) {
+void nl_kv_quantize_token(int8_t *codes, uint16_t *scales, const float *x, int64_t KVH, int64_t hd) {
     for (int64_t h = 0; h < KVH; h++) {
         const float *xh = x + h * hd;
         float amax = 0.0f;
@@ -145,6 +144,7 @@ float *nl_model_step(nl_model *m, int32_t token, int64_t pos) {
         nl_rmsnorm_forward(xb, &rstd, x, lw->rms_att, 1, C, eps);
         nl_linear_site s = {NL_LIN_QKV, (int)l, (size_t)(lw->wq - m->params)};
         nl_linear_forward(m, &s, q, xb, lw->wq, 1, C, QKV);
+        if (lw->bqkv) nl_add_bias(q, lw->bqkv, 1, QKV);
         /* RoPE at position pos on q and k */
         const float *c = m->rope_cos + pos * half, *sn = m->rope_sin + pos * half;
         for (int64_t h = 0; h < NH + KVH; h++)
@@ -156,8 +156,8 @@ float *nl_model_step(nl_model *m, int32_t token, int64_t pos) {
         if (m->kv_dtype == NL_KV_INT8) {
             int8_t *kq = m->kv_codes + (l * 2) * S * kvd, *vq = m->kv_codes + (l * 2 + 1) * S * kvd;
             uint16_t *ks = m->kv_scales + (l * 2) * S * KVH, *vs = m->kv_scales + (l * 2 + 1) * S * KVH;
-            kv_quantize(kq + pos * kvd, ks + pos * KVH, q + NH * hd, KVH, hd);
-            kv_quantize(vq + pos * kvd, vs + pos * KVH, q + (NH + KVH) * hd, KVH, hd);
+            nl_kv_quantize_token(kq + pos * kvd, ks + pos * KVH, q + NH * hd, KVH, hd);
+            nl_kv_quantize_token(vq + pos * kvd, vs + pos * KVH, q + (NH + KVH) * hd, KVH, hd);
             attend_int8(m, atty, q, kq, ks, vq, vs, pos);
         } else {
             float *kc = m->kv_cache + (l * 2) * S * kvd, *vc = m->kv_cache + (l * 2 + 1) * S * kvd;

@@ -46,6 +46,11 @@ static void build_table(nl_model *m) {
         T(NL_PARAM_WQ, "self_attn.q_proj.weight", m->NH * m->hd, m->C);
         T(NL_PARAM_WK, "self_attn.k_proj.weight", m->KVH * m->hd, m->C);
         T(NL_PARAM_WV, "self_attn.v_proj.weight", m->KVH * m->hd, m->C);
+        if (m->arch.qkv_bias) {
+            T(NL_PARAM_BQ, "self_attn.q_proj.bias", m->NH * m->hd, 0);
+            T(NL_PARAM_BK, "self_attn.k_proj.bias", m->KVH * m->hd, 0);
+            T(NL_PARAM_BV, "self_attn.v_proj.bias", m->KVH * m->hd, 0);
+        }
         T(NL_PARAM_WO, "self_attn.o_proj.weight", m->C, m->NH * m->hd);
         T(NL_PARAM_RMS_FFN, "post_attention_layernorm.weight", m->C, 0);
         if (nl_moe_is_layer(m, l)) {
@@ -93,6 +98,10 @@ static void point_weights(nl_model *m) {
         lw->wq = P + m->table[i++].offset;
         lw->wk = P + m->table[i++].offset;
         lw->wv = P + m->table[i++].offset;
+        if (m->arch.qkv_bias) {
+            lw->bqkv = P + m->table[i].offset;
+            i += 3;
+        }
         lw->wo = P + m->table[i++].offset;
         lw->rms_ffn = P + m->table[i++].offset;
         if (nl_moe_is_layer(m, l)) {
@@ -136,7 +145,7 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
         return nl_fail(NL_ERR_INVALID, "expert parallelism: rank %d of %d is not valid", ep_rank, ep);
     if (arch->n_experts > 0) {
         if (arch->n_experts % ep)
-            return nl_fail(NL_ERR_INVALID, "arch %s: --ep %d does not divide n_experts %lld", arch->name, ep,
+            return nl_fail(NL_ERR_INVALID, "arch %s: expert-parallel degree %d does not divide n_experts %lld", arch->name, ep,
                            (long long)arch->n_experts);
         if (arch->first_moe_layer < 0 || arch->first_moe_layer >= arch->n_layers)
             return nl_fail(NL_ERR_INVALID, "arch %s: first_moe_layer %lld outside [0, %lld)", arch->name,
@@ -155,8 +164,11 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
         e->e0 = e->E_local * ep_rank;
         e->aux_coef = 0.01f;
     } else if (ep > 1) {
-        return nl_fail(NL_ERR_INVALID, "arch %s: --ep %d needs a mixture-of-experts model", arch->name, ep);
+        return nl_fail(NL_ERR_INVALID, "arch %s: expert-parallel degree %d needs a mixture-of-experts model", arch->name, ep);
     }
+    if (!(arch->norm_eps > 0) || !isfinite(arch->norm_eps) || !(arch->rope_theta > 0) || !isfinite(arch->rope_theta))
+        return nl_fail(NL_ERR_INVALID, "arch %s: norm_eps %g and rope_theta %g must be finite and positive", arch->name,
+                       arch->norm_eps, arch->rope_theta);
     m->arch = *arch;
     m->C = arch->dim;
     m->L = arch->n_layers;
@@ -168,7 +180,7 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
     m->QKV = (m->NH + 2 * m->KVH) * m->hd;
     m->loss_scale = 1.0f;
     m->precision = NL_PREC_FP32;
-    size_t n_tab = (size_t)(9 * m->L + 3);
+    size_t n_tab = (size_t)((m->arch.qkv_bias ? 12 : 9) * m->L + 3);
     if (m->moe) n_tab += (size_t)(m->L * (4 + 3 * m->moe->E_local));
     m->table = nl_calloc(n_tab, sizeof(nl_param_info), "parameter table");
     m->layer_offsets = nl_calloc((size_t)m->L + 1, sizeof(size_t), "layer offsets");
@@ -189,7 +201,7 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
     }
     for (int64_t t = 0; t < S; t++)
         for (int64_t i = 0; i < half; i++) {
-            double freq = pow(arch->rope_theta, -(double)(2 * i) / (double)m->hd);
+            double freq = nl_arch_rope_inv_freq(arch, i);
             m->rope_cos[t * half + i] = (float)cos((double)t * freq);
             m->rope_sin[t * half + i] = (float)sin((double)t * freq);
         }
@@ -222,7 +234,8 @@ void nl_model_init_random(nl_model *m, uint64_t seed) {
         const nl_param_info *p = &m->table[i];
         float *x = m->params + p->offset;
         if (p->ndim == 1) {
-            for (size_t j = 0; j < p->numel; j++) x[j] = 1.0f;
+            float v = p->kind == NL_PARAM_BQ || p->kind == NL_PARAM_BK || p->kind == NL_PARAM_BV ? 0.0f : 1.0f;
+            for (size_t j = 0; j < p->numel; j++) x[j] = v;
             continue;
         }
         float std = (p->kind == NL_PARAM_WO || p->kind == NL_PARAM_W2 || p->kind == NL_PARAM_SHARED_W2 ||
@@ -469,6 +482,12 @@ void nl_linear_backward(nl_model *m, const nl_linear_site *site, float *din, flo
         nl_linear_backward_default(m, site, din, dw, dout, in, w, n, in_dim, out_dim);
 }
 
+void nl_add_bias(float *x, const float *bias, int64_t N, int64_t D) {
+#pragma omp parallel for schedule(static) if (N * D > (1 << 16))
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < D; j++) x[i * D + j] += bias[j];
+}
+
 static nl_linear_site site_of(const nl_model *m, nl_linear_kind kind, int layer, const float *w) {
     nl_linear_site s = {kind, layer, (size_t)(w - m->params)};
     return s;
@@ -533,6 +552,7 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         nl_rmsnorm_residual_forward(ln1, a->ln1_rstd + l * BT, x, pending, lw->rms_att, BT, C, eps);
         nl_linear_site s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
+        if (lw->bqkv) nl_add_bias(qkv, lw->bqkv, BT, QKV);
         rope(m, qkv, B, T, 0);
         if (m->attn_ops) NL_TRY(m->attn_ops->forward(m->attn_ops->user, (int)l, atty, qkv, B, T));
         else nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
@@ -632,6 +652,11 @@ nl_status nl_model_backward(nl_model *m) {
         if (m->attn_ops) NL_TRY(m->attn_ops->backward(m->attn_ops->user, (int)l, a->dqkv, a->datty, qkv, B, T));
         else nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
         rope(m, a->dqkv, B, T, 1);
+        if (lw->bqkv) { /* d bias (QKV) += column sums of dqkv (B*T, QKV) */
+            float *db = GRAD(lw->bqkv);
+            for (int64_t i = 0; i < BT; i++)
+                for (int64_t j = 0; j < QKV; j++) db[j] += a->dqkv[i * QKV + j];
+        }
         s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_backward(m, &s, a->dln, GRAD(lw->wq), a->dqkv, ln1, lw->wq, BT, C, QKV);
         nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_att), a->dln, x, lw->rms_att, a->ln1_rstd + l * BT, BT, C);

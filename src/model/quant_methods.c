@@ -300,8 +300,10 @@ static nl_status apply_sequential(nl_model *m, const nl_qm_scheme *s, const nl_q
                     for (int64_t j = 0; j < cols; j++) lw->rms_att[j] /= sc[j];
                 else if (site == SITE_GATE_UP)
                     for (int64_t j = 0; j < cols; j++) lw->rms_ffn[j] /= sc[j];
-                else if (site == SITE_O)
+                else if (site == SITE_O) {
                     scale_rows_inv(lw->wv, m->KVH * m->hd, m->C, sc);
+                    if (lw->bqkv) scale_rows_inv(lw->bqkv + (m->NH + m->KVH) * m->hd, m->KVH * m->hd, 1, sc);
+                }
                 else
                     scale_rows_inv(lw->w3, m->H, m->C, sc);
             }

@@ -290,6 +290,34 @@ static nl_status read_bytes(const nl_st_file *f, const char *name, int ndim, int
     return NL_OK;
 }
 
+/* Refuses integer codes outside the scheme's range (symmetric: +-(2^(b-1) - 1); affine:
+ * [-2^(b-1), 2^(b-1) - 1] or [0, 2^b - 1] unsigned): a nibble of 8 in int4, or int4 data
+ * relabelled as int2, would otherwise dequantize to values the quantizer never writes. MX
+ * codes are element formats where every bit pattern is defined. */
+static nl_status check_codes(const char *path, const char *name, const nl_qtensor *t) {
+    const nl_quant_spec *sp = &t->spec;
+    if (sp->kind == NL_QUANT_MX) return NL_OK;
+    int32_t lo, hi;
+    if (sp->kind == NL_QUANT_SYMMETRIC) {
+        hi = (1 << (sp->bits - 1)) - 1;
+        lo = -hi;
+    } else if (sp->is_unsigned) {
+        lo = 0;
+        hi = (1 << sp->bits) - 1;
+    } else {
+        lo = -(1 << (sp->bits - 1));
+        hi = (1 << (sp->bits - 1)) - 1;
+    }
+    for (int64_t r = 0; r < t->rows; r++)
+        for (int64_t c = 0; c < t->cols; c++) {
+            int32_t v = nl_qtensor_code(t, r, c);
+            if (v < lo || v > hi)
+                return nl_fail(NL_ERR_FORMAT, "%s: %s[%lld, %lld] = %d is outside the %d-bit code range [%d, %d]",
+                               path, name, (long long)r, (long long)c, v, sp->bits, lo, hi);
+        }
+    return NL_OK;
+}
+
 nl_status nl_qmodel_load(const char *path, nl_model *m, nl_qmodel *qm, char *tokenizer) {
     memset(m, 0, sizeof *m);
     memset(qm, 0, sizeof *qm);
@@ -308,6 +336,8 @@ nl_status nl_qmodel_load(const char *path, nl_model *m, nl_qmodel *qm, char *tok
         rc = nl_fail(NL_ERR_FORMAT, "%s: %s", path, msg);
     }
     nl_qlinear_mode mode = mj && !strcmp(mj, "w8a8") ? NL_QLINEAR_W8A8 : NL_QLINEAR_WEIGHT_ONLY;
+    if (!rc && mj && strcmp(mj, "w8a8") && strcmp(mj, "weight-only"))
+        rc = nl_fail(NL_ERR_FORMAT, "%s: unknown nanolm.quant.mode \"%s\" (known: weight-only, w8a8)", path, mj);
     if (!rc) rc = nl_model_init(m, &a);
     if (!rc) rc = alloc_tables(qm, m, &spec, mode);
     const nl_param_info *tab;
@@ -325,6 +355,7 @@ nl_status nl_qmodel_load(const char *path, nl_model *m, nl_qmodel *qm, char *tok
             snprintf(name, sizeof name, "%s.qcodes", tab[i].name);
             rc = read_bytes(&f, name, 2, t->rows, t->row_bytes, 1, t->codes);
         }
+        if (!rc) rc = check_codes(path, name, t);
         if (!rc && t->scale_e8m0) {
             snprintf(name, sizeof name, "%s.qscale_e8m0", tab[i].name);
             rc = read_bytes(&f, name, 1, t->n_scales, 0, 1, t->scale_e8m0);

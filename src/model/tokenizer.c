@@ -1,7 +1,12 @@
 /* Byte-level and llama2.c tokenizers. See include/nanolm/tokenizer.h. */
 #include "nanolm/tokenizer.h"
 
+#include <cjson/cJSON.h>
 #include <ctype.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "nanolm/bpe.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +16,7 @@
 #endif
 
 const char *nl_tokenizer_kind_name(nl_tokenizer_kind k) {
-    return k == NL_TOKENIZER_BYTE ? "byte" : k == NL_TOKENIZER_LLAMA2C ? "llama2c" : "?";
+    return k == NL_TOKENIZER_BYTE ? "byte" : k == NL_TOKENIZER_LLAMA2C ? "llama2c" : k == NL_TOKENIZER_HF ? "hf" : "?";
 }
 
 static void init_byte_pieces(nl_tokenizer *t) {
@@ -28,6 +33,7 @@ void nl_tokenizer_free(nl_tokenizer *t) {
     free(t->pieces);
     free(t->scores);
     free(t->sorted_ids);
+    nl_bpe_free(t->bpe);
     memset(t, 0, sizeof *t);
 }
 
@@ -68,6 +74,7 @@ static int cmp_entry(const void *a, const void *b) {
 }
 
 int nl_tokenizer_lookup(const nl_tokenizer *t, const char *piece) {
+    if (t->kind == NL_TOKENIZER_HF) return nl_bpe_lookup(t->bpe, piece);
     if (t->kind == NL_TOKENIZER_BYTE) return piece[0] && !piece[1] ? (unsigned char)piece[0] : -1;
     int lo = 0, hi = t->vocab_size; /* first index whose piece is >= `piece` */
     while (lo < hi) {
@@ -287,10 +294,35 @@ static int64_t codepoints(const nl_tokenizer *t, const unsigned char *text, size
 
 nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
                               int **tokens, int64_t *n_tokens) {
+    return nl_tokenizer_encode_special(t, text, text_bytes, bos, eos, 0, tokens, n_tokens);
+}
+
+/* tokenizer.json: BOS, the BPE ids, EOS. */
+static nl_status encode_hf(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos, int special,
+                           int **tokens, int64_t *n_tokens) {
+    int *out = nl_malloc((2 * text_bytes + 8) * sizeof(int), "encoded tokens");
+    if (!out) return NL_ERR_NOMEM;
+    int64_t n = 0;
+    if (bos && t->bos_id >= 0) out[n++] = t->bos_id;
+    int64_t k = nl_bpe_encode(t->bpe, text, text_bytes, special, out + n);
+    if (k < 0) {
+        nl_free(out);
+        return NL_ERR_NOMEM;
+    }
+    n += k;
+    if (eos && t->eos_id >= 0) out[n++] = t->eos_id;
+    *tokens = out;
+    *n_tokens = n;
+    return NL_OK;
+}
+
+nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
+                                      int special, int **tokens, int64_t *n_tokens) {
     *tokens = NULL;
     *n_tokens = 0;
-    if (text_bytes > INT32_MAX - 8)
+    if (text_bytes > INT32_MAX / 2 - 8)
         return nl_fail(NL_ERR_RANGE, "text of %zu bytes is too long to encode at once", text_bytes);
+    if (t->kind == NL_TOKENIZER_HF) return encode_hf(t, text, text_bytes, bos, eos, special, tokens, n_tokens);
     const unsigned char *s = (const unsigned char *)text;
     int *out = nl_malloc((text_bytes + 3) * sizeof(int), "encoded tokens");
     if (!out) return NL_ERR_NOMEM;
@@ -351,6 +383,18 @@ const char *nl_tokenizer_piece(const nl_tokenizer *t, int prev_token, int token,
         return NULL;
     }
     if (t->kind == NL_TOKENIZER_BYTE) { *len = 1; return &t->byte_pieces[2 * token]; }
+    if (t->kind == NL_TOKENIZER_HF) {
+        const char *b = nl_bpe_token_bytes(t->bpe, token, len);
+        if (!b) { /* an id of the model's padded vocabulary that the file does not define */
+            *len = 0;
+            return "";
+        }
+        if (*len && b[0] == ' ' && nl_bpe_strips_first_space(t->bpe) && (prev_token < 0 || prev_token == t->bos_id)) {
+            (*len)--;
+            b++;
+        }
+        return b;
+    }
     const char *p = t->pieces[token];
     if (t->bos_id >= 0 && prev_token == t->bos_id && p[0] == ' ') p++;
     int byte;
@@ -368,7 +412,10 @@ nl_status nl_tokenizer_decode(const nl_tokenizer *t, const int *tokens, int64_t 
         if (tokens[i] < 0 || tokens[i] >= t->vocab_size)
             return nl_fail(NL_ERR_INVALID, "token %d at position %lld is outside the vocabulary (0..%d)", tokens[i],
                            (long long)i, t->vocab_size - 1);
-        cap += strlen(t->pieces[tokens[i]]) + 1;
+        size_t len = 1;
+        if (t->kind == NL_TOKENIZER_HF) nl_tokenizer_piece(t, -1, tokens[i], &len);
+        else len = strlen(t->pieces[tokens[i]]);
+        cap += len + 1;
     }
     char *out = nl_malloc(cap + 1, "decoded text");
     if (!out) return NL_ERR_NOMEM;
@@ -401,4 +448,240 @@ int nl_tokenizer_piece_printable(const char *piece, size_t len) {
 
 void nl_tokenizer_print_piece(FILE *f, const char *piece, size_t len) {
     if (nl_tokenizer_piece_printable(piece, len)) fwrite(piece, 1, len, f);
+}
+
+/* ---- tokenizer.json ---- */
+
+nl_status nl_tokenizer_load_json(nl_tokenizer *t, const char *path, int vocab_size) {
+    memset(t, 0, sizeof *t);
+    struct stat st;
+    if (stat(path, &st) != 0) return nl_fail(NL_ERR_IO, "cannot open %s", path);
+    if (!S_ISREG(st.st_mode)) return nl_fail(NL_ERR_IO, "%s: not a regular file", path);
+    char *buf;
+    size_t n;
+    NL_TRY(nl_read_file(path, &buf, &n));
+    nl_status rc = nl_bpe_parse(&t->bpe, buf, n, path);
+    nl_free(buf);
+    if (rc) return rc;
+    int V = nl_bpe_vocab_size(t->bpe);
+    if (vocab_size > 0 && V > vocab_size) {
+        nl_tokenizer_free(t);
+        return nl_fail(NL_ERR_FORMAT, "%s: the tokenizer has ids up to %d but the model's vocabulary is %d", path, V - 1,
+                       vocab_size);
+    }
+    t->kind = NL_TOKENIZER_HF;
+    t->vocab_size = vocab_size > 0 ? vocab_size : V;
+    t->bos_id = nl_bpe_bos(t->bpe);
+    t->eos_id = nl_bpe_eos(t->bpe);
+    t->dummy_prefix_id = -1;
+    init_byte_pieces(t);
+    for (int i = 0; i < V; i++) {
+        size_t len;
+        if (nl_bpe_token_bytes(t->bpe, i, &len) && (int)len > t->max_token_length) t->max_token_length = (int)len;
+    }
+    return NL_OK;
+}
+
+/* GPT-2's bytes_to_unicode code point of byte c. */
+static int byte_to_cp(int c) {
+    if ((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF)) return c;
+    int n = 0;
+    for (int k = 0; k < c; k++)
+        if (!((k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || (k >= 0xAE && k <= 0xFF))) n++;
+    return 256 + n;
+}
+
+/* A piece of the llama2.c vocabulary as tokenizer.json spells it (' ' -> U+2581). */
+static char *spm_piece(const char *p) {
+    size_t n = strlen(p), k = 0;
+    char *o = malloc(3 * n + 1);
+    if (!o) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == ' ') {
+            memcpy(o + k, "\xe2\x96\x81", 3);
+            k += 3;
+        } else {
+            o[k++] = p[i];
+        }
+    }
+    o[k] = 0;
+    return o;
+}
+
+typedef struct spm_merge {
+    float score;
+    int id, left, right;
+} spm_merge;
+
+static int cmp_merge(const void *a, const void *b) {
+    const spm_merge *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    if (x->id != y->id) return x->id < y->id ? -1 : 1;
+    return x->left < y->left ? -1 : x->left > y->left;
+}
+
+static cJSON *added_token(int id, const char *content) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "content", content);
+    cJSON_AddBoolToObject(o, "single_word", 0);
+    cJSON_AddBoolToObject(o, "lstrip", 0);
+    cJSON_AddBoolToObject(o, "rstrip", 0);
+    cJSON_AddBoolToObject(o, "normalized", 0);
+    cJSON_AddBoolToObject(o, "special", 1);
+    return o;
+}
+
+static cJSON *json_step(const char *type) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", type);
+    return o;
+}
+
+/* tokenizer.json for the byte-level and llama2.c vocabularies (see nl_tokenizer_save_json). */
+static cJSON *tokenizer_json(const nl_tokenizer *t) {
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_CreateObject(), *vocab = cJSON_CreateObject();
+    cJSON *merges = cJSON_CreateArray(), *added = cJSON_CreateArray();
+    cJSON_AddStringToObject(root, "version", "1.0");
+    cJSON_AddNullToObject(root, "truncation");
+    cJSON_AddNullToObject(root, "padding");
+    cJSON_AddItemToObject(root, "added_tokens", added);
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddNullToObject(model, "dropout");
+    if (t->kind == NL_TOKENIZER_BYTE) {
+        cJSON_AddNullToObject(root, "normalizer");
+        cJSON *pre = json_step("ByteLevel");
+        cJSON_AddBoolToObject(pre, "add_prefix_space", 0);
+        cJSON_AddBoolToObject(pre, "trim_offsets", 1);
+        cJSON_AddBoolToObject(pre, "use_regex", 0);
+        cJSON_AddItemToObject(root, "pre_tokenizer", pre);
+        cJSON_AddNullToObject(root, "post_processor");
+        cJSON *dec = json_step("ByteLevel");
+        cJSON_AddBoolToObject(dec, "add_prefix_space", 0);
+        cJSON_AddBoolToObject(dec, "trim_offsets", 1);
+        cJSON_AddBoolToObject(dec, "use_regex", 0);
+        cJSON_AddItemToObject(root, "decoder", dec);
+        cJSON_AddNullToObject(model, "unk_token");
+        cJSON_AddBoolToObject(model, "byte_fallback", 0);
+        for (int c = 0; c < 256; c++) {
+            char u[8] = {0};
+            int cp = byte_to_cp(c);
+            if (cp < 0x80) u[0] = (char)cp;
+            else {
+                u[0] = (char)(0xC0 | (cp >> 6));
+                u[1] = (char)(0x80 | (cp & 0x3F));
+            }
+            cJSON_AddNumberToObject(vocab, u, c);
+        }
+    } else {
+        cJSON_AddItemToArray(added, added_token(0, "<unk>"));
+        cJSON_AddItemToArray(added, added_token(t->bos_id, "<s>"));
+        cJSON_AddItemToArray(added, added_token(t->eos_id, "</s>"));
+        cJSON *norm = json_step("Sequence"), *steps = cJSON_AddArrayToObject(norm, "normalizers");
+        cJSON *pre = json_step("Prepend");
+        cJSON_AddStringToObject(pre, "prepend", "\xe2\x96\x81");
+        cJSON_AddItemToArray(steps, pre);
+        cJSON *rep = json_step("Replace"), *pat = cJSON_AddObjectToObject(rep, "pattern");
+        cJSON_AddStringToObject(pat, "String", " ");
+        cJSON_AddStringToObject(rep, "content", "\xe2\x96\x81");
+        cJSON_AddItemToArray(steps, rep);
+        cJSON_AddItemToObject(root, "normalizer", norm);
+        cJSON_AddNullToObject(root, "pre_tokenizer");
+        cJSON *pp = json_step("TemplateProcessing"), *single = cJSON_AddArrayToObject(pp, "single");
+        cJSON *st = cJSON_CreateObject(), *sti = cJSON_AddObjectToObject(st, "SpecialToken");
+        cJSON_AddStringToObject(sti, "id", "<s>");
+        cJSON_AddNumberToObject(sti, "type_id", 0);
+        cJSON_AddItemToArray(single, st);
+        cJSON *sq = cJSON_CreateObject(), *sqi = cJSON_AddObjectToObject(sq, "Sequence");
+        cJSON_AddStringToObject(sqi, "id", "A");
+        cJSON_AddNumberToObject(sqi, "type_id", 0);
+        cJSON_AddItemToArray(single, sq);
+        cJSON *pair = cJSON_AddArrayToObject(pp, "pair");
+        cJSON_AddItemToArray(pair, cJSON_Duplicate(st, 1));
+        cJSON_AddItemToArray(pair, cJSON_Duplicate(sq, 1));
+        cJSON *stk = cJSON_AddObjectToObject(pp, "special_tokens"), *bos = cJSON_AddObjectToObject(stk, "<s>");
+        cJSON_AddStringToObject(bos, "id", "<s>");
+        cJSON *ids = cJSON_AddArrayToObject(bos, "ids");
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(t->bos_id));
+        cJSON *toks = cJSON_AddArrayToObject(bos, "tokens");
+        cJSON_AddItemToArray(toks, cJSON_CreateString("<s>"));
+        cJSON_AddItemToObject(root, "post_processor", pp);
+        cJSON *dec = json_step("Sequence"), *ds = cJSON_AddArrayToObject(dec, "decoders");
+        cJSON *r2 = json_step("Replace"), *p2 = cJSON_AddObjectToObject(r2, "pattern");
+        cJSON_AddStringToObject(p2, "String", "\xe2\x96\x81");
+        cJSON_AddStringToObject(r2, "content", " ");
+        cJSON_AddItemToArray(ds, r2);
+        cJSON_AddItemToArray(ds, json_step("ByteFallback"));
+        cJSON_AddItemToArray(ds, json_step("Fuse"));
+        cJSON *strip = json_step("Strip");
+        cJSON_AddStringToObject(strip, "content", " ");
+        cJSON_AddNumberToObject(strip, "start", 1);
+        cJSON_AddNumberToObject(strip, "stop", 0);
+        cJSON_AddItemToArray(ds, strip);
+        cJSON_AddItemToObject(root, "decoder", dec);
+        cJSON_AddStringToObject(model, "unk_token", "<unk>");
+        cJSON_AddBoolToObject(model, "byte_fallback", 1);
+        cJSON_AddBoolToObject(model, "fuse_unk", 1);
+        char **sp = calloc((size_t)t->vocab_size, sizeof(char *));
+        for (int i = 0; sp && i < t->vocab_size; i++) {
+            const char *p = i == 0 ? "<unk>" : i == t->bos_id ? "<s>" : i == t->eos_id ? "</s>" : t->pieces[i];
+            sp[i] = spm_piece(p);
+            if (sp[i] && !cJSON_GetObjectItemCaseSensitive(vocab, sp[i])) cJSON_AddNumberToObject(vocab, sp[i], i);
+        }
+        /* merges: every split of a piece into two pieces, ranked by the merged piece's score (the
+         * llama2.c rule: the highest-scoring concatenation merges first) */
+        size_t nm = 0, cap = 1024;
+        spm_merge *ms = malloc(cap * sizeof *ms);
+        for (int i = 3; ms && sp && i < t->vocab_size; i++) {
+            const char *p = t->pieces[i];
+            size_t n = strlen(p);
+            int byte;
+            if (n < 2 || is_byte_piece(p, &byte) || i == t->bos_id || i == t->eos_id) continue;
+            char *left = malloc(n + 1);
+            if (!left) break;
+            for (size_t k = 1; k < n; k++) {
+                memcpy(left, p, k);
+                left[k] = 0;
+                int l = nl_tokenizer_lookup(t, left), r = nl_tokenizer_lookup(t, p + k);
+                if (l < 3 || r < 3 || l == t->bos_id || r == t->bos_id || l == t->eos_id || r == t->eos_id) continue;
+                if (nm == cap) {
+                    spm_merge *m2 = realloc(ms, 2 * cap * sizeof *ms);
+                    if (!m2) break;
+                    ms = m2;
+                    cap *= 2;
+                }
+                ms[nm++] = (spm_merge){t->scores[i], i, l, r};
+            }
+            free(left);
+        }
+        if (ms) qsort(ms, nm, sizeof *ms, cmp_merge);
+        for (size_t k = 0; ms && sp && k < nm; k++) {
+            cJSON *pr = cJSON_CreateArray();
+            cJSON_AddItemToArray(pr, cJSON_CreateString(sp[ms[k].left]));
+            cJSON_AddItemToArray(pr, cJSON_CreateString(sp[ms[k].right]));
+            cJSON_AddItemToArray(merges, pr);
+        }
+        free(ms);
+        for (int i = 0; sp && i < t->vocab_size; i++) free(sp[i]);
+        free(sp);
+    }
+    cJSON_AddItemToObject(model, "vocab", vocab);
+    cJSON_AddItemToObject(model, "merges", merges);
+    cJSON_AddItemToObject(root, "model", model);
+    return root;
+}
+
+nl_status nl_tokenizer_save_json(const nl_tokenizer *t, const char *path) {
+    if (t->kind == NL_TOKENIZER_HF) {
+        size_t n;
+        const char *js = nl_bpe_json(t->bpe, &n);
+        return nl_write_file_atomic(path, js, n);
+    }
+    cJSON *root = tokenizer_json(t);
+    char *s = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!s) return nl_fail(NL_ERR_NOMEM, "out of memory writing %s", path);
+    nl_status rc = nl_write_file_atomic(path, s, strlen(s));
+    free(s);
+    return rc;
 }

@@ -13,6 +13,7 @@
  * All-to-all: p-1 steps of pairwise exchange, step s sends to r+s and receives from r-s.
  */
 #include "nanolm/comm.h"
+#include "nanolm/formats.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -96,22 +97,7 @@ size_t nl_comm_chunk_count(size_t n, int p, int i) {
 
 static int mod(int a, int p) { return ((a % p) + p) % p; }
 
-/* ---- bf16 ---------------------------------------------------------------------------------- */
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-/* Round to nearest even; NaN stays NaN (quiet). */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+/* ---- bf16: rounded by formats.h (nearest even, canonical NaN) ------------------------------ */
 
 /* dst = a + b (n elements); dst may equal a. bf16 adds in fp32 and rounds once. */
 static void add_into(void *dst, const void *a, const void *b, size_t n, nl_comm_dtype dt) {
@@ -122,7 +108,7 @@ static void add_into(void *dst, const void *a, const void *b, size_t n, nl_comm_
     } else {
         uint16_t *d = dst;
         const uint16_t *x = a, *y = b;
-        for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
+        for (size_t i = 0; i < n; i++) d[i] = nl_bf16_from_f32(nl_f32_from_bf16(x[i]) + nl_f32_from_bf16(y[i]));
     }
 }
 
@@ -329,7 +315,6 @@ void nl_comm_free(nl_comm *c) {
 
 int nl_comm_rank(const nl_comm *c) { return c ? c->rank : 0; }
 int nl_comm_size(const nl_comm *c) { return c ? c->size : 1; }
-const char *nl_comm_name(const nl_comm *c) { return c ? c->name : "?"; }
 int nl_comm_world_rank(void) { return g_world ? g_world->rank : 0; }
 
 nl_status nl_layout_init(nl_comm *world, int dp, int tp, int pp, nl_layout *out) {

@@ -14,22 +14,15 @@
 #include "nanolm/checkpoint.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 void nl_dist_opts_default(nl_dist_opts *o) {
     memset(o, 0, sizeof *o);
+    nl_train_opts_default(&o->train);
     o->zero = 0;
     o->overlap = 1;
     o->impl = NL_COMM_OURS;
-    o->batch = 4;
-    o->seq = 32;
-    o->lr = 1e-3f;
-    o->weight_decay = 0.1f;
-    o->beta1 = 0.9f;
-    o->beta2 = 0.95f;
-    o->eps = 1e-8f;
-    o->grad_clip = 1.0f;
-    o->seed = 1337;
 }
 
 /* ---- units -------------------------------------------------------------------------------- */
@@ -148,9 +141,9 @@ static void hook_backward(void *user, const nl_linear_site *site, float *din, fl
 nl_status nl_dist_init(nl_dist_trainer *t, const nl_arch *arch, const nl_dist_opts *o, nl_comm *dp) {
     memset(t, 0, sizeof *t);
     if (o->zero < 0 || o->zero > 3) return nl_fail(NL_ERR_INVALID, "--zero must be 0, 1, 2 or 3, got %d", o->zero);
-    if (o->batch < 1 || o->seq < 1 || o->seq > arch->seq_len)
+    if (o->train.batch < 1 || o->train.seq < 1 || o->train.seq > arch->seq_len)
         return nl_fail(NL_ERR_INVALID, "batch %lld and seq %lld must be >= 1 and seq <= the model's seq_len %lld",
-                       (long long)o->batch, (long long)o->seq, (long long)arch->seq_len);
+                       (long long)o->train.batch, (long long)o->train.seq, (long long)arch->seq_len);
     t->o = *o;
     t->dp = dp;
     t->p = nl_comm_size(dp);
@@ -158,18 +151,17 @@ nl_status nl_dist_init(nl_dist_trainer *t, const nl_arch *arch, const nl_dist_op
     nl_model *m = &t->model;
     nl_status st = nl_model_init(m, arch);
     if (st) return st;
-    if (t->r == 0) nl_model_init_random(m, o->seed);
+    if (t->r == 0) nl_model_init_random(m, o->train.seed);
     /* replicas start identical: rank 0's initialisation is broadcast */
     if ((st = nl_comm_broadcast(dp, m->params, m->n_params, NL_COMM_F32, 0, o->impl))) goto fail;
-    if ((st = nl_model_alloc_grads(m)) || (st = nl_model_alloc_acts(m, o->batch, o->seq))) goto fail;
+    if ((st = nl_model_alloc_grads(m)) || (st = nl_model_alloc_acts(m, o->train.batch, o->train.seq))) goto fail;
 
     t->n_units = (int)m->L + 2;
     t->units = nl_calloc((size_t)t->n_units, sizeof *t->units, "units");
     t->req = nl_calloc((size_t)t->n_units, sizeof *t->req, "bucket requests");
-    t->decay = nl_calloc(m->n_params, 1, "decay mask");
-    t->x = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch inputs");
-    t->y = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch targets");
-    if (!t->units || !t->req || !t->decay || !t->x || !t->y) { st = NL_ERR_NOMEM; goto fail; }
+    t->x = nl_malloc((size_t)(o->train.batch * o->train.seq) * sizeof(int32_t), "batch inputs");
+    t->y = nl_malloc((size_t)(o->train.batch * o->train.seq) * sizeof(int32_t), "batch targets");
+    if (!t->units || !t->req || !t->x || !t->y) { st = NL_ERR_NOMEM; goto fail; }
     size_t maxshard = 0;
     for (int u = 0; u < t->n_units; u++) {
         nl_dist_unit *x = &t->units[u];
@@ -181,10 +173,9 @@ nl_status nl_dist_init(nl_dist_trainer *t, const nl_arch *arch, const nl_dist_op
         t->shard_total += x->shard;
         if (x->shard > maxshard) maxshard = x->shard;
     }
-    const nl_param_info *tab;
-    int nt = nl_model_params_table(m, &tab);
-    for (int k = 0; k < nt; k++)
-        if (tab[k].ndim == 2) memset(t->decay + tab[k].offset, 1, tab[k].numel);
+    /* hyper-parameters and the step count; the moments are adam_m / adam_v (sharded or not) */
+    t->opt.beta1 = o->train.beta1, t->opt.beta2 = o->train.beta2, t->opt.eps = o->train.adam_eps;
+    t->opt.weight_decay = o->train.weight_decay;
     size_t opt_n = o->zero == 0 ? m->n_params : t->shard_total;
     t->adam_m = nl_calloc(opt_n, sizeof(float), "AdamW first moment");
     t->adam_v = nl_calloc(opt_n, sizeof(float), "AdamW second moment");
@@ -222,7 +213,6 @@ void nl_dist_free(nl_dist_trainer *t) {
     nl_model_free(&t->model);
     nl_free(t->units);
     nl_free(t->req);
-    nl_free(t->decay);
     nl_free(t->x);
     nl_free(t->y);
     nl_free(t->adam_m);
@@ -234,22 +224,6 @@ void nl_dist_free(nl_dist_trainer *t) {
 }
 
 /* ---- the step -------------------------------------------------------------------------------------- */
-
-/* AdamW on `n` consecutive parameters starting at global index g0 (torch.optim.AdamW, the same
- * float expressions as nl_adamw_step). */
-static void adamw_range(const nl_dist_trainer *t, size_t g0, size_t n, float *p, const float *g, float *mm,
-                        float *vv, float lr, float step_size, float bc2_sqrt) {
-    float b1 = t->o.beta1, b2 = t->o.beta2, eps = t->o.eps;
-    float decay2d = 1.0f - lr * t->o.weight_decay;
-    for (size_t i = 0; i < n; i++) {
-        float decay = t->decay[g0 + i] ? decay2d : 1.0f;
-        p[i] *= decay;
-        mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
-        vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
-        float denom = sqrtf(vv[i]) / bc2_sqrt + eps;
-        p[i] -= step_size * (mm[i] / denom);
-    }
-}
 
 /* The gradients this rank owns after reduction: (pointer, global index, count) per unit. */
 static float *owned_grads(nl_dist_trainer *t, int u, size_t *g0, size_t *n) {
@@ -264,11 +238,10 @@ static float *owned_grads(nl_dist_trainer *t, int u, size_t *g0, size_t *n) {
     return t->o.zero == 1 ? t->model.grads + *g0 : t->gshard + x->pos;
 }
 
-nl_status nl_dist_step(nl_dist_trainer *t, const nl_data *d, int64_t step, float lr, float *loss_out,
-                       double *norm_out) {
+nl_status nl_dist_grads(nl_dist_trainer *t, const nl_data *d, int64_t step, float *loss_out) {
     nl_model *m = &t->model;
-    int B = (int)t->o.batch, T = (int)t->o.seq;
-    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.seed, step, t->r, t->p, B, T, t->x, t->y));
+    int B = (int)t->o.train.batch, T = (int)t->o.train.seq;
+    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.train.seed, step, t->r, t->p, B, T, t->x, t->y));
     nl_model_zero_grad(m);
     t->hook_status = NL_OK;
     if (t->o.zero == 3) { /* the root units stay for the whole step; layer 0 before its forward */
@@ -301,48 +274,103 @@ nl_status nl_dist_step(nl_dist_trainer *t, const nl_data *d, int64_t step, float
     t->comm_wait_s = nl_time_s() - tw;
     if (t->o.zero == 3)
         for (int u = 0; u < t->n_units; u++) unit_drop(t, u);
-
     /* mean over ranks: gradients and loss */
-    float inv_p = 1.0f / (float)t->p;
-    double ss = 0;
-    for (int u = 0; u < t->n_units; u++) {
-        size_t g0, n;
-        float *g = owned_grads(t, u, &g0, &n);
-        for (size_t i = 0; i < n; i++) {
-            if (t->p > 1) g[i] *= inv_p;
-            ss += (double)g[i] * g[i];
-        }
-    }
-    if (t->o.zero > 0) NL_TRY(nl_comm_sum_double(t->dp, &ss));
-    double norm = sqrt(ss), lsum = loss;
-    NL_TRY(nl_comm_sum_double(t->dp, &lsum));
-    loss = (float)(lsum / t->p);
-    if (!isfinite(loss)) return nl_fail(NL_ERR_NUMERIC, "loss is %f at step %lld (rank %d)", loss, (long long)step + 1,
-                                        nl_comm_world_rank());
-    if (t->o.grad_clip > 0 && isfinite(norm) && norm > t->o.grad_clip) {
-        float s = (float)(t->o.grad_clip / (norm + 1e-6));
+    if (t->p > 1) {
+        float inv_p = 1.0f / (float)t->p;
         for (int u = 0; u < t->n_units; u++) {
             size_t g0, n;
             float *g = owned_grads(t, u, &g0, &n);
-            for (size_t i = 0; i < n; i++) g[i] *= s;
+            for (size_t i = 0; i < n; i++) g[i] *= inv_p;
         }
     }
-    /* AdamW on what this rank owns */
-    t->t++;
-    double bc1 = 1.0 - pow((double)t->o.beta1, (double)t->t), bc2 = 1.0 - pow((double)t->o.beta2, (double)t->t);
-    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    double lsum = loss;
+    NL_TRY(nl_comm_sum_double(t->dp, &lsum));
+    *loss_out = (float)(lsum / t->p);
+    return NL_OK;
+}
+
+nl_status nl_dist_sumsq(nl_dist_trainer *t, double *ss) {
+    /* one rank, or DDP (every rank holds all reduced gradients): the whole vector at once, in the
+     * order of the one-process trainer (nl_grad_norm), so --dp 1 is bit-identical to it */
+    if (t->o.zero == 0 || t->p == 1) {
+        *ss = nl_sumsq(t->o.zero >= 2 ? t->gshard : t->model.grads, t->model.n_params);
+        return NL_OK;
+    }
+    double s = 0;
     for (int u = 0; u < t->n_units; u++) {
+        size_t g0, n;
+        const float *g = owned_grads(t, u, &g0, &n);
+        s += nl_sumsq(g, n);
+    }
+    NL_TRY(nl_comm_sum_double(t->dp, &s));
+    *ss = s;
+    return NL_OK;
+}
+
+void nl_dist_scale_grads(nl_dist_trainer *t, float f) {
+    for (int u = 0; u < t->n_units; u++) {
+        size_t g0, n;
+        float *g = owned_grads(t, u, &g0, &n);
+        for (size_t i = 0; i < n; i++) g[i] *= f;
+    }
+}
+
+nl_status nl_dist_update(nl_dist_trainer *t, float lr) {
+    nl_model *m = &t->model;
+    t->opt.t++;
+    for (int u = 0; u < t->n_units; u++) { /* AdamW on what this rank owns */
         size_t g0, n;
         float *g = owned_grads(t, u, &g0, &n);
         float *p = t->o.zero == 3 ? t->pshard + t->units[u].pos : m->params + g0;
         size_t opos = t->o.zero == 0 ? g0 : t->units[u].pos;
-        adamw_range(t, g0, n, p, g, t->adam_m + opos, t->adam_v + opos, lr, step_size, bc2_sqrt);
+        nl_adamw_update_range(&t->opt, m, lr, g0, n, p, g, t->adam_m + opos, t->adam_v + opos);
     }
     if (t->o.zero == 1 || t->o.zero == 2)
         for (int u = 0; u < t->n_units; u++) NL_TRY(unit_all_gather(t, u));
-    if (loss_out) *loss_out = loss;
-    if (norm_out) *norm_out = norm;
     return NL_OK;
+}
+
+nl_status nl_dist_eval(nl_dist_trainer *t, const nl_data *d, int64_t windows, double *loss) {
+    nl_model *m = &t->model;
+    if (t->o.zero == 3)
+        for (int u = 0; u < t->n_units; u++) NL_TRY(unit_all_gather(t, u));
+    m->linear_ops = NULL; /* every rank evaluates its full replica: no collectives inside */
+    nl_status st = nl_eval_loss(m, d, NL_DATA_VAL, t->o.train.batch, t->o.train.seq, windows, loss, NULL);
+    m->linear_ops = &t->ops;
+    if (t->o.zero == 3)
+        for (int u = 0; u < t->n_units; u++) unit_drop(t, u);
+    return st;
+}
+
+/* ---- the hooks of the one training loop ------------------------------------------------------- */
+
+static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) { return nl_dist_grads(u, d, step, loss); }
+static nl_status L_sumsq(void *u, double *ss) { return nl_dist_sumsq(u, ss); }
+static void L_scale(void *u, float f) { nl_dist_scale_grads(u, f); }
+static nl_status L_update(void *u, float lr) { return nl_dist_update(u, lr); }
+static nl_status L_eval(void *u, const nl_data *d, int64_t w, double *loss) { return nl_dist_eval(u, d, w, loss); }
+static nl_status L_save(void *u, const char *path, const nl_ckpt_state *st) { return nl_dist_save(u, path, st); }
+static nl_status L_load(void *u, const char *path, nl_ckpt_state *st) { return nl_dist_load(u, path, st); }
+
+void nl_dist_layout(nl_dist_trainer *t, nl_train_layout *L) {
+    memset(L, 0, sizeof *L);
+    L->user = t;
+    L->name = t->o.zero ? "ZeRO" : "DDP";
+    L->rank0 = nl_comm_world_rank() == 0;
+    L->n_params = t->model.n_params;
+    L->grads = L_grads;
+    L->sumsq = L_sumsq;
+    L->scale = L_scale;
+    L->update = L_update;
+    L->eval = L_eval;
+    L->save = L_save;
+    L->load = L_load;
+}
+
+nl_status nl_dist_step(nl_dist_trainer *t, const nl_data *d, int64_t step, float lr, float *loss, double *grad_norm) {
+    nl_train_layout L;
+    nl_dist_layout(t, &L);
+    return nl_train_layout_step(&L, d, step, lr, t->o.train.grad_clip, loss, grad_norm);
 }
 
 void nl_dist_memory_report(const nl_dist_trainer *t, nl_dist_memory *out) {
@@ -385,7 +413,7 @@ static nl_status gather_shards(nl_dist_trainer *t, const float *shards, float *f
     return NL_OK;
 }
 
-nl_status nl_dist_save(nl_dist_trainer *t, const char *path, int64_t step) {
+nl_status nl_dist_save(nl_dist_trainer *t, const char *path, const nl_ckpt_state *state) {
     nl_model *m = &t->model;
     size_t n = m->n_params;
     float *mom = NULL, *params = NULL;
@@ -401,19 +429,12 @@ nl_status nl_dist_save(nl_dist_trainer *t, const char *path, int64_t step) {
         if ((st = nl_dist_gather_params(t, params))) goto out;
     }
     if (t->r == 0) {
-        nl_adamw opt;
-        memset(&opt, 0, sizeof opt);
-        opt.beta1 = t->o.beta1, opt.beta2 = t->o.beta2, opt.eps = t->o.eps, opt.weight_decay = t->o.weight_decay;
-        opt.t = t->t;
+        nl_adamw opt = t->opt;
         opt.n = n;
         opt.m = mom ? mom : t->adam_m;
         opt.v = mom ? mom + n : t->adam_v;
-        nl_ckpt_state cs;
-        memset(&cs, 0, sizeof cs);
-        cs.step = step;
+        nl_ckpt_state cs = *state;
         cs.opt = &opt;
-        cs.precision = NL_PREC_FP32;
-        nl_rng_seed(&cs.rng, t->o.seed); /* batches are a pure function of (seed, step) */
         if (params) memcpy(m->params, params, n * sizeof(float));
         st = nl_ckpt_save(path, m, "byte", &cs);
         if (params) for (int u = 0; u < t->n_units; u++) unit_drop(t, u);
@@ -428,7 +449,7 @@ out:
     return st;
 }
 
-nl_status nl_dist_load(nl_dist_trainer *t, const char *path, int64_t *step) {
+nl_status nl_dist_load(nl_dist_trainer *t, const char *path, nl_ckpt_state *cs) {
     nl_model tmp, *m = &t->model;
     memset(&tmp, 0, sizeof tmp);
     char tok[64];
@@ -441,13 +462,12 @@ nl_status nl_dist_load(nl_dist_trainer *t, const char *path, int64_t *step) {
                      tmp.n_params, m->n_params);
         goto out;
     }
-    if ((st = nl_adamw_init(&opt, &tmp, t->o.beta1, t->o.beta2, t->o.eps, t->o.weight_decay))) goto out;
-    nl_ckpt_state cs;
-    memset(&cs, 0, sizeof cs);
-    cs.opt = &opt;
-    if ((st = nl_ckpt_load_state(path, &tmp, &cs))) goto out;
-    t->t = opt.t;
-    *step = cs.step;
+    if ((st = nl_adamw_init(&opt, &tmp, t->opt.beta1, t->opt.beta2, t->opt.eps, t->opt.weight_decay))) goto out;
+    memset(cs, 0, sizeof *cs);
+    cs->opt = &opt;
+    if ((st = nl_ckpt_load_state(path, &tmp, cs))) goto out;
+    cs->opt = NULL;
+    t->opt.t = opt.t;
     if (t->o.zero == 0) {
         memcpy(m->params, tmp.params, m->n_params * sizeof(float));
         memcpy(t->adam_m, opt.m, m->n_params * sizeof(float));

@@ -6,19 +6,13 @@
 
 void nl_ep_opts_default(nl_ep_opts *o) {
     memset(o, 0, sizeof *o);
+    nl_train_opts_default(&o->train);
+    o->train.batch = 4;
+    o->train.seq = 32;
     o->ep = 1;
     o->cp = 1;
     o->impl = NL_COMM_OURS;
-    o->batch = 4;
-    o->seq = 32;
-    o->lr = 1e-3f;
-    o->weight_decay = 0.1f;
-    o->beta1 = 0.9f;
-    o->beta2 = 0.95f;
-    o->eps = 1e-8f;
-    o->grad_clip = 1.0f;
     o->aux_coef = 0.01f;
-    o->seed = 1337;
 }
 
 /* counts: int64 blocks travel as pairs of f32 words (all-to-all copies bits, never adds) */
@@ -79,41 +73,41 @@ nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o,
         return nl_fail(NL_ERR_INVALID, "--cp %d must divide the %d ranks (and is not combined with --ep)", o->cp, t->n);
     if (o->cp > 1 && (o->aux_coef != 0 || o->capacity_factor != 0))
         return nl_fail(NL_ERR_INVALID, "--cp %d needs --aux 0 and --capacity 0 (their groups are whole sequences)", o->cp);
-    if (o->seq % (2 * o->cp))
-        return nl_fail(NL_ERR_INVALID, "--seq %lld must be a multiple of 2 x --cp %d", (long long)o->seq, o->cp);
+    if (o->train.seq % (2 * o->cp))
+        return nl_fail(NL_ERR_INVALID, "--seq %lld must be a multiple of 2 x --cp %d", (long long)o->train.seq, o->cp);
     int er = t->rank % o->ep;
     nl_status st = nl_model_init_ep(&t->model, arch, o->ep, er);
     if (st) return st;
     t->model.moe->capacity_factor = o->capacity_factor;
     t->model.moe->aux_coef = o->aux_coef;
-    nl_model_init_random(&t->model, o->seed);
+    nl_model_init_random(&t->model, o->train.seed);
     if ((st = nl_comm_split(world, t->rank / o->ep, t->rank, "ep", &t->ep_comm)) ||
         (st = nl_comm_split(world, er, t->rank, "expert-dp", &t->edp_comm)))
         goto fail;
     t->ops = (nl_moe_ops){ep_counts, ep_rows, t};
     t->model.moe->ops = &t->ops;
-    int64_t Tl = o->seq / o->cp;
+    int64_t Tl = o->train.seq / o->cp;
     if (o->cp > 1) {
         if ((st = nl_comm_split(world, t->rank / o->cp, t->rank, "cp", &t->cp_comm))) goto fail;
         t->cpa = nl_calloc((size_t)t->model.L, sizeof *t->cpa, "ring attention contexts");
         t->positions = nl_malloc((size_t)Tl * sizeof(int64_t), "positions");
-        t->gx = nl_malloc((size_t)(2 * o->batch * o->seq) * sizeof(int32_t), "full windows");
+        t->gx = nl_malloc((size_t)(2 * o->train.batch * o->train.seq) * sizeof(int32_t), "full windows");
         if (!t->cpa || !t->positions || !t->gx) {
             st = NL_ERR_NOMEM;
             goto fail;
         }
-        t->gy = t->gx + o->batch * o->seq;
+        t->gy = t->gx + o->train.batch * o->train.seq;
         for (int64_t l = 0; l < t->model.L; l++)
-            if ((st = nl_cp_attn_init(&t->cpa[l], t->cp_comm, o->batch, o->seq, t->model.NH, t->model.KVH, t->model.hd)))
+            if ((st = nl_cp_attn_init(&t->cpa[l], t->cp_comm, o->train.batch, o->train.seq, t->model.NH, t->model.KVH, t->model.hd)))
                 goto fail;
-        for (int64_t i = 0; i < Tl; i++) t->positions[i] = nl_cp_position(o->cp, t->rank % o->cp, o->seq, i);
+        for (int64_t i = 0; i < Tl; i++) t->positions[i] = nl_cp_position(o->cp, t->rank % o->cp, o->train.seq, i);
         t->attn = (nl_attn_ops){cp_fwd, cp_bwd, t};
         t->model.attn_ops = &t->attn;
         t->model.positions = t->positions;
     }
-    int64_t BT = o->batch * Tl, ne = t->model.moe->n_moe_layers * t->model.moe->E;
-    if ((st = nl_model_alloc_grads(&t->model)) || (st = nl_model_alloc_acts(&t->model, o->batch, Tl)) ||
-        (st = nl_adamw_init(&t->opt, &t->model, o->beta1, o->beta2, o->eps, o->weight_decay)))
+    int64_t BT = o->train.batch * Tl, ne = t->model.moe->n_moe_layers * t->model.moe->E;
+    if ((st = nl_model_alloc_grads(&t->model)) || (st = nl_model_alloc_acts(&t->model, o->train.batch, Tl)) ||
+        (st = nl_adamw_init(&t->opt, &t->model, o->train.beta1, o->train.beta2, o->train.adam_eps, o->train.weight_decay)))
         goto fail;
     t->x = nl_malloc((size_t)(2 * BT) * sizeof(int32_t), "batch");
     t->st.tokens = nl_calloc((size_t)ne, sizeof(int64_t), "expert loads");
@@ -146,22 +140,16 @@ void nl_ep_free(nl_ep_trainer *t) {
     memset(t, 0, sizeof *t);
 }
 
-static double sumsq(const float *g, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-    return s;
-}
-
 nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
     nl_model *m = &t->model;
     nl_moe *e = m->moe;
-    int B = (int)t->o.batch, T = (int)(t->o.seq / t->o.cp), cp = t->o.cp;
+    int B = (int)t->o.train.batch, T = (int)(t->o.train.seq / t->o.cp), cp = t->o.cp;
     if (cp == 1) {
-        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.seed, step, t->rank, t->n, B, T, t->x, t->y));
+        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.train.seed, step, t->rank, t->n, B, T, t->x, t->y));
     } else {
         /* the data-parallel rank's full windows; this rank keeps its columns */
-        int S = (int)t->o.seq;
-        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.seed, step, t->rank / cp, t->n / cp, B, S, t->gx, t->gy));
+        int S = (int)t->o.train.seq;
+        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.train.seed, step, t->rank / cp, t->n / cp, B, S, t->gx, t->gy));
         for (int b = 0; b < B; b++)
             for (int i = 0; i < T; i++) {
                 t->x[b * T + i] = t->gx[b * S + t->positions[i]];
@@ -193,21 +181,21 @@ nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
         if (b > pos) {
             if (t->n > 1) NL_TRY(nl_comm_all_reduce(t->world, m->grads + pos, b - pos, NL_COMM_F32, t->o.impl));
             for (size_t i = pos; i < b; i++) m->grads[i] *= inv;
-            ss_rep += sumsq(m->grads + pos, b - pos);
+            ss_rep += nl_sumsq(m->grads + pos, b - pos);
         }
         if (en > b) {
             if (nl_comm_size(t->edp_comm) > 1)
                 NL_TRY(nl_comm_all_reduce(t->edp_comm, m->grads + b, en - b, NL_COMM_F32, t->o.impl));
             for (size_t i = b; i < en; i++) m->grads[i] *= inv;
-            ss_exp += sumsq(m->grads + b, en - b);
+            ss_exp += nl_sumsq(m->grads + b, en - b);
         }
         pos = en;
     }
     if (t->o.ep > 1) NL_TRY(nl_comm_sum_double(t->ep_comm, &ss_exp));
     double norm = sqrt(ss_rep + ss_exp);
-    if (t->o.grad_clip > 0 && isfinite(norm) && norm > t->o.grad_clip)
-        nl_grad_scale(m, (float)(t->o.grad_clip / (norm + 1e-6)));
-    nl_adamw_step(&t->opt, m, t->o.lr);
+    float clip = nl_clip_factor(norm, t->o.train.grad_clip);
+    if (clip != 1.0f) nl_grad_scale(m, clip);
+    nl_adamw_step(&t->opt, m, t->o.train.lr);
     /* statistics over the world */
     int64_t ne = e->n_moe_layers * e->E;
     double v[3] = {loss, e->aux_loss, 0};

@@ -87,14 +87,14 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     if (o->zero) return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with --zero %d is not supported yet (use --zero 0)", o->zero);
     if (arch->tied_embeddings && p->P > 1)
         return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism needs untied embeddings (model %s ties them)", arch->name);
-    if (M < 1 || o->batch % M)
-        return nl_fail(NL_ERR_INVALID, "--batch %lld must be a multiple of --microbatches %d", (long long)o->batch, M);
+    if (M < 1 || o->train.batch % M)
+        return nl_fail(NL_ERR_INVALID, "--batch %lld must be a multiple of --microbatches %d", (long long)o->train.batch, M);
     if (arch->n_heads % p->TP || arch->n_kv_heads % p->TP || arch->hidden_dim % p->TP)
         return nl_fail(NL_ERR_INVALID, "--tp %d must divide the heads %lld, the KV heads %lld and the hidden size %lld",
                        p->TP, (long long)arch->n_heads, (long long)arch->n_kv_heads, (long long)arch->hidden_dim);
-    if (o->sp && p->TP > 1 && (p->P > 1 || arch->tied_embeddings || ((o->batch / M) * o->seq) % p->TP))
+    if (o->sp && p->TP > 1 && (p->P > 1 || arch->tied_embeddings || ((o->train.batch / M) * o->train.seq) % p->TP))
         return nl_fail(NL_ERR_UNSUPPORTED, "sequence parallelism needs one pipeline stage, untied embeddings and "
-                       "micro-batch rows (%lld) divisible by --tp %d", (long long)((o->batch / M) * o->seq), p->TP);
+                       "micro-batch rows (%lld) divisible by --tp %d", (long long)((o->train.batch / M) * o->train.seq), p->TP);
     if (p->P > arch->n_layers)
         return nl_fail(NL_ERR_INVALID, "%d pipeline stages for %lld layers: at most one stage per layer", p->P,
                        (long long)arch->n_layers);
@@ -118,7 +118,7 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     {
         nl_model full;
         if ((st = nl_model_init(&full, arch))) goto fail;
-        nl_model_init_random(&full, o->seed);
+        nl_model_init_random(&full, o->train.seed);
         p->n_params_full = full.n_params;
         st = cut_part(p, &full);
         nl_model_free(&full);
@@ -126,13 +126,13 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     }
     if ((st = nl_comm_broadcast(dp_comm, m->params, m->n_params, NL_COMM_F32, 0, o->impl))) goto fail;
     if ((st = nl_model_alloc_grads(m))) goto fail;
-    p->b = o->batch / M;
-    p->sp_n = o->sp && p->TP > 1 ? p->b * o->seq / p->TP : 0;
+    p->b = o->train.batch / M;
+    p->sp_n = o->sp && p->TP > 1 ? p->b * o->train.seq / p->TP : 0;
     p->sp_r0 = p->sp_n * p->tr;
     p->nh = (int)m->NH;
     p->kvh = (int)m->KVH;
     p->h = (int)m->H;
-    int64_t nl = p->l1 - p->l0, bT = p->b * o->seq, T = o->seq, C = m->C, QKV = (p->nh + 2 * p->kvh) * m->hd,
+    int64_t nl = p->l1 - p->l0, bT = p->b * o->train.seq, T = o->train.seq, C = m->C, QKV = (p->nh + 2 * p->kvh) * m->hd,
             H = p->h, V = m->V, NH = p->nh, hd = m->hd;
     /* activation slots: GPipe keeps all M micro-batches alive; 1F1B at most P - s on stage s
      * (micro-batch k lives in slot k mod n_slots) */
@@ -175,10 +175,12 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
                          (p->sp_n ? bT * C : 0));
     p->act_floats += sf;
     p->scratch = nl_calloc(sf, sizeof(float), "pipeline backward scratch");
+    p->opt.beta1 = o->train.beta1, p->opt.beta2 = o->train.beta2, p->opt.eps = o->train.adam_eps;
+    p->opt.weight_decay = o->train.weight_decay;
     p->adam_m = nl_calloc(m->n_params, sizeof(float), "AdamW first moment");
     p->adam_v = nl_calloc(m->n_params, sizeof(float), "AdamW second moment");
-    p->x = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch inputs");
-    p->y = nl_malloc((size_t)(o->batch * o->seq) * sizeof(int32_t), "batch targets");
+    p->x = nl_malloc((size_t)(o->train.batch * o->train.seq) * sizeof(int32_t), "batch inputs");
+    p->y = nl_malloc((size_t)(o->train.batch * o->train.seq) * sizeof(int32_t), "batch targets");
     p->own = nl_calloc(m->n_params, 1, "replicated/split mask");
     p->ev_kind = nl_calloc((size_t)(4 * M), sizeof(int), "timeline");
     p->ev_t0 = nl_calloc((size_t)(4 * M), sizeof(double), "timeline");
@@ -303,7 +305,7 @@ static void record(nl_pipe *p, int kind, int k, double t0, double t1) {
 static nl_status stage_forward(nl_pipe *p, int k) {
     nl_model *m = &p->model;
     nl_pipe_mb *mb = &p->mbs[k % p->n_slots];
-    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
+    int64_t B = p->b, T = p->o.train.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
             hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
     float eps = (float)m->arch.norm_eps;
@@ -396,7 +398,7 @@ static nl_status stage_forward(nl_pipe *p, int k) {
 static nl_status stage_backward(nl_pipe *p, int k) {
     nl_model *m = &p->model;
     nl_pipe_mb *mb = &p->mbs[k % p->n_slots];
-    int64_t B = p->b, T = p->o.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
+    int64_t B = p->b, T = p->o.train.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
             hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
     float *G = m->grads;
@@ -500,7 +502,7 @@ static nl_status stage_backward(nl_pipe *p, int k) {
     return NL_OK;
 }
 
-nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, float *loss_out, double *norm_out) {
+nl_status nl_pipe_grads(nl_pipe *p, const nl_data *d, int64_t step, float *loss_out) {
     nl_model *m = &p->model;
     NL_TRY(nl_comm_barrier(p->pp)); /* a common origin for the timeline */
     double ts = nl_time_s();
@@ -508,7 +510,7 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
     p->n_ev = 0;
     p->busy_s = p->idle_s = p->tp_s = 0;
     p->loss_sum = 0;
-    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.seed, step, p->d, p->D, (int)p->o.batch, (int)p->o.seq, p->x, p->y));
+    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.train.seed, step, p->d, p->D, (int)p->o.train.batch, (int)p->o.train.seq, p->x, p->y));
     nl_model_zero_grad(m);
     int M = p->M;
     if (p->schedule == NL_PIPE_GPIPE) {
@@ -557,49 +559,65 @@ nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, flo
             for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= inv;
         }
     }
-    /* global norm: split slices once each, replicated tensors once per tensor-parallel group */
-    double ss = 0;
-    for (int i = 0; i < nr; i++)
-        for (size_t j = lo[i]; j < hi[i]; j++)
-            if (p->own[j] == 2 || (p->own[j] == 1 && p->tr == 0)) ss += (double)m->grads[j] * m->grads[j];
-    NL_TRY(nl_comm_sum_double(p->pp, &ss)); /* stages own disjoint ranges */
-    NL_TRY(nl_comm_sum_double(p->tp, &ss));
-    double norm = sqrt(ss);
     double lsum = 0;
     if (last_stage(p))
         lsum = p->loss_sum;
     NL_TRY(nl_comm_sum_double(p->pp, &lsum));
     lsum /= M;
     NL_TRY(nl_comm_sum_double(p->dp, &lsum));
-    float loss = (float)(lsum / p->D);
-    if (!isfinite(loss)) return nl_fail(NL_ERR_NUMERIC, "loss is %f at step %lld", loss, (long long)step + 1);
-    if (p->o.grad_clip > 0 && isfinite(norm) && norm > p->o.grad_clip) {
-        float c = (float)(p->o.grad_clip / (norm + 1e-6));
-        for (int i = 0; i < nr; i++)
-            for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= c;
-    }
-    /* AdamW on the owned ranges, the float expressions of nl_adamw_step */
-    p->t++;
-    float b1 = p->o.beta1, b2 = p->o.beta2, eps = p->o.eps;
-    double bc1 = 1.0 - pow((double)b1, (double)p->t), bc2 = 1.0 - pow((double)b2, (double)p->t);
-    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    const nl_param_info *tab;
-    int nt = nl_model_params_table(m, &tab);
-    for (int k = 0; k < nt; k++) {
-        float decay = tab[k].ndim == 2 ? 1.0f - lr * p->o.weight_decay : 1.0f;
-        size_t a0 = tab[k].offset;
-        float *pp = m->params + a0, *g = m->grads + a0, *mm = p->adam_m + a0, *vv = p->adam_v + a0;
-        const uint8_t *own = p->own + a0;
-        for (size_t i = 0; i < tab[k].numel; i++) {
-            if (!own[i]) continue;
-            pp[i] *= decay;
-            mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
-            vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
-            float denom = sqrtf(vv[i]) / bc2_sqrt + eps;
-            pp[i] -= step_size * (mm[i] / denom);
-        }
-    }
-    if (loss_out) *loss_out = loss;
-    if (norm_out) *norm_out = norm;
+    *loss_out = (float)(lsum / p->D);
     return NL_OK;
+}
+
+nl_status nl_pipe_sumsq(nl_pipe *p, double *ss_out) {
+    const nl_model *m = &p->model;
+    /* global norm: split slices once each, replicated tensors once per tensor-parallel group */
+    double ss = 0;
+    for (size_t j = 0; j < m->n_params; j++)
+        if (p->own[j] == 2 || (p->own[j] == 1 && p->tr == 0)) ss += (double)m->grads[j] * m->grads[j];
+    NL_TRY(nl_comm_sum_double(p->pp, &ss)); /* stages own disjoint ranges */
+    NL_TRY(nl_comm_sum_double(p->tp, &ss));
+    *ss_out = ss;
+    return NL_OK;
+}
+
+void nl_pipe_scale_grads(nl_pipe *p, float f) { nl_grad_scale(&p->model, f); }
+
+nl_status nl_pipe_update(nl_pipe *p, float lr) {
+    nl_model *m = &p->model;
+    p->opt.t++;
+    /* AdamW (nl_adamw_update_range) on the owned runs of the part's flat vector */
+    size_t n = m->n_params;
+    for (size_t i = 0; i < n;) {
+        while (i < n && !p->own[i]) i++;
+        size_t j = i;
+        while (j < n && p->own[j]) j++;
+        if (j > i)
+            nl_adamw_update_range(&p->opt, m, lr, i, j - i, m->params + i, m->grads + i, p->adam_m + i, p->adam_v + i);
+        i = j;
+    }
+    return NL_OK;
+}
+
+static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) { return nl_pipe_grads(u, d, step, loss); }
+static nl_status L_sumsq(void *u, double *ss) { return nl_pipe_sumsq(u, ss); }
+static void L_scale(void *u, float f) { nl_pipe_scale_grads(u, f); }
+static nl_status L_update(void *u, float lr) { return nl_pipe_update(u, lr); }
+
+void nl_pipe_layout(nl_pipe *p, nl_train_layout *L) {
+    memset(L, 0, sizeof *L);
+    L->user = p;
+    L->name = p->P > 1 ? "pipeline" : "tensor-parallel";
+    L->rank0 = nl_comm_world_rank() == 0;
+    L->n_params = p->n_params_full;
+    L->grads = L_grads;
+    L->sumsq = L_sumsq;
+    L->scale = L_scale;
+    L->update = L_update;
+}
+
+nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, float *loss_out, double *norm_out) {
+    nl_train_layout L;
+    nl_pipe_layout(p, &L);
+    return nl_train_layout_step(&L, d, step, lr, p->o.train.grad_clip, loss_out, norm_out);
 }

@@ -231,12 +231,19 @@ nl_status nl_scaling_fit(const nl_scaling_obs *obs, size_t n, const nl_scaling_f
 }
 
 /* ---- CSV --------------------------------------------------------------------------------- */
-static int col_kind(const char *h) {
-    if (!strcasecmp(h, "n") || !strcasecmp(h, "params") || !strcasecmp(h, "n_params")) return 1;
-    if (!strcasecmp(h, "d") || !strcasecmp(h, "tokens") || !strcasecmp(h, "n_tokens")) return 2;
-    if (!strcasecmp(h, "c") || !strcasecmp(h, "flops")) return 3;
-    if (!strcasecmp(h, "loss") || !strcasecmp(h, "l")) return 4;
-    return 0;
+/* Which quantity a header names: 1 N, 2 D, 3 FLOPs, 4 loss, 0 none. Names the user gave come
+ * first; a quantity the user did not name keeps its usual names. */
+static int col_kind(const char *h, const nl_scaling_cols *names) {
+    const char *nm[5] = {NULL, names ? names->n : NULL, names ? names->d : NULL, names ? names->flops : NULL,
+                         names ? names->loss : NULL};
+    for (int k = 1; k < 5; k++)
+        if (nm[k] && !strcasecmp(h, nm[k])) return k;
+    int k = 0;
+    if (!strcasecmp(h, "n") || !strcasecmp(h, "params") || !strcasecmp(h, "n_params")) k = 1;
+    else if (!strcasecmp(h, "d") || !strcasecmp(h, "tokens") || !strcasecmp(h, "n_tokens")) k = 2;
+    else if (!strcasecmp(h, "c") || !strcasecmp(h, "flops")) k = 3;
+    else if (!strcasecmp(h, "loss") || !strcasecmp(h, "l")) k = 4;
+    return k && !nm[k] ? k : 0;
 }
 
 static char *trim(char *s) {
@@ -247,12 +254,17 @@ static char *trim(char *s) {
 }
 
 nl_status nl_scaling_read_csv(const char *path, nl_scaling_obs **obs, size_t *n) {
+    return nl_scaling_read_csv_cols(path, NULL, obs, n);
+}
+
+nl_status nl_scaling_read_csv_cols(const char *path, const nl_scaling_cols *names, nl_scaling_obs **obs, size_t *n) {
     *obs = NULL;
     *n = 0;
     char *text = NULL;
     size_t bytes = 0;
     NL_TRY(nl_read_file(path, &text, &bytes));
-    int cols[16], ncols = 0, have[5] = {0};
+    enum { MAXC = 256 };
+    int cols[MAXC], ncols = 0, have[5] = {0};
     size_t cap = 64, cnt = 0;
     nl_scaling_obs *o = malloc(cap * sizeof *o); /* grown with realloc; nl_free (= free) releases it */
     if (!o) { nl_free(text); return nl_fail(NL_ERR_NOMEM, "%s: out of memory", path); }
@@ -266,13 +278,23 @@ nl_status nl_scaling_read_csv(const char *path, nl_scaling_obs **obs, size_t *n)
         if (ncols == 0) {
             char *s2 = NULL;
             for (char *f = strtok_r(l, ",", &s2); f; f = strtok_r(NULL, ",", &s2)) {
-                if (ncols == 16) { rc = nl_fail(NL_ERR_FORMAT, "%s:%d: too many columns", path, line); goto out; }
-                cols[ncols] = col_kind(trim(f));
+                if (ncols == MAXC) { rc = nl_fail(NL_ERR_FORMAT, "%s:%d: more than %d columns", path, line, MAXC); goto out; }
+                cols[ncols] = col_kind(trim(f), names);
+                if (cols[ncols] && have[cols[ncols]]) {
+                    rc = nl_fail(NL_ERR_FORMAT, "%s:%d: two columns are read as the same quantity ('%s')", path, line, trim(f));
+                    goto out;
+                }
                 have[cols[ncols]] = 1;
                 ncols++;
             }
             if (!have[1] || !have[4] || (!have[2] && !have[3])) {
-                rc = nl_fail(NL_ERR_FORMAT, "%s:%d: header must name N, loss and D or FLOPs columns", path, line);
+                if (names && (names->n || names->d || names->flops || names->loss))
+                    rc = nl_fail(NL_ERR_FORMAT, "%s:%d: the header lacks a named column (N '%s', D '%s', FLOPs '%s', loss '%s')",
+                                 path, line, names->n ? names->n : "N", names->d ? names->d : "D",
+                                 names->flops ? names->flops : "FLOPs", names->loss ? names->loss : "loss");
+                else
+                    rc = nl_fail(NL_ERR_FORMAT, "%s:%d: header must name N, loss and D or FLOPs columns "
+                                 "(or name yours with --n-col, --d-col, --flops-col, --loss-col)", path, line);
                 goto out;
             }
             continue;
@@ -282,11 +304,12 @@ nl_status nl_scaling_read_csv(const char *path, nl_scaling_obs **obs, size_t *n)
         char *s2 = NULL;
         for (char *f = strtok_r(l, ",", &s2); f; f = strtok_r(NULL, ",", &s2), c++) {
             if (c >= ncols) { rc = nl_fail(NL_ERR_FORMAT, "%s:%d: more fields than the header", path, line); goto out; }
+            if (!cols[c]) continue; /* a column the fit does not use: ignored, whatever it holds */
             char *end;
             f = trim(f);
             double x = strtod(f, &end);
             if (end == f || *end) { rc = nl_fail(NL_ERR_FORMAT, "%s:%d: '%s' is not a number", path, line, f); goto out; }
-            if (cols[c]) v[cols[c]] = x;
+            v[cols[c]] = x;
         }
         if (c != ncols) { rc = nl_fail(NL_ERR_FORMAT, "%s:%d: %d fields, header has %d", path, line, c, ncols); goto out; }
         if (cnt == cap) {

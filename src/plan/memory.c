@@ -16,16 +16,34 @@ static const nl_recipe recipes[] = {
     /* DeepSeek-V3 (2024) sec. 3.3.2: bf16 Adam moments, fp32 master weights and gradient
      * accumulation, bf16 weights: 2 + 4 + (4 + 2 + 2) = 14. */
     {"fp8-ds3", 2, 4, 8, "DeepSeek-V3 sec. 3.3.2: bf16 moments, fp32 master and grads"},
+    /* Megatron-LM (docs/source/distrib_optimizer.md): bf16 weights 2, fp32 main gradients 4,
+     * fp32 master weights and Adam moments 12 = 18 bytes; its distributed optimizer shards the
+     * 12 over the data-parallel ranks (6 + 12/d): select it with ZeRO stage 1. */
+    {"megatron-bf16", 2, 4, 12, "Megatron-LM distributed optimizer docs: 18 bytes, 6 + 12/d sharded"},
 };
-
-static const char *const recipe_names[] = {"fp32", "bf16", "fp8", "fp8-ds3", NULL};
-
-const char *const *nl_plan_recipe_names(void) { return recipe_names; }
 
 nl_status nl_plan_recipe(const char *name, nl_recipe *out) {
     for (size_t i = 0; i < sizeof recipes / sizeof recipes[0]; i++)
         if (!strcmp(recipes[i].name, name)) { *out = recipes[i]; return NL_OK; }
-    return nl_fail(NL_ERR_INVALID, "unknown recipe '%s' (known: fp32, bf16, fp8, fp8-ds3)", name);
+    return nl_fail(NL_ERR_INVALID, "unknown recipe '%s' (known: fp32, bf16, fp8, fp8-ds3, megatron-bf16)", name);
+}
+
+/* Families: Llama (Touvron et al. 2023), GPT-3 (Brown et al. 2020; Megatron-LM's GPT: learned
+ * positions, LayerNorm and linear biases, dropout 0.1), OPT (Zhang et al. 2022: GPT-3 with
+ * ReLU, dropout 0.1), BLOOM (Le Scao et al. 2022: ALiBi, biases, no dropout in the 176B run),
+ * MPT (MosaicML 2023: ALiBi, LayerNorm without bias, no biases, no dropout). */
+static const nl_family families[] = {
+    {"llama", 0, 0, 0, 0, NL_POS_ROPE},
+    {"gpt", 1, 1, 1, 1, NL_POS_LEARNED},
+    {"opt", 1, 1, 1, 1, NL_POS_LEARNED},
+    {"bloom", 1, 1, 1, 0, NL_POS_ALIBI},
+    {"mpt", 1, 1, 0, 0, NL_POS_ALIBI},
+};
+
+nl_status nl_plan_family(const char *name, nl_family *out) {
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (!strcmp(families[i].name, name)) { *out = families[i]; return NL_OK; }
+    return nl_fail(NL_ERR_INVALID, "unknown model family '%s' (known: llama, gpt, opt, bloom, mpt)", name);
 }
 
 const char *nl_zero_name(nl_zero z) {
@@ -59,19 +77,24 @@ void nl_plan_state_bytes(const nl_recipe *r, nl_zero z, int64_t dp, int64_t shar
 
 /* ---- activations ---------------------------------------------------------------------------
  * Korthikanti et al. 2022 sec. 4.1 list, per layer, the tensors a transformer keeps for
- * backward: 34*s*b*h + 5*a*s^2*b bytes for GPT (fp16, dropout, 4h GeLU MLP). The same walk
- * for a Llama layer (RMSNorm, RoPE, GQA, SwiGLU, no dropout), in bf16:
- *   attention: RMSNorm input x (D), its output = input of wq/wk/wv (D), Q and K after RoPE and
- *              V (q_dim + 2 kv_dim, kept by the attention kernel), the attention output = input
- *              of wo (q_dim), and with flash attention the softmax log-sum-exp (fp32, one per
- *              head); without it the softmax probabilities (a*s per token).
- *   MLP:       RMSNorm input (D) and output = input of w1/w3 (D), gate = x W1 (F),
- *              sigmoid(gate) (F) and silu = gate*sigmoid(gate) (F) when SiLU runs as two
- *              element-wise ops, up = x W3 (F), silu*up = input of w2 (F).
- * That is 6D + 2kv + 5F values = 48*D bytes for Llama-3-8B (kv = D/4, F = 3.5D): the course's
- * 384 GiB at 8 x 8192 tokens and 32 layers. With tensor parallelism everything inside the
- * column/row-parallel region divides by tp; the norm regions (4D) stay replicated unless
- * sequence parallelism shards them too (Korthikanti eq. 3 vs eq. 4). */
+ * backward (fp16/bf16, 2 bytes; masks 1 byte), in units of s*b*h:
+ *   attention 11 sbh + 5 a s^2 b: QKV input 2, Q and K 4, softmax output 2 a s/h, its dropout
+ *             mask a s/h, dropout output 2 a s/h (input of the product with V), V 2, input of
+ *             the output projection 2, the attention dropout mask 1;
+ *   MLP 19 sbh: input of the first linear 2, GeLU input 8, GeLU output 8, dropout mask 1;
+ *   LayerNorm 4 sbh: each of the two keeps its input 2.
+ * = sbh (34 + 5 a s / h). With tensor parallelism (no SP) the LayerNorm inputs, the QKV and fc1
+ * inputs and both dropout masks stay replicated: sbh (10 + 24/t + 5as/(ht)) (their eq. 2); with
+ * sequence parallelism everything divides by t (eq. 4); selective recomputation drops the
+ * 5as/h terms (eq. 6); full recomputation keeps the layer input, 2 sbh (2 sbh/t with SP).
+ * The same walk for a Llama layer (RMSNorm, RoPE, GQA, SwiGLU, no dropout): the two norm
+ * inputs (2D each) and the QKV and w1/w3 inputs (2D each, the norm outputs), Q and K after RoPE
+ * and V (2(q + 2 kv)), the softmax output without flash attention (2 a s) or its fp32
+ * log-sum-exp with it (4 a), the wo input (2q), the gate and up outputs (2 x 2F: the fused SwiGLU
+ * keeps its inputs and recomputes sigmoid and SiLU in backward, as Megatron-LM's bias_swiglu
+ * does) and the w2 input (2F). For Llama-3-8B (q = D, kv = D/4, F = 3.5 D) that is 2 x 17 D =
+ * 34 D bytes per token: 139 KB per layer. The GPT walk takes the same tensors with the GeLU MLP
+ * (GeLU input and output, 2F each) and the dropout masks when the family has dropout. */
 static void add(nl_act_layer *L, const char *name, double unsharded, double div) {
     if (L->n >= NL_ACT_MAX_TERMS) return;
     nl_act_term *t = &L->terms[L->n++];
@@ -85,10 +108,12 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
     double e = o->bytes_per_elem > 0 ? o->bytes_per_elem : 2.0;
     double t = o->tp > 0 ? (double)o->tp : 1.0;
     double sp = o->sp ? t : 1.0;
+    const nl_family *f = &o->fam;
     double D = (double)a->dim, hd = (double)nl_arch_head_dim(a);
     double q = (double)a->n_heads * hd, kv = (double)a->n_kv_heads * hd, heads = (double)a->n_heads;
+    /* K and V heads shard by tp up to the number of KV heads, then replicate. */
     double kvdiv = t < (double)a->n_kv_heads ? t : (double)a->n_kv_heads;
-    if (a->kv_lora_rank > 0) { /* MLA: kept q (nope+rope), latent kv + k_rope, per-head k/v */
+    if (a->kv_lora_rank > 0) { /* MLA: kept q (nope+rope), per-head k (nope+rope) and v */
         q = heads * (hd + (double)a->qk_rope_head_dim);
         kv = heads * (hd + (double)a->qk_rope_head_dim + (double)a->v_head_dim) / 2.0;
         kvdiv = t;
@@ -100,33 +125,42 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
     double F = (dense_layers * (double)a->hidden_dim +
                 moe_layers * (double)(a->top_k + a->n_shared_experts) * (double)a->expert_hidden_dim) /
                (double)a->n_layers;
+    double mask = f->dropout ? 1.0 : 0.0; /* bytes per element of a dropout mask */
+    int keep_scores = o->recompute == NL_RECOMPUTE_NONE && !o->flash;
 
-    add(L, "attn norm input x", e * D, sp);
-    add(L, "attn norm output (qkv input)", e * D, sp);
-    add(L, "Q after RoPE", e * q, t);
-    add(L, "K after RoPE, V", e * 2 * kv, kvdiv);
-    if (o->flash) add(L, "softmax log-sum-exp (fp32)", 4.0 * heads, t);
-    else if (o->recompute == NL_RECOMPUTE_NONE)
-        add(L, "softmax probabilities (a*s)", e * heads * o->seq, t);
-    add(L, "attention output (wo input)", e * q, t);
-    add(L, "mlp norm input", e * D, sp);
-    add(L, "mlp norm output (w1/w3 input)", e * D, sp);
-    add(L, "gate = x W1", e * F, t);
-    add(L, "up = x W3", e * F, t);
-    double keep_sum = 0;
-    for (int i = 0; i < L->n; i++) keep_sum += L->terms[i].bytes;
-    if (o->recompute == NL_RECOMPUTE_NONE) {
-        add(L, "sigmoid(gate)", e * F, t);
-        add(L, "silu(gate)", e * F, t);
-        add(L, "silu * up (w2 input)", e * F, t);
+    add(L, "attn norm input", e * D, sp);
+    add(L, "qkv input (norm output)", e * D, sp);
+    add(L, "Q and K (after RoPE)", e * q + e * kv, 1.0);
+    L->terms[L->n - 1].bytes = e * q / t + e * kv / kvdiv;
+    add(L, "V", e * kv, kvdiv);
+    if (keep_scores) {
+        add(L, "softmax output (a*s)", e * heads * o->seq, t);
+        if (mask > 0) {
+            add(L, "softmax dropout mask (a*s)", mask * heads * o->seq, t);
+            add(L, "softmax dropout output (a*s)", e * heads * o->seq, t);
+        }
+    } else if (o->flash && o->recompute != NL_RECOMPUTE_FULL) {
+        add(L, "softmax log-sum-exp (fp32)", 4.0 * heads, t);
     }
+    add(L, "wo input (attention output)", e * q, t);
+    if (mask > 0) add(L, "attention dropout mask", mask * D, sp);
+    add(L, "mlp norm input", e * D, sp);
+    add(L, "fc1 input (norm output)", e * D, sp);
+    if (f->gelu_mlp) {
+        add(L, "GeLU input (fc1 output)", e * F, t);
+        add(L, "GeLU output (fc2 input)", e * F, t);
+    } else {
+        add(L, "gate and up (w1, w3 outputs)", e * 2 * F, t);
+        add(L, "SwiGLU output (w2 input)", e * F, t);
+    }
+    if (mask > 0) add(L, "mlp dropout mask", mask * D, sp);
     if (moe_layers > 0) add(L, "router logits (fp32)", 4.0 * (double)a->n_experts * moe_layers / (double)a->n_layers, 1.0);
     double sum = 0;
     for (int i = 0; i < L->n; i++) sum += L->terms[i].bytes;
-    /* Working set of one layer while it is (re)computed: everything, scores only without flash. */
+    /* Working set of one layer while it is (re)computed: everything, and the scores (without
+     * flash attention) that selective recomputation rebuilds. */
     double work = sum;
-    if (o->recompute != NL_RECOMPUTE_NONE) work += 3 * e * F / t + (o->flash ? 0 : e * heads * o->seq / t);
-    (void)keep_sum;
+    if (!keep_scores && !o->flash) work += (e * 2 + mask) * heads * o->seq / t;
     if (o->recompute == NL_RECOMPUTE_FULL) {
         /* Full recomputation (Chen et al. 2016; Korthikanti sec. 4.3) keeps only the layer input. */
         memset(L->terms, 0, sizeof L->terms);
@@ -138,11 +172,12 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
     L->working_bytes_per_token = work;
 }
 
-double nl_plan_act_korthikanti(const nl_arch *a, double seq, nl_recompute r, int flash) {
-    double h = (double)a->dim, heads = (double)a->n_heads;
-    if (r == NL_RECOMPUTE_FULL) return 2.0 * h;
-    if (r == NL_RECOMPUTE_SELECTIVE || flash) return 34.0 * h;
-    return h * (34.0 + 5.0 * heads * seq / h);
+double nl_plan_act_korthikanti(const nl_arch *a, double seq, nl_recompute r, int flash, int64_t tp, int sp) {
+    double h = (double)a->dim, heads = (double)a->n_heads, t = tp > 1 ? (double)tp : 1.0;
+    double scores = (r == NL_RECOMPUTE_SELECTIVE || flash) ? 0.0 : 5.0 * heads * seq / h;
+    if (r == NL_RECOMPUTE_FULL) return 2.0 * h;                 /* Table 2: 2sbh */
+    if (sp) return h / t * (34.0 + scores);                     /* eq. 4 (and 6) */
+    return h * (10.0 + 24.0 / t + scores / t);                  /* eq. 2 (t = 1: eq. 1) */
 }
 
 /* bf16 logits (V per token) and the fp32 copy the cross-entropy works on. */

@@ -143,3 +143,30 @@ nl_status nl_plan_svg_memory(const char *path, const nl_train_eval *e, size_t n,
     nl_svg_text(&s, cx, 60 + (double)n * row + 14, 11, "middle", cap);
     return nl_svg_save(&s, path);
 }
+
+nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r) {
+    if (r->n == 0) return nl_fail(NL_ERR_INVALID, "validation picture: no cases");
+    double row = 14, left = 300, half = 300, lim = 0.5; /* bars clipped at +-50% */
+    nl_svg s;
+    nl_svg_begin(&s, left + 2 * half + 60, 60 + (double)r->n * row + 30);
+    nl_svg_text(&s, 10, 20, 14, "start", "Planner against published runs: signed error (predicted / published - 1), clipped at +-50%");
+    double cx = left + half;
+    for (int k = -2; k <= 2; k++) {
+        double x = cx + k * 0.25 / lim * half;
+        nl_svg_line(&s, x, 40, x, 50 + (double)r->n * row, k ? "#dddddd" : "#333333", 1);
+        char lab[16];
+        snprintf(lab, sizeof lab, "%+d%%", k * 25);
+        nl_svg_text(&s, x, 38, 10, "middle", lab);
+    }
+    for (size_t i = 0; i < r->n; i++) {
+        const nl_valid_case *c = &r->cases[i];
+        double y = 45 + (double)i * row, e = c->err > lim ? lim : c->err < -lim ? -lim : c->err;
+        const char *col = !strcmp(c->group, "train") ? "#4e79a7" : !strcmp(c->group, "memory") ? "#59a14f" : "#f28e2b";
+        char tip[160];
+        snprintf(tip, sizeof tip, "%s: published %.4g, predicted %.4g (%+.1f%%)", c->id, c->published, c->predicted, 100 * c->err);
+        double w = e / lim * half;
+        nl_svg_rect(&s, w < 0 ? cx + w : cx, y, w < 0 ? -w : w, row - 3, col, tip);
+        nl_svg_text(&s, left - 6, y + 10, 9, "end", c->id);
+    }
+    return nl_svg_save(&s, path);
+}

@@ -22,19 +22,21 @@
  *  tp_overlap 0: tensor-parallel collectives are exposed (Megatron-LM's default); splitting GEMMs
  *     to overlap them (Wang et al. 2022, "Overlap communication with dependent computation via
  *     decomposition"; Megatron's --tp-comm-overlap) hides a fraction, set with --tp-overlap.
- *  usable_mem 0.9 and reserved 2 GB: allocator fragmentation, CUDA context, NCCL buffers and
- *     GEMM workspaces (assumption). */
+ *  usable_mem 0.95 and reserved 2 GB: allocator fragmentation, CUDA context, NCCL buffers and
+ *     GEMM workspaces (assumption; 0.9 rejected runs that were published, e.g. Llama 3 405B's
+ *     layout without recomputation and MPT-30B on 8 GPUs). */
 void nl_eff_default(nl_eff *e) {
-    e->gemm = 0.6;
+    e->gemm = 0; /* the GPU's gemm_eff (catalog) */
     e->attn = 0.4;
     e->kernel_s = 5e-6;
     e->kernels_per_layer = 20;
     e->dp_overlap = 0.8;
-    e->usable_mem = 0.9;
+    e->usable_mem = 0.95;
     e->reserved_bytes = 2e9;
     e->fixed_mfu = 0;
     e->fp8_gemm = 0;
     e->tp_overlap = 0;
+    e->ep_overlap = 0;
 }
 
 const char *nl_layout_str(const nl_layout *L, char *buf, size_t n) {
@@ -60,7 +62,7 @@ typedef struct parts {
 
 static void get_parts(const nl_train_req *q, parts *p) {
     nl_arch_params c;
-    nl_arch_count_params(&q->arch, &c);
+    nl_plan_count_params(&q->arch, &q->fam, &c);
     p->scale = q->params_override > 0 ? q->params_override / (double)c.total : 1.0;
     p->total = (double)c.total * p->scale;
     p->emb = (double)c.embedding * p->scale;
@@ -74,10 +76,17 @@ static void get_parts(const nl_train_req *q, parts *p) {
 
 /* Roofline of one GEMM (M x K) * (K x N): bf16 operands, or fp8 operands at the fp8 peak when
  * the recipe runs its GEMMs in FP8 (e->fp8_gemm; Micikevicius et al. 2022). */
+/* Shape: a GEMM reaches `gemm` of peak only when every dimension fills the tiles and waves of
+ * the GPU; each dimension x contributes x / (x + 128) (128: the tile edge of cuBLAS/CUTLASS
+ * kernels on A100/H100; a 4096-wide dimension loses 3%, a 1024-wide one 11%). */
+static double shape_eff(double x) { return x / (x + 128.0); }
+
 static double gemm_s(const nl_hw *hw, const nl_eff *e, double M, double N, double K) {
     if (M <= 0 || N <= 0 || K <= 0) return 0;
     double peak = e->fp8_gemm ? hw->flops_fp8 : hw->flops_bf16, bytes = e->fp8_gemm ? 1 : 2;
-    double t_c = 2 * M * N * K / (peak * e->gemm);
+    double base = e->gemm > 0 ? e->gemm : hw->gemm_eff > 0 ? hw->gemm_eff : 0.6;
+    double eff = base * shape_eff(M) * shape_eff(N) * shape_eff(K);
+    double t_c = 2 * M * N * K / (peak * eff);
     double t_m = bytes * (M * K + K * N) / hw->hbm_bw + 2 * M * N / hw->hbm_bw;
     return t_c > t_m ? t_c : t_m;
 }
@@ -98,7 +107,8 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     double g = gemm_s(hw, e, T, (qd + 2 * kvd) / t, D) + gemm_s(hw, e, T, D, qd / t);
     double F = moe ? (double)a->expert_hidden_dim : (double)a->hidden_dim;
     if (!moe) {
-        g += 2 * gemm_s(hw, e, T, F / t, D) + gemm_s(hw, e, T, D, F / t);
+        /* SwiGLU: w1 and w3 then w2; a GeLU MLP: fc1 then fc2. */
+        g += (q->fam.gelu_mlp ? 1 : 2) * gemm_s(hw, e, T, F / t, D) + gemm_s(hw, e, T, D, F / t);
     } else {
         double E = (double)a->n_experts, ep = (double)L->ep;
         double local = E / ep;                                  /* experts on this GPU */
@@ -114,10 +124,20 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     double seq = (double)q->seq;
     double attn_flops = T * (double)a->n_heads / t * 2.0 * (qd / (double)a->n_heads + hd) * seq / 2.0;
     double at = attn_flops / (hw->flops_bf16 * e->attn);
+    if (q->attn_materialized) {
+        /* Older runs (Megatron-LM 2021, BLOOM, OPT) materialise the scores: QK^T and PV as
+         * batched GEMMs on the full s x s square (no causal skip: twice the FLOPs) at GEMM
+         * efficiency, plus softmax (and dropout) passes over the a s^2 scores in HBM. */
+        double sc = T * (double)a->n_heads / t * seq;
+        at = gemm_s(hw, e, T * (double)a->n_heads / t, seq, hd) * 2 + sc * 2 * (q->fam.dropout ? 4 : 2) / hw->hbm_bw;
+    }
     /* Element-wise traffic (norms, residual adds, RoPE, activation), bf16 read + write. */
     double sp = L->sp ? t : 1.0;
     double Fl = moe ? F * (double)(a->top_k + a->n_shared_experts) : F;
     double ew_bytes = T * 2.0 * (10 * D / sp + 2 * (qd + kvd) / t + 3 * Fl / t);
+    if (q->fam.layernorm) ew_bytes += T * 2.0 * 4 * D / sp;             /* mean pass of LayerNorm */
+    if (q->fam.bias) ew_bytes += T * 2.0 * 2 * (D / sp + Fl / t);      /* bias adds */
+    if (q->fam.dropout) ew_bytes += T * 3.0 * 2 * D / sp;              /* dropout: mask and output */
     double ew = ew_bytes / hw->hbm_bw;
     double k = e->kernels_per_layer * e->kernel_s;
     lt->attn_fwd = at;
@@ -182,18 +202,41 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     o->mem_optim = dense_local * sd.optim + expert_local * se.optim;
 
     double T = (double)L->micro_batch * (double)q->seq / (double)L->cp; /* tokens per microbatch per GPU */
-    nl_act_opts ao = {.tp = L->tp, .sp = L->sp, .flash = 1, .recompute = L->recompute, .seq = (double)q->seq, .bytes_per_elem = 2};
+    nl_act_opts ao = {.tp = L->tp, .sp = L->sp, .flash = !q->attn_materialized, .recompute = L->recompute,
+                      .seq = (double)q->seq, .bytes_per_elem = 2, .fam = q->fam};
     nl_act_layer al;
     nl_plan_act_layer(a, &ao, &al);
     /* 1F1B: the first stage holds min(p, m) microbatches (Narayanan et al. 2021 sec. 2.2);
-     * interleaved adds (p-1)/(p v) (Korthikanti et al. 2022 sec. 4.2.3). */
+     * interleaved adds (p-1)/(p v) (Korthikanti et al. 2022 sec. 4.2.3); DualPipe holds p + 1
+     * (DeepSeek-V3 Table 2) and keeps two copies of its stage's weights. The last stage holds
+     * one microbatch but the logits: the busier of the two is the need. */
     double inflight = L->pp > 1 ? fmin(pp, (double)L->n_micro) : 1.0;
     if (L->vpp > 1) inflight *= 1.0 + (pp - 1) / (pp * (double)L->vpp);
-    o->mem_act = T * lps * al.bytes_per_token * inflight + T * (al.working_bytes_per_token - al.bytes_per_token);
-    o->mem_logits = nl_plan_logits_bytes(a, T) / t;
+    if (q->schedule == NL_SCHED_DUALPIPE && L->pp > 1) {
+        inflight = fmin(pp + 1, (double)L->n_micro);
+        o->mem_weights *= 2;
+    }
+    /* When the stages cannot be even, the first and last stages take one layer less (Llama 3
+     * sec. 3.3.2: 126 layers on 16 stages, one layer removed from the first and the last). */
+    double lps_first = (L->pp > 1 && pp * lps > (double)a->n_layers) ? lps - 1 : lps;
+    double act_one = T * lps_first * al.bytes_per_token, act_work = T * (al.working_bytes_per_token - al.bytes_per_token);
+    double logits = nl_plan_logits_bytes(a, T) / t;
+    if (L->pp > 1 && (act_one * (inflight - 1) > logits)) {
+        o->mem_act = act_one * inflight + act_work; /* first stage */
+        o->mem_logits = 0;
+    } else {
+        o->mem_act = act_one + act_work;            /* last stage (or no pipeline) */
+        o->mem_logits = logits;
+        if (L->pp == 1) o->mem_act = act_one * inflight + act_work;
+    }
     o->mem_temp = e->reserved_bytes;
-    if (L->zero == NL_ZERO_3 || L->zero == NL_ZERO_HSDP) /* gathered weights + grads of 2 layers */
-        o->mem_temp += 2 * 2 * P.layer_params_max / t * q->recipe.weight_bytes;
+    if (L->zero == NL_ZERO_3 || L->zero == NL_ZERO_HSDP) {
+        /* Gathered weights of the layer in use and the prefetched next one, and the gradient
+         * bucket being reduced, bounded as DeepSpeed bounds them: stage3_max_live_parameters 1e9
+         * and reduce_bucket_size 5e8 elements (DeepSpeed ZeRO-3 config defaults). */
+        double layer = P.layer_params_max / t;
+        o->mem_temp += fmin(2 * layer, 1e9) * q->recipe.weight_bytes + fmin(layer, 5e8) * fmin(q->recipe.grad_bytes, 4);
+    }
     o->mem_total = o->mem_weights + o->mem_grads + o->mem_optim + o->mem_act + o->mem_logits + o->mem_temp;
     o->mem_usable = hw->mem_bytes * e->usable_mem;
     o->fits = o->mem_total <= o->mem_usable;
@@ -205,7 +248,7 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     /* ---- time ---- */
     double m = (double)L->n_micro;
     double tokens_step = (double)q->global_batch * (double)q->seq;
-    double nmm = nl_plan_matmul_params(a) * P.scale;
+    double nmm = nl_plan_matmul_params_fam(a, &q->fam) * P.scale;
     o->model_flops_per_step = tokens_step * (6 * nmm + 3 * nl_plan_attn_flops_per_token(a, (double)q->seq));
     double moe_frac = P.moe_layers / (double)a->n_layers;
     layer_time ld, lm = {0, 0, 0, 0};
@@ -301,13 +344,20 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
         o->t_compute = m * t_mb;
         /* Bubble: (p-1)/v microbatch slots (GPipe and 1F1B alike; Narayanan et al. 2021 sec. 2.2). */
         o->t_bubble = L->pp > 1 ? (pp - 1) / (double)L->vpp * t_mb : 0;
+        /* DualPipe (DeepSeek-V3 Table 2): (p/2 - 1)(F&B + B - 3W), about (p/2 - 1) forward
+         * chunks; it overlaps the forward of one microbatch with the backward of another. */
+        if (q->schedule == NL_SCHED_DUALPIPE && L->pp > 1) o->t_bubble = fmax(0, pp / 2 - 1) * t_mb_fwd;
     }
     o->t_tp = m * t_tp_mb;
     o->t_cp = m * t_cp_mb;
     o->t_ep = m * t_ep_mb;
     o->t_pp = m * t_pp_mb;
     o->t_dp = t_dp;
-    o->t_exposed = o->t_tp * (1 - e->tp_overlap) + m * cp_exposed_mb + o->t_ep + o->t_pp + dp_exposed;
+    /* Expert all-to-alls: DualPipe hides them behind the other direction's compute (DeepSeek-V3
+     * sec. 3.2.1, "nearly zero all-to-all communication overhead"); otherwise they are exposed
+     * but the share ep_overlap that token dispatch overlaps with the shared expert. */
+    double ep_exposed = q->schedule == NL_SCHED_DUALPIPE ? 0 : o->t_ep * (1 - e->ep_overlap);
+    o->t_exposed = o->t_tp * (1 - e->tp_overlap) + m * cp_exposed_mb + ep_exposed + o->t_pp + dp_exposed;
     /* Adam reads grads, master weights, m, v and writes master, m, v and the bf16 weights: the
      * optimizer bytes twice plus gradient and weight bytes, per parameter of this rank's shard. */
     o->t_optim = (o->mem_optim * 2 + o->mem_grads + (o->mem_optim > 0 ? o->mem_optim / q->recipe.optim_bytes : 0) *
@@ -345,9 +395,13 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
     r->evals = malloc(cap * sizeof *r->evals); /* grown with realloc, freed with free */
     if (!r->evals) return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
     int64_t gpn = q->hw.gpus_per_node;
-    static const int64_t mbs[] = {1, 2, 3, 4, 6, 8, 16};
-    int saw_decomp = 0;
-    for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp *= 2) {
+    /* Micro-batches tried: a fixed one (any size), else these. */
+    int64_t mbs[8] = {1, 2, 3, 4, 6, 8, 16, 0};
+    size_t n_mbs = 7;
+    if (q->fix.micro_batch > 0) { mbs[0] = q->fix.micro_batch; n_mbs = 1; }
+    int saw_decomp = 0, saw_zero_dp1 = 0, saw_mb = 0;
+    /* Any tensor-parallel degree that divides the heads and the GPUs, inside one node. */
+    for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp++) {
         if (q->gpus % tp || a->n_heads % tp) continue;
         for (int64_t pp = 1; pp <= a->n_layers && tp * pp <= q->gpus; pp++) {
             if ((q->gpus / tp) % pp || (a->n_layers % pp && pp != q->fix.pp)) continue;
@@ -357,18 +411,18 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
                 for (int64_t ep = 1; ep <= dp * cp; ep *= 2) {
                     if (ep > 1 && (a->n_experts == 0 || a->n_experts % ep || (dp * cp) % ep)) continue;
                     for (int z = 0; z <= 4; z++) {
-                        if (dp * cp == 1 && z > 0) continue;
+                        if (dp * cp == 1 && z > 0) { saw_zero_dp1 = 1; continue; }
                         if (z == NL_ZERO_HSDP && (dp <= 1 || tp * cp * dp <= gpn)) continue;
-                        for (size_t mi = 0; mi < sizeof mbs / sizeof mbs[0]; mi++) {
+                        for (size_t mi = 0; mi < n_mbs; mi++) {
                             int64_t mb = mbs[mi];
-                            if (q->global_batch % (dp * mb)) continue;
+                            if (q->global_batch % (dp * mb)) { saw_mb = 1; continue; }
                             saw_decomp = 1;
                             int64_t nm = q->global_batch / (dp * mb);
                             if (pp > 1 && nm < pp) continue;
                             if (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) continue;
                             for (int64_t v = 1; v <= (pp > 1 ? 8 : 1); v *= 2) {
                                 /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
-                                if (v > 1 && (pp * v > a->n_layers || nm % pp || (a->n_layers % (pp * v) && pp != q->fix.pp))) continue;
+                                if (v > 1 && (pp * v > a->n_layers || nm % pp || a->n_layers % (pp * v))) continue;
                                 for (int rc = 0; rc <= 2; rc++) {
                                     nl_layout L = {dp, tp, pp, cp, ep, (nl_zero)z, mb, nm, v, (nl_recompute)rc, tp > 1};
                                     if ((q->fix.dp > 0 && dp != q->fix.dp) || (q->fix.tp > 0 && tp != q->fix.tp) ||
@@ -395,6 +449,14 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
     }
     if (r->n == 0) {
         nl_plan_train_free(r);
+        if (q->fix.zero_plus1 > 1 && saw_zero_dp1)
+            return nl_fail(NL_ERR_INVALID, "ZeRO stage %s shards over data-parallel ranks, but the fixed layout leaves "
+                           "dp = 1 on %lld GPUs: use --zero 0 or more GPUs", nl_zero_name((nl_zero)(q->fix.zero_plus1 - 1)),
+                           (long long)q->gpus);
+        if (q->fix.micro_batch > 0 && saw_mb)
+            return nl_fail(NL_ERR_INVALID, "micro-batch %lld does not divide the global batch of %lld sequences per "
+                           "data-parallel rank on any layout of %lld GPUs", (long long)q->fix.micro_batch,
+                           (long long)q->global_batch, (long long)q->gpus);
         if (!saw_decomp)
             return nl_fail(NL_ERR_INVALID,
                            "no layout can use %lld GPUs: the global batch of %lld sequences is not a multiple of any "

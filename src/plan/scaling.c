@@ -1,5 +1,6 @@
 /* Scaling laws: compute-optimal allocation, over-training, the Chinchilla frontier picture. */
 #include "nanolm/scaling.h"
+#include "nanolm/linfit.h"
 #include "nanolm/svg.h"
 
 #include <math.h>
@@ -51,15 +52,16 @@ static const double table3[][3] = {
 };
 
 static void lsq_loglog(int col, nl_powerlaw *out) {
-    size_t n = sizeof table3 / sizeof table3[0];
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    for (size_t i = 0; i < n; i++) {
-        double x = log(table3[i][1]), y = log(table3[i][col]);
-        sx += x; sy += y; sxx += x * x; sxy += x * y;
+    enum { N = sizeof table3 / sizeof table3[0] };
+    double x[N], y[N];
+    for (size_t i = 0; i < N; i++) {
+        x[i] = log(table3[i][1]);
+        y[i] = log(table3[i][col]);
     }
-    double a = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-    out->a = a;
-    out->k = exp((sy - a * sx) / n);
+    nl_linfit f = {0};
+    nl_linfit_fit(x, y, NULL, N, &f); /* fixed table: the FLOPs spread, the fit cannot fail */
+    out->a = f.slope;
+    out->k = exp(f.intercept);
 }
 
 void nl_scaling_approach1(nl_powerlaw *n_of_c, nl_powerlaw *d_of_c) {

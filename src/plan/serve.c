@@ -13,7 +13,9 @@ void nl_serve_req_default(nl_serve_req *q) {
     q->prompt = 2000;
     q->output = 500;
     q->batch = 32;
-    q->prefill_mfu = 0.5; /* the course's assumption for a long prefill */
+    q->prefill_mfu = 0;   /* 0: the GPU's GEMM efficiency (catalog gemm_eff); the course says 0.5 */
+    q->kernel_s = 5e-6;   /* per kernel launch, as plan train */
+    q->kernels_per_layer = 20;
     q->weight_bytes = 2;
     q->kv_bytes = 2;
     q->chunk = 256;
@@ -23,14 +25,19 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     memset(o, 0, sizeof *o);
     const nl_arch *a = &q->arch;
     const nl_hw *hw = &q->hw;
-    if (q->tp < 1 || q->batch < 1 || !(q->prompt >= 1) || !(q->output >= 1) || !(q->prefill_mfu > 0) ||
-        q->prefill_mfu > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0)
+    if (q->tp < 1 || q->batch < 1 || !(q->prompt >= 1) || !(q->output >= 1) || !(q->prefill_mfu >= 0) ||
+        q->prefill_mfu > 1 || !(q->kernel_s >= 0) || !(q->kernels_per_layer >= 0) || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0)
         return nl_fail(NL_ERR_INVALID, "serve: tp, batch, prompt, output must be >= 1, prefill MFU in (0, 1]");
     if (a->n_heads % q->tp)
         return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp, (long long)a->n_heads);
     nl_arch_params p;
     nl_arch_count_params(a, &p);
-    double tp = (double)q->tp, P = hw->flops_bf16, B = (double)q->batch;
+    /* FP8 serving runs its GEMMs at the fp8 peak (TensorRT-LLM's FP8 engines). */
+    double tp = (double)q->tp, P = q->fp8 ? hw->flops_fp8 : hw->flops_bf16, B = (double)q->batch;
+    double mfu = q->prefill_mfu > 0 ? q->prefill_mfu : hw->gemm_eff > 0 ? hw->gemm_eff : 0.6;
+    /* Each forward pass launches kernels_per_layer kernels per layer (norms, projections,
+     * attention, activation, residual adds): a fixed cost a decode step cannot hide. */
+    double launch = (double)a->n_layers * q->kernels_per_layer * q->kernel_s;
     o->params = (double)p.total;
     o->matmul_params = nl_plan_matmul_params(a);
     int span = (double)q->tp > (double)hw->gpus_per_node;
@@ -40,7 +47,9 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * the causal attention scores; at prefill_mfu of peak on tp GPUs. */
     o->prefill_flops = 2 * o->matmul_params * q->prompt + q->prompt * nl_plan_attn_flops_per_token(a, q->prompt);
     double prefill_comm = q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, q->prompt * D * 2, span) : 0;
-    o->prefill_s = o->prefill_flops / (tp * P * q->prefill_mfu) + prefill_comm;
+    double wread = o->params * q->weight_bytes / (tp * hw->hbm_bw);
+    o->prefill_s = fmax(o->prefill_flops / (tp * P * mfu), wread) + prefill_comm + launch;
+    o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfu), wread) + B * prefill_comm + launch;
 
     o->kv_bytes_per_token = nl_plan_kv_bytes_per_token(a, q->kv_bytes);
     o->prompt_kv_bytes = q->prompt * o->kv_bytes_per_token;
@@ -51,7 +60,7 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->weight_read_s = o->params * q->weight_bytes / (tp * hw->hbm_bw);
     o->kv_read_s = B * ctx * o->kv_bytes_per_token / (tp * hw->hbm_bw);
     o->decode_mem_s = o->weight_read_s + o->kv_read_s;
-    o->decode_compute_s = (2 * o->matmul_params * B + B * 2 * nl_plan_attn_flops_per_token(a, ctx)) / (tp * P);
+    o->decode_compute_s = (2 * o->matmul_params * B + B * 2 * nl_plan_attn_flops_per_token(a, ctx)) / (tp * P * mfu);
     o->decode_step_s = fmax(o->decode_mem_s, o->decode_compute_s);
     /* Two all-reduces per layer (after attention, after the MLP) of B x D activations. */
     if (q->tp > 1) {
@@ -60,7 +69,7 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
         o->tp_comm_s = o->tp_allreduces * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, o->tp_allreduce_bytes, span);
         o->tp_comm_latency_s = o->tp_allreduces * hw->latency_s;
     }
-    o->decode_step_total_s = o->decode_step_s + o->tp_comm_s;
+    o->decode_step_total_s = o->decode_step_s + o->tp_comm_s + launch;
     o->ttft_s = o->prefill_s;
     o->tpot_s = o->decode_step_total_s;
     o->stall_steps = o->prefill_s / o->decode_step_total_s;

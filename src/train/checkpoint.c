@@ -1,6 +1,8 @@
 /* NanoLM checkpoints: safetensors with HF Llama names + training state (see nanolm/checkpoint.h). */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +12,7 @@
 #include "nanolm/llama2c.h"
 #include "nanolm/safetensors.h"
 
-static const char *prec_name(nl_precision p) {
+const char *nl_precision_name(nl_precision p) {
     return p == NL_PREC_BF16 ? "bf16" : p == NL_PREC_FP16 ? "fp16" : "fp32";
 }
 
@@ -32,7 +34,7 @@ nl_status nl_ckpt_save(const char *path, const nl_model *m, const char *tokenize
         cJSON *o = cJSON_CreateObject();
         char buf[32];
         cJSON_AddNumberToObject(o, "step", (double)st->step);
-        cJSON_AddStringToObject(o, "precision", prec_name(st->precision));
+        cJSON_AddStringToObject(o, "precision", nl_precision_name(st->precision));
         cJSON *rng = cJSON_AddArrayToObject(o, "rng");
         for (int k = 0; k < 4; k++) {
             snprintf(buf, sizeof buf, "%" PRIu64, st->rng.s[k]);
@@ -49,6 +51,13 @@ nl_status nl_ckpt_save(const char *path, const nl_model *m, const char *tokenize
         cJSON_AddNumberToObject(sc, "good_steps", (double)st->scaler.good_steps);
         cJSON_AddNumberToObject(sc, "skipped", (double)st->scaler.skipped);
         cJSON_AddNumberToObject(sc, "growth_interval", (double)st->scaler.growth_interval);
+        cJSON *run = cJSON_AddObjectToObject(o, "run");
+        cJSON_AddNumberToObject(run, "mup_base_dim", (double)st->run.mup_base_dim);
+        cJSON_AddNumberToObject(run, "loss_scaling", st->run.loss_scaling);
+        cJSON_AddStringToObject(run, "qat", st->run.qat);
+        cJSON_AddStringToObject(run, "fp8", st->run.fp8);
+        cJSON_AddStringToObject(run, "schedule", st->run.schedule[0] ? st->run.schedule : "cosine");
+        cJSON_AddNumberToObject(run, "warmup", (double)st->run.warmup);
         tj = cJSON_PrintUnformatted(o);
         cJSON_Delete(o);
         rc = nl_st_writer_meta(&w, "nanolm.train", tj);
@@ -169,48 +178,179 @@ nl_status nl_ckpt_load_model(const char *path, nl_model *m, char *tokenizer) {
     return rc;
 }
 
+/* ---- training state: parse and validate ------------------------------------------------------ */
+
+/* An integer field in [lo, hi] (a JSON number with no fraction). */
+static nl_status get_int(const char *src, const cJSON *obj, const char *field, const char *name, int64_t lo,
+                         int64_t hi, int64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, field);
+    if (!cJSON_IsNumber(v))
+        return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is missing or not a number", src, name);
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d) || d < (double)lo || d > (double)hi)
+        return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is %.17g, expected an integer in [%lld, %lld]", src, name, d,
+                       (long long)lo, (long long)hi);
+    *out = (int64_t)d;
+    return NL_OK;
+}
+
+/* A finite float field in [lo, hi] (hi_open: < hi). */
+static nl_status get_float(const char *src, const cJSON *obj, const char *field, const char *name, double lo,
+                           double hi, int hi_open, float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, field);
+    if (!cJSON_IsNumber(v))
+        return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is missing or not a number", src, name);
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < lo || d > hi || (hi_open && d >= hi) || !isfinite((float)d))
+        return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is %.17g, expected a finite number in [%g, %g%s", src, name,
+                       d, lo, hi, hi_open ? ")" : "]");
+    *out = (float)d;
+    return NL_OK;
+}
+
+/* A string field copied into out (cap bytes); missing -> def. */
+static nl_status get_str(const char *src, const cJSON *obj, const char *field, const char *name, const char *def,
+                         char *out, size_t cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, field);
+    if (!v) {
+        snprintf(out, cap, "%s", def);
+        return NL_OK;
+    }
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap)
+        return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is not a string of at most %zu characters", src, name, cap - 1);
+    snprintf(out, cap, "%s", v->valuestring);
+    return NL_OK;
+}
+
+#define NL_MAX_EXACT_STEP ((int64_t)1 << 53) /* integers a JSON double holds exactly */
+
+nl_status nl_ckpt_state_parse(const char *src, const char *json, nl_ckpt_state *st) {
+    cJSON *o = json ? cJSON_Parse(json) : NULL;
+    if (!o) return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train is not valid JSON", src);
+    nl_status rc = NL_OK;
+    if (!cJSON_IsObject(o)) {
+        rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train is not a JSON object", src);
+        goto done;
+    }
+    int64_t v;
+    if ((rc = get_int(src, o, "step", "step", 0, NL_MAX_EXACT_STEP, &st->step))) goto done;
+    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(o, "rng");
+    if (!cJSON_IsArray(rng) || cJSON_GetArraySize(rng) != 4) {
+        rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train rng is not an array of 4 strings", src);
+        goto done;
+    }
+    uint64_t any = 0;
+    for (int k = 0; k < 4; k++) {
+        const cJSON *e = cJSON_GetArrayItem(rng, k);
+        const char *s = cJSON_IsString(e) ? e->valuestring : NULL;
+        char *end = NULL;
+        errno = 0;
+        unsigned long long u = s && s[0] >= '0' && s[0] <= '9' ? strtoull(s, &end, 10) : 0;
+        if (!s || !end || *end || errno || end - s > 20) {
+            rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train rng[%d] is not a decimal 64-bit unsigned integer", src, k);
+            goto done;
+        }
+        st->rng.s[k] = (uint64_t)u;
+        any |= u;
+    }
+    if (!any) { /* xoshiro's one forbidden state: it would return zeros forever */
+        rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train rng is all zero", src);
+        goto done;
+    }
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "precision");
+    if (!cJSON_IsString(pr)) {
+        rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train precision is missing or not a string", src);
+        goto done;
+    }
+    if (!strcmp(pr->valuestring, "fp32")) st->precision = NL_PREC_FP32;
+    else if (!strcmp(pr->valuestring, "bf16")) st->precision = NL_PREC_BF16;
+    else if (!strcmp(pr->valuestring, "fp16")) st->precision = NL_PREC_FP16;
+    else {
+        rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train precision \"%.40s\" is not one of fp32, bf16, fp16", src,
+                     pr->valuestring);
+        goto done;
+    }
+    const cJSON *ad = cJSON_GetObjectItemCaseSensitive(o, "adamw"), *sc = cJSON_GetObjectItemCaseSensitive(o, "scaler");
+    if (!cJSON_IsObject(ad) || !cJSON_IsObject(sc)) {
+        rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is missing or not an object", src, cJSON_IsObject(ad) ? "scaler" : "adamw");
+        goto done;
+    }
+    float b1, b2, eps, wd;
+    if ((rc = get_int(src, ad, "t", "adamw.t", 0, st->step, &v))) goto done;
+    if ((rc = get_float(src, ad, "beta1", "adamw.beta1", 0, 1, 1, &b1)) ||
+        (rc = get_float(src, ad, "beta2", "adamw.beta2", 0, 1, 1, &b2)) ||
+        (rc = get_float(src, ad, "eps", "adamw.eps", 1e-30, 1, 0, &eps)) ||
+        (rc = get_float(src, ad, "weight_decay", "adamw.weight_decay", 0, 1e6, 0, &wd)))
+        goto done;
+    (void)b1, (void)b2, (void)eps, (void)wd;
+    if (st->opt) st->opt->t = v; /* the hyper-parameters are the run's own (validated only) */
+    nl_scaler_init(&st->scaler);
+    if ((rc = get_float(src, sc, "scale", "scaler.scale", 1e-38, 3.4e38, 0, &st->scaler.scale)) ||
+        (rc = get_int(src, sc, "good_steps", "scaler.good_steps", 0, st->step, &st->scaler.good_steps)) ||
+        (rc = get_int(src, sc, "skipped", "scaler.skipped", 0, st->step, &st->scaler.skipped)) ||
+        (rc = get_int(src, sc, "growth_interval", "scaler.growth_interval", 1, NL_MAX_EXACT_STEP, &st->scaler.growth_interval)))
+        goto done;
+    /* the run block (absent in checkpoints written before it existed: defaults, warmup unknown) */
+    memset(&st->run, 0, sizeof st->run);
+    st->run.loss_scaling = 1;
+    st->run.warmup = -1;
+    snprintf(st->run.schedule, sizeof st->run.schedule, "cosine");
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(o, "run");
+    if (run) {
+        if (!cJSON_IsObject(run)) {
+            rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train run is not an object", src);
+            goto done;
+        }
+        if ((rc = get_int(src, run, "mup_base_dim", "run.mup_base_dim", 0, 1 << 20, &st->run.mup_base_dim)) ||
+            (rc = get_int(src, run, "loss_scaling", "run.loss_scaling", 0, 1, &v)))
+            goto done;
+        st->run.loss_scaling = (int)v;
+        if ((rc = get_str(src, run, "qat", "run.qat", "", st->run.qat, sizeof st->run.qat)) ||
+            (rc = get_str(src, run, "fp8", "run.fp8", "", st->run.fp8, sizeof st->run.fp8)) ||
+            (rc = get_str(src, run, "schedule", "run.schedule", "cosine", st->run.schedule, sizeof st->run.schedule)) ||
+            (rc = get_int(src, run, "warmup", "run.warmup", 0, NL_MAX_EXACT_STEP, &st->run.warmup)))
+            goto done;
+        if (strcmp(st->run.schedule, "cosine")) {
+            rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train run.schedule \"%s\" is not a known schedule (cosine)", src,
+                         st->run.schedule);
+            goto done;
+        }
+    }
+done:
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* The moments must be finite and the second one non-negative (a NaN would poison every step). */
+static nl_status check_moments(const char *path, const nl_model *m, const nl_adamw *opt) {
+    const nl_param_info *tab;
+    int nt = nl_model_params_table(m, &tab);
+    for (int k = 0; k < nt; k++)
+        for (size_t i = 0; i < tab[k].numel; i++) {
+            float a = opt->m[tab[k].offset + i], b = opt->v[tab[k].offset + i];
+            if (!isfinite(a) || !isfinite(b) || b < 0)
+                return nl_fail(NL_ERR_FORMAT, "%s: optimizer.%s.%s[%zu] is %g (moments must be finite, exp_avg_sq >= 0)",
+                               path, !isfinite(a) ? "exp_avg" : "exp_avg_sq", tab[k].name, i, (double)(!isfinite(a) ? a : b));
+        }
+    return NL_OK;
+}
+
 nl_status nl_ckpt_load_state(const char *path, const nl_model *m, nl_ckpt_state *st) {
     nl_st_file f;
     NL_TRY(nl_st_open(&f, path));
     nl_status rc = NL_OK;
     const char *tj = nl_st_meta(&f, "nanolm.train");
-    cJSON *o = tj ? cJSON_Parse(tj) : NULL;
-    if (!o) {
+    if (!tj) {
         rc = nl_fail(NL_ERR_FORMAT, "%s: no training state (__metadata__ nanolm.train); was it saved by nanolm train?", path);
         goto done;
     }
-    cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step"), *rng = cJSON_GetObjectItemCaseSensitive(o, "rng");
-    cJSON *ad = cJSON_GetObjectItemCaseSensitive(o, "adamw"), *sc = cJSON_GetObjectItemCaseSensitive(o, "scaler");
-    cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "precision");
-    if (!cJSON_IsNumber(step) || !cJSON_IsArray(rng) || cJSON_GetArraySize(rng) != 4 || !cJSON_IsObject(ad) ||
-        !cJSON_IsObject(sc) || !cJSON_IsString(pr)) {
-        rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train is missing step, rng, adamw, scaler or precision", path);
-        goto done;
-    }
-    st->step = (int64_t)step->valuedouble;
-    for (int k = 0; k < 4; k++) {
-        cJSON *e = cJSON_GetArrayItem(rng, k);
-        if (!cJSON_IsString(e)) {
-            rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train rng[%d] is not a string", path, k);
-            goto done;
-        }
-        st->rng.s[k] = strtoull(e->valuestring, NULL, 10);
-    }
-    st->precision = !strcmp(pr->valuestring, "bf16") ? NL_PREC_BF16 : !strcmp(pr->valuestring, "fp16") ? NL_PREC_FP16 : NL_PREC_FP32;
-    cJSON *v;
+    if ((rc = nl_ckpt_state_parse(path, tj, st))) goto done;
     if (st->opt) {
-        if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(ad, "t"))) st->opt->t = (int64_t)v->valuedouble;
         rc = load_params(&f, (nl_model *)m, "optimizer.exp_avg.", st->opt->m);
         if (!rc) rc = load_params(&f, (nl_model *)m, "optimizer.exp_avg_sq.", st->opt->v);
-        if (rc) goto done;
+        if (!rc) rc = check_moments(path, m, st->opt);
     }
-    nl_scaler_init(&st->scaler);
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(sc, "scale"))) st->scaler.scale = (float)v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(sc, "good_steps"))) st->scaler.good_steps = (int64_t)v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(sc, "skipped"))) st->scaler.skipped = (int64_t)v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(sc, "growth_interval"))) st->scaler.growth_interval = (int64_t)v->valuedouble;
 done:
-    cJSON_Delete(o);
     nl_st_close(&f);
     return rc;
 }

@@ -52,7 +52,7 @@ static void mup_backward(void *user, const nl_linear_site *site, float *din, flo
 
 nl_status nl_mup_init(nl_mup *mu, nl_model *m, struct nl_adamw *opt, int64_t base_dim, int rescale_init) {
     memset(mu, 0, sizeof *mu);
-    if (base_dim <= 0) return nl_fail(NL_ERR_INVALID, "--mup-base %lld must be positive", (long long)base_dim);
+    if (base_dim <= 0) return nl_fail(NL_ERR_INVALID, "muP base width %lld must be positive", (long long)base_dim);
     if (m->precision != NL_PREC_FP32) return nl_fail(NL_ERR_INVALID, "muP is implemented for fp32 training only");
     if (m->linear_ops) return nl_fail(NL_ERR_INVALID, "muP: the model already has a linear hook installed");
     mu->base_dim = base_dim;
@@ -120,7 +120,6 @@ nl_status nl_lr_sweep(const nl_data *d, const int64_t *widths, int n_w, const do
             o.warmup = steps / 10 > 0 ? steps / 10 : 1;
             o.eval_every = 0;
             o.eval_windows = 1;
-            o.quiet = 1;
             o.seed = seed;
             o.mup_base_dim = base_dim;
             nl_trainer t;

@@ -24,39 +24,48 @@ void nl_adamw_free(nl_adamw *opt) {
 
 size_t nl_adamw_bytes(const nl_adamw *opt) { return 2 * opt->n * sizeof(float); }
 
-void nl_adamw_step(nl_adamw *opt, nl_model *m, float lr) {
-    opt->t++;
+void nl_adamw_update_range(const nl_adamw *opt, const nl_model *m, float lr, size_t g0, size_t n, float *p,
+                           const float *g, float *mm, float *vv) {
     float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
     /* bias corrections in double, as PyTorch computes them on Python floats */
     double bc1 = 1.0 - pow((double)b1, (double)opt->t), bc2 = 1.0 - pow((double)b2, (double)opt->t);
     float step_size0 = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
     const nl_param_info *tab;
     int nt = nl_model_params_table(m, &tab);
-    /* one OpenMP region for all tensors: each tensor's elements split over the threads, no
-     * barrier between tensors (the updates are elementwise) */
+    size_t g1 = g0 + n;
+    /* one OpenMP region for all tensors: each tensor's part of the range split over the threads,
+     * no barrier between tensors (the updates are elementwise) */
 #pragma omp parallel
     for (int k = 0; k < nt; k++) {
+        size_t lo = tab[k].offset > g0 ? tab[k].offset : g0;
+        size_t hi = tab[k].offset + tab[k].numel < g1 ? tab[k].offset + tab[k].numel : g1;
+        if (lo >= hi) continue;
         float lrk = opt->lr_mult ? lr * opt->lr_mult[k] : lr; /* muP: per-tensor learning rate */
         float decay = tab[k].ndim == 2 ? 1.0f - lrk * opt->weight_decay : 1.0f;
         float step_size = opt->lr_mult ? (float)((double)lrk / bc1) : step_size0;
-        float *p = m->params + tab[k].offset, *g = m->grads + tab[k].offset;
-        float *mm = opt->m + tab[k].offset, *vv = opt->v + tab[k].offset;
-        int64_t n = (int64_t)tab[k].numel;
+        float *pk = p + (lo - g0), *mk = mm + (lo - g0), *vk = vv + (lo - g0);
+        const float *gk = g + (lo - g0);
+        int64_t cnt = (int64_t)(hi - lo);
 #pragma omp for simd schedule(static) nowait
-        for (int64_t i = 0; i < n; i++) {
-            p[i] *= decay;
-            mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
-            vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
-            float denom = sqrtf(vv[i]) / bc2_sqrt + eps;
-            p[i] -= step_size * (mm[i] / denom);
+        for (int64_t i = 0; i < cnt; i++) {
+            pk[i] *= decay;
+            mk[i] = b1 * mk[i] + (1.0f - b1) * gk[i];
+            vk[i] = b2 * vk[i] + (1.0f - b2) * gk[i] * gk[i];
+            float denom = sqrtf(vk[i]) / bc2_sqrt + eps;
+            pk[i] -= step_size * (mk[i] / denom);
         }
     }
 }
 
-double nl_grad_norm(const nl_model *m) {
+void nl_adamw_step(nl_adamw *opt, nl_model *m, float lr) {
+    opt->t++;
+    nl_adamw_update_range(opt, m, lr, 0, m->n_params, m->params, m->grads, opt->m, opt->v);
+}
+
+double nl_sumsq(const float *g, size_t n_) {
     double ss = 0.0;
     /* fixed-size chunks so the sum does not depend on the thread count */
-    const int64_t chunk = 4096, n = (int64_t)m->n_params, nchunks = (n + chunk - 1) / chunk;
+    const int64_t chunk = 4096, n = (int64_t)n_, nchunks = (n + chunk - 1) / chunk;
     for (int64_t c0 = 0; c0 < nchunks; c0 += 256) {
         double part[256];
         int64_t cn = nchunks - c0 < 256 ? nchunks - c0 : 256;
@@ -65,7 +74,6 @@ double nl_grad_norm(const nl_model *m) {
             int64_t lo = (c0 + c) * chunk, hi = lo + chunk < n ? lo + chunk : n;
             /* 16 partial sums (i mod 16), added in order: the loop vectorizes, and the sum
              * order still depends only on n */
-            const float *g = m->grads;
             double lane[16] = {0}, s = 0.0;
             int64_t i = lo;
             for (; i + 16 <= hi; i += 16)
@@ -76,7 +84,14 @@ double nl_grad_norm(const nl_model *m) {
         }
         for (int64_t c = 0; c < cn; c++) ss += part[c];
     }
-    return sqrt(ss);
+    return ss;
+}
+
+double nl_grad_norm(const nl_model *m) { return sqrt(nl_sumsq(m->grads, m->n_params)); }
+
+float nl_clip_factor(double norm, double max_norm) {
+    if (max_norm > 0 && isfinite(norm) && norm > max_norm) return (float)(max_norm / (norm + 1e-6));
+    return 1.0f;
 }
 
 void nl_grad_scale(nl_model *m, float s) {
@@ -87,7 +102,8 @@ void nl_grad_scale(nl_model *m, float s) {
 
 double nl_grad_clip(nl_model *m, double max_norm) {
     double norm = nl_grad_norm(m);
-    if (max_norm > 0 && isfinite(norm) && norm > max_norm) nl_grad_scale(m, (float)(max_norm / (norm + 1e-6)));
+    float f = nl_clip_factor(norm, max_norm);
+    if (f != 1.0f) nl_grad_scale(m, f);
     return norm;
 }
 

@@ -146,3 +146,16 @@ nl_status nl_qat_rtn_inplace(nl_model *m, const nl_quant_spec *spec) {
     }
     return NL_OK;
 }
+
+nl_qat_recovery nl_qat_recovered(double fp32_start, double rtn_start, double qat_end, double fp32_end) {
+    nl_qat_recovery r = {.rtn_delta = rtn_start - fp32_start, .fp32_drift = fp32_end - fp32_start, .fraction = NAN};
+    if (!isfinite(fp32_start) || !isfinite(rtn_start) || !isfinite(qat_end) || !isfinite(fp32_end))
+        r.why = "a validation loss is not finite";
+    else if (r.rtn_delta < NL_QAT_MIN_RTN_DELTA)
+        r.why = "RTN does not raise the loss at the start, so there is nothing to recover";
+    else if (fabs(r.fp32_drift) > r.rtn_delta)
+        r.why = "training moved the fp32 loss by more than RTN's delta (start from trained weights)";
+    else
+        r.fraction = (rtn_start - qat_end) / r.rtn_delta;
+    return r;
+}

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "nanolm/data.h"
+#include "nanolm/linfit.h"
 #include "nanolm/sweep.h"
 #include "nanolm/tokenizer.h"
 #include "nanolm/train.h"
@@ -66,7 +67,7 @@ nl_status nl_sweep_grid_preset(const char *name, nl_sweep_grid *g) {
         g->val_windows = 16;
         g->checkpoints = 4;
     } else {
-        return nl_fail(NL_ERR_INVALID, "unknown --grid '%s' (known: default, small, tiny)", name);
+        return nl_fail(NL_ERR_INVALID, "unknown sweep grid '%s' (known: default, small, tiny)", name);
     }
     snprintf(g->name, sizeof g->name, "%s", name);
     return NL_OK;
@@ -258,6 +259,7 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
     snprintf(runs, sizeof runs, "%s/runs", dir);
     if (mkdir(dir, 0755) && errno != EEXIST) return nl_fail(NL_ERR_IO, "%s: %s", dir, strerror(errno));
     if (mkdir(runs, 0755) && errno != EEXIST) return nl_fail(NL_ERR_IO, "%s: %s", runs, strerror(errno));
+    NL_TRY(nl_check_writable(csv, "the sweep's results")); /* before any run trains */
     {
         nl_sweep_row *rows; /* fail early on an unreadable CSV */
         int n_rows;
@@ -327,7 +329,6 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
         o.eval_every = g->checkpoints > 0 && steps / g->checkpoints > 0 ? steps / g->checkpoints : steps;
         o.eval_windows = 4; /* quick validations at checkpoints; the final one is below */
         o.out = ckpt;
-        o.quiet = 1;
         o.seed = 1000 + (uint64_t)si;
         int resumed = file_exists(ckpt);
         o.resume = resumed ? ckpt : NULL;
@@ -429,19 +430,6 @@ static int fit_budget(const double *x, const double *y, int n, nl_isoflop_budget
     return 0;
 }
 
-static int line_fit(const double *x, const double *y, int n, double *slope, double *icpt) {
-    double mx = 0, my = 0;
-    for (int i = 0; i < n; i++) { mx += x[i]; my += y[i]; }
-    mx /= n;
-    my /= n;
-    double sxx = 0, sxy = 0;
-    for (int i = 0; i < n; i++) { sxx += (x[i] - mx) * (x[i] - mx); sxy += (x[i] - mx) * (y[i] - my); }
-    if (!(sxx > 0)) return 1;
-    *slope = sxy / sxx;
-    *icpt = my - *slope * mx;
-    return 0;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -492,11 +480,14 @@ nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const 
         if (!fit_budget(x, y, m, &out->b[k])) { valid[k] = 1; ln_c[nv] = log(cs[k]); ln_n[nv] = log(out->b[k].n_opt); nv++; }
     }
     nl_status rc = NL_OK;
-    if (nv < 2 || line_fit(ln_c, ln_n, nv, &out->a, &out->log_k)) {
+    nl_linfit lf;
+    if (nv < 2 || nl_linfit_fit(ln_c, ln_n, NULL, (size_t)nv, &lf)) {
         rc = nl_fail(NL_ERR_INVALID, "approach 2: only %d of %d budgets have a loss minimum (a parabola opening upwards over >= 3 sizes); need 2",
                      nv, nb);
         goto done;
     }
+    out->a = lf.slope;
+    out->log_k = lf.intercept;
     nl_rng rng;
     nl_rng_seed(&rng, seed);
     int used = 0;
@@ -521,8 +512,8 @@ nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const 
                 nl_isoflop_budget bb;
                 if (distinct >= 3 && !fit_budget(x, y, m, &bb)) { ln_c[nv2] = log(cs[k]); ln_n[nv2] = log(bb.n_opt); nv2++; }
             }
-            double s, ic;
-            if (nv2 == nv && !line_fit(ln_c, ln_n, nv2, &s, &ic)) { boot[used++] = s; ok = 1; }
+            nl_linfit bl;
+            if (nv2 == nv && !nl_linfit_fit(ln_c, ln_n, NULL, (size_t)nv2, &bl)) { boot[used++] = bl.slope; ok = 1; }
         }
     }
     out->boot_used = used;

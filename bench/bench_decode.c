@@ -1,0 +1,190 @@
+/* bench_decode: decode at the memory-bandwidth limit, and what batching adds.
+ *
+ * Measured in the same run: (1) the machine's streaming read bandwidth (a 512 MiB buffer, far
+ * larger than the caches, summed with 1 and 2 threads; median of 5); (2) single-stream decode
+ * tokens/s of an 85M-parameter llama2.c-shaped model (dim 768, 12 layers, 12 heads, hidden 2048,
+ * vocab 512, seq_len 1024, random weights) through the serving engine, at 1 and 2 threads, for
+ * fp32, bf16 and int8 weights, printed as the share of the roofline:
+ *     share = bytes read per token x tokens/s / read bandwidth (same thread count)
+ * where bytes per token = the weights of every linear and the classifier as stored + the
+ * token's embedding row + the K and V read by attention (at the mean decode position);
+ * (3) total tokens/s of 1, 8 and 32 concurrent streams (fp32, 2 threads), as a ratio to one.
+ * Targets (issue 15): share >= 0.80 for fp32 and bf16, >= 0.60 for int8, at 1 and 2 threads;
+ * 8 streams >= 5x one stream, 32 streams >= 8x.
+ * Run with OMP_WAIT_POLICY=active (scripts/bench.sh does so for this benchmark): the engine
+ * opens ~100 parallel regions per token, and sleeping threads take longer to wake than a
+ * region of the 2-thread decode lasts. */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nanolm/base.h"
+#include "nanolm/engine.h"
+#include "nanolm/model.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static volatile float sink;
+
+/* Streaming read of n floats with `threads` threads; GB/s (1e9 bytes), median of 5. */
+static double read_bandwidth(const float *buf, size_t n, int threads) {
+    double t[5];
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = nl_time_s(), total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+        {
+            float acc[32] = {0};
+#pragma omp for schedule(static)
+            for (size_t i = 0; i < n; i += 32)
+                for (int j = 0; j < 32; j++) acc[j] += buf[i + j];
+            for (int j = 0; j < 32; j++) total += acc[j];
+        }
+        t[rep] = nl_time_s() - t0;
+        sink = (float)total;
+    }
+    return (double)n * sizeof(float) / median(t, 5) / 1e9;
+}
+
+static void make_model(nl_model *m) {
+    nl_arch a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.name, sizeof a.name, "llama2c-85m");
+    a.vocab_size = 512;
+    a.dim = 768;
+    a.n_layers = 12;
+    a.n_heads = 12;
+    a.n_kv_heads = 12;
+    a.hidden_dim = 2048;
+    a.seq_len = 1024;
+    a.rope_theta = 10000;
+    a.norm_eps = 1e-5;
+    a.tied_embeddings = 1;
+    if (nl_model_init(m, &a)) {
+        fprintf(stderr, "bench_decode: %s\n", nl_last_error());
+        exit(1);
+    }
+    nl_model_init_random(m, 1);
+}
+
+enum { PROMPT = 16, GEN = 64 };
+
+/* Runs `streams` requests of PROMPT prompt tokens and GEN new tokens each to the end. Returns
+ * tokens/s of decoding: for one stream, the decode steps alone (the prompt's prefill step is
+ * not timed); for several, all generated tokens over the whole run (prefill included). */
+static double run_streams(nl_engine *e, int streams) {
+    int32_t prompt[PROMPT];
+    uint64_t ids[64];
+    nl_sampling s;
+    nl_sampling_default(&s);
+    s.temperature = 0;
+    s.max_tokens = GEN;
+    s.ignore_eos = 1;
+    for (int i = 0; i < streams; i++) {
+        for (int j = 0; j < PROMPT; j++) prompt[j] = (int32_t)((i * 31 + j * 7) % 512);
+        if (nl_engine_submit(e, prompt, PROMPT, &s, &ids[i])) {
+            fprintf(stderr, "bench_decode: %s\n", nl_last_error());
+            exit(1);
+        }
+    }
+    nl_engine_stats st0, st1;
+    if (streams == 1) nl_engine_step(e, NULL); /* the prefill step (and its first token) */
+    nl_engine_stats_get(e, &st0);
+    double t0 = nl_time_s();
+    while (nl_engine_busy(e))
+        if (nl_engine_step(e, NULL)) {
+            fprintf(stderr, "bench_decode: %s\n", nl_last_error());
+            exit(1);
+        }
+    double dt = nl_time_s() - t0;
+    nl_engine_stats_get(e, &st1);
+    for (int i = 0; i < streams; i++) nl_engine_release(e, ids[i]);
+    return (double)(st1.tokens_generated - st0.tokens_generated) / dt;
+}
+
+static nl_engine *open_engine(const nl_model *m, nl_wfmt f, int threads, int batch) {
+    nl_engine_opts o;
+    nl_engine_opts_default(&o);
+    o.weights = f;
+    o.threads = threads;
+    o.max_batch = batch;
+    o.kv_blocks = (int64_t)batch * ((PROMPT + GEN + 16) / 16 + 1);
+    nl_engine *e;
+    if (nl_engine_open_model(&e, m, NULL, &o)) {
+        fprintf(stderr, "bench_decode: %s\n", nl_last_error());
+        exit(1);
+    }
+    return e;
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const size_t nbuf = (size_t)512 << 20 >> 2; /* 512 MiB of floats */
+    float *buf = nl_malloc(nbuf * sizeof(float), "bandwidth buffer");
+    if (!buf) return 1;
+    for (size_t i = 0; i < nbuf; i++) buf[i] = (float)(i & 1023);
+    double bw[3] = {0, read_bandwidth(buf, nbuf, 1), read_bandwidth(buf, nbuf, 2)};
+    nl_free(buf);
+    printf("read bandwidth (512 MiB, median of 5): 1 thread %.1f GB/s, 2 threads %.1f GB/s\n", bw[1], bw[2]);
+
+    nl_model m;
+    make_model(&m);
+    const int64_t kvd = m.KVH * m.hd;
+    /* K and V of every layer at the mean position of the timed decode steps, fp32 */
+    const double kv_bytes = (double)m.L * 2 * (double)kvd * 4 * (PROMPT + 1 + (GEN - 1) / 2.0);
+    printf("model: %lld parameters (dim %lld, %lld layers, %lld heads, hidden %lld, vocab %lld, seq_len %lld)\n",
+           (long long)m.n_params, (long long)m.C, (long long)m.L, (long long)m.NH, (long long)m.H, (long long)m.V,
+           (long long)m.arch.seq_len);
+    printf("single stream: prompt %d, %d greedy tokens, decode steps timed, median of 3\n", PROMPT, GEN);
+    printf("%-7s %-8s %12s %14s %12s %10s %8s\n", "weights", "threads", "MB/token", "roofline tok/s", "tok/s", "share",
+           "target");
+    int fail = 0;
+    double one_stream_fp32_2t = 0;
+    for (int f = NL_WFMT_FP32; f < NL_WFMT_COUNT; f++)
+        for (int th = 1; th <= 2; th++) {
+            nl_set_threads(th);
+            nl_engine *e = open_engine(&m, (nl_wfmt)f, th, 1);
+            nl_engine_stats st;
+            nl_engine_stats_get(e, &st);
+            double bytes = (double)st.weight_bytes + (double)m.C * 4 + kv_bytes;
+            double t[3];
+            run_streams(e, 1); /* warm-up: page in the weights */
+            for (int r = 0; r < 3; r++) t[r] = run_streams(e, 1);
+            double tps = median(t, 3), roof = bw[th] * 1e9 / bytes, share = tps / roof;
+            double target = f == NL_WFMT_INT8 ? 0.60 : 0.80;
+            printf("%-7s %-8d %12.1f %14.1f %12.1f %10.2f %8.2f%s\n", nl_wfmt_name((nl_wfmt)f), th, bytes / 1e6, roof, tps,
+                   share, target, share >= target ? "" : "  (below target)");
+            if (f == NL_WFMT_FP32 && th == 2) one_stream_fp32_2t = tps;
+            fail |= share < target;
+            nl_engine_close(e);
+        }
+
+    printf("\nconcurrent streams (fp32, 2 threads; prompt %d, %d tokens each; all generated tokens over one run)\n",
+           PROMPT, GEN);
+    printf("%-8s %12s %16s %8s\n", "streams", "tok/s", "x one stream", "target");
+    nl_set_threads(2);
+    double base = 0;
+    const int conc[3] = {1, 8, 32};
+    for (int k = 0; k < 3; k++) {
+        nl_engine *e = open_engine(&m, NL_WFMT_FP32, 2, conc[k]);
+        double tps = run_streams(e, conc[k]); /* the fp32 weights are paged in already */
+        if (k == 0) base = tps;
+        double target = conc[k] == 8 ? 5.0 : conc[k] == 32 ? 8.0 : 1.0;
+        printf("%-8d %12.1f %16.2f %8.1f%s\n", conc[k], tps, tps / base, target,
+               tps / base >= target ? "" : "  (below target)");
+        fail |= tps / base < target;
+        nl_engine_close(e);
+    }
+    printf("(one stream with its prefill timed: %.1f tok/s; decode steps alone, above: %.1f tok/s)\n", base,
+           one_stream_fp32_2t);
+    nl_model_free(&m);
+    return fail ? 1 : 0;
+}

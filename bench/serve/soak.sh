@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Soak run of `nanolm serve` (not part of `make bench`: minutes long): REQUESTS requests (default
+# 2000) at concurrency CONC (default 64) with random prompt (8..256 tokens) and output (8..128)
+# lengths on stories260K. Passes when no request failed, the KV pool is back to 0 blocks used
+# with nothing running or waiting, and the server's resident memory after the run is within 10%
+# (+ 8 MiB) of what it was after a warm-up of the same load. Usage: bench/serve/soak.sh [BUILD]
+set -euo pipefail
+build=${1:-${NANOLM_BUILD:-build}}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+data="$root/data/stories260K"
+requests=${REQUESTS:-2000}
+conc=${CONC:-64}
+tmp=$(mktemp -d)
+pid=
+cleanup() { [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+OMP_NUM_THREADS=2 "$build/nanolm" serve --ckpt "$data/stories260K.bin" --tokenizer "$data/tok512.bin" --port 0 \
+  --port-file "$tmp/port" --max-batch 64 --max-waiting 512 2>"$tmp/log" &
+pid=$!
+for _ in $(seq 600); do [[ -s $tmp/port ]] && break; sleep 0.1; done
+url="http://127.0.0.1:$(cat "$tmp/port")"
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$pid/status"; }
+metric() { curl -s "$url/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+load() {
+  "$build/nanolm" bench serve --url "$url" --requests "$1" --concurrency "$conc" --prompt-len 8 --prompt-len-max 256 \
+    --output-len 8 --output-len-max 128 --temperature 1 --seed "$2" --json
+}
+echo "soak: warm-up ($conc requests)"
+load "$conc" 7 >"$tmp/warm.json"
+rss0=$(rss)
+echo "soak: $requests requests at concurrency $conc (RSS after warm-up ${rss0} KiB)"
+start=$(date +%s)
+load "$requests" 11 >"$tmp/soak.json" || true
+[[ -n ${SOAK_JSON:-} ]] && cp "$tmp/soak.json" "$SOAK_JSON"
+end=$(date +%s)
+rss1=$(rss)
+failed=$(sed -n 's/.*"failed":[[:space:]]*\([0-9]*\).*/\1/p' "$tmp/soak.json")
+ok=$(sed -n 's/.*"ok":[[:space:]]*\([0-9]*\).*/\1/p' "$tmp/soak.json")
+tps=$(sed -n 's/.*"output_tokens_per_s":[[:space:]]*\([0-9.eE+-]*\).*/\1/p' "$tmp/soak.json")
+sleep 1
+used=$(metric nanolm_kv_blocks_used)
+running=$(metric nanolm_requests_running)
+waiting=$(metric nanolm_requests_waiting)
+echo "soak: $ok ok, $failed failed in $((end - start)) s ($tps output tokens/s); KV blocks used $used, running $running," \
+     "waiting $waiting; RSS ${rss0} -> ${rss1} KiB"
+if [[ $failed == 0 && $used == 0 && $running == 0 && $waiting == 0 ]] &&
+   awk -v a="$rss0" -v b="$rss1" 'BEGIN{exit !(b <= a * 1.10 + 8192)}'; then
+  echo "soak: PASS"
+else
+  echo "soak: FAIL"
+  exit 1
+fi

@@ -1,0 +1,81 @@
+/*
+ * nanolm kvcache: the paged KV cache of the serving engine (vLLM's PagedAttention layout).
+ *
+ * One pool of n_blocks fixed-size blocks; a block holds the keys and values of block_size
+ * consecutive positions of one sequence for every layer:
+ *   fp32  data  (n_blocks, L, 2, block_size, KVH*hd)          K at [.., 0, ..], V at [.., 1, ..]
+ *   int8  codes (n_blocks, L, 2, block_size, KVH*hd) and scales (n_blocks, L, 2, block_size, KVH)
+ *         in the int8 KV format of nanolm/model.h (absmax per head and token, fp16 scale:
+ *         nl_kv_quantize_token).
+ * A sequence owns a block table (its blocks in position order): position p lives in block
+ * table[p / block_size], slot p % block_size. Blocks come from a free list and go back to it
+ * when the sequence finishes, is cancelled or is preempted. Not thread-safe: the engine's step
+ * thread owns the pool.
+ */
+#ifndef NANOLM_KVCACHE_H
+#define NANOLM_KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nanolm/base.h"
+#include "nanolm/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nl_kvcache {
+    int64_t L, KVH, hd, block_size, n_blocks;
+    nl_kv_dtype dtype;
+    float *f32;          /* fp32 pool (NULL for int8) */
+    int8_t *codes;       /* int8 pool codes (NULL for fp32) */
+    uint16_t *scales;    /* int8 pool fp16 scales */
+    int32_t *free_ids;   /* (n_blocks) stack of free block ids */
+    int64_t n_free;
+    size_t block_bytes;  /* bytes of one block (codes + scales for int8) */
+} nl_kvcache;
+
+/* Bytes of one block for this shape and type. */
+size_t nl_kvcache_block_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, int64_t block_size);
+/* Allocates a pool of n_blocks blocks (all free). Errors: NL_ERR_INVALID for sizes < 1 or an
+ * unknown type, NL_ERR_NOMEM naming the bytes asked for. */
+nl_status nl_kvcache_init(nl_kvcache *c, int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, int64_t block_size,
+                          int64_t n_blocks);
+/* Frees the pool; safe on a zeroed struct. */
+void nl_kvcache_free(nl_kvcache *c);
+/* Takes a free block: its id, or -1 when the pool is empty. */
+int32_t nl_kvcache_alloc(nl_kvcache *c);
+/* Returns block id to the pool. */
+void nl_kvcache_release(nl_kvcache *c, int32_t id);
+/* Blocks in use. */
+static inline int64_t nl_kvcache_used(const nl_kvcache *c) { return c->n_blocks - c->n_free; }
+
+/* fp32 K (kv = 0) or V (kv = 1) row (KVH*hd) of `slot` in block id, layer l. */
+static inline float *nl_kvcache_f32_row(const nl_kvcache *c, int32_t id, int64_t l, int kv, int64_t slot) {
+    return c->f32 + ((((int64_t)id * c->L + l) * 2 + kv) * c->block_size + slot) * c->KVH * c->hd;
+}
+/* int8 codes row (KVH*hd) and scales row (KVH) of the same. */
+static inline int8_t *nl_kvcache_codes_row(const nl_kvcache *c, int32_t id, int64_t l, int kv, int64_t slot) {
+    return c->codes + ((((int64_t)id * c->L + l) * 2 + kv) * c->block_size + slot) * c->KVH * c->hd;
+}
+static inline uint16_t *nl_kvcache_scales_row(const nl_kvcache *c, int32_t id, int64_t l, int kv, int64_t slot) {
+    return c->scales + ((((int64_t)id * c->L + l) * 2 + kv) * c->block_size + slot) * c->KVH;
+}
+
+/* Stores one token's k and v (KVH*hd each) at position pos of a sequence with block table
+ * `table`, layer l (quantized for an int8 pool). */
+void nl_kvcache_store(nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos, const float *k, const float *v);
+
+/* Causal attention of query head h of one token at position pos over positions 0..pos of a
+ * sequence (block table `table`), layer l: out (hd) of head h from q (NH*hd, RoPE applied);
+ * grouped-query heads share kv head h / (NH/KVH). scratch holds pos+1 floats. The scores,
+ * softmax and weighted sum run in position order, so the result does not depend on what else
+ * shares the step. */
+void nl_kvcache_attend_head(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos, const float *q,
+                            int64_t NH, int64_t h, float *out, float *scratch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

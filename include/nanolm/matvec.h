@@ -1,0 +1,100 @@
+/*
+ * nanolm matvec: the decode kernels. y (M, N) = x (M, K) . W^T for a weight W (N, K) stored in
+ * fp32, bf16 or int8, where M is small (1 for one stream, up to a few hundred for a batched
+ * step). Knows nothing of models.
+ *
+ * Batch 1 is a matrix-vector product whose time is reading W once: the kernels stream W row by
+ * row (AVX-512 or AVX2 with FMA, portable C otherwise) and OpenMP threads split the output rows
+ * in fixed blocks of 16. For M > 1 a tile of 4 weight rows is loaded once into the registers'
+ * reach (L1) and used for every token, 4 tokens at a time, so W is still read once per call.
+ *
+ * Batch invariance: y[m][n] is computed by the same sequence of operations whatever M is, which
+ * tokens share the call and how many threads run: each (token, row) pair has its own vector
+ * accumulator that walks k in the same order (16 lanes for AVX-512, 8 for AVX2, then the same
+ * fixed horizontal sum), and the tails of M are handled by the same per-pair code. A request's
+ * output is then bit-identical alone or batched (vLLM does not promise this; nanolm does).
+ *
+ * Formats:
+ *   FP32  W as given (borrowed or copied).
+ *   BF16  W rounded to bfloat16 (nl_bf16_from_f32 of formats.h), expanded to fp32 in registers; fp32 activations.
+ *   INT8  W8A8 with nanolm/qlinear.h: int8 codes with one fp32 absmax scale per output row, each
+ *         token quantized per row of x by absmax on the fly, int32 sums (exact, so any order
+ *         gives the same bits), one multiply by both scales. This is nl_qlinear_forward.
+ */
+#ifndef NANOLM_MATVEC_H
+#define NANOLM_MATVEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nanolm/base.h"
+#include "nanolm/qlinear.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Storage format of a decode weight. AUTO (engine options only): fp32 for an fp32 checkpoint,
+ * int8 for a quantized int8 per-channel checkpoint. */
+typedef enum nl_wfmt { NL_WFMT_AUTO = -1, NL_WFMT_FP32 = 0, NL_WFMT_BF16 = 1, NL_WFMT_INT8 = 2, NL_WFMT_COUNT } nl_wfmt;
+
+/* Kernel path of the fp32/bf16 kernels (int8 uses nl_qdot_path). */
+typedef enum nl_mv_path {
+    NL_MV_AUTO = 0,     /* the fastest this CPU runs */
+    NL_MV_PORTABLE = 1, /* plain C, 16 scalar accumulators per pair (same order as AVX-512) */
+    NL_MV_AVX2 = 2,     /* 8-lane FMA */
+    NL_MV_AVX512 = 3,   /* 16-lane FMA */
+    NL_MV_COUNT
+} nl_mv_path;
+
+/* "fp32", "bf16", "int8" ("auto" for AUTO); NULL for an unknown value. */
+const char *nl_wfmt_name(nl_wfmt f);
+/* Parses "fp32" | "bf16" | "int8" | "auto"; NL_ERR_INVALID naming the text otherwise. */
+nl_status nl_wfmt_parse(const char *s, nl_wfmt *out);
+/* "portable", "avx2", "avx512" ("auto"). */
+const char *nl_mv_path_name(nl_mv_path p);
+/* 1 if this CPU (and build) runs path p. */
+int nl_mv_available(nl_mv_path p);
+/* What AUTO resolves to here. */
+nl_mv_path nl_mv_auto(void);
+
+/* One weight matrix (N, K) in a decode format. */
+typedef struct nl_mv_weight {
+    nl_wfmt fmt;
+    int64_t rows, cols;   /* N (outputs), K (inputs) */
+    const float *f32;     /* FP32: (N, K), borrowed or owned (owned_f32) */
+    float *owned_f32;
+    uint16_t *bf16;       /* BF16: (N, K) bfloat16 bits */
+    nl_qlinear q8;        /* INT8 */
+    nl_mv_path path;      /* resolved (never AUTO) */
+} nl_mv_weight;
+
+/* Prepares W (N, K) in format fmt. FP32 borrows w (it must outlive the weight) unless copy is
+ * set. Errors: NL_ERR_INVALID for sizes or format (AUTO is not a format here), NaN/inf in w
+ * (naming the index) for BF16 and INT8, NL_ERR_NOMEM. */
+nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64_t N, int64_t K, int copy);
+/* INT8 from existing codes (N, K) and per-row scales (N) (a quantized checkpoint). Errors as
+ * nl_qlinear_init_codes. */
+nl_status nl_mv_weight_init_int8(nl_mv_weight *wt, const int8_t *codes, const float *scales, int64_t N, int64_t K);
+/* Frees what the weight owns; safe on a zeroed struct. */
+void nl_mv_weight_free(nl_mv_weight *wt);
+/* Selects the fp32/bf16 kernel path (tests, benchmarks). NL_ERR_UNSUPPORTED when this CPU
+ * lacks it. */
+nl_status nl_mv_weight_set_path(nl_mv_weight *wt, nl_mv_path p);
+/* Bytes of the weight as stored and read once per call: N*K*4 (fp32), N*K*2 (bf16),
+ * N*K + 4N (int8 codes and scales). */
+size_t nl_mv_weight_bytes(const nl_mv_weight *wt);
+
+/* y (M, N) = x (M, K) . W^T with `threads` OpenMP threads (<= 0: the OpenMP default). Batch
+ * invariant (see above). Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8 (naming the
+ * index), NL_ERR_NOMEM (INT8 activation buffers). */
+nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads);
+
+/* The scalar reference the kernels are tested against: y (M, N) = x . w^T in double precision
+ * over fp32 (or bf16-rounded, for bf16 = 1) weights. */
+void nl_mv_reference(float *y, const float *x, const float *w, int64_t M, int64_t N, int64_t K, int bf16);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

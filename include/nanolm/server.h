@@ -1,0 +1,51 @@
+/*
+ * `nanolm serve`: an OpenAI-compatible HTTP server in front of the serving engine (engine.h),
+ * on libmicrohttpd with one thread per connection.
+ *
+ *   POST /v1/completions   completion, or server-sent events with "stream": true
+ *   GET  /v1/models        the one model served
+ *   GET  /health           200 {"status":"ok"} (503 "draining" while shutting down)
+ *   GET  /metrics          Prometheus text (server_metrics.h)
+ *
+ * Threads: one driver thread calls nl_engine_step in a loop; HTTP threads only submit, cancel,
+ * wait on and read requests (engine.h's thread-safety contract). A connection that closes before
+ * its completion is done cancels the request, which frees its sequence and KV blocks.
+ * Bad input gets an OpenAI-style error (http_request.h): 400 for a bad body or a prompt longer
+ * than the context, 404/405 for an unknown path or method, 413 for a body over max_body_bytes,
+ * 429 when the engine's waiting queue is full, 503 while shutting down.
+ */
+#ifndef NANOLM_SERVER_H
+#define NANOLM_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nanolm/base.h"
+#include "nanolm/engine.h"
+
+typedef struct nl_server_opts {
+    const char *host;        /* IPv4 address to listen on (default "127.0.0.1"; "localhost" accepted) */
+    int port;                /* 0: an ephemeral port (read it with nl_server_port) */
+    const char *model_name;  /* reported by /v1/models and in responses (default "nanolm") */
+    size_t max_body_bytes;   /* larger bodies get 413 (default 1 MiB) */
+    int max_connections;     /* open connections at most (default 512) */
+    double drain_timeout_s;  /* at shutdown, how long running requests may finish before they are
+                                cancelled (default 30) */
+} nl_server_opts;
+
+typedef struct nl_server nl_server;
+
+void nl_server_opts_default(nl_server_opts *o);
+
+/* Starts the driver thread and the HTTP daemon on an engine the caller opened (and closes after
+ * nl_server_stop). NL_ERR_INVALID for a bad host, NL_ERR_IO naming host:port when it cannot
+ * listen, NL_ERR_NOMEM. */
+nl_status nl_server_start(nl_server **s, nl_engine *e, const nl_server_opts *o);
+/* The port the server listens on. */
+int nl_server_port(const nl_server *s);
+/* Graceful stop: refuses new connections and requests, lets running requests finish for up to
+ * drain_timeout_s, cancels what is left (streams get an error event and [DONE]), stops the HTTP
+ * threads and the driver, and frees the server (not the engine). Safe on NULL. */
+void nl_server_stop(nl_server *s);
+
+#endif

@@ -1,0 +1,200 @@
+/* nanolm bench serve: the load generator (src/serve/http_loadgen.c) against an OpenAI-compatible
+ * server, with a latency-vs-throughput sweep over arrival rates. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_opt.h"
+#include "nanolm/client.h"
+#include "nanolm/http_loadgen.h"
+#include "nanolm/svg.h"
+#include "report.h"
+
+#define MAX_SWEEP 32
+
+/* Parses "1,2,4.5" into rates (> 0). Returns the count, or -1 after printing an error. */
+static int parse_rates(const char *s, double *rates) {
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p || !(v > 0) || !isfinite(v) || n == MAX_SWEEP || (*end && *end != ',')) {
+            nl_cli_usage_error("bench serve: --sweep wants up to %d rates > 0 separated by commas, got '%s'", MAX_SWEEP, s);
+            return -1;
+        }
+        rates[n++] = v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        nl_cli_usage_error("bench serve: --sweep is empty");
+        return -1;
+    }
+    return n;
+}
+
+static void add_latency(nl_report *r, const char *key, const char *label, const nl_latency_summary *s) {
+    char k[64], l[96];
+    const char *q[] = {"p50", "p90", "p99"};
+    double v[] = {s->p50, s->p90, s->p99};
+    for (int i = 0; i < 3; i++) {
+        snprintf(k, sizeof k, "%s_%s_ms", key, q[i]);
+        snprintf(l, sizeof l, "%s %s", label, q[i]);
+        nl_report_num(r, k, l, v[i] * 1e3, "%.2f", "ms");
+    }
+}
+
+static int bench_serve(int argc, char **argv) {
+    const char *url = "http://127.0.0.1:8080", *svg = NULL, *sweep = NULL;
+    int64_t requests = 64, plen = 128, plen_max = 0, olen = 128, olen_max = 0, vocab = 0, seed = 1;
+    int conc = 8, json = 0, conc_given = 0, rate_given = 0;
+    double rate = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, temperature = 0, timeout_s = 600;
+    nl_opt opts[] = {
+        NL_OPT_STR("url", &url, "URL", "server to load (default http://127.0.0.1:8080)"),
+        NL_OPT_INT("requests", &requests, 1, 100000000, "N", "requests in all (default 64)"),
+        NL_OPT_INT32("concurrency", &conc, 1, 4096, "C", "requests in flight at most (default 8; closed loop without --rate)"),
+        NL_OPT_DBL("rate", &rate, 0, 1e6, "R", "Poisson arrivals at R requests/s (open loop; at most --concurrency in flight, default 256 then)"),
+        NL_OPT_INT("prompt-len", &plen, 1, 1 << 20, "P", "prompt tokens (random ids; default 128)"),
+        NL_OPT_INT("prompt-len-max", &plen_max, 0, 1 << 20, "P", "> --prompt-len: uniform lengths in [prompt-len, this]"),
+        NL_OPT_INT("output-len", &olen, 1, 1 << 20, "O", "output tokens (max_tokens with ignore_eos; default 128)"),
+        NL_OPT_INT("output-len-max", &olen_max, 0, 1 << 20, "O", "> --output-len: uniform lengths in [output-len, this]"),
+        NL_OPT_DBL("slo-ttft", &slo_ttft_ms, 0, 1e9, "MS", "goodput objective: time to first token at most MS"),
+        NL_OPT_DBL("slo-tpot", &slo_tpot_ms, 0, 1e9, "MS", "goodput objective: time per output token at most MS"),
+        NL_OPT_DBL("temperature", &temperature, 0, 2, "T", "sampling temperature sent (default 0: greedy)"),
+        NL_OPT_INT("vocab", &vocab, 0, 1 << 30, "V", "token ids drawn below V (default: vocab_size from /v1/models)"),
+        NL_OPT_INT("seed", &seed, 0, INT64_MAX, "S", "seed of prompts, lengths and arrivals (default 1)"),
+        NL_OPT_DBL("timeout", &timeout_s, 1, 86400, "S", "per-read socket timeout (default 600)"),
+        NL_OPT_STR("sweep", &sweep, "R1,R2,..", "run once per arrival rate (requests/s) and tabulate latency vs throughput"),
+        NL_OPT_STR("svg", &svg, "FILE", "with --sweep: latency (TTFT, TPOT p50/p99) against output tokens/s"),
+        NL_OPT_FLAG("json", &json, "print the result as JSON"),
+    };
+    opts[2].given = &conc_given;
+    opts[3].given = &rate_given;
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"bench serve",
+                       "nanolm bench serve --url URL --requests N (--concurrency C | --rate R) --prompt-len P --output-len O "
+                       "[--json] [--sweep R1,R2,.. --svg FILE]",
+                       "Load generator for OpenAI-compatible servers (streamed /v1/completions): requests/s, output "
+                       "tokens/s, time to first token (TTFT), time per output token (TPOT), inter-token latency (ITL) at "
+                       "p50/p90/p99, and goodput (requests/s meeting --slo-ttft and --slo-tpot). Latencies are measured "
+                       "at the client from the moment a request is sent.",
+                       groups, 1, 0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    nl_http_url u;
+    if (nl_http_parse_url(url, &u)) return nl_cli_usage_error("bench serve: --url: %s", nl_last_error());
+    if (svg && !sweep) return nl_cli_usage_error("bench serve: --svg needs --sweep R1,R2,.. (a curve needs several rates)");
+    double rates[MAX_SWEEP];
+    int nrates = 1;
+    rates[0] = rate;
+    if (sweep && (nrates = parse_rates(sweep, rates)) < 0) return NL_EXIT_USAGE;
+    if ((rate_given || sweep) && !conc_given) conc = 256;
+
+    nl_loadgen_opts o;
+    memset(&o, 0, sizeof o);
+    o.host = u.host;
+    o.port = u.port;
+    o.requests = requests;
+    o.concurrency = conc;
+    o.prompt_len = plen;
+    o.prompt_len_max = plen_max;
+    o.output_len = olen;
+    o.output_len_max = olen_max;
+    o.vocab_size = vocab;
+    o.temperature = temperature;
+    o.seed = (uint64_t)seed;
+    o.slo_ttft_s = slo_ttft_ms / 1e3;
+    o.slo_tpot_s = slo_tpot_ms / 1e3;
+    o.timeout_s = timeout_s;
+    nl_loadgen_result res[MAX_SWEEP];
+    for (int i = 0; i < nrates; i++) {
+        o.rate_rps = rates[i];
+        if (nl_loadgen_run(&o, &res[i])) return nl_cli_fail("bench serve");
+        if (nrates > 1)
+            fprintf(stderr, "bench serve: rate %g/s: %.1f output tokens/s, TTFT p50 %.1f ms, TPOT p50 %.2f ms, %lld failed\n",
+                    rates[i], res[i].output_tokens_per_s, res[i].ttft.p50 * 1e3, res[i].tpot.p50 * 1e3,
+                    (long long)res[i].failed);
+    }
+    nl_loadgen_result *r = &res[nrates - 1];
+    nl_report *rep = nl_report_new("bench serve");
+    nl_report_str(rep, "url", "url", url);
+    nl_report_int(rep, "requests", "requests", (long long)requests, NULL);
+    nl_report_int(rep, "concurrency", "concurrency (most in flight)", conc, NULL);
+    if (!sweep) nl_report_num(rep, "rate_rps", "arrival rate (0: closed loop)", rate, "%g", "req/s");
+    nl_report_int(rep, "prompt_len", "prompt tokens", (long long)plen, plen_max > plen ? "(low end)" : NULL);
+    nl_report_int(rep, "output_len", "output tokens", (long long)olen, olen_max > olen ? "(low end)" : NULL);
+    if (!sweep) {
+        nl_report_int(rep, "ok", "succeeded", (long long)r->ok, NULL);
+        nl_report_int(rep, "failed", "failed", (long long)r->failed, NULL);
+        nl_report_int(rep, "short_outputs", "stopped early (BOS)", (long long)r->short_outputs, NULL);
+        nl_report_num(rep, "duration_s", "duration", r->duration_s, "%.2f", "s");
+        nl_report_num(rep, "requests_per_s", "throughput", r->requests_per_s, "%.3f", "req/s");
+        nl_report_num(rep, "output_tokens_per_s", "output tokens/s", r->output_tokens_per_s, "%.1f", "tok/s");
+        nl_report_num(rep, "total_tokens_per_s", "prompt+output tokens/s", r->total_tokens_per_s, "%.1f", "tok/s");
+        add_latency(rep, "ttft", "TTFT", &r->ttft);
+        add_latency(rep, "tpot", "TPOT", &r->tpot);
+        add_latency(rep, "itl", "ITL", &r->itl);
+        add_latency(rep, "e2e", "end-to-end", &r->e2e);
+        if (slo_ttft_ms > 0 || slo_tpot_ms > 0) {
+            nl_report_num(rep, "goodput_rps", "goodput (met the SLOs)", r->goodput_rps, "%.3f", "req/s");
+            nl_report_int(rep, "good", "requests meeting the SLOs", (long long)r->good, NULL);
+        }
+        if (r->first_error[0]) nl_report_str(rep, "first_error", "first error", r->first_error);
+    } else {
+        nl_report_table(rep, "sweep", "latency vs throughput", 11,
+                        (const nl_report_col[]){{"rate_rps", "rate req/s", "%g"},
+                                                {"requests_per_s", "req/s", "%.3f"},
+                                                {"output_tokens_per_s", "out tok/s", "%.1f"},
+                                                {"ttft_p50_ms", "TTFT p50 ms", "%.1f"},
+                                                {"ttft_p99_ms", "TTFT p99 ms", "%.1f"},
+                                                {"tpot_p50_ms", "TPOT p50 ms", "%.2f"},
+                                                {"tpot_p99_ms", "TPOT p99 ms", "%.2f"},
+                                                {"itl_p99_ms", "ITL p99 ms", "%.2f"},
+                                                {"e2e_p50_ms", "e2e p50 ms", "%.1f"},
+                                                {"goodput_rps", "goodput req/s", "%.3f"},
+                                                {"failed", "failed", "%.0f"}});
+        for (int i = 0; i < nrates; i++) {
+            nl_loadgen_result *x = &res[i];
+            double row[] = {rates[i], x->requests_per_s, x->output_tokens_per_s, x->ttft.p50 * 1e3, x->ttft.p99 * 1e3,
+                            x->tpot.p50 * 1e3, x->tpot.p99 * 1e3, x->itl.p99 * 1e3, x->e2e.p50 * 1e3, x->goodput_rps,
+                            (double)x->failed};
+            for (int k = 0; k < 11; k++) nl_report_cell_num(rep, row[k]);
+            nl_report_row_end(rep);
+        }
+    }
+    if (svg) {
+        double x[MAX_SWEEP], y[4][MAX_SWEEP];
+        for (int i = 0; i < nrates; i++) {
+            x[i] = res[i].output_tokens_per_s;
+            y[0][i] = res[i].ttft.p50 * 1e3;
+            y[1][i] = res[i].ttft.p99 * 1e3;
+            y[2][i] = res[i].tpot.p50 * 1e3;
+            y[3][i] = res[i].tpot.p99 * 1e3;
+        }
+        nl_svg_series ser[4] = {{"TTFT p50", x, y[0], (size_t)nrates, NULL, 1},
+                                {"TTFT p99", x, y[1], (size_t)nrates, NULL, 1},
+                                {"TPOT p50", x, y[2], (size_t)nrates, NULL, 1},
+                                {"TPOT p99", x, y[3], (size_t)nrates, NULL, 1}};
+        nl_svg_plot_opts po = {"latency vs throughput (one point per arrival rate)", "output tokens/s", "latency (ms)", 0, 1, 0, 0};
+        if (nl_svg_plot(svg, &po, ser, 4)) {
+            nl_report_free(rep);
+            return nl_cli_fail("bench serve --svg");
+        }
+    }
+    int failed = 0;
+    for (int i = 0; i < nrates; i++) failed += res[i].failed > 0;
+    rc = nl_report_print(rep, json);
+    if (failed) fprintf(stderr, "nanolm: bench serve: some requests failed (first: %s)\n", r->first_error[0] ? r->first_error : "?");
+    return rc ? rc : failed ? NL_EXIT_FAIL : NL_EXIT_OK;
+}
+
+int nl_cmd_bench(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        printf("usage: nanolm bench serve --url URL [options]   load an OpenAI-compatible server (--help for options)\n");
+        return argc < 2 ? NL_EXIT_USAGE : NL_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "serve")) return bench_serve(argc - 1, argv + 1);
+    return nl_cli_usage_error("bench: unknown subcommand '%s' (known: serve)", argv[1]);
+}

@@ -1,0 +1,83 @@
+/* nanolm export: a checkpoint (or model folder) as a Hugging Face folder or a llama2.c file. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_model.h"
+#include "cli_opt.h"
+#include "nanolm/checkpoint.h"
+#include "nanolm/hf.h"
+#include "nanolm/model_export.h"
+
+int nl_cmd_export(int argc, char **argv) {
+    const char *ckpt = NULL, *tok_path = NULL;
+    int to_i = -1, dtype_i = 0, json = 0;
+    int64_t shard_mb = 0;
+    nl_opt opts[] = {
+        NL_OPT_STR("ckpt", &ckpt, "F", "checkpoint, llama2.c .bin or model folder (required)"),
+        NL_OPT_CHOICE("to", &to_i, "hf|llama2c", "hf: a Hugging Face folder; llama2c: llama2.c's .bin (required)"),
+        NL_OPT_CHOICE("dtype", &dtype_i, "bf16|f16|f32", "--to hf tensor type (default bf16; f32 keeps every bit)"),
+        NL_OPT_INT("shard-mb", &shard_mb, 1, 1 << 20, "N",
+                   "--to hf: shards of at most N MB with model.safetensors.index.json (default one file)"),
+        NL_OPT_STR("tokenizer", &tok_path, "FILE", "tokenizer.json or llama2.c tokenizer.bin (as for generate)"),
+        NL_OPT_FLAG("json", &json, "print the result as JSON"),
+    };
+    opts[0].aliases = "model";
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"export", "nanolm export --ckpt F --to hf|llama2c PATH [options]",
+                       "Writes a model as a Hugging Face folder (config.json, model.safetensors or shards with "
+                       "an index, tokenizer.json) that transformers, vLLM and llama.cpp's converters read, or as "
+                       "llama2.c's legacy .bin (no biases or RoPE scaling; readers assume rope_theta 10000 and norm_eps 1e-5: "
+                       "models that need more are refused).",
+                       groups, 1, 1};
+    const char *pos[1];
+    int npos = 0;
+    int prc = nl_cli_parse(&spec, argc, argv, pos, &npos);
+    if (prc) return prc == NL_CLI_HELP ? NL_EXIT_OK : prc;
+    if (!ckpt) return nl_cli_usage_error("export: --ckpt F is required");
+    if (to_i < 0) return nl_cli_usage_error("export: --to hf DIR or --to llama2c FILE is required");
+    const char *to = to_i == 0 ? "hf" : "llama2c";
+    if (npos != 1) return nl_cli_usage_error("export: give the output path after the options (--to %s PATH)", to);
+    const char *out = pos[0];
+    int hf = to_i == 0;
+    static const nl_st_dtype dtypes[] = {NL_ST_BF16, NL_ST_F16, NL_ST_F32};
+    nl_st_dtype dtype = dtypes[dtype_i];
+    if (!hf && (shard_mb || dtype_i))
+        return nl_cli_usage_error("export: --dtype and --shard-mb apply to --to hf only (llama2.c files are fp32)");
+    nl_model m;
+    nl_tokenizer tok;
+    nl_status rc;
+    if (nl_cli_load_model(ckpt, tok_path, &m, &tok)) {
+        /* a checkpoint without a tokenizer still exports its weights */
+        char first[512];
+        snprintf(first, sizeof first, "%s", nl_last_error());
+        if (!strstr(first, "tokenizer")) return nl_cli_fail("export");
+        fprintf(stderr, "nanolm: export: %s; writing no tokenizer.json\n", first);
+        memset(&tok, 0, sizeof tok);
+        char kind[64];
+        if (nl_hf_is_folder(ckpt) ? nl_hf_load_model(ckpt, 0, &m) : nl_ckpt_load_model(ckpt, &m, kind))
+            return nl_cli_fail("export");
+        rc = hf ? nl_hf_save(out, &m, NULL, dtype, (uint64_t)shard_mb << 20) : nl_model_save_llama2c(out, &m);
+    } else {
+        rc = hf ? nl_hf_save(out, &m, &tok, dtype, (uint64_t)shard_mb << 20) : nl_model_save_llama2c(out, &m);
+    }
+    int rcode = rc ? nl_cli_fail("export") : NL_EXIT_OK;
+    if (!rc) {
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "to", to);
+            cJSON_AddStringToObject(o, "path", out);
+            cJSON_AddStringToObject(o, "arch", m.arch.name);
+            cJSON_AddNumberToObject(o, "params", (double)m.n_params);
+            if (hf) cJSON_AddStringToObject(o, "dtype", nl_st_dtype_name(dtype));
+            cJSON_AddBoolToObject(o, "tokenizer", hf && tok.vocab_size > 0);
+            nl_cli_print_json(o);
+        } else {
+            printf("exported %s (%lld parameters) to %s %s%s\n", m.arch.name, (long long)m.n_params, to, out,
+                   hf && tok.vocab_size == 0 ? " (no tokenizer.json)" : "");
+        }
+    }
+    nl_model_free(&m);
+    nl_tokenizer_free(&tok);
+    return rcode;
+}

@@ -1,0 +1,64 @@
+/*
+ * One writer for every command's result: the command fills a report once (named values and
+ * tables), and nl_report_print writes it either as the human table or as JSON. Nothing is
+ * written twice by hand.
+ *
+ *     nl_report *r = nl_report_new("plan train");
+ *     nl_report_str(r, "model", "model", "llama-7b");
+ *     nl_report_num(r, "params", "parameters", 6.74e9, "%.3g", NULL);
+ *     nl_report_num(r, "step_time_s", "step time", 1.25, "%.2f", "s");
+ *     nl_report_table(r, "layers", "per layer", 3, (const nl_report_col[]){
+ *         {"name", "layer", NULL}, {"bytes", "bytes", "%.0f"}, {"share", "share", "%.1f%%"}});
+ *     nl_report_cell_str(r, "attn"); nl_report_cell_num(r, 1.5e6); nl_report_cell_num(r, 42.0);
+ *     nl_report_row_end(r);
+ *     return nl_report_print(r, json);   // prints and frees; returns NL_EXIT_OK or NL_EXIT_FAIL
+ *
+ * Text form: the named values as aligned "label  value unit" lines, then each table with a title
+ * line and aligned columns. JSON form: one object; named values under their keys, each table as
+ * an array of row objects under its key. Numbers in JSON are printed with the fewest digits that
+ * parse back to the same double (17 at most); NaN and infinities print as null.
+ */
+#ifndef NANOLM_CLI_REPORT_H
+#define NANOLM_CLI_REPORT_H
+
+#include <stdio.h>
+
+typedef struct nl_report nl_report;
+
+typedef struct nl_report_col {
+    const char *key;    /* JSON key of the column */
+    const char *header; /* column heading in the table */
+    const char *fmt;    /* printf format of a number cell in the table ("%.2f"); NULL: "%.6g" */
+} nl_report_col;
+
+/* A new empty report; NULL when out of memory (every other function accepts NULL and does nothing). */
+nl_report *nl_report_new(const char *title);
+void nl_report_free(nl_report *r);
+
+/* Named values. `key` is the JSON key, `label` the text label (NULL: the key), `fmt` the printf
+ * format of the text form (NULL: "%.6g"), `unit` printed after the text value (or NULL). */
+void nl_report_num(nl_report *r, const char *key, const char *label, double v, const char *fmt, const char *unit);
+void nl_report_int(nl_report *r, const char *key, const char *label, long long v, const char *unit);
+void nl_report_str(nl_report *r, const char *key, const char *label, const char *s);
+void nl_report_bool(nl_report *r, const char *key, const char *label, int v);
+/* A free text line in the table form only (a note, a heading); not in the JSON. */
+void nl_report_note(nl_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Starts a table of ncols columns (copied). Cells are then given in column order, row by row. */
+void nl_report_table(nl_report *r, const char *key, const char *title, int ncols, const nl_report_col *cols);
+void nl_report_cell_num(nl_report *r, double v);
+void nl_report_cell_int(nl_report *r, long long v);
+void nl_report_cell_str(nl_report *r, const char *s);
+void nl_report_row_end(nl_report *r);
+
+/* Writes the report to stdout, as JSON when json != 0, then frees it. Returns NL_EXIT_OK, or
+ * NL_EXIT_FAIL when the report ran out of memory along the way (and says so on stderr). */
+int nl_report_print(nl_report *r, int json);
+/* The same to any stream; does not free. Returns 0 or -1 (out of memory). */
+int nl_report_write(const nl_report *r, int json, FILE *f);
+
+/* Formats a double so that strtod gives back the same value (shortest of %.15g..%.17g); NaN and
+ * infinities as "null". buf must hold 32 bytes. Returns buf. */
+char *nl_json_double(double v, char buf[32]);
+
+#endif

@@ -1,0 +1,356 @@
+/* Decode kernels: y (M, N) = x (M, K) . W^T for fp32 / bf16 / int8 weights (see matvec.h). */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "nanolm/formats.h"
+#include "nanolm/matvec.h"
+#include "nanolm/quant.h"
+
+#define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define TGT_AVX2 __attribute__((target("avx2,fma")))
+#define INLINE static inline __attribute__((always_inline))
+
+enum {
+    MV_RB = 4,      /* weight rows per register tile */
+    MV_TB = 4,      /* tokens per register tile */
+    MV_ROWS = 16,   /* rows per thread work item (a multiple of MV_RB) */
+    MV_TOK = 64     /* tokens per cache tile: their activations stay in L2 while W streams */
+};
+
+/* ---- names and paths ----------------------------------------------------------------------- */
+
+const char *nl_wfmt_name(nl_wfmt f) {
+    switch (f) {
+    case NL_WFMT_AUTO: return "auto";
+    case NL_WFMT_FP32: return "fp32";
+    case NL_WFMT_BF16: return "bf16";
+    case NL_WFMT_INT8: return "int8";
+    default: return NULL;
+    }
+}
+
+nl_status nl_wfmt_parse(const char *s, nl_wfmt *out) {
+    for (int f = NL_WFMT_AUTO; f < NL_WFMT_COUNT; f++)
+        if (s && !strcmp(s, nl_wfmt_name((nl_wfmt)f))) {
+            *out = (nl_wfmt)f;
+            return NL_OK;
+        }
+    return nl_fail(NL_ERR_INVALID, "unknown weight format '%s' (known: fp32, bf16, int8, auto)", s ? s : "(null)");
+}
+
+const char *nl_mv_path_name(nl_mv_path p) {
+    switch (p) {
+    case NL_MV_AUTO: return "auto";
+    case NL_MV_PORTABLE: return "portable";
+    case NL_MV_AVX2: return "avx2";
+    case NL_MV_AVX512: return "avx512";
+    default: return "?";
+    }
+}
+
+int nl_mv_available(nl_mv_path p) {
+    __builtin_cpu_init();
+    switch (p) {
+    case NL_MV_AUTO:
+    case NL_MV_PORTABLE: return 1;
+    case NL_MV_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case NL_MV_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+    default: return 0;
+    }
+}
+
+nl_mv_path nl_mv_auto(void) {
+    if (nl_mv_available(NL_MV_AVX512)) return NL_MV_AVX512;
+    if (nl_mv_available(NL_MV_AVX2)) return NL_MV_AVX2;
+    return NL_MV_PORTABLE;
+}
+
+/* ---- the weight ------------------------------------------------------------------------------ */
+
+nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64_t N, int64_t K, int copy) {
+    memset(wt, 0, sizeof *wt);
+    if (N < 1 || K < 1)
+        return nl_fail(NL_ERR_INVALID, "matvec weight shape (%lld, %lld): both must be positive", (long long)N,
+                       (long long)K);
+    wt->rows = N;
+    wt->cols = K;
+    wt->fmt = fmt;
+    wt->path = nl_mv_auto();
+    size_t n = (size_t)N * (size_t)K;
+    switch (fmt) {
+    case NL_WFMT_FP32:
+        if (!copy) {
+            wt->f32 = w;
+            return NL_OK;
+        }
+        wt->owned_f32 = nl_malloc(n * sizeof(float), "fp32 matvec weight");
+        if (!wt->owned_f32) return NL_ERR_NOMEM;
+        memcpy(wt->owned_f32, w, n * sizeof(float));
+        wt->f32 = wt->owned_f32;
+        return NL_OK;
+    case NL_WFMT_BF16:
+        NL_TRY(nl_quant_check_finite(w, n, "bf16 matvec weight"));
+        wt->bf16 = nl_malloc(n * sizeof(uint16_t), "bf16 matvec weight");
+        if (!wt->bf16) return NL_ERR_NOMEM;
+        for (size_t i = 0; i < n; i++) wt->bf16[i] = nl_bf16_from_f32(w[i]);
+        return NL_OK;
+    case NL_WFMT_INT8:
+        return nl_qlinear_init(&wt->q8, w, N, K, NL_QLINEAR_W8A8);
+    default: return nl_fail(NL_ERR_INVALID, "matvec weight: unknown format %d", (int)fmt);
+    }
+}
+
+nl_status nl_mv_weight_init_int8(nl_mv_weight *wt, const int8_t *codes, const float *scales, int64_t N, int64_t K) {
+    memset(wt, 0, sizeof *wt);
+    wt->rows = N;
+    wt->cols = K;
+    wt->fmt = NL_WFMT_INT8;
+    wt->path = nl_mv_auto();
+    return nl_qlinear_init_codes(&wt->q8, codes, scales, N, K, NL_QLINEAR_W8A8);
+}
+
+void nl_mv_weight_free(nl_mv_weight *wt) {
+    if (!wt) return;
+    nl_free(wt->owned_f32);
+    nl_free(wt->bf16);
+    nl_qlinear_free(&wt->q8);
+    memset(wt, 0, sizeof *wt);
+}
+
+nl_status nl_mv_weight_set_path(nl_mv_weight *wt, nl_mv_path p) {
+    if (p == NL_MV_AUTO) p = nl_mv_auto();
+    if ((unsigned)p >= NL_MV_COUNT) return nl_fail(NL_ERR_INVALID, "unknown matvec kernel path %d", (int)p);
+    if (!nl_mv_available(p))
+        return nl_fail(NL_ERR_UNSUPPORTED, "matvec kernel path '%s' is not available on this CPU", nl_mv_path_name(p));
+    wt->path = p;
+    return NL_OK;
+}
+
+size_t nl_mv_weight_bytes(const nl_mv_weight *wt) {
+    size_t n = (size_t)wt->rows * (size_t)wt->cols;
+    switch (wt->fmt) {
+    case NL_WFMT_FP32: return n * 4;
+    case NL_WFMT_BF16: return n * 2;
+    case NL_WFMT_INT8: return nl_qlinear_bytes(&wt->q8);
+    default: return 0;
+    }
+}
+
+/* ---- reference ------------------------------------------------------------------------------- */
+
+void nl_mv_reference(float *y, const float *x, const float *w, int64_t M, int64_t N, int64_t K, int bf16) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                float wv = w[n * K + k];
+                if (bf16) wv = nl_f32_from_bf16(nl_bf16_from_f32(wv));
+                s += (double)x[m * K + k] * (double)wv;
+            }
+            y[m * N + n] = (float)s;
+        }
+}
+
+/* ---- tile kernels ---------------------------------------------------------------------------
+ * A tile is R weight rows x T tokens; every (row, token) pair has one accumulator walking k in
+ * the same order in every tile shape, so a pair's result never depends on R or T. */
+
+typedef struct mv_args {
+    const float *x;     /* (M, K) */
+    float *y;           /* (M, N) */
+    const float *wf;    /* fp32 (N, K) */
+    const uint16_t *wb; /* or bf16 (N, K) */
+    int64_t M, N, K;
+} mv_args;
+
+/* portable: 8 scalar accumulators per pair (lane j takes k = j mod 8), summed pairwise. */
+INLINE float portable_sum8(const float *s) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
+
+static void tile_portable(const mv_args *a, int64_t n0, int R, int64_t m0, int T) {
+    const int64_t K = a->K, K8 = K & ~(int64_t)7;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            const float *x = a->x + (m0 + t) * K;
+            float s[8] = {0};
+            if (a->wf) {
+                const float *w = a->wf + (n0 + r) * K;
+                for (int64_t k = 0; k < K8; k += 8)
+                    for (int j = 0; j < 8; j++) s[j] += w[k + j] * x[k + j];
+                for (int64_t k = K8; k < K; k++) s[k - K8] += w[k] * x[k];
+            } else {
+                const uint16_t *w = a->wb + (n0 + r) * K;
+                for (int64_t k = 0; k < K8; k += 8)
+                    for (int j = 0; j < 8; j++) s[j] += nl_f32_from_bf16(w[k + j]) * x[k + j];
+                for (int64_t k = K8; k < K; k++) s[k - K8] += nl_f32_from_bf16(w[k]) * x[k];
+            }
+            a->y[(m0 + t) * a->N + n0 + r] = portable_sum8(s);
+        }
+}
+
+/* Tiles of several rows read R short streams at once, which the hardware prefetchers pick up
+ * late at every new tile; the tile prefetches the same columns of the next R rows. */
+INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
+    for (int r = 0; r < R && n + r < a->N; r++) {
+        const char *p = a->wf ? (const char *)(a->wf + (n + r) * a->K + k) : (const char *)(a->wb + (n + r) * a->K + k);
+        _mm_prefetch(p, _MM_HINT_T0);
+    }
+}
+
+/* AVX-512: 16 lanes, the k tail with a masked load, then _mm512_reduce_add_ps. */
+#define AVX512_TILE(NAME, R, T, LOADW)                                                                     \
+    TGT_AVX512 static void NAME(const mv_args *a, int64_t n0, int64_t m0) {                               \
+        const int64_t K = a->K;                                                                            \
+        __m512 acc[R][T];                                                                                  \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();                                   \
+        int64_t k = 0;                                                                                     \
+        for (; k + 16 <= K; k += 16) {                                                                     \
+            __m512 xv[T];                                                                                  \
+            for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(a->x + (m0 + t) * K + k);                  \
+            if (R > 1) prefetch_next(a, n0 + R, R, k);                                                     \
+            for (int r = 0; r < R; r++) {                                                                  \
+                __m512 wv = LOADW(a, n0 + r, k, (__mmask16)0xFFFF);                                        \
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);             \
+            }                                                                                              \
+        }                                                                                                  \
+        if (k < K) {                                                                                       \
+            __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);                                              \
+            __m512 xv[T];                                                                                  \
+            for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(mk, a->x + (m0 + t) * K + k);        \
+            for (int r = 0; r < R; r++) {                                                                  \
+                __m512 wv = LOADW(a, n0 + r, k, mk);                                                       \
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);             \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int t = 0; t < T; t++) a->y[(m0 + t) * a->N + n0 + r] = _mm512_reduce_add_ps(acc[r][t]);  \
+    }
+
+TGT_AVX512 INLINE __m512 load_f32_512(const mv_args *a, int64_t n, int64_t k, __mmask16 mk) {
+    return _mm512_maskz_loadu_ps(mk, a->wf + n * a->K + k);
+}
+TGT_AVX512 INLINE __m512 load_bf16_512(const mv_args *a, int64_t n, int64_t k, __mmask16 mk) {
+    __m256i h = _mm256_maskz_loadu_epi16(mk, a->wb + n * a->K + k);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AVX512_TILE(f32_512_4x4, 4, 4, load_f32_512)
+AVX512_TILE(f32_512_4x1, 4, 1, load_f32_512)
+AVX512_TILE(f32_512_1x4, 1, 4, load_f32_512)
+AVX512_TILE(f32_512_1x1, 1, 1, load_f32_512)
+AVX512_TILE(bf16_512_4x4, 4, 4, load_bf16_512)
+AVX512_TILE(bf16_512_4x1, 4, 1, load_bf16_512)
+AVX512_TILE(bf16_512_1x4, 1, 4, load_bf16_512)
+AVX512_TILE(bf16_512_1x1, 1, 1, load_bf16_512)
+
+/* AVX2: 8 lanes; the k tail (K mod 8) is summed in scalar after the horizontal sum. */
+TGT_AVX2 INLINE float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+TGT_AVX2 INLINE __m256 load_f32_256(const mv_args *a, int64_t n, int64_t k) { return _mm256_loadu_ps(a->wf + n * a->K + k); }
+TGT_AVX2 INLINE __m256 load_bf16_256(const mv_args *a, int64_t n, int64_t k) {
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(a->wb + n * a->K + k));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+INLINE float wscalar(const mv_args *a, int64_t n, int64_t k) {
+    return a->wf ? a->wf[n * a->K + k] : nl_f32_from_bf16(a->wb[n * a->K + k]);
+}
+
+#define AVX2_TILE(NAME, R, T, LOADW)                                                                       \
+    TGT_AVX2 static void NAME(const mv_args *a, int64_t n0, int64_t m0) {                                 \
+        const int64_t K = a->K, K8 = K & ~(int64_t)7;                                                      \
+        __m256 acc[R][T];                                                                                  \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();                                   \
+        for (int64_t k = 0; k < K8; k += 8) {                                                              \
+            __m256 xv[T];                                                                                  \
+            for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(a->x + (m0 + t) * K + k);                  \
+            if (R > 1) prefetch_next(a, n0 + R, R, k);                                                     \
+            for (int r = 0; r < R; r++) {                                                                  \
+                __m256 wv = LOADW(a, n0 + r, k);                                                           \
+                for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);             \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int t = 0; t < T; t++) {                                                                  \
+                float s = hsum256(acc[r][t]);                                                              \
+                for (int64_t k = K8; k < K; k++) s += wscalar(a, n0 + r, k) * a->x[(m0 + t) * K + k];      \
+                a->y[(m0 + t) * a->N + n0 + r] = s;                                                        \
+            }                                                                                              \
+    }
+
+AVX2_TILE(f32_256_4x4, 4, 4, load_f32_256)
+AVX2_TILE(f32_256_4x1, 4, 1, load_f32_256)
+AVX2_TILE(f32_256_1x4, 1, 4, load_f32_256)
+AVX2_TILE(f32_256_1x1, 1, 1, load_f32_256)
+AVX2_TILE(bf16_256_4x4, 4, 4, load_bf16_256)
+AVX2_TILE(bf16_256_4x1, 4, 1, load_bf16_256)
+AVX2_TILE(bf16_256_1x4, 1, 4, load_bf16_256)
+AVX2_TILE(bf16_256_1x1, 1, 1, load_bf16_256)
+
+typedef void (*tile_fn)(const mv_args *, int64_t, int64_t);
+
+/* Rows [n0, n1) for tokens [m0, m1): 4x4 tiles, then 4x1 / 1x4 / 1x1 for the edges. */
+static void run_block(const mv_args *a, nl_mv_path path, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
+    if (path == NL_MV_PORTABLE) {
+        for (int64_t n = n0; n < n1; n += MV_RB)
+            for (int64_t m = m0; m < m1; m += MV_TB)
+                tile_portable(a, n, (int)(n1 - n < MV_RB ? n1 - n : MV_RB), m, (int)(m1 - m < MV_TB ? m1 - m : MV_TB));
+        return;
+    }
+    const int bf = a->wb != NULL, avx512 = path == NL_MV_AVX512;
+    tile_fn t44 = avx512 ? (bf ? bf16_512_4x4 : f32_512_4x4) : (bf ? bf16_256_4x4 : f32_256_4x4);
+    tile_fn t41 = avx512 ? (bf ? bf16_512_4x1 : f32_512_4x1) : (bf ? bf16_256_4x1 : f32_256_4x1);
+    tile_fn t14 = avx512 ? (bf ? bf16_512_1x4 : f32_512_1x4) : (bf ? bf16_256_1x4 : f32_256_1x4);
+    tile_fn t11 = avx512 ? (bf ? bf16_512_1x1 : f32_512_1x1) : (bf ? bf16_256_1x1 : f32_256_1x1);
+    int64_t n = n0;
+    if (m1 - m0 < MV_TB) {
+        /* decode (fewer tokens than a tile): row after row, one long sequential stream of W
+         * that the prefetchers follow (measured ~3x the bandwidth of 4-row tiles at M = 1);
+         * a row (a few KB) stays in L1 for the other tokens */
+        for (; n < n1; n++)
+            for (int64_t m = m0; m < m1; m++) t11(a, n, m);
+        return;
+    }
+    for (; n + MV_RB <= n1; n += MV_RB) {
+        int64_t m = m0;
+        for (; m + MV_TB <= m1; m += MV_TB) t44(a, n, m);
+        for (; m < m1; m++) t41(a, n, m);
+    }
+    for (; n < n1; n++) {
+        int64_t m = m0;
+        for (; m + MV_TB <= m1; m += MV_TB) t14(a, n, m);
+        for (; m < m1; m++) t11(a, n, m);
+    }
+}
+
+nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads) {
+    if (M < 1) return nl_fail(NL_ERR_INVALID, "matvec: M must be positive, got %lld", (long long)M);
+    if (wt->fmt == NL_WFMT_INT8) return nl_qlinear_forward(&wt->q8, x, M, y);
+    if (wt->fmt != NL_WFMT_FP32 && wt->fmt != NL_WFMT_BF16)
+        return nl_fail(NL_ERR_INVALID, "matvec: weight not initialised (format %d)", (int)wt->fmt);
+    mv_args a = {.x = x, .y = y, .wf = wt->fmt == NL_WFMT_FP32 ? wt->f32 : NULL,
+                 .wb = wt->fmt == NL_WFMT_BF16 ? wt->bf16 : NULL, .M = M, .N = wt->rows, .K = wt->cols};
+    const int64_t N = wt->rows, nblocks = (N + MV_ROWS - 1) / MV_ROWS;
+    const nl_mv_path path = wt->path;
+    int nt = threads > 0 ? threads : 0;
+    for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
+        int64_t m1 = M - m0 < MV_TOK ? M : m0 + MV_TOK;
+        if (nt > 0) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+            for (int64_t b = 0; b < nblocks; b++)
+                run_block(&a, path, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N, m0, m1);
+        } else {
+#pragma omp parallel for schedule(static)
+            for (int64_t b = 0; b < nblocks; b++)
+                run_block(&a, path, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N, m0, m1);
+        }
+    }
+    return NL_OK;
+}

@@ -1,0 +1,610 @@
+/* The HTTP front end of the serving engine on libmicrohttpd. See include/nanolm/server.h. */
+#include "nanolm/server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nanolm/http_request.h"
+#include "nanolm/server_metrics.h"
+
+#define RATE_WINDOW 40 /* samples of the generated-token counter, >= 0.25 s apart: ~10 s */
+
+struct nl_server {
+    nl_engine *eng;
+    nl_server_opts o;
+    char model[128];
+    struct MHD_Daemon *d;
+    int port;
+    int64_t created;
+    pthread_t driver;
+    int driver_started;
+    atomic_int stop_driver;
+    atomic_int draining;   /* refuse new requests */
+    atomic_int cancel_all; /* drain timed out: cancel what runs */
+    atomic_uint_fast64_t next_id;
+    pthread_mutex_t mu; /* guards everything below */
+    pthread_cond_t idle;
+    int64_t active;     /* completions in flight (submitted, response not yet finished) */
+    nl_serve_metrics m;
+    double rate_t[RATE_WINDOW];
+    int64_t rate_tok[RATE_WINDOW];
+    int rate_n, rate_head;
+};
+
+void nl_server_opts_default(nl_server_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->model_name = "nanolm";
+    o->max_body_bytes = (size_t)1 << 20;
+    o->max_connections = 512;
+    o->drain_timeout_s = 30;
+}
+
+/* ---- responses ------------------------------------------------------------------------------- */
+
+static enum MHD_Result send_buf(struct MHD_Connection *c, unsigned status, const char *type, const char *data, size_t n) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)data, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, const nl_http_buf *b) {
+    return send_buf(c, status, "application/json", b->data ? b->data : "{}", b->data ? b->len : 2);
+}
+
+static enum MHD_Result send_error(nl_server *s, struct MHD_Connection *c, const nl_http_error *e) {
+    pthread_mutex_lock(&s->mu);
+    s->m.requests_rejected++;
+    pthread_mutex_unlock(&s->mu);
+    nl_http_buf b = {0};
+    nl_http_error_json(e, &b);
+    enum MHD_Result r = send_json(c, (unsigned)e->status, &b);
+    nl_http_buf_free(&b);
+    return r;
+}
+
+static enum MHD_Result send_errorf(nl_server *s, struct MHD_Connection *c, int status, const char *param, const char *msg) {
+    nl_http_error e;
+    nl_http_error_set(&e, status, param, "%s", msg);
+    return send_error(s, c, &e);
+}
+
+/* 1 when the client has closed its end (a read would return EOF). */
+static int peer_closed(int fd) {
+    if (fd < 0) return 0;
+    char ch;
+    ssize_t n = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* ---- one completion -------------------------------------------------------------------------- */
+
+/* A request in flight, shared by the access handler and (for a stream) the response callbacks. */
+typedef struct completion {
+    nl_server *s;
+    uint64_t id;           /* engine request id */
+    int fd;                /* the client's socket, to notice when it goes away */
+    int stream, include_usage;
+    nl_completion_id cid;
+    double t_arrival;
+    int cancelled, ended;
+    nl_http_buf out;       /* stream: bytes not yet handed to MHD; else the whole text */
+    size_t out_off;
+    int64_t prompt_tokens, completion_tokens;
+    const char *finish;    /* "stop" / "length" when done */
+} completion;
+
+/* Records a finished request's latencies (server clock: from the request's arrival). */
+static void record(completion *q, const nl_engine_output *o) {
+    nl_server *s = q->s;
+    pthread_mutex_lock(&s->mu);
+    if (o->finish == NL_FINISH_STOP || o->finish == NL_FINISH_LENGTH) {
+        s->m.requests_ok++;
+        if (o->t_first_token_s > 0) nl_histogram_observe(&s->m.ttft, o->t_first_token_s - q->t_arrival);
+        if (o->t_finish_s > 0) nl_histogram_observe(&s->m.e2e, o->t_finish_s - q->t_arrival);
+        if (o->completion_tokens > 1 && o->t_first_token_s > 0 && o->t_finish_s > o->t_first_token_s)
+            nl_histogram_observe(&s->m.tpot, (o->t_finish_s - o->t_first_token_s) / (double)(o->completion_tokens - 1));
+    } else {
+        s->m.requests_aborted++;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Waits for the next output of q (or its end); appends SSE events (stream) or text to q->out.
+ * Returns 1 when the request has ended, 0 for more to come, -1 when the client went away. */
+static int pump(completion *q) {
+    nl_server *s = q->s;
+    for (;;) {
+        if (atomic_load(&s->cancel_all) && !q->cancelled) {
+            nl_engine_cancel(s->eng, q->id);
+            q->cancelled = 1;
+        }
+        int w = nl_engine_wait(s->eng, q->id, 100);
+        if (w < 0) return -1;
+        if (w == 0) {
+            if (peer_closed(q->fd)) return -1;
+            continue;
+        }
+        nl_engine_output o;
+        memset(&o, 0, sizeof o);
+        if (nl_engine_read(s->eng, q->id, 0, &o)) return -1;
+        int ended = o.finish != NL_FINISH_NONE;
+        const char *fin = o.finish == NL_FINISH_STOP ? "stop" : o.finish == NL_FINISH_LENGTH ? "length" : NULL;
+        int ok = 1;
+        if (q->stream) {
+            if (o.text_len || (ended && fin)) ok = !nl_http_sse_chunk(&q->cid, o.text, o.text_len, ended ? fin : NULL, &q->out);
+            if (ended && !fin) { /* cancelled (shutdown) or a numeric error: say so before [DONE] */
+                nl_http_error e;
+                if (o.finish == NL_FINISH_ERROR) nl_http_error_set(&e, 500, NULL, "the model failed: %s", o.error);
+                else nl_http_error_set(&e, 503, NULL, "the request was cancelled: the server is shutting down");
+                ok = ok && !nl_http_sse_error(&e, &q->out);
+            }
+            if (ended && fin && q->include_usage) ok = ok && !nl_http_sse_usage(&q->cid, o.prompt_tokens, o.completion_tokens, &q->out);
+            if (ended) ok = ok && !nl_http_sse_done(&q->out);
+        } else if (o.text_len) {
+            ok = !nl_http_buf_append(&q->out, o.text, o.text_len);
+        }
+        if (ended) {
+            q->ended = 1;
+            q->finish = fin;
+            q->prompt_tokens = o.prompt_tokens;
+            q->completion_tokens = o.completion_tokens;
+            record(q, &o);
+        }
+        int got = o.text_len > 0;
+        nl_engine_output_free(&o);
+        if (!ok) return -1;
+        if (ended) return 1;
+        if (got) return 0;
+    }
+}
+
+/* The request is over for the HTTP side: cancel it if it still runs, forget it, count it out. */
+static void completion_free(completion *q) {
+    nl_server *s = q->s;
+    if (!q->ended) {
+        nl_engine_cancel(s->eng, q->id);
+        pthread_mutex_lock(&s->mu);
+        s->m.requests_aborted++;
+        pthread_mutex_unlock(&s->mu);
+    }
+    nl_engine_release(s->eng, q->id);
+    nl_http_buf_free(&q->out);
+    pthread_mutex_lock(&s->mu);
+    s->active--;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+    free(q);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    completion *q = cls;
+    while (q->out_off >= q->out.len) {
+        if (q->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        q->out.len = 0;
+        q->out_off = 0;
+        if (pump(q) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = q->out.len - q->out_off;
+    if (n > max) n = max;
+    memcpy(buf, q->out.data + q->out_off, n);
+    q->out_off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) { completion_free(cls); }
+
+/* Parses, submits and answers one POST /v1/completions. */
+static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const char *body, size_t bytes,
+                                   double t_arrival) {
+    const nl_arch *arch = nl_engine_arch(s->eng);
+    nl_completion_req req;
+    nl_http_error err;
+    if (nl_http_parse_completion(body, bytes, arch->vocab_size, &req, &err)) return send_error(s, c, &err);
+    if (atomic_load(&s->draining)) {
+        nl_http_completion_free(&req);
+        return send_errorf(s, c, 503, NULL, "the server is shutting down");
+    }
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (req.prompt) {
+        if (nl_engine_encode(s->eng, req.prompt, req.prompt_bytes, &ids, &n)) {
+            nl_http_error_set(&err, 400, "prompt", "cannot tokenize the prompt: %s", nl_last_error());
+            nl_http_completion_free(&req);
+            return send_error(s, c, &err);
+        }
+    } else {
+        ids = req.prompt_tokens;
+        n = req.n_prompt_tokens;
+        req.prompt_tokens = NULL;
+    }
+    enum MHD_Result ret;
+    if (n < 1) {
+        nl_http_error_set(&err, 400, "prompt", "the prompt is empty (0 tokens)");
+        ret = send_error(s, c, &err);
+        goto out;
+    }
+    if (n > arch->seq_len) {
+        nl_http_error_set(&err, 400, "prompt",
+                          "the prompt is %lld tokens, longer than the model's context of %lld tokens", (long long)n,
+                          (long long)arch->seq_len);
+        ret = send_error(s, c, &err);
+        goto out;
+    }
+    nl_completion_id cid;
+    memset(&cid, 0, sizeof cid);
+    snprintf(cid.id, sizeof cid.id, "cmpl-%llx%08llx", (unsigned long long)s->created,
+             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    cid.created = (int64_t)time(NULL);
+    cid.model = s->model;
+    if (req.max_tokens == 0) { /* nothing asked for: usage only */
+        nl_http_buf b = {0};
+        if (req.stream) {
+            nl_http_sse_chunk(&cid, "", 0, "length", &b);
+            if (req.include_usage) nl_http_sse_usage(&cid, n, 0, &b);
+            nl_http_sse_done(&b);
+            ret = send_buf(c, 200, "text/event-stream", b.data, b.len);
+        } else {
+            nl_http_completion_json(&cid, "", 0, "length", n, 0, &b);
+            ret = send_json(c, 200, &b);
+        }
+        nl_http_buf_free(&b);
+        goto out;
+    }
+    nl_sampling sp;
+    nl_sampling_default(&sp);
+    sp.temperature = (float)req.temperature;
+    sp.top_p = (float)req.top_p;
+    sp.top_k = (int)req.top_k;
+    sp.seed = req.has_seed ? req.seed : atomic_fetch_add(&s->next_id, 1) * 0x9E3779B97F4A7C15ull;
+    sp.max_tokens = req.max_tokens; /* beyond the context: the engine ends it there with "length" */
+    sp.ignore_eos = req.ignore_eos;
+    for (int i = 0; i < req.n_stop; i++)
+        if (nl_sampling_add_stop(&sp, req.stop[i])) {
+            nl_http_error_set(&err, 400, "stop", "%s", nl_last_error());
+            ret = send_error(s, c, &err);
+            goto out;
+        }
+    uint64_t id = 0;
+    nl_status rc = nl_engine_submit(s->eng, ids, n, &sp, &id);
+    if (rc) {
+        int status = rc == NL_ERR_BUSY ? 429 : rc == NL_ERR_NOMEM ? 500 : 400;
+        nl_http_error_set(&err, status, rc == NL_ERR_BUSY ? NULL : "prompt", "%s", nl_last_error());
+        ret = send_error(s, c, &err);
+        goto out;
+    }
+    completion *q = calloc(1, sizeof *q);
+    if (!q) {
+        nl_engine_cancel(s->eng, id);
+        nl_engine_release(s->eng, id);
+        ret = send_errorf(s, c, 500, NULL, "out of memory");
+        goto out;
+    }
+    q->s = s;
+    q->id = id;
+    q->fd = conn_fd(c);
+    q->stream = req.stream;
+    q->include_usage = req.include_usage;
+    q->cid = cid;
+    q->t_arrival = t_arrival;
+    pthread_mutex_lock(&s->mu);
+    s->active++;
+    pthread_mutex_unlock(&s->mu);
+    if (req.stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, q, stream_free);
+        if (!r) {
+            completion_free(q);
+            ret = MHD_NO;
+            goto out;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        goto out;
+    }
+    int st;
+    while ((st = pump(q)) == 0) {}
+    if (st < 0) { /* the client went away: nothing to answer */
+        completion_free(q);
+        ret = MHD_NO;
+        goto out;
+    }
+    nl_http_buf b = {0};
+    if (q->finish) {
+        nl_http_completion_json(&cid, q->out.data ? q->out.data : "", q->out.len, q->finish, q->prompt_tokens,
+                                q->completion_tokens, &b);
+        ret = send_json(c, 200, &b);
+    } else {
+        nl_http_error_set(&err, 503, NULL, "the request was cancelled: the server is shutting down");
+        nl_http_error_json(&err, &b);
+        ret = send_json(c, 503, &b);
+    }
+    nl_http_buf_free(&b);
+    completion_free(q);
+out:
+    nl_free(ids);
+    nl_http_completion_free(&req);
+    return ret;
+}
+
+/* ---- GET endpoints ---------------------------------------------------------------------------- */
+
+static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
+    nl_engine_stats st;
+    nl_engine_stats_get(s->eng, &st);
+    pthread_mutex_lock(&s->mu);
+    nl_serve_metrics m = s->m;
+    double rate = 0;
+    if (s->rate_n >= 2) {
+        int newest = (s->rate_head + RATE_WINDOW - 1) % RATE_WINDOW;
+        int oldest = (s->rate_head + RATE_WINDOW - s->rate_n) % RATE_WINDOW;
+        double dt = s->rate_t[newest] - s->rate_t[oldest];
+        if (dt > 0) rate = (double)(s->rate_tok[newest] - s->rate_tok[oldest]) / dt;
+    }
+    pthread_mutex_unlock(&s->mu);
+    m.running = st.running;
+    m.waiting = st.waiting;
+    m.kv_blocks_used = st.kv_blocks_used;
+    m.kv_blocks_free = st.kv_blocks_free;
+    m.prompt_tokens = st.prompt_tokens_computed;
+    m.generation_tokens = st.tokens_generated;
+    m.preemptions = st.preemptions;
+    m.steps = st.steps;
+    m.tokens_per_s = rate;
+    nl_http_buf b = {0};
+    nl_serve_metrics_text(&m, &b);
+    enum MHD_Result r = send_buf(c, 200, "text/plain; version=0.0.4", b.data ? b.data : "", b.len);
+    nl_http_buf_free(&b);
+    return r;
+}
+
+/* ---- the access handler ---------------------------------------------------------------------- */
+
+typedef struct conn_state {
+    nl_http_buf body;
+    int too_large;
+    double t_arrival;
+} conn_state;
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls) {
+    (void)version;
+    nl_server *s = cls;
+    int is_post = !strcmp(method, "POST");
+    if (!strcmp(url, "/v1/completions") && is_post) {
+        conn_state *cs = *con_cls;
+        if (!cs) { /* headers only: refuse a declared oversize body before reading it */
+            cs = calloc(1, sizeof *cs);
+            if (!cs) return MHD_NO;
+            cs->t_arrival = nl_time_s();
+            *con_cls = cs;
+            const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            if (cl && strtoull(cl, NULL, 10) > s->o.max_body_bytes) {
+                cs->too_large = 1;
+                char msg[160];
+                snprintf(msg, sizeof msg, "the request body is %s bytes, more than the limit of %zu", cl, s->o.max_body_bytes);
+                return send_errorf(s, c, 413, NULL, msg);
+            }
+            return MHD_YES;
+        }
+        if (*upload_data_size) {
+            if (!cs->too_large) {
+                if (cs->body.len + *upload_data_size > s->o.max_body_bytes) {
+                    cs->too_large = 1;
+                    nl_http_buf_free(&cs->body);
+                } else if (nl_http_buf_append(&cs->body, upload_data, *upload_data_size)) {
+                    return MHD_NO;
+                }
+            }
+            *upload_data_size = 0;
+            return MHD_YES;
+        }
+        if (cs->too_large) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "the request body is more than the limit of %zu bytes", s->o.max_body_bytes);
+            return send_errorf(s, c, 413, NULL, msg);
+        }
+        return completions(s, c, cs->body.data, cs->body.len, cs->t_arrival);
+    }
+    /* Everything else answers on the first call; a body sent with it is ignored. */
+    if (*con_cls == NULL) {
+        *con_cls = calloc(1, sizeof(conn_state));
+        if (!*con_cls) return MHD_NO;
+        if (*upload_data_size == 0 && is_post) return MHD_YES;
+    }
+    if (*upload_data_size) {
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    int known = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
+                !strcmp(url, "/metrics");
+    if (!known) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "no such endpoint: %.200s (known: POST /v1/completions, GET /v1/models, /health, /metrics)",
+                 url);
+        return send_errorf(s, c, 404, NULL, msg);
+    }
+    if (!is_get || !strcmp(url, "/v1/completions")) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "method %.20s is not allowed on %s", method, url);
+        return send_errorf(s, c, 405, NULL, msg);
+    }
+    if (!strcmp(url, "/health")) {
+        if (atomic_load(&s->draining)) return send_buf(c, 503, "application/json", "{\"status\":\"draining\"}", 21);
+        return send_buf(c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    }
+    if (!strcmp(url, "/metrics")) return metrics(s, c);
+    nl_http_buf b = {0};
+    nl_http_models_json(s->model, s->created, nl_engine_arch(s->eng)->seq_len, nl_engine_arch(s->eng)->vocab_size, &b);
+    enum MHD_Result r = send_json(c, 200, &b);
+    nl_http_buf_free(&b);
+    return r;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    conn_state *cs = *con_cls;
+    if (cs) {
+        nl_http_buf_free(&cs->body);
+        free(cs);
+        *con_cls = NULL;
+    }
+}
+
+/* ---- driver ---------------------------------------------------------------------------------- */
+
+static void *drive(void *arg) {
+    nl_server *s = arg;
+    double last_sample = 0;
+    while (!atomic_load(&s->stop_driver)) {
+        if (nl_engine_wait_work(s->eng, 100)) {
+            if (nl_engine_step(s->eng, NULL)) {
+                fprintf(stderr, "nanolm: serve: engine step failed: %s\n", nl_last_error());
+                struct timespec ts = {0, 10 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        double now = nl_time_s();
+        if (now - last_sample >= 0.25) {
+            nl_engine_stats st;
+            nl_engine_stats_get(s->eng, &st);
+            pthread_mutex_lock(&s->mu);
+            s->rate_t[s->rate_head] = now;
+            s->rate_tok[s->rate_head] = st.tokens_generated;
+            s->rate_head = (s->rate_head + 1) % RATE_WINDOW;
+            if (s->rate_n < RATE_WINDOW) s->rate_n++;
+            pthread_mutex_unlock(&s->mu);
+            last_sample = now;
+        }
+    }
+    return NULL;
+}
+
+/* ---- life cycle ------------------------------------------------------------------------------ */
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    fprintf(stderr, "nanolm: serve: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *opts) {
+    *out = NULL;
+    nl_server_opts o;
+    nl_server_opts_default(&o);
+    if (opts) o = *opts;
+    if (!o.host) o.host = "127.0.0.1";
+    if (!o.model_name) o.model_name = "nanolm";
+    if (o.max_body_bytes == 0) o.max_body_bytes = (size_t)1 << 20;
+    if (o.max_connections <= 0) o.max_connections = 512;
+    if (o.port < 0 || o.port > 65535) return nl_fail(NL_ERR_INVALID, "serve: port must be in [0, 65535], got %d", o.port);
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)o.port);
+    const char *h = !strcmp(o.host, "localhost") ? "127.0.0.1" : o.host;
+    if (inet_pton(AF_INET, h, &addr.sin_addr) != 1)
+        return nl_fail(NL_ERR_INVALID, "serve: --host '%s' is not an IPv4 address (e.g. 127.0.0.1 or 0.0.0.0)", o.host);
+    nl_server *s = calloc(1, sizeof *s);
+    if (!s) return nl_fail(NL_ERR_NOMEM, "serve: out of memory");
+    s->eng = e;
+    s->o = o;
+    snprintf(s->model, sizeof s->model, "%s", o.model_name);
+    s->created = (int64_t)time(NULL);
+    atomic_init(&s->stop_driver, 0);
+    atomic_init(&s->draining, 0);
+    atomic_init(&s->cancel_all, 0);
+    atomic_init(&s->next_id, 1);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    nl_serve_metrics_init(&s->m);
+    if (pthread_create(&s->driver, NULL, drive, s)) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->idle);
+        free(s);
+        return nl_fail(NL_ERR_NOMEM, "serve: cannot start the engine thread");
+    }
+    s->driver_started = 1;
+    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                                MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)600, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        int err = errno;
+        nl_server_stop(s);
+        return nl_fail(NL_ERR_IO, "serve: cannot listen on %s:%d: %s", o.host, o.port, err ? strerror(err) : "libmicrohttpd refused");
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o.port;
+    *out = s;
+    return NL_OK;
+}
+
+int nl_server_port(const nl_server *s) { return s->port; }
+
+/* Waits until no completion is in flight or `until` (nl_time_s) passes; returns what is left. */
+static int64_t wait_idle(nl_server *s, double until) {
+    pthread_mutex_lock(&s->mu);
+    while (s->active > 0 && nl_time_s() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&s->idle, &s->mu, &ts);
+    }
+    int64_t left = s->active;
+    pthread_mutex_unlock(&s->mu);
+    return left;
+}
+
+void nl_server_stop(nl_server *s) {
+    if (!s) return;
+    atomic_store(&s->draining, 1);
+    if (s->d) {
+        MHD_socket lfd = MHD_quiesce_daemon(s->d); /* no new connections */
+        if (wait_idle(s, nl_time_s() + s->o.drain_timeout_s) > 0) {
+            atomic_store(&s->cancel_all, 1); /* every waiting handler cancels its request */
+            wait_idle(s, nl_time_s() + 30);
+        }
+        MHD_stop_daemon(s->d);
+        if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    }
+    if (s->driver_started) {
+        atomic_store(&s->stop_driver, 1);
+        pthread_join(s->driver, NULL);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->idle);
+    free(s);
+}

@@ -1,0 +1,142 @@
+/* Decode kernels (nanolm/matvec.h) against the scalar reference: every format and path, odd
+ * sizes (K not a multiple of 8 or 16, N not a multiple of 4 or 16, M tails), and batch
+ * invariance (a token's outputs are the same bits whatever M and the thread count). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nanolm/matvec.h"
+
+static void fill(float *x, size_t n, uint64_t seed) {
+    nl_rng r;
+    nl_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) x[i] = (float)nl_rng_normal(&r);
+}
+
+/* Max |y - ref| relative to the RMS of ref. */
+static double rel_err(const float *y, const float *ref, size_t n) {
+    double ss = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        ss += (double)ref[i] * ref[i];
+        double d = fabs((double)y[i] - ref[i]);
+        if (d > mx || d != d) mx = d != d ? INFINITY : d;
+    }
+    return mx / sqrt(ss / (double)n + 1e-30);
+}
+
+static const int64_t SIZES[][3] = {{1, 1, 1}, {1, 5, 7}, {3, 17, 33}, {5, 64, 64}, {9, 33, 130}, {1, 100, 768}, {13, 7, 1001}};
+
+static void test_fp32_bf16_paths(void **state) {
+    (void)state;
+    for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++) {
+        int64_t M = SIZES[si][0], N = SIZES[si][1], K = SIZES[si][2];
+        float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
+        float *y = malloc((size_t)(M * N) * 4), *ref = malloc((size_t)(M * N) * 4);
+        fill(w, (size_t)(N * K), 1 + si);
+        fill(x, (size_t)(M * K), 100 + si);
+        for (int bf = 0; bf <= 1; bf++) {
+            nl_mv_weight wt;
+            assert_int_equal(nl_mv_weight_init(&wt, bf ? NL_WFMT_BF16 : NL_WFMT_FP32, w, N, K, 1), NL_OK);
+            nl_mv_reference(ref, x, w, M, N, K, bf);
+            for (int p = NL_MV_PORTABLE; p < NL_MV_COUNT; p++) {
+                if (!nl_mv_available((nl_mv_path)p)) {
+                    print_message("[  SKIP    ] path %s not on this CPU\n", nl_mv_path_name((nl_mv_path)p));
+                    continue;
+                }
+                assert_int_equal(nl_mv_weight_set_path(&wt, (nl_mv_path)p), NL_OK);
+                memset(y, 0xFF, (size_t)(M * N) * 4); /* NaN: every output must be written */
+                assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
+                double err = rel_err(y, ref, (size_t)(M * N));
+                if (err > 1e-5)
+                    print_message("M=%lld N=%lld K=%lld %s %s: rel err %g\n", (long long)M, (long long)N, (long long)K,
+                                  bf ? "bf16" : "fp32", nl_mv_path_name((nl_mv_path)p), err);
+                assert_true(err < 1e-5);
+            }
+            nl_mv_weight_free(&wt);
+        }
+        free(w); free(x); free(y); free(ref);
+    }
+}
+
+static void test_int8_against_reference(void **state) {
+    (void)state;
+    for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++) {
+        int64_t M = SIZES[si][0], N = SIZES[si][1], K = SIZES[si][2];
+        float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
+        float *y = malloc((size_t)(M * N) * 4), *ref = malloc((size_t)(M * N) * 4);
+        fill(w, (size_t)(N * K), 7 + si);
+        fill(x, (size_t)(M * K), 70 + si);
+        nl_mv_weight wt;
+        assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_INT8, w, N, K, 0), NL_OK);
+        assert_int_equal(nl_mv_weight_bytes(&wt), (size_t)(N * K + 4 * N));
+        nl_mv_reference(ref, x, w, M, N, K, 0);
+        assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
+        /* W8A8 with absmax scales: error ~ sqrt(K) * step^2; relative to the output RMS < 3% */
+        double err = rel_err(y, ref, (size_t)(M * N));
+        print_message("int8 M=%lld N=%lld K=%lld: max err / rms %.4f\n", (long long)M, (long long)N, (long long)K, err);
+        assert_true(K < 8 || err < 0.05);
+        nl_mv_weight_free(&wt);
+        free(w); free(x); free(y); free(ref);
+    }
+}
+
+/* Each token's outputs are bit-identical whether it runs alone or among 37 others, with 1 or
+ * 2 threads, for every format and path. */
+static void test_batch_invariance(void **state) {
+    (void)state;
+    const int64_t M = 37, N = 67, K = 300;
+    float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
+    float *yb = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)N * 4);
+    fill(w, (size_t)(N * K), 3);
+    fill(x, (size_t)(M * K), 4);
+    for (int f = NL_WFMT_FP32; f < NL_WFMT_COUNT; f++)
+        for (int p = NL_MV_PORTABLE; p < NL_MV_COUNT; p++) {
+            if (!nl_mv_available((nl_mv_path)p)) continue;
+            nl_mv_weight wt;
+            assert_int_equal(nl_mv_weight_init(&wt, (nl_wfmt)f, w, N, K, 0), NL_OK);
+            assert_int_equal(nl_mv_weight_set_path(&wt, (nl_mv_path)p), NL_OK);
+            assert_int_equal(nl_mv_forward(&wt, x, M, yb, 2), NL_OK);
+            for (int64_t m = 0; m < M; m++) {
+                assert_int_equal(nl_mv_forward(&wt, x + m * K, 1, y1, (int)(1 + m % 2)), NL_OK);
+                assert_memory_equal(y1, yb + m * N, (size_t)N * 4);
+            }
+            /* a sub-batch of 5 starting at token 3 */
+            float y5[5 * 67];
+            assert_int_equal(nl_mv_forward(&wt, x + 3 * K, 5, y5, 1), NL_OK);
+            assert_memory_equal(y5, yb + 3 * N, sizeof y5);
+            nl_mv_weight_free(&wt);
+        }
+    free(w); free(x); free(yb); free(y1);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    float w[6] = {1, 2, 3, NAN, 5, 6}, x[3] = {1, 1, 1}, y[2];
+    nl_mv_weight wt;
+    assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_BF16, w, 2, 3, 0), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "bf16"));
+    nl_mv_weight_free(&wt);
+    assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_INT8, w, 2, 3, 0), NL_ERR_INVALID);
+    nl_mv_weight_free(&wt);
+    assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_FP32, w, 0, 3, 0), NL_ERR_INVALID);
+    assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_FP32, w, 2, 3, 0), NL_OK);
+    assert_int_equal(nl_mv_forward(&wt, x, 0, y, 1), NL_ERR_INVALID);
+    nl_mv_weight_free(&wt);
+    nl_wfmt f;
+    assert_int_equal(nl_wfmt_parse("bf16", &f), NL_OK);
+    assert_int_equal(f, NL_WFMT_BF16);
+    assert_int_equal(nl_wfmt_parse("fp8", &f), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "fp8"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp32_bf16_paths),
+        cmocka_unit_test(test_int8_against_reference),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

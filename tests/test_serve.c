@@ -1,0 +1,492 @@
+/* nanolm serve end to end: the server runs as its own process on an ephemeral 127.0.0.1 port
+ * (found through --port-file) with stories260K, and is driven with curl and with the project's
+ * client (client.h) and load generator (http_loadgen.h). Every test stops the server it started. */
+#include "testutil.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "nanolm/client.h"
+#include "nanolm/http_loadgen.h"
+
+typedef struct srv {
+    pid_t pid;
+    int port;
+    char *dir;
+} srv;
+
+/* The server of the running test, killed by the teardown when a failed assertion skipped stop(). */
+static pid_t g_pid = -1;
+
+static int teardown(void **state) {
+    (void)state;
+    if (g_pid > 0) {
+        kill(g_pid, SIGKILL);
+        waitpid(g_pid, NULL, 0);
+        g_pid = -1;
+    }
+    return 0;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Starts `nanolm serve` with stories260K and extra options; 0 when the data is missing. */
+static int start(srv *s, const char *extra) {
+    const char *ck = tu_data_path("stories260K/stories260K.bin");
+    const char *tk = tu_data_path("stories260K/tok512.bin");
+    if (!ck || !tk) return 0;
+    s->dir = tu_tmpdir();
+    char port_file[512], log[512], cmd[2048];
+    snprintf(port_file, sizeof port_file, "%s/port", s->dir);
+    snprintf(log, sizeof log, "%s/log", s->dir);
+    snprintf(cmd, sizeof cmd, "exec '%s' serve --ckpt '%s' --tokenizer '%s' --port 0 --port-file '%s' %s >/dev/null 2>'%s'",
+             getenv("NANOLM_BIN"), ck, tk, port_file, extra ? extra : "", log);
+    s->pid = fork();
+    assert_true(s->pid >= 0);
+    g_pid = s->pid;
+    if (s->pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 600; i++) { /* up to 60 s (a loaded machine) */
+        size_t n = 0;
+        char *p = tu_read_file(port_file, &n);
+        if (p) {
+            s->port = atoi(p);
+            free(p);
+            if (s->port > 0) return 1;
+        }
+        int st;
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            char *l = tu_read_file(log, NULL);
+            fail_msg("the server exited before listening: %s", l ? l : "?");
+        }
+        sleep_ms(100);
+    }
+    fail_msg("the server did not write its port file in 60 s");
+    return 0;
+}
+
+/* Sends SIGTERM and waits for the exit (SIGKILL after 60 s). Returns the exit status. */
+static int stop(srv *s) {
+    kill(s->pid, SIGTERM);
+    int st = -1;
+    for (int i = 0; i < 600; i++) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) break;
+        sleep_ms(100);
+        if (i == 599) {
+            kill(s->pid, SIGKILL);
+            waitpid(s->pid, &st, 0);
+        }
+    }
+    g_pid = -1;
+    tu_rmdir(s->dir);
+    free(s->dir);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+#define START(s, extra)                                                                 \
+    srv s;                                                                              \
+    if (!start(&s, extra)) {                                                            \
+        print_message("[  SKIP    ] needs ../shared/data/stories260K (not present)\n"); \
+        skip();                                                                         \
+        return;                                                                         \
+    }
+
+static cJSON *post(const srv *s, const char *body, int *status) {
+    nl_http_response r;
+    assert_int_equal(nl_http_request("127.0.0.1", s->port, "POST", "/v1/completions", body, strlen(body), 60, NULL, NULL, &r),
+                     NL_OK);
+    *status = r.status;
+    cJSON *doc = r.body.data ? cJSON_Parse(r.body.data) : NULL;
+    if (!doc) fail_msg("not JSON (HTTP %d): %s", r.status, r.body.data ? r.body.data : "");
+    nl_http_response_free(&r);
+    return doc;
+}
+
+static const char *choice_str(cJSON *doc, const char *key) {
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "choices"), 0);
+    cJSON *v = cJSON_GetObjectItem(c, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static int usage_int(cJSON *doc, const char *key) {
+    return (int)cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "usage"), key)->valuedouble;
+}
+
+/* Reads one metric's value from /metrics. */
+static double metric(const srv *s, const char *name) {
+    nl_http_response r;
+    assert_int_equal(nl_http_request("127.0.0.1", s->port, "GET", "/metrics", NULL, 0, 30, NULL, NULL, &r), NL_OK);
+    assert_int_equal(r.status, 200);
+    char key[160];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(r.body.data, key);
+    if (!p) fail_msg("no %s in /metrics", name);
+    double v = strtod(p + strlen(key), NULL);
+    nl_http_response_free(&r);
+    return v;
+}
+
+/* curl output of a command line (shell), or NULL when curl is not installed. */
+static char *curl(const char *args) {
+    if (system("command -v curl >/dev/null 2>&1") != 0) return NULL;
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "curl -sS --max-time 60 %s", args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    nl_http_buf b = {0};
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) nl_http_buf_append(&b, buf, n);
+    pclose(p);
+    if (!b.data) nl_http_buf_append(&b, "", 0);
+    return b.data;
+}
+
+typedef struct stream_ctx {
+    nl_http_buf text;
+    int chunks, done, close_after;
+    char finish[16];
+    char error[256];
+    int completion_tokens;
+} stream_ctx;
+
+static int on_event(void *ctx, const char *data, size_t n, double t) {
+    (void)t;
+    stream_ctx *c = ctx;
+    if (n == 6 && !memcmp(data, "[DONE]", 6)) {
+        c->done = 1;
+        return 0;
+    }
+    cJSON *doc = cJSON_ParseWithLength(data, n);
+    assert_non_null(doc);
+    cJSON *err = cJSON_GetObjectItem(doc, "error");
+    if (err) {
+        snprintf(c->error, sizeof c->error, "%s", cJSON_GetObjectItem(err, "message")->valuestring);
+        cJSON_Delete(doc);
+        return 0;
+    }
+    assert_string_equal(cJSON_GetObjectItem(doc, "object")->valuestring, "text_completion");
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "choices"), 0);
+    if (ch) {
+        const char *tx = cJSON_GetObjectItem(ch, "text")->valuestring;
+        nl_http_buf_append(&c->text, tx, strlen(tx));
+        cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
+        if (cJSON_IsString(f)) snprintf(c->finish, sizeof c->finish, "%s", f->valuestring);
+        c->chunks++;
+    }
+    cJSON *u = cJSON_GetObjectItem(doc, "usage");
+    if (u) c->completion_tokens = (int)cJSON_GetObjectItem(u, "completion_tokens")->valuedouble;
+    cJSON_Delete(doc);
+    return c->close_after && c->chunks >= c->close_after;
+}
+
+/* GET endpoints, a completion by curl and the same one streamed through our client: the streamed
+ * chunks add up to the same greedy text, the usage counts agree, the stream ends with [DONE]. */
+static void completions(void **state) {
+    (void)state;
+    START(s, NULL);
+    char args[512];
+    snprintf(args, sizeof args, "http://127.0.0.1:%d/health", s.port);
+    char *out = curl(args);
+    if (out) assert_string_equal(out, "{\"status\":\"ok\"}");
+    free(out);
+    snprintf(args, sizeof args, "http://127.0.0.1:%d/v1/models", s.port);
+    out = curl(args);
+    if (out) {
+        cJSON *doc = cJSON_Parse(out);
+        cJSON *m = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "data"), 0);
+        assert_string_equal(cJSON_GetObjectItem(m, "id")->valuestring, "stories260K");
+        assert_int_equal(cJSON_GetObjectItem(m, "max_model_len")->valueint, 512);
+        cJSON_Delete(doc);
+    }
+    free(out);
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0}";
+    snprintf(args, sizeof args, "http://127.0.0.1:%d/v1/completions -H 'Content-Type: application/json' -d '%s'", s.port, body);
+    out = curl(args);
+    int status = 200;
+    cJSON *doc = out ? cJSON_Parse(out) : post(&s, body, &status);
+    assert_non_null(doc);
+    assert_int_equal(status, 200);
+    const char *text = choice_str(doc, "text");
+    /* llama2.c's reference continuation of this prompt (as in README's generate example) */
+    assert_non_null(text);
+    assert_memory_equal(text, ", there was a little girl named Lily.", 37);
+    assert_string_equal(choice_str(doc, "finish_reason"), "length");
+    assert_int_equal(usage_int(doc, "prompt_tokens"), 5);
+    assert_int_equal(usage_int(doc, "completion_tokens"), 30);
+    assert_int_equal(usage_int(doc, "total_tokens"), 35);
+    free(out);
+
+    stream_ctx c = {0};
+    const char *sbody = "{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0,\"stream\":true,"
+                        "\"stream_options\":{\"include_usage\":true}}";
+    nl_http_response r;
+    assert_int_equal(nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", sbody, strlen(sbody), 60, on_event, &c, &r),
+                     NL_OK);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.content_type, "text/event-stream");
+    assert_true(c.done);
+    assert_true(c.chunks >= 2);
+    assert_string_equal(c.text.data, text);
+    assert_string_equal(c.finish, "length");
+    assert_int_equal(c.completion_tokens, 30);
+    /* the raw stream ends with the [DONE] event */
+    assert_true(r.body.len > 14 && !strcmp(r.body.data + r.body.len - 14, "data: [DONE]\n\n"));
+    nl_http_response_free(&r);
+    nl_http_buf_free(&c.text);
+
+    /* a stop string ends the text before it, with finish_reason "stop" */
+    doc = (cJSON_Delete(doc), post(&s, "{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0,\"stop\":\" Lily\"}",
+                                   &status));
+    assert_int_equal(status, 200);
+    assert_string_equal(choice_str(doc, "text"), ", there was a little girl named");
+    assert_string_equal(choice_str(doc, "finish_reason"), "stop");
+    cJSON_Delete(doc);
+    assert_int_equal(stop(&s), 0);
+}
+
+/* Bad input: the status and an OpenAI error naming the problem; the server keeps serving. */
+static void bad_input(void **state) {
+    (void)state;
+    START(s, "--max-body 100000");
+    struct { const char *body; int status; const char *words; } cases[] = {
+        {"{\"prompt\": \"hi\"", 400, "not valid JSON"},
+        {"{\"prompt\": 3}", 400, "'prompt' must be"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": \"many\"}", 400, "'max_tokens' must be an integer"},
+        {"{\"prompt\": \"hi\", \"temperature\": -1}", 400, "'temperature'"},
+        {"{\"prompt\": [1, 999]}", 400, "vocabulary has 512"},
+        {"{\"prompt\": \"hi\", \"n\": 3}", 400, "'n' must be 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int status;
+        cJSON *doc = post(&s, cases[i].body, &status);
+        cJSON *e = cJSON_GetObjectItem(doc, "error");
+        const char *msg = e ? cJSON_GetObjectItem(e, "message")->valuestring : "";
+        if (status != cases[i].status || !strstr(msg, cases[i].words))
+            fail_msg("%s: HTTP %d '%s'", cases[i].body, status, msg);
+        assert_string_equal(cJSON_GetObjectItem(e, "type")->valuestring, "invalid_request_error");
+        cJSON_Delete(doc);
+    }
+    /* unknown fields are ignored */
+    int status;
+    cJSON *doc = post(&s, "{\"prompt\":\"hi\",\"max_tokens\":2,\"frequency_penalty\":0.5,\"user\":\"u\",\"whatever\":[1]}", &status);
+    assert_int_equal(status, 200);
+    assert_int_equal(usage_int(doc, "completion_tokens"), 2);
+    cJSON_Delete(doc);
+    /* a prompt longer than the context (512 tokens): 400 */
+    nl_http_buf b = {0};
+    nl_http_buf_append(&b, "{\"prompt\":[1", 12);
+    for (int i = 1; i < 513; i++) nl_http_buf_append(&b, ",300", 4);
+    nl_http_buf_append(&b, "]}", 2);
+    doc = post(&s, b.data, &status);
+    assert_int_equal(status, 400);
+    assert_non_null(strstr(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "error"), "message")->valuestring, "513 tokens"));
+    cJSON_Delete(doc);
+    /* max_tokens beyond the context: generation stops at the context with finish_reason "length" */
+    b.len = 0;
+    nl_http_buf_append(&b, "{\"prompt\":[1", 12);
+    for (int i = 1; i < 500; i++) nl_http_buf_append(&b, ",300", 4);
+    nl_http_buf_append(&b, "],\"max_tokens\":100,\"ignore_eos\":true}", 37);
+    doc = post(&s, b.data, &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(choice_str(doc, "finish_reason"), "length");
+    assert_int_equal(usage_int(doc, "prompt_tokens"), 500);
+    /* positions 500..511 hold 12 generated tokens; the token sampled at the last position needs none */
+    assert_int_equal(usage_int(doc, "completion_tokens"), 512 - 500 + 1);
+    cJSON_Delete(doc);
+    /* a body over --max-body: 413, declared (Content-Length) or not */
+    b.len = 0;
+    nl_http_buf_append(&b, "{\"prompt\":\"", 11);
+    for (int i = 0; i < 20000; i++) nl_http_buf_append(&b, "abcdefgh", 8);
+    nl_http_buf_append(&b, "\"}", 2);
+    doc = post(&s, b.data, &status);
+    assert_int_equal(status, 413);
+    cJSON_Delete(doc);
+    char path[512];
+    snprintf(path, sizeof path, "%s/big.json", s.dir);
+    FILE *f = fopen(path, "w");
+    fwrite(b.data, 1, b.len, f);
+    fclose(f);
+    char args[1024];
+    snprintf(args, sizeof args, "-o /dev/null -w '%%{http_code}' -H 'Transfer-Encoding: chunked' --data-binary @%s "
+             "http://127.0.0.1:%d/v1/completions", path, s.port);
+    char *out = curl(args);
+    if (out) assert_string_equal(out, "413");
+    free(out);
+    nl_http_buf_free(&b);
+    /* unknown path 404, wrong method 405 */
+    nl_http_response r;
+    assert_int_equal(nl_http_request("127.0.0.1", s.port, "GET", "/v1/chat/nothing", NULL, 0, 30, NULL, NULL, &r), NL_OK);
+    assert_int_equal(r.status, 404);
+    nl_http_response_free(&r);
+    assert_int_equal(nl_http_request("127.0.0.1", s.port, "GET", "/v1/completions", NULL, 0, 30, NULL, NULL, &r), NL_OK);
+    assert_int_equal(r.status, 405);
+    nl_http_response_free(&r);
+    assert_true(metric(&s, "nanolm_requests_total{outcome=\"rejected\"}") >= 10);
+    assert_int_equal(stop(&s), 0);
+}
+
+/* A client that goes away mid-stream: its sequence and KV blocks are freed (seen in /metrics). */
+static void disconnect(void **state) {
+    (void)state;
+    START(s, NULL);
+    stream_ctx c = {0};
+    c.close_after = 3;
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"ignore_eos\":true,\"stream\":true}";
+    nl_http_response r;
+    assert_int_equal(nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 60, on_event, &c, &r),
+                     NL_OK);
+    assert_true(r.closed_early);
+    assert_false(c.done);
+    nl_http_response_free(&r);
+    nl_http_buf_free(&c.text);
+    double used = -1, running = -1, aborted = 0;
+    for (int i = 0; i < 200; i++) { /* up to 20 s */
+        used = metric(&s, "nanolm_kv_blocks_used");
+        running = metric(&s, "nanolm_requests_running");
+        aborted = metric(&s, "nanolm_requests_total{outcome=\"aborted\"}");
+        if (used == 0 && running == 0 && aborted == 1) break;
+        sleep_ms(100);
+    }
+    assert_true(used == 0 && running == 0 && aborted == 1);
+    /* the engine did not run the 400 tokens */
+    assert_true(metric(&s, "nanolm_generation_tokens_total") < 400);
+    assert_int_equal(stop(&s), 0);
+}
+
+typedef struct bg {
+    const srv *s;
+    const char *body;
+    int status;
+    stream_ctx c;
+} bg;
+
+static void *bg_post(void *arg) {
+    bg *b = arg;
+    nl_http_response r;
+    if (nl_http_request("127.0.0.1", b->s->port, "POST", "/v1/completions", b->body, strlen(b->body), 120, on_event, &b->c, &r))
+        b->status = -1;
+    else b->status = r.status;
+    nl_http_response_free(&r);
+    return NULL;
+}
+
+/* A bounded queue: with one running sequence and one waiting place, a third request gets 429. */
+static void queue_full(void **state) {
+    (void)state;
+    START(s, "--max-batch 1 --max-waiting 1 --drain-timeout 120");
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":100,\"ignore_eos\":true,\"stream\":true}";
+    bg b[2];
+    memset(b, 0, sizeof b);
+    b[0].s = b[1].s = &s;
+    b[0].body = b[1].body = body;
+    pthread_t th[2];
+    pthread_create(&th[0], NULL, bg_post, &b[0]);
+    for (int i = 0; i < 200 && metric(&s, "nanolm_requests_running") < 1; i++) sleep_ms(50);
+    pthread_create(&th[1], NULL, bg_post, &b[1]);
+    for (int i = 0; i < 200 && metric(&s, "nanolm_requests_waiting") < 1; i++) sleep_ms(50);
+    assert_true(metric(&s, "nanolm_requests_waiting") == 1);
+    int status;
+    cJSON *doc = post(&s, "{\"prompt\":\"Once\",\"max_tokens\":5}", &status);
+    assert_int_equal(status, 429);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "error"), "type")->valuestring, "rate_limit_error");
+    cJSON_Delete(doc);
+    /* SIGTERM with requests in flight: both finish (drain), then exit 0 */
+    assert_int_equal(stop(&s), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(b[i].status, 200);
+        assert_true(b[i].c.done);
+        /* "stop" if the model wrote BOS (stories260K's end of story, which ignore_eos does not skip) */
+        if (strcmp(b[i].c.finish, "length") && strcmp(b[i].c.finish, "stop"))
+            fail_msg("request %d: finish '%s', error '%s'", i, b[i].c.finish, b[i].c.error);
+        nl_http_buf_free(&b[i].c.text);
+    }
+}
+
+/* SIGTERM when requests cannot finish in --drain-timeout: they are cancelled (an error event, then
+ * [DONE]) and the server still exits 0. */
+static void shutdown_cancels(void **state) {
+    (void)state;
+    START(s, "--drain-timeout 0.5");
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":100000,\"ignore_eos\":true,\"stream\":true}";
+    bg b;
+    memset(&b, 0, sizeof b);
+    b.s = &s;
+    b.body = body;
+    pthread_t th;
+    pthread_create(&th, NULL, bg_post, &b);
+    for (int i = 0; i < 200 && metric(&s, "nanolm_requests_running") < 1; i++) sleep_ms(50);
+    assert_int_equal(stop(&s), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(b.status, 200);
+    assert_true(b.c.done);
+    assert_string_equal(b.c.finish, "");
+    assert_non_null(strstr(b.c.error, "shutting down"));
+    nl_http_buf_free(&b.c.text);
+}
+
+/* The load generator against the server: every request succeeds with exactly the asked tokens. */
+static void loadgen(void **state) {
+    (void)state;
+    START(s, NULL);
+    nl_loadgen_opts o;
+    memset(&o, 0, sizeof o);
+    o.host = "127.0.0.1";
+    o.port = s.port;
+    o.requests = 12;
+    o.concurrency = 4;
+    o.prompt_len = 16;
+    o.prompt_len_max = 48;
+    o.output_len = 8;
+    o.output_len_max = 16;
+    o.seed = 3;
+    nl_loadgen_result r;
+    assert_int_equal(nl_loadgen_run(&o, &r), NL_OK);
+    if (r.failed) fail_msg("%lld failed: %s", (long long)r.failed, r.first_error);
+    assert_int_equal(r.ok, 12);
+    assert_true(r.output_tokens <= 12 * 16);
+    assert_true(r.output_tokens >= 12 * 8 || r.short_outputs > 0);
+    assert_true(r.prompt_tokens >= 12 * 16 && r.prompt_tokens <= 12 * 48);
+    assert_int_equal(r.ttft.n, 12);
+    print_message("12 requests: %lld output tokens, %lld inter-token gaps, %lld short\n", (long long)r.output_tokens,
+                  (long long)r.itl.n, (long long)r.short_outputs);
+    /* one gap per streamed chunk after the first; a token whose text is empty (part of a UTF-8
+     * sequence) sends no chunk, so there may be fewer */
+    assert_true(r.itl.n > 0 && r.itl.n <= r.output_tokens - 12);
+    assert_true(r.ttft.p50 > 0 && r.ttft.p50 <= r.ttft.p99 && r.e2e.p50 >= r.ttft.p50);
+    assert_true(r.output_tokens_per_s > 0 && r.requests_per_s > 0);
+    /* Poisson arrivals */
+    o.rate_rps = 50;
+    o.requests = 6;
+    assert_int_equal(nl_loadgen_run(&o, &r), NL_OK);
+    assert_int_equal(r.ok, 6);
+    assert_true(metric(&s, "nanolm_kv_blocks_used") == 0);
+    assert_true(metric(&s, "nanolm_time_to_first_token_seconds_count") == 18);
+    assert_int_equal(stop(&s), 0);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(completions, teardown), cmocka_unit_test_teardown(bad_input, teardown),
+        cmocka_unit_test_teardown(disconnect, teardown),  cmocka_unit_test_teardown(queue_full, teardown),
+        cmocka_unit_test_teardown(shutdown_cancels, teardown), cmocka_unit_test_teardown(loadgen, teardown),
+    };
+    if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

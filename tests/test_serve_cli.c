@@ -1,0 +1,101 @@
+/* generate through the serving engine, end to end: a quantized checkpoint written by
+ * `quant model --out` loads in generate (on the int8 kernels) and in eval; NaN weights make
+ * generate fail with a clear message instead of printing blank text; bad --weights. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "nanolm/checkpoint.h"
+
+#define BIN "stories260K/stories260K.bin"
+#define TOK "stories260K/tok512.bin"
+
+static cJSON *run_json(const char *args) {
+    char *out = NULL;
+    int rc = tu_run_cli(args, &out);
+    if (rc != 0) print_message("%s\n-> %d\n%s\n", args, rc, out ? out : "");
+    assert_int_equal(rc, 0);
+    cJSON *d = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(d);
+    free(out);
+    return d;
+}
+
+static void test_quantized_checkpoint(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(bin, BIN);
+    TU_REQUIRE_DATA(tok, TOK);
+    TU_REQUIRE_DATA(txt, "tinystories/tinystories_head.txt");
+    char *dir = tu_tmpdir(), args[4096], *out = NULL;
+    snprintf(args, sizeof args, "quant model --ckpt %s --tokenizer %s --data %s --max-tokens 1024 --scheme int8-channel --out %s/q.st",
+             bin, tok, txt, dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    free(out);
+    cJSON *g[3];
+    const char *w[3] = {"fp32", "int8", "int8"};
+    /* fp32, the int8 checkpoint, and int8 made at load time from the fp32 one */
+    const char *ck[3] = {bin, NULL, bin}, *extra[3] = {"", "", " --weights int8"};
+    char qpath[1024];
+    snprintf(qpath, sizeof qpath, "%s/q.st", dir);
+    ck[1] = qpath;
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 40 --temperature 0 --json%s",
+                 ck[i], tok, extra[i]);
+        g[i] = run_json(args);
+        assert_string_equal(cJSON_GetObjectItem(g[i], "weights")->valuestring, w[i]);
+        print_message("%s: %s\n", args, cJSON_GetObjectItem(g[i], "text")->valuestring);
+    }
+    /* the checkpoint's int8 weights and int8 made at load time from fp32 are the same codes */
+    assert_string_equal(cJSON_GetObjectItem(g[1], "text")->valuestring, cJSON_GetObjectItem(g[2], "text")->valuestring);
+    /* int8 weights are 1/4 of fp32's (plus scales) */
+    double b0 = cJSON_GetObjectItem(g[0], "weight_bytes")->valuedouble, b1 = cJSON_GetObjectItem(g[1], "weight_bytes")->valuedouble;
+    assert_true(b1 < 0.3 * b0);
+    /* the first greedy words agree with fp32 */
+    assert_int_equal(strncmp(cJSON_GetObjectItem(g[0], "text")->valuestring, cJSON_GetObjectItem(g[1], "text")->valuestring, 40), 0);
+    for (int i = 0; i < 3; i++) cJSON_Delete(g[i]);
+    /* eval loads it too (the dequantized weights) */
+    snprintf(args, sizeof args, "eval --ckpt %s/q.st --tokenizer %s --data %s --max-windows 2 --json", dir, tok, txt);
+    cJSON *ev = run_json(args);
+    cJSON_Delete(ev);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+static void test_nan_weights(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(bin, BIN);
+    TU_REQUIRE_DATA(tok, TOK);
+    nl_model m;
+    char kind[64], path[1024], args[4096], *out = NULL;
+    assert_int_equal(nl_ckpt_load_model(bin, &m, kind), NL_OK);
+    m.w.layers[1].wo[5] = NAN;
+    char *dir = tu_tmpdir();
+    snprintf(path, sizeof path, "%s/nan.st", dir);
+    assert_int_equal(nl_ckpt_save(path, &m, kind, NULL), NL_OK);
+    nl_model_free(&m);
+    snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 20 --temperature 0", path, tok);
+    int rc = tu_run_cli(args, &out);
+    print_message("%s", out);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "nanolm: generate:"));
+    assert_non_null(strstr(out, "NaN"));
+    free(out);
+    snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt x --weights fp4", bin, tok);
+    assert_int_equal(tu_run_cli(args, &out), 2);
+    assert_non_null(strstr(out, "fp4"));
+    free(out);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantized_checkpoint),
+        cmocka_unit_test(test_nan_weights),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
