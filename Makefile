@@ -1,6 +1,7 @@
 # Front door. `make run` and `make test` do all the set-up on a fresh Debian 12 machine.
 BUILD   ?= build
 CHECK   ?= build-check
+MEMCHECK ?= build-memcheck
 FUZZ    ?= build-fuzz
 FUZZ_SECONDS ?= 30
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
@@ -8,7 +9,7 @@ CMAKE_FLAGS ?=
 NANOLM_IMPL ?= src
 PREFIX  ?= /usr/local
 
-.PHONY: all deps build run test bench check fuzz clean install
+.PHONY: all deps build run test bench check memcheck install uninstall fuzz clean
 
 all: build
 
@@ -19,15 +20,19 @@ $(BUILD)/Makefile: CMakeLists.txt
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DNANOLM_IMPL=$(NANOLM_IMPL) $(CMAKE_FLAGS)
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DNANOLM_IMPL=$(NANOLM_IMPL) $(CMAKE_FLAGS) >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) -DNANOLM_IMPL=$(NANOLM_IMPL) $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
-# libnanolm.so and the nanolm program under PREFIX, the Python package where Debian's python3
-# finds it (PREFIX/lib/python3/dist-packages for /usr, PREFIX/lib/python3.X/dist-packages else).
-# DESTDIR=/tmp/stage stages the tree there.
+# Installs the CLI (PREFIX/bin/nanolm), libnanolm.a and libnanolm.so, the headers
+# (PREFIX/include/nanolm/), PREFIX/lib/pkgconfig/nanolm.pc and the Python package where Debian's
+# python3 finds it (PREFIX/lib/python3/dist-packages for /usr, PREFIX/lib/python3.X/dist-packages
+# else). DESTDIR=/tmp/stage stages the tree there.
 install: build
-	cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
-	DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix $(PREFIX)
+
+uninstall:
+	@test -f $(BUILD)/install_manifest.txt || { echo "nanolm: nothing installed from $(BUILD)"; exit 1; }
+	xargs rm -f < $(BUILD)/install_manifest.txt
 
 # The main job on built-in defaults.
 run: build
@@ -50,6 +55,14 @@ check: deps
 	cd $(CHECK) && ASAN_OPTIONS=detect_leaks=0 NANOLM_SANITIZED=1 \
 	  ctest --output-on-failure --timeout 1800 -j $(JOBS) -L mpi -LE slow --no-tests=ignore
 
+# A portable build (no -march=native, which valgrind cannot run) at RelWithDebInfo, running a
+# few commands under valgrind's memcheck (ctest label "valgrind"; zero errors required).
+memcheck:
+	@scripts/setup-deps.sh check
+	cmake -S . -B $(MEMCHECK) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNANOLM_NATIVE=OFF -DNANOLM_IMPL=$(NANOLM_IMPL) $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(MEMCHECK) -j $(JOBS) --target nanolm_cli test_valgrind
+	cd $(MEMCHECK) && ctest --output-on-failure --timeout 1800 -L valgrind
+
 # libFuzzer targets fuzz/fuzz_*.c (clang, ASan+UBSan), each run FUZZ_SECONDS from fuzz/corpus/.
 # FUZZ_TARGETS="safetensors llama2c" runs only those.
 fuzz:
@@ -59,4 +72,4 @@ fuzz:
 	scripts/fuzz.sh $(FUZZ) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 clean:
-	rm -rf $(BUILD) $(CHECK) $(FUZZ)
+	rm -rf $(BUILD) $(CHECK) $(MEMCHECK) $(FUZZ)

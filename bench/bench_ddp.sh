@@ -5,8 +5,8 @@
 set -euo pipefail
 build=${NANOLM_BUILD:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
-data=${NANOLM_DATA:-$root/../shared/data}/tinyshakespeare/input.txt
-[[ -f "$data" ]] || data=/usr/share/games/fortunes/fortunes
+data=${NANOLM_DATA:-$root/data}/tinyshakespeare/input.txt
+[[ -f "$data" ]] || { echo "$(basename "$0"): $data is missing (committed under data/)" >&2; exit 1; }
 shape="--dim 128 --layers 4 --heads 4 --kv-heads 4 --hidden 256 --seq 64 --steps 10 --data $data"
 tps() { sed -n 's/^\([0-9.]*\) tokens\/s.*/\1/p'; }
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1

@@ -8,8 +8,8 @@
 set -euo pipefail
 build=${NANOLM_BUILD:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
-data=${NANOLM_DATA:-$root/../shared/data}/tinyshakespeare/input.txt
-[[ -f "$data" ]] || data=/usr/share/games/fortunes/fortunes
+data=${NANOLM_DATA:-$root/data}/tinyshakespeare/input.txt
+[[ -f "$data" ]] || { echo "$(basename "$0"): $data is missing (committed under data/)" >&2; exit 1; }
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 mpi="mpirun --allow-run-as-root --oversubscribe"
 echo "all-to-all on 4 ranks, ours vs native MPI_Alltoallv:"

@@ -9,9 +9,9 @@ set -euo pipefail
 build=${NANOLM_BUILD:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$build/nanolm"
-tok="$root/../shared/data/stories260K/tok512.bin"
+tok="$root/data/stories260K/tok512.bin"
 [[ -f $tok ]] || tok="$root/data/stories260K/tok512.bin"
-[[ -f $tok ]] || { echo "bench_serve: needs tok512.bin (../shared/data/stories260K)"; exit 0; }
+[[ -f $tok ]] || { echo "bench_serve: needs tok512.bin (data/stories260K)"; exit 0; }
 arch=${SERVE_BENCH_ARCH:-'{"name":"rand85M","vocab_size":512,"dim":768,"n_layers":12,"n_heads":12,"n_kv_heads":12,"hidden_dim":2048,"seq_len":1024}'}
 out=${SERVE_BENCH_OUT:-64}
 rounds=${SERVE_BENCH_ROUNDS:-2}

@@ -10,9 +10,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${NANOLM_BUILD:-build}
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 bin="$build/nanolm"
-data="$root/../shared/data/tinyshakespeare/input.txt"
-[[ -f "$data" ]] || data=$(ls /usr/share/games/fortunes/fortunes 2>/dev/null)
-if [[ ! -x "$bin" || -z "$data" ]]; then echo "bench_train: needs $bin and a text file"; exit 1; fi
+data=${NANOLM_DATA:-$root/data}/tinyshakespeare/input.txt
+if [[ ! -x "$bin" || ! -f "$data" ]]; then echo "bench_train: needs $bin and $data"; exit 1; fi
 threads=${OMP_NUM_THREADS:-$(nproc)}
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 # Both nanolm and PyTorch run OpenMP; with spin-waiting threads on a 2-core machine one run

@@ -3,7 +3,7 @@
 
 Seeds are small files of each format as nanolm writes them (same layout, written here from
 the format descriptions in include/nanolm/*.h) and short heads of the real files in
-../shared/data (or $NANOLM_DATA); a missing data file is skipped with a note.
+data/ (or $NANOLM_DATA); a missing data file is skipped with a note.
 Run from the project root: NANOLM_BIN=build/nanolm /usr/bin/python3 fuzz/make_corpus.py
 """
 import json
@@ -12,7 +12,7 @@ import os
 import struct
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.environ.get("NANOLM_DATA", os.path.join(ROOT, "..", "shared", "data"))
+DATA = os.environ.get("NANOLM_DATA", os.path.join(ROOT, "data"))
 OUT = os.path.join(ROOT, "fuzz", "corpus")
 
 

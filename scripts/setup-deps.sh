@@ -1,21 +1,49 @@
 #!/usr/bin/env bash
 # Installs the Debian packages nanolm needs, only those that are missing (idempotent).
-# As root it runs apt-get itself; otherwise it tries sudo without a password; otherwise it
-# prints the exact apt-get line to run and exits 1.
+# Usage: scripts/setup-deps.sh [fuzz] [torch] [check]
+# With everything present it does nothing and needs no apt. Otherwise: as root it runs apt-get
+# itself; else it tries sudo without a password; else it prints the exact apt-get line and
+# exits 1. On a machine without apt/dpkg it checks the build's needs directly (cmake,
+# pkg-config, a C compiler, OpenBLAS and cJSON through pkg-config) and names what is missing.
 set -euo pipefail
 
 pkgs=(cmake pkg-config gcc g++ make libopenblas-dev libopenmpi-dev openmpi-bin
-      libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev fortunes python3 python3-numpy python3-pytest
+      libcjson-dev libcmocka-dev libpcre2-dev libutf8proc-dev python3 python3-numpy python3-pytest
       libmicrohttpd-dev curl)
 # Extra packages for optional targets: `scripts/setup-deps.sh fuzz` adds the fuzzing toolchain.
 for extra in "$@"; do
   case "$extra" in
     fuzz) pkgs+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     torch) pkgs+=(python3-torch python3-numpy) ;;
+    check) pkgs+=(valgrind) ;;
     pip) pkgs+=(python3-venv python3-pip python3-setuptools python3-wheel) ;;  # pip install ./python
-    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch, pip)" >&2; exit 2 ;;
+    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch, check, pip)" >&2; exit 2 ;;
   esac
 done
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  # Not Debian: check what the build itself needs; MPI and cmocka are optional (the parallel
+  # commands and the tests are left out without them).
+  need=()
+  for tool in cmake pkg-config make; do command -v "$tool" >/dev/null 2>&1 || need+=("$tool"); done
+  command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || need+=("a C11 compiler (gcc or clang)")
+  if command -v pkg-config >/dev/null 2>&1; then
+    pkg-config --exists openblas || need+=("OpenBLAS with openblas.pc")
+    pkg-config --exists libcjson || need+=("cJSON with libcjson.pc")
+    pkg-config --exists libpcre2-8 || need+=("PCRE2 with libpcre2-8.pc")
+    pkg-config --exists libutf8proc || need+=("utf8proc with libutf8proc.pc")
+    pkg-config --exists libmicrohttpd || need+=("GNU libmicrohttpd with libmicrohttpd.pc")
+    pkg-config --exists cmocka || echo "setup-deps: optional: cmocka (cmocka.pc) to build the tests" >&2
+    command -v mpicc >/dev/null 2>&1 || echo "setup-deps: optional: an MPI library (Open MPI) for the parallel commands" >&2
+  fi
+  if [[ ${#need[@]} -gt 0 ]]; then
+    echo "setup-deps: no apt here; install these with your package manager:" >&2
+    printf '  %s\n' "${need[@]}" >&2
+    echo "  (Debian names: ${pkgs[*]})" >&2
+    exit 1
+  fi
+  exit 0
+fi
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -26,10 +54,10 @@ done
 
 echo "setup-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-if [[ $(id -u) -eq 0 ]]; then
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
-elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
   sudo -n apt-get update -q
   sudo -n DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 else

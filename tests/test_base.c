@@ -112,7 +112,7 @@ static void test_arch_stories260k_params(void **state) {
     assert_int_equal(nl_arch_validate(&a), NL_OK);
     nl_arch_params p;
     nl_arch_count_params(&a, &p);
-    /* From the llama2.c file layout in ../shared/data/README.md: 260,032 floats of weights. */
+    /* From the llama2.c file layout in data/README.md: 260,032 floats of weights. */
     assert_int_equal(p.total, 260032);
     assert_int_equal(p.embedding, 512 * 64);
     assert_int_equal(p.classifier, 0);

@@ -18,10 +18,10 @@
 #define STEPS 20
 
 static cJSON *run(int np, int cp, int batch) {
-    const char *data = tu_data_path("tinyshakespeare/input.txt");
+    const char *data = tu_committed_data("tinyshakespeare/input.txt");
     char args[1024], *buf = NULL;
     snprintf(args, sizeof args, "moe train --data %s --steps %d --batch %d --seq 64 --aux 0 --cp %d --json --report-memory",
-             data ? data : "/usr/share/games/fortunes/fortunes", STEPS, batch, cp);
+             data, STEPS, batch, cp);
     const tu_run_opts o = {.np = np, .timeout_s = 300, .one_thread = 1};
     int rc = tu_run_cli_ex(&o, args, &buf, NULL);
     assert_non_null(buf);

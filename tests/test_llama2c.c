@@ -18,7 +18,7 @@ static void test_stories260k(void **state) {
     TU_REQUIRE_DATA(path, "stories260K/stories260K.bin");
     nl_llama2c m;
     assert_int_equal(nl_llama2c_read(&m, path), NL_OK);
-    /* The header documented in ../shared/data/README.md. */
+    /* The header documented in data/README.md. */
     assert_int_equal(m.arch.dim, 64);
     assert_int_equal(m.arch.hidden_dim, 172);
     assert_int_equal(m.arch.n_layers, 5);

@@ -1,6 +1,6 @@
-/* A real pretrained model: llama2.c's stories260K (../shared/data/stories260K) loaded from its
+/* A real pretrained model: llama2.c's stories260K (data/stories260K) loaded from its
  * legacy .bin, with its tok512 tokenizer. Greedy generation must print exactly the text in
- * ../shared/data/README.md; the KV-cache path must agree with the batch forward; the mean loss on
+ * data/README.md; the KV-cache path must agree with the batch forward; the mean loss on
  * TinyStories text must be in the expected range. */
 #include "testutil.h"
 
@@ -83,7 +83,7 @@ static void test_kv_cache_matches_forward(void **state) {
     nl_model_free(&m);
 }
 
-/* Mean loss on ../shared/data/tinystories/tinystories_head.txt (tokenized once with BOS, windows
+/* Mean loss on data/tinystories/tinystories_head.txt (tokenized once with BOS, windows
  * of seq_len 512). The issue expects 1.2..1.8; this file measures 1.836 because its later
  * stories contain 195 mis-decoded UTF-8 sequences ("â€™" for ’), rare in the model's training
  * text and expensive (1.639 with them mapped back; see docs/nanolm.md), so the bound checked

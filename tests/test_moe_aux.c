@@ -12,10 +12,10 @@
 #include "testutil.h"
 
 static double last_load(const char *aux, double *loss) {
-    const char *data = tu_data_path("tinyshakespeare/input.txt");
+    const char *data = tu_committed_data("tinyshakespeare/input.txt");
     char args[2048], *buf = NULL;
     snprintf(args, sizeof args, "moe train --data %s --steps 200 --aux %s --json",
-             data ? data : "/usr/share/games/fortunes/fortunes", aux);
+             data, aux);
     const tu_run_opts o = {.timeout_s = 300, .one_thread = 1, .stdout_only = 1};
     int rc = tu_run_cli_ex(&o, args, &buf, NULL);
     assert_non_null(buf);

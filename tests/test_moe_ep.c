@@ -23,8 +23,7 @@
 #define SEQ 32
 
 static const char *data_file(void) {
-    const char *p = tu_data_path("tinyshakespeare/input.txt");
-    return p ? p : "/usr/share/games/fortunes/fortunes";
+    return tu_committed_data("tinyshakespeare/input.txt");
 }
 
 static cJSON *run(int np, int ep, const char *extra) {

@@ -15,8 +15,7 @@
 static const char *SHAPE = "--dim 32 --layers 2 --heads 4 --kv-heads 2 --hidden 64 --seq 16 --batch 4 --dp 2";
 
 static const char *data_file(void) {
-    const char *p = tu_data_path("tinyshakespeare/input.txt");
-    return p ? p : "/usr/share/games/fortunes/fortunes";
+    return tu_committed_data("tinyshakespeare/input.txt");
 }
 
 static int run2(const char *args, char **out) {

@@ -1,6 +1,6 @@
 /* nanolm train / eval / generate end to end: determinism, bit-exact resume, checkpoints, peak
  * memory against --report-memory, a non-finite loss, and bad input. Runs the CLI on tiny
- * shakespeare-char runs (tinyshakespeare from ../shared/data). */
+ * shakespeare-char runs (tinyshakespeare from data/). */
 #include "testutil.h"
 
 #include <math.h>

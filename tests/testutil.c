@@ -14,11 +14,25 @@ static int slot_i;
 static char *next_slot(void) { return slots[slot_i++ % 8]; }
 
 const char *tu_data_path(const char *rel) {
+    const char *roots[2] = {getenv("NANOLM_DATA"), getenv("NANOLM_DATA_EXTRA")};
+    if (!roots[0]) roots[0] = "data";
+    if (!roots[1]) roots[1] = "../shared/data";
+    char *p = next_slot();
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, 4096, "%s/%s", roots[i], rel);
+        struct stat st;
+        if (stat(p, &st) == 0) return p;
+    }
+    return NULL;
+}
+
+const char *tu_committed_data(const char *rel) {
     const char *root = getenv("NANOLM_DATA");
     char *p = next_slot();
-    snprintf(p, 4096, "%s/%s", root ? root : "../shared/data", rel);
+    snprintf(p, 4096, "%s/%s", root ? root : "data", rel);
     struct stat st;
-    return stat(p, &st) == 0 ? p : NULL;
+    if (stat(p, &st) != 0) fail_msg("%s is missing: it is committed under data/", p);
+    return p;
 }
 
 const char *tu_src_path(const char *rel) {

@@ -11,7 +11,7 @@
 set -euo pipefail
 build=${1:-${NANOLM_BUILD:-build}}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-tok="$root/../shared/data/stories260K/tok512.bin"
+tok="$root/data/stories260K/tok512.bin"
 arch=${ARCH:-'{"name":"rand-d512-l8","vocab_size":512,"dim":512,"n_layers":8,"n_heads":8,"n_kv_heads":8,"hidden_dim":1408,"seq_len":2048}'}
 decode_out=${DECODE_OUT:-128}
 decode_reqs=${DECODE_REQS:-16}

@@ -7,7 +7,7 @@
 set -euo pipefail
 build=${1:-${NANOLM_BUILD:-build}}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-data="$root/../shared/data/stories260K"
+data="$root/data/stories260K"
 requests=${REQUESTS:-2000}
 conc=${CONC:-64}
 tmp=$(mktemp -d)

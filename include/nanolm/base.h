@@ -98,6 +98,12 @@ nl_status nl_atomic_open(nl_atomic_file *af, const char *path);
 nl_status nl_atomic_write(nl_atomic_file *af, const void *data, size_t bytes);
 nl_status nl_atomic_commit(nl_atomic_file *af);
 void nl_atomic_abort(nl_atomic_file *af);
+/* Opens `path` for reading without ever blocking in open(): a FIFO, a device, a socket or a
+ * directory is refused (NL_ERR_IO, "PATH is a FIFO, not a regular file") before anything is
+ * read. Every loader of a file named by the user opens it through here. On success *fd is a
+ * descriptor in blocking mode (close it); the _stdio variant gives a FILE* opened "rb". */
+nl_status nl_file_open_read(const char *path, int *fd);
+nl_status nl_file_open_read_stdio(const char *path, FILE **f);
 /* Async-signal-safe: removes the temporary file of an atomic write in progress in this process
  * (if any), for a signal handler that is about to end the process in the middle of a save. */
 void nl_atomic_remove_pending(void);

@@ -94,7 +94,7 @@ void nl_arch_count_params(const nl_arch *a, nl_arch_params *p) {
 }
 
 static const nl_arch presets[] = {
-    /* llama2.c's stories260K (tinyllamas): the shape of ../shared/data/stories260K. */
+    /* llama2.c's stories260K (tinyllamas): the shape of data/stories260K. */
     {.name = "stories260k", .vocab_size = 512, .dim = 64, .n_layers = 5, .n_heads = 8,
      .n_kv_heads = 4, .hidden_dim = 172, .seq_len = 512, .rope_theta = 10000.0,
      .norm_eps = 1e-5, .tied_embeddings = 1},

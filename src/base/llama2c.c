@@ -105,12 +105,13 @@ static nl_status arch_from_header(const char *path, const int32_t h[7], nl_arch 
 
 nl_status nl_llama2c_read(nl_llama2c *m, const char *path) {
     memset(m, 0, sizeof *m);
-    FILE *f = fopen(path, "rb");
-    if (!f) return nl_fail(NL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    FILE *f;
+    NL_TRY(nl_file_open_read_stdio(path, &f));
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st) != 0) {
+        int e = errno;
         fclose(f);
-        return nl_fail(NL_ERR_IO, "%s is not a regular file", path);
+        return nl_fail(NL_ERR_IO, "cannot stat %s: %s", path, strerror(e));
     }
     uint64_t size = (uint64_t)st.st_size;
     int32_t h[7];

@@ -312,12 +312,13 @@ nl_status nl_st_parse(nl_st_file *f, const void *bytes, size_t n, const char *na
 
 nl_status nl_st_open(nl_st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return nl_fail(NL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    int fd;
+    NL_TRY(nl_file_open_read(path, &fd));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return nl_fail(NL_ERR_IO, "%s is not a regular file", path);
+        return nl_fail(NL_ERR_IO, "cannot stat %s: %s", path, strerror(e));
     }
     size_t n = (size_t)st.st_size;
     void *p = n ? mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;

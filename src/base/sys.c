@@ -199,15 +199,66 @@ nl_status nl_write_file_atomic(const char *path, const void *data, size_t bytes)
     return nl_atomic_commit(&af);
 }
 
+/* What a non-regular file is, for the message. */
+static const char *file_kind(mode_t m) {
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+nl_status nl_file_open_read(const char *path, int *fd) {
+    *fd = -1;
+    /* O_NONBLOCK: open() of a FIFO with no writer would otherwise wait forever. The type is
+     * checked on the descriptor itself (fstat), so nothing can swap the file in between. */
+    int d = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (d < 0) return nl_fail(NL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(d, &st) != 0) {
+        int e = errno;
+        close(d);
+        return nl_fail(NL_ERR_IO, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(d);
+        const char *kind = file_kind(st.st_mode);
+        if (!strcmp(kind, "not a regular file")) return nl_fail(NL_ERR_IO, "%s is not a regular file", path);
+        return nl_fail(NL_ERR_IO, "%s is %s, not a regular file", path, kind);
+    }
+    int flags = fcntl(d, F_GETFL);
+    if (flags < 0 || fcntl(d, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(d);
+        return nl_fail(NL_ERR_IO, "cannot read %s: %s", path, strerror(e));
+    }
+    *fd = d;
+    return NL_OK;
+}
+
+nl_status nl_file_open_read_stdio(const char *path, FILE **f) {
+    *f = NULL;
+    int fd;
+    NL_TRY(nl_file_open_read(path, &fd));
+    *f = fdopen(fd, "rb");
+    if (!*f) {
+        int e = errno;
+        close(fd);
+        return nl_fail(NL_ERR_IO, "cannot read %s: %s", path, strerror(e));
+    }
+    return NL_OK;
+}
+
 nl_status nl_read_file(const char *path, char **data, size_t *bytes) {
     *data = NULL;
     *bytes = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return nl_fail(NL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    FILE *f;
+    NL_TRY(nl_file_open_read_stdio(path, &f));
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st) != 0) {
         fclose(f);
-        return nl_fail(NL_ERR_IO, "%s is not a regular file", path);
+        return nl_fail(NL_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
     }
     size_t n = (size_t)st.st_size;
     nl_status mem = nl_mem_require((uint64_t)n + 1, path);
@@ -234,6 +285,8 @@ int nl_threads(void) { return omp_get_max_threads(); }
 
 void nl_set_threads(int n) {
     if (n < 1) n = 1;
+    int cap = nl_blas_guard_threads(); /* under an address-space limit: see nl_blas_guard */
+    if (cap > 0 && n > cap) n = cap;
     omp_set_num_threads(n);
-    openblas_set_num_threads(n);
+    openblas_set_num_threads(cap > 0 ? 1 : n);
 }

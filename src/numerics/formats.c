@@ -296,6 +296,8 @@ static int64_t floor_code(nl_format f, float m) {
 }
 
 static double value_or_none(nl_format f, int64_t code, double inf_side) {
+    /* Callers pass a checked format; the test tells GCC so (-O2 -Warray-bounds at RelWithDebInfo). */
+    if ((unsigned)f >= NL_FMT_COUNT) return NAN;
     const nl_format_info *fi = &INFO[f];
     if (code < 0) return fi->has_inf ? -INFINITY : NAN;
     if ((uint64_t)code > fi->max_code) return fi->has_inf ? inf_side : NAN;
@@ -304,6 +306,10 @@ static double value_or_none(nl_format f, int64_t code, double inf_side) {
 
 /* Neighbours of m >= 0 among magnitudes (float and E8M0 codes are monotone in magnitude). */
 static void mag_neighbors(nl_format f, float m, double *below, double *above) {
+    if ((unsigned)f >= NL_FMT_COUNT) {
+        *below = *above = NAN;
+        return;
+    }
     const nl_format_info *fi = &INFO[f];
     int64_t c = floor_code(f, m);
     double v = c < 0 ? -1 : (double)nl_fmt_decode(f, (uint32_t)c);

@@ -185,7 +185,7 @@ static void *worker(void *arg) {
         if (t_done > sh->t_end) sh->t_end = t_done;
         if (why[0]) {
             sh->failed++;
-            if (!sh->first_error[0]) snprintf(sh->first_error, sizeof sh->first_error, "request %lld: %s", (long long)i, why);
+            if (!sh->first_error[0]) snprintf(sh->first_error, sizeof sh->first_error, "request %lld: %.280s", (long long)i, why);
         } else {
             sh->ok++;
             double ttft = st.chunks ? st.t_first - t_send : t_done - t_send;

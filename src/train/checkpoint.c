@@ -136,7 +136,8 @@ static nl_status load_llama2c(const char *path, nl_model *m) {
 
 /* 1 when the file looks like safetensors (u64 header length, then '{'). */
 static int is_safetensors(const char *path) {
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = NULL;
+    if (nl_file_open_read_stdio(path, &fp)) return 0;
     unsigned char b[9];
     int ok = fp && fread(b, 1, 9, fp) == 9 && b[8] == '{';
     if (fp) fclose(fp);
@@ -146,8 +147,8 @@ static int is_safetensors(const char *path) {
 nl_status nl_ckpt_load_model(const char *path, nl_model *m, char *tokenizer) {
     memset(m, 0, sizeof *m);
     if (!is_safetensors(path)) {
-        FILE *fp = fopen(path, "rb");
-        if (!fp) return nl_fail(NL_ERR_IO, "cannot open %s", path);
+        FILE *fp;
+        NL_TRY(nl_file_open_read_stdio(path, &fp));
         fclose(fp);
         NL_TRY(load_llama2c(path, m));
         if (tokenizer) snprintf(tokenizer, 64, "tok512");

@@ -94,8 +94,10 @@ static const char *CSV_HEADER = "run,budget_flops,dim,layers,N,D,steps,flops_6nd
 nl_status nl_sweep_read_csv(const char *path, nl_sweep_row **rows, int *n) {
     *rows = NULL;
     *n = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? NL_OK : nl_fail(NL_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT) return NL_OK; /* a new sweep */
+    FILE *f;
+    NL_TRY(nl_file_open_read_stdio(path, &f));
     char line[1024];
     int cap = 0, line_no = 0;
     nl_status rc = NL_OK;
