@@ -20,5 +20,6 @@ int nl_fuzz_names(const uint8_t *data, size_t size);
 int nl_fuzz_safetensors(const uint8_t *data, size_t size);
 int nl_fuzz_scaling_csv(const uint8_t *data, size_t size);
 int nl_fuzz_tokenizer(const uint8_t *data, size_t size);
+int nl_fuzz_train_state(const uint8_t *data, size_t size);
 
 #endif

@@ -10,12 +10,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "fuzz_targets.h"
 #include "fuzz_util.h"
 #include "nanolm/checkpoint.h"
 #include "nanolm/safetensors.h"
 #include "nanolm/train.h"
-
-int nl_fuzz_train_state(const uint8_t *data, size_t size);
 
 /* A checkpoint of a 1-layer, 8-wide model with `json` as its training state. */
 static nl_status write_ckpt(const char *path, const nl_model *m, const char *json) {
