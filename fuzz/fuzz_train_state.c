@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "fuzz_targets.h"
 #include "fuzz_util.h"
 #include "nanolm/checkpoint.h"
 #include "nanolm/safetensors.h"

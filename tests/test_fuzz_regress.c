@@ -56,6 +56,7 @@ static void test_checkpoint(void **s) { (void)s; replay("checkpoint", nl_fuzz_ch
 static void test_data(void **s) { (void)s; replay("data", nl_fuzz_data, 2); }
 static void test_catalog(void **s) { (void)s; replay("catalog", nl_fuzz_catalog, 4); }
 static void test_scaling_csv(void **s) { (void)s; replay("scaling_csv", nl_fuzz_scaling_csv, 3); }
+static void test_train_state(void **s) { (void)s; replay("train_state", nl_fuzz_train_state, 4); }
 /* Replays with stdout and stderr sent to /dev/null: the CLI targets print their one-line errors
  * and results, which would bury the test's own output. */
 static void replay_quiet(const char *target, fuzz_fn fn, int min_seeds) {
@@ -100,6 +101,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_catalog),
         cmocka_unit_test(test_scaling_csv),
+        cmocka_unit_test(test_train_state),
         cmocka_unit_test(test_cli_numbers),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_formats_cli),

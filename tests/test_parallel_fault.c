@@ -85,8 +85,25 @@ static void test_ddp_rank_killed(void **state) { (void)state; crash_and_resume(0
 static void test_zero1_rank_exits(void **state) { (void)state; crash_and_resume(1, "exit"); }
 static void test_zero3_rank_segv(void **state) { (void)state; crash_and_resume(3, "segv"); }
 
+/* A rank stopped with SIGSTOP (alive, but never arriving) must not leave the other spinning: the
+ * collective watchdog (--timeout) ends the job, naming the rank that was waited for. */
+static void test_stopped_rank_watchdog(void **state) {
+    (void)state;
+    char args[2048], *out;
+    snprintf(args, sizeof args, "parallel train --data %s %s --steps 10 --timeout 3 --inject-fault 1:stop@3", data_file(),
+             SHAPE);
+    int rc = run2(args, &out);
+    print_message("rank 1 stopped at step 3, --timeout 3: exit status %d\n%s\n", rc, out);
+    assert_int_not_equal(rc, 0);
+    assert_int_not_equal(rc, 124); /* not ended by timeout(1): the job did not hang */
+    assert_non_null(strstr(out, "nanolm: rank 0 of 2:"));
+    assert_non_null(strstr(out, "for rank 1, which did not arrive"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stopped_rank_watchdog),
         cmocka_unit_test(test_ddp_rank_killed),
         cmocka_unit_test(test_zero1_rank_exits),
         cmocka_unit_test(test_zero3_rank_segv),

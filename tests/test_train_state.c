@@ -1,11 +1,13 @@
 /* The stored training state is not trusted: every field of nanolm.train is validated (unit
- * tests of nl_ckpt_state_parse and the fuzz target's corpus replayed), a checkpoint with a bad
+ * tests of nl_ckpt_state_parse; fuzz/fuzz_train_state.c's corpus is replayed by
+ * test_fuzz_regress), a checkpoint with a bad
  * step is refused by `train --resume` and `parallel train --resume` instead of crashing, a
  * resumed run must be the run the checkpoint recorded, outputs are checked before any work, and
  * SIGTERM saves a checkpoint and exits 0 without leaving a temporary file. */
 #include "testutil.h"
 
 #include <dirent.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +16,6 @@
 #include <unistd.h>
 
 #include "nanolm/checkpoint.h"
-
-#define NL_FUZZ_NO_MAIN
-#include "../fuzz/fuzz_train_state.c"
 
 #define SHAKES "tinyshakespeare/input.txt"
 #define QUICK "--batch 4 --seq 32 --eval-windows 4 --warmup 2"
@@ -95,30 +94,6 @@ static void test_parse_refuses_each_field(void **state) {
     expect_refused("\"loss_scaling\":1", "\"loss_scaling\":2", "run.loss_scaling");
     expect_refused("\"mup_base_dim\":0", "\"mup_base_dim\":1e12", "run.mup_base_dim");
     expect_refused("\"adamw\":{", "\"adamw\":[{", "nanolm.train"); /* not JSON any more */
-}
-
-/* The fuzz target's seeds (and any finding saved beside them) replay without a crash. */
-static void test_fuzz_corpus(void **state) {
-    (void)state;
-    const char *dir = tu_src_path("fuzz/corpus/train_state");
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        size_t bytes = 0;
-        char *buf = tu_read_file(path, &bytes);
-        assert_non_null(buf);
-        assert_int_equal(nl_fuzz_train_state((const uint8_t *)buf, bytes), 0);
-        free(buf);
-        n++;
-    }
-    closedir(d);
-    print_message("replayed %d train-state inputs\n", n);
-    assert_true(n >= 4);
 }
 
 /* ---- end to end through the CLI ------------------------------------------------------------- */
@@ -312,7 +287,6 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_good),
         cmocka_unit_test(test_parse_refuses_each_field),
-        cmocka_unit_test(test_fuzz_corpus),
         cmocka_unit_test(test_resume_bad_step_refused),
         cmocka_unit_test(test_resume_must_match),
         cmocka_unit_test(test_outputs_checked_first),

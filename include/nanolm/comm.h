@@ -78,6 +78,12 @@ const char *nl_comm_op_name(nl_comm_op c);
 nl_status nl_comm_init(int *argc, char ***argv);
 /* Frees the world and finalizes MPI (if nl_comm_init started it). Safe to call twice. */
 void nl_comm_finalize(void);
+/* The collective watchdog: a blocking wait (a collective, a pipeline receive) longer than
+ * `seconds` ends the process with "nanolm: rank R of P: <what> waited S s for rank Q, which did
+ * not arrive ..." (exit 75), and mpirun ends the job. Default 600 s; <= 0 turns it off. The
+ * watchdog thread runs from nl_comm_init when the world has more than one rank. */
+void nl_comm_set_timeout(double seconds);
+double nl_comm_timeout(void);
 /* The world communicator, or NULL before nl_comm_init. */
 nl_comm *nl_comm_world(void);
 /* Splits `parent` into groups: ranks with the same `color` form one group, ordered by `key`.

@@ -42,6 +42,7 @@ static const struct option popts[] = {
     {"eval-every", required_argument, 0, O_SAVE_EVERY}, {"eval-windows", required_argument, 0, O_EVAL_WINDOWS},
     {"log", required_argument, 0, O_LOG},        {"stop-after", required_argument, 0, O_STOP_AFTER},
     {"grad-accum", required_argument, 0, O_ACCUM}, {"precision", required_argument, 0, O_PRECISION},
+    {"timeout", required_argument, 0, O_TIMEOUT},
     {"micro", required_argument, 0, O_MICRO},    {"micro-batch", required_argument, 0, O_MICRO},
     {"help", no_argument, 0, O_HELP},            {0, 0, 0, 0}};
 
@@ -75,7 +76,9 @@ static void usage(FILE *f) {
             "  --out CKPT            checkpoint (safetensors, written by rank 0) at each validation and the end\n"
             "  --save-every K        alias of --eval-every K\n"
             "  --resume CKPT         continue from a checkpoint up to --steps\n"
-            "  --inject-fault R[:exit|_exit|segv|kill]@S   (tests) rank R leaves at the start of step S\n"
+            "  --timeout SECONDS     collective watchdog: a rank waiting longer for a peer ends the job naming\n"
+            "                        the rank it waited for (default 600; 0 = off)\n"
+            "  --inject-fault R[:exit|_exit|segv|kill|stop]@S   (tests) rank R leaves (or stops) at step S\n"
             "The batch of dp rank r is its slice of the global batch of D*B windows: the same data as one\n"
             "process with --batch D*B.\n");
 }
@@ -214,6 +217,7 @@ static nl_status probe_grads(void *u, const nl_data *d, int64_t step, float *los
     step_probe *p = u;
     if (p->rank == p->fault_rank && step + 1 == p->fault_step) { /* a rank that dies at the start of a step */
         if (!strcmp(p->fault_how, "kill")) raise(SIGKILL);
+        if (!strcmp(p->fault_how, "stop")) raise(SIGSTOP);
         if (!strcmp(p->fault_how, "segv")) raise(SIGSEGV);
         if (!strcmp(p->fault_how, "_exit")) _exit(3);
         exit(3);
@@ -341,11 +345,16 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             if (sscanf(optarg, "%d@%d", &fault_rank, &fault_step) != 2 &&
                 sscanf(optarg, "%d:%15[_a-z]@%d", &fault_rank, how, &fault_step) != 3)
                 return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", optarg);
-            if (strcmp(how, "exit") && strcmp(how, "_exit") && strcmp(how, "segv") && strcmp(how, "kill"))
+            if (strcmp(how, "exit") && strcmp(how, "_exit") && strcmp(how, "segv") && strcmp(how, "kill") && strcmp(how, "stop"))
                 return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", optarg);
             snprintf(fault_how, sizeof fault_how, "%s", how);
             break;
         }
+        case O_TIMEOUT:
+            if (nl_cli_double("--timeout", optarg, &dv)) return NL_EXIT_USAGE;
+            if (!(dv >= 0) || dv > 1e6) return nl_cli_usage_error("--timeout must be in [0, 1e6] seconds, got %s", optarg);
+            nl_comm_set_timeout(dv);
+            break;
         case O_HELP: usage(stdout); return NL_EXIT_OK;
         default: return nl_cli_bad_option("parallel train", argv);
         }

@@ -420,7 +420,13 @@ int nl_cmd_train(int argc, char **argv) {
                 cJSON_AddNumberToObject(q, "val_loss_fp32_master_end", qat_fp32_end);
                 cJSON_AddNumberToObject(q, "rtn_delta", qat_rtn_start - qat_fp32_start);
                 cJSON_AddNumberToObject(q, "qat_delta", qat_end - qat_fp32_start);
-                cJSON_AddNumberToObject(q, "recovered_fraction", (qat_rtn_start - qat_end) / (qat_rtn_start - qat_fp32_start));
+                nl_qat_recovery qr = nl_qat_recovered(qat_fp32_start, qat_rtn_start, qat_end, qat_fp32_end);
+                if (qr.why) {
+                    cJSON_AddNullToObject(q, "recovered_fraction");
+                    cJSON_AddStringToObject(q, "recovered_fraction_not_reported", qr.why);
+                } else {
+                    cJSON_AddNumberToObject(q, "recovered_fraction", qr.fraction);
+                }
             }
             if (c.report_memory) {
                 cJSON *mm = cJSON_AddObjectToObject(d, "memory_bytes");
@@ -443,11 +449,15 @@ int nl_cmd_train(int argc, char **argv) {
                 printf("fp8: %lld GEMMs, %.3g%% of quantized values saturated, %.3g%% flushed to zero\n",
                        (long long)fp8.stats.gemms, 100.0 * (double)fp8.stats.saturated / (double)(fp8.stats.quantized + !fp8.stats.quantized),
                        100.0 * (double)fp8.stats.flushed / (double)(fp8.stats.quantized + !fp8.stats.quantized));
-            if (c.qat_name)
-                printf("qat %s: validation loss fake-quantized %.4f (delta vs fp32 start %+.4f, RTN %+.4f: %.1f%% of RTN's delta "
-                       "recovered); fp32 master weights %.4f\n",
-                       c.qat_name, qat_end, qat_end - qat_fp32_start, qat_rtn_start - qat_fp32_start,
-                       100.0 * (qat_rtn_start - qat_end) / (qat_rtn_start - qat_fp32_start), qat_fp32_end);
+            if (c.qat_name) {
+                nl_qat_recovery qr = nl_qat_recovered(qat_fp32_start, qat_rtn_start, qat_end, qat_fp32_end);
+                char rec[200];
+                if (qr.why) snprintf(rec, sizeof rec, "recovered fraction not reported: %s", qr.why);
+                else snprintf(rec, sizeof rec, "%.1f%% of RTN's delta recovered", 100.0 * qr.fraction);
+                printf("qat %s: validation loss fake-quantized %.4f (delta vs fp32 start %+.4f, RTN %+.4f: %s); fp32 master "
+                       "weights %.4f\n",
+                       c.qat_name, qat_end, qat_end - qat_fp32_start, qr.rtn_delta, rec, qat_fp32_end);
+            }
         }
     }
     nl_qat_remove(&qat);

@@ -17,7 +17,10 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -40,6 +43,7 @@ const char *__lsan_default_suppressions(void) { return "leak:libopenblas\n"; }
 struct nl_comm {
     MPI_Comm mpi;
     int rank, size;
+    int *world_of;  /* (size) world rank of each rank of this communicator (for the watchdog) */
     int is_world;
     unsigned seq; /* collective calls so far: all ranks agree, so it makes unique tags */
     char name[32];
@@ -168,12 +172,69 @@ static nl_status check_root(const nl_comm *c, const char *what, int root) {
     return NL_OK;
 }
 
+/* ---- the collective watchdog ------------------------------------------------------------------
+ * A rank that stops (SIGSTOP, a debugger, a hung device) leaves the others blocked in MPI
+ * forever. Every blocking wait records when it began, what it is and the rank it waits for (the
+ * ring neighbour or chain peer; -1 for the MPI library's own collectives, which do not say); a
+ * thread checks every 100 ms, and a wait longer than the timeout prints "nanolm: rank R of P:
+ * <what> waited S s for rank Q ..." and ends the process (exit 75), upon which mpirun ends the
+ * job. In a ring the first rank to time out is the one after the rank that did not arrive. */
+static _Atomic double g_wd_timeout_s = 600.0;
+static _Atomic long long g_wd_since_us;         /* 0: not waiting */
+static _Atomic int g_wd_peer = -1;              /* world rank waited for, -1 unknown */
+static const char *_Atomic g_wd_what;
+static _Atomic int g_wd_later;                  /* 1: the awaited rank already sent in this collective */
+static _Atomic int g_wd_run;
+static pthread_t g_wd_thread;
+static int g_wd_started;
+
+static long long now_us(void) { return (long long)(nl_time_s() * 1e6); }
+
+static void wd_begin(const nl_comm *c, int peer, const char *what) {
+    g_wd_later = 0;
+    g_wd_peer = peer >= 0 && c->world_of ? c->world_of[peer] : -1;
+    g_wd_what = what;
+    g_wd_since_us = now_us();
+}
+static void wd_end(void) { g_wd_since_us = 0; }
+
+static void *wd_main(void *arg) {
+    (void)arg;
+    while (g_wd_run) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        long long since = g_wd_since_us;
+        double limit = g_wd_timeout_s;
+        /* a rank whose peer already sent in this collective is not next to the missing rank: it
+         * waits 2 s more, so that the rank after the missing one speaks (and ends the job) first */
+        int later = g_wd_later;
+        if (!since || limit <= 0 || (double)(now_us() - since) / 1e6 <= limit + (later ? 2.0 : 0.0)) continue;
+        int peer = g_wd_peer;
+        const char *what = g_wd_what;
+        char who[128];
+        if (peer < 0) snprintf(who, sizeof who, "a rank (the MPI library's collective does not say which)");
+        else if (later) snprintf(who, sizeof who, "rank %d, which is itself waiting further up the ring", peer);
+        else snprintf(who, sizeof who, "rank %d, which did not arrive (stopped, hung or unreachable)", peer);
+        fprintf(stderr, "nanolm: rank %d of %d: %s waited %.1f s for %s; ending the job (--timeout %g)\n",
+                g_world ? g_world->rank : -1, g_world ? g_world->size : -1, what ? what : "a collective",
+                (double)(now_us() - since) / 1e6, who, limit);
+        fflush(stderr);
+        _exit(75); /* EX_TEMPFAIL: not 124, which timeout(1) uses for a hang */
+    }
+    return NULL;
+}
+
+void nl_comm_set_timeout(double seconds) { g_wd_timeout_s = seconds; }
+double nl_comm_timeout(void) { return g_wd_timeout_s; }
+
 /* One exchange of the ring: send `scount` elements to `dest`, receive `rcount` from `src`. */
 static nl_status sendrecv(nl_comm *c, const char *what, const void *sbuf, size_t scount, int dest, void *rbuf,
                           size_t rcount, int src, int tag, nl_comm_dtype dt, uint64_t *sent, uint64_t *recvd) {
     size_t es = nl_comm_dtype_bytes(dt);
+    wd_begin(c, src, what);
     int rc = MPI_Sendrecv(sbuf, (int)(scount * es), MPI_BYTE, dest, tag, rbuf, (int)(rcount * es), MPI_BYTE, src,
                           tag, c->mpi, MPI_STATUS_IGNORE);
+    wd_end();
     if (rc != MPI_SUCCESS) return mpi_fail(c, what, rc);
     *sent += scount * es;
     *recvd += rcount * es;
@@ -241,6 +302,21 @@ static nl_comm *comm_wrap(MPI_Comm m, const char *name) {
     MPI_Comm_rank(m, &c->rank);
     MPI_Comm_size(m, &c->size);
     snprintf(c->name, sizeof c->name, "%s", name ? name : "?");
+    c->world_of = nl_calloc((size_t)c->size, sizeof(int), "communicator ranks");
+    int *mine = nl_calloc((size_t)c->size, sizeof(int), "communicator ranks");
+    MPI_Group g, gw;
+    if (c->world_of && mine && MPI_Comm_group(m, &g) == MPI_SUCCESS) {
+        if (MPI_Comm_group(MPI_COMM_WORLD, &gw) == MPI_SUCCESS) {
+            for (int i = 0; i < c->size; i++) mine[i] = i;
+            if (MPI_Group_translate_ranks(g, c->size, mine, gw, c->world_of) != MPI_SUCCESS) {
+                nl_free(c->world_of);
+                c->world_of = NULL;
+            }
+            MPI_Group_free(&gw);
+        }
+        MPI_Group_free(&g);
+    }
+    nl_free(mine);
     return c;
 }
 
@@ -264,11 +340,21 @@ nl_status nl_comm_init(int *argc, char ***argv) {
     g_world->is_world = 1;
     static int hooks;
     if (!hooks++) install_fault_hooks(g_world->rank, g_world->size);
+    if (g_world->size > 1 && !g_wd_started) { /* the watchdog (only where a peer can be missing) */
+        g_wd_run = 1;
+        g_wd_started = pthread_create(&g_wd_thread, NULL, wd_main, NULL) == 0;
+    }
     return NL_OK;
 }
 
 void nl_comm_finalize(void) {
     if (!g_world) return;
+    if (g_wd_started) {
+        g_wd_run = 0;
+        pthread_join(g_wd_thread, NULL);
+        g_wd_started = 0;
+    }
+    nl_free(g_world->world_of);
     nl_free(g_world->scratch[0]);
     nl_free(g_world->scratch[1]);
     nl_free(g_world);
@@ -303,6 +389,7 @@ nl_status nl_comm_split(nl_comm *parent, int color, int key, const char *name, n
 
 void nl_comm_free(nl_comm *c) {
     if (!c || c->is_world) return;
+    nl_free(c->world_of);
     nl_free(c->scratch[0]);
     nl_free(c->scratch[1]);
     int fin = 0;
@@ -391,7 +478,9 @@ static nl_status ring_all_gather(nl_comm *c, const char *what, char *buf, size_t
 
 static nl_status wait_all(nl_comm *c, const char *what, int cnt, MPI_Request *reqs) {
     if (cnt == 0) return NL_OK;
+    wd_begin(c, -1, what);
     int rc = MPI_Waitall(cnt, reqs, MPI_STATUSES_IGNORE);
+    wd_end();
     return rc == MPI_SUCCESS ? NL_OK : mpi_fail(c, what, rc);
 }
 
@@ -409,7 +498,9 @@ static nl_status chain_broadcast(nl_comm *c, char *buf, size_t n, nl_comm_dtype 
     for (size_t k = 0; k < nseg && rc == MPI_SUCCESS; k++) {
         size_t off = k * seg, len = n - off < seg ? n - off : seg;
         if (pos > 0) {
+            wd_begin(c, prev, "broadcast");
             rc = MPI_Recv(buf + off * es, (int)(len * es), MPI_BYTE, prev, tag, c->mpi, MPI_STATUS_IGNORE);
+            wd_end();
             if (rc == MPI_SUCCESS) *recvd += len * es;
         }
         if (rc == MPI_SUCCESS && pos < p - 1) {
@@ -449,7 +540,9 @@ static nl_status chain_reduce(nl_comm *c, const char *send, char *recv, size_t n
     for (size_t k = 0; k < nseg && rc == MPI_SUCCESS; k++) {
         size_t off = k * seg, len = n - off < seg ? n - off : seg;
         if (!tail) {
+            wd_begin(c, next, "reduce");
             rc = MPI_Recv(tmp, (int)(len * es), MPI_BYTE, next, tag, c->mpi, MPI_STATUS_IGNORE);
+            wd_end();
             if (rc != MPI_SUCCESS) break;
             *recvd += len * es;
             add_into(acc + off * es, send + off * es, tmp, len, dt);
@@ -520,7 +613,9 @@ static void nominal_bytes(nl_comm_op k, const nl_comm *c, size_t n, int root, nl
 
 #define NL_NATIVE(call, what)                                          \
     do {                                                               \
+        wd_begin(c, -1, what);                                         \
         int rc_ = (call);                                              \
+        wd_end();                                                      \
         if (rc_ != MPI_SUCCESS) return mpi_fail(c, what, rc_);         \
     } while (0)
 
@@ -894,11 +989,16 @@ nl_status nl_comm_wait(nl_comm_request *q) {
     double t0 = nl_time_s();
     nl_status st = NL_OK;
     if (q->impl == NL_COMM_NATIVE) {
+        wd_begin(q->c, -1, "send");
         int rc = MPI_Wait(&q->r[0], MPI_STATUS_IGNORE);
+        wd_end();
         if (rc != MPI_SUCCESS) st = mpi_fail(q->c, "MPI_Wait", rc);
     } else {
         while (!st && !req_done(q)) {
+            wd_begin(q->c, (q->c->rank + q->c->size - 1) % q->c->size, "all-reduce");
+            g_wd_later = q->step > 0;
             int rc = MPI_Waitall(2, q->r, MPI_STATUSES_IGNORE);
+            wd_end();
             if (rc != MPI_SUCCESS) {
                 st = mpi_fail(q->c, "MPI_Waitall", rc);
                 break;
