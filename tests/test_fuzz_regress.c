@@ -56,7 +56,6 @@ static void test_checkpoint(void **s) { (void)s; replay("checkpoint", nl_fuzz_ch
 static void test_data(void **s) { (void)s; replay("data", nl_fuzz_data, 2); }
 static void test_catalog(void **s) { (void)s; replay("catalog", nl_fuzz_catalog, 4); }
 static void test_scaling_csv(void **s) { (void)s; replay("scaling_csv", nl_fuzz_scaling_csv, 3); }
-static void test_train_state(void **s) { (void)s; replay("train_state", nl_fuzz_train_state, 4); }
 /* Replays with stdout and stderr sent to /dev/null: the CLI targets print their one-line errors
  * and results, which would bury the test's own output. */
 static void replay_quiet(const char *target, fuzz_fn fn, int min_seeds) {
@@ -105,7 +104,6 @@ int main(void) {
         cmocka_unit_test(test_cli_numbers),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_formats_cli),
-        cmocka_unit_test(test_train_state),
         cmocka_unit_test(test_http_request),
         cmocka_unit_test(test_llama2c_header_overflow),
     };
