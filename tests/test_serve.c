@@ -240,7 +240,9 @@ static void completions(void **state) {
     assert_int_equal(r.status, 200);
     assert_string_equal(r.content_type, "text/event-stream");
     assert_true(c.done);
-    assert_true(c.chunks >= 2);
+    /* one chunk carries whatever text the engine produced since the last read: how many chunks
+     * depends on timing, so only that there is at least one */
+    assert_true(c.chunks >= 1);
     assert_string_equal(c.text.data, text);
     assert_string_equal(c.finish, "length");
     assert_int_equal(c.completion_tokens, 30);
