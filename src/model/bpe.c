@@ -68,6 +68,12 @@ struct nl_bpe {
 static uint32_t hash_bytes(const char *s, size_t n) {
     uint32_t h = 2166136261u;
     for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+    /* FNV's low bits mix poorly and the tables index by them: finish with murmur3's fmix32 */
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
     return h;
 }
 
@@ -955,7 +961,7 @@ int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, 
     st.b = b;
     st.out = out;
     if (b->mode == MODE_BYTELEVEL && n > 4096) { /* a word cache pays off on long texts */
-        st.wc.mask = pow2_above(n / 4 < (1u << 20) ? n / 4 : (1u << 20)) - 1;
+        st.wc.mask = pow2_above(n / 32 < (1u << 16) ? n / 32 : (1u << 16)) - 1; /* a text's distinct words */
         st.wc.e = calloc((size_t)st.wc.mask + 1, sizeof *st.wc.e);
     }
     int rc = 0;
