@@ -85,6 +85,10 @@ nl_status nl_arch_from_json(const char *what, const char *json, nl_arch *a);
 
 /* Built-in NanoLM presets: "stories260k", "shakespeare-char", "small". */
 nl_status nl_arch_preset(const char *name, nl_arch *out);
+/* sizeof(nl_arch) and offsetof(nl_arch, rope_original_max_pos): bindings that mirror the struct
+ * (python/nanolm) check their copy against these at load time. */
+size_t nl_arch_sizeof(void);
+size_t nl_arch_last_offset(void);
 /* NULL-terminated list of preset names. */
 const char *const *nl_arch_preset_names(void);
 

@@ -27,7 +27,17 @@ class Arch(ctypes.Structure):
                 ("rope_theta", ctypes.c_double), ("norm_eps", ctypes.c_double), ("tied_embeddings", ctypes.c_int),
                 ("n_experts", i64), ("n_shared_experts", i64), ("top_k", i64), ("expert_hidden_dim", i64),
                 ("first_moe_layer", i64), ("head_dim", i64), ("q_lora_rank", i64), ("kv_lora_rank", i64),
-                ("qk_rope_head_dim", i64), ("v_head_dim", i64)]
+                ("qk_rope_head_dim", i64), ("v_head_dim", i64), ("qkv_bias", ctypes.c_int),
+                ("rope_scaling_factor", ctypes.c_double), ("rope_low_freq_factor", ctypes.c_double),
+                ("rope_high_freq_factor", ctypes.c_double), ("rope_original_max_pos", i64)]
+
+
+fn("nl_arch_sizeof", ctypes.c_size_t)
+fn("nl_arch_last_offset", ctypes.c_size_t)
+if (ctypes.sizeof(Arch) != lib.nl_arch_sizeof() or
+        Arch.rope_original_max_pos.offset != lib.nl_arch_last_offset()):
+    raise ImportError("nanolm: python/nanolm/model.py's Arch does not match nl_arch in include/nanolm/arch.h "
+                      f"({ctypes.sizeof(Arch)} vs {lib.nl_arch_sizeof()} bytes): update the binding")
 
 
 class _ModelHead(ctypes.Structure):

@@ -1,4 +1,5 @@
 /* Transformer shapes: validation, exact parameter counts, NanoLM presets. */
+#include <stddef.h>
 #include "nanolm/arch.h"
 
 #include <cjson/cJSON.h>
@@ -110,6 +111,9 @@ static const nl_arch presets[] = {
 static const char *const preset_names[] = {"stories260k", "shakespeare-char", "small", NULL};
 
 const char *const *nl_arch_preset_names(void) { return preset_names; }
+
+size_t nl_arch_sizeof(void) { return sizeof(nl_arch); }
+size_t nl_arch_last_offset(void) { return offsetof(nl_arch, rope_original_max_pos); }
 
 nl_status nl_arch_preset(const char *name, nl_arch *out) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
