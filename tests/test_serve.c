@@ -42,6 +42,11 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* About 25M parameters, context 1024: seconds per 100 tokens on 2 cores. */
+#define SLOW_ARCH                                                                                           \
+    "--dummy-arch '{\"name\":\"rand25M\",\"vocab_size\":512,\"dim\":512,\"n_layers\":8,\"n_heads\":8,"     \
+    "\"n_kv_heads\":8,\"hidden_dim\":1376,\"seq_len\":1024}' "
+
 /* Starts `nanolm serve` with stories260K and extra options; 0 when the data is missing. */
 static int start(srv *s, const char *extra) {
     const char *ck = tu_data_path("stories260K/stories260K.bin");
@@ -51,8 +56,14 @@ static int start(srv *s, const char *extra) {
     char port_file[512], log[512], cmd[2048];
     snprintf(port_file, sizeof port_file, "%s/port", s->dir);
     snprintf(log, sizeof log, "%s/log", s->dir);
-    snprintf(cmd, sizeof cmd, "exec '%s' serve --ckpt '%s' --tokenizer '%s' --port 0 --port-file '%s' %s >/dev/null 2>'%s'",
-             getenv("NANOLM_BIN"), ck, tk, port_file, extra ? extra : "", log);
+    /* A test that needs requests to outlive its polling (a waiting queue, a drain timeout) serves
+     * random weights of a larger shape (--dummy-arch SLOW_ARCH), whose decode takes seconds rather
+     * than stories260K's milliseconds, so what it checks does not depend on the machine's speed. */
+    char model[600];
+    if (extra && strstr(extra, "--dummy-arch")) snprintf(model, sizeof model, "--tokenizer '%s'", tk);
+    else snprintf(model, sizeof model, "--ckpt '%s' --tokenizer '%s'", ck, tk);
+    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 --port-file '%s' %s >/dev/null 2>'%s'",
+             getenv("NANOLM_BIN"), model, port_file, extra ? extra : "", log);
     s->pid = fork();
     assert_true(s->pid >= 0);
     g_pid = s->pid;
@@ -390,7 +401,7 @@ static void *bg_post(void *arg) {
 /* A bounded queue: with one running sequence and one waiting place, a third request gets 429. */
 static void queue_full(void **state) {
     (void)state;
-    START(s, "--max-batch 1 --max-waiting 1 --drain-timeout 120");
+    START(s, SLOW_ARCH "--max-batch 1 --max-waiting 1 --drain-timeout 300");
     const char *body = "{\"prompt\":\"Once\",\"max_tokens\":100,\"ignore_eos\":true,\"stream\":true}";
     bg b[2];
     memset(b, 0, sizeof b);
@@ -424,7 +435,7 @@ static void queue_full(void **state) {
  * [DONE]) and the server still exits 0. */
 static void shutdown_cancels(void **state) {
     (void)state;
-    START(s, "--drain-timeout 0.5");
+    START(s, SLOW_ARCH "--drain-timeout 0.5");
     const char *body = "{\"prompt\":\"Once\",\"max_tokens\":100000,\"ignore_eos\":true,\"stream\":true}";
     bg b;
     memset(&b, 0, sizeof b);
