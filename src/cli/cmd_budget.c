@@ -73,7 +73,7 @@ int nl_cmd_budget(int argc, char **argv) {
     memset(&a, 0, sizeof a);
     double total = params, nonemb = params, active = params, expert = 0;
     if (model) {
-        if (nl_catalog_model_arg(&cat, model, &a)) return nl_cli_usage_error("budget: --model: %s", nl_last_error());
+        if (nl_cli_model_arch(&cat, model, &a)) return nl_cli_usage_error("budget: --model: %s", nl_last_error());
         nl_arch_params p;
         nl_arch_count_params(&a, &p);
         total = (double)p.total;

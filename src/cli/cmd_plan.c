@@ -115,7 +115,7 @@ static int common_rc(int r, const char *cmd, int c) {
 static int common_finish(common *o, const char *cmd, nl_train_req *q) {
     memset(q, 0, sizeof *q);
     if (!o->model) return nl_cli_usage_error("%s: --model is required", cmd);
-    if (nl_catalog_model_arg(&o->cat, o->model, &q->arch)) return nl_cli_usage_error("%s: --model: %s", cmd, nl_last_error());
+    if (nl_cli_model_arch(&o->cat, o->model, &q->arch)) return nl_cli_usage_error("%s: --model: %s", cmd, nl_last_error());
     if (nl_catalog_find_hw(&o->cat, o->gpu, &q->hw)) return nl_cli_usage_error("%s: --gpu: %s", cmd, nl_last_error());
     if (nl_plan_recipe(o->recipe, &q->recipe)) return nl_cli_usage_error("%s: --recipe: %s", cmd, nl_last_error());
     if (o->napkin) {

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "nanolm/hf.h"
+
 const char *nl_fmt_count(double v, char *buf, size_t n) {
     static const struct { double s; const char *u; } u[] = {{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "k"}};
     for (size_t i = 0; i < 4; i++)
@@ -46,4 +48,11 @@ int nl_parse_recompute(const char *s) {
     if (!strcasecmp(s, "selective")) return NL_RECOMPUTE_SELECTIVE;
     if (!strcasecmp(s, "full")) return NL_RECOMPUTE_FULL;
     return -1;
+}
+
+nl_status nl_cli_model_arch(nl_catalog *cat, const char *arg, nl_arch *out) {
+    size_t n = strlen(arg);
+    if (nl_hf_is_folder(arg) || (n >= 11 && !strcmp(arg + n - 11, "config.json")))
+        return nl_arch_from_hf_config(arg, out);
+    return nl_catalog_model_arg(cat, arg, out);
 }

@@ -16,4 +16,8 @@ int nl_parse_zero(const char *s);
 /* Parses none/selective/full; -1 when unknown. */
 int nl_parse_recompute(const char *s);
 
+/* The architecture named by --model: a Hugging Face model folder or its config.json (read by
+ * nl_arch_from_hf_config), a model JSON file, or a catalog name. Errors name the input. */
+nl_status nl_cli_model_arch(nl_catalog *cat, const char *arg, nl_arch *out);
+
 #endif
