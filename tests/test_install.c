@@ -14,26 +14,14 @@
 /* Runs a shell command, captures stdout+stderr (malloc'd) and returns the exit status. */
 static int sh(const char *cmd, char **out) {
     char full[8192];
-    snprintf(full, sizeof full, "(%s) 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
+    int n = snprintf(full, sizeof full, "(%s) 2>&1", cmd);
+    if (n < 0 || (size_t)n >= sizeof full) fail_msg("command too long: %s", cmd);
+    char *buf = NULL;
+    int st = tu_run_shell(full, &buf);
     assert_non_null(buf);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 2) {
-            char *nb = realloc(buf, cap * 2);
-            assert_non_null(nb);
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    buf[len] = '\0';
-    int st = pclose(p);
     print_message("$ %s\n%s", cmd, buf);
     if (out) *out = buf; else free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return st;
 }
 
 static int exists(const char *path) {

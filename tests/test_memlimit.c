@@ -22,24 +22,11 @@ static int run_limited(long kib, const char *args, char **out) {
     snprintf(cmd, sizeof cmd,
              "env -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS timeout -k 5 120 sh -c 'ulimit -v %ld && exec %s %s' 2>&1",
              kib, bin ? bin : "build/nanolm", args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
+    char *buf = NULL;
+    int st = tu_run_shell(cmd, &buf);
     assert_non_null(buf);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 2) {
-            char *nb = realloc(buf, cap * 2);
-            assert_non_null(nb);
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    buf[len] = '\0';
-    int st = pclose(p);
     *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    return st;
 }
 
 static int sanitized(void) {

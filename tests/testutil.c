@@ -99,6 +99,18 @@ int tu_run_cli_ex(const tu_run_opts *o, const char *args, char **out, double *el
 
 int tu_run_cli(const char *args, char **out) { return tu_run_cli_ex(NULL, args, out, NULL); }
 
+int tu_run_shell(const char *cmd, char **out) {
+    if (out) *out = NULL;
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char *buf = read_all(p);
+    int st = pclose(p);
+    if (out) *out = buf;
+    else free(buf);
+    if (st == -1) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
 char *tu_tmpdir(void) {
     char *t = malloc(64);
     snprintf(t, 64, "/tmp/nanolm-test-XXXXXX");

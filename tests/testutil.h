@@ -38,6 +38,10 @@ typedef struct tu_run_opts {
  * output as a malloc'd string (NULL when memory ran out), *elapsed_s (may be NULL) the wall
  * time. Returns the exit status, or -1 when the command could not be started or did not exit. */
 int tu_run_cli_ex(const tu_run_opts *o, const char *args, char **out, double *elapsed_s);
+/* Runs a shell command line as given (add 2>&1 to capture stderr too); *out (may be NULL) gets
+ * its standard output as a malloc'd string. Returns the exit status, 128 + the signal when a
+ * signal ended it, or -1 when it could not be started. */
+int tu_run_shell(const char *cmd, char **out);
 /* A fresh temporary directory (removed by tu_rmdir). */
 char *tu_tmpdir(void);
 void tu_rmdir(const char *dir);
