@@ -242,6 +242,8 @@ static void test_bad_input(void **state) {
     expect_error(args, 1, "seq_len");
     snprintf(args, sizeof args, "train --data %s --bogus", data);
     expect_error(args, 2, "--bogus");
+    snprintf(args, sizeof args, "train --data %s --steps 1 --lr 1e-3 --lr-min 1e-2", data);
+    expect_error(args, 2, "--lr-min");
     /* a checkpoint, then a truncated copy and a mismatched tokenizer */
     snprintf(args, sizeof args, "train --data %s --steps 1 %s --out %s/m.st", data, QUICK, dir);
     assert_int_equal(tu_run_cli(args, NULL), 0);

@@ -253,6 +253,9 @@ int nl_cmd_train(int argc, char **argv) {
     int from_ckpt = c.o.resume && !c.preset_given;
     if (!c.seq_given) c.o.seq = from_ckpt ? 0 : arch.seq_len;
     if (!c.lr_min_given) c.o.lr_min = c.o.lr / 10.0f;
+    if (c.o.lr_min > c.o.lr)
+        return nl_cli_usage_error("train: --lr-min %g is above --lr %g (the cosine decays from --lr to --lr-min)",
+                                  (double)c.o.lr_min, (double)c.o.lr);
     if (c.o.warmup >= c.o.steps) c.o.warmup = c.o.steps / 10;
     if (!c.o.resume && arch.vocab_size != 256)
         return nl_cli_usage_error("train: preset %s has vocab %lld; training reads byte tokens (vocab 256)", c.preset,
