@@ -12,18 +12,9 @@
 
 #include "nanolm/base.h"
 #include "nanolm/formats.h"
+#include "bench_util.h"
 
 #define REPS 15
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 typedef struct job {
     nl_format f;

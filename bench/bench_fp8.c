@@ -11,18 +11,9 @@
 
 #include "nanolm/base.h"
 #include "nanolm/fp8.h"
+#include "bench_util.h"
 
 #define REPS 7
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int run_shape(int64_t M, int64_t N, int64_t K, int with_reference) {
     float *A = nl_malloc((size_t)(M * K) * sizeof(float), "bench A");

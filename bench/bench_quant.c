@@ -12,16 +12,7 @@
 #include "nanolm/base.h"
 #include "nanolm/qlinear.h"
 #include "nanolm/quant.h"
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
+#include "bench_util.h"
 
 #define REPS 7
 

@@ -13,13 +13,9 @@
 
 #include "nanolm/base.h"
 #include "nanolm/tokenizer.h"
+#include "bench_util.h"
 
 #define REPS 5
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static char *slurp(const char *path, size_t *n) {
     char *buf;
