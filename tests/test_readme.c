@@ -261,10 +261,15 @@ static void test_readme_tour_runs_as_written(void **state) {
     char *dir = tu_tmpdir();
     assert_non_null(dir);
     char cmd[9000];
-    /* The scratch folder looks like the repository root: data/ and build/ (this build). */
-    snprintf(cmd, sizeof cmd, "ln -s '%s/data' '%s/data' && ln -s \"$(cd \"$(dirname '%s')\" && pwd)\" '%s/build'", src, dir,
-             bin, dir);
+    /* The scratch folder looks like the repository root: data/, python/ and build/ (this build),
+     * and the Python package loads this build's libnanolm.so. */
+    snprintf(cmd, sizeof cmd,
+             "ln -s '%s/data' '%s/data' && ln -s '%s/python' '%s/python' && ln -s \"$(cd \"$(dirname '%s')\" && pwd)\" '%s/build'",
+             src, dir, src, dir, bin, dir);
     assert_int_equal(system(cmd), 0);
+    char lib[4200];
+    snprintf(lib, sizeof lib, "%s/build/libnanolm.so", dir);
+    if (access(lib, R_OK) == 0) setenv("NANOLM_LIB", lib, 1);
     const char *mpi = getenv("NANOLM_HAVE_MPI");
     run_state rs = {.dir = dir, .have_mpi = !mpi || strcmp(mpi, "0") != 0};
     run_markdown(readme, &rs);
