@@ -189,8 +189,16 @@ static void test_resume_must_match(void **state) {
     snprintf(args, sizeof args, "train --data %s --steps 4 --batch 4 --seq 32 --eval-windows 4 --warmup 3 --resume %s/m.st",
              data, dir);
     expect_fail(args, "warmup 2 steps, this run asks for 3");
-    snprintf(args, sizeof args, "train --data %s --steps 2 %s --resume %s/m.st", data, QUICK, dir);
+    snprintf(args, sizeof args, "train --data %s --steps 1 %s --resume %s/m.st", data, QUICK, dir);
     expect_fail(args, "already trained 2 steps");
+    /* a restart of a run that already saved its last step: said, nothing trained, exit 0 */
+    snprintf(args, sizeof args, "train --data %s --steps 2 %s --resume %s/m.st", data, QUICK, dir);
+    char *out = NULL;
+    assert_int_equal(run(args, &out), 0);
+    assert_non_null(out);
+    assert_non_null(strstr(out, "already trained all 2 steps"));
+    assert_null(strstr(out, " val "));
+    free(out);
     snprintf(args, sizeof args, "train --data %s --steps 4 %s --preset stories260k --resume %s/m.st", data, QUICK, dir);
     expect_fail(args, "holds model \"shakespeare-char\", the run asks for \"stories260k\"");
     /* --preset naming the checkpoint's own shape is accepted */

@@ -28,7 +28,8 @@ typedef enum nl_status {
     NL_ERR_NUMERIC = 7,   /* a computation produced NaN/inf where it must not */
     NL_ERR_COMM = 8,      /* a collective or peer failed */
     NL_ERR_NOT_IMPLEMENTED = 9, /* used only by the course skeletons in exercises/ */
-    NL_ERR_BUSY = 10      /* a bounded queue is full: try again later (HTTP 429) */
+    NL_ERR_BUSY = 10,     /* a bounded queue is full: try again later (HTTP 429) */
+    NL_DONE = 11          /* nothing left to do: a resumed run's checkpoint already holds its last step */
 } nl_status;
 
 /* Sets the thread's last error message (printf-style) and returns `code`, so that

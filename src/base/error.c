@@ -36,6 +36,7 @@ const char *nl_status_name(nl_status s) {
     case NL_ERR_COMM: return "communication error";
     case NL_ERR_NOT_IMPLEMENTED: return "not implemented (exercise)";
     case NL_ERR_BUSY: return "busy";
+    case NL_DONE: return "done";
     }
     return "unknown status";
 }

@@ -301,8 +301,13 @@ int nl_cmd_train(int argc, char **argv) {
     }
     nl_tokenizer_free(&tok);
     nl_trainer t;
-    if (nl_trainer_init(&t, from_ckpt ? NULL : &arch, &c.o)) {
+    nl_status init_rc = nl_trainer_init(&t, from_ckpt ? NULL : &arch, &c.o);
+    if (init_rc) {
         nl_data_free(&data);
+        if (init_rc == NL_DONE) { /* the resumed run is already complete */
+            fprintf(stderr, "nanolm: train: %s\n", nl_last_error());
+            return NL_EXIT_OK;
+        }
         return nl_cli_fail(c.o.resume ? "train: --resume" : "train");
     }
     c.o.seq = t.seq;

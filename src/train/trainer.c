@@ -94,7 +94,13 @@ static nl_status check_resume(const char *path, const nl_train_opts *o, const nl
     nl_ckpt_run want;
     run_of(o, &want);
     const nl_ckpt_run *have = &st->run;
-    if (st->step >= o->steps)
+    /* A run restarted after it saved its last step (a job preempted between the final save and
+     * its exit) has nothing to do: NL_DONE, which the CLI reports and exits 0 on, so a restart
+     * loop does not mark a finished run as failed. Fewer steps than trained is a mistake. */
+    if (st->step == o->steps)
+        return nl_fail(NL_DONE, "%s has already trained all %lld steps of this run: nothing to do (give more steps to "
+                       "continue)", path, (long long)st->step);
+    if (st->step > o->steps)
         return nl_fail(NL_ERR_INVALID, "%s has already trained %lld steps and the run asks for %lld in total: nothing to "
                        "do (give more steps to continue)", path, (long long)st->step, (long long)o->steps);
     if (st->precision != o->precision)
