@@ -381,6 +381,8 @@ void nl_report_cell_str(nl_report *r, const char *s) {
     add_cell(r, s ? s : "", s ? cJSON_CreateString(s) : cJSON_CreateNull());
 }
 
+void nl_report_cell_bool(nl_report *r, int v) { add_cell(r, v ? "yes" : "no", cJSON_CreateBool(v)); }
+
 void nl_report_row_end(nl_report *r) {
     if (!r || !r->cur) return;
     item *it = r->cur;

@@ -78,6 +78,7 @@ void nl_report_table(nl_report *r, const char *key, const char *title, int ncols
 void nl_report_cell_num(nl_report *r, double v);
 void nl_report_cell_int(nl_report *r, long long v);
 void nl_report_cell_str(nl_report *r, const char *s);
+void nl_report_cell_bool(nl_report *r, int v); /* JSON true/false; text "yes"/"no" */
 void nl_report_row_end(nl_report *r);
 
 /* Writes the report to stdout, as JSON when json != 0, then frees it. Returns NL_EXIT_OK, or
