@@ -83,6 +83,14 @@ static int set_value(const char *cmd, const nl_opt *o, const char *value) {
         if (!*value) return nl_cli_usage_error("%s: --%s needs a non-empty value", cmd, o->name);
         *(const char **)o->dest = value;
         return 0;
+    case NL_OPT_T_LIST: {
+        nl_opt_list *l = o->dest;
+        if (!*value) return nl_cli_usage_error("%s: --%s needs a non-empty value", cmd, o->name);
+        if (l->n >= NL_OPT_LIST_MAX)
+            return nl_cli_usage_error("%s: --%s given more than %d times", cmd, o->name, NL_OPT_LIST_MAX);
+        l->v[l->n++] = value;
+        return 0;
+    }
     case NL_OPT_T_CHOICE: {
         int k = choice_index(o->choices, value);
         if (k < 0) return nl_cli_usage_error("%s: --%s must be one of %s, got '%s'", cmd, o->name, o->choices, value);

@@ -41,7 +41,15 @@ typedef enum nl_opt_type {
     NL_OPT_T_SI,     /* double *: number with k/M/B/T suffix (7B = 7e9) in [min, max] */
     NL_OPT_T_STRING, /* const char **: the argument as given (points into argv) */
     NL_OPT_T_CHOICE, /* int *: index of the value in `choices` ("fp32|bf16|fp16") */
+    NL_OPT_T_LIST,   /* nl_opt_list *: every occurrence appended (--run A --run B), up to NL_OPT_LIST_MAX */
 } nl_opt_type;
+
+/* The destination of a repeatable option (NL_OPT_T_LIST): the values as given, in order. */
+#define NL_OPT_LIST_MAX 16
+typedef struct nl_opt_list {
+    const char *v[NL_OPT_LIST_MAX];
+    int n;
+} nl_opt_list;
 
 typedef struct nl_opt {
     const char *name;    /* long name without "--" */
@@ -62,6 +70,8 @@ typedef struct nl_opt {
 #define NL_OPT_FLT(n, d, lo, hi, a, h) {(n), NL_OPT_T_FLOAT, (d), (lo), (hi), NULL, (a), (h), NULL, NULL}
 #define NL_OPT_SI(n, d, lo, hi, a, h) {(n), NL_OPT_T_SI, (d), (lo), (hi), NULL, (a), (h), NULL, NULL}
 #define NL_OPT_STR(n, d, a, h) {(n), NL_OPT_T_STRING, (d), 0, 0, NULL, (a), (h), NULL, NULL}
+#define NL_OPT_LIST(n, d, a, h)                                                                                        \
+    { (n), NL_OPT_T_LIST, (d), 0, 0, NULL, (a), (h), NULL, NULL }
 #define NL_OPT_CHOICE(n, d, c, h) {(n), NL_OPT_T_CHOICE, (d), 0, 0, (c), NULL, (h), NULL, NULL}
 #define NL_NOPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
