@@ -90,6 +90,16 @@ typedef struct nl_cmdspec {
     int max_positional; /* how many bare arguments are accepted (0: none) */
 } nl_cmdspec;
 
+/* The model-loading option group shared by the commands that load a checkpoint (generate, quant
+ * model, quant compare): --ckpt, --tokenizer and, with_weights != 0, --weights. Fills opts (room for
+ * 3) bound to a's fields and returns how many it filled; a's fields start NULL (not given). */
+typedef struct nl_model_args {
+    const char *ckpt;      /* a Hugging Face folder, safetensors checkpoint or llama2.c .bin */
+    const char *tokenizer; /* tokenizer file, or NULL: the checkpoint's own */
+    const char *weights;   /* decode weight format name (auto|fp32|bf16|int8), or NULL: auto */
+} nl_model_args;
+int nl_cli_model_opts(nl_opt *opts, nl_model_args *a, int with_weights);
+
 /* Returned by nl_cli_parse when --help was printed: the command returns NL_EXIT_OK. */
 #define NL_CLI_HELP (-1)
 
