@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_opt.h"
 #include "nanolm/quant.h"
+#include "report.h"
 
 int nl_cmd_quant_model(int argc, char **argv); /* cmd_quant_model.c */
 int nl_cmd_quant_compare(int argc, char **argv); /* cmd_quant_compare.c */
@@ -41,10 +43,9 @@ typedef struct demo_step {
     float back[4];
 } demo_step;
 
-static cJSON *farr(const float *v, int n) {
-    cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
-    return a;
+/* The floats as doubles, for the report's lists (at most 4 here). */
+static void f2d(const float *v, int n, double *out) {
+    for (int i = 0; i < n; i++) out[i] = v[i];
 }
 
 static void fmt_vec(char *buf, size_t n, const float *v, int k, const char *fmt) {
@@ -52,27 +53,50 @@ static void fmt_vec(char *buf, size_t n, const float *v, int k, const char *fmt)
     for (int i = 0; i < k && o < n; i++) o += (size_t)snprintf(buf + o, n - o, fmt, (double)v[i]), o += (size_t)snprintf(buf + o, n - o, i + 1 < k ? ", " : ")");
 }
 
-static int cmd_demo(int argc, char **argv) {
-    static const struct option opts[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    int json = 0, c;
-    while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
-        switch (c) {
-        case 'j': json = 1; break;
-        case 'h': usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("quant demo", argv);
-        }
+/* One step of the demo in the text form: x, the scale, the codes and q * scale. */
+static void demo_text(nl_report *r, const demo_step *st, int s) {
+    char b1[128], b2[128], b3[128];
+    nl_report_note(r, "step %d: %s", s + 1, st->name);
+    fmt_vec(b1, sizeof b1, st->x, 4, "%g");
+    nl_report_note(r, "  x            = %s", b1);
+    if (st->block) {
+        fmt_vec(b2, sizeof b2, st->q.scales, (int)st->q.n_scales, "%.6f");
+        nl_report_note(r, "  scale/block  = max|block| / 127 = %s", b2);
+    } else {
+        nl_report_note(r, "  scale        = max|x| / 127 = %g / 127 = %.6f", (double)(st->q.scales[0] * 127.0f),
+                       (double)st->q.scales[0]);
     }
-    if (optind < argc) return nl_cli_usage_error("quant demo: unexpected argument '%s'", argv[optind]);
+    float qf[4];
+    for (int i = 0; i < 4; i++) qf[i] = (float)nl_qtensor_code(&st->q, 0, i);
+    fmt_vec(b2, sizeof b2, qf, 4, "%g");
+    fmt_vec(b3, sizeof b3, st->back, 4, "%.3f");
+    nl_report_note(r, "  q = round(x / scale) = %s", b2);
+    nl_report_note(r, "  q * scale    = %s", b3);
+}
+
+static int cmd_demo(int argc, char **argv) {
+    int json = 0;
+    nl_opt opts[] = {NL_OPT_FLAG("json", &json, "print the steps as JSON")};
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"quant demo",
+                       "nanolm quant demo [--json]",
+                       "The course's absmax example: (0.3, -0.5, 0.12, 1.5) in int8, then with an outlier 30,\n"
+                       "then with blocks of 2.",
+                       groups,
+                       1,
+                       0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     demo_step st[3] = {
         {"int8 absmax per tensor", {0.3f, -0.5f, 0.12f, 1.5f}, 0, {.spec = {0}}, {0}},
         {"outlier 30 instead of 1.5", {0.3f, -0.5f, 0.12f, 30.0f}, 0, {.spec = {0}}, {0}},
         {"blocks of 2, one scale each", {0.3f, -0.5f, 0.12f, 30.0f}, 2, {.spec = {0}}, {0}},
     };
     for (int s = 0; s < 3; s++) {
-        nl_status rc = st[s].block ? nl_quant_blockwise(st[s].x, 1, 4, 8, st[s].block, &st[s].q)
-                                   : nl_quant_symmetric(st[s].x, 1, 4, 8, 0, &st[s].q);
-        if (!rc) rc = nl_quant_dequantize(&st[s].q, st[s].back);
-        if (rc) {
+        nl_status st_rc = st[s].block ? nl_quant_blockwise(st[s].x, 1, 4, 8, st[s].block, &st[s].q)
+                                      : nl_quant_symmetric(st[s].x, 1, 4, 8, 0, &st[s].q);
+        if (!st_rc) st_rc = nl_quant_dequantize(&st[s].q, st[s].back);
+        if (st_rc) {
             for (int k = 0; k < s; k++) nl_qtensor_free(&st[k].q);
             return nl_cli_fail("quant demo");
         }
@@ -85,53 +109,44 @@ static int cmd_demo(int argc, char **argv) {
             hi = q;
             levels++;
         }
-    if (json) {
-        cJSON *d = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(d, "steps");
-        for (int s = 0; s < 3; s++) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "step", st[s].name);
-            cJSON_AddNumberToObject(o, "bits", 8);
-            cJSON_AddNumberToObject(o, "block", (double)st[s].block);
-            cJSON_AddItemToObject(o, "x", farr(st[s].x, 4));
-            cJSON_AddItemToObject(o, "scales", farr(st[s].q.scales, (int)st[s].q.n_scales));
-            cJSON *qa = cJSON_AddArrayToObject(o, "q");
-            for (int i = 0; i < 4; i++) cJSON_AddItemToArray(qa, cJSON_CreateNumber(nl_qtensor_code(&st[s].q, 0, i)));
-            cJSON_AddItemToObject(o, "dequantized", farr(st[s].back, 4));
-            cJSON_AddItemToArray(arr, o);
-        }
-        cJSON_AddNumberToObject(d, "levels_within_0_5", levels);
-        cJSON_AddNumberToObject(d, "levels_lo", lo);
-        cJSON_AddNumberToObject(d, "levels_hi", hi);
-        cJSON_AddNumberToObject(d, "levels_total", 255);
-        for (int s = 0; s < 3; s++) nl_qtensor_free(&st[s].q);
-        return nl_cli_print_json(d);
-    }
-    char b1[128], b2[128], b3[128];
+    nl_report *r = nl_report_new("quant demo");
+    nl_report_table(r, "steps", NULL, 7,
+                    (const nl_report_col[]){{"step", "", NULL},
+                                            {"bits", "", NULL},
+                                            {"block", "", NULL},
+                                            {"x", "", NULL},
+                                            {"scales", "", NULL},
+                                            {"q", "", NULL},
+                                            {"dequantized", "", NULL}});
     for (int s = 0; s < 3; s++) {
-        printf("step %d: %s\n", s + 1, st[s].name);
-        fmt_vec(b1, sizeof b1, st[s].x, 4, "%g");
-        printf("  x            = %s\n", b1);
-        if (st[s].block) {
-            fmt_vec(b2, sizeof b2, st[s].q.scales, (int)st[s].q.n_scales, "%.6f");
-            printf("  scale/block  = max|block| / 127 = %s\n", b2);
-        } else {
-            printf("  scale        = max|x| / 127 = %g / 127 = %.6f\n", (double)(st[s].q.scales[0] * 127.0f),
-                   (double)st[s].q.scales[0]);
-        }
-        float qf[4];
-        for (int i = 0; i < 4; i++) qf[i] = (float)nl_qtensor_code(&st[s].q, 0, i);
-        fmt_vec(b2, sizeof b2, qf, 4, "%g");
-        fmt_vec(b3, sizeof b3, st[s].back, 4, "%.3f");
-        printf("  q = round(x / scale) = %s\n", b2);
-        printf("  q * scale    = %s\n", b3);
+        double x[4], sc[4], q[4], back[4];
+        f2d(st[s].x, 4, x);
+        f2d(st[s].q.scales, (int)st[s].q.n_scales, sc);
+        f2d(st[s].back, 4, back);
+        for (int i = 0; i < 4; i++) q[i] = nl_qtensor_code(&st[s].q, 0, i);
+        nl_report_cell_str(r, st[s].name);
+        nl_report_cell_int(r, 8);
+        nl_report_cell_int(r, st[s].block);
+        nl_report_cell_nums(r, x, 4);
+        nl_report_cell_nums(r, sc, (int)st[s].q.n_scales);
+        nl_report_cell_nums(r, q, 4);
+        nl_report_cell_nums(r, back, 4);
+        nl_report_row_end(r);
+    }
+    nl_report_int(r, "levels_within_0_5", "", levels, NULL);
+    nl_report_int(r, "levels_lo", "", lo, NULL);
+    nl_report_int(r, "levels_hi", "", hi, NULL);
+    nl_report_int(r, "levels_total", "", 255, NULL);
+    for (int s = 0; s < 3; s++) {
+        demo_text(r, &st[s], s);
         if (s == 1)
-            printf("  0.3 and 0.12 both became %d; values with |x| <= 0.5 get %d levels (%d..%d) of 255\n",
-                   nl_qtensor_code(&st[1].q, 0, 0), levels, lo, hi);
-        if (s == 2) printf("  the outlier spoils only its own block: the first pair keeps 255 levels\n");
-        if (s < 2) printf("\n");
+            nl_report_note(r, "  0.3 and 0.12 both became %d; values with |x| <= 0.5 get %d levels (%d..%d) of 255",
+                           nl_qtensor_code(&st[1].q, 0, 0), levels, lo, hi);
+        if (s == 2) nl_report_note(r, "  the outlier spoils only its own block: the first pair keeps 255 levels");
+        if (s < 2) nl_report_note(r, "%s", "");
     }
     for (int s = 0; s < 3; s++) nl_qtensor_free(&st[s].q);
-    return NL_EXIT_OK;
+    return nl_report_print(r, json);
 }
 
 /* ---- values ---------------------------------------------------------------------------------- */
@@ -204,34 +219,114 @@ static int values_spec(const char *name, int64_t block, nl_quant_spec *spec) {
     return 0;
 }
 
+/* The text form of one group (block) of `quant values`: how the scale and the zero point come out,
+ * then x, the codes and the dequantized values. */
+static void values_text_group(nl_report *r, const nl_quant_spec *spec, const nl_qtensor *q, const float *x,
+                              const float *back, int64_t n, int64_t g) {
+    int qmax = (1 << (spec->bits - 1)) - 1;
+    char b1[32], b2[32], b3[32], line[4096];
+    int64_t a = g * q->group_cols, b = a + q->group_cols < n ? a + q->group_cols : n;
+    if (q->n_scales > 1)
+        nl_report_note(r, "block %lld (values %lld..%lld):", (long long)g + 1, (long long)a + 1, (long long)b);
+    float amax = 0, lo = 0, hi = 0;
+    for (int64_t i = a; i < b; i++) amax = fmaxf(amax, fabsf(x[i])), lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
+    short_float(q->scales[g], b3, sizeof b3);
+    if (spec->kind == NL_QUANT_SYMMETRIC)
+        nl_report_note(r, "  scale        = max|x| / %d = %s / %d = %s\n  zero point   = 0 (symmetric)", qmax,
+                       short_float(amax, b1, sizeof b1), qmax, b3);
+    else if (spec->kind == NL_QUANT_AFFINE)
+        nl_report_note(r,
+                       "  scale        = (max - min) / %d = (%s - (%s)) / %d = %s\n"
+                       "  zero point   = qmin - round(min / scale) = %d (the code of 0.0)",
+                       (1 << spec->bits) - 1, short_float(hi, b1, sizeof b1), short_float(lo, b2, sizeof b2),
+                       (1 << spec->bits) - 1, b3, q->zero_points[g]);
+    else
+        nl_report_note(r, "  scale        = 2^(floor(log2 max|x|) - emax) = %s (shared E8M0 exponent)", b3);
+    int len = snprintf(line, sizeof line, "  x            =");
+    for (int64_t i = a; i < b && len < (int)sizeof line - 40; i++)
+        len += snprintf(line + len, sizeof line - (size_t)len, " %s", short_float(x[i], b1, sizeof b1));
+    nl_report_note(r, "%s", line);
+    len = snprintf(line, sizeof line, "  q            =");
+    for (int64_t i = a; i < b && len < (int)sizeof line - 80; i++)
+        len += snprintf(line + len, sizeof line - (size_t)len, " %d", nl_qtensor_code(q, 0, i));
+    nl_report_note(r, "%s   (%s)", line,
+                   spec->kind == NL_QUANT_SYMMETRIC ? "round(x / scale)"
+                   : spec->kind == NL_QUANT_AFFINE  ? "round(x / scale) + zero point"
+                                                    : "element codes");
+    len = snprintf(line, sizeof line, "  dequantized  =");
+    for (int64_t i = a; i < b && len < (int)sizeof line - 80; i++)
+        len += snprintf(line + len, sizeof line - (size_t)len, " %s", short_float(back[i], b1, sizeof b1));
+    nl_report_note(r, "%s   (%s)", line,
+                   spec->kind == NL_QUANT_AFFINE ? "(q - zero point) * scale"
+                   : spec->kind == NL_QUANT_MX   ? "element value * scale"
+                                                 : "q * scale");
+}
+
+/* The result of `quant values`: the JSON values and groups, and the text derivation. */
+static int values_print(const nl_quant_spec *spec, const nl_qtensor *q, const float *x, const float *back, int64_t n,
+                        int json) {
+    char name[64];
+    nl_quant_spec_name(spec, name, sizeof name);
+    double max_err = 0;
+    for (int64_t i = 0; i < n; i++) max_err = fmax(max_err, fabs((double)x[i] - (double)back[i]));
+    double *dx = malloc((size_t)n * 3 * sizeof *dx);
+    if (!dx) return nl_cli_usage_error("quant values: out of memory for %lld values", (long long)n);
+    double *dq = dx + n, *db = dq + n;
+    for (int64_t i = 0; i < n; i++) dx[i] = x[i], dq[i] = nl_qtensor_code(q, 0, i), db[i] = back[i];
+    nl_report *r = nl_report_new("quant values");
+    nl_report_str(r, "scheme", "", name);
+    nl_report_str(r, "kind", "",
+                  spec->kind == NL_QUANT_AFFINE ? "affine"
+                  : spec->kind == NL_QUANT_MX   ? "mx"
+                                                : "absmax");
+    nl_report_int(r, "bits", "", spec->bits, NULL);
+    nl_report_int(r, "values_per_scale", "", q->group_cols, NULL);
+    nl_report_note(r, "%s on %lld values: %lld scale%s, one per %lld values", name, (long long)n,
+                   (long long)q->n_scales, q->n_scales == 1 ? "" : "s", (long long)q->group_cols);
+    nl_report_table(r, "groups", NULL, 4,
+                    (const nl_report_col[]){
+                        {"first", "", NULL}, {"count", "", NULL}, {"scale", "", NULL}, {"zero_point", "", NULL}});
+    for (int64_t g = 0; g < q->n_scales; g++) {
+        int64_t a = g * q->group_cols, b = a + q->group_cols < n ? a + q->group_cols : n;
+        nl_report_cell_int(r, a);
+        nl_report_cell_int(r, b - a);
+        nl_report_cell_num(r, q->scales[g]);
+        nl_report_cell_int(r, q->zero_points ? q->zero_points[g] : 0);
+        nl_report_row_end(r);
+    }
+    for (int64_t g = 0; g < q->n_scales; g++) values_text_group(r, spec, q, x, back, n, g);
+    nl_report_nums(r, "x", "", dx, (int)n, NULL, NULL);
+    nl_report_nums(r, "codes", "", dq, (int)n, NULL, NULL);
+    nl_report_nums(r, "dequantized", "", db, (int)n, NULL, NULL);
+    nl_report_num(r, "max_abs_error", "", max_err, NULL, NULL);
+    nl_report_int(r, "bytes", "", (long long)nl_qtensor_bytes(q), NULL);
+    nl_report_note(r, "largest error |x - dequantized| = %.9g; %zu bytes stored (fp32: %lld)", max_err,
+                   nl_qtensor_bytes(q), (long long)n * 4);
+    free(dx);
+    return nl_report_print(r, json);
+}
+
 static int cmd_values(int argc, char **argv) {
-    static const struct option opts[] = {{"scheme", required_argument, 0, 's'}, {"block", required_argument, 0, 'b'},
-                                         {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *scheme = "int8", *list = NULL;
     int64_t block = 0;
-    int json = 0, c, rc;
-    /* the list may start with a minus sign: take it before getopt sees it as an option */
-    if (argc > 1 && strncmp(argv[1], "--", 2) != 0) {
-        list = argv[1];
-        argv[1] = argv[0];
-        argv++;
-        argc--;
-    }
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 's': scheme = optarg; break;
-        case 'b': if ((rc = nl_cli_int("--block", optarg, 1, 1 << 20, &block))) return rc; break;
-        case 'j': json = 1; break;
-        case 'h': usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("quant values", argv);
-        }
-    }
-    if (optind < argc) {
-        if (list) return nl_cli_usage_error("quant values: unexpected argument '%s'", argv[optind]);
-        list = argv[optind++];
-        if (optind < argc) return nl_cli_usage_error("quant values: unexpected argument '%s'", argv[optind]);
-    }
-    if (!list) return nl_cli_usage_error("quant values: give the values, e.g. nanolm quant values 0.3,-0.5,0.12,1.5");
+    int json = 0, rc;
+    nl_opt opts[] = {
+        NL_OPT_STR("scheme", &scheme, "int8|int4|affine|NAME",
+                   "int8 = absmax with 8 bits, int4, affine = uint8 with a zero point, or a quant model scheme"),
+        NL_OPT_INT("block", &block, 1, 1 << 20, "B", "one scale per B values (default: one for all)"),
+        NL_OPT_FLAG("json", &json, "print the result as JSON"),
+    };
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec_cmd = {"quant values",
+                           "nanolm quant values X1,X2,... [--scheme int8|int4|affine|NAME] [--block B] [--json]",
+                           "Quantizes your own values and prints the scale, the zero point, the codes and the\n"
+                           "dequantized values (any scheme name of `quant model` works too, e.g. int3-b2, mxfp4).",
+                           groups,
+                           1,
+                           1};
+    int npos = 0;
+    if ((rc = nl_cli_parse(&spec_cmd, argc, argv, &list, &npos))) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    if (!npos) return nl_cli_usage_error("quant values: give the values, e.g. nanolm quant values 0.3,-0.5,0.12,1.5");
     nl_quant_spec spec;
     if ((rc = values_spec(scheme, block, &spec))) return rc;
     float *x = NULL, *back = NULL;
@@ -240,82 +335,12 @@ static int cmd_values(int argc, char **argv) {
     nl_qtensor q;
     memset(&q, 0, sizeof q);
     back = malloc((size_t)n * sizeof *back);
-    if (!back) {
-        free(x);
-        return nl_cli_usage_error("quant values: out of memory for %lld values", (long long)n);
-    }
-    if (nl_quant_tensor(x, 1, n, &spec, &q) || nl_quant_dequantize(&q, back)) {
-        free(x);
-        free(back);
-        nl_qtensor_free(&q);
-        return nl_cli_fail("quant values");
-    }
-    char name[64];
-    nl_quant_spec_name(&spec, name, sizeof name);
-    double max_err = 0;
-    for (int64_t i = 0; i < n; i++) max_err = fmax(max_err, fabs((double)x[i] - (double)back[i]));
-    if (json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "scheme", name);
-        cJSON_AddStringToObject(d, "kind", spec.kind == NL_QUANT_AFFINE ? "affine" : spec.kind == NL_QUANT_MX ? "mx" : "absmax");
-        cJSON_AddNumberToObject(d, "bits", spec.bits);
-        cJSON_AddNumberToObject(d, "values_per_scale", (double)q.group_cols);
-        cJSON *groups = cJSON_AddArrayToObject(d, "groups");
-        for (int64_t g = 0; g < q.n_scales; g++) {
-            cJSON *o = cJSON_CreateObject();
-            int64_t a = g * q.group_cols, b = a + q.group_cols < n ? a + q.group_cols : n;
-            cJSON_AddNumberToObject(o, "first", (double)a);
-            cJSON_AddNumberToObject(o, "count", (double)(b - a));
-            cJSON_AddNumberToObject(o, "scale", q.scales[g]);
-            cJSON_AddNumberToObject(o, "zero_point", q.zero_points ? q.zero_points[g] : 0);
-            cJSON_AddItemToArray(groups, o);
-        }
-        cJSON_AddItemToObject(d, "x", farr(x, (int)n));
-        cJSON *qa = cJSON_AddArrayToObject(d, "codes");
-        for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(qa, cJSON_CreateNumber(nl_qtensor_code(&q, 0, i)));
-        cJSON_AddItemToObject(d, "dequantized", farr(back, (int)n));
-        cJSON_AddNumberToObject(d, "max_abs_error", max_err);
-        cJSON_AddNumberToObject(d, "bytes", (double)nl_qtensor_bytes(&q));
-        rc = nl_cli_print_json(d);
-    } else {
-        int qmax = (1 << (spec.bits - 1)) - 1;
-        char b1[32], b2[32], b3[32];
-        printf("%s on %lld values: %lld scale%s, one per %lld values\n", name, (long long)n, (long long)q.n_scales,
-               q.n_scales == 1 ? "" : "s", (long long)q.group_cols);
-        for (int64_t g = 0; g < q.n_scales; g++) {
-            int64_t a = g * q.group_cols, b = a + q.group_cols < n ? a + q.group_cols : n;
-            if (q.n_scales > 1) printf("block %lld (values %lld..%lld):\n", (long long)g + 1, (long long)a + 1, (long long)b);
-            float amax = 0, lo = 0, hi = 0;
-            for (int64_t i = a; i < b; i++) {
-                amax = fmaxf(amax, fabsf(x[i]));
-                lo = fminf(lo, x[i]);
-                hi = fmaxf(hi, x[i]);
-            }
-            short_float(q.scales[g], b3, sizeof b3);
-            if (spec.kind == NL_QUANT_SYMMETRIC)
-                printf("  scale        = max|x| / %d = %s / %d = %s\n  zero point   = 0 (symmetric)\n", qmax,
-                       short_float(amax, b1, sizeof b1), qmax, b3);
-            else if (spec.kind == NL_QUANT_AFFINE)
-                printf("  scale        = (max - min) / %d = (%s - (%s)) / %d = %s\n"
-                       "  zero point   = qmin - round(min / scale) = %d (the code of 0.0)\n",
-                       (1 << spec.bits) - 1, short_float(hi, b1, sizeof b1), short_float(lo, b2, sizeof b2),
-                       (1 << spec.bits) - 1, b3, q.zero_points[g]);
-            else
-                printf("  scale        = 2^(floor(log2 max|x|) - emax) = %s (shared E8M0 exponent)\n", b3);
-            printf("  x            =");
-            for (int64_t i = a; i < b; i++) printf(" %s", short_float(x[i], b1, sizeof b1));
-            printf("\n  q            =");
-            for (int64_t i = a; i < b; i++) printf(" %d", nl_qtensor_code(&q, 0, i));
-            printf("   (%s)\n  dequantized  =", spec.kind == NL_QUANT_SYMMETRIC ? "round(x / scale)"
-                                                 : spec.kind == NL_QUANT_AFFINE ? "round(x / scale) + zero point"
-                                                                                : "element codes");
-            for (int64_t i = a; i < b; i++) printf(" %s", short_float(back[i], b1, sizeof b1));
-            printf("   (%s)\n", spec.kind == NL_QUANT_AFFINE ? "(q - zero point) * scale"
-                                : spec.kind == NL_QUANT_MX ? "element value * scale" : "q * scale");
-        }
-        printf("largest error |x - dequantized| = %.9g; %zu bytes stored (fp32: %lld)\n", max_err, nl_qtensor_bytes(&q),
-               (long long)n * 4);
-    }
+    if (!back)
+        rc = nl_cli_usage_error("quant values: out of memory for %lld values", (long long)n);
+    else if (nl_quant_tensor(x, 1, n, &spec, &q) || nl_quant_dequantize(&q, back))
+        rc = nl_cli_fail("quant values");
+    else
+        rc = values_print(&spec, &q, x, back, n, json);
     free(x);
     free(back);
     nl_qtensor_free(&q);
@@ -324,29 +349,61 @@ static int cmd_values(int argc, char **argv) {
 
 /* ---- outliers -------------------------------------------------------------------------------- */
 
+/* The five schemes of `quant outliers` and what each does to the matrix. */
+typedef struct outlier_row {
+    const char *name;
+    nl_quant_granularity g;
+    int64_t block;
+    double mse, sqnr, mse_rest; /* all rows; the rows other than the outlier row */
+    size_t bytes;
+} outlier_row;
+
+/* Quantizes w (rows, cols) with each scheme and measures the error; y is scratch of the same size. */
+static nl_status outliers_run(const float *w, float *y, int64_t rows, int64_t cols, int bits, int64_t orow,
+                              outlier_row *sch, int ns) {
+    size_t n = (size_t)(rows * cols);
+    for (int s = 0; s < ns; s++) {
+        nl_qtensor q;
+        NL_TRY(sch[s].g == NL_QUANT_PER_BLOCK
+                   ? nl_quant_blockwise(w, rows, cols, bits, sch[s].block, &q)
+                   : nl_quant_symmetric(w, rows, cols, bits, sch[s].g == NL_QUANT_PER_CHANNEL, &q));
+        nl_status st = nl_quant_dequantize(&q, y);
+        sch[s].bytes = nl_qtensor_bytes(&q);
+        nl_qtensor_free(&q);
+        NL_TRY(st);
+        sch[s].mse = nl_quant_mse(w, y, n);
+        sch[s].sqnr = nl_quant_sqnr_db(w, y, n);
+        /* Error on the ordinary rows only: what the outlier did to its neighbours. */
+        double e = 0;
+        for (int64_t i = 0; i < rows; i++)
+            if (i != orow) e += nl_quant_mse(w + i * cols, y + i * cols, (size_t)cols) * (double)cols;
+        sch[s].mse_rest = e / (double)((rows - 1) * cols);
+    }
+    return NL_OK;
+}
+
 static int cmd_outliers(int argc, char **argv) {
-    static const struct option opts[] = {{"rows", required_argument, 0, 'r'}, {"cols", required_argument, 0, 'c'},
-                                         {"bits", required_argument, 0, 'b'}, {"outlier", required_argument, 0, 'o'},
-                                         {"seed", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'},
-                                         {"help", no_argument, 0, 'h'},       {0, 0, 0, 0}};
     int64_t rows = 256, cols = 1024, bits = 8, seed = 1;
     double outlier = 50.0;
-    int json = 0, c, rc;
-    while ((c = getopt_long(argc, argv, "r:c:b:o:s:jh", opts, NULL)) != -1) {
-        switch (c) {
-        case 'r': if ((rc = nl_cli_int("--rows", optarg, 8, 1 << 16, &rows))) return rc; break;
-        case 'c': if ((rc = nl_cli_int("--cols", optarg, 1, 1 << 20, &cols))) return rc; break;
-        case 'b': if ((rc = nl_cli_int("--bits", optarg, 2, 8, &bits))) return rc; break;
-        case 'o': if ((rc = nl_cli_double("--outlier", optarg, &outlier))) return rc;
-            if (!(outlier > 0) || !isfinite(outlier)) return nl_cli_usage_error("quant outliers: --outlier must be a positive number, got '%s'", optarg);
-            break;
-        case 's': if ((rc = nl_cli_int("--seed", optarg, 0, INT64_MAX, &seed))) return rc; break;
-        case 'j': json = 1; break;
-        case 'h': usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("quant outliers", argv);
-        }
-    }
-    if (optind < argc) return nl_cli_usage_error("quant outliers: unexpected argument '%s'", argv[optind]);
+    int json = 0, rc;
+    nl_opt opts[] = {
+        NL_OPT_INT("rows", &rows, 8, 1 << 16, "N", "rows of the matrix (default 256)"),
+        NL_OPT_INT("cols", &cols, 1, 1 << 20, "N", "columns (default 1024)"),
+        NL_OPT_INT("bits", &bits, 2, 8, "B", "bits of the absmax quantizer (default 8)"),
+        NL_OPT_DBL("outlier", &outlier, 1e-300, INFINITY, "F", "factor of row 7 (default 50)"),
+        NL_OPT_INT("seed", &seed, 0, 9.2e18, "S", "seed of the matrix (default 1)"),
+        NL_OPT_FLAG("json", &json, "print the result as JSON"),
+    };
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {
+        "quant outliers",
+        "nanolm quant outliers [--rows N] [--cols N] [--bits B] [--outlier F] [--seed S] [--json]",
+        "A random N(0, 0.02) weight matrix whose row 7 is multiplied by F; MSE and SQNR for per tensor,\n"
+        "per channel and per block 32/64/128.",
+        groups,
+        1,
+        0};
+    if ((rc = nl_cli_parse(&spec, argc, argv, NULL, NULL))) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     size_t n = (size_t)(rows * cols);
     float *w = nl_malloc(n * sizeof(float), "weight matrix"), *y = nl_malloc(n * sizeof(float), "reconstruction");
     if (!w || !y) { nl_free(w); nl_free(y); return nl_cli_fail("quant outliers"); }
@@ -355,65 +412,42 @@ static int cmd_outliers(int argc, char **argv) {
     for (size_t i = 0; i < n; i++) w[i] = (float)(0.02 * nl_rng_normal(&r));
     const int64_t orow = 7;
     for (int64_t j = 0; j < cols; j++) w[orow * cols + j] *= (float)outlier;
-    struct { const char *name; nl_quant_granularity g; int64_t block; } sch[] = {
-        {"per tensor", NL_QUANT_PER_TENSOR, 0}, {"per channel", NL_QUANT_PER_CHANNEL, 0},
-        {"per block 32", NL_QUANT_PER_BLOCK, 32}, {"per block 64", NL_QUANT_PER_BLOCK, 64},
-        {"per block 128", NL_QUANT_PER_BLOCK, 128}};
-    const int ns = 5;
-    double mse[5], sqnr[5], mse_rest[5];
-    size_t bytes[5];
-    for (int s = 0; s < ns; s++) {
-        nl_qtensor q;
-        nl_status st = sch[s].g == NL_QUANT_PER_BLOCK ? nl_quant_blockwise(w, rows, cols, (int)bits, sch[s].block, &q)
-                                                      : nl_quant_symmetric(w, rows, cols, (int)bits, sch[s].g == NL_QUANT_PER_CHANNEL, &q);
-        if (!st) st = nl_quant_dequantize(&q, y);
-        if (st) { nl_free(w); nl_free(y); return nl_cli_fail("quant outliers"); }
-        mse[s] = nl_quant_mse(w, y, n);
-        sqnr[s] = nl_quant_sqnr_db(w, y, n);
-        /* Error on the ordinary rows only: what the outlier did to its neighbours. */
-        double e = 0;
-        for (int64_t i = 0; i < rows; i++) {
-            if (i == orow) continue;
-            e += nl_quant_mse(w + i * cols, y + i * cols, (size_t)cols) * (double)cols;
-        }
-        mse_rest[s] = e / (double)((rows - 1) * cols);
-        bytes[s] = nl_qtensor_bytes(&q);
-        nl_qtensor_free(&q);
-    }
+    outlier_row sch[5] = {{"per tensor", NL_QUANT_PER_TENSOR, 0, 0, 0, 0, 0},
+                          {"per channel", NL_QUANT_PER_CHANNEL, 0, 0, 0, 0, 0},
+                          {"per block 32", NL_QUANT_PER_BLOCK, 32, 0, 0, 0, 0},
+                          {"per block 64", NL_QUANT_PER_BLOCK, 64, 0, 0, 0, 0},
+                          {"per block 128", NL_QUANT_PER_BLOCK, 128, 0, 0, 0, 0}};
+    nl_status st = outliers_run(w, y, rows, cols, (int)bits, orow, sch, 5);
     nl_free(w);
     nl_free(y);
-    if (json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddNumberToObject(d, "rows", (double)rows);
-        cJSON_AddNumberToObject(d, "cols", (double)cols);
-        cJSON_AddNumberToObject(d, "bits", (double)bits);
-        cJSON_AddNumberToObject(d, "outlier_row", (double)orow);
-        cJSON_AddNumberToObject(d, "outlier_factor", outlier);
-        cJSON_AddNumberToObject(d, "fp32_bytes", (double)(n * 4));
-        cJSON *a = cJSON_AddArrayToObject(d, "schemes");
-        for (int s = 0; s < ns; s++) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "scheme", sch[s].name);
-            cJSON_AddNumberToObject(o, "block", (double)sch[s].block);
-            cJSON_AddNumberToObject(o, "bytes", (double)bytes[s]);
-            cJSON_AddNumberToObject(o, "mse", mse[s]);
-            cJSON_AddNumberToObject(o, "mse_other_rows", mse_rest[s]);
-            cJSON_AddNumberToObject(o, "sqnr_db", sqnr[s]);
-            cJSON_AddItemToArray(a, o);
-        }
-        return nl_cli_print_json(d);
+    if (st) return nl_cli_fail("quant outliers");
+    nl_report *rep = nl_report_new("quant outliers");
+    nl_report_int(rep, "rows", "", rows, NULL);
+    nl_report_int(rep, "cols", "", cols, NULL);
+    nl_report_int(rep, "bits", "", bits, NULL);
+    nl_report_int(rep, "outlier_row", "", orow, NULL);
+    nl_report_num(rep, "outlier_factor", "", outlier, NULL, NULL);
+    nl_report_int(rep, "fp32_bytes", "", (long long)(n * 4), NULL);
+    nl_report_note(rep, "int%lld absmax on a (%lld, %lld) N(0, 0.02) matrix; row %lld multiplied by %g",
+                   (long long)bits, (long long)rows, (long long)cols, (long long)orow, outlier);
+    nl_report_table(rep, "schemes", NULL, 6,
+                    (const nl_report_col[]){{"scheme", "scheme", NULL},
+                                            {"block", "", NULL},
+                                            {"bytes", "bytes", "%-.0f"},
+                                            {"mse", "MSE", "%-.3e"},
+                                            {"mse_other_rows", "MSE other rows", "%-.3e"},
+                                            {"sqnr_db", "SQNR dB", "%-.2f"}});
+    for (int s = 0; s < 5; s++) {
+        nl_report_cell_str(rep, sch[s].name);
+        nl_report_cell_int(rep, sch[s].block);
+        nl_report_cell_int(rep, (long long)sch[s].bytes);
+        nl_report_cell_num(rep, sch[s].mse);
+        nl_report_cell_num(rep, sch[s].mse_rest);
+        nl_report_cell_num(rep, sch[s].sqnr);
+        nl_report_row_end(rep);
     }
-    printf("int%lld absmax on a (%lld, %lld) N(0, 0.02) matrix; row %lld multiplied by %g\n\n", (long long)bits,
-           (long long)rows, (long long)cols, (long long)orow, outlier);
-    static const char *const hdr[] = {"scheme", "bytes", "MSE", "MSE other rows", "SQNR dB"};
-    nl_table t;
-    nl_table_init(&t, 5, hdr);
-    for (int s = 0; s < ns; s++)
-        nl_table_rowf(&t, "%s|%zu|%.3e|%.3e|%.2f", sch[s].name, bytes[s], mse[s], mse_rest[s], sqnr[s]);
-    nl_table_print(&t, stdout);
-    nl_table_free(&t);
-    printf("\nfp32: %zu bytes. Per tensor, the outlier row sets one step for everyone.\n", n * 4);
-    return NL_EXIT_OK;
+    nl_report_note(rep, "\nfp32: %zu bytes. Per tensor, the outlier row sets one step for everyone.", n * 4);
+    return nl_report_print(rep, json);
 }
 
 int nl_cmd_quant(int argc, char **argv) {

@@ -75,7 +75,8 @@ void nl_report_set_gap(nl_report *r, int spaces);
 void nl_report_note(nl_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Starts a table of ncols columns (copied). Cells are then given in column order, row by row.
- * key NULL: a table of the text form only; every header "": a table of the JSON only. */
+ * key NULL: a table of the text form only; every header "": a table of the JSON only. A named
+ * value, a note, an object or another table ends the table being filled: give all its rows first. */
 void nl_report_table(nl_report *r, const char *key, const char *title, int ncols, const nl_report_col *cols);
 void nl_report_cell_num(nl_report *r, double v);
 void nl_report_cell_int(nl_report *r, long long v);
