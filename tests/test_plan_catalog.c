@@ -36,7 +36,7 @@ static void test_published_counts(void **state) {
     params(&c, "stories260k", NULL);
     nl_hw h;
     assert_int_equal(nl_catalog_find_hw(&c, "H100", &h), NL_OK); /* case-insensitive */
-    assert_true(h.flops_bf16 == 989e12 && h.mem_bytes == 80e9 && h.intra_bw == 450e9 && h.inter_bw == 50e9);
+    assert_true(h.flops_bf16 == 989e12 && h.mem_bytes == 81559.0 * 1024 * 1024 && h.intra_bw == 450e9 && h.inter_bw == 50e9);
     assert_int_equal(nl_catalog_find_hw(&c, "h200", &h), NL_OK);
     assert_true(h.mem_bytes == 141e9 && h.hbm_bw == 4.8e12);
     assert_int_equal(nl_catalog_find_hw(&c, "a100", &h), NL_OK);
@@ -68,7 +68,7 @@ static void test_json_overrides(void **state) {
     assert_int_equal(nl_catalog_load_hw(&c, p), NL_OK);
     nl_hw h;
     assert_int_equal(nl_catalog_find_hw(&c, "h100-pcie", &h), NL_OK);
-    assert_true(h.flops_bf16 == 756e12 && h.intra_bw == 64e9 && h.mem_bytes == 80e9);
+    assert_true(h.flops_bf16 == 756e12 && h.intra_bw == 64e9 && h.mem_bytes == 81559.0 * 1024 * 1024);
     assert_int_equal(nl_catalog_find_hw(&c, "h100", &h), NL_OK);
     assert_true(h.price_per_hour == 1.99 && h.flops_bf16 == 989e12);
     /* Unknown field, bad value, missing name: refused, naming file and field. */
