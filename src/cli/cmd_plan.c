@@ -255,7 +255,7 @@ static int cmd_train(int argc, char **argv) {
     q.fix.vpp = fvpp;
     q.fix.sp_plus1 = fsp;
     nl_arch_params ap;
-    nl_arch_count_params(&q.arch, &ap);
+    nl_plan_count_params(&q.arch, &q.fam, &ap);
     double N = o.params > 0 ? o.params : (double)ap.total;
     /* Default batch: ~4M tokens (Llama 2 and 3 trained 7-8B models with 4M-token batches). */
     q.global_batch = gb > 0 ? gb : (int64_t)fmax(1, round(4194304.0 / (double)q.seq));
@@ -373,7 +373,7 @@ static int cmd_layer(int argc, char **argv) {
     nl_layer_plan lp;
     if (nl_plan_layer(&q, &L, (double)T, &lp)) return nl_cli_fail("plan layer");
     nl_arch_params ap;
-    nl_arch_count_params(&q.arch, &ap);
+    nl_plan_count_params(&q.arch, &q.fam, &ap);
     double N = o.params > 0 ? o.params : (double)ap.total;
     double peak = q.hw.flops_bf16, mfu = q.eff.fixed_mfu > 0 ? q.eff.fixed_mfu : 0.5;
     double active_layer = (double)(ap.active - ap.embedding - ap.classifier - q.arch.dim) / (double)q.arch.n_layers;
@@ -599,7 +599,9 @@ static int cmd_catalog(int argc, char **argv) {
         for (size_t i = 0; i < o.cat.n_models; i++) {
             const nl_arch *a = &o.cat.models[i].arch;
             nl_arch_params p;
-            nl_arch_count_params(a, &p);
+            nl_family fam;
+            nl_catalog_family(&o.cat, a->name, &fam);
+            nl_plan_count_params(a, &fam, &p);
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "name", a->name);
             cJSON_AddNumberToObject(x, "params", (double)p.total);
@@ -636,7 +638,9 @@ static int cmd_catalog(int argc, char **argv) {
     for (size_t i = 0; i < o.cat.n_models; i++) {
         const nl_arch *a = &o.cat.models[i].arch;
         nl_arch_params p;
-        nl_arch_count_params(a, &p);
+        nl_family fam;
+        nl_catalog_family(&o.cat, a->name, &fam);
+        nl_plan_count_params(a, &fam, &p);
         char n1[32], n2[32], ex[48] = "-";
         if (a->n_experts) snprintf(ex, sizeof ex, "%lld+%lld top-%lld F=%lld", (long long)a->n_experts, (long long)a->n_shared_experts,
                                    (long long)a->top_k, (long long)a->expert_hidden_dim);

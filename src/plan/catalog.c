@@ -102,6 +102,28 @@ static const nl_model_entry builtin_models[] = {
        .n_kv_heads = 96, .hidden_dim = 32768, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
        .tied_embeddings = 1),
      "Brown et al. 2020 Table 2.1 (MLP as SwiGLU with equal parameters)", ""},
+    /* bigscience/bloom config.json (Le Scao et al. 2022 Table 3): 70 layers, d = 14336, 112
+     * heads, 250880 tokens, ALiBi, LayerNorm, biases, a 4d GeLU MLP, tied embeddings. */
+    {M(.name = "bloom-176b", .vocab_size = 250880, .dim = 14336, .n_layers = 70, .n_heads = 112,
+       .n_kv_heads = 112, .hidden_dim = 57344, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
+       .tied_embeddings = 1),
+     "bigscience/bloom config.json; Le Scao et al. 2022 Table 3", "bloom"},
+    /* Zhang et al. 2022 (OPT) Table 1: 175B: 96 layers, 96 heads, d = 12288; learned positions,
+     * ReLU MLP of 4d, LayerNorm, biases, tied embeddings; facebook/opt vocabulary 50272. */
+    {M(.name = "opt-175b", .vocab_size = 50272, .dim = 12288, .n_layers = 96, .n_heads = 96,
+       .n_kv_heads = 96, .hidden_dim = 49152, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
+       .tied_embeddings = 1),
+     "Zhang et al. 2022 (OPT) Table 1; facebook/opt config.json", "opt"},
+    /* mosaicml/mpt-7b and mpt-30b config.json: d_model 4096 / 7168, 32 / 48 layers, 32 / 64
+     * heads, expansion ratio 4 (GeLU), ALiBi, LayerNorm without bias, no biases, vocab 50432. */
+    {M(.name = "mpt-7b", .vocab_size = 50432, .dim = 4096, .n_layers = 32, .n_heads = 32,
+       .n_kv_heads = 32, .hidden_dim = 16384, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
+       .tied_embeddings = 1),
+     "mosaicml/mpt-7b config.json", "mpt"},
+    {M(.name = "mpt-30b", .vocab_size = 50432, .dim = 7168, .n_layers = 48, .n_heads = 64,
+       .n_kv_heads = 64, .hidden_dim = 28672, .seq_len = 8192, .rope_theta = 1e4, .norm_eps = 1e-5,
+       .tied_embeddings = 1),
+     "mosaicml/mpt-30b config.json", "mpt"},
     /* mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, top-2, expert F = 14336. */
     {M(.name = "mixtral-8x7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32,
        .n_kv_heads = 8, .hidden_dim = 14336, .seq_len = 32768, .rope_theta = 1e6, .norm_eps = 1e-5,

@@ -51,7 +51,7 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     if (a->n_heads % q->tp)
         return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp, (long long)a->n_heads);
     nl_arch_params p;
-    nl_arch_count_params(a, &p);
+    nl_plan_count_params(a, &q->fam, &p);
     /* FP8 serving runs its GEMMs at the fp8 peak (TensorRT-LLM's FP8 engines). */
     double tp = (double)q->tp, P = q->fp8 ? hw->flops_fp8 : hw->flops_bf16, B = (double)q->batch;
     double mfu = q->prefill_mfu > 0 ? q->prefill_mfu : hw->gemm_eff > 0 ? hw->gemm_eff : 0.6;
@@ -59,7 +59,7 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * attention, activation, residual adds): a fixed cost a decode step cannot hide. */
     double launch = (double)a->n_layers * q->kernels_per_layer * q->kernel_s;
     o->params = (double)p.total;
-    o->matmul_params = nl_plan_matmul_params(a);
+    o->matmul_params = nl_plan_matmul_params_fam(a, &q->fam);
     int span = (double)q->tp > (double)hw->gpus_per_node;
     double D = (double)a->dim, nlay = (double)a->n_layers;
 
