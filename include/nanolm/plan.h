@@ -322,6 +322,7 @@ typedef struct nl_serve_req {
     double weight_bytes;     /* bytes per weight (2 = bf16) */
     double kv_bytes;         /* bytes per KV element (2) */
     double chunk;            /* chunked-prefill tokens per step (256) */
+    int64_t fsdp;            /* weights sharded ZeRO-3/FSDP-style over this many GPUs (0/1: none) */
 } nl_serve_req;
 
 typedef struct nl_serve_plan {
@@ -338,6 +339,7 @@ typedef struct nl_serve_plan {
     double chunk_compute_s, chunk_free_tokens; /* chunked prefill */
     double prefill_rps, decode_rps, decode_per_prefill; /* disaggregation, per GPU group */
     double mem_weights, mem_kv, mem_total;     /* per GPU */
+    double fsdp_gather_s;                      /* all-gathers of every layer's weight shards per forward */
     int fits;
 } nl_serve_plan;
 /* Prices serving `arch` on `tp` GPUs of `hw`. NL_ERR_INVALID on bad sizes. */

@@ -46,7 +46,7 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     const nl_hw *hw = &q->hw;
     if (q->tp < 1 || q->batch < 1 || !(q->prompt >= 1) || !(q->output >= 1) || !(q->prefill_mfu >= 0) ||
         q->prefill_mfu > 1 || !(q->kernel_s >= 0) || !(q->kernels_per_layer >= 0) ||
-        !(q->hbm_eff > 0) || q->hbm_eff > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0)
+        !(q->hbm_eff > 0) || q->hbm_eff > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0 || q->fsdp < 0)
         return nl_fail(NL_ERR_INVALID, "serve: tp, batch, prompt, output must be >= 1, prefill MFU in (0, 1]");
     if (a->n_heads % q->tp)
         return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp, (long long)a->n_heads);
@@ -68,6 +68,16 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->prefill_flops = 2 * o->matmul_params * q->prompt + q->prompt * nl_plan_attn_flops_per_token(a, q->prompt);
     double prefill_comm = q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, q->prompt * D * 2, span) : 0;
     double wread = o->params * q->weight_bytes / (tp * hw->hbm_bw * q->hbm_eff);
+    /* FSDP / ZeRO-3 weights (the course: decoding this way is "several times slower than
+     * reading from HBM"): every forward all-gathers each layer's shards over the fsdp group
+     * (NVLink inside a node, the network beyond), prefetching the next layer while one runs;
+     * the slower of the gathers and the HBM reads bounds the weight stream. */
+    if (q->fsdp > 1) {
+        int fspan = tp * (double)q->fsdp > (double)hw->gpus_per_node;
+        double layer_bytes = o->params * q->weight_bytes / (tp * (double)a->n_layers);
+        o->fsdp_gather_s = (double)a->n_layers * nl_plan_coll_time(hw, NL_ALL_GATHER, q->fsdp, layer_bytes, fspan);
+    }
+    wread = fmax(wread, o->fsdp_gather_s);
     /* A given --prefill-mfu is the whole forward's MFU (the course's napkin); the default prices
      * the GEMM shapes of the prompt (one prompt, or the whole batch's tokens together). */
     double mfu1 = q->prefill_mfu > 0 ? mfu : mfu * forward_shape_eff(a, tp, q->prompt);
@@ -97,7 +107,7 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * GEMMs and the attention over the KV cache run one after the other, each bound by its own
      * resource, so a step whose GEMMs are compute bound at a large batch still pays the KV read
      * in full. The course's single max(memory, compute) is the same for small batches. */
-    o->decode_step_s = fmax(o->weight_read_s, gemm_c) + fmax(o->kv_read_s, attn_c);
+    o->decode_step_s = fmax(fmax(o->weight_read_s, o->fsdp_gather_s), gemm_c) + fmax(o->kv_read_s, attn_c);
     /* Two all-reduces per layer (after attention, after the MLP) of B x D activations. */
     if (q->tp > 1) {
         o->tp_allreduces = 2 * nlay;
@@ -122,6 +132,8 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->decode_per_prefill = o->prefill_rps / o->decode_rps;
 
     o->mem_weights = o->params * q->weight_bytes / tp;
+    /* Sharded: 1/fsdp of the weights plus the gathered layer in use and the one prefetched. */
+    if (q->fsdp > 1) o->mem_weights = o->mem_weights / (double)q->fsdp + 2 * o->mem_weights / (double)a->n_layers;
     o->mem_kv = B * (q->prompt + q->output) * o->kv_bytes_per_token / kv_tp;
     o->mem_total = o->mem_weights + o->mem_kv;
     o->fits = o->mem_total <= hw->mem_bytes;
