@@ -713,7 +713,11 @@ static int64_t schedule(nl_engine *e, int64_t *n_out) {
         budget--;
         e->n_decode_rows++;
     }
-    /* prompt chunks, oldest first */
+    /* prompt chunks, oldest first. With chunking, the prompt tokens of a step are one chunk in
+     * all, however many prompts wait (Sarathi-Serve's per-step token budget): a step then never
+     * runs longer than its decodes plus one chunk. Without it, several waiting prompts each got a
+     * chunk and a step carried up to max_step_tokens prompt tokens, as long as unchunked. */
+    if (e->o.chunk > 0 && budget > e->o.chunk) budget = e->o.chunk;
     for (int64_t i = 0; i < e->n_running && budget > 0; i++) {
         nl_req *r = e->running[i];
         int64_t left = r->n_toks - r->n_cached;
