@@ -56,6 +56,14 @@ static int choice_index(const char *choices, const char *value) {
     return -1;
 }
 
+/* Is `s` a whole number as strtod reads it ("-inf", "-nan", "-1e5")? Such a bare argument is a
+ * value, not an option. */
+static int is_number(const char *s) {
+    char *end = NULL;
+    (void)strtod(s, &end);
+    return end != s && *end == 0;
+}
+
 static int has_range(const nl_opt *o) { return !(o->min == 0 && o->max == 0); }
 
 static int range_error(const char *cmd, const nl_opt *o, const char *value) {
@@ -152,7 +160,7 @@ int nl_cli_parse(const nl_cmdspec *spec, int argc, char **argv, const char **pos
             if (o->given) *o->given = 1;
             continue;
         }
-        if (!options_done && a[0] == '-' && a[1] && !(a[1] >= '0' && a[1] <= '9') && a[1] != '.')
+        if (!options_done && a[0] == '-' && a[1] && !(a[1] >= '0' && a[1] <= '9') && a[1] != '.' && !is_number(a))
             return nl_cli_usage_error("%s: unknown option '%s' (see nanolm %s --help)", spec->name, a, spec->name);
         if (npos >= spec->max_positional)
             return nl_cli_usage_error("%s: unexpected argument '%s'", spec->name, a);

@@ -86,7 +86,8 @@ typedef struct nl_cmdspec {
 /* Parses argv[1..argc) against the spec's groups (argv[0] is the command name). Bare arguments
  * (up to spec->max_positional) are stored in order in positional[] (which must hold that many)
  * and counted in *npositional (either may be NULL when max_positional is 0). "--" ends the
- * options. Returns 0 on success, NL_CLI_HELP after printing --help on stdout, or NL_EXIT_USAGE
+ * options; a bare argument that reads as a number ("-1.5", "-inf") is positional, not an option.
+ * Returns 0 on success, NL_CLI_HELP after printing --help on stdout, or NL_EXIT_USAGE
  * after printing one line on stderr naming the option and what was wrong with it. */
 int nl_cli_parse(const nl_cmdspec *spec, int argc, char **argv, const char **positional, int *npositional);
 
