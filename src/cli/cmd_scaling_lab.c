@@ -278,7 +278,8 @@ static void sweep_fit(const nl_sweep_row *rows, int n, int boot, sweep_fits *f) 
     if (!f->have2) fprintf(stderr, "nanolm: scaling sweep: %s\n", nl_last_error());
     nl_scaling_fit_opts fo = {1e-3, boot, 1};
     f->have3 = f->n >= 5 && nl_scaling_fit(obs, (size_t)f->n, &fo, &f->f3) == NL_OK;
-    if (!f->have3) fprintf(stderr, "nanolm: scaling sweep: approach 3: %s\n", f->n >= 5 ? nl_last_error() : "needs >= 5 runs");
+    if (!f->have3)
+        fprintf(stderr, "nanolm: scaling sweep: approach 3: %s\n", f->n >= 5 ? nl_last_error() : "needs >= 5 runs");
     sweep_extrapolate(f, obs);
 }
 
@@ -425,7 +426,8 @@ int nl_cmd_scaling_sweep(int argc, char **argv) {
         return nl_cli_fail("scaling sweep");
     }
     sweep_fit(rows, n, (int)a.boot, f);
-    if (f->have2 && isoflop_svg(svg, rows, f->n, &f->f2)) fprintf(stderr, "nanolm: scaling sweep: %s\n", nl_last_error());
+    if (f->have2 && isoflop_svg(svg, rows, f->n, &f->f2))
+        fprintf(stderr, "nanolm: scaling sweep: %s\n", nl_last_error());
     nl_report *r = nl_report_new("scaling sweep");
     report_runs(r, rows, f);
     if (f->have2) report_approach2(r, &f->f2);
