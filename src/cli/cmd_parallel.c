@@ -424,14 +424,14 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     }
     if (mp) {
         if (nl_pipe_init(&pl, &arch, &o, (int)micro, (nl_pipe_schedule)sched, L.pp_comm, L.dp_comm, L.tp_comm)) {
-            rc = nl_cli_fail("parallel train: init");
+            rc = nl_cli_fail("parallel train: --tp/--pp/--microbatches/--batch/--sp/--zero");
             goto out;
         }
         nl_pipe_layout(&pl, &probe.inner);
         probe.pl = &pl;
     } else {
         if (nl_dist_init(&t, &arch, &o, L.dp_comm)) {
-            rc = nl_cli_fail("parallel train: init");
+            rc = nl_cli_fail("parallel train: --dp/--zero");
             goto out;
         }
         nl_dist_layout(&t, &probe.inner);
