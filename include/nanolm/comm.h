@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "nanolm/base.h"
+#include "nanolm/coll.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,16 +40,7 @@ extern "C" {
 typedef enum nl_comm_dtype { NL_COMM_F32 = 0, NL_COMM_BF16 = 1 } nl_comm_dtype;
 typedef enum nl_comm_impl { NL_COMM_OURS = 0, NL_COMM_NATIVE = 1 } nl_comm_impl;
 
-typedef enum nl_comm_op {
-    NL_COMM_OP_BROADCAST = 0,
-    NL_COMM_OP_REDUCE,
-    NL_COMM_OP_ALL_REDUCE,
-    NL_COMM_OP_ALL_GATHER,
-    NL_COMM_OP_REDUCE_SCATTER,
-    NL_COMM_OP_ALL_TO_ALL,
-    NL_COMM_OP_SEND_RECV, /* point-to-point (pipeline stages) */
-    NL_COMM_OP_COUNT
-} nl_comm_op;
+/* nl_comm_op, the list of collective operations, is in nanolm/coll.h (shared with the planner). */
 
 typedef struct nl_comm_counter {
     uint64_t calls;
@@ -68,7 +60,6 @@ size_t nl_comm_dtype_bytes(nl_comm_dtype dt);
 /* Names: "f32"/"bf16", "ours"/"native", "all-reduce"/... */
 const char *nl_comm_dtype_name(nl_comm_dtype dt);
 const char *nl_comm_impl_name(nl_comm_impl impl);
-const char *nl_comm_op_name(nl_comm_op c);
 
 /* ---- lifecycle ---------------------------------------------------------------------------- */
 

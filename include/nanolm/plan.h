@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include "nanolm/arch.h"
 #include "nanolm/base.h"
+#include "nanolm/coll.h"
 
 /* ---- hardware ------------------------------------------------------------------------- */
 typedef struct nl_hw {
@@ -173,8 +174,14 @@ double nl_plan_act_korthikanti(const nl_arch *a, double seq, nl_recompute r, int
 double nl_plan_logits_bytes(const nl_arch *a, double tokens);
 
 /* ---- collectives (alpha-beta) ------------------------------------------------------------ */
-typedef enum nl_coll { NL_ALL_REDUCE, NL_REDUCE_SCATTER, NL_ALL_GATHER, NL_ALL_TO_ALL, NL_P2P } nl_coll;
-const char *nl_coll_name(nl_coll c);
+/* The planner's names for the one list of collective operations (nanolm/coll.h). */
+typedef nl_comm_op nl_coll;
+#define NL_ALL_REDUCE NL_COMM_OP_ALL_REDUCE
+#define NL_REDUCE_SCATTER NL_COMM_OP_REDUCE_SCATTER
+#define NL_ALL_GATHER NL_COMM_OP_ALL_GATHER
+#define NL_ALL_TO_ALL NL_COMM_OP_ALL_TO_ALL
+#define NL_P2P NL_COMM_OP_SEND_RECV
+#define nl_coll_name nl_comm_op_name
 /* Bytes that leave each GPU for a collective over p ranks on an array of `bytes`:
  * (p-1)/p * bytes for reduce-scatter, all-gather, all-to-all; twice that for all-reduce;
  * `bytes` for a point-to-point send. */

@@ -89,6 +89,17 @@ void nl_scaler_update(nl_loss_scaler *s, int found_inf);
  * Errors: NL_ERR_INVALID when the split has no full window. */
 nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
                        int64_t max_windows, double *mean_loss, int64_t *n_scored);
+/* The one evaluation loop under nl_eval_loss and nl_eval_token_losses (nanolm/lossstat.h): the
+ * same windows, B per forward, and after each forward visit(user, losses, n) with the n = nb * T
+ * per-token losses (nb, T) of that batch in text order. A visitor's error stops the loop and is
+ * returned. Errors as nl_eval_loss. */
+typedef nl_status (*nl_eval_visit)(void *user, const float *losses, int64_t n);
+nl_status nl_eval_windows(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
+                          int64_t max_windows, nl_eval_visit visit, void *user);
+/* The number of windows of T tokens those loops evaluate: the split's, at most max_windows (> 0).
+ * Errors: NL_ERR_INVALID naming the file and split when not one full window fits. */
+nl_status nl_eval_window_count(const nl_data *d, nl_data_split split, int64_t T, int64_t max_windows,
+                               int64_t *windows);
 /* The same over a token array already in memory (all of it, consecutive windows of T).
  * Errors as nl_eval_loss, plus NL_ERR_INVALID for a token outside the model's vocabulary. */
 nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T,

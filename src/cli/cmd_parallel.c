@@ -268,32 +268,39 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     fflush(stdout);
 }
 
-/* `parallel train` (and `train` with a layout option): argv[0] is "train". */
-int nl_cmd_parallel_train(int argc, char **argv) {
-    const char *data = NULL, *preset = "shakespeare-char";
-    int64_t dim = 0, layers = 0, heads = 0, kvh = 0, hidden = 0, dp = 0, tp = 1, pp = 1, v;
-    int64_t micro = 1;
-    int json = 0, mem = 0, sched = NL_PIPE_GPIPE, seq_given = 0, lr_min_given = 0;
-    const char *svg = NULL, *log_csv = NULL;
-    int fault_rank = -1, fault_step = 0;
-    char fault_how[16] = "exit";
-    nl_dist_opts o;
-    nl_dist_opts_default(&o);
-    nl_train_opts *tr = &o.train; /* the one training options struct, the one set of defaults */
+/* What the command line of `parallel train` asks for. */
+typedef struct par_cli {
+    const char *data, *preset, *svg, *log_csv;
+    int64_t dim, layers, heads, kvh, hidden, dp, tp, pp, micro;
+    int json, mem, sched, seq_given, lr_min_given;
+    int fault_rank, fault_step;
+    char fault_how[16];
+    nl_dist_opts o; /* o.train: the one training options struct, the one set of defaults */
+} par_cli;
+
+/* Parses argv into a (defaults first). Returns 0, NL_EXIT_USAGE after a message, or -1 after --help. */
+static int parse_args(par_cli *a, int argc, char **argv) {
+    memset(a, 0, sizeof *a);
+    a->preset = "shakespeare-char";
+    a->tp = 1, a->pp = 1, a->micro = 1, a->sched = NL_PIPE_GPIPE, a->fault_rank = -1;
+    snprintf(a->fault_how, sizeof a->fault_how, "exit");
+    nl_dist_opts_default(&a->o);
+    nl_train_opts *tr = &a->o.train;
+    int64_t v;
     double dv;
     int c;
     while ((c = getopt_long(argc, argv, "", popts, NULL)) != -1) {
         switch (c) {
-        case O_DATA: data = optarg; break;
-        case O_PRESET: preset = optarg; break;
-        case O_DIM: if (parse_i("--dim", optarg, 1, 65536, &dim)) return NL_EXIT_USAGE; break;
-        case O_LAYERS: if (parse_i("--layers", optarg, 1, 1024, &layers)) return NL_EXIT_USAGE; break;
-        case O_HEADS: if (parse_i("--heads", optarg, 1, 1024, &heads)) return NL_EXIT_USAGE; break;
-        case O_KVH: if (parse_i("--kv-heads", optarg, 1, 1024, &kvh)) return NL_EXIT_USAGE; break;
-        case O_HIDDEN: if (parse_i("--hidden", optarg, 1, 1 << 20, &hidden)) return NL_EXIT_USAGE; break;
+        case O_DATA: a->data = optarg; break;
+        case O_PRESET: a->preset = optarg; break;
+        case O_DIM: if (parse_i("--dim", optarg, 1, 65536, &a->dim)) return NL_EXIT_USAGE; break;
+        case O_LAYERS: if (parse_i("--layers", optarg, 1, 1024, &a->layers)) return NL_EXIT_USAGE; break;
+        case O_HEADS: if (parse_i("--heads", optarg, 1, 1024, &a->heads)) return NL_EXIT_USAGE; break;
+        case O_KVH: if (parse_i("--kv-heads", optarg, 1, 1024, &a->kvh)) return NL_EXIT_USAGE; break;
+        case O_HIDDEN: if (parse_i("--hidden", optarg, 1, 1 << 20, &a->hidden)) return NL_EXIT_USAGE; break;
         case O_STEPS: if (parse_i("--steps", optarg, 1, 100000000, &v)) return NL_EXIT_USAGE; tr->steps = v; break;
         case O_BATCH: if (parse_i("--batch", optarg, 1, 65536, &v)) return NL_EXIT_USAGE; tr->batch = v; break;
-        case O_SEQ: if (parse_i("--seq", optarg, 1, 1 << 20, &v)) return NL_EXIT_USAGE; tr->seq = v; seq_given = 1; break;
+        case O_SEQ: if (parse_i("--seq", optarg, 1, 1 << 20, &v)) return NL_EXIT_USAGE; tr->seq = v; a->seq_given = 1; break;
         case O_SEED: if (parse_i("--seed", optarg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE; tr->seed = (uint64_t)v; break;
         case O_LR:
             if (nl_cli_double("--lr", optarg, &dv)) return NL_EXIT_USAGE;
@@ -303,7 +310,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
         case O_LR_MIN:
             if (nl_cli_double("--lr-min", optarg, &dv)) return NL_EXIT_USAGE;
             if (dv < 0) return nl_cli_usage_error("--lr-min must be >= 0, got %s", optarg);
-            tr->lr_min = (float)dv, lr_min_given = 1;
+            tr->lr_min = (float)dv, a->lr_min_given = 1;
             break;
         case O_WARMUP: if (parse_i("--warmup", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE; tr->warmup = v; break;
         case O_EVAL_WINDOWS: if (parse_i("--eval-windows", optarg, 1, 1000000, &v)) return NL_EXIT_USAGE; tr->eval_windows = v; break;
@@ -315,7 +322,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             else if (!strcmp(optarg, "fp16")) tr->precision = NL_PREC_FP16;
             else return nl_cli_usage_error("parallel train: unknown --precision '%s' (fp32; bf16, fp16 are refused)", optarg);
             break;
-        case O_LOG: log_csv = optarg; break;
+        case O_LOG: a->log_csv = optarg; break;
         case O_CLIP:
             if (nl_cli_double("--clip", optarg, &dv)) return NL_EXIT_USAGE;
             if (dv < 0) return nl_cli_usage_error("--clip must be >= 0, got %s", optarg);
@@ -326,37 +333,37 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             if (dv < 0) return nl_cli_usage_error("--weight-decay must be >= 0, got %s", optarg);
             tr->weight_decay = (float)dv;
             break;
-        case O_DP: if (parse_i("--dp", optarg, 1, 65536, &dp)) return NL_EXIT_USAGE; break;
-        case O_TP: if (parse_i("--tp", optarg, 1, 65536, &tp)) return NL_EXIT_USAGE; break;
-        case O_PP: if (parse_i("--pp", optarg, 1, 65536, &pp)) return NL_EXIT_USAGE; break;
-        case O_ZERO: if (parse_i("--zero", optarg, 0, 3, &v)) return NL_EXIT_USAGE; o.zero = (int)v; break;
-        case O_MICRO: if (parse_i("--microbatches", optarg, 1, 65536, &micro)) return NL_EXIT_USAGE; break;
+        case O_DP: if (parse_i("--dp", optarg, 1, 65536, &a->dp)) return NL_EXIT_USAGE; break;
+        case O_TP: if (parse_i("--tp", optarg, 1, 65536, &a->tp)) return NL_EXIT_USAGE; break;
+        case O_PP: if (parse_i("--pp", optarg, 1, 65536, &a->pp)) return NL_EXIT_USAGE; break;
+        case O_ZERO: if (parse_i("--zero", optarg, 0, 3, &v)) return NL_EXIT_USAGE; a->o.zero = (int)v; break;
+        case O_MICRO: if (parse_i("--microbatches", optarg, 1, 65536, &a->micro)) return NL_EXIT_USAGE; break;
         case O_SCHED:
             if (strcmp(optarg, "gpipe") && strcmp(optarg, "1f1b"))
                 return nl_cli_usage_error("parallel train: unknown --schedule '%s' (gpipe, 1f1b)", optarg);
-            sched = strcmp(optarg, "gpipe") ? NL_PIPE_1F1B : NL_PIPE_GPIPE;
+            a->sched = strcmp(optarg, "gpipe") ? NL_PIPE_1F1B : NL_PIPE_GPIPE;
             break;
         case O_IMPL:
-            if (!strcmp(optarg, "ours")) o.impl = NL_COMM_OURS;
-            else if (!strcmp(optarg, "native")) o.impl = NL_COMM_NATIVE;
+            if (!strcmp(optarg, "ours")) a->o.impl = NL_COMM_OURS;
+            else if (!strcmp(optarg, "native")) a->o.impl = NL_COMM_NATIVE;
             else return nl_cli_usage_error("parallel train: unknown --impl '%s' (ours, native)", optarg);
             break;
-        case O_NO_OVERLAP: o.overlap = 0; break;
-        case O_SP: o.sp = 1; break;
-        case O_MEM: mem = 1; break;
-        case O_JSON: json = 1; break;
-        case O_SVG: svg = optarg; break;
+        case O_NO_OVERLAP: a->o.overlap = 0; break;
+        case O_SP: a->o.sp = 1; break;
+        case O_MEM: a->mem = 1; break;
+        case O_JSON: a->json = 1; break;
+        case O_SVG: a->svg = optarg; break;
         case O_OUT: tr->out = optarg; break;
         case O_RESUME: tr->resume = optarg; break;
         case O_SAVE_EVERY: if (parse_i("--eval-every", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE; tr->eval_every = v; break;
         case O_FAULT: {
             char how[16] = "exit";
-            if (sscanf(optarg, "%d@%d", &fault_rank, &fault_step) != 2 &&
-                sscanf(optarg, "%d:%15[_a-z]@%d", &fault_rank, how, &fault_step) != 3)
+            if (sscanf(optarg, "%d@%d", &a->fault_rank, &a->fault_step) != 2 &&
+                sscanf(optarg, "%d:%15[_a-z]@%d", &a->fault_rank, how, &a->fault_step) != 3)
                 return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", optarg);
             if (strcmp(how, "exit") && strcmp(how, "_exit") && strcmp(how, "segv") && strcmp(how, "kill") && strcmp(how, "stop"))
                 return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", optarg);
-            snprintf(fault_how, sizeof fault_how, "%s", how);
+            snprintf(a->fault_how, sizeof a->fault_how, "%s", how);
             break;
         }
         case O_TIMEOUT:
@@ -364,41 +371,193 @@ int nl_cmd_parallel_train(int argc, char **argv) {
             if (!(dv >= 0) || dv > 1e6) return nl_cli_usage_error("--timeout must be in [0, 1e6] seconds, got %s", optarg);
             nl_comm_set_timeout(dv);
             break;
-        case O_HELP: usage(stdout); return NL_EXIT_OK;
+        case O_HELP: usage(stdout); return -1;
         default: return nl_cli_bad_option("parallel train", argv);
         }
     }
     if (optind < argc) return nl_cli_usage_error("parallel train: unexpected argument '%s'", argv[optind]);
-    if (!data) return nl_cli_usage_error("parallel train: --data FILE is required");
-    nl_arch arch;
-    if (nl_arch_preset(preset, &arch)) return nl_cli_usage_error("parallel train: --preset: %s", nl_last_error());
-    if (dim) arch.dim = dim;
-    if (layers) arch.n_layers = layers;
-    if (heads) arch.n_heads = heads, arch.n_kv_heads = heads;
-    if (kvh) arch.n_kv_heads = kvh;
-    if (hidden) arch.hidden_dim = hidden;
+    return 0;
+}
+
+/* The model shape from the preset and the overrides, train's defaults, and the checks that name
+ * flags (outputs writable before any work). Returns 0 or the exit status after a message. */
+static int check_args(par_cli *a, nl_arch *arch) {
+    nl_train_opts *tr = &a->o.train;
+    if (!a->data) return nl_cli_usage_error("parallel train: --data FILE is required");
+    if (nl_arch_preset(a->preset, arch)) return nl_cli_usage_error("parallel train: --preset: %s", nl_last_error());
+    if (a->dim) arch->dim = a->dim;
+    if (a->layers) arch->n_layers = a->layers;
+    if (a->heads) arch->n_heads = a->heads, arch->n_kv_heads = a->heads;
+    if (a->kvh) arch->n_kv_heads = a->kvh;
+    if (a->hidden) arch->hidden_dim = a->hidden;
     /* the defaults of `nanolm train`: the preset's window, lr_min = lr/10, warmup below steps */
-    if (!seq_given) tr->seq = arch.seq_len;
-    if (arch.seq_len < tr->seq) arch.seq_len = tr->seq;
-    if (!lr_min_given) tr->lr_min = tr->lr / 10.0f;
+    if (!a->seq_given) tr->seq = arch->seq_len;
+    if (arch->seq_len < tr->seq) arch->seq_len = tr->seq;
+    if (!a->lr_min_given) tr->lr_min = tr->lr / 10.0f;
     if (tr->warmup >= tr->steps) tr->warmup = tr->steps / 10;
     tr->tokenizer = "byte";
-    if (nl_arch_validate(&arch)) return nl_cli_usage_error("parallel train: model shape: %s", nl_last_error());
-    if (arch.vocab_size != 256)
+    if (nl_arch_validate(arch)) return nl_cli_usage_error("parallel train: model shape: %s", nl_last_error());
+    if (arch->vocab_size != 256)
         return nl_cli_usage_error("parallel train: preset %s has vocab %lld; training reads byte tokens (vocab 256)",
-                                  preset, (long long)arch.vocab_size);
+                                  a->preset, (long long)arch->vocab_size);
     /* every output is checked before any work starts */
-    if ((tr->out && nl_check_writable(tr->out, "--out")) || (svg && nl_check_writable(svg, "--svg")) ||
-        (log_csv && nl_check_writable(log_csv, "--log")))
+    if ((tr->out && nl_check_writable(tr->out, "--out")) || (a->svg && nl_check_writable(a->svg, "--svg")) ||
+        (a->log_csv && nl_check_writable(a->log_csv, "--log")))
         return nl_cli_fail("parallel train");
-    int mp = tp > 1 || pp > 1; /* model parallel: the pipeline/tensor engine */
-    if (mp && (tr->out || tr->resume))
+    if ((a->tp > 1 || a->pp > 1) && (tr->out || tr->resume))
         return nl_cli_usage_error("parallel train: --out/--resume are not supported yet with --tp or --pp > 1");
 
+    return 0;
+}
+
+/* Everything the report of rank 0 shows. */
+typedef struct par_report {
+    const par_cli *a;
+    int P;
+    const double *rows, *ev;
+    const nl_trainer *tn;
+    int64_t first, steps;
+    size_t n_full;
+    double bw_s, wait_s, wall;
+} par_report;
+
+/* Rank 0's table or JSON, and --svg. Returns the exit status. */
+static int print_report(const par_report *r) {
+    const par_cli *a = r->a;
+    const nl_dist_opts o = a->o;
+    int P = r->P, json = a->json, mem = a->mem, sched = a->sched, rc = NL_EXIT_OK, mp = a->tp > 1 || a->pp > 1;
+    int64_t dp = a->dp, tp = a->tp, pp = a->pp, micro = a->micro, first = r->first, steps = r->steps;
+    const char *svg = a->svg;
+    const double *rows = r->rows, *ev = r->ev;
+    const nl_trainer tn = *r->tn;
+    size_t n_full = r->n_full;
+    double bw_s = r->bw_s, wait_s = r->wait_s, wall = r->wall;
+    enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 };
+    const char *what = o.zero ? "ZeRO" : (dp > 1 ? "DDP" : "One process");
+    double tokens_per_s = (double)(steps - first) * (double)(o.train.batch * o.train.seq * dp) / wall;
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "ranks", P);
+        cJSON_AddNumberToObject(j, "dp", (double)dp);
+        cJSON_AddNumberToObject(j, "zero", o.zero);
+        cJSON_AddNumberToObject(j, "pp", (double)pp);
+        cJSON_AddNumberToObject(j, "tp", (double)tp);
+        if (pp > 1) {
+            cJSON_AddNumberToObject(j, "microbatches", (double)micro);
+            cJSON_AddStringToObject(j, "schedule", sched == NL_PIPE_GPIPE ? "gpipe" : "1f1b");
+            cJSON_AddNumberToObject(j, "bubble_formula", nl_pipe_bubble_formula((int)pp, (int)micro));
+        }
+        cJSON_AddStringToObject(j, "impl", nl_comm_impl_name(o.impl));
+        cJSON_AddNumberToObject(j, "overlap", o.overlap);
+        cJSON_AddNumberToObject(j, "n_params", (double)n_full);
+        cJSON_AddNumberToObject(j, "global_batch", (double)(o.train.batch * dp));
+        cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_s);
+        cJSON_AddNumberToObject(j, "backward_s", bw_s);
+        cJSON_AddNumberToObject(j, "comm_wait_after_backward_s", wait_s);
+        cJSON *ls = cJSON_AddArrayToObject(j, "losses"), *ns = cJSON_AddArrayToObject(j, "grad_norms");
+        cJSON_AddNumberToObject(j, "first_step", (double)first + 1);
+        for (int64_t s = 0; s < tn.n_log; s++) {
+            cJSON_AddItemToArray(ls, cJSON_CreateNumber(tn.log[s].loss));
+            cJSON_AddItemToArray(ns, cJSON_CreateNumber(tn.log[s].grad_norm));
+        }
+        if (tn.n_log && !isnan(tn.log[tn.n_log - 1].val_loss))
+            cJSON_AddNumberToObject(j, "val_loss", tn.log[tn.n_log - 1].val_loss);
+        cJSON *rk = cJSON_AddArrayToObject(j, "per_rank");
+        for (int q = 0; q < P; q++) {
+            const double *x = rows + (size_t)q * NK;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "rank", q);
+            cJSON_AddNumberToObject(e, "sent_bytes_per_step", x[0]);
+            cJSON_AddNumberToObject(e, "recv_bytes_per_step", x[1]);
+            cJSON *by = cJSON_AddObjectToObject(e, "sent_bytes_per_step_by_collective");
+            for (int k = 0; k < NL_COMM_OP_COUNT; k++)
+                if (x[2 + k] > 0) cJSON_AddNumberToObject(by, nl_comm_op_name((nl_comm_op)k), x[2 + k]);
+            cJSON *mm = cJSON_AddObjectToObject(e, "memory_bytes");
+            cJSON_AddNumberToObject(mm, "params", x[2 + NL_COMM_OP_COUNT]);
+            cJSON_AddNumberToObject(mm, "grads", x[3 + NL_COMM_OP_COUNT]);
+            cJSON_AddNumberToObject(mm, "optimizer", x[4 + NL_COMM_OP_COUNT]);
+            cJSON_AddNumberToObject(mm, "workspace", x[5 + NL_COMM_OP_COUNT]);
+            if (pp > 1) {
+                cJSON_AddNumberToObject(e, "stage", x[8 + NL_COMM_OP_COUNT]);
+                cJSON_AddNumberToObject(e, "busy_s", x[6 + NL_COMM_OP_COUNT]);
+                cJSON_AddNumberToObject(e, "idle_s", x[7 + NL_COMM_OP_COUNT]);
+                cJSON_AddNumberToObject(e, "bubble", x[7 + NL_COMM_OP_COUNT] / (x[6 + NL_COMM_OP_COUNT] + x[7 + NL_COMM_OP_COUNT]));
+            }
+            cJSON_AddItemToArray(rk, e);
+        }
+        nl_cli_print_json(j);
+    } else {
+        if (pp > 1) what = "Pipeline";
+        else if (tp > 1) what = "Tensor parallel";
+        printf("%s%s on %d rank%s (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n",
+               what, o.zero ? (o.zero == 1 ? "-1" : o.zero == 2 ? "-2" : "-3") : "", P, P > 1 ? "s" : "", (long long)dp,
+               n_full, (long long)(o.train.batch * dp), (long long)o.train.seq, nl_comm_impl_name(o.impl));
+        if (mp)
+            printf("%.0f tokens/s\n", tokens_per_s);
+        else
+            printf("%.0f tokens/s; backward %.3f s, waiting for gradient buckets after backward %.3f s\n",
+                   tokens_per_s, bw_s, wait_s);
+        const char *hdr[] = {"rank", "sent/step", "of params", "recv/step", "params B", "grads B", "optimizer B",
+                             "workspace B"};
+        nl_table tb;
+        nl_table_init(&tb, mem ? 8 : 4, hdr);
+        double pbytes = (double)n_full * 4;
+        for (int q = 0; q < P; q++) {
+            const double *x = rows + (size_t)q * NK;
+            if (mem)
+                nl_table_rowf(&tb, "%d|%.0f|%.4f|%.0f|%.0f|%.0f|%.0f|%.0f", q, x[0], x[0] / pbytes, x[1],
+                              x[2 + NL_COMM_OP_COUNT], x[3 + NL_COMM_OP_COUNT], x[4 + NL_COMM_OP_COUNT],
+                              x[5 + NL_COMM_OP_COUNT]);
+            else
+                nl_table_rowf(&tb, "%d|%.0f|%.4f|%.0f", q, x[0], x[0] / pbytes, x[1]);
+        }
+        nl_table_print(&tb, stdout);
+        nl_table_free(&tb);
+    }
+    if (pp > 1 && !json) {
+        printf("pipeline: %lld stages, %lld micro-batches, %s; bubble formula (P-1)/(M+P-1) = %.4f\n",
+               (long long)pp, (long long)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B",
+               nl_pipe_bubble_formula((int)pp, (int)micro));
+        const char *bh[] = {"rank", "stage", "busy s", "idle s", "measured bubble"};
+        nl_table bt;
+        nl_table_init(&bt, 5, bh);
+        double sb = 0, si = 0;
+        for (int q = 0; q < P; q++) {
+            const double *x = rows + (size_t)q * NK, bu = x[6 + NL_COMM_OP_COUNT], id = x[7 + NL_COMM_OP_COUNT];
+            sb += bu, si += id;
+            nl_table_rowf(&bt, "%d|%.0f|%.4f|%.4f|%.4f", q, x[8 + NL_COMM_OP_COUNT], bu, id, id / (bu + id));
+        }
+        nl_table_print(&bt, stdout);
+        nl_table_free(&bt);
+        printf("mean measured bubble %.4f vs formula %.4f\n", si / (sb + si), nl_pipe_bubble_formula((int)pp, (int)micro));
+    }
+    if (svg && pp > 1) {
+        if (draw_timeline(svg, P, (int)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B", ev, rows, NK,
+                          nl_pipe_bubble_formula((int)pp, (int)micro)))
+            rc = nl_cli_fail("parallel train: --svg");
+    } else if (svg && draw_layout(svg, o.zero, P, n_full, rows, NK)) {
+        rc = nl_cli_fail("parallel train: --svg");
+    }
+    return rc;
+}
+
+/* `parallel train` (and `train` with a layout option): argv[0] is "train". */
+int nl_cmd_parallel_train(int argc, char **argv) {
+    par_cli A;
+    int prc = parse_args(&A, argc, argv);
+    if (prc) return prc < 0 ? NL_EXIT_OK : prc;
+    nl_arch arch;
+    if ((prc = check_args(&A, &arch))) return prc;
+    int64_t dp = A.dp, tp = A.tp, pp = A.pp, micro = A.micro;
+    int json = A.json, sched = A.sched, mp = tp > 1 || pp > 1; /* mp: the pipeline/tensor engine */
+    const char *data = A.data, *svg = A.svg, *log_csv = A.log_csv;
+    nl_dist_opts o = A.o;
+    nl_train_opts *tr = &o.train;
     if (nl_comm_init(NULL, NULL)) return nl_cli_fail("parallel train: MPI");
     nl_comm *w = nl_comm_world();
     int P = nl_comm_size(w), R = nl_comm_rank(w), rc = NL_EXIT_OK;
     if (!dp) dp = P / (tp * pp) > 0 ? P / (tp * pp) : 1;
+    A.dp = dp;
     nl_layout L;
     memset(&L, 0, sizeof L);
     nl_tokenizer tok;
@@ -424,20 +583,20 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     }
     if (mp) {
         if (nl_pipe_init(&pl, &arch, &o, (int)micro, (nl_pipe_schedule)sched, L.pp_comm, L.dp_comm, L.tp_comm)) {
-            rc = nl_cli_fail("parallel train: init");
+            rc = nl_cli_fail("parallel train: --tp/--pp/--microbatches/--batch/--sp/--zero");
             goto out;
         }
         nl_pipe_layout(&pl, &probe.inner);
         probe.pl = &pl;
     } else {
         if (nl_dist_init(&t, &arch, &o, L.dp_comm)) {
-            rc = nl_cli_fail("parallel train: init");
+            rc = nl_cli_fail("parallel train: --dp/--zero");
             goto out;
         }
         nl_dist_layout(&t, &probe.inner);
         probe.dt = &t;
     }
-    probe.rank = R, probe.fault_rank = fault_rank, probe.fault_step = fault_step, probe.fault_how = fault_how;
+    probe.rank = R, probe.fault_rank = A.fault_rank, probe.fault_step = A.fault_step, probe.fault_how = A.fault_how;
     probe.json = json;
     hooks = probe.inner;
     hooks.user = &probe;
@@ -499,111 +658,8 @@ int nl_cmd_parallel_train(int argc, char **argv) {
         if (share_rows(w, ev, (int)(2 * micro * 4))) { rc = nl_cli_fail("parallel train: report"); goto out; }
     }
     if (R == 0) {
-        const char *what = o.zero ? "ZeRO" : (dp > 1 ? "DDP" : "One process");
-        double tokens_per_s = (double)(steps - first) * (double)(o.train.batch * o.train.seq * dp) / wall;
-        if (json) {
-            cJSON *j = cJSON_CreateObject();
-            cJSON_AddNumberToObject(j, "ranks", P);
-            cJSON_AddNumberToObject(j, "dp", (double)dp);
-            cJSON_AddNumberToObject(j, "zero", o.zero);
-            cJSON_AddNumberToObject(j, "pp", (double)pp);
-            cJSON_AddNumberToObject(j, "tp", (double)tp);
-            if (pp > 1) {
-                cJSON_AddNumberToObject(j, "microbatches", (double)micro);
-                cJSON_AddStringToObject(j, "schedule", sched == NL_PIPE_GPIPE ? "gpipe" : "1f1b");
-                cJSON_AddNumberToObject(j, "bubble_formula", nl_pipe_bubble_formula((int)pp, (int)micro));
-            }
-            cJSON_AddStringToObject(j, "impl", nl_comm_impl_name(o.impl));
-            cJSON_AddNumberToObject(j, "overlap", o.overlap);
-            cJSON_AddNumberToObject(j, "n_params", (double)n_full);
-            cJSON_AddNumberToObject(j, "global_batch", (double)(o.train.batch * dp));
-            cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_s);
-            cJSON_AddNumberToObject(j, "backward_s", bw_s);
-            cJSON_AddNumberToObject(j, "comm_wait_after_backward_s", wait_s);
-            cJSON *ls = cJSON_AddArrayToObject(j, "losses"), *ns = cJSON_AddArrayToObject(j, "grad_norms");
-            cJSON_AddNumberToObject(j, "first_step", (double)first + 1);
-            for (int64_t s = 0; s < tn.n_log; s++) {
-                cJSON_AddItemToArray(ls, cJSON_CreateNumber(tn.log[s].loss));
-                cJSON_AddItemToArray(ns, cJSON_CreateNumber(tn.log[s].grad_norm));
-            }
-            if (tn.n_log && !isnan(tn.log[tn.n_log - 1].val_loss))
-                cJSON_AddNumberToObject(j, "val_loss", tn.log[tn.n_log - 1].val_loss);
-            cJSON *rk = cJSON_AddArrayToObject(j, "per_rank");
-            for (int q = 0; q < P; q++) {
-                double *x = rows + (size_t)q * NK;
-                cJSON *e = cJSON_CreateObject();
-                cJSON_AddNumberToObject(e, "rank", q);
-                cJSON_AddNumberToObject(e, "sent_bytes_per_step", x[0]);
-                cJSON_AddNumberToObject(e, "recv_bytes_per_step", x[1]);
-                cJSON *by = cJSON_AddObjectToObject(e, "sent_bytes_per_step_by_collective");
-                for (int k = 0; k < NL_COMM_OP_COUNT; k++)
-                    if (x[2 + k] > 0) cJSON_AddNumberToObject(by, nl_comm_op_name((nl_comm_op)k), x[2 + k]);
-                cJSON *mm = cJSON_AddObjectToObject(e, "memory_bytes");
-                cJSON_AddNumberToObject(mm, "params", x[2 + NL_COMM_OP_COUNT]);
-                cJSON_AddNumberToObject(mm, "grads", x[3 + NL_COMM_OP_COUNT]);
-                cJSON_AddNumberToObject(mm, "optimizer", x[4 + NL_COMM_OP_COUNT]);
-                cJSON_AddNumberToObject(mm, "workspace", x[5 + NL_COMM_OP_COUNT]);
-                if (pp > 1) {
-                    cJSON_AddNumberToObject(e, "stage", x[8 + NL_COMM_OP_COUNT]);
-                    cJSON_AddNumberToObject(e, "busy_s", x[6 + NL_COMM_OP_COUNT]);
-                    cJSON_AddNumberToObject(e, "idle_s", x[7 + NL_COMM_OP_COUNT]);
-                    cJSON_AddNumberToObject(e, "bubble", x[7 + NL_COMM_OP_COUNT] / (x[6 + NL_COMM_OP_COUNT] + x[7 + NL_COMM_OP_COUNT]));
-                }
-                cJSON_AddItemToArray(rk, e);
-            }
-            nl_cli_print_json(j);
-        } else {
-            if (pp > 1) what = "Pipeline";
-            else if (tp > 1) what = "Tensor parallel";
-            printf("%s%s on %d rank%s (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n",
-                   what, o.zero ? (o.zero == 1 ? "-1" : o.zero == 2 ? "-2" : "-3") : "", P, P > 1 ? "s" : "", (long long)dp,
-                   n_full, (long long)(o.train.batch * dp), (long long)o.train.seq, nl_comm_impl_name(o.impl));
-            if (mp)
-                printf("%.0f tokens/s\n", tokens_per_s);
-            else
-                printf("%.0f tokens/s; backward %.3f s, waiting for gradient buckets after backward %.3f s\n",
-                       tokens_per_s, bw_s, wait_s);
-            const char *hdr[] = {"rank", "sent/step", "of params", "recv/step", "params B", "grads B", "optimizer B",
-                                 "workspace B"};
-            nl_table tb;
-            nl_table_init(&tb, mem ? 8 : 4, hdr);
-            double pbytes = (double)n_full * 4;
-            for (int q = 0; q < P; q++) {
-                double *x = rows + (size_t)q * NK;
-                if (mem)
-                    nl_table_rowf(&tb, "%d|%.0f|%.4f|%.0f|%.0f|%.0f|%.0f|%.0f", q, x[0], x[0] / pbytes, x[1],
-                                  x[2 + NL_COMM_OP_COUNT], x[3 + NL_COMM_OP_COUNT], x[4 + NL_COMM_OP_COUNT],
-                                  x[5 + NL_COMM_OP_COUNT]);
-                else
-                    nl_table_rowf(&tb, "%d|%.0f|%.4f|%.0f", q, x[0], x[0] / pbytes, x[1]);
-            }
-            nl_table_print(&tb, stdout);
-            nl_table_free(&tb);
-        }
-        if (pp > 1 && !json) {
-            printf("pipeline: %lld stages, %lld micro-batches, %s; bubble formula (P-1)/(M+P-1) = %.4f\n",
-                   (long long)pp, (long long)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B",
-                   nl_pipe_bubble_formula((int)pp, (int)micro));
-            const char *bh[] = {"rank", "stage", "busy s", "idle s", "measured bubble"};
-            nl_table bt;
-            nl_table_init(&bt, 5, bh);
-            double sb = 0, si = 0;
-            for (int q = 0; q < P; q++) {
-                double *x = rows + (size_t)q * NK, bu = x[6 + NL_COMM_OP_COUNT], id = x[7 + NL_COMM_OP_COUNT];
-                sb += bu, si += id;
-                nl_table_rowf(&bt, "%d|%.0f|%.4f|%.4f|%.4f", q, x[8 + NL_COMM_OP_COUNT], bu, id, id / (bu + id));
-            }
-            nl_table_print(&bt, stdout);
-            nl_table_free(&bt);
-            printf("mean measured bubble %.4f vs formula %.4f\n", si / (sb + si), nl_pipe_bubble_formula((int)pp, (int)micro));
-        }
-        if (svg && pp > 1) {
-            if (draw_timeline(svg, P, (int)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B", ev, rows, NK,
-                              nl_pipe_bubble_formula((int)pp, (int)micro)))
-                rc = nl_cli_fail("parallel train: --svg");
-        } else if (svg && draw_layout(svg, o.zero, P, n_full, rows, NK)) {
-            rc = nl_cli_fail("parallel train: --svg");
-        }
+        par_report rep = {&A, P, rows, ev, &tn, first, steps, n_full, bw_s, wait_s, wall};
+        rc = print_report(&rep);
     }
 out:
     nl_trainer_free(&tn);

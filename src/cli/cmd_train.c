@@ -44,7 +44,8 @@ static const train_option train_options[] = {
     {{"fp8-recipe", required_argument, 0, OPT_FP8_RECIPE}, "R", "fp8: e4m3 (everywhere, default) | hybrid (e5m2 grads)"},
     {{"fp8-scaling", required_argument, 0, OPT_FP8_SCALING}, "S", "fp8: block (default) | tensor | delayed | mx"},
     {{"fp8-acc-bits", required_argument, 0, OPT_FP8_ACC_BITS}, "K", "fp8: 0 = fp32 accumulation (default), 2..24 limited"},
-    {{"fp8-promote", required_argument, 0, OPT_FP8_PROMOTE}, "N", "fp8: promote to fp32 every N products (128; 0 never)"},
+    {{"promote-every", required_argument, 0, OPT_FP8_PROMOTE}, "N", "fp8: promote to fp32 every N products (128; 0 never)"},
+    {{"fp8-promote", required_argument, 0, OPT_FP8_PROMOTE}, "N", "alias of --promote-every (the spelling of earlier releases)"},
     {{"no-loss-scaling", no_argument, 0, OPT_NO_LOSS_SCALING}, NULL, "fp16: fixed loss scale 1 (no GradScaler)"},
     {{"seed", required_argument, 0, OPT_SEED}, "S", "initialisation and data seed (default 1337)"},
     {{"out", required_argument, 0, OPT_OUT}, "CKPT", "safetensors checkpoint, saved at each validation"},
@@ -71,6 +72,8 @@ typedef struct train_cli {
     nl_fp8_recipe fp8r;
     const char *qat_name;     /* --qat: fake-quantized linears (nanolm/qat.h) */
     nl_quant_spec qat;
+    int from_ckpt;            /* --resume without --preset: the shape comes from the checkpoint */
+    char fp8_desc[160], fp8_id[96]; /* --precision fp8: the recipe in words, and as recorded */
 } train_cli;
 
 static void usage(FILE *f) {
@@ -156,7 +159,7 @@ static int parse_option(train_cli *c, int id, const char *arg) {
         if (v == 1) return nl_cli_usage_error("--fp8-acc-bits must be 0 (fp32) or 2..24, got 1");
         c->fp8r.acc.bits = (int)v;
         return 0;
-    case OPT_FP8_PROMOTE: if (nl_cli_int("--fp8-promote", arg, 0, 1 << 20, &v)) return NL_EXIT_USAGE; c->fp8r.acc.promote = (int)v; return 0;
+    case OPT_FP8_PROMOTE: if (nl_cli_int("--promote-every", arg, 0, 1 << 20, &v)) return NL_EXIT_USAGE; c->fp8r.acc.promote = (int)v; return 0;
     case OPT_NO_LOSS_SCALING: c->no_loss_scaling = 1; return 0;
     case OPT_HELP: c->help = 1; return 0;
     }
@@ -239,6 +242,136 @@ void nl_train_catch_stop_signals(int on) {
 
 int nl_cmd_parallel_train(int argc, char **argv); /* src/cli/cmd_parallel.c */
 
+/* The model shape from the preset, train's defaults, the option combinations refused by name and
+ * the outputs checked writable, before any work. Returns 0 or the exit status after a message. */
+static int check_args(train_cli *c, nl_arch *arch) {
+    if (!c->data) return nl_cli_usage_error("train: --data FILE is required");
+    if (nl_arch_preset(c->preset, arch)) return nl_cli_usage_error("train: --preset: %s", nl_last_error());
+    /* a resumed run takes its shape (and its window) from the checkpoint; --preset beside
+     * --resume is checked against it */
+    c->from_ckpt = c->o.resume && !c->preset_given;
+    if (!c->seq_given) c->o.seq = c->from_ckpt ? 0 : arch->seq_len;
+    if (!c->lr_min_given) c->o.lr_min = c->o.lr / 10.0f;
+    if (c->o.lr_min > c->o.lr)
+        return nl_cli_usage_error("train: --lr-min %g is above --lr %g (the cosine decays from --lr to --lr-min)",
+                                  (double)c->o.lr_min, (double)c->o.lr);
+    if (c->o.warmup >= c->o.steps) c->o.warmup = c->o.steps / 10;
+    if (!c->o.resume && arch->vocab_size != 256)
+        return nl_cli_usage_error("train: preset %s has vocab %lld; training reads byte tokens (vocab 256)", c->preset,
+                                  (long long)arch->vocab_size);
+    c->o.tokenizer = "byte";
+
+    if (c->no_loss_scaling && c->o.precision != NL_PREC_FP16)
+        return nl_cli_usage_error("train: --no-loss-scaling applies to --precision fp16 only");
+    c->o.no_loss_scaling = c->no_loss_scaling;
+    if (c->fp8) {
+        if (nl_fp8_acc_validate(&c->fp8r.acc))
+            return nl_cli_usage_error("train: %s", nl_last_error());
+        if (c->fp8r.scaling == NL_FP8_SCALE_BLOCK && c->fp8r.acc.bits &&
+            (c->fp8r.acc.promote == 0 || NL_FP8_BLOCK % c->fp8r.acc.promote))
+            return nl_cli_usage_error("train: --fp8-scaling block needs --promote-every dividing %d", NL_FP8_BLOCK);
+    }
+    if (c->qat_name && (c->fp8 || c->o.precision != NL_PREC_FP32))
+        return nl_cli_usage_error("train: --qat needs --precision fp32");
+    if (c->o.resume && c->o.init_weights) return nl_cli_usage_error("train: --resume and --resume-weights exclude each other");
+    if (c->fp8) {
+        char acc[48];
+        if (c->fp8r.acc.bits) snprintf(acc, sizeof acc, "%d-bit accumulator, promote %d", c->fp8r.acc.bits, c->fp8r.acc.promote);
+        else snprintf(acc, sizeof acc, "fp32 accumulation");
+        snprintf(c->fp8_desc, sizeof c->fp8_desc, " + FP8 linears (%s/%s, %s scaling, %s)", nl_fmt_name(c->fp8r.fmt_act),
+                 nl_fmt_name(c->fp8r.fmt_grad), nl_fp8_scaling_name(c->fp8r.scaling), acc);
+        snprintf(c->fp8_id, sizeof c->fp8_id, "%s/%s/%s/acc%d/promote%d", nl_fmt_name(c->fp8r.fmt_act), nl_fmt_name(c->fp8r.fmt_grad),
+                 nl_fp8_scaling_name(c->fp8r.scaling), c->fp8r.acc.bits, c->fp8r.acc.promote);
+        c->o.fp8 = c->fp8_id;
+    }
+    c->o.qat = c->qat_name;
+    /* every output is checked before any work starts (no training lost to a bad path) */
+    if ((c->o.out && nl_check_writable(c->o.out, "--out")) || (c->log_csv && nl_check_writable(c->log_csv, "--log")) ||
+        (c->svg && nl_check_writable(c->svg, "--svg")))
+        return nl_cli_fail("train");
+    return 0;
+}
+
+/* The result of a finished run: the JSON document or the "done" lines (QAT and FP8 figures too). */
+static void print_result(const train_cli *c, const nl_trainer *t, const nl_fp8_linear *fp8, const double qat_loss[4]) {
+    double qat_fp32_start = qat_loss[0], qat_rtn_start = qat_loss[1], qat_end = qat_loss[2], qat_fp32_end = qat_loss[3];
+    const nl_train_log *last = t->n_log ? &t->log[t->n_log - 1] : NULL;
+    double tps = t->wall_s > 0 ? (double)t->tokens_done / t->wall_s : 0;
+    int64_t skipped = t->scaler.skipped;
+    if (c->json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "preset", t->model.arch.name);
+        cJSON_AddNumberToObject(d, "parameters", (double)t->model.n_params);
+        cJSON_AddNumberToObject(d, "steps", (double)t->step);
+        if (last) {
+            cJSON_AddNumberToObject(d, "train_loss", last->loss);
+            cJSON_AddNumberToObject(d, "val_loss", last->val_loss);
+        }
+        cJSON_AddNumberToObject(d, "wall_s", t->wall_s);
+        cJSON_AddNumberToObject(d, "tokens_per_s", tps);
+        cJSON_AddNumberToObject(d, "skipped_steps", (double)skipped);
+        if (c->fp8) {
+            cJSON *f8 = cJSON_AddObjectToObject(d, "fp8");
+            cJSON_AddStringToObject(f8, "activations", nl_fmt_name(c->fp8r.fmt_act));
+            cJSON_AddStringToObject(f8, "gradients", nl_fmt_name(c->fp8r.fmt_grad));
+            cJSON_AddStringToObject(f8, "scaling", nl_fp8_scaling_name(c->fp8r.scaling));
+            cJSON_AddNumberToObject(f8, "acc_bits", c->fp8r.acc.bits);
+            cJSON_AddNumberToObject(f8, "promote", c->fp8r.acc.promote);
+            cJSON_AddNumberToObject(f8, "gemms", (double)fp8->stats.gemms);
+            cJSON_AddNumberToObject(f8, "saturated", (double)fp8->stats.saturated);
+            cJSON_AddNumberToObject(f8, "flushed", (double)fp8->stats.flushed);
+            cJSON_AddNumberToObject(f8, "quantized", (double)fp8->stats.quantized);
+        }
+        if (c->qat_name) {
+            cJSON *q = cJSON_AddObjectToObject(d, "qat");
+            cJSON_AddStringToObject(q, "scheme", c->qat_name);
+            cJSON_AddNumberToObject(q, "val_loss_fp32_start", qat_fp32_start);
+            cJSON_AddNumberToObject(q, "val_loss_rtn_start", qat_rtn_start);
+            cJSON_AddNumberToObject(q, "val_loss_qat_end", qat_end);
+            cJSON_AddNumberToObject(q, "val_loss_fp32_master_end", qat_fp32_end);
+            cJSON_AddNumberToObject(q, "rtn_delta", qat_rtn_start - qat_fp32_start);
+            cJSON_AddNumberToObject(q, "qat_delta", qat_end - qat_fp32_start);
+            nl_qat_recovery qr = nl_qat_recovered(qat_fp32_start, qat_rtn_start, qat_end, qat_fp32_end);
+            if (qr.why) {
+                cJSON_AddNullToObject(q, "recovered_fraction");
+                cJSON_AddStringToObject(q, "recovered_fraction_not_reported", qr.why);
+            } else {
+                cJSON_AddNumberToObject(q, "recovered_fraction", qr.fraction);
+            }
+        }
+        if (c->report_memory) {
+            cJSON *mm = cJSON_AddObjectToObject(d, "memory_bytes");
+            cJSON_AddNumberToObject(mm, "parameters", (double)t->mem.params);
+            cJSON_AddNumberToObject(mm, "gradients", (double)t->mem.grads);
+            cJSON_AddNumberToObject(mm, "optimizer", (double)t->mem.optimizer);
+            cJSON_AddNumberToObject(mm, "activations", (double)t->mem.activations);
+            cJSON_AddNumberToObject(mm, "low_precision_weights", (double)t->mem.lp_weights);
+            cJSON_AddNumberToObject(mm, "token_batch", (double)t->mem.batch);
+            cJSON_AddNumberToObject(mm, "total", (double)t->mem.total);
+        }
+        nl_cli_print_json(d);
+    } else if (last) {
+        printf("done: %lld steps, train loss %.4f, val loss %.4f, %.1f s, %.0f tokens/s%s", (long long)t->step,
+               last->loss, last->val_loss, t->wall_s, tps, c->o.out ? ", checkpoint " : "");
+        if (c->o.out) printf("%s", c->o.out);
+        if (c->o.precision == NL_PREC_FP16) printf(", %lld skipped steps (loss scale %g)", (long long)skipped, t->scaler.scale);
+        printf("\n");
+        if (c->fp8)
+            printf("fp8: %lld GEMMs, %.3g%% of quantized values saturated, %.3g%% flushed to zero\n",
+                   (long long)fp8->stats.gemms, 100.0 * (double)fp8->stats.saturated / (double)(fp8->stats.quantized + !fp8->stats.quantized),
+                   100.0 * (double)fp8->stats.flushed / (double)(fp8->stats.quantized + !fp8->stats.quantized));
+        if (c->qat_name) {
+            nl_qat_recovery qr = nl_qat_recovered(qat_fp32_start, qat_rtn_start, qat_end, qat_fp32_end);
+            char rec[200];
+            if (qr.why) snprintf(rec, sizeof rec, "recovered fraction not reported: %s", qr.why);
+            else snprintf(rec, sizeof rec, "%.1f%% of RTN's delta recovered", 100.0 * qr.fraction);
+            printf("qat %s: validation loss fake-quantized %.4f (delta vs fp32 start %+.4f, RTN %+.4f: %s); fp32 master "
+                   "weights %.4f\n",
+                   c->qat_name, qat_end, qat_end - qat_fp32_start, qr.rtn_delta, rec, qat_fp32_end);
+        }
+    }
+}
+
 int nl_cmd_train(int argc, char **argv) {
     /* hook for the distributed runtime: a layout option hands the run to `nanolm parallel train` */
     for (int i = 1; i < argc; i++)
@@ -264,52 +397,9 @@ int nl_cmd_train(int argc, char **argv) {
         return NL_EXIT_OK;
     }
     if (optind < argc) return nl_cli_usage_error("train: unexpected argument '%s'", argv[optind]);
-    if (!c.data) return nl_cli_usage_error("train: --data FILE is required");
     nl_arch arch;
-    if (nl_arch_preset(c.preset, &arch)) return nl_cli_usage_error("train: --preset: %s", nl_last_error());
-    /* a resumed run takes its shape (and its window) from the checkpoint; --preset beside
-     * --resume is checked against it */
-    int from_ckpt = c.o.resume && !c.preset_given;
-    if (!c.seq_given) c.o.seq = from_ckpt ? 0 : arch.seq_len;
-    if (!c.lr_min_given) c.o.lr_min = c.o.lr / 10.0f;
-    if (c.o.lr_min > c.o.lr)
-        return nl_cli_usage_error("train: --lr-min %g is above --lr %g (the cosine decays from --lr to --lr-min)",
-                                  (double)c.o.lr_min, (double)c.o.lr);
-    if (c.o.warmup >= c.o.steps) c.o.warmup = c.o.steps / 10;
-    if (!c.o.resume && arch.vocab_size != 256)
-        return nl_cli_usage_error("train: preset %s has vocab %lld; training reads byte tokens (vocab 256)", c.preset,
-                                  (long long)arch.vocab_size);
-    c.o.tokenizer = "byte";
-
-    if (c.no_loss_scaling && c.o.precision != NL_PREC_FP16)
-        return nl_cli_usage_error("train: --no-loss-scaling applies to --precision fp16 only");
-    c.o.no_loss_scaling = c.no_loss_scaling;
-    if (c.fp8) {
-        if (nl_fp8_acc_validate(&c.fp8r.acc))
-            return nl_cli_usage_error("train: %s", nl_last_error());
-        if (c.fp8r.scaling == NL_FP8_SCALE_BLOCK && c.fp8r.acc.bits &&
-            (c.fp8r.acc.promote == 0 || NL_FP8_BLOCK % c.fp8r.acc.promote))
-            return nl_cli_usage_error("train: --fp8-scaling block needs --fp8-promote dividing %d", NL_FP8_BLOCK);
-    }
-    if (c.qat_name && (c.fp8 || c.o.precision != NL_PREC_FP32))
-        return nl_cli_usage_error("train: --qat needs --precision fp32");
-    if (c.o.resume && c.o.init_weights) return nl_cli_usage_error("train: --resume and --resume-weights exclude each other");
-    char fp8_desc[160] = "", fp8_id[96] = "";
-    if (c.fp8) {
-        char acc[48];
-        if (c.fp8r.acc.bits) snprintf(acc, sizeof acc, "%d-bit accumulator, promote %d", c.fp8r.acc.bits, c.fp8r.acc.promote);
-        else snprintf(acc, sizeof acc, "fp32 accumulation");
-        snprintf(fp8_desc, sizeof fp8_desc, " + FP8 linears (%s/%s, %s scaling, %s)", nl_fmt_name(c.fp8r.fmt_act),
-                 nl_fmt_name(c.fp8r.fmt_grad), nl_fp8_scaling_name(c.fp8r.scaling), acc);
-        snprintf(fp8_id, sizeof fp8_id, "%s/%s/%s/acc%d/promote%d", nl_fmt_name(c.fp8r.fmt_act), nl_fmt_name(c.fp8r.fmt_grad),
-                 nl_fp8_scaling_name(c.fp8r.scaling), c.fp8r.acc.bits, c.fp8r.acc.promote);
-        c.o.fp8 = fp8_id;
-    }
-    c.o.qat = c.qat_name;
-    /* every output is checked before any work starts (no training lost to a bad path) */
-    if ((c.o.out && nl_check_writable(c.o.out, "--out")) || (c.log_csv && nl_check_writable(c.log_csv, "--log")) ||
-        (c.svg && nl_check_writable(c.svg, "--svg")))
-        return nl_cli_fail("train");
+    int crc = check_args(&c, &arch);
+    if (crc) return crc;
     nl_tokenizer tok;
     nl_data data;
     if (nl_tokenizer_init_byte(&tok)) return nl_cli_fail("train");
@@ -320,7 +410,7 @@ int nl_cmd_train(int argc, char **argv) {
     }
     nl_tokenizer_free(&tok);
     nl_trainer t;
-    nl_status init_rc = nl_trainer_init(&t, from_ckpt ? NULL : &arch, &c.o);
+    nl_status init_rc = nl_trainer_init(&t, c.from_ckpt ? NULL : &arch, &c.o);
     if (init_rc) {
         nl_data_free(&data);
         if (init_rc == NL_DONE) { /* the resumed run is already complete */
@@ -360,7 +450,7 @@ int nl_cmd_train(int argc, char **argv) {
         printf("train %s: %lld parameters, %lld train / %lld validation tokens, batch %lld x %lld, %s%s%s%s\n",
                t.model.arch.name, (long long)t.model.n_params, (long long)nl_data_split_tokens(&data, NL_DATA_TRAIN), (long long)nl_data_split_tokens(&data, NL_DATA_VAL), (long long)c.o.batch,
                (long long)c.o.seq, c.o.precision == NL_PREC_BF16 ? "bf16" : c.o.precision == NL_PREC_FP16 ? "fp16" : "fp32",
-               fp8_desc, c.no_loss_scaling ? " without loss scaling" : "", c.o.resume ? " (resumed)" : "");
+               c.fp8_desc, c.no_loss_scaling ? " without loss scaling" : "", c.o.resume ? " (resumed)" : "");
     if (c.qat_name && !c.json)
         printf("qat %s (absmax, fake-quantized q/k/v/o/gate/up/down, straight-through backward) from %s:\n"
                "  validation loss at start: fp32 %.4f, fake-quantized (RTN) %.4f, RTN delta %+.4f\n",
@@ -404,81 +494,8 @@ int nl_cmd_train(int argc, char **argv) {
     if (c.log_csv && t.n_log && nl_train_log_write_csv(&t, c.log_csv)) exit_code = nl_cli_fail("train: --log");
     if (c.svg && t.n_log && write_svg(c.svg, &t)) exit_code = nl_cli_fail("train: --svg");
     if (!rc) {
-        const nl_train_log *last = t.n_log ? &t.log[t.n_log - 1] : NULL;
-        double tps = t.wall_s > 0 ? (double)t.tokens_done / t.wall_s : 0;
-        int64_t skipped = t.scaler.skipped;
-        if (c.json) {
-            cJSON *d = cJSON_CreateObject();
-            cJSON_AddStringToObject(d, "preset", t.model.arch.name);
-            cJSON_AddNumberToObject(d, "parameters", (double)t.model.n_params);
-            cJSON_AddNumberToObject(d, "steps", (double)t.step);
-            if (last) {
-                cJSON_AddNumberToObject(d, "train_loss", last->loss);
-                cJSON_AddNumberToObject(d, "val_loss", last->val_loss);
-            }
-            cJSON_AddNumberToObject(d, "wall_s", t.wall_s);
-            cJSON_AddNumberToObject(d, "tokens_per_s", tps);
-            cJSON_AddNumberToObject(d, "skipped_steps", (double)skipped);
-            if (c.fp8) {
-                cJSON *f8 = cJSON_AddObjectToObject(d, "fp8");
-                cJSON_AddStringToObject(f8, "activations", nl_fmt_name(c.fp8r.fmt_act));
-                cJSON_AddStringToObject(f8, "gradients", nl_fmt_name(c.fp8r.fmt_grad));
-                cJSON_AddStringToObject(f8, "scaling", nl_fp8_scaling_name(c.fp8r.scaling));
-                cJSON_AddNumberToObject(f8, "acc_bits", c.fp8r.acc.bits);
-                cJSON_AddNumberToObject(f8, "promote", c.fp8r.acc.promote);
-                cJSON_AddNumberToObject(f8, "gemms", (double)fp8.stats.gemms);
-                cJSON_AddNumberToObject(f8, "saturated", (double)fp8.stats.saturated);
-                cJSON_AddNumberToObject(f8, "flushed", (double)fp8.stats.flushed);
-                cJSON_AddNumberToObject(f8, "quantized", (double)fp8.stats.quantized);
-            }
-            if (c.qat_name) {
-                cJSON *q = cJSON_AddObjectToObject(d, "qat");
-                cJSON_AddStringToObject(q, "scheme", c.qat_name);
-                cJSON_AddNumberToObject(q, "val_loss_fp32_start", qat_fp32_start);
-                cJSON_AddNumberToObject(q, "val_loss_rtn_start", qat_rtn_start);
-                cJSON_AddNumberToObject(q, "val_loss_qat_end", qat_end);
-                cJSON_AddNumberToObject(q, "val_loss_fp32_master_end", qat_fp32_end);
-                cJSON_AddNumberToObject(q, "rtn_delta", qat_rtn_start - qat_fp32_start);
-                cJSON_AddNumberToObject(q, "qat_delta", qat_end - qat_fp32_start);
-                nl_qat_recovery qr = nl_qat_recovered(qat_fp32_start, qat_rtn_start, qat_end, qat_fp32_end);
-                if (qr.why) {
-                    cJSON_AddNullToObject(q, "recovered_fraction");
-                    cJSON_AddStringToObject(q, "recovered_fraction_not_reported", qr.why);
-                } else {
-                    cJSON_AddNumberToObject(q, "recovered_fraction", qr.fraction);
-                }
-            }
-            if (c.report_memory) {
-                cJSON *mm = cJSON_AddObjectToObject(d, "memory_bytes");
-                cJSON_AddNumberToObject(mm, "parameters", (double)t.mem.params);
-                cJSON_AddNumberToObject(mm, "gradients", (double)t.mem.grads);
-                cJSON_AddNumberToObject(mm, "optimizer", (double)t.mem.optimizer);
-                cJSON_AddNumberToObject(mm, "activations", (double)t.mem.activations);
-                cJSON_AddNumberToObject(mm, "low_precision_weights", (double)t.mem.lp_weights);
-                cJSON_AddNumberToObject(mm, "token_batch", (double)t.mem.batch);
-                cJSON_AddNumberToObject(mm, "total", (double)t.mem.total);
-            }
-            nl_cli_print_json(d);
-        } else if (last) {
-            printf("done: %lld steps, train loss %.4f, val loss %.4f, %.1f s, %.0f tokens/s%s", (long long)t.step,
-                   last->loss, last->val_loss, t.wall_s, tps, c.o.out ? ", checkpoint " : "");
-            if (c.o.out) printf("%s", c.o.out);
-            if (c.o.precision == NL_PREC_FP16) printf(", %lld skipped steps (loss scale %g)", (long long)skipped, t.scaler.scale);
-            printf("\n");
-            if (c.fp8)
-                printf("fp8: %lld GEMMs, %.3g%% of quantized values saturated, %.3g%% flushed to zero\n",
-                       (long long)fp8.stats.gemms, 100.0 * (double)fp8.stats.saturated / (double)(fp8.stats.quantized + !fp8.stats.quantized),
-                       100.0 * (double)fp8.stats.flushed / (double)(fp8.stats.quantized + !fp8.stats.quantized));
-            if (c.qat_name) {
-                nl_qat_recovery qr = nl_qat_recovered(qat_fp32_start, qat_rtn_start, qat_end, qat_fp32_end);
-                char rec[200];
-                if (qr.why) snprintf(rec, sizeof rec, "recovered fraction not reported: %s", qr.why);
-                else snprintf(rec, sizeof rec, "%.1f%% of RTN's delta recovered", 100.0 * qr.fraction);
-                printf("qat %s: validation loss fake-quantized %.4f (delta vs fp32 start %+.4f, RTN %+.4f: %s); fp32 master "
-                       "weights %.4f\n",
-                       c.qat_name, qat_end, qat_end - qat_fp32_start, qr.rtn_delta, rec, qat_fp32_end);
-            }
-        }
+        double qat_loss[4] = {qat_fp32_start, qat_rtn_start, qat_end, qat_fp32_end};
+        print_result(&c, &t, &fp8, qat_loss);
     }
     nl_qat_remove(&qat);
     nl_fp8_linear_remove(&fp8);

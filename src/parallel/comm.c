@@ -85,11 +85,6 @@ static MPI_Op g_bf16_sum = MPI_OP_NULL;
 size_t nl_comm_dtype_bytes(nl_comm_dtype dt) { return dt == NL_COMM_BF16 ? 2 : 4; }
 const char *nl_comm_dtype_name(nl_comm_dtype dt) { return dt == NL_COMM_BF16 ? "bf16" : "f32"; }
 const char *nl_comm_impl_name(nl_comm_impl impl) { return impl == NL_COMM_NATIVE ? "native" : "ours"; }
-const char *nl_comm_op_name(nl_comm_op c) {
-    static const char *names[NL_COMM_OP_COUNT] = {"broadcast",      "reduce",     "all-reduce", "all-gather",
-                                               "reduce-scatter", "all-to-all", "send-recv"};
-    return (unsigned)c < NL_COMM_OP_COUNT ? names[c] : "?";
-}
 
 size_t nl_comm_chunk_offset(size_t n, int p, int i) {
     size_t q = n / (size_t)p, rem = n % (size_t)p, ii = (size_t)i;

@@ -140,7 +140,7 @@ static void hook_backward(void *user, const nl_linear_site *site, float *din, fl
 
 nl_status nl_dist_init(nl_dist_trainer *t, const nl_arch *arch, const nl_dist_opts *o, nl_comm *dp) {
     memset(t, 0, sizeof *t);
-    if (o->zero < 0 || o->zero > 3) return nl_fail(NL_ERR_INVALID, "--zero must be 0, 1, 2 or 3, got %d", o->zero);
+    if (o->zero < 0 || o->zero > 3) return nl_fail(NL_ERR_INVALID, "ZeRO stage must be 0, 1, 2 or 3, got %d", o->zero);
     if (o->train.batch < 1 || o->train.seq < 1 || o->train.seq > arch->seq_len)
         return nl_fail(NL_ERR_INVALID, "batch %lld and seq %lld must be >= 1 and seq <= the model's seq_len %lld",
                        (long long)o->train.batch, (long long)o->train.seq, (long long)arch->seq_len);

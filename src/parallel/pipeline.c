@@ -84,17 +84,17 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->s = nl_comm_rank(pp_comm);
     p->D = nl_comm_size(dp_comm);
     p->d = nl_comm_rank(dp_comm);
-    if (o->zero) return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with --zero %d is not supported yet (use --zero 0)", o->zero);
+    if (o->zero) return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with ZeRO stage %d is not supported yet (ZeRO 0 only)", o->zero);
     if (arch->tied_embeddings && p->P > 1)
         return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism needs untied embeddings (model %s ties them)", arch->name);
     if (M < 1 || o->train.batch % M)
-        return nl_fail(NL_ERR_INVALID, "--batch %lld must be a multiple of --microbatches %d", (long long)o->train.batch, M);
+        return nl_fail(NL_ERR_INVALID, "the batch %lld must be a multiple of the micro-batch count %d", (long long)o->train.batch, M);
     if (arch->n_heads % p->TP || arch->n_kv_heads % p->TP || arch->hidden_dim % p->TP)
-        return nl_fail(NL_ERR_INVALID, "--tp %d must divide the heads %lld, the KV heads %lld and the hidden size %lld",
+        return nl_fail(NL_ERR_INVALID, "the tensor-parallel size %d must divide the heads %lld, the KV heads %lld and the hidden size %lld",
                        p->TP, (long long)arch->n_heads, (long long)arch->n_kv_heads, (long long)arch->hidden_dim);
     if (o->sp && p->TP > 1 && (p->P > 1 || arch->tied_embeddings || ((o->train.batch / M) * o->train.seq) % p->TP))
         return nl_fail(NL_ERR_UNSUPPORTED, "sequence parallelism needs one pipeline stage, untied embeddings and "
-                       "micro-batch rows (%lld) divisible by --tp %d", (long long)((o->train.batch / M) * o->train.seq), p->TP);
+                       "micro-batch rows (%lld) divisible by the tensor-parallel size %d", (long long)((o->train.batch / M) * o->train.seq), p->TP);
     if (p->P > arch->n_layers)
         return nl_fail(NL_ERR_INVALID, "%d pipeline stages for %lld layers: at most one stage per layer", p->P,
                        (long long)arch->n_layers);

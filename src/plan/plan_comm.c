@@ -2,10 +2,6 @@
  * algorithms): time = alpha + wire bytes / bandwidth. */
 #include "nanolm/plan.h"
 
-const char *nl_coll_name(nl_coll c) {
-    static const char *n[] = {"all-reduce", "reduce-scatter", "all-gather", "all-to-all", "send/recv"};
-    return (unsigned)c < 5 ? n[c] : "?";
-}
 
 /* Ring reduce-scatter and all-gather move (p-1)/p of the array through each GPU; all-reduce is
  * reduce-scatter + all-gather, 2(p-1)/p (Patarasuk & Yuan 2009); an all-to-all keeps 1/p at

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "nanolm/lossstat.h"
+#include "nanolm/train.h"
 
 double nl_student_t975(double df) {
     const double z = 1.959963984540054;
@@ -56,38 +57,32 @@ double nl_loss_stats_tokens_for_se(const nl_loss_stats *s, double target_se) {
     return ceil((double)s->n * (s->se / target_se) * (s->se / target_se));
 }
 
+/* nl_eval_token_losses's visitor: appends the per-token losses in text order. */
+typedef struct token_sink {
+    float *out;
+    int64_t n;
+} token_sink;
+static nl_status keep_losses(void *user, const float *losses, int64_t n) {
+    token_sink *s = user;
+    memcpy(s->out + s->n, losses, (size_t)n * sizeof(float));
+    s->n += n;
+    return NL_OK;
+}
+
 nl_status nl_eval_token_losses(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
                                int64_t max_windows, float **losses, int64_t *n) {
     *losses = NULL;
     *n = 0;
-    int64_t windows = nl_data_eval_windows(d, split, (int)T);
-    if (max_windows > 0 && windows > max_windows) windows = max_windows;
-    if (windows < 1)
-        return nl_fail(NL_ERR_INVALID, "%s: the %s split has %lld tokens, fewer than one window of %lld + 1", d->path,
-                       nl_data_split_name(split), (long long)nl_data_split_tokens(d, split), (long long)T);
-    int32_t *x = nl_malloc((size_t)(B * T) * sizeof(int32_t), "eval batch");
-    int32_t *y = nl_malloc((size_t)(B * T) * sizeof(int32_t), "eval batch");
-    float *out = nl_malloc((size_t)(windows * T) * sizeof(float), "per-token losses");
-    nl_status rc = (x && y && out) ? NL_OK : NL_ERR_NOMEM;
-    int64_t scored = 0;
-    for (int64_t w = 0; !rc && w < windows; w += B) {
-        int nb = 0;
-        int want = (int)(windows - w < B ? windows - w : B);
-        rc = nl_data_eval_batch(d, split, w, want, (int)T, x, y, &nb);
-        if (rc || nb == 0) break;
-        float loss;
-        rc = nl_model_forward(m, x, y, nb, T, &loss);
-        if (rc) break;
-        memcpy(out + scored, m->a.losses, (size_t)(nb * T) * sizeof(float));
-        scored += nb * T;
-    }
-    nl_free(x);
-    nl_free(y);
+    int64_t windows;
+    NL_TRY(nl_eval_window_count(d, split, T, max_windows, &windows));
+    token_sink s = {nl_malloc((size_t)(windows * T) * sizeof(float), "per-token losses"), 0};
+    if (!s.out) return NL_ERR_NOMEM;
+    nl_status rc = nl_eval_windows(m, d, split, B, T, max_windows, keep_losses, &s); /* the one evaluation loop */
     if (rc) {
-        nl_free(out);
+        nl_free(s.out);
         return rc;
     }
-    *losses = out;
-    *n = scored;
+    *losses = s.out;
+    *n = s.n;
     return NL_OK;
 }

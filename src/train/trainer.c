@@ -28,18 +28,24 @@ void nl_train_opts_default(nl_train_opts *o) {
     o->tokenizer = "byte";
 }
 
-nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
-                       int64_t max_windows, double *mean_loss, int64_t *n_scored) {
-    int64_t windows = nl_data_eval_windows(d, split, (int)T);
-    if (max_windows > 0 && windows > max_windows) windows = max_windows;
-    if (windows < 1)
+nl_status nl_eval_window_count(const nl_data *d, nl_data_split split, int64_t T, int64_t max_windows,
+                               int64_t *windows) {
+    int64_t w = nl_data_eval_windows(d, split, (int)T);
+    if (max_windows > 0 && w > max_windows) w = max_windows;
+    *windows = w;
+    if (w < 1)
         return nl_fail(NL_ERR_INVALID, "%s: the %s split has %lld tokens, fewer than one window of %lld + 1", d->path,
                        nl_data_split_name(split), (long long)nl_data_split_tokens(d, split), (long long)T);
+    return NL_OK;
+}
+
+nl_status nl_eval_windows(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
+                          int64_t max_windows, nl_eval_visit visit, void *user) {
+    int64_t windows;
+    NL_TRY(nl_eval_window_count(d, split, T, max_windows, &windows));
     int32_t *x = nl_malloc((size_t)(B * T) * sizeof(int32_t), "eval batch");
     int32_t *y = nl_malloc((size_t)(B * T) * sizeof(int32_t), "eval batch");
     nl_status rc = (x && y) ? NL_OK : NL_ERR_NOMEM;
-    double total = 0.0;
-    int64_t scored = 0;
     for (int64_t w = 0; !rc && w < windows; w += B) {
         int nb = 0;
         int want = (int)(windows - w < B ? windows - w : B);
@@ -47,15 +53,31 @@ nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64
         if (rc || nb == 0) break;
         float loss;
         rc = nl_model_forward(m, x, y, nb, T, &loss);
-        if (rc) break;
-        for (int64_t i = 0; i < nb * T; i++) total += m->a.losses[i];
-        scored += nb * T;
+        if (!rc) rc = visit(user, m->a.losses, nb * T);
     }
     nl_free(x);
     nl_free(y);
-    if (rc) return rc;
-    *mean_loss = total / (double)scored;
-    if (n_scored) *n_scored = scored;
+    return rc;
+}
+
+/* nl_eval_loss's visitor: the sum of the per-token losses in text order, in double. */
+typedef struct eval_sum {
+    double total;
+    int64_t scored;
+} eval_sum;
+static nl_status add_losses(void *user, const float *losses, int64_t n) {
+    eval_sum *s = user;
+    for (int64_t i = 0; i < n; i++) s->total += losses[i];
+    s->scored += n;
+    return NL_OK;
+}
+
+nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
+                       int64_t max_windows, double *mean_loss, int64_t *n_scored) {
+    eval_sum s = {0, 0};
+    NL_TRY(nl_eval_windows(m, d, split, B, T, max_windows, add_losses, &s));
+    *mean_loss = s.total / (double)s.scored;
+    if (n_scored) *n_scored = s.scored;
     return NL_OK;
 }
 
@@ -220,7 +242,7 @@ nl_status nl_train_layout_step(const nl_train_layout *L, const nl_data *d, int64
 nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl_train_layout *L) {
     memset(t, 0, sizeof *t);
     const char *no = o->precision != NL_PREC_FP32 ? "a precision other than fp32"
-                     : o->grad_accum > 1         ? "gradient accumulation (use a larger batch, or --microbatches with --pp)"
+                     : o->grad_accum > 1         ? "gradient accumulation (use a larger batch, or micro-batches with pipeline parallelism)"
                      : o->mup_base_dim > 0       ? "muP"
                      : o->qat                    ? "QAT"
                      : o->fp8                    ? "FP8 training"
@@ -407,13 +429,10 @@ nl_status nl_eval_loss_kv(nl_model *m, const nl_data *d, nl_data_split split, in
                           double *mean_loss, int64_t *n_scored) {
     if (!m->kv_cache) return nl_fail(NL_ERR_INVALID, "nl_eval_loss_kv: allocate the KV cache first");
     if (T < 1 || T > m->arch.seq_len)
-        return nl_fail(NL_ERR_INVALID, "KV-cache eval: --seq %lld must be in [1, %lld]", (long long)T,
+        return nl_fail(NL_ERR_INVALID, "KV-cache eval: sequence length %lld must be in [1, %lld]", (long long)T,
                        (long long)m->arch.seq_len);
-    int64_t windows = nl_data_eval_windows(d, split, (int)T);
-    if (max_windows > 0 && windows > max_windows) windows = max_windows;
-    if (windows < 1)
-        return nl_fail(NL_ERR_INVALID, "%s: the %s split has %lld tokens, fewer than one window of %lld + 1", d->path,
-                       nl_data_split_name(split), (long long)nl_data_split_tokens(d, split), (long long)T);
+    int64_t windows;
+    NL_TRY(nl_eval_window_count(d, split, T, max_windows, &windows));
     int32_t *x = nl_malloc((size_t)T * sizeof(int32_t), "eval window");
     int32_t *y = nl_malloc((size_t)T * sizeof(int32_t), "eval window");
     nl_status rc = (x && y) ? NL_OK : NL_ERR_NOMEM;
