@@ -197,6 +197,182 @@ static void test_report_table_and_json(void **state) {
     nl_report_free(r);
 }
 
+/* Nested objects and lists: the JSON parses back with the same doubles (bit for bit), in the same
+ * nesting; the text form indents the object and prints the lists on one line. */
+static void test_report_objects_and_lists(void **state) {
+    (void)state;
+    /* doubles that need 17 digits, a subnormal, the fp16 value of issue 17, a negative zero */
+    const double v[] = {0.1, 1.0 / 3.0, 2.2232532501220703e-05, 4.9406564584124654e-324, -0.0, 1e300, 25.0};
+    const int nv = (int)(sizeof v / sizeof v[0]);
+    const char *names[] = {"int8", "int4", NULL};
+    nl_report *r = nl_report_new("nested");
+    assert_non_null(r);
+    nl_report_str(r, "scheme", "scheme", "int8-tensor");
+    nl_report_begin_object(r, "block1", "block 1:");
+    nl_report_num(r, "scale", "scale", 1.5 / 127, "%.4g", NULL);
+    nl_report_nums(r, "values", "x", v, nv, "%g", "units");
+    nl_report_begin_object(r, "inner", NULL);
+    nl_report_strs(r, "schemes", "schemes", names, 3);
+    nl_report_nums(r, "empty", "empty", NULL, 0, NULL, NULL);
+    nl_report_end_object(r);
+    nl_report_table(r, "rows", "rows", 1, (const nl_report_col[]){{"k", "k", NULL}});
+    nl_report_cell_num(r, 1.0 / 7.0);
+    nl_report_row_end(r);
+    nl_report_end_object(r);
+    nl_report_int(r, "after", "after", 3, NULL);
+
+    const char *text = capture(r, 0);
+    assert_non_null(strstr(text, "block 1:\n"));
+    assert_non_null(strstr(text, "\n  scale "));
+    assert_non_null(strstr(text, "0.1 0.333333 2.22325e-05 4.94066e-324 -0 1e+300 25 units"));
+    assert_non_null(strstr(text, "\n    schemes"));
+    assert_non_null(strstr(text, "int8 int4 -\n"));
+
+    cJSON *doc = cJSON_Parse(capture(r, 1));
+    assert_non_null(doc);
+    cJSON *b1 = cJSON_GetObjectItem(doc, "block1");
+    assert_true(cJSON_IsObject(b1));
+    assert_true(cJSON_GetObjectItem(b1, "scale")->valuedouble == 1.5 / 127);
+    cJSON *vals = cJSON_GetObjectItem(b1, "values");
+    assert_int_equal(cJSON_GetArraySize(vals), nv);
+    for (int i = 0; i < nv; i++) {
+        double back = cJSON_GetArrayItem(vals, i)->valuedouble;
+        assert_memory_equal(&back, &v[i], sizeof back); /* bit-identical, -0 included */
+    }
+    cJSON *inner = cJSON_GetObjectItem(b1, "inner");
+    cJSON *sch = cJSON_GetObjectItem(inner, "schemes");
+    assert_int_equal(cJSON_GetArraySize(sch), 3);
+    assert_string_equal(cJSON_GetArrayItem(sch, 1)->valuestring, "int4");
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(sch, 2)));
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(inner, "empty")), 0);
+    cJSON *row = cJSON_GetArrayItem(cJSON_GetObjectItem(b1, "rows"), 0);
+    assert_true(cJSON_GetObjectItem(row, "k")->valuedouble == 1.0 / 7.0);
+    assert_null(cJSON_GetObjectItem(doc, "rows"));                    /* the table went inside block1 */
+    assert_int_equal(cJSON_GetObjectItem(doc, "after")->valueint, 3); /* and back at the top after end */
+    cJSON_Delete(doc);
+    nl_report_free(r);
+}
+
+/* A value in one form only (label "": JSON only; key NULL: text only) and the label gap. */
+static void test_report_one_form_values(void **state) {
+    (void)state;
+    nl_report *r = nl_report_new("forms");
+    nl_report_set_gap(r, 1);
+    nl_report_num(r, "below", "", 256.0, NULL, NULL);
+    nl_report_num(r, "above", "", 258.0, NULL, NULL);
+    nl_report_str(r, NULL, "neighbours", "256 below, 258 above");
+    nl_report_str(r, "input", "input", "257");
+    const char *text = capture(r, 0);
+    assert_string_equal(text, "neighbours 256 below, 258 above\ninput      257\n");
+    cJSON *doc = cJSON_Parse(capture(r, 1));
+    assert_non_null(doc);
+    assert_int_equal(cJSON_GetArraySize(doc), 3); /* below, above, input: no text-only entry */
+    assert_true(cJSON_GetObjectItem(doc, "above")->valuedouble == 258.0);
+    assert_null(cJSON_GetObjectItem(doc, "neighbours"));
+    cJSON_Delete(doc);
+    nl_report_free(r);
+    /* a table with a JSON-only column (header "") and a text-only column (key NULL) */
+    r = nl_report_new("cols");
+    nl_report_table(r, "formats", NULL, 3,
+                    (const nl_report_col[]){{"name", "format", NULL}, {"description", "", NULL}, {NULL, "NaN", NULL}});
+    nl_report_cell_str(r, "bf16");
+    nl_report_cell_str(r, "bfloat16");
+    nl_report_cell_str(r, "yes");
+    nl_report_row_end(r);
+    text = capture(r, 0);
+    assert_null(strstr(text, "bfloat16"));
+    assert_non_null(strstr(text, "format  NaN"));
+    assert_non_null(strstr(text, "bf16    yes"));
+    doc = cJSON_Parse(capture(r, 1));
+    cJSON *row = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "formats"), 0);
+    assert_string_equal(cJSON_GetObjectItem(row, "description")->valuestring, "bfloat16");
+    assert_int_equal(cJSON_GetArraySize(row), 2);
+    cJSON_Delete(doc);
+    nl_report_free(r);
+}
+
+/* A repeatable option keeps every value in order; a bare number ("-inf", "-1.5") is positional;
+ * more than NL_OPT_LIST_MAX values is refused. */
+static void test_list_option_and_negative_positional(void **state) {
+    (void)state;
+    nl_opt_list runs = {{0}, 0};
+    nl_opt table[] = {NL_OPT_LIST("run", &runs, "L=F", "a run")};
+    nl_optgroup groups[] = {{NULL, table, 1}};
+    nl_cmdspec spec = {"demo", "nanolm demo", NULL, groups, 1, 2};
+    const char *pos[2] = {0};
+    int npos = 0;
+    char *argv[] = {"demo", "--run", "a=1.csv", "-inf", "--run=b=2.csv", "-1.5"};
+    assert_int_equal(nl_cli_parse(&spec, 6, argv, pos, &npos), 0);
+    assert_int_equal(runs.n, 2);
+    assert_string_equal(runs.v[0], "a=1.csv");
+    assert_string_equal(runs.v[1], "b=2.csv");
+    assert_int_equal(npos, 2);
+    assert_string_equal(pos[0], "-inf");
+    assert_string_equal(pos[1], "-1.5");
+    char *many[3 + 2 * NL_OPT_LIST_MAX];
+    many[0] = "demo";
+    for (int i = 0; i <= NL_OPT_LIST_MAX; i++) many[1 + 2 * i] = "--run", many[2 + 2 * i] = "x";
+    runs.n = 0;
+    assert_int_equal(nl_cli_parse(&spec, 3 + 2 * NL_OPT_LIST_MAX, many, pos, &npos), NL_EXIT_USAGE);
+    char *bad[] = {"demo", "-x"};
+    assert_int_equal(nl_cli_parse(&spec, 2, bad, pos, &npos), NL_EXIT_USAGE);
+}
+
+/* A text-only table (key NULL), a JSON-only table (every header ""), list cells, and a '-' format
+ * flag that keeps numbers left-aligned. */
+static void test_report_one_form_tables(void **state) {
+    (void)state;
+    const double ks[] = {128, 256}, errs[] = {2.5e-4, 4.0e-4};
+    nl_report *r = nl_report_new("tables");
+    nl_report_table(r, NULL, "text only", 2, (const nl_report_col[]){{NULL, "K", "%-.0f"}, {NULL, "err", "%.1e"}});
+    nl_report_cell_num(r, 128);
+    nl_report_cell_num(r, 2.5e-4);
+    nl_report_row_end(r);
+    nl_report_cell_num(r, 16384);
+    nl_report_cell_num(r, 4e-4);
+    nl_report_row_end(r);
+    nl_report_table(r, "series", NULL, 2, (const nl_report_col[]){{"k", "", NULL}, {"err", "", NULL}});
+    nl_report_cell_nums(r, ks, 2);
+    nl_report_cell_nums(r, errs, 2);
+    nl_report_row_end(r);
+    const char *text = capture(r, 0);
+    assert_non_null(strstr(text, "text only\nK      err\n"));
+    assert_non_null(strstr(text, "\n128    2.5e-04\n")); /* K left-aligned, err right-aligned */
+    assert_null(strstr(text, "series"));
+    cJSON *doc = cJSON_Parse(capture(r, 1));
+    assert_non_null(doc);
+    assert_int_equal(cJSON_GetArraySize(doc), 1); /* only the JSON table */
+    cJSON *row = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "series"), 0);
+    assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(row, "err"), 1)->valuedouble == 4.0e-4);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(row, "k")), 2);
+    cJSON_Delete(doc);
+    nl_report_free(r);
+}
+
+/* An object left open, or closed twice, makes the report fail to print instead of printing
+ * something half-nested. */
+static void test_report_unbalanced_objects_fail(void **state) {
+    (void)state;
+    FILE *f = fopen("/dev/null", "w");
+    assert_non_null(f);
+    nl_report *r = nl_report_new("open");
+    nl_report_begin_object(r, "a", NULL);
+    assert_int_equal(nl_report_write(r, 1, f), -1);
+    nl_report_free(r);
+    r = nl_report_new("closed twice");
+    nl_report_begin_object(r, "a", NULL);
+    nl_report_end_object(r);
+    nl_report_end_object(r);
+    assert_int_equal(nl_report_write(r, 0, f), -1);
+    nl_report_free(r);
+    r = nl_report_new("too deep");
+    for (int i = 0; i < 9; i++) nl_report_begin_object(r, "d", NULL);
+    for (int i = 0; i < 9; i++) nl_report_end_object(r);
+    assert_int_equal(nl_report_write(r, 1, f), -1);
+    nl_report_free(r);
+    fclose(f);
+}
+
 static void test_report_misuse_is_an_error(void **state) {
     (void)state;
     nl_report *r = nl_report_new("bad");
@@ -219,6 +395,11 @@ int main(void) {
         cmocka_unit_test(test_json_doubles_round_trip),
         cmocka_unit_test(test_report_table_and_json),
         cmocka_unit_test(test_report_misuse_is_an_error),
+        cmocka_unit_test(test_report_objects_and_lists),
+        cmocka_unit_test(test_report_unbalanced_objects_fail),
+        cmocka_unit_test(test_report_one_form_values),
+        cmocka_unit_test(test_list_option_and_negative_positional),
+        cmocka_unit_test(test_report_one_form_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,8 +4,8 @@
  * checkpoints, fp32 / bf16 / int8 weights (nanolm/matvec.h), fp32 / int8 KV (nanolm/kvcache.h).
  *
  * Every nl_engine_step runs ONE forward over the tokens of all running sequences: one token
- * for each decoding sequence and a chunk of prompt for each prefilling one, within a token
- * budget (max_step_tokens, at most `chunk` prompt tokens per sequence per step). Each linear
+ * for each decoding sequence and chunks of prompt, within a token budget (max_step_tokens;
+ * with chunking, at most `chunk` prompt tokens per step in all, Sarathi-Serve's budget). Each linear
  * layer is one kernel call over all those rows, reading each weight once per step. Sequences
  * join (FCFS from a bounded waiting queue) and leave between steps. When a decoding sequence
  * needs a KV block and the pool is empty, the youngest running sequence is preempted: its
@@ -77,8 +77,8 @@ typedef struct nl_engine_opts {
                                  max_batch sequences of seq_len tokens */
     int max_batch;            /* running sequences at most (default 32) */
     int64_t max_step_tokens;  /* tokens per step at most (default 512; >= max_batch) */
-    int64_t chunk;            /* prompt tokens per sequence per step at most (default 256; 0:
-                                 no chunking, a whole prompt in one step if the budget allows) */
+    int64_t chunk;            /* prompt tokens per step at most, over all prompts (default 256;
+                                 0: no chunking, a whole prompt in one step if the budget allows) */
     int max_waiting;          /* bounded waiting queue (default 256): submit beyond -> NL_ERR_BUSY */
     int threads;              /* OpenMP threads of a step (<= 0: the OpenMP default) */
     nl_engine_event_fn on_event; /* optional */

@@ -9,6 +9,79 @@
 #include "nanolm/lossstat.h"
 #include "nanolm/train.h"
 
+/* What eval measured, for the two printers. */
+typedef struct eval_result {
+    const char *ckpt, *path;
+    nl_data_split split;
+    int64_t T;
+    int kv; /* -1: batched eval; else the nl_kv_dtype of the cache */
+    int64_t scored;
+    double loss;
+    const nl_loss_stats *st;
+    int show_fb; /* split the mean between non-ASCII byte-fallback targets and the rest */
+    int64_t n_fb;
+    double sum_fb, fb_mean, rest_mean, target_se, need;
+} eval_result;
+
+static void print_eval_json(const eval_result *r, const nl_model *m) {
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "checkpoint", r->ckpt);
+    cJSON_AddStringToObject(d, "data", r->path);
+    cJSON_AddStringToObject(d, "split", nl_data_split_name(r->split));
+    cJSON_AddNumberToObject(d, "mean_loss", r->loss);
+    cJSON_AddNumberToObject(d, "perplexity", exp(r->loss));
+    cJSON_AddNumberToObject(d, "tokens", (double)r->scored);
+    cJSON_AddNumberToObject(d, "seq", (double)r->T);
+    if (r->kv >= 0) {
+        cJSON_AddStringToObject(d, "kv_cache", r->kv == NL_KV_INT8 ? "int8" : "fp32");
+        cJSON_AddNumberToObject(d, "kv_cache_bytes", (double)m->kv_bytes);
+        cJSON_AddNumberToObject(d, "kv_cache_bytes_fp16_basis",
+                                (double)(m->L * 2 * m->arch.seq_len * m->KVH * m->hd * 2));
+    } else {
+        cJSON_AddNumberToObject(d, "se", r->st->se);
+        cJSON_AddNumberToObject(d, "se_iid", r->st->se_iid);
+        cJSON_AddNumberToObject(d, "ci95_lo", r->st->ci_lo);
+        cJSON_AddNumberToObject(d, "ci95_hi", r->st->ci_hi);
+        cJSON_AddNumberToObject(d, "se_batch_tokens", (double)r->st->batch);
+        cJSON_AddNumberToObject(d, "se_tokens_used", (double)r->st->n);
+        if (r->show_fb) {
+            cJSON_AddNumberToObject(d, "non_ascii_byte_tokens", (double)r->n_fb);
+            cJSON_AddNumberToObject(d, "non_ascii_byte_mean_loss", r->fb_mean);
+            cJSON_AddNumberToObject(d, "other_tokens_mean_loss", r->rest_mean);
+        }
+        if (r->target_se > 0) {
+            cJSON_AddNumberToObject(d, "target_se", r->target_se);
+            cJSON_AddNumberToObject(d, "tokens_for_target_se", r->need);
+        }
+    }
+    nl_cli_print_json(d);
+}
+
+static void print_eval_text(const eval_result *r, const nl_model *m) {
+    const char *hdr[] = {"checkpoint", "data", "tokens", "mean loss (nats/token)", "perplexity"};
+    nl_table tb;
+    nl_table_init(&tb, 5, hdr);
+    nl_table_rowf(&tb, "%s|%s|%lld|%.4f|%.3f", r->ckpt, r->path, (long long)r->scored, r->loss, exp(r->loss));
+    nl_table_print(&tb, stdout);
+    nl_table_free(&tb);
+    if (r->kv >= 0)
+        printf("KV cache %s: %zu bytes allocated for %lld positions (fp32 would be %lld, fp16 %lld)\n",
+               r->kv == NL_KV_INT8 ? "int8" : "fp32", m->kv_bytes, (long long)m->arch.seq_len,
+               (long long)(m->L * 2 * m->arch.seq_len * m->KVH * m->hd * 4),
+               (long long)(m->L * 2 * m->arch.seq_len * m->KVH * m->hd * 2));
+    else
+        printf("standard error %.4f (i.i.d. formula %.4f; correlation costs x%.1f tokens), 95%% interval [%.4f, %.4f]\n"
+               "  batch means over %lld batches of %lld tokens\n",
+               r->st->se, r->st->se_iid, r->st->ess_factor, r->st->ci_lo, r->st->ci_hi, (long long)r->st->n_batches,
+               (long long)r->st->batch);
+    if (r->show_fb)
+        printf("non-ASCII byte-fallback targets (<0x80>..<0xFF>): %lld of %lld (%.2f%%), mean loss %.4f, adding %.4f "
+               "nats/token to the mean; the other tokens: mean loss %.4f\n",
+               (long long)r->n_fb, (long long)r->scored, 100.0 * (double)r->n_fb / (double)r->scored, r->fb_mean,
+               r->sum_fb / (double)r->scored, r->rest_mean);
+    if (r->target_se > 0) printf("tokens for standard error %g: %.0f\n", r->target_se, r->need);
+}
+
 int nl_cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *path = NULL, *tok_path = NULL;
     int64_t B = 4, T = 0, se_batch = 0, max_windows = 0;
@@ -25,7 +98,8 @@ int nl_cmd_eval(int argc, char **argv) {
         NL_OPT_CHOICE("split", &split_choice, "all|train|val",
                       "which tokens: all (default), or the train / val split of nanolm train (last 10%: val)"),
         NL_OPT_DBL("target-se", &target_se, 0, INFINITY, "X", "also report the tokens needed for SE = X (> 0)"),
-        NL_OPT_INT("se-batch", &se_batch, 1, INT64_MAX, "TOKENS", "tokens per batch mean of the SE (default sqrt(tokens))"),
+        NL_OPT_INT("se-batch", &se_batch, 1, INT64_MAX, "TOKENS",
+                   "tokens per batch mean of the SE (default sqrt(tokens))"),
         NL_OPT_CHOICE("kv-cache", &kv_choice, "fp32|int8", "token by token through a KV cache of this type instead"),
         NL_OPT_INT("max-windows", &max_windows, 1, INT64_MAX, "N", "only the first N windows"),
         NL_OPT_FLAG("json", &json, "print the result as JSON"),
@@ -34,7 +108,8 @@ int nl_cmd_eval(int argc, char **argv) {
     opts[8].given = &kv_given;
     nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
     nl_cmdspec spec = {
-        "eval", "nanolm eval --ckpt F --data FILE [options]",
+        "eval",
+        "nanolm eval --ckpt F --data FILE [options]",
         "Mean cross-entropy (nats/token) over the whole file (tokenized once, BOS first) in consecutive\n"
         "windows of --seq tokens; a last partial window is dropped. Standard error by batch means: the token\n"
         "stream is cut into consecutive batches of --se-batch tokens whose means are nearly independent,\n"
@@ -43,14 +118,15 @@ int nl_cmd_eval(int argc, char **argv) {
         "UTF-8 bytes no piece covers, e.g. mis-encoded text such as 'â€™') and the rest. --kv-cache runs\n"
         "the generation path instead: token by token, each window from an empty cache; it prints the\n"
         "bytes of the cache as allocated (no standard error).",
-        groups, 1, 0};
+        groups,
+        1,
+        0};
     int prc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (prc) return prc == NL_CLI_HELP ? NL_EXIT_OK : prc;
     static const nl_data_split splits[] = {NL_DATA_ALL, NL_DATA_TRAIN, NL_DATA_VAL};
     nl_data_split split = splits[split_choice];
     if (kv_given) kv = kv_choice == 0 ? NL_KV_FP32 : NL_KV_INT8;
-    if (tse_given && !(target_se > 0))
-        return nl_cli_usage_error("eval: --target-se must be > 0, got %g", target_se);
+    if (tse_given && !(target_se > 0)) return nl_cli_usage_error("eval: --target-se must be > 0, got %g", target_se);
     if (!ckpt || !path) return nl_cli_usage_error("eval: --ckpt F and --data FILE are required");
     nl_model m;
     nl_tokenizer tok;
@@ -65,7 +141,8 @@ int nl_cmd_eval(int argc, char **argv) {
     memset(&st, 0, sizeof st);
     if (T == 0 || T > m.arch.seq_len) T = T == 0 ? m.arch.seq_len : T;
     if (T > m.arch.seq_len) {
-        rcode = nl_cli_usage_error("eval: --seq %lld exceeds the model's seq_len %lld", (long long)T, (long long)m.arch.seq_len);
+        rcode = nl_cli_usage_error("eval: --seq %lld exceeds the model's seq_len %lld", (long long)T,
+                                   (long long)m.arch.seq_len);
         goto done;
     }
     if (kv >= 0 && (se_batch || target_se > 0)) {
@@ -100,59 +177,12 @@ int nl_cmd_eval(int argc, char **argv) {
     double fb_mean = n_fb ? sum_fb / (double)n_fb : 0;
     double rest_mean = scored > n_fb ? (sum_all - sum_fb) / (double)(scored - n_fb) : 0;
     double need = target_se > 0 ? nl_loss_stats_tokens_for_se(&st, target_se) : 0;
-    if (json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "checkpoint", ckpt);
-        cJSON_AddStringToObject(d, "data", path);
-        cJSON_AddStringToObject(d, "split", nl_data_split_name(split));
-        cJSON_AddNumberToObject(d, "mean_loss", loss);
-        cJSON_AddNumberToObject(d, "perplexity", exp(loss));
-        cJSON_AddNumberToObject(d, "tokens", (double)scored);
-        cJSON_AddNumberToObject(d, "seq", (double)T);
-        if (kv >= 0) {
-            cJSON_AddStringToObject(d, "kv_cache", kv == NL_KV_INT8 ? "int8" : "fp32");
-            cJSON_AddNumberToObject(d, "kv_cache_bytes", (double)m.kv_bytes);
-            cJSON_AddNumberToObject(d, "kv_cache_bytes_fp16_basis", (double)(m.L * 2 * m.arch.seq_len * m.KVH * m.hd * 2));
-        } else {
-        cJSON_AddNumberToObject(d, "se", st.se);
-        cJSON_AddNumberToObject(d, "se_iid", st.se_iid);
-        cJSON_AddNumberToObject(d, "ci95_lo", st.ci_lo);
-        cJSON_AddNumberToObject(d, "ci95_hi", st.ci_hi);
-        cJSON_AddNumberToObject(d, "se_batch_tokens", (double)st.batch);
-        cJSON_AddNumberToObject(d, "se_tokens_used", (double)st.n);
-        if (show_fb) {
-            cJSON_AddNumberToObject(d, "non_ascii_byte_tokens", (double)n_fb);
-            cJSON_AddNumberToObject(d, "non_ascii_byte_mean_loss", fb_mean);
-            cJSON_AddNumberToObject(d, "other_tokens_mean_loss", rest_mean);
-        }
-        if (target_se > 0) {
-            cJSON_AddNumberToObject(d, "target_se", target_se);
-            cJSON_AddNumberToObject(d, "tokens_for_target_se", need);
-        }
-        }
-        nl_cli_print_json(d);
-    } else {
-        const char *hdr[] = {"checkpoint", "data", "tokens", "mean loss (nats/token)", "perplexity"};
-        nl_table tb;
-        nl_table_init(&tb, 5, hdr);
-        nl_table_rowf(&tb, "%s|%s|%lld|%.4f|%.3f", ckpt, path, (long long)scored, loss, exp(loss));
-        nl_table_print(&tb, stdout);
-        nl_table_free(&tb);
-        if (kv >= 0)
-            printf("KV cache %s: %zu bytes allocated for %lld positions (fp32 would be %lld, fp16 %lld)\n",
-                   kv == NL_KV_INT8 ? "int8" : "fp32", m.kv_bytes, (long long)m.arch.seq_len,
-                   (long long)(m.L * 2 * m.arch.seq_len * m.KVH * m.hd * 4), (long long)(m.L * 2 * m.arch.seq_len * m.KVH * m.hd * 2));
-        else
-        printf("standard error %.4f (i.i.d. formula %.4f; correlation costs x%.1f tokens), 95%% interval [%.4f, %.4f]\n"
-               "  batch means over %lld batches of %lld tokens\n",
-               st.se, st.se_iid, st.ess_factor, st.ci_lo, st.ci_hi, (long long)st.n_batches, (long long)st.batch);
-        if (show_fb)
-            printf("non-ASCII byte-fallback targets (<0x80>..<0xFF>): %lld of %lld (%.2f%%), mean loss %.4f, adding %.4f "
-                   "nats/token to the mean; the other tokens: mean loss %.4f\n",
-                   (long long)n_fb, (long long)scored, 100.0 * (double)n_fb / (double)scored, fb_mean,
-                   sum_fb / (double)scored, rest_mean);
-        if (target_se > 0) printf("tokens for standard error %g: %.0f\n", target_se, need);
-    }
+    eval_result res = {ckpt,    path, split,  T,       kv,        scored,    loss, &st,
+                       show_fb, n_fb, sum_fb, fb_mean, rest_mean, target_se, need};
+    if (json)
+        print_eval_json(&res, &m);
+    else
+        print_eval_text(&res, &m);
 done:
     nl_free(tl);
     nl_data_free(&data);

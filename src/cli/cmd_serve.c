@@ -63,7 +63,7 @@ int nl_cmd_serve(int argc, char **argv) {
         NL_OPT_INT("block-size", &block_size, 1, 4096, "N", "tokens per KV block (default 16)"),
         NL_OPT_INT32("max-batch", &max_batch, 1, 4096, "N", "running sequences at most (default 32)"),
         NL_OPT_INT("max-step-tokens", &max_step, 1, 1 << 20, "N", "tokens per engine step at most (default 512)"),
-        NL_OPT_INT("chunk", &chunk, 0, 1 << 20, "N", "prompt tokens per sequence per step, 0 = no chunking (default 256)"),
+        NL_OPT_INT("chunk", &chunk, 0, 1 << 20, "N", "prompt tokens per step over all prompts, 0 = no chunking (default 256)"),
         NL_OPT_INT32("max-waiting", &max_waiting, 1, 1 << 20, "N", "waiting queue bound; beyond it requests get 429 (default 256)"),
         NL_OPT_INT32("threads", &threads, 0, 1024, "N", "OpenMP threads of a step (default: OMP_NUM_THREADS)"),
     };

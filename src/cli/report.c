@@ -9,28 +9,38 @@
 
 #include "cli.h"
 
-typedef enum { ITEM_KV, ITEM_NOTE, ITEM_TABLE } item_kind;
+typedef enum { ITEM_KV, ITEM_NOTE, ITEM_TABLE, ITEM_HEAD } item_kind;
+
+/* How deep objects may nest (nl_report_begin_object); deeper is a programming error. */
+#define REPORT_MAX_DEPTH 8
 
 typedef struct item {
     item_kind kind;
+    int depth;          /* nesting level: text indented by 2 spaces per level */
     char *label, *text; /* ITEM_KV: label and formatted value; ITEM_NOTE: text */
-    char *title;        /* ITEM_TABLE */
+    char *title;        /* ITEM_TABLE, ITEM_HEAD */
     nl_table table;     /* ITEM_TABLE: text cells */
     nl_report_col *cols;
     int ncols;
+    int *vis;      /* ITEM_TABLE: per column, its index in the text table, or -1 (JSON only) */
+    int json_only; /* ITEM_TABLE: every column is JSON only: no text table */
 } item;
 
 struct nl_report {
     char *title;
     cJSON *json;
+    cJSON *stack[REPORT_MAX_DEPTH + 1]; /* open objects: stack[0] is json, stack[depth] the current */
+    int depth;
     item *items;
     int nitems, cap;
     int oom;
+    int gap; /* spaces between the label column and the values in the text form */
     /* the table being filled */
     item *cur;
     cJSON *cur_rows, *cur_row;
     int cur_col;
     char **cur_cells;
+    int *cur_num; /* per column of the row being filled: the cell is a number (right-aligned) */
 };
 
 static char *sdup(const char *s) {
@@ -58,6 +68,8 @@ nl_report *nl_report_new(const char *title) {
     if (!r) return NULL;
     r->title = sdup(title ? title : "");
     r->json = cJSON_CreateObject();
+    r->stack[0] = r->json;
+    r->gap = 2;
     if (!r->title || !r->json) {
         nl_report_free(r);
         return NULL;
@@ -76,9 +88,11 @@ void nl_report_free(nl_report *r) {
         free(it->title);
         if (it->kind == ITEM_TABLE) nl_table_free(&it->table);
         free(it->cols);
+        free(it->vis);
     }
     free(r->items);
     free(r->cur_cells);
+    free(r->cur_num);
     cJSON_Delete(r->cur_row);
     cJSON_Delete(r->json);
     free(r->title);
@@ -100,6 +114,7 @@ static item *new_item(nl_report *r, item_kind kind) {
     item *it = &r->items[r->nitems++];
     memset(it, 0, sizeof *it);
     it->kind = kind;
+    it->depth = r->depth;
     return it;
 }
 
@@ -110,11 +125,15 @@ static void add_kv(nl_report *r, const char *key, const char *label, const char 
     }
     end_row_if_partial(r);
     r->cur = NULL;
-    if (!value || !cJSON_AddItemToObject(r->json, key, value)) {
+    if (!key) { /* text only */
+        cJSON_Delete(value);
+        if (!label) r->oom = 1; /* neither JSON nor text: a programming error */
+    } else if (!value || !cJSON_AddItemToObject(r->stack[r->depth], key, value)) {
         cJSON_Delete(value);
         r->oom = 1;
         return;
     }
+    if (label && !*label) return; /* JSON only */
     item *it = new_item(r, ITEM_KV);
     if (!it) return;
     it->label = sdup(label ? label : key);
@@ -148,6 +167,116 @@ void nl_report_bool(nl_report *r, const char *key, const char *label, int v) {
     add_kv(r, key, label, v ? "yes" : "no", cJSON_CreateBool(v));
 }
 
+/* Appends `piece` (and a space before it when the text is not empty) to text[cap]; marks the
+ * report broken when it does not fit. */
+static void append_text(nl_report *r, char *text, size_t cap, const char *piece) {
+    size_t n = strlen(text);
+    int w = snprintf(text + n, cap - n, "%s%s", n ? " " : "", piece);
+    if (w < 0 || (size_t)w >= cap - n) r->oom = 1;
+}
+
+/* The text (values with `fmt`, then `unit`) and the JSON array of a list of n numbers; marks the
+ * report broken and returns -1 when out of memory. */
+static int format_list(nl_report *r, const double *v, int n, const char *fmt, const char *unit, char **text,
+                       cJSON **arr) {
+    size_t cap = 32 + (size_t)(n > 0 ? n : 0) * 40 + (unit ? strlen(unit) : 0);
+    *text = calloc(cap, 1);
+    *arr = cJSON_CreateArray();
+    if (!*text || !*arr || n < 0 || (n > 0 && !v)) {
+        free(*text);
+        cJSON_Delete(*arr);
+        *text = NULL;
+        *arr = NULL;
+        r->oom = 1;
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        char piece[96], jbuf[32];
+        if (!isfinite(v[i]))
+            snprintf(piece, sizeof piece, "%s", isnan(v[i]) ? "n/a" : (v[i] > 0 ? "inf" : "-inf"));
+        else
+            snprintf(piece, sizeof piece, fmt ? fmt : "%.6g", v[i]);
+        append_text(r, *text, cap, piece);
+        cJSON *x = cJSON_CreateRaw(nl_json_double(v[i], jbuf));
+        if (!x || !cJSON_AddItemToArray(*arr, x)) {
+            cJSON_Delete(x);
+            r->oom = 1;
+        }
+    }
+    if (unit && *unit) append_text(r, *text, cap, unit);
+    return 0;
+}
+
+void nl_report_nums(nl_report *r, const char *key, const char *label, const double *v, int n, const char *fmt,
+                    const char *unit) {
+    if (!r) return;
+    char *text;
+    cJSON *arr;
+    if (format_list(r, v, n, fmt, unit, &text, &arr)) return;
+    add_kv(r, key, label, text, arr);
+    free(text);
+}
+
+void nl_report_strs(nl_report *r, const char *key, const char *label, const char *const *s, int n) {
+    if (!r) return;
+    size_t cap = 1;
+    for (int i = 0; i < n && s; i++) cap += (s[i] ? strlen(s[i]) : 1) + 1;
+    char *text = calloc(cap, 1);
+    cJSON *arr = cJSON_CreateArray();
+    if (!text || !arr || n < 0 || (n > 0 && !s)) {
+        free(text);
+        cJSON_Delete(arr);
+        r->oom = 1;
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        append_text(r, text, cap, s[i] ? s[i] : "-");
+        cJSON *x = s[i] ? cJSON_CreateString(s[i]) : cJSON_CreateNull();
+        if (!x || !cJSON_AddItemToArray(arr, x)) {
+            cJSON_Delete(x);
+            r->oom = 1;
+        }
+    }
+    add_kv(r, key, label, text, arr);
+    free(text);
+}
+
+void nl_report_begin_object(nl_report *r, const char *key, const char *title) {
+    if (!r) return;
+    end_row_if_partial(r);
+    r->cur = NULL;
+    if (r->depth >= REPORT_MAX_DEPTH) {
+        r->oom = 1; /* nested too deep: a programming error, reported as a failure */
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToObject(r->stack[r->depth], key, o)) {
+        cJSON_Delete(o);
+        r->oom = 1;
+        return;
+    }
+    if (title) {
+        item *it = new_item(r, ITEM_HEAD);
+        if (it && !(it->title = sdup(title))) r->oom = 1;
+    }
+    r->stack[++r->depth] = o;
+}
+
+void nl_report_end_object(nl_report *r) {
+    if (!r) return;
+    end_row_if_partial(r);
+    r->cur = NULL;
+    if (r->depth == 0) {
+        r->oom = 1; /* more ends than begins */
+        return;
+    }
+    r->stack[r->depth--] = NULL;
+}
+
+void nl_report_set_gap(nl_report *r, int spaces) {
+    if (r) r->gap = spaces < 1 ? 1 : spaces;
+}
+
 void nl_report_note(nl_report *r, const char *fmt, ...) {
     if (!r) return;
     end_row_if_partial(r);
@@ -167,32 +296,44 @@ void nl_report_table(nl_report *r, const char *key, const char *title, int ncols
     if (!r) return;
     end_row_if_partial(r);
     r->cur = NULL;
-    cJSON *rows = cJSON_CreateArray();
-    if (!rows || !cJSON_AddItemToObject(r->json, key, rows)) {
-        cJSON_Delete(rows);
-        r->oom = 1;
-        return;
+    cJSON *rows = NULL;
+    if (key) { /* key NULL: a table of the text form only */
+        rows = cJSON_CreateArray();
+        if (!rows || !cJSON_AddItemToObject(r->stack[r->depth], key, rows)) {
+            cJSON_Delete(rows);
+            r->oom = 1;
+            return;
+        }
     }
     item *it = new_item(r, ITEM_TABLE);
     if (!it) return;
     it->title = sdup(title);
     it->ncols = ncols;
     it->cols = calloc((size_t)ncols, sizeof *it->cols);
+    it->vis = calloc((size_t)ncols, sizeof *it->vis);
     const char **hdr = calloc((size_t)ncols, sizeof *hdr);
     free(r->cur_cells);
+    free(r->cur_num);
     r->cur_cells = calloc((size_t)ncols, sizeof *r->cur_cells);
-    if (!it->cols || !hdr || !r->cur_cells || (title && !it->title)) {
+    r->cur_num = calloc((size_t)ncols, sizeof *r->cur_num);
+    if (!it->cols || !it->vis || !hdr || !r->cur_cells || !r->cur_num || (title && !it->title)) {
         free(hdr);
         r->oom = 1;
         return;
     }
+    int nvis = 0;
     for (int c = 0; c < ncols; c++) {
         it->cols[c] = cols[c];
-        hdr[c] = cols[c].header ? cols[c].header : cols[c].key;
+        const char *h = cols[c].header ? cols[c].header : cols[c].key;
+        if (!h || (!cols[c].key && !cols[c].header)) r->oom = 1; /* a column with neither key nor header */
+        it->vis[c] = h && *h ? nvis : -1;
+        if (h && *h) hdr[nvis++] = h;
     }
-    nl_table_init(&it->table, ncols, hdr);
+    it->json_only = nvis == 0;
+    if (!it->json_only) nl_table_init(&it->table, nvis, hdr);
     free(hdr);
-    if (it->table.ncols == 0) r->oom = 1;
+    if (!it->json_only && it->table.ncols == 0) r->oom = 1;
+    if (it->json_only && !key) r->oom = 1; /* neither text nor JSON */
     r->cur = it;
     r->cur_rows = rows;
     r->cur_col = 0;
@@ -226,7 +367,11 @@ static void add_cell(nl_report *r, const char *text, cJSON *value) {
         if (r) r->oom = 1;
         return;
     }
-    cJSON_AddItemToObject(r->cur_row, it->cols[r->cur_col].key, value);
+    r->cur_num[r->cur_col] = cJSON_IsRaw(value);
+    if (it->cols[r->cur_col].key)
+        cJSON_AddItemToObject(r->cur_row, it->cols[r->cur_col].key, value);
+    else
+        cJSON_Delete(value); /* a text-only column */
     r->cur_cells[r->cur_col] = sdup(text);
     if (!r->cur_cells[r->cur_col]) r->oom = 1;
     r->cur_col++;
@@ -254,12 +399,28 @@ void nl_report_cell_str(nl_report *r, const char *s) {
     add_cell(r, s ? s : "", s ? cJSON_CreateString(s) : cJSON_CreateNull());
 }
 
+void nl_report_cell_nums(nl_report *r, const double *v, int n) {
+    if (!r || !r->cur || r->cur_col >= r->cur->ncols) {
+        add_cell(r, "", NULL);
+        return;
+    }
+    char *text;
+    cJSON *arr;
+    if (format_list(r, v, n, r->cur->cols[r->cur_col].fmt, NULL, &text, &arr)) return;
+    int col = r->cur_col;
+    add_cell(r, text, arr);
+    if (r->cur_col == col + 1) r->cur_num[col] = 0; /* a list: left-aligned */
+    free(text);
+}
+
+void nl_report_cell_bool(nl_report *r, int v) { add_cell(r, v ? "yes" : "no", cJSON_CreateBool(v)); }
+
 void nl_report_row_end(nl_report *r) {
     if (!r || !r->cur) return;
     item *it = r->cur;
     if (r->cur_col != it->ncols) r->oom = 1; /* fewer cells than columns */
     char **row = NULL;
-    if (!r->oom) {
+    if (!r->oom && !it->json_only) {
         /* nl_table_row takes exactly ncols strings; build the row through rowf-free path */
         nl_table *t = &it->table;
         if (t->nrows == t->cap) {
@@ -273,15 +434,18 @@ void nl_report_row_end(nl_report *r) {
         if (!r->oom) {
             row = &t->cells[(size_t)t->nrows++ * (size_t)t->ncols];
             for (int c = 0; c < it->ncols; c++) {
-                row[c] = r->cur_cells[c];
+                int k = it->vis[c];
+                if (k < 0) continue; /* JSON only */
+                row[k] = r->cur_cells[c];
                 r->cur_cells[c] = NULL;
-                /* numbers right-aligned: a column whose cells are numbers in JSON */
-                cJSON *v = cJSON_GetObjectItemCaseSensitive(r->cur_row, it->cols[c].key);
-                if (v && cJSON_IsRaw(v)) t->right[c] = 1;
+                const char *fmt = it->cols[c].fmt;
+                if (r->cur_num[c] && !(fmt && fmt[0] == '%' && fmt[1] == '-')) t->right[k] = 1; /* numbers right */
             }
         }
     }
-    if (r->cur_row && !cJSON_AddItemToArray(r->cur_rows, r->cur_row)) {
+    if (r->cur_row && !r->cur_rows) {
+        cJSON_Delete(r->cur_row); /* a text-only table */
+    } else if (r->cur_row && !cJSON_AddItemToArray(r->cur_rows, r->cur_row)) {
         cJSON_Delete(r->cur_row);
         r->oom = 1;
     }
@@ -298,7 +462,7 @@ static void end_row_if_partial(nl_report *r) {
 }
 
 int nl_report_write(const nl_report *r, int json, FILE *f) {
-    if (!r || r->oom) return -1;
+    if (!r || r->oom || r->depth != 0) return -1; /* an object left open is a programming error */
     if (json) {
         char *s = cJSON_Print(r->json);
         if (!s) return -1;
@@ -310,15 +474,18 @@ int nl_report_write(const nl_report *r, int json, FILE *f) {
     int w = 0;
     for (int i = 0; i < r->nitems; i++)
         if (r->items[i].kind == ITEM_KV) {
-            int n = (int)strlen(r->items[i].label);
+            int n = 2 * r->items[i].depth + (int)strlen(r->items[i].label);
             if (n > w) w = n;
         }
     for (int i = 0; i < r->nitems; i++) {
         const item *it = &r->items[i];
+        int ind = 2 * it->depth;
         switch (it->kind) {
-        case ITEM_KV: fprintf(f, "%-*s  %s\n", w, it->label, it->text); break;
-        case ITEM_NOTE: fprintf(f, "%s\n", it->text); break;
+        case ITEM_KV: fprintf(f, "%*s%-*s%*s%s\n", ind, "", w - ind, it->label, r->gap, "", it->text); break;
+        case ITEM_NOTE: fprintf(f, "%*s%s\n", ind, "", it->text); break;
+        case ITEM_HEAD: fprintf(f, "%*s%s\n", ind, "", it->title); break;
         case ITEM_TABLE:
+            if (it->json_only) break;
             if (i > 0) fputc('\n', f);
             if (it->title) fprintf(f, "%s\n", it->title);
             nl_table_print((nl_table *)&it->table, f);

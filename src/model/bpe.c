@@ -476,111 +476,58 @@ static nl_status parse_added(nl_bpe *b, const cJSON *arr, const char *what, int 
     return NL_OK;
 }
 
-nl_status nl_bpe_parse(nl_bpe **out, const char *json, size_t json_bytes, const char *what) {
-    *out = NULL;
-    nl_bpe *b = calloc(1, sizeof *b);
-    if (!b) return nl_fail(NL_ERR_NOMEM, "out of memory reading %s", what);
-    b->bos = b->eos = b->unk_id = -1;
-    init_byte_map(b);
-    cJSON *root = cJSON_ParseWithLength(json, json_bytes);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return bad(b, what, "%snot a JSON object (tokenizer.json)", "");
-    }
-    nl_status rc = NL_OK;
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    const char *mty = jstr(model, "type");
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    int max_id = -1;
-    if (!mty || strcmp(mty, "BPE")) {
-        rc = nl_fail(NL_ERR_FORMAT, "%s: key \"model.type\" is \"%s\"; nanolm reads BPE tokenizers", what,
-                     mty ? mty : "missing");
-        goto done;
-    }
-    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges)) {
-        rc = nl_fail(NL_ERR_FORMAT, "%s: key \"model.vocab\" must be an object and \"model.merges\" a list", what);
-        goto done;
-    }
-    if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(model, "dropout")) ||
-        cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(model, "dropout"))) {
-        const cJSON *d = cJSON_GetObjectItemCaseSensitive(model, "dropout");
-        if (cJSON_IsNumber(d) && d->valuedouble > 0) {
-            rc = nl_fail(NL_ERR_FORMAT, "%s: key \"model.dropout\": BPE dropout is not supported", what);
-            goto done;
-        }
-    }
+/* Checks model.vocab (ids are integers in [0, 1e7]) and raises *max_id to the largest id. */
+static nl_status check_vocab_ids(const cJSON *vocab, const char *what, int *max_id) {
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e7 || e->valuedouble != (int)e->valuedouble) {
-            rc = nl_fail(NL_ERR_FORMAT, "%s: key \"model.vocab\": \"%s\" has no valid id", what, e->string);
-            goto done;
-        }
-        if ((int)e->valuedouble > max_id) max_id = (int)e->valuedouble;
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e7 || e->valuedouble != (int)e->valuedouble)
+            return nl_fail(NL_ERR_FORMAT, "%s: key \"model.vocab\": \"%s\" has no valid id", what, e->string);
+        if ((int)e->valuedouble > *max_id) *max_id = (int)e->valuedouble;
     }
-    if ((rc = parse_added(b, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), what, &max_id))) goto done;
-    if (max_id < 0) {
-        rc = nl_fail(NL_ERR_FORMAT, "%s: key \"model.vocab\" is empty", what);
-        goto done;
-    }
-    b->V = max_id + 1;
+    return NL_OK;
+}
+
+/* Fills b->pieces from model.vocab and the added tokens (b->V already set), then the vocabulary
+ * hash. Two pieces for one id are refused. */
+static nl_status load_pieces(nl_bpe *b, const cJSON *vocab, const char *what) {
     b->pieces = calloc((size_t)b->V, sizeof(char *));
     b->dec = calloc((size_t)b->V, sizeof(char *));
     b->dec_len = calloc((size_t)b->V, sizeof(size_t));
     b->vh_mask = pow2_above((size_t)b->V) - 1;
     b->vh = calloc((size_t)b->vh_mask + 1, sizeof(int));
-    if (!b->pieces || !b->dec || !b->dec_len || !b->vh) {
-        rc = NL_ERR_NOMEM;
-        goto done;
-    }
+    if (!b->pieces || !b->dec || !b->dec_len || !b->vh) return NL_ERR_NOMEM;
+    const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
         int id = (int)e->valuedouble;
-        if (b->pieces[id]) {
-            rc = nl_fail(NL_ERR_FORMAT, "%s: key \"model.vocab\": id %d is given to \"%s\" and \"%s\"", what, id,
-                         b->pieces[id], e->string);
-            goto done;
-        }
-        if (!(b->pieces[id] = strdup(e->string))) {
-            rc = NL_ERR_NOMEM;
-            goto done;
-        }
+        if (b->pieces[id])
+            return nl_fail(NL_ERR_FORMAT, "%s: key \"model.vocab\": id %d is given to \"%s\" and \"%s\"", what, id,
+                           b->pieces[id], e->string);
+        if (!(b->pieces[id] = strdup(e->string))) return NL_ERR_NOMEM;
     }
     for (int i = 0; i < b->n_added; i++) {
         added_tok *t = &b->added[i];
-        if (b->pieces[t->id] && strcmp(b->pieces[t->id], t->s)) {
-            rc = nl_fail(NL_ERR_FORMAT, "%s: key \"added_tokens\": id %d is \"%s\" in the vocabulary but \"%s\" here", what,
-                         t->id, b->pieces[t->id], t->s);
-            goto done;
-        }
-        if (!b->pieces[t->id] && !(b->pieces[t->id] = strdup(t->s))) {
-            rc = NL_ERR_NOMEM;
-            goto done;
-        }
+        if (b->pieces[t->id] && strcmp(b->pieces[t->id], t->s))
+            return nl_fail(NL_ERR_FORMAT, "%s: key \"added_tokens\": id %d is \"%s\" in the vocabulary but \"%s\" here",
+                           what, t->id, b->pieces[t->id], t->s);
+        if (!b->pieces[t->id] && !(b->pieces[t->id] = strdup(t->s))) return NL_ERR_NOMEM;
     }
     for (int i = 0; i < b->V; i++)
         if (b->pieces[i]) vocab_put(b, i);
-    /* options */
-    b->byte_fallback = jbool(model, "byte_fallback", 0);
-    b->ignore_merges = jbool(model, "ignore_merges", 0);
-    b->fuse_unk = jbool(model, "fuse_unk", 0);
-    const char *unk = jstr(model, "unk_token");
-    if (unk) b->unk_id = vocab_get(b, unk, strlen(unk));
-    if ((rc = parse_normalizer(b, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), what))) goto done;
-    if ((rc = parse_pretok(b, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), what))) goto done;
-    if (!b->mode) b->mode = MODE_SPM;
-    b->strip_first = b->mode == MODE_SPM && decoder_strips(cJSON_GetObjectItemCaseSensitive(root, "decoder"));
-    /* merges: "a b" strings or ["a", "b"] pairs, rank = position */
+    return NL_OK;
+}
+
+/* Reads model.merges ("a b" strings or ["a", "b"] pairs; rank = position) into the merge table. */
+static nl_status load_merges(nl_bpe *b, const cJSON *merges, const char *what) {
     int nm = cJSON_GetArraySize(merges), rank = 0;
     b->m_mask = pow2_above((size_t)nm) - 1;
     b->mkey = calloc((size_t)b->m_mask + 1, sizeof(uint64_t));
     b->mrank = calloc((size_t)b->m_mask + 1, sizeof(int32_t));
     b->mnew = calloc((size_t)b->m_mask + 1, sizeof(int32_t));
+    if (!b->mkey || !b->mrank || !b->mnew) return NL_ERR_NOMEM;
     char *cat = NULL;
     size_t cat_cap = 0;
-    if (!b->mkey || !b->mrank || !b->mnew) {
-        rc = NL_ERR_NOMEM;
-        goto done;
-    }
+    nl_status rc = NL_OK;
+    const cJSON *e;
     cJSON_ArrayForEach(e, merges) {
         const char *l = NULL, *r = NULL;
         size_t ll = 0, rl = 0;
@@ -623,8 +570,12 @@ nl_status nl_bpe_parse(nl_bpe **out, const char *json, size_t json_bytes, const 
         merge_put(b, li, ri, rank++, ni);
     }
     free(cat);
-    if (rc) goto done;
-    /* byte ids */
+    return rc;
+}
+
+/* The id of each byte (byte-level symbol or <0xNN> piece) and the decoded text of every id;
+ * added tokens decode to their content. */
+static nl_status build_decoding(nl_bpe *b) {
     for (int c = 0; c < 256; c++) {
         if (b->mode == MODE_BYTELEVEL) {
             b->byte_ids[c] = vocab_get(b, b->b2u[c], b->b2u_len[c]);
@@ -635,26 +586,26 @@ nl_status nl_bpe_parse(nl_bpe **out, const char *json, size_t json_bytes, const 
         }
     }
     for (int i = 0; i < b->V; i++)
-        if (b->pieces[i] && decode_piece(b, i)) {
-            rc = NL_ERR_NOMEM;
-            goto done;
-        }
-    for (int i = 0; i < b->n_added; i++) { /* added tokens decode to their content */
+        if (b->pieces[i] && decode_piece(b, i)) return NL_ERR_NOMEM;
+    for (int i = 0; i < b->n_added; i++) {
         added_tok *t = &b->added[i];
         char *c = malloc(t->len + 1);
-        if (!c) {
-            rc = NL_ERR_NOMEM;
-            goto done;
-        }
+        if (!c) return NL_ERR_NOMEM;
         memcpy(c, t->s, t->len + 1);
         free(b->dec[t->id]);
         b->dec[t->id] = c;
         b->dec_len[t->id] = t->len;
     }
-    /* BOS: the special token before $A in the post-processor's single template */
+    return NL_OK;
+}
+
+/* BOS: the special token before $A in the post-processor's single template; EOS: the first
+ * added token with a well-known end-of-text name. */
+static void find_bos_eos(nl_bpe *b, const cJSON *root) {
     const cJSON *pp = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
     const cJSON *single = cJSON_GetObjectItemCaseSensitive(pp, "single");
     const char *ppt = jstr(pp, "type");
+    const cJSON *e;
     if (ppt && !strcmp(ppt, "Sequence")) {
         cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(pp, "processors")) {
             const cJSON *s1 = cJSON_GetObjectItemCaseSensitive(e, "single");
@@ -673,14 +624,60 @@ nl_status nl_bpe_parse(nl_bpe **out, const char *json, size_t json_bytes, const 
                 b->eos = b->added[i].id;
                 break;
             }
-    if (!(b->json = malloc(json_bytes + 1))) {
-        rc = NL_ERR_NOMEM;
-        goto done;
-    }
+}
+
+/* Everything nl_bpe_parse reads from the parsed tokenizer.json, in order. */
+static nl_status parse_tokenizer(nl_bpe *b, const cJSON *root, const char *json, size_t json_bytes, const char *what) {
+    nl_status rc;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const char *mty = jstr(model, "type");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (!mty || strcmp(mty, "BPE"))
+        return nl_fail(NL_ERR_FORMAT, "%s: key \"model.type\" is \"%s\"; nanolm reads BPE tokenizers", what,
+                       mty ? mty : "missing");
+    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
+        return nl_fail(NL_ERR_FORMAT, "%s: key \"model.vocab\" must be an object and \"model.merges\" a list", what);
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (cJSON_IsNumber(d) && d->valuedouble > 0)
+        return nl_fail(NL_ERR_FORMAT, "%s: key \"model.dropout\": BPE dropout is not supported", what);
+    int max_id = -1;
+    if ((rc = check_vocab_ids(vocab, what, &max_id))) return rc;
+    if ((rc = parse_added(b, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), what, &max_id))) return rc;
+    if (max_id < 0) return nl_fail(NL_ERR_FORMAT, "%s: key \"model.vocab\" is empty", what);
+    b->V = max_id + 1;
+    if ((rc = load_pieces(b, vocab, what))) return rc;
+    b->byte_fallback = jbool(model, "byte_fallback", 0);
+    b->ignore_merges = jbool(model, "ignore_merges", 0);
+    b->fuse_unk = jbool(model, "fuse_unk", 0);
+    const char *unk = jstr(model, "unk_token");
+    if (unk) b->unk_id = vocab_get(b, unk, strlen(unk));
+    if ((rc = parse_normalizer(b, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), what))) return rc;
+    if ((rc = parse_pretok(b, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), what))) return rc;
+    if (!b->mode) b->mode = MODE_SPM;
+    b->strip_first = b->mode == MODE_SPM && decoder_strips(cJSON_GetObjectItemCaseSensitive(root, "decoder"));
+    if ((rc = load_merges(b, merges, what))) return rc;
+    if ((rc = build_decoding(b))) return rc;
+    find_bos_eos(b, root);
+    if (!(b->json = malloc(json_bytes + 1))) return NL_ERR_NOMEM;
     memcpy(b->json, json, json_bytes);
     b->json[json_bytes] = 0;
     b->json_bytes = json_bytes;
-done:
+    return NL_OK;
+}
+
+nl_status nl_bpe_parse(nl_bpe **out, const char *json, size_t json_bytes, const char *what) {
+    *out = NULL;
+    nl_bpe *b = calloc(1, sizeof *b);
+    if (!b) return nl_fail(NL_ERR_NOMEM, "out of memory reading %s", what);
+    b->bos = b->eos = b->unk_id = -1;
+    init_byte_map(b);
+    cJSON *root = cJSON_ParseWithLength(json, json_bytes);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return bad(b, what, "%snot a JSON object (tokenizer.json)", "");
+    }
+    nl_status rc = parse_tokenizer(b, root, json, json_bytes, what);
     cJSON_Delete(root);
     if (rc) {
         if (rc == NL_ERR_NOMEM) nl_fail(rc, "out of memory reading %s", what);
