@@ -4,11 +4,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "cli_opt.h"
 #include "nanolm/client.h"
 #include "nanolm/http_loadgen.h"
+#include "nanolm/machine.h"
+#include "nanolm/plan.h"
+#include "plan_opts.h"
 #include "nanolm/svg.h"
 #include "report.h"
 
@@ -190,11 +194,86 @@ static int bench_serve(int argc, char **argv) {
     return rc ? rc : failed ? NL_EXIT_FAIL : NL_EXIT_OK;
 }
 
+/* The 85M-parameter llama2.c shape of issue 15 (random weights are fine for rates). */
+#define MACHINE_DEFAULT_MODEL                                                                                         \
+    "{\"name\":\"nanolm-85m\",\"vocab_size\":512,\"dim\":768,\"n_layers\":12,\"n_heads\":12,\"n_kv_heads\":12,"  \
+    "\"hidden_dim\":2048,\"seq_len\":1024}"
+
+static int bench_machine(int argc, char **argv) {
+    const char *model = NULL, *name = NULL;
+    int threads = 0, json = 0, repeats = 5, cpu_clock = 0;
+    double bw_bytes = 256.0 * 1024 * 1024, min_time = 0.05;
+    nl_opt opts[] = {
+        NL_OPT_STR("model", &model, "M", "the model whose linear shapes are measured: a NanoLM checkpoint, llama2.c .bin, "
+                   "Hugging Face folder, model JSON or catalog name (default: the 85M llama2.c shape, dim 768 x 12 layers)"),
+        NL_OPT_INT32("threads", &threads, 0, 1024, "N", "OpenMP threads of the kernels and the engine (default: OMP_NUM_THREADS)"),
+        NL_OPT_STR("name", &name, "NAME", "name of the hardware entry (default cpu-<threads>t)"),
+        NL_OPT_SI("bw-bytes", &bw_bytes, 1 << 20, 1e11, "BYTES", "buffer of the read-bandwidth probe (default 256M)"),
+        NL_OPT_DBL("min-time", &min_time, 1e-4, 60, "S", "each timing runs at least this long (default 0.05)"),
+        NL_OPT_INT32("repeats", &repeats, 1, 31, "N", "timings per quantity, the median is kept (default 5)"),
+        NL_OPT_FLAG("cpu-clock", &cpu_clock, "time with the thread's CPU clock (needs --threads 1): other processes on "
+                    "the cores do not count"),
+        NL_OPT_FLAG("json", &json, "print only the hardware JSON entry (the file `nanolm plan serve` takes as its hardware)"),
+    };
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"bench machine", "nanolm bench machine [--json] [--threads N] [--model M]",
+                       "Measures this machine for the serving engine's cost model: streaming read bandwidth (1 and N "
+                       "threads), the engine's linear kernel in fp32, bf16 and int8 at M = 1, 8, 32, 128, 256, 512 rows "
+                       "over the model's linear shapes, paged attention, the per-token work of a layer, and the engine's "
+                       "per-step and per-layer overheads; written as a hardware JSON entry in the catalog's format, which "
+                       "`nanolm plan serve` reads to predict this engine.",
+                       groups, 1, 0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    nl_arch arch;
+    static nl_catalog cat;
+    nl_catalog_init(&cat);
+    if (model ? nl_cli_model_arch(&cat, model, &arch) : nl_arch_from_json("default model", MACHINE_DEFAULT_MODEL, &arch))
+        return nl_cli_usage_error("bench machine: --model: %s", nl_last_error());
+    nl_machine_opts mo;
+    nl_machine_opts_default(&mo);
+    mo.threads = threads;
+    mo.bw_bytes = (size_t)bw_bytes;
+    mo.min_time_s = min_time;
+    mo.repeats = repeats;
+    mo.thread_cpu_time = cpu_clock;
+    nl_cpu_rates r;
+    if (nl_machine_measure(&arch, &mo, &r)) return nl_cli_fail("bench machine");
+    if (name) snprintf(r.name, sizeof r.name, "%s", name);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+    char src[160];
+    snprintf(src, sizeof src, "nanolm bench machine: %d threads, linear shapes of %s (dim %lld, %lld layers)", r.threads,
+             arch.name[0] ? arch.name : "model", (long long)arch.dim, (long long)arch.n_layers);
+    char *js = NULL;
+    if (nl_cpu_rates_json(&r, pages > 0 && psz > 0 ? (double)pages * (double)psz : 0, src, &js)) return nl_cli_fail("bench machine");
+    if (json) {
+        fputs(js, stdout);
+        nl_free(js);
+        return NL_EXIT_OK;
+    }
+    nl_free(js);
+    printf("%s\n\n", src);
+    printf("read bandwidth       %8.2f GB/s (1 thread)   %8.2f GB/s (%d threads)\n", r.read_bw_1t / 1e9, r.read_bw_nt / 1e9, r.threads);
+    printf("linear kernel GFLOP/s by rows M:\n  %-6s", "M");
+    for (int i = 0; i < NL_CPU_NM; i++) printf(" %9lld", (long long)nl_cpu_m[i]);
+    static const char *fmt[3] = {"fp32", "bf16", "int8"};
+    for (int f = 0; f < 3; f++) {
+        printf("\n  %-6s", fmt[f]);
+        for (int i = 0; i < NL_CPU_NM; i++) printf(" %9.2f", r.gemm[f][i] / 1e9);
+    }
+    printf("\npaged attention      %8.2f GFLOP/s + %.3f us per token and head\n", r.attn_flops / 1e9, r.attn_call_s * 1e6);
+    printf("per token and layer  %8.2f us (norms, RoPE, KV store, residuals, SwiGLU)\n", r.row_layer_s * 1e6);
+    printf("engine overheads     %8.2f us per step, %.2f us per layer\n", r.step_overhead_s * 1e6, r.layer_overhead_s * 1e6);
+    return NL_EXIT_OK;
+}
+
 int nl_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        printf("usage: nanolm bench serve --url URL [options]   load an OpenAI-compatible server (--help for options)\n");
+        printf("usage: nanolm bench serve --url URL [options]   load an OpenAI-compatible server (--help for options)\n"
+               "       nanolm bench machine [--json] [--threads N]   measure this CPU for `plan serve`\n");
         return argc < 2 ? NL_EXIT_USAGE : NL_EXIT_OK;
     }
     if (!strcmp(argv[1], "serve")) return bench_serve(argc - 1, argv + 1);
-    return nl_cli_usage_error("bench: unknown subcommand '%s' (known: serve)", argv[1]);
+    if (!strcmp(argv[1], "machine")) return bench_machine(argc - 1, argv + 1);
+    return nl_cli_usage_error("bench: unknown subcommand '%s' (known: serve, machine)", argv[1]);
 }

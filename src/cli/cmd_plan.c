@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "nanolm/plan.h"
+#include "nanolm/plan_engine.h"
 #include "plan_opts.h"
 
 static void usage(FILE *f) {
@@ -21,6 +22,9 @@ static void usage(FILE *f) {
             "       nanolm plan serve --model M [--gpu G] [--tp N] [--prompt P] [--output O] [--batch B]\n"
             "                         [--context C] [--chunk K] [--prefill-mfu X] [--precision bf16|fp8|int8] [--fsdp N]\n"
             "                         [--napkin] [--json]\n"
+            "       nanolm plan serve --hw cpu.json --model M|CHECKPOINT [--prompt P] [--output O] [--batch B] [--chunk K]\n"
+            "                         [--weights fp32|bf16|int8] [--kv fp32|int8] [--max-step-tokens N] [--json]\n"
+            "                         (cpu.json from `nanolm bench machine --json`: nanolm's own engine on this CPU)\n"
             "       nanolm plan pipeline --stages P --micro M --svg FILE\n"
             "       nanolm plan validate [--file FILE.json] [--json] [--svg FILE]\n"
             "                         (every published figure of tests/validation/published.json, default assumptions)\n\n"
@@ -36,6 +40,8 @@ static void usage(FILE *f) {
 typedef struct common {
     nl_catalog cat;
     const char *model, *gpu, *recipe;
+    const char *hw_path;  /* the last --hw file (plan serve reads its measured CPU rates) */
+    int gpu_given;
     double params, link_eff, latency_us, price, mfu, tokens;
     int64_t gpn;
     int napkin, json;
@@ -79,7 +85,7 @@ static int common_opt(common *o, int c, const char *arg) {
     double v;
     switch (c) {
     case 'M': o->model = arg; return 1;
-    case 'G': o->gpu = arg; return 1;
+    case 'G': o->gpu = arg; o->gpu_given = 1; return 1;
     case 'n':
         if (nl_cli_double_si("--params", arg, &o->params)) return -1;
         if (!(o->params > 0)) { nl_cli_usage_error("--params must be a positive count (like 7B), got '%s'", arg); return -1; }
@@ -98,7 +104,7 @@ static int common_opt(common *o, int c, const char *arg) {
     case O_GPN: { int64_t g; if (nl_cli_int("--gpus-per-node", arg, 1, 1024, &g)) return -1; o->gpn = g; return 1; }
     case O_MFU: if (nl_cli_double("--mfu", arg, &v)) return -1; if (!(v > 0 && v <= 1)) return range_err("--mfu", arg); o->mfu = v; return 1;
     case O_NAPKIN: o->napkin = 1; return 1;
-    case O_HW: if (nl_catalog_load_hw(&o->cat, arg)) { nl_cli_fail("--hw"); return -3; } return 1;
+    case O_HW: if (nl_catalog_load_hw(&o->cat, arg)) { nl_cli_fail("--hw"); return -3; } o->hw_path = arg; return 1;
     case O_MF: if (nl_catalog_load_model(&o->cat, arg)) { nl_cli_fail("--model-file"); return -3; } return 1;
     case 'j': o->json = 1; return 1;
     default: return 0;
@@ -464,14 +470,17 @@ static int cmd_serve(int argc, char **argv) {
                                          {"output", required_argument, 0, 'O'}, {"batch", required_argument, 0, 'b'},
                                          {"context", required_argument, 0, 'C'}, {"chunk", required_argument, 0, 'K'},
                                          {"prefill-mfu", required_argument, 0, 'F'}, {"precision", required_argument, 0, 'Q'},
-                                         {"fsdp", required_argument, 0, 'S'}, {0, 0, 0, 0}};
+                                         {"fsdp", required_argument, 0, 'S'},
+                                         {"weights", required_argument, 0, 'W'}, {"kv", required_argument, 0, 'V'},
+                                         {"max-step-tokens", required_argument, 0, 'X'},
+                                         {0, 0, 0, 0}};
     common o;
     common_init(&o);
     nl_serve_req sq;
     nl_serve_req_default(&sq);
-    int64_t tp = 1, batch = 32;
-    int c;
-    while ((c = getopt_long(argc, argv, "M:G:n:r:t:P:O:b:C:K:F:Q:S:jh", opts, NULL)) != -1) {
+    int64_t tp = 1, batch = 32, step_tokens = 512;
+    int c, eng_weights = 0, eng_kv = 0, eng_opts = 0;
+    while ((c = getopt_long(argc, argv, "M:G:n:r:t:P:O:b:C:K:F:Q:S:W:V:X:jh", opts, NULL)) != -1) {
         int r = common_opt(&o, c, optarg);
         if (r == 1) continue;
         if (r < 0) return common_rc(r, "plan serve", c);
@@ -492,11 +501,41 @@ static int cmd_serve(int argc, char **argv) {
             else if (!strcmp(optarg, "int8")) { sq.weight_bytes = sq.kv_bytes = 1; sq.fp8 = 0; }
             else return nl_cli_usage_error("plan serve: unknown --precision '%s' (bf16, fp16, fp8, int8)", optarg);
             break;
+        case 'W': /* the engine's weight and KV formats: a --hw file of `nanolm bench machine` */
+            eng_opts = 1;
+            if ((eng_weights = !strcmp(optarg, "fp32") ? 0 : !strcmp(optarg, "bf16") ? 1 : !strcmp(optarg, "int8") ? 2 : -1) < 0)
+                return nl_cli_usage_error("plan serve: unknown --weights '%s' (fp32, bf16, int8)", optarg);
+            break;
+        case 'V':
+            eng_opts = 1;
+            if ((eng_kv = !strcmp(optarg, "fp32") ? 0 : !strcmp(optarg, "int8") ? 1 : -1) < 0)
+                return nl_cli_usage_error("plan serve: unknown --kv '%s' (fp32, int8)", optarg);
+            break;
+        case 'X': eng_opts = 1; if (nl_cli_int("--max-step-tokens", optarg, 1, 1 << 20, &step_tokens)) return NL_EXIT_USAGE; break;
         case 'h': usage(stdout); return NL_EXIT_OK;
         default: return nl_cli_bad_option("plan serve", argv);
         }
     }
     if (optind < argc) return nl_cli_usage_error("plan serve: unexpected argument '%s'", argv[optind]);
+    nl_cpu_rates cpu;
+    nl_status cpu_rc = o.hw_path ? nl_cpu_rates_load(o.hw_path, o.gpu_given ? o.gpu : NULL, &cpu) : NL_ERR_INVALID;
+    if (cpu_rc && cpu_rc != NL_ERR_INVALID) return nl_cli_fail("plan serve: --hw");
+    if (!cpu_rc) { /* a CPU measured by `nanolm bench machine`: this engine's cost model */
+        nl_engine_plan_req eq;
+        nl_engine_plan_req_default(&eq);
+        if (!o.model) return nl_cli_usage_error("plan serve: --model is required");
+        if (nl_cli_model_arch(&o.cat, o.model, &eq.arch)) return nl_cli_usage_error("plan serve: --model: %s", nl_last_error());
+        eq.weights = eng_weights;
+        eq.kv = eng_kv;
+        eq.prompt = (int64_t)sq.prompt;
+        eq.output = (int64_t)sq.output;
+        eq.batch = batch;
+        eq.chunk = sq.chunk >= 0 ? (int64_t)sq.chunk : 256;
+        eq.max_step_tokens = step_tokens;
+        return nl_cli_plan_serve_engine(&cpu, &eq, o.json);
+    }
+    if (eng_opts)
+        return nl_cli_usage_error("plan serve: --weights, --kv and --max-step-tokens need a --hw file written by `nanolm bench machine`");
     nl_train_req q;
     int rc = common_finish(&o, "plan serve", &q);
     if (rc) return rc;

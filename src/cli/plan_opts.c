@@ -5,8 +5,11 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
+#include "nanolm/checkpoint.h"
 #include "nanolm/hf.h"
+#include "nanolm/model.h"
 
 const char *nl_fmt_count(double v, char *buf, size_t n) {
     static const struct { double s; const char *u; } u[] = {{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "k"}};
@@ -54,5 +57,15 @@ nl_status nl_cli_model_arch(nl_catalog *cat, const char *arg, nl_arch *out) {
     size_t n = strlen(arg);
     if (nl_hf_is_folder(arg) || (n >= 11 && !strcmp(arg + n - 11, "config.json")))
         return nl_arch_from_hf_config(arg, out);
+    struct stat st;
+    if (!(n >= 5 && !strcmp(arg + n - 5, ".json")) && stat(arg, &st) == 0 && S_ISREG(st.st_mode)) {
+        /* a checkpoint the engine serves (NanoLM safetensors, llama2.c .bin): its shape */
+        nl_model m;
+        char kind[64];
+        NL_TRY(nl_ckpt_load_model(arg, &m, kind));
+        *out = m.arch;
+        nl_model_free(&m);
+        return NL_OK;
+    }
     return nl_catalog_model_arg(cat, arg, out);
 }

@@ -17,7 +17,14 @@ int nl_parse_zero(const char *s);
 int nl_parse_recompute(const char *s);
 
 /* The architecture named by --model: a Hugging Face model folder or its config.json (read by
- * nl_arch_from_hf_config), a model JSON file, or a catalog name. Errors name the input. */
+ * nl_arch_from_hf_config), a checkpoint the engine serves (NanoLM safetensors, llama2.c .bin),
+ * a model JSON file, or a catalog name. Errors name the input. */
 nl_status nl_cli_model_arch(nl_catalog *cat, const char *arg, nl_arch *out);
+
+/* `plan serve` against a CPU measured by `nanolm bench machine` (cmd_plan_engine.c): prints
+ * the engine cost model's predictions (plan_engine.h) as a table or JSON; returns the exit code. */
+struct nl_cpu_rates;
+struct nl_engine_plan_req;
+int nl_cli_plan_serve_engine(const struct nl_cpu_rates *r, const struct nl_engine_plan_req *q, int json);
 
 #endif

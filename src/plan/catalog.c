@@ -230,6 +230,8 @@ static nl_status set_fields(const char *path, const char *name, cJSON *obj, void
                             size_t nf) {
     for (cJSON *it = obj->child; it; it = it->next) {
         if (!strcmp(it->string, "name") || !strcmp(it->string, "base") || !strcmp(it->string, "source")) continue;
+        /* a CPU's measured rates (`nanolm bench machine`), read by plan_engine.c */
+        if (fs == hw_fields && !strncmp(it->string, "cpu_", 4)) continue;
         const field *f = NULL;
         for (size_t i = 0; i < nf; i++)
             if (!strcmp(fs[i].name, it->string)) f = &fs[i];

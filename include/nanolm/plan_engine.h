@@ -1,0 +1,100 @@
+/*
+ * nanolm plan_engine: the cost model of nanolm's own serving engine (src/serve/engine.c) on a
+ * CPU whose rates `nanolm bench machine` measured. Pure arithmetic (plan/ layer): it predicts
+ * what the engine does, step by step, from this engine's actual bytes and FLOPs:
+ *
+ *   step(rows, contexts) = step_overhead + L x layer_overhead
+ *                        + sum over linears (qkv, o, gate_up, down; classifier for the rows that
+ *                          sample) of 2 x rows x N x K / rate(M = rows)
+ *                        + L x (rows x heads x attn_call + max(KV bytes read / bandwidth, attention FLOPs / attn rate)),
+ *                          the rate of decodes (K/V from memory) or of prompt chunks (K/V in cache)
+ *                        + L x rows x row_layer (norms, RoPE, KV store, residuals, SwiGLU)
+ *
+ * a roofline per layer (Williams et al., CACM 2009) with the kernel's measured rate at that many
+ * rows instead of a datasheet peak. The linear kernel's rate is measured reading the model's own
+ * weights (every layer distinct, as the engine reads them), so at small M it is the bandwidth
+ * roof of that footprint (caches included); bytes / streaming bandwidth is reported beside it. Prefill is the chunked schedule the engine runs (chunk and
+ * step-token budget); decode at batch B is one step of B rows at the mean context; throughput
+ * is the engine's continuous batching of B sequences: B x output tokens over the prefill steps
+ * plus output decode steps.
+ */
+#ifndef NANOLM_PLAN_ENGINE_H
+#define NANOLM_PLAN_ENGINE_H
+
+#include <stdint.h>
+
+#include "nanolm/arch.h"
+#include "nanolm/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NL_CPU_NM 6 /* rows per kernel call measured */
+/* M = 1, 8, 32, 128, 256, 512: the decode batches and prefill chunks of the engine. */
+extern const int64_t nl_cpu_m[NL_CPU_NM];
+
+/* What `nanolm bench machine` measured. In a --hw JSON entry these are flat optional fields
+ * named "cpu_" + the field ("cpu_read_bw_1t", "cpu_gemm_fp32_m8", "cpu_gemm_int8_m512", ...)
+ * beside the catalog's own fields; the catalog ignores them, plan_engine reads them. */
+typedef struct nl_cpu_rates {
+    char name[32];
+    int threads;               /* OpenMP threads of the measurements */
+    double read_bw_1t;         /* streaming read, 1 thread, bytes/s */
+    double read_bw_nt;         /* streaming read, `threads` threads, bytes/s */
+    double gemm[3][NL_CPU_NM]; /* the engine's linear kernel (nl_mv_forward), FLOP/s, for fp32 / bf16 / int8
+                                  weights at each M of nl_cpu_m, over the measured model's linear shapes */
+    double attn_flops;         /* paged attention (nl_kvcache_attend_head) of decodes (each token its own
+                                  sequence: K/V come from memory), FLOP/s beyond its fixed cost */
+    double attn_call_s;        /* its fixed cost per (token, head) */
+    double attn_flops_chunk;   /* the same for the tokens of one prompt chunk (K/V shared, in cache) */
+    double row_layer_s;        /* per token and layer outside the linears and attention */
+    double step_overhead_s;    /* per engine step: scheduling, embedding, sampling */
+    double layer_overhead_s;   /* per layer of a step: starting the thread teams of its kernels */
+} nl_cpu_rates;
+
+/* Writes r as one --hw JSON object (with the catalog fields hbm_bw, flops_bf16, flops_fp8,
+ * mem_bytes, gpus_per_node so that other plan commands can use it too) into buf (nl_free). */
+nl_status nl_cpu_rates_json(const nl_cpu_rates *r, double mem_bytes, const char *source, char **buf);
+/* Reads the entry named name (NULL: the first with "cpu_" fields) of a --hw JSON file.
+ * NL_ERR_FORMAT naming the file and field (missing, not a positive number), NL_ERR_INVALID
+ * when no entry has measured rates, NL_ERR_IO. */
+nl_status nl_cpu_rates_load(const char *path, const char *name, nl_cpu_rates *out);
+
+/* What to predict. */
+typedef struct nl_engine_plan_req {
+    nl_arch arch;
+    int weights;               /* 0 fp32, 1 bf16, 2 int8 (nl_wfmt) */
+    int kv;                    /* 0 fp32, 1 int8 */
+    int64_t prompt, output;    /* tokens per request */
+    int64_t batch;             /* concurrent sequences for the throughput */
+    int64_t chunk;             /* engine --chunk (0: whole prompts) */
+    int64_t max_step_tokens;   /* engine --max-step-tokens */
+} nl_engine_plan_req;
+
+#define NL_ENGINE_PLAN_NB 3
+typedef struct nl_engine_plan {
+    double prefill_s;                    /* one prompt alone, the engine's chunked schedule */
+    int64_t prefill_steps;
+    int64_t decode_batch[NL_ENGINE_PLAN_NB]; /* 1, 8, 32 */
+    double decode_step_s[NL_ENGINE_PLAN_NB]; /* one decode step of that many sequences at context prompt + output/2 */
+    double decode_tokens_per_s[NL_ENGINE_PLAN_NB];
+    double throughput_tokens_per_s;      /* output tokens/s of `batch` sequences served together */
+    /* the parts of a batch-1 decode step */
+    double linear_s, attention_s, rows_s, overhead_s;
+    double weight_bytes, kv_bytes_per_token;
+} nl_engine_plan;
+
+void nl_engine_plan_req_default(nl_engine_plan_req *q);
+/* One engine step of `rows` tokens, n_out of which sample; its decode tokens attend over
+ * ctx_decode positions in all (the sum over them of position + 1), its prompt-chunk tokens over
+ * ctx_chunk. */
+double nl_plan_engine_step_s(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64_t rows, int64_t n_out,
+                             double ctx_decode, double ctx_chunk);
+/* The predictions. NL_ERR_INVALID naming what is wrong (bad shape, no rates for the format). */
+nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_engine_plan *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
