@@ -147,6 +147,7 @@ static void test_batch_invariance_chunking_preemption(void **state) {
         {0, 0, 512, 2, "batch of 32, unchunked"},
         {3, 0, 64, 1, "batch of 32, chunks of 3, 64 tokens per step, 1 thread"},
         {5, 16, 40, 2, "pool of 16 blocks of 4 (preemption)"},
+        {0, 0, 512, 4, "batch of 32, 4 threads (more threads than kv heads: split q/k/v and attention)"},
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         nl_engine_opts_default(&o);
@@ -176,6 +177,47 @@ static void test_batch_invariance_chunking_preemption(void **state) {
     for (int i = 0; i < NR; i++) {
         free(prompts[i]);
         free(alone[i]);
+    }
+    nl_model_free(&m);
+}
+
+/* With chunking, a step carries at most one chunk of prompt tokens in all, however many prompts
+ * wait (Sarathi-Serve's budget): 4 prompts of 10 tokens with chunk 4 take 10 steps of 4, 4, ...
+ * prompt rows, never 4 chunks at once; without chunking they all fit in the first step. */
+static void test_chunk_is_a_step_budget(void **state) {
+    (void)state;
+    nl_model m;
+    make_model(&m, 64);
+    for (int chunked = 0; chunked <= 1; chunked++) {
+        nl_engine_opts o;
+        nl_engine_opts_default(&o);
+        o.chunk = chunked ? 4 : 0;
+        o.max_step_tokens = 64;
+        nl_engine *e;
+        assert_int_equal(nl_engine_open_model(&e, &m, NULL, &o), NL_OK);
+        uint64_t ids[4];
+        nl_sampling s = greedy(3);
+        for (int i = 0; i < 4; i++) {
+            int32_t p[10];
+            prompt_of(i, p, 10);
+            assert_int_equal(nl_engine_submit(e, p, 10, &s, &ids[i]), NL_OK);
+        }
+        int64_t prev = 0, steps = 0;
+        nl_engine_stats st;
+        for (;;) {
+            nl_engine_stats_get(e, &st);
+            if (st.prompt_tokens_computed >= 40) break;
+            assert_int_equal(nl_engine_step(e, NULL), NL_OK);
+            steps++;
+            nl_engine_stats_get(e, &st);
+            int64_t rows = st.prompt_tokens_computed - prev;
+            prev = st.prompt_tokens_computed;
+            assert_true(rows <= (chunked ? 4 : 40));
+        }
+        assert_int_equal(steps, chunked ? 10 : 1);
+        while (nl_engine_busy(e)) assert_int_equal(nl_engine_step(e, NULL), NL_OK);
+        for (int i = 0; i < 4; i++) nl_engine_release(e, ids[i]);
+        nl_engine_close(e);
     }
     nl_model_free(&m);
 }
@@ -419,6 +461,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_model_step),
         cmocka_unit_test(test_batch_invariance_chunking_preemption),
+        cmocka_unit_test(test_chunk_is_a_step_budget),
         cmocka_unit_test(test_sampling_seeded),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_queue_cancel_errors),

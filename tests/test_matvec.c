@@ -82,6 +82,47 @@ static void test_int8_against_reference(void **state) {
     }
 }
 
+/* The int8 kernels give the bits of nl_qlinear_forward (the same codes, scales and formula),
+ * and nl_mv_forward_range over any split of the rows gives the bits of nl_mv_forward. */
+static void test_int8_matches_qlinear_and_ranges(void **state) {
+    (void)state;
+    const int64_t M = 6, N = 70, K = 200;
+    float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
+    float *y = malloc((size_t)(M * N) * 4), *yq = malloc((size_t)(M * N) * 4), *yr = malloc((size_t)(M * N) * 4);
+    fill(w, (size_t)(N * K), 11);
+    fill(x, (size_t)(M * K), 12);
+    for (int f = NL_WFMT_FP32; f < NL_WFMT_COUNT; f++) {
+        nl_mv_weight wt;
+        assert_int_equal(nl_mv_weight_init(&wt, (nl_wfmt)f, w, N, K, 0), NL_OK);
+        assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
+        if (f == NL_WFMT_INT8) {
+            for (int64_t m = 0; m < M; m++) { /* nl_qlinear_forward one token at a time: its own tiles */
+                assert_int_equal(nl_qlinear_forward(&wt.q8, x + m * K, 1, yq + m * N), NL_OK);
+            }
+            assert_memory_equal(y, yq, (size_t)(M * N) * 4);
+        }
+        nl_mv_act act;
+        memset(&act, 0, sizeof act);
+        assert_int_equal(nl_mv_act_prepare(&act, &wt, x, M), NL_OK);
+        memset(yr, 0xFF, (size_t)(M * N) * 4);
+        const int64_t cuts[] = {0, 3, 17, 18, 64, N};
+        for (int c = 0; c + 1 < (int)(sizeof cuts / sizeof cuts[0]); c++) nl_mv_forward_range(&wt, &act, yr, cuts[c], cuts[c + 1]);
+        assert_memory_equal(y, yr, (size_t)(M * N) * 4);
+        nl_mv_act_free(&act);
+        nl_mv_weight_free(&wt);
+    }
+    x[5] = NAN;
+    nl_mv_weight wt;
+    assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_INT8, w, N, K, 0), NL_OK);
+    nl_mv_act act;
+    memset(&act, 0, sizeof act);
+    assert_int_equal(nl_mv_act_prepare(&act, &wt, x, M), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "index 5"));
+    nl_mv_act_free(&act);
+    nl_mv_weight_free(&wt);
+    free(w); free(x); free(y); free(yq); free(yr);
+}
+
 /* Each token's outputs are bit-identical whether it runs alone or among 37 others, with 1 or
  * 2 threads, for every format and path. */
 static void test_batch_invariance(void **state) {
@@ -135,6 +176,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp32_bf16_paths),
         cmocka_unit_test(test_int8_against_reference),
+        cmocka_unit_test(test_int8_matches_qlinear_and_ranges),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_bad_input),
     };

@@ -17,9 +17,10 @@
  * Formats:
  *   FP32  W as given (borrowed or copied).
  *   BF16  W rounded to bfloat16 (nl_bf16_from_f32 of formats.h), expanded to fp32 in registers; fp32 activations.
- *   INT8  W8A8 with nanolm/qlinear.h: int8 codes with one fp32 absmax scale per output row, each
- *         token quantized per row of x by absmax on the fly, int32 sums (exact, so any order
- *         gives the same bits), one multiply by both scales. This is nl_qlinear_forward.
+ *   INT8  W8A8 with the weights of nanolm/qlinear.h: int8 codes with one fp32 absmax scale per
+ *         output row, each token quantized once per input by absmax (nl_mv_act), int32 sums
+ *         (exact, so any order gives the same bits: AVX-512 VNNI or portable C), one multiply by
+ *         both scales: the same bits as nl_qlinear_forward.
  */
 #ifndef NANOLM_MATVEC_H
 #define NANOLM_MATVEC_H
@@ -89,6 +90,30 @@ size_t nl_mv_weight_bytes(const nl_mv_weight *wt);
  * invariant (see above). Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8 (naming the
  * index), NL_ERR_NOMEM (INT8 activation buffers). */
 nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads);
+
+/* One matvec input x (M, K) prepared for a weight format: FP32/BF16 read x as given; INT8
+ * quantizes each token once (absmax, nl_qlinear_quantize_tokens) into codes that every output
+ * row then reads. The buffers grow as needed and are reused from call to call. */
+typedef struct nl_mv_act {
+    const float *x;      /* (M, K) */
+    int64_t M, K, kp;    /* kp: K padded for INT8 (the weight's k_pad) */
+    int8_t *q;           /* INT8: (M, kp) codes */
+    uint8_t *qu;         /* INT8 on VNNI: (M, kp) codes + 128 */
+    float *scale;        /* INT8: (M) token scales */
+    size_t cap_codes, cap_tokens;
+} nl_mv_act;
+
+/* Prepares x (M, K = wt->cols) for wt. Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8
+ * (naming the index), NL_ERR_NOMEM. Runs on the calling thread only. */
+nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x, int64_t M);
+/* Frees the buffers; safe on a zeroed struct. */
+void nl_mv_act_free(nl_mv_act *a);
+
+/* Output rows [n0, n1) of y (M, N) = x . W^T for every token of a (prepared for wt), on the
+ * calling thread: the building block for callers that split the rows over their own threads
+ * (one parallel region per step instead of one per matvec). Each (token, row) output has the
+ * same bits whatever range, M or thread computes it. */
+void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *a, float *y, int64_t n0, int64_t n1);
 
 /* The scalar reference the kernels are tested against: y (M, N) = x . w^T in double precision
  * over fp32 (or bf16-rounded, for bf16 = 1) weights. */

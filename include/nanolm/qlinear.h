@@ -75,6 +75,12 @@ nl_status nl_qlinear_set_path(nl_qlinear *l, nl_qdot_path p);
 /* y (M, N) = x (M, K) @ W^T in the layer's mode. NaN/inf in x -> NL_ERR_INVALID naming the
  * index (W8A8); NL_ERR_NOMEM for the activation buffers. */
 nl_status nl_qlinear_forward(const nl_qlinear *l, const float *x, int64_t M, float *y);
+/* The W8A8 activation quantizer on its own: each token (row of x (M, K)) by absmax to int8
+ * codes q (M, kp), zero padded from K to kp, its scale in xs (M); with qu != NULL also the
+ * codes + 128 as unsigned bytes (the VNNI operand). Errors: NL_ERR_INVALID for sizes, or for
+ * NaN/inf in x (naming the index). */
+nl_status nl_qlinear_quantize_tokens(const float *x, int64_t M, int64_t K, int64_t kp, int8_t *q, uint8_t *qu,
+                                     float *xs);
 /* Bytes of the layer's weights as stored: N * K codes + N fp32 scales. */
 size_t nl_qlinear_bytes(const nl_qlinear *l);
 

@@ -331,54 +331,138 @@ static void run_block(const mv_args *a, nl_mv_path path, int64_t n0, int64_t n1,
     }
 }
 
-/* int8: nl_qlinear_forward. One token is below the kernel's own threading threshold for these
- * shapes (a 768 x 2304 layer would run on one thread), so the threads here split the rows into
- * contiguous ranges, each a view of the layer (int32 sums are exact: the same bits). */
-static nl_status forward_int8(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads) {
+/* ---- int8 ----------------------------------------------------------------------------------
+ * W8A8 on the layer's codes (N, k_pad), zero padded, and the tokens' codes (M, k_pad) of
+ * nl_mv_act: one int32 accumulator per (row, token) pair (exact, so the order never matters),
+ * then y = (float)sum * (token scale * row scale), the formula of nl_qlinear_forward. VNNI
+ * (vpdpbusd) takes the activations as unsigned (codes + 128) and subtracts 128 * sum(row). */
+
+#define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
+#define VNNI_TILE(NAME, R, T)                                                                             \
+    TGT_VNNI static void NAME(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n0, int64_t m0) { \
+        const int64_t kp = l->k_pad, N = l->out_features;                                                  \
+        __m512i acc[R][T];                                                                                 \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_si512();                                \
+        for (int64_t k = 0; k < kp; k += 64) {                                                             \
+            __m512i xv[T];                                                                                 \
+            for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_si512((const void *)(a->qu + (m0 + t) * kp + k)); \
+            for (int r = 0; r < R; r++) {                                                                  \
+                __m512i wv = _mm512_loadu_si512((const void *)(l->w + (n0 + r) * kp + k));                 \
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], xv[t], wv);         \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int t = 0; t < T; t++) {                                                                  \
+                int32_t s = _mm512_reduce_add_epi32(acc[r][t]) - 128 * l->w_sum[n0 + r];                   \
+                y[(m0 + t) * N + n0 + r] = (float)s * (a->scale[m0 + t] * l->w_scale[n0 + r]);             \
+            }                                                                                              \
+    }
+
+VNNI_TILE(q8_vnni_4x4, 4, 4)
+VNNI_TILE(q8_vnni_4x1, 4, 1)
+VNNI_TILE(q8_vnni_1x4, 1, 4)
+VNNI_TILE(q8_vnni_1x1, 1, 1)
+
+static void q8_portable(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    const int64_t kp = l->k_pad;
+    const int8_t *w = l->w + n * kp, *x = a->q + m * kp;
+    int32_t s = 0;
+    for (int64_t k = 0; k < kp; k++) s += (int32_t)w[k] * (int32_t)x[k];
+    y[m * l->out_features + n] = (float)s * (a->scale[m] * l->w_scale[n]);
+}
+
+/* Rows [n0, n1) for tokens [m0, m1) of an int8 weight. */
+static void run_block_int8(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
+                           int64_t m1) {
+    if (l->path != NL_QDOT_VNNI) {
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m++) q8_portable(l, a, y, n, m);
+        return;
+    }
+    int64_t n = n0;
+    for (; n + MV_RB <= n1; n += MV_RB) {
+        int64_t m = m0;
+        for (; m + MV_TB <= m1; m += MV_TB) q8_vnni_4x4(l, a, y, n, m);
+        for (; m < m1; m++) q8_vnni_4x1(l, a, y, n, m);
+    }
+    for (; n < n1; n++) {
+        int64_t m = m0;
+        for (; m + MV_TB <= m1; m += MV_TB) q8_vnni_1x4(l, a, y, n, m);
+        for (; m < m1; m++) q8_vnni_1x1(l, a, y, n, m);
+    }
+}
+
+/* ---- activations and the two drivers ---------------------------------------------------------- */
+
+nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x, int64_t M) {
+    if (M < 1) return nl_fail(NL_ERR_INVALID, "matvec: M must be positive, got %lld", (long long)M);
+    if (wt->fmt != NL_WFMT_FP32 && wt->fmt != NL_WFMT_BF16 && wt->fmt != NL_WFMT_INT8)
+        return nl_fail(NL_ERR_INVALID, "matvec: weight not initialised (format %d)", (int)wt->fmt);
+    a->x = x;
+    a->M = M;
+    a->K = wt->cols;
+    a->kp = wt->cols;
+    if (wt->fmt != NL_WFMT_INT8) return NL_OK;
     const nl_qlinear *l = &wt->q8;
-    int nt = threads > 0 ? threads : omp_get_max_threads();
-    if (M > 1 || nt < 2 || l->out_features < 64 * nt) return nl_qlinear_forward(l, x, M, y);
-    nl_status rc = NL_OK;
-    const int64_t N = l->out_features, per = ((N + nt - 1) / nt + 15) / 16 * 16;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        int64_t n0 = t * per, n1 = n0 + per < N ? n0 + per : N;
-        if (n0 >= n1) continue;
-        nl_qlinear v = *l;
-        v.out_features = n1 - n0;
-        v.w = l->w + n0 * l->k_pad;
-        v.w_scale = l->w_scale + n0;
-        v.w_sum = l->w_sum + n0;
-        nl_status r = nl_qlinear_forward(&v, x, 1, y + n0);
-        if (r) {
-#pragma omp critical
-            rc = r;
+    a->kp = l->k_pad;
+    size_t codes = (size_t)M * (size_t)l->k_pad;
+    if (codes > a->cap_codes) {
+        nl_free(a->q);
+        nl_free(a->qu);
+        a->q = nl_malloc(codes, "matvec int8 activation codes");
+        a->qu = nl_malloc(codes, "matvec unsigned activation codes");
+        a->cap_codes = a->q && a->qu ? codes : 0;
+        if (!a->cap_codes) return NL_ERR_NOMEM;
+    }
+    if ((size_t)M > a->cap_tokens) {
+        nl_free(a->scale);
+        a->scale = nl_malloc((size_t)M * sizeof(float), "matvec token scales");
+        a->cap_tokens = a->scale ? (size_t)M : 0;
+        if (!a->scale) return NL_ERR_NOMEM;
+    }
+    return nl_qlinear_quantize_tokens(x, M, wt->cols, l->k_pad, a->q, l->path == NL_QDOT_VNNI ? a->qu : NULL,
+                                      a->scale);
+}
+
+void nl_mv_act_free(nl_mv_act *a) {
+    if (!a) return;
+    nl_free(a->q);
+    nl_free(a->qu);
+    nl_free(a->scale);
+    memset(a, 0, sizeof *a);
+}
+
+enum { MV_RANGE_ROWS = 64 }; /* rows whose weights stay in L2 while the tokens stream past */
+
+void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y, int64_t n0, int64_t n1) {
+    const int64_t M = act->M;
+    mv_args a = {.x = act->x, .y = y, .wf = wt->fmt == NL_WFMT_FP32 ? wt->f32 : NULL,
+                 .wb = wt->fmt == NL_WFMT_BF16 ? wt->bf16 : NULL, .M = M, .N = wt->rows, .K = wt->cols};
+    for (int64_t nb = n0; nb < n1; nb += MV_RANGE_ROWS) {
+        int64_t ne = n1 - nb < MV_RANGE_ROWS ? n1 : nb + MV_RANGE_ROWS;
+        for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
+            int64_t m1 = M - m0 < MV_TOK ? M : m0 + MV_TOK;
+            if (wt->fmt == NL_WFMT_INT8) run_block_int8(&wt->q8, act, y, nb, ne, m0, m1);
+            else run_block(&a, wt->path, nb, ne, m0, m1);
         }
     }
-    return rc;
 }
 
 nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads) {
-    if (M < 1) return nl_fail(NL_ERR_INVALID, "matvec: M must be positive, got %lld", (long long)M);
-    if (wt->fmt == NL_WFMT_INT8) return forward_int8(wt, x, M, y, threads);
-    if (wt->fmt != NL_WFMT_FP32 && wt->fmt != NL_WFMT_BF16)
-        return nl_fail(NL_ERR_INVALID, "matvec: weight not initialised (format %d)", (int)wt->fmt);
-    mv_args a = {.x = x, .y = y, .wf = wt->fmt == NL_WFMT_FP32 ? wt->f32 : NULL,
-                 .wb = wt->fmt == NL_WFMT_BF16 ? wt->bf16 : NULL, .M = M, .N = wt->rows, .K = wt->cols};
-    const int64_t N = wt->rows, nblocks = (N + MV_ROWS - 1) / MV_ROWS;
-    const nl_mv_path path = wt->path;
-    int nt = threads > 0 ? threads : 0;
-    for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
-        int64_t m1 = M - m0 < MV_TOK ? M : m0 + MV_TOK;
-        if (nt > 0) {
-#pragma omp parallel for schedule(static) num_threads(nt)
-            for (int64_t b = 0; b < nblocks; b++)
-                run_block(&a, path, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N, m0, m1);
-        } else {
-#pragma omp parallel for schedule(static)
-            for (int64_t b = 0; b < nblocks; b++)
-                run_block(&a, path, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N, m0, m1);
-        }
+    nl_mv_act act;
+    memset(&act, 0, sizeof act);
+    nl_status rc = nl_mv_act_prepare(&act, wt, x, M);
+    if (rc) {
+        nl_mv_act_free(&act);
+        return rc;
     }
+    const int64_t N = wt->rows, nblocks = (N + MV_ROWS - 1) / MV_ROWS;
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t b = 0; b < nblocks; b++)
+        nl_mv_forward_range(wt, &act, y, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N);
+    nl_mv_act_free(&act);
     return NL_OK;
 }

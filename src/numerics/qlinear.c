@@ -339,6 +339,17 @@ size_t nl_qlinear_bytes(const nl_qlinear *l) {
 }
 
 /* Per-token absmax int8 (and the +128 copy for VNNI) into rows of k_pad (zero padded). */
+static int quantize_tokens(const float *x, int64_t M, int64_t K, int64_t kp, int8_t *q, uint8_t *qu, float *xs);
+
+nl_status nl_qlinear_quantize_tokens(const float *x, int64_t M, int64_t K, int64_t kp, int8_t *q, uint8_t *qu,
+                                     float *xs) {
+    if (M < 1 || K < 1 || kp < K)
+        return nl_fail(NL_ERR_INVALID, "W8A8 token quantization: bad sizes M %lld, K %lld, padded K %lld", (long long)M,
+                       (long long)K, (long long)kp);
+    if (quantize_tokens(x, M, K, kp, q, qu, xs)) return nl_quant_check_finite(x, (size_t)(M * K), "W8A8 input");
+    return NL_OK;
+}
+
 static int quantize_tokens(const float *x, int64_t M, int64_t K, int64_t kp, int8_t *q, uint8_t *qu, float *xs) {
     int bad = 0;
 #pragma omp parallel for schedule(static) reduction(| : bad) if (M * K > (1 << 15))
