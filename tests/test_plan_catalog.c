@@ -36,7 +36,8 @@ static void test_published_counts(void **state) {
     params(&c, "stories260k", NULL);
     nl_hw h;
     assert_int_equal(nl_catalog_find_hw(&c, "H100", &h), NL_OK); /* case-insensitive */
-    assert_true(h.flops_bf16 == 989e12 && h.mem_bytes == 81559.0 * 1024 * 1024 && h.intra_bw == 450e9 && h.inter_bw == 50e9);
+    assert_true(h.flops_bf16 == 989e12 && h.mem_bytes == 81559.0 * 1024 * 1024 && h.intra_bw == 450e9 &&
+                h.inter_bw == 50e9);
     assert_int_equal(nl_catalog_find_hw(&c, "h200", &h), NL_OK);
     assert_true(h.mem_bytes == 141e9 && h.hbm_bw == 4.8e12);
     assert_int_equal(nl_catalog_find_hw(&c, "a100", &h), NL_OK);
@@ -56,7 +57,10 @@ static void test_family_counts(void **state) {
     (void)state;
     nl_catalog c;
     nl_catalog_init(&c);
-    struct { const char *name; double published; } m[] = {
+    struct {
+        const char *name;
+        double published;
+    } m[] = {
         {"bloom-176b", 176247271424.0}, /* bigscience/bloom model card: 176,247,271,424 */
         {"opt-175b", 175e9},            /* Zhang et al. 2022 Table 1 */
         {"mpt-7b", 6.7e9},              /* mosaicml/mpt-7b model card: 6.7B */
@@ -75,6 +79,39 @@ static void test_family_counts(void **state) {
     assert_int_equal(tu_run_cli("plan catalog", &out), 0);
     assert_non_null(strstr(out, "opt-175b          175B"));
     free(out);
+}
+
+/* Nodes: DGX H100 has 8 ConnectX-7 NICs of 400 Gb/s for 8 GPUs (50 GB/s per GPU); a JSON node
+ * described by its NICs gets the per-GPU network bandwidth from them. */
+static void test_nodes(void **state) {
+    (void)state;
+    nl_catalog c;
+    nl_catalog_init(&c);
+    nl_hw h;
+    assert_int_equal(nl_catalog_find_hw(&c, "h100", &h), NL_OK);
+    assert_true(h.nics_per_node == 8 && h.nic_bw == 50e9 && h.inter_bw == h.nics_per_node * h.nic_bw / h.gpus_per_node);
+    char *dir = tu_tmpdir();
+    char path[4096];
+    snprintf(path, sizeof path, "%s/node.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"name\": \"h100-4nic\", \"base\": \"h100\", \"nics_per_node\": 4}", f);
+    fclose(f);
+    assert_int_equal(nl_catalog_load_hw(&c, path), NL_OK);
+    assert_int_equal(nl_catalog_find_hw(&c, "h100-4nic", &h), NL_OK);
+    assert_true(h.inter_bw == 4 * 50e9 / 8);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"name\": \"x\", \"nics_per_node\": 0}", f);
+    fclose(f);
+    assert_int_not_equal(nl_catalog_load_hw(&c, path), NL_OK);
+    assert_non_null(strstr(nl_last_error(), "nics_per_node >= 1"));
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("plan catalog", &out), 0);
+    assert_non_null(strstr(out, "8x400 Gb/s"));
+    free(out);
+    tu_rmdir(dir);
+    free(dir);
 }
 
 static void write(const char *path, const char *text) {
@@ -156,6 +193,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_published_counts),
         cmocka_unit_test(test_family_counts),
+        cmocka_unit_test(test_nodes),
         cmocka_unit_test(test_json_overrides),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -335,6 +335,45 @@ static void test_bugs(void **state) {
     assert_true(ev.mem_logits == 0);
 }
 
+/* ZB-H1 (Qi et al. 2024): the same layout and memory as 1F1B, the bubble cut to (p-1) forward
+ * chunks: with the backward twice the forward, a third of 1F1B's (p-1)(F + B), less the
+ * classifier's backward. */
+static void test_zero_bubble(void **state) {
+    (void)state;
+    nl_train_req q;
+    base_req(&q, "llama-3-70b", 64);
+    q.seq = 4096;
+    q.global_batch = 32;
+    nl_layout L = {.dp = 2,
+                   .tp = 8,
+                   .pp = 4,
+                   .cp = 1,
+                   .ep = 1,
+                   .zero = NL_ZERO_1,
+                   .micro_batch = 1,
+                   .n_micro = 16,
+                   .vpp = 1,
+                   .recompute = NL_RECOMPUTE_NONE,
+                   .sp = 1};
+    nl_train_eval a, z;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &a), NL_OK);
+    q.schedule = NL_SCHED_ZB_H1;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &z), NL_OK);
+    assert_true(z.mem_total == a.mem_total && z.t_compute == a.t_compute);
+    assert_true(z.t_bubble > 0.25 * a.t_bubble && z.t_bubble < 0.4 * a.t_bubble);
+    assert_true(z.t_step < a.t_step);
+    assert_int_equal(nl_plan_schedule("zb-h1"), NL_SCHED_ZB_H1);
+    assert_int_equal(nl_plan_schedule("gpipe"), -1);
+    char *out = NULL;
+    assert_int_equal(
+        tu_run_cli("plan train --model llama-3-70b --gpus 64 --seq 4096 --tp 8 --pp 4 --schedule zb-h1 --top 1", &out),
+        0);
+    free(out);
+    assert_int_equal(tu_run_cli("plan train --model llama-3-70b --gpus 64 --schedule gpipe", &out), 2);
+    assert_non_null(strstr(out, "unknown --schedule 'gpipe'"));
+    free(out);
+}
+
 static void test_cli_bugs(void **state) {
     (void)state;
     char *out = NULL;
@@ -359,11 +398,16 @@ static void test_cli_bugs(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_course_fsdp_one_node), cmocka_unit_test(test_course_fsdp_64_nodes),
-        cmocka_unit_test(test_course_moe_all_to_all), cmocka_unit_test(test_course_small_facts),
-        cmocka_unit_test(test_search),               cmocka_unit_test(test_search_errors),
-        cmocka_unit_test(test_cli),                  cmocka_unit_test(test_bugs),
+        cmocka_unit_test(test_course_fsdp_one_node),
+        cmocka_unit_test(test_course_fsdp_64_nodes),
+        cmocka_unit_test(test_course_moe_all_to_all),
+        cmocka_unit_test(test_course_small_facts),
+        cmocka_unit_test(test_search),
+        cmocka_unit_test(test_search_errors),
+        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_bugs),
         cmocka_unit_test(test_cli_bugs),
+        cmocka_unit_test(test_zero_bubble),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -67,13 +67,13 @@ static void test_ds3_activations(void **state) {
     (void)state;
     nl_arch a;
     assert_int_equal(nl_catalog_find_model(&cat, "deepseek-v3", &a), NL_OK);
-    nl_act_opts o = {.tp = 1, .flash = 1, .recompute = NL_RECOMPUTE_SELECTIVE, .seq = 4096, .bytes_per_elem = 2,
-                     .fp8_cache = 1};
+    nl_act_opts o = {
+        .tp = 1, .flash = 1, .recompute = NL_RECOMPUTE_SELECTIVE, .seq = 4096, .bytes_per_elem = 2, .fp8_cache = 1};
     nl_act_layer l;
     nl_plan_act_layer(&a, &o, &l);
     double moe = 58.0 / 61.0, dense = 3.0 / 61.0;
-    double want = 2 * 2 * 7168.0 + (1536 + 512 + 64) + 1.5 * 128 * 128 + 4 * 128 +
-                  (moe * 9 + dense) * 7168 + moe * 2 * 9 * 2048 + dense * 2 * 18432 + moe * 4 * 256;
+    double want = 2 * 2 * 7168.0 + (1536 + 512 + 64) + 1.5 * 128 * 128 + 4 * 128 + (moe * 9 + dense) * 7168 +
+                  moe * 2 * 9 * 2048 + dense * 2 * 18432 + moe * 4 * 256;
     assert_true(fabs(l.bytes_per_token - want) < 1e-6 * want);
     /* Without the recipe the same layer keeps the bf16 walk: more than twice as much. */
     o.fp8_cache = 0;
@@ -127,11 +127,8 @@ static void test_cli(void **state) {
 int main(void) {
     nl_catalog_init(&cat);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_set_shape),
-        cmocka_unit_test(test_targets),
-        cmocka_unit_test(test_ds3_activations),
-        cmocka_unit_test(test_bad_files),
-        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_set_shape), cmocka_unit_test(test_targets), cmocka_unit_test(test_ds3_activations),
+        cmocka_unit_test(test_bad_files), cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,6 +32,8 @@ typedef struct nl_hw {
     double price_per_hour;  /* $ per GPU-hour (a parameter, not a fact) */
     char source[160];
     double gemm_eff;        /* fraction of peak a large GEMM reaches in a training stack */
+    int64_t nics_per_node;  /* scale-out NICs in one node (0: not described) */
+    double nic_bw;          /* one NIC, one direction, bytes/s; inter_bw = nics x nic_bw / GPUs */
 } nl_hw;
 
 /* A model entry: its shape plus where the numbers come from. */
@@ -223,8 +225,12 @@ typedef struct nl_layout {
     int sp;                 /* sequence parallel with tp > 1 */
 } nl_layout;
 
-/* Pipeline schedule: 1F1B (interleaved when vpp > 1) or DeepSeek-V3's DualPipe. */
-typedef enum nl_sched { NL_SCHED_1F1B = 0, NL_SCHED_DUALPIPE = 1 } nl_sched;
+/* Pipeline schedule: 1F1B (interleaved when vpp > 1), DeepSeek-V3's DualPipe, or the zero-bubble
+ * ZB-H1 of Qi et al. 2024 (backward split into input and weight gradients; 1F1B's memory). */
+typedef enum nl_sched { NL_SCHED_1F1B = 0, NL_SCHED_DUALPIPE = 1, NL_SCHED_ZB_H1 = 2 } nl_sched;
+/* "1f1b", "dualpipe", "zb-h1" -> the schedule; -1 for anything else. */
+int nl_plan_schedule(const char *name);
+const char *nl_schedule_name(nl_sched s);
 
 typedef struct nl_train_req {
     nl_arch arch;

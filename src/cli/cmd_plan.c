@@ -15,7 +15,7 @@ static void usage(FILE *f) {
             "       nanolm plan train --model M|FILE.json --gpus N [--gpu G] [--tokens D] [--global-batch B] [--seq S]\n"
             "                         [--recipe bf16] [--params N] [--top K] [--svg FILE] [--json] [assumptions]\n"
             "                         [--dp D --tp T --pp P --cp C --ep E --micro-batch B --zero Z --recompute R]\n"
-            "                         [--interleave V] [--sp on|off]\n"
+            "                         [--interleave V] [--sp on|off] [--schedule 1f1b|zb-h1|dualpipe]\n"
             "                         (each of these fixes that part of the layout; the rest is searched)\n"
             "       nanolm plan layer --model M [--params N] --tp T [--sp] [--pp P] [--dp D] [--ep E]\n"
             "                         [--zero 0|1|2|3|hsdp] [--tokens-per-gpu T] [--micro M] [--json] [assumptions]\n"
@@ -203,24 +203,34 @@ static cJSON *eval_json(const nl_train_eval *e) {
 }
 
 static int cmd_train(int argc, char **argv) {
-    static const struct option opts[] = {COMMON_OPTS, {"gpus", required_argument, 0, 'g'}, {"tokens", required_argument, 0, 'd'},
-                                         {"global-batch", required_argument, 0, 'b'}, {"seq", required_argument, 0, 's'},
-                                         {"top", required_argument, 0, 'k'}, {"svg", required_argument, 0, 'v'},
-                                         {"dp", required_argument, 0, 'D'}, {"tp", required_argument, 0, 'T'},
-                                         {"pp", required_argument, 0, 'P'}, {"cp", required_argument, 0, 'C'},
-                                         {"ep", required_argument, 0, 'E'}, {"micro-batch", required_argument, 0, 'B'},
-                                         {"zero", required_argument, 0, 'Z'}, {"recompute", required_argument, 0, 'R'},
-                                         {"interleave", required_argument, 0, 'V'}, {"sp", required_argument, 0, 'S'},
+    static const struct option opts[] = {COMMON_OPTS,
+                                         {"gpus", required_argument, 0, 'g'},
+                                         {"tokens", required_argument, 0, 'd'},
+                                         {"global-batch", required_argument, 0, 'b'},
+                                         {"seq", required_argument, 0, 's'},
+                                         {"top", required_argument, 0, 'k'},
+                                         {"svg", required_argument, 0, 'v'},
+                                         {"dp", required_argument, 0, 'D'},
+                                         {"tp", required_argument, 0, 'T'},
+                                         {"pp", required_argument, 0, 'P'},
+                                         {"cp", required_argument, 0, 'C'},
+                                         {"ep", required_argument, 0, 'E'},
+                                         {"micro-batch", required_argument, 0, 'B'},
+                                         {"zero", required_argument, 0, 'Z'},
+                                         {"recompute", required_argument, 0, 'R'},
+                                         {"interleave", required_argument, 0, 'V'},
+                                         {"sp", required_argument, 0, 'S'},
+                                         {"schedule", required_argument, 0, 'H'},
                                          {0, 0, 0, 0}};
     int64_t fx[6] = {0}, fvpp = 0;
-    int fsp = 0;
+    int fsp = 0, sched = NL_SCHED_1F1B;
     int fz = 0, fr = 0;
     common o;
     common_init(&o);
     int64_t gpus = 0, gb = 0, seq = 0, top = 8;
     const char *svg = NULL;
     int c;
-    while ((c = getopt_long(argc, argv, "M:G:n:r:g:d:b:s:k:v:D:T:P:C:E:B:Z:R:V:S:jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "M:G:n:r:g:d:b:s:k:v:D:T:P:C:E:B:Z:R:V:S:H:jh", opts, NULL)) != -1) {
         int r = common_opt(&o, c, optarg);
         if (r == 1) continue;
         if (r < 0) return common_rc(r, "plan train", c);
@@ -238,6 +248,10 @@ static int cmd_train(int argc, char **argv) {
             if (!strcmp(optarg, "on")) fsp = 2;
             else if (!strcmp(optarg, "off")) fsp = 1;
             else return nl_cli_usage_error("plan train: --sp must be on or off, got '%s'", optarg);
+            break;
+        case 'H':
+            if ((sched = nl_plan_schedule(optarg)) < 0)
+                return nl_cli_usage_error("plan train: unknown --schedule '%s' (1f1b, dualpipe, zb-h1)", optarg);
             break;
         case 'g': if (nl_cli_int("--gpus", optarg, 1, 1 << 20, &gpus)) return NL_EXIT_USAGE; break;
         case 'd': if (nl_cli_double_si("--tokens", optarg, &o.tokens) || !(o.tokens > 0)) return nl_cli_usage_error("plan train: bad --tokens"); break;
@@ -261,6 +275,7 @@ static int cmd_train(int argc, char **argv) {
     q.fix.recompute_plus1 = fr;
     q.fix.vpp = fvpp;
     q.fix.sp_plus1 = fsp;
+    q.schedule = (nl_sched)sched;
     nl_arch_params ap;
     nl_plan_count_params(&q.arch, &q.fam, &ap);
     double N = o.params > 0 ? o.params : (double)ap.total;
@@ -489,7 +504,9 @@ static int cmd_serve(int argc, char **argv) {
         case 'P': if (nl_cli_double_si("--prompt", optarg, &sq.prompt) || !(sq.prompt >= 1)) return nl_cli_usage_error("plan serve: bad --prompt"); break;
         case 'O': if (nl_cli_double_si("--output", optarg, &sq.output) || !(sq.output >= 1)) return nl_cli_usage_error("plan serve: bad --output"); break;
         case 'b': if (nl_cli_int("--batch", optarg, 1, 1 << 20, &batch)) return NL_EXIT_USAGE; break;
-        case 'S': if (nl_cli_int("--fsdp", optarg, 1, 4096, &sq.fsdp)) return NL_EXIT_USAGE; break;
+        case 'S':
+            if (nl_cli_int("--fsdp", optarg, 1, 4096, &sq.fsdp)) return NL_EXIT_USAGE;
+            break;
         case 'C': if (nl_cli_double_si("--context", optarg, &sq.context) || !(sq.context >= 1)) return nl_cli_usage_error("plan serve: bad --context"); break;
         case 'K': if (nl_cli_double_si("--chunk", optarg, &sq.chunk) || sq.chunk < 0) return nl_cli_usage_error("plan serve: bad --chunk"); break;
         case 'F': if (nl_cli_double("--prefill-mfu", optarg, &sq.prefill_mfu) || !(sq.prefill_mfu > 0 && sq.prefill_mfu <= 1)) return nl_cli_usage_error("plan serve: --prefill-mfu must be in (0, 1]"); break;
@@ -564,7 +581,10 @@ static int cmd_serve(int argc, char **argv) {
         F(weight_read_s); F(kv_read_s); F(decode_compute_s); F(decode_mem_s); F(decode_step_s); F(tp_allreduces);
         F(tp_allreduce_bytes); F(tp_comm_s); F(tp_comm_latency_s); F(decode_step_total_s); F(ttft_s); F(tpot_s);
         F(stall_steps); F(chunk_compute_s); F(chunk_free_tokens); F(prefill_rps); F(decode_rps); F(decode_per_prefill);
-        F(mem_weights); F(mem_kv); F(mem_total); F(fsdp_gather_s);
+        F(mem_weights);
+        F(mem_kv);
+        F(mem_total);
+        F(fsdp_gather_s);
 #undef F
         cJSON_AddBoolToObject(j, "fits", sp.fits);
         return nl_cli_print_json(j);
@@ -582,8 +602,8 @@ static int cmd_serve(int argc, char **argv) {
     nl_table_rowf(&t, "KV cache of the prompt|%.0f MB|to ship when prefill runs elsewhere", sp.prompt_kv_bytes / 1e6);
     nl_table_rowf(&t, "decode: weight reads|%.2f ms|%.1f GB / %lld / %.2f TB/s", sp.weight_read_s * 1e3, sp.params * sq.weight_bytes / 1e9, (long long)tp, q.hw.hbm_bw / 1e12);
     if (sq.fsdp > 1)
-        nl_table_rowf(&t, "decode: FSDP weight all-gathers|%.2f ms|%lld shards per layer, %.1fx the HBM read", sp.fsdp_gather_s * 1e3,
-                      (long long)sq.fsdp, sp.fsdp_gather_s / sp.weight_read_s);
+        nl_table_rowf(&t, "decode: FSDP weight all-gathers|%.2f ms|%lld shards per layer, %.1fx the HBM read",
+                      sp.fsdp_gather_s * 1e3, (long long)sq.fsdp, sp.fsdp_gather_s / sp.weight_read_s);
     nl_table_rowf(&t, "decode: KV reads|%.2f ms|%lld x %.0f context x %.0f KiB", sp.kv_read_s * 1e3, (long long)batch, ctx, sp.kv_bytes_per_token / 1024);
     nl_table_rowf(&t, "decode: compute at peak|%.2f ms|%s", sp.decode_compute_s * 1e3, sp.decode_compute_s < sp.decode_mem_s ? "memory bound" : "compute bound");
     if (tp > 1) {
@@ -636,6 +656,8 @@ static int cmd_catalog(int argc, char **argv) {
             cJSON_AddNumberToObject(x, "intra_eff", h->intra_eff);
             cJSON_AddNumberToObject(x, "inter_eff", h->inter_eff);
             cJSON_AddNumberToObject(x, "price_per_hour", h->price_per_hour);
+            cJSON_AddNumberToObject(x, "nics_per_node", (double)h->nics_per_node);
+            cJSON_AddNumberToObject(x, "nic_bw", h->nic_bw);
             cJSON_AddStringToObject(x, "source", h->source);
             cJSON_AddItemToArray(g, x);
         }
@@ -665,14 +687,18 @@ static int cmd_catalog(int argc, char **argv) {
         }
         return nl_cli_print_json(j);
     }
-    static const char *h1[] = {"gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "NVLink GB/s", "net GB/s", "node", "$/h", "source"};
+    static const char *h1[] = {"gpu",      "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "NVLink GB/s",
+                               "net GB/s", "node",         "NICs",        "$/h",    "source"};
     nl_table t;
-    nl_table_init(&t, 10, h1);
+    nl_table_init(&t, 11, h1);
     for (size_t i = 0; i < o.cat.n_hw; i++) {
         const nl_hw *h = &o.cat.hw[i];
-        nl_table_rowf(&t, "%s|%.0f|%.0f|%.0f|%.2f|%.0f|%.0f|%lld|%.2f|%s", h->name, h->flops_bf16 / 1e12, h->flops_fp8 / 1e12,
-                      h->mem_bytes / 1e9, h->hbm_bw / 1e12, h->intra_bw / 1e9, h->inter_bw / 1e9, (long long)h->gpus_per_node,
-                      h->price_per_hour, h->source);
+        char nics[32] = "-";
+        if (h->nics_per_node > 0)
+            snprintf(nics, sizeof nics, "%lldx%.0f Gb/s", (long long)h->nics_per_node, h->nic_bw * 8 / 1e9);
+        nl_table_rowf(&t, "%s|%.0f|%.0f|%.0f|%.2f|%.0f|%.0f|%lld|%s|%.2f|%s", h->name, h->flops_bf16 / 1e12,
+                      h->flops_fp8 / 1e12, h->mem_bytes / 1e9, h->hbm_bw / 1e12, h->intra_bw / 1e9, h->inter_bw / 1e9,
+                      (long long)h->gpus_per_node, nics, h->price_per_hour, h->source);
     }
     nl_table_print(&t, stdout);
     nl_table_free(&t);

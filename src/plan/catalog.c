@@ -25,7 +25,7 @@
  * H100 is 80 GiB of HBM stacks (A100 80GB: 81920 MiB; H100 SXM/PCIe: 81559 MiB = 85.5e9 bytes;
  * A100 40GB: 40960 MiB), not 80e9 bytes; reading it as 80e9 rejected 7% of the memory that
  * published runs used. The other parts keep their datasheet figure. */
-#define MIB (1024.0 * 1024.0)
+#define MIB      (1024.0 * 1024.0)
 #define H100_MEM (81559 * MIB)
 
 static const nl_hw builtin_hw[] = {
@@ -33,117 +33,111 @@ static const nl_hw builtin_hw[] = {
      * dense, 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 GB/s per direction;
      * DGX H100: 8 GPUs, one 400 Gb/s ConnectX-7 per GPU = 50 GB/s. */
     {"h100", 989e12, 1979e12, H100_MEM, 3.35e12, 450e9, 50e9, 8, LAT, EFF, EFF, 2.50,
-     "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, 400 Gb/s IB per GPU)", 0.55},
+     "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9},
     /* NVIDIA H200 SXM datasheet (2024): same compute as H100, 141 GB HBM3e at 4.8 TB/s. */
     {"h200", 989e12, 1979e12, 141e9, 4.8e12, 450e9, 50e9, 8, LAT, EFF, EFF, 3.50,
-     "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, 400 Gb/s IB per GPU)", 0.55},
+     "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9},
     /* NVIDIA A100 80GB SXM datasheet (2021): 312 TFLOP/s dense BF16, no FP8, 2.039 TB/s,
      * NVLink 3 600 GB/s bidirectional = 300 per direction; DGX A100: 200 Gb/s HDR per GPU. */
     {"a100", 312e12, 312e12, 81920 * MIB, 2.039e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.50,
-     "NVIDIA A100 80GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75},
+     "NVIDIA A100 80GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9},
     /* NVIDIA A100 40GB SXM datasheet (2020): as the 80 GB part with 40 GB HBM2 at 1.555 TB/s. */
     {"a100-40", 312e12, 312e12, 40960 * MIB, 1.555e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.20,
-     "NVIDIA A100 40GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75},
+     "NVIDIA A100 40GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9},
     /* NVIDIA H800 SXM (the H100 for the Chinese market): H100 compute and HBM, NVLink cut to
      * 400 GB/s bidirectional = 200 per direction (DeepSeek-V3 report sec. 3.1: 'NVLink 160 GB/s'
      * achieved, 'IB 50 GB/s'); 400 Gb/s InfiniBand per GPU. */
     {"h800", 989e12, 1979e12, H100_MEM, 3.35e12, 200e9, 50e9, 8, LAT, EFF, EFF, 2.00,
-     "H100 SXM datasheet with NVLink at 400 GB/s; DeepSeek-V3 report sec. 3.1", 0.55},
+     "H100 SXM datasheet with NVLink at 400 GB/s; DeepSeek-V3 report sec. 3.1", 0.55, 8, 50e9},
     /* NVIDIA H100 PCIe datasheet (2023): 756 TFLOP/s dense BF16, 1513 FP8, 80 GB HBM2e at
      * 2.0 TB/s; PCIe Gen5 64 GB/s per direction between cards (NVLink bridges pair only two). */
     {"h100-pcie", 756e12, 1513e12, H100_MEM, 2.0e12, 64e9, 50e9, 8, LAT, EFF, EFF, 2.00,
-     "NVIDIA H100 PCIe datasheet; PCIe Gen5 x16 between GPUs", 0.55},
+     "NVIDIA H100 PCIe datasheet; PCIe Gen5 x16 between GPUs", 0.55, 8, 50e9},
     /* Google Cloud TPU v5p documentation (2023): 459 TFLOP/s BF16 per chip (no FP8; int8 918
      * TOPS), 95 GB HBM2e at 2.765 TB/s, ICI 4,800 Gb/s per chip = 600 GB/s, 3D torus of up to
      * 8,960 chips; priced here with 4 chips per host and the ICI as the scale-up link. */
     {"tpu-v5p", 459e12, 459e12, 95e9, 2.765e12, 300e9, 100e9, 4, LAT, EFF, EFF, 4.20,
-     "Google Cloud TPU v5p documentation (per chip)", 0.55},
+     "Google Cloud TPU v5p documentation (per chip)", 0.55, 0, 0},
     /* NVIDIA DGX B200 datasheet (2024): 72 PF FP8 dense training / 8 GPUs = 4.5 PF FP8 and
      * 2.25 PF BF16 dense per GPU, 1,440 GB and 64 TB/s in 8 GPUs = 180 GB and 8 TB/s each,
      * NVLink 5 1.8 TB/s bidirectional = 900 GB/s per direction, 400 Gb/s ConnectX-7 per GPU. */
     {"b200", 2250e12, 4500e12, 180e9, 8e12, 900e9, 50e9, 8, LAT, EFF, EFF, 5.00,
-     "NVIDIA DGX B200 datasheet (per GPU = system / 8)", 0.55},
+     "NVIDIA DGX B200 datasheet (per GPU = system / 8)", 0.55, 8, 50e9},
     /* AMD Instinct MI300X datasheet (2023): 1307.4 TFLOP/s dense BF16, 2614.9 FP8, 192 GB HBM3
      * at 5.3 TB/s, Infinity Fabric 7 x 64 GB/s = 448 GB/s per direction to the 7 peers. */
     {"mi300x", 1307.4e12, 2614.9e12, 192e9, 5.3e12, 448e9, 50e9, 8, LAT, EFF, EFF, 2.50,
-     "AMD Instinct MI300X datasheet; 8-GPU platform, 400 Gb/s per GPU", 0.55},
+     "AMD Instinct MI300X datasheet; 8-GPU platform, 400 Gb/s per GPU", 0.55, 8, 50e9},
 };
 
 #define M(...) {__VA_ARGS__}
 static const nl_model_entry builtin_models[] = {
     /* meta-llama/Llama-2-7b-hf config.json (Touvron et al. 2023). */
-    {M(.name = "llama-2-7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32,
-       .n_kv_heads = 32, .hidden_dim = 11008, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5),
+    {M(.name = "llama-2-7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 32,
+       .hidden_dim = 11008, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5),
      "meta-llama/Llama-2-7b-hf config.json", ""},
     /* Touvron et al. 2023 (LLaMA), Table 2: 7B: d 4096, 32 heads, 32 layers; context 2048. */
-    {M(.name = "llama-7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32,
-       .n_kv_heads = 32, .hidden_dim = 11008, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-6),
+    {M(.name = "llama-7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 32,
+       .hidden_dim = 11008, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-6),
      "Touvron et al. 2023 (LLaMA) Table 2; huggyllama/llama-7b config.json", ""},
     /* meta-llama/Llama-2-70b-hf config.json: GQA with 8 KV heads. */
-    {M(.name = "llama-2-70b", .vocab_size = 32000, .dim = 8192, .n_layers = 80, .n_heads = 64,
-       .n_kv_heads = 8, .hidden_dim = 28672, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5),
+    {M(.name = "llama-2-70b", .vocab_size = 32000, .dim = 8192, .n_layers = 80, .n_heads = 64, .n_kv_heads = 8,
+       .hidden_dim = 28672, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5),
      "meta-llama/Llama-2-70b-hf config.json", ""},
     /* meta-llama/Meta-Llama-3-8B config.json. */
-    {M(.name = "llama-3-8b", .vocab_size = 128256, .dim = 4096, .n_layers = 32, .n_heads = 32,
-       .n_kv_heads = 8, .hidden_dim = 14336, .seq_len = 8192, .rope_theta = 5e5, .norm_eps = 1e-5),
+    {M(.name = "llama-3-8b", .vocab_size = 128256, .dim = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8,
+       .hidden_dim = 14336, .seq_len = 8192, .rope_theta = 5e5, .norm_eps = 1e-5),
      "meta-llama/Meta-Llama-3-8B config.json", ""},
     /* meta-llama/Meta-Llama-3-70B config.json. */
-    {M(.name = "llama-3-70b", .vocab_size = 128256, .dim = 8192, .n_layers = 80, .n_heads = 64,
-       .n_kv_heads = 8, .hidden_dim = 28672, .seq_len = 8192, .rope_theta = 5e5, .norm_eps = 1e-5),
+    {M(.name = "llama-3-70b", .vocab_size = 128256, .dim = 8192, .n_layers = 80, .n_heads = 64, .n_kv_heads = 8,
+       .hidden_dim = 28672, .seq_len = 8192, .rope_theta = 5e5, .norm_eps = 1e-5),
      "meta-llama/Meta-Llama-3-70B config.json", ""},
     /* meta-llama/Llama-3.1-405B config.json (Llama 3 paper, Table 3: 126 layers, 16384). */
-    {M(.name = "llama-3-405b", .vocab_size = 128256, .dim = 16384, .n_layers = 126, .n_heads = 128,
-       .n_kv_heads = 8, .hidden_dim = 53248, .seq_len = 8192, .rope_theta = 5e5, .norm_eps = 1e-5),
+    {M(.name = "llama-3-405b", .vocab_size = 128256, .dim = 16384, .n_layers = 126, .n_heads = 128, .n_kv_heads = 8,
+       .hidden_dim = 53248, .seq_len = 8192, .rope_theta = 5e5, .norm_eps = 1e-5),
      "meta-llama/Llama-3.1-405B config.json; Dubey et al. 2024 Table 3", ""},
     /* Brown et al. 2020 Table 2.1: 96 layers, d = 12288, 96 heads, context 2048, tied
      * embeddings, 50257 tokens. Its 4d GeLU MLP (2 matrices) is priced as a SwiGLU with
      * F = 8d/3 = 32768 (3 matrices): same parameters and FLOPs; LayerNorm biases ignored. */
-    {M(.name = "gpt-3-175b", .vocab_size = 50257, .dim = 12288, .n_layers = 96, .n_heads = 96,
-       .n_kv_heads = 96, .hidden_dim = 32768, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
-       .tied_embeddings = 1),
+    {M(.name = "gpt-3-175b", .vocab_size = 50257, .dim = 12288, .n_layers = 96, .n_heads = 96, .n_kv_heads = 96,
+       .hidden_dim = 32768, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5, .tied_embeddings = 1),
      "Brown et al. 2020 Table 2.1 (MLP as SwiGLU with equal parameters)", ""},
     /* bigscience/bloom config.json (Le Scao et al. 2022 Table 3): 70 layers, d = 14336, 112
      * heads, 250880 tokens, ALiBi, LayerNorm, biases, a 4d GeLU MLP, tied embeddings. */
-    {M(.name = "bloom-176b", .vocab_size = 250880, .dim = 14336, .n_layers = 70, .n_heads = 112,
-       .n_kv_heads = 112, .hidden_dim = 57344, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
-       .tied_embeddings = 1),
+    {M(.name = "bloom-176b", .vocab_size = 250880, .dim = 14336, .n_layers = 70, .n_heads = 112, .n_kv_heads = 112,
+       .hidden_dim = 57344, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5, .tied_embeddings = 1),
      "bigscience/bloom config.json; Le Scao et al. 2022 Table 3", "bloom"},
     /* Zhang et al. 2022 (OPT) Table 1: 175B: 96 layers, 96 heads, d = 12288; learned positions,
      * ReLU MLP of 4d, LayerNorm, biases, tied embeddings; facebook/opt vocabulary 50272. */
-    {M(.name = "opt-175b", .vocab_size = 50272, .dim = 12288, .n_layers = 96, .n_heads = 96,
-       .n_kv_heads = 96, .hidden_dim = 49152, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
-       .tied_embeddings = 1),
+    {M(.name = "opt-175b", .vocab_size = 50272, .dim = 12288, .n_layers = 96, .n_heads = 96, .n_kv_heads = 96,
+       .hidden_dim = 49152, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5, .tied_embeddings = 1),
      "Zhang et al. 2022 (OPT) Table 1; facebook/opt config.json", "opt"},
     /* mosaicml/mpt-7b and mpt-30b config.json: d_model 4096 / 7168, 32 / 48 layers, 32 / 64
      * heads, expansion ratio 4 (GeLU), ALiBi, LayerNorm without bias, no biases, vocab 50432. */
-    {M(.name = "mpt-7b", .vocab_size = 50432, .dim = 4096, .n_layers = 32, .n_heads = 32,
-       .n_kv_heads = 32, .hidden_dim = 16384, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
-       .tied_embeddings = 1),
+    {M(.name = "mpt-7b", .vocab_size = 50432, .dim = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 32,
+       .hidden_dim = 16384, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5, .tied_embeddings = 1),
      "mosaicml/mpt-7b config.json", "mpt"},
-    {M(.name = "mpt-30b", .vocab_size = 50432, .dim = 7168, .n_layers = 48, .n_heads = 64,
-       .n_kv_heads = 64, .hidden_dim = 28672, .seq_len = 8192, .rope_theta = 1e4, .norm_eps = 1e-5,
-       .tied_embeddings = 1),
+    {M(.name = "mpt-30b", .vocab_size = 50432, .dim = 7168, .n_layers = 48, .n_heads = 64, .n_kv_heads = 64,
+       .hidden_dim = 28672, .seq_len = 8192, .rope_theta = 1e4, .norm_eps = 1e-5, .tied_embeddings = 1),
      "mosaicml/mpt-30b config.json", "mpt"},
     /* mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, top-2, expert F = 14336. */
-    {M(.name = "mixtral-8x7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32,
-       .n_kv_heads = 8, .hidden_dim = 14336, .seq_len = 32768, .rope_theta = 1e6, .norm_eps = 1e-5,
-       .n_experts = 8, .top_k = 2, .expert_hidden_dim = 14336),
+    {M(.name = "mixtral-8x7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8,
+       .hidden_dim = 14336, .seq_len = 32768, .rope_theta = 1e6, .norm_eps = 1e-5, .n_experts = 8, .top_k = 2,
+       .expert_hidden_dim = 14336),
      "mistralai/Mixtral-8x7B-v0.1 config.json", ""},
     /* deepseek-ai/DeepSeek-V3 config.json: MLA (q_lora 1536, kv_lora 512, nope 128, rope 64,
      * v 128), first 3 layers dense (F = 18432), then 256 routed + 1 shared experts of
      * F = 2048, top-8. The multi-token-prediction module (14B) is not counted. */
-    {M(.name = "deepseek-v3", .vocab_size = 129280, .dim = 7168, .n_layers = 61, .n_heads = 128,
-       .n_kv_heads = 128, .hidden_dim = 18432, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-6,
-       .n_experts = 256, .n_shared_experts = 1, .top_k = 8, .expert_hidden_dim = 2048,
-       .first_moe_layer = 3, .head_dim = 128, .q_lora_rank = 1536, .kv_lora_rank = 512,
-       .qk_rope_head_dim = 64, .v_head_dim = 128),
+    {M(.name = "deepseek-v3", .vocab_size = 129280, .dim = 7168, .n_layers = 61, .n_heads = 128, .n_kv_heads = 128,
+       .hidden_dim = 18432, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-6, .n_experts = 256,
+       .n_shared_experts = 1, .top_k = 8, .expert_hidden_dim = 2048, .first_moe_layer = 3, .head_dim = 128,
+       .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_rope_head_dim = 64, .v_head_dim = 128),
      "deepseek-ai/DeepSeek-V3 config.json (DeepSeek-AI 2024)", ""},
     /* The course's MoE example (week 14, problem 4): 24 layers, D = 2048, SwiGLU experts with
      * F = 1024, 64 routed + 2 shared, top-6, attention 4*D^2 (no GQA). Embeddings are not
      * counted there; the vocabulary here (32000) only matters for the logits. */
-    {M(.name = "course-moe", .vocab_size = 32000, .dim = 2048, .n_layers = 24, .n_heads = 16,
-       .n_kv_heads = 16, .hidden_dim = 0, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5,
-       .n_experts = 64, .n_shared_experts = 2, .top_k = 6, .expert_hidden_dim = 1024),
+    {M(.name = "course-moe", .vocab_size = 32000, .dim = 2048, .n_layers = 24, .n_heads = 16, .n_kv_heads = 16,
+       .hidden_dim = 0, .seq_len = 4096, .rope_theta = 1e4, .norm_eps = 1e-5, .n_experts = 64, .n_shared_experts = 2,
+       .top_k = 6, .expert_hidden_dim = 1024),
      "course week 14, problem 4", ""},
 };
 #undef M
@@ -205,12 +199,20 @@ nl_status nl_catalog_find_model(const nl_catalog *c, const char *name, nl_arch *
 typedef struct field { const char *name; size_t off; int kind; double min; } field; /* kind 0 double, 1 int64, 2 int */
 
 static const field hw_fields[] = {
-    {"flops_bf16", offsetof(nl_hw, flops_bf16), 0, 1}, {"flops_fp8", offsetof(nl_hw, flops_fp8), 0, 1},
-    {"mem_bytes", offsetof(nl_hw, mem_bytes), 0, 1}, {"hbm_bw", offsetof(nl_hw, hbm_bw), 0, 1},
-    {"intra_bw", offsetof(nl_hw, intra_bw), 0, 1}, {"inter_bw", offsetof(nl_hw, inter_bw), 0, 1},
-    {"gpus_per_node", offsetof(nl_hw, gpus_per_node), 1, 1}, {"latency_s", offsetof(nl_hw, latency_s), 0, 0},
-    {"intra_eff", offsetof(nl_hw, intra_eff), 0, 1e-3}, {"inter_eff", offsetof(nl_hw, inter_eff), 0, 1e-3},
-    {"price_per_hour", offsetof(nl_hw, price_per_hour), 0, 0}, {"gemm_eff", offsetof(nl_hw, gemm_eff), 0, 1e-3},
+    {"flops_bf16", offsetof(nl_hw, flops_bf16), 0, 1},
+    {"flops_fp8", offsetof(nl_hw, flops_fp8), 0, 1},
+    {"mem_bytes", offsetof(nl_hw, mem_bytes), 0, 1},
+    {"hbm_bw", offsetof(nl_hw, hbm_bw), 0, 1},
+    {"intra_bw", offsetof(nl_hw, intra_bw), 0, 1},
+    {"inter_bw", offsetof(nl_hw, inter_bw), 0, 1},
+    {"gpus_per_node", offsetof(nl_hw, gpus_per_node), 1, 1},
+    {"latency_s", offsetof(nl_hw, latency_s), 0, 0},
+    {"intra_eff", offsetof(nl_hw, intra_eff), 0, 1e-3},
+    {"inter_eff", offsetof(nl_hw, inter_eff), 0, 1e-3},
+    {"price_per_hour", offsetof(nl_hw, price_per_hour), 0, 0},
+    {"gemm_eff", offsetof(nl_hw, gemm_eff), 0, 1e-3},
+    {"nics_per_node", offsetof(nl_hw, nics_per_node), 1, 0},
+    {"nic_bw", offsetof(nl_hw, nic_bw), 0, 0},
 };
 
 static const field model_fields[] = {
@@ -305,6 +307,16 @@ nl_status nl_catalog_load_hw(nl_catalog *c, const char *path) {
         if (hw.intra_eff > 1 || hw.inter_eff > 1) {
             rc = nl_fail(NL_ERR_FORMAT, "%s: entry '%s': link efficiencies must be <= 1", path, name);
             break;
+        }
+        /* A node described by its NICs: the network bandwidth per GPU follows unless given. */
+        int nics = cJSON_HasObjectItem(o, "nics_per_node") || cJSON_HasObjectItem(o, "nic_bw");
+        if (nics && !cJSON_HasObjectItem(o, "inter_bw")) {
+            if (hw.nics_per_node < 1 || !(hw.nic_bw > 0)) {
+                rc = nl_fail(NL_ERR_FORMAT, "%s: entry '%s': a node's NICs need nics_per_node >= 1 and nic_bw > 0",
+                             path, name);
+                break;
+            }
+            hw.inter_bw = (double)hw.nics_per_node * hw.nic_bw / (double)hw.gpus_per_node;
         }
         if (slot == c->n_hw) {
             if (c->n_hw == NL_CATALOG_MAX) { rc = nl_fail(NL_ERR_RANGE, "%s: too many GPUs (max %d)", path, NL_CATALOG_MAX); break; }

@@ -211,8 +211,13 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     o->mem_optim = dense_local * sd.optim + expert_local * se.optim;
 
     double T = (double)L->micro_batch * (double)q->seq / (double)L->cp; /* tokens per microbatch per GPU */
-    nl_act_opts ao = {.tp = L->tp, .sp = L->sp, .flash = !q->attn_materialized, .recompute = L->recompute,
-                      .seq = (double)q->seq, .bytes_per_elem = 2, .fam = q->fam,
+    nl_act_opts ao = {.tp = L->tp,
+                      .sp = L->sp,
+                      .flash = !q->attn_materialized,
+                      .recompute = L->recompute,
+                      .seq = (double)q->seq,
+                      .bytes_per_elem = 2,
+                      .fam = q->fam,
                       .fp8_cache = !strcmp(q->recipe.name, "fp8-ds3")};
     nl_act_layer al;
     nl_plan_act_layer(a, &ao, &al);
@@ -306,7 +311,11 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     /* Pipeline: one activation forward and one gradient backward per microbatch and boundary. */
     double t_pp_mb = 0;
     /* Interleaving sends v times as often (Narayanan et al. 2021 sec. 2.2). */
-    if (L->pp > 1) t_pp_mb = 2 * (double)L->vpp * nl_plan_coll_time(hw, NL_P2P, 2, layer_act / (L->sp ? t : 1.0), pp_span);
+    /* Each of the t tensor-parallel ranks sends 1/t of the activation over its own NIC (with
+     * sequence parallelism it only holds 1/t; without, Megatron-LM's scatter/gather
+     * optimization, Narayanan et al. 2021 sec. 4.1, splits the replicated tensor, sends the
+     * pieces in parallel and all-gathers them over NVLink on the receiving stage). */
+    if (L->pp > 1) t_pp_mb = 2 * (double)L->vpp * nl_plan_coll_time(hw, NL_P2P, 2, layer_act / t, pp_span);
 
     /* Data parallel / ZeRO per step. Gradients reduce in the recipe's gradient precision, weights
      * gather in the weight precision. */
@@ -357,6 +366,11 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
         /* DualPipe (DeepSeek-V3 Table 2): (p/2 - 1)(F&B + B - 3W), about (p/2 - 1) forward
          * chunks; it overlaps the forward of one microbatch with the backward of another. */
         if (q->schedule == NL_SCHED_DUALPIPE && L->pp > 1) o->t_bubble = fmax(0, pp / 2 - 1) * t_mb_fwd;
+        /* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", sec. 3.1): the backward
+         * splits into B (input gradients) and W (weight gradients), and W fills the cool-down;
+         * with 1F1B's memory the bubble is (p-1)(T_F + T_B - T_W), T_B = T_W = half the backward:
+         * (p - 1) forward chunks, a third of 1F1B's (p-1)(T_F + T_B + T_W) when T_B = T_F. */
+        if (q->schedule == NL_SCHED_ZB_H1 && L->pp > 1) o->t_bubble = (pp - 1) / (double)L->vpp * (t_mb_fwd + cls / 3);
     }
     o->t_tp = m * t_tp_mb;
     o->t_cp = m * t_cp_mb;
@@ -379,6 +393,18 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     o->gpu_hours = o->total_s * (double)q->gpus / 3600.0;
     o->cost = o->gpu_hours * hw->price_per_hour;
     return NL_OK;
+}
+
+int nl_plan_schedule(const char *name) {
+    if (!strcmp(name, "1f1b")) return NL_SCHED_1F1B;
+    if (!strcmp(name, "dualpipe")) return NL_SCHED_DUALPIPE;
+    if (!strcmp(name, "zb-h1")) return NL_SCHED_ZB_H1;
+    return -1;
+}
+
+const char *nl_schedule_name(nl_sched s) {
+    static const char *n[] = {"1f1b", "dualpipe", "zb-h1"};
+    return (unsigned)s < 3 ? n[s] : "?";
 }
 
 /* ---- search --------------------------------------------------------------------------------- */
@@ -607,8 +633,8 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
     }
     if (L->pp > 1) {
         int pp_span = spans(hw, t * dpz * (double)L->pp);
-        push(lp, hw, "activation to next stage", "forward", NL_P2P, "pp", 2, act / (L->sp ? t : 1), pp_span, m);
-        push(lp, hw, "gradient to previous stage", "backward", NL_P2P, "pp", 2, act / (L->sp ? t : 1), pp_span, m);
+        push(lp, hw, "activation to next stage", "forward", NL_P2P, "pp", 2, act / t, pp_span, m);
+        push(lp, hw, "gradient to previous stage", "backward", NL_P2P, "pp", 2, act / t, pp_span, m);
     }
     double local = (P.dense_layers_params * lps / nl + (L->pp > 1 ? fmax(P.emb, P.cls) : P.emb + P.cls)) / t +
                    P.expert_params * lps / nl / ((double)L->ep * t);

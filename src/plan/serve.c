@@ -45,8 +45,8 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     const nl_arch *a = &q->arch;
     const nl_hw *hw = &q->hw;
     if (q->tp < 1 || q->batch < 1 || !(q->prompt >= 1) || !(q->output >= 1) || !(q->prefill_mfu >= 0) ||
-        q->prefill_mfu > 1 || !(q->kernel_s >= 0) || !(q->kernels_per_layer >= 0) ||
-        !(q->hbm_eff > 0) || q->hbm_eff > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0 || q->fsdp < 0)
+        q->prefill_mfu > 1 || !(q->kernel_s >= 0) || !(q->kernels_per_layer >= 0) || !(q->hbm_eff > 0) ||
+        q->hbm_eff > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0 || q->fsdp < 0)
         return nl_fail(NL_ERR_INVALID, "serve: tp, batch, prompt, output must be >= 1, prefill MFU in (0, 1]");
     if (a->n_heads % q->tp)
         return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp, (long long)a->n_heads);
@@ -101,7 +101,8 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->weight_read_s = o->params * q->weight_bytes / (tp * bw);
     o->kv_read_s = B * ctx * o->kv_bytes_per_token / (kv_tp * bw);
     o->decode_mem_s = o->weight_read_s + o->kv_read_s;
-    double gemm_c = 2 * o->matmul_params * B / (tp * P * mfu), attn_c = B * 2 * nl_plan_attn_flops_per_token(a, ctx) / (tp * P * mfu);
+    double gemm_c = 2 * o->matmul_params * B / (tp * P * mfu),
+           attn_c = B * 2 * nl_plan_attn_flops_per_token(a, ctx) / (tp * P * mfu);
     o->decode_compute_s = gemm_c + attn_c;
     /* A roofline per kernel, not per step (as Vidur and LLM-Viewer price operators): the weight
      * GEMMs and the attention over the KV cache run one after the other, each bound by its own

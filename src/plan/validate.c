@@ -100,7 +100,9 @@ static nl_status run_train(const nl_catalog *cat, const char *path, const char *
         return bad(path, id, "gpus, seq, global_batch (a multiple of dp x micro_batch) are required");
     L.n_micro = q.global_batch / (L.dp * L.micro_batch);
     const char *sched = str(cJSON_GetObjectItemCaseSensitive(e, "layout"), "schedule", "1f1b");
-    q.schedule = !strcmp(sched, "dualpipe") ? NL_SCHED_DUALPIPE : NL_SCHED_1F1B;
+    int sc = nl_plan_schedule(sched);
+    if (sc < 0) return bad(path, id, "layout.schedule must be 1f1b, dualpipe or zb-h1");
+    q.schedule = (nl_sched)sc;
     q.attn_materialized = !strcmp(str(e, "attention", "flash"), "materialized");
     nl_train_eval ev;
     if (nl_plan_train_eval(&q, &L, &ev)) return bad(path, id, nl_last_error());
@@ -178,10 +180,14 @@ static nl_status run_collective(const nl_catalog *cat, const char *path, const c
     if (nl_catalog_find_hw(cat, str(e, "gpu", "?"), &hw)) return bad(path, id, nl_last_error());
     const char *op = str(e, "collective", "?");
     nl_coll k;
-    if (!strcmp(op, "all-reduce")) k = NL_ALL_REDUCE;
-    else if (!strcmp(op, "all-gather")) k = NL_ALL_GATHER;
-    else if (!strcmp(op, "reduce-scatter")) k = NL_REDUCE_SCATTER;
-    else return bad(path, id, "collective must be all-reduce, all-gather or reduce-scatter");
+    if (!strcmp(op, "all-reduce"))
+        k = NL_ALL_REDUCE;
+    else if (!strcmp(op, "all-gather"))
+        k = NL_ALL_GATHER;
+    else if (!strcmp(op, "reduce-scatter"))
+        k = NL_REDUCE_SCATTER;
+    else
+        return bad(path, id, "collective must be all-reduce, all-gather or reduce-scatter");
     int64_t p = (int64_t)num(e, "gpus", 0);
     double bytes = num(e, "bytes", 0);
     if (p < 2 || !(bytes > 0)) return bad(path, id, "a collective needs gpus >= 2 and bytes > 0");
