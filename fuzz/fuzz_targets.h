@@ -16,6 +16,7 @@ int nl_fuzz_cli_numbers(const uint8_t *data, size_t size);
 int nl_fuzz_data(const uint8_t *data, size_t size);
 int nl_fuzz_formats_cli(const uint8_t *data, size_t size);
 int nl_fuzz_http_request(const uint8_t *data, size_t size);
+int nl_fuzz_kv_transfer(const uint8_t *data, size_t size);
 int nl_fuzz_llama2c(const uint8_t *data, size_t size);
 int nl_fuzz_names(const uint8_t *data, size_t size);
 int nl_fuzz_safetensors(const uint8_t *data, size_t size);

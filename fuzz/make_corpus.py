@@ -188,6 +188,34 @@ for i, j in enumerate(models):
 put("scaling_csv", "nd.csv", b"N,D,loss\n1e8,2e9,3.1\n4e8,8e9,2.8\n1e9,2e10,2.5\n")
 put("scaling_csv", "flops.csv", b"params,FLOPs,loss\n70e6,8.4e17,3.5\n1.6e8,3e18,3.2\n")
 put("scaling_csv", "bad.csv", b"N,D,loss\n1e9,2e10,2.5\n1e9,abc,2.4\n")
+# ---- KV transfer messages (include/nanolm/kv_transfer.h); first byte: bit 0 = answer, bit 1 = int8 KV.
+# The fuzz target's model shape: 2 layers, 4 heads, 2 kv heads, head dim 8, vocab 64, context 32.
+def kvx_request(tokens, int8=False, temperature=1.0, top_p=1.0, top_k=0, seed=1):
+    h = b"NKVQ" + struct.pack("<7I", 1, 2, 4, 2, 8, 64, 32) + struct.pack("<II", int(int8), len(tokens))
+    h += struct.pack("<ffII", temperature, top_p, top_k, 0) + struct.pack("<Q", seed)
+    return h + struct.pack("<%di" % len(tokens), *tokens)
+
+
+def kvx_answer(tokens, int8=False, block_size=16, first=7, error=None):
+    n = len(tokens)
+    if error is not None:
+        text = error.encode()
+        return (b"NKVK" + struct.pack("<II", 1, 10) + struct.pack("<7I", 2, 4, 2, 8, 64, 32, int(int8)) +
+                bytes(4 * 4 + 8 * 4 + 8) + struct.pack("<II", len(text), 0) + text)
+    rows = 2 * 2 * n
+    kv = bytes((i * 7) % 251 for i in range(rows * 16)) + struct.pack("<H", 0x3c00) * (rows * 2) if int8 else \
+        struct.pack("<%df" % (rows * 16), *[0.01 * (i % 50) for i in range(rows * 16)])
+    h = b"NKVK" + struct.pack("<II", 1, 0) + struct.pack("<7I", 2, 4, 2, 8, 64, 32, int(int8))
+    h += struct.pack("<IIII", block_size, (n + block_size - 1) // block_size, n, first)
+    h += struct.pack("<4Q", 1, 2, 3, 4) + struct.pack("<QII", len(kv), 0, 0)
+    return h + struct.pack("<%di" % n, *tokens) + kv
+
+
+put("kv_transfer", "request.bin", b"\0" + kvx_request([1, 5, 9, 63]))
+put("kv_transfer", "request_int8_sampled.bin", b"\2" + kvx_request(list(range(20)), True, 0.7, 0.9, 40, 99))
+put("kv_transfer", "answer_fp32.bin", b"\1" + kvx_answer([3, 4, 5]))
+put("kv_transfer", "answer_int8.bin", b"\3" + kvx_answer([1] * 17, True, 8))
+put("kv_transfer", "answer_error.bin", b"\1" + kvx_answer([], error="the waiting queue is full"))
 # The catalog as `nanolm plan catalog --json` prints it, split into a GPU and a model file
 # (needs the CLI: NANOLM_BIN=build/nanolm).
 if os.environ.get("NANOLM_BIN"):

@@ -291,6 +291,64 @@ static void test_report_one_form_values(void **state) {
     nl_report_free(r);
 }
 
+/* A repeatable option keeps every value in order; a bare number ("-inf", "-1.5") is positional;
+ * more than NL_OPT_LIST_MAX values is refused. */
+static void test_list_option_and_negative_positional(void **state) {
+    (void)state;
+    nl_opt_list runs = {{0}, 0};
+    nl_opt table[] = {NL_OPT_LIST("run", &runs, "L=F", "a run")};
+    nl_optgroup groups[] = {{NULL, table, 1}};
+    nl_cmdspec spec = {"demo", "nanolm demo", NULL, groups, 1, 2};
+    const char *pos[2] = {0};
+    int npos = 0;
+    char *argv[] = {"demo", "--run", "a=1.csv", "-inf", "--run=b=2.csv", "-1.5"};
+    assert_int_equal(nl_cli_parse(&spec, 6, argv, pos, &npos), 0);
+    assert_int_equal(runs.n, 2);
+    assert_string_equal(runs.v[0], "a=1.csv");
+    assert_string_equal(runs.v[1], "b=2.csv");
+    assert_int_equal(npos, 2);
+    assert_string_equal(pos[0], "-inf");
+    assert_string_equal(pos[1], "-1.5");
+    char *many[3 + 2 * NL_OPT_LIST_MAX];
+    many[0] = "demo";
+    for (int i = 0; i <= NL_OPT_LIST_MAX; i++) many[1 + 2 * i] = "--run", many[2 + 2 * i] = "x";
+    runs.n = 0;
+    assert_int_equal(nl_cli_parse(&spec, 3 + 2 * NL_OPT_LIST_MAX, many, pos, &npos), NL_EXIT_USAGE);
+    char *bad[] = {"demo", "-x"};
+    assert_int_equal(nl_cli_parse(&spec, 2, bad, pos, &npos), NL_EXIT_USAGE);
+}
+
+/* A text-only table (key NULL), a JSON-only table (every header ""), list cells, and a '-' format
+ * flag that keeps numbers left-aligned. */
+static void test_report_one_form_tables(void **state) {
+    (void)state;
+    const double ks[] = {128, 256}, errs[] = {2.5e-4, 4.0e-4};
+    nl_report *r = nl_report_new("tables");
+    nl_report_table(r, NULL, "text only", 2, (const nl_report_col[]){{NULL, "K", "%-.0f"}, {NULL, "err", "%.1e"}});
+    nl_report_cell_num(r, 128);
+    nl_report_cell_num(r, 2.5e-4);
+    nl_report_row_end(r);
+    nl_report_cell_num(r, 16384);
+    nl_report_cell_num(r, 4e-4);
+    nl_report_row_end(r);
+    nl_report_table(r, "series", NULL, 2, (const nl_report_col[]){{"k", "", NULL}, {"err", "", NULL}});
+    nl_report_cell_nums(r, ks, 2);
+    nl_report_cell_nums(r, errs, 2);
+    nl_report_row_end(r);
+    const char *text = capture(r, 0);
+    assert_non_null(strstr(text, "text only\nK      err\n"));
+    assert_non_null(strstr(text, "\n128    2.5e-04\n")); /* K left-aligned, err right-aligned */
+    assert_null(strstr(text, "series"));
+    cJSON *doc = cJSON_Parse(capture(r, 1));
+    assert_non_null(doc);
+    assert_int_equal(cJSON_GetArraySize(doc), 1); /* only the JSON table */
+    cJSON *row = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "series"), 0);
+    assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(row, "err"), 1)->valuedouble == 4.0e-4);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(row, "k")), 2);
+    cJSON_Delete(doc);
+    nl_report_free(r);
+}
+
 /* An object left open, or closed twice, makes the report fail to print instead of printing
  * something half-nested. */
 static void test_report_unbalanced_objects_fail(void **state) {
@@ -340,6 +398,8 @@ int main(void) {
         cmocka_unit_test(test_report_objects_and_lists),
         cmocka_unit_test(test_report_unbalanced_objects_fail),
         cmocka_unit_test(test_report_one_form_values),
+        cmocka_unit_test(test_list_option_and_negative_positional),
+        cmocka_unit_test(test_report_one_form_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

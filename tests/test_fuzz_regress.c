@@ -76,6 +76,7 @@ static void test_names(void **s) { (void)s; replay("names", nl_fuzz_names, 5); }
 static void test_formats_cli(void **s) { (void)s; replay_quiet("formats_cli", nl_fuzz_formats_cli, 3); }
 static void test_train_state(void **s) { (void)s; replay_quiet("train_state", nl_fuzz_train_state, 5); }
 static void test_http_request(void **s) { (void)s; replay_quiet("http_request", nl_fuzz_http_request, 3); }
+static void test_kv_transfer(void **s) { (void)s; replay("kv_transfer", nl_fuzz_kv_transfer, 5); }
 
 /* The first finding, pinned by its exact outcome: a 33-byte header whose fields multiply past
  * int64 (dim*hidden_dim*n_layers overflowed in the layout) must be refused as a format error
@@ -105,6 +106,7 @@ int main(void) {
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_formats_cli),
         cmocka_unit_test(test_http_request),
+        cmocka_unit_test(test_kv_transfer),
         cmocka_unit_test(test_llama2c_header_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

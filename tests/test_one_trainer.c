@@ -2,12 +2,18 @@
  * --tp 1 --pp 1) runs the same loop, schedule, clipping and AdamW as `nanolm train` alone, so its
  * per-step training losses, gradient norms, learning rates and validation losses are
  * bit-identical (compared as the %.9g text of the CSV log, which round-trips a float). The layout
- * refuses what it does not support with a message naming it. */
+ * refuses what it does not support with a message naming it. The expert-parallel layout (moe train)
+ * of one rank gives the same log as the plain trainer on the same MoE model. */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "nanolm/moe.h"
+#include "nanolm/moe_ep.h"
+#include "nanolm/tokenizer.h"
 
 #define SHAKES "tinyshakespeare/input.txt"
 #define OPTS "--steps 6 --batch 4 --seq 32 --eval-windows 4 --warmup 2 --eval-every 3"
@@ -77,10 +83,70 @@ static void test_layout_refusals_are_named(void **state) {
     expect_refused(args, "does not support gradient accumulation");
 }
 
+/* The same floats, NaN equal to NaN (validation losses at steps without validation). */
+static int same_float(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0; }
+
+/* `moe train` runs nl_trainer_run through the expert-parallel layout's hooks: one rank (ep 1) with
+ * a warmup, a cosine decay, clipping and validation gives the plain trainer's log bit for bit on
+ * the same MoE model (loss, learning rate, gradient norm, validation loss per step). */
+static void test_moe_layout_of_size_1_bit_identical(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(path, SHAKES);
+    nl_arch a;
+    assert_int_equal(nl_moe_preset("moe-course-tiny", &a), NL_OK);
+    nl_train_opts o;
+    nl_train_opts_default(&o);
+    o.steps = 6, o.batch = 2, o.seq = 32, o.warmup = 2, o.eval_every = 3, o.eval_windows = 4;
+    if (a.seq_len < o.seq) a.seq_len = o.seq;
+    nl_tokenizer tok;
+    nl_data d;
+    assert_int_equal(nl_tokenizer_init_byte(&tok), NL_OK);
+    assert_int_equal(nl_data_open(&d, path, &tok), NL_OK);
+    nl_trainer plain;
+    assert_int_equal(nl_trainer_init(&plain, &a, &o), NL_OK);
+    assert_non_null(plain.model.moe);
+    assert_int_equal(nl_trainer_run(&plain, &o, &d, NULL, NULL), NL_OK);
+    assert_int_equal(nl_comm_init(NULL, NULL), NL_OK);
+    nl_ep_opts eo;
+    nl_ep_opts_default(&eo);
+    eo.train = o;
+    eo.aux_coef = plain.model.moe->aux_coef, eo.capacity_factor = plain.model.moe->capacity_factor;
+    nl_ep_trainer ep;
+    assert_int_equal(nl_ep_init(&ep, &a, &eo, nl_comm_world()), NL_OK);
+    nl_train_layout L;
+    nl_ep_layout(&ep, &L);
+    nl_trainer lt;
+    assert_int_equal(nl_trainer_init_layout(&lt, &o, &L), NL_OK);
+    assert_int_equal(nl_trainer_run(&lt, &o, &d, NULL, NULL), NL_OK);
+    assert_int_equal(lt.n_log, 6);
+    assert_int_equal(plain.n_log, 6);
+    int n_val = 0;
+    for (int64_t i = 0; i < 6; i++) {
+        const nl_train_log *x = &plain.log[i], *y = &lt.log[i];
+        print_message("step %lld: loss %.9g / %.9g, lr %.9g / %.9g, norm %.9g / %.9g, val %.9g / %.9g\n",
+                      (long long)x->step, x->loss, y->loss, x->lr, y->lr, x->grad_norm, y->grad_norm, x->val_loss,
+                      y->val_loss);
+        assert_true(same_float(x->loss, y->loss));
+        assert_true(same_float(x->lr, y->lr));
+        assert_true(same_float(x->grad_norm, y->grad_norm));
+        assert_true(same_float(x->val_loss, y->val_loss));
+        n_val += !isnan(x->val_loss);
+    }
+    assert_int_equal(n_val, 2);
+    assert_true(plain.log[0].lr < plain.log[1].lr && plain.log[5].lr < plain.log[2].lr); /* warmup, then decay */
+    nl_trainer_free(&lt);
+    nl_ep_free(&ep);
+    nl_comm_finalize();
+    nl_trainer_free(&plain);
+    nl_data_free(&d);
+    nl_tokenizer_free(&tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts_of_size_1_bit_identical),
         cmocka_unit_test(test_layout_refusals_are_named),
+        cmocka_unit_test(test_moe_layout_of_size_1_bit_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -85,25 +85,50 @@ static void test_ddp_rank_killed(void **state) { (void)state; crash_and_resume(0
 static void test_zero1_rank_exits(void **state) { (void)state; crash_and_resume(1, "exit"); }
 static void test_zero3_rank_segv(void **state) { (void)state; crash_and_resume(3, "segv"); }
 
-/* A rank stopped with SIGSTOP (alive, but never arriving) must not leave the other spinning: the
- * collective watchdog (--timeout) ends the job, naming the rank that was waited for. */
-static void test_stopped_rank_watchdog(void **state) {
-    (void)state;
-    char args[2048], *out;
-    snprintf(args, sizeof args, "parallel train --data %s %s --steps 10 --timeout 3 --inject-fault 1:stop@3", data_file(),
-             SHAPE);
-    int rc = run2(args, &out);
-    print_message("rank 1 stopped at step 3, --timeout 3: exit status %d\n%s\n", rc, out);
+/* A rank stopped with SIGSTOP (alive, but never arriving) must not leave the others spinning:
+ * the collective watchdog (--timeout) ends the job naming the stopped rank, whatever its place in
+ * the ring. Every rank that reports names the stopped one and no other (with 3+ ranks a waiting
+ * neighbour must not be blamed). */
+static void stopped_rank(int np, int stopped) {
+    char args[2048], *out, want[64];
+    snprintf(args, sizeof args,
+             "parallel train --data %s --dim 32 --layers 1 --heads 4 --kv-heads 2 --hidden 64 --seq 16 --batch 2 "
+             "--dp %d --steps 10 --eval-windows 2 --timeout 3 --inject-fault %d:stop@3",
+             data_file(), np, stopped);
+    const tu_run_opts o = {.np = np, .timeout_s = 120, .one_thread = 1};
+    int rc = tu_run_cli_ex(&o, args, &out, NULL);
+    print_message("%d ranks, rank %d stopped at step 3, --timeout 3: exit status %d\n%s\n", np, stopped, rc, out);
     assert_int_not_equal(rc, 0);
     assert_int_not_equal(rc, 124); /* not ended by timeout(1): the job did not hang */
-    assert_non_null(strstr(out, "nanolm: rank 0 of 2:"));
-    assert_non_null(strstr(out, "for rank 1, which did not arrive"));
+    snprintf(want, sizeof want, "for rank %d, which did not arrive", stopped);
+    int reports = 0;
+    for (const char *l = out; (l = strstr(l, "nanolm: rank ")); l++) {
+        const char *eol = strchr(l, '\n');
+        size_t len = eol ? (size_t)(eol - l) : strlen(l);
+        char line[1024];
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), l);
+        if (!strstr(line, "waited")) continue; /* mpirun's and the exit hooks' lines */
+        reports++;
+        if (!strstr(line, want)) print_message("wrong rank named: %s\n", line);
+        assert_non_null(strstr(line, want));
+    }
+    assert_true(reports >= 1);
     free(out);
 }
+
+static void test_stopped_rank_watchdog(void **state) { (void)state; stopped_rank(2, 1); }
+static void test_stopped_rank1_of_3(void **state) { (void)state; stopped_rank(3, 1); }
+static void test_stopped_rank2_of_3(void **state) { (void)state; stopped_rank(3, 2); }
+static void test_stopped_rank1_of_4(void **state) { (void)state; stopped_rank(4, 1); }
+static void test_stopped_rank2_of_4(void **state) { (void)state; stopped_rank(4, 2); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stopped_rank_watchdog),
+        cmocka_unit_test(test_stopped_rank1_of_3),
+        cmocka_unit_test(test_stopped_rank2_of_3),
+        cmocka_unit_test(test_stopped_rank1_of_4),
+        cmocka_unit_test(test_stopped_rank2_of_4),
         cmocka_unit_test(test_ddp_rank_killed),
         cmocka_unit_test(test_zero1_rank_exits),
         cmocka_unit_test(test_zero3_rank_segv),

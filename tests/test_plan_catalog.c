@@ -36,7 +36,7 @@ static void test_published_counts(void **state) {
     params(&c, "stories260k", NULL);
     nl_hw h;
     assert_int_equal(nl_catalog_find_hw(&c, "H100", &h), NL_OK); /* case-insensitive */
-    assert_true(h.flops_bf16 == 989e12 && h.mem_bytes == 80e9 && h.intra_bw == 450e9 && h.inter_bw == 50e9);
+    assert_true(h.flops_bf16 == 989e12 && h.mem_bytes == 81559.0 * 1024 * 1024 && h.intra_bw == 450e9 && h.inter_bw == 50e9);
     assert_int_equal(nl_catalog_find_hw(&c, "h200", &h), NL_OK);
     assert_true(h.mem_bytes == 141e9 && h.hbm_bw == 4.8e12);
     assert_int_equal(nl_catalog_find_hw(&c, "a100", &h), NL_OK);
@@ -47,6 +47,34 @@ static void test_published_counts(void **state) {
     nl_arch a;
     assert_int_equal(nl_catalog_find_model(&c, "llama-4", &a), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "deepseek-v3"));
+}
+
+/* The GPT-style families counted with their own MLP (GeLU/ReLU, 2 matrices), biases, LayerNorm
+ * and positions, against the counts their authors publish; the catalog listing prints the same
+ * counts (before, a 4d MLP was counted as a 3-matrix SwiGLU: OPT-175B showed 233B). */
+static void test_family_counts(void **state) {
+    (void)state;
+    nl_catalog c;
+    nl_catalog_init(&c);
+    struct { const char *name; double published; } m[] = {
+        {"bloom-176b", 176247271424.0}, /* bigscience/bloom model card: 176,247,271,424 */
+        {"opt-175b", 175e9},            /* Zhang et al. 2022 Table 1 */
+        {"mpt-7b", 6.7e9},              /* mosaicml/mpt-7b model card: 6.7B */
+        {"mpt-30b", 29.95e9},           /* mosaicml/mpt-30b model card: 29.95B */
+    };
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        nl_arch a;
+        nl_family f;
+        nl_arch_params p;
+        assert_int_equal(nl_catalog_find_model(&c, m[i].name, &a), NL_OK);
+        nl_catalog_family(&c, a.name, &f);
+        nl_plan_count_params(&a, &f, &p);
+        assert_true(fabs((double)p.total / m[i].published - 1) < 0.01);
+    }
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("plan catalog", &out), 0);
+    assert_non_null(strstr(out, "opt-175b          175B"));
+    free(out);
 }
 
 static void write(const char *path, const char *text) {
@@ -68,7 +96,7 @@ static void test_json_overrides(void **state) {
     assert_int_equal(nl_catalog_load_hw(&c, p), NL_OK);
     nl_hw h;
     assert_int_equal(nl_catalog_find_hw(&c, "h100-pcie", &h), NL_OK);
-    assert_true(h.flops_bf16 == 756e12 && h.intra_bw == 64e9 && h.mem_bytes == 80e9);
+    assert_true(h.flops_bf16 == 756e12 && h.intra_bw == 64e9 && h.mem_bytes == 81559.0 * 1024 * 1024);
     assert_int_equal(nl_catalog_find_hw(&c, "h100", &h), NL_OK);
     assert_true(h.price_per_hour == 1.99 && h.flops_bf16 == 989e12);
     /* Unknown field, bad value, missing name: refused, naming file and field. */
@@ -127,6 +155,7 @@ static void test_json_overrides(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_published_counts),
+        cmocka_unit_test(test_family_counts),
         cmocka_unit_test(test_json_overrides),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

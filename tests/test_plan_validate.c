@@ -34,13 +34,14 @@ static void test_set_shape(void **state) {
     assert_true(group(&r, "train")->n >= 20);
     assert_true(group(&r, "memory")->n >= 10);
     assert_true(group(&r, "serve")->n >= 10);
+    assert_true(group(&r, "collective")->n >= 4);
     nl_plan_validate_free(&r);
 }
 
 /* The targets on the whole set, one set of defaults for every case. Met: memory cases whose
- * accounting the source spells out within 3%. Not met yet (docs/planning.md gives the figures):
- * training throughput median <= 5% and every case <= 15%, serving median <= 10%, every
- * published layout fitting; those are guarded here at the level reached so that a change that
+ * accounting the source spells out within 3%, serving median <= 10%, every published layout
+ * fitting. Not met yet (docs/planning.md gives the figures): training throughput median <= 5%
+ * and every case <= 15%; those are guarded here at the level reached so that a change that
  * makes the planner worse against published runs fails. */
 static void test_targets(void **state) {
     (void)state;
@@ -51,9 +52,34 @@ static void test_targets(void **state) {
     assert_true(m->worst_formula_abs <= 0.03);
     assert_true(t->median_abs <= 0.07);   /* target 0.05 */
     assert_true(t->worst_abs <= 0.35);    /* target 0.15 */
-    assert_true(s->median_abs <= 0.20);   /* target 0.10 */
-    assert_true(r.n_nofit <= 4);          /* target 0 */
+    assert_true(s->median_abs <= 0.10);
+    assert_true(r.n_nofit == 0);
     nl_plan_validate_free(&r);
+}
+
+/* DeepSeek-V3's selective recipe as its report describes it (sec. 3.3.2-3.3.3), per token and
+ * layer at tp 1: the two RMSNorm inputs in bf16 (2 x 2 x 7168), the q and kv latents in FP8
+ * (1536 + 512 + 64), the attention output in E5M6 (1.5 x 128 heads x 128), the fp32 log-sum-exp
+ * (4 x 128), the inputs of the 8 routed + 1 shared experts in FP8 (58 of 61 layers; the 3 dense
+ * layers keep one 7168 input), the SwiGLU inputs in FP8 (2 x 9 x 2048 on MoE layers, 2 x 18432
+ * on dense ones) and the fp32 router logits (4 x 256 on MoE layers). */
+static void test_ds3_activations(void **state) {
+    (void)state;
+    nl_arch a;
+    assert_int_equal(nl_catalog_find_model(&cat, "deepseek-v3", &a), NL_OK);
+    nl_act_opts o = {.tp = 1, .flash = 1, .recompute = NL_RECOMPUTE_SELECTIVE, .seq = 4096, .bytes_per_elem = 2,
+                     .fp8_cache = 1};
+    nl_act_layer l;
+    nl_plan_act_layer(&a, &o, &l);
+    double moe = 58.0 / 61.0, dense = 3.0 / 61.0;
+    double want = 2 * 2 * 7168.0 + (1536 + 512 + 64) + 1.5 * 128 * 128 + 4 * 128 +
+                  (moe * 9 + dense) * 7168 + moe * 2 * 9 * 2048 + dense * 2 * 18432 + moe * 4 * 256;
+    assert_true(fabs(l.bytes_per_token - want) < 1e-6 * want);
+    /* Without the recipe the same layer keeps the bf16 walk: more than twice as much. */
+    o.fp8_cache = 0;
+    nl_act_layer b;
+    nl_plan_act_layer(&a, &o, &b);
+    assert_true(b.bytes_per_token > 2 * l.bytes_per_token);
 }
 
 /* Bad input: a missing file, a non-array, an entry without a source, an unknown metric. */
@@ -103,6 +129,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_set_shape),
         cmocka_unit_test(test_targets),
+        cmocka_unit_test(test_ds3_activations),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_cli),
     };

@@ -79,9 +79,12 @@ nl_status nl_comm_init(int *argc, char ***argv);
 /* Frees the world and finalizes MPI (if nl_comm_init started it). Safe to call twice. */
 void nl_comm_finalize(void);
 /* The collective watchdog: a blocking wait (a collective, a pipeline receive) longer than
- * `seconds` ends the process with "nanolm: rank R of P: <what> waited S s for rank Q, which did
- * not arrive ..." (exit 75), and mpirun ends the job. Default 600 s; <= 0 turns it off. The
- * watchdog thread runs from nl_comm_init when the world has more than one rank. */
+ * `seconds` makes this rank ask every other rank for its heartbeat (over a communicator of the
+ * watchdog's own); the ranks that do not answer within the grace time (`seconds` clamped to
+ * [2, 10]) are named: "nanolm: rank R of P: <what> waited S s for rank Q, which did not arrive
+ * ..." and the process ends (exit 75), upon which mpirun ends the job. When all answer, the
+ * report names the ranks not waiting, or says that all wait. Default 600 s; <= 0 turns it off.
+ * The watchdog thread runs from nl_comm_init when the world has more than one rank. */
 void nl_comm_set_timeout(double seconds);
 double nl_comm_timeout(void);
 /* The world communicator, or NULL before nl_comm_init. */
@@ -153,6 +156,8 @@ nl_status nl_comm_barrier(nl_comm *c);
 /* max (or sum) over ranks of a double, native, not counted: for timings and reports. */
 nl_status nl_comm_max_double(nl_comm *c, double *v);
 nl_status nl_comm_sum_double(nl_comm *c, double *v);
+/* *v = max over ranks of *v, native, not counted: the ranks agree on a flag (a stop request). */
+nl_status nl_comm_max_int(nl_comm *c, int *v);
 
 /* ---- non-blocking all-reduce (gradient buckets) -------------------------------------------
  * Starts an in-place all-reduce of buf (n) and returns a request. The ring advances one step

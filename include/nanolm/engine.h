@@ -150,6 +150,45 @@ int nl_engine_wait(nl_engine *e, uint64_t id, int timeout_ms);
 /* Forgets a finished request (cancels it first if it is still running). */
 void nl_engine_release(nl_engine *e, uint64_t id);
 
+/* ---- prefill/decode disaggregation (kv_transfer.h moves this between processes) ----------- */
+
+/* The KV of one prefilled prompt, independent of the block size: data is nl_kvcache_seq_bytes
+ * (n_layers, kv_heads, head_dim, dtype, n_tokens) bytes in nl_kvcache_gather's layout
+ * (fp32 (L, 2, n_tokens, KVH*hd); int8 codes then fp16 scales). */
+typedef struct nl_engine_kv {
+    int64_t n_layers, kv_heads, head_dim;
+    nl_kv_dtype dtype;
+    int64_t n_tokens;         /* prompt tokens whose K/V are held */
+    int32_t *tokens;          /* (n_tokens) the prompt (nl_free) */
+    int32_t first_token;      /* sampled from the logits of the last prompt position */
+    nl_rng rng;               /* the request's generator after that draw */
+    uint8_t *data;            /* (data_bytes) K/V (nl_free) */
+    size_t data_bytes;
+} nl_engine_kv;
+/* Frees the arrays of a kv (safe on a zeroed one). */
+void nl_engine_kv_free(nl_engine_kv *kv);
+/* The KV format of the engine's pool. */
+nl_kv_dtype nl_engine_kv_dtype(const nl_engine *e);
+
+/* Queues a prefill-only request: the prompt is computed (chunked and batched like any other),
+ * one token is sampled with s's temperature / top-p / top-k / seed, and the request finishes
+ * ("length", or "stop" for EOS) KEEPING its KV blocks until nl_engine_release, so that
+ * nl_engine_export_kv can copy them out. Errors as nl_engine_submit. */
+nl_status nl_engine_submit_prefill(nl_engine *e, const int32_t *prompt, int64_t n, const nl_sampling *s, uint64_t *id);
+/* Copies out the prompt KV, the first token and the generator of a finished prefill-only
+ * request (out: nl_engine_kv_free). NL_ERR_INVALID for an unknown id, a request that was not
+ * submitted with nl_engine_submit_prefill, or one not finished (or cancelled / failed: the
+ * message says so); NL_ERR_NOMEM. */
+nl_status nl_engine_export_kv(nl_engine *e, uint64_t id, nl_engine_kv *out);
+/* Queues a request that continues from an exported prefill: blocks for the prompt are taken
+ * from the pool and filled with kv->data, the first token is appended (text, stop strings and
+ * max_tokens of s apply to it as if sampled here), and the request waits to be decoded from
+ * position n_tokens on with kv->rng. Greedy tokens are then those of colocated serving.
+ * Errors: NL_ERR_INVALID (a shape or KV format other than the engine's, a token outside the
+ * vocabulary, a data size that does not match: the message names it), NL_ERR_RANGE (longer
+ * than the context), NL_ERR_BUSY (waiting queue full, or the pool has not the blocks now). */
+nl_status nl_engine_import_kv(nl_engine *e, const nl_engine_kv *kv, const nl_sampling *s, uint64_t *id);
+
 typedef struct nl_engine_stats {
     int64_t running, waiting;         /* sequences now */
     int64_t kv_blocks_total, kv_blocks_used, kv_blocks_free;

@@ -67,6 +67,17 @@ static inline uint16_t *nl_kvcache_scales_row(const nl_kvcache *c, int32_t id, i
  * `table`, layer l (quantized for an int8 pool). */
 void nl_kvcache_store(nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos, const float *k, const float *v);
 
+/* Bytes of the K/V of n_tokens positions of one sequence in the block-size-independent layout
+ * of nl_kvcache_gather: fp32 (L, 2, n_tokens, KVH*hd) floats; int8 codes (L, 2, n_tokens, KVH*hd)
+ * then fp16 scales (L, 2, n_tokens, KVH). That is 2 x L x KVH x hd x bytes x n_tokens, plus for
+ * int8 the 2 x L x KVH x 2 x n_tokens bytes of scales. */
+size_t nl_kvcache_seq_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, int64_t n_tokens);
+/* Copies positions [0, n_tokens) of a sequence (block table `table`) into dst
+ * (nl_kvcache_seq_bytes bytes), exactly as stored (int8 codes and scales are not re-quantized). */
+void nl_kvcache_gather(const nl_kvcache *c, const int32_t *table, int64_t n_tokens, uint8_t *dst);
+/* The reverse: writes positions [0, n_tokens) of a sequence whose blocks are allocated from src. */
+void nl_kvcache_scatter(nl_kvcache *c, const int32_t *table, int64_t n_tokens, const uint8_t *src);
+
 /* Causal attention of query head h of one token at position pos over positions 0..pos of a
  * sequence (block table `table`), layer l: out (hd) of head h from q (NH*hd, RoPE applied);
  * grouped-query heads share kv head h / (NH/KVH). scratch holds pos+1 floats. The scores,

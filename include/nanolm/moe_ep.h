@@ -80,7 +80,13 @@ nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o,
 void nl_ep_free(nl_ep_trainer *t);
 /* Activation bytes of this rank (the model's and the ring-attention contexts'). */
 size_t nl_ep_act_bytes(const nl_ep_trainer *t);
-/* One AdamW step on this rank's slice of the global batch for `step`; fills t->st. */
+/* The hooks of the one training loop (nanolm/train.h): grads (this rank's slice of the global
+ * batch, forward and backward with the experts' all-to-alls, replicated gradients averaged over
+ * the world and expert gradients over the expert replicas; fills t->st), sumsq, scale, update
+ * (AdamW), eval (every rank the same validation windows; none with context parallelism), save and
+ * load (rank 0 writes the whole model: ep 1 only; NULL otherwise) and agree_stop. */
+void nl_ep_layout(nl_ep_trainer *t, nl_train_layout *L);
+/* One step through those hooks at the constant learning rate o->train.lr; fills t->st. */
 nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step);
 
 #ifdef __cplusplus

@@ -149,6 +149,8 @@ typedef struct nl_act_opts {
     double seq;          /* sequence length (scores without flash) */
     double bytes_per_elem; /* 2 for bf16 */
     nl_family fam;       /* zero = llama */
+    int fp8_cache;       /* DeepSeek-V3's recipe: FP8 linear inputs, recomputed norms and MLA
+                            up-projections (with selective recomputation; memory.c) */
 } nl_act_opts;
 
 typedef struct nl_act_layer {
@@ -197,6 +199,11 @@ typedef struct nl_eff {
 } nl_eff;
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
+
+/* How much of the large-GEMM rate a GEMM dimension of size x fills: x / (x + 128) (128: the
+ * tile edge of cuBLAS/CUTLASS kernels on A100/H100). A GEMM M x N x K runs at
+ * gemm_eff * f(M) f(N) f(K) of peak; training and prefill share it. */
+double nl_plan_gemm_shape_eff(double x);
 
 /* ---- training plans ---------------------------------------------------------------------- */
 typedef struct nl_layout {
@@ -315,6 +322,7 @@ typedef struct nl_serve_req {
     double weight_bytes;     /* bytes per weight (2 = bf16) */
     double kv_bytes;         /* bytes per KV element (2) */
     double chunk;            /* chunked-prefill tokens per step (256) */
+    int64_t fsdp;            /* weights sharded ZeRO-3/FSDP-style over this many GPUs (0/1: none) */
 } nl_serve_req;
 
 typedef struct nl_serve_plan {
@@ -331,6 +339,7 @@ typedef struct nl_serve_plan {
     double chunk_compute_s, chunk_free_tokens; /* chunked prefill */
     double prefill_rps, decode_rps, decode_per_prefill; /* disaggregation, per GPU group */
     double mem_weights, mem_kv, mem_total;     /* per GPU */
+    double fsdp_gather_s;                      /* all-gathers of every layer's weight shards per forward */
     int fits;
 } nl_serve_plan;
 /* Prices serving `arch` on `tp` GPUs of `hw`. NL_ERR_INVALID on bad sizes. */

@@ -13,6 +13,8 @@
  * Bad input gets an OpenAI-style error (http_request.h): 400 for a bad body or a prompt longer
  * than the context, 404/405 for an unknown path or method, 413 for a body over max_body_bytes,
  * 429 when the engine's waiting queue is full, 503 while shutting down.
+ * With prefill_addr (the decode role of prefill/decode disaggregation) each prompt is sent to a
+ * prefill server and its KV imported into this engine; /metrics then also counts the transfers.
  */
 #ifndef NANOLM_SERVER_H
 #define NANOLM_SERVER_H
@@ -31,6 +33,9 @@ typedef struct nl_server_opts {
     int max_connections;     /* open connections at most (default 512) */
     double drain_timeout_s;  /* at shutdown, how long running requests may finish before they are
                                 cancelled (default 30) */
+    const char *prefill_addr; /* decode role: "HOST:PORT" of a prefill server (kv_transfer.h) that
+                                computes each prompt's KV, imported here (502 when it fails);
+                                NULL: colocated (prefill and decode in this engine) */
 } nl_server_opts;
 
 typedef struct nl_server nl_server;

@@ -127,7 +127,9 @@ typedef struct nl_train_opts {
     const char *fp8;        /* FP8 recipe the caller installs (recorded, checked on resume; NULL none) */
     const volatile int *stop; /* when *stop becomes nonzero (a signal handler sets it), the current
                                  step finishes, is validated and saved, and nl_trainer_run returns
-                                 NL_OK with t->stopped set (NULL: never) */
+                                 NL_OK with t->stopped set to that value (NULL: never). A layout
+                                 takes the max over ranks once per step (agree_stop), so every
+                                 rank stops after the same step */
 } nl_train_opts;
 
 /* Fills defaults: steps 2000, batch 12, seq 64, accum 1, lr 1e-3, lr_min lr/10, warmup 100,
@@ -171,6 +173,9 @@ typedef struct nl_train_layout {
     nl_status (*eval)(void *user, const nl_data *d, int64_t windows, double *loss);
     nl_status (*save)(void *user, const char *path, const struct nl_ckpt_state *st);
     nl_status (*load)(void *user, const char *path, struct nl_ckpt_state *st);
+    /* *stop = max over all ranks of *stop, so that every rank stops after the same step when a
+     * signal reached some of them (NULL: the ranks never need to agree, e.g. one rank) */
+    nl_status (*agree_stop)(void *user, int *stop);
 } nl_train_layout;
 
 /* One optimizer step through a layout's hooks (see above); *loss and *grad_norm (before
@@ -189,7 +194,7 @@ typedef struct nl_trainer {
     nl_train_log *log;      /* (log_cap) records, 0..n_log: one per step this process runs */
     int64_t n_log, log_cap;
     int64_t seq;            /* tokens per window (o->seq, or the model's seq_len when 0) */
-    int stopped;            /* nl_trainer_run returned early on o->stop */
+    int stopped;            /* nl_trainer_run returned early on o->stop: its (agreed) value */
     nl_train_memory mem;
     double wall_s;          /* of the steps run in this process */
     struct nl_mup *mup;     /* muP hooks (NULL: standard parametrisation) */

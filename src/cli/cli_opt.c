@@ -83,6 +83,14 @@ static int set_value(const char *cmd, const nl_opt *o, const char *value) {
         if (!*value) return nl_cli_usage_error("%s: --%s needs a non-empty value", cmd, o->name);
         *(const char **)o->dest = value;
         return 0;
+    case NL_OPT_T_LIST: {
+        nl_opt_list *l = o->dest;
+        if (!*value) return nl_cli_usage_error("%s: --%s needs a non-empty value", cmd, o->name);
+        if (l->n >= NL_OPT_LIST_MAX)
+            return nl_cli_usage_error("%s: --%s given more than %d times", cmd, o->name, NL_OPT_LIST_MAX);
+        l->v[l->n++] = value;
+        return 0;
+    }
     case NL_OPT_T_CHOICE: {
         int k = choice_index(o->choices, value);
         if (k < 0) return nl_cli_usage_error("%s: --%s must be one of %s, got '%s'", cmd, o->name, o->choices, value);
@@ -200,4 +208,17 @@ void nl_cli_help(const nl_cmdspec *spec, FILE *f) {
         }
     }
     fprintf(f, "\n  %-24s %s\n", "--help", "this help");
+}
+
+int nl_cli_model_opts(nl_opt *opts, nl_model_args *a, int with_weights) {
+    a->ckpt = a->tokenizer = a->weights = NULL;
+    opts[0] = (nl_opt)NL_OPT_STR(
+        "ckpt", &a->ckpt, "F", "model: a Hugging Face folder, a safetensors checkpoint or a llama2.c .bin (required)");
+    opts[1] = (nl_opt)NL_OPT_STR("tokenizer", &a->tokenizer, "FILE",
+                                 "tokenizer (tok512.bin or tokenizer.json); needed for llama2.c .bin checkpoints");
+    if (!with_weights) return 2;
+    opts[2] = (nl_opt)NL_OPT_STR(
+        "weights", &a->weights, "auto|fp32|bf16|int8",
+        "decode weight format (default auto: fp32, or int8 for a checkpoint that quant model wrote)");
+    return 3;
 }

@@ -41,7 +41,15 @@ typedef enum nl_opt_type {
     NL_OPT_T_SI,     /* double *: number with k/M/B/T suffix (7B = 7e9) in [min, max] */
     NL_OPT_T_STRING, /* const char **: the argument as given (points into argv) */
     NL_OPT_T_CHOICE, /* int *: index of the value in `choices` ("fp32|bf16|fp16") */
+    NL_OPT_T_LIST,   /* nl_opt_list *: every occurrence appended (--run A --run B), up to NL_OPT_LIST_MAX */
 } nl_opt_type;
+
+/* The destination of a repeatable option (NL_OPT_T_LIST): the values as given, in order. */
+#define NL_OPT_LIST_MAX 16
+typedef struct nl_opt_list {
+    const char *v[NL_OPT_LIST_MAX];
+    int n;
+} nl_opt_list;
 
 typedef struct nl_opt {
     const char *name;    /* long name without "--" */
@@ -62,6 +70,8 @@ typedef struct nl_opt {
 #define NL_OPT_FLT(n, d, lo, hi, a, h) {(n), NL_OPT_T_FLOAT, (d), (lo), (hi), NULL, (a), (h), NULL, NULL}
 #define NL_OPT_SI(n, d, lo, hi, a, h) {(n), NL_OPT_T_SI, (d), (lo), (hi), NULL, (a), (h), NULL, NULL}
 #define NL_OPT_STR(n, d, a, h) {(n), NL_OPT_T_STRING, (d), 0, 0, NULL, (a), (h), NULL, NULL}
+#define NL_OPT_LIST(n, d, a, h)                                                                                        \
+    { (n), NL_OPT_T_LIST, (d), 0, 0, NULL, (a), (h), NULL, NULL }
 #define NL_OPT_CHOICE(n, d, c, h) {(n), NL_OPT_T_CHOICE, (d), 0, 0, (c), NULL, (h), NULL, NULL}
 #define NL_NOPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -79,6 +89,16 @@ typedef struct nl_cmdspec {
     int ngroups;
     int max_positional; /* how many bare arguments are accepted (0: none) */
 } nl_cmdspec;
+
+/* The model-loading option group shared by the commands that load a checkpoint (generate, quant
+ * model, quant compare): --ckpt, --tokenizer and, with_weights != 0, --weights. Fills opts (room for
+ * 3) bound to a's fields and returns how many it filled; a's fields start NULL (not given). */
+typedef struct nl_model_args {
+    const char *ckpt;      /* a Hugging Face folder, safetensors checkpoint or llama2.c .bin */
+    const char *tokenizer; /* tokenizer file, or NULL: the checkpoint's own */
+    const char *weights;   /* decode weight format name (auto|fp32|bf16|int8), or NULL: auto */
+} nl_model_args;
+int nl_cli_model_opts(nl_opt *opts, nl_model_args *a, int with_weights);
 
 /* Returned by nl_cli_parse when --help was printed: the command returns NL_EXIT_OK. */
 #define NL_CLI_HELP (-1)

@@ -5,8 +5,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_opt.h"
 #include "nanolm/fp8.h"
 #include "nanolm/svg.h"
+#include "report.h"
 
 typedef struct gemm_cfg {
     int64_t M, N, K;
@@ -119,28 +121,9 @@ out:
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: nanolm fp8 gemm --m M --n N --k K [--scaling tensor|delayed|block|mx|all[,..]]\n"
-            "                       [--format e4m3|e5m2] [--acc-bits 14] [--promote 128] [--group 32]\n"
-            "                       [--outlier COL:FACTOR] [--dist normal|uniform|symmetric] [--history 16]\n"
-            "                       [--seed S] [--json] [--sweep-k [--svg FILE]]\n"
-            "  Emulated FP8 GEMM C = A.B (A: M x K, B: K x N, random operands) against an fp64\n"
-            "  reference. For each scaling, three accumulators: fp32, the limited one never\n"
-            "  promoted, and promoted to fp32 every --promote products. Limited (Hopper's FP8\n"
-            "  tensor core as DeepSeek-V3 describes it): each group of --group products is aligned\n"
-            "  to its largest exponent and every product kept as an acc-bits two's-complement\n"
-            "  integer (sign included) by floor; the group's exact sum goes into a register of\n"
-            "  acc-bits significant bits, truncated toward zero.\n"
-            "  --dist: normal = N(0,1), uniform = U[0,1), symmetric = U[-1,1).\n"
-            "  'acc err' compares with fp64 of the FP8 operands (what accumulation loses),\n"
-            "  'total err' with fp64 of the fp32 operands. max = max|C-R| / max|R|, fro = ||C-R||/||R||.\n"
-            "  --outlier COL:FACTOR multiplies column COL of A (one input channel) by FACTOR and divides\n"
-            "  row COL of B by it: the exact product is unchanged, only the representation is stressed.\n"
-            "  --history H: delayed scaling first records H steps of the same distribution without\n"
-            "  the outlier (so an outlier beyond the history's max saturates).\n"
-            "  --sweep-k: error (acc err, max) versus K = 128, 256, ... up to --k; --svg writes the plot.\n"
-            "       nanolm fp8 curves --run LABEL=CSV [--run ...] [--svg FILE] [--train]\n"
-            "  Loss curves of several `nanolm train --log` files in one table and SVG.\n");
+    fprintf(f, "usage: nanolm fp8 gemm --m M --n N --k K [options]   error of an emulated FP8 GEMM (see --help)\n"
+               "       nanolm fp8 curves --run LABEL=CSV [--run ...] [--svg FILE] [--train]\n"
+               "  Loss curves of several `nanolm train --log` files in one table and SVG.\n");
 }
 
 static int parse_scalings(const char *s, int *want) {
@@ -159,250 +142,311 @@ static int parse_scalings(const char *s, int *want) {
     return 0;
 }
 
-static cJSON *row_json(const gemm_row *r) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "scaling", nl_fp8_scaling_name(r->scaling));
-    cJSON_AddNumberToObject(o, "acc_bits", r->acc.bits);
-    cJSON_AddNumberToObject(o, "promote", r->acc.promote);
-    cJSON_AddNumberToObject(o, "group", r->acc.group);
-    if (r->skipped) {
-        cJSON_AddStringToObject(o, "skipped", "block scales are applied at promotion; needs promote dividing 128");
-        return o;
+/* The options of fp8 gemm, as given. */
+typedef struct gemm_args {
+    gemm_cfg c;
+    int want[NL_FP8_SCALE_COUNT], scaling_given;
+    int64_t bits, promote, group;
+    nl_fp8_acc accs[3]; /* fp32, limited never promoted, limited promoted every `promote` */
+    int naccs;
+    int json, sweep;
+    const char *svg;
+} gemm_args;
+
+static const char gemm_summary[] =
+    "Emulated FP8 GEMM C = A.B (A: M x K, B: K x N, random operands) against an fp64\n"
+    "reference. For each scaling, three accumulators: fp32, the limited one never\n"
+    "promoted, and promoted to fp32 every --promote-every products. Limited (Hopper's FP8\n"
+    "tensor core as DeepSeek-V3 describes it): each group of --group products is aligned\n"
+    "to its largest exponent and every product kept as an acc-bits two's-complement\n"
+    "integer (sign included) by floor; the group's exact sum goes into a register of\n"
+    "acc-bits significant bits, truncated toward zero.\n"
+    "'acc err' compares with fp64 of the FP8 operands (what accumulation loses),\n"
+    "'total err' with fp64 of the fp32 operands. max = max|C-R| / max|R|, fro = ||C-R||/||R||.\n"
+    "--outlier COL:FACTOR multiplies column COL of A (one input channel) by FACTOR and divides\n"
+    "row COL of B by it: the exact product is unchanged, only the representation is stressed.\n"
+    "--history H: delayed scaling first records H steps of the same distribution without\n"
+    "the outlier (so an outlier beyond the history's max saturates).\n"
+    "--sweep-k: error (acc err, max) versus K = 128, 256, ... up to --k; --svg writes the plot.\n"
+    "Also: nanolm fp8 curves --run LABEL=CSV (loss curves of training logs; see its --help).";
+
+/* Checks the values that the option table cannot (COL:FACTOR, the scalings, the format). */
+static int gemm_check(gemm_args *g, const char *scalings, const char *format, const char *outlier, int64_t seed) {
+    gemm_cfg *c = &g->c;
+    c->seed = (uint64_t)seed;
+    if (scalings && parse_scalings(scalings, g->want)) return NL_EXIT_USAGE;
+    g->scaling_given = scalings != NULL;
+    if (format && nl_fp8_format_from_name(format, &c->fmt))
+        return nl_cli_usage_error("fp8 gemm: --format: %s", nl_last_error());
+    if (outlier) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s", outlier);
+        char *colon = strchr(buf, ':');
+        if (!colon) return nl_cli_usage_error("fp8 gemm: --outlier '%s': expected COL:FACTOR", outlier);
+        *colon = 0;
+        if (nl_cli_int("--outlier column", buf, 0, INT64_MAX, &c->outlier_col) ||
+            nl_cli_double("--outlier factor", colon + 1, &c->outlier_factor))
+            return NL_EXIT_USAGE;
+        if (!isfinite(c->outlier_factor) || c->outlier_factor <= 0.0)
+            return nl_cli_usage_error("fp8 gemm: --outlier factor must be finite and > 0");
     }
-    cJSON_AddNumberToObject(o, "acc_err_max", r->acc_max);
-    cJSON_AddNumberToObject(o, "acc_err_fro", r->acc_fro);
-    cJSON_AddNumberToObject(o, "total_err_max", r->tot_max);
-    cJSON_AddNumberToObject(o, "total_err_fro", r->tot_fro);
-    cJSON_AddNumberToObject(o, "saturated_a", (double)r->st.a.saturated);
-    cJSON_AddNumberToObject(o, "saturated_b", (double)r->st.b.saturated);
-    cJSON_AddNumberToObject(o, "flushed_a", (double)r->st.a.flushed);
-    cJSON_AddNumberToObject(o, "flushed_b", (double)r->st.b.flushed);
-    return o;
+    if (c->outlier_col >= c->K)
+        return nl_cli_usage_error("fp8 gemm: --outlier column %lld is outside K = %lld", (long long)c->outlier_col,
+                                  (long long)c->K);
+    if (g->svg && !g->sweep) return nl_cli_usage_error("fp8 gemm: --svg needs --sweep-k");
+    if (g->promote % g->group)
+        return nl_cli_usage_error("fp8 gemm: --promote-every %lld is not a multiple of --group %lld",
+                                  (long long)g->promote, (long long)g->group);
+    nl_fp8_acc accs[3] = {{0, (int)g->group, 0, NL_FP8_ACC_TRUNCATE},
+                          {(int)g->bits, (int)g->group, 0, NL_FP8_ACC_TRUNCATE},
+                          {(int)g->bits, (int)g->group, (int)g->promote, NL_FP8_ACC_TRUNCATE}};
+    memcpy(g->accs, accs, sizeof accs);
+    g->naccs = g->promote > 0 ? 3 : 2;
+    return 0;
+}
+
+/* Parses fp8 gemm's options into g (one table; --help generated from it). */
+static int gemm_parse(int argc, char **argv, gemm_args *g) {
+    *g = (gemm_args){.c = {.M = 128,
+                           .N = 128,
+                           .K = 4096,
+                           .fmt = NL_FMT_E4M3,
+                           .outlier_col = -1,
+                           .outlier_factor = 1.0,
+                           .seed = 1,
+                           .history = 16},
+                     .want = {1, 1, 1, 1},
+                     .bits = 14,
+                     .promote = 128,
+                     .group = 32};
+    const char *scalings = NULL, *format = NULL, *outlier = NULL;
+    int64_t seed = 1;
+    nl_opt opts[] = {
+        NL_OPT_INT("m", &g->c.M, 1, 1 << 16, "M", "rows of A and C (default 128)"),
+        NL_OPT_INT("n", &g->c.N, 1, 1 << 16, "N", "columns of B and C (default 128)"),
+        NL_OPT_INT("k", &g->c.K, 1, 1 << 20, "K", "inner dimension (default 4096)"),
+        NL_OPT_STR("scaling", &scalings, "S[,S..]", "tensor|delayed|block|mx|all, ','-separated (default all)"),
+        NL_OPT_STR("format", &format, "F", "FP8 format of the operands: e4m3|e5m2 (default e4m3)"),
+        NL_OPT_INT("acc-bits", &g->bits, 2, 24, "B", "bits of the limited accumulator (default 14)"),
+        {"promote-every", NL_OPT_T_INT, &g->promote, 0, 1 << 20, NULL, "N",
+         "promote to fp32 every N products (default 128; 0: only the never-promoted row)", "promote", NULL},
+        NL_OPT_INT("group", &g->group, 1, 1 << 20, "G", "products aligned together (default 32)"),
+        NL_OPT_STR("outlier", &outlier, "COL:FACTOR", "scale column COL of A up and row COL of B down by FACTOR"),
+        NL_OPT_CHOICE("dist", &g->c.uniform, "normal|uniform|symmetric",
+                      "operands: N(0,1), U[0,1) or U[-1,1) (default normal)"),
+        NL_OPT_INT32("history", &g->c.history, 1, NL_FP8_HISTORY_MAX, "H",
+                     "delayed scaling: steps recorded first (default 16)"),
+        NL_OPT_INT("seed", &seed, 0, 9.2e18, "S", "seed of the operands (default 1)"),
+        NL_OPT_FLAG("sweep-k", &g->sweep, "error versus K = 128, 256, ... up to --k (one --scaling)"),
+        NL_OPT_STR("svg", &g->svg, "FILE", "with --sweep-k: write the plot"),
+        NL_OPT_FLAG("json", &g->json, "print the result as JSON"),
+    };
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"fp8 gemm", "nanolm fp8 gemm --m M --n N --k K [options]", gemm_summary, groups, 1, 0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc;
+    return gemm_check(g, scalings, format, outlier, seed);
+}
+
+/* Operands A (M, K), B (K, N) and their fp64 product ref (M, N) for the seed; NULL when out of memory. */
+typedef struct gemm_operands {
+    float *A, *B;
+    double *ref;
+} gemm_operands;
+
+static void operands_free(gemm_operands *o) {
+    nl_free(o->A);
+    nl_free(o->B);
+    nl_free(o->ref);
+}
+
+static nl_status operands_make(const gemm_cfg *c, int64_t K, gemm_operands *o) {
+    o->A = nl_malloc((size_t)(c->M * K) * sizeof(float), "A");
+    o->B = nl_malloc((size_t)(K * c->N) * sizeof(float), "B");
+    o->ref = nl_malloc((size_t)(c->M * c->N) * sizeof(double), "reference");
+    if (!o->A || !o->B || !o->ref) {
+        operands_free(o);
+        return NL_ERR_NOMEM;
+    }
+    make_operands(c, K, c->seed, 1, o->A, o->B);
+    nl_fp8_gemm_ref_f64(c->M, c->N, K, o->A, o->B, o->ref);
+    return NL_OK;
+}
+
+/* --sweep-k: acc err (max) of each accumulator for K = 128, 256, ... up to --k, one scaling. */
+static int gemm_sweep(const gemm_args *g) {
+    const gemm_cfg *c = &g->c;
+    nl_fp8_scaling sc = NL_FP8_SCALE_TENSOR;
+    if (g->scaling_given) {
+        int nw = 0;
+        for (int i = 0; i < NL_FP8_SCALE_COUNT; i++)
+            if (g->want[i]) sc = (nl_fp8_scaling)i, nw++;
+        if (nw != 1) return nl_cli_usage_error("fp8 gemm: --sweep-k takes one --scaling");
+    }
+    int64_t Ks[32];
+    int nk = 0;
+    for (int64_t k = 128; k <= c->K && nk < 32; k *= 2) Ks[nk++] = k;
+    if (nk == 0) return nl_cli_usage_error("fp8 gemm: --sweep-k needs --k >= 128");
+    double xs[32], ys[3][32];
+    int skipped[3] = {0, 0, 0};
+    for (int ki = 0; ki < nk; ki++) {
+        gemm_operands o;
+        if (operands_make(c, Ks[ki], &o)) return nl_cli_fail("fp8 gemm");
+        xs[ki] = (double)Ks[ki];
+        for (int a = 0; a < g->naccs; a++) {
+            gemm_row row = {.scaling = sc, .acc = g->accs[a]};
+            int rc = run_setting(c, Ks[ki], o.A, o.B, o.ref, &row);
+            if (rc) {
+                operands_free(&o);
+                return rc;
+            }
+            skipped[a] = row.skipped;
+            ys[a][ki] = row.skipped ? NAN : row.acc_max;
+        }
+        operands_free(&o);
+    }
+    char h[3][64];
+    nl_report *r = nl_report_new("fp8 gemm --sweep-k");
+    nl_report_str(r, "scaling", "", nl_fp8_scaling_name(sc));
+    nl_report_str(r, "format", "", nl_fmt_name(c->fmt));
+    nl_report_int(r, "m", "", c->M, NULL);
+    nl_report_int(r, "n", "", c->N, NULL);
+    char title[160];
+    snprintf(title, sizeof title,
+             "acc err (max|C-R|/max|R|, R = fp64 of the FP8 operands) vs K: %s scaling, %s, M=%lld N=%lld",
+             nl_fp8_scaling_name(sc), nl_fmt_name(c->fmt), (long long)c->M, (long long)c->N);
+    nl_report_col cols[4] = {{NULL, "K", "%-.0f"}};
+    for (int a = 0; a < g->naccs; a++) cols[1 + a] = (nl_report_col){NULL, acc_label(&g->accs[a], h[a], 64), "%-.3e"};
+    nl_report_table(r, NULL, title, 1 + g->naccs, cols);
+    for (int ki = 0; ki < nk; ki++) {
+        nl_report_cell_num(r, xs[ki]);
+        for (int a = 0; a < g->naccs; a++) nl_report_cell_num(r, ys[a][ki]);
+        nl_report_row_end(r);
+    }
+    nl_report_table(r, "series", NULL, 5,
+                    (const nl_report_col[]){{"accumulator", "", NULL},
+                                            {"acc_bits", "", NULL},
+                                            {"promote", "", NULL},
+                                            {"k", "", NULL},
+                                            {"acc_err_max", "", NULL}});
+    for (int a = 0; a < g->naccs; a++) {
+        if (skipped[a]) continue;
+        nl_report_cell_str(r, h[a]);
+        nl_report_cell_int(r, g->accs[a].bits);
+        nl_report_cell_int(r, g->accs[a].promote);
+        nl_report_cell_nums(r, xs, nk);
+        nl_report_cell_nums(r, ys[a], nk);
+        nl_report_row_end(r);
+    }
+    if (g->svg) {
+        nl_svg_series ser[3];
+        int ns = 0;
+        for (int a = 0; a < g->naccs; a++)
+            if (!skipped[a])
+                ser[ns++] = (nl_svg_series){.name = h[a], .x = xs, .y = ys[a], .n = (size_t)nk, .markers = 1};
+        snprintf(title, sizeof title, "FP8 GEMM accumulation error vs K (%s, %s scaling, %lldx%lld)",
+                 nl_fmt_name(c->fmt), nl_fp8_scaling_name(sc), (long long)c->M, (long long)c->N);
+        nl_svg_plot_opts po = {.title = title,
+                               .xlabel = "K (products per output)",
+                               .ylabel = "max |C - R| / max |R|",
+                               .logx = 1,
+                               .logy = 1};
+        if (nl_svg_plot(g->svg, &po, ser, (size_t)ns)) {
+            nl_report_free(r);
+            return nl_cli_fail("fp8 gemm --svg");
+        }
+        nl_report_str(r, "svg", "", g->svg);
+        nl_report_note(r, "wrote %s", g->svg);
+    }
+    return nl_report_print(r, g->json);
+}
+
+/* One row per scaling and accumulator: the errors and the saturated / flushed operand counts. */
+static int gemm_table(const gemm_args *g) {
+    const gemm_cfg *c = &g->c;
+    gemm_operands o;
+    if (operands_make(c, c->K, &o)) return nl_cli_fail("fp8 gemm");
+    gemm_row rows[NL_FP8_SCALE_COUNT * 3];
+    int nrows = 0;
+    for (int s = 0; s < NL_FP8_SCALE_COUNT; s++)
+        for (int a = 0; g->want[s] && a < g->naccs; a++) {
+            gemm_row *row = &rows[nrows++];
+            *row = (gemm_row){.scaling = (nl_fp8_scaling)s, .acc = g->accs[a]};
+            int rc = run_setting(c, c->K, o.A, o.B, o.ref, row);
+            if (rc) {
+                operands_free(&o);
+                return rc;
+            }
+        }
+    operands_free(&o);
+    nl_report *r = nl_report_new("fp8 gemm");
+    nl_report_int(r, "m", "", c->M, NULL);
+    nl_report_int(r, "n", "", c->N, NULL);
+    nl_report_int(r, "k", "", c->K, NULL);
+    nl_report_str(r, "format", "", nl_fmt_name(c->fmt));
+    nl_report_str(r, "dist", "", dist_names[c->uniform]);
+    nl_report_int(r, "seed", "", (long long)c->seed, NULL);
+    char outl[96] = "";
+    if (c->outlier_col >= 0) {
+        nl_report_int(r, "outlier_col", "", c->outlier_col, NULL);
+        nl_report_num(r, "outlier_factor", "", c->outlier_factor, NULL, NULL);
+        snprintf(outl, sizeof outl, ", column %lld of A x %g", (long long)c->outlier_col, c->outlier_factor);
+    }
+    char title[256];
+    snprintf(title, sizeof title, "FP8 GEMM %lld x %lld x %lld, %s, %s operands%s", (long long)c->M, (long long)c->N,
+             (long long)c->K, nl_fmt_name(c->fmt), dist_labels[c->uniform], outl);
+    nl_report_table(r, "rows", title, 16,
+                    (const nl_report_col[]){{"scaling", "scaling", NULL},
+                                            {NULL, "accumulator", NULL},
+                                            {"acc_bits", "", NULL},
+                                            {"promote", "", NULL},
+                                            {"group", "", NULL},
+                                            {"skipped", "", NULL},
+                                            {"acc_err_max", "acc err max", "%-.3e"},
+                                            {"acc_err_fro", "acc err fro", "%-.3e"},
+                                            {"total_err_max", "total err max", "%-.3e"},
+                                            {"total_err_fro", "total err fro", "%-.3e"},
+                                            {"saturated_a", "", NULL},
+                                            {"saturated_b", "", NULL},
+                                            {"flushed_a", "", NULL},
+                                            {"flushed_b", "", NULL},
+                                            {NULL, "saturated", NULL},
+                                            {NULL, "flushed to 0", NULL}});
+    for (int i = 0; i < nrows; i++) {
+        const gemm_row *row = &rows[i];
+        char lab[64], sat[32], fl[32];
+        const double nan = NAN;
+        nl_report_cell_str(r, nl_fp8_scaling_name(row->scaling));
+        nl_report_cell_str(r, acc_label(&row->acc, lab, sizeof lab));
+        nl_report_cell_int(r, row->acc.bits);
+        nl_report_cell_int(r, row->acc.promote);
+        nl_report_cell_int(r, row->acc.group);
+        nl_report_cell_str(r,
+                           row->skipped ? "block scales are applied at promotion; needs promote dividing 128" : NULL);
+        nl_report_cell_num(r, row->skipped ? nan : row->acc_max);
+        nl_report_cell_num(r, row->skipped ? nan : row->acc_fro);
+        nl_report_cell_num(r, row->skipped ? nan : row->tot_max);
+        nl_report_cell_num(r, row->skipped ? nan : row->tot_fro);
+        nl_report_cell_int(r, row->st.a.saturated);
+        nl_report_cell_int(r, row->st.b.saturated);
+        nl_report_cell_int(r, row->st.a.flushed);
+        nl_report_cell_int(r, row->st.b.flushed);
+        snprintf(sat, sizeof sat, "%lld", (long long)(row->st.a.saturated + row->st.b.saturated));
+        snprintf(fl, sizeof fl, "%lld", (long long)(row->st.a.flushed + row->st.b.flushed));
+        nl_report_cell_str(r, row->skipped ? "-" : sat);
+        nl_report_cell_str(r, row->skipped ? "-" : fl);
+        nl_report_row_end(r);
+    }
+    nl_report_note(r, "acc err: vs fp64 of the FP8 operands; total err: vs fp64 of the fp32 operands;\n"
+                      "max = max|C-R| / max|R|, fro = ||C-R|| / ||R||. n/a: block scales are applied at promotion.");
+    return nl_report_print(r, g->json);
 }
 
 static int gemm_cmd(int argc, char **argv) {
-    enum { O_M = 1000, O_N, O_K, O_SCALING, O_FORMAT, O_BITS, O_PROMOTE, O_GROUP, O_OUTLIER, O_SEED,
-           O_JSON, O_SWEEP, O_SVG, O_DIST, O_HISTORY, O_HELP };
-    static const struct option opts[] = {
-        {"m", required_argument, 0, O_M}, {"n", required_argument, 0, O_N}, {"k", required_argument, 0, O_K},
-        {"scaling", required_argument, 0, O_SCALING}, {"format", required_argument, 0, O_FORMAT},
-        {"acc-bits", required_argument, 0, O_BITS}, {"promote", required_argument, 0, O_PROMOTE},
-        {"group", required_argument, 0, O_GROUP}, {"outlier", required_argument, 0, O_OUTLIER},
-        {"seed", required_argument, 0, O_SEED}, {"json", no_argument, 0, O_JSON},
-        {"sweep-k", no_argument, 0, O_SWEEP}, {"svg", required_argument, 0, O_SVG},
-        {"dist", required_argument, 0, O_DIST}, {"history", required_argument, 0, O_HISTORY},
-        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
-    gemm_cfg c = {.M = 128, .N = 128, .K = 4096, .fmt = NL_FMT_E4M3, .outlier_col = -1,
-                  .outlier_factor = 1.0, .seed = 1, .history = 16};
-    int want[NL_FP8_SCALE_COUNT] = {1, 1, 1, 1}, scaling_given = 0;
-    int64_t bits = 14, promote = 128, group = 32, v;
-    int json = 0, sweep = 0, ch;
-    const char *svg = NULL;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case O_M: if (nl_cli_int("--m", optarg, 1, 1 << 16, &c.M)) return NL_EXIT_USAGE; break;
-        case O_N: if (nl_cli_int("--n", optarg, 1, 1 << 16, &c.N)) return NL_EXIT_USAGE; break;
-        case O_K: if (nl_cli_int("--k", optarg, 1, 1 << 20, &c.K)) return NL_EXIT_USAGE; break;
-        case O_SCALING: if (parse_scalings(optarg, want)) return NL_EXIT_USAGE; scaling_given = 1; break;
-        case O_FORMAT:
-            if (nl_fp8_format_from_name(optarg, &c.fmt)) return nl_cli_usage_error("fp8 gemm: --format: %s", nl_last_error());
-            break;
-        case O_BITS: if (nl_cli_int("--acc-bits", optarg, 2, 24, &bits)) return NL_EXIT_USAGE; break;
-        case O_PROMOTE: if (nl_cli_int("--promote", optarg, 0, 1 << 20, &promote)) return NL_EXIT_USAGE; break;
-        case O_GROUP: if (nl_cli_int("--group", optarg, 1, 1 << 20, &group)) return NL_EXIT_USAGE; break;
-        case O_OUTLIER: {
-            char *colon = strchr(optarg, ':');
-            if (!colon) return nl_cli_usage_error("fp8 gemm: --outlier '%s': expected COL:FACTOR", optarg);
-            *colon = 0;
-            if (nl_cli_int("--outlier column", optarg, 0, INT64_MAX, &c.outlier_col) ||
-                nl_cli_double("--outlier factor", colon + 1, &c.outlier_factor))
-                return NL_EXIT_USAGE;
-            if (!isfinite(c.outlier_factor) || c.outlier_factor <= 0.0)
-                return nl_cli_usage_error("fp8 gemm: --outlier factor must be finite and > 0");
-            break;
-        }
-        case O_SEED: if (nl_cli_int("--seed", optarg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE; c.seed = (uint64_t)v; break;
-        case O_JSON: json = 1; break;
-        case O_SWEEP: sweep = 1; break;
-        case O_SVG: svg = optarg; break;
-        case O_DIST:
-            if (!strcmp(optarg, "normal")) c.uniform = 0;
-            else if (!strcmp(optarg, "uniform")) c.uniform = 1;
-            else if (!strcmp(optarg, "symmetric")) c.uniform = 2;
-            else return nl_cli_usage_error("fp8 gemm: --dist '%s' (valid: normal, uniform, symmetric)", optarg);
-            break;
-        case O_HISTORY: if (nl_cli_int("--history", optarg, 1, NL_FP8_HISTORY_MAX, &v)) return NL_EXIT_USAGE; c.history = (int)v; break;
-        case O_HELP: usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("fp8 gemm", argv);
-        }
-    }
-    if (optind < argc) return nl_cli_usage_error("fp8 gemm: unexpected argument '%s'", argv[optind]);
-    if (c.outlier_col >= c.K)
-        return nl_cli_usage_error("fp8 gemm: --outlier column %lld is outside K = %lld", (long long)c.outlier_col, (long long)c.K);
-    if (svg && !sweep) return nl_cli_usage_error("fp8 gemm: --svg needs --sweep-k");
-    if (promote % group)
-        return nl_cli_usage_error("fp8 gemm: --promote %lld is not a multiple of --group %lld", (long long)promote, (long long)group);
-    nl_fp8_acc accs[3] = {{0, (int)group, 0, NL_FP8_ACC_TRUNCATE},
-                          {(int)bits, (int)group, 0, NL_FP8_ACC_TRUNCATE},
-                          {(int)bits, (int)group, (int)promote, NL_FP8_ACC_TRUNCATE}};
-    const int naccs = promote > 0 ? 3 : 2;
-    char lab[64];
-
-    if (sweep) {
-        nl_fp8_scaling sc = NL_FP8_SCALE_TENSOR;
-        if (scaling_given) {
-            int nw = 0;
-            for (int i = 0; i < NL_FP8_SCALE_COUNT; i++)
-                if (want[i]) { sc = (nl_fp8_scaling)i; nw++; }
-            if (nw != 1) return nl_cli_usage_error("fp8 gemm: --sweep-k takes one --scaling");
-        }
-        int64_t Ks[32];
-        int nk = 0;
-        for (int64_t k = 128; k <= c.K && nk < 32; k *= 2) Ks[nk++] = k;
-        if (nk == 0) return nl_cli_usage_error("fp8 gemm: --sweep-k needs --k >= 128");
-        double xs[32], ys[3][32];
-        int skipped[3] = {0, 0, 0};
-        for (int ki = 0; ki < nk; ki++) {
-            const int64_t K = Ks[ki];
-            float *A = nl_malloc((size_t)(c.M * K) * sizeof(float), "A");
-            float *B = nl_malloc((size_t)(K * c.N) * sizeof(float), "B");
-            double *ref = nl_malloc((size_t)(c.M * c.N) * sizeof(double), "reference");
-            if (!A || !B || !ref) return nl_cli_fail("fp8 gemm");
-            make_operands(&c, K, c.seed, 1, A, B);
-            nl_fp8_gemm_ref_f64(c.M, c.N, K, A, B, ref);
-            xs[ki] = (double)K;
-            for (int a = 0; a < naccs; a++) {
-                gemm_row row = {.scaling = sc, .acc = accs[a]};
-                int rc = run_setting(&c, K, A, B, ref, &row);
-                if (rc) return rc;
-                skipped[a] = row.skipped;
-                ys[a][ki] = row.acc_max;
-            }
-            nl_free(A);
-            nl_free(B);
-            nl_free(ref);
-        }
-        cJSON *d = NULL;
-        if (json) {
-            d = cJSON_CreateObject();
-            cJSON_AddStringToObject(d, "scaling", nl_fp8_scaling_name(sc));
-            cJSON_AddStringToObject(d, "format", nl_fmt_name(c.fmt));
-            cJSON_AddNumberToObject(d, "m", (double)c.M);
-            cJSON_AddNumberToObject(d, "n", (double)c.N);
-            cJSON *arr = cJSON_AddArrayToObject(d, "series");
-            for (int a = 0; a < naccs; a++) {
-                if (skipped[a]) continue;
-                cJSON *s = cJSON_CreateObject();
-                cJSON_AddStringToObject(s, "accumulator", acc_label(&accs[a], lab, sizeof lab));
-                cJSON_AddNumberToObject(s, "acc_bits", accs[a].bits);
-                cJSON_AddNumberToObject(s, "promote", accs[a].promote);
-                cJSON_AddItemToObject(s, "k", cJSON_CreateDoubleArray(xs, nk));
-                cJSON_AddItemToObject(s, "acc_err_max", cJSON_CreateDoubleArray(ys[a], nk));
-                cJSON_AddItemToArray(arr, s);
-            }
-            if (svg) cJSON_AddStringToObject(d, "svg", svg);
-        } else {
-            printf("acc err (max|C-R|/max|R|, R = fp64 of the FP8 operands) vs K: %s scaling, %s, M=%lld N=%lld\n",
-                   nl_fp8_scaling_name(sc), nl_fmt_name(c.fmt), (long long)c.M, (long long)c.N);
-        }
-        nl_table t;
-        const char *hdr[4] = {"K", "", "", ""};
-        char h[3][64];
-        for (int a = 0; a < naccs; a++) hdr[1 + a] = acc_label(&accs[a], h[a], sizeof h[a]);
-        nl_table_init(&t, 1 + naccs, hdr);
-        for (int ki = 0; ki < nk; ki++) {
-            char cell[4][32];
-            snprintf(cell[0], 32, "%lld", (long long)Ks[ki]);
-            for (int a = 0; a < naccs; a++) {
-                if (skipped[a]) snprintf(cell[1 + a], 32, "n/a");
-                else snprintf(cell[1 + a], 32, "%.3e", ys[a][ki]);
-            }
-            if (naccs == 3) nl_table_row(&t, cell[0], cell[1], cell[2], cell[3]);
-            else nl_table_row(&t, cell[0], cell[1], cell[2]);
-        }
-        if (!json) nl_table_print(&t, stdout);
-        nl_table_free(&t);
-        if (svg) {
-            nl_svg_series ser[3];
-            int ns = 0;
-            for (int a = 0; a < naccs; a++) {
-                if (skipped[a]) continue;
-                ser[ns] = (nl_svg_series){.name = hdr[1 + a], .x = xs, .y = ys[a], .n = (size_t)nk, .markers = 1};
-                ns++;
-            }
-            char title[160];
-            snprintf(title, sizeof title, "FP8 GEMM accumulation error vs K (%s, %s scaling, %lldx%lld)",
-                     nl_fmt_name(c.fmt), nl_fp8_scaling_name(sc), (long long)c.M, (long long)c.N);
-            nl_svg_plot_opts po = {.title = title, .xlabel = "K (products per output)",
-                                   .ylabel = "max |C - R| / max |R|", .logx = 1, .logy = 1};
-            if (nl_svg_plot(svg, &po, ser, (size_t)ns)) return nl_cli_fail("fp8 gemm --svg");
-            if (!json) printf("wrote %s\n", svg);
-        }
-        return json ? nl_cli_print_json(d) : NL_EXIT_OK;
-    }
-
-    const int64_t M = c.M, N = c.N, K = c.K;
-    float *A = nl_malloc((size_t)(M * K) * sizeof(float), "A");
-    float *B = nl_malloc((size_t)(K * N) * sizeof(float), "B");
-    double *ref = nl_malloc((size_t)(M * N) * sizeof(double), "reference");
-    if (!A || !B || !ref) return nl_cli_fail("fp8 gemm");
-    make_operands(&c, K, c.seed, 1, A, B);
-    nl_fp8_gemm_ref_f64(M, N, K, A, B, ref);
-    gemm_row rows[NL_FP8_SCALE_COUNT * 3];
-    int nrows = 0;
-    for (int s = 0; s < NL_FP8_SCALE_COUNT; s++) {
-        if (!want[s]) continue;
-        for (int a = 0; a < naccs; a++) {
-            gemm_row *r = &rows[nrows++];
-            memset(r, 0, sizeof *r);
-            r->scaling = (nl_fp8_scaling)s;
-            r->acc = accs[a];
-            int rc = run_setting(&c, K, A, B, ref, r);
-            if (rc) return rc;
-        }
-    }
-    nl_free(A);
-    nl_free(B);
-    nl_free(ref);
-    if (json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddNumberToObject(d, "m", (double)M);
-        cJSON_AddNumberToObject(d, "n", (double)N);
-        cJSON_AddNumberToObject(d, "k", (double)K);
-        cJSON_AddStringToObject(d, "format", nl_fmt_name(c.fmt));
-        cJSON_AddStringToObject(d, "dist", dist_names[c.uniform]);
-        cJSON_AddNumberToObject(d, "seed", (double)c.seed);
-        if (c.outlier_col >= 0) {
-            cJSON_AddNumberToObject(d, "outlier_col", (double)c.outlier_col);
-            cJSON_AddNumberToObject(d, "outlier_factor", c.outlier_factor);
-        }
-        cJSON *arr = cJSON_AddArrayToObject(d, "rows");
-        for (int i = 0; i < nrows; i++) cJSON_AddItemToArray(arr, row_json(&rows[i]));
-        return nl_cli_print_json(d);
-    }
-    printf("FP8 GEMM %lld x %lld x %lld, %s, %s operands%s", (long long)M, (long long)N, (long long)K,
-           nl_fmt_name(c.fmt), dist_labels[c.uniform], c.outlier_col >= 0 ? "" : "\n");
-    if (c.outlier_col >= 0) printf(", column %lld of A x %g\n", (long long)c.outlier_col, c.outlier_factor);
-    static const char *const hdr[] = {"scaling", "accumulator", "acc err max", "acc err fro",
-                                      "total err max", "total err fro", "saturated", "flushed to 0"};
-    nl_table t;
-    nl_table_init(&t, 8, hdr);
-    for (int i = 0; i < nrows; i++) {
-        const gemm_row *r = &rows[i];
-        acc_label(&r->acc, lab, sizeof lab);
-        if (r->skipped)
-            nl_table_rowf(&t, "%s|%s|n/a|n/a|n/a|n/a|-|-", nl_fp8_scaling_name(r->scaling), lab);
-        else
-            nl_table_rowf(&t, "%s|%s|%.3e|%.3e|%.3e|%.3e|%lld|%lld", nl_fp8_scaling_name(r->scaling), lab,
-                          r->acc_max, r->acc_fro, r->tot_max, r->tot_fro,
-                          (long long)(r->st.a.saturated + r->st.b.saturated),
-                          (long long)(r->st.a.flushed + r->st.b.flushed));
-    }
-    nl_table_print(&t, stdout);
-    nl_table_free(&t);
-    printf("acc err: vs fp64 of the FP8 operands; total err: vs fp64 of the fp32 operands;\n"
-           "max = max|C-R| / max|R|, fro = ||C-R|| / ||R||. n/a: block scales are applied at promotion.\n");
-    return NL_EXIT_OK;
+    gemm_args g;
+    int rc = gemm_parse(argc, argv, &g);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    return g.sweep ? gemm_sweep(&g) : gemm_table(&g);
 }
 
 /* ---- fp8 curves: loss curves of several training logs (train --log CSV) in one SVG ---------- */
@@ -451,64 +495,78 @@ static nl_status read_curve(const char *path, int val, curve *c) {
     return NL_OK;
 }
 
-static int curves_cmd(int argc, char **argv) {
-    static const struct option opts[] = {{"run", required_argument, 0, 'r'}, {"svg", required_argument, 0, 's'},
-                                         {"train", no_argument, 0, 't'}, {"title", required_argument, 0, 'T'},
-                                         {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    curve runs[8];
-    int nrun = 0, val = 1, json = 0, ch;
-    const char *svg = NULL, *title = "validation loss";
-    char *paths[8];
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'r': {
-            if (nrun == 8) return nl_cli_usage_error("fp8 curves: at most 8 --run");
-            char *eq = strchr(optarg, '=');
-            if (!eq || eq == optarg || !eq[1]) return nl_cli_usage_error("fp8 curves: --run '%s': expected LABEL=CSV", optarg);
-            *eq = 0;
-            runs[nrun].label = optarg;
-            paths[nrun++] = eq + 1;
-            break;
-        }
-        case 's': svg = optarg; break;
-        case 't': val = 0; title = "training loss"; break;
-        case 'T': title = optarg; break;
-        case 'j': json = 1; break;
-        case 'h':
-            printf("usage: nanolm fp8 curves --run LABEL=CSV [--run ...] [--svg FILE] [--train] [--title T] [--json]\n"
-                   "  Validation (or --train: training) loss of several `nanolm train --log` files, as a table and in\n"
-                   "  one SVG.\n");
-            return NL_EXIT_OK;
-        default: return nl_cli_bad_option("fp8 curves", argv);
-        }
+/* The table (and JSON) of the curves: per run its points, or the summary row in the text form. */
+static int curves_print(const curve *runs, int nrun, int val, const char *svg, int json) {
+    nl_report *r = nl_report_new("fp8 curves");
+    nl_report_table(r, "runs", NULL, 7,
+                    (const nl_report_col[]){{"label", "run", NULL},
+                                            {"step", "", NULL},
+                                            {val ? "val_loss" : "train_loss", "", NULL},
+                                            {NULL, "points", "%-.0f"},
+                                            {NULL, "last step", "%-.0f"},
+                                            {NULL, "last loss", "%-.4f"},
+                                            {NULL, "min loss", "%-.4f"}});
+    for (int i = 0; i < nrun; i++) {
+        double mn = runs[i].loss[0];
+        for (size_t k = 1; k < runs[i].n; k++) mn = fmin(mn, runs[i].loss[k]);
+        nl_report_cell_str(r, runs[i].label);
+        nl_report_cell_nums(r, runs[i].step, (int)runs[i].n);
+        nl_report_cell_nums(r, runs[i].loss, (int)runs[i].n);
+        nl_report_cell_num(r, (double)runs[i].n);
+        nl_report_cell_num(r, runs[i].step[runs[i].n - 1]);
+        nl_report_cell_num(r, runs[i].loss[runs[i].n - 1]);
+        nl_report_cell_num(r, mn);
+        nl_report_row_end(r);
     }
-    if (optind < argc) return nl_cli_usage_error("fp8 curves: unexpected argument '%s'", argv[optind]);
-    if (nrun == 0) return nl_cli_usage_error("fp8 curves: give at least one --run LABEL=CSV");
-    for (int i = 0; i < nrun; i++)
-        if (read_curve(paths[i], val, &runs[i])) return nl_cli_fail("fp8 curves");
-    int rc = NL_EXIT_OK;
-    if (json) {
-        cJSON *d = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(d, "runs");
-        for (int i = 0; i < nrun; i++) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "label", runs[i].label);
-            cJSON_AddItemToObject(o, "step", cJSON_CreateDoubleArray(runs[i].step, (int)runs[i].n));
-            cJSON_AddItemToObject(o, val ? "val_loss" : "train_loss", cJSON_CreateDoubleArray(runs[i].loss, (int)runs[i].n));
-            cJSON_AddItemToArray(arr, o);
+    if (svg) nl_report_note(r, "wrote %s", svg);
+    return nl_report_print(r, json);
+}
+
+static int curves_cmd(int argc, char **argv) {
+    nl_opt_list run_args = {{0}, 0};
+    int train = 0, json = 0;
+    const char *svg = NULL, *title = NULL;
+    nl_opt opts[] = {
+        NL_OPT_LIST("run", &run_args, "LABEL=CSV", "a `nanolm train --log` file and its label (repeat, up to 8)"),
+        NL_OPT_STR("svg", &svg, "FILE", "write the curves as one SVG plot"),
+        NL_OPT_FLAG("train", &train, "training loss instead of validation loss"),
+        NL_OPT_STR("title", &title, "T", "title of the plot (default: validation loss / training loss)"),
+        NL_OPT_FLAG("json", &json, "print the curves as JSON"),
+    };
+    nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {
+        "fp8 curves",
+        "nanolm fp8 curves --run LABEL=CSV [--run ...] [--svg FILE] [--train] [--title T] [--json]",
+        "Validation (or --train: training) loss of several `nanolm train --log` files, as a table and in\n"
+        "one SVG.",
+        groups,
+        1,
+        0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    const int val = !train;
+    if (!title) title = val ? "validation loss" : "training loss";
+    if (run_args.n == 0) return nl_cli_usage_error("fp8 curves: give at least one --run LABEL=CSV");
+    if (run_args.n > 8) return nl_cli_usage_error("fp8 curves: at most 8 --run");
+    curve runs[8];
+    char labels[8][128];
+    int nrun = 0;
+    memset(runs, 0, sizeof runs);
+    for (int i = 0; i < run_args.n; i++) {
+        const char *eq = strchr(run_args.v[i], '=');
+        size_t nlab = eq ? (size_t)(eq - run_args.v[i]) : 0;
+        if (!eq || nlab == 0 || !eq[1] || nlab >= sizeof labels[i]) {
+            rc = nl_cli_usage_error("fp8 curves: --run '%s': expected LABEL=CSV", run_args.v[i]);
+            goto done;
         }
-        rc = nl_cli_print_json(d);
-    } else {
-        static const char *const hdr[] = {"run", "points", "last step", "last loss", "min loss"};
-        nl_table t;
-        nl_table_init(&t, 5, hdr);
-        for (int i = 0; i < nrun; i++) {
-            double mn = runs[i].loss[0];
-            for (size_t k = 1; k < runs[i].n; k++) mn = fmin(mn, runs[i].loss[k]);
-            nl_table_rowf(&t, "%s|%zu|%.0f|%.4f|%.4f", runs[i].label, runs[i].n, runs[i].step[runs[i].n - 1],
-                          runs[i].loss[runs[i].n - 1], mn);
+        memcpy(labels[i], run_args.v[i], nlab);
+        labels[i][nlab] = 0;
+        runs[i].label = labels[i];
+        nrun++;
+        if (read_curve(eq + 1, val, &runs[i])) {
+            rc = nl_cli_fail("fp8 curves");
+            goto done;
         }
-        nl_table_print(&t, stdout);
-        nl_table_free(&t);
     }
     if (svg) {
         nl_svg_series ser[8];
@@ -516,9 +574,13 @@ static int curves_cmd(int argc, char **argv) {
             ser[i] = (nl_svg_series){.name = runs[i].label, .x = runs[i].step, .y = runs[i].loss, .n = runs[i].n,
                                      .markers = val};
         nl_svg_plot_opts po = {.title = title, .xlabel = "step", .ylabel = "loss (nats/token)"};
-        if (nl_svg_plot(svg, &po, ser, (size_t)nrun)) rc = nl_cli_fail("fp8 curves --svg");
-        else if (!json) printf("wrote %s\n", svg);
+        if (nl_svg_plot(svg, &po, ser, (size_t)nrun)) {
+            rc = nl_cli_fail("fp8 curves --svg");
+            goto done;
+        }
     }
+    rc = curves_print(runs, nrun, val, svg, json);
+done:
     for (int i = 0; i < nrun; i++) {
         nl_free(runs[i].step);
         nl_free(runs[i].loss);

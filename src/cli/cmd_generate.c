@@ -1,10 +1,25 @@
-/* nanolm generate: continue a prompt (llama2.c's `run`), as one request of the serving engine. */
+/* nanolm generate: continue a prompt (llama2.c's `run`), as one request of the serving engine.
+ * The text streams to stdout as it is generated; --json collects it and writes it once through
+ * the report writer (report.h). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
+#include "cli_opt.h"
 #include "nanolm/engine.h"
+#include "report.h"
+
+/* What one run produced: the tokens shown (the prompt's after the first, then the generated
+ * ones), their printable text (with --json), and the counts. */
+typedef struct gen_out {
+    double *tokens; /* [n_tokens] token ids shown, as numbers for the report */
+    int64_t n_tokens, cap_tokens;
+    char *text; /* --json: the printable pieces, NUL-terminated */
+    size_t text_len, text_cap;
+    int64_t generated, positions;
+    double seconds;
+} gen_out;
 
 /* Appends a piece to the JSON text buffer. */
 static int text_add(char **text, size_t *len, size_t *cap, const char *piece, size_t n) {
@@ -23,191 +38,210 @@ static int text_add(char **text, size_t *len, size_t *cap, const char *piece, si
     return 0;
 }
 
-int nl_cmd_generate(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"ckpt", required_argument, 0, 'c'}, {"prompt", required_argument, 0, 'p'},
-        {"steps", required_argument, 0, 'n'}, {"temperature", required_argument, 0, 't'},
-        {"seed", required_argument, 0, 's'}, {"tokenizer", required_argument, 0, 'k'},
-        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {"kv-cache", required_argument, 0, 'v'},
-        {"weights", required_argument, 0, 'w'}, {"top-k", required_argument, 0, 'K'},
-        {"top-p", required_argument, 0, 'P'}, {"stop", required_argument, 0, 'S'},
-        {"threads", required_argument, 0, 'T'}, {0, 0, 0, 0}};
-    const char *ckpt = NULL, *prompt = "", *tok_path = NULL;
-    int64_t steps = 256, seed = 1337, top_k = 0, threads = 0;
-    double temperature = 1.0, top_p = 1.0;
-    int json = 0, c;
-    nl_engine_opts eo;
-    nl_engine_opts_default(&eo);
-    nl_sampling smp;
-    nl_sampling_default(&smp);
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c': ckpt = optarg; break;
-        case 'p': prompt = optarg; break;
-        case 'k': tok_path = optarg; break;
-        case 'n': if (nl_cli_int("--steps", optarg, 1, 1 << 24, &steps)) return NL_EXIT_USAGE; break;
-        case 's': if (nl_cli_int("--seed", optarg, 0, INT64_MAX, &seed)) return NL_EXIT_USAGE; break;
-        case 'K': if (nl_cli_int("--top-k", optarg, 0, 1 << 30, &top_k)) return NL_EXIT_USAGE; break;
-        case 'T': if (nl_cli_int("--threads", optarg, 0, 4096, &threads)) return NL_EXIT_USAGE; break;
-        case 't':
-            if (nl_cli_double("--temperature", optarg, &temperature)) return NL_EXIT_USAGE;
-            if (!(temperature >= 0) || !isfinite(temperature))
-                return nl_cli_usage_error("--temperature must be >= 0, got %s", optarg);
-            break;
-        case 'P':
-            if (nl_cli_double("--top-p", optarg, &top_p)) return NL_EXIT_USAGE;
-            if (!(top_p > 0 && top_p <= 1)) return nl_cli_usage_error("--top-p must be in (0, 1], got %s", optarg);
-            break;
-        case 'S':
-            if (nl_sampling_add_stop(&smp, optarg)) return nl_cli_usage_error("generate: --stop: %s", nl_last_error());
-            break;
-        case 'j': json = 1; break;
-        case 'v':
-            if (!strcmp(optarg, "fp32")) eo.kv = NL_KV_FP32;
-            else if (!strcmp(optarg, "int8")) eo.kv = NL_KV_INT8;
-            else return nl_cli_usage_error("generate: unknown --kv-cache '%s' (known: fp32, int8)", optarg);
-            break;
-        case 'w':
-            if (nl_wfmt_parse(optarg, &eo.weights)) return nl_cli_usage_error("generate: --weights: %s", nl_last_error());
-            break;
-        case 'h':
-            printf("usage: nanolm generate --ckpt F --prompt TEXT [--steps N] [--temperature T] [--seed S]\n"
-                   "                       [--top-k K] [--top-p P] [--stop TEXT ...] [--tokenizer tok512.bin]\n"
-                   "                       [--weights auto|fp32|bf16|int8] [--kv-cache fp32|int8] [--threads N] [--json]\n"
-                   "  --steps counts positions including the prompt (as llama2.c's run), at most seq_len.\n"
-                   "  --temperature 0 is greedy. --tokenizer is needed for llama2.c .bin checkpoints.\n"
-                   "  Runs as one request of the serving engine (see docs/serving.md). --ckpt may be a\n"
-                   "  quantized checkpoint written by `nanolm quant model --out` (int8 per channel runs on\n"
-                   "  the int8 kernels). --weights: decode weight format (auto: fp32, or int8 for such a\n"
-                   "  checkpoint). --kv-cache int8: K and V stored as int8 per head and token (absmax, fp16\n"
-                   "  scales). --stop ends the text before the first occurrence of TEXT (up to 4).\n");
-            return NL_EXIT_OK;
-        default: return nl_cli_bad_option("generate", argv);
-        }
+/* Shows one token: printed at once (text), or kept with its printable piece (--json). */
+static nl_status show_token(gen_out *g, int json, int32_t id, const char *piece, size_t len) {
+    if (!json) {
+        nl_tokenizer_print_piece(stdout, piece, len);
+        return NL_OK;
     }
-    if (optind < argc) return nl_cli_usage_error("generate: unexpected argument '%s'", argv[optind]);
-    if (!ckpt) return nl_cli_usage_error("generate: --ckpt F is required");
-    eo.max_batch = 1;
-    eo.max_waiting = 1;
-    eo.threads = (int)threads;
-    nl_engine *e = NULL;
-    /* the pool holds one whole context (the contiguous cache's size) */
-    eo.kv_blocks = 0;
-    if (nl_engine_open(&e, ckpt, tok_path, &eo)) return nl_cli_fail("generate");
+    if (g->n_tokens < g->cap_tokens) g->tokens[g->n_tokens++] = id;
+    if (nl_tokenizer_piece_printable(piece, len) && text_add(&g->text, &g->text_len, &g->text_cap, piece, len))
+        return NL_ERR_NOMEM;
+    return NL_OK;
+}
+
+/* The options of generate, as given. */
+typedef struct gen_args {
+    nl_model_args model;
+    const char *prompt;
+    int64_t steps, seed, top_k;
+    int threads, kv, json;
+    double temperature, top_p;
+    nl_opt_list stops;
+} gen_args;
+
+static int gen_parse(int argc, char **argv, gen_args *a) {
+    *a = (gen_args){.prompt = "", .steps = 256, .seed = 1337, .temperature = 1.0, .top_p = 1.0};
+    nl_opt model[3];
+    int nmodel = nl_cli_model_opts(model, &a->model, 1);
+    nl_opt opts[] = {
+        NL_OPT_STR("prompt", &a->prompt, "TEXT", "the text to continue (default: empty)"),
+        NL_OPT_INT("steps", &a->steps, 1, 1 << 24, "N",
+                   "positions including the prompt (as llama2.c's run), at most seq_len (default 256)"),
+        NL_OPT_DBL("temperature", &a->temperature, 0, INFINITY, "T", "sampling temperature; 0 is greedy (default 1)"),
+        NL_OPT_INT("seed", &a->seed, 0, 9.2e18, "S", "sampling seed (default 1337)"),
+        NL_OPT_INT("top-k", &a->top_k, 0, 1 << 30, "K", "sample among the K likeliest tokens (default 0: all)"),
+        NL_OPT_DBL("top-p", &a->top_p, 1e-300, 1, "P",
+                   "nucleus sampling: smallest set with probability >= P (default 1)"),
+        NL_OPT_LIST("stop", &a->stops, "TEXT", "end the text before the first occurrence of TEXT (repeat, up to 4)"),
+        NL_OPT_CHOICE("kv-cache", &a->kv, "fp32|int8",
+                      "KV cache: fp32, or int8 per head and token (absmax, fp16 scales) (default fp32)"),
+        NL_OPT_INT32("threads", &a->threads, 0, 4096, "N", "decode threads (default 0: OpenMP's choice)"),
+        NL_OPT_FLAG("json", &a->json, "print the tokens, the text and the speed as JSON"),
+    };
+    nl_optgroup groups[] = {{"model", model, nmodel}, {"generation", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"generate",
+                       "nanolm generate --ckpt F --prompt TEXT [options]",
+                       "Continues the prompt. Runs as one request of the serving engine (see docs/serving.md).\n"
+                       "--ckpt may be a quantized checkpoint that `nanolm quant model` wrote (int8 per channel\n"
+                       "runs on the int8 kernels).",
+                       groups,
+                       2,
+                       0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc;
+    if (!a->model.ckpt) return nl_cli_usage_error("generate: --ckpt F is required");
+    return 0;
+}
+
+/* Engine options and sampling from the arguments; prints the error and returns NL_EXIT_USAGE on a
+ * bad --weights or --stop. */
+static int gen_setup(const gen_args *a, nl_engine_opts *eo, nl_sampling *smp) {
+    nl_engine_opts_default(eo);
+    nl_sampling_default(smp);
+    eo->kv = a->kv == 1 ? NL_KV_INT8 : NL_KV_FP32;
+    if (a->model.weights && nl_wfmt_parse(a->model.weights, &eo->weights))
+        return nl_cli_usage_error("generate: --weights: %s", nl_last_error());
+    for (int i = 0; i < a->stops.n; i++)
+        if (nl_sampling_add_stop(smp, a->stops.v[i]))
+            return nl_cli_usage_error("generate: --stop: %s", nl_last_error());
+    eo->max_batch = 1;
+    eo->max_waiting = 1;
+    eo->threads = a->threads;
+    eo->kv_blocks = 0; /* the pool holds one whole context (the contiguous cache's size) */
+    return 0;
+}
+
+/* Runs the request on the engine and shows each generated token; returns an exit code. */
+static int gen_decode(nl_engine *e, const gen_args *a, nl_sampling *smp, const int32_t *ids, int64_t n, int64_t steps,
+                      gen_out *g) {
     const nl_tokenizer *tok = nl_engine_tokenizer(e);
-    const nl_arch *arch = nl_engine_arch(e);
-    int rcode = NL_EXIT_OK;
-    int32_t *ids = NULL;
-    int64_t n = 0;
-    cJSON *out_tokens = NULL;
-    char *text = NULL;
-    size_t text_len = 0, text_cap = 0;
+    int32_t prev = ids[n - 1];
     uint64_t id = 0;
-    if (nl_engine_encode(e, prompt, strlen(prompt), &ids, &n)) { rcode = nl_cli_fail("generate"); goto done; }
-    if (n < 1) { rcode = nl_cli_usage_error("generate: --prompt is empty (the byte tokenizer needs at least one byte)"); goto done; }
-    if (n > arch->seq_len) {
-        rcode = nl_cli_usage_error("generate: the prompt is %lld tokens, longer than the model's seq_len %lld", (long long)n,
-                                   (long long)arch->seq_len);
-        goto done;
+    smp->temperature = (float)a->temperature;
+    smp->top_k = (int)a->top_k;
+    smp->top_p = (float)a->top_p;
+    smp->seed = (uint64_t)a->seed;
+    smp->max_tokens = steps - n + 1;
+    smp->ignore_eos = 1; /* only BOS ends generate's text (llama2.c's run): checked below */
+    if (nl_engine_submit(e, ids, n, smp, &id)) return nl_cli_fail("generate");
+    nl_finish fin = NL_FINISH_NONE;
+    while (fin == NL_FINISH_NONE) {
+        if (nl_engine_step(e, NULL)) return nl_cli_fail("generate");
+        nl_engine_output o;
+        if (nl_engine_read(e, id, 0, &o)) return nl_cli_fail("generate");
+        fin = o.finish;
+        g->generated += o.n_tokens;
+        for (int64_t i = 0; i < o.n_tokens; i++) {
+            int32_t next = o.tokens[i];
+            if (tok->bos_id >= 0 && next == tok->bos_id) {
+                g->generated -= o.n_tokens - i - 1; /* the tokens after BOS were never shown */
+                fin = NL_FINISH_STOP;
+                nl_engine_cancel(e, id);
+                break;
+            }
+            size_t len;
+            const char *piece = nl_tokenizer_piece(tok, (int)prev, next, &len);
+            if (!piece) break;
+            if (show_token(g, a->json, next, piece, len)) {
+                nl_engine_output_free(&o);
+                return nl_cli_fail("generate");
+            }
+            prev = next;
+        }
+        if (!a->json) fflush(stdout);
+        if (fin == NL_FINISH_ERROR) {
+            if (!a->json) printf("\n");
+            fflush(stdout);
+            nl_fail(NL_ERR_NUMERIC, "%s: %s", a->model.ckpt, o.error);
+            nl_engine_output_free(&o);
+            return nl_cli_fail("generate");
+        }
+        nl_engine_output_free(&o);
     }
-    if (steps > arch->seq_len) steps = arch->seq_len;
-    if (json) out_tokens = cJSON_CreateArray();
-    /* The text: the prompt's tokens after the first (all of them without BOS), up to --steps
-     * positions, then what the engine generates: steps - n + 1 tokens, the last position's
-     * sample included (llama2.c's run prints steps tokens after the first). */
+    g->positions = n - 1 + g->generated;
+    return NL_EXIT_OK;
+}
+
+/* The prompt's tokens after the first (all of them without BOS), up to --steps positions, then
+ * what the engine generates: steps - n + 1 tokens, the last position's sample included (llama2.c's
+ * run prints steps tokens after the first). */
+static int gen_run(nl_engine *e, const gen_args *a, nl_sampling *smp, const int32_t *ids, int64_t n, gen_out *g) {
+    const nl_tokenizer *tok = nl_engine_tokenizer(e);
+    int64_t steps = a->steps > nl_engine_arch(e)->seq_len ? nl_engine_arch(e)->seq_len : a->steps;
+    g->cap_tokens = steps + 1;
+    g->tokens = nl_malloc((size_t)g->cap_tokens * sizeof *g->tokens, "generated tokens");
+    if (!g->tokens) return nl_cli_fail("generate");
     for (int64_t i = tok->bos_id < 0 ? 0 : 1; i < n && i <= steps; i++) {
         size_t len;
         const char *piece = nl_tokenizer_piece(tok, i > 0 ? ids[i - 1] : -1, ids[i], &len);
-        if (!piece) { rcode = nl_cli_fail("generate"); goto done; }
-        if (json) {
-            cJSON_AddItemToArray(out_tokens, cJSON_CreateNumber(ids[i]));
-            if (nl_tokenizer_piece_printable(piece, len) && text_add(&text, &text_len, &text_cap, piece, len)) {
-                rcode = nl_cli_fail("generate");
-                goto done;
-            }
-        } else {
-            nl_tokenizer_print_piece(stdout, piece, len);
-        }
+        if (!piece || show_token(g, a->json, ids[i], piece, len)) return nl_cli_fail("generate");
     }
-    if (!json) fflush(stdout);
-    int32_t prev = ids[n - 1];
+    if (!a->json) fflush(stdout);
     double t0 = nl_time_s();
-    int64_t generated = 0, positions = steps < n ? steps : 0;
-    if (steps >= n) {
-        smp.temperature = (float)temperature;
-        smp.top_k = (int)top_k;
-        smp.top_p = (float)top_p;
-        smp.seed = (uint64_t)seed;
-        smp.max_tokens = steps - n + 1;
-        smp.ignore_eos = 1; /* only BOS ends generate's text (llama2.c's run): checked below */
-        if (nl_engine_submit(e, ids, n, &smp, &id)) { rcode = nl_cli_fail("generate"); goto done; }
-        nl_finish fin = NL_FINISH_NONE;
-        while (fin == NL_FINISH_NONE) {
-            if (nl_engine_step(e, NULL)) { rcode = nl_cli_fail("generate"); goto done; }
-            nl_engine_output o;
-            if (nl_engine_read(e, id, 0, &o)) { rcode = nl_cli_fail("generate"); goto done; }
-            fin = o.finish;
-            generated += o.n_tokens;
-            for (int64_t i = 0; i < o.n_tokens; i++) {
-                int32_t next = o.tokens[i];
-                if (tok->bos_id >= 0 && next == tok->bos_id) {
-                    generated -= o.n_tokens - i - 1; /* the tokens after BOS were never shown */
-                    fin = NL_FINISH_STOP;
-                    nl_engine_cancel(e, id);
-                    break;
-                }
-                size_t len;
-                const char *piece = nl_tokenizer_piece(tok, (int)prev, next, &len);
-                if (!piece) break;
-                if (json) {
-                    cJSON_AddItemToArray(out_tokens, cJSON_CreateNumber(next));
-                    if (nl_tokenizer_piece_printable(piece, len)) text_add(&text, &text_len, &text_cap, piece, len);
-                } else {
-                    nl_tokenizer_print_piece(stdout, piece, len);
-                }
-                prev = next;
-            }
-            if (!json) fflush(stdout);
-            if (fin == NL_FINISH_ERROR) {
-                if (!json) printf("\n");
-                fflush(stdout);
-                nl_fail(NL_ERR_NUMERIC, "%s: %s", ckpt, o.error);
-                nl_engine_output_free(&o);
-                rcode = nl_cli_fail("generate");
-                goto done;
-            }
-            nl_engine_output_free(&o);
-        }
-        positions = n - 1 + generated;
-    }
-    double dt = nl_time_s() - t0;
+    g->positions = steps < n ? steps : 0;
+    int rc = steps >= n ? gen_decode(e, a, smp, ids, n, steps, g) : NL_EXIT_OK;
+    g->seconds = nl_time_s() - t0;
+    return rc;
+}
+
+/* The speed line on stderr (text), or the whole result as JSON. */
+static int gen_print(nl_engine *e, const gen_args *a, const int32_t *ids, int64_t n, const gen_out *g) {
     nl_engine_stats st;
     nl_engine_stats_get(e, &st);
     size_t kv_bytes = (size_t)st.kv_blocks_total * st.kv_block_bytes;
-    const char *kvname = eo.kv == NL_KV_INT8 ? "int8" : "fp32";
-    if (json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON *pt = cJSON_AddArrayToObject(d, "prompt_tokens");
-        for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(pt, cJSON_CreateNumber(ids[i]));
-        cJSON_AddItemToObject(d, "tokens", out_tokens);
-        out_tokens = NULL;
-        cJSON_AddStringToObject(d, "text", text ? text : "");
-        cJSON_AddNumberToObject(d, "generated", (double)generated);
-        cJSON_AddNumberToObject(d, "tokens_per_s", dt > 0 ? (double)positions / dt : 0);
-        cJSON_AddStringToObject(d, "weights", nl_wfmt_name(nl_engine_weights(e)));
-        cJSON_AddNumberToObject(d, "weight_bytes", (double)st.weight_bytes);
-        cJSON_AddStringToObject(d, "kv_cache", kvname);
-        cJSON_AddNumberToObject(d, "kv_cache_bytes", (double)kv_bytes);
-        nl_cli_print_json(d);
-    } else {
+    const char *kvname = a->kv == 1 ? "int8" : "fp32";
+    double tps = g->seconds > 0 ? (double)g->positions / g->seconds : 0;
+    if (!a->json) {
         printf("\n");
         fflush(stdout);
-        fprintf(stderr, "generate: %lld positions, %.1f tokens/s, %s weights, %s KV cache %zu bytes\n", (long long)positions,
-                dt > 0 ? (double)positions / dt : 0.0, nl_wfmt_name(nl_engine_weights(e)), kvname, kv_bytes);
+        fprintf(stderr, "generate: %lld positions, %.1f tokens/s, %s weights, %s KV cache %zu bytes\n",
+                (long long)g->positions, tps, nl_wfmt_name(nl_engine_weights(e)), kvname, kv_bytes);
+        return NL_EXIT_OK;
     }
-done:
-    cJSON_Delete(out_tokens);
-    nl_free(text);
+    double *prompt = nl_malloc((size_t)n * sizeof *prompt, "prompt tokens");
+    if (!prompt) return nl_cli_fail("generate");
+    for (int64_t i = 0; i < n; i++) prompt[i] = ids[i];
+    nl_report *r = nl_report_new("generate");
+    nl_report_nums(r, "prompt_tokens", NULL, prompt, (int)n, NULL, NULL);
+    nl_report_nums(r, "tokens", NULL, g->tokens, (int)g->n_tokens, NULL, NULL);
+    nl_report_str(r, "text", NULL, g->text ? g->text : "");
+    nl_report_int(r, "generated", NULL, g->generated, NULL);
+    nl_report_num(r, "tokens_per_s", NULL, tps, NULL, NULL);
+    nl_report_str(r, "weights", NULL, nl_wfmt_name(nl_engine_weights(e)));
+    nl_report_int(r, "weight_bytes", NULL, (long long)st.weight_bytes, NULL);
+    nl_report_str(r, "kv_cache", NULL, kvname);
+    nl_report_int(r, "kv_cache_bytes", NULL, (long long)kv_bytes, NULL);
+    nl_free(prompt);
+    return nl_report_print(r, 1);
+}
+
+int nl_cmd_generate(int argc, char **argv) {
+    gen_args a;
+    int rcode = gen_parse(argc, argv, &a);
+    if (rcode) return rcode == NL_CLI_HELP ? NL_EXIT_OK : rcode;
+    nl_engine_opts eo;
+    nl_sampling smp;
+    if ((rcode = gen_setup(&a, &eo, &smp))) return rcode;
+    nl_engine *e = NULL;
+    if (nl_engine_open(&e, a.model.ckpt, a.model.tokenizer, &eo)) return nl_cli_fail("generate");
+    const nl_arch *arch = nl_engine_arch(e);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    gen_out g;
+    memset(&g, 0, sizeof g);
+    if (nl_engine_encode(e, a.prompt, strlen(a.prompt), &ids, &n)) {
+        rcode = nl_cli_fail("generate");
+    } else if (n < 1) {
+        rcode = nl_cli_usage_error("generate: --prompt is empty (the byte tokenizer needs at least one byte)");
+    } else if (n > arch->seq_len) {
+        rcode = nl_cli_usage_error("generate: the prompt is %lld tokens, longer than the model's seq_len %lld",
+                                   (long long)n, (long long)arch->seq_len);
+    } else if (!(rcode = gen_run(e, &a, &smp, ids, n, &g))) {
+        rcode = gen_print(e, &a, ids, n, &g);
+    }
+    nl_free(g.tokens);
+    nl_free(g.text);
     nl_free(ids);
     nl_engine_close(e);
     return rcode;

@@ -1,6 +1,8 @@
-/* nanolm moe train: NanoLM-MoE with expert parallelism under mpirun (nanolm/moe_ep.h). */
-#include <getopt.h>
+/* nanolm moe train: NanoLM-MoE with expert or context parallelism under mpirun (nanolm/moe_ep.h),
+ * trained by the one training loop (nl_trainer_run) through the layout's hooks (nl_ep_layout):
+ * schedule, warmup, validation, checkpoints, log and SIGTERM handling come from there. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,51 +10,103 @@
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
+#include "cli/cli_opt.h"
 #include "nanolm/moe_ep.h"
 #include "nanolm/tokenizer.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: [mpirun -np N] nanolm moe train --data FILE [options]\n"
-            "  NanoLM-MoE (routed + shared SwiGLU experts, top-k router, aux loss) with expert\n"
-            "  parallelism: N/ep data-parallel replicas of ep-rank expert groups.\n"
-            "  --preset NAME      MoE shape (moe-course-tiny: 64 routed + 2 shared, top-6, D 64, 2 layers)\n"
-            "  --layers N --dim D --experts E --top-k K --shared S --expert-hidden F   override the shape\n"
-            "  --ep E             ranks per expert-parallel group (divides N and the experts; 1)\n"
-            "  --cp C             context parallel: C ranks share each sequence, ring attention over\n"
-            "                     a load-balanced split (2C chunks); needs --aux 0, no --ep\n"
-            "  --steps N (20) --batch B (sequences per rank, 4) --seq T (32) --lr X (1e-3) --seed S (1337)\n"
-            "  --aux A            load-balancing loss coefficient (0.01; 0 = off)\n"
-            "  --capacity C       capacity factor (0 = no token dropping)\n"
-            "  --impl ours|native all-to-all implementation (ours)\n"
-            "  --report-memory    bytes of parameters, gradients, optimizer state and activations per rank\n"
-            "  --json             one JSON document with every step and rank\n");
+/* SIGTERM / SIGINT during training (src/cli/cmd_train.c): finish the step, save, exit 0. */
+extern volatile int nl_train_stop_signal;
+void nl_train_catch_stop_signals(int on);
+
+/* What the command line asks for. */
+typedef struct moe_args {
+    const char *data, *preset, *impl, *log_csv;
+    int64_t layers, dim, experts, topk, shared, fe, ep, cp, seed;
+    double aux, cap;
+    int json, mem, lr_min_given, eval_given, windows_given;
+    nl_train_opts tr;
+} moe_args;
+
+/* The option table (also the --help of `moe` and `moe train`). */
+static int parse_args(moe_args *a, int argc, char **argv) {
+    memset(a, 0, sizeof *a);
+    nl_train_opts_default(&a->tr);
+    a->preset = "moe-course-tiny", a->impl = "ours", a->shared = -1, a->ep = 1, a->cp = 1, a->seed = 1337;
+    a->aux = 0.01;
+    /* moe train's defaults: 20 steps at a constant learning rate, no validation unless asked */
+    a->tr.steps = 20, a->tr.batch = 4, a->tr.seq = 32, a->tr.warmup = 0, a->tr.eval_every = 0;
+    nl_train_opts *t = &a->tr;
+    nl_opt model[] = {
+        NL_OPT_STR("preset", &a->preset, "NAME", "MoE shape (moe-course-tiny: 64 routed + 2 shared, top-6, D 64, 2 layers)"),
+        NL_OPT_INT("layers", &a->layers, 1, 64, "N", "override the preset's layers"),
+        NL_OPT_INT("dim", &a->dim, 2, 4096, "D", "override the model width"),
+        NL_OPT_INT("experts", &a->experts, 1, 1024, "E", "routed experts per MoE layer"),
+        NL_OPT_INT("top-k", &a->topk, 1, 1024, "K", "experts per token"),
+        NL_OPT_INT("shared", &a->shared, 0, 64, "S", "shared experts per MoE layer"),
+        NL_OPT_INT("expert-hidden", &a->fe, 1, 65536, "F", "hidden width of each expert"),
+        NL_OPT_DBL("aux", &a->aux, 0, 1e6, "A", "load-balancing loss coefficient (0.01; 0 = off)"),
+        NL_OPT_DBL("capacity", &a->cap, 0, 1e6, "C", "capacity factor (0 = no token dropping)"),
+    };
+    nl_opt layout[] = {
+        NL_OPT_INT("ep", &a->ep, 1, 64, "E", "ranks per expert-parallel group (divides N and the experts; 1)"),
+        NL_OPT_INT("cp", &a->cp, 1, 64, "C",
+                   "context parallel: C ranks share each sequence (ring attention); needs --aux 0 --capacity 0, no --ep"),
+        NL_OPT_STR("impl", &a->impl, "ours|native", "all-to-all implementation (ours)"),
+    };
+    nl_opt train[] = {
+        NL_OPT_STR("data", &a->data, "FILE", "training text (required; byte tokens)"),
+        NL_OPT_INT("steps", &t->steps, 1, 10000000, "N", "optimizer steps (20)"),
+        NL_OPT_INT("batch", &t->batch, 1, 65536, "B", "sequences per rank (4)"),
+        NL_OPT_INT("seq", &t->seq, 1, 65536, "T", "tokens per sequence (32)"),
+        NL_OPT_FLT("lr", &t->lr, 0, 10, "X", "peak learning rate (1e-3)"),
+        NL_OPT_FLT("lr-min", &t->lr_min, 0, 10, "X", "cosine decay to X (default: the peak, a constant rate)"),
+        NL_OPT_INT("warmup", &t->warmup, 0, 100000000, "N", "linear warmup steps (0)"),
+        NL_OPT_FLT("clip", &t->grad_clip, 0, 1e9, "X", "global gradient-norm clipping (1.0; 0 = off)"),
+        NL_OPT_FLT("weight-decay", &t->weight_decay, 0, 10, "X", "AdamW weight decay (0.1)"),
+        NL_OPT_INT("seed", &a->seed, 0, INT64_MAX, "S", "initialisation and data (1337)"),
+        NL_OPT_INT("eval-every", &t->eval_every, 0, 100000000, "K",
+                   "validation (and checkpoint) every K steps and at the end (default: none)"),
+        NL_OPT_INT("eval-windows", &t->eval_windows, 1, 100000000, "N", "validation windows (200 when validating)"),
+        NL_OPT_STR("out", &t->out, "CKPT", "checkpoint at each validation and the end (--ep 1 only)"),
+        NL_OPT_STR("resume", &t->resume, "CKPT", "continue from a checkpoint up to --steps"),
+        NL_OPT_INT("stop-after", &t->stop_after, 1, 100000000, "K", "stop (and save) after step K of the schedule"),
+        NL_OPT_STR("log", &a->log_csv, "CSV", "per-step log (rank 0)"),
+        NL_OPT_FLAG("report-memory", &a->mem, "bytes of parameters, gradients, optimizer state and activations per rank"),
+        NL_OPT_FLAG("json", &a->json, "one JSON document with every step and rank"),
+    };
+    train[5].given = &a->lr_min_given;
+    train[10].given = &a->eval_given;
+    train[11].given = &a->windows_given;
+    nl_optgroup groups[] = {{"model shape", model, NL_NOPTS(model)},
+                            {"parallel layout", layout, NL_NOPTS(layout)},
+                            {"training (the one trainer's options; SIGTERM/SIGINT finish the step, save, exit 0)",
+                             train, NL_NOPTS(train)}};
+    nl_cmdspec spec = {"moe train", "[mpirun -np N] nanolm moe train --data FILE [options]",
+                       "NanoLM-MoE (routed + shared SwiGLU experts, top-k router, aux loss) with expert parallelism: "
+                       "N/ep data-parallel replicas of ep-rank expert groups, or context parallelism.",
+                       groups, 3, 0};
+    if (argc < 0) { /* `moe --help` */
+        nl_cli_help(&spec, stdout);
+        return NL_CLI_HELP;
+    }
+    return nl_cli_parse(&spec, argc, argv, NULL, NULL);
 }
 
 int nl_cmd_moe_train(int argc, char **argv);
 int nl_cmd_moe(int argc, char **argv);
 int nl_cmd_moe(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? NL_EXIT_USAGE : NL_EXIT_OK;
+        moe_args a;
+        if (argc < 2) {
+            fprintf(stderr, "usage: [mpirun -np N] nanolm moe train --data FILE [options] (see nanolm moe train --help)\n");
+            return NL_EXIT_USAGE;
+        }
+        parse_args(&a, -1, NULL);
+        return NL_EXIT_OK;
     }
     if (strcmp(argv[1], "train")) return nl_cli_usage_error("moe: unknown subcommand '%s' (train)", argv[1]);
     return nl_cmd_moe_train(argc - 1, argv + 1);
 }
-
-enum { O_DATA = 1, O_PRESET, O_LAYERS, O_DIM, O_EXPERTS, O_TOPK, O_SHARED, O_FE, O_EP, O_CP, O_STEPS, O_BATCH, O_SEQ,
-       O_LR, O_SEED, O_AUX, O_CAP, O_IMPL, O_MEM, O_JSON, O_HELP };
-static const struct option mopts[] = {
-    {"data", required_argument, 0, O_DATA}, {"preset", required_argument, 0, O_PRESET},
-    {"layers", required_argument, 0, O_LAYERS}, {"dim", required_argument, 0, O_DIM},
-    {"experts", required_argument, 0, O_EXPERTS}, {"top-k", required_argument, 0, O_TOPK},
-    {"shared", required_argument, 0, O_SHARED}, {"expert-hidden", required_argument, 0, O_FE},
-    {"ep", required_argument, 0, O_EP}, {"cp", required_argument, 0, O_CP}, {"steps", required_argument, 0, O_STEPS},
-    {"batch", required_argument, 0, O_BATCH}, {"seq", required_argument, 0, O_SEQ},
-    {"lr", required_argument, 0, O_LR}, {"seed", required_argument, 0, O_SEED},
-    {"aux", required_argument, 0, O_AUX}, {"capacity", required_argument, 0, O_CAP},
-    {"impl", required_argument, 0, O_IMPL}, {"report-memory", no_argument, 0, O_MEM},
-    {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
 
 /* mean over MoE layers of (max expert load / mean expert load) */
 static double load_ratio(const int64_t *tok, int64_t layers, int64_t E) {
@@ -77,187 +131,234 @@ static nl_status gather(nl_comm *w, double *v, int n, int rank, double mine) {
     return NL_OK;
 }
 
-int nl_cmd_moe_train(int argc, char **argv) {
-    const char *data = NULL, *preset = "moe-course-tiny";
-    int64_t layers = 0, dim = 0, experts = 0, topk = 0, shared = -1, fe = 0, ep = 1, cp = 1, steps = 20, batch = 4,
-            seq = 32, seed = 1337;
-    double lr = 1e-3, aux = 0.01, cap = 0;
-    int json = 0, mem = 0;
-    nl_comm_impl impl = NL_COMM_OURS;
-    int c;
-    nl_cli_getopt_reset();
-    while ((c = getopt_long(argc, argv, "", mopts, NULL)) != -1) {
-        switch (c) {
-        case O_DATA: data = optarg; break;
-        case O_PRESET: preset = optarg; break;
-        case O_LAYERS: if (nl_cli_int("--layers", optarg, 1, 64, &layers)) return NL_EXIT_USAGE; break;
-        case O_DIM: if (nl_cli_int("--dim", optarg, 2, 4096, &dim)) return NL_EXIT_USAGE; break;
-        case O_EXPERTS: if (nl_cli_int("--experts", optarg, 1, 1024, &experts)) return NL_EXIT_USAGE; break;
-        case O_TOPK: if (nl_cli_int("--top-k", optarg, 1, 1024, &topk)) return NL_EXIT_USAGE; break;
-        case O_SHARED: if (nl_cli_int("--shared", optarg, 0, 64, &shared)) return NL_EXIT_USAGE; break;
-        case O_FE: if (nl_cli_int("--expert-hidden", optarg, 1, 65536, &fe)) return NL_EXIT_USAGE; break;
-        case O_EP: if (nl_cli_int("--ep", optarg, 1, 64, &ep)) return NL_EXIT_USAGE; break;
-        case O_CP: if (nl_cli_int("--cp", optarg, 1, 64, &cp)) return NL_EXIT_USAGE; break;
-        case O_STEPS: if (nl_cli_int("--steps", optarg, 1, 10000000, &steps)) return NL_EXIT_USAGE; break;
-        case O_BATCH: if (nl_cli_int("--batch", optarg, 1, 65536, &batch)) return NL_EXIT_USAGE; break;
-        case O_SEQ: if (nl_cli_int("--seq", optarg, 1, 65536, &seq)) return NL_EXIT_USAGE; break;
-        case O_SEED: if (nl_cli_int("--seed", optarg, 0, INT64_MAX, &seed)) return NL_EXIT_USAGE; break;
-        case O_LR: if (nl_cli_double("--lr", optarg, &lr)) return NL_EXIT_USAGE; break;
-        case O_AUX: if (nl_cli_double("--aux", optarg, &aux)) return NL_EXIT_USAGE; break;
-        case O_CAP: if (nl_cli_double("--capacity", optarg, &cap)) return NL_EXIT_USAGE; break;
-        case O_IMPL:
-            if (!strcmp(optarg, "ours")) impl = NL_COMM_OURS;
-            else if (!strcmp(optarg, "native")) impl = NL_COMM_NATIVE;
-            else return nl_cli_usage_error("moe train: --impl must be ours or native, got '%s'", optarg);
-            break;
-        case O_MEM: mem = 1; break;
-        case O_JSON: json = 1; break;
-        case O_HELP: usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("moe train", argv);
-        }
-    }
-    if (optind < argc) return nl_cli_usage_error("moe train: unexpected argument '%s'", argv[optind]);
-    if (!data) return nl_cli_usage_error("moe train: --data FILE is required");
-    if (aux < 0 || cap < 0) return nl_cli_usage_error("moe train: --aux and --capacity must be >= 0");
-    nl_arch a;
-    if (nl_moe_preset(preset, &a)) return nl_cli_usage_error("moe train: %s", nl_last_error());
-    if (layers) a.n_layers = layers;
-    if (dim) a.dim = dim;
-    if (experts) a.n_experts = experts;
-    if (topk) a.top_k = topk;
-    if (shared >= 0) a.n_shared_experts = shared;
-    if (fe) a.expert_hidden_dim = fe;
-    if (seq > a.seq_len) a.seq_len = seq;
-    if (nl_arch_validate(&a)) return nl_cli_usage_error("moe train: %s", nl_last_error());
+/* What the per-step callback needs. */
+typedef struct moe_run {
+    nl_ep_trainer *t;
+    nl_comm *w;
+    int N, R, json;
+    double *v;        /* (N) gather buffer */
+    cJSON *jsteps, *last;
+    nl_status err;    /* a failed gather in the callback */
+} moe_run;
 
+/* One line (rank 0) or one JSON record per step, from the layout's statistics (t->st). */
+static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
+    moe_run *x = user;
+    const nl_ep_step_stats *st = &x->t->st;
+    const nl_moe *e = x->t->model.moe;
+    double ratio = load_ratio(st->tokens, e->n_moe_layers, e->E);
+    (void)o;
+    if (!x->json) {
+        if (x->R != 0) return;
+        printf("%5lld %9.5f %9.5f %9.3f %9lld %8.4f %14llu", (long long)r->step - 1, r->loss, st->aux_loss, ratio,
+               (long long)st->dropped, r->grad_norm, (unsigned long long)st->a2a_sent_bytes);
+        if (!isnan(r->val_loss)) printf("  val %.4f", r->val_loss);
+        printf("\n");
+        fflush(stdout);
+        return;
+    }
+    double mine[6] = {(double)st->a2a_sent_bytes,     (double)st->a2a_count_bytes, (double)st->payload_sent_bytes,
+                      (double)st->payload_self_bytes, (double)st->dispatched_bytes, (double)st->returned_bytes};
+    const char *names[6] = {"a2a_sent_bytes",     "a2a_count_bytes",  "payload_sent_bytes",
+                            "payload_self_bytes", "dispatched_bytes", "returned_bytes"};
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "step", (double)r->step - 1);
+    cJSON_AddNumberToObject(j, "loss", r->loss);
+    cJSON_AddNumberToObject(j, "aux_loss", st->aux_loss);
+    cJSON_AddNumberToObject(j, "grad_norm", r->grad_norm);
+    cJSON_AddNumberToObject(j, "lr", r->lr);
+    if (!isnan(r->val_loss)) cJSON_AddNumberToObject(j, "val_loss", r->val_loss);
+    cJSON_AddNumberToObject(j, "slots", (double)st->slots);
+    cJSON_AddNumberToObject(j, "dropped", (double)st->dropped);
+    cJSON_AddNumberToObject(j, "max_mean_load", ratio);
+    for (int k = 0; k < 6; k++) {
+        nl_status rc = gather(x->w, x->v, x->N, x->R, mine[k]);
+        if (rc && !x->err) x->err = rc;
+        cJSON_AddItemToObject(j, names[k], cJSON_CreateDoubleArray(x->v, x->N));
+    }
+    cJSON_AddItemToArray(x->jsteps, j);
+    x->last = j;
+}
+
+/* The JSON header: the run's shape and layout. */
+static cJSON *json_header(const nl_arch *a, const nl_moe *e, const moe_args *g, int N) {
+    cJSON *doc = cJSON_CreateObject();
+    cJSON_AddStringToObject(doc, "model", a->name);
+    cJSON_AddNumberToObject(doc, "ranks", N);
+    cJSON_AddNumberToObject(doc, "ep", (double)g->ep);
+    cJSON_AddNumberToObject(doc, "cp", (double)g->cp);
+    cJSON_AddNumberToObject(doc, "dim", (double)a->dim);
+    cJSON_AddNumberToObject(doc, "moe_layers", (double)e->n_moe_layers);
+    cJSON_AddNumberToObject(doc, "top_k", (double)a->top_k);
+    cJSON_AddNumberToObject(doc, "experts", (double)a->n_experts);
+    cJSON_AddNumberToObject(doc, "tokens_per_rank", (double)(g->tr.batch * g->tr.seq / g->cp));
+    cJSON *ja = cJSON_AddObjectToObject(doc, "arch");
+    struct { const char *n; double v; } f[] = {
+        {"vocab_size", (double)a->vocab_size}, {"dim", (double)a->dim}, {"n_layers", (double)a->n_layers},
+        {"n_heads", (double)a->n_heads}, {"n_kv_heads", (double)a->n_kv_heads}, {"hidden_dim", (double)a->hidden_dim},
+        {"seq_len", (double)a->seq_len}, {"tied_embeddings", a->tied_embeddings}, {"n_experts", (double)a->n_experts},
+        {"n_shared_experts", (double)a->n_shared_experts}, {"top_k", (double)a->top_k},
+        {"expert_hidden_dim", (double)a->expert_hidden_dim}, {"first_moe_layer", (double)a->first_moe_layer}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) cJSON_AddNumberToObject(ja, f[i].n, f[i].v);
+    return doc;
+}
+
+/* The shape from the preset and the overrides; the layout and option checks that name flags. */
+static int build_arch(moe_args *g, nl_arch *a, int N) {
+    if (!g->data) return nl_cli_usage_error("moe train: --data FILE is required");
+    if (strcmp(g->impl, "ours") && strcmp(g->impl, "native"))
+        return nl_cli_usage_error("moe train: --impl must be ours or native, got '%s'", g->impl);
+    if (nl_moe_preset(g->preset, a)) return nl_cli_usage_error("moe train: --preset: %s", nl_last_error());
+    if (g->layers) a->n_layers = g->layers;
+    if (g->dim) a->dim = g->dim;
+    if (g->experts) a->n_experts = g->experts;
+    if (g->topk) a->top_k = g->topk;
+    if (g->shared >= 0) a->n_shared_experts = g->shared;
+    if (g->fe) a->expert_hidden_dim = g->fe;
+    if (g->tr.seq > a->seq_len) a->seq_len = g->tr.seq;
+    if (nl_arch_validate(a)) return nl_cli_usage_error("moe train: %s", nl_last_error());
+    if (N % g->ep || N % g->cp)
+        return nl_cli_usage_error("moe train: --%s %lld must divide the %d ranks", N % g->ep ? "ep" : "cp",
+                                  (long long)(N % g->ep ? g->ep : g->cp), N);
+    if (g->cp > 1 && (g->ep > 1 || g->aux != 0 || g->cap != 0))
+        return nl_cli_usage_error("moe train: --cp %lld needs --aux 0 and --capacity 0 and no --ep", (long long)g->cp);
+    if (g->cp > 1 && g->tr.seq % (2 * g->cp))
+        return nl_cli_usage_error("moe train: --seq %lld must be a multiple of 2 x --cp %lld", (long long)g->tr.seq,
+                                  (long long)g->cp);
+    if (g->cp > 1 && (g->eval_given || g->windows_given))
+        return nl_cli_usage_error("moe train: --cp has no validation (--eval-every, --eval-windows)");
+    if (g->ep > 1 && (g->tr.out || g->tr.resume))
+        return nl_cli_usage_error("moe train: --out/--resume need --ep 1 (checkpoints hold whole models)");
+    if (!g->lr_min_given) g->tr.lr_min = g->tr.lr;
+    if (g->tr.lr_min > g->tr.lr)
+        return nl_cli_usage_error("moe train: --lr-min %g is above --lr %g", (double)g->tr.lr_min, (double)g->tr.lr);
+    if (g->tr.warmup >= g->tr.steps) g->tr.warmup = g->tr.steps / 10;
+    g->tr.seed = (uint64_t)g->seed;
+    g->tr.tokenizer = "byte";
+    if ((g->tr.out && nl_check_writable(g->tr.out, "--out")) || (g->log_csv && nl_check_writable(g->log_csv, "--log")))
+        return nl_cli_fail("moe train");
+    return 0;
+}
+
+/* --report-memory: bytes per rank (every rank takes part in the gathers). */
+static nl_status report_memory(moe_run *x, cJSON *doc) {
+    nl_ep_trainer *t = x->t;
+    int N = x->N;
+    double mine[4] = {(double)nl_model_param_bytes(&t->model), (double)nl_model_param_bytes(&t->model),
+                      (double)nl_adamw_bytes(&t->opt), (double)nl_ep_act_bytes(t)};
+    const char *names[4] = {"params", "grads", "optimizer", "activations"};
+    double *v = calloc((size_t)N * 4, sizeof(double));
+    if (!v) return nl_fail(NL_ERR_NOMEM, "out of memory (memory report)");
+    cJSON *jm = doc ? cJSON_AddObjectToObject(doc, "memory") : NULL;
+    for (int k = 0; k < 4; k++) {
+        nl_status rc = gather(x->w, v + k * N, N, x->R, mine[k]);
+        if (rc) { free(v); return rc; }
+        if (jm) cJSON_AddItemToObject(jm, names[k], cJSON_CreateDoubleArray(v + k * N, N));
+    }
+    if (!doc && x->R == 0)
+        for (int r = 0; r < N; r++)
+            printf("rank %d: params %.0f B, grads %.0f B, optimizer %.0f B, activations %.0f B\n", r, v[r], v[N + r],
+                   v[2 * N + r], v[3 * N + r]);
+    free(v);
+    return NL_OK;
+}
+
+/* Trains through nl_trainer_run and prints the per-step table or JSON, memory and throughput. */
+static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, const nl_data *d, moe_run *x) {
+    nl_train_layout L;
+    nl_ep_layout(t, &L);
+    if (!g->eval_given && !g->windows_given) L.eval = NULL; /* validation only when asked for */
+    nl_trainer tn;
+    if (nl_trainer_init_layout(&tn, &g->tr, &L)) return nl_cli_fail(g->tr.resume ? "moe train: --resume" : "moe train");
+    const nl_moe *e = t->model.moe;
+    int rc = NL_EXIT_OK;
+    cJSON *doc = NULL;
+    if (g->json) {
+        doc = json_header(a, e, g, x->N);
+        x->jsteps = cJSON_AddArrayToObject(doc, "steps");
+    } else if (x->R == 0) {
+        printf("NanoLM-MoE %s: %lld layers, D %lld, %lld routed + %lld shared experts (F %lld), top-%lld; %d ranks, "
+               "ep %lld; %lld tokens per rank and step\n",
+               a->name, (long long)a->n_layers, (long long)a->dim, (long long)a->n_experts,
+               (long long)a->n_shared_experts, (long long)a->expert_hidden_dim, (long long)a->top_k, x->N,
+               (long long)g->ep, (long long)(g->tr.batch * g->tr.seq / g->cp));
+        if (g->tr.resume) printf("resumed from %s after step %lld\n", g->tr.resume, (long long)tn.step);
+        printf("%5s %9s %9s %9s %9s %8s %14s\n", "step", "loss", "aux", "max/mean", "dropped", "|grad|", "a2a B/rank0");
+    }
+    int64_t first = tn.step;
+    double t0 = nl_time_s();
+    nl_train_catch_stop_signals(1);
+    g->tr.stop = &nl_train_stop_signal;
+    nl_status trc = nl_trainer_run(&tn, &g->tr, d, on_step, x);
+    nl_train_catch_stop_signals(0);
+    double el = nl_time_s() - t0;
+    if (trc || x->err) {
+        if (x->err && !trc) nl_fail(x->err, "%s", nl_last_error());
+        rc = nl_cli_fail("moe train");
+        goto out;
+    }
+    if (x->R == 0 && g->log_csv && nl_train_log_write_csv(&tn, g->log_csv)) { rc = nl_cli_fail("moe train: --log"); goto out; }
+    if (x->last) {
+        cJSON *tk = cJSON_AddArrayToObject(x->last, "tokens_per_expert");
+        for (int64_t i = 0; i < e->n_moe_layers * e->E; i++)
+            cJSON_AddItemToArray(tk, cJSON_CreateNumber((double)t->st.tokens[i]));
+    }
+    if (tn.stopped && x->R == 0 && !g->json)
+        printf("stopped by %s after step %lld of %lld%s%s\n", tn.stopped == SIGINT ? "SIGINT" : "SIGTERM",
+               (long long)tn.step, (long long)g->tr.steps, g->tr.out ? "; resume with --resume " : " (no --out: nothing saved)",
+               g->tr.out ? g->tr.out : "");
+    if (x->R == 0 && !g->json && g->tr.out) printf("saved %s after step %lld\n", g->tr.out, (long long)tn.step);
+    nl_comm_max_double(x->w, &el);
+    if (g->mem && report_memory(x, doc)) { rc = nl_cli_fail("moe train: memory"); goto out; }
+    double tps = (double)((tn.step - first) * g->tr.batch * g->tr.seq * (x->N / g->cp)) / el;
+    if (doc) {
+        cJSON_AddNumberToObject(doc, "seconds", el);
+        cJSON_AddNumberToObject(doc, "tokens_per_s", tps);
+    } else if (x->R == 0) {
+        printf("%.2f s, %.0f tokens/s\n", el, tps);
+    }
+out:
+    if (doc) {
+        if (x->R == 0 && rc == NL_EXIT_OK) nl_cli_print_json(doc);
+        else cJSON_Delete(doc);
+    }
+    nl_trainer_free(&tn);
+    return rc;
+}
+
+int nl_cmd_moe_train(int argc, char **argv) {
+    moe_args g;
+    int prc = parse_args(&g, argc, argv);
+    if (prc) return prc == NL_CLI_HELP ? NL_EXIT_OK : prc;
     if (nl_comm_init(NULL, NULL)) return nl_cli_fail("moe train: MPI");
     nl_comm *w = nl_comm_world();
-    int N = nl_comm_size(w), R = nl_comm_rank(w), rc = NL_EXIT_OK;
-    nl_ep_opts o;
-    nl_ep_opts_default(&o);
-    o.ep = (int)ep, o.cp = (int)cp, o.impl = impl, o.train.batch = batch, o.train.seq = seq, o.train.lr = (float)lr, o.train.seed = (uint64_t)seed;
-    o.aux_coef = (float)aux, o.capacity_factor = (float)cap;
+    int N = nl_comm_size(w), R = nl_comm_rank(w), rc;
+    nl_arch a;
     nl_tokenizer tok;
     nl_data d;
     nl_ep_trainer t;
     memset(&tok, 0, sizeof tok);
     memset(&d, 0, sizeof d);
     memset(&t, 0, sizeof t);
-    cJSON *doc = NULL, *jsteps = NULL;
-    double *v = calloc((size_t)N * 8, sizeof(double));
-    if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, data, &tok) || nl_data_check_window(&d, (int)seq)) {
-        rc = nl_cli_fail("moe train: data");
+    moe_run x = {.t = &t, .w = w, .N = N, .R = R, .json = g.json, .v = calloc((size_t)N, sizeof(double))};
+    if ((rc = build_arch(&g, &a, N))) goto out;
+    if (!x.v) { rc = nl_cli_fail("moe train: out of memory"); goto out; }
+    if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, g.data, &tok) || nl_data_check_window(&d, (int)g.tr.seq)) {
+        rc = nl_cli_fail("moe train: --data");
         goto out;
     }
-    if (N % ep || N % cp) {
-        rc = nl_cli_usage_error("moe train: --%s %lld must divide the %d ranks", N % ep ? "ep" : "cp",
-                                (long long)(N % ep ? ep : cp), N);
-        goto out;
-    }
+    nl_ep_opts o;
+    nl_ep_opts_default(&o);
+    o.train = g.tr;
+    o.ep = (int)g.ep, o.cp = (int)g.cp, o.impl = strcmp(g.impl, "native") ? NL_COMM_OURS : NL_COMM_NATIVE;
+    o.aux_coef = (float)g.aux, o.capacity_factor = (float)g.cap;
     if (nl_ep_init(&t, &a, &o, w)) {
         rc = nl_cli_fail("moe train: init");
         goto out;
     }
-    nl_moe *e = t.model.moe;
-    if (json) {
-        doc = cJSON_CreateObject();
-        cJSON_AddStringToObject(doc, "model", a.name);
-        cJSON_AddNumberToObject(doc, "ranks", N);
-        cJSON_AddNumberToObject(doc, "ep", (double)ep);
-        cJSON_AddNumberToObject(doc, "cp", (double)cp);
-        cJSON_AddNumberToObject(doc, "dim", (double)a.dim);
-        cJSON_AddNumberToObject(doc, "moe_layers", (double)e->n_moe_layers);
-        cJSON_AddNumberToObject(doc, "top_k", (double)a.top_k);
-        cJSON_AddNumberToObject(doc, "experts", (double)a.n_experts);
-        cJSON_AddNumberToObject(doc, "tokens_per_rank", (double)(batch * seq / cp));
-        cJSON *ja = cJSON_AddObjectToObject(doc, "arch");
-        cJSON_AddNumberToObject(ja, "vocab_size", (double)a.vocab_size);
-        cJSON_AddNumberToObject(ja, "dim", (double)a.dim);
-        cJSON_AddNumberToObject(ja, "n_layers", (double)a.n_layers);
-        cJSON_AddNumberToObject(ja, "n_heads", (double)a.n_heads);
-        cJSON_AddNumberToObject(ja, "n_kv_heads", (double)a.n_kv_heads);
-        cJSON_AddNumberToObject(ja, "hidden_dim", (double)a.hidden_dim);
-        cJSON_AddNumberToObject(ja, "seq_len", (double)a.seq_len);
-        cJSON_AddNumberToObject(ja, "tied_embeddings", a.tied_embeddings);
-        cJSON_AddNumberToObject(ja, "n_experts", (double)a.n_experts);
-        cJSON_AddNumberToObject(ja, "n_shared_experts", (double)a.n_shared_experts);
-        cJSON_AddNumberToObject(ja, "top_k", (double)a.top_k);
-        cJSON_AddNumberToObject(ja, "expert_hidden_dim", (double)a.expert_hidden_dim);
-        cJSON_AddNumberToObject(ja, "first_moe_layer", (double)a.first_moe_layer);
-        jsteps = cJSON_AddArrayToObject(doc, "steps");
-    } else if (R == 0) {
-        printf("NanoLM-MoE %s: %lld layers, D %lld, %lld routed + %lld shared experts (F %lld), top-%lld; %d ranks, "
-               "ep %lld; %lld tokens per rank and step\n",
-               a.name, (long long)a.n_layers, (long long)a.dim, (long long)a.n_experts, (long long)a.n_shared_experts,
-               (long long)a.expert_hidden_dim, (long long)a.top_k, N, (long long)ep, (long long)(batch * seq / cp));
-        printf("%5s %9s %9s %9s %9s %8s %14s\n", "step", "loss", "aux", "max/mean", "dropped", "|grad|",
-               "a2a B/rank0");
-    }
-    double t0 = nl_time_s();
-    for (int64_t s = 0; s < steps; s++) {
-        if (nl_ep_step(&t, &d, s)) {
-            rc = nl_cli_fail("moe train: step");
-            goto out;
-        }
-        double ratio = load_ratio(t.st.tokens, e->n_moe_layers, e->E);
-        if (json) {
-            double *g = v;
-            double mine[6] = {(double)t.st.a2a_sent_bytes, (double)t.st.a2a_count_bytes,
-                              (double)t.st.payload_sent_bytes, (double)t.st.payload_self_bytes,
-                              (double)t.st.dispatched_bytes, (double)t.st.returned_bytes};
-            cJSON *st = cJSON_CreateObject();
-            cJSON_AddNumberToObject(st, "step", (double)s);
-            cJSON_AddNumberToObject(st, "loss", t.st.loss);
-            cJSON_AddNumberToObject(st, "aux_loss", t.st.aux_loss);
-            cJSON_AddNumberToObject(st, "grad_norm", t.st.grad_norm);
-            cJSON_AddNumberToObject(st, "slots", (double)t.st.slots);
-            cJSON_AddNumberToObject(st, "dropped", (double)t.st.dropped);
-            cJSON_AddNumberToObject(st, "max_mean_load", ratio);
-            const char *names[6] = {"a2a_sent_bytes", "a2a_count_bytes", "payload_sent_bytes", "payload_self_bytes",
-                                    "dispatched_bytes", "returned_bytes"};
-            for (int k = 0; k < 6; k++) {
-                if (gather(w, g, N, R, mine[k])) { rc = nl_cli_fail("moe train: stats"); goto out; }
-                cJSON_AddItemToObject(st, names[k], cJSON_CreateDoubleArray(g, N));
-            }
-            if (s == steps - 1) {
-                cJSON *tk = cJSON_AddArrayToObject(st, "tokens_per_expert");
-                for (int64_t i = 0; i < e->n_moe_layers * e->E; i++) cJSON_AddItemToArray(tk, cJSON_CreateNumber((double)t.st.tokens[i]));
-            }
-            cJSON_AddItemToArray(jsteps, st);
-        } else if (R == 0) {
-            printf("%5lld %9.5f %9.5f %9.3f %9lld %8.4f %14llu\n", (long long)s, t.st.loss, t.st.aux_loss, ratio,
-                   (long long)t.st.dropped, t.st.grad_norm, (unsigned long long)t.st.a2a_sent_bytes);
-        }
-    }
-    double el = nl_time_s() - t0;
-    nl_comm_max_double(w, &el);
-    if (mem) {
-        double mine[4] = {(double)nl_model_param_bytes(&t.model), (double)nl_model_param_bytes(&t.model),
-                          (double)nl_adamw_bytes(&t.opt), (double)nl_ep_act_bytes(&t)};
-        const char *names[4] = {"params", "grads", "optimizer", "activations"};
-        cJSON *jm = json ? cJSON_AddObjectToObject(doc, "memory") : NULL;
-        for (int k = 0; k < 4; k++) {
-            if (gather(w, v + k * N, N, R, mine[k])) { rc = nl_cli_fail("moe train: memory"); goto out; }
-            if (jm) cJSON_AddItemToObject(jm, names[k], cJSON_CreateDoubleArray(v + k * N, N));
-        }
-        if (!json && R == 0)
-            for (int r = 0; r < N; r++)
-                printf("rank %d: params %.0f B, grads %.0f B, optimizer %.0f B, activations %.0f B\n", r, v[r],
-                       v[N + r], v[2 * N + r], v[3 * N + r]);
-    }
-    double tps = (double)(steps * batch * seq * (N / cp)) / el;
-    if (json) {
-        cJSON_AddNumberToObject(doc, "seconds", el);
-        cJSON_AddNumberToObject(doc, "tokens_per_s", tps);
-    } else if (R == 0) {
-        printf("%.2f s, %.0f tokens/s\n", el, tps);
-    }
+    rc = train_and_report(&g, &a, &t, &d, &x);
 out:
-    if (doc) {
-        if (R == 0 && rc == NL_EXIT_OK) nl_cli_print_json(doc);
-        else cJSON_Delete(doc);
-    }
-    free(v);
+    free(x.v);
     nl_ep_free(&t);
     nl_data_free(&d);
     nl_tokenizer_free(&tok);

@@ -76,8 +76,9 @@ static void usage(FILE *f) {
             "  --out CKPT            checkpoint (safetensors, written by rank 0) at each validation and the end\n"
             "  --save-every K        alias of --eval-every K\n"
             "  --resume CKPT         continue from a checkpoint up to --steps\n"
-            "  --timeout SECONDS     collective watchdog: a rank waiting longer for a peer ends the job naming\n"
-            "                        the rank it waited for (default 600; 0 = off)\n"
+            "  --timeout SECONDS     collective watchdog: a rank waiting longer ends the job naming the rank\n"
+            "                        that did not arrive (default 600; 0 = off)\n"
+            "  SIGTERM/SIGINT        every rank finishes the same step, saves (--out) and exits 0\n"
             "  --inject-fault R[:exit|_exit|segv|kill|stop]@S   (tests) rank R leaves (or stops) at step S\n"
             "The batch of dp rank r is its slice of the global batch of D*B windows: the same data as one\n"
             "process with --batch D*B.\n");
@@ -247,6 +248,14 @@ static nl_status probe_load(void *u, const char *path, struct nl_ckpt_state *st)
     step_probe *p = u;
     return p->inner.load(p->inner.user, path, st);
 }
+static nl_status probe_agree_stop(void *u, int *stop) {
+    step_probe *p = u;
+    return p->inner.agree_stop(p->inner.user, stop);
+}
+
+/* SIGTERM / SIGINT during training (src/cli/cmd_train.c): finish the step, save, exit 0. */
+extern volatile int nl_train_stop_signal;
+void nl_train_catch_stop_signals(int on);
 
 static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     step_probe *p = user;
@@ -436,6 +445,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     hooks.eval = probe.inner.eval ? probe_eval : NULL;
     hooks.save = probe.inner.save ? probe_save : NULL;
     hooks.load = probe.inner.load ? probe_load : NULL;
+    hooks.agree_stop = probe.inner.agree_stop ? probe_agree_stop : NULL;
     if (nl_trainer_init_layout(&tn, tr, &hooks)) {
         rc = nl_cli_fail(tr->resume ? "parallel train: --resume" : "parallel train");
         goto out;
@@ -445,7 +455,15 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     int64_t first = tn.step;
     if (tr->resume && R == 0 && !json) printf("resumed from %s after step %lld\n", tr->resume, (long long)first);
     double t0 = nl_time_s();
-    if (nl_trainer_run(&tn, tr, &d, on_step, &probe)) { rc = nl_cli_fail("parallel train"); goto out; }
+    nl_train_catch_stop_signals(1);
+    tr->stop = &nl_train_stop_signal;
+    nl_status trc = nl_trainer_run(&tn, tr, &d, on_step, &probe);
+    nl_train_catch_stop_signals(0);
+    if (trc) { rc = nl_cli_fail("parallel train"); goto out; }
+    if (tn.stopped && R == 0 && !json)
+        printf("stopped by %s after step %lld of %lld%s%s\n", tn.stopped == SIGINT ? "SIGINT" : "SIGTERM",
+               (long long)tn.step, (long long)tr->steps, tr->out ? "; resume with --resume " : " (no --out: nothing saved)",
+               tr->out ? tr->out : "");
     if (R == 0 && log_csv && nl_train_log_write_csv(&tn, log_csv)) { rc = nl_cli_fail("parallel train: --log"); goto out; }
     if (R == 0 && !json && tr->out) printf("saved %s after step %lld\n", tr->out, (long long)tn.step);
     steps = tn.step;

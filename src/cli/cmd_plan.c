@@ -19,7 +19,8 @@ static void usage(FILE *f) {
             "       nanolm plan layer --model M [--params N] --tp T [--sp] [--pp P] [--dp D] [--ep E]\n"
             "                         [--zero 0|1|2|3|hsdp] [--tokens-per-gpu T] [--micro M] [--json] [assumptions]\n"
             "       nanolm plan serve --model M [--gpu G] [--tp N] [--prompt P] [--output O] [--batch B]\n"
-            "                         [--context C] [--chunk K] [--prefill-mfu X] [--precision bf16|fp8|int8] [--napkin] [--json]\n"
+            "                         [--context C] [--chunk K] [--prefill-mfu X] [--precision bf16|fp8|int8] [--fsdp N]\n"
+            "                         [--napkin] [--json]\n"
             "       nanolm plan pipeline --stages P --micro M --svg FILE\n"
             "       nanolm plan validate [--file FILE.json] [--json] [--svg FILE]\n"
             "                         (every published figure of tests/validation/published.json, default assumptions)\n\n"
@@ -255,7 +256,7 @@ static int cmd_train(int argc, char **argv) {
     q.fix.vpp = fvpp;
     q.fix.sp_plus1 = fsp;
     nl_arch_params ap;
-    nl_arch_count_params(&q.arch, &ap);
+    nl_plan_count_params(&q.arch, &q.fam, &ap);
     double N = o.params > 0 ? o.params : (double)ap.total;
     /* Default batch: ~4M tokens (Llama 2 and 3 trained 7-8B models with 4M-token batches). */
     q.global_batch = gb > 0 ? gb : (int64_t)fmax(1, round(4194304.0 / (double)q.seq));
@@ -373,7 +374,7 @@ static int cmd_layer(int argc, char **argv) {
     nl_layer_plan lp;
     if (nl_plan_layer(&q, &L, (double)T, &lp)) return nl_cli_fail("plan layer");
     nl_arch_params ap;
-    nl_arch_count_params(&q.arch, &ap);
+    nl_plan_count_params(&q.arch, &q.fam, &ap);
     double N = o.params > 0 ? o.params : (double)ap.total;
     double peak = q.hw.flops_bf16, mfu = q.eff.fixed_mfu > 0 ? q.eff.fixed_mfu : 0.5;
     double active_layer = (double)(ap.active - ap.embedding - ap.classifier - q.arch.dim) / (double)q.arch.n_layers;
@@ -463,14 +464,14 @@ static int cmd_serve(int argc, char **argv) {
                                          {"output", required_argument, 0, 'O'}, {"batch", required_argument, 0, 'b'},
                                          {"context", required_argument, 0, 'C'}, {"chunk", required_argument, 0, 'K'},
                                          {"prefill-mfu", required_argument, 0, 'F'}, {"precision", required_argument, 0, 'Q'},
-                                         {0, 0, 0, 0}};
+                                         {"fsdp", required_argument, 0, 'S'}, {0, 0, 0, 0}};
     common o;
     common_init(&o);
     nl_serve_req sq;
     nl_serve_req_default(&sq);
     int64_t tp = 1, batch = 32;
     int c;
-    while ((c = getopt_long(argc, argv, "M:G:n:r:t:P:O:b:C:K:F:Q:jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "M:G:n:r:t:P:O:b:C:K:F:Q:S:jh", opts, NULL)) != -1) {
         int r = common_opt(&o, c, optarg);
         if (r == 1) continue;
         if (r < 0) return common_rc(r, "plan serve", c);
@@ -479,6 +480,7 @@ static int cmd_serve(int argc, char **argv) {
         case 'P': if (nl_cli_double_si("--prompt", optarg, &sq.prompt) || !(sq.prompt >= 1)) return nl_cli_usage_error("plan serve: bad --prompt"); break;
         case 'O': if (nl_cli_double_si("--output", optarg, &sq.output) || !(sq.output >= 1)) return nl_cli_usage_error("plan serve: bad --output"); break;
         case 'b': if (nl_cli_int("--batch", optarg, 1, 1 << 20, &batch)) return NL_EXIT_USAGE; break;
+        case 'S': if (nl_cli_int("--fsdp", optarg, 1, 4096, &sq.fsdp)) return NL_EXIT_USAGE; break;
         case 'C': if (nl_cli_double_si("--context", optarg, &sq.context) || !(sq.context >= 1)) return nl_cli_usage_error("plan serve: bad --context"); break;
         case 'K': if (nl_cli_double_si("--chunk", optarg, &sq.chunk) || sq.chunk < 0) return nl_cli_usage_error("plan serve: bad --chunk"); break;
         case 'F': if (nl_cli_double("--prefill-mfu", optarg, &sq.prefill_mfu) || !(sq.prefill_mfu > 0 && sq.prefill_mfu <= 1)) return nl_cli_usage_error("plan serve: --prefill-mfu must be in (0, 1]"); break;
@@ -523,7 +525,7 @@ static int cmd_serve(int argc, char **argv) {
         F(weight_read_s); F(kv_read_s); F(decode_compute_s); F(decode_mem_s); F(decode_step_s); F(tp_allreduces);
         F(tp_allreduce_bytes); F(tp_comm_s); F(tp_comm_latency_s); F(decode_step_total_s); F(ttft_s); F(tpot_s);
         F(stall_steps); F(chunk_compute_s); F(chunk_free_tokens); F(prefill_rps); F(decode_rps); F(decode_per_prefill);
-        F(mem_weights); F(mem_kv); F(mem_total);
+        F(mem_weights); F(mem_kv); F(mem_total); F(fsdp_gather_s);
 #undef F
         cJSON_AddBoolToObject(j, "fits", sp.fits);
         return nl_cli_print_json(j);
@@ -540,6 +542,9 @@ static int cmd_serve(int argc, char **argv) {
     nl_table_rowf(&t, "KV cache per token|%.0f KiB|2 x layers x kv heads x head dim x 2 bytes", sp.kv_bytes_per_token / 1024);
     nl_table_rowf(&t, "KV cache of the prompt|%.0f MB|to ship when prefill runs elsewhere", sp.prompt_kv_bytes / 1e6);
     nl_table_rowf(&t, "decode: weight reads|%.2f ms|%.1f GB / %lld / %.2f TB/s", sp.weight_read_s * 1e3, sp.params * sq.weight_bytes / 1e9, (long long)tp, q.hw.hbm_bw / 1e12);
+    if (sq.fsdp > 1)
+        nl_table_rowf(&t, "decode: FSDP weight all-gathers|%.2f ms|%lld shards per layer, %.1fx the HBM read", sp.fsdp_gather_s * 1e3,
+                      (long long)sq.fsdp, sp.fsdp_gather_s / sp.weight_read_s);
     nl_table_rowf(&t, "decode: KV reads|%.2f ms|%lld x %.0f context x %.0f KiB", sp.kv_read_s * 1e3, (long long)batch, ctx, sp.kv_bytes_per_token / 1024);
     nl_table_rowf(&t, "decode: compute at peak|%.2f ms|%s", sp.decode_compute_s * 1e3, sp.decode_compute_s < sp.decode_mem_s ? "memory bound" : "compute bound");
     if (tp > 1) {
@@ -599,7 +604,9 @@ static int cmd_catalog(int argc, char **argv) {
         for (size_t i = 0; i < o.cat.n_models; i++) {
             const nl_arch *a = &o.cat.models[i].arch;
             nl_arch_params p;
-            nl_arch_count_params(a, &p);
+            nl_family fam;
+            nl_catalog_family(&o.cat, a->name, &fam);
+            nl_plan_count_params(a, &fam, &p);
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "name", a->name);
             cJSON_AddNumberToObject(x, "params", (double)p.total);
@@ -636,7 +643,9 @@ static int cmd_catalog(int argc, char **argv) {
     for (size_t i = 0; i < o.cat.n_models; i++) {
         const nl_arch *a = &o.cat.models[i].arch;
         nl_arch_params p;
-        nl_arch_count_params(a, &p);
+        nl_family fam;
+        nl_catalog_family(&o.cat, a->name, &fam);
+        nl_plan_count_params(a, &fam, &p);
         char n1[32], n2[32], ex[48] = "-";
         if (a->n_experts) snprintf(ex, sizeof ex, "%lld+%lld top-%lld F=%lld", (long long)a->n_experts, (long long)a->n_shared_experts,
                                    (long long)a->top_k, (long long)a->expert_hidden_dim);

@@ -6,9 +6,11 @@
 
 #include "cli.h"
 #include "cli_model.h"
+#include "cli_opt.h"
 #include "nanolm/quant_methods.h"
 #include "nanolm/svg.h"
 #include "nanolm/train.h"
+#include "report.h"
 
 #define DEFAULT_SCHEMES "rtn-int4-g32,gptq-int4-g32,awq-int4-g32,rtn-int3-g32,gptq-int3-g32,awq-int3-g32," \
                         "rtn-int4-g128,gptq-int4-g128,awq-int4-g128,w8a8,smoothquant-w8a8,int8-outlier6"
@@ -56,224 +58,328 @@ static const char *method_name(nl_qm_method m) {
     return names[m];
 }
 
-int nl_cmd_quant_compare(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"ckpt", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
-        {"calib", required_argument, 0, 'C'}, {"calib-tokens", required_argument, 0, 'n'}, {"eval-tokens", required_argument, 0, 'e'},
-        {"schemes", required_argument, 0, 'S'}, {"tokenizer", required_argument, 0, 'k'},
-        {"batch", required_argument, 0, 'b'}, {"seq", required_argument, 0, 's'},
-        {"svg", required_argument, 0, 'g'}, {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
-    const char *ckpt = NULL, *data = NULL, *calib = NULL, *tok_path = NULL, *svg = NULL;
-    const char *schemes = DEFAULT_SCHEMES;
-    int64_t calib_n = 8192, eval_n = 0, B = 4, T = 256;
-    int json = 0, c;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c': ckpt = optarg; break;
-        case 'd': data = optarg; break;
-        case 'C': calib = optarg; break;
-        case 'k': tok_path = optarg; break;
-        case 'S': schemes = optarg; break;
-        case 'g': svg = optarg; break;
-        case 'n': if (nl_cli_int("--calib-tokens", optarg, 1, 1 << 26, &calib_n)) return NL_EXIT_USAGE; break;
-        case 'e': if (nl_cli_int("--eval-tokens", optarg, 2, INT64_MAX, &eval_n)) return NL_EXIT_USAGE; break;
-        case 'b': if (nl_cli_int("--batch", optarg, 1, 4096, &B)) return NL_EXIT_USAGE; break;
-        case 's': if (nl_cli_int("--seq", optarg, 1, 1 << 20, &T)) return NL_EXIT_USAGE; break;
-        case 'j': json = 1; break;
-        case 'h':
-            printf("usage: nanolm quant compare --ckpt F --data TEXT --calib TEXT [--schemes S1,S2,...]\n"
-                   "       [--calib-tokens N] [--eval-tokens N] [--tokenizer tok.bin] [--batch B] [--seq T] [--svg FILE] [--json]\n"
-                   "  Quantizes the checkpoint with each scheme (linear layers only) and prints bytes, mean loss on\n"
-                   "  --data and its increase over fp32, and the quantization time. When --calib and --data are the\n"
-                   "  same file, the first half (up to the first newline after the middle) calibrates and the\n"
-                   "  second half is evaluated. Calibration uses the first --calib-tokens tokens (8192) in windows\n"
-                   "  of --seq (256) tokens; --eval-tokens N evaluates only the first N tokens (default: all).\n"
-                   "  Schemes: fp32, rtn-intB-gG, gptq-intB-gG, awq-intB-gG (B 2..8, G 0 = per row), w8a8,\n"
-                   "  smoothquant-w8a8[-aALPHA], int8-outlierT. Default: %s\n", DEFAULT_SCHEMES);
-            return NL_EXIT_OK;
-        default: return nl_cli_bad_option("quant compare", argv);
-        }
-    }
-    if (optind < argc) return nl_cli_usage_error("quant compare: unexpected argument '%s'", argv[optind]);
-    if (!ckpt || !data || !calib) return nl_cli_usage_error("quant compare: --ckpt F, --data TEXT and --calib TEXT are required");
-    /* Parse every scheme first, so that a typo fails before any work. */
-    qc_row rows[64];
-    int n_rows = 0;
+/* The options of quant compare, as given. */
+typedef struct qc_args {
+    nl_model_args model;
+    const char *data, *calib, *schemes, *svg;
+    int64_t calib_n, eval_n, B, T;
+    int json;
+} qc_args;
+
+static const char qc_summary[] =
+    "Quantizes the checkpoint with each scheme (linear layers only) and prints bytes, mean loss on\n"
+    "--data and its increase over fp32, and the quantization time. When --calib and --data are the\n"
+    "same file, the first half (up to the first newline after the middle) calibrates and the\n"
+    "second half is evaluated. Calibration uses the first --calib-tokens tokens in windows of --seq\n"
+    "tokens. Schemes: fp32, rtn-intB-gG, gptq-intB-gG, awq-intB-gG (B 2..8, G 0 = per row), w8a8,\n"
+    "smoothquant-w8a8[-aALPHA], int8-outlierT. Default: " DEFAULT_SCHEMES;
+
+static int qc_parse(int argc, char **argv, qc_args *a) {
+    memset(a, 0, sizeof *a);
+    a->schemes = DEFAULT_SCHEMES;
+    a->calib_n = 8192;
+    a->B = 4;
+    a->T = 256;
+    nl_opt model[3];
+    int nmodel = nl_cli_model_opts(model, &a->model, 0);
+    nl_opt opts[] = {
+        NL_OPT_STR("data", &a->data, "TEXT", "text the loss is measured on (required)"),
+        NL_OPT_STR("calib", &a->calib, "TEXT", "calibration text (required; the same file: split in halves)"),
+        NL_OPT_STR("schemes", &a->schemes, "S1,S2,...", "the schemes to compare (default: see above)"),
+        NL_OPT_INT("calib-tokens", &a->calib_n, 1, 1 << 26, "N", "calibration tokens (default 8192)"),
+        NL_OPT_INT("eval-tokens", &a->eval_n, 2, 9.2e18, "N", "evaluate only the first N tokens (default: all)"),
+        NL_OPT_INT("batch", &a->B, 1, 4096, "B", "windows per forward pass (default 4)"),
+        NL_OPT_INT("seq", &a->T, 1, 1 << 20, "T", "tokens per window (default 256, at most the model's)"),
+        NL_OPT_STR("svg", &a->svg, "FILE", "bar chart of the loss increase per scheme"),
+        NL_OPT_FLAG("json", &a->json, "print the result as JSON"),
+    };
+    nl_optgroup groups[] = {{"model", model, nmodel}, {"options", opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"quant compare",
+                       "nanolm quant compare --ckpt F --data TEXT --calib TEXT [--schemes S1,S2,...] [options]",
+                       qc_summary,
+                       groups,
+                       2,
+                       0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc;
+    if (!a->model.ckpt || !a->data || !a->calib)
+        return nl_cli_usage_error("quant compare: --ckpt F, --data TEXT and --calib TEXT are required");
+    return 0;
+}
+
+/* Parses every scheme first, so that a typo fails before any work. fp32 is the baseline row,
+ * always measured and printed first: listing it adds nothing. */
+static int qc_schemes(const char *schemes, qc_row *rows, int *n_rows) {
     char list[1024];
+    *n_rows = 0;
     if (strlen(schemes) >= sizeof list) return nl_cli_usage_error("quant compare: --schemes list too long");
     snprintf(list, sizeof list, "%s", schemes);
     for (char *save = NULL, *tokn = strtok_r(list, ",", &save); tokn; tokn = strtok_r(NULL, ",", &save)) {
-        if (n_rows == 64) return nl_cli_usage_error("quant compare: at most 64 schemes");
-        memset(&rows[n_rows], 0, sizeof rows[n_rows]);
-        if (nl_qm_parse(tokn, &rows[n_rows].s)) return nl_cli_usage_error("quant compare: --schemes: %s", nl_last_error());
-        /* fp32 is the baseline row, always measured and printed first: listing it adds nothing */
-        if (rows[n_rows].s.method == NL_QM_FP32) continue;
-        for (int j = 0; j < n_rows; j++)
-            if (!strcmp(rows[j].s.name, rows[n_rows].s.name))
+        if (*n_rows == 64) return nl_cli_usage_error("quant compare: at most 64 schemes");
+        qc_row *r = &rows[*n_rows];
+        memset(r, 0, sizeof *r);
+        if (nl_qm_parse(tokn, &r->s)) return nl_cli_usage_error("quant compare: --schemes: %s", nl_last_error());
+        if (r->s.method == NL_QM_FP32) continue;
+        for (int j = 0; j < *n_rows; j++)
+            if (!strcmp(rows[j].s.name, r->s.name))
                 return nl_cli_usage_error("quant compare: --schemes lists %s twice", rows[j].s.name);
-        n_rows++;
+        (*n_rows)++;
     }
-    if (n_rows == 0) return nl_cli_usage_error("quant compare: --schemes names no scheme besides the fp32 baseline");
+    if (*n_rows == 0) return nl_cli_usage_error("quant compare: --schemes names no scheme besides the fp32 baseline");
+    return 0;
+}
 
-    nl_model m;
-    nl_tokenizer tok;
-    if (nl_cli_load_model(ckpt, tok_path, &m, &tok)) return nl_cli_fail("quant compare");
-    int rcode = NL_EXIT_OK;
-    char *dtext = NULL, *ctext = NULL;
+/* The texts as tokens: evaluation and calibration (the halves of one file when they are the same). */
+typedef struct qc_tokens {
+    char *dtext, *ctext;
+    int *eval_ids, *calib_ids;
+    int64_t n_eval, n_calib;
+} qc_tokens;
+
+static nl_status qc_encode(const qc_args *a, const nl_tokenizer *tok, int64_t T, qc_tokens *t) {
     size_t dbytes = 0, cbytes = 0;
-    int *eval_ids = NULL, *calib_ids = NULL;
-    int64_t n_eval = 0, n_calib = 0, scored = 0;
-    float *orig = NULL;
-    double base = 0;
-    if (T > m.arch.seq_len) T = m.arch.seq_len;
-    if (nl_read_file(data, &dtext, &dbytes)) { rcode = nl_cli_fail("quant compare"); goto done; }
-    const char *etext = dtext, *cal = NULL;
+    NL_TRY(nl_read_file(a->data, &t->dtext, &dbytes));
+    const char *etext = t->dtext, *cal = NULL;
     size_t ebytes = dbytes, calb = 0;
-    if (!strcmp(data, calib)) {
+    if (!strcmp(a->data, a->calib)) {
         size_t mid = dbytes / 2;
-        while (mid < dbytes && dtext[mid] != '\n') mid++;
-        cal = dtext;
+        while (mid < dbytes && t->dtext[mid] != '\n') mid++;
+        cal = t->dtext;
         calb = mid;
-        etext = dtext + mid;
+        etext = t->dtext + mid;
         ebytes = dbytes - mid;
     } else {
-        if (nl_read_file(calib, &ctext, &cbytes)) { rcode = nl_cli_fail("quant compare"); goto done; }
-        cal = ctext;
+        NL_TRY(nl_read_file(a->calib, &t->ctext, &cbytes));
+        cal = t->ctext;
         calb = cbytes;
     }
-    if (encode_text(&tok, etext, ebytes, &eval_ids, &n_eval) || encode_text(&tok, cal, calb, &calib_ids, &n_calib)) {
-        rcode = nl_cli_fail("quant compare");
-        goto done;
-    }
-    if (n_eval < 2 || n_calib < T) {
-        nl_fail(NL_ERR_INVALID, "quant compare: %lld evaluation tokens and %lld calibration tokens; need >= 2 and >= --seq %lld",
-                (long long)n_eval, (long long)n_calib, (long long)T);
-        rcode = nl_cli_fail("quant compare");
-        goto done;
-    }
-    if (n_calib > calib_n) n_calib = calib_n < T ? T : calib_n;
-    if (eval_n > 0 && n_eval > eval_n) n_eval = eval_n;
-    orig = nl_malloc(m.n_params * sizeof(float), "fp32 parameter copy");
-    if (!orig || nl_model_alloc_acts(&m, B, T)) { rcode = nl_cli_fail("quant compare"); goto done; }
-    memcpy(orig, m.params, m.n_params * sizeof(float));
-    if (nl_eval_loss_tokens(&m, eval_ids, n_eval, B, T, &base, &scored)) { rcode = nl_cli_fail("quant compare"); goto done; }
-    nl_qm_calib cb = {.tokens = calib_ids, .n = n_calib, .B = B, .T = T};
-    for (int i = 0; i < n_rows; i++) {
-        memcpy(m.params, orig, m.n_params * sizeof(float));
-        nl_qm_runtime rt;
-        double t0 = nl_time_s();
-        nl_status rc = nl_qm_apply(&m, &rows[i].s, &cb, &rt);
-        rows[i].time_s = nl_time_s() - t0;
-        if (!rc) rc = nl_eval_loss_tokens(&m, eval_ids, n_eval, B, T, &rows[i].loss, NULL);
-        if (rc) { nl_qm_runtime_free(&rt); rcode = nl_cli_fail("quant compare"); goto done; }
-        rows[i].bytes = nl_qm_model_bytes(&m, &rows[i].s);
-        rows[i].awq_alpha = rt.awq_alpha_mean;
-        if (rt.calib_outliers) {
-            size_t k = (size_t)m.L * NL_QM_SITES * sizeof(int);
-            rows[i].calib_outliers = nl_malloc(k, "outlier report");
-            rows[i].eval_outliers = nl_malloc(k, "outlier report");
-            if (rows[i].calib_outliers && rows[i].eval_outliers) {
-                memcpy(rows[i].calib_outliers, rt.calib_outliers, k);
-                memcpy(rows[i].eval_outliers, rt.eval_outliers_max, k);
-            }
-        }
-        nl_qm_runtime_free(&rt);
-    }
-    memcpy(m.params, orig, m.n_params * sizeof(float));
+    NL_TRY(encode_text(tok, etext, ebytes, &t->eval_ids, &t->n_eval));
+    NL_TRY(encode_text(tok, cal, calb, &t->calib_ids, &t->n_calib));
+    if (t->n_eval < 2 || t->n_calib < T)
+        return nl_fail(NL_ERR_INVALID,
+                       "%lld evaluation tokens and %lld calibration tokens; need >= 2 and >= --seq %lld",
+                       (long long)t->n_eval, (long long)t->n_calib, (long long)T);
+    if (t->n_calib > a->calib_n) t->n_calib = a->calib_n < T ? T : a->calib_n;
+    if (a->eval_n > 0 && t->n_eval > a->eval_n) t->n_eval = a->eval_n;
+    return NL_OK;
+}
 
+/* Applies scheme r->s to the fp32 parameters `orig` and measures it into r. */
+static nl_status qc_measure(nl_model *m, const float *orig, const nl_qm_calib *cb, const qc_tokens *t, int64_t B,
+                            int64_t T, qc_row *r) {
+    memcpy(m->params, orig, m->n_params * sizeof(float));
+    nl_qm_runtime rt;
+    double t0 = nl_time_s();
+    nl_status rc = nl_qm_apply(m, &r->s, cb, &rt);
+    r->time_s = nl_time_s() - t0;
+    if (!rc) rc = nl_eval_loss_tokens(m, t->eval_ids, t->n_eval, B, T, &r->loss, NULL);
+    if (rc) {
+        nl_qm_runtime_free(&rt);
+        return rc;
+    }
+    r->bytes = nl_qm_model_bytes(m, &r->s);
+    r->awq_alpha = rt.awq_alpha_mean;
+    if (rt.calib_outliers) {
+        size_t k = (size_t)m->L * NL_QM_SITES * sizeof(int);
+        r->calib_outliers = nl_malloc(k, "outlier report");
+        r->eval_outliers = nl_malloc(k, "outlier report");
+        if (r->calib_outliers && r->eval_outliers) {
+            memcpy(r->calib_outliers, rt.calib_outliers, k);
+            memcpy(r->eval_outliers, rt.eval_outliers_max, k);
+        }
+    }
+    nl_qm_runtime_free(&rt);
+    return NL_OK;
+}
+
+/* The main table: the fp32 baseline, then one row per scheme. */
+static void qc_report_table(nl_report *r, const char *title, const qc_row *rows, int n_rows, double base,
+                            int64_t fp_bytes) {
+    nl_report_table(r, "schemes", title, 15,
+                    (const nl_report_col[]){{"scheme", "scheme", NULL},
+                                            {"method", "method", NULL},
+                                            {"weight_bits", "W bits", "%-.0f"},
+                                            {"act_bits", "A bits", "%-.0f"},
+                                            {"group", "", NULL},
+                                            {NULL, "group", NULL},
+                                            {"bytes", "bytes", "%-.0f"},
+                                            {NULL, "vs fp32", NULL},
+                                            {"mean_loss", "mean loss", "%-.4f"},
+                                            {"delta_loss", "", NULL},
+                                            {NULL, "Δloss", NULL},
+                                            {NULL, "Δ%", NULL},
+                                            {"quant_time_s", "", NULL},
+                                            {NULL, "quant s", NULL},
+                                            {"awq_alpha_mean", "", NULL}});
     nl_qm_scheme fp;
     nl_qm_parse("fp32", &fp);
-    int64_t fp_bytes = nl_qm_model_bytes(&m, &fp);
-    if (json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "checkpoint", ckpt);
-        cJSON_AddStringToObject(d, "data", data);
-        cJSON_AddStringToObject(d, "calib", calib);
-        cJSON_AddBoolToObject(d, "split_halves", !strcmp(data, calib));
-        cJSON_AddNumberToObject(d, "eval_tokens", (double)scored);
-        cJSON_AddNumberToObject(d, "calib_tokens", (double)((n_calib / T) * T));
-        cJSON_AddNumberToObject(d, "fp32_loss", base);
-        cJSON_AddNumberToObject(d, "fp32_bytes", (double)fp_bytes);
-        cJSON *arr = cJSON_AddArrayToObject(d, "schemes");
-        for (int i = 0; i < n_rows; i++) {
-            cJSON *r = cJSON_CreateObject();
-            cJSON_AddStringToObject(r, "scheme", rows[i].s.name);
-            cJSON_AddStringToObject(r, "method", method_name(rows[i].s.method));
-            cJSON_AddNumberToObject(r, "weight_bits", rows[i].s.bits);
-            cJSON_AddNumberToObject(r, "act_bits", rows[i].s.act_bits);
-            cJSON_AddNumberToObject(r, "group", rows[i].s.group);
-            cJSON_AddNumberToObject(r, "bytes", (double)rows[i].bytes);
-            cJSON_AddNumberToObject(r, "mean_loss", rows[i].loss);
-            cJSON_AddNumberToObject(r, "delta_loss", rows[i].loss - base);
-            cJSON_AddNumberToObject(r, "quant_time_s", rows[i].time_s);
-            if (rows[i].s.method == NL_QM_AWQ) cJSON_AddNumberToObject(r, "awq_alpha_mean", rows[i].awq_alpha);
-            if (rows[i].calib_outliers && rows[i].eval_outliers) {
-                cJSON *ol = cJSON_AddArrayToObject(r, "outlier_dims");
-                for (int l = 0; l < m.L; l++)
-                    for (int s = 0; s < NL_QM_SITES; s++) {
-                        cJSON *o = cJSON_CreateObject();
-                        cJSON_AddNumberToObject(o, "layer", l);
-                        cJSON_AddStringToObject(o, "site", nl_qm_site_name(s));
-                        cJSON_AddNumberToObject(o, "in_dim", s == 1 ? (double)(m.NH * m.hd) : s == 3 ? (double)m.H : (double)m.C);
-                        cJSON_AddNumberToObject(o, "calib_outlier_dims", rows[i].calib_outliers[l * NL_QM_SITES + s]);
-                        cJSON_AddNumberToObject(o, "eval_max_outlier_dims", rows[i].eval_outliers[l * NL_QM_SITES + s]);
-                        cJSON_AddItemToArray(ol, o);
-                    }
-            }
-            cJSON_AddItemToArray(arr, r);
-        }
-        nl_cli_print_json(d);
-    } else {
-        printf("%s: fp32 mean loss %.4f nats/token on %lld tokens of %s%s; calibration %lld tokens of %s%s\n",
-               ckpt, base, (long long)scored, data, !strcmp(data, calib) ? " (second half)" : "",
-               (long long)((n_calib / T) * T), calib, !strcmp(data, calib) ? " (first half)" : "");
-        const char *hdr[] = {"scheme", "method", "W bits", "A bits", "group", "bytes", "vs fp32", "mean loss", "Δloss", "Δ%", "quant s"};
-        nl_table tb;
-        nl_table_init(&tb, 11, hdr);
-        nl_table_rowf(&tb, "fp32|fp32|32|32|-|%lld|1.00x|%.4f|0|0|0", (long long)fp_bytes, base);
-        for (int i = 0; i < n_rows; i++) {
-            char grp[16];
-            if (rows[i].s.act_bits == 8 || rows[i].s.method == NL_QM_FP32) snprintf(grp, sizeof grp, "row");
-            else if (rows[i].s.group == 0) snprintf(grp, sizeof grp, "row");
-            else snprintf(grp, sizeof grp, "%d", rows[i].s.group);
-            nl_table_rowf(&tb, "%s|%s|%d|%d|%s|%lld|%.2fx|%.4f|%+.4f|%+.2f|%.2f", rows[i].s.name,
-                          method_name(rows[i].s.method), rows[i].s.bits, rows[i].s.act_bits, grp,
-                          (long long)rows[i].bytes, (double)fp_bytes / rows[i].bytes, rows[i].loss,
-                          rows[i].loss - base, 100.0 * (rows[i].loss - base) / base, rows[i].time_s);
-        }
-        nl_table_print(&tb, stdout);
-        nl_table_free(&tb);
-        for (int i = 0; i < n_rows; i++)
-            if (rows[i].s.method == NL_QM_AWQ)
-                printf("%s: mean chosen alpha %.3f over the AWQ sites%s\n", rows[i].s.name, rows[i].awq_alpha,
-                       m.NH != m.KVH ? " (o_proj uses RTN: GQA leaves no exact fold into v_proj)" : "");
-        for (int i = 0; i < n_rows; i++) {
-            if (!rows[i].calib_outliers || !rows[i].eval_outliers) continue;
-            printf("\n%s: outlier feature dims (|x| > %g) per layer, calibration set / most in one eval batch:\n",
-                   rows[i].s.name, rows[i].s.param);
-            const char *oh[] = {"layer", "qkv", "o", "gate_up", "down"};
-            nl_table ot;
-            nl_table_init(&ot, 5, oh);
-            int total = 0;
-            for (int l = 0; l < m.L; l++) {
-                int *co = rows[i].calib_outliers + l * NL_QM_SITES, *eo = rows[i].eval_outliers + l * NL_QM_SITES;
-                for (int s = 0; s < NL_QM_SITES; s++) total += co[s];
-                nl_table_rowf(&ot, "%d|%d/%d of %lld|%d/%d of %lld|%d/%d of %lld|%d/%d of %lld", l, co[0], eo[0], (long long)m.C,
-                              co[1], eo[1], (long long)(m.NH * m.hd), co[2], eo[2], (long long)m.C, co[3], eo[3], (long long)m.H);
-            }
-            nl_table_print(&ot, stdout);
-            if (total == 0) printf("(no outlier dimensions in this model at threshold %g: int8-outlier equals plain W8A8 here)\n", rows[i].s.param);
-        }
+    for (int i = -1; i < n_rows; i++) {
+        const qc_row *q = i < 0 ? NULL : &rows[i];
+        const nl_qm_scheme *sc = q ? &q->s : &fp;
+        double loss = q ? q->loss : base, t = q ? q->time_s : 0;
+        int64_t bytes = q ? q->bytes : fp_bytes;
+        char grp[16], vs[32], dl[32], dp[32], ts[32];
+        if (!q)
+            snprintf(grp, sizeof grp, "-");
+        else if (sc->act_bits == 8 || sc->group == 0)
+            snprintf(grp, sizeof grp, "row");
+        else
+            snprintf(grp, sizeof grp, "%d", sc->group);
+        snprintf(vs, sizeof vs, "%.2fx", (double)fp_bytes / bytes);
+        snprintf(dl, sizeof dl, q ? "%+.4f" : "0", loss - base);
+        snprintf(dp, sizeof dp, q ? "%+.2f" : "0", 100.0 * (loss - base) / base);
+        snprintf(ts, sizeof ts, q ? "%.2f" : "0", t);
+        nl_report_cell_str(r, sc->name);
+        nl_report_cell_str(r, method_name(sc->method));
+        nl_report_cell_int(r, q ? sc->bits : 32);
+        nl_report_cell_int(r, q ? sc->act_bits : 32);
+        nl_report_cell_int(r, sc->group);
+        nl_report_cell_str(r, grp);
+        nl_report_cell_int(r, (long long)bytes);
+        nl_report_cell_str(r, vs);
+        nl_report_cell_num(r, loss);
+        nl_report_cell_num(r, loss - base);
+        nl_report_cell_str(r, dl);
+        nl_report_cell_str(r, dp);
+        nl_report_cell_num(r, t);
+        nl_report_cell_str(r, ts);
+        if (q && sc->method == NL_QM_AWQ)
+            nl_report_cell_num(r, q->awq_alpha);
+        else
+            nl_report_cell_str(r, NULL);
+        nl_report_row_end(r);
     }
-    if (svg && write_svg(svg, rows, n_rows, base)) rcode = nl_cli_fail("quant compare");
+}
+
+/* LLM.int8()'s outlier dimensions per layer and site: a table per scheme in the text form. */
+static void qc_text_outliers(nl_report *r, const nl_model *m, const qc_row *q) {
+    char title[300];
+    snprintf(title, sizeof title,
+             "%.128s: outlier feature dims (|x| > %g) per layer, calibration set / most in one eval batch:", q->s.name,
+             q->s.param);
+    nl_report_table(r, NULL, title, 5,
+                    (const nl_report_col[]){{NULL, "layer", "%-.0f"},
+                                            {NULL, "qkv", NULL},
+                                            {NULL, "o", NULL},
+                                            {NULL, "gate_up", NULL},
+                                            {NULL, "down", NULL}});
+    const int64_t in_dim[4] = {m->C, m->NH * m->hd, m->C, m->H};
+    int total = 0;
+    for (int l = 0; l < m->L; l++) {
+        const int *co = q->calib_outliers + l * NL_QM_SITES, *eo = q->eval_outliers + l * NL_QM_SITES;
+        nl_report_cell_int(r, l);
+        for (int s = 0; s < NL_QM_SITES; s++) {
+            char c[64];
+            snprintf(c, sizeof c, "%d/%d of %lld", co[s], eo[s], (long long)in_dim[s]);
+            nl_report_cell_str(r, c);
+            total += co[s];
+        }
+        nl_report_row_end(r);
+    }
+    if (total == 0)
+        nl_report_note(r, "(no outlier dimensions in this model at threshold %g: int8-outlier equals plain W8A8 here)",
+                       q->s.param);
+}
+
+/* The same in the JSON: one row per layer and site under outlier_dims.<scheme>. */
+static void qc_json_outliers(nl_report *r, const nl_model *m, const qc_row *q) {
+    const int64_t in_dim[4] = {m->C, m->NH * m->hd, m->C, m->H};
+    nl_report_table(r, q->s.name, NULL, 5,
+                    (const nl_report_col[]){{"layer", "", NULL},
+                                            {"site", "", NULL},
+                                            {"in_dim", "", NULL},
+                                            {"calib_outlier_dims", "", NULL},
+                                            {"eval_max_outlier_dims", "", NULL}});
+    for (int l = 0; l < m->L; l++)
+        for (int s = 0; s < NL_QM_SITES; s++) {
+            nl_report_cell_int(r, l);
+            nl_report_cell_str(r, nl_qm_site_name(s));
+            nl_report_cell_int(r, (long long)in_dim[s]);
+            nl_report_cell_int(r, q->calib_outliers[l * NL_QM_SITES + s]);
+            nl_report_cell_int(r, q->eval_outliers[l * NL_QM_SITES + s]);
+            nl_report_row_end(r);
+        }
+}
+
+static int qc_print(const qc_args *a, const nl_model *m, const qc_row *rows, int n_rows, double base, int64_t scored,
+                    int64_t calib_tokens) {
+    nl_qm_scheme fp;
+    nl_qm_parse("fp32", &fp);
+    int64_t fp_bytes = nl_qm_model_bytes(m, &fp);
+    const int halves = !strcmp(a->data, a->calib);
+    nl_report *r = nl_report_new("quant compare");
+    nl_report_str(r, "checkpoint", "", a->model.ckpt);
+    nl_report_str(r, "data", "", a->data);
+    nl_report_str(r, "calib", "", a->calib);
+    nl_report_bool(r, "split_halves", "", halves);
+    nl_report_int(r, "eval_tokens", "", scored, NULL);
+    nl_report_int(r, "calib_tokens", "", calib_tokens, NULL);
+    nl_report_num(r, "fp32_loss", "", base, NULL, NULL);
+    nl_report_int(r, "fp32_bytes", "", fp_bytes, NULL);
+    char title[2048];
+    snprintf(title, sizeof title,
+             "%s: fp32 mean loss %.4f nats/token on %lld tokens of %s%s; calibration %lld tokens of %s%s",
+             a->model.ckpt, base, (long long)scored, a->data, halves ? " (second half)" : "", (long long)calib_tokens,
+             a->calib, halves ? " (first half)" : "");
+    qc_report_table(r, title, rows, n_rows, base, fp_bytes);
+    for (int i = 0; i < n_rows; i++)
+        if (rows[i].s.method == NL_QM_AWQ)
+            nl_report_note(r, "%s: mean chosen alpha %.3f over the AWQ sites%s", rows[i].s.name, rows[i].awq_alpha,
+                           m->NH != m->KVH ? " (o_proj uses RTN: GQA leaves no exact fold into v_proj)" : "");
+    int any = 0;
+    for (int i = 0; i < n_rows; i++)
+        if (rows[i].calib_outliers && rows[i].eval_outliers) qc_text_outliers(r, m, &rows[i]), any = 1;
+    if (any) nl_report_begin_object(r, "outlier_dims", NULL);
+    for (int i = 0; i < n_rows; i++)
+        if (rows[i].calib_outliers && rows[i].eval_outliers) qc_json_outliers(r, m, &rows[i]);
+    if (any) nl_report_end_object(r);
+    return nl_report_print(r, a->json);
+}
+
+int nl_cmd_quant_compare(int argc, char **argv) {
+    qc_args a;
+    int rcode = qc_parse(argc, argv, &a);
+    if (rcode) return rcode == NL_CLI_HELP ? NL_EXIT_OK : rcode;
+    qc_row rows[64];
+    int n_rows = 0;
+    if ((rcode = qc_schemes(a.schemes, rows, &n_rows))) return rcode;
+    nl_model m;
+    nl_tokenizer tok;
+    if (nl_cli_load_model(a.model.ckpt, a.model.tokenizer, &m, &tok)) return nl_cli_fail("quant compare");
+    qc_tokens t;
+    memset(&t, 0, sizeof t);
+    float *orig = NULL;
+    double base = 0;
+    int64_t scored = 0, T = a.T > m.arch.seq_len ? m.arch.seq_len : a.T;
+    orig = nl_malloc(m.n_params * sizeof(float), "fp32 parameter copy");
+    if (qc_encode(&a, &tok, T, &t) || !orig || nl_model_alloc_acts(&m, a.B, T)) {
+        rcode = nl_cli_fail("quant compare");
+        goto done;
+    }
+    memcpy(orig, m.params, m.n_params * sizeof(float));
+    if (nl_eval_loss_tokens(&m, t.eval_ids, t.n_eval, a.B, T, &base, &scored)) {
+        rcode = nl_cli_fail("quant compare");
+        goto done;
+    }
+    nl_qm_calib cb = {.tokens = t.calib_ids, .n = t.n_calib, .B = a.B, .T = T};
+    for (int i = 0; i < n_rows; i++)
+        if (qc_measure(&m, orig, &cb, &t, a.B, T, &rows[i])) {
+            rcode = nl_cli_fail("quant compare");
+            goto done;
+        }
+    memcpy(m.params, orig, m.n_params * sizeof(float));
+    rcode = qc_print(&a, &m, rows, n_rows, base, scored, (t.n_calib / T) * T);
+    if (a.svg && write_svg(a.svg, rows, n_rows, base)) rcode = nl_cli_fail("quant compare");
 done:
-    for (int i = 0; i < n_rows; i++) { nl_free(rows[i].calib_outliers); nl_free(rows[i].eval_outliers); }
+    for (int i = 0; i < n_rows; i++) {
+        nl_free(rows[i].calib_outliers);
+        nl_free(rows[i].eval_outliers);
+    }
     nl_free(orig);
-    nl_free(eval_ids);
-    nl_free(calib_ids);
-    nl_free(dtext);
-    nl_free(ctext);
+    nl_free(t.eval_ids);
+    nl_free(t.calib_ids);
+    nl_free(t.dtext);
+    nl_free(t.ctext);
     nl_tokenizer_free(&tok);
     nl_model_free(&m);
     return rcode;

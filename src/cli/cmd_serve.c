@@ -9,13 +9,42 @@
 #include "cli_opt.h"
 #include "nanolm/arch.h"
 #include "nanolm/engine.h"
+#include "nanolm/kv_transfer.h"
 #include "nanolm/model.h"
 #include "nanolm/tokenizer.h"
 #include "nanolm/server.h"
 
+/* --role prefill: the KV-transfer server on host:port until SIGINT/SIGTERM (blocked in sigs). */
+static int serve_prefill(nl_engine *e, const char *host, int port, const char *port_file, sigset_t *sigs) {
+    nl_kvx_server *ps = NULL;
+    if (nl_kvx_server_start(&ps, e, host, port)) return nl_cli_fail("serve --role prefill");
+    const nl_arch *a = nl_engine_arch(e);
+    fprintf(stderr, "serve: prefill server listening on %s:%d (KV transfer; model: %lld layers, %lld kv heads, head dim %lld; "
+            "KV %s)\n", host, nl_kvx_server_port(ps), (long long)a->n_layers, (long long)a->n_kv_heads,
+            (long long)nl_arch_head_dim(a), nl_engine_kv_dtype(e) == NL_KV_INT8 ? "int8" : "fp32");
+    fflush(stderr);
+    if (port_file) {
+        char buf[32];
+        int n = snprintf(buf, sizeof buf, "%d\n", nl_kvx_server_port(ps));
+        if (nl_write_file_atomic(port_file, buf, (size_t)n)) {
+            nl_kvx_server_stop(ps);
+            return nl_cli_fail("serve: --port-file");
+        }
+    }
+    int sig = 0;
+    sigwait(sigs, &sig);
+    nl_kvx_stats st;
+    nl_kvx_server_stats(ps, &st);
+    nl_kvx_server_stop(ps);
+    fprintf(stderr, "serve: prefill server stopped (%lld prompts sent, %lld failed, %lld KV bytes)\n",
+            (long long)st.requests_ok, (long long)st.requests_failed, (long long)st.kv_bytes_sent);
+    return NL_EXIT_OK;
+}
+
 int nl_cmd_serve(int argc, char **argv) {
     const char *ckpt = NULL, *dummy = NULL, *tok = NULL, *host = "127.0.0.1", *port_file = NULL, *model_name = NULL;
-    int port = 8080, weights = 0, kv = 0, max_batch = 32, max_waiting = 256, threads = 0, max_conn = 512;
+    const char *prefill = NULL;
+    int role = 0, port = 8080, weights = 0, kv = 0, max_batch = 32, max_waiting = 256, threads = 0, max_conn = 512;
     int64_t block_size = 16, kv_blocks = 0, max_step = 512, chunk = 256;
     double kv_mem = 0, max_body = 1 << 20, drain_s = 30;
     nl_opt model_opts[] = {
@@ -46,17 +75,28 @@ int nl_cmd_serve(int argc, char **argv) {
         NL_OPT_INT32("max-connections", &max_conn, 1, 65536, "N", "open connections at most (default 512)"),
         NL_OPT_DBL("drain-timeout", &drain_s, 0, 86400, "S", "on SIGINT/SIGTERM, seconds running requests may finish before they are cancelled (default 30)"),
     };
+    nl_opt disagg_opts[] = {
+        NL_OPT_CHOICE("role", &role, "colocated|prefill|decode",
+                      "colocated (default): prefill and decode here; prefill: no HTTP, answer KV-transfer requests on "
+                      "--port (prompt in, its KV cache and first token out); decode: the HTTP front end, each prompt "
+                      "prefilled by --prefill and its KV imported here"),
+        NL_OPT_STR("prefill", &prefill, "HOST:PORT", "the prefill server of --role decode, e.g. 127.0.0.1:8081"),
+    };
     nl_optgroup groups[] = {{"model", model_opts, NL_NOPTS(model_opts)},
                             {"engine", engine_opts, NL_NOPTS(engine_opts)},
-                            {"http", http_opts, NL_NOPTS(http_opts)}};
+                            {"http", http_opts, NL_NOPTS(http_opts)},
+                            {"prefill/decode disaggregation", disagg_opts, NL_NOPTS(disagg_opts)}};
     nl_cmdspec spec = {"serve", "nanolm serve --ckpt FILE [--tokenizer FILE] [--host ADDR] [--port N] [options]",
                        "OpenAI-compatible HTTP server: POST /v1/completions (stream: server-sent events), GET /v1/models, "
                        "/health, /metrics (Prometheus). One engine thread runs continuous batching over a paged KV "
                        "cache; SIGINT or SIGTERM stops accepting, lets running requests finish, and exits 0.",
-                       groups, 3, 0};
+                       groups, 4, 0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     if (!ckpt == !dummy) return nl_cli_usage_error("serve: give --ckpt FILE or --dummy-arch JSON (one of them)");
+    if ((role == 2) != (prefill != NULL))
+        return nl_cli_usage_error(role == 2 ? "serve: --role decode needs --prefill HOST:PORT (the prefill server)"
+                                            : "serve: --prefill is for --role decode");
 
     /* OpenMP workers that spin after each step take the cores from the HTTP threads and the
      * clients: on 2 busy cores stories260K served 16 sequential requests at 11.8 tokens/s with
@@ -123,6 +163,12 @@ int nl_cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    if (role == 1) {
+        int prc = serve_prefill(e, host, port, port_file, &sigs);
+        nl_engine_close(e);
+        if (have_dummy) nl_model_free(&dm), nl_tokenizer_free(&dt);
+        return prc;
+    }
     char name[128];
     if (!model_name) {
         const char *base = strrchr(ckpt, '/');
@@ -140,6 +186,7 @@ int nl_cmd_serve(int argc, char **argv) {
     so.max_body_bytes = (size_t)max_body;
     so.max_connections = max_conn;
     so.drain_timeout_s = drain_s;
+    so.prefill_addr = prefill;
     nl_server *s = NULL;
     if (nl_server_start(&s, e, &so)) {
         nl_engine_close(e);
@@ -151,9 +198,10 @@ int nl_cmd_serve(int argc, char **argv) {
     nl_engine_stats_get(e, &st);
     fprintf(stderr,
             "serve: listening on http://%s:%d (model %s: %lld layers, dim %lld, context %lld; weights %s; KV %lld blocks "
-            "of %lld tokens)\n",
+            "of %lld tokens%s%s)\n",
             host, nl_server_port(s), model_name, (long long)a->n_layers, (long long)a->dim, (long long)a->seq_len,
-            nl_wfmt_name(nl_engine_weights(e)), (long long)st.kv_blocks_total, (long long)st.block_size);
+            nl_wfmt_name(nl_engine_weights(e)), (long long)st.kv_blocks_total, (long long)st.block_size,
+            prefill ? "; decode role, prefill at " : "", prefill ? prefill : "");
     fflush(stderr);
     if (port_file) {
         char buf[32];

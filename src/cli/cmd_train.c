@@ -208,14 +208,33 @@ static nl_status write_svg(const char *path, const nl_trainer *t) {
 
 /* SIGTERM / SIGINT: the first one asks the trainer to finish the current step, save and stop
  * (exit 0, what a preempted job needs); a second one ends the process at once, removing the
- * temporary file of a checkpoint being written. */
-static volatile int stop_requested;
+ * temporary file of a checkpoint being written. Shared with `parallel train` (cmd_parallel.c),
+ * whose ranks agree on the stop once per step (nl_train_layout.agree_stop). */
+volatile int nl_train_stop_signal;
+void nl_train_catch_stop_signals(int on);
 static void on_stop_signal(int sig) {
-    if (stop_requested) {
+    if (nl_train_stop_signal) {
         nl_atomic_remove_pending();
         _exit(128 + sig);
     }
-    stop_requested = sig;
+    nl_train_stop_signal = sig;
+}
+
+/* on = 1: catch SIGTERM and SIGINT (the flag starts at 0); on = 0: restore what was there. */
+void nl_train_catch_stop_signals(int on) {
+    static struct sigaction old_term, old_int;
+    if (!on) {
+        sigaction(SIGTERM, &old_term, NULL);
+        sigaction(SIGINT, &old_int, NULL);
+        return;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    nl_train_stop_signal = 0;
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
 }
 
 int nl_cmd_parallel_train(int argc, char **argv); /* src/cli/cmd_parallel.c */
@@ -362,20 +381,13 @@ int nl_cmd_train(int argc, char **argv) {
     fflush(stdout);
     progress_ctx pc = {.quiet = c.json, .first_step = t.step};
     nl_progress_begin(&pc.bar, "train", c.o.steps - t.step);
-    struct sigaction sa, old_term, old_int;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    stop_requested = 0;
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGINT, &sa, &old_int);
-    c.o.stop = &stop_requested;
+    nl_train_catch_stop_signals(1);
+    c.o.stop = &nl_train_stop_signal;
     nl_status rc = nl_trainer_run(&t, &c.o, &data, on_step, &pc);
-    sigaction(SIGTERM, &old_term, NULL);
-    sigaction(SIGINT, &old_int, NULL);
+    nl_train_catch_stop_signals(0);
     nl_progress_end(&pc.bar);
     if (!rc && t.stopped && !c.json)
-        printf("stopped by %s after step %lld of %lld%s%s\n", stop_requested == SIGINT ? "SIGINT" : "SIGTERM",
+        printf("stopped by %s after step %lld of %lld%s%s\n", t.stopped == SIGINT ? "SIGINT" : "SIGTERM",
                (long long)t.step, (long long)c.o.steps, c.o.out ? "; resume with --resume " : " (no --out: nothing saved)",
                c.o.out ? c.o.out : "");
     int exit_code = NL_EXIT_OK;

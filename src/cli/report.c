@@ -22,7 +22,8 @@ typedef struct item {
     nl_table table;     /* ITEM_TABLE: text cells */
     nl_report_col *cols;
     int ncols;
-    int *vis; /* ITEM_TABLE: per column, its index in the text table, or -1 (JSON only) */
+    int *vis;      /* ITEM_TABLE: per column, its index in the text table, or -1 (JSON only) */
+    int json_only; /* ITEM_TABLE: every column is JSON only: no text table */
 } item;
 
 struct nl_report {
@@ -174,17 +175,20 @@ static void append_text(nl_report *r, char *text, size_t cap, const char *piece)
     if (w < 0 || (size_t)w >= cap - n) r->oom = 1;
 }
 
-void nl_report_nums(nl_report *r, const char *key, const char *label, const double *v, int n, const char *fmt,
-                    const char *unit) {
-    if (!r) return;
+/* The text (values with `fmt`, then `unit`) and the JSON array of a list of n numbers; marks the
+ * report broken and returns -1 when out of memory. */
+static int format_list(nl_report *r, const double *v, int n, const char *fmt, const char *unit, char **text,
+                       cJSON **arr) {
     size_t cap = 32 + (size_t)(n > 0 ? n : 0) * 40 + (unit ? strlen(unit) : 0);
-    char *text = calloc(cap, 1);
-    cJSON *arr = cJSON_CreateArray();
-    if (!text || !arr || n < 0 || (n > 0 && !v)) {
-        free(text);
-        cJSON_Delete(arr);
+    *text = calloc(cap, 1);
+    *arr = cJSON_CreateArray();
+    if (!*text || !*arr || n < 0 || (n > 0 && !v)) {
+        free(*text);
+        cJSON_Delete(*arr);
+        *text = NULL;
+        *arr = NULL;
         r->oom = 1;
-        return;
+        return -1;
     }
     for (int i = 0; i < n; i++) {
         char piece[96], jbuf[32];
@@ -192,14 +196,23 @@ void nl_report_nums(nl_report *r, const char *key, const char *label, const doub
             snprintf(piece, sizeof piece, "%s", isnan(v[i]) ? "n/a" : (v[i] > 0 ? "inf" : "-inf"));
         else
             snprintf(piece, sizeof piece, fmt ? fmt : "%.6g", v[i]);
-        append_text(r, text, cap, piece);
+        append_text(r, *text, cap, piece);
         cJSON *x = cJSON_CreateRaw(nl_json_double(v[i], jbuf));
-        if (!x || !cJSON_AddItemToArray(arr, x)) {
+        if (!x || !cJSON_AddItemToArray(*arr, x)) {
             cJSON_Delete(x);
             r->oom = 1;
         }
     }
-    if (unit && *unit) append_text(r, text, cap, unit);
+    if (unit && *unit) append_text(r, *text, cap, unit);
+    return 0;
+}
+
+void nl_report_nums(nl_report *r, const char *key, const char *label, const double *v, int n, const char *fmt,
+                    const char *unit) {
+    if (!r) return;
+    char *text;
+    cJSON *arr;
+    if (format_list(r, v, n, fmt, unit, &text, &arr)) return;
     add_kv(r, key, label, text, arr);
     free(text);
 }
@@ -283,11 +296,14 @@ void nl_report_table(nl_report *r, const char *key, const char *title, int ncols
     if (!r) return;
     end_row_if_partial(r);
     r->cur = NULL;
-    cJSON *rows = cJSON_CreateArray();
-    if (!rows || !cJSON_AddItemToObject(r->stack[r->depth], key, rows)) {
-        cJSON_Delete(rows);
-        r->oom = 1;
-        return;
+    cJSON *rows = NULL;
+    if (key) { /* key NULL: a table of the text form only */
+        rows = cJSON_CreateArray();
+        if (!rows || !cJSON_AddItemToObject(r->stack[r->depth], key, rows)) {
+            cJSON_Delete(rows);
+            r->oom = 1;
+            return;
+        }
     }
     item *it = new_item(r, ITEM_TABLE);
     if (!it) return;
@@ -313,9 +329,11 @@ void nl_report_table(nl_report *r, const char *key, const char *title, int ncols
         it->vis[c] = h && *h ? nvis : -1;
         if (h && *h) hdr[nvis++] = h;
     }
-    nl_table_init(&it->table, nvis, hdr);
+    it->json_only = nvis == 0;
+    if (!it->json_only) nl_table_init(&it->table, nvis, hdr);
     free(hdr);
-    if (it->table.ncols == 0) r->oom = 1;
+    if (!it->json_only && it->table.ncols == 0) r->oom = 1;
+    if (it->json_only && !key) r->oom = 1; /* neither text nor JSON */
     r->cur = it;
     r->cur_rows = rows;
     r->cur_col = 0;
@@ -381,6 +399,20 @@ void nl_report_cell_str(nl_report *r, const char *s) {
     add_cell(r, s ? s : "", s ? cJSON_CreateString(s) : cJSON_CreateNull());
 }
 
+void nl_report_cell_nums(nl_report *r, const double *v, int n) {
+    if (!r || !r->cur || r->cur_col >= r->cur->ncols) {
+        add_cell(r, "", NULL);
+        return;
+    }
+    char *text;
+    cJSON *arr;
+    if (format_list(r, v, n, r->cur->cols[r->cur_col].fmt, NULL, &text, &arr)) return;
+    int col = r->cur_col;
+    add_cell(r, text, arr);
+    if (r->cur_col == col + 1) r->cur_num[col] = 0; /* a list: left-aligned */
+    free(text);
+}
+
 void nl_report_cell_bool(nl_report *r, int v) { add_cell(r, v ? "yes" : "no", cJSON_CreateBool(v)); }
 
 void nl_report_row_end(nl_report *r) {
@@ -388,7 +420,7 @@ void nl_report_row_end(nl_report *r) {
     item *it = r->cur;
     if (r->cur_col != it->ncols) r->oom = 1; /* fewer cells than columns */
     char **row = NULL;
-    if (!r->oom) {
+    if (!r->oom && !it->json_only) {
         /* nl_table_row takes exactly ncols strings; build the row through rowf-free path */
         nl_table *t = &it->table;
         if (t->nrows == t->cap) {
@@ -406,11 +438,14 @@ void nl_report_row_end(nl_report *r) {
                 if (k < 0) continue; /* JSON only */
                 row[k] = r->cur_cells[c];
                 r->cur_cells[c] = NULL;
-                if (r->cur_num[c]) t->right[k] = 1; /* numbers right-aligned */
+                const char *fmt = it->cols[c].fmt;
+                if (r->cur_num[c] && !(fmt && fmt[0] == '%' && fmt[1] == '-')) t->right[k] = 1; /* numbers right */
             }
         }
     }
-    if (r->cur_row && !cJSON_AddItemToArray(r->cur_rows, r->cur_row)) {
+    if (r->cur_row && !r->cur_rows) {
+        cJSON_Delete(r->cur_row); /* a text-only table */
+    } else if (r->cur_row && !cJSON_AddItemToArray(r->cur_rows, r->cur_row)) {
         cJSON_Delete(r->cur_row);
         r->oom = 1;
     }
@@ -450,6 +485,7 @@ int nl_report_write(const nl_report *r, int json, FILE *f) {
         case ITEM_NOTE: fprintf(f, "%*s%s\n", ind, "", it->text); break;
         case ITEM_HEAD: fprintf(f, "%*s%s\n", ind, "", it->title); break;
         case ITEM_TABLE:
+            if (it->json_only) break;
             if (i > 0) fputc('\n', f);
             if (it->title) fprintf(f, "%s\n", it->title);
             nl_table_print((nl_table *)&it->table, f);

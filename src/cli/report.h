@@ -38,7 +38,8 @@ typedef struct nl_report nl_report;
 typedef struct nl_report_col {
     const char *key;    /* JSON key of the column; NULL: a column of the text table only */
     const char *header; /* column heading in the table (NULL: the key; "": a column of the JSON only) */
-    const char *fmt;    /* printf format of a number cell in the table ("%.2f"); NULL: "%.6g" */
+    const char *fmt;    /* printf format of a number cell in the table ("%.2f"); NULL: "%.6g". Number
+                         * columns are right-aligned, except with the '-' flag ("%-.3e"): left */
 } nl_report_col;
 
 /* A new empty report; NULL when out of memory (every other function accepts NULL and does nothing). */
@@ -73,12 +74,15 @@ void nl_report_set_gap(nl_report *r, int spaces);
 /* A free text line in the table form only (a note, a heading); not in the JSON. */
 void nl_report_note(nl_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Starts a table of ncols columns (copied). Cells are then given in column order, row by row. */
+/* Starts a table of ncols columns (copied). Cells are then given in column order, row by row.
+ * key NULL: a table of the text form only; every header "": a table of the JSON only. */
 void nl_report_table(nl_report *r, const char *key, const char *title, int ncols, const nl_report_col *cols);
 void nl_report_cell_num(nl_report *r, double v);
 void nl_report_cell_int(nl_report *r, long long v);
 void nl_report_cell_str(nl_report *r, const char *s);
 void nl_report_cell_bool(nl_report *r, int v); /* JSON true/false; text "yes"/"no" */
+/* A cell holding a list of n numbers (JSON array; text: the values with the column's format). */
+void nl_report_cell_nums(nl_report *r, const double *v, int n);
 void nl_report_row_end(nl_report *r);
 
 /* Writes the report to stdout, as JSON when json != 0, then frees it. Returns NL_EXIT_OK, or

@@ -174,50 +174,140 @@ static nl_status check_root(const nl_comm *c, const char *what, int root) {
 
 /* ---- the collective watchdog ------------------------------------------------------------------
  * A rank that stops (SIGSTOP, a debugger, a hung device) leaves the others blocked in MPI
- * forever. Every blocking wait records when it began, what it is and the rank it waits for (the
- * ring neighbour or chain peer; -1 for the MPI library's own collectives, which do not say); a
- * thread checks every 100 ms, and a wait longer than the timeout prints "nanolm: rank R of P:
- * <what> waited S s for rank Q ..." and ends the process (exit 75), upon which mpirun ends the
- * job. In a ring the first rank to time out is the one after the rank that did not arrive. */
+ * forever. Every blocking wait records when it began and what it is, and counts itself in a
+ * heartbeat (the number of blocking waits this rank has entered). A thread checks every 100 ms.
+ * When a wait outlasts the timeout, the thread asks every other rank, over a communicator of its
+ * own (a duplicate of the world), for its heartbeat; each rank's watchdog thread answers within
+ * 100 ms, also while its main thread is blocked. A rank that does not answer within the grace
+ * time (the timeout, clamped to [2, 10] s) is the one that did not arrive: stopped, hung in the
+ * kernel or unreachable (a stopped process runs none of its threads). The thread prints "nanolm:
+ * rank R of P: <what> waited S s for rank Q, which did not arrive ..." and ends the process
+ * (exit 75), upon which mpirun ends the job. When every rank answers, the report names the ranks
+ * that are not waiting (busy or hung in computation), or says that all wait (a deadlock), with
+ * each rank's heartbeat. Like PyTorch's process-group timeout, the verdict comes from what the
+ * ranks say about themselves, not from the ring position of the first rank to time out.
+ * Without MPI_THREAD_MULTIPLE (MPI started by someone else at a lower level), the report names
+ * the peer this rank waited for (the ring neighbour or chain peer), or no rank for the MPI
+ * library's own collectives. */
 static _Atomic double g_wd_timeout_s = 600.0;
 static _Atomic long long g_wd_since_us;         /* 0: not waiting */
+static _Atomic long long g_wd_entered;          /* the heartbeat: blocking waits entered so far */
 static _Atomic int g_wd_peer = -1;              /* world rank waited for, -1 unknown */
 static const char *_Atomic g_wd_what;
-static _Atomic int g_wd_later;                  /* 1: the awaited rank already sent in this collective */
 static _Atomic int g_wd_run;
 static pthread_t g_wd_thread;
 static int g_wd_started;
+static MPI_Comm g_wd_comm = MPI_COMM_NULL;      /* the watchdog's own messages (MPI_THREAD_MULTIPLE) */
+
+enum { WD_TAG_ASK = 1, WD_TAG_ANSWER = 2 };
 
 static long long now_us(void) { return (long long)(nl_time_s() * 1e6); }
 
 static void wd_begin(const nl_comm *c, int peer, const char *what) {
-    g_wd_later = 0;
     g_wd_peer = peer >= 0 && c->world_of ? c->world_of[peer] : -1;
     g_wd_what = what;
+    g_wd_entered++;
     g_wd_since_us = now_us();
 }
 static void wd_end(void) { g_wd_since_us = 0; }
+
+/* Answers every pending question of another rank's watchdog: {heartbeat, microseconds waiting
+ * in the current wait (-1: not waiting)}. 16 bytes go eagerly: the send does not block. */
+static void wd_answer(void) {
+    for (;;) {
+        int flag = 0, ask = 0;
+        MPI_Status s;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, WD_TAG_ASK, g_wd_comm, &flag, &s) != MPI_SUCCESS || !flag) return;
+        MPI_Recv(&ask, 1, MPI_INT, s.MPI_SOURCE, WD_TAG_ASK, g_wd_comm, MPI_STATUS_IGNORE);
+        long long since = g_wd_since_us, a[2] = {g_wd_entered, since ? now_us() - since : -1};
+        MPI_Send(a, 2, MPI_LONG_LONG, s.MPI_SOURCE, WD_TAG_ANSWER, g_wd_comm);
+    }
+}
+
+/* Appends " r" (comma-separated) for each rank q with pick[q] to `out` (`cap` bytes); returns the count. */
+static int wd_list(char *out, size_t cap, const int *pick, int p) {
+    int k = 0;
+    out[0] = 0;
+    for (int q = 0; q < p; q++)
+        if (pick[q]) {
+            size_t len = strlen(out);
+            snprintf(out + len, cap - len, "%s%d", k++ ? ", " : "", q);
+        }
+    return k;
+}
+
+/* Asks every other rank for its heartbeat for up to `grace_s` and writes into `who` (`cap`
+ * bytes) which rank the wait is for: the ranks that did not answer, else those not waiting,
+ * else the heartbeats of all (a deadlock). */
+static void wd_diagnose(char *who, size_t cap, double grace_s) {
+    int p = g_world->size, me = g_world->rank, ask = 1, n_ans = 0;
+    int *answered = calloc((size_t)p, sizeof(int)), *busy = calloc((size_t)p, sizeof(int));
+    int *missing = calloc((size_t)p, sizeof(int));
+    long long *beat = calloc((size_t)p, sizeof(long long));
+    MPI_Request *req = calloc((size_t)p, sizeof(MPI_Request));
+    if (!answered || !busy || !missing || !beat || !req) {
+        snprintf(who, cap, "a rank (out of memory while asking the others)");
+        return; /* the process ends next: nothing to free */
+    }
+    for (int q = 0; q < p; q++)
+        if (q != me) MPI_Isend(&ask, 1, MPI_INT, q, WD_TAG_ASK, g_wd_comm, &req[q]);
+    long long until = now_us() + (long long)(grace_s * 1e6);
+    while (n_ans < p - 1 && now_us() < until) {
+        wd_answer(); /* the others may be asking at the same time */
+        int flag = 0;
+        MPI_Status s;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, WD_TAG_ANSWER, g_wd_comm, &flag, &s) == MPI_SUCCESS && flag) {
+            long long a[2];
+            MPI_Recv(a, 2, MPI_LONG_LONG, s.MPI_SOURCE, WD_TAG_ANSWER, g_wd_comm, MPI_STATUS_IGNORE);
+            if (!answered[s.MPI_SOURCE]) n_ans++;
+            answered[s.MPI_SOURCE] = 1;
+            beat[s.MPI_SOURCE] = a[0];
+            busy[s.MPI_SOURCE] = a[1] < 0;
+            continue;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    answered[me] = 1;
+    beat[me] = g_wd_entered;
+    for (int q = 0; q < p; q++) missing[q] = !answered[q];
+    char list[256];
+    int k = wd_list(list, sizeof list, missing, p);
+    if (k) {
+        snprintf(who, cap, "rank%s %s, which did not arrive (stopped, hung or unreachable: no answer to the watchdog "
+                 "within %.0f s)", k > 1 ? "s" : "", list, grace_s);
+    } else if ((k = wd_list(list, sizeof list, busy, p)) > 0) {
+        snprintf(who, cap, "rank%s %s, which answered but did not enter the collective (busy or hung in computation)",
+                 k > 1 ? "s" : "", list);
+    } else {
+        size_t len = (size_t)snprintf(who, cap, "every rank, all waiting (a deadlock: the ranks called different "
+                                      "collectives); waits entered per rank:");
+        for (int q = 0; q < p && len < cap; q++) len += (size_t)snprintf(who + len, cap - len, " %lld", beat[q]);
+    }
+}
 
 static void *wd_main(void *arg) {
     (void)arg;
     while (g_wd_run) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
+        if (g_wd_comm != MPI_COMM_NULL) wd_answer();
         long long since = g_wd_since_us;
         double limit = g_wd_timeout_s;
-        /* a rank whose peer already sent in this collective is not next to the missing rank: it
-         * waits 2 s more, so that the rank after the missing one speaks (and ends the job) first */
-        int later = g_wd_later;
-        if (!since || limit <= 0 || (double)(now_us() - since) / 1e6 <= limit + (later ? 2.0 : 0.0)) continue;
+        if (!since || limit <= 0 || (double)(now_us() - since) / 1e6 <= limit) continue;
         int peer = g_wd_peer;
         const char *what = g_wd_what;
-        char who[128];
-        if (peer < 0) snprintf(who, sizeof who, "a rank (the MPI library's collective does not say which)");
-        else if (later) snprintf(who, sizeof who, "rank %d, which is itself waiting further up the ring", peer);
-        else snprintf(who, sizeof who, "rank %d, which did not arrive (stopped, hung or unreachable)", peer);
-        fprintf(stderr, "nanolm: rank %d of %d: %s waited %.1f s for %s; ending the job (--timeout %g)\n",
-                g_world ? g_world->rank : -1, g_world ? g_world->size : -1, what ? what : "a collective",
-                (double)(now_us() - since) / 1e6, who, limit);
+        double waited_s = (double)(now_us() - since) / 1e6;
+        char who[512];
+        if (g_wd_comm != MPI_COMM_NULL)
+            wd_diagnose(who, sizeof who, limit < 2 ? 2 : limit > 10 ? 10 : limit);
+        else if (peer < 0)
+            snprintf(who, sizeof who, "a rank (the MPI library's collective does not say which)");
+        else
+            snprintf(who, sizeof who, "rank %d (the peer this rank receives from; it may itself be waiting)", peer);
+        fprintf(stderr, "nanolm: rank %d of %d: %s waited %.1f s for %s; ending the job (timeout %g s)\n",
+                g_world ? g_world->rank : -1, g_world ? g_world->size : -1, what ? what : "a collective", waited_s,
+                who, limit);
         fflush(stderr);
         _exit(75); /* EX_TEMPFAIL: not 124, which timeout(1) uses for a hang */
     }
@@ -325,8 +415,9 @@ nl_status nl_comm_init(int *argc, char ***argv) {
     int inited = 0, rc;
     MPI_Initialized(&inited);
     if (!inited) {
+        int provided = 0;
         MPI_QUIET_BEGIN();
-        rc = MPI_Init(argc, argv);
+        rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided); /* the watchdog thread asks too */
         MPI_QUIET_END();
         if (rc != MPI_SUCCESS) return nl_fail(NL_ERR_COMM, "MPI_Init failed (error %d)", rc);
         g_we_initialized = 1;
@@ -341,6 +432,13 @@ nl_status nl_comm_init(int *argc, char ***argv) {
     static int hooks;
     if (!hooks++) install_fault_hooks(g_world->rank, g_world->size);
     if (g_world->size > 1 && !g_wd_started) { /* the watchdog (only where a peer can be missing) */
+        int level = 0;
+        MPI_Query_thread(&level);
+        if (level >= MPI_THREAD_MULTIPLE && g_wd_comm == MPI_COMM_NULL) {
+            MPI_QUIET_BEGIN();
+            if (MPI_Comm_dup(MPI_COMM_WORLD, &g_wd_comm) != MPI_SUCCESS) g_wd_comm = MPI_COMM_NULL;
+            MPI_QUIET_END();
+        }
         g_wd_run = 1;
         g_wd_started = pthread_create(&g_wd_thread, NULL, wd_main, NULL) == 0;
     }
@@ -354,6 +452,14 @@ void nl_comm_finalize(void) {
         pthread_join(g_wd_thread, NULL);
         g_wd_started = 0;
     }
+    int fin0 = 0;
+    MPI_Finalized(&fin0);
+    if (g_wd_comm != MPI_COMM_NULL && !fin0) {
+        MPI_QUIET_BEGIN();
+        MPI_Comm_free(&g_wd_comm);
+        MPI_QUIET_END();
+    }
+    g_wd_comm = MPI_COMM_NULL;
     nl_free(g_world->world_of);
     nl_free(g_world->scratch[0]);
     nl_free(g_world->scratch[1]);
@@ -844,6 +950,12 @@ nl_status nl_comm_max_double(nl_comm *c, double *v) {
     return NL_OK;
 }
 
+nl_status nl_comm_max_int(nl_comm *c, int *v) {
+    NL_TRY(need_comm(c, "max"));
+    NL_NATIVE(MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_INT, MPI_MAX, c->mpi), "MPI_Allreduce(max)");
+    return NL_OK;
+}
+
 nl_status nl_comm_sum_double(nl_comm *c, double *v) {
     NL_TRY(need_comm(c, "sum"));
     NL_NATIVE(MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_SUM, c->mpi), "MPI_Allreduce(sum)");
@@ -989,14 +1101,13 @@ nl_status nl_comm_wait(nl_comm_request *q) {
     double t0 = nl_time_s();
     nl_status st = NL_OK;
     if (q->impl == NL_COMM_NATIVE) {
-        wd_begin(q->c, -1, "send");
+        wd_begin(q->c, -1, q->p2p ? "send" : "all-reduce");
         int rc = MPI_Wait(&q->r[0], MPI_STATUS_IGNORE);
         wd_end();
         if (rc != MPI_SUCCESS) st = mpi_fail(q->c, "MPI_Wait", rc);
     } else {
         while (!st && !req_done(q)) {
             wd_begin(q->c, (q->c->rank + q->c->size - 1) % q->c->size, "all-reduce");
-            g_wd_later = q->step > 0;
             int rc = MPI_Waitall(2, q->r, MPI_STATUSES_IGNORE);
             wd_end();
             if (rc != MPI_SUCCESS) {

@@ -351,6 +351,7 @@ static nl_status L_update(void *u, float lr) { return nl_dist_update(u, lr); }
 static nl_status L_eval(void *u, const nl_data *d, int64_t w, double *loss) { return nl_dist_eval(u, d, w, loss); }
 static nl_status L_save(void *u, const char *path, const nl_ckpt_state *st) { return nl_dist_save(u, path, st); }
 static nl_status L_load(void *u, const char *path, nl_ckpt_state *st) { return nl_dist_load(u, path, st); }
+static nl_status L_agree_stop(void *u, int *stop) { (void)u; return nl_comm_max_int(nl_comm_world(), stop); }
 
 void nl_dist_layout(nl_dist_trainer *t, nl_train_layout *L) {
     memset(L, 0, sizeof *L);
@@ -365,6 +366,7 @@ void nl_dist_layout(nl_dist_trainer *t, nl_train_layout *L) {
     L->eval = L_eval;
     L->save = L_save;
     L->load = L_load;
+    L->agree_stop = L_agree_stop;
 }
 
 nl_status nl_dist_step(nl_dist_trainer *t, const nl_data *d, int64_t step, float lr, float *loss, double *grad_norm) {

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "nanolm/checkpoint.h"
 #include "nanolm/moe_ep.h"
 
 void nl_ep_opts_default(nl_ep_opts *o) {
@@ -68,13 +69,16 @@ nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o,
     t->rank = nl_comm_rank(world);
     if (arch->n_experts <= 0) return nl_fail(NL_ERR_INVALID, "expert parallelism: arch %s has no experts", arch->name);
     if (o->ep < 1 || o->ep > 64 || t->n % o->ep)
-        return nl_fail(NL_ERR_INVALID, "--ep %d must divide the %d ranks (and be at most 64)", o->ep, t->n);
+        return nl_fail(NL_ERR_INVALID, "expert-parallel size %d must divide the %d ranks (and be at most 64)", o->ep, t->n);
     if (o->cp < 1 || t->n % o->cp || (o->cp > 1 && o->ep > 1))
-        return nl_fail(NL_ERR_INVALID, "--cp %d must divide the %d ranks (and is not combined with --ep)", o->cp, t->n);
+        return nl_fail(NL_ERR_INVALID, "context-parallel size %d must divide the %d ranks (and is not combined with expert "
+                       "parallelism)", o->cp, t->n);
     if (o->cp > 1 && (o->aux_coef != 0 || o->capacity_factor != 0))
-        return nl_fail(NL_ERR_INVALID, "--cp %d needs --aux 0 and --capacity 0 (their groups are whole sequences)", o->cp);
+        return nl_fail(NL_ERR_INVALID, "context parallelism (size %d) needs no load-balancing loss and no capacity limit "
+                       "(their groups are whole sequences)", o->cp);
     if (o->train.seq % (2 * o->cp))
-        return nl_fail(NL_ERR_INVALID, "--seq %lld must be a multiple of 2 x --cp %d", (long long)o->train.seq, o->cp);
+        return nl_fail(NL_ERR_INVALID, "sequence length %lld must be a multiple of 2 x the context-parallel size %d",
+                       (long long)o->train.seq, o->cp);
     int er = t->rank % o->ep;
     nl_status st = nl_model_init_ep(&t->model, arch, o->ep, er);
     if (st) return st;
@@ -140,39 +144,26 @@ void nl_ep_free(nl_ep_trainer *t) {
     memset(t, 0, sizeof *t);
 }
 
-nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
-    nl_model *m = &t->model;
-    nl_moe *e = m->moe;
+/* This rank's slice of the global batch for `step` into t->x, t->y (B, T / cp). */
+static nl_status ep_batch(nl_ep_trainer *t, const nl_data *d, int64_t step) {
     int B = (int)t->o.train.batch, T = (int)(t->o.train.seq / t->o.cp), cp = t->o.cp;
-    if (cp == 1) {
-        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.train.seed, step, t->rank, t->n, B, T, t->x, t->y));
-    } else {
-        /* the data-parallel rank's full windows; this rank keeps its columns */
-        int S = (int)t->o.train.seq;
-        NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.train.seed, step, t->rank / cp, t->n / cp, B, S, t->gx, t->gy));
-        for (int b = 0; b < B; b++)
-            for (int i = 0; i < T; i++) {
-                t->x[b * T + i] = t->gx[b * S + t->positions[i]];
-                t->y[b * T + i] = t->gy[b * S + t->positions[i]];
-            }
-    }
-    nl_comm_stats s0, s1;
-    nl_comm_get_stats(t->ep_comm, &s0);
-    t->st.a2a_count_bytes = 0;
-    nl_model_zero_grad(m);
-    float loss;
-    NL_TRY(nl_model_forward(m, t->x, t->y, B, T, &loss));
-    if (!isfinite(loss)) return nl_fail(NL_ERR_NUMERIC, "step %lld: loss is %f", (long long)step, (double)loss);
-    NL_TRY(nl_model_backward(m));
-    nl_comm_get_stats(t->ep_comm, &s1);
-    t->st.a2a_sent_bytes = s1.coll[NL_COMM_OP_ALL_TO_ALL].sent_bytes - s0.coll[NL_COMM_OP_ALL_TO_ALL].sent_bytes;
-    t->st.payload_sent_bytes = (uint64_t)e->rows_sent * (uint64_t)m->C * sizeof(float);
-    t->st.payload_self_bytes = (uint64_t)e->rows_self * (uint64_t)m->C * sizeof(float);
-    t->st.dispatched_bytes = (uint64_t)e->rows_dispatched * (uint64_t)m->C * sizeof(float);
-    t->st.returned_bytes = (uint64_t)e->rows_returned * (uint64_t)m->C * sizeof(float);
-    /* gradients: replicated ranges over the world, expert ranges over the expert replicas */
+    if (cp == 1) return nl_data_batch(d, NL_DATA_TRAIN, t->o.train.seed, step, t->rank, t->n, B, T, t->x, t->y);
+    /* the data-parallel rank's full windows; this rank keeps its columns */
+    int S = (int)t->o.train.seq;
+    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.train.seed, step, t->rank / cp, t->n / cp, B, S, t->gx, t->gy));
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < T; i++) {
+            t->x[b * T + i] = t->gx[b * S + t->positions[i]];
+            t->y[b * T + i] = t->gy[b * S + t->positions[i]];
+        }
+    return NL_OK;
+}
+
+/* Gradient synchronisation: replicated ranges averaged over the world, each layer's expert range
+ * over the ranks that hold the same experts. */
+static nl_status ep_sync_grads(nl_ep_trainer *t) {
+    nl_model *m = &t->model;
     size_t pos = 0;
-    double ss_rep = 0, ss_exp = 0;
     float inv = 1.0f / (float)t->n;
     for (int64_t l = 0; l <= m->L; l++) {
         size_t b = m->n_params, en = m->n_params;
@@ -180,25 +171,25 @@ nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
         if (l < m->L && b == en) continue; /* dense layer: part of the next replicated range */
         if (b > pos) {
             if (t->n > 1) NL_TRY(nl_comm_all_reduce(t->world, m->grads + pos, b - pos, NL_COMM_F32, t->o.impl));
-            for (size_t i = pos; i < b; i++) m->grads[i] *= inv;
-            ss_rep += nl_sumsq(m->grads + pos, b - pos);
+            if (t->n > 1)
+                for (size_t i = pos; i < b; i++) m->grads[i] *= inv;
         }
         if (en > b) {
             if (nl_comm_size(t->edp_comm) > 1)
                 NL_TRY(nl_comm_all_reduce(t->edp_comm, m->grads + b, en - b, NL_COMM_F32, t->o.impl));
-            for (size_t i = b; i < en; i++) m->grads[i] *= inv;
-            ss_exp += nl_sumsq(m->grads + b, en - b);
+            if (t->n > 1)
+                for (size_t i = b; i < en; i++) m->grads[i] *= inv;
         }
         pos = en;
     }
-    if (t->o.ep > 1) NL_TRY(nl_comm_sum_double(t->ep_comm, &ss_exp));
-    double norm = sqrt(ss_rep + ss_exp);
-    float clip = nl_clip_factor(norm, t->o.train.grad_clip);
-    if (clip != 1.0f) nl_grad_scale(m, clip);
-    nl_adamw_step(&t->opt, m, t->o.train.lr);
-    /* statistics over the world */
+    return NL_OK;
+}
+
+/* The step's statistics over the world: loss, aux loss, expert loads, slots, dropped. */
+static nl_status ep_stats(nl_ep_trainer *t, float loss) {
+    nl_moe *e = t->model.moe;
     int64_t ne = e->n_moe_layers * e->E;
-    double v[3] = {loss, e->aux_loss, 0};
+    double v[2] = {loss, e->aux_loss};
     for (int k = 0; k < 2; k++) {
         if (t->n > 1) NL_TRY(nl_comm_sum_double(t->world, &v[k]));
         v[k] /= t->n;
@@ -212,6 +203,148 @@ nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
     t->st.dropped = (int64_t)t->fbuf[ne + 1];
     t->st.loss = (float)v[0];
     t->st.aux_loss = v[1];
+    return NL_OK;
+}
+
+static nl_status nl_ep_grads(nl_ep_trainer *t, const nl_data *d, int64_t step, float *loss_out) {
+    nl_model *m = &t->model;
+    nl_moe *e = m->moe;
+    int B = (int)t->o.train.batch, T = (int)(t->o.train.seq / t->o.cp);
+    NL_TRY(ep_batch(t, d, step));
+    nl_comm_stats s0, s1;
+    nl_comm_get_stats(t->ep_comm, &s0);
+    t->st.a2a_count_bytes = 0;
+    nl_model_zero_grad(m);
+    float loss;
+    NL_TRY(nl_model_forward(m, t->x, t->y, B, T, &loss));
+    /* a non-finite loss still runs backward (the experts' all-to-alls need every rank); its mean
+     * over the world is non-finite too, so every rank's loop stops at the same step */
+    NL_TRY(nl_model_backward(m));
+    nl_comm_get_stats(t->ep_comm, &s1);
+    t->st.a2a_sent_bytes = s1.coll[NL_COMM_OP_ALL_TO_ALL].sent_bytes - s0.coll[NL_COMM_OP_ALL_TO_ALL].sent_bytes;
+    t->st.payload_sent_bytes = (uint64_t)e->rows_sent * (uint64_t)m->C * sizeof(float);
+    t->st.payload_self_bytes = (uint64_t)e->rows_self * (uint64_t)m->C * sizeof(float);
+    t->st.dispatched_bytes = (uint64_t)e->rows_dispatched * (uint64_t)m->C * sizeof(float);
+    t->st.returned_bytes = (uint64_t)e->rows_returned * (uint64_t)m->C * sizeof(float);
+    NL_TRY(ep_sync_grads(t));
+    NL_TRY(ep_stats(t, loss));
+    *loss_out = t->st.loss;
+    return NL_OK;
+}
+
+static nl_status nl_ep_sumsq(nl_ep_trainer *t, double *ss_out) {
+    nl_model *m = &t->model;
+    /* ep 1: every rank holds the whole reduced gradient; in the one-process trainer's order
+     * (nl_grad_norm), so one rank is bit-identical to it */
+    if (t->o.ep == 1) {
+        *ss_out = nl_sumsq(m->grads, m->n_params);
+        return NL_OK;
+    }
+    size_t pos = 0;
+    double ss_rep = 0, ss_exp = 0;
+    for (int64_t l = 0; l <= m->L; l++) {
+        size_t b = m->n_params, en = m->n_params;
+        if (l < m->L) nl_moe_expert_range(m, l, &b, &en);
+        if (l < m->L && b == en) continue;
+        if (b > pos) ss_rep += nl_sumsq(m->grads + pos, b - pos);
+        if (en > b) ss_exp += nl_sumsq(m->grads + b, en - b);
+        pos = en;
+    }
+    NL_TRY(nl_comm_sum_double(t->ep_comm, &ss_exp));
+    *ss_out = ss_rep + ss_exp;
+    return NL_OK;
+}
+
+static nl_status nl_ep_update(nl_ep_trainer *t, float lr) {
+    nl_adamw_step(&t->opt, &t->model, lr);
+    return NL_OK;
+}
+
+static nl_status nl_ep_eval(nl_ep_trainer *t, const nl_data *d, int64_t windows, double *loss) {
+    if (t->o.cp > 1)
+        return nl_fail(NL_ERR_UNSUPPORTED, "context parallelism has no validation (its attention needs the sequence split)");
+    /* every rank runs the same windows (the experts' all-to-all needs every rank in every forward) */
+    NL_TRY(nl_eval_loss(&t->model, d, NL_DATA_VAL, t->o.train.batch, t->o.train.seq, windows, loss, NULL));
+    if (t->n > 1) {
+        NL_TRY(nl_comm_sum_double(t->world, loss));
+        *loss /= t->n;
+    }
+    return NL_OK;
+}
+
+static nl_status nl_ep_save(nl_ep_trainer *t, const char *path, const nl_ckpt_state *state) {
+    if (t->o.ep > 1)
+        return nl_fail(NL_ERR_UNSUPPORTED, "expert parallelism over %d ranks: checkpoints hold whole models (ep 1 only)",
+                       t->o.ep);
+    nl_status st = NL_OK;
+    if (t->rank == 0) {
+        nl_ckpt_state cs = *state;
+        cs.opt = &t->opt;
+        st = nl_ckpt_save(path, &t->model, "byte", &cs);
+    }
+    int bad = st ? 1 : 0; /* everyone learns whether rank 0 managed to write the file */
+    nl_status st2 = nl_comm_max_int(t->world, &bad);
+    if (!st && (st2 || bad)) st = st2 ? st2 : nl_fail(NL_ERR_IO, "checkpoint %s: rank 0 could not write it", path);
+    return st;
+}
+
+static nl_status nl_ep_load(nl_ep_trainer *t, const char *path, nl_ckpt_state *cs) {
+    nl_model tmp, *m = &t->model;
+    memset(&tmp, 0, sizeof tmp);
+    char tok[64];
+    if (t->o.ep > 1)
+        return nl_fail(NL_ERR_UNSUPPORTED, "expert parallelism over %d ranks: checkpoints hold whole models (ep 1 only)",
+                       t->o.ep);
+    NL_TRY(nl_ckpt_load_model(path, &tmp, tok));
+    nl_status st = NL_OK;
+    if (tmp.n_params != m->n_params || tmp.L != m->L || !tmp.moe) {
+        st = nl_fail(NL_ERR_INVALID, "checkpoint %s holds a model of %zu parameters%s, this run has a MoE model of %zu",
+                     path, tmp.n_params, tmp.moe ? "" : " without experts", m->n_params);
+        goto out;
+    }
+    memcpy(m->params, tmp.params, m->n_params * sizeof(float));
+    memset(cs, 0, sizeof *cs);
+    cs->opt = &t->opt;
+    st = nl_ckpt_load_state(path, m, cs);
+    cs->opt = NULL;
+out:
+    nl_model_free(&tmp);
+    return st;
+}
+
+/* ---- the hooks of the one training loop ------------------------------------------------------- */
+
+static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) { return nl_ep_grads(u, d, step, loss); }
+static nl_status L_sumsq(void *u, double *ss) { return nl_ep_sumsq(u, ss); }
+static void L_scale(void *u, float f) { nl_ep_trainer *t = u; nl_grad_scale(&t->model, f); }
+static nl_status L_update(void *u, float lr) { return nl_ep_update(u, lr); }
+static nl_status L_eval(void *u, const nl_data *d, int64_t w, double *loss) { return nl_ep_eval(u, d, w, loss); }
+static nl_status L_save(void *u, const char *path, const nl_ckpt_state *st) { return nl_ep_save(u, path, st); }
+static nl_status L_load(void *u, const char *path, nl_ckpt_state *st) { return nl_ep_load(u, path, st); }
+static nl_status L_agree_stop(void *u, int *stop) { nl_ep_trainer *t = u; return nl_comm_max_int(t->world, stop); }
+
+void nl_ep_layout(nl_ep_trainer *t, nl_train_layout *L) {
+    memset(L, 0, sizeof *L);
+    L->user = t;
+    L->name = t->o.cp > 1 ? "context-parallel" : "expert-parallel";
+    L->rank0 = t->rank == 0;
+    L->n_params = t->model.n_params;
+    L->grads = L_grads;
+    L->sumsq = L_sumsq;
+    L->scale = L_scale;
+    L->update = L_update;
+    L->eval = t->o.cp == 1 ? L_eval : NULL;
+    L->save = t->o.ep == 1 ? L_save : NULL;
+    L->load = t->o.ep == 1 ? L_load : NULL;
+    L->agree_stop = L_agree_stop;
+}
+
+nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
+    nl_train_layout L;
+    nl_ep_layout(t, &L);
+    double norm = 0;
+    float loss = 0;
+    NL_TRY(nl_train_layout_step(&L, d, step, t->o.train.lr, t->o.train.grad_clip, &loss, &norm));
     t->st.grad_norm = norm;
     return NL_OK;
 }

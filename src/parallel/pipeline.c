@@ -603,6 +603,7 @@ static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) {
 static nl_status L_sumsq(void *u, double *ss) { return nl_pipe_sumsq(u, ss); }
 static void L_scale(void *u, float f) { nl_pipe_scale_grads(u, f); }
 static nl_status L_update(void *u, float lr) { return nl_pipe_update(u, lr); }
+static nl_status L_agree_stop(void *u, int *stop) { (void)u; return nl_comm_max_int(nl_comm_world(), stop); }
 
 void nl_pipe_layout(nl_pipe *p, nl_train_layout *L) {
     memset(L, 0, sizeof *L);
@@ -614,6 +615,7 @@ void nl_pipe_layout(nl_pipe *p, nl_train_layout *L) {
     L->sumsq = L_sumsq;
     L->scale = L_scale;
     L->update = L_update;
+    L->agree_stop = L_agree_stop;
 }
 
 nl_status nl_pipe_step(nl_pipe *p, const nl_data *d, int64_t step, float lr, float *loss_out, double *norm_out) {

@@ -21,30 +21,37 @@
  * dense peak is further from what training stacks get (the llm-foundry tables give H100/A100
  * throughput ratios of 2.0-2.3 at a 3.2x peak ratio). */
 
+/* Memory is what the device gives CUDA, as nvidia-smi reports it: the "80 GB" of an A100 or
+ * H100 is 80 GiB of HBM stacks (A100 80GB: 81920 MiB; H100 SXM/PCIe: 81559 MiB = 85.5e9 bytes;
+ * A100 40GB: 40960 MiB), not 80e9 bytes; reading it as 80e9 rejected 7% of the memory that
+ * published runs used. The other parts keep their datasheet figure. */
+#define MIB (1024.0 * 1024.0)
+#define H100_MEM (81559 * MIB)
+
 static const nl_hw builtin_hw[] = {
     /* NVIDIA H100 SXM5 datasheet (2023): 989 TFLOP/s dense BF16 (1979 with sparsity), 1979 FP8
      * dense, 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 GB/s per direction;
      * DGX H100: 8 GPUs, one 400 Gb/s ConnectX-7 per GPU = 50 GB/s. */
-    {"h100", 989e12, 1979e12, 80e9, 3.35e12, 450e9, 50e9, 8, LAT, EFF, EFF, 2.50,
+    {"h100", 989e12, 1979e12, H100_MEM, 3.35e12, 450e9, 50e9, 8, LAT, EFF, EFF, 2.50,
      "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, 400 Gb/s IB per GPU)", 0.55},
     /* NVIDIA H200 SXM datasheet (2024): same compute as H100, 141 GB HBM3e at 4.8 TB/s. */
     {"h200", 989e12, 1979e12, 141e9, 4.8e12, 450e9, 50e9, 8, LAT, EFF, EFF, 3.50,
      "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, 400 Gb/s IB per GPU)", 0.55},
     /* NVIDIA A100 80GB SXM datasheet (2021): 312 TFLOP/s dense BF16, no FP8, 2.039 TB/s,
      * NVLink 3 600 GB/s bidirectional = 300 per direction; DGX A100: 200 Gb/s HDR per GPU. */
-    {"a100", 312e12, 312e12, 80e9, 2.039e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.50,
+    {"a100", 312e12, 312e12, 81920 * MIB, 2.039e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.50,
      "NVIDIA A100 80GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75},
     /* NVIDIA A100 40GB SXM datasheet (2020): as the 80 GB part with 40 GB HBM2 at 1.555 TB/s. */
-    {"a100-40", 312e12, 312e12, 40e9, 1.555e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.20,
+    {"a100-40", 312e12, 312e12, 40960 * MIB, 1.555e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.20,
      "NVIDIA A100 40GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75},
     /* NVIDIA H800 SXM (the H100 for the Chinese market): H100 compute and HBM, NVLink cut to
      * 400 GB/s bidirectional = 200 per direction (DeepSeek-V3 report sec. 3.1: 'NVLink 160 GB/s'
      * achieved, 'IB 50 GB/s'); 400 Gb/s InfiniBand per GPU. */
-    {"h800", 989e12, 1979e12, 80e9, 3.35e12, 200e9, 50e9, 8, LAT, EFF, EFF, 2.00,
+    {"h800", 989e12, 1979e12, H100_MEM, 3.35e12, 200e9, 50e9, 8, LAT, EFF, EFF, 2.00,
      "H100 SXM datasheet with NVLink at 400 GB/s; DeepSeek-V3 report sec. 3.1", 0.55},
     /* NVIDIA H100 PCIe datasheet (2023): 756 TFLOP/s dense BF16, 1513 FP8, 80 GB HBM2e at
      * 2.0 TB/s; PCIe Gen5 64 GB/s per direction between cards (NVLink bridges pair only two). */
-    {"h100-pcie", 756e12, 1513e12, 80e9, 2.0e12, 64e9, 50e9, 8, LAT, EFF, EFF, 2.00,
+    {"h100-pcie", 756e12, 1513e12, H100_MEM, 2.0e12, 64e9, 50e9, 8, LAT, EFF, EFF, 2.00,
      "NVIDIA H100 PCIe datasheet; PCIe Gen5 x16 between GPUs", 0.55},
     /* Google Cloud TPU v5p documentation (2023): 459 TFLOP/s BF16 per chip (no FP8; int8 918
      * TOPS), 95 GB HBM2e at 2.765 TB/s, ICI 4,800 Gb/s per chip = 600 GB/s, 3D torus of up to
@@ -95,6 +102,28 @@ static const nl_model_entry builtin_models[] = {
        .n_kv_heads = 96, .hidden_dim = 32768, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
        .tied_embeddings = 1),
      "Brown et al. 2020 Table 2.1 (MLP as SwiGLU with equal parameters)", ""},
+    /* bigscience/bloom config.json (Le Scao et al. 2022 Table 3): 70 layers, d = 14336, 112
+     * heads, 250880 tokens, ALiBi, LayerNorm, biases, a 4d GeLU MLP, tied embeddings. */
+    {M(.name = "bloom-176b", .vocab_size = 250880, .dim = 14336, .n_layers = 70, .n_heads = 112,
+       .n_kv_heads = 112, .hidden_dim = 57344, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
+       .tied_embeddings = 1),
+     "bigscience/bloom config.json; Le Scao et al. 2022 Table 3", "bloom"},
+    /* Zhang et al. 2022 (OPT) Table 1: 175B: 96 layers, 96 heads, d = 12288; learned positions,
+     * ReLU MLP of 4d, LayerNorm, biases, tied embeddings; facebook/opt vocabulary 50272. */
+    {M(.name = "opt-175b", .vocab_size = 50272, .dim = 12288, .n_layers = 96, .n_heads = 96,
+       .n_kv_heads = 96, .hidden_dim = 49152, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
+       .tied_embeddings = 1),
+     "Zhang et al. 2022 (OPT) Table 1; facebook/opt config.json", "opt"},
+    /* mosaicml/mpt-7b and mpt-30b config.json: d_model 4096 / 7168, 32 / 48 layers, 32 / 64
+     * heads, expansion ratio 4 (GeLU), ALiBi, LayerNorm without bias, no biases, vocab 50432. */
+    {M(.name = "mpt-7b", .vocab_size = 50432, .dim = 4096, .n_layers = 32, .n_heads = 32,
+       .n_kv_heads = 32, .hidden_dim = 16384, .seq_len = 2048, .rope_theta = 1e4, .norm_eps = 1e-5,
+       .tied_embeddings = 1),
+     "mosaicml/mpt-7b config.json", "mpt"},
+    {M(.name = "mpt-30b", .vocab_size = 50432, .dim = 7168, .n_layers = 48, .n_heads = 64,
+       .n_kv_heads = 64, .hidden_dim = 28672, .seq_len = 8192, .rope_theta = 1e4, .norm_eps = 1e-5,
+       .tied_embeddings = 1),
+     "mosaicml/mpt-30b config.json", "mpt"},
     /* mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, top-2, expert F = 14336. */
     {M(.name = "mixtral-8x7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32,
        .n_kv_heads = 8, .hidden_dim = 14336, .seq_len = 32768, .rope_theta = 1e6, .norm_eps = 1e-5,

@@ -103,6 +103,33 @@ static void add(nl_act_layer *L, const char *name, double unsharded, double div)
     t->bytes = unsharded / div;
 }
 
+/* DeepSeek-V3's selective recipe (DeepSeek-AI 2024, sec. 3.3.2 "Recomputation of RMSNorm and
+ * MLA Up-Projection" and sec. 3.3.3 "Low-Precision Storage"): the RMSNorm outputs and the MLA
+ * up-projections (per-head Q, K, V) are recomputed in backward, so a layer keeps the norm
+ * inputs (bf16), the q and kv latents (inputs of the up-projections, cached in FP8), the
+ * attention output (input of the output projection, in their E5M6: 1.5 bytes), the inputs of
+ * the expert linears (FP8, one copy per routed expert the token visits) and the SwiGLU inputs
+ * (FP8; its output is recomputed). F is the layer-average MLP width per token. */
+static void act_ds3(const nl_arch *a, const nl_act_opts *o, double F, double moe_frac, nl_act_layer *L) {
+    double t = o->tp > 0 ? (double)o->tp : 1.0, sp = o->sp ? t : 1.0;
+    double D = (double)a->dim, heads = (double)a->n_heads, hd = (double)nl_arch_head_dim(a);
+    add(L, "attn norm input (bf16)", 2.0 * D, sp);
+    if (a->kv_lora_rank > 0) {
+        add(L, "q, kv latents (fp8; up-proj recomputed)",
+            (double)(a->q_lora_rank + a->kv_lora_rank + a->qk_rope_head_dim), 1.0);
+        add(L, "attention output (wo input, E5M6)", 1.5 * heads * (double)a->v_head_dim, t);
+    } else {
+        add(L, "Q, K, V (fp8)", heads * hd + 2.0 * (double)a->n_kv_heads * hd, t);
+        add(L, "attention output (wo input, E5M6)", 1.5 * heads * hd, t);
+    }
+    add(L, "softmax log-sum-exp (fp32)", 4.0 * heads, t);
+    add(L, "mlp norm input (bf16)", 2.0 * D, sp);
+    double copies = moe_frac * (double)(a->top_k + a->n_shared_experts) + (1 - moe_frac);
+    add(L, "expert inputs (fp8, one per expert)", copies * D, 1.0);
+    add(L, "SwiGLU inputs (fp8)", 2.0 * F, t);
+    if (moe_frac > 0) add(L, "router logits (fp32)", 4.0 * (double)a->n_experts * moe_frac, 1.0);
+}
+
 void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) {
     memset(L, 0, sizeof *L);
     double e = o->bytes_per_elem > 0 ? o->bytes_per_elem : 2.0;
@@ -125,6 +152,17 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
     double F = (dense_layers * (double)a->hidden_dim +
                 moe_layers * (double)(a->top_k + a->n_shared_experts) * (double)a->expert_hidden_dim) /
                (double)a->n_layers;
+    if (o->fp8_cache && o->recompute == NL_RECOMPUTE_SELECTIVE) {
+        act_ds3(a, o, F, moe_layers / (double)a->n_layers, L);
+        for (int i = 0; i < L->n; i++) L->bytes_per_token += L->terms[i].bytes;
+        /* While a layer is recomputed its full bf16 set is live, as without the recipe. */
+        nl_act_opts full = *o;
+        full.fp8_cache = 0;
+        nl_act_layer W;
+        nl_plan_act_layer(a, &full, &W);
+        L->working_bytes_per_token = W.working_bytes_per_token;
+        return;
+    }
     double mask = f->dropout ? 1.0 : 0.0; /* bytes per element of a dropout mask */
     int keep_scores = o->recompute == NL_RECOMPUTE_NONE && !o->flash;
 

@@ -79,13 +79,13 @@ static void get_parts(const nl_train_req *q, parts *p) {
 /* Shape: a GEMM reaches `gemm` of peak only when every dimension fills the tiles and waves of
  * the GPU; each dimension x contributes x / (x + 128) (128: the tile edge of cuBLAS/CUTLASS
  * kernels on A100/H100; a 4096-wide dimension loses 3%, a 1024-wide one 11%). */
-static double shape_eff(double x) { return x / (x + 128.0); }
+double nl_plan_gemm_shape_eff(double x) { return x / (x + 128.0); }
 
 static double gemm_s(const nl_hw *hw, const nl_eff *e, double M, double N, double K) {
     if (M <= 0 || N <= 0 || K <= 0) return 0;
     double peak = e->fp8_gemm ? hw->flops_fp8 : hw->flops_bf16, bytes = e->fp8_gemm ? 1 : 2;
     double base = e->gemm > 0 ? e->gemm : hw->gemm_eff > 0 ? hw->gemm_eff : 0.6;
-    double eff = base * shape_eff(M) * shape_eff(N) * shape_eff(K);
+    double eff = base * nl_plan_gemm_shape_eff(M) * nl_plan_gemm_shape_eff(N);
     double t_c = 2 * M * N * K / (peak * eff);
     double t_m = bytes * (M * K + K * N) / hw->hbm_bw + 2 * M * N / hw->hbm_bw;
     return t_c > t_m ? t_c : t_m;
@@ -178,7 +178,10 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     if (a->n_heads % L->tp)
         return nl_fail(NL_ERR_INVALID, "layout: tp %lld does not divide %lld heads", (long long)L->tp, (long long)a->n_heads);
     /* Uneven stages are priced by the busiest one (ceil); the search keeps to pp | layers. */
-    if (L->pp * L->vpp > a->n_layers)
+    /* A chunk may hold only the embedding or only the output layer (Llama 3 sec. 3.3.2: 126
+     * layers on 16 stages x 8 chunks, "the first model chunk on the first stage has only the
+     * embedding"): up to n_layers + 2 chunks. */
+    if (L->pp * L->vpp > a->n_layers + (L->vpp > 1 ? 2 : 0))
         return nl_fail(NL_ERR_INVALID, "layout: pp*v %lld exceeds %lld layers", (long long)(L->pp * L->vpp), (long long)a->n_layers);
     if (q->seq % L->cp)
         return nl_fail(NL_ERR_INVALID, "layout: cp %lld does not divide the sequence %lld", (long long)L->cp, (long long)q->seq);
@@ -209,7 +212,8 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
 
     double T = (double)L->micro_batch * (double)q->seq / (double)L->cp; /* tokens per microbatch per GPU */
     nl_act_opts ao = {.tp = L->tp, .sp = L->sp, .flash = !q->attn_materialized, .recompute = L->recompute,
-                      .seq = (double)q->seq, .bytes_per_elem = 2, .fam = q->fam};
+                      .seq = (double)q->seq, .bytes_per_elem = 2, .fam = q->fam,
+                      .fp8_cache = !strcmp(q->recipe.name, "fp8-ds3")};
     nl_act_layer al;
     nl_plan_act_layer(a, &ao, &al);
     /* 1F1B: the first stage holds min(p, m) microbatches (Narayanan et al. 2021 sec. 2.2);

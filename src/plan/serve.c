@@ -22,18 +22,36 @@ void nl_serve_req_default(nl_serve_req *q) {
     q->chunk = 256;
 }
 
+/* The share of the large-GEMM rate a forward pass over M tokens reaches: the layer's GEMMs
+ * (qkv, wo, the MLP) each at f(M) f(N) f(K) (nl_plan_gemm_shape_eff), weighted by their FLOPs.
+ * A 128-token prompt fills half a 128-row tile wave per GEMM edge: short prefills are far from
+ * the large-GEMM rate, which is why first-token latency at 128 tokens is not weight-read bound
+ * (TensorRT-LLM's low-latency table: 16 ms for Llama 7B on A100, twice the weight read). */
+static double forward_shape_eff(const nl_arch *a, double tp, double M) {
+    double D = (double)a->dim, hd = (double)nl_arch_head_dim(a);
+    double qd = (double)a->n_heads * hd, kvd = (double)a->n_kv_heads * hd, F = (double)a->hidden_dim;
+    double g[4][3] = {{M, (qd + 2 * kvd) / tp, D}, {M, D, qd / tp}, {M, 2 * F / tp, D}, {M, D, F / tp}};
+    double flops = 0, t = 0;
+    for (int i = 0; i < 4; i++) {
+        double f = g[i][0] * g[i][1] * g[i][2];
+        flops += f;
+        t += f / (nl_plan_gemm_shape_eff(g[i][0]) * nl_plan_gemm_shape_eff(g[i][1]) * nl_plan_gemm_shape_eff(g[i][2]));
+    }
+    return t > 0 ? flops / t : 1.0;
+}
+
 nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     memset(o, 0, sizeof *o);
     const nl_arch *a = &q->arch;
     const nl_hw *hw = &q->hw;
     if (q->tp < 1 || q->batch < 1 || !(q->prompt >= 1) || !(q->output >= 1) || !(q->prefill_mfu >= 0) ||
         q->prefill_mfu > 1 || !(q->kernel_s >= 0) || !(q->kernels_per_layer >= 0) ||
-        !(q->hbm_eff > 0) || q->hbm_eff > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0)
+        !(q->hbm_eff > 0) || q->hbm_eff > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0 || q->fsdp < 0)
         return nl_fail(NL_ERR_INVALID, "serve: tp, batch, prompt, output must be >= 1, prefill MFU in (0, 1]");
     if (a->n_heads % q->tp)
         return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp, (long long)a->n_heads);
     nl_arch_params p;
-    nl_arch_count_params(a, &p);
+    nl_plan_count_params(a, &q->fam, &p);
     /* FP8 serving runs its GEMMs at the fp8 peak (TensorRT-LLM's FP8 engines). */
     double tp = (double)q->tp, P = q->fp8 ? hw->flops_fp8 : hw->flops_bf16, B = (double)q->batch;
     double mfu = q->prefill_mfu > 0 ? q->prefill_mfu : hw->gemm_eff > 0 ? hw->gemm_eff : 0.6;
@@ -41,7 +59,7 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * attention, activation, residual adds): a fixed cost a decode step cannot hide. */
     double launch = (double)a->n_layers * q->kernels_per_layer * q->kernel_s;
     o->params = (double)p.total;
-    o->matmul_params = nl_plan_matmul_params(a);
+    o->matmul_params = nl_plan_matmul_params_fam(a, &q->fam);
     int span = (double)q->tp > (double)hw->gpus_per_node;
     double D = (double)a->dim, nlay = (double)a->n_layers;
 
@@ -50,8 +68,22 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->prefill_flops = 2 * o->matmul_params * q->prompt + q->prompt * nl_plan_attn_flops_per_token(a, q->prompt);
     double prefill_comm = q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, q->prompt * D * 2, span) : 0;
     double wread = o->params * q->weight_bytes / (tp * hw->hbm_bw * q->hbm_eff);
-    o->prefill_s = fmax(o->prefill_flops / (tp * P * mfu), wread) + prefill_comm + launch;
-    o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfu), wread) + B * prefill_comm + launch;
+    /* FSDP / ZeRO-3 weights (the course: decoding this way is "several times slower than
+     * reading from HBM"): every forward all-gathers each layer's shards over the fsdp group
+     * (NVLink inside a node, the network beyond), prefetching the next layer while one runs;
+     * the slower of the gathers and the HBM reads bounds the weight stream. */
+    if (q->fsdp > 1) {
+        int fspan = tp * (double)q->fsdp > (double)hw->gpus_per_node;
+        double layer_bytes = o->params * q->weight_bytes / (tp * (double)a->n_layers);
+        o->fsdp_gather_s = (double)a->n_layers * nl_plan_coll_time(hw, NL_ALL_GATHER, q->fsdp, layer_bytes, fspan);
+    }
+    wread = fmax(wread, o->fsdp_gather_s);
+    /* A given --prefill-mfu is the whole forward's MFU (the course's napkin); the default prices
+     * the GEMM shapes of the prompt (one prompt, or the whole batch's tokens together). */
+    double mfu1 = q->prefill_mfu > 0 ? mfu : mfu * forward_shape_eff(a, tp, q->prompt);
+    double mfuB = q->prefill_mfu > 0 ? mfu : mfu * forward_shape_eff(a, tp, B * q->prompt);
+    o->prefill_s = fmax(o->prefill_flops / (tp * P * mfu1), wread) + prefill_comm + launch;
+    o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfuB), wread) + B * prefill_comm + launch;
 
     o->kv_bytes_per_token = nl_plan_kv_bytes_per_token(a, q->kv_bytes);
     /* With more GPUs than KV heads, each KV head lives on tp / kv_heads GPUs: the cache is
@@ -69,8 +101,13 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->weight_read_s = o->params * q->weight_bytes / (tp * bw);
     o->kv_read_s = B * ctx * o->kv_bytes_per_token / (kv_tp * bw);
     o->decode_mem_s = o->weight_read_s + o->kv_read_s;
-    o->decode_compute_s = (2 * o->matmul_params * B + B * 2 * nl_plan_attn_flops_per_token(a, ctx)) / (tp * P * mfu);
-    o->decode_step_s = fmax(o->decode_mem_s, o->decode_compute_s);
+    double gemm_c = 2 * o->matmul_params * B / (tp * P * mfu), attn_c = B * 2 * nl_plan_attn_flops_per_token(a, ctx) / (tp * P * mfu);
+    o->decode_compute_s = gemm_c + attn_c;
+    /* A roofline per kernel, not per step (as Vidur and LLM-Viewer price operators): the weight
+     * GEMMs and the attention over the KV cache run one after the other, each bound by its own
+     * resource, so a step whose GEMMs are compute bound at a large batch still pays the KV read
+     * in full. The course's single max(memory, compute) is the same for small batches. */
+    o->decode_step_s = fmax(fmax(o->weight_read_s, o->fsdp_gather_s), gemm_c) + fmax(o->kv_read_s, attn_c);
     /* Two all-reduces per layer (after attention, after the MLP) of B x D activations. */
     if (q->tp > 1) {
         o->tp_allreduces = 2 * nlay;
@@ -95,6 +132,8 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->decode_per_prefill = o->prefill_rps / o->decode_rps;
 
     o->mem_weights = o->params * q->weight_bytes / tp;
+    /* Sharded: 1/fsdp of the weights plus the gathered layer in use and the one prefetched. */
+    if (q->fsdp > 1) o->mem_weights = o->mem_weights / (double)q->fsdp + 2 * o->mem_weights / (double)a->n_layers;
     o->mem_kv = B * (q->prompt + q->output) * o->kv_bytes_per_token / kv_tp;
     o->mem_total = o->mem_weights + o->mem_kv;
     o->fits = o->mem_total <= hw->mem_bytes;

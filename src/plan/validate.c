@@ -170,6 +170,27 @@ static nl_status run_serve(const nl_catalog *cat, const char *path, const char *
     return NL_OK;
 }
 
+/* A collective's bus bandwidth as nccl-tests reports it (busbw = algbw x 2(p-1)/p for an
+ * all-reduce, x (p-1)/p for an all-gather or reduce-scatter, doc/PERFORMANCE.md of nccl-tests):
+ * the planner's wire bytes of the operation over its alpha-beta time, for a buffer of `bytes`. */
+static nl_status run_collective(const nl_catalog *cat, const char *path, const char *id, cJSON *e, nl_valid_case *c) {
+    nl_hw hw;
+    if (nl_catalog_find_hw(cat, str(e, "gpu", "?"), &hw)) return bad(path, id, nl_last_error());
+    const char *op = str(e, "collective", "?");
+    nl_coll k;
+    if (!strcmp(op, "all-reduce")) k = NL_ALL_REDUCE;
+    else if (!strcmp(op, "all-gather")) k = NL_ALL_GATHER;
+    else if (!strcmp(op, "reduce-scatter")) k = NL_REDUCE_SCATTER;
+    else return bad(path, id, "collective must be all-reduce, all-gather or reduce-scatter");
+    int64_t p = (int64_t)num(e, "gpus", 0);
+    double bytes = num(e, "bytes", 0);
+    if (p < 2 || !(bytes > 0)) return bad(path, id, "a collective needs gpus >= 2 and bytes > 0");
+    if (strcmp(c->metric, "busbw_gbs")) return bad(path, id, "unknown collective metric");
+    double t = nl_plan_coll_time(&hw, k, p, bytes, p > hw.gpus_per_node);
+    c->predicted = nl_plan_coll_bytes(k, p, bytes) / t / 1e9;
+    return NL_OK;
+}
+
 static int cmp_d(const void *x, const void *y) {
     double a = *(const double *)x, b = *(const double *)y;
     return a < b ? -1 : a > b;
@@ -232,8 +253,10 @@ nl_status nl_plan_validate(const nl_catalog *cat0, const char *path, nl_valid_re
         } else if (!strcmp(c->group, "serve")) {
             if (!have_arch) { st = bad(path, id, "unknown model (give a catalog name or an \"arch\")"); break; }
             st = run_serve(cat, path, id, e, &a, &fam, c);
+        } else if (!strcmp(c->group, "collective")) {
+            st = run_collective(cat, path, id, e, c);
         } else {
-            st = bad(path, id, "group must be train, memory or serve");
+            st = bad(path, id, "group must be train, memory, serve or collective");
         }
         if (st) break;
         c->err = c->predicted / c->published - 1;

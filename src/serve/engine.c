@@ -28,6 +28,7 @@ typedef struct nl_req {
     nl_finish finish;
     char error[256];
     int cancel, release;    /* asked by another thread */
+    int keep_kv;            /* prefill-only: keeps its blocks when it finishes, for nl_engine_export_kv */
     uint64_t admit_seq;     /* admission order: the largest is the youngest */
     int64_t preemptions;
     /* output: completion text and what was read / sent */
@@ -349,7 +350,19 @@ static int grow(void **p, int64_t *cap, int64_t need, size_t elem, const char *w
     return 0;
 }
 
-nl_status nl_engine_submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl_sampling *s, uint64_t *id) {
+/* Allocates the request table, the waiting queue and the running set when they are missing
+ * (mutex held). 1 when out of memory. */
+static int queues_ready(nl_engine *e) {
+    if (grow((void **)&e->all, &e->all_cap, e->n_all + 1, sizeof(nl_req *), "request table")) return 0;
+    /* the queue also takes back up to max_batch preempted requests */
+    if (!e->waiting &&
+        !(e->waiting = nl_malloc((size_t)(e->o.max_waiting + e->o.max_batch + 1) * sizeof(nl_req *), "waiting queue")))
+        return 0;
+    if (!e->running && !(e->running = nl_malloc((size_t)e->o.max_batch * sizeof(nl_req *), "running set"))) return 0;
+    return 1;
+}
+
+static nl_status submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl_sampling *s, int keep_kv, uint64_t *id) {
     *id = 0;
     const nl_model *m = e->m;
     nl_sampling sd;
@@ -372,6 +385,7 @@ nl_status nl_engine_submit(nl_engine *e, const int32_t *prompt, int64_t n, const
     nl_req *r = nl_calloc(1, sizeof *r, "request");
     if (!r) return NL_ERR_NOMEM;
     r->s = *s;
+    r->keep_kv = keep_kv;
     int64_t want = n + (s->max_tokens > 0 ? s->max_tokens : m->arch.seq_len) + 1;
     if (want > m->arch.seq_len + 1) want = m->arch.seq_len + 1;
     if (grow((void **)&r->toks, &r->cap, want, sizeof(int32_t), "request tokens")) { req_free(r); return NL_ERR_NOMEM; }
@@ -384,11 +398,7 @@ nl_status nl_engine_submit(nl_engine *e, const int32_t *prompt, int64_t n, const
     if (e->n_waiting >= e->o.max_waiting) {
         e->st.requests_rejected++;
         rc = nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later", e->o.max_waiting);
-    } else if (grow((void **)&e->all, &e->all_cap, e->n_all + 1, sizeof(nl_req *), "request table") ||
-               /* the queue also takes back up to max_batch preempted requests */
-               (!e->waiting &&
-                !(e->waiting = nl_malloc((size_t)(e->o.max_waiting + e->o.max_batch + 1) * sizeof(nl_req *), "waiting queue"))) ||
-               (!e->running && !(e->running = nl_malloc((size_t)e->o.max_batch * sizeof(nl_req *), "running set")))) {
+    } else if (!queues_ready(e)) {
         rc = NL_ERR_NOMEM;
     }
     if (rc) {
@@ -405,6 +415,19 @@ nl_status nl_engine_submit(nl_engine *e, const int32_t *prompt, int64_t n, const
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return NL_OK;
+}
+
+nl_status nl_engine_submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl_sampling *s, uint64_t *id) {
+    return submit(e, prompt, n, s, 0, id);
+}
+
+nl_status nl_engine_submit_prefill(nl_engine *e, const int32_t *prompt, int64_t n, const nl_sampling *s, uint64_t *id) {
+    nl_sampling one;
+    if (s) one = *s;
+    else nl_sampling_default(&one);
+    one.max_tokens = 1;
+    one.n_stop = 0;  /* stop strings are the decode side's: it sees the first token again */
+    return submit(e, prompt, n, &one, 1, id);
 }
 
 /* Marks r finished (mutex held). Its blocks must already be free. */
@@ -426,7 +449,10 @@ static void remove_ptr(nl_req **arr, int64_t *n, nl_req *r) {
         }
 }
 
+static void free_blocks(nl_engine *e, nl_req *r);
+
 static void drop_req(nl_engine *e, nl_req *r) {
+    free_blocks(e, r); /* a finished prefill-only request still holds its KV */
     remove_ptr(e->all, &e->n_all, r);
     req_free(r);
 }
@@ -830,6 +856,7 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
     for (int64_t i = 0; i < e->n_waiting; i++) {
         nl_req *r = e->waiting[i];
         if (!r->cancel) continue;
+        free_blocks(e, r); /* an imported request waits holding its prompt's blocks */
         remove_ptr(e->waiting, &e->n_waiting, r);
         finish_req(e, r, NL_FINISH_CANCELLED);
         i--;
@@ -839,7 +866,7 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
     int64_t free_blocks_left = e->kv.n_free;
     while (e->n_running < e->o.max_batch && e->n_waiting > 0) {
         nl_req *r = e->waiting[0];
-        int64_t need = (r->n_toks + e->kv.block_size) / e->kv.block_size;
+        int64_t need = (r->n_toks + e->kv.block_size) / e->kv.block_size - r->n_table;
         if (need > free_blocks_left && e->n_running > 0) break;
         free_blocks_left -= need;
         memmove(e->waiting, e->waiting + 1, (size_t)(e->n_waiting - 1) * sizeof(nl_req *));
@@ -878,7 +905,7 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
             f = append_token(e, r, e->sample_tok[j]);
         }
         if (f != NL_FINISH_NONE) {
-            free_blocks(e, r);
+            if (!r->keep_kv || f == NL_FINISH_ERROR) free_blocks(e, r);
             remove_ptr(e->running, &e->n_running, r);
             finish_req(e, r, f);
         }
@@ -1038,4 +1065,134 @@ void nl_engine_stats_get(nl_engine *e, nl_engine_stats *st) {
     st->kv_block_bytes = e->kv.block_bytes;
     st->weight_bytes = e->weight_bytes;
     pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- prefill/decode disaggregation: KV export and import --------------------------------------- */
+
+nl_kv_dtype nl_engine_kv_dtype(const nl_engine *e) { return e->kv.dtype; }
+
+void nl_engine_kv_free(nl_engine_kv *kv) {
+    if (!kv) return;
+    nl_free(kv->tokens);
+    nl_free(kv->data);
+    kv->tokens = NULL;
+    kv->data = NULL;
+}
+
+nl_status nl_engine_export_kv(nl_engine *e, uint64_t id, nl_engine_kv *out) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&e->mu);
+    nl_req *r = find_req(e, id);
+    nl_status rc = NL_OK;
+    if (!r) rc = nl_fail(NL_ERR_INVALID, "engine: no request with id %llu", (unsigned long long)id);
+    else if (!r->keep_kv) rc = nl_fail(NL_ERR_INVALID, "engine: request %llu is not a prefill-only request", (unsigned long long)id);
+    else if (r->state != REQ_FINISHED) rc = nl_fail(NL_ERR_INVALID, "engine: request %llu has not finished its prefill", (unsigned long long)id);
+    else if (r->n_cached < r->n_prompt || r->n_toks != r->n_prompt + 1)
+        rc = nl_fail(NL_ERR_INVALID, "engine: request %llu ended %s without its prompt's KV%s%s", (unsigned long long)id,
+                     nl_finish_name(r->finish), r->error[0] ? ": " : "", r->error);
+    if (!rc) {
+        out->n_layers = e->kv.L;
+        out->kv_heads = e->kv.KVH;
+        out->head_dim = e->kv.hd;
+        out->dtype = e->kv.dtype;
+        out->n_tokens = r->n_prompt;
+        out->first_token = r->toks[r->n_prompt];
+        out->rng = r->rng;
+        out->data_bytes = nl_kvcache_seq_bytes(e->kv.L, e->kv.KVH, e->kv.hd, e->kv.dtype, r->n_prompt);
+        out->tokens = nl_malloc((size_t)r->n_prompt * sizeof(int32_t), "exported prompt tokens");
+        out->data = nl_malloc(out->data_bytes, "exported KV");
+        if (!out->tokens || !out->data) rc = NL_ERR_NOMEM;
+    }
+    if (!rc) {
+        memcpy(out->tokens, r->toks, (size_t)r->n_prompt * sizeof(int32_t));
+        nl_kvcache_gather(&e->kv, r->table, r->n_prompt, out->data);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (rc) nl_engine_kv_free(out);
+    return rc;
+}
+
+/* Checks an imported kv against the engine's model and pool. */
+static nl_status check_import(const nl_engine *e, const nl_engine_kv *kv) {
+    const nl_model *m = e->m;
+    if (kv->n_layers != e->kv.L || kv->kv_heads != e->kv.KVH || kv->head_dim != e->kv.hd)
+        return nl_fail(NL_ERR_INVALID, "KV import: shape %lld layers x %lld kv heads x %lld head dim, the engine's model has "
+                       "%lld x %lld x %lld", (long long)kv->n_layers, (long long)kv->kv_heads, (long long)kv->head_dim,
+                       (long long)e->kv.L, (long long)e->kv.KVH, (long long)e->kv.hd);
+    if (kv->dtype != e->kv.dtype)
+        return nl_fail(NL_ERR_INVALID, "KV import: the KV is %s, the engine's cache is %s",
+                       kv->dtype == NL_KV_INT8 ? "int8" : "fp32", e->kv.dtype == NL_KV_INT8 ? "int8" : "fp32");
+    if (kv->n_tokens < 1 || kv->n_tokens >= m->arch.seq_len)
+        return nl_fail(NL_ERR_RANGE, "KV import: %lld prompt tokens, outside [1, context %lld)", (long long)kv->n_tokens,
+                       (long long)m->arch.seq_len);
+    if (kv->data_bytes != nl_kvcache_seq_bytes(kv->n_layers, kv->kv_heads, kv->head_dim, kv->dtype, kv->n_tokens) || !kv->data)
+        return nl_fail(NL_ERR_INVALID, "KV import: %zu bytes of KV for %lld tokens, expected %zu", kv->data_bytes,
+                       (long long)kv->n_tokens, nl_kvcache_seq_bytes(kv->n_layers, kv->kv_heads, kv->head_dim, kv->dtype, kv->n_tokens));
+    for (int64_t i = 0; i <= kv->n_tokens; i++) {
+        int32_t t = i < kv->n_tokens ? kv->tokens[i] : kv->first_token;
+        if (t < 0 || t >= m->V)
+            return nl_fail(NL_ERR_INVALID, "KV import: token %d at index %lld is outside the vocabulary [0, %lld)", t,
+                           (long long)i, (long long)m->V);
+    }
+    return NL_OK;
+}
+
+nl_status nl_engine_import_kv(nl_engine *e, const nl_engine_kv *kv, const nl_sampling *s, uint64_t *id) {
+    *id = 0;
+    NL_TRY(check_import(e, kv));
+    nl_sampling sd;
+    if (!s) {
+        nl_sampling_default(&sd);
+        s = &sd;
+    }
+    NL_TRY(nl_sampling_check(s));
+    const int64_t n = kv->n_tokens, S = e->m->arch.seq_len;
+    nl_req *r = nl_calloc(1, sizeof *r, "request");
+    if (!r) return NL_ERR_NOMEM;
+    r->s = *s;
+    int64_t want = n + (s->max_tokens > 0 ? s->max_tokens : S) + 1;
+    if (want > S + 1) want = S + 1;
+    if (grow((void **)&r->toks, &r->cap, want, sizeof(int32_t), "request tokens")) { req_free(r); return NL_ERR_NOMEM; }
+    memcpy(r->toks, kv->tokens, (size_t)n * sizeof(int32_t));
+    r->n_toks = r->n_prompt = n;
+    r->rng = kv->rng;
+    r->t_submit = nl_time_s();
+    pthread_mutex_lock(&e->mu);
+    nl_status rc = NL_OK;
+    if (e->n_waiting >= e->o.max_waiting) {
+        e->st.requests_rejected++;
+        rc = nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later", e->o.max_waiting);
+    } else if (!queues_ready(e)) {
+        rc = NL_ERR_NOMEM;
+    } else if (!reserve(e, r, n)) {
+        free_blocks(e, r);
+        rc = nl_fail(NL_ERR_BUSY, "KV import: the pool has %lld free blocks, %lld tokens need %lld", (long long)e->kv.n_free,
+                     (long long)n, (long long)((n + e->kv.block_size - 1) / e->kv.block_size));
+    }
+    if (rc) {
+        pthread_mutex_unlock(&e->mu);
+        req_free(r);
+        return rc;
+    }
+    nl_kvcache_scatter(&e->kv, r->table, n, kv->data);
+    r->n_cached = n;
+    r->id = e->next_id++;
+    e->all[e->n_all++] = r;
+    e->st.requests_submitted++;
+    nl_finish f = append_token(e, r, kv->first_token);
+    if (f != NL_FINISH_NONE) { /* done with its first token: finished here (no event: read it) */
+        free_blocks(e, r);
+        r->state = REQ_FINISHED;
+        r->finish = f;
+        r->text_final = r->text_len;
+        r->t_finish = nl_time_s();
+        e->st.requests_finished++;
+    } else {
+        r->state = REQ_WAITING; /* holding its prompt's blocks; admission counts only what it lacks */
+        e->waiting[e->n_waiting++] = r;
+    }
+    *id = r->id;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return NL_OK;
 }

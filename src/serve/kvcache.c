@@ -139,3 +139,40 @@ void nl_kvcache_attend_head(const nl_kvcache *c, const int32_t *table, int64_t l
         }
     }
 }
+
+size_t nl_kvcache_seq_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, int64_t n_tokens) {
+    size_t rows = (size_t)L * 2 * (size_t)n_tokens;
+    if (dt == NL_KV_INT8) return rows * (size_t)(KVH * hd) + rows * (size_t)KVH * sizeof(uint16_t);
+    return rows * (size_t)(KVH * hd) * sizeof(float);
+}
+
+/* One walk for both directions: to_pool 0 copies pool -> buf, 1 copies buf -> pool. */
+static void seq_copy(const nl_kvcache *c, const int32_t *table, int64_t n, uint8_t *buf, int to_pool) {
+    const int64_t kvd = c->KVH * c->hd;
+    const size_t row_bytes = c->dtype == NL_KV_INT8 ? (size_t)kvd : (size_t)kvd * sizeof(float);
+    const size_t scale_bytes = (size_t)c->KVH * sizeof(uint16_t);
+    uint8_t *scales = buf + (size_t)(c->L * 2 * n) * row_bytes; /* int8 only */
+    for (int64_t l = 0; l < c->L; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = 0; t < n; t++) {
+                int32_t id = table[t / c->block_size];
+                int64_t slot = t % c->block_size, r = (l * 2 + kv) * n + t;
+                uint8_t *b = buf + (size_t)r * row_bytes;
+                uint8_t *p = c->dtype == NL_KV_INT8 ? (uint8_t *)nl_kvcache_codes_row(c, id, l, kv, slot)
+                                                    : (uint8_t *)nl_kvcache_f32_row(c, id, l, kv, slot);
+                if (to_pool) memcpy(p, b, row_bytes);
+                else memcpy(b, p, row_bytes);
+                if (c->dtype != NL_KV_INT8) continue;
+                uint8_t *sb = scales + (size_t)r * scale_bytes, *sp = (uint8_t *)nl_kvcache_scales_row(c, id, l, kv, slot);
+                if (to_pool) memcpy(sp, sb, scale_bytes);
+                else memcpy(sb, sp, scale_bytes);
+            }
+}
+
+void nl_kvcache_gather(const nl_kvcache *c, const int32_t *table, int64_t n_tokens, uint8_t *dst) {
+    seq_copy(c, table, n_tokens, dst, 0);
+}
+
+void nl_kvcache_scatter(nl_kvcache *c, const int32_t *table, int64_t n_tokens, const uint8_t *src) {
+    seq_copy(c, table, n_tokens, (uint8_t *)src, 1);
+}

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "nanolm/http_request.h"
+#include "nanolm/kv_transfer.h"
 #include "nanolm/server_metrics.h"
 
 #define RATE_WINDOW 40 /* samples of the generated-token counter, >= 0.25 s apart: ~10 s */
@@ -39,6 +40,10 @@ struct nl_server {
     double rate_t[RATE_WINDOW];
     int64_t rate_tok[RATE_WINDOW];
     int rate_n, rate_head;
+    int64_t kv_transfers;      /* decode role: prompts whose KV came from the prefill server */
+    int64_t kv_bytes_in;       /* their K/V bytes (2 x layers x kv heads x head dim x bytes x tokens) */
+    int64_t kv_msg_bytes_in;   /* whole answers: headers, prompt tokens and K/V */
+    double kv_transfer_s;      /* summed time from sending a prompt to its KV being imported */
 };
 
 void nl_server_opts_default(nl_server_opts *o) {
@@ -214,6 +219,28 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) { completion_free(cls); }
 
+/* Decode role: the prompt is prefilled by the prefill server and its KV imported into this
+ * engine, which decodes from there. Same errors as nl_engine_submit, plus the transfer's. */
+static nl_status remote_submit(nl_server *s, const int32_t *ids, int64_t n, const nl_sampling *sp, uint64_t *id) {
+    nl_kvx_shape sh;
+    nl_kvx_shape_of(s->eng, &sh);
+    nl_engine_kv kv;
+    size_t moved = 0;
+    double t0 = nl_time_s();
+    NL_TRY(nl_kvx_remote_prefill(s->o.prefill_addr, &sh, ids, n, sp, &kv, &moved));
+    nl_status rc = nl_engine_import_kv(s->eng, &kv, sp, id);
+    if (!rc) {
+        pthread_mutex_lock(&s->mu);
+        s->kv_transfers++;
+        s->kv_bytes_in += (int64_t)kv.data_bytes;
+        s->kv_msg_bytes_in += (int64_t)moved;
+        s->kv_transfer_s += nl_time_s() - t0;
+        pthread_mutex_unlock(&s->mu);
+    }
+    nl_engine_kv_free(&kv);
+    return rc;
+}
+
 /* Parses, submits and answers one POST /v1/completions. */
 static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const char *body, size_t bytes,
                                    double t_arrival) {
@@ -286,9 +313,11 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
             goto out;
         }
     uint64_t id = 0;
-    nl_status rc = nl_engine_submit(s->eng, ids, n, &sp, &id);
+    /* a prompt that fills the whole context has no room for a transferred first token: here */
+    nl_status rc = s->o.prefill_addr && n < arch->seq_len ? remote_submit(s, ids, n, &sp, &id)
+                                                          : nl_engine_submit(s->eng, ids, n, &sp, &id);
     if (rc) {
-        int status = rc == NL_ERR_BUSY ? 429 : rc == NL_ERR_NOMEM ? 500 : 400;
+        int status = rc == NL_ERR_BUSY ? 429 : rc == NL_ERR_NOMEM ? 500 : rc == NL_ERR_IO || rc == NL_ERR_FORMAT ? 502 : 400;
         nl_http_error_set(&err, status, rc == NL_ERR_BUSY ? NULL : "prompt", "%s", nl_last_error());
         ret = send_error(s, c, &err);
         goto out;
@@ -374,6 +403,22 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
     m.tokens_per_s = rate;
     nl_http_buf b = {0};
     nl_serve_metrics_text(&m, &b);
+    if (s->o.prefill_addr) {
+        char extra[1024];
+        pthread_mutex_lock(&s->mu);
+        int k = snprintf(extra, sizeof extra,
+                         "# HELP nanolm_kv_transfers_total Prompts prefilled by the prefill server and imported here.\n"
+                         "# TYPE nanolm_kv_transfers_total counter\nnanolm_kv_transfers_total %lld\n"
+                         "# HELP nanolm_kv_transfer_bytes_total K/V bytes received from the prefill server.\n"
+                         "# TYPE nanolm_kv_transfer_bytes_total counter\nnanolm_kv_transfer_bytes_total %lld\n"
+                         "# HELP nanolm_kv_transfer_message_bytes_total Bytes of the prefill answers (headers, tokens, K/V).\n"
+                         "# TYPE nanolm_kv_transfer_message_bytes_total counter\nnanolm_kv_transfer_message_bytes_total %lld\n"
+                         "# HELP nanolm_kv_transfer_seconds_total Time from sending prompts to their KV imported.\n"
+                         "# TYPE nanolm_kv_transfer_seconds_total counter\nnanolm_kv_transfer_seconds_total %.17g\n",
+                         (long long)s->kv_transfers, (long long)s->kv_bytes_in, (long long)s->kv_msg_bytes_in, s->kv_transfer_s);
+        pthread_mutex_unlock(&s->mu);
+        if (k > 0) nl_http_buf_append(&b, extra, (size_t)k);
+    }
     enum MHD_Result r = send_buf(c, 200, "text/plain; version=0.0.4", b.data ? b.data : "", b.len);
     nl_http_buf_free(&b);
     return r;

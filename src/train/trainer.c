@@ -350,7 +350,8 @@ nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d
         int64_t tokens = accum * B * T;
         rec.tokens_per_s = (double)tokens / dt;
         t->tokens_done += tokens;
-        int stop = o->stop && *o->stop;
+        int stop = o->stop ? *o->stop : 0;
+        if (o->stop && L && L->agree_stop) NL_TRY(L->agree_stop(L->user, &stop)); /* the same step on every rank */
         if ((o->eval_every > 0 && t->step % o->eval_every == 0) || t->step == last || stop) {
             if (!L || L->eval) {
                 double vl;
@@ -369,7 +370,7 @@ nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d
         t->log[t->n_log++] = rec;
         if (cb) cb(user, &rec, o);
         if (stop) {
-            t->stopped = 1;
+            t->stopped = stop;
             break;
         }
     }
