@@ -654,8 +654,16 @@ static nl_status forward(nl_engine *e, int64_t n, int64_t n_out) {
     e->n_rows = n;
     const double macs = (double)n * (double)e->weight_macs;
     const int nt = macs >= SERIAL_STEP_MACS ? e->n_thr : 1;
+    /* The building blocks called inside (norm, RoPE, SwiGLU, token quantization) have parallel
+     * loops of their own: they must run on the calling thread. A team of one is an inactive
+     * region, under which they would start teams of their own (measured: stories260K's 44
+     * tokens took over a minute on a loaded machine instead of 0.3 s), so a one-thread step
+     * allows no active region at all. */
+    const int saved = omp_get_max_active_levels();
+    omp_set_max_active_levels(nt > 1 ? 1 : 0);
 #pragma omp parallel num_threads(nt)
     step_thread(&c);
+    omp_set_max_active_levels(saved);
     if (c.rc) return nl_fail(c.rc, "%s", c.err);
     return NL_OK;
 }

@@ -88,7 +88,21 @@ void nl_kvcache_attend_head(const nl_kvcache *c, const int32_t *table, int64_t l
         const int64_t kh = h / group;
         const float *qh = q + h * hd;
         float mx = -INFINITY;
-        for (int64_t t = 0; t <= pos; t++) {
+        int64_t t = 0;
+        if (!int8) /* 8 positions at a time: 8 independent sums, each still over i in order */
+            for (; t + 8 <= pos + 1; t += 8) {
+                const float *k[8];
+                float sc[8] = {0};
+                for (int j = 0; j < 8; j++)
+                    k[j] = nl_kvcache_f32_row(c, table[(t + j) / bs], l, 0, (t + j) % bs) + kh * hd;
+                for (int64_t i = 0; i < hd; i++)
+                    for (int j = 0; j < 8; j++) sc[j] += qh[i] * k[j][i];
+                for (int j = 0; j < 8; j++) {
+                    a[t + j] = sc[j] * scale;
+                    if (a[t + j] > mx) mx = a[t + j];
+                }
+            }
+        for (; t <= pos; t++) {
             int32_t id = table[t / bs];
             int64_t slot = t % bs;
             float sc = 0.0f;
