@@ -53,13 +53,10 @@ struct nl_engine {
     nl_kvcache kv;
     /* step buffers, sized for max_step_tokens rows */
     int64_t rows_cap;
-    float *x, *qkv, *atty, *h13, *xo, *logits; /* x: one allocation holding every float buffer */
-    struct step_thr *thr;     /* (n_thr) per-thread state of the step's parallel region */
-    int n_thr;
+    float *x, *xb, *qkv, *atty, *h13, *hact, *rstd, *logits, *scratch;
     int32_t *row_tok, *sample_tok;
     int64_t *row_pos, *out_rows;
     nl_req **row_req, **out_req;
-    int64_t n_rows;           /* rows of this step */
     int64_t n_decode_rows;    /* of this step's rows, how many are decodes */
     nl_req **touched;         /* requests with news this step (events, releases) */
     int64_t n_touched;
@@ -119,26 +116,13 @@ static nl_status check_opts(const nl_engine_opts *o) {
     return NL_OK;
 }
 
-/* Per-thread state of a step: private copies of the residual stream (every thread keeps the
- * whole x and computes the same bits from it, so norms and residual adds need no barrier). */
-typedef struct step_thr {
-    float *x, *xb;       /* (R, C) residual stream, normed input */
-    float *hact;         /* (R, H) SwiGLU output */
-    float *rstd;         /* (R) */
-    float *scratch;      /* (seq_len + 16) attention scores */
-    nl_mv_act act;       /* the input of the current matvec, prepared (int8: quantized) */
-    int ok;              /* act is usable (its preparation did not fail) */
-} step_thr;
-
 static nl_status alloc_buffers(nl_engine *e) {
     const nl_model *m = e->m;
     int64_t R = e->rows_cap = e->o.max_step_tokens;
-    int nt = e->n_thr = e->o.threads > 0 ? e->o.threads : omp_get_max_threads();
-    const int64_t C = m->C, H = m->H, S = m->arch.seq_len;
-    size_t shared = (size_t)(R * (m->QKV + m->NH * m->hd + 2 * H + C + m->V));
-    size_t per_thr = (size_t)(R * (2 * C + H + 1) + S + 16);
-    e->x = nl_malloc((shared + (size_t)nt * per_thr) * sizeof(float), "engine step buffers");
-    e->thr = nl_calloc((size_t)nt, sizeof(step_thr), "engine thread state");
+    int nt = e->o.threads > 0 ? e->o.threads : omp_get_max_threads();
+    size_t floats = (size_t)(R * (m->C * 2 + m->QKV + m->NH * m->hd + 3 * m->H + 1 + m->V));
+    size_t scratch = (size_t)nt * (size_t)(m->arch.seq_len + 16);
+    e->x = nl_malloc((floats + scratch) * sizeof(float), "engine step buffers");
     e->row_tok = nl_malloc((size_t)R * 2 * sizeof(int32_t), "engine row tokens");
     e->row_pos = nl_malloc((size_t)R * 2 * sizeof(int64_t), "engine row positions");
     e->row_req = nl_malloc((size_t)R * 2 * sizeof(nl_req *), "engine row requests");
@@ -146,22 +130,16 @@ static nl_status alloc_buffers(nl_engine *e) {
     e->sample_err = nl_malloc((size_t)R * 256, "engine sample errors");
     e->touched = nl_malloc((size_t)(R + 2 * (int64_t)e->o.max_waiting + 2 * e->o.max_batch + 1) * sizeof(nl_req *),
                            "engine touched list");
-    if (!e->x || !e->thr || !e->row_tok || !e->row_pos || !e->row_req || !e->sample_rc || !e->sample_err || !e->touched)
-        return NL_ERR_NOMEM;
-    float *p = e->x;
+    if (!e->x || !e->row_tok || !e->row_pos || !e->row_req || !e->sample_rc || !e->sample_err || !e->touched) return NL_ERR_NOMEM;
+    float *p = e->x + R * m->C;
+    e->xb = p; p += R * m->C;
     e->qkv = p; p += R * m->QKV;
     e->atty = p; p += R * m->NH * m->hd;
-    e->h13 = p; p += R * 2 * H;
-    e->xo = p; p += R * C;
+    e->h13 = p; p += R * 2 * m->H;
+    e->hact = p; p += R * m->H;
+    e->rstd = p; p += R;
     e->logits = p; p += R * m->V;
-    for (int t = 0; t < nt; t++) {
-        step_thr *th = &e->thr[t];
-        th->x = p; p += R * C;
-        th->xb = p; p += R * C;
-        th->hact = p; p += R * H;
-        th->rstd = p; p += R;
-        th->scratch = p; p += S + 16;
-    }
+    e->scratch = p;
     e->sample_tok = e->row_tok + R;
     e->out_rows = e->row_pos + R;
     e->out_req = e->row_req + R;
@@ -299,8 +277,6 @@ void nl_engine_close(nl_engine *e) {
         for (int64_t i = 0; e->m && i <= 4 * e->m->L; i++) nl_mv_weight_free(&e->w[i]);
     nl_free(e->w);
     nl_kvcache_free(&e->kv);
-    for (int t = 0; e->thr && t < e->n_thr; t++) nl_mv_act_free(&e->thr[t].act);
-    nl_free(e->thr);
     nl_free(e->x);
     nl_free(e->row_tok);
     nl_free(e->row_pos);
@@ -484,165 +460,9 @@ void nl_engine_release(nl_engine *e, uint64_t id) {
 
 /* ---- the batched forward ----------------------------------------------------------------------
  * rows: n tokens row_tok[i] at positions row_pos[i] of sequences row_req[i] (their blocks already
- * allocated); logits (n_out, V) for rows out_rows[0..n_out). Every row is computed alone.
- *
- * One OpenMP parallel region per step. Each thread keeps its own copy of the residual stream
- * (computed identically, so norms, residual adds and SwiGLU need no barrier) and each matvec's
- * output rows are split over the threads; a layer has four barriers: after q/k/v + attention
- * (split by kv-head group, so a thread attends with the q, k and v rows it computed), after
- * the output projection, after gate/up and after down. Every output element is computed by the
- * same code whatever thread or row split computes it (matvec.h), so the step stays batch
- * invariant. */
+ * allocated); logits (n_out, V) for rows out_rows[0..n_out). Every row is computed alone. */
 
-typedef struct step_ctx {
-    nl_engine *e;
-    int64_t n, n_out;
-    nl_status rc;      /* the first error of any thread, and its message */
-    char err[512];
-} step_ctx;
-
-static void step_fail(step_ctx *c, nl_status rc) {
-#pragma omp critical(nl_engine_step_fail)
-    if (!c->rc) {
-        c->rc = rc;
-        snprintf(c->err, sizeof c->err, "%s", nl_last_error());
-    }
-}
-
-/* Prepares th->act for w on x (M rows); 0 on success (an error is recorded in c). */
-static int prep(step_ctx *c, step_thr *th, const nl_mv_weight *w, const float *x, int64_t M) {
-    nl_status rc = nl_mv_act_prepare(&th->act, w, x, M);
-    if (rc) step_fail(c, rc);
-    /* NaN/inf (int8) still leaves every code written; a failed allocation leaves nothing */
-    th->ok = rc == NL_OK || (th->act.M == M && th->act.cap_codes >= (size_t)(M * th->act.kp) && th->act.cap_tokens >= (size_t)M);
-    return rc != NL_OK;
-}
-
-/* y (M, N) = act . W^T, the rows split over the team in blocks of 16 (static: a thread streams
- * one contiguous part of W); ends with the team's barrier. */
-static void mv_split(const nl_mv_weight *w, const step_thr *th, float *y) {
-    const int64_t N = w->rows, nb = (N + 15) / 16;
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < nb; b++)
-        if (th->ok) nl_mv_forward_range(w, &th->act, y, b * 16, (b + 1) * 16 < N ? (b + 1) * 16 : N);
-}
-
-/* RoPE of head h of row i (in qkv) at its position. */
-static void rope_head(const nl_engine *e, int64_t i, int64_t h) {
-    const nl_model *m = e->m;
-    const int64_t half = m->hd / 2, pos = e->row_pos[i];
-    nl_rope_apply(e->qkv + i * m->QKV + h * m->hd, m->rope_cos + pos * half, m->rope_sin + pos * half, 1, 1, 1, m->hd,
-                  m->hd, 0);
-}
-
-/* Stores k and v of kv head g of row i in the paged cache (int8: quantized per head, as
- * nl_kvcache_store does for all heads). */
-static void store_head(nl_engine *e, int64_t l, int64_t i, int64_t g) {
-    const nl_model *m = e->m;
-    const nl_kvcache *kv = &e->kv;
-    const float *k = e->qkv + i * m->QKV + (m->NH + g) * m->hd, *v = k + m->KVH * m->hd;
-    int32_t id = e->row_req[i]->table[e->row_pos[i] / kv->block_size];
-    int64_t slot = e->row_pos[i] % kv->block_size;
-    if (kv->dtype == NL_KV_INT8) {
-        nl_kv_quantize_token(nl_kvcache_codes_row(kv, id, l, 0, slot) + g * m->hd, nl_kvcache_scales_row(kv, id, l, 0, slot) + g,
-                             k, 1, m->hd);
-        nl_kv_quantize_token(nl_kvcache_codes_row(kv, id, l, 1, slot) + g * m->hd, nl_kvcache_scales_row(kv, id, l, 1, slot) + g,
-                             v, 1, m->hd);
-    } else {
-        memcpy(nl_kvcache_f32_row(kv, id, l, 0, slot) + g * m->hd, k, (size_t)m->hd * sizeof(float));
-        memcpy(nl_kvcache_f32_row(kv, id, l, 1, slot) + g * m->hd, v, (size_t)m->hd * sizeof(float));
-    }
-}
-
-/* Bias, RoPE and cache store of kv-head group g (its q heads and kv head g) for every row. */
-static void post_qkv_group(nl_engine *e, int64_t l, int64_t g) {
-    const nl_model *m = e->m;
-    const int64_t group = m->NH / m->KVH, hd = m->hd, QKV = m->QKV;
-    const float *b = m->w.layers[l].bqkv; /* Qwen2's q/k/v biases */
-    for (int64_t i = 0; i < e->n_rows; i++) {
-        float *q = e->qkv + i * QKV;
-        if (b) {
-            const int64_t r0[3] = {g * group * hd, (m->NH + g) * hd, (m->NH + m->KVH + g) * hd};
-            const int64_t len[3] = {group * hd, hd, hd};
-            for (int s = 0; s < 3; s++)
-                for (int64_t j = 0; j < len[s]; j++) q[r0[s] + j] += b[r0[s] + j];
-        }
-        for (int64_t h = g * group; h < (g + 1) * group; h++) rope_head(e, i, h);
-        rope_head(e, i, m->NH + g);
-        store_head(e, l, i, g);
-    }
-}
-
-/* Attention of query head h of row i into atty. */
-static void attend(nl_engine *e, step_thr *th, int64_t l, int64_t i, int64_t h) {
-    const nl_model *m = e->m;
-    nl_kvcache_attend_head(&e->kv, e->row_req[i]->table, l, e->row_pos[i], e->qkv + i * m->QKV, m->NH, h,
-                           e->atty + (i * m->NH + h) * m->hd, th->scratch);
-}
-
-/* q/k/v projection, RoPE, cache store and attention of layer l (th->act holds the normed input).
- * With at least as many kv heads as threads, a thread does all of it for whole kv-head groups
- * (the q rows of the group's heads, its k and v rows) and needs no barrier until the end. */
-static void qkv_attention(step_ctx *c, step_thr *th, int64_t l) {
-    nl_engine *e = c->e;
-    const nl_model *m = e->m;
-    const nl_mv_weight *w = &e->w[4 * l];
-    const int64_t group = m->NH / m->KVH, hd = m->hd, n = c->n;
-    if (m->KVH >= omp_get_num_threads()) {
-#pragma omp for schedule(static)
-        for (int64_t g = 0; g < m->KVH; g++) {
-            if (!th->ok) continue;
-            nl_mv_forward_range(w, &th->act, e->qkv, g * group * hd, (g + 1) * group * hd);
-            nl_mv_forward_range(w, &th->act, e->qkv, (m->NH + g) * hd, (m->NH + g + 1) * hd);
-            nl_mv_forward_range(w, &th->act, e->qkv, (m->NH + m->KVH + g) * hd, (m->NH + m->KVH + g + 1) * hd);
-            post_qkv_group(e, l, g);
-            for (int64_t i = 0; i < n; i++)
-                for (int64_t h = g * group; h < (g + 1) * group; h++) attend(e, th, l, i, h);
-        }
-        return;
-    }
-    mv_split(w, th, e->qkv);
-#pragma omp for schedule(static)
-    for (int64_t g = 0; g < m->KVH; g++)
-        if (th->ok) post_qkv_group(e, l, g);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t p = 0; p < n * m->NH; p++) attend(e, th, l, p / m->NH, p % m->NH);
-}
-
-/* The body of the step's parallel region (every thread runs it). */
-static void step_thread(step_ctx *c) {
-    nl_engine *e = c->e;
-    const nl_model *m = e->m;
-    const int64_t C = m->C, H = m->H, n = c->n;
-    const float eps = (float)m->arch.norm_eps;
-    step_thr *th = &e->thr[omp_get_thread_num()];
-    for (int64_t i = 0; i < n; i++)
-        memcpy(th->x + i * C, m->w.embed + (int64_t)e->row_tok[i] * C, (size_t)C * sizeof(float));
-    for (int64_t l = 0; l < m->L; l++) {
-        const nl_layer_weights *lw = &m->w.layers[l];
-        if (l > 0) /* the previous layer's down projection */
-            for (int64_t i = 0; i < n * C; i++) th->x[i] += e->xo[i];
-        nl_rmsnorm_forward(th->xb, th->rstd, th->x, lw->rms_att, n, C, eps);
-        prep(c, th, &e->w[4 * l + 0], th->xb, n);
-        qkv_attention(c, th, l);
-        prep(c, th, &e->w[4 * l + 1], e->atty, n);
-        mv_split(&e->w[4 * l + 1], th, e->xo);
-        for (int64_t i = 0; i < n * C; i++) th->x[i] += e->xo[i];
-        nl_rmsnorm_forward(th->xb, th->rstd, th->x, lw->rms_ffn, n, C, eps);
-        prep(c, th, &e->w[4 * l + 2], th->xb, n);
-        mv_split(&e->w[4 * l + 2], th, e->h13);
-        nl_swiglu_forward(th->hact, e->h13, n, H);
-        prep(c, th, &e->w[4 * l + 3], th->hact, n);
-        mv_split(&e->w[4 * l + 3], th, e->xo);
-    }
-    for (int64_t i = 0; i < n * C; i++) th->x[i] += e->xo[i];
-    if (!c->n_out) return;
-    /* final norm of the rows that sample, gathered, then the classifier */
-    for (int64_t j = 0; j < c->n_out; j++)
-        nl_rmsnorm_forward(th->xb + j * C, th->rstd + j, th->x + e->out_rows[j] * C, m->w.rms_final, 1, C, eps);
-    prep(c, th, &e->w[4 * m->L], th->xb, c->n_out);
-    mv_split(&e->w[4 * m->L], th, e->logits);
-}
+static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out);
 
 /* Below this many multiply-adds a step runs on one thread: waking a second one costs more than
  * it saves, and on a loaded machine a barrier waits for a descheduled thread (measured: the
@@ -650,21 +470,57 @@ static void step_thread(step_ctx *c) {
 #define SERIAL_STEP_MACS 2000000.0
 
 static nl_status forward(nl_engine *e, int64_t n, int64_t n_out) {
-    step_ctx c = {.e = e, .n = n, .n_out = n_out};
-    e->n_rows = n;
-    const double macs = (double)n * (double)e->weight_macs;
-    const int nt = macs >= SERIAL_STEP_MACS ? e->n_thr : 1;
-    /* The building blocks called inside (norm, RoPE, SwiGLU, token quantization) have parallel
-     * loops of their own: they must run on the calling thread. A team of one is an inactive
-     * region, under which they would start teams of their own (measured: stories260K's 44
-     * tokens took over a minute on a loaded machine instead of 0.3 s), so a one-thread step
-     * allows no active region at all. */
-    const int saved = omp_get_max_active_levels();
-    omp_set_max_active_levels(nt > 1 ? 1 : 0);
-#pragma omp parallel num_threads(nt)
-    step_thread(&c);
+    double macs = (double)n * (double)e->weight_macs;
+    if (macs >= SERIAL_STEP_MACS) return forward_rows(e, n, n_out);
+    int saved = omp_get_max_active_levels();
+    omp_set_max_active_levels(0); /* every parallel region of this thread runs on one thread */
+    nl_status rc = forward_rows(e, n, n_out);
     omp_set_max_active_levels(saved);
-    if (c.rc) return nl_fail(c.rc, "%s", c.err);
+    return rc;
+}
+
+static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
+    const nl_model *m = e->m;
+    const int64_t C = m->C, NH = m->NH, KVH = m->KVH, hd = m->hd, H = m->H, QKV = m->QKV, half = hd / 2;
+    const int64_t S = m->arch.seq_len;
+    const float eps = (float)m->arch.norm_eps;
+    const int nt = e->o.threads;
+    for (int64_t i = 0; i < n; i++)
+        memcpy(e->x + i * C, m->w.embed + (int64_t)e->row_tok[i] * C, (size_t)C * sizeof(float));
+    for (int64_t l = 0; l < m->L; l++) {
+        const nl_layer_weights *lw = &m->w.layers[l];
+        nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_att, n, C, eps);
+        NL_TRY(nl_mv_forward(&e->w[4 * l + 0], e->xb, n, e->qkv, nt));
+        if (lw->bqkv) nl_add_bias(e->qkv, lw->bqkv, n, QKV); /* Qwen2's q/k/v biases */
+        for (int64_t i = 0; i < n; i++) {
+            float *q = e->qkv + i * QKV;
+            nl_rope_apply(q, m->rope_cos + e->row_pos[i] * half, m->rope_sin + e->row_pos[i] * half, 1, 1, NH + KVH, hd,
+                          QKV, 0);
+            nl_kvcache_store(&e->kv, e->row_req[i]->table, l, e->row_pos[i], q + NH * hd, q + (NH + KVH) * hd);
+        }
+        const int64_t pairs = n * NH;
+#pragma omp parallel num_threads(nt > 0 ? nt : omp_get_max_threads())
+        {
+            float *scratch = e->scratch + (int64_t)omp_get_thread_num() * (S + 16);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t p = 0; p < pairs; p++) {
+                int64_t i = p / NH, h = p % NH;
+                nl_kvcache_attend_head(&e->kv, e->row_req[i]->table, l, e->row_pos[i], e->qkv + i * QKV, NH, h,
+                                       e->atty + i * NH * hd + h * hd, scratch);
+            }
+        }
+        NL_TRY(nl_mv_forward(&e->w[4 * l + 1], e->atty, n, e->xb, nt));
+        for (int64_t i = 0; i < n * C; i++) e->x[i] += e->xb[i];
+        nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_ffn, n, C, eps);
+        NL_TRY(nl_mv_forward(&e->w[4 * l + 2], e->xb, n, e->h13, nt));
+        nl_swiglu_forward(e->hact, e->h13, n, H);
+        NL_TRY(nl_mv_forward(&e->w[4 * l + 3], e->hact, n, e->xb, nt));
+        for (int64_t i = 0; i < n * C; i++) e->x[i] += e->xb[i];
+    }
+    /* final norm of the rows that sample, gathered, then the classifier */
+    for (int64_t j = 0; j < n_out; j++)
+        nl_rmsnorm_forward(e->xb + j * C, e->rstd + j, e->x + e->out_rows[j] * C, m->w.rms_final, 1, C, eps);
+    if (n_out) NL_TRY(nl_mv_forward(&e->w[4 * m->L], e->xb, n_out, e->logits, nt));
     return NL_OK;
 }
 
