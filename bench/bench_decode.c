@@ -173,7 +173,8 @@ int main(void) {
     double bw[3] = {0, read_bandwidth(nbuf, 1, 5, 0), read_bandwidth(nbuf, 2, 5, 0)};
     double plain1 = read_bandwidth(nbuf, 1, 3, 1), plain2 = read_bandwidth(nbuf, 2, 3, 1);
     printf("read bandwidth (1 GiB, each thread its own first-touched half, best of 5): 1 thread %.1f GB/s, "
-           "2 threads %.1f GB/s\n", bw[1], bw[2]);
+           "2 threads %.1f GB/s\n",
+           bw[1], bw[2]);
     printf("  (plain 32-accumulator loop, best of 3: 1 thread %.1f GB/s, 2 threads %.1f GB/s)\n", plain1, plain2);
     /* the roofline of a thread count is the best read any probe achieved with that many threads
      * or fewer: two threads can always read at least what one does */
@@ -208,8 +209,8 @@ int main(void) {
             for (int r = 0; r < 3; r++) t[r] = run_streams(e, 1);
             double tps = median(t, 3), roof = bw[th] * 1e9 / bytes, share = tps / roof;
             double target = f == NL_WFMT_INT8 ? 0.60 : 0.80;
-            printf("%-7s %-8d %12.1f %14.1f %12.1f %10.2f %8.2f%s\n", nl_wfmt_name((nl_wfmt)f), th, bytes / 1e6, roof, tps,
-                   share, target, share >= target ? "" : "  (below target)");
+            printf("%-7s %-8d %12.1f %14.1f %12.1f %10.2f %8.2f%s\n", nl_wfmt_name((nl_wfmt)f), th, bytes / 1e6, roof,
+                   tps, share, target, share >= target ? "" : "  (below target)");
             if (f == NL_WFMT_FP32 && th == 2) one_stream_fp32_2t = tps;
             fail |= share < target;
             nl_engine_close(e);

@@ -27,7 +27,10 @@ static int run_size(size_t n, int inner) {
     float *x = nl_malloc(n * sizeof(float), "bench input");
     float *copy = nl_malloc(n * sizeof(float), "bench memcpy target");
     void *codes = nl_malloc(n * sizeof(float), "bench codes");
-    if (!x || !copy || !codes) { fprintf(stderr, "bench_formats: %s\n", nl_last_error()); return 1; }
+    if (!x || !copy || !codes) {
+        fprintf(stderr, "bench_formats: %s\n", nl_last_error());
+        return 1;
+    }
     nl_rng r;
     nl_rng_seed(&r, 1);
     for (size_t i = 0; i < n; i++) x[i] = (float)(nl_rng_normal(&r) * ldexp(1.0, (int)nl_rng_below(&r, 16) - 8));
@@ -64,8 +67,8 @@ static int run_size(size_t n, int inner) {
         }
     }
     double t_memcpy = median(tm, REPS);
-    printf("%zu values (%.1f MiB of fp32), median of %d repetitions x %d, single thread\n", n,
-           n * 4.0 / (1 << 20), REPS, inner);
+    printf("%zu values (%.1f MiB of fp32), median of %d repetitions x %d, single thread\n", n, n * 4.0 / (1 << 20),
+           REPS, inner);
     printf("  %-14s %-11s %12s %10s %8s\n", "conversion", "kernel", "Gvalues/s", "x memcpy", "target");
     printf("  %-14s %-11s %12.3f %10s\n", "memcpy (fp32)", "libc", n / t_memcpy * 1e-9, "1.00");
     for (int j = 0; j < nj; j++) {
@@ -74,8 +77,10 @@ static int run_size(size_t n, int inner) {
         snprintf(name, sizeof name, "fp32->%s", nl_fmt_name(jobs[j].f));
         nl_fmt_kernel k = jobs[j].k == NL_FMT_KERNEL_AUTO ? nl_fmt_kernel_auto(jobs[j].f) : jobs[j].k;
         double ratio = t_memcpy / t;
-        if (jobs[j].target > 0) snprintf(tg, sizeof tg, ">=%.2f %s", jobs[j].target, ratio >= jobs[j].target ? "ok" : "MISSED");
-        printf("  %-14s %-11s %12.3f %10.2f%s%s\n", name, nl_fmt_kernel_name(k), n / t * 1e-9, ratio, *tg ? "  " : "", tg);
+        if (jobs[j].target > 0)
+            snprintf(tg, sizeof tg, ">=%.2f %s", jobs[j].target, ratio >= jobs[j].target ? "ok" : "MISSED");
+        printf("  %-14s %-11s %12.3f %10.2f%s%s\n", name, nl_fmt_kernel_name(k), n / t * 1e-9, ratio, *tg ? "  " : "",
+               tg);
     }
     (void)sink;
     nl_free(x);
@@ -86,7 +91,7 @@ static int run_size(size_t n, int inner) {
 
 int main(void) {
     printf("bench_formats: bulk fp32 -> code conversion vs memcpy of the same input bytes\n");
-    int rc = run_size((size_t)1 << 16, 200);   /* 256 KiB: stays in L2 */
-    rc |= run_size((size_t)1 << 24, 3);        /* 64 MiB: streams from memory */
+    int rc = run_size((size_t)1 << 16, 200); /* 256 KiB: stays in L2 */
+    rc |= run_size((size_t)1 << 24, 3);      /* 64 MiB: streams from memory */
     return rc;
 }

@@ -33,7 +33,10 @@ static int run_shape(int64_t M, int64_t N, int64_t K, int with_reference) {
     double t[4][REPS];
     for (int rep = 0; rep < REPS; rep++)
         for (int j = 0; j < njobs; j++) {
-            if (j == 3 && rep >= 3) { t[j][rep] = t[j][rep % 3]; continue; } /* slow: 3 repetitions */
+            if (j == 3 && rep >= 3) {
+                t[j][rep] = t[j][rep % 3];
+                continue;
+            } /* slow: 3 repetitions */
             nl_fp8_gemm_opts o;
             nl_fp8_gemm_opts_default(&o); /* block scaling, 14 bits, groups of 32, promote 128 */
             if (j == 0) o.acc.bits = 0;

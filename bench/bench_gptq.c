@@ -47,13 +47,19 @@ int main(void) {
     double *a = nl_malloc((size_t)N * N * sizeof(double), "bench dgemm A");
     double *c = nl_malloc((size_t)N * N * sizeof(double), "bench dgemm C");
     float *wq = nl_malloc((size_t)N * N * sizeof(float), "bench w_hat");
-    if (!w || !x || !a || !c || !wq) { fprintf(stderr, "bench_gptq: %s\n", nl_last_error()); return 1; }
-    for (size_t i = 0; i < (size_t)N * N; i++) { w[i] = (float)(0.02 * nl_rng_normal(&rng)); a[i] = nl_rng_double(&rng) - 0.5; }
+    if (!w || !x || !a || !c || !wq) {
+        fprintf(stderr, "bench_gptq: %s\n", nl_last_error());
+        return 1;
+    }
+    for (size_t i = 0; i < (size_t)N * N; i++) {
+        w[i] = (float)(0.02 * nl_rng_normal(&rng));
+        a[i] = nl_rng_double(&rng) - 0.5;
+    }
     printf("bench_gptq: W 4096x4096, int4 group 128, block 128; calibration 128 segments x 2048 tokens\n");
     printf("  (X = 262,144 tokens x 4096 features); Hessian timed on %d segment(s) and projected to 128;\n", segs);
     printf("  solve = median of %d; baseline cblas_dgemm 4096^3 in the same run\n", reps);
-    printf("%-8s %12s %14s %16s %12s %12s %12s\n", "threads", "dgemm_s", "hessian_s/seg", "hessian_128seg_s",
-           "solve_s", "solve/dgemm", "total_s");
+    printf("%-8s %12s %14s %16s %12s %12s %12s\n", "threads", "dgemm_s", "hessian_s/seg", "hessian_128seg_s", "solve_s",
+           "solve/dgemm", "total_s");
     int tcounts[2] = {1, all};
     for (int ti = 0; ti < (all > 1 ? 2 : 1); ti++) {
         int th = tcounts[ti];
@@ -66,13 +72,19 @@ int main(void) {
         }
         double t_dgemm = median(td, 3);
         nl_gptq_hessian hs;
-        if (nl_gptq_hessian_init(&hs, N) != NL_OK) { fprintf(stderr, "bench_gptq: %s\n", nl_last_error()); return 1; }
+        if (nl_gptq_hessian_init(&hs, N) != NL_OK) {
+            fprintf(stderr, "bench_gptq: %s\n", nl_last_error());
+            return 1;
+        }
         double *th_seg = malloc(sizeof(double) * segs);
         for (int s = 0; s < segs; s++) {
             /* a fresh segment each time (generation not timed) */
             for (size_t i = 0; i < (size_t)SEG * N; i++) x[i] = (float)nl_rng_normal(&rng);
             double t0 = nl_time_s();
-            if (nl_gptq_hessian_add(&hs, x, SEG) != NL_OK) { fprintf(stderr, "bench_gptq: %s\n", nl_last_error()); return 1; }
+            if (nl_gptq_hessian_add(&hs, x, SEG) != NL_OK) {
+                fprintf(stderr, "bench_gptq: %s\n", nl_last_error());
+                return 1;
+            }
             th_seg[s] = nl_time_s() - t0;
         }
         double t_seg = median(th_seg, segs);
@@ -95,7 +107,12 @@ int main(void) {
         free(ts);
         nl_gptq_hessian_free(&hs);
     }
-    if (segs < SEGS_PAPER) printf("  * projected: median of %d timed segment(s) x 128 (NANOLM_BENCH_GPTQ_SEGS=128 runs all)\n", segs);
-    nl_free(w); nl_free(x); nl_free(a); nl_free(c); nl_free(wq);
+    if (segs < SEGS_PAPER)
+        printf("  * projected: median of %d timed segment(s) x 128 (NANOLM_BENCH_GPTQ_SEGS=128 runs all)\n", segs);
+    nl_free(w);
+    nl_free(x);
+    nl_free(a);
+    nl_free(c);
+    nl_free(wq);
     return 0;
 }

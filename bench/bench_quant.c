@@ -51,7 +51,8 @@ static int bench_quantize(int threads) {
     double m = median(tm, REPS), c = median(tc, REPS), b = median(tb, REPS);
     double gib = (double)(n * sizeof(float)) / (1 << 30);
     printf("%-26s %7d %10.2f %10.2f %8.2fx   (target >= 0.5x)\n", "int8 per channel", threads, m * 1e3, c * 1e3, m / c);
-    printf("%-26s %7d %10.2f %10.2f %8.2fx   (target >= 0.5x)\n", "int8 blockwise-32", threads, m * 1e3, b * 1e3, m / b);
+    printf("%-26s %7d %10.2f %10.2f %8.2fx   (target >= 0.5x)\n", "int8 blockwise-32", threads, m * 1e3, b * 1e3,
+           m / b);
     printf("%-26s %7d  memcpy %.1f GiB/s, per channel %.1f GiB/s of fp32 input\n", "", threads, gib / m, gib / c);
     nl_free(x);
     nl_free(dst);

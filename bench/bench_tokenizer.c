@@ -34,7 +34,8 @@ static int write_gpt2_json(const char *data, const char *out) {
     if (!enc || !bpe) return 1;
     cJSON *root = cJSON_Parse(
         "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":50256,\"content\":\"<|endoftext|>\",\"special\":true}],"
-        "\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,"
+        "\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":"
+        "true,"
         "\"use_regex\":true},\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\"},"
         "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"fuse_unk\":false,\"byte_fallback\":false}}");
     cJSON *model = cJSON_GetObjectItem(root, "model"), *merges = cJSON_CreateArray();
@@ -87,7 +88,8 @@ int main(void) {
     printf("  %-26s %8lld tokens %9.1f ms %7.2f MB/s\n", "nanolm (C)", (long long)ntok, 1e3 * c_s, n / c_s / 1e6);
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "node tests/ref/bench_tok.mjs '%s' '%s' %d 2>&1", json, text_path, REPS);
-    int ok = access("tests/ref/tok/node_modules/js-tiktoken", F_OK) == 0 && system("node --version >/dev/null 2>&1") == 0;
+    int ok =
+        access("tests/ref/tok/node_modules/js-tiktoken", F_OK) == 0 && system("node --version >/dev/null 2>&1") == 0;
     FILE *p = ok ? popen(cmd, "r") : NULL;
     int rc = 0, lines = 0;
     char line[512];
@@ -105,8 +107,7 @@ int main(void) {
         if (jt != ntok) rc = 1;
     }
     if (p) pclose(p);
-    if (!lines)
-        printf("  JavaScript comparison skipped: needs node and `npm install` in tests/ref/tok\n");
+    if (!lines) printf("  JavaScript comparison skipped: needs node and `npm install` in tests/ref/tok\n");
     printf("  target: >= 3x the JavaScript implementations\n");
     unlink(json);
     nl_tokenizer_free(&tok);

@@ -34,9 +34,12 @@
  *     scale = max|x| / qmax; an all-zero group gets a finite scale (say 1) and codes 0.
  *  4. q = rintf(x * (1/scale)) clamped to [-qmax, qmax]; store with nl_qtensor_set_code.
  * Check with the course example: (0.3, -0.5, 0.12, 1.5) -> scale 0.0118, q = (25, -42, 10, 127). */
-nl_status nl_quant_symmetric(const float *x, int64_t rows, int64_t cols, int bits, int per_channel,
-                             nl_qtensor *out) {
-    (void)x; (void)rows; (void)cols; (void)bits; (void)per_channel;
+nl_status nl_quant_symmetric(const float *x, int64_t rows, int64_t cols, int bits, int per_channel, nl_qtensor *out) {
+    (void)x;
+    (void)rows;
+    (void)cols;
+    (void)bits;
+    (void)per_channel;
     memset(out, 0, sizeof *out);
     return TODO("nl_quant_symmetric", "quantize_symmetric: absmax per tensor / per channel");
 }
@@ -44,9 +47,12 @@ nl_status nl_quant_symmetric(const float *x, int64_t rows, int64_t cols, int bit
 /* quantize_blockwise: as nl_quant_symmetric, but one scale per run of `block` values inside
  * each row (.gran = NL_QUANT_PER_BLOCK, .block = block); the last block of a row may be
  * shorter. With blocks of 2 the course's (0.3, -0.5, 0.12, 30) gives (76, -127, 1, 127). */
-nl_status nl_quant_blockwise(const float *x, int64_t rows, int64_t cols, int bits, int64_t block,
-                             nl_qtensor *out) {
-    (void)x; (void)rows; (void)cols; (void)bits; (void)block;
+nl_status nl_quant_blockwise(const float *x, int64_t rows, int64_t cols, int bits, int64_t block, nl_qtensor *out) {
+    (void)x;
+    (void)rows;
+    (void)cols;
+    (void)bits;
+    (void)block;
     memset(out, 0, sizeof *out);
     return TODO("nl_quant_blockwise", "quantize_blockwise: absmax per block of a row");
 }
@@ -54,7 +60,8 @@ nl_status nl_quant_blockwise(const float *x, int64_t rows, int64_t cols, int bit
 /* Re-quantize x into an already allocated absmax tensor q (same as above, without the
  * allocation): reuse your code for step 3-4 with q->spec. */
 nl_status nl_quant_absmax_into(const float *x, nl_qtensor *q) {
-    (void)x; (void)q;
+    (void)x;
+    (void)q;
     return TODO("nl_quant_absmax_into", "absmax into an allocated tensor");
 }
 
@@ -62,7 +69,12 @@ nl_status nl_quant_absmax_into(const float *x, nl_qtensor *q) {
  * hi = max(max, 0)); scale = (hi - lo) / (qmax - qmin), at least FLT_EPSILON;
  * zero_point = qmin - rintf(lo / scale), clamped to [qmin, qmax]. */
 nl_status nl_quant_affine_params(float min, float max, int qmin, int qmax, float *scale, int32_t *zero_point) {
-    (void)min; (void)max; (void)qmin; (void)qmax; (void)scale; (void)zero_point;
+    (void)min;
+    (void)max;
+    (void)qmin;
+    (void)qmax;
+    (void)scale;
+    (void)zero_point;
     return TODO("nl_quant_affine_params", "the MinMaxObserver scale and zero point");
 }
 
@@ -70,7 +82,13 @@ nl_status nl_quant_affine_params(float min, float max, int qmin, int qmax, float
  * after rounding (PyTorch does so; with an odd zero point it matters for ties). */
 nl_status nl_quant_affine_codes(const float *x, size_t n, float scale, int32_t zero_point, int qmin, int qmax,
                                 int32_t *q) {
-    (void)x; (void)n; (void)scale; (void)zero_point; (void)qmin; (void)qmax; (void)q;
+    (void)x;
+    (void)n;
+    (void)scale;
+    (void)zero_point;
+    (void)qmin;
+    (void)qmax;
+    (void)q;
     return TODO("nl_quant_affine_codes", "codes for a given scale and zero point");
 }
 
@@ -79,7 +97,12 @@ nl_status nl_quant_affine_codes(const float *x, size_t n, float scale, int32_t z
  * {.kind = NL_QUANT_AFFINE, .is_unsigned = ...}: out->zero_points is there for you. */
 nl_status nl_quant_affine(const float *x, int64_t rows, int64_t cols, int bits, int is_unsigned, int per_channel,
                           nl_qtensor *out) {
-    (void)x; (void)rows; (void)cols; (void)bits; (void)is_unsigned; (void)per_channel;
+    (void)x;
+    (void)rows;
+    (void)cols;
+    (void)bits;
+    (void)is_unsigned;
+    (void)per_channel;
     memset(out, 0, sizeof *out);
     return TODO("nl_quant_affine", "quantize_affine: zero point, MinMaxObserver rule");
 }
@@ -88,6 +111,7 @@ nl_status nl_quant_affine(const float *x, int64_t rows, int64_t cols, int bits, 
  * * scale; MX: nl_mx_elem_decode(elem, code) * scale. The scale of (r, c) is
  * q->scales[nl_qtensor_group(q, r, c)]. */
 nl_status nl_quant_dequantize(const nl_qtensor *q, float *out) {
-    (void)q; (void)out;
+    (void)q;
+    (void)out;
     return TODO("nl_quant_dequantize", "x ~ q * scale for every scheme");
 }

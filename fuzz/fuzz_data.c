@@ -16,8 +16,8 @@ int nl_fuzz_data(const uint8_t *data, size_t size) {
         if (nl_tokenizer_init_byte(&tok) != NL_OK) abort();
         have_tok = 1;
     }
-    int B = (int)fz_take(&data, &size, 1) % 5;            /* 0..4: 0 must be refused */
-    int T = (int)fz_take(&data, &size, 1) % 70;           /* 0..69 */
+    int B = (int)fz_take(&data, &size, 1) % 5;  /* 0..4: 0 must be refused */
+    int T = (int)fz_take(&data, &size, 1) % 70; /* 0..69 */
     int world = 1 + (int)fz_take(&data, &size, 1) % 4;
     int rank = (int)fz_take(&data, &size, 1) % 5;         /* may be >= world: must be refused */
     int64_t step = (int64_t)fz_take(&data, &size, 3) - 4; /* a few negative steps too */

@@ -30,8 +30,8 @@ int nl_fuzz_http_request(const uint8_t *data, size_t size) {
     nl_http_buf b = {0};
     nl_status rc = nl_http_parse_completion((const char *)data, size, 512, &req, &err);
     if (rc == NL_OK) {
-        if (req.max_tokens < 0 || !(req.temperature >= 0 && req.temperature <= 2) || !(req.top_p > 0 && req.top_p <= 1) ||
-            req.top_k < 0 || req.n_stop < 0 || req.n_stop > NL_HTTP_MAX_STOP)
+        if (req.max_tokens < 0 || !(req.temperature >= 0 && req.temperature <= 2) ||
+            !(req.top_p > 0 && req.top_p <= 1) || req.top_k < 0 || req.n_stop < 0 || req.n_stop > NL_HTTP_MAX_STOP)
             abort();
         if (!req.prompt == !req.prompt_tokens) abort();
         for (int64_t i = 0; i < req.n_prompt_tokens; i++)

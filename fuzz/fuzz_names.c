@@ -30,7 +30,8 @@ int nl_fuzz_names(const uint8_t *data, size_t size) {
         nl_quant_spec_name(&q, buf, sizeof buf);
         if (nl_quant_spec_parse(buf, &q2) != NL_OK) abort();
         if (q2.kind != q.kind || q2.gran != q.gran || q2.bits != q.bits || q2.block != q.block ||
-            q2.is_unsigned != q.is_unsigned || (q.kind == NL_QUANT_MX && (q2.mx_elem != q.mx_elem || q2.mx_ties != q.mx_ties)))
+            q2.is_unsigned != q.is_unsigned ||
+            (q.kind == NL_QUANT_MX && (q2.mx_elem != q.mx_elem || q2.mx_ties != q.mx_ties)))
             abort();
     } else if (nl_last_error()[0] == '\0') {
         abort();

@@ -100,14 +100,14 @@ static void test_all_reduce(void **state) {
                 uint64_t want_v = (2 * n - cnt(n, (R + P - 1) % P) - cnt(n, R)) * es;
                 if (ok && (s != want_s || v != want_v)) {
                     print_message("rank %d all-reduce %s %s n=%zu: bytes sent %llu recv %llu, want %llu %llu\n", R,
-                                  nl_comm_impl_name(impls[ii]), nl_comm_dtype_name(dts[di]), n,
-                                  (unsigned long long)s, (unsigned long long)v, (unsigned long long)want_s,
-                                  (unsigned long long)want_v);
+                                  nl_comm_impl_name(impls[ii]), nl_comm_dtype_name(dts[di]), n, (unsigned long long)s,
+                                  (unsigned long long)v, (unsigned long long)want_s, (unsigned long long)want_v);
                     ok = 0;
                 }
                 if (n % (size_t)P == 0) ok = ok && s == 2 * (uint64_t)(P - 1) * (n / (size_t)P) * es;
-                if (!ok) print_message("rank %d: all-reduce %s %s n=%zu failed\n", R, nl_comm_impl_name(impls[ii]),
-                                       nl_comm_dtype_name(dts[di]), n);
+                if (!ok)
+                    print_message("rank %d: all-reduce %s %s n=%zu failed\n", R, nl_comm_impl_name(impls[ii]),
+                                  nl_comm_dtype_name(dts[di]), n);
                 nl_free(buf);
                 CHECK_ALL(ok);
             }
@@ -124,7 +124,8 @@ static void test_bf16_nan(void **state) {
         int ok = nl_comm_all_reduce(W, buf, 8, NL_COMM_BF16, impls[ii]) == NL_OK;
         ok = ok && buf[0] == nl_bf16_from_f32(from_bf16(0xFF81)) && buf[0] == 0xFFC0;
         for (int i = 1; ok && i < 8; i++) ok = from_bf16(buf[i]) == (float)P;
-        if (!ok) print_message("rank %d: bf16 NaN all-reduce (%s) gave 0x%04X\n", R, nl_comm_impl_name(impls[ii]), buf[0]);
+        if (!ok)
+            print_message("rank %d: bf16 NaN all-reduce (%s) gave 0x%04X\n", R, nl_comm_impl_name(impls[ii]), buf[0]);
         CHECK_ALL(ok);
     }
 }
@@ -326,8 +327,9 @@ static void test_random_values(void **state) {
                 if (err > worst) worst = err;
                 ok = err <= 1.0;
             }
-            if (!ok) print_message("rank %d: random all-reduce %s %s: error %.3g of the bound\n", R,
-                                   nl_comm_impl_name(impls[ii]), nl_comm_dtype_name(dt), worst);
+            if (!ok)
+                print_message("rank %d: random all-reduce %s %s: error %.3g of the bound\n", R,
+                              nl_comm_impl_name(impls[ii]), nl_comm_dtype_name(dt), worst);
             nl_free(buf);
             CHECK_ALL(ok);
         }
@@ -367,8 +369,9 @@ static void test_nonblocking(void **state) {
             uint64_t s, v;
             delta(NL_COMM_OP_ALL_REDUCE, &before, &s, &v);
             ok = ok && s == want;
-            if (!ok) print_message("rank %d: non-blocking all-reduce %s %s failed\n", R, nl_comm_impl_name(impls[ii]),
-                                   nl_comm_dtype_name(dt));
+            if (!ok)
+                print_message("rank %d: non-blocking all-reduce %s %s failed\n", R, nl_comm_impl_name(impls[ii]),
+                              nl_comm_dtype_name(dt));
             CHECK_ALL(ok);
         }
 }
@@ -397,8 +400,9 @@ static void test_layout_groups(void **state) {
             double want = 0;
             for (int q = 0; q < P; q++) {
                 int t = q % tp, d = (q / tp) % dp, s = q / (tp * dp);
-                int same = g == 0 ? (t == L.tp_rank && s == L.pp_rank)
-                                  : g == 1 ? (d == L.dp_rank && s == L.pp_rank) : (d == L.dp_rank && t == L.tp_rank);
+                int same = g == 0   ? (t == L.tp_rank && s == L.pp_rank)
+                           : g == 1 ? (d == L.dp_rank && s == L.pp_rank)
+                                    : (d == L.dp_rank && t == L.tp_rank);
                 if (same) want += q;
             }
             for (int ii = 0; ii < 2 && ok; ii++) {
@@ -432,10 +436,10 @@ int main(int argc, char **argv) {
     P = nl_comm_size(W);
     R = nl_comm_rank(W);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_all_reduce),        cmocka_unit_test(test_reduce_scatter_all_gather),
-        cmocka_unit_test(test_broadcast_reduce),  cmocka_unit_test(test_all_to_all),
-        cmocka_unit_test(test_random_values),     cmocka_unit_test(test_nonblocking),
-        cmocka_unit_test(test_layout_groups),     cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_all_reduce),       cmocka_unit_test(test_reduce_scatter_all_gather),
+        cmocka_unit_test(test_broadcast_reduce), cmocka_unit_test(test_all_to_all),
+        cmocka_unit_test(test_random_values),    cmocka_unit_test(test_nonblocking),
+        cmocka_unit_test(test_layout_groups),    cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_bf16_nan),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

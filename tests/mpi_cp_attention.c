@@ -30,7 +30,8 @@ static void check(int64_t NH, int64_t KVH) {
     /* the same global q, k, v and dout on every rank (same seed) */
     float *qkv = malloc(sizeof(float) * (size_t)(B * T * QKV)), *dout = malloc(sizeof(float) * (size_t)(B * T * OD));
     float *out = malloc(sizeof(float) * (size_t)(B * T * OD)), *att = malloc(sizeof(float) * (size_t)(B * NH * T * T));
-    float *datt = malloc(sizeof(float) * (size_t)(B * NH * T * T)), *dqkv = malloc(sizeof(float) * (size_t)(B * T * QKV));
+    float *datt = malloc(sizeof(float) * (size_t)(B * NH * T * T)),
+          *dqkv = malloc(sizeof(float) * (size_t)(B * T * QKV));
     nl_rng rng;
     nl_rng_seed(&rng, 42);
     for (int64_t i = 0; i < B * T * QKV; i++) qkv[i] = (float)nl_rng_normal(&rng);
@@ -73,11 +74,18 @@ static void check(int64_t NH, int64_t KVH) {
     nl_cp_attn_free(&one);
     nl_comm_free(self);
     nl_cp_attn_free(&a);
-    free(qkv), free(dout), free(out), free(att), free(datt), free(dqkv), free(lq), free(ld), free(ro), free(rq), free(gq);
+    free(qkv), free(dout), free(out), free(att), free(datt), free(dqkv), free(lq), free(ld), free(ro), free(rq),
+        free(gq);
 }
 
-static void test_mha(void **state) { (void)state; check(4, 4); }
-static void test_gqa(void **state) { (void)state; check(4, 2); }
+static void test_mha(void **state) {
+    (void)state;
+    check(4, 4);
+}
+static void test_gqa(void **state) {
+    (void)state;
+    check(4, 2);
+}
 
 int main(int argc, char **argv) {
     nl_set_threads(1); /* several ranks share the cores: OpenMP spinning threads would starve them */

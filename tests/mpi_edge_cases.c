@@ -43,7 +43,7 @@ static int correct(int e, float got) {
     case E_NAN:
     case E_INF_MINUS_INF: return isnan(got);
     case E_INF: return isinf(got) && got > 0;
-    case E_NEG_ZERO: return got == 0.0f; /* the sign of a zero sum is reported, not required */
+    case E_NEG_ZERO: return got == 0.0f;                    /* the sign of a zero sum is reported, not required */
     case E_SUBNORMAL: return got == ldexpf((float)P, -130); /* exact: P <= 4 */
     case E_OVERFLOW: return isinf(got) && got > 0;
     case E_CANCEL: return got == 0.0f;
@@ -77,8 +77,9 @@ static void test_special_values(void **state) {
                 h[e] = to_bf16(f[e]);
             }
             /* bf16 cannot hold FLT_MAX (it rounds to inf): use its own largest finite value. */
-            if (dt) for (int e = 0; e < N_E; e++)
-                if (fabsf(value(e, R)) == FLT_MAX) h[e] = value(e, R) > 0 ? 0x7f7f : 0xff7f;
+            if (dt)
+                for (int e = 0; e < N_E; e++)
+                    if (fabsf(value(e, R)) == FLT_MAX) h[e] = value(e, R) > 0 ? 0x7f7f : 0xff7f;
             void *buf = dt ? (void *)h : (void *)f;
             nl_status rc = nl_comm_all_reduce(W, buf, N_E, dt ? NL_COMM_BF16 : NL_COMM_F32, (nl_comm_impl)impl);
             assert_true(agree(rc == NL_OK));
@@ -116,12 +117,13 @@ static void test_lengths_0_and_1(void **state) {
         /* n = 1 < ranks for the reduce-scatter: one rank owns the element, the others none. */
         float part = -1.0f, all = -1.0f;
         assert_true(agree(nl_comm_reduce_scatter(W, &x, &part, 1, NL_COMM_F32, (nl_comm_impl)impl) == NL_OK));
-        if (nl_comm_chunk_count(1, P, R) == 1) assert_true(agree(part == (float)(P * (P + 1) / 2)));
-        else assert_true(agree(1));
+        if (nl_comm_chunk_count(1, P, R) == 1)
+            assert_true(agree(part == (float)(P * (P + 1) / 2)));
+        else
+            assert_true(agree(1));
         assert_true(agree(nl_comm_all_gather(W, &part, &all, 1, NL_COMM_F32, (nl_comm_impl)impl) == NL_OK));
         assert_true(agree(all == (float)(P * (P + 1) / 2)));
-        if (R == 0 && impl == 0)
-            print_message("n = 0 all-reduce: %s\n", rc == NL_OK ? "no-op" : nl_last_error());
+        if (R == 0 && impl == 0) print_message("n = 0 all-reduce: %s\n", rc == NL_OK ? "no-op" : nl_last_error());
     }
 }
 

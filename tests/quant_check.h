@@ -5,10 +5,10 @@
 
 #include "nanolm/base.h"
 
-#define QOK(expr)                                                                       \
-    do {                                                                                \
-        nl_status qok_rc_ = (expr);                                                     \
-        if (qok_rc_ != NL_OK) fail_msg("%s -> %s: %s", #expr, nl_status_name(qok_rc_), nl_last_error()); \
+#define QOK(expr)                                                                                                      \
+    do {                                                                                                               \
+        nl_status qok_rc_ = (expr);                                                                                    \
+        if (qok_rc_ != NL_OK) fail_msg("%s -> %s: %s", #expr, nl_status_name(qok_rc_), nl_last_error());               \
     } while (0)
 
 #endif

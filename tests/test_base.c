@@ -45,7 +45,11 @@ static void test_rng_deterministic(void **state) {
     /* Moments of the normal generator. */
     double s = 0, s2 = 0;
     int n = 200000;
-    for (int i = 0; i < n; i++) { double x = nl_rng_normal(&a); s += x; s2 += x * x; }
+    for (int i = 0; i < n; i++) {
+        double x = nl_rng_normal(&a);
+        s += x;
+        s2 += x * x;
+    }
     assert_true(fabs(s / n) < 0.01);
     assert_true(fabs(s2 / n - 1) < 0.02);
     for (int i = 0; i < 1000; i++) {
@@ -133,20 +137,28 @@ static void test_arch_json(void **state) {
     (void)state;
     nl_arch a, b;
     assert_int_equal(nl_arch_preset("shakespeare-char", &a), NL_OK);
-    a.n_experts = 8; a.top_k = 2; a.expert_hidden_dim = 64; a.n_shared_experts = 1; a.first_moe_layer = 1;
+    a.n_experts = 8;
+    a.top_k = 2;
+    a.expert_hidden_dim = 64;
+    a.n_shared_experts = 1;
+    a.first_moe_layer = 1;
     char *js = nl_arch_to_json(&a);
     assert_non_null(js);
     assert_int_equal(nl_arch_from_json("x.safetensors", js, &b), NL_OK);
     assert_memory_equal(&a, &b, sizeof a);
     free(js);
     /* A size that is not an integer (or absurd) is refused with the file and the field named. */
-    assert_int_equal(nl_arch_from_json("bad.safetensors", "{\"vocab_size\":256.5,\"dim\":8,\"n_layers\":1,"
-                                       "\"n_heads\":1,\"n_kv_heads\":1,\"hidden_dim\":8,\"seq_len\":8}", &b),
+    assert_int_equal(nl_arch_from_json("bad.safetensors",
+                                       "{\"vocab_size\":256.5,\"dim\":8,\"n_layers\":1,"
+                                       "\"n_heads\":1,\"n_kv_heads\":1,\"hidden_dim\":8,\"seq_len\":8}",
+                                       &b),
                      NL_ERR_FORMAT);
     assert_non_null(strstr(nl_last_error(), "bad.safetensors"));
     assert_non_null(strstr(nl_last_error(), "vocab_size"));
-    assert_int_equal(nl_arch_from_json("big.safetensors", "{\"vocab_size\":1e300,\"dim\":8,\"n_layers\":1,"
-                                       "\"n_heads\":1,\"n_kv_heads\":1,\"hidden_dim\":8,\"seq_len\":8}", &b),
+    assert_int_equal(nl_arch_from_json("big.safetensors",
+                                       "{\"vocab_size\":1e300,\"dim\":8,\"n_layers\":1,"
+                                       "\"n_heads\":1,\"n_kv_heads\":1,\"hidden_dim\":8,\"seq_len\":8}",
+                                       &b),
                      NL_ERR_FORMAT);
     assert_int_equal(nl_arch_from_json("nodim.safetensors", "{\"vocab_size\":8}", &b), NL_ERR_FORMAT);
     assert_non_null(strstr(nl_last_error(), "dim"));
@@ -171,10 +183,14 @@ static void test_cli_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_error_message),     cmocka_unit_test(test_alloc_overflow),
-        cmocka_unit_test(test_rng_deterministic), cmocka_unit_test(test_atomic_file),
-        cmocka_unit_test(test_svg_plot),          cmocka_unit_test(test_arch_stories260k_params),
-        cmocka_unit_test(test_arch_validate_names_field), cmocka_unit_test(test_arch_json),
+        cmocka_unit_test(test_error_message),
+        cmocka_unit_test(test_alloc_overflow),
+        cmocka_unit_test(test_rng_deterministic),
+        cmocka_unit_test(test_atomic_file),
+        cmocka_unit_test(test_svg_plot),
+        cmocka_unit_test(test_arch_stories260k_params),
+        cmocka_unit_test(test_arch_validate_names_field),
+        cmocka_unit_test(test_arch_json),
         cmocka_unit_test(test_cli_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -30,8 +30,8 @@ static void tiny_arch(nl_arch *a) {
 
 /* Copies src to dst with metadata key `mkey` set to `mval` (NULL: unchanged), and, when
  * `tname` is given, byte `at` of that tensor replaced by `byte`. */
-static void rewrite(const char *src, const char *dst, const char *mkey, const char *mval, const char *tname,
-                    size_t at, uint8_t byte) {
+static void rewrite(const char *src, const char *dst, const char *mkey, const char *mval, const char *tname, size_t at,
+                    uint8_t byte) {
     nl_st_file f;
     QOK(nl_st_open(&f, src));
     nl_st_writer w;

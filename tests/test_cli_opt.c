@@ -52,8 +52,8 @@ static int run(opts *o, char **argv, int argc) {
 static void test_parse_types(void **state) {
     (void)state;
     opts o;
-    assert_int_equal(run(&o, ARGV("--data", "x.txt", "--steps=7", "--threads", "3", "--lr", "0.5e-3", "--params",
-                                  "7B", "--eps", "1e-5", "--precision", "fp16", "--json")),
+    assert_int_equal(run(&o, ARGV("--data", "x.txt", "--steps=7", "--threads", "3", "--lr", "0.5e-3", "--params", "7B",
+                                  "--eps", "1e-5", "--precision", "fp16", "--json")),
                      0);
     assert_string_equal(o.data, "x.txt");
     assert_int_equal(o.steps, 7);
@@ -78,21 +78,21 @@ static void test_parse_types(void **state) {
 static void test_parse_errors(void **state) {
     (void)state;
     opts o;
-    assert_int_equal(run(&o, ARGV("--steps", "0")), NL_EXIT_USAGE);       /* below range */
-    assert_int_equal(run(&o, ARGV("--steps", "1001")), NL_EXIT_USAGE);    /* above range */
-    assert_int_equal(run(&o, ARGV("--steps", "7x")), NL_EXIT_USAGE);      /* not an integer */
-    assert_int_equal(run(&o, ARGV("--steps")), NL_EXIT_USAGE);            /* missing value */
-    assert_int_equal(run(&o, ARGV("--stepz", "3")), NL_EXIT_USAGE);       /* unknown */
-    assert_int_equal(run(&o, ARGV("--ste", "3")), NL_EXIT_USAGE);         /* no prefix matching */
-    assert_int_equal(run(&o, ARGV("--lr", "nan")), NL_EXIT_USAGE);        /* not finite */
-    assert_int_equal(run(&o, ARGV("--lr", "-1")), NL_EXIT_USAGE);         /* below 0 */
-    assert_int_equal(run(&o, ARGV("--params", "-7B")), NL_EXIT_USAGE);    /* negative size */
+    assert_int_equal(run(&o, ARGV("--steps", "0")), NL_EXIT_USAGE);    /* below range */
+    assert_int_equal(run(&o, ARGV("--steps", "1001")), NL_EXIT_USAGE); /* above range */
+    assert_int_equal(run(&o, ARGV("--steps", "7x")), NL_EXIT_USAGE);   /* not an integer */
+    assert_int_equal(run(&o, ARGV("--steps")), NL_EXIT_USAGE);         /* missing value */
+    assert_int_equal(run(&o, ARGV("--stepz", "3")), NL_EXIT_USAGE);    /* unknown */
+    assert_int_equal(run(&o, ARGV("--ste", "3")), NL_EXIT_USAGE);      /* no prefix matching */
+    assert_int_equal(run(&o, ARGV("--lr", "nan")), NL_EXIT_USAGE);     /* not finite */
+    assert_int_equal(run(&o, ARGV("--lr", "-1")), NL_EXIT_USAGE);      /* below 0 */
+    assert_int_equal(run(&o, ARGV("--params", "-7B")), NL_EXIT_USAGE); /* negative size */
     assert_int_equal(run(&o, ARGV("--eps", "2")), NL_EXIT_USAGE);
     assert_int_equal(run(&o, ARGV("--precision", "fp64")), NL_EXIT_USAGE); /* not a choice */
-    assert_int_equal(run(&o, ARGV("--json=1")), NL_EXIT_USAGE);           /* flags take no value */
-    assert_int_equal(run(&o, ARGV("--data", "")), NL_EXIT_USAGE);         /* empty string */
+    assert_int_equal(run(&o, ARGV("--json=1")), NL_EXIT_USAGE);            /* flags take no value */
+    assert_int_equal(run(&o, ARGV("--data", "")), NL_EXIT_USAGE);          /* empty string */
     assert_int_equal(run(&o, ARGV("-x")), NL_EXIT_USAGE);
-    assert_int_equal(run(&o, ARGV("stray")), NL_EXIT_USAGE);              /* no positionals */
+    assert_int_equal(run(&o, ARGV("stray")), NL_EXIT_USAGE); /* no positionals */
     assert_int_equal(run(&o, ARGV("--threads", "99999999999")), NL_EXIT_USAGE);
 }
 
@@ -143,8 +143,8 @@ static void test_help_lists_every_option(void **state) {
 
 static void test_json_doubles_round_trip(void **state) {
     (void)state;
-    const double vals[] = {2.2232532501220703e-05, 0.1, 1.0 / 3.0, 6.02214076e23, 5e-324, 1.7976931348623157e308,
-                           -0.0, 123456789.0, 0.30000000000000004};
+    const double vals[] = {2.2232532501220703e-05, 0.1,  1.0 / 3.0,   6.02214076e23,      5e-324,
+                           1.7976931348623157e308, -0.0, 123456789.0, 0.30000000000000004};
     char buf[32];
     for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
         nl_json_double(vals[i], buf);

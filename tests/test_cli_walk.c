@@ -16,7 +16,7 @@
 #include <string.h>
 
 #define MAX_CMDS 256
-#define EXTRA "zz-not-an-argument"
+#define EXTRA    "zz-not-an-argument"
 
 typedef struct cmd {
     char name[64]; /* "quant" or "quant values" */
@@ -106,7 +106,8 @@ static void referred_command(const char *text, size_t i, char *ref, size_t n) {
     }
     const char *last = NULL;
     size_t skip = 0;
-    for (const char *p = text + b; (p = memmem(p, (size_t)(text + i - p), "nanolm ", 7)) != NULL; p += 7) last = p, skip = 7;
+    for (const char *p = text + b; (p = memmem(p, (size_t)(text + i - p), "nanolm ", 7)) != NULL; p += 7)
+        last = p, skip = 7;
     const char *tick = memrchr(text + b, '`', i - b);
     if (tick && (!last || tick > last)) last = tick, skip = 1;
     if (!last) return;
@@ -133,7 +134,8 @@ static void each_option(const char *self, const char *text, size_t len, void (*f
         if (text[i] != '-' || text[i + 1] != '-' || !islower((unsigned char)text[i + 2])) continue;
         if (i > 0 && (isalnum((unsigned char)text[i - 1]) || text[i - 1] == '-')) continue;
         size_t n = 2;
-        while (i + n < len && (islower((unsigned char)text[i + n]) || isdigit((unsigned char)text[i + n]) || text[i + n] == '-'))
+        while (i + n < len &&
+               (islower((unsigned char)text[i + n]) || isdigit((unsigned char)text[i + n]) || text[i + n] == '-'))
             n++;
         while (text[i + n - 1] == '-') n--;
         char opt[64], ref[96];
@@ -181,7 +183,10 @@ static void own_text(const cmd *c, const char **text, size_t *len) {
     *len = end ? (size_t)(end - u) : strlen(u);
 }
 
-typedef struct accept_ctx { const cmd *c; int checked, failed; } accept_ctx;
+typedef struct accept_ctx {
+    const cmd *c;
+    int checked, failed;
+} accept_ctx;
 
 static void check_accepted(const char *opt, void *vctx) {
     accept_ctx *x = vctx;
@@ -228,7 +233,11 @@ static void test_every_option_in_help_is_accepted(void **state) {
 
 /* ---- every option of a command's source appears in its help ---- */
 
-typedef struct src_ctx { const char *helps; const char *file; int failed, checked; } src_ctx;
+typedef struct src_ctx {
+    const char *helps;
+    const char *file;
+    int failed, checked;
+} src_ctx;
 
 /* Option names declared in a source: NL_OPT_*("name", ...) and getopt tables {"name", ..._argument. */
 static void check_source_options(const char *file, const char *text, src_ctx *x) {

@@ -144,8 +144,8 @@ static void test_rank_dies_mid_collective(void **state) {
     for (int k = 0; k < 4; k++) {
         char args[256], *out = NULL;
         double t;
-        snprintf(args, sizeof args,
-                 "collectives bench --ops all-reduce --sizes 1M --reps 50 --inject-fault 1:%s", how[k]);
+        snprintf(args, sizeof args, "collectives bench --ops all-reduce --sizes 1M --reps 50 --inject-fault 1:%s",
+                 how[k]);
         int rc = run_mpi(3, args, &out, &t);
         print_message("fault %s: status %d after %.1f s\n", how[k], rc, t);
         assert_int_not_equal(rc, 0);
@@ -161,8 +161,10 @@ static void test_rank_dies_mid_collective(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_demo_one_rank), cmocka_unit_test(test_demo_course_example),
-        cmocka_unit_test(test_bench_json),    cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_demo_one_rank),
+        cmocka_unit_test(test_demo_course_example),
+        cmocka_unit_test(test_bench_json),
+        cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_rank_dies_mid_collective),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,8 +20,9 @@
 static cJSON *run(int np, int cp, int batch) {
     const char *data = tu_committed_data("tinyshakespeare/input.txt");
     char args[1024], *buf = NULL;
-    snprintf(args, sizeof args, "moe train --data %s --steps %d --batch %d --seq 64 --aux 0 --cp %d --json --report-memory",
-             data, STEPS, batch, cp);
+    snprintf(args, sizeof args,
+             "moe train --data %s --steps %d --batch %d --seq 64 --aux 0 --cp %d --json --report-memory", data, STEPS,
+             batch, cp);
     const tu_run_opts o = {.np = np, .timeout_s = 300, .one_thread = 1};
     int rc = tu_run_cli_ex(&o, args, &buf, NULL);
     assert_non_null(buf);
@@ -34,7 +35,8 @@ static cJSON *run(int np, int cp, int batch) {
 }
 
 static double loss_at(const cJSON *doc, int s) {
-    return cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "steps"), s), "loss")
+    return cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "steps"), s),
+                                            "loss")
         ->valuedouble;
 }
 

@@ -36,8 +36,8 @@ static char dir[256], data_path[320], ref_path[320], ck_path[320];
 
 /* Deterministic English-like text (no shared data needed). */
 static void write_text(const char *path) {
-    static const char *words[] = {"the", "king", "and", "queen", "of", "a", "castle", "by", "sea",
-                                  "spoke", "softly", "to", "their", "people", "when", "night", "fell", "upon"};
+    static const char *words[] = {"the",   "king",   "and", "queen", "of",     "a",    "castle", "by",   "sea",
+                                  "spoke", "softly", "to",  "their", "people", "when", "night",  "fell", "upon"};
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     uint32_t s = 7;
@@ -58,18 +58,44 @@ static pid_t spawn_train(const char *out, int resume) {
     snprintf(every, sizeof every, "%d", EVERY);
     const char *argv[40];
     int n = 0;
-    const char *fixed[] = {bin, "train", "--data", data_path, "--preset", "shakespeare-char", "--steps", steps,
-                           "--eval-every", every, "--eval-windows", "2", "--batch", "2", "--seq", "16",
-                           "--seed", "11", "--warmup", "2", "--json", "--out", out};
+    const char *fixed[] = {bin,
+                           "train",
+                           "--data",
+                           data_path,
+                           "--preset",
+                           "shakespeare-char",
+                           "--steps",
+                           steps,
+                           "--eval-every",
+                           every,
+                           "--eval-windows",
+                           "2",
+                           "--batch",
+                           "2",
+                           "--seq",
+                           "16",
+                           "--seed",
+                           "11",
+                           "--warmup",
+                           "2",
+                           "--json",
+                           "--out",
+                           out};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) argv[n++] = fixed[i];
-    if (resume) { argv[n++] = "--resume"; argv[n++] = out; }
+    if (resume) {
+        argv[n++] = "--resume";
+        argv[n++] = out;
+    }
     argv[n] = NULL;
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         int null_fd = open("/dev/null", O_WRONLY);
-        if (null_fd >= 0) { dup2(null_fd, 1); dup2(null_fd, 2); }
+        if (null_fd >= 0) {
+            dup2(null_fd, 1);
+            dup2(null_fd, 2);
+        }
         execv(bin, (char *const *)argv);
         _exit(127);
     }
@@ -177,7 +203,10 @@ static void test_kill_and_resume(void **state) {
         double deadline = now_s() + nl_rng_double(&rng) * t_run * 1.2, limit = now_s() + 20 * t_run + 30;
         int killed = 0, exited = 0, status = 0;
         while (!killed && !exited) {
-            if (waitpid(pid, &status, WNOHANG) == pid) { exited = 1; break; }
+            if (waitpid(pid, &status, WNOHANG) == pid) {
+                exited = 1;
+                break;
+            }
             if (aim_at_write ? writing_now(pid) : now_s() >= deadline) {
                 kill(pid, SIGKILL);
                 killed = 1;

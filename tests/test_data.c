@@ -79,8 +79,8 @@ static void test_windows_and_determinism(void **state) {
     }
     /* Starts cover the train split: 3200 uniform draws from 0..8983. */
     double mean = sum / (steps * B);
-    print_message("train window starts: min %lld, max %lld, mean %.0f (uniform over 0..%d: 4491.5)\n",
-                  (long long)lo, (long long)hi, mean, 9000 - T - 1);
+    print_message("train window starts: min %lld, max %lld, mean %.0f (uniform over 0..%d: 4491.5)\n", (long long)lo,
+                  (long long)hi, mean, 9000 - T - 1);
     assert_true(lo < 50 && hi > 9000 - T - 1 - 50);
     assert_true(mean > 4300 && mean < 4700);
 
@@ -104,7 +104,8 @@ static void test_data_parallel_slices(void **state) {
     const int B = 3, T = 8;
     for (int R = 1; R <= 4; R++) {
         for (int64_t step = 0; step < 20; step++) {
-            int *global_in = malloc((size_t)B * R * T * sizeof(int)), *global_tg = malloc((size_t)B * R * T * sizeof(int));
+            int *global_in = malloc((size_t)B * R * T * sizeof(int)),
+                *global_tg = malloc((size_t)B * R * T * sizeof(int));
             assert_int_equal(nl_data_batch(&d, NL_DATA_TRAIN, 99, step, 0, 1, B * R, T, global_in, global_tg), NL_OK);
             for (int r = 0; r < R; r++) {
                 int in[3 * 8], tg[3 * 8];
@@ -177,7 +178,8 @@ static void test_llama2c_tokens(void **state) {
     }
     assert_int_equal(bos, 1);
     print_message("%s: %lld bytes -> %lld tokens, %lld eval windows of 512 over the whole file\n", path,
-                  (long long)d.text_bytes, (long long)d.n_tokens, (long long)nl_data_eval_windows(&d, NL_DATA_ALL, 512));
+                  (long long)d.text_bytes, (long long)d.n_tokens,
+                  (long long)nl_data_eval_windows(&d, NL_DATA_ALL, 512));
     /* Decoding the whole token stream gives the file back. */
     char *text;
     size_t n;
@@ -210,7 +212,8 @@ static void test_bad_input(void **state) {
     assert_int_equal(nl_data_open(&d, path, &tok), NL_OK);
     assert_int_equal(nl_data_check_window(&d, 64), NL_ERR_INVALID);
     print_message("%s\n", nl_last_error());
-    assert_non_null(strstr(nl_last_error(), "short.txt: 120 tokens; the validation split (last 10%, 12 tokens) is shorter than one window of T+1 = 65 tokens"));
+    assert_non_null(strstr(nl_last_error(), "short.txt: 120 tokens; the validation split (last 10%, 12 tokens) is "
+                                            "shorter than one window of T+1 = 65 tokens"));
     assert_int_equal(nl_data_check_window(&d, 200), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "the training split (first 90%, 108 tokens)"));
     int in[64], tg[64];
@@ -229,12 +232,9 @@ static void test_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shakespeare_split),
-        cmocka_unit_test(test_windows_and_determinism),
-        cmocka_unit_test(test_data_parallel_slices),
-        cmocka_unit_test(test_eval_windows),
-        cmocka_unit_test(test_llama2c_tokens),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_shakespeare_split),    cmocka_unit_test(test_windows_and_determinism),
+        cmocka_unit_test(test_data_parallel_slices), cmocka_unit_test(test_eval_windows),
+        cmocka_unit_test(test_llama2c_tokens),       cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

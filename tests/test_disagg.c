@@ -96,7 +96,8 @@ static int64_t used_blocks(nl_engine *e) {
 
 /* The K/V bytes of n prompt tokens of m, from the model's shape alone. */
 static size_t expected_bytes(const nl_model *m, nl_kv_dtype dt, int64_t n) {
-    size_t elems = 2 * (size_t)m->arch.n_layers * (size_t)m->arch.n_kv_heads * (size_t)(m->arch.dim / m->arch.n_heads) * (size_t)n;
+    size_t elems =
+        2 * (size_t)m->arch.n_layers * (size_t)m->arch.n_kv_heads * (size_t)(m->arch.dim / m->arch.n_heads) * (size_t)n;
     if (dt == NL_KV_FP32) return elems * 4;
     /* int8 codes, 1 byte each, plus one fp16 scale per kv head and token for K and for V */
     return elems * 1 + 2 * (size_t)m->arch.n_layers * (size_t)m->arch.n_kv_heads * 2 * (size_t)n;
@@ -110,7 +111,7 @@ static void check_kv_type(nl_kv_dtype dt) {
     nl_model m;
     make_model(&m);
     nl_engine *colo = open_engine(&m, dt, 16, 256);
-    nl_engine *pre = open_engine(&m, dt, 16, 5); /* chunked prefill on the prefill side */
+    nl_engine *pre = open_engine(&m, dt, 16, 5);  /* chunked prefill on the prefill side */
     nl_engine *dec = open_engine(&m, dt, 8, 256); /* another block size on the decode side */
     nl_kvx_shape sh;
     nl_kvx_shape_of(pre, &sh);
@@ -172,8 +173,14 @@ static void check_kv_type(nl_kv_dtype dt) {
     nl_model_free(&m);
 }
 
-static void same_tokens_fp32(void **state) { (void)state; check_kv_type(NL_KV_FP32); }
-static void same_tokens_int8(void **state) { (void)state; check_kv_type(NL_KV_INT8); }
+static void same_tokens_fp32(void **state) {
+    (void)state;
+    check_kv_type(NL_KV_FP32);
+}
+static void same_tokens_int8(void **state) {
+    (void)state;
+    check_kv_type(NL_KV_INT8);
+}
 
 /* Many imports waiting at once, some with max_tokens 1 (done at import), one cancelled while it
  * waits holding blocks: every block comes back. */
@@ -247,7 +254,8 @@ static void expect_refused(const uint8_t *msg, size_t len, size_t off, uint32_t 
         assert_null(kv.data);
     }
     if (rc != NL_ERR_FORMAT || !strstr(nl_last_error(), needle))
-        fail_msg("offset %zu = %u: status %d, message '%s' (expected one naming '%s')", off, v, (int)rc, nl_last_error(), needle);
+        fail_msg("offset %zu = %u: status %d, message '%s' (expected one naming '%s')", off, v, (int)rc,
+                 nl_last_error(), needle);
     free(b);
 }
 
@@ -421,8 +429,8 @@ static proc *spawn(const char *dir, const char *name, const char *args) {
     snprintf(port_file, sizeof port_file, "%s/%s.port", dir, name);
     snprintf(log, sizeof log, "%s/%s.log", dir, name);
     snprintf(p->dir, sizeof p->dir, "%s", log);
-    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 --port-file '%s' >/dev/null 2>'%s'", getenv("NANOLM_BIN"), args,
-             port_file, log);
+    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 --port-file '%s' >/dev/null 2>'%s'", getenv("NANOLM_BIN"),
+             args, port_file, log);
     p->pid = fork();
     assert_true(p->pid >= 0);
     if (p->pid == 0) {
@@ -464,7 +472,8 @@ static int stop_proc(proc *p) {
 
 static cJSON *post(int port, const char *body) {
     nl_http_response r;
-    assert_int_equal(nl_http_request("127.0.0.1", port, "POST", "/v1/completions", body, strlen(body), 300, NULL, NULL, &r), NL_OK);
+    assert_int_equal(
+        nl_http_request("127.0.0.1", port, "POST", "/v1/completions", body, strlen(body), 300, NULL, NULL, &r), NL_OK);
     if (r.status != 200) fail_msg("HTTP %d: %s", r.status, r.body.data ? r.body.data : "");
     cJSON *doc = cJSON_Parse(r.body.data);
     assert_non_null(doc);
@@ -517,7 +526,8 @@ static void cli_roles(void **state) {
         cJSON *c = post(colo->port, bodies[i]), *d = post(dec->port, bodies[i]);
         cJSON *cc = cJSON_GetArrayItem(cJSON_GetObjectItem(c, "choices"), 0);
         cJSON *dc = cJSON_GetArrayItem(cJSON_GetObjectItem(d, "choices"), 0);
-        const char *ct = cJSON_GetObjectItem(cc, "text")->valuestring, *dt = cJSON_GetObjectItem(dc, "text")->valuestring;
+        const char *ct = cJSON_GetObjectItem(cc, "text")->valuestring,
+                   *dt = cJSON_GetObjectItem(dc, "text")->valuestring;
         assert_true(strlen(ct) > 10);
         assert_string_equal(dt, ct);
         assert_string_equal(cJSON_GetObjectItem(dc, "finish_reason")->valuestring,
@@ -545,7 +555,9 @@ static void cli_roles(void **state) {
     /* a decode role without its prefill server is a usage error */
     char *out = NULL;
     assert_int_not_equal(tu_run_cli("serve --dummy-arch '{\"vocab_size\":256,\"dim\":32,\"n_layers\":1,\"n_heads\":2,"
-                                    "\"hidden_dim\":64,\"seq_len\":32}' --role decode", &out), 0);
+                                    "\"hidden_dim\":64,\"seq_len\":32}' --role decode",
+                                    &out),
+                         0);
     assert_non_null(strstr(out, "--prefill"));
     free(out);
     tu_rmdir(dir);
@@ -557,12 +569,9 @@ int main(void) {
      * thread teams wait on descheduled threads) */
     omp_set_num_threads(1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(same_tokens_fp32),
-        cmocka_unit_test(same_tokens_int8),
-        cmocka_unit_test(import_edge_cases),
-        cmocka_unit_test(parser_refuses_bad_input),
-        cmocka_unit_test(over_socket),
-        cmocka_unit_test_teardown(cli_roles, teardown),
+        cmocka_unit_test(same_tokens_fp32),  cmocka_unit_test(same_tokens_int8),
+        cmocka_unit_test(import_edge_cases), cmocka_unit_test(parser_refuses_bad_input),
+        cmocka_unit_test(over_socket),       cmocka_unit_test_teardown(cli_roles, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,10 +21,10 @@
 
 typedef struct edge_case {
     const char *name;
-    int rows, cols;       /* the tensor shape (rows * cols values) */
-    float v[MAXV];        /* first values; see fill() for the generated rows */
-    int n_given;          /* how many of v are given literally (the rest are generated) */
-    int gen;              /* 0: literal only; 1: constant = v[0]; 2: pseudo-random in [-1, 1) */
+    int rows, cols; /* the tensor shape (rows * cols values) */
+    float v[MAXV];  /* first values; see fill() for the generated rows */
+    int n_given;    /* how many of v are given literally (the rest are generated) */
+    int gen;        /* 0: literal only; 1: constant = v[0]; 2: pseudo-random in [-1, 1) */
 } edge_case;
 
 static edge_case cases[] = {
@@ -33,7 +33,12 @@ static edge_case cases[] = {
     {"-inf", 2, 3, {0.25f, 1.0f, -1.0f, -INFINITY, 3.0f, 0.0f}, 6, 0},
     {"-0", 1, 4, {-0.0f, -0.0f, 0.0f, -0.0f}, 4, 0},
     {"subnormals", 1, 5, {FLT_TRUE_MIN, -3 * FLT_TRUE_MIN, FLT_MIN / 2, -FLT_MIN / 1024, 0.0f}, 5, 0},
-    {"tiny-amax", 2, 4, {7 * FLT_TRUE_MIN, -FLT_TRUE_MIN, 0.0f, 2 * FLT_TRUE_MIN, -5 * FLT_TRUE_MIN, 0.0f, 0.0f, FLT_TRUE_MIN}, 8, 0},
+    {"tiny-amax",
+     2,
+     4,
+     {7 * FLT_TRUE_MIN, -FLT_TRUE_MIN, 0.0f, 2 * FLT_TRUE_MIN, -5 * FLT_TRUE_MIN, 0.0f, 0.0f, FLT_TRUE_MIN},
+     8,
+     0},
     {"all-zero", 2, 64, {0.0f}, 1, 1},
     {"constant", 3, 40, {3.25f}, 1, 1},
     {"negative-constant", 1, 32, {-1e-3f}, 1, 1},
@@ -52,16 +57,24 @@ static int64_t numel(const edge_case *c) { return (int64_t)c->rows * c->cols; }
 static void fill(const edge_case *c, float *x) {
     uint32_t s = 12345;
     for (int64_t i = 0; i < numel(c); i++) {
-        if (i < c->n_given) x[i] = c->v[i];
-        else if (c->gen == 1) x[i] = c->v[0];
-        else if (c->gen == 2) { s = s * 1664525u + 1013904223u; x[i] = (float)(s >> 8) / 8388608.0f - 1.0f; }
-        else x[i] = 0.0f;
+        if (i < c->n_given)
+            x[i] = c->v[i];
+        else if (c->gen == 1)
+            x[i] = c->v[0];
+        else if (c->gen == 2) {
+            s = s * 1664525u + 1013904223u;
+            x[i] = (float)(s >> 8) / 8388608.0f - 1.0f;
+        } else
+            x[i] = 0.0f;
     }
 }
 
 static int has_nonfinite(const float *x, int64_t n, int64_t *first) {
     for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) { *first = i; return 1; }
+        if (!isfinite(x[i])) {
+            *first = i;
+            return 1;
+        }
     return 0;
 }
 static int same_bits(float a, float b) {
@@ -75,8 +88,7 @@ static int same_bits(float a, float b) {
 /* A clear error: the expected code and a message that names the first bad value, by its flat
  * index or as [row][col] of the (rows, cols) tensor (bad_index < 0: no index to check). */
 static void expect_error(nl_status want, nl_status rc, const char *what, const edge_case *c, int64_t bad_index) {
-    if (rc != want)
-        fail_msg("%s on %s: expected error %d, got %d (%s)", what, c->name, want, rc, nl_last_error());
+    if (rc != want) fail_msg("%s on %s: expected error %d, got %d (%s)", what, c->name, want, rc, nl_last_error());
     const char *msg = nl_last_error();
     assert_true(msg[0] != '\0');
     if (bad_index >= 0) {
@@ -131,12 +143,14 @@ static void check_round_value(nl_format f, float x, float r, const char *cname) 
     double lowest = fi->kind == NL_FMT_KIND_INT ? -(fi->max_finite + 1) : -fi->max_finite; /* int8: -128 */
     if (!isfinite(r) || (double)r > fi->max_finite || (double)r < lowest)
         fail_msg("%s %s: %g rounded to %g, beyond max %g", fn, cname, (double)x, (double)r, fi->max_finite);
-    if (fabs((double)x) <= fi->max_finite && fabs((double)x) >= (fi->kind == NL_FMT_KIND_SCALE ? fi->min_subnormal : 0)) {
+    if (fabs((double)x) <= fi->max_finite &&
+        fabs((double)x) >= (fi->kind == NL_FMT_KIND_SCALE ? fi->min_subnormal : 0)) {
         double below, above;
         assert_int_equal(nl_fmt_neighbors(f, x, &below, &above), NL_OK);
         double gap = above - below;
         if (fabs((double)r - (double)x) > 0.5 * gap * (1 + 1e-12) && (double)r != below && (double)r != above)
-            fail_msg("%s %s: %g rounded to %g, not a neighbour (%g, %g)", fn, cname, (double)x, (double)r, below, above);
+            fail_msg("%s %s: %g rounded to %g, not a neighbour (%g, %g)", fn, cname, (double)x, (double)r, below,
+                     above);
     }
 }
 
@@ -188,15 +202,15 @@ static void test_formats(void **state) {
                              (double)x[i], (double)dec[i], (double)r[i]);
         }
     }
-    print_message("formats: %d (case, format, value) roundings checked over %d cases x %d formats\n", checked,
-                  NCASES, (int)NL_FMT_COUNT);
+    print_message("formats: %d (case, format, value) roundings checked over %d cases x %d formats\n", checked, NCASES,
+                  (int)NL_FMT_COUNT);
 }
 
 /* ---- quantization schemes ---------------------------------------------------------------------- */
 
-static const char *schemes[] = {"int8-tensor", "int8-channel", "int4-b32", "int2-b16", "affine-int8-tensor",
-                                "affine-uint8-channel", "mxfp8", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp6-e2m3",
-                                "mxfp4", "mxint8"};
+static const char *schemes[] = {"int8-tensor",        "int8-channel",         "int4-b32", "int2-b16",
+                                "affine-int8-tensor", "affine-uint8-channel", "mxfp8",    "mxfp8-e5m2",
+                                "mxfp6-e3m2",         "mxfp6-e2m3",           "mxfp4",    "mxint8"};
 #define NSCHEMES (int)(sizeof schemes / sizeof schemes[0])
 
 /* Mantissa bits of an MX element (the relative error bound 2^-m of a block's largest value). */
@@ -242,7 +256,10 @@ static void test_quant(void **state) {
             }
             /* Affine: a range (0 included) wider than FLT_MAX has no finite fp32 scale. */
             double lo = 0, hi = 0;
-            for (int64_t i = 0; i < n; i++) { lo = fmin(lo, x[i]); hi = fmax(hi, x[i]); }
+            for (int64_t i = 0; i < n; i++) {
+                lo = fmin(lo, x[i]);
+                hi = fmax(hi, x[i]);
+            }
             if (spec.kind == NL_QUANT_AFFINE && hi - lo > FLT_MAX) {
                 expect_clear_error(rc, schemes[si], c, -1);
                 assert_non_null(strstr(nl_last_error(), "wider than fp32"));
@@ -266,13 +283,16 @@ static void test_quant(void **state) {
                 for (int64_t k = 0; k < c->cols; k++) {
                     int64_t i = r * c->cols + k, g = nl_qtensor_group(&q, r, k);
                     double xv = x[i], yv = y[i], s = q.scales[g], bound;
-                    if (!isfinite(yv)) fail_msg("%s on %s[%lld]: dequantized %g", schemes[si], c->name, (long long)i, yv);
+                    if (!isfinite(yv))
+                        fail_msg("%s on %s[%lld]: dequantized %g", schemes[si], c->name, (long long)i, yv);
                     if (xv == 0 && yv != 0)
                         fail_msg("%s on %s[%lld]: zero came back as %g", schemes[si], c->name, (long long)i, yv);
                     /* MX: 2^-m of the block's largest value, or half the element grid's smallest
                      * step (<= 0.5) when the E8M0 scale was clamped at 2^-127 (tiny blocks). */
-                    if (spec.kind == NL_QUANT_MX) bound = fmax(gmax[g] * ldexp(1.0, -mx_man_bits(spec.mx_elem)), 0.5 * s);
-                    else bound = 0.5 * s;
+                    if (spec.kind == NL_QUANT_MX)
+                        bound = fmax(gmax[g] * ldexp(1.0, -mx_man_bits(spec.mx_elem)), 0.5 * s);
+                    else
+                        bound = 0.5 * s;
                     /* fp32 rounding of x * (1/scale) and of code * scale: a few ulps of the values. */
                     bound = bound * (1 + 1e-6) + 4 * FLT_EPSILON * fmax(fabs(xv), gmax[g]) + FLT_TRUE_MIN;
                     if (fabs(yv - xv) > bound)
@@ -318,15 +338,17 @@ static void test_fp8(void **state) {
                     int m = nl_fmt_info(fmts[fi])->man_bits;
                     for (int64_t i = 0; i < n; i++) {
                         double xv = x[i], yv = y[i];
-                        if (!isfinite(yv)) fail_msg("%s on %s[%lld]: %g became %g", what, c->name, (long long)i, xv, yv);
-                        if (xv == 0 && yv != 0) fail_msg("%s on %s[%lld]: zero became %g", what, c->name, (long long)i, yv);
+                        if (!isfinite(yv))
+                            fail_msg("%s on %s[%lld]: %g became %g", what, c->name, (long long)i, xv, yv);
+                        if (xv == 0 && yv != 0)
+                            fail_msg("%s on %s[%lld]: zero became %g", what, c->name, (long long)i, yv);
                         /* 2^-m of the largest value, or half the smallest FP8 step after scaling
                          * when the scale could not grow enough (MX's E8M0 stops at 2^127). */
                         double step0 = nl_fmt_info(fmts[fi])->min_subnormal / st.scale_min;
                         double bound = fmax(amax * ldexp(1.0, -m), 0.5 * step0) * (1 + 1e-6) + FLT_TRUE_MIN;
                         if (fabs(yv - xv) > bound)
-                            fail_msg("%s on %s[%lld]: %g became %g (error %g > %g)", what, c->name, (long long)i, xv, yv,
-                                     fabs(yv - xv), bound);
+                            fail_msg("%s on %s[%lld]: %g became %g (error %g > %g)", what, c->name, (long long)i, xv,
+                                     yv, fabs(yv - xv), bound);
                     }
                     if (scalings[si] != NL_FP8_SCALE_MX && st.saturated != 0)
                         fail_msg("%s on %s: %lld values saturated under current-amax scaling", what, c->name,
@@ -355,8 +377,8 @@ static void test_fp8(void **state) {
                 }
             }
     }
-    print_message("fp8: %d (case, format, scaling) quantizations within bounds, %d refused with a clear error\n",
-                  ok, refused);
+    print_message("fp8: %d (case, format, scaling) quantizations within bounds, %d refused with a clear error\n", ok,
+                  refused);
 }
 
 int main(void) {

@@ -54,8 +54,10 @@ static void test_periodic_stream(void **state) {
     print_message("q untrained %.4f, trained %.4f\n", before.p_after_correct, after.p_after_correct);
     assert_true(after.p_after_correct > 0.95 && after.p_after_correct <= 1.0);
     /* untrained, no token is right (p = 0 above), so q is undefined: NaN, not a made-up number */
-    if (before.accuracy == 0) assert_true(isnan(before.p_after_correct));
-    else assert_true(before.p_after_correct >= 0 && before.p_after_correct <= 1.0);
+    if (before.accuracy == 0)
+        assert_true(isnan(before.p_after_correct));
+    else
+        assert_true(before.p_after_correct >= 0 && before.p_after_correct <= 1.0);
     assert_true(fabs(after.exact[2] - after.accuracy * after.p_after_correct) < 0.05);
     assert_int_equal(nl_emergence_eval(&t.model, &d, NL_DATA_VAL, 8, 40, 0, 40, &after), NL_ERR_INVALID);
     nl_trainer_free(&t);

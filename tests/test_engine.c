@@ -37,7 +37,8 @@ static void make_model(nl_model *m, int64_t seq_len) {
 }
 
 /* Greedy tokens of nl_model_step (the contiguous cache), n_gen after the prompt. */
-static void reference_greedy(nl_model *m, nl_kv_dtype kv, const int32_t *prompt, int64_t n, int64_t n_gen, int32_t *out) {
+static void reference_greedy(nl_model *m, nl_kv_dtype kv, const int32_t *prompt, int64_t n, int64_t n_gen,
+                             int32_t *out) {
     assert_int_equal(nl_model_alloc_kv_dtype(m, kv), NL_OK);
     nl_rng rng;
     nl_rng_seed(&rng, 0);
@@ -45,8 +46,10 @@ static void reference_greedy(nl_model *m, nl_kv_dtype kv, const int32_t *prompt,
     int64_t got = 0;
     for (int64_t pos = 0; got < n_gen; pos++) {
         float *logits = nl_model_step(m, tok, pos);
-        if (pos < n - 1) tok = prompt[pos + 1];
-        else out[got++] = tok = nl_model_sample(logits, m->V, 0.0f, &rng);
+        if (pos < n - 1)
+            tok = prompt[pos + 1];
+        else
+            out[got++] = tok = nl_model_sample(logits, m->V, 0.0f, &rng);
     }
 }
 
@@ -143,7 +146,11 @@ static void test_batch_invariance_chunking_preemption(void **state) {
     assert_int_equal(nl_engine_open_model(&e, &m, NULL, &o), NL_OK);
     for (int i = 0; i < NR; i++) run_all(e, 1, &prompts[i], &plen[i], &s[i], &alone[i], &nalone[i], NULL);
     nl_engine_close(e);
-    struct { int64_t chunk, blocks, step_tokens; int threads; const char *what; } cfg[] = {
+    struct {
+        int64_t chunk, blocks, step_tokens;
+        int threads;
+        const char *what;
+    } cfg[] = {
         {0, 0, 512, 2, "batch of 32, unchunked"},
         {3, 0, 64, 1, "batch of 32, chunks of 3, 64 tokens per step, 1 thread"},
         {5, 16, 40, 2, "pool of 16 blocks of 4 (preemption)"},
@@ -446,8 +453,8 @@ static void test_weight_formats(void **state) {
         } else {
             int same = 0;
             while (same < nt && tok[same] == ref[same]) same++;
-            print_message("%s weights (%zu bytes): first %d of %lld greedy tokens equal fp32's\n", nl_wfmt_name((nl_wfmt)f),
-                          st.weight_bytes, same, (long long)nref);
+            print_message("%s weights (%zu bytes): first %d of %lld greedy tokens equal fp32's\n",
+                          nl_wfmt_name((nl_wfmt)f), st.weight_bytes, same, (long long)nref);
             assert_true(same >= 3);
             free(tok);
         }

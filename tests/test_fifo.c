@@ -44,12 +44,31 @@ static int teardown(void **state) {
     return 0;
 }
 
-enum { L_READ_FILE, L_ST_OPEN, L_LLAMA2C, L_CKPT_MODEL, L_TOKENIZER, L_DATA, L_HW, L_MODEL_FILE, L_SCALING_CSV,
-       L_SWEEP_CSV, L_OPEN_STDIO, L_COUNT };
-static const char *const LOADER_NAMES[L_COUNT] = {
-    "nl_read_file",      "nl_st_open",     "nl_llama2c_read",        "nl_ckpt_load_model",
-    "nl_tokenizer_load_llama2c", "nl_data_open", "nl_catalog_load_hw", "nl_catalog_load_model",
-    "nl_scaling_read_csv", "nl_sweep_read_csv", "nl_file_open_read_stdio"};
+enum {
+    L_READ_FILE,
+    L_ST_OPEN,
+    L_LLAMA2C,
+    L_CKPT_MODEL,
+    L_TOKENIZER,
+    L_DATA,
+    L_HW,
+    L_MODEL_FILE,
+    L_SCALING_CSV,
+    L_SWEEP_CSV,
+    L_OPEN_STDIO,
+    L_COUNT
+};
+static const char *const LOADER_NAMES[L_COUNT] = {"nl_read_file",
+                                                  "nl_st_open",
+                                                  "nl_llama2c_read",
+                                                  "nl_ckpt_load_model",
+                                                  "nl_tokenizer_load_llama2c",
+                                                  "nl_data_open",
+                                                  "nl_catalog_load_hw",
+                                                  "nl_catalog_load_model",
+                                                  "nl_scaling_read_csv",
+                                                  "nl_sweep_read_csv",
+                                                  "nl_file_open_read_stdio"};
 
 /* Runs loader `which` on `path` in this (child) process; the status it returned. */
 static nl_status run_loader(int which, const char *path) {
@@ -122,7 +141,8 @@ static void expect_refused(int which, const char *path, const char *want) {
     int st = 0;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM) fail_msg("%s hung on %s", LOADER_NAMES[which], path);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("%s did not refuse %s with \"%s\"", LOADER_NAMES[which], path, want);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("%s did not refuse %s with \"%s\"", LOADER_NAMES[which], path, want);
 }
 
 static void test_every_loader_refuses_a_fifo(void **state) {

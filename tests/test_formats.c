@@ -23,8 +23,16 @@ static uint32_t enc_ro(nl_format f, float x, nl_rounding r, nl_overflow o) {
     return c;
 }
 
-static float bits2f(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
-static uint32_t f2bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static float bits2f(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static uint32_t f2bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
 
 static void test_course_examples(void **state) {
     (void)state;
@@ -62,7 +70,10 @@ static void test_course_examples(void **state) {
     float acc = 0, part = 0;
     for (int i = 1; i <= 100; i++) {
         part = nl_fmt_round(NL_FMT_E4M3, part + 3.0f);
-        if (i % 8 == 0 || i == 100) { acc += part; part = 0; }
+        if (i % 8 == 0 || i == 100) {
+            acc += part;
+            part = 0;
+        }
     }
     assert_true(acc == 300.0f);
 }
@@ -84,8 +95,8 @@ static void test_known_codes(void **state) {
     assert_int_equal(enc(NL_FMT_E4M3, 0x1p-9f), 0x01);
     assert_true(isnan(nl_fmt_decode(NL_FMT_E4M3, 0x7F)));
     assert_true(isnan(nl_fmt_decode(NL_FMT_E4M3, 0xFF)));
-    assert_int_equal(enc(NL_FMT_E4M3, 500.0f), 0x7E);  /* saturating default */
-    assert_int_equal(enc(NL_FMT_E4M3, 400.0f), 0x7C);  /* 384: tie between 384 and 416 -> even */
+    assert_int_equal(enc(NL_FMT_E4M3, 500.0f), 0x7E); /* saturating default */
+    assert_int_equal(enc(NL_FMT_E4M3, 400.0f), 0x7C); /* 384: tie between 384 and 416 -> even */
     assert_true(nl_fmt_decode(NL_FMT_E4M3, 0x7C) == 384.0f);
     assert_int_equal(enc(NL_FMT_E5M2, 57344.0f), 0x7B);
     assert_int_equal(enc(NL_FMT_E5M2, 1.0f), 0x3C);
@@ -171,7 +182,7 @@ static void test_rounding_modes(void **state) {
     assert_int_equal(enc_ro(NL_FMT_BF16, 257.0f, NL_ROUND_TOWARD_ZERO, NL_OVERFLOW_DEFAULT), 0x4380);
     assert_int_equal(enc_ro(NL_FMT_BF16, 257.0f, NL_ROUND_NEAREST_AWAY, NL_OVERFLOW_DEFAULT), 0x4381);
     assert_int_equal(enc_ro(NL_FMT_BF16, -257.0f, NL_ROUND_TOWARD_ZERO, NL_OVERFLOW_DEFAULT), 0xC380);
-    assert_int_equal(enc_ro(NL_FMT_E4M3, 67.0f, NL_ROUND_TOWARD_ZERO, NL_OVERFLOW_DEFAULT), 0x68); /* 64 */
+    assert_int_equal(enc_ro(NL_FMT_E4M3, 67.0f, NL_ROUND_TOWARD_ZERO, NL_OVERFLOW_DEFAULT), 0x68);  /* 64 */
     assert_int_equal(enc_ro(NL_FMT_E4M3, 68.0f, NL_ROUND_NEAREST_AWAY, NL_OVERFLOW_DEFAULT), 0x69); /* 72 */
     assert_int_equal(enc_ro(NL_FMT_E4M3, 68.0f, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT), 0x68); /* tie 64|72 */
     /* overflow policies */
@@ -185,7 +196,8 @@ static void test_rounding_modes(void **state) {
     assert_int_equal(enc_ro(NL_FMT_FP16, 65520.0f, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT), 0x7C00);
     uint32_t c;
     assert_int_equal(nl_fmt_encode(NL_FMT_E2M1, 7.0f, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_IEEE, 0, &c), NL_ERR_RANGE);
-    assert_int_equal(nl_fmt_encode(NL_FMT_E2M1, NAN, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 0, &c), NL_ERR_INVALID);
+    assert_int_equal(nl_fmt_encode(NL_FMT_E2M1, NAN, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 0, &c),
+                     NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "e2m1"));
     assert_int_equal(nl_fmt_encode(NL_FMT_E8M0, 0.0f, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 0, &c), NL_ERR_RANGE);
     /* NaN stays NaN */
@@ -200,8 +212,8 @@ static void test_rounding_modes(void **state) {
     assert_int_equal(enc(NL_FMT_BF16, bits2f(0x00018000)), 0x0002);
     assert_int_equal(enc(NL_FMT_BF16, bits2f(0x00008000)), 0x0000);
     /* E8M0: nearest power of two in value, ties (1.5 * 2^k) to the even code */
-    assert_int_equal(enc(NL_FMT_E8M0, 1.5f), 0x80);   /* 1 (0x7F) or 2 (0x80): tie -> even */
-    assert_int_equal(enc(NL_FMT_E8M0, 3.0f), 0x80);   /* 2 (0x80) or 4 (0x81) -> 0x80 */
+    assert_int_equal(enc(NL_FMT_E8M0, 1.5f), 0x80); /* 1 (0x7F) or 2 (0x80): tie -> even */
+    assert_int_equal(enc(NL_FMT_E8M0, 3.0f), 0x80); /* 2 (0x80) or 4 (0x81) -> 0x80 */
     assert_int_equal(enc(NL_FMT_E8M0, 1.4f), 0x7F);
     assert_int_equal(enc(NL_FMT_E8M0, 1e-45f), 0x00);
 }
@@ -220,7 +232,8 @@ static void test_stochastic(void **state) {
         assert_int_equal(nl_fmt_neighbors(fs[k], xs[k], &lo, &hi), NL_OK);
         for (int i = 0; i < n; i++) {
             uint32_t c;
-            assert_int_equal(nl_fmt_encode(fs[k], xs[k], NL_ROUND_STOCHASTIC, NL_OVERFLOW_DEFAULT, nl_rng_u32(&r), &c), NL_OK);
+            assert_int_equal(nl_fmt_encode(fs[k], xs[k], NL_ROUND_STOCHASTIC, NL_OVERFLOW_DEFAULT, nl_rng_u32(&r), &c),
+                             NL_OK);
             double v = nl_fmt_decode(fs[k], c);
             assert_true(v == lo || v == hi);
             sum += v;
@@ -263,9 +276,9 @@ static float *make_inputs(size_t *n_out) {
     size_t i = 0;
     for (uint32_t s = 0; s < 2; s++)
         for (uint32_t e = 0; e < 256; e++) {
-            const uint32_t ms[] = {0, 1, 2, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFF, 0x7FFFFE,
-                                   0x8000, 0x7FFF, 0x18000, 0x10000, 0xFFFF, 0x1000, 0x80000,
-                                   0x100000, 0x200000, 0x180000, 0x0FFFFF, 0x300000, 0x0C0000};
+            const uint32_t ms[] = {0,        1,        2,        0x3FFFFF, 0x400000, 0x400001, 0x7FFFFF,
+                                   0x7FFFFE, 0x8000,   0x7FFF,   0x18000,  0x10000,  0xFFFF,   0x1000,
+                                   0x80000,  0x100000, 0x200000, 0x180000, 0x0FFFFF, 0x300000, 0x0C0000};
             for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) x[i++] = bits2f(s << 31 | e << 23 | ms[k]);
         }
     while (i < n / 2) x[i++] = bits2f(nl_rng_u32(&r));
@@ -281,8 +294,7 @@ static void check_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n,
     for (size_t off = 0; off < 3; off++) {
         size_t m = n - off * 7;
         memset(codes, 0xAB, (n + 64) * w);
-        if (skip_nan) {
-            /* caller passes NaN-free input */
+        if (skip_nan) { /* caller passes NaN-free input */
         }
         nl_status rc = nl_fmt_encode_array_kernel(f, k, x + off, m, codes);
         assert_int_equal(rc, NL_OK);
@@ -290,13 +302,17 @@ static void check_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n,
             uint32_t ref = enc(f, x[off + i]);
             uint32_t got = w == 4 ? ((uint32_t *)codes)[i] : w == 2 ? ((uint16_t *)codes)[i] : codes[i];
             if (got != ref) {
-                print_error("%s kernel %s: x=%a (0x%08X) got 0x%X want 0x%X\n", nl_fmt_name(f),
-                            nl_fmt_kernel_name(k), (double)x[off + i], f2bits(x[off + i]), got, ref);
+                print_error("%s kernel %s: x=%a (0x%08X) got 0x%X want 0x%X\n", nl_fmt_name(f), nl_fmt_kernel_name(k),
+                            (double)x[off + i], f2bits(x[off + i]), got, ref);
                 fail();
             }
         }
-        assert_int_equal(w == 4 ? ((uint32_t *)codes)[m] : w == 2 ? ((uint16_t *)codes)[m] : codes[m],
-                         w == 4 ? 0xABABABABu : w == 2 ? 0xABAB : 0xAB);
+        assert_int_equal(w == 4   ? ((uint32_t *)codes)[m]
+                         : w == 2 ? ((uint16_t *)codes)[m]
+                                  : codes[m],
+                         w == 4   ? 0xABABABABu
+                         : w == 2 ? 0xABAB
+                                  : 0xAB);
     }
     free(codes);
 }
@@ -307,21 +323,24 @@ static void test_kernels_vs_scalar(void **state) {
     float *x = make_inputs(&n);
     float *xn = malloc(n * sizeof *xn); /* NaN-free copy for formats without NaN */
     size_t nn = 0;
-    for (size_t i = 0; i < n; i++) if (!isnan(x[i])) xn[nn++] = x[i];
-    const nl_format fs[] = {NL_FMT_BF16, NL_FMT_FP16, NL_FMT_E4M3, NL_FMT_E5M2, NL_FMT_E3M2, NL_FMT_E2M3, NL_FMT_E2M1,
-                            NL_FMT_FP32, NL_FMT_TF32, NL_FMT_E8M0, NL_FMT_INT8, NL_FMT_INT4};
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(x[i])) xn[nn++] = x[i];
+    const nl_format fs[] = {NL_FMT_BF16, NL_FMT_FP16, NL_FMT_E4M3, NL_FMT_E5M2, NL_FMT_E3M2, NL_FMT_E2M3,
+                            NL_FMT_E2M1, NL_FMT_FP32, NL_FMT_TF32, NL_FMT_E8M0, NL_FMT_INT8, NL_FMT_INT4};
     int ran = 0;
     for (size_t j = 0; j < sizeof fs / sizeof fs[0]; j++) {
         const nl_format_info *fi = nl_fmt_info(fs[j]);
         for (int k = NL_FMT_KERNEL_AUTO; k < NL_FMT_KERNEL_COUNT; k++) {
             if (!nl_fmt_kernel_available(fs[j], (nl_fmt_kernel)k)) {
-                print_message("[  INFO    ] %s kernel %s not available here\n", fi->name, nl_fmt_kernel_name((nl_fmt_kernel)k));
+                print_message("[  INFO    ] %s kernel %s not available here\n", fi->name,
+                              nl_fmt_kernel_name((nl_fmt_kernel)k));
                 continue;
             }
             if (fs[j] == NL_FMT_E8M0) { /* no zero or negatives: use |x| > 0 */
                 float *xp = malloc(nn * sizeof *xp);
                 size_t np = 0;
-                for (size_t i = 0; i < nn; i++) if (xn[i] != 0) xp[np++] = fabsf(xn[i]);
+                for (size_t i = 0; i < nn; i++)
+                    if (xn[i] != 0) xp[np++] = fabsf(xn[i]);
                 check_kernel(fs[j], (nl_fmt_kernel)k, xp, np, 0);
                 free(xp);
             } else {
@@ -355,8 +374,10 @@ static void test_array_api(void **state) {
         assert_int_equal(nl_fmt_round_array((nl_format)f, r, n), NL_OK);
         for (size_t i = 0; i < n; i++) {
             float want = nl_fmt_round((nl_format)f, x[i]);
-            if (isnan(want)) assert_true(isnan(r[i]));
-            else assert_true(f2bits(r[i]) == f2bits(want));
+            if (isnan(want))
+                assert_true(isnan(r[i]));
+            else
+                assert_true(f2bits(r[i]) == f2bits(want));
         }
         const nl_format_info *fi = nl_fmt_info((nl_format)f);
         if (!fi->has_nan || f == NL_FMT_E8M0) continue;
@@ -380,7 +401,12 @@ static void test_array_api(void **state) {
         uint16_t b = (uint16_t)(i * 2654435761u);
         assert_true(f2bits(nl_f32_from_bf16(b)) == f2bits(nl_fmt_decode(NL_FMT_BF16, b)));
     }
-    free(h); free(hd); free(r); free(codes); free(d); free(x);
+    free(h);
+    free(hd);
+    free(r);
+    free(codes);
+    free(d);
+    free(x);
 }
 
 /* The CLI: table, cast, sum, and bad input (exit 2, names the problem). */

@@ -42,27 +42,28 @@ typedef struct spec {
     int ieee_specials; /* exponent all ones = inf (mantissa 0) / NaN */
     int e4m3_nan;      /* only magnitude all ones is NaN, no inf */
     int has_nan;
-    int saturate;      /* default overflow of the bulk API */
+    int saturate; /* default overflow of the bulk API */
 } spec;
 
 static const spec SPECS[] = {
-    {NL_FMT_BF16, "bf16", 8, 7, 127, 16, 1, 0, 1, 0},
-    {NL_FMT_FP16, "fp16", 5, 10, 15, 16, 1, 0, 1, 0},
-    {NL_FMT_E4M3, "e4m3", 4, 3, 7, 8, 0, 1, 1, 1},
-    {NL_FMT_E5M2, "e5m2", 5, 2, 15, 8, 1, 0, 1, 1},
-    {NL_FMT_E3M2, "e3m2", 3, 2, 3, 6, 0, 0, 0, 1},
-    {NL_FMT_E2M3, "e2m3", 2, 3, 1, 6, 0, 0, 0, 1},
+    {NL_FMT_BF16, "bf16", 8, 7, 127, 16, 1, 0, 1, 0}, {NL_FMT_FP16, "fp16", 5, 10, 15, 16, 1, 0, 1, 0},
+    {NL_FMT_E4M3, "e4m3", 4, 3, 7, 8, 0, 1, 1, 1},    {NL_FMT_E5M2, "e5m2", 5, 2, 15, 8, 1, 0, 1, 1},
+    {NL_FMT_E3M2, "e3m2", 3, 2, 3, 6, 0, 0, 0, 1},    {NL_FMT_E2M3, "e2m3", 2, 3, 1, 6, 0, 0, 0, 1},
     {NL_FMT_E2M1, "e2m1", 2, 1, 1, 4, 0, 0, 0, 1},
 };
 
 typedef struct table {
-    int n;            /* entries */
-    double *v;        /* sorted values */
-    uint32_t *code;   /* their codes */
-    uint32_t *start;  /* start[i]: first non-negative fp32 pattern that maps to entry i; start[n] = 0x7F800001 */
+    int n;           /* entries */
+    double *v;       /* sorted values */
+    uint32_t *code;  /* their codes */
+    uint32_t *start; /* start[i]: first non-negative fp32 pattern that maps to entry i; start[n] = 0x7F800001 */
 } table;
 
-static double pat2d(uint32_t p) { float x; memcpy(&x, &p, 4); return (double)x; }
+static double pat2d(uint32_t p) {
+    float x;
+    memcpy(&x, &p, 4);
+    return (double)x;
+}
 
 static int ref_is_nan_code(const spec *s, uint32_t mag) {
     if (s->e4m3_nan) return mag == (1u << (s->bits - 1)) - 1;
@@ -101,8 +102,10 @@ static void build_table(const spec *s, table *t) {
         while (lo < hi) {
             uint32_t md = lo + (hi - lo) / 2;
             double x = pat2d(md);
-            if (x > mid || (x == mid && tie_up)) hi = md;
-            else lo = md + 1;
+            if (x > mid || (x == mid && tie_up))
+                hi = md;
+            else
+                lo = md + 1;
         }
         t->start[i + 1] = lo;
     }
@@ -110,7 +113,7 @@ static void build_table(const spec *s, table *t) {
 }
 
 #define CHUNK_LOG 20
-#define CHUNK (1u << CHUNK_LOG)
+#define CHUNK     (1u << CHUNK_LOG)
 
 typedef struct result {
     uint64_t mismatches;
@@ -196,8 +199,10 @@ static void check_chunk(const spec *s, nl_fmt_kernel kern, const table *t, uint3
         int lo = 0, hi = t->n - 1; /* last j with start[j] <= q0 */
         while (lo < hi) {
             int md = (lo + hi + 1) / 2;
-            if (t->start[md] <= q0) lo = md;
-            else hi = md - 1;
+            if (t->start[md] <= q0)
+                lo = md;
+            else
+                hi = md - 1;
         }
         for (int j = lo; j < t->n && i < CHUNK; j++) {
             uint64_t end = t->start[j + 1] - (uint64_t)q0; /* exclusive, relative to chunk */
@@ -207,7 +212,10 @@ static void check_chunk(const spec *s, nl_fmt_kernel kern, const table *t, uint3
             uint64_t bad = cmp_run(codes, w, i, b, want);
             if (bad) {
                 for (size_t k = i; k < b; k++)
-                    if (get_code(codes, w, k) != want) { note_bad(r, p0 + (uint32_t)k, get_code(codes, w, k), want); break; }
+                    if (get_code(codes, w, k) != want) {
+                        note_bad(r, p0 + (uint32_t)k, get_code(codes, w, k), want);
+                        break;
+                    }
 #pragma omp critical(exh_bad)
                 r->mismatches += bad - 1;
             }
@@ -257,12 +265,13 @@ static void test_exhaustive(void **state) {
                 nl_free(codes);
             }
             double dt = nl_time_s() - t0;
-            print_message("[  INFO    ] %-5s kernel %-10s%s: 2^32 patterns, %d table values, %llu mismatches, %.1f s (%d threads)\n",
-                          s->name, nl_fmt_kernel_name(kern), kern == nl_fmt_kernel_auto(s->f) ? " (auto)" : "       ", t.n,
-                          (unsigned long long)r.mismatches, dt, threads);
+            print_message("[  INFO    ] %-5s kernel %-10s%s: 2^32 patterns, %d table values, %llu mismatches, %.1f s "
+                          "(%d threads)\n",
+                          s->name, nl_fmt_kernel_name(kern), kern == nl_fmt_kernel_auto(s->f) ? " (auto)" : "       ",
+                          t.n, (unsigned long long)r.mismatches, dt, threads);
             if (r.mismatches)
-                print_error("%s/%s: first mismatch at fp32 0x%08X: got 0x%X want 0x%X (0xFFFFFFFF = a NaN code)\n", s->name,
-                            nl_fmt_kernel_name(kern), r.first_pattern, r.first_got, r.first_want);
+                print_error("%s/%s: first mismatch at fp32 0x%08X: got 0x%X want 0x%X (0xFFFFFFFF = a NaN code)\n",
+                            s->name, nl_fmt_kernel_name(kern), r.first_pattern, r.first_got, r.first_want);
             total_bad += r.mismatches + (uint64_t)r.other_failures;
             kernels_run++;
         }
@@ -276,15 +285,18 @@ static void test_exhaustive(void **state) {
             nl_status rc = nl_fmt_encode(s->f, x, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 0, &got);
             scalar_n++;
             if (q > 0x7F800000u) {
-                if (s->has_nan ? rc != NL_OK || !ref_is_nan_code(s, got & ~sbit) || (got & sbit) != sbit : rc != NL_ERR_INVALID)
+                if (s->has_nan ? rc != NL_OK || !ref_is_nan_code(s, got & ~sbit) || (got & sbit) != sbit
+                               : rc != NL_ERR_INVALID)
                     scalar_bad++;
                 continue;
             }
             int j = 0, hi = t.n - 1;
             while (j < hi) {
                 int md = (j + hi + 1) / 2;
-                if (t.start[md] <= q) j = md;
-                else hi = md - 1;
+                if (t.start[md] <= q)
+                    j = md;
+                else
+                    hi = md - 1;
             }
             if (rc != NL_OK || got != (t.code[j] | sbit)) {
                 if (scalar_bad++ == 0)
@@ -318,7 +330,9 @@ static void test_reference_table(void **state) {
     int j = t.n - 1;
     while (t.start[j] > p400) j--;
     assert_int_equal(t.code[j], 0x7C);
-    free(t.v); free(t.code); free(t.start);
+    free(t.v);
+    free(t.code);
+    free(t.start);
     build_table(&SPECS[1], &t); /* fp16: 70000 -> inf entry, 65519 -> 0x7BFF, 65520 -> inf */
     float f = 65519.0f;
     uint32_t p;
@@ -331,7 +345,9 @@ static void test_reference_table(void **state) {
     j = t.n - 1;
     while (t.start[j] > p) j--;
     assert_int_equal(t.code[j], 0x7C00);
-    free(t.v); free(t.code); free(t.start);
+    free(t.v);
+    free(t.code);
+    free(t.start);
 }
 
 int main(void) {

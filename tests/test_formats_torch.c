@@ -68,7 +68,10 @@ static void test_torch_fixture(void **state) {
                   ties, bad);
     assert_true(nans > 5 && subn > 10 && ties > 1000);
     assert_int_equal(bad, 0);
-    free(x); free(bf); free(fp); free(buf);
+    free(x);
+    free(bf);
+    free(fp);
+    free(buf);
 }
 
 int main(void) {

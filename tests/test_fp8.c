@@ -115,8 +115,8 @@ static void test_fast_kernel_matches_reference(void **state) {
     float *C1 = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N);
     nl_rng r;
     nl_rng_seed(&r, 99);
-    const nl_fp8_acc accs[] = {{14, 32, 0, NL_FP8_ACC_TRUNCATE}, {14, 32, 128, NL_FP8_ACC_TRUNCATE},
-                               {14, 32, 32, NL_FP8_ACC_TRUNCATE}, {4, 8, 64, NL_FP8_ACC_TRUNCATE},
+    const nl_fp8_acc accs[] = {{14, 32, 0, NL_FP8_ACC_TRUNCATE},   {14, 32, 128, NL_FP8_ACC_TRUNCATE},
+                               {14, 32, 32, NL_FP8_ACC_TRUNCATE},  {4, 8, 64, NL_FP8_ACC_TRUNCATE},
                                {24, 64, 128, NL_FP8_ACC_TRUNCATE}, {9, 1, 0, NL_FP8_ACC_TRUNCATE},
                                {2, 16, 16, NL_FP8_ACC_TRUNCATE}};
     const nl_format fmts[2] = {NL_FMT_E4M3, NL_FMT_E5M2};
@@ -124,7 +124,7 @@ static void test_fast_kernel_matches_reference(void **state) {
     for (int dist = 0; dist < 4; dist++) {
         for (int64_t i = 0; i < M * K; i++) {
             double v = dist == 1 ? nl_rng_float(&r) : nl_rng_normal(&r);
-            if (dist == 2 && nl_rng_below(&r, 4) == 0) v = 0.0;              /* zeros */
+            if (dist == 2 && nl_rng_below(&r, 4) == 0) v = 0.0;             /* zeros */
             if (dist == 3) v *= ldexp(1.0, (int)nl_rng_below(&r, 60) - 30); /* 2^-30 .. 2^30 */
             A[i] = (float)v;
         }
@@ -180,16 +180,23 @@ static void test_fast_kernel_matches_reference(void **state) {
             if (kernel) assert_true(c3[w] == c2[w]);
         }
     }
-    free(A2); free(B2);
-    free(A); free(B); free(C1); free(C2);
+    free(A2);
+    free(B2);
+    free(A);
+    free(B);
+    free(C1);
+    free(C2);
 }
 
 /* Runs the GEMM and returns the errors against fp64 of the FP8 operands (acc) and of the fp32
  * operands (total), as max|C-R|/max|R|. */
-typedef struct errs { double acc_max, acc_fro, tot_max, tot_fro; nl_fp8_stats st; } errs;
+typedef struct errs {
+    double acc_max, acc_fro, tot_max, tot_fro;
+    nl_fp8_stats st;
+} errs;
 
-static errs gemm_errors(nl_fp8_scaling sc, nl_fp8_acc acc, int64_t M, int64_t N, int64_t K,
-                        const float *A, const float *B) {
+static errs gemm_errors(nl_fp8_scaling sc, nl_fp8_acc acc, int64_t M, int64_t N, int64_t K, const float *A,
+                        const float *B) {
     errs e;
     nl_fp8_gemm_opts o;
     nl_fp8_gemm_opts_default(&o);
@@ -205,7 +212,11 @@ static errs gemm_errors(nl_fp8_scaling sc, nl_fp8_acc acc, int64_t M, int64_t N,
     nl_fp8_gemm_ref_f64(M, N, K, Ad, Bd, refq);
     nl_fp8_rel_error(M * N, C, refq, &e.acc_max, &e.acc_fro);
     nl_fp8_rel_error(M * N, C, ref, &e.tot_max, &e.tot_fro);
-    free(C); free(Ad); free(Bd); free(ref); free(refq);
+    free(C);
+    free(Ad);
+    free(Bd);
+    free(ref);
+    free(refq);
     return e;
 }
 
@@ -215,8 +226,10 @@ static void random_operands(float *A, float *B, int64_t M, int64_t N, int64_t K,
     nl_rng_seed(&r, seed);
     for (int64_t i = 0; i < M * K + K * N; i++) {
         const float v = dist == 2 ? 2.0f * nl_rng_float(&r) - 1.0f : dist ? nl_rng_float(&r) : (float)nl_rng_normal(&r);
-        if (i < M * K) A[i] = v;
-        else B[i - M * K] = v;
+        if (i < M * K)
+            A[i] = v;
+        else
+            B[i - M * K] = v;
     }
 }
 
@@ -240,8 +253,8 @@ static void test_deepseek_k4096(void **state) {
         errs n = gemm_errors(NL_FP8_SCALE_TENSOR, never, M, N, K, A, B);
         errs p = gemm_errors(NL_FP8_SCALE_TENSOR, prom, M, N, K, A, B);
         print_message("%s operands, K=4096: acc err max fp32 %.2e | 14-bit never %.2e | 14-bit every 128 %.2e;"
-                      " total err max %.3e | %.3e | %.3e\n", names[dist],
-                      f.acc_max, n.acc_max, p.acc_max, f.tot_max, n.tot_max, p.tot_max);
+                      " total err max %.3e | %.3e | %.3e\n",
+                      names[dist], f.acc_max, n.acc_max, p.acc_max, f.tot_max, n.tot_max, p.tot_max);
         /* fp32 accumulation of exact FP8 products: fp32 rounding only */
         assert_true(f.acc_max < 2e-6);
         /* never promoted: a few tenths of a percent (the estimate above), far above fp32 */
@@ -296,8 +309,9 @@ static void test_outlier_channel(void **state) {
         errs t = gemm_errors(NL_FP8_SCALE_TENSOR, prom, M, N, K, A, B);
         errs b = gemm_errors(NL_FP8_SCALE_BLOCK, prom, M, N, K, A, B);
         print_message("outlier x%g: total err fro tensor %.3e (flushed %lld) | block %.3e (flushed %lld);"
-                      " no outlier tensor %.3e\n", factors[f], t.tot_fro, (long long)t.st.a.flushed,
-                      b.tot_fro, (long long)b.st.a.flushed, base.tot_fro);
+                      " no outlier tensor %.3e\n",
+                      factors[f], t.tot_fro, (long long)t.st.a.flushed, b.tot_fro, (long long)b.st.a.flushed,
+                      base.tot_fro);
         /* per-tensor loses more values than per-block at every factor */
         assert_true(t.st.a.flushed > 4 * b.st.a.flushed);
         if (f <= 1) {
@@ -364,7 +378,7 @@ static void test_delayed_outlier_saturates(void **state) {
     float x[256], out[256];
     for (int step = 0; step < 16; step++) {
         for (int i = 0; i < 256; i++) x[i] = (float)(i % 17) / 16.0f - 0.5f; /* amax 0.5 */
-        x[3] = 1.0f;                                                          /* amax 1 */
+        x[3] = 1.0f;                                                         /* amax 1 */
         assert_int_equal(nl_fp8_quantize(NL_FMT_E4M3, NL_FP8_SCALE_DELAYED, &d, 2, 128, 1, x, out, NULL), NL_OK);
     }
     assert_true(d.scale == 448.0f);
@@ -386,8 +400,8 @@ static void test_mx_scale_rule(void **state) {
     /* one block of 32, amax 1.0: X = floor(log2 1) - 8 = -8, elements x * 256 */
     float x[64], out[64];
     for (int i = 0; i < 64; i++) x[i] = 0.01f * (float)(i % 32) - 0.15f;
-    x[7] = 1.0f;    /* block 0 amax 1.0 */
-    x[40] = 1.9f;   /* block 1 amax 1.9: X = 0 - 8, 1.9 * 256 = 486.4 > 448: saturates */
+    x[7] = 1.0f;  /* block 0 amax 1.0 */
+    x[40] = 1.9f; /* block 1 amax 1.9: X = 0 - 8, 1.9 * 256 = 486.4 > 448: saturates */
     nl_fp8_operand_stats st;
     assert_int_equal(nl_fp8_quantize(NL_FMT_E4M3, NL_FP8_SCALE_MX, NULL, 1, 64, 1, x, out, &st), NL_OK);
     assert_int_equal(st.saturated, 1);
@@ -438,7 +452,9 @@ static void test_partial_blocks_and_layouts(void **state) {
         double emax, efro;
         nl_fp8_rel_error(M * N, C1, ref, &emax, &efro);
         assert_true(emax < 1e-5);
-        free(Ad); free(Bd); free(ref);
+        free(Ad);
+        free(Bd);
+        free(ref);
     }
     /* one output of the MX GEMM (power-of-two scales: products of dequantized values are the
      * kernel's terms) equals the accumulator API on the same products */
@@ -455,8 +471,14 @@ static void test_partial_blocks_and_layouts(void **state) {
     float s;
     assert_int_equal(nl_fp8_acc_sum(&o.acc, terms, K, &s), NL_OK);
     assert_true(s == C1[2 * N + 129]);
-    free(Ad); free(Bd);
-    free(A); free(B); free(At); free(Bt); free(C1); free(C2);
+    free(Ad);
+    free(Bd);
+    free(A);
+    free(B);
+    free(At);
+    free(Bt);
+    free(C1);
+    free(C2);
 }
 
 /* ---- bad input ---------------------------------------------------------------------------------- */
@@ -581,9 +603,16 @@ static void test_cli(void **state) {
     tu_rmdir(dir);
     free(dir);
 
-    const char *bad[] = {"fp8 gemm --scaling rowwise", "fp8 gemm --format bf16", "fp8 gemm --k 128 --outlier 200:10",
-                         "fp8 gemm --outlier 3", "fp8 gemm --promote 100", "fp8 gemm --bogus", "fp8 transpose",
-                         "fp8 gemm --acc-bits 40", "fp8 curves", "fp8 curves --run nolabel"};
+    const char *bad[] = {"fp8 gemm --scaling rowwise",
+                         "fp8 gemm --format bf16",
+                         "fp8 gemm --k 128 --outlier 200:10",
+                         "fp8 gemm --outlier 3",
+                         "fp8 gemm --promote 100",
+                         "fp8 gemm --bogus",
+                         "fp8 transpose",
+                         "fp8 gemm --acc-bits 40",
+                         "fp8 curves",
+                         "fp8 curves --run nolabel"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = tu_run_cli(bad[i], &out);
         if (rc != 2) print_message("'%s' -> %d: %s\n", bad[i], rc, out);

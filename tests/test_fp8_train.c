@@ -16,8 +16,15 @@ static void tiny(nl_model *m, int32_t **x, int32_t **y, int64_t B, int64_t T) {
     nl_arch a;
     memset(&a, 0, sizeof a);
     snprintf(a.name, sizeof a.name, "tiny");
-    a.vocab_size = 64; a.dim = 64; a.n_layers = 2; a.n_heads = 4; a.n_kv_heads = 2; a.hidden_dim = 96;
-    a.seq_len = 32; a.rope_theta = 10000.0; a.norm_eps = 1e-5;
+    a.vocab_size = 64;
+    a.dim = 64;
+    a.n_layers = 2;
+    a.n_heads = 4;
+    a.n_kv_heads = 2;
+    a.hidden_dim = 96;
+    a.seq_len = 32;
+    a.rope_theta = 10000.0;
+    a.norm_eps = 1e-5;
     assert_int_equal(nl_model_init(m, &a), NL_OK);
     nl_model_init_random(m, 5);
     assert_int_equal(nl_model_alloc_grads(m), NL_OK);
@@ -34,7 +41,11 @@ static void tiny(nl_model *m, int32_t **x, int32_t **y, int64_t B, int64_t T) {
 
 static double cosine(const float *a, const float *b, size_t n) {
     double ab = 0, aa = 0, bb = 0;
-    for (size_t i = 0; i < n; i++) { ab += (double)a[i] * b[i]; aa += (double)a[i] * a[i]; bb += (double)b[i] * b[i]; }
+    for (size_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
     return ab / sqrt(aa * bb);
 }
 
@@ -108,7 +119,7 @@ static void test_fp8_linear_delayed_and_errors(void **state) {
         assert_int_equal(nl_model_backward(&m), NL_OK);
     }
     assert_true(isfinite(loss));
-    assert_int_equal(f.delayed[0].steps, 3);  /* layer 0 qkv, forward activations */
+    assert_int_equal(f.delayed[0].steps, 3); /* layer 0 qkv, forward activations */
     assert_true(f.delayed[0].scale != 1.0f);
     m.w.layers[1].wo[3] = NAN;
     assert_int_equal(nl_model_forward(&m, x, y, B, T, &loss), NL_OK);
@@ -145,7 +156,7 @@ static void test_underflow_counts_by_hand(void **state) {
     assert_int_equal(c.overflow, 1);  /* 1e5 */
     memset(&c, 0, sizeof c);
     assert_int_equal(nl_underflow_count(NL_FMT_FP16, 1024.0f, g, 6, &c), NL_OK);
-    assert_int_equal(c.flushed, 0);   /* 1e-8 * 1024 = 1.02e-5: subnormal, kept */
+    assert_int_equal(c.flushed, 0); /* 1e-8 * 1024 = 1.02e-5: subnormal, kept */
     assert_int_equal(c.subnormal, 2);
     assert_int_equal(c.overflow, 1);
     memset(&c, 0, sizeof c);

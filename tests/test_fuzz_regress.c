@@ -49,34 +49,82 @@ static void replay(const char *target, fuzz_fn fn, int min_seeds) {
     assert_true(seeds >= min_seeds);
 }
 
-static void test_safetensors(void **s) { (void)s; replay("safetensors", nl_fuzz_safetensors, 3); }
-static void test_llama2c(void **s) { (void)s; replay("llama2c", nl_fuzz_llama2c, 2); }
-static void test_tokenizer(void **s) { (void)s; replay("tokenizer", nl_fuzz_tokenizer, 2); }
-static void test_checkpoint(void **s) { (void)s; replay("checkpoint", nl_fuzz_checkpoint, 3); }
-static void test_data(void **s) { (void)s; replay("data", nl_fuzz_data, 2); }
-static void test_catalog(void **s) { (void)s; replay("catalog", nl_fuzz_catalog, 4); }
-static void test_scaling_csv(void **s) { (void)s; replay("scaling_csv", nl_fuzz_scaling_csv, 3); }
+static void test_safetensors(void **s) {
+    (void)s;
+    replay("safetensors", nl_fuzz_safetensors, 3);
+}
+static void test_llama2c(void **s) {
+    (void)s;
+    replay("llama2c", nl_fuzz_llama2c, 2);
+}
+static void test_tokenizer(void **s) {
+    (void)s;
+    replay("tokenizer", nl_fuzz_tokenizer, 2);
+}
+static void test_checkpoint(void **s) {
+    (void)s;
+    replay("checkpoint", nl_fuzz_checkpoint, 3);
+}
+static void test_data(void **s) {
+    (void)s;
+    replay("data", nl_fuzz_data, 2);
+}
+static void test_catalog(void **s) {
+    (void)s;
+    replay("catalog", nl_fuzz_catalog, 4);
+}
+static void test_scaling_csv(void **s) {
+    (void)s;
+    replay("scaling_csv", nl_fuzz_scaling_csv, 3);
+}
 /* Replays with stdout and stderr sent to /dev/null: the CLI targets print their one-line errors
  * and results, which would bury the test's own output. */
 static void replay_quiet(const char *target, fuzz_fn fn, int min_seeds) {
     fflush(stdout);
     fflush(stderr);
     int out = dup(1), err = dup(2), null_fd = open("/dev/null", O_WRONLY);
-    if (null_fd >= 0) { dup2(null_fd, 1); dup2(null_fd, 2); }
+    if (null_fd >= 0) {
+        dup2(null_fd, 1);
+        dup2(null_fd, 2);
+    }
     replay(target, fn, min_seeds);
     fflush(stdout);
     fflush(stderr);
-    if (out >= 0) { dup2(out, 1); close(out); }
-    if (err >= 0) { dup2(err, 2); close(err); }
+    if (out >= 0) {
+        dup2(out, 1);
+        close(out);
+    }
+    if (err >= 0) {
+        dup2(err, 2);
+        close(err);
+    }
     if (null_fd >= 0) close(null_fd);
 }
 
-static void test_cli_numbers(void **s) { (void)s; replay_quiet("cli_numbers", nl_fuzz_cli_numbers, 5); }
-static void test_names(void **s) { (void)s; replay("names", nl_fuzz_names, 5); }
-static void test_formats_cli(void **s) { (void)s; replay_quiet("formats_cli", nl_fuzz_formats_cli, 3); }
-static void test_train_state(void **s) { (void)s; replay_quiet("train_state", nl_fuzz_train_state, 5); }
-static void test_http_request(void **s) { (void)s; replay_quiet("http_request", nl_fuzz_http_request, 3); }
-static void test_kv_transfer(void **s) { (void)s; replay("kv_transfer", nl_fuzz_kv_transfer, 5); }
+static void test_cli_numbers(void **s) {
+    (void)s;
+    replay_quiet("cli_numbers", nl_fuzz_cli_numbers, 5);
+}
+static void test_names(void **s) {
+    (void)s;
+    replay("names", nl_fuzz_names, 5);
+}
+static void test_formats_cli(void **s) {
+    (void)s;
+    replay_quiet("formats_cli", nl_fuzz_formats_cli, 3);
+}
+static void test_train_state(void **s) {
+    (void)s;
+    replay_quiet("train_state", nl_fuzz_train_state, 5);
+}
+static void test_http_request(void **s) {
+    (void)s;
+    replay_quiet("http_request", nl_fuzz_http_request, 3);
+}
+static void test_kv_transfer(void **s) {
+    (void)s;
+    replay("kv_transfer", nl_fuzz_kv_transfer, 5);
+}
 
 /* The first finding, pinned by its exact outcome: a 33-byte header whose fields multiply past
  * int64 (dim*hidden_dim*n_layers overflowed in the layout) must be refused as a format error
@@ -94,20 +142,13 @@ static void test_llama2c_header_overflow(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_safetensors),
-        cmocka_unit_test(test_llama2c),
-        cmocka_unit_test(test_tokenizer),
-        cmocka_unit_test(test_data),
-        cmocka_unit_test(test_checkpoint),
-        cmocka_unit_test(test_catalog),
-        cmocka_unit_test(test_scaling_csv),
-        cmocka_unit_test(test_train_state),
-        cmocka_unit_test(test_cli_numbers),
-        cmocka_unit_test(test_names),
-        cmocka_unit_test(test_formats_cli),
-        cmocka_unit_test(test_http_request),
-        cmocka_unit_test(test_kv_transfer),
-        cmocka_unit_test(test_llama2c_header_overflow),
+        cmocka_unit_test(test_safetensors), cmocka_unit_test(test_llama2c),
+        cmocka_unit_test(test_tokenizer),   cmocka_unit_test(test_data),
+        cmocka_unit_test(test_checkpoint),  cmocka_unit_test(test_catalog),
+        cmocka_unit_test(test_scaling_csv), cmocka_unit_test(test_train_state),
+        cmocka_unit_test(test_cli_numbers), cmocka_unit_test(test_names),
+        cmocka_unit_test(test_formats_cli), cmocka_unit_test(test_http_request),
+        cmocka_unit_test(test_kv_transfer), cmocka_unit_test(test_llama2c_header_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

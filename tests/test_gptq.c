@@ -14,7 +14,7 @@
 
 typedef struct fixture {
     int rows, cols, tokens;
-    float *x, *w;      /* (tokens, cols), (rows, cols) */
+    float *x, *w; /* (tokens, cols), (rows, cols) */
     cJSON *meta;
 } fixture;
 
@@ -104,7 +104,8 @@ static void test_matches_pytorch_reference(void **state) {
         double ref_loss = cJSON_GetObjectItem(cfg, "loss")->valuedouble;
         double ref_err = cJSON_GetObjectItem(cfg, "output_sq_error")->valuedouble;
         double err = output_sq_error(f.w, wq, f.x, f.rows, f.cols, f.tokens);
-        assert_int_equal(nl_qgrid_rtn(f.w, f.rows, f.cols, o.bits, o.group_size, o.symmetric, NULL, NULL, NULL, wr), NL_OK);
+        assert_int_equal(nl_qgrid_rtn(f.w, f.rows, f.cols, o.bits, o.group_size, o.symmetric, NULL, NULL, NULL, wr),
+                         NL_OK);
         double rtn_err = output_sq_error(f.w, wr, f.x, f.rows, f.cols, f.tokens);
         print_message("  %-13s codes %d/%d differ, scales %d, zeros %d; loss %.6f (ref %.6f); "
                       "||(W-Wq)X||^2 gptq %.3f (ref %.3f) rtn %.3f\n",
@@ -123,9 +124,15 @@ static void test_matches_pytorch_reference(void **state) {
             assert_int_equal(codes[r * f.cols + 40], (int)zp[r * ng + gi40]);
             assert_int_equal(codes[r * f.cols + 200], (int)zp[r * ng + gi200]);
         }
-        free(ref_codes); free(ref_sc); free(ref_zp); free(sc); free(zp);
+        free(ref_codes);
+        free(ref_sc);
+        free(ref_zp);
+        free(sc);
+        free(zp);
     }
-    free(codes); free(wq); free(wr);
+    free(codes);
+    free(wq);
+    free(wr);
     nl_gptq_hessian_free(&hs);
     fixture_free(&f);
 }
@@ -170,7 +177,9 @@ static void test_inverse_factor(void **state) {
         }
     }
     assert_true(maxerr < 1e-9);
-    free(a); free(u); free(x);
+    free(a);
+    free(u);
+    free(x);
     nl_gptq_hessian_free(&hs);
 }
 
@@ -193,7 +202,8 @@ static void test_thread_count_does_not_matter(void **state) {
     assert_int_equal(nl_gptq_quantize(f.w, f.rows, f.cols, hs.h, &o, NULL, NULL, NULL, b, NULL), NL_OK);
     nl_set_threads(saved);
     assert_memory_equal(a, b, n * sizeof(float));
-    free(a); free(b);
+    free(a);
+    free(b);
     nl_gptq_hessian_free(&hs);
     fixture_free(&f);
 }

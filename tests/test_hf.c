@@ -41,8 +41,8 @@ static void family_arch(int fam, nl_arch *a) {
         a->rope_scaling_factor = 32, a->rope_low_freq_factor = 1, a->rope_high_freq_factor = 4;
         a->rope_original_max_pos = 16;
     } else {
-        a->dim = 56, a->n_heads = 7, a->n_kv_heads = 1, a->hidden_dim = 96, a->rope_theta = 1000000,
-        a->norm_eps = 1e-6, a->tied_embeddings = 1, a->qkv_bias = 1;
+        a->dim = 56, a->n_heads = 7, a->n_kv_heads = 1, a->hidden_dim = 96, a->rope_theta = 1000000, a->norm_eps = 1e-6,
+        a->tied_embeddings = 1, a->qkv_bias = 1;
     }
 }
 
@@ -110,7 +110,8 @@ static void test_rope_order_matches_rotate_half(void **state) {
         nl_rope_apply(y, m.rope_cos + pos * half, m.rope_sin + pos * half, 1, 1, heads, hd, heads * hd, 0);
         nl_hf_permute_rows(y_hf, y, heads, hd, 1, 1);
         for (int i = 0; i < heads * hd; i++)
-            if (fabs(y_hf[i] - want[i]) > 1e-5) fail_msg("pos %lld elem %d: %g vs %g", (long long)pos, i, y_hf[i], want[i]);
+            if (fabs(y_hf[i] - want[i]) > 1e-5)
+                fail_msg("pos %lld elem %d: %g vs %g", (long long)pos, i, y_hf[i], want[i]);
     }
     nl_model_free(&m);
 }
@@ -121,8 +122,7 @@ static void test_llama3_rope_scaling(void **state) {
     nl_arch a;
     memset(&a, 0, sizeof a);
     a.dim = 2048, a.n_heads = 32, a.rope_theta = 500000; /* Llama 3.2 1B */
-    a.rope_scaling_factor = 32, a.rope_low_freq_factor = 1, a.rope_high_freq_factor = 4,
-    a.rope_original_max_pos = 8192;
+    a.rope_scaling_factor = 32, a.rope_low_freq_factor = 1, a.rope_high_freq_factor = 4, a.rope_original_max_pos = 8192;
     int kept = 0, divided = 0, blended = 0;
     for (int64_t i = 0; i < 32; i++) {
         double f = pow(500000.0, -(double)(2 * i) / 64.0), g = nl_arch_rope_inv_freq(&a, i);
@@ -215,7 +215,8 @@ static void test_families(void **state) {
             int rc1 = tu_run_cli(args, &out1);
             snprintf(args, sizeof args, cmds[k], ckpt, data);
             int rc2 = tu_run_cli(args, &out2);
-            if (rc1 != 0 || rc2 != 0) fail_msg("%s: `%s` exit %d / %d:\n%s\n%s", fam_name[fam], cmds[k], rc1, rc2, out1, out2);
+            if (rc1 != 0 || rc2 != 0)
+                fail_msg("%s: `%s` exit %d / %d:\n%s\n%s", fam_name[fam], cmds[k], rc1, rc2, out1, out2);
             /* generate's speed line differs run to run: compare everything but rates */
             for (char *o = out1; o && (o = strstr(o, "tokens/s")); o++) memset(o - 12 > out1 ? o - 12 : o, ' ', 12);
             for (char *o = out2; o && (o = strstr(o, "tokens/s")); o++) memset(o - 12 > out2 ? o - 12 : o, ' ', 12);
@@ -230,7 +231,8 @@ static void test_families(void **state) {
                 int token = cJSON_GetArrayItem(tk, 0)->valueint;
                 for (int pos = 0; pos + 1 < nt; pos++) {
                     float *lg = nl_model_step(&g, token, pos);
-                    int next = pos + 1 < np ? cJSON_GetArrayItem(tk, pos + 1)->valueint : nl_model_sample(lg, g.V, 0, NULL);
+                    int next =
+                        pos + 1 < np ? cJSON_GetArrayItem(tk, pos + 1)->valueint : nl_model_sample(lg, g.V, 0, NULL);
                     if (next != cJSON_GetArrayItem(tk, pos + 1)->valueint)
                         fail_msg("%s: generate's token %d is %d, the model's step gives %d", fam_name[fam], pos + 1,
                                  cJSON_GetArrayItem(tk, pos + 1)->valueint, next);
@@ -253,7 +255,8 @@ static void test_families(void **state) {
                     char *n1 = strchr(l1, '\n'), *n2 = strchr(l2, '\n');
                     size_t s1 = n1 ? (size_t)(n1 - l1) : strlen(l1), s2 = n2 ? (size_t)(n2 - l2) : strlen(l2);
                     int timing = strstr(l1, "_s\"") || strstr(l1, "seconds") || strstr(l1, "per_s") ||
-                                 strstr(l1, "tokens_s") || (strstr(l1, dir) && s1 < 1000 && memmem(l1, s1, dir, strlen(dir)));
+                                 strstr(l1, "tokens_s") ||
+                                 (strstr(l1, dir) && s1 < 1000 && memmem(l1, s1, dir, strlen(dir)));
                     if (!timing && (s1 != s2 || memcmp(l1, l2, s1)))
                         fail_msg("%s: `%s` differs:\n%.*s\n%.*s", fam_name[fam], cmds[k], (int)s1, l1, (int)s2, l2);
                     l1 = n1 ? n1 + 1 : NULL;
@@ -395,14 +398,17 @@ static void test_bad_config(void **state) {
     QOK(nl_arch_from_hf_config(cfg, &a)); /* the planner's entry: file or folder */
     assert_int_equal(a.dim, 48);
     assert_int_equal(a.n_kv_heads, 2);
-    static const struct { const char *arch, *extra, *want; } cases[] = {
+    static const struct {
+        const char *arch, *extra, *want;
+    } cases[] = {
         {"GPT2LMHeadModel", "", "\"architectures\": \"GPT2LMHeadModel\" is not an architecture nanolm loads"},
         {"LlamaForCausalLM", "\"hidden_size\": null", "key \"hidden_size\" is missing"},
         {"LlamaForCausalLM", "\"intermediate_size\": 12.5", "key \"intermediate_size\" must be a positive integer"},
         {"LlamaForCausalLM", "\"rms_norm_eps\": \"1e-5\"", "key \"rms_norm_eps\" must be a finite positive number"},
         {"LlamaForCausalLM", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}",
          "rope_type \"yarn\" is not supported"},
-        {"LlamaForCausalLM", "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8}", "key \"low_freq_factor\" is missing"},
+        {"LlamaForCausalLM", "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8}",
+         "key \"low_freq_factor\" is missing"},
         {"LlamaForCausalLM", "\"hidden_act\": \"gelu\"", "key \"hidden_act\" is \"gelu\""},
         {"LlamaForCausalLM", "\"attention_bias\": true", "key \"attention_bias\" is true"},
         {"LlamaForCausalLM", "\"num_key_value_heads\": 4", "n_heads 6 is not a multiple of n_kv_heads 4"},
@@ -469,12 +475,12 @@ static void test_bad_shards(void **state) {
     uint64_t half = (uint64_t)m.n_params * 2 / 2 + 4096;
     const char *last = "model.norm.weight"; /* in the second shard */
     const char *l0q = "model.layers.0.self_attn.q_proj.weight";
-#define FRESH()                                                                  \
-    do {                                                                         \
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", f);                             \
-        assert_int_equal(system(cmd), 0);                                        \
-        QOK(nl_hf_save(f, &m, NULL, NL_ST_BF16, half));                          \
-        assert_int_equal(count_files(f, "model-0"), 2);                          \
+#define FRESH()                                                                                                        \
+    do {                                                                                                               \
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", f);                                                                   \
+        assert_int_equal(system(cmd), 0);                                                                              \
+        QOK(nl_hf_save(f, &m, NULL, NL_ST_BF16, half));                                                                \
+        assert_int_equal(count_files(f, "model-0"), 2);                                                                \
     } while (0)
     /* a shard the index names is missing */
     FRESH();
@@ -491,7 +497,8 @@ static void test_bad_shards(void **state) {
     /* a dtype nanolm does not read (I32), and one safetensors does not know */
     FRESH();
     rewrite_shard(p1, l0q, 0, NL_ST_I32, NULL);
-    expect_load_error(f, p1, "tensor \"model.layers.0.self_attn.q_proj.weight\" has dtype I32; nanolm reads F32, BF16 and F16");
+    expect_load_error(
+        f, p1, "tensor \"model.layers.0.self_attn.q_proj.weight\" has dtype I32; nanolm reads F32, BF16 and F16");
     FRESH();
     {
         /* F8_E4M3 in a shard's header: the safetensors reader names the file and the dtype */

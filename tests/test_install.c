@@ -20,7 +20,10 @@ static int sh(const char *cmd, char **out) {
     int st = tu_run_shell(full, &buf);
     assert_non_null(buf);
     print_message("$ %s\n%s", cmd, buf);
-    if (out) *out = buf; else free(buf);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
     return st;
 }
 
@@ -35,7 +38,8 @@ static const char *PROGRAM =
     "int main(void) {\n"
     "    uint32_t code = 0;\n"
     "    if (nl_fmt_encode(NL_FMT_BF16, 257.0f, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_SATURATE, 0, &code)) return 1;\n"
-    "    printf(\"%s 0x%04x %g\\n\", nl_fmt_name(NL_FMT_BF16), (unsigned)code, (double)nl_fmt_decode(NL_FMT_BF16, code));\n"
+    "    printf(\"%s 0x%04x %g\\n\", nl_fmt_name(NL_FMT_BF16), (unsigned)code, (double)nl_fmt_decode(NL_FMT_BF16, "
+    "code));\n"
     "    return 0;\n"
     "}\n";
 
@@ -104,7 +108,8 @@ static void test_install_and_build_against_it(void **state) {
     fputs(PROGRAM, f);
     fclose(f);
     snprintf(cmd, sizeof cmd,
-             "cd '%s' && cc -std=c11 -Wall -Werror hello.c -o hello $(PKG_CONFIG_PATH='%s' pkg-config --cflags --libs nanolm)"
+             "cd '%s' && cc -std=c11 -Wall -Werror hello.c -o hello $(PKG_CONFIG_PATH='%s' pkg-config --cflags --libs "
+             "nanolm)"
              " && export LD_LIBRARY_PATH='%s' && ./hello && ldd ./hello | grep libnanolm",
              dir, pcdir, libdir);
     assert_int_equal(sh(cmd, &out), 0);

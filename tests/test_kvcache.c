@@ -16,8 +16,15 @@ static void tiny(nl_model *m) {
     nl_arch a;
     memset(&a, 0, sizeof a);
     snprintf(a.name, sizeof a.name, "tiny");
-    a.vocab_size = 64; a.dim = 64; a.n_layers = 2; a.n_heads = 4; a.n_kv_heads = 2; a.hidden_dim = 96;
-    a.seq_len = 32; a.rope_theta = 10000.0; a.norm_eps = 1e-5;
+    a.vocab_size = 64;
+    a.dim = 64;
+    a.n_layers = 2;
+    a.n_heads = 4;
+    a.n_kv_heads = 2;
+    a.hidden_dim = 96;
+    a.seq_len = 32;
+    a.rope_theta = 10000.0;
+    a.norm_eps = 1e-5;
     assert_int_equal(nl_model_init(m, &a), NL_OK);
     nl_model_init_random(m, 21);
 }
@@ -82,8 +89,9 @@ static void int8_cache(void **state) {
             }
         }
     }
-    print_message("max |logit - batched| fp32 cache %.3g, int8 cache %.3g (max |logit| %.3g); bytes fp32 %zu int8 %zu\n",
-                  d32, d8, amax, (size_t)(L * 2 * S * KVH * hd * 4), m.kv_bytes);
+    print_message(
+        "max |logit - batched| fp32 cache %.3g, int8 cache %.3g (max |logit| %.3g); bytes fp32 %zu int8 %zu\n", d32, d8,
+        amax, (size_t)(L * 2 * S * KVH * hd * 4), m.kv_bytes);
     assert_true(d32 <= 1e-4 * amax);
     assert_true(d8 > d32);
     assert_true(d8 <= 0.05 * amax);
@@ -114,7 +122,8 @@ static void stories(void **state) {
     double loss[3], kvb[3];
     const char *mode[3] = {"", "--kv-cache fp32", "--kv-cache int8"};
     for (int i = 0; i < 3; i++) {
-        snprintf(args, sizeof args, "eval --ckpt %s --tokenizer %s --data %s --max-windows 3 %s --json", ck, tk, tx, mode[i]);
+        snprintf(args, sizeof args, "eval --ckpt %s --tokenizer %s --data %s --max-windows 3 %s --json", ck, tk, tx,
+                 mode[i]);
         cJSON *d = eval_json(args);
         loss[i] = cJSON_GetObjectItem(d, "mean_loss")->valuedouble;
         assert_int_equal((int)cJSON_GetObjectItem(d, "tokens")->valuedouble, 3 * 512);
@@ -122,8 +131,9 @@ static void stories(void **state) {
         kvb[i] = b ? b->valuedouble : 0;
         cJSON_Delete(d);
     }
-    print_message("stories260K, 1536 tokens: batched %.5f, fp32 cache %.5f, int8 cache %.5f (%+.3f%%); KV bytes %.0f -> %.0f\n",
-                  loss[0], loss[1], loss[2], 100 * (loss[2] - loss[1]) / loss[1], kvb[1], kvb[2]);
+    print_message(
+        "stories260K, 1536 tokens: batched %.5f, fp32 cache %.5f, int8 cache %.5f (%+.3f%%); KV bytes %.0f -> %.0f\n",
+        loss[0], loss[1], loss[2], 100 * (loss[2] - loss[1]) / loss[1], kvb[1], kvb[2]);
     assert_true(fabs(loss[1] - loss[0]) < 1e-4 * loss[0]);
     assert_true(fabs(loss[2] - loss[1]) < 0.005 * loss[1]);
     assert_true(loss[2] != loss[1]);
@@ -133,8 +143,10 @@ static void stories(void **state) {
     /* greedy generation: the first 40 tokens agree */
     cJSON *gen[2];
     for (int i = 0; i < 2; i++) {
-        snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --temperature 0 --steps 44 "
-                 "--kv-cache %s --json", ck, tk, i ? "int8" : "fp32");
+        snprintf(args, sizeof args,
+                 "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --temperature 0 --steps 44 "
+                 "--kv-cache %s --json",
+                 ck, tk, i ? "int8" : "fp32");
         gen[i] = eval_json(args);
     }
     cJSON *a = cJSON_GetObjectItem(gen[0], "tokens"), *b = cJSON_GetObjectItem(gen[1], "tokens");

@@ -101,9 +101,12 @@ static void test_nonneg_keeps_good_fit(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exact_line),     cmocka_unit_test(test_known_fit),
-        cmocka_unit_test(test_weights),        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_nonneg_intercept), cmocka_unit_test(test_nonneg_slope),
+        cmocka_unit_test(test_exact_line),
+        cmocka_unit_test(test_known_fit),
+        cmocka_unit_test(test_weights),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_nonneg_intercept),
+        cmocka_unit_test(test_nonneg_slope),
         cmocka_unit_test(test_nonneg_keeps_good_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

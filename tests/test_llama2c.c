@@ -79,8 +79,17 @@ static void test_stories260k(void **state) {
 /* An untied GQA model with random weights survives write + read exactly. */
 static void test_untied_round_trip(void **state) {
     (void)state;
-    nl_arch a = {.name = "tiny", .vocab_size = 37, .dim = 16, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-                 .hidden_dim = 24, .seq_len = 8, .rope_theta = 10000.0, .norm_eps = 1e-5, .tied_embeddings = 0};
+    nl_arch a = {.name = "tiny",
+                 .vocab_size = 37,
+                 .dim = 16,
+                 .n_layers = 2,
+                 .n_heads = 4,
+                 .n_kv_heads = 2,
+                 .hidden_dim = 24,
+                 .seq_len = 8,
+                 .rope_theta = 10000.0,
+                 .norm_eps = 1e-5,
+                 .tied_embeddings = 0};
     nl_llama2c_tensor t[NL_LLAMA2C_MAX_TENSORS];
     int n = nl_llama2c_layout(&a, t);
     assert_int_equal(n, 12);
@@ -96,7 +105,10 @@ static void test_untied_round_trip(void **state) {
     for (int64_t i = 0; i < total; i++) w[i] = (float)nl_rng_normal(&r);
     const float *arrays[NL_LLAMA2C_MAX_TENSORS];
     int64_t off = 0;
-    for (int i = 0; i < n; i++) { arrays[i] = w + off; off += t[i].numel; }
+    for (int i = 0; i < n; i++) {
+        arrays[i] = w + off;
+        off += t[i].numel;
+    }
     char *dir = tu_tmpdir();
     char path[256];
     snprintf(path, sizeof path, "%s/tiny.bin", dir);
@@ -126,7 +138,9 @@ static void test_untied_round_trip(void **state) {
     assert_non_null(strstr(nl_last_error(), "array wk is NULL"));
     arrays[3] = w;
     nl_arch moe = a;
-    moe.n_experts = 4; moe.top_k = 2; moe.expert_hidden_dim = 8;
+    moe.n_experts = 4;
+    moe.top_k = 2;
+    moe.expert_hidden_dim = 8;
     assert_int_equal(nl_llama2c_write(path, &moe, arrays), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "mixture-of-experts"));
     nl_arch bad = a;
@@ -177,7 +191,9 @@ static void test_bad_files(void **state) {
     /* A valid small file, then damaged copies of it. */
     nl_arch a;
     assert_int_equal(nl_arch_preset("stories260k", &a), NL_OK);
-    a.vocab_size = 32; a.seq_len = 16; a.n_layers = 1;
+    a.vocab_size = 32;
+    a.seq_len = 16;
+    a.n_layers = 1;
     nl_llama2c_tensor t[NL_LLAMA2C_MAX_TENSORS];
     int n = nl_llama2c_layout(&a, t);
     int64_t total = 0;
@@ -185,7 +201,10 @@ static void test_bad_files(void **state) {
     float *w = calloc((size_t)total, sizeof(float));
     const float *arrays[NL_LLAMA2C_MAX_TENSORS];
     int64_t off = 0;
-    for (int i = 0; i < n; i++) { arrays[i] = w + off; off += t[i].numel; }
+    for (int i = 0; i < n; i++) {
+        arrays[i] = w + off;
+        off += t[i].numel;
+    }
     char good[256];
     snprintf(good, sizeof good, "%s/good.bin", dir);
     assert_int_equal(nl_llama2c_write(good, &a, arrays), NL_OK);
@@ -195,8 +214,10 @@ static void test_bad_files(void **state) {
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         write_bytes(path, raw, cuts[i]);
         char want[128];
-        if (cuts[i] < 28) snprintf(want, sizeof want, "truncated at byte %zu: the llama2.c header needs 28 bytes", cuts[i]);
-        else snprintf(want, sizeof want, "truncated at byte %zu: expected %zu bytes for dim=64", cuts[i], full);
+        if (cuts[i] < 28)
+            snprintf(want, sizeof want, "truncated at byte %zu: the llama2.c header needs 28 bytes", cuts[i]);
+        else
+            snprintf(want, sizeof want, "truncated at byte %zu: expected %zu bytes for dim=64", cuts[i], full);
         expect_fail(path, NL_ERR_FORMAT, want);
     }
     /* Too long: the header does not describe this file. */
@@ -209,17 +230,25 @@ static void test_bad_files(void **state) {
     int32_t h[7];
     memcpy(h, raw, 28);
     int32_t hb[7];
-    memcpy(hb, h, 28); hb[3] = 0;
-    memcpy(raw, hb, 28); write_bytes(path, raw, full);
+    memcpy(hb, h, 28);
+    hb[3] = 0;
+    memcpy(raw, hb, 28);
+    write_bytes(path, raw, full);
     expect_fail(path, NL_ERR_FORMAT, "header field n_heads = 0 is out of range");
-    memcpy(hb, h, 28); hb[4] = 3;
-    memcpy(raw, hb, 28); write_bytes(path, raw, full);
+    memcpy(hb, h, 28);
+    hb[4] = 3;
+    memcpy(raw, hb, 28);
+    write_bytes(path, raw, full);
     expect_fail(path, NL_ERR_FORMAT, "n_heads 8 is not a multiple of n_kv_heads 3");
-    memcpy(hb, h, 28); hb[0] = 0x7fffffff;
-    memcpy(raw, hb, 28); write_bytes(path, raw, full);
+    memcpy(hb, h, 28);
+    hb[0] = 0x7fffffff;
+    memcpy(raw, hb, 28);
+    write_bytes(path, raw, full);
     expect_fail(path, NL_ERR_FORMAT, "header field dim = 2147483647 is out of range");
-    memcpy(hb, h, 28); hb[5] = -hb[5]; /* claims an untied classifier that is not there */
-    memcpy(raw, hb, 28); write_bytes(path, raw, full);
+    memcpy(hb, h, 28);
+    hb[5] = -hb[5]; /* claims an untied classifier that is not there */
+    memcpy(raw, hb, 28);
+    write_bytes(path, raw, full);
     expect_fail(path, NL_ERR_FORMAT, "vocab_size=-32");
     free(raw);
     free(w);

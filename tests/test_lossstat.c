@@ -47,13 +47,15 @@ static void test_ar1_coverage(void **state) {
     double cov, cov_iid, ratio;
     /* strongly correlated: correlation length ~ (1+phi)/(1-phi) = 9 tokens */
     coverage(0.8, 20000, 1000, &cov, &cov_iid, &ratio);
-    print_message("phi 0.8: batch-means coverage %.3f, iid coverage %.3f, long-run variance ratio %.3f\n", cov, cov_iid, ratio);
+    print_message("phi 0.8: batch-means coverage %.3f, iid coverage %.3f, long-run variance ratio %.3f\n", cov, cov_iid,
+                  ratio);
     assert_true(cov >= 0.92 && cov <= 0.98);
     assert_true(cov_iid < 0.60);
     assert_true(ratio > 0.85 && ratio < 1.10);
     /* independent tokens: both intervals are right */
     coverage(0.0, 20000, 1000, &cov, &cov_iid, &ratio);
-    print_message("phi 0.0: batch-means coverage %.3f, iid coverage %.3f, long-run variance ratio %.3f\n", cov, cov_iid, ratio);
+    print_message("phi 0.0: batch-means coverage %.3f, iid coverage %.3f, long-run variance ratio %.3f\n", cov, cov_iid,
+                  ratio);
     assert_true(cov >= 0.92 && cov <= 0.975);
     assert_true(cov_iid >= 0.92 && cov_iid <= 0.975);
     assert_true(ratio > 0.9 && ratio < 1.1);

@@ -26,7 +26,8 @@ static double rel_err(const float *y, const float *ref, size_t n) {
     return mx / sqrt(ss / (double)n + 1e-30);
 }
 
-static const int64_t SIZES[][3] = {{1, 1, 1}, {1, 5, 7}, {3, 17, 33}, {5, 64, 64}, {9, 33, 130}, {1, 100, 768}, {13, 7, 1001}};
+static const int64_t SIZES[][3] = {{1, 1, 1},    {1, 5, 7},     {3, 17, 33},  {5, 64, 64},
+                                   {9, 33, 130}, {1, 100, 768}, {13, 7, 1001}};
 
 static void test_fp32_bf16_paths(void **state) {
     (void)state;
@@ -56,7 +57,10 @@ static void test_fp32_bf16_paths(void **state) {
             }
             nl_mv_weight_free(&wt);
         }
-        free(w); free(x); free(y); free(ref);
+        free(w);
+        free(x);
+        free(y);
+        free(ref);
     }
 }
 
@@ -78,7 +82,10 @@ static void test_int8_against_reference(void **state) {
         print_message("int8 M=%lld N=%lld K=%lld: max err / rms %.4f\n", (long long)M, (long long)N, (long long)K, err);
         assert_true(K < 8 || err < 0.05);
         nl_mv_weight_free(&wt);
-        free(w); free(x); free(y); free(ref);
+        free(w);
+        free(x);
+        free(y);
+        free(ref);
     }
 }
 
@@ -106,7 +113,8 @@ static void test_int8_matches_qlinear_and_ranges(void **state) {
         assert_int_equal(nl_mv_act_prepare(&act, &wt, x, M), NL_OK);
         memset(yr, 0xFF, (size_t)(M * N) * 4);
         const int64_t cuts[] = {0, 3, 17, 18, 64, N};
-        for (int c = 0; c + 1 < (int)(sizeof cuts / sizeof cuts[0]); c++) nl_mv_forward_range(&wt, &act, yr, cuts[c], cuts[c + 1]);
+        for (int c = 0; c + 1 < (int)(sizeof cuts / sizeof cuts[0]); c++)
+            nl_mv_forward_range(&wt, &act, yr, cuts[c], cuts[c + 1]);
         assert_memory_equal(y, yr, (size_t)(M * N) * 4);
         nl_mv_act_free(&act);
         nl_mv_weight_free(&wt);
@@ -120,7 +128,11 @@ static void test_int8_matches_qlinear_and_ranges(void **state) {
     assert_non_null(strstr(nl_last_error(), "index 5"));
     nl_mv_act_free(&act);
     nl_mv_weight_free(&wt);
-    free(w); free(x); free(y); free(yq); free(yr);
+    free(w);
+    free(x);
+    free(y);
+    free(yq);
+    free(yr);
 }
 
 /* Each token's outputs are bit-identical whether it runs alone or among 37 others, with 1 or
@@ -149,7 +161,10 @@ static void test_batch_invariance(void **state) {
             assert_memory_equal(y5, yb + 3 * N, sizeof y5);
             nl_mv_weight_free(&wt);
         }
-    free(w); free(x); free(yb); free(y1);
+    free(w);
+    free(x);
+    free(yb);
+    free(y1);
 }
 
 static void test_bad_input(void **state) {

@@ -68,14 +68,20 @@ static void check_command(const char *what, const char *args, int must_succeed_a
 
 static void test_help_under_limits(void **state) {
     (void)state;
-    if (sanitized()) { skip(); return; }
+    if (sanitized()) {
+        skip();
+        return;
+    }
     check_command("--help", "--help", 0);
     check_command("train --help", "train --help", 0);
 }
 
 static void test_generate_under_limits(void **state) {
     (void)state;
-    if (sanitized()) { skip(); return; }
+    if (sanitized()) {
+        skip();
+        return;
+    }
     char args[2048];
     snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt Once --steps 8 --temperature 0",
              tu_committed_data("stories260K/stories260K.bin"), tu_committed_data("stories260K/tok512.bin"));
@@ -84,7 +90,10 @@ static void test_generate_under_limits(void **state) {
 
 static void test_train_under_limits(void **state) {
     (void)state;
-    if (sanitized()) { skip(); return; }
+    if (sanitized()) {
+        skip();
+        return;
+    }
     char args[2048];
     snprintf(args, sizeof args, "train --data %s --steps 3 --eval-every 0",
              tu_committed_data("tinyshakespeare/input.txt"));

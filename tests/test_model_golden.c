@@ -89,9 +89,17 @@ static void setup_model(fixture *f, nl_model *m) {
     fixture_load(f, tu_src_path("tests/ref/model_golden.bin"));
     const int32_t *cfg = fx_get(f, "config")->data;
     const float *hy = fx_get(f, "hyper")->data;
-    nl_arch a = {.name = "golden", .vocab_size = cfg[0], .dim = cfg[1], .n_layers = cfg[2], .n_heads = cfg[3],
-                 .n_kv_heads = cfg[4], .hidden_dim = cfg[5], .seq_len = cfg[6], .rope_theta = hy[0],
-                 .norm_eps = hy[1], .tied_embeddings = 0};
+    nl_arch a = {.name = "golden",
+                 .vocab_size = cfg[0],
+                 .dim = cfg[1],
+                 .n_layers = cfg[2],
+                 .n_heads = cfg[3],
+                 .n_kv_heads = cfg[4],
+                 .hidden_dim = cfg[5],
+                 .seq_len = cfg[6],
+                 .rope_theta = hy[0],
+                 .norm_eps = hy[1],
+                 .tied_embeddings = 0};
     assert_int_equal(nl_model_init(m, &a), NL_OK);
     assert_int_equal(nl_model_alloc_grads(m), NL_OK);
     assert_int_equal(nl_model_alloc_acts(m, cfg[7], cfg[8]), NL_OK);
@@ -154,7 +162,9 @@ static void test_adamw_trajectory(void **state) {
     assert_int_equal(nl_adamw_init(&opt, &m, 0.9f, 0.95f, 1e-8f, hy[3]), NL_OK);
     for (size_t s = 0; s < ref->numel; s++) {
         float loss;
-        assert_int_equal(nl_model_forward(&m, fx_get(&f, "tokens")->data, fx_get(&f, "targets")->data, cfg[7], cfg[8], &loss), NL_OK);
+        assert_int_equal(
+            nl_model_forward(&m, fx_get(&f, "tokens")->data, fx_get(&f, "targets")->data, cfg[7], cfg[8], &loss),
+            NL_OK);
         nl_model_zero_grad(&m);
         assert_int_equal(nl_model_backward(&m), NL_OK);
         nl_grad_clip(&m, hy[4]);

@@ -49,7 +49,11 @@ static void numeric_grad(double *g, double *x, size_t n, objective_fn f, void *c
 }
 
 /* ---- RMSNorm -------------------------------------------------------------------------------- */
-typedef struct { int64_t N, C; double *x, *w, *R; int wrt_w; } rms_ctx;
+typedef struct {
+    int64_t N, C;
+    double *x, *w, *R;
+    int wrt_w;
+} rms_ctx;
 static double rms_obj(double *v, void *p) {
     rms_ctx *c = p;
     const double *x = c->wrt_w ? c->x : v, *w = c->wrt_w ? v : c->w;
@@ -85,7 +89,10 @@ static void test_rmsnorm_grad(void **state) {
 }
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
-typedef struct { int64_t N, H; double *R; } swi_ctx;
+typedef struct {
+    int64_t N, H;
+    double *R;
+} swi_ctx;
 static double swi_obj(double *h, void *p) {
     swi_ctx *c = p;
     double L = 0;
@@ -114,7 +121,10 @@ static void test_swiglu_grad(void **state) {
 
 /* ---- RoPE + causal GQA attention (the attention block without its linears) ----------------------
  * reference in double: q, k rotated, scores, causal softmax, weighted v. */
-typedef struct { int64_t B, T, NH, KVH, hd; double *R; } att_ctx;
+typedef struct {
+    int64_t B, T, NH, KVH, hd;
+    double *R;
+} att_ctx;
 static double att_obj(double *qkv_in, void *p) {
     att_ctx *c = p;
     int64_t QKV = (c->NH + 2 * c->KVH) * c->hd, half = c->hd / 2, group = c->NH / c->KVH;
@@ -158,8 +168,16 @@ static double att_obj(double *qkv_in, void *p) {
 static void test_attention_grad(void **state) {
     (void)state;
     enum { B = 2, T = 7, NH = 4, KVH = 2, HD = 6, QKV = (NH + 2 * KVH) * HD };
-    nl_arch a = {.name = "t", .vocab_size = 8, .dim = NH * HD, .n_layers = 1, .n_heads = NH, .n_kv_heads = KVH,
-                 .hidden_dim = 8, .seq_len = T, .rope_theta = 10000.0, .norm_eps = 1e-5};
+    nl_arch a = {.name = "t",
+                 .vocab_size = 8,
+                 .dim = NH * HD,
+                 .n_layers = 1,
+                 .n_heads = NH,
+                 .n_kv_heads = KVH,
+                 .hidden_dim = 8,
+                 .seq_len = T,
+                 .rope_theta = 10000.0,
+                 .norm_eps = 1e-5};
     nl_model m;
     assert_int_equal(nl_model_init(&m, &a), NL_OK);
     static float qkv[B * T * QKV], R[B * T * NH * HD], out[B * T * NH * HD], att[B * NH * T * T], dqkv[B * T * QKV],
@@ -194,8 +212,17 @@ static void test_attention_grad(void **state) {
  * missing residual) that per-layer checks cannot. */
 static void test_model_grad(void **state) {
     (void)state;
-    nl_arch a = {.name = "t", .vocab_size = 11, .dim = 8, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1,
-                 .hidden_dim = 12, .seq_len = 6, .rope_theta = 10000.0, .norm_eps = 1e-5, .tied_embeddings = 1};
+    nl_arch a = {.name = "t",
+                 .vocab_size = 11,
+                 .dim = 8,
+                 .n_layers = 2,
+                 .n_heads = 2,
+                 .n_kv_heads = 1,
+                 .hidden_dim = 12,
+                 .seq_len = 6,
+                 .rope_theta = 10000.0,
+                 .norm_eps = 1e-5,
+                 .tied_embeddings = 1};
     nl_model m;
     assert_int_equal(nl_model_init(&m, &a), NL_OK);
     nl_model_init_random(&m, 7);

@@ -20,18 +20,19 @@ static void test_greedy_text(void **state) {
     TU_REQUIRE_DATA(bin, BIN);
     TU_REQUIRE_DATA(tok, TOK);
     char args[2048], *out = NULL;
-    snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 64 --temperature 0",
-             bin, tok);
+    snprintf(args, sizeof args,
+             "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 64 --temperature 0", bin, tok);
     assert_int_equal(tu_run_cli(args, &out), 0);
-    const char *want =
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a "
-        "big, red ball. She wanted to play with it, but it was too high.\nLily\n";
+    const char *want = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+                       "One day, she saw a "
+                       "big, red ball. She wanted to play with it, but it was too high.\nLily\n";
     print_message("%s", out);
     assert_int_equal(strncmp(out, want, strlen(want)), 0);
     free(out);
     /* the prompt's tokens, through --json */
-    snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 5 --temperature 0 --json",
-             bin, tok);
+    snprintf(args, sizeof args,
+             "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 5 --temperature 0 --json", bin,
+             tok);
     assert_int_equal(tu_run_cli(args, &out), 0);
     char *p = strstr(out, "\"prompt_tokens\":");
     assert_non_null(p);
@@ -58,7 +59,8 @@ static void test_kv_cache_matches_forward(void **state) {
     assert_string_equal(kind, "tok512");
     nl_tokenizer tok;
     assert_int_equal(nl_tokenizer_load_llama2c(&tok, tokp, 512), NL_OK);
-    const char *text = "Once upon a time, there was a big dog named Max. Max liked to run in the park with his friend Sue.";
+    const char *text =
+        "Once upon a time, there was a big dog named Max. Max liked to run in the park with his friend Sue.";
     int *ids;
     int64_t n;
     assert_int_equal(nl_tokenizer_encode(&tok, text, strlen(text), 1, 0, &ids, &n), NL_OK);
@@ -76,7 +78,8 @@ static void test_kv_cache_matches_forward(void **state) {
             if (fabs(lg[v]) > mx) mx = fabs(lg[v]);
         }
     }
-    print_message("%lld positions: max |step - forward| = %.3g (max |logit| %.3g), loss %.4f\n", (long long)T, md, mx, loss);
+    print_message("%lld positions: max |step - forward| = %.3g (max |logit| %.3g), loss %.4f\n", (long long)T, md, mx,
+                  loss);
     assert_true(md <= 1e-4 * mx);
     nl_free(ids);
     nl_tokenizer_free(&tok);

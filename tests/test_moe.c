@@ -44,16 +44,16 @@ static void test_counts_match_planner(void **state) {
                 const nl_param_info *t = nl_model_find_param(&m, "model.layers.1.mlp.experts.63.down_proj.weight");
                 assert_non_null(t);
                 assert_int_equal(t->expert, 63);
-                print_message("moe-course-tiny: total %lld, active %lld, per rank at ep 4 %lld\n",
-                              (long long)p.total, (long long)p.active,
-                              (long long)(p.total - p.mlp_experts + p.mlp_experts / 4));
+                print_message("moe-course-tiny: total %lld, active %lld, per rank at ep 4 %lld\n", (long long)p.total,
+                              (long long)p.active, (long long)(p.total - p.mlp_experts + p.mlp_experts / 4));
             }
             nl_model_free(&m);
         }
     }
     nl_model m;
     assert_int_equal(nl_model_init_ep(&m, &a, 3, 0), NL_ERR_INVALID); /* 3 does not divide 64 */
-    assert_non_null(strstr(nl_last_error(), "expert-parallel degree 3 does not divide")); /* the library names no CLI flag */
+    assert_non_null(
+        strstr(nl_last_error(), "expert-parallel degree 3 does not divide")); /* the library names no CLI flag */
 }
 
 static double objective(nl_model *m, const int32_t *x, const int32_t *y, int64_t B, int64_t T) {
@@ -91,11 +91,15 @@ static void grad_check(float capacity, float aux) {
     memcpy(sel0, m.moe->layers[0].sel, sizeof sel0);
     nl_model_zero_grad(&m);
     assert_int_equal(nl_model_backward(&m), NL_OK);
-    const char *names[] = {"model.layers.1.mlp.gate.weight", "model.layers.1.mlp.shared_experts.gate_proj.weight",
+    const char *names[] = {"model.layers.1.mlp.gate.weight",
+                           "model.layers.1.mlp.shared_experts.gate_proj.weight",
                            "model.layers.1.mlp.shared_experts.down_proj.weight",
-                           "model.layers.1.mlp.experts.0.gate_proj.weight", "model.layers.1.mlp.experts.2.up_proj.weight",
-                           "model.layers.1.mlp.experts.3.down_proj.weight", "model.layers.1.self_attn.q_proj.weight",
-                           "model.layers.0.mlp.gate_proj.weight", "model.embed_tokens.weight"};
+                           "model.layers.1.mlp.experts.0.gate_proj.weight",
+                           "model.layers.1.mlp.experts.2.up_proj.weight",
+                           "model.layers.1.mlp.experts.3.down_proj.weight",
+                           "model.layers.1.self_attn.q_proj.weight",
+                           "model.layers.0.mlp.gate_proj.weight",
+                           "model.embed_tokens.weight"};
     const float h = 1e-3f;
     for (size_t n = 0; n < sizeof names / sizeof names[0]; n++) {
         const nl_param_info *p = nl_model_find_param(&m, names[n]);
@@ -126,9 +130,18 @@ static void grad_check(float capacity, float aux) {
     nl_model_free(&m);
 }
 
-static void test_grad_plain(void **state) { (void)state; grad_check(0.0f, 0.0f); }
-static void test_grad_aux(void **state) { (void)state; grad_check(0.0f, 0.5f); }
-static void test_grad_capacity(void **state) { (void)state; grad_check(1.0f, 0.1f); }
+static void test_grad_plain(void **state) {
+    (void)state;
+    grad_check(0.0f, 0.0f);
+}
+static void test_grad_aux(void **state) {
+    (void)state;
+    grad_check(0.0f, 0.5f);
+}
+static void test_grad_capacity(void **state) {
+    (void)state;
+    grad_check(1.0f, 0.1f);
+}
 
 static void test_stats(void **state) {
     (void)state;
@@ -155,8 +168,8 @@ static void test_stats(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_counts_match_planner), cmocka_unit_test(test_grad_plain),
-        cmocka_unit_test(test_grad_aux), cmocka_unit_test(test_grad_capacity), cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_counts_match_planner), cmocka_unit_test(test_grad_plain), cmocka_unit_test(test_grad_aux),
+        cmocka_unit_test(test_grad_capacity),        cmocka_unit_test(test_stats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,8 +14,7 @@
 static double last_load(const char *aux, double *loss) {
     const char *data = tu_committed_data("tinyshakespeare/input.txt");
     char args[2048], *buf = NULL;
-    snprintf(args, sizeof args, "moe train --data %s --steps 200 --aux %s --json",
-             data, aux);
+    snprintf(args, sizeof args, "moe train --data %s --steps 200 --aux %s --json", data, aux);
     const tu_run_opts o = {.timeout_s = 300, .one_thread = 1, .stdout_only = 1};
     int rc = tu_run_cli_ex(&o, args, &buf, NULL);
     assert_non_null(buf);
@@ -41,7 +40,8 @@ static void test_aux_balances(void **state) {
     double l0, l1;
     double off = last_load("0", &l0), on = last_load("0.01", &l1);
     print_message("max/mean expert load, steps 180-199: without aux loss %.3f (loss %.4f), with aux 0.01 %.3f "
-                  "(loss %.4f)\n", off, l0, on, l1);
+                  "(loss %.4f)\n",
+                  off, l0, on, l1);
     assert_true(on < off);
 }
 

@@ -18,13 +18,11 @@
 #include "nanolm/plan.h"
 #include "testutil.h"
 
-#define STEPS 20
+#define STEPS        20
 #define GLOBAL_BATCH 8
-#define SEQ 32
+#define SEQ          32
 
-static const char *data_file(void) {
-    return tu_committed_data("tinyshakespeare/input.txt");
-}
+static const char *data_file(void) { return tu_committed_data("tinyshakespeare/input.txt"); }
 
 static cJSON *run(int np, int ep, const char *extra) {
     int batch = GLOBAL_BATCH / (np > 0 ? np : 1);
@@ -55,7 +53,8 @@ static double at(const cJSON *o, const char *k, int i) {
 }
 
 static void compare(const cJSON *ref, const cJSON *got, const char *what, double aux_tol) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(ref, "steps"), *b = cJSON_GetObjectItemCaseSensitive(got, "steps");
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(ref, "steps"),
+                *b = cJSON_GetObjectItemCaseSensitive(got, "steps");
     assert_int_equal(cJSON_GetArraySize(a), STEPS);
     assert_int_equal(cJSON_GetArraySize(b), STEPS);
     double worst = 0, worst_aux = 0;
@@ -70,7 +69,8 @@ static void compare(const cJSON *ref, const cJSON *got, const char *what, double
         if (num(x, "dropped") != num(y, "dropped")) diff_dropped++;
     }
     print_message("%-28s loss rel diff max %.2e, aux %.2e over %d steps (%s), final loss %.5f, steps with another "
-                  "dropped count %d\n", what, worst, worst_aux, STEPS, exact ? "bit-exact" : "not bit-exact",
+                  "dropped count %d\n",
+                  what, worst, worst_aux, STEPS, exact ? "bit-exact" : "not bit-exact",
                   num(cJSON_GetArrayItem(b, STEPS - 1), "loss"), diff_dropped);
     if (worst > 1e-5 || worst_aux > aux_tol) fail_msg("%s: relative difference %.3g / %.3g", what, worst, worst_aux);
 }
@@ -214,7 +214,9 @@ static void test_ep2_capacity(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ep2), cmocka_unit_test(test_ep4), cmocka_unit_test(test_ep2_dp2),
+        cmocka_unit_test(test_ep2),
+        cmocka_unit_test(test_ep4),
+        cmocka_unit_test(test_ep2_dp2),
         cmocka_unit_test(test_ep2_capacity),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -27,8 +27,8 @@ static void test_base_width_is_standard(void **state) {
     assert_int_equal(nl_lr_sweep(&d, w, 1, lrs, 1, 1, 12, 4, 32, 4, 32, 3, &mu), NL_OK);
     assert_int_equal(nl_lr_sweep(&d, w, 1, lrs, 1, 1, 12, 4, 32, 4, 16, 3, &mu2), NL_OK);
     print_message("width 32: SP %.6f, muP base 32 %.6f, muP base 16 %.6f\n", sp, mu, mu2);
-    assert_true(sp == mu);   /* r = 1: identical computation */
-    assert_true(sp != mu2);  /* r = 2: a different parametrisation */
+    assert_true(sp == mu);  /* r = 1: identical computation */
+    assert_true(sp != mu2); /* r = 2: a different parametrisation */
     nl_data_free(&d);
     nl_tokenizer_free(&tok);
 }
@@ -50,17 +50,18 @@ static void test_best_lr_moves_less(void **state) {
     double sp_lo = 99, sp_hi = -1, mu_lo = 99, mu_hi = -1;
     for (int i = 0; i < 3; i++) {
         double a = nl_argmin_interp(sp + 5 * i, 5), b = nl_argmin_interp(mu + 5 * i, 5);
-        print_message("width %3lld  SP  %.3f %.3f %.3f %.3f %.3f  best %.2f\n", (long long)w[i], sp[5 * i], sp[5 * i + 1],
-                      sp[5 * i + 2], sp[5 * i + 3], sp[5 * i + 4], a);
-        print_message("width %3lld  muP %.3f %.3f %.3f %.3f %.3f  best %.2f\n", (long long)w[i], mu[5 * i], mu[5 * i + 1],
-                      mu[5 * i + 2], mu[5 * i + 3], mu[5 * i + 4], b);
+        print_message("width %3lld  SP  %.3f %.3f %.3f %.3f %.3f  best %.2f\n", (long long)w[i], sp[5 * i],
+                      sp[5 * i + 1], sp[5 * i + 2], sp[5 * i + 3], sp[5 * i + 4], a);
+        print_message("width %3lld  muP %.3f %.3f %.3f %.3f %.3f  best %.2f\n", (long long)w[i], mu[5 * i],
+                      mu[5 * i + 1], mu[5 * i + 2], mu[5 * i + 3], mu[5 * i + 4], b);
         assert_true(isfinite(a) && isfinite(b));
         sp_lo = fmin(a, sp_lo);
         sp_hi = fmax(a, sp_hi);
         mu_lo = fmin(b, mu_lo);
         mu_hi = fmax(b, mu_hi);
     }
-    print_message("best-lr index range across widths: SP %.2f, muP %.2f (grid steps of x4)\n", sp_hi - sp_lo, mu_hi - mu_lo);
+    print_message("best-lr index range across widths: SP %.2f, muP %.2f (grid steps of x4)\n", sp_hi - sp_lo,
+                  mu_hi - mu_lo);
     assert_true(mu_hi - mu_lo < sp_hi - sp_lo);
     nl_data_free(&d);
     nl_tokenizer_free(&tok);

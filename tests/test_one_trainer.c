@@ -16,7 +16,7 @@
 #include "nanolm/tokenizer.h"
 
 #define SHAKES "tinyshakespeare/input.txt"
-#define OPTS "--steps 6 --batch 4 --seq 32 --eval-windows 4 --warmup 2 --eval-every 3"
+#define OPTS   "--steps 6 --batch 4 --seq 32 --eval-windows 4 --warmup 2 --eval-every 3"
 
 /* The log without its last column (tokens/s, a wall-clock figure). */
 static char *log_without_speed(const char *path) {
@@ -43,8 +43,8 @@ static void test_layouts_of_size_1_bit_identical(void **state) {
     char *ref = log_without_speed(path);
     print_message("one process:\n%s", ref);
     assert_non_null(strstr(ref, "\n6,")); /* six steps */
-    const char *layouts[] = {"--dp 1", "--dp 1 --zero 1", "--dp 1 --zero 2", "--dp 1 --zero 3", "--tp 1 --pp 1 --dp 1",
-                             "--dp 1 --no-overlap"};
+    const char *layouts[] = {"--dp 1",          "--dp 1 --zero 1",      "--dp 1 --zero 2",
+                             "--dp 1 --zero 3", "--tp 1 --pp 1 --dp 1", "--dp 1 --no-overlap"};
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         snprintf(args, sizeof args, "train --data %s " OPTS " %s --log %s/layout%zu.csv", data, layouts[i], dir, i);
         char *out = NULL;

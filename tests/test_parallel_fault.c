@@ -14,9 +14,7 @@
 
 static const char *SHAPE = "--dim 32 --layers 2 --heads 4 --kv-heads 2 --hidden 64 --seq 16 --batch 4 --dp 2";
 
-static const char *data_file(void) {
-    return tu_committed_data("tinyshakespeare/input.txt");
-}
+static const char *data_file(void) { return tu_committed_data("tinyshakespeare/input.txt"); }
 
 static int run2(const char *args, char **out) {
     const tu_run_opts o = {.np = 2, .timeout_s = 120, .one_thread = 1};
@@ -35,7 +33,8 @@ static void crash_and_resume(int zero, const char *how) {
     assert_non_null(full);
     free(out);
     /* rank 1 dies at the start of step 7; checkpoints every 4 steps */
-    snprintf(args, sizeof args, "parallel train --data %s %s --zero %d --steps 10 --out %s --save-every 4 --inject-fault 1:%s@7",
+    snprintf(args, sizeof args,
+             "parallel train --data %s %s --zero %d --steps 10 --out %s --save-every 4 --inject-fault 1:%s@7",
              data_file(), SHAPE, zero, ckpt, how);
     rc = run2(args, &out);
     print_message("zero %d, rank 1 %s at step 7: exit status %d\n", zero, how, rc);
@@ -81,9 +80,18 @@ static void crash_and_resume(int zero, const char *how) {
     free(dir);
 }
 
-static void test_ddp_rank_killed(void **state) { (void)state; crash_and_resume(0, "kill"); }
-static void test_zero1_rank_exits(void **state) { (void)state; crash_and_resume(1, "exit"); }
-static void test_zero3_rank_segv(void **state) { (void)state; crash_and_resume(3, "segv"); }
+static void test_ddp_rank_killed(void **state) {
+    (void)state;
+    crash_and_resume(0, "kill");
+}
+static void test_zero1_rank_exits(void **state) {
+    (void)state;
+    crash_and_resume(1, "exit");
+}
+static void test_zero3_rank_segv(void **state) {
+    (void)state;
+    crash_and_resume(3, "segv");
+}
 
 /* A rank stopped with SIGSTOP (alive, but never arriving) must not leave the others spinning:
  * the collective watchdog (--timeout) ends the job naming the stopped rank, whatever its place in
@@ -116,22 +124,33 @@ static void stopped_rank(int np, int stopped) {
     free(out);
 }
 
-static void test_stopped_rank_watchdog(void **state) { (void)state; stopped_rank(2, 1); }
-static void test_stopped_rank1_of_3(void **state) { (void)state; stopped_rank(3, 1); }
-static void test_stopped_rank2_of_3(void **state) { (void)state; stopped_rank(3, 2); }
-static void test_stopped_rank1_of_4(void **state) { (void)state; stopped_rank(4, 1); }
-static void test_stopped_rank2_of_4(void **state) { (void)state; stopped_rank(4, 2); }
+static void test_stopped_rank_watchdog(void **state) {
+    (void)state;
+    stopped_rank(2, 1);
+}
+static void test_stopped_rank1_of_3(void **state) {
+    (void)state;
+    stopped_rank(3, 1);
+}
+static void test_stopped_rank2_of_3(void **state) {
+    (void)state;
+    stopped_rank(3, 2);
+}
+static void test_stopped_rank1_of_4(void **state) {
+    (void)state;
+    stopped_rank(4, 1);
+}
+static void test_stopped_rank2_of_4(void **state) {
+    (void)state;
+    stopped_rank(4, 2);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_stopped_rank_watchdog),
-        cmocka_unit_test(test_stopped_rank1_of_3),
-        cmocka_unit_test(test_stopped_rank2_of_3),
-        cmocka_unit_test(test_stopped_rank1_of_4),
-        cmocka_unit_test(test_stopped_rank2_of_4),
-        cmocka_unit_test(test_ddp_rank_killed),
-        cmocka_unit_test(test_zero1_rank_exits),
-        cmocka_unit_test(test_zero3_rank_segv),
+        cmocka_unit_test(test_stopped_rank_watchdog), cmocka_unit_test(test_stopped_rank1_of_3),
+        cmocka_unit_test(test_stopped_rank2_of_3),    cmocka_unit_test(test_stopped_rank1_of_4),
+        cmocka_unit_test(test_stopped_rank2_of_4),    cmocka_unit_test(test_ddp_rank_killed),
+        cmocka_unit_test(test_zero1_rank_exits),      cmocka_unit_test(test_zero3_rank_segv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,13 +20,11 @@
 #include "nanolm/plan.h"
 #include "testutil.h"
 
-#define STEPS 20
+#define STEPS        20
 #define GLOBAL_BATCH 8
 static const char *SHAPE = "--dim 32 --layers 2 --heads 4 --kv-heads 2 --hidden 64 --seq 16";
 
-static const char *data_file(void) {
-    return tu_committed_data("tinyshakespeare/input.txt");
-}
+static const char *data_file(void) { return tu_committed_data("tinyshakespeare/input.txt"); }
 
 static int run(int np, const char *args, char **out) {
     const tu_run_opts o = {.np = np, .timeout_s = 300, .one_thread = 1};
@@ -50,8 +48,8 @@ static int setup(void **state) {
     size_t C = (size_t)a.dim, V = (size_t)a.vocab_size, H = (size_t)a.hidden_dim, hd = C / (size_t)a.n_heads;
     size_t q = (size_t)a.n_heads * hd, kv = (size_t)a.n_kv_heads * hd;
     n_units = (int)a.n_layers + 2;
-    unit_len[0] = V * C;                                       /* embedding */
-    for (int l = 0; l < a.n_layers; l++)                       /* norm, q, k, v, o, norm, w1, w3, w2 */
+    unit_len[0] = V * C;                 /* embedding */
+    for (int l = 0; l < a.n_layers; l++) /* norm, q, k, v, o, norm, w1, w3, w2 */
         unit_len[1 + l] = C + (q + 2 * kv) * C + C * q + C + 2 * H * C + C * H;
     layer_norms = 2 * C;
     vocab = V;
@@ -78,9 +76,12 @@ static double expected_sent(int zero, int p, int r) {
     for (int u = 0; u < n_units; u++) {
         size_t n = unit_len[u], s = shard(n, p);
         int is_layer = u > 0 && u < n_units - 1;
-        if (zero == 0) b += 4.0 * (double)(2 * n - chunk(n, p, r) - chunk(n, p, (r + 1) % p));
-        else if (zero <= 2) b += 4.0 * 2 * (double)((size_t)(p - 1) * s);
-        else b += 4.0 * (2 + is_layer) * (double)((size_t)(p - 1) * s);
+        if (zero == 0)
+            b += 4.0 * (double)(2 * n - chunk(n, p, r) - chunk(n, p, (r + 1) % p));
+        else if (zero <= 2)
+            b += 4.0 * 2 * (double)((size_t)(p - 1) * s);
+        else
+            b += 4.0 * (2 + is_layer) * (double)((size_t)(p - 1) * s);
     }
     return b;
 }
@@ -139,7 +140,8 @@ static double expected_act_floats(int np, int dp, int tp, int M, int onef1b, int
     int P = np / (dp * tp), s = r / (tp * dp), L = n_units - 2;
     double n = (double)((s + 1) * L / P - s * L / P), b = (double)(GLOBAL_BATCH / dp / M), T = 16, C = 32;
     double NH = 4.0 / tp, KVH = 2.0 / tp, hd = 8, H = 64.0 / tp, QKV = (NH + 2 * KVH) * hd, bT = b * T;
-    double mb = (n + 1) * bT * C + n * (3 * bT * C + 2 * bT + bT * QKV + b * NH * T * T + bT * NH * hd + 3 * bT * H) + bT * C;
+    double mb =
+        (n + 1) * bT * C + n * (3 * bT * C + 2 * bT + bT * QKV + b * NH * T * T + bT * NH * hd + 3 * bT * H) + bT * C;
     if (s == P - 1) mb += bT * C + bT + bT * (double)vocab;
     double inflight = onef1b && P - s < M ? P - s : M;
     return inflight * mb + 2 * bT * C + bT * QKV + bT * NH * hd + b * NH * T + 3 * bT * H;
@@ -190,8 +192,8 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
         worst = e > worst ? e : worst;
         exact += l[i] == lr[i];
     }
-    print_message("np %d dp %d tp %d pp %d zero %d %s: max relative loss difference %.3g over %d steps, %d bit-exact\n", np, dp, tp, pp, zero, extra,
-                  worst, n, exact);
+    print_message("np %d dp %d tp %d pp %d zero %d %s: max relative loss difference %.3g over %d steps, %d bit-exact\n",
+                  np, dp, tp, pp, zero, extra, worst, n, exact);
     (void)np;
     assert_true(worst <= 1e-5);
 
@@ -211,11 +213,13 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
              * parameter (4 weights, 4 gradients, 8 AdamW) */
             cJSON *mm = cJSON_GetObjectItem(e, "memory_bytes");
             double part = (double)part_params(np, dp, tp, r);
-            double pb = cJSON_GetObjectItem(mm, "params")->valuedouble, gb = cJSON_GetObjectItem(mm, "grads")->valuedouble;
+            double pb = cJSON_GetObjectItem(mm, "params")->valuedouble,
+                   gb = cJSON_GetObjectItem(mm, "grads")->valuedouble;
             double ob = cJSON_GetObjectItem(mm, "optimizer")->valuedouble;
             if (r == 0 || r == np - 1)
                 print_message("  rank %d holds %.0f B params, %.0f B grads, %.0f B optimizer = %.4f of the model's; "
-                              "activations %.0f B\n", r, pb, gb, ob, part / (double)n_params,
+                              "activations %.0f B\n",
+                              r, pb, gb, ob, part / (double)n_params,
                               cJSON_GetObjectItem(mm, "workspace")->valuedouble);
             assert_true(pb == sb.weights * part);
             assert_true(gb == sb.grads * part);
@@ -225,7 +229,8 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
             double wa = 4 * expected_act_floats(np, dp, tp, M, strstr(extra, "1f1b") != NULL, r);
             if (ws != wa) print_message("rank %d activations %.0f B, formula %.0f B\n", r, ws, wa);
             assert_true(ws == wa);
-            double sent = cJSON_GetObjectItem(e, "sent_bytes_per_step")->valuedouble, want = expected_sent_pp(np, dp, tp, M, r);
+            double sent = cJSON_GetObjectItem(e, "sent_bytes_per_step")->valuedouble,
+                   want = expected_sent_pp(np, dp, tp, M, r);
             if (sent != want) print_message("rank %d sent %.0f bytes per step, formula %.0f\n", r, sent, want);
             assert_true(sent == want);
             if (pp > 1) {
@@ -233,9 +238,10 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
                 assert_true(bub >= 0 && bub <= 1);
             }
         }
-        if (pp > 1) print_message("  measured bubble rank 0 %.3f, formula %.3f\n",
-                      cJSON_GetObjectItem(cJSON_GetArrayItem(ranks, 0), "bubble")->valuedouble,
-                      cJSON_GetObjectItem(d, "bubble_formula")->valuedouble);
+        if (pp > 1)
+            print_message("  measured bubble rank 0 %.3f, formula %.3f\n",
+                          cJSON_GetObjectItem(cJSON_GetArrayItem(ranks, 0), "bubble")->valuedouble,
+                          cJSON_GetObjectItem(d, "bubble_formula")->valuedouble);
         free(l);
         free(lr);
         cJSON_Delete(d);
@@ -250,14 +256,19 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
         assert_true(sent == want);
         /* the planner's per-collective bytes on the whole parameter array */
         double plan;
-        if (zero == 0) plan = nl_plan_coll_bytes(NL_ALL_REDUCE, np, 4 * N);
-        else if (zero <= 2) plan = nl_plan_coll_bytes(NL_REDUCE_SCATTER, np, 4 * N) + nl_plan_coll_bytes(NL_ALL_GATHER, np, 4 * N);
-        else plan = 3 * nl_plan_coll_bytes(NL_ALL_GATHER, np, 4 * N);
+        if (zero == 0)
+            plan = nl_plan_coll_bytes(NL_ALL_REDUCE, np, 4 * N);
+        else if (zero <= 2)
+            plan = nl_plan_coll_bytes(NL_REDUCE_SCATTER, np, 4 * N) + nl_plan_coll_bytes(NL_ALL_GATHER, np, 4 * N);
+        else
+            plan = 3 * nl_plan_coll_bytes(NL_ALL_GATHER, np, 4 * N);
         if (r == 0)
-            print_message("  rank 0 sends %.0f B/step = %.4f x the parameter bytes (planner %.4f)\n", sent, sent / (4 * N),
-                          plan / (4 * N));
-        if (zero < 3) assert_true(fabs(sent - plan) <= 4.0 * (np - 1) * 2 * n_units);
-        else assert_true(sent <= plan && sent >= 2.0 / 3.0 * plan); /* root units gathered once, not twice */
+            print_message("  rank 0 sends %.0f B/step = %.4f x the parameter bytes (planner %.4f)\n", sent,
+                          sent / (4 * N), plan / (4 * N));
+        if (zero < 3)
+            assert_true(fabs(sent - plan) <= 4.0 * (np - 1) * 2 * n_units);
+        else
+            assert_true(sent <= plan && sent >= 2.0 / 3.0 * plan); /* root units gathered once, not twice */
 
         cJSON *mm = cJSON_GetObjectItem(e, "memory_bytes");
         double pb = cJSON_GetObjectItem(mm, "params")->valuedouble, gb = cJSON_GetObjectItem(mm, "grads")->valuedouble;
@@ -278,21 +289,66 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
 }
 
 static void check_run(int np, int zero, const char *extra) { check_run_layout(np, np, zero, extra); }
-static void test_pp_2_gpipe(void **state) { (void)state; check_run_layout(2, 1, 0, "--microbatches 4 --schedule gpipe"); }
-static void test_pp_2_1f1b(void **state) { (void)state; check_run_layout(2, 1, 0, "--microbatches 4 --schedule 1f1b"); }
-static void test_dp2_pp2_1f1b(void **state) { (void)state; check_run_layout(4, 2, 0, "--microbatches 2 --schedule 1f1b"); }
-static void test_tp_2(void **state) { (void)state; check_run_layout(2, 1, 0, "--tp 2"); }
-static void test_dp2_tp2(void **state) { (void)state; check_run_layout(4, 2, 0, "--tp 2"); }
-static void test_tp2_pp2_gpipe(void **state) { (void)state; check_run_layout(4, 1, 0, "--tp 2 --microbatches 2 --schedule gpipe"); }
-static void test_ddp_2(void **state) { (void)state; check_run(2, 0, ""); }
-static void test_ddp_2_no_overlap(void **state) { (void)state; check_run(2, 0, "--no-overlap"); }
-static void test_ddp_2_native(void **state) { (void)state; check_run(2, 0, "--impl native"); }
-static void test_zero1_2(void **state) { (void)state; check_run(2, 1, ""); }
-static void test_zero2_2(void **state) { (void)state; check_run(2, 2, ""); }
-static void test_zero3_2(void **state) { (void)state; check_run(2, 3, ""); }
-static void test_ddp_4(void **state) { (void)state; check_run(4, 0, ""); }
-static void test_zero1_4(void **state) { (void)state; check_run(4, 1, ""); }
-static void test_zero3_4(void **state) { (void)state; check_run(4, 3, "--impl native"); }
+static void test_pp_2_gpipe(void **state) {
+    (void)state;
+    check_run_layout(2, 1, 0, "--microbatches 4 --schedule gpipe");
+}
+static void test_pp_2_1f1b(void **state) {
+    (void)state;
+    check_run_layout(2, 1, 0, "--microbatches 4 --schedule 1f1b");
+}
+static void test_dp2_pp2_1f1b(void **state) {
+    (void)state;
+    check_run_layout(4, 2, 0, "--microbatches 2 --schedule 1f1b");
+}
+static void test_tp_2(void **state) {
+    (void)state;
+    check_run_layout(2, 1, 0, "--tp 2");
+}
+static void test_dp2_tp2(void **state) {
+    (void)state;
+    check_run_layout(4, 2, 0, "--tp 2");
+}
+static void test_tp2_pp2_gpipe(void **state) {
+    (void)state;
+    check_run_layout(4, 1, 0, "--tp 2 --microbatches 2 --schedule gpipe");
+}
+static void test_ddp_2(void **state) {
+    (void)state;
+    check_run(2, 0, "");
+}
+static void test_ddp_2_no_overlap(void **state) {
+    (void)state;
+    check_run(2, 0, "--no-overlap");
+}
+static void test_ddp_2_native(void **state) {
+    (void)state;
+    check_run(2, 0, "--impl native");
+}
+static void test_zero1_2(void **state) {
+    (void)state;
+    check_run(2, 1, "");
+}
+static void test_zero2_2(void **state) {
+    (void)state;
+    check_run(2, 2, "");
+}
+static void test_zero3_2(void **state) {
+    (void)state;
+    check_run(2, 3, "");
+}
+static void test_ddp_4(void **state) {
+    (void)state;
+    check_run(4, 0, "");
+}
+static void test_zero1_4(void **state) {
+    (void)state;
+    check_run(4, 1, "");
+}
+static void test_zero3_4(void **state) {
+    (void)state;
+    check_run(4, 3, "--impl native");
+}
 
 static void test_bad_layouts(void **state) {
     (void)state;

@@ -15,9 +15,9 @@
 
 #include "nanolm/checkpoint.h"
 
-static const char *ARGS[] = {"--dim", "32", "--layers", "1", "--heads", "4", "--kv-heads", "2", "--hidden", "64",
-                             "--seq", "16", "--batch", "2", "--eval-windows", "2", "--eval-every", "1",
-                             "--warmup", "2", "--steps", "100000"};
+static const char *ARGS[] = {"--dim",        "32", "--layers", "1",  "--heads", "4",     "--kv-heads",     "2",
+                             "--hidden",     "64", "--seq",    "16", "--batch", "2",     "--eval-windows", "2",
+                             "--eval-every", "1",  "--warmup", "2",  "--steps", "100000"};
 #define N_ARGS (sizeof ARGS / sizeof ARGS[0])
 
 static int count_tmp(const char *dir) {
@@ -45,7 +45,8 @@ static int children_of(pid_t parent, pid_t *out, int cap) {
         const char *rp = strrchr(buf, ')'); /* "pid (comm) state ppid ..." */
         char state;
         int ppid;
-        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == (int)parent) out[n++] = (pid_t)atoi(e->d_name);
+        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == (int)parent)
+            out[n++] = (pid_t)atoi(e->d_name);
     }
     if (d) closedir(d);
     return n;
@@ -65,8 +66,18 @@ static int run_and_signal(const char *data, const char *ckpt, int which, char **
         dup2(fds[1], 2);
         close(fds[0]);
         setenv("OMP_NUM_THREADS", "1", 1);
-        const char *argv[64] = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-                                bin ? bin : "build/nanolm", "parallel", "train", "--data", data, "--out", ckpt};
+        const char *argv[64] = {"mpirun",
+                                "--allow-run-as-root",
+                                "--oversubscribe",
+                                "-np",
+                                "2",
+                                bin ? bin : "build/nanolm",
+                                "parallel",
+                                "train",
+                                "--data",
+                                data,
+                                "--out",
+                                ckpt};
         int k = 12;
         for (size_t i = 0; i < N_ARGS; i++) argv[k++] = ARGS[i];
         argv[k] = NULL;
@@ -107,7 +118,8 @@ static void sigterm_case(int which) {
     char *dir = tu_tmpdir(), ckpt[512], *rest = NULL;
     snprintf(ckpt, sizeof ckpt, "%s/run.st", dir);
     int rc = run_and_signal(data, ckpt, which, &rest);
-    print_message("SIGTERM to %s: exit status %d; after the signal:\n%s", which < 0 ? "every rank" : "rank 1", rc, rest);
+    print_message("SIGTERM to %s: exit status %d; after the signal:\n%s", which < 0 ? "every rank" : "rank 1", rc,
+                  rest);
     assert_int_equal(rc, 0);
     const char *at = strstr(rest, "stopped by SIGTERM after step ");
     assert_non_null(at);
@@ -139,8 +151,14 @@ static void sigterm_case(int which) {
     free(dir);
 }
 
-static void test_sigterm_to_one_rank(void **state) { (void)state; sigterm_case(1); }
-static void test_sigterm_to_every_rank(void **state) { (void)state; sigterm_case(-1); }
+static void test_sigterm_to_one_rank(void **state) {
+    (void)state;
+    sigterm_case(1);
+}
+static void test_sigterm_to_every_rank(void **state) {
+    (void)state;
+    sigterm_case(-1);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {

@@ -83,7 +83,8 @@ static void test_course_384gib(void **state) {
     ROUNDS_TO(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 1, 1, 0) * tokens * 32 / gib, 272, 1);
     ROUNDS_TO(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_FULL, 1, 1, 0) * tokens * 32 / gib, 16, 1);
     /* Without flash: the a*s*b*s score terms dominate (34 + 5 a s / h). */
-    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 0, 1, 0) == 4096.0 * (34 + 5.0 * 32 * 8192 / 4096));
+    assert_true(nl_plan_act_korthikanti(&a, 8192, NL_RECOMPUTE_NONE, 0, 1, 0) ==
+                4096.0 * (34 + 5.0 * 32 * 8192 / 4096));
     /* Selective keeps no more (with flash attention there are no scores to drop), full least. */
     o.recompute = NL_RECOMPUTE_SELECTIVE;
     nl_act_layer S;
@@ -197,11 +198,8 @@ static void test_budget_bugs(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_course_zero),
-        cmocka_unit_test(test_course_384gib),
-        cmocka_unit_test(test_course_moe),
-        cmocka_unit_test(test_cli),
-        cmocka_unit_test(test_budget_bugs),
+        cmocka_unit_test(test_course_zero), cmocka_unit_test(test_course_384gib), cmocka_unit_test(test_course_moe),
+        cmocka_unit_test(test_cli),         cmocka_unit_test(test_budget_bugs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -152,12 +152,14 @@ static void test_json_overrides(void **state) {
     assert_non_null(strstr(nl_last_error(), "hw.json"));
     /* Models: a new one with the required fields; an inconsistent shape is refused. */
     snprintf(p, sizeof p, "%s/m.json", dir);
-    write(p, "{\"name\": \"tiny\", \"vocab_size\": 1000, \"dim\": 256, \"n_layers\": 4, \"n_heads\": 4, \"hidden_dim\": 688}");
+    write(p, "{\"name\": \"tiny\", \"vocab_size\": 1000, \"dim\": 256, \"n_layers\": 4, \"n_heads\": 4, "
+             "\"hidden_dim\": 688}");
     assert_int_equal(nl_catalog_load_model(&c, p), NL_OK);
     nl_arch a;
     assert_int_equal(nl_catalog_find_model(&c, "tiny", &a), NL_OK);
     assert_true(a.n_kv_heads == 4 && a.seq_len == 4096);
-    write(p, "{\"name\": \"bad\", \"vocab_size\": 1000, \"dim\": 250, \"n_layers\": 4, \"n_heads\": 3, \"hidden_dim\": 688}");
+    write(p, "{\"name\": \"bad\", \"vocab_size\": 1000, \"dim\": 250, \"n_layers\": 4, \"n_heads\": 3, \"hidden_dim\": "
+             "688}");
     assert_int_equal(nl_catalog_load_model(&c, p), NL_ERR_FORMAT);
     write(p, "{\"name\": \"half\", \"dim\": 256}");
     assert_int_equal(nl_catalog_load_model(&c, p), NL_ERR_FORMAT);

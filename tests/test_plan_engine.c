@@ -181,8 +181,8 @@ static void predicted_vs_measured(void **state) {
     assert_int_equal(st.kv_blocks_used, 0);
     nl_engine_close(e);
     nl_model_free(&m);
-    print_message("| %-28s | %10s | %10s | %5s |  (medians of %d rounds)\n", "quantity (1 thread, dim 256)", "predicted",
-                  "measured", "ratio", ROUNDS);
+    print_message("| %-28s | %10s | %10s | %5s |  (medians of %d rounds)\n", "quantity (1 thread, dim 256)",
+                  "predicted", "measured", "ratio", ROUNDS);
     int ok = 1;
     for (int i = 0; i < NQ; i++) {
         double pv[ROUNDS], mv[ROUNDS], rv[ROUNDS];
@@ -198,8 +198,10 @@ static void predicted_vs_measured(void **state) {
      * the same kernels inside a step (docs/serving.md: batched decode steps measure 0.67-0.71 of
      * the prediction). Asserted only when asked. */
     const char *strict = getenv("NANOLM_PREDICT_STRICT");
-    if (strict && strict[0] == '1') assert_true(ok);
-    else if (!ok) print_message("not asserted: some predictions are outside 20%% (NANOLM_PREDICT_STRICT=1 asserts them)\n");
+    if (strict && strict[0] == '1')
+        assert_true(ok);
+    else if (!ok)
+        print_message("not asserted: some predictions are outside 20%% (NANOLM_PREDICT_STRICT=1 asserts them)\n");
 }
 
 static void rates_round_trip(void **state) {
@@ -229,7 +231,8 @@ static void rates_round_trip(void **state) {
     assert_int_equal(nl_cpu_rates_load(path, NULL, &back), NL_OK);
     assert_string_equal(back.name, "cpu-test");
     assert_int_equal(back.threads, 2);
-    assert_true(back.read_bw_nt == r.read_bw_nt && back.attn_flops == r.attn_flops && back.step_overhead_s == r.step_overhead_s);
+    assert_true(back.read_bw_nt == r.read_bw_nt && back.attn_flops == r.attn_flops &&
+                back.step_overhead_s == r.step_overhead_s);
     for (int fm = 0; fm < 3; fm++)
         for (int i = 0; i < NL_CPU_NM; i++) assert_true(back.gemm[fm][i] == r.gemm[fm][i]);
     /* the catalog reads the same entry (its cpu_ fields are left to plan_engine) */
@@ -245,9 +248,11 @@ static void rates_round_trip(void **state) {
     f = fopen(mp, "w");
     assert_non_null(f);
     fputs("{\"name\":\"small-d256\",\"vocab_size\":512,\"dim\":256,\"n_layers\":4,\"n_heads\":8,\"n_kv_heads\":4,"
-          "\"hidden_dim\":688,\"seq_len\":1024}", f);
+          "\"hidden_dim\":688,\"seq_len\":1024}",
+          f);
     fclose(f);
-    snprintf(args, sizeof args, "plan serve --hw '%s' --model '%s' --prompt 128 --output 32 --batch 8 --json", path, mp);
+    snprintf(args, sizeof args, "plan serve --hw '%s' --model '%s' --prompt 128 --output 32 --batch 8 --json", path,
+             mp);
     int rc = tu_run_cli(args, &out);
     if (rc) fail_msg("plan serve failed: %s", out);
     assert_non_null(strstr(out, "\"decode_step_s_b32\""));

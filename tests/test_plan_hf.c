@@ -45,8 +45,9 @@ static void test_plan_reads_a_model_folder(void **state) {
     free(out);
 
     /* a folder of an architecture nanolm does not read: refused, naming the file and the key */
-    snprintf(args, sizeof args, "mkdir -p '%s/bad' && printf '{\"architectures\":[\"GPT2LMHeadModel\"]}' > '%s/bad/config.json'",
-             dir, dir);
+    snprintf(args, sizeof args,
+             "mkdir -p '%s/bad' && printf '{\"architectures\":[\"GPT2LMHeadModel\"]}' > '%s/bad/config.json'", dir,
+             dir);
     assert_int_equal(system(args), 0);
     snprintf(args, sizeof args, "plan train --model '%s/bad' --gpus 8", dir);
     assert_int_equal(tu_run_cli(args, &out), 2);

@@ -82,7 +82,10 @@ static void test_approach3_constants(void **state) {
     nl_scaling_optimal_law(&u, c, &n, &d);
     for (double ln = log(1e8); ln < log(1e12); ln += 1e-4) {
         double nn = exp(ln), l = nl_scaling_loss(&u, nn, c / (6 * nn));
-        if (l < best) { best = l; bn = nn; }
+        if (l < best) {
+            best = l;
+            bn = nn;
+        }
     }
     assert_true(fabs(bn / n - 1) < 1e-3);
     assert_true(fabs(nl_scaling_flops_for_params(&u, n) / c - 1) < 1e-9);
@@ -175,7 +178,8 @@ static void test_cli(void **state) {
     nl_scaling_obs obs[128];
     size_t n = synth(obs, &truth, 0, 3);
     fprintf(f, "N,FLOPs,loss\n");
-    for (size_t i = 0; i < n; i++) fprintf(f, "%.17g,%.17g,%.17g\n", obs[i].n_params, 6 * obs[i].n_params * obs[i].n_tokens, obs[i].loss);
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "%.17g,%.17g,%.17g\n", obs[i].n_params, 6 * obs[i].n_params * obs[i].n_tokens, obs[i].loss);
     fclose(f);
     snprintf(args, sizeof args, "scaling fit %s --bootstrap 0 --json", path);
     assert_int_equal(tu_run_cli(args, &out), 0);
@@ -193,7 +197,8 @@ static void test_cli(void **state) {
     assert_int_equal(tu_run_cli(args, &out), 1);
     assert_non_null(strstr(out, "--n-col"));
     free(out);
-    snprintf(args, sizeof args, "scaling fit %s --bootstrap 0 --json --n-col model_params --d-col train_tokens --loss-col val_loss", path);
+    snprintf(args, sizeof args,
+             "scaling fit %s --bootstrap 0 --json --n-col model_params --d-col train_tokens --loss-col val_loss", path);
     assert_int_equal(tu_run_cli(args, &out), 0);
     p = strstr(out, "\"alpha\":");
     assert_non_null(p);
@@ -221,7 +226,7 @@ static void test_cli(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_course_1b),        cmocka_unit_test(test_course_llama3_overtrain),
+        cmocka_unit_test(test_course_1b),         cmocka_unit_test(test_course_llama3_overtrain),
         cmocka_unit_test(test_chinchilla_table3), cmocka_unit_test(test_approach3_constants),
         cmocka_unit_test(test_fit_recovers),      cmocka_unit_test(test_cli),
     };

@@ -293,8 +293,7 @@ static void test_bugs(void **state) {
     q.fix.pp = 8;
     q.seq = 4096;
     assert_int_equal(nl_plan_train_search(&q, &r), NL_OK);
-    for (size_t i = 0; i < r.n; i++)
-        assert_true(q.arch.n_layers % (r.evals[i].L.pp * r.evals[i].L.vpp) == 0);
+    for (size_t i = 0; i < r.n; i++) assert_true(q.arch.n_layers % (r.evals[i].L.pp * r.evals[i].L.vpp) == 0);
     nl_plan_train_free(&r);
     nl_train_eval ev;
     /* Tensor-parallel degrees that are not powers of two: 24 heads on 6 GPUs at tp 6. */
@@ -378,7 +377,10 @@ static void test_cli_bugs(void **state) {
     (void)state;
     char *out = NULL;
     /* Layout options: the interleave degree and sequence parallelism on or off. */
-    assert_int_equal(tu_run_cli("plan train --model llama-3-70b --gpus 64 --seq 4096 --tp 8 --pp 4 --interleave 5 --sp off --json", &out), 0);
+    assert_int_equal(
+        tu_run_cli("plan train --model llama-3-70b --gpus 64 --seq 4096 --tp 8 --pp 4 --interleave 5 --sp off --json",
+                   &out),
+        0);
     assert_non_null(strstr(out, "\"vpp\":\t5"));
     assert_null(strstr(out, "tp8+sp"));
     free(out);

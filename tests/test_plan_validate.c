@@ -50,8 +50,8 @@ static void test_targets(void **state) {
     const nl_valid_group *m = group(&r, "memory"), *t = group(&r, "train"), *s = group(&r, "serve");
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
-    assert_true(t->median_abs <= 0.07);   /* target 0.05 */
-    assert_true(t->worst_abs <= 0.35);    /* target 0.15 */
+    assert_true(t->median_abs <= 0.07); /* target 0.05 */
+    assert_true(t->worst_abs <= 0.35);  /* target 0.15 */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);
     nl_plan_validate_free(&r);
@@ -92,9 +92,12 @@ static void test_bad_files(void **state) {
     assert_int_not_equal(nl_plan_validate(&cat, path, &r), NL_OK);
     static const char *bad[] = {
         "{\"id\": \"x\"}",
-        "[{\"id\": \"x\", \"group\": \"memory\", \"metric\": \"state_gb\", \"published\": 1, \"params\": 1e9, \"layout\": {}}]",
-        "[{\"id\": \"x\", \"group\": \"memory\", \"source\": \"a paper, Table 1\", \"metric\": \"nonsense\", \"published\": 1, \"layout\": {}}]",
-        "[{\"id\": \"x\", \"group\": \"train\", \"source\": \"a paper, Table 1\", \"model\": \"no-such-model\", \"metric\": \"mfu\", \"published\": 40}]",
+        "[{\"id\": \"x\", \"group\": \"memory\", \"metric\": \"state_gb\", \"published\": 1, \"params\": 1e9, "
+        "\"layout\": {}}]",
+        "[{\"id\": \"x\", \"group\": \"memory\", \"source\": \"a paper, Table 1\", \"metric\": \"nonsense\", "
+        "\"published\": 1, \"layout\": {}}]",
+        "[{\"id\": \"x\", \"group\": \"train\", \"source\": \"a paper, Table 1\", \"model\": \"no-such-model\", "
+        "\"metric\": \"mfu\", \"published\": 40}]",
     };
     static const char *want[] = {"JSON array", "source", "unknown memory metric", "unknown model"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

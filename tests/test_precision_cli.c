@@ -19,8 +19,9 @@ static void test_llama2c_needs_tokenizer(void **state) {
     assert_non_null(strstr(out, "--tokenizer"));
     free(out);
     /* with it: the run goes through and reports 2 categories x 4 schemes */
-    snprintf(args, sizeof args, "precision underflow --ckpt '%s' --tokenizer '%s' --data '%s' --batch 1 --batches 1 --json",
-             ckpt, tok, text);
+    snprintf(args, sizeof args,
+             "precision underflow --ckpt '%s' --tokenizer '%s' --data '%s' --batch 1 --batches 1 --json", ckpt, tok,
+             text);
     int rc = tu_run_cli(args, &out);
     if (rc) fail_msg("%s -> %d: %s", args, rc, out ? out : "");
     cJSON *d = cJSON_Parse(out);

@@ -15,8 +15,15 @@
 static void tiny_arch(nl_arch *a, int64_t vocab) {
     memset(a, 0, sizeof *a);
     snprintf(a->name, sizeof a->name, "tiny");
-    a->vocab_size = vocab; a->dim = 64; a->n_layers = 2; a->n_heads = 4; a->n_kv_heads = 2; a->hidden_dim = 96;
-    a->seq_len = 32; a->rope_theta = 10000.0; a->norm_eps = 1e-5;
+    a->vocab_size = vocab;
+    a->dim = 64;
+    a->n_layers = 2;
+    a->n_heads = 4;
+    a->n_kv_heads = 2;
+    a->hidden_dim = 96;
+    a->seq_len = 32;
+    a->rope_theta = 10000.0;
+    a->norm_eps = 1e-5;
 }
 
 static void parse(void **state) {
@@ -94,11 +101,12 @@ static void ste_gradients(void **state) {
         dfp = fmax(dfp, fabs(m.grads[i] - g_fp[i]));
     }
     print_message("loss fp32 %.6f, QAT %.6f, fp32 at quantized weights %.6f; max |g_qat - g_at_wq| %.3g, "
-                  "max |g_qat - g_fp32| %.3g (max |g| %.3g)\n", loss_fp, loss_q, loss_r, diff, dfp, gmax);
+                  "max |g_qat - g_fp32| %.3g (max |g| %.3g)\n",
+                  loss_fp, loss_q, loss_r, diff, dfp, gmax);
     assert_true(fabs(loss_q - loss_r) <= 1e-6 * fabs(loss_r));
     assert_true(diff <= 1e-6 * gmax);
     assert_true(loss_q != loss_fp); /* quantization changed the forward */
-    assert_true(dfp > 1e-4 * gmax);  /* and the gradients */
+    assert_true(dfp > 1e-4 * gmax); /* and the gradients */
     /* the quantized weights are on the int4 grid: at most 15 distinct values per group of 32 */
     const float *wq0 = r.params + m.table[2].offset; /* layer 0 q_proj, first row, first group */
     int distinct = 0;
@@ -141,8 +149,15 @@ static void qat_recovers(void **state) {
     tiny_arch(&a, 256);
     nl_train_opts o;
     nl_train_opts_default(&o);
-    o.steps = 300; o.batch = 8; o.seq = 32; o.warmup = 20; o.lr = 3e-3f; o.lr_min = 3e-4f;
-    o.eval_every = 0; o.eval_windows = 8; o.out = base;
+    o.steps = 300;
+    o.batch = 8;
+    o.seq = 32;
+    o.warmup = 20;
+    o.lr = 3e-3f;
+    o.lr_min = 3e-4f;
+    o.eval_every = 0;
+    o.eval_windows = 8;
+    o.out = base;
     nl_trainer t;
     assert_int_equal(nl_trainer_init(&t, &a, &o), NL_OK);
     assert_int_equal(nl_trainer_run(&t, &o, &d, NULL, NULL), NL_OK);
@@ -152,7 +167,12 @@ static void qat_recovers(void **state) {
     assert_int_equal(nl_qat_parse("int3-g32", &s), NL_OK);
     const int64_t W = 100; /* validation windows of 32 */
     nl_train_opts f = o;
-    f.out = NULL; f.init_weights = base; f.steps = 60; f.warmup = 6; f.lr = 1e-3f; f.lr_min = 1e-4f;
+    f.out = NULL;
+    f.init_weights = base;
+    f.steps = 60;
+    f.warmup = 6;
+    f.lr = 1e-3f;
+    f.lr_min = 1e-4f;
     f.seed = 7;
     /* QAT */
     double fp_start, rtn_start, qat_end, ctrl_fp, ctrl_rtn;
@@ -179,7 +199,8 @@ static void qat_recovers(void **state) {
     assert_int_equal(nl_eval_loss(&t.model, &d, NL_DATA_VAL, f.batch, f.seq, W, &ctrl_rtn, NULL), NL_OK);
     nl_trainer_free(&t);
     print_message("int3-g32: start fp32 %.4f RTN %.4f; after 60 steps: QAT %.4f (RTN of its weights %.4f), "
-                  "fp32 control %.4f, its RTN %.4f\n", fp_start, rtn_start, qat_end, qat_rtn, ctrl_fp, ctrl_rtn);
+                  "fp32 control %.4f, its RTN %.4f\n",
+                  fp_start, rtn_start, qat_end, qat_rtn, ctrl_fp, ctrl_rtn);
     assert_true(rtn_start > fp_start);
     assert_true(qat_end < rtn_start);
     assert_true(qat_end < ctrl_rtn);
@@ -187,7 +208,8 @@ static void qat_recovers(void **state) {
 
     /* the CLI: a QAT run from the checkpoint reports the losses */
     char args[2048], *out = NULL;
-    snprintf(args, sizeof args, "train --data %s --qat int4-g32 --resume-weights %s --steps 3 --batch 2 --seq 32 --eval-windows 4 --json",
+    snprintf(args, sizeof args,
+             "train --data %s --qat int4-g32 --resume-weights %s --steps 3 --batch 2 --seq 32 --eval-windows 4 --json",
              text, base);
     int rc = tu_run_cli(args, &out);
     assert_int_equal(rc, 0);

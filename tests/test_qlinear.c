@@ -49,13 +49,20 @@ static void test_paths_exact(void **state) {
                              (long long)M, (long long)N, (long long)K, (long long)i, got[i], want[i]);
             tested++;
         }
-        free(a); free(b); free(want); free(got);
+        free(a);
+        free(b);
+        free(want);
+        free(got);
     }
     assert_true(tested >= 6);
     /* The extremes at the largest K: (-128)(-128) * 65536 = 2^30 and 127 * (-128) * 65536. */
     const int64_t K = NL_QDOT_MAX_K;
     int8_t *a = malloc(K * 2), *b = malloc(K);
-    for (int64_t k = 0; k < K; k++) { a[k] = -128; a[K + k] = 127; b[k] = -128; }
+    for (int64_t k = 0; k < K; k++) {
+        a[k] = -128;
+        a[K + k] = 127;
+        b[k] = -128;
+    }
     for (int p = 0; p < 3; p++) {
         if (!nl_qdot_available(PATHS[p])) continue;
         int32_t c[2];
@@ -105,8 +112,10 @@ static void test_forward(void **state) {
         for (int64_t i = 0; i < M * N; i++) e += ((double)yq[i] - yf[i]) * ((double)yq[i] - yf[i]);
         e = sqrt(e / (double)(M * N));
         assert_true(e < 0.02 * ref_rms);
-        if (first) memcpy(y0, yq, sizeof(float) * M * N);
-        else assert_memory_equal(y0, yq, sizeof(float) * M * N);
+        if (first)
+            memcpy(y0, yq, sizeof(float) * M * N);
+        else
+            assert_memory_equal(y0, yq, sizeof(float) * M * N);
         first = 0;
     }
     /* The W8A8 result is exactly sum(qx * qw) * (sx * sw) with our own quantizers. */
@@ -147,7 +156,12 @@ static void test_forward(void **state) {
     w[5] = INFINITY;
     assert_int_equal(nl_qlinear_init(&l, w, N, K, NL_QLINEAR_W8A8), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "index 5"));
-    free(w); free(x); free(yf); free(yq); free(y0); free(wd);
+    free(w);
+    free(x);
+    free(yf);
+    free(yq);
+    free(y0);
+    free(wd);
 }
 
 /* ggml-style gate for the W8A8 dot: x[i] = 0.1 + 2 cos(i) as a 1 x 4096 weight, y[i] = 0.1 +

@@ -49,14 +49,16 @@ static void test_quantize_model_synthetic(void **state) {
     const float l32 = loss_of(&m, tok);
     /* Exact sizes: linear weights per layer (q 48x48, k 24x48, v 24x48, o 48x48, w1 96x48,
      * w3 96x48, w2 48x96) = 2 layers x 16128 weights; 2 x 384 rows. */
-    const size_t nlin = 2 * (48 * 48 + 24 * 48 * 2 + 48 * 48 + 96 * 48 * 2 + 48 * 96), rows = 2 * (48 + 24 + 24 + 48 + 96 + 96 + 48);
+    const size_t nlin = 2 * (48 * 48 + 24 * 48 * 2 + 48 * 48 + 96 * 48 * 2 + 48 * 96),
+                 rows = 2 * (48 + 24 + 24 + 48 + 96 + 96 + 48);
     /* Blocks of 32 along each row: rows of 48 have 2 (one partial), rows of 96 have 3. */
     const size_t blocks32 = 2 * ((48 + 24 + 24 + 48 + 96 + 96) * 2 + 48 * 3);
     const size_t other = (size_t)(64 * 48 * 2 + 2 * 2 * 48 + 48) * 4; /* embed, classifier, norms */
     size_t lin;
     assert_int_equal(nl_qmodel_size_bytes(&m, NULL, &lin), other + nlin * 4);
     assert_int_equal(lin, nlin * 4);
-    const char *schemes[] = {"int8-channel", "int8-tensor", "int8-b32", "int4-b32", "int4-b16", "mxfp8", "mxfp4", "affine-uint8-channel"};
+    const char *schemes[] = {"int8-channel", "int8-tensor", "int8-b32", "int4-b32",
+                             "int4-b16",     "mxfp8",       "mxfp4",    "affine-uint8-channel"};
     for (size_t s = 0; s < sizeof schemes / sizeof schemes[0]; s++) {
         nl_quant_spec spec;
         QOK(nl_quant_spec_parse(schemes[s], &spec));
@@ -66,10 +68,10 @@ static void test_quantize_model_synthetic(void **state) {
             QOK(nl_qmodel_quantize(&qm, &m, &spec, (nl_qlinear_mode)mode));
             size_t total = nl_qmodel_size_bytes(&m, &qm, &lin);
             assert_int_equal(total, other + lin);
-            if (s == 0) assert_int_equal(lin, nlin + rows * 4);               /* int8 + fp32 scale per row */
-            if (s == 1) assert_int_equal(lin, nlin + 2 * 7 * 4);              /* one scale per tensor */
-            if (s == 3) assert_int_equal(lin, nlin / 2 + blocks32 * 4);       /* nibbles + a scale per block */
-            if (s == 5) assert_int_equal(lin, nlin + blocks32);               /* fp8 + an E8M0 byte per 32 */
+            if (s == 0) assert_int_equal(lin, nlin + rows * 4);         /* int8 + fp32 scale per row */
+            if (s == 1) assert_int_equal(lin, nlin + 2 * 7 * 4);        /* one scale per tensor */
+            if (s == 3) assert_int_equal(lin, nlin / 2 + blocks32 * 4); /* nibbles + a scale per block */
+            if (s == 5) assert_int_equal(lin, nlin + blocks32);         /* fp8 + an E8M0 byte per 32 */
             if (s == 6) assert_int_equal(lin, nlin / 2 + blocks32);
             float lq = loss_of(&m, tok);
             double tol = spec.bits >= 8 ? 0.01 : 0.08;
@@ -175,8 +177,8 @@ static void test_stories260k(void **state) {
     assert_int_equal(linq, 226560 + 3000 * 4);
     QOK(nl_eval_loss_tokens(&m, ids, n, 4, 512, &lq, &scored));
     greedy(&m, pids, np, 20, gq);
-    print_message("[  INFO    ] stories260K: fp32 loss %.4f, int8-channel W8A8 %.4f (%+.3f%%), linear %.2fx smaller\n", l32, lq,
-                  100 * (lq - l32) / l32, (double)lin32 / (double)linq);
+    print_message("[  INFO    ] stories260K: fp32 loss %.4f, int8-channel W8A8 %.4f (%+.3f%%), linear %.2fx smaller\n",
+                  l32, lq, 100 * (lq - l32) / l32, (double)lin32 / (double)linq);
     assert_true(fabs(lq - l32) < 0.01 * l32);
     assert_memory_equal(g32, gq, sizeof g32);
     nl_qmodel_free(&qm);

@@ -65,8 +65,10 @@ static void test_error_bounds(void **state) {
         const int qmax = (1 << (bits - 1)) - 1;
         for (int mode = 0; mode < 4; mode++) {
             nl_qtensor q;
-            if (mode < 2) QOK(nl_quant_symmetric(x, R, C, bits, mode, &q));
-            else QOK(nl_quant_blockwise(x, R, C, bits, mode == 2 ? 8 : 5, &q));
+            if (mode < 2)
+                QOK(nl_quant_symmetric(x, R, C, bits, mode, &q));
+            else
+                QOK(nl_quant_blockwise(x, R, C, bits, mode == 2 ? 8 : 5, &q));
             QOK(nl_quant_dequantize(&q, y));
             for (int64_t r = 0; r < R; r++) {
                 for (int64_t c = 0; c < C; c++) {
@@ -109,8 +111,10 @@ static void test_zero_groups(void **state) {
     float y[24];
     for (int mode = 0; mode < 3; mode++) {
         nl_qtensor q;
-        if (mode == 2) QOK(nl_quant_blockwise(x, 3, 8, 4, 4, &q));
-        else QOK(nl_quant_symmetric(x, 3, 8, 8, mode, &q));
+        if (mode == 2)
+            QOK(nl_quant_blockwise(x, 3, 8, 4, 4, &q));
+        else
+            QOK(nl_quant_symmetric(x, 3, 8, 8, mode, &q));
         for (int64_t g = 0; g < q.n_scales; g++) assert_true(isfinite(q.scales[g]) && q.scales[g] > 0);
         QOK(nl_quant_dequantize(&q, y));
         for (int i = 0; i < 24; i++) assert_true(y[i] == x[i]);
@@ -231,9 +235,20 @@ static void test_bad_input(void **state) {
 
 static void test_scheme_names(void **state) {
     (void)state;
-    const char *names[] = {"int8-channel", "int8-tensor", "int8-b32", "int4-b128", "int2-b7",
-                           "affine-uint8-tensor", "affine-int4-channel", "mxfp8-e4m3", "mxfp8-e5m2",
-                           "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4", "mxint8", "mxfp4-away"};
+    const char *names[] = {"int8-channel",
+                           "int8-tensor",
+                           "int8-b32",
+                           "int4-b128",
+                           "int2-b7",
+                           "affine-uint8-tensor",
+                           "affine-int4-channel",
+                           "mxfp8-e4m3",
+                           "mxfp8-e5m2",
+                           "mxfp6-e3m2",
+                           "mxfp6-e2m3",
+                           "mxfp4",
+                           "mxint8",
+                           "mxfp4-away"};
     char buf[64];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         nl_quant_spec s;
@@ -265,11 +280,15 @@ static void test_absmax_into(void **state) {
     fill_normal(x2, 240, 22);
     for (int mode = 0; mode < 3; mode++) {
         nl_qtensor q, fresh;
-        if (mode == 2) QOK(nl_quant_blockwise(x, 6, 40, 4, 16, &q));
-        else QOK(nl_quant_symmetric(x, 6, 40, 8, mode, &q));
+        if (mode == 2)
+            QOK(nl_quant_blockwise(x, 6, 40, 4, 16, &q));
+        else
+            QOK(nl_quant_symmetric(x, 6, 40, 8, mode, &q));
         QOK(nl_quant_absmax_into(x2, &q));
-        if (mode == 2) QOK(nl_quant_blockwise(x2, 6, 40, 4, 16, &fresh));
-        else QOK(nl_quant_symmetric(x2, 6, 40, 8, mode, &fresh));
+        if (mode == 2)
+            QOK(nl_quant_blockwise(x2, 6, 40, 4, 16, &fresh));
+        else
+            QOK(nl_quant_symmetric(x2, 6, 40, 8, mode, &fresh));
         assert_memory_equal(q.codes, fresh.codes, (size_t)(q.rows * q.row_bytes));
         assert_memory_equal(q.scales, fresh.scales, sizeof(float) * (size_t)q.n_scales);
         x2[77] = NAN;
@@ -283,11 +302,9 @@ static void test_absmax_into(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_course_example), cmocka_unit_test(test_error_bounds),
-        cmocka_unit_test(test_ties_to_even),   cmocka_unit_test(test_zero_groups),
-        cmocka_unit_test(test_affine),         cmocka_unit_test(test_int4_packing),
-        cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_scheme_names),
-        cmocka_unit_test(test_absmax_into),
+        cmocka_unit_test(test_course_example), cmocka_unit_test(test_error_bounds), cmocka_unit_test(test_ties_to_even),
+        cmocka_unit_test(test_zero_groups),    cmocka_unit_test(test_affine),       cmocka_unit_test(test_int4_packing),
+        cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_scheme_names), cmocka_unit_test(test_absmax_into),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

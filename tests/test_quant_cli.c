@@ -18,7 +18,9 @@ static cJSON *run_json(const char *args) {
 }
 
 static cJSON *step(cJSON *d, int i) { return cJSON_GetArrayItem(cJSON_GetObjectItem(d, "steps"), i); }
-static double num(cJSON *o, const char *k, int i) { return cJSON_GetArrayItem(cJSON_GetObjectItem(o, k), i)->valuedouble; }
+static double num(cJSON *o, const char *k, int i) {
+    return cJSON_GetArrayItem(cJSON_GetObjectItem(o, k), i)->valuedouble;
+}
 
 static void test_demo_numbers(void **state) {
     (void)state;
@@ -192,7 +194,8 @@ static void test_model_cli(void **state) {
     assert_int_equal(tu_run_cli("quant model --ckpt a --data b --scheme nf4", &out), 2);
     assert_non_null(strstr(out, "unknown quantization scheme 'nf4'"));
     free(out);
-    assert_int_equal(tu_run_cli("quant model --ckpt a --data b --scheme int8-channel --scheme mxfp4 --out q.st", &out), 2);
+    assert_int_equal(tu_run_cli("quant model --ckpt a --data b --scheme int8-channel --scheme mxfp4 --out q.st", &out),
+                     2);
     assert_non_null(strstr(out, "--out needs exactly one --scheme"));
     free(out);
     assert_int_equal(tu_run_cli("quant model --ckpt missing.bin --data b", &out), 1);
@@ -203,7 +206,8 @@ static void test_model_cli(void **state) {
     TU_REQUIRE_DATA(txt, "tinystories/tinystories_head.txt");
     char args[2048];
     snprintf(args, sizeof args,
-             "quant model --ckpt %s --tokenizer %s --data %s --max-tokens 2048 --scheme int8-channel --scheme mxfp4 --gen 8 --json",
+             "quant model --ckpt %s --tokenizer %s --data %s --max-tokens 2048 --scheme int8-channel --scheme mxfp4 "
+             "--gen 8 --json",
              bin, tokp, txt);
     cJSON *d = run_json(args);
     cJSON *a = cJSON_GetObjectItem(d, "schemes");
@@ -217,17 +221,15 @@ static void test_model_cli(void **state) {
     assert_int_equal(cJSON_GetObjectItem(q, "greedy_shared_with_first")->valueint, 8);
     cJSON *m4 = cJSON_GetArrayItem(a, 2);
     /* MXFP4: 4 bits + one E8M0 byte per 32 (rows of 64 and 172: 2 and 6 blocks) */
-    assert_int_equal((int)cJSON_GetObjectItem(m4, "linear_bytes")->valuedouble, 226560 / 2 + 5 * ((64 + 32 + 32 + 64 + 172 + 172) * 2 + 64 * 6));
+    assert_int_equal((int)cJSON_GetObjectItem(m4, "linear_bytes")->valuedouble,
+                     226560 / 2 + 5 * ((64 + 32 + 32 + 64 + 172 + 172) * 2 + 64 * 6));
     cJSON_Delete(d);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_demo_numbers),
-        cmocka_unit_test(test_outliers),
-        cmocka_unit_test(test_values),
-        cmocka_unit_test(test_cli_errors),
-        cmocka_unit_test(test_model_cli),
+        cmocka_unit_test(test_demo_numbers), cmocka_unit_test(test_outliers),  cmocka_unit_test(test_values),
+        cmocka_unit_test(test_cli_errors),   cmocka_unit_test(test_model_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,8 +11,9 @@
 
 static cJSON *find_scheme(cJSON *doc, const char *name) {
     cJSON *r;
-    cJSON_ArrayForEach(r, cJSON_GetObjectItem(doc, "schemes"))
-        if (!strcmp(cJSON_GetObjectItem(r, "scheme")->valuestring, name)) return r;
+    cJSON_ArrayForEach(
+        r,
+        cJSON_GetObjectItem(doc, "schemes")) if (!strcmp(cJSON_GetObjectItem(r, "scheme")->valuestring, name)) return r;
     fail_msg("scheme %s missing from the output", name);
     return NULL;
 }
@@ -35,7 +36,8 @@ static void test_stories260k_table(void **state) {
     TU_REQUIRE_DATA(text, "tinystories/tinystories_head.txt");
     char args[2048], *out = NULL;
     snprintf(args, sizeof args,
-             "quant-compare --ckpt '%s' --tokenizer '%s' --data '%s' --calib '%s' --calib-tokens 2048 --eval-tokens 8192 --json "
+             "quant-compare --ckpt '%s' --tokenizer '%s' --data '%s' --calib '%s' --calib-tokens 2048 --eval-tokens "
+             "8192 --json "
              "--schemes rtn-int4-g32,gptq-int4-g32,awq-int4-g32,awq-int8-g32,smoothquant-w8a8,int8-outlier6",
              ckpt, tok, text, text);
     int rc = tu_run_cli(args, &out);
@@ -62,9 +64,11 @@ static void test_stories260k_table(void **state) {
     double fp32_other = 4.0 * (512 * 64 + 5 * 2 * 64 + 64);
     double lin = 0;
     for (int l = 0; l < 5; l++)
-        lin += wbytes(64, 64, 4) + 2 * wbytes(32, 64, 4) + wbytes(64, 64, 4) + 2 * wbytes(172, 64, 4) + wbytes(64, 172, 4);
+        lin +=
+            wbytes(64, 64, 4) + 2 * wbytes(32, 64, 4) + wbytes(64, 64, 4) + 2 * wbytes(172, 64, 4) + wbytes(64, 172, 4);
     assert_true(num(find_scheme(doc, "rtn-int4-g32"), "bytes") == fp32_other + lin);
-    double lin8 = 5 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 2 * 172 * 64 + 64 * 172 + 4.0 * (64 + 32 + 32 + 64 + 172 + 172 + 64));
+    double lin8 =
+        5 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 2 * 172 * 64 + 64 * 172 + 4.0 * (64 + 32 + 32 + 64 + 172 + 172 + 64));
     assert_true(num(find_scheme(doc, "smoothquant-w8a8"), "bytes") == fp32_other + lin8);
     /* one table per result: the per-layer outlier rows are under outlier_dims.<scheme>, not inside the scheme's row */
     cJSON *ol = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "outlier_dims"), "int8-outlier6");
@@ -97,10 +101,11 @@ static void test_fp32_listed_once(void **state) {
     TU_REQUIRE_DATA(tok, "stories260K/tok512.bin");
     TU_REQUIRE_DATA(text, "tinystories/tinystories_head.txt");
     char args[2048], *out = NULL;
-    snprintf(args, sizeof args,
-             "quant compare --ckpt '%s' --tokenizer '%s' --data '%s' --calib '%s' --calib-tokens 512 --eval-tokens 1024 "
-             "--schemes fp32,rtn-int8-g32",
-             ckpt, tok, text, text);
+    snprintf(
+        args, sizeof args,
+        "quant compare --ckpt '%s' --tokenizer '%s' --data '%s' --calib '%s' --calib-tokens 512 --eval-tokens 1024 "
+        "--schemes fp32,rtn-int8-g32",
+        ckpt, tok, text, text);
     int rc = tu_run_cli(args, &out);
     if (rc != 0) fail_msg("quant compare exited %d: %s", rc, out ? out : "");
     int fp32_rows = 0, rtn_rows = 0;

@@ -68,8 +68,8 @@ static void test_awq_beats_rtn(void **state) {
             for (int j = 0; j < COLS; j++) xs[t * COLS + j] = held[t * COLS + j] / s[j];
         double awq_held = out_err(held, w, xs, wh, TOK), rtn_held = out_err(held, w, held, wr, TOK);
         print_message("  awq int%d g%-3d alpha %.2f: held-out ||y - y^||^2 awq %.2f rtn %.2f (%.2fx); "
-                      "salient s %.2f vs median-ish s[0] %.2f\n", o.bits, o.group_size, alpha, awq_held,
-                      rtn_held, rtn_held / awq_held, s[planted[0]], s[0]);
+                      "salient s %.2f vs median-ish s[0] %.2f\n",
+                      o.bits, o.group_size, alpha, awq_held, rtn_held, rtn_held / awq_held, s[planted[0]], s[0]);
         assert_true(alpha > 0.0);
         assert_true(awq_held < rtn_held);
         assert_true(s[planted[0]] > s[0]); /* salient channels are scaled up */
@@ -84,7 +84,11 @@ static void test_awq_beats_rtn(void **state) {
     x[5 * COLS + 9] = NAN;
     assert_int_equal(nl_awq_search(x, TOK, COLS, 1, wl, rows, &o, s, NULL, NULL, NULL, NULL, NULL), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "token 5 feature 9"));
-    free(x); free(w); free(wh); free(wr); free(xs);
+    free(x);
+    free(w);
+    free(wh);
+    free(wr);
+    free(xs);
 }
 
 static void test_smoothquant_beats_w8a8(void **state) {
@@ -113,7 +117,10 @@ static void test_smoothquant_beats_w8a8(void **state) {
     for (int t = 0; t < TOK; t += 37)
         for (int r = 0; r < ROWS; r += 13) {
             double a = 0, b = 0;
-            for (int j = 0; j < COLS; j++) { a += (double)held[t * COLS + j] * w[r * COLS + j]; b += (double)xs[t * COLS + j] * ws[r * COLS + j]; }
+            for (int j = 0; j < COLS; j++) {
+                a += (double)held[t * COLS + j] * w[r * COLS + j];
+                b += (double)xs[t * COLS + j] * ws[r * COLS + j];
+            }
             assert_true(fabs(a - b) < 1e-4 * (1 + fabs(a)));
         }
     /* W8A8 (per-token int8 activations, per-channel int8 weights) with and without smoothing. */
@@ -129,14 +136,23 @@ static void test_smoothquant_beats_w8a8(void **state) {
                 for (int j = 0; j < COLS; j++) a += (double)held[t * COLS + j] * w[r * COLS + j];
                 e += (a - yq[t * ROWS + r]) * (a - yq[t * ROWS + r]);
             }
-        if (pass) e_smooth = e; else e_plain = e;
+        if (pass)
+            e_smooth = e;
+        else
+            e_plain = e;
     }
-    print_message("  smoothquant alpha 0.5 W8A8 held-out ||y - y^||^2: plain %.3f smoothed %.3f (%.1fx)\n",
-                  e_plain, e_smooth, e_plain / e_smooth);
+    print_message("  smoothquant alpha 0.5 W8A8 held-out ||y - y^||^2: plain %.3f smoothed %.3f (%.1fx)\n", e_plain,
+                  e_smooth, e_plain / e_smooth);
     assert_true(e_smooth * 2 < e_plain);
     assert_int_equal(nl_smoothquant_scales(amax, COLS, 1, wl, rows, 1.5, s), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "alpha"));
-    free(x); free(w); free(ws); free(xs); free(y); free(yq); free(wc);
+    free(x);
+    free(w);
+    free(ws);
+    free(xs);
+    free(y);
+    free(yq);
+    free(wc);
 }
 
 static void test_llmint8_decomposition(void **state) {
@@ -165,8 +181,8 @@ static void test_llmint8_decomposition(void **state) {
             e8 += (a - y8[t * ROWS + r]) * (a - y8[t * ROWS + r]);
             em += (a - ym[t * ROWS + r]) * (a - ym[t * ROWS + r]);
         }
-    print_message("  llm.int8 threshold 6: %d outlier dims of %d; ||y - y^||^2 int8 %.3f mixed %.3f (%.1fx)\n",
-                  nm, COLS, e8, em, e8 / em);
+    print_message("  llm.int8 threshold 6: %d outlier dims of %d; ||y - y^||^2 int8 %.3f mixed %.3f (%.1fx)\n", nm,
+                  COLS, e8, em, e8 / em);
     assert_true(em * 5 < e8);
     /* A hand-checked token: x = (1, -2, 10, 0.5), threshold 6 -> dim 2 in fp32; the rest
      * int8 with scale 2/127: codes (64, -127, 32) (63.5 rounds to even 64). W = identity-ish row
@@ -182,7 +198,11 @@ static void test_llmint8_decomposition(void **state) {
     x[TOK * COLS - 1] = INFINITY;
     assert_int_equal(nl_llmint8_forward(x, TOK, COLS, wc, wsc, ROWS, 6.f, ym, NULL), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "not finite"));
-    free(x); free(w); free(y8); free(ym); free(wc);
+    free(x);
+    free(w);
+    free(y8);
+    free(ym);
+    free(wc);
 }
 
 int main(void) {

@@ -17,7 +17,11 @@ static float mx_value(const nl_qtensor *q, int64_t c) {
 /* Known cases from the issue: MXFP4 scales and saturation. */
 static void test_mxfp4_scales(void **state) {
     (void)state;
-    struct { float amax; int e8m0; float scale; } cases[] = {{1.0f, 125, 0.25f}, {7.0f, 127, 1.0f}, {0.3f, 123, 0.0625f}};
+    struct {
+        float amax;
+        int e8m0;
+        float scale;
+    } cases[] = {{1.0f, 125, 0.25f}, {7.0f, 127, 1.0f}, {0.3f, 123, 0.0625f}};
     for (int k = 0; k < 3; k++) {
         float x[32];
         for (int i = 0; i < 32; i++) x[i] = cases[k].amax * (float)(i % 7) / 7.0f * (i % 2 ? -1.0f : 1.0f);
@@ -29,7 +33,7 @@ static void test_mxfp4_scales(void **state) {
         assert_true(q.scales[0] == cases[k].scale);
         if (k == 1) assert_true(mx_value(&q, 5) == 6.0f); /* 7.0 saturates to 6.0 (E2M1 max) */
         if (k == 0) assert_true(mx_value(&q, 5) == 1.0f); /* 1.0 / 2^-2 = 4 is exact in E2M1 */
-        assert_int_equal(nl_qtensor_bytes(&q), 16 + 1); /* 32 nibbles + one E8M0 byte */
+        assert_int_equal(nl_qtensor_bytes(&q), 16 + 1);   /* 32 nibbles + one E8M0 byte */
         nl_qtensor_free(&q);
     }
 }
@@ -49,7 +53,8 @@ static void test_mxfp8_e4m3_case(void **state) {
         QOK(nl_quant_dequantize(&q, y));
         for (int i = 0; i < 8; i++) {
             float want = (i == 2 && away) ? 416.0f : even[i];
-            if (y[i] != want) fail_msg("ties %s: element %d = %g, want %g", away ? "away" : "even", i, (double)y[i], (double)want);
+            if (y[i] != want)
+                fail_msg("ties %s: element %d = %g, want %g", away ? "away" : "even", i, (double)y[i], (double)want);
         }
         nl_qtensor_free(&q);
     }
@@ -66,7 +71,8 @@ static void test_all_elements(void **state) {
     for (int i = 0; i < R * C; i++) x[i] = (float)nl_rng_normal(&r) * (i < 75 ? 1e-3f : 3.0f);
     for (int i = 75; i < 75 + 32; i++) x[i] = 0.0f; /* a zero block */
     const nl_mx_elem es[] = {NL_MX_E4M3, NL_MX_E5M2, NL_MX_E3M2, NL_MX_E2M3, NL_MX_E2M1, NL_MX_INT8};
-    const double rel[] = {1.0 / 32, 1.0 / 16, 1.0 / 16, 1.0 / 32, 1.0 / 8, 1.0 / 256}; /* half ulp at the top binade / 2^(emax+1) */
+    const double rel[] = {1.0 / 32, 1.0 / 16, 1.0 / 16,
+                          1.0 / 32, 1.0 / 8,  1.0 / 256}; /* half ulp at the top binade / 2^(emax+1) */
     for (int k = 0; k < 6; k++) {
         nl_qtensor q;
         QOK(nl_quant_mx(x, R, C, es[k], NL_MX_TIES_EVEN, &q));

@@ -67,19 +67,21 @@ static void test_codes_match_torch(void **state) {
         } else {
             cJSON *sc = cJSON_GetObjectItem(c, "scales"), *zc = cJSON_GetObjectItem(c, "zero_points");
             for (int64_t r = 0; r < ROWS; r++)
-                QOK(nl_quant_affine_codes(x + r * COLS, (size_t)COLS, (float)cJSON_GetArrayItem(sc, (int)r)->valuedouble,
-                                          (int32_t)cJSON_GetArrayItem(zc, (int)r)->valuedouble, qmin, qmax,
-                                          q + r * COLS));
+                QOK(nl_quant_affine_codes(
+                    x + r * COLS, (size_t)COLS, (float)cJSON_GetArrayItem(sc, (int)r)->valuedouble,
+                    (int32_t)cJSON_GetArrayItem(zc, (int)r)->valuedouble, qmin, qmax, q + r * COLS));
         }
         int64_t bad = 0, first = -1;
         for (int64_t i = 0; i < N; i++) {
             int32_t w = is_u8 ? (int32_t)want[i] : (int32_t)(int8_t)want[i];
-            if (w != q[i]) { bad++; if (first < 0) first = i; }
+            if (w != q[i]) {
+                bad++;
+                if (first < 0) first = i;
+            }
         }
         if (bad)
-            fail_msg("%s: %lld codes differ from torch (first at %lld: x=%.9g ours %d torch %d)", name,
-                     (long long)bad, (long long)first, (double)x[first], q[first],
-                     is_u8 ? want[first] : (int8_t)want[first]);
+            fail_msg("%s: %lld codes differ from torch (first at %lld: x=%.9g ours %d torch %d)", name, (long long)bad,
+                     (long long)first, (double)x[first], q[first], is_u8 ? want[first] : (int8_t)want[first]);
     }
     free(q);
 }

@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #define MAX_LINES 400
-#define MAX_SUBS 8
+#define MAX_SUBS  8
 
 typedef struct block_opts {
     int excerpt, run_only, mpi, skip;
@@ -100,9 +100,12 @@ static void parse_marker(const char *line, block_opts *o) {
         while (*d == ' ') d++;
         size_t len = strlen(d);
         while (len > 0 && d[len - 1] == ' ') d[--len] = '\0';
-        if (!strcmp(d, "excerpt")) o->excerpt = 1;
-        else if (!strcmp(d, "run-only")) o->run_only = 1;
-        else if (!strcmp(d, "mpi")) o->mpi = 1;
+        if (!strcmp(d, "excerpt"))
+            o->excerpt = 1;
+        else if (!strcmp(d, "run-only"))
+            o->run_only = 1;
+        else if (!strcmp(d, "mpi"))
+            o->mpi = 1;
         else if (!strncmp(d, "skip", 4)) {
             o->skip = 1;
             snprintf(o->skip_reason, sizeof o->skip_reason, "%s", d[4] ? d + 5 : "(no reason given)");
@@ -112,7 +115,8 @@ static void parse_marker(const char *line, block_opts *o) {
             snprintf(o->sub_old[o->nsubs], 256, "%s", d + 4);
             snprintf(o->sub_new[o->nsubs], 256, "%s", arrow + 4);
             o->nsubs++;
-        } else fail_msg("README: unknown docs-test directive '%s'", d);
+        } else
+            fail_msg("README: unknown docs-test directive '%s'", d);
     }
 }
 
@@ -149,7 +153,8 @@ static void run_command(run_state *rs, const block_opts *o, const char *shown_cm
     char full[9000], errpath[600];
     snprintf(errpath, sizeof errpath, "%s/.stderr", rs->dir);
     /* timeout: a hang detector only */
-    snprintf(full, sizeof full, "cd '%s' && timeout -k 10 900 sh -c '%s' 2>'%s'", rs->dir, "eval \"$NANOLM_DOCS_CMD\"", errpath);
+    snprintf(full, sizeof full, "cd '%s' && timeout -k 10 900 sh -c '%s' 2>'%s'", rs->dir, "eval \"$NANOLM_DOCS_CMD\"",
+             errpath);
     setenv("NANOLM_DOCS_CMD", cmd, 1);
     fflush(NULL);
     FILE *p = popen(full, "r");
@@ -179,12 +184,15 @@ static void run_command(run_state *rs, const block_opts *o, const char *shown_cm
     if (ok && nwant > 0 && !o->run_only) {
         rs->compared++;
         ok = o->excerpt ? lines_in_order(want, nwant, act, nact) : lines_match(want, nwant, act, nact);
-        if (!ok) why = o->excerpt ? "the lines shown do not all appear, in order" : "the output differs from the lines shown";
+        if (!ok)
+            why =
+                o->excerpt ? "the lines shown do not all appear, in order" : "the output differs from the lines shown";
     }
     if (!ok) {
         rs->failures++;
         char *err = tu_read_file(errpath, NULL);
-        print_message("README command failed (%s): %s\n  ran: %s\n  exit %d\n--- shown ---\n", why, shown_cmd, cmd, code);
+        print_message("README command failed (%s): %s\n  ran: %s\n  exit %d\n--- shown ---\n", why, shown_cmd, cmd,
+                      code);
         for (int i = 0; i < nwant; i++) print_message("%s\n", want[i]);
         print_message("--- stdout ---\n%s--- stderr ---\n%s------\n", out, err ? err : "");
         free(err);
@@ -214,10 +222,14 @@ static void run_markdown(const char *path, run_state *rs) {
         for (int k = start; k < end; k++) has_cmd |= !strncmp(lines[k], "$ ", 2);
         if (has_cmd && (o.skip || (o.mpi && !rs->have_mpi))) {
             rs->skipped++;
-            print_message("skipped block at %s:%d: %s\n", path, i + 1, o.skip ? o.skip_reason : "an MPI block (this build has no MPI)");
+            print_message("skipped block at %s:%d: %s\n", path, i + 1,
+                          o.skip ? o.skip_reason : "an MPI block (this build has no MPI)");
         } else if (has_cmd) {
             for (int k = start; k < end;) {
-                if (strncmp(lines[k], "$ ", 2) != 0) { k++; continue; }
+                if (strncmp(lines[k], "$ ", 2) != 0) {
+                    k++;
+                    continue;
+                }
                 char cmd[8192];
                 snprintf(cmd, sizeof cmd, "%s", lines[k] + 2);
                 k++;
@@ -256,15 +268,18 @@ static void test_readme_tour_runs_as_written(void **state) {
     }
     char readme[4096];
     const char *which = getenv("NANOLM_README");
-    if (which) snprintf(readme, sizeof readme, "%s", which);
-    else snprintf(readme, sizeof readme, "%s/README.md", src);
+    if (which)
+        snprintf(readme, sizeof readme, "%s", which);
+    else
+        snprintf(readme, sizeof readme, "%s/README.md", src);
     char *dir = tu_tmpdir();
     assert_non_null(dir);
     char cmd[9000];
     /* The scratch folder looks like the repository root: data/, python/ and build/ (this build),
      * and the Python package loads this build's libnanolm.so. */
     snprintf(cmd, sizeof cmd,
-             "ln -s '%s/data' '%s/data' && ln -s '%s/python' '%s/python' && ln -s \"$(cd \"$(dirname '%s')\" && pwd)\" '%s/build'",
+             "ln -s '%s/data' '%s/data' && ln -s '%s/python' '%s/python' && ln -s \"$(cd \"$(dirname '%s')\" && pwd)\" "
+             "'%s/build'",
              src, dir, src, dir, bin, dir);
     assert_int_equal(system(cmd), 0);
     char lib[4200];

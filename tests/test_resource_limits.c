@@ -43,12 +43,12 @@ static uint64_t beyond_memory(void) {
     return 2 * avail + (UINT64_C(1) << 30);
 }
 
-#define REQUIRE_BEYOND(var)                                                                   \
-    uint64_t var = beyond_memory();                                                           \
-    if (!var) {                                                                               \
-        print_message("[  SKIP    ] available memory unknown on this machine\n");            \
-        skip();                                                                               \
-        return;                                                                               \
+#define REQUIRE_BEYOND(var)                                                                                            \
+    uint64_t var = beyond_memory();                                                                                    \
+    if (!var) {                                                                                                        \
+        print_message("[  SKIP    ] available memory unknown on this machine\n");                                      \
+        skip();                                                                                                        \
+        return;                                                                                                        \
     }
 
 static void expect_refused(nl_status rc, const char *file_name) {
@@ -62,8 +62,13 @@ static void expect_refused(nl_status rc, const char *file_name) {
 static void test_llama2c_larger_than_memory(void **state) {
     (void)state;
     REQUIRE_BEYOND(want);
-    nl_arch a = {.dim = 8192, .hidden_dim = 16384, .n_heads = 64, .n_kv_heads = 64, .vocab_size = 32000,
-                 .seq_len = 2, .tied_embeddings = 1};
+    nl_arch a = {.dim = 8192,
+                 .hidden_dim = 16384,
+                 .n_heads = 64,
+                 .n_kv_heads = 64,
+                 .vocab_size = 32000,
+                 .seq_len = 2,
+                 .tied_embeddings = 1};
     int64_t per_layer = 4 * a.dim * a.dim + 3 * a.dim * a.hidden_dim + 2 * a.dim; /* floats */
     a.n_layers = (int64_t)(want / 4 / (uint64_t)per_layer) + 1;
     nl_llama2c_tensor t[NL_LLAMA2C_MAX_TENSORS];
@@ -72,7 +77,7 @@ static void test_llama2c_larger_than_memory(void **state) {
     for (int i = 0; i < n; i++) floats += (uint64_t)t[i].numel;
     floats += (uint64_t)a.seq_len * (uint64_t)(a.dim / a.n_heads); /* RoPE tables */
     uint64_t bytes = NL_LLAMA2C_HEADER_BYTES + 4 * floats;
-    int32_t h[7] = {(int32_t)a.dim, (int32_t)a.hidden_dim, (int32_t)a.n_layers, (int32_t)a.n_heads,
+    int32_t h[7] = {(int32_t)a.dim,        (int32_t)a.hidden_dim, (int32_t)a.n_layers, (int32_t)a.n_heads,
                     (int32_t)a.n_kv_heads, (int32_t)a.vocab_size, (int32_t)a.seq_len};
     char *dir = tu_tmpdir(), path[256];
     snprintf(path, sizeof path, "%s/huge.bin", dir);
@@ -102,8 +107,14 @@ static void test_checkpoint_larger_than_memory(void **state) {
     int64_t dim = 8192, hidden = 16384, vocab = 32000;
     int64_t per_layer = 4 * dim * dim + 3 * dim * hidden + 2 * dim;
     int64_t layers = (int64_t)(want / 4 / (uint64_t)per_layer) + 1;
-    nl_arch a = {.dim = dim, .hidden_dim = hidden, .n_layers = layers, .n_heads = 64, .n_kv_heads = 64,
-                 .vocab_size = vocab, .seq_len = 2, .tied_embeddings = 1};
+    nl_arch a = {.dim = dim,
+                 .hidden_dim = hidden,
+                 .n_layers = layers,
+                 .n_heads = 64,
+                 .n_kv_heads = 64,
+                 .vocab_size = vocab,
+                 .seq_len = 2,
+                 .tied_embeddings = 1};
     nl_arch_params p;
     nl_arch_count_params(&a, &p);
     uint64_t data = (uint64_t)p.total * 4;
@@ -182,8 +193,15 @@ static nl_status write_safetensors(const char *path, int big) {
 }
 
 static nl_status write_llama2c(const char *path, int big) {
-    nl_arch a = {.dim = big ? 128 : 8, .hidden_dim = big ? 256 : 16, .n_layers = big ? 2 : 1, .n_heads = 2,
-                 .n_kv_heads = 2, .vocab_size = 256, .seq_len = 8, .rope_theta = 10000, .norm_eps = 1e-5,
+    nl_arch a = {.dim = big ? 128 : 8,
+                 .hidden_dim = big ? 256 : 16,
+                 .n_layers = big ? 2 : 1,
+                 .n_heads = 2,
+                 .n_kv_heads = 2,
+                 .vocab_size = 256,
+                 .seq_len = 8,
+                 .rope_theta = 10000,
+                 .norm_eps = 1e-5,
                  .tied_embeddings = 1};
     nl_llama2c_tensor t[NL_LLAMA2C_MAX_TENSORS];
     int n = nl_llama2c_layout(&a, t);
@@ -192,7 +210,10 @@ static nl_status write_llama2c(const char *path, int big) {
     float *w = calloc((size_t)total, sizeof(float));
     const float *arr[NL_LLAMA2C_MAX_TENSORS];
     int64_t off = 0;
-    for (int i = 0; i < n; i++) { arr[i] = w + off; off += t[i].numel; }
+    for (int i = 0; i < n; i++) {
+        arr[i] = w + off;
+        off += t[i].numel;
+    }
     nl_status rc = nl_llama2c_write(path, &a, arr);
     free(w);
     return rc;
@@ -268,7 +289,7 @@ static void disk_full(const char *what, writer_fn fn) {
     char *now = tu_read_file(path, &now_n);
     assert_non_null(now);
     assert_int_equal(now_n, old_n);
-    assert_memory_equal(now, old, old_n); /* the previous file, byte for byte */
+    assert_memory_equal(now, old, old_n);  /* the previous file, byte for byte */
     assert_int_equal(dir_entries(dir), 1); /* no temporary file left behind */
     free(old);
     free(now);
@@ -276,19 +297,28 @@ static void disk_full(const char *what, writer_fn fn) {
     free(dir);
 }
 
-static void test_disk_full_safetensors(void **s) { (void)s; disk_full("safetensors", write_safetensors); }
-static void test_disk_full_llama2c(void **s) { (void)s; disk_full("llama2.c", write_llama2c); }
-static void test_disk_full_atomic_file(void **s) { (void)s; disk_full("nl_write_file_atomic", write_plain); }
-static void test_disk_full_checkpoint(void **s) { (void)s; disk_full("NanoLM checkpoint", write_checkpoint); }
+static void test_disk_full_safetensors(void **s) {
+    (void)s;
+    disk_full("safetensors", write_safetensors);
+}
+static void test_disk_full_llama2c(void **s) {
+    (void)s;
+    disk_full("llama2.c", write_llama2c);
+}
+static void test_disk_full_atomic_file(void **s) {
+    (void)s;
+    disk_full("nl_write_file_atomic", write_plain);
+}
+static void test_disk_full_checkpoint(void **s) {
+    (void)s;
+    disk_full("NanoLM checkpoint", write_checkpoint);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama2c_larger_than_memory),
-        cmocka_unit_test(test_checkpoint_larger_than_memory),
-        cmocka_unit_test(test_text_larger_than_memory),
-        cmocka_unit_test(test_disk_full_safetensors),
-        cmocka_unit_test(test_disk_full_llama2c),
-        cmocka_unit_test(test_disk_full_atomic_file),
+        cmocka_unit_test(test_llama2c_larger_than_memory), cmocka_unit_test(test_checkpoint_larger_than_memory),
+        cmocka_unit_test(test_text_larger_than_memory),    cmocka_unit_test(test_disk_full_safetensors),
+        cmocka_unit_test(test_disk_full_llama2c),          cmocka_unit_test(test_disk_full_atomic_file),
         cmocka_unit_test(test_disk_full_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

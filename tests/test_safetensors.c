@@ -73,9 +73,13 @@ static void sample_fill(sample *s) {
     memcpy(s->f16, h, sizeof h);
     const int8_t q[5] = {-128, -1, 0, 1, 127};
     memcpy(s->i8, q, sizeof q);
-    s->u8[0] = 0; s->u8[1] = 7; s->u8[2] = 255;
-    s->i32[0] = -7; s->i32[1] = 2147483647;
-    s->i64[0] = -((int64_t)1 << 40); s->i64[1] = 3;
+    s->u8[0] = 0;
+    s->u8[1] = 7;
+    s->u8[2] = 255;
+    s->i32[0] = -7;
+    s->i32[1] = 2147483647;
+    s->i64[0] = -((int64_t)1 << 40);
+    s->i64[1] = 3;
     s->scalar = 42.5f;
 }
 
@@ -141,7 +145,9 @@ static void test_round_trip(void **state) {
     assert_non_null(t);
     assert_int_equal(t->dtype, NL_ST_F32);
     assert_int_equal(t->ndim, 3);
-    assert_int_equal(t->shape[0], 2); assert_int_equal(t->shape[1], 3); assert_int_equal(t->shape[2], 4);
+    assert_int_equal(t->shape[0], 2);
+    assert_int_equal(t->shape[1], 3);
+    assert_int_equal(t->shape[2], 4);
     assert_int_equal(t->numel, 24);
     assert_memory_equal(t->data, s.f32, sizeof s.f32);
     float buf[24];
@@ -217,21 +223,31 @@ static void test_half_decoders(void **state) {
         int sign = (b >> 15) & 1, e = (b >> 10) & 31, m = b & 1023;
         float got = nl_st_f16_to_f32((uint16_t)b);
         double ref;
-        if (e == 31) ref = m ? NAN : INFINITY;
-        else if (e == 0) ref = ldexp(m, -24);
-        else ref = ldexp(1024 + m, e - 25);
+        if (e == 31)
+            ref = m ? NAN : INFINITY;
+        else if (e == 0)
+            ref = ldexp(m, -24);
+        else
+            ref = ldexp(1024 + m, e - 25);
         if (sign) ref = -ref;
-        if (isnan(ref)) assert_true(isnan(got));
-        else if ((double)got != ref || !signbit(got) != !signbit(ref)) fail_msg("f16 0x%04x: got %g want %g", b, got, ref);
+        if (isnan(ref))
+            assert_true(isnan(got));
+        else if ((double)got != ref || !signbit(got) != !signbit(ref))
+            fail_msg("f16 0x%04x: got %g want %g", b, got, ref);
 
         int be = (b >> 7) & 255, bm = b & 127;
         float bg = nl_st_bf16_to_f32((uint16_t)b);
-        if (be == 255) ref = bm ? NAN : INFINITY;
-        else if (be == 0) ref = ldexp(bm, -133);
-        else ref = ldexp(128 + bm, be - 134);
+        if (be == 255)
+            ref = bm ? NAN : INFINITY;
+        else if (be == 0)
+            ref = ldexp(bm, -133);
+        else
+            ref = ldexp(128 + bm, be - 134);
         if (sign) ref = -ref;
-        if (isnan(ref)) assert_true(isnan(bg));
-        else if ((double)bg != ref || !signbit(bg) != !signbit(ref)) fail_msg("bf16 0x%04x: got %g want %g", b, bg, ref);
+        if (isnan(ref))
+            assert_true(isnan(bg));
+        else if ((double)bg != ref || !signbit(bg) != !signbit(ref))
+            fail_msg("bf16 0x%04x: got %g want %g", b, bg, ref);
     }
     nl_st_dtype d;
     assert_int_equal(nl_st_dtype_parse("BF16", &d), NL_OK);
@@ -287,11 +303,11 @@ static void test_malformed(void **state) {
                     "tensor \"w\": shape [2,3] of F32 needs 24 bytes but offsets span 20");
     /* Overlap, hole, trailing bytes. */
     expect_bad_json("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
-                    " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}", 12,
-                    "tensor \"b\" (data bytes [4, 12)) overlaps tensor \"a\" (which ends at 8)");
+                    " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
+                    12, "tensor \"b\" (data bytes [4, 12)) overlaps tensor \"a\" (which ends at 8)");
     expect_bad_json("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
-                    " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}", 12,
-                    "hole in the data area: bytes [4, 8) before tensor \"b\"");
+                    " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}",
+                    12, "hole in the data area: bytes [4, 8) before tensor \"b\"");
     expect_bad_json("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 10,
                     "6 bytes after the last tensor");
     /* Data truncated: the tensor runs past the end of the file. */
@@ -299,8 +315,8 @@ static void test_malformed(void **state) {
                     "truncated at byte");
     /* Duplicates. */
     expect_bad_json("{\"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]},"
-                    " \"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [1, 2]}}", 2,
-                    "duplicate tensor \"a\"");
+                    " \"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [1, 2]}}",
+                    2, "duplicate tensor \"a\"");
     expect_bad_json("{\"__metadata__\": {\"k\": 1}}", 0, "__metadata__ value of \"k\" is not a string");
     expect_bad_json("{\"__metadata__\": {\"k\": \"1\", \"k\": \"2\"}}", 0, "duplicate metadata key \"k\"");
     expect_bad_json("{\"__metadata__\": [1]}", 0, "\"__metadata__\" is not a JSON object");
@@ -487,7 +503,8 @@ static void test_nanolm_fixture(void **state) {
     sample_add(&w, &s);
     assert_int_equal(nl_st_writer_write(&w, regen && *regen == '1' ? fixture : path), NL_OK);
     nl_st_writer_free(&w);
-    if (regen && *regen == '1') print_message("rewrote %s\n", fixture);
+    if (regen && *regen == '1')
+        print_message("rewrote %s\n", fixture);
     else {
         size_t a, b;
         char *mine = tu_read_file(path, &a), *committed = tu_read_file(fixture, &b);

@@ -43,8 +43,8 @@ static void sleep_ms(int ms) {
 }
 
 /* About 25M parameters, context 1024: seconds per 100 tokens on 2 cores. */
-#define SLOW_ARCH                                                                                           \
-    "--dummy-arch '{\"name\":\"rand25M\",\"vocab_size\":512,\"dim\":512,\"n_layers\":8,\"n_heads\":8,"     \
+#define SLOW_ARCH                                                                                                      \
+    "--dummy-arch '{\"name\":\"rand25M\",\"vocab_size\":512,\"dim\":512,\"n_layers\":8,\"n_heads\":8,"                 \
     "\"n_kv_heads\":8,\"hidden_dim\":1376,\"seq_len\":1024}' "
 
 /* Starts `nanolm serve` with stories260K and extra options; 0 when the data is missing. */
@@ -60,10 +60,12 @@ static int start(srv *s, const char *extra) {
      * random weights of a larger shape (--dummy-arch SLOW_ARCH), whose decode takes seconds rather
      * than stories260K's milliseconds, so what it checks does not depend on the machine's speed. */
     char model[600];
-    if (extra && strstr(extra, "--dummy-arch")) snprintf(model, sizeof model, "--tokenizer '%s'", tk);
-    else snprintf(model, sizeof model, "--ckpt '%s' --tokenizer '%s'", ck, tk);
-    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 --port-file '%s' %s >/dev/null 2>'%s'",
-             getenv("NANOLM_BIN"), model, port_file, extra ? extra : "", log);
+    if (extra && strstr(extra, "--dummy-arch"))
+        snprintf(model, sizeof model, "--tokenizer '%s'", tk);
+    else
+        snprintf(model, sizeof model, "--ckpt '%s' --tokenizer '%s'", ck, tk);
+    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 --port-file '%s' %s >/dev/null 2>'%s'", getenv("NANOLM_BIN"),
+             model, port_file, extra ? extra : "", log);
     s->pid = fork();
     assert_true(s->pid >= 0);
     g_pid = s->pid;
@@ -108,18 +110,19 @@ static int stop(srv *s) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
-#define START(s, extra)                                                                 \
-    srv s;                                                                              \
-    if (!start(&s, extra)) {                                                            \
-        print_message("[  SKIP    ] needs ../shared/data/stories260K (not present)\n"); \
-        skip();                                                                         \
-        return;                                                                         \
+#define START(s, extra)                                                                                                \
+    srv s;                                                                                                             \
+    if (!start(&s, extra)) {                                                                                           \
+        print_message("[  SKIP    ] needs ../shared/data/stories260K (not present)\n");                                \
+        skip();                                                                                                        \
+        return;                                                                                                        \
     }
 
 static cJSON *post(const srv *s, const char *body, int *status) {
     nl_http_response r;
-    assert_int_equal(nl_http_request("127.0.0.1", s->port, "POST", "/v1/completions", body, strlen(body), 60, NULL, NULL, &r),
-                     NL_OK);
+    assert_int_equal(
+        nl_http_request("127.0.0.1", s->port, "POST", "/v1/completions", body, strlen(body), 60, NULL, NULL, &r),
+        NL_OK);
     *status = r.status;
     cJSON *doc = r.body.data ? cJSON_Parse(r.body.data) : NULL;
     if (!doc) fail_msg("not JSON (HTTP %d): %s", r.status, r.body.data ? r.body.data : "");
@@ -226,7 +229,8 @@ static void completions(void **state) {
     }
     free(out);
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0}";
-    snprintf(args, sizeof args, "http://127.0.0.1:%d/v1/completions -H 'Content-Type: application/json' -d '%s'", s.port, body);
+    snprintf(args, sizeof args, "http://127.0.0.1:%d/v1/completions -H 'Content-Type: application/json' -d '%s'",
+             s.port, body);
     out = curl(args);
     int status = 200;
     cJSON *doc = out ? cJSON_Parse(out) : post(&s, body, &status);
@@ -246,8 +250,9 @@ static void completions(void **state) {
     const char *sbody = "{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0,\"stream\":true,"
                         "\"stream_options\":{\"include_usage\":true}}";
     nl_http_response r;
-    assert_int_equal(nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", sbody, strlen(sbody), 60, on_event, &c, &r),
-                     NL_OK);
+    assert_int_equal(
+        nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", sbody, strlen(sbody), 60, on_event, &c, &r),
+        NL_OK);
     assert_int_equal(r.status, 200);
     assert_string_equal(r.content_type, "text/event-stream");
     assert_true(c.done);
@@ -263,8 +268,9 @@ static void completions(void **state) {
     nl_http_buf_free(&c.text);
 
     /* a stop string ends the text before it, with finish_reason "stop" */
-    doc = (cJSON_Delete(doc), post(&s, "{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0,\"stop\":\" Lily\"}",
-                                   &status));
+    doc =
+        (cJSON_Delete(doc),
+         post(&s, "{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0,\"stop\":\" Lily\"}", &status));
     assert_int_equal(status, 200);
     assert_string_equal(choice_str(doc, "text"), ", there was a little girl named");
     assert_string_equal(choice_str(doc, "finish_reason"), "stop");
@@ -276,7 +282,11 @@ static void completions(void **state) {
 static void bad_input(void **state) {
     (void)state;
     START(s, "--max-body 100000");
-    struct { const char *body; int status; const char *words; } cases[] = {
+    struct {
+        const char *body;
+        int status;
+        const char *words;
+    } cases[] = {
         {"{\"prompt\": \"hi\"", 400, "not valid JSON"},
         {"{\"prompt\": 3}", 400, "'prompt' must be"},
         {"{\"prompt\": \"hi\", \"max_tokens\": \"many\"}", 400, "'max_tokens' must be an integer"},
@@ -296,7 +306,8 @@ static void bad_input(void **state) {
     }
     /* unknown fields are ignored */
     int status;
-    cJSON *doc = post(&s, "{\"prompt\":\"hi\",\"max_tokens\":2,\"frequency_penalty\":0.5,\"user\":\"u\",\"whatever\":[1]}", &status);
+    cJSON *doc = post(
+        &s, "{\"prompt\":\"hi\",\"max_tokens\":2,\"frequency_penalty\":0.5,\"user\":\"u\",\"whatever\":[1]}", &status);
     assert_int_equal(status, 200);
     assert_int_equal(usage_int(doc, "completion_tokens"), 2);
     cJSON_Delete(doc);
@@ -307,7 +318,8 @@ static void bad_input(void **state) {
     nl_http_buf_append(&b, "]}", 2);
     doc = post(&s, b.data, &status);
     assert_int_equal(status, 400);
-    assert_non_null(strstr(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "error"), "message")->valuestring, "513 tokens"));
+    assert_non_null(
+        strstr(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "error"), "message")->valuestring, "513 tokens"));
     cJSON_Delete(doc);
     /* max_tokens beyond the context: generation stops at the context with finish_reason "length" */
     b.len = 0;
@@ -335,18 +347,22 @@ static void bad_input(void **state) {
     fwrite(b.data, 1, b.len, f);
     fclose(f);
     char args[1024];
-    snprintf(args, sizeof args, "-o /dev/null -w '%%{http_code}' -H 'Transfer-Encoding: chunked' --data-binary @%s "
-             "http://127.0.0.1:%d/v1/completions", path, s.port);
+    snprintf(args, sizeof args,
+             "-o /dev/null -w '%%{http_code}' -H 'Transfer-Encoding: chunked' --data-binary @%s "
+             "http://127.0.0.1:%d/v1/completions",
+             path, s.port);
     char *out = curl(args);
     if (out) assert_string_equal(out, "413");
     free(out);
     nl_http_buf_free(&b);
     /* unknown path 404, wrong method 405 */
     nl_http_response r;
-    assert_int_equal(nl_http_request("127.0.0.1", s.port, "GET", "/v1/chat/nothing", NULL, 0, 30, NULL, NULL, &r), NL_OK);
+    assert_int_equal(nl_http_request("127.0.0.1", s.port, "GET", "/v1/chat/nothing", NULL, 0, 30, NULL, NULL, &r),
+                     NL_OK);
     assert_int_equal(r.status, 404);
     nl_http_response_free(&r);
-    assert_int_equal(nl_http_request("127.0.0.1", s.port, "GET", "/v1/completions", NULL, 0, 30, NULL, NULL, &r), NL_OK);
+    assert_int_equal(nl_http_request("127.0.0.1", s.port, "GET", "/v1/completions", NULL, 0, 30, NULL, NULL, &r),
+                     NL_OK);
     assert_int_equal(r.status, 405);
     nl_http_response_free(&r);
     assert_true(metric(&s, "nanolm_requests_total{outcome=\"rejected\"}") >= 10);
@@ -361,8 +377,9 @@ static void disconnect(void **state) {
     c.close_after = 3;
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"ignore_eos\":true,\"stream\":true}";
     nl_http_response r;
-    assert_int_equal(nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 60, on_event, &c, &r),
-                     NL_OK);
+    assert_int_equal(
+        nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 60, on_event, &c, &r),
+        NL_OK);
     assert_true(r.closed_early);
     assert_false(c.done);
     nl_http_response_free(&r);
@@ -391,9 +408,11 @@ typedef struct bg {
 static void *bg_post(void *arg) {
     bg *b = arg;
     nl_http_response r;
-    if (nl_http_request("127.0.0.1", b->s->port, "POST", "/v1/completions", b->body, strlen(b->body), 120, on_event, &b->c, &r))
+    if (nl_http_request("127.0.0.1", b->s->port, "POST", "/v1/completions", b->body, strlen(b->body), 120, on_event,
+                        &b->c, &r))
         b->status = -1;
-    else b->status = r.status;
+    else
+        b->status = r.status;
     nl_http_response_free(&r);
     return NULL;
 }
@@ -416,7 +435,8 @@ static void queue_full(void **state) {
     int status;
     cJSON *doc = post(&s, "{\"prompt\":\"Once\",\"max_tokens\":5}", &status);
     assert_int_equal(status, 429);
-    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "error"), "type")->valuestring, "rate_limit_error");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "error"), "type")->valuestring,
+                        "rate_limit_error");
     cJSON_Delete(doc);
     /* SIGTERM with requests in flight: both finish (drain), then exit 0 */
     assert_int_equal(stop(&s), 0);
@@ -496,8 +516,8 @@ static void loadgen(void **state) {
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(completions, teardown), cmocka_unit_test_teardown(bad_input, teardown),
-        cmocka_unit_test_teardown(disconnect, teardown),  cmocka_unit_test_teardown(queue_full, teardown),
+        cmocka_unit_test_teardown(completions, teardown),      cmocka_unit_test_teardown(bad_input, teardown),
+        cmocka_unit_test_teardown(disconnect, teardown),       cmocka_unit_test_teardown(queue_full, teardown),
         cmocka_unit_test_teardown(shutdown_cancels, teardown), cmocka_unit_test_teardown(loadgen, teardown),
     };
     if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));

@@ -31,7 +31,8 @@ static void test_quantized_checkpoint(void **state) {
     TU_REQUIRE_DATA(tok, TOK);
     TU_REQUIRE_DATA(txt, "tinystories/tinystories_head.txt");
     char *dir = tu_tmpdir(), args[4096], *out = NULL;
-    snprintf(args, sizeof args, "quant model --ckpt %s --tokenizer %s --data %s --max-tokens 1024 --scheme int8-channel --out %s/q.st",
+    snprintf(args, sizeof args,
+             "quant model --ckpt %s --tokenizer %s --data %s --max-tokens 1024 --scheme int8-channel --out %s/q.st",
              bin, tok, txt, dir);
     assert_int_equal(tu_run_cli(args, &out), 0);
     free(out);
@@ -43,7 +44,8 @@ static void test_quantized_checkpoint(void **state) {
     snprintf(qpath, sizeof qpath, "%s/q.st", dir);
     ck[1] = qpath;
     for (int i = 0; i < 3; i++) {
-        snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 40 --temperature 0 --json%s",
+        snprintf(args, sizeof args,
+                 "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 40 --temperature 0 --json%s",
                  ck[i], tok, extra[i]);
         g[i] = run_json(args);
         assert_string_equal(cJSON_GetObjectItem(g[i], "weights")->valuestring, w[i]);
@@ -52,10 +54,12 @@ static void test_quantized_checkpoint(void **state) {
     /* the checkpoint's int8 weights and int8 made at load time from fp32 are the same codes */
     assert_string_equal(cJSON_GetObjectItem(g[1], "text")->valuestring, cJSON_GetObjectItem(g[2], "text")->valuestring);
     /* int8 weights are 1/4 of fp32's (plus scales) */
-    double b0 = cJSON_GetObjectItem(g[0], "weight_bytes")->valuedouble, b1 = cJSON_GetObjectItem(g[1], "weight_bytes")->valuedouble;
+    double b0 = cJSON_GetObjectItem(g[0], "weight_bytes")->valuedouble,
+           b1 = cJSON_GetObjectItem(g[1], "weight_bytes")->valuedouble;
     assert_true(b1 < 0.3 * b0);
     /* the first greedy words agree with fp32 */
-    assert_int_equal(strncmp(cJSON_GetObjectItem(g[0], "text")->valuestring, cJSON_GetObjectItem(g[1], "text")->valuestring, 40), 0);
+    assert_int_equal(
+        strncmp(cJSON_GetObjectItem(g[0], "text")->valuestring, cJSON_GetObjectItem(g[1], "text")->valuestring, 40), 0);
     for (int i = 0; i < 3; i++) cJSON_Delete(g[i]);
     /* eval loads it too (the dequantized weights) */
     snprintf(args, sizeof args, "eval --ckpt %s/q.st --tokenizer %s --data %s --max-windows 2 --json", dir, tok, txt);
@@ -77,7 +81,8 @@ static void test_nan_weights(void **state) {
     snprintf(path, sizeof path, "%s/nan.st", dir);
     assert_int_equal(nl_ckpt_save(path, &m, kind, NULL), NL_OK);
     nl_model_free(&m);
-    snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 20 --temperature 0", path, tok);
+    snprintf(args, sizeof args,
+             "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 20 --temperature 0", path, tok);
     int rc = tu_run_cli(args, &out);
     print_message("%s", out);
     assert_int_not_equal(rc, 0);

@@ -69,7 +69,9 @@ static void defaults_and_token_prompts(void **state) {
 /* Each bad body: status 400, the field named in param, a message naming the problem. */
 static void bad_requests(void **state) {
     (void)state;
-    static const struct { const char *body, *param, *words; } cases[] = {
+    static const struct {
+        const char *body, *param, *words;
+    } cases[] = {
         {"{\"prompt\":\"a\",", "", "not valid JSON"},
         {"[1,2]", "", "JSON object"},
         {"{}", "prompt", "required"},
@@ -91,7 +93,8 @@ static void bad_requests(void **state) {
         {"{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "at most 4"},
         {"{\"prompt\":\"a\",\"stop\":[1]}", "stop", "must be a string"},
         {"{\"prompt\":\"a\",\"stop\":\"\"}", "stop", "empty"},
-        {"{\"prompt\":\"a\",\"stop\":\"01234567890123456789012345678901234567890123456789012345678901234\"}", "stop", "at most 64"},
+        {"{\"prompt\":\"a\",\"stop\":\"01234567890123456789012345678901234567890123456789012345678901234\"}", "stop",
+         "at most 64"},
         {"{\"prompt\":\"a\",\"stream\":\"yes\"}", "stream", "boolean"},
         {"{\"prompt\":\"a\",\"stream_options\":1}", "stream_options", "object"},
         {"{\"prompt\":\"a\",\"n\":2}", "n", "must be 1"},
@@ -103,8 +106,10 @@ static void bad_requests(void **state) {
         nl_completion_req r;
         nl_http_error e;
         nl_status rc = parse(cases[i].body, &r, &e);
-        if (rc != NL_ERR_INVALID || e.status != 400 || strcmp(e.param, cases[i].param) || !strstr(e.message, cases[i].words))
-            fail_msg("body %s: rc %d status %d param '%s' message '%s'", cases[i].body, rc, e.status, e.param, e.message);
+        if (rc != NL_ERR_INVALID || e.status != 400 || strcmp(e.param, cases[i].param) ||
+            !strstr(e.message, cases[i].words))
+            fail_msg("body %s: rc %d status %d param '%s' message '%s'", cases[i].body, rc, e.status, e.param,
+                     e.message);
         assert_null(r.prompt);
         assert_null(r.prompt_tokens);
         /* the error document parses back with the same fields */
@@ -115,8 +120,10 @@ static void bad_requests(void **state) {
         cJSON *err = cJSON_GetObjectItem(doc, "error");
         assert_string_equal(cJSON_GetObjectItem(err, "message")->valuestring, e.message);
         assert_string_equal(cJSON_GetObjectItem(err, "type")->valuestring, "invalid_request_error");
-        if (cases[i].param[0]) assert_string_equal(cJSON_GetObjectItem(err, "param")->valuestring, cases[i].param);
-        else assert_true(cJSON_IsNull(cJSON_GetObjectItem(err, "param")));
+        if (cases[i].param[0])
+            assert_string_equal(cJSON_GetObjectItem(err, "param")->valuestring, cases[i].param);
+        else
+            assert_true(cJSON_IsNull(cJSON_GetObjectItem(err, "param")));
         cJSON_Delete(doc);
         nl_http_buf_free(&b);
     }
@@ -203,8 +210,11 @@ static void metrics_text(void **state) {
     for (int i = 0; i < 5; i++) nl_histogram_observe(&m.ttft, obs[i]);
     nl_http_buf b = {0};
     assert_int_equal(nl_serve_metrics_text(&m, &b), NL_OK);
-    const char *want[] = {"nanolm_requests_running 3\n", "nanolm_requests_waiting 2\n", "nanolm_kv_blocks_used 10\n",
-                          "nanolm_kv_blocks_free 54\n", "# TYPE nanolm_time_to_first_token_seconds histogram\n",
+    const char *want[] = {"nanolm_requests_running 3\n",
+                          "nanolm_requests_waiting 2\n",
+                          "nanolm_kv_blocks_used 10\n",
+                          "nanolm_kv_blocks_free 54\n",
+                          "# TYPE nanolm_time_to_first_token_seconds histogram\n",
                           "nanolm_time_to_first_token_seconds_bucket{le=\"0.001\"} 1\n",
                           "nanolm_time_to_first_token_seconds_bucket{le=\"0.0025\"} 1\n",
                           "nanolm_time_to_first_token_seconds_bucket{le=\"0.005\"} 3\n",
@@ -212,7 +222,8 @@ static void metrics_text(void **state) {
                           "nanolm_time_to_first_token_seconds_bucket{le=\"60\"} 4\n",
                           "nanolm_time_to_first_token_seconds_bucket{le=\"+Inf\"} 5\n",
                           "nanolm_time_to_first_token_seconds_count 5\n",
-                          "nanolm_time_per_output_token_seconds_count 0\n", "nanolm_e2e_request_latency_seconds_sum 0\n"};
+                          "nanolm_time_per_output_token_seconds_count 0\n",
+                          "nanolm_e2e_request_latency_seconds_sum 0\n"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(b.data, want[i])) fail_msg("missing '%s' in:\n%s", want[i], b.data);
     const char *sum = strstr(b.data, "nanolm_time_to_first_token_seconds_sum ");
@@ -284,9 +295,10 @@ static void fuzz_replay(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(full_request), cmocka_unit_test(defaults_and_token_prompts), cmocka_unit_test(bad_requests),
-        cmocka_unit_test(responses),                   cmocka_unit_test(metrics_text),
-        cmocka_unit_test(percentiles),  cmocka_unit_test(urls),                       cmocka_unit_test(fuzz_replay),
+        cmocka_unit_test(full_request), cmocka_unit_test(defaults_and_token_prompts),
+        cmocka_unit_test(bad_requests), cmocka_unit_test(responses),
+        cmocka_unit_test(metrics_text), cmocka_unit_test(percentiles),
+        cmocka_unit_test(urls),         cmocka_unit_test(fuzz_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,7 +35,10 @@ static void csv_col(const char *path, int col, char *out, size_t cap) {
     char *save = NULL;
     int first = 1;
     for (char *line = strtok_r(t, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        if (first) { first = 0; continue; }
+        if (first) {
+            first = 0;
+            continue;
+        }
         const char *p = line;
         for (int c = 0; c < col; c++) p = strchr(p, ',') + 1;
         strncat(out, p, strcspn(p, ","));
@@ -162,7 +165,8 @@ static void test_recover_exponents(void **state) {
     }
     nl_isoflop_fit f2;
     assert_int_equal(nl_isoflop_fit_run(N, C, L, n, 200, 5, &f2), NL_OK);
-    print_message("approach 2: a %.4f [%.4f, %.4f] (true %.4f), %d resamples\n", f2.a, f2.a_lo, f2.a_hi, a_true, f2.boot_used);
+    print_message("approach 2: a %.4f [%.4f, %.4f] (true %.4f), %d resamples\n", f2.a, f2.a_lo, f2.a_hi, a_true,
+                  f2.boot_used);
     assert_int_equal(f2.n_budgets, 4);
     assert_true(f2.boot_used >= 150);
     assert_true(f2.a_lo <= a_true && a_true <= f2.a_hi);
@@ -170,8 +174,8 @@ static void test_recover_exponents(void **state) {
     nl_scaling_fit_opts fo = {1e-3, 40, 5};
     nl_scaling_fit_result f3;
     assert_int_equal(nl_scaling_fit(obs, (size_t)n, &fo, &f3), NL_OK);
-    print_message("approach 3: alpha %.4f +- %.4f (true %.2f), beta %.4f +- %.4f (true %.2f)\n", f3.law.alpha, 1.96 * f3.se_alpha,
-                  law.alpha, f3.law.beta, 1.96 * f3.se_beta, law.beta);
+    print_message("approach 3: alpha %.4f +- %.4f (true %.2f), beta %.4f +- %.4f (true %.2f)\n", f3.law.alpha,
+                  1.96 * f3.se_alpha, law.alpha, f3.law.beta, 1.96 * f3.se_beta, law.beta);
     assert_true(fabs(f3.law.alpha - law.alpha) <= 1.96 * f3.se_alpha);
     assert_true(fabs(f3.law.beta - law.beta) <= 1.96 * f3.se_beta);
     assert_true(f3.se_alpha < 0.2 && f3.se_beta < 0.2);
@@ -203,7 +207,8 @@ static void test_default_grid_centred(void **state) {
         }
         for (double tpp = 55; tpp <= 100; tpp += 45) {
             double n_opt = sqrt(g.budgets_flops[b] / (6 * tpp)); /* C = 6 N D, D = tpp N */
-            print_message("C %.3g: N_opt %.0f at %.0f tokens/param, sizes %.0f .. %.0f\n", g.budgets_flops[b], n_opt, tpp, lo, hi);
+            print_message("C %.3g: N_opt %.0f at %.0f tokens/param, sizes %.0f .. %.0f\n", g.budgets_flops[b], n_opt,
+                          tpp, lo, hi);
             assert_true(lo < n_opt / 2 && n_opt * 2 < hi); /* at least one size step either side */
         }
     }

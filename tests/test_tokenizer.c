@@ -26,8 +26,10 @@ static int64_t ref_encode(const nl_tokenizer *t, const char *text, size_t n, int
         unsigned char next = i + 1 < n ? (unsigned char)text[i + 1] : 0;
         if ((next & 0xC0) == 0x80 && sl < 4) continue;
         int id = nl_tokenizer_lookup(t, buf);
-        if (id != -1) out[m++] = id;
-        else for (int j = 0; j < sl; j++) out[m++] = (unsigned char)buf[j] + 3;
+        if (id != -1)
+            out[m++] = id;
+        else
+            for (int j = 0; j < sl; j++) out[m++] = (unsigned char)buf[j] + 3;
         sl = 0;
     }
     char *cat = malloc(2 * (size_t)t->max_token_length + 2);
@@ -38,7 +40,11 @@ static int64_t ref_encode(const nl_tokenizer *t, const char *text, size_t n, int
         for (int64_t i = 0; i + 1 < m; i++) {
             sprintf(cat, "%s%s", t->pieces[out[i]], t->pieces[out[i + 1]]);
             int id = nl_tokenizer_lookup(t, cat);
-            if (id != -1 && t->scores[id] > best) { best = t->scores[id]; best_id = id; best_i = i; }
+            if (id != -1 && t->scores[id] > best) {
+                best = t->scores[id];
+                best_id = id;
+                best_i = i;
+            }
         }
         if (best_i == -1) break;
         out[best_i] = best_id;
@@ -121,9 +127,18 @@ static void test_matches_reference(void **state) {
     nl_tokenizer t;
     assert_int_equal(nl_tokenizer_load_llama2c(&t, path, 0), NL_OK);
     const char *cases[] = {
-        "", " ", "  ", "a", " leading", "trailing ", "two  spaces   three", "\n\nnew\nlines \n",
+        "",
+        " ",
+        "  ",
+        "a",
+        " leading",
+        "trailing ",
+        "two  spaces   three",
+        "\n\nnew\nlines \n",
         "caf\xc3\xa9 na\xc3\xafve \xe2\x80\x9cquoted\xe2\x80\x9d \xf0\x9f\x98\x80 emoji",
-        "invalid \xff\xfe utf8 \x80\x80\x80\x80\x80 cont", "tab\there", "<0x41> <unk> <s>",
+        "invalid \xff\xfe utf8 \x80\x80\x80\x80\x80 cont",
+        "tab\there",
+        "<0x41> <unk> <s>",
         "Lily and Ben went to the park. They saw a big dog!",
     };
     int *ref = malloc(4096 * sizeof(int));
@@ -140,8 +155,27 @@ static void test_matches_reference(void **state) {
         checked++;
     }
     /* Random strings over a small alphabet rich in spaces, multi-byte and invalid sequences. */
-    const char *alpha[] = {" ", " ", "  ", "e", "t", "he", "a", "Z", "oo", ".", "\n", "\xc3\xa9", "\xe2\x80\x9c",
-                           "\x80", "\xff", "\xf0\x9f\x98\x80", "<", "0x", ">", "A", "\t"};
+    const char *alpha[] = {" ",
+                           " ",
+                           "  ",
+                           "e",
+                           "t",
+                           "he",
+                           "a",
+                           "Z",
+                           "oo",
+                           ".",
+                           "\n",
+                           "\xc3\xa9",
+                           "\xe2\x80\x9c",
+                           "\x80",
+                           "\xff",
+                           "\xf0\x9f\x98\x80",
+                           "<",
+                           "0x",
+                           ">",
+                           "A",
+                           "\t"};
     nl_rng r;
     nl_rng_seed(&r, 3);
     char s[512];
@@ -219,8 +253,9 @@ static void test_cross_word_vocab(void **state) {
     nl_tokenizer t;
     assert_int_equal(nl_tokenizer_load_llama2c(&t, ext, 514), NL_OK);
     assert_int_equal(t.words_independent, 0);
-    const char *cases[] = {"the tree and a dog", "she ate the cake", "Once upon a time", "red and blue",
-                           "  e  t  d  a  ", "Lily and Ben went to the park. They saw a big dog!"};
+    const char *cases[] = {"the tree and a dog", "she ate the cake",
+                           "Once upon a time",   "red and blue",
+                           "  e  t  d  a  ",     "Lily and Ben went to the park. They saw a big dog!"};
     int ref[256];
     int crossed = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -364,7 +399,11 @@ static void test_bad_files(void **state) {
     memcpy(c, raw, n);
     {
         size_t p = 4;
-        for (int i = 0; i < 3; i++) { int32_t l; memcpy(&l, c + p + 4, 4); p += 8 + (size_t)l; }
+        for (int i = 0; i < 3; i++) {
+            int32_t l;
+            memcpy(&l, c + p + 4, 4);
+            p += 8 + (size_t)l;
+        }
         c[p + 8 + 4] = 'G'; /* "<0x00>" -> "<0x0G>" */
     }
     write_bytes(bad, c, n);
@@ -377,12 +416,9 @@ static void test_bad_files(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_known_prompts),
-        cmocka_unit_test(test_matches_reference),
-        cmocka_unit_test(test_cross_word_vocab),
-        cmocka_unit_test(test_round_trips),
-        cmocka_unit_test(test_byte_tokenizer),
-        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_known_prompts),    cmocka_unit_test(test_matches_reference),
+        cmocka_unit_test(test_cross_word_vocab), cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_byte_tokenizer),   cmocka_unit_test(test_bad_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

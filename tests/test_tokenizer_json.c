@@ -151,13 +151,14 @@ static void check_variant(const nl_tokenizer *tok, const char *name, const char 
         }
         /* SentencePiece writes spaces as U+2581: a U+2581 in the text decodes as a space */
         if (check_round_trip == 2 && strstr(t->s[i], "\xe2\x96\x81")) check_round_trip = 3;
-        if ((check_round_trip == 1 || check_round_trip == 2) && !strstr(t->s[i], "<|endoftext|>") && !strstr(t->s[i], "<s>") && !strstr(t->s[i], "</s>") &&
-            !strstr(t->s[i], "<unk>")) {
+        if ((check_round_trip == 1 || check_round_trip == 2) && !strstr(t->s[i], "<|endoftext|>") &&
+            !strstr(t->s[i], "<s>") && !strstr(t->s[i], "</s>") && !strstr(t->s[i], "<unk>")) {
             char *back;
             size_t bn;
             QOK(nl_tokenizer_decode(tok, ids, n, &back, &bn));
             if (bn != t->len[i] || memcmp(back, t->s[i], bn)) {
-                if (rt_bad < 3) print_message("%s: decode(encode(text %d)) = \"%.60s\" != \"%.60s\"\n", name, i, back, t->s[i]);
+                if (rt_bad < 3)
+                    print_message("%s: decode(encode(text %d)) = \"%.60s\" != \"%.60s\"\n", name, i, back, t->s[i]);
                 rt_bad++;
             }
             nl_free(back);
@@ -236,9 +237,11 @@ static void test_against_references(void **state) {
             const cJSON *h = cJSON_GetObjectItem(v, "tokenizer");
             if (!h) { /* "gpt2": js-tiktoken's own ranks, encoded with the GPT-2 tokenizer.json */
                 const cJSON *w;
-                cJSON_ArrayForEach(w, cJSON_GetObjectItem(fx, "variants"))
-                if (!strcmp(cJSON_GetObjectItem(w, "name")->valuestring, cJSON_GetObjectItem(v, "tokenizer_from")->valuestring))
-                    h = cJSON_GetObjectItem(w, "tokenizer");
+                cJSON_ArrayForEach(
+                    w, cJSON_GetObjectItem(
+                           fx, "variants")) if (!strcmp(cJSON_GetObjectItem(w, "name")->valuestring,
+                                                        cJSON_GetObjectItem(v, "tokenizer_from")->valuestring)) h =
+                    cJSON_GetObjectItem(w, "tokenizer");
             }
             assert_non_null(h);
             char *js = gpt2_json(h);
@@ -319,15 +322,20 @@ static void test_special_and_known_ids(void **state) {
 /* Bad tokenizer.json files name the file and the key. */
 static void test_bad_files(void **state) {
     (void)state;
-    static const struct { const char *json, *want; } cases[] = {
+    static const struct {
+        const char *json, *want;
+    } cases[] = {
         {"[1,2]", "not a JSON object"},
         {"{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", "key \"model.type\" is \"Unigram\""},
-        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}", "merge 0 (a b) names a piece missing"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}",
+         "merge 0 (a b) names a piece missing"},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", "id 0 is given to"},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", "\"a\" has no valid id"},
-        {"{\"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+        {"{\"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
+         "\"merges\": []}}",
          "key \"pre_tokenizer\": type \"BertPreTokenizer\" is not supported"},
-        {"{\"normalizer\": {\"type\": \"Lowercase\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+        {"{\"normalizer\": {\"type\": \"Lowercase\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
+         "\"merges\": []}}",
          "key \"normalizer\": type \"Lowercase\" is not supported"},
         {"{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a\"}, \"behavior\": \"Isolated\"}, "
          "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",

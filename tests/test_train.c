@@ -75,13 +75,15 @@ static void test_resume_bit_identical(void **state) {
     TU_REQUIRE_DATA(data, SHAKES);
     char *dir = tu_tmpdir(), args[2048], *out = NULL;
     /* uninterrupted: 8 steps */
-    snprintf(args, sizeof args, "train --data %s --steps 8 %s --log %s/full.csv --out %s/full.st", data, QUICK, dir, dir);
+    snprintf(args, sizeof args, "train --data %s --steps 8 %s --log %s/full.csv --out %s/full.st", data, QUICK, dir,
+             dir);
     assert_int_equal(run(args, NULL), 0);
     /* interrupted after step 4 of the same 8-step schedule, then resumed */
     snprintf(args, sizeof args, "train --data %s --steps 8 --stop-after 4 %s --out %s/part.st", data, QUICK, dir);
     assert_int_equal(run(args, NULL), 0);
-    snprintf(args, sizeof args, "train --data %s --steps 8 %s --resume %s/part.st --out %s/part.st --log %s/resumed.csv", data,
-             QUICK, dir, dir, dir);
+    snprintf(args, sizeof args,
+             "train --data %s --steps 8 %s --resume %s/part.st --out %s/part.st --log %s/resumed.csv", data, QUICK, dir,
+             dir, dir);
     assert_int_equal(run(args, &out), 0);
     assert_non_null(strstr(out, "resumed"));
     free(out);
@@ -189,8 +191,9 @@ static void test_nonfinite_loss_keeps_checkpoint(void **state) {
     size_t n0, n1;
     char *before = tu_read_file(path, &n0);
     assert_non_null(before);
-    snprintf(args, sizeof args, "train --data %s --steps 6 %s --eval-every 1 --lr 1e30 --clip 0 --resume %s/m.st --out %s/m.st",
-             data, QUICK, dir, dir);
+    snprintf(args, sizeof args,
+             "train --data %s --steps 6 %s --eval-every 1 --lr 1e30 --clip 0 --resume %s/m.st --out %s/m.st", data,
+             QUICK, dir, dir);
     int rc = tu_run_cli(args, &out);
     print_message("%s", out);
     assert_int_equal(rc, 1);
@@ -269,7 +272,8 @@ static void test_bad_input(void **state) {
     }
     /* prompt longer than seq_len (64 bytes) */
     snprintf(args, sizeof args,
-             "generate --ckpt %s/m.st --prompt 'Now is the winter of our discontent made glorious summer by this sun of York' --steps 10",
+             "generate --ckpt %s/m.st --prompt 'Now is the winter of our discontent made glorious summer by this sun "
+             "of York' --steps 10",
              dir);
     expect_error(args, 2, "longer than the model's seq_len 64");
     tu_rmdir(dir);
@@ -280,12 +284,9 @@ int main(void) {
     /* child processes: sleep rather than spin in OpenMP barriers (the test machine is shared) */
     setenv("OMP_WAIT_POLICY", "passive", 1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_seed_same_losses),
-        cmocka_unit_test(test_resume_bit_identical),
-        cmocka_unit_test(test_eval_generate_checkpoint),
-        cmocka_unit_test(test_peak_rss_vs_report),
-        cmocka_unit_test(test_nonfinite_loss_keeps_checkpoint),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_same_seed_same_losses),           cmocka_unit_test(test_resume_bit_identical),
+        cmocka_unit_test(test_eval_generate_checkpoint),        cmocka_unit_test(test_peak_rss_vs_report),
+        cmocka_unit_test(test_nonfinite_loss_keeps_checkpoint), cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

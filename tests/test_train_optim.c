@@ -23,8 +23,16 @@ static void test_cosine_schedule(void **state) {
 }
 
 static void tiny_model(nl_model *m) {
-    nl_arch a = {.name = "t", .vocab_size = 16, .dim = 8, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
-                 .hidden_dim = 12, .seq_len = 8, .rope_theta = 10000.0, .norm_eps = 1e-5};
+    nl_arch a = {.name = "t",
+                 .vocab_size = 16,
+                 .dim = 8,
+                 .n_layers = 1,
+                 .n_heads = 2,
+                 .n_kv_heads = 1,
+                 .hidden_dim = 12,
+                 .seq_len = 8,
+                 .rope_theta = 10000.0,
+                 .norm_eps = 1e-5};
     assert_int_equal(nl_model_init(m, &a), NL_OK);
     nl_model_init_random(m, 3);
     assert_int_equal(nl_model_alloc_grads(m), NL_OK);
@@ -92,8 +100,10 @@ static void test_adamw_decay_mask(void **state) {
     nl_adamw_step(&opt, &m, 0.1f);
     for (int k = 0; k < nt; k++) {
         float after = m.params[tab[k].offset];
-        if (tab[k].ndim == 1) assert_true(after == before[k]);
-        else assert_true(fabsf(after - before[k] * (1.0f - 0.1f * 0.5f)) <= 1e-7f * fabsf(before[k]) + 1e-12f);
+        if (tab[k].ndim == 1)
+            assert_true(after == before[k]);
+        else
+            assert_true(fabsf(after - before[k] * (1.0f - 0.1f * 0.5f)) <= 1e-7f * fabsf(before[k]) + 1e-12f);
     }
     nl_adamw_free(&opt);
     nl_model_free(&m);
@@ -124,9 +134,10 @@ static void test_mixed_precision_training(void **state) {
     double last[3];
     char *first[3];
     for (int i = 0; i < 3; i++) {
-        snprintf(args, sizeof args,
-                 "train --data %s --steps 10 --batch 4 --seq 32 --eval-windows 4 --warmup 2 --precision %s --log %s/%s.csv", data,
-                 precs[i], dir, precs[i]);
+        snprintf(
+            args, sizeof args,
+            "train --data %s --steps 10 --batch 4 --seq 32 --eval-windows 4 --warmup 2 --precision %s --log %s/%s.csv",
+            data, precs[i], dir, precs[i]);
         assert_int_equal(tu_run_cli(args, NULL), 0);
         snprintf(path, sizeof path, "%s/%s.csv", dir, precs[i]);
         char *csv = tu_read_file(path, NULL);
@@ -149,7 +160,8 @@ static void test_mixed_precision_training(void **state) {
     }
     /* fp16, initial scale 2^24: the first steps overflow in fp16, are skipped, the scale halves */
     snprintf(args, sizeof args,
-             "train --data %s --steps 10 --batch 4 --seq 32 --eval-windows 4 --warmup 2 --precision fp16 --loss-scale 16777216 --log %s/s.csv",
+             "train --data %s --steps 10 --batch 4 --seq 32 --eval-windows 4 --warmup 2 --precision fp16 --loss-scale "
+             "16777216 --log %s/s.csv",
              data, dir);
     char *out = NULL;
     assert_int_equal(tu_run_cli(args, &out), 0);
@@ -174,8 +186,8 @@ static void test_mixed_precision_training(void **state) {
         free(sc);
     }
     char *s1 = csv_field(csv, 1, 6), *sc1 = csv_field(csv, 1, 5), *sc2 = csv_field(csv, 2, 5);
-    assert_string_equal(s1, "1");                   /* 2^24 overflows fp16 at once */
-    assert_true(atof(sc2) == atof(sc1) / 2);        /* ... and the next step uses half */
+    assert_string_equal(s1, "1");            /* 2^24 overflows fp16 at once */
+    assert_true(atof(sc2) == atof(sc1) / 2); /* ... and the next step uses half */
     print_message("fp16 from 2^24: %d skipped, %d applied\n", skipped, good);
     assert_true(skipped >= 1 && good >= 3);
     free(s1);

@@ -18,7 +18,7 @@
 #include "nanolm/checkpoint.h"
 
 #define SHAKES "tinyshakespeare/input.txt"
-#define QUICK "--batch 4 --seq 32 --eval-windows 4 --warmup 2"
+#define QUICK  "--batch 4 --seq 32 --eval-windows 4 --warmup 2"
 
 /* A valid state as nl_ckpt_save writes it, with one field replaced by the caller. */
 static const char *GOOD =
@@ -61,7 +61,10 @@ static void test_parse_good(void **state) {
     assert_int_equal(st.run.warmup, 2);
     assert_string_equal(st.run.schedule, "cosine");
     /* a state written before the run block existed is still read (warmup unknown) */
-    char *old = replace(GOOD, ",\"run\":{\"mup_base_dim\":0,\"loss_scaling\":1,\"qat\":\"\",\"fp8\":\"\",\"schedule\":\"cosine\",\"warmup\":2}", "");
+    char *old = replace(GOOD,
+                        ",\"run\":{\"mup_base_dim\":0,\"loss_scaling\":1,\"qat\":\"\",\"fp8\":\"\",\"schedule\":"
+                        "\"cosine\",\"warmup\":2}",
+                        "");
     assert_int_equal(nl_ckpt_state_parse("x.st", old, &st), NL_OK);
     assert_int_equal(st.run.warmup, -1);
     free(old);
@@ -186,8 +189,8 @@ static void test_resume_must_match(void **state) {
     expect_fail(args, "precision fp32, this run asks for bf16");
     snprintf(args, sizeof args, "train --data %s --steps 4 %s --mup 16 --resume %s/m.st", data, QUICK, dir);
     expect_fail(args, "muP base width 0, this run asks for 16");
-    snprintf(args, sizeof args, "train --data %s --steps 4 --batch 4 --seq 32 --eval-windows 4 --warmup 3 --resume %s/m.st",
-             data, dir);
+    snprintf(args, sizeof args,
+             "train --data %s --steps 4 --batch 4 --seq 32 --eval-windows 4 --warmup 3 --resume %s/m.st", data, dir);
     expect_fail(args, "warmup 2 steps, this run asks for 3");
     snprintf(args, sizeof args, "train --data %s --steps 1 %s --resume %s/m.st", data, QUICK, dir);
     expect_fail(args, "already trained 2 steps");
@@ -202,7 +205,8 @@ static void test_resume_must_match(void **state) {
     snprintf(args, sizeof args, "train --data %s --steps 4 %s --preset stories260k --resume %s/m.st", data, QUICK, dir);
     expect_fail(args, "holds model \"shakespeare-char\", the run asks for \"stories260k\"");
     /* --preset naming the checkpoint's own shape is accepted */
-    snprintf(args, sizeof args, "train --data %s --steps 3 %s --preset shakespeare-char --resume %s/m.st", data, QUICK, dir);
+    snprintf(args, sizeof args, "train --data %s --steps 3 %s --preset shakespeare-char --resume %s/m.st", data, QUICK,
+             dir);
     assert_int_equal(run(args, NULL), 0);
     tu_rmdir(dir);
     free(dir);
@@ -251,8 +255,8 @@ static void test_sigterm_saves_and_exits_0(void **state) {
         dup2(fds[1], 1);
         close(fds[0]);
         setenv("OMP_NUM_THREADS", "1", 1);
-        execl(bin ? bin : "build/nanolm", "nanolm", "train", "--data", data, "--steps", "100000", "--batch", "4", "--seq",
-              "32", "--eval-windows", "2", "--eval-every", "1", "--warmup", "2", "--out", ckpt, (char *)NULL);
+        execl(bin ? bin : "build/nanolm", "nanolm", "train", "--data", data, "--steps", "100000", "--batch", "4",
+              "--seq", "32", "--eval-windows", "2", "--eval-every", "1", "--warmup", "2", "--out", ckpt, (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -284,8 +288,9 @@ static void test_sigterm_saves_and_exits_0(void **state) {
     nl_model_free(&m);
     assert_true(st.step >= 3);
     char args[2048];
-    snprintf(args, sizeof args, "train --data %s --steps %lld --batch 4 --seq 32 --eval-windows 2 --warmup 2 --resume %s",
-             data, (long long)st.step + 1, ckpt);
+    snprintf(args, sizeof args,
+             "train --data %s --steps %lld --batch 4 --seq 32 --eval-windows 2 --warmup 2 --resume %s", data,
+             (long long)st.step + 1, ckpt);
     assert_int_equal(run(args, NULL), 0);
     tu_rmdir(dir);
     free(dir);

@@ -15,9 +15,12 @@ static int skip_reason(void) {
     const char *native = getenv("NANOLM_NATIVE");
     const char *san = getenv("NANOLM_SANITIZED");
     const char *why = NULL;
-    if (native && strcmp(native, "0") != 0) why = "a -march=native build (make memcheck runs a portable one)";
-    else if (san && strcmp(san, "0") != 0) why = "a sanitizer build";
-    else if (system("valgrind --version >/dev/null 2>&1") != 0) why = "valgrind is not installed (scripts/setup-deps.sh check)";
+    if (native && strcmp(native, "0") != 0)
+        why = "a -march=native build (make memcheck runs a portable one)";
+    else if (san && strcmp(san, "0") != 0)
+        why = "a sanitizer build";
+    else if (system("valgrind --version >/dev/null 2>&1") != 0)
+        why = "valgrind is not installed (scripts/setup-deps.sh check)";
     if (!why) return 0;
     print_message("[  SKIP    ] %s\n", why);
     return 1;
@@ -61,13 +64,15 @@ static void test_commands_have_no_memcheck_errors(void **state) {
     assert_non_null(dir);
     char args[2048];
     int n = 0;
-    snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 16 --temperature 0",
-             ckpt, tok);
+    snprintf(args, sizeof args,
+             "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 16 --temperature 0", ckpt, tok);
     assert_int_equal(under_memcheck(args, dir, n++), 0);
     snprintf(args, sizeof args, "eval --ckpt %s --tokenizer %s --data %s", ckpt, tok, text);
     assert_int_equal(under_memcheck(args, dir, n++), 0);
-    snprintf(args, sizeof args, "quant model --ckpt %s --tokenizer %s --data %s --scheme int8-channel --scheme int4-b32 "
-             "--gen 4 --seq 64 --max-tokens 300", ckpt, tok, text);
+    snprintf(args, sizeof args,
+             "quant model --ckpt %s --tokenizer %s --data %s --scheme int8-channel --scheme int4-b32 "
+             "--gen 4 --seq 64 --max-tokens 300",
+             ckpt, tok, text);
     assert_int_equal(under_memcheck(args, dir, n++), 0);
     assert_int_equal(under_memcheck("plan train --model llama-2-7b --gpus 8 --top 2", dir, n++), 0);
 
@@ -77,8 +82,10 @@ static void test_commands_have_no_memcheck_errors(void **state) {
     snprintf(bad[1], sizeof bad[1], "%s/badheader.safetensors", dir);
     snprintf(bad[2], sizeof bad[2], "%s/truncated_tok.bin", dir);
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "head -c 5000 '%s' > '%s' && printf '\\040\\000\\000\\000\\000\\000\\000\\000{\"a\": [1, 2' "
-             "> '%s' && head -c 3000 '%s' > '%s'", ckpt, bad[0], bad[1], tok, bad[2]);
+    snprintf(cmd, sizeof cmd,
+             "head -c 5000 '%s' > '%s' && printf '\\040\\000\\000\\000\\000\\000\\000\\000{\"a\": [1, 2' "
+             "> '%s' && head -c 3000 '%s' > '%s'",
+             ckpt, bad[0], bad[1], tok, bad[2]);
     assert_int_equal(system(cmd), 0);
     snprintf(args, sizeof args, "generate --ckpt %s --tokenizer %s --prompt x --steps 2", bad[0], tok);
     assert_int_equal(under_memcheck(args, dir, n++), 1);

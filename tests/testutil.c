@@ -62,8 +62,7 @@ static char *read_all(FILE *p) {
         }
     }
     if (!buf)
-        while (fread(sink, 1, sizeof sink, p) > 0) {
-        }
+        while (fread(sink, 1, sizeof sink, p) > 0) {}
     else
         buf[len] = '\0';
     return buf;
@@ -82,8 +81,8 @@ int tu_run_cli_ex(const tu_run_opts *o, const char *args, char **out, double *el
     char timeout[64] = "", mpi[128] = "", cmd[16384];
     if (o->timeout_s > 0) snprintf(timeout, sizeof timeout, "timeout -k 10 %d ", o->timeout_s);
     if (o->np > 0) snprintf(mpi, sizeof mpi, "mpirun --allow-run-as-root --oversubscribe -np %d ", o->np);
-    int n = snprintf(cmd, sizeof cmd, "%s%s%s%s %s%s", o->one_thread ? "OMP_NUM_THREADS=1 " : "", timeout,
-                     mpi, bin ? bin : "build/nanolm", args, o->stdout_only ? "" : " 2>&1");
+    int n = snprintf(cmd, sizeof cmd, "%s%s%s%s %s%s", o->one_thread ? "OMP_NUM_THREADS=1 " : "", timeout, mpi,
+                     bin ? bin : "build/nanolm", args, o->stdout_only ? "" : " 2>&1");
     if (out) *out = NULL;
     if (n < 0 || (size_t)n >= sizeof cmd) return -1;
     double t0 = now_s();
@@ -92,8 +91,10 @@ int tu_run_cli_ex(const tu_run_opts *o, const char *args, char **out, double *el
     char *buf = read_all(p);
     int st = pclose(p);
     if (elapsed_s) *elapsed_s = now_s() - t0;
-    if (out) *out = buf;
-    else free(buf);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
     return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -105,8 +106,10 @@ int tu_run_shell(const char *cmd, char **out) {
     if (!p) return -1;
     char *buf = read_all(p);
     int st = pclose(p);
-    if (out) *out = buf;
-    else free(buf);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
     if (st == -1) return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
@@ -114,7 +117,10 @@ int tu_run_shell(const char *cmd, char **out) {
 char *tu_tmpdir(void) {
     char *t = malloc(64);
     snprintf(t, 64, "/tmp/nanolm-test-XXXXXX");
-    if (!mkdtemp(t)) { free(t); return NULL; }
+    if (!mkdtemp(t)) {
+        free(t);
+        return NULL;
+    }
     return t;
 }
 
@@ -131,7 +137,10 @@ char *tu_read_file(const char *path, size_t *bytes) {
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
     char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
     if (b) b[n] = '\0';
     fclose(f);
     if (bytes) *bytes = (size_t)n;

@@ -15,12 +15,12 @@ const char *tu_data_path(const char *rel);
 /* Path of a file committed under data/; fails the test (a broken checkout) when it is missing. */
 const char *tu_committed_data(const char *rel);
 /* Skips the current test with a message naming the missing file when path is NULL. */
-#define TU_REQUIRE_DATA(var, rel)                                                                  \
-    const char *var = tu_data_path(rel);                                                           \
-    if (!var) {                                                                                    \
-        print_message("[  SKIP    ] needs %s in data/ or NANOLM_DATA_EXTRA (not present)\n", rel); \
-        skip();                                                                                    \
-        return;                                                                                    \
+#define TU_REQUIRE_DATA(var, rel)                                                                                      \
+    const char *var = tu_data_path(rel);                                                                               \
+    if (!var) {                                                                                                        \
+        print_message("[  SKIP    ] needs %s in data/ or NANOLM_DATA_EXTRA (not present)\n", rel);                     \
+        skip();                                                                                                        \
+        return;                                                                                                        \
     }
 /* Runs the CLI (NANOLM_BIN) with a shell-quoted argument string; captures stdout+stderr into
  * a malloc'd string (*out, may be NULL) and returns the exit status. */

@@ -14,24 +14,24 @@
 typedef struct nl_arch {
     char name[64];
     int64_t vocab_size;
-    int64_t dim;          /* d_model */
+    int64_t dim; /* d_model */
     int64_t n_layers;
     int64_t n_heads;
-    int64_t n_kv_heads;   /* = n_heads without GQA */
-    int64_t hidden_dim;   /* SwiGLU inner size of the dense MLP */
-    int64_t seq_len;      /* maximum context */
-    double rope_theta;    /* 10000 for Llama-2, 500000 for Llama-3 */
-    double norm_eps;      /* RMSNorm epsilon */
-    int tied_embeddings;  /* 1: the classifier shares the token embedding */
+    int64_t n_kv_heads;  /* = n_heads without GQA */
+    int64_t hidden_dim;  /* SwiGLU inner size of the dense MLP */
+    int64_t seq_len;     /* maximum context */
+    double rope_theta;   /* 10000 for Llama-2, 500000 for Llama-3 */
+    double norm_eps;     /* RMSNorm epsilon */
+    int tied_embeddings; /* 1: the classifier shares the token embedding */
     /* Mixture of experts (n_experts == 0: dense). Layers with index >= first_moe_layer use
      * MoE MLPs; the first ones stay dense (DeepSeek-V3 keeps 3 dense layers). */
-    int64_t n_experts;        /* routed experts per MoE layer */
-    int64_t n_shared_experts; /* always-on experts per MoE layer */
-    int64_t top_k;            /* routed experts per token */
-    int64_t expert_hidden_dim;/* SwiGLU inner size of one expert */
+    int64_t n_experts;         /* routed experts per MoE layer */
+    int64_t n_shared_experts;  /* always-on experts per MoE layer */
+    int64_t top_k;             /* routed experts per token */
+    int64_t expert_hidden_dim; /* SwiGLU inner size of one expert */
     int64_t first_moe_layer;
     /* Attention variant the planner prices; the runtime implements standard GQA only. */
-    int64_t head_dim;         /* 0 = dim / n_heads (with MLA: the no-RoPE part of a q/k head) */
+    int64_t head_dim; /* 0 = dim / n_heads (with MLA: the no-RoPE part of a q/k head) */
     /* Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank == 0: standard GQA). The
      * runtime does not implement it; the planner prices it (parameters, KV cache). */
     int64_t q_lora_rank;      /* 0 = queries projected directly */
@@ -61,14 +61,14 @@ nl_status nl_arch_validate(const nl_arch *a);
 
 /* Parameter counts (exact, as the runtime allocates them). */
 typedef struct nl_arch_params {
-    int64_t embedding;     /* vocab * dim */
-    int64_t classifier;    /* vocab * dim, 0 when tied */
-    int64_t attention;     /* all layers: wq, wk, wv, wo */
-    int64_t mlp_dense;     /* all dense layers: w1, w2, w3 */
-    int64_t mlp_experts;   /* all routed experts of all MoE layers */
-    int64_t mlp_shared;    /* all shared experts */
-    int64_t router;        /* all routers: dim * n_experts per MoE layer */
-    int64_t norms;         /* 2 per layer + final, dim each */
+    int64_t embedding;   /* vocab * dim */
+    int64_t classifier;  /* vocab * dim, 0 when tied */
+    int64_t attention;   /* all layers: wq, wk, wv, wo */
+    int64_t mlp_dense;   /* all dense layers: w1, w2, w3 */
+    int64_t mlp_experts; /* all routed experts of all MoE layers */
+    int64_t mlp_shared;  /* all shared experts */
+    int64_t router;      /* all routers: dim * n_experts per MoE layer */
+    int64_t norms;       /* 2 per layer + final, dim each */
     int64_t total;
     int64_t non_embedding; /* total - embedding - classifier (Kaplan/Chinchilla-style N) */
     int64_t active;        /* parameters used per token (top_k + shared experts only) */

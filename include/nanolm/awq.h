@@ -27,10 +27,10 @@ extern "C" {
 #endif
 
 typedef struct nl_awq_opts {
-    int bits;        /* 2..8 */
-    int group_size;  /* 128 by default; 0 = one group per row */
-    int n_grid;      /* 20 */
-    int symmetric;   /* grid: 0 = min-max with zero point */
+    int bits;       /* 2..8 */
+    int group_size; /* 128 by default; 0 = one group per row */
+    int n_grid;     /* 20 */
+    int symmetric;  /* grid: 0 = min-max with zero point */
 } nl_awq_opts;
 
 nl_awq_opts nl_awq_defaults(void);
@@ -40,9 +40,9 @@ nl_awq_opts nl_awq_defaults(void);
  * (the weight to use with inputs x / s; w_hat may be NULL). *best_alpha, *err_best and
  * *err_rtn (the alpha = 0 error) may be NULL; errors (n_grid, may be NULL) get the error of
  * every grid point. NL_ERR_INVALID for bad options or shapes, a non-finite x or w. */
-nl_status nl_awq_search(const float *x, int64_t tokens, int cols, int n_w, const float *const *w,
-                        const int *rows, const nl_awq_opts *opts, float *s, float *const *w_hat,
-                        double *best_alpha, double *err_best, double *err_rtn, double *errors);
+nl_status nl_awq_search(const float *x, int64_t tokens, int cols, int n_w, const float *const *w, const int *rows,
+                        const nl_awq_opts *opts, float *s, float *const *w_hat, double *best_alpha, double *err_best,
+                        double *err_rtn, double *errors);
 
 #ifdef __cplusplus
 }

@@ -19,17 +19,17 @@ extern "C" {
 
 typedef enum nl_status {
     NL_OK = 0,
-    NL_ERR_INVALID = 1,   /* bad argument or bad input value (NaN, unknown name, bad shape) */
-    NL_ERR_NOMEM = 2,     /* allocation failed or request too large */
-    NL_ERR_IO = 3,        /* open/read/write/fsync/rename failed */
-    NL_ERR_FORMAT = 4,    /* a file is malformed (truncated, bad header, wrong dtype) */
-    NL_ERR_RANGE = 5,     /* a value is outside what the target can represent */
-    NL_ERR_UNSUPPORTED = 6, /* valid request this build or format cannot do */
-    NL_ERR_NUMERIC = 7,   /* a computation produced NaN/inf where it must not */
-    NL_ERR_COMM = 8,      /* a collective or peer failed */
+    NL_ERR_INVALID = 1,         /* bad argument or bad input value (NaN, unknown name, bad shape) */
+    NL_ERR_NOMEM = 2,           /* allocation failed or request too large */
+    NL_ERR_IO = 3,              /* open/read/write/fsync/rename failed */
+    NL_ERR_FORMAT = 4,          /* a file is malformed (truncated, bad header, wrong dtype) */
+    NL_ERR_RANGE = 5,           /* a value is outside what the target can represent */
+    NL_ERR_UNSUPPORTED = 6,     /* valid request this build or format cannot do */
+    NL_ERR_NUMERIC = 7,         /* a computation produced NaN/inf where it must not */
+    NL_ERR_COMM = 8,            /* a collective or peer failed */
     NL_ERR_NOT_IMPLEMENTED = 9, /* used only by the course skeletons in exercises/ */
-    NL_ERR_BUSY = 10,     /* a bounded queue is full: try again later (HTTP 429) */
-    NL_DONE = 11          /* nothing left to do: a resumed run's checkpoint already holds its last step */
+    NL_ERR_BUSY = 10,           /* a bounded queue is full: try again later (HTTP 429) */
+    NL_DONE = 11                /* nothing left to do: a resumed run's checkpoint already holds its last step */
 } nl_status;
 
 /* Sets the thread's last error message (printf-style) and returns `code`, so that
@@ -42,7 +42,11 @@ void nl_clear_error(void);
 /* Short name of a status code ("invalid argument", ...). */
 const char *nl_status_name(nl_status s);
 
-#define NL_TRY(expr) do { nl_status nl__rc = (expr); if (nl__rc != NL_OK) return nl__rc; } while (0)
+#define NL_TRY(expr)                                                                                                   \
+    do {                                                                                                               \
+        nl_status nl__rc = (expr);                                                                                     \
+        if (nl__rc != NL_OK) return nl__rc;                                                                            \
+    } while (0)
 
 /* ---- allocation ---------------------------------------------------------------------------
  * Checked allocation: on failure (or a size overflow) returns NULL and sets the last error
@@ -55,7 +59,9 @@ int nl_mul_overflows(size_t count, size_t size, size_t *out);
 
 /* ---- random numbers -----------------------------------------------------------------------
  * xoshiro256** seeded through splitmix64: deterministic for a seed on every platform. */
-typedef struct nl_rng { uint64_t s[4]; } nl_rng;
+typedef struct nl_rng {
+    uint64_t s[4];
+} nl_rng;
 void nl_rng_seed(nl_rng *r, uint64_t seed);
 uint64_t nl_rng_u64(nl_rng *r);
 uint32_t nl_rng_u32(nl_rng *r);
@@ -82,8 +88,7 @@ typedef struct nl_progress {
 } nl_progress;
 void nl_progress_begin(nl_progress *p, const char *label, int64_t total);
 /* `extra` may be NULL; `units_per_step` feeds the rate (e.g. tokens per step). */
-void nl_progress_update(nl_progress *p, int64_t done, double units_done, const char *unit,
-                        const char *extra);
+void nl_progress_update(nl_progress *p, int64_t done, double units_done, const char *unit, const char *extra);
 void nl_progress_end(nl_progress *p);
 
 /* ---- files ---------------------------------------------------------------------------------

@@ -27,20 +27,20 @@ extern "C" {
 
 /* What defines a run besides the model's shape and the precision; a resumed run must match. */
 typedef struct nl_ckpt_run {
-    int64_t mup_base_dim;     /* muP base width (0: standard parametrisation) */
-    int loss_scaling;         /* fp16: 1 dynamic loss scaling (GradScaler), 0 fixed at 1 */
-    char qat[48];             /* QAT scheme ("" without QAT) */
-    char fp8[96];             /* FP8 linears' recipe ("" without FP8) */
-    char schedule[16];        /* learning-rate schedule: "cosine" */
-    int64_t warmup;           /* warmup steps (-1: not recorded, older checkpoints) */
+    int64_t mup_base_dim; /* muP base width (0: standard parametrisation) */
+    int loss_scaling;     /* fp16: 1 dynamic loss scaling (GradScaler), 0 fixed at 1 */
+    char qat[48];         /* QAT scheme ("" without QAT) */
+    char fp8[96];         /* FP8 linears' recipe ("" without FP8) */
+    char schedule[16];    /* learning-rate schedule: "cosine" */
+    int64_t warmup;       /* warmup steps (-1: not recorded, older checkpoints) */
 } nl_ckpt_run;
 
 /* Training state saved next to the weights for a bit-exact resume. */
 typedef struct nl_ckpt_state {
-    int64_t step;             /* completed training steps */
-    nl_rng rng;               /* the data sampler's RNG after `step` steps */
-    nl_adamw *opt;            /* moments and t (NULL: weights only) */
-    nl_loss_scaler scaler;    /* fp16 dynamic loss scaling */
+    int64_t step;          /* completed training steps */
+    nl_rng rng;            /* the data sampler's RNG after `step` steps */
+    nl_adamw *opt;         /* moments and t (NULL: weights only) */
+    nl_loss_scaler scaler; /* fp16 dynamic loss scaling */
     nl_precision precision;
     nl_ckpt_run run;
 } nl_ckpt_state;

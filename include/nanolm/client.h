@@ -28,12 +28,12 @@ nl_status nl_http_parse_url(const char *url, nl_http_url *u);
 typedef int (*nl_http_event_fn)(void *ctx, const char *data, size_t n, double t_s);
 
 typedef struct nl_http_response {
-    int status;             /* HTTP status code */
+    int status; /* HTTP status code */
     char content_type[128];
-    nl_http_buf body;       /* the decoded body (all events included for a stream) */
-    int closed_early;       /* the event callback asked to close */
-    double t_sent_s;        /* when the request was written */
-    double t_headers_s;     /* when the response headers were read */
+    nl_http_buf body;   /* the decoded body (all events included for a stream) */
+    int closed_early;   /* the event callback asked to close */
+    double t_sent_s;    /* when the request was written */
+    double t_headers_s; /* when the response headers were read */
 } nl_http_response;
 
 /* Sends `method path` with an optional body to host:port and reads the whole response. A body

@@ -115,30 +115,28 @@ size_t nl_comm_chunk_count(size_t n, int p, int i);
  * MPI call failed; the message names the communicator, the collective and the rank). */
 
 /* `buf` (n elements) of rank `root` is copied to every rank. */
-nl_status nl_comm_broadcast(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, int root,
-                            nl_comm_impl impl);
+nl_status nl_comm_broadcast(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, int root, nl_comm_impl impl);
 /* recv (n, significant at root only) = sum over ranks of send (n). At the root send may equal
  * recv (in place). */
-nl_status nl_comm_reduce(nl_comm *c, const void *send, void *recv, size_t n, nl_comm_dtype dt,
-                         int root, nl_comm_impl impl);
+nl_status nl_comm_reduce(nl_comm *c, const void *send, void *recv, size_t n, nl_comm_dtype dt, int root,
+                         nl_comm_impl impl);
 /* buf (n) = sum over ranks of buf (n), in place. */
 nl_status nl_comm_all_reduce(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, nl_comm_impl impl);
 /* recv (chunk_count(n, p, rank)) = chunk `rank` of the sum over ranks of send (n).
  * recv may point at send's own chunk (send + offset(rank)). */
-nl_status nl_comm_reduce_scatter(nl_comm *c, const void *send, void *recv, size_t n,
-                                 nl_comm_dtype dt, nl_comm_impl impl);
+nl_status nl_comm_reduce_scatter(nl_comm *c, const void *send, void *recv, size_t n, nl_comm_dtype dt,
+                                 nl_comm_impl impl);
 /* recv (n) = the chunks of all ranks; send (chunk_count(n, p, rank)) is this rank's chunk.
  * send may equal recv + offset(rank) (in place). */
-nl_status nl_comm_all_gather(nl_comm *c, const void *send, void *recv, size_t n,
-                             nl_comm_dtype dt, nl_comm_impl impl);
+nl_status nl_comm_all_gather(nl_comm *c, const void *send, void *recv, size_t n, nl_comm_dtype dt, nl_comm_impl impl);
 /* send (p, count) -> recv (p, count): block j of send goes to rank j, block i of recv came
  * from rank i. */
-nl_status nl_comm_all_to_all(nl_comm *c, const void *send, void *recv, size_t count,
-                             nl_comm_dtype dt, nl_comm_impl impl);
+nl_status nl_comm_all_to_all(nl_comm *c, const void *send, void *recv, size_t count, nl_comm_dtype dt,
+                             nl_comm_impl impl);
 /* The same with per-rank element counts and offsets (arrays of p entries, in elements). */
-nl_status nl_comm_all_to_allv(nl_comm *c, const void *send, const size_t *send_counts,
-                              const size_t *send_offsets, void *recv, const size_t *recv_counts,
-                              const size_t *recv_offsets, nl_comm_dtype dt, nl_comm_impl impl);
+nl_status nl_comm_all_to_allv(nl_comm *c, const void *send, const size_t *send_counts, const size_t *send_offsets,
+                              void *recv, const size_t *recv_counts, const size_t *recv_offsets, nl_comm_dtype dt,
+                              nl_comm_impl impl);
 /* Point-to-point (counted as NL_COMM_OP_SEND_RECV). `tag` >= 0 separates message streams. */
 nl_status nl_comm_send(nl_comm *c, const void *buf, size_t n, nl_comm_dtype dt, int dest, int tag);
 nl_status nl_comm_recv(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, int src, int tag);
@@ -156,8 +154,8 @@ nl_status nl_comm_max_int(nl_comm *c, int *v);
  * polls between its own work overlaps communication with computation. `buf` must stay valid
  * and untouched until nl_comm_wait returns. */
 typedef struct nl_comm_request nl_comm_request;
-nl_status nl_comm_all_reduce_start(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt,
-                                   nl_comm_impl impl, nl_comm_request **req);
+nl_status nl_comm_all_reduce_start(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, nl_comm_impl impl,
+                                   nl_comm_request **req);
 /* Starts a point-to-point send of buf (n) to `dest` (counted as NL_COMM_OP_SEND_RECV); buf must
  * stay untouched until nl_comm_wait returns. */
 nl_status nl_comm_send_start(nl_comm *c, const void *buf, size_t n, nl_comm_dtype dt, int dest, int tag,

@@ -27,14 +27,14 @@ extern "C" {
 #endif
 
 typedef struct nl_cp_attn {
-    nl_comm *cp;                 /* borrowed */
+    nl_comm *cp; /* borrowed */
     int P, r;
     int64_t B, T, Tl, c, NH, KVH, hd;
-    float *out;                  /* (B, Tl, NH*hd) attention output (before o_proj) */
-    float *lse;                  /* (B, NH, Tl) log-sum-exp of each query row */
-    float *m, *l;                /* (B, NH, Tl) running max / sum (forward) */
-    float *ring[2];              /* (B, Tl, 2*KVH*hd) K/V block | its gradient, two buffers */
-    size_t bytes;                /* everything above, as allocated */
+    float *out;     /* (B, Tl, NH*hd) attention output (before o_proj) */
+    float *lse;     /* (B, NH, Tl) log-sum-exp of each query row */
+    float *m, *l;   /* (B, NH, Tl) running max / sum (forward) */
+    float *ring[2]; /* (B, Tl, 2*KVH*hd) K/V block | its gradient, two buffers */
+    size_t bytes;   /* everything above, as allocated */
 } nl_cp_attn;
 
 /* Global position of local row t (0 <= t < 2c) on rank r of P for a sequence of T. */

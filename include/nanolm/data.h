@@ -36,12 +36,12 @@ typedef enum nl_data_split {
 } nl_data_split;
 
 typedef struct nl_data {
-    char *path;          /* the file (or name) the tokens came from, for messages */
-    int *tokens;         /* (n_tokens,) the whole file */
+    char *path;  /* the file (or name) the tokens came from, for messages */
+    int *tokens; /* (n_tokens,) the whole file */
     int64_t n_tokens;
-    int64_t n_train;     /* floor(0.9 * n_tokens) */
-    int vocab_size;      /* of the tokenizer; every token is < vocab_size */
-    int64_t text_bytes;  /* size of the file */
+    int64_t n_train;    /* floor(0.9 * n_tokens) */
+    int vocab_size;     /* of the tokenizer; every token is < vocab_size */
+    int64_t text_bytes; /* size of the file */
 } nl_data;
 
 /* Reads and tokenizes `path`. Errors: NL_ERR_IO "cannot open PATH: ..." (missing file),
@@ -67,8 +67,8 @@ nl_status nl_data_check_window(const nl_data *d, int T);
 /* Rank `rank` of `world`'s training batch for `step`: B random windows of the split, drawn from
  * `seed` (see above). inputs, targets: (B, T). Errors: NL_ERR_INVALID for B < 1, T < 1, rank
  * outside 0..world-1, or a split shorter than T+1 tokens (message as nl_data_check_window). */
-nl_status nl_data_batch(const nl_data *d, nl_data_split split, uint64_t seed, int64_t step, int rank, int world,
-                        int B, int T, int *inputs, int *targets);
+nl_status nl_data_batch(const nl_data *d, nl_data_split split, uint64_t seed, int64_t step, int rank, int world, int B,
+                        int T, int *inputs, int *targets);
 
 /* Number of evaluation windows of T tokens in a split: (split_tokens - 1) / T. */
 int64_t nl_data_eval_windows(const nl_data *d, nl_data_split split, int T);

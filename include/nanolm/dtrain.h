@@ -70,18 +70,18 @@ typedef struct nl_dist_unit {
 typedef struct nl_dist_trainer {
     nl_model model;
     nl_dist_opts o;
-    nl_comm *dp;         /* the data-parallel group (borrowed) */
+    nl_comm *dp; /* the data-parallel group (borrowed) */
     int p, r;
-    int n_units;         /* L + 2: embedding, layers, tail */
+    int n_units; /* L + 2: embedding, layers, tail */
     nl_dist_unit *units;
-    size_t shard_total;  /* sum of unit shards */
-    float *pshard;       /* zero 3: (shard_total) parameters of this rank's shards */
-    float *gshard;       /* zero 2, 3: (shard_total) reduced gradients */
+    size_t shard_total;     /* sum of unit shards */
+    float *pshard;          /* zero 3: (shard_total) parameters of this rank's shards */
+    float *gshard;          /* zero 2, 3: (shard_total) reduced gradients */
     float *adam_m, *adam_v; /* zero 0: (n_params); zero >= 1: (shard_total) */
-    float *staging;      /* (p * max shard) padded unit for reduce-scatter / all-gather */
-    nl_adamw opt;        /* hyper-parameters and steps taken (t); its m, v stay NULL */
-    int32_t *x, *y;      /* (B, T) */
-    nl_comm_request **req; /* DDP buckets in flight, one per unit */
+    float *staging;         /* (p * max shard) padded unit for reduce-scatter / all-gather */
+    nl_adamw opt;           /* hyper-parameters and steps taken (t); its m, v stay NULL */
+    int32_t *x, *y;         /* (B, T) */
+    nl_comm_request **req;  /* DDP buckets in flight, one per unit */
     nl_linear_ops ops;
     nl_status hook_status; /* first error inside a hook */
     int in_backward;

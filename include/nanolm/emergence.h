@@ -15,14 +15,14 @@
 #define NL_EMERGENCE_KMAX 32
 
 typedef struct nl_emergence {
-    double mean_loss;       /* nats/token over all scored tokens */
-    double accuracy;        /* p: argmax == next token, over all scored tokens */
-    int64_t tokens;         /* scored tokens */
-    int64_t starts;         /* start positions for exact match: per window t in [0, T - kmax] */
+    double mean_loss; /* nats/token over all scored tokens */
+    double accuracy;  /* p: argmax == next token, over all scored tokens */
+    int64_t tokens;   /* scored tokens */
+    int64_t starts;   /* start positions for exact match: per window t in [0, T - kmax] */
     int kmax;
     double exact[NL_EMERGENCE_KMAX + 1]; /* exact[k]: the next k tokens all argmax-correct
                                             (teacher forcing = greedy decoding while correct) */
-    double p_after_correct; /* q = P(token t right | token t-1 right), within windows: errors
+    double p_after_correct;              /* q = P(token t right | token t-1 right), within windows: errors
                                come in runs when q > p, and exact match of k tokens is then
                                closer to p q^(k-1) (a first-order chain) than to p^k */
 } nl_emergence;

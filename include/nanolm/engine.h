@@ -53,11 +53,11 @@ typedef struct nl_engine nl_engine;
 
 /* Why a request ended. */
 typedef enum nl_finish {
-    NL_FINISH_NONE = 0,   /* still running or waiting */
-    NL_FINISH_STOP,       /* a stop string, or EOS or BOS (unless ignore_eos) */
-    NL_FINISH_LENGTH,     /* max_tokens reached, or the context (seq_len) is full */
-    NL_FINISH_CANCELLED,  /* nl_engine_cancel (a client went away) or nl_engine_close */
-    NL_FINISH_ERROR       /* the model produced NaN/inf logits (message in the output) */
+    NL_FINISH_NONE = 0,  /* still running or waiting */
+    NL_FINISH_STOP,      /* a stop string, or EOS or BOS (unless ignore_eos) */
+    NL_FINISH_LENGTH,    /* max_tokens reached, or the context (seq_len) is full */
+    NL_FINISH_CANCELLED, /* nl_engine_cancel (a client went away) or nl_engine_close */
+    NL_FINISH_ERROR      /* the model produced NaN/inf logits (message in the output) */
 } nl_finish;
 /* "stop", "length", "cancelled", "error" (NULL for NONE). */
 const char *nl_finish_name(nl_finish f);
@@ -69,18 +69,18 @@ typedef void (*nl_engine_event_fn)(void *user, uint64_t id, const int32_t *new_t
                                    const char *new_text, size_t new_text_len, nl_finish finish);
 
 typedef struct nl_engine_opts {
-    nl_wfmt weights;          /* NL_WFMT_AUTO (default): fp32, or int8 for an int8 quantized checkpoint */
-    nl_kv_dtype kv;           /* NL_KV_FP32 (default) or NL_KV_INT8 */
-    int64_t block_size;       /* tokens per KV block (default 16) */
-    int64_t kv_blocks;        /* pool size in blocks; 0: from kv_mem_bytes */
-    int64_t kv_mem_bytes;     /* pool size in bytes when kv_blocks == 0; both 0: room for
+    nl_wfmt weights;             /* NL_WFMT_AUTO (default): fp32, or int8 for an int8 quantized checkpoint */
+    nl_kv_dtype kv;              /* NL_KV_FP32 (default) or NL_KV_INT8 */
+    int64_t block_size;          /* tokens per KV block (default 16) */
+    int64_t kv_blocks;           /* pool size in blocks; 0: from kv_mem_bytes */
+    int64_t kv_mem_bytes;        /* pool size in bytes when kv_blocks == 0; both 0: room for
                                  max_batch sequences of seq_len tokens */
-    int max_batch;            /* running sequences at most (default 32) */
-    int64_t max_step_tokens;  /* tokens per step at most (default 512; >= max_batch) */
-    int64_t chunk;            /* prompt tokens per step at most, over all prompts (default 256;
+    int max_batch;               /* running sequences at most (default 32) */
+    int64_t max_step_tokens;     /* tokens per step at most (default 512; >= max_batch) */
+    int64_t chunk;               /* prompt tokens per step at most, over all prompts (default 256;
                                  0: no chunking, a whole prompt in one step if the budget allows) */
-    int max_waiting;          /* bounded waiting queue (default 256): submit beyond -> NL_ERR_BUSY */
-    int threads;              /* OpenMP threads of a step (<= 0: the OpenMP default) */
+    int max_waiting;             /* bounded waiting queue (default 256): submit beyond -> NL_ERR_BUSY */
+    int threads;                 /* OpenMP threads of a step (<= 0: the OpenMP default) */
     nl_engine_event_fn on_event; /* optional */
     void *event_user;
 } nl_engine_opts;
@@ -129,15 +129,15 @@ int nl_engine_wait_work(nl_engine *e, int timeout_ms);
 
 /* What a request produced since the last read (or everything, with from_start). */
 typedef struct nl_engine_output {
-    int32_t *tokens;          /* new completion tokens (nl_free) */
+    int32_t *tokens; /* new completion tokens (nl_free) */
     int64_t n_tokens;
-    char *text;               /* new final text, NUL-terminated (nl_free) */
+    char *text; /* new final text, NUL-terminated (nl_free) */
     size_t text_len;
-    nl_finish finish;         /* NONE while running */
+    nl_finish finish; /* NONE while running */
     int64_t prompt_tokens, completion_tokens;
-    int64_t preemptions;      /* times this request was preempted and recomputed */
+    int64_t preemptions;                            /* times this request was preempted and recomputed */
     double t_submit_s, t_first_token_s, t_finish_s; /* nl_time_s() clock; 0 when not yet */
-    char error[256];          /* NL_FINISH_ERROR: what went wrong */
+    char error[256];                                /* NL_FINISH_ERROR: what went wrong */
 } nl_engine_output;
 /* Copies out (and marks read) what request id produced since the last read; from_start: all
  * of it (nothing is marked). NL_ERR_INVALID for an unknown (or released) id, NL_ERR_NOMEM. */
@@ -158,11 +158,11 @@ void nl_engine_release(nl_engine *e, uint64_t id);
 typedef struct nl_engine_kv {
     int64_t n_layers, kv_heads, head_dim;
     nl_kv_dtype dtype;
-    int64_t n_tokens;         /* prompt tokens whose K/V are held */
-    int32_t *tokens;          /* (n_tokens) the prompt (nl_free) */
-    int32_t first_token;      /* sampled from the logits of the last prompt position */
-    nl_rng rng;               /* the request's generator after that draw */
-    uint8_t *data;            /* (data_bytes) K/V (nl_free) */
+    int64_t n_tokens;    /* prompt tokens whose K/V are held */
+    int32_t *tokens;     /* (n_tokens) the prompt (nl_free) */
+    int32_t first_token; /* sampled from the logits of the last prompt position */
+    nl_rng rng;          /* the request's generator after that draw */
+    uint8_t *data;       /* (data_bytes) K/V (nl_free) */
     size_t data_bytes;
 } nl_engine_kv;
 /* Frees the arrays of a kv (safe on a zeroed one). */
@@ -190,14 +190,14 @@ nl_status nl_engine_export_kv(nl_engine *e, uint64_t id, nl_engine_kv *out);
 nl_status nl_engine_import_kv(nl_engine *e, const nl_engine_kv *kv, const nl_sampling *s, uint64_t *id);
 
 typedef struct nl_engine_stats {
-    int64_t running, waiting;         /* sequences now */
+    int64_t running, waiting; /* sequences now */
     int64_t kv_blocks_total, kv_blocks_used, kv_blocks_free;
     int64_t block_size;
-    size_t kv_block_bytes;            /* bytes of one block */
-    size_t weight_bytes;              /* bytes of the weights the kernels read per step */
-    int64_t steps;                    /* forwards run */
-    int64_t tokens_generated;         /* completion tokens sampled, all requests */
-    int64_t prompt_tokens_computed;   /* prefill rows run (recomputed ones included) */
+    size_t kv_block_bytes;          /* bytes of one block */
+    size_t weight_bytes;            /* bytes of the weights the kernels read per step */
+    int64_t steps;                  /* forwards run */
+    int64_t tokens_generated;       /* completion tokens sampled, all requests */
+    int64_t prompt_tokens_computed; /* prefill rows run (recomputed ones included) */
     int64_t preemptions;
     int64_t requests_submitted, requests_finished, requests_rejected;
 } nl_engine_stats;

@@ -33,16 +33,26 @@ extern "C" {
 #endif
 
 typedef enum nl_format {
-    NL_FMT_FP32, NL_FMT_TF32, NL_FMT_BF16, NL_FMT_FP16,
-    NL_FMT_E4M3, NL_FMT_E5M2,              /* OCP FP8: e4m3fn (no inf), e5m2 (IEEE-like) */
-    NL_FMT_E3M2, NL_FMT_E2M3, NL_FMT_E2M1, /* OCP MX element formats FP6/FP6/FP4 */
-    NL_FMT_E8M0,                           /* MX shared scale: 2^(e-127), 0xFF = NaN */
-    NL_FMT_INT8, NL_FMT_INT4,
+    NL_FMT_FP32,
+    NL_FMT_TF32,
+    NL_FMT_BF16,
+    NL_FMT_FP16,
+    NL_FMT_E4M3,
+    NL_FMT_E5M2, /* OCP FP8: e4m3fn (no inf), e5m2 (IEEE-like) */
+    NL_FMT_E3M2,
+    NL_FMT_E2M3,
+    NL_FMT_E2M1, /* OCP MX element formats FP6/FP6/FP4 */
+    NL_FMT_E8M0, /* MX shared scale: 2^(e-127), 0xFF = NaN */
+    NL_FMT_INT8,
+    NL_FMT_INT4,
     NL_FMT_COUNT
 } nl_format;
 
 typedef enum nl_rounding {
-    NL_ROUND_NEAREST_EVEN, NL_ROUND_TOWARD_ZERO, NL_ROUND_STOCHASTIC, NL_ROUND_NEAREST_AWAY
+    NL_ROUND_NEAREST_EVEN,
+    NL_ROUND_TOWARD_ZERO,
+    NL_ROUND_STOCHASTIC,
+    NL_ROUND_NEAREST_AWAY
 } nl_rounding;
 
 typedef enum nl_overflow { NL_OVERFLOW_DEFAULT, NL_OVERFLOW_SATURATE, NL_OVERFLOW_IEEE } nl_overflow;
@@ -52,21 +62,21 @@ typedef enum nl_fmt_kind { NL_FMT_KIND_FLOAT, NL_FMT_KIND_SCALE, NL_FMT_KIND_INT
 /* Properties of a format. Values are exact (doubles). For int formats exp_bits = 0,
  * man_bits = bits - 1, bias = 0, min_normal = min_subnormal = epsilon = 1. */
 typedef struct nl_format_info {
-    const char *name;          /* "bf16", "e4m3", ... (what nl_fmt_from_name accepts) */
-    const char *description;   /* one line, e.g. "OCP FP8 e4m3fn: no inf, NaN = S.1111.111" */
+    const char *name;        /* "bf16", "e4m3", ... (what nl_fmt_from_name accepts) */
+    const char *description; /* one line, e.g. "OCP FP8 e4m3fn: no inf, NaN = S.1111.111" */
     nl_fmt_kind kind;
     int bits, exp_bits, man_bits, bias;
-    double max_finite;         /* largest finite value */
-    double min_normal;         /* smallest positive normal */
-    double min_subnormal;      /* smallest positive value (== min_normal if no subnormals) */
-    double epsilon;            /* distance from 1.0 to the next larger value */
+    double max_finite;    /* largest finite value */
+    double min_normal;    /* smallest positive normal */
+    double min_subnormal; /* smallest positive value (== min_normal if no subnormals) */
+    double epsilon;       /* distance from 1.0 to the next larger value */
     int has_inf, has_nan, has_sign;
-    int saturate_by_default;   /* NL_OVERFLOW_DEFAULT saturates (FP8, MX, int) */
-    uint32_t max_code;         /* code of +max_finite */
-    uint32_t inf_code;         /* code of +inf (0 if none) */
-    uint32_t nan_code;         /* canonical code of +NaN (0 if none) */
-    const char *inf_encoding;  /* e.g. "S.11111.0000000000", or "none" */
-    const char *nan_encoding;  /* e.g. "S.11111.(non-zero)", "S.1111.111", or "none" */
+    int saturate_by_default;  /* NL_OVERFLOW_DEFAULT saturates (FP8, MX, int) */
+    uint32_t max_code;        /* code of +max_finite */
+    uint32_t inf_code;        /* code of +inf (0 if none) */
+    uint32_t nan_code;        /* canonical code of +NaN (0 if none) */
+    const char *inf_encoding; /* e.g. "S.11111.0000000000", or "none" */
+    const char *nan_encoding; /* e.g. "S.11111.(non-zero)", "S.1111.111", or "none" */
 } nl_format_info;
 
 /* Properties of format f; NULL if f is out of range. */
@@ -86,8 +96,7 @@ const char *nl_fmt_names(void);
  * rand32 / 2^32 against that fraction. Errors (nothing written to *code): NL_ERR_INVALID
  * for NaN into a format without NaN or a bad enum; NL_ERR_RANGE for an overflow that the
  * policy cannot represent (IEEE into a format with neither inf nor NaN; E8M0 of x <= 0). */
-nl_status nl_fmt_encode(nl_format f, float x, nl_rounding r, nl_overflow o, uint32_t rand32,
-                        uint32_t *code);
+nl_status nl_fmt_encode(nl_format f, float x, nl_rounding r, nl_overflow o, uint32_t rand32, uint32_t *code);
 /* Code -> fp32, exact. Bits above the format's width are ignored. NaN codes give an fp32
  * NaN of the same sign: for bf16 and tf32 the code's bits shifted into place (bf16 and tf32
  * are truncated fp32), for the others a quiet NaN carrying the payload (as vcvtph2ps does).
@@ -138,8 +147,7 @@ int nl_fmt_kernel_available(nl_format f, nl_fmt_kernel k);
 /* The kernel NL_FMT_KERNEL_AUTO picks for f on this CPU. */
 nl_fmt_kernel nl_fmt_kernel_auto(nl_format f);
 /* nl_fmt_encode_array through kernel k; NL_ERR_UNSUPPORTED if it is not available. */
-nl_status nl_fmt_encode_array_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n,
-                                     void *codes);
+nl_status nl_fmt_encode_array_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n, void *codes);
 
 /* ---- inline fast helpers ------------------------------------------------------------------ */
 

@@ -71,12 +71,15 @@
 extern "C" {
 #endif
 
-#define NL_FP8_BLOCK 128          /* DeepSeek-V3 tile / block edge */
-#define NL_FP8_MX_BLOCK 32        /* OCP MX block size */
-#define NL_FP8_HISTORY_MAX 1024   /* Transformer Engine's default amax_history_len */
+#define NL_FP8_BLOCK       128  /* DeepSeek-V3 tile / block edge */
+#define NL_FP8_MX_BLOCK    32   /* OCP MX block size */
+#define NL_FP8_HISTORY_MAX 1024 /* Transformer Engine's default amax_history_len */
 
 typedef enum nl_fp8_scaling {
-    NL_FP8_SCALE_TENSOR, NL_FP8_SCALE_DELAYED, NL_FP8_SCALE_BLOCK, NL_FP8_SCALE_MX,
+    NL_FP8_SCALE_TENSOR,
+    NL_FP8_SCALE_DELAYED,
+    NL_FP8_SCALE_BLOCK,
+    NL_FP8_SCALE_MX,
     NL_FP8_SCALE_COUNT
 } nl_fp8_scaling;
 
@@ -112,9 +115,9 @@ nl_status nl_fp8_delayed_update(nl_fp8_delayed *d, float amax, double fmax);
 typedef enum nl_fp8_acc_round { NL_FP8_ACC_TRUNCATE = 0, NL_FP8_ACC_NEAREST } nl_fp8_acc_round;
 
 typedef struct nl_fp8_acc {
-    int bits;              /* 0 = fp32 accumulation; 2..24 = limited accumulator of k bits */
-    int group;             /* products aligned together (0 = default 32) */
-    int promote;           /* N_C: promote to fp32 every this many products; 0 = never */
+    int bits;    /* 0 = fp32 accumulation; 2..24 = limited accumulator of k bits */
+    int group;   /* products aligned together (0 = default 32) */
+    int promote; /* N_C: promote to fp32 every this many products; 0 = never */
     nl_fp8_acc_round round;
 } nl_fp8_acc;
 
@@ -130,15 +133,15 @@ nl_status nl_fp8_acc_sum(const nl_fp8_acc *acc, const double *terms, int64_t n, 
 
 /* ---- the GEMM ----------------------------------------------------------------------------------- */
 typedef struct nl_fp8_gemm_opts {
-    nl_format fmt_a, fmt_b;     /* NL_FMT_E4M3 or NL_FMT_E5M2 */
+    nl_format fmt_a, fmt_b; /* NL_FMT_E4M3 or NL_FMT_E5M2 */
     nl_fp8_scaling scaling;
     nl_fp8_acc acc;
-    nl_fp8_delayed *delayed_a;  /* required for NL_FP8_SCALE_DELAYED; updated by the call */
+    nl_fp8_delayed *delayed_a; /* required for NL_FP8_SCALE_DELAYED; updated by the call */
     nl_fp8_delayed *delayed_b;
-    int trans_a;                /* 0: A stored (M, K) row-major; 1: stored (K, M) (A^T given) */
-    int trans_b;                /* 0: B stored (K, N) row-major; 1: stored (N, K) (B^T given) */
-    int accumulate;             /* 0: C = A.B; 1: C += A.B */
-    int reference;              /* limited accumulator kernel (all give the same bits):
+    int trans_a;    /* 0: A stored (M, K) row-major; 1: stored (K, M) (A^T given) */
+    int trans_b;    /* 0: B stored (K, N) row-major; 1: stored (N, K) (B^T given) */
+    int accumulate; /* 0: C = A.B; 1: C += A.B */
+    int reference;  /* limited accumulator kernel (all give the same bits):
                                  * 0 = the fastest one built (AVX-512 where available),
                                  * 1 = the scalar reference (one output at a time, slow),
                                  * 2 = the portable vectorised C kernel. For tests. */
@@ -146,13 +149,15 @@ typedef struct nl_fp8_gemm_opts {
 
 /* What the quantization did to one operand. */
 typedef struct nl_fp8_operand_stats {
-    float amax;          /* max |x| of the fp32 operand */
-    int64_t saturated;   /* elements with |x * s| > fmax, clipped to +-fmax */
-    int64_t flushed;     /* nonzero elements that became 0 */
+    float amax;                  /* max |x| of the fp32 operand */
+    int64_t saturated;           /* elements with |x * s| > fmax, clipped to +-fmax */
+    int64_t flushed;             /* nonzero elements that became 0 */
     double scale_min, scale_max; /* range of the scales s used (one value for tensor/delayed) */
 } nl_fp8_operand_stats;
 
-typedef struct nl_fp8_stats { nl_fp8_operand_stats a, b; } nl_fp8_stats;
+typedef struct nl_fp8_stats {
+    nl_fp8_operand_stats a, b;
+} nl_fp8_stats;
 
 /* Defaults: E4M3 for both, block scaling, 14-bit truncating accumulator with groups of 32 and
  * promotion every 128 (DeepSeek-V3's recipe), no transposes. */
@@ -164,16 +169,15 @@ void nl_fp8_gemm_opts_default(nl_fp8_gemm_opts *o);
  * unknown scaling, a bad accumulator, block scaling with a limited accumulator whose promote
  * does not divide 128, delayed scaling without state, or a NaN/inf in A or B (naming the tensor
  * and the element); NL_ERR_NOMEM when the work buffers cannot be allocated. */
-nl_status nl_fp8_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K, const float *A,
-                      const float *B, float *C, nl_fp8_stats *stats);
+nl_status nl_fp8_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                      float *C, nl_fp8_stats *stats);
 
 /* Quantizes a (rows, cols) row-major tensor to FP8 with the given scaling and writes the
  * dequantized values (q / s) to out (may alias x). `along_rows` = 1 treats the tensor as an A
  * operand (tiles run along each row), 0 as a B operand (tiles run down each column).
  * Same errors as nl_fp8_gemm. For tests and for the training hook's diagnostics. */
-nl_status nl_fp8_quantize(nl_format fmt, nl_fp8_scaling scaling, nl_fp8_delayed *delayed,
-                          int64_t rows, int64_t cols, int along_rows, const float *x, float *out,
-                          nl_fp8_operand_stats *stats);
+nl_status nl_fp8_quantize(nl_format fmt, nl_fp8_scaling scaling, nl_fp8_delayed *delayed, int64_t rows, int64_t cols,
+                          int along_rows, const float *x, float *out, nl_fp8_operand_stats *stats);
 
 /* Relative errors of c (n) against ref (n):
  *   *max_rel = max_i |c_i - ref_i| / max_i |ref_i|   (the worst element, on the output's scale)

@@ -38,19 +38,19 @@ void nl_fp8_recipe_default(nl_fp8_recipe *r);
 
 /* What the FP8 linears did so far. */
 typedef struct nl_fp8_linear_stats {
-    int64_t gemms;                 /* FP8 GEMMs run */
-    int64_t saturated, flushed;    /* elements clipped to +-fmax / nonzero elements that became 0 */
-    int64_t quantized;             /* elements quantized */
+    int64_t gemms;              /* FP8 GEMMs run */
+    int64_t saturated, flushed; /* elements clipped to +-fmax / nonzero elements that became 0 */
+    int64_t quantized;          /* elements quantized */
 } nl_fp8_linear_stats;
 
 typedef struct nl_fp8_linear {
     nl_fp8_recipe recipe;
     nl_model *model;
-    nl_linear_ops ops;             /* installed as model->linear_ops */
-    nl_linear_ops *prev_ops;       /* what was installed before (restored on remove) */
-    nl_fp8_delayed *delayed;       /* (L * 4 sites, 6 roles) for delayed scaling, else NULL */
+    nl_linear_ops ops;       /* installed as model->linear_ops */
+    nl_linear_ops *prev_ops; /* what was installed before (restored on remove) */
+    nl_fp8_delayed *delayed; /* (L * 4 sites, 6 roles) for delayed scaling, else NULL */
     nl_fp8_linear_stats stats;
-    nl_status status;              /* first failure inside a hook (hooks cannot return one) */
+    nl_status status; /* first failure inside a hook (hooks cannot return one) */
     char error[256];
 } nl_fp8_linear;
 

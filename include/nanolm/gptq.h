@@ -36,11 +36,11 @@ extern "C" {
 #endif
 
 typedef struct nl_gptq_opts {
-    int bits;          /* 2..8 */
-    int group_size;    /* 0 = one grid per row, else columns per group (32, 64, 128, ...) */
-    int block_size;    /* lazy-batch block, 128 */
-    double damp_frac;  /* 0.01 = 1% of the mean diagonal */
-    int symmetric;     /* 0 = min-max with zero point (reference default), 1 = symmetric */
+    int bits;         /* 2..8 */
+    int group_size;   /* 0 = one grid per row, else columns per group (32, 64, 128, ...) */
+    int block_size;   /* lazy-batch block, 128 */
+    double damp_frac; /* 0.01 = 1% of the mean diagonal */
+    int symmetric;    /* 0 = min-max with zero point (reference default), 1 = symmetric */
 } nl_gptq_opts;
 
 /* bits 4, group 128, block 128, damp 0.01, min-max. */
@@ -49,9 +49,9 @@ nl_gptq_opts nl_gptq_defaults(void);
 /* Running Hessian of one layer's input: h = 2/N sum_t x_t x_t^T over the N tokens seen
  * (the mean, as the reference keeps it; GPTQ is invariant to the scale of H). */
 typedef struct nl_gptq_hessian {
-    int n;             /* input features */
+    int n; /* input features */
     int64_t n_tokens;
-    double *h;         /* (n, n), symmetric, full storage */
+    double *h; /* (n, n), symmetric, full storage */
 } nl_gptq_hessian;
 
 /* Allocates a zero Hessian for n input features. NL_ERR_INVALID for n <= 0, NL_ERR_NOMEM. */
@@ -69,14 +69,12 @@ void nl_gptq_hessian_free(nl_gptq_hessian *hs);
  * does not depend on the thread count.
  * Errors: NL_ERR_INVALID (bits, group, block, damp, shapes, non-finite w or h),
  * NL_ERR_NUMERIC (H + damp is not positive definite), NL_ERR_NOMEM. */
-nl_status nl_gptq_quantize(const float *w, int rows, int cols, const double *h,
-                           const nl_gptq_opts *opts, uint8_t *codes, float *scales,
-                           float *zeros, float *w_hat, double *loss);
+nl_status nl_gptq_quantize(const float *w, int rows, int cols, const double *h, const nl_gptq_opts *opts,
+                           uint8_t *codes, float *scales, float *zeros, float *w_hat, double *loss);
 
 /* The factor U (cols, cols), upper, with (H + damp)^-1 = U^T U, after the dead-column fix;
  * `dead` (cols) is set to 1 where H_ii == 0 (may be NULL). Exposed for tests. */
-nl_status nl_gptq_inverse_factor(const double *h, int cols, double damp_frac, double *u,
-                                 uint8_t *dead);
+nl_status nl_gptq_inverse_factor(const double *h, int cols, double damp_frac, double *u, uint8_t *dead);
 
 #ifdef __cplusplus
 }

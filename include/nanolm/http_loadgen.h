@@ -17,20 +17,20 @@
 typedef struct nl_loadgen_opts {
     const char *host;
     int port;
-    const char *path;         /* NULL: "/v1/completions" */
-    int64_t requests;         /* how many requests in all */
-    int concurrency;          /* most in flight at once (>= 1) */
-    double rate_rps;          /* Poisson arrival rate; 0: closed loop (send as soon as a slot frees) */
-    int64_t prompt_len;       /* prompt tokens (or the low end when prompt_len_max > prompt_len) */
-    int64_t prompt_len_max;   /* > prompt_len: uniform in [prompt_len, prompt_len_max] */
-    int64_t output_len;       /* max_tokens (ignore_eos), or the low end */
-    int64_t output_len_max;   /* > output_len: uniform in [output_len, output_len_max] */
-    int64_t vocab_size;       /* token ids drawn from [3, vocab_size); 0: ask GET /v1/models */
-    double temperature;       /* sent as is (0: greedy) */
-    uint64_t seed;            /* prompts, lengths and arrivals */
-    double slo_ttft_s;        /* goodput objectives (0: none) */
+    const char *path;       /* NULL: "/v1/completions" */
+    int64_t requests;       /* how many requests in all */
+    int concurrency;        /* most in flight at once (>= 1) */
+    double rate_rps;        /* Poisson arrival rate; 0: closed loop (send as soon as a slot frees) */
+    int64_t prompt_len;     /* prompt tokens (or the low end when prompt_len_max > prompt_len) */
+    int64_t prompt_len_max; /* > prompt_len: uniform in [prompt_len, prompt_len_max] */
+    int64_t output_len;     /* max_tokens (ignore_eos), or the low end */
+    int64_t output_len_max; /* > output_len: uniform in [output_len, output_len_max] */
+    int64_t vocab_size;     /* token ids drawn from [3, vocab_size); 0: ask GET /v1/models */
+    double temperature;     /* sent as is (0: greedy) */
+    uint64_t seed;          /* prompts, lengths and arrivals */
+    double slo_ttft_s;      /* goodput objectives (0: none) */
     double slo_tpot_s;
-    double timeout_s;         /* per socket read (0: 300 s) */
+    double timeout_s; /* per socket read (0: 300 s) */
 } nl_loadgen_opts;
 
 typedef struct nl_latency_summary {
@@ -46,7 +46,7 @@ typedef struct nl_loadgen_result {
     double duration_s;                    /* first send to last response */
     double requests_per_s, output_tokens_per_s, total_tokens_per_s, goodput_rps;
     nl_latency_summary ttft, tpot, itl, e2e;
-    char first_error[320];                /* why the first failed request failed ("" if none) */
+    char first_error[320]; /* why the first failed request failed ("" if none) */
 } nl_loadgen_result;
 
 /* The q-quantile (0..1) of n sorted values by linear interpolation between closest ranks

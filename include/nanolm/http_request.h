@@ -29,8 +29,8 @@
 
 #include "nanolm/base.h"
 
-#define NL_HTTP_MAX_STOP 4        /* stop strings per request (OpenAI's limit) */
-#define NL_HTTP_MAX_STOP_BYTES 64 /* bytes of one stop string */
+#define NL_HTTP_MAX_STOP           4  /* stop strings per request (OpenAI's limit) */
+#define NL_HTTP_MAX_STOP_BYTES     64 /* bytes of one stop string */
 #define NL_HTTP_DEFAULT_MAX_TOKENS 16
 
 /* A growable byte buffer, always NUL-terminated when len > 0. */
@@ -46,29 +46,29 @@ nl_status nl_http_buf_printf(nl_http_buf *b, const char *fmt, ...) __attribute__
 void nl_http_buf_free(nl_http_buf *b);
 
 typedef struct nl_completion_req {
-    char *model;              /* as given, or NULL */
-    char *prompt;             /* text prompt (NUL-terminated), or NULL when prompt_tokens is set */
+    char *model;  /* as given, or NULL */
+    char *prompt; /* text prompt (NUL-terminated), or NULL when prompt_tokens is set */
     size_t prompt_bytes;
-    int32_t *prompt_tokens;   /* (n_prompt_tokens,) token ids when the prompt was [int] */
+    int32_t *prompt_tokens; /* (n_prompt_tokens,) token ids when the prompt was [int] */
     int64_t n_prompt_tokens;
-    int64_t max_tokens;       /* >= 0 */
-    double temperature;       /* [0, 2] */
-    double top_p;             /* (0, 1] */
-    int64_t top_k;            /* 0 = off */
+    int64_t max_tokens; /* >= 0 */
+    double temperature; /* [0, 2] */
+    double top_p;       /* (0, 1] */
+    int64_t top_k;      /* 0 = off */
     int has_seed;
     uint64_t seed;
     char *stop[NL_HTTP_MAX_STOP];
     int n_stop;
     int stream;
-    int include_usage;        /* stream_options.include_usage */
+    int include_usage; /* stream_options.include_usage */
     int ignore_eos;
 } nl_completion_req;
 
 /* An OpenAI-style error: {"error":{"message","type","param","code"}} sent with `status`. */
 typedef struct nl_http_error {
-    int status;        /* 400, 404, 405, 413, 429, 500, 503 */
-    const char *type;  /* "invalid_request_error", "not_found_error", ... (static string) */
-    char param[32];    /* the offending field, "" if none */
+    int status;       /* 400, 404, 405, 413, 429, 500, 503 */
+    const char *type; /* "invalid_request_error", "not_found_error", ... (static string) */
+    char param[32];   /* the offending field, "" if none */
     char message[320];
 } nl_http_error;
 
@@ -80,8 +80,8 @@ void nl_http_error_set(nl_http_error *err, int status, const char *param, const 
  * On success fills *req (free with nl_http_completion_free) and returns NL_OK. On bad input
  * returns NL_ERR_INVALID with *err filled (status 400, the field in param) and *req empty.
  * Token ids in a [int] prompt are checked against vocab_size when vocab_size > 0. */
-nl_status nl_http_parse_completion(const char *body, size_t bytes, int64_t vocab_size,
-                                   nl_completion_req *req, nl_http_error *err);
+nl_status nl_http_parse_completion(const char *body, size_t bytes, int64_t vocab_size, nl_completion_req *req,
+                                   nl_http_error *err);
 void nl_http_completion_free(nl_completion_req *req);
 
 /* Appends the error's JSON document to out. */
@@ -89,22 +89,21 @@ nl_status nl_http_error_json(const nl_http_error *err, nl_http_buf *out);
 
 /* The identity shared by a response and all its chunks. */
 typedef struct nl_completion_id {
-    char id[40];        /* "cmpl-<hex>" */
-    int64_t created;    /* unix seconds */
+    char id[40];     /* "cmpl-<hex>" */
+    int64_t created; /* unix seconds */
     const char *model;
 } nl_completion_id;
 
 /* Appends the non-streamed response:
  * {"id","object":"text_completion","created","model","choices":[{"text","index":0,
  *  "logprobs":null,"finish_reason"}],"usage":{"prompt_tokens","completion_tokens","total_tokens"}} */
-nl_status nl_http_completion_json(const nl_completion_id *id, const char *text, size_t text_bytes,
-                                  const char *finish, int64_t prompt_tokens, int64_t completion_tokens,
-                                  nl_http_buf *out);
+nl_status nl_http_completion_json(const nl_completion_id *id, const char *text, size_t text_bytes, const char *finish,
+                                  int64_t prompt_tokens, int64_t completion_tokens, nl_http_buf *out);
 
 /* Appends one server-sent event "data: {chunk}\n\n" in OpenAI's streaming format: the text delta
  * with finish_reason null (finish == NULL) or the reason ("stop", "length") on the last chunk. */
-nl_status nl_http_sse_chunk(const nl_completion_id *id, const char *text, size_t text_bytes,
-                            const char *finish, nl_http_buf *out);
+nl_status nl_http_sse_chunk(const nl_completion_id *id, const char *text, size_t text_bytes, const char *finish,
+                            nl_http_buf *out);
 /* Appends the usage chunk (choices empty) sent before [DONE] when stream_options.include_usage. */
 nl_status nl_http_sse_usage(const nl_completion_id *id, int64_t prompt_tokens, int64_t completion_tokens,
                             nl_http_buf *out);

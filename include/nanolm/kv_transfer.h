@@ -35,10 +35,10 @@
 extern "C" {
 #endif
 
-#define NL_KVX_VERSION 1
+#define NL_KVX_VERSION          1
 #define NL_KVX_REQ_HEADER_BYTES 64
-#define NL_KVX_KV_HEADER_BYTES 104
-#define NL_KVX_MAX_TEXT 1024
+#define NL_KVX_KV_HEADER_BYTES  104
+#define NL_KVX_MAX_TEXT         1024
 
 /* What both sides must agree on: the model's shape and the KV format. */
 typedef struct nl_kvx_shape {
@@ -50,9 +50,9 @@ void nl_kvx_shape_of(const nl_engine *e, nl_kvx_shape *sh);
 
 /* A parsed request: the prompt and what the prefill side samples the first token with. */
 typedef struct nl_kvx_request {
-    int32_t *tokens;          /* (n_tokens) nl_free */
+    int32_t *tokens; /* (n_tokens) nl_free */
     int64_t n_tokens;
-    nl_sampling s;            /* temperature, top_p, top_k, seed; the rest default */
+    nl_sampling s; /* temperature, top_p, top_k, seed; the rest default */
 } nl_kvx_request;
 
 /* Encodes a request (buf: nl_free). NL_ERR_INVALID for n outside [1, seq_len]. */
@@ -67,8 +67,10 @@ nl_status nl_kvx_parse_request(const uint8_t *msg, size_t len, const nl_kvx_shap
 
 /* Encodes an answer with the KV of kv (block_size: the sender's, for n_blocks) or, with
  * status != 0, an error carrying message (at most NL_KVX_MAX_TEXT bytes of it). buf: nl_free. */
-nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64_t block_size, uint8_t **buf, size_t *len);
-nl_status nl_kvx_encode_error(const nl_kvx_shape *sh, nl_status status, const char *message, uint8_t **buf, size_t *len);
+nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64_t block_size, uint8_t **buf,
+                           size_t *len);
+nl_status nl_kvx_encode_error(const nl_kvx_shape *sh, nl_status status, const char *message, uint8_t **buf,
+                              size_t *len);
 /* Validates an answer header (NL_KVX_KV_HEADER_BYTES) against expect; *body_bytes receives
  * the bytes that follow (the error text for an error answer). NL_ERR_FORMAT naming the field. */
 nl_status nl_kvx_kv_header(const uint8_t *hdr, const nl_kvx_shape *expect, size_t *body_bytes);
@@ -90,7 +92,7 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
 typedef struct nl_kvx_server nl_kvx_server;
 typedef struct nl_kvx_stats {
     int64_t requests_ok, requests_failed;
-    int64_t kv_bytes_sent;   /* K/V bytes of the answers (not headers or tokens) */
+    int64_t kv_bytes_sent; /* K/V bytes of the answers (not headers or tokens) */
 } nl_kvx_stats;
 /* NL_ERR_INVALID for a bad host, NL_ERR_IO naming host:port when it cannot listen. */
 nl_status nl_kvx_server_start(nl_kvx_server **s, nl_engine *e, const char *host, int port);

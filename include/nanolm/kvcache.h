@@ -28,12 +28,12 @@ extern "C" {
 typedef struct nl_kvcache {
     int64_t L, KVH, hd, block_size, n_blocks;
     nl_kv_dtype dtype;
-    float *f32;          /* fp32 pool (NULL for int8) */
-    int8_t *codes;       /* int8 pool codes (NULL for fp32) */
-    uint16_t *scales;    /* int8 pool fp16 scales */
-    int32_t *free_ids;   /* (n_blocks) stack of free block ids */
+    float *f32;        /* fp32 pool (NULL for int8) */
+    int8_t *codes;     /* int8 pool codes (NULL for fp32) */
+    uint16_t *scales;  /* int8 pool fp16 scales */
+    int32_t *free_ids; /* (n_blocks) stack of free block ids */
     int64_t n_free;
-    size_t block_bytes;  /* bytes of one block (codes + scales for int8) */
+    size_t block_bytes; /* bytes of one block (codes + scales for int8) */
 } nl_kvcache;
 
 /* Bytes of one block for this shape and type. */

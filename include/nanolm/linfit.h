@@ -16,8 +16,8 @@ extern "C" {
 
 typedef struct nl_linfit {
     double slope, intercept;
-    double r2;          /* weighted coefficient of determination, 1 - SS_res / SS_tot (1 if SS_tot = 0) */
-    int clamped;        /* nl_linfit_nonneg only: 1 slope forced to 0, 2 intercept forced to 0 */
+    double r2;   /* weighted coefficient of determination, 1 - SS_res / SS_tot (1 if SS_tot = 0) */
+    int clamped; /* nl_linfit_nonneg only: 1 slope forced to 0, 2 intercept forced to 0 */
 } nl_linfit;
 
 /*

@@ -36,11 +36,11 @@ extern "C" {
 #endif
 
 #define NL_LLAMA2C_HEADER_BYTES 28
-#define NL_LLAMA2C_MAX_TENSORS 12
+#define NL_LLAMA2C_MAX_TENSORS  12
 
 /* One weight array; `data` points into the checkpoint's single allocation. */
 typedef struct nl_llama2c_tensor {
-    const char *name;      /* "token_embedding", "rms_att", "wq", ..., "rms_final", "wcls" */
+    const char *name; /* "token_embedding", "rms_att", "wq", ..., "rms_final", "wcls" */
     int ndim;
     int64_t shape[3];
     int64_t numel;
@@ -53,8 +53,8 @@ typedef struct nl_llama2c {
     nl_arch arch;
     int n_tensors;
     nl_llama2c_tensor tensors[NL_LLAMA2C_MAX_TENSORS];
-    float *weights;        /* one allocation with all arrays back to back (file order) */
-    int64_t n_weights;     /* floats in `weights` */
+    float *weights;    /* one allocation with all arrays back to back (file order) */
+    int64_t n_weights; /* floats in `weights` */
 } nl_llama2c;
 
 /* Reads and validates a checkpoint. The arch gets name = file name without directory and

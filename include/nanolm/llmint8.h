@@ -28,15 +28,14 @@ nl_status nl_llmint8_quantize_weight(const float *w, int rows, int cols, int8_t 
 
 /* Marks in is_outlier (cols) the dimensions where some |x_tj| > threshold over x
  * (tokens, cols); *n_outliers gets their number (either output may be NULL). */
-nl_status nl_llmint8_outlier_dims(const float *x, int64_t tokens, int cols, float threshold,
-                                  uint8_t *is_outlier, int *n_outliers);
+nl_status nl_llmint8_outlier_dims(const float *x, int64_t tokens, int cols, float threshold, uint8_t *is_outlier,
+                                  int *n_outliers);
 
 /* y (tokens, rows) = x (tokens, cols) W^T with the decomposition at `threshold`, given the
  * int8 weight from nl_llmint8_quantize_weight. *n_outliers (may be NULL) gets the number of
  * outlier dimensions of this x. NL_ERR_INVALID on shapes or a non-finite input. */
-nl_status nl_llmint8_forward(const float *x, int64_t tokens, int cols, const int8_t *w_codes,
-                             const float *w_scales, int rows, float threshold, float *y,
-                             int *n_outliers);
+nl_status nl_llmint8_forward(const float *x, int64_t tokens, int cols, const int8_t *w_codes, const float *w_scales,
+                             int rows, float threshold, float *y, int *n_outliers);
 
 #ifdef __cplusplus
 }

@@ -15,15 +15,15 @@
 #include "nanolm/model.h"
 
 typedef struct nl_loss_stats {
-    int64_t n;            /* tokens used (a multiple of batch) */
-    int64_t batch;        /* tokens per batch */
+    int64_t n;     /* tokens used (a multiple of batch) */
+    int64_t batch; /* tokens per batch */
     int64_t n_batches;
-    double mean;          /* of the n tokens */
-    double sd;            /* per-token standard deviation */
-    double se_iid;        /* sd / sqrt(n): what independence would give */
-    double se;            /* batch-means standard error of the mean */
-    double ci_lo, ci_hi;  /* 95% interval: mean -/+ t(0.975, n_batches-1) * se */
-    double ess_factor;    /* (se / se_iid)^2: tokens per effectively independent token */
+    double mean;         /* of the n tokens */
+    double sd;           /* per-token standard deviation */
+    double se_iid;       /* sd / sqrt(n): what independence would give */
+    double se;           /* batch-means standard error of the mean */
+    double ci_lo, ci_hi; /* 95% interval: mean -/+ t(0.975, n_batches-1) * se */
+    double ess_factor;   /* (se / se_iid)^2: tokens per effectively independent token */
 } nl_loss_stats;
 
 /* Batch-means statistics of `n` per-token losses in stream order. batch <= 0 picks

@@ -19,12 +19,12 @@ extern "C" {
 #endif
 
 typedef struct nl_machine_opts {
-    int threads;             /* OpenMP threads (<= 0: the OpenMP default) */
-    size_t bw_bytes;         /* buffer of the bandwidth probe (default 256 MiB) */
-    double min_time_s;       /* each timed measurement runs at least this long (default 0.05) */
-    int repeats;             /* medians over this many timings (default 5) */
-    int formats;             /* bit f set: measure weight format f (0 fp32, 1 bf16, 2 int8; default all) */
-    int thread_cpu_time;     /* 1 (threads must be 1): time with this thread's CPU clock instead of the
+    int threads;         /* OpenMP threads (<= 0: the OpenMP default) */
+    size_t bw_bytes;     /* buffer of the bandwidth probe (default 256 MiB) */
+    double min_time_s;   /* each timed measurement runs at least this long (default 0.05) */
+    int repeats;         /* medians over this many timings (default 5) */
+    int formats;         /* bit f set: measure weight format f (0 fp32, 1 bf16, 2 int8; default all) */
+    int thread_cpu_time; /* 1 (threads must be 1): time with this thread's CPU clock instead of the
                                 wall clock, so that other processes sharing the cores do not count */
 } nl_machine_opts;
 

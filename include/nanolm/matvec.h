@@ -62,12 +62,12 @@ nl_mv_path nl_mv_auto(void);
 /* One weight matrix (N, K) in a decode format. */
 typedef struct nl_mv_weight {
     nl_wfmt fmt;
-    int64_t rows, cols;   /* N (outputs), K (inputs) */
-    const float *f32;     /* FP32: (N, K), borrowed or owned (owned_f32) */
+    int64_t rows, cols; /* N (outputs), K (inputs) */
+    const float *f32;   /* FP32: (N, K), borrowed or owned (owned_f32) */
     float *owned_f32;
-    uint16_t *bf16;       /* BF16: (N, K) bfloat16 bits */
-    nl_qlinear q8;        /* INT8 */
-    nl_mv_path path;      /* resolved (never AUTO) */
+    uint16_t *bf16;  /* BF16: (N, K) bfloat16 bits */
+    nl_qlinear q8;   /* INT8 */
+    nl_mv_path path; /* resolved (never AUTO) */
 } nl_mv_weight;
 
 /* Prepares W (N, K) in format fmt. FP32 borrows w (it must outlive the weight) unless copy is
@@ -95,11 +95,11 @@ nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float
  * quantizes each token once (absmax, nl_qlinear_quantize_tokens) into codes that every output
  * row then reads. The buffers grow as needed and are reused from call to call. */
 typedef struct nl_mv_act {
-    const float *x;      /* (M, K) */
-    int64_t M, K, kp;    /* kp: K padded for INT8 (the weight's k_pad) */
-    int8_t *q;           /* INT8: (M, kp) codes */
-    uint8_t *qu;         /* INT8 on VNNI: (M, kp) codes + 128 */
-    float *scale;        /* INT8: (M) token scales */
+    const float *x;   /* (M, K) */
+    int64_t M, K, kp; /* kp: K padded for INT8 (the weight's k_pad) */
+    int8_t *q;        /* INT8: (M, kp) codes */
+    uint8_t *qu;      /* INT8 on VNNI: (M, kp) codes + 128 */
+    float *scale;     /* INT8: (M) token scales */
     size_t cap_codes, cap_tokens;
 } nl_mv_act;
 

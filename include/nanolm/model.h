@@ -44,52 +44,69 @@ extern "C" {
 /* ---- parameter table ------------------------------------------------------------------------ */
 
 typedef enum nl_param_kind {
-    NL_PARAM_EMBED, NL_PARAM_RMS_ATT, NL_PARAM_WQ, NL_PARAM_WK, NL_PARAM_WV, NL_PARAM_WO,
-    NL_PARAM_RMS_FFN, NL_PARAM_W1, NL_PARAM_W3, NL_PARAM_W2, NL_PARAM_RMS_FINAL, NL_PARAM_CLS,
+    NL_PARAM_EMBED,
+    NL_PARAM_RMS_ATT,
+    NL_PARAM_WQ,
+    NL_PARAM_WK,
+    NL_PARAM_WV,
+    NL_PARAM_WO,
+    NL_PARAM_RMS_FFN,
+    NL_PARAM_W1,
+    NL_PARAM_W3,
+    NL_PARAM_W2,
+    NL_PARAM_RMS_FINAL,
+    NL_PARAM_CLS,
     /* mixture-of-experts layers (see nanolm/moe.h) */
-    NL_PARAM_ROUTER, NL_PARAM_SHARED_W1, NL_PARAM_SHARED_W3, NL_PARAM_SHARED_W2,
-    NL_PARAM_EXPERT_W1, NL_PARAM_EXPERT_W3, NL_PARAM_EXPERT_W2,
+    NL_PARAM_ROUTER,
+    NL_PARAM_SHARED_W1,
+    NL_PARAM_SHARED_W3,
+    NL_PARAM_SHARED_W2,
+    NL_PARAM_EXPERT_W1,
+    NL_PARAM_EXPERT_W3,
+    NL_PARAM_EXPERT_W2,
     /* q/k/v biases (arch.qkv_bias, Qwen2): (NH*hd), (KVH*hd), (KVH*hd), right after wv */
-    NL_PARAM_BQ, NL_PARAM_BK, NL_PARAM_BV
+    NL_PARAM_BQ,
+    NL_PARAM_BK,
+    NL_PARAM_BV
 } nl_param_kind;
 
 /* One tensor of the flat parameter vector. */
 typedef struct nl_param_info {
-    char name[80];        /* Hugging Face Llama name, e.g. model.layers.0.self_attn.q_proj.weight */
+    char name[80]; /* Hugging Face Llama name, e.g. model.layers.0.self_attn.q_proj.weight */
     nl_param_kind kind;
-    int layer;            /* -1 for embedding, final norm, classifier */
-    int ndim;             /* 1 or 2 */
-    int64_t shape[2];     /* (out, in) for matrices, (C) for norms */
-    size_t offset;        /* in floats, into params / grads */
+    int layer;        /* -1 for embedding, final norm, classifier */
+    int ndim;         /* 1 or 2 */
+    int64_t shape[2]; /* (out, in) for matrices, (C) for norms */
+    size_t offset;    /* in floats, into params / grads */
     size_t numel;
-    int expert;           /* routed expert index (global) for NL_PARAM_EXPERT_*, else -1 */
+    int expert; /* routed expert index (global) for NL_PARAM_EXPERT_*, else -1 */
 } nl_param_info;
 
 /* Pointers into the flat buffer for one layer. */
 typedef struct nl_layer_weights {
-    float *rms_att;  /* (C) */
-    float *wq;       /* (NH*hd, C); wk (KVH*hd, C) and wv (KVH*hd, C) follow it directly */
+    float *rms_att; /* (C) */
+    float *wq;      /* (NH*hd, C); wk (KVH*hd, C) and wv (KVH*hd, C) follow it directly */
     float *wk, *wv;
-    float *wo;       /* (C, NH*hd) */
-    float *rms_ffn;  /* (C) */
-    float *w1;       /* gate (H, C); w3 (up, (H, C)) follows it directly */
+    float *wo;      /* (C, NH*hd) */
+    float *rms_ffn; /* (C) */
+    float *w1;      /* gate (H, C); w3 (up, (H, C)) follows it directly */
     float *w3;
-    float *w2;       /* down (C, H) */
+    float *w2; /* down (C, H) */
     /* MoE layers only (w1, w3, w2 are NULL there): */
-    float *router;   /* (E, C) */
-    float *sw1;      /* shared experts fused: gate (S*F, C); up (S*F, C) follows; NULL when S = 0 */
-    float *sw2;      /* shared down (C, S*F) */
-    float *experts;  /* this rank's routed experts, expert j at experts + j*3*F*C: gate (F, C),
+    float *router;  /* (E, C) */
+    float *sw1;     /* shared experts fused: gate (S*F, C); up (S*F, C) follows; NULL when S = 0 */
+    float *sw2;     /* shared down (C, S*F) */
+    float *experts; /* this rank's routed experts, expert j at experts + j*3*F*C: gate (F, C),
                       * up (F, C), down (C, F) -- one contiguous offset range per expert */
-    float *bqkv;     /* arch.qkv_bias only, else NULL: q|k|v biases fused (QKV), added to the
+    float *bqkv;    /* arch.qkv_bias only, else NULL: q|k|v biases fused (QKV), added to the
                       * q/k/v projection before RoPE */
 } nl_layer_weights;
 
 typedef struct nl_weights {
-    float *embed;              /* (V, C) */
-    nl_layer_weights *layers;  /* [L] */
-    float *rms_final;          /* (C) */
-    float *cls;                /* (V, C); == embed when tied */
+    float *embed;             /* (V, C) */
+    nl_layer_weights *layers; /* [L] */
+    float *rms_final;         /* (C) */
+    float *cls;               /* (V, C); == embed when tied */
 } nl_weights;
 
 /* ---- the linear layer and its hook -------------------------------------------------------------
@@ -110,13 +127,12 @@ typedef enum nl_precision { NL_PREC_FP32 = 0, NL_PREC_BF16, NL_PREC_FP16 } nl_pr
 
 typedef struct nl_linear_ops {
     /* out (N, out_dim) = in (N, in_dim) . w^T, w (out_dim, in_dim). Overwrites out. */
-    void (*forward)(void *user, const nl_linear_site *site, float *out, const float *in,
-                    const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
+    void (*forward)(void *user, const nl_linear_site *site, float *out, const float *in, const float *w, int64_t n,
+                    int64_t in_dim, int64_t out_dim);
     /* din (N, in_dim) = dout . w (overwritten; skipped when din == NULL);
      * dw (out_dim, in_dim) += dout^T . in (accumulated). */
-    void (*backward)(void *user, const nl_linear_site *site, float *din, float *dw,
-                     const float *dout, const float *in, const float *w, int64_t n,
-                     int64_t in_dim, int64_t out_dim);
+    void (*backward)(void *user, const nl_linear_site *site, float *din, float *dw, const float *dout, const float *in,
+                     const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
     void *user;
 } nl_linear_ops;
 
@@ -133,45 +149,44 @@ typedef struct nl_attn_ops {
 
 struct nl_model;
 /* The linear layer: m->linear_ops when installed, else the default below. */
-void nl_linear_forward(struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
-                       const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
-void nl_linear_backward(struct nl_model *m, const nl_linear_site *site, float *din, float *dw,
-                        const float *dout, const float *in, const float *w, int64_t n,
-                        int64_t in_dim, int64_t out_dim);
+void nl_linear_forward(struct nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
+                       int64_t n, int64_t in_dim, int64_t out_dim);
+void nl_linear_backward(struct nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
+                        const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
 /* The default linear, whatever hook is installed (a hook that wraps it calls these): inputs
  * rounded per m->precision, then cblas_sgemm in fixed row blocks over the OpenMP threads
  * (bit-identical run to run for a given thread count). Same contract as nl_linear_ops. */
 void nl_linear_forward_default(struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
                                const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
 void nl_linear_backward_default(struct nl_model *m, const nl_linear_site *site, float *din, float *dw,
-                                const float *dout, const float *in, const float *w, int64_t n,
-                                int64_t in_dim, int64_t out_dim);
+                                const float *dout, const float *in, const float *w, int64_t n, int64_t in_dim,
+                                int64_t out_dim);
 
 /* ---- activations (one buffer, sized once for (B, T)) ---------------------------------------- */
 typedef struct nl_acts {
-    float *resid;     /* (L+1, B, T, C) residual stream entering each layer (+ final) */
-    float *ln1;       /* (L, B, T, C) */
-    float *ln1_rstd;  /* (L, B, T) */
-    float *qkv;       /* (L, B, T, (NH+2KVH)*hd) q and k after RoPE */
-    float *att;       /* (L, B, NH, T, T) softmax probabilities (causal, upper part unused) */
-    float *atty;      /* (L, B, T, NH*hd) attention output before o_proj */
-    float *resid2;    /* (L, B, T, C) residual after attention */
-    float *ln2;       /* (L, B, T, C) */
-    float *ln2_rstd;  /* (L, B, T) */
-    float *h13;       /* (L, B, T, 2H) gate | up pre-activations */
-    float *hact;      /* (L, B, T, H) silu(gate) * up */
-    float *lnf;       /* (B, T, C) */
-    float *lnf_rstd;  /* (B, T) */
-    float *logits;    /* (B, T, V); after backward-prep holds dlogits */
-    float *losses;    /* (B, T) */
+    float *resid;    /* (L+1, B, T, C) residual stream entering each layer (+ final) */
+    float *ln1;      /* (L, B, T, C) */
+    float *ln1_rstd; /* (L, B, T) */
+    float *qkv;      /* (L, B, T, (NH+2KVH)*hd) q and k after RoPE */
+    float *att;      /* (L, B, NH, T, T) softmax probabilities (causal, upper part unused) */
+    float *atty;     /* (L, B, T, NH*hd) attention output before o_proj */
+    float *resid2;   /* (L, B, T, C) residual after attention */
+    float *ln2;      /* (L, B, T, C) */
+    float *ln2_rstd; /* (L, B, T) */
+    float *h13;      /* (L, B, T, 2H) gate | up pre-activations */
+    float *hact;     /* (L, B, T, H) silu(gate) * up */
+    float *lnf;      /* (B, T, C) */
+    float *lnf_rstd; /* (B, T) */
+    float *logits;   /* (B, T, V); after backward-prep holds dlogits */
+    float *losses;   /* (B, T) */
     /* backward scratch, reused by every layer */
-    float *dresid;    /* (B, T, C) */
-    float *dln;       /* (B, T, C) */
-    float *dqkv;      /* (B, T, (NH+2KVH)*hd) */
-    float *datty;     /* (B, T, NH*hd) */
-    float *datt;      /* (B, NH, T, T) d(probabilities), then d(scores) */
-    float *dh13;      /* (B, T, 2H) */
-    float *dhact;     /* (B, T, H) */
+    float *dresid; /* (B, T, C) */
+    float *dln;    /* (B, T, C) */
+    float *dqkv;   /* (B, T, (NH+2KVH)*hd) */
+    float *datty;  /* (B, T, NH*hd) */
+    float *datt;   /* (B, NH, T, T) d(probabilities), then d(scores) */
+    float *dh13;   /* (B, T, 2H) */
+    float *dhact;  /* (B, T, H) */
     /* bf16/fp16 only (separate allocation): rounded copies of a matmul's input and dout */
     float *lp_scratch;  /* (B*T*maxdim) */
     float *lp_scratch2; /* (B*T*maxdim) */
@@ -181,37 +196,37 @@ typedef struct nl_model {
     nl_arch arch;
     int64_t C, L, NH, KVH, hd, H, V, QKV; /* QKV = (NH + 2 KVH) * hd */
     /* parameters */
-    size_t n_params;             /* floats */
-    float *params;               /* one allocation */
-    float *grads;                /* same layout; NULL until nl_model_alloc_grads */
+    size_t n_params; /* floats */
+    float *params;   /* one allocation */
+    float *grads;    /* same layout; NULL until nl_model_alloc_grads */
     nl_weights w;
-    nl_param_info *table;        /* n_tensors entries, in memory order */
+    nl_param_info *table; /* n_tensors entries, in memory order */
     int n_tensors;
-    size_t *layer_offsets;       /* [L+1]: layer l spans [layer_offsets[l], layer_offsets[l+1]) */
+    size_t *layer_offsets; /* [L+1]: layer l spans [layer_offsets[l], layer_offsets[l+1]) */
     /* activations */
-    int64_t B, T;                /* what acts is sized for (0 before nl_model_alloc_acts) */
-    int64_t maxdim;              /* widest matmul operand row: max(C, QKV, 2H, V) */
+    int64_t B, T;   /* what acts is sized for (0 before nl_model_alloc_acts) */
+    int64_t maxdim; /* widest matmul operand row: max(C, QKV, 2H, V) */
     float *acts_mem;
     size_t acts_floats;
-    float *lp_mem;               /* the two lp_scratch buffers (bf16/fp16 only) */
+    float *lp_mem; /* the two lp_scratch buffers (bf16/fp16 only) */
     size_t lp_floats;
-    int64_t B_cur, T_cur;        /* shape of the last forward */
+    int64_t B_cur, T_cur;            /* shape of the last forward */
     const int32_t *tokens, *targets; /* of the last forward (borrowed; valid until backward) */
     nl_acts a;
-    float *rope_cos, *rope_sin;  /* (seq_len, hd/2) */
+    float *rope_cos, *rope_sin; /* (seq_len, hd/2) */
     /* precision of matmul inputs */
     nl_precision precision;
-    float *params_lp;            /* params rounded to `precision` (bf16/fp16 only) */
-    nl_linear_ops *linear_ops;   /* NULL: default path */
-    float loss_scale;            /* dlogits are multiplied by this (fp16 loss scaling); 1 */
-    float mean_loss;             /* of the last forward with targets */
+    float *params_lp;          /* params rounded to `precision` (bf16/fp16 only) */
+    nl_linear_ops *linear_ops; /* NULL: default path */
+    float loss_scale;          /* dlogits are multiplied by this (fp16 loss scaling); 1 */
+    float mean_loss;           /* of the last forward with targets */
     /* inference KV cache (nl_model_alloc_kv / nl_model_alloc_kv_dtype) */
-    float *kv_cache;             /* (L, 2, seq_len, KVH*hd) fp32 K and V, then the single-token
+    float *kv_cache;     /* (L, 2, seq_len, KVH*hd) fp32 K and V, then the single-token
                                     buffers below; with an int8 cache only those buffers */
-    int kv_dtype;                /* nl_kv_dtype of the allocated cache */
-    int8_t *kv_codes;            /* int8 cache: (L, 2, seq_len, KVH*hd) codes, then the scales */
-    uint16_t *kv_scales;         /* int8 cache: (L, 2, seq_len, KVH) fp16 absmax step per head and token */
-    size_t kv_bytes;             /* bytes of the K/V storage as allocated (codes + scales, or fp32) */
+    int kv_dtype;        /* nl_kv_dtype of the allocated cache */
+    int8_t *kv_codes;    /* int8 cache: (L, 2, seq_len, KVH*hd) codes, then the scales */
+    uint16_t *kv_scales; /* int8 cache: (L, 2, seq_len, KVH) fp16 absmax step per head and token */
+    size_t kv_bytes;     /* bytes of the K/V storage as allocated (codes + scales, or fp32) */
     float *inf_x, *inf_xb, *inf_q, *inf_att, *inf_hb, *inf_logits;
     /* context parallelism: the global position of each of the T columns of a batch (NULL:
      * 0..T-1), used by RoPE; and the attention replacement (NULL: nl_attention_*) */
@@ -260,8 +275,8 @@ nl_status nl_model_set_precision(nl_model *m, nl_precision p);
 /* Forward over tokens (B, T) (B, T <= the sizes of nl_model_alloc_acts). When targets is not
  * NULL computes per-token cross-entropy and returns the mean in *loss (may be NULL).
  * Tokens outside [0, V) give NL_ERR_INVALID naming the index. */
-nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B,
-                           int64_t T, float *loss);
+nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                           float *loss);
 /* Backward of the last forward (which must have had targets): adds (+=) d(mean loss)/d(param)
  * times m->loss_scale into m->grads. */
 nl_status nl_model_backward(nl_model *m);
@@ -293,15 +308,15 @@ void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
 /* x (N, C) += r (skipped when r is NULL), then as nl_rmsnorm_forward on the sum (one pass). */
 void nl_rmsnorm_residual_forward(float *out, float *rstd, float *x, const float *r, const float *w, int64_t N,
                                  int64_t C, float eps);
-void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
-                         const float *rstd, int64_t N, int64_t C);
+void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                         int64_t N, int64_t C);
 /* RoPE on (B, T, nh, hd) rows with row stride `stride` floats; inverse=1 rotates backwards. */
-void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nh,
-                   int64_t hd, int64_t stride, int inverse);
-void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH,
-                          int64_t KVH, int64_t hd);
-void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
-                           const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd);
+void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nh, int64_t hd,
+                   int64_t stride, int inverse);
+void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH,
+                          int64_t hd);
+void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att, const float *qkv, int64_t B,
+                           int64_t T, int64_t NH, int64_t KVH, int64_t hd);
 /* x (N, D) += bias (D) on every row. */
 void nl_add_bias(float *x, const float *bias, int64_t N, int64_t D);
 void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H);

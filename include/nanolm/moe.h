@@ -50,49 +50,49 @@ typedef struct nl_moe_ops {
     nl_status (*counts)(void *user, const int64_t *send, int64_t *recv, int64_t n);
     /* all-to-all of rows of `width` floats: send_rows[r] rows to rank r (consecutive blocks of
      * send), recv_rows[r] rows from rank r (consecutive blocks of recv). */
-    nl_status (*rows)(void *user, const float *send, const int64_t *send_rows, float *recv,
-                      const int64_t *recv_rows, int64_t width);
+    nl_status (*rows)(void *user, const float *send, const int64_t *send_rows, float *recv, const int64_t *recv_rows,
+                      int64_t width);
     void *user;
 } nl_moe_ops;
 
 /* Saved activations of one MoE layer (sized for the worst case at nl_model_alloc_acts). */
 typedef struct nl_moe_layer {
-    float *probs;      /* (BT, E) router softmax */
-    float *gates;      /* (BT, K) renormalised gates */
-    int32_t *sel;      /* (BT, K) chosen experts (global index) */
-    int32_t *slot;     /* (BT, K) row of the slot in send order, -1 when dropped */
-    float *ysend;      /* (BT*K, C) expert outputs, send order */
-    float *xrecv;      /* (R, C) rows this rank's experts got, expert-major */
-    float *h13, *hact; /* (R, 2F), (R, F) */
+    float *probs;        /* (BT, E) router softmax */
+    float *gates;        /* (BT, K) renormalised gates */
+    int32_t *sel;        /* (BT, K) chosen experts (global index) */
+    int32_t *slot;       /* (BT, K) row of the slot in send order, -1 when dropped */
+    float *ysend;        /* (BT*K, C) expert outputs, send order */
+    float *xrecv;        /* (R, C) rows this rank's experts got, expert-major */
+    float *h13, *hact;   /* (R, 2F), (R, F) */
     float *h13s, *hacts; /* (BT, 2SF), (BT, SF) shared experts */
-    int64_t *send_cnt; /* (E) slots sent to each expert */
-    int64_t *recv_cnt; /* (ep, E_local) rows received from each source for each local expert */
+    int64_t *send_cnt;   /* (E) slots sent to each expert */
+    int64_t *recv_cnt;   /* (ep, E_local) rows received from each source for each local expert */
     int64_t n_send, n_recv;
 } nl_moe_layer;
 
 typedef struct nl_moe {
     int64_t E, K, S, F, first, n_moe_layers;
     int ep, ep_rank;
-    int64_t E_local, e0;        /* this rank's experts [e0, e0 + E_local) */
-    float capacity_factor;      /* 0: no dropping */
-    float aux_coef;             /* alpha (0: no auxiliary loss) */
+    int64_t E_local, e0;   /* this rank's experts [e0, e0 + E_local) */
+    float capacity_factor; /* 0: no dropping */
+    float aux_coef;        /* alpha (0: no auxiliary loss) */
     nl_moe_ops *ops;
     /* activations */
-    int64_t rmax;               /* rows an expert side can receive: BT*K*ep */
-    nl_moe_layer *layers;       /* [n_moe_layers] */
+    int64_t rmax;         /* rows an expert side can receive: BT*K*ep */
+    nl_moe_layer *layers; /* [n_moe_layers] */
     float *mem;
     size_t mem_floats;
     float *s_send, *s_recv, *s_a, *s_b; /* scratch (rmax, max(C, 2F)) x 4 */
-    float *s_dg;                /* (BT, K) */
-    int64_t *s_cnt;             /* scratch counts */
+    float *s_dg;                        /* (BT, K) */
+    int64_t *s_cnt;                     /* scratch counts */
     /* statistics of the last forward (this rank's tokens) */
-    int64_t *tokens;            /* (n_moe_layers, E) slots routed per expert before dropping */
-    int64_t slots, dropped;     /* slots over all MoE layers, and how many were dropped */
-    double aux_loss;            /* alpha-weighted, summed over layers, mean over sequences */
+    int64_t *tokens;              /* (n_moe_layers, E) slots routed per expert before dropping */
+    int64_t slots, dropped;       /* slots over all MoE layers, and how many were dropped */
+    double aux_loss;              /* alpha-weighted, summed over layers, mean over sequences */
     int64_t rows_sent, rows_self; /* rows of all exchanges of the last forward+backward that left
                                    * the rank / stayed on it (payload only) */
-    int64_t rows_dispatched;    /* rows this rank's slots sent to the experts (incl. itself) */
-    int64_t rows_returned;      /* rows that came back to its slots (incl. from itself) */
+    int64_t rows_dispatched;      /* rows this rank's slots sent to the experts (incl. itself) */
+    int64_t rows_returned;        /* rows that came back to its slots (incl. from itself) */
 } nl_moe;
 
 /* Like nl_model_init, for rank ep_rank of an expert-parallel group of ep ranks: only experts
@@ -110,8 +110,7 @@ void nl_moe_free(nl_model *m);
 /* out (BT, C) = MoE MLP of layer l applied to x (BT, C); adds to the aux loss. */
 nl_status nl_moe_forward(nl_model *m, int64_t l, const float *x, float *out, int64_t B, int64_t T);
 /* dx (BT, C) = d/dx given dout (BT, C); accumulates parameter gradients (incl. aux loss). */
-nl_status nl_moe_backward(nl_model *m, int64_t l, const float *x, const float *dout, float *dx, int64_t B,
-                          int64_t T);
+nl_status nl_moe_backward(nl_model *m, int64_t l, const float *x, const float *dout, float *dx, int64_t B, int64_t T);
 
 /* Built-in MoE presets: "moe-course-tiny" (the course's 64 routed + 2 shared experts, top-6,
  * scaled down to D = 64, 2 layers). Returns NL_ERR_INVALID for another name. */

@@ -26,14 +26,14 @@ extern "C" {
 #endif
 
 typedef struct nl_ep_opts {
-    nl_train_opts train;       /* the training options (nanolm/train.h): batch = sequences per
+    nl_train_opts train; /* the training options (nanolm/train.h): batch = sequences per
                                 * data-parallel rank, seq, AdamW, clipping, seed */
     int ep;
-    int cp;                    /* context parallel: groups of cp consecutive ranks share sequences,
+    int cp; /* context parallel: groups of cp consecutive ranks share sequences,
                                 * each rank holds 2 of the 2*cp chunks (needs ep 1, no aux loss
                                 * and no capacity, whose groups are whole sequences) */
     nl_comm_impl impl;
-    int64_t batch, seq;        /* sequences per data-parallel rank, tokens per sequence */
+    int64_t batch, seq; /* sequences per data-parallel rank, tokens per sequence */
     float lr, weight_decay, beta1, beta2, eps, grad_clip;
     float capacity_factor, aux_coef;
     uint64_t seed;
@@ -45,15 +45,15 @@ void nl_ep_opts_default(nl_ep_opts *o);
 
 /* What one step did (this rank, and summed over the world where said). */
 typedef struct nl_ep_step_stats {
-    float loss;                 /* mean cross-entropy over the global batch */
-    double aux_loss;            /* mean over the global batch (already alpha-weighted) */
+    float loss;      /* mean cross-entropy over the global batch */
+    double aux_loss; /* mean over the global batch (already alpha-weighted) */
     double grad_norm;
-    int64_t *tokens;            /* (n_moe_layers, E) slots per expert, summed over the world */
-    int64_t slots, dropped;     /* summed over the world */
-    uint64_t a2a_sent_bytes;    /* this rank, from the comm counters (counts + payload) */
-    uint64_t a2a_count_bytes;   /* of which the per-expert counts */
+    int64_t *tokens;                                 /* (n_moe_layers, E) slots per expert, summed over the world */
+    int64_t slots, dropped;                          /* summed over the world */
+    uint64_t a2a_sent_bytes;                         /* this rank, from the comm counters (counts + payload) */
+    uint64_t a2a_count_bytes;                        /* of which the per-expert counts */
     uint64_t payload_sent_bytes, payload_self_bytes; /* rows that left this rank / stayed */
-    uint64_t dispatched_bytes, returned_bytes; /* this rank's slots out to the experts / back */
+    uint64_t dispatched_bytes, returned_bytes;       /* this rank's slots out to the experts / back */
 } nl_ep_step_stats;
 
 typedef struct nl_ep_trainer {
@@ -65,12 +65,12 @@ typedef struct nl_ep_trainer {
     nl_moe_ops ops;
     int32_t *x, *y;
     nl_ep_step_stats st;
-    float *fbuf;                /* (n_moe_layers * E + 3) stats reduction */
+    float *fbuf; /* (n_moe_layers * E + 3) stats reduction */
     /* context parallelism */
     nl_comm *cp_comm;
-    nl_cp_attn *cpa;            /* [L] one ring-attention context per layer */
-    int64_t *positions;         /* (seq / cp) global positions of this rank's columns */
-    int32_t *gx, *gy;           /* (B, seq) the full windows */
+    nl_cp_attn *cpa;    /* [L] one ring-attention context per layer */
+    int64_t *positions; /* (seq / cp) global positions of this rank's columns */
+    int32_t *gx, *gy;   /* (B, seq) the full windows */
     nl_attn_ops attn;
 } nl_ep_trainer;
 

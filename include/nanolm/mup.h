@@ -23,12 +23,12 @@ struct nl_adamw;
 
 typedef struct nl_mup {
     int64_t base_dim;
-    double width_mult;    /* r = dim / base_dim */
-    float out_mult;       /* 1 / r */
-    float *lr_mult;       /* (n_tensors) per-tensor learning-rate multipliers, given to AdamW */
-    nl_linear_ops ops;    /* the classifier's output multiplier, around nl_linear_*_default */
-    nl_model *model;      /* the model the hook is installed on */
-    float *dw_cls;        /* (V, C) scratch for the classifier's weight gradient; NULL at r = 1 */
+    double width_mult; /* r = dim / base_dim */
+    float out_mult;    /* 1 / r */
+    float *lr_mult;    /* (n_tensors) per-tensor learning-rate multipliers, given to AdamW */
+    nl_linear_ops ops; /* the classifier's output multiplier, around nl_linear_*_default */
+    nl_model *model;   /* the model the hook is installed on */
+    float *dw_cls;     /* (V, C) scratch for the classifier's weight gradient; NULL at r = 1 */
 } nl_mup;
 
 /* Sets up muP for m and its optimizer opt: installs the output multiplier on m->linear_ops and
@@ -38,7 +38,6 @@ typedef struct nl_mup {
 nl_status nl_mup_init(nl_mup *mu, nl_model *m, struct nl_adamw *opt, int64_t base_dim, int rescale_init);
 /* Removes the hooks from m and opt and frees mu's buffers. */
 void nl_mup_free(nl_mup *mu, nl_model *m, struct nl_adamw *opt);
-
 
 
 #include "nanolm/data.h"

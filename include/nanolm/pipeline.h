@@ -47,30 +47,30 @@ typedef enum nl_pipe_schedule { NL_PIPE_GPIPE = 0, NL_PIPE_1F1B = 1 } nl_pipe_sc
 typedef struct nl_pipe_mb nl_pipe_mb; /* activations of one micro-batch on this stage */
 
 typedef struct nl_pipe {
-    nl_model model;              /* this rank's part only: local layers, heads, width */
+    nl_model model; /* this rank's part only: local layers, heads, width */
     nl_dist_opts o;
-    int M;                       /* micro-batches per step */
+    int M; /* micro-batches per step */
     nl_pipe_schedule schedule;
-    nl_comm *pp, *dp, *tp;       /* borrowed */
-    int P, s, D, d;              /* pipeline size and stage, data-parallel size and rank */
-    int TP, tr;                  /* tensor-parallel size and rank */
-    int nh, kvh, h;              /* this rank's heads, KV heads and SwiGLU width */
-    uint8_t *own;                /* (model.n_params) 1 replicated over the TP group, 2 a TP slice */
-    int l0, l1;                  /* this stage's layers [l0, l1) of the whole model */
-    size_t n_params_full;        /* parameters of the whole model */
-    size_t act_floats;           /* micro-batch activations + backward scratch, floats */
-    int64_t b;                   /* windows per micro-batch */
-    int n_slots;                 /* micro-batch activation slots: M (GPipe), min(M, P - s) (1F1B) */
-    nl_pipe_mb *mbs;             /* [n_slots]; micro-batch k uses slot k % n_slots */
-    double loss_sum;             /* last stage: sum of the step's micro-batch losses */
-    float *scratch;              /* backward scratch of one micro-batch */
+    nl_comm *pp, *dp, *tp; /* borrowed */
+    int P, s, D, d;        /* pipeline size and stage, data-parallel size and rank */
+    int TP, tr;            /* tensor-parallel size and rank */
+    int nh, kvh, h;        /* this rank's heads, KV heads and SwiGLU width */
+    uint8_t *own;          /* (model.n_params) 1 replicated over the TP group, 2 a TP slice */
+    int l0, l1;            /* this stage's layers [l0, l1) of the whole model */
+    size_t n_params_full;  /* parameters of the whole model */
+    size_t act_floats;     /* micro-batch activations + backward scratch, floats */
+    int64_t b;             /* windows per micro-batch */
+    int n_slots;           /* micro-batch activation slots: M (GPipe), min(M, P - s) (1F1B) */
+    nl_pipe_mb *mbs;       /* [n_slots]; micro-batch k uses slot k % n_slots */
+    double loss_sum;       /* last stage: sum of the step's micro-batch losses */
+    float *scratch;        /* backward scratch of one micro-batch */
     float *dresid, *dln, *dqkv, *datty, *datt, *dh13, *dhact;
-    float *gat;                  /* SP: (b*T, C) all-gathered norm output, transient (NULL without SP) */
-    float *adam_m, *adam_v;      /* (n_params); only the owned ranges are used */
-    nl_adamw opt;                /* hyper-parameters and steps taken (t); m, v stay NULL */
-    int32_t *x, *y;              /* (B, T) this data-parallel rank's batch */
-    double busy_s, idle_s;       /* last step: computing, waiting for a pipeline message */
-    double tp_s;                 /* last step: in tensor-parallel collectives */
+    float *gat;             /* SP: (b*T, C) all-gathered norm output, transient (NULL without SP) */
+    float *adam_m, *adam_v; /* (n_params); only the owned ranges are used */
+    nl_adamw opt;           /* hyper-parameters and steps taken (t); m, v stay NULL */
+    int32_t *x, *y;         /* (B, T) this data-parallel rank's batch */
+    double busy_s, idle_s;  /* last step: computing, waiting for a pipeline message */
+    double tp_s;            /* last step: in tensor-parallel collectives */
     /* sequence parallelism (o.sp with TP > 1, one stage): the residual stream, RMSNorms and
      * residual adds work on this rank's rows [sp_r0, sp_r0 + sp_n) of the (b*T) rows; each
      * all-reduce of the TP block becomes a reduce-scatter (after o_proj / down_proj) and an

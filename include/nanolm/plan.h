@@ -19,28 +19,28 @@
 /* ---- hardware ------------------------------------------------------------------------- */
 typedef struct nl_hw {
     char name[32];
-    double flops_bf16;      /* dense peak, FLOP/s */
-    double flops_fp8;       /* dense peak, FLOP/s */
-    double mem_bytes;       /* HBM capacity */
-    double hbm_bw;          /* HBM bandwidth, bytes/s */
-    double intra_bw;        /* scale-up link (NVLink/xGMI) per GPU, one direction, bytes/s */
-    double inter_bw;        /* scale-out network per GPU, one direction, bytes/s */
-    int64_t gpus_per_node;  /* GPUs on one scale-up domain */
-    double latency_s;       /* launch + sync latency of one collective call */
-    double intra_eff;       /* achievable fraction of intra_bw for large collectives */
-    double inter_eff;       /* achievable fraction of inter_bw for large collectives */
-    double price_per_hour;  /* $ per GPU-hour (a parameter, not a fact) */
+    double flops_bf16;     /* dense peak, FLOP/s */
+    double flops_fp8;      /* dense peak, FLOP/s */
+    double mem_bytes;      /* HBM capacity */
+    double hbm_bw;         /* HBM bandwidth, bytes/s */
+    double intra_bw;       /* scale-up link (NVLink/xGMI) per GPU, one direction, bytes/s */
+    double inter_bw;       /* scale-out network per GPU, one direction, bytes/s */
+    int64_t gpus_per_node; /* GPUs on one scale-up domain */
+    double latency_s;      /* launch + sync latency of one collective call */
+    double intra_eff;      /* achievable fraction of intra_bw for large collectives */
+    double inter_eff;      /* achievable fraction of inter_bw for large collectives */
+    double price_per_hour; /* $ per GPU-hour (a parameter, not a fact) */
     char source[160];
-    double gemm_eff;        /* fraction of peak a large GEMM reaches in a training stack */
-    int64_t nics_per_node;  /* scale-out NICs in one node (0: not described) */
-    double nic_bw;          /* one NIC, one direction, bytes/s; inter_bw = nics x nic_bw / GPUs */
+    double gemm_eff;       /* fraction of peak a large GEMM reaches in a training stack */
+    int64_t nics_per_node; /* scale-out NICs in one node (0: not described) */
+    double nic_bw;         /* one NIC, one direction, bytes/s; inter_bw = nics x nic_bw / GPUs */
 } nl_hw;
 
 /* A model entry: its shape plus where the numbers come from. */
 typedef struct nl_model_entry {
     nl_arch arch;
     char source[160];
-    char family[16];  /* "" = llama */
+    char family[16]; /* "" = llama */
 } nl_model_entry;
 
 #define NL_CATALOG_MAX 64
@@ -49,7 +49,7 @@ typedef struct nl_catalog {
     size_t n_hw;
     nl_model_entry models[NL_CATALOG_MAX];
     size_t n_models;
-    size_t last_model;  /* index of the last entry nl_catalog_load_model added or changed */
+    size_t last_model; /* index of the last entry nl_catalog_load_model added or changed */
 } nl_catalog;
 
 /* Fills the catalog with the built-in GPUs and models (NanoLM presets included). */
@@ -80,10 +80,10 @@ const char *nl_catalog_model_names(const nl_catalog *c, char *buf, size_t n);
 typedef enum nl_pos { NL_POS_ROPE = 0, NL_POS_LEARNED = 1, NL_POS_ALIBI = 2 } nl_pos;
 typedef struct nl_family {
     char name[16];
-    int gelu_mlp;   /* 2-matrix MLP with one element-wise activation */
-    int layernorm;  /* LayerNorm (mean and variance) instead of RMSNorm */
-    int bias;       /* biases on every linear layer and norm */
-    int dropout;    /* dropout after attention softmax, attention output and MLP (masks kept) */
+    int gelu_mlp;  /* 2-matrix MLP with one element-wise activation */
+    int layernorm; /* LayerNorm (mean and variance) instead of RMSNorm */
+    int bias;      /* biases on every linear layer and norm */
+    int dropout;   /* dropout after attention softmax, attention output and MLP (masks kept) */
     nl_pos pos;
 } nl_family;
 /* "llama", "gpt" (GPT-2/3, Megatron GPT), "opt", "bloom", "mpt". NL_ERR_INVALID otherwise. */
@@ -112,9 +112,9 @@ double nl_plan_kv_bytes_per_token(const nl_arch *a, double bytes_per_elem);
 /* ---- memory: model state ---------------------------------------------------------------- */
 typedef struct nl_recipe {
     const char *name;
-    double weight_bytes;  /* per parameter, the copy used in forward/backward */
+    double weight_bytes; /* per parameter, the copy used in forward/backward */
     double grad_bytes;
-    double optim_bytes;   /* master weights + optimizer moments */
+    double optim_bytes; /* master weights + optimizer moments */
     const char *source;
 } nl_recipe;
 /* "fp32", "bf16" (mixed, the default), "fp8" (Transformer Engine style), "fp8-ds3"
@@ -139,28 +139,28 @@ const char *nl_recompute_name(nl_recompute r);
  * shards it (without sequence parallelism the norm regions stay replicated). */
 typedef struct nl_act_term {
     char name[48];
-    double bytes;       /* per token per layer on one GPU, after TP/SP sharding */
-    double unsharded;   /* per token per layer at tp = 1 */
+    double bytes;     /* per token per layer on one GPU, after TP/SP sharding */
+    double unsharded; /* per token per layer at tp = 1 */
 } nl_act_term;
 
 #define NL_ACT_MAX_TERMS 20
 typedef struct nl_act_opts {
-    int64_t tp;          /* tensor-parallel degree (>= 1) */
-    int sp;              /* sequence parallelism (shards the norm regions by tp) */
-    int flash;           /* flash attention (no s x s scores kept) */
+    int64_t tp; /* tensor-parallel degree (>= 1) */
+    int sp;     /* sequence parallelism (shards the norm regions by tp) */
+    int flash;  /* flash attention (no s x s scores kept) */
     nl_recompute recompute;
-    double seq;          /* sequence length (scores without flash) */
+    double seq;            /* sequence length (scores without flash) */
     double bytes_per_elem; /* 2 for bf16 */
-    nl_family fam;       /* zero = llama */
-    int fp8_cache;       /* DeepSeek-V3's recipe: FP8 linear inputs, recomputed norms and MLA
+    nl_family fam;         /* zero = llama */
+    int fp8_cache;         /* DeepSeek-V3's recipe: FP8 linear inputs, recomputed norms and MLA
                             up-projections (with selective recomputation; memory.c) */
 } nl_act_opts;
 
 typedef struct nl_act_layer {
     nl_act_term terms[NL_ACT_MAX_TERMS];
     int n;
-    double bytes_per_token;        /* sum over terms, one layer, what stays until backward */
-    double working_bytes_per_token;/* one layer's full set, live while it is recomputed */
+    double bytes_per_token;         /* sum over terms, one layer, what stays until backward */
+    double working_bytes_per_token; /* one layer's full set, live while it is recomputed */
 } nl_act_layer;
 /* Activations of one (average) transformer layer, per token, as Korthikanti et al. 2022
  * ("Reducing Activation Recomputation in Large Transformer Models", sec. 4) count them: for the
@@ -178,12 +178,12 @@ double nl_plan_logits_bytes(const nl_arch *a, double tokens);
 /* ---- collectives (alpha-beta) ------------------------------------------------------------ */
 /* The planner's names for the one list of collective operations (nanolm/coll.h). */
 typedef nl_comm_op nl_coll;
-#define NL_ALL_REDUCE NL_COMM_OP_ALL_REDUCE
+#define NL_ALL_REDUCE     NL_COMM_OP_ALL_REDUCE
 #define NL_REDUCE_SCATTER NL_COMM_OP_REDUCE_SCATTER
-#define NL_ALL_GATHER NL_COMM_OP_ALL_GATHER
-#define NL_ALL_TO_ALL NL_COMM_OP_ALL_TO_ALL
-#define NL_P2P NL_COMM_OP_SEND_RECV
-#define nl_coll_name nl_comm_op_name
+#define NL_ALL_GATHER     NL_COMM_OP_ALL_GATHER
+#define NL_ALL_TO_ALL     NL_COMM_OP_ALL_TO_ALL
+#define NL_P2P            NL_COMM_OP_SEND_RECV
+#define nl_coll_name      nl_comm_op_name
 /* Bytes that leave each GPU for a collective over p ranks on an array of `bytes`:
  * (p-1)/p * bytes for reduce-scatter, all-gather, all-to-all; twice that for all-reduce;
  * `bytes` for a point-to-point send. */
@@ -194,17 +194,17 @@ double nl_plan_coll_time(const nl_hw *hw, nl_coll c, int64_t p, double bytes, in
 
 /* ---- efficiency assumptions of the time model -------------------------------------------- */
 typedef struct nl_eff {
-    double gemm;          /* fraction of peak a large GEMM reaches; 0 = the GPU's gemm_eff */
-    double attn;          /* fraction of peak the flash-attention kernels reach */
-    double kernel_s;      /* fixed cost per kernel launch */
+    double gemm;              /* fraction of peak a large GEMM reaches; 0 = the GPU's gemm_eff */
+    double attn;              /* fraction of peak the flash-attention kernels reach */
+    double kernel_s;          /* fixed cost per kernel launch */
     double kernels_per_layer; /* kernels per layer forward (backward: twice) */
-    double dp_overlap;    /* fraction of backward that can hide data-parallel comm */
-    double usable_mem;    /* fraction of HBM the allocator can use */
-    double reserved_bytes;/* CUDA context, NCCL buffers, workspace */
-    double fixed_mfu;     /* > 0: napkin mode: time = model FLOPs / (peak * fixed_mfu) */
-    int fp8_gemm;         /* GEMMs at the fp8 peak (set from the recipe by the search) */
-    double tp_overlap;    /* fraction of tensor-parallel communication hidden behind GEMMs */
-    double ep_overlap;    /* fraction of expert all-to-all hidden (1F1B; DualPipe hides it all) */
+    double dp_overlap;        /* fraction of backward that can hide data-parallel comm */
+    double usable_mem;        /* fraction of HBM the allocator can use */
+    double reserved_bytes;    /* CUDA context, NCCL buffers, workspace */
+    double fixed_mfu;         /* > 0: napkin mode: time = model FLOPs / (peak * fixed_mfu) */
+    int fp8_gemm;             /* GEMMs at the fp8 peak (set from the recipe by the search) */
+    double tp_overlap;        /* fraction of tensor-parallel communication hidden behind GEMMs */
+    double ep_overlap;        /* fraction of expert all-to-all hidden (1F1B; DualPipe hides it all) */
 } nl_eff;
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
@@ -218,11 +218,11 @@ double nl_plan_gemm_shape_eff(double x);
 typedef struct nl_layout {
     int64_t dp, tp, pp, cp, ep;
     nl_zero zero;
-    int64_t micro_batch;    /* sequences per microbatch (per data-parallel rank) */
-    int64_t n_micro;        /* microbatches per step (gradient accumulation) */
-    int64_t vpp;            /* interleaved virtual stages (1 = plain 1F1B) */
+    int64_t micro_batch; /* sequences per microbatch (per data-parallel rank) */
+    int64_t n_micro;     /* microbatches per step (gradient accumulation) */
+    int64_t vpp;         /* interleaved virtual stages (1 = plain 1F1B) */
     nl_recompute recompute;
-    int sp;                 /* sequence parallel with tp > 1 */
+    int sp; /* sequence parallel with tp > 1 */
 } nl_layout;
 
 /* Pipeline schedule: 1F1B (interleaved when vpp > 1), DeepSeek-V3's DualPipe, or the zero-bubble
@@ -234,35 +234,39 @@ const char *nl_schedule_name(nl_sched s);
 
 typedef struct nl_train_req {
     nl_arch arch;
-    nl_family fam;           /* zero = llama */
+    nl_family fam; /* zero = llama */
     nl_sched schedule;
-    int attn_materialized;   /* the run materialises the s x s scores (no flash attention) */
+    int attn_materialized; /* the run materialises the s x s scores (no flash attention) */
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;
     int64_t gpus;
-    double tokens;           /* training tokens */
-    int64_t seq;             /* sequence length */
-    int64_t global_batch;    /* sequences per step */
-    double params_override;  /* > 0: use this N for state bytes and 6N (course "7B") */
+    double tokens;          /* training tokens */
+    int64_t seq;            /* sequence length */
+    int64_t global_batch;   /* sequences per step */
+    double params_override; /* > 0: use this N for state bytes and 6N (course "7B") */
     /* Search restrictions; 0 = free. A degree > 0 fixes it; zero_plus1 = nl_zero + 1 and
      * recompute_plus1 = nl_recompute + 1 fix those. A fixed pp may leave uneven stages. */
-    struct { int64_t dp, tp, pp, cp, ep, micro_batch; int zero_plus1, recompute_plus1;
-             int64_t vpp; int sp_plus1; /* interleave degree; sequence parallelism 1 = off, 2 = on */ } fix;
+    struct {
+        int64_t dp, tp, pp, cp, ep, micro_batch;
+        int zero_plus1, recompute_plus1;
+        int64_t vpp;
+        int sp_plus1; /* interleave degree; sequence parallelism 1 = off, 2 = on */
+    } fix;
 } nl_train_req;
 
 typedef struct nl_train_eval {
     nl_layout L;
     int fits;
-    char reason[160];        /* why it does not fit / is invalid */
+    char reason[160]; /* why it does not fit / is invalid */
     /* memory per GPU, bytes */
     double mem_weights, mem_grads, mem_optim, mem_act, mem_logits, mem_temp, mem_total, mem_usable;
     /* time per step, seconds */
-    double t_compute;        /* all microbatches on one GPU incl. recompute, no bubble */
+    double t_compute; /* all microbatches on one GPU incl. recompute, no bubble */
     double t_bubble;
-    double t_tp, t_cp, t_ep, t_pp, t_dp;    /* communication, total per step */
-    double t_exposed;        /* communication not hidden behind compute */
-    double t_optim;          /* optimizer step: Adam reads and writes its shard (memory bound) */
+    double t_tp, t_cp, t_ep, t_pp, t_dp; /* communication, total per step */
+    double t_exposed;                    /* communication not hidden behind compute */
+    double t_optim;                      /* optimizer step: Adam reads and writes its shard (memory bound) */
     double t_step;
     double tokens_per_s, mfu, model_flops_per_step;
     double total_s, gpu_hours, cost;
@@ -274,11 +278,11 @@ typedef struct nl_train_eval {
 nl_status nl_plan_train_eval(const nl_train_req *q, const nl_layout *L, nl_train_eval *out);
 
 typedef struct nl_train_result {
-    nl_train_eval *evals;    /* all valid layouts, fitting ones first, ranked by step time */
+    nl_train_eval *evals; /* all valid layouts, fitting ones first, ranked by step time */
     size_t n, n_fit;
-    double search_s;         /* wall time of the search */
-    double min_mem;          /* smallest memory need over all layouts, bytes */
-    nl_train_eval smallest;  /* the layout with that need */
+    double search_s;        /* wall time of the search */
+    double min_mem;         /* smallest memory need over all layouts, bytes */
+    nl_train_eval smallest; /* the layout with that need */
 } nl_train_result;
 /* Enumerates every layout (DP x TP x PP x CP x EP, ZeRO stage or HSDP, micro-batch,
  * recomputation) and ranks those that fit. Fails with NL_ERR_INVALID when no layout can use
@@ -294,65 +298,64 @@ const char *nl_layout_str(const nl_layout *L, char *buf, size_t n);
 
 /* ---- collectives of one layer under a layout ----------------------------------------------- */
 typedef struct nl_layer_coll {
-    char what[64];       /* "attention output", "FSDP weight all-gather", ... */
-    char when[16];       /* "forward", "backward", "step" */
+    char what[64]; /* "attention output", "FSDP weight all-gather", ... */
+    char when[16]; /* "forward", "backward", "step" */
     nl_coll coll;
-    char group[8];       /* "tp", "dp", "pp", "ep", "dp-inter" */
+    char group[8]; /* "tp", "dp", "pp", "ep", "dp-inter" */
     int64_t p;
-    double bytes;        /* array size */
-    double wire_bytes;   /* bytes through each GPU */
+    double bytes;      /* array size */
+    double wire_bytes; /* bytes through each GPU */
     double time_s;
-    double count;        /* how many per step */
+    double count; /* how many per step */
 } nl_layer_coll;
 
 #define NL_LAYER_COLL_MAX 24
 typedef struct nl_layer_plan {
     nl_layer_coll c[NL_LAYER_COLL_MAX];
     int n;
-    double per_layer_fwd_s, per_layer_bwd_s, per_step_s;   /* communication sums */
-    double compute_step_s;   /* compute for the step at the request's efficiency */
-    double ddp_step_s;       /* the same model under plain DDP (all-reduce), for comparison */
+    double per_layer_fwd_s, per_layer_bwd_s, per_step_s; /* communication sums */
+    double compute_step_s;                               /* compute for the step at the request's efficiency */
+    double ddp_step_s; /* the same model under plain DDP (all-reduce), for comparison */
 } nl_layer_plan;
 /* Lists every collective one transformer layer issues under `L` (with tokens_per_gpu tokens per
  * GPU per step in one microbatch) and the data-parallel/ZeRO collectives per step. */
-nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens_per_gpu,
-                        nl_layer_plan *out);
+nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens_per_gpu, nl_layer_plan *out);
 
 /* ---- serving ----------------------------------------------------------------------------- */
 typedef struct nl_serve_req {
     nl_arch arch;
-    nl_family fam;           /* zero = llama */
-    int fp8;                 /* GEMMs at the fp8 peak (FP8 weights and activations) */
+    nl_family fam; /* zero = llama */
+    int fp8;       /* GEMMs at the fp8 peak (FP8 weights and activations) */
     nl_hw hw;
     int64_t tp;
-    double prompt, output;   /* tokens */
-    int64_t batch;           /* concurrent decode sequences */
-    double context;          /* decode context; 0 = prompt + output/2 */
-    double prefill_mfu;      /* fraction of peak in prefill; 0 = the GPU's gemm_eff */
-    double kernel_s;         /* per kernel launch (5 us) */
-    double kernels_per_layer;/* kernels per layer per forward pass (20) */
-    double hbm_eff;          /* achieved fraction of HBM bandwidth (0.8) */
-    double weight_bytes;     /* bytes per weight (2 = bf16) */
-    double kv_bytes;         /* bytes per KV element (2) */
-    double chunk;            /* chunked-prefill tokens per step (256) */
-    int64_t fsdp;            /* weights sharded ZeRO-3/FSDP-style over this many GPUs (0/1: none) */
+    double prompt, output;    /* tokens */
+    int64_t batch;            /* concurrent decode sequences */
+    double context;           /* decode context; 0 = prompt + output/2 */
+    double prefill_mfu;       /* fraction of peak in prefill; 0 = the GPU's gemm_eff */
+    double kernel_s;          /* per kernel launch (5 us) */
+    double kernels_per_layer; /* kernels per layer per forward pass (20) */
+    double hbm_eff;           /* achieved fraction of HBM bandwidth (0.8) */
+    double weight_bytes;      /* bytes per weight (2 = bf16) */
+    double kv_bytes;          /* bytes per KV element (2) */
+    double chunk;             /* chunked-prefill tokens per step (256) */
+    int64_t fsdp;             /* weights sharded ZeRO-3/FSDP-style over this many GPUs (0/1: none) */
 } nl_serve_req;
 
 typedef struct nl_serve_plan {
     double params, matmul_params;
-    double prefill_flops, prefill_s;           /* one prompt, on tp GPUs */
-    double batch_prefill_s;                    /* the whole batch's prompts in one prefill */
+    double prefill_flops, prefill_s; /* one prompt, on tp GPUs */
+    double batch_prefill_s;          /* the whole batch's prompts in one prefill */
     double kv_bytes_per_token, prompt_kv_bytes;
-    double kv_replication;                     /* copies of each KV head when tp > KV heads */
+    double kv_replication; /* copies of each KV head when tp > KV heads */
     double weight_read_s, kv_read_s, decode_compute_s, decode_mem_s, decode_step_s; /* tp applied */
     double tp_allreduces, tp_allreduce_bytes, tp_comm_s, tp_comm_latency_s;
-    double decode_step_total_s;                /* step + TP communication */
+    double decode_step_total_s; /* step + TP communication */
     double ttft_s, tpot_s;
-    double stall_steps;                        /* decode steps one prefill stalls */
-    double chunk_compute_s, chunk_free_tokens; /* chunked prefill */
+    double stall_steps;                                 /* decode steps one prefill stalls */
+    double chunk_compute_s, chunk_free_tokens;          /* chunked prefill */
     double prefill_rps, decode_rps, decode_per_prefill; /* disaggregation, per GPU group */
-    double mem_weights, mem_kv, mem_total;     /* per GPU */
-    double fsdp_gather_s;                      /* all-gathers of every layer's weight shards per forward */
+    double mem_weights, mem_kv, mem_total;              /* per GPU */
+    double fsdp_gather_s;                               /* all-gathers of every layer's weight shards per forward */
     int fits;
 } nl_serve_plan;
 /* Prices serving `arch` on `tp` GPUs of `hw`. NL_ERR_INVALID on bad sizes. */
@@ -364,14 +367,14 @@ void nl_serve_req_default(nl_serve_req *q);
  * with the default assumptions. */
 typedef struct nl_valid_case {
     char id[64];
-    char group[16];       /* "train", "memory", "serve", "collective" */
-    char metric[32];      /* "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "state_gb", ... */
+    char group[16];  /* "train", "memory", "serve", "collective" */
+    char metric[32]; /* "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "state_gb", ... */
     char unit[96];
     char source[320];
     double published, predicted;
-    double err;           /* signed relative error: predicted / published - 1 */
-    int fits;             /* training cases: the published layout fits in memory; -1 elsewhere */
-    int formula;          /* the published figure is the source's own formula (memory accounting) */
+    double err;  /* signed relative error: predicted / published - 1 */
+    int fits;    /* training cases: the published layout fits in memory; -1 elsewhere */
+    int formula; /* the published figure is the source's own formula (memory accounting) */
 } nl_valid_case;
 
 typedef struct nl_valid_group {
@@ -379,7 +382,7 @@ typedef struct nl_valid_group {
     int n;
     double median_abs, worst_abs; /* |err| */
     char worst_id[64];
-    int n_formula;                /* cases whose accounting the source spells out */
+    int n_formula; /* cases whose accounting the source spells out */
     double worst_formula_abs;
 } nl_valid_group;
 

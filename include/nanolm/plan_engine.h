@@ -64,22 +64,22 @@ nl_status nl_cpu_rates_load(const char *path, const char *name, nl_cpu_rates *ou
 /* What to predict. */
 typedef struct nl_engine_plan_req {
     nl_arch arch;
-    int weights;               /* 0 fp32, 1 bf16, 2 int8 (nl_wfmt) */
-    int kv;                    /* 0 fp32, 1 int8 */
-    int64_t prompt, output;    /* tokens per request */
-    int64_t batch;             /* concurrent sequences for the throughput */
-    int64_t chunk;             /* engine --chunk (0: whole prompts) */
-    int64_t max_step_tokens;   /* engine --max-step-tokens */
+    int weights;             /* 0 fp32, 1 bf16, 2 int8 (nl_wfmt) */
+    int kv;                  /* 0 fp32, 1 int8 */
+    int64_t prompt, output;  /* tokens per request */
+    int64_t batch;           /* concurrent sequences for the throughput */
+    int64_t chunk;           /* engine --chunk (0: whole prompts) */
+    int64_t max_step_tokens; /* engine --max-step-tokens */
 } nl_engine_plan_req;
 
 #define NL_ENGINE_PLAN_NB 3
 typedef struct nl_engine_plan {
-    double prefill_s;                    /* one prompt alone, the engine's chunked schedule */
+    double prefill_s; /* one prompt alone, the engine's chunked schedule */
     int64_t prefill_steps;
     int64_t decode_batch[NL_ENGINE_PLAN_NB]; /* 1, 8, 32 */
     double decode_step_s[NL_ENGINE_PLAN_NB]; /* one decode step of that many sequences at context prompt + output/2 */
     double decode_tokens_per_s[NL_ENGINE_PLAN_NB];
-    double throughput_tokens_per_s;      /* output tokens/s of `batch` sequences served together */
+    double throughput_tokens_per_s; /* output tokens/s of `batch` sequences served together */
     /* the parts of a batch-1 decode step */
     double linear_s, attention_s, rows_s, overhead_s;
     double weight_bytes, kv_bytes_per_token;

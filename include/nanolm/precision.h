@@ -18,11 +18,11 @@ extern "C" {
 #endif
 
 typedef struct nl_underflow_counts {
-    int64_t values;     /* all values looked at */
-    int64_t nonzero;    /* nonzero in fp32 */
-    int64_t flushed;    /* nonzero in fp32, zero after x * scale is rounded to the format */
-    int64_t subnormal;  /* nonzero but below the format's smallest normal after scaling */
-    int64_t overflow;   /* |x * scale| rounds beyond the largest finite value (inf) */
+    int64_t values;    /* all values looked at */
+    int64_t nonzero;   /* nonzero in fp32 */
+    int64_t flushed;   /* nonzero in fp32, zero after x * scale is rounded to the format */
+    int64_t subnormal; /* nonzero but below the format's smallest normal after scaling */
+    int64_t overflow;  /* |x * scale| rounds beyond the largest finite value (inf) */
 } nl_underflow_counts;
 
 /* Rounds x[i] * scale to format f (nearest-even, IEEE overflow) and adds what happened to *c.
@@ -37,8 +37,8 @@ nl_status nl_underflow_count(nl_format f, float scale, const float *x, size_t n,
  *   *wgt (n_wgt)  the parameter gradients (m->grads) of each batch, concatenated.
  * Both are nl_malloc'd (free with nl_free). m must have activations for (B, T) and gradients.
  * Errors: NL_ERR_INVALID when n < B * (T + 1) * batches, NL_ERR_NOMEM, forward errors. */
-nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t B, int64_t T, int batches,
-                         float **act, size_t *n_act, float **wgt, size_t *n_wgt);
+nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t B, int64_t T, int batches, float **act,
+                         size_t *n_act, float **wgt, size_t *n_wgt);
 
 /* The largest power of two S <= s_max such that max|x| * S stays below fmax (no overflow);
  * 1 if even S = 1 overflows... returns 0 for empty / all-zero x (any scale works). */

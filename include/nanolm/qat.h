@@ -23,10 +23,10 @@ extern "C" {
 #endif
 
 typedef struct nl_qat {
-    nl_model *model;          /* borrowed; model->linear_ops == &ops while installed */
-    nl_quant_spec spec;       /* symmetric absmax, per channel or per block */
-    nl_qtensor *qt;           /* (L, 4) one per fused site: qkv, o, gate_up, down */
-    float *wq;                /* (n_params) fake-quantized weights at each site's offset */
+    nl_model *model;    /* borrowed; model->linear_ops == &ops while installed */
+    nl_quant_spec spec; /* symmetric absmax, per channel or per block */
+    nl_qtensor *qt;     /* (L, 4) one per fused site: qkv, o, gate_up, down */
+    float *wq;          /* (n_params) fake-quantized weights at each site's offset */
     nl_linear_ops ops;
     nl_linear_ops *prev_ops;  /* restored by nl_qat_remove */
     int64_t fake_quant_calls; /* weight fake-quantizations done (one per site per forward) */

@@ -26,8 +26,7 @@ extern "C" {
 
 /* Grid parameters of the `n` values x[0], x[stride], ... for `bits` (2..8). Never fails
  * (the caller checks bits); NaN in x is the caller's business (checked at the API edge). */
-void nl_qgrid_params(const double *x, int64_t n, int64_t stride, int bits, int symmetric,
-                     double *scale, double *zero);
+void nl_qgrid_params(const double *x, int64_t n, int64_t stride, int bits, int symmetric, double *scale, double *zero);
 
 /* Code of x on the grid (scale, zero) with maxq = 2^bits - 1. */
 static inline int nl_qgrid_code(double x, double scale, double zero, int maxq) {
@@ -42,8 +41,8 @@ static inline int nl_qgrid_code(double x, double scale, double zero, int maxq) {
  * is allowed). Writes any of codes (rows, cols), scales/zeros (rows, n_groups) and the
  * dequantized w_hat (rows, cols) that are not NULL. Returns NL_ERR_INVALID for bits outside
  * 2..8, a negative group size, bad shapes, or a NaN/inf weight (message names the index). */
-nl_status nl_qgrid_rtn(const float *w, int64_t rows, int64_t cols, int bits, int group_size,
-                       int symmetric, uint8_t *codes, float *scales, float *zeros, float *w_hat);
+nl_status nl_qgrid_rtn(const float *w, int64_t rows, int64_t cols, int bits, int group_size, int symmetric,
+                       uint8_t *codes, float *scales, float *zeros, float *w_hat);
 
 /* Number of groups per row for `cols` columns and `group_size` (0 = one). */
 int64_t nl_qgrid_n_groups(int64_t cols, int group_size);

@@ -58,7 +58,7 @@ typedef struct nl_qlinear {
     float *w_scale;                    /* (N) fp32 scale per output channel */
     int32_t *w_sum;                    /* (N) sum of each row's codes (VNNI correction) */
     nl_qlinear_mode mode;
-    nl_qdot_path path;                 /* resolved kernel path (never AUTO after init) */
+    nl_qdot_path path; /* resolved kernel path (never AUTO after init) */
 } nl_qlinear;
 
 /* Quantizes w (out_features, in_features) per output channel to int8 and prepares the layer.

@@ -57,11 +57,11 @@ typedef enum nl_mx_ties { NL_MX_TIES_EVEN = 0, NL_MX_TIES_AWAY = 1 } nl_mx_ties;
 typedef struct nl_quant_spec {
     nl_quant_kind kind;
     nl_quant_granularity gran;
-    int bits;            /* integer kinds: 2..8; MX: bits of one element (filled by the parser) */
-    int64_t block;       /* PER_BLOCK: values per block (> 0); MX: 32 */
-    int is_unsigned;     /* AFFINE: codes 0..2^b-1 (quint8) instead of -2^(b-1)..2^(b-1)-1 */
-    nl_mx_elem mx_elem;  /* MX: element format */
-    nl_mx_ties mx_ties;  /* MX: tie rule (default even) */
+    int bits;           /* integer kinds: 2..8; MX: bits of one element (filled by the parser) */
+    int64_t block;      /* PER_BLOCK: values per block (> 0); MX: 32 */
+    int is_unsigned;    /* AFFINE: codes 0..2^b-1 (quint8) instead of -2^(b-1)..2^(b-1)-1 */
+    nl_mx_elem mx_elem; /* MX: element format */
+    nl_mx_ties mx_ties; /* MX: tie rule (default even) */
 } nl_quant_spec;
 
 /* A quantized (rows, cols) tensor: codes plus one scale (and zero point) per group. */
@@ -86,32 +86,29 @@ typedef struct nl_qtensor {
  * to +-(2^(bits-1) - 1). Fills *out (free with nl_qtensor_free). x is (rows, cols).
  * Errors: NL_ERR_INVALID for NaN/inf (names the first bad index), bits outside 2..8, a bad
  * shape; NL_ERR_NOMEM. */
-nl_status nl_quant_symmetric(const float *x, int64_t rows, int64_t cols, int bits, int per_channel,
-                             nl_qtensor *out);
+nl_status nl_quant_symmetric(const float *x, int64_t rows, int64_t cols, int bits, int per_channel, nl_qtensor *out);
 
 /* The MinMaxObserver affine rule for one group: the range [min, max] is widened to include 0,
  * scale = (max - min) / (qmax - qmin) (at least FLT_EPSILON), zero_point = qmin - round(min /
  * scale) clamped to [qmin, qmax], all in fp32 as PyTorch computes it. NL_ERR_INVALID for a
  * non-finite bound or qmin >= qmax. */
-nl_status nl_quant_affine_params(float min, float max, int qmin, int qmax, float *scale,
-                                 int32_t *zero_point);
+nl_status nl_quant_affine_params(float min, float max, int qmin, int qmax, float *scale, int32_t *zero_point);
 
 /* Codes for a given scale and zero point, as torch.quantize_per_tensor computes them:
  * q[i] = clamp(zero_point + round_half_even(x[i] * (1/scale)), qmin, qmax). NL_ERR_INVALID for
  * NaN/inf in x (names the index), scale <= 0 or non-finite, qmin >= qmax. */
-nl_status nl_quant_affine_codes(const float *x, size_t n, float scale, int32_t zero_point, int qmin,
-                                int qmax, int32_t *q);
+nl_status nl_quant_affine_codes(const float *x, size_t n, float scale, int32_t zero_point, int qmin, int qmax,
+                                int32_t *q);
 
 /* quantize_affine: asymmetric codes with a zero point per tensor or per row; signed codes
  * -2^(b-1)..2^(b-1)-1 or unsigned 0..2^b-1. 0.0 is always exactly representable.
  * Errors as nl_quant_symmetric. */
-nl_status nl_quant_affine(const float *x, int64_t rows, int64_t cols, int bits, int is_unsigned,
-                          int per_channel, nl_qtensor *out);
+nl_status nl_quant_affine(const float *x, int64_t rows, int64_t cols, int bits, int is_unsigned, int per_channel,
+                          nl_qtensor *out);
 
 /* quantize_blockwise: absmax per block of `block` consecutive values of each row (the last
  * block of a row may be partial). Errors as nl_quant_symmetric, plus block <= 0. */
-nl_status nl_quant_blockwise(const float *x, int64_t rows, int64_t cols, int bits, int64_t block,
-                             nl_qtensor *out);
+nl_status nl_quant_blockwise(const float *x, int64_t rows, int64_t cols, int bits, int64_t block, nl_qtensor *out);
 
 /* Re-quantizes x, of the same shape, into q, an absmax tensor from nl_quant_symmetric /
  * nl_quant_blockwise (or nl_qtensor_alloc with a symmetric spec), without allocating: for
@@ -127,8 +124,7 @@ nl_status nl_quant_dequantize(const nl_qtensor *q, float *out);
  * emax_elem), stored as E8M0; elements are x / scale rounded to the element format (ties as
  * given) and saturated to its largest finite value. A zero block gets E8M0 code 0 (2^-127).
  * Errors as nl_quant_symmetric. */
-nl_status nl_quant_mx(const float *x, int64_t rows, int64_t cols, nl_mx_elem elem, nl_mx_ties ties,
-                      nl_qtensor *out);
+nl_status nl_quant_mx(const float *x, int64_t rows, int64_t cols, nl_mx_elem elem, nl_mx_ties ties, nl_qtensor *out);
 /* Element format facts: name ("e4m3", ...), bits, emax (exponent of the largest power of two),
  * largest finite value. */
 const char *nl_mx_elem_name(nl_mx_elem e);
@@ -177,8 +173,7 @@ nl_status nl_quant_spec_parse(const char *name, nl_quant_spec *out);
 /* Canonical name of a spec into buf (always NUL-terminated); returns buf. */
 const char *nl_quant_spec_name(const nl_quant_spec *spec, char *buf, size_t n);
 /* Quantizes with any spec (dispatches to the functions above). */
-nl_status nl_quant_tensor(const float *x, int64_t rows, int64_t cols, const nl_quant_spec *spec,
-                          nl_qtensor *out);
+nl_status nl_quant_tensor(const float *x, int64_t rows, int64_t cols, const nl_quant_spec *spec, nl_qtensor *out);
 
 /* Error metrics of a reconstruction: mean squared error and SQNR in dB (10 log10(sum x^2 /
  * sum (x - y)^2); +inf when exact). */

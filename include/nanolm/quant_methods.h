@@ -32,16 +32,22 @@ extern "C" {
 #endif
 
 typedef enum nl_qm_method {
-    NL_QM_FP32, NL_QM_RTN, NL_QM_GPTQ, NL_QM_AWQ, NL_QM_SMOOTHQUANT, NL_QM_W8A8, NL_QM_LLMINT8
+    NL_QM_FP32,
+    NL_QM_RTN,
+    NL_QM_GPTQ,
+    NL_QM_AWQ,
+    NL_QM_SMOOTHQUANT,
+    NL_QM_W8A8,
+    NL_QM_LLMINT8
 } nl_qm_method;
 
 typedef struct nl_qm_scheme {
     char name[48];
     nl_qm_method method;
-    int bits;          /* weight bits */
-    int group;         /* weight-only: columns per group (0 = per row); W8A8: 0 (per row) */
-    int act_bits;      /* 8 for W8A8 schemes, 32 otherwise */
-    double param;      /* smoothquant: alpha (0.5); int8-outlier: threshold (6) */
+    int bits;     /* weight bits */
+    int group;    /* weight-only: columns per group (0 = per row); W8A8: 0 (per row) */
+    int act_bits; /* 8 for W8A8 schemes, 32 otherwise */
+    double param; /* smoothquant: alpha (0.5); int8-outlier: threshold (6) */
 } nl_qm_scheme;
 
 /* Parses a scheme name: fp32, rtn-intB-gG, gptq-intB-gG, awq-intB-gG (B 2..8, G 0 = per row,
@@ -62,13 +68,13 @@ enum { NL_QM_SITES = 4 }; /* QKV, O, GATE_UP, DOWN */
 typedef struct nl_qm_runtime {
     nl_model *m;
     nl_linear_ops ops;
-    float threshold;              /* INFINITY for plain W8A8 */
-    int8_t **codes;               /* [L * NL_QM_SITES] (rows, cols) */
-    float **scales;               /* [L * NL_QM_SITES] (rows) */
-    int *calib_outliers;          /* [L * NL_QM_SITES] outlier dims in the calibration inputs */
-    int *eval_outliers_max;       /* [L * NL_QM_SITES] most outlier dims in one forward call */
-    int site_dim[NL_QM_SITES];    /* input features per site */
-    double awq_alpha_mean;        /* mean chosen alpha over AWQ sites (AWQ only) */
+    float threshold;           /* INFINITY for plain W8A8 */
+    int8_t **codes;            /* [L * NL_QM_SITES] (rows, cols) */
+    float **scales;            /* [L * NL_QM_SITES] (rows) */
+    int *calib_outliers;       /* [L * NL_QM_SITES] outlier dims in the calibration inputs */
+    int *eval_outliers_max;    /* [L * NL_QM_SITES] most outlier dims in one forward call */
+    int site_dim[NL_QM_SITES]; /* input features per site */
+    double awq_alpha_mean;     /* mean chosen alpha over AWQ sites (AWQ only) */
 } nl_qm_runtime;
 
 /* Applies scheme s to the model in place. GPTQ, AWQ, SmoothQuant and LLM.int8() calibrate on c

@@ -33,14 +33,14 @@ extern "C" {
 #define NL_QMODEL_PER_LAYER 7 /* wq, wk, wv, wo, w1, w3, w2 (memory order) */
 
 typedef struct nl_qmodel {
-    nl_model *model;        /* borrowed; model->linear_ops == &ops while installed */
+    nl_model *model; /* borrowed; model->linear_ops == &ops while installed */
     nl_quant_spec spec;
-    nl_qlinear_mode mode;   /* W8A8 only for int8 per channel */
+    nl_qlinear_mode mode; /* W8A8 only for int8 per channel */
     int64_t L;
-    nl_qtensor *qt;         /* (L, 7) quantized linear weights */
+    nl_qtensor *qt;             /* (L, 7) quantized linear weights */
     const nl_param_info **info; /* (L, 7) the model's table entry of each */
-    nl_qlinear *lin;        /* (L, 4) sites qkv, o, gate_up, down (int8 per channel), else NULL */
-    float *scratch;         /* one site's dequantized weights (weight-only, other schemes) */
+    nl_qlinear *lin;            /* (L, 4) sites qkv, o, gate_up, down (int8 per channel), else NULL */
+    float *scratch;             /* one site's dequantized weights (weight-only, other schemes) */
     nl_linear_ops ops;
 } nl_qmodel;
 

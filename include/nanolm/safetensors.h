@@ -63,23 +63,23 @@ nl_status nl_st_dtype_parse(const char *name, nl_st_dtype *out);
 typedef struct nl_st_tensor {
     char *name;
     nl_st_dtype dtype;
-    int ndim;                        /* 0 = scalar (one element) */
+    int ndim; /* 0 = scalar (one element) */
     int64_t shape[NL_ST_MAX_DIMS];
-    int64_t numel;                   /* product of shape (1 for a scalar) */
-    uint64_t begin, end;             /* data_offsets: bytes [begin, end) of the data area */
-    const void *data;                /* end - begin bytes */
+    int64_t numel;       /* product of shape (1 for a scalar) */
+    uint64_t begin, end; /* data_offsets: bytes [begin, end) of the data area */
+    const void *data;    /* end - begin bytes */
 } nl_st_tensor;
 
 /* An opened (validated) safetensors file. Tensors are listed in file order (by offset). */
 typedef struct nl_st_file {
     char *path;
-    const uint8_t *bytes;            /* the whole file */
+    const uint8_t *bytes; /* the whole file */
     size_t file_bytes;
-    uint64_t header_bytes;           /* N, the JSON length */
-    const uint8_t *data;             /* bytes + 8 + N */
+    uint64_t header_bytes; /* N, the JSON length */
+    const uint8_t *data;   /* bytes + 8 + N */
     uint64_t data_bytes;
     int n_tensors;
-    nl_st_tensor *tensors;           /* (n_tensors,) in file order */
+    nl_st_tensor *tensors; /* (n_tensors,) in file order */
     int n_meta;
     char **meta_keys, **meta_values; /* (n_meta,) __metadata__ in header order */
     int mapped;                      /* 1: bytes is an mmap, 0: borrowed or malloc'd */
@@ -108,8 +108,7 @@ void nl_st_tensor_to_f32(const nl_st_tensor *t, float *out);
 /* Looks up `name`, checks its shape is exactly shape[0..ndim) and converts it to fp32 into
  * `out`. Errors: NL_ERR_FORMAT "FILE: no tensor NAME" or "FILE: tensor NAME has shape [a,b]
  * but [c,d] is needed". */
-nl_status nl_st_read_f32(const nl_st_file *f, const char *name, int ndim, const int64_t *shape,
-                         float *out);
+nl_status nl_st_read_f32(const nl_st_file *f, const char *name, int ndim, const int64_t *shape, float *out);
 /* Formats a shape as "[a,b,c]" into buf (always NUL-terminated); returns buf. */
 char *nl_st_shape_str(int ndim, const int64_t *shape, char *buf, size_t buf_bytes);
 
@@ -137,7 +136,7 @@ typedef struct nl_st_writer_tensor {
     int64_t shape[NL_ST_MAX_DIMS];
     uint64_t bytes;
     const void *data;
-    void *owned;                     /* freed by nl_st_writer_free */
+    void *owned; /* freed by nl_st_writer_free */
 } nl_st_writer_tensor;
 
 typedef struct nl_st_writer {
@@ -152,12 +151,12 @@ void nl_st_writer_init(nl_st_writer *w);
  * (NL_ERR_INVALID, message names the tensor): empty or duplicate name, "__metadata__", ndim
  * outside 0..NL_ST_MAX_DIMS, negative dimension, unknown dtype, NULL data for a non-empty
  * tensor; NL_ERR_NOMEM. */
-nl_status nl_st_writer_add(nl_st_writer *w, const char *name, nl_st_dtype dtype, int ndim,
-                           const int64_t *shape, const void *data);
+nl_status nl_st_writer_add(nl_st_writer *w, const char *name, nl_st_dtype dtype, int ndim, const int64_t *shape,
+                           const void *data);
 /* As nl_st_writer_add, but the writer takes `data` (from nl_malloc) and frees it; it is freed
  * on error too. */
-nl_status nl_st_writer_add_owned(nl_st_writer *w, const char *name, nl_st_dtype dtype, int ndim,
-                                 const int64_t *shape, void *data);
+nl_status nl_st_writer_add_owned(nl_st_writer *w, const char *name, nl_st_dtype dtype, int ndim, const int64_t *shape,
+                                 void *data);
 /* Sets a __metadata__ entry (copied; a repeated key replaces the value). */
 nl_status nl_st_writer_meta(nl_st_writer *w, const char *key, const char *value);
 /* Writes the file atomically. On error (NL_ERR_IO naming the file, NL_ERR_NOMEM) a previous

@@ -14,19 +14,19 @@
 extern "C" {
 #endif
 
-#define NL_SAMPLING_MAX_STOP 4   /* stop strings per request (OpenAI allows 4) */
+#define NL_SAMPLING_MAX_STOP     4  /* stop strings per request (OpenAI allows 4) */
 #define NL_SAMPLING_MAX_STOP_LEN 64 /* bytes of one stop string */
 
 /* What a request asks of the sampler. */
 typedef struct nl_sampling {
-    float temperature;   /* 0: greedy (argmax, lowest id on ties); default 1 */
-    float top_p;         /* nucleus: keep the smallest set of tokens with mass >= top_p; 1 = off */
-    int top_k;           /* keep the k most likely tokens; 0 = off */
-    uint64_t seed;       /* of the request's generator (same seed, same tokens) */
-    int64_t max_tokens;  /* tokens to generate at most; <= 0: until the context is full */
-    int n_stop;          /* stop strings: generation ends before the first occurrence */
+    float temperature;  /* 0: greedy (argmax, lowest id on ties); default 1 */
+    float top_p;        /* nucleus: keep the smallest set of tokens with mass >= top_p; 1 = off */
+    int top_k;          /* keep the k most likely tokens; 0 = off */
+    uint64_t seed;      /* of the request's generator (same seed, same tokens) */
+    int64_t max_tokens; /* tokens to generate at most; <= 0: until the context is full */
+    int n_stop;         /* stop strings: generation ends before the first occurrence */
     char stop[NL_SAMPLING_MAX_STOP][NL_SAMPLING_MAX_STOP_LEN + 1];
-    int ignore_eos;      /* 1: neither EOS nor BOS (which ends a llama2.c story) ends the request */
+    int ignore_eos; /* 1: neither EOS nor BOS (which ends a llama2.c story) ends the request */
 } nl_sampling;
 
 /* temperature 1, top_p 1, top_k 0, seed 0, max_tokens 16 (OpenAI's default), no stop strings. */

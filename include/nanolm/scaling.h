@@ -31,7 +31,9 @@ double nl_scaling_flops_for_params(const nl_chinchilla *law, double n_params);
 
 /* Approach 1 of Hoffmann et al. 2022: N_opt = kN * C^a and D_opt = kD * C^b, least-squares fits
  * in log space to the paper's Table 3 projections (which come from approach 1). */
-typedef struct nl_powerlaw { double k, a; } nl_powerlaw;
+typedef struct nl_powerlaw {
+    double k, a;
+} nl_powerlaw;
 void nl_scaling_approach1(nl_powerlaw *n_of_c, nl_powerlaw *d_of_c);
 /* Kaplan et al. 2020 eq. (6.1): N_opt = 1.3e9 * C_pfdays^0.73 (non-embedding parameters). */
 double nl_scaling_kaplan_params(double flops);
@@ -42,30 +44,32 @@ void nl_scaling_rule(double ratio, double flops, double *n_params, double *n_tok
 /* Over-training: a model of n_params trained on n_tokens against the compute-optimal model
  * (under `law`) that reaches the same loss. */
 typedef struct nl_overtrain {
-    double tokens_per_param, multiple_of_rule;  /* vs `rule_ratio` tokens per parameter */
+    double tokens_per_param, multiple_of_rule; /* vs `rule_ratio` tokens per parameter */
     double loss, flops;
-    double opt_params, opt_tokens, opt_flops;   /* compute-optimal model with the same loss */
-    double extra_flops_frac;                    /* flops / opt_flops - 1 */
-    double breakeven_tokens;                    /* served tokens at which the small model pays */
+    double opt_params, opt_tokens, opt_flops; /* compute-optimal model with the same loss */
+    double extra_flops_frac;                  /* flops / opt_flops - 1 */
+    double breakeven_tokens;                  /* served tokens at which the small model pays */
 } nl_overtrain;
 /* NL_ERR_INVALID when the loss is unreachable (at or below E). */
-nl_status nl_scaling_overtrain(const nl_chinchilla *law, double n_params, double n_tokens,
-                               double rule_ratio, nl_overtrain *out);
+nl_status nl_scaling_overtrain(const nl_chinchilla *law, double n_params, double n_tokens, double rule_ratio,
+                               nl_overtrain *out);
 
 /* One observation for the fit. */
-typedef struct nl_scaling_obs { double n_params, n_tokens, loss; } nl_scaling_obs;
+typedef struct nl_scaling_obs {
+    double n_params, n_tokens, loss;
+} nl_scaling_obs;
 
 typedef struct nl_scaling_fit_opts {
-    double huber_delta;   /* 1e-3 */
-    int bootstrap;        /* resamples for standard errors (0: none) */
+    double huber_delta; /* 1e-3 */
+    int bootstrap;      /* resamples for standard errors (0: none) */
     uint64_t seed;
 } nl_scaling_fit_opts;
 
 typedef struct nl_scaling_fit_result {
     nl_chinchilla law;
-    double log_a, log_b, log_e;          /* the fitted parameters (A = exp(log_a), ...) */
+    double log_a, log_b, log_e; /* the fitted parameters (A = exp(log_a), ...) */
     double se_log_a, se_log_b, se_log_e, se_alpha, se_beta, se_E, se_A, se_B;
-    double objective;                    /* Huber sum at the optimum */
+    double objective; /* Huber sum at the optimum */
     int n_starts, n_obs;
 } nl_scaling_fit_result;
 /* Fits the law to `n` observations: minimises sum Huber_delta(LSE(a - alpha log N,
@@ -80,11 +84,13 @@ nl_status nl_scaling_read_csv(const char *path, nl_scaling_obs **obs, size_t *n)
 /* Column names for nl_scaling_read_csv_cols: any left NULL keeps its usual names (N/params,
  * D/tokens, C/FLOPs, loss/L) unless another is named, then only the named ones are read.
  * Columns the fit does not use are ignored, whatever they hold. */
-typedef struct nl_scaling_cols { const char *n, *d, *flops, *loss; } nl_scaling_cols;
+typedef struct nl_scaling_cols {
+    const char *n, *d, *flops, *loss;
+} nl_scaling_cols;
 nl_status nl_scaling_read_csv_cols(const char *path, const nl_scaling_cols *names, nl_scaling_obs **obs, size_t *n);
 
 /* The compute-optimal frontier (loss vs compute) under `law` and the 20-tokens rule as an SVG. */
-nl_status nl_scaling_svg_frontier(const char *path, const nl_chinchilla *law, double flops_lo,
-                                  double flops_hi, double mark_flops);
+nl_status nl_scaling_svg_frontier(const char *path, const nl_chinchilla *law, double flops_lo, double flops_hi,
+                                  double mark_flops);
 
 #endif

@@ -26,12 +26,12 @@
 #include "nanolm/engine.h"
 
 typedef struct nl_server_opts {
-    const char *host;        /* IPv4 address to listen on (default "127.0.0.1"; "localhost" accepted) */
-    int port;                /* 0: an ephemeral port (read it with nl_server_port) */
-    const char *model_name;  /* reported by /v1/models and in responses (default "nanolm") */
-    size_t max_body_bytes;   /* larger bodies get 413 (default 1 MiB) */
-    int max_connections;     /* open connections at most (default 512) */
-    double drain_timeout_s;  /* at shutdown, how long running requests may finish before they are
+    const char *host;         /* IPv4 address to listen on (default "127.0.0.1"; "localhost" accepted) */
+    int port;                 /* 0: an ephemeral port (read it with nl_server_port) */
+    const char *model_name;   /* reported by /v1/models and in responses (default "nanolm") */
+    size_t max_body_bytes;    /* larger bodies get 413 (default 1 MiB) */
+    int max_connections;      /* open connections at most (default 512) */
+    double drain_timeout_s;   /* at shutdown, how long running requests may finish before they are
                                 cancelled (default 30) */
     const char *prefill_addr; /* decode role: "HOST:PORT" of a prefill server (kv_transfer.h) that
                                 computes each prompt's KV, imported here (502 when it fails);

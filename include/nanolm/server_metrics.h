@@ -29,13 +29,13 @@ void nl_histogram_init(nl_histogram *h, const double *bounds, int n);
 void nl_histogram_observe(nl_histogram *h, double v);
 
 typedef struct nl_serve_metrics {
-    int64_t running, waiting;            /* sequences in the engine / queued for admission */
+    int64_t running, waiting; /* sequences in the engine / queued for admission */
     int64_t kv_blocks_used, kv_blocks_free;
     int64_t requests_ok, requests_aborted, requests_rejected; /* finished, cancelled, refused (4xx/5xx) */
-    int64_t prompt_tokens, generation_tokens; /* totals */
+    int64_t prompt_tokens, generation_tokens;                 /* totals */
     int64_t preemptions, steps;
-    double tokens_per_s;                 /* generated tokens per second over the recent window */
-    nl_histogram ttft, tpot, e2e;        /* seconds */
+    double tokens_per_s;          /* generated tokens per second over the recent window */
+    nl_histogram ttft, tpot, e2e; /* seconds */
 } nl_serve_metrics;
 
 /* Zeroes *m and sets the histograms' default bounds (1 ms .. 60 s). */

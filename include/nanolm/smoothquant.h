@@ -28,8 +28,8 @@ nl_status nl_smoothquant_observe(const float *x, int64_t tokens, int cols, float
 /* The smoothing factors s (cols) for n_w layers w[i] (rows[i], cols) reading x whose
  * per-channel absmax is act_absmax. NL_ERR_INVALID for alpha outside [0, 1], bad shapes or a
  * non-finite input. */
-nl_status nl_smoothquant_scales(const float *act_absmax, int cols, int n_w, const float *const *w,
-                                const int *rows, double alpha, float *s);
+nl_status nl_smoothquant_scales(const float *act_absmax, int cols, int n_w, const float *const *w, const int *rows,
+                                double alpha, float *s);
 
 /* W <- W diag(s) for w (rows, cols), and, if gain (cols) is not NULL, gain <- gain / s
  * (the RMSNorm that produces x). */

@@ -43,8 +43,7 @@ typedef struct nl_svg_plot_opts {
     double width, height; /* 0 = 720 x 440 */
 } nl_svg_plot_opts;
 
-nl_status nl_svg_plot(const char *path, const nl_svg_plot_opts *o, const nl_svg_series *series,
-                      size_t nseries);
+nl_status nl_svg_plot(const char *path, const nl_svg_plot_opts *o, const nl_svg_series *series, size_t nseries);
 /* The i-th colour of the default palette. */
 const char *nl_svg_color(size_t i);
 

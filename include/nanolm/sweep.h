@@ -17,7 +17,7 @@
 #include "nanolm/scaling.h"
 
 #define NL_SWEEP_MAX_BUDGETS 8
-#define NL_SWEEP_MAX_SHAPES 12
+#define NL_SWEEP_MAX_SHAPES  12
 
 typedef struct nl_sweep_grid {
     char name[32];
@@ -28,10 +28,10 @@ typedef struct nl_sweep_grid {
      * list (a window that slides with the budget, as Chinchilla's IsoFLOP sizes do);
      * budget_shapes[b] == 0 means every shape. Run names are c<b>_n<shape index in the list>. */
     int first_shape[NL_SWEEP_MAX_BUDGETS], budget_shapes[NL_SWEEP_MAX_BUDGETS];
-    int64_t batch, seq;     /* windows per step, tokens per window */
-    double lr;              /* peak of the cosine (lr_min = lr / 10), warmup 5% of the steps */
-    int64_t val_windows;    /* final validation: the first windows of the validation split */
-    int64_t checkpoints;    /* checkpoints (and quick validations) per run */
+    int64_t batch, seq;  /* windows per step, tokens per window */
+    double lr;           /* peak of the cosine (lr_min = lr / 10), warmup 5% of the steps */
+    int64_t val_windows; /* final validation: the first windows of the validation split */
+    int64_t checkpoints; /* checkpoints (and quick validations) per run */
 } nl_sweep_grid;
 
 /* "default" (the documented grid: 29.6 min on 2 cores with --jobs 2), "small" (a reduced
@@ -48,12 +48,12 @@ typedef struct nl_sweep_row {
     char run[32];
     double budget_flops;
     int64_t dim, layers;
-    double n_params;        /* non-embedding */
-    double n_tokens;        /* trained tokens = steps * batch * seq */
+    double n_params; /* non-embedding */
+    double n_tokens; /* trained tokens = steps * batch * seq */
     int64_t steps;
-    double flops;           /* 6 * N * D actually trained */
-    double val_loss;        /* final, nats/token */
-    double wall_s;          /* summed over resumed pieces */
+    double flops;    /* 6 * N * D actually trained */
+    double val_loss; /* final, nats/token */
+    double wall_s;   /* summed over resumed pieces */
 } nl_sweep_row;
 
 typedef struct nl_sweep_progress {
@@ -72,8 +72,8 @@ nl_status nl_sweep_run(const nl_sweep_grid *g, const char *data_path, const char
  * re-read and rewritten under DIR/sweep.lock, sorted by budget and N. largest_first: take the
  * largest budget first (and within a budget the smallest model, which trains the most tokens),
  * so that the long runs start early and the workers finish together. */
-nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, const char *dir, const nl_sweep_progress *p,
-                              int largest_first);
+nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, const char *dir,
+                              const nl_sweep_progress *p, int largest_first);
 
 /* Reads DIR's sweep CSV. *rows is malloc'd (nl_free); a missing file gives 0 rows. */
 nl_status nl_sweep_read_csv(const char *path, nl_sweep_row **rows, int *n);
@@ -90,10 +90,10 @@ typedef struct nl_isoflop_budget {
 typedef struct nl_isoflop_fit {
     int n_budgets;
     nl_isoflop_budget b[NL_SWEEP_MAX_BUDGETS];
-    double a, log_k;        /* N_opt = exp(log_k) * C^a (least squares in log-log) */
-    double a_lo, a_hi;      /* 95% bootstrap percentile interval */
-    double se_a;            /* bootstrap standard deviation of a */
-    int boot_used;          /* resamples that gave a valid fit */
+    double a, log_k;   /* N_opt = exp(log_k) * C^a (least squares in log-log) */
+    double a_lo, a_hi; /* 95% bootstrap percentile interval */
+    double se_a;       /* bootstrap standard deviation of a */
+    int boot_used;     /* resamples that gave a valid fit */
 } nl_isoflop_fit;
 
 /* Approach 2 on points (N, C, loss): budgets are the distinct C values (relative tolerance

@@ -33,7 +33,7 @@ extern "C" {
 typedef enum nl_tokenizer_kind {
     NL_TOKENIZER_BYTE = 0,
     NL_TOKENIZER_LLAMA2C = 1,
-    NL_TOKENIZER_HF = 2        /* tokenizer.json BPE (nanolm/bpe.h) */
+    NL_TOKENIZER_HF = 2 /* tokenizer.json BPE (nanolm/bpe.h) */
 } nl_tokenizer_kind;
 
 struct nl_bpe;
@@ -41,15 +41,15 @@ struct nl_bpe;
 typedef struct nl_tokenizer {
     nl_tokenizer_kind kind;
     int vocab_size;
-    int bos_id, eos_id;        /* -1 when the tokenizer has none (byte-level) */
-    int max_token_length;      /* longest piece in bytes */
-    char **pieces;             /* (vocab_size,) NUL-terminated piece strings */
-    float *scores;             /* (vocab_size,) merge scores (0 for byte-level) */
-    int *sorted_ids;           /* (vocab_size,) ids sorted by piece, for lookup */
-    int dummy_prefix_id;       /* id of " " (llama2.c), -1 for byte-level */
-    int words_independent;     /* 1: pieces never contain a space after a non-space */
-    char byte_pieces[512];     /* byte b as a 1-byte string at [2b] */
-    struct nl_bpe *bpe;        /* NL_TOKENIZER_HF only (pieces, scores, sorted_ids are NULL) */
+    int bos_id, eos_id;    /* -1 when the tokenizer has none (byte-level) */
+    int max_token_length;  /* longest piece in bytes */
+    char **pieces;         /* (vocab_size,) NUL-terminated piece strings */
+    float *scores;         /* (vocab_size,) merge scores (0 for byte-level) */
+    int *sorted_ids;       /* (vocab_size,) ids sorted by piece, for lookup */
+    int dummy_prefix_id;   /* id of " " (llama2.c), -1 for byte-level */
+    int words_independent; /* 1: pieces never contain a space after a non-space */
+    char byte_pieces[512]; /* byte b as a 1-byte string at [2b] */
+    struct nl_bpe *bpe;    /* NL_TOKENIZER_HF only (pieces, scores, sorted_ids are NULL) */
 } nl_tokenizer;
 
 /* The byte-level tokenizer (vocab 256). Returns NL_ERR_NOMEM only. */
@@ -80,12 +80,12 @@ const char *nl_tokenizer_kind_name(nl_tokenizer_kind kind);
  * bos/eos: prepend BOS / append EOS when the tokenizer has them (ignored for byte-level).
  * A NUL byte inside the text is encoded like any other byte. Errors: NL_ERR_NOMEM,
  * NL_ERR_RANGE when the text exceeds INT32_MAX bytes. */
-nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos,
-                              int eos, int **tokens, int64_t *n_tokens);
+nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
+                              int **tokens, int64_t *n_tokens);
 /* As nl_tokenizer_encode; special = 1 also turns special tokens written in the text
  * ("<|endoftext|>", "<s>") into their ids (tokenizer.json only; the others have none). */
-nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos,
-                                      int eos, int special, int **tokens, int64_t *n_tokens);
+nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
+                                      int special, int **tokens, int64_t *n_tokens);
 /* Id of the piece exactly equal to `piece`, or -1. */
 int nl_tokenizer_lookup(const nl_tokenizer *t, const char *piece);
 

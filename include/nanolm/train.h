@@ -22,9 +22,9 @@ extern "C" {
  * p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). Weight decay only on tensors with ndim 2. */
 typedef struct nl_adamw {
     float beta1, beta2, eps, weight_decay;
-    int64_t t;        /* completed optimizer steps */
-    size_t n;         /* floats (= model->n_params) */
-    float *m, *v;     /* first and second moments, same layout as params; one allocation */
+    int64_t t;            /* completed optimizer steps */
+    size_t n;             /* floats (= model->n_params) */
+    float *m, *v;         /* first and second moments, same layout as params; one allocation */
     const float *lr_mult; /* NULL, or one learning-rate multiplier per tensor (muP; borrowed) */
 } nl_adamw;
 
@@ -87,23 +87,22 @@ void nl_scaler_update(nl_loss_scaler *s, int found_inf);
  * dropped), B windows per forward, at most max_windows windows (0: all). m must have
  * activations for (B, T). *n_scored receives the number of predicted tokens.
  * Errors: NL_ERR_INVALID when the split has no full window. */
-nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
-                       int64_t max_windows, double *mean_loss, int64_t *n_scored);
+nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T, int64_t max_windows,
+                       double *mean_loss, int64_t *n_scored);
 /* The one evaluation loop under nl_eval_loss and nl_eval_token_losses (nanolm/lossstat.h): the
  * same windows, B per forward, and after each forward visit(user, losses, n) with the n = nb * T
  * per-token losses (nb, T) of that batch in text order. A visitor's error stops the loop and is
  * returned. Errors as nl_eval_loss. */
 typedef nl_status (*nl_eval_visit)(void *user, const float *losses, int64_t n);
-nl_status nl_eval_windows(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
-                          int64_t max_windows, nl_eval_visit visit, void *user);
+nl_status nl_eval_windows(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T, int64_t max_windows,
+                          nl_eval_visit visit, void *user);
 /* The number of windows of T tokens those loops evaluate: the split's, at most max_windows (> 0).
  * Errors: NL_ERR_INVALID naming the file and split when not one full window fits. */
-nl_status nl_eval_window_count(const nl_data *d, nl_data_split split, int64_t T, int64_t max_windows,
-                               int64_t *windows);
+nl_status nl_eval_window_count(const nl_data *d, nl_data_split split, int64_t T, int64_t max_windows, int64_t *windows);
 /* The same over a token array already in memory (all of it, consecutive windows of T).
  * Errors as nl_eval_loss, plus NL_ERR_INVALID for a token outside the model's vocabulary. */
-nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T,
-                              double *mean_loss, int64_t *n_scored);
+nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T, double *mean_loss,
+                              int64_t *n_scored);
 
 /* The same loss computed token by token through the KV cache (nl_model_step, the generation
  * path) in its current element type (nl_model_alloc_kv_dtype first): window w of T tokens runs
@@ -114,28 +113,28 @@ nl_status nl_eval_loss_kv(nl_model *m, const nl_data *d, nl_data_split split, in
 
 /* ---- the training loop ------------------------------------------------------------------------- */
 typedef struct nl_train_opts {
-    int64_t steps;          /* optimizer steps in total (a resumed run continues up to this) */
-    int64_t stop_after;     /* > 0: stop after this step (validate and save) without changing
+    int64_t steps;      /* optimizer steps in total (a resumed run continues up to this) */
+    int64_t stop_after; /* > 0: stop after this step (validate and save) without changing
                                the schedule, to be resumed later */
-    int64_t batch, seq;     /* B windows of T tokens per micro-batch (seq 0: the model's seq_len) */
-    int64_t grad_accum;     /* micro-batches per step (gradients averaged) */
-    float lr, lr_min;       /* cosine from lr to lr_min */
-    int64_t warmup;         /* linear warmup steps */
+    int64_t batch, seq; /* B windows of T tokens per micro-batch (seq 0: the model's seq_len) */
+    int64_t grad_accum; /* micro-batches per step (gradients averaged) */
+    float lr, lr_min;   /* cosine from lr to lr_min */
+    int64_t warmup;     /* linear warmup steps */
     float weight_decay, beta1, beta2, adam_eps, grad_clip;
     nl_precision precision;
-    float loss_scale_init;  /* fp16: initial loss scale (0: GradScaler's 65536) */
-    uint64_t seed;          /* initialisation and data sampling */
-    int64_t eval_every;     /* validation every K steps (0: only at the end) */
-    int64_t eval_windows;   /* validation windows of T tokens (the first ones of the split) */
-    const char *out;        /* checkpoint path (NULL: none); saved at each validation and the end */
-    const char *resume;     /* checkpoint to resume from (NULL: fresh run) */
+    float loss_scale_init;    /* fp16: initial loss scale (0: GradScaler's 65536) */
+    uint64_t seed;            /* initialisation and data sampling */
+    int64_t eval_every;       /* validation every K steps (0: only at the end) */
+    int64_t eval_windows;     /* validation windows of T tokens (the first ones of the split) */
+    const char *out;          /* checkpoint path (NULL: none); saved at each validation and the end */
+    const char *resume;       /* checkpoint to resume from (NULL: fresh run) */
     const char *init_weights; /* start from this checkpoint's weights only: fresh optimizer,
                                  step 0, full schedule (QAT; exclusive with resume) */
-    const char *tokenizer;  /* recorded in checkpoints: "byte" or "tok512" */
-    int64_t mup_base_dim;   /* > 0: muP (nanolm/mup.h) with this base width; 0: standard */
-    int no_loss_scaling;    /* fp16: a fixed loss scale of 1 (an overflow still skips the step) */
-    const char *qat;        /* QAT scheme the caller installs (recorded, checked on resume; NULL none) */
-    const char *fp8;        /* FP8 recipe the caller installs (recorded, checked on resume; NULL none) */
+    const char *tokenizer;    /* recorded in checkpoints: "byte" or "tok512" */
+    int64_t mup_base_dim;     /* > 0: muP (nanolm/mup.h) with this base width; 0: standard */
+    int no_loss_scaling;      /* fp16: a fixed loss scale of 1 (an overflow still skips the step) */
+    const char *qat;          /* QAT scheme the caller installs (recorded, checked on resume; NULL none) */
+    const char *fp8;          /* FP8 recipe the caller installs (recorded, checked on resume; NULL none) */
     const volatile int *stop; /* when *stop becomes nonzero (a signal handler sets it), the current
                                  step finishes, is validated and saved, and nl_trainer_run returns
                                  NL_OK with t->stopped set to that value (NULL: never). A layout
@@ -154,11 +153,11 @@ typedef struct nl_train_memory {
 
 /* One record per optimizer step (and per validation). */
 typedef struct nl_train_log {
-    int64_t step;           /* 1-based */
+    int64_t step; /* 1-based */
     float lr, loss, grad_norm, loss_scale;
-    float val_loss;         /* NaN when not evaluated at this step */
-    double tokens_per_s;    /* of this step */
-    int skipped;            /* fp16: step skipped on inf/NaN gradients */
+    float val_loss;      /* NaN when not evaluated at this step */
+    double tokens_per_s; /* of this step */
+    int skipped;         /* fp16: step skipped on inf/NaN gradients */
 } nl_train_log;
 
 typedef void (*nl_train_callback)(void *user, const nl_train_log *rec, const nl_train_opts *o);
@@ -174,9 +173,9 @@ typedef void (*nl_train_callback)(void *user, const nl_train_log *rec, const nl_
 struct nl_ckpt_state;
 typedef struct nl_train_layout {
     void *user;
-    const char *name;       /* "DDP", "ZeRO", "pipeline/tensor" */
-    int rank0;              /* 1 on the rank that prints and writes files */
-    size_t n_params;        /* of the whole model */
+    const char *name; /* "DDP", "ZeRO", "pipeline/tensor" */
+    int rank0;        /* 1 on the rank that prints and writes files */
+    size_t n_params;  /* of the whole model */
     nl_status (*grads)(void *user, const nl_data *d, int64_t step, float *loss);
     nl_status (*sumsq)(void *user, double *ss);
     void (*scale)(void *user, float f);
@@ -198,17 +197,17 @@ typedef struct nl_trainer {
     nl_model model;
     nl_adamw opt;
     nl_loss_scaler scaler;
-    nl_rng rng;             /* seeded from o->seed; batches are nl_data_batch(seed, step) */
-    int64_t step;           /* completed steps */
-    int64_t saved_step;     /* step of the last checkpoint written (-1: none yet) */
-    int32_t *x, *y;         /* (B, T) batch buffers */
-    nl_train_log *log;      /* (log_cap) records, 0..n_log: one per step this process runs */
+    nl_rng rng;         /* seeded from o->seed; batches are nl_data_batch(seed, step) */
+    int64_t step;       /* completed steps */
+    int64_t saved_step; /* step of the last checkpoint written (-1: none yet) */
+    int32_t *x, *y;     /* (B, T) batch buffers */
+    nl_train_log *log;  /* (log_cap) records, 0..n_log: one per step this process runs */
     int64_t n_log, log_cap;
-    int64_t seq;            /* tokens per window (o->seq, or the model's seq_len when 0) */
-    int stopped;            /* nl_trainer_run returned early on o->stop: its (agreed) value */
+    int64_t seq; /* tokens per window (o->seq, or the model's seq_len when 0) */
+    int stopped; /* nl_trainer_run returned early on o->stop: its (agreed) value */
     nl_train_memory mem;
-    double wall_s;          /* of the steps run in this process */
-    struct nl_mup *mup;     /* muP hooks (NULL: standard parametrisation) */
+    double wall_s;                 /* of the steps run in this process */
+    struct nl_mup *mup;            /* muP hooks (NULL: standard parametrisation) */
     const nl_train_layout *layout; /* a parallel layout's hooks (NULL: this process alone, `model`) */
     int64_t tokens_done;
 } nl_trainer;

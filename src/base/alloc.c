@@ -15,8 +15,7 @@ void *nl_malloc(size_t bytes, const char *what) {
     size_t n = bytes ? bytes : 1;
     n = (n + 63) & ~(size_t)63;
     if (n < bytes || posix_memalign(&p, 64, n) != 0) {
-        nl_fail(NL_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes,
-                what ? what : "a buffer");
+        nl_fail(NL_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes, what ? what : "a buffer");
         return NULL;
     }
     return p;
@@ -25,8 +24,7 @@ void *nl_malloc(size_t bytes, const char *what) {
 void *nl_calloc(size_t count, size_t size, const char *what) {
     size_t bytes;
     if (nl_mul_overflows(count, size, &bytes)) {
-        nl_fail(NL_ERR_NOMEM, "size overflow allocating %zu x %zu bytes for %s", count, size,
-                what ? what : "a buffer");
+        nl_fail(NL_ERR_NOMEM, "size overflow allocating %zu x %zu bytes for %s", count, size, what ? what : "a buffer");
         return NULL;
     }
     void *p = nl_malloc(bytes, what);

@@ -12,23 +12,29 @@ int64_t nl_arch_head_dim(const nl_arch *a) {
 }
 
 nl_status nl_arch_validate(const nl_arch *a) {
-#define POS(f) if (a->f <= 0) return nl_fail(NL_ERR_INVALID, "arch %s: " #f " must be positive, got %lld", a->name, (long long)a->f)
-    POS(vocab_size); POS(dim); POS(n_layers); POS(n_heads); POS(n_kv_heads); POS(seq_len);
+#define POS(f)                                                                                                         \
+    if (a->f <= 0)                                                                                                     \
+    return nl_fail(NL_ERR_INVALID, "arch %s: " #f " must be positive, got %lld", a->name, (long long)a->f)
+    POS(vocab_size);
+    POS(dim);
+    POS(n_layers);
+    POS(n_heads);
+    POS(n_kv_heads);
+    POS(seq_len);
 #undef POS
     if (a->head_dim <= 0 && a->dim % a->n_heads)
         return nl_fail(NL_ERR_INVALID, "arch %s: dim %lld is not a multiple of n_heads %lld", a->name,
                        (long long)a->dim, (long long)a->n_heads);
     if (a->n_heads % a->n_kv_heads)
-        return nl_fail(NL_ERR_INVALID, "arch %s: n_heads %lld is not a multiple of n_kv_heads %lld",
-                       a->name, (long long)a->n_heads, (long long)a->n_kv_heads);
+        return nl_fail(NL_ERR_INVALID, "arch %s: n_heads %lld is not a multiple of n_kv_heads %lld", a->name,
+                       (long long)a->n_heads, (long long)a->n_kv_heads);
     if (nl_arch_head_dim(a) % 2)
         return nl_fail(NL_ERR_INVALID, "arch %s: head size %lld must be even for RoPE", a->name,
                        (long long)nl_arch_head_dim(a));
     if (a->n_experts < 0 || a->n_shared_experts < 0 || a->top_k < 0)
         return nl_fail(NL_ERR_INVALID, "arch %s: negative expert counts", a->name);
     if (a->n_experts > 0 && (a->top_k < 1 || a->top_k > a->n_experts || a->expert_hidden_dim <= 0))
-        return nl_fail(NL_ERR_INVALID, "arch %s: MoE needs 1 <= top_k <= n_experts and expert_hidden_dim > 0",
-                       a->name);
+        return nl_fail(NL_ERR_INVALID, "arch %s: MoE needs 1 <= top_k <= n_experts and expert_hidden_dim > 0", a->name);
     if (a->hidden_dim <= 0 && (a->n_experts == 0 || a->first_moe_layer > 0))
         return nl_fail(NL_ERR_INVALID, "arch %s: hidden_dim must be positive for dense layers", a->name);
     if (a->rope_scaling_factor != 0 &&
@@ -73,9 +79,8 @@ void nl_arch_count_params(const nl_arch *a, nl_arch_params *p) {
         /* MLA (DeepSeek-V2 sec. 2.1): q = W_qb·norm(W_qa x) (or W_q x), [c_kv, k_rope] = W_kva x,
          * [k_nope, v] = W_kvb·norm(c_kv), out = W_o v; the two low-rank norms count here. */
         int64_t qk = hd + a->qk_rope_head_dim;
-        int64_t wq = a->q_lora_rank > 0
-                         ? a->dim * a->q_lora_rank + a->q_lora_rank + a->q_lora_rank * a->n_heads * qk
-                         : a->dim * a->n_heads * qk;
+        int64_t wq = a->q_lora_rank > 0 ? a->dim * a->q_lora_rank + a->q_lora_rank + a->q_lora_rank * a->n_heads * qk
+                                        : a->dim * a->n_heads * qk;
         int64_t wkv = a->dim * (a->kv_lora_rank + a->qk_rope_head_dim) + a->kv_lora_rank +
                       a->kv_lora_rank * a->n_heads * (hd + a->v_head_dim);
         p->attention = a->n_layers * (wq + wkv + a->n_heads * a->v_head_dim * a->dim);
@@ -88,24 +93,48 @@ void nl_arch_count_params(const nl_arch *a, nl_arch_params *p) {
     p->mlp_shared = moe_layers * a->n_shared_experts * expert;
     p->router = moe_layers * a->dim * a->n_experts;
     p->norms = (2 * a->n_layers + 1) * a->dim;
-    p->total = p->embedding + p->classifier + p->attention + p->mlp_dense + p->mlp_experts +
-               p->mlp_shared + p->router + p->norms;
+    p->total = p->embedding + p->classifier + p->attention + p->mlp_dense + p->mlp_experts + p->mlp_shared + p->router +
+               p->norms;
     p->non_embedding = p->total - p->embedding - p->classifier;
     p->active = p->total - p->mlp_experts + moe_layers * a->top_k * expert;
 }
 
 static const nl_arch presets[] = {
     /* llama2.c's stories260K (tinyllamas): the shape of data/stories260K. */
-    {.name = "stories260k", .vocab_size = 512, .dim = 64, .n_layers = 5, .n_heads = 8,
-     .n_kv_heads = 4, .hidden_dim = 172, .seq_len = 512, .rope_theta = 10000.0,
-     .norm_eps = 1e-5, .tied_embeddings = 1},
+    {.name = "stories260k",
+     .vocab_size = 512,
+     .dim = 64,
+     .n_layers = 5,
+     .n_heads = 8,
+     .n_kv_heads = 4,
+     .hidden_dim = 172,
+     .seq_len = 512,
+     .rope_theta = 10000.0,
+     .norm_eps = 1e-5,
+     .tied_embeddings = 1},
     /* nanoGPT's CPU example size, byte-level vocabulary. */
-    {.name = "shakespeare-char", .vocab_size = 256, .dim = 128, .n_layers = 4, .n_heads = 4,
-     .n_kv_heads = 4, .hidden_dim = 352, .seq_len = 64, .rope_theta = 10000.0,
-     .norm_eps = 1e-5, .tied_embeddings = 0},
-    {.name = "small", .vocab_size = 256, .dim = 384, .n_layers = 6, .n_heads = 6,
-     .n_kv_heads = 6, .hidden_dim = 1024, .seq_len = 256, .rope_theta = 10000.0,
-     .norm_eps = 1e-5, .tied_embeddings = 0},
+    {.name = "shakespeare-char",
+     .vocab_size = 256,
+     .dim = 128,
+     .n_layers = 4,
+     .n_heads = 4,
+     .n_kv_heads = 4,
+     .hidden_dim = 352,
+     .seq_len = 64,
+     .rope_theta = 10000.0,
+     .norm_eps = 1e-5,
+     .tied_embeddings = 0},
+    {.name = "small",
+     .vocab_size = 256,
+     .dim = 384,
+     .n_layers = 6,
+     .n_heads = 6,
+     .n_kv_heads = 6,
+     .hidden_dim = 1024,
+     .seq_len = 256,
+     .rope_theta = 10000.0,
+     .norm_eps = 1e-5,
+     .tied_embeddings = 0},
 };
 
 static const char *const preset_names[] = {"stories260k", "shakespeare-char", "small", NULL};
@@ -117,16 +146,33 @@ size_t nl_arch_last_offset(void) { return offsetof(nl_arch, rope_original_max_po
 
 nl_status nl_arch_preset(const char *name, nl_arch *out) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
-        if (strcmp(presets[i].name, name) == 0) { *out = presets[i]; return NL_OK; }
+        if (strcmp(presets[i].name, name) == 0) {
+            *out = presets[i];
+            return NL_OK;
+        }
     return nl_fail(NL_ERR_INVALID, "unknown preset '%s' (known: stories260k, shakespeare-char, small)", name);
 }
 
 /* ---- JSON ------------------------------------------------------------------------------------ */
 
-#define ARCH_INT_FIELDS(X)                                                                       \
-    X(vocab_size, 1) X(dim, 1) X(n_layers, 1) X(n_heads, 1) X(n_kv_heads, 1) X(hidden_dim, 1)     \
-    X(seq_len, 1) X(head_dim, 0) X(n_experts, 0) X(n_shared_experts, 0) X(top_k, 0)             \
-    X(expert_hidden_dim, 0) X(first_moe_layer, 0) X(rope_original_max_pos, 0)
+/* One field per line: clang-format 14 does not settle on a layout for this list. */
+/* clang-format off */
+#define ARCH_INT_FIELDS(X)      \
+    X(vocab_size, 1)            \
+    X(dim, 1)                   \
+    X(n_layers, 1)              \
+    X(n_heads, 1)               \
+    X(n_kv_heads, 1)            \
+    X(hidden_dim, 1)            \
+    X(seq_len, 1)               \
+    X(head_dim, 0)              \
+    X(n_experts, 0)             \
+    X(n_shared_experts, 0)      \
+    X(top_k, 0)                 \
+    X(expert_hidden_dim, 0)     \
+    X(first_moe_layer, 0)       \
+    X(rope_original_max_pos, 0)
+/* clang-format on */
 
 char *nl_arch_to_json(const nl_arch *a) {
     cJSON *o = cJSON_CreateObject();
@@ -167,19 +213,19 @@ nl_status nl_arch_from_json(const char *what, const char *json, nl_arch *a) {
     if (!o) return nl_fail(NL_ERR_FORMAT, "%s: the arch metadata is not valid JSON", what);
     memset(a, 0, sizeof *a);
     cJSON *v;
-#define X(f, req)                                                                                  \
-    v = cJSON_GetObjectItemCaseSensitive(o, #f);                                                   \
-    if (!cJSON_IsNumber(v) && req) {                                                               \
-        cJSON_Delete(o);                                                                           \
-        return nl_fail(NL_ERR_FORMAT, "%s: the arch metadata has no number '%s'", what, #f);       \
-    }                                                                                              \
-    if (cJSON_IsNumber(v)) {                                                                       \
-        double val = v->valuedouble;                                                               \
-        if (!(val >= 0 && val <= 0x1p40) || val != floor(val)) {                                   \
-            cJSON_Delete(o); /* v belongs to o: use the copied value from here on */               \
-            return nl_fail(NL_ERR_FORMAT, "%s: arch field '%s' = %g is not an integer in [0, 2^40]", what, #f, val); \
-        }                                                                                          \
-        a->f = (int64_t)val;                                                                       \
+#define X(f, req)                                                                                                      \
+    v = cJSON_GetObjectItemCaseSensitive(o, #f);                                                                       \
+    if (!cJSON_IsNumber(v) && req) {                                                                                   \
+        cJSON_Delete(o);                                                                                               \
+        return nl_fail(NL_ERR_FORMAT, "%s: the arch metadata has no number '%s'", what, #f);                           \
+    }                                                                                                                  \
+    if (cJSON_IsNumber(v)) {                                                                                           \
+        double val = v->valuedouble;                                                                                   \
+        if (!(val >= 0 && val <= 0x1p40) || val != floor(val)) {                                                       \
+            cJSON_Delete(o); /* v belongs to o: use the copied value from here on */                                   \
+            return nl_fail(NL_ERR_FORMAT, "%s: arch field '%s' = %g is not an integer in [0, 2^40]", what, #f, val);   \
+        }                                                                                                              \
+        a->f = (int64_t)val;                                                                                           \
     }
     ARCH_INT_FIELDS(X)
 #undef X
@@ -187,9 +233,13 @@ nl_status nl_arch_from_json(const char *what, const char *json, nl_arch *a) {
         snprintf(a->name, sizeof a->name, "%s", v->valuestring);
     /* Real-valued fields: absent takes the Llama default; present must be a finite number
      * (cJSON reads 1e999 as infinity, and a string must not fall back to the default). */
-    static const struct { const char *key; double def; int positive; } reals[] = {
-        {"rope_theta", 10000.0, 1}, {"norm_eps", 1e-5, 1}, {"tied_embeddings", 0.0, 0},
-        {"rope_scaling_factor", 0.0, 0}, {"rope_low_freq_factor", 0.0, 0}, {"rope_high_freq_factor", 0.0, 0}};
+    static const struct {
+        const char *key;
+        double def;
+        int positive;
+    } reals[] = {{"rope_theta", 10000.0, 1},       {"norm_eps", 1e-5, 1},
+                 {"tied_embeddings", 0.0, 0},      {"rope_scaling_factor", 0.0, 0},
+                 {"rope_low_freq_factor", 0.0, 0}, {"rope_high_freq_factor", 0.0, 0}};
     double rv[sizeof reals / sizeof reals[0]];
     for (size_t k = 0; k < sizeof reals / sizeof reals[0]; k++) {
         v = cJSON_GetObjectItemCaseSensitive(o, reals[k].key);
@@ -198,8 +248,10 @@ nl_status nl_arch_from_json(const char *what, const char *json, nl_arch *a) {
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 ||
             (reals[k].positive && !(v->valuedouble > 0))) {
             char shown[64];
-            if (cJSON_IsNumber(v)) snprintf(shown, sizeof shown, "%g", v->valuedouble);
-            else snprintf(shown, sizeof shown, "%s", cJSON_IsString(v) ? "a string" : "not a number");
+            if (cJSON_IsNumber(v))
+                snprintf(shown, sizeof shown, "%g", v->valuedouble);
+            else
+                snprintf(shown, sizeof shown, "%s", cJSON_IsString(v) ? "a string" : "not a number");
             cJSON_Delete(o);
             return nl_fail(NL_ERR_FORMAT, "%s: arch field '%s' = %s is not a finite %s number", what, reals[k].key,
                            shown, reals[k].positive ? "positive" : "non-negative");
@@ -212,8 +264,10 @@ nl_status nl_arch_from_json(const char *what, const char *json, nl_arch *a) {
     a->rope_scaling_factor = rv[3];
     a->rope_low_freq_factor = rv[4];
     a->rope_high_freq_factor = rv[5];
-    if (cJSON_IsBool(v = cJSON_GetObjectItemCaseSensitive(o, "qkv_bias"))) a->qkv_bias = cJSON_IsTrue(v);
-    else if (cJSON_IsNumber(v)) a->qkv_bias = v->valuedouble != 0;
+    if (cJSON_IsBool(v = cJSON_GetObjectItemCaseSensitive(o, "qkv_bias")))
+        a->qkv_bias = cJSON_IsTrue(v);
+    else if (cJSON_IsNumber(v))
+        a->qkv_bias = v->valuedouble != 0;
     cJSON_Delete(o);
     if (nl_arch_validate(a)) return nl_fail(NL_ERR_FORMAT, "%s: %s", what, nl_last_error());
     return NL_OK;

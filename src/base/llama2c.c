@@ -75,8 +75,9 @@ static nl_status arch_from_header(const char *path, const int32_t h[7], nl_arch 
     for (int i = 0; i < 7; i++) {
         int32_t v = i == 5 && h[i] < 0 && h[i] != INT32_MIN ? -h[i] : h[i];
         if (v <= 0 || v > (1 << 24))
-            return nl_fail(NL_ERR_FORMAT, "%s: header field %s = %d is out of range 1..16777216 (not a llama2.c checkpoint?)",
-                           path, names[i], (int)h[i]);
+            return nl_fail(NL_ERR_FORMAT,
+                           "%s: header field %s = %d is out of range 1..16777216 (not a llama2.c checkpoint?)", path,
+                           names[i], (int)h[i]);
     }
     memset(a, 0, sizeof *a);
     const char *base = strrchr(path, '/');
@@ -122,7 +123,10 @@ nl_status nl_llama2c_read(nl_llama2c *m, const char *path) {
     }
     nl_arch a;
     nl_status rc = arch_from_header(path, h, &a);
-    if (rc) { fclose(f); return rc; }
+    if (rc) {
+        fclose(f);
+        return rc;
+    }
     /* Header fields go up to 2^24 each, so products of three overflow int64: bound the total in
      * floating point first (found by fuzz/fuzz_llama2c.c); the exact checks below then fit. */
     double D = (double)a.dim, Hd = (double)a.hidden_dim, L = (double)a.n_layers, V = (double)a.vocab_size;
@@ -131,7 +135,9 @@ nl_status nl_llama2c_read(nl_llama2c *m, const char *path) {
                     (double)a.seq_len * hsd;
     if (4 * approx > 0x1p62) { /* no file is that long; exact sizes below cannot overflow */
         fclose(f);
-        return nl_fail(NL_ERR_FORMAT, "%s: truncated at byte %llu: the header (dim=%d hidden_dim=%d n_layers=%d n_heads=%d n_kv_heads=%d vocab_size=%d seq_len=%d) implies %.4g bytes",
+        return nl_fail(NL_ERR_FORMAT,
+                       "%s: truncated at byte %llu: the header (dim=%d hidden_dim=%d n_layers=%d n_heads=%d "
+                       "n_kv_heads=%d vocab_size=%d seq_len=%d) implies %.4g bytes",
                        path, (unsigned long long)size, (int)h[0], (int)h[1], (int)h[2], (int)h[3], (int)h[4], (int)h[5],
                        (int)h[6], 4 * approx + NL_LLAMA2C_HEADER_BYTES);
     }
@@ -142,7 +148,8 @@ nl_status nl_llama2c_read(nl_llama2c *m, const char *path) {
     for (int i = 0; i < n; i++) n_weights += t[i].numel;
     uint64_t expect = NL_LLAMA2C_HEADER_BYTES + 4 * (uint64_t)(n_weights + rope);
     char desc[200];
-    snprintf(desc, sizeof desc, "dim=%lld hidden_dim=%lld n_layers=%lld n_heads=%lld n_kv_heads=%lld vocab_size=%d seq_len=%lld",
+    snprintf(desc, sizeof desc,
+             "dim=%lld hidden_dim=%lld n_layers=%lld n_heads=%lld n_kv_heads=%lld vocab_size=%d seq_len=%lld",
              (long long)a.dim, (long long)a.hidden_dim, (long long)a.n_layers, (long long)a.n_heads,
              (long long)a.n_kv_heads, (int)h[5], (long long)a.seq_len);
     if (size < expect) {
@@ -152,15 +159,23 @@ nl_status nl_llama2c_read(nl_llama2c *m, const char *path) {
     }
     if (size > expect) {
         fclose(f);
-        return nl_fail(NL_ERR_FORMAT, "%s: %llu bytes but the header (%s) implies %llu: wrong header or not a llama2.c legacy checkpoint",
-                       path, (unsigned long long)size, desc, (unsigned long long)expect);
+        return nl_fail(
+            NL_ERR_FORMAT,
+            "%s: %llu bytes but the header (%s) implies %llu: wrong header or not a llama2.c legacy checkpoint", path,
+            (unsigned long long)size, desc, (unsigned long long)expect);
     }
     char what[600];
     snprintf(what, sizeof what, "%s: the weights (%s)", path, desc);
     nl_status mem = nl_mem_require((uint64_t)n_weights * sizeof(float), what);
-    if (mem) { fclose(f); return mem; }
+    if (mem) {
+        fclose(f);
+        return mem;
+    }
     float *w = nl_malloc((size_t)n_weights * sizeof(float), path);
-    if (!w) { fclose(f); return NL_ERR_NOMEM; }
+    if (!w) {
+        fclose(f);
+        return NL_ERR_NOMEM;
+    }
     /* Everything before the RoPE tables, skip them, then the classifier. */
     int64_t before = n_weights - (a.tied_embeddings ? 0 : a.vocab_size * a.dim);
     int ok = fread(w, sizeof(float), (size_t)before, f) == (size_t)before;
@@ -200,7 +215,8 @@ nl_status nl_llama2c_write(const char *path, const nl_arch *a, const float *cons
     int32_t h[7];
     for (int i = 0; i < 7; i++) {
         if (f[i] > INT32_MAX)
-            return nl_fail(NL_ERR_INVALID, "cannot write %s: a header field (%lld) does not fit int32", path, (long long)f[i]);
+            return nl_fail(NL_ERR_INVALID, "cannot write %s: a header field (%lld) does not fit int32", path,
+                           (long long)f[i]);
         h[i] = (int32_t)f[i];
     }
     if (!a->tied_embeddings) h[5] = -h[5];
@@ -214,12 +230,18 @@ nl_status nl_llama2c_write(const char *path, const nl_arch *a, const float *cons
     nl_llama2c_rope_tables(a, rope, rope + half);
     nl_atomic_file af;
     rc = nl_atomic_open(&af, path);
-    if (rc) { nl_free(rope); return rc; }
+    if (rc) {
+        nl_free(rope);
+        return rc;
+    }
     rc = nl_atomic_write(&af, h, sizeof h);
     for (int i = 0; !rc && i < 11; i++) rc = nl_atomic_write(&af, arrays[i], (size_t)t[i].numel * sizeof(float));
     if (!rc) rc = nl_atomic_write(&af, rope, 2 * (size_t)half * sizeof(float));
     if (!rc && n == 12) rc = nl_atomic_write(&af, arrays[11], (size_t)t[11].numel * sizeof(float));
     nl_free(rope);
-    if (rc) { nl_atomic_abort(&af); return rc; }
+    if (rc) {
+        nl_atomic_abort(&af);
+        return rc;
+    }
     return nl_atomic_commit(&af);
 }

@@ -53,7 +53,8 @@ uint64_t nl_mem_available(void) {
         if (read_small(path, max, sizeof max) == 0 && strncmp(max, "max", 3) != 0) {
             unsigned long long lim = 0, used = 0;
             snprintf(path, sizeof path, "%s/memory.current", dir);
-            if (sscanf(max, "%llu", &lim) == 1 && read_small(path, cur, sizeof cur) == 0 && sscanf(cur, "%llu", &used) == 1) {
+            if (sscanf(max, "%llu", &lim) == 1 && read_small(path, cur, sizeof cur) == 0 &&
+                sscanf(cur, "%llu", &used) == 1) {
                 uint64_t left = lim > used ? lim - used : 0;
                 if (left < avail) avail = left;
             }

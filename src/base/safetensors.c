@@ -18,21 +18,24 @@
 
 /* ---- dtypes ---- */
 
-static const struct { const char *name; size_t size; } dtypes[NL_ST_NDTYPES] = {
-    [NL_ST_F32] = {"F32", 4}, [NL_ST_F16] = {"F16", 2}, [NL_ST_BF16] = {"BF16", 2},
-    [NL_ST_I8] = {"I8", 1},   [NL_ST_U8] = {"U8", 1},   [NL_ST_I32] = {"I32", 4},
-    [NL_ST_I64] = {"I64", 8}, [NL_ST_F64] = {"F64", 8},
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[NL_ST_NDTYPES] = {
+    [NL_ST_F32] = {"F32", 4}, [NL_ST_F16] = {"F16", 2}, [NL_ST_BF16] = {"BF16", 2}, [NL_ST_I8] = {"I8", 1},
+    [NL_ST_U8] = {"U8", 1},   [NL_ST_I32] = {"I32", 4}, [NL_ST_I64] = {"I64", 8},   [NL_ST_F64] = {"F64", 8},
 };
 
-const char *nl_st_dtype_name(nl_st_dtype d) {
-    return (unsigned)d < NL_ST_NDTYPES ? dtypes[d].name : "?";
-}
+const char *nl_st_dtype_name(nl_st_dtype d) { return (unsigned)d < NL_ST_NDTYPES ? dtypes[d].name : "?"; }
 
 size_t nl_st_dtype_size(nl_st_dtype d) { return (unsigned)d < NL_ST_NDTYPES ? dtypes[d].size : 0; }
 
 nl_status nl_st_dtype_parse(const char *name, nl_st_dtype *out) {
     for (int i = 0; i < NL_ST_NDTYPES; i++)
-        if (strcmp(name, dtypes[i].name) == 0) { *out = (nl_st_dtype)i; return NL_OK; }
+        if (strcmp(name, dtypes[i].name) == 0) {
+            *out = (nl_st_dtype)i;
+            return NL_OK;
+        }
     return nl_fail(NL_ERR_FORMAT, "unknown dtype \"%s\" (known: F32 F16 BF16 I8 U8 I32 I64 F64)", name);
 }
 
@@ -49,12 +52,12 @@ float nl_st_bf16_to_f32(uint16_t bits) { return f32_from_bits((uint32_t)bits << 
 float nl_st_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (exp == 0) {                      /* zero or subnormal: mant * 2^-24, exact in fp32 */
+    if (exp == 0) { /* zero or subnormal: mant * 2^-24, exact in fp32 */
         float v = (float)mant * 0x1p-24f;
         return sign ? -v : v;
     }
     if (exp == 31) return f32_from_bits(sign | 0x7f800000u | (mant << 13)); /* inf / NaN */
-    return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13)); /* rebias 15 -> 127 */
+    return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));       /* rebias 15 -> 127 */
 }
 
 char *nl_st_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
@@ -81,11 +84,16 @@ void nl_st_close(nl_st_file *f) {
     if (!f) return;
     for (int i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
     free(f->tensors);
-    for (int i = 0; i < f->n_meta; i++) { free(f->meta_keys[i]); free(f->meta_values[i]); }
+    for (int i = 0; i < f->n_meta; i++) {
+        free(f->meta_keys[i]);
+        free(f->meta_values[i]);
+    }
     free(f->meta_keys);
     free(f->meta_values);
-    if (f->mapped) munmap((void *)f->bytes, f->file_bytes);
-    else if (f->owned) nl_free((void *)f->bytes);
+    if (f->mapped)
+        munmap((void *)f->bytes, f->file_bytes);
+    else if (f->owned)
+        nl_free((void *)f->bytes);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -106,9 +114,7 @@ static int cmp_offset(const void *a, const void *b) {
     return 0;
 }
 
-static int cmp_strp(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int cmp_strp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Fails on the first name that occurs twice in names[0..n). `what` = "tensor"/"metadata key". */
 static nl_status check_unique(const char *file, char **names, int n, const char *what) {
@@ -144,8 +150,8 @@ static nl_status parse_tensor(const char *file, const cJSON *e, nl_st_tensor *t)
         return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": missing or non-array \"shape\"", file, nm);
     int nd = cJSON_GetArraySize(sh);
     if (nd > NL_ST_MAX_DIMS)
-        return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\" has %d dimensions (at most %d supported)", file,
-                       nm, nd, NL_ST_MAX_DIMS);
+        return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\" has %d dimensions (at most %d supported)", file, nm, nd,
+                       NL_ST_MAX_DIMS);
     t->ndim = nd;
     uint64_t numel = 1;
     int i = 0;
@@ -153,8 +159,7 @@ static nl_status parse_tensor(const char *file, const cJSON *e, nl_st_tensor *t)
     cJSON_ArrayForEach(it, sh) {
         uint64_t d;
         if (!json_uint(it, &d))
-            return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": shape[%d] is not a non-negative integer", file,
-                           nm, i);
+            return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": shape[%d] is not a non-negative integer", file, nm, i);
         t->shape[i++] = (int64_t)d;
         if (__builtin_mul_overflow(numel, d, &numel) || numel > (1ULL << 62))
             return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": shape is absurdly large", file, nm);
@@ -162,11 +167,11 @@ static nl_status parse_tensor(const char *file, const cJSON *e, nl_st_tensor *t)
     t->numel = (int64_t)numel;
     if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2 || !json_uint(cJSON_GetArrayItem(of, 0), &t->begin) ||
         !json_uint(cJSON_GetArrayItem(of, 1), &t->end))
-        return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": \"data_offsets\" must be [BEGIN, END] of non-negative integers",
-                       file, nm);
+        return nl_fail(NL_ERR_FORMAT,
+                       "%s: tensor \"%s\": \"data_offsets\" must be [BEGIN, END] of non-negative integers", file, nm);
     if (t->end < t->begin)
-        return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%llu, %llu] end before they begin", file,
-                       nm, (unsigned long long)t->begin, (unsigned long long)t->end);
+        return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%llu, %llu] end before they begin", file, nm,
+                       (unsigned long long)t->begin, (unsigned long long)t->end);
     uint64_t need;
     if (__builtin_mul_overflow(numel, (uint64_t)nl_st_dtype_size(t->dtype), &need)) {
         char sb[160];
@@ -175,16 +180,15 @@ static nl_status parse_tensor(const char *file, const cJSON *e, nl_st_tensor *t)
     }
     if (need != t->end - t->begin) {
         char sb[160];
-        return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": shape %s of %s needs %llu bytes but offsets span %llu",
-                       file, nm, nl_st_shape_str(t->ndim, t->shape, sb, sizeof sb), nl_st_dtype_name(t->dtype),
+        return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\": shape %s of %s needs %llu bytes but offsets span %llu", file,
+                       nm, nl_st_shape_str(t->ndim, t->shape, sb, sizeof sb), nl_st_dtype_name(t->dtype),
                        (unsigned long long)need, (unsigned long long)(t->end - t->begin));
     }
     return NL_OK;
 }
 
 static nl_status parse_metadata(const char *file, const cJSON *m, nl_st_file *f) {
-    if (!cJSON_IsObject(m))
-        return nl_fail(NL_ERR_FORMAT, "%s: \"__metadata__\" is not a JSON object", file);
+    if (!cJSON_IsObject(m)) return nl_fail(NL_ERR_FORMAT, "%s: \"__metadata__\" is not a JSON object", file);
     int n = cJSON_GetArraySize(m);
     f->meta_keys = calloc((size_t)n + 1, sizeof(char *));
     f->meta_values = calloc((size_t)n + 1, sizeof(char *));
@@ -207,15 +211,16 @@ static nl_status parse_all(nl_st_file *f) {
     const char *file = f->path;
     size_t n = f->file_bytes;
     if (n < 8)
-        return nl_fail(NL_ERR_FORMAT, "%s: truncated at byte %zu: a safetensors file starts with an 8-byte header length",
-                       file, n);
+        return nl_fail(NL_ERR_FORMAT,
+                       "%s: truncated at byte %zu: a safetensors file starts with an 8-byte header length", file, n);
     uint64_t hn;
     memcpy(&hn, f->bytes, 8);
     if (hn > NL_ST_MAX_HEADER_BYTES)
         return nl_fail(NL_ERR_FORMAT, "%s: header length %llu exceeds the %llu-byte limit (not a safetensors file?)",
                        file, (unsigned long long)hn, (unsigned long long)NL_ST_MAX_HEADER_BYTES);
     if (hn > n - 8)
-        return nl_fail(NL_ERR_FORMAT, "%s: truncated at byte %zu: the header needs %llu bytes (file must be at least %llu bytes)",
+        return nl_fail(NL_ERR_FORMAT,
+                       "%s: truncated at byte %zu: the header needs %llu bytes (file must be at least %llu bytes)",
                        file, n, (unsigned long long)hn, (unsigned long long)(hn + 8));
     if (hn < 2 || f->bytes[8] != '{')
         return nl_fail(NL_ERR_FORMAT, "%s: header does not start with '{' (not a safetensors file?)", file);
@@ -243,21 +248,31 @@ static nl_status parse_all(nl_st_file *f) {
     }
     int n_items = cJSON_GetArraySize(root);
     f->tensors = calloc((size_t)n_items + 1, sizeof *f->tensors);
-    if (!f->tensors) { rc = nl_fail(NL_ERR_NOMEM, "out of memory reading %s", file); goto done; }
+    if (!f->tensors) {
+        rc = nl_fail(NL_ERR_NOMEM, "out of memory reading %s", file);
+        goto done;
+    }
     int seen_meta = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
         if (strcmp(it->string, "__metadata__") == 0) {
-            if (seen_meta++) { rc = nl_fail(NL_ERR_FORMAT, "%s: duplicate \"__metadata__\" in the header", file); goto done; }
+            if (seen_meta++) {
+                rc = nl_fail(NL_ERR_FORMAT, "%s: duplicate \"__metadata__\" in the header", file);
+                goto done;
+            }
             if ((rc = parse_metadata(file, it, f))) goto done;
             continue;
         }
         nl_st_tensor *t = &f->tensors[f->n_tensors++];
-        if (!(t->name = dupstr(it->string))) { rc = nl_fail(NL_ERR_NOMEM, "out of memory reading %s", file); goto done; }
+        if (!(t->name = dupstr(it->string))) {
+            rc = nl_fail(NL_ERR_NOMEM, "out of memory reading %s", file);
+            goto done;
+        }
         if ((rc = parse_tensor(file, it, t))) goto done;
         if (t->end > f->data_bytes) {
             rc = nl_fail(NL_ERR_FORMAT,
-                         "%s: truncated at byte %zu: tensor \"%s\" needs data bytes [%llu, %llu) but the data area has %llu bytes (file must be at least %llu bytes)",
+                         "%s: truncated at byte %zu: tensor \"%s\" needs data bytes [%llu, %llu) but the data area has "
+                         "%llu bytes (file must be at least %llu bytes)",
                          file, n, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
                          (unsigned long long)f->data_bytes, (unsigned long long)(8 + hn + t->end));
             goto done;
@@ -266,7 +281,10 @@ static nl_status parse_all(nl_st_file *f) {
     }
     {
         char **names = malloc(((size_t)f->n_tensors + 1) * sizeof *names);
-        if (!names) { rc = nl_fail(NL_ERR_NOMEM, "out of memory reading %s", file); goto done; }
+        if (!names) {
+            rc = nl_fail(NL_ERR_NOMEM, "out of memory reading %s", file);
+            goto done;
+        }
         for (int i = 0; i < f->n_tensors; i++) names[i] = f->tensors[i].name;
         rc = check_unique(file, names, f->n_tensors, "tensor");
         free(names);
@@ -278,22 +296,26 @@ static nl_status parse_all(nl_st_file *f) {
     for (int i = 0; i < f->n_tensors; i++) {
         const nl_st_tensor *t = &f->tensors[i];
         if (t->begin < pos) {
-            rc = nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\" (data bytes [%llu, %llu)) overlaps tensor \"%s\" (which ends at %llu)",
+            rc = nl_fail(NL_ERR_FORMAT,
+                         "%s: tensor \"%s\" (data bytes [%llu, %llu)) overlaps tensor \"%s\" (which ends at %llu)",
                          file, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
                          f->tensors[i - 1].name, (unsigned long long)pos);
             goto done;
         }
         if (t->begin > pos) {
-            rc = nl_fail(NL_ERR_FORMAT, "%s: hole in the data area: bytes [%llu, %llu) before tensor \"%s\" belong to no tensor",
-                         file, (unsigned long long)pos, (unsigned long long)t->begin, t->name);
+            rc = nl_fail(NL_ERR_FORMAT,
+                         "%s: hole in the data area: bytes [%llu, %llu) before tensor \"%s\" belong to no tensor", file,
+                         (unsigned long long)pos, (unsigned long long)t->begin, t->name);
             goto done;
         }
         pos = t->end;
     }
     if (pos != f->data_bytes)
-        rc = nl_fail(NL_ERR_FORMAT, "%s: %llu bytes after the last tensor belong to no tensor (data area %llu bytes, tensors end at %llu)",
-                     file, (unsigned long long)(f->data_bytes - pos), (unsigned long long)f->data_bytes,
-                     (unsigned long long)pos);
+        rc = nl_fail(
+            NL_ERR_FORMAT,
+            "%s: %llu bytes after the last tensor belong to no tensor (data area %llu bytes, tensors end at %llu)",
+            file, (unsigned long long)(f->data_bytes - pos), (unsigned long long)f->data_bytes,
+            (unsigned long long)pos);
 done:
     cJSON_Delete(root);
     return rc;
@@ -325,9 +347,15 @@ nl_status nl_st_open(nl_st_file *f, const char *path) {
     int mapped = p != MAP_FAILED;
     if (!mapped) { /* empty file or no mmap here: read it */
         nl_status mem = nl_mem_require((uint64_t)n + 1, path);
-        if (mem) { close(fd); return mem; }
+        if (mem) {
+            close(fd);
+            return mem;
+        }
         p = nl_malloc(n, path);
-        if (!p) { close(fd); return NL_ERR_NOMEM; }
+        if (!p) {
+            close(fd);
+            return NL_ERR_NOMEM;
+        }
         size_t got = 0;
         while (got < n) {
             ssize_t r = read(fd, (char *)p + got, n - got);
@@ -345,7 +373,10 @@ nl_status nl_st_open(nl_st_file *f, const char *path) {
     f->file_bytes = n;
     f->mapped = mapped;
     f->owned = !mapped;
-    if (!f->path) { nl_st_close(f); return nl_fail(NL_ERR_NOMEM, "out of memory"); }
+    if (!f->path) {
+        nl_st_close(f);
+        return nl_fail(NL_ERR_NOMEM, "out of memory");
+    }
     nl_status rc = parse_all(f);
     if (rc) nl_st_close(f);
     return rc;
@@ -367,23 +398,49 @@ void nl_st_tensor_to_f32(const nl_st_tensor *t, float *out) {
     const uint8_t *p = t->data;
     int64_t n = t->numel;
     switch (t->dtype) {
-    case NL_ST_F32: if (n) memcpy(out, p, (size_t)n * 4); break;
+    case NL_ST_F32:
+        if (n) memcpy(out, p, (size_t)n * 4);
+        break;
     case NL_ST_F16:
-        for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = nl_st_f16_to_f32(h); }
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = nl_st_f16_to_f32(h);
+        }
         break;
     case NL_ST_BF16:
-        for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = nl_st_bf16_to_f32(h); }
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = nl_st_bf16_to_f32(h);
+        }
         break;
-    case NL_ST_I8: for (int64_t i = 0; i < n; i++) out[i] = (float)(int8_t)p[i]; break;
-    case NL_ST_U8: for (int64_t i = 0; i < n; i++) out[i] = (float)p[i]; break;
+    case NL_ST_I8:
+        for (int64_t i = 0; i < n; i++) out[i] = (float)(int8_t)p[i];
+        break;
+    case NL_ST_U8:
+        for (int64_t i = 0; i < n; i++) out[i] = (float)p[i];
+        break;
     case NL_ST_I32:
-        for (int64_t i = 0; i < n; i++) { int32_t v; memcpy(&v, p + 4 * i, 4); out[i] = (float)v; }
+        for (int64_t i = 0; i < n; i++) {
+            int32_t v;
+            memcpy(&v, p + 4 * i, 4);
+            out[i] = (float)v;
+        }
         break;
     case NL_ST_I64:
-        for (int64_t i = 0; i < n; i++) { int64_t v; memcpy(&v, p + 8 * i, 8); out[i] = (float)v; }
+        for (int64_t i = 0; i < n; i++) {
+            int64_t v;
+            memcpy(&v, p + 8 * i, 8);
+            out[i] = (float)v;
+        }
         break;
     case NL_ST_F64:
-        for (int64_t i = 0; i < n; i++) { double v; memcpy(&v, p + 8 * i, 8); out[i] = (float)v; }
+        for (int64_t i = 0; i < n; i++) {
+            double v;
+            memcpy(&v, p + 8 * i, 8);
+            out[i] = (float)v;
+        }
         break;
     default: break;
     }
@@ -408,24 +465,30 @@ nl_status nl_st_read_f32(const nl_st_file *f, const char *name, int ndim, const 
 void nl_st_writer_init(nl_st_writer *w) { memset(w, 0, sizeof *w); }
 
 void nl_st_writer_free(nl_st_writer *w) {
-    for (int i = 0; i < w->n_tensors; i++) { free(w->tensors[i].name); nl_free(w->tensors[i].owned); }
+    for (int i = 0; i < w->n_tensors; i++) {
+        free(w->tensors[i].name);
+        nl_free(w->tensors[i].owned);
+    }
     free(w->tensors);
-    for (int i = 0; i < w->n_meta; i++) { free(w->meta_keys[i]); free(w->meta_values[i]); }
+    for (int i = 0; i < w->n_meta; i++) {
+        free(w->meta_keys[i]);
+        free(w->meta_values[i]);
+    }
     free(w->meta_keys);
     free(w->meta_values);
     memset(w, 0, sizeof *w);
 }
 
-nl_status nl_st_writer_add(nl_st_writer *w, const char *name, nl_st_dtype dtype, int ndim,
-                           const int64_t *shape, const void *data) {
+nl_status nl_st_writer_add(nl_st_writer *w, const char *name, nl_st_dtype dtype, int ndim, const int64_t *shape,
+                           const void *data) {
     if (!name || !*name) return nl_fail(NL_ERR_INVALID, "safetensors writer: empty tensor name");
     if (strcmp(name, "__metadata__") == 0)
         return nl_fail(NL_ERR_INVALID, "safetensors writer: \"__metadata__\" cannot name a tensor");
     if ((unsigned)dtype >= NL_ST_NDTYPES)
         return nl_fail(NL_ERR_INVALID, "safetensors writer: tensor \"%s\": unknown dtype %d", name, (int)dtype);
     if (ndim < 0 || ndim > NL_ST_MAX_DIMS)
-        return nl_fail(NL_ERR_INVALID, "safetensors writer: tensor \"%s\": %d dimensions (0..%d supported)", name,
-                       ndim, NL_ST_MAX_DIMS);
+        return nl_fail(NL_ERR_INVALID, "safetensors writer: tensor \"%s\": %d dimensions (0..%d supported)", name, ndim,
+                       NL_ST_MAX_DIMS);
     uint64_t numel = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
@@ -435,8 +498,7 @@ nl_status nl_st_writer_add(nl_st_writer *w, const char *name, nl_st_dtype dtype,
             return nl_fail(NL_ERR_INVALID, "safetensors writer: tensor \"%s\": shape too large", name);
     }
     uint64_t bytes = numel * nl_st_dtype_size(dtype);
-    if (bytes && !data)
-        return nl_fail(NL_ERR_INVALID, "safetensors writer: tensor \"%s\": NULL data", name);
+    if (bytes && !data) return nl_fail(NL_ERR_INVALID, "safetensors writer: tensor \"%s\": NULL data", name);
     for (int i = 0; i < w->n_tensors; i++)
         if (strcmp(w->tensors[i].name, name) == 0)
             return nl_fail(NL_ERR_INVALID, "safetensors writer: duplicate tensor name \"%s\"", name);
@@ -459,10 +521,13 @@ nl_status nl_st_writer_add(nl_st_writer *w, const char *name, nl_st_dtype dtype,
     return NL_OK;
 }
 
-nl_status nl_st_writer_add_owned(nl_st_writer *w, const char *name, nl_st_dtype dtype, int ndim,
-                                 const int64_t *shape, void *data) {
+nl_status nl_st_writer_add_owned(nl_st_writer *w, const char *name, nl_st_dtype dtype, int ndim, const int64_t *shape,
+                                 void *data) {
     nl_status rc = nl_st_writer_add(w, name, dtype, ndim, shape, data);
-    if (rc) { nl_free(data); return rc; }
+    if (rc) {
+        nl_free(data);
+        return rc;
+    }
     w->tensors[w->n_tensors - 1].owned = data;
     return NL_OK;
 }
@@ -488,7 +553,11 @@ nl_status nl_st_writer_meta(nl_st_writer *w, const char *key, const char *value)
         w->cap_meta = cap;
     }
     char *k = dupstr(key), *v = dupstr(value);
-    if (!k || !v) { free(k); free(v); return nl_fail(NL_ERR_NOMEM, "out of memory setting metadata \"%s\"", key); }
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return nl_fail(NL_ERR_NOMEM, "out of memory setting metadata \"%s\"", key);
+    }
     w->meta_keys[w->n_meta] = k;
     w->meta_values[w->n_meta] = v;
     w->n_meta++;
@@ -546,13 +615,19 @@ nl_status nl_st_writer_write(const nl_st_writer *w, const char *path) {
     if (!header) return nl_fail(NL_ERR_NOMEM, "out of memory building the safetensors header for %s", path);
     nl_atomic_file af;
     nl_status rc = nl_atomic_open(&af, path);
-    if (rc) { free(header); return rc; }
+    if (rc) {
+        free(header);
+        return rc;
+    }
     uint64_t hn = hlen;
     rc = nl_atomic_write(&af, &hn, 8);
     if (!rc) rc = nl_atomic_write(&af, header, hlen);
     free(header);
     for (int i = 0; !rc && i < w->n_tensors; i++)
         rc = nl_atomic_write(&af, w->tensors[i].data, (size_t)w->tensors[i].bytes);
-    if (rc) { nl_atomic_abort(&af); return rc; }
+    if (rc) {
+        nl_atomic_abort(&af);
+        return rc;
+    }
     return nl_atomic_commit(&af);
 }

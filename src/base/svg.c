@@ -15,12 +15,21 @@ static void svg_vappend(nl_svg *s, const char *fmt, va_list ap) {
         size_t room = s->cap - s->len;
         int n = vsnprintf(s->buf ? s->buf + s->len : NULL, s->buf ? room : 0, fmt, cp);
         va_end(cp);
-        if (n < 0) { s->failed = 1; return; }
-        if (s->buf && (size_t)n < room) { s->len += (size_t)n; return; }
+        if (n < 0) {
+            s->failed = 1;
+            return;
+        }
+        if (s->buf && (size_t)n < room) {
+            s->len += (size_t)n;
+            return;
+        }
         size_t ncap = (s->cap ? s->cap * 2 : 4096);
         while (ncap < s->len + (size_t)n + 1) ncap *= 2;
         char *nb = realloc(s->buf, ncap);
-        if (!nb) { s->failed = 1; return; }
+        if (!nb) {
+            s->failed = 1;
+            return;
+        }
         s->buf = nb;
         s->cap = ncap;
     }
@@ -37,9 +46,10 @@ void nl_svg_begin(nl_svg *s, double width, double height) {
     memset(s, 0, sizeof *s);
     s->width = width;
     s->height = height;
-    nl_svg_raw(s, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" "
-                  "viewBox=\"0 0 %g %g\" font-family=\"sans-serif\">\n"
-                  "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+    nl_svg_raw(s,
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" "
+               "viewBox=\"0 0 %g %g\" font-family=\"sans-serif\">\n"
+               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
                width, height, width, height);
 }
 
@@ -56,14 +66,20 @@ static void svg_escaped(nl_svg *s, const char *t) {
 }
 
 void nl_svg_line(nl_svg *s, double x1, double y1, double x2, double y2, const char *color, double w) {
-    nl_svg_raw(s, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" stroke-width=\"%g\"/>\n",
-               x1, y1, x2, y2, color ? color : "black", w);
+    nl_svg_raw(s, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" stroke-width=\"%g\"/>\n", x1, y1,
+               x2, y2, color ? color : "black", w);
 }
 
 void nl_svg_rect(nl_svg *s, double x, double y, double w, double h, const char *fill, const char *title) {
-    nl_svg_raw(s, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" stroke=\"#333\" stroke-width=\"0.5\">",
-               x, y, w, h, fill ? fill : "#888");
-    if (title) { nl_svg_raw(s, "<title>"); svg_escaped(s, title); nl_svg_raw(s, "</title>"); }
+    nl_svg_raw(
+        s,
+        "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" stroke=\"#333\" stroke-width=\"0.5\">",
+        x, y, w, h, fill ? fill : "#888");
+    if (title) {
+        nl_svg_raw(s, "<title>");
+        svg_escaped(s, title);
+        nl_svg_raw(s, "</title>");
+    }
     nl_svg_raw(s, "</rect>\n");
 }
 
@@ -88,8 +104,10 @@ void nl_svg_free(nl_svg *s) {
 nl_status nl_svg_save(nl_svg *s, const char *path) {
     nl_svg_raw(s, "</svg>\n");
     nl_status rc;
-    if (s->failed) rc = nl_fail(NL_ERR_NOMEM, "out of memory building SVG %s", path);
-    else rc = nl_write_file_atomic(path, s->buf, s->len);
+    if (s->failed)
+        rc = nl_fail(NL_ERR_NOMEM, "out of memory building SVG %s", path);
+    else
+        rc = nl_write_file_atomic(path, s->buf, s->len);
     nl_svg_free(s);
     return rc;
 }
@@ -106,8 +124,7 @@ static double nice_step(double range, int target) {
     return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * mag;
 }
 
-nl_status nl_svg_plot(const char *path, const nl_svg_plot_opts *o, const nl_svg_series *series,
-                      size_t nseries) {
+nl_status nl_svg_plot(const char *path, const nl_svg_plot_opts *o, const nl_svg_series *series, size_t nseries) {
     double W = o->width > 0 ? o->width : 720, H = o->height > 0 ? o->height : 440;
     double L = 70, R = 20, T = 40, B = 50;
     double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
@@ -118,19 +135,27 @@ nl_status nl_svg_plot(const char *path, const nl_svg_plot_opts *o, const nl_svg_
             if ((o->logx && x <= 0) || (o->logy && y <= 0)) continue;
             if (o->logx) x = log10(x);
             if (o->logy) y = log10(y);
-            xmin = fmin(xmin, x); xmax = fmax(xmax, x);
-            ymin = fmin(ymin, y); ymax = fmax(ymax, y);
+            xmin = fmin(xmin, x);
+            xmax = fmax(xmax, x);
+            ymin = fmin(ymin, y);
+            ymax = fmax(ymax, y);
         }
-    if (!(xmin <= xmax) || !(ymin <= ymax))
-        return nl_fail(NL_ERR_INVALID, "plot %s has no finite points", path);
-    if (xmax == xmin) { xmin -= 0.5; xmax += 0.5; }
-    if (ymax == ymin) { ymin -= 0.5; ymax += 0.5; }
+    if (!(xmin <= xmax) || !(ymin <= ymax)) return nl_fail(NL_ERR_INVALID, "plot %s has no finite points", path);
+    if (xmax == xmin) {
+        xmin -= 0.5;
+        xmax += 0.5;
+    }
+    if (ymax == ymin) {
+        ymin -= 0.5;
+        ymax += 0.5;
+    }
     double ypad = 0.05 * (ymax - ymin);
-    ymin -= ypad; ymax += ypad;
+    ymin -= ypad;
+    ymax += ypad;
     nl_svg s;
     nl_svg_begin(&s, W, H);
-#define PX(v) (L + ((v) - xmin) / (xmax - xmin) * (W - L - R))
-#define PY(v) (H - B - ((v) - ymin) / (ymax - ymin) * (H - T - B))
+#define PX(v) (L + ((v)-xmin) / (xmax - xmin) * (W - L - R))
+#define PY(v) (H - B - ((v)-ymin) / (ymax - ymin) * (H - T - B))
     if (o->title) nl_svg_text(&s, W / 2, 24, 16, "middle", o->title);
     nl_svg_line(&s, L, H - B, W - R, H - B, "black", 1);
     nl_svg_line(&s, L, T, L, H - B, "black", 1);
@@ -158,7 +183,12 @@ nl_status nl_svg_plot(const char *path, const nl_svg_plot_opts *o, const nl_svg_
         const nl_svg_series *se = &series[k];
         const char *col = se->color ? se->color : nl_svg_color(k);
         double *px = malloc((se->n + 1) * sizeof *px), *py = malloc((se->n + 1) * sizeof *py);
-        if (!px || !py) { free(px); free(py); nl_svg_free(&s); return nl_fail(NL_ERR_NOMEM, "out of memory plotting %s", path); }
+        if (!px || !py) {
+            free(px);
+            free(py);
+            nl_svg_free(&s);
+            return nl_fail(NL_ERR_NOMEM, "out of memory plotting %s", path);
+        }
         size_t m = 0;
         for (size_t i = 0; i < se->n; i++) {
             double x = se->x[i], y = se->y[i];

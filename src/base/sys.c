@@ -31,14 +31,18 @@ void nl_progress_begin(nl_progress *p, const char *label, int64_t total) {
 }
 
 static void fmt_duration(char *buf, size_t n, double s) {
-    if (!(s >= 0) || s > 1e7) { snprintf(buf, n, "?"); return; }
+    if (!(s >= 0) || s > 1e7) {
+        snprintf(buf, n, "?");
+        return;
+    }
     int h = (int)(s / 3600), m = (int)(s / 60) % 60, sec = (int)s % 60;
-    if (h) snprintf(buf, n, "%dh%02dm", h, m);
-    else snprintf(buf, n, "%dm%02ds", m, sec);
+    if (h)
+        snprintf(buf, n, "%dh%02dm", h, m);
+    else
+        snprintf(buf, n, "%dm%02ds", m, sec);
 }
 
-void nl_progress_update(nl_progress *p, int64_t done, double units_done, const char *unit,
-                        const char *extra) {
+void nl_progress_update(nl_progress *p, int64_t done, double units_done, const char *unit, const char *extra) {
     if (!p->enabled) return;
     double now = nl_time_s();
     if (now - p->last_draw < 0.2 && done < p->total) return;
@@ -48,9 +52,8 @@ void nl_progress_update(nl_progress *p, int64_t done, double units_done, const c
     double eta = (done > 0 && p->total > 0) ? el * (double)(p->total - done) / (double)done : -1;
     char etab[32];
     fmt_duration(etab, sizeof etab, eta);
-    fprintf(stderr, "\r\033[K%s %lld/%lld  %.4g %s/s  ETA %s  %s", p->label ? p->label : "",
-            (long long)done, (long long)p->total, rate, unit ? unit : "it", etab,
-            extra ? extra : "");
+    fprintf(stderr, "\r\033[K%s %lld/%lld  %.4g %s/s  ETA %s  %s", p->label ? p->label : "", (long long)done,
+            (long long)p->total, rate, unit ? unit : "it", etab, extra ? extra : "");
     fflush(stderr);
 }
 
@@ -91,7 +94,9 @@ nl_status nl_check_writable(const char *path, const char *what) {
     if (!path || !path[0]) return nl_fail(NL_ERR_IO, "%s: empty output path", what);
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return nl_fail(NL_ERR_IO, "%s %s is %s, not a file that can be written", what, path,
-                       S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a special file");
+                       S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                              : "a special file");
     size_t n = strlen(path) + 32;
     char *probe = malloc(n);
     if (!probe) return nl_fail(NL_ERR_NOMEM, "out of memory checking %s", path);
@@ -122,7 +127,8 @@ nl_status nl_atomic_open(nl_atomic_file *af, const char *path) {
     size_t n = strlen(path) + 32;
     af->tmp_path = malloc(n);
     if (!af->path || !af->tmp_path) {
-        free(af->path); free(af->tmp_path);
+        free(af->path);
+        free(af->tmp_path);
         return nl_fail(NL_ERR_NOMEM, "out of memory opening %s", path);
     }
     snprintf(af->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
@@ -131,7 +137,8 @@ nl_status nl_atomic_open(nl_atomic_file *af, const char *path) {
     if (!af->f) {
         pending_set = 0;
         nl_status rc = nl_fail(NL_ERR_IO, "cannot create %s: %s", af->tmp_path, strerror(errno));
-        free(af->path); free(af->tmp_path);
+        free(af->path);
+        free(af->tmp_path);
         memset(af, 0, sizeof *af);
         return rc;
     }
@@ -182,7 +189,10 @@ nl_status nl_atomic_commit(nl_atomic_file *af) {
     char *d = dupstr(af->path);
     if (d) {
         int fd = open(dirname(d), O_RDONLY | O_DIRECTORY);
-        if (fd >= 0) { fsync(fd); close(fd); }
+        if (fd >= 0) {
+            fsync(fd);
+            close(fd);
+        }
         free(d);
     }
     free(af->path);
@@ -195,7 +205,10 @@ nl_status nl_write_file_atomic(const char *path, const void *data, size_t bytes)
     nl_atomic_file af;
     NL_TRY(nl_atomic_open(&af, path));
     nl_status rc = nl_atomic_write(&af, data, bytes);
-    if (rc) { nl_atomic_abort(&af); return rc; }
+    if (rc) {
+        nl_atomic_abort(&af);
+        return rc;
+    }
     return nl_atomic_commit(&af);
 }
 
@@ -262,9 +275,15 @@ nl_status nl_read_file(const char *path, char **data, size_t *bytes) {
     }
     size_t n = (size_t)st.st_size;
     nl_status mem = nl_mem_require((uint64_t)n + 1, path);
-    if (mem) { fclose(f); return mem; }
+    if (mem) {
+        fclose(f);
+        return mem;
+    }
     char *buf = nl_malloc(n + 1, path);
-    if (!buf) { fclose(f); return NL_ERR_NOMEM; }
+    if (!buf) {
+        fclose(f);
+        return NL_ERR_NOMEM;
+    }
     if (n && fread(buf, 1, n, f) != n) {
         nl_free(buf);
         fclose(f);

@@ -12,8 +12,8 @@
 #include <stdint.h>
 #include "nanolm/base.h"
 
-#define NL_EXIT_OK 0
-#define NL_EXIT_FAIL 1
+#define NL_EXIT_OK    0
+#define NL_EXIT_FAIL  1
 #define NL_EXIT_USAGE 2
 
 /* Prints "nanolm: <message>" on stderr and returns NL_EXIT_USAGE. */
@@ -46,7 +46,7 @@ typedef struct nl_table {
     int *right;   /* per column: right-align */
 } nl_table;
 void nl_table_init(nl_table *t, int ncols, const char *const *header);
-void nl_table_row(nl_table *t, ...); /* ncols const char* */
+void nl_table_row(nl_table *t, ...);                                                         /* ncols const char* */
 void nl_table_rowf(nl_table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3))); /* '|' separated */
 void nl_table_print(nl_table *t, FILE *f);
 void nl_table_free(nl_table *t);

@@ -67,8 +67,7 @@ static int is_number(const char *s) {
 static int has_range(const nl_opt *o) { return !(o->min == 0 && o->max == 0); }
 
 static int range_error(const char *cmd, const nl_opt *o, const char *value) {
-    if (o->max == INFINITY)
-        return nl_cli_usage_error("%s: --%s must be >= %.17g, got %s", cmd, o->name, o->min, value);
+    if (o->max == INFINITY) return nl_cli_usage_error("%s: --%s must be >= %.17g, got %s", cmd, o->name, o->min, value);
     return nl_cli_usage_error("%s: --%s must be in [%.17g, %.17g], got %s", cmd, o->name, o->min, o->max, value);
 }
 
@@ -110,8 +109,10 @@ static int set_value(const char *cmd, const nl_opt *o, const char *value) {
         }
         int64_t v;
         if (nl_cli_int(optname, value, lo, hi, &v)) return NL_EXIT_USAGE;
-        if (o->type == NL_OPT_T_INT) *(int64_t *)o->dest = v;
-        else *(int *)o->dest = (int)v;
+        if (o->type == NL_OPT_T_INT)
+            *(int64_t *)o->dest = v;
+        else
+            *(int *)o->dest = (int)v;
         return 0;
     }
     case NL_OPT_T_DOUBLE:
@@ -121,7 +122,8 @@ static int set_value(const char *cmd, const nl_opt *o, const char *value) {
         if ((o->type == NL_OPT_T_SI ? nl_cli_double_si : nl_cli_double)(optname, value, &v)) return NL_EXIT_USAGE;
         if (has_range(o) && (v < o->min || v > o->max)) return range_error(cmd, o, value);
         if (o->type == NL_OPT_T_FLOAT) {
-            if (fabs(v) > 3.4028234663852886e38) return nl_cli_usage_error("%s: --%s is too large for a float: %s", cmd, o->name, value);
+            if (fabs(v) > 3.4028234663852886e38)
+                return nl_cli_usage_error("%s: --%s is too large for a float: %s", cmd, o->name, value);
             *(float *)o->dest = (float)v;
         } else {
             *(double *)o->dest = v;
@@ -170,8 +172,7 @@ int nl_cli_parse(const nl_cmdspec *spec, int argc, char **argv, const char **pos
         }
         if (!options_done && a[0] == '-' && a[1] && !(a[1] >= '0' && a[1] <= '9') && a[1] != '.' && !is_number(a))
             return nl_cli_usage_error("%s: unknown option '%s' (see nanolm %s --help)", spec->name, a, spec->name);
-        if (npos >= spec->max_positional)
-            return nl_cli_usage_error("%s: unexpected argument '%s'", spec->name, a);
+        if (npos >= spec->max_positional) return nl_cli_usage_error("%s: unexpected argument '%s'", spec->name, a);
         if (positional) positional[npos] = a;
         npos++;
     }
@@ -192,8 +193,10 @@ void nl_cli_help(const nl_cmdspec *spec, FILE *f) {
             const char *meta = o->arg;
             if (!meta && o->type == NL_OPT_T_CHOICE) meta = o->choices;
             snprintf(lhs, sizeof lhs, "--%s%s%s", o->name, meta ? " " : "", meta ? meta : "");
-            if (strlen(lhs) > 24) fprintf(f, "  %s\n  %-24s %s", lhs, "", o->help ? o->help : "");
-            else fprintf(f, "  %-24s %s", lhs, o->help ? o->help : "");
+            if (strlen(lhs) > 24)
+                fprintf(f, "  %s\n  %-24s %s", lhs, "", o->help ? o->help : "");
+            else
+                fprintf(f, "  %-24s %s", lhs, o->help ? o->help : "");
             if (o->aliases) {
                 fputs(" [also:", f);
                 for (const char *a = o->aliases; *a;) {

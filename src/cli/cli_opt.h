@@ -52,7 +52,7 @@ typedef struct nl_opt_list {
 } nl_opt_list;
 
 typedef struct nl_opt {
-    const char *name;    /* long name without "--" */
+    const char *name; /* long name without "--" */
     nl_opt_type type;
     void *dest;          /* typed destination, see nl_opt_type */
     double min, max;     /* range for numbers (both 0: no range beyond finiteness) */
@@ -63,16 +63,24 @@ typedef struct nl_opt {
     int *given;          /* optional: set to 1 when the option appears */
 } nl_opt;
 
-#define NL_OPT_FLAG(n, d, h) {(n), NL_OPT_T_FLAG, (d), 0, 0, NULL, NULL, (h), NULL, NULL}
-#define NL_OPT_INT(n, d, lo, hi, a, h) {(n), NL_OPT_T_INT, (d), (lo), (hi), NULL, (a), (h), NULL, NULL}
-#define NL_OPT_INT32(n, d, lo, hi, a, h) {(n), NL_OPT_T_INT32, (d), (lo), (hi), NULL, (a), (h), NULL, NULL}
-#define NL_OPT_DBL(n, d, lo, hi, a, h) {(n), NL_OPT_T_DOUBLE, (d), (lo), (hi), NULL, (a), (h), NULL, NULL}
-#define NL_OPT_FLT(n, d, lo, hi, a, h) {(n), NL_OPT_T_FLOAT, (d), (lo), (hi), NULL, (a), (h), NULL, NULL}
-#define NL_OPT_SI(n, d, lo, hi, a, h) {(n), NL_OPT_T_SI, (d), (lo), (hi), NULL, (a), (h), NULL, NULL}
-#define NL_OPT_STR(n, d, a, h) {(n), NL_OPT_T_STRING, (d), 0, 0, NULL, (a), (h), NULL, NULL}
+#define NL_OPT_FLAG(n, d, h)                                                                                           \
+    { (n), NL_OPT_T_FLAG, (d), 0, 0, NULL, NULL, (h), NULL, NULL }
+#define NL_OPT_INT(n, d, lo, hi, a, h)                                                                                 \
+    { (n), NL_OPT_T_INT, (d), (lo), (hi), NULL, (a), (h), NULL, NULL }
+#define NL_OPT_INT32(n, d, lo, hi, a, h)                                                                               \
+    { (n), NL_OPT_T_INT32, (d), (lo), (hi), NULL, (a), (h), NULL, NULL }
+#define NL_OPT_DBL(n, d, lo, hi, a, h)                                                                                 \
+    { (n), NL_OPT_T_DOUBLE, (d), (lo), (hi), NULL, (a), (h), NULL, NULL }
+#define NL_OPT_FLT(n, d, lo, hi, a, h)                                                                                 \
+    { (n), NL_OPT_T_FLOAT, (d), (lo), (hi), NULL, (a), (h), NULL, NULL }
+#define NL_OPT_SI(n, d, lo, hi, a, h)                                                                                  \
+    { (n), NL_OPT_T_SI, (d), (lo), (hi), NULL, (a), (h), NULL, NULL }
+#define NL_OPT_STR(n, d, a, h)                                                                                         \
+    { (n), NL_OPT_T_STRING, (d), 0, 0, NULL, (a), (h), NULL, NULL }
 #define NL_OPT_LIST(n, d, a, h)                                                                                        \
     { (n), NL_OPT_T_LIST, (d), 0, 0, NULL, (a), (h), NULL, NULL }
-#define NL_OPT_CHOICE(n, d, c, h) {(n), NL_OPT_T_CHOICE, (d), 0, 0, (c), NULL, (h), NULL, NULL}
+#define NL_OPT_CHOICE(n, d, c, h)                                                                                      \
+    { (n), NL_OPT_T_CHOICE, (d), 0, 0, (c), NULL, (h), NULL, NULL }
 #define NL_NOPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 typedef struct nl_optgroup {

@@ -33,10 +33,16 @@ static int parse_double(const char *s, double *out, int si) {
     if (si && *end) {
         double m = 1;
         switch (*end) {
-        case 'k': case 'K': m = 1e3; break;
-        case 'M': case 'm': m = 1e6; break;
-        case 'B': case 'b': case 'G': case 'g': m = 1e9; break;
-        case 'T': case 't': m = 1e12; break;
+        case 'k':
+        case 'K': m = 1e3; break;
+        case 'M':
+        case 'm': m = 1e6; break;
+        case 'B':
+        case 'b':
+        case 'G':
+        case 'g': m = 1e9; break;
+        case 'T':
+        case 't': m = 1e12; break;
         default: return -1;
         }
         v *= m;
@@ -48,8 +54,7 @@ static int parse_double(const char *s, double *out, int si) {
 }
 
 int nl_cli_double(const char *opt, const char *s, double *out) {
-    if (parse_double(s, out, 0))
-        return nl_cli_usage_error("invalid number '%s' for %s", s ? s : "", opt);
+    if (parse_double(s, out, 0)) return nl_cli_usage_error("invalid number '%s' for %s", s ? s : "", opt);
     return 0;
 }
 
@@ -64,11 +69,9 @@ int nl_cli_int(const char *opt, const char *s, int64_t min, int64_t max, int64_t
     errno = 0;
     char *end;
     long long v = strtoll(s, &end, 10);
-    if (*end || errno == ERANGE || end == s)
-        return nl_cli_usage_error("invalid integer '%s' for %s", s, opt);
+    if (*end || errno == ERANGE || end == s) return nl_cli_usage_error("invalid integer '%s' for %s", s, opt);
     if (v < min || v > max)
-        return nl_cli_usage_error("%s must be in [%lld, %lld], got %lld", opt, (long long)min,
-                                  (long long)max, v);
+        return nl_cli_usage_error("%s must be in [%lld, %lld], got %lld", opt, (long long)min, (long long)max, v);
     *out = v;
     return 0;
 }
@@ -82,7 +85,8 @@ int nl_cli_bad_option(const char *cmd, char **argv) {
     const char *arg = argv[optind - 1];
     if (optopt && optopt != '?' && arg && strncmp(arg, "--", 2) != 0)
         return nl_cli_usage_error("%s: option -%c %s", cmd, optopt,
-                                  strchr(arg, optopt) && arg[strlen(arg) - 1] == optopt ? "needs a value" : "is unknown");
+                                  strchr(arg, optopt) && arg[strlen(arg) - 1] == optopt ? "needs a value"
+                                                                                        : "is unknown");
     if (arg && strncmp(arg, "--", 2) == 0) {
         /* getopt_long reports both "unknown" and "missing value" as '?' / ':'. */
         return nl_cli_usage_error("%s: unknown option or missing value: '%s' (see nanolm %s --help)", cmd, arg, cmd);
@@ -136,7 +140,10 @@ void nl_table_init(nl_table *t, int ncols, const char *const *header) {
     t->cap = 16;
     t->cells = calloc((size_t)t->cap * (size_t)ncols, sizeof(char *));
     t->right = calloc((size_t)ncols, sizeof(int));
-    if (!t->cells || !t->right) { t->ncols = 0; return; }
+    if (!t->cells || !t->right) {
+        t->ncols = 0;
+        return;
+    }
     for (int c = 0; c < ncols; c++) t->cells[c] = str_dup(header[c]);
     t->nrows = 1;
 }
@@ -192,8 +199,10 @@ void nl_table_print(nl_table *t, FILE *f) {
             const char *s = t->cells[r * t->ncols + c];
             int right = r > 0 && t->right[c];
             int last = c == t->ncols - 1;
-            if (last && !right) fprintf(f, c ? "  %s" : "%s", s); /* no trailing blanks */
-            else fprintf(f, c ? "  %*s" : "%*s", right ? w[c] : -w[c], s);
+            if (last && !right)
+                fprintf(f, c ? "  %s" : "%s", s); /* no trailing blanks */
+            else
+                fprintf(f, c ? "  %*s" : "%*s", right ? w[c] : -w[c], s);
         }
         fputc('\n', f);
         if (r == 0) {

@@ -26,7 +26,8 @@ static int parse_rates(const char *s, double *rates) {
         char *end;
         double v = strtod(p, &end);
         if (end == p || !(v > 0) || !isfinite(v) || n == MAX_SWEEP || (*end && *end != ',')) {
-            nl_cli_usage_error("bench serve: --sweep wants up to %d rates > 0 separated by commas, got '%s'", MAX_SWEEP, s);
+            nl_cli_usage_error("bench serve: --sweep wants up to %d rates > 0 separated by commas, got '%s'", MAX_SWEEP,
+                               s);
             return -1;
         }
         rates[n++] = v;
@@ -58,38 +59,47 @@ static int bench_serve(int argc, char **argv) {
     nl_opt opts[] = {
         NL_OPT_STR("url", &url, "URL", "server to load (default http://127.0.0.1:8080)"),
         NL_OPT_INT("requests", &requests, 1, 100000000, "N", "requests in all (default 64)"),
-        NL_OPT_INT32("concurrency", &conc, 1, 4096, "C", "requests in flight at most (default 8; closed loop without --rate)"),
-        NL_OPT_DBL("rate", &rate, 0, 1e6, "R", "Poisson arrivals at R requests/s (open loop; at most --concurrency in flight, default 256 then)"),
+        NL_OPT_INT32("concurrency", &conc, 1, 4096, "C",
+                     "requests in flight at most (default 8; closed loop without --rate)"),
+        NL_OPT_DBL("rate", &rate, 0, 1e6, "R",
+                   "Poisson arrivals at R requests/s (open loop; at most --concurrency in flight, default 256 then)"),
         NL_OPT_INT("prompt-len", &plen, 1, 1 << 20, "P", "prompt tokens (random ids; default 128)"),
-        NL_OPT_INT("prompt-len-max", &plen_max, 0, 1 << 20, "P", "> --prompt-len: uniform lengths in [prompt-len, this]"),
+        NL_OPT_INT("prompt-len-max", &plen_max, 0, 1 << 20, "P",
+                   "> --prompt-len: uniform lengths in [prompt-len, this]"),
         NL_OPT_INT("output-len", &olen, 1, 1 << 20, "O", "output tokens (max_tokens with ignore_eos; default 128)"),
-        NL_OPT_INT("output-len-max", &olen_max, 0, 1 << 20, "O", "> --output-len: uniform lengths in [output-len, this]"),
+        NL_OPT_INT("output-len-max", &olen_max, 0, 1 << 20, "O",
+                   "> --output-len: uniform lengths in [output-len, this]"),
         NL_OPT_DBL("slo-ttft", &slo_ttft_ms, 0, 1e9, "MS", "goodput objective: time to first token at most MS"),
         NL_OPT_DBL("slo-tpot", &slo_tpot_ms, 0, 1e9, "MS", "goodput objective: time per output token at most MS"),
         NL_OPT_DBL("temperature", &temperature, 0, 2, "T", "sampling temperature sent (default 0: greedy)"),
         NL_OPT_INT("vocab", &vocab, 0, 1 << 30, "V", "token ids drawn below V (default: vocab_size from /v1/models)"),
         NL_OPT_INT("seed", &seed, 0, INT64_MAX, "S", "seed of prompts, lengths and arrivals (default 1)"),
         NL_OPT_DBL("timeout", &timeout_s, 1, 86400, "S", "per-read socket timeout (default 600)"),
-        NL_OPT_STR("sweep", &sweep, "R1,R2,..", "run once per arrival rate (requests/s) and tabulate latency vs throughput"),
+        NL_OPT_STR("sweep", &sweep, "R1,R2,..",
+                   "run once per arrival rate (requests/s) and tabulate latency vs throughput"),
         NL_OPT_STR("svg", &svg, "FILE", "with --sweep: latency (TTFT, TPOT p50/p99) against output tokens/s"),
         NL_OPT_FLAG("json", &json, "print the result as JSON"),
     };
     opts[2].given = &conc_given;
     opts[3].given = &rate_given;
     nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
-    nl_cmdspec spec = {"bench serve",
-                       "nanolm bench serve --url URL --requests N (--concurrency C | --rate R) --prompt-len P --output-len O "
-                       "[--json] [--sweep R1,R2,.. --svg FILE]",
-                       "Load generator for OpenAI-compatible servers (streamed /v1/completions): requests/s, output "
-                       "tokens/s, time to first token (TTFT), time per output token (TPOT), inter-token latency (ITL) at "
-                       "p50/p90/p99, and goodput (requests/s meeting --slo-ttft and --slo-tpot). Latencies are measured "
-                       "at the client from the moment a request is sent.",
-                       groups, 1, 0};
+    nl_cmdspec spec = {
+        "bench serve",
+        "nanolm bench serve --url URL --requests N (--concurrency C | --rate R) --prompt-len P --output-len O "
+        "[--json] [--sweep R1,R2,.. --svg FILE]",
+        "Load generator for OpenAI-compatible servers (streamed /v1/completions): requests/s, output "
+        "tokens/s, time to first token (TTFT), time per output token (TPOT), inter-token latency (ITL) at "
+        "p50/p90/p99, and goodput (requests/s meeting --slo-ttft and --slo-tpot). Latencies are measured "
+        "at the client from the moment a request is sent.",
+        groups,
+        1,
+        0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     nl_http_url u;
     if (nl_http_parse_url(url, &u)) return nl_cli_usage_error("bench serve: --url: %s", nl_last_error());
-    if (svg && !sweep) return nl_cli_usage_error("bench serve: --svg needs --sweep R1,R2,.. (a curve needs several rates)");
+    if (svg && !sweep)
+        return nl_cli_usage_error("bench serve: --svg needs --sweep R1,R2,.. (a curve needs several rates)");
     double rates[MAX_SWEEP];
     int nrates = 1;
     rates[0] = rate;
@@ -117,7 +127,8 @@ static int bench_serve(int argc, char **argv) {
         o.rate_rps = rates[i];
         if (nl_loadgen_run(&o, &res[i])) return nl_cli_fail("bench serve");
         if (nrates > 1)
-            fprintf(stderr, "bench serve: rate %g/s: %.1f output tokens/s, TTFT p50 %.1f ms, TPOT p50 %.2f ms, %lld failed\n",
+            fprintf(stderr,
+                    "bench serve: rate %g/s: %.1f output tokens/s, TTFT p50 %.1f ms, TPOT p50 %.2f ms, %lld failed\n",
                     rates[i], res[i].output_tokens_per_s, res[i].ttft.p50 * 1e3, res[i].tpot.p50 * 1e3,
                     (long long)res[i].failed);
     }
@@ -161,9 +172,9 @@ static int bench_serve(int argc, char **argv) {
                                                 {"failed", "failed", "%.0f"}});
         for (int i = 0; i < nrates; i++) {
             nl_loadgen_result *x = &res[i];
-            double row[] = {rates[i], x->requests_per_s, x->output_tokens_per_s, x->ttft.p50 * 1e3, x->ttft.p99 * 1e3,
-                            x->tpot.p50 * 1e3, x->tpot.p99 * 1e3, x->itl.p99 * 1e3, x->e2e.p50 * 1e3, x->goodput_rps,
-                            (double)x->failed};
+            double row[] = {rates[i],          x->requests_per_s, x->output_tokens_per_s, x->ttft.p50 * 1e3,
+                            x->ttft.p99 * 1e3, x->tpot.p50 * 1e3, x->tpot.p99 * 1e3,      x->itl.p99 * 1e3,
+                            x->e2e.p50 * 1e3,  x->goodput_rps,    (double)x->failed};
             for (int k = 0; k < 11; k++) nl_report_cell_num(rep, row[k]);
             nl_report_row_end(rep);
         }
@@ -181,7 +192,8 @@ static int bench_serve(int argc, char **argv) {
                                 {"TTFT p99", x, y[1], (size_t)nrates, NULL, 1},
                                 {"TPOT p50", x, y[2], (size_t)nrates, NULL, 1},
                                 {"TPOT p99", x, y[3], (size_t)nrates, NULL, 1}};
-        nl_svg_plot_opts po = {"latency vs throughput (one point per arrival rate)", "output tokens/s", "latency (ms)", 0, 1, 0, 0};
+        nl_svg_plot_opts po = {
+            "latency vs throughput (one point per arrival rate)", "output tokens/s", "latency (ms)", 0, 1, 0, 0};
         if (nl_svg_plot(svg, &po, ser, 4)) {
             nl_report_free(rep);
             return nl_cli_fail("bench serve --svg");
@@ -190,13 +202,15 @@ static int bench_serve(int argc, char **argv) {
     int failed = 0;
     for (int i = 0; i < nrates; i++) failed += res[i].failed > 0;
     rc = nl_report_print(rep, json);
-    if (failed) fprintf(stderr, "nanolm: bench serve: some requests failed (first: %s)\n", r->first_error[0] ? r->first_error : "?");
+    if (failed)
+        fprintf(stderr, "nanolm: bench serve: some requests failed (first: %s)\n",
+                r->first_error[0] ? r->first_error : "?");
     return rc ? rc : failed ? NL_EXIT_FAIL : NL_EXIT_OK;
 }
 
 /* The 85M-parameter llama2.c shape of issue 15 (random weights are fine for rates). */
-#define MACHINE_DEFAULT_MODEL                                                                                         \
-    "{\"name\":\"nanolm-85m\",\"vocab_size\":512,\"dim\":768,\"n_layers\":12,\"n_heads\":12,\"n_kv_heads\":12,"  \
+#define MACHINE_DEFAULT_MODEL                                                                                          \
+    "{\"name\":\"nanolm-85m\",\"vocab_size\":512,\"dim\":768,\"n_layers\":12,\"n_heads\":12,\"n_kv_heads\":12,"        \
     "\"hidden_dim\":2048,\"seq_len\":1024}"
 
 static int bench_machine(int argc, char **argv) {
@@ -204,31 +218,41 @@ static int bench_machine(int argc, char **argv) {
     int threads = 0, json = 0, repeats = 5, cpu_clock = 0;
     double bw_bytes = 256.0 * 1024 * 1024, min_time = 0.05;
     nl_opt opts[] = {
-        NL_OPT_STR("model", &model, "M", "the model whose linear shapes are measured: a NanoLM checkpoint, llama2.c .bin, "
-                   "Hugging Face folder, model JSON or catalog name (default: the 85M llama2.c shape, dim 768 x 12 layers)"),
-        NL_OPT_INT32("threads", &threads, 0, 1024, "N", "OpenMP threads of the kernels and the engine (default: OMP_NUM_THREADS)"),
+        NL_OPT_STR(
+            "model", &model, "M",
+            "the model whose linear shapes are measured: a NanoLM checkpoint, llama2.c .bin, "
+            "Hugging Face folder, model JSON or catalog name (default: the 85M llama2.c shape, dim 768 x 12 layers)"),
+        NL_OPT_INT32("threads", &threads, 0, 1024, "N",
+                     "OpenMP threads of the kernels and the engine (default: OMP_NUM_THREADS)"),
         NL_OPT_STR("name", &name, "NAME", "name of the hardware entry (default cpu-<threads>t)"),
         NL_OPT_SI("bw-bytes", &bw_bytes, 1 << 20, 1e11, "BYTES", "buffer of the read-bandwidth probe (default 256M)"),
         NL_OPT_DBL("min-time", &min_time, 1e-4, 60, "S", "each timing runs at least this long (default 0.05)"),
         NL_OPT_INT32("repeats", &repeats, 1, 31, "N", "timings per quantity, the median is kept (default 5)"),
-        NL_OPT_FLAG("cpu-clock", &cpu_clock, "time with the thread's CPU clock (needs --threads 1): other processes on "
+        NL_OPT_FLAG("cpu-clock", &cpu_clock,
+                    "time with the thread's CPU clock (needs --threads 1): other processes on "
                     "the cores do not count"),
-        NL_OPT_FLAG("json", &json, "print only the hardware JSON entry (the file `nanolm plan serve` takes as its hardware)"),
+        NL_OPT_FLAG("json", &json,
+                    "print only the hardware JSON entry (the file `nanolm plan serve` takes as its hardware)"),
     };
     nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
-    nl_cmdspec spec = {"bench machine", "nanolm bench machine [--json] [--threads N] [--model M]",
-                       "Measures this machine for the serving engine's cost model: streaming read bandwidth (1 and N "
-                       "threads), the engine's linear kernel in fp32, bf16 and int8 at M = 1, 8, 32, 128, 256, 512 rows "
-                       "over the model's linear shapes, paged attention, the per-token work of a layer, and the engine's "
-                       "per-step and per-layer overheads; written as a hardware JSON entry in the catalog's format, which "
-                       "`nanolm plan serve` reads to predict this engine.",
-                       groups, 1, 0};
+    nl_cmdspec spec = {
+        "bench machine",
+        "nanolm bench machine [--json] [--threads N] [--model M]",
+        "Measures this machine for the serving engine's cost model: streaming read bandwidth (1 and N "
+        "threads), the engine's linear kernel in fp32, bf16 and int8 at M = 1, 8, 32, 128, 256, 512 rows "
+        "over the model's linear shapes, paged attention, the per-token work of a layer, and the engine's "
+        "per-step and per-layer overheads; written as a hardware JSON entry in the catalog's format, which "
+        "`nanolm plan serve` reads to predict this engine.",
+        groups,
+        1,
+        0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     nl_arch arch;
     static nl_catalog cat;
     nl_catalog_init(&cat);
-    if (model ? nl_cli_model_arch(&cat, model, &arch) : nl_arch_from_json("default model", MACHINE_DEFAULT_MODEL, &arch))
+    if (model ? nl_cli_model_arch(&cat, model, &arch)
+              : nl_arch_from_json("default model", MACHINE_DEFAULT_MODEL, &arch))
         return nl_cli_usage_error("bench machine: --model: %s", nl_last_error());
     nl_machine_opts mo;
     nl_machine_opts_default(&mo);
@@ -242,10 +266,11 @@ static int bench_machine(int argc, char **argv) {
     if (name) snprintf(r.name, sizeof r.name, "%s", name);
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
     char src[160];
-    snprintf(src, sizeof src, "nanolm bench machine: %d threads, linear shapes of %s (dim %lld, %lld layers)", r.threads,
-             arch.name[0] ? arch.name : "model", (long long)arch.dim, (long long)arch.n_layers);
+    snprintf(src, sizeof src, "nanolm bench machine: %d threads, linear shapes of %s (dim %lld, %lld layers)",
+             r.threads, arch.name[0] ? arch.name : "model", (long long)arch.dim, (long long)arch.n_layers);
     char *js = NULL;
-    if (nl_cpu_rates_json(&r, pages > 0 && psz > 0 ? (double)pages * (double)psz : 0, src, &js)) return nl_cli_fail("bench machine");
+    if (nl_cpu_rates_json(&r, pages > 0 && psz > 0 ? (double)pages * (double)psz : 0, src, &js))
+        return nl_cli_fail("bench machine");
     if (json) {
         fputs(js, stdout);
         nl_free(js);
@@ -253,7 +278,8 @@ static int bench_machine(int argc, char **argv) {
     }
     nl_free(js);
     printf("%s\n\n", src);
-    printf("read bandwidth       %8.2f GB/s (1 thread)   %8.2f GB/s (%d threads)\n", r.read_bw_1t / 1e9, r.read_bw_nt / 1e9, r.threads);
+    printf("read bandwidth       %8.2f GB/s (1 thread)   %8.2f GB/s (%d threads)\n", r.read_bw_1t / 1e9,
+           r.read_bw_nt / 1e9, r.threads);
     printf("linear kernel GFLOP/s by rows M:\n  %-6s", "M");
     for (int i = 0; i < NL_CPU_NM; i++) printf(" %9lld", (long long)nl_cpu_m[i]);
     static const char *fmt[3] = {"fp32", "bf16", "int8"};
@@ -261,9 +287,11 @@ static int bench_machine(int argc, char **argv) {
         printf("\n  %-6s", fmt[f]);
         for (int i = 0; i < NL_CPU_NM; i++) printf(" %9.2f", r.gemm[f][i] / 1e9);
     }
-    printf("\npaged attention      %8.2f GFLOP/s + %.3f us per token and head\n", r.attn_flops / 1e9, r.attn_call_s * 1e6);
+    printf("\npaged attention      %8.2f GFLOP/s + %.3f us per token and head\n", r.attn_flops / 1e9,
+           r.attn_call_s * 1e6);
     printf("per token and layer  %8.2f us (norms, RoPE, KV store, residuals, SwiGLU)\n", r.row_layer_s * 1e6);
-    printf("engine overheads     %8.2f us per step, %.2f us per layer\n", r.step_overhead_s * 1e6, r.layer_overhead_s * 1e6);
+    printf("engine overheads     %8.2f us per step, %.2f us per layer\n", r.step_overhead_s * 1e6,
+           r.layer_overhead_s * 1e6);
     return NL_EXIT_OK;
 }
 

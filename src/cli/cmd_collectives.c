@@ -21,18 +21,25 @@ static int parse_bytes(const char *opt, const char *s, size_t *out) {
     double v = strtod(s, &end);
     double m = 1;
     if (end == s || v <= 0) return nl_cli_usage_error("invalid size '%s' for %s (examples: 1K, 16M, 256M)", s, opt);
-    if (*end == 'K' || *end == 'k') m = 1024.0, end++;
-    else if (*end == 'M' || *end == 'm') m = 1024.0 * 1024, end++;
-    else if (*end == 'G' || *end == 'g') m = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'K' || *end == 'k')
+        m = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm')
+        m = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        m = 1024.0 * 1024 * 1024, end++;
     if (*end == 'i') end++;
     if (*end == 'B') end++;
-    if (*end || v * m > 2e9) return nl_cli_usage_error("invalid size '%s' for %s (examples: 1K, 16M, 256M; at most 1G)", s, opt);
+    if (*end || v * m > 2e9)
+        return nl_cli_usage_error("invalid size '%s' for %s (examples: 1K, 16M, 256M; at most 1G)", s, opt);
     *out = (size_t)(v * m);
     return 0;
 }
 
 /* Fault injection for the fault tests: this rank leaves without a word at a chosen point. */
-typedef struct fault { int rank, after; const char *how; } fault;
+typedef struct fault {
+    int rank, after;
+    const char *how;
+} fault;
 static int parse_fault(const char *s, fault *f) {
     /* RANK[:exit|_exit|segv|kill] */
     char *end;
@@ -44,7 +51,8 @@ static int parse_fault(const char *s, fault *f) {
         if (!strcmp(end + 1, "exit") || !strcmp(end + 1, "_exit") || !strcmp(end + 1, "segv") ||
             !strcmp(end + 1, "kill"))
             f->how = end + 1;
-        else return nl_cli_usage_error("invalid --inject-fault '%s' (RANK[:exit|_exit|segv|kill])", s);
+        else
+            return nl_cli_usage_error("invalid --inject-fault '%s' (RANK[:exit|_exit|segv|kill])", s);
     } else if (*end) {
         return nl_cli_usage_error("invalid --inject-fault '%s' (RANK[:exit|_exit|segv|kill])", s);
     }
@@ -72,8 +80,13 @@ static const char demo_summary[] =
     "Runs as one rank without mpirun, or as P ranks under `mpirun -np P`. Rank 0 prints.";
 
 static void store(void *buf, nl_comm_dtype dt, size_t i, float v) {
-    if (dt == NL_COMM_F32) ((float *)buf)[i] = v;
-    else { uint32_t u; memcpy(&u, &v, 4); ((uint16_t *)buf)[i] = (uint16_t)(u >> 16); } /* small integers: exact */
+    if (dt == NL_COMM_F32)
+        ((float *)buf)[i] = v;
+    else {
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+    } /* small integers: exact */
 }
 static float load(const void *buf, nl_comm_dtype dt, size_t i) {
     if (dt == NL_COMM_F32) return ((const float *)buf)[i];
@@ -162,23 +175,34 @@ static int cmd_demo(int argc, char **argv) {
     char holds[64], full[64], mine[8];
     for (size_t i = 0; i < n; i++) store(holds, dt, i, (float)(r * p + (int)i + 1));
     nl_comm_reset_stats(w);
-    if (nl_comm_reduce_scatter(w, holds, mine, n, dt, impl)) { rc = nl_cli_fail("reduce-scatter"); goto out; }
+    if (nl_comm_reduce_scatter(w, holds, mine, n, dt, impl)) {
+        rc = nl_cli_fail("reduce-scatter");
+        goto out;
+    }
     nl_comm_stats after_rs, after_ag;
     nl_comm_get_stats(w, &after_rs);
     if (flt.rank >= 0) maybe_fault(&flt, r);
-    if (nl_comm_all_gather(w, mine, full, n, dt, impl)) { rc = nl_cli_fail("all-gather"); goto out; }
+    if (nl_comm_all_gather(w, mine, full, n, dt, impl)) {
+        rc = nl_cli_fail("all-gather");
+        goto out;
+    }
     nl_comm_get_stats(w, &after_ag);
     /* Collect every rank's row on rank 0 (through the native all-gather of the report, which the
      * counters shown below do not include: they were read before). */
     enum { NF = 5 };
     double *row = nl_calloc((size_t)p * (NF + 2 * (size_t)p), sizeof(double), "collectives demo report");
-    if (!row) { rc = nl_cli_fail("collectives demo"); goto out; }
+    if (!row) {
+        rc = nl_cli_fail("collectives demo");
+        goto out;
+    }
     size_t rl = NF + 2 * (size_t)p;
     double *me = row + (size_t)r * rl;
     me[0] = load(mine, dt, 0);
     me[1] = (double)after_rs.coll[NL_COMM_OP_REDUCE_SCATTER].sent_bytes / es;
     me[2] = (double)after_ag.coll[NL_COMM_OP_ALL_GATHER].sent_bytes / es;
-    me[3] = (double)(after_rs.coll[NL_COMM_OP_REDUCE_SCATTER].recv_bytes + after_ag.coll[NL_COMM_OP_ALL_GATHER].recv_bytes) / es;
+    me[3] = (double)(after_rs.coll[NL_COMM_OP_REDUCE_SCATTER].recv_bytes +
+                     after_ag.coll[NL_COMM_OP_ALL_GATHER].recv_bytes) /
+            es;
     me[4] = (double)nl_comm_stats_sent_bytes(&after_ag);
     for (size_t i = 0; i < n; i++) {
         me[NF + i] = load(holds, dt, i);
@@ -187,7 +211,11 @@ static int cmd_demo(int argc, char **argv) {
     for (int q = 0; q < p; q++) /* everyone contributes its row; the sum assembles the table */
         for (size_t k = 0; k < rl; k++) {
             double v = row[(size_t)q * rl + k];
-            if (nl_comm_sum_double(w, &v)) { free(row); rc = nl_cli_fail("report"); goto out; }
+            if (nl_comm_sum_double(w, &v)) {
+                free(row);
+                rc = nl_cli_fail("report");
+                goto out;
+            }
             row[(size_t)q * rl + k] = v;
         }
     if (r == 0) rc = demo_print(row, rl, NF, p, n, impl, dt, json);
@@ -200,7 +228,7 @@ out:
 /* ---- bench ---------------------------------------------------------------------------------- */
 
 static const nl_comm_op bench_ops[] = {NL_COMM_OP_ALL_REDUCE, NL_COMM_OP_REDUCE_SCATTER, NL_COMM_OP_ALL_GATHER,
-                                    NL_COMM_OP_BROADCAST,  NL_COMM_OP_REDUCE,         NL_COMM_OP_ALL_TO_ALL};
+                                       NL_COMM_OP_BROADCAST,  NL_COMM_OP_REDUCE,         NL_COMM_OP_ALL_TO_ALL};
 #define NOPS (sizeof bench_ops / sizeof bench_ops[0])
 
 /* nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md of nccl-tests). */
@@ -237,8 +265,7 @@ static nl_status run_op(nl_comm *w, nl_comm_op k, char *a, char *b, size_t n, nl
     switch (k) {
     case NL_COMM_OP_ALL_REDUCE: return nl_comm_all_reduce(w, a, n, dt, impl);
     case NL_COMM_OP_REDUCE_SCATTER: return nl_comm_reduce_scatter(w, a, b, n, dt, impl);
-    case NL_COMM_OP_ALL_GATHER:
-        return nl_comm_all_gather(w, a + nl_comm_chunk_offset(n, p, r) * es, a, n, dt, impl);
+    case NL_COMM_OP_ALL_GATHER: return nl_comm_all_gather(w, a + nl_comm_chunk_offset(n, p, r) * es, a, n, dt, impl);
     case NL_COMM_OP_BROADCAST: return nl_comm_broadcast(w, a, n, dt, 0, impl);
     case NL_COMM_OP_REDUCE: return nl_comm_reduce(w, a, b, n, dt, 0, impl);
     case NL_COMM_OP_ALL_TO_ALL: return nl_comm_all_to_all(w, a, b, n / (size_t)p, dt, impl);
@@ -254,7 +281,13 @@ static int cmp_double(const void *x, const void *y) {
 /* The constrained parameter of an alpha-beta fit, "-" when the free fit held. */
 static const char *clamp_name(int clamped) { return clamped == 1 ? "beta = 0" : clamped == 2 ? "alpha = 0" : "-"; }
 
-typedef struct bench_row { nl_comm_op op; nl_comm_impl impl; size_t bytes; double time_s, algbw, busbw; int reps; } bench_row;
+typedef struct bench_row {
+    nl_comm_op op;
+    nl_comm_impl impl;
+    size_t bytes;
+    double time_s, algbw, busbw;
+    int reps;
+} bench_row;
 
 /* Weighted least squares t = alpha + beta * x with weights 1/t^2 (relative errors), x = bus bytes,
  * constrained to alpha >= 0 and beta >= 0 (nl_linfit_nonneg: a negative latency would say that
@@ -263,7 +296,8 @@ typedef struct bench_row { nl_comm_op op; nl_comm_impl impl; size_t bytes; doubl
 static void fit_alpha_beta(const double *x, const double *t, int m, nl_linfit *f) {
     double w[64];
     for (int i = 0; i < m; i++) w[i] = 1.0 / (t[i] * t[i]);
-    if (m < 2 || nl_linfit_nonneg(x, t, w, (size_t)m, f)) *f = (nl_linfit){.intercept = m ? t[0] : 0, .r2 = 0, .clamped = 1};
+    if (m < 2 || nl_linfit_nonneg(x, t, w, (size_t)m, f))
+        *f = (nl_linfit){.intercept = m ? t[0] : 0, .r2 = 0, .clamped = 1};
 }
 
 /* The options of collectives bench, after parsing. */
@@ -499,11 +533,15 @@ static int cmd_bench(int argc, char **argv) {
     for (int s = 0; s < g.nsizes; s++) maxn = g.sizes[s] / es > maxn ? g.sizes[s] / es : maxn;
     char *a = nl_malloc(maxn * es + 64, "bench buffer"), *b = nl_malloc(maxn * es + 64, "bench buffer");
     bench_row *rows = nl_calloc((size_t)g.nops * g.nsizes * 2, sizeof *rows, "bench rows");
-    if (!a || !b || !rows) { rc = nl_cli_fail("collectives bench"); goto out; }
+    if (!a || !b || !rows) {
+        rc = nl_cli_fail("collectives bench");
+        goto out;
+    }
     for (size_t i = 0; i < maxn; i++) { /* small values: sums stay finite over all repetitions */
         if (g.dt == NL_COMM_F32)
             ((float *)a)[i] = 1e-6f * (float)((i + (size_t)r) % 7);
-        else ((uint16_t *)a)[i] = 0x3400; /* bf16 1.2e-7 */
+        else
+            ((uint16_t *)a)[i] = 0x3400; /* bf16 1.2e-7 */
     }
     memcpy(b, a, maxn * es);
     for (int oi = 0; oi < g.nops; oi++)

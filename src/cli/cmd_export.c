@@ -24,12 +24,16 @@ int nl_cmd_export(int argc, char **argv) {
     };
     opts[0].aliases = "model";
     nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
-    nl_cmdspec spec = {"export", "nanolm export --ckpt F --to hf|llama2c PATH [options]",
-                       "Writes a model as a Hugging Face folder (config.json, model.safetensors or shards with "
-                       "an index, tokenizer.json) that transformers, vLLM and llama.cpp's converters read, or as "
-                       "llama2.c's legacy .bin (no biases or RoPE scaling; readers assume rope_theta 10000 and norm_eps 1e-5: "
-                       "models that need more are refused).",
-                       groups, 1, 1};
+    nl_cmdspec spec = {
+        "export",
+        "nanolm export --ckpt F --to hf|llama2c PATH [options]",
+        "Writes a model as a Hugging Face folder (config.json, model.safetensors or shards with "
+        "an index, tokenizer.json) that transformers, vLLM and llama.cpp's converters read, or as "
+        "llama2.c's legacy .bin (no biases or RoPE scaling; readers assume rope_theta 10000 and norm_eps 1e-5: "
+        "models that need more are refused).",
+        groups,
+        1,
+        1};
     const char *pos[1];
     int npos = 0;
     int prc = nl_cli_parse(&spec, argc, argv, pos, &npos);

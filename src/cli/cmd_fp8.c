@@ -13,17 +13,17 @@
 typedef struct gemm_cfg {
     int64_t M, N, K;
     nl_format fmt;
-    int uniform;          /* operands: 0 = N(0, 1), 1 = uniform [0, 1), 2 = uniform [-1, 1) */
-    int64_t outlier_col;  /* -1 = none */
+    int uniform;         /* operands: 0 = N(0, 1), 1 = uniform [0, 1), 2 = uniform [-1, 1) */
+    int64_t outlier_col; /* -1 = none */
     double outlier_factor;
     uint64_t seed;
-    int history;          /* delayed scaling: previous steps recorded before the measured call */
+    int history; /* delayed scaling: previous steps recorded before the measured call */
 } gemm_cfg;
 
 typedef struct gemm_row {
     nl_fp8_scaling scaling;
     nl_fp8_acc acc;
-    int skipped;          /* the combination is not defined (block scaling without promotion) */
+    int skipped; /* the combination is not defined (block scaling without promotion) */
     double acc_max, acc_fro, tot_max, tot_fro;
     nl_fp8_stats st;
 } gemm_row;
@@ -45,23 +45,24 @@ static void make_operands(const gemm_cfg *c, int64_t K, uint64_t seed, int with_
     nl_rng_seed(&r, seed);
     fill(A, c->M * K, c->uniform, &r);
     fill(B, K * c->N, c->uniform, &r);
-    if (with_outlier && c->outlier_col >= 0 && c->outlier_col < K)
-    {
+    if (with_outlier && c->outlier_col >= 0 && c->outlier_col < K) {
         for (int64_t i = 0; i < c->M; i++) A[i * K + c->outlier_col] *= (float)c->outlier_factor;
         for (int64_t j = 0; j < c->N; j++) B[c->outlier_col * c->N + j] /= (float)c->outlier_factor;
     }
 }
 
 static const char *acc_label(const nl_fp8_acc *a, char *buf, size_t n) {
-    if (a->bits == 0) snprintf(buf, n, "fp32");
-    else if (a->promote == 0) snprintf(buf, n, "%d-bit, never promoted", a->bits);
-    else snprintf(buf, n, "%d-bit, promote every %d", a->bits, a->promote);
+    if (a->bits == 0)
+        snprintf(buf, n, "fp32");
+    else if (a->promote == 0)
+        snprintf(buf, n, "%d-bit, never promoted", a->bits);
+    else
+        snprintf(buf, n, "%d-bit, promote every %d", a->bits, a->promote);
     return buf;
 }
 
 /* Runs one setting on A, B (K inner) against the fp64 reference `ref` (M, N). */
-static int run_setting(const gemm_cfg *c, int64_t K, const float *A, const float *B, const double *ref,
-                       gemm_row *row) {
+static int run_setting(const gemm_cfg *c, int64_t K, const float *A, const float *B, const double *ref, gemm_row *row) {
     const int64_t M = c->M, N = c->N;
     row->skipped = 0;
     if (row->scaling == NL_FP8_SCALE_BLOCK && row->acc.bits &&
@@ -481,7 +482,10 @@ static nl_status read_curve(const char *path, int val, curve *c) {
         char *f[4] = {line, NULL, NULL, NULL};
         for (int k = 1; k < 4; k++) {
             char *comma = f[k - 1] ? strchr(f[k - 1], ',') : NULL;
-            if (comma) { *comma = 0; f[k] = comma + 1; }
+            if (comma) {
+                *comma = 0;
+                f[k] = comma + 1;
+            }
         }
         if (!f[3]) continue;
         const char *v = val ? f[3] : f[2];
@@ -571,8 +575,8 @@ static int curves_cmd(int argc, char **argv) {
     if (svg) {
         nl_svg_series ser[8];
         for (int i = 0; i < nrun; i++)
-            ser[i] = (nl_svg_series){.name = runs[i].label, .x = runs[i].step, .y = runs[i].loss, .n = runs[i].n,
-                                     .markers = val};
+            ser[i] = (nl_svg_series){
+                .name = runs[i].label, .x = runs[i].step, .y = runs[i].loss, .n = runs[i].n, .markers = val};
         nl_svg_plot_opts po = {.title = title, .xlabel = "step", .ylabel = "loss (nats/token)"};
         if (nl_svg_plot(svg, &po, ser, (size_t)nrun)) {
             rc = nl_cli_fail("fp8 curves --svg");

@@ -37,7 +37,8 @@ static int parse_args(moe_args *a, int argc, char **argv) {
     a->tr.steps = 20, a->tr.batch = 4, a->tr.seq = 32, a->tr.warmup = 0, a->tr.eval_every = 0;
     nl_train_opts *t = &a->tr;
     nl_opt model[] = {
-        NL_OPT_STR("preset", &a->preset, "NAME", "MoE shape (moe-course-tiny: 64 routed + 2 shared, top-6, D 64, 2 layers)"),
+        NL_OPT_STR("preset", &a->preset, "NAME",
+                   "MoE shape (moe-course-tiny: 64 routed + 2 shared, top-6, D 64, 2 layers)"),
         NL_OPT_INT("layers", &a->layers, 1, 64, "N", "override the preset's layers"),
         NL_OPT_INT("dim", &a->dim, 2, 4096, "D", "override the model width"),
         NL_OPT_INT("experts", &a->experts, 1, 1024, "E", "routed experts per MoE layer"),
@@ -49,8 +50,9 @@ static int parse_args(moe_args *a, int argc, char **argv) {
     };
     nl_opt layout[] = {
         NL_OPT_INT("ep", &a->ep, 1, 64, "E", "ranks per expert-parallel group (divides N and the experts; 1)"),
-        NL_OPT_INT("cp", &a->cp, 1, 64, "C",
-                   "context parallel: C ranks share each sequence (ring attention); needs --aux 0 --capacity 0, no --ep"),
+        NL_OPT_INT(
+            "cp", &a->cp, 1, 64, "C",
+            "context parallel: C ranks share each sequence (ring attention); needs --aux 0 --capacity 0, no --ep"),
         NL_OPT_STR("impl", &a->impl, "ours|native", "all-to-all implementation (ours)"),
     };
     nl_opt train[] = {
@@ -71,20 +73,24 @@ static int parse_args(moe_args *a, int argc, char **argv) {
         NL_OPT_STR("resume", &t->resume, "CKPT", "continue from a checkpoint up to --steps"),
         NL_OPT_INT("stop-after", &t->stop_after, 1, 100000000, "K", "stop (and save) after step K of the schedule"),
         NL_OPT_STR("log", &a->log_csv, "CSV", "per-step log (rank 0)"),
-        NL_OPT_FLAG("report-memory", &a->mem, "bytes of parameters, gradients, optimizer state and activations per rank"),
+        NL_OPT_FLAG("report-memory", &a->mem,
+                    "bytes of parameters, gradients, optimizer state and activations per rank"),
         NL_OPT_FLAG("json", &a->json, "one JSON document with every step and rank"),
     };
     train[5].given = &a->lr_min_given;
     train[10].given = &a->eval_given;
     train[11].given = &a->windows_given;
-    nl_optgroup groups[] = {{"model shape", model, NL_NOPTS(model)},
-                            {"parallel layout", layout, NL_NOPTS(layout)},
-                            {"training (the one trainer's options; SIGTERM/SIGINT finish the step, save, exit 0)",
-                             train, NL_NOPTS(train)}};
-    nl_cmdspec spec = {"moe train", "[mpirun -np N] nanolm moe train --data FILE [options]",
+    nl_optgroup groups[] = {
+        {"model shape", model, NL_NOPTS(model)},
+        {"parallel layout", layout, NL_NOPTS(layout)},
+        {"training (the one trainer's options; SIGTERM/SIGINT finish the step, save, exit 0)", train, NL_NOPTS(train)}};
+    nl_cmdspec spec = {"moe train",
+                       "[mpirun -np N] nanolm moe train --data FILE [options]",
                        "NanoLM-MoE (routed + shared SwiGLU experts, top-k router, aux loss) with expert parallelism: "
                        "N/ep data-parallel replicas of ep-rank expert groups, or context parallelism.",
-                       groups, 3, 0};
+                       groups,
+                       3,
+                       0};
     if (argc < 0) { /* `moe --help` */
         nl_cli_help(&spec, stdout);
         return NL_CLI_HELP;
@@ -98,7 +104,8 @@ int nl_cmd_moe(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         moe_args a;
         if (argc < 2) {
-            fprintf(stderr, "usage: [mpirun -np N] nanolm moe train --data FILE [options] (see nanolm moe train --help)\n");
+            fprintf(stderr,
+                    "usage: [mpirun -np N] nanolm moe train --data FILE [options] (see nanolm moe train --help)\n");
             return NL_EXIT_USAGE;
         }
         parse_args(&a, -1, NULL);
@@ -136,9 +143,9 @@ typedef struct moe_run {
     nl_ep_trainer *t;
     nl_comm *w;
     int N, R, json;
-    double *v;        /* (N) gather buffer */
+    double *v; /* (N) gather buffer */
     cJSON *jsteps, *last;
-    nl_status err;    /* a failed gather in the callback */
+    nl_status err; /* a failed gather in the callback */
 } moe_run;
 
 /* One line (rank 0) or one JSON record per step, from the layout's statistics (t->st). */
@@ -157,7 +164,7 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
         fflush(stdout);
         return;
     }
-    double mine[6] = {(double)st->a2a_sent_bytes,     (double)st->a2a_count_bytes, (double)st->payload_sent_bytes,
+    double mine[6] = {(double)st->a2a_sent_bytes,     (double)st->a2a_count_bytes,  (double)st->payload_sent_bytes,
                       (double)st->payload_self_bytes, (double)st->dispatched_bytes, (double)st->returned_bytes};
     const char *names[6] = {"a2a_sent_bytes",     "a2a_count_bytes",  "payload_sent_bytes",
                             "payload_self_bytes", "dispatched_bytes", "returned_bytes"};
@@ -193,12 +200,22 @@ static cJSON *json_header(const nl_arch *a, const nl_moe *e, const moe_args *g, 
     cJSON_AddNumberToObject(doc, "experts", (double)a->n_experts);
     cJSON_AddNumberToObject(doc, "tokens_per_rank", (double)(g->tr.batch * g->tr.seq / g->cp));
     cJSON *ja = cJSON_AddObjectToObject(doc, "arch");
-    struct { const char *n; double v; } f[] = {
-        {"vocab_size", (double)a->vocab_size}, {"dim", (double)a->dim}, {"n_layers", (double)a->n_layers},
-        {"n_heads", (double)a->n_heads}, {"n_kv_heads", (double)a->n_kv_heads}, {"hidden_dim", (double)a->hidden_dim},
-        {"seq_len", (double)a->seq_len}, {"tied_embeddings", a->tied_embeddings}, {"n_experts", (double)a->n_experts},
-        {"n_shared_experts", (double)a->n_shared_experts}, {"top_k", (double)a->top_k},
-        {"expert_hidden_dim", (double)a->expert_hidden_dim}, {"first_moe_layer", (double)a->first_moe_layer}};
+    struct {
+        const char *n;
+        double v;
+    } f[] = {{"vocab_size", (double)a->vocab_size},
+             {"dim", (double)a->dim},
+             {"n_layers", (double)a->n_layers},
+             {"n_heads", (double)a->n_heads},
+             {"n_kv_heads", (double)a->n_kv_heads},
+             {"hidden_dim", (double)a->hidden_dim},
+             {"seq_len", (double)a->seq_len},
+             {"tied_embeddings", a->tied_embeddings},
+             {"n_experts", (double)a->n_experts},
+             {"n_shared_experts", (double)a->n_shared_experts},
+             {"top_k", (double)a->top_k},
+             {"expert_hidden_dim", (double)a->expert_hidden_dim},
+             {"first_moe_layer", (double)a->first_moe_layer}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) cJSON_AddNumberToObject(ja, f[i].n, f[i].v);
     return doc;
 }
@@ -252,7 +269,10 @@ static nl_status report_memory(moe_run *x, cJSON *doc) {
     cJSON *jm = doc ? cJSON_AddObjectToObject(doc, "memory") : NULL;
     for (int k = 0; k < 4; k++) {
         nl_status rc = gather(x->w, v + k * N, N, x->R, mine[k]);
-        if (rc) { free(v); return rc; }
+        if (rc) {
+            free(v);
+            return rc;
+        }
         if (jm) cJSON_AddItemToObject(jm, names[k], cJSON_CreateDoubleArray(v + k * N, N));
     }
     if (!doc && x->R == 0)
@@ -297,7 +317,10 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
         rc = nl_cli_fail("moe train");
         goto out;
     }
-    if (x->R == 0 && g->log_csv && nl_train_log_write_csv(&tn, g->log_csv)) { rc = nl_cli_fail("moe train: --log"); goto out; }
+    if (x->R == 0 && g->log_csv && nl_train_log_write_csv(&tn, g->log_csv)) {
+        rc = nl_cli_fail("moe train: --log");
+        goto out;
+    }
     if (x->last) {
         cJSON *tk = cJSON_AddArrayToObject(x->last, "tokens_per_expert");
         for (int64_t i = 0; i < e->n_moe_layers * e->E; i++)
@@ -305,11 +328,14 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
     }
     if (tn.stopped && x->R == 0 && !g->json)
         printf("stopped by %s after step %lld of %lld%s%s\n", tn.stopped == SIGINT ? "SIGINT" : "SIGTERM",
-               (long long)tn.step, (long long)g->tr.steps, g->tr.out ? "; resume with --resume " : " (no --out: nothing saved)",
-               g->tr.out ? g->tr.out : "");
+               (long long)tn.step, (long long)g->tr.steps,
+               g->tr.out ? "; resume with --resume " : " (no --out: nothing saved)", g->tr.out ? g->tr.out : "");
     if (x->R == 0 && !g->json && g->tr.out) printf("saved %s after step %lld\n", g->tr.out, (long long)tn.step);
     nl_comm_max_double(x->w, &el);
-    if (g->mem && report_memory(x, doc)) { rc = nl_cli_fail("moe train: memory"); goto out; }
+    if (g->mem && report_memory(x, doc)) {
+        rc = nl_cli_fail("moe train: memory");
+        goto out;
+    }
     double tps = (double)((tn.step - first) * g->tr.batch * g->tr.seq * (x->N / g->cp)) / el;
     if (doc) {
         cJSON_AddNumberToObject(doc, "seconds", el);
@@ -319,8 +345,10 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
     }
 out:
     if (doc) {
-        if (x->R == 0 && rc == NL_EXIT_OK) nl_cli_print_json(doc);
-        else cJSON_Delete(doc);
+        if (x->R == 0 && rc == NL_EXIT_OK)
+            nl_cli_print_json(doc);
+        else
+            cJSON_Delete(doc);
     }
     nl_trainer_free(&tn);
     return rc;
@@ -342,7 +370,10 @@ int nl_cmd_moe_train(int argc, char **argv) {
     memset(&t, 0, sizeof t);
     moe_run x = {.t = &t, .w = w, .N = N, .R = R, .json = g.json, .v = calloc((size_t)N, sizeof(double))};
     if ((rc = build_arch(&g, &a, N))) goto out;
-    if (!x.v) { rc = nl_cli_fail("moe train: out of memory"); goto out; }
+    if (!x.v) {
+        rc = nl_cli_fail("moe train: out of memory");
+        goto out;
+    }
     if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, g.data, &tok) || nl_data_check_window(&d, (int)g.tr.seq)) {
         rc = nl_cli_fail("moe train: --data");
         goto out;

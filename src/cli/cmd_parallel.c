@@ -16,72 +16,126 @@
 #include "nanolm/tokenizer.h"
 
 enum {
-    O_DATA = 1000, O_PRESET, O_DIM, O_LAYERS, O_HEADS, O_KVH, O_HIDDEN, O_STEPS, O_BATCH, O_SEQ, O_LR, O_CLIP,
-    O_WD, O_SEED, O_DP, O_TP, O_PP, O_ZERO, O_MICRO, O_SCHED, O_IMPL, O_NO_OVERLAP, O_MEM, O_JSON, O_SVG, O_OUT, O_SAVE_EVERY, O_RESUME, O_FAULT, O_SP, O_HELP,
-    O_LR_MIN, O_WARMUP, O_EVAL_WINDOWS, O_LOG, O_STOP_AFTER, O_ACCUM, O_PRECISION, O_TIMEOUT
+    O_DATA = 1000,
+    O_PRESET,
+    O_DIM,
+    O_LAYERS,
+    O_HEADS,
+    O_KVH,
+    O_HIDDEN,
+    O_STEPS,
+    O_BATCH,
+    O_SEQ,
+    O_LR,
+    O_CLIP,
+    O_WD,
+    O_SEED,
+    O_DP,
+    O_TP,
+    O_PP,
+    O_ZERO,
+    O_MICRO,
+    O_SCHED,
+    O_IMPL,
+    O_NO_OVERLAP,
+    O_MEM,
+    O_JSON,
+    O_SVG,
+    O_OUT,
+    O_SAVE_EVERY,
+    O_RESUME,
+    O_FAULT,
+    O_SP,
+    O_HELP,
+    O_LR_MIN,
+    O_WARMUP,
+    O_EVAL_WINDOWS,
+    O_LOG,
+    O_STOP_AFTER,
+    O_ACCUM,
+    O_PRECISION,
+    O_TIMEOUT
 };
 
-static const struct option popts[] = {
-    {"data", required_argument, 0, O_DATA},      {"preset", required_argument, 0, O_PRESET},
-    {"dim", required_argument, 0, O_DIM},        {"layers", required_argument, 0, O_LAYERS},
-    {"heads", required_argument, 0, O_HEADS},    {"kv-heads", required_argument, 0, O_KVH},
-    {"hidden", required_argument, 0, O_HIDDEN},  {"steps", required_argument, 0, O_STEPS},
-    {"batch", required_argument, 0, O_BATCH},    {"seq", required_argument, 0, O_SEQ},
-    {"lr", required_argument, 0, O_LR},          {"clip", required_argument, 0, O_CLIP},
-    {"weight-decay", required_argument, 0, O_WD}, {"seed", required_argument, 0, O_SEED},
-    {"dp", required_argument, 0, O_DP},          {"tp", required_argument, 0, O_TP},
-    {"pp", required_argument, 0, O_PP},          {"zero", required_argument, 0, O_ZERO},
-    {"microbatches", required_argument, 0, O_MICRO}, {"schedule", required_argument, 0, O_SCHED},
-    {"impl", required_argument, 0, O_IMPL},      {"no-overlap", no_argument, 0, O_NO_OVERLAP},
-    {"sp", no_argument, 0, O_SP},
-    {"report-memory", no_argument, 0, O_MEM},    {"json", no_argument, 0, O_JSON},
-    {"svg", required_argument, 0, O_SVG},        {"out", required_argument, 0, O_OUT},
-    {"save-every", required_argument, 0, O_SAVE_EVERY}, {"resume", required_argument, 0, O_RESUME},
-    {"inject-fault", required_argument, 0, O_FAULT},
-    {"lr-min", required_argument, 0, O_LR_MIN}, {"warmup", required_argument, 0, O_WARMUP},
-    {"eval-every", required_argument, 0, O_SAVE_EVERY}, {"eval-windows", required_argument, 0, O_EVAL_WINDOWS},
-    {"log", required_argument, 0, O_LOG},        {"stop-after", required_argument, 0, O_STOP_AFTER},
-    {"grad-accum", required_argument, 0, O_ACCUM}, {"precision", required_argument, 0, O_PRECISION},
-    {"timeout", required_argument, 0, O_TIMEOUT},
-    {"micro", required_argument, 0, O_MICRO},    {"micro-batch", required_argument, 0, O_MICRO},
-    {"help", no_argument, 0, O_HELP},            {0, 0, 0, 0}};
+static const struct option popts[] = {{"data", required_argument, 0, O_DATA},
+                                      {"preset", required_argument, 0, O_PRESET},
+                                      {"dim", required_argument, 0, O_DIM},
+                                      {"layers", required_argument, 0, O_LAYERS},
+                                      {"heads", required_argument, 0, O_HEADS},
+                                      {"kv-heads", required_argument, 0, O_KVH},
+                                      {"hidden", required_argument, 0, O_HIDDEN},
+                                      {"steps", required_argument, 0, O_STEPS},
+                                      {"batch", required_argument, 0, O_BATCH},
+                                      {"seq", required_argument, 0, O_SEQ},
+                                      {"lr", required_argument, 0, O_LR},
+                                      {"clip", required_argument, 0, O_CLIP},
+                                      {"weight-decay", required_argument, 0, O_WD},
+                                      {"seed", required_argument, 0, O_SEED},
+                                      {"dp", required_argument, 0, O_DP},
+                                      {"tp", required_argument, 0, O_TP},
+                                      {"pp", required_argument, 0, O_PP},
+                                      {"zero", required_argument, 0, O_ZERO},
+                                      {"microbatches", required_argument, 0, O_MICRO},
+                                      {"schedule", required_argument, 0, O_SCHED},
+                                      {"impl", required_argument, 0, O_IMPL},
+                                      {"no-overlap", no_argument, 0, O_NO_OVERLAP},
+                                      {"sp", no_argument, 0, O_SP},
+                                      {"report-memory", no_argument, 0, O_MEM},
+                                      {"json", no_argument, 0, O_JSON},
+                                      {"svg", required_argument, 0, O_SVG},
+                                      {"out", required_argument, 0, O_OUT},
+                                      {"save-every", required_argument, 0, O_SAVE_EVERY},
+                                      {"resume", required_argument, 0, O_RESUME},
+                                      {"inject-fault", required_argument, 0, O_FAULT},
+                                      {"lr-min", required_argument, 0, O_LR_MIN},
+                                      {"warmup", required_argument, 0, O_WARMUP},
+                                      {"eval-every", required_argument, 0, O_SAVE_EVERY},
+                                      {"eval-windows", required_argument, 0, O_EVAL_WINDOWS},
+                                      {"log", required_argument, 0, O_LOG},
+                                      {"stop-after", required_argument, 0, O_STOP_AFTER},
+                                      {"grad-accum", required_argument, 0, O_ACCUM},
+                                      {"precision", required_argument, 0, O_PRECISION},
+                                      {"timeout", required_argument, 0, O_TIMEOUT},
+                                      {"micro", required_argument, 0, O_MICRO},
+                                      {"micro-batch", required_argument, 0, O_MICRO},
+                                      {"help", no_argument, 0, O_HELP},
+                                      {0, 0, 0, 0}};
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: mpirun -np N nanolm parallel train --data FILE [options]\n"
-            "   or: mpirun -np N nanolm train --data FILE --dp/--tp/--pp/--zero ... (the same run)\n"
-            "  --dp D --tp T --pp P  layout (D x T x P must equal N; default D = N): data, tensor\n"
-            "                        (Megatron) and pipeline parallelism; --sp adds sequence parallelism\n"
-            "                        to --tp; ZeRO and checkpoints need --tp 1 --pp 1\n"
-            "  --zero Z              0 = DDP (default), 1, 2, 3 (FSDP full shard)\n"
-            "  --impl ours|native    collectives: our ring algorithms (default) or the MPI library's\n"
-            "  --no-overlap          DDP: all-reduce the buckets after backward instead of during it\n"
-            "  --sp                  with --tp: sequence parallelism (norms/residuals on sequence shards;\n"
-            "                        reduce-scatter + all-gather instead of all-reduce; one stage)\n"
-            "  --preset P            model shape (default shakespeare-char), then overrides:\n"
-            "  --dim C --layers L --heads H --kv-heads K --hidden F\n"
-            "  --microbatches M      with --pp: micro-batches per step (1; --micro, --micro-batch: aliases)\n"
-            "  --schedule gpipe|1f1b with --pp: the stage schedule (gpipe)\n"
-            "The training options and defaults of `nanolm train` (one trainer, src/train/trainer.c):\n"
-            "  --steps N (2000) --batch B per dp rank (12) --seq T (the preset's seq_len)\n"
-            "  --lr X (1e-3) --lr-min X (lr/10) --warmup N (100; steps/10 when >= steps): cosine schedule\n"
-            "  --clip X (1.0) --weight-decay X (0.1) --seed S (1337)\n"
-            "  --eval-every K (250) --eval-windows N (200): validation (not with --tp/--pp > 1)\n"
-            "  --log CSV             per-step log (rank 0)\n"
-            "  --stop-after K        stop (and save) after step K of the schedule\n"
-            "  fp32 only; --grad-accum, --mup, --qat, --precision other than fp32 are refused\n"
-            "  --report-memory       bytes of parameters, gradients, optimizer state on each rank\n"
-            "  --json                the same as JSON\n"
-            "  --svg FILE            picture of who holds what (measured bytes) and what moves per step\n"
-            "  --out CKPT            checkpoint (safetensors, written by rank 0) at each validation and the end\n"
-            "  --save-every K        alias of --eval-every K\n"
-            "  --resume CKPT         continue from a checkpoint up to --steps\n"
-            "  --timeout SECONDS     collective watchdog: a rank waiting longer ends the job naming the rank\n"
-            "                        that did not arrive (default 600; 0 = off)\n"
-            "  SIGTERM/SIGINT        every rank finishes the same step, saves (--out) and exits 0\n"
-            "  --inject-fault R[:exit|_exit|segv|kill|stop]@S   (tests) rank R leaves (or stops) at step S\n"
-            "The batch of dp rank r is its slice of the global batch of D*B windows: the same data as one\n"
-            "process with --batch D*B.\n");
+    fprintf(f, "usage: mpirun -np N nanolm parallel train --data FILE [options]\n"
+               "   or: mpirun -np N nanolm train --data FILE --dp/--tp/--pp/--zero ... (the same run)\n"
+               "  --dp D --tp T --pp P  layout (D x T x P must equal N; default D = N): data, tensor\n"
+               "                        (Megatron) and pipeline parallelism; --sp adds sequence parallelism\n"
+               "                        to --tp; ZeRO and checkpoints need --tp 1 --pp 1\n"
+               "  --zero Z              0 = DDP (default), 1, 2, 3 (FSDP full shard)\n"
+               "  --impl ours|native    collectives: our ring algorithms (default) or the MPI library's\n"
+               "  --no-overlap          DDP: all-reduce the buckets after backward instead of during it\n"
+               "  --sp                  with --tp: sequence parallelism (norms/residuals on sequence shards;\n"
+               "                        reduce-scatter + all-gather instead of all-reduce; one stage)\n"
+               "  --preset P            model shape (default shakespeare-char), then overrides:\n"
+               "  --dim C --layers L --heads H --kv-heads K --hidden F\n"
+               "  --microbatches M      with --pp: micro-batches per step (1; --micro, --micro-batch: aliases)\n"
+               "  --schedule gpipe|1f1b with --pp: the stage schedule (gpipe)\n"
+               "The training options and defaults of `nanolm train` (one trainer, src/train/trainer.c):\n"
+               "  --steps N (2000) --batch B per dp rank (12) --seq T (the preset's seq_len)\n"
+               "  --lr X (1e-3) --lr-min X (lr/10) --warmup N (100; steps/10 when >= steps): cosine schedule\n"
+               "  --clip X (1.0) --weight-decay X (0.1) --seed S (1337)\n"
+               "  --eval-every K (250) --eval-windows N (200): validation (not with --tp/--pp > 1)\n"
+               "  --log CSV             per-step log (rank 0)\n"
+               "  --stop-after K        stop (and save) after step K of the schedule\n"
+               "  fp32 only; --grad-accum, --mup, --qat, --precision other than fp32 are refused\n"
+               "  --report-memory       bytes of parameters, gradients, optimizer state on each rank\n"
+               "  --json                the same as JSON\n"
+               "  --svg FILE            picture of who holds what (measured bytes) and what moves per step\n"
+               "  --out CKPT            checkpoint (safetensors, written by rank 0) at each validation and the end\n"
+               "  --save-every K        alias of --eval-every K\n"
+               "  --resume CKPT         continue from a checkpoint up to --steps\n"
+               "  --timeout SECONDS     collective watchdog: a rank waiting longer ends the job naming the rank\n"
+               "                        that did not arrive (default 600; 0 = off)\n"
+               "  SIGTERM/SIGINT        every rank finishes the same step, saves (--out) and exits 0\n"
+               "  --inject-fault R[:exit|_exit|segv|kill|stop]@S   (tests) rank R leaves (or stops) at step S\n"
+               "The batch of dp rank r is its slice of the global batch of D*B windows: the same data as one\n"
+               "process with --batch D*B.\n");
 }
 
 static int parse_i(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *v) {
@@ -97,8 +151,9 @@ static nl_status draw_layout(const char *path, int zero, int P, size_t n_params,
     char t[256];
     snprintf(t, sizeof t, "%s on %d ranks, %zu parameters (fp32 + AdamW): what each rank holds", zero ? "ZeRO" : "DDP",
              P, n_params);
-    if (zero) snprintf(t, sizeof t, "ZeRO-%d on %d ranks, %zu parameters (fp32 + AdamW): what each rank holds", zero, P,
-                       n_params);
+    if (zero)
+        snprintf(t, sizeof t, "ZeRO-%d on %d ranks, %zu parameters (fp32 + AdamW): what each rank holds", zero, P,
+                 n_params);
     nl_svg_text(&s, W / 2, 24, 15, "middle", t);
     const char *names[3] = {"params", "grads", "Adam m,v"};
     const char *colors[3] = {"#4e79a7", "#f28e2b", "#59a14f"};
@@ -156,8 +211,9 @@ static nl_status draw_timeline(const char *path, int P, int M, const char *sched
         si += rows[(size_t)r * nk + 7 + NL_COMM_OP_COUNT];
     }
     char t[200];
-    snprintf(t, sizeof t, "%s, %d ranks, %d micro-batches (last step): measured bubble %.3f, formula (P-1)/(M+P-1) = %.3f",
-             sched, P, M, si / (sb + si), formula);
+    snprintf(t, sizeof t,
+             "%s, %d ranks, %d micro-batches (last step): measured bubble %.3f, formula (P-1)/(M+P-1) = %.3f", sched, P,
+             M, si / (sb + si), formula);
     nl_svg_text(&s, W / 2, 24, 14, "middle", t);
     double scale = (W - x0 - 20) / tmax;
     for (int r = 0; r < P; r++) {
@@ -168,7 +224,8 @@ static nl_status draw_timeline(const char *path, int P, int M, const char *sched
         for (int i = 0; i < 2 * M; i++) {
             const double *e = ev + ((size_t)r * 2 * M + i) * 4;
             if (e[3] <= e[2]) continue;
-            snprintf(t, sizeof t, "%s micro-batch %.0f: %.2f ms", e[0] ? "backward" : "forward", e[1], (e[3] - e[2]) * 1e3);
+            snprintf(t, sizeof t, "%s micro-batch %.0f: %.2f ms", e[0] ? "backward" : "forward", e[1],
+                     (e[3] - e[2]) * 1e3);
             nl_svg_rect(&s, x0 + e[2] * scale, y, (e[3] - e[2]) * scale, rowh - 8, e[0] ? "#59a14f" : "#4e79a7", t);
             if ((e[3] - e[2]) * scale > 14) {
                 snprintf(t, sizeof t, "%s%.0f", e[0] ? "B" : "F", e[1]);
@@ -205,12 +262,12 @@ typedef struct step_probe {
     nl_train_layout inner;
     nl_dist_trainer *dt;
     nl_pipe *pl;
-    nl_comm_stats st;       /* the last step's bytes */
+    nl_comm_stats st; /* the last step's bytes */
     double bw_s, wait_s, busy_s, idle_s;
     int rank, fault_rank, fault_step;
     const char *fault_how;
     int json;
-    float *losses;          /* (steps) per step, for --json */
+    float *losses; /* (steps) per step, for --json */
     double *norms;
 } step_probe;
 
@@ -226,8 +283,14 @@ static nl_status probe_grads(void *u, const nl_data *d, int64_t step, float *los
     nl_comm_reset_total_stats();
     return p->inner.grads(p->inner.user, d, step, loss);
 }
-static nl_status probe_sumsq(void *u, double *ss) { step_probe *p = u; return p->inner.sumsq(p->inner.user, ss); }
-static void probe_scale(void *u, float f) { step_probe *p = u; p->inner.scale(p->inner.user, f); }
+static nl_status probe_sumsq(void *u, double *ss) {
+    step_probe *p = u;
+    return p->inner.sumsq(p->inner.user, ss);
+}
+static void probe_scale(void *u, float f) {
+    step_probe *p = u;
+    p->inner.scale(p->inner.user, f);
+}
 static nl_status probe_update(void *u, float lr) {
     step_probe *p = u;
     NL_TRY(p->inner.update(p->inner.user, lr));
@@ -264,7 +327,8 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     if (isnan(r->val_loss))
         printf("step %3lld  loss %.6f  grad norm %.4f\n", (long long)r->step, r->loss, r->grad_norm);
     else
-        printf("step %3lld  loss %.6f  grad norm %.4f  val %.4f\n", (long long)r->step, r->loss, r->grad_norm, r->val_loss);
+        printf("step %3lld  loss %.6f  grad norm %.4f  val %.4f\n", (long long)r->step, r->loss, r->grad_norm,
+               r->val_loss);
     fflush(stdout);
 }
 
@@ -293,15 +357,38 @@ static int parse_args(par_cli *a, int argc, char **argv) {
         switch (c) {
         case O_DATA: a->data = optarg; break;
         case O_PRESET: a->preset = optarg; break;
-        case O_DIM: if (parse_i("--dim", optarg, 1, 65536, &a->dim)) return NL_EXIT_USAGE; break;
-        case O_LAYERS: if (parse_i("--layers", optarg, 1, 1024, &a->layers)) return NL_EXIT_USAGE; break;
-        case O_HEADS: if (parse_i("--heads", optarg, 1, 1024, &a->heads)) return NL_EXIT_USAGE; break;
-        case O_KVH: if (parse_i("--kv-heads", optarg, 1, 1024, &a->kvh)) return NL_EXIT_USAGE; break;
-        case O_HIDDEN: if (parse_i("--hidden", optarg, 1, 1 << 20, &a->hidden)) return NL_EXIT_USAGE; break;
-        case O_STEPS: if (parse_i("--steps", optarg, 1, 100000000, &v)) return NL_EXIT_USAGE; tr->steps = v; break;
-        case O_BATCH: if (parse_i("--batch", optarg, 1, 65536, &v)) return NL_EXIT_USAGE; tr->batch = v; break;
-        case O_SEQ: if (parse_i("--seq", optarg, 1, 1 << 20, &v)) return NL_EXIT_USAGE; tr->seq = v; a->seq_given = 1; break;
-        case O_SEED: if (parse_i("--seed", optarg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE; tr->seed = (uint64_t)v; break;
+        case O_DIM:
+            if (parse_i("--dim", optarg, 1, 65536, &a->dim)) return NL_EXIT_USAGE;
+            break;
+        case O_LAYERS:
+            if (parse_i("--layers", optarg, 1, 1024, &a->layers)) return NL_EXIT_USAGE;
+            break;
+        case O_HEADS:
+            if (parse_i("--heads", optarg, 1, 1024, &a->heads)) return NL_EXIT_USAGE;
+            break;
+        case O_KVH:
+            if (parse_i("--kv-heads", optarg, 1, 1024, &a->kvh)) return NL_EXIT_USAGE;
+            break;
+        case O_HIDDEN:
+            if (parse_i("--hidden", optarg, 1, 1 << 20, &a->hidden)) return NL_EXIT_USAGE;
+            break;
+        case O_STEPS:
+            if (parse_i("--steps", optarg, 1, 100000000, &v)) return NL_EXIT_USAGE;
+            tr->steps = v;
+            break;
+        case O_BATCH:
+            if (parse_i("--batch", optarg, 1, 65536, &v)) return NL_EXIT_USAGE;
+            tr->batch = v;
+            break;
+        case O_SEQ:
+            if (parse_i("--seq", optarg, 1, 1 << 20, &v)) return NL_EXIT_USAGE;
+            tr->seq = v;
+            a->seq_given = 1;
+            break;
+        case O_SEED:
+            if (parse_i("--seed", optarg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE;
+            tr->seed = (uint64_t)v;
+            break;
         case O_LR:
             if (nl_cli_double("--lr", optarg, &dv)) return NL_EXIT_USAGE;
             if (dv <= 0) return nl_cli_usage_error("--lr must be positive, got %s", optarg);
@@ -312,15 +399,32 @@ static int parse_args(par_cli *a, int argc, char **argv) {
             if (dv < 0) return nl_cli_usage_error("--lr-min must be >= 0, got %s", optarg);
             tr->lr_min = (float)dv, a->lr_min_given = 1;
             break;
-        case O_WARMUP: if (parse_i("--warmup", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE; tr->warmup = v; break;
-        case O_EVAL_WINDOWS: if (parse_i("--eval-windows", optarg, 1, 1000000, &v)) return NL_EXIT_USAGE; tr->eval_windows = v; break;
-        case O_STOP_AFTER: if (parse_i("--stop-after", optarg, 1, 100000000, &v)) return NL_EXIT_USAGE; tr->stop_after = v; break;
-        case O_ACCUM: if (parse_i("--grad-accum", optarg, 1, 65536, &v)) return NL_EXIT_USAGE; tr->grad_accum = v; break;
+        case O_WARMUP:
+            if (parse_i("--warmup", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE;
+            tr->warmup = v;
+            break;
+        case O_EVAL_WINDOWS:
+            if (parse_i("--eval-windows", optarg, 1, 1000000, &v)) return NL_EXIT_USAGE;
+            tr->eval_windows = v;
+            break;
+        case O_STOP_AFTER:
+            if (parse_i("--stop-after", optarg, 1, 100000000, &v)) return NL_EXIT_USAGE;
+            tr->stop_after = v;
+            break;
+        case O_ACCUM:
+            if (parse_i("--grad-accum", optarg, 1, 65536, &v)) return NL_EXIT_USAGE;
+            tr->grad_accum = v;
+            break;
         case O_PRECISION:
-            if (!strcmp(optarg, "fp32")) tr->precision = NL_PREC_FP32;
-            else if (!strcmp(optarg, "bf16")) tr->precision = NL_PREC_BF16;
-            else if (!strcmp(optarg, "fp16")) tr->precision = NL_PREC_FP16;
-            else return nl_cli_usage_error("parallel train: unknown --precision '%s' (fp32; bf16, fp16 are refused)", optarg);
+            if (!strcmp(optarg, "fp32"))
+                tr->precision = NL_PREC_FP32;
+            else if (!strcmp(optarg, "bf16"))
+                tr->precision = NL_PREC_BF16;
+            else if (!strcmp(optarg, "fp16"))
+                tr->precision = NL_PREC_FP16;
+            else
+                return nl_cli_usage_error("parallel train: unknown --precision '%s' (fp32; bf16, fp16 are refused)",
+                                          optarg);
             break;
         case O_LOG: a->log_csv = optarg; break;
         case O_CLIP:
@@ -333,20 +437,34 @@ static int parse_args(par_cli *a, int argc, char **argv) {
             if (dv < 0) return nl_cli_usage_error("--weight-decay must be >= 0, got %s", optarg);
             tr->weight_decay = (float)dv;
             break;
-        case O_DP: if (parse_i("--dp", optarg, 1, 65536, &a->dp)) return NL_EXIT_USAGE; break;
-        case O_TP: if (parse_i("--tp", optarg, 1, 65536, &a->tp)) return NL_EXIT_USAGE; break;
-        case O_PP: if (parse_i("--pp", optarg, 1, 65536, &a->pp)) return NL_EXIT_USAGE; break;
-        case O_ZERO: if (parse_i("--zero", optarg, 0, 3, &v)) return NL_EXIT_USAGE; a->o.zero = (int)v; break;
-        case O_MICRO: if (parse_i("--microbatches", optarg, 1, 65536, &a->micro)) return NL_EXIT_USAGE; break;
+        case O_DP:
+            if (parse_i("--dp", optarg, 1, 65536, &a->dp)) return NL_EXIT_USAGE;
+            break;
+        case O_TP:
+            if (parse_i("--tp", optarg, 1, 65536, &a->tp)) return NL_EXIT_USAGE;
+            break;
+        case O_PP:
+            if (parse_i("--pp", optarg, 1, 65536, &a->pp)) return NL_EXIT_USAGE;
+            break;
+        case O_ZERO:
+            if (parse_i("--zero", optarg, 0, 3, &v)) return NL_EXIT_USAGE;
+            a->o.zero = (int)v;
+            break;
+        case O_MICRO:
+            if (parse_i("--microbatches", optarg, 1, 65536, &a->micro)) return NL_EXIT_USAGE;
+            break;
         case O_SCHED:
             if (strcmp(optarg, "gpipe") && strcmp(optarg, "1f1b"))
                 return nl_cli_usage_error("parallel train: unknown --schedule '%s' (gpipe, 1f1b)", optarg);
             a->sched = strcmp(optarg, "gpipe") ? NL_PIPE_1F1B : NL_PIPE_GPIPE;
             break;
         case O_IMPL:
-            if (!strcmp(optarg, "ours")) a->o.impl = NL_COMM_OURS;
-            else if (!strcmp(optarg, "native")) a->o.impl = NL_COMM_NATIVE;
-            else return nl_cli_usage_error("parallel train: unknown --impl '%s' (ours, native)", optarg);
+            if (!strcmp(optarg, "ours"))
+                a->o.impl = NL_COMM_OURS;
+            else if (!strcmp(optarg, "native"))
+                a->o.impl = NL_COMM_NATIVE;
+            else
+                return nl_cli_usage_error("parallel train: unknown --impl '%s' (ours, native)", optarg);
             break;
         case O_NO_OVERLAP: a->o.overlap = 0; break;
         case O_SP: a->o.sp = 1; break;
@@ -355,20 +473,27 @@ static int parse_args(par_cli *a, int argc, char **argv) {
         case O_SVG: a->svg = optarg; break;
         case O_OUT: tr->out = optarg; break;
         case O_RESUME: tr->resume = optarg; break;
-        case O_SAVE_EVERY: if (parse_i("--eval-every", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE; tr->eval_every = v; break;
+        case O_SAVE_EVERY:
+            if (parse_i("--eval-every", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE;
+            tr->eval_every = v;
+            break;
         case O_FAULT: {
             char how[16] = "exit";
             if (sscanf(optarg, "%d@%d", &a->fault_rank, &a->fault_step) != 2 &&
                 sscanf(optarg, "%d:%15[_a-z]@%d", &a->fault_rank, how, &a->fault_step) != 3)
-                return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", optarg);
-            if (strcmp(how, "exit") && strcmp(how, "_exit") && strcmp(how, "segv") && strcmp(how, "kill") && strcmp(how, "stop"))
-                return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", optarg);
+                return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)",
+                                          optarg);
+            if (strcmp(how, "exit") && strcmp(how, "_exit") && strcmp(how, "segv") && strcmp(how, "kill") &&
+                strcmp(how, "stop"))
+                return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)",
+                                          optarg);
             snprintf(a->fault_how, sizeof a->fault_how, "%s", how);
             break;
         }
         case O_TIMEOUT:
             if (nl_cli_double("--timeout", optarg, &dv)) return NL_EXIT_USAGE;
-            if (!(dv >= 0) || dv > 1e6) return nl_cli_usage_error("--timeout must be in [0, 1e6] seconds, got %s", optarg);
+            if (!(dv >= 0) || dv > 1e6)
+                return nl_cli_usage_error("--timeout must be in [0, 1e6] seconds, got %s", optarg);
             nl_comm_set_timeout(dv);
             break;
         case O_HELP: usage(stdout); return -1;
@@ -481,24 +606,31 @@ static int print_report(const par_report *r) {
                 cJSON_AddNumberToObject(e, "stage", x[8 + NL_COMM_OP_COUNT]);
                 cJSON_AddNumberToObject(e, "busy_s", x[6 + NL_COMM_OP_COUNT]);
                 cJSON_AddNumberToObject(e, "idle_s", x[7 + NL_COMM_OP_COUNT]);
-                cJSON_AddNumberToObject(e, "bubble", x[7 + NL_COMM_OP_COUNT] / (x[6 + NL_COMM_OP_COUNT] + x[7 + NL_COMM_OP_COUNT]));
+                cJSON_AddNumberToObject(e, "bubble",
+                                        x[7 + NL_COMM_OP_COUNT] / (x[6 + NL_COMM_OP_COUNT] + x[7 + NL_COMM_OP_COUNT]));
             }
             cJSON_AddItemToArray(rk, e);
         }
         nl_cli_print_json(j);
     } else {
-        if (pp > 1) what = "Pipeline";
-        else if (tp > 1) what = "Tensor parallel";
-        printf("%s%s on %d rank%s (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n",
-               what, o.zero ? (o.zero == 1 ? "-1" : o.zero == 2 ? "-2" : "-3") : "", P, P > 1 ? "s" : "", (long long)dp,
-               n_full, (long long)(o.train.batch * dp), (long long)o.train.seq, nl_comm_impl_name(o.impl));
+        if (pp > 1)
+            what = "Pipeline";
+        else if (tp > 1)
+            what = "Tensor parallel";
+        printf("%s%s on %d rank%s (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n", what,
+               o.zero ? (o.zero == 1   ? "-1"
+                         : o.zero == 2 ? "-2"
+                                       : "-3")
+                      : "",
+               P, P > 1 ? "s" : "", (long long)dp, n_full, (long long)(o.train.batch * dp), (long long)o.train.seq,
+               nl_comm_impl_name(o.impl));
         if (mp)
             printf("%.0f tokens/s\n", tokens_per_s);
         else
-            printf("%.0f tokens/s; backward %.3f s, waiting for gradient buckets after backward %.3f s\n",
-                   tokens_per_s, bw_s, wait_s);
-        const char *hdr[] = {"rank", "sent/step", "of params", "recv/step", "params B", "grads B", "optimizer B",
-                             "workspace B"};
+            printf("%.0f tokens/s; backward %.3f s, waiting for gradient buckets after backward %.3f s\n", tokens_per_s,
+                   bw_s, wait_s);
+        const char *hdr[] = {"rank",     "sent/step", "of params",   "recv/step",
+                             "params B", "grads B",   "optimizer B", "workspace B"};
         nl_table tb;
         nl_table_init(&tb, mem ? 8 : 4, hdr);
         double pbytes = (double)n_full * 4;
@@ -515,8 +647,8 @@ static int print_report(const par_report *r) {
         nl_table_free(&tb);
     }
     if (pp > 1 && !json) {
-        printf("pipeline: %lld stages, %lld micro-batches, %s; bubble formula (P-1)/(M+P-1) = %.4f\n",
-               (long long)pp, (long long)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B",
+        printf("pipeline: %lld stages, %lld micro-batches, %s; bubble formula (P-1)/(M+P-1) = %.4f\n", (long long)pp,
+               (long long)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B",
                nl_pipe_bubble_formula((int)pp, (int)micro));
         const char *bh[] = {"rank", "stage", "busy s", "idle s", "measured bubble"};
         nl_table bt;
@@ -529,7 +661,8 @@ static int print_report(const par_report *r) {
         }
         nl_table_print(&bt, stdout);
         nl_table_free(&bt);
-        printf("mean measured bubble %.4f vs formula %.4f\n", si / (sb + si), nl_pipe_bubble_formula((int)pp, (int)micro));
+        printf("mean measured bubble %.4f vs formula %.4f\n", si / (sb + si),
+               nl_pipe_bubble_formula((int)pp, (int)micro));
     }
     if (svg && pp > 1) {
         if (draw_timeline(svg, P, (int)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B", ev, rows, NK,
@@ -576,7 +709,10 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     nl_train_layout hooks;
     int64_t steps = tr->steps;
     enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 }; /* per rank: sent, recv, per collective, memory x4, pipeline x3 */
-    if (nl_layout_init(w, (int)dp, (int)tp, (int)pp, &L)) { rc = nl_cli_fail("parallel train: layout"); goto out; }
+    if (nl_layout_init(w, (int)dp, (int)tp, (int)pp, &L)) {
+        rc = nl_cli_fail("parallel train: layout");
+        goto out;
+    }
     if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, data, &tok) || nl_data_check_window(&d, (int)tr->seq)) {
         rc = nl_cli_fail("parallel train: data");
         goto out;
@@ -610,7 +746,10 @@ int nl_cmd_parallel_train(int argc, char **argv) {
         goto out;
     }
     rows = calloc((size_t)P * NK, sizeof(double));
-    if (!rows) { rc = nl_cli_fail("parallel train: out of memory"); goto out; }
+    if (!rows) {
+        rc = nl_cli_fail("parallel train: out of memory");
+        goto out;
+    }
     int64_t first = tn.step;
     if (tr->resume && R == 0 && !json) printf("resumed from %s after step %lld\n", tr->resume, (long long)first);
     double t0 = nl_time_s();
@@ -618,12 +757,18 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     tr->stop = &nl_train_stop_signal;
     nl_status trc = nl_trainer_run(&tn, tr, &d, on_step, &probe);
     nl_train_catch_stop_signals(0);
-    if (trc) { rc = nl_cli_fail("parallel train"); goto out; }
+    if (trc) {
+        rc = nl_cli_fail("parallel train");
+        goto out;
+    }
     if (tn.stopped && R == 0 && !json)
         printf("stopped by %s after step %lld of %lld%s%s\n", tn.stopped == SIGINT ? "SIGINT" : "SIGTERM",
-               (long long)tn.step, (long long)tr->steps, tr->out ? "; resume with --resume " : " (no --out: nothing saved)",
-               tr->out ? tr->out : "");
-    if (R == 0 && log_csv && nl_train_log_write_csv(&tn, log_csv)) { rc = nl_cli_fail("parallel train: --log"); goto out; }
+               (long long)tn.step, (long long)tr->steps,
+               tr->out ? "; resume with --resume " : " (no --out: nothing saved)", tr->out ? tr->out : "");
+    if (R == 0 && log_csv && nl_train_log_write_csv(&tn, log_csv)) {
+        rc = nl_cli_fail("parallel train: --log");
+        goto out;
+    }
     if (R == 0 && !json && tr->out) printf("saved %s after step %lld\n", tr->out, (long long)tn.step);
     steps = tn.step;
     nl_comm_stats st = probe.st;
@@ -647,15 +792,24 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     me[6 + NL_COMM_OP_COUNT] = busy_s;
     me[7 + NL_COMM_OP_COUNT] = idle_s;
     me[8 + NL_COMM_OP_COUNT] = L.pp_rank;
-    if (share_rows(w, rows, NK)) { rc = nl_cli_fail("parallel train: report"); goto out; }
+    if (share_rows(w, rows, NK)) {
+        rc = nl_cli_fail("parallel train: report");
+        goto out;
+    }
     if (pp > 1 && svg) {
         ev = calloc((size_t)P * 2 * (size_t)micro * 4, sizeof(double));
-        if (!ev) { rc = nl_cli_fail("parallel train: --svg"); goto out; }
+        if (!ev) {
+            rc = nl_cli_fail("parallel train: --svg");
+            goto out;
+        }
         for (int i = 0; i < pl.n_ev; i++) {
             double *e = ev + ((size_t)R * 2 * (size_t)micro + (size_t)i) * 4;
             e[0] = pl.ev_kind[i], e[1] = pl.ev_mb[i], e[2] = pl.ev_t0[i], e[3] = pl.ev_t1[i];
         }
-        if (share_rows(w, ev, (int)(2 * micro * 4))) { rc = nl_cli_fail("parallel train: report"); goto out; }
+        if (share_rows(w, ev, (int)(2 * micro * 4))) {
+            rc = nl_cli_fail("parallel train: report");
+            goto out;
+        }
     }
     if (R == 0) {
         par_report rep = {&A, P, rows, ev, &tn, first, steps, n_full, bw_s, wait_s, wall};

@@ -39,12 +39,13 @@ int nl_cli_plan_serve_engine(const nl_cpu_rates *r, const nl_engine_plan_req *q,
     }
     printf("Serving %s on %s (%d threads, measured by `nanolm bench machine`): weights %s, KV %s, prompt %lld, "
            "answer %lld tokens, chunk %lld.\n\n",
-           q->arch.name[0] ? q->arch.name : "the model", r->name, r->threads, wf[q->weights], kf[q->kv], (long long)q->prompt,
-           (long long)q->output, (long long)q->chunk);
+           q->arch.name[0] ? q->arch.name : "the model", r->name, r->threads, wf[q->weights], kf[q->kv],
+           (long long)q->prompt, (long long)q->output, (long long)q->chunk);
     static const char *hdr[] = {"quantity", "predicted", "how"};
     nl_table t;
     nl_table_init(&t, 3, hdr);
-    nl_table_rowf(&t, "prefill (TTFT alone)|%.2f ms|%lld engine steps of chunks", p.prefill_s * 1e3, (long long)p.prefill_steps);
+    nl_table_rowf(&t, "prefill (TTFT alone)|%.2f ms|%lld engine steps of chunks", p.prefill_s * 1e3,
+                  (long long)p.prefill_steps);
     for (int i = 0; i < NL_ENGINE_PLAN_NB; i++)
         nl_table_rowf(&t, "decode step, batch %lld|%.3f ms|%.1f tokens/s in all", (long long)p.decode_batch[i],
                       p.decode_step_s[i] * 1e3, p.decode_tokens_per_s[i]);
@@ -52,7 +53,8 @@ int nl_cli_plan_serve_engine(const nl_cpu_rates *r, const nl_engine_plan_req *q,
                   (long long)q->batch, p.throughput_tokens_per_s);
     nl_table_rowf(&t, "batch-1 step: linears|%.3f ms|%.1f MB of weights, max(bytes / %.1f GB/s, FLOPs / rate at M)",
                   p.linear_s * 1e3, p.weight_bytes / 1e6, r->read_bw_nt / 1e9);
-    nl_table_rowf(&t, "batch-1 step: attention|%.3f ms|%.0f KiB of KV per token", p.attention_s * 1e3, p.kv_bytes_per_token / 1024);
+    nl_table_rowf(&t, "batch-1 step: attention|%.3f ms|%.0f KiB of KV per token", p.attention_s * 1e3,
+                  p.kv_bytes_per_token / 1024);
     nl_table_rowf(&t, "batch-1 step: per-token work|%.3f ms|norms, RoPE, KV store, residuals, SwiGLU", p.rows_s * 1e3);
     nl_table_rowf(&t, "batch-1 step: overheads|%.3f ms|per step + per layer", p.overhead_s * 1e3);
     nl_table_print(&t, stdout);

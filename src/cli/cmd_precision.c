@@ -19,7 +19,11 @@ static void usage(FILE *f) {
                "  gradients (see nanolm precision underflow --help)\n");
 }
 
-typedef struct scheme { nl_format f; double scale; const char *label; } scheme;
+typedef struct scheme {
+    nl_format f;
+    double scale;
+    const char *label;
+} scheme;
 
 static int underflow_cmd(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *tok_path = NULL;
@@ -35,13 +39,16 @@ static int underflow_cmd(int argc, char **argv) {
         NL_OPT_FLAG("json", &json, "print the result as JSON"),
     };
     nl_optgroup groups[] = {{"options", opts, NL_NOPTS(opts)}};
-    nl_cmdspec spec = {"precision underflow", "nanolm precision underflow --ckpt F --data TEXT [options]",
+    nl_cmdspec spec = {"precision underflow",
+                       "nanolm precision underflow --ckpt F --data TEXT [options]",
                        "Runs N forward/backward passes of the model on the first N*B windows of the text's validation\n"
                        "split in fp32 and reports, for the linear layers' output gradients and for the parameter\n"
                        "gradients, the fraction of nonzero values that would be flushed to zero, left subnormal or\n"
                        "overflow: fp16 without loss scaling, with GradScaler's initial scale 2^16, with the largest\n"
                        "power-of-two scale that does not overflow, and bf16.",
-                       groups, 1, 0};
+                       groups,
+                       1,
+                       0};
     int prc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (prc) return prc == NL_CLI_HELP ? NL_EXIT_OK : prc;
     if (!ckpt || !data) return nl_cli_usage_error("precision underflow: --ckpt F and --data TEXT are required");
@@ -73,8 +80,10 @@ static int underflow_cmd(int argc, char **argv) {
     if (s_best == 0.0) s_best = 1.0;
     char best_label[48];
     snprintf(best_label, sizeof best_label, "2^%d (largest w/o overflow)", (int)lround(log2(s_best)));
-    const scheme schemes[4] = {{NL_FMT_FP16, 1.0, "1 (none)"}, {NL_FMT_FP16, GRADSCALER_INIT, "2^16 (GradScaler init)"},
-                               {NL_FMT_FP16, s_best, best_label}, {NL_FMT_BF16, 1.0, "1 (none)"}};
+    const scheme schemes[4] = {{NL_FMT_FP16, 1.0, "1 (none)"},
+                               {NL_FMT_FP16, GRADSCALER_INIT, "2^16 (GradScaler init)"},
+                               {NL_FMT_FP16, s_best, best_label},
+                               {NL_FMT_BF16, 1.0, "1 (none)"}};
     const float *vals[2] = {act, wgt};
     const size_t nv[2] = {n_act, n_wgt};
     nl_underflow_counts cnt[2][4];

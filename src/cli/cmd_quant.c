@@ -11,7 +11,7 @@
 #include "nanolm/quant.h"
 #include "report.h"
 
-int nl_cmd_quant_model(int argc, char **argv); /* cmd_quant_model.c */
+int nl_cmd_quant_model(int argc, char **argv);   /* cmd_quant_model.c */
 int nl_cmd_quant_compare(int argc, char **argv); /* cmd_quant_compare.c */
 
 
@@ -29,8 +29,7 @@ static void usage(FILE *f) {
             "          or any scheme name of `quant model`, e.g. int3-b2, mxfp4); --block B: one scale per B values.\n"
             "outliers: a random N(0, 0.02) weight matrix whose row 7 is multiplied by F (default 50);\n"
             "          MSE and SQNR for per tensor, per channel and per block 32/64/128.\n"
-            "compare:  RTN vs GPTQ, AWQ, SmoothQuant and LLM.int8() on a checkpoint (see quant compare --help).\n"
-);
+            "compare:  RTN vs GPTQ, AWQ, SmoothQuant and LLM.int8() on a checkpoint (see quant compare --help).\n");
 }
 
 /* ---- demo ------------------------------------------------------------------------------------ */
@@ -50,7 +49,9 @@ static void f2d(const float *v, int n, double *out) {
 
 static void fmt_vec(char *buf, size_t n, const float *v, int k, const char *fmt) {
     size_t o = (size_t)snprintf(buf, n, "(");
-    for (int i = 0; i < k && o < n; i++) o += (size_t)snprintf(buf + o, n - o, fmt, (double)v[i]), o += (size_t)snprintf(buf + o, n - o, i + 1 < k ? ", " : ")");
+    for (int i = 0; i < k && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, fmt, (double)v[i]),
+            o += (size_t)snprintf(buf + o, n - o, i + 1 < k ? ", " : ")");
 }
 
 /* One step of the demo in the text form: x, the scale, the codes and q * scale. */
@@ -206,16 +207,20 @@ static int values_spec(const char *name, int64_t block, nl_quant_spec *spec) {
     int bits;
     char tail;
     if (!strcmp(name, "affine")) {
-        if (block) return nl_cli_usage_error("quant values: --block needs an absmax scheme (int8, int4, ...), not affine");
+        if (block)
+            return nl_cli_usage_error("quant values: --block needs an absmax scheme (int8, int4, ...), not affine");
         snprintf(full, sizeof full, "affine-uint8-tensor");
     } else if (sscanf(name, "int%d%c", &bits, &tail) == 1) {
-        if (block) snprintf(full, sizeof full, "int%d-b%lld", bits, (long long)block);
-        else snprintf(full, sizeof full, "int%d-tensor", bits);
+        if (block)
+            snprintf(full, sizeof full, "int%d-b%lld", bits, (long long)block);
+        else
+            snprintf(full, sizeof full, "int%d-tensor", bits);
     } else {
         if (block) return nl_cli_usage_error("quant values: --block goes with int8, int4 or intB, not '%s'", name);
         snprintf(full, sizeof full, "%s", name);
     }
-    if (nl_quant_spec_parse(full, spec)) return nl_cli_usage_error("quant values: --scheme %s: %s", name, nl_last_error());
+    if (nl_quant_spec_parse(full, spec))
+        return nl_cli_usage_error("quant values: --scheme %s: %s", name, nl_last_error());
     return 0;
 }
 
@@ -406,7 +411,11 @@ static int cmd_outliers(int argc, char **argv) {
     if ((rc = nl_cli_parse(&spec, argc, argv, NULL, NULL))) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     size_t n = (size_t)(rows * cols);
     float *w = nl_malloc(n * sizeof(float), "weight matrix"), *y = nl_malloc(n * sizeof(float), "reconstruction");
-    if (!w || !y) { nl_free(w); nl_free(y); return nl_cli_fail("quant outliers"); }
+    if (!w || !y) {
+        nl_free(w);
+        nl_free(y);
+        return nl_cli_fail("quant outliers");
+    }
     nl_rng r;
     nl_rng_seed(&r, (uint64_t)seed);
     for (size_t i = 0; i < n; i++) w[i] = (float)(0.02 * nl_rng_normal(&r));

@@ -12,8 +12,9 @@
 #include "nanolm/train.h"
 #include "report.h"
 
-#define DEFAULT_SCHEMES "rtn-int4-g32,gptq-int4-g32,awq-int4-g32,rtn-int3-g32,gptq-int3-g32,awq-int3-g32," \
-                        "rtn-int4-g128,gptq-int4-g128,awq-int4-g128,w8a8,smoothquant-w8a8,int8-outlier6"
+#define DEFAULT_SCHEMES                                                                                                \
+    "rtn-int4-g32,gptq-int4-g32,awq-int4-g32,rtn-int3-g32,gptq-int3-g32,awq-int3-g32,"                                 \
+    "rtn-int4-g128,gptq-int4-g128,awq-int4-g128,w8a8,smoothquant-w8a8,int8-outlier6"
 
 typedef struct qc_row {
     nl_qm_scheme s;

@@ -12,10 +12,10 @@
 #include "report.h"
 
 #define MAX_SCHEMES 24
-#define MAX_GEN 256
+#define MAX_GEN     256
 
-static const char *const DEFAULT_SCHEMES[] = {"int8-channel", "int8-tensor", "int8-b32", "int8-b64", "int8-b128",
-                                              "int4-b32",     "int4-b64",    "int4-b128", "mxfp8", "mxfp4"};
+static const char *const DEFAULT_SCHEMES[] = {"int8-channel", "int8-tensor", "int8-b32",  "int8-b64", "int8-b128",
+                                              "int4-b32",     "int4-b64",    "int4-b128", "mxfp8",    "mxfp4"};
 
 typedef struct qrow {
     char scheme[64];

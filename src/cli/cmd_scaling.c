@@ -10,32 +10,41 @@
 #include "scaling_lab.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: nanolm scaling optimal (--flops C | --params N) [--gpu G] [--mfu 0.4] [--price $/h]\n"
-            "                              [--hw FILE.json] [--svg FILE] [--explain] [--json]\n"
-            "       nanolm scaling overtrain --params N --tokens D [--ratio 20] [--json]\n"
-            "       nanolm scaling fit FILE.csv [--bootstrap 100] [--seed S] [--delta 1e-3] [--json]\n"
-            "                          [--n-col NAME] [--d-col NAME] [--flops-col NAME] [--loss-col NAME]\n"
-            "       nanolm scaling sweep --data FILE [--grid default|small|tiny] [--out DIR] (see --help)\n"
-            "       nanolm scaling lr-transfer --data FILE [--widths 16,32,64] (muP; see --help)\n"
-            "       nanolm scaling emergence --data FILE (--ckpt F ... | --sweep DIR) (see --help)\n\n"
-            "optimal:   N and D for a budget C = 6*N*D (or the budget that makes N optimal) by the\n"
-            "           20 tokens/parameter rule, Chinchilla approaches 1 and 3, and Kaplan et al.\n"
-            "overtrain: a model trained past the optimum against the compute-optimal model of the\n"
-            "           same predicted loss, and the served tokens at which it pays off.\n"
-            "fit:       fits E, A, B, alpha, beta to (N, D or FLOPs, loss) rows (Hoffmann's method); columns are\n"
-            "           found by name (N/params, D/tokens, C/FLOPs, loss) or as --*-col names them; others are ignored.\n");
+    fprintf(
+        f,
+        "usage: nanolm scaling optimal (--flops C | --params N) [--gpu G] [--mfu 0.4] [--price $/h]\n"
+        "                              [--hw FILE.json] [--svg FILE] [--explain] [--json]\n"
+        "       nanolm scaling overtrain --params N --tokens D [--ratio 20] [--json]\n"
+        "       nanolm scaling fit FILE.csv [--bootstrap 100] [--seed S] [--delta 1e-3] [--json]\n"
+        "                          [--n-col NAME] [--d-col NAME] [--flops-col NAME] [--loss-col NAME]\n"
+        "       nanolm scaling sweep --data FILE [--grid default|small|tiny] [--out DIR] (see --help)\n"
+        "       nanolm scaling lr-transfer --data FILE [--widths 16,32,64] (muP; see --help)\n"
+        "       nanolm scaling emergence --data FILE (--ckpt F ... | --sweep DIR) (see --help)\n\n"
+        "optimal:   N and D for a budget C = 6*N*D (or the budget that makes N optimal) by the\n"
+        "           20 tokens/parameter rule, Chinchilla approaches 1 and 3, and Kaplan et al.\n"
+        "overtrain: a model trained past the optimum against the compute-optimal model of the\n"
+        "           same predicted loss, and the served tokens at which it pays off.\n"
+        "fit:       fits E, A, B, alpha, beta to (N, D or FLOPs, loss) rows (Hoffmann's method); columns are\n"
+        "           found by name (N/params, D/tokens, C/FLOPs, loss) or as --*-col names them; others are ignored.\n");
 }
 
-typedef struct row { const char *method; double n, d, c, loss; } row;
+typedef struct row {
+    const char *method;
+    double n, d, c, loss;
+} row;
 
 static int cmd_optimal(int argc, char **argv) {
-    static const struct option opts[] = {{"flops", required_argument, 0, 'c'}, {"params", required_argument, 0, 'n'},
-                                         {"gpu", required_argument, 0, 'g'},   {"mfu", required_argument, 0, 'm'},
-                                         {"price", required_argument, 0, 'p'}, {"hw", required_argument, 0, 'H'},
-                                         {"svg", required_argument, 0, 's'},   {"json", no_argument, 0, 'j'},
+    static const struct option opts[] = {{"flops", required_argument, 0, 'c'},
+                                         {"params", required_argument, 0, 'n'},
+                                         {"gpu", required_argument, 0, 'g'},
+                                         {"mfu", required_argument, 0, 'm'},
+                                         {"price", required_argument, 0, 'p'},
+                                         {"hw", required_argument, 0, 'H'},
+                                         {"svg", required_argument, 0, 's'},
+                                         {"json", no_argument, 0, 'j'},
                                          {"explain", no_argument, 0, 'x'},
-                                         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     double flops = 0, params = 0, mfu = 0.4, price = -1;
     int explain = 0;
     const char *gpu = "h100", *svg = NULL;
@@ -45,12 +54,22 @@ static int cmd_optimal(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "c:n:g:m:p:H:s:jxh", opts, NULL)) != -1) {
         switch (c) {
         case 'x': explain = 1; break;
-        case 'c': if (nl_cli_double_si("--flops", optarg, &flops)) return NL_EXIT_USAGE; break;
-        case 'n': if (nl_cli_double_si("--params", optarg, &params)) return NL_EXIT_USAGE; break;
+        case 'c':
+            if (nl_cli_double_si("--flops", optarg, &flops)) return NL_EXIT_USAGE;
+            break;
+        case 'n':
+            if (nl_cli_double_si("--params", optarg, &params)) return NL_EXIT_USAGE;
+            break;
         case 'g': gpu = optarg; break;
-        case 'm': if (nl_cli_double("--mfu", optarg, &mfu)) return NL_EXIT_USAGE; break;
-        case 'p': if (nl_cli_double("--price", optarg, &price)) return NL_EXIT_USAGE; break;
-        case 'H': if (nl_catalog_load_hw(&cat, optarg)) return nl_cli_fail("--hw"); break;
+        case 'm':
+            if (nl_cli_double("--mfu", optarg, &mfu)) return NL_EXIT_USAGE;
+            break;
+        case 'p':
+            if (nl_cli_double("--price", optarg, &price)) return NL_EXIT_USAGE;
+            break;
+        case 'H':
+            if (nl_catalog_load_hw(&cat, optarg)) return nl_cli_fail("--hw");
+            break;
         case 's': svg = optarg; break;
         case 'j': json = 1; break;
         case 'h': usage(stdout); return NL_EXIT_OK;
@@ -58,7 +77,8 @@ static int cmd_optimal(int argc, char **argv) {
         }
     }
     if (optind < argc) return nl_cli_usage_error("scaling optimal: unexpected argument '%s'", argv[optind]);
-    if ((flops > 0) == (params > 0)) return nl_cli_usage_error("scaling optimal: give exactly one of --flops and --params (> 0)");
+    if ((flops > 0) == (params > 0))
+        return nl_cli_usage_error("scaling optimal: give exactly one of --flops and --params (> 0)");
     if (!(mfu > 0 && mfu <= 1)) return nl_cli_usage_error("scaling optimal: --mfu must be in (0, 1], got %g", mfu);
     nl_hw hw;
     if (nl_catalog_find_hw(&cat, gpu, &hw)) return nl_cli_usage_error("scaling optimal: --gpu: %s", nl_last_error());
@@ -129,8 +149,8 @@ static int cmd_optimal(int argc, char **argv) {
                       r[i].c / rate / 3600 * hw.price_per_hour);
     }
     printf("Compute-optimal allocation, C = 6*N*D; loss from Chinchilla approach 3 (unrounded);\n"
-           "GPU-hours on %s at %.0f%% MFU (%.0f TFLOP/s peak), $%.2f per GPU-hour.\n\n", hw.name, 100 * mfu,
-           hw.flops_bf16 / 1e12, hw.price_per_hour);
+           "GPU-hours on %s at %.0f%% MFU (%.0f TFLOP/s peak), $%.2f per GPU-hour.\n\n",
+           hw.name, 100 * mfu, hw.flops_bf16 / 1e12, hw.price_per_hour);
     if (explain) {
         /* The Lagrange-multiplier derivation of approach 3's closed form, numbers substituted
          * (Hoffmann et al. 2022 appendix D.2). */
@@ -157,7 +177,8 @@ static int cmd_optimal(int argc, char **argv) {
     }
     nl_table_print(&t, stdout);
     nl_table_free(&t);
-    printf("\nApproach 1: N = %.4g * C^%.4f (log-log fit to Hoffmann et al. 2022 Table 3), D = C / 6N.\n", a1n.k, a1n.a);
+    printf("\nApproach 1: N = %.4g * C^%.4f (log-log fit to Hoffmann et al. 2022 Table 3), D = C / 6N.\n", a1n.k,
+           a1n.a);
     return NL_EXIT_OK;
 }
 
@@ -169,9 +190,15 @@ static int cmd_overtrain(int argc, char **argv) {
     int json = 0, c;
     while ((c = getopt_long(argc, argv, "n:d:r:jh", opts, NULL)) != -1) {
         switch (c) {
-        case 'n': if (nl_cli_double_si("--params", optarg, &n)) return NL_EXIT_USAGE; break;
-        case 'd': if (nl_cli_double_si("--tokens", optarg, &d)) return NL_EXIT_USAGE; break;
-        case 'r': if (nl_cli_double("--ratio", optarg, &ratio)) return NL_EXIT_USAGE; break;
+        case 'n':
+            if (nl_cli_double_si("--params", optarg, &n)) return NL_EXIT_USAGE;
+            break;
+        case 'd':
+            if (nl_cli_double_si("--tokens", optarg, &d)) return NL_EXIT_USAGE;
+            break;
+        case 'r':
+            if (nl_cli_double("--ratio", optarg, &ratio)) return NL_EXIT_USAGE;
+            break;
         case 'j': json = 1; break;
         case 'h': usage(stdout); return NL_EXIT_OK;
         default: return nl_cli_bad_option("scaling overtrain", argv);
@@ -196,8 +223,10 @@ static int cmd_overtrain(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "optimal_tokens", o.opt_tokens);
         cJSON_AddNumberToObject(j, "optimal_flops", o.opt_flops);
         cJSON_AddNumberToObject(j, "extra_flops_frac", o.extra_flops_frac);
-        if (isfinite(o.breakeven_tokens)) cJSON_AddNumberToObject(j, "breakeven_tokens", o.breakeven_tokens);
-        else cJSON_AddNullToObject(j, "breakeven_tokens");
+        if (isfinite(o.breakeven_tokens))
+            cJSON_AddNumberToObject(j, "breakeven_tokens", o.breakeven_tokens);
+        else
+            cJSON_AddNullToObject(j, "breakeven_tokens");
         return nl_cli_print_json(j);
     }
     char a[32], b[32], e[32], f[32];
@@ -217,11 +246,16 @@ static int cmd_overtrain(int argc, char **argv) {
 }
 
 static int cmd_fit(int argc, char **argv) {
-    static const struct option opts[] = {{"bootstrap", required_argument, 0, 'b'}, {"seed", required_argument, 0, 's'},
-                                         {"delta", required_argument, 0, 'd'},     {"json", no_argument, 0, 'j'},
-                                         {"n-col", required_argument, 0, 'N'},     {"d-col", required_argument, 0, 'D'},
-                                         {"flops-col", required_argument, 0, 'C'}, {"loss-col", required_argument, 0, 'L'},
-                                         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+    static const struct option opts[] = {{"bootstrap", required_argument, 0, 'b'},
+                                         {"seed", required_argument, 0, 's'},
+                                         {"delta", required_argument, 0, 'd'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"n-col", required_argument, 0, 'N'},
+                                         {"d-col", required_argument, 0, 'D'},
+                                         {"flops-col", required_argument, 0, 'C'},
+                                         {"loss-col", required_argument, 0, 'L'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     nl_scaling_cols names = {NULL, NULL, NULL, NULL};
     int64_t boot = 100, seed = 1;
     double delta = 1e-3;
@@ -232,9 +266,15 @@ static int cmd_fit(int argc, char **argv) {
         case 'D': names.d = optarg; break;
         case 'C': names.flops = optarg; break;
         case 'L': names.loss = optarg; break;
-        case 'b': if (nl_cli_int("--bootstrap", optarg, 0, 100000, &boot)) return NL_EXIT_USAGE; break;
-        case 's': if (nl_cli_int("--seed", optarg, 0, INT64_MAX, &seed)) return NL_EXIT_USAGE; break;
-        case 'd': if (nl_cli_double("--delta", optarg, &delta)) return NL_EXIT_USAGE; break;
+        case 'b':
+            if (nl_cli_int("--bootstrap", optarg, 0, 100000, &boot)) return NL_EXIT_USAGE;
+            break;
+        case 's':
+            if (nl_cli_int("--seed", optarg, 0, INT64_MAX, &seed)) return NL_EXIT_USAGE;
+            break;
+        case 'd':
+            if (nl_cli_double("--delta", optarg, &delta)) return NL_EXIT_USAGE;
+            break;
         case 'j': json = 1; break;
         case 'h': usage(stdout); return NL_EXIT_OK;
         default: return nl_cli_bad_option("scaling fit", argv);
@@ -297,5 +337,6 @@ int nl_cmd_scaling(int argc, char **argv) {
     if (!strcmp(sub, "sweep")) return nl_cmd_scaling_sweep(argc - 1, argv + 1);
     if (!strcmp(sub, "lr-transfer")) return nl_cmd_scaling_lr_transfer(argc - 1, argv + 1);
     if (!strcmp(sub, "emergence")) return nl_cmd_scaling_emergence(argc - 1, argv + 1);
-    return nl_cli_usage_error("scaling: unknown subcommand '%s' (optimal, overtrain, fit, sweep, lr-transfer, emergence)", sub);
+    return nl_cli_usage_error(
+        "scaling: unknown subcommand '%s' (optimal, overtrain, fit, sweep, lr-transfer, emergence)", sub);
 }

@@ -37,7 +37,8 @@ static double law_best_loss(const nl_chinchilla *law, double C) {
 
 static nl_status isoflop_svg(const char *path, const nl_sweep_row *rows, int n, const nl_isoflop_fit *f2) {
     nl_svg_series s[2 * NL_SWEEP_MAX_BUDGETS + 1];
-    double px[NL_SWEEP_MAX_BUDGETS][64], py[NL_SWEEP_MAX_BUDGETS][64], cx[NL_SWEEP_MAX_BUDGETS][64], cy[NL_SWEEP_MAX_BUDGETS][64];
+    double px[NL_SWEEP_MAX_BUDGETS][64], py[NL_SWEEP_MAX_BUDGETS][64], cx[NL_SWEEP_MAX_BUDGETS][64],
+        cy[NL_SWEEP_MAX_BUDGETS][64];
     double fx[NL_SWEEP_MAX_BUDGETS], fy[NL_SWEEP_MAX_BUDGETS];
     char names[NL_SWEEP_MAX_BUDGETS][48];
     size_t ns = 0, nf = 0;
@@ -68,8 +69,13 @@ static nl_status isoflop_svg(const char *path, const nl_sweep_row *rows, int n, 
         }
     }
     if (nf) s[ns++] = (nl_svg_series){"frontier (parabola minima)", fx, fy, nf, "#000000", 1};
-    nl_svg_plot_opts o = {"IsoFLOP profiles of NanoLM (approach 2)", "non-embedding parameters N",
-                          "validation loss (nats/token)", 1, 0, 0, 0};
+    nl_svg_plot_opts o = {"IsoFLOP profiles of NanoLM (approach 2)",
+                          "non-embedding parameters N",
+                          "validation loss (nats/token)",
+                          1,
+                          0,
+                          0,
+                          0};
     return nl_svg_plot(path, &o, s, ns);
 }
 
@@ -447,14 +453,20 @@ static int parse_list(const char *opt, const char *s, double *out, int max) {
     snprintf(buf, sizeof buf, "%s", s);
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n == max) { nl_cli_usage_error("%s: at most %d values", opt, max); return -1; }
+        if (n == max) {
+            nl_cli_usage_error("%s: at most %d values", opt, max);
+            return -1;
+        }
         if (nl_cli_double_si(opt, tok, &out[n]) || !(out[n] > 0)) {
             if (out[n] <= 0) nl_cli_usage_error("%s: values must be positive, got '%s'", opt, tok);
             return -1;
         }
         n++;
     }
-    if (n == 0) { nl_cli_usage_error("%s: empty list", opt); return -1; }
+    if (n == 0) {
+        nl_cli_usage_error("%s: empty list", opt);
+        return -1;
+    }
     return n;
 }
 
@@ -656,7 +668,10 @@ done:
     return rcode;
 }
 
-typedef struct emg_row { char name[256]; nl_emergence e; } emg_row;
+typedef struct emg_row {
+    char name[256];
+    nl_emergence e;
+} emg_row;
 
 static int cmp_emg(const void *a, const void *b) {
     double x = ((const emg_row *)a)->e.accuracy, y = ((const emg_row *)b)->e.accuracy;

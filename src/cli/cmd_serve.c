@@ -19,8 +19,10 @@ static int serve_prefill(nl_engine *e, const char *host, int port, const char *p
     nl_kvx_server *ps = NULL;
     if (nl_kvx_server_start(&ps, e, host, port)) return nl_cli_fail("serve --role prefill");
     const nl_arch *a = nl_engine_arch(e);
-    fprintf(stderr, "serve: prefill server listening on %s:%d (KV transfer; model: %lld layers, %lld kv heads, head dim %lld; "
-            "KV %s)\n", host, nl_kvx_server_port(ps), (long long)a->n_layers, (long long)a->n_kv_heads,
+    fprintf(stderr,
+            "serve: prefill server listening on %s:%d (KV transfer; model: %lld layers, %lld kv heads, head dim %lld; "
+            "KV %s)\n",
+            host, nl_kvx_server_port(ps), (long long)a->n_layers, (long long)a->n_kv_heads,
             (long long)nl_arch_head_dim(a), nl_engine_kv_dtype(e) == NL_KV_INT8 ? "int8" : "fp32");
     fflush(stderr);
     if (port_file) {
@@ -48,32 +50,41 @@ int nl_cmd_serve(int argc, char **argv) {
     int64_t block_size = 16, kv_blocks = 0, max_step = 512, chunk = 256;
     double kv_mem = 0, max_body = 1 << 20, drain_s = 30;
     nl_opt model_opts[] = {
-        NL_OPT_STR("ckpt", &ckpt, "FILE", "checkpoint: NanoLM safetensors, a `quant model --out` file, or llama2.c .bin (required)"),
-        NL_OPT_STR("dummy-arch", &dummy, "JSON", "instead of --ckpt: random weights of this shape (vLLM's --load-format dummy), "
+        NL_OPT_STR("ckpt", &ckpt, "FILE",
+                   "checkpoint: NanoLM safetensors, a `quant model --out` file, or llama2.c .bin (required)"),
+        NL_OPT_STR("dummy-arch", &dummy, "JSON",
+                   "instead of --ckpt: random weights of this shape (vLLM's --load-format dummy), "
                    "e.g. '{\"vocab_size\":512,\"dim\":768,\"n_layers\":12,\"n_heads\":12,\"n_kv_heads\":12,"
                    "\"hidden_dim\":2048,\"seq_len\":1024}'; with --tokenizer for vocabularies other than 256 bytes"),
         NL_OPT_STR("tokenizer", &tok, "FILE", "llama2.c tokenizer (needed for .bin checkpoints)"),
-        NL_OPT_CHOICE("weights", &weights, "auto|fp32|bf16|int8", "weight format of the kernels (default auto: fp32, int8 for int8 checkpoints)"),
-        NL_OPT_STR("model-name", &model_name, "NAME", "name in /v1/models and responses (default: the checkpoint's file name)"),
+        NL_OPT_CHOICE("weights", &weights, "auto|fp32|bf16|int8",
+                      "weight format of the kernels (default auto: fp32, int8 for int8 checkpoints)"),
+        NL_OPT_STR("model-name", &model_name, "NAME",
+                   "name in /v1/models and responses (default: the checkpoint's file name)"),
     };
     nl_opt engine_opts[] = {
         NL_OPT_CHOICE("kv-cache", &kv, "fp32|int8", "KV cache format (default fp32)"),
-        NL_OPT_SI("kv-mem", &kv_mem, 0, 1e13, "BYTES", "KV pool size in bytes, e.g. 512M (default: max-batch full contexts)"),
+        NL_OPT_SI("kv-mem", &kv_mem, 0, 1e13, "BYTES",
+                  "KV pool size in bytes, e.g. 512M (default: max-batch full contexts)"),
         NL_OPT_INT("kv-blocks", &kv_blocks, 0, 1 << 30, "N", "KV pool size in blocks (overrides --kv-mem)"),
         NL_OPT_INT("block-size", &block_size, 1, 4096, "N", "tokens per KV block (default 16)"),
         NL_OPT_INT32("max-batch", &max_batch, 1, 4096, "N", "running sequences at most (default 32)"),
         NL_OPT_INT("max-step-tokens", &max_step, 1, 1 << 20, "N", "tokens per engine step at most (default 512)"),
-        NL_OPT_INT("chunk", &chunk, 0, 1 << 20, "N", "prompt tokens per step over all prompts, 0 = no chunking (default 256)"),
-        NL_OPT_INT32("max-waiting", &max_waiting, 1, 1 << 20, "N", "waiting queue bound; beyond it requests get 429 (default 256)"),
+        NL_OPT_INT("chunk", &chunk, 0, 1 << 20, "N",
+                   "prompt tokens per step over all prompts, 0 = no chunking (default 256)"),
+        NL_OPT_INT32("max-waiting", &max_waiting, 1, 1 << 20, "N",
+                     "waiting queue bound; beyond it requests get 429 (default 256)"),
         NL_OPT_INT32("threads", &threads, 0, 1024, "N", "OpenMP threads of a step (default: OMP_NUM_THREADS)"),
     };
     nl_opt http_opts[] = {
         NL_OPT_STR("host", &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"),
-        NL_OPT_INT32("port", &port, 0, 65535, "N", "port, 0 = ephemeral (default 8080); the bound port is printed on stderr"),
+        NL_OPT_INT32("port", &port, 0, 65535, "N",
+                     "port, 0 = ephemeral (default 8080); the bound port is printed on stderr"),
         NL_OPT_STR("port-file", &port_file, "FILE", "also write the bound port to FILE (atomically) once listening"),
         NL_OPT_SI("max-body", &max_body, 1, 1e9, "BYTES", "largest request body; larger gets 413 (default 1M)"),
         NL_OPT_INT32("max-connections", &max_conn, 1, 65536, "N", "open connections at most (default 512)"),
-        NL_OPT_DBL("drain-timeout", &drain_s, 0, 86400, "S", "on SIGINT/SIGTERM, seconds running requests may finish before they are cancelled (default 30)"),
+        NL_OPT_DBL("drain-timeout", &drain_s, 0, 86400, "S",
+                   "on SIGINT/SIGTERM, seconds running requests may finish before they are cancelled (default 30)"),
     };
     nl_opt disagg_opts[] = {
         NL_OPT_CHOICE("role", &role, "colocated|prefill|decode",
@@ -86,11 +97,15 @@ int nl_cmd_serve(int argc, char **argv) {
                             {"engine", engine_opts, NL_NOPTS(engine_opts)},
                             {"http", http_opts, NL_NOPTS(http_opts)},
                             {"prefill/decode disaggregation", disagg_opts, NL_NOPTS(disagg_opts)}};
-    nl_cmdspec spec = {"serve", "nanolm serve --ckpt FILE [--tokenizer FILE] [--host ADDR] [--port N] [options]",
-                       "OpenAI-compatible HTTP server: POST /v1/completions (stream: server-sent events), GET /v1/models, "
-                       "/health, /metrics (Prometheus). One engine thread runs continuous batching over a paged KV "
-                       "cache; SIGINT or SIGTERM stops accepting, lets running requests finish, and exits 0.",
-                       groups, 4, 0};
+    nl_cmdspec spec = {
+        "serve",
+        "nanolm serve --ckpt FILE [--tokenizer FILE] [--host ADDR] [--port N] [options]",
+        "OpenAI-compatible HTTP server: POST /v1/completions (stream: server-sent events), GET /v1/models, "
+        "/health, /metrics (Prometheus). One engine thread runs continuous batching over a paged KV "
+        "cache; SIGINT or SIGTERM stops accepting, lets running requests finish, and exits 0.",
+        groups,
+        4,
+        0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     if (!ckpt == !dummy) return nl_cli_usage_error("serve: give --ckpt FILE or --dummy-arch JSON (one of them)");
@@ -138,9 +153,10 @@ int nl_cmd_serve(int argc, char **argv) {
         if (nl_model_init(&dm, &a)) return nl_cli_fail("serve: --dummy-arch");
         nl_model_init_random(&dm, 1);
         nl_status trc = tok ? nl_tokenizer_load_llama2c(&dt, tok, (int)a.vocab_size)
-                            : a.vocab_size == 256 ? nl_tokenizer_init_byte(&dt)
-                                                  : nl_fail(NL_ERR_INVALID, "--dummy-arch with vocab_size %lld needs --tokenizer",
-                                                            (long long)a.vocab_size);
+                        : a.vocab_size == 256
+                            ? nl_tokenizer_init_byte(&dt)
+                            : nl_fail(NL_ERR_INVALID, "--dummy-arch with vocab_size %lld needs --tokenizer",
+                                      (long long)a.vocab_size);
         if (trc || nl_engine_open_model(&e, &dm, &dt, &eo)) {
             nl_tokenizer_free(&dt);
             nl_model_free(&dm);
@@ -196,12 +212,13 @@ int nl_cmd_serve(int argc, char **argv) {
     const nl_arch *a = nl_engine_arch(e);
     nl_engine_stats st;
     nl_engine_stats_get(e, &st);
-    fprintf(stderr,
-            "serve: listening on http://%s:%d (model %s: %lld layers, dim %lld, context %lld; weights %s; KV %lld blocks "
-            "of %lld tokens%s%s)\n",
-            host, nl_server_port(s), model_name, (long long)a->n_layers, (long long)a->dim, (long long)a->seq_len,
-            nl_wfmt_name(nl_engine_weights(e)), (long long)st.kv_blocks_total, (long long)st.block_size,
-            prefill ? "; decode role, prefill at " : "", prefill ? prefill : "");
+    fprintf(
+        stderr,
+        "serve: listening on http://%s:%d (model %s: %lld layers, dim %lld, context %lld; weights %s; KV %lld blocks "
+        "of %lld tokens%s%s)\n",
+        host, nl_server_port(s), model_name, (long long)a->n_layers, (long long)a->dim, (long long)a->seq_len,
+        nl_wfmt_name(nl_engine_weights(e)), (long long)st.kv_blocks_total, (long long)st.block_size,
+        prefill ? "; decode role, prefill at " : "", prefill ? prefill : "");
     fflush(stderr);
     if (port_file) {
         char buf[32];
@@ -215,8 +232,8 @@ int nl_cmd_serve(int argc, char **argv) {
     }
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "serve: %s: not accepting; finishing running requests (up to %g s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-            drain_s);
+    fprintf(stderr, "serve: %s: not accepting; finishing running requests (up to %g s)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", drain_s);
     nl_server_stop(s);
     nl_engine_stats_get(e, &st);
     nl_engine_close(e);

@@ -38,27 +38,30 @@ static const nl_command commands[] = {
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"export", "write a checkpoint as a Hugging Face folder or a llama2.c file", nl_cmd_export},
-    {"quant-compare", "RTN vs GPTQ, AWQ, SmoothQuant, LLM.int8() on a checkpoint (= quant compare)", nl_cmd_quant_compare},
+    {"quant-compare", "RTN vs GPTQ, AWQ, SmoothQuant, LLM.int8() on a checkpoint (= quant compare)",
+     nl_cmd_quant_compare},
     {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
     {"collectives", "MPI collectives: the course demo and a benchmark (ours vs native)", nl_cmd_collectives},
-    {"parallel", "data-parallel training over MPI: DDP, ZeRO-1/2/3 (mpirun -np N nanolm parallel train)", nl_cmd_parallel},
+    {"parallel", "data-parallel training over MPI: DDP, ZeRO-1/2/3 (mpirun -np N nanolm parallel train)",
+     nl_cmd_parallel},
     {"moe", "mixture-of-experts NanoLM with expert parallelism (mpirun -np N nanolm moe train --ep E)", nl_cmd_moe},
     {"scaling", "scaling laws: compute-optimal size, over-training, fitting", nl_cmd_scaling},
     {"budget", "memory: training state by ZeRO stage, activations term by term", nl_cmd_budget},
     {"plan", "parallel training and serving plans for real clusters", nl_cmd_plan},
-    {"serve", "OpenAI-compatible HTTP server: continuous batching, paged KV cache, SSE streaming, /metrics", nl_cmd_serve},
-    {"bench", "load generator for OpenAI-compatible servers: throughput, TTFT/TPOT/ITL percentiles, goodput", nl_cmd_bench},
+    {"serve", "OpenAI-compatible HTTP server: continuous batching, paged KV cache, SSE streaming, /metrics",
+     nl_cmd_serve},
+    {"bench", "load generator for OpenAI-compatible servers: throughput, TTFT/TPOT/ITL percentiles, goodput",
+     nl_cmd_bench},
     {"precision", "gradient underflow/overflow in fp16 (with and without loss scaling) and bf16", nl_cmd_precision},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "nanolm: the economics of large language models, computable and checkable.\n\n"
-            "usage: nanolm <command> [subcommand] [options]\n"
-            "       nanolm <command> --help\n\n"
-            "commands:\n");
+    fprintf(f, "nanolm: the economics of large language models, computable and checkable.\n\n"
+               "usage: nanolm <command> [subcommand] [options]\n"
+               "       nanolm <command> --help\n\n"
+               "commands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\nEvery command prints a table by default and the same data with --json.\n");
 }

@@ -44,8 +44,8 @@ static void single_threaded_blas_under_limit(int argc, char **argv, char **envp)
     execve("/proc/self/exe", argv, env);
 }
 
-__attribute__((section(".preinit_array"), used)) static void (*const nl_preinit_blas)(int, char **, char **) =
-    single_threaded_blas_under_limit;
+__attribute__((section(".preinit_array"),
+               used)) static void (*const nl_preinit_blas)(int, char **, char **) = single_threaded_blas_under_limit;
 
 /* 1 when the command line only asks for help or the version (those need no BLAS). */
 static int help_only(int argc, char **argv) {

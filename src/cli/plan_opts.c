@@ -12,7 +12,10 @@
 #include "nanolm/model.h"
 
 const char *nl_fmt_count(double v, char *buf, size_t n) {
-    static const struct { double s; const char *u; } u[] = {{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "k"}};
+    static const struct {
+        double s;
+        const char *u;
+    } u[] = {{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "k"}};
     for (size_t i = 0; i < 4; i++)
         if (fabs(v) >= u[i].s) {
             double x = v / u[i].s;
@@ -29,11 +32,16 @@ const char *nl_fmt_gb(double bytes, char *buf, size_t n) {
 }
 
 const char *nl_fmt_bytes(double b, char *buf, size_t n) {
-    if (b >= 1e12) snprintf(buf, n, "%.4g TB", b / 1e12);
-    else if (b >= 1e9) snprintf(buf, n, "%.4g GB", b / 1e9);
-    else if (b >= 1e6) snprintf(buf, n, "%.4g MB", b / 1e6);
-    else if (b >= 1e3) snprintf(buf, n, "%.4g kB", b / 1e3);
-    else snprintf(buf, n, "%.0f B", b);
+    if (b >= 1e12)
+        snprintf(buf, n, "%.4g TB", b / 1e12);
+    else if (b >= 1e9)
+        snprintf(buf, n, "%.4g GB", b / 1e9);
+    else if (b >= 1e6)
+        snprintf(buf, n, "%.4g MB", b / 1e6);
+    else if (b >= 1e3)
+        snprintf(buf, n, "%.4g kB", b / 1e3);
+    else
+        snprintf(buf, n, "%.0f B", b);
     return buf;
 }
 

@@ -143,8 +143,10 @@ static void add_kv(nl_report *r, const char *key, const char *label, const char 
 
 void nl_report_num(nl_report *r, const char *key, const char *label, double v, const char *fmt, const char *unit) {
     char text[128], jbuf[32];
-    if (!isfinite(v)) snprintf(text, sizeof text, "%s", isnan(v) ? "n/a" : (v > 0 ? "inf" : "-inf"));
-    else snprintf(text, sizeof text, fmt ? fmt : "%.6g", v);
+    if (!isfinite(v))
+        snprintf(text, sizeof text, "%s", isnan(v) ? "n/a" : (v > 0 ? "inf" : "-inf"));
+    else
+        snprintf(text, sizeof text, fmt ? fmt : "%.6g", v);
     if (unit && *unit) {
         size_t n = strlen(text);
         snprintf(text + n, sizeof text - n, " %s", unit);
@@ -384,8 +386,10 @@ void nl_report_cell_num(nl_report *r, double v) {
         return;
     }
     const char *fmt = r->cur->cols[r->cur_col].fmt;
-    if (!isfinite(v)) snprintf(text, sizeof text, "%s", isnan(v) ? "n/a" : (v > 0 ? "inf" : "-inf"));
-    else snprintf(text, sizeof text, fmt ? fmt : "%.6g", v);
+    if (!isfinite(v))
+        snprintf(text, sizeof text, "%s", isnan(v) ? "n/a" : (v > 0 ? "inf" : "-inf"));
+    else
+        snprintf(text, sizeof text, fmt ? fmt : "%.6g", v);
     add_cell(r, text, cJSON_CreateRaw(nl_json_double(v, jbuf)));
 }
 
@@ -425,7 +429,8 @@ void nl_report_row_end(nl_report *r) {
         nl_table *t = &it->table;
         if (t->nrows == t->cap) {
             char **nc = realloc(t->cells, (size_t)t->cap * 2 * (size_t)t->ncols * sizeof(char *));
-            if (!nc) r->oom = 1;
+            if (!nc)
+                r->oom = 1;
             else {
                 t->cells = nc;
                 t->cap *= 2;

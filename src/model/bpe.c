@@ -13,8 +13,7 @@
 #include <utf8proc.h>
 
 /* GPT-2's pre-tokenizer (tokenizers' ByteLevel with use_regex, and openai/gpt-2 encoder.py). */
-static const char GPT2_REGEX[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char GPT2_REGEX[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 static const char SPM_SPACE[] = "\xe2\x96\x81"; /* U+2581 LOWER ONE EIGHTH BLOCK */
 
 enum { MODE_BYTELEVEL = 1, MODE_SPM = 2 };
@@ -35,31 +34,31 @@ struct nl_bpe {
     char *json;
     size_t json_bytes;
     int V;
-    char **pieces;          /* (V) file spelling, NULL for a hole */
-    char **dec;             /* (V) decoded bytes */
-    size_t *dec_len;        /* (V) */
-    int *vh;                /* string -> id, open addressing over pieces (id + 1, 0 = empty) */
+    char **pieces;   /* (V) file spelling, NULL for a hole */
+    char **dec;      /* (V) decoded bytes */
+    size_t *dec_len; /* (V) */
+    int *vh;         /* string -> id, open addressing over pieces (id + 1, 0 = empty) */
     uint32_t vh_mask;
-    uint64_t *mkey;         /* merges: (a << 32 | b) + 1, 0 = empty */
+    uint64_t *mkey; /* merges: (a << 32 | b) + 1, 0 = empty */
     int32_t *mrank, *mnew;
     uint32_t m_mask;
     int n_added;
     added_tok *added;
-    int first_byte[257];    /* added tokens sorted by first byte: [first_byte[c], first_byte[c+1]) */
+    int first_byte[257]; /* added tokens sorted by first byte: [first_byte[c], first_byte[c+1]) */
     int *added_order;
     int mode;
     int byte_fallback, ignore_merges, unk_id, fuse_unk;
     int n_norm;
     norm_op norm[8];
-    int meta_prepend;       /* Metaspace pre-tokenizer: 0 never, 1 always, 2 first */
-    int meta_split;         /* Metaspace split at U+2581 */
-    int meta;               /* a Metaspace pre-tokenizer is present */
-    int add_prefix_space;   /* ByteLevel */
-    pcre2_code *re;         /* pre-tokenizer regex (NULL: the segment is one word) */
-    int byte_ids[256];      /* byte-level: id of the piece of byte b; SPM: <0xXX> ids (-1: none) */
-    char b2u[256][3];       /* byte -> UTF-8 of its printable code point */
+    int meta_prepend;     /* Metaspace pre-tokenizer: 0 never, 1 always, 2 first */
+    int meta_split;       /* Metaspace split at U+2581 */
+    int meta;             /* a Metaspace pre-tokenizer is present */
+    int add_prefix_space; /* ByteLevel */
+    pcre2_code *re;       /* pre-tokenizer regex (NULL: the segment is one word) */
+    int byte_ids[256];    /* byte-level: id of the piece of byte b; SPM: <0xXX> ids (-1: none) */
+    char b2u[256][3];     /* byte -> UTF-8 of its printable code point */
     uint8_t b2u_len[256];
-    int16_t u2b[324];       /* code point (< 324) -> byte, -1 */
+    int16_t u2b[324]; /* code point (< 324) -> byte, -1 */
     int bos, eos, strip_first;
 };
 
@@ -309,12 +308,14 @@ static nl_status parse_normalizer(nl_bpe *b, const cJSON *n, const char *what) {
         op->kind = NORM_REPLACE;
         op->a = strdup(jstr(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String"));
         op->b = strdup(jstr(n, "content"));
-        if (op->a && !op->a[0]) return nl_fail(NL_ERR_FORMAT, "%s: key \"normalizer\": Replace of an empty string", what);
+        if (op->a && !op->a[0])
+            return nl_fail(NL_ERR_FORMAT, "%s: key \"normalizer\": Replace of an empty string", what);
     } else if (ty && !strcmp(ty, "NFC")) {
         op->kind = NORM_NFC;
     } else {
-        return nl_fail(NL_ERR_FORMAT, "%s: key \"normalizer\": type \"%s\" is not supported (Sequence, Prepend, Replace, NFC)",
-                       what, ty ? ty : "?");
+        return nl_fail(NL_ERR_FORMAT,
+                       "%s: key \"normalizer\": type \"%s\" is not supported (Sequence, Prepend, Replace, NFC)", what,
+                       ty ? ty : "?");
     }
     if ((op->kind != NORM_NFC && !op->a) || (op->kind == NORM_REPLACE && !op->b)) return NL_ERR_NOMEM;
     b->n_norm++;
@@ -369,7 +370,9 @@ static nl_status parse_pretok(nl_bpe *b, const cJSON *p, const char *what) {
         b->mode = MODE_SPM;
         b->meta = 1;
         b->meta_split = jbool(p, "split", 1);
-        b->meta_prepend = scheme ? (!strcmp(scheme, "first") ? 2 : !strcmp(scheme, "never") ? 0 : 1)
+        b->meta_prepend = scheme ? (!strcmp(scheme, "first")   ? 2
+                                    : !strcmp(scheme, "never") ? 0
+                                                               : 1)
                                  : jbool(p, "add_prefix_space", 1);
         return NL_OK;
     }
@@ -456,8 +459,8 @@ static nl_status parse_added(nl_bpe *b, const cJSON *arr, const char *what, int 
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
         const char *c = jstr(e, "content");
         if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 1e7 || !c || !c[0])
-            return nl_fail(NL_ERR_FORMAT, "%s: key \"added_tokens\": entry %d needs an id and a non-empty content", what,
-                           b->n_added);
+            return nl_fail(NL_ERR_FORMAT, "%s: key \"added_tokens\": entry %d needs an id and a non-empty content",
+                           what, b->n_added);
         added_tok *t = &b->added[b->n_added];
         t->id = (int)id->valuedouble;
         t->special = jbool(e, "special", 0);
@@ -563,8 +566,9 @@ static nl_status load_merges(nl_bpe *b, const cJSON *merges, const char *what) {
             ni = vocab_get(b, cat, ll + rl);
         }
         if (ni < 0) {
-            rc = nl_fail(NL_ERR_FORMAT, "%s: key \"model.merges\": merge %d (%s) names a piece missing from the vocabulary",
-                         what, rank, cJSON_IsString(e) ? e->valuestring : "a pair");
+            rc = nl_fail(NL_ERR_FORMAT,
+                         "%s: key \"model.merges\": merge %d (%s) names a piece missing from the vocabulary", what,
+                         rank, cJSON_IsString(e) ? e->valuestring : "a pair");
             break;
         }
         merge_put(b, li, ri, rank++, ni);
@@ -717,7 +721,7 @@ typedef struct wcache {
         uint32_t hash, len;
         int64_t key_off, ids_off;
         int n_ids;
-    } *e;
+    } * e;
     buf keys;
     int *ids;
     int64_t n_ids, cap_ids;

@@ -92,8 +92,9 @@ int64_t nl_data_split_tokens(const nl_data *d, nl_data_split s) {
 }
 
 static nl_status too_short(const nl_data *d, nl_data_split s, int T) {
-    const char *what = s == NL_DATA_TRAIN ? "the training split (first 90%" :
-                       s == NL_DATA_VAL ? "the validation split (last 10%" : "the text (all";
+    const char *what = s == NL_DATA_TRAIN ? "the training split (first 90%"
+                       : s == NL_DATA_VAL ? "the validation split (last 10%"
+                                          : "the text (all";
     return nl_fail(NL_ERR_INVALID, "%s: %lld tokens; %s, %lld tokens) is shorter than one window of T+1 = %lld tokens",
                    d->path, (long long)d->n_tokens, what, (long long)nl_data_split_tokens(d, s), (long long)T + 1);
 }
@@ -111,9 +112,10 @@ static void copy_window(const int *src, int T, int *in, int *tg) {
     memcpy(tg, src + 1, (size_t)T * sizeof(int));
 }
 
-nl_status nl_data_batch(const nl_data *d, nl_data_split split, uint64_t seed, int64_t step, int rank, int world,
-                        int B, int T, int *inputs, int *targets) {
-    if (B < 1 || T < 1) return nl_fail(NL_ERR_INVALID, "batch size B and sequence length T must be >= 1, got B=%d T=%d", B, T);
+nl_status nl_data_batch(const nl_data *d, nl_data_split split, uint64_t seed, int64_t step, int rank, int world, int B,
+                        int T, int *inputs, int *targets) {
+    if (B < 1 || T < 1)
+        return nl_fail(NL_ERR_INVALID, "batch size B and sequence length T must be >= 1, got B=%d T=%d", B, T);
     if (world < 1 || rank < 0 || rank >= world)
         return nl_fail(NL_ERR_INVALID, "rank %d is outside 0..world-1 (world %d)", rank, world);
     int64_t n = nl_data_split_tokens(d, split);

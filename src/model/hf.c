@@ -101,9 +101,12 @@ static nl_status cfg_real(const char *file, const cJSON *o, const char *key, dou
 /* A boolean key (absent or null: def). */
 static nl_status cfg_bool(const char *file, const cJSON *o, const char *key, int def, int *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) *out = def;
-    else if (cJSON_IsBool(v)) *out = cJSON_IsTrue(v);
-    else return nl_fail(NL_ERR_FORMAT, "%s: key \"%s\" must be true or false", file, key);
+    if (!v || cJSON_IsNull(v))
+        *out = def;
+    else if (cJSON_IsBool(v))
+        *out = cJSON_IsTrue(v);
+    else
+        return nl_fail(NL_ERR_FORMAT, "%s: key \"%s\" must be true or false", file, key);
     return NL_OK;
 }
 
@@ -115,8 +118,8 @@ static nl_status parse_config(const char *file, const cJSON *o, nl_arch *a) {
     const cJSON *ar = cJSON_GetObjectItemCaseSensitive(o, "architectures");
     const cJSON *an = cJSON_IsArray(ar) && cJSON_GetArraySize(ar) == 1 ? cJSON_GetArrayItem(ar, 0) : NULL;
     if (!cJSON_IsString(an))
-        return nl_fail(NL_ERR_FORMAT, "%s: key \"architectures\" must be a list of one name (such as [\"LlamaForCausalLM\"])",
-                       file);
+        return nl_fail(NL_ERR_FORMAT,
+                       "%s: key \"architectures\" must be a list of one name (such as [\"LlamaForCausalLM\"])", file);
     int fam = -1;
     for (int k = 0; k < 3; k++)
         if (!strcmp(an->valuestring, fam_names[k])) fam = k;
@@ -133,8 +136,10 @@ static nl_status parse_config(const char *file, const cJSON *o, nl_arch *a) {
     NL_TRY(cfg_int(file, o, "num_hidden_layers", 0, &a->n_layers));
     NL_TRY(cfg_int(file, o, "num_attention_heads", 0, &a->n_heads));
     NL_TRY(cfg_int(file, o, "num_key_value_heads", a->n_heads, &a->n_kv_heads));
-    if (a->dim % a->n_heads == 0) NL_TRY(cfg_int(file, o, "head_dim", a->dim / a->n_heads, &a->head_dim));
-    else NL_TRY(cfg_int(file, o, "head_dim", 0, &a->head_dim));
+    if (a->dim % a->n_heads == 0)
+        NL_TRY(cfg_int(file, o, "head_dim", a->dim / a->n_heads, &a->head_dim));
+    else
+        NL_TRY(cfg_int(file, o, "head_dim", 0, &a->head_dim));
     if (a->head_dim == a->dim / a->n_heads && a->dim % a->n_heads == 0) a->head_dim = 0; /* the default */
     NL_TRY(cfg_int(file, o, "max_position_embeddings", 0, &a->seq_len));
     NL_TRY(cfg_real(file, o, "rms_norm_eps", 0, &a->norm_eps));
@@ -153,8 +158,8 @@ static nl_status parse_config(const char *file, const cJSON *o, nl_arch *a) {
             int b;
             NL_TRY(cfg_bool(file, o, nobias[k], 0, &b));
             if (b)
-                return nl_fail(NL_ERR_FORMAT, "%s: key \"%s\" is true; nanolm loads %s without biases", file,
-                               nobias[k], fam_names[fam]);
+                return nl_fail(NL_ERR_FORMAT, "%s: key \"%s\" is true; nanolm loads %s without biases", file, nobias[k],
+                               fam_names[fam]);
         }
     }
     /* Sliding-window attention equals full attention within the window: cap the context there. */
@@ -168,7 +173,8 @@ static nl_status parse_config(const char *file, const cJSON *o, nl_arch *a) {
     }
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
     if (rs && !cJSON_IsNull(rs)) {
-        if (!cJSON_IsObject(rs)) return nl_fail(NL_ERR_FORMAT, "%s: key \"rope_scaling\" must be an object or null", file);
+        if (!cJSON_IsObject(rs))
+            return nl_fail(NL_ERR_FORMAT, "%s: key \"rope_scaling\" must be an object or null", file);
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
         if (!ty) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
         if (!cJSON_IsString(ty))
@@ -206,10 +212,10 @@ nl_status nl_arch_from_hf_config(const char *path, nl_arch *a) {
 
 typedef struct shard_set {
     int n;
-    char **names;       /* (n,) file names as the index gives them */
-    nl_st_file *files;  /* (n,) opened */
-    cJSON *index;       /* parsed index (NULL: one model.safetensors) */
-    const cJSON *map;   /* index weight_map */
+    char **names;      /* (n,) file names as the index gives them */
+    nl_st_file *files; /* (n,) opened */
+    cJSON *index;      /* parsed index (NULL: one model.safetensors) */
+    const cJSON *map;  /* index weight_map */
     char index_path[4096];
 } shard_set;
 
@@ -328,11 +334,13 @@ static nl_status load_tensor(const shard_set *s, nl_model *m, const nl_param_inf
     if (!same) {
         char a[160], b[160];
         return nl_fail(NL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s but config.json needs %s", f->path, p->name,
-                       nl_st_shape_str(t->ndim, t->shape, a, sizeof a), nl_st_shape_str(p->ndim, p->shape, b, sizeof b));
+                       nl_st_shape_str(t->ndim, t->shape, a, sizeof a),
+                       nl_st_shape_str(p->ndim, p->shape, b, sizeof b));
     }
     float *dst = m->params + p->offset;
-    int heads = p->kind == NL_PARAM_WQ || p->kind == NL_PARAM_BQ ? (int)m->NH
-                : p->kind == NL_PARAM_WK || p->kind == NL_PARAM_BK ? (int)m->KVH : 0;
+    int heads = p->kind == NL_PARAM_WQ || p->kind == NL_PARAM_BQ   ? (int)m->NH
+                : p->kind == NL_PARAM_WK || p->kind == NL_PARAM_BK ? (int)m->KVH
+                                                                   : 0;
     if (!heads) {
         nl_st_tensor_to_f32(t, dst);
         return NL_OK;
@@ -441,7 +449,9 @@ static cJSON *config_json(const nl_model *m, const nl_tokenizer *tok, nl_st_dtyp
     if (tok && tok->bos_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", tok->bos_id);
     if (tok && tok->eos_id >= 0) cJSON_AddNumberToObject(o, "eos_token_id", tok->eos_id);
     cJSON_AddStringToObject(o, "torch_dtype",
-                            dtype == NL_ST_BF16 ? "bfloat16" : dtype == NL_ST_F16 ? "float16" : "float32");
+                            dtype == NL_ST_BF16  ? "bfloat16"
+                            : dtype == NL_ST_F16 ? "float16"
+                                                 : "float32");
     return o;
 }
 
@@ -465,8 +475,9 @@ static nl_status write_json(const char *path, const cJSON *o) {
 /* The tensor p of m as dtype (a nl_malloc'd buffer), q/k rows in Hugging Face's order. */
 static void *export_tensor(const nl_model *m, const nl_param_info *p, nl_st_dtype dtype, float *scratch) {
     const float *src = m->params + p->offset;
-    int heads = p->kind == NL_PARAM_WQ || p->kind == NL_PARAM_BQ ? (int)m->NH
-                : p->kind == NL_PARAM_WK || p->kind == NL_PARAM_BK ? (int)m->KVH : 0;
+    int heads = p->kind == NL_PARAM_WQ || p->kind == NL_PARAM_BQ   ? (int)m->NH
+                : p->kind == NL_PARAM_WK || p->kind == NL_PARAM_BK ? (int)m->KVH
+                                                                   : 0;
     if (heads) {
         nl_hf_permute_rows(scratch, src, heads, m->hd, p->ndim == 2 ? p->shape[1] : 1, 1);
         src = scratch;
@@ -495,7 +506,8 @@ nl_status nl_hf_save(const char *dir, const nl_model *m, const nl_tokenizer *tok
     if (m->no_embed || m->no_tail) return nl_fail(NL_ERR_INVALID, "%s: cannot export a part of a model", dir);
     if (dtype != NL_ST_F32 && dtype != NL_ST_BF16 && dtype != NL_ST_F16)
         return nl_fail(NL_ERR_INVALID, "%s: export dtype %s (F32, BF16 or F16)", dir, nl_st_dtype_name(dtype));
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return nl_fail(NL_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return nl_fail(NL_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
     if (!nl_hf_is_folder(dir)) return nl_fail(NL_ERR_IO, "%s exists and is not a folder", dir);
     char path[4096];
     size_t es = nl_st_dtype_size(dtype);
@@ -525,8 +537,10 @@ nl_status nl_hf_save(const char *dir, const nl_model *m, const nl_tokenizer *tok
     }
     for (int s = 0; !rc && s < n_shards; s++) {
         char fname[64];
-        if (n_shards == 1) snprintf(fname, sizeof fname, "model.safetensors");
-        else snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+        if (n_shards == 1)
+            snprintf(fname, sizeof fname, "model.safetensors");
+        else
+            snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
         nl_st_writer w;
         nl_st_writer_init(&w);
         rc = nl_st_writer_meta(&w, "format", "pt");

@@ -43,12 +43,17 @@ nl_status nl_model_alloc_kv_dtype(nl_model *m, nl_kv_dtype dt) {
     }
     m->kv_dtype = (int)dt;
     float *p = m->kv_cache + cache;
-    m->inf_x = p; p += m->C;         /* (C) residual stream */
-    m->inf_xb = p; p += m->C;        /* (C) normed input / matmul output */
-    m->inf_q = p; p += m->QKV;       /* (QKV) q | k | v of this token */
-    m->inf_att = p; p += m->NH * S;  /* (NH, S) scores */
-    m->inf_hb = p; p += m->NH * m->hd + 3 * m->H; /* (NH*hd) attention out, then (2H) gate|up + (H) */
-    m->inf_logits = p;               /* (V) */
+    m->inf_x = p;
+    p += m->C; /* (C) residual stream */
+    m->inf_xb = p;
+    p += m->C; /* (C) normed input / matmul output */
+    m->inf_q = p;
+    p += m->QKV; /* (QKV) q | k | v of this token */
+    m->inf_att = p;
+    p += m->NH * S; /* (NH, S) scores */
+    m->inf_hb = p;
+    p += m->NH * m->hd + 3 * m->H; /* (NH*hd) attention out, then (2H) gate|up + (H) */
+    m->inf_logits = p;             /* (V) */
     return NL_OK;
 }
 

@@ -25,8 +25,7 @@ static inline float rmsnorm_row(float *o, const float *x, const float *w, int64_
     return r;
 }
 
-void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C,
-                        float eps) {
+void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C, float eps) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) rstd[n] = rmsnorm_row(out + n * C, x + n * C, w, C, eps);
 }
@@ -50,8 +49,8 @@ void nl_rmsnorm_residual_forward(float *out, float *rstd, float *x, const float 
 /* dx (N, C) += d/dx, dw (C) += d/dw, given dout (N, C), the forward input x and saved rstd.
  * One OpenMP region: rows of dx, then blocks of columns of dw (no barrier between: they are
  * independent). dw[i] sums over the rows in order, whatever the thread count. */
-void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
-                         const float *rstd, int64_t N, int64_t C) {
+void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                         int64_t N, int64_t C) {
     enum { CB = 64 }; /* dw columns per block: the partial sums stay in registers */
 #pragma omp parallel
     {
@@ -86,8 +85,8 @@ void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x
  * x: rows (B, T) with `nh` heads of size hd starting at the row start, row stride `stride`.
  * Pair (2i, 2i+1) of a head at position t is rotated by angle t * theta^(-2i/hd) (tables
  * cos_t/sin_t (T, hd/2)). inverse = 1 rotates by the negative angle (the backward pass). */
-void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nh,
-                   int64_t hd, int64_t stride, int inverse) {
+void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nh, int64_t hd,
+                   int64_t stride, int inverse) {
     int64_t half = hd / 2;
     float sgn = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static)
@@ -131,8 +130,8 @@ static void causal_softmax_row(float *a, int64_t t, int64_t T) {
     for (int64_t t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
 }
 
-void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH,
-                          int64_t KVH, int64_t hd) {
+void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH,
+                          int64_t hd) {
     int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH;
     float scale = 1.0f / sqrtf((float)hd);
     int nb = nl_blas_serial_begin();
@@ -156,8 +155,8 @@ void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, i
  * K and V gradients of a GQA group accumulate over its query heads, so the parallel loop runs
  * over (b, kv head) and the heads of a group in order; the first head of a group overwrites dK
  * and dV (beta 0), the others add. O(T^2 hd) per head. */
-void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
-                           const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd) {
+void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att, const float *qkv, int64_t B,
+                           int64_t T, int64_t NH, int64_t KVH, int64_t hd) {
     int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH, OD = NH * hd;
     float scale = 1.0f / sqrtf((float)hd);
     int nb = nl_blas_serial_begin();

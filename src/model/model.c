@@ -15,8 +15,8 @@
 
 /* ---- parameter table ------------------------------------------------------------------------ */
 
-static void add_tensor(nl_model *m, size_t *off, nl_param_kind kind, int layer, const char *name,
-                       int64_t d0, int64_t d1) {
+static void add_tensor(nl_model *m, size_t *off, nl_param_kind kind, int layer, const char *name, int64_t d0,
+                       int64_t d1) {
     nl_param_info *p = &m->table[m->n_tensors++];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
@@ -39,8 +39,8 @@ static void build_table(nl_model *m) {
     if (!m->no_embed) add_tensor(m, &off, NL_PARAM_EMBED, -1, "model.embed_tokens.weight", m->V, m->C);
     for (int l = 0; l < m->L; l++) {
         m->layer_offsets[l] = off;
-#define T(kind, suffix, d0, d1)                                         \
-    snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);           \
+#define T(kind, suffix, d0, d1)                                                                                        \
+    snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);                                                          \
     add_tensor(m, &off, kind, l, nm, d0, d1)
         T(NL_PARAM_RMS_ATT, "input_layernorm.weight", m->C, 0);
         T(NL_PARAM_WQ, "self_attn.q_proj.weight", m->NH * m->hd, m->C);
@@ -145,8 +145,8 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
         return nl_fail(NL_ERR_INVALID, "expert parallelism: rank %d of %d is not valid", ep_rank, ep);
     if (arch->n_experts > 0) {
         if (arch->n_experts % ep)
-            return nl_fail(NL_ERR_INVALID, "arch %s: expert-parallel degree %d does not divide n_experts %lld", arch->name, ep,
-                           (long long)arch->n_experts);
+            return nl_fail(NL_ERR_INVALID, "arch %s: expert-parallel degree %d does not divide n_experts %lld",
+                           arch->name, ep, (long long)arch->n_experts);
         if (arch->first_moe_layer < 0 || arch->first_moe_layer >= arch->n_layers)
             return nl_fail(NL_ERR_INVALID, "arch %s: first_moe_layer %lld outside [0, %lld)", arch->name,
                            (long long)arch->first_moe_layer, (long long)arch->n_layers);
@@ -164,7 +164,8 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
         e->e0 = e->E_local * ep_rank;
         e->aux_coef = 0.01f;
     } else if (ep > 1) {
-        return nl_fail(NL_ERR_INVALID, "arch %s: expert-parallel degree %d needs a mixture-of-experts model", arch->name, ep);
+        return nl_fail(NL_ERR_INVALID, "arch %s: expert-parallel degree %d needs a mixture-of-experts model",
+                       arch->name, ep);
     }
     if (!(arch->norm_eps > 0) || !isfinite(arch->norm_eps) || !(arch->rope_theta > 0) || !isfinite(arch->rope_theta))
         return nl_fail(NL_ERR_INVALID, "arch %s: norm_eps %g and rope_theta %g must be finite and positive", arch->name,
@@ -239,7 +240,9 @@ void nl_model_init_random(nl_model *m, uint64_t seed) {
             continue;
         }
         float std = (p->kind == NL_PARAM_WO || p->kind == NL_PARAM_W2 || p->kind == NL_PARAM_SHARED_W2 ||
-                     p->kind == NL_PARAM_EXPERT_W2) ? resid_std : 0.02f;
+                     p->kind == NL_PARAM_EXPERT_W2)
+                        ? resid_std
+                        : 0.02f;
         /* a routed expert draws from its own stream (seed, layer, expert), so a rank that holds
          * only some experts (expert parallelism) gets the same values as one process */
         nl_rng *r = &rng;
@@ -299,25 +302,45 @@ static nl_status ensure_lp_scratch(nl_model *m) {
 }
 
 nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
-    if (B <= 0 || T <= 0) return nl_fail(NL_ERR_INVALID, "activations: batch %lld x %lld must be positive", (long long)B, (long long)T);
+    if (B <= 0 || T <= 0)
+        return nl_fail(NL_ERR_INVALID, "activations: batch %lld x %lld must be positive", (long long)B, (long long)T);
     if (T > m->arch.seq_len)
         return nl_fail(NL_ERR_INVALID, "sequence length %lld exceeds the model's seq_len %lld", (long long)T,
                        (long long)m->arch.seq_len);
-    if (m->acts_mem) return nl_fail(NL_ERR_INVALID, "activations already allocated for (%lld, %lld)", (long long)m->B, (long long)m->T);
+    if (m->acts_mem)
+        return nl_fail(NL_ERR_INVALID, "activations already allocated for (%lld, %lld)", (long long)m->B,
+                       (long long)m->T);
     int64_t L = m->L, C = m->C, BT = B * T, NH = m->NH, H = m->H, V = m->V, QKV = m->QKV;
     int64_t maxdim = C;
     if (QKV > maxdim) maxdim = QKV;
     if (2 * H > maxdim) maxdim = 2 * H;
     if (V > maxdim) maxdim = V;
     if (NH * m->hd > maxdim) maxdim = NH * m->hd;
-    struct { float **p; int64_t n; } parts[] = {
-        {&m->a.resid, (L + 1) * BT * C}, {&m->a.ln1, L * BT * C}, {&m->a.ln1_rstd, L * BT},
-        {&m->a.qkv, L * BT * QKV}, {&m->a.att, m->attn_ops ? 0 : L * B * NH * T * T}, {&m->a.atty, L * BT * NH * m->hd},
-        {&m->a.resid2, L * BT * C}, {&m->a.ln2, L * BT * C}, {&m->a.ln2_rstd, L * BT},
-        {&m->a.h13, L * BT * 2 * H}, {&m->a.hact, L * BT * H}, {&m->a.lnf, BT * C},
-        {&m->a.lnf_rstd, BT}, {&m->a.logits, BT * V}, {&m->a.losses, BT},
-        {&m->a.dresid, BT * C}, {&m->a.dln, BT * C}, {&m->a.dqkv, BT * QKV},
-        {&m->a.datty, BT * NH * m->hd}, {&m->a.datt, m->attn_ops ? 0 : B * NH * T * T}, {&m->a.dh13, BT * 2 * H},
+    struct {
+        float **p;
+        int64_t n;
+    } parts[] = {
+        {&m->a.resid, (L + 1) * BT * C},
+        {&m->a.ln1, L * BT * C},
+        {&m->a.ln1_rstd, L * BT},
+        {&m->a.qkv, L * BT * QKV},
+        {&m->a.att, m->attn_ops ? 0 : L * B * NH * T * T},
+        {&m->a.atty, L * BT * NH * m->hd},
+        {&m->a.resid2, L * BT * C},
+        {&m->a.ln2, L * BT * C},
+        {&m->a.ln2_rstd, L * BT},
+        {&m->a.h13, L * BT * 2 * H},
+        {&m->a.hact, L * BT * H},
+        {&m->a.lnf, BT * C},
+        {&m->a.lnf_rstd, BT},
+        {&m->a.logits, BT * V},
+        {&m->a.losses, BT},
+        {&m->a.dresid, BT * C},
+        {&m->a.dln, BT * C},
+        {&m->a.dqkv, BT * QKV},
+        {&m->a.datty, BT * NH * m->hd},
+        {&m->a.datt, m->attn_ops ? 0 : B * NH * T * T},
+        {&m->a.dh13, BT * 2 * H},
         {&m->a.dhact, BT * H},
     };
     size_t n = sizeof parts / sizeof parts[0], total = 0;
@@ -380,8 +403,10 @@ static void refresh_lp_weights(nl_model *m) {
  * for a given thread count (not across thread counts: OpenBLAS's result for a block of rows is
  * not always bit-identical to the same rows of the whole product). */
 
-enum { LIN_ALIGN = 16, /* block boundaries on multiples of 16 rows (the sgemm kernel's tiles) */
-       LIN_MIN_FLOP = 1 << 18 /* smaller products (inference, n = 1) stay one call */ };
+enum {
+    LIN_ALIGN = 16,        /* block boundaries on multiples of 16 rows (the sgemm kernel's tiles) */
+    LIN_MIN_FLOP = 1 << 18 /* smaller products (inference, n = 1) stay one call */
+};
 
 /* Rows [*r0, *r1) of `rows` for block `i` of `nb`: equal shares rounded up to LIN_ALIGN. */
 static void lin_block(int64_t rows, int i, int nb, int64_t *r0, int64_t *r1) {
@@ -418,8 +443,8 @@ static void lin_forward_blocks(float *out, const float *in, const float *w, int6
 /* din (n, in_dim) = dout . w (skipped when din is NULL) in row blocks of din, and
  * dw (out_dim, in_dim) += dout^T . in in row blocks of dw (each block sums over all n rows, so
  * no reduction across threads). One parallel region; the two GEMMs need no barrier between. */
-static void lin_backward_blocks(float *din, float *dw, const float *dout, const float *in, const float *w,
-                                int64_t n, int64_t in_dim, int64_t out_dim) {
+static void lin_backward_blocks(float *din, float *dw, const float *dout, const float *in, const float *w, int64_t n,
+                                int64_t in_dim, int64_t out_dim) {
     int64_t flop = n * in_dim * out_dim;
     int nb_in = din ? lin_blocks(n, flop) : 0, nb_w = lin_blocks(out_dim, flop);
     int nb = nb_in > nb_w ? nb_in : nb_w;
@@ -431,9 +456,8 @@ static void lin_backward_blocks(float *din, float *dw, const float *dout, const 
             int64_t r0, r1;
             lin_block(n, i, nb_in, &r0, &r1);
             if (r1 > r0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)in_dim, (int)out_dim,
-                            1.0f, dout + r0 * out_dim, (int)out_dim, w, (int)in_dim, 0.0f, din + r0 * in_dim,
-                            (int)in_dim);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)in_dim, (int)out_dim, 1.0f,
+                            dout + r0 * out_dim, (int)out_dim, w, (int)in_dim, 0.0f, din + r0 * in_dim, (int)in_dim);
         }
 #pragma omp for schedule(static, 1)
         for (int i = 0; i < nb_w; i++) {
@@ -447,8 +471,8 @@ static void lin_backward_blocks(float *din, float *dw, const float *dout, const 
     nl_blas_serial_end(saved);
 }
 
-void nl_linear_forward_default(nl_model *m, const nl_linear_site *site, float *out, const float *in,
-                               const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
+void nl_linear_forward_default(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
+                               int64_t n, int64_t in_dim, int64_t out_dim) {
     if (m->precision != NL_PREC_FP32 && m->params_lp) {
         w = m->params_lp + site->weight_offset;
         in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
@@ -466,8 +490,8 @@ void nl_linear_backward_default(nl_model *m, const nl_linear_site *site, float *
     lin_backward_blocks(din, dw, dout, in, w, n, in_dim, out_dim);
 }
 
-void nl_linear_forward(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
-                       int64_t n, int64_t in_dim, int64_t out_dim) {
+void nl_linear_forward(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w, int64_t n,
+                       int64_t in_dim, int64_t out_dim) {
     if (m->linear_ops && m->linear_ops->forward)
         m->linear_ops->forward(m->linear_ops->user, site, out, in, w, n, in_dim, out_dim);
     else
@@ -539,7 +563,8 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     float eps = (float)m->arch.norm_eps;
     /* embedding: resid[0] (B, T, C) */
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < BT; i++) memcpy(a->resid + i * C, m->w.embed + (int64_t)tokens[i] * C, (size_t)C * sizeof(float));
+    for (int64_t i = 0; i < BT; i++)
+        memcpy(a->resid + i * C, m->w.embed + (int64_t)tokens[i] * C, (size_t)C * sizeof(float));
     /* Each residual add is done by the RMSNorm that reads its sum (nl_rmsnorm_residual_forward):
      * resid[l+1] = xo + x2 of layer l is completed by layer l+1's input norm (or the final norm). */
     const float *pending = NULL; /* what resid[l] still lacks: x2 of layer l-1 */
@@ -554,8 +579,10 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
         if (lw->bqkv) nl_add_bias(qkv, lw->bqkv, BT, QKV);
         rope(m, qkv, B, T, 0);
-        if (m->attn_ops) NL_TRY(m->attn_ops->forward(m->attn_ops->user, (int)l, atty, qkv, B, T));
-        else nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
+        if (m->attn_ops)
+            NL_TRY(m->attn_ops->forward(m->attn_ops->user, (int)l, atty, qkv, B, T));
+        else
+            nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_forward(m, &s, x2, atty, lw->wo, BT, NH * hd, C);
         nl_rmsnorm_residual_forward(ln2, a->ln2_rstd + l * BT, x2, x, lw->rms_ffn, BT, C, eps); /* x2 += x */
@@ -574,7 +601,7 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
     nl_linear_forward(m, &s, a->logits, a->lnf, m->w.cls, BT, C, V);
     if (!targets) return NL_OK;
-    /* cross-entropy per token: logsumexp(logits) - logits[target] */
+        /* cross-entropy per token: logsumexp(logits) - logits[target] */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < BT; i++) {
         const float *z = a->logits + i * V;
@@ -603,7 +630,7 @@ nl_status nl_model_backward(nl_model *m) {
     nl_acts *a = &m->a;
     const int32_t *targets = m->targets;
     float *G = m->grads;
-#define GRAD(ptr) (G + ((ptr) - m->params))
+#define GRAD(ptr) (G + ((ptr)-m->params))
     /* dlogits = (softmax - onehot) * loss_scale / (B T), in place of the logits */
     float dscale = m->loss_scale / (float)BT;
 #pragma omp parallel for schedule(static)
@@ -627,8 +654,8 @@ nl_status nl_model_backward(nl_model *m) {
     nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
     nl_linear_backward(m, &s, a->dln, GRAD(m->w.cls), a->logits, a->lnf, m->w.cls, BT, C, V);
     memset(a->dresid, 0, (size_t)(BT * C) * sizeof(float));
-    nl_rmsnorm_backward(a->dresid, GRAD(m->w.rms_final), a->dln, a->resid + L * BT * C, m->w.rms_final,
-                        a->lnf_rstd, BT, C);
+    nl_rmsnorm_backward(a->dresid, GRAD(m->w.rms_final), a->dln, a->resid + L * BT * C, m->w.rms_final, a->lnf_rstd, BT,
+                        C);
     for (int64_t l = L - 1; l >= 0; l--) {
         nl_layer_weights *lw = &m->w.layers[l];
         float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
@@ -649,8 +676,10 @@ nl_status nl_model_backward(nl_model *m) {
         /* dresid holds d x2; x2 = x + o(atty) */
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_backward(m, &s, a->datty, GRAD(lw->wo), a->dresid, atty, lw->wo, BT, NH * hd, C);
-        if (m->attn_ops) NL_TRY(m->attn_ops->backward(m->attn_ops->user, (int)l, a->dqkv, a->datty, qkv, B, T));
-        else nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
+        if (m->attn_ops)
+            NL_TRY(m->attn_ops->backward(m->attn_ops->user, (int)l, a->dqkv, a->datty, qkv, B, T));
+        else
+            nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
         rope(m, a->dqkv, B, T, 1);
         if (lw->bqkv) { /* d bias (QKV) += column sums of dqkv (B*T, QKV) */
             float *db = GRAD(lw->bqkv);

@@ -18,10 +18,10 @@ nl_status nl_model_save_llama2c(const char *path, const nl_model *m) {
                        "1e-5); this model has rope_theta %g, norm_eps %g",
                        path, a->rope_theta, a->norm_eps);
     if (m->hd * m->NH != m->C)
-        return nl_fail(NL_ERR_INVALID, "%s: llama2.c's format needs head_dim = dim / n_heads (%lld != %lld / %lld)", path,
-                       (long long)m->hd, (long long)m->C, (long long)m->NH);
-    static const nl_param_kind kinds[] = {NL_PARAM_EMBED, NL_PARAM_RMS_ATT, NL_PARAM_WQ, NL_PARAM_WK,
-                                          NL_PARAM_WV,    NL_PARAM_WO,      NL_PARAM_RMS_FFN, NL_PARAM_W1,
+        return nl_fail(NL_ERR_INVALID, "%s: llama2.c's format needs head_dim = dim / n_heads (%lld != %lld / %lld)",
+                       path, (long long)m->hd, (long long)m->C, (long long)m->NH);
+    static const nl_param_kind kinds[] = {NL_PARAM_EMBED, NL_PARAM_RMS_ATT, NL_PARAM_WQ,        NL_PARAM_WK,
+                                          NL_PARAM_WV,    NL_PARAM_WO,      NL_PARAM_RMS_FFN,   NL_PARAM_W1,
                                           NL_PARAM_W2,    NL_PARAM_W3,      NL_PARAM_RMS_FINAL, NL_PARAM_CLS};
     nl_llama2c_tensor lay[NL_LLAMA2C_MAX_TENSORS];
     int n = nl_llama2c_layout(a, lay);

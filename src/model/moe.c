@@ -9,22 +9,22 @@
 static void gemm_nt(int64_t n, int64_t o, int64_t i, const float *in, int64_t ldi, const float *w, int64_t ldw,
                     float *out, int64_t ldo) {
     if (n <= 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)o, (int)i, 1.0f, in, (int)ldi, w, (int)ldw,
-                0.0f, out, (int)ldo);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)o, (int)i, 1.0f, in, (int)ldi, w, (int)ldw, 0.0f,
+                out, (int)ldo);
 }
 /* din (n, i) (= or +=) dout (n, o) . w (o, i) */
 static void gemm_nn(int64_t n, int64_t i, int64_t o, const float *dout, int64_t ldd, const float *w, int64_t ldw,
                     float *din, int64_t ldi, float beta) {
     if (n <= 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)i, (int)o, 1.0f, dout, (int)ldd, w,
-                (int)ldw, beta, din, (int)ldi);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)i, (int)o, 1.0f, dout, (int)ldd, w, (int)ldw,
+                beta, din, (int)ldi);
 }
 /* dw (o, i) += dout (n, o)^T . in (n, i) */
 static void gemm_tn(int64_t o, int64_t i, int64_t n, const float *dout, int64_t ldd, const float *in, int64_t ldi,
                     float *dw, int64_t ldw) {
     if (n <= 0) return;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)o, (int)i, (int)n, 1.0f, dout, (int)ldd, in,
-                (int)ldi, 1.0f, dw, (int)ldw);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)o, (int)i, (int)n, 1.0f, dout, (int)ldd, in, (int)ldi,
+                1.0f, dw, (int)ldw);
 }
 
 int nl_moe_is_layer(const nl_model *m, int64_t l) { return m->moe && l >= m->moe->first && l < m->L; }
@@ -40,9 +40,22 @@ static const nl_arch moe_presets[] = {
     /* The course's MoE example (week 14: 64 routed + 2 shared SwiGLU experts, top-6, D = 2048,
      * expert F = 1024, 24 layers) scaled down: D = 64, F = 32 (F = D/2 as there), 2 layers,
      * byte vocabulary. */
-    {.name = "moe-course-tiny", .vocab_size = 256, .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 4,
-     .hidden_dim = 0, .seq_len = 64, .rope_theta = 10000.0, .norm_eps = 1e-5, .tied_embeddings = 0,
-     .n_experts = 64, .n_shared_experts = 2, .top_k = 6, .expert_hidden_dim = 32, .first_moe_layer = 0},
+    {.name = "moe-course-tiny",
+     .vocab_size = 256,
+     .dim = 64,
+     .n_layers = 2,
+     .n_heads = 4,
+     .n_kv_heads = 4,
+     .hidden_dim = 0,
+     .seq_len = 64,
+     .rope_theta = 10000.0,
+     .norm_eps = 1e-5,
+     .tied_embeddings = 0,
+     .n_experts = 64,
+     .n_shared_experts = 2,
+     .top_k = 6,
+     .expert_hidden_dim = 32,
+     .first_moe_layer = 0},
 };
 
 nl_status nl_moe_preset(const char *name, nl_arch *out) {
@@ -74,8 +87,16 @@ nl_status nl_moe_alloc_acts(nl_model *m, int64_t B, int64_t T) {
     if (E > w * K) w = (E + K - 1) / K;
     size_t per = 0;
 #define A(n) per += ((size_t)(n) + 15) & ~(size_t)15
-    A(BT * E); A(BT * K); A(BT * K); A(BT * K); A(BT * K * C); A(e->rmax * C); A(e->rmax * 2 * F);
-    A(e->rmax * F); A(BT * 2 * SF); A(BT * SF);
+    A(BT * E);
+    A(BT * K);
+    A(BT * K);
+    A(BT * K);
+    A(BT * K * C);
+    A(e->rmax * C);
+    A(e->rmax * 2 * F);
+    A(e->rmax * F);
+    A(BT * 2 * SF);
+    A(BT * SF);
     size_t shared = 0;
     shared += 4 * (((size_t)(e->rmax * w) + 15) & ~(size_t)15);
     shared += ((size_t)(BT * K) + 15) & ~(size_t)15;
@@ -88,18 +109,31 @@ nl_status nl_moe_alloc_acts(nl_model *m, int64_t B, int64_t T) {
     e->mem = nl_malloc(e->mem_floats * sizeof(float), "MoE activations");
     if (!e->layers || !e->tokens || !e->s_cnt || !e->mem) return NL_ERR_NOMEM;
     float *p = e->mem;
-#define TAKE(ptr, type, n) do { ptr = (type *)p; p += ((size_t)(n) + 15) & ~(size_t)15; } while (0)
+#define TAKE(ptr, type, n)                                                                                             \
+    do {                                                                                                               \
+        ptr = (type *)p;                                                                                               \
+        p += ((size_t)(n) + 15) & ~(size_t)15;                                                                         \
+    } while (0)
     for (int64_t j = 0; j < e->n_moe_layers; j++) {
         nl_moe_layer *la = &e->layers[j];
-        TAKE(la->probs, float, BT * E); TAKE(la->gates, float, BT * K); TAKE(la->sel, int32_t, BT * K);
-        TAKE(la->slot, int32_t, BT * K); TAKE(la->ysend, float, BT * K * C); TAKE(la->xrecv, float, e->rmax * C);
-        TAKE(la->h13, float, e->rmax * 2 * F); TAKE(la->hact, float, e->rmax * F); TAKE(la->h13s, float, BT * 2 * SF);
-        TAKE(la->hacts, float, BT * SF);
+        TAKE(la->probs, float, BT *E);
+        TAKE(la->gates, float, BT *K);
+        TAKE(la->sel, int32_t, BT * K);
+        TAKE(la->slot, int32_t, BT * K);
+        TAKE(la->ysend, float, BT *K *C);
+        TAKE(la->xrecv, float, e->rmax *C);
+        TAKE(la->h13, float, e->rmax * 2 * F);
+        TAKE(la->hact, float, e->rmax *F);
+        TAKE(la->h13s, float, BT * 2 * SF);
+        TAKE(la->hacts, float, BT *SF);
         la->send_cnt = e->s_cnt + j * 2 * E;
         la->recv_cnt = la->send_cnt + E;
     }
-    TAKE(e->s_send, float, e->rmax * w); TAKE(e->s_recv, float, e->rmax * w);
-    TAKE(e->s_a, float, e->rmax * w); TAKE(e->s_b, float, e->rmax * w); TAKE(e->s_dg, float, BT * K);
+    TAKE(e->s_send, float, e->rmax *w);
+    TAKE(e->s_recv, float, e->rmax *w);
+    TAKE(e->s_a, float, e->rmax *w);
+    TAKE(e->s_b, float, e->rmax *w);
+    TAKE(e->s_dg, float, BT *K);
 #undef TAKE
     return NL_OK;
 }
@@ -129,8 +163,10 @@ static void permute(const nl_moe *e, const nl_moe_layer *la, const float *src, f
                 for (int64_t j2 = 0; j2 < e->E_local; j2++) pos_sm += la->recv_cnt[s2 * e->E_local + j2];
             for (int64_t j2 = 0; j2 < j; j2++) pos_sm += la->recv_cnt[s * e->E_local + j2];
             int64_t n = la->recv_cnt[s * e->E_local + j];
-            if (dir == 0) memcpy(dst + pos_em * width, src + pos_sm * width, (size_t)(n * width) * sizeof(float));
-            else memcpy(dst + pos_sm * width, src + pos_em * width, (size_t)(n * width) * sizeof(float));
+            if (dir == 0)
+                memcpy(dst + pos_em * width, src + pos_sm * width, (size_t)(n * width) * sizeof(float));
+            else
+                memcpy(dst + pos_sm * width, src + pos_em * width, (size_t)(n * width) * sizeof(float));
             pos_em += n;
         }
 }
@@ -149,8 +185,10 @@ static nl_status to_experts(nl_model *m, nl_moe_layer *la, const float *send, fl
     NL_TRY(e->ops->rows(e->ops->user, send, to, e->s_recv, from, width));
     e->rows_dispatched += la->n_send;
     for (int r = 0; r < e->ep; r++) {
-        if (r == e->ep_rank) e->rows_self += to[r];
-        else e->rows_sent += to[r];
+        if (r == e->ep_rank)
+            e->rows_self += to[r];
+        else
+            e->rows_sent += to[r];
     }
     permute(e, la, e->s_recv, dst, width, 0);
     return NL_OK;
@@ -171,8 +209,10 @@ static nl_status from_experts(nl_model *m, nl_moe_layer *la, const float *src, f
     NL_TRY(e->ops->rows(e->ops->user, e->s_recv, from, send, to, width));
     e->rows_returned += la->n_send;
     for (int r = 0; r < e->ep; r++) {
-        if (r == e->ep_rank) e->rows_self += from[r];
-        else e->rows_sent += from[r];
+        if (r == e->ep_rank)
+            e->rows_self += from[r];
+        else
+            e->rows_sent += from[r];
     }
     return NL_OK;
 }
@@ -237,8 +277,10 @@ nl_status nl_moe_forward(nl_model *m, int64_t l, const float *x, float *out, int
                 int keep = cap < 0 || cnt[x_] < cap;
                 cnt[x_]++;
                 la->slot[i * K + k] = keep ? 0 : -1;
-                if (keep) la->send_cnt[x_]++;
-                else e->dropped++;
+                if (keep)
+                    la->send_cnt[x_]++;
+                else
+                    e->dropped++;
             }
         double s = 0;
         for (int64_t j = 0; j < E; j++) {
@@ -265,8 +307,10 @@ nl_status nl_moe_forward(nl_model *m, int64_t l, const float *x, float *out, int
             memcpy(e->s_send + r * C, x + (i / K) * C, (size_t)C * sizeof(float));
         }
     /* counts to the expert owners */
-    if (e->ep == 1) memcpy(la->recv_cnt, la->send_cnt, (size_t)E * sizeof(int64_t));
-    else NL_TRY(e->ops->counts(e->ops->user, la->send_cnt, la->recv_cnt, e->E_local));
+    if (e->ep == 1)
+        memcpy(la->recv_cnt, la->send_cnt, (size_t)E * sizeof(int64_t));
+    else
+        NL_TRY(e->ops->counts(e->ops->user, la->send_cnt, la->recv_cnt, e->E_local));
     la->n_recv = 0;
     for (int64_t q = 0; q < e->ep * e->E_local; q++) la->n_recv += la->recv_cnt[q];
     NL_TRY(to_experts(m, la, e->s_send, la->xrecv, C));
@@ -309,7 +353,7 @@ nl_status nl_moe_backward(nl_model *m, int64_t l, const float *x, const float *d
     const nl_layer_weights *lw = &m->w.layers[l];
     int64_t BT = B * T, C = m->C, E = e->E, K = e->K, F = e->F, SF = e->S * e->F;
     float *G = m->grads;
-#define GRAD(ptr) (G + ((ptr) - m->params))
+#define GRAD(ptr) (G + ((ptr)-m->params))
     /* shared experts */
     if (SF > 0) {
         float *dhacts = e->s_a, *dh13s = e->s_b; /* (BT, SF), (BT, 2SF) fit: rmax >= BT */

@@ -48,7 +48,8 @@ nl_status nl_qm_parse(const char *name, nl_qm_scheme *s) {
             s->param = p;
             return NL_OK;
         }
-        return nl_fail(NL_ERR_INVALID, "scheme '%s': expected smoothquant-w8a8 or smoothquant-w8a8-aALPHA with ALPHA in [0, 1]", name);
+        return nl_fail(NL_ERR_INVALID,
+                       "scheme '%s': expected smoothquant-w8a8 or smoothquant-w8a8-aALPHA with ALPHA in [0, 1]", name);
     }
     if (!strncmp(name, "int8-outlier", 12)) {
         if (sscanf(name + 12, "%lf%n", &p, &len) == 1 && name[12 + len] == '\0' && p > 0) {
@@ -57,21 +58,28 @@ nl_status nl_qm_parse(const char *name, nl_qm_scheme *s) {
             s->param = p;
             return NL_OK;
         }
-        return nl_fail(NL_ERR_INVALID, "scheme '%s': expected int8-outlierT with a threshold T > 0 (e.g. int8-outlier6)", name);
+        return nl_fail(NL_ERR_INVALID,
+                       "scheme '%s': expected int8-outlierT with a threshold T > 0 (e.g. int8-outlier6)", name);
     }
     if (sscanf(name, "%15[a-z]-int%d-g%d%n", meth, &bits, &group, &len) == 3 && name[len] == '\0') {
-        if (!strcmp(meth, "rtn")) s->method = NL_QM_RTN;
-        else if (!strcmp(meth, "gptq")) s->method = NL_QM_GPTQ;
-        else if (!strcmp(meth, "awq")) s->method = NL_QM_AWQ;
-        else return nl_fail(NL_ERR_INVALID, "scheme '%s': unknown method '%s' (rtn, gptq, awq)", name, meth);
+        if (!strcmp(meth, "rtn"))
+            s->method = NL_QM_RTN;
+        else if (!strcmp(meth, "gptq"))
+            s->method = NL_QM_GPTQ;
+        else if (!strcmp(meth, "awq"))
+            s->method = NL_QM_AWQ;
+        else
+            return nl_fail(NL_ERR_INVALID, "scheme '%s': unknown method '%s' (rtn, gptq, awq)", name, meth);
         if (bits < 2 || bits > 8) return nl_fail(NL_ERR_INVALID, "scheme '%s': bits must be 2..8, got %d", name, bits);
         if (group < 0) return nl_fail(NL_ERR_INVALID, "scheme '%s': group must be >= 0, got %d", name, group);
         s->bits = bits;
         s->group = group;
         return NL_OK;
     }
-    return nl_fail(NL_ERR_INVALID, "unknown quantization scheme '%s' (fp32, rtn-int4-g32, gptq-int4-g32, "
-                   "awq-int4-g128, smoothquant-w8a8, w8a8, int8-outlier6, ...)", name);
+    return nl_fail(NL_ERR_INVALID,
+                   "unknown quantization scheme '%s' (fp32, rtn-int4-g32, gptq-int4-g32, "
+                   "awq-int4-g128, smoothquant-w8a8, w8a8, int8-outlier6, ...)",
+                   name);
 }
 
 /* ---- sites ------------------------------------------------------------------------------- */
@@ -79,10 +87,26 @@ nl_status nl_qm_parse(const char *name, nl_qm_scheme *s) {
 static void site_weight(nl_model *m, int l, int site, float **w, int64_t *rows, int64_t *cols) {
     nl_layer_weights *lw = &m->w.layers[l];
     switch (site) {
-    case SITE_QKV: *w = lw->wq; *rows = m->QKV; *cols = m->C; break;
-    case SITE_O: *w = lw->wo; *rows = m->C; *cols = m->NH * m->hd; break;
-    case SITE_GATE_UP: *w = lw->w1; *rows = 2 * m->H; *cols = m->C; break;
-    default: *w = lw->w2; *rows = m->C; *cols = m->H; break;
+    case SITE_QKV:
+        *w = lw->wq;
+        *rows = m->QKV;
+        *cols = m->C;
+        break;
+    case SITE_O:
+        *w = lw->wo;
+        *rows = m->C;
+        *cols = m->NH * m->hd;
+        break;
+    case SITE_GATE_UP:
+        *w = lw->w1;
+        *rows = 2 * m->H;
+        *cols = m->C;
+        break;
+    default:
+        *w = lw->w2;
+        *rows = m->C;
+        *cols = m->H;
+        break;
     }
 }
 
@@ -125,8 +149,8 @@ static nl_status run_calib(nl_model *m, const nl_qm_calib *c, calib_fn fn, void 
 
 typedef struct layer_capture {
     int layer;
-    int64_t n;                  /* tokens captured so far */
-    float *x[NL_QM_SITES];      /* (n_total, in_dim) */
+    int64_t n;             /* tokens captured so far */
+    float *x[NL_QM_SITES]; /* (n_total, in_dim) */
 } layer_capture;
 
 static void capture_layer(void *user, const nl_model *m, int64_t BT) {
@@ -139,8 +163,8 @@ static void capture_layer(void *user, const nl_model *m, int64_t BT) {
 }
 
 typedef struct stats_capture {
-    float *absmax;     /* [L][site][in_dim max] per-channel max |x| */
-    int64_t stride;    /* floats per (layer, site) */
+    float *absmax;  /* [L][site][in_dim max] per-channel max |x| */
+    int64_t stride; /* floats per (layer, site) */
 } stats_capture;
 
 static void capture_absmax(void *user, const nl_model *m, int64_t BT) {
@@ -158,7 +182,10 @@ static nl_status absmax_stats(nl_model *m, const nl_qm_calib *c, float **out, in
     st.absmax = nl_calloc((size_t)(m->L * NL_QM_SITES * st.stride), sizeof(float), "activation absmax");
     if (!st.absmax) return NL_ERR_NOMEM;
     nl_status rc = run_calib(m, c, capture_absmax, &st);
-    if (rc) { nl_free(st.absmax); return rc; }
+    if (rc) {
+        nl_free(st.absmax);
+        return rc;
+    }
     *out = st.absmax;
     *stride = st.stride;
     return NL_OK;
@@ -166,18 +193,18 @@ static nl_status absmax_stats(nl_model *m, const nl_qm_calib *c, float **out, in
 
 /* ---- W8A8 hook -------------------------------------------------------------------------- */
 
-static void qm_forward(void *user, const nl_linear_site *site, float *out, const float *in, const float *w,
-                       int64_t n, int64_t in_dim, int64_t out_dim) {
+static void qm_forward(void *user, const nl_linear_site *site, float *out, const float *in, const float *w, int64_t n,
+                       int64_t in_dim, int64_t out_dim) {
     nl_qm_runtime *rt = user;
     if (site->kind == NL_LIN_CLS || site->layer < 0) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out_dim, (int)in_dim, 1.f, in,
-                    (int)in_dim, w, (int)in_dim, 0.f, out, (int)out_dim);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out_dim, (int)in_dim, 1.f, in, (int)in_dim, w,
+                    (int)in_dim, 0.f, out, (int)out_dim);
         return;
     }
     int idx = site->layer * NL_QM_SITES + site_of_kind(site->kind);
     int cnt = 0;
-    if (nl_llmint8_forward(in, n, (int)in_dim, rt->codes[idx], rt->scales[idx], (int)out_dim, rt->threshold,
-                           out, &cnt) != NL_OK) {
+    if (nl_llmint8_forward(in, n, (int)in_dim, rt->codes[idx], rt->scales[idx], (int)out_dim, rt->threshold, out,
+                           &cnt) != NL_OK) {
         for (int64_t i = 0; i < n * out_dim; i++) out[i] = NAN; /* a bad input shows in the loss */
         return;
     }
@@ -278,7 +305,7 @@ static nl_status apply_sequential(nl_model *m, const nl_qm_scheme *s, const nl_q
                 if (!rc) rc = nl_gptq_quantize(w, (int)rows, (int)cols, hs.h, &o, NULL, NULL, NULL, tmp, NULL);
                 nl_gptq_hessian_free(&hs);
                 if (!rc) memcpy(w, tmp, (size_t)(rows * cols) * sizeof(float));
-            } else { /* AWQ */
+            } else {                                     /* AWQ */
                 if (site == SITE_O && m->NH != m->KVH) { /* no exact fold into v under GQA: RTN */
                     rc = nl_qgrid_rtn(w, rows, cols, s->bits, s->group, 0, NULL, NULL, NULL, w);
                     continue;
@@ -303,8 +330,7 @@ static nl_status apply_sequential(nl_model *m, const nl_qm_scheme *s, const nl_q
                 else if (site == SITE_O) {
                     scale_rows_inv(lw->wv, m->KVH * m->hd, m->C, sc);
                     if (lw->bqkv) scale_rows_inv(lw->bqkv + (m->NH + m->KVH) * m->hd, m->KVH * m->hd, 1, sc);
-                }
-                else
+                } else
                     scale_rows_inv(lw->w3, m->H, m->C, sc);
             }
         }
@@ -313,7 +339,8 @@ static nl_status apply_sequential(nl_model *m, const nl_qm_scheme *s, const nl_q
     for (int site = 0; site < NL_QM_SITES; site++) nl_free(cap.x[site]);
     nl_free(tmp);
     nl_free(sc);
-    if (rc == NL_ERR_NOMEM) return nl_fail(rc, "quantize %s: out of memory for %lld calibration tokens", s->name, (long long)n_tok);
+    if (rc == NL_ERR_NOMEM)
+        return nl_fail(rc, "quantize %s: out of memory for %lld calibration tokens", s->name, (long long)n_tok);
     return rc;
 }
 
@@ -345,7 +372,10 @@ static nl_status outlier_stats(nl_model *m, const nl_qm_calib *c, float threshol
     int64_t stride;
     NL_TRY(absmax_stats(m, c, &absmax, &stride));
     rt->calib_outliers = nl_calloc((size_t)(m->L * NL_QM_SITES), sizeof(int), "outlier report");
-    if (!rt->calib_outliers) { nl_free(absmax); return NL_ERR_NOMEM; }
+    if (!rt->calib_outliers) {
+        nl_free(absmax);
+        return NL_ERR_NOMEM;
+    }
     for (int l = 0; l < m->L; l++)
         for (int s = 0; s < NL_QM_SITES; s++) {
             const float *a = absmax + (l * NL_QM_SITES + s) * stride;
@@ -368,8 +398,10 @@ nl_status nl_qm_apply(nl_model *m, const nl_qm_scheme *s, const nl_qm_calib *c, 
             return nl_fail(NL_ERR_INVALID, "quantize %s: needs calibration text of at least one window (%lld tokens)",
                            s->name, c ? (long long)c->T : 0LL);
         if (c->B > m->B || c->T > m->T)
-            return nl_fail(NL_ERR_INVALID, "quantize %s: calibration windows (%lld, %lld) exceed the model's activation "
-                           "buffers (%lld, %lld)", s->name, (long long)c->B, (long long)c->T, (long long)m->B, (long long)m->T);
+            return nl_fail(NL_ERR_INVALID,
+                           "quantize %s: calibration windows (%lld, %lld) exceed the model's activation "
+                           "buffers (%lld, %lld)",
+                           s->name, (long long)c->B, (long long)c->T, (long long)m->B, (long long)m->T);
     }
     nl_status rc = NL_OK;
     switch (s->method) {

@@ -87,7 +87,8 @@ static nl_status find_linear(nl_qmodel *qm, const nl_model *m) {
         qm->info[tab[i].layer * NL_QMODEL_PER_LAYER + slot] = &tab[i];
     }
     for (int64_t i = 0; i < qm->L * NL_QMODEL_PER_LAYER; i++)
-        if (!qm->info[i]) return nl_fail(NL_ERR_INVALID, "quantize_model: layer %lld lacks a linear weight", (long long)(i / 7));
+        if (!qm->info[i])
+            return nl_fail(NL_ERR_INVALID, "quantize_model: layer %lld lacks a linear weight", (long long)(i / 7));
     return NL_OK;
 }
 
@@ -116,8 +117,8 @@ static nl_status alloc_tables(nl_qmodel *qm, nl_model *m, const nl_quant_spec *s
  * filled qtensors and installs the hook. */
 static nl_status build_and_install(nl_qmodel *qm) {
     nl_model *m = qm->model;
-    const int int8_channel = qm->spec.kind == NL_QUANT_SYMMETRIC && qm->spec.bits == 8 &&
-                             qm->spec.gran == NL_QUANT_PER_CHANNEL;
+    const int int8_channel =
+        qm->spec.kind == NL_QUANT_SYMMETRIC && qm->spec.bits == 8 && qm->spec.gran == NL_QUANT_PER_CHANNEL;
     size_t max_site = 0;
     for (int64_t l = 0; l < qm->L; l++)
         for (int s = 0; s < 4; s++) {
@@ -132,7 +133,11 @@ static nl_status build_and_install(nl_qmodel *qm) {
         qm->lin = nl_calloc((size_t)(qm->L * 4), sizeof(nl_qlinear), "QuantizedLinear layers");
         int8_t *codes = nl_malloc(max_site, "stacked codes");
         float *scales = nl_malloc(max_site * sizeof(float), "stacked scales");
-        if (!qm->lin || !codes || !scales) { nl_free(codes); nl_free(scales); return NL_ERR_NOMEM; }
+        if (!qm->lin || !codes || !scales) {
+            nl_free(codes);
+            nl_free(scales);
+            return NL_ERR_NOMEM;
+        }
         nl_status rc = NL_OK;
         for (int64_t l = 0; l < qm->L && !rc; l++)
             for (int s = 0; s < 4 && !rc; s++) {
@@ -201,8 +206,10 @@ size_t nl_qmodel_size_bytes(const nl_model *m, const nl_qmodel *qm, size_t *line
     int nt = nl_model_params_table(m, &tab);
     size_t other = 0, lin = 0;
     for (int i = 0; i < nt; i++) {
-        if (linear_slot(tab[i].kind) >= 0) lin += tab[i].numel * sizeof(float);
-        else other += tab[i].numel * sizeof(float);
+        if (linear_slot(tab[i].kind) >= 0)
+            lin += tab[i].numel * sizeof(float);
+        else
+            other += tab[i].numel * sizeof(float);
     }
     if (qm) {
         lin = 0;
@@ -312,8 +319,8 @@ static nl_status check_codes(const char *path, const char *name, const nl_qtenso
         for (int64_t c = 0; c < t->cols; c++) {
             int32_t v = nl_qtensor_code(t, r, c);
             if (v < lo || v > hi)
-                return nl_fail(NL_ERR_FORMAT, "%s: %s[%lld, %lld] = %d is outside the %d-bit code range [%d, %d]",
-                               path, name, (long long)r, (long long)c, v, sp->bits, lo, hi);
+                return nl_fail(NL_ERR_FORMAT, "%s: %s[%lld, %lld] = %d is outside the %d-bit code range [%d, %d]", path,
+                               name, (long long)r, (long long)c, v, sp->bits, lo, hi);
         }
     return NL_OK;
 }
@@ -328,7 +335,9 @@ nl_status nl_qmodel_load(const char *path, nl_model *m, nl_qmodel *qm, char *tok
     nl_arch a;
     nl_quant_spec spec;
     nl_status rc = NL_OK;
-    if (!aj || !sj) rc = nl_fail(NL_ERR_FORMAT, "%s: not a quantized nanolm checkpoint (no nanolm.arch / nanolm.quant.scheme)", path);
+    if (!aj || !sj)
+        rc = nl_fail(NL_ERR_FORMAT, "%s: not a quantized nanolm checkpoint (no nanolm.arch / nanolm.quant.scheme)",
+                     path);
     if (!rc) rc = nl_arch_from_json(path, aj, &a);
     if (!rc && nl_quant_spec_parse(sj, &spec)) {
         char msg[512];
@@ -360,8 +369,10 @@ nl_status nl_qmodel_load(const char *path, nl_model *m, nl_qmodel *qm, char *tok
             snprintf(name, sizeof name, "%s.qscale_e8m0", tab[i].name);
             rc = read_bytes(&f, name, 1, t->n_scales, 0, 1, t->scale_e8m0);
             for (int64_t g = 0; !rc && g < t->n_scales; g++) {
-                if (t->scale_e8m0[g] == 0xFF) rc = nl_fail(NL_ERR_FORMAT, "%s: %s[%lld] is the E8M0 NaN", path, name, (long long)g);
-                else t->scales[g] = nl_fmt_decode(NL_FMT_E8M0, t->scale_e8m0[g]);
+                if (t->scale_e8m0[g] == 0xFF)
+                    rc = nl_fail(NL_ERR_FORMAT, "%s: %s[%lld] is the E8M0 NaN", path, name, (long long)g);
+                else
+                    t->scales[g] = nl_fmt_decode(NL_FMT_E8M0, t->scale_e8m0[g]);
             }
         } else if (!rc) {
             snprintf(name, sizeof name, "%s.qscale", tab[i].name);

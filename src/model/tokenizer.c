@@ -65,7 +65,10 @@ nl_status nl_tokenizer_init_byte(nl_tokenizer *t) {
 
 /* ---- lookup: ids sorted by (piece, id); the lowest id wins among equal pieces ---- */
 
-typedef struct { const char *s; int id; } entry;
+typedef struct {
+    const char *s;
+    int id;
+} entry;
 
 static int cmp_entry(const void *a, const void *b) {
     const entry *x = a, *y = b;
@@ -79,8 +82,10 @@ int nl_tokenizer_lookup(const nl_tokenizer *t, const char *piece) {
     int lo = 0, hi = t->vocab_size; /* first index whose piece is >= `piece` */
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
-        if (strcmp(t->pieces[t->sorted_ids[mid]], piece) < 0) lo = mid + 1;
-        else hi = mid;
+        if (strcmp(t->pieces[t->sorted_ids[mid]], piece) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo < t->vocab_size && strcmp(t->pieces[t->sorted_ids[lo]], piece) == 0 ? t->sorted_ids[lo] : -1;
 }
@@ -110,33 +115,44 @@ nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab
     const unsigned char *b = (const unsigned char *)buf;
     t->kind = NL_TOKENIZER_LLAMA2C;
     if (n < 4)
-        return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: truncated at byte %zu: a llama2.c tokenizer starts with a 4-byte max_token_length", path, n));
+        return load_fail(
+            t, buf,
+            nl_fail(NL_ERR_FORMAT,
+                    "%s: truncated at byte %zu: a llama2.c tokenizer starts with a 4-byte max_token_length", path, n));
     int32_t mtl;
     memcpy(&mtl, b, 4);
     if (mtl < 1 || mtl > 65536)
-        return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: max_token_length %d is out of range 1..65536 (not a llama2.c tokenizer?)", path, (int)mtl));
+        return load_fail(t, buf,
+                         nl_fail(NL_ERR_FORMAT,
+                                 "%s: max_token_length %d is out of range 1..65536 (not a llama2.c tokenizer?)", path,
+                                 (int)mtl));
     /* Count the tokens first (each needs at least 8 bytes) to size the arrays. */
     size_t cap = vocab_size > 0 ? (size_t)vocab_size : (n - 4) / 8 + 1;
     t->pieces = calloc(cap, sizeof(char *));
     t->scores = calloc(cap, sizeof(float));
-    if (!t->pieces || !t->scores)
-        return load_fail(t, buf, nl_fail(NL_ERR_NOMEM, "out of memory loading %s", path));
+    if (!t->pieces || !t->scores) return load_fail(t, buf, nl_fail(NL_ERR_NOMEM, "out of memory loading %s", path));
     size_t p = 4;
     int count = 0;
     while (vocab_size > 0 ? count < vocab_size : p < n) {
         if (p + 8 > n)
-            return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: truncated at byte %zu: token %d needs 8 bytes of score and length at byte %zu%s",
-                                             path, n, count, p, vocab_size > 0 ? " (expected a vocabulary of that size)" : ""));
+            return load_fail(
+                t, buf,
+                nl_fail(NL_ERR_FORMAT,
+                        "%s: truncated at byte %zu: token %d needs 8 bytes of score and length at byte %zu%s", path, n,
+                        count, p, vocab_size > 0 ? " (expected a vocabulary of that size)" : ""));
         float score;
         int32_t len;
         memcpy(&score, b + p, 4);
         memcpy(&len, b + p + 4, 4);
-        if (isnan(score))
-            return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: token %d has a NaN score", path, count));
+        if (isnan(score)) return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: token %d has a NaN score", path, count));
         if (len < 0 || len > mtl)
-            return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: token %d has length %d, outside 0..max_token_length %d", path, count, (int)len, (int)mtl));
+            return load_fail(t, buf,
+                             nl_fail(NL_ERR_FORMAT, "%s: token %d has length %d, outside 0..max_token_length %d", path,
+                                     count, (int)len, (int)mtl));
         if (p + 8 + (size_t)len > n)
-            return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: truncated at byte %zu: token %d needs %d bytes at byte %zu", path, n, count, (int)len, p + 8));
+            return load_fail(t, buf,
+                             nl_fail(NL_ERR_FORMAT, "%s: truncated at byte %zu: token %d needs %d bytes at byte %zu",
+                                     path, n, count, (int)len, p + 8));
         if (memchr(b + p + 8, 0, (size_t)len))
             return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: token %d contains a NUL byte", path, count));
         char *s = malloc((size_t)len + 1);
@@ -149,16 +165,25 @@ nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab
         p += 8 + (size_t)len;
     }
     if (p < n)
-        return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: %zu bytes left after %d tokens: the file holds more tokens than the model's vocab_size %d",
-                                         path, n - p, count, vocab_size));
+        return load_fail(
+            t, buf,
+            nl_fail(NL_ERR_FORMAT,
+                    "%s: %zu bytes left after %d tokens: the file holds more tokens than the model's vocab_size %d",
+                    path, n - p, count, vocab_size));
     nl_free(buf);
     buf = NULL;
     if (count < 259)
-        return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: %d tokens; a llama2.c vocabulary has at least 259 (<unk>, BOS, EOS, 256 byte fallbacks)", path, count));
+        return load_fail(
+            t, buf,
+            nl_fail(NL_ERR_FORMAT,
+                    "%s: %d tokens; a llama2.c vocabulary has at least 259 (<unk>, BOS, EOS, 256 byte fallbacks)", path,
+                    count));
     for (int i = 0; i < 256; i++) {
         int byte;
         if (!is_byte_piece(t->pieces[3 + i], &byte) || byte != i)
-            return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: token %d is \"%s\", expected the byte fallback <0x%02X>", path, 3 + i, t->pieces[3 + i], i));
+            return load_fail(t, buf,
+                             nl_fail(NL_ERR_FORMAT, "%s: token %d is \"%s\", expected the byte fallback <0x%02X>", path,
+                                     3 + i, t->pieces[3 + i], i));
     }
     t->max_token_length = 0;
     t->words_independent = 1;
@@ -171,8 +196,14 @@ nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab
     }
     entry *e = malloc((size_t)count * sizeof *e);
     t->sorted_ids = malloc((size_t)count * sizeof(int));
-    if (!e || !t->sorted_ids) { free(e); return load_fail(t, buf, nl_fail(NL_ERR_NOMEM, "out of memory loading %s", path)); }
-    for (int i = 0; i < count; i++) { e[i].s = t->pieces[i]; e[i].id = i; }
+    if (!e || !t->sorted_ids) {
+        free(e);
+        return load_fail(t, buf, nl_fail(NL_ERR_NOMEM, "out of memory loading %s", path));
+    }
+    for (int i = 0; i < count; i++) {
+        e[i].s = t->pieces[i];
+        e[i].id = i;
+    }
     qsort(e, (size_t)count, sizeof *e, cmp_entry);
     for (int i = 0; i < count; i++) t->sorted_ids[i] = e[i].id;
     free(e);
@@ -188,14 +219,18 @@ nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab
 /* ---- encode ---- */
 
 /* Scratch of the merge loop for sequences of up to `cap` tokens. */
-typedef struct merge_cand { float score; int left, right, id; uint32_t ver_left, ver_right; } merge_cand;
+typedef struct merge_cand {
+    float score;
+    int left, right, id;
+    uint32_t ver_left, ver_right;
+} merge_cand;
 typedef struct merge_scratch {
-    int *prev, *next;      /* (cap,) doubly linked list of live symbols, -1 at the ends */
-    uint32_t *ver;         /* (cap,) bumped whenever a symbol's token changes */
-    char *alive;           /* (cap,) */
-    merge_cand *heap;      /* (3*cap,) candidate merges, best first */
+    int *prev, *next; /* (cap,) doubly linked list of live symbols, -1 at the ends */
+    uint32_t *ver;    /* (cap,) bumped whenever a symbol's token changes */
+    char *alive;      /* (cap,) */
+    merge_cand *heap; /* (3*cap,) candidate merges, best first */
     int n_heap;
-    char *cat;             /* 2*max_token_length+2 bytes */
+    char *cat; /* 2*max_token_length+2 bytes */
 } merge_scratch;
 
 /* Heap order = run.c's choice: higher score first, then the leftmost pair. Symbols keep their
@@ -206,7 +241,10 @@ static int cand_before(const merge_cand *a, const merge_cand *b) {
 
 static void heap_push(merge_scratch *s, merge_cand c) {
     int i = s->n_heap++;
-    while (i > 0 && cand_before(&c, &s->heap[(i - 1) / 2])) { s->heap[i] = s->heap[(i - 1) / 2]; i = (i - 1) / 2; }
+    while (i > 0 && cand_before(&c, &s->heap[(i - 1) / 2])) {
+        s->heap[i] = s->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
     s->heap[i] = c;
 }
 
@@ -272,8 +310,8 @@ static int64_t merge(const nl_tokenizer *t, int *tok, int64_t m, merge_scratch *
 
 /* run.c's first pass over text[s..e): one token per UTF-8 codepoint found in the vocabulary,
  * else one byte-fallback token (byte + 3) per byte. Appends to out, returns the new count. */
-static int64_t codepoints(const nl_tokenizer *t, const unsigned char *text, size_t len, size_t s, size_t e,
-                          int *out, int64_t n) {
+static int64_t codepoints(const nl_tokenizer *t, const unsigned char *text, size_t len, size_t s, size_t e, int *out,
+                          int64_t n) {
     char buf[8];
     int sl = 0;
     for (size_t i = s; i < e; i++) {
@@ -284,7 +322,8 @@ static int64_t codepoints(const nl_tokenizer *t, const unsigned char *text, size
         unsigned char next = i + 1 < len ? text[i + 1] : 0;
         if ((next & 0xC0) == 0x80 && sl < 4) continue;
         int id = memchr(buf, 0, (size_t)sl) ? -1 : nl_tokenizer_lookup(t, buf);
-        if (id >= 0) out[n++] = id;
+        if (id >= 0)
+            out[n++] = id;
         else
             for (int j = 0; j < sl; j++) out[n++] = (unsigned char)buf[j] + 3;
         sl = 0;
@@ -382,7 +421,10 @@ const char *nl_tokenizer_piece(const nl_tokenizer *t, int prev_token, int token,
         nl_fail(NL_ERR_INVALID, "token %d is outside the vocabulary (0..%d)", token, t->vocab_size - 1);
         return NULL;
     }
-    if (t->kind == NL_TOKENIZER_BYTE) { *len = 1; return &t->byte_pieces[2 * token]; }
+    if (t->kind == NL_TOKENIZER_BYTE) {
+        *len = 1;
+        return &t->byte_pieces[2 * token];
+    }
     if (t->kind == NL_TOKENIZER_HF) {
         const char *b = nl_bpe_token_bytes(t->bpe, token, len);
         if (!b) { /* an id of the model's padded vocabulary that the file does not define */
@@ -398,7 +440,10 @@ const char *nl_tokenizer_piece(const nl_tokenizer *t, int prev_token, int token,
     const char *p = t->pieces[token];
     if (t->bos_id >= 0 && prev_token == t->bos_id && p[0] == ' ') p++;
     int byte;
-    if (is_byte_piece(p, &byte)) { *len = 1; return &t->byte_pieces[2 * byte]; }
+    if (is_byte_piece(p, &byte)) {
+        *len = 1;
+        return &t->byte_pieces[2 * byte];
+    }
     *len = strlen(p);
     return p;
 }
@@ -413,8 +458,10 @@ nl_status nl_tokenizer_decode(const nl_tokenizer *t, const int *tokens, int64_t 
             return nl_fail(NL_ERR_INVALID, "token %d at position %lld is outside the vocabulary (0..%d)", tokens[i],
                            (long long)i, t->vocab_size - 1);
         size_t len = 1;
-        if (t->kind == NL_TOKENIZER_HF) nl_tokenizer_piece(t, -1, tokens[i], &len);
-        else len = strlen(t->pieces[tokens[i]]);
+        if (t->kind == NL_TOKENIZER_HF)
+            nl_tokenizer_piece(t, -1, tokens[i], &len);
+        else
+            len = strlen(t->pieces[tokens[i]]);
         cap += len + 1;
     }
     char *out = nl_malloc(cap + 1, "decoded text");
@@ -466,8 +513,8 @@ nl_status nl_tokenizer_load_json(nl_tokenizer *t, const char *path, int vocab_si
     int V = nl_bpe_vocab_size(t->bpe);
     if (vocab_size > 0 && V > vocab_size) {
         nl_tokenizer_free(t);
-        return nl_fail(NL_ERR_FORMAT, "%s: the tokenizer has ids up to %d but the model's vocabulary is %d", path, V - 1,
-                       vocab_size);
+        return nl_fail(NL_ERR_FORMAT, "%s: the tokenizer has ids up to %d but the model's vocabulary is %d", path,
+                       V - 1, vocab_size);
     }
     t->kind = NL_TOKENIZER_HF;
     t->vocab_size = vocab_size > 0 ? vocab_size : V;
@@ -566,7 +613,8 @@ static cJSON *tokenizer_json(const nl_tokenizer *t) {
         for (int c = 0; c < 256; c++) {
             char u[8] = {0};
             int cp = byte_to_cp(c);
-            if (cp < 0x80) u[0] = (char)cp;
+            if (cp < 0x80)
+                u[0] = (char)cp;
             else {
                 u[0] = (char)(0xC0 | (cp >> 6));
                 u[1] = (char)(0x80 | (cp & 0x3F));

@@ -11,7 +11,7 @@
 
 static inline float nl_vexpf(float x) {
     float xc = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
-    xc = x != x ? 0.0f : xc; /* NaN: compute on 0, return NaN below */
+    xc = x != x ? 0.0f : xc;                                            /* NaN: compute on 0, return NaN below */
     float fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln2) */
     float r = xc - fn * 0.693359375f - fn * -2.12194440e-4f;
     float p = 1.9875691500e-4f;

@@ -26,15 +26,16 @@ static void awq_scales(const double *mean_abs, int cols, double alpha, float *s)
     for (int j = 0; j < cols; j++) s[j] /= norm;
 }
 
-nl_status nl_awq_search(const float *x, int64_t tokens, int cols, int n_w, const float *const *w,
-                        const int *rows, const nl_awq_opts *opts, float *s, float *const *w_hat,
-                        double *best_alpha, double *err_best, double *err_rtn, double *errors) {
+nl_status nl_awq_search(const float *x, int64_t tokens, int cols, int n_w, const float *const *w, const int *rows,
+                        const nl_awq_opts *opts, float *s, float *const *w_hat, double *best_alpha, double *err_best,
+                        double *err_rtn, double *errors) {
     nl_awq_opts o = opts ? *opts : nl_awq_defaults();
     if (o.bits < 2 || o.bits > 8) return nl_fail(NL_ERR_INVALID, "awq: bits must be 2..8, got %d", o.bits);
     if (o.group_size < 0) return nl_fail(NL_ERR_INVALID, "awq: group size must be >= 0, got %d", o.group_size);
     if (o.n_grid < 1) return nl_fail(NL_ERR_INVALID, "awq: grid must have >= 1 point, got %d", o.n_grid);
     if (tokens <= 0 || cols <= 0 || n_w <= 0)
-        return nl_fail(NL_ERR_INVALID, "awq: bad shapes (tokens %lld, cols %d, layers %d)", (long long)tokens, cols, n_w);
+        return nl_fail(NL_ERR_INVALID, "awq: bad shapes (tokens %lld, cols %d, layers %d)", (long long)tokens, cols,
+                       n_w);
     int64_t bad = nl_qgrid_first_nonfinite(x, tokens * cols);
     if (bad >= 0)
         return nl_fail(NL_ERR_INVALID, "awq: calibration input token %lld feature %lld is not finite",
@@ -55,7 +56,10 @@ nl_status nl_awq_search(const float *x, int64_t tokens, int cols, int n_w, const
     float *ws = nl_malloc((size_t)max_rows * cols * sizeof(float), "awq scaled weight");
     float *y = nl_malloc((size_t)(tokens * max_rows) * sizeof(float), "awq output");
     float *yq = nl_malloc((size_t)(tokens * max_rows) * sizeof(float), "awq quantized output");
-    if (!mean_abs || !sc || !xs || !ws || !y || !yq) { rc = NL_ERR_NOMEM; goto done; }
+    if (!mean_abs || !sc || !xs || !ws || !y || !yq) {
+        rc = NL_ERR_NOMEM;
+        goto done;
+    }
     for (int64_t t = 0; t < tokens; t++)
         for (int j = 0; j < cols; j++) mean_abs[j] += fabs((double)x[t * cols + j]);
     for (int j = 0; j < cols; j++) mean_abs[j] /= (double)tokens;
@@ -74,10 +78,10 @@ nl_status nl_awq_search(const float *x, int64_t tokens, int cols, int n_w, const
             rc = nl_qgrid_rtn(ws, R, cols, o.bits, o.group_size, o.symmetric, NULL, NULL, NULL, ws);
             if (rc != NL_OK) goto done;
             /* y = x W^T (tokens, R) and yq = (x/s) Q(W s)^T. */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tokens, R, cols, 1.f, x, cols,
-                        w[i], cols, 0.f, y, R);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tokens, R, cols, 1.f, xs, cols,
-                        ws, cols, 0.f, yq, R);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tokens, R, cols, 1.f, x, cols, w[i], cols, 0.f, y,
+                        R);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tokens, R, cols, 1.f, xs, cols, ws, cols, 0.f, yq,
+                        R);
             for (int64_t k = 0; k < tokens * R; k++) {
                 double d = (double)y[k] - yq[k];
                 err += d * d;
@@ -96,13 +100,17 @@ nl_status nl_awq_search(const float *x, int64_t tokens, int cols, int n_w, const
         for (int i = 0; i < n_w; i++) {
             if (!w_hat[i]) continue;
             for (int r = 0; r < rows[i]; r++)
-                for (int j = 0; j < cols; j++)
-                    w_hat[i][(int64_t)r * cols + j] = w[i][(int64_t)r * cols + j] * s[j];
+                for (int j = 0; j < cols; j++) w_hat[i][(int64_t)r * cols + j] = w[i][(int64_t)r * cols + j] * s[j];
             rc = nl_qgrid_rtn(w_hat[i], rows[i], cols, o.bits, o.group_size, o.symmetric, NULL, NULL, NULL, w_hat[i]);
             if (rc != NL_OK) goto done;
         }
 done:
     if (rc == NL_ERR_NOMEM) nl_fail(rc, "awq: out of memory (tokens %lld, cols %d)", (long long)tokens, cols);
-    nl_free(mean_abs); nl_free(sc); nl_free(xs); nl_free(ws); nl_free(y); nl_free(yq);
+    nl_free(mean_abs);
+    nl_free(sc);
+    nl_free(xs);
+    nl_free(ws);
+    nl_free(y);
+    nl_free(yq);
     return rc;
 }

@@ -19,47 +19,255 @@
 #include "numerics/formats_kernels.h"
 
 static const nl_format_info INFO[NL_FMT_COUNT] = {
-    [NL_FMT_FP32] = {"fp32", "IEEE binary32", NL_FMT_KIND_FLOAT, 32, 8, 23, 127,
-                     0x1.fffffep127, 0x1p-126, 0x1p-149, 0x1p-23, 1, 1, 1, 0,
-                     0x7F7FFFFFu, 0x7F800000u, 0x7FC00000u, "S.11111111.000..0", "S.11111111.(non-zero)"},
-    [NL_FMT_TF32] = {"tf32", "NVIDIA TensorFloat-32: fp32 range, fp16 mantissa (19-bit code)",
-                     NL_FMT_KIND_FLOAT, 19, 8, 10, 127, 0x1.ffcp127, 0x1p-126, 0x1p-136, 0x1p-10,
-                     1, 1, 1, 0, 0x3FBFFu, 0x3FC00u, 0x3FE00u, "S.11111111.0000000000",
+    [NL_FMT_FP32] = {"fp32",
+                     "IEEE binary32",
+                     NL_FMT_KIND_FLOAT,
+                     32,
+                     8,
+                     23,
+                     127,
+                     0x1.fffffep127,
+                     0x1p-126,
+                     0x1p-149,
+                     0x1p-23,
+                     1,
+                     1,
+                     1,
+                     0,
+                     0x7F7FFFFFu,
+                     0x7F800000u,
+                     0x7FC00000u,
+                     "S.11111111.000..0",
                      "S.11111111.(non-zero)"},
-    [NL_FMT_BF16] = {"bf16", "bfloat16: fp32 range, 8 significant bits", NL_FMT_KIND_FLOAT, 16, 8,
-                     7, 127, 0x1.fep127, 0x1p-126, 0x1p-133, 0x1p-7, 1, 1, 1, 0, 0x7F7Fu, 0x7F80u,
-                     0x7FC0u, "S.11111111.0000000", "S.11111111.(non-zero)"},
-    [NL_FMT_FP16] = {"fp16", "IEEE binary16", NL_FMT_KIND_FLOAT, 16, 5, 10, 15, 65504.0, 0x1p-14,
-                     0x1p-24, 0x1p-10, 1, 1, 1, 0, 0x7BFFu, 0x7C00u, 0x7E00u, "S.11111.0000000000",
+    [NL_FMT_TF32] = {"tf32",
+                     "NVIDIA TensorFloat-32: fp32 range, fp16 mantissa (19-bit code)",
+                     NL_FMT_KIND_FLOAT,
+                     19,
+                     8,
+                     10,
+                     127,
+                     0x1.ffcp127,
+                     0x1p-126,
+                     0x1p-136,
+                     0x1p-10,
+                     1,
+                     1,
+                     1,
+                     0,
+                     0x3FBFFu,
+                     0x3FC00u,
+                     0x3FE00u,
+                     "S.11111111.0000000000",
+                     "S.11111111.(non-zero)"},
+    [NL_FMT_BF16] = {"bf16",
+                     "bfloat16: fp32 range, 8 significant bits",
+                     NL_FMT_KIND_FLOAT,
+                     16,
+                     8,
+                     7,
+                     127,
+                     0x1.fep127,
+                     0x1p-126,
+                     0x1p-133,
+                     0x1p-7,
+                     1,
+                     1,
+                     1,
+                     0,
+                     0x7F7Fu,
+                     0x7F80u,
+                     0x7FC0u,
+                     "S.11111111.0000000",
+                     "S.11111111.(non-zero)"},
+    [NL_FMT_FP16] = {"fp16",
+                     "IEEE binary16",
+                     NL_FMT_KIND_FLOAT,
+                     16,
+                     5,
+                     10,
+                     15,
+                     65504.0,
+                     0x1p-14,
+                     0x1p-24,
+                     0x1p-10,
+                     1,
+                     1,
+                     1,
+                     0,
+                     0x7BFFu,
+                     0x7C00u,
+                     0x7E00u,
+                     "S.11111.0000000000",
                      "S.11111.(non-zero)"},
-    [NL_FMT_E4M3] = {"e4m3", "OCP FP8 e4m3fn: no inf, NaN only S.1111.111", NL_FMT_KIND_FLOAT, 8, 4,
-                     3, 7, 448.0, 0x1p-6, 0x1p-9, 0x1p-3, 0, 1, 1, 1, 0x7Eu, 0u, 0x7Fu, "none",
+    [NL_FMT_E4M3] = {"e4m3",
+                     "OCP FP8 e4m3fn: no inf, NaN only S.1111.111",
+                     NL_FMT_KIND_FLOAT,
+                     8,
+                     4,
+                     3,
+                     7,
+                     448.0,
+                     0x1p-6,
+                     0x1p-9,
+                     0x1p-3,
+                     0,
+                     1,
+                     1,
+                     1,
+                     0x7Eu,
+                     0u,
+                     0x7Fu,
+                     "none",
                      "S.1111.111"},
-    [NL_FMT_E5M2] = {"e5m2", "OCP FP8 e5m2: IEEE-like inf and NaN", NL_FMT_KIND_FLOAT, 8, 5, 2, 15,
-                     57344.0, 0x1p-14, 0x1p-16, 0x1p-2, 1, 1, 1, 1, 0x7Bu, 0x7Cu, 0x7Eu, "S.11111.00",
+    [NL_FMT_E5M2] = {"e5m2",
+                     "OCP FP8 e5m2: IEEE-like inf and NaN",
+                     NL_FMT_KIND_FLOAT,
+                     8,
+                     5,
+                     2,
+                     15,
+                     57344.0,
+                     0x1p-14,
+                     0x1p-16,
+                     0x1p-2,
+                     1,
+                     1,
+                     1,
+                     1,
+                     0x7Bu,
+                     0x7Cu,
+                     0x7Eu,
+                     "S.11111.00",
                      "S.11111.(non-zero)"},
-    [NL_FMT_E3M2] = {"e3m2", "OCP MX FP6 E3M2: no inf, no NaN", NL_FMT_KIND_FLOAT, 6, 3, 2, 3, 28.0,
-                     0x1p-2, 0x1p-4, 0x1p-2, 0, 0, 1, 1, 0x1Fu, 0u, 0u, "none", "none"},
-    [NL_FMT_E2M3] = {"e2m3", "OCP MX FP6 E2M3: no inf, no NaN", NL_FMT_KIND_FLOAT, 6, 2, 3, 1, 7.5,
-                     1.0, 0x1p-3, 0x1p-3, 0, 0, 1, 1, 0x1Fu, 0u, 0u, "none", "none"},
-    [NL_FMT_E2M1] = {"e2m1", "OCP MX FP4 E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6", NL_FMT_KIND_FLOAT, 4, 2,
-                     1, 1, 6.0, 1.0, 0.5, 0.5, 0, 0, 1, 1, 0x7u, 0u, 0u, "none", "none"},
-    [NL_FMT_E8M0] = {"e8m0", "OCP MX scale: 2^(e-127), no zero, no sign", NL_FMT_KIND_SCALE, 8, 8, 0,
-                     127, 0x1p127, 0x1p-127, 0x1p-127, 1.0, 0, 1, 0, 1, 0xFEu, 0u, 0xFFu, "none",
+    [NL_FMT_E3M2] = {"e3m2",
+                     "OCP MX FP6 E3M2: no inf, no NaN",
+                     NL_FMT_KIND_FLOAT,
+                     6,
+                     3,
+                     2,
+                     3,
+                     28.0,
+                     0x1p-2,
+                     0x1p-4,
+                     0x1p-2,
+                     0,
+                     0,
+                     1,
+                     1,
+                     0x1Fu,
+                     0u,
+                     0u,
+                     "none",
+                     "none"},
+    [NL_FMT_E2M3] = {"e2m3",
+                     "OCP MX FP6 E2M3: no inf, no NaN",
+                     NL_FMT_KIND_FLOAT,
+                     6,
+                     2,
+                     3,
+                     1,
+                     7.5,
+                     1.0,
+                     0x1p-3,
+                     0x1p-3,
+                     0,
+                     0,
+                     1,
+                     1,
+                     0x1Fu,
+                     0u,
+                     0u,
+                     "none",
+                     "none"},
+    [NL_FMT_E2M1] = {"e2m1",
+                     "OCP MX FP4 E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6",
+                     NL_FMT_KIND_FLOAT,
+                     4,
+                     2,
+                     1,
+                     1,
+                     6.0,
+                     1.0,
+                     0.5,
+                     0.5,
+                     0,
+                     0,
+                     1,
+                     1,
+                     0x7u,
+                     0u,
+                     0u,
+                     "none",
+                     "none"},
+    [NL_FMT_E8M0] = {"e8m0",
+                     "OCP MX scale: 2^(e-127), no zero, no sign",
+                     NL_FMT_KIND_SCALE,
+                     8,
+                     8,
+                     0,
+                     127,
+                     0x1p127,
+                     0x1p-127,
+                     0x1p-127,
+                     1.0,
+                     0,
+                     1,
+                     0,
+                     1,
+                     0xFEu,
+                     0u,
+                     0xFFu,
+                     "none",
                      "11111111"},
-    [NL_FMT_INT8] = {"int8", "two's complement integer -128..127", NL_FMT_KIND_INT, 8, 0, 7, 0, 127.0,
-                     1.0, 1.0, 1.0, 0, 0, 1, 1, 0x7Fu, 0u, 0u, "none", "none"},
-    [NL_FMT_INT4] = {"int4", "two's complement integer -8..7", NL_FMT_KIND_INT, 4, 0, 3, 0, 7.0, 1.0,
-                     1.0, 1.0, 0, 0, 1, 1, 0x7u, 0u, 0u, "none", "none"},
+    [NL_FMT_INT8] = {"int8",
+                     "two's complement integer -128..127",
+                     NL_FMT_KIND_INT,
+                     8,
+                     0,
+                     7,
+                     0,
+                     127.0,
+                     1.0,
+                     1.0,
+                     1.0,
+                     0,
+                     0,
+                     1,
+                     1,
+                     0x7Fu,
+                     0u,
+                     0u,
+                     "none",
+                     "none"},
+    [NL_FMT_INT4] = {"int4",
+                     "two's complement integer -8..7",
+                     NL_FMT_KIND_INT,
+                     4,
+                     0,
+                     3,
+                     0,
+                     7.0,
+                     1.0,
+                     1.0,
+                     1.0,
+                     0,
+                     0,
+                     1,
+                     1,
+                     0x7u,
+                     0u,
+                     0u,
+                     "none",
+                     "none"},
 };
 
 static const char *const ALIASES[][2] = {
-    {"float32", "fp32"}, {"f32", "fp32"}, {"float", "fp32"}, {"tensorfloat32", "tf32"},
-    {"bfloat16", "bf16"}, {"float16", "fp16"}, {"half", "fp16"}, {"f16", "fp16"},
-    {"fp8_e4m3", "e4m3"}, {"e4m3fn", "e4m3"}, {"fp8e4m3", "e4m3"}, {"float8_e4m3fn", "e4m3"},
-    {"fp8_e5m2", "e5m2"}, {"fp8e5m2", "e5m2"}, {"float8_e5m2", "e5m2"},
-    {"fp6_e3m2", "e3m2"}, {"fp6_e2m3", "e2m3"}, {"fp4_e2m1", "e2m1"}, {"fp4", "e2m1"},
-    {"mxfp4", "e2m1"}, {"scale", "e8m0"}, {"i8", "int8"}, {"i4", "int4"},
+    {"float32", "fp32"},  {"f32", "fp32"},      {"float", "fp32"},       {"tensorfloat32", "tf32"},
+    {"bfloat16", "bf16"}, {"float16", "fp16"},  {"half", "fp16"},        {"f16", "fp16"},
+    {"fp8_e4m3", "e4m3"}, {"e4m3fn", "e4m3"},   {"fp8e4m3", "e4m3"},     {"float8_e4m3fn", "e4m3"},
+    {"fp8_e5m2", "e5m2"}, {"fp8e5m2", "e5m2"},  {"float8_e5m2", "e5m2"}, {"fp6_e3m2", "e3m2"},
+    {"fp6_e2m3", "e2m3"}, {"fp4_e2m1", "e2m1"}, {"fp4", "e2m1"},         {"mxfp4", "e2m1"},
+    {"scale", "e8m0"},    {"i8", "int8"},       {"i4", "int4"},
 };
 
 const nl_format_info *nl_fmt_info(nl_format f) {
@@ -67,13 +275,9 @@ const nl_format_info *nl_fmt_info(nl_format f) {
     return &INFO[f];
 }
 
-const char *nl_fmt_name(nl_format f) {
-    return (unsigned)f < NL_FMT_COUNT ? INFO[f].name : "?";
-}
+const char *nl_fmt_name(nl_format f) { return (unsigned)f < NL_FMT_COUNT ? INFO[f].name : "?"; }
 
-const char *nl_fmt_names(void) {
-    return "fp32, tf32, bf16, fp16, e4m3, e5m2, e3m2, e2m3, e2m1, e8m0, int8, int4";
-}
+const char *nl_fmt_names(void) { return "fp32, tf32, bf16, fp16, e4m3, e5m2, e3m2, e2m3, e2m1, e8m0, int8, int4"; }
 
 nl_status nl_fmt_from_name(const char *name, nl_format *out) {
     if (!name || !out) return nl_fail(NL_ERR_INVALID, "format name is missing");
@@ -88,8 +292,16 @@ nl_status nl_fmt_from_name(const char *name, nl_format *out) {
     return nl_fail(NL_ERR_INVALID, "unknown format '%s' (valid: %s)", name, nl_fmt_names());
 }
 
-static inline uint32_t f2u(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static inline float u2f(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static inline uint32_t f2u(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static inline float u2f(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
 
 /* ---- scalar encode ------------------------------------------------------------------------ */
 
@@ -105,8 +317,12 @@ static uint64_t round_shift(uint64_t mant, int sh, nl_rounding r, uint32_t rand3
     }
     uint64_t q = mant >> sh, rem = mant & ((UINT64_C(1) << sh) - 1), half = UINT64_C(1) << (sh - 1);
     switch (r) {
-    case NL_ROUND_NEAREST_EVEN: if (rem > half || (rem == half && (q & 1))) q++; break;
-    case NL_ROUND_NEAREST_AWAY: if (rem >= half) q++; break;
+    case NL_ROUND_NEAREST_EVEN:
+        if (rem > half || (rem == half && (q & 1))) q++;
+        break;
+    case NL_ROUND_NEAREST_AWAY:
+        if (rem >= half) q++;
+        break;
     case NL_ROUND_STOCHASTIC:
         if ((double)rand32 * 0x1p-32 < ldexp((double)rem, -sh)) q++;
         break;
@@ -115,8 +331,8 @@ static uint64_t round_shift(uint64_t mant, int sh, nl_rounding r, uint32_t rand3
     return q;
 }
 
-static nl_status encode_float(const nl_format_info *fi, float x, nl_rounding r, nl_overflow o,
-                              uint32_t rand32, uint32_t *code) {
+static nl_status encode_float(const nl_format_info *fi, float x, nl_rounding r, nl_overflow o, uint32_t rand32,
+                              uint32_t *code) {
     uint32_t u = f2u(x), a = u & 0x7FFFFFFFu;
     uint32_t sbit = (u >> 31) << (fi->bits - 1);
     if (a > 0x7F800000u) {
@@ -150,12 +366,15 @@ static nl_status encode_float(const nl_format_info *fi, float x, nl_rounding r, 
     }
     if (mag > fi->max_code) {
         int finite_in = a != 0x7F800000u;
-        if (sat || (finite_in && r == NL_ROUND_TOWARD_ZERO)) mag = fi->max_code;
-        else if (fi->has_inf) mag = fi->inf_code;
-        else if (fi->has_nan) mag = fi->nan_code;
+        if (sat || (finite_in && r == NL_ROUND_TOWARD_ZERO))
+            mag = fi->max_code;
+        else if (fi->has_inf)
+            mag = fi->inf_code;
+        else if (fi->has_nan)
+            mag = fi->nan_code;
         else
-            return nl_fail(NL_ERR_RANGE, "%g overflows %s (max %g, no inf or NaN; use saturation)",
-                           (double)x, fi->name, fi->max_finite);
+            return nl_fail(NL_ERR_RANGE, "%g overflows %s (max %g, no inf or NaN; use saturation)", (double)x, fi->name,
+                           fi->max_finite);
     }
     *code = sbit | (uint32_t)mag;
     return NL_OK;
@@ -163,19 +382,29 @@ static nl_status encode_float(const nl_format_info *fi, float x, nl_rounding r, 
 
 static nl_status encode_e8m0(float x, nl_rounding r, nl_overflow o, uint32_t rand32, uint32_t *code) {
     uint32_t u = f2u(x);
-    if (x != x) { *code = 0xFF; return NL_OK; }
+    if (x != x) {
+        *code = 0xFF;
+        return NL_OK;
+    }
     if (!(x > 0)) return nl_fail(NL_ERR_RANGE, "e8m0 has no zero and no sign, cannot store %g", (double)x);
     int sat = o != NL_OVERFLOW_IEEE;
-    if (u == 0x7F800000u) { *code = sat ? 0xFE : 0xFF; return NL_OK; }
+    if (u == 0x7F800000u) {
+        *code = sat ? 0xFE : 0xFF;
+        return NL_OK;
+    }
     /* x = 2^k * (1 + f), f in [0, 1) (fp32 subnormals: below 2^-126) */
     uint32_t ef = u >> 23, mf = u & 0x7FFFFFu;
     uint32_t c = 0;
     if (ef == 0) {
         /* candidates 2^-127 (code 0, = mf 0x400000) and 2^-126 (code 1); nothing below 2^-127 */
-        if (mf <= 0x400000u) c = 0;
-        else if (r == NL_ROUND_TOWARD_ZERO) c = 0;
-        else if (r == NL_ROUND_STOCHASTIC) c = (double)rand32 * 0x1p-32 < (mf - 0x400000u) * 0x1p-22;
-        else c = mf > 0x600000u || (mf == 0x600000u && r == NL_ROUND_NEAREST_AWAY);
+        if (mf <= 0x400000u)
+            c = 0;
+        else if (r == NL_ROUND_TOWARD_ZERO)
+            c = 0;
+        else if (r == NL_ROUND_STOCHASTIC)
+            c = (double)rand32 * 0x1p-32 < (mf - 0x400000u) * 0x1p-22;
+        else
+            c = mf > 0x600000u || (mf == 0x600000u && r == NL_ROUND_NEAREST_AWAY);
         /* tie at 1.5 * 2^-127 under nearest-even: codes 0 (even) and 1 -> 0 */
     } else {
         c = ef; /* 2^(ef-127), the value rounded down */
@@ -196,8 +425,8 @@ static nl_status encode_e8m0(float x, nl_rounding r, nl_overflow o, uint32_t ran
     return NL_OK;
 }
 
-static nl_status encode_int(const nl_format_info *fi, float x, nl_rounding r, nl_overflow o,
-                            uint32_t rand32, uint32_t *code) {
+static nl_status encode_int(const nl_format_info *fi, float x, nl_rounding r, nl_overflow o, uint32_t rand32,
+                            uint32_t *code) {
     if (x != x) return nl_fail(NL_ERR_INVALID, "NaN cannot be stored in %s", fi->name);
     double lo = -(double)fi->max_finite - 1, hi = fi->max_finite;
     double v = (double)x, t;
@@ -210,8 +439,12 @@ static nl_status encode_int(const nl_format_info *fi, float x, nl_rounding r, nl
         case NL_ROUND_NEAREST_EVEN:
             if (frac > 0.5 || (frac == 0.5 && fmod(t, 2) != 0)) t += step;
             break;
-        case NL_ROUND_NEAREST_AWAY: if (frac >= 0.5) t += step; break;
-        case NL_ROUND_STOCHASTIC: if ((double)rand32 * 0x1p-32 < frac) t += step; break;
+        case NL_ROUND_NEAREST_AWAY:
+            if (frac >= 0.5) t += step;
+            break;
+        case NL_ROUND_STOCHASTIC:
+            if ((double)rand32 * 0x1p-32 < frac) t += step;
+            break;
         case NL_ROUND_TOWARD_ZERO: break;
         }
     }
@@ -224,8 +457,7 @@ static nl_status encode_int(const nl_format_info *fi, float x, nl_rounding r, nl
     return NL_OK;
 }
 
-nl_status nl_fmt_encode(nl_format f, float x, nl_rounding r, nl_overflow o, uint32_t rand32,
-                        uint32_t *code) {
+nl_status nl_fmt_encode(nl_format f, float x, nl_rounding r, nl_overflow o, uint32_t rand32, uint32_t *code) {
     if ((unsigned)f >= NL_FMT_COUNT) return nl_fail(NL_ERR_INVALID, "unknown format id %d", (int)f);
     if ((unsigned)r > NL_ROUND_NEAREST_AWAY) return nl_fail(NL_ERR_INVALID, "unknown rounding mode %d", (int)r);
     if ((unsigned)o > NL_OVERFLOW_IEEE) return nl_fail(NL_ERR_INVALID, "unknown overflow policy %d", (int)o);
@@ -251,9 +483,7 @@ float nl_fmt_decode(nl_format f, uint32_t code) {
     case NL_FMT_FP32: return u2f(code);
     case NL_FMT_TF32: return u2f((code & 0x7FFFFu) << 13);
     case NL_FMT_BF16: return u2f((code & 0xFFFFu) << 16);
-    case NL_FMT_E8M0:
-        code &= 0xFF;
-        return code == 0xFF ? NAN : (float)ldexp(1.0, (int)code - 127);
+    case NL_FMT_E8M0: code &= 0xFF; return code == 0xFF ? NAN : (float)ldexp(1.0, (int)code - 127);
     case NL_FMT_INT8: return (float)(int8_t)(uint8_t)code;
     case NL_FMT_INT4: {
         int v = (int)(code & 0xF);
@@ -465,8 +695,8 @@ const char *nl_fmt_kernel_name(nl_fmt_kernel k) {
 }
 
 static int is_mini(nl_format f) {
-    return f == NL_FMT_FP16 || f == NL_FMT_E4M3 || f == NL_FMT_E5M2 || f == NL_FMT_E3M2 ||
-           f == NL_FMT_E2M3 || f == NL_FMT_E2M1;
+    return f == NL_FMT_FP16 || f == NL_FMT_E4M3 || f == NL_FMT_E5M2 || f == NL_FMT_E3M2 || f == NL_FMT_E2M3 ||
+           f == NL_FMT_E2M1;
 }
 
 int nl_fmt_kernel_available(nl_format f, nl_fmt_kernel k) {
@@ -531,9 +761,12 @@ static nl_status encode_scalar_loop(nl_format f, const float *x, size_t n, void 
         uint32_t c;
         nl_status rc = nl_fmt_encode(f, x[i], NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 0, &c);
         if (rc != NL_OK) return nl_fail(rc, "x[%zu]: %s", i, nl_last_error());
-        if (w == 4) ((uint32_t *)codes)[i] = c;
-        else if (w == 2) ((uint16_t *)codes)[i] = (uint16_t)c;
-        else ((uint8_t *)codes)[i] = (uint8_t)c;
+        if (w == 4)
+            ((uint32_t *)codes)[i] = c;
+        else if (w == 2)
+            ((uint16_t *)codes)[i] = (uint16_t)c;
+        else
+            ((uint8_t *)codes)[i] = (uint8_t)c;
     }
     return NL_OK;
 }
@@ -544,13 +777,12 @@ static nl_status first_nan_error(nl_format f, const float *x, size_t n) {
     return nl_fail(NL_ERR_INVALID, "NaN in input and %s has no NaN", INFO[f].name);
 }
 
-nl_status nl_fmt_encode_array_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n,
-                                     void *codes) {
+nl_status nl_fmt_encode_array_kernel(nl_format f, nl_fmt_kernel k, const float *x, size_t n, void *codes) {
     if ((unsigned)f >= NL_FMT_COUNT) return nl_fail(NL_ERR_INVALID, "unknown format id %d", (int)f);
     if (n && (!x || !codes)) return nl_fail(NL_ERR_INVALID, "nl_fmt_encode_array: NULL array with n = %zu", n);
     if (!nl_fmt_kernel_available(f, k))
-        return nl_fail(NL_ERR_UNSUPPORTED, "kernel %s is not available for %s on this CPU",
-                       nl_fmt_kernel_name(k), INFO[f].name);
+        return nl_fail(NL_ERR_UNSUPPORTED, "kernel %s is not available for %s on this CPU", nl_fmt_kernel_name(k),
+                       INFO[f].name);
     ensure_init();
     if (k == NL_FMT_KERNEL_AUTO) k = nl_fmt_kernel_auto(f);
     int nan = run_kernel(f, k, x, n, codes);

@@ -19,15 +19,15 @@
 #include <stdint.h>
 
 typedef struct nl_fmt_mini {
-    uint32_t shift;      /* 23 - M */
-    uint32_t rebias;     /* (B - 127) << 23, as a wrapping uint32 */
-    uint32_t round_base; /* (1 << (22 - M)) - 1 */
+    uint32_t shift;           /* 23 - M */
+    uint32_t rebias;          /* (B - 127) << 23, as a wrapping uint32 */
+    uint32_t round_base;      /* (1 << (22 - M)) - 1 */
     uint32_t min_normal_bits; /* fp32 bits of the target's smallest normal, 2^(1-B) */
-    uint32_t d_bits;     /* fp32 bits of D = 2^(24-B-M) */
-    uint32_t max_code;   /* largest finite magnitude code */
-    uint32_t ovf_code;   /* what a magnitude above max_code becomes (max_code or inf) */
-    uint32_t nan_code;   /* magnitude code of NaN (0 if the format has none) */
-    uint32_t sign_shift; /* bits - 1: fp32 sign bit 31 moves here */
+    uint32_t d_bits;          /* fp32 bits of D = 2^(24-B-M) */
+    uint32_t max_code;        /* largest finite magnitude code */
+    uint32_t ovf_code;        /* what a magnitude above max_code becomes (max_code or inf) */
+    uint32_t nan_code;        /* magnitude code of NaN (0 if the format has none) */
+    uint32_t sign_shift;      /* bits - 1: fp32 sign bit 31 moves here */
 } nl_fmt_mini;
 
 /* Portable (plain C). */
@@ -36,9 +36,9 @@ int nl_fmt_mini_portable_u16(const nl_fmt_mini *p, const float *x, size_t n, uin
 int nl_fmt_bf16_portable(const float *x, size_t n, uint16_t *out);
 
 /* CPU feature checks (run time). */
-int nl_fmt_cpu_avx2(void);      /* avx2 + f16c */
-int nl_fmt_cpu_avx512(void);    /* avx512f + bw + vl */
-int nl_fmt_cpu_avx512bf16(void);/* the above + avx512bf16 */
+int nl_fmt_cpu_avx2(void);       /* avx2 + f16c */
+int nl_fmt_cpu_avx512(void);     /* avx512f + bw + vl */
+int nl_fmt_cpu_avx512bf16(void); /* the above + avx512bf16 */
 
 /* SIMD kernels; call only when the matching nl_fmt_cpu_* says yes. */
 int nl_fmt_mini_avx2_u8(const nl_fmt_mini *p, const float *x, size_t n, uint8_t *out);

@@ -25,18 +25,14 @@ static int cpu_f16c(void) {
     return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
 }
 
-int nl_fmt_cpu_avx2(void) {
-    return __builtin_cpu_supports("avx2") && cpu_f16c();
-}
+int nl_fmt_cpu_avx2(void) { return __builtin_cpu_supports("avx2") && cpu_f16c(); }
 
 int nl_fmt_cpu_avx512(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
 }
 
-int nl_fmt_cpu_avx512bf16(void) {
-    return nl_fmt_cpu_avx512() && __builtin_cpu_supports("avx512bf16");
-}
+int nl_fmt_cpu_avx512bf16(void) { return nl_fmt_cpu_avx512() && __builtin_cpu_supports("avx512bf16"); }
 
 /* ---- AVX-512: 16 lanes ---------------------------------------------------------------------- */
 
@@ -49,8 +45,7 @@ T512 static inline __m512i mini16(const nl_fmt_mini *p, __m512i u, __mmask16 *na
     __m512i n = _mm512_add_epi32(a, _mm512_set1_epi32((int)(p->rebias + p->round_base)));
     n = _mm512_srli_epi32(_mm512_add_epi32(n, lsb), (unsigned)p->shift);
     __m512i d = _mm512_set1_epi32((int)p->d_bits);
-    __m512i s = _mm512_sub_epi32(
-        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(d))), d);
+    __m512i s = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(d))), d);
     __mmask16 sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32((int)p->min_normal_bits));
     __m512i c = _mm512_mask_blend_epi32(sub, n, s);
     __mmask16 ovf = _mm512_cmpgt_epu32_mask(c, _mm512_set1_epi32((int)p->max_code));
@@ -131,8 +126,8 @@ T512 int nl_fmt_bf16_avx512(const float *x, size_t n, uint16_t *out) {
     return anynan != 0 || tail;
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-int nl_fmt_bf16_avx512bf16(const float *x, size_t n, uint16_t *out) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) int nl_fmt_bf16_avx512bf16(const float *x, size_t n,
+                                                                                           uint16_t *out) {
     const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
     __mmask16 anynan = 0;
     size_t i = 0;
@@ -142,8 +137,7 @@ int nl_fmt_bf16_avx512bf16(const float *x, size_t n, uint16_t *out) {
         __m512i u = _mm512_castps_si512(v);
         __m512i a = _mm512_and_si512(u, absmask);
         /* a - 1 < 0x7FFFFF  <=>  0 < a < 2^-126: a subnormal input, which the instruction zeroes */
-        __mmask16 sub = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)),
-                                                _mm512_set1_epi32(0x7FFFFF));
+        __mmask16 sub = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7FFFFF));
         __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000));
         if (sub | nan) {
             __m512i fix = _mm512_mask_blend_epi32(nan, bf16_int16(u), bf16_nanfix(u));
@@ -156,8 +150,7 @@ int nl_fmt_bf16_avx512bf16(const float *x, size_t n, uint16_t *out) {
     return anynan != 0 || tail;
 }
 
-__attribute__((target("avx512f,f16c")))
-void nl_fmt_fp16_decode_avx512(const uint16_t *c, size_t n, float *out) {
+__attribute__((target("avx512f,f16c"))) void nl_fmt_fp16_decode_avx512(const uint16_t *c, size_t n, float *out) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + i))));
@@ -174,8 +167,7 @@ T256 static inline __m256i mini8(const nl_fmt_mini *p, __m256i u, __m256i *nanac
     __m256i n = _mm256_add_epi32(a, _mm256_set1_epi32((int)(p->rebias + p->round_base)));
     n = _mm256_srli_epi32(_mm256_add_epi32(n, lsb), (int)p->shift);
     __m256i d = _mm256_set1_epi32((int)p->d_bits);
-    __m256i s = _mm256_sub_epi32(
-        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(d))), d);
+    __m256i s = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(d))), d);
     /* all compared quantities are < 2^31, so signed compares are exact */
     __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)p->min_normal_bits), a);
     __m256i c = _mm256_blendv_epi8(n, s, sub);
@@ -196,8 +188,8 @@ T256 int nl_fmt_mini_avx2_u8(const nl_fmt_mini *pp, const float *x, size_t n, ui
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256i c = mini8(p, _mm256_loadu_si256((const __m256i *)(x + i)), &nan);
-        __m256i w = _mm256_packus_epi32(c, c);  /* per 128-bit lane: 4 x u16, twice */
-        __m256i b = _mm256_packus_epi16(w, w);  /* per lane: 4 x u8 in dword 0 */
+        __m256i w = _mm256_packus_epi32(c, c); /* per 128-bit lane: 4 x u16, twice */
+        __m256i b = _mm256_packus_epi16(w, w); /* per lane: 4 x u8 in dword 0 */
         b = _mm256_permutevar8x32_epi32(b, gather);
         _mm_storel_epi64((__m128i *)(out + i), _mm256_castsi256_si128(b));
     }
@@ -262,13 +254,31 @@ T256 int nl_fmt_fp16_f16c(const float *x, size_t n, uint16_t *out) {
 int nl_fmt_cpu_avx2(void) { return 0; }
 int nl_fmt_cpu_avx512(void) { return 0; }
 int nl_fmt_cpu_avx512bf16(void) { return 0; }
-int nl_fmt_mini_avx2_u8(const nl_fmt_mini *p, const float *x, size_t n, uint8_t *out) { return nl_fmt_mini_portable_u8(p, x, n, out); }
-int nl_fmt_mini_avx512_u8(const nl_fmt_mini *p, const float *x, size_t n, uint8_t *out) { return nl_fmt_mini_portable_u8(p, x, n, out); }
-int nl_fmt_fp16_f16c(const float *x, size_t n, uint16_t *out) { (void)x; (void)n; (void)out; return 0; }
-int nl_fmt_fp16_avx512(const float *x, size_t n, uint16_t *out) { (void)x; (void)n; (void)out; return 0; }
+int nl_fmt_mini_avx2_u8(const nl_fmt_mini *p, const float *x, size_t n, uint8_t *out) {
+    return nl_fmt_mini_portable_u8(p, x, n, out);
+}
+int nl_fmt_mini_avx512_u8(const nl_fmt_mini *p, const float *x, size_t n, uint8_t *out) {
+    return nl_fmt_mini_portable_u8(p, x, n, out);
+}
+int nl_fmt_fp16_f16c(const float *x, size_t n, uint16_t *out) {
+    (void)x;
+    (void)n;
+    (void)out;
+    return 0;
+}
+int nl_fmt_fp16_avx512(const float *x, size_t n, uint16_t *out) {
+    (void)x;
+    (void)n;
+    (void)out;
+    return 0;
+}
 int nl_fmt_bf16_avx2(const float *x, size_t n, uint16_t *out) { return nl_fmt_bf16_portable(x, n, out); }
 int nl_fmt_bf16_avx512(const float *x, size_t n, uint16_t *out) { return nl_fmt_bf16_portable(x, n, out); }
 int nl_fmt_bf16_avx512bf16(const float *x, size_t n, uint16_t *out) { return nl_fmt_bf16_portable(x, n, out); }
-void nl_fmt_fp16_decode_avx512(const uint16_t *c, size_t n, float *out) { (void)c; (void)n; (void)out; }
+void nl_fmt_fp16_decode_avx512(const uint16_t *c, size_t n, float *out) {
+    (void)c;
+    (void)n;
+    (void)out;
+}
 
 #endif

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
-#define LANES 16 /* output columns one kernel call computes side by side (SIMD lanes) */
+#define LANES         16 /* output columns one kernel call computes side by side (SIMD lanes) */
 #define DEFAULT_GROUP 32
 
 /* ---- names ----------------------------------------------------------------------------------- */
@@ -49,8 +49,8 @@ nl_status nl_fp8_format_from_name(const char *name, nl_format *out) {
 nl_status nl_fp8_delayed_init(nl_fp8_delayed *d, int history_len, int margin) {
     if (!d) return nl_fail(NL_ERR_INVALID, "fp8 delayed scaling: NULL state");
     if (history_len < 1 || history_len > NL_FP8_HISTORY_MAX)
-        return nl_fail(NL_ERR_INVALID, "fp8 delayed scaling: history length %d outside 1..%d",
-                       history_len, NL_FP8_HISTORY_MAX);
+        return nl_fail(NL_ERR_INVALID, "fp8 delayed scaling: history length %d outside 1..%d", history_len,
+                       NL_FP8_HISTORY_MAX);
     if (margin < 0) return nl_fail(NL_ERR_INVALID, "fp8 delayed scaling: margin %d < 0", margin);
     memset(d, 0, sizeof *d);
     d->history_len = history_len;
@@ -84,8 +84,7 @@ nl_status nl_fp8_acc_validate(const nl_fp8_acc *acc) {
     int g = acc->group ? acc->group : DEFAULT_GROUP;
     if (acc->promote < 0) return nl_fail(NL_ERR_INVALID, "fp8 accumulator: promote %d < 0", acc->promote);
     if (acc->bits && acc->promote % g)
-        return nl_fail(NL_ERR_INVALID,
-                       "fp8 accumulator: promote interval %d is not a multiple of the group size %d",
+        return nl_fail(NL_ERR_INVALID, "fp8 accumulator: promote interval %d is not a multiple of the group size %d",
                        acc->promote, g);
     if (acc->round != NL_FP8_ACC_TRUNCATE && acc->round != NL_FP8_ACC_NEAREST)
         return nl_fail(NL_ERR_INVALID, "fp8 accumulator: unknown rounding %d", (int)acc->round);
@@ -106,9 +105,7 @@ static inline double dfrom(uint64_t u) {
 static inline double pow2(int64_t e) { return dfrom((uint64_t)(e + 1023) << 52); }
 /* x truncated toward zero to k significant bits (x a normal double or 0; sign-magnitude, so
  * clearing the low mantissa bits drops magnitude). */
-static inline double trunc_sig(double x, int k) {
-    return dfrom(dbits(x) & ~((UINT64_C(1) << (53 - k)) - 1));
-}
+static inline double trunc_sig(double x, int k) { return dfrom(dbits(x) & ~((UINT64_C(1) << (53 - k)) - 1)); }
 /* x rounded to nearest-even at k significant bits. */
 static double round_sig_nearest(double x, int k) {
     if (x == 0.0) return 0.0;
@@ -155,8 +152,14 @@ static double add_trunc_ref(double r, double x, int k) {
      * other's last bit: only its sign can change the truncated result, so it is replaced by
      * sign * 2^(hi - 64) (a sticky bit). */
     const int hi = er > ex ? er : ex;
-    if (er < hi - 64) { mr = mr > 0 ? 1 : -1; er = hi - 64; }
-    if (ex < hi - 64) { mx = mx > 0 ? 1 : -1; ex = hi - 64; }
+    if (er < hi - 64) {
+        mr = mr > 0 ? 1 : -1;
+        er = hi - 64;
+    }
+    if (ex < hi - 64) {
+        mx = mx > 0 ? 1 : -1;
+        ex = hi - 64;
+    }
     const int lo = er < ex ? er : ex;
     __extension__ typedef __int128 i128;
     __extension__ typedef unsigned __int128 u128;
@@ -166,14 +169,16 @@ static double add_trunc_ref(double r, double x, int k) {
     int msb = 127;
     while (!((mag >> msb) & 1)) msb--;
     if (msb >= k) mag &= ~(((u128)1 << (msb - k + 1)) - 1); /* keep the top k bits */
-    const double v = ldexp((double)mag, lo); /* exact: at most k nonzero bits */
+    const double v = ldexp((double)mag, lo);                /* exact: at most k nonzero bits */
     return sum < 0 ? -v : v;
 }
 
 /* The inverse scales 1/(s_a s_b) of the products of the promotion window that starts at k. */
 typedef struct kernel_scales {
-    const double *inv_a; int64_t bk_a, bo_a, nob_a; /* A block (kb, ob): inv_a[kb * nob_a + ob] */
-    const double *inv_b; int64_t bk_b, bo_b, nob_b;
+    const double *inv_a;
+    int64_t bk_a, bo_a, nob_a; /* A block (kb, ob): inv_a[kb * nob_a + ob] */
+    const double *inv_b;
+    int64_t bk_b, bo_b, nob_b;
     int64_t ncols; /* N: padding lanes past it use the last column's scale */
 } kernel_scales;
 
@@ -243,15 +248,17 @@ static void split_fp8(const double *q, int64_t n, int32_t *m, int32_t *x, int pl
 
 /* Row `row` of A (ma, xa6: x + 6, length K) times the panel of LANES columns of B (mb, xb:
  * (K, LANES)), out (LANES) = the fp32 accumulators after the last promotion. */
-static void fast_lanes(int kbits, int64_t g, int64_t promote, const int32_t *ma, const int32_t *xa6,
-                       const int32_t *mb, const int32_t *xb, int64_t K, int64_t row, int64_t col0,
-                       const kernel_scales *ks, float *out) {
+static void fast_lanes(int kbits, int64_t g, int64_t promote, const int32_t *ma, const int32_t *xa6, const int32_t *mb,
+                       const int32_t *xb, int64_t K, int64_t row, int64_t col0, const kernel_scales *ks, float *out) {
     const uint64_t unit_k = UINT64_C(1) << (53 - kbits);
     const int32_t pre = 1 << (kbits - 2);
     int32_t P[DEFAULT_GROUP * 2][LANES], X[DEFAULT_GROUP * 2][LANES]; /* g <= 64 here */
     double reg[LANES];
     float acc32[LANES];
-    for (int w = 0; w < LANES; w++) { reg[w] = 0.0; acc32[w] = 0.0f; }
+    for (int w = 0; w < LANES; w++) {
+        reg[w] = 0.0;
+        acc32[w] = 0.0f;
+    }
     int64_t window_start = 0;
     for (int64_t k0 = 0; k0 < K; k0 += g) {
         const int64_t n = k0 + g < K ? g : K - k0;
@@ -397,14 +404,25 @@ nl_status nl_fp8_acc_sum(const nl_fp8_acc *acc, const double *terms, int64_t n, 
 /* ---- quantization ------------------------------------------------------------------------------ */
 
 /* Geometry of the scale blocks of an operand viewed as (nk along K) x (no other). */
-typedef struct qgeom { int64_t bk, bo, nkb, nob; } qgeom;
+typedef struct qgeom {
+    int64_t bk, bo, nkb, nob;
+} qgeom;
 
 static qgeom geometry(nl_fp8_scaling sc, int64_t nk, int64_t no, int is_a) {
     qgeom g;
     switch (sc) {
-    case NL_FP8_SCALE_BLOCK: g.bk = NL_FP8_BLOCK; g.bo = is_a ? 1 : NL_FP8_BLOCK; break;
-    case NL_FP8_SCALE_MX: g.bk = NL_FP8_MX_BLOCK; g.bo = 1; break;
-    default: g.bk = nk; g.bo = no; break;
+    case NL_FP8_SCALE_BLOCK:
+        g.bk = NL_FP8_BLOCK;
+        g.bo = is_a ? 1 : NL_FP8_BLOCK;
+        break;
+    case NL_FP8_SCALE_MX:
+        g.bk = NL_FP8_MX_BLOCK;
+        g.bo = 1;
+        break;
+    default:
+        g.bk = nk;
+        g.bo = no;
+        break;
     }
     g.nkb = (nk + g.bk - 1) / g.bk;
     g.nob = (no + g.bo - 1) / g.bo;
@@ -421,10 +439,9 @@ static inline int64_t elem_index(int64_t kk, int64_t oo, int64_t cols, int k_is_
  * Quantizes x (rows, cols) to FP8 values q (unscaled; MX: q * 2^X, exact) in the same layout,
  * with inv (nkb * nob) = 1 / s per block (MX: 1). Updates the delayed state.
  */
-static nl_status quantize_operand(nl_format fmt, nl_fp8_scaling scaling, nl_fp8_delayed *dl,
-                                  const char *what, int64_t rows, int64_t cols, int k_is_cols,
-                                  const float *x, double *q, double *inv, qgeom *geom_out,
-                                  nl_fp8_operand_stats *st) {
+static nl_status quantize_operand(nl_format fmt, nl_fp8_scaling scaling, nl_fp8_delayed *dl, const char *what,
+                                  int64_t rows, int64_t cols, int k_is_cols, const float *x, double *q, double *inv,
+                                  qgeom *geom_out, nl_fp8_operand_stats *st) {
     const nl_format_info *fi = nl_fmt_info(fmt);
     const double fmax_v = fi->max_finite;
     const int emax_elem = (int)floor(log2(fmax_v));
@@ -438,8 +455,8 @@ static nl_status quantize_operand(nl_format fmt, nl_fp8_scaling scaling, nl_fp8_
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(x[i]) && i < bad) bad = i;
     if (bad != INT64_MAX)
-        return nl_fail(NL_ERR_INVALID, "fp8 gemm: %s[%lld][%lld] is %g (not finite)", what,
-                       (long long)(bad / cols), (long long)(bad % cols), x[bad]);
+        return nl_fail(NL_ERR_INVALID, "fp8 gemm: %s[%lld][%lld] is %g (not finite)", what, (long long)(bad / cols),
+                       (long long)(bad % cols), x[bad]);
     const int64_t nblocks = g.nkb * g.nob;
     double *scale = nl_malloc((size_t)nblocks * sizeof(double), "fp8 scales");
     float *tmp = nl_malloc((size_t)n * sizeof(float), "fp8 quantization buffer");
@@ -547,15 +564,15 @@ static nl_status check_fmt(nl_format f, const char *what) {
     return NL_OK;
 }
 
-nl_status nl_fp8_quantize(nl_format fmt, nl_fp8_scaling scaling, nl_fp8_delayed *delayed,
-                          int64_t rows, int64_t cols, int along_rows, const float *x, float *out,
-                          nl_fp8_operand_stats *stats) {
+nl_status nl_fp8_quantize(nl_format fmt, nl_fp8_scaling scaling, nl_fp8_delayed *delayed, int64_t rows, int64_t cols,
+                          int along_rows, const float *x, float *out, nl_fp8_operand_stats *stats) {
     NL_TRY(check_fmt(fmt, "the tensor"));
     if (scaling < 0 || scaling >= NL_FP8_SCALE_COUNT)
         return nl_fail(NL_ERR_INVALID, "fp8 quantize: unknown scaling %d", (int)scaling);
     if (scaling == NL_FP8_SCALE_DELAYED && !delayed)
         return nl_fail(NL_ERR_INVALID, "fp8 quantize: delayed scaling needs its state");
-    if (rows < 1 || cols < 1) return nl_fail(NL_ERR_INVALID, "fp8 quantize: shape (%lld, %lld)", (long long)rows, (long long)cols);
+    if (rows < 1 || cols < 1)
+        return nl_fail(NL_ERR_INVALID, "fp8 quantize: shape (%lld, %lld)", (long long)rows, (long long)cols);
     if (!x || !out) return nl_fail(NL_ERR_INVALID, "fp8 quantize: NULL pointer");
     const int64_t n = rows * cols;
     double *q = nl_malloc((size_t)n * sizeof(double), "fp8 quantized tensor");
@@ -682,8 +699,8 @@ static nl_status limited_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, i
                 mb[d] = j < N ? mbr[k * N + j] : 0;
                 xb[d] = j < N ? xbr[k * N + j] : ZERO_EXP;
             }
-    void (*kernel)(int, int64_t, int64_t, const int32_t *, const int32_t *, const int32_t *, const int32_t *,
-                   int64_t, int64_t, int64_t, const kernel_scales *, float *) = fast_lanes;
+    void (*kernel)(int, int64_t, int64_t, const int32_t *, const int32_t *, const int32_t *, const int32_t *, int64_t,
+                   int64_t, int64_t, const kernel_scales *, float *) = fast_lanes;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
     if (o->reference != 2) kernel = fast_lanes_avx512;
 #endif
@@ -691,8 +708,8 @@ static nl_status limited_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, i
     for (int64_t t = 0; t < nchunks * M; t++) {
         const int64_t jc = t / M, i = t % M;
         float res[LANES];
-        kernel(o->acc.bits, g, o->acc.promote, ma + i * K, xa + i * K, mb + jc * K * LANES,
-               xb + jc * K * LANES, K, i, jc * LANES, &ks, res);
+        kernel(o->acc.bits, g, o->acc.promote, ma + i * K, xa + i * K, mb + jc * K * LANES, xb + jc * K * LANES, K, i,
+               jc * LANES, &ks, res);
         memcpy(cw + i * ldc + jc * LANES, res, sizeof res);
     }
 out:
@@ -705,12 +722,12 @@ out:
     return rc;
 }
 
-nl_status nl_fp8_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K, const float *A,
-                      const float *B, float *C, nl_fp8_stats *stats) {
+nl_status nl_fp8_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                      float *C, nl_fp8_stats *stats) {
     if (!o) return nl_fail(NL_ERR_INVALID, "fp8 gemm: NULL options");
     if (M < 1 || N < 1 || K < 1)
-        return nl_fail(NL_ERR_INVALID, "fp8 gemm: shape M=%lld N=%lld K=%lld (each must be >= 1)",
-                       (long long)M, (long long)N, (long long)K);
+        return nl_fail(NL_ERR_INVALID, "fp8 gemm: shape M=%lld N=%lld K=%lld (each must be >= 1)", (long long)M,
+                       (long long)N, (long long)K);
     if (!A || !B || !C) return nl_fail(NL_ERR_INVALID, "fp8 gemm: NULL matrix");
     NL_TRY(check_fmt(o->fmt_a, "A"));
     NL_TRY(check_fmt(o->fmt_b, "B"));
@@ -719,12 +736,11 @@ nl_status nl_fp8_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K
     NL_TRY(nl_fp8_acc_validate(&o->acc));
     if (o->scaling == NL_FP8_SCALE_DELAYED && (!o->delayed_a || !o->delayed_b))
         return nl_fail(NL_ERR_INVALID, "fp8 gemm: delayed scaling needs state for A and B");
-    if (o->scaling == NL_FP8_SCALE_BLOCK && o->acc.bits &&
-        (o->acc.promote == 0 || NL_FP8_BLOCK % o->acc.promote))
+    if (o->scaling == NL_FP8_SCALE_BLOCK && o->acc.bits && (o->acc.promote == 0 || NL_FP8_BLOCK % o->acc.promote))
         return nl_fail(NL_ERR_INVALID,
                        "fp8 gemm: block scaling applies its scales at promotion, so promote must "
-                       "divide %d (got %d%s)", NL_FP8_BLOCK, o->acc.promote,
-                       o->acc.promote == 0 ? " = never" : "");
+                       "divide %d (got %d%s)",
+                       NL_FP8_BLOCK, o->acc.promote, o->acc.promote == 0 ? " = never" : "");
 
     nl_status rc = NL_OK;
     const int64_t Np = (N + LANES - 1) / LANES * LANES;
@@ -762,8 +778,8 @@ nl_status nl_fp8_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, int64_t K
         for (int64_t k = 0; k < K; k++)
             for (int64_t j = 0; j < N; j++)
                 Bl[k * N + j] = (float)(qb[k * N + j] * invb[(k / gb.bk) * gb.nob + j / gb.bo]);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, Al,
-                    (int)K, Bl, (int)N, 0.0f, cw, (int)Np);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, Al, (int)K, Bl, (int)N,
+                    0.0f, cw, (int)Np);
     } else {
         rc = limited_gemm(o, M, N, K, qa, qb, inva, invb, &ga, &gb, cw, Np);
         if (rc) goto done;

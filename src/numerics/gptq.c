@@ -39,16 +39,16 @@ nl_status nl_gptq_hessian_add(nl_gptq_hessian *hs, const float *x, int64_t n_tok
         return nl_fail(NL_ERR_INVALID, "gptq: calibration input token %lld feature %lld is not finite",
                        (long long)(bad / n), (long long)(bad % n));
     const int64_t chunk = 1024;
-    double *xd = nl_malloc((size_t)(n_tokens < chunk ? n_tokens : chunk) * (size_t)n * sizeof(double),
-                           "gptq Hessian chunk");
+    double *xd =
+        nl_malloc((size_t)(n_tokens < chunk ? n_tokens : chunk) * (size_t)n * sizeof(double), "gptq Hessian chunk");
     if (!xd) return NL_ERR_NOMEM;
     for (int64_t t0 = 0; t0 < n_tokens; t0 += chunk) {
         int64_t t = n_tokens - t0 < chunk ? n_tokens - t0 : chunk;
         for (int64_t i = 0; i < t * n; i++) xd[i] = x[t0 * n + i];
         /* Running mean: h = h * N/(N+t) + 2/(N+t) * X^T X (upper triangle). */
         double total = (double)(hs->n_tokens + t);
-        cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, n, (int)t, 2.0 / total, xd, n,
-                    (double)hs->n_tokens / total, hs->h, n);
+        cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, n, (int)t, 2.0 / total, xd, n, (double)hs->n_tokens / total,
+                    hs->h, n);
         hs->n_tokens += t;
     }
     nl_free(xd);
@@ -84,8 +84,8 @@ static int64_t chol_lower(double *a, int64_t n) {
         const int64_t m = n - k - b;
         if (m > 0) {
             double *panel = a + (k + b) * n + k;
-            cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, (int)m, (int)b,
-                        1.0, a + k * n + k, (int)n, panel, (int)n);
+            cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, (int)m, (int)b, 1.0,
+                        a + k * n + k, (int)n, panel, (int)n);
             cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (int)m, (int)b, -1.0, panel, (int)n, 1.0,
                         a + (k + b) * n + (k + b), (int)n);
         }
@@ -108,8 +108,8 @@ nl_status nl_gptq_inverse_factor(const double *h, int cols, double damp_frac, do
         return nl_fail(NL_ERR_INVALID, "gptq: damp fraction must be finite and >= 0, got %g", damp_frac);
     for (int64_t i = 0; i < n * n; i++)
         if (!isfinite(h[i]))
-            return nl_fail(NL_ERR_INVALID, "gptq: Hessian entry (%lld, %lld) is not finite",
-                           (long long)(i / n), (long long)(i % n));
+            return nl_fail(NL_ERR_INVALID, "gptq: Hessian entry (%lld, %lld) is not finite", (long long)(i / n),
+                           (long long)(i % n));
     double *a = nl_malloc((size_t)(n * n) * sizeof(double), "gptq factor");
     if (!a) return NL_ERR_NOMEM;
     memcpy(a, h, (size_t)(n * n) * sizeof(double));
@@ -130,8 +130,10 @@ nl_status nl_gptq_inverse_factor(const double *h, int cols, double damp_frac, do
     int64_t bad = chol_lower(a, n);
     if (bad >= 0) {
         nl_free(a);
-        return nl_fail(NL_ERR_NUMERIC, "gptq: H + damp is not positive definite at column %lld; "
-                       "raise the dampening", (long long)(n - 1 - bad));
+        return nl_fail(NL_ERR_NUMERIC,
+                       "gptq: H + damp is not positive definite at column %lld; "
+                       "raise the dampening",
+                       (long long)(n - 1 - bad));
     }
     /* L^-1 (lower) into u: solve L X = I one block column at a time (rows >= c only). */
     memset(u, 0, (size_t)(n * n) * sizeof(double));
@@ -139,8 +141,8 @@ nl_status nl_gptq_inverse_factor(const double *h, int cols, double damp_frac, do
     const int64_t nb = 128;
     for (int64_t c = 0; c < n; c += nb) {
         const int64_t b = n - c < nb ? n - c : nb;
-        cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasNonUnit, (int)(n - c), (int)b,
-                    1.0, a + c * n + c, (int)n, u + c * n + c, (int)n);
+        cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasNonUnit, (int)(n - c), (int)b, 1.0,
+                    a + c * n + c, (int)n, u + c * n + c, (int)n);
     }
     nl_free(a);
     reverse_flat(u, n * n);
@@ -151,9 +153,8 @@ nl_status nl_gptq_inverse_factor(const double *h, int cols, double damp_frac, do
 
 enum { TILE_ROWS = 16 };
 
-nl_status nl_gptq_quantize(const float *w, int rows, int cols, const double *h,
-                           const nl_gptq_opts *opts, uint8_t *codes, float *scales,
-                           float *zeros, float *w_hat, double *loss) {
+nl_status nl_gptq_quantize(const float *w, int rows, int cols, const double *h, const nl_gptq_opts *opts,
+                           uint8_t *codes, float *scales, float *zeros, float *w_hat, double *loss) {
     nl_gptq_opts o = opts ? *opts : nl_gptq_defaults();
     if (o.bits < 2 || o.bits > 8) return nl_fail(NL_ERR_INVALID, "gptq: bits must be 2..8, got %d", o.bits);
     if (o.group_size < 0) return nl_fail(NL_ERR_INVALID, "gptq: group size must be >= 0, got %d", o.group_size);
@@ -162,13 +163,21 @@ nl_status nl_gptq_quantize(const float *w, int rows, int cols, const double *h,
     const int64_t n = cols, B = o.block_size;
     int64_t bad = nl_qgrid_first_nonfinite(w, (int64_t)rows * n);
     if (bad >= 0)
-        return nl_fail(NL_ERR_INVALID, "gptq: weight row %lld col %lld is not finite",
-                       (long long)(bad / n), (long long)(bad % n));
+        return nl_fail(NL_ERR_INVALID, "gptq: weight row %lld col %lld is not finite", (long long)(bad / n),
+                       (long long)(bad % n));
     double *u = nl_malloc((size_t)(n * n) * sizeof(double), "gptq U");
     uint8_t *dead = nl_malloc((size_t)n, "gptq dead columns");
-    if (!u || !dead) { nl_free(u); nl_free(dead); return NL_ERR_NOMEM; }
+    if (!u || !dead) {
+        nl_free(u);
+        nl_free(dead);
+        return NL_ERR_NOMEM;
+    }
     nl_status rc = nl_gptq_inverse_factor(h, cols, o.damp_frac, u, dead);
-    if (rc != NL_OK) { nl_free(u); nl_free(dead); return rc; }
+    if (rc != NL_OK) {
+        nl_free(u);
+        nl_free(dead);
+        return rc;
+    }
 
     const int maxq = (1 << o.bits) - 1;
     const int64_t g = o.group_size > 0 ? o.group_size : n;

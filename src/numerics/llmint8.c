@@ -17,8 +17,8 @@ nl_status nl_llmint8_quantize_weight(const float *w, int rows, int cols, int8_t 
     if (rows <= 0 || cols <= 0) return nl_fail(NL_ERR_INVALID, "llm.int8: bad weight shape (%d, %d)", rows, cols);
     int64_t bad = nl_qgrid_first_nonfinite(w, (int64_t)rows * cols);
     if (bad >= 0)
-        return nl_fail(NL_ERR_INVALID, "llm.int8: weight row %lld col %lld is not finite",
-                       (long long)(bad / cols), (long long)(bad % cols));
+        return nl_fail(NL_ERR_INVALID, "llm.int8: weight row %lld col %lld is not finite", (long long)(bad / cols),
+                       (long long)(bad % cols));
     for (int r = 0; r < rows; r++) {
         const float *wr = w + (int64_t)r * cols;
         float amax = 0.f;
@@ -31,9 +31,10 @@ nl_status nl_llmint8_quantize_weight(const float *w, int rows, int cols, int8_t 
     return NL_OK;
 }
 
-nl_status nl_llmint8_outlier_dims(const float *x, int64_t tokens, int cols, float threshold,
-                                  uint8_t *is_outlier, int *n_outliers) {
-    if (tokens < 0 || cols <= 0) return nl_fail(NL_ERR_INVALID, "llm.int8: bad input shape (%lld, %d)", (long long)tokens, cols);
+nl_status nl_llmint8_outlier_dims(const float *x, int64_t tokens, int cols, float threshold, uint8_t *is_outlier,
+                                  int *n_outliers) {
+    if (tokens < 0 || cols <= 0)
+        return nl_fail(NL_ERR_INVALID, "llm.int8: bad input shape (%lld, %d)", (long long)tokens, cols);
     int count = 0;
     for (int j = 0; j < cols; j++) {
         int o = 0;
@@ -45,18 +46,22 @@ nl_status nl_llmint8_outlier_dims(const float *x, int64_t tokens, int cols, floa
     return NL_OK;
 }
 
-nl_status nl_llmint8_forward(const float *x, int64_t tokens, int cols, const int8_t *w_codes,
-                             const float *w_scales, int rows, float threshold, float *y,
-                             int *n_outliers) {
+nl_status nl_llmint8_forward(const float *x, int64_t tokens, int cols, const int8_t *w_codes, const float *w_scales,
+                             int rows, float threshold, float *y, int *n_outliers) {
     if (tokens < 0 || cols <= 0 || rows <= 0)
-        return nl_fail(NL_ERR_INVALID, "llm.int8: bad shapes (tokens %lld, cols %d, rows %d)", (long long)tokens, cols, rows);
+        return nl_fail(NL_ERR_INVALID, "llm.int8: bad shapes (tokens %lld, cols %d, rows %d)", (long long)tokens, cols,
+                       rows);
     int64_t bad = nl_qgrid_first_nonfinite(x, tokens * cols);
     if (bad >= 0)
-        return nl_fail(NL_ERR_INVALID, "llm.int8: input token %lld feature %lld is not finite",
-                       (long long)(bad / cols), (long long)(bad % cols));
+        return nl_fail(NL_ERR_INVALID, "llm.int8: input token %lld feature %lld is not finite", (long long)(bad / cols),
+                       (long long)(bad % cols));
     uint8_t *out = nl_malloc((size_t)cols, "llm.int8 outlier mask");
     int *idx = nl_malloc((size_t)cols * sizeof(int), "llm.int8 outlier index");
-    if (!out || !idx) { nl_free(out); nl_free(idx); return NL_ERR_NOMEM; }
+    if (!out || !idx) {
+        nl_free(out);
+        nl_free(idx);
+        return NL_ERR_NOMEM;
+    }
     int n_out = 0;
     nl_llmint8_outlier_dims(x, tokens, cols, threshold, out, &n_out);
     for (int j = 0, k = 0; j < cols; j++)

@@ -9,14 +9,14 @@
 #include "nanolm/quant.h"
 
 #define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-#define TGT_AVX2 __attribute__((target("avx2,fma")))
-#define INLINE static inline __attribute__((always_inline))
+#define TGT_AVX2   __attribute__((target("avx2,fma")))
+#define INLINE     static inline __attribute__((always_inline))
 
 enum {
-    MV_RB = 4,      /* weight rows per register tile */
-    MV_TB = 4,      /* tokens per register tile */
-    MV_ROWS = 16,   /* rows per thread work item (a multiple of MV_RB) */
-    MV_TOK = 64     /* tokens per cache tile: their activations stay in L2 while W streams */
+    MV_RB = 4,    /* weight rows per register tile */
+    MV_TB = 4,    /* tokens per register tile */
+    MV_ROWS = 16, /* rows per thread work item (a multiple of MV_RB) */
+    MV_TOK = 64   /* tokens per cache tile: their activations stay in L2 while W streams */
 };
 
 /* ---- names and paths ----------------------------------------------------------------------- */
@@ -98,8 +98,7 @@ nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64
         if (!wt->bf16) return NL_ERR_NOMEM;
         for (size_t i = 0; i < n; i++) wt->bf16[i] = nl_bf16_from_f32(w[i]);
         return NL_OK;
-    case NL_WFMT_INT8:
-        return nl_qlinear_init(&wt->q8, w, N, K, NL_QLINEAR_W8A8);
+    case NL_WFMT_INT8: return nl_qlinear_init(&wt->q8, w, N, K, NL_QLINEAR_W8A8);
     default: return nl_fail(NL_ERR_INVALID, "matvec weight: unknown format %d", (int)fmt);
     }
 }
@@ -201,33 +200,33 @@ INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
 }
 
 /* AVX-512: 16 lanes, the k tail with a masked load, then _mm512_reduce_add_ps. */
-#define AVX512_TILE(NAME, R, T, LOADW)                                                                     \
-    TGT_AVX512 static void NAME(const mv_args *a, int64_t n0, int64_t m0) {                               \
-        const int64_t K = a->K;                                                                            \
-        __m512 acc[R][T];                                                                                  \
-        for (int r = 0; r < R; r++)                                                                        \
-            for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();                                   \
-        int64_t k = 0;                                                                                     \
-        for (; k + 16 <= K; k += 16) {                                                                     \
-            __m512 xv[T];                                                                                  \
-            for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(a->x + (m0 + t) * K + k);                  \
-            if (R > 1) prefetch_next(a, n0 + R, R, k);                                                     \
-            for (int r = 0; r < R; r++) {                                                                  \
-                __m512 wv = LOADW(a, n0 + r, k, (__mmask16)0xFFFF);                                        \
-                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);             \
-            }                                                                                              \
-        }                                                                                                  \
-        if (k < K) {                                                                                       \
-            __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);                                              \
-            __m512 xv[T];                                                                                  \
-            for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(mk, a->x + (m0 + t) * K + k);        \
-            for (int r = 0; r < R; r++) {                                                                  \
-                __m512 wv = LOADW(a, n0 + r, k, mk);                                                       \
-                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);             \
-            }                                                                                              \
-        }                                                                                                  \
-        for (int r = 0; r < R; r++)                                                                        \
-            for (int t = 0; t < T; t++) a->y[(m0 + t) * a->N + n0 + r] = _mm512_reduce_add_ps(acc[r][t]);  \
+#define AVX512_TILE(NAME, R, T, LOADW)                                                                                 \
+    TGT_AVX512 static void NAME(const mv_args *a, int64_t n0, int64_t m0) {                                            \
+        const int64_t K = a->K;                                                                                        \
+        __m512 acc[R][T];                                                                                              \
+        for (int r = 0; r < R; r++)                                                                                    \
+            for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();                                               \
+        int64_t k = 0;                                                                                                 \
+        for (; k + 16 <= K; k += 16) {                                                                                 \
+            __m512 xv[T];                                                                                              \
+            for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(a->x + (m0 + t) * K + k);                              \
+            if (R > 1) prefetch_next(a, n0 + R, R, k);                                                                 \
+            for (int r = 0; r < R; r++) {                                                                              \
+                __m512 wv = LOADW(a, n0 + r, k, (__mmask16)0xFFFF);                                                    \
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);                         \
+            }                                                                                                          \
+        }                                                                                                              \
+        if (k < K) {                                                                                                   \
+            __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);                                                          \
+            __m512 xv[T];                                                                                              \
+            for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(mk, a->x + (m0 + t) * K + k);                    \
+            for (int r = 0; r < R; r++) {                                                                              \
+                __m512 wv = LOADW(a, n0 + r, k, mk);                                                                   \
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);                         \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (int r = 0; r < R; r++)                                                                                    \
+            for (int t = 0; t < T; t++) a->y[(m0 + t) * a->N + n0 + r] = _mm512_reduce_add_ps(acc[r][t]);              \
     }
 
 TGT_AVX512 INLINE __m512 load_f32_512(const mv_args *a, int64_t n, int64_t k, __mmask16 mk) {
@@ -254,7 +253,9 @@ TGT_AVX2 INLINE float hsum256(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-TGT_AVX2 INLINE __m256 load_f32_256(const mv_args *a, int64_t n, int64_t k) { return _mm256_loadu_ps(a->wf + n * a->K + k); }
+TGT_AVX2 INLINE __m256 load_f32_256(const mv_args *a, int64_t n, int64_t k) {
+    return _mm256_loadu_ps(a->wf + n * a->K + k);
+}
 TGT_AVX2 INLINE __m256 load_bf16_256(const mv_args *a, int64_t n, int64_t k) {
     __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(a->wb + n * a->K + k));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -263,27 +264,27 @@ INLINE float wscalar(const mv_args *a, int64_t n, int64_t k) {
     return a->wf ? a->wf[n * a->K + k] : nl_f32_from_bf16(a->wb[n * a->K + k]);
 }
 
-#define AVX2_TILE(NAME, R, T, LOADW)                                                                       \
-    TGT_AVX2 static void NAME(const mv_args *a, int64_t n0, int64_t m0) {                                 \
-        const int64_t K = a->K, K8 = K & ~(int64_t)7;                                                      \
-        __m256 acc[R][T];                                                                                  \
-        for (int r = 0; r < R; r++)                                                                        \
-            for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();                                   \
-        for (int64_t k = 0; k < K8; k += 8) {                                                              \
-            __m256 xv[T];                                                                                  \
-            for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(a->x + (m0 + t) * K + k);                  \
-            if (R > 1) prefetch_next(a, n0 + R, R, k);                                                     \
-            for (int r = 0; r < R; r++) {                                                                  \
-                __m256 wv = LOADW(a, n0 + r, k);                                                           \
-                for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);             \
-            }                                                                                              \
-        }                                                                                                  \
-        for (int r = 0; r < R; r++)                                                                        \
-            for (int t = 0; t < T; t++) {                                                                  \
-                float s = hsum256(acc[r][t]);                                                              \
-                for (int64_t k = K8; k < K; k++) s += wscalar(a, n0 + r, k) * a->x[(m0 + t) * K + k];      \
-                a->y[(m0 + t) * a->N + n0 + r] = s;                                                        \
-            }                                                                                              \
+#define AVX2_TILE(NAME, R, T, LOADW)                                                                                   \
+    TGT_AVX2 static void NAME(const mv_args *a, int64_t n0, int64_t m0) {                                              \
+        const int64_t K = a->K, K8 = K & ~(int64_t)7;                                                                  \
+        __m256 acc[R][T];                                                                                              \
+        for (int r = 0; r < R; r++)                                                                                    \
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();                                               \
+        for (int64_t k = 0; k < K8; k += 8) {                                                                          \
+            __m256 xv[T];                                                                                              \
+            for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(a->x + (m0 + t) * K + k);                              \
+            if (R > 1) prefetch_next(a, n0 + R, R, k);                                                                 \
+            for (int r = 0; r < R; r++) {                                                                              \
+                __m256 wv = LOADW(a, n0 + r, k);                                                                       \
+                for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);                         \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (int r = 0; r < R; r++)                                                                                    \
+            for (int t = 0; t < T; t++) {                                                                              \
+                float s = hsum256(acc[r][t]);                                                                          \
+                for (int64_t k = K8; k < K; k++) s += wscalar(a, n0 + r, k) * a->x[(m0 + t) * K + k];                  \
+                a->y[(m0 + t) * a->N + n0 + r] = s;                                                                    \
+            }                                                                                                          \
     }
 
 AVX2_TILE(f32_256_4x4, 4, 4, load_f32_256)
@@ -339,25 +340,25 @@ static void run_block(const mv_args *a, nl_mv_path path, int64_t n0, int64_t n1,
 
 #define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-#define VNNI_TILE(NAME, R, T)                                                                             \
-    TGT_VNNI static void NAME(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n0, int64_t m0) { \
-        const int64_t kp = l->k_pad, N = l->out_features;                                                  \
-        __m512i acc[R][T];                                                                                 \
-        for (int r = 0; r < R; r++)                                                                        \
-            for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_si512();                                \
-        for (int64_t k = 0; k < kp; k += 64) {                                                             \
-            __m512i xv[T];                                                                                 \
-            for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_si512((const void *)(a->qu + (m0 + t) * kp + k)); \
-            for (int r = 0; r < R; r++) {                                                                  \
-                __m512i wv = _mm512_loadu_si512((const void *)(l->w + (n0 + r) * kp + k));                 \
-                for (int t = 0; t < T; t++) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], xv[t], wv);         \
-            }                                                                                              \
-        }                                                                                                  \
-        for (int r = 0; r < R; r++)                                                                        \
-            for (int t = 0; t < T; t++) {                                                                  \
-                int32_t s = _mm512_reduce_add_epi32(acc[r][t]) - 128 * l->w_sum[n0 + r];                   \
-                y[(m0 + t) * N + n0 + r] = (float)s * (a->scale[m0 + t] * l->w_scale[n0 + r]);             \
-            }                                                                                              \
+#define VNNI_TILE(NAME, R, T)                                                                                          \
+    TGT_VNNI static void NAME(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n0, int64_t m0) {             \
+        const int64_t kp = l->k_pad, N = l->out_features;                                                              \
+        __m512i acc[R][T];                                                                                             \
+        for (int r = 0; r < R; r++)                                                                                    \
+            for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_si512();                                            \
+        for (int64_t k = 0; k < kp; k += 64) {                                                                         \
+            __m512i xv[T];                                                                                             \
+            for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_si512((const void *)(a->qu + (m0 + t) * kp + k));         \
+            for (int r = 0; r < R; r++) {                                                                              \
+                __m512i wv = _mm512_loadu_si512((const void *)(l->w + (n0 + r) * kp + k));                             \
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], xv[t], wv);                     \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (int r = 0; r < R; r++)                                                                                    \
+            for (int t = 0; t < T; t++) {                                                                              \
+                int32_t s = _mm512_reduce_add_epi32(acc[r][t]) - 128 * l->w_sum[n0 + r];                               \
+                y[(m0 + t) * N + n0 + r] = (float)s * (a->scale[m0 + t] * l->w_scale[n0 + r]);                         \
+            }                                                                                                          \
     }
 
 VNNI_TILE(q8_vnni_4x4, 4, 4)
@@ -422,8 +423,7 @@ nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x
         a->cap_tokens = a->scale ? (size_t)M : 0;
         if (!a->scale) return NL_ERR_NOMEM;
     }
-    return nl_qlinear_quantize_tokens(x, M, wt->cols, l->k_pad, a->q, l->path == NL_QDOT_VNNI ? a->qu : NULL,
-                                      a->scale);
+    return nl_qlinear_quantize_tokens(x, M, wt->cols, l->k_pad, a->q, l->path == NL_QDOT_VNNI ? a->qu : NULL, a->scale);
 }
 
 void nl_mv_act_free(nl_mv_act *a) {
@@ -438,14 +438,21 @@ enum { MV_RANGE_ROWS = 64 }; /* rows whose weights stay in L2 while the tokens s
 
 void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y, int64_t n0, int64_t n1) {
     const int64_t M = act->M;
-    mv_args a = {.x = act->x, .y = y, .wf = wt->fmt == NL_WFMT_FP32 ? wt->f32 : NULL,
-                 .wb = wt->fmt == NL_WFMT_BF16 ? wt->bf16 : NULL, .M = M, .N = wt->rows, .K = wt->cols};
+    mv_args a = {.x = act->x,
+                 .y = y,
+                 .wf = wt->fmt == NL_WFMT_FP32 ? wt->f32 : NULL,
+                 .wb = wt->fmt == NL_WFMT_BF16 ? wt->bf16 : NULL,
+                 .M = M,
+                 .N = wt->rows,
+                 .K = wt->cols};
     for (int64_t nb = n0; nb < n1; nb += MV_RANGE_ROWS) {
         int64_t ne = n1 - nb < MV_RANGE_ROWS ? n1 : nb + MV_RANGE_ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
             int64_t m1 = M - m0 < MV_TOK ? M : m0 + MV_TOK;
-            if (wt->fmt == NL_WFMT_INT8) run_block_int8(&wt->q8, act, y, nb, ne, m0, m1);
-            else run_block(&a, wt->path, nb, ne, m0, m1);
+            if (wt->fmt == NL_WFMT_INT8)
+                run_block_int8(&wt->q8, act, y, nb, ne, m0, m1);
+            else
+                run_block(&a, wt->path, nb, ne, m0, m1);
         }
     }
 }

@@ -3,8 +3,7 @@
 
 #include <math.h>
 
-void nl_qgrid_params(const double *x, int64_t n, int64_t stride, int bits, int symmetric,
-                     double *scale, double *zero) {
+void nl_qgrid_params(const double *x, int64_t n, int64_t stride, int bits, int symmetric, double *scale, double *zero) {
     double xmin = 0.0, xmax = 0.0;
     for (int64_t i = 0; i < n; i++) {
         double v = x[i * stride];
@@ -16,7 +15,10 @@ void nl_qgrid_params(const double *x, int64_t n, int64_t stride, int bits, int s
         if (-xmin > xmax) xmax = -xmin;
         if (xmin < 0) xmin = -xmax;
     }
-    if (xmin == 0.0 && xmax == 0.0) { xmin = -1.0; xmax = 1.0; }
+    if (xmin == 0.0 && xmax == 0.0) {
+        xmin = -1.0;
+        xmax = 1.0;
+    }
     double s = (double)(float)((xmax - xmin) / maxq);
     *scale = s;
     *zero = symmetric ? (maxq + 1.0) / 2.0 : nearbyint(-xmin / s);
@@ -33,16 +35,16 @@ int64_t nl_qgrid_first_nonfinite(const float *x, int64_t n) {
     return -1;
 }
 
-nl_status nl_qgrid_rtn(const float *w, int64_t rows, int64_t cols, int bits, int group_size,
-                       int symmetric, uint8_t *codes, float *scales, float *zeros, float *w_hat) {
+nl_status nl_qgrid_rtn(const float *w, int64_t rows, int64_t cols, int bits, int group_size, int symmetric,
+                       uint8_t *codes, float *scales, float *zeros, float *w_hat) {
     if (bits < 2 || bits > 8) return nl_fail(NL_ERR_INVALID, "rtn: bits must be 2..8, got %d", bits);
     if (group_size < 0) return nl_fail(NL_ERR_INVALID, "rtn: group size must be >= 0, got %d", group_size);
     if (rows <= 0 || cols <= 0)
         return nl_fail(NL_ERR_INVALID, "rtn: bad weight shape (%lld, %lld)", (long long)rows, (long long)cols);
     int64_t bad = nl_qgrid_first_nonfinite(w, rows * cols);
     if (bad >= 0)
-        return nl_fail(NL_ERR_INVALID, "rtn: weight[%lld] (row %lld, col %lld) is not finite",
-                       (long long)bad, (long long)(bad / cols), (long long)(bad % cols));
+        return nl_fail(NL_ERR_INVALID, "rtn: weight[%lld] (row %lld, col %lld) is not finite", (long long)bad,
+                       (long long)(bad / cols), (long long)(bad % cols));
     int64_t g = group_size > 0 ? group_size : cols;
     int64_t ng = nl_qgrid_n_groups(cols, group_size);
     int maxq = (1 << bits) - 1;

@@ -14,7 +14,7 @@ static inline float qmax_f(float a, float b) { return a > b ? a : b; }
 
 #define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define TGT_AVX2 __attribute__((target("avx2")))
-#define INLINE static inline __attribute__((always_inline))
+#define INLINE   static inline __attribute__((always_inline))
 
 /* ---- paths ----------------------------------------------------------------------------------- */
 
@@ -53,39 +53,57 @@ typedef struct qout {
     int32_t *c;
     int64_t ldc; /* int32 output (nl_qgemm_s8) */
     float *y;
-    int64_t ldy;      /* or fp32 output (W8A8) */
-    const float *xs;  /* (M) token scales */
-    const float *ws;  /* (N) channel scales */
+    int64_t ldy;     /* or fp32 output (W8A8) */
+    const float *xs; /* (M) token scales */
+    const float *ws; /* (N) channel scales */
 } qout;
 
 INLINE void store_tile(const qout *o, int64_t m0, int64_t n0, int mr, int nr, int32_t t[4][4]) {
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
-            if (o->y) o->y[(m0 + i) * o->ldy + n0 + j] = (float)t[i][j] * (o->xs[m0 + i] * o->ws[n0 + j]);
-            else o->c[(m0 + i) * o->ldc + n0 + j] = t[i][j];
+            if (o->y)
+                o->y[(m0 + i) * o->ldy + n0 + j] = (float)t[i][j] * (o->xs[m0 + i] * o->ws[n0 + j]);
+            else
+                o->c[(m0 + i) * o->ldc + n0 + j] = t[i][j];
         }
 }
 
 /* Dispatches a tile function on constant (mr, nr) so that every loop over them unrolls. */
-#define TILE_SWITCH(MRMAX, mr, nr, CALL)                                                            \
-    switch ((mr) * 8 + (nr)) {                                                                      \
-    case 9: CALL(1, 1); break;                                                                      \
-    case 10: CALL(1, 2); break;                                                                     \
-    case 11: CALL(1, 3); break;                                                                     \
-    case 12: CALL(1, 4); break;                                                                     \
-    case 17: CALL(2, 1); break;                                                                     \
-    case 18: CALL(2, 2); break;                                                                     \
-    case 19: CALL(2, 3); break;                                                                     \
-    case 20: CALL(2, 4); break;                                                                     \
-    case 25: if (MRMAX >= 3) CALL(3, 1); break;                                                     \
-    case 26: if (MRMAX >= 3) CALL(3, 2); break;                                                     \
-    case 27: if (MRMAX >= 3) CALL(3, 3); break;                                                     \
-    case 28: if (MRMAX >= 3) CALL(3, 4); break;                                                     \
-    case 33: if (MRMAX >= 4) CALL(4, 1); break;                                                     \
-    case 34: if (MRMAX >= 4) CALL(4, 2); break;                                                     \
-    case 35: if (MRMAX >= 4) CALL(4, 3); break;                                                     \
-    case 36: if (MRMAX >= 4) CALL(4, 4); break;                                                     \
-    default: break;                                                                                 \
+#define TILE_SWITCH(MRMAX, mr, nr, CALL)                                                                               \
+    switch ((mr)*8 + (nr)) {                                                                                           \
+    case 9: CALL(1, 1); break;                                                                                         \
+    case 10: CALL(1, 2); break;                                                                                        \
+    case 11: CALL(1, 3); break;                                                                                        \
+    case 12: CALL(1, 4); break;                                                                                        \
+    case 17: CALL(2, 1); break;                                                                                        \
+    case 18: CALL(2, 2); break;                                                                                        \
+    case 19: CALL(2, 3); break;                                                                                        \
+    case 20: CALL(2, 4); break;                                                                                        \
+    case 25:                                                                                                           \
+        if (MRMAX >= 3) CALL(3, 1);                                                                                    \
+        break;                                                                                                         \
+    case 26:                                                                                                           \
+        if (MRMAX >= 3) CALL(3, 2);                                                                                    \
+        break;                                                                                                         \
+    case 27:                                                                                                           \
+        if (MRMAX >= 3) CALL(3, 3);                                                                                    \
+        break;                                                                                                         \
+    case 28:                                                                                                           \
+        if (MRMAX >= 3) CALL(3, 4);                                                                                    \
+        break;                                                                                                         \
+    case 33:                                                                                                           \
+        if (MRMAX >= 4) CALL(4, 1);                                                                                    \
+        break;                                                                                                         \
+    case 34:                                                                                                           \
+        if (MRMAX >= 4) CALL(4, 2);                                                                                    \
+        break;                                                                                                         \
+    case 35:                                                                                                           \
+        if (MRMAX >= 4) CALL(4, 3);                                                                                    \
+        break;                                                                                                         \
+    case 36:                                                                                                           \
+        if (MRMAX >= 4) CALL(4, 4);                                                                                    \
+        break;                                                                                                         \
+    default: break;                                                                                                    \
     }
 
 /* ---- portable ----------------------------------------------------------------------------------- */
@@ -217,8 +235,8 @@ TGT_VNNI static void block_vnni(const uint8_t *au, int64_t lda, const int8_t *b,
 
 #define M_CHUNK 64
 
-static void run_gemm(nl_qdot_path path, const int8_t *a, const uint8_t *au, int64_t lda, const int8_t *b,
-                     int64_t ldb, const int32_t *bsum, int64_t M, int64_t N, int64_t K, const qout *o) {
+static void run_gemm(nl_qdot_path path, const int8_t *a, const uint8_t *au, int64_t lda, const int8_t *b, int64_t ldb,
+                     const int32_t *bsum, int64_t M, int64_t N, int64_t K, const qout *o) {
     const int64_t ntiles = (N + 3) / 4;
     const int par = (double)M * (double)N * (double)K > 4e6; /* below ~20 us of work, one thread */
 #pragma omp parallel if (par)
@@ -257,7 +275,11 @@ nl_status nl_qgemm_s8(nl_qdot_path path, const int8_t *a, int64_t lda, const int
     }
     uint8_t *au = nl_malloc((size_t)(M * K), "int8 GEMM unsigned activations");
     int32_t *bsum = nl_malloc((size_t)N * sizeof(int32_t), "int8 GEMM weight sums");
-    if (!au || !bsum) { nl_free(au); nl_free(bsum); return NL_ERR_NOMEM; }
+    if (!au || !bsum) {
+        nl_free(au);
+        nl_free(bsum);
+        return NL_ERR_NOMEM;
+    }
     for (int64_t m = 0; m < M; m++)
         for (int64_t k = 0; k < K; k++) au[m * K + k] = (uint8_t)a[m * lda + k] ^ 0x80u;
     for (int64_t n = 0; n < N; n++) {
@@ -294,7 +316,10 @@ nl_status nl_qlinear_init_codes(nl_qlinear *l, const int8_t *codes, const float 
     l->w = nl_calloc((size_t)N, (size_t)l->k_pad, "QuantizedLinear weights");
     l->w_scale = nl_malloc((size_t)N * sizeof(float), "QuantizedLinear scales");
     l->w_sum = nl_malloc((size_t)N * sizeof(int32_t), "QuantizedLinear weight sums");
-    if (!l->w || !l->w_scale || !l->w_sum) { nl_qlinear_free(l); return NL_ERR_NOMEM; }
+    if (!l->w || !l->w_scale || !l->w_sum) {
+        nl_qlinear_free(l);
+        return NL_ERR_NOMEM;
+    }
     for (int64_t n = 0; n < N; n++) {
         memcpy(l->w + n * l->k_pad, codes + n * K, (size_t)K);
         int32_t s = 0;
@@ -418,11 +443,15 @@ nl_status nl_qlinear_forward(const nl_qlinear *l, const float *x, int64_t M, flo
     uint8_t *qu = l->path == NL_QDOT_VNNI ? nl_malloc((size_t)(M * kp), "W8A8 unsigned activation codes") : NULL;
     float *xs = nl_malloc((size_t)M * sizeof(float), "W8A8 token scales");
     if (!q || !xs || (l->path == NL_QDOT_VNNI && !qu)) {
-        nl_free(q); nl_free(qu); nl_free(xs);
+        nl_free(q);
+        nl_free(qu);
+        nl_free(xs);
         return NL_ERR_NOMEM;
     }
     if (quantize_tokens(x, M, K, kp, q, qu, xs)) {
-        nl_free(q); nl_free(qu); nl_free(xs);
+        nl_free(q);
+        nl_free(qu);
+        nl_free(xs);
         return nl_quant_check_finite(x, (size_t)(M * K), "QuantizedLinear input");
     }
     qout o = {.y = y, .ldy = N, .xs = xs, .ws = l->w_scale};

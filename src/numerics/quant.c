@@ -35,8 +35,10 @@ static void encode_sym(const float *x, int64_t n, float scale, int qmax, uint8_t
         for (int64_t i = 0; i < n; i++) {
             float v = qmin_f(qmax_f(rintf(x[i] / scale), -lim), lim);
             int64_t c = c0 + i;
-            if (nib) row[c >> 1] = (uint8_t)((row[c >> 1] & ~(0xF << ((c & 1) * 4))) | (((int)v & 0xF) << ((c & 1) * 4)));
-            else row[c] = (uint8_t)(int8_t)v;
+            if (nib)
+                row[c >> 1] = (uint8_t)((row[c >> 1] & ~(0xF << ((c & 1) * 4))) | (((int)v & 0xF) << ((c & 1) * 4)));
+            else
+                row[c] = (uint8_t)(int8_t)v;
         }
         return;
     }
@@ -137,13 +139,11 @@ nl_status nl_quant_absmax_into(const float *x, nl_qtensor *q) {
     return absmax_fill(x, q);
 }
 
-nl_status nl_quant_symmetric(const float *x, int64_t rows, int64_t cols, int bits, int per_channel,
-                             nl_qtensor *out) {
+nl_status nl_quant_symmetric(const float *x, int64_t rows, int64_t cols, int bits, int per_channel, nl_qtensor *out) {
     return absmax_quant(x, rows, cols, bits, per_channel ? NL_QUANT_PER_CHANNEL : NL_QUANT_PER_TENSOR, 0, out);
 }
 
-nl_status nl_quant_blockwise(const float *x, int64_t rows, int64_t cols, int bits, int64_t block,
-                             nl_qtensor *out) {
+nl_status nl_quant_blockwise(const float *x, int64_t rows, int64_t cols, int bits, int64_t block, nl_qtensor *out) {
     return absmax_quant(x, rows, cols, bits, NL_QUANT_PER_BLOCK, block, out);
 }
 
@@ -170,7 +170,8 @@ nl_status nl_quant_affine_params(float min, float max, int qmin, int qmax, float
 
 nl_status nl_quant_affine_codes(const float *x, size_t n, float scale, int32_t zero_point, int qmin, int qmax,
                                 int32_t *q) {
-    if (!(scale > 0.0f) || !isfinite(scale)) return nl_fail(NL_ERR_INVALID, "scale must be positive and finite, got %g", (double)scale);
+    if (!(scale > 0.0f) || !isfinite(scale))
+        return nl_fail(NL_ERR_INVALID, "scale must be positive and finite, got %g", (double)scale);
     if (qmin >= qmax) return nl_fail(NL_ERR_INVALID, "code range [%d, %d] is empty", qmin, qmax);
     NL_TRY(nl_quant_check_finite(x, n, "quantize input"));
     const float inv = 1.0f / scale;
@@ -205,7 +206,10 @@ nl_status nl_quant_affine(const float *x, int64_t rows, int64_t cols, int bits, 
             hi = qmax_f(hi, xs[i]);
         }
         nl_status rc = nl_quant_affine_params(lo, hi, qmin, qmax, &out->scales[g], &out->zero_points[g]);
-        if (rc) { nl_qtensor_free(out); return rc; }
+        if (rc) {
+            nl_qtensor_free(out);
+            return rc;
+        }
     }
     for (int64_t r = 0; r < rows; r++) {
         int64_t g = per_channel ? r : 0;

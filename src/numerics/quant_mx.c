@@ -50,8 +50,8 @@ static uint32_t encode_elem(nl_mx_elem e, float v, nl_rounding r) {
 }
 
 nl_status nl_quant_mx(const float *x, int64_t rows, int64_t cols, nl_mx_elem elem, nl_mx_ties ties, nl_qtensor *out) {
-    nl_quant_spec spec = {.kind = NL_QUANT_MX, .gran = NL_QUANT_PER_BLOCK, .block = MX_BLOCK, .mx_elem = elem,
-                          .mx_ties = ties};
+    nl_quant_spec spec = {
+        .kind = NL_QUANT_MX, .gran = NL_QUANT_PER_BLOCK, .block = MX_BLOCK, .mx_elem = elem, .mx_ties = ties};
     memset(out, 0, sizeof *out);
     if (!valid(elem)) return nl_fail(NL_ERR_INVALID, "unknown MX element format %d", (int)elem);
     if (ties != NL_MX_TIES_EVEN && ties != NL_MX_TIES_AWAY)

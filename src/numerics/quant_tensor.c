@@ -20,12 +20,10 @@ nl_status nl_quant_check_spec(const nl_quant_spec *spec) {
     }
     if (spec->kind != NL_QUANT_SYMMETRIC && spec->kind != NL_QUANT_AFFINE)
         return nl_fail(NL_ERR_INVALID, "unknown quantization kind %d", (int)spec->kind);
-    if (spec->bits < 2 || spec->bits > 8)
-        return nl_fail(NL_ERR_INVALID, "bits must be 2..8, got %d", spec->bits);
+    if (spec->bits < 2 || spec->bits > 8) return nl_fail(NL_ERR_INVALID, "bits must be 2..8, got %d", spec->bits);
     if (spec->gran == NL_QUANT_PER_BLOCK && spec->block <= 0)
         return nl_fail(NL_ERR_INVALID, "block size must be > 0, got %lld", (long long)spec->block);
-    if (spec->gran != NL_QUANT_PER_TENSOR && spec->gran != NL_QUANT_PER_CHANNEL &&
-        spec->gran != NL_QUANT_PER_BLOCK)
+    if (spec->gran != NL_QUANT_PER_TENSOR && spec->gran != NL_QUANT_PER_CHANNEL && spec->gran != NL_QUANT_PER_BLOCK)
         return nl_fail(NL_ERR_INVALID, "unknown quantization granularity %d", (int)spec->gran);
     if (spec->kind == NL_QUANT_AFFINE && spec->gran == NL_QUANT_PER_BLOCK)
         return nl_fail(NL_ERR_UNSUPPORTED, "affine quantization is per tensor or per channel, not per block");
@@ -47,8 +45,16 @@ nl_status nl_qtensor_alloc(nl_qtensor *q, const nl_quant_spec *spec, int64_t row
         q->spec.bits = nl_mx_elem_bits(spec->mx_elem);
     }
     switch (q->spec.gran) {
-    case NL_QUANT_PER_TENSOR: q->group_cols = cols; q->groups_per_row = 1; q->n_scales = 1; break;
-    case NL_QUANT_PER_CHANNEL: q->group_cols = cols; q->groups_per_row = 1; q->n_scales = rows; break;
+    case NL_QUANT_PER_TENSOR:
+        q->group_cols = cols;
+        q->groups_per_row = 1;
+        q->n_scales = 1;
+        break;
+    case NL_QUANT_PER_CHANNEL:
+        q->group_cols = cols;
+        q->groups_per_row = 1;
+        q->n_scales = rows;
+        break;
     default:
         q->group_cols = q->spec.block;
         q->groups_per_row = (cols + q->spec.block - 1) / q->spec.block;
@@ -127,8 +133,7 @@ void nl_qtensor_set_code(nl_qtensor *q, int64_t r, int64_t c, int32_t v) {
 }
 
 void nl_quant_pack_int4(const int8_t *v, size_t n, uint8_t *packed) {
-    for (size_t i = 0; i < n / 2; i++)
-        packed[i] = (uint8_t)((v[2 * i] & 0xF) | ((v[2 * i + 1] & 0xF) << 4));
+    for (size_t i = 0; i < n / 2; i++) packed[i] = (uint8_t)((v[2 * i] & 0xF) | ((v[2 * i + 1] & 0xF) << 4));
     if (n & 1) packed[n / 2] = (uint8_t)(v[n - 1] & 0xF);
 }
 
@@ -147,8 +152,8 @@ nl_status nl_quant_check_finite(const float *x, size_t n, const char *what) {
     if (!bad) return NL_OK;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i]))
-            return nl_fail(NL_ERR_INVALID, "%s: non-finite value %g at index %zu", what ? what : "tensor",
-                           (double)x[i], i);
+            return nl_fail(NL_ERR_INVALID, "%s: non-finite value %g at index %zu", what ? what : "tensor", (double)x[i],
+                           i);
     return NL_OK;
 }
 
@@ -173,8 +178,10 @@ static nl_status parse_int_tail(const char *name, const char *s, nl_quant_spec *
     if (b < 2 || b > 8) return nl_fail(NL_ERR_INVALID, "scheme '%s': bits must be 2..8, got %ld", name, b);
     o->bits = (int)b;
     const char *g = end + 1;
-    if (!strcmp(g, "tensor")) o->gran = NL_QUANT_PER_TENSOR;
-    else if (!strcmp(g, "channel")) o->gran = NL_QUANT_PER_CHANNEL;
+    if (!strcmp(g, "tensor"))
+        o->gran = NL_QUANT_PER_TENSOR;
+    else if (!strcmp(g, "channel"))
+        o->gran = NL_QUANT_PER_CHANNEL;
     else if (g[0] == 'b' && g[1] >= '0' && g[1] <= '9') {
         long long k = strtoll(g + 1, &end, 10);
         if (*end) return bad_name(name);
@@ -215,9 +222,13 @@ nl_status nl_quant_spec_parse(const char *name, nl_quant_spec *out) {
     if (!strncmp(name, "affine-", 7)) {
         const char *s = name + 7;
         o.kind = NL_QUANT_AFFINE;
-        if (!strncmp(s, "uint", 4)) { o.is_unsigned = 1; s += 4; }
-        else if (!strncmp(s, "int", 3)) s += 3;
-        else return bad_name(name);
+        if (!strncmp(s, "uint", 4)) {
+            o.is_unsigned = 1;
+            s += 4;
+        } else if (!strncmp(s, "int", 3))
+            s += 3;
+        else
+            return bad_name(name);
         NL_TRY(parse_int_tail(name, s, &o));
         if (o.gran == NL_QUANT_PER_BLOCK)
             return nl_fail(NL_ERR_INVALID, "scheme '%s': affine is per tensor or per channel", name);
@@ -241,9 +252,12 @@ const char *nl_quant_spec_name(const nl_quant_spec *s, char *buf, size_t n) {
         return buf;
     }
     char g[32];
-    if (s->gran == NL_QUANT_PER_TENSOR) snprintf(g, sizeof g, "tensor");
-    else if (s->gran == NL_QUANT_PER_CHANNEL) snprintf(g, sizeof g, "channel");
-    else snprintf(g, sizeof g, "b%lld", (long long)s->block);
+    if (s->gran == NL_QUANT_PER_TENSOR)
+        snprintf(g, sizeof g, "tensor");
+    else if (s->gran == NL_QUANT_PER_CHANNEL)
+        snprintf(g, sizeof g, "channel");
+    else
+        snprintf(g, sizeof g, "b%lld", (long long)s->block);
     if (s->kind == NL_QUANT_AFFINE)
         snprintf(buf, n, "affine-%s%d-%s", s->is_unsigned ? "uint" : "int", s->bits, g);
     else
@@ -251,14 +265,12 @@ const char *nl_quant_spec_name(const nl_quant_spec *s, char *buf, size_t n) {
     return buf;
 }
 
-nl_status nl_quant_tensor(const float *x, int64_t rows, int64_t cols, const nl_quant_spec *spec,
-                          nl_qtensor *out) {
+nl_status nl_quant_tensor(const float *x, int64_t rows, int64_t cols, const nl_quant_spec *spec, nl_qtensor *out) {
     NL_TRY(nl_quant_check_spec(spec));
     switch (spec->kind) {
     case NL_QUANT_MX: return nl_quant_mx(x, rows, cols, spec->mx_elem, spec->mx_ties, out);
     case NL_QUANT_AFFINE:
-        return nl_quant_affine(x, rows, cols, spec->bits, spec->is_unsigned, spec->gran == NL_QUANT_PER_CHANNEL,
-                               out);
+        return nl_quant_affine(x, rows, cols, spec->bits, spec->is_unsigned, spec->gran == NL_QUANT_PER_CHANNEL, out);
     default:
         if (spec->gran == NL_QUANT_PER_BLOCK) return nl_quant_blockwise(x, rows, cols, spec->bits, spec->block, out);
         return nl_quant_symmetric(x, rows, cols, spec->bits, spec->gran == NL_QUANT_PER_CHANNEL, out);

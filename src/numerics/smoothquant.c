@@ -6,7 +6,8 @@
 #include "nanolm/qgrid.h"
 
 nl_status nl_smoothquant_observe(const float *x, int64_t tokens, int cols, float *act_absmax) {
-    if (tokens < 0 || cols <= 0) return nl_fail(NL_ERR_INVALID, "smoothquant: bad input shape (%lld, %d)", (long long)tokens, cols);
+    if (tokens < 0 || cols <= 0)
+        return nl_fail(NL_ERR_INVALID, "smoothquant: bad input shape (%lld, %d)", (long long)tokens, cols);
     int64_t bad = nl_qgrid_first_nonfinite(x, tokens * cols);
     if (bad >= 0)
         return nl_fail(NL_ERR_INVALID, "smoothquant: input token %lld feature %lld is not finite",
@@ -16,12 +17,15 @@ nl_status nl_smoothquant_observe(const float *x, int64_t tokens, int cols, float
     return NL_OK;
 }
 
-nl_status nl_smoothquant_scales(const float *act_absmax, int cols, int n_w, const float *const *w,
-                                const int *rows, double alpha, float *s) {
-    if (!(alpha >= 0.0 && alpha <= 1.0)) return nl_fail(NL_ERR_INVALID, "smoothquant: alpha must be in [0, 1], got %g", alpha);
-    if (cols <= 0 || n_w <= 0) return nl_fail(NL_ERR_INVALID, "smoothquant: bad shapes (cols %d, layers %d)", cols, n_w);
+nl_status nl_smoothquant_scales(const float *act_absmax, int cols, int n_w, const float *const *w, const int *rows,
+                                double alpha, float *s) {
+    if (!(alpha >= 0.0 && alpha <= 1.0))
+        return nl_fail(NL_ERR_INVALID, "smoothquant: alpha must be in [0, 1], got %g", alpha);
+    if (cols <= 0 || n_w <= 0)
+        return nl_fail(NL_ERR_INVALID, "smoothquant: bad shapes (cols %d, layers %d)", cols, n_w);
     int64_t bad = nl_qgrid_first_nonfinite(act_absmax, cols);
-    if (bad >= 0) return nl_fail(NL_ERR_INVALID, "smoothquant: activation absmax of channel %lld is not finite", (long long)bad);
+    if (bad >= 0)
+        return nl_fail(NL_ERR_INVALID, "smoothquant: activation absmax of channel %lld is not finite", (long long)bad);
     for (int j = 0; j < cols; j++) s[j] = 0.f;
     for (int i = 0; i < n_w; i++) {
         if (rows[i] <= 0) return nl_fail(NL_ERR_INVALID, "smoothquant: layer %d has %d rows", i, rows[i]);
@@ -34,7 +38,10 @@ nl_status nl_smoothquant_scales(const float *act_absmax, int cols, int n_w, cons
     }
     for (int j = 0; j < cols; j++) {
         double wmax = s[j], amax = act_absmax[j];
-        if (wmax <= 0.0 || amax <= 0.0) { s[j] = 1.f; continue; }
+        if (wmax <= 0.0 || amax <= 0.0) {
+            s[j] = 1.f;
+            continue;
+        }
         double v = pow(amax, alpha) / pow(wmax < 1e-5 ? 1e-5 : wmax, 1.0 - alpha);
         s[j] = (float)(v < 1e-5 ? 1e-5 : v);
     }

@@ -31,19 +31,19 @@
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
 #define MPI_QUIET_BEGIN() __lsan_disable()
-#define MPI_QUIET_END() __lsan_enable()
+#define MPI_QUIET_END()   __lsan_enable()
 /* OpenBLAS allocates per-thread buffers on the threads MPI starts and never frees them. */
 const char *__lsan_default_suppressions(void);
 const char *__lsan_default_suppressions(void) { return "leak:libopenblas\n"; }
 #else
 #define MPI_QUIET_BEGIN() ((void)0)
-#define MPI_QUIET_END() ((void)0)
+#define MPI_QUIET_END()   ((void)0)
 #endif
 
 struct nl_comm {
     MPI_Comm mpi;
     int rank, size;
-    int *world_of;  /* (size) world rank of each rank of this communicator (for the watchdog) */
+    int *world_of; /* (size) world rank of each rank of this communicator (for the watchdog) */
     int is_world;
     unsigned seq; /* collective calls so far: all ranks agree, so it makes unique tags */
     char name[32];
@@ -58,12 +58,12 @@ struct nl_comm_request {
     size_t n;
     nl_comm_dtype dt;
     nl_comm_impl impl;
-    int p2p;       /* a point-to-point send (r[0]) */
+    int p2p; /* a point-to-point send (r[0]) */
     int tag;
-    int step;      /* ours: 0 .. 2(p-1); == 2(p-1) when done */
-    int posted;    /* ours: messages of `step` are in flight */
-    int cr;        /* ours: chunk being received in `step` */
-    char *tmp;     /* ours: receive buffer, one chunk */
+    int step;   /* ours: 0 .. 2(p-1); == 2(p-1) when done */
+    int posted; /* ours: messages of `step` are in flight */
+    int cr;     /* ours: chunk being received in `step` */
+    char *tmp;  /* ours: receive buffer, one chunk */
     MPI_Request r[2];
     double t0;
     uint64_t sent, recvd;
@@ -76,7 +76,7 @@ static MPI_Op g_bf16_sum = MPI_OP_NULL;
 
 /* Tags: collectives use 0..16383 (sequence number), user point-to-point 16384 + tag. */
 #define NL_TAG_P2P_BASE 16384
-#define NL_TAG_P2P_MAX 16383
+#define NL_TAG_P2P_MAX  16383
 /* Pipeline segment of chain broadcast / reduce, in bytes. */
 #define NL_CHAIN_SEGMENT_BYTES (256u * 1024u)
 
@@ -90,9 +90,7 @@ size_t nl_comm_chunk_offset(size_t n, int p, int i) {
     size_t q = n / (size_t)p, rem = n % (size_t)p, ii = (size_t)i;
     return ii * q + (ii < rem ? ii : rem);
 }
-size_t nl_comm_chunk_count(size_t n, int p, int i) {
-    return n / (size_t)p + ((size_t)i < n % (size_t)p ? 1 : 0);
-}
+size_t nl_comm_chunk_count(size_t n, int p, int i) { return n / (size_t)p + ((size_t)i < n % (size_t)p ? 1 : 0); }
 
 static int mod(int a, int p) { return ((a % p) + p) % p; }
 
@@ -155,15 +153,15 @@ static int next_tag(nl_comm *c) { return (int)(c->seq++ & 0x3fffu); }
 
 static nl_status check_count(const nl_comm *c, const char *what, size_t n, nl_comm_dtype dt) {
     if (n * nl_comm_dtype_bytes(dt) > (size_t)INT_MAX)
-        return nl_fail(NL_ERR_INVALID, "%s on communicator '%s': %zu elements exceed one MPI message", what,
-                       c->name, n);
+        return nl_fail(NL_ERR_INVALID, "%s on communicator '%s': %zu elements exceed one MPI message", what, c->name,
+                       n);
     return NL_OK;
 }
 
 static nl_status check_root(const nl_comm *c, const char *what, int root) {
     if (root < 0 || root >= c->size)
-        return nl_fail(NL_ERR_INVALID, "%s on communicator '%s': root %d is not a rank (size %d)", what, c->name,
-                       root, c->size);
+        return nl_fail(NL_ERR_INVALID, "%s on communicator '%s': root %d is not a rank (size %d)", what, c->name, root,
+                       c->size);
     return NL_OK;
 }
 
@@ -185,14 +183,14 @@ static nl_status check_root(const nl_comm *c, const char *what, int root) {
  * the peer this rank waited for (the ring neighbour or chain peer), or no rank for the MPI
  * library's own collectives. */
 static _Atomic double g_wd_timeout_s = 600.0;
-static _Atomic long long g_wd_since_us;         /* 0: not waiting */
-static _Atomic long long g_wd_entered;          /* the heartbeat: blocking waits entered so far */
-static _Atomic int g_wd_peer = -1;              /* world rank waited for, -1 unknown */
+static _Atomic long long g_wd_since_us; /* 0: not waiting */
+static _Atomic long long g_wd_entered;  /* the heartbeat: blocking waits entered so far */
+static _Atomic int g_wd_peer = -1;      /* world rank waited for, -1 unknown */
 static const char *_Atomic g_wd_what;
 static _Atomic int g_wd_run;
 static pthread_t g_wd_thread;
 static int g_wd_started;
-static MPI_Comm g_wd_comm = MPI_COMM_NULL;      /* the watchdog's own messages (MPI_THREAD_MULTIPLE) */
+static MPI_Comm g_wd_comm = MPI_COMM_NULL; /* the watchdog's own messages (MPI_THREAD_MULTIPLE) */
 
 enum { WD_TAG_ASK = 1, WD_TAG_ANSWER = 2 };
 
@@ -269,13 +267,16 @@ static void wd_diagnose(char *who, size_t cap, double grace_s) {
     char list[256];
     int k = wd_list(list, sizeof list, missing, p);
     if (k) {
-        snprintf(who, cap, "rank%s %s, which did not arrive (stopped, hung or unreachable: no answer to the watchdog "
-                 "within %.0f s)", k > 1 ? "s" : "", list, grace_s);
+        snprintf(who, cap,
+                 "rank%s %s, which did not arrive (stopped, hung or unreachable: no answer to the watchdog "
+                 "within %.0f s)",
+                 k > 1 ? "s" : "", list, grace_s);
     } else if ((k = wd_list(list, sizeof list, busy, p)) > 0) {
         snprintf(who, cap, "rank%s %s, which answered but did not enter the collective (busy or hung in computation)",
                  k > 1 ? "s" : "", list);
     } else {
-        size_t len = (size_t)snprintf(who, cap, "every rank, all waiting (a deadlock: the ranks called different "
+        size_t len = (size_t)snprintf(who, cap,
+                                      "every rank, all waiting (a deadlock: the ranks called different "
                                       "collectives); waits entered per rank:");
         for (int q = 0; q < p && len < cap; q++) len += (size_t)snprintf(who + len, cap - len, " %lld", beat[q]);
     }
@@ -301,8 +302,8 @@ static void *wd_main(void *arg) {
         else
             snprintf(who, sizeof who, "rank %d (the peer this rank receives from; it may itself be waiting)", peer);
         fprintf(stderr, "nanolm: rank %d of %d: %s waited %.1f s for %s; ending the job (timeout %g s)\n",
-                g_world ? g_world->rank : -1, g_world ? g_world->size : -1, what ? what : "a collective", waited_s,
-                who, limit);
+                g_world ? g_world->rank : -1, g_world ? g_world->size : -1, what ? what : "a collective", waited_s, who,
+                limit);
         fflush(stderr);
         _exit(75); /* EX_TEMPFAIL: not 124, which timeout(1) uses for a hang */
     }
@@ -317,8 +318,8 @@ static nl_status sendrecv(nl_comm *c, const char *what, const void *sbuf, size_t
                           size_t rcount, int src, int tag, nl_comm_dtype dt, uint64_t *sent, uint64_t *recvd) {
     size_t es = nl_comm_dtype_bytes(dt);
     wd_begin(c, src, what);
-    int rc = MPI_Sendrecv(sbuf, (int)(scount * es), MPI_BYTE, dest, tag, rbuf, (int)(rcount * es), MPI_BYTE, src,
-                          tag, c->mpi, MPI_STATUS_IGNORE);
+    int rc = MPI_Sendrecv(sbuf, (int)(scount * es), MPI_BYTE, dest, tag, rbuf, (int)(rcount * es), MPI_BYTE, src, tag,
+                          c->mpi, MPI_STATUS_IGNORE);
     wd_end();
     if (rc != MPI_SUCCESS) return mpi_fail(c, what, rc);
     *sent += scount * es;
@@ -473,8 +474,9 @@ nl_comm *nl_comm_world(void) { return g_world; }
 
 nl_status nl_comm_split(nl_comm *parent, int color, int key, const char *name, nl_comm **out) {
     *out = NULL;
-    if (!parent) return nl_fail(NL_ERR_INVALID, "nl_comm_split '%s': no parent communicator (call nl_comm_init)",
-                                name ? name : "?");
+    if (!parent)
+        return nl_fail(NL_ERR_INVALID, "nl_comm_split '%s': no parent communicator (call nl_comm_init)",
+                       name ? name : "?");
     MPI_Comm m;
     MPI_QUIET_BEGIN();
     int rc = MPI_Comm_split(parent->mpi, color, key, &m);
@@ -509,8 +511,8 @@ nl_status nl_layout_init(nl_comm *world, int dp, int tp, int pp, nl_layout *out)
     memset(out, 0, sizeof *out);
     if (!world) return nl_fail(NL_ERR_INVALID, "layout: no world communicator (call nl_comm_init)");
     if (dp < 1 || tp < 1 || pp < 1 || (long)dp * tp * pp != world->size)
-        return nl_fail(NL_ERR_INVALID, "layout: dp %d x tp %d x pp %d must equal the number of ranks %d", dp, tp,
-                       pp, world->size);
+        return nl_fail(NL_ERR_INVALID, "layout: dp %d x tp %d x pp %d must equal the number of ranks %d", dp, tp, pp,
+                       world->size);
     int r = world->rank;
     out->dp = dp;
     out->tp = tp;
@@ -537,8 +539,8 @@ void nl_layout_free(nl_layout *l) {
 /* Ring reduce-scatter of send (n) into out (chunk rank). If `inplace`, send is the caller's
  * mutable buffer and partial sums are accumulated in it (out must be send + offset(rank));
  * otherwise send is left untouched and partial sums travel through a scratch chunk. */
-static nl_status ring_reduce_scatter(nl_comm *c, const char *what, char *send, char *out, size_t n,
-                                     nl_comm_dtype dt, int inplace, int tag, uint64_t *sent, uint64_t *recvd) {
+static nl_status ring_reduce_scatter(nl_comm *c, const char *what, char *send, char *out, size_t n, nl_comm_dtype dt,
+                                     int inplace, int tag, uint64_t *sent, uint64_t *recvd) {
     int p = c->size, r = c->rank;
     size_t es = nl_comm_dtype_bytes(dt);
     if (p == 1) {
@@ -571,8 +573,8 @@ static nl_status ring_all_gather(nl_comm *c, const char *what, char *buf, size_t
     for (int s = 0; s < p - 1; s++) {
         int cs = mod(r - s, p), cr = mod(r - s - 1, p);
         NL_TRY(sendrecv(c, what, buf + nl_comm_chunk_offset(n, p, cs) * es, nl_comm_chunk_count(n, p, cs), right,
-                        buf + nl_comm_chunk_offset(n, p, cr) * es, nl_comm_chunk_count(n, p, cr), left, tag, dt,
-                        sent, recvd));
+                        buf + nl_comm_chunk_offset(n, p, cr) * es, nl_comm_chunk_count(n, p, cr), left, tag, dt, sent,
+                        recvd));
     }
     return NL_OK;
 }
@@ -586,8 +588,8 @@ static nl_status wait_all(nl_comm *c, const char *what, int cnt, MPI_Request *re
 }
 
 /* Chain broadcast root -> root+1 -> ... -> root-1, in segments. */
-static nl_status chain_broadcast(nl_comm *c, char *buf, size_t n, nl_comm_dtype dt, int root, int tag,
-                                 uint64_t *sent, uint64_t *recvd) {
+static nl_status chain_broadcast(nl_comm *c, char *buf, size_t n, nl_comm_dtype dt, int root, int tag, uint64_t *sent,
+                                 uint64_t *recvd) {
     int p = c->size, pos = mod(c->rank - root, p);
     if (p == 1 || n == 0) return NL_OK;
     size_t es = nl_comm_dtype_bytes(dt), seg = NL_CHAIN_SEGMENT_BYTES / es;
@@ -616,8 +618,8 @@ static nl_status chain_broadcast(nl_comm *c, char *buf, size_t n, nl_comm_dtype 
 
 /* Chain reduce towards root: the rank before the root in ring order starts; each rank adds its
  * own data to what arrives from the rank after it and passes the sum on, segment by segment. */
-static nl_status chain_reduce(nl_comm *c, const char *send, char *recv, size_t n, nl_comm_dtype dt, int root,
-                              int tag, uint64_t *sent, uint64_t *recvd) {
+static nl_status chain_reduce(nl_comm *c, const char *send, char *recv, size_t n, nl_comm_dtype dt, int root, int tag,
+                              uint64_t *sent, uint64_t *recvd) {
     int p = c->size, pos = mod(c->rank - root, p);
     size_t es = nl_comm_dtype_bytes(dt);
     if (p == 1) {
@@ -660,8 +662,8 @@ static nl_status chain_reduce(nl_comm *c, const char *send, char *recv, size_t n
 
 /* Pairwise exchange: step s sends block (r+s) to rank r+s and receives block (r-s) from r-s. */
 static nl_status pairwise_all_to_all(nl_comm *c, const char *send, const size_t *scounts, const size_t *soffs,
-                                     char *recv, const size_t *rcounts, const size_t *roffs, nl_comm_dtype dt,
-                                     int tag, uint64_t *sent, uint64_t *recvd) {
+                                     char *recv, const size_t *rcounts, const size_t *roffs, nl_comm_dtype dt, int tag,
+                                     uint64_t *sent, uint64_t *recvd) {
     int p = c->size, r = c->rank;
     size_t es = nl_comm_dtype_bytes(dt);
     if (rcounts[r] != scounts[r])
@@ -670,8 +672,8 @@ static nl_status pairwise_all_to_all(nl_comm *c, const char *send, const size_t 
     memmove(recv + roffs[r] * es, send + soffs[r] * es, scounts[r] * es);
     for (int s = 1; s < p; s++) {
         int to = mod(r + s, p), from = mod(r - s, p);
-        NL_TRY(sendrecv(c, "all-to-all", send + soffs[to] * es, scounts[to], to, recv + roffs[from] * es,
-                        rcounts[from], from, tag, dt, sent, recvd));
+        NL_TRY(sendrecv(c, "all-to-all", send + soffs[to] * es, scounts[to], to, recv + roffs[from] * es, rcounts[from],
+                        from, tag, dt, sent, recvd));
     }
     return NL_OK;
 }
@@ -712,12 +714,12 @@ static void nominal_bytes(nl_comm_op k, const nl_comm *c, size_t n, int root, nl
 
 /* ---- public collectives ------------------------------------------------------------------------------ */
 
-#define NL_NATIVE(call, what)                                          \
-    do {                                                               \
-        wd_begin(c, -1, what);                                         \
-        int rc_ = (call);                                              \
-        wd_end();                                                      \
-        if (rc_ != MPI_SUCCESS) return mpi_fail(c, what, rc_);         \
+#define NL_NATIVE(call, what)                                                                                          \
+    do {                                                                                                               \
+        wd_begin(c, -1, what);                                                                                         \
+        int rc_ = (call);                                                                                              \
+        wd_end();                                                                                                      \
+        if (rc_ != MPI_SUCCESS) return mpi_fail(c, what, rc_);                                                         \
     } while (0)
 
 static nl_status need_comm(const nl_comm *c, const char *what) {
@@ -826,8 +828,7 @@ nl_status nl_comm_reduce_scatter(nl_comm *c, const void *send, void *recv, size_
     return NL_OK;
 }
 
-nl_status nl_comm_all_gather(nl_comm *c, const void *send, void *recv, size_t n, nl_comm_dtype dt,
-                             nl_comm_impl impl) {
+nl_status nl_comm_all_gather(nl_comm *c, const void *send, void *recv, size_t n, nl_comm_dtype dt, nl_comm_impl impl) {
     NL_TRY(need_comm(c, "all-gather"));
     NL_TRY(check_count(c, "all-gather", n, dt));
     double t0 = nl_time_s();
@@ -865,16 +866,15 @@ nl_status nl_comm_all_to_allv(nl_comm *c, const void *send, const size_t *send_c
     uint64_t s = 0, v = 0;
     int tag = next_tag(c);
     if (impl == NL_COMM_OURS) {
-        NL_TRY(pairwise_all_to_all(c, send, send_counts, send_offsets, recv, recv_counts, recv_offsets, dt, tag,
-                                   &s, &v));
+        NL_TRY(
+            pairwise_all_to_all(c, send, send_counts, send_offsets, recv, recv_counts, recv_offsets, dt, tag, &s, &v));
     } else {
         int *a = nl_malloc((size_t)p * 4 * sizeof(int), "all-to-all counts");
         if (!a) return NL_ERR_NOMEM;
         for (int i = 0; i < p; i++) {
             if (send_offsets[i] > INT_MAX || recv_offsets[i] > INT_MAX) {
                 nl_free(a);
-                return nl_fail(NL_ERR_INVALID, "all-to-all on '%s': offset for rank %d exceeds an MPI int",
-                               c->name, i);
+                return nl_fail(NL_ERR_INVALID, "all-to-all on '%s': offset for rank %d exceeds an MPI int", c->name, i);
             }
             a[i] = (int)send_counts[i];
             a[p + i] = (int)send_offsets[i];
@@ -927,8 +927,7 @@ nl_status nl_comm_recv(nl_comm *c, void *buf, size_t n, nl_comm_dtype dt, int sr
         return nl_fail(NL_ERR_INVALID, "recv on '%s': bad source %d or tag %d", c->name, src, tag);
     double t0 = nl_time_s();
     size_t bytes = n * nl_comm_dtype_bytes(dt);
-    NL_NATIVE(MPI_Recv(buf, (int)bytes, MPI_BYTE, src, NL_TAG_P2P_BASE + tag, c->mpi, MPI_STATUS_IGNORE),
-              "MPI_Recv");
+    NL_NATIVE(MPI_Recv(buf, (int)bytes, MPI_BYTE, src, NL_TAG_P2P_BASE + tag, c->mpi, MPI_STATUS_IGNORE), "MPI_Recv");
     count(c, NL_COMM_OP_SEND_RECV, 0, bytes, nl_time_s() - t0, 1);
     return NL_OK;
 }

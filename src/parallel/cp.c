@@ -15,7 +15,8 @@ nl_status nl_cp_attn_init(nl_cp_attn *a, nl_comm *cp, int64_t B, int64_t T, int6
     a->P = nl_comm_size(cp);
     a->r = nl_comm_rank(cp);
     if (B < 1 || T < 2 * a->P || T % (2 * a->P))
-        return nl_fail(NL_ERR_INVALID, "context parallel: sequence length %lld must be a positive multiple of 2 x %d ranks",
+        return nl_fail(NL_ERR_INVALID,
+                       "context parallel: sequence length %lld must be a positive multiple of 2 x %d ranks",
                        (long long)T, a->P);
     a->B = B, a->T = T, a->Tl = T / a->P, a->c = T / (2 * a->P), a->NH = NH, a->KVH = KVH, a->hd = hd;
     size_t o = (size_t)(B * a->Tl * NH * hd), s = (size_t)(B * NH * a->Tl), k = (size_t)(B * a->Tl * 2 * KVH * hd);
@@ -53,7 +54,8 @@ static nl_status ring_pass(nl_cp_attn *a, int cur, size_t n) {
 /* K/V of local rows into a block (B, Tl, 2*KVH*hd) */
 static void pack_kv(const nl_cp_attn *a, const float *qkv, float *blk) {
     int64_t QKV = (a->NH + 2 * a->KVH) * a->hd, W = 2 * a->KVH * a->hd;
-    for (int64_t i = 0; i < a->B * a->Tl; i++) memcpy(blk + i * W, qkv + i * QKV + a->NH * a->hd, (size_t)W * sizeof(float));
+    for (int64_t i = 0; i < a->B * a->Tl; i++)
+        memcpy(blk + i * W, qkv + i * QKV + a->NH * a->hd, (size_t)W * sizeof(float));
 }
 
 nl_status nl_cp_attn_forward(nl_cp_attn *a, const float *qkv) {
@@ -155,7 +157,6 @@ nl_status nl_cp_attn_backward(nl_cp_attn *a, float *dqkv, const float *dout, con
     }
     /* after P hops the own block is home with every rank's contributions */
     const float *dblk = a->ring[cur] + n;
-    for (int64_t i = 0; i < B * Tl; i++)
-        memcpy(dqkv + i * QKV + NH * hd, dblk + i * W, (size_t)W * sizeof(float));
+    for (int64_t i = 0; i < B * Tl; i++) memcpy(dqkv + i * QKV + NH * hd, dblk + i * W, (size_t)W * sizeof(float));
     return NL_OK;
 }

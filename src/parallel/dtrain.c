@@ -86,8 +86,7 @@ static nl_status unit_grads_done(nl_dist_trainer *t, int u) {
     if (t->o.zero == 0) {
         if (!t->o.overlap) return NL_OK; /* all-reduced after backward */
         const nl_dist_unit *x = &t->units[u];
-        return nl_comm_all_reduce_start(t->dp, t->model.grads + x->begin, x->len, NL_COMM_F32, t->o.impl,
-                                        &t->req[u]);
+        return nl_comm_all_reduce_start(t->dp, t->model.grads + x->begin, x->len, NL_COMM_F32, t->o.impl, &t->req[u]);
     }
     return unit_reduce_scatter(t, u);
 }
@@ -103,8 +102,8 @@ static nl_status progress_all(nl_dist_trainer *t) {
 
 /* ---- the linear hook ------------------------------------------------------------------------- */
 
-static void hook_forward(void *user, const nl_linear_site *site, float *out, const float *in, const float *w,
-                         int64_t n, int64_t in_dim, int64_t out_dim) {
+static void hook_forward(void *user, const nl_linear_site *site, float *out, const float *in, const float *w, int64_t n,
+                         int64_t in_dim, int64_t out_dim) {
     nl_dist_trainer *t = user;
     nl_model *m = &t->model;
     m->linear_ops = NULL;
@@ -161,7 +160,10 @@ nl_status nl_dist_init(nl_dist_trainer *t, const nl_arch *arch, const nl_dist_op
     t->req = nl_calloc((size_t)t->n_units, sizeof *t->req, "bucket requests");
     t->x = nl_malloc((size_t)(o->train.batch * o->train.seq) * sizeof(int32_t), "batch inputs");
     t->y = nl_malloc((size_t)(o->train.batch * o->train.seq) * sizeof(int32_t), "batch targets");
-    if (!t->units || !t->req || !t->x || !t->y) { st = NL_ERR_NOMEM; goto fail; }
+    if (!t->units || !t->req || !t->x || !t->y) {
+        st = NL_ERR_NOMEM;
+        goto fail;
+    }
     size_t maxshard = 0;
     for (int u = 0; u < t->n_units; u++) {
         nl_dist_unit *x = &t->units[u];
@@ -179,18 +181,30 @@ nl_status nl_dist_init(nl_dist_trainer *t, const nl_arch *arch, const nl_dist_op
     size_t opt_n = o->zero == 0 ? m->n_params : t->shard_total;
     t->adam_m = nl_calloc(opt_n, sizeof(float), "AdamW first moment");
     t->adam_v = nl_calloc(opt_n, sizeof(float), "AdamW second moment");
-    if (!t->adam_m || !t->adam_v) { st = NL_ERR_NOMEM; goto fail; }
+    if (!t->adam_m || !t->adam_v) {
+        st = NL_ERR_NOMEM;
+        goto fail;
+    }
     if (o->zero >= 1) {
         t->staging = nl_malloc(maxshard * (size_t)t->p * sizeof(float) + 64, "collective staging");
-        if (!t->staging) { st = NL_ERR_NOMEM; goto fail; }
+        if (!t->staging) {
+            st = NL_ERR_NOMEM;
+            goto fail;
+        }
     }
     if (o->zero >= 2) {
         t->gshard = nl_calloc(t->shard_total, sizeof(float), "gradient shard");
-        if (!t->gshard) { st = NL_ERR_NOMEM; goto fail; }
+        if (!t->gshard) {
+            st = NL_ERR_NOMEM;
+            goto fail;
+        }
     }
     if (o->zero == 3) {
         t->pshard = nl_calloc(t->shard_total, sizeof(float), "parameter shard");
-        if (!t->pshard) { st = NL_ERR_NOMEM; goto fail; }
+        if (!t->pshard) {
+            st = NL_ERR_NOMEM;
+            goto fail;
+        }
         for (int u = 0; u < t->n_units; u++)
             memcpy(t->pshard + t->units[u].pos, m->params + t->units[u].begin + (size_t)t->r * t->units[u].shard,
                    shard_real(t, u) * sizeof(float));
@@ -266,8 +280,8 @@ nl_status nl_dist_grads(nl_dist_trainer *t, const nl_data *d, int64_t step, floa
                 t->req[u] = NULL;
                 NL_TRY(st);
             } else {
-                NL_TRY(nl_comm_all_reduce(t->dp, m->grads + t->units[u].begin, t->units[u].len, NL_COMM_F32,
-                                          t->o.impl));
+                NL_TRY(
+                    nl_comm_all_reduce(t->dp, m->grads + t->units[u].begin, t->units[u].len, NL_COMM_F32, t->o.impl));
             }
         }
     }
@@ -344,14 +358,19 @@ nl_status nl_dist_eval(nl_dist_trainer *t, const nl_data *d, int64_t windows, do
 
 /* ---- the hooks of the one training loop ------------------------------------------------------- */
 
-static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) { return nl_dist_grads(u, d, step, loss); }
+static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) {
+    return nl_dist_grads(u, d, step, loss);
+}
 static nl_status L_sumsq(void *u, double *ss) { return nl_dist_sumsq(u, ss); }
 static void L_scale(void *u, float f) { nl_dist_scale_grads(u, f); }
 static nl_status L_update(void *u, float lr) { return nl_dist_update(u, lr); }
 static nl_status L_eval(void *u, const nl_data *d, int64_t w, double *loss) { return nl_dist_eval(u, d, w, loss); }
 static nl_status L_save(void *u, const char *path, const nl_ckpt_state *st) { return nl_dist_save(u, path, st); }
 static nl_status L_load(void *u, const char *path, nl_ckpt_state *st) { return nl_dist_load(u, path, st); }
-static nl_status L_agree_stop(void *u, int *stop) { (void)u; return nl_comm_max_int(nl_comm_world(), stop); }
+static nl_status L_agree_stop(void *u, int *stop) {
+    (void)u;
+    return nl_comm_max_int(nl_comm_world(), stop);
+}
 
 void nl_dist_layout(nl_dist_trainer *t, nl_train_layout *L) {
     memset(L, 0, sizeof *L);
@@ -427,7 +446,10 @@ nl_status nl_dist_save(nl_dist_trainer *t, const char *path, const nl_ckpt_state
     }
     if (t->o.zero == 3) {
         params = nl_malloc(n * sizeof(float), "checkpoint parameters");
-        if (!params) { st = NL_ERR_NOMEM; goto out; }
+        if (!params) {
+            st = NL_ERR_NOMEM;
+            goto out;
+        }
         if ((st = nl_dist_gather_params(t, params))) goto out;
     }
     if (t->r == 0) {
@@ -439,7 +461,8 @@ nl_status nl_dist_save(nl_dist_trainer *t, const char *path, const nl_ckpt_state
         cs.opt = &opt;
         if (params) memcpy(m->params, params, n * sizeof(float));
         st = nl_ckpt_save(path, m, "byte", &cs);
-        if (params) for (int u = 0; u < t->n_units; u++) unit_drop(t, u);
+        if (params)
+            for (int u = 0; u < t->n_units; u++) unit_drop(t, u);
     }
     /* everyone learns whether rank 0 managed to write the file */
     double bad = st ? 1 : 0;

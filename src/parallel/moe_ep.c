@@ -69,13 +69,18 @@ nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o,
     t->rank = nl_comm_rank(world);
     if (arch->n_experts <= 0) return nl_fail(NL_ERR_INVALID, "expert parallelism: arch %s has no experts", arch->name);
     if (o->ep < 1 || o->ep > 64 || t->n % o->ep)
-        return nl_fail(NL_ERR_INVALID, "expert-parallel size %d must divide the %d ranks (and be at most 64)", o->ep, t->n);
+        return nl_fail(NL_ERR_INVALID, "expert-parallel size %d must divide the %d ranks (and be at most 64)", o->ep,
+                       t->n);
     if (o->cp < 1 || t->n % o->cp || (o->cp > 1 && o->ep > 1))
-        return nl_fail(NL_ERR_INVALID, "context-parallel size %d must divide the %d ranks (and is not combined with expert "
-                       "parallelism)", o->cp, t->n);
+        return nl_fail(NL_ERR_INVALID,
+                       "context-parallel size %d must divide the %d ranks (and is not combined with expert "
+                       "parallelism)",
+                       o->cp, t->n);
     if (o->cp > 1 && (o->aux_coef != 0 || o->capacity_factor != 0))
-        return nl_fail(NL_ERR_INVALID, "context parallelism (size %d) needs no load-balancing loss and no capacity limit "
-                       "(their groups are whole sequences)", o->cp);
+        return nl_fail(NL_ERR_INVALID,
+                       "context parallelism (size %d) needs no load-balancing loss and no capacity limit "
+                       "(their groups are whole sequences)",
+                       o->cp);
     if (o->train.seq % (2 * o->cp))
         return nl_fail(NL_ERR_INVALID, "sequence length %lld must be a multiple of 2 x the context-parallel size %d",
                        (long long)o->train.seq, o->cp);
@@ -102,7 +107,8 @@ nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o,
         }
         t->gy = t->gx + o->train.batch * o->train.seq;
         for (int64_t l = 0; l < t->model.L; l++)
-            if ((st = nl_cp_attn_init(&t->cpa[l], t->cp_comm, o->train.batch, o->train.seq, t->model.NH, t->model.KVH, t->model.hd)))
+            if ((st = nl_cp_attn_init(&t->cpa[l], t->cp_comm, o->train.batch, o->train.seq, t->model.NH, t->model.KVH,
+                                      t->model.hd)))
                 goto fail;
         for (int64_t i = 0; i < Tl; i++) t->positions[i] = nl_cp_position(o->cp, t->rank % o->cp, o->train.seq, i);
         t->attn = (nl_attn_ops){cp_fwd, cp_bwd, t};
@@ -111,7 +117,8 @@ nl_status nl_ep_init(nl_ep_trainer *t, const nl_arch *arch, const nl_ep_opts *o,
     }
     int64_t BT = o->train.batch * Tl, ne = t->model.moe->n_moe_layers * t->model.moe->E;
     if ((st = nl_model_alloc_grads(&t->model)) || (st = nl_model_alloc_acts(&t->model, o->train.batch, Tl)) ||
-        (st = nl_adamw_init(&t->opt, &t->model, o->train.beta1, o->train.beta2, o->train.adam_eps, o->train.weight_decay)))
+        (st = nl_adamw_init(&t->opt, &t->model, o->train.beta1, o->train.beta2, o->train.adam_eps,
+                            o->train.weight_decay)))
         goto fail;
     t->x = nl_malloc((size_t)(2 * BT) * sizeof(int32_t), "batch");
     t->st.tokens = nl_calloc((size_t)ne, sizeof(int64_t), "expert loads");
@@ -262,7 +269,8 @@ static nl_status nl_ep_update(nl_ep_trainer *t, float lr) {
 
 static nl_status nl_ep_eval(nl_ep_trainer *t, const nl_data *d, int64_t windows, double *loss) {
     if (t->o.cp > 1)
-        return nl_fail(NL_ERR_UNSUPPORTED, "context parallelism has no validation (its attention needs the sequence split)");
+        return nl_fail(NL_ERR_UNSUPPORTED,
+                       "context parallelism has no validation (its attention needs the sequence split)");
     /* every rank runs the same windows (the experts' all-to-all needs every rank in every forward) */
     NL_TRY(nl_eval_loss(&t->model, d, NL_DATA_VAL, t->o.train.batch, t->o.train.seq, windows, loss, NULL));
     if (t->n > 1) {
@@ -274,8 +282,8 @@ static nl_status nl_ep_eval(nl_ep_trainer *t, const nl_data *d, int64_t windows,
 
 static nl_status nl_ep_save(nl_ep_trainer *t, const char *path, const nl_ckpt_state *state) {
     if (t->o.ep > 1)
-        return nl_fail(NL_ERR_UNSUPPORTED, "expert parallelism over %d ranks: checkpoints hold whole models (ep 1 only)",
-                       t->o.ep);
+        return nl_fail(NL_ERR_UNSUPPORTED,
+                       "expert parallelism over %d ranks: checkpoints hold whole models (ep 1 only)", t->o.ep);
     nl_status st = NL_OK;
     if (t->rank == 0) {
         nl_ckpt_state cs = *state;
@@ -293,8 +301,8 @@ static nl_status nl_ep_load(nl_ep_trainer *t, const char *path, nl_ckpt_state *c
     memset(&tmp, 0, sizeof tmp);
     char tok[64];
     if (t->o.ep > 1)
-        return nl_fail(NL_ERR_UNSUPPORTED, "expert parallelism over %d ranks: checkpoints hold whole models (ep 1 only)",
-                       t->o.ep);
+        return nl_fail(NL_ERR_UNSUPPORTED,
+                       "expert parallelism over %d ranks: checkpoints hold whole models (ep 1 only)", t->o.ep);
     NL_TRY(nl_ckpt_load_model(path, &tmp, tok));
     nl_status st = NL_OK;
     if (tmp.n_params != m->n_params || tmp.L != m->L || !tmp.moe) {
@@ -316,12 +324,18 @@ out:
 
 static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) { return nl_ep_grads(u, d, step, loss); }
 static nl_status L_sumsq(void *u, double *ss) { return nl_ep_sumsq(u, ss); }
-static void L_scale(void *u, float f) { nl_ep_trainer *t = u; nl_grad_scale(&t->model, f); }
+static void L_scale(void *u, float f) {
+    nl_ep_trainer *t = u;
+    nl_grad_scale(&t->model, f);
+}
 static nl_status L_update(void *u, float lr) { return nl_ep_update(u, lr); }
 static nl_status L_eval(void *u, const nl_data *d, int64_t w, double *loss) { return nl_ep_eval(u, d, w, loss); }
 static nl_status L_save(void *u, const char *path, const nl_ckpt_state *st) { return nl_ep_save(u, path, st); }
 static nl_status L_load(void *u, const char *path, nl_ckpt_state *st) { return nl_ep_load(u, path, st); }
-static nl_status L_agree_stop(void *u, int *stop) { nl_ep_trainer *t = u; return nl_comm_max_int(t->world, stop); }
+static nl_status L_agree_stop(void *u, int *stop) {
+    nl_ep_trainer *t = u;
+    return nl_comm_max_int(t->world, stop);
+}
 
 void nl_ep_layout(nl_ep_trainer *t, nl_train_layout *L) {
     memset(L, 0, sizeof *L);

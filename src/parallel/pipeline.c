@@ -15,10 +15,10 @@ struct nl_pipe_mb {
     float *mem;
     /* Under sequence parallelism the buffers marked [rows] hold only this rank's sp_n rows
      * (b*T/TP instead of b*T): the residual stream, the norm outputs and their rstd. */
-    float *R;        /* [rows] (nl+1, b, T, C) residual stream entering each local layer (+ leaving) */
+    float *R; /* [rows] (nl+1, b, T, C) residual stream entering each local layer (+ leaving) */
     float *ln1, *ln1_rstd, *qkv, *att, *atty, *resid2, *ln2, *ln2_rstd, *h13, *hact; /* ln*, resid2: [rows] */
     float *lnf, *lnf_rstd, *logits; /* last stage; lnf, lnf_rstd: [rows] */
-    float *dsend;    /* (b, T, C) gradient sent to the previous stage */
+    float *dsend;                   /* (b, T, C) gradient sent to the previous stage */
     nl_comm_request *fwd_req, *bwd_req;
 };
 
@@ -51,10 +51,13 @@ static nl_status cut_part(nl_pipe *p, const nl_model *full) {
         float *dst = m->params + t->offset;
         const float *src = full->params + g->offset;
         switch (t->kind) {
-        case NL_PARAM_WQ: case NL_PARAM_WK: case NL_PARAM_WV: case NL_PARAM_W1: case NL_PARAM_W3:
-            memcpy(dst, src + (size_t)p->tr * t->numel, t->numel * sizeof(float));
-            break;
-        case NL_PARAM_WO: case NL_PARAM_W2: {
+        case NL_PARAM_WQ:
+        case NL_PARAM_WK:
+        case NL_PARAM_WV:
+        case NL_PARAM_W1:
+        case NL_PARAM_W3: memcpy(dst, src + (size_t)p->tr * t->numel, t->numel * sizeof(float)); break;
+        case NL_PARAM_WO:
+        case NL_PARAM_W2: {
             int64_t rows = t->shape[0], cn = t->shape[1], cols = g->shape[1];
             for (int64_t r = 0; r < rows; r++)
                 memcpy(dst + r * cn, src + r * cols + p->tr * cn, (size_t)cn * sizeof(float));
@@ -84,22 +87,31 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->s = nl_comm_rank(pp_comm);
     p->D = nl_comm_size(dp_comm);
     p->d = nl_comm_rank(dp_comm);
-    if (o->zero) return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with ZeRO stage %d is not supported yet (ZeRO 0 only)", o->zero);
+    if (o->zero)
+        return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with ZeRO stage %d is not supported yet (ZeRO 0 only)",
+                       o->zero);
     if (arch->tied_embeddings && p->P > 1)
-        return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism needs untied embeddings (model %s ties them)", arch->name);
+        return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism needs untied embeddings (model %s ties them)",
+                       arch->name);
     if (M < 1 || o->train.batch % M)
-        return nl_fail(NL_ERR_INVALID, "the batch %lld must be a multiple of the micro-batch count %d", (long long)o->train.batch, M);
+        return nl_fail(NL_ERR_INVALID, "the batch %lld must be a multiple of the micro-batch count %d",
+                       (long long)o->train.batch, M);
     if (arch->n_heads % p->TP || arch->n_kv_heads % p->TP || arch->hidden_dim % p->TP)
-        return nl_fail(NL_ERR_INVALID, "the tensor-parallel size %d must divide the heads %lld, the KV heads %lld and the hidden size %lld",
-                       p->TP, (long long)arch->n_heads, (long long)arch->n_kv_heads, (long long)arch->hidden_dim);
+        return nl_fail(
+            NL_ERR_INVALID,
+            "the tensor-parallel size %d must divide the heads %lld, the KV heads %lld and the hidden size %lld", p->TP,
+            (long long)arch->n_heads, (long long)arch->n_kv_heads, (long long)arch->hidden_dim);
     if (o->sp && p->TP > 1 && (p->P > 1 || arch->tied_embeddings || ((o->train.batch / M) * o->train.seq) % p->TP))
-        return nl_fail(NL_ERR_UNSUPPORTED, "sequence parallelism needs one pipeline stage, untied embeddings and "
-                       "micro-batch rows (%lld) divisible by the tensor-parallel size %d", (long long)((o->train.batch / M) * o->train.seq), p->TP);
+        return nl_fail(NL_ERR_UNSUPPORTED,
+                       "sequence parallelism needs one pipeline stage, untied embeddings and "
+                       "micro-batch rows (%lld) divisible by the tensor-parallel size %d",
+                       (long long)((o->train.batch / M) * o->train.seq), p->TP);
     if (p->P > arch->n_layers)
         return nl_fail(NL_ERR_INVALID, "%d pipeline stages for %lld layers: at most one stage per layer", p->P,
                        (long long)arch->n_layers);
     if (arch->n_experts > 0)
-        return nl_fail(NL_ERR_UNSUPPORTED, "tensor/pipeline parallelism of a mixture-of-experts model (%s) is not supported yet",
+        return nl_fail(NL_ERR_UNSUPPORTED,
+                       "tensor/pipeline parallelism of a mixture-of-experts model (%s) is not supported yet",
                        arch->name);
     p->l0 = (int)(p->s * arch->n_layers / p->P);
     p->l1 = (int)((p->s + 1) * arch->n_layers / p->P);
@@ -132,23 +144,30 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->nh = (int)m->NH;
     p->kvh = (int)m->KVH;
     p->h = (int)m->H;
-    int64_t nl = p->l1 - p->l0, bT = p->b * o->train.seq, T = o->train.seq, C = m->C, QKV = (p->nh + 2 * p->kvh) * m->hd,
-            H = p->h, V = m->V, NH = p->nh, hd = m->hd;
+    int64_t nl = p->l1 - p->l0, bT = p->b * o->train.seq, T = o->train.seq, C = m->C,
+            QKV = (p->nh + 2 * p->kvh) * m->hd, H = p->h, V = m->V, NH = p->nh, hd = m->hd;
     /* activation slots: GPipe keeps all M micro-batches alive; 1F1B at most P - s on stage s
      * (micro-batch k lives in slot k mod n_slots) */
     p->n_slots = sched == NL_PIPE_1F1B && p->P - p->s < M ? p->P - p->s : M;
     p->mbs = nl_calloc((size_t)p->n_slots, sizeof *p->mbs, "micro-batches");
-    if (!p->mbs) { st = NL_ERR_NOMEM; goto fail; }
+    if (!p->mbs) {
+        st = NL_ERR_NOMEM;
+        goto fail;
+    }
     for (int k = 0; k < p->n_slots; k++) {
         nl_pipe_mb *mb = &p->mbs[k];
         /* rows of the sequence-sharded tensors: this rank's shard under SP, all otherwise */
         int64_t rT = p->sp_n ? p->sp_n : bT;
-        size_t f = (size_t)((nl + 1) * rT * C + nl * (rT * C * 3 + rT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd +
-                                                      bT * 3 * H) + bT * C);
+        size_t f =
+            (size_t)((nl + 1) * rT * C +
+                     nl * (rT * C * 3 + rT * 2 + bT * QKV + p->b * NH * T * T + bT * NH * hd + bT * 3 * H) + bT * C);
         if (last_stage(p)) f += (size_t)(rT * C + rT + bT * V);
         p->act_floats += f;
         mb->mem = nl_calloc(f, sizeof(float), "micro-batch activations");
-        if (!mb->mem) { st = NL_ERR_NOMEM; goto fail; }
+        if (!mb->mem) {
+            st = NL_ERR_NOMEM;
+            goto fail;
+        }
         float *q = mb->mem;
 #define TAKE(ptr, n) (ptr = q, q += (n))
         TAKE(mb->R, (nl + 1) * rT * C);
@@ -171,8 +190,8 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     }
     /* backward scratch; SP adds one (b*T, C) buffer that holds, transiently, the all-gathered
      * norm output feeding a column-parallel matmul (re-gathered in backward for its weight gradient) */
-    size_t sf = (size_t)(bT * C * 2 + bT * QKV + bT * NH * hd + p->b * NH * T + bT * 2 * H + bT * H +
-                         (p->sp_n ? bT * C : 0));
+    size_t sf =
+        (size_t)(bT * C * 2 + bT * QKV + bT * NH * hd + p->b * NH * T + bT * 2 * H + bT * H + (p->sp_n ? bT * C : 0));
     p->act_floats += sf;
     p->scratch = nl_calloc(sf, sizeof(float), "pipeline backward scratch");
     p->opt.beta1 = o->train.beta1, p->opt.beta2 = o->train.beta2, p->opt.eps = o->train.adam_eps;
@@ -184,10 +203,16 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     p->own = nl_calloc(m->n_params, 1, "replicated/split mask");
     p->ev_kind = nl_calloc((size_t)(4 * M), sizeof(int), "timeline");
     p->ev_t0 = nl_calloc((size_t)(4 * M), sizeof(double), "timeline");
-    if (!p->ev_kind || !p->ev_t0) { st = NL_ERR_NOMEM; goto fail; }
+    if (!p->ev_kind || !p->ev_t0) {
+        st = NL_ERR_NOMEM;
+        goto fail;
+    }
     p->ev_mb = p->ev_kind + 2 * M;
     p->ev_t1 = p->ev_t0 + 2 * M;
-    if (!p->scratch || !p->adam_m || !p->adam_v || !p->x || !p->y || !p->own) { st = NL_ERR_NOMEM; goto fail; }
+    if (!p->scratch || !p->adam_m || !p->adam_v || !p->x || !p->y || !p->own) {
+        st = NL_ERR_NOMEM;
+        goto fail;
+    }
     /* 1 = replicated over the tensor-parallel group (norms, embedding, classifier), 2 = this
      * rank's slice of a split weight (counted once in the global gradient norm) */
     {
@@ -241,20 +266,20 @@ static nl_linear_site site(const nl_model *m, nl_linear_kind k, int layer, const
 }
 
 /* c (M, N, ldc) = a (M, K, lda) . b^T where b is (N, K, ldb): y = x W^T. */
-static void gemm_nt(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
-                    float *c, int64_t ldc) {
+static void gemm_nt(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                    int64_t ldc) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 0.0f,
                 c, (int)ldc);
 }
 /* c (M, N) = a (M, K) . b (K, N) + beta c: dx = dy W. */
-static void gemm_nn(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
-                    float *c, int64_t ldc, float beta) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb,
-                beta, c, (int)ldc);
+static void gemm_nn(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                    int64_t ldc, float beta) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, beta,
+                c, (int)ldc);
 }
 /* c (M, N) += a^T . b with a (K, M), b (K, N): dW += dy^T x. */
-static void gemm_tn(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb,
-                    float *c, int64_t ldc) {
+static void gemm_tn(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                    int64_t ldc) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b, (int)ldb, 1.0f,
                 c, (int)ldc);
 }
@@ -352,19 +377,25 @@ static nl_status stage_forward(nl_pipe *p, int k) {
         nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
         /* row-parallel o: this rank's columns of wo, then the sum over the group */
         gemm_nt(BT, C, qd, atty, qd, lw->wo, qd, rpo, C);
-        if (p->sp_n) NL_TRY(sp_scatter(p, rpo, x2, (size_t)(BT * C), &t1));
-        else NL_TRY(tp_sum(p, x2, (size_t)(BT * C), &t1));
+        if (p->sp_n)
+            NL_TRY(sp_scatter(p, rpo, x2, (size_t)(BT * C), &t1));
+        else
+            NL_TRY(tp_sum(p, x2, (size_t)(BT * C), &t1));
         for (int64_t i = 0; i < rn * C; i++) x2[i] += x[i];
         nl_rmsnorm_forward(ln2, mb->ln2_rstd + j * rn, x2, lw->rms_ffn, rn, C, eps);
-        if (p->sp_n) lin = p->gat, rpo = p->dresid;
-        else lin = ln2, rpo = xo;
+        if (p->sp_n)
+            lin = p->gat, rpo = p->dresid;
+        else
+            lin = ln2, rpo = xo;
         if (p->sp_n) NL_TRY(sp_gather(p, ln2, lin, (size_t)(BT * C), &t1));
         gemm_nt(BT, H, C, lin, C, lw->w1, C, h13, 2 * H);
         gemm_nt(BT, H, C, lin, C, lw->w3, C, h13 + H, 2 * H);
         nl_swiglu_forward(hact, h13, BT, H);
         gemm_nt(BT, C, H, hact, H, lw->w2, H, rpo, C);
-        if (p->sp_n) NL_TRY(sp_scatter(p, rpo, xo, (size_t)(BT * C), &t1));
-        else NL_TRY(tp_sum(p, xo, (size_t)(BT * C), &t1));
+        if (p->sp_n)
+            NL_TRY(sp_scatter(p, rpo, xo, (size_t)(BT * C), &t1));
+        else
+            NL_TRY(tp_sum(p, xo, (size_t)(BT * C), &t1));
         for (int64_t i = 0; i < rn * C; i++) xo[i] += x2[i];
     }
     float *out = mb->R + (p->l1 - p->l0) * rn * C;
@@ -402,7 +433,7 @@ static nl_status stage_backward(nl_pipe *p, int k) {
             hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
     float *G = m->grads;
-#define GRAD(ptr) (G + ((ptr) - m->params))
+#define GRAD(ptr) (G + ((ptr)-m->params))
     double t0 = nl_time_s();
     int64_t nl = p->l1 - p->l0;
     /* this rank's rows [r0, r0 + rn) of the scratch gradients; stored shards hold rn rows */
@@ -458,8 +489,10 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         if (p->sp_n) NL_TRY(sp_gather(p, ln2, lin = p->gat, (size_t)(BT * C), &t0));
         gemm_tn(H, C, BT, p->dh13, 2 * H, lin, C, GRAD(lw->w1), C);
         gemm_tn(H, C, BT, p->dh13 + H, 2 * H, lin, C, GRAD(lw->w3), C);
-        if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, p->dln + p->sp_r0 * C, (size_t)(BT * C), &t0));
-        else NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
+        if (p->sp_n)
+            NL_TRY(sp_scatter(p, p->dln, p->dln + p->sp_r0 * C, (size_t)(BT * C), &t0));
+        else
+            NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
         nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_ffn), p->dln + r0 * C, x2, lw->rms_ffn,
                             mb->ln2_rstd + j * rn, rn, C);
         if (p->sp_n) NL_TRY(sp_gather(p, p->dresid + p->sp_r0 * C, p->dresid, (size_t)(BT * C), &t0));
@@ -478,8 +511,10 @@ static nl_status stage_backward(nl_pipe *p, int k) {
         gemm_tn(qd, C, BT, p->dqkv, QKV, lin, C, GRAD(lw->wq), C);
         gemm_tn(kd, C, BT, p->dqkv + qd, QKV, lin, C, GRAD(lw->wk), C);
         gemm_tn(kd, C, BT, p->dqkv + qd + kd, QKV, lin, C, GRAD(lw->wv), C);
-        if (p->sp_n) NL_TRY(sp_scatter(p, p->dln, p->dln + p->sp_r0 * C, (size_t)(BT * C), &t0));
-        else NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
+        if (p->sp_n)
+            NL_TRY(sp_scatter(p, p->dln, p->dln + p->sp_r0 * C, (size_t)(BT * C), &t0));
+        else
+            NL_TRY(tp_sum(p, p->dln, (size_t)(BT * C), &t0));
         nl_rmsnorm_backward(p->dresid + r0 * C, GRAD(lw->rms_att), p->dln + r0 * C, x, lw->rms_att,
                             mb->ln1_rstd + j * rn, rn, C);
     }
@@ -510,7 +545,8 @@ nl_status nl_pipe_grads(nl_pipe *p, const nl_data *d, int64_t step, float *loss_
     p->n_ev = 0;
     p->busy_s = p->idle_s = p->tp_s = 0;
     p->loss_sum = 0;
-    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.train.seed, step, p->d, p->D, (int)p->o.train.batch, (int)p->o.train.seq, p->x, p->y));
+    NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, p->o.train.seed, step, p->d, p->D, (int)p->o.train.batch,
+                         (int)p->o.train.seq, p->x, p->y));
     nl_model_zero_grad(m);
     int M = p->M;
     if (p->schedule == NL_PIPE_GPIPE) {
@@ -560,8 +596,7 @@ nl_status nl_pipe_grads(nl_pipe *p, const nl_data *d, int64_t step, float *loss_
         }
     }
     double lsum = 0;
-    if (last_stage(p))
-        lsum = p->loss_sum;
+    if (last_stage(p)) lsum = p->loss_sum;
     NL_TRY(nl_comm_sum_double(p->pp, &lsum));
     lsum /= M;
     NL_TRY(nl_comm_sum_double(p->dp, &lsum));
@@ -599,11 +634,16 @@ nl_status nl_pipe_update(nl_pipe *p, float lr) {
     return NL_OK;
 }
 
-static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) { return nl_pipe_grads(u, d, step, loss); }
+static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) {
+    return nl_pipe_grads(u, d, step, loss);
+}
 static nl_status L_sumsq(void *u, double *ss) { return nl_pipe_sumsq(u, ss); }
 static void L_scale(void *u, float f) { nl_pipe_scale_grads(u, f); }
 static nl_status L_update(void *u, float lr) { return nl_pipe_update(u, lr); }
-static nl_status L_agree_stop(void *u, int *stop) { (void)u; return nl_comm_max_int(nl_comm_world(), stop); }
+static nl_status L_agree_stop(void *u, int *stop) {
+    (void)u;
+    return nl_comm_max_int(nl_comm_world(), stop);
+}
 
 void nl_pipe_layout(nl_pipe *p, nl_train_layout *L) {
     memset(L, 0, sizeof *L);

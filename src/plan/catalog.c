@@ -69,7 +69,8 @@ static const nl_hw builtin_hw[] = {
      "AMD Instinct MI300X datasheet; 8-GPU platform, 400 Gb/s per GPU", 0.55, 8, 50e9},
 };
 
-#define M(...) {__VA_ARGS__}
+#define M(...)                                                                                                         \
+    { __VA_ARGS__ }
 static const nl_model_entry builtin_models[] = {
     /* meta-llama/Llama-2-7b-hf config.json (Touvron et al. 2023). */
     {M(.name = "llama-2-7b", .vocab_size = 32000, .dim = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 32,
@@ -182,21 +183,32 @@ const char *nl_catalog_model_names(const nl_catalog *c, char *buf, size_t n) {
 
 nl_status nl_catalog_find_hw(const nl_catalog *c, const char *name, nl_hw *out) {
     for (size_t i = 0; i < c->n_hw; i++)
-        if (!strcasecmp(c->hw[i].name, name)) { *out = c->hw[i]; return NL_OK; }
+        if (!strcasecmp(c->hw[i].name, name)) {
+            *out = c->hw[i];
+            return NL_OK;
+        }
     char names[1024];
     return nl_fail(NL_ERR_INVALID, "unknown GPU '%s' (known: %s)", name, nl_catalog_hw_names(c, names, sizeof names));
 }
 
 nl_status nl_catalog_find_model(const nl_catalog *c, const char *name, nl_arch *out) {
     for (size_t i = 0; i < c->n_models; i++)
-        if (!strcasecmp(c->models[i].arch.name, name)) { *out = c->models[i].arch; return NL_OK; }
+        if (!strcasecmp(c->models[i].arch.name, name)) {
+            *out = c->models[i].arch;
+            return NL_OK;
+        }
     char names[2048];
     return nl_fail(NL_ERR_INVALID, "unknown model '%s' (known: %s)", name,
                    nl_catalog_model_names(c, names, sizeof names));
 }
 
 /* ---- JSON ---------------------------------------------------------------------------------- */
-typedef struct field { const char *name; size_t off; int kind; double min; } field; /* kind 0 double, 1 int64, 2 int */
+typedef struct field {
+    const char *name;
+    size_t off;
+    int kind;
+    double min;
+} field; /* kind 0 double, 1 int64, 2 int */
 
 static const field hw_fields[] = {
     {"flops_bf16", offsetof(nl_hw, flops_bf16), 0, 1},
@@ -216,20 +228,29 @@ static const field hw_fields[] = {
 };
 
 static const field model_fields[] = {
-    {"vocab_size", offsetof(nl_arch, vocab_size), 1, 1}, {"dim", offsetof(nl_arch, dim), 1, 1},
-    {"n_layers", offsetof(nl_arch, n_layers), 1, 1}, {"n_heads", offsetof(nl_arch, n_heads), 1, 1},
-    {"n_kv_heads", offsetof(nl_arch, n_kv_heads), 1, 1}, {"hidden_dim", offsetof(nl_arch, hidden_dim), 1, 0},
-    {"seq_len", offsetof(nl_arch, seq_len), 1, 1}, {"rope_theta", offsetof(nl_arch, rope_theta), 0, 0},
-    {"norm_eps", offsetof(nl_arch, norm_eps), 0, 0}, {"tied_embeddings", offsetof(nl_arch, tied_embeddings), 2, 0},
-    {"n_experts", offsetof(nl_arch, n_experts), 1, 0}, {"n_shared_experts", offsetof(nl_arch, n_shared_experts), 1, 0},
-    {"top_k", offsetof(nl_arch, top_k), 1, 0}, {"expert_hidden_dim", offsetof(nl_arch, expert_hidden_dim), 1, 0},
-    {"first_moe_layer", offsetof(nl_arch, first_moe_layer), 1, 0}, {"head_dim", offsetof(nl_arch, head_dim), 1, 0},
-    {"q_lora_rank", offsetof(nl_arch, q_lora_rank), 1, 0}, {"kv_lora_rank", offsetof(nl_arch, kv_lora_rank), 1, 0},
-    {"qk_rope_head_dim", offsetof(nl_arch, qk_rope_head_dim), 1, 0}, {"v_head_dim", offsetof(nl_arch, v_head_dim), 1, 0},
+    {"vocab_size", offsetof(nl_arch, vocab_size), 1, 1},
+    {"dim", offsetof(nl_arch, dim), 1, 1},
+    {"n_layers", offsetof(nl_arch, n_layers), 1, 1},
+    {"n_heads", offsetof(nl_arch, n_heads), 1, 1},
+    {"n_kv_heads", offsetof(nl_arch, n_kv_heads), 1, 1},
+    {"hidden_dim", offsetof(nl_arch, hidden_dim), 1, 0},
+    {"seq_len", offsetof(nl_arch, seq_len), 1, 1},
+    {"rope_theta", offsetof(nl_arch, rope_theta), 0, 0},
+    {"norm_eps", offsetof(nl_arch, norm_eps), 0, 0},
+    {"tied_embeddings", offsetof(nl_arch, tied_embeddings), 2, 0},
+    {"n_experts", offsetof(nl_arch, n_experts), 1, 0},
+    {"n_shared_experts", offsetof(nl_arch, n_shared_experts), 1, 0},
+    {"top_k", offsetof(nl_arch, top_k), 1, 0},
+    {"expert_hidden_dim", offsetof(nl_arch, expert_hidden_dim), 1, 0},
+    {"first_moe_layer", offsetof(nl_arch, first_moe_layer), 1, 0},
+    {"head_dim", offsetof(nl_arch, head_dim), 1, 0},
+    {"q_lora_rank", offsetof(nl_arch, q_lora_rank), 1, 0},
+    {"kv_lora_rank", offsetof(nl_arch, kv_lora_rank), 1, 0},
+    {"qk_rope_head_dim", offsetof(nl_arch, qk_rope_head_dim), 1, 0},
+    {"v_head_dim", offsetof(nl_arch, v_head_dim), 1, 0},
 };
 
-static nl_status set_fields(const char *path, const char *name, cJSON *obj, void *dst, const field *fs,
-                            size_t nf) {
+static nl_status set_fields(const char *path, const char *name, cJSON *obj, void *dst, const field *fs, size_t nf) {
     for (cJSON *it = obj->child; it; it = it->next) {
         if (!strcmp(it->string, "name") || !strcmp(it->string, "base") || !strcmp(it->string, "source")) continue;
         /* a CPU's measured rates (`nanolm bench machine`), read by plan_engine.c */
@@ -239,15 +260,19 @@ static nl_status set_fields(const char *path, const char *name, cJSON *obj, void
             if (!strcmp(fs[i].name, it->string)) f = &fs[i];
         if (!f) return nl_fail(NL_ERR_FORMAT, "%s: entry '%s': unknown field '%s'", path, name, it->string);
         if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < f->min)
-            return nl_fail(NL_ERR_FORMAT, "%s: entry '%s': field '%s' must be a number >= %g", path, name,
-                           it->string, f->min);
+            return nl_fail(NL_ERR_FORMAT, "%s: entry '%s': field '%s' must be a number >= %g", path, name, it->string,
+                           f->min);
         double v = it->valuedouble;
         char *p = (char *)dst + f->off;
-        if (f->kind == 0) *(double *)p = v;
+        if (f->kind == 0)
+            *(double *)p = v;
         else {
             if (v != floor(v) || v > 9e15)
                 return nl_fail(NL_ERR_FORMAT, "%s: entry '%s': field '%s' must be an integer", path, name, it->string);
-            if (f->kind == 1) *(int64_t *)p = (int64_t)v; else *(int *)p = (int)v;
+            if (f->kind == 1)
+                *(int64_t *)p = (int64_t)v;
+            else
+                *(int *)p = (int)v;
         }
     }
     return NL_OK;
@@ -299,8 +324,10 @@ nl_status nl_catalog_load_hw(nl_catalog *c, const char *path) {
         size_t slot = c->n_hw;
         for (size_t i = 0; i < c->n_hw; i++)
             if (!strcasecmp(c->hw[i].name, name)) slot = i;
-        if (slot < c->n_hw && !base) hw = c->hw[slot];
-        else if ((rc = nl_catalog_find_hw(c, base ? base : "h100", &hw))) break;
+        if (slot < c->n_hw && !base)
+            hw = c->hw[slot];
+        else if ((rc = nl_catalog_find_hw(c, base ? base : "h100", &hw)))
+            break;
         snprintf(hw.name, sizeof hw.name, "%s", name);
         set_source(hw.source, sizeof hw.source, path, o);
         if ((rc = set_fields(path, name, o, &hw, hw_fields, sizeof hw_fields / sizeof hw_fields[0]))) break;
@@ -319,7 +346,10 @@ nl_status nl_catalog_load_hw(nl_catalog *c, const char *path) {
             hw.inter_bw = (double)hw.nics_per_node * hw.nic_bw / (double)hw.gpus_per_node;
         }
         if (slot == c->n_hw) {
-            if (c->n_hw == NL_CATALOG_MAX) { rc = nl_fail(NL_ERR_RANGE, "%s: too many GPUs (max %d)", path, NL_CATALOG_MAX); break; }
+            if (c->n_hw == NL_CATALOG_MAX) {
+                rc = nl_fail(NL_ERR_RANGE, "%s: too many GPUs (max %d)", path, NL_CATALOG_MAX);
+                break;
+            }
             c->n_hw++;
         }
         c->hw[slot] = hw;
@@ -349,7 +379,8 @@ nl_status nl_catalog_load_model(nl_catalog *c, const char *path) {
             static const char *req[] = {"vocab_size", "dim", "n_layers", "n_heads", "hidden_dim"};
             for (size_t i = 0; i < 5 && rc == NL_OK; i++)
                 if (!cJSON_GetObjectItemCaseSensitive(o, req[i]))
-                    rc = nl_fail(NL_ERR_FORMAT, "%s: new model '%s' needs field '%s' (or a \"base\")", path, name, req[i]);
+                    rc = nl_fail(NL_ERR_FORMAT, "%s: new model '%s' needs field '%s' (or a \"base\")", path, name,
+                                 req[i]);
             if (rc) break;
             m.arch.seq_len = 4096;
             m.arch.rope_theta = 1e4;
@@ -357,7 +388,8 @@ nl_status nl_catalog_load_model(nl_catalog *c, const char *path) {
         }
         snprintf(m.arch.name, sizeof m.arch.name, "%s", name);
         set_source(m.source, sizeof m.source, path, o);
-        if ((rc = set_fields(path, name, o, &m.arch, model_fields, sizeof model_fields / sizeof model_fields[0]))) break;
+        if ((rc = set_fields(path, name, o, &m.arch, model_fields, sizeof model_fields / sizeof model_fields[0])))
+            break;
         if (!cJSON_GetObjectItemCaseSensitive(o, "n_kv_heads") && !base && slot == c->n_models)
             m.arch.n_kv_heads = m.arch.n_heads;
         if (nl_arch_validate(&m.arch)) {
@@ -365,7 +397,10 @@ nl_status nl_catalog_load_model(nl_catalog *c, const char *path) {
             break;
         }
         if (slot == c->n_models) {
-            if (c->n_models == NL_CATALOG_MAX) { rc = nl_fail(NL_ERR_RANGE, "%s: too many models (max %d)", path, NL_CATALOG_MAX); break; }
+            if (c->n_models == NL_CATALOG_MAX) {
+                rc = nl_fail(NL_ERR_RANGE, "%s: too many models (max %d)", path, NL_CATALOG_MAX);
+                break;
+            }
             c->n_models++;
         }
         c->models[slot] = m;
@@ -408,8 +443,7 @@ void nl_plan_count_params(const nl_arch *a, const nl_family *f, nl_arch_params *
     int64_t delta = p->attention + p->mlp_dense + p->mlp_experts + p->mlp_shared + p->router + p->norms;
     p->total = p->embedding + p->classifier + delta;
     p->non_embedding = delta;
-    p->active = p->total - p->mlp_experts +
-                (a->n_experts > 0 ? p->mlp_experts / a->n_experts * a->top_k : 0);
+    p->active = p->total - p->mlp_experts + (a->n_experts > 0 ? p->mlp_experts / a->n_experts * a->top_k : 0);
 }
 
 double nl_plan_matmul_params_fam(const nl_arch *a, const nl_family *f) {

@@ -96,12 +96,18 @@ static double lbfgs(const fit_data *d, double *x, int max_iter) {
         for (int ls = 0; ls < 40; ls++) {
             for (int i = 0; i < NP; i++) xn[i] = x[i] + step * p[i];
             fn = objective(d, xn, gn);
-            if (isfinite(fn) && fn <= f + 1e-4 * step * gp) { ok = 1; break; }
+            if (isfinite(fn) && fn <= f + 1e-4 * step * gp) {
+                ok = 1;
+                break;
+            }
             step *= 0.5;
         }
         if (!ok) break;
         double s[NP], y[NP];
-        for (int i = 0; i < NP; i++) { s[i] = xn[i] - x[i]; y[i] = gn[i] - g[i]; }
+        for (int i = 0; i < NP; i++) {
+            s[i] = xn[i] - x[i];
+            y[i] = gn[i] - g[i];
+        }
         double sy = dot(s, y);
         if (sy > 1e-300) {
             memcpy(S[head], s, sizeof s);
@@ -154,7 +160,10 @@ static double fit_from_grid(const fit_data *d, int keep, double *best) {
         double x[NP];
         memcpy(x, starts[chosen[k]], sizeof x);
         double f = lbfgs(d, x, 1000);
-        if (f < bf) { bf = f; memcpy(best, x, sizeof x); }
+        if (f < bf) {
+            bf = f;
+            memcpy(best, x, sizeof x);
+        }
     }
     return bf;
 }
@@ -178,7 +187,11 @@ nl_status nl_scaling_fit(const nl_scaling_obs *obs, size_t n, const nl_scaling_f
     double delta = opts && opts->huber_delta > 0 ? opts->huber_delta : 1e-3;
     double *buf = nl_malloc(3 * n * sizeof *buf, "scaling fit data");
     size_t *idx = nl_malloc(n * sizeof *idx, "scaling fit rows");
-    if (!buf || !idx) { nl_free(buf); nl_free(idx); return NL_ERR_NOMEM; }
+    if (!buf || !idx) {
+        nl_free(buf);
+        nl_free(idx);
+        return NL_ERR_NOMEM;
+    }
     double *ln = buf, *ld = buf + n, *ll = buf + 2 * n;
     for (size_t i = 0; i < n; i++) {
         ln[i] = log(obs[i].n_params);
@@ -209,7 +222,10 @@ nl_status nl_scaling_fit(const nl_scaling_obs *obs, size_t n, const nl_scaling_f
             double f2 = fit_from_grid(&d, 2, y);
             if (f2 < f1) memcpy(x, y, sizeof x);
             double v[NP + 3] = {x[0], x[1], x[2], x[3], x[4], exp(x[2]), exp(x[0]), exp(x[1])};
-            for (int k = 0; k < NP + 3; k++) { s1[k] += v[k]; s2[k] += v[k] * v[k]; }
+            for (int k = 0; k < NP + 3; k++) {
+                s1[k] += v[k];
+                s2[k] += v[k] * v[k];
+            }
         }
         double sd[NP + 3];
         for (int k = 0; k < NP + 3; k++) {
@@ -239,10 +255,14 @@ static int col_kind(const char *h, const nl_scaling_cols *names) {
     for (int k = 1; k < 5; k++)
         if (nm[k] && !strcasecmp(h, nm[k])) return k;
     int k = 0;
-    if (!strcasecmp(h, "n") || !strcasecmp(h, "params") || !strcasecmp(h, "n_params")) k = 1;
-    else if (!strcasecmp(h, "d") || !strcasecmp(h, "tokens") || !strcasecmp(h, "n_tokens")) k = 2;
-    else if (!strcasecmp(h, "c") || !strcasecmp(h, "flops")) k = 3;
-    else if (!strcasecmp(h, "loss") || !strcasecmp(h, "l")) k = 4;
+    if (!strcasecmp(h, "n") || !strcasecmp(h, "params") || !strcasecmp(h, "n_params"))
+        k = 1;
+    else if (!strcasecmp(h, "d") || !strcasecmp(h, "tokens") || !strcasecmp(h, "n_tokens"))
+        k = 2;
+    else if (!strcasecmp(h, "c") || !strcasecmp(h, "flops"))
+        k = 3;
+    else if (!strcasecmp(h, "loss") || !strcasecmp(h, "l"))
+        k = 4;
     return k && !nm[k] ? k : 0;
 }
 
@@ -267,7 +287,10 @@ nl_status nl_scaling_read_csv_cols(const char *path, const nl_scaling_cols *name
     int cols[MAXC], ncols = 0, have[5] = {0};
     size_t cap = 64, cnt = 0;
     nl_scaling_obs *o = malloc(cap * sizeof *o); /* grown with realloc; nl_free (= free) releases it */
-    if (!o) { nl_free(text); return nl_fail(NL_ERR_NOMEM, "%s: out of memory", path); }
+    if (!o) {
+        nl_free(text);
+        return nl_fail(NL_ERR_NOMEM, "%s: out of memory", path);
+    }
     nl_status rc = NL_OK;
     int line = 0;
     char *save = NULL;
@@ -278,10 +301,14 @@ nl_status nl_scaling_read_csv_cols(const char *path, const nl_scaling_cols *name
         if (ncols == 0) {
             char *s2 = NULL;
             for (char *f = strtok_r(l, ",", &s2); f; f = strtok_r(NULL, ",", &s2)) {
-                if (ncols == MAXC) { rc = nl_fail(NL_ERR_FORMAT, "%s:%d: more than %d columns", path, line, MAXC); goto out; }
+                if (ncols == MAXC) {
+                    rc = nl_fail(NL_ERR_FORMAT, "%s:%d: more than %d columns", path, line, MAXC);
+                    goto out;
+                }
                 cols[ncols] = col_kind(trim(f), names);
                 if (cols[ncols] && have[cols[ncols]]) {
-                    rc = nl_fail(NL_ERR_FORMAT, "%s:%d: two columns are read as the same quantity ('%s')", path, line, trim(f));
+                    rc = nl_fail(NL_ERR_FORMAT, "%s:%d: two columns are read as the same quantity ('%s')", path, line,
+                                 trim(f));
                     goto out;
                 }
                 have[cols[ncols]] = 1;
@@ -289,12 +316,15 @@ nl_status nl_scaling_read_csv_cols(const char *path, const nl_scaling_cols *name
             }
             if (!have[1] || !have[4] || (!have[2] && !have[3])) {
                 if (names && (names->n || names->d || names->flops || names->loss))
-                    rc = nl_fail(NL_ERR_FORMAT, "%s:%d: the header lacks a named column (N '%s', D '%s', FLOPs '%s', loss '%s')",
-                                 path, line, names->n ? names->n : "N", names->d ? names->d : "D",
+                    rc = nl_fail(NL_ERR_FORMAT,
+                                 "%s:%d: the header lacks a named column (N '%s', D '%s', FLOPs '%s', loss '%s')", path,
+                                 line, names->n ? names->n : "N", names->d ? names->d : "D",
                                  names->flops ? names->flops : "FLOPs", names->loss ? names->loss : "loss");
                 else
-                    rc = nl_fail(NL_ERR_FORMAT, "%s:%d: header must name N, loss and D or FLOPs columns "
-                                 "(or name yours with --n-col, --d-col, --flops-col, --loss-col)", path, line);
+                    rc = nl_fail(NL_ERR_FORMAT,
+                                 "%s:%d: header must name N, loss and D or FLOPs columns "
+                                 "(or name yours with --n-col, --d-col, --flops-col, --loss-col)",
+                                 path, line);
                 goto out;
             }
             continue;
@@ -303,19 +333,31 @@ nl_status nl_scaling_read_csv_cols(const char *path, const nl_scaling_cols *name
         int c = 0;
         char *s2 = NULL;
         for (char *f = strtok_r(l, ",", &s2); f; f = strtok_r(NULL, ",", &s2), c++) {
-            if (c >= ncols) { rc = nl_fail(NL_ERR_FORMAT, "%s:%d: more fields than the header", path, line); goto out; }
+            if (c >= ncols) {
+                rc = nl_fail(NL_ERR_FORMAT, "%s:%d: more fields than the header", path, line);
+                goto out;
+            }
             if (!cols[c]) continue; /* a column the fit does not use: ignored, whatever it holds */
             char *end;
             f = trim(f);
             double x = strtod(f, &end);
-            if (end == f || *end) { rc = nl_fail(NL_ERR_FORMAT, "%s:%d: '%s' is not a number", path, line, f); goto out; }
+            if (end == f || *end) {
+                rc = nl_fail(NL_ERR_FORMAT, "%s:%d: '%s' is not a number", path, line, f);
+                goto out;
+            }
             v[cols[c]] = x;
         }
-        if (c != ncols) { rc = nl_fail(NL_ERR_FORMAT, "%s:%d: %d fields, header has %d", path, line, c, ncols); goto out; }
+        if (c != ncols) {
+            rc = nl_fail(NL_ERR_FORMAT, "%s:%d: %d fields, header has %d", path, line, c, ncols);
+            goto out;
+        }
         if (cnt == cap) {
             cap *= 2;
             nl_scaling_obs *no = realloc(o, cap * sizeof *no);
-            if (!no) { rc = nl_fail(NL_ERR_NOMEM, "%s: out of memory", path); goto out; }
+            if (!no) {
+                rc = nl_fail(NL_ERR_NOMEM, "%s: out of memory", path);
+                goto out;
+            }
             o = no;
         }
         double d = have[2] ? v[2] : v[3] / (6 * v[1]);
@@ -328,7 +370,10 @@ nl_status nl_scaling_read_csv_cols(const char *path, const nl_scaling_cols *name
     if (ncols == 0) rc = nl_fail(NL_ERR_FORMAT, "%s: empty file", path);
 out:
     nl_free(text);
-    if (rc) { free(o); return rc; }
+    if (rc) {
+        free(o);
+        return rc;
+    }
     *obs = o;
     *n = cnt;
     return NL_OK;

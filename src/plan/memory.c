@@ -24,7 +24,10 @@ static const nl_recipe recipes[] = {
 
 nl_status nl_plan_recipe(const char *name, nl_recipe *out) {
     for (size_t i = 0; i < sizeof recipes / sizeof recipes[0]; i++)
-        if (!strcmp(recipes[i].name, name)) { *out = recipes[i]; return NL_OK; }
+        if (!strcmp(recipes[i].name, name)) {
+            *out = recipes[i];
+            return NL_OK;
+        }
     return nl_fail(NL_ERR_INVALID, "unknown recipe '%s' (known: fp32, bf16, fp8, fp8-ds3, megatron-bf16)", name);
 }
 
@@ -33,16 +36,16 @@ nl_status nl_plan_recipe(const char *name, nl_recipe *out) {
  * ReLU, dropout 0.1), BLOOM (Le Scao et al. 2022: ALiBi, biases, no dropout in the 176B run),
  * MPT (MosaicML 2023: ALiBi, LayerNorm without bias, no biases, no dropout). */
 static const nl_family families[] = {
-    {"llama", 0, 0, 0, 0, NL_POS_ROPE},
-    {"gpt", 1, 1, 1, 1, NL_POS_LEARNED},
-    {"opt", 1, 1, 1, 1, NL_POS_LEARNED},
-    {"bloom", 1, 1, 1, 0, NL_POS_ALIBI},
-    {"mpt", 1, 1, 0, 0, NL_POS_ALIBI},
+    {"llama", 0, 0, 0, 0, NL_POS_ROPE},  {"gpt", 1, 1, 1, 1, NL_POS_LEARNED}, {"opt", 1, 1, 1, 1, NL_POS_LEARNED},
+    {"bloom", 1, 1, 1, 0, NL_POS_ALIBI}, {"mpt", 1, 1, 0, 0, NL_POS_ALIBI},
 };
 
 nl_status nl_plan_family(const char *name, nl_family *out) {
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
-        if (!strcmp(families[i].name, name)) { *out = families[i]; return NL_OK; }
+        if (!strcmp(families[i].name, name)) {
+            *out = families[i];
+            return NL_OK;
+        }
     return nl_fail(NL_ERR_INVALID, "unknown model family '%s' (known: llama, gpt, opt, bloom, mpt)", name);
 }
 
@@ -68,9 +71,20 @@ void nl_plan_state_bytes(const nl_recipe *r, nl_zero z, int64_t dp, int64_t shar
     switch (z) {
     case NL_ZERO_0: break;
     case NL_ZERO_1: o->optim /= d; break;
-    case NL_ZERO_2: o->optim /= d; o->grads /= d; break;
-    case NL_ZERO_3: o->optim /= d; o->grads /= d; o->weights /= d; break;
-    case NL_ZERO_HSDP: o->optim /= s; o->grads /= s; o->weights /= s; break;
+    case NL_ZERO_2:
+        o->optim /= d;
+        o->grads /= d;
+        break;
+    case NL_ZERO_3:
+        o->optim /= d;
+        o->grads /= d;
+        o->weights /= d;
+        break;
+    case NL_ZERO_HSDP:
+        o->optim /= s;
+        o->grads /= s;
+        o->weights /= s;
+        break;
     }
     o->total = o->weights + o->grads + o->optim;
 }
@@ -192,7 +206,8 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
         add(L, "SwiGLU output (w2 input)", e * F, t);
     }
     if (mask > 0) add(L, "mlp dropout mask", mask * D, sp);
-    if (moe_layers > 0) add(L, "router logits (fp32)", 4.0 * (double)a->n_experts * moe_layers / (double)a->n_layers, 1.0);
+    if (moe_layers > 0)
+        add(L, "router logits (fp32)", 4.0 * (double)a->n_experts * moe_layers / (double)a->n_layers, 1.0);
     double sum = 0;
     for (int i = 0; i < L->n; i++) sum += L->terms[i].bytes;
     /* Working set of one layer while it is (re)computed: everything, and the scores (without
@@ -213,12 +228,10 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
 double nl_plan_act_korthikanti(const nl_arch *a, double seq, nl_recompute r, int flash, int64_t tp, int sp) {
     double h = (double)a->dim, heads = (double)a->n_heads, t = tp > 1 ? (double)tp : 1.0;
     double scores = (r == NL_RECOMPUTE_SELECTIVE || flash) ? 0.0 : 5.0 * heads * seq / h;
-    if (r == NL_RECOMPUTE_FULL) return 2.0 * h;                 /* Table 2: 2sbh */
-    if (sp) return h / t * (34.0 + scores);                     /* eq. 4 (and 6) */
-    return h * (10.0 + 24.0 / t + scores / t);                  /* eq. 2 (t = 1: eq. 1) */
+    if (r == NL_RECOMPUTE_FULL) return 2.0 * h; /* Table 2: 2sbh */
+    if (sp) return h / t * (34.0 + scores);     /* eq. 4 (and 6) */
+    return h * (10.0 + 24.0 / t + scores / t);  /* eq. 2 (t = 1: eq. 1) */
 }
 
 /* bf16 logits (V per token) and the fp32 copy the cross-entropy works on. */
-double nl_plan_logits_bytes(const nl_arch *a, double tokens) {
-    return tokens * (double)a->vocab_size * (2.0 + 4.0);
-}
+double nl_plan_logits_bytes(const nl_arch *a, double tokens) { return tokens * (double)a->vocab_size * (2.0 + 4.0); }

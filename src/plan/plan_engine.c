@@ -20,10 +20,14 @@ void nl_engine_plan_req_default(nl_engine_plan_req *q) {
 
 /* ---- the --hw JSON entry ------------------------------------------------------------------------ */
 
-typedef struct rate_field { const char *name; size_t off; } rate_field;
-#define RF(f) {"cpu_" #f, offsetof(nl_cpu_rates, f)}
-static const rate_field SCALARS[] = {RF(read_bw_1t), RF(read_bw_nt), RF(attn_flops), RF(attn_call_s), RF(attn_flops_chunk),
-                                     RF(row_layer_s), RF(step_overhead_s), RF(layer_overhead_s)};
+typedef struct rate_field {
+    const char *name;
+    size_t off;
+} rate_field;
+#define RF(f)                                                                                                          \
+    { "cpu_" #f, offsetof(nl_cpu_rates, f) }
+static const rate_field SCALARS[] = {RF(read_bw_1t),       RF(read_bw_nt),  RF(attn_flops),      RF(attn_call_s),
+                                     RF(attn_flops_chunk), RF(row_layer_s), RF(step_overhead_s), RF(layer_overhead_s)};
 #undef RF
 #define NSCALARS (sizeof SCALARS / sizeof SCALARS[0])
 
@@ -73,7 +77,9 @@ nl_status nl_cpu_rates_json(const nl_cpu_rates *r, double mem_bytes, const char 
 
 static nl_status get_positive(const char *path, const char *entry, cJSON *o, const char *key, double *v) {
     cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!it) return nl_fail(NL_ERR_FORMAT, "%s: entry '%s' has no \"%s\" (write the file with `nanolm bench machine`)", path, entry, key);
+    if (!it)
+        return nl_fail(NL_ERR_FORMAT, "%s: entry '%s' has no \"%s\" (write the file with `nanolm bench machine`)", path,
+                       entry, key);
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < 0)
         return nl_fail(NL_ERR_FORMAT, "%s: entry '%s': \"%s\" must be a number >= 0", path, entry, key);
     *v = it->valuedouble;
@@ -109,7 +115,8 @@ nl_status nl_cpu_rates_load(const char *path, const char *name, nl_cpu_rates *ou
     nl_free(text);
     if (!root) return nl_fail(NL_ERR_FORMAT, "%s: not valid JSON", path);
     int arr = cJSON_IsArray(root);
-    nl_status rc = nl_fail(NL_ERR_INVALID, "%s: no entry%s%s has measured CPU rates (\"cpu_...\" fields of `nanolm bench machine`)",
+    nl_status rc = nl_fail(NL_ERR_INVALID,
+                           "%s: no entry%s%s has measured CPU rates (\"cpu_...\" fields of `nanolm bench machine`)",
                            path, name ? " named " : "", name ? name : "");
     for (cJSON *o = arr ? root->child : root; o; o = arr ? o->next : NULL) {
         if (!cJSON_IsObject(o) || !cJSON_GetObjectItemCaseSensitive(o, "cpu_threads")) continue;
@@ -129,7 +136,8 @@ static double rate_at(const double *g, int64_t m) {
     if (m <= nl_cpu_m[0]) return g[0];
     for (int i = 1; i < NL_CPU_NM; i++)
         if (m <= nl_cpu_m[i]) {
-            double t = (log((double)m) - log((double)nl_cpu_m[i - 1])) / (log((double)nl_cpu_m[i]) - log((double)nl_cpu_m[i - 1]));
+            double t = (log((double)m) - log((double)nl_cpu_m[i - 1])) /
+                       (log((double)nl_cpu_m[i]) - log((double)nl_cpu_m[i - 1]));
             return exp(log(g[i - 1]) + t * (log(g[i]) - log(g[i - 1])));
         }
     return g[NL_CPU_NM - 1];
@@ -145,7 +153,9 @@ static double linear_s(const nl_engine_plan_req *q, const nl_cpu_rates *r, doubl
     return 2.0 * (double)m * n * k / rate_at(r->gemm[q->weights], m);
 }
 
-typedef struct shape { double C, QKV, ATT, H, V, L, NH, KVH, hd; } shape;
+typedef struct shape {
+    double C, QKV, ATT, H, V, L, NH, KVH, hd;
+} shape;
 
 static shape shape_of(const nl_arch *a) {
     shape s;
@@ -169,8 +179,8 @@ static double kv_bytes_per_pos(const nl_engine_plan_req *q, const shape *s) {
 double nl_plan_engine_step_s(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64_t rows, int64_t n_out,
                              double ctx_decode, double ctx_chunk) {
     shape s = shape_of(&q->arch);
-    double lin = linear_s(q, r, s.QKV, s.C, rows) + linear_s(q, r, s.C, s.ATT, rows) + linear_s(q, r, 2 * s.H, s.C, rows) +
-                 linear_s(q, r, s.C, s.H, rows);
+    double lin = linear_s(q, r, s.QKV, s.C, rows) + linear_s(q, r, s.C, s.ATT, rows) +
+                 linear_s(q, r, 2 * s.H, s.C, rows) + linear_s(q, r, s.C, s.H, rows);
     double attn_mem = ctx_decode * kv_bytes_per_pos(q, &s) / r->read_bw_nt;
     double attn_comp = 4 * s.NH * s.hd * ctx_decode / r->attn_flops;
     double chunk_rate = r->attn_flops_chunk > 0 ? r->attn_flops_chunk : r->attn_flops;
@@ -237,13 +247,17 @@ nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_
     memset(out, 0, sizeof *out);
     const nl_arch *a = &q->arch;
     if (a->dim < 1 || a->n_layers < 1 || a->n_heads < 1 || a->n_kv_heads < 1 || a->hidden_dim < 1 || a->vocab_size < 1)
-        return nl_fail(NL_ERR_INVALID, "plan serve: model '%s' needs dim, n_layers, n_heads, n_kv_heads, hidden_dim and "
-                       "vocab_size > 0", a->name);
-    if (a->n_experts > 0) return nl_fail(NL_ERR_UNSUPPORTED, "plan serve: the engine does not serve MoE model '%s'", a->name);
+        return nl_fail(NL_ERR_INVALID,
+                       "plan serve: model '%s' needs dim, n_layers, n_heads, n_kv_heads, hidden_dim and "
+                       "vocab_size > 0",
+                       a->name);
+    if (a->n_experts > 0)
+        return nl_fail(NL_ERR_UNSUPPORTED, "plan serve: the engine does not serve MoE model '%s'", a->name);
     if (q->weights < 0 || q->weights > 2 || q->kv < 0 || q->kv > 1)
         return nl_fail(NL_ERR_INVALID, "plan serve: unknown weight (%d) or KV (%d) format", q->weights, q->kv);
     if (q->prompt < 1 || q->output < 1 || q->batch < 1 || q->batch > 1024 || q->max_step_tokens < 1 || q->chunk < 0)
-        return nl_fail(NL_ERR_INVALID, "plan serve: prompt and output >= 1, batch in [1, 1024], chunk >= 0, step tokens >= 1");
+        return nl_fail(NL_ERR_INVALID,
+                       "plan serve: prompt and output >= 1, batch in [1, 1024], chunk >= 0, step tokens >= 1");
     if (!(r->read_bw_nt > 0) || !(r->attn_flops > 0))
         return nl_fail(NL_ERR_INVALID, "plan serve: '%s' has no measured bandwidth or attention rate", r->name);
     for (int i = 0; i < NL_CPU_NM; i++)
@@ -266,8 +280,9 @@ nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_
     }
     double total = simulate(q, r, q->batch, &first, &steps);
     out->throughput_tokens_per_s = (double)q->batch * (double)q->output / total;
-    out->linear_s = s.L * (linear_s(q, r, s.QKV, s.C, 1) + linear_s(q, r, s.C, s.ATT, 1) + linear_s(q, r, 2 * s.H, s.C, 1) +
-                           linear_s(q, r, s.C, s.H, 1)) + linear_s(q, r, s.V, s.C, 1);
+    out->linear_s = s.L * (linear_s(q, r, s.QKV, s.C, 1) + linear_s(q, r, s.C, s.ATT, 1) +
+                           linear_s(q, r, 2 * s.H, s.C, 1) + linear_s(q, r, s.C, s.H, 1)) +
+                    linear_s(q, r, s.V, s.C, 1);
     double am = ctx * kv_bytes_per_pos(q, &s) / r->read_bw_nt, ac = 4 * s.NH * s.hd * ctx / r->attn_flops;
     out->attention_s = s.L * ((am > ac ? am : ac) + s.NH * r->attn_call_s);
     out->rows_s = s.L * r->row_layer_s;

@@ -13,7 +13,12 @@ static double simulate(int64_t p, int64_t m, int one_f_one_b, double *fs, double
     if (!order) return -1;
     double *fe = nl_calloc((size_t)(p * m), sizeof *fe, "pipeline schedule");
     double *be = nl_calloc((size_t)(p * m), sizeof *be, "pipeline schedule");
-    if (!fe || !be) { nl_free(order); nl_free(fe); nl_free(be); return -1; }
+    if (!fe || !be) {
+        nl_free(order);
+        nl_free(fe);
+        nl_free(be);
+        return -1;
+    }
     for (int64_t i = 0; i < p * m; i++) fs[i] = bs[i] = -1;
     /* Iterate until all scheduled (dependencies resolve stage by stage). */
     double *freet = nl_calloc((size_t)p, sizeof *freet, "pipeline schedule");
@@ -26,12 +31,15 @@ static double simulate(int64_t p, int64_t m, int one_f_one_b, double *fs, double
         if (!ord[s]) goto done;
         int64_t k = 0;
         if (!one_f_one_b) {
-            for (int64_t i = 0; i < m; i++) ord[s][k++] = i;         /* forward i */
-            for (int64_t i = 0; i < m; i++) ord[s][k++] = m + i;     /* backward i */
+            for (int64_t i = 0; i < m; i++) ord[s][k++] = i;     /* forward i */
+            for (int64_t i = 0; i < m; i++) ord[s][k++] = m + i; /* backward i */
         } else {
             int64_t w = p - s - 1 < m ? p - s - 1 : m, f = 0, b = 0;
             for (; f < w; f++) ord[s][k++] = f;
-            while (f < m) { ord[s][k++] = f++; ord[s][k++] = m + b++; }
+            while (f < m) {
+                ord[s][k++] = f++;
+                ord[s][k++] = m + b++;
+            }
             while (b < m) ord[s][k++] = m + b++;
         }
     }
@@ -45,24 +53,35 @@ static double simulate(int64_t p, int64_t m, int one_f_one_b, double *fs, double
                     if (s > 0 && fs[(s - 1) * m + op] < 0) break;
                     ready = s > 0 ? fe[(s - 1) * m + op] : 0;
                     double st = ready > freet[s] ? ready : freet[s];
-                    fs[s * m + op] = st; fe[s * m + op] = st + 1; freet[s] = st + 1;
+                    fs[s * m + op] = st;
+                    fe[s * m + op] = st + 1;
+                    freet[s] = st + 1;
                 } else {
                     int64_t i = op - m;
                     if (s < p - 1 && bs[(s + 1) * m + i] < 0) break;
                     if (fs[s * m + i] < 0) break;
                     ready = s < p - 1 ? be[(s + 1) * m + i] : fe[s * m + i];
                     double st = ready > freet[s] ? ready : freet[s];
-                    bs[s * m + i] = st; be[s * m + i] = st + 2; freet[s] = st + 2;
+                    bs[s * m + i] = st;
+                    be[s * m + i] = st + 2;
+                    freet[s] = st + 2;
                 }
                 pos[s]++;
                 progress = 1;
             }
         }
     }
-    for (int64_t s = 0; s < p; s++) if (freet[s] > span) span = freet[s];
+    for (int64_t s = 0; s < p; s++)
+        if (freet[s] > span) span = freet[s];
 done:
-    if (ord) for (int64_t s = 0; s < p; s++) nl_free(ord[s]);
-    nl_free(ord); nl_free(pos); nl_free(freet); nl_free(fe); nl_free(be); nl_free(order);
+    if (ord)
+        for (int64_t s = 0; s < p; s++) nl_free(ord[s]);
+    nl_free(ord);
+    nl_free(pos);
+    nl_free(freet);
+    nl_free(fe);
+    nl_free(be);
+    nl_free(order);
     return span;
 }
 
@@ -77,11 +96,16 @@ nl_status nl_plan_svg_pipeline(const char *path, int64_t p, int64_t m) {
     nl_svg_begin(&s, 1000, top + 2 * ((double)p * row + 50) + 20);
     for (int sched = 0; sched < 2; sched++) {
         double span = simulate(p, m, sched, fs, bs);
-        if (span < 0) { nl_svg_free(&s); nl_free(fs); return NL_ERR_NOMEM; }
+        if (span < 0) {
+            nl_svg_free(&s);
+            nl_free(fs);
+            return NL_ERR_NOMEM;
+        }
         double y0 = top + sched * ((double)p * row + 50);
         char title[160];
         /* Idle share of the simulated timeline: each stage works 3m units of the span. */
-        snprintf(title, sizeof title, "%s: %lld stages, %lld microbatches: simulated idle %.0f%%; (p-1)/(m+p-1) = %lld/%lld",
+        snprintf(title, sizeof title,
+                 "%s: %lld stages, %lld microbatches: simulated idle %.0f%%; (p-1)/(m+p-1) = %lld/%lld",
                  sched ? "1F1B" : "GPipe", (long long)p, (long long)m, 100.0 * (1.0 - 3.0 * (double)m / span),
                  (long long)(p - 1), (long long)(m + p - 1));
         nl_svg_text(&s, 10, y0 - 8, 13, "start", title);
@@ -113,7 +137,8 @@ nl_status nl_plan_svg_memory(const char *path, const nl_train_eval *e, size_t n,
     static const char *names[] = {"weights", "grads", "optimizer", "activations", "logits", "temp+reserved"};
     static const char *colors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac"};
     double maxv = capacity;
-    for (size_t i = 0; i < n; i++) if (e[i].mem_total > maxv) maxv = e[i].mem_total;
+    for (size_t i = 0; i < n; i++)
+        if (e[i].mem_total > maxv) maxv = e[i].mem_total;
     double row = 20, left = 330, width = 600;
     nl_svg s;
     nl_svg_begin(&s, left + width + 40, 70 + (double)n * row + 40);
@@ -149,7 +174,8 @@ nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r) {
     double row = 14, left = 300, half = 300, lim = 0.5; /* bars clipped at +-50% */
     nl_svg s;
     nl_svg_begin(&s, left + 2 * half + 60, 60 + (double)r->n * row + 30);
-    nl_svg_text(&s, 10, 20, 14, "start", "Planner against published runs: signed error (predicted / published - 1), clipped at +-50%");
+    nl_svg_text(&s, 10, 20, 14, "start",
+                "Planner against published runs: signed error (predicted / published - 1), clipped at +-50%");
     double cx = left + half;
     for (int k = -2; k <= 2; k++) {
         double x = cx + k * 0.25 / lim * half;
@@ -163,7 +189,8 @@ nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r) {
         double y = 45 + (double)i * row, e = c->err > lim ? lim : c->err < -lim ? -lim : c->err;
         const char *col = !strcmp(c->group, "train") ? "#4e79a7" : !strcmp(c->group, "memory") ? "#59a14f" : "#f28e2b";
         char tip[160];
-        snprintf(tip, sizeof tip, "%s: published %.4g, predicted %.4g (%+.1f%%)", c->id, c->published, c->predicted, 100 * c->err);
+        snprintf(tip, sizeof tip, "%s: published %.4g, predicted %.4g (%+.1f%%)", c->id, c->published, c->predicted,
+                 100 * c->err);
         double w = e / lim * half;
         nl_svg_rect(&s, w < 0 ? cx + w : cx, y, w < 0 ? -w : w, row - 3, col, tip);
         nl_svg_text(&s, left - 6, y + 10, 9, "end", c->id);

@@ -42,21 +42,20 @@ void nl_eff_default(nl_eff *e) {
 const char *nl_layout_str(const nl_layout *L, char *buf, size_t n) {
     char v[32] = "";
     if (L->vpp > 1) snprintf(v, sizeof v, " v%lld", (long long)L->vpp);
-    snprintf(buf, n, "dp%lld tp%lld%s pp%lld%s cp%lld ep%lld %s mb%lldx%lld %s", (long long)L->dp,
-             (long long)L->tp, (L->sp && L->tp > 1) ? "+sp" : "", (long long)L->pp, v, (long long)L->cp,
-             (long long)L->ep, nl_zero_name(L->zero), (long long)L->micro_batch, (long long)L->n_micro,
-             nl_recompute_name(L->recompute));
+    snprintf(buf, n, "dp%lld tp%lld%s pp%lld%s cp%lld ep%lld %s mb%lldx%lld %s", (long long)L->dp, (long long)L->tp,
+             (L->sp && L->tp > 1) ? "+sp" : "", (long long)L->pp, v, (long long)L->cp, (long long)L->ep,
+             nl_zero_name(L->zero), (long long)L->micro_batch, (long long)L->n_micro, nl_recompute_name(L->recompute));
     return buf;
 }
 
 /* Shared parameter bookkeeping of a layout. */
 typedef struct parts {
-    double scale;                 /* params_override / counted total, or 1 */
-    double total;                 /* parameters (after scale) */
-    double dense_layers_params;   /* attention + dense MLP + shared experts + router + norms */
-    double expert_params;         /* routed experts, all layers */
+    double scale;               /* params_override / counted total, or 1 */
+    double total;               /* parameters (after scale) */
+    double dense_layers_params; /* attention + dense MLP + shared experts + router + norms */
+    double expert_params;       /* routed experts, all layers */
     double emb, cls;
-    double layer_params_max;      /* largest layer, non-expert part */
+    double layer_params_max; /* largest layer, non-expert part */
     double moe_layers, dense_layers;
 } parts;
 
@@ -103,7 +102,10 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     const nl_eff *e = &q->eff;
     double t = (double)L->tp, D = (double)a->dim, hd = (double)nl_arch_head_dim(a);
     double qd = (double)a->n_heads * hd, kvd = (double)a->n_kv_heads * hd;
-    if (a->kv_lora_rank > 0) { qd = (double)a->n_heads * (hd + (double)a->qk_rope_head_dim); kvd = qd; }
+    if (a->kv_lora_rank > 0) {
+        qd = (double)a->n_heads * (hd + (double)a->qk_rope_head_dim);
+        kvd = qd;
+    }
     double g = gemm_s(hw, e, T, (qd + 2 * kvd) / t, D) + gemm_s(hw, e, T, D, qd / t);
     double F = moe ? (double)a->expert_hidden_dim : (double)a->hidden_dim;
     if (!moe) {
@@ -111,8 +113,8 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
         g += (q->fam.gelu_mlp ? 1 : 2) * gemm_s(hw, e, T, F / t, D) + gemm_s(hw, e, T, D, F / t);
     } else {
         double E = (double)a->n_experts, ep = (double)L->ep;
-        double local = E / ep;                                  /* experts on this GPU */
-        double m = T * ep * (double)a->top_k / E;               /* tokens per local expert */
+        double local = E / ep;                    /* experts on this GPU */
+        double m = T * ep * (double)a->top_k / E; /* tokens per local expert */
         g += local * (2 * gemm_s(hw, e, m, F / t, D) + gemm_s(hw, e, m, D, F / t));
         if (a->n_shared_experts > 0) {
             double Fs = F * (double)a->n_shared_experts;
@@ -135,9 +137,9 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     double sp = L->sp ? t : 1.0;
     double Fl = moe ? F * (double)(a->top_k + a->n_shared_experts) : F;
     double ew_bytes = T * 2.0 * (10 * D / sp + 2 * (qd + kvd) / t + 3 * Fl / t);
-    if (q->fam.layernorm) ew_bytes += T * 2.0 * 4 * D / sp;             /* mean pass of LayerNorm */
-    if (q->fam.bias) ew_bytes += T * 2.0 * 2 * (D / sp + Fl / t);      /* bias adds */
-    if (q->fam.dropout) ew_bytes += T * 3.0 * 2 * D / sp;              /* dropout: mask and output */
+    if (q->fam.layernorm) ew_bytes += T * 2.0 * 4 * D / sp;       /* mean pass of LayerNorm */
+    if (q->fam.bias) ew_bytes += T * 2.0 * 2 * (D / sp + Fl / t); /* bias adds */
+    if (q->fam.dropout) ew_bytes += T * 3.0 * 2 * D / sp;         /* dropout: mask and output */
     if (e->fp8_gemm) {
         /* FP8 GEMMs cast their inputs (activations forward, gradients backward): read bf16 2,
          * write fp8 1, plus the amax reduction, for the inputs of qkv, wo, fc1/w13 and fc2/w2
@@ -154,9 +156,7 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     if (L->recompute == NL_RECOMPUTE_FULL) lt->recompute = lt->fwd;
 }
 
-static int spans(const nl_hw *hw, double stride_times_size) {
-    return stride_times_size > (double)hw->gpus_per_node;
-}
+static int spans(const nl_hw *hw, double stride_times_size) { return stride_times_size > (double)hw->gpus_per_node; }
 
 nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_train_eval *o) {
     memset(o, 0, sizeof *o);
@@ -176,19 +176,21 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
         return nl_fail(NL_ERR_INVALID, "layout: dp*tp*pp*cp = %lld, not the %lld GPUs",
                        (long long)(L->dp * L->tp * L->pp * L->cp), (long long)q->gpus);
     if (a->n_heads % L->tp)
-        return nl_fail(NL_ERR_INVALID, "layout: tp %lld does not divide %lld heads", (long long)L->tp, (long long)a->n_heads);
+        return nl_fail(NL_ERR_INVALID, "layout: tp %lld does not divide %lld heads", (long long)L->tp,
+                       (long long)a->n_heads);
     /* Uneven stages are priced by the busiest one (ceil); the search keeps to pp | layers. */
     /* A chunk may hold only the embedding or only the output layer (Llama 3 sec. 3.3.2: 126
      * layers on 16 stages x 8 chunks, "the first model chunk on the first stage has only the
      * embedding"): up to n_layers + 2 chunks. */
     if (L->pp * L->vpp > a->n_layers + (L->vpp > 1 ? 2 : 0))
-        return nl_fail(NL_ERR_INVALID, "layout: pp*v %lld exceeds %lld layers", (long long)(L->pp * L->vpp), (long long)a->n_layers);
+        return nl_fail(NL_ERR_INVALID, "layout: pp*v %lld exceeds %lld layers", (long long)(L->pp * L->vpp),
+                       (long long)a->n_layers);
     if (q->seq % L->cp)
-        return nl_fail(NL_ERR_INVALID, "layout: cp %lld does not divide the sequence %lld", (long long)L->cp, (long long)q->seq);
+        return nl_fail(NL_ERR_INVALID, "layout: cp %lld does not divide the sequence %lld", (long long)L->cp,
+                       (long long)q->seq);
     if (L->ep > 1 && (a->n_experts == 0 || a->n_experts % L->ep || (L->dp * L->cp) % L->ep))
         return nl_fail(NL_ERR_INVALID, "layout: ep %lld must divide the experts and dp*cp", (long long)L->ep);
-    if (L->zero == NL_ZERO_HSDP && L->dp <= 1)
-        return nl_fail(NL_ERR_INVALID, "layout: hsdp needs dp > 1");
+    if (L->zero == NL_ZERO_HSDP && L->dp <= 1) return nl_fail(NL_ERR_INVALID, "layout: hsdp needs dp > 1");
 
     parts P;
     get_parts(q, &P);
@@ -200,7 +202,8 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     double shard = L->zero == NL_ZERO_HSDP ? fmin(in_node, dpz) : dpz;
 
     /* ---- memory ---- */
-    double dense_local = (P.dense_layers_params * lps / (double)a->n_layers + (L->pp > 1 ? fmax(P.emb, P.cls) : P.emb + P.cls)) / t;
+    double dense_local =
+        (P.dense_layers_params * lps / (double)a->n_layers + (L->pp > 1 ? fmax(P.emb, P.cls) : P.emb + P.cls)) / t;
     double expert_local = P.expert_params * lps / (double)a->n_layers / ((double)L->ep * t);
     nl_state_bytes sd, se;
     nl_plan_state_bytes(&q->recipe, L->zero, (int64_t)dpz, (int64_t)shard, &sd);
@@ -234,13 +237,14 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     /* When the stages cannot be even, the first and last stages take one layer less (Llama 3
      * sec. 3.3.2: 126 layers on 16 stages, one layer removed from the first and the last). */
     double lps_first = (L->pp > 1 && pp * lps > (double)a->n_layers) ? lps - 1 : lps;
-    double act_one = T * lps_first * al.bytes_per_token, act_work = T * (al.working_bytes_per_token - al.bytes_per_token);
+    double act_one = T * lps_first * al.bytes_per_token,
+           act_work = T * (al.working_bytes_per_token - al.bytes_per_token);
     double logits = nl_plan_logits_bytes(a, T) / t;
     if (L->pp > 1 && (act_one * (inflight - 1) > logits)) {
         o->mem_act = act_one * inflight + act_work; /* first stage */
         o->mem_logits = 0;
     } else {
-        o->mem_act = act_one + act_work;            /* last stage (or no pipeline) */
+        o->mem_act = act_one + act_work; /* last stage (or no pipeline) */
         o->mem_logits = logits;
         if (L->pp == 1) o->mem_act = act_one * inflight + act_work;
     }
@@ -256,9 +260,10 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     o->mem_usable = hw->mem_bytes * e->usable_mem;
     o->fits = o->mem_total <= o->mem_usable;
     if (!o->fits)
-        snprintf(o->reason, sizeof o->reason, "needs %.1f GB > %.1f GB usable (state %.1f, activations %.1f, logits %.1f)",
-                 o->mem_total / 1e9, o->mem_usable / 1e9, (o->mem_weights + o->mem_grads + o->mem_optim) / 1e9,
-                 o->mem_act / 1e9, o->mem_logits / 1e9);
+        snprintf(o->reason, sizeof o->reason,
+                 "needs %.1f GB > %.1f GB usable (state %.1f, activations %.1f, logits %.1f)", o->mem_total / 1e9,
+                 o->mem_usable / 1e9, (o->mem_weights + o->mem_grads + o->mem_optim) / 1e9, o->mem_act / 1e9,
+                 o->mem_logits / 1e9);
 
     /* ---- time ---- */
     double m = (double)L->n_micro;
@@ -273,7 +278,8 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     double per_layer_bwd = (1 - moe_frac) * ld.bwd + moe_frac * lm.bwd;
     double per_layer_rec = (1 - moe_frac) * ld.recompute + moe_frac * lm.recompute;
     double attn_fwd = (1 - moe_frac) * ld.attn_fwd + moe_frac * lm.attn_fwd;
-    double cls = 3 * gemm_s(hw, e, T, (double)a->vocab_size / t, (double)a->dim) + 3 * T * (double)a->vocab_size / t * 6 / hw->hbm_bw;
+    double cls = 3 * gemm_s(hw, e, T, (double)a->vocab_size / t, (double)a->dim) +
+                 3 * T * (double)a->vocab_size / t * 6 / hw->hbm_bw;
     double t_mb_fwd = lps * per_layer_fwd, t_mb_bwd = lps * (per_layer_bwd + per_layer_rec);
     double t_mb = t_mb_fwd + t_mb_bwd + cls;
 
@@ -295,7 +301,8 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     double t_cp_mb = 0, cp_exposed_mb = 0;
     if (L->cp > 1) {
         double hd = (double)nl_arch_head_dim(a);
-        double kv = a->kv_lora_rank > 0 ? (double)(a->kv_lora_rank + a->qk_rope_head_dim) : 2 * (double)a->n_kv_heads * hd / fmin(t, (double)a->n_kv_heads);
+        double kv = a->kv_lora_rank > 0 ? (double)(a->kv_lora_rank + a->qk_rope_head_dim)
+                                        : 2 * (double)a->n_kv_heads * hd / fmin(t, (double)a->n_kv_heads);
         double kv_arr = T * (double)L->cp * kv * 2;
         double one = nl_plan_coll_time(hw, NL_ALL_GATHER, L->cp, kv_arr, cp_span);
         double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, L->cp, kv_arr, cp_span);
@@ -330,14 +337,16 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
         dp_exposed = fmax(0, t_dp - e->dp_overlap * bwd_last);
         break;
     }
-    case NL_ZERO_1: case NL_ZERO_2: {
+    case NL_ZERO_1:
+    case NL_ZERO_2: {
         double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, dz, gbytes, dp_span);
         double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, dz, wbytes, dp_span);
         t_dp = rs + ag;
         dp_exposed = fmax(0, rs - e->dp_overlap * bwd_last) + fmax(0, ag - e->dp_overlap * fwd_first);
         break;
     }
-    case NL_ZERO_3: case NL_ZERO_HSDP: {
+    case NL_ZERO_3:
+    case NL_ZERO_HSDP: {
         int64_t s = (int64_t)shard;
         int sspan = L->zero == NL_ZERO_HSDP ? spans(hw, t * (double)L->cp * (double)s) : (int)dp_span;
         double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, s, wbytes, sspan);
@@ -384,8 +393,9 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     o->t_exposed = o->t_tp * (1 - e->tp_overlap) + m * cp_exposed_mb + ep_exposed + o->t_pp + dp_exposed;
     /* Adam reads grads, master weights, m, v and writes master, m, v and the bf16 weights: the
      * optimizer bytes twice plus gradient and weight bytes, per parameter of this rank's shard. */
-    o->t_optim = (o->mem_optim * 2 + o->mem_grads + (o->mem_optim > 0 ? o->mem_optim / q->recipe.optim_bytes : 0) *
-                  q->recipe.weight_bytes) / hw->hbm_bw;
+    o->t_optim = (o->mem_optim * 2 + o->mem_grads +
+                  (o->mem_optim > 0 ? o->mem_optim / q->recipe.optim_bytes : 0) * q->recipe.weight_bytes) /
+                 hw->hbm_bw;
     o->t_step = o->t_compute + o->t_bubble + o->t_exposed + o->t_optim;
     o->tokens_per_s = tokens_step / o->t_step;
     o->mfu = o->model_flops_per_step / (o->t_step * (double)q->gpus * hw->flops_bf16);
@@ -414,7 +424,8 @@ static int cmp_eval(const void *x, const void *y) {
     if (a->fits) {
         if (fabs(a->t_step - b->t_step) > 1e-9 * a->t_step) return a->t_step < b->t_step ? -1 : 1;
         /* Equal time: the simpler layout (fewer model-parallel dimensions), then less memory. */
-        int64_t ca = a->L.tp * a->L.pp * a->L.cp * a->L.ep * a->L.vpp, cb = b->L.tp * b->L.pp * b->L.cp * b->L.ep * b->L.vpp;
+        int64_t ca = a->L.tp * a->L.pp * a->L.cp * a->L.ep * a->L.vpp,
+                cb = b->L.tp * b->L.pp * b->L.cp * b->L.ep * b->L.vpp;
         if (ca != cb) return ca < cb ? -1 : 1;
         return a->mem_total < b->mem_total ? -1 : a->mem_total > b->mem_total;
     }
@@ -434,7 +445,10 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
     /* Micro-batches tried: a fixed one (any size), else these. */
     int64_t mbs[8] = {1, 2, 3, 4, 6, 8, 16, 0};
     size_t n_mbs = 7;
-    if (q->fix.micro_batch > 0) { mbs[0] = q->fix.micro_batch; n_mbs = 1; }
+    if (q->fix.micro_batch > 0) {
+        mbs[0] = q->fix.micro_batch;
+        n_mbs = 1;
+    }
     int saw_decomp = 0, saw_zero_dp1 = 0, saw_mb = 0;
     /* Any tensor-parallel degree that divides the heads and the GPUs, inside one node. */
     for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp++) {
@@ -447,11 +461,17 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
                 for (int64_t ep = 1; ep <= dp * cp; ep *= 2) {
                     if (ep > 1 && (a->n_experts == 0 || a->n_experts % ep || (dp * cp) % ep)) continue;
                     for (int z = 0; z <= 4; z++) {
-                        if (dp * cp == 1 && z > 0) { saw_zero_dp1 = 1; continue; }
+                        if (dp * cp == 1 && z > 0) {
+                            saw_zero_dp1 = 1;
+                            continue;
+                        }
                         if (z == NL_ZERO_HSDP && (dp <= 1 || tp * cp * dp <= gpn)) continue;
                         for (size_t mi = 0; mi < n_mbs; mi++) {
                             int64_t mb = mbs[mi];
-                            if (q->global_batch % (dp * mb)) { saw_mb = 1; continue; }
+                            if (q->global_batch % (dp * mb)) {
+                                saw_mb = 1;
+                                continue;
+                            }
                             saw_decomp = 1;
                             int64_t nm = q->global_batch / (dp * mb);
                             if (pp > 1 && nm < pp) continue;
@@ -463,18 +483,31 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
                                 /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
                                 if (v > 1 && (pp * v > a->n_layers || nm % pp || a->n_layers % (pp * v))) continue;
                                 for (int rc = 0; rc <= 2; rc++) {
-                                    nl_layout L = {dp, tp, pp, cp, ep, (nl_zero)z, mb, nm, v, (nl_recompute)rc,
+                                    nl_layout L = {dp,
+                                                   tp,
+                                                   pp,
+                                                   cp,
+                                                   ep,
+                                                   (nl_zero)z,
+                                                   mb,
+                                                   nm,
+                                                   v,
+                                                   (nl_recompute)rc,
                                                    tp > 1 && q->fix.sp_plus1 != 1};
                                     if ((q->fix.dp > 0 && dp != q->fix.dp) || (q->fix.tp > 0 && tp != q->fix.tp) ||
                                         (q->fix.pp > 0 && pp != q->fix.pp) || (q->fix.cp > 0 && cp != q->fix.cp) ||
-                                        (q->fix.ep > 0 && ep != q->fix.ep) || (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) ||
+                                        (q->fix.ep > 0 && ep != q->fix.ep) ||
+                                        (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) ||
                                         (q->fix.zero_plus1 > 0 && z + 1 != q->fix.zero_plus1) ||
                                         (q->fix.recompute_plus1 > 0 && rc + 1 != q->fix.recompute_plus1))
                                         continue;
                                     if (r->n == cap) {
                                         cap *= 2;
                                         nl_train_eval *ne = realloc(r->evals, cap * sizeof *ne);
-                                        if (!ne) { nl_plan_train_free(r); return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory"); }
+                                        if (!ne) {
+                                            nl_plan_train_free(r);
+                                            return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
+                                        }
                                         r->evals = ne;
                                     }
                                     if (nl_plan_train_eval(q, &L, &r->evals[r->n]) != NL_OK) continue;
@@ -490,28 +523,36 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
     if (r->n == 0) {
         nl_plan_train_free(r);
         if (q->fix.zero_plus1 > 1 && saw_zero_dp1)
-            return nl_fail(NL_ERR_INVALID, "ZeRO stage %s shards over data-parallel ranks, but the fixed layout leaves "
-                           "dp = 1 on %lld GPUs: use --zero 0 or more GPUs", nl_zero_name((nl_zero)(q->fix.zero_plus1 - 1)),
-                           (long long)q->gpus);
-        if (q->fix.micro_batch > 0 && saw_mb)
-            return nl_fail(NL_ERR_INVALID, "micro-batch %lld does not divide the global batch of %lld sequences per "
-                           "data-parallel rank on any layout of %lld GPUs", (long long)q->fix.micro_batch,
-                           (long long)q->global_batch, (long long)q->gpus);
-        if (!saw_decomp)
             return nl_fail(NL_ERR_INVALID,
-                           "no layout can use %lld GPUs: the global batch of %lld sequences is not a multiple of any "
-                           "data-parallel degree left after tp (<= %lld, dividing %lld heads), pp (dividing %lld layers) and cp",
-                           (long long)q->gpus, (long long)q->global_batch, (long long)gpn, (long long)a->n_heads,
-                           (long long)a->n_layers);
-        return nl_fail(NL_ERR_INVALID, "no layout can use %lld GPUs with a global batch of %lld sequences "
-                       "(pipelines need at least as many microbatches as stages)", (long long)q->gpus, (long long)q->global_batch);
+                           "ZeRO stage %s shards over data-parallel ranks, but the fixed layout leaves "
+                           "dp = 1 on %lld GPUs: use --zero 0 or more GPUs",
+                           nl_zero_name((nl_zero)(q->fix.zero_plus1 - 1)), (long long)q->gpus);
+        if (q->fix.micro_batch > 0 && saw_mb)
+            return nl_fail(NL_ERR_INVALID,
+                           "micro-batch %lld does not divide the global batch of %lld sequences per "
+                           "data-parallel rank on any layout of %lld GPUs",
+                           (long long)q->fix.micro_batch, (long long)q->global_batch, (long long)q->gpus);
+        if (!saw_decomp)
+            return nl_fail(
+                NL_ERR_INVALID,
+                "no layout can use %lld GPUs: the global batch of %lld sequences is not a multiple of any "
+                "data-parallel degree left after tp (<= %lld, dividing %lld heads), pp (dividing %lld layers) and cp",
+                (long long)q->gpus, (long long)q->global_batch, (long long)gpn, (long long)a->n_heads,
+                (long long)a->n_layers);
+        return nl_fail(NL_ERR_INVALID,
+                       "no layout can use %lld GPUs with a global batch of %lld sequences "
+                       "(pipelines need at least as many microbatches as stages)",
+                       (long long)q->gpus, (long long)q->global_batch);
     }
     qsort(r->evals, r->n, sizeof *r->evals, cmp_eval);
     r->n_fit = 0;
     r->min_mem = INFINITY;
     for (size_t i = 0; i < r->n; i++) {
         if (r->evals[i].fits) r->n_fit++;
-        if (r->evals[i].mem_total < r->min_mem) { r->min_mem = r->evals[i].mem_total; r->smallest = r->evals[i]; }
+        if (r->evals[i].mem_total < r->min_mem) {
+            r->min_mem = r->evals[i].mem_total;
+            r->smallest = r->evals[i];
+        }
     }
     r->search_s = nl_time_s() - t0;
     if (r->n_fit == 0) {
@@ -520,9 +561,10 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
         double need = r->min_mem, usable = r->smallest.mem_usable;
         size_t n = r->n;
         nl_plan_train_free(r);
-        return nl_fail(NL_ERR_INVALID,
-                       "%s fits on no layout of %lld x %s: the smallest need is %.1f GB per GPU (%s) against %.1f GB usable",
-                       a->name, (long long)q->gpus, q->hw.name, need / 1e9, lb, usable / 1e9 + 0 * (double)n);
+        return nl_fail(
+            NL_ERR_INVALID,
+            "%s fits on no layout of %lld x %s: the smallest need is %.1f GB per GPU (%s) against %.1f GB usable",
+            a->name, (long long)q->gpus, q->hw.name, need / 1e9, lb, usable / 1e9 + 0 * (double)n);
     }
     return NL_OK;
 }
@@ -540,7 +582,10 @@ void nl_plan_train_explain(const nl_train_req *q, const nl_train_result *r, char
     double bpp = q->recipe.weight_bytes + q->recipe.grad_bytes + q->recipe.optim_bytes;
     double usable = b->mem_usable;
     size_t len = 0;
-#define OUT(...) do { if (len < n) len += (size_t)snprintf(buf + len, n - len, __VA_ARGS__); } while (0)
+#define OUT(...)                                                                                                       \
+    do {                                                                                                               \
+        if (len < n) len += (size_t)snprintf(buf + len, n - len, __VA_ARGS__);                                         \
+    } while (0)
     char lb[128];
     OUT("Memory first: %.2fB parameters x %.0f bytes (%s) = %.0f GB of training state; ", P.total / 1e9, bpp,
         q->recipe.name, P.total * bpp / 1e9);
@@ -553,14 +598,16 @@ void nl_plan_train_explain(const nl_train_req *q, const nl_train_result *r, char
         b->mem_grads / 1e9, b->mem_optim / 1e9);
     OUT("with tp %lld%s, pp %lld, cp %lld, ep %lld. ", (long long)b->L.tp, b->L.tp > 1 ? " inside a node" : "",
         (long long)b->L.pp, (long long)b->L.cp, (long long)b->L.ep);
-    OUT("Activations: micro-batch %lld x %lld tokens, recomputation %s: %.1f GB, logits %.1f GB; total %.1f of %.1f GB. ",
+    OUT("Activations: micro-batch %lld x %lld tokens, recomputation %s: %.1f GB, logits %.1f GB; total %.1f of %.1f "
+        "GB. ",
         (long long)b->L.micro_batch, (long long)q->seq, nl_recompute_name(b->L.recompute), b->mem_act / 1e9,
         b->mem_logits / 1e9, b->mem_total / 1e9, usable / 1e9);
     OUT("Communication: %.0f ms per step (dp %.0f, tp %.0f, pp %.0f, cp %.0f, ep %.0f), %.0f ms of it exposed; "
         "pipeline bubble %.0f ms. ",
         (b->t_dp + b->t_tp + b->t_pp + b->t_cp + b->t_ep) * 1e3, b->t_dp * 1e3, b->t_tp * 1e3, b->t_pp * 1e3,
         b->t_cp * 1e3, b->t_ep * 1e3, b->t_exposed * 1e3, b->t_bubble * 1e3);
-    OUT("Time: step %.2f s for %lld x %lld tokens, %.0f tokens/s, MFU %.1f%%, %.1f days (%.1f hours), %.0f GPU-hours, $%.0f. ",
+    OUT("Time: step %.2f s for %lld x %lld tokens, %.0f tokens/s, MFU %.1f%%, %.1f days (%.1f hours), %.0f GPU-hours, "
+        "$%.0f. ",
         b->t_step, (long long)q->global_batch, (long long)q->seq, b->tokens_per_s, 100 * b->mfu, b->total_s / 86400,
         b->total_s / 3600, b->gpu_hours, b->cost);
     if (b->L.n_micro == 1 && b->L.pp == 1)
@@ -570,8 +617,10 @@ void nl_plan_train_explain(const nl_train_req *q, const nl_train_result *r, char
     if (r->n_fit > 1) {
         const nl_train_eval *c = &r->evals[1];
         double d = 100 * (c->t_step / b->t_step - 1);
-        if (d < 0.05) OUT("Runner-up %s is as fast (the simpler layout wins the tie).", nl_layout_str(&c->L, lb, sizeof lb));
-        else OUT("Runner-up %s is %.1f%% slower.", nl_layout_str(&c->L, lb, sizeof lb), d);
+        if (d < 0.05)
+            OUT("Runner-up %s is as fast (the simpler layout wins the tie).", nl_layout_str(&c->L, lb, sizeof lb));
+        else
+            OUT("Runner-up %s is %.1f%% slower.", nl_layout_str(&c->L, lb, sizeof lb), d);
     }
 #undef OUT
 }
@@ -607,19 +656,26 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
     double act = T * D * 2;
     if (L->tp > 1) {
         if (!L->sp) {
-            push(lp, hw, "after attention (row-parallel wo)", "forward", NL_ALL_REDUCE, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "after attention (row-parallel wo)", "forward", NL_ALL_REDUCE, "tp", L->tp, act, tp_span,
+                 lps * m);
             push(lp, hw, "after MLP (row-parallel w2)", "forward", NL_ALL_REDUCE, "tp", L->tp, act, tp_span, lps * m);
-            push(lp, hw, "grad of attention input (column-parallel qkv)", "backward", NL_ALL_REDUCE, "tp", L->tp, act, tp_span, lps * m);
-            push(lp, hw, "grad of MLP input (column-parallel w1/w3)", "backward", NL_ALL_REDUCE, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "grad of attention input (column-parallel qkv)", "backward", NL_ALL_REDUCE, "tp", L->tp, act,
+                 tp_span, lps * m);
+            push(lp, hw, "grad of MLP input (column-parallel w1/w3)", "backward", NL_ALL_REDUCE, "tp", L->tp, act,
+                 tp_span, lps * m);
         } else {
             push(lp, hw, "gather sequence before qkv", "forward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
             push(lp, hw, "scatter after wo", "forward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
             push(lp, hw, "gather sequence before w1/w3", "forward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
             push(lp, hw, "scatter after w2", "forward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
-            push(lp, hw, "grad: gather before w2 backward", "backward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
-            push(lp, hw, "grad: scatter after w1/w3 backward", "backward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
-            push(lp, hw, "grad: gather before wo backward", "backward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
-            push(lp, hw, "grad: scatter after qkv backward", "backward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
+            push(lp, hw, "grad: gather before w2 backward", "backward", NL_ALL_GATHER, "tp", L->tp, act, tp_span,
+                 lps * m);
+            push(lp, hw, "grad: scatter after w1/w3 backward", "backward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span,
+                 lps * m);
+            push(lp, hw, "grad: gather before wo backward", "backward", NL_ALL_GATHER, "tp", L->tp, act, tp_span,
+                 lps * m);
+            push(lp, hw, "grad: scatter after qkv backward", "backward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span,
+                 lps * m);
         }
     }
     if (L->ep > 1 && P.moe_layers > 0) {
@@ -641,10 +697,9 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
     double wb = local * q->recipe.weight_bytes, gb = local * fmin(q->recipe.grad_bytes, 4);
     int64_t dz = (int64_t)dpz;
     switch (L->zero) {
-    case NL_ZERO_0:
-        push(lp, hw, "gradient all-reduce (DDP)", "step", NL_ALL_REDUCE, "dp", dz, gb, dp_span, 1);
-        break;
-    case NL_ZERO_1: case NL_ZERO_2:
+    case NL_ZERO_0: push(lp, hw, "gradient all-reduce (DDP)", "step", NL_ALL_REDUCE, "dp", dz, gb, dp_span, 1); break;
+    case NL_ZERO_1:
+    case NL_ZERO_2:
         push(lp, hw, "gradient reduce-scatter", "step", NL_REDUCE_SCATTER, "dp", dz, gb, dp_span, 1);
         push(lp, hw, "updated weights all-gather", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, 1);
         break;
@@ -660,7 +715,8 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         push(lp, hw, "weights all-gather in node (forward)", "step", NL_ALL_GATHER, "dp", s, wb, sspan, m);
         push(lp, hw, "weights all-gather in node (backward)", "step", NL_ALL_GATHER, "dp", s, wb, sspan, m);
         push(lp, hw, "gradient reduce-scatter in node", "step", NL_REDUCE_SCATTER, "dp", s, gb, sspan, m);
-        push(lp, hw, "all-reduce of the 1/s gradient shard across nodes", "step", NL_ALL_REDUCE, "dp-x", dz / s, gb / (double)s, 1, 1);
+        push(lp, hw, "all-reduce of the 1/s gradient shard across nodes", "step", NL_ALL_REDUCE, "dp-x", dz / s,
+             gb / (double)s, 1, 1);
         break;
     }
     }

@@ -91,7 +91,10 @@ nl_status nl_scaling_overtrain(const nl_chinchilla *l, double n, double d, doubl
     for (int i = 0; i < 200; i++) {
         double mid = 0.5 * (lo + hi), nn, dd;
         nl_scaling_optimal_law(l, exp(mid), &nn, &dd);
-        if (nl_scaling_loss(l, nn, dd) > o->loss) lo = mid; else hi = mid;
+        if (nl_scaling_loss(l, nn, dd) > o->loss)
+            lo = mid;
+        else
+            hi = mid;
     }
     o->opt_flops = exp(0.5 * (lo + hi));
     nl_scaling_optimal_law(l, o->opt_flops, &o->opt_params, &o->opt_tokens);
@@ -125,6 +128,8 @@ nl_status nl_scaling_svg_frontier(const char *path, const nl_chinchilla *l, doub
         ns = 3;
     }
     nl_svg_plot_opts o = {.title = "Chinchilla frontier: predicted loss at the compute-optimal size",
-                          .xlabel = "training compute C (FLOPs)", .ylabel = "loss (nats/token)", .logx = 1};
+                          .xlabel = "training compute C (FLOPs)",
+                          .ylabel = "loss (nats/token)",
+                          .logx = 1};
     return nl_svg_plot(path, &o, s, ns);
 }

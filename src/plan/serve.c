@@ -13,8 +13,8 @@ void nl_serve_req_default(nl_serve_req *q) {
     q->prompt = 2000;
     q->output = 500;
     q->batch = 32;
-    q->prefill_mfu = 0;   /* 0: the GPU's GEMM efficiency (catalog gemm_eff); the course says 0.5 */
-    q->kernel_s = 5e-6;   /* per kernel launch, as plan train */
+    q->prefill_mfu = 0; /* 0: the GPU's GEMM efficiency (catalog gemm_eff); the course says 0.5 */
+    q->kernel_s = 5e-6; /* per kernel launch, as plan train */
     q->kernels_per_layer = 20;
     q->hbm_eff = 0.8;
     q->weight_bytes = 2;
@@ -49,7 +49,8 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
         q->hbm_eff > 1 || !(q->weight_bytes > 0) || !(q->kv_bytes > 0) || q->chunk < 0 || q->fsdp < 0)
         return nl_fail(NL_ERR_INVALID, "serve: tp, batch, prompt, output must be >= 1, prefill MFU in (0, 1]");
     if (a->n_heads % q->tp)
-        return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp, (long long)a->n_heads);
+        return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp,
+                       (long long)a->n_heads);
     nl_arch_params p;
     nl_plan_count_params(a, &q->fam, &p);
     /* FP8 serving runs its GEMMs at the fp8 peak (TensorRT-LLM's FP8 engines). */
@@ -66,7 +67,8 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     /* Prefill: 2 N FLOPs per token for the matmuls (the embedding lookup computes nothing) plus
      * the causal attention scores; at prefill_mfu of peak on tp GPUs. */
     o->prefill_flops = 2 * o->matmul_params * q->prompt + q->prompt * nl_plan_attn_flops_per_token(a, q->prompt);
-    double prefill_comm = q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, q->prompt * D * 2, span) : 0;
+    double prefill_comm =
+        q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, q->prompt * D * 2, span) : 0;
     double wread = o->params * q->weight_bytes / (tp * hw->hbm_bw * q->hbm_eff);
     /* FSDP / ZeRO-3 weights (the course: decoding this way is "several times slower than
      * reading from HBM"): every forward all-gathers each layer's shards over the fsdp group

@@ -38,7 +38,8 @@ static nl_status arch_of(const char *path, const char *id, cJSON *j, nl_arch *a,
     a->rope_theta = 1e4;
     a->norm_eps = 1e-5;
     a->tied_embeddings = (int)num(j, "tied_embeddings", 1);
-    if (a->vocab_size < 1 || a->dim < 1 || a->n_layers < 1 || a->n_heads < 1 || a->hidden_dim < 1 || a->dim % a->n_heads)
+    if (a->vocab_size < 1 || a->dim < 1 || a->n_layers < 1 || a->n_heads < 1 || a->hidden_dim < 1 ||
+        a->dim % a->n_heads)
         return bad(path, id, "arch needs vocab_size, dim, n_layers, n_heads (dividing dim), hidden_dim");
     if (nl_plan_family(str(j, "family", "llama"), fam)) return bad(path, id, nl_last_error());
     return NL_OK;
@@ -55,17 +56,27 @@ static nl_status layout_of(const char *path, const char *id, cJSON *j, nl_layout
     L->micro_batch = (int64_t)num(j, "micro_batch", 1);
     L->sp = (int)num(j, "sp", 0);
     const char *z = str(j, "zero", "0");
-    if (!strcmp(z, "0")) L->zero = NL_ZERO_0;
-    else if (!strcmp(z, "1")) L->zero = NL_ZERO_1;
-    else if (!strcmp(z, "2")) L->zero = NL_ZERO_2;
-    else if (!strcmp(z, "3")) L->zero = NL_ZERO_3;
-    else if (!strcmp(z, "hsdp")) L->zero = NL_ZERO_HSDP;
-    else return bad(path, id, "layout.zero must be 0, 1, 2, 3 or hsdp");
+    if (!strcmp(z, "0"))
+        L->zero = NL_ZERO_0;
+    else if (!strcmp(z, "1"))
+        L->zero = NL_ZERO_1;
+    else if (!strcmp(z, "2"))
+        L->zero = NL_ZERO_2;
+    else if (!strcmp(z, "3"))
+        L->zero = NL_ZERO_3;
+    else if (!strcmp(z, "hsdp"))
+        L->zero = NL_ZERO_HSDP;
+    else
+        return bad(path, id, "layout.zero must be 0, 1, 2, 3 or hsdp");
     const char *r = str(j, "recompute", "none");
-    if (!strcmp(r, "none")) L->recompute = NL_RECOMPUTE_NONE;
-    else if (!strcmp(r, "selective")) L->recompute = NL_RECOMPUTE_SELECTIVE;
-    else if (!strcmp(r, "full")) L->recompute = NL_RECOMPUTE_FULL;
-    else return bad(path, id, "layout.recompute must be none, selective or full");
+    if (!strcmp(r, "none"))
+        L->recompute = NL_RECOMPUTE_NONE;
+    else if (!strcmp(r, "selective"))
+        L->recompute = NL_RECOMPUTE_SELECTIVE;
+    else if (!strcmp(r, "full"))
+        L->recompute = NL_RECOMPUTE_FULL;
+    else
+        return bad(path, id, "layout.recompute must be none, selective or full");
     if (L->dp < 1 || L->tp < 1 || L->pp < 1 || L->vpp < 1 || L->cp < 1 || L->ep < 1 || L->micro_batch < 1)
         return bad(path, id, "layout degrees must be >= 1");
     return NL_OK;
@@ -110,11 +121,16 @@ static nl_status run_train(const nl_catalog *cat, const char *path, const char *
     double B = (double)q.global_batch, s = (double)q.seq, gpus = (double)q.gpus;
     const char *m = c->metric;
     double fl = source_flops(str(e, "flops", "6n-attn"), a, ev.model_flops_per_step, B, s);
-    if (!strcmp(m, "tflops_per_gpu")) c->predicted = fl / ev.t_step / gpus / 1e12;
-    else if (!strcmp(m, "mfu")) c->predicted = 100 * fl / ev.t_step / gpus / q.hw.flops_bf16;
-    else if (!strcmp(m, "tokens_per_s_per_gpu")) c->predicted = B * s / ev.t_step / gpus;
-    else if (!strcmp(m, "gpu_hours_per_t_tokens")) c->predicted = 1e12 / (B * s / ev.t_step) * gpus / 3600;
-    else return bad(path, id, "unknown training metric");
+    if (!strcmp(m, "tflops_per_gpu"))
+        c->predicted = fl / ev.t_step / gpus / 1e12;
+    else if (!strcmp(m, "mfu"))
+        c->predicted = 100 * fl / ev.t_step / gpus / q.hw.flops_bf16;
+    else if (!strcmp(m, "tokens_per_s_per_gpu"))
+        c->predicted = B * s / ev.t_step / gpus;
+    else if (!strcmp(m, "gpu_hours_per_t_tokens"))
+        c->predicted = 1e12 / (B * s / ev.t_step) * gpus / 3600;
+    else
+        return bad(path, id, "unknown training metric");
     return NL_OK;
 }
 
@@ -161,14 +177,17 @@ static nl_status run_serve(const nl_catalog *cat, const char *path, const char *
     nl_serve_plan p;
     if (nl_plan_serve(&q, &p)) return bad(path, id, nl_last_error());
     const char *m = c->metric;
-    if (!strcmp(m, "ttft_ms")) c->predicted = p.ttft_s * 1e3;
-    else if (!strcmp(m, "tpot_ms")) c->predicted = p.tpot_s * 1e3;
+    if (!strcmp(m, "ttft_ms"))
+        c->predicted = p.ttft_s * 1e3;
+    else if (!strcmp(m, "tpot_ms"))
+        c->predicted = p.tpot_s * 1e3;
     else if (!strcmp(m, "out_tok_s") || !strcmp(m, "out_tok_s_per_gpu")) {
         /* A static batch (TensorRT-LLM's gptSessionBenchmark): the whole batch is prefilled,
          * then `output` decode steps at the average context. */
         double t = p.batch_prefill_s + q.output * p.tpot_s;
         c->predicted = (double)q.batch * q.output / t / (!strcmp(m, "out_tok_s") ? 1.0 : (double)q.tp);
-    } else return bad(path, id, "unknown serving metric");
+    } else
+        return bad(path, id, "unknown serving metric");
     return NL_OK;
 }
 
@@ -229,7 +248,10 @@ nl_status nl_plan_validate(const nl_catalog *cat0, const char *path, nl_valid_re
     cJSON_ArrayForEach(e, root) {
         nl_valid_case *c = &r->cases[r->n];
         const char *id = str(e, "id", NULL);
-        if (!cJSON_IsObject(e) || !id) { st = nl_fail(NL_ERR_FORMAT, "%s: entry %zu has no \"id\"", path, r->n + 1); break; }
+        if (!cJSON_IsObject(e) || !id) {
+            st = nl_fail(NL_ERR_FORMAT, "%s: entry %zu has no \"id\"", path, r->n + 1);
+            break;
+        }
         snprintf(c->id, sizeof c->id, "%s", id);
         snprintf(c->group, sizeof c->group, "%s", str(e, "group", ""));
         snprintf(c->metric, sizeof c->metric, "%s", str(e, "metric", ""));
@@ -238,7 +260,10 @@ nl_status nl_plan_validate(const nl_catalog *cat0, const char *path, nl_valid_re
         c->published = num(e, "published", NAN);
         c->formula = (int)num(e, "formula", 0);
         c->fits = -1;
-        if (!(c->published > 0) || !str(e, "source", NULL)) { st = bad(path, id, "needs \"source\" and a positive \"published\""); break; }
+        if (!(c->published > 0) || !str(e, "source", NULL)) {
+            st = bad(path, id, "needs \"source\" and a positive \"published\"");
+            break;
+        }
         nl_arch a;
         nl_family fam;
         nl_plan_family("llama", &fam);
@@ -252,12 +277,18 @@ nl_status nl_plan_validate(const nl_catalog *cat0, const char *path, nl_valid_re
             have_arch = 1;
         }
         if (!strcmp(c->group, "train")) {
-            if (!have_arch) { st = bad(path, id, "unknown model (give a catalog name or an \"arch\")"); break; }
+            if (!have_arch) {
+                st = bad(path, id, "unknown model (give a catalog name or an \"arch\")");
+                break;
+            }
             st = run_train(cat, path, id, e, &a, &fam, c);
         } else if (!strcmp(c->group, "memory")) {
             st = run_memory(path, id, e, &a, have_arch, &fam, c);
         } else if (!strcmp(c->group, "serve")) {
-            if (!have_arch) { st = bad(path, id, "unknown model (give a catalog name or an \"arch\")"); break; }
+            if (!have_arch) {
+                st = bad(path, id, "unknown model (give a catalog name or an \"arch\")");
+                break;
+            }
             st = run_serve(cat, path, id, e, &a, &fam, c);
         } else if (!strcmp(c->group, "collective")) {
             st = run_collective(cat, path, id, e, c);
@@ -271,10 +302,16 @@ nl_status nl_plan_validate(const nl_catalog *cat0, const char *path, nl_valid_re
     }
     cJSON_Delete(root);
     free(cat);
-    if (st) { nl_plan_validate_free(r); return st; }
+    if (st) {
+        nl_plan_validate_free(r);
+        return st;
+    }
     static const char *groups[] = {"train", "memory", "serve", "collective"};
     double *buf = malloc((r->n ? r->n : 1) * sizeof *buf);
-    if (!buf) { nl_plan_validate_free(r); return nl_fail(NL_ERR_NOMEM, "validate: out of memory"); }
+    if (!buf) {
+        nl_plan_validate_free(r);
+        return nl_fail(NL_ERR_NOMEM, "validate: out of memory");
+    }
     for (int g = 0; g < 4; g++) {
         nl_valid_group *G = &r->groups[g];
         snprintf(G->group, sizeof G->group, "%s", groups[g]);
@@ -284,8 +321,14 @@ nl_status nl_plan_validate(const nl_catalog *cat0, const char *path, nl_valid_re
             if (strcmp(c->group, groups[g])) continue;
             double ae = fabs(c->err);
             buf[k++] = ae;
-            if (ae >= G->worst_abs) { G->worst_abs = ae; snprintf(G->worst_id, sizeof G->worst_id, "%s", c->id); }
-            if (c->formula) { G->n_formula++; if (ae > G->worst_formula_abs) G->worst_formula_abs = ae; }
+            if (ae >= G->worst_abs) {
+                G->worst_abs = ae;
+                snprintf(G->worst_id, sizeof G->worst_id, "%s", c->id);
+            }
+            if (c->formula) {
+                G->n_formula++;
+                if (ae > G->worst_formula_abs) G->worst_formula_abs = ae;
+            }
         }
         G->n = k;
         if (k) {

@@ -17,9 +17,12 @@ nl_status nl_http_parse_url(const char *url, nl_http_url *u) {
     memset(u, 0, sizeof *u);
     if (!url || !*url) return nl_fail(NL_ERR_INVALID, "URL is empty");
     const char *p = url;
-    if (!strncmp(p, "https://", 8)) return nl_fail(NL_ERR_INVALID, "URL '%s': https is not supported (use http://)", url);
-    if (!strncmp(p, "http://", 7)) p += 7;
-    else if (strstr(p, "://")) return nl_fail(NL_ERR_INVALID, "URL '%s': only http:// is supported", url);
+    if (!strncmp(p, "https://", 8))
+        return nl_fail(NL_ERR_INVALID, "URL '%s': https is not supported (use http://)", url);
+    if (!strncmp(p, "http://", 7))
+        p += 7;
+    else if (strstr(p, "://"))
+        return nl_fail(NL_ERR_INVALID, "URL '%s': only http:// is supported", url);
     const char *host = p, *hend;
     if (*p == '[') { /* [v6]:port */
         hend = strchr(p, ']');
@@ -86,7 +89,7 @@ static int send_all(int fd, const char *p, size_t n) {
 /* Response decoding state: header bytes, then body (identity or chunked), then SSE events. */
 typedef struct rx {
     nl_http_response *resp;
-    nl_http_buf raw;        /* undecoded bytes not yet consumed */
+    nl_http_buf raw; /* undecoded bytes not yet consumed */
     int in_body, chunked, sse, done;
     int64_t content_length; /* -1: until close */
     int64_t chunk_left;     /* chunked: bytes left in the current chunk; -1 expecting a size line */
@@ -153,8 +156,10 @@ static int rx_process(rx *r) {
         r->content_length = -1;
         for (char *line = strstr(d, "\r\n"); line; line = strstr(line, "\r\n")) {
             line += 2;
-            if (!strncasecmp(line, "content-length:", 15)) r->content_length = strtoll(line + 15, NULL, 10);
-            else if (!strncasecmp(line, "transfer-encoding:", 18) && strstr(line, "chunked")) r->chunked = 1;
+            if (!strncasecmp(line, "content-length:", 15))
+                r->content_length = strtoll(line + 15, NULL, 10);
+            else if (!strncasecmp(line, "transfer-encoding:", 18) && strstr(line, "chunked"))
+                r->chunked = 1;
             else if (!strncasecmp(line, "content-type:", 13)) {
                 const char *v = line + 13;
                 while (*v == ' ') v++;
@@ -192,7 +197,10 @@ static int rx_process(rx *r) {
             long long sz = strtoll(d + used, &endp, 16);
             if (endp == d + used || sz < 0) return -1;
             used = (size_t)(eol + 2 - d);
-            if (sz == 0) { r->done = 1; break; }
+            if (sz == 0) {
+                r->done = 1;
+                break;
+            }
             r->chunk_left = sz;
             continue;
         }
@@ -225,7 +233,8 @@ nl_status nl_http_request(const char *host, int port, const char *method, const 
                                       "%s %s HTTP/1.1\r\nHost: %s:%d\r\nUser-Agent: nanolm\r\nAccept: */*\r\n"
                                       "Connection: close\r\n",
                                       method, path && *path ? path : "/", host, port);
-    if (!rc && body) rc = nl_http_buf_printf(&req, "Content-Type: application/json\r\nContent-Length: %zu\r\n", body_bytes_n);
+    if (!rc && body)
+        rc = nl_http_buf_printf(&req, "Content-Type: application/json\r\nContent-Length: %zu\r\n", body_bytes_n);
     if (!rc) rc = nl_http_buf_append(&req, "\r\n", 2);
     if (!rc && body) rc = nl_http_buf_append(&req, body, body_bytes_n);
     if (rc) {
@@ -260,17 +269,25 @@ nl_status nl_http_request(const char *host, int port, const char *method, const 
             break;
         }
         if (n == 0) {
-            if (!r.in_body) rc = nl_fail(NL_ERR_IO, "%s:%d closed the connection before a response to %s %s", host,
-                                         port, method, path);
+            if (!r.in_body)
+                rc = nl_fail(NL_ERR_IO, "%s:%d closed the connection before a response to %s %s", host, port, method,
+                             path);
             else if (!r.done && (r.chunked || r.content_length >= 0))
                 rc = nl_fail(NL_ERR_IO, "%s:%d closed the connection in the middle of the response to %s %s", host,
                              port, method, path);
-            else if (r.sse) sse_feed(&r);
+            else if (r.sse)
+                sse_feed(&r);
             break;
         }
-        if (nl_http_buf_append(&r.raw, chunk, (size_t)n)) { rc = NL_ERR_NOMEM; break; }
+        if (nl_http_buf_append(&r.raw, chunk, (size_t)n)) {
+            rc = NL_ERR_NOMEM;
+            break;
+        }
         int pr = rx_process(&r);
-        if (pr < 0) { rc = nl_fail(NL_ERR_FORMAT, "the response from %s:%d to %s %s is not HTTP/1.x", host, port, method, path); break; }
+        if (pr < 0) {
+            rc = nl_fail(NL_ERR_FORMAT, "the response from %s:%d to %s %s is not HTTP/1.x", host, port, method, path);
+            break;
+        }
         if (pr > 0 || r.done) break;
     }
     close(fd);

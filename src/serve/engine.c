@@ -18,18 +18,18 @@ enum { REQ_WAITING = 0, REQ_RUNNING = 1, REQ_FINISHED = 2 };
 typedef struct nl_req {
     uint64_t id;
     int state;
-    int32_t *toks;          /* (cap) prompt then completion tokens */
+    int32_t *toks; /* (cap) prompt then completion tokens */
     int64_t n_toks, cap, n_prompt;
-    int64_t n_cached;       /* positions whose K/V are in the cache */
-    int32_t *table;         /* block table */
+    int64_t n_cached; /* positions whose K/V are in the cache */
+    int32_t *table;   /* block table */
     int64_t n_table, table_cap;
     nl_sampling s;
     nl_rng rng;
     nl_finish finish;
     char error[256];
-    int cancel, release;    /* asked by another thread */
-    int keep_kv;            /* prefill-only: keeps its blocks when it finishes, for nl_engine_export_kv */
-    uint64_t admit_seq;     /* admission order: the largest is the youngest */
+    int cancel, release; /* asked by another thread */
+    int keep_kv;         /* prefill-only: keeps its blocks when it finishes, for nl_engine_export_kv */
+    uint64_t admit_seq;  /* admission order: the largest is the youngest */
     int64_t preemptions;
     /* output: completion text and what was read / sent */
     char *text;
@@ -42,13 +42,13 @@ typedef struct nl_req {
 
 struct nl_engine {
     nl_engine_opts o;
-    nl_model own_model;       /* when opened from a file */
+    nl_model own_model; /* when opened from a file */
     const nl_model *m;
     nl_tokenizer own_tok;
     const nl_tokenizer *tok;
     nl_wfmt wfmt;
-    int64_t weight_macs;      /* multiply-adds of the linears per token */
-    nl_mv_weight *w;          /* (L, 4): qkv, o, gate_up, down; then the classifier at [4L] */
+    int64_t weight_macs; /* multiply-adds of the linears per token */
+    nl_mv_weight *w;     /* (L, 4): qkv, o, gate_up, down; then the classifier at [4L] */
     size_t weight_bytes;
     nl_kvcache kv;
     /* step buffers, sized for max_step_tokens rows */
@@ -57,19 +57,19 @@ struct nl_engine {
     int32_t *row_tok, *sample_tok;
     int64_t *row_pos, *out_rows;
     nl_req **row_req, **out_req;
-    int64_t n_decode_rows;    /* of this step's rows, how many are decodes */
-    nl_req **touched;         /* requests with news this step (events, releases) */
+    int64_t n_decode_rows; /* of this step's rows, how many are decodes */
+    nl_req **touched;      /* requests with news this step (events, releases) */
     int64_t n_touched;
     nl_status *sample_rc;
     char (*sample_err)[256];
     /* requests */
     pthread_mutex_t mu;
-    pthread_cond_t cv;        /* broadcast after every step and every submit */
-    nl_req **all;             /* every request not released */
+    pthread_cond_t cv; /* broadcast after every step and every submit */
+    nl_req **all;      /* every request not released */
     int64_t n_all, all_cap;
-    nl_req **waiting;         /* FIFO */
+    nl_req **waiting; /* FIFO */
     int64_t n_waiting;
-    nl_req **running;         /* admission order */
+    nl_req **running; /* admission order */
     int64_t n_running;
     uint64_t next_id, admit_counter;
     nl_engine_stats st;
@@ -101,7 +101,8 @@ void nl_engine_opts_default(nl_engine_opts *o) {
 static nl_status check_opts(const nl_engine_opts *o) {
     if (o->weights != NL_WFMT_AUTO && !nl_wfmt_name(o->weights))
         return nl_fail(NL_ERR_INVALID, "engine: unknown weight format %d", (int)o->weights);
-    if (o->kv != NL_KV_FP32 && o->kv != NL_KV_INT8) return nl_fail(NL_ERR_INVALID, "engine: unknown KV type %d", (int)o->kv);
+    if (o->kv != NL_KV_FP32 && o->kv != NL_KV_INT8)
+        return nl_fail(NL_ERR_INVALID, "engine: unknown KV type %d", (int)o->kv);
     if (o->block_size < 1 || o->block_size > 4096)
         return nl_fail(NL_ERR_INVALID, "engine: block size must be in [1, 4096], got %lld", (long long)o->block_size);
     if (o->kv_blocks < 0 || o->kv_mem_bytes < 0)
@@ -130,15 +131,23 @@ static nl_status alloc_buffers(nl_engine *e) {
     e->sample_err = nl_malloc((size_t)R * 256, "engine sample errors");
     e->touched = nl_malloc((size_t)(R + 2 * (int64_t)e->o.max_waiting + 2 * e->o.max_batch + 1) * sizeof(nl_req *),
                            "engine touched list");
-    if (!e->x || !e->row_tok || !e->row_pos || !e->row_req || !e->sample_rc || !e->sample_err || !e->touched) return NL_ERR_NOMEM;
+    if (!e->x || !e->row_tok || !e->row_pos || !e->row_req || !e->sample_rc || !e->sample_err || !e->touched)
+        return NL_ERR_NOMEM;
     float *p = e->x + R * m->C;
-    e->xb = p; p += R * m->C;
-    e->qkv = p; p += R * m->QKV;
-    e->atty = p; p += R * m->NH * m->hd;
-    e->h13 = p; p += R * 2 * m->H;
-    e->hact = p; p += R * m->H;
-    e->rstd = p; p += R;
-    e->logits = p; p += R * m->V;
+    e->xb = p;
+    p += R * m->C;
+    e->qkv = p;
+    p += R * m->QKV;
+    e->atty = p;
+    p += R * m->NH * m->hd;
+    e->h13 = p;
+    p += R * 2 * m->H;
+    e->hact = p;
+    p += R * m->H;
+    e->rstd = p;
+    p += R;
+    e->logits = p;
+    p += R * m->V;
     e->scratch = p;
     e->sample_tok = e->row_tok + R;
     e->out_rows = e->row_pos + R;
@@ -170,7 +179,8 @@ static nl_status build_weights(nl_engine *e) {
 
 static nl_status engine_init(nl_engine *e) {
     const nl_model *m = e->m;
-    if (m->moe) return nl_fail(NL_ERR_UNSUPPORTED, "engine: arch %s has mixture-of-experts layers (not served)", m->arch.name);
+    if (m->moe)
+        return nl_fail(NL_ERR_UNSUPPORTED, "engine: arch %s has mixture-of-experts layers (not served)", m->arch.name);
     if (!m->w.embed || !m->w.cls) return nl_fail(NL_ERR_INVALID, "engine: the model has no embedding or classifier");
     if (e->wfmt == NL_WFMT_AUTO) e->wfmt = NL_WFMT_FP32;
     NL_TRY(build_weights(e));
@@ -192,14 +202,17 @@ static nl_status engine_init(nl_engine *e) {
 static nl_engine *engine_new(const nl_engine_opts *opts) {
     nl_engine *e = nl_calloc(1, sizeof *e, "engine");
     if (!e) return NULL;
-    if (opts) e->o = *opts;
-    else nl_engine_opts_default(&e->o);
+    if (opts)
+        e->o = *opts;
+    else
+        nl_engine_opts_default(&e->o);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     return e;
 }
 
-nl_status nl_engine_open_model(nl_engine **out, const nl_model *m, const nl_tokenizer *tok, const nl_engine_opts *opts) {
+nl_status nl_engine_open_model(nl_engine **out, const nl_model *m, const nl_tokenizer *tok,
+                               const nl_engine_opts *opts) {
     *out = NULL;
     if (opts) NL_TRY(check_opts(opts));
     nl_engine *e = engine_new(opts);
@@ -236,7 +249,8 @@ nl_status nl_engine_open(nl_engine **out, const char *ckpt, const char *tokenize
         nl_qmodel qm;
         rc = nl_qmodel_load(ckpt, &e->own_model, &qm, kind);
         if (!rc) {
-            int int8pc = qm.spec.kind == NL_QUANT_SYMMETRIC && qm.spec.gran == NL_QUANT_PER_CHANNEL && qm.spec.bits == 8;
+            int int8pc =
+                qm.spec.kind == NL_QUANT_SYMMETRIC && qm.spec.gran == NL_QUANT_PER_CHANNEL && qm.spec.bits == 8;
             if (e->wfmt == NL_WFMT_AUTO) e->wfmt = int8pc ? NL_WFMT_INT8 : NL_WFMT_FP32;
             nl_qmodel_free(&qm);
         }
@@ -338,7 +352,8 @@ static int queues_ready(nl_engine *e) {
     return 1;
 }
 
-static nl_status submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl_sampling *s, int keep_kv, uint64_t *id) {
+static nl_status submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl_sampling *s, int keep_kv,
+                        uint64_t *id) {
     *id = 0;
     const nl_model *m = e->m;
     nl_sampling sd;
@@ -349,14 +364,14 @@ static nl_status submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl
     if (n < 1) return nl_fail(NL_ERR_INVALID, "the prompt is empty (at least one token is needed)");
     for (int64_t i = 0; i < n; i++)
         if (prompt[i] < 0 || prompt[i] >= m->V)
-            return nl_fail(NL_ERR_INVALID, "prompt token %d at index %lld is outside the vocabulary [0, %lld)", prompt[i],
-                           (long long)i, (long long)m->V);
+            return nl_fail(NL_ERR_INVALID, "prompt token %d at index %lld is outside the vocabulary [0, %lld)",
+                           prompt[i], (long long)i, (long long)m->V);
     if (n > m->arch.seq_len)
         return nl_fail(NL_ERR_RANGE, "the prompt is %lld tokens, longer than the model's context of %lld tokens",
                        (long long)n, (long long)m->arch.seq_len);
     if (n > e->kv.n_blocks * e->kv.block_size)
-        return nl_fail(NL_ERR_RANGE, "the prompt is %lld tokens, more than the whole KV cache holds (%lld)", (long long)n,
-                       (long long)(e->kv.n_blocks * e->kv.block_size));
+        return nl_fail(NL_ERR_RANGE, "the prompt is %lld tokens, more than the whole KV cache holds (%lld)",
+                       (long long)n, (long long)(e->kv.n_blocks * e->kv.block_size));
     NL_TRY(nl_sampling_check(s));
     nl_req *r = nl_calloc(1, sizeof *r, "request");
     if (!r) return NL_ERR_NOMEM;
@@ -364,7 +379,10 @@ static nl_status submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl
     r->keep_kv = keep_kv;
     int64_t want = n + (s->max_tokens > 0 ? s->max_tokens : m->arch.seq_len) + 1;
     if (want > m->arch.seq_len + 1) want = m->arch.seq_len + 1;
-    if (grow((void **)&r->toks, &r->cap, want, sizeof(int32_t), "request tokens")) { req_free(r); return NL_ERR_NOMEM; }
+    if (grow((void **)&r->toks, &r->cap, want, sizeof(int32_t), "request tokens")) {
+        req_free(r);
+        return NL_ERR_NOMEM;
+    }
     memcpy(r->toks, prompt, (size_t)n * sizeof(int32_t));
     r->n_toks = r->n_prompt = n;
     nl_rng_seed(&r->rng, s->seed);
@@ -373,7 +391,8 @@ static nl_status submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl
     nl_status rc = NL_OK;
     if (e->n_waiting >= e->o.max_waiting) {
         e->st.requests_rejected++;
-        rc = nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later", e->o.max_waiting);
+        rc =
+            nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later", e->o.max_waiting);
     } else if (!queues_ready(e)) {
         rc = NL_ERR_NOMEM;
     }
@@ -399,10 +418,12 @@ nl_status nl_engine_submit(nl_engine *e, const int32_t *prompt, int64_t n, const
 
 nl_status nl_engine_submit_prefill(nl_engine *e, const int32_t *prompt, int64_t n, const nl_sampling *s, uint64_t *id) {
     nl_sampling one;
-    if (s) one = *s;
-    else nl_sampling_default(&one);
+    if (s)
+        one = *s;
+    else
+        nl_sampling_default(&one);
     one.max_tokens = 1;
-    one.n_stop = 0;  /* stop strings are the decode side's: it sees the first token again */
+    one.n_stop = 0; /* stop strings are the decode side's: it sees the first token again */
     return submit(e, prompt, n, &one, 1, id);
 }
 
@@ -451,8 +472,10 @@ void nl_engine_release(nl_engine *e, uint64_t id) {
     pthread_mutex_lock(&e->mu);
     nl_req *r = find_req(e, id);
     if (r) {
-        if (r->state == REQ_FINISHED) drop_req(e, r);
-        else r->cancel = r->release = 1; /* the driver finishes and frees it at its next step */
+        if (r->state == REQ_FINISHED)
+            drop_req(e, r);
+        else
+            r->cancel = r->release = 1; /* the driver finishes and frees it at its next step */
         pthread_cond_broadcast(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
@@ -779,7 +802,11 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
             it->len = r->text_final > r->ev_text ? r->text_final - r->ev_text : 0;
             it->toks = it->n > 0 ? nl_malloc((size_t)it->n * sizeof(int32_t), "event tokens") : NULL;
             it->text = it->len > 0 ? nl_malloc(it->len, "event text") : NULL;
-            if ((it->n > 0 && !it->toks) || (it->len > 0 && !it->text)) { nl_free(it->toks); nl_free(it->text); continue; }
+            if ((it->n > 0 && !it->toks) || (it->len > 0 && !it->text)) {
+                nl_free(it->toks);
+                nl_free(it->text);
+                continue;
+            }
             if (it->n > 0) memcpy(it->toks, r->toks + r->n_prompt + r->ev_tokens, (size_t)it->n * sizeof(int32_t));
             if (it->len > 0) memcpy(it->text, r->text + r->ev_text, it->len);
             r->ev_tokens = r->state == REQ_FINISHED ? -1 : done;
@@ -940,12 +967,15 @@ nl_status nl_engine_export_kv(nl_engine *e, uint64_t id, nl_engine_kv *out) {
     pthread_mutex_lock(&e->mu);
     nl_req *r = find_req(e, id);
     nl_status rc = NL_OK;
-    if (!r) rc = nl_fail(NL_ERR_INVALID, "engine: no request with id %llu", (unsigned long long)id);
-    else if (!r->keep_kv) rc = nl_fail(NL_ERR_INVALID, "engine: request %llu is not a prefill-only request", (unsigned long long)id);
-    else if (r->state != REQ_FINISHED) rc = nl_fail(NL_ERR_INVALID, "engine: request %llu has not finished its prefill", (unsigned long long)id);
+    if (!r)
+        rc = nl_fail(NL_ERR_INVALID, "engine: no request with id %llu", (unsigned long long)id);
+    else if (!r->keep_kv)
+        rc = nl_fail(NL_ERR_INVALID, "engine: request %llu is not a prefill-only request", (unsigned long long)id);
+    else if (r->state != REQ_FINISHED)
+        rc = nl_fail(NL_ERR_INVALID, "engine: request %llu has not finished its prefill", (unsigned long long)id);
     else if (r->n_cached < r->n_prompt || r->n_toks != r->n_prompt + 1)
-        rc = nl_fail(NL_ERR_INVALID, "engine: request %llu ended %s without its prompt's KV%s%s", (unsigned long long)id,
-                     nl_finish_name(r->finish), r->error[0] ? ": " : "", r->error);
+        rc = nl_fail(NL_ERR_INVALID, "engine: request %llu ended %s without its prompt's KV%s%s",
+                     (unsigned long long)id, nl_finish_name(r->finish), r->error[0] ? ": " : "", r->error);
     if (!rc) {
         out->n_layers = e->kv.L;
         out->kv_heads = e->kv.KVH;
@@ -972,18 +1002,22 @@ nl_status nl_engine_export_kv(nl_engine *e, uint64_t id, nl_engine_kv *out) {
 static nl_status check_import(const nl_engine *e, const nl_engine_kv *kv) {
     const nl_model *m = e->m;
     if (kv->n_layers != e->kv.L || kv->kv_heads != e->kv.KVH || kv->head_dim != e->kv.hd)
-        return nl_fail(NL_ERR_INVALID, "KV import: shape %lld layers x %lld kv heads x %lld head dim, the engine's model has "
-                       "%lld x %lld x %lld", (long long)kv->n_layers, (long long)kv->kv_heads, (long long)kv->head_dim,
-                       (long long)e->kv.L, (long long)e->kv.KVH, (long long)e->kv.hd);
+        return nl_fail(NL_ERR_INVALID,
+                       "KV import: shape %lld layers x %lld kv heads x %lld head dim, the engine's model has "
+                       "%lld x %lld x %lld",
+                       (long long)kv->n_layers, (long long)kv->kv_heads, (long long)kv->head_dim, (long long)e->kv.L,
+                       (long long)e->kv.KVH, (long long)e->kv.hd);
     if (kv->dtype != e->kv.dtype)
         return nl_fail(NL_ERR_INVALID, "KV import: the KV is %s, the engine's cache is %s",
                        kv->dtype == NL_KV_INT8 ? "int8" : "fp32", e->kv.dtype == NL_KV_INT8 ? "int8" : "fp32");
     if (kv->n_tokens < 1 || kv->n_tokens >= m->arch.seq_len)
-        return nl_fail(NL_ERR_RANGE, "KV import: %lld prompt tokens, outside [1, context %lld)", (long long)kv->n_tokens,
-                       (long long)m->arch.seq_len);
-    if (kv->data_bytes != nl_kvcache_seq_bytes(kv->n_layers, kv->kv_heads, kv->head_dim, kv->dtype, kv->n_tokens) || !kv->data)
+        return nl_fail(NL_ERR_RANGE, "KV import: %lld prompt tokens, outside [1, context %lld)",
+                       (long long)kv->n_tokens, (long long)m->arch.seq_len);
+    if (kv->data_bytes != nl_kvcache_seq_bytes(kv->n_layers, kv->kv_heads, kv->head_dim, kv->dtype, kv->n_tokens) ||
+        !kv->data)
         return nl_fail(NL_ERR_INVALID, "KV import: %zu bytes of KV for %lld tokens, expected %zu", kv->data_bytes,
-                       (long long)kv->n_tokens, nl_kvcache_seq_bytes(kv->n_layers, kv->kv_heads, kv->head_dim, kv->dtype, kv->n_tokens));
+                       (long long)kv->n_tokens,
+                       nl_kvcache_seq_bytes(kv->n_layers, kv->kv_heads, kv->head_dim, kv->dtype, kv->n_tokens));
     for (int64_t i = 0; i <= kv->n_tokens; i++) {
         int32_t t = i < kv->n_tokens ? kv->tokens[i] : kv->first_token;
         if (t < 0 || t >= m->V)
@@ -1008,7 +1042,10 @@ nl_status nl_engine_import_kv(nl_engine *e, const nl_engine_kv *kv, const nl_sam
     r->s = *s;
     int64_t want = n + (s->max_tokens > 0 ? s->max_tokens : S) + 1;
     if (want > S + 1) want = S + 1;
-    if (grow((void **)&r->toks, &r->cap, want, sizeof(int32_t), "request tokens")) { req_free(r); return NL_ERR_NOMEM; }
+    if (grow((void **)&r->toks, &r->cap, want, sizeof(int32_t), "request tokens")) {
+        req_free(r);
+        return NL_ERR_NOMEM;
+    }
     memcpy(r->toks, kv->tokens, (size_t)n * sizeof(int32_t));
     r->n_toks = r->n_prompt = n;
     r->rng = kv->rng;
@@ -1017,13 +1054,14 @@ nl_status nl_engine_import_kv(nl_engine *e, const nl_engine_kv *kv, const nl_sam
     nl_status rc = NL_OK;
     if (e->n_waiting >= e->o.max_waiting) {
         e->st.requests_rejected++;
-        rc = nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later", e->o.max_waiting);
+        rc =
+            nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later", e->o.max_waiting);
     } else if (!queues_ready(e)) {
         rc = NL_ERR_NOMEM;
     } else if (!reserve(e, r, n)) {
         free_blocks(e, r);
-        rc = nl_fail(NL_ERR_BUSY, "KV import: the pool has %lld free blocks, %lld tokens need %lld", (long long)e->kv.n_free,
-                     (long long)n, (long long)((n + e->kv.block_size - 1) / e->kv.block_size));
+        rc = nl_fail(NL_ERR_BUSY, "KV import: the pool has %lld free blocks, %lld tokens need %lld",
+                     (long long)e->kv.n_free, (long long)n, (long long)((n + e->kv.block_size - 1) / e->kv.block_size));
     }
     if (rc) {
         pthread_mutex_unlock(&e->mu);

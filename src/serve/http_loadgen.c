@@ -92,8 +92,10 @@ static int on_event(void *ctx, const char *data, size_t n, double t_s) {
     const cJSON *c0 = cJSON_GetArrayItem(choices, 0);
     const cJSON *text = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "text") : NULL;
     if (cJSON_IsString(text) && text->valuestring[0]) {
-        if (s->chunks == 0) s->t_first = t_s;
-        else dvec_push(&s->itl, t_s - s->t_last);
+        if (s->chunks == 0)
+            s->t_first = t_s;
+        else
+            dvec_push(&s->itl, t_s - s->t_last);
         s->t_last = t_s;
         s->chunks++;
     }
@@ -112,9 +114,9 @@ typedef struct shared {
     const nl_loadgen_opts *o;
     const char *path;
     double t0;
-    double *arrival_s;       /* (requests,) offsets from t0 */
-    int64_t *plen, *olen;    /* (requests,) */
-    uint64_t *pseed;         /* (requests,) seed of each prompt */
+    double *arrival_s;    /* (requests,) offsets from t0 */
+    int64_t *plen, *olen; /* (requests,) */
+    uint64_t *pseed;      /* (requests,) seed of each prompt */
     pthread_mutex_t mu;
     int64_t next;
     dvec ttft, tpot, itl, e2e;
@@ -168,24 +170,30 @@ static void *worker(void *arg) {
         nl_http_response resp;
         nl_status rc = NL_ERR_NOMEM;
         double t_send = nl_time_s();
-        if (body) rc = nl_http_request(o->host, o->port, "POST", sh->path, body, strlen(body), o->timeout_s, on_event, &st,
-                                       &resp);
+        if (body)
+            rc = nl_http_request(o->host, o->port, "POST", sh->path, body, strlen(body), o->timeout_s, on_event, &st,
+                                 &resp);
         double t_done = nl_time_s();
         free(body);
         char why[320] = "";
-        if (rc) snprintf(why, sizeof why, "%s", nl_last_error());
+        if (rc)
+            snprintf(why, sizeof why, "%s", nl_last_error());
         else if (resp.status != 200)
             snprintf(why, sizeof why, "HTTP %d: %.200s", resp.status, resp.body.data ? resp.body.data : "");
-        else if (st.error) snprintf(why, sizeof why, "%s", st.error_msg);
-        else if (!st.done) snprintf(why, sizeof why, "the stream ended without data: [DONE]");
+        else if (st.error)
+            snprintf(why, sizeof why, "%s", st.error_msg);
+        else if (!st.done)
+            snprintf(why, sizeof why, "the stream ended without data: [DONE]");
         else if (st.completion_tokens > sh->olen[i] || st.completion_tokens < 1)
-            snprintf(why, sizeof why, "asked for %lld tokens, got %lld", (long long)sh->olen[i], (long long)st.completion_tokens);
+            snprintf(why, sizeof why, "asked for %lld tokens, got %lld", (long long)sh->olen[i],
+                     (long long)st.completion_tokens);
         if (!rc) nl_http_response_free(&resp);
         pthread_mutex_lock(&sh->mu);
         if (t_done > sh->t_end) sh->t_end = t_done;
         if (why[0]) {
             sh->failed++;
-            if (!sh->first_error[0]) snprintf(sh->first_error, sizeof sh->first_error, "request %lld: %.280s", (long long)i, why);
+            if (!sh->first_error[0])
+                snprintf(sh->first_error, sizeof sh->first_error, "request %lld: %.280s", (long long)i, why);
         } else {
             sh->ok++;
             double ttft = st.chunks ? st.t_first - t_send : t_done - t_send;
@@ -201,7 +209,8 @@ static void *worker(void *arg) {
             sh->prompt_tokens += st.prompt_tokens;
             sh->short_outputs += st.completion_tokens < sh->olen[i];
             sh->output_tokens += st.completion_tokens;
-            int good = (o->slo_ttft_s <= 0 || ttft <= o->slo_ttft_s) && (o->slo_tpot_s <= 0 || isnan(tpot) || tpot <= o->slo_tpot_s);
+            int good = (o->slo_ttft_s <= 0 || ttft <= o->slo_ttft_s) &&
+                       (o->slo_tpot_s <= 0 || isnan(tpot) || tpot <= o->slo_tpot_s);
             sh->good += good;
         }
         pthread_mutex_unlock(&sh->mu);
@@ -218,9 +227,11 @@ static nl_status ask_vocab(const nl_loadgen_opts *o, int64_t *vocab) {
     cJSON *doc = resp.status == 200 && resp.body.data ? cJSON_Parse(resp.body.data) : NULL;
     const cJSON *m = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "data"), 0);
     const cJSON *v = m ? cJSON_GetObjectItemCaseSensitive(m, "vocab_size") : NULL;
-    if (cJSON_IsNumber(v) && v->valuedouble >= 4) *vocab = (int64_t)v->valuedouble;
-    else rc = nl_fail(NL_ERR_IO, "GET /v1/models on %s:%d gave no vocab_size (HTTP %d); give --vocab", o->host, o->port,
-                      resp.status);
+    if (cJSON_IsNumber(v) && v->valuedouble >= 4)
+        *vocab = (int64_t)v->valuedouble;
+    else
+        rc = nl_fail(NL_ERR_IO, "GET /v1/models on %s:%d gave no vocab_size (HTTP %d); give --vocab", o->host, o->port,
+                     resp.status);
     cJSON_Delete(doc);
     nl_http_response_free(&resp);
     return rc;
@@ -229,8 +240,10 @@ static nl_status ask_vocab(const nl_loadgen_opts *o, int64_t *vocab) {
 nl_status nl_loadgen_run(const nl_loadgen_opts *oin, nl_loadgen_result *r) {
     memset(r, 0, sizeof *r);
     nl_loadgen_opts o = *oin;
-    if (!o.host || o.port < 1 || o.port > 65535) return nl_fail(NL_ERR_INVALID, "load generator: no host:port to send to");
-    if (o.requests < 1) return nl_fail(NL_ERR_INVALID, "load generator: requests must be >= 1, got %lld", (long long)o.requests);
+    if (!o.host || o.port < 1 || o.port > 65535)
+        return nl_fail(NL_ERR_INVALID, "load generator: no host:port to send to");
+    if (o.requests < 1)
+        return nl_fail(NL_ERR_INVALID, "load generator: requests must be >= 1, got %lld", (long long)o.requests);
     if (o.concurrency < 1 || o.concurrency > 4096)
         return nl_fail(NL_ERR_INVALID, "load generator: concurrency must be in [1, 4096], got %d", o.concurrency);
     if (!(o.rate_rps >= 0) || !isfinite(o.rate_rps))
@@ -242,7 +255,8 @@ nl_status nl_loadgen_run(const nl_loadgen_opts *oin, nl_loadgen_result *r) {
     if (o.output_len_max < o.output_len) o.output_len_max = o.output_len;
     if (o.timeout_s <= 0) o.timeout_s = 300;
     if (o.vocab_size == 0) NL_TRY(ask_vocab(&o, &o.vocab_size));
-    if (o.vocab_size < 4) return nl_fail(NL_ERR_INVALID, "load generator: vocab_size must be >= 4, got %lld", (long long)o.vocab_size);
+    if (o.vocab_size < 4)
+        return nl_fail(NL_ERR_INVALID, "load generator: vocab_size must be >= 4, got %lld", (long long)o.vocab_size);
     shared sh;
     memset(&sh, 0, sizeof sh);
     sh.o = &o;

@@ -12,7 +12,8 @@
 /* ---- buffer ---------------------------------------------------------------------------------- */
 
 nl_status nl_http_buf_append(nl_http_buf *b, const void *s, size_t n) {
-    if (n > ((size_t)1 << 40) || b->len + n + 1 < b->len) return nl_fail(NL_ERR_NOMEM, "http buffer: %zu bytes is too large", n);
+    if (n > ((size_t)1 << 40) || b->len + n + 1 < b->len)
+        return nl_fail(NL_ERR_NOMEM, "http buffer: %zu bytes is too large", n);
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
@@ -91,8 +92,10 @@ static cJSON *error_object(const nl_http_error *err) {
     cJSON *e = cJSON_AddObjectToObject(doc, "error");
     cJSON_AddStringToObject(e, "message", err->message);
     cJSON_AddStringToObject(e, "type", err->type ? err->type : error_type(err->status));
-    if (err->param[0]) cJSON_AddStringToObject(e, "param", err->param);
-    else cJSON_AddNullToObject(e, "param");
+    if (err->param[0])
+        cJSON_AddStringToObject(e, "param", err->param);
+    else
+        cJSON_AddNullToObject(e, "param");
     cJSON_AddNumberToObject(e, "code", err->status);
     return doc;
 }
@@ -184,7 +187,8 @@ static int parse_prompt(const cJSON *doc, int64_t vocab_size, nl_completion_req 
         if (n == 0) return bad(err, "prompt", "'prompt' is an empty array");
         const cJSON *first = cJSON_GetArrayItem(p, 0);
         if (cJSON_IsString(first)) {
-            if (n > 1) return bad(err, "prompt", "'prompt' holds %d strings; this server takes one prompt per request", n);
+            if (n > 1)
+                return bad(err, "prompt", "'prompt' holds %d strings; this server takes one prompt per request", n);
             p = first;
         } else {
             req->prompt_tokens = malloc(sizeof(int32_t) * (size_t)n);
@@ -205,7 +209,8 @@ static int parse_prompt(const cJSON *doc, int64_t vocab_size, nl_completion_req 
             return 0;
         }
     }
-    if (!cJSON_IsString(p)) return bad(err, "prompt", "'prompt' must be a string, [string] or [int], got %s", type_name(p));
+    if (!cJSON_IsString(p))
+        return bad(err, "prompt", "'prompt' must be a string, [string] or [int], got %s", type_name(p));
     req->prompt = dup_str(p->valuestring, &req->prompt_bytes);
     if (!req->prompt) return bad(err, "prompt", "'prompt': out of memory");
     return 0;
@@ -217,21 +222,25 @@ static int parse_stop(const cJSON *doc, nl_completion_req *req, nl_http_error *e
     if (cJSON_IsString(s)) {
         if (!s->valuestring[0]) return bad(err, "stop", "'stop' must not be empty");
         if (strlen(s->valuestring) > NL_HTTP_MAX_STOP_BYTES)
-            return bad(err, "stop", "'stop' is %zu bytes, at most %d are allowed", strlen(s->valuestring), NL_HTTP_MAX_STOP_BYTES);
+            return bad(err, "stop", "'stop' is %zu bytes, at most %d are allowed", strlen(s->valuestring),
+                       NL_HTTP_MAX_STOP_BYTES);
         if (!(req->stop[0] = dup_str(s->valuestring, NULL))) return bad(err, "stop", "'stop': out of memory");
         req->n_stop = 1;
         return 0;
     }
-    if (!cJSON_IsArray(s)) return bad(err, "stop", "'stop' must be a string or an array of strings, got %s", type_name(s));
+    if (!cJSON_IsArray(s))
+        return bad(err, "stop", "'stop' must be a string or an array of strings, got %s", type_name(s));
     int n = cJSON_GetArraySize(s);
-    if (n > NL_HTTP_MAX_STOP) return bad(err, "stop", "'stop' holds %d strings, at most %d are allowed", n, NL_HTTP_MAX_STOP);
+    if (n > NL_HTTP_MAX_STOP)
+        return bad(err, "stop", "'stop' holds %d strings, at most %d are allowed", n, NL_HTTP_MAX_STOP);
     const cJSON *t;
     cJSON_ArrayForEach(t, s) {
-        if (!cJSON_IsString(t)) return bad(err, "stop", "'stop'[%d] must be a string, got %s", req->n_stop, type_name(t));
+        if (!cJSON_IsString(t))
+            return bad(err, "stop", "'stop'[%d] must be a string, got %s", req->n_stop, type_name(t));
         if (!t->valuestring[0]) return bad(err, "stop", "'stop'[%d] must not be empty", req->n_stop);
         if (strlen(t->valuestring) > NL_HTTP_MAX_STOP_BYTES)
-            return bad(err, "stop", "'stop'[%d] is %zu bytes, at most %d are allowed", req->n_stop, strlen(t->valuestring),
-                       NL_HTTP_MAX_STOP_BYTES);
+            return bad(err, "stop", "'stop'[%d] is %zu bytes, at most %d are allowed", req->n_stop,
+                       strlen(t->valuestring), NL_HTTP_MAX_STOP_BYTES);
         if (!(req->stop[req->n_stop] = dup_str(t->valuestring, NULL))) return bad(err, "stop", "'stop': out of memory");
         req->n_stop++;
     }
@@ -263,7 +272,8 @@ static int parse_fields(const cJSON *doc, int64_t vocab_size, nl_completion_req 
     if (get_bool(doc, "ignore_eos", &req->ignore_eos, err)) return 1;
     const cJSON *so = field(doc, "stream_options");
     if (so) {
-        if (!cJSON_IsObject(so)) return bad(err, "stream_options", "'stream_options' must be an object, got %s", type_name(so));
+        if (!cJSON_IsObject(so))
+            return bad(err, "stream_options", "'stream_options' must be an object, got %s", type_name(so));
         if (get_bool(so, "include_usage", &req->include_usage, err)) return 1;
     }
     int64_t n = 1, best_of = 1, logprobs = 0;
@@ -349,8 +359,10 @@ static void add_choice(cJSON *doc, const char *text, size_t n, const char *finis
     cJSON_AddItemToObject(c, "text", string_n(text, n));
     cJSON_AddNumberToObject(c, "index", 0);
     cJSON_AddNullToObject(c, "logprobs");
-    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
-    else cJSON_AddNullToObject(c, "finish_reason");
+    if (finish)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
 }
 
@@ -361,9 +373,8 @@ static void add_usage(cJSON *doc, int64_t prompt_tokens, int64_t completion_toke
     cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt_tokens + completion_tokens));
 }
 
-nl_status nl_http_completion_json(const nl_completion_id *id, const char *text, size_t text_bytes,
-                                  const char *finish, int64_t prompt_tokens, int64_t completion_tokens,
-                                  nl_http_buf *out) {
+nl_status nl_http_completion_json(const nl_completion_id *id, const char *text, size_t text_bytes, const char *finish,
+                                  int64_t prompt_tokens, int64_t completion_tokens, nl_http_buf *out) {
     cJSON *doc = head(id);
     add_choice(doc, text, text_bytes, finish);
     add_usage(doc, prompt_tokens, completion_tokens);

@@ -72,23 +72,25 @@ static void put_shape(uint8_t *p, const nl_kvx_shape *sh) {
 static const char *dtype_name(uint32_t d) { return d == NL_KV_FP32 ? "fp32" : d == NL_KV_INT8 ? "int8" : "unknown"; }
 
 /* Checks magic, version, shape and KV format of a header (shape at offset `at`). */
-static nl_status check_common(const uint8_t *h, const uint8_t magic[4], const char *what, size_t at, const nl_kvx_shape *x) {
+static nl_status check_common(const uint8_t *h, const uint8_t magic[4], const char *what, size_t at,
+                              const nl_kvx_shape *x) {
     if (memcmp(h, magic, 4))
-        return nl_fail(NL_ERR_FORMAT, "KV transfer %s: bad magic %02x %02x %02x %02x (expected \"%.4s\")", what, h[0], h[1],
-                       h[2], h[3], (const char *)magic);
+        return nl_fail(NL_ERR_FORMAT, "KV transfer %s: bad magic %02x %02x %02x %02x (expected \"%.4s\")", what, h[0],
+                       h[1], h[2], h[3], (const char *)magic);
     if (get32(h + 4) != NL_KVX_VERSION)
-        return nl_fail(NL_ERR_FORMAT, "KV transfer %s: version %u, this build speaks %d", what, get32(h + 4), NL_KVX_VERSION);
+        return nl_fail(NL_ERR_FORMAT, "KV transfer %s: version %u, this build speaks %d", what, get32(h + 4),
+                       NL_KVX_VERSION);
     const uint8_t *s = h + at;
     const int64_t want[6] = {x->n_layers, x->n_heads, x->kv_heads, x->head_dim, x->vocab, x->seq_len};
     static const char *names[6] = {"n_layers", "n_heads", "kv_heads", "head_dim", "vocab", "seq_len"};
     for (int i = 0; i < 6; i++)
         if ((int64_t)get32(s + 4 * i) != want[i])
-            return nl_fail(NL_ERR_FORMAT, "KV transfer %s: model shape differs: %s %u, this side's model has %lld", what,
-                           names[i], get32(s + 4 * i), (long long)want[i]);
+            return nl_fail(NL_ERR_FORMAT, "KV transfer %s: model shape differs: %s %u, this side's model has %lld",
+                           what, names[i], get32(s + 4 * i), (long long)want[i]);
     uint32_t dt = get32(s + 24);
     if (dt != (uint32_t)x->dtype)
-        return nl_fail(NL_ERR_FORMAT, "KV transfer %s: KV format %s (%u), this side's cache is %s", what, dtype_name(dt), dt,
-                       dtype_name((uint32_t)x->dtype));
+        return nl_fail(NL_ERR_FORMAT, "KV transfer %s: KV format %s (%u), this side's cache is %s", what,
+                       dtype_name(dt), dt, dtype_name((uint32_t)x->dtype));
     return NL_OK;
 }
 
@@ -151,7 +153,8 @@ nl_status nl_kvx_parse_request(const uint8_t *msg, size_t len, const nl_kvx_shap
     for (int64_t i = 0; i < n; i++) {
         uint32_t v = get32(t + 4 * i);
         if ((int64_t)v >= x->vocab)
-            return nl_fail(NL_ERR_FORMAT, "KV transfer request: token %u at index %lld is outside the vocabulary [0, %lld)", v,
+            return nl_fail(NL_ERR_FORMAT,
+                           "KV transfer request: token %u at index %lld is outside the vocabulary [0, %lld)", v,
                            (long long)i, (long long)x->vocab);
     }
     out->tokens = nl_malloc((size_t)n * sizeof(int32_t), "KV transfer prompt");
@@ -174,7 +177,8 @@ static uint8_t *kv_header(const nl_kvx_shape *sh, size_t body, uint8_t **buf, si
     return b;
 }
 
-nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64_t block_size, uint8_t **buf, size_t *len) {
+nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64_t block_size, uint8_t **buf,
+                           size_t *len) {
     *buf = NULL;
     *len = 0;
     if (block_size < 1) return nl_fail(NL_ERR_INVALID, "KV transfer: block size %lld", (long long)block_size);
@@ -193,7 +197,8 @@ nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64
     return NL_OK;
 }
 
-nl_status nl_kvx_encode_error(const nl_kvx_shape *sh, nl_status status, const char *message, uint8_t **buf, size_t *len) {
+nl_status nl_kvx_encode_error(const nl_kvx_shape *sh, nl_status status, const char *message, uint8_t **buf,
+                              size_t *len) {
     *buf = NULL;
     *len = 0;
     size_t n = strlen(message);
@@ -211,7 +216,8 @@ nl_status nl_kvx_kv_header(const uint8_t *h, const nl_kvx_shape *x, size_t *body
     if (memcmp(h, MAGIC_KV, 4) == 0 && get32(h + 4) == NL_KVX_VERSION && get32(h + 8) != 0) {
         uint32_t tl = get32(h + 96); /* an error answer: only its text follows */
         if (tl > NL_KVX_MAX_TEXT)
-            return nl_fail(NL_ERR_FORMAT, "KV transfer answer: error text of %u bytes (at most %d)", tl, NL_KVX_MAX_TEXT);
+            return nl_fail(NL_ERR_FORMAT, "KV transfer answer: error text of %u bytes (at most %d)", tl,
+                           NL_KVX_MAX_TEXT);
         *body_bytes = tl;
         return NL_OK;
     }
@@ -222,18 +228,19 @@ nl_status nl_kvx_kv_header(const uint8_t *h, const nl_kvx_shape *x, size_t *body
         return nl_fail(NL_ERR_FORMAT, "KV transfer answer: n_tokens %u outside [1, %lld)", n, (long long)x->seq_len);
     if (bs < 1 || bs > 4096) return nl_fail(NL_ERR_FORMAT, "KV transfer answer: block_size %u outside [1, 4096]", bs);
     if ((uint64_t)nb != ((uint64_t)n + bs - 1) / bs)
-        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: n_blocks %u, but %u tokens in blocks of %u take %u", nb, n, bs,
-                       (n + bs - 1) / bs);
+        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: n_blocks %u, but %u tokens in blocks of %u take %u", nb, n,
+                       bs, (n + bs - 1) / bs);
     if ((int64_t)first >= x->vocab)
         return nl_fail(NL_ERR_FORMAT, "KV transfer answer: first_token %u is outside the vocabulary [0, %lld)", first,
                        (long long)x->vocab);
     size_t want = nl_kvcache_seq_bytes(x->n_layers, x->kv_heads, x->head_dim, x->dtype, n);
     if (kvb != (uint64_t)want)
-        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: kv_bytes %llu, but %u tokens of this model's %s KV are %zu bytes",
+        return nl_fail(NL_ERR_FORMAT,
+                       "KV transfer answer: kv_bytes %llu, but %u tokens of this model's %s KV are %zu bytes",
                        (unsigned long long)kvb, n, dtype_name((uint32_t)x->dtype), want);
     if (get32(h + 96) || get32(h + 100))
-        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: text_len %u / reserved %u must be 0 in a KV answer", get32(h + 96),
-                       get32(h + 100));
+        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: text_len %u / reserved %u must be 0 in a KV answer",
+                       get32(h + 96), get32(h + 100));
     *body_bytes = (size_t)n * 4 + want;
     return NL_OK;
 }
@@ -241,11 +248,13 @@ nl_status nl_kvx_kv_header(const uint8_t *h, const nl_kvx_shape *x, size_t *body
 nl_status nl_kvx_parse_kv(const uint8_t *msg, size_t len, const nl_kvx_shape *x, nl_engine_kv *out) {
     memset(out, 0, sizeof *out);
     if (len < NL_KVX_KV_HEADER_BYTES)
-        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: %zu bytes, shorter than its %d-byte header", len, NL_KVX_KV_HEADER_BYTES);
+        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: %zu bytes, shorter than its %d-byte header", len,
+                       NL_KVX_KV_HEADER_BYTES);
     size_t body = 0;
     NL_TRY(nl_kvx_kv_header(msg, x, &body));
     if (len != NL_KVX_KV_HEADER_BYTES + body)
-        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: %zu bytes, its header says %zu", len, (size_t)NL_KVX_KV_HEADER_BYTES + body);
+        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: %zu bytes, its header says %zu", len,
+                       (size_t)NL_KVX_KV_HEADER_BYTES + body);
     const uint8_t *p = msg + NL_KVX_KV_HEADER_BYTES;
     uint32_t status = get32(msg + 8);
     if (status) {
@@ -256,7 +265,8 @@ nl_status nl_kvx_parse_kv(const uint8_t *msg, size_t len, const nl_kvx_shape *x,
     for (int64_t i = 0; i < n; i++) {
         uint32_t v = get32(p + 4 * i);
         if ((int64_t)v >= x->vocab)
-            return nl_fail(NL_ERR_FORMAT, "KV transfer answer: token %u at index %lld is outside the vocabulary [0, %lld)", v,
+            return nl_fail(NL_ERR_FORMAT,
+                           "KV transfer answer: token %u at index %lld is outside the vocabulary [0, %lld)", v,
                            (long long)i, (long long)x->vocab);
     }
     out->n_layers = x->n_layers;
@@ -364,7 +374,8 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
     }
     memcpy(msg, hdr, sizeof hdr);
     if (recv_all(fd, msg + sizeof hdr, body)) {
-        rc = nl_fail(NL_ERR_IO, "prefill server %s: the answer was cut off (expected %zu bytes)", addr, sizeof hdr + body);
+        rc = nl_fail(NL_ERR_IO, "prefill server %s: the answer was cut off (expected %zu bytes)", addr,
+                     sizeof hdr + body);
         goto done;
     }
     rc = nl_kvx_parse_kv(msg, sizeof hdr + body, sh, out);
@@ -387,7 +398,7 @@ struct nl_kvx_server {
     atomic_int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int conns;                /* connection threads alive */
+    int conns; /* connection threads alive */
     nl_kvx_stats st;
 };
 
@@ -456,11 +467,15 @@ static void serve_conn(conn *c) {
     nl_status rc = nl_engine_export_kv(s->e, id, &kv);
     nl_engine_release(s->e, id); /* its blocks go back now: the copy is in kv */
     if (!rc) rc = nl_kvx_encode_kv(&s->sh, &kv, s->block_size, &ans, &n);
-    if (rc) send_error(c, rc, nl_last_error());
-    else rc = send_all(c->fd, ans, n) ? NL_ERR_IO : NL_OK;
+    if (rc)
+        send_error(c, rc, nl_last_error());
+    else
+        rc = send_all(c->fd, ans, n) ? NL_ERR_IO : NL_OK;
     pthread_mutex_lock(&s->mu);
-    if (rc) s->st.requests_failed++;
-    else s->st.requests_ok++, s->st.kv_bytes_sent += (int64_t)kv.data_bytes;
+    if (rc)
+        s->st.requests_failed++;
+    else
+        s->st.requests_ok++, s->st.kv_bytes_sent += (int64_t)kv.data_bytes;
     pthread_mutex_unlock(&s->mu);
     nl_engine_kv_free(&kv);
     nl_free(ans);
@@ -547,7 +562,8 @@ nl_status nl_kvx_server_start(nl_kvx_server **out, nl_engine *e, const char *hos
         int err = errno;
         if (s->lfd >= 0) close(s->lfd);
         free(s);
-        return nl_fail(NL_ERR_IO, "prefill server: cannot listen on %s:%d: %s", host ? host : "127.0.0.1", port, strerror(err));
+        return nl_fail(NL_ERR_IO, "prefill server: cannot listen on %s:%d: %s", host ? host : "127.0.0.1", port,
+                       strerror(err));
     }
     socklen_t sl = sizeof sa;
     getsockname(s->lfd, (struct sockaddr *)&sa, &sl);

@@ -15,9 +15,10 @@ nl_status nl_kvcache_init(nl_kvcache *c, int64_t L, int64_t KVH, int64_t hd, nl_
                           int64_t n_blocks) {
     memset(c, 0, sizeof *c);
     if (L < 1 || KVH < 1 || hd < 1 || block_size < 1 || n_blocks < 1)
-        return nl_fail(NL_ERR_INVALID, "KV cache: layers %lld, kv heads %lld, head dim %lld, block size %lld, blocks %lld "
-                       "must all be positive", (long long)L, (long long)KVH, (long long)hd, (long long)block_size,
-                       (long long)n_blocks);
+        return nl_fail(NL_ERR_INVALID,
+                       "KV cache: layers %lld, kv heads %lld, head dim %lld, block size %lld, blocks %lld "
+                       "must all be positive",
+                       (long long)L, (long long)KVH, (long long)hd, (long long)block_size, (long long)n_blocks);
     if (n_blocks > INT32_MAX) return nl_fail(NL_ERR_RANGE, "KV cache: %lld blocks is too many", (long long)n_blocks);
     if (dt != NL_KV_FP32 && dt != NL_KV_INT8) return nl_fail(NL_ERR_INVALID, "KV cache: unknown type %d", (int)dt);
     c->L = L;
@@ -31,13 +32,22 @@ nl_status nl_kvcache_init(nl_kvcache *c, int64_t L, int64_t KVH, int64_t hd, nl_
     if (dt == NL_KV_INT8) {
         c->codes = nl_malloc(rows * (size_t)(KVH * hd), "int8 KV cache pool codes");
         c->scales = nl_malloc(rows * (size_t)KVH * sizeof(uint16_t), "int8 KV cache pool scales");
-        if (!c->codes || !c->scales) { nl_kvcache_free(c); return NL_ERR_NOMEM; }
+        if (!c->codes || !c->scales) {
+            nl_kvcache_free(c);
+            return NL_ERR_NOMEM;
+        }
     } else {
         c->f32 = nl_malloc(rows * (size_t)(KVH * hd) * sizeof(float), "fp32 KV cache pool");
-        if (!c->f32) { nl_kvcache_free(c); return NL_ERR_NOMEM; }
+        if (!c->f32) {
+            nl_kvcache_free(c);
+            return NL_ERR_NOMEM;
+        }
     }
     c->free_ids = nl_malloc((size_t)n_blocks * sizeof(int32_t), "KV cache free list");
-    if (!c->free_ids) { nl_kvcache_free(c); return NL_ERR_NOMEM; }
+    if (!c->free_ids) {
+        nl_kvcache_free(c);
+        return NL_ERR_NOMEM;
+    }
     /* the stack pops block 0 first */
     for (int64_t i = 0; i < n_blocks; i++) c->free_ids[i] = (int32_t)(n_blocks - 1 - i);
     c->n_free = n_blocks;
@@ -160,12 +170,17 @@ static void seq_copy(const nl_kvcache *c, const int32_t *table, int64_t n, uint8
                 uint8_t *b = buf + (size_t)r * row_bytes;
                 uint8_t *p = c->dtype == NL_KV_INT8 ? (uint8_t *)nl_kvcache_codes_row(c, id, l, kv, slot)
                                                     : (uint8_t *)nl_kvcache_f32_row(c, id, l, kv, slot);
-                if (to_pool) memcpy(p, b, row_bytes);
-                else memcpy(b, p, row_bytes);
+                if (to_pool)
+                    memcpy(p, b, row_bytes);
+                else
+                    memcpy(b, p, row_bytes);
                 if (c->dtype != NL_KV_INT8) continue;
-                uint8_t *sb = scales + (size_t)r * scale_bytes, *sp = (uint8_t *)nl_kvcache_scales_row(c, id, l, kv, slot);
-                if (to_pool) memcpy(sp, sb, scale_bytes);
-                else memcpy(sb, sp, scale_bytes);
+                uint8_t *sb = scales + (size_t)r * scale_bytes,
+                        *sp = (uint8_t *)nl_kvcache_scales_row(c, id, l, kv, slot);
+                if (to_pool)
+                    memcpy(sp, sb, scale_bytes);
+                else
+                    memcpy(sb, sp, scale_bytes);
             }
 }
 

@@ -61,7 +61,7 @@ static nl_status measure_bw(const nl_machine_opts *o, int threads, nl_cpu_rates 
     size_t n = o->bw_bytes / sizeof(float) / 32 * 32;
     float *buf = nl_malloc(n * sizeof(float), "bandwidth probe buffer");
     if (!buf) return NL_ERR_NOMEM;
-    /* first touch with the threads that read it (their pages near them) */
+        /* first touch with the threads that read it (their pages near them) */
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * 1e-3f;
     double v1[32], vn[32];
@@ -97,7 +97,7 @@ static double time_calls(timed_fn fn, void *ctx, const nl_machine_opts *o) {
 }
 
 typedef struct lin_ctx {
-    nl_mv_weight *w;   /* (L, 4) */
+    nl_mv_weight *w; /* (L, 4) */
     int64_t n_w, m;
     float *x, *y;
     int threads;
@@ -109,7 +109,8 @@ static void run_linears(void *p) {
 }
 
 static nl_status measure_gemm(const nl_arch *a, const nl_machine_opts *o, int threads, nl_cpu_rates *r) {
-    const int64_t C = a->dim, hd = nl_arch_head_dim(a), QKV = (a->n_heads + 2 * a->n_kv_heads) * hd, ATT = a->n_heads * hd;
+    const int64_t C = a->dim, hd = nl_arch_head_dim(a), QKV = (a->n_heads + 2 * a->n_kv_heads) * hd,
+                  ATT = a->n_heads * hd;
     const int64_t H = a->hidden_dim, L = a->n_layers;
     const int64_t shp[4][2] = {{QKV, C}, {C, ATT}, {2 * H, C}, {C, H}};
     int64_t maxk = C > H ? C : H, maxk2 = maxk > ATT ? maxk : ATT, maxn = QKV > 2 * H ? QKV : 2 * H;
@@ -153,9 +154,9 @@ static nl_status measure_gemm(const nl_arch *a, const nl_machine_opts *o, int th
 
 typedef struct attn_ctx {
     nl_kvcache *kv;
-    int32_t *table;          /* (rows, nb): each row its own sequence, as in a decode batch */
+    int32_t *table; /* (rows, nb): each row its own sequence, as in a decode batch */
     int64_t rows, pos, NH, hd, nb;
-    int shared;              /* 1: every row reads row 0's sequence (a prompt chunk) */
+    int shared; /* 1: every row reads row 0's sequence (a prompt chunk) */
     float *q, *out, *scratch;
     int threads;
 } attn_ctx;
@@ -170,21 +171,23 @@ static void run_attention(void *p) {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t k = 0; k < pairs; k++) {
             int64_t i = k / c->NH, h = k % c->NH;
-            nl_kvcache_attend_head(c->kv, c->table + (c->shared ? 0 : i) * c->nb, 0, c->pos, c->q + i * c->NH * c->hd, c->NH, h,
-                                   c->out + i * c->NH * c->hd + h * c->hd, scratch);
+            nl_kvcache_attend_head(c->kv, c->table + (c->shared ? 0 : i) * c->nb, 0, c->pos, c->q + i * c->NH * c->hd,
+                                   c->NH, h, c->out + i * c->NH * c->hd + h * c->hd, scratch);
         }
     }
 }
 
 /* Seconds per (token, head) of attention over pos + 1 positions (the engine's loop over 8 tokens
  * of 8 sequences, each with its own blocks). */
-static nl_status attention_s(const nl_arch *a, const nl_machine_opts *o, int threads, int64_t pos, int shared, double *out) {
+static nl_status attention_s(const nl_arch *a, const nl_machine_opts *o, int threads, int64_t pos, int shared,
+                             double *out) {
     const int64_t NH = a->n_heads, KVH = a->n_kv_heads, hd = nl_arch_head_dim(a), rows = 8, bs = 16;
     const int64_t nb = (pos + bs) / bs;
     nl_kvcache kv;
     NL_TRY(nl_kvcache_init(&kv, 1, KVH, hd, NL_KV_FP32, bs, rows * nb));
     int32_t *table = nl_malloc((size_t)(rows * nb) * sizeof(int32_t), "attention probe table");
-    float *q = nl_malloc((size_t)(rows * NH * hd * 2 + (int64_t)threads * (pos + 16) + 2 * KVH * hd) * sizeof(float), "attention probe");
+    float *q = nl_malloc((size_t)(rows * NH * hd * 2 + (int64_t)threads * (pos + 16) + 2 * KVH * hd) * sizeof(float),
+                         "attention probe");
     if (!q || !table) {
         nl_free(q);
         nl_free(table);
@@ -350,8 +353,10 @@ static nl_status measure_overheads(const nl_arch *a, int threads, const nl_machi
 nl_status nl_machine_measure(const nl_arch *arch, const nl_machine_opts *opts, nl_cpu_rates *out) {
     memset(out, 0, sizeof *out);
     nl_machine_opts o;
-    if (opts) o = *opts;
-    else nl_machine_opts_default(&o);
+    if (opts)
+        o = *opts;
+    else
+        nl_machine_opts_default(&o);
     if (o.repeats < 1) o.repeats = 1;
     if (o.bw_bytes < ((size_t)1 << 20)) o.bw_bytes = (size_t)1 << 20;
     if (arch->dim < 1 || arch->n_layers < 1 || arch->n_heads < 1 || arch->n_kv_heads < 1 || arch->hidden_dim < 1 ||

@@ -36,13 +36,17 @@ nl_status nl_sampling_add_stop(nl_sampling *s, const char *stop) {
     size_t n = strlen(stop);
     if (n == 0) return nl_fail(NL_ERR_INVALID, "a stop string is empty");
     if (n > NL_SAMPLING_MAX_STOP_LEN)
-        return nl_fail(NL_ERR_INVALID, "stop string '%.20s...' is longer than %d bytes", stop, NL_SAMPLING_MAX_STOP_LEN);
+        return nl_fail(NL_ERR_INVALID, "stop string '%.20s...' is longer than %d bytes", stop,
+                       NL_SAMPLING_MAX_STOP_LEN);
     memcpy(s->stop[s->n_stop++], stop, n + 1);
     return NL_OK;
 }
 
 /* qsort by descending probability, ascending id on ties (a total order: same result always). */
-typedef struct { float p; int32_t id; } prob_id;
+typedef struct {
+    float p;
+    int32_t id;
+} prob_id;
 static int cmp_prob_desc(const void *a, const void *b) {
     const prob_id *x = a, *y = b;
     if (x->p != y->p) return x->p > y->p ? -1 : 1;
@@ -82,7 +86,10 @@ nl_status nl_sampler_next(const nl_sampling *s, nl_rng *rng, float *logits, int6
         double acc = 0.0;
         for (int64_t i = 0; i < keep; i++) {
             acc += pi[i].p;
-            if (acc >= s->top_p * kept_sum) { keep = i + 1; break; }
+            if (acc >= s->top_p * kept_sum) {
+                keep = i + 1;
+                break;
+            }
         }
     }
     sum = 0.0;
@@ -91,7 +98,10 @@ nl_status nl_sampler_next(const nl_sampling *s, nl_rng *rng, float *logits, int6
     int32_t pick = pi[keep - 1].id;
     for (int64_t i = 0; i < keep; i++) {
         acc += pi[i].p;
-        if (r < acc) { pick = pi[i].id; break; }
+        if (r < acc) {
+            pick = pi[i].id;
+            break;
+        }
     }
     nl_free(pi);
     *token = pick;
@@ -117,7 +127,10 @@ int64_t nl_sampler_find_stop(const nl_sampling *s, const char *text, size_t len,
         for (int i = 0; i < s->n_stop; i++) {
             size_t n = strlen(s->stop[i]);
             for (size_t k = n - 1; k > *hold; k--)
-                if (k <= len && !memcmp(text + len - k, s->stop[i], k)) { *hold = k; break; }
+                if (k <= len && !memcmp(text + len - k, s->stop[i], k)) {
+                    *hold = k;
+                    break;
+                }
         }
     }
     return found;

@@ -35,15 +35,15 @@ struct nl_server {
     atomic_uint_fast64_t next_id;
     pthread_mutex_t mu; /* guards everything below */
     pthread_cond_t idle;
-    int64_t active;     /* completions in flight (submitted, response not yet finished) */
+    int64_t active; /* completions in flight (submitted, response not yet finished) */
     nl_serve_metrics m;
     double rate_t[RATE_WINDOW];
     int64_t rate_tok[RATE_WINDOW];
     int rate_n, rate_head;
-    int64_t kv_transfers;      /* decode role: prompts whose KV came from the prefill server */
-    int64_t kv_bytes_in;       /* their K/V bytes (2 x layers x kv heads x head dim x bytes x tokens) */
-    int64_t kv_msg_bytes_in;   /* whole answers: headers, prompt tokens and K/V */
-    double kv_transfer_s;      /* summed time from sending a prompt to its KV being imported */
+    int64_t kv_transfers;    /* decode role: prompts whose KV came from the prefill server */
+    int64_t kv_bytes_in;     /* their K/V bytes (2 x layers x kv heads x head dim x bytes x tokens) */
+    int64_t kv_msg_bytes_in; /* whole answers: headers, prompt tokens and K/V */
+    double kv_transfer_s;    /* summed time from sending a prompt to its KV being imported */
 };
 
 void nl_server_opts_default(nl_server_opts *o) {
@@ -58,7 +58,8 @@ void nl_server_opts_default(nl_server_opts *o) {
 
 /* ---- responses ------------------------------------------------------------------------------- */
 
-static enum MHD_Result send_buf(struct MHD_Connection *c, unsigned status, const char *type, const char *data, size_t n) {
+static enum MHD_Result send_buf(struct MHD_Connection *c, unsigned status, const char *type, const char *data,
+                                size_t n) {
     struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)data, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
@@ -82,7 +83,8 @@ static enum MHD_Result send_error(nl_server *s, struct MHD_Connection *c, const 
     return r;
 }
 
-static enum MHD_Result send_errorf(nl_server *s, struct MHD_Connection *c, int status, const char *param, const char *msg) {
+static enum MHD_Result send_errorf(nl_server *s, struct MHD_Connection *c, int status, const char *param,
+                                   const char *msg) {
     nl_http_error e;
     nl_http_error_set(&e, status, param, "%s", msg);
     return send_error(s, c, &e);
@@ -106,16 +108,16 @@ static int conn_fd(struct MHD_Connection *c) {
 /* A request in flight, shared by the access handler and (for a stream) the response callbacks. */
 typedef struct completion {
     nl_server *s;
-    uint64_t id;           /* engine request id */
-    int fd;                /* the client's socket, to notice when it goes away */
+    uint64_t id; /* engine request id */
+    int fd;      /* the client's socket, to notice when it goes away */
     int stream, include_usage;
     nl_completion_id cid;
     double t_arrival;
     int cancelled, ended;
-    nl_http_buf out;       /* stream: bytes not yet handed to MHD; else the whole text */
+    nl_http_buf out; /* stream: bytes not yet handed to MHD; else the whole text */
     size_t out_off;
     int64_t prompt_tokens, completion_tokens;
-    const char *finish;    /* "stop" / "length" when done */
+    const char *finish; /* "stop" / "length" when done */
 } completion;
 
 /* Records a finished request's latencies (server clock: from the request's arrival). */
@@ -156,14 +158,18 @@ static int pump(completion *q) {
         const char *fin = o.finish == NL_FINISH_STOP ? "stop" : o.finish == NL_FINISH_LENGTH ? "length" : NULL;
         int ok = 1;
         if (q->stream) {
-            if (o.text_len || (ended && fin)) ok = !nl_http_sse_chunk(&q->cid, o.text, o.text_len, ended ? fin : NULL, &q->out);
+            if (o.text_len || (ended && fin))
+                ok = !nl_http_sse_chunk(&q->cid, o.text, o.text_len, ended ? fin : NULL, &q->out);
             if (ended && !fin) { /* cancelled (shutdown) or a numeric error: say so before [DONE] */
                 nl_http_error e;
-                if (o.finish == NL_FINISH_ERROR) nl_http_error_set(&e, 500, NULL, "the model failed: %s", o.error);
-                else nl_http_error_set(&e, 503, NULL, "the request was cancelled: the server is shutting down");
+                if (o.finish == NL_FINISH_ERROR)
+                    nl_http_error_set(&e, 500, NULL, "the model failed: %s", o.error);
+                else
+                    nl_http_error_set(&e, 503, NULL, "the request was cancelled: the server is shutting down");
                 ok = ok && !nl_http_sse_error(&e, &q->out);
             }
-            if (ended && fin && q->include_usage) ok = ok && !nl_http_sse_usage(&q->cid, o.prompt_tokens, o.completion_tokens, &q->out);
+            if (ended && fin && q->include_usage)
+                ok = ok && !nl_http_sse_usage(&q->cid, o.prompt_tokens, o.completion_tokens, &q->out);
             if (ended) ok = ok && !nl_http_sse_done(&q->out);
         } else if (o.text_len) {
             ok = !nl_http_buf_append(&q->out, o.text, o.text_len);
@@ -317,7 +323,10 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
     nl_status rc = s->o.prefill_addr && n < arch->seq_len ? remote_submit(s, ids, n, &sp, &id)
                                                           : nl_engine_submit(s->eng, ids, n, &sp, &id);
     if (rc) {
-        int status = rc == NL_ERR_BUSY ? 429 : rc == NL_ERR_NOMEM ? 500 : rc == NL_ERR_IO || rc == NL_ERR_FORMAT ? 502 : 400;
+        int status = rc == NL_ERR_BUSY                        ? 429
+                     : rc == NL_ERR_NOMEM                     ? 500
+                     : rc == NL_ERR_IO || rc == NL_ERR_FORMAT ? 502
+                                                              : 400;
         nl_http_error_set(&err, status, rc == NL_ERR_BUSY ? NULL : "prompt", "%s", nl_last_error());
         ret = send_error(s, c, &err);
         goto out;
@@ -406,16 +415,17 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
     if (s->o.prefill_addr) {
         char extra[1024];
         pthread_mutex_lock(&s->mu);
-        int k = snprintf(extra, sizeof extra,
-                         "# HELP nanolm_kv_transfers_total Prompts prefilled by the prefill server and imported here.\n"
-                         "# TYPE nanolm_kv_transfers_total counter\nnanolm_kv_transfers_total %lld\n"
-                         "# HELP nanolm_kv_transfer_bytes_total K/V bytes received from the prefill server.\n"
-                         "# TYPE nanolm_kv_transfer_bytes_total counter\nnanolm_kv_transfer_bytes_total %lld\n"
-                         "# HELP nanolm_kv_transfer_message_bytes_total Bytes of the prefill answers (headers, tokens, K/V).\n"
-                         "# TYPE nanolm_kv_transfer_message_bytes_total counter\nnanolm_kv_transfer_message_bytes_total %lld\n"
-                         "# HELP nanolm_kv_transfer_seconds_total Time from sending prompts to their KV imported.\n"
-                         "# TYPE nanolm_kv_transfer_seconds_total counter\nnanolm_kv_transfer_seconds_total %.17g\n",
-                         (long long)s->kv_transfers, (long long)s->kv_bytes_in, (long long)s->kv_msg_bytes_in, s->kv_transfer_s);
+        int k = snprintf(
+            extra, sizeof extra,
+            "# HELP nanolm_kv_transfers_total Prompts prefilled by the prefill server and imported here.\n"
+            "# TYPE nanolm_kv_transfers_total counter\nnanolm_kv_transfers_total %lld\n"
+            "# HELP nanolm_kv_transfer_bytes_total K/V bytes received from the prefill server.\n"
+            "# TYPE nanolm_kv_transfer_bytes_total counter\nnanolm_kv_transfer_bytes_total %lld\n"
+            "# HELP nanolm_kv_transfer_message_bytes_total Bytes of the prefill answers (headers, tokens, K/V).\n"
+            "# TYPE nanolm_kv_transfer_message_bytes_total counter\nnanolm_kv_transfer_message_bytes_total %lld\n"
+            "# HELP nanolm_kv_transfer_seconds_total Time from sending prompts to their KV imported.\n"
+            "# TYPE nanolm_kv_transfer_seconds_total counter\nnanolm_kv_transfer_seconds_total %.17g\n",
+            (long long)s->kv_transfers, (long long)s->kv_bytes_in, (long long)s->kv_msg_bytes_in, s->kv_transfer_s);
         pthread_mutex_unlock(&s->mu);
         if (k > 0) nl_http_buf_append(&b, extra, (size_t)k);
     }
@@ -433,7 +443,8 @@ typedef struct conn_state {
 } conn_state;
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls) {
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
     (void)version;
     nl_server *s = cls;
     int is_post = !strcmp(method, "POST");
@@ -448,7 +459,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             if (cl && strtoull(cl, NULL, 10) > s->o.max_body_bytes) {
                 cs->too_large = 1;
                 char msg[160];
-                snprintf(msg, sizeof msg, "the request body is %s bytes, more than the limit of %zu", cl, s->o.max_body_bytes);
+                snprintf(msg, sizeof msg, "the request body is %s bytes, more than the limit of %zu", cl,
+                         s->o.max_body_bytes);
                 return send_errorf(s, c, 413, NULL, msg);
             }
             return MHD_YES;
@@ -487,8 +499,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 !strcmp(url, "/metrics");
     if (!known) {
         char msg[320];
-        snprintf(msg, sizeof msg, "no such endpoint: %.200s (known: POST /v1/completions, GET /v1/models, /health, /metrics)",
-                 url);
+        snprintf(msg, sizeof msg,
+                 "no such endpoint: %.200s (known: POST /v1/completions, GET /v1/models, /health, /metrics)", url);
         return send_errorf(s, c, 404, NULL, msg);
     }
     if (!is_get || !strcmp(url, "/v1/completions")) {
@@ -566,7 +578,8 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     if (!o.model_name) o.model_name = "nanolm";
     if (o.max_body_bytes == 0) o.max_body_bytes = (size_t)1 << 20;
     if (o.max_connections <= 0) o.max_connections = 512;
-    if (o.port < 0 || o.port > 65535) return nl_fail(NL_ERR_INVALID, "serve: port must be in [0, 65535], got %d", o.port);
+    if (o.port < 0 || o.port > 65535)
+        return nl_fail(NL_ERR_INVALID, "serve: port must be in [0, 65535], got %d", o.port);
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
@@ -594,18 +607,16 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
         return nl_fail(NL_ERR_NOMEM, "serve: cannot start the engine thread");
     }
     s->driver_started = 1;
-    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
-                                MHD_USE_ERROR_LOG,
-                            0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)600, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-                            MHD_OPTION_END);
+    s->d = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL,
+        NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
     if (!s->d) {
         int err = errno;
         nl_server_stop(s);
-        return nl_fail(NL_ERR_IO, "serve: cannot listen on %s:%d: %s", o.host, o.port, err ? strerror(err) : "libmicrohttpd refused");
+        return nl_fail(NL_ERR_IO, "serve: cannot listen on %s:%d: %s", o.host, o.port,
+                       err ? strerror(err) : "libmicrohttpd refused");
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : o.port;

@@ -20,8 +20,8 @@ void nl_histogram_observe(nl_histogram *h, double v) {
 
 void nl_serve_metrics_init(nl_serve_metrics *m) {
     /* vLLM's buckets, trimmed: a CPU engine spans a few ms per token to tens of seconds per request. */
-    static const double latency_s[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
-                                       0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0};
+    static const double latency_s[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,
+                                       0.5,   0.75,   1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 60.0};
     memset(m, 0, sizeof *m);
     int n = (int)(sizeof latency_s / sizeof latency_s[0]);
     nl_histogram_init(&m->ttft, latency_s, n);
@@ -47,22 +47,33 @@ static nl_status histogram(nl_http_buf *out, const char *name, const char *help,
 }
 
 nl_status nl_serve_metrics_text(const nl_serve_metrics *m, nl_http_buf *out) {
-    NL_TRY(gauge(out, "gauge", "nanolm_requests_running", "Sequences in the engine's running batch.", (double)m->running));
-    NL_TRY(gauge(out, "gauge", "nanolm_requests_waiting", "Requests queued for admission to the engine.", (double)m->waiting));
-    NL_TRY(gauge(out, "gauge", "nanolm_kv_blocks_used", "KV cache blocks held by sequences.", (double)m->kv_blocks_used));
-    NL_TRY(gauge(out, "gauge", "nanolm_kv_blocks_free", "KV cache blocks free in the pool.", (double)m->kv_blocks_free));
-    NL_TRY(gauge(out, "gauge", "nanolm_generation_tokens_per_second", "Generated tokens per second over the last seconds.",
-                 m->tokens_per_s));
-    NL_TRY(nl_http_buf_printf(out, "# HELP nanolm_requests_total Requests by outcome.\n# TYPE nanolm_requests_total counter\n"
-                                   "nanolm_requests_total{outcome=\"ok\"} %lld\n"
-                                   "nanolm_requests_total{outcome=\"aborted\"} %lld\n"
-                                   "nanolm_requests_total{outcome=\"rejected\"} %lld\n",
-                              (long long)m->requests_ok, (long long)m->requests_aborted, (long long)m->requests_rejected));
+    NL_TRY(
+        gauge(out, "gauge", "nanolm_requests_running", "Sequences in the engine's running batch.", (double)m->running));
+    NL_TRY(gauge(out, "gauge", "nanolm_requests_waiting", "Requests queued for admission to the engine.",
+                 (double)m->waiting));
+    NL_TRY(
+        gauge(out, "gauge", "nanolm_kv_blocks_used", "KV cache blocks held by sequences.", (double)m->kv_blocks_used));
+    NL_TRY(
+        gauge(out, "gauge", "nanolm_kv_blocks_free", "KV cache blocks free in the pool.", (double)m->kv_blocks_free));
+    NL_TRY(gauge(out, "gauge", "nanolm_generation_tokens_per_second",
+                 "Generated tokens per second over the last seconds.", m->tokens_per_s));
+    NL_TRY(
+        nl_http_buf_printf(out,
+                           "# HELP nanolm_requests_total Requests by outcome.\n# TYPE nanolm_requests_total counter\n"
+                           "nanolm_requests_total{outcome=\"ok\"} %lld\n"
+                           "nanolm_requests_total{outcome=\"aborted\"} %lld\n"
+                           "nanolm_requests_total{outcome=\"rejected\"} %lld\n",
+                           (long long)m->requests_ok, (long long)m->requests_aborted, (long long)m->requests_rejected));
     NL_TRY(gauge(out, "counter", "nanolm_prompt_tokens_total", "Prompt tokens prefilled.", (double)m->prompt_tokens));
     NL_TRY(gauge(out, "counter", "nanolm_generation_tokens_total", "Tokens generated.", (double)m->generation_tokens));
-    NL_TRY(gauge(out, "counter", "nanolm_preemptions_total", "Sequences preempted when the KV pool ran out.", (double)m->preemptions));
-    NL_TRY(gauge(out, "counter", "nanolm_engine_steps_total", "Engine steps (one batched forward each).", (double)m->steps));
-    NL_TRY(histogram(out, "nanolm_time_to_first_token_seconds", "Time from request arrival to its first token.", &m->ttft));
-    NL_TRY(histogram(out, "nanolm_time_per_output_token_seconds", "Mean time between output tokens of a request.", &m->tpot));
-    return histogram(out, "nanolm_e2e_request_latency_seconds", "Time from request arrival to its last token.", &m->e2e);
+    NL_TRY(gauge(out, "counter", "nanolm_preemptions_total", "Sequences preempted when the KV pool ran out.",
+                 (double)m->preemptions));
+    NL_TRY(gauge(out, "counter", "nanolm_engine_steps_total", "Engine steps (one batched forward each).",
+                 (double)m->steps));
+    NL_TRY(histogram(out, "nanolm_time_to_first_token_seconds", "Time from request arrival to its first token.",
+                     &m->ttft));
+    NL_TRY(histogram(out, "nanolm_time_per_output_token_seconds", "Mean time between output tokens of a request.",
+                     &m->tpot));
+    return histogram(out, "nanolm_e2e_request_latency_seconds", "Time from request arrival to its last token.",
+                     &m->e2e);
 }

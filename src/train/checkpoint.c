@@ -22,7 +22,7 @@ nl_status nl_ckpt_save(const char *path, const nl_model *m, const char *tokenize
     nl_st_writer_init(&w);
     nl_status rc = NL_OK;
     char *aj = nl_arch_to_json(&m->arch), *tj = NULL;
-    char (*names)[112] = NULL;
+    char(*names)[112] = NULL;
     rc = nl_st_writer_meta(&w, "format", "pt");
     if (!rc) rc = nl_st_writer_meta(&w, "nanolm.arch", aj);
     if (!rc) rc = nl_st_writer_meta(&w, "nanolm.tokenizer", tokenizer ? tokenizer : "byte");
@@ -67,7 +67,8 @@ nl_status nl_ckpt_save(const char *path, const nl_model *m, const char *tokenize
             snprintf(names[2 * i + 1], sizeof names[0], "optimizer.exp_avg_sq.%s", tab[i].name);
             rc = nl_st_writer_add(&w, names[2 * i], NL_ST_F32, tab[i].ndim, tab[i].shape, st->opt->m + tab[i].offset);
             if (!rc)
-                rc = nl_st_writer_add(&w, names[2 * i + 1], NL_ST_F32, tab[i].ndim, tab[i].shape, st->opt->v + tab[i].offset);
+                rc = nl_st_writer_add(&w, names[2 * i + 1], NL_ST_F32, tab[i].ndim, tab[i].shape,
+                                      st->opt->v + tab[i].offset);
         }
     }
     if (!rc) rc = nl_st_writer_write(&w, path);
@@ -103,10 +104,21 @@ static nl_status load_llama2c(const char *path, nl_model *m) {
         nl_llama2c_free(&c);
         return rc;
     }
-    static const struct { const char *name; nl_param_kind kind; } map[] = {
-        {"token_embedding", NL_PARAM_EMBED}, {"rms_att", NL_PARAM_RMS_ATT}, {"wq", NL_PARAM_WQ}, {"wk", NL_PARAM_WK},
-        {"wv", NL_PARAM_WV}, {"wo", NL_PARAM_WO}, {"rms_ffn", NL_PARAM_RMS_FFN}, {"w1", NL_PARAM_W1},
-        {"w2", NL_PARAM_W2}, {"w3", NL_PARAM_W3}, {"rms_final", NL_PARAM_RMS_FINAL}, {"wcls", NL_PARAM_CLS}};
+    static const struct {
+        const char *name;
+        nl_param_kind kind;
+    } map[] = {{"token_embedding", NL_PARAM_EMBED},
+               {"rms_att", NL_PARAM_RMS_ATT},
+               {"wq", NL_PARAM_WQ},
+               {"wk", NL_PARAM_WK},
+               {"wv", NL_PARAM_WV},
+               {"wo", NL_PARAM_WO},
+               {"rms_ffn", NL_PARAM_RMS_FFN},
+               {"w1", NL_PARAM_W1},
+               {"w2", NL_PARAM_W2},
+               {"w3", NL_PARAM_W3},
+               {"rms_final", NL_PARAM_RMS_FINAL},
+               {"wcls", NL_PARAM_CLS}};
     for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
         const nl_llama2c_tensor *t = nl_llama2c_find(&c, map[k].name);
         if (!t) {
@@ -181,11 +193,10 @@ nl_status nl_ckpt_load_model(const char *path, nl_model *m, char *tokenizer) {
 /* ---- training state: parse and validate ------------------------------------------------------ */
 
 /* An integer field in [lo, hi] (a JSON number with no fraction). */
-static nl_status get_int(const char *src, const cJSON *obj, const char *field, const char *name, int64_t lo,
-                         int64_t hi, int64_t *out) {
+static nl_status get_int(const char *src, const cJSON *obj, const char *field, const char *name, int64_t lo, int64_t hi,
+                         int64_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, field);
-    if (!cJSON_IsNumber(v))
-        return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is missing or not a number", src, name);
+    if (!cJSON_IsNumber(v)) return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is missing or not a number", src, name);
     double d = v->valuedouble;
     if (!isfinite(d) || d != floor(d) || d < (double)lo || d > (double)hi)
         return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is %.17g, expected an integer in [%lld, %lld]", src, name, d,
@@ -195,11 +206,10 @@ static nl_status get_int(const char *src, const cJSON *obj, const char *field, c
 }
 
 /* A finite float field in [lo, hi] (hi_open: < hi). */
-static nl_status get_float(const char *src, const cJSON *obj, const char *field, const char *name, double lo,
-                           double hi, int hi_open, float *out) {
+static nl_status get_float(const char *src, const cJSON *obj, const char *field, const char *name, double lo, double hi,
+                           int hi_open, float *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, field);
-    if (!cJSON_IsNumber(v))
-        return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is missing or not a number", src, name);
+    if (!cJSON_IsNumber(v)) return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is missing or not a number", src, name);
     double d = v->valuedouble;
     if (!isfinite(d) || d < lo || d > hi || (hi_open && d >= hi) || !isfinite((float)d))
         return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is %.17g, expected a finite number in [%g, %g%s", src, name,
@@ -217,7 +227,8 @@ static nl_status get_str(const char *src, const cJSON *obj, const char *field, c
         return NL_OK;
     }
     if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap)
-        return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is not a string of at most %zu characters", src, name, cap - 1);
+        return nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is not a string of at most %zu characters", src, name,
+                       cap - 1);
     snprintf(out, cap, "%s", v->valuestring);
     return NL_OK;
 }
@@ -262,9 +273,12 @@ nl_status nl_ckpt_state_parse(const char *src, const char *json, nl_ckpt_state *
         rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train precision is missing or not a string", src);
         goto done;
     }
-    if (!strcmp(pr->valuestring, "fp32")) st->precision = NL_PREC_FP32;
-    else if (!strcmp(pr->valuestring, "bf16")) st->precision = NL_PREC_BF16;
-    else if (!strcmp(pr->valuestring, "fp16")) st->precision = NL_PREC_FP16;
+    if (!strcmp(pr->valuestring, "fp32"))
+        st->precision = NL_PREC_FP32;
+    else if (!strcmp(pr->valuestring, "bf16"))
+        st->precision = NL_PREC_BF16;
+    else if (!strcmp(pr->valuestring, "fp16"))
+        st->precision = NL_PREC_FP16;
     else {
         rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train precision \"%.40s\" is not one of fp32, bf16, fp16", src,
                      pr->valuestring);
@@ -272,7 +286,8 @@ nl_status nl_ckpt_state_parse(const char *src, const char *json, nl_ckpt_state *
     }
     const cJSON *ad = cJSON_GetObjectItemCaseSensitive(o, "adamw"), *sc = cJSON_GetObjectItemCaseSensitive(o, "scaler");
     if (!cJSON_IsObject(ad) || !cJSON_IsObject(sc)) {
-        rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is missing or not an object", src, cJSON_IsObject(ad) ? "scaler" : "adamw");
+        rc = nl_fail(NL_ERR_FORMAT, "%s: nanolm.train %s is missing or not an object", src,
+                     cJSON_IsObject(ad) ? "scaler" : "adamw");
         goto done;
     }
     float b1, b2, eps, wd;
@@ -288,7 +303,8 @@ nl_status nl_ckpt_state_parse(const char *src, const char *json, nl_ckpt_state *
     if ((rc = get_float(src, sc, "scale", "scaler.scale", 1e-38, 3.4e38, 0, &st->scaler.scale)) ||
         (rc = get_int(src, sc, "good_steps", "scaler.good_steps", 0, st->step, &st->scaler.good_steps)) ||
         (rc = get_int(src, sc, "skipped", "scaler.skipped", 0, st->step, &st->scaler.skipped)) ||
-        (rc = get_int(src, sc, "growth_interval", "scaler.growth_interval", 1, NL_MAX_EXACT_STEP, &st->scaler.growth_interval)))
+        (rc = get_int(src, sc, "growth_interval", "scaler.growth_interval", 1, NL_MAX_EXACT_STEP,
+                      &st->scaler.growth_interval)))
         goto done;
     /* the run block (absent in checkpoints written before it existed: defaults, warmup unknown) */
     memset(&st->run, 0, sizeof st->run);
@@ -329,8 +345,9 @@ static nl_status check_moments(const char *path, const nl_model *m, const nl_ada
         for (size_t i = 0; i < tab[k].numel; i++) {
             float a = opt->m[tab[k].offset + i], b = opt->v[tab[k].offset + i];
             if (!isfinite(a) || !isfinite(b) || b < 0)
-                return nl_fail(NL_ERR_FORMAT, "%s: optimizer.%s.%s[%zu] is %g (moments must be finite, exp_avg_sq >= 0)",
-                               path, !isfinite(a) ? "exp_avg" : "exp_avg_sq", tab[k].name, i, (double)(!isfinite(a) ? a : b));
+                return nl_fail(NL_ERR_FORMAT,
+                               "%s: optimizer.%s.%s[%zu] is %g (moments must be finite, exp_avg_sq >= 0)", path,
+                               !isfinite(a) ? "exp_avg" : "exp_avg_sq", tab[k].name, i, (double)(!isfinite(a) ? a : b));
         }
     return NL_OK;
 }
@@ -341,7 +358,8 @@ nl_status nl_ckpt_load_state(const char *path, const nl_model *m, nl_ckpt_state 
     nl_status rc = NL_OK;
     const char *tj = nl_st_meta(&f, "nanolm.train");
     if (!tj) {
-        rc = nl_fail(NL_ERR_FORMAT, "%s: no training state (__metadata__ nanolm.train); was it saved by nanolm train?", path);
+        rc = nl_fail(NL_ERR_FORMAT, "%s: no training state (__metadata__ nanolm.train); was it saved by nanolm train?",
+                     path);
         goto done;
     }
     if ((rc = nl_ckpt_state_parse(path, tj, st))) goto done;

@@ -8,11 +8,13 @@ nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, 
                             int kmax, nl_emergence *out) {
     memset(out, 0, sizeof *out);
     if (kmax < 1 || kmax > NL_EMERGENCE_KMAX || kmax >= T)
-        return nl_fail(NL_ERR_INVALID, "emergence: k max %d must be in 1..%d and below the window %lld", kmax, NL_EMERGENCE_KMAX,
-                       (long long)T);
+        return nl_fail(NL_ERR_INVALID, "emergence: k max %d must be in 1..%d and below the window %lld", kmax,
+                       NL_EMERGENCE_KMAX, (long long)T);
     int64_t avail = nl_data_eval_windows(d, split, (int)T);
     if (windows <= 0 || windows > avail) windows = avail;
-    if (windows < 1) return nl_fail(NL_ERR_INVALID, "%s: the %s split has no window of %lld tokens", d->path, nl_data_split_name(split), (long long)T);
+    if (windows < 1)
+        return nl_fail(NL_ERR_INVALID, "%s: the %s split has no window of %lld tokens", d->path,
+                       nl_data_split_name(split), (long long)T);
     int32_t *x = nl_malloc((size_t)(B * T) * sizeof(int32_t), "emergence batch");
     int32_t *y = nl_malloc((size_t)(B * T) * sizeof(int32_t), "emergence batch");
     unsigned char *ok = nl_malloc((size_t)(B * T), "emergence correct");
@@ -28,7 +30,8 @@ nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, 
         for (int64_t i = 0; i < nb * T; i++) {
             const float *z = m->a.logits + i * V;
             int64_t best = 0;
-            for (int64_t v = 1; v < V; v++) if (z[v] > z[best]) best = v;
+            for (int64_t v = 1; v < V; v++)
+                if (z[v] > z[best]) best = v;
             ok[i] = best == y[i];
             correct += ok[i];
             loss += m->a.losses[i];
@@ -36,7 +39,10 @@ nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, 
         scored += nb * T;
         for (int64_t b = 0; b < nb; b++)
             for (int64_t t = 1; t < T; t++)
-                if (ok[b * T + t - 1]) { prev_ok++; both_ok += ok[b * T + t]; }
+                if (ok[b * T + t - 1]) {
+                    prev_ok++;
+                    both_ok += ok[b * T + t];
+                }
         for (int64_t b = 0; b < nb; b++)
             for (int64_t t = 0; t + kmax <= T; t++) {
                 int run = 0;

@@ -48,8 +48,8 @@ static nl_fp8_gemm_opts base_opts(const nl_fp8_linear *f) {
 /* The classifier stays on the model's default (fp32/bf16) path. */
 static int is_high_precision(const nl_linear_site *s) { return s->kind == NL_LIN_CLS || s->layer < 0; }
 
-static void fp8_forward(void *user, const nl_linear_site *s, float *out, const float *in, const float *w,
-                        int64_t n, int64_t in_dim, int64_t out_dim) {
+static void fp8_forward(void *user, const nl_linear_site *s, float *out, const float *in, const float *w, int64_t n,
+                        int64_t in_dim, int64_t out_dim) {
     nl_fp8_linear *f = user;
     nl_model *m = f->model;
     if (is_high_precision(s)) {
@@ -66,12 +66,14 @@ static void fp8_forward(void *user, const nl_linear_site *s, float *out, const f
     o.delayed_a = delayed_of(f, s, 0);
     o.delayed_b = delayed_of(f, s, 1);
     nl_fp8_stats st;
-    if (nl_fp8_gemm(&o, n, out_dim, in_dim, in, w, out, &st)) note_failure(f, "forward", s, out, n * out_dim);
-    else add_stats(f, &st, n * in_dim, in_dim * out_dim);
+    if (nl_fp8_gemm(&o, n, out_dim, in_dim, in, w, out, &st))
+        note_failure(f, "forward", s, out, n * out_dim);
+    else
+        add_stats(f, &st, n * in_dim, in_dim * out_dim);
 }
 
-static void fp8_backward(void *user, const nl_linear_site *s, float *din, float *dw, const float *dout,
-                         const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
+static void fp8_backward(void *user, const nl_linear_site *s, float *din, float *dw, const float *dout, const float *in,
+                         const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
     nl_fp8_linear *f = user;
     nl_model *m = f->model;
     if (is_high_precision(s)) {
@@ -89,8 +91,10 @@ static void fp8_backward(void *user, const nl_linear_site *s, float *din, float 
         o.fmt_b = f->recipe.fmt_act;
         o.delayed_a = delayed_of(f, s, 2);
         o.delayed_b = delayed_of(f, s, 3);
-        if (nl_fp8_gemm(&o, n, in_dim, out_dim, dout, w, din, &st)) note_failure(f, "dgrad", s, din, n * in_dim);
-        else add_stats(f, &st, n * out_dim, out_dim * in_dim);
+        if (nl_fp8_gemm(&o, n, in_dim, out_dim, dout, w, din, &st))
+            note_failure(f, "dgrad", s, din, n * in_dim);
+        else
+            add_stats(f, &st, n * out_dim, out_dim * in_dim);
     }
     /* wgrad: dw (out_dim, in_dim) += dout^T (out_dim, n) . in (n, in_dim) */
     nl_fp8_gemm_opts o = base_opts(f);
@@ -100,8 +104,10 @@ static void fp8_backward(void *user, const nl_linear_site *s, float *din, float 
     o.accumulate = 1;
     o.delayed_a = delayed_of(f, s, 4);
     o.delayed_b = delayed_of(f, s, 5);
-    if (nl_fp8_gemm(&o, out_dim, in_dim, n, dout, in, dw, &st)) note_failure(f, "wgrad", s, dw, out_dim * in_dim);
-    else add_stats(f, &st, n * out_dim, n * in_dim);
+    if (nl_fp8_gemm(&o, out_dim, in_dim, n, dout, in, dw, &st))
+        note_failure(f, "wgrad", s, dw, out_dim * in_dim);
+    else
+        add_stats(f, &st, n * out_dim, n * in_dim);
 }
 
 nl_status nl_fp8_linear_install(nl_fp8_linear *f, nl_model *m, const nl_fp8_recipe *r) {

@@ -24,7 +24,8 @@ nl_status nl_loss_stats_compute(const float *losses, int64_t n, int64_t batch, n
     int64_t used = nb * batch;
     double sum = 0;
     for (int64_t i = 0; i < used; i++) {
-        if (!isfinite(losses[i])) return nl_fail(NL_ERR_INVALID, "loss statistics: token %lld has loss %g", (long long)i, (double)losses[i]);
+        if (!isfinite(losses[i]))
+            return nl_fail(NL_ERR_INVALID, "loss statistics: token %lld has loss %g", (long long)i, (double)losses[i]);
         sum += losses[i];
     }
     double mean = sum / (double)used, ss = 0, sb = 0;

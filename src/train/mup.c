@@ -28,8 +28,8 @@ static void mup_forward(void *user, const nl_linear_site *site, float *out, cons
 
 /* din (n, in_dim) = alpha dout . w; dw (out_dim, in_dim) += alpha dout^T . in. The classifier's
  * weight gradient of this call goes to mu->dw_cls first (zeroed), then alpha times it into dw. */
-static void mup_backward(void *user, const nl_linear_site *site, float *din, float *dw, const float *dout, const float *in,
-                         const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
+static void mup_backward(void *user, const nl_linear_site *site, float *din, float *dw, const float *dout,
+                         const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
     const nl_mup *mu = user;
     if (site->kind != NL_LIN_CLS || mu->out_mult == 1.0f) {
         nl_linear_backward_default(mu->model, site, din, dw, dout, in, w, n, in_dim, out_dim);
@@ -124,13 +124,17 @@ nl_status nl_lr_sweep(const nl_data *d, const int64_t *widths, int n_w, const do
             o.mup_base_dim = base_dim;
             nl_trainer t;
             nl_status rc = nl_trainer_init(&t, &a, &o);
-            if (rc) return nl_fail(rc, "lr sweep, width %lld, lr %g: %s", (long long)widths[i], lrs[j], nl_last_error());
+            if (rc)
+                return nl_fail(rc, "lr sweep, width %lld, lr %g: %s", (long long)widths[i], lrs[j], nl_last_error());
             rc = nl_trainer_run(&t, &o, d, NULL, NULL);
             double vl = INFINITY;
-            if (rc == NL_ERR_NUMERIC) rc = NL_OK; /* diverged: infinite loss */
-            else if (!rc) rc = nl_eval_loss(&t.model, d, NL_DATA_VAL, batch, seq, val_windows, &vl, NULL);
+            if (rc == NL_ERR_NUMERIC)
+                rc = NL_OK; /* diverged: infinite loss */
+            else if (!rc)
+                rc = nl_eval_loss(&t.model, d, NL_DATA_VAL, batch, seq, val_windows, &vl, NULL);
             nl_trainer_free(&t);
-            if (rc) return nl_fail(rc, "lr sweep, width %lld, lr %g: %s", (long long)widths[i], lrs[j], nl_last_error());
+            if (rc)
+                return nl_fail(rc, "lr sweep, width %lld, lr %g: %s", (long long)widths[i], lrs[j], nl_last_error());
             loss[i * n_lr + j] = isfinite(vl) ? vl : INFINITY;
         }
     }

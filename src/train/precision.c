@@ -6,10 +6,12 @@
 
 nl_status nl_underflow_count(nl_format f, float scale, const float *x, size_t n, nl_underflow_counts *c) {
     if (!c || (n && !x)) return nl_fail(NL_ERR_INVALID, "underflow count: NULL pointer");
-    if (!(scale > 0.0f) || !isfinite(scale)) return nl_fail(NL_ERR_INVALID, "underflow count: scale %g must be finite and > 0", scale);
+    if (!(scale > 0.0f) || !isfinite(scale))
+        return nl_fail(NL_ERR_INVALID, "underflow count: scale %g must be finite and > 0", scale);
     const nl_format_info *fi = nl_fmt_info(f);
     if (!fi || fi->kind != NL_FMT_KIND_FLOAT || f == NL_FMT_E8M0)
-        return nl_fail(NL_ERR_INVALID, "underflow count: format %s is not a floating-point element format", nl_fmt_name(f));
+        return nl_fail(NL_ERR_INVALID, "underflow count: format %s is not a floating-point element format",
+                       nl_fmt_name(f));
     const double min_normal = fi->min_normal, fmax_v = fi->max_finite;
     int64_t nz = 0, fl = 0, sub = 0, ov = 0;
 #pragma omp parallel for schedule(static) reduction(+ : nz, fl, sub, ov)
@@ -18,12 +20,21 @@ nl_status nl_underflow_count(nl_format f, float scale, const float *x, size_t n,
         nz++;
         const float v = x[i] * scale;
         uint32_t code;
-        if (!isfinite(v) || fabsf(v) > (float)fmax_v * 2.0f) { ov++; continue; }
-        if (nl_fmt_encode(f, v, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_IEEE, 0, &code) != NL_OK) { ov++; continue; }
+        if (!isfinite(v) || fabsf(v) > (float)fmax_v * 2.0f) {
+            ov++;
+            continue;
+        }
+        if (nl_fmt_encode(f, v, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_IEEE, 0, &code) != NL_OK) {
+            ov++;
+            continue;
+        }
         const float r = nl_fmt_decode(f, code);
-        if (!isfinite(r)) ov++;
-        else if (r == 0.0f) fl++;
-        else if (fabsf(r) < min_normal) sub++;
+        if (!isfinite(r))
+            ov++;
+        else if (r == 0.0f)
+            fl++;
+        else if (fabsf(r) < min_normal)
+            sub++;
     }
     c->values += (int64_t)n;
     c->nonzero += nz;
@@ -50,8 +61,8 @@ typedef struct grab_ctx {
     nl_status rc;
 } grab_ctx;
 
-static void grab_forward(void *user, const nl_linear_site *s, float *out, const float *in, const float *w,
-                         int64_t n, int64_t in_dim, int64_t out_dim) {
+static void grab_forward(void *user, const nl_linear_site *s, float *out, const float *in, const float *w, int64_t n,
+                         int64_t in_dim, int64_t out_dim) {
     grab_ctx *g = user;
     g->m->linear_ops = NULL;
     nl_linear_forward(g->m, s, out, in, w, n, in_dim, out_dim);
@@ -66,7 +77,8 @@ static void grab_backward(void *user, const nl_linear_site *s, float *din, float
         size_t cap = g->cap ? g->cap : 1 << 20;
         while (cap < g->n + add) cap *= 2;
         float *nb = nl_malloc(cap * sizeof(float), "output gradients");
-        if (!nb) g->rc = NL_ERR_NOMEM;
+        if (!nb)
+            g->rc = NL_ERR_NOMEM;
         else {
             if (g->n) memcpy(nb, g->buf, g->n * sizeof(float));
             nl_free(g->buf);
@@ -83,8 +95,8 @@ static void grab_backward(void *user, const nl_linear_site *s, float *din, float
     g->m->linear_ops = &g->ops;
 }
 
-nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t B, int64_t T, int batches,
-                         float **act, size_t *n_act, float **wgt, size_t *n_wgt) {
+nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t B, int64_t T, int batches, float **act,
+                         size_t *n_act, float **wgt, size_t *n_wgt) {
     if (!m || !tokens || !act || !n_act || !wgt || !n_wgt) return nl_fail(NL_ERR_INVALID, "grad sample: NULL argument");
     if (batches < 1 || B < 1 || T < 1) return nl_fail(NL_ERR_INVALID, "grad sample: batches, B and T must be >= 1");
     if (n < (int64_t)batches * B * (T + 1))
@@ -94,7 +106,8 @@ nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t 
     *act = *wgt = NULL;
     *n_act = *n_wgt = 0;
     float *w = nl_malloc((size_t)batches * m->n_params * sizeof(float), "parameter gradients");
-    int32_t *x = nl_malloc((size_t)(B * T) * sizeof(int32_t), "inputs"), *y = nl_malloc((size_t)(B * T) * sizeof(int32_t), "targets");
+    int32_t *x = nl_malloc((size_t)(B * T) * sizeof(int32_t), "inputs"),
+            *y = nl_malloc((size_t)(B * T) * sizeof(int32_t), "targets");
     grab_ctx g = {.m = m};
     g.ops.forward = grab_forward;
     g.ops.backward = grab_backward;

@@ -19,7 +19,8 @@ nl_status nl_qat_parse(const char *name, nl_quant_spec *spec) {
     } else if ((n = 0, sscanf(name, "int%d-channel%n", &bits, &n)) == 1 && n > 0 && name[n] == '\0') {
         spec->gran = NL_QUANT_PER_CHANNEL;
     } else {
-        return nl_fail(NL_ERR_INVALID, "unknown QAT scheme '%s' (known: int<b>-g<G> e.g. int4-g32, int<b>-channel)", name);
+        return nl_fail(NL_ERR_INVALID, "unknown QAT scheme '%s' (known: int<b>-g<G> e.g. int4-g32, int<b>-channel)",
+                       name);
     }
     if (bits < 2 || bits > 8) return nl_fail(NL_ERR_INVALID, "QAT scheme '%s': bits must be 2..8", name);
     spec->bits = bits;
@@ -29,8 +30,8 @@ nl_status nl_qat_parse(const char *name, nl_quant_spec *spec) {
 static int qat_site(const nl_linear_site *s) { return s->kind != NL_LIN_CLS && s->layer >= 0; }
 
 /* Runs the model's default linear (q's hook uninstalled for the call). */
-static void default_forward(nl_qat *q, const nl_linear_site *s, float *out, const float *in, const float *w,
-                            int64_t n, int64_t in_dim, int64_t out_dim) {
+static void default_forward(nl_qat *q, const nl_linear_site *s, float *out, const float *in, const float *w, int64_t n,
+                            int64_t in_dim, int64_t out_dim) {
     nl_linear_ops *mine = q->model->linear_ops;
     q->model->linear_ops = q->prev_ops;
     nl_linear_forward(q->model, s, out, in, w, n, in_dim, out_dim);
@@ -64,8 +65,8 @@ static void qat_forward(void *user, const nl_linear_site *s, float *out, const f
     default_forward(q, s, out, in, wq, n, in_dim, out_dim);
 }
 
-static void qat_backward(void *user, const nl_linear_site *s, float *din, float *dw, const float *dout,
-                         const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
+static void qat_backward(void *user, const nl_linear_site *s, float *din, float *dw, const float *dout, const float *in,
+                         const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
     nl_qat *q = user;
     /* STE: the input gradient uses the weights forward used (w^, still in q->wq: no update
      * happens between a forward and its backward); the weight gradient dy^T . x does not
@@ -85,7 +86,8 @@ nl_status nl_qat_install(nl_qat *q, nl_model *m, const nl_quant_spec *spec) {
     NL_TRY(nl_quant_check_spec(spec));
     if (m->moe) return nl_fail(NL_ERR_UNSUPPORTED, "qat: arch %s has mixture-of-experts layers", m->arch.name);
     if (m->precision != NL_PREC_FP32)
-        return nl_fail(NL_ERR_INVALID, "qat: the model must run in fp32 precision (bf16/fp16 read their own weight copy)");
+        return nl_fail(NL_ERR_INVALID,
+                       "qat: the model must run in fp32 precision (bf16/fp16 read their own weight copy)");
     q->model = m;
     q->spec = *spec;
     q->qt = nl_calloc((size_t)(m->L * 4), sizeof(nl_qtensor), "qat tensors");

@@ -107,7 +107,10 @@ nl_status nl_sweep_read_csv(const char *path, nl_sweep_row **rows, int *n) {
         if (*n == cap) {
             cap = cap ? 2 * cap : 32;
             nl_sweep_row *r = realloc(*rows, (size_t)cap * sizeof **rows);
-            if (!r) { rc = nl_fail(NL_ERR_NOMEM, "%s: out of memory", path); break; }
+            if (!r) {
+                rc = nl_fail(NL_ERR_NOMEM, "%s: out of memory", path);
+                break;
+            }
             *rows = r;
         }
         nl_sweep_row *r = &(*rows)[*n];
@@ -131,7 +134,12 @@ nl_status nl_sweep_read_csv(const char *path, nl_sweep_row **rows, int *n) {
     }
     /* hand back an nl_malloc'd copy so callers free with nl_free */
     nl_sweep_row *out = nl_malloc((size_t)(*n > 0 ? *n : 1) * sizeof *out, "sweep rows");
-    if (!out) { free(*rows); *rows = NULL; *n = 0; return NL_ERR_NOMEM; }
+    if (!out) {
+        free(*rows);
+        *rows = NULL;
+        *n = 0;
+        return NL_ERR_NOMEM;
+    }
     if (*n) memcpy(out, *rows, (size_t)*n * sizeof *out);
     free(*rows);
     *rows = out;
@@ -159,7 +167,11 @@ static int file_exists(const char *p) {
     return stat(p, &st) == 0;
 }
 
-typedef struct wall_ctx { const char *wall_path; double prior_s; nl_trainer *t; } wall_ctx;
+typedef struct wall_ctx {
+    const char *wall_path;
+    double prior_s;
+    nl_trainer *t;
+} wall_ctx;
 
 /* After each checkpoint, record the wall time so far next to it (a resumed run adds to it). */
 static void on_step(void *user, const nl_train_log *rec, const nl_train_opts *o) {
@@ -222,7 +234,8 @@ static nl_status csv_append(const char *csv, const char *lock_path, const nl_swe
     nl_status rc = nl_sweep_read_csv(csv, &rows, &n);
     if (!rc) {
         nl_sweep_row *all = nl_malloc((size_t)(n + 1) * sizeof *all, "sweep rows");
-        if (!all) rc = NL_ERR_NOMEM;
+        if (!all)
+            rc = NL_ERR_NOMEM;
         else {
             int m = 0;
             for (int k = 0; k < n; k++)
@@ -251,8 +264,8 @@ nl_status nl_sweep_run(const nl_sweep_grid *g, const char *data_path, const char
     return nl_sweep_run_worker(g, data_path, dir, p, 0);
 }
 
-nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, const char *dir, const nl_sweep_progress *p,
-                              int largest_first) {
+nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, const char *dir,
+                              const nl_sweep_progress *p, int largest_first) {
     char csv[1024], runs[1024], csv_lock[1100];
     snprintf(csv, sizeof csv, "%s/sweep.csv", dir);
     snprintf(csv_lock, sizeof csv_lock, "%s/sweep.lock", dir);
@@ -267,7 +280,8 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
         nl_free(rows);
     }
     /* the (budget, shape) order of the work */
-    int order_b[NL_SWEEP_MAX_BUDGETS * NL_SWEEP_MAX_SHAPES], order_s[NL_SWEEP_MAX_BUDGETS * NL_SWEEP_MAX_SHAPES], n_work = 0;
+    int order_b[NL_SWEEP_MAX_BUDGETS * NL_SWEEP_MAX_SHAPES], order_s[NL_SWEEP_MAX_BUDGETS * NL_SWEEP_MAX_SHAPES],
+        n_work = 0;
     for (int k = 0; k < g->n_budgets; k++) {
         int bi = largest_first ? g->n_budgets - 1 - k : k, first;
         int ns = nl_sweep_budget_shapes(g, bi, &first);
@@ -287,7 +301,10 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
         char run[32];
         snprintf(run, sizeof run, "c%d_n%d", bi, si);
         int done = csv_has(csv, run);
-        if (done < 0) { rc = NL_ERR_IO; break; }
+        if (done < 0) {
+            rc = NL_ERR_IO;
+            break;
+        }
         if (done) {
             if (p && p->on_run) p->on_run(p->user, run, "done already (in the CSV): skipped", NULL);
             continue;
@@ -295,14 +312,20 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
         char lock_path[1100];
         snprintf(lock_path, sizeof lock_path, "%s/%s.lock", runs, run);
         int run_fd = lock_file(lock_path, 0);
-        if (run_fd == -2) { rc = NL_ERR_IO; break; }
+        if (run_fd == -2) {
+            rc = NL_ERR_IO;
+            break;
+        }
         if (run_fd == -1) {
             if (p && p->on_run) p->on_run(p->user, run, "being trained by another worker: skipped", NULL);
             continue;
         }
         if ((done = csv_has(csv, run)) != 0) { /* finished by another worker meanwhile */
             unlock_file(run_fd);
-            if (done < 0) { rc = NL_ERR_IO; break; }
+            if (done < 0) {
+                rc = NL_ERR_IO;
+                break;
+            }
             if (p && p->on_run) p->on_run(p->user, run, "done already (in the CSV): skipped", NULL);
             continue;
         }
@@ -336,7 +359,10 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
         if (resumed) {
             char *txt = NULL;
             size_t txt_bytes = 0;
-            if (nl_read_file(wall_path, &txt, &txt_bytes) == NL_OK) { w.prior_s = atof(txt); nl_free(txt); }
+            if (nl_read_file(wall_path, &txt, &txt_bytes) == NL_OK) {
+                w.prior_s = atof(txt);
+                nl_free(txt);
+            }
         }
         nl_trainer t;
         if ((rc = nl_trainer_init(&t, &arch, &o))) {
@@ -393,12 +419,17 @@ static int parabola(const double *x, const double *y, int n, double *c0, double 
     double s[5] = {0}, t[3] = {0};
     for (int i = 0; i < n; i++) {
         double u = x[i] - xm, p = 1;
-        for (int k = 0; k < 5; k++) { s[k] += p; if (k < 3) t[k] += p * y[i]; p *= u; }
+        for (int k = 0; k < 5; k++) {
+            s[k] += p;
+            if (k < 3) t[k] += p * y[i];
+            p *= u;
+        }
     }
     /* normal equations [s0 s1 s2; s1 s2 s3; s2 s3 s4] b = t, by Cramer's rule */
     double M[3][3] = {{s[0], s[1], s[2]}, {s[1], s[2], s[3]}, {s[2], s[3], s[4]}};
-#define DET3(A) (A[0][0] * (A[1][1] * A[2][2] - A[1][2] * A[2][1]) - A[0][1] * (A[1][0] * A[2][2] - A[1][2] * A[2][0]) + \
-                 A[0][2] * (A[1][0] * A[2][1] - A[1][1] * A[2][0]))
+#define DET3(A)                                                                                                        \
+    (A[0][0] * (A[1][1] * A[2][2] - A[1][2] * A[2][1]) - A[0][1] * (A[1][0] * A[2][2] - A[1][2] * A[2][0]) +           \
+     A[0][2] * (A[1][0] * A[2][1] - A[1][1] * A[2][0]))
     double det = DET3(M);
     if (!(fabs(det) > 1e-12 * (fabs(s[0] * s[2] * s[4]) + 1e-300))) return 1;
     double b[3];
@@ -423,9 +454,15 @@ static int fit_budget(const double *x, const double *y, int n, nl_isoflop_budget
     if (n < 3 || parabola(x, y, n, &b->c0, &b->c1, &b->c2)) return 1;
     if (!(b->c2 > 0)) return 1;
     double xs = -b->c1 / (2 * b->c2), lo = x[0], hi = x[0];
-    for (int i = 1; i < n; i++) { lo = fmin(lo, x[i]); hi = fmax(hi, x[i]); }
+    for (int i = 1; i < n; i++) {
+        lo = fmin(lo, x[i]);
+        hi = fmax(hi, x[i]);
+    }
     b->n_opt = exp(xs);
-    if (xs < lo || xs > hi) { b->outside = 1; return 1; } /* the sizes do not bracket the minimum */
+    if (xs < lo || xs > hi) {
+        b->outside = 1;
+        return 1;
+    } /* the sizes do not bracket the minimum */
     b->loss_opt = b->c0 + b->c1 * xs + b->c2 * xs * xs;
     return 0;
 }
@@ -447,12 +484,17 @@ nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const 
     for (int i = 0; i < n; i++) {
         if (!(n_params[i] > 0 && flops[i] > 0 && isfinite(loss[i]))) {
             nl_free(grp);
-            return nl_fail(NL_ERR_INVALID, "approach 2: row %d has N %g, C %g, loss %g", i, n_params[i], flops[i], loss[i]);
+            return nl_fail(NL_ERR_INVALID, "approach 2: row %d has N %g, C %g, loss %g", i, n_params[i], flops[i],
+                           loss[i]);
         }
         int g = -1;
-        for (int k = 0; k < nb; k++) if (fabs(flops[i] / cs[k] - 1) < 1e-6) g = k;
+        for (int k = 0; k < nb; k++)
+            if (fabs(flops[i] / cs[k] - 1) < 1e-6) g = k;
         if (g < 0) {
-            if (nb == NL_SWEEP_MAX_BUDGETS) { nl_free(grp); return nl_fail(NL_ERR_INVALID, "approach 2: more than %d budgets", NL_SWEEP_MAX_BUDGETS); }
+            if (nb == NL_SWEEP_MAX_BUDGETS) {
+                nl_free(grp);
+                return nl_fail(NL_ERR_INVALID, "approach 2: more than %d budgets", NL_SWEEP_MAX_BUDGETS);
+            }
             cs[nb] = flops[i];
             g = nb++;
         }
@@ -462,27 +504,47 @@ nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const 
     for (int a = 0; a < nb; a++)
         for (int b = a + 1; b < nb; b++)
             if (cs[b] < cs[a]) {
-                double t = cs[a]; cs[a] = cs[b]; cs[b] = t;
+                double t = cs[a];
+                cs[a] = cs[b];
+                cs[b] = t;
                 for (int i = 0; i < n; i++) grp[i] = grp[i] == a ? b : grp[i] == b ? a : grp[i];
             }
     double *x = nl_malloc((size_t)(2 * n + 2) * sizeof(double), "isoflop points");
     double *lc = nl_malloc((size_t)(2 * NL_SWEEP_MAX_BUDGETS) * sizeof(double), "isoflop minima");
     double *boot = nl_malloc((size_t)(bootstrap > 0 ? bootstrap : 1) * sizeof(double), "bootstrap");
-    if (!x || !lc || !boot) { nl_free(grp); nl_free(x); nl_free(lc); nl_free(boot); return NL_ERR_NOMEM; }
+    if (!x || !lc || !boot) {
+        nl_free(grp);
+        nl_free(x);
+        nl_free(lc);
+        nl_free(boot);
+        return NL_ERR_NOMEM;
+    }
     double *y = x + n + 1;
     out->n_budgets = nb;
     int nv = 0, valid[NL_SWEEP_MAX_BUDGETS] = {0};
     double *ln_c = lc, *ln_n = lc + NL_SWEEP_MAX_BUDGETS;
     for (int k = 0; k < nb; k++) {
         int m = 0;
-        for (int i = 0; i < n; i++) if (grp[i] == k) { x[m] = log(n_params[i]); y[m] = loss[i]; m++; }
+        for (int i = 0; i < n; i++)
+            if (grp[i] == k) {
+                x[m] = log(n_params[i]);
+                y[m] = loss[i];
+                m++;
+            }
         out->b[k].flops = cs[k];
-        if (!fit_budget(x, y, m, &out->b[k])) { valid[k] = 1; ln_c[nv] = log(cs[k]); ln_n[nv] = log(out->b[k].n_opt); nv++; }
+        if (!fit_budget(x, y, m, &out->b[k])) {
+            valid[k] = 1;
+            ln_c[nv] = log(cs[k]);
+            ln_n[nv] = log(out->b[k].n_opt);
+            nv++;
+        }
     }
     nl_status rc = NL_OK;
     nl_linfit lf;
     if (nv < 2 || nl_linfit_fit(ln_c, ln_n, NULL, (size_t)nv, &lf)) {
-        rc = nl_fail(NL_ERR_INVALID, "approach 2: only %d of %d budgets have a loss minimum (a parabola opening upwards over >= 3 sizes); need 2",
+        rc = nl_fail(NL_ERR_INVALID,
+                     "approach 2: only %d of %d budgets have a loss minimum (a parabola opening upwards over >= 3 "
+                     "sizes); need 2",
                      nv, nb);
         goto done;
     }
@@ -497,7 +559,8 @@ nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const 
             int nv2 = 0;
             for (int k = 0; k < nb; k++) {
                 int idx[256], cnt = 0;
-                for (int i = 0; i < n && cnt < 256; i++) if (grp[i] == k) idx[cnt++] = i;
+                for (int i = 0; i < n && cnt < 256; i++)
+                    if (grp[i] == k) idx[cnt++] = i;
                 if (!valid[k]) continue;
                 int m = 0, distinct = 0;
                 for (int j = 0; j < cnt; j++) {
@@ -510,10 +573,17 @@ nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const 
                     m++;
                 }
                 nl_isoflop_budget bb;
-                if (distinct >= 3 && !fit_budget(x, y, m, &bb)) { ln_c[nv2] = log(cs[k]); ln_n[nv2] = log(bb.n_opt); nv2++; }
+                if (distinct >= 3 && !fit_budget(x, y, m, &bb)) {
+                    ln_c[nv2] = log(cs[k]);
+                    ln_n[nv2] = log(bb.n_opt);
+                    nv2++;
+                }
             }
             nl_linfit bl;
-            if (nv2 == nv && !nl_linfit_fit(ln_c, ln_n, NULL, (size_t)nv2, &bl)) { boot[used++] = bl.slope; ok = 1; }
+            if (nv2 == nv && !nl_linfit_fit(ln_c, ln_n, NULL, (size_t)nv2, &bl)) {
+                boot[used++] = bl.slope;
+                ok = 1;
+            }
         }
     }
     out->boot_used = used;

@@ -39,8 +39,8 @@ nl_status nl_eval_window_count(const nl_data *d, nl_data_split split, int64_t T,
     return NL_OK;
 }
 
-nl_status nl_eval_windows(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
-                          int64_t max_windows, nl_eval_visit visit, void *user) {
+nl_status nl_eval_windows(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T, int64_t max_windows,
+                          nl_eval_visit visit, void *user) {
     int64_t windows;
     NL_TRY(nl_eval_window_count(d, split, T, max_windows, &windows));
     int32_t *x = nl_malloc((size_t)(B * T) * sizeof(int32_t), "eval batch");
@@ -72,8 +72,8 @@ static nl_status add_losses(void *user, const float *losses, int64_t n) {
     return NL_OK;
 }
 
-nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
-                       int64_t max_windows, double *mean_loss, int64_t *n_scored) {
+nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T, int64_t max_windows,
+                       double *mean_loss, int64_t *n_scored) {
     eval_sum s = {0, 0};
     NL_TRY(nl_eval_windows(m, d, split, B, T, max_windows, add_losses, &s));
     *mean_loss = s.total / (double)s.scored;
@@ -85,14 +85,22 @@ nl_status nl_eval_loss(nl_model *m, const nl_data *d, nl_data_split split, int64
 static nl_status arch_mismatch(const char *path, const nl_arch *want, const nl_arch *have) {
     if (strcmp(want->name, have->name))
         return nl_fail(NL_ERR_INVALID, "%s holds model \"%s\", the run asks for \"%s\"", path, have->name, want->name);
-    struct { const char *n; int64_t a, b; } f[] = {
-        {"vocab_size", want->vocab_size, have->vocab_size}, {"dim", want->dim, have->dim},
-        {"n_layers", want->n_layers, have->n_layers}, {"n_heads", want->n_heads, have->n_heads},
-        {"n_kv_heads", want->n_kv_heads, have->n_kv_heads}, {"hidden_dim", want->hidden_dim, have->hidden_dim},
-        {"seq_len", want->seq_len, have->seq_len}, {"tied_embeddings", want->tied_embeddings, have->tied_embeddings},
-        {"n_experts", want->n_experts, have->n_experts}, {"n_shared_experts", want->n_shared_experts, have->n_shared_experts},
-        {"top_k", want->top_k, have->top_k}, {"expert_hidden_dim", want->expert_hidden_dim, have->expert_hidden_dim},
-        {"first_moe_layer", want->first_moe_layer, have->first_moe_layer}};
+    struct {
+        const char *n;
+        int64_t a, b;
+    } f[] = {{"vocab_size", want->vocab_size, have->vocab_size},
+             {"dim", want->dim, have->dim},
+             {"n_layers", want->n_layers, have->n_layers},
+             {"n_heads", want->n_heads, have->n_heads},
+             {"n_kv_heads", want->n_kv_heads, have->n_kv_heads},
+             {"hidden_dim", want->hidden_dim, have->hidden_dim},
+             {"seq_len", want->seq_len, have->seq_len},
+             {"tied_embeddings", want->tied_embeddings, have->tied_embeddings},
+             {"n_experts", want->n_experts, have->n_experts},
+             {"n_shared_experts", want->n_shared_experts, have->n_shared_experts},
+             {"top_k", want->top_k, have->top_k},
+             {"expert_hidden_dim", want->expert_hidden_dim, have->expert_hidden_dim},
+             {"first_moe_layer", want->first_moe_layer, have->first_moe_layer}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].a != f[i].b)
             return nl_fail(NL_ERR_INVALID, "%s: the model's %s is %lld, the run asks for %lld", path, f[i].n,
@@ -120,29 +128,35 @@ static nl_status check_resume(const char *path, const nl_train_opts *o, const nl
      * its exit) has nothing to do: NL_DONE, which the CLI reports and exits 0 on, so a restart
      * loop does not mark a finished run as failed. Fewer steps than trained is a mistake. */
     if (st->step == o->steps)
-        return nl_fail(NL_DONE, "%s has already trained all %lld steps of this run: nothing to do (give more steps to "
-                       "continue)", path, (long long)st->step);
+        return nl_fail(NL_DONE,
+                       "%s has already trained all %lld steps of this run: nothing to do (give more steps to "
+                       "continue)",
+                       path, (long long)st->step);
     if (st->step > o->steps)
-        return nl_fail(NL_ERR_INVALID, "%s has already trained %lld steps and the run asks for %lld in total: nothing to "
-                       "do (give more steps to continue)", path, (long long)st->step, (long long)o->steps);
+        return nl_fail(NL_ERR_INVALID,
+                       "%s has already trained %lld steps and the run asks for %lld in total: nothing to "
+                       "do (give more steps to continue)",
+                       path, (long long)st->step, (long long)o->steps);
     if (st->precision != o->precision)
-        return nl_fail(NL_ERR_INVALID, "%s was trained with precision %s, this run asks for %s; resume with the same one",
-                       path, nl_precision_name(st->precision), nl_precision_name(o->precision));
+        return nl_fail(NL_ERR_INVALID,
+                       "%s was trained with precision %s, this run asks for %s; resume with the same one", path,
+                       nl_precision_name(st->precision), nl_precision_name(o->precision));
     if (have->mup_base_dim != want.mup_base_dim)
-        return nl_fail(NL_ERR_INVALID, "%s was trained with muP base width %lld, this run asks for %lld (0: no muP)", path,
-                       (long long)have->mup_base_dim, (long long)want.mup_base_dim);
+        return nl_fail(NL_ERR_INVALID, "%s was trained with muP base width %lld, this run asks for %lld (0: no muP)",
+                       path, (long long)have->mup_base_dim, (long long)want.mup_base_dim);
     if (o->precision == NL_PREC_FP16 && have->loss_scaling != want.loss_scaling)
         return nl_fail(NL_ERR_INVALID, "%s was trained %s loss scaling, this run asks %s it", path,
-                       have->loss_scaling ? "with dynamic" : "without", want.loss_scaling ? "for dynamic" : "to go without");
+                       have->loss_scaling ? "with dynamic" : "without",
+                       want.loss_scaling ? "for dynamic" : "to go without");
     if (strcmp(have->qat, want.qat))
-        return nl_fail(NL_ERR_INVALID, "%s was trained with QAT scheme \"%s\", this run asks for \"%s\" (\"\": none)", path,
-                       have->qat, want.qat);
+        return nl_fail(NL_ERR_INVALID, "%s was trained with QAT scheme \"%s\", this run asks for \"%s\" (\"\": none)",
+                       path, have->qat, want.qat);
     if (strcmp(have->fp8, want.fp8))
-        return nl_fail(NL_ERR_INVALID, "%s was trained with FP8 recipe \"%s\", this run asks for \"%s\" (\"\": none)", path,
-                       have->fp8, want.fp8);
+        return nl_fail(NL_ERR_INVALID, "%s was trained with FP8 recipe \"%s\", this run asks for \"%s\" (\"\": none)",
+                       path, have->fp8, want.fp8);
     if (strcmp(have->schedule, want.schedule))
-        return nl_fail(NL_ERR_INVALID, "%s was trained with the %s schedule, this run asks for %s", path, have->schedule,
-                       want.schedule);
+        return nl_fail(NL_ERR_INVALID, "%s was trained with the %s schedule, this run asks for %s", path,
+                       have->schedule, want.schedule);
     if (have->warmup >= 0 && have->warmup != want.warmup)
         return nl_fail(NL_ERR_INVALID, "%s was trained with warmup %lld steps, this run asks for %lld", path,
                        (long long)have->warmup, (long long)want.warmup);
@@ -170,7 +184,8 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
     nl_model *m = &t->model;
     t->seq = o->seq > 0 ? o->seq : m->arch.seq_len;
     if (o->batch <= 0 || t->seq > m->arch.seq_len) {
-        rc = nl_fail(NL_ERR_INVALID, "sequence length %lld must be in [1, %lld] (the model's seq_len) and the batch positive",
+        rc = nl_fail(NL_ERR_INVALID,
+                     "sequence length %lld must be in [1, %lld] (the model's seq_len) and the batch positive",
                      (long long)t->seq, (long long)m->arch.seq_len);
         goto fail;
     }
@@ -180,7 +195,10 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
         goto fail;
     if (o->mup_base_dim > 0) { /* muP hooks: output multiplier, per-tensor learning rates, init */
         t->mup = nl_calloc(1, sizeof *t->mup, "muP");
-        if (!t->mup) { rc = NL_ERR_NOMEM; goto fail; }
+        if (!t->mup) {
+            rc = NL_ERR_NOMEM;
+            goto fail;
+        }
         if ((rc = nl_mup_init(t->mup, m, &t->opt, o->mup_base_dim, !o->resume && !o->init_weights))) goto fail;
     }
     nl_scaler_init(&t->scaler);
@@ -214,7 +232,8 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
     t->mem.activations = nl_model_act_bytes(m);
     t->mem.lp_weights = nl_model_lp_weight_bytes(m);
     t->mem.batch = 2 * (size_t)(o->batch * t->seq) * sizeof(int32_t);
-    t->mem.total = t->mem.params + t->mem.grads + t->mem.optimizer + t->mem.activations + t->mem.lp_weights + t->mem.batch;
+    t->mem.total =
+        t->mem.params + t->mem.grads + t->mem.optimizer + t->mem.activations + t->mem.lp_weights + t->mem.batch;
     return NL_OK;
 fail:
     nl_trainer_free(t);
@@ -226,8 +245,8 @@ nl_status nl_train_layout_step(const nl_train_layout *L, const nl_data *d, int64
     float loss = 0;
     NL_TRY(L->grads(L->user, d, step, &loss));
     if (!isfinite(loss))
-        return nl_fail(NL_ERR_NUMERIC, "loss is %s at step %lld (lr %.3g)", isnan(loss) ? "nan" : "inf", (long long)step + 1,
-                       (double)lr);
+        return nl_fail(NL_ERR_NUMERIC, "loss is %s at step %lld (lr %.3g)", isnan(loss) ? "nan" : "inf",
+                       (long long)step + 1, (double)lr);
     double ss = 0;
     NL_TRY(L->sumsq(L->user, &ss));
     double norm = sqrt(ss);
@@ -242,14 +261,15 @@ nl_status nl_train_layout_step(const nl_train_layout *L, const nl_data *d, int64
 nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl_train_layout *L) {
     memset(t, 0, sizeof *t);
     const char *no = o->precision != NL_PREC_FP32 ? "a precision other than fp32"
-                     : o->grad_accum > 1         ? "gradient accumulation (use a larger batch, or micro-batches with pipeline parallelism)"
-                     : o->mup_base_dim > 0       ? "muP"
-                     : o->qat                    ? "QAT"
-                     : o->fp8                    ? "FP8 training"
-                     : o->init_weights           ? "starting from a checkpoint's weights"
-                     : o->out && !L->save        ? "checkpoints"
-                     : o->resume && !L->load     ? "resuming"
-                                                 : NULL;
+                     : o->grad_accum > 1
+                         ? "gradient accumulation (use a larger batch, or micro-batches with pipeline parallelism)"
+                     : o->mup_base_dim > 0   ? "muP"
+                     : o->qat                ? "QAT"
+                     : o->fp8                ? "FP8 training"
+                     : o->init_weights       ? "starting from a checkpoint's weights"
+                     : o->out && !L->save    ? "checkpoints"
+                     : o->resume && !L->load ? "resuming"
+                                             : NULL;
     if (no) return nl_fail(NL_ERR_UNSUPPORTED, "the %s layout does not support %s", L->name, no);
     if (o->steps < 1) return nl_fail(NL_ERR_INVALID, "steps must be >= 1, got %lld", (long long)o->steps);
     t->layout = L;
@@ -382,8 +402,8 @@ nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d
                 rec.val_loss = (float)vl;
                 if (!isfinite(vl))
                     return nl_fail(NL_ERR_NUMERIC, "validation loss is %s after step %lld; training stopped%s%s",
-                                   isnan(vl) ? "nan" : "inf", (long long)t->step, kept ? ", the last good checkpoint is " : "",
-                                   kept ? kept : "");
+                                   isnan(vl) ? "nan" : "inf", (long long)t->step,
+                                   kept ? ", the last good checkpoint is " : "", kept ? kept : "");
             }
             NL_TRY(save(t, o));
             kept = o->out;
@@ -403,21 +423,22 @@ nl_status nl_train_log_write_csv(const nl_trainer *t, const char *path) {
     size_t cap = 128 + (size_t)t->n_log * 160, len = 0;
     char *buf = nl_malloc(cap, "CSV log");
     if (!buf) return NL_ERR_NOMEM;
-    len += (size_t)snprintf(buf + len, cap - len, "step,lr,train_loss,val_loss,grad_norm,loss_scale,skipped,tokens_per_s\n");
+    len += (size_t)snprintf(buf + len, cap - len,
+                            "step,lr,train_loss,val_loss,grad_norm,loss_scale,skipped,tokens_per_s\n");
     for (int64_t i = 0; i < t->n_log; i++) {
         const nl_train_log *r = &t->log[i];
         char val[32] = "";
         if (!isnan(r->val_loss)) snprintf(val, sizeof val, "%.9g", r->val_loss);
-        len += (size_t)snprintf(buf + len, cap - len, "%lld,%.9g,%.9g,%s,%.9g,%.9g,%d,%.1f\n", (long long)r->step, r->lr,
-                                r->loss, val, r->grad_norm, r->loss_scale, r->skipped, r->tokens_per_s);
+        len += (size_t)snprintf(buf + len, cap - len, "%lld,%.9g,%.9g,%s,%.9g,%.9g,%d,%.1f\n", (long long)r->step,
+                                r->lr, r->loss, val, r->grad_norm, r->loss_scale, r->skipped, r->tokens_per_s);
     }
     nl_status rc = nl_write_file_atomic(path, buf, len);
     nl_free(buf);
     return rc;
 }
 
-nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T,
-                              double *mean_loss, int64_t *n_scored) {
+nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T, double *mean_loss,
+                              int64_t *n_scored) {
     nl_data d;
     NL_TRY(nl_data_from_tokens(&d, "evaluation tokens", tokens, n, (int)m->arch.vocab_size));
     nl_status rc = nl_eval_loss(m, &d, NL_DATA_ALL, B, T, 0, mean_loss, n_scored);
