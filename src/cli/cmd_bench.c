@@ -51,6 +51,25 @@ static void add_latency(nl_report *r, const char *key, const char *label, const 
     }
 }
 
+/* The SVG of a rate sweep: TTFT and TPOT p50/p99 (ms) against output tokens/s, a point per rate. */
+static nl_status plot_sweep(const char *svg, const nl_loadgen_result *res, int nrates) {
+    double x[MAX_SWEEP], y[4][MAX_SWEEP];
+    for (int i = 0; i < nrates; i++) {
+        x[i] = res[i].output_tokens_per_s;
+        y[0][i] = res[i].ttft.p50 * 1e3;
+        y[1][i] = res[i].ttft.p99 * 1e3;
+        y[2][i] = res[i].tpot.p50 * 1e3;
+        y[3][i] = res[i].tpot.p99 * 1e3;
+    }
+    nl_svg_series ser[4] = {{"TTFT p50", x, y[0], (size_t)nrates, NULL, 1},
+                            {"TTFT p99", x, y[1], (size_t)nrates, NULL, 1},
+                            {"TPOT p50", x, y[2], (size_t)nrates, NULL, 1},
+                            {"TPOT p99", x, y[3], (size_t)nrates, NULL, 1}};
+    nl_svg_plot_opts po = {
+        "latency vs throughput (one point per arrival rate)", "output tokens/s", "latency (ms)", 0, 1, 0, 0};
+    return nl_svg_plot(svg, &po, ser, 4);
+}
+
 static int bench_serve(int argc, char **argv) {
     const char *url = "http://127.0.0.1:8080", *svg = NULL, *sweep = NULL;
     int64_t requests = 64, plen = 128, plen_max = 0, olen = 128, olen_max = 0, vocab = 0, seed = 1;
@@ -179,25 +198,9 @@ static int bench_serve(int argc, char **argv) {
             nl_report_row_end(rep);
         }
     }
-    if (svg) {
-        double x[MAX_SWEEP], y[4][MAX_SWEEP];
-        for (int i = 0; i < nrates; i++) {
-            x[i] = res[i].output_tokens_per_s;
-            y[0][i] = res[i].ttft.p50 * 1e3;
-            y[1][i] = res[i].ttft.p99 * 1e3;
-            y[2][i] = res[i].tpot.p50 * 1e3;
-            y[3][i] = res[i].tpot.p99 * 1e3;
-        }
-        nl_svg_series ser[4] = {{"TTFT p50", x, y[0], (size_t)nrates, NULL, 1},
-                                {"TTFT p99", x, y[1], (size_t)nrates, NULL, 1},
-                                {"TPOT p50", x, y[2], (size_t)nrates, NULL, 1},
-                                {"TPOT p99", x, y[3], (size_t)nrates, NULL, 1}};
-        nl_svg_plot_opts po = {
-            "latency vs throughput (one point per arrival rate)", "output tokens/s", "latency (ms)", 0, 1, 0, 0};
-        if (nl_svg_plot(svg, &po, ser, 4)) {
-            nl_report_free(rep);
-            return nl_cli_fail("bench serve --svg");
-        }
+    if (svg && plot_sweep(svg, res, nrates)) {
+        nl_report_free(rep);
+        return nl_cli_fail("bench serve --svg");
     }
     int failed = 0;
     for (int i = 0; i < nrates; i++) failed += res[i].failed > 0;

@@ -343,6 +343,32 @@ typedef struct par_cli {
 } par_cli;
 
 /* Parses argv into a (defaults first). Returns 0, NL_EXIT_USAGE after a message, or -1 after --help. */
+/* --inject-fault R[:exit|_exit|segv|kill|stop]@S: rank R fails that way at step S. */
+static int parse_fault(par_cli *a, const char *arg) {
+    char how[16] = "exit";
+    if (sscanf(arg, "%d@%d", &a->fault_rank, &a->fault_step) != 2 &&
+        sscanf(arg, "%d:%15[_a-z]@%d", &a->fault_rank, how, &a->fault_step) != 3)
+        return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", arg);
+    if (strcmp(how, "exit") && strcmp(how, "_exit") && strcmp(how, "segv") && strcmp(how, "kill") &&
+        strcmp(how, "stop"))
+        return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)", arg);
+    snprintf(a->fault_how, sizeof a->fault_how, "%s", how);
+    return 0;
+}
+
+/* --precision: fp32 runs; bf16 and fp16 are named so that the layout check can refuse them. */
+static int parse_precision(const char *arg, nl_precision *out) {
+    if (!strcmp(arg, "fp32"))
+        *out = NL_PREC_FP32;
+    else if (!strcmp(arg, "bf16"))
+        *out = NL_PREC_BF16;
+    else if (!strcmp(arg, "fp16"))
+        *out = NL_PREC_FP16;
+    else
+        return nl_cli_usage_error("parallel train: unknown --precision '%s' (fp32; bf16, fp16 are refused)", arg);
+    return 0;
+}
+
 static int parse_args(par_cli *a, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     a->preset = "shakespeare-char";
@@ -416,15 +442,7 @@ static int parse_args(par_cli *a, int argc, char **argv) {
             tr->grad_accum = v;
             break;
         case O_PRECISION:
-            if (!strcmp(optarg, "fp32"))
-                tr->precision = NL_PREC_FP32;
-            else if (!strcmp(optarg, "bf16"))
-                tr->precision = NL_PREC_BF16;
-            else if (!strcmp(optarg, "fp16"))
-                tr->precision = NL_PREC_FP16;
-            else
-                return nl_cli_usage_error("parallel train: unknown --precision '%s' (fp32; bf16, fp16 are refused)",
-                                          optarg);
+            if (parse_precision(optarg, &tr->precision)) return NL_EXIT_USAGE;
             break;
         case O_LOG: a->log_csv = optarg; break;
         case O_CLIP:
@@ -477,19 +495,9 @@ static int parse_args(par_cli *a, int argc, char **argv) {
             if (parse_i("--eval-every", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE;
             tr->eval_every = v;
             break;
-        case O_FAULT: {
-            char how[16] = "exit";
-            if (sscanf(optarg, "%d@%d", &a->fault_rank, &a->fault_step) != 2 &&
-                sscanf(optarg, "%d:%15[_a-z]@%d", &a->fault_rank, how, &a->fault_step) != 3)
-                return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)",
-                                          optarg);
-            if (strcmp(how, "exit") && strcmp(how, "_exit") && strcmp(how, "segv") && strcmp(how, "kill") &&
-                strcmp(how, "stop"))
-                return nl_cli_usage_error("parallel train: invalid --inject-fault '%s' (R[:exit|_exit|segv|kill]@S)",
-                                          optarg);
-            snprintf(a->fault_how, sizeof a->fault_how, "%s", how);
+        case O_FAULT:
+            if (parse_fault(a, optarg)) return NL_EXIT_USAGE;
             break;
-        }
         case O_TIMEOUT:
             if (nl_cli_double("--timeout", optarg, &dv)) return NL_EXIT_USAGE;
             if (!(dv >= 0) || dv > 1e6)
@@ -675,6 +683,22 @@ static int print_report(const par_report *r) {
 }
 
 /* `parallel train` (and `train` with a layout option): argv[0] is "train". */
+/* This rank's row of the report: bytes sent and received, sent per collective, memory
+ * (parameters, gradients, optimizer, workspace), pipeline busy and idle seconds, stage. */
+static void fill_rank_row(double *me, const nl_comm_stats *st, const nl_dist_memory *dm, double busy_s, double idle_s,
+                          int pp_rank) {
+    me[0] = (double)nl_comm_stats_sent_bytes(st);
+    me[1] = (double)nl_comm_stats_recv_bytes(st);
+    for (int k = 0; k < NL_COMM_OP_COUNT; k++) me[2 + k] = (double)st->coll[k].sent_bytes;
+    me[2 + NL_COMM_OP_COUNT] = (double)dm->params;
+    me[3 + NL_COMM_OP_COUNT] = (double)dm->grads;
+    me[4 + NL_COMM_OP_COUNT] = (double)dm->optimizer;
+    me[5 + NL_COMM_OP_COUNT] = (double)dm->workspace;
+    me[6 + NL_COMM_OP_COUNT] = busy_s;
+    me[7 + NL_COMM_OP_COUNT] = idle_s;
+    me[8 + NL_COMM_OP_COUNT] = pp_rank;
+}
+
 int nl_cmd_parallel_train(int argc, char **argv) {
     par_cli A;
     int prc = parse_args(&A, argc, argv);
@@ -781,17 +805,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     } else {
         nl_dist_memory_report(&t, &dm);
     }
-    double *me = rows + (size_t)R * NK;
-    me[0] = (double)nl_comm_stats_sent_bytes(&st);
-    me[1] = (double)nl_comm_stats_recv_bytes(&st);
-    for (int k = 0; k < NL_COMM_OP_COUNT; k++) me[2 + k] = (double)st.coll[k].sent_bytes;
-    me[2 + NL_COMM_OP_COUNT] = (double)dm.params;
-    me[3 + NL_COMM_OP_COUNT] = (double)dm.grads;
-    me[4 + NL_COMM_OP_COUNT] = (double)dm.optimizer;
-    me[5 + NL_COMM_OP_COUNT] = (double)dm.workspace;
-    me[6 + NL_COMM_OP_COUNT] = busy_s;
-    me[7 + NL_COMM_OP_COUNT] = idle_s;
-    me[8 + NL_COMM_OP_COUNT] = L.pp_rank;
+    fill_rank_row(rows + (size_t)R * NK, &st, &dm, busy_s, idle_s, L.pp_rank);
     if (share_rows(w, rows, NK)) {
         rc = nl_cli_fail("parallel train: report");
         goto out;

@@ -26,11 +26,6 @@ const char *nl_fmt_count(double v, char *buf, size_t n) {
     return buf;
 }
 
-const char *nl_fmt_gb(double bytes, char *buf, size_t n) {
-    snprintf(buf, n, "%.1f GB", bytes / 1e9);
-    return buf;
-}
-
 const char *nl_fmt_bytes(double b, char *buf, size_t n) {
     if (b >= 1e12)
         snprintf(buf, n, "%.4g TB", b / 1e12);

@@ -7,8 +7,6 @@
 
 /* "7.00B", "20.2B", "1.50T", "512M" (3 significant digits). */
 const char *nl_fmt_count(double v, char *buf, size_t n);
-/* Bytes as "12.3 GB" (1e9) */
-const char *nl_fmt_gb(double bytes, char *buf, size_t n);
 /* Bytes with a decimal unit: "12.25 GB", "201.3 MB". */
 const char *nl_fmt_bytes(double bytes, char *buf, size_t n);
 /* Parses a ZeRO stage: 0/ddp, 1, 2, 3/fsdp, hsdp. Returns -1 when unknown. */
