@@ -352,6 +352,18 @@ static int queues_ready(nl_engine *e) {
     return 1;
 }
 
+/* Whether one more request may wait (under e->mu): NL_ERR_BUSY, counted as rejected, when the
+ * bounded queue is full; NL_ERR_NOMEM when the queues cannot grow. */
+static nl_status admit_locked(nl_engine *e) {
+    if (e->n_waiting >= e->o.max_waiting) {
+        e->st.requests_rejected++;
+        return nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later",
+                       e->o.max_waiting);
+    }
+    return queues_ready(e) ? NL_OK : NL_ERR_NOMEM;
+}
+
+
 static nl_status submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl_sampling *s, int keep_kv,
                         uint64_t *id) {
     *id = 0;
@@ -388,14 +400,7 @@ static nl_status submit(nl_engine *e, const int32_t *prompt, int64_t n, const nl
     nl_rng_seed(&r->rng, s->seed);
     r->t_submit = nl_time_s();
     pthread_mutex_lock(&e->mu);
-    nl_status rc = NL_OK;
-    if (e->n_waiting >= e->o.max_waiting) {
-        e->st.requests_rejected++;
-        rc =
-            nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later", e->o.max_waiting);
-    } else if (!queues_ready(e)) {
-        rc = NL_ERR_NOMEM;
-    }
+    nl_status rc = admit_locked(e);
     if (rc) {
         pthread_mutex_unlock(&e->mu);
         req_free(r);
@@ -1051,14 +1056,8 @@ nl_status nl_engine_import_kv(nl_engine *e, const nl_engine_kv *kv, const nl_sam
     r->rng = kv->rng;
     r->t_submit = nl_time_s();
     pthread_mutex_lock(&e->mu);
-    nl_status rc = NL_OK;
-    if (e->n_waiting >= e->o.max_waiting) {
-        e->st.requests_rejected++;
-        rc =
-            nl_fail(NL_ERR_BUSY, "the engine's waiting queue is full (%d requests): try again later", e->o.max_waiting);
-    } else if (!queues_ready(e)) {
-        rc = NL_ERR_NOMEM;
-    } else if (!reserve(e, r, n)) {
+    nl_status rc = admit_locked(e);
+    if (!rc && !reserve(e, r, n)) {
         free_blocks(e, r);
         rc = nl_fail(NL_ERR_BUSY, "KV import: the pool has %lld free blocks, %lld tokens need %lld",
                      (long long)e->kv.n_free, (long long)n, (long long)((n + e->kv.block_size - 1) / e->kv.block_size));
