@@ -186,7 +186,8 @@ static void attend_rows_equals_one_at_a_time(void **state) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
             q[i] = (float)((int64_t)(rng >> 40) % 2001 - 1000) / 250.0f;
         }
-        for (int64_t t = 0; t < S; t++) nl_kvcache_store(&c, table, 0, t, q + t * QKV + NH * hd, q + t * QKV + (NH + KVH) * hd);
+        for (int64_t t = 0; t < S; t++)
+            nl_kvcache_store(&c, table, 0, t, q + t * QKV + NH * hd, q + t * QKV + (NH + KVH) * hd);
         const int64_t chunks[][2] = {{0, 1}, {0, 16}, {3, 17}, {17, 40}, {57, 23}, {79, 1}};
         for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
             int64_t pos0 = chunks[k][0], nq = chunks[k][1];

@@ -135,7 +135,8 @@ static nl_status alloc_buffers(nl_engine *e) {
     e->sample_err = nl_malloc((size_t)R * 256, "engine sample errors");
     e->touched = nl_malloc((size_t)(R + 2 * (int64_t)e->o.max_waiting + 2 * e->o.max_batch + 1) * sizeof(nl_req *),
                            "engine touched list");
-    if (!e->x || !e->row_tok || !e->row_pos || !e->row_req || !e->tile_row || !e->sample_rc || !e->sample_err || !e->touched)
+    if (!e->x || !e->row_tok || !e->row_pos || !e->row_req || !e->tile_row || !e->sample_rc || !e->sample_err ||
+        !e->touched)
         return NL_ERR_NOMEM;
     float *p = e->x + R * m->C;
     e->xb = p;
@@ -552,8 +553,8 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t p = 0; p < work; p++) {
                 int64_t u = p / NH, h = p % NH, i = e->tile_row[u], nq = e->tile_row[u + 1] - i;
-                nl_kvcache_attend_rows(&e->kv, e->row_req[i]->table, l, e->row_pos[i], nq, e->qkv + i * QKV, QKV, NH,
-                                       h, e->atty + i * NH * hd + h * hd, NH * hd, scratch);
+                nl_kvcache_attend_rows(&e->kv, e->row_req[i]->table, l, e->row_pos[i], nq, e->qkv + i * QKV, QKV, NH, h,
+                                       e->atty + i * NH * hd + h * hd, NH * hd, scratch);
             }
         }
         NL_TRY(nl_mv_forward(&e->w[4 * l + 1], e->atty, n, e->xb, nt));

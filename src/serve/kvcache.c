@@ -174,9 +174,8 @@ static void softmax_row(float *a, int64_t n) {
     for (int64_t t = 0; t < n; t++) a[t] = a[t] / sum;
 }
 
-#define PV_ROWS 4
+#define PV_ROWS  4
 #define PV_LANES 16
-
 
 /* Dimensions i0 .. i0 + lanes - 1 (lanes <= PV_LANES) of the outputs of nr <= PV_ROWS tokens at
  * positions pos, pos + 1, ...: token k's output is the sum over positions 0 .. pos + k, in order,

@@ -187,8 +187,9 @@ static nl_status attention_s(const nl_arch *a, const nl_machine_opts *o, int thr
     NL_TRY(nl_kvcache_init(&kv, 1, KVH, hd, NL_KV_FP32, bs, rows * nb));
     int32_t *table = nl_malloc((size_t)(rows * nb) * sizeof(int32_t), "attention probe table");
     const int64_t scratch_floats = nl_kvcache_attend_scratch(1, pos + 1, hd);
-    float *q = nl_malloc((size_t)(rows * NH * hd * 2 + (int64_t)threads * scratch_floats + 2 * KVH * hd) * sizeof(float),
-                         "attention probe");
+    float *q =
+        nl_malloc((size_t)(rows * NH * hd * 2 + (int64_t)threads * scratch_floats + 2 * KVH * hd) * sizeof(float),
+                  "attention probe");
     if (!q || !table) {
         nl_free(q);
         nl_free(table);
@@ -196,7 +197,8 @@ static nl_status attention_s(const nl_arch *a, const nl_machine_opts *o, int thr
         return NL_ERR_NOMEM;
     }
     for (int64_t b = 0; b < rows * nb; b++) table[b] = nl_kvcache_alloc(&kv);
-    float *out_h = q + rows * NH * hd, *scratch = out_h + rows * NH * hd, *k = scratch + (int64_t)threads * scratch_floats;
+    float *out_h = q + rows * NH * hd, *scratch = out_h + rows * NH * hd,
+          *k = scratch + (int64_t)threads * scratch_floats;
     nl_rng g;
     nl_rng_seed(&g, 4);
     for (int64_t i = 0; i < rows * NH * hd; i++) q[i] = nl_rng_float(&g) - 0.5f;
