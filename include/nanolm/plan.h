@@ -34,6 +34,8 @@ typedef struct nl_hw {
     double gemm_eff;       /* fraction of peak a large GEMM reaches in a training stack */
     int64_t nics_per_node; /* scale-out NICs in one node (0: not described) */
     double nic_bw;         /* one NIC, one direction, bytes/s; inter_bw = nics x nic_bw / GPUs */
+    double nvls_eff;       /* NVLink SHARP all-reduce: fraction of intra_bw at which each GPU sends and
+                              receives the whole array through the switch; 0 = no NVLS */
 } nl_hw;
 
 /* A model entry: its shape plus where the numbers come from. */

@@ -13,8 +13,17 @@ double nl_plan_coll_bytes(nl_coll c, int64_t p, double bytes) {
     return (c == NL_ALL_REDUCE ? 2.0 : 1.0) * f * bytes;
 }
 
+/* Inside an NVSwitch node with NVLink SHARP (hw->nvls_eff > 0), an all-reduce may instead
+ * reduce in the switch: each GPU sends and receives the whole array once, at nvls_eff of the
+ * link (catalog.c gives the measurements). NCCL picks the faster of the two algorithms per
+ * call; so does this (the ring wins at p = 2, NVLS from p = 4 on an H100). */
 double nl_plan_coll_time(const nl_hw *hw, nl_coll c, int64_t p, double bytes, int spans_nodes) {
     if (c != NL_P2P && p <= 1) return 0.0;
     double bw = spans_nodes ? hw->inter_bw * hw->inter_eff : hw->intra_bw * hw->intra_eff;
-    return hw->latency_s + nl_plan_coll_bytes(c, p, bytes) / bw;
+    double t = nl_plan_coll_bytes(c, p, bytes) / bw;
+    if (c == NL_ALL_REDUCE && !spans_nodes && hw->nvls_eff > 0) {
+        double t_nvls = bytes / (hw->intra_bw * hw->nvls_eff);
+        if (t_nvls < t) t = t_nvls;
+    }
+    return hw->latency_s + t;
 }

@@ -211,6 +211,12 @@ static nl_status run_collective(const nl_catalog *cat, const char *path, const c
     double bytes = num(e, "bytes", 0);
     if (p < 2 || !(bytes > 0)) return bad(path, id, "a collective needs gpus >= 2 and bytes > 0");
     if (strcmp(c->metric, "busbw_gbs")) return bad(path, id, "unknown collective metric");
+    /* "algo": "ring" is a run with NCCL_ALGO=RING: no NVLink SHARP. */
+    const char *algo = str(e, "algo", "auto");
+    if (!strcmp(algo, "ring"))
+        hw.nvls_eff = 0;
+    else if (strcmp(algo, "auto"))
+        return bad(path, id, "algo must be auto or ring");
     double t = nl_plan_coll_time(&hw, k, p, bytes, p > hw.gpus_per_node);
     c->predicted = nl_plan_coll_bytes(k, p, bytes) / t / 1e9;
     return NL_OK;
