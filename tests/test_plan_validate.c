@@ -51,8 +51,8 @@ static void test_targets(void **state) {
                          *c = group(&r, "collective");
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
-    assert_true(t->median_abs <= 0.07); /* target 0.05 */
-    assert_true(t->worst_abs <= 0.35);  /* target 0.15 */
+    assert_true(t->median_abs <= 0.07); /* target 0.05; reached 6.9% */
+    assert_true(t->worst_abs <= 0.33);  /* target 0.15; reached 32.1% (FP8 MPT-3B) */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);
     /* nccl-tests bus bandwidth, NVLink SHARP included (the H100 NVLS all-reduce was -25% as a
