@@ -23,7 +23,8 @@ static void napkin_req(nl_train_req *q, const char *model, double params) {
     q->eff.fixed_mfu = 0.4;
     q->hw.intra_eff = q->hw.inter_eff = 1;
     q->hw.latency_s = 0;
-    q->hw.nvls_eff = 0; /* the course prices ring algorithms */
+    q->hw.nvls_eff = 0;      /* the course prices ring algorithms */
+    q->hw.nics_per_node = 0; /* and one network link per GPU */
     q->params_override = params;
     q->tokens = 1e12;
 }
@@ -399,7 +400,7 @@ static void test_cli_bugs(void **state) {
     free(out);
 }
 
-/* NVLink SHARP: an all-reduce inside an H100 node reduces in the switch, S each way at 0.603 of
+/* Collective topology. NVLink SHARP: an all-reduce inside an H100 node reduces in the switch, S each way at 0.603 of
  * 450 GB/s (catalog.c: from the 8 x H200 nccl-tests figure, 475 GB/s busbw). nccl-tests' busbw
  * of an 8 GiB all-reduce on 8 H100 is then 2 x 7/8 x 450 x 0.603 = 474.9 GB/s (the NCCL
  * maintainers' figure for H100, nccl-tests issue #212: ~480); the ring gives 2 x 7/8 x 360 / 1.75
@@ -424,6 +425,20 @@ static void test_nvls(void **state) {
     assert_true(nl_plan_coll_time(&h100, NL_ALL_REDUCE, 16, S, 1) == nl_plan_coll_time(&ring, NL_ALL_REDUCE, 16, S, 1));
     assert_true(nl_plan_coll_time(&h100, NL_ALL_GATHER, 8, S, 0) == nl_plan_coll_time(&ring, NL_ALL_GATHER, 8, S, 0));
     assert_true(a100.nvls_eff == 0);
+    /* Across nodes a ring spreads over the NICs of its members in each node: 32 consecutive
+     * H100 (8 per node, 8 x 400 Gb/s NICs) reach 8 x 50 x 0.8 = 320 GB/s busbw (NCCL issue
+     * #1221 measures ~320); a data-parallel group next to tp 8 has one member per node and gets
+     * one NIC, 40 GB/s; with 2 members, 80. */
+    double wire = nl_plan_coll_bytes(NL_ALL_REDUCE, 32, S);
+    ROUNDS_TO(wire / nl_plan_coll_time(&h100, NL_ALL_REDUCE, 32, S, 8) / 1e9, 320, 1);
+    ROUNDS_TO(wire / nl_plan_coll_time(&h100, NL_ALL_REDUCE, 32, S, 1) / 1e9, 40, 1);
+    ROUNDS_TO(wire / nl_plan_coll_time(&h100, NL_ALL_REDUCE, 32, S, 2) / 1e9, 80, 1);
+    /* All-to-alls and point-to-point sends keep the GPU's own link; a node without described
+     * NICs keeps one GPU's share. */
+    assert_true(nl_plan_coll_time(&h100, NL_ALL_TO_ALL, 32, S, 8) == nl_plan_coll_time(&h100, NL_ALL_TO_ALL, 32, S, 1));
+    nl_hw bare = h100;
+    bare.nics_per_node = 0;
+    assert_true(nl_plan_coll_time(&bare, NL_ALL_REDUCE, 32, S, 8) == nl_plan_coll_time(&h100, NL_ALL_REDUCE, 32, S, 1));
     /* A GPU file may give it (and is held to <= 1). */
     char *dir = tu_tmpdir();
     char path[512];

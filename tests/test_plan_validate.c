@@ -51,7 +51,7 @@ static void test_targets(void **state) {
                          *c = group(&r, "collective");
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
-    assert_true(t->median_abs <= 0.07); /* target 0.05; reached 6.9% */
+    assert_true(t->median_abs <= 0.06); /* target 0.05; reached 5.8% */
     assert_true(t->worst_abs <= 0.33);  /* target 0.15; reached 32.1% (FP8 MPT-3B) */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);

@@ -191,7 +191,9 @@ typedef nl_comm_op nl_coll;
  * `bytes` for a point-to-point send. */
 double nl_plan_coll_bytes(nl_coll c, int64_t p, double bytes);
 /* Time: latency + wire bytes / (bandwidth * efficiency) with the bandwidth of the slowest link
- * the group spans: `spans_nodes` picks inter_bw. */
+ * the group spans. `spans_nodes`: 0 for a group inside one node (NVLink; all-reduces may use
+ * NVLink SHARP), else the number of the group's members in each node (>= 1): rings then use
+ * that many NICs' share of the node's network (plan_comm.c). */
 double nl_plan_coll_time(const nl_hw *hw, nl_coll c, int64_t p, double bytes, int spans_nodes);
 
 /* ---- efficiency assumptions of the time model -------------------------------------------- */

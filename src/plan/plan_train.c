@@ -156,7 +156,14 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     if (L->recompute == NL_RECOMPUTE_FULL) lt->recompute = lt->fwd;
 }
 
-static int spans(const nl_hw *hw, double stride_times_size) { return stride_times_size > (double)hw->gpus_per_node; }
+/* Where a group of `size` ranks `stride` apart lies: 0 inside one node, else how many of its
+ * members share a node (>= 1), which nl_plan_coll_time needs to spread a ring over their NICs. */
+static int spans(const nl_hw *hw, double stride, double size) {
+    double gpn = (double)hw->gpus_per_node;
+    if (stride * size <= gpn) return 0;
+    double k = floor(gpn / stride);
+    return k < 1 ? 1 : (int)fmin(k, size);
+}
 
 /* Derived quantities of one layout that memory, compute and communication share. */
 typedef struct layout_ctx {
@@ -313,8 +320,8 @@ static void eval_model_parallel_comm(const nl_train_req *q, const nl_layout *L, 
     const nl_arch *a = &q->arch;
     const nl_hw *hw = &q->hw;
     double t = c->t, D = (double)a->dim, layer_act = c->T * D * 2;
-    int tp_span = spans(hw, t), cp_span = spans(hw, t * (double)L->cp), ep_span = spans(hw, t * (double)L->ep),
-        pp_span = spans(hw, t * c->dpz * c->pp);
+    int tp_span = spans(hw, 1, t), cp_span = spans(hw, t, (double)L->cp), ep_span = spans(hw, t, (double)L->ep),
+        pp_span = spans(hw, t * c->dpz, c->pp);
     /* Tensor parallel: 2 all-reduces per layer forward, 2 backward (Shoeybi et al. 2019 fig. 4);
      * with SP each is a reduce-scatter + all-gather, the same bytes (Korthikanti sec. 4.2.2). */
     double t_tp_mb = 0;
@@ -367,7 +374,7 @@ static double eval_dp_comm(const nl_train_req *q, const nl_layout *L, const layo
     double gbytes = (c->dense_local + c->expert_local) * fmin(q->recipe.grad_bytes, 4);
     double wbytes = (c->dense_local + c->expert_local) * q->recipe.weight_bytes;
     double bwd_last = c->lps * c->per_layer_bwd, fwd_first = c->lps * c->per_layer_fwd;
-    int dp_span = spans(hw, c->t * c->dpz);
+    int dp_span = spans(hw, c->t, c->dpz);
     int64_t dz = (int64_t)c->dpz;
     double t_dp = 0, exposed = 0;
     switch (L->zero) {
@@ -386,7 +393,7 @@ static double eval_dp_comm(const nl_train_req *q, const nl_layout *L, const layo
     case NL_ZERO_3:
     case NL_ZERO_HSDP: {
         int64_t s = (int64_t)c->shard;
-        int sspan = L->zero == NL_ZERO_HSDP ? spans(hw, c->t * (double)L->cp * (double)s) : dp_span;
+        int sspan = L->zero == NL_ZERO_HSDP ? spans(hw, c->t * (double)L->cp, (double)s) : dp_span;
         double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, s, wbytes, sspan);
         double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, s, gbytes, sspan);
         /* Backward gathers the layer again (recomputation reuses that gather). */
@@ -768,7 +775,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
     double t = (double)L->tp, D = (double)a->dim, T = tokens_per_gpu;
     double nl = (double)a->n_layers, lps = ceil(nl / (double)L->pp), m = (double)L->n_micro;
     double dpz = (double)(L->dp * L->cp);
-    int tp_span = spans(hw, t), dp_span = spans(hw, t * dpz);
+    int tp_span = spans(hw, 1, t), dp_span = spans(hw, t, dpz);
     double act = T * D * 2;
     if (L->tp > 1) {
         if (!L->sp) {
@@ -795,7 +802,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         }
     }
     if (L->ep > 1 && P.moe_layers > 0) {
-        int ep_span = spans(hw, t * (double)L->ep);
+        int ep_span = spans(hw, t, (double)L->ep);
         double arr = T * (double)a->top_k * D * 2;
         double c = P.moe_layers / nl * lps * m;
         push(lp, hw, "dispatch tokens to experts", "forward", NL_ALL_TO_ALL, "ep", L->ep, arr, ep_span, c);
@@ -804,7 +811,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         push(lp, hw, "grad of dispatch", "backward", NL_ALL_TO_ALL, "ep", L->ep, arr, ep_span, c);
     }
     if (L->pp > 1) {
-        int pp_span = spans(hw, t * dpz * (double)L->pp);
+        int pp_span = spans(hw, t * dpz, (double)L->pp);
         push(lp, hw, "activation to next stage", "forward", NL_P2P, "pp", 2, act / t, pp_span, m);
         push(lp, hw, "gradient to previous stage", "backward", NL_P2P, "pp", 2, act / t, pp_span, m);
     }
@@ -827,7 +834,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
     case NL_ZERO_HSDP: {
         double in_node = fmax(1, floor((double)hw->gpus_per_node / (t * (double)L->cp)));
         int64_t s = (int64_t)fmin(in_node, dpz);
-        int sspan = spans(hw, t * (double)L->cp * (double)s);
+        int sspan = spans(hw, t * (double)L->cp, (double)s);
         push(lp, hw, "weights all-gather in node (forward)", "step", NL_ALL_GATHER, "dp", s, wb, sspan, m);
         push(lp, hw, "weights all-gather in node (backward)", "step", NL_ALL_GATHER, "dp", s, wb, sspan, m);
         push(lp, hw, "gradient reduce-scatter in node", "step", NL_REDUCE_SCATTER, "dp", s, gb, sspan, m);

@@ -217,7 +217,8 @@ static nl_status run_collective(const nl_catalog *cat, const char *path, const c
         hw.nvls_eff = 0;
     else if (strcmp(algo, "auto"))
         return bad(path, id, "algo must be auto or ring");
-    double t = nl_plan_coll_time(&hw, k, p, bytes, p > hw.gpus_per_node);
+    /* p consecutive GPUs: across nodes, a whole node's GPUs are members. */
+    double t = nl_plan_coll_time(&hw, k, p, bytes, p > hw.gpus_per_node ? (int)hw.gpus_per_node : 0);
     c->predicted = nl_plan_coll_bytes(k, p, bytes) / t / 1e9;
     return NL_OK;
 }
