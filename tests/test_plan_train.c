@@ -460,8 +460,35 @@ static void test_nvls(void **state) {
     free(dir);
 }
 
+/* A run with the Triton FlashAttention kernel pays NL_ATTN_TRITON_SLOWDOWN on its attention
+ * core only: slower than flash, by less than the factor on the whole step. */
+static void test_attn_triton(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_train_req q;
+    memset(&q, 0, sizeof q);
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-2-7b", &q.arch), NL_OK);
+    assert_int_equal(nl_catalog_find_hw(&cat, "h100", &q.hw), NL_OK);
+    assert_int_equal(nl_plan_recipe("bf16", &q.recipe), NL_OK);
+    nl_eff_default(&q.eff);
+    q.gpus = 8;
+    q.seq = 8192;
+    q.global_batch = 64;
+    q.tokens = 1e12;
+    nl_layout L = {8, 1, 1, 1, 1, NL_ZERO_3, 1, 8, 1, NL_RECOMPUTE_FULL, 0};
+    nl_train_eval a, b;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &a), NL_OK);
+    q.attn_triton = 1;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &b), NL_OK);
+    assert_true(b.t_compute > a.t_compute * 1.02);
+    assert_true(b.t_compute < a.t_compute * NL_ATTN_TRITON_SLOWDOWN);
+    assert_true(b.mem_total == a.mem_total);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attn_triton),
         cmocka_unit_test(test_nvls),
         cmocka_unit_test(test_course_fsdp_one_node),
         cmocka_unit_test(test_course_fsdp_64_nodes),

@@ -212,6 +212,11 @@ typedef struct nl_eff {
 } nl_eff;
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
+/* The Triton FlashAttention kernel (flash_attn_triton, the one with ALiBi biases that
+ * llm-foundry's MPT benchmarks ran, attn_impl: triton) against FlashAttention-2, which `attn`
+ * describes: Dao 2023 ("FlashAttention-2", sec. 4.1) measures FlashAttention-2 1.3-2.5x faster
+ * than FlashAttention in Triton; the low end of that range. */
+#define NL_ATTN_TRITON_SLOWDOWN 1.3
 
 /* How much of the large-GEMM rate a GEMM dimension of size x fills: x / (x + 128) (128: the
  * tile edge of cuBLAS/CUTLASS kernels on A100/H100). A GEMM M x N x K runs at
@@ -241,6 +246,7 @@ typedef struct nl_train_req {
     nl_family fam; /* zero = llama */
     nl_sched schedule;
     int attn_materialized; /* the run materialises the s x s scores (no flash attention) */
+    int attn_triton;       /* flash attention by the Triton kernel: NL_ATTN_TRITON_SLOWDOWN x slower */
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;

@@ -125,7 +125,7 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     /* Attention core on T local queries against the whole (causal) sequence. */
     double seq = (double)q->seq;
     double attn_flops = T * (double)a->n_heads / t * 2.0 * (qd / (double)a->n_heads + hd) * seq / 2.0;
-    double at = attn_flops / (hw->flops_bf16 * e->attn);
+    double at = attn_flops / (hw->flops_bf16 * e->attn) * (q->attn_triton ? NL_ATTN_TRITON_SLOWDOWN : 1.0);
     if (q->attn_materialized) {
         /* Older runs (Megatron-LM 2021, BLOOM, OPT) materialise the scores: QK^T and PV as
          * batched GEMMs on the full s x s square (no causal skip: twice the FLOPs) at GEMM

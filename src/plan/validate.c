@@ -114,7 +114,11 @@ static nl_status run_train(const nl_catalog *cat, const char *path, const char *
     int sc = nl_plan_schedule(sched);
     if (sc < 0) return bad(path, id, "layout.schedule must be 1f1b, dualpipe or zb-h1");
     q.schedule = (nl_sched)sc;
-    q.attn_materialized = !strcmp(str(e, "attention", "flash"), "materialized");
+    const char *attn = str(e, "attention", "flash");
+    q.attn_materialized = !strcmp(attn, "materialized");
+    q.attn_triton = !strcmp(attn, "flash-triton");
+    if (!q.attn_materialized && !q.attn_triton && strcmp(attn, "flash"))
+        return bad(path, id, "attention must be flash, flash-triton or materialized");
     nl_train_eval ev;
     if (nl_plan_train_eval(&q, &L, &ev)) return bad(path, id, nl_last_error());
     c->fits = ev.fits;
