@@ -213,7 +213,8 @@ typedef struct nl_eff {
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
 /* The Triton FlashAttention kernel (flash_attn_triton, the one with ALiBi biases that
- * llm-foundry's MPT benchmarks ran, attn_impl: triton) against FlashAttention-2, which `attn`
+ * llm-foundry's MPT benchmarks ran: MPT's ALiBi needs attn_impl torch or triton, and its
+ * benchmark script defaults to triton) against FlashAttention-2, which `attn`
  * describes: Dao 2023 ("FlashAttention-2", sec. 4.1) measures FlashAttention-2 1.3-2.5x faster
  * than FlashAttention in Triton; the low end of that range. */
 #define NL_ATTN_TRITON_SLOWDOWN 1.3
