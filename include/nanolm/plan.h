@@ -326,7 +326,7 @@ typedef struct nl_layer_plan {
     int n;
     double per_layer_fwd_s, per_layer_bwd_s, per_step_s; /* communication sums */
     double compute_step_s;                               /* compute for the step at the request's efficiency */
-    double ddp_step_s; /* the same model under plain DDP (all-reduce), for comparison */
+    double ddp_step_s; /* the same model under plain DDP (a ring all-reduce), for comparison */
 } nl_layer_plan;
 /* Lists every collective one transformer layer issues under `L` (with tokens_per_gpu tokens per
  * GPU per step in one microbatch) and the data-parallel/ZeRO collectives per step. */

@@ -849,7 +849,11 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         if (!strcmp(x->when, "forward")) lp->per_layer_fwd_s += x->time_s;
         if (!strcmp(x->when, "backward")) lp->per_layer_bwd_s += x->time_s;
     }
-    lp->ddp_step_s = nl_plan_coll_time(hw, NL_ALL_REDUCE, dz, gb, dp_span);
+    /* DDP's all-reduce as a ring: the comparison is of the traffic each layout moves (an
+     * all-reduce is a reduce-scatter plus an all-gather), which NVLink SHARP would hide. */
+    nl_hw ring = *hw;
+    ring.nvls_eff = 0;
+    lp->ddp_step_s = nl_plan_coll_time(&ring, NL_ALL_REDUCE, dz, gb, dp_span);
     lp->compute_step_s = ev.t_compute + ev.t_bubble;
     return NL_OK;
 }
