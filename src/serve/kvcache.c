@@ -89,9 +89,9 @@ void nl_kvcache_store(nl_kvcache *c, const int32_t *table, int64_t l, int64_t po
 }
 
 /* 16 floats as one value (GCC/Clang vector extension): the compiler emits AVX-512, two AVX2 or
- * four SSE operations. Element-wise + and * are the scalar operations lane by lane (this is ISO C,
- * so the compiler does not contract a multiply and an add into one fused operation here any more
- * than in the scalar loops whose bits these must equal). */
+ * four SSE operations. Element-wise + and * are the scalar operations lane by lane. GCC in ISO C
+ * mode does not contract a multiply and an add into one fused operation, in these or in the
+ * scalar loops whose bits they must equal; Clang contracts both alike. */
 typedef float v16 __attribute__((vector_size(64)));
 static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
 
