@@ -586,6 +586,9 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
         NL_TRY(nl_mv_forward(&e->w[4 * l + 0], e->xb, n, e->qkv, nt));
         if (lw->bqkv) nl_add_bias(e->qkv, lw->bqkv, n, QKV); /* Qwen2's q/k/v biases */
         prof_mark(e, &t, PH_QKV);
+        /* one region for all rows: nl_rope_apply opens a parallel region of its own, which
+         * inside this one runs on the calling thread (before, a step opened n regions per layer) */
+#pragma omp parallel for schedule(static) num_threads(nt > 0 ? nt : omp_get_max_threads())
         for (int64_t i = 0; i < n; i++) {
             float *q = e->qkv + i * QKV;
             nl_rope_apply(q, m->rope_cos + e->row_pos[i] * half, m->rope_sin + e->row_pos[i] * half, 1, 1, NH + KVH, hd,
