@@ -281,13 +281,17 @@ static const tile512_fn tiles512[2][MV_T512] = {
     {tile512_1x1, tile512_1x2, tile512_1x3, tile512_1x4, tile512_1x5, tile512_1x6},
     {tile512_4x1, tile512_4x2, tile512_4x3, tile512_4x4, tile512_4x5, tile512_4x6}};
 
-/* Rows [n0, n1) for tokens [m0, m1) on AVX-512. Fewer than 4 tokens (decode): row after row,
- * one long sequential stream of W that the prefetchers follow (measured ~3x the bandwidth of
- * 4-row tiles at M = 1); a row (a few KB) stays in L1 for the other tokens. Otherwise groups of
- * 4 rows (then single rows) against the tokens in near-equal register tiles of at most 6. */
+/* Rows [n0, n1) for tokens [m0, m1) on AVX-512: groups of 4 rows (then single rows) against the
+ * tokens in near-equal register tiles of at most 6. Fewer than 4 tokens of an fp32 weight
+ * (decode): row after row instead, one long sequential stream of W that the prefetchers follow;
+ * a row (a few KB) stays in L1 for the other tokens. bf16 keeps the 4-row tiles at M = 1: one
+ * row's single accumulator chain (an FMA every 4 cycles behind the widening) reads ~33-38 GB/s
+ * from L2 on one core, about the memory bandwidth, and 4 rows' four chains ~50 GB/s (thread CPU
+ * time, weights in L2); fp32 reads twice the bytes per FMA and is not latency bound. Either
+ * way each (row, token) pair runs the same accumulation, so the choice changes no bits. */
 static void run_block512(const mv_args *a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
     const int64_t cnt = m1 - m0;
-    if (cnt < 4) {
+    if (cnt < 4 && !a->wb) {
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = m0; m < m1; m++) tile512_1x1(a, n, m, 0);
         return;
