@@ -48,7 +48,9 @@ static int parse_args(budget_args *b, int argc, char **argv) {
         NL_OPT_INT("seq", &b->seq, 1, 1 << 24, "S", "tokens per sequence (default: the model's context)"),
         NL_OPT_STR("recompute", &b->recompute, "none|selective|full", "activation recomputation (default none)"),
         NL_OPT_FLAG("no-flash", &b->no_flash, "attention that materialises the scores"),
-        NL_OPT_INT("micro", &b->micro, 1, 1 << 20, "M", "microbatches in a pipeline (default 2 x pp)"),
+        nl_opt_aliased((nl_opt)NL_OPT_INT("microbatches", &b->micro, 1, 1 << 20, "M",
+                                          "microbatches in a pipeline (default 2 x pp)"),
+                       "micro"),
         NL_OPT_STR("svg", &b->svg, "FILE", "memory bars per ZeRO stage"),
         NL_OPT_FLAG("json", &b->json, "print the result as JSON"),
     };

@@ -27,23 +27,28 @@ static void usage(FILE *f) {
         "--link-eff, --mfu, --napkin, ...) are shared by train, layer and serve; see docs/planning.md.\n");
 }
 
-/* The option groups of plan train, layer and serve: model, hardware, assumptions, --json. */
+/* The option groups of plan train, layer and serve: model, hardware, the command's own groups,
+ * assumptions, --json. */
 typedef struct plan_groups {
     nl_opt model[3], hw[3], assume[NL_PLAN_ASSUMPTION_OPTS], out[1];
 } plan_groups;
 
-/* Fills g bound to a and *json; groups[0..3] (model, hardware, assumptions, output) then point into g. */
-static void plan_groups_init(plan_groups *g, nl_plan_args *a, int *json, nl_optgroup groups[4]) {
+/* Fills g bound to a and *json, and groups[] in help order with the command's own groups in the
+ * middle; groups must hold nown + 4. Returns how many groups. */
+static int plan_groups_init(plan_groups *g, nl_plan_args *a, int *json, nl_optgroup *groups, const nl_optgroup *own,
+                            int nown) {
     nl_plan_args_init(a);
     *json = 0;
     nl_plan_model_opts(g->model, a);
     nl_plan_hw_opts(g->hw, a, 1);
-    int na = nl_plan_assumption_opts(g->assume, a);
+    int na = nl_plan_assumption_opts(g->assume, a), n = 0;
     g->out[0] = (nl_opt)NL_OPT_FLAG("json", json, "print the result as JSON");
-    groups[0] = (nl_optgroup){"model", g->model, 3};
-    groups[1] = (nl_optgroup){"hardware", g->hw, 3};
-    groups[2] = (nl_optgroup){"assumptions (docs/planning.md)", g->assume, na};
-    groups[3] = (nl_optgroup){"output", g->out, 1};
+    groups[n++] = (nl_optgroup){"model", g->model, 3};
+    groups[n++] = (nl_optgroup){"hardware", g->hw, 3};
+    for (int i = 0; i < nown; i++) groups[n++] = own[i];
+    groups[n++] = (nl_optgroup){"assumptions (docs/planning.md)", g->assume, na};
+    groups[n++] = (nl_optgroup){"output", g->out, 1};
+    return n;
 }
 
 /* ---- plan train ------------------------------------------------------------------------------ */
@@ -59,9 +64,6 @@ typedef struct train_args {
 } train_args;
 
 static int train_parse(train_args *t, int argc, char **argv) {
-    plan_groups g;
-    nl_optgroup groups[6];
-    plan_groups_init(&g, &t->pa, &t->json, groups);
     memset(t->fix, 0, sizeof t->fix);
     t->gpus = t->global_batch = t->seq = t->interleave = 0;
     t->top = 8;
@@ -91,14 +93,17 @@ static int train_parse(train_args *t, int argc, char **argv) {
         sp,
         NL_OPT_STR("schedule", &t->schedule, "1f1b|zb-h1|dualpipe", "pipeline schedule (default 1f1b)"),
     };
-    groups[4] = (nl_optgroup){"run", run, NL_NOPTS(run)};
-    groups[5] = (nl_optgroup){"layout (each fixes that part; the rest is searched)", fix, NL_NOPTS(fix)};
+    const nl_optgroup own[] = {{"run", run, NL_NOPTS(run)},
+                               {"layout (each fixes that part; the rest is searched)", fix, NL_NOPTS(fix)}};
+    plan_groups g;
+    nl_optgroup groups[6];
+    int ng = plan_groups_init(&g, &t->pa, &t->json, groups, own, 2);
     nl_cmdspec spec = {"plan train",
                        "nanolm plan train --model M --gpus N [options]",
                        "Every parallel layout of N GPUs (dp, tp, pp, cp, ep, micro-batch, ZeRO, recomputation)\n"
                        "priced for memory and step time, ranked by time to train; why the best one wins.",
                        groups,
-                       6,
+                       ng,
                        0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc;
@@ -297,9 +302,6 @@ typedef struct layer_args {
 } layer_args;
 
 static int layer_parse(layer_args *l, int argc, char **argv) {
-    plan_groups g;
-    nl_optgroup groups[5];
-    plan_groups_init(&g, &l->pa, &l->json, groups);
     l->tp = l->pp = l->dp = l->ep = l->micro = 1;
     l->tokens = 0;
     l->sp = 0;
@@ -317,13 +319,16 @@ static int layer_parse(layer_args *l, int argc, char **argv) {
             (nl_opt)NL_OPT_INT("microbatches", &l->micro, 1, 1 << 20, "M", "microbatches per step (default 1)"),
             "micro"),
     };
-    groups[4] = (nl_optgroup){"layout", layout, NL_NOPTS(layout)};
+    const nl_optgroup own[] = {{"layout", layout, NL_NOPTS(layout)}};
+    plan_groups g;
+    nl_optgroup groups[5];
+    int ng = plan_groups_init(&g, &l->pa, &l->json, groups, own, 1);
     nl_cmdspec spec = {"plan layer",
                        "nanolm plan layer --model M [--tp T] [--dp D] [options]",
                        "The collectives one transformer layer issues under a layout: what, on which group, how many\n"
                        "bytes through each GPU and how long (alpha-beta model), per layer and per step.",
                        groups,
-                       5,
+                       ng,
                        0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc;
@@ -500,9 +505,6 @@ typedef struct serve_args {
 } serve_args;
 
 static int serve_parse(serve_args *s, int argc, char **argv) {
-    plan_groups g;
-    nl_optgroup groups[6];
-    plan_groups_init(&g, &s->pa, &s->json, groups);
     nl_serve_req_default(&s->sq);
     s->precision = s->weights = s->kv = s->engine_given = 0;
     s->step_tokens = 512;
@@ -526,14 +528,17 @@ static int serve_parse(serve_args *s, int argc, char **argv) {
                    "the engine's token budget per step (default 512)"),
     };
     for (int i = 0; i < 3; i++) engine[i].given = &s->engine_given;
-    groups[4] = (nl_optgroup){"serving", serve, NL_NOPTS(serve)};
-    groups[5] = (nl_optgroup){"this CPU's engine (with --hw from `nanolm bench machine --json`)", engine, 3};
+    const nl_optgroup own[] = {{"serving", serve, NL_NOPTS(serve)},
+                               {"this CPU's engine (with --hw from `nanolm bench machine --json`)", engine, 3}};
+    plan_groups g;
+    nl_optgroup groups[6];
+    int ng = plan_groups_init(&g, &s->pa, &s->json, groups, own, 2);
     nl_cmdspec spec = {"plan serve",
                        "nanolm plan serve --model M [options]",
                        "Prefill, decode, TTFT/TPOT, chunked prefill and disaggregation on GPUs; with --hw cpu.json\n"
                        "(from `nanolm bench machine --json`) nanolm's own engine on this CPU.",
                        groups,
-                       6,
+                       ng,
                        0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc;

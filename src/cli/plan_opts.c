@@ -94,8 +94,8 @@ static nl_opt with_given(nl_opt o, int *flag) {
 
 int nl_plan_model_opts(nl_opt *opts, nl_plan_args *a) {
     opts[0] = (nl_opt)NL_OPT_STR("model", &a->model, "M",
-                                 "model: a catalog name (nanolm plan catalog), a model JSON file, a Hugging Face "
-                                 "folder or a checkpoint");
+                                 "a catalog name (plan catalog), a model JSON file, a Hugging Face folder or a "
+                                 "checkpoint");
     opts[1] = with_given((nl_opt)NL_OPT_SI("params", &a->params, 0, 0, "N",
                                            "parameter count (7B, 500M): alone, or a nominal size for --model's shape"),
                          &a->params_given);
