@@ -263,6 +263,49 @@ static void test_microbatches_spelling(void **state) {
     }
 }
 
+/* The assumptions group reaches the cost model: --napkin is --mfu 0.4 --link-eff 1 --latency-us 0
+ * (plan layer prints no timing of its own, so the two outputs must match byte for byte), and
+ * --hw may be given more than once, each file adding its GPU. */
+static void test_planner_options_take_effect(void **state) {
+    (void)state;
+    char *o1 = NULL, *o2 = NULL, *o3 = NULL;
+    assert_int_equal(tu_run_cli("plan layer --model llama-2-7b --dp 8 --zero 3 --napkin", &o1), 0);
+    assert_int_equal(
+        tu_run_cli("plan layer --model llama-2-7b --dp 8 --zero 3 --mfu 0.4 --link-eff 1 --latency-us 0", &o2), 0);
+    assert_int_equal(tu_run_cli("plan layer --model llama-2-7b --dp 8 --zero 3", &o3), 0);
+    assert_string_equal(o1, o2);
+    assert_string_not_equal(o1, o3);
+    assert_non_null(strstr(o1, "latency 0 us"));
+    free(o1);
+    free(o2);
+    free(o3);
+    char *dir = tu_tmpdir(), a[300], b[300], args[700], *out = NULL;
+    snprintf(a, sizeof a, "%s/a.json", dir);
+    snprintf(b, sizeof b, "%s/b.json", dir);
+    const char *body[] = {"{\"name\": \"gpu-a\", \"base\": \"h100\"}", "{\"name\": \"gpu-b\", \"base\": \"a100\"}"};
+    const char *path[] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(path[i], "w");
+        assert_non_null(f);
+        fputs(body[i], f);
+        fclose(f);
+    }
+    snprintf(args, sizeof args, "plan catalog --hw %s --hw %s", a, b);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, "gpu-a"));
+    assert_non_null(strstr(out, "gpu-b"));
+    free(out);
+    snprintf(args, sizeof args, "budget --params 7B --hw %s --hw %s --gpu gpu-b", a, b);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, "against gpu-b's"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan train --model llama-2-7b --gpus 8 --gemm-eff 2", &out), 2);
+    assert_non_null(strstr(out, "--gemm-eff"));
+    free(out);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_course_zero),
@@ -272,6 +315,7 @@ int main(void) {
         cmocka_unit_test(test_budget_bugs),
         cmocka_unit_test(test_planner_option_groups),
         cmocka_unit_test(test_microbatches_spelling),
+        cmocka_unit_test(test_planner_options_take_effect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
