@@ -263,9 +263,10 @@ static void test_microbatches_spelling(void **state) {
     }
 }
 
-/* The assumptions group reaches the cost model: --napkin is --mfu 0.4 --link-eff 1 --latency-us 0
- * (plan layer prints no timing of its own, so the two outputs must match byte for byte), and
- * --hw may be given more than once, each file adding its GPU. */
+/* The assumptions group reaches the cost model: inside one node --napkin is --mfu 0.4 --link-eff 1
+ * --latency-us 0 (plan layer prints no timing of its own, so the two outputs must match byte for
+ * byte); across nodes it is also the course's one link per GPU (FSDP at dp 512: 0.28 s per
+ * collective); and --hw may be given more than once, each file adding its GPU. */
 static void test_planner_options_take_effect(void **state) {
     (void)state;
     char *o1 = NULL, *o2 = NULL, *o3 = NULL;
@@ -279,6 +280,11 @@ static void test_planner_options_take_effect(void **state) {
     free(o1);
     free(o2);
     free(o3);
+    assert_int_equal(
+        tu_run_cli("plan layer --model llama-2-7b --params 7B --dp 512 --zero 3 --tokens-per-gpu 16384 --napkin", &o1),
+        0);
+    if (!strstr(o1, "279 ms  x1")) fail_msg("the course's 0.28 s per FSDP collective at dp 512: %s", o1);
+    free(o1);
     char *dir = tu_tmpdir(), a[300], b[300], args[700], *out = NULL;
     snprintf(a, sizeof a, "%s/a.json", dir);
     snprintf(b, sizeof b, "%s/b.json", dir);

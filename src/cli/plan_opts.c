@@ -140,8 +140,9 @@ int nl_plan_assumption_opts(nl_opt *opts, nl_plan_args *a) {
         (nl_opt)NL_OPT_INT("gpus-per-node", &a->gpus_per_node, 1, 1024, "N", "GPUs per node (default: the GPU's, 8)");
     opts[n++] =
         (nl_opt)NL_OPT_DBL("mfu", &a->mfu, 0.001, 1, "X", "time = 6*N*tokens / (peak * X) instead of the kernel model");
-    opts[n++] =
-        (nl_opt)NL_OPT_FLAG("napkin", &a->napkin, "the course's napkin: --mfu 0.4, --link-eff 1, --latency-us 0");
+    opts[n++] = (nl_opt)NL_OPT_FLAG(
+        "napkin", &a->napkin,
+        "the course's napkin: --mfu 0.4, --link-eff 1, --latency-us 0, plain rings over one link per GPU");
     return n;
 }
 
@@ -167,6 +168,8 @@ int nl_plan_args_request(nl_plan_args *a, const char *cmd, nl_train_req *q) {
     if (a->napkin) {
         q->hw.intra_eff = q->hw.inter_eff = 1;
         q->hw.latency_s = 0;
+        q->hw.nvls_eff = 0;      /* the course's collectives: plain rings, */
+        q->hw.nics_per_node = 0; /* one link per GPU across nodes */
         a->eff.fixed_mfu = 0.4;
     }
     if (a->link_eff > 0) q->hw.intra_eff = q->hw.inter_eff = a->link_eff;
