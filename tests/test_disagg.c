@@ -403,7 +403,7 @@ typedef struct proc {
     char dir[700]; /* its log file */
 } proc;
 
-static proc g_procs[3];
+static proc g_procs[4];
 static int g_nprocs;
 
 static int teardown(void **state) {
@@ -516,6 +516,8 @@ static void cli_roles(void **state) {
     proc *pre = spawn(dir, "prefill", args);
     snprintf(args, sizeof args, "%s --role decode --prefill 127.0.0.1:%d", model, pre->port);
     proc *dec = spawn(dir, "decode", args);
+    snprintf(args, sizeof args, "%s --role disagg --chunk 16", model);
+    proc *both = spawn(dir, "disagg", args); /* one command, two processes */
     const char *bodies[3] = {
         "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0}",
         "{\"prompt\":\"The little dog was sad because\",\"max_tokens\":30,\"temperature\":0}",
@@ -523,13 +525,16 @@ static void cli_roles(void **state) {
     };
     int64_t prompt_tokens = 0;
     for (int i = 0; i < 3; i++) {
-        cJSON *c = post(colo->port, bodies[i]), *d = post(dec->port, bodies[i]);
+        cJSON *c = post(colo->port, bodies[i]), *d = post(dec->port, bodies[i]), *b = post(both->port, bodies[i]);
         cJSON *cc = cJSON_GetArrayItem(cJSON_GetObjectItem(c, "choices"), 0);
         cJSON *dc = cJSON_GetArrayItem(cJSON_GetObjectItem(d, "choices"), 0);
+        cJSON *bc = cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0);
         const char *ct = cJSON_GetObjectItem(cc, "text")->valuestring,
                    *dt = cJSON_GetObjectItem(dc, "text")->valuestring;
         assert_true(strlen(ct) > 10);
         assert_string_equal(dt, ct);
+        assert_string_equal(cJSON_GetObjectItem(bc, "text")->valuestring, ct);
+        cJSON_Delete(b);
         assert_string_equal(cJSON_GetObjectItem(dc, "finish_reason")->valuestring,
                             cJSON_GetObjectItem(cc, "finish_reason")->valuestring);
         prompt_tokens += (int64_t)cJSON_GetObjectItem(cJSON_GetObjectItem(d, "usage"), "prompt_tokens")->valuedouble;
@@ -542,6 +547,13 @@ static void cli_roles(void **state) {
     assert_int_equal((int64_t)metric(dec->port, "nanolm_kv_blocks_used"), 0);
     print_message("%lld prompt tokens, %lld KV bytes moved (%lld per token)\n", (long long)prompt_tokens,
                   (long long)(per_token_fp32 * prompt_tokens), (long long)per_token_fp32);
+    assert_int_equal((int64_t)metric(both->port, "nanolm_kv_transfer_bytes_total"), per_token_fp32 * prompt_tokens);
+    assert_int_equal(stop_proc(both), 0); /* stops its prefill process too */
+    char *both_log = tu_read_file(g_procs[3].dir, NULL);
+    assert_non_null(both_log);
+    if (!strstr(both_log, "prefill server stopped (3 prompts sent, 0 failed"))
+        fail_msg("--role disagg did not stop its prefill process: %s", both_log);
+    free(both_log);
     assert_int_equal(stop_proc(dec), 0);
     assert_int_equal(stop_proc(pre), 0);
     assert_int_equal(stop_proc(colo), 0);

@@ -510,6 +510,20 @@ static void loadgen(void **state) {
     assert_int_equal(r.ok, 6);
     assert_true(metric(&s, "nanolm_kv_blocks_used") == 0);
     assert_true(metric(&s, "nanolm_time_to_first_token_seconds_count") == 18);
+    /* a duration ends the run: of 100000 arrivals at 20/s only those of the first 0.3 s start
+     * (the first at 0 always does), and every one that started is counted and succeeds */
+    o.rate_rps = 20;
+    o.requests = 100000;
+    o.duration_s = 0.3;
+    assert_int_equal(nl_loadgen_run(&o, &r), NL_OK);
+    print_message("duration 0.3 s at 20/s: %lld requests started\n", (long long)r.requests);
+    assert_true(r.requests >= 1 && r.requests < 100000);
+    assert_int_equal(r.ok, r.requests);
+    assert_int_equal(r.failed, 0);
+    assert_true(metric(&s, "nanolm_kv_blocks_used") == 0);
+    o.duration_s = -1;
+    assert_int_equal(nl_loadgen_run(&o, &r), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "duration"));
     assert_int_equal(stop(&s), 0);
 }
 

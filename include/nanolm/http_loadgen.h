@@ -31,6 +31,7 @@ typedef struct nl_loadgen_opts {
     double slo_ttft_s;      /* goodput objectives (0: none) */
     double slo_tpot_s;
     double timeout_s; /* per socket read (0: 300 s) */
+    double duration_s; /* > 0: no request starts later than this after the first (requests is then a cap) */
 } nl_loadgen_opts;
 
 typedef struct nl_latency_summary {
@@ -39,7 +40,7 @@ typedef struct nl_latency_summary {
 } nl_latency_summary;
 
 typedef struct nl_loadgen_result {
-    int64_t requests, ok, failed, good;
+    int64_t requests, ok, failed, good;   /* requests: those started (fewer than asked when a duration ends the run) */
     int64_t prompt_tokens, output_tokens; /* of the successful requests (usage) */
     int64_t short_outputs;                /* successful requests that stopped before max_tokens (the
                                              model wrote BOS, which ends a llama2.c story) */

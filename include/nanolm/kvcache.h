@@ -78,9 +78,31 @@ void nl_kvcache_gather(const nl_kvcache *c, const int32_t *table, int64_t n_toke
 /* The reverse: writes positions [0, n_tokens) of a sequence whose blocks are allocated from src. */
 void nl_kvcache_scatter(nl_kvcache *c, const int32_t *table, int64_t n_tokens, const uint8_t *src);
 
+/* Positions per key tile, and the most queries of one sequence the engine attends as one tile. */
+#define NL_KV_KTILE 16
+#define NL_KV_QTILE 16
+
+/* Floats of scratch nl_kvcache_attend_rows needs for nq queries of a sequence of at most
+ * seq_len positions (nl_kvcache_attend_head: nq = 1). */
+static inline int64_t nl_kvcache_attend_scratch(int64_t nq, int64_t seq_len, int64_t hd) {
+    return nq * (seq_len + NL_KV_KTILE) + hd * NL_KV_KTILE;
+}
+
+/* Causal attention of query head h for nq consecutive tokens of one sequence, at positions
+ * pos0 .. pos0 + nq - 1, each over positions 0 .. its own (block table `table`, layer l): token
+ * r's q (NH*hd, RoPE applied) at q + r * q_stride, its head-h output (hd) at out + r * out_stride.
+ * Their keys must be stored already. The tokens share each key and value they read (a prompt
+ * chunk's attention reads the prefix once per tile, not once per token). Each output's
+ * arithmetic is that of nl_kvcache_attend_head for its position: it does not depend on nq.
+ * scratch: nl_kvcache_attend_scratch(nq, seq_len, hd) floats. */
+void nl_kvcache_attend_rows(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos0, int64_t nq,
+                            const float *q, int64_t q_stride, int64_t NH, int64_t h, float *out, int64_t out_stride,
+                            float *scratch);
+
 /* Causal attention of query head h of one token at position pos over positions 0..pos of a
  * sequence (block table `table`), layer l: out (hd) of head h from q (NH*hd, RoPE applied);
- * grouped-query heads share kv head h / (NH/KVH). scratch holds pos+1 floats. The scores,
+ * grouped-query heads share kv head h / (NH/KVH). scratch: nl_kvcache_attend_scratch(1, pos + 1,
+ * hd) floats. The scores,
  * softmax and weighted sum run in position order, so the result does not depend on what else
  * shares the step. */
 void nl_kvcache_attend_head(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos, const float *q,

@@ -49,6 +49,11 @@ static void add_latency(nl_report *r, const char *key, const char *label, const 
         snprintf(l, sizeof l, "%s %s", label, q[i]);
         nl_report_num(r, k, l, v[i] * 1e3, "%.2f", "ms");
     }
+    snprintf(k, sizeof k, "%s_max_ms", key);
+    snprintf(l, sizeof l, "%s max", label);
+    nl_report_num(r, k, l, s->max * 1e3, "%.2f", "ms");
+    snprintf(k, sizeof k, "%s_n", key);
+    nl_report_int(r, k, "", (long long)s->n, NULL); /* samples: JSON only */
 }
 
 /* The SVG of a rate sweep: TTFT and TPOT p50/p99 (ms) against output tokens/s, a point per rate. */
@@ -74,7 +79,7 @@ static int bench_serve(int argc, char **argv) {
     const char *url = "http://127.0.0.1:8080", *svg = NULL, *sweep = NULL;
     int64_t requests = 64, plen = 128, plen_max = 0, olen = 128, olen_max = 0, vocab = 0, seed = 1;
     int conc = 8, json = 0, conc_given = 0, rate_given = 0;
-    double rate = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, temperature = 0, timeout_s = 600;
+    double rate = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, temperature = 0, timeout_s = 600, duration_s = 0;
     nl_opt opts[] = {
         NL_OPT_STR("url", &url, "URL", "server to load (default http://127.0.0.1:8080)"),
         NL_OPT_INT("requests", &requests, 1, 100000000, "N", "requests in all (default 64)"),
@@ -93,6 +98,8 @@ static int bench_serve(int argc, char **argv) {
         NL_OPT_DBL("temperature", &temperature, 0, 2, "T", "sampling temperature sent (default 0: greedy)"),
         NL_OPT_INT("vocab", &vocab, 0, 1 << 30, "V", "token ids drawn below V (default: vocab_size from /v1/models)"),
         NL_OPT_INT("seed", &seed, 0, INT64_MAX, "S", "seed of prompts, lengths and arrivals (default 1)"),
+        NL_OPT_DBL("duration", &duration_s, 0, 1e7, "S",
+                   "start no request after S seconds (--requests is then a cap; default 0: no limit)"),
         NL_OPT_DBL("timeout", &timeout_s, 1, 86400, "S", "per-read socket timeout (default 600)"),
         NL_OPT_STR("sweep", &sweep, "R1,R2,..",
                    "run once per arrival rate (requests/s) and tabulate latency vs throughput"),
@@ -141,6 +148,7 @@ static int bench_serve(int argc, char **argv) {
     o.slo_ttft_s = slo_ttft_ms / 1e3;
     o.slo_tpot_s = slo_tpot_ms / 1e3;
     o.timeout_s = timeout_s;
+    o.duration_s = duration_s;
     nl_loadgen_result res[MAX_SWEEP];
     for (int i = 0; i < nrates; i++) {
         o.rate_rps = rates[i];
@@ -154,7 +162,8 @@ static int bench_serve(int argc, char **argv) {
     nl_loadgen_result *r = &res[nrates - 1];
     nl_report *rep = nl_report_new("bench serve");
     nl_report_str(rep, "url", "url", url);
-    nl_report_int(rep, "requests", "requests", (long long)requests, NULL);
+    nl_report_int(rep, "requests", "requests", (long long)(sweep ? requests : r->requests),
+                  duration_s > 0 ? "(started within --duration)" : NULL);
     nl_report_int(rep, "concurrency", "concurrency (most in flight)", conc, NULL);
     if (!sweep) nl_report_num(rep, "rate_rps", "arrival rate (0: closed loop)", rate, "%g", "req/s");
     nl_report_int(rep, "prompt_len", "prompt tokens", (long long)plen, plen_max > plen ? "(low end)" : NULL);

@@ -1,8 +1,11 @@
 /* nanolm serve: the OpenAI-compatible HTTP server (src/serve/server.c) over the engine. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -43,55 +46,81 @@ static int serve_prefill(nl_engine *e, const char *host, int port, const char *p
     return NL_EXIT_OK;
 }
 
-int nl_cmd_serve(int argc, char **argv) {
-    const char *ckpt = NULL, *dummy = NULL, *tok = NULL, *host = "127.0.0.1", *port_file = NULL, *model_name = NULL;
-    const char *prefill = NULL;
-    int role = 0, port = 8080, weights = 0, kv = 0, max_batch = 32, max_waiting = 256, threads = 0, max_conn = 512;
-    int64_t block_size = 16, kv_blocks = 0, max_step = 512, chunk = 256;
-    double kv_mem = 0, max_body = 1 << 20, drain_s = 30;
+enum { ROLE_COLOCATED, ROLE_PREFILL, ROLE_DECODE, ROLE_DISAGG };
+
+/* The options of `serve`, parsed. */
+typedef struct serve_args {
+    const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill;
+    int role, port, weights, kv, max_batch, max_waiting, threads, max_conn;
+    int64_t block_size, kv_blocks, max_step, chunk;
+    double kv_mem, max_body, drain_s;
+} serve_args;
+
+/* The engine with what it was opened from (random weights keep their model and tokenizer here). */
+typedef struct served {
+    nl_engine *e;
+    nl_model dm;
+    nl_tokenizer dt;
+    int have_dummy;
+    char dummy_name[64];
+} served;
+
+static int parse_args(int argc, char **argv, serve_args *sa) {
+    *sa = (serve_args){.host = "127.0.0.1",
+                       .port = 8080,
+                       .max_batch = 32,
+                       .max_waiting = 256,
+                       .max_conn = 512,
+                       .block_size = 16,
+                       .max_step = 512,
+                       .chunk = 256,
+                       .max_body = 1 << 20,
+                       .drain_s = 30};
     nl_opt model_opts[] = {
-        NL_OPT_STR("ckpt", &ckpt, "FILE",
+        NL_OPT_STR("ckpt", &sa->ckpt, "FILE",
                    "checkpoint: NanoLM safetensors, a `quant model --out` file, or llama2.c .bin (required)"),
-        NL_OPT_STR("dummy-arch", &dummy, "JSON",
+        NL_OPT_STR("dummy-arch", &sa->dummy, "JSON",
                    "instead of --ckpt: random weights of this shape (vLLM's --load-format dummy), "
                    "e.g. '{\"vocab_size\":512,\"dim\":768,\"n_layers\":12,\"n_heads\":12,\"n_kv_heads\":12,"
                    "\"hidden_dim\":2048,\"seq_len\":1024}'; with --tokenizer for vocabularies other than 256 bytes"),
-        NL_OPT_STR("tokenizer", &tok, "FILE", "llama2.c tokenizer (needed for .bin checkpoints)"),
-        NL_OPT_CHOICE("weights", &weights, "auto|fp32|bf16|int8",
+        NL_OPT_STR("tokenizer", &sa->tok, "FILE", "llama2.c tokenizer (needed for .bin checkpoints)"),
+        NL_OPT_CHOICE("weights", &sa->weights, "auto|fp32|bf16|int8",
                       "weight format of the kernels (default auto: fp32, int8 for int8 checkpoints)"),
-        NL_OPT_STR("model-name", &model_name, "NAME",
+        NL_OPT_STR("model-name", &sa->model_name, "NAME",
                    "name in /v1/models and responses (default: the checkpoint's file name)"),
     };
     nl_opt engine_opts[] = {
-        NL_OPT_CHOICE("kv-cache", &kv, "fp32|int8", "KV cache format (default fp32)"),
-        NL_OPT_SI("kv-mem", &kv_mem, 0, 1e13, "BYTES",
+        NL_OPT_CHOICE("kv-cache", &sa->kv, "fp32|int8", "KV cache format (default fp32)"),
+        NL_OPT_SI("kv-mem", &sa->kv_mem, 0, 1e13, "BYTES",
                   "KV pool size in bytes, e.g. 512M (default: max-batch full contexts)"),
-        NL_OPT_INT("kv-blocks", &kv_blocks, 0, 1 << 30, "N", "KV pool size in blocks (overrides --kv-mem)"),
-        NL_OPT_INT("block-size", &block_size, 1, 4096, "N", "tokens per KV block (default 16)"),
-        NL_OPT_INT32("max-batch", &max_batch, 1, 4096, "N", "running sequences at most (default 32)"),
-        NL_OPT_INT("max-step-tokens", &max_step, 1, 1 << 20, "N", "tokens per engine step at most (default 512)"),
-        NL_OPT_INT("chunk", &chunk, 0, 1 << 20, "N",
+        NL_OPT_INT("kv-blocks", &sa->kv_blocks, 0, 1 << 30, "N", "KV pool size in blocks (overrides --kv-mem)"),
+        NL_OPT_INT("block-size", &sa->block_size, 1, 4096, "N", "tokens per KV block (default 16)"),
+        NL_OPT_INT32("max-batch", &sa->max_batch, 1, 4096, "N", "running sequences at most (default 32)"),
+        NL_OPT_INT("max-step-tokens", &sa->max_step, 1, 1 << 20, "N", "tokens per engine step at most (default 512)"),
+        NL_OPT_INT("chunk", &sa->chunk, 0, 1 << 20, "N",
                    "prompt tokens per step over all prompts, 0 = no chunking (default 256)"),
-        NL_OPT_INT32("max-waiting", &max_waiting, 1, 1 << 20, "N",
+        NL_OPT_INT32("max-waiting", &sa->max_waiting, 1, 1 << 20, "N",
                      "waiting queue bound; beyond it requests get 429 (default 256)"),
-        NL_OPT_INT32("threads", &threads, 0, 1024, "N", "OpenMP threads of a step (default: OMP_NUM_THREADS)"),
+        NL_OPT_INT32("threads", &sa->threads, 0, 1024, "N", "OpenMP threads of a step (default: OMP_NUM_THREADS)"),
     };
     nl_opt http_opts[] = {
-        NL_OPT_STR("host", &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"),
-        NL_OPT_INT32("port", &port, 0, 65535, "N",
+        NL_OPT_STR("host", &sa->host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"),
+        NL_OPT_INT32("port", &sa->port, 0, 65535, "N",
                      "port, 0 = ephemeral (default 8080); the bound port is printed on stderr"),
-        NL_OPT_STR("port-file", &port_file, "FILE", "also write the bound port to FILE (atomically) once listening"),
-        NL_OPT_SI("max-body", &max_body, 1, 1e9, "BYTES", "largest request body; larger gets 413 (default 1M)"),
-        NL_OPT_INT32("max-connections", &max_conn, 1, 65536, "N", "open connections at most (default 512)"),
-        NL_OPT_DBL("drain-timeout", &drain_s, 0, 86400, "S",
+        NL_OPT_STR("port-file", &sa->port_file, "FILE",
+                   "also write the bound port to FILE (atomically) once listening"),
+        NL_OPT_SI("max-body", &sa->max_body, 1, 1e9, "BYTES", "largest request body; larger gets 413 (default 1M)"),
+        NL_OPT_INT32("max-connections", &sa->max_conn, 1, 65536, "N", "open connections at most (default 512)"),
+        NL_OPT_DBL("drain-timeout", &sa->drain_s, 0, 86400, "S",
                    "on SIGINT/SIGTERM, seconds running requests may finish before they are cancelled (default 30)"),
     };
     nl_opt disagg_opts[] = {
-        NL_OPT_CHOICE("role", &role, "colocated|prefill|decode",
+        NL_OPT_CHOICE("role", &sa->role, "colocated|prefill|decode|disagg",
                       "colocated (default): prefill and decode here; prefill: no HTTP, answer KV-transfer requests on "
                       "--port (prompt in, its KV cache and first token out); decode: the HTTP front end, each prompt "
-                      "prefilled by --prefill and its KV imported here"),
-        NL_OPT_STR("prefill", &prefill, "HOST:PORT", "the prefill server of --role decode, e.g. 127.0.0.1:8081"),
+                      "prefilled by --prefill and its KV imported here; disagg: both, this process the decode role "
+                      "and a child process the prefill role on an ephemeral loopback port (each with --threads)"),
+        NL_OPT_STR("prefill", &sa->prefill, "HOST:PORT", "the prefill server of --role decode, e.g. 127.0.0.1:8081"),
     };
     nl_optgroup groups[] = {{"model", model_opts, NL_NOPTS(model_opts)},
                             {"engine", engine_opts, NL_NOPTS(engine_opts)},
@@ -107,138 +136,264 @@ int nl_cmd_serve(int argc, char **argv) {
         4,
         0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
-    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
-    if (!ckpt == !dummy) return nl_cli_usage_error("serve: give --ckpt FILE or --dummy-arch JSON (one of them)");
-    if ((role == 2) != (prefill != NULL))
-        return nl_cli_usage_error(role == 2 ? "serve: --role decode needs --prefill HOST:PORT (the prefill server)"
-                                            : "serve: --prefill is for --role decode");
+    if (rc) return rc;
+    if (!sa->ckpt == !sa->dummy)
+        return nl_cli_usage_error("serve: give --ckpt FILE or --dummy-arch JSON (one of them)");
+    if ((sa->role == ROLE_DECODE) != (sa->prefill != NULL))
+        return nl_cli_usage_error(sa->role == ROLE_DECODE
+                                      ? "serve: --role decode needs --prefill HOST:PORT (the prefill server)"
+                                      : "serve: --prefill is for --role decode (--role disagg starts its own)");
+    return 0;
+}
 
-    /* OpenMP workers that spin after each step take the cores from the HTTP threads and the
-     * clients: on 2 busy cores stories260K served 16 sequential requests at 11.8 tokens/s with
-     * spinning and 713 tokens/s with passive waiting (docs/serving.md). libgomp reads the policy
-     * when it loads, so it is set here by running the command again with it in the environment;
-     * a policy the user set is kept. */
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        char **args = calloc((size_t)argc + 2, sizeof *args);
-        if (args) {
-            args[0] = "nanolm";
-            for (int i = 0; i < argc; i++) args[i + 1] = argv[i];
-            execv("/proc/self/exe", args);
-            free(args); /* exec failed: go on with the default policy */
-        }
-    }
+/* OpenMP workers that spin after each step take the cores from the HTTP threads and the
+ * clients: on 2 busy cores stories260K served 16 sequential requests at 11.8 tokens/s with
+ * spinning and 713 tokens/s with passive waiting (docs/serving.md). libgomp reads the policy
+ * when it loads, so it is set here by running the command again with it in the environment;
+ * a policy the user set is kept. */
+static void passive_omp_wait(int argc, char **argv) {
+    if (getenv("OMP_WAIT_POLICY")) return;
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    char **args = calloc((size_t)argc + 2, sizeof *args);
+    if (!args) return;
+    args[0] = "nanolm";
+    for (int i = 0; i < argc; i++) args[i + 1] = argv[i];
+    execv("/proc/self/exe", args);
+    free(args); /* exec failed: go on with the default policy */
+}
 
+static void close_served(served *sv) {
+    nl_engine_close(sv->e);
+    sv->e = NULL;
+    if (sv->have_dummy) nl_model_free(&sv->dm), nl_tokenizer_free(&sv->dt);
+    sv->have_dummy = 0;
+}
+
+/* Opens the engine of --ckpt, or of random weights of --dummy-arch. */
+static int open_served(serve_args *sa, served *sv) {
+    memset(sv, 0, sizeof *sv);
     nl_engine_opts eo;
     nl_engine_opts_default(&eo);
-    eo.weights = (nl_wfmt)(weights - 1); /* auto = -1 */
-    eo.kv = kv ? NL_KV_INT8 : NL_KV_FP32;
-    eo.block_size = block_size;
-    eo.kv_blocks = kv_blocks;
-    eo.kv_mem_bytes = (int64_t)kv_mem;
-    eo.max_batch = max_batch;
-    eo.max_step_tokens = max_step;
-    eo.chunk = chunk;
-    eo.max_waiting = max_waiting;
-    eo.threads = threads;
-    nl_engine *e = NULL;
-    nl_model dm;
-    nl_tokenizer dt;
-    int have_dummy = 0;
-    if (dummy) { /* random weights: for load tests of a model shape without its checkpoint */
-        nl_arch a;
-        if (nl_arch_from_json("--dummy-arch", dummy, &a)) return nl_cli_usage_error("serve: %s", nl_last_error());
-        if (!a.name[0]) snprintf(a.name, sizeof a.name, "dummy");
-        memset(&dt, 0, sizeof dt);
-        if (nl_model_init(&dm, &a)) return nl_cli_fail("serve: --dummy-arch");
-        nl_model_init_random(&dm, 1);
-        nl_status trc = tok ? nl_tokenizer_load_llama2c(&dt, tok, (int)a.vocab_size)
-                        : a.vocab_size == 256
-                            ? nl_tokenizer_init_byte(&dt)
-                            : nl_fail(NL_ERR_INVALID, "--dummy-arch with vocab_size %lld needs --tokenizer",
-                                      (long long)a.vocab_size);
-        if (trc || nl_engine_open_model(&e, &dm, &dt, &eo)) {
-            nl_tokenizer_free(&dt);
-            nl_model_free(&dm);
-            return nl_cli_fail("serve");
-        }
-        have_dummy = 1;
-        static char dname[sizeof a.name];
-        snprintf(dname, sizeof dname, "%s", a.name);
-        ckpt = dname;
-    } else if (nl_engine_open(&e, ckpt, tok, &eo)) {
+    eo.weights = (nl_wfmt)(sa->weights - 1); /* auto = -1 */
+    eo.kv = sa->kv ? NL_KV_INT8 : NL_KV_FP32;
+    eo.block_size = sa->block_size;
+    eo.kv_blocks = sa->kv_blocks;
+    eo.kv_mem_bytes = (int64_t)sa->kv_mem;
+    eo.max_batch = sa->max_batch;
+    eo.max_step_tokens = sa->max_step;
+    eo.chunk = sa->chunk;
+    eo.max_waiting = sa->max_waiting;
+    eo.threads = sa->threads;
+    if (!sa->dummy) return nl_engine_open(&sv->e, sa->ckpt, sa->tok, &eo) ? nl_cli_fail("serve") : 0;
+    /* random weights: for load tests of a model shape without its checkpoint */
+    nl_arch a;
+    if (nl_arch_from_json("--dummy-arch", sa->dummy, &a)) return nl_cli_usage_error("serve: %s", nl_last_error());
+    if (!a.name[0]) snprintf(a.name, sizeof a.name, "dummy");
+    if (nl_model_init(&sv->dm, &a)) return nl_cli_fail("serve: --dummy-arch");
+    nl_model_init_random(&sv->dm, 1);
+    nl_status trc =
+        sa->tok ? nl_tokenizer_load_llama2c(&sv->dt, sa->tok, (int)a.vocab_size)
+        : a.vocab_size == 256
+            ? nl_tokenizer_init_byte(&sv->dt)
+            : nl_fail(NL_ERR_INVALID, "--dummy-arch with vocab_size %lld needs --tokenizer", (long long)a.vocab_size);
+    if (trc || nl_engine_open_model(&sv->e, &sv->dm, &sv->dt, &eo)) {
+        nl_tokenizer_free(&sv->dt);
+        nl_model_free(&sv->dm);
         return nl_cli_fail("serve");
     }
+    sv->have_dummy = 1;
+    snprintf(sv->dummy_name, sizeof sv->dummy_name, "%s", a.name);
+    sa->ckpt = sv->dummy_name;
+    return 0;
+}
 
-    /* SIGINT and SIGTERM are blocked in every thread (the HTTP and engine threads inherit the
-     * mask) and taken here by sigwait, so a signal never interrupts a step. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
 
-    if (role == 1) {
-        int prc = serve_prefill(e, host, port, port_file, &sigs);
-        nl_engine_close(e);
-        if (have_dummy) nl_model_free(&dm), nl_tokenizer_free(&dt);
-        return prc;
+/* --role disagg: runs this command again as `--role prefill` on an ephemeral loopback port in a
+ * child process and waits until it listens (its port comes back through a file). Fills *pid and
+ * addr ("127.0.0.1:PORT"); returns 0, or an exit status after saying why. */
+static int start_prefill_child(int argc, char **argv, pid_t *pid, char *addr, size_t addr_len) {
+    const char *what = "serve --role disagg";
+    char dir[] = "/tmp/nanolm-serve-XXXXXX", port_file[64];
+    if (!mkdtemp(dir)) {
+        nl_fail(NL_ERR_IO, "cannot make a temporary directory: %s", strerror(errno));
+        return nl_cli_fail(what);
     }
+    snprintf(port_file, sizeof port_file, "%s/port", dir);
+    char **args = calloc((size_t)argc + 10, sizeof *args);
+    if (!args) {
+        rmdir(dir);
+        nl_fail(NL_ERR_NOMEM, "out of memory");
+        return nl_cli_fail(what);
+    }
+    int n = 0;
+    args[n++] = "nanolm";
+    for (int i = 0; i < argc; i++) args[n++] = argv[i];
+    const char *extra[] = {"--role", "prefill", "--host", "127.0.0.1", "--port", "0", "--port-file", port_file};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) args[n++] = (char *)extra[i]; /* the last one wins */
+    fflush(NULL);
+    *pid = fork();
+    if (*pid == 0) {
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    free(args);
+    int rc = -1;
+    if (*pid < 0) {
+        nl_fail(NL_ERR_IO, "fork: %s", strerror(errno));
+        rc = nl_cli_fail(what);
+    }
+    for (int i = 0; rc < 0 && i < 1200; i++) { /* up to 120 s: loading a large checkpoint */
+        FILE *f = fopen(port_file, "r");
+        int port = 0;
+        if (f) {
+            if (fscanf(f, "%d", &port) != 1) port = 0;
+            fclose(f);
+        }
+        int st;
+        if (port > 0) {
+            snprintf(addr, addr_len, "127.0.0.1:%d", port);
+            rc = 0;
+        } else if (waitpid(*pid, &st, WNOHANG) == *pid) {
+            *pid = -1;
+            nl_fail(NL_ERR_IO, "the prefill process exited before listening (status %d)",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+            rc = nl_cli_fail(what);
+        } else {
+            sleep_ms(100);
+        }
+    }
+    if (rc < 0) {
+        kill(*pid, SIGKILL);
+        waitpid(*pid, NULL, 0);
+        *pid = -1;
+        nl_fail(NL_ERR_IO, "the prefill process did not listen within 120 s");
+        rc = nl_cli_fail(what);
+    }
+    unlink(port_file);
+    rmdir(dir);
+    return rc;
+}
+
+/* Stops the prefill child (SIGTERM, then SIGKILL after 60 s); returns its exit status. */
+static int stop_prefill_child(pid_t pid) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) != pid) {
+        kill(pid, SIGTERM);
+        for (int i = 0; i < 600 && waitpid(pid, &st, WNOHANG) != pid; i++) {
+            sleep_ms(100);
+            if (i == 599) {
+                kill(pid, SIGKILL);
+                waitpid(pid, &st, 0);
+            }
+        }
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int write_port_file(const char *path, int port) {
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%d\n", port);
+    return nl_write_file_atomic(path, buf, (size_t)n) ? nl_cli_fail("serve: --port-file") : 0;
+}
+
+/* The HTTP server (colocated or decode role) until SIGINT/SIGTERM, or until the prefill child
+ * (child > 0) exits. */
+static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *sigs) {
     char name[128];
+    const char *model_name = sa->model_name;
     if (!model_name) {
-        const char *base = strrchr(ckpt, '/');
-        base = base ? base + 1 : ckpt;
-        snprintf(name, sizeof name, "%s", base);
+        const char *base = strrchr(sa->ckpt, '/');
+        snprintf(name, sizeof name, "%s", base ? base + 1 : sa->ckpt);
         char *dot = strrchr(name, '.');
         if (dot && dot != name) *dot = 0;
         model_name = name;
     }
     nl_server_opts so;
     nl_server_opts_default(&so);
-    so.host = host;
-    so.port = port;
+    so.host = sa->host;
+    so.port = sa->port;
     so.model_name = model_name;
-    so.max_body_bytes = (size_t)max_body;
-    so.max_connections = max_conn;
-    so.drain_timeout_s = drain_s;
-    so.prefill_addr = prefill;
+    so.max_body_bytes = (size_t)sa->max_body;
+    so.max_connections = sa->max_conn;
+    so.drain_timeout_s = sa->drain_s;
+    so.prefill_addr = sa->prefill;
     nl_server *s = NULL;
-    if (nl_server_start(&s, e, &so)) {
-        nl_engine_close(e);
-        if (have_dummy) nl_model_free(&dm), nl_tokenizer_free(&dt);
-        return nl_cli_fail("serve");
-    }
-    const nl_arch *a = nl_engine_arch(e);
+    if (nl_server_start(&s, sv->e, &so)) return nl_cli_fail("serve");
+    const nl_arch *a = nl_engine_arch(sv->e);
     nl_engine_stats st;
-    nl_engine_stats_get(e, &st);
+    nl_engine_stats_get(sv->e, &st);
     fprintf(
         stderr,
         "serve: listening on http://%s:%d (model %s: %lld layers, dim %lld, context %lld; weights %s; KV %lld blocks "
         "of %lld tokens%s%s)\n",
-        host, nl_server_port(s), model_name, (long long)a->n_layers, (long long)a->dim, (long long)a->seq_len,
-        nl_wfmt_name(nl_engine_weights(e)), (long long)st.kv_blocks_total, (long long)st.block_size,
-        prefill ? "; decode role, prefill at " : "", prefill ? prefill : "");
+        sa->host, nl_server_port(s), model_name, (long long)a->n_layers, (long long)a->dim, (long long)a->seq_len,
+        nl_wfmt_name(nl_engine_weights(sv->e)), (long long)st.kv_blocks_total, (long long)st.block_size,
+        sa->prefill ? "; decode role, prefill at " : "", sa->prefill ? sa->prefill : "");
     fflush(stderr);
-    if (port_file) {
-        char buf[32];
-        int n = snprintf(buf, sizeof buf, "%d\n", nl_server_port(s));
-        if (nl_write_file_atomic(port_file, buf, (size_t)n)) {
-            nl_server_stop(s);
-            nl_engine_close(e);
-            if (have_dummy) nl_model_free(&dm), nl_tokenizer_free(&dt);
-            return nl_cli_fail("serve: --port-file");
+    if (sa->port_file && write_port_file(sa->port_file, nl_server_port(s))) {
+        nl_server_stop(s);
+        return NL_EXIT_FAIL;
+    }
+    int sig = 0, rc = NL_EXIT_OK;
+    sigwait(sigs, &sig);
+    if (sig == SIGCHLD) { /* the prefill process went away: new prompts cannot be served */
+        int cst = 0;
+        if (waitpid(child, &cst, WNOHANG) == child) {
+            fprintf(stderr, "nanolm: serve: the prefill process exited (status %d); stopping\n",
+                    WIFEXITED(cst) ? WEXITSTATUS(cst) : 128 + WTERMSIG(cst));
+            rc = NL_EXIT_FAIL;
         }
     }
-    int sig = 0;
-    sigwait(&sigs, &sig);
     fprintf(stderr, "serve: %s: not accepting; finishing running requests (up to %g s)\n",
-            sig == SIGINT ? "SIGINT" : "SIGTERM", drain_s);
+            sig == SIGINT    ? "SIGINT"
+            : sig == SIGTERM ? "SIGTERM"
+                             : "the prefill process stopped",
+            sa->drain_s);
     nl_server_stop(s);
-    nl_engine_stats_get(e, &st);
-    nl_engine_close(e);
-    if (have_dummy) nl_model_free(&dm), nl_tokenizer_free(&dt);
+    nl_engine_stats_get(sv->e, &st);
     fprintf(stderr, "serve: stopped (%lld requests, %lld tokens generated)\n", (long long)st.requests_finished,
             (long long)st.tokens_generated);
-    return NL_EXIT_OK;
+    return rc;
+}
+
+int nl_cmd_serve(int argc, char **argv) {
+    serve_args sa;
+    int rc = parse_args(argc, argv, &sa);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    passive_omp_wait(argc, argv);
+    /* SIGINT and SIGTERM (and SIGCHLD, for --role disagg's child) are blocked in every thread (the
+     * HTTP and engine threads inherit the mask) and taken by sigwait, so a signal never
+     * interrupts a step. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    if (sa.role == ROLE_DISAGG) sigaddset(&sigs, SIGCHLD);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    pid_t child = -1;
+    char addr[64];
+    if (sa.role == ROLE_DISAGG) {
+        if ((rc = start_prefill_child(argc, argv, &child, addr, sizeof addr))) return rc;
+        sa.prefill = addr;
+    }
+    served sv;
+    if ((rc = open_served(&sa, &sv))) {
+        if (child > 0) stop_prefill_child(child);
+        return rc;
+    }
+    if (sa.role == ROLE_PREFILL)
+        rc = serve_prefill(sv.e, sa.host, sa.port, sa.port_file, &sigs);
+    else
+        rc = serve_http(&sa, &sv, child, &sigs);
+    close_served(&sv);
+    if (child > 0 && stop_prefill_child(child) != 0 && rc == NL_EXIT_OK) {
+        fprintf(stderr, "nanolm: serve: the prefill process did not exit cleanly\n");
+        rc = NL_EXIT_FAIL;
+    }
+    return rc;
 }

@@ -54,6 +54,8 @@ struct nl_engine {
     /* step buffers, sized for max_step_tokens rows */
     int64_t rows_cap;
     float *x, *xb, *qkv, *atty, *h13, *hact, *rstd, *logits, *scratch;
+    int64_t scratch_floats; /* per thread: attention of one tile */
+    int64_t *tile_row;      /* (rows_cap + 1,) first row of each attention tile, then n */
     int32_t *row_tok, *sample_tok;
     int64_t *row_pos, *out_rows;
     nl_req **row_req, **out_req;
@@ -122,16 +124,19 @@ static nl_status alloc_buffers(nl_engine *e) {
     int64_t R = e->rows_cap = e->o.max_step_tokens;
     int nt = e->o.threads > 0 ? e->o.threads : omp_get_max_threads();
     size_t floats = (size_t)(R * (m->C * 2 + m->QKV + m->NH * m->hd + 3 * m->H + 1 + m->V));
-    size_t scratch = (size_t)nt * (size_t)(m->arch.seq_len + 16);
+    e->scratch_floats = nl_kvcache_attend_scratch(NL_KV_QTILE, m->arch.seq_len, m->hd);
+    size_t scratch = (size_t)nt * (size_t)e->scratch_floats;
     e->x = nl_malloc((floats + scratch) * sizeof(float), "engine step buffers");
     e->row_tok = nl_malloc((size_t)R * 2 * sizeof(int32_t), "engine row tokens");
     e->row_pos = nl_malloc((size_t)R * 2 * sizeof(int64_t), "engine row positions");
     e->row_req = nl_malloc((size_t)R * 2 * sizeof(nl_req *), "engine row requests");
+    e->tile_row = nl_malloc((size_t)(R + 1) * sizeof(int64_t), "engine attention tiles");
     e->sample_rc = nl_malloc((size_t)R * sizeof(nl_status), "engine sample status");
     e->sample_err = nl_malloc((size_t)R * 256, "engine sample errors");
     e->touched = nl_malloc((size_t)(R + 2 * (int64_t)e->o.max_waiting + 2 * e->o.max_batch + 1) * sizeof(nl_req *),
                            "engine touched list");
-    if (!e->x || !e->row_tok || !e->row_pos || !e->row_req || !e->sample_rc || !e->sample_err || !e->touched)
+    if (!e->x || !e->row_tok || !e->row_pos || !e->row_req || !e->tile_row || !e->sample_rc || !e->sample_err ||
+        !e->touched)
         return NL_ERR_NOMEM;
     float *p = e->x + R * m->C;
     e->xb = p;
@@ -295,6 +300,7 @@ void nl_engine_close(nl_engine *e) {
     nl_free(e->row_tok);
     nl_free(e->row_pos);
     nl_free(e->row_req);
+    nl_free(e->tile_row);
     nl_free(e->sample_rc);
     nl_free(e->sample_err);
     nl_free(e->touched);
@@ -507,10 +513,22 @@ static nl_status forward(nl_engine *e, int64_t n, int64_t n_out) {
     return rc;
 }
 
+/* Splits the step's n rows into attention tiles: runs of rows of one sequence at consecutive
+ * positions (a prompt chunk), at most NL_KV_QTILE each. Tile u is rows tile_row[u] ..
+ * tile_row[u + 1] - 1. Returns the number of tiles. */
+static int64_t attention_tiles(nl_engine *e, int64_t n) {
+    int64_t u = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (i == 0 || e->row_req[i] != e->row_req[i - 1] || e->row_pos[i] != e->row_pos[i - 1] + 1 ||
+            i - e->tile_row[u - 1] == NL_KV_QTILE)
+            e->tile_row[u++] = i;
+    e->tile_row[u] = n;
+    return u;
+}
+
 static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
     const nl_model *m = e->m;
     const int64_t C = m->C, NH = m->NH, KVH = m->KVH, hd = m->hd, H = m->H, QKV = m->QKV, half = hd / 2;
-    const int64_t S = m->arch.seq_len;
     const float eps = (float)m->arch.norm_eps;
     const int nt = e->o.threads;
     for (int64_t i = 0; i < n; i++)
@@ -526,15 +544,17 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
                           QKV, 0);
             nl_kvcache_store(&e->kv, e->row_req[i]->table, l, e->row_pos[i], q + NH * hd, q + (NH + KVH) * hd);
         }
-        const int64_t pairs = n * NH;
+        /* attention: the rows of a prompt chunk attend in tiles of up to NL_KV_QTILE (one unit of
+         * work per tile and head), each decode row alone */
+        const int64_t units = attention_tiles(e, n), work = units * NH;
 #pragma omp parallel num_threads(nt > 0 ? nt : omp_get_max_threads())
         {
-            float *scratch = e->scratch + (int64_t)omp_get_thread_num() * (S + 16);
+            float *scratch = e->scratch + (int64_t)omp_get_thread_num() * e->scratch_floats;
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t p = 0; p < pairs; p++) {
-                int64_t i = p / NH, h = p % NH;
-                nl_kvcache_attend_head(&e->kv, e->row_req[i]->table, l, e->row_pos[i], e->qkv + i * QKV, NH, h,
-                                       e->atty + i * NH * hd + h * hd, scratch);
+            for (int64_t p = 0; p < work; p++) {
+                int64_t u = p / NH, h = p % NH, i = e->tile_row[u], nq = e->tile_row[u + 1] - i;
+                nl_kvcache_attend_rows(&e->kv, e->row_req[i]->table, l, e->row_pos[i], nq, e->qkv + i * QKV, QKV, NH, h,
+                                       e->atty + i * NH * hd + h * hd, NH * hd, scratch);
             }
         }
         NL_TRY(nl_mv_forward(&e->w[4 * l + 1], e->atty, n, e->xb, nt));

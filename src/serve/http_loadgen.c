@@ -118,7 +118,7 @@ typedef struct shared {
     int64_t *plen, *olen; /* (requests,) */
     uint64_t *pseed;      /* (requests,) seed of each prompt */
     pthread_mutex_t mu;
-    int64_t next;
+    int64_t next, started; /* next request to take; requests sent */
     dvec ttft, tpot, itl, e2e;
     int64_t ok, failed, good, prompt_tokens, output_tokens, short_outputs;
     double t_end;
@@ -165,6 +165,10 @@ static void *worker(void *arg) {
         pthread_mutex_unlock(&sh->mu);
         if (i < 0) break;
         sleep_until(sh->t0 + sh->arrival_s[i]);
+        if (o->duration_s > 0 && nl_time_s() > sh->t0 + o->duration_s) break; /* the run's time is up */
+        pthread_mutex_lock(&sh->mu);
+        sh->started++;
+        pthread_mutex_unlock(&sh->mu);
         req_state st = {0};
         char *body = make_body(o, sh->plen[i], sh->olen[i], sh->pseed[i]);
         nl_http_response resp;
@@ -246,6 +250,8 @@ nl_status nl_loadgen_run(const nl_loadgen_opts *oin, nl_loadgen_result *r) {
         return nl_fail(NL_ERR_INVALID, "load generator: requests must be >= 1, got %lld", (long long)o.requests);
     if (o.concurrency < 1 || o.concurrency > 4096)
         return nl_fail(NL_ERR_INVALID, "load generator: concurrency must be in [1, 4096], got %d", o.concurrency);
+    if (!(o.duration_s >= 0) || !isfinite(o.duration_s))
+        return nl_fail(NL_ERR_INVALID, "load generator: duration must be a finite number >= 0, got %g", o.duration_s);
     if (!(o.rate_rps >= 0) || !isfinite(o.rate_rps))
         return nl_fail(NL_ERR_INVALID, "load generator: rate must be a finite number >= 0, got %g", o.rate_rps);
     if (o.prompt_len < 1 || o.output_len < 1)
@@ -309,9 +315,9 @@ nl_status nl_loadgen_run(const nl_loadgen_opts *oin, nl_loadgen_result *r) {
         rc = nl_fail(NL_ERR_NOMEM, "load generator: cannot start a thread");
         goto done;
     }
-    r->requests = o.requests;
+    r->requests = sh.started;
     r->ok = sh.ok;
-    r->failed = o.requests - sh.ok;
+    r->failed = sh.started - sh.ok;
     r->good = sh.good;
     r->prompt_tokens = sh.prompt_tokens;
     r->output_tokens = sh.output_tokens;

@@ -87,67 +87,197 @@ void nl_kvcache_store(nl_kvcache *c, const int32_t *table, int64_t l, int64_t po
     }
 }
 
-/* The same arithmetic as the contiguous cache of src/model/infer.c (attend_fp32 / attend_int8),
- * walking the block table: scores in position order, max-shifted exp, weighted sum in order. */
-void nl_kvcache_attend_head(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos, const float *q,
-                            int64_t NH, int64_t h, float *out, float *a) {
-    const int64_t KVH = c->KVH, hd = c->hd, bs = c->block_size, group = NH / KVH;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int int8 = c->dtype == NL_KV_INT8;
-    {
-        const int64_t kh = h / group;
-        const float *qh = q + h * hd;
-        float mx = -INFINITY;
-        int64_t t = 0;
-        if (!int8) /* 8 positions at a time: 8 independent sums, each still over i in order */
-            for (; t + 8 <= pos + 1; t += 8) {
-                const float *k[8];
-                float sc[8] = {0};
-                for (int j = 0; j < 8; j++)
-                    k[j] = nl_kvcache_f32_row(c, table[(t + j) / bs], l, 0, (t + j) % bs) + kh * hd;
-                for (int64_t i = 0; i < hd; i++)
-                    for (int j = 0; j < 8; j++) sc[j] += qh[i] * k[j][i];
-                for (int j = 0; j < 8; j++) {
-                    a[t + j] = sc[j] * scale;
-                    if (a[t + j] > mx) mx = a[t + j];
-                }
-            }
-        for (; t <= pos; t++) {
-            int32_t id = table[t / bs];
-            int64_t slot = t % bs;
-            float sc = 0.0f;
-            if (int8) {
-                const int8_t *k = nl_kvcache_codes_row(c, id, l, 0, slot) + kh * hd;
-                for (int64_t i = 0; i < hd; i++) sc += qh[i] * (float)k[i];
-                a[t] = sc * nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(c, id, l, 0, slot)[kh]) * scale;
-            } else {
-                const float *k = nl_kvcache_f32_row(c, id, l, 0, slot) + kh * hd;
-                for (int64_t i = 0; i < hd; i++) sc += qh[i] * k[i];
-                a[t] = sc * scale;
-            }
-            if (a[t] > mx) mx = a[t];
+/* 16 floats as one value (GCC/Clang vector extension): the compiler emits AVX-512, two AVX2 or
+ * four SSE operations. Element-wise + and * are the scalar operations lane by lane (this is ISO C,
+ * so the compiler does not contract a multiply and an add into one fused operation here any more
+ * than in the scalar loops whose bits these must equal). */
+typedef float v16 __attribute__((vector_size(64)));
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Keys of one 16-position tile, transposed: kt[i * 16 + j] = k[t0 + j][i] (int8 codes widened;
+ * the fp16 scales of an int8 pool in ks[j]). Positions past `last` are zero. */
+static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
+                     float *kt, float *ks) {
+    const int64_t hd = c->hd, bs = c->block_size;
+    for (int j = 0; j < NL_KV_KTILE; j++) {
+        int64_t t = t0 + j;
+        if (t > last) {
+            for (int64_t i = 0; i < hd; i++) kt[i * NL_KV_KTILE + j] = 0.0f;
+            ks[j] = 0.0f;
+            continue;
         }
-        float sum = 0.0f;
-        for (int64_t t = 0; t <= pos; t++) {
-            a[t] = expf(a[t] - mx);
-            sum += a[t];
-        }
-        float *o = out;
-        for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
-        for (int64_t t = 0; t <= pos; t++) {
-            int32_t id = table[t / bs];
-            int64_t slot = t % bs;
-            if (int8) {
-                const int8_t *v = nl_kvcache_codes_row(c, id, l, 1, slot) + kh * hd;
-                float p = a[t] / sum * nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(c, id, l, 1, slot)[kh]);
-                for (int64_t i = 0; i < hd; i++) o[i] += p * (float)v[i];
-            } else {
-                const float *v = nl_kvcache_f32_row(c, id, l, 1, slot) + kh * hd;
-                float p = a[t] / sum;
-                for (int64_t i = 0; i < hd; i++) o[i] += p * v[i];
-            }
+        int32_t id = table[t / bs];
+        if (c->dtype == NL_KV_INT8) {
+            const int8_t *k = nl_kvcache_codes_row(c, id, l, 0, t % bs) + kh * hd;
+            for (int64_t i = 0; i < hd; i++) kt[i * NL_KV_KTILE + j] = (float)k[i];
+            ks[j] = nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(c, id, l, 0, t % bs)[kh]);
+        } else {
+            const float *k = nl_kvcache_f32_row(c, id, l, 0, t % bs) + kh * hd;
+            for (int64_t i = 0; i < hd; i++) kt[i * NL_KV_KTILE + j] = k[i];
         }
     }
+}
+
+/* Scores of query q (hd) against a transposed key tile: a[j] = (sum over i, in order, of
+ * q[i] * k[j][i]) * scale, times the key's fp16 scale first for an int8 pool. Each sum is the
+ * scalar loop's, 16 of them side by side (no fused multiply-add: the build is ISO C, so the
+ * compiler does not contract), so the bits equal a one-position-at-a-time loop. */
+static void tile_scores(const float *q, const float *kt, const float *ks, int64_t hd, float scale, int int8, float *a) {
+    v16 sc = {0};
+    for (int64_t i = 0; i < hd; i++) sc += q[i] * load16(kt + i * NL_KV_KTILE);
+    float out[NL_KV_KTILE];
+    memcpy(out, &sc, sizeof out);
+    for (int j = 0; j < NL_KV_KTILE; j++) a[j] = int8 ? out[j] * ks[j] * scale : out[j] * scale;
+}
+
+/* tile_scores for one query reading the keys where they lie (the same sums in the same order). */
+static void direct_scores(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
+                          const float *q, float scale, float *a) {
+    const int64_t hd = c->hd, bs = c->block_size;
+    const int64_t n = last - t0 + 1 < NL_KV_KTILE ? last - t0 + 1 : NL_KV_KTILE;
+    float sc[NL_KV_KTILE] = {0};
+    if (c->dtype == NL_KV_INT8) {
+        for (int64_t j = 0; j < n; j++) {
+            int32_t id = table[(t0 + j) / bs];
+            const int8_t *k = nl_kvcache_codes_row(c, id, l, 0, (t0 + j) % bs) + kh * hd;
+            for (int64_t i = 0; i < hd; i++) sc[j] += q[i] * (float)k[i];
+            a[j] = sc[j] * nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(c, id, l, 0, (t0 + j) % bs)[kh]) * scale;
+        }
+        return;
+    }
+    const float *k[NL_KV_KTILE];
+    for (int64_t j = 0; j < n; j++) k[j] = nl_kvcache_f32_row(c, table[(t0 + j) / bs], l, 0, (t0 + j) % bs) + kh * hd;
+    if (n == NL_KV_KTILE) /* 16 independent sums, each over i in order */
+        for (int64_t i = 0; i < hd; i++)
+            for (int j = 0; j < NL_KV_KTILE; j++) sc[j] += q[i] * k[j][i];
+    else
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < hd; i++) sc[j] += q[i] * k[j][i];
+    for (int64_t j = 0; j < n; j++) a[j] = sc[j] * scale;
+}
+
+/* Softmax of one score row in place: a[t] = exp(a[t] - max) / sum, the exps and their sum in
+ * position order. */
+static void softmax_row(float *a, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < n; t++)
+        if (a[t] > mx) mx = a[t];
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n; t++) {
+        a[t] = expf(a[t] - mx);
+        sum += a[t];
+    }
+    for (int64_t t = 0; t < n; t++) a[t] = a[t] / sum;
+}
+
+#define PV_ROWS  4
+#define PV_LANES 16
+
+/* Dimensions i0 .. i0 + lanes - 1 (lanes <= PV_LANES) of the outputs of nr <= PV_ROWS tokens at
+ * positions pos, pos + 1, ...: token k's output is the sum over positions 0 .. pos + k, in order,
+ * of p[k * row + t] * v[t] (p times the value's fp16 scale for an int8 pool), started from 0. */
+/* Value row t's dimensions i0 .. i0 + lanes - 1 as 16 floats (zero past lanes), and its fp16
+ * scale in *scale for an int8 pool. */
+static inline v16 value16(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t, int64_t i0,
+                          int64_t lanes, float *scale) {
+    const int64_t hd = c->hd, bs = c->block_size;
+    int32_t id = table[t / bs];
+    float vf[PV_LANES] = {0};
+    if (c->dtype == NL_KV_INT8) {
+        const int8_t *vc = nl_kvcache_codes_row(c, id, l, 1, t % bs) + kh * hd + i0;
+        for (int64_t j = 0; j < lanes; j++) vf[j] = (float)vc[j];
+        *scale = nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(c, id, l, 1, t % bs)[kh]);
+        return load16(vf);
+    }
+    const float *v = nl_kvcache_f32_row(c, id, l, 1, t % bs) + kh * hd + i0;
+    if (lanes == PV_LANES) return load16(v);
+    for (int64_t j = 0; j < lanes; j++) vf[j] = v[j];
+    return load16(vf);
+}
+
+static void pv_block(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, int nr, int64_t i0,
+                     int64_t lanes, const float *p, int64_t row, float *out, int64_t out_stride) {
+    const int int8 = c->dtype == NL_KV_INT8;
+    v16 acc[PV_ROWS] = {{0}};
+    float scale = 1.0f;
+    if (nr == 1) { /* a decode: one accumulator */
+        v16 a0 = {0};
+        for (int64_t t = 0; t <= pos; t++) {
+            const v16 v = value16(c, table, l, kh, t, i0, lanes, &scale);
+            a0 += (int8 ? p[t] * scale : p[t]) * v;
+        }
+        acc[0] = a0;
+    } else { /* positions 0 .. pos, which all nr tokens see: four accumulators in registers (the
+              * rows past nr read row 0's weights and are dropped) */
+        const float *p0 = p, *p1 = p + row, *p2 = p + (nr > 2 ? 2 : 0) * row, *p3 = p + (nr > 3 ? 3 : 0) * row;
+        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int64_t t = 0; t <= pos; t++) {
+            const v16 v = value16(c, table, l, kh, t, i0, lanes, &scale);
+            if (int8) {
+                a0 += (p0[t] * scale) * v;
+                a1 += (p1[t] * scale) * v;
+                a2 += (p2[t] * scale) * v;
+                a3 += (p3[t] * scale) * v;
+            } else {
+                a0 += p0[t] * v;
+                a1 += p1[t] * v;
+                a2 += p2[t] * v;
+                a3 += p3[t] * v;
+            }
+        }
+        acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+        for (int64_t t = pos + 1; t < pos + nr; t++) { /* the chunk's own positions: token k sees pos + k */
+            const v16 v = value16(c, table, l, kh, t, i0, lanes, &scale);
+            for (int k = (int)(t - pos); k < nr; k++) acc[k] += (int8 ? p[k * row + t] * scale : p[k * row + t]) * v;
+        }
+    }
+    for (int k = 0; k < nr; k++) {
+        float o[PV_LANES];
+        memcpy(o, &acc[k], sizeof o);
+        for (int64_t j = 0; j < lanes; j++) out[k * out_stride + j] = o[j];
+    }
+}
+
+/* The same arithmetic as the contiguous cache of src/model/infer.c (attend_fp32 / attend_int8),
+ * walking the block table: every score a sum over the head dimension in order, max-shifted exp,
+ * weighted sum over positions in order. The nq queries of a tile share each transposed key tile
+ * and each value row they read, which is what makes a prompt chunk's attention cheap; the
+ * arithmetic of each query is the same whatever tile it is in. */
+void nl_kvcache_attend_rows(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos0, int64_t nq,
+                            const float *q, int64_t q_stride, int64_t NH, int64_t h, float *out, int64_t out_stride,
+                            float *scratch) {
+    const int64_t KVH = c->KVH, hd = c->hd, kh = h / (NH / KVH);
+    const int64_t last = pos0 + nq - 1, n_pos = last + 1, row = n_pos + NL_KV_KTILE;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int int8 = c->dtype == NL_KV_INT8;
+    float *kt = scratch + nq * row, ks[NL_KV_KTILE];
+    /* scores: row r of the tile (position pos0 + r) needs positions 0..pos0 + r */
+    for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE) {
+        if (nq == 1) { /* one query: the keys are read once anyway, so no transposed copy */
+            direct_scores(c, table, l, kh, t0, last, q + h * hd, scale, scratch + t0);
+            continue;
+        }
+        key_tile(c, table, l, kh, t0, last, kt, ks);
+        for (int64_t r = t0 > pos0 ? t0 - pos0 : 0; r < nq; r++)
+            tile_scores(q + r * q_stride + h * hd, kt, ks, hd, scale, int8, scratch + r * row + t0);
+    }
+    for (int64_t r = 0; r < nq; r++) softmax_row(scratch + r * row, pos0 + r + 1);
+    /* weighted sum: 4 tokens and 16 dimensions at a time, in registers, each value row read once
+     * for the 4 tokens */
+    for (int64_t r0 = 0; r0 < nq; r0 += PV_ROWS)
+        for (int64_t i0 = 0; i0 < hd; i0 += PV_LANES)
+            pv_block(c, table, l, kh, pos0 + r0, nq - r0 < PV_ROWS ? (int)(nq - r0) : PV_ROWS, i0,
+                     hd - i0 < PV_LANES ? hd - i0 : PV_LANES, scratch + r0 * row, row, out + r0 * out_stride + i0,
+                     out_stride);
+}
+
+void nl_kvcache_attend_head(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos, const float *q,
+                            int64_t NH, int64_t h, float *out, float *scratch) {
+    nl_kvcache_attend_rows(c, table, l, pos, 1, q, 0, NH, h, out, 0, scratch);
 }
 
 size_t nl_kvcache_seq_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, int64_t n_tokens) {

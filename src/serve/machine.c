@@ -167,7 +167,7 @@ static void run_attention(void *p) {
     const int64_t pairs = c->rows * c->NH;
 #pragma omp parallel num_threads(c->threads)
     {
-        float *scratch = c->scratch + (int64_t)omp_get_thread_num() * (c->pos + 16);
+        float *scratch = c->scratch + (int64_t)omp_get_thread_num() * nl_kvcache_attend_scratch(1, c->pos + 1, c->hd);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t k = 0; k < pairs; k++) {
             int64_t i = k / c->NH, h = k % c->NH;
@@ -186,8 +186,10 @@ static nl_status attention_s(const nl_arch *a, const nl_machine_opts *o, int thr
     nl_kvcache kv;
     NL_TRY(nl_kvcache_init(&kv, 1, KVH, hd, NL_KV_FP32, bs, rows * nb));
     int32_t *table = nl_malloc((size_t)(rows * nb) * sizeof(int32_t), "attention probe table");
-    float *q = nl_malloc((size_t)(rows * NH * hd * 2 + (int64_t)threads * (pos + 16) + 2 * KVH * hd) * sizeof(float),
-                         "attention probe");
+    const int64_t scratch_floats = nl_kvcache_attend_scratch(1, pos + 1, hd);
+    float *q =
+        nl_malloc((size_t)(rows * NH * hd * 2 + (int64_t)threads * scratch_floats + 2 * KVH * hd) * sizeof(float),
+                  "attention probe");
     if (!q || !table) {
         nl_free(q);
         nl_free(table);
@@ -195,7 +197,8 @@ static nl_status attention_s(const nl_arch *a, const nl_machine_opts *o, int thr
         return NL_ERR_NOMEM;
     }
     for (int64_t b = 0; b < rows * nb; b++) table[b] = nl_kvcache_alloc(&kv);
-    float *out_h = q + rows * NH * hd, *scratch = out_h + rows * NH * hd, *k = scratch + (int64_t)threads * (pos + 16);
+    float *out_h = q + rows * NH * hd, *scratch = out_h + rows * NH * hd,
+          *k = scratch + (int64_t)threads * scratch_floats;
     nl_rng g;
     nl_rng_seed(&g, 4);
     for (int64_t i = 0; i < rows * NH * hd; i++) q[i] = nl_rng_float(&g) - 0.5f;
