@@ -1,6 +1,8 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,25 +169,30 @@ int tu_spawn_cli(const tu_run_opts *o, const char *const *argv, tu_proc *p) {
         args[k++] = argv[i];
     }
     args[k] = NULL;
-    int fds[2];
-    if (pipe(fds)) return -1;
+    int fds[2] = {-1, -1};
+    if (!o->no_output && pipe(fds)) return -1;
+    fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) {
-        close(fds[0]);
-        close(fds[1]);
+        if (!o->no_output) close(fds[0]), close(fds[1]);
         return -1;
     }
     if (pid == 0) {
-        dup2(fds[1], 1);
-        if (!o->stdout_only) dup2(fds[1], 2);
-        close(fds[0]);
-        close(fds[1]);
+        int to = o->no_output ? open("/dev/null", O_WRONLY) : fds[1];
+        if (to >= 0) {
+            dup2(to, 1);
+            if (!o->stdout_only) dup2(to, 2);
+            close(to);
+        }
+        if (fds[0] >= 0) close(fds[0]);
         if (o->one_thread) setenv("OMP_NUM_THREADS", "1", 1);
         execvp(args[0], (char *const *)args);
         _exit(127);
     }
-    close(fds[1]);
     p->pid = (int)pid;
+    p->out = NULL;
+    if (o->no_output) return 0;
+    close(fds[1]);
     p->out = fdopen(fds[0], "r");
     if (!p->out) {
         close(fds[0]);
@@ -199,21 +206,23 @@ int tu_spawn_cli(const tu_run_opts *o, const char *const *argv, tu_proc *p) {
 int tu_wait_for_output(tu_proc *p, const char *needle, int n) {
     char line[512];
     int seen = 0;
-    while (seen < n && fgets(line, sizeof line, p->out))
+    while (p->out && seen < n && fgets(line, sizeof line, p->out))
         if (strstr(line, needle)) seen++;
     return seen;
 }
 
 int tu_proc_finish(tu_proc *p, char **rest) {
-    char *buf = read_all(p->out);
-    fclose(p->out);
+    char *buf = p->out ? read_all(p->out) : NULL;
+    if (p->out) fclose(p->out);
     p->out = NULL;
     if (rest)
         *rest = buf;
     else
         free(buf);
     int status = 0;
-    if (waitpid((pid_t)p->pid, &status, 0) != (pid_t)p->pid) return -1;
+    pid_t w;
+    while ((w = waitpid((pid_t)p->pid, &status, 0)) < 0 && errno == EINTR) {}
+    if (w != (pid_t)p->pid) return -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
 }
 
