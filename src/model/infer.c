@@ -7,6 +7,7 @@
 
 #include "nanolm/formats.h"
 #include "nanolm/model.h"
+#include "vexp.h"
 
 nl_status nl_model_alloc_kv(nl_model *m) { return nl_model_alloc_kv_dtype(m, NL_KV_FP32); }
 
@@ -74,13 +75,12 @@ void nl_kv_quantize_token(int8_t *codes, uint16_t *scales, const float *x, int64
     }
 }
 
-/* a[t] = exp(a[t] - mx) for t < n (the softmax numerators of one score row); returns their sum. */
+/* a[t] = exp(a[t] - mx) for t < n (the softmax numerators of one score row, nl_vexpf's exps, which
+ * vectorize); returns their sum, taken in position order. */
 static float exp_shifted(float *a, int64_t n, float mx) {
+    for (int64_t t = 0; t < n; t++) a[t] = nl_vexpf(a[t] - mx);
     float sum = 0.0f;
-    for (int64_t t = 0; t < n; t++) {
-        a[t] = expf(a[t] - mx);
-        sum += a[t];
-    }
+    for (int64_t t = 0; t < n; t++) sum += a[t];
     return sum;
 }
 

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "nanolm/formats.h"
+#include "model/vexp.h"
 #include "nanolm/kvcache.h"
 
 size_t nl_kvcache_block_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, int64_t block_size) {
@@ -160,17 +161,15 @@ static void direct_scores(const nl_kvcache *c, const int32_t *table, int64_t l, 
     for (int64_t j = 0; j < n; j++) a[j] = sc[j] * scale;
 }
 
-/* Softmax of one score row in place: a[t] = exp(a[t] - max) / sum, the exps and their sum in
- * position order. */
+/* Softmax of one score row in place: a[t] = exp(a[t] - max) / sum, the sum in position order.
+ * The exps are nl_vexpf's (vectorized; the same function as nl_model_step's attention). */
 static void softmax_row(float *a, int64_t n) {
     float mx = -INFINITY;
     for (int64_t t = 0; t < n; t++)
         if (a[t] > mx) mx = a[t];
+    for (int64_t t = 0; t < n; t++) a[t] = nl_vexpf(a[t] - mx);
     float sum = 0.0f;
-    for (int64_t t = 0; t < n; t++) {
-        a[t] = expf(a[t] - mx);
-        sum += a[t];
-    }
+    for (int64_t t = 0; t < n; t++) sum += a[t];
     for (int64_t t = 0; t < n; t++) a[t] = a[t] / sum;
 }
 

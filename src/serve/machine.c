@@ -158,18 +158,26 @@ typedef struct attn_ctx {
     int64_t rows, pos, NH, hd, nb;
     int shared; /* 1: every row reads row 0's sequence (a prompt chunk) */
     float *q, *out, *scratch;
+    int64_t scratch_floats; /* per thread */
     int threads;
 } attn_ctx;
 
-/* The engine's attention loop (engine.c forward_rows): (row, head) pairs over the threads. */
+/* The engine's attention loop (engine.c forward_rows): (row, head) pairs over the threads, or for
+ * a prompt chunk (shared) (tile, head) pairs: the rows are one tile of positions pos - rows + 1 ..
+ * pos of row 0's sequence. */
 static void run_attention(void *p) {
     attn_ctx *c = p;
-    const int64_t pairs = c->rows * c->NH;
+    const int64_t pairs = (c->shared ? 1 : c->rows) * c->NH, qkv = c->NH * c->hd;
 #pragma omp parallel num_threads(c->threads)
     {
-        float *scratch = c->scratch + (int64_t)omp_get_thread_num() * nl_kvcache_attend_scratch(1, c->pos + 1, c->hd);
+        float *scratch = c->scratch + (int64_t)omp_get_thread_num() * c->scratch_floats;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t k = 0; k < pairs; k++) {
+            if (c->shared) {
+                nl_kvcache_attend_rows(c->kv, c->table, 0, c->pos - c->rows + 1, c->rows, c->q, qkv, c->NH, k,
+                                       c->out + k * c->hd, qkv, scratch);
+                continue;
+            }
             int64_t i = k / c->NH, h = k % c->NH;
             nl_kvcache_attend_head(c->kv, c->table + (c->shared ? 0 : i) * c->nb, 0, c->pos, c->q + i * c->NH * c->hd,
                                    c->NH, h, c->out + i * c->NH * c->hd + h * c->hd, scratch);
@@ -186,7 +194,7 @@ static nl_status attention_s(const nl_arch *a, const nl_machine_opts *o, int thr
     nl_kvcache kv;
     NL_TRY(nl_kvcache_init(&kv, 1, KVH, hd, NL_KV_FP32, bs, rows * nb));
     int32_t *table = nl_malloc((size_t)(rows * nb) * sizeof(int32_t), "attention probe table");
-    const int64_t scratch_floats = nl_kvcache_attend_scratch(1, pos + 1, hd);
+    const int64_t scratch_floats = nl_kvcache_attend_scratch(shared ? rows : 1, pos + 1, hd);
     float *q =
         nl_malloc((size_t)(rows * NH * hd * 2 + (int64_t)threads * scratch_floats + 2 * KVH * hd) * sizeof(float),
                   "attention probe");
@@ -207,7 +215,7 @@ static nl_status attention_s(const nl_arch *a, const nl_machine_opts *o, int thr
             for (int64_t j = 0; j < 2 * KVH * hd; j++) k[j] = nl_rng_float(&g) - 0.5f;
             nl_kvcache_store(&kv, table + i * nb, 0, t, k, k + KVH * hd);
         }
-    attn_ctx c = {&kv, table, rows, pos, NH, hd, nb, shared, q, out_h, scratch, threads};
+    attn_ctx c = {&kv, table, rows, pos, NH, hd, nb, shared, q, out_h, scratch, scratch_floats, threads};
     *out = time_calls(run_attention, &c, o) / (double)(rows * NH);
     nl_free(q);
     nl_free(table);
@@ -227,7 +235,7 @@ static nl_status measure_attention(const nl_arch *a, const nl_machine_opts *o, i
     r->attn_flops = flops_per_pos / slope;
     double fixed = t0 - slope * (double)(p0 + 1);
     r->attn_call_s = fixed > 0 ? fixed : 0;
-    double th = 0; /* the tokens of a chunk share one sequence's K/V, in cache after the first */
+    double th = 0; /* the tokens of a chunk attend as one tile over one sequence's K/V */
     NL_TRY(attention_s(a, o, threads, 255, 1, &th));
     double per = th - r->attn_call_s;
     r->attn_flops_chunk = per > 0 ? flops_per_pos * 256 / per : r->attn_flops;
