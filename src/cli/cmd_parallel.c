@@ -498,7 +498,8 @@ typedef struct par_run {
     nl_pipe pl;
     nl_trainer tn;
     step_probe probe;
-    double *rows, *ev; /* (P, NK) per-rank rows; with --pp --svg (P, 2M, 4) timeline events */
+    nl_train_layout hooks; /* the probe's hooks: the trainer keeps a pointer to them */
+    double *rows, *ev;     /* (P, NK) per-rank rows; with --pp --svg (P, 2M, 4) timeline events */
 } par_run;
 
 /* The layout, the data, the engine wrapped by the probe and the trainer (resumed when asked).
@@ -523,14 +524,15 @@ static int run_setup(par_cli *A, const nl_arch *arch, par_run *x) {
     }
     p->rank = x->R, p->fault_rank = A->fault_rank, p->fault_step = A->fault_step, p->fault_how = A->fault_how;
     p->json = A->json;
-    nl_train_layout hooks = p->inner;
-    hooks.user = p;
-    hooks.grads = probe_grads, hooks.sumsq = probe_sumsq, hooks.scale = probe_scale, hooks.update = probe_update;
-    hooks.eval = p->inner.eval ? probe_eval : NULL;
-    hooks.save = p->inner.save ? probe_save : NULL;
-    hooks.load = p->inner.load ? probe_load : NULL;
-    hooks.agree_stop = p->inner.agree_stop ? probe_agree_stop : NULL;
-    if (nl_trainer_init_layout(&x->tn, tr, &hooks))
+    nl_train_layout *h = &x->hooks;
+    *h = p->inner;
+    h->user = p;
+    h->grads = probe_grads, h->sumsq = probe_sumsq, h->scale = probe_scale, h->update = probe_update;
+    h->eval = p->inner.eval ? probe_eval : NULL;
+    h->save = p->inner.save ? probe_save : NULL;
+    h->load = p->inner.load ? probe_load : NULL;
+    h->agree_stop = p->inner.agree_stop ? probe_agree_stop : NULL;
+    if (nl_trainer_init_layout(&x->tn, tr, h))
         return nl_cli_fail(tr->resume ? "parallel train: --resume" : "parallel train");
     x->rows = calloc((size_t)x->P * NK, sizeof(double));
     if (!x->rows) return nl_cli_fail("parallel train: out of memory");
