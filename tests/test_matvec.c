@@ -155,12 +155,41 @@ static void test_batch_invariance(void **state) {
                 assert_int_equal(nl_mv_forward(&wt, x + m * K, 1, y1, (int)(1 + m % 2)), NL_OK);
                 assert_memory_equal(y1, yb + m * N, (size_t)N * 4);
             }
-            /* a sub-batch of 5 starting at token 3 */
-            float y5[5 * 131];
-            assert_int_equal(nl_mv_forward(&wt, x + 3 * K, 5, y5, 1), NL_OK);
-            assert_memory_equal(y5, yb + 3 * N, sizeof y5);
+            /* sub-batches starting at token 3: every register tile width (2 and 3 rows of tokens
+             * take the M < 4 path, 8 two 4-token tiles, 13 tiles of 5 and 4, 5 one tile) */
+            static const int64_t sub[] = {2, 3, 5, 8, 13};
+            float ys[13 * 131];
+            for (size_t j = 0; j < sizeof sub / sizeof sub[0]; j++) {
+                assert_int_equal(nl_mv_forward(&wt, x + 3 * K, sub[j], ys, 1), NL_OK);
+                assert_memory_equal(ys, yb + 3 * N, (size_t)(sub[j] * N) * 4);
+            }
             nl_mv_weight_free(&wt);
         }
+    free(w);
+    free(x);
+    free(yb);
+    free(y1);
+}
+
+/* More tokens than one cache tile (64) and a prefill-sized M: the same bits as one token at a
+ * time, for every format on the fastest path. */
+static void test_batch_invariance_large_m(void **state) {
+    (void)state;
+    const int64_t M = 70, N = 36, K = 160;
+    float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
+    float *yb = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)N * 4);
+    fill(w, (size_t)(N * K), 5);
+    fill(x, (size_t)(M * K), 6);
+    for (int f = NL_WFMT_FP32; f < NL_WFMT_COUNT; f++) {
+        nl_mv_weight wt;
+        assert_int_equal(nl_mv_weight_init(&wt, (nl_wfmt)f, w, N, K, 0), NL_OK);
+        assert_int_equal(nl_mv_forward(&wt, x, M, yb, 2), NL_OK);
+        for (int64_t m = 0; m < M; m++) {
+            assert_int_equal(nl_mv_forward(&wt, x + m * K, 1, y1, 1), NL_OK);
+            assert_memory_equal(y1, yb + m * N, (size_t)N * 4);
+        }
+        nl_mv_weight_free(&wt);
+    }
     free(w);
     free(x);
     free(yb);
@@ -193,6 +222,7 @@ int main(void) {
         cmocka_unit_test(test_int8_against_reference),
         cmocka_unit_test(test_int8_matches_qlinear_and_ranges),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_batch_invariance_large_m),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -196,10 +196,126 @@ static void test_budget_bugs(void **state) {
     free(out);
 }
 
+/* The text of the option group titled `title` in the --help of `cmd`: from its heading to the
+ * blank line after it (malloc'd). */
+static char *help_group(const char *cmd, const char *title) {
+    char args[128], head[96], *out = NULL;
+    snprintf(args, sizeof args, "%s --help", cmd);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    snprintf(head, sizeof head, "\n%s:\n", title);
+    const char *p = strstr(out, head);
+    if (!p) fail_msg("nanolm %s has no group '%s'", args, title);
+    const char *end = strstr(p + 1, "\n\n");
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char *g = malloc(n + 1);
+    assert_non_null(g);
+    memcpy(g, p, n);
+    g[n] = 0;
+    free(out);
+    return g;
+}
+
+/* The planner's option groups are declared once (src/cli/plan_opts.c): every command that takes
+ * them shows the same lines, so one spelling and one meaning per option. */
+static void test_planner_option_groups(void **state) {
+    (void)state;
+    static const char *model_cmds[] = {"plan train", "plan layer", "plan serve"};
+    char *model = help_group("budget", "model"), *hw = help_group("budget", "hardware");
+    char *assume = help_group("plan train", "assumptions (docs/planning.md)");
+    assert_non_null(strstr(model, "--model-file"));
+    assert_non_null(strstr(hw, "--recipe"));
+    assert_non_null(strstr(assume, "--gemm-eff"));
+    assert_non_null(strstr(assume, "--napkin"));
+    for (int i = 0; i < 3; i++) {
+        char *m = help_group(model_cmds[i], "model"), *h = help_group(model_cmds[i], "hardware");
+        char *a = help_group(model_cmds[i], "assumptions (docs/planning.md)");
+        assert_string_equal(m, model);
+        assert_string_equal(h, hw);
+        assert_string_equal(a, assume);
+        free(m);
+        free(h);
+        free(a);
+    }
+    free(model);
+    free(hw);
+    free(assume);
+}
+
+/* The number of microbatches is --microbatches everywhere; --micro, the old spelling that the
+ * README uses, gives the same result. */
+static void test_microbatches_spelling(void **state) {
+    (void)state;
+    static const struct {
+        const char *args, *expect;
+    } c[] = {{"budget --model llama-3-8b --gpus 16 --pp 4 --%s 6", "Pipeline of 4 stages, 6 microbatches"},
+             {"plan layer --model llama-2-7b --dp 4 --pp 2 --%s 4", "4 microbatch(es) per step"},
+             {"plan pipeline --stages 4 --%s 8", "4 stages, 8 microbatches"}};
+    for (int i = 0; i < 3; i++) {
+        char a1[160], a2[160], *o1 = NULL, *o2 = NULL;
+        snprintf(a1, sizeof a1, c[i].args, "microbatches");
+        snprintf(a2, sizeof a2, c[i].args, "micro");
+        assert_int_equal(tu_run_cli(a1, &o1), 0);
+        assert_int_equal(tu_run_cli(a2, &o2), 0);
+        if (!strstr(o1, c[i].expect)) fail_msg("nanolm %s: no '%s' in:\n%s", a1, c[i].expect, o1);
+        assert_string_equal(o1, o2);
+        free(o1);
+        free(o2);
+    }
+}
+
+/* The assumptions group reaches the cost model: --napkin is --mfu 0.4 --link-eff 1 --latency-us 0
+ * (plan layer prints no timing of its own, so the two outputs must match byte for byte), and
+ * --hw may be given more than once, each file adding its GPU. */
+static void test_planner_options_take_effect(void **state) {
+    (void)state;
+    char *o1 = NULL, *o2 = NULL, *o3 = NULL;
+    assert_int_equal(tu_run_cli("plan layer --model llama-2-7b --dp 8 --zero 3 --napkin", &o1), 0);
+    assert_int_equal(
+        tu_run_cli("plan layer --model llama-2-7b --dp 8 --zero 3 --mfu 0.4 --link-eff 1 --latency-us 0", &o2), 0);
+    assert_int_equal(tu_run_cli("plan layer --model llama-2-7b --dp 8 --zero 3", &o3), 0);
+    assert_string_equal(o1, o2);
+    assert_string_not_equal(o1, o3);
+    assert_non_null(strstr(o1, "latency 0 us"));
+    free(o1);
+    free(o2);
+    free(o3);
+    char *dir = tu_tmpdir(), a[300], b[300], args[700], *out = NULL;
+    snprintf(a, sizeof a, "%s/a.json", dir);
+    snprintf(b, sizeof b, "%s/b.json", dir);
+    const char *body[] = {"{\"name\": \"gpu-a\", \"base\": \"h100\"}", "{\"name\": \"gpu-b\", \"base\": \"a100\"}"};
+    const char *path[] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(path[i], "w");
+        assert_non_null(f);
+        fputs(body[i], f);
+        fclose(f);
+    }
+    snprintf(args, sizeof args, "plan catalog --hw %s --hw %s", a, b);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, "gpu-a"));
+    assert_non_null(strstr(out, "gpu-b"));
+    free(out);
+    snprintf(args, sizeof args, "budget --params 7B --hw %s --hw %s --gpu gpu-b", a, b);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, "against gpu-b's"));
+    free(out);
+    assert_int_equal(tu_run_cli("plan train --model llama-2-7b --gpus 8 --gemm-eff 2", &out), 2);
+    assert_non_null(strstr(out, "--gemm-eff"));
+    free(out);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_course_zero), cmocka_unit_test(test_course_384gib), cmocka_unit_test(test_course_moe),
-        cmocka_unit_test(test_cli),         cmocka_unit_test(test_budget_bugs),
+        cmocka_unit_test(test_course_zero),
+        cmocka_unit_test(test_course_384gib),
+        cmocka_unit_test(test_course_moe),
+        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_budget_bugs),
+        cmocka_unit_test(test_planner_option_groups),
+        cmocka_unit_test(test_microbatches_spelling),
+        cmocka_unit_test(test_planner_options_take_effect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,6 +23,8 @@ static void napkin_req(nl_train_req *q, const char *model, double params) {
     q->eff.fixed_mfu = 0.4;
     q->hw.intra_eff = q->hw.inter_eff = 1;
     q->hw.latency_s = 0;
+    q->hw.nvls_eff = 0;      /* the course prices ring algorithms */
+    q->hw.nics_per_node = 0; /* and one network link per GPU */
     q->params_override = params;
     q->tokens = 1e12;
 }
@@ -398,8 +400,96 @@ static void test_cli_bugs(void **state) {
     free(out);
 }
 
+/* Collective topology. NVLink SHARP: an all-reduce inside an H100 node reduces in the switch, S each way at 0.603 of
+ * 450 GB/s (catalog.c: from the 8 x H200 nccl-tests figure, 475 GB/s busbw). nccl-tests' busbw
+ * of an 8 GiB all-reduce on 8 H100 is then 2 x 7/8 x 450 x 0.603 = 474.9 GB/s (the NCCL
+ * maintainers' figure for H100, nccl-tests issue #212: ~480); the ring gives 2 x 7/8 x 360 / 1.75
+ * = 360. On 2 GPUs the ring is faster and is kept; across nodes and on A100 there is no NVLS. */
+static void test_nvls(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_hw h100, a100;
+    assert_int_equal(nl_catalog_find_hw(&cat, "h100", &h100), NL_OK);
+    assert_int_equal(nl_catalog_find_hw(&cat, "a100", &a100), NL_OK);
+    double S = 8.0 * 1024 * 1024 * 1024;
+    double t = nl_plan_coll_time(&h100, NL_ALL_REDUCE, 8, S, 0);
+    ROUNDS_TO(nl_plan_coll_bytes(NL_ALL_REDUCE, 8, S) / t / 1e9, 474.7, 0.2); /* with the 10 us latency */
+    nl_hw ring = h100;
+    ring.nvls_eff = 0;
+    double tr = nl_plan_coll_time(&ring, NL_ALL_REDUCE, 8, S, 0);
+    ROUNDS_TO(nl_plan_coll_bytes(NL_ALL_REDUCE, 8, S) / tr / 1e9, 359.9, 0.2);
+    /* p = 2: the ring moves S/2 each way at 360 GB/s, NVLS S at 271: the ring. */
+    assert_true(nl_plan_coll_time(&h100, NL_ALL_REDUCE, 2, S, 0) == nl_plan_coll_time(&ring, NL_ALL_REDUCE, 2, S, 0));
+    /* Across nodes, and for gathers, nothing changes. */
+    assert_true(nl_plan_coll_time(&h100, NL_ALL_REDUCE, 16, S, 1) == nl_plan_coll_time(&ring, NL_ALL_REDUCE, 16, S, 1));
+    assert_true(nl_plan_coll_time(&h100, NL_ALL_GATHER, 8, S, 0) == nl_plan_coll_time(&ring, NL_ALL_GATHER, 8, S, 0));
+    assert_true(a100.nvls_eff == 0);
+    /* Across nodes a ring spreads over the NICs of its members in each node: 32 consecutive
+     * H100 (8 per node, 8 x 400 Gb/s NICs) reach 8 x 50 x 0.8 = 320 GB/s busbw (NCCL issue
+     * #1221 measures ~320); a data-parallel group next to tp 8 has one member per node and gets
+     * one NIC, 40 GB/s; with 2 members, 80. */
+    double wire = nl_plan_coll_bytes(NL_ALL_REDUCE, 32, S);
+    ROUNDS_TO(wire / nl_plan_coll_time(&h100, NL_ALL_REDUCE, 32, S, 8) / 1e9, 320, 1);
+    ROUNDS_TO(wire / nl_plan_coll_time(&h100, NL_ALL_REDUCE, 32, S, 1) / 1e9, 40, 1);
+    ROUNDS_TO(wire / nl_plan_coll_time(&h100, NL_ALL_REDUCE, 32, S, 2) / 1e9, 80, 1);
+    /* All-to-alls and point-to-point sends keep the GPU's own link; a node without described
+     * NICs keeps one GPU's share. */
+    assert_true(nl_plan_coll_time(&h100, NL_ALL_TO_ALL, 32, S, 8) == nl_plan_coll_time(&h100, NL_ALL_TO_ALL, 32, S, 1));
+    nl_hw bare = h100;
+    bare.nics_per_node = 0;
+    assert_true(nl_plan_coll_time(&bare, NL_ALL_REDUCE, 32, S, 8) == nl_plan_coll_time(&h100, NL_ALL_REDUCE, 32, S, 1));
+    /* A GPU file may give it (and is held to <= 1). */
+    char *dir = tu_tmpdir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/hw.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"name\": \"x100\", \"base\": \"a100\", \"nvls_eff\": 0.5}", f);
+    fclose(f);
+    assert_int_equal(nl_catalog_load_hw(&cat, path), NL_OK);
+    nl_hw x;
+    assert_int_equal(nl_catalog_find_hw(&cat, "x100", &x), NL_OK);
+    assert_true(x.nvls_eff == 0.5);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"name\": \"y100\", \"nvls_eff\": 1.5}", f);
+    fclose(f);
+    assert_int_not_equal(nl_catalog_load_hw(&cat, path), NL_OK);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+/* A run with the Triton FlashAttention kernel pays NL_ATTN_TRITON_SLOWDOWN on its attention
+ * core only: slower than flash, by less than the factor on the whole step. */
+static void test_attn_triton(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_train_req q;
+    memset(&q, 0, sizeof q);
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-2-7b", &q.arch), NL_OK);
+    assert_int_equal(nl_catalog_find_hw(&cat, "h100", &q.hw), NL_OK);
+    assert_int_equal(nl_plan_recipe("bf16", &q.recipe), NL_OK);
+    nl_eff_default(&q.eff);
+    q.gpus = 8;
+    q.seq = 8192;
+    q.global_batch = 64;
+    q.tokens = 1e12;
+    nl_layout L = {8, 1, 1, 1, 1, NL_ZERO_3, 1, 8, 1, NL_RECOMPUTE_FULL, 0};
+    nl_train_eval a, b;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &a), NL_OK);
+    q.attn_triton = 1;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &b), NL_OK);
+    assert_true(b.t_compute > a.t_compute * 1.02);
+    assert_true(b.t_compute < a.t_compute * NL_ATTN_TRITON_SLOWDOWN);
+    assert_true(b.mem_total == a.mem_total);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attn_triton),
+        cmocka_unit_test(test_nvls),
         cmocka_unit_test(test_course_fsdp_one_node),
         cmocka_unit_test(test_course_fsdp_64_nodes),
         cmocka_unit_test(test_course_moe_all_to_all),

@@ -38,22 +38,26 @@ static void test_set_shape(void **state) {
     nl_plan_validate_free(&r);
 }
 
-/* The targets on the whole set, one set of defaults for every case. Met: memory cases whose
- * accounting the source spells out within 3%, serving median <= 10%, every published layout
- * fitting. Not met yet (docs/planning.md gives the figures): training throughput median <= 5%
- * and every case <= 15%; those are guarded here at the level reached so that a change that
- * makes the planner worse against published runs fails. */
+/* The targets on the whole set, one set of defaults for every case. Met: training throughput
+ * median <= 5%, memory cases whose accounting the source spells out within 3%, serving median
+ * <= 10%, every published layout fitting. Not met yet (docs/planning.md gives the figures):
+ * every training case <= 15%; that one is guarded here at the level reached so that a change
+ * that makes the planner worse against published runs fails. */
 static void test_targets(void **state) {
     (void)state;
     nl_valid_result r;
     assert_int_equal(nl_plan_validate(&cat, tu_src_path("tests/validation/published.json"), &r), NL_OK);
-    const nl_valid_group *m = group(&r, "memory"), *t = group(&r, "train"), *s = group(&r, "serve");
+    const nl_valid_group *m = group(&r, "memory"), *t = group(&r, "train"), *s = group(&r, "serve"),
+                         *c = group(&r, "collective");
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
-    assert_true(t->median_abs <= 0.07); /* target 0.05 */
-    assert_true(t->worst_abs <= 0.35);  /* target 0.15 */
+    assert_true(t->median_abs <= 0.05); /* the target; reached 4.2% */
+    assert_true(t->worst_abs <= 0.28);  /* target 0.15, not met: reached 27.5% (FP8 MPT-3B) */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);
+    /* nccl-tests bus bandwidth, NVLink SHARP included (the H100 NVLS all-reduce was -25% as a
+     * ring). */
+    assert_true(c->worst_abs <= 0.05);
     nl_plan_validate_free(&r);
 }
 
@@ -98,8 +102,15 @@ static void test_bad_files(void **state) {
         "\"published\": 1, \"layout\": {}}]",
         "[{\"id\": \"x\", \"group\": \"train\", \"source\": \"a paper, Table 1\", \"model\": \"no-such-model\", "
         "\"metric\": \"mfu\", \"published\": 40}]",
+        "[{\"id\": \"x\", \"group\": \"collective\", \"source\": \"a paper, Table 1\", \"model\": \"-\", "
+        "\"gpu\": \"h100\", \"gpus\": 8, \"collective\": \"all-reduce\", \"algo\": \"tree\", \"bytes\": 1e9, "
+        "\"metric\": \"busbw_gbs\", \"published\": 400}]",
+        "[{\"id\": \"x\", \"group\": \"train\", \"source\": \"a paper, Table 1\", \"model\": \"llama-2-7b\", "
+        "\"gpu\": \"h100\", \"gpus\": 8, \"layout\": {\"dp\": 8}, \"global_batch\": 8, \"seq\": 4096, "
+        "\"attention\": \"sdpa\", \"metric\": \"mfu\", \"published\": 40}]",
     };
-    static const char *want[] = {"JSON array", "source", "unknown memory metric", "unknown model"};
+    static const char *want[] = {"JSON array",    "source",       "unknown memory metric",
+                                 "unknown model", "algo must be", "attention must be"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(path, sizeof path, "%s/bad%zu.json", dir, i);
         FILE *f = fopen(path, "w");

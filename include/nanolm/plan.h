@@ -34,6 +34,8 @@ typedef struct nl_hw {
     double gemm_eff;       /* fraction of peak a large GEMM reaches in a training stack */
     int64_t nics_per_node; /* scale-out NICs in one node (0: not described) */
     double nic_bw;         /* one NIC, one direction, bytes/s; inter_bw = nics x nic_bw / GPUs */
+    double nvls_eff;       /* NVLink SHARP all-reduce: fraction of intra_bw at which each GPU sends and
+                              receives the whole array through the switch; 0 = no NVLS */
 } nl_hw;
 
 /* A model entry: its shape plus where the numbers come from. */
@@ -189,7 +191,9 @@ typedef nl_comm_op nl_coll;
  * `bytes` for a point-to-point send. */
 double nl_plan_coll_bytes(nl_coll c, int64_t p, double bytes);
 /* Time: latency + wire bytes / (bandwidth * efficiency) with the bandwidth of the slowest link
- * the group spans: `spans_nodes` picks inter_bw. */
+ * the group spans. `spans_nodes`: 0 for a group inside one node (NVLink; all-reduces may use
+ * NVLink SHARP), else the number of the group's members in each node (>= 1): rings then use
+ * that many NICs' share of the node's network (plan_comm.c). */
 double nl_plan_coll_time(const nl_hw *hw, nl_coll c, int64_t p, double bytes, int spans_nodes);
 
 /* ---- efficiency assumptions of the time model -------------------------------------------- */
@@ -208,6 +212,12 @@ typedef struct nl_eff {
 } nl_eff;
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
+/* The Triton FlashAttention kernel (flash_attn_triton, the one with ALiBi biases that
+ * llm-foundry's MPT benchmarks ran: MPT's ALiBi needs attn_impl torch or triton, and its
+ * benchmark script defaults to triton) against FlashAttention-2, which `attn`
+ * describes: Dao 2023 ("FlashAttention-2", sec. 4.1) measures FlashAttention-2 1.3-2.5x faster
+ * than FlashAttention in Triton; the low end of that range. */
+#define NL_ATTN_TRITON_SLOWDOWN 1.3
 
 /* How much of the large-GEMM rate a GEMM dimension of size x fills: x / (x + 128) (128: the
  * tile edge of cuBLAS/CUTLASS kernels on A100/H100). A GEMM M x N x K runs at
@@ -237,6 +247,7 @@ typedef struct nl_train_req {
     nl_family fam; /* zero = llama */
     nl_sched schedule;
     int attn_materialized; /* the run materialises the s x s scores (no flash attention) */
+    int attn_triton;       /* flash attention by the Triton kernel: NL_ATTN_TRITON_SLOWDOWN x slower */
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;
@@ -315,7 +326,7 @@ typedef struct nl_layer_plan {
     int n;
     double per_layer_fwd_s, per_layer_bwd_s, per_step_s; /* communication sums */
     double compute_step_s;                               /* compute for the step at the request's efficiency */
-    double ddp_step_s; /* the same model under plain DDP (all-reduce), for comparison */
+    double ddp_step_s; /* the same model under plain DDP (a ring all-reduce), for comparison */
 } nl_layer_plan;
 /* Lists every collective one transformer layer issues under `L` (with tokens_per_gpu tokens per
  * GPU per step in one microbatch) and the data-parallel/ZeRO collectives per step. */

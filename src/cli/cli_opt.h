@@ -83,6 +83,13 @@ typedef struct nl_opt {
     { (n), NL_OPT_T_CHOICE, (d), 0, 0, (c), NULL, (h), NULL, NULL }
 #define NL_NOPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
+/* The option o with its old spellings (','-separated, without "--") still accepted:
+ * nl_opt_aliased((nl_opt)NL_OPT_INT("microbatches", &m, 1, 256, "M", "..."), "micro"). */
+static inline nl_opt nl_opt_aliased(nl_opt o, const char *aliases) {
+    o.aliases = aliases;
+    return o;
+}
+
 typedef struct nl_optgroup {
     const char *title; /* heading in --help ("training", "parallel layout"); NULL: "options" */
     nl_opt *opts;

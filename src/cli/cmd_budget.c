@@ -4,336 +4,347 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_opt.h"
 #include "nanolm/plan.h"
 #include "plan_opts.h"
+#include "report.h"
 
-static void usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: nanolm budget (--model M|FILE.json | --params N) [--recipe bf16] [--gpus N] [--tp T] [--pp P]\n"
-        "                     [--ep E] [--zero 0|1|2|3|hsdp] [--batch B] [--seq S] [--recompute none|selective|full]\n"
-        "                     [--sp] [--no-flash] [--micro M] [--gpu G] [--hw FILE.json] [--model-file FILE.json]\n"
-        "                     [--svg FILE] [--json]\n\n"
-        "Training state per GPU for every ZeRO stage (or the one given), the parameters one GPU\n"
-        "holds under tp/pp/ep, and with --model the activations kept for backward, term by term\n"
-        "(Korthikanti et al. 2022 adapted to RMSNorm, GQA, SwiGLU), for --batch sequences of --seq\n"
-        "tokens, beside Korthikanti's published formula and recomputation. Recipes: fp32, bf16, fp8,\n"
-        "fp8-ds3. GB = 1e9 bytes, GiB = 2^30.\n");
+/* The command line: the shared model and hardware groups, then the layout and the batch. */
+typedef struct budget_args {
+    nl_plan_args pa;
+    int64_t gpus, tp, pp, ep, batch, seq, micro;
+    const char *zero, *recompute, *svg;
+    int sp, no_flash, json;
+} budget_args;
+
+/* What the command computes before writing anything. */
+typedef struct budget {
+    nl_recipe rec;
+    nl_hw hw;
+    nl_arch a; /* zero without --model */
+    int has_model, zero, recompute;
+    double total, nonemb, active, expert; /* parameters (scaled to --params with --model) */
+    double per_gpu, per_gpu_ne;           /* parameters one GPU holds under tp/pp/ep */
+    int64_t dp, shard;                    /* data-parallel degree; hsdp shard group */
+} budget;
+
+static int parse_args(budget_args *b, int argc, char **argv) {
+    memset(b, 0, sizeof *b);
+    nl_plan_args_init(&b->pa);
+    b->gpus = b->tp = b->pp = b->ep = b->batch = 1;
+    nl_opt model[3], hw[3];
+    nl_plan_model_opts(model, &b->pa);
+    nl_plan_hw_opts(hw, &b->pa, 1);
+    nl_opt layout[] = {
+        NL_OPT_INT("gpus", &b->gpus, 1, 1 << 24, "N", "GPUs in all (default 1)"),
+        NL_OPT_INT("tp", &b->tp, 1, 1024, "T", "tensor-parallel degree (default 1)"),
+        NL_OPT_INT("pp", &b->pp, 1, 1024, "P", "pipeline stages (default 1)"),
+        NL_OPT_INT("ep", &b->ep, 1, 4096, "E", "expert-parallel degree; needs a --model with experts (default 1)"),
+        NL_OPT_STR("zero", &b->zero, "0|1|2|3|hsdp", "only this ZeRO stage (default: every stage that shards)"),
+        NL_OPT_FLAG("sp", &b->sp, "sequence parallelism with --tp"),
+    };
+    nl_opt batch[] = {
+        NL_OPT_INT("batch", &b->batch, 1, 1 << 24, "B", "sequences per micro-batch for the activations (default 1)"),
+        NL_OPT_INT("seq", &b->seq, 1, 1 << 24, "S", "tokens per sequence (default: the model's context)"),
+        NL_OPT_STR("recompute", &b->recompute, "none|selective|full", "activation recomputation (default none)"),
+        NL_OPT_FLAG("no-flash", &b->no_flash, "attention that materialises the scores"),
+        nl_opt_aliased((nl_opt)NL_OPT_INT("microbatches", &b->micro, 1, 1 << 20, "M",
+                                          "microbatches in a pipeline (default 2 x pp)"),
+                       "micro"),
+        NL_OPT_STR("svg", &b->svg, "FILE", "memory bars per ZeRO stage"),
+        NL_OPT_FLAG("json", &b->json, "print the result as JSON"),
+    };
+    nl_optgroup groups[] = {{"model", model, 3},
+                            {"hardware", hw, 3},
+                            {"layout", layout, NL_NOPTS(layout)},
+                            {"batch and output", batch, NL_NOPTS(batch)}};
+    nl_cmdspec spec = {"budget",
+                       "nanolm budget (--model M | --params N) [options]",
+                       "Training state per GPU for every ZeRO stage (or the one given), the parameters one GPU\n"
+                       "holds under tp/pp/ep, and with --model the activations kept for backward, term by term\n"
+                       "(Korthikanti et al. 2022 adapted to RMSNorm, GQA, SwiGLU), for --batch sequences of --seq\n"
+                       "tokens, beside Korthikanti's published formula and recomputation. GB = 1e9 bytes, GiB = 2^30.",
+                       groups,
+                       NL_NOPTS(groups),
+                       0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc;
+    return nl_plan_args_load(&b->pa, "budget");
+}
+
+/* The model's parameters, scaled to --params when both are given. */
+static int count_params(const budget_args *ba, budget *b) {
+    const nl_plan_args *pa = &ba->pa;
+    b->total = b->nonemb = b->active = pa->params;
+    if (!b->has_model) return ba->ep > 1 ? nl_cli_usage_error("budget: --ep needs a --model with experts") : 0;
+    nl_arch_params p;
+    nl_arch_count_params(&b->a, &p);
+    double s = pa->params > 0 ? pa->params / (double)p.total : 1; /* a nominal size for the same shape */
+    b->total = (double)p.total * s;
+    b->nonemb = (double)p.non_embedding * s;
+    b->active = (double)p.active * s;
+    b->expert = (double)p.mlp_experts * s;
+    if (ba->ep > 1 && (b->a.n_experts == 0 || b->a.n_experts % ba->ep))
+        return nl_cli_usage_error("budget: --ep %lld must divide the %lld experts of %s", (long long)ba->ep,
+                                  (long long)b->a.n_experts, b->a.name);
+    if (ba->tp > 1 && b->a.n_heads % ba->tp)
+        return nl_cli_usage_error("budget: --tp %lld does not divide %lld heads", (long long)ba->tp,
+                                  (long long)b->a.n_heads);
+    return 0;
+}
+
+/* Resolves the names and checks the layout; fills everything but the per-stage figures. */
+static int setup(budget_args *ba, budget *b) {
+    nl_plan_args *pa = &ba->pa;
+    memset(b, 0, sizeof *b);
+    b->zero = -1;
+    if (ba->zero && (b->zero = nl_parse_zero(ba->zero)) < 0)
+        return nl_cli_usage_error("budget: unknown --zero '%s' (0, 1, 2, 3, hsdp)", ba->zero);
+    b->recompute = NL_RECOMPUTE_NONE;
+    if (ba->recompute && (b->recompute = nl_parse_recompute(ba->recompute)) < 0)
+        return nl_cli_usage_error("budget: unknown --recompute '%s' (none, selective, full)", ba->recompute);
+    if (!pa->model && !(pa->params > 0)) return nl_cli_usage_error("budget: give --model NAME or --params N");
+    if (nl_plan_recipe(pa->recipe, &b->rec)) return nl_cli_usage_error("budget: --recipe: %s", nl_last_error());
+    if (nl_catalog_find_hw(&pa->cat, pa->gpu, &b->hw)) return nl_cli_usage_error("budget: --gpu: %s", nl_last_error());
+    b->has_model = pa->model != NULL;
+    if (b->has_model && nl_cli_model_arch(&pa->cat, pa->model, &b->a))
+        return nl_cli_usage_error("budget: --model: %s", nl_last_error());
+    int rc = count_params(ba, b);
+    if (rc) return rc;
+    int64_t tp = ba->tp, pp = ba->pp, ep = ba->ep;
+    if (ba->gpus % (tp * pp))
+        return nl_cli_usage_error("budget: --gpus %lld is not a multiple of tp*pp = %lld", (long long)ba->gpus,
+                                  (long long)(tp * pp));
+    b->dp = ba->gpus / (tp * pp);
+    if (ep > b->dp)
+        return nl_cli_usage_error("budget: --ep %lld exceeds the data-parallel degree %lld", (long long)ep,
+                                  (long long)b->dp);
+    /* Parameters one GPU holds: dense part split by tp*pp, routed experts by ep*tp*pp. */
+    b->per_gpu = (b->total - b->expert) / (double)(tp * pp) + b->expert / (double)(ep * tp * pp);
+    b->per_gpu_ne = (b->nonemb - b->expert) / (double)(tp * pp) + b->expert / (double)(ep * tp * pp);
+    b->shard = b->hw.gpus_per_node / tp > 0 ? b->hw.gpus_per_node / tp : 1;
+    if (b->shard > b->dp) b->shard = b->dp;
+    if (ba->seq == 0 && b->has_model) ba->seq = b->a.seq_len;
+    return 0;
+}
+
+/* State bytes per GPU at ZeRO stage z: the dense part sharded over dp, the experts over dp/ep. */
+static double stage_bytes(const budget_args *ba, const budget *b, int z, nl_state_bytes *sd) {
+    double edp = (double)b->dp / (double)ba->ep;
+    nl_state_bytes se;
+    nl_plan_state_bytes(&b->rec, (nl_zero)z, b->dp, b->shard, sd);
+    nl_plan_state_bytes(&b->rec, (nl_zero)z, (int64_t)edp, b->shard < edp ? b->shard : (int64_t)edp, &se);
+    double dl = (b->total - b->expert) / (double)(ba->tp * ba->pp), el = b->expert / (double)(ba->ep * ba->tp * ba->pp);
+    return dl * sd->total + el * se.total;
+}
+
+static void report_params(nl_report *r, const budget_args *ba, const budget *b) {
+    const nl_recipe *rec = &b->rec;
+    double per_param = rec->weight_bytes + rec->grad_bytes + rec->optim_bytes;
+    char a1[32], a2[32], a3[32], a4[32], a5[32], a6[32];
+    nl_report_str(r, "recipe", "", rec->name);
+    nl_report_num(r, "params", "", b->total, NULL, NULL);
+    nl_report_num(r, "params_non_embedding", "", b->nonemb, NULL, NULL);
+    nl_report_num(r, "params_active", "", b->active, NULL, NULL);
+    nl_report_num(r, "params_active_non_embedding", "", b->active - (b->total - b->nonemb), NULL, NULL);
+    nl_report_num(r, "params_per_gpu", "", b->per_gpu, NULL, NULL);
+    nl_report_num(r, "params_per_gpu_non_embedding", "", b->per_gpu_ne, NULL, NULL);
+    nl_report_num(r, "state_bytes_total", "", b->total * per_param, NULL, NULL);
+    nl_report_note(r, "Parameters%s%s: %s total (%s without embeddings), %s active per token (%s without embeddings).",
+                   b->has_model ? " of " : "", b->has_model ? b->a.name : "", nl_fmt_count(b->total, a1, sizeof a1),
+                   nl_fmt_count(b->nonemb, a2, sizeof a2), nl_fmt_count(b->active, a3, sizeof a3),
+                   nl_fmt_count(b->active - (b->total - b->nonemb), a6, sizeof a6));
+    nl_report_note(r,
+                   "One GPU at tp %lld, pp %lld, ep %lld holds %s parameters (%s without embeddings) = %.2f GB of %s "
+                   "weights (%.2f GB).",
+                   (long long)ba->tp, (long long)ba->pp, (long long)ba->ep, nl_fmt_count(b->per_gpu, a4, sizeof a4),
+                   nl_fmt_count(b->per_gpu_ne, a5, sizeof a5), b->per_gpu * rec->weight_bytes / 1e9, rec->name,
+                   b->per_gpu_ne * rec->weight_bytes / 1e9);
+    nl_report_note(r, "Training state (%s: %g + %g + %g = %g bytes/param; %s): %.3g TB in all.", rec->name,
+                   rec->weight_bytes, rec->grad_bytes, rec->optim_bytes, per_param, rec->source,
+                   b->total * per_param / 1e12);
+}
+
+static void report_stages(nl_report *r, const budget_args *ba, const budget *b) {
+    char title[256];
+    snprintf(title, sizeof title,
+             "State per GPU by ZeRO stage (Rajbhandari et al. 2020; hsdp shards over %lld GPUs of a node),\n"
+             "before activations, against %s's %.0f GB:",
+             (long long)b->shard, b->hw.name, b->hw.mem_bytes / 1e9);
+    nl_report_table(r, "stages", title, 9,
+                    (const nl_report_col[]){{"stage", "stage", NULL},
+                                            {"dp", "dp", "%-.0f"},
+                                            {NULL, "weights", "%-.3g"},
+                                            {NULL, "grads", "%-.3g"},
+                                            {NULL, "optimizer", "%-.3g"},
+                                            {"bytes_per_param", "bytes/param", "%-.3g"},
+                                            {"bytes_per_gpu", "", NULL},
+                                            {NULL, "GB per GPU", "%-.2f"},
+                                            {"fits", "fits ", NULL}});
+    for (int z = 0; z <= 4; z++) {
+        if (b->zero >= 0 && z != b->zero) continue;
+        if (b->zero < 0 && z == NL_ZERO_HSDP && b->dp <= b->shard) continue;
+        if (b->zero < 0 && z > 0 && b->dp == 1) continue; /* nothing to shard over */
+        nl_state_bytes sd;
+        double bytes = stage_bytes(ba, b, z, &sd);
+        nl_report_cell_str(r, nl_zero_name((nl_zero)z));
+        nl_report_cell_num(r, (double)b->dp);
+        nl_report_cell_num(r, sd.weights);
+        nl_report_cell_num(r, sd.grads);
+        nl_report_cell_num(r, sd.optim);
+        nl_report_cell_num(r, bytes / b->per_gpu);
+        nl_report_cell_num(r, bytes);
+        nl_report_cell_num(r, bytes / 1e9);
+        nl_report_cell_bool(r, bytes <= b->hw.mem_bytes);
+        nl_report_row_end(r);
+    }
+}
+
+/* The activations of the batch under the three recomputation modes and Korthikanti's formula. */
+typedef struct budget_act {
+    nl_act_layer al, sel, full;
+    double tokens, layers, bytes, k_none, k_flash, k_full, logits, inflight_1f1b, inflight_gpipe;
+    int64_t micro;
+} budget_act;
+
+static void compute_act(const budget_args *ba, const budget *b, budget_act *x) {
+    const nl_arch *a = &b->a;
+    x->tokens = (double)ba->batch * (double)ba->seq;
+    nl_act_opts ao = {.tp = ba->tp,
+                      .sp = ba->sp,
+                      .flash = !ba->no_flash,
+                      .recompute = (nl_recompute)b->recompute,
+                      .seq = (double)ba->seq,
+                      .bytes_per_elem = 2};
+    nl_plan_act_layer(a, &ao, &x->al);
+    ao.recompute = NL_RECOMPUTE_SELECTIVE;
+    nl_plan_act_layer(a, &ao, &x->sel);
+    ao.recompute = NL_RECOMPUTE_FULL;
+    nl_plan_act_layer(a, &ao, &x->full);
+    x->layers = (double)a->n_layers / (double)ba->pp;
+    x->bytes = x->al.bytes_per_token * x->tokens * x->layers;
+    x->k_none = nl_plan_act_korthikanti(a, (double)ba->seq, NL_RECOMPUTE_NONE, 0, ba->tp, ba->sp);
+    x->k_flash = nl_plan_act_korthikanti(a, (double)ba->seq, NL_RECOMPUTE_NONE, 1, ba->tp, ba->sp);
+    x->k_full = nl_plan_act_korthikanti(a, (double)ba->seq, NL_RECOMPUTE_FULL, 1, ba->tp, ba->sp);
+    x->logits = nl_plan_logits_bytes(a, x->tokens) / (double)ba->tp;
+    x->micro = ba->micro > 0 ? ba->micro : (ba->pp > 1 ? 2 * ba->pp : 1);
+    x->inflight_1f1b = ba->pp > 1 ? fmin((double)ba->pp, (double)x->micro) : 1;
+    x->inflight_gpipe = (double)x->micro;
+}
+
+/* The term-by-term table: JSON rows under "terms", the text table with its total row. */
+static void report_terms(nl_report *r, const budget_args *ba, const budget *b, const budget_act *x) {
+    const double gib = 1024.0 * 1024 * 1024, D = (double)b->a.dim, per = x->tokens * x->layers;
+    nl_report_table(
+        r, "terms", NULL, 3,
+        (const nl_report_col[]){{"tensor", "", NULL}, {"bytes_per_token_layer", "", NULL}, {"bytes", "", NULL}});
+    for (int i = 0; i < x->al.n; i++) {
+        nl_report_cell_str(r, x->al.terms[i].name);
+        nl_report_cell_num(r, x->al.terms[i].bytes);
+        nl_report_cell_num(r, x->al.terms[i].bytes * per);
+        nl_report_row_end(r);
+    }
+    char title[512];
+    snprintf(title, sizeof title,
+             "Activations kept for backward: %lld x %lld tokens, %g layers%s, bf16, %s attention, recompute %s,\n"
+             "tp %lld%s. Per token per layer (Korthikanti et al. 2022 sec. 4 walk, Llama layer):",
+             (long long)ba->batch, (long long)ba->seq, x->layers, ba->pp > 1 ? " (one stage)" : "",
+             ba->no_flash ? "plain" : "flash", nl_recompute_name((nl_recompute)b->recompute), (long long)ba->tp,
+             ba->sp ? " + sequence parallel" : "");
+    nl_report_table(r, NULL, title, 4,
+                    (const nl_report_col[]){{NULL, "tensor", NULL},
+                                            {NULL, "bytes/token/layer", "%-.0f"},
+                                            {NULL, "x D", "%-.3g"},
+                                            {NULL, "GiB", "%-.2f"}});
+    for (int i = 0; i <= x->al.n; i++) {
+        double v = i < x->al.n ? x->al.terms[i].bytes : x->al.bytes_per_token;
+        nl_report_cell_str(r, i < x->al.n ? x->al.terms[i].name : "total");
+        nl_report_cell_num(r, v);
+        nl_report_cell_num(r, v / D);
+        nl_report_cell_num(r, v * per / gib);
+        nl_report_row_end(r);
+    }
+}
+
+static void report_act(nl_report *r, const budget_args *ba, const budget *b, const budget_act *x) {
+    const double gib = 1024.0 * 1024 * 1024, per = x->tokens * x->layers;
+    nl_report_begin_object(r, "activations", NULL);
+    nl_report_num(r, "tokens", "", x->tokens, NULL, NULL);
+    nl_report_num(r, "layers", "", x->layers, NULL, NULL);
+    report_terms(r, ba, b, x);
+    nl_report_num(r, "bytes_per_token_layer", "", x->al.bytes_per_token, NULL, NULL);
+    nl_report_num(r, "bytes_per_hidden_unit", "", x->al.bytes_per_token / (double)b->a.dim, NULL, NULL);
+    nl_report_num(r, "bytes", "", x->bytes, NULL, NULL);
+    const struct {
+        const char *key, *label;
+        double per_token;
+    } rows[] = {
+        {NULL, "this walk, no recompute", x->al.bytes_per_token},
+        {"selective_bytes",
+         ba->no_flash ? "this walk, selective (recompute the scores)"
+                      : "this walk, selective (recompute: nothing kept to drop with flash)",
+         x->sel.bytes_per_token},
+        {"full_bytes", "this walk, full (layer input only)", x->full.bytes_per_token},
+        {"korthikanti_bytes", "Korthikanti eq.1 sbh(34+5as/h), no flash", x->k_none},
+        {"korthikanti_flash_bytes", "Korthikanti 34sbh (flash or selective)", x->k_flash},
+        {"korthikanti_full_bytes", "Korthikanti 2sbh (full recompute)", x->k_full},
+    };
+    for (int i = 1; i < 6; i++) nl_report_num(r, rows[i].key, "", rows[i].per_token * per, NULL, NULL);
+    nl_report_num(r, "logits_bytes", "", x->logits, NULL, NULL);
+    nl_report_num(r, "microbatches_in_flight_1f1b", "", x->inflight_1f1b, NULL, NULL);
+    nl_report_num(r, "microbatches_in_flight_gpipe", "", x->inflight_gpipe, NULL, NULL);
+    nl_report_table(r, NULL, "The same batch other ways:", 3,
+                    (const nl_report_col[]){
+                        {NULL, "accounting", NULL}, {NULL, "bytes/token/layer", "%-.0f"}, {NULL, "GiB", "%-.1f"}});
+    for (int i = 0; i < 6; i++) {
+        nl_report_cell_str(r, rows[i].label);
+        nl_report_cell_num(r, rows[i].per_token);
+        nl_report_cell_num(r, rows[i].per_token * per / gib);
+        nl_report_row_end(r);
+    }
+    nl_report_end_object(r);
+    nl_report_note(r, "%s", "");
+    nl_report_note(r, "Logits (bf16) + fp32 loss copy: %.1f GiB. One layer's working set while recomputing: %.2f GiB.",
+                   x->logits / gib, x->al.working_bytes_per_token * x->tokens / gib);
+    if (ba->pp > 1)
+        nl_report_note(r,
+                       "Pipeline of %lld stages, %lld microbatches of this size: the first stage holds %g in flight "
+                       "with 1F1B\n(%.1f GiB) and %g with GPipe (%.1f GiB).",
+                       (long long)ba->pp, (long long)x->micro, x->inflight_1f1b, x->bytes * x->inflight_1f1b / gib,
+                       x->inflight_gpipe, x->bytes * x->inflight_gpipe / gib);
+}
+
+/* Memory bars: one per ZeRO stage at this layout, activations included with --model. */
+static nl_status write_svg(const budget_args *ba, const budget *b, const budget_act *x) {
+    nl_train_eval ev[4];
+    memset(ev, 0, sizeof ev);
+    for (int z = 0; z <= 3; z++) {
+        nl_state_bytes sd;
+        nl_plan_state_bytes(&b->rec, (nl_zero)z, b->dp, b->shard, &sd);
+        ev[z].L = (nl_layout){b->dp, ba->tp, ba->pp, 1, ba->ep, (nl_zero)z, ba->batch, 1, 1, (nl_recompute)b->recompute,
+                              ba->sp};
+        ev[z].mem_weights = b->per_gpu * sd.weights;
+        ev[z].mem_grads = b->per_gpu * sd.grads;
+        ev[z].mem_optim = b->per_gpu * sd.optim;
+        ev[z].mem_act = b->has_model ? x->bytes : 0;
+        ev[z].mem_total = ev[z].mem_weights + ev[z].mem_grads + ev[z].mem_optim + ev[z].mem_act;
+    }
+    return nl_plan_svg_memory(ba->svg, ev, 4, b->hw.mem_bytes);
 }
 
 int nl_cmd_budget(int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, 0, 'M'},
-                                         {"params", required_argument, 0, 'n'},
-                                         {"recipe", required_argument, 0, 'r'},
-                                         {"gpus", required_argument, 0, 'g'},
-                                         {"tp", required_argument, 0, 't'},
-                                         {"pp", required_argument, 0, 'p'},
-                                         {"ep", required_argument, 0, 'e'},
-                                         {"zero", required_argument, 0, 'z'},
-                                         {"batch", required_argument, 0, 'b'},
-                                         {"seq", required_argument, 0, 's'},
-                                         {"recompute", required_argument, 0, 'R'},
-                                         {"sp", no_argument, 0, 'S'},
-                                         {"no-flash", no_argument, 0, 'F'},
-                                         {"micro", required_argument, 0, 'm'},
-                                         {"gpu", required_argument, 0, 'G'},
-                                         {"hw", required_argument, 0, 'H'},
-                                         {"model-file", required_argument, 0, 'X'},
-                                         {"svg", required_argument, 0, 'v'},
-                                         {"json", no_argument, 0, 'j'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    const char *model = NULL, *recipe_name = "bf16", *gpu = "h100", *svg = NULL;
-    double params = 0;
-    int64_t gpus = 1, tp = 1, pp = 1, ep = 1, batch = 1, seq = 0, micro = 0;
-    int zero = -1, recompute = NL_RECOMPUTE_NONE, sp = 0, flash = 1, json = 0, c;
-    nl_catalog cat;
-    nl_catalog_init(&cat);
-    while ((c = getopt_long(argc, argv, "M:n:r:g:t:p:e:z:b:s:R:SFm:G:H:X:v:jh", opts, NULL)) != -1) {
-        switch (c) {
-        case 'M': model = optarg; break;
-        case 'n':
-            if (nl_cli_double_si("--params", optarg, &params)) return NL_EXIT_USAGE;
-            if (!(params > 0))
-                return nl_cli_usage_error("budget: --params must be a positive count (like 7B), got '%s'", optarg);
-            break;
-        case 'r': recipe_name = optarg; break;
-        case 'g':
-            if (nl_cli_int("--gpus", optarg, 1, 1 << 24, &gpus)) return NL_EXIT_USAGE;
-            break;
-        case 't':
-            if (nl_cli_int("--tp", optarg, 1, 1024, &tp)) return NL_EXIT_USAGE;
-            break;
-        case 'p':
-            if (nl_cli_int("--pp", optarg, 1, 1024, &pp)) return NL_EXIT_USAGE;
-            break;
-        case 'e':
-            if (nl_cli_int("--ep", optarg, 1, 4096, &ep)) return NL_EXIT_USAGE;
-            break;
-        case 'z':
-            if ((zero = nl_parse_zero(optarg)) < 0)
-                return nl_cli_usage_error("budget: unknown --zero '%s' (0, 1, 2, 3, hsdp)", optarg);
-            break;
-        case 'b':
-            if (nl_cli_int("--batch", optarg, 1, 1 << 24, &batch)) return NL_EXIT_USAGE;
-            break;
-        case 's':
-            if (nl_cli_int("--seq", optarg, 1, 1 << 24, &seq)) return NL_EXIT_USAGE;
-            break;
-        case 'R':
-            if ((recompute = nl_parse_recompute(optarg)) < 0)
-                return nl_cli_usage_error("budget: unknown --recompute '%s' (none, selective, full)", optarg);
-            break;
-        case 'S': sp = 1; break;
-        case 'F': flash = 0; break;
-        case 'm':
-            if (nl_cli_int("--micro", optarg, 1, 1 << 20, &micro)) return NL_EXIT_USAGE;
-            break;
-        case 'G': gpu = optarg; break;
-        case 'H':
-            if (nl_catalog_load_hw(&cat, optarg)) return nl_cli_fail("--hw");
-            break;
-        case 'X':
-            if (nl_catalog_load_model(&cat, optarg)) return nl_cli_fail("--model-file");
-            break;
-        case 'v': svg = optarg; break;
-        case 'j': json = 1; break;
-        case 'h': usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("budget", argv);
-        }
-    }
-    if (optind < argc) return nl_cli_usage_error("budget: unexpected argument '%s'", argv[optind]);
-    if (!model && !(params > 0)) return nl_cli_usage_error("budget: give --model NAME or --params N");
-    nl_recipe rec;
-    if (nl_plan_recipe(recipe_name, &rec)) return nl_cli_usage_error("budget: --recipe: %s", nl_last_error());
-    nl_hw hw;
-    if (nl_catalog_find_hw(&cat, gpu, &hw)) return nl_cli_usage_error("budget: --gpu: %s", nl_last_error());
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    double total = params, nonemb = params, active = params, expert = 0;
-    if (model) {
-        if (nl_cli_model_arch(&cat, model, &a)) return nl_cli_usage_error("budget: --model: %s", nl_last_error());
-        nl_arch_params p;
-        nl_arch_count_params(&a, &p);
-        total = (double)p.total;
-        nonemb = (double)p.non_embedding;
-        active = (double)p.active;
-        expert = (double)p.mlp_experts;
-        if (params > 0) { /* a nominal size for the same shape */
-            double s = params / total;
-            total *= s;
-            nonemb *= s;
-            active *= s;
-            expert *= s;
-        }
-        if (ep > 1 && (a.n_experts == 0 || a.n_experts % ep))
-            return nl_cli_usage_error("budget: --ep %lld must divide the %lld experts of %s", (long long)ep,
-                                      (long long)a.n_experts, a.name);
-        if (tp > 1 && a.n_heads % tp)
-            return nl_cli_usage_error("budget: --tp %lld does not divide %lld heads", (long long)tp,
-                                      (long long)a.n_heads);
-    } else if (ep > 1) {
-        return nl_cli_usage_error("budget: --ep needs a --model with experts");
-    }
-    if (gpus % (tp * pp))
-        return nl_cli_usage_error("budget: --gpus %lld is not a multiple of tp*pp = %lld", (long long)gpus,
-                                  (long long)(tp * pp));
-    int64_t dp = gpus / (tp * pp);
-    if (ep > dp)
-        return nl_cli_usage_error("budget: --ep %lld exceeds the data-parallel degree %lld", (long long)ep,
-                                  (long long)dp);
-    /* Parameters one GPU holds: dense part split by tp*pp, routed experts by ep*tp*pp. */
-    double dense = total - expert, dense_ne = nonemb - expert;
-    double per_gpu = dense / (double)(tp * pp) + expert / (double)(ep * tp * pp);
-    double per_gpu_ne = dense_ne / (double)(tp * pp) + expert / (double)(ep * tp * pp);
-    double edp = (double)dp / (double)ep;
-    int64_t shard = hw.gpus_per_node / (tp) > 0 ? hw.gpus_per_node / tp : 1;
-    if (shard > dp) shard = dp;
-
-    cJSON *j = json ? cJSON_CreateObject() : NULL;
-    if (j) {
-        cJSON_AddStringToObject(j, "recipe", rec.name);
-        cJSON_AddNumberToObject(j, "params", total);
-        cJSON_AddNumberToObject(j, "params_non_embedding", nonemb);
-        cJSON_AddNumberToObject(j, "params_active", active);
-        cJSON_AddNumberToObject(j, "params_active_non_embedding", active - (total - nonemb));
-        cJSON_AddNumberToObject(j, "params_per_gpu", per_gpu);
-        cJSON_AddNumberToObject(j, "params_per_gpu_non_embedding", per_gpu_ne);
-        cJSON_AddNumberToObject(j, "state_bytes_total", total * (rec.weight_bytes + rec.grad_bytes + rec.optim_bytes));
-    } else {
-        char a1[32], a2[32], a3[32], a4[32], a5[32];
-        char a6[32];
-        printf("Parameters%s%s: %s total (%s without embeddings), %s active per token (%s without embeddings).\n",
-               model ? " of " : "", model ? a.name : "", nl_fmt_count(total, a1, sizeof a1),
-               nl_fmt_count(nonemb, a2, sizeof a2), nl_fmt_count(active, a3, sizeof a3),
-               nl_fmt_count(active - (total - nonemb), a6, sizeof a6));
-        printf("One GPU at tp %lld, pp %lld, ep %lld holds %s parameters (%s without embeddings) = %.2f GB of %s "
-               "weights (%.2f GB).\n",
-               (long long)tp, (long long)pp, (long long)ep, nl_fmt_count(per_gpu, a4, sizeof a4),
-               nl_fmt_count(per_gpu_ne, a5, sizeof a5), per_gpu * rec.weight_bytes / 1e9, rec.name,
-               per_gpu_ne * rec.weight_bytes / 1e9);
-        printf("Training state (%s: %g + %g + %g = %g bytes/param; %s): %.3g TB in all.\n\n", rec.name,
-               rec.weight_bytes, rec.grad_bytes, rec.optim_bytes, rec.weight_bytes + rec.grad_bytes + rec.optim_bytes,
-               rec.source, total * (rec.weight_bytes + rec.grad_bytes + rec.optim_bytes) / 1e12);
-    }
-    static const char *hdr[] = {"stage",     "dp",          "weights",    "grads",
-                                "optimizer", "bytes/param", "GB per GPU", "fits " /* gpu */};
-    nl_table t;
-    nl_table_init(&t, 8, hdr);
-    cJSON *stages = j ? cJSON_AddArrayToObject(j, "stages") : NULL;
-    for (int z = 0; z <= 4; z++) {
-        if (zero >= 0 && z != zero) continue;
-        if (zero < 0 && z == NL_ZERO_HSDP && dp <= shard) continue;
-        if (zero < 0 && z > 0 && dp == 1) continue; /* nothing to shard over */
-        nl_state_bytes sd, se;
-        nl_plan_state_bytes(&rec, (nl_zero)z, dp, shard, &sd);
-        nl_plan_state_bytes(&rec, (nl_zero)z, (int64_t)edp, shard < edp ? shard : (int64_t)edp, &se);
-        double dl = dense / (double)(tp * pp), el = expert / (double)(ep * tp * pp);
-        double bytes = dl * sd.total + el * se.total;
-        double bpp = bytes / per_gpu;
-        if (j) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "stage", nl_zero_name((nl_zero)z));
-            cJSON_AddNumberToObject(o, "dp", (double)dp);
-            cJSON_AddNumberToObject(o, "bytes_per_param", bpp);
-            cJSON_AddNumberToObject(o, "bytes_per_gpu", bytes);
-            cJSON_AddBoolToObject(o, "fits", bytes <= hw.mem_bytes);
-            cJSON_AddItemToArray(stages, o);
-        } else {
-            nl_table_rowf(&t, "%s|%lld|%.3g|%.3g|%.3g|%.3g|%.2f|%s", nl_zero_name((nl_zero)z), (long long)dp,
-                          sd.weights, sd.grads, sd.optim, bpp, bytes / 1e9, bytes <= hw.mem_bytes ? "yes" : "no");
-        }
-    }
-    if (!j) {
-        printf("State per GPU by ZeRO stage (Rajbhandari et al. 2020; hsdp shards over %lld GPUs of a node),\n"
-               "before activations, against %s's %.0f GB:\n",
-               (long long)shard, hw.name, hw.mem_bytes / 1e9);
-        nl_table_print(&t, stdout);
-    }
-    nl_table_free(&t);
-
-    if (model) {
-        if (seq == 0) seq = a.seq_len;
-        double tokens = (double)batch * (double)seq;
-        nl_act_opts ao = {.tp = tp,
-                          .sp = sp,
-                          .flash = flash,
-                          .recompute = (nl_recompute)recompute,
-                          .seq = (double)seq,
-                          .bytes_per_elem = 2};
-        nl_act_layer al;
-        nl_plan_act_layer(&a, &ao, &al);
-        double L = (double)a.n_layers / (double)pp;
-        double tot = al.bytes_per_token * tokens * L;
-        double gib = 1024.0 * 1024 * 1024;
-        nl_act_opts o2 = ao;
-        o2.recompute = NL_RECOMPUTE_SELECTIVE;
-        nl_act_layer sel;
-        nl_plan_act_layer(&a, &o2, &sel);
-        o2.recompute = NL_RECOMPUTE_FULL;
-        nl_act_layer full;
-        nl_plan_act_layer(&a, &o2, &full);
-        double k_none = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 0, tp, sp);
-        double k_flash = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_NONE, 1, tp, sp);
-        double k_full = nl_plan_act_korthikanti(&a, (double)seq, NL_RECOMPUTE_FULL, 1, tp, sp);
-        double logits = nl_plan_logits_bytes(&a, tokens) / (double)tp;
-        int64_t m = micro > 0 ? micro : (pp > 1 ? 2 * pp : 1);
-        double inflight_1f1b = pp > 1 ? fmin((double)pp, (double)m) : 1, inflight_gpipe = (double)m;
-        if (j) {
-            cJSON *ac = cJSON_AddObjectToObject(j, "activations");
-            cJSON_AddNumberToObject(ac, "tokens", tokens);
-            cJSON_AddNumberToObject(ac, "layers", L);
-            cJSON *terms = cJSON_AddArrayToObject(ac, "terms");
-            for (int i = 0; i < al.n; i++) {
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddStringToObject(o, "tensor", al.terms[i].name);
-                cJSON_AddNumberToObject(o, "bytes_per_token_layer", al.terms[i].bytes);
-                cJSON_AddNumberToObject(o, "bytes", al.terms[i].bytes * tokens * L);
-                cJSON_AddItemToArray(terms, o);
-            }
-            cJSON_AddNumberToObject(ac, "bytes_per_token_layer", al.bytes_per_token);
-            cJSON_AddNumberToObject(ac, "bytes_per_hidden_unit", al.bytes_per_token / (double)a.dim);
-            cJSON_AddNumberToObject(ac, "bytes", tot);
-            cJSON_AddNumberToObject(ac, "selective_bytes", sel.bytes_per_token * tokens * L);
-            cJSON_AddNumberToObject(ac, "full_bytes", full.bytes_per_token * tokens * L);
-            cJSON_AddNumberToObject(ac, "korthikanti_bytes", k_none * tokens * L);
-            cJSON_AddNumberToObject(ac, "korthikanti_flash_bytes", k_flash * tokens * L);
-            cJSON_AddNumberToObject(ac, "korthikanti_full_bytes", k_full * tokens * L);
-            cJSON_AddNumberToObject(ac, "logits_bytes", logits);
-            cJSON_AddNumberToObject(ac, "microbatches_in_flight_1f1b", inflight_1f1b);
-            cJSON_AddNumberToObject(ac, "microbatches_in_flight_gpipe", inflight_gpipe);
-        } else {
-            printf(
-                "\nActivations kept for backward: %lld x %lld tokens, %g layers%s, bf16, %s attention, recompute %s,\n"
-                "tp %lld%s. Per token per layer (Korthikanti et al. 2022 sec. 4 walk, Llama layer):\n",
-                (long long)batch, (long long)seq, L, pp > 1 ? " (one stage)" : "", flash ? "flash" : "plain",
-                nl_recompute_name((nl_recompute)recompute), (long long)tp, sp ? " + sequence parallel" : "");
-            static const char *h2[] = {"tensor", "bytes/token/layer", "x D", "GiB"};
-            nl_table t2;
-            nl_table_init(&t2, 4, h2);
-            for (int i = 0; i < al.n; i++)
-                nl_table_rowf(&t2, "%s|%.0f|%.3g|%.2f", al.terms[i].name, al.terms[i].bytes,
-                              al.terms[i].bytes / (double)a.dim, al.terms[i].bytes * tokens * L / gib);
-            nl_table_rowf(&t2, "total|%.0f|%.3g|%.2f", al.bytes_per_token, al.bytes_per_token / (double)a.dim,
-                          tot / gib);
-            nl_table_print(&t2, stdout);
-            nl_table_free(&t2);
-            printf("\nThe same batch other ways:\n");
-            static const char *h3[] = {"accounting", "bytes/token/layer", "GiB"};
-            nl_table t3;
-            nl_table_init(&t3, 3, h3);
-            nl_table_rowf(&t3, "this walk, no recompute|%.0f|%.1f", al.bytes_per_token, tot / gib);
-            nl_table_rowf(&t3, "this walk, selective (recompute%s)|%.0f|%.1f",
-                          flash ? ": nothing kept to drop with flash" : " the scores", sel.bytes_per_token,
-                          sel.bytes_per_token * tokens * L / gib);
-            nl_table_rowf(&t3, "this walk, full (layer input only)|%.0f|%.1f", full.bytes_per_token,
-                          full.bytes_per_token * tokens * L / gib);
-            nl_table_rowf(&t3, "Korthikanti eq.1 sbh(34+5as/h), no flash|%.0f|%.1f", k_none, k_none * tokens * L / gib);
-            nl_table_rowf(&t3, "Korthikanti 34sbh (flash or selective)|%.0f|%.1f", k_flash, k_flash * tokens * L / gib);
-            nl_table_rowf(&t3, "Korthikanti 2sbh (full recompute)|%.0f|%.1f", k_full, k_full * tokens * L / gib);
-            nl_table_print(&t3, stdout);
-            nl_table_free(&t3);
-            printf("\nLogits (bf16) + fp32 loss copy: %.1f GiB. One layer's working set while recomputing: %.2f GiB.\n",
-                   logits / gib, al.working_bytes_per_token * tokens / gib);
-            if (pp > 1)
-                printf("Pipeline of %lld stages, %lld microbatches of this size: the first stage holds %g in flight "
-                       "with 1F1B\n"
-                       "(%.1f GiB) and %g with GPipe (%.1f GiB).\n",
-                       (long long)pp, (long long)m, inflight_1f1b, tot * inflight_1f1b / gib, inflight_gpipe,
-                       tot * inflight_gpipe / gib);
-        }
-    }
-    if (svg) {
-        /* Memory bars: one per ZeRO stage at this layout. */
-        nl_train_eval ev[5];
-        int ne = 0;
-        for (int z = 0; z <= 3; z++) {
-            nl_state_bytes sd;
-            nl_plan_state_bytes(&rec, (nl_zero)z, dp, shard, &sd);
-            memset(&ev[ne], 0, sizeof ev[ne]);
-            ev[ne].L = (nl_layout){dp, tp, pp, 1, ep, (nl_zero)z, batch, 1, 1, (nl_recompute)recompute, sp};
-            ev[ne].mem_weights = per_gpu * sd.weights;
-            ev[ne].mem_grads = per_gpu * sd.grads;
-            ev[ne].mem_optim = per_gpu * sd.optim;
-            if (model) {
-                nl_act_opts ao = {.tp = tp,
-                                  .sp = sp,
-                                  .flash = flash,
-                                  .recompute = (nl_recompute)recompute,
-                                  .seq = (double)(seq ? seq : a.seq_len),
-                                  .bytes_per_elem = 2};
-                nl_act_layer al;
-                nl_plan_act_layer(&a, &ao, &al);
-                ev[ne].mem_act = al.bytes_per_token * (double)batch * ao.seq * (double)a.n_layers / (double)pp;
-            }
-            ev[ne].mem_total = ev[ne].mem_weights + ev[ne].mem_grads + ev[ne].mem_optim + ev[ne].mem_act;
-            ne++;
-        }
-        if (nl_plan_svg_memory(svg, ev, (size_t)ne, hw.mem_bytes)) {
-            if (j) cJSON_Delete(j);
-            return nl_cli_fail("--svg");
-        }
-    }
-    if (j) return nl_cli_print_json(j);
-    return NL_EXIT_OK;
+    budget_args ba;
+    int rc = parse_args(&ba, argc, argv);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    budget b;
+    if ((rc = setup(&ba, &b))) return rc;
+    budget_act x;
+    memset(&x, 0, sizeof x);
+    if (b.has_model) compute_act(&ba, &b, &x);
+    if (ba.svg && write_svg(&ba, &b, &x)) return nl_cli_fail("--svg");
+    nl_report *r = nl_report_new("budget");
+    report_params(r, &ba, &b);
+    report_stages(r, &ba, &b);
+    if (b.has_model) report_act(r, &ba, &b, &x);
+    return nl_report_print(r, ba.json);
 }

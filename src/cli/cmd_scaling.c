@@ -4,9 +4,11 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_opt.h"
 #include "nanolm/plan.h"
 #include "nanolm/scaling.h"
 #include "plan_opts.h"
+#include "report.h"
 #include "scaling_lab.h"
 
 static void usage(FILE *f) {
@@ -33,63 +35,56 @@ typedef struct row {
     double n, d, c, loss;
 } row;
 
-static int cmd_optimal(int argc, char **argv) {
-    static const struct option opts[] = {{"flops", required_argument, 0, 'c'},
-                                         {"params", required_argument, 0, 'n'},
-                                         {"gpu", required_argument, 0, 'g'},
-                                         {"mfu", required_argument, 0, 'm'},
-                                         {"price", required_argument, 0, 'p'},
-                                         {"hw", required_argument, 0, 'H'},
-                                         {"svg", required_argument, 0, 's'},
-                                         {"json", no_argument, 0, 'j'},
-                                         {"explain", no_argument, 0, 'x'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    double flops = 0, params = 0, mfu = 0.4, price = -1;
-    int explain = 0;
-    const char *gpu = "h100", *svg = NULL;
-    int json = 0, c;
-    nl_catalog cat;
-    nl_catalog_init(&cat);
-    while ((c = getopt_long(argc, argv, "c:n:g:m:p:H:s:jxh", opts, NULL)) != -1) {
-        switch (c) {
-        case 'x': explain = 1; break;
-        case 'c':
-            if (nl_cli_double_si("--flops", optarg, &flops)) return NL_EXIT_USAGE;
-            break;
-        case 'n':
-            if (nl_cli_double_si("--params", optarg, &params)) return NL_EXIT_USAGE;
-            break;
-        case 'g': gpu = optarg; break;
-        case 'm':
-            if (nl_cli_double("--mfu", optarg, &mfu)) return NL_EXIT_USAGE;
-            break;
-        case 'p':
-            if (nl_cli_double("--price", optarg, &price)) return NL_EXIT_USAGE;
-            break;
-        case 'H':
-            if (nl_catalog_load_hw(&cat, optarg)) return nl_cli_fail("--hw");
-            break;
-        case 's': svg = optarg; break;
-        case 'j': json = 1; break;
-        case 'h': usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("scaling optimal", argv);
-        }
-    }
-    if (optind < argc) return nl_cli_usage_error("scaling optimal: unexpected argument '%s'", argv[optind]);
-    if ((flops > 0) == (params > 0))
-        return nl_cli_usage_error("scaling optimal: give exactly one of --flops and --params (> 0)");
-    if (!(mfu > 0 && mfu <= 1)) return nl_cli_usage_error("scaling optimal: --mfu must be in (0, 1], got %g", mfu);
-    nl_hw hw;
-    if (nl_catalog_find_hw(&cat, gpu, &hw)) return nl_cli_usage_error("scaling optimal: --gpu: %s", nl_last_error());
-    if (price >= 0) hw.price_per_hour = price;
+typedef struct optimal_args {
+    nl_plan_args pa; /* --gpu, --hw */
+    double flops, params, mfu, price;
+    const char *svg;
+    int explain, json;
+} optimal_args;
 
+static int optimal_parse(optimal_args *o, int argc, char **argv) {
+    nl_plan_args_init(&o->pa);
+    o->flops = o->params = 0;
+    o->mfu = 0.4;
+    o->price = -1;
+    o->svg = NULL;
+    o->explain = o->json = 0;
+    nl_opt hw[3];
+    nl_plan_hw_opts(hw, &o->pa, 0);
+    nl_opt opts[] = {
+        NL_OPT_SI("flops", &o->flops, 0, INFINITY, "C", "training compute budget in FLOPs (1.2e20)"),
+        NL_OPT_SI("params", &o->params, 0, INFINITY, "N", "or the model size (1B): the budget that makes it optimal"),
+        NL_OPT_DBL("mfu", &o->mfu, 0.001, 1, "X", "model FLOPs utilisation for GPU-hours (default 0.4)"),
+        NL_OPT_DBL("price", &o->price, 0, INFINITY, "$/H", "$ per GPU-hour (default: the GPU's)"),
+        NL_OPT_STR("svg", &o->svg, "FILE", "the loss frontier around the budget"),
+        NL_OPT_FLAG("explain", &o->explain, "derive approach 3's closed form with the numbers substituted"),
+        NL_OPT_FLAG("json", &o->json, "print the result as JSON"),
+    };
+    nl_optgroup groups[] = {{NULL, opts, NL_NOPTS(opts)}, {"hardware", hw, 2}};
+    nl_cmdspec spec = {
+        "scaling optimal",
+        "nanolm scaling optimal (--flops C | --params N) [options]",
+        "N and D for a budget C = 6*N*D (or the budget that makes N optimal) by the 20 tokens/parameter\n"
+        "rule, Chinchilla approaches 1 and 3, and Kaplan et al.",
+        groups,
+        NL_NOPTS(groups),
+        0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc;
+    if ((rc = nl_plan_args_load(&o->pa, "scaling optimal"))) return rc;
+    if ((o->flops > 0) == (o->params > 0))
+        return nl_cli_usage_error("scaling optimal: give exactly one of --flops and --params (> 0)");
+    return 0;
+}
+
+/* The five allocations of a budget (flops > 0) or for a model size (params), with the loss the
+ * unrounded approach 3 predicts. */
+static void optimal_rows(double flops, double params, row r[5]) {
     nl_chinchilla law, rounded;
     nl_scaling_hoffmann(&law);
     nl_scaling_hoffmann_rounded(&rounded);
     nl_powerlaw a1n, a1d;
     nl_scaling_approach1(&a1n, &a1d);
-    row r[5];
     if (flops > 0) {
         double n, d;
         nl_scaling_rule(20, flops, &n, &d);
@@ -115,213 +110,238 @@ static int cmd_optimal(int argc, char **argv) {
         r[4] = (row){"Kaplan 2020 (N ~ C^0.73)", n, ck / (6 * n), ck, 0};
     }
     for (int i = 0; i < 5; i++) r[i].loss = nl_scaling_loss(&law, r[i].n, r[i].d);
-    double rate = hw.flops_bf16 * mfu;
-    if (svg) {
-        double mark = flops > 0 ? flops : r[2].c;
-        if (nl_scaling_svg_frontier(svg, &law, mark / 1e3, mark * 1e3, mark)) return nl_cli_fail("--svg");
-    }
-    if (json) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "gpu", hw.name);
-        cJSON_AddNumberToObject(d, "mfu", mfu);
-        cJSON *arr = cJSON_AddArrayToObject(d, "methods");
-        for (int i = 0; i < 5; i++) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "method", r[i].method);
-            cJSON_AddNumberToObject(o, "params", r[i].n);
-            cJSON_AddNumberToObject(o, "tokens", r[i].d);
-            cJSON_AddNumberToObject(o, "tokens_per_param", r[i].d / r[i].n);
-            cJSON_AddNumberToObject(o, "flops", r[i].c);
-            cJSON_AddNumberToObject(o, "predicted_loss", r[i].loss);
-            cJSON_AddNumberToObject(o, "gpu_hours", r[i].c / rate / 3600);
-            cJSON_AddNumberToObject(o, "cost", r[i].c / rate / 3600 * hw.price_per_hour);
-            cJSON_AddItemToArray(arr, o);
-        }
-        return nl_cli_print_json(d);
-    }
-    static const char *hdr[] = {"method", "params", "tokens", "tok/param", "FLOPs", "loss", "GPU-hours", "cost $"};
-    nl_table t;
-    nl_table_init(&t, 8, hdr);
+}
+
+/* The Lagrange-multiplier derivation of approach 3's closed form at budget C, numbers substituted
+ * (Hoffmann et al. 2022 appendix D.2). */
+static void report_explain(nl_report *r, const nl_chinchilla *law, double C) {
+    double al = law->alpha, be = law->beta, A = law->A, B = law->B;
+    double G = pow(al * A / (be * B), 1 / (al + be)), a = be / (al + be), b = al / (al + be);
+    double N = G * pow(C / 6, a), D = pow(C / 6, b) / G;
+    double lhs = al * A * pow(N, -al), rhs = be * B * pow(D, -be);
+    nl_report_note(r, "%s", "");
+    nl_report_note(r,
+                   "Why (Lagrange multipliers, Hoffmann et al. 2022 approach 3):\n"
+                   "  minimise L(N, D) = E + A/N^alpha + B/D^beta subject to 6 N D = C\n"
+                   "  with E = %.4f, A = %.2f, B = %.2f, alpha = %.4f, beta = %.4f, C = %.4g FLOPs.",
+                   law->E, A, B, al, be, C);
+    nl_report_note(r, "  Lagrangian: E + A N^-alpha + B D^-beta + lambda (6 N D - C)\n"
+                      "  dL/dN = 0:  alpha A N^-alpha = 6 lambda N D\n"
+                      "  dL/dD = 0:  beta B D^-beta  = 6 lambda N D\n"
+                      "  so alpha A N^-alpha = beta B D^-beta; put D = C/(6N):\n"
+                      "  N^(alpha+beta) = (alpha A / (beta B)) (C/6)^beta\n"
+                      "  N = G (C/6)^a, D = G^-1 (C/6)^b with G = (alpha A/(beta B))^(1/(alpha+beta)),\n"
+                      "  a = beta/(alpha+beta), b = alpha/(alpha+beta).");
+    nl_report_note(r,
+                   "  Numbers: G = (%.4f x %.2f / (%.4f x %.2f))^(1/%.4f) = %.4f, a = %.4f, b = %.4f,\n"
+                   "  C/6 = %.4g, N = %.4f x %.4g^%.4f = %.4g parameters, D = %.4g^%.4f / %.4f = %.4g tokens",
+                   al, A, be, B, al + be, G, a, b, C / 6, G, C / 6, a, N, C / 6, b, G, D);
+    nl_report_note(r,
+                   "  (%.1f tokens per parameter). Check: alpha A N^-alpha = %.4g, beta B D^-beta = %.4g,\n"
+                   "  lambda = %.4g per FLOP; 6 N D = %.4g = C.",
+                   D / N, lhs, rhs, lhs / (6 * N * D), 6 * N * D);
+}
+
+static void report_optimal(nl_report *r, const optimal_args *o, const nl_hw *hw, const row rows[5]) {
+    double rate = hw->flops_bf16 * o->mfu;
+    nl_report_str(r, "gpu", "", hw->name);
+    nl_report_num(r, "mfu", "", o->mfu, NULL, NULL);
+    nl_report_note(r,
+                   "Compute-optimal allocation, C = 6*N*D; loss from Chinchilla approach 3 (unrounded);\n"
+                   "GPU-hours on %s at %.0f%% MFU (%.0f TFLOP/s peak), $%.2f per GPU-hour.",
+                   hw->name, 100 * o->mfu, hw->flops_bf16 / 1e12, hw->price_per_hour);
+    nl_chinchilla law;
+    nl_scaling_hoffmann(&law);
+    if (o->explain) report_explain(r, &law, rows[2].c);
+    nl_report_table(r, "methods", NULL, 10,
+                    (const nl_report_col[]){{"method", "method", NULL},
+                                            {NULL, "params", NULL},
+                                            {"params", "", NULL},
+                                            {NULL, "tokens", NULL},
+                                            {"tokens", "", NULL},
+                                            {"tokens_per_param", "tok/param", "%-.1f"},
+                                            {"flops", "FLOPs", "%-.3g"},
+                                            {"predicted_loss", "loss", "%-.3f"},
+                                            {"gpu_hours", "GPU-hours", "%-.4g"},
+                                            {"cost", "cost $", "%-.4g"}});
     for (int i = 0; i < 5; i++) {
         char n[32], d[32];
-        nl_table_rowf(&t, "%s|%s|%s|%.1f|%.3g|%.3f|%.4g|%.4g", r[i].method, nl_fmt_count(r[i].n, n, sizeof n),
-                      nl_fmt_count(r[i].d, d, sizeof d), r[i].d / r[i].n, r[i].c, r[i].loss, r[i].c / rate / 3600,
-                      r[i].c / rate / 3600 * hw.price_per_hour);
+        double hours = rows[i].c / rate / 3600;
+        nl_report_cell_str(r, rows[i].method);
+        nl_report_cell_str(r, nl_fmt_count(rows[i].n, n, sizeof n));
+        nl_report_cell_num(r, rows[i].n);
+        nl_report_cell_str(r, nl_fmt_count(rows[i].d, d, sizeof d));
+        nl_report_cell_num(r, rows[i].d);
+        nl_report_cell_num(r, rows[i].d / rows[i].n);
+        nl_report_cell_num(r, rows[i].c);
+        nl_report_cell_num(r, rows[i].loss);
+        nl_report_cell_num(r, hours);
+        nl_report_cell_num(r, hours * hw->price_per_hour);
+        nl_report_row_end(r);
     }
-    printf("Compute-optimal allocation, C = 6*N*D; loss from Chinchilla approach 3 (unrounded);\n"
-           "GPU-hours on %s at %.0f%% MFU (%.0f TFLOP/s peak), $%.2f per GPU-hour.\n\n",
-           hw.name, 100 * mfu, hw.flops_bf16 / 1e12, hw.price_per_hour);
-    if (explain) {
-        /* The Lagrange-multiplier derivation of approach 3's closed form, numbers substituted
-         * (Hoffmann et al. 2022 appendix D.2). */
-        double al = law.alpha, be = law.beta, A = law.A, B = law.B, C = r[2].c;
-        double G = pow(al * A / (be * B), 1 / (al + be)), a = be / (al + be), b = al / (al + be);
-        double N = G * pow(C / 6, a), D = pow(C / 6, b) / G;
-        double lhs = al * A * pow(N, -al), rhs = be * B * pow(D, -be);
-        printf("Why (Lagrange multipliers, Hoffmann et al. 2022 approach 3):\n"
-               "  minimise L(N, D) = E + A/N^alpha + B/D^beta subject to 6 N D = C\n"
-               "  with E = %.4f, A = %.2f, B = %.2f, alpha = %.4f, beta = %.4f, C = %.4g FLOPs.\n"
-               "  Lagrangian: E + A N^-alpha + B D^-beta + lambda (6 N D - C)\n"
-               "  dL/dN = 0:  alpha A N^-alpha = 6 lambda N D\n"
-               "  dL/dD = 0:  beta B D^-beta  = 6 lambda N D\n"
-               "  so alpha A N^-alpha = beta B D^-beta; put D = C/(6N):\n"
-               "  N^(alpha+beta) = (alpha A / (beta B)) (C/6)^beta\n"
-               "  N = G (C/6)^a, D = G^-1 (C/6)^b with G = (alpha A/(beta B))^(1/(alpha+beta)),\n"
-               "  a = beta/(alpha+beta), b = alpha/(alpha+beta).\n"
-               "  Numbers: G = (%.4f x %.2f / (%.4f x %.2f))^(1/%.4f) = %.4f, a = %.4f, b = %.4f,\n"
-               "  C/6 = %.4g, N = %.4f x %.4g^%.4f = %.4g parameters, D = %.4g^%.4f / %.4f = %.4g tokens\n"
-               "  (%.1f tokens per parameter). Check: alpha A N^-alpha = %.4g, beta B D^-beta = %.4g,\n"
-               "  lambda = %.4g per FLOP; 6 N D = %.4g = C.\n\n",
-               law.E, A, B, al, be, C, al, A, be, B, al + be, G, a, b, C / 6, G, C / 6, a, N, C / 6, b, G, D, D / N,
-               lhs, rhs, lhs / (6 * N * D), 6 * N * D);
+    nl_powerlaw a1n, a1d;
+    nl_scaling_approach1(&a1n, &a1d);
+    nl_report_note(r, "%s", "");
+    nl_report_note(r, "Approach 1: N = %.4g * C^%.4f (log-log fit to Hoffmann et al. 2022 Table 3), D = C / 6N.", a1n.k,
+                   a1n.a);
+}
+
+static int cmd_optimal(int argc, char **argv) {
+    optimal_args o;
+    int rc = optimal_parse(&o, argc, argv);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    nl_hw hw;
+    if (nl_catalog_find_hw(&o.pa.cat, o.pa.gpu, &hw))
+        return nl_cli_usage_error("scaling optimal: --gpu: %s", nl_last_error());
+    if (o.price >= 0) hw.price_per_hour = o.price;
+    row r[5];
+    optimal_rows(o.flops, o.params, r);
+    if (o.svg) {
+        nl_chinchilla law;
+        nl_scaling_hoffmann(&law);
+        double mark = o.flops > 0 ? o.flops : r[2].c;
+        if (nl_scaling_svg_frontier(o.svg, &law, mark / 1e3, mark * 1e3, mark)) return nl_cli_fail("--svg");
     }
-    nl_table_print(&t, stdout);
-    nl_table_free(&t);
-    printf("\nApproach 1: N = %.4g * C^%.4f (log-log fit to Hoffmann et al. 2022 Table 3), D = C / 6N.\n", a1n.k,
-           a1n.a);
-    return NL_EXIT_OK;
+    nl_report *rep = nl_report_new("scaling optimal");
+    report_optimal(rep, &o, &hw, r);
+    return nl_report_print(rep, o.json);
+}
+
+static void report_overtrain(nl_report *r, double n, double d, double ratio, const nl_overtrain *o) {
+    char a[32], b[32], e[32], f[32];
+    nl_report_num(r, "params", "", n, NULL, NULL);
+    nl_report_num(r, "tokens", "", d, NULL, NULL);
+    nl_report_num(r, "tokens_per_param", "", o->tokens_per_param, NULL, NULL);
+    nl_report_num(r, "multiple_of_rule", "", o->multiple_of_rule, NULL, NULL);
+    nl_report_num(r, "flops", "", o->flops, NULL, NULL);
+    nl_report_num(r, "predicted_loss", "", o->loss, NULL, NULL);
+    nl_report_num(r, "optimal_params", "", o->opt_params, NULL, NULL);
+    nl_report_num(r, "optimal_tokens", "", o->opt_tokens, NULL, NULL);
+    nl_report_num(r, "optimal_flops", "", o->opt_flops, NULL, NULL);
+    nl_report_num(r, "extra_flops_frac", "", o->extra_flops_frac, NULL, NULL);
+    nl_report_num(r, "breakeven_tokens", "", o->breakeven_tokens, NULL, NULL); /* null when never */
+    nl_report_note(r, "model:            %s parameters on %s tokens = %.3g FLOPs", nl_fmt_count(n, a, sizeof a),
+                   nl_fmt_count(d, b, sizeof b), o->flops);
+    nl_report_note(r, "tokens/parameter: %.0f, %.1fx the %.0f-tokens rule", o->tokens_per_param, o->multiple_of_rule,
+                   ratio);
+    nl_report_note(r, "predicted loss:   %.4f (Chinchilla approach 3)", o->loss);
+    nl_report_note(r, "same loss, compute-optimal: %s parameters on %s tokens = %.3g FLOPs",
+                   nl_fmt_count(o->opt_params, e, sizeof e), nl_fmt_count(o->opt_tokens, f, sizeof f), o->opt_flops);
+    nl_report_note(r, "extra training compute: %+.0f%%", 100 * o->extra_flops_frac);
+    if (isfinite(o->breakeven_tokens))
+        nl_report_note(r,
+                       "break-even: after %s served tokens (2N FLOPs each) the smaller model has paid for its extra "
+                       "training",
+                       nl_fmt_count(o->breakeven_tokens, a, sizeof a));
+    else
+        nl_report_note(r, "break-even: never (this model is larger than the compute-optimal one of the same loss)");
 }
 
 static int cmd_overtrain(int argc, char **argv) {
-    static const struct option opts[] = {{"params", required_argument, 0, 'n'}, {"tokens", required_argument, 0, 'd'},
-                                         {"ratio", required_argument, 0, 'r'},  {"json", no_argument, 0, 'j'},
-                                         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     double n = 0, d = 0, ratio = 20;
-    int json = 0, c;
-    while ((c = getopt_long(argc, argv, "n:d:r:jh", opts, NULL)) != -1) {
-        switch (c) {
-        case 'n':
-            if (nl_cli_double_si("--params", optarg, &n)) return NL_EXIT_USAGE;
-            break;
-        case 'd':
-            if (nl_cli_double_si("--tokens", optarg, &d)) return NL_EXIT_USAGE;
-            break;
-        case 'r':
-            if (nl_cli_double("--ratio", optarg, &ratio)) return NL_EXIT_USAGE;
-            break;
-        case 'j': json = 1; break;
-        case 'h': usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("scaling overtrain", argv);
-        }
-    }
-    if (optind < argc) return nl_cli_usage_error("scaling overtrain: unexpected argument '%s'", argv[optind]);
+    int json = 0;
+    nl_opt opts[] = {
+        NL_OPT_SI("params", &n, 0, INFINITY, "N", "parameters of the model (8B; required)"),
+        NL_OPT_SI("tokens", &d, 0, INFINITY, "D", "training tokens (15T; required)"),
+        NL_OPT_DBL("ratio", &ratio, 0, INFINITY, "R", "tokens per parameter of the rule (default 20)"),
+        NL_OPT_FLAG("json", &json, "print the result as JSON"),
+    };
+    nl_optgroup groups[] = {{NULL, opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"scaling overtrain",
+                       "nanolm scaling overtrain --params N --tokens D [options]",
+                       "A model trained past the optimum against the compute-optimal model of the same predicted\n"
+                       "loss, and the served tokens at which it pays off.",
+                       groups,
+                       1,
+                       0};
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     if (!(n > 0) || !(d > 0)) return nl_cli_usage_error("scaling overtrain: --params and --tokens are required (> 0)");
     if (!(ratio > 0)) return nl_cli_usage_error("scaling overtrain: --ratio must be > 0");
     nl_chinchilla law;
     nl_scaling_hoffmann(&law);
     nl_overtrain o;
     if (nl_scaling_overtrain(&law, n, d, ratio, &o)) return nl_cli_fail("scaling overtrain");
-    if (json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddNumberToObject(j, "params", n);
-        cJSON_AddNumberToObject(j, "tokens", d);
-        cJSON_AddNumberToObject(j, "tokens_per_param", o.tokens_per_param);
-        cJSON_AddNumberToObject(j, "multiple_of_rule", o.multiple_of_rule);
-        cJSON_AddNumberToObject(j, "flops", o.flops);
-        cJSON_AddNumberToObject(j, "predicted_loss", o.loss);
-        cJSON_AddNumberToObject(j, "optimal_params", o.opt_params);
-        cJSON_AddNumberToObject(j, "optimal_tokens", o.opt_tokens);
-        cJSON_AddNumberToObject(j, "optimal_flops", o.opt_flops);
-        cJSON_AddNumberToObject(j, "extra_flops_frac", o.extra_flops_frac);
-        if (isfinite(o.breakeven_tokens))
-            cJSON_AddNumberToObject(j, "breakeven_tokens", o.breakeven_tokens);
-        else
-            cJSON_AddNullToObject(j, "breakeven_tokens");
-        return nl_cli_print_json(j);
+    nl_report *r = nl_report_new("scaling overtrain");
+    report_overtrain(r, n, d, ratio, &o);
+    return nl_report_print(r, json);
+}
+
+static void report_fit(nl_report *r, const nl_scaling_fit_result *f, double delta, int64_t boot) {
+    const struct {
+        const char *label, *se_key;
+        double v, se;
+    } p[] = {{"E", "se_E", f->law.E, f->se_E},
+             {"log A", "se_log_A", f->log_a, f->se_log_a},
+             {"log B", "se_log_B", f->log_b, f->se_log_b},
+             {"alpha", "se_alpha", f->law.alpha, f->se_alpha},
+             {"beta", "se_beta", f->law.beta, f->se_beta}};
+    nl_report_int(r, "n_obs", "", f->n_obs, NULL);
+    nl_report_num(r, "E", "", f->law.E, NULL, NULL);
+    nl_report_num(r, "A", "", f->law.A, NULL, NULL);
+    nl_report_num(r, "B", "", f->law.B, NULL, NULL);
+    nl_report_num(r, "alpha", "", f->law.alpha, NULL, NULL);
+    nl_report_num(r, "beta", "", f->law.beta, NULL, NULL);
+    for (int i = 0; i < 5; i++) nl_report_num(r, p[i].se_key, "", p[i].se, NULL, NULL);
+    nl_report_num(r, "objective", "", f->objective, NULL, NULL);
+    nl_report_note(r,
+                   "L(N, D) = E + A/N^alpha + B/D^beta fitted to %d rows (Huber delta %g on log loss, L-BFGS from the\n"
+                   "best %d of 4500 grid starts; standard errors from %lld bootstrap resamples):",
+                   f->n_obs, delta, f->n_starts, (long long)boot);
+    nl_report_table(
+        r, NULL, NULL, 3,
+        (const nl_report_col[]){{NULL, "parameter", NULL}, {NULL, "estimate", "%-.4f"}, {NULL, "std. error", "%-.4f"}});
+    for (int i = 0; i < 5; i++) {
+        nl_report_cell_str(r, p[i].label);
+        nl_report_cell_num(r, p[i].v);
+        nl_report_cell_num(r, p[i].se);
+        nl_report_row_end(r);
     }
-    char a[32], b[32], e[32], f[32];
-    printf("model:            %s parameters on %s tokens = %.3g FLOPs\n", nl_fmt_count(n, a, sizeof a),
-           nl_fmt_count(d, b, sizeof b), o.flops);
-    printf("tokens/parameter: %.0f, %.1fx the %.0f-tokens rule\n", o.tokens_per_param, o.multiple_of_rule, ratio);
-    printf("predicted loss:   %.4f (Chinchilla approach 3)\n", o.loss);
-    printf("same loss, compute-optimal: %s parameters on %s tokens = %.3g FLOPs\n",
-           nl_fmt_count(o.opt_params, e, sizeof e), nl_fmt_count(o.opt_tokens, f, sizeof f), o.opt_flops);
-    printf("extra training compute: %+.0f%%\n", 100 * o.extra_flops_frac);
-    if (isfinite(o.breakeven_tokens))
-        printf("break-even: after %s served tokens (2N FLOPs each) the smaller model has paid for its extra training\n",
-               nl_fmt_count(o.breakeven_tokens, a, sizeof a));
-    else
-        printf("break-even: never (this model is larger than the compute-optimal one of the same loss)\n");
-    return NL_EXIT_OK;
+    double a = f->law.beta / (f->law.alpha + f->law.beta);
+    nl_report_note(r, "%s", "");
+    nl_report_note(r, "compute-optimal N ~ C^%.3f, D ~ C^%.3f", a, 1 - a);
 }
 
 static int cmd_fit(int argc, char **argv) {
-    static const struct option opts[] = {{"bootstrap", required_argument, 0, 'b'},
-                                         {"seed", required_argument, 0, 's'},
-                                         {"delta", required_argument, 0, 'd'},
-                                         {"json", no_argument, 0, 'j'},
-                                         {"n-col", required_argument, 0, 'N'},
-                                         {"d-col", required_argument, 0, 'D'},
-                                         {"flops-col", required_argument, 0, 'C'},
-                                         {"loss-col", required_argument, 0, 'L'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
     nl_scaling_cols names = {NULL, NULL, NULL, NULL};
     int64_t boot = 100, seed = 1;
     double delta = 1e-3;
-    int json = 0, c;
-    while ((c = getopt_long(argc, argv, "b:s:d:jN:D:C:L:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'N': names.n = optarg; break;
-        case 'D': names.d = optarg; break;
-        case 'C': names.flops = optarg; break;
-        case 'L': names.loss = optarg; break;
-        case 'b':
-            if (nl_cli_int("--bootstrap", optarg, 0, 100000, &boot)) return NL_EXIT_USAGE;
-            break;
-        case 's':
-            if (nl_cli_int("--seed", optarg, 0, INT64_MAX, &seed)) return NL_EXIT_USAGE;
-            break;
-        case 'd':
-            if (nl_cli_double("--delta", optarg, &delta)) return NL_EXIT_USAGE;
-            break;
-        case 'j': json = 1; break;
-        case 'h': usage(stdout); return NL_EXIT_OK;
-        default: return nl_cli_bad_option("scaling fit", argv);
-        }
-    }
-    if (optind != argc - 1) return nl_cli_usage_error("scaling fit: give one CSV file (columns N, D or FLOPs, loss)");
+    int json = 0, npos = 0;
+    nl_opt opts[] = {
+        NL_OPT_INT("bootstrap", &boot, 0, 100000, "K", "resamples for the standard errors (default 100; 0: none)"),
+        NL_OPT_INT("seed", &seed, 0, INT64_MAX, "S", "seed of the resampling (default 1)"),
+        NL_OPT_DBL("delta", &delta, 0, INFINITY, "X", "Huber delta on log loss (default 1e-3)"),
+        NL_OPT_STR("n-col", &names.n, "NAME", "column of parameter counts (default N or params)"),
+        NL_OPT_STR("d-col", &names.d, "NAME", "column of training tokens (default D or tokens)"),
+        NL_OPT_STR("flops-col", &names.flops, "NAME", "column of training FLOPs (default C or FLOPs; D = C / 6N)"),
+        NL_OPT_STR("loss-col", &names.loss, "NAME", "column of losses (default loss)"),
+        NL_OPT_FLAG("json", &json, "print the result as JSON"),
+    };
+    nl_optgroup groups[] = {{NULL, opts, NL_NOPTS(opts)}};
+    nl_cmdspec spec = {"scaling fit",
+                       "nanolm scaling fit FILE.csv [options]",
+                       "Fits E, A, B, alpha, beta to (N, D or FLOPs, loss) rows (Hoffmann's method); columns are\n"
+                       "found by name (N/params, D/tokens, C/FLOPs, loss) or as --*-col names them; others are "
+                       "ignored.",
+                       groups,
+                       1,
+                       1};
+    const char *file = NULL;
+    int rc = nl_cli_parse(&spec, argc, argv, &file, &npos);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    if (npos != 1) return nl_cli_usage_error("scaling fit: give one CSV file (columns N, D or FLOPs, loss)");
     if (!(delta > 0)) return nl_cli_usage_error("scaling fit: --delta must be > 0");
     nl_scaling_obs *obs;
     size_t n;
-    if (nl_scaling_read_csv_cols(argv[optind], &names, &obs, &n)) return nl_cli_fail("scaling fit");
+    if (nl_scaling_read_csv_cols(file, &names, &obs, &n)) return nl_cli_fail("scaling fit");
     nl_scaling_fit_opts fo = {delta, (int)boot, (uint64_t)seed};
     nl_scaling_fit_result r;
-    nl_status rc = nl_scaling_fit(obs, n, &fo, &r);
+    nl_status st = nl_scaling_fit(obs, n, &fo, &r);
     nl_free(obs);
-    if (rc) return nl_cli_fail("scaling fit");
-    if (json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddNumberToObject(j, "n_obs", r.n_obs);
-        cJSON_AddNumberToObject(j, "E", r.law.E);
-        cJSON_AddNumberToObject(j, "A", r.law.A);
-        cJSON_AddNumberToObject(j, "B", r.law.B);
-        cJSON_AddNumberToObject(j, "alpha", r.law.alpha);
-        cJSON_AddNumberToObject(j, "beta", r.law.beta);
-        cJSON_AddNumberToObject(j, "se_E", r.se_E);
-        cJSON_AddNumberToObject(j, "se_log_A", r.se_log_a);
-        cJSON_AddNumberToObject(j, "se_log_B", r.se_log_b);
-        cJSON_AddNumberToObject(j, "se_alpha", r.se_alpha);
-        cJSON_AddNumberToObject(j, "se_beta", r.se_beta);
-        cJSON_AddNumberToObject(j, "objective", r.objective);
-        return nl_cli_print_json(j);
-    }
-    printf("L(N, D) = E + A/N^alpha + B/D^beta fitted to %d rows (Huber delta %g on log loss, L-BFGS from the\n"
-           "best %d of 4500 grid starts; standard errors from %lld bootstrap resamples):\n\n",
-           r.n_obs, delta, r.n_starts, (long long)boot);
-    static const char *hdr[] = {"parameter", "estimate", "std. error"};
-    nl_table t;
-    nl_table_init(&t, 3, hdr);
-    nl_table_rowf(&t, "E|%.4f|%.4f", r.law.E, r.se_E);
-    nl_table_rowf(&t, "log A|%.4f|%.4f", r.log_a, r.se_log_a);
-    nl_table_rowf(&t, "log B|%.4f|%.4f", r.log_b, r.se_log_b);
-    nl_table_rowf(&t, "alpha|%.4f|%.4f", r.law.alpha, r.se_alpha);
-    nl_table_rowf(&t, "beta|%.4f|%.4f", r.law.beta, r.se_beta);
-    nl_table_print(&t, stdout);
-    nl_table_free(&t);
-    double a = r.law.beta / (r.law.alpha + r.law.beta);
-    printf("\ncompute-optimal N ~ C^%.3f, D ~ C^%.3f\n", a, 1 - a);
-    return NL_EXIT_OK;
+    if (st) return nl_cli_fail("scaling fit");
+    nl_report *rep = nl_report_new("scaling fit");
+    report_fit(rep, &r, delta, boot);
+    return nl_report_print(rep, json);
 }
 
 int nl_cmd_scaling(int argc, char **argv) {

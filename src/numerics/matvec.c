@@ -199,52 +199,116 @@ INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
     }
 }
 
-/* AVX-512: 16 lanes, the k tail with a masked load, then _mm512_reduce_add_ps. */
-#define AVX512_TILE(NAME, R, T, LOADW)                                                                                 \
-    TGT_AVX512 static void NAME(const mv_args *a, int64_t n0, int64_t m0) {                                            \
-        const int64_t K = a->K;                                                                                        \
-        __m512 acc[R][T];                                                                                              \
-        for (int r = 0; r < R; r++)                                                                                    \
-            for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();                                               \
-        int64_t k = 0;                                                                                                 \
-        for (; k + 16 <= K; k += 16) {                                                                                 \
-            __m512 xv[T];                                                                                              \
-            for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(a->x + (m0 + t) * K + k);                              \
-            if (R > 1) prefetch_next(a, n0 + R, R, k);                                                                 \
-            for (int r = 0; r < R; r++) {                                                                              \
-                __m512 wv = LOADW(a, n0 + r, k, (__mmask16)0xFFFF);                                                    \
-                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);                         \
-            }                                                                                                          \
-        }                                                                                                              \
-        if (k < K) {                                                                                                   \
-            __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);                                                          \
-            __m512 xv[T];                                                                                              \
-            for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(mk, a->x + (m0 + t) * K + k);                    \
-            for (int r = 0; r < R; r++) {                                                                              \
-                __m512 wv = LOADW(a, n0 + r, k, mk);                                                                   \
-                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);                         \
-            }                                                                                                          \
-        }                                                                                                              \
-        for (int r = 0; r < R; r++)                                                                                    \
-            for (int t = 0; t < T; t++) a->y[(m0 + t) * a->N + n0 + r] = _mm512_reduce_add_ps(acc[r][t]);              \
+/* AVX-512: 16 lanes, the k tail with a masked load, then _mm512_reduce_add_ps. One tile is
+ * R weight rows x T tokens with R * T accumulators held in registers (R <= 4, T <= 6: 24
+ * accumulators, 4 weight vectors and one activation vector of the 32 registers); per 16 columns
+ * it loads R + T vectors for R * T FMAs, so a batched step is bound by the FMA units, not by
+ * loads. R and T are compile-time constants of each instance (the loops unroll fully and nothing
+ * spills). pf: when set, the same columns of the R rows after the tile are prefetched (the first
+ * token tile of a row group streams the weights from memory). */
+enum { MV_T512 = 6 }; /* tokens per AVX-512 register tile */
+
+TGT_AVX512 INLINE __m512 load_w512(const float *wf, const uint16_t *wb, int64_t off, __mmask16 mk) {
+    if (wb)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, wb + off)), 16));
+    return _mm512_maskz_loadu_ps(mk, wf + off);
+}
+
+TGT_AVX512 INLINE void tile512(const float *wf, const uint16_t *wb, const float *x, float *y, int64_t K, int64_t N,
+                               const int R, const int T, int pf) {
+    __m512 acc[4][MV_T512];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    const size_t esize = wb ? 2 : 4;
+    const char *pnext = wb ? (const char *)(wb + R * K) : (const char *)(wf + R * K);
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = load_w512(wf, wb, r * K + k, (__mmask16)0xFFFF);
+        if (pf)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch(pnext + (size_t)(r * K + k) * esize, _MM_HINT_T0);
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            __m512 xv = _mm512_loadu_ps(x + t * K + k);
+            __asm__("" : "+v"(xv)); /* one load per token: GCC would fold it into each of the R FMAs */
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
     }
-
-TGT_AVX512 INLINE __m512 load_f32_512(const mv_args *a, int64_t n, int64_t k, __mmask16 mk) {
-    return _mm512_maskz_loadu_ps(mk, a->wf + n * a->K + k);
+    if (k < K) {
+        __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = load_w512(wf, wb, r * K + k, mk);
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            __m512 xv = _mm512_maskz_loadu_ps(mk, x + t * K + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) y[t * N + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
-TGT_AVX512 INLINE __m512 load_bf16_512(const mv_args *a, int64_t n, int64_t k, __mmask16 mk) {
-    __m256i h = _mm256_maskz_loadu_epi16(mk, a->wb + n * a->K + k);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 
-AVX512_TILE(f32_512_4x4, 4, 4, load_f32_512)
-AVX512_TILE(f32_512_4x1, 4, 1, load_f32_512)
-AVX512_TILE(f32_512_1x4, 1, 4, load_f32_512)
-AVX512_TILE(f32_512_1x1, 1, 1, load_f32_512)
-AVX512_TILE(bf16_512_4x4, 4, 4, load_bf16_512)
-AVX512_TILE(bf16_512_4x1, 4, 1, load_bf16_512)
-AVX512_TILE(bf16_512_1x4, 1, 4, load_bf16_512)
-AVX512_TILE(bf16_512_1x1, 1, 1, load_bf16_512)
+/* tile512 on rows n.. and tokens m.. of a, with the row count and token count fixed. */
+typedef void (*tile512_fn)(const mv_args *, int64_t n, int64_t m, int pf);
+#define TILE512(R, T)                                                                                                  \
+    TGT_AVX512 static void tile512_##R##x##T(const mv_args *a, int64_t n, int64_t m, int pf) {                         \
+        tile512(a->wf ? a->wf + n * a->K : NULL, a->wb ? a->wb + n * a->K : NULL, a->x + m * a->K,                     \
+                a->y + m * a->N + n, a->K, a->N, R, T, pf);                                                            \
+    }
+TILE512(4, 1)
+TILE512(4, 2)
+TILE512(4, 3)
+TILE512(4, 4)
+TILE512(4, 5)
+TILE512(4, 6)
+TILE512(1, 1)
+TILE512(1, 2)
+TILE512(1, 3)
+TILE512(1, 4)
+TILE512(1, 5)
+TILE512(1, 6)
+static const tile512_fn tiles512[2][MV_T512] = {
+    {tile512_1x1, tile512_1x2, tile512_1x3, tile512_1x4, tile512_1x5, tile512_1x6},
+    {tile512_4x1, tile512_4x2, tile512_4x3, tile512_4x4, tile512_4x5, tile512_4x6}};
+
+/* Rows [n0, n1) for tokens [m0, m1) on AVX-512: groups of 4 rows (then single rows) against the
+ * tokens in near-equal register tiles of at most 6. Fewer than 4 tokens of an fp32 weight
+ * (decode): row after row instead, one long sequential stream of W that the prefetchers follow;
+ * a row (a few KB) stays in L1 for the other tokens. bf16 keeps the 4-row tiles at M = 1: one
+ * row's single accumulator chain (an FMA every 4 cycles behind the widening) reads ~33-38 GB/s
+ * from L2 on one core, about the memory bandwidth, and 4 rows' four chains ~50 GB/s (thread CPU
+ * time, weights in L2); fp32 reads twice the bytes per FMA and is not latency bound. Either
+ * way each (row, token) pair runs the same accumulation, so the choice changes no bits. */
+static void run_block512(const mv_args *a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
+    const int64_t cnt = m1 - m0;
+    if (cnt < 4 && !a->wb) {
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m++) tile512_1x1(a, n, m, 0);
+        return;
+    }
+    const int64_t ntile = (cnt + MV_T512 - 1) / MV_T512, base = cnt / ntile, extra = cnt % ntile;
+    for (int64_t n = n0; n < n1;) {
+        const int four = n + 4 <= n1;
+        const int pf = four && n + 8 <= a->N;
+        int64_t m = m0;
+        for (int64_t i = 0; i < ntile; i++) {
+            int64_t T = base + (i < extra);
+            tiles512[four][T - 1](a, n, m, pf && i == 0);
+            m += T;
+        }
+        n += four ? 4 : 1;
+    }
+}
 
 /* AVX2: 8 lanes; the k tail (K mod 8) is summed in scalar after the horizontal sum. */
 TGT_AVX2 INLINE float hsum256(__m256 v) {
@@ -306,11 +370,15 @@ static void run_block(const mv_args *a, nl_mv_path path, int64_t n0, int64_t n1,
                 tile_portable(a, n, (int)(n1 - n < MV_RB ? n1 - n : MV_RB), m, (int)(m1 - m < MV_TB ? m1 - m : MV_TB));
         return;
     }
-    const int bf = a->wb != NULL, avx512 = path == NL_MV_AVX512;
-    tile_fn t44 = avx512 ? (bf ? bf16_512_4x4 : f32_512_4x4) : (bf ? bf16_256_4x4 : f32_256_4x4);
-    tile_fn t41 = avx512 ? (bf ? bf16_512_4x1 : f32_512_4x1) : (bf ? bf16_256_4x1 : f32_256_4x1);
-    tile_fn t14 = avx512 ? (bf ? bf16_512_1x4 : f32_512_1x4) : (bf ? bf16_256_1x4 : f32_256_1x4);
-    tile_fn t11 = avx512 ? (bf ? bf16_512_1x1 : f32_512_1x1) : (bf ? bf16_256_1x1 : f32_256_1x1);
+    if (path == NL_MV_AVX512) {
+        run_block512(a, n0, n1, m0, m1);
+        return;
+    }
+    const int bf = a->wb != NULL;
+    tile_fn t44 = bf ? bf16_256_4x4 : f32_256_4x4;
+    tile_fn t41 = bf ? bf16_256_4x1 : f32_256_4x1;
+    tile_fn t14 = bf ? bf16_256_1x4 : f32_256_1x4;
+    tile_fn t11 = bf ? bf16_256_1x1 : f32_256_1x1;
     int64_t n = n0;
     if (m1 - m0 < MV_TB) {
         /* decode (fewer tokens than a tile): row after row, one long sequential stream of W

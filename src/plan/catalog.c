@@ -25,6 +25,16 @@
  * H100 is 80 GiB of HBM stacks (A100 80GB: 81920 MiB; H100 SXM/PCIe: 81559 MiB = 85.5e9 bytes;
  * A100 40GB: 40960 MiB), not 80e9 bytes; reading it as 80e9 rejected 7% of the memory that
  * published runs used. The other parts keep their datasheet figure. */
+/* NVLink SHARP (NVLS; NCCL 2.17+ on third-generation NVSwitch systems: HGX/DGX H100, H200,
+ * B200) reduces in the switch: each GPU sends its whole array into the switch and receives the
+ * whole reduced array, S each way instead of the ring's 2(p-1)/p S, so nccl-tests' busbw is
+ * 2(p-1)/p x link x nvls_eff. The efficiency comes from a measurement that is not in the
+ * validation set: 8 H200 (NVLink 4, NCCL 2.20.3), peak all-reduce busbw 475 GB/s (nccl-tests
+ * issue #272): 475 / (1.75 x 450) = 0.603. NVLink 5 (B200): 8 B300 with NVLS, busbw 845 GB/s
+ * (NCCL issue #2140): 845 / (1.75 x 900) = 0.537. H800 and the PCIe parts are left without it
+ * (no published NVLS figure here). */
+#define NVLS4    0.603
+#define NVLS5    0.537
 #define MIB      (1024.0 * 1024.0)
 #define H100_MEM (81559 * MIB)
 
@@ -33,40 +43,40 @@ static const nl_hw builtin_hw[] = {
      * dense, 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 GB/s per direction;
      * DGX H100: 8 GPUs, one 400 Gb/s ConnectX-7 per GPU = 50 GB/s. */
     {"h100", 989e12, 1979e12, H100_MEM, 3.35e12, 450e9, 50e9, 8, LAT, EFF, EFF, 2.50,
-     "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9},
+     "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9, NVLS4},
     /* NVIDIA H200 SXM datasheet (2024): same compute as H100, 141 GB HBM3e at 4.8 TB/s. */
     {"h200", 989e12, 1979e12, 141e9, 4.8e12, 450e9, 50e9, 8, LAT, EFF, EFF, 3.50,
-     "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9},
+     "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9, NVLS4},
     /* NVIDIA A100 80GB SXM datasheet (2021): 312 TFLOP/s dense BF16, no FP8, 2.039 TB/s,
      * NVLink 3 600 GB/s bidirectional = 300 per direction; DGX A100: 200 Gb/s HDR per GPU. */
     {"a100", 312e12, 312e12, 81920 * MIB, 2.039e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.50,
-     "NVIDIA A100 80GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9},
+     "NVIDIA A100 80GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9, 0},
     /* NVIDIA A100 40GB SXM datasheet (2020): as the 80 GB part with 40 GB HBM2 at 1.555 TB/s. */
     {"a100-40", 312e12, 312e12, 40960 * MIB, 1.555e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.20,
-     "NVIDIA A100 40GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9},
+     "NVIDIA A100 40GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9, 0},
     /* NVIDIA H800 SXM (the H100 for the Chinese market): H100 compute and HBM, NVLink cut to
      * 400 GB/s bidirectional = 200 per direction (DeepSeek-V3 report sec. 3.1: 'NVLink 160 GB/s'
      * achieved, 'IB 50 GB/s'); 400 Gb/s InfiniBand per GPU. */
     {"h800", 989e12, 1979e12, H100_MEM, 3.35e12, 200e9, 50e9, 8, LAT, EFF, EFF, 2.00,
-     "H100 SXM datasheet with NVLink at 400 GB/s; DeepSeek-V3 report sec. 3.1", 0.55, 8, 50e9},
+     "H100 SXM datasheet with NVLink at 400 GB/s; DeepSeek-V3 report sec. 3.1", 0.55, 8, 50e9, 0},
     /* NVIDIA H100 PCIe datasheet (2023): 756 TFLOP/s dense BF16, 1513 FP8, 80 GB HBM2e at
      * 2.0 TB/s; PCIe Gen5 64 GB/s per direction between cards (NVLink bridges pair only two). */
     {"h100-pcie", 756e12, 1513e12, H100_MEM, 2.0e12, 64e9, 50e9, 8, LAT, EFF, EFF, 2.00,
-     "NVIDIA H100 PCIe datasheet; PCIe Gen5 x16 between GPUs", 0.55, 8, 50e9},
+     "NVIDIA H100 PCIe datasheet; PCIe Gen5 x16 between GPUs", 0.55, 8, 50e9, 0},
     /* Google Cloud TPU v5p documentation (2023): 459 TFLOP/s BF16 per chip (no FP8; int8 918
      * TOPS), 95 GB HBM2e at 2.765 TB/s, ICI 4,800 Gb/s per chip = 600 GB/s, 3D torus of up to
      * 8,960 chips; priced here with 4 chips per host and the ICI as the scale-up link. */
     {"tpu-v5p", 459e12, 459e12, 95e9, 2.765e12, 300e9, 100e9, 4, LAT, EFF, EFF, 4.20,
-     "Google Cloud TPU v5p documentation (per chip)", 0.55, 0, 0},
+     "Google Cloud TPU v5p documentation (per chip)", 0.55, 0, 0, 0},
     /* NVIDIA DGX B200 datasheet (2024): 72 PF FP8 dense training / 8 GPUs = 4.5 PF FP8 and
      * 2.25 PF BF16 dense per GPU, 1,440 GB and 64 TB/s in 8 GPUs = 180 GB and 8 TB/s each,
      * NVLink 5 1.8 TB/s bidirectional = 900 GB/s per direction, 400 Gb/s ConnectX-7 per GPU. */
     {"b200", 2250e12, 4500e12, 180e9, 8e12, 900e9, 50e9, 8, LAT, EFF, EFF, 5.00,
-     "NVIDIA DGX B200 datasheet (per GPU = system / 8)", 0.55, 8, 50e9},
+     "NVIDIA DGX B200 datasheet (per GPU = system / 8)", 0.55, 8, 50e9, NVLS5},
     /* AMD Instinct MI300X datasheet (2023): 1307.4 TFLOP/s dense BF16, 2614.9 FP8, 192 GB HBM3
      * at 5.3 TB/s, Infinity Fabric 7 x 64 GB/s = 448 GB/s per direction to the 7 peers. */
     {"mi300x", 1307.4e12, 2614.9e12, 192e9, 5.3e12, 448e9, 50e9, 8, LAT, EFF, EFF, 2.50,
-     "AMD Instinct MI300X datasheet; 8-GPU platform, 400 Gb/s per GPU", 0.55, 8, 50e9},
+     "AMD Instinct MI300X datasheet; 8-GPU platform, 400 Gb/s per GPU", 0.55, 8, 50e9, 0},
 };
 
 #define M(...)                                                                                                         \
@@ -225,6 +235,7 @@ static const field hw_fields[] = {
     {"gemm_eff", offsetof(nl_hw, gemm_eff), 0, 1e-3},
     {"nics_per_node", offsetof(nl_hw, nics_per_node), 1, 0},
     {"nic_bw", offsetof(nl_hw, nic_bw), 0, 0},
+    {"nvls_eff", offsetof(nl_hw, nvls_eff), 0, 0},
 };
 
 static const field model_fields[] = {
@@ -331,7 +342,7 @@ nl_status nl_catalog_load_hw(nl_catalog *c, const char *path) {
         snprintf(hw.name, sizeof hw.name, "%s", name);
         set_source(hw.source, sizeof hw.source, path, o);
         if ((rc = set_fields(path, name, o, &hw, hw_fields, sizeof hw_fields / sizeof hw_fields[0]))) break;
-        if (hw.intra_eff > 1 || hw.inter_eff > 1) {
+        if (hw.intra_eff > 1 || hw.inter_eff > 1 || hw.nvls_eff > 1) {
             rc = nl_fail(NL_ERR_FORMAT, "%s: entry '%s': link efficiencies must be <= 1", path, name);
             break;
         }

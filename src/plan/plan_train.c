@@ -125,7 +125,7 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     /* Attention core on T local queries against the whole (causal) sequence. */
     double seq = (double)q->seq;
     double attn_flops = T * (double)a->n_heads / t * 2.0 * (qd / (double)a->n_heads + hd) * seq / 2.0;
-    double at = attn_flops / (hw->flops_bf16 * e->attn);
+    double at = attn_flops / (hw->flops_bf16 * e->attn) * (q->attn_triton ? NL_ATTN_TRITON_SLOWDOWN : 1.0);
     if (q->attn_materialized) {
         /* Older runs (Megatron-LM 2021, BLOOM, OPT) materialise the scores: QK^T and PV as
          * batched GEMMs on the full s x s square (no causal skip: twice the FLOPs) at GEMM
@@ -156,18 +156,34 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     if (L->recompute == NL_RECOMPUTE_FULL) lt->recompute = lt->fwd;
 }
 
-static int spans(const nl_hw *hw, double stride_times_size) { return stride_times_size > (double)hw->gpus_per_node; }
+/* Where a group of `size` ranks `stride` apart lies: 0 inside one node, else how many of its
+ * members share a node (>= 1), which nl_plan_coll_time needs to spread a ring over their NICs. */
+static int spans(const nl_hw *hw, double stride, double size) {
+    double gpn = (double)hw->gpus_per_node;
+    if (stride * size <= gpn) return 0;
+    double k = floor(gpn / stride);
+    return k < 1 ? 1 : (int)fmin(k, size);
+}
 
-nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_train_eval *o) {
-    memset(o, 0, sizeof *o);
-    nl_train_req qq = *q0;
-    const nl_train_req *q = &qq;
-    qq.eff.fp8_gemm = !strncmp(q0->recipe.name, "fp8", 3); /* FP8 recipes run their GEMMs in FP8 */
-    o->L = *L0;
-    nl_layout *L = &o->L;
+/* Derived quantities of one layout that memory, compute and communication share. */
+typedef struct layout_ctx {
+    parts P;
+    double t, pp, dpz;                                            /* tp, pp and dp x cp as doubles */
+    double lps;                                                   /* layers on the busiest stage */
+    double shard;                                                 /* data-parallel ranks a ZeRO-3/HSDP shard spans */
+    double dense_local;                                           /* non-expert parameters on this GPU */
+    double expert_local;                                          /* routed-expert parameters on this GPU */
+    double T;                                                     /* tokens per microbatch per GPU */
+    double m;                                                     /* microbatches per step */
+    double moe_frac;                                              /* share of the layers that are MoE */
+    double per_layer_fwd, per_layer_bwd, per_layer_rec, attn_fwd; /* one layer, one microbatch */
+    double t_mb_fwd, t_mb; /* one microbatch on the busiest stage: forward, all */
+    double cls;            /* classifier and loss of one microbatch */
+} layout_ctx;
+
+/* The layout's own consistency: degrees, divisibility, what the model allows. */
+static nl_status check_layout(const nl_train_req *q, nl_layout *L) {
     const nl_arch *a = &q->arch;
-    const nl_hw *hw = &q->hw;
-    const nl_eff *e = &q->eff;
     if (L->dp < 1 || L->tp < 1 || L->pp < 1 || L->cp < 1 || L->ep < 1 || L->micro_batch < 1 || L->n_micro < 1)
         return nl_fail(NL_ERR_INVALID, "layout: every degree must be >= 1");
     if (L->vpp < 1) L->vpp = 1;
@@ -191,29 +207,43 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     if (L->ep > 1 && (a->n_experts == 0 || a->n_experts % L->ep || (L->dp * L->cp) % L->ep))
         return nl_fail(NL_ERR_INVALID, "layout: ep %lld must divide the experts and dp*cp", (long long)L->ep);
     if (L->zero == NL_ZERO_HSDP && L->dp <= 1) return nl_fail(NL_ERR_INVALID, "layout: hsdp needs dp > 1");
+    return NL_OK;
+}
 
-    parts P;
-    get_parts(q, &P);
-    double t = (double)L->tp, pp = (double)L->pp, dpz = (double)(L->dp * L->cp);
-    double lps = ceil((double)a->n_layers / pp); /* layers on the busiest stage */
+/* Fills the shared quantities of a checked layout (no compute yet). */
+static void ctx_init(const nl_train_req *q, const nl_layout *L, layout_ctx *c) {
+    const nl_arch *a = &q->arch;
+    memset(c, 0, sizeof *c);
+    get_parts(q, &c->P);
+    c->t = (double)L->tp;
+    c->pp = (double)L->pp;
+    c->dpz = (double)(L->dp * L->cp);
+    c->lps = ceil((double)a->n_layers / c->pp);
     /* Data-parallel ranks inside one node: the HSDP shard group. */
-    double in_node = floor((double)hw->gpus_per_node / (t * (double)L->cp));
+    double in_node = floor((double)q->hw.gpus_per_node / (c->t * (double)L->cp));
     if (in_node < 1) in_node = 1;
-    double shard = L->zero == NL_ZERO_HSDP ? fmin(in_node, dpz) : dpz;
+    c->shard = L->zero == NL_ZERO_HSDP ? fmin(in_node, c->dpz) : c->dpz;
+    c->dense_local = (c->P.dense_layers_params * c->lps / (double)a->n_layers +
+                      (L->pp > 1 ? fmax(c->P.emb, c->P.cls) : c->P.emb + c->P.cls)) /
+                     c->t;
+    c->expert_local = c->P.expert_params * c->lps / (double)a->n_layers / ((double)L->ep * c->t);
+    c->T = (double)L->micro_batch * (double)q->seq / (double)L->cp;
+    c->m = (double)L->n_micro;
+    c->moe_frac = c->P.moe_layers / (double)a->n_layers;
+}
 
-    /* ---- memory ---- */
-    double dense_local =
-        (P.dense_layers_params * lps / (double)a->n_layers + (L->pp > 1 ? fmax(P.emb, P.cls) : P.emb + P.cls)) / t;
-    double expert_local = P.expert_params * lps / (double)a->n_layers / ((double)L->ep * t);
+/* Memory per GPU (the first or the last stage, whichever needs more), and whether it fits. */
+static void eval_memory(const nl_train_req *q, const nl_layout *L, const layout_ctx *c, nl_train_eval *o) {
+    const nl_arch *a = &q->arch;
+    const nl_eff *e = &q->eff;
     nl_state_bytes sd, se;
-    nl_plan_state_bytes(&q->recipe, L->zero, (int64_t)dpz, (int64_t)shard, &sd);
-    double edp = dpz / (double)L->ep;
-    nl_plan_state_bytes(&q->recipe, L->zero, (int64_t)edp, (int64_t)fmin(shard, edp), &se);
-    o->mem_weights = dense_local * sd.weights + expert_local * se.weights;
-    o->mem_grads = dense_local * sd.grads + expert_local * se.grads;
-    o->mem_optim = dense_local * sd.optim + expert_local * se.optim;
+    nl_plan_state_bytes(&q->recipe, L->zero, (int64_t)c->dpz, (int64_t)c->shard, &sd);
+    double edp = c->dpz / (double)L->ep;
+    nl_plan_state_bytes(&q->recipe, L->zero, (int64_t)edp, (int64_t)fmin(c->shard, edp), &se);
+    o->mem_weights = c->dense_local * sd.weights + c->expert_local * se.weights;
+    o->mem_grads = c->dense_local * sd.grads + c->expert_local * se.grads;
+    o->mem_optim = c->dense_local * sd.optim + c->expert_local * se.optim;
 
-    double T = (double)L->micro_batch * (double)q->seq / (double)L->cp; /* tokens per microbatch per GPU */
     nl_act_opts ao = {.tp = L->tp,
                       .sp = L->sp,
                       .flash = !q->attn_materialized,
@@ -228,18 +258,18 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
      * interleaved adds (p-1)/(p v) (Korthikanti et al. 2022 sec. 4.2.3); DualPipe holds p + 1
      * (DeepSeek-V3 Table 2) and keeps two copies of its stage's weights. The last stage holds
      * one microbatch but the logits: the busier of the two is the need. */
-    double inflight = L->pp > 1 ? fmin(pp, (double)L->n_micro) : 1.0;
-    if (L->vpp > 1) inflight *= 1.0 + (pp - 1) / (pp * (double)L->vpp);
+    double inflight = L->pp > 1 ? fmin(c->pp, c->m) : 1.0;
+    if (L->vpp > 1) inflight *= 1.0 + (c->pp - 1) / (c->pp * (double)L->vpp);
     if (q->schedule == NL_SCHED_DUALPIPE && L->pp > 1) {
-        inflight = fmin(pp + 1, (double)L->n_micro);
+        inflight = fmin(c->pp + 1, c->m);
         o->mem_weights *= 2;
     }
     /* When the stages cannot be even, the first and last stages take one layer less (Llama 3
      * sec. 3.3.2: 126 layers on 16 stages, one layer removed from the first and the last). */
-    double lps_first = (L->pp > 1 && pp * lps > (double)a->n_layers) ? lps - 1 : lps;
-    double act_one = T * lps_first * al.bytes_per_token,
-           act_work = T * (al.working_bytes_per_token - al.bytes_per_token);
-    double logits = nl_plan_logits_bytes(a, T) / t;
+    double lps_first = (L->pp > 1 && c->pp * c->lps > (double)a->n_layers) ? c->lps - 1 : c->lps;
+    double act_one = c->T * lps_first * al.bytes_per_token,
+           act_work = c->T * (al.working_bytes_per_token - al.bytes_per_token);
+    double logits = nl_plan_logits_bytes(a, c->T) / c->t;
     if (L->pp > 1 && (act_one * (inflight - 1) > logits)) {
         o->mem_act = act_one * inflight + act_work; /* first stage */
         o->mem_logits = 0;
@@ -253,40 +283,45 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
         /* Gathered weights of the layer in use and the prefetched next one, and the gradient
          * bucket being reduced, bounded as DeepSpeed bounds them: stage3_max_live_parameters 1e9
          * and reduce_bucket_size 5e8 elements (DeepSpeed ZeRO-3 config defaults). */
-        double layer = P.layer_params_max / t;
+        double layer = c->P.layer_params_max / c->t;
         o->mem_temp += fmin(2 * layer, 1e9) * q->recipe.weight_bytes + fmin(layer, 5e8) * fmin(q->recipe.grad_bytes, 4);
     }
     o->mem_total = o->mem_weights + o->mem_grads + o->mem_optim + o->mem_act + o->mem_logits + o->mem_temp;
-    o->mem_usable = hw->mem_bytes * e->usable_mem;
+    o->mem_usable = q->hw.mem_bytes * e->usable_mem;
     o->fits = o->mem_total <= o->mem_usable;
     if (!o->fits)
         snprintf(o->reason, sizeof o->reason,
                  "needs %.1f GB > %.1f GB usable (state %.1f, activations %.1f, logits %.1f)", o->mem_total / 1e9,
                  o->mem_usable / 1e9, (o->mem_weights + o->mem_grads + o->mem_optim) / 1e9, o->mem_act / 1e9,
                  o->mem_logits / 1e9);
+}
 
-    /* ---- time ---- */
-    double m = (double)L->n_micro;
-    double tokens_step = (double)q->global_batch * (double)q->seq;
-    double nmm = nl_plan_matmul_params_fam(a, &q->fam) * P.scale;
-    o->model_flops_per_step = tokens_step * (6 * nmm + 3 * nl_plan_attn_flops_per_token(a, (double)q->seq));
-    double moe_frac = P.moe_layers / (double)a->n_layers;
+/* Compute of one microbatch on the busiest stage: its layers (dense and MoE in proportion)
+ * forward, backward and recomputed, and the classifier. */
+static void eval_compute(const nl_train_req *q, const nl_layout *L, layout_ctx *c) {
     layer_time ld, lm = {0, 0, 0, 0};
-    layer_compute(q, L, T, 0, &ld);
-    if (P.moe_layers > 0) layer_compute(q, L, T, 1, &lm);
-    double per_layer_fwd = (1 - moe_frac) * ld.fwd + moe_frac * lm.fwd;
-    double per_layer_bwd = (1 - moe_frac) * ld.bwd + moe_frac * lm.bwd;
-    double per_layer_rec = (1 - moe_frac) * ld.recompute + moe_frac * lm.recompute;
-    double attn_fwd = (1 - moe_frac) * ld.attn_fwd + moe_frac * lm.attn_fwd;
-    double cls = 3 * gemm_s(hw, e, T, (double)a->vocab_size / t, (double)a->dim) +
-                 3 * T * (double)a->vocab_size / t * 6 / hw->hbm_bw;
-    double t_mb_fwd = lps * per_layer_fwd, t_mb_bwd = lps * (per_layer_bwd + per_layer_rec);
-    double t_mb = t_mb_fwd + t_mb_bwd + cls;
+    layer_compute(q, L, c->T, 0, &ld);
+    if (c->P.moe_layers > 0) layer_compute(q, L, c->T, 1, &lm);
+    double f = c->moe_frac;
+    c->per_layer_fwd = (1 - f) * ld.fwd + f * lm.fwd;
+    c->per_layer_bwd = (1 - f) * ld.bwd + f * lm.bwd;
+    c->per_layer_rec = (1 - f) * ld.recompute + f * lm.recompute;
+    c->attn_fwd = (1 - f) * ld.attn_fwd + f * lm.attn_fwd;
+    c->cls = 3 * gemm_s(&q->hw, &q->eff, c->T, (double)q->arch.vocab_size / c->t, (double)q->arch.dim) +
+             3 * c->T * (double)q->arch.vocab_size / c->t * 6 / q->hw.hbm_bw;
+    c->t_mb_fwd = c->lps * c->per_layer_fwd;
+    c->t_mb = c->t_mb_fwd + c->lps * (c->per_layer_bwd + c->per_layer_rec) + c->cls;
+}
 
-    /* Communication per microbatch. */
-    double D = (double)a->dim, layer_act = T * D * 2;
-    double tp_span = spans(hw, t), cp_span = spans(hw, t * (double)L->cp);
-    double ep_span = spans(hw, t * (double)L->ep), dp_span = spans(hw, t * dpz), pp_span = spans(hw, t * dpz * pp);
+/* Tensor, context, expert and pipeline communication of one microbatch: o->t_tp, t_cp, t_ep,
+ * t_pp (per step, all of it) and the context-parallel part attention cannot hide. */
+static void eval_model_parallel_comm(const nl_train_req *q, const nl_layout *L, const layout_ctx *c, nl_train_eval *o,
+                                     double *cp_exposed_mb) {
+    const nl_arch *a = &q->arch;
+    const nl_hw *hw = &q->hw;
+    double t = c->t, D = (double)a->dim, layer_act = c->T * D * 2;
+    int tp_span = spans(hw, 1, t), cp_span = spans(hw, t, (double)L->cp), ep_span = spans(hw, t, (double)L->ep),
+        pp_span = spans(hw, t * c->dpz, c->pp);
     /* Tensor parallel: 2 all-reduces per layer forward, 2 backward (Shoeybi et al. 2019 fig. 4);
      * with SP each is a reduce-scatter + all-gather, the same bytes (Korthikanti sec. 4.2.2). */
     double t_tp_mb = 0;
@@ -294,114 +329,154 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
         double one = L->sp ? nl_plan_coll_time(hw, NL_REDUCE_SCATTER, L->tp, layer_act, tp_span) +
                                  nl_plan_coll_time(hw, NL_ALL_GATHER, L->tp, layer_act, tp_span)
                            : nl_plan_coll_time(hw, NL_ALL_REDUCE, L->tp, layer_act, tp_span);
-        t_tp_mb = lps * 4 * one * (L->recompute == NL_RECOMPUTE_FULL ? 1.5 : 1.0);
+        t_tp_mb = c->lps * 4 * one * (L->recompute == NL_RECOMPUTE_FULL ? 1.5 : 1.0);
     }
     /* Context parallel (ring attention, Liu et al. 2023): all-gather K,V forward, again in
      * backward plus a reduce-scatter of dK,dV; overlapped with the attention core. */
-    double t_cp_mb = 0, cp_exposed_mb = 0;
+    double t_cp_mb = 0;
+    *cp_exposed_mb = 0;
     if (L->cp > 1) {
         double hd = (double)nl_arch_head_dim(a);
         double kv = a->kv_lora_rank > 0 ? (double)(a->kv_lora_rank + a->qk_rope_head_dim)
                                         : 2 * (double)a->n_kv_heads * hd / fmin(t, (double)a->n_kv_heads);
-        double kv_arr = T * (double)L->cp * kv * 2;
+        double kv_arr = c->T * (double)L->cp * kv * 2;
         double one = nl_plan_coll_time(hw, NL_ALL_GATHER, L->cp, kv_arr, cp_span);
         double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, L->cp, kv_arr, cp_span);
-        t_cp_mb = lps * (2 * one + rs);
-        cp_exposed_mb = lps * (fmax(0, one - attn_fwd) + fmax(0, one + rs - 2.5 * attn_fwd));
+        t_cp_mb = c->lps * (2 * one + rs);
+        *cp_exposed_mb = c->lps * (fmax(0, one - c->attn_fwd) + fmax(0, one + rs - 2.5 * c->attn_fwd));
     }
     /* Expert parallel: all-to-all dispatch and combine forward, their twins backward. */
     double t_ep_mb = 0;
-    if (L->ep > 1 && P.moe_layers > 0) {
-        double arr = T * (double)a->top_k * D * 2;
-        t_ep_mb = lps * moe_frac * 4 * nl_plan_coll_time(hw, NL_ALL_TO_ALL, L->ep, arr, ep_span);
+    if (L->ep > 1 && c->P.moe_layers > 0) {
+        double arr = c->T * (double)a->top_k * D * 2;
+        t_ep_mb = c->lps * c->moe_frac * 4 * nl_plan_coll_time(hw, NL_ALL_TO_ALL, L->ep, arr, ep_span);
     }
-    /* Pipeline: one activation forward and one gradient backward per microbatch and boundary. */
+    /* Pipeline: one activation forward and one gradient backward per microbatch and boundary,
+     * v times as often when interleaved (Narayanan et al. 2021 sec. 2.2). Each of the t
+     * tensor-parallel ranks sends 1/t of the activation over its own NIC (with sequence
+     * parallelism it only holds 1/t; without, Megatron-LM's scatter/gather optimization,
+     * Narayanan et al. 2021 sec. 4.1, splits the replicated tensor, sends the pieces in parallel
+     * and all-gathers them over NVLink on the receiving stage). */
     double t_pp_mb = 0;
-    /* Interleaving sends v times as often (Narayanan et al. 2021 sec. 2.2). */
-    /* Each of the t tensor-parallel ranks sends 1/t of the activation over its own NIC (with
-     * sequence parallelism it only holds 1/t; without, Megatron-LM's scatter/gather
-     * optimization, Narayanan et al. 2021 sec. 4.1, splits the replicated tensor, sends the
-     * pieces in parallel and all-gathers them over NVLink on the receiving stage). */
     if (L->pp > 1) t_pp_mb = 2 * (double)L->vpp * nl_plan_coll_time(hw, NL_P2P, 2, layer_act / t, pp_span);
+    o->t_tp = c->m * t_tp_mb;
+    o->t_cp = c->m * t_cp_mb;
+    o->t_ep = c->m * t_ep_mb;
+    o->t_pp = c->m * t_pp_mb;
+}
 
-    /* Data parallel / ZeRO per step. Gradients reduce in the recipe's gradient precision, weights
-     * gather in the weight precision. */
-    double gbytes = (dense_local + expert_local) * fmin(q->recipe.grad_bytes, 4);
-    double wbytes = (dense_local + expert_local) * q->recipe.weight_bytes;
-    double t_dp = 0, dp_exposed = 0;
-    double bwd_last = lps * per_layer_bwd, fwd_first = lps * per_layer_fwd;
-    int64_t dz = (int64_t)dpz;
+/* Data-parallel / ZeRO communication per step (o->t_dp) and the part of it that backward (or
+ * forward, for gathers) cannot hide. Gradients reduce in the recipe's gradient precision,
+ * weights gather in the weight precision. */
+static double eval_dp_comm(const nl_train_req *q, const nl_layout *L, const layout_ctx *c, nl_train_eval *o) {
+    const nl_hw *hw = &q->hw;
+    const nl_eff *e = &q->eff;
+    double gbytes = (c->dense_local + c->expert_local) * fmin(q->recipe.grad_bytes, 4);
+    double wbytes = (c->dense_local + c->expert_local) * q->recipe.weight_bytes;
+    double bwd_last = c->lps * c->per_layer_bwd, fwd_first = c->lps * c->per_layer_fwd;
+    int dp_span = spans(hw, c->t, c->dpz);
+    int64_t dz = (int64_t)c->dpz;
+    double t_dp = 0, exposed = 0;
     switch (L->zero) {
-    case NL_ZERO_0: {
+    case NL_ZERO_0:
         t_dp = nl_plan_coll_time(hw, NL_ALL_REDUCE, dz, gbytes, dp_span);
-        dp_exposed = fmax(0, t_dp - e->dp_overlap * bwd_last);
+        exposed = fmax(0, t_dp - e->dp_overlap * bwd_last);
         break;
-    }
     case NL_ZERO_1:
     case NL_ZERO_2: {
         double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, dz, gbytes, dp_span);
         double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, dz, wbytes, dp_span);
         t_dp = rs + ag;
-        dp_exposed = fmax(0, rs - e->dp_overlap * bwd_last) + fmax(0, ag - e->dp_overlap * fwd_first);
+        exposed = fmax(0, rs - e->dp_overlap * bwd_last) + fmax(0, ag - e->dp_overlap * fwd_first);
         break;
     }
     case NL_ZERO_3:
     case NL_ZERO_HSDP: {
-        int64_t s = (int64_t)shard;
-        int sspan = L->zero == NL_ZERO_HSDP ? spans(hw, t * (double)L->cp * (double)s) : (int)dp_span;
+        int64_t s = (int64_t)c->shard;
+        int sspan = L->zero == NL_ZERO_HSDP ? spans(hw, c->t * (double)L->cp, (double)s) : dp_span;
         double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, s, wbytes, sspan);
         double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, s, gbytes, sspan);
-        double bwd_ag = L->recompute == NL_RECOMPUTE_FULL ? ag : ag; /* recompute reuses the gathered layer */
-        t_dp = m * (ag + bwd_ag + rs);
-        dp_exposed = m * (fmax(0, ag - e->dp_overlap * fwd_first) + fmax(0, bwd_ag + rs - e->dp_overlap * bwd_last));
-        if (L->zero == NL_ZERO_HSDP && dpz > shard) {
-            double ar = nl_plan_coll_time(hw, NL_ALL_REDUCE, (int64_t)(dpz / shard), gbytes / shard, 1);
+        /* Backward gathers the layer again (recomputation reuses that gather). */
+        t_dp = c->m * (2 * ag + rs);
+        exposed = c->m * (fmax(0, ag - e->dp_overlap * fwd_first) + fmax(0, ag + rs - e->dp_overlap * bwd_last));
+        if (L->zero == NL_ZERO_HSDP && c->dpz > c->shard) {
+            double ar = nl_plan_coll_time(hw, NL_ALL_REDUCE, (int64_t)(c->dpz / c->shard), gbytes / c->shard, 1);
             t_dp += ar;
-            dp_exposed += fmax(0, ar - e->dp_overlap * bwd_last * 0.5);
+            exposed += fmax(0, ar - e->dp_overlap * bwd_last * 0.5);
         }
         break;
     }
     }
+    o->t_dp = t_dp;
+    return exposed;
+}
 
-    if (e->fixed_mfu > 0) {
+/* Compute and pipeline bubble of the step: napkin (a fixed MFU) or the kernel model with the
+ * schedule's bubble. */
+static void eval_compute_and_bubble(const nl_train_req *q, const nl_layout *L, const layout_ctx *c, double tokens_step,
+                                    nl_train_eval *o) {
+    double pp = c->pp;
+    if (q->eff.fixed_mfu > 0) {
         /* Napkin mode (the course's): compute = 6 * N * tokens at a fixed MFU, N = all parameters;
          * no kernel model. */
-        o->t_compute = 6 * P.total * tokens_step / (double)q->gpus / (hw->flops_bf16 * e->fixed_mfu);
-        o->t_bubble = L->pp > 1 ? o->t_compute * (pp - 1) / (m * (double)L->vpp) : 0;
-    } else {
-        o->t_compute = m * t_mb;
-        /* Bubble: (p-1)/v microbatch slots (GPipe and 1F1B alike; Narayanan et al. 2021 sec. 2.2). */
-        o->t_bubble = L->pp > 1 ? (pp - 1) / (double)L->vpp * t_mb : 0;
-        /* DualPipe (DeepSeek-V3 Table 2): (p/2 - 1)(F&B + B - 3W), about (p/2 - 1) forward
-         * chunks; it overlaps the forward of one microbatch with the backward of another. */
-        if (q->schedule == NL_SCHED_DUALPIPE && L->pp > 1) o->t_bubble = fmax(0, pp / 2 - 1) * t_mb_fwd;
-        /* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", sec. 3.1): the backward
-         * splits into B (input gradients) and W (weight gradients), and W fills the cool-down;
-         * with 1F1B's memory the bubble is (p-1)(T_F + T_B - T_W), T_B = T_W = half the backward:
-         * (p - 1) forward chunks, a third of 1F1B's (p-1)(T_F + T_B + T_W) when T_B = T_F. */
-        if (q->schedule == NL_SCHED_ZB_H1 && L->pp > 1) o->t_bubble = (pp - 1) / (double)L->vpp * (t_mb_fwd + cls / 3);
+        o->t_compute = 6 * c->P.total * tokens_step / (double)q->gpus / (q->hw.flops_bf16 * q->eff.fixed_mfu);
+        o->t_bubble = L->pp > 1 ? o->t_compute * (pp - 1) / (c->m * (double)L->vpp) : 0;
+        return;
     }
-    o->t_tp = m * t_tp_mb;
-    o->t_cp = m * t_cp_mb;
-    o->t_ep = m * t_ep_mb;
-    o->t_pp = m * t_pp_mb;
-    o->t_dp = t_dp;
+    o->t_compute = c->m * c->t_mb;
+    /* Bubble: (p-1)/v microbatch slots (GPipe and 1F1B alike; Narayanan et al. 2021 sec. 2.2). */
+    o->t_bubble = L->pp > 1 ? (pp - 1) / (double)L->vpp * c->t_mb : 0;
+    /* DualPipe (DeepSeek-V3 Table 2): (p/2 - 1)(F&B + B - 3W), about (p/2 - 1) forward
+     * chunks; it overlaps the forward of one microbatch with the backward of another. */
+    if (q->schedule == NL_SCHED_DUALPIPE && L->pp > 1) o->t_bubble = fmax(0, pp / 2 - 1) * c->t_mb_fwd;
+    /* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", sec. 3.1): the backward
+     * splits into B (input gradients) and W (weight gradients), and W fills the cool-down;
+     * with 1F1B's memory the bubble is (p-1)(T_F + T_B - T_W), T_B = T_W = half the backward:
+     * (p - 1) forward chunks, a third of 1F1B's (p-1)(T_F + T_B + T_W) when T_B = T_F. */
+    if (q->schedule == NL_SCHED_ZB_H1 && L->pp > 1)
+        o->t_bubble = (pp - 1) / (double)L->vpp * (c->t_mb_fwd + c->cls / 3);
+}
+
+/* Prices one layout: memory first, then the step (compute, bubble, exposed communication,
+ * optimizer) and what follows from it (tokens/s, MFU, days, GPU-hours, cost). A layout that
+ * does not fit is priced too, with o->fits = 0 and its reason. Returns NL_ERR_INVALID for an
+ * inconsistent layout. */
+nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_train_eval *o) {
+    memset(o, 0, sizeof *o);
+    nl_train_req qq = *q0;
+    const nl_train_req *q = &qq;
+    qq.eff.fp8_gemm = !strncmp(q0->recipe.name, "fp8", 3); /* FP8 recipes run their GEMMs in FP8 */
+    o->L = *L0;
+    nl_layout *L = &o->L;
+    NL_TRY(check_layout(q, L));
+    layout_ctx c;
+    ctx_init(q, L, &c);
+    eval_memory(q, L, &c, o);
+
+    double tokens_step = (double)q->global_batch * (double)q->seq;
+    double nmm = nl_plan_matmul_params_fam(&q->arch, &q->fam) * c.P.scale;
+    o->model_flops_per_step = tokens_step * (6 * nmm + 3 * nl_plan_attn_flops_per_token(&q->arch, (double)q->seq));
+    eval_compute(q, L, &c);
+    double cp_exposed_mb;
+    eval_model_parallel_comm(q, L, &c, o, &cp_exposed_mb);
+    double dp_exposed = eval_dp_comm(q, L, &c, o);
+    eval_compute_and_bubble(q, L, &c, tokens_step, o);
     /* Expert all-to-alls: DualPipe hides them behind the other direction's compute (DeepSeek-V3
      * sec. 3.2.1, "nearly zero all-to-all communication overhead"); otherwise they are exposed
      * but the share ep_overlap that token dispatch overlaps with the shared expert. */
-    double ep_exposed = q->schedule == NL_SCHED_DUALPIPE ? 0 : o->t_ep * (1 - e->ep_overlap);
-    o->t_exposed = o->t_tp * (1 - e->tp_overlap) + m * cp_exposed_mb + ep_exposed + o->t_pp + dp_exposed;
+    double ep_exposed = q->schedule == NL_SCHED_DUALPIPE ? 0 : o->t_ep * (1 - q->eff.ep_overlap);
+    o->t_exposed = o->t_tp * (1 - q->eff.tp_overlap) + c.m * cp_exposed_mb + ep_exposed + o->t_pp + dp_exposed;
     /* Adam reads grads, master weights, m, v and writes master, m, v and the bf16 weights: the
      * optimizer bytes twice plus gradient and weight bytes, per parameter of this rank's shard. */
     o->t_optim = (o->mem_optim * 2 + o->mem_grads +
                   (o->mem_optim > 0 ? o->mem_optim / q->recipe.optim_bytes : 0) * q->recipe.weight_bytes) /
-                 hw->hbm_bw;
+                 q->hw.hbm_bw;
     o->t_step = o->t_compute + o->t_bubble + o->t_exposed + o->t_optim;
     o->tokens_per_s = tokens_step / o->t_step;
-    o->mfu = o->model_flops_per_step / (o->t_step * (double)q->gpus * hw->flops_bf16);
+    o->mfu = o->model_flops_per_step / (o->t_step * (double)q->gpus * q->hw.flops_bf16);
     o->total_s = q->tokens / o->tokens_per_s;
     o->gpu_hours = o->total_s * (double)q->gpus / 3600.0;
-    o->cost = o->gpu_hours * hw->price_per_hour;
+    o->cost = o->gpu_hours * q->hw.price_per_hour;
     return NL_OK;
 }
 
@@ -432,25 +507,87 @@ static int cmp_eval(const void *x, const void *y) {
     return a->mem_total < b->mem_total ? -1 : a->mem_total > b->mem_total;
 }
 
-nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
-    memset(r, 0, sizeof *r);
-    double t0 = nl_time_s();
+/* The search's running state: the request, the growing result and what it saw on the way
+ * (to explain an empty search). */
+typedef struct search_state {
+    const nl_train_req *q;
+    nl_train_result *r;
+    size_t cap;
+    int saw_decomp, saw_zero_dp1, saw_mb;
+} search_state;
+
+/* Whether a layout keeps every degree the user fixed. */
+static int keeps_fixed(const nl_train_req *q, const nl_layout *L) {
+    return !((q->fix.dp > 0 && L->dp != q->fix.dp) || (q->fix.tp > 0 && L->tp != q->fix.tp) ||
+             (q->fix.pp > 0 && L->pp != q->fix.pp) || (q->fix.cp > 0 && L->cp != q->fix.cp) ||
+             (q->fix.ep > 0 && L->ep != q->fix.ep) ||
+             (q->fix.micro_batch > 0 && L->micro_batch != q->fix.micro_batch) ||
+             (q->fix.zero_plus1 > 0 && (int)L->zero + 1 != q->fix.zero_plus1) ||
+             (q->fix.recompute_plus1 > 0 && (int)L->recompute + 1 != q->fix.recompute_plus1));
+}
+
+/* Prices a layout and appends it (an inconsistent one is skipped). NL_ERR_NOMEM when the
+ * result cannot grow. */
+static nl_status push_eval(search_state *st, const nl_layout *L) {
+    nl_train_result *r = st->r;
+    if (r->n == st->cap) {
+        nl_train_eval *ne = realloc(r->evals, 2 * st->cap * sizeof *ne);
+        if (!ne) return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
+        r->evals = ne;
+        st->cap *= 2;
+    }
+    if (nl_plan_train_eval(st->q, L, &r->evals[r->n]) == NL_OK) r->n++;
+    return NL_OK;
+}
+
+/* Every micro-batch, interleave degree and recomputation of one (dp, tp, pp, cp, ep, zero). */
+static nl_status search_micro(search_state *st, nl_layout base) {
+    const nl_train_req *q = st->q;
     const nl_arch *a = &q->arch;
-    if (q->gpus < 1) return nl_fail(NL_ERR_INVALID, "gpus must be >= 1, got %lld", (long long)q->gpus);
-    if (q->seq < 1 || q->global_batch < 1) return nl_fail(NL_ERR_INVALID, "seq and global batch must be >= 1");
-    size_t cap = 4096;
-    r->evals = malloc(cap * sizeof *r->evals); /* grown with realloc, freed with free */
-    if (!r->evals) return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
-    int64_t gpn = q->hw.gpus_per_node;
     /* Micro-batches tried: a fixed one (any size), else these. */
-    int64_t mbs[8] = {1, 2, 3, 4, 6, 8, 16, 0};
+    int64_t mbs[7] = {1, 2, 3, 4, 6, 8, 16};
     size_t n_mbs = 7;
     if (q->fix.micro_batch > 0) {
         mbs[0] = q->fix.micro_batch;
         n_mbs = 1;
     }
-    int saw_decomp = 0, saw_zero_dp1 = 0, saw_mb = 0;
-    /* Any tensor-parallel degree that divides the heads and the GPUs, inside one node. */
+    int64_t dp = base.dp, pp = base.pp;
+    for (size_t mi = 0; mi < n_mbs; mi++) {
+        int64_t mb = mbs[mi];
+        if (q->global_batch % (dp * mb)) {
+            st->saw_mb = 1;
+            continue;
+        }
+        st->saw_decomp = 1;
+        int64_t nm = q->global_batch / (dp * mb);
+        if (pp > 1 && nm < pp) continue;
+        int64_t vmax = pp > 1 ? (q->fix.vpp > 8 ? q->fix.vpp : 8) : 1;
+        for (int64_t v = 1; v <= vmax; v++) {
+            /* Free: 1, 2, 4, 8; fixed: that degree only. */
+            if (q->fix.vpp > 0 ? v != q->fix.vpp : (v & (v - 1)) != 0) continue;
+            /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
+            if (v > 1 && (pp * v > a->n_layers || nm % pp || a->n_layers % (pp * v))) continue;
+            for (int rc = 0; rc <= 2; rc++) {
+                nl_layout L = base;
+                L.micro_batch = mb;
+                L.n_micro = nm;
+                L.vpp = v;
+                L.recompute = (nl_recompute)rc;
+                if (!keeps_fixed(q, &L)) continue;
+                NL_TRY(push_eval(st, &L));
+            }
+        }
+    }
+    return NL_OK;
+}
+
+/* The grid of parallel degrees: any tp that divides the heads and the GPUs inside one node,
+ * pp dividing the layers (or the fixed one), cp a power of two leaving >= 512 tokens, ep a
+ * power of two dividing the experts, every ZeRO stage. */
+static nl_status search_grid(search_state *st) {
+    const nl_train_req *q = st->q;
+    const nl_arch *a = &q->arch;
+    int64_t gpn = q->hw.gpus_per_node;
     for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp++) {
         if (q->gpus % tp || a->n_heads % tp) continue;
         for (int64_t pp = 1; pp <= a->n_layers && tp * pp <= q->gpus; pp++) {
@@ -462,88 +599,55 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
                     if (ep > 1 && (a->n_experts == 0 || a->n_experts % ep || (dp * cp) % ep)) continue;
                     for (int z = 0; z <= 4; z++) {
                         if (dp * cp == 1 && z > 0) {
-                            saw_zero_dp1 = 1;
+                            st->saw_zero_dp1 = 1;
                             continue;
                         }
                         if (z == NL_ZERO_HSDP && (dp <= 1 || tp * cp * dp <= gpn)) continue;
-                        for (size_t mi = 0; mi < n_mbs; mi++) {
-                            int64_t mb = mbs[mi];
-                            if (q->global_batch % (dp * mb)) {
-                                saw_mb = 1;
-                                continue;
-                            }
-                            saw_decomp = 1;
-                            int64_t nm = q->global_batch / (dp * mb);
-                            if (pp > 1 && nm < pp) continue;
-                            if (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) continue;
-                            int64_t vmax = pp > 1 ? (q->fix.vpp > 8 ? q->fix.vpp : 8) : 1;
-                            for (int64_t v = 1; v <= vmax; v++) {
-                                /* Free: 1, 2, 4, 8; fixed: that degree only. */
-                                if (q->fix.vpp > 0 ? v != q->fix.vpp : (v & (v - 1)) != 0) continue;
-                                /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
-                                if (v > 1 && (pp * v > a->n_layers || nm % pp || a->n_layers % (pp * v))) continue;
-                                for (int rc = 0; rc <= 2; rc++) {
-                                    nl_layout L = {dp,
-                                                   tp,
-                                                   pp,
-                                                   cp,
-                                                   ep,
-                                                   (nl_zero)z,
-                                                   mb,
-                                                   nm,
-                                                   v,
-                                                   (nl_recompute)rc,
-                                                   tp > 1 && q->fix.sp_plus1 != 1};
-                                    if ((q->fix.dp > 0 && dp != q->fix.dp) || (q->fix.tp > 0 && tp != q->fix.tp) ||
-                                        (q->fix.pp > 0 && pp != q->fix.pp) || (q->fix.cp > 0 && cp != q->fix.cp) ||
-                                        (q->fix.ep > 0 && ep != q->fix.ep) ||
-                                        (q->fix.micro_batch > 0 && mb != q->fix.micro_batch) ||
-                                        (q->fix.zero_plus1 > 0 && z + 1 != q->fix.zero_plus1) ||
-                                        (q->fix.recompute_plus1 > 0 && rc + 1 != q->fix.recompute_plus1))
-                                        continue;
-                                    if (r->n == cap) {
-                                        cap *= 2;
-                                        nl_train_eval *ne = realloc(r->evals, cap * sizeof *ne);
-                                        if (!ne) {
-                                            nl_plan_train_free(r);
-                                            return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
-                                        }
-                                        r->evals = ne;
-                                    }
-                                    if (nl_plan_train_eval(q, &L, &r->evals[r->n]) != NL_OK) continue;
-                                    r->n++;
-                                }
-                            }
-                        }
+                        nl_layout base = {.dp = dp,
+                                          .tp = tp,
+                                          .pp = pp,
+                                          .cp = cp,
+                                          .ep = ep,
+                                          .zero = (nl_zero)z,
+                                          .sp = tp > 1 && q->fix.sp_plus1 != 1};
+                        NL_TRY(search_micro(st, base));
                     }
                 }
             }
         }
     }
-    if (r->n == 0) {
-        nl_plan_train_free(r);
-        if (q->fix.zero_plus1 > 1 && saw_zero_dp1)
-            return nl_fail(NL_ERR_INVALID,
-                           "ZeRO stage %s shards over data-parallel ranks, but the fixed layout leaves "
-                           "dp = 1 on %lld GPUs: use --zero 0 or more GPUs",
-                           nl_zero_name((nl_zero)(q->fix.zero_plus1 - 1)), (long long)q->gpus);
-        if (q->fix.micro_batch > 0 && saw_mb)
-            return nl_fail(NL_ERR_INVALID,
-                           "micro-batch %lld does not divide the global batch of %lld sequences per "
-                           "data-parallel rank on any layout of %lld GPUs",
-                           (long long)q->fix.micro_batch, (long long)q->global_batch, (long long)q->gpus);
-        if (!saw_decomp)
-            return nl_fail(
-                NL_ERR_INVALID,
-                "no layout can use %lld GPUs: the global batch of %lld sequences is not a multiple of any "
-                "data-parallel degree left after tp (<= %lld, dividing %lld heads), pp (dividing %lld layers) and cp",
-                (long long)q->gpus, (long long)q->global_batch, (long long)gpn, (long long)a->n_heads,
-                (long long)a->n_layers);
+    return NL_OK;
+}
+
+/* Why the search produced no layout at all (the most specific reason first). */
+static nl_status no_layout_error(const search_state *st) {
+    const nl_train_req *q = st->q;
+    const nl_arch *a = &q->arch;
+    if (q->fix.zero_plus1 > 1 && st->saw_zero_dp1)
         return nl_fail(NL_ERR_INVALID,
-                       "no layout can use %lld GPUs with a global batch of %lld sequences "
-                       "(pipelines need at least as many microbatches as stages)",
-                       (long long)q->gpus, (long long)q->global_batch);
-    }
+                       "ZeRO stage %s shards over data-parallel ranks, but the fixed layout leaves "
+                       "dp = 1 on %lld GPUs: use --zero 0 or more GPUs",
+                       nl_zero_name((nl_zero)(q->fix.zero_plus1 - 1)), (long long)q->gpus);
+    if (q->fix.micro_batch > 0 && st->saw_mb)
+        return nl_fail(NL_ERR_INVALID,
+                       "micro-batch %lld does not divide the global batch of %lld sequences per "
+                       "data-parallel rank on any layout of %lld GPUs",
+                       (long long)q->fix.micro_batch, (long long)q->global_batch, (long long)q->gpus);
+    if (!st->saw_decomp)
+        return nl_fail(
+            NL_ERR_INVALID,
+            "no layout can use %lld GPUs: the global batch of %lld sequences is not a multiple of any "
+            "data-parallel degree left after tp (<= %lld, dividing %lld heads), pp (dividing %lld layers) and cp",
+            (long long)q->gpus, (long long)q->global_batch, (long long)q->hw.gpus_per_node, (long long)a->n_heads,
+            (long long)a->n_layers);
+    return nl_fail(NL_ERR_INVALID,
+                   "no layout can use %lld GPUs with a global batch of %lld sequences "
+                   "(pipelines need at least as many microbatches as stages)",
+                   (long long)q->gpus, (long long)q->global_batch);
+}
+
+/* Sorts the layouts (fitting and fastest first) and notes how many fit and the smallest. */
+static void rank_layouts(nl_train_result *r) {
     qsort(r->evals, r->n, sizeof *r->evals, cmp_eval);
     r->n_fit = 0;
     r->min_mem = INFINITY;
@@ -554,17 +658,36 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
             r->smallest = r->evals[i];
         }
     }
+}
+
+/* Prices every layout of q->gpus GPUs that keeps the fixed degrees, best first. On error
+ * (bad request, no layout, none fits, out of memory) r holds nothing and nl_last_error() says
+ * why. */
+nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
+    memset(r, 0, sizeof *r);
+    double t0 = nl_time_s();
+    if (q->gpus < 1) return nl_fail(NL_ERR_INVALID, "gpus must be >= 1, got %lld", (long long)q->gpus);
+    if (q->seq < 1 || q->global_batch < 1) return nl_fail(NL_ERR_INVALID, "seq and global batch must be >= 1");
+    search_state st = {.q = q, .r = r, .cap = 4096};
+    r->evals = malloc(st.cap * sizeof *r->evals); /* grown with realloc, freed with free */
+    if (!r->evals) return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
+    nl_status rc = search_grid(&st);
+    if (rc == NL_OK && r->n == 0) rc = no_layout_error(&st);
+    if (rc != NL_OK) {
+        nl_plan_train_free(r);
+        return rc;
+    }
+    rank_layouts(r);
     r->search_s = nl_time_s() - t0;
     if (r->n_fit == 0) {
         char lb[128];
         nl_layout_str(&r->smallest.L, lb, sizeof lb);
         double need = r->min_mem, usable = r->smallest.mem_usable;
-        size_t n = r->n;
         nl_plan_train_free(r);
         return nl_fail(
             NL_ERR_INVALID,
             "%s fits on no layout of %lld x %s: the smallest need is %.1f GB per GPU (%s) against %.1f GB usable",
-            a->name, (long long)q->gpus, q->hw.name, need / 1e9, lb, usable / 1e9 + 0 * (double)n);
+            q->arch.name, (long long)q->gpus, q->hw.name, need / 1e9, lb, usable / 1e9);
     }
     return NL_OK;
 }
@@ -652,7 +775,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
     double t = (double)L->tp, D = (double)a->dim, T = tokens_per_gpu;
     double nl = (double)a->n_layers, lps = ceil(nl / (double)L->pp), m = (double)L->n_micro;
     double dpz = (double)(L->dp * L->cp);
-    int tp_span = spans(hw, t), dp_span = spans(hw, t * dpz);
+    int tp_span = spans(hw, 1, t), dp_span = spans(hw, t, dpz);
     double act = T * D * 2;
     if (L->tp > 1) {
         if (!L->sp) {
@@ -679,7 +802,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         }
     }
     if (L->ep > 1 && P.moe_layers > 0) {
-        int ep_span = spans(hw, t * (double)L->ep);
+        int ep_span = spans(hw, t, (double)L->ep);
         double arr = T * (double)a->top_k * D * 2;
         double c = P.moe_layers / nl * lps * m;
         push(lp, hw, "dispatch tokens to experts", "forward", NL_ALL_TO_ALL, "ep", L->ep, arr, ep_span, c);
@@ -688,7 +811,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         push(lp, hw, "grad of dispatch", "backward", NL_ALL_TO_ALL, "ep", L->ep, arr, ep_span, c);
     }
     if (L->pp > 1) {
-        int pp_span = spans(hw, t * dpz * (double)L->pp);
+        int pp_span = spans(hw, t * dpz, (double)L->pp);
         push(lp, hw, "activation to next stage", "forward", NL_P2P, "pp", 2, act / t, pp_span, m);
         push(lp, hw, "gradient to previous stage", "backward", NL_P2P, "pp", 2, act / t, pp_span, m);
     }
@@ -711,7 +834,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
     case NL_ZERO_HSDP: {
         double in_node = fmax(1, floor((double)hw->gpus_per_node / (t * (double)L->cp)));
         int64_t s = (int64_t)fmin(in_node, dpz);
-        int sspan = spans(hw, t * (double)L->cp * (double)s);
+        int sspan = spans(hw, t * (double)L->cp, (double)s);
         push(lp, hw, "weights all-gather in node (forward)", "step", NL_ALL_GATHER, "dp", s, wb, sspan, m);
         push(lp, hw, "weights all-gather in node (backward)", "step", NL_ALL_GATHER, "dp", s, wb, sspan, m);
         push(lp, hw, "gradient reduce-scatter in node", "step", NL_REDUCE_SCATTER, "dp", s, gb, sspan, m);
@@ -726,7 +849,11 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         if (!strcmp(x->when, "forward")) lp->per_layer_fwd_s += x->time_s;
         if (!strcmp(x->when, "backward")) lp->per_layer_bwd_s += x->time_s;
     }
-    lp->ddp_step_s = nl_plan_coll_time(hw, NL_ALL_REDUCE, dz, gb, dp_span);
+    /* DDP's all-reduce as a ring: the comparison is of the traffic each layout moves (an
+     * all-reduce is a reduce-scatter plus an all-gather), which NVLink SHARP would hide. */
+    nl_hw ring = *hw;
+    ring.nvls_eff = 0;
+    lp->ddp_step_s = nl_plan_coll_time(&ring, NL_ALL_REDUCE, dz, gb, dp_span);
     lp->compute_step_s = ev.t_compute + ev.t_bubble;
     return NL_OK;
 }

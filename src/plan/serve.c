@@ -75,7 +75,10 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * (NVLink inside a node, the network beyond), prefetching the next layer while one runs;
      * the slower of the gathers and the HBM reads bounds the weight stream. */
     if (q->fsdp > 1) {
-        int fspan = tp * (double)q->fsdp > (double)hw->gpus_per_node;
+        /* The FSDP group: fsdp ranks tp apart; across nodes, its members per node (plan_comm.c). */
+        int fspan = tp * (double)q->fsdp > (double)hw->gpus_per_node
+                        ? (int)fmax(1, fmin((double)q->fsdp, floor((double)hw->gpus_per_node / tp)))
+                        : 0;
         double layer_bytes = o->params * q->weight_bytes / (tp * (double)a->n_layers);
         o->fsdp_gather_s = (double)a->n_layers * nl_plan_coll_time(hw, NL_ALL_GATHER, q->fsdp, layer_bytes, fspan);
     }

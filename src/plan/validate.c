@@ -114,7 +114,11 @@ static nl_status run_train(const nl_catalog *cat, const char *path, const char *
     int sc = nl_plan_schedule(sched);
     if (sc < 0) return bad(path, id, "layout.schedule must be 1f1b, dualpipe or zb-h1");
     q.schedule = (nl_sched)sc;
-    q.attn_materialized = !strcmp(str(e, "attention", "flash"), "materialized");
+    const char *attn = str(e, "attention", "flash");
+    q.attn_materialized = !strcmp(attn, "materialized");
+    q.attn_triton = !strcmp(attn, "flash-triton");
+    if (!q.attn_materialized && !q.attn_triton && strcmp(attn, "flash"))
+        return bad(path, id, "attention must be flash, flash-triton or materialized");
     nl_train_eval ev;
     if (nl_plan_train_eval(&q, &L, &ev)) return bad(path, id, nl_last_error());
     c->fits = ev.fits;
@@ -211,7 +215,14 @@ static nl_status run_collective(const nl_catalog *cat, const char *path, const c
     double bytes = num(e, "bytes", 0);
     if (p < 2 || !(bytes > 0)) return bad(path, id, "a collective needs gpus >= 2 and bytes > 0");
     if (strcmp(c->metric, "busbw_gbs")) return bad(path, id, "unknown collective metric");
-    double t = nl_plan_coll_time(&hw, k, p, bytes, p > hw.gpus_per_node);
+    /* "algo": "ring" is a run with NCCL_ALGO=RING: no NVLink SHARP. */
+    const char *algo = str(e, "algo", "auto");
+    if (!strcmp(algo, "ring"))
+        hw.nvls_eff = 0;
+    else if (strcmp(algo, "auto"))
+        return bad(path, id, "algo must be auto or ring");
+    /* p consecutive GPUs: across nodes, a whole node's GPUs are members. */
+    double t = nl_plan_coll_time(&hw, k, p, bytes, p > hw.gpus_per_node ? (int)hw.gpus_per_node : 0);
     c->predicted = nl_plan_coll_bytes(k, p, bytes) / t / 1e9;
     return NL_OK;
 }

@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -75,6 +76,12 @@ struct nl_engine {
     int64_t n_running;
     uint64_t next_id, admit_counter;
     nl_engine_stats st;
+    /* NANOLM_STEP_PROFILE=1: wall seconds per phase of the forward, summed over steps and
+     * printed to stderr when the engine closes (prof_phase below names them); =cpu: the
+     * stepping thread's CPU time instead (meaningful with 1 thread on a loaded machine) */
+    int prof;
+    double prof_s[16];
+    int64_t prof_steps, prof_rows;
 };
 
 const char *nl_finish_name(nl_finish f) {
@@ -213,6 +220,8 @@ static nl_engine *engine_new(const nl_engine_opts *opts) {
         nl_engine_opts_default(&e->o);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    const char *prof = getenv("NANOLM_STEP_PROFILE");
+    e->prof = !prof || !*prof || !strcmp(prof, "0") ? 0 : !strcmp(prof, "cpu") ? 2 : 1;
     return e;
 }
 
@@ -286,8 +295,11 @@ static void req_free(nl_req *r) {
     nl_free(r);
 }
 
+static void prof_print(const nl_engine *e);
+
 void nl_engine_close(nl_engine *e) {
     if (!e) return;
+    if (e->prof) prof_print(e);
     for (int64_t i = 0; i < e->n_all; i++) req_free(e->all[i]);
     nl_free(e->all);
     nl_free(e->waiting);
@@ -505,12 +517,68 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out);
 
 static nl_status forward(nl_engine *e, int64_t n, int64_t n_out) {
     double macs = (double)n * (double)e->weight_macs;
-    if (macs >= SERIAL_STEP_MACS) return forward_rows(e, n, n_out);
-    int saved = omp_get_max_active_levels();
-    omp_set_max_active_levels(0); /* every parallel region of this thread runs on one thread */
-    nl_status rc = forward_rows(e, n, n_out);
-    omp_set_max_active_levels(saved);
+    /* the norm, RoPE and SwiGLU kernels open regions of the default size: make it the engine's
+     * thread count (with --threads 1 they started 2-thread teams; on a loaded machine a 1-thread
+     * batch-32 step of a dim-256 model then spent ~85% of its CPU time waiting at their barriers) */
+    int saved_nt = omp_get_max_threads();
+    if (e->o.threads > 0) omp_set_num_threads(e->o.threads);
+    nl_status rc;
+    if (macs >= SERIAL_STEP_MACS) {
+        rc = forward_rows(e, n, n_out);
+    } else {
+        int saved = omp_get_max_active_levels();
+        omp_set_max_active_levels(0); /* every parallel region of this thread runs on one thread */
+        rc = forward_rows(e, n, n_out);
+        omp_set_max_active_levels(saved);
+    }
+    omp_set_num_threads(saved_nt);
     return rc;
+}
+
+/* Phases of the forward that NANOLM_STEP_PROFILE times. */
+enum {
+    PH_EMBED,
+    PH_NORM,
+    PH_QKV,
+    PH_ROPE_KV,
+    PH_ATTN,
+    PH_O,
+    PH_RESID,
+    PH_GATE_UP,
+    PH_SWIGLU,
+    PH_DOWN,
+    PH_CLS,
+    PH_SAMPLE,
+    PH_COUNT
+};
+static const char *const prof_phase[PH_COUNT] = {"embed",     "rmsnorm", "qkv",        "rope+kv store",
+                                                 "attention", "o",       "residual",   "gate_up",
+                                                 "swiglu",    "down",    "classifier", "sampling"};
+
+static double prof_now(const nl_engine *e) {
+    if (e->prof != 2) return nl_time_s();
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Adds the time since *t to phase ph and restarts the clock (only when profiling). */
+static inline void prof_mark(nl_engine *e, double *t, int ph) {
+    if (!e->prof) return;
+    double now = prof_now(e);
+    e->prof_s[ph] += now - *t;
+    *t = now;
+}
+
+static void prof_print(const nl_engine *e) {
+    double total = 0;
+    for (int i = 0; i < PH_COUNT; i++) total += e->prof_s[i];
+    fprintf(stderr, "engine step profile (%s): %lld steps, %lld rows, %.3f s in the forward and sampling\n",
+            e->prof == 2 ? "thread CPU time" : "wall time", (long long)e->prof_steps, (long long)e->prof_rows, total);
+    for (int i = 0; i < PH_COUNT; i++)
+        fprintf(stderr, "  %-14s %9.3f ms/step %6.1f%%\n", prof_phase[i],
+                e->prof_steps ? 1e3 * e->prof_s[i] / (double)e->prof_steps : 0.0,
+                total > 0 ? 100.0 * e->prof_s[i] / total : 0.0);
 }
 
 /* Splits the step's n rows into attention tiles: runs of rows of one sequence at consecutive
@@ -531,19 +599,31 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
     const int64_t C = m->C, NH = m->NH, KVH = m->KVH, hd = m->hd, H = m->H, QKV = m->QKV, half = hd / 2;
     const float eps = (float)m->arch.norm_eps;
     const int nt = e->o.threads;
+    double t = e->prof ? prof_now(e) : 0;
+    if (e->prof) {
+        e->prof_steps++;
+        e->prof_rows += n;
+    }
     for (int64_t i = 0; i < n; i++)
         memcpy(e->x + i * C, m->w.embed + (int64_t)e->row_tok[i] * C, (size_t)C * sizeof(float));
+    prof_mark(e, &t, PH_EMBED);
     for (int64_t l = 0; l < m->L; l++) {
         const nl_layer_weights *lw = &m->w.layers[l];
         nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_att, n, C, eps);
+        prof_mark(e, &t, PH_NORM);
         NL_TRY(nl_mv_forward(&e->w[4 * l + 0], e->xb, n, e->qkv, nt));
         if (lw->bqkv) nl_add_bias(e->qkv, lw->bqkv, n, QKV); /* Qwen2's q/k/v biases */
+        prof_mark(e, &t, PH_QKV);
+        /* one region for all rows: nl_rope_apply opens a parallel region of its own, which
+         * inside this one runs on the calling thread (before, a step opened n regions per layer) */
+#pragma omp parallel for schedule(static) num_threads(nt > 0 ? nt : omp_get_max_threads())
         for (int64_t i = 0; i < n; i++) {
             float *q = e->qkv + i * QKV;
             nl_rope_apply(q, m->rope_cos + e->row_pos[i] * half, m->rope_sin + e->row_pos[i] * half, 1, 1, NH + KVH, hd,
                           QKV, 0);
             nl_kvcache_store(&e->kv, e->row_req[i]->table, l, e->row_pos[i], q + NH * hd, q + (NH + KVH) * hd);
         }
+        prof_mark(e, &t, PH_ROPE_KV);
         /* attention: the rows of a prompt chunk attend in tiles of up to NL_KV_QTILE (one unit of
          * work per tile and head), each decode row alone */
         const int64_t units = attention_tiles(e, n), work = units * NH;
@@ -557,18 +637,28 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
                                        e->atty + i * NH * hd + h * hd, NH * hd, scratch);
             }
         }
+        prof_mark(e, &t, PH_ATTN);
         NL_TRY(nl_mv_forward(&e->w[4 * l + 1], e->atty, n, e->xb, nt));
+        prof_mark(e, &t, PH_O);
         for (int64_t i = 0; i < n * C; i++) e->x[i] += e->xb[i];
+        prof_mark(e, &t, PH_RESID);
         nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_ffn, n, C, eps);
+        prof_mark(e, &t, PH_NORM);
         NL_TRY(nl_mv_forward(&e->w[4 * l + 2], e->xb, n, e->h13, nt));
+        prof_mark(e, &t, PH_GATE_UP);
         nl_swiglu_forward(e->hact, e->h13, n, H);
+        prof_mark(e, &t, PH_SWIGLU);
         NL_TRY(nl_mv_forward(&e->w[4 * l + 3], e->hact, n, e->xb, nt));
+        prof_mark(e, &t, PH_DOWN);
         for (int64_t i = 0; i < n * C; i++) e->x[i] += e->xb[i];
+        prof_mark(e, &t, PH_RESID);
     }
     /* final norm of the rows that sample, gathered, then the classifier */
     for (int64_t j = 0; j < n_out; j++)
         nl_rmsnorm_forward(e->xb + j * C, e->rstd + j, e->x + e->out_rows[j] * C, m->w.rms_final, 1, C, eps);
+    prof_mark(e, &t, PH_NORM);
     if (n_out) NL_TRY(nl_mv_forward(&e->w[4 * m->L], e->xb, n_out, e->logits, nt));
+    prof_mark(e, &t, PH_CLS);
     return NL_OK;
 }
 
@@ -788,11 +878,13 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
         if (e->row_pos[i] + 1 > r->n_cached) r->n_cached = e->row_pos[i] + 1;
     }
     /* sampling outside the mutex: only this thread touches the generators */
+    double t_sample = e->prof ? prof_now(e) : 0;
     for (int64_t j = 0; j < n_out; j++) {
         nl_req *r = e->out_req[j];
         e->sample_rc[j] = nl_sampler_next(&r->s, &r->rng, e->logits + j * e->m->V, e->m->V, NULL, &e->sample_tok[j]);
         if (e->sample_rc[j]) snprintf(e->sample_err[j], 256, "%s", nl_last_error());
     }
+    prof_mark(e, &t_sample, PH_SAMPLE);
     ev_item *ev = NULL;
     int64_t n_ev = 0;
     pthread_mutex_lock(&e->mu);

@@ -89,15 +89,11 @@ void nl_kvcache_store(nl_kvcache *c, const int32_t *table, int64_t l, int64_t po
 }
 
 /* 16 floats as one value (GCC/Clang vector extension): the compiler emits AVX-512, two AVX2 or
- * four SSE operations. Element-wise + and * are the scalar operations lane by lane (this is ISO C,
- * so the compiler does not contract a multiply and an add into one fused operation here any more
- * than in the scalar loops whose bits these must equal). */
+ * four SSE operations. Element-wise + and * are the scalar operations lane by lane. GCC in ISO C
+ * mode does not contract a multiply and an add into one fused operation, in these or in the
+ * scalar loops whose bits they must equal; Clang contracts both alike. */
 typedef float v16 __attribute__((vector_size(64)));
-static inline v16 load16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
 
 /* Keys of one 16-position tile, transposed: kt[i * 16 + j] = k[t0 + j][i] (int8 codes widened;
  * the fp16 scales of an int8 pool in ks[j]). Positions past `last` are zero. */
@@ -128,8 +124,11 @@ static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64
  * scalar loop's, 16 of them side by side (no fused multiply-add: the build is ISO C, so the
  * compiler does not contract), so the bits equal a one-position-at-a-time loop. */
 static void tile_scores(const float *q, const float *kt, const float *ks, int64_t hd, float scale, int int8, float *a) {
-    v16 sc = {0};
-    for (int64_t i = 0; i < hd; i++) sc += q[i] * load16(kt + i * NL_KV_KTILE);
+    v16 sc = {0}, k;
+    for (int64_t i = 0; i < hd; i++) {
+        load16(&k, kt + i * NL_KV_KTILE);
+        sc += q[i] * k;
+    }
     float out[NL_KV_KTILE];
     memcpy(out, &sc, sizeof out);
     for (int j = 0; j < NL_KV_KTILE; j++) a[j] = int8 ? out[j] * ks[j] * scale : out[j] * scale;
@@ -181,8 +180,8 @@ static void softmax_row(float *a, int64_t n) {
  * of p[k * row + t] * v[t] (p times the value's fp16 scale for an int8 pool), started from 0. */
 /* Value row t's dimensions i0 .. i0 + lanes - 1 as 16 floats (zero past lanes), and its fp16
  * scale in *scale for an int8 pool. */
-static inline v16 value16(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t, int64_t i0,
-                          int64_t lanes, float *scale) {
+static inline void value16(v16 *out, const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t,
+                           int64_t i0, int64_t lanes, float *scale) {
     const int64_t hd = c->hd, bs = c->block_size;
     int32_t id = table[t / bs];
     float vf[PV_LANES] = {0};
@@ -190,12 +189,16 @@ static inline v16 value16(const nl_kvcache *c, const int32_t *table, int64_t l, 
         const int8_t *vc = nl_kvcache_codes_row(c, id, l, 1, t % bs) + kh * hd + i0;
         for (int64_t j = 0; j < lanes; j++) vf[j] = (float)vc[j];
         *scale = nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(c, id, l, 1, t % bs)[kh]);
-        return load16(vf);
+        load16(out, vf);
+        return;
     }
     const float *v = nl_kvcache_f32_row(c, id, l, 1, t % bs) + kh * hd + i0;
-    if (lanes == PV_LANES) return load16(v);
+    if (lanes == PV_LANES) {
+        load16(out, v);
+        return;
+    }
     for (int64_t j = 0; j < lanes; j++) vf[j] = v[j];
-    return load16(vf);
+    load16(out, vf);
 }
 
 static void pv_block(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, int nr, int64_t i0,
@@ -206,7 +209,8 @@ static void pv_block(const nl_kvcache *c, const int32_t *table, int64_t l, int64
     if (nr == 1) { /* a decode: one accumulator */
         v16 a0 = {0};
         for (int64_t t = 0; t <= pos; t++) {
-            const v16 v = value16(c, table, l, kh, t, i0, lanes, &scale);
+            v16 v;
+            value16(&v, c, table, l, kh, t, i0, lanes, &scale);
             a0 += (int8 ? p[t] * scale : p[t]) * v;
         }
         acc[0] = a0;
@@ -215,7 +219,8 @@ static void pv_block(const nl_kvcache *c, const int32_t *table, int64_t l, int64
         const float *p0 = p, *p1 = p + row, *p2 = p + (nr > 2 ? 2 : 0) * row, *p3 = p + (nr > 3 ? 3 : 0) * row;
         v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         for (int64_t t = 0; t <= pos; t++) {
-            const v16 v = value16(c, table, l, kh, t, i0, lanes, &scale);
+            v16 v;
+            value16(&v, c, table, l, kh, t, i0, lanes, &scale);
             if (int8) {
                 a0 += (p0[t] * scale) * v;
                 a1 += (p1[t] * scale) * v;
@@ -230,7 +235,8 @@ static void pv_block(const nl_kvcache *c, const int32_t *table, int64_t l, int64
         }
         acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
         for (int64_t t = pos + 1; t < pos + nr; t++) { /* the chunk's own positions: token k sees pos + k */
-            const v16 v = value16(c, table, l, kh, t, i0, lanes, &scale);
+            v16 v;
+            value16(&v, c, table, l, kh, t, i0, lanes, &scale);
             for (int k = (int)(t - pos); k < nr; k++) acc[k] += (int8 ? p[k * row + t] * scale : p[k * row + t]) * v;
         }
     }
