@@ -224,6 +224,15 @@ void nl_eff_default(nl_eff *e);
  * gemm_eff * f(M) f(N) f(K) of peak; training and prefill share it. */
 double nl_plan_gemm_shape_eff(double x);
 
+/* The extra cost of a short reduction loop in an FP8 GEMM, relative to the same GEMM in BF16:
+ * (K + 260) / (K + 460) for a reduction dimension K. Each output tile pays a fixed time (pipeline
+ * fill, the epilogue's scale and write) besides K x the main-loop step, and FP8 halves the step,
+ * so the fixed time is worth about twice as many K. Fitted to a measured H800 SXM sweep (tilelang
+ * benchmark/matmul and benchmark/matmul_fp8 READMEs, M = N = 8192, K = 256..16384): rate = E K /
+ * (K + k0) with FP16 k0 = 260, E = 0.79 of the dense peak, FP8 k0 = 460, E = 0.82 (within 2% at
+ * every K); the large-K fractions agree, so only the K term differs. 1 for K -> infinity. */
+double nl_plan_gemm_fp8_k_eff(double K);
+
 /* ---- training plans ---------------------------------------------------------------------- */
 typedef struct nl_layout {
     int64_t dp, tp, pp, cp, ep;

@@ -80,11 +80,19 @@ static void get_parts(const nl_train_req *q, parts *p) {
  * kernels on A100/H100; a 4096-wide dimension loses 3%, a 1024-wide one 11%). */
 double nl_plan_gemm_shape_eff(double x) { return x / (x + 128.0); }
 
+double nl_plan_gemm_fp8_k_eff(double K) { return K > 0 ? (K + 260.0) / (K + 460.0) : 1.0; }
+
 static double gemm_s(const nl_hw *hw, const nl_eff *e, double M, double N, double K) {
     if (M <= 0 || N <= 0 || K <= 0) return 0;
     double peak = e->fp8_gemm ? hw->flops_fp8 : hw->flops_bf16, bytes = e->fp8_gemm ? 1 : 2;
     double base = e->gemm > 0 ? e->gemm : hw->gemm_eff > 0 ? hw->gemm_eff : 0.6;
     double eff = base * nl_plan_gemm_shape_eff(M) * nl_plan_gemm_shape_eff(N);
+    if (e->fp8_gemm) {
+        /* FP8's fixed cost per output tile, in K (nl_plan_gemm_fp8_k_eff). The forward reduces
+         * over K, the backward's data gradient over N and its weight gradient over M; a layer
+         * prices the three passes as 3 x this GEMM, so they share the mean cost. */
+        eff *= 3 / (1 / nl_plan_gemm_fp8_k_eff(K) + 1 / nl_plan_gemm_fp8_k_eff(N) + 1 / nl_plan_gemm_fp8_k_eff(M));
+    }
     double t_c = 2 * M * N * K / (peak * eff);
     double t_m = bytes * (M * K + K * N) / hw->hbm_bw + 2 * M * N / hw->hbm_bw;
     return t_c > t_m ? t_c : t_m;
