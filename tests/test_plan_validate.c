@@ -158,7 +158,7 @@ static void test_cli(void **state) {
 int main(void) {
     nl_catalog_init(&cat);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_set_shape), cmocka_unit_test(test_targets), cmocka_unit_test(test_ds3_activations),
+        cmocka_unit_test(test_set_shape), cmocka_unit_test(test_targets),    cmocka_unit_test(test_ds3_activations),
         cmocka_unit_test(test_bad_files), cmocka_unit_test(test_fp8_k_term), cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

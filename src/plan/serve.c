@@ -35,7 +35,8 @@ static double forward_shape_eff(const nl_arch *a, double tp, double M, int fp8) 
     for (int i = 0; i < 4; i++) {
         double f = g[i][0] * g[i][1] * g[i][2];
         flops += f;
-        double eff = nl_plan_gemm_shape_eff(g[i][0]) * nl_plan_gemm_shape_eff(g[i][1]) * nl_plan_gemm_shape_eff(g[i][2]);
+        double eff =
+            nl_plan_gemm_shape_eff(g[i][0]) * nl_plan_gemm_shape_eff(g[i][1]) * nl_plan_gemm_shape_eff(g[i][2]);
         if (fp8) eff *= nl_plan_gemm_fp8_k_eff(g[i][2]); /* FP8's fixed cost per tile, in K */
         t += f / eff;
     }
