@@ -219,6 +219,11 @@ void nl_eff_default(nl_eff *e);
  * than FlashAttention in Triton; the low end of that range. */
 #define NL_ATTN_TRITON_SLOWDOWN 1.3
 
+/* HBM bytes a NCCL collective moves per byte it receives: staged into device memory, read back,
+ * and the user buffers read or written ("at least 2x ... it can be 3x", NCCL's maintainer in
+ * NVIDIA/nccl issue #1428). Compute that a collective overlaps loses that HBM time. */
+#define NL_COLL_HBM_PER_BYTE 3.0
+
 /* How much of the large-GEMM rate a GEMM dimension of size x fills: x / (x + 128) (128: the
  * tile edge of cuBLAS/CUTLASS kernels on A100/H100). A GEMM M x N x K runs at
  * gemm_eff * f(M) f(N) f(K) of peak; training and prefill share it. */
@@ -286,6 +291,7 @@ typedef struct nl_train_eval {
     double t_bubble;
     double t_tp, t_cp, t_ep, t_pp, t_dp; /* communication, total per step */
     double t_exposed;                    /* communication not hidden behind compute */
+    double t_overlap_hbm;                /* HBM time hidden data-parallel collectives take from compute */
     double t_optim;                      /* optimizer step: Adam reads and writes its shard (memory bound) */
     double t_step;
     double tokens_per_s, mfu, model_flops_per_step;
