@@ -51,15 +51,12 @@ static void write_text(const char *path) {
 
 /* Starts `nanolm train` writing `out` (resuming from it when `resume`); returns the pid. */
 static pid_t spawn_train(const char *out, int resume) {
-    const char *bin = getenv("NANOLM_BIN");
-    assert_non_null(bin);
     char steps[16], every[16];
     snprintf(steps, sizeof steps, "%d", STEPS);
     snprintf(every, sizeof every, "%d", EVERY);
     const char *argv[40];
     int n = 0;
-    const char *fixed[] = {bin,
-                           "train",
+    const char *fixed[] = {"train",
                            "--data",
                            data_path,
                            "--preset",
@@ -87,19 +84,10 @@ static pid_t spawn_train(const char *out, int resume) {
         argv[n++] = out;
     }
     argv[n] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int null_fd = open("/dev/null", O_WRONLY);
-        if (null_fd >= 0) {
-            dup2(null_fd, 1);
-            dup2(null_fd, 2);
-        }
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
+    const tu_run_opts o = {.no_output = 1};
+    tu_proc p;
+    assert_int_equal(tu_spawn_cli(&o, argv, &p), 0);
+    return (pid_t)p.pid;
 }
 
 static int wait_exit(pid_t pid) {

@@ -193,21 +193,16 @@ static void test_cli_flags_refuse_a_fifo(void **state) {
     snprintf(cmds[k++], 1024, "scaling fit %s", fifo);
     for (int i = 0; i < k; i++) {
         /* timeout is only a hang detector: the refusal takes milliseconds. */
-        const char *bin = getenv("NANOLM_BIN");
-        char cmd[2048];
-        snprintf(cmd, sizeof cmd, "timeout -k 5 %d %.500s %.1024s 2>&1", HANG_S, bin ? bin : "build/nanolm", cmds[i]);
-        FILE *p = popen(cmd, "r");
-        assert_non_null(p);
-        char out[4096];
-        size_t n = fread(out, 1, sizeof out - 1, p);
-        out[n] = '\0';
-        int st = pclose(p);
-        int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        const tu_run_opts o = {.timeout_s = HANG_S};
+        char *out = NULL;
+        int code = tu_run_cli_ex(&o, cmds[i], &out, NULL);
+        assert_non_null(out);
         print_message("nanolm %s -> exit %d: %s", cmds[i], code, out);
         if (code == 124 || code == 137) fail_msg("nanolm %s hung on the FIFO", cmds[i]);
         assert_true(code == 1 || code == 2);
         assert_non_null(strstr(out, "nanolm:"));
         assert_non_null(strstr(out, "is a FIFO, not a regular file"));
+        free(out);
     }
 }
 

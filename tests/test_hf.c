@@ -70,14 +70,11 @@ static void write_text(const char *path, const char *text) {
 }
 
 static int count_files(const char *dir, const char *prefix) {
-    char cmd[1024];
+    char cmd[1024], *out = NULL;
     snprintf(cmd, sizeof cmd, "ls '%s' | grep -c '^%s'", dir, prefix);
-    FILE *p = popen(cmd, "r");
-    int n = 0;
-    if (p) {
-        if (fscanf(p, "%d", &n) != 1) n = 0;
-        pclose(p);
-    }
+    tu_run_shell(cmd, &out);
+    int n = out ? atoi(out) : 0;
+    free(out);
     return n;
 }
 

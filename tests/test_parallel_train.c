@@ -211,21 +211,20 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
             cJSON *e = cJSON_GetArrayItem(ranks, r);
             /* --report-memory: exactly the part's parameters at the planner's fp32 bytes per
              * parameter (4 weights, 4 gradients, 8 AdamW) */
-            cJSON *mm = cJSON_GetObjectItem(e, "memory_bytes");
             double part = (double)part_params(np, dp, tp, r);
-            double pb = cJSON_GetObjectItem(mm, "params")->valuedouble,
-                   gb = cJSON_GetObjectItem(mm, "grads")->valuedouble;
-            double ob = cJSON_GetObjectItem(mm, "optimizer")->valuedouble;
+            double pb = cJSON_GetObjectItem(e, "params_bytes")->valuedouble,
+                   gb = cJSON_GetObjectItem(e, "grads_bytes")->valuedouble;
+            double ob = cJSON_GetObjectItem(e, "optimizer_bytes")->valuedouble;
             if (r == 0 || r == np - 1)
                 print_message("  rank %d holds %.0f B params, %.0f B grads, %.0f B optimizer = %.4f of the model's; "
                               "activations %.0f B\n",
                               r, pb, gb, ob, part / (double)n_params,
-                              cJSON_GetObjectItem(mm, "workspace")->valuedouble);
+                              cJSON_GetObjectItem(e, "workspace_bytes")->valuedouble);
             assert_true(pb == sb.weights * part);
             assert_true(gb == sb.grads * part);
             assert_true(ob == sb.optim * part);
             assert_true(part < (double)n_params);
-            double ws = cJSON_GetObjectItem(mm, "workspace")->valuedouble;
+            double ws = cJSON_GetObjectItem(e, "workspace_bytes")->valuedouble;
             double wa = 4 * expected_act_floats(np, dp, tp, M, strstr(extra, "1f1b") != NULL, r);
             if (ws != wa) print_message("rank %d activations %.0f B, formula %.0f B\n", r, ws, wa);
             assert_true(ws == wa);
@@ -234,14 +233,17 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
             if (sent != want) print_message("rank %d sent %.0f bytes per step, formula %.0f\n", r, sent, want);
             assert_true(sent == want);
             if (pp > 1) {
-                double bub = cJSON_GetObjectItem(e, "bubble")->valuedouble;
+                cJSON *stage = cJSON_GetArrayItem(cJSON_GetObjectItem(d, "stages"), r);
+                assert_int_equal(cJSON_GetObjectItem(stage, "rank")->valueint, r);
+                double bub = cJSON_GetObjectItem(stage, "bubble")->valuedouble;
                 assert_true(bub >= 0 && bub <= 1);
             }
         }
         if (pp > 1)
-            print_message("  measured bubble rank 0 %.3f, formula %.3f\n",
-                          cJSON_GetObjectItem(cJSON_GetArrayItem(ranks, 0), "bubble")->valuedouble,
-                          cJSON_GetObjectItem(d, "bubble_formula")->valuedouble);
+            print_message(
+                "  measured bubble rank 0 %.3f, formula %.3f\n",
+                cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(d, "stages"), 0), "bubble")->valuedouble,
+                cJSON_GetObjectItem(d, "bubble_formula")->valuedouble);
         free(l);
         free(lr);
         cJSON_Delete(d);
@@ -270,9 +272,9 @@ static void check_run_layout(int np, int dp, int zero, const char *extra) {
         else
             assert_true(sent <= plan && sent >= 2.0 / 3.0 * plan); /* root units gathered once, not twice */
 
-        cJSON *mm = cJSON_GetObjectItem(e, "memory_bytes");
-        double pb = cJSON_GetObjectItem(mm, "params")->valuedouble, gb = cJSON_GetObjectItem(mm, "grads")->valuedouble;
-        double ob = cJSON_GetObjectItem(mm, "optimizer")->valuedouble;
+        double pb = cJSON_GetObjectItem(e, "params_bytes")->valuedouble,
+               gb = cJSON_GetObjectItem(e, "grads_bytes")->valuedouble;
+        double ob = cJSON_GetObjectItem(e, "optimizer_bytes")->valuedouble;
         /* exact, with shards padded to a multiple of the group size */
         assert_true(pb == 4 * (zero == 3 ? S : N));
         assert_true(gb == 4 * (zero >= 2 ? S : N));

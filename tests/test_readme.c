@@ -157,23 +157,9 @@ static void run_command(run_state *rs, const block_opts *o, const char *shown_cm
              errpath);
     setenv("NANOLM_DOCS_CMD", cmd, 1);
     fflush(NULL);
-    FILE *p = popen(full, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, len = 0, n;
-    char *out = malloc(cap);
+    char *out = NULL;
+    int code = tu_run_shell(full, &out);
     assert_non_null(out);
-    while ((n = fread(out + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 2) {
-            char *nb = realloc(out, cap * 2);
-            assert_non_null(nb);
-            out = nb;
-            cap *= 2;
-        }
-    }
-    out[len] = '\0';
-    int st = pclose(p);
-    int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     rs->commands++;
     char *act[MAX_LINES * 4];
     char *copy = strdup(out);

@@ -6,13 +6,11 @@
  * SIGTERM saves a checkpoint and exits 0 without leaving a temporary file. */
 #include "testutil.h"
 
-#include <dirent.h>
 #include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "nanolm/checkpoint.h"
@@ -230,54 +228,26 @@ static void test_outputs_checked_first(void **state) {
     free(dir);
 }
 
-/* No "*.tmp.*" file left in dir. */
-static int count_tmp(const char *dir) {
-    DIR *d = opendir(dir);
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (strstr(e->d_name, ".tmp.")) n++;
-    if (d) closedir(d);
-    return n;
-}
-
 static void test_sigterm_saves_and_exits_0(void **state) {
     (void)state;
     TU_REQUIRE_DATA(data, SHAKES);
     char *dir = tu_tmpdir(), ckpt[512];
     snprintf(ckpt, sizeof ckpt, "%s/m.st", dir);
-    const char *bin = getenv("NANOLM_BIN");
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        setenv("OMP_NUM_THREADS", "1", 1);
-        execl(bin ? bin : "build/nanolm", "nanolm", "train", "--data", data, "--steps", "100000", "--batch", "4",
-              "--seq", "32", "--eval-windows", "2", "--eval-every", "1", "--warmup", "2", "--out", ckpt, (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    FILE *f = fdopen(fds[0], "r");
-    char line[512];
-    int seen = 0;
-    while (fgets(line, sizeof line, f))
-        if (strstr(line, "step ") && ++seen == 3) break; /* a few steps (and saves) done */
-    assert_int_equal(seen, 3);
-    kill(pid, SIGTERM);
-    char rest[4096] = "";
-    while (fgets(line, sizeof line, f))
-        if (strlen(rest) + strlen(line) < sizeof rest) strcat(rest, line);
-    fclose(f);
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
+    const char *argv[] = {"train", "--data",   data, "--steps",        "100000", "--batch",
+                          "4",     "--seq",    "32", "--eval-windows", "2",      "--eval-every",
+                          "1",     "--warmup", "2",  "--out",          ckpt,     NULL};
+    const tu_run_opts o = {.one_thread = 1, .stdout_only = 1};
+    tu_proc p;
+    assert_int_equal(tu_spawn_cli(&o, argv, &p), 0);
+    assert_int_equal(tu_wait_for_output(&p, "step ", 3), 3); /* a few steps (and saves) done */
+    kill(p.pid, SIGTERM);
+    char *rest = NULL;
+    int rc = tu_proc_finish(&p, &rest);
+    assert_non_null(rest);
     print_message("after SIGTERM: %s", rest);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(rc, 0);
     assert_non_null(strstr(rest, "stopped by SIGTERM"));
-    assert_int_equal(count_tmp(dir), 0);
+    assert_int_equal(tu_count_tmp(dir), 0);
     /* the checkpoint holds the step it stopped at, and the run resumes from it */
     nl_model m;
     char tok[64];
@@ -292,6 +262,7 @@ static void test_sigterm_saves_and_exits_0(void **state) {
              "train --data %s --steps %lld --batch 4 --seq 32 --eval-windows 2 --warmup 2 --resume %s", data,
              (long long)st.step + 1, ckpt);
     assert_int_equal(run(args, NULL), 0);
+    free(rest);
     tu_rmdir(dir);
     free(dir);
 }

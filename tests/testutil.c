@@ -1,5 +1,9 @@
 #include "testutil.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,4 +149,115 @@ char *tu_read_file(const char *path, size_t *bytes) {
     fclose(f);
     if (bytes) *bytes = (size_t)n;
     return b;
+}
+
+int tu_spawn_cli(const tu_run_opts *o, const char *const *argv, tu_proc *p) {
+    static const tu_run_opts plain = {0};
+    if (!o) o = &plain;
+    const char *bin = getenv("NANOLM_BIN");
+    const char *args[128];
+    int k = 0;
+    char np[16];
+    if (o->np > 0) {
+        snprintf(np, sizeof np, "%d", o->np);
+        const char *mpi[] = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", np};
+        for (size_t i = 0; i < sizeof mpi / sizeof mpi[0]; i++) args[k++] = mpi[i];
+    }
+    args[k++] = bin ? bin : "build/nanolm";
+    for (int i = 0; argv[i]; i++) {
+        if (k >= 127) return -1;
+        args[k++] = argv[i];
+    }
+    args[k] = NULL;
+    int fds[2] = {-1, -1};
+    if (!o->no_output && pipe(fds)) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        if (!o->no_output) close(fds[0]), close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        int to = o->no_output ? open("/dev/null", O_WRONLY) : fds[1];
+        if (to >= 0) {
+            dup2(to, 1);
+            if (!o->stdout_only) dup2(to, 2);
+            close(to);
+        }
+        if (fds[0] >= 0) close(fds[0]);
+        if (o->one_thread) setenv("OMP_NUM_THREADS", "1", 1);
+        execvp(args[0], (char *const *)args);
+        _exit(127);
+    }
+    p->pid = (int)pid;
+    p->out = NULL;
+    if (o->no_output) return 0;
+    close(fds[1]);
+    p->out = fdopen(fds[0], "r");
+    if (!p->out) {
+        close(fds[0]);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    return 0;
+}
+
+int tu_wait_for_output(tu_proc *p, const char *needle, int n) {
+    char line[512];
+    int seen = 0;
+    while (p->out && seen < n && fgets(line, sizeof line, p->out))
+        if (strstr(line, needle)) seen++;
+    return seen;
+}
+
+int tu_proc_finish(tu_proc *p, char **rest) {
+    char *buf = p->out ? read_all(p->out) : NULL;
+    if (p->out) fclose(p->out);
+    p->out = NULL;
+    if (rest)
+        *rest = buf;
+    else
+        free(buf);
+    int status = 0;
+    pid_t w;
+    while ((w = waitpid((pid_t)p->pid, &status, 0)) < 0 && errno == EINTR) {}
+    if (w != (pid_t)p->pid) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
+}
+
+int tu_children_of(int parent, int *out, int cap) {
+    int n = 0;
+    DIR *d = opendir("/proc");
+    for (struct dirent *e; d && (e = readdir(d)) && n < cap;) {
+        char path[300], buf[512];
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        const char *rp = strrchr(buf, ')'); /* "pid (comm) state ppid ..." */
+        char state;
+        int ppid;
+        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out[n++] = atoi(e->d_name);
+    }
+    if (d) closedir(d);
+    for (int i = 1; i < n; i++) /* increasing pids: the ranks in the order they started */
+        for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
+            int x = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = x;
+        }
+    return n;
+}
+
+int tu_count_tmp(const char *dir) {
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strstr(e->d_name, ".tmp.")) n++;
+    if (d) closedir(d);
+    return n;
 }

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <cmocka.h>
 
 /* Path of a data file `rel` (e.g. "tinyshakespeare/input.txt"): under the committed data/
@@ -32,6 +33,7 @@ typedef struct tu_run_opts {
     int timeout_s;   /* > 0: under `timeout -k 10 timeout_s` (a hang shows as status 124) */
     int one_thread;  /* OMP_NUM_THREADS=1 (ranks on a shared machine) */
     int stdout_only; /* capture stdout only (stderr goes to the test's own stderr) */
+    int no_output;   /* tu_spawn_cli: stdout and stderr to /dev/null (tu_proc.out is NULL) */
 } tu_run_opts;
 
 /* Runs `[timeout] [mpirun -np N] nanolm args` as `o` says; *out (may be NULL) gets the captured
@@ -42,6 +44,27 @@ int tu_run_cli_ex(const tu_run_opts *o, const char *args, char **out, double *el
  * its standard output as a malloc'd string. Returns the exit status, 128 + the signal when a
  * signal ended it, or -1 when it could not be started. */
 int tu_run_shell(const char *cmd, char **out);
+/* A CLI process started in the background (tu_spawn_cli), its output read as it comes. */
+typedef struct tu_proc {
+    int pid;   /* the process started: nanolm, or mpirun with np > 0 */
+    FILE *out; /* its stdout (and stderr unless stdout_only) */
+} tu_proc;
+/* Starts `[mpirun -np N] nanolm argv[0] argv[1] ...` (argv ends with NULL) without a shell, as `o`
+ * says (np, one_thread, stdout_only, no_output; timeout_s is not used: the test ends it). Returns
+ * 0, or -1 when it could not be started. */
+int tu_spawn_cli(const tu_run_opts *o, const char *const *argv, tu_proc *p);
+/* Reads the output line by line until the n-th line containing `needle` (a line at most 511
+ * bytes); returns how many such lines were seen (fewer than n: the output ended first). */
+int tu_wait_for_output(tu_proc *p, const char *needle, int n);
+/* Reads the rest of the output into *rest (a malloc'd string; may be NULL to discard it; NULL with
+ * no_output or when memory ran out), waits for the process and returns its exit status, 128 + the
+ * signal that ended it, or -1. */
+int tu_proc_finish(tu_proc *p, char **rest);
+/* The pids of the processes whose parent is `parent` (the ranks mpirun started), from /proc, in
+ * increasing order; returns how many (at most cap). */
+int tu_children_of(int parent, int *out, int cap);
+/* How many files in dir have ".tmp." in their name (temporary files an atomic write left). */
+int tu_count_tmp(const char *dir);
 /* A fresh temporary directory (removed by tu_rmdir). */
 char *tu_tmpdir(void);
 void tu_rmdir(const char *dir);

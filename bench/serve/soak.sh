@@ -30,7 +30,12 @@ load "$conc" 7 >"$tmp/warm.json"
 rss0=$(rss)
 echo "soak: $requests requests at concurrency $conc (RSS after warm-up ${rss0} KiB)"
 start=$(date +%s)
+# resident memory every second during the run, to tell a leak (steady growth) from a plateau
+( while kill -0 "$pid" 2>/dev/null; do rss >>"$tmp/rss" 2>/dev/null || break; sleep 1; done ) &
+sampler=$!
 load "$requests" 11 >"$tmp/soak.json" || true
+kill "$sampler" 2>/dev/null || true
+wait "$sampler" 2>/dev/null || true
 [[ -n ${SOAK_JSON:-} ]] && cp "$tmp/soak.json" "$SOAK_JSON"
 end=$(date +%s)
 rss1=$(rss)
@@ -43,6 +48,8 @@ running=$(metric nanolm_requests_running)
 waiting=$(metric nanolm_requests_waiting)
 echo "soak: $ok ok, $failed failed in $((end - start)) s ($tps output tokens/s); KV blocks used $used, running $running," \
      "waiting $waiting; RSS ${rss0} -> ${rss1} KiB"
+awk '{v[NR] = $1} END {if (NR < 4) exit; printf "soak: RSS during the run (KiB) at 25%% %d, 50%% %d, 75%% %d, 100%% %d of %d samples\n",
+     v[int(NR / 4)], v[int(NR / 2)], v[int(3 * NR / 4)], v[NR], NR}' "$tmp/rss"
 if [[ $failed == 0 && $used == 0 && $running == 0 && $waiting == 0 ]] &&
    awk -v a="$rss0" -v b="$rss1" 'BEGIN{exit !(b <= a * 1.10 + 8192)}'; then
   echo "soak: PASS"

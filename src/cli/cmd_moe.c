@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "cli/cli_opt.h"
+#include "cli/train_opts.h"
 #include "nanolm/moe_ep.h"
 #include "nanolm/tokenizer.h"
 
@@ -20,10 +21,12 @@ void nl_train_catch_stop_signals(int on);
 
 /* What the command line asks for. */
 typedef struct moe_args {
-    const char *data, *preset, *impl, *log_csv;
-    int64_t layers, dim, experts, topk, shared, fe, ep, cp, seed;
+    const char *preset;
+    int64_t layers, dim, experts, topk, shared, fe;
     double aux, cap;
-    int json, mem, lr_min_given, eval_given, windows_given;
+    int json, mem;
+    nl_train_args ta;  /* the training group (train_opts.h), bound to tr */
+    nl_layout_args la; /* the layout group: --ep, --cp, --impl */
     nl_train_opts tr;
 } moe_args;
 
@@ -31,11 +34,17 @@ typedef struct moe_args {
 static int parse_args(moe_args *a, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     nl_train_opts_default(&a->tr);
-    a->preset = "moe-course-tiny", a->impl = "ours", a->shared = -1, a->ep = 1, a->cp = 1, a->seed = 1337;
+    a->preset = "moe-course-tiny", a->shared = -1;
     a->aux = 0.01;
     /* moe train's defaults: 20 steps at a constant learning rate, no validation unless asked */
     a->tr.steps = 20, a->tr.batch = 4, a->tr.seq = 32, a->tr.warmup = 0, a->tr.eval_every = 0;
-    nl_train_opts *t = &a->tr;
+    a->ta.o = &a->tr;
+    a->ta.omit = NL_TRAIN_OMIT_SVG | NL_TRAIN_OMIT_PRECISION | NL_TRAIN_OMIT_GRAD_ACCUM;
+    a->ta.lr_min_is_lr = 1, a->ta.eval_when_asked = 1;
+    nl_opt train[NL_TRAIN_NOPTS], layout[NL_LAYOUT_NOPTS];
+    int ntrain = nl_cli_train_opts(train, &a->ta);
+    a->la.offer = NL_LAYOUT_EP_CP;
+    int nlayout = nl_cli_layout_opts(layout, &a->la);
     nl_opt model[] = {
         NL_OPT_STR("preset", &a->preset, "NAME",
                    "MoE shape (moe-course-tiny: 64 routed + 2 shared, top-6, D 64, 2 layers)"),
@@ -48,48 +57,22 @@ static int parse_args(moe_args *a, int argc, char **argv) {
         NL_OPT_DBL("aux", &a->aux, 0, 1e6, "A", "load-balancing loss coefficient (0.01; 0 = off)"),
         NL_OPT_DBL("capacity", &a->cap, 0, 1e6, "C", "capacity factor (0 = no token dropping)"),
     };
-    nl_opt layout[] = {
-        NL_OPT_INT("ep", &a->ep, 1, 64, "E", "ranks per expert-parallel group (divides N and the experts; 1)"),
-        NL_OPT_INT(
-            "cp", &a->cp, 1, 64, "C",
-            "context parallel: C ranks share each sequence (ring attention); needs --aux 0 --capacity 0, no --ep"),
-        NL_OPT_STR("impl", &a->impl, "ours|native", "all-to-all implementation (ours)"),
-    };
-    nl_opt train[] = {
-        NL_OPT_STR("data", &a->data, "FILE", "training text (required; byte tokens)"),
-        NL_OPT_INT("steps", &t->steps, 1, 10000000, "N", "optimizer steps (20)"),
-        NL_OPT_INT("batch", &t->batch, 1, 65536, "B", "sequences per rank (4)"),
-        NL_OPT_INT("seq", &t->seq, 1, 65536, "T", "tokens per sequence (32)"),
-        NL_OPT_FLT("lr", &t->lr, 0, 10, "X", "peak learning rate (1e-3)"),
-        NL_OPT_FLT("lr-min", &t->lr_min, 0, 10, "X", "cosine decay to X (default: the peak, a constant rate)"),
-        NL_OPT_INT("warmup", &t->warmup, 0, 100000000, "N", "linear warmup steps (0)"),
-        NL_OPT_FLT("clip", &t->grad_clip, 0, 1e9, "X", "global gradient-norm clipping (1.0; 0 = off)"),
-        NL_OPT_FLT("weight-decay", &t->weight_decay, 0, 10, "X", "AdamW weight decay (0.1)"),
-        NL_OPT_INT("seed", &a->seed, 0, INT64_MAX, "S", "initialisation and data (1337)"),
-        NL_OPT_INT("eval-every", &t->eval_every, 0, 100000000, "K",
-                   "validation (and checkpoint) every K steps and at the end (default: none)"),
-        NL_OPT_INT("eval-windows", &t->eval_windows, 1, 100000000, "N", "validation windows (200 when validating)"),
-        NL_OPT_STR("out", &t->out, "CKPT", "checkpoint at each validation and the end (--ep 1 only)"),
-        NL_OPT_STR("resume", &t->resume, "CKPT", "continue from a checkpoint up to --steps"),
-        NL_OPT_INT("stop-after", &t->stop_after, 1, 100000000, "K", "stop (and save) after step K of the schedule"),
-        NL_OPT_STR("log", &a->log_csv, "CSV", "per-step log (rank 0)"),
+    nl_opt out[] = {
         NL_OPT_FLAG("report-memory", &a->mem,
                     "bytes of parameters, gradients, optimizer state and activations per rank"),
         NL_OPT_FLAG("json", &a->json, "one JSON document with every step and rank"),
     };
-    train[5].given = &a->lr_min_given;
-    train[10].given = &a->eval_given;
-    train[11].given = &a->windows_given;
     nl_optgroup groups[] = {
         {"model shape", model, NL_NOPTS(model)},
-        {"parallel layout", layout, NL_NOPTS(layout)},
-        {"training (the one trainer's options; SIGTERM/SIGINT finish the step, save, exit 0)", train, NL_NOPTS(train)}};
+        {"parallel layout", layout, nlayout},
+        {"training (the one trainer's options; SIGTERM/SIGINT finish the step, save, exit 0)", train, ntrain},
+        {"output", out, NL_NOPTS(out)}};
     nl_cmdspec spec = {"moe train",
                        "[mpirun -np N] nanolm moe train --data FILE [options]",
                        "NanoLM-MoE (routed + shared SwiGLU experts, top-k router, aux loss) with expert parallelism: "
                        "N/ep data-parallel replicas of ep-rank expert groups, or context parallelism.",
                        groups,
-                       3,
+                       NL_NOPTS(groups),
                        0};
     if (argc < 0) { /* `moe --help` */
         nl_cli_help(&spec, stdout);
@@ -192,13 +175,13 @@ static cJSON *json_header(const nl_arch *a, const nl_moe *e, const moe_args *g, 
     cJSON *doc = cJSON_CreateObject();
     cJSON_AddStringToObject(doc, "model", a->name);
     cJSON_AddNumberToObject(doc, "ranks", N);
-    cJSON_AddNumberToObject(doc, "ep", (double)g->ep);
-    cJSON_AddNumberToObject(doc, "cp", (double)g->cp);
+    cJSON_AddNumberToObject(doc, "ep", (double)g->la.ep);
+    cJSON_AddNumberToObject(doc, "cp", (double)g->la.cp);
     cJSON_AddNumberToObject(doc, "dim", (double)a->dim);
     cJSON_AddNumberToObject(doc, "moe_layers", (double)e->n_moe_layers);
     cJSON_AddNumberToObject(doc, "top_k", (double)a->top_k);
     cJSON_AddNumberToObject(doc, "experts", (double)a->n_experts);
-    cJSON_AddNumberToObject(doc, "tokens_per_rank", (double)(g->tr.batch * g->tr.seq / g->cp));
+    cJSON_AddNumberToObject(doc, "tokens_per_rank", (double)(g->tr.batch * g->tr.seq / g->la.cp));
     cJSON *ja = cJSON_AddObjectToObject(doc, "arch");
     struct {
         const char *n;
@@ -222,9 +205,9 @@ static cJSON *json_header(const nl_arch *a, const nl_moe *e, const moe_args *g, 
 
 /* The shape from the preset and the overrides; the layout and option checks that name flags. */
 static int build_arch(moe_args *g, nl_arch *a, int N) {
-    if (!g->data) return nl_cli_usage_error("moe train: --data FILE is required");
-    if (strcmp(g->impl, "ours") && strcmp(g->impl, "native"))
-        return nl_cli_usage_error("moe train: --impl must be ours or native, got '%s'", g->impl);
+    int rc = nl_cli_train_finish(&g->ta, "moe train");
+    if (rc) return rc;
+    int64_t ep = g->la.ep, cp = g->la.cp;
     if (nl_moe_preset(g->preset, a)) return nl_cli_usage_error("moe train: --preset: %s", nl_last_error());
     if (g->layers) a->n_layers = g->layers;
     if (g->dim) a->dim = g->dim;
@@ -234,26 +217,18 @@ static int build_arch(moe_args *g, nl_arch *a, int N) {
     if (g->fe) a->expert_hidden_dim = g->fe;
     if (g->tr.seq > a->seq_len) a->seq_len = g->tr.seq;
     if (nl_arch_validate(a)) return nl_cli_usage_error("moe train: %s", nl_last_error());
-    if (N % g->ep || N % g->cp)
-        return nl_cli_usage_error("moe train: --%s %lld must divide the %d ranks", N % g->ep ? "ep" : "cp",
-                                  (long long)(N % g->ep ? g->ep : g->cp), N);
-    if (g->cp > 1 && (g->ep > 1 || g->aux != 0 || g->cap != 0))
-        return nl_cli_usage_error("moe train: --cp %lld needs --aux 0 and --capacity 0 and no --ep", (long long)g->cp);
-    if (g->cp > 1 && g->tr.seq % (2 * g->cp))
+    if (N % ep || N % cp)
+        return nl_cli_usage_error("moe train: --%s %lld must divide the %d ranks", N % ep ? "ep" : "cp",
+                                  (long long)(N % ep ? ep : cp), N);
+    if (cp > 1 && (ep > 1 || g->aux != 0 || g->cap != 0))
+        return nl_cli_usage_error("moe train: --cp %lld needs --aux 0 and --capacity 0 and no --ep", (long long)cp);
+    if (cp > 1 && g->tr.seq % (2 * cp))
         return nl_cli_usage_error("moe train: --seq %lld must be a multiple of 2 x --cp %lld", (long long)g->tr.seq,
-                                  (long long)g->cp);
-    if (g->cp > 1 && (g->eval_given || g->windows_given))
+                                  (long long)cp);
+    if (cp > 1 && (g->ta.eval_given || g->ta.windows_given))
         return nl_cli_usage_error("moe train: --cp has no validation (--eval-every, --eval-windows)");
-    if (g->ep > 1 && (g->tr.out || g->tr.resume))
+    if (ep > 1 && (g->tr.out || g->tr.resume))
         return nl_cli_usage_error("moe train: --out/--resume need --ep 1 (checkpoints hold whole models)");
-    if (!g->lr_min_given) g->tr.lr_min = g->tr.lr;
-    if (g->tr.lr_min > g->tr.lr)
-        return nl_cli_usage_error("moe train: --lr-min %g is above --lr %g", (double)g->tr.lr_min, (double)g->tr.lr);
-    if (g->tr.warmup >= g->tr.steps) g->tr.warmup = g->tr.steps / 10;
-    g->tr.seed = (uint64_t)g->seed;
-    g->tr.tokenizer = "byte";
-    if ((g->tr.out && nl_check_writable(g->tr.out, "--out")) || (g->log_csv && nl_check_writable(g->log_csv, "--log")))
-        return nl_cli_fail("moe train");
     return 0;
 }
 
@@ -287,7 +262,7 @@ static nl_status report_memory(moe_run *x, cJSON *doc) {
 static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, const nl_data *d, moe_run *x) {
     nl_train_layout L;
     nl_ep_layout(t, &L);
-    if (!g->eval_given && !g->windows_given) L.eval = NULL; /* validation only when asked for */
+    if (!g->ta.eval_given && !g->ta.windows_given) L.eval = NULL; /* validation only when asked for */
     nl_trainer tn;
     if (nl_trainer_init_layout(&tn, &g->tr, &L)) return nl_cli_fail(g->tr.resume ? "moe train: --resume" : "moe train");
     const nl_moe *e = t->model.moe;
@@ -301,7 +276,7 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
                "ep %lld; %lld tokens per rank and step\n",
                a->name, (long long)a->n_layers, (long long)a->dim, (long long)a->n_experts,
                (long long)a->n_shared_experts, (long long)a->expert_hidden_dim, (long long)a->top_k, x->N,
-               (long long)g->ep, (long long)(g->tr.batch * g->tr.seq / g->cp));
+               (long long)g->la.ep, (long long)(g->tr.batch * g->tr.seq / g->la.cp));
         if (g->tr.resume) printf("resumed from %s after step %lld\n", g->tr.resume, (long long)tn.step);
         printf("%5s %9s %9s %9s %9s %8s %14s\n", "step", "loss", "aux", "max/mean", "dropped", "|grad|", "a2a B/rank0");
     }
@@ -317,7 +292,7 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
         rc = nl_cli_fail("moe train");
         goto out;
     }
-    if (x->R == 0 && g->log_csv && nl_train_log_write_csv(&tn, g->log_csv)) {
+    if (x->R == 0 && g->ta.log_csv && nl_train_log_write_csv(&tn, g->ta.log_csv)) {
         rc = nl_cli_fail("moe train: --log");
         goto out;
     }
@@ -336,7 +311,7 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
         rc = nl_cli_fail("moe train: memory");
         goto out;
     }
-    double tps = (double)((tn.step - first) * g->tr.batch * g->tr.seq * (x->N / g->cp)) / el;
+    double tps = (double)((tn.step - first) * g->tr.batch * g->tr.seq * (x->N / g->la.cp)) / el;
     if (doc) {
         cJSON_AddNumberToObject(doc, "seconds", el);
         cJSON_AddNumberToObject(doc, "tokens_per_s", tps);
@@ -374,14 +349,14 @@ int nl_cmd_moe_train(int argc, char **argv) {
         rc = nl_cli_fail("moe train: out of memory");
         goto out;
     }
-    if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, g.data, &tok) || nl_data_check_window(&d, (int)g.tr.seq)) {
+    if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, g.ta.data, &tok) || nl_data_check_window(&d, (int)g.tr.seq)) {
         rc = nl_cli_fail("moe train: --data");
         goto out;
     }
     nl_ep_opts o;
     nl_ep_opts_default(&o);
     o.train = g.tr;
-    o.ep = (int)g.ep, o.cp = (int)g.cp, o.impl = strcmp(g.impl, "native") ? NL_COMM_OURS : NL_COMM_NATIVE;
+    o.ep = (int)g.la.ep, o.cp = (int)g.la.cp, o.impl = g.la.impl ? NL_COMM_NATIVE : NL_COMM_OURS;
     o.aux_coef = (float)g.aux, o.capacity_factor = (float)g.cap;
     if (nl_ep_init(&t, &a, &o, w)) {
         rc = nl_cli_fail("moe train: init");

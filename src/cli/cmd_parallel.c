@@ -10,137 +10,13 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_opt.h"
+#include "report.h"
+#include "train_opts.h"
 #include "nanolm/dtrain.h"
 #include "nanolm/pipeline.h"
 #include "nanolm/svg.h"
 #include "nanolm/tokenizer.h"
-
-enum {
-    O_DATA = 1000,
-    O_PRESET,
-    O_DIM,
-    O_LAYERS,
-    O_HEADS,
-    O_KVH,
-    O_HIDDEN,
-    O_STEPS,
-    O_BATCH,
-    O_SEQ,
-    O_LR,
-    O_CLIP,
-    O_WD,
-    O_SEED,
-    O_DP,
-    O_TP,
-    O_PP,
-    O_ZERO,
-    O_MICRO,
-    O_SCHED,
-    O_IMPL,
-    O_NO_OVERLAP,
-    O_MEM,
-    O_JSON,
-    O_SVG,
-    O_OUT,
-    O_SAVE_EVERY,
-    O_RESUME,
-    O_FAULT,
-    O_SP,
-    O_HELP,
-    O_LR_MIN,
-    O_WARMUP,
-    O_EVAL_WINDOWS,
-    O_LOG,
-    O_STOP_AFTER,
-    O_ACCUM,
-    O_PRECISION,
-    O_TIMEOUT
-};
-
-static const struct option popts[] = {{"data", required_argument, 0, O_DATA},
-                                      {"preset", required_argument, 0, O_PRESET},
-                                      {"dim", required_argument, 0, O_DIM},
-                                      {"layers", required_argument, 0, O_LAYERS},
-                                      {"heads", required_argument, 0, O_HEADS},
-                                      {"kv-heads", required_argument, 0, O_KVH},
-                                      {"hidden", required_argument, 0, O_HIDDEN},
-                                      {"steps", required_argument, 0, O_STEPS},
-                                      {"batch", required_argument, 0, O_BATCH},
-                                      {"seq", required_argument, 0, O_SEQ},
-                                      {"lr", required_argument, 0, O_LR},
-                                      {"clip", required_argument, 0, O_CLIP},
-                                      {"weight-decay", required_argument, 0, O_WD},
-                                      {"seed", required_argument, 0, O_SEED},
-                                      {"dp", required_argument, 0, O_DP},
-                                      {"tp", required_argument, 0, O_TP},
-                                      {"pp", required_argument, 0, O_PP},
-                                      {"zero", required_argument, 0, O_ZERO},
-                                      {"microbatches", required_argument, 0, O_MICRO},
-                                      {"schedule", required_argument, 0, O_SCHED},
-                                      {"impl", required_argument, 0, O_IMPL},
-                                      {"no-overlap", no_argument, 0, O_NO_OVERLAP},
-                                      {"sp", no_argument, 0, O_SP},
-                                      {"report-memory", no_argument, 0, O_MEM},
-                                      {"json", no_argument, 0, O_JSON},
-                                      {"svg", required_argument, 0, O_SVG},
-                                      {"out", required_argument, 0, O_OUT},
-                                      {"save-every", required_argument, 0, O_SAVE_EVERY},
-                                      {"resume", required_argument, 0, O_RESUME},
-                                      {"inject-fault", required_argument, 0, O_FAULT},
-                                      {"lr-min", required_argument, 0, O_LR_MIN},
-                                      {"warmup", required_argument, 0, O_WARMUP},
-                                      {"eval-every", required_argument, 0, O_SAVE_EVERY},
-                                      {"eval-windows", required_argument, 0, O_EVAL_WINDOWS},
-                                      {"log", required_argument, 0, O_LOG},
-                                      {"stop-after", required_argument, 0, O_STOP_AFTER},
-                                      {"grad-accum", required_argument, 0, O_ACCUM},
-                                      {"precision", required_argument, 0, O_PRECISION},
-                                      {"timeout", required_argument, 0, O_TIMEOUT},
-                                      {"micro", required_argument, 0, O_MICRO},
-                                      {"micro-batch", required_argument, 0, O_MICRO},
-                                      {"help", no_argument, 0, O_HELP},
-                                      {0, 0, 0, 0}};
-
-static void usage(FILE *f) {
-    fprintf(f, "usage: mpirun -np N nanolm parallel train --data FILE [options]\n"
-               "   or: mpirun -np N nanolm train --data FILE --dp/--tp/--pp/--zero ... (the same run)\n"
-               "  --dp D --tp T --pp P  layout (D x T x P must equal N; default D = N): data, tensor\n"
-               "                        (Megatron) and pipeline parallelism; --sp adds sequence parallelism\n"
-               "                        to --tp; ZeRO and checkpoints need --tp 1 --pp 1\n"
-               "  --zero Z              0 = DDP (default), 1, 2, 3 (FSDP full shard)\n"
-               "  --impl ours|native    collectives: our ring algorithms (default) or the MPI library's\n"
-               "  --no-overlap          DDP: all-reduce the buckets after backward instead of during it\n"
-               "  --sp                  with --tp: sequence parallelism (norms/residuals on sequence shards;\n"
-               "                        reduce-scatter + all-gather instead of all-reduce; one stage)\n"
-               "  --preset P            model shape (default shakespeare-char), then overrides:\n"
-               "  --dim C --layers L --heads H --kv-heads K --hidden F\n"
-               "  --microbatches M      with --pp: micro-batches per step (1; --micro, --micro-batch: aliases)\n"
-               "  --schedule gpipe|1f1b with --pp: the stage schedule (gpipe)\n"
-               "The training options and defaults of `nanolm train` (one trainer, src/train/trainer.c):\n"
-               "  --steps N (2000) --batch B per dp rank (12) --seq T (the preset's seq_len)\n"
-               "  --lr X (1e-3) --lr-min X (lr/10) --warmup N (100; steps/10 when >= steps): cosine schedule\n"
-               "  --clip X (1.0) --weight-decay X (0.1) --seed S (1337)\n"
-               "  --eval-every K (250) --eval-windows N (200): validation (not with --tp/--pp > 1)\n"
-               "  --log CSV             per-step log (rank 0)\n"
-               "  --stop-after K        stop (and save) after step K of the schedule\n"
-               "  fp32 only; --grad-accum, --mup, --qat, --precision other than fp32 are refused\n"
-               "  --report-memory       bytes of parameters, gradients, optimizer state on each rank\n"
-               "  --json                the same as JSON\n"
-               "  --svg FILE            picture of who holds what (measured bytes) and what moves per step\n"
-               "  --out CKPT            checkpoint (safetensors, written by rank 0) at each validation and the end\n"
-               "  --save-every K        alias of --eval-every K\n"
-               "  --resume CKPT         continue from a checkpoint up to --steps\n"
-               "  --timeout SECONDS     collective watchdog: a rank waiting longer ends the job naming the rank\n"
-               "                        that did not arrive (default 600; 0 = off)\n"
-               "  SIGTERM/SIGINT        every rank finishes the same step, saves (--out) and exits 0\n"
-               "  --inject-fault R[:exit|_exit|segv|kill|stop]@S   (tests) rank R leaves (or stops) at step S\n"
-               "The batch of dp rank r is its slice of the global batch of D*B windows: the same data as one\n"
-               "process with --batch D*B.\n");
-}
-
-static int parse_i(const char *opt, const char *arg, int64_t lo, int64_t hi, int64_t *v) {
-    return nl_cli_int(opt, arg, lo, hi, v);
-}
 
 /* Who holds what: per rank, bars of parameters, gradients and optimizer state (the full size
  * outlined, the part held filled; a shard sits at the rank's slice), and what it sent per step. */
@@ -245,17 +121,6 @@ static nl_status share_rows(nl_comm *w, double *rows, int k) {
     return NL_OK;
 }
 
-int nl_cmd_parallel(int argc, char **argv);
-int nl_cmd_parallel_train(int argc, char **argv);
-int nl_cmd_parallel(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? NL_EXIT_USAGE : NL_EXIT_OK;
-    }
-    if (strcmp(argv[1], "train")) return nl_cli_usage_error("parallel: unknown subcommand '%s' (train)", argv[1]);
-    return nl_cmd_parallel_train(argc - 1, argv + 1);
-}
-
 /* The layout's hooks wrapped for what this command reports per step (bytes sent, backward and
  * waiting time, pipeline busy / idle) and for --inject-fault. */
 typedef struct step_probe {
@@ -336,13 +201,14 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
 typedef struct par_cli {
     const char *data, *preset, *svg, *log_csv;
     int64_t dim, layers, heads, kvh, hidden, dp, tp, pp, micro;
-    int json, mem, sched, seq_given, lr_min_given;
+    int json, mem, sched;
     int fault_rank, fault_step;
     char fault_how[16];
-    nl_dist_opts o; /* o.train: the one training options struct, the one set of defaults */
+    nl_train_args ta;  /* the training group (train_opts.h), bound to o.train */
+    nl_layout_args la; /* the parallel layout group */
+    nl_dist_opts o;    /* o.train: the one training options struct, the one set of defaults */
 } par_cli;
 
-/* Parses argv into a (defaults first). Returns 0, NL_EXIT_USAGE after a message, or -1 after --help. */
 /* --inject-fault R[:exit|_exit|segv|kill|stop]@S: rank R fails that way at step S. */
 static int parse_fault(par_cli *a, const char *arg) {
     char how[16] = "exit";
@@ -356,159 +222,65 @@ static int parse_fault(par_cli *a, const char *arg) {
     return 0;
 }
 
-/* --precision: fp32 runs; bf16 and fp16 are named so that the layout check can refuse them. */
-static int parse_precision(const char *arg, nl_precision *out) {
-    if (!strcmp(arg, "fp32"))
-        *out = NL_PREC_FP32;
-    else if (!strcmp(arg, "bf16"))
-        *out = NL_PREC_BF16;
-    else if (!strcmp(arg, "fp16"))
-        *out = NL_PREC_FP16;
-    else
-        return nl_cli_usage_error("parallel train: unknown --precision '%s' (fp32; bf16, fp16 are refused)", arg);
-    return 0;
-}
-
+/* Parses argv into a (defaults first): the training and layout groups (train_opts.h), the model
+ * shape overrides and the outputs. argc < 0: prints the help only. Returns 0, NL_CLI_HELP after
+ * --help, or NL_EXIT_USAGE after a message. */
 static int parse_args(par_cli *a, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     a->preset = "shakespeare-char";
-    a->tp = 1, a->pp = 1, a->micro = 1, a->sched = NL_PIPE_GPIPE, a->fault_rank = -1;
+    a->fault_rank = -1;
     snprintf(a->fault_how, sizeof a->fault_how, "exit");
     nl_dist_opts_default(&a->o);
-    nl_train_opts *tr = &a->o.train;
-    int64_t v;
-    double dv;
-    int c;
-    while ((c = getopt_long(argc, argv, "", popts, NULL)) != -1) {
-        switch (c) {
-        case O_DATA: a->data = optarg; break;
-        case O_PRESET: a->preset = optarg; break;
-        case O_DIM:
-            if (parse_i("--dim", optarg, 1, 65536, &a->dim)) return NL_EXIT_USAGE;
-            break;
-        case O_LAYERS:
-            if (parse_i("--layers", optarg, 1, 1024, &a->layers)) return NL_EXIT_USAGE;
-            break;
-        case O_HEADS:
-            if (parse_i("--heads", optarg, 1, 1024, &a->heads)) return NL_EXIT_USAGE;
-            break;
-        case O_KVH:
-            if (parse_i("--kv-heads", optarg, 1, 1024, &a->kvh)) return NL_EXIT_USAGE;
-            break;
-        case O_HIDDEN:
-            if (parse_i("--hidden", optarg, 1, 1 << 20, &a->hidden)) return NL_EXIT_USAGE;
-            break;
-        case O_STEPS:
-            if (parse_i("--steps", optarg, 1, 100000000, &v)) return NL_EXIT_USAGE;
-            tr->steps = v;
-            break;
-        case O_BATCH:
-            if (parse_i("--batch", optarg, 1, 65536, &v)) return NL_EXIT_USAGE;
-            tr->batch = v;
-            break;
-        case O_SEQ:
-            if (parse_i("--seq", optarg, 1, 1 << 20, &v)) return NL_EXIT_USAGE;
-            tr->seq = v;
-            a->seq_given = 1;
-            break;
-        case O_SEED:
-            if (parse_i("--seed", optarg, 0, INT64_MAX, &v)) return NL_EXIT_USAGE;
-            tr->seed = (uint64_t)v;
-            break;
-        case O_LR:
-            if (nl_cli_double("--lr", optarg, &dv)) return NL_EXIT_USAGE;
-            if (dv <= 0) return nl_cli_usage_error("--lr must be positive, got %s", optarg);
-            tr->lr = (float)dv;
-            break;
-        case O_LR_MIN:
-            if (nl_cli_double("--lr-min", optarg, &dv)) return NL_EXIT_USAGE;
-            if (dv < 0) return nl_cli_usage_error("--lr-min must be >= 0, got %s", optarg);
-            tr->lr_min = (float)dv, a->lr_min_given = 1;
-            break;
-        case O_WARMUP:
-            if (parse_i("--warmup", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE;
-            tr->warmup = v;
-            break;
-        case O_EVAL_WINDOWS:
-            if (parse_i("--eval-windows", optarg, 1, 1000000, &v)) return NL_EXIT_USAGE;
-            tr->eval_windows = v;
-            break;
-        case O_STOP_AFTER:
-            if (parse_i("--stop-after", optarg, 1, 100000000, &v)) return NL_EXIT_USAGE;
-            tr->stop_after = v;
-            break;
-        case O_ACCUM:
-            if (parse_i("--grad-accum", optarg, 1, 65536, &v)) return NL_EXIT_USAGE;
-            tr->grad_accum = v;
-            break;
-        case O_PRECISION:
-            if (parse_precision(optarg, &tr->precision)) return NL_EXIT_USAGE;
-            break;
-        case O_LOG: a->log_csv = optarg; break;
-        case O_CLIP:
-            if (nl_cli_double("--clip", optarg, &dv)) return NL_EXIT_USAGE;
-            if (dv < 0) return nl_cli_usage_error("--clip must be >= 0, got %s", optarg);
-            tr->grad_clip = (float)dv;
-            break;
-        case O_WD:
-            if (nl_cli_double("--weight-decay", optarg, &dv)) return NL_EXIT_USAGE;
-            if (dv < 0) return nl_cli_usage_error("--weight-decay must be >= 0, got %s", optarg);
-            tr->weight_decay = (float)dv;
-            break;
-        case O_DP:
-            if (parse_i("--dp", optarg, 1, 65536, &a->dp)) return NL_EXIT_USAGE;
-            break;
-        case O_TP:
-            if (parse_i("--tp", optarg, 1, 65536, &a->tp)) return NL_EXIT_USAGE;
-            break;
-        case O_PP:
-            if (parse_i("--pp", optarg, 1, 65536, &a->pp)) return NL_EXIT_USAGE;
-            break;
-        case O_ZERO:
-            if (parse_i("--zero", optarg, 0, 3, &v)) return NL_EXIT_USAGE;
-            a->o.zero = (int)v;
-            break;
-        case O_MICRO:
-            if (parse_i("--microbatches", optarg, 1, 65536, &a->micro)) return NL_EXIT_USAGE;
-            break;
-        case O_SCHED:
-            if (strcmp(optarg, "gpipe") && strcmp(optarg, "1f1b"))
-                return nl_cli_usage_error("parallel train: unknown --schedule '%s' (gpipe, 1f1b)", optarg);
-            a->sched = strcmp(optarg, "gpipe") ? NL_PIPE_1F1B : NL_PIPE_GPIPE;
-            break;
-        case O_IMPL:
-            if (!strcmp(optarg, "ours"))
-                a->o.impl = NL_COMM_OURS;
-            else if (!strcmp(optarg, "native"))
-                a->o.impl = NL_COMM_NATIVE;
-            else
-                return nl_cli_usage_error("parallel train: unknown --impl '%s' (ours, native)", optarg);
-            break;
-        case O_NO_OVERLAP: a->o.overlap = 0; break;
-        case O_SP: a->o.sp = 1; break;
-        case O_MEM: a->mem = 1; break;
-        case O_JSON: a->json = 1; break;
-        case O_SVG: a->svg = optarg; break;
-        case O_OUT: tr->out = optarg; break;
-        case O_RESUME: tr->resume = optarg; break;
-        case O_SAVE_EVERY:
-            if (parse_i("--eval-every", optarg, 0, 100000000, &v)) return NL_EXIT_USAGE;
-            tr->eval_every = v;
-            break;
-        case O_FAULT:
-            if (parse_fault(a, optarg)) return NL_EXIT_USAGE;
-            break;
-        case O_TIMEOUT:
-            if (nl_cli_double("--timeout", optarg, &dv)) return NL_EXIT_USAGE;
-            if (!(dv >= 0) || dv > 1e6)
-                return nl_cli_usage_error("--timeout must be in [0, 1e6] seconds, got %s", optarg);
-            nl_comm_set_timeout(dv);
-            break;
-        case O_HELP: usage(stdout); return -1;
-        default: return nl_cli_bad_option("parallel train", argv);
-        }
+    a->ta.o = &a->o.train;
+    a->ta.seq_from_preset = 1;
+    nl_opt train[NL_TRAIN_NOPTS], layout[NL_LAYOUT_NOPTS];
+    int ntrain = nl_cli_train_opts(train, &a->ta);
+    a->la.offer = NL_LAYOUT_DP_TP_PP | NL_LAYOUT_TIMEOUT | NL_LAYOUT_FAULT;
+    int nlayout = nl_cli_layout_opts(layout, &a->la);
+    nl_opt model[] = {
+        NL_OPT_STR("preset", &a->preset, "P", "model shape (default shakespeare-char), then the overrides below"),
+        NL_OPT_INT("dim", &a->dim, 1, 65536, "C", "model width"),
+        NL_OPT_INT("layers", &a->layers, 1, 1024, "L", "layers"),
+        NL_OPT_INT("heads", &a->heads, 1, 1024, "H", "attention heads (and KV heads)"),
+        NL_OPT_INT("kv-heads", &a->kvh, 1, 1024, "K", "KV heads"),
+        NL_OPT_INT("hidden", &a->hidden, 1, 1 << 20, "F", "feed-forward width"),
+    };
+    nl_opt out[] = {
+        NL_OPT_FLAG("report-memory", &a->mem, "bytes of parameters, gradients, optimizer state on each rank"),
+        NL_OPT_FLAG("json", &a->json, "the report as JSON"),
+    };
+    nl_optgroup groups[] = {
+        {"parallel layout (D x T x P must equal the ranks; ZeRO and checkpoints need --tp 1 --pp 1)", layout, nlayout},
+        {"model shape", model, NL_NOPTS(model)},
+        {"training: the options and defaults of `nanolm train` (fp32 only; --svg draws who holds what, or the "
+         "pipeline timeline; SIGTERM/SIGINT: every rank finishes the same step, saves, exits 0)",
+         train, ntrain},
+        {"output", out, NL_NOPTS(out)},
+    };
+    nl_cmdspec spec = {"parallel train",
+                       "mpirun -np N nanolm parallel train --data FILE [options]\n"
+                       "   or: mpirun -np N nanolm train --data FILE --dp/--tp/--pp/--zero ... (the same run)",
+                       "Data (DDP, ZeRO-1/2/3), tensor and pipeline parallel training of NanoLM over MPI. The batch of "
+                       "dp rank r is its slice of the global batch of D*B windows: the same data as one process "
+                       "with --batch D*B.",
+                       groups,
+                       NL_NOPTS(groups),
+                       0};
+    if (argc < 0) {
+        nl_cli_help(&spec, stdout);
+        return NL_CLI_HELP;
     }
-    if (optind < argc) return nl_cli_usage_error("parallel train: unexpected argument '%s'", argv[optind]);
+    int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return rc;
+    a->data = a->ta.data, a->svg = a->ta.svg, a->log_csv = a->ta.log_csv;
+    a->dp = a->la.dp, a->tp = a->la.tp, a->pp = a->la.pp, a->micro = a->la.microbatches;
+    a->sched = a->la.schedule ? NL_PIPE_1F1B : NL_PIPE_GPIPE;
+    a->o.zero = (int)a->la.zero;
+    a->o.impl = a->la.impl ? NL_COMM_NATIVE : NL_COMM_OURS;
+    a->o.sp = a->la.sp;
+    if (a->la.no_overlap) a->o.overlap = 0;
+    if (a->la.timeout_given) nl_comm_set_timeout(a->la.timeout_s);
+    if (a->la.inject_fault && parse_fault(a, a->la.inject_fault)) return NL_EXIT_USAGE;
     return 0;
 }
 
@@ -516,32 +288,47 @@ static int parse_args(par_cli *a, int argc, char **argv) {
  * flags (outputs writable before any work). Returns 0 or the exit status after a message. */
 static int check_args(par_cli *a, nl_arch *arch) {
     nl_train_opts *tr = &a->o.train;
-    if (!a->data) return nl_cli_usage_error("parallel train: --data FILE is required");
+    int rc = nl_cli_train_finish(&a->ta, "parallel train");
+    if (rc) return rc;
+    if (a->ta.precision == NL_TRAIN_FP8)
+        return nl_cli_usage_error("parallel train: --precision fp8 is not supported by the parallel layouts (fp32)");
     if (nl_arch_preset(a->preset, arch)) return nl_cli_usage_error("parallel train: --preset: %s", nl_last_error());
     if (a->dim) arch->dim = a->dim;
     if (a->layers) arch->n_layers = a->layers;
     if (a->heads) arch->n_heads = a->heads, arch->n_kv_heads = a->heads;
     if (a->kvh) arch->n_kv_heads = a->kvh;
     if (a->hidden) arch->hidden_dim = a->hidden;
-    /* the defaults of `nanolm train`: the preset's window, lr_min = lr/10, warmup below steps */
-    if (!a->seq_given) tr->seq = arch->seq_len;
+    /* the defaults of `nanolm train`: the preset's window */
+    if (!a->ta.seq_given) tr->seq = arch->seq_len;
     if (arch->seq_len < tr->seq) arch->seq_len = tr->seq;
-    if (!a->lr_min_given) tr->lr_min = tr->lr / 10.0f;
-    if (tr->warmup >= tr->steps) tr->warmup = tr->steps / 10;
-    tr->tokenizer = "byte";
     if (nl_arch_validate(arch)) return nl_cli_usage_error("parallel train: model shape: %s", nl_last_error());
     if (arch->vocab_size != 256)
         return nl_cli_usage_error("parallel train: preset %s has vocab %lld; training reads byte tokens (vocab 256)",
                                   a->preset, (long long)arch->vocab_size);
-    /* every output is checked before any work starts */
-    if ((tr->out && nl_check_writable(tr->out, "--out")) || (a->svg && nl_check_writable(a->svg, "--svg")) ||
-        (a->log_csv && nl_check_writable(a->log_csv, "--log")))
-        return nl_cli_fail("parallel train");
     if ((a->tp > 1 || a->pp > 1) && (tr->out || tr->resume))
         return nl_cli_usage_error("parallel train: --out/--resume are not supported yet with --tp or --pp > 1");
-
     return 0;
 }
+
+int nl_cmd_parallel(int argc, char **argv);
+int nl_cmd_parallel_train(int argc, char **argv);
+int nl_cmd_parallel(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        if (argc < 2) {
+            fprintf(stderr, "usage: mpirun -np N nanolm parallel train --data FILE [options] (see nanolm parallel "
+                            "train --help)\n");
+            return NL_EXIT_USAGE;
+        }
+        par_cli a;
+        parse_args(&a, -1, NULL);
+        return NL_EXIT_OK;
+    }
+    if (strcmp(argv[1], "train")) return nl_cli_usage_error("parallel: unknown subcommand '%s' (train)", argv[1]);
+    return nl_cmd_parallel_train(argc - 1, argv + 1);
+}
+
+/* The report rows: per rank, bytes sent and received, sent per collective, memory x4, pipeline x3. */
+enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 };
 
 /* Everything the report of rank 0 shows. */
 typedef struct par_report {
@@ -554,135 +341,135 @@ typedef struct par_report {
     double bw_s, wait_s, wall;
 } par_report;
 
+/* Rank 0's report, written once (report.h): the run's header lines and values, the per-rank table
+ * (bytes sent and received, memory held) and, with --pp, the per-stage table. */
+static void report_run(nl_report *r, const par_report *x) {
+    const par_cli *a = x->a;
+    const nl_dist_opts *o = &a->o;
+    int P = x->P, zero = o->zero, mp = a->tp > 1 || a->pp > 1;
+    int64_t dp = a->dp, steps_run = x->steps - x->first;
+    double tokens_per_s = (double)steps_run * (double)(o->train.batch * o->train.seq * dp) / x->wall;
+    const char *what = a->pp > 1   ? "Pipeline"
+                       : a->tp > 1 ? "Tensor parallel"
+                       : zero      ? "ZeRO"
+                       : dp > 1    ? "DDP"
+                                   : "One process";
+    static const char *zname[4] = {"", "-1", "-2", "-3"};
+    nl_report_note(r, "%s%s on %d rank%s (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives",
+                   what, zname[zero], P, P > 1 ? "s" : "", (long long)dp, x->n_full, (long long)(o->train.batch * dp),
+                   (long long)o->train.seq, nl_comm_impl_name(o->impl));
+    if (mp)
+        nl_report_note(r, "%.0f tokens/s", tokens_per_s);
+    else
+        nl_report_note(r, "%.0f tokens/s; backward %.3f s, waiting for gradient buckets after backward %.3f s",
+                       tokens_per_s, x->bw_s, x->wait_s);
+    nl_report_int(r, "ranks", "", P, NULL);
+    nl_report_int(r, "dp", "", (long long)dp, NULL);
+    nl_report_int(r, "zero", "", zero, NULL);
+    nl_report_int(r, "pp", "", (long long)a->pp, NULL);
+    nl_report_int(r, "tp", "", (long long)a->tp, NULL);
+    if (a->pp > 1) {
+        nl_report_int(r, "microbatches", "", (long long)a->micro, NULL);
+        nl_report_str(r, "schedule", "", a->sched == NL_PIPE_GPIPE ? "gpipe" : "1f1b");
+        nl_report_num(r, "bubble_formula", "", nl_pipe_bubble_formula((int)a->pp, (int)a->micro), NULL, NULL);
+    }
+    nl_report_str(r, "impl", "", nl_comm_impl_name(o->impl));
+    nl_report_int(r, "overlap", "", o->overlap, NULL);
+    nl_report_int(r, "n_params", "", (long long)x->n_full, NULL);
+    nl_report_int(r, "global_batch", "", (long long)(o->train.batch * dp), NULL);
+    nl_report_num(r, "tokens_per_s", "", tokens_per_s, NULL, NULL);
+    nl_report_num(r, "backward_s", "", x->bw_s, NULL, NULL);
+    nl_report_num(r, "comm_wait_after_backward_s", "", x->wait_s, NULL, NULL);
+    const nl_trainer *tn = x->tn;
+    double *ls = malloc(((size_t)tn->n_log + 1) * 2 * sizeof(double)), *ns = ls ? ls + tn->n_log + 1 : NULL;
+    for (int64_t s = 0; ls && s < tn->n_log; s++) ls[s] = tn->log[s].loss, ns[s] = tn->log[s].grad_norm;
+    nl_report_nums(r, "losses", "", ls, ls ? (int)tn->n_log : 0, NULL, NULL);
+    nl_report_nums(r, "grad_norms", "", ns, ls ? (int)tn->n_log : 0, NULL, NULL);
+    free(ls);
+    nl_report_int(r, "first_step", "", (long long)x->first + 1, NULL);
+    if (tn->n_log && !isnan(tn->log[tn->n_log - 1].val_loss))
+        nl_report_num(r, "val_loss", "", tn->log[tn->n_log - 1].val_loss, NULL, NULL);
+}
+
+/* The per-rank table: bytes sent and received per step (and per collective, JSON), memory held
+ * (text with --report-memory). */
+static void report_ranks(nl_report *r, const par_report *x) {
+    const char *mh = x->a->mem ? NULL : ""; /* memory columns: in the table with --report-memory */
+    nl_report_col cols[8 + NL_COMM_OP_COUNT] = {
+        {"rank", "rank", "%-.0f"},
+        {"sent_bytes_per_step", "sent/step", "%-.0f"},
+        {NULL, "of params", "%-.4f"},
+        {"recv_bytes_per_step", "recv/step", "%-.0f"},
+        {"params_bytes", mh ? mh : "params B", "%-.0f"},
+        {"grads_bytes", mh ? mh : "grads B", "%-.0f"},
+        {"optimizer_bytes", mh ? mh : "optimizer B", "%-.0f"},
+        {"workspace_bytes", mh ? mh : "workspace B", "%-.0f"},
+    };
+    char keys[NL_COMM_OP_COUNT][48];
+    for (int k = 0; k < NL_COMM_OP_COUNT; k++) { /* sent per collective: JSON only */
+        snprintf(keys[k], sizeof keys[k], "sent_bytes_per_step_%s", nl_comm_op_name((nl_comm_op)k));
+        for (char *c = keys[k]; *c; c++)
+            if (*c == '-') *c = '_';
+        cols[8 + k] = (nl_report_col){keys[k], "", NULL};
+    }
+    nl_report_table(r, "per_rank", NULL, 8 + NL_COMM_OP_COUNT, cols);
+    double pbytes = (double)x->n_full * 4;
+    for (int q = 0; q < x->P; q++) {
+        const double *m = x->rows + (size_t)q * NK;
+        nl_report_cell_int(r, q);
+        nl_report_cell_num(r, m[0]);
+        nl_report_cell_num(r, m[0] / pbytes);
+        nl_report_cell_num(r, m[1]);
+        for (int k = 0; k < 4; k++) nl_report_cell_num(r, m[2 + NL_COMM_OP_COUNT + k]);
+        for (int k = 0; k < NL_COMM_OP_COUNT; k++) nl_report_cell_num(r, m[2 + k]);
+        nl_report_row_end(r);
+    }
+}
+
+/* With --pp: the stages' busy and idle time against the bubble formula. */
+static void report_stages(nl_report *r, const par_report *x) {
+    const par_cli *a = x->a;
+    double formula = nl_pipe_bubble_formula((int)a->pp, (int)a->micro);
+    nl_report_note(r, "pipeline: %lld stages, %lld micro-batches, %s; bubble formula (P-1)/(M+P-1) = %.4f",
+                   (long long)a->pp, (long long)a->micro, a->sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B", formula);
+    nl_report_table(r, "stages", NULL, 5,
+                    (const nl_report_col[]){{"rank", "rank", "%-.0f"},
+                                            {"stage", "stage", "%-.0f"},
+                                            {"busy_s", "busy s", "%-.4f"},
+                                            {"idle_s", "idle s", "%-.4f"},
+                                            {"bubble", "measured bubble", "%-.4f"}});
+    double sb = 0, si = 0;
+    for (int q = 0; q < x->P; q++) {
+        const double *m = x->rows + (size_t)q * NK, bu = m[6 + NL_COMM_OP_COUNT], id = m[7 + NL_COMM_OP_COUNT];
+        sb += bu, si += id;
+        nl_report_cell_int(r, q);
+        nl_report_cell_num(r, m[8 + NL_COMM_OP_COUNT]);
+        nl_report_cell_num(r, bu);
+        nl_report_cell_num(r, id);
+        nl_report_cell_num(r, id / (bu + id));
+        nl_report_row_end(r);
+    }
+    nl_report_note(r, "mean measured bubble %.4f vs formula %.4f", si / (sb + si), formula);
+}
+
 /* Rank 0's table or JSON, and --svg. Returns the exit status. */
-static int print_report(const par_report *r) {
-    const par_cli *a = r->a;
-    const nl_dist_opts o = a->o;
-    int P = r->P, json = a->json, mem = a->mem, sched = a->sched, rc = NL_EXIT_OK, mp = a->tp > 1 || a->pp > 1;
-    int64_t dp = a->dp, tp = a->tp, pp = a->pp, micro = a->micro, first = r->first, steps = r->steps;
-    const char *svg = a->svg;
-    const double *rows = r->rows, *ev = r->ev;
-    const nl_trainer tn = *r->tn;
-    size_t n_full = r->n_full;
-    double bw_s = r->bw_s, wait_s = r->wait_s, wall = r->wall;
-    enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 };
-    const char *what = o.zero ? "ZeRO" : (dp > 1 ? "DDP" : "One process");
-    double tokens_per_s = (double)(steps - first) * (double)(o.train.batch * o.train.seq * dp) / wall;
-    if (json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddNumberToObject(j, "ranks", P);
-        cJSON_AddNumberToObject(j, "dp", (double)dp);
-        cJSON_AddNumberToObject(j, "zero", o.zero);
-        cJSON_AddNumberToObject(j, "pp", (double)pp);
-        cJSON_AddNumberToObject(j, "tp", (double)tp);
-        if (pp > 1) {
-            cJSON_AddNumberToObject(j, "microbatches", (double)micro);
-            cJSON_AddStringToObject(j, "schedule", sched == NL_PIPE_GPIPE ? "gpipe" : "1f1b");
-            cJSON_AddNumberToObject(j, "bubble_formula", nl_pipe_bubble_formula((int)pp, (int)micro));
-        }
-        cJSON_AddStringToObject(j, "impl", nl_comm_impl_name(o.impl));
-        cJSON_AddNumberToObject(j, "overlap", o.overlap);
-        cJSON_AddNumberToObject(j, "n_params", (double)n_full);
-        cJSON_AddNumberToObject(j, "global_batch", (double)(o.train.batch * dp));
-        cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_s);
-        cJSON_AddNumberToObject(j, "backward_s", bw_s);
-        cJSON_AddNumberToObject(j, "comm_wait_after_backward_s", wait_s);
-        cJSON *ls = cJSON_AddArrayToObject(j, "losses"), *ns = cJSON_AddArrayToObject(j, "grad_norms");
-        cJSON_AddNumberToObject(j, "first_step", (double)first + 1);
-        for (int64_t s = 0; s < tn.n_log; s++) {
-            cJSON_AddItemToArray(ls, cJSON_CreateNumber(tn.log[s].loss));
-            cJSON_AddItemToArray(ns, cJSON_CreateNumber(tn.log[s].grad_norm));
-        }
-        if (tn.n_log && !isnan(tn.log[tn.n_log - 1].val_loss))
-            cJSON_AddNumberToObject(j, "val_loss", tn.log[tn.n_log - 1].val_loss);
-        cJSON *rk = cJSON_AddArrayToObject(j, "per_rank");
-        for (int q = 0; q < P; q++) {
-            const double *x = rows + (size_t)q * NK;
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddNumberToObject(e, "rank", q);
-            cJSON_AddNumberToObject(e, "sent_bytes_per_step", x[0]);
-            cJSON_AddNumberToObject(e, "recv_bytes_per_step", x[1]);
-            cJSON *by = cJSON_AddObjectToObject(e, "sent_bytes_per_step_by_collective");
-            for (int k = 0; k < NL_COMM_OP_COUNT; k++)
-                if (x[2 + k] > 0) cJSON_AddNumberToObject(by, nl_comm_op_name((nl_comm_op)k), x[2 + k]);
-            cJSON *mm = cJSON_AddObjectToObject(e, "memory_bytes");
-            cJSON_AddNumberToObject(mm, "params", x[2 + NL_COMM_OP_COUNT]);
-            cJSON_AddNumberToObject(mm, "grads", x[3 + NL_COMM_OP_COUNT]);
-            cJSON_AddNumberToObject(mm, "optimizer", x[4 + NL_COMM_OP_COUNT]);
-            cJSON_AddNumberToObject(mm, "workspace", x[5 + NL_COMM_OP_COUNT]);
-            if (pp > 1) {
-                cJSON_AddNumberToObject(e, "stage", x[8 + NL_COMM_OP_COUNT]);
-                cJSON_AddNumberToObject(e, "busy_s", x[6 + NL_COMM_OP_COUNT]);
-                cJSON_AddNumberToObject(e, "idle_s", x[7 + NL_COMM_OP_COUNT]);
-                cJSON_AddNumberToObject(e, "bubble",
-                                        x[7 + NL_COMM_OP_COUNT] / (x[6 + NL_COMM_OP_COUNT] + x[7 + NL_COMM_OP_COUNT]));
-            }
-            cJSON_AddItemToArray(rk, e);
-        }
-        nl_cli_print_json(j);
-    } else {
-        if (pp > 1)
-            what = "Pipeline";
-        else if (tp > 1)
-            what = "Tensor parallel";
-        printf("%s%s on %d rank%s (dp %lld), %zu parameters, global batch %lld x %lld tokens, %s collectives\n", what,
-               o.zero ? (o.zero == 1   ? "-1"
-                         : o.zero == 2 ? "-2"
-                                       : "-3")
-                      : "",
-               P, P > 1 ? "s" : "", (long long)dp, n_full, (long long)(o.train.batch * dp), (long long)o.train.seq,
-               nl_comm_impl_name(o.impl));
-        if (mp)
-            printf("%.0f tokens/s\n", tokens_per_s);
-        else
-            printf("%.0f tokens/s; backward %.3f s, waiting for gradient buckets after backward %.3f s\n", tokens_per_s,
-                   bw_s, wait_s);
-        const char *hdr[] = {"rank",     "sent/step", "of params",   "recv/step",
-                             "params B", "grads B",   "optimizer B", "workspace B"};
-        nl_table tb;
-        nl_table_init(&tb, mem ? 8 : 4, hdr);
-        double pbytes = (double)n_full * 4;
-        for (int q = 0; q < P; q++) {
-            const double *x = rows + (size_t)q * NK;
-            if (mem)
-                nl_table_rowf(&tb, "%d|%.0f|%.4f|%.0f|%.0f|%.0f|%.0f|%.0f", q, x[0], x[0] / pbytes, x[1],
-                              x[2 + NL_COMM_OP_COUNT], x[3 + NL_COMM_OP_COUNT], x[4 + NL_COMM_OP_COUNT],
-                              x[5 + NL_COMM_OP_COUNT]);
-            else
-                nl_table_rowf(&tb, "%d|%.0f|%.4f|%.0f", q, x[0], x[0] / pbytes, x[1]);
-        }
-        nl_table_print(&tb, stdout);
-        nl_table_free(&tb);
-    }
-    if (pp > 1 && !json) {
-        printf("pipeline: %lld stages, %lld micro-batches, %s; bubble formula (P-1)/(M+P-1) = %.4f\n", (long long)pp,
-               (long long)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B",
-               nl_pipe_bubble_formula((int)pp, (int)micro));
-        const char *bh[] = {"rank", "stage", "busy s", "idle s", "measured bubble"};
-        nl_table bt;
-        nl_table_init(&bt, 5, bh);
-        double sb = 0, si = 0;
-        for (int q = 0; q < P; q++) {
-            const double *x = rows + (size_t)q * NK, bu = x[6 + NL_COMM_OP_COUNT], id = x[7 + NL_COMM_OP_COUNT];
-            sb += bu, si += id;
-            nl_table_rowf(&bt, "%d|%.0f|%.4f|%.4f|%.4f", q, x[8 + NL_COMM_OP_COUNT], bu, id, id / (bu + id));
-        }
-        nl_table_print(&bt, stdout);
-        nl_table_free(&bt);
-        printf("mean measured bubble %.4f vs formula %.4f\n", si / (sb + si),
-               nl_pipe_bubble_formula((int)pp, (int)micro));
-    }
-    if (svg && pp > 1) {
-        if (draw_timeline(svg, P, (int)micro, sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B", ev, rows, NK,
-                          nl_pipe_bubble_formula((int)pp, (int)micro)))
+static int print_report(const par_report *x) {
+    const par_cli *a = x->a;
+    nl_report *r = nl_report_new("parallel train");
+    report_run(r, x);
+    report_ranks(r, x);
+    if (a->pp > 1) report_stages(r, x);
+    int rc = nl_report_print(r, a->json);
+    if (a->svg && a->pp > 1) {
+        if (draw_timeline(a->svg, x->P, (int)a->micro, a->sched == NL_PIPE_GPIPE ? "GPipe" : "1F1B", x->ev, x->rows, NK,
+                          nl_pipe_bubble_formula((int)a->pp, (int)a->micro)))
             rc = nl_cli_fail("parallel train: --svg");
-    } else if (svg && draw_layout(svg, o.zero, P, n_full, rows, NK)) {
+    } else if (a->svg && draw_layout(a->svg, a->o.zero, x->P, x->n_full, x->rows, NK)) {
         rc = nl_cli_fail("parallel train: --svg");
     }
     return rc;
 }
 
-/* `parallel train` (and `train` with a layout option): argv[0] is "train". */
 /* This rank's row of the report: bytes sent and received, sent per collective, memory
  * (parameters, gradients, optimizer, workspace), pipeline busy and idle seconds, stage. */
 static void fill_rank_row(double *me, const nl_comm_stats *st, const nl_dist_memory *dm, double busy_s, double idle_s,
@@ -699,145 +486,134 @@ static void fill_rank_row(double *me, const nl_comm_stats *st, const nl_dist_mem
     me[8 + NL_COMM_OP_COUNT] = pp_rank;
 }
 
-int nl_cmd_parallel_train(int argc, char **argv) {
-    par_cli A;
-    int prc = parse_args(&A, argc, argv);
-    if (prc) return prc < 0 ? NL_EXIT_OK : prc;
-    nl_arch arch;
-    if ((prc = check_args(&A, &arch))) return prc;
-    int64_t dp = A.dp, tp = A.tp, pp = A.pp, micro = A.micro;
-    int json = A.json, sched = A.sched, mp = tp > 1 || pp > 1; /* mp: the pipeline/tensor engine */
-    const char *data = A.data, *svg = A.svg, *log_csv = A.log_csv;
-    nl_dist_opts o = A.o;
-    nl_train_opts *tr = &o.train;
-    if (nl_comm_init(NULL, NULL)) return nl_cli_fail("parallel train: MPI");
-    nl_comm *w = nl_comm_world();
-    int P = nl_comm_size(w), R = nl_comm_rank(w), rc = NL_EXIT_OK;
-    if (!dp) dp = P / (tp * pp) > 0 ? P / (tp * pp) : 1;
-    A.dp = dp;
+/* What one run of `parallel train` holds on this rank: the layout, the data, the engine (DDP/ZeRO
+ * or pipeline/tensor), the probe around its hooks, the trainer, and the shared report rows. */
+typedef struct par_run {
+    nl_comm *w;
+    int P, R, mp; /* mp: the pipeline/tensor engine */
     nl_layout L;
-    memset(&L, 0, sizeof L);
     nl_tokenizer tok;
     nl_data d;
-    memset(&tok, 0, sizeof tok);
-    memset(&d, 0, sizeof d);
     nl_dist_trainer t;
-    memset(&t, 0, sizeof t);
     nl_pipe pl;
-    memset(&pl, 0, sizeof pl);
     nl_trainer tn;
-    memset(&tn, 0, sizeof tn);
-    double *rows = NULL, *ev = NULL;
     step_probe probe;
-    memset(&probe, 0, sizeof probe);
-    nl_train_layout hooks;
-    int64_t steps = tr->steps;
-    enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 }; /* per rank: sent, recv, per collective, memory x4, pipeline x3 */
-    if (nl_layout_init(w, (int)dp, (int)tp, (int)pp, &L)) {
-        rc = nl_cli_fail("parallel train: layout");
-        goto out;
-    }
-    if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, data, &tok) || nl_data_check_window(&d, (int)tr->seq)) {
-        rc = nl_cli_fail("parallel train: data");
-        goto out;
-    }
-    if (mp) {
-        if (nl_pipe_init(&pl, &arch, &o, (int)micro, (nl_pipe_schedule)sched, L.pp_comm, L.dp_comm, L.tp_comm)) {
-            rc = nl_cli_fail("parallel train: --tp/--pp/--microbatches/--batch/--sp/--zero");
-            goto out;
-        }
-        nl_pipe_layout(&pl, &probe.inner);
-        probe.pl = &pl;
+    nl_train_layout hooks; /* the probe's hooks: the trainer keeps a pointer to them */
+    double *rows, *ev;     /* (P, NK) per-rank rows; with --pp --svg (P, 2M, 4) timeline events */
+} par_run;
+
+/* The layout, the data, the engine wrapped by the probe and the trainer (resumed when asked).
+ * Returns 0 or the exit status after a message. */
+static int run_setup(par_cli *A, const nl_arch *arch, par_run *x) {
+    nl_train_opts *tr = &A->o.train;
+    if (nl_layout_init(x->w, (int)A->dp, (int)A->tp, (int)A->pp, &x->L)) return nl_cli_fail("parallel train: layout");
+    if (nl_tokenizer_init_byte(&x->tok) || nl_data_open(&x->d, A->data, &x->tok) ||
+        nl_data_check_window(&x->d, (int)tr->seq))
+        return nl_cli_fail("parallel train: data");
+    step_probe *p = &x->probe;
+    if (x->mp) {
+        if (nl_pipe_init(&x->pl, arch, &A->o, (int)A->micro, (nl_pipe_schedule)A->sched, x->L.pp_comm, x->L.dp_comm,
+                         x->L.tp_comm))
+            return nl_cli_fail("parallel train: --tp/--pp/--microbatches/--batch/--sp/--zero");
+        nl_pipe_layout(&x->pl, &p->inner);
+        p->pl = &x->pl;
     } else {
-        if (nl_dist_init(&t, &arch, &o, L.dp_comm)) {
-            rc = nl_cli_fail("parallel train: --dp/--zero");
-            goto out;
+        if (nl_dist_init(&x->t, arch, &A->o, x->L.dp_comm)) return nl_cli_fail("parallel train: --dp/--zero");
+        nl_dist_layout(&x->t, &p->inner);
+        p->dt = &x->t;
+    }
+    p->rank = x->R, p->fault_rank = A->fault_rank, p->fault_step = A->fault_step, p->fault_how = A->fault_how;
+    p->json = A->json;
+    nl_train_layout *h = &x->hooks;
+    *h = p->inner;
+    h->user = p;
+    h->grads = probe_grads, h->sumsq = probe_sumsq, h->scale = probe_scale, h->update = probe_update;
+    h->eval = p->inner.eval ? probe_eval : NULL;
+    h->save = p->inner.save ? probe_save : NULL;
+    h->load = p->inner.load ? probe_load : NULL;
+    h->agree_stop = p->inner.agree_stop ? probe_agree_stop : NULL;
+    if (nl_trainer_init_layout(&x->tn, tr, h))
+        return nl_cli_fail(tr->resume ? "parallel train: --resume" : "parallel train");
+    x->rows = calloc((size_t)x->P * NK, sizeof(double));
+    if (!x->rows) return nl_cli_fail("parallel train: out of memory");
+    return 0;
+}
+
+/* Every rank's row of the report (and with --pp --svg its timeline), shared with every rank. */
+static int share_report(const par_cli *A, par_run *x) {
+    nl_dist_memory dm;
+    if (x->mp) /* this rank's part only (see nanolm/pipeline.h) */
+        nl_pipe_memory_report(&x->pl, &dm);
+    else
+        nl_dist_memory_report(&x->t, &dm);
+    fill_rank_row(x->rows + (size_t)x->R * NK, &x->probe.st, &dm, x->probe.busy_s, x->probe.idle_s, x->L.pp_rank);
+    if (share_rows(x->w, x->rows, NK)) return nl_cli_fail("parallel train: report");
+    if (A->pp > 1 && A->svg) {
+        x->ev = calloc((size_t)x->P * 2 * (size_t)A->micro * 4, sizeof(double));
+        if (!x->ev) return nl_cli_fail("parallel train: --svg");
+        for (int i = 0; i < x->pl.n_ev; i++) {
+            double *e = x->ev + ((size_t)x->R * 2 * (size_t)A->micro + (size_t)i) * 4;
+            e[0] = x->pl.ev_kind[i], e[1] = x->pl.ev_mb[i], e[2] = x->pl.ev_t0[i], e[3] = x->pl.ev_t1[i];
         }
-        nl_dist_layout(&t, &probe.inner);
-        probe.dt = &t;
+        if (share_rows(x->w, x->ev, (int)(2 * A->micro * 4))) return nl_cli_fail("parallel train: report");
     }
-    probe.rank = R, probe.fault_rank = A.fault_rank, probe.fault_step = A.fault_step, probe.fault_how = A.fault_how;
-    probe.json = json;
-    hooks = probe.inner;
-    hooks.user = &probe;
-    hooks.grads = probe_grads, hooks.sumsq = probe_sumsq, hooks.scale = probe_scale, hooks.update = probe_update;
-    hooks.eval = probe.inner.eval ? probe_eval : NULL;
-    hooks.save = probe.inner.save ? probe_save : NULL;
-    hooks.load = probe.inner.load ? probe_load : NULL;
-    hooks.agree_stop = probe.inner.agree_stop ? probe_agree_stop : NULL;
-    if (nl_trainer_init_layout(&tn, tr, &hooks)) {
-        rc = nl_cli_fail(tr->resume ? "parallel train: --resume" : "parallel train");
-        goto out;
-    }
-    rows = calloc((size_t)P * NK, sizeof(double));
-    if (!rows) {
-        rc = nl_cli_fail("parallel train: out of memory");
-        goto out;
-    }
-    int64_t first = tn.step;
+    return 0;
+}
+
+static void run_free(par_run *x) {
+    nl_trainer_free(&x->tn);
+    free(x->rows);
+    free(x->ev);
+    nl_dist_free(&x->t);
+    nl_pipe_free(&x->pl);
+    nl_data_free(&x->d);
+    nl_tokenizer_free(&x->tok);
+    nl_layout_free(&x->L);
+}
+
+/* Trains through nl_trainer_run with SIGTERM/SIGINT caught, then says how it stopped, writes the
+ * log and shares the report rows. Returns the exit status. */
+static int run_train(par_cli *A, par_run *x) {
+    nl_train_opts *tr = &A->o.train;
+    int R = x->R, json = A->json;
+    int64_t first = x->tn.step;
     if (tr->resume && R == 0 && !json) printf("resumed from %s after step %lld\n", tr->resume, (long long)first);
     double t0 = nl_time_s();
     nl_train_catch_stop_signals(1);
     tr->stop = &nl_train_stop_signal;
-    nl_status trc = nl_trainer_run(&tn, tr, &d, on_step, &probe);
+    nl_status trc = nl_trainer_run(&x->tn, tr, &x->d, on_step, &x->probe);
     nl_train_catch_stop_signals(0);
-    if (trc) {
-        rc = nl_cli_fail("parallel train");
-        goto out;
-    }
-    if (tn.stopped && R == 0 && !json)
-        printf("stopped by %s after step %lld of %lld%s%s\n", tn.stopped == SIGINT ? "SIGINT" : "SIGTERM",
-               (long long)tn.step, (long long)tr->steps,
+    if (trc) return nl_cli_fail("parallel train");
+    const nl_trainer *tn = &x->tn;
+    if (tn->stopped && R == 0 && !json)
+        printf("stopped by %s after step %lld of %lld%s%s\n", tn->stopped == SIGINT ? "SIGINT" : "SIGTERM",
+               (long long)tn->step, (long long)tr->steps,
                tr->out ? "; resume with --resume " : " (no --out: nothing saved)", tr->out ? tr->out : "");
-    if (R == 0 && log_csv && nl_train_log_write_csv(&tn, log_csv)) {
-        rc = nl_cli_fail("parallel train: --log");
-        goto out;
-    }
-    if (R == 0 && !json && tr->out) printf("saved %s after step %lld\n", tr->out, (long long)tn.step);
-    steps = tn.step;
-    nl_comm_stats st = probe.st;
-    double bw_s = probe.bw_s, wait_s = probe.wait_s, busy_s = probe.busy_s, idle_s = probe.idle_s;
+    if (R == 0 && A->log_csv && nl_train_log_write_csv(tn, A->log_csv)) return nl_cli_fail("parallel train: --log");
+    if (R == 0 && !json && tr->out) printf("saved %s after step %lld\n", tr->out, (long long)tn->step);
     double wall = nl_time_s() - t0;
-    size_t n_full = mp ? pl.n_params_full : t.model.n_params; /* parameters of the whole model */
-    nl_dist_memory dm;
-    if (mp) { /* this rank's part only (see nanolm/pipeline.h) */
-        nl_pipe_memory_report(&pl, &dm);
-    } else {
-        nl_dist_memory_report(&t, &dm);
-    }
-    fill_rank_row(rows + (size_t)R * NK, &st, &dm, busy_s, idle_s, L.pp_rank);
-    if (share_rows(w, rows, NK)) {
-        rc = nl_cli_fail("parallel train: report");
-        goto out;
-    }
-    if (pp > 1 && svg) {
-        ev = calloc((size_t)P * 2 * (size_t)micro * 4, sizeof(double));
-        if (!ev) {
-            rc = nl_cli_fail("parallel train: --svg");
-            goto out;
-        }
-        for (int i = 0; i < pl.n_ev; i++) {
-            double *e = ev + ((size_t)R * 2 * (size_t)micro + (size_t)i) * 4;
-            e[0] = pl.ev_kind[i], e[1] = pl.ev_mb[i], e[2] = pl.ev_t0[i], e[3] = pl.ev_t1[i];
-        }
-        if (share_rows(w, ev, (int)(2 * micro * 4))) {
-            rc = nl_cli_fail("parallel train: report");
-            goto out;
-        }
-    }
-    if (R == 0) {
-        par_report rep = {&A, P, rows, ev, &tn, first, steps, n_full, bw_s, wait_s, wall};
-        rc = print_report(&rep);
-    }
-out:
-    nl_trainer_free(&tn);
-    free(rows);
-    free(ev);
-    nl_dist_free(&t);
-    nl_pipe_free(&pl);
-    nl_data_free(&d);
-    nl_tokenizer_free(&tok);
-    nl_layout_free(&L);
+    int rc = share_report(A, x);
+    if (rc || R != 0) return rc;
+    size_t n_full = x->mp ? x->pl.n_params_full : x->t.model.n_params; /* parameters of the whole model */
+    par_report rep = {A, x->P, x->rows, x->ev, tn, first, tn->step, n_full, x->probe.bw_s, x->probe.wait_s, wall};
+    return print_report(&rep);
+}
+
+int nl_cmd_parallel_train(int argc, char **argv) {
+    par_cli A;
+    int rc = parse_args(&A, argc, argv);
+    if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    nl_arch arch;
+    if ((rc = check_args(&A, &arch))) return rc;
+    if (nl_comm_init(NULL, NULL)) return nl_cli_fail("parallel train: MPI");
+    par_run x;
+    memset(&x, 0, sizeof x);
+    x.w = nl_comm_world();
+    x.P = nl_comm_size(x.w), x.R = nl_comm_rank(x.w), x.mp = A.tp > 1 || A.pp > 1;
+    if (!A.dp) A.dp = x.P / (A.tp * A.pp) > 0 ? x.P / (A.tp * A.pp) : 1;
+    rc = run_setup(&A, &arch, &x);
+    if (!rc) rc = run_train(&A, &x);
+    run_free(&x);
     nl_comm_finalize();
     return rc;
 }

@@ -72,21 +72,8 @@ static nl_status cut_part(nl_pipe *p, const nl_model *full) {
     return NL_OK;
 }
 
-nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
-                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *tp_comm) {
-    memset(p, 0, sizeof *p);
-    p->tp = tp_comm;
-    p->TP = nl_comm_size(tp_comm);
-    p->tr = nl_comm_rank(tp_comm);
-    p->o = *o;
-    p->M = M;
-    p->schedule = sched;
-    p->pp = pp_comm;
-    p->dp = dp_comm;
-    p->P = nl_comm_size(pp_comm);
-    p->s = nl_comm_rank(pp_comm);
-    p->D = nl_comm_size(dp_comm);
-    p->d = nl_comm_rank(dp_comm);
+/* The layouts the pipeline/tensor engine refuses, by name. */
+static nl_status check_layout(const nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, int M) {
     if (o->zero)
         return nl_fail(NL_ERR_UNSUPPORTED, "pipeline parallelism with ZeRO stage %d is not supported yet (ZeRO 0 only)",
                        o->zero);
@@ -113,47 +100,57 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
         return nl_fail(NL_ERR_UNSUPPORTED,
                        "tensor/pipeline parallelism of a mixture-of-experts model (%s) is not supported yet",
                        arch->name);
+    return NL_OK;
+}
+
+/* This rank's part as a model of its own: the stage's layers, T-th of the heads, KV heads and
+ * SwiGLU width, the embedding on the first stage, final norm and classifier on the last. Only
+ * allocated here; fill_part gives it its values. */
+static nl_status init_part(nl_pipe *p, const nl_arch *arch) {
     p->l0 = (int)(p->s * arch->n_layers / p->P);
     p->l1 = (int)((p->s + 1) * arch->n_layers / p->P);
-    /* This rank's part as a model of its own: the stage's layers, T-th of the heads, KV heads and
-     * SwiGLU width, the embedding on the first stage, final norm and classifier on the last. The
-     * values are the one-process initialisation's (a whole model is built, cut and freed). */
     nl_arch la = *arch;
     la.n_layers = p->l1 - p->l0;
     la.n_heads = arch->n_heads / p->TP;
     la.n_kv_heads = arch->n_kv_heads / p->TP;
     la.hidden_dim = arch->hidden_dim / p->TP;
     la.head_dim = nl_arch_head_dim(arch);
-    nl_model *m = &p->model;
-    NL_TRY(nl_model_init_part(m, &la, first_stage(p), last_stage(p)));
-    nl_status st;
-    {
-        nl_model full;
-        if ((st = nl_model_init(&full, arch))) goto fail;
-        nl_model_init_random(&full, o->train.seed);
-        p->n_params_full = full.n_params;
-        st = cut_part(p, &full);
-        nl_model_free(&full);
-        if (st) goto fail;
-    }
-    if ((st = nl_comm_broadcast(dp_comm, m->params, m->n_params, NL_COMM_F32, 0, o->impl))) goto fail;
-    if ((st = nl_model_alloc_grads(m))) goto fail;
-    p->b = o->train.batch / M;
+    return nl_model_init_part(&p->model, &la, first_stage(p), last_stage(p));
+}
+
+/* The part's values are the one-process initialisation's (a whole model is built, cut and freed),
+ * broadcast over the data-parallel group; then its gradients and the shapes of a micro-batch. */
+static nl_status fill_part(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o) {
+    nl_model full, *m = &p->model;
+    NL_TRY(nl_model_init(&full, arch));
+    nl_model_init_random(&full, o->train.seed);
+    p->n_params_full = full.n_params;
+    nl_status st = cut_part(p, &full);
+    nl_model_free(&full);
+    if (st) return st;
+    NL_TRY(nl_comm_broadcast(p->dp, m->params, m->n_params, NL_COMM_F32, 0, o->impl));
+    NL_TRY(nl_model_alloc_grads(m));
+    p->b = o->train.batch / p->M;
     p->sp_n = o->sp && p->TP > 1 ? p->b * o->train.seq / p->TP : 0;
     p->sp_r0 = p->sp_n * p->tr;
     p->nh = (int)m->NH;
     p->kvh = (int)m->KVH;
     p->h = (int)m->H;
-    int64_t nl = p->l1 - p->l0, bT = p->b * o->train.seq, T = o->train.seq, C = m->C,
-            QKV = (p->nh + 2 * p->kvh) * m->hd, H = p->h, V = m->V, NH = p->nh, hd = m->hd;
-    /* activation slots: GPipe keeps all M micro-batches alive; 1F1B at most P - s on stage s
-     * (micro-batch k lives in slot k mod n_slots) */
-    p->n_slots = sched == NL_PIPE_1F1B && p->P - p->s < M ? p->P - p->s : M;
+    return NL_OK;
+}
+
+#define TAKE(ptr, n) (ptr = q, q += (n))
+
+/* Activation slots: GPipe keeps all M micro-batches alive; 1F1B at most P - s on stage s
+ * (micro-batch k lives in slot k mod n_slots). Each slot is one allocation cut into the
+ * per-layer buffers of its micro-batch. */
+static nl_status alloc_microbatches(nl_pipe *p) {
+    const nl_model *m = &p->model;
+    int64_t nl = p->l1 - p->l0, T = p->o.train.seq, bT = p->b * T, C = m->C, QKV = (p->nh + 2 * p->kvh) * m->hd,
+            H = p->h, V = m->V, NH = p->nh, hd = m->hd;
+    p->n_slots = p->schedule == NL_PIPE_1F1B && p->P - p->s < p->M ? p->P - p->s : p->M;
     p->mbs = nl_calloc((size_t)p->n_slots, sizeof *p->mbs, "micro-batches");
-    if (!p->mbs) {
-        st = NL_ERR_NOMEM;
-        goto fail;
-    }
+    if (!p->mbs) return NL_ERR_NOMEM;
     for (int k = 0; k < p->n_slots; k++) {
         nl_pipe_mb *mb = &p->mbs[k];
         /* rows of the sequence-sharded tensors: this rank's shard under SP, all otherwise */
@@ -164,12 +161,8 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
         if (last_stage(p)) f += (size_t)(rT * C + rT + bT * V);
         p->act_floats += f;
         mb->mem = nl_calloc(f, sizeof(float), "micro-batch activations");
-        if (!mb->mem) {
-            st = NL_ERR_NOMEM;
-            goto fail;
-        }
+        if (!mb->mem) return NL_ERR_NOMEM;
         float *q = mb->mem;
-#define TAKE(ptr, n) (ptr = q, q += (n))
         TAKE(mb->R, (nl + 1) * rT * C);
         TAKE(mb->ln1, nl * rT * C);
         TAKE(mb->ln1_rstd, nl * rT);
@@ -188,43 +181,20 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
             TAKE(mb->logits, bT * V);
         }
     }
-    /* backward scratch; SP adds one (b*T, C) buffer that holds, transiently, the all-gathered
-     * norm output feeding a column-parallel matmul (re-gathered in backward for its weight gradient) */
+    return NL_OK;
+}
+
+/* Backward scratch; SP adds one (b*T, C) buffer that holds, transiently, the all-gathered norm
+ * output feeding a column-parallel matmul (re-gathered in backward for its weight gradient). */
+static nl_status alloc_scratch(nl_pipe *p) {
+    const nl_model *m = &p->model;
+    int64_t T = p->o.train.seq, bT = p->b * T, C = m->C, QKV = (p->nh + 2 * p->kvh) * m->hd, H = p->h, NH = p->nh,
+            hd = m->hd;
     size_t sf =
         (size_t)(bT * C * 2 + bT * QKV + bT * NH * hd + p->b * NH * T + bT * 2 * H + bT * H + (p->sp_n ? bT * C : 0));
     p->act_floats += sf;
     p->scratch = nl_calloc(sf, sizeof(float), "pipeline backward scratch");
-    p->opt.beta1 = o->train.beta1, p->opt.beta2 = o->train.beta2, p->opt.eps = o->train.adam_eps;
-    p->opt.weight_decay = o->train.weight_decay;
-    p->adam_m = nl_calloc(m->n_params, sizeof(float), "AdamW first moment");
-    p->adam_v = nl_calloc(m->n_params, sizeof(float), "AdamW second moment");
-    p->x = nl_malloc((size_t)(o->train.batch * o->train.seq) * sizeof(int32_t), "batch inputs");
-    p->y = nl_malloc((size_t)(o->train.batch * o->train.seq) * sizeof(int32_t), "batch targets");
-    p->own = nl_calloc(m->n_params, 1, "replicated/split mask");
-    p->ev_kind = nl_calloc((size_t)(4 * M), sizeof(int), "timeline");
-    p->ev_t0 = nl_calloc((size_t)(4 * M), sizeof(double), "timeline");
-    if (!p->ev_kind || !p->ev_t0) {
-        st = NL_ERR_NOMEM;
-        goto fail;
-    }
-    p->ev_mb = p->ev_kind + 2 * M;
-    p->ev_t1 = p->ev_t0 + 2 * M;
-    if (!p->scratch || !p->adam_m || !p->adam_v || !p->x || !p->y || !p->own) {
-        st = NL_ERR_NOMEM;
-        goto fail;
-    }
-    /* 1 = replicated over the tensor-parallel group (norms, embedding, classifier), 2 = this
-     * rank's slice of a split weight (counted once in the global gradient norm) */
-    {
-        const nl_param_info *tab;
-        int nt = nl_model_params_table(m, &tab);
-        for (int k = 0; k < nt; k++) {
-            nl_param_kind kd = tab[k].kind;
-            int split = kd == NL_PARAM_WQ || kd == NL_PARAM_WK || kd == NL_PARAM_WV || kd == NL_PARAM_WO ||
-                        kd == NL_PARAM_W1 || kd == NL_PARAM_W2 || kd == NL_PARAM_W3;
-            memset(p->own + tab[k].offset, split && p->TP > 1 ? 2 : 1, tab[k].numel);
-        }
-    }
+    if (!p->scratch) return NL_ERR_NOMEM;
     float *q = p->scratch;
     TAKE(p->dresid, bT * C);
     TAKE(p->dln, bT * C);
@@ -234,10 +204,62 @@ nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, i
     TAKE(p->dh13, bT * 2 * H);
     TAKE(p->dhact, bT * H);
     if (p->sp_n) TAKE(p->gat, bT * C);
-#undef TAKE
     return NL_OK;
-fail:
-    nl_pipe_free(p);
+}
+#undef TAKE
+
+/* AdamW state, the batch, the timeline of the last step, and the ownership mask: 1 = replicated
+ * over the tensor-parallel group (norms, embedding, classifier), 2 = this rank's slice of a split
+ * weight (counted once in the global gradient norm). */
+static nl_status alloc_step_state(nl_pipe *p) {
+    const nl_model *m = &p->model;
+    const nl_train_opts *tr = &p->o.train;
+    int M = p->M;
+    p->opt.beta1 = tr->beta1, p->opt.beta2 = tr->beta2, p->opt.eps = tr->adam_eps;
+    p->opt.weight_decay = tr->weight_decay;
+    p->adam_m = nl_calloc(m->n_params, sizeof(float), "AdamW first moment");
+    p->adam_v = nl_calloc(m->n_params, sizeof(float), "AdamW second moment");
+    p->x = nl_malloc((size_t)(tr->batch * tr->seq) * sizeof(int32_t), "batch inputs");
+    p->y = nl_malloc((size_t)(tr->batch * tr->seq) * sizeof(int32_t), "batch targets");
+    p->own = nl_calloc(m->n_params, 1, "replicated/split mask");
+    p->ev_kind = nl_calloc((size_t)(4 * M), sizeof(int), "timeline");
+    p->ev_t0 = nl_calloc((size_t)(4 * M), sizeof(double), "timeline");
+    if (!p->ev_kind || !p->ev_t0 || !p->adam_m || !p->adam_v || !p->x || !p->y || !p->own) return NL_ERR_NOMEM;
+    p->ev_mb = p->ev_kind + 2 * M;
+    p->ev_t1 = p->ev_t0 + 2 * M;
+    const nl_param_info *tab;
+    int nt = nl_model_params_table(m, &tab);
+    for (int k = 0; k < nt; k++) {
+        nl_param_kind kd = tab[k].kind;
+        int split = kd == NL_PARAM_WQ || kd == NL_PARAM_WK || kd == NL_PARAM_WV || kd == NL_PARAM_WO ||
+                    kd == NL_PARAM_W1 || kd == NL_PARAM_W2 || kd == NL_PARAM_W3;
+        memset(p->own + tab[k].offset, split && p->TP > 1 ? 2 : 1, tab[k].numel);
+    }
+    return NL_OK;
+}
+
+nl_status nl_pipe_init(nl_pipe *p, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
+                       nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *tp_comm) {
+    memset(p, 0, sizeof *p);
+    p->tp = tp_comm;
+    p->TP = nl_comm_size(tp_comm);
+    p->tr = nl_comm_rank(tp_comm);
+    p->o = *o;
+    p->M = M;
+    p->schedule = sched;
+    p->pp = pp_comm;
+    p->dp = dp_comm;
+    p->P = nl_comm_size(pp_comm);
+    p->s = nl_comm_rank(pp_comm);
+    p->D = nl_comm_size(dp_comm);
+    p->d = nl_comm_rank(dp_comm);
+    NL_TRY(check_layout(p, arch, o, M));
+    NL_TRY(init_part(p, arch));
+    nl_status st = fill_part(p, arch, o);
+    if (!st) st = alloc_microbatches(p);
+    if (!st) st = alloc_scratch(p);
+    if (!st) st = alloc_step_state(p);
+    if (st) nl_pipe_free(p);
     return st;
 }
 

@@ -1,0 +1,88 @@
+/*
+ * The option groups of the training commands, declared once (cli_opt.h): the training group
+ * (schedule, optimizer, batch, validation, checkpoints, logs) that `train`, `parallel train` and
+ * `moe train` share, and the parallel layout group (--dp/--tp/--pp/--cp/--ep, --zero,
+ * --microbatches, --schedule, --impl, --timeout, --inject-fault) of `parallel train` and
+ * `moe train`. One spelling per idea; the spellings of earlier releases are aliases.
+ *
+ *     nl_train_args ta = {.o = &opts};           // opts holds the command's defaults
+ *     nl_opt train[NL_TRAIN_NOPTS];
+ *     int n = nl_cli_train_opts(train, &ta);     // help lines say those defaults
+ *     ... nl_cli_parse(...) ...
+ *     if ((rc = nl_cli_train_finish(&ta, "train"))) return rc;
+ */
+#ifndef NANOLM_CLI_TRAIN_OPTS_H
+#define NANOLM_CLI_TRAIN_OPTS_H
+
+#include "cli_opt.h"
+#include "nanolm/train.h"
+
+/* Options of the training group that a command may leave out (nl_train_args.omit). */
+enum {
+    NL_TRAIN_OMIT_SVG = 1,        /* --svg */
+    NL_TRAIN_OMIT_PRECISION = 2,  /* --precision */
+    NL_TRAIN_OMIT_GRAD_ACCUM = 4, /* --grad-accum */
+};
+
+#define NL_TRAIN_NOPTS 20 /* room for the training group */
+#define NL_TRAIN_HELP  128
+
+/* The training group bound to a command's nl_train_opts. The command sets o (with its defaults
+ * already in it), omit and the three wording flags; the group fills the rest. */
+typedef struct nl_train_args {
+    nl_train_opts *o;
+    unsigned omit;       /* NL_TRAIN_OMIT_* */
+    int seq_from_preset; /* --seq defaults to the model's window (else o->seq) */
+    int lr_min_is_lr;    /* --lr-min defaults to --lr, a constant rate (else lr/10, the cosine) */
+    int eval_when_asked; /* validation only with --eval-every/--eval-windows (else every o->eval_every) */
+    const char *data;    /* --data FILE (required) */
+    const char *log_csv; /* --log CSV, or NULL */
+    const char *svg;     /* --svg PLOT, or NULL */
+    int precision;       /* --precision: index in NL_TRAIN_PRECISIONS */
+    int seq_given, lr_min_given, eval_given, windows_given, precision_given;
+    char help[NL_TRAIN_NOPTS][NL_TRAIN_HELP]; /* help lines with this command's defaults */
+} nl_train_args;
+
+/* --precision's choices, in the order of nl_train_args.precision. fp8 is bf16 with FP8 linears. */
+#define NL_TRAIN_PRECISIONS "fp32|bf16|fp16|fp8"
+enum { NL_TRAIN_FP32, NL_TRAIN_BF16, NL_TRAIN_FP16, NL_TRAIN_FP8 };
+
+/* Fills opts (room for NL_TRAIN_NOPTS) with the training group bound to a->o and a's fields, the
+ * help lines saying the defaults now in a->o; returns how many options it filled. */
+int nl_cli_train_opts(nl_opt *opts, nl_train_args *a);
+
+/* After parsing: the derived defaults (lr_min = lr/10 or lr, warmup below steps, byte tokens,
+ * the precision) and the checks every training command makes, naming the flag: --data given, --lr positive,
+ * --lr-min not above --lr, and every output (--out, --log, --svg) writable before any work.
+ * --seq from the preset is the command's (it knows the model). Returns 0 or the exit status
+ * after one message starting "nanolm: <cmd>:". */
+int nl_cli_train_finish(nl_train_args *a, const char *cmd);
+
+/* Options of the layout group that a command offers (nl_layout_args.offer). */
+enum {
+    NL_LAYOUT_DP_TP_PP = 1, /* --dp --tp --pp --zero --microbatches --schedule --sp --no-overlap */
+    NL_LAYOUT_EP_CP = 2,    /* --ep --cp */
+    NL_LAYOUT_TIMEOUT = 4,  /* --timeout */
+    NL_LAYOUT_FAULT = 8,    /* --inject-fault */
+};
+#define NL_LAYOUT_NOPTS 13
+
+/* The parallel layout group: sizes of each kind of parallelism and how the ranks talk. */
+typedef struct nl_layout_args {
+    unsigned offer;             /* NL_LAYOUT_*: the options this command takes */
+    int64_t dp, tp, pp, cp, ep; /* dp 0: the ranks left over; the others default to 1 */
+    int64_t zero;               /* 0 = DDP, 1, 2, 3 */
+    int64_t microbatches;       /* with --pp: micro-batches per step (default 1) */
+    int schedule;               /* with --pp: index in "gpipe|1f1b" */
+    int impl;                   /* collectives: index in "ours|native" */
+    int sp, no_overlap;         /* --sp, --no-overlap */
+    double timeout_s;           /* --timeout, when timeout_given */
+    int timeout_given;
+    const char *inject_fault; /* --inject-fault R[:how]@S, or NULL */
+} nl_layout_args;
+
+/* Fills a with the layout defaults and opts (room for NL_LAYOUT_NOPTS) with the options a->offer
+ * names (set a->offer first); returns how many it filled. */
+int nl_cli_layout_opts(nl_opt *opts, nl_layout_args *a);
+
+#endif
