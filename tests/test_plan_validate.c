@@ -51,8 +51,8 @@ static void test_targets(void **state) {
                          *c = group(&r, "collective");
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
-    assert_true(t->median_abs <= 0.05); /* the target; reached 4.2% */
-    assert_true(t->worst_abs <= 0.28);  /* target 0.15, not met: reached 27.5% (FP8 MPT-3B) */
+    assert_true(t->median_abs <= 0.05); /* the target; reached 4.6% */
+    assert_true(t->worst_abs <= 0.22);  /* target 0.15, not met: reached 21.2% (FP8 MPT-3B) */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);
     /* nccl-tests bus bandwidth, NVLink SHARP included (the H100 NVLS all-reduce was -25% as a
@@ -126,6 +126,23 @@ static void test_bad_files(void **state) {
 }
 
 /* The command prints the table, the summary per group, and the same data with --json. */
+/* The FP8 reduction-loop term against the sweep it was fitted to (tilelang's H800 SXM matmul
+ * benchmarks, M = N = 8192): at each K the FP8 rate over its K = 16384 rate, divided by the same
+ * ratio for FP16, is what nl_plan_gemm_fp8_k_eff(K) / nl_plan_gemm_fp8_k_eff(16384) must give.
+ * The measured TFLOP/s are the benchmark READMEs' tables. */
+static void test_fp8_k_term(void **state) {
+    (void)state;
+    static const double k[] = {256, 512, 1024, 2048, 4096, 8192, 16384};
+    static const double fp16_tflops[] = {386, 520, 628, 705, 736, 758, 766};
+    static const double fp8_tflops[] = {569, 858, 1129, 1343, 1467, 1507, 1541};
+    for (int i = 0; i < 7; i++) {
+        double measured = (fp8_tflops[i] / fp8_tflops[6]) / (fp16_tflops[i] / fp16_tflops[6]);
+        double model = nl_plan_gemm_fp8_k_eff(k[i]) / nl_plan_gemm_fp8_k_eff(k[6]);
+        if (fabs(model / measured - 1) > 0.03) fail_msg("K %g: model %.3f, measured %.3f", k[i], model, measured);
+    }
+    assert_true(nl_plan_gemm_fp8_k_eff(1e9) > 0.999); /* long reductions cost nothing extra */
+}
+
 static void test_cli(void **state) {
     (void)state;
     char *out = NULL;
@@ -141,8 +158,8 @@ static void test_cli(void **state) {
 int main(void) {
     nl_catalog_init(&cat);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_set_shape), cmocka_unit_test(test_targets), cmocka_unit_test(test_ds3_activations),
-        cmocka_unit_test(test_bad_files), cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_set_shape), cmocka_unit_test(test_targets),    cmocka_unit_test(test_ds3_activations),
+        cmocka_unit_test(test_bad_files), cmocka_unit_test(test_fp8_k_term), cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

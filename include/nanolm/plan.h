@@ -219,10 +219,24 @@ void nl_eff_default(nl_eff *e);
  * than FlashAttention in Triton; the low end of that range. */
 #define NL_ATTN_TRITON_SLOWDOWN 1.3
 
+/* HBM bytes a NCCL collective moves per byte it receives: staged into device memory, read back,
+ * and the user buffers read or written ("at least 2x ... it can be 3x", NCCL's maintainer in
+ * NVIDIA/nccl issue #1428). Compute that a collective overlaps loses that HBM time. */
+#define NL_COLL_HBM_PER_BYTE 3.0
+
 /* How much of the large-GEMM rate a GEMM dimension of size x fills: x / (x + 128) (128: the
  * tile edge of cuBLAS/CUTLASS kernels on A100/H100). A GEMM M x N x K runs at
  * gemm_eff * f(M) f(N) f(K) of peak; training and prefill share it. */
 double nl_plan_gemm_shape_eff(double x);
+
+/* The extra cost of a short reduction loop in an FP8 GEMM, relative to the same GEMM in BF16:
+ * (K + 260) / (K + 460) for a reduction dimension K. Each output tile pays a fixed time (pipeline
+ * fill, the epilogue's scale and write) besides K x the main-loop step, and FP8 halves the step,
+ * so the fixed time is worth about twice as many K. Fitted to a measured H800 SXM sweep (tilelang
+ * benchmark/matmul and benchmark/matmul_fp8 READMEs, M = N = 8192, K = 256..16384): rate = E K /
+ * (K + k0) with FP16 k0 = 260, E = 0.79 of the dense peak, FP8 k0 = 460, E = 0.82 (within 2% at
+ * every K); the large-K fractions agree, so only the K term differs. 1 for K -> infinity. */
+double nl_plan_gemm_fp8_k_eff(double K);
 
 /* ---- training plans ---------------------------------------------------------------------- */
 typedef struct nl_layout {
@@ -277,6 +291,7 @@ typedef struct nl_train_eval {
     double t_bubble;
     double t_tp, t_cp, t_ep, t_pp, t_dp; /* communication, total per step */
     double t_exposed;                    /* communication not hidden behind compute */
+    double t_overlap_hbm;                /* HBM time hidden data-parallel collectives take from compute */
     double t_optim;                      /* optimizer step: Adam reads and writes its shard (memory bound) */
     double t_step;
     double tokens_per_s, mfu, model_flops_per_step;

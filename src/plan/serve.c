@@ -27,7 +27,7 @@ void nl_serve_req_default(nl_serve_req *q) {
  * A 128-token prompt fills half a 128-row tile wave per GEMM edge: short prefills are far from
  * the large-GEMM rate, which is why first-token latency at 128 tokens is not weight-read bound
  * (TensorRT-LLM's low-latency table: 16 ms for Llama 7B on A100, twice the weight read). */
-static double forward_shape_eff(const nl_arch *a, double tp, double M) {
+static double forward_shape_eff(const nl_arch *a, double tp, double M, int fp8) {
     double D = (double)a->dim, hd = (double)nl_arch_head_dim(a);
     double qd = (double)a->n_heads * hd, kvd = (double)a->n_kv_heads * hd, F = (double)a->hidden_dim;
     double g[4][3] = {{M, (qd + 2 * kvd) / tp, D}, {M, D, qd / tp}, {M, 2 * F / tp, D}, {M, D, F / tp}};
@@ -35,7 +35,10 @@ static double forward_shape_eff(const nl_arch *a, double tp, double M) {
     for (int i = 0; i < 4; i++) {
         double f = g[i][0] * g[i][1] * g[i][2];
         flops += f;
-        t += f / (nl_plan_gemm_shape_eff(g[i][0]) * nl_plan_gemm_shape_eff(g[i][1]) * nl_plan_gemm_shape_eff(g[i][2]));
+        double eff =
+            nl_plan_gemm_shape_eff(g[i][0]) * nl_plan_gemm_shape_eff(g[i][1]) * nl_plan_gemm_shape_eff(g[i][2]);
+        if (fp8) eff *= nl_plan_gemm_fp8_k_eff(g[i][2]); /* FP8's fixed cost per tile, in K */
+        t += f / eff;
     }
     return t > 0 ? flops / t : 1.0;
 }
@@ -85,8 +88,8 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     wread = fmax(wread, o->fsdp_gather_s);
     /* A given --prefill-mfu is the whole forward's MFU (the course's napkin); the default prices
      * the GEMM shapes of the prompt (one prompt, or the whole batch's tokens together). */
-    double mfu1 = q->prefill_mfu > 0 ? mfu : mfu * forward_shape_eff(a, tp, q->prompt);
-    double mfuB = q->prefill_mfu > 0 ? mfu : mfu * forward_shape_eff(a, tp, B * q->prompt);
+    double mfu1 = q->prefill_mfu > 0 ? mfu : mfu * forward_shape_eff(a, tp, q->prompt, q->fp8);
+    double mfuB = q->prefill_mfu > 0 ? mfu : mfu * forward_shape_eff(a, tp, B * q->prompt, q->fp8);
     o->prefill_s = fmax(o->prefill_flops / (tp * P * mfu1), wread) + prefill_comm + launch;
     o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfuB), wread) + B * prefill_comm + launch;
 
