@@ -11,12 +11,9 @@
 #include "testutil.h"
 
 #include <omp.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -397,77 +394,22 @@ static void over_socket(void **state) {
 
 /* ---- the CLI: three `nanolm serve` processes ------------------------------------------------- */
 
-typedef struct proc {
-    pid_t pid;
-    int port;
-    char dir[700]; /* its log file */
-} proc;
-
-static proc g_procs[4];
+static tu_server g_procs[4];
 static int g_nprocs;
 
 static int teardown(void **state) {
     (void)state;
-    for (int i = 0; i < g_nprocs; i++)
-        if (g_procs[i].pid > 0) {
-            kill(g_procs[i].pid, SIGKILL);
-            waitpid(g_procs[i].pid, NULL, 0);
-            g_procs[i].pid = -1;
-        }
+    for (int i = 0; i < g_nprocs; i++) tu_server_kill(&g_procs[i]);
     g_nprocs = 0;
     return 0;
 }
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static proc *spawn(const char *dir, const char *name, const char *args) {
-    proc *p = &g_procs[g_nprocs++];
-    char port_file[600], log[600], cmd[4096];
-    snprintf(port_file, sizeof port_file, "%s/%s.port", dir, name);
-    snprintf(log, sizeof log, "%s/%s.log", dir, name);
-    snprintf(p->dir, sizeof p->dir, "%s", log);
-    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 --port-file '%s' >/dev/null 2>'%s'", getenv("NANOLM_BIN"),
-             args, port_file, log);
-    p->pid = fork();
-    assert_true(p->pid >= 0);
-    if (p->pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 600; i++) {
-        char *s = tu_read_file(port_file, NULL);
-        if (s) {
-            p->port = atoi(s);
-            free(s);
-            if (p->port > 0) return p;
-        }
-        int st;
-        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
-            char *l = tu_read_file(log, NULL);
-            fail_msg("%s exited before listening: %s", name, l ? l : "?");
-        }
-        sleep_ms(100);
-    }
-    fail_msg("%s did not write its port file in 60 s", name);
-    return NULL;
-}
-
-static int stop_proc(proc *p) {
-    kill(p->pid, SIGTERM);
-    int st = -1;
-    for (int i = 0; i < 600; i++) {
-        if (waitpid(p->pid, &st, WNOHANG) == p->pid) break;
-        sleep_ms(100);
-        if (i == 599) {
-            kill(p->pid, SIGKILL);
-            waitpid(p->pid, &st, 0);
-        }
-    }
-    p->pid = -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+/* `nanolm serve ARGS` on an ephemeral port, its log in dir/name.log. */
+static tu_server *spawn(const char *dir, const char *name, const char *args) {
+    tu_server *p = &g_procs[g_nprocs++];
+    char *why = NULL;
+    if (tu_server_start(p, dir, name, args, &why)) fail_msg("%s", why ? why : "the server did not start");
+    return p;
 }
 
 static cJSON *post(int port, const char *body) {
@@ -511,13 +453,13 @@ static void cli_roles(void **state) {
     char *dir = tu_tmpdir();
     char model[1200], args[2048];
     snprintf(model, sizeof model, "--ckpt '%s' --tokenizer '%s' --threads 1", ck, tk);
-    proc *colo = spawn(dir, "colocated", model);
+    tu_server *colo = spawn(dir, "colocated", model);
     snprintf(args, sizeof args, "%s --role prefill --chunk 16", model);
-    proc *pre = spawn(dir, "prefill", args);
+    tu_server *pre = spawn(dir, "prefill", args);
     snprintf(args, sizeof args, "%s --role decode --prefill 127.0.0.1:%d", model, pre->port);
-    proc *dec = spawn(dir, "decode", args);
+    tu_server *dec = spawn(dir, "decode", args);
     snprintf(args, sizeof args, "%s --role disagg --chunk 16", model);
-    proc *both = spawn(dir, "disagg", args); /* one command, two processes */
+    tu_server *both = spawn(dir, "disagg", args); /* one command, two processes */
     const char *bodies[3] = {
         "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0}",
         "{\"prompt\":\"The little dog was sad because\",\"max_tokens\":30,\"temperature\":0}",
@@ -548,16 +490,16 @@ static void cli_roles(void **state) {
     print_message("%lld prompt tokens, %lld KV bytes moved (%lld per token)\n", (long long)prompt_tokens,
                   (long long)(per_token_fp32 * prompt_tokens), (long long)per_token_fp32);
     assert_int_equal((int64_t)metric(both->port, "nanolm_kv_transfer_bytes_total"), per_token_fp32 * prompt_tokens);
-    assert_int_equal(stop_proc(both), 0); /* stops its prefill process too */
-    char *both_log = tu_read_file(g_procs[3].dir, NULL);
+    assert_int_equal(tu_server_stop(both), 0); /* stops its prefill process too */
+    char *both_log = tu_read_file(g_procs[3].log, NULL);
     assert_non_null(both_log);
     if (!strstr(both_log, "prefill server stopped (3 prompts sent, 0 failed"))
         fail_msg("--role disagg did not stop its prefill process: %s", both_log);
     free(both_log);
-    assert_int_equal(stop_proc(dec), 0);
-    assert_int_equal(stop_proc(pre), 0);
-    assert_int_equal(stop_proc(colo), 0);
-    char *log = tu_read_file(g_procs[1].dir, NULL);
+    assert_int_equal(tu_server_stop(dec), 0);
+    assert_int_equal(tu_server_stop(pre), 0);
+    assert_int_equal(tu_server_stop(colo), 0);
+    char *log = tu_read_file(g_procs[1].log, NULL);
     assert_non_null(log);
     char want[128];
     snprintf(want, sizeof want, "3 prompts sent, 0 failed, %lld KV bytes", (long long)(per_token_fp32 * prompt_tokens));

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,21 +18,18 @@
 #include "nanolm/http_loadgen.h"
 
 typedef struct srv {
-    pid_t pid;
+    tu_server p; /* the process, its port and its log */
     int port;
     char *dir;
 } srv;
 
 /* The server of the running test, killed by the teardown when a failed assertion skipped stop(). */
-static pid_t g_pid = -1;
+static tu_server *g_srv;
 
 static int teardown(void **state) {
     (void)state;
-    if (g_pid > 0) {
-        kill(g_pid, SIGKILL);
-        waitpid(g_pid, NULL, 0);
-        g_pid = -1;
-    }
+    if (g_srv) tu_server_kill(g_srv);
+    g_srv = NULL;
     return 0;
 }
 
@@ -53,61 +49,28 @@ static int start(srv *s, const char *extra) {
     const char *tk = tu_data_path("stories260K/tok512.bin");
     if (!ck || !tk) return 0;
     s->dir = tu_tmpdir();
-    char port_file[512], log[512], cmd[2048];
-    snprintf(port_file, sizeof port_file, "%s/port", s->dir);
-    snprintf(log, sizeof log, "%s/log", s->dir);
     /* A test that needs requests to outlive its polling (a waiting queue, a drain timeout) serves
      * random weights of a larger shape (--dummy-arch SLOW_ARCH), whose decode takes seconds rather
      * than stories260K's milliseconds, so what it checks does not depend on the machine's speed. */
-    char model[600];
+    char args[2048];
     if (extra && strstr(extra, "--dummy-arch"))
-        snprintf(model, sizeof model, "--tokenizer '%s'", tk);
+        snprintf(args, sizeof args, "--tokenizer '%s' %s", tk, extra);
     else
-        snprintf(model, sizeof model, "--ckpt '%s' --tokenizer '%s'", ck, tk);
-    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 --port-file '%s' %s >/dev/null 2>'%s'", getenv("NANOLM_BIN"),
-             model, port_file, extra ? extra : "", log);
-    s->pid = fork();
-    assert_true(s->pid >= 0);
-    g_pid = s->pid;
-    if (s->pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 600; i++) { /* up to 60 s (a loaded machine) */
-        size_t n = 0;
-        char *p = tu_read_file(port_file, &n);
-        if (p) {
-            s->port = atoi(p);
-            free(p);
-            if (s->port > 0) return 1;
-        }
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            char *l = tu_read_file(log, NULL);
-            fail_msg("the server exited before listening: %s", l ? l : "?");
-        }
-        sleep_ms(100);
-    }
-    fail_msg("the server did not write its port file in 60 s");
-    return 0;
+        snprintf(args, sizeof args, "--ckpt '%s' --tokenizer '%s' %s", ck, tk, extra ? extra : "");
+    char *why = NULL;
+    if (tu_server_start(&s->p, s->dir, "server", args, &why)) fail_msg("%s", why ? why : "the server did not start");
+    g_srv = &s->p;
+    s->port = s->p.port;
+    return 1;
 }
 
 /* Sends SIGTERM and waits for the exit (SIGKILL after 60 s). Returns the exit status. */
 static int stop(srv *s) {
-    kill(s->pid, SIGTERM);
-    int st = -1;
-    for (int i = 0; i < 600; i++) {
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) break;
-        sleep_ms(100);
-        if (i == 599) {
-            kill(s->pid, SIGKILL);
-            waitpid(s->pid, &st, 0);
-        }
-    }
-    g_pid = -1;
+    int st = tu_server_stop(&s->p);
+    g_srv = NULL;
     tu_rmdir(s->dir);
     free(s->dir);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    return st;
 }
 
 #define START(s, extra)                                                                                                \

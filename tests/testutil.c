@@ -261,3 +261,72 @@ int tu_count_tmp(const char *dir) {
     if (d) closedir(d);
     return n;
 }
+
+static void tu_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int tu_status(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0); }
+
+int tu_server_start(tu_server *s, const char *dir, const char *name, const char *args, char **why) {
+    char port_file[700], cmd[8192];
+    memset(s, 0, sizeof *s);
+    s->pid = -1;
+    if (why) *why = NULL;
+    snprintf(port_file, sizeof port_file, "%s/%s.port", dir, name);
+    snprintf(s->log, sizeof s->log, "%s/%s.log", dir, name);
+    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 --port-file '%s' >/dev/null 2>'%s'", getenv("NANOLM_BIN"),
+             args, port_file, s->log);
+    s->pid = fork();
+    if (s->pid < 0) return -1;
+    if (s->pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 600; i++) { /* up to 60 s (a loaded machine) */
+        char *p = tu_read_file(port_file, NULL);
+        if (p) {
+            s->port = atoi(p);
+            free(p);
+            if (s->port > 0) return 0;
+        }
+        int st;
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            s->pid = -1;
+            char *l = tu_read_file(s->log, NULL);
+            if (why &&
+                asprintf(why, "%s exited (status %d) before listening: %s", name, tu_status(st), l ? l : "?") < 0)
+                *why = NULL;
+            free(l);
+            return -1;
+        }
+        tu_sleep_ms(100);
+    }
+    tu_server_kill(s);
+    if (why && asprintf(why, "%s did not write its port file in 60 s", name) < 0) *why = NULL;
+    return -1;
+}
+
+int tu_server_stop(tu_server *s) {
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    int st = -1;
+    for (int i = 0; i < 600; i++) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) break;
+        tu_sleep_ms(100);
+        if (i == 599) {
+            kill(s->pid, SIGKILL);
+            waitpid(s->pid, &st, 0);
+        }
+    }
+    s->pid = -1;
+    return tu_status(st);
+}
+
+void tu_server_kill(tu_server *s) {
+    if (s->pid <= 0) return;
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    s->pid = -1;
+}

@@ -65,6 +65,21 @@ int tu_proc_finish(tu_proc *p, char **rest);
 int tu_children_of(int parent, int *out, int cap);
 /* How many files in dir have ".tmp." in their name (temporary files an atomic write left). */
 int tu_count_tmp(const char *dir);
+/* A `nanolm serve` started in the background on an ephemeral 127.0.0.1 port. */
+typedef struct tu_server {
+    int pid;
+    int port;
+    char log[700]; /* its stderr */
+} tu_server;
+/* Starts `nanolm serve ARGS --port 0 --port-file DIR/NAME.port` (ARGS as a shell would split
+ * them) with stderr in DIR/NAME.log, and waits up to 60 s until it has written its port. Returns
+ * 0; or -1 when it exited first or did not listen in time (killed then), with *why (may be NULL)
+ * a malloc'd explanation with its log. */
+int tu_server_start(tu_server *s, const char *dir, const char *name, const char *args, char **why);
+/* SIGTERM, then waits up to 60 s (SIGKILL after): the exit status, or 128 + the signal. */
+int tu_server_stop(tu_server *s);
+/* SIGKILL and wait, for a teardown after a failed test (nothing when pid <= 0). */
+void tu_server_kill(tu_server *s);
 /* A fresh temporary directory (removed by tu_rmdir). */
 char *tu_tmpdir(void);
 void tu_rmdir(const char *dir);
