@@ -204,7 +204,10 @@ static char *help_group(const char *cmd, const char *title) {
     assert_int_equal(tu_run_cli(args, &out), 0);
     snprintf(head, sizeof head, "\n%s:\n", title);
     const char *p = strstr(out, head);
-    if (!p) fail_msg("nanolm %s has no group '%s'", args, title);
+    if (!p) {
+        fail_msg("nanolm %s has no group '%s'", args, title);
+        return NULL;
+    }
     const char *end = strstr(p + 1, "\n\n");
     size_t n = end ? (size_t)(end - p) : strlen(p);
     char *g = malloc(n + 1);
@@ -246,14 +249,14 @@ static void test_planner_option_groups(void **state) {
 static void test_microbatches_spelling(void **state) {
     (void)state;
     static const struct {
-        const char *args, *expect;
-    } c[] = {{"budget --model llama-3-8b --gpus 16 --pp 4 --%s 6", "Pipeline of 4 stages, 6 microbatches"},
-             {"plan layer --model llama-2-7b --dp 4 --pp 2 --%s 4", "4 microbatch(es) per step"},
-             {"plan pipeline --stages 4 --%s 8", "4 stages, 8 microbatches"}};
+        const char *args, *value, *expect; /* `args --microbatches value` */
+    } c[] = {{"budget --model llama-3-8b --gpus 16 --pp 4", "6", "Pipeline of 4 stages, 6 microbatches"},
+             {"plan layer --model llama-2-7b --dp 4 --pp 2", "4", "4 microbatch(es) per step"},
+             {"plan pipeline --stages 4", "8", "4 stages, 8 microbatches"}};
     for (int i = 0; i < 3; i++) {
         char a1[160], a2[160], *o1 = NULL, *o2 = NULL;
-        snprintf(a1, sizeof a1, c[i].args, "microbatches");
-        snprintf(a2, sizeof a2, c[i].args, "micro");
+        snprintf(a1, sizeof a1, "%s --microbatches %s", c[i].args, c[i].value);
+        snprintf(a2, sizeof a2, "%s --micro %s", c[i].args, c[i].value);
         assert_int_equal(tu_run_cli(a1, &o1), 0);
         assert_int_equal(tu_run_cli(a2, &o2), 0);
         if (!strstr(o1, c[i].expect)) fail_msg("nanolm %s: no '%s' in:\n%s", a1, c[i].expect, o1);
