@@ -8,8 +8,9 @@
 #include "cli_opt.h"
 #include "nanolm/lossstat.h"
 #include "nanolm/train.h"
+#include "report.h"
 
-/* What eval measured, for the two printers. */
+/* What eval measured. */
 typedef struct eval_result {
     const char *ckpt, *path;
     nl_data_split split;
@@ -23,63 +24,69 @@ typedef struct eval_result {
     double sum_fb, fb_mean, rest_mean, target_se, need;
 } eval_result;
 
-static void print_eval_json(const eval_result *r, const nl_model *m) {
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "checkpoint", r->ckpt);
-    cJSON_AddStringToObject(d, "data", r->path);
-    cJSON_AddStringToObject(d, "split", nl_data_split_name(r->split));
-    cJSON_AddNumberToObject(d, "mean_loss", r->loss);
-    cJSON_AddNumberToObject(d, "perplexity", exp(r->loss));
-    cJSON_AddNumberToObject(d, "tokens", (double)r->scored);
-    cJSON_AddNumberToObject(d, "seq", (double)r->T);
+/* The result, once: the table and its lines in the text form, the values in the JSON. */
+static int print_eval(const eval_result *r, const nl_model *m, int json) {
+    const long long kv_fp32 = (long long)(m->L * 2 * m->arch.seq_len * m->KVH * m->hd * 4), kv_fp16 = kv_fp32 / 2;
+    nl_report *rep = nl_report_new("eval");
+    nl_report_str(rep, "checkpoint", "", r->ckpt);
+    nl_report_str(rep, "data", "", r->path);
+    nl_report_str(rep, "split", "", nl_data_split_name(r->split));
+    nl_report_num(rep, "mean_loss", "", r->loss, NULL, NULL);
+    nl_report_num(rep, "perplexity", "", exp(r->loss), NULL, NULL);
+    nl_report_int(rep, "tokens", "", (long long)r->scored, NULL);
+    nl_report_int(rep, "seq", "", (long long)r->T, NULL);
     if (r->kv >= 0) {
-        cJSON_AddStringToObject(d, "kv_cache", r->kv == NL_KV_INT8 ? "int8" : "fp32");
-        cJSON_AddNumberToObject(d, "kv_cache_bytes", (double)m->kv_bytes);
-        cJSON_AddNumberToObject(d, "kv_cache_bytes_fp16_basis",
-                                (double)(m->L * 2 * m->arch.seq_len * m->KVH * m->hd * 2));
+        nl_report_str(rep, "kv_cache", "", r->kv == NL_KV_INT8 ? "int8" : "fp32");
+        nl_report_int(rep, "kv_cache_bytes", "", (long long)m->kv_bytes, NULL);
+        nl_report_int(rep, "kv_cache_bytes_fp16_basis", "", kv_fp16, NULL);
     } else {
-        cJSON_AddNumberToObject(d, "se", r->st->se);
-        cJSON_AddNumberToObject(d, "se_iid", r->st->se_iid);
-        cJSON_AddNumberToObject(d, "ci95_lo", r->st->ci_lo);
-        cJSON_AddNumberToObject(d, "ci95_hi", r->st->ci_hi);
-        cJSON_AddNumberToObject(d, "se_batch_tokens", (double)r->st->batch);
-        cJSON_AddNumberToObject(d, "se_tokens_used", (double)r->st->n);
+        nl_report_num(rep, "se", "", r->st->se, NULL, NULL);
+        nl_report_num(rep, "se_iid", "", r->st->se_iid, NULL, NULL);
+        nl_report_num(rep, "ci95_lo", "", r->st->ci_lo, NULL, NULL);
+        nl_report_num(rep, "ci95_hi", "", r->st->ci_hi, NULL, NULL);
+        nl_report_int(rep, "se_batch_tokens", "", (long long)r->st->batch, NULL);
+        nl_report_int(rep, "se_tokens_used", "", (long long)r->st->n, NULL);
         if (r->show_fb) {
-            cJSON_AddNumberToObject(d, "non_ascii_byte_tokens", (double)r->n_fb);
-            cJSON_AddNumberToObject(d, "non_ascii_byte_mean_loss", r->fb_mean);
-            cJSON_AddNumberToObject(d, "other_tokens_mean_loss", r->rest_mean);
+            nl_report_int(rep, "non_ascii_byte_tokens", "", (long long)r->n_fb, NULL);
+            nl_report_num(rep, "non_ascii_byte_mean_loss", "", r->fb_mean, NULL, NULL);
+            nl_report_num(rep, "other_tokens_mean_loss", "", r->rest_mean, NULL, NULL);
         }
         if (r->target_se > 0) {
-            cJSON_AddNumberToObject(d, "target_se", r->target_se);
-            cJSON_AddNumberToObject(d, "tokens_for_target_se", r->need);
+            nl_report_num(rep, "target_se", "", r->target_se, NULL, NULL);
+            nl_report_num(rep, "tokens_for_target_se", "", r->need, NULL, NULL);
         }
     }
-    nl_cli_print_json(d);
-}
-
-static void print_eval_text(const eval_result *r, const nl_model *m) {
-    const char *hdr[] = {"checkpoint", "data", "tokens", "mean loss (nats/token)", "perplexity"};
-    nl_table tb;
-    nl_table_init(&tb, 5, hdr);
-    nl_table_rowf(&tb, "%s|%s|%lld|%.4f|%.3f", r->ckpt, r->path, (long long)r->scored, r->loss, exp(r->loss));
-    nl_table_print(&tb, stdout);
-    nl_table_free(&tb);
+    nl_report_table(rep, NULL, NULL, 5,
+                    (const nl_report_col[]){{NULL, "checkpoint", NULL},
+                                            {NULL, "data", NULL},
+                                            {NULL, "tokens", NULL},
+                                            {NULL, "mean loss (nats/token)", "%-.4f"},
+                                            {NULL, "perplexity", "%-.3f"}});
+    char tokens[32];
+    snprintf(tokens, sizeof tokens, "%lld", (long long)r->scored);
+    nl_report_cell_str(rep, r->ckpt);
+    nl_report_cell_str(rep, r->path);
+    nl_report_cell_str(rep, tokens);
+    nl_report_cell_num(rep, r->loss);
+    nl_report_cell_num(rep, exp(r->loss));
+    nl_report_row_end(rep);
     if (r->kv >= 0)
-        printf("KV cache %s: %zu bytes allocated for %lld positions (fp32 would be %lld, fp16 %lld)\n",
-               r->kv == NL_KV_INT8 ? "int8" : "fp32", m->kv_bytes, (long long)m->arch.seq_len,
-               (long long)(m->L * 2 * m->arch.seq_len * m->KVH * m->hd * 4),
-               (long long)(m->L * 2 * m->arch.seq_len * m->KVH * m->hd * 2));
+        nl_report_note(rep, "KV cache %s: %zu bytes allocated for %lld positions (fp32 would be %lld, fp16 %lld)",
+                       r->kv == NL_KV_INT8 ? "int8" : "fp32", m->kv_bytes, (long long)m->arch.seq_len, kv_fp32, kv_fp16);
     else
-        printf("standard error %.4f (i.i.d. formula %.4f; correlation costs x%.1f tokens), 95%% interval [%.4f, %.4f]\n"
-               "  batch means over %lld batches of %lld tokens\n",
-               r->st->se, r->st->se_iid, r->st->ess_factor, r->st->ci_lo, r->st->ci_hi, (long long)r->st->n_batches,
-               (long long)r->st->batch);
+        nl_report_note(rep,
+                       "standard error %.4f (i.i.d. formula %.4f; correlation costs x%.1f tokens), 95%% interval "
+                       "[%.4f, %.4f]\n  batch means over %lld batches of %lld tokens",
+                       r->st->se, r->st->se_iid, r->st->ess_factor, r->st->ci_lo, r->st->ci_hi,
+                       (long long)r->st->n_batches, (long long)r->st->batch);
     if (r->show_fb)
-        printf("non-ASCII byte-fallback targets (<0x80>..<0xFF>): %lld of %lld (%.2f%%), mean loss %.4f, adding %.4f "
-               "nats/token to the mean; the other tokens: mean loss %.4f\n",
-               (long long)r->n_fb, (long long)r->scored, 100.0 * (double)r->n_fb / (double)r->scored, r->fb_mean,
-               r->sum_fb / (double)r->scored, r->rest_mean);
-    if (r->target_se > 0) printf("tokens for standard error %g: %.0f\n", r->target_se, r->need);
+        nl_report_note(rep,
+                       "non-ASCII byte-fallback targets (<0x80>..<0xFF>): %lld of %lld (%.2f%%), mean loss %.4f, "
+                       "adding %.4f nats/token to the mean; the other tokens: mean loss %.4f",
+                       (long long)r->n_fb, (long long)r->scored, 100.0 * (double)r->n_fb / (double)r->scored,
+                       r->fb_mean, r->sum_fb / (double)r->scored, r->rest_mean);
+    if (r->target_se > 0) nl_report_note(rep, "tokens for standard error %g: %.0f", r->target_se, r->need);
+    return nl_report_print(rep, json);
 }
 
 int nl_cmd_eval(int argc, char **argv) {
@@ -179,10 +186,7 @@ int nl_cmd_eval(int argc, char **argv) {
     double need = target_se > 0 ? nl_loss_stats_tokens_for_se(&st, target_se) : 0;
     eval_result res = {ckpt,    path, split,  T,       kv,        scored,    loss, &st,
                        show_fb, n_fb, sum_fb, fb_mean, rest_mean, target_se, need};
-    if (json)
-        print_eval_json(&res, &m);
-    else
-        print_eval_text(&res, &m);
+    rcode = print_eval(&res, &m, json);
 done:
     nl_free(tl);
     nl_data_free(&data);
