@@ -72,7 +72,8 @@ static int print_eval(const eval_result *r, const nl_model *m, int json) {
     nl_report_row_end(rep);
     if (r->kv >= 0)
         nl_report_note(rep, "KV cache %s: %zu bytes allocated for %lld positions (fp32 would be %lld, fp16 %lld)",
-                       r->kv == NL_KV_INT8 ? "int8" : "fp32", m->kv_bytes, (long long)m->arch.seq_len, kv_fp32, kv_fp16);
+                       r->kv == NL_KV_INT8 ? "int8" : "fp32", m->kv_bytes, (long long)m->arch.seq_len, kv_fp32,
+                       kv_fp16);
     else
         nl_report_note(rep,
                        "standard error %.4f (i.i.d. formula %.4f; correlation costs x%.1f tokens), 95%% interval "
