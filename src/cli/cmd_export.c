@@ -8,6 +8,7 @@
 #include "nanolm/checkpoint.h"
 #include "nanolm/hf.h"
 #include "nanolm/model_export.h"
+#include "report.h"
 
 int nl_cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *tok_path = NULL;
@@ -66,20 +67,17 @@ int nl_cmd_export(int argc, char **argv) {
         rc = hf ? nl_hf_save(out, &m, &tok, dtype, (uint64_t)shard_mb << 20) : nl_model_save_llama2c(out, &m);
     }
     int rcode = rc ? nl_cli_fail("export") : NL_EXIT_OK;
-    if (!rc) {
-        if (json) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "to", to);
-            cJSON_AddStringToObject(o, "path", out);
-            cJSON_AddStringToObject(o, "arch", m.arch.name);
-            cJSON_AddNumberToObject(o, "params", (double)m.n_params);
-            if (hf) cJSON_AddStringToObject(o, "dtype", nl_st_dtype_name(dtype));
-            cJSON_AddBoolToObject(o, "tokenizer", hf && tok.vocab_size > 0);
-            nl_cli_print_json(o);
-        } else {
-            printf("exported %s (%lld parameters) to %s %s%s\n", m.arch.name, (long long)m.n_params, to, out,
-                   hf && tok.vocab_size == 0 ? " (no tokenizer.json)" : "");
-        }
+    if (!rc) { /* the result, once: one line of text, or the JSON */
+        nl_report *r = nl_report_new("export");
+        nl_report_note(r, "exported %s (%lld parameters) to %s %s%s", m.arch.name, (long long)m.n_params, to, out,
+                       hf && tok.vocab_size == 0 ? " (no tokenizer.json)" : "");
+        nl_report_str(r, "to", "", to);
+        nl_report_str(r, "path", "", out);
+        nl_report_str(r, "arch", "", m.arch.name);
+        nl_report_int(r, "params", "", (long long)m.n_params, NULL);
+        if (hf) nl_report_str(r, "dtype", "", nl_st_dtype_name(dtype));
+        nl_report_bool(r, "tokenizer", "", hf && tok.vocab_size > 0);
+        rcode = nl_report_print(r, json);
     }
     nl_model_free(&m);
     nl_tokenizer_free(&tok);

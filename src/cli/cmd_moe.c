@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
 
 #include "cli/cli.h"
 #include "cli/cli_opt.h"
+#include "cli/report.h"
 #include "cli/train_opts.h"
 #include "nanolm/moe_ep.h"
 #include "nanolm/tokenizer.h"
@@ -121,13 +121,27 @@ static nl_status gather(nl_comm *w, double *v, int n, int rank, double mine) {
     return NL_OK;
 }
 
+/* The byte counts of a step, gathered from every rank. */
+#define STEP_BYTE_FIELDS 6
+static const char *const STEP_BYTE_NAMES[STEP_BYTE_FIELDS] = {"a2a_sent_bytes",     "a2a_count_bytes",
+                                                              "payload_sent_bytes", "payload_self_bytes",
+                                                              "dispatched_bytes",   "returned_bytes"};
+
+/* One step of the JSON result: its figures, and the byte counts of every rank (bytes[k * N + r]). */
+typedef struct step_rec {
+    int64_t step, slots, dropped;
+    double loss, aux_loss, grad_norm, lr, val_loss, max_mean_load;
+    double *bytes;
+} step_rec;
+
 /* What the per-step callback needs. */
 typedef struct moe_run {
     nl_ep_trainer *t;
     nl_comm *w;
     int N, R, json;
     double *v; /* (N) gather buffer */
-    cJSON *jsteps, *last;
+    step_rec *steps; /* --json: one record per step, written at the end */
+    int64_t n_steps, cap_steps;
     nl_status err; /* a failed gather in the callback */
 } moe_run;
 
@@ -147,60 +161,83 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
         fflush(stdout);
         return;
     }
-    double mine[6] = {(double)st->a2a_sent_bytes,     (double)st->a2a_count_bytes,  (double)st->payload_sent_bytes,
-                      (double)st->payload_self_bytes, (double)st->dispatched_bytes, (double)st->returned_bytes};
-    const char *names[6] = {"a2a_sent_bytes",     "a2a_count_bytes",  "payload_sent_bytes",
-                            "payload_self_bytes", "dispatched_bytes", "returned_bytes"};
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "step", (double)r->step - 1);
-    cJSON_AddNumberToObject(j, "loss", r->loss);
-    cJSON_AddNumberToObject(j, "aux_loss", st->aux_loss);
-    cJSON_AddNumberToObject(j, "grad_norm", r->grad_norm);
-    cJSON_AddNumberToObject(j, "lr", r->lr);
-    if (!isnan(r->val_loss)) cJSON_AddNumberToObject(j, "val_loss", r->val_loss);
-    cJSON_AddNumberToObject(j, "slots", (double)st->slots);
-    cJSON_AddNumberToObject(j, "dropped", (double)st->dropped);
-    cJSON_AddNumberToObject(j, "max_mean_load", ratio);
-    for (int k = 0; k < 6; k++) {
-        nl_status rc = gather(x->w, x->v, x->N, x->R, mine[k]);
-        if (rc && !x->err) x->err = rc;
-        cJSON_AddItemToObject(j, names[k], cJSON_CreateDoubleArray(x->v, x->N));
+    double mine[STEP_BYTE_FIELDS] = {(double)st->a2a_sent_bytes,     (double)st->a2a_count_bytes,
+                                     (double)st->payload_sent_bytes, (double)st->payload_self_bytes,
+                                     (double)st->dispatched_bytes,   (double)st->returned_bytes};
+    double *bytes = malloc(sizeof(double) * STEP_BYTE_FIELDS * (size_t)x->N);
+    if (x->n_steps == x->cap_steps) {
+        int64_t cap = x->cap_steps ? 2 * x->cap_steps : 64;
+        step_rec *p = realloc(x->steps, (size_t)cap * sizeof *p);
+        if (p) x->steps = p, x->cap_steps = cap;
     }
-    cJSON_AddItemToArray(x->jsteps, j);
-    x->last = j;
+    if (!bytes || x->n_steps == x->cap_steps) {
+        free(bytes);
+        if (!x->err) x->err = nl_fail(NL_ERR_NOMEM, "out of memory (step %lld's record)", (long long)r->step - 1);
+        return;
+    }
+    for (int k = 0; k < STEP_BYTE_FIELDS; k++) { /* every rank takes part in the gathers */
+        nl_status rc = gather(x->w, bytes + k * x->N, x->N, x->R, mine[k]);
+        if (rc && !x->err) x->err = rc;
+    }
+    x->steps[x->n_steps++] = (step_rec){r->step - 1,  st->slots, st->dropped, r->loss, st->aux_loss,
+                                        r->grad_norm, r->lr,     r->val_loss, ratio,   bytes};
 }
 
-/* The JSON header: the run's shape and layout. */
-static cJSON *json_header(const nl_arch *a, const nl_moe *e, const moe_args *g, int N) {
-    cJSON *doc = cJSON_CreateObject();
-    cJSON_AddStringToObject(doc, "model", a->name);
-    cJSON_AddNumberToObject(doc, "ranks", N);
-    cJSON_AddNumberToObject(doc, "ep", (double)g->la.ep);
-    cJSON_AddNumberToObject(doc, "cp", (double)g->la.cp);
-    cJSON_AddNumberToObject(doc, "dim", (double)a->dim);
-    cJSON_AddNumberToObject(doc, "moe_layers", (double)e->n_moe_layers);
-    cJSON_AddNumberToObject(doc, "top_k", (double)a->top_k);
-    cJSON_AddNumberToObject(doc, "experts", (double)a->n_experts);
-    cJSON_AddNumberToObject(doc, "tokens_per_rank", (double)(g->tr.batch * g->tr.seq / g->la.cp));
-    cJSON *ja = cJSON_AddObjectToObject(doc, "arch");
+/* The JSON result's header: the run's shape and layout (the text form printed its line before
+ * the run). */
+static void report_header(nl_report *r, const nl_arch *a, const nl_moe *e, const moe_args *g, int N) {
+    nl_report_str(r, "model", "", a->name);
+    nl_report_int(r, "ranks", "", N, NULL);
+    nl_report_int(r, "ep", "", (long long)g->la.ep, NULL);
+    nl_report_int(r, "cp", "", (long long)g->la.cp, NULL);
+    nl_report_int(r, "dim", "", (long long)a->dim, NULL);
+    nl_report_int(r, "moe_layers", "", (long long)e->n_moe_layers, NULL);
+    nl_report_int(r, "top_k", "", (long long)a->top_k, NULL);
+    nl_report_int(r, "experts", "", (long long)a->n_experts, NULL);
+    nl_report_int(r, "tokens_per_rank", "", (long long)(g->tr.batch * g->tr.seq / g->la.cp), NULL);
     struct {
         const char *n;
-        double v;
-    } f[] = {{"vocab_size", (double)a->vocab_size},
-             {"dim", (double)a->dim},
-             {"n_layers", (double)a->n_layers},
-             {"n_heads", (double)a->n_heads},
-             {"n_kv_heads", (double)a->n_kv_heads},
-             {"hidden_dim", (double)a->hidden_dim},
-             {"seq_len", (double)a->seq_len},
+        long long v;
+    } f[] = {{"vocab_size", a->vocab_size},
+             {"dim", a->dim},
+             {"n_layers", a->n_layers},
+             {"n_heads", a->n_heads},
+             {"n_kv_heads", a->n_kv_heads},
+             {"hidden_dim", a->hidden_dim},
+             {"seq_len", a->seq_len},
              {"tied_embeddings", a->tied_embeddings},
-             {"n_experts", (double)a->n_experts},
-             {"n_shared_experts", (double)a->n_shared_experts},
-             {"top_k", (double)a->top_k},
-             {"expert_hidden_dim", (double)a->expert_hidden_dim},
-             {"first_moe_layer", (double)a->first_moe_layer}};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) cJSON_AddNumberToObject(ja, f[i].n, f[i].v);
-    return doc;
+             {"n_experts", a->n_experts},
+             {"n_shared_experts", a->n_shared_experts},
+             {"top_k", a->top_k},
+             {"expert_hidden_dim", a->expert_hidden_dim},
+             {"first_moe_layer", a->first_moe_layer}};
+    nl_report_begin_object(r, "arch", NULL);
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) nl_report_int(r, f[i].n, "", f[i].v, NULL);
+    nl_report_end_object(r);
+}
+
+/* The JSON result's steps: one row per step, each rank's byte counts as lists. */
+static void report_steps(nl_report *r, const moe_run *x) {
+    nl_report_col cols[9 + STEP_BYTE_FIELDS] = {
+        {"step", "", NULL},      {"loss", "", NULL},    {"aux_loss", "", NULL},
+        {"grad_norm", "", NULL}, {"lr", "", NULL},      {"val_loss", "", NULL},
+        {"slots", "", NULL},     {"dropped", "", NULL}, {"max_mean_load", "", NULL}};
+    for (int k = 0; k < STEP_BYTE_FIELDS; k++) cols[9 + k] = (nl_report_col){STEP_BYTE_NAMES[k], "", NULL};
+    nl_report_table(r, "steps", NULL, 9 + STEP_BYTE_FIELDS, cols);
+    for (int64_t i = 0; i < x->n_steps; i++) {
+        const step_rec *s = &x->steps[i];
+        nl_report_cell_int(r, (long long)s->step);
+        nl_report_cell_num(r, s->loss);
+        nl_report_cell_num(r, s->aux_loss);
+        nl_report_cell_num(r, s->grad_norm);
+        nl_report_cell_num(r, s->lr);
+        nl_report_cell_num(r, s->val_loss); /* null when the step had no validation */
+        nl_report_cell_int(r, (long long)s->slots);
+        nl_report_cell_int(r, (long long)s->dropped);
+        nl_report_cell_num(r, s->max_mean_load);
+        for (int k = 0; k < STEP_BYTE_FIELDS; k++) nl_report_cell_nums(r, s->bytes + k * x->N, x->N);
+        nl_report_row_end(r);
+    }
 }
 
 /* The shape from the preset and the overrides; the layout and option checks that name flags. */
@@ -233,7 +270,7 @@ static int build_arch(moe_args *g, nl_arch *a, int N) {
 }
 
 /* --report-memory: bytes per rank (every rank takes part in the gathers). */
-static nl_status report_memory(moe_run *x, cJSON *doc) {
+static nl_status report_memory(moe_run *x, nl_report *rep) {
     nl_ep_trainer *t = x->t;
     int N = x->N;
     double mine[4] = {(double)nl_model_param_bytes(&t->model), (double)nl_model_param_bytes(&t->model),
@@ -241,19 +278,19 @@ static nl_status report_memory(moe_run *x, cJSON *doc) {
     const char *names[4] = {"params", "grads", "optimizer", "activations"};
     double *v = calloc((size_t)N * 4, sizeof(double));
     if (!v) return nl_fail(NL_ERR_NOMEM, "out of memory (memory report)");
-    cJSON *jm = doc ? cJSON_AddObjectToObject(doc, "memory") : NULL;
     for (int k = 0; k < 4; k++) {
         nl_status rc = gather(x->w, v + k * N, N, x->R, mine[k]);
         if (rc) {
             free(v);
             return rc;
         }
-        if (jm) cJSON_AddItemToObject(jm, names[k], cJSON_CreateDoubleArray(v + k * N, N));
     }
-    if (!doc && x->R == 0)
-        for (int r = 0; r < N; r++)
-            printf("rank %d: params %.0f B, grads %.0f B, optimizer %.0f B, activations %.0f B\n", r, v[r], v[N + r],
-                   v[2 * N + r], v[3 * N + r]);
+    for (int r = 0; r < N; r++)
+        nl_report_note(rep, "rank %d: params %.0f B, grads %.0f B, optimizer %.0f B, activations %.0f B", r, v[r],
+                       v[N + r], v[2 * N + r], v[3 * N + r]);
+    nl_report_begin_object(rep, "memory", NULL);
+    for (int k = 0; k < 4; k++) nl_report_nums(rep, names[k], "", v + k * N, N, NULL, NULL);
+    nl_report_end_object(rep);
     free(v);
     return NL_OK;
 }
@@ -267,11 +304,8 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
     if (nl_trainer_init_layout(&tn, &g->tr, &L)) return nl_cli_fail(g->tr.resume ? "moe train: --resume" : "moe train");
     const nl_moe *e = t->model.moe;
     int rc = NL_EXIT_OK;
-    cJSON *doc = NULL;
-    if (g->json) {
-        doc = json_header(a, e, g, x->N);
-        x->jsteps = cJSON_AddArrayToObject(doc, "steps");
-    } else if (x->R == 0) {
+    nl_report *rep = NULL;
+    if (!g->json && x->R == 0) {
         printf("NanoLM-MoE %s: %lld layers, D %lld, %lld routed + %lld shared experts (F %lld), top-%lld; %d ranks, "
                "ep %lld; %lld tokens per rank and step\n",
                a->name, (long long)a->n_layers, (long long)a->dim, (long long)a->n_experts,
@@ -296,10 +330,16 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
         rc = nl_cli_fail("moe train: --log");
         goto out;
     }
-    if (x->last) {
-        cJSON *tk = cJSON_AddArrayToObject(x->last, "tokens_per_expert");
-        for (int64_t i = 0; i < e->n_moe_layers * e->E; i++)
-            cJSON_AddItemToArray(tk, cJSON_CreateNumber((double)t->st.tokens[i]));
+    /* the result, once: the text form's last lines, or the JSON document */
+    rep = nl_report_new("moe train");
+    if (g->json) {
+        report_header(rep, a, e, g, x->N);
+        report_steps(rep, x);
+        int64_t ntk = e->n_moe_layers * e->E;
+        double *tk = malloc(sizeof(double) * (size_t)(ntk > 0 ? ntk : 1));
+        for (int64_t i = 0; tk && i < ntk; i++) tk[i] = (double)t->st.tokens[i];
+        if (tk) nl_report_nums(rep, "tokens_per_expert", "", tk, (int)ntk, NULL, NULL); /* of the last step */
+        free(tk);
     }
     if (tn.stopped && x->R == 0 && !g->json)
         printf("stopped by %s after step %lld of %lld%s%s\n", tn.stopped == SIGINT ? "SIGINT" : "SIGTERM",
@@ -307,24 +347,20 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
                g->tr.out ? "; resume with --resume " : " (no --out: nothing saved)", g->tr.out ? g->tr.out : "");
     if (x->R == 0 && !g->json && g->tr.out) printf("saved %s after step %lld\n", g->tr.out, (long long)tn.step);
     nl_comm_max_double(x->w, &el);
-    if (g->mem && report_memory(x, doc)) {
+    if (g->mem && report_memory(x, rep)) {
         rc = nl_cli_fail("moe train: memory");
         goto out;
     }
     double tps = (double)((tn.step - first) * g->tr.batch * g->tr.seq * (x->N / g->la.cp)) / el;
-    if (doc) {
-        cJSON_AddNumberToObject(doc, "seconds", el);
-        cJSON_AddNumberToObject(doc, "tokens_per_s", tps);
-    } else if (x->R == 0) {
-        printf("%.2f s, %.0f tokens/s\n", el, tps);
+    nl_report_note(rep, "%.2f s, %.0f tokens/s", el, tps);
+    nl_report_num(rep, "seconds", "", el, NULL, NULL);
+    nl_report_num(rep, "tokens_per_s", "", tps, NULL, NULL);
+    if (x->R == 0) {
+        rc = nl_report_print(rep, g->json);
+        rep = NULL;
     }
 out:
-    if (doc) {
-        if (x->R == 0 && rc == NL_EXIT_OK)
-            nl_cli_print_json(doc);
-        else
-            cJSON_Delete(doc);
-    }
+    nl_report_free(rep);
     nl_trainer_free(&tn);
     return rc;
 }
@@ -364,6 +400,8 @@ int nl_cmd_moe_train(int argc, char **argv) {
     }
     rc = train_and_report(&g, &a, &t, &d, &x);
 out:
+    for (int64_t i = 0; i < x.n_steps; i++) free(x.steps[i].bytes);
+    free(x.steps);
     free(x.v);
     nl_ep_free(&t);
     nl_data_free(&d);
