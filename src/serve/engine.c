@@ -607,6 +607,9 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
     for (int64_t i = 0; i < n; i++)
         memcpy(e->x + i * C, m->w.embed + (int64_t)e->row_tok[i] * C, (size_t)C * sizeof(float));
     prof_mark(e, &t, PH_EMBED);
+    /* attention tiles, the same in every layer: the rows of a prompt chunk in tiles of up to
+     * NL_KV_QTILE, each decode row alone */
+    const int64_t work = attention_tiles(e, n) * NH;
     for (int64_t l = 0; l < m->L; l++) {
         const nl_layer_weights *lw = &m->w.layers[l];
         nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_att, n, C, eps);
@@ -624,9 +627,7 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
             nl_kvcache_store(&e->kv, e->row_req[i]->table, l, e->row_pos[i], q + NH * hd, q + (NH + KVH) * hd);
         }
         prof_mark(e, &t, PH_ROPE_KV);
-        /* attention: the rows of a prompt chunk attend in tiles of up to NL_KV_QTILE (one unit of
-         * work per tile and head), each decode row alone */
-        const int64_t units = attention_tiles(e, n), work = units * NH;
+        /* attention: one unit of work per tile (below) and head */
 #pragma omp parallel num_threads(nt > 0 ? nt : omp_get_max_threads())
         {
             float *scratch = e->scratch + (int64_t)omp_get_thread_num() * e->scratch_floats;
