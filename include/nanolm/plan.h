@@ -206,10 +206,31 @@ typedef struct nl_eff {
     double usable_mem;        /* fraction of HBM the allocator can use */
     double reserved_bytes;    /* CUDA context, NCCL buffers, workspace */
     double fixed_mfu;         /* > 0: napkin mode: time = model FLOPs / (peak * fixed_mfu) */
-    int fp8_gemm;             /* GEMMs at the fp8 peak (set from the recipe by the search) */
+    int fp8_gemm;             /* GEMMs at the fp8 peak: 0, NL_FP8_PER_TENSOR or NL_FP8_BLOCK (set from
+                                 the recipe by the search) */
     double tp_overlap;        /* fraction of tensor-parallel communication hidden behind GEMMs */
     double ep_overlap;        /* fraction of expert all-to-all hidden (1F1B; DualPipe hides it all) */
 } nl_eff;
+/* How an FP8 recipe scales its GEMM operands: one scale per tensor (Transformer Engine's
+ * delayed scaling) or per 1x128 tile and 128x128 block (DeepSeek-V3). */
+#define NL_FP8_PER_TENSOR 1
+#define NL_FP8_BLOCK      2
+/* HBM bytes that an FP8 recipe's casts move for one transformer layer and T tokens on one GPU
+ * (tensor-parallel degree tp, sequence parallelism sp): *fwd_bytes in the forward (every FP8
+ * GEMM's input cast to fp8 with its transposed copy), *bwd_bytes in the backward (every GEMM's
+ * output gradient, the same). scaling is NL_FP8_PER_TENSOR (4 bytes per element: read bf16 2,
+ * write fp8 1 + transposed 1) or NL_FP8_BLOCK (5 + 8/128); moe: the layer's MLP is routed
+ * experts. The weights' casts are per step or per microbatch and are priced apart. */
+void nl_plan_fp8_cast_bytes(const nl_arch *a, const nl_family *fam, int64_t tp, int sp, int scaling, double T, int moe,
+                            double *fwd_bytes, double *bwd_bytes);
+/* Transformer Engine's per-tensor FP8 recipe runs its data- and weight-gradient GEMMs with
+ * cuBLAS's split accumulator (use_split_accumulator = _2X_ACC_DGRAD = _2X_ACC_WGRAD = True; the
+ * forward keeps fast accumulation): partial sums are "periodically promoted to a higher
+ * precision" (cuBLAS docs, CUBLASLT_MATMUL_DESC_FAST_ACCUM), which costs time that the measured
+ * FP8 GEMM rate (nl_plan_gemm_fp8_k_eff's sweep, WGMMA accumulators without promotion) does not
+ * include. pytorch/ao issue #2377 measures fast accumulation 1.1-1.2x faster on H100; the low
+ * end of that range. */
+#define NL_FP8_SPLIT_ACC_SLOWDOWN 1.1
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
 /* The Triton FlashAttention kernel (flash_attn_triton, the one with ALiBi biases that
