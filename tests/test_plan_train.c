@@ -572,9 +572,49 @@ static void test_fp8_weight_casts(void **state) {
     assert_true(fabs(e3.t_compute - e2.t_compute - want) < 1e-6 * want);
 }
 
+/* Checkpoints distributed over the tp ranks (Megatron-LM's --distribute-saved-activations,
+ * metaseq's --distribute-checkpointed-activations, as OPT-175B ran): with full recomputation each
+ * rank keeps 1/tp of the layer input (2D bytes per token in bf16), and the backward all-gathers
+ * it over the tp ranks once per layer and microbatch before recomputing. Without full
+ * recomputation, or with sequence parallelism (which already splits it), nothing changes. */
+static void test_distributed_checkpoints(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_arch a;
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-2-7b", &a), NL_OK);
+    nl_act_opts o = {.tp = 4, .flash = 1, .recompute = NL_RECOMPUTE_FULL, .seq = 4096, .bytes_per_elem = 2};
+    nl_act_layer l;
+    nl_plan_act_layer(&a, &o, &l);
+    assert_true(fabs(l.bytes_per_token - 2.0 * 4096) < 1e-9);
+    o.distribute_saved = 1;
+    nl_plan_act_layer(&a, &o, &l);
+    assert_true(fabs(l.bytes_per_token - 2.0 * 4096 / 4) < 1e-9);
+
+    nl_train_req q;
+    base_req(&q, "llama-2-7b", 8);
+    q.global_batch = 8;
+    nl_layout L = {2, 4, 1, 1, 1, NL_ZERO_1, 1, 4, 1, NL_RECOMPUTE_FULL, 0};
+    nl_train_eval e0, e1;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e0), NL_OK);
+    q.distribute_saved = 1;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e1), NL_OK);
+    double T = 4096, gather = nl_plan_coll_time(&q.hw, NL_ALL_GATHER, 4, T * 4096 * 2, 0);
+    double want = 4 * 32 * gather; /* 4 microbatches x 32 layers */
+    assert_true(fabs(e1.t_tp - e0.t_tp - want) < 1e-9 * want);
+    assert_true(e1.mem_act < e0.mem_act);
+    assert_true(e1.t_compute == e0.t_compute);
+    L.sp = 1;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e1), NL_OK);
+    q.distribute_saved = 0;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e0), NL_OK);
+    assert_true(e1.t_tp == e0.t_tp && e1.mem_act == e0.mem_act);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp8_casts),
+        cmocka_unit_test(test_distributed_checkpoints),
         cmocka_unit_test(test_fp8_weight_casts),
         cmocka_unit_test(test_overlap_hbm),
         cmocka_unit_test(test_attn_triton),

@@ -156,6 +156,7 @@ typedef struct nl_act_opts {
     nl_family fam;         /* zero = llama */
     int fp8_cache;         /* DeepSeek-V3's recipe: FP8 linear inputs, recomputed norms and MLA
                             up-projections (with selective recomputation; memory.c) */
+    int distribute_saved;  /* full recomputation: the checkpoint split over the tp ranks */
 } nl_act_opts;
 
 typedef struct nl_act_layer {
@@ -283,6 +284,10 @@ typedef struct nl_train_req {
     nl_sched schedule;
     int attn_materialized; /* the run materialises the s x s scores (no flash attention) */
     int attn_triton;       /* flash attention by the Triton kernel: NL_ATTN_TRITON_SLOWDOWN x slower */
+    /* Layouts with full recomputation and tp > 1 without sp keep 1/tp of each checkpointed layer
+     * input per rank and all-gather it before recomputing (Megatron-LM's
+     * --distribute-saved-activations, metaseq's --distribute-checkpointed-activations). */
+    int distribute_saved;
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;

@@ -229,6 +229,12 @@ static int spans(const nl_hw *hw, double stride, double size) {
     return k < 1 ? 1 : (int)fmin(k, size);
 }
 
+/* Whether the layout's checkpoints are split over its tp ranks (q->distribute_saved applies to
+ * full recomputation with tp > 1 and no sequence parallelism, which already splits them). */
+static int dist_saved(const nl_train_req *q, const nl_layout *L) {
+    return q->distribute_saved && L->recompute == NL_RECOMPUTE_FULL && L->tp > 1 && !L->sp;
+}
+
 /* Derived quantities of one layout that memory, compute and communication share. */
 typedef struct layout_ctx {
     parts P;
@@ -316,7 +322,8 @@ static void eval_memory(const nl_train_req *q, const nl_layout *L, const layout_
                       .seq = (double)q->seq,
                       .bytes_per_elem = 2,
                       .fam = q->fam,
-                      .fp8_cache = !strcmp(q->recipe.name, "fp8-ds3")};
+                      .fp8_cache = !strcmp(q->recipe.name, "fp8-ds3"),
+                      .distribute_saved = dist_saved(q, L)};
     nl_act_layer al;
     nl_plan_act_layer(a, &ao, &al);
     /* 1F1B: the first stage holds min(p, m) microbatches (Narayanan et al. 2021 sec. 2.2);
@@ -412,6 +419,9 @@ static void eval_model_parallel_comm(const nl_train_req *q, const nl_layout *L, 
                                  nl_plan_coll_time(hw, NL_ALL_GATHER, L->tp, layer_act, tp_span)
                            : nl_plan_coll_time(hw, NL_ALL_REDUCE, L->tp, layer_act, tp_span);
         t_tp_mb = c->lps * 4 * one * (L->recompute == NL_RECOMPUTE_FULL ? 1.5 : 1.0);
+        /* Distributed checkpoints: each layer's recomputation first all-gathers its input over
+         * the tp ranks (Megatron-LM's CheckpointFunction gathers it before the recompute). */
+        if (dist_saved(q, L)) t_tp_mb += c->lps * nl_plan_coll_time(hw, NL_ALL_GATHER, L->tp, layer_act, tp_span);
     }
     /* Context parallel (ring attention, Liu et al. 2023): all-gather K,V forward, again in
      * backward plus a reduce-scatter of dK,dV; overlapped with the attention core. */
@@ -888,6 +898,9 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
                  tp_span, lps * m);
             push(lp, hw, "grad of MLP input (column-parallel w1/w3)", "backward", NL_ALL_REDUCE, "tp", L->tp, act,
                  tp_span, lps * m);
+            if (dist_saved(q, L))
+                push(lp, hw, "gather the distributed checkpoint (recompute)", "backward", NL_ALL_GATHER, "tp", L->tp,
+                     act, tp_span, lps * m);
         } else {
             push(lp, hw, "gather sequence before qkv", "forward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
             push(lp, hw, "scatter after wo", "forward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
