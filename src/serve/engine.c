@@ -617,13 +617,12 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
         NL_TRY(nl_mv_forward(&e->w[4 * l + 0], e->xb, n, e->qkv, nt));
         if (lw->bqkv) nl_add_bias(e->qkv, lw->bqkv, n, QKV); /* Qwen2's q/k/v biases */
         prof_mark(e, &t, PH_QKV);
-        /* one region for all rows: nl_rope_apply opens a parallel region of its own, which
-         * inside this one runs on the calling thread (before, a step opened n regions per layer) */
-#pragma omp parallel for schedule(static) num_threads(nt > 0 ? nt : omp_get_max_threads())
+        /* RoPE on the rotated heads and the KV store of each row: a few hundred ns per row, so
+         * a step of a few rows runs it on this thread rather than waking the team */
+#pragma omp parallel for schedule(static) num_threads(nt > 0 ? nt : omp_get_max_threads()) if (n >= 8)
         for (int64_t i = 0; i < n; i++) {
             float *q = e->qkv + i * QKV;
-            nl_rope_apply(q, m->rope_cos + e->row_pos[i] * half, m->rope_sin + e->row_pos[i] * half, 1, 1, NH + KVH, hd,
-                          QKV, 0);
+            nl_rope_row(q, m->rope_cos + e->row_pos[i] * half, m->rope_sin + e->row_pos[i] * half, NH + KVH, hd, 0);
             nl_kvcache_store(&e->kv, e->row_req[i]->table, l, e->row_pos[i], q + NH * hd, q + (NH + KVH) * hd);
         }
         prof_mark(e, &t, PH_ROPE_KV);
