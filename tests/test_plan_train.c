@@ -550,7 +550,7 @@ static void test_fp8_casts(void **state) {
  * once per step when the weights stay on the GPU (ZeRO-2, the fp8 copy is kept), once per
  * microbatch under ZeRO-3, which gathers the bf16 weights again for each. With 8 microbatches
  * the two layouts differ by 7 casts of the layers' parameters and nothing else; in bf16 they
- * do not differ. */
+ * do not differ. Its data-parallel collectives move what bf16's move. */
 static void test_fp8_weight_casts(void **state) {
     (void)state;
     nl_train_req q;
@@ -570,6 +570,12 @@ static void test_fp8_weight_casts(void **state) {
     double layers = (double)(c.attention + c.mlp_dense + c.norms);
     double want = 7 * 4 * layers / q.hw.hbm_bw;
     assert_true(fabs(e3.t_compute - e2.t_compute - want) < 1e-6 * want);
+    /* The collectives move the bf16 weights and gradients, as in bf16: the fp8 copy is made on
+     * each GPU from what it gathered. */
+    nl_train_eval b3;
+    assert_int_equal(nl_plan_recipe("bf16", &q.recipe), NL_OK);
+    assert_int_equal(nl_plan_train_eval(&q, &L3, &b3), NL_OK);
+    assert_true(e3.t_dp == b3.t_dp);
 }
 
 /* Checkpoints distributed over the tp ranks (Megatron-LM's --distribute-saved-activations,

@@ -229,6 +229,11 @@ static int spans(const nl_hw *hw, double stride, double size) {
     return k < 1 ? 1 : (int)fmin(k, size);
 }
 
+/* Bytes per parameter that data-parallel collectives move for the weights. The fp8 recipe's
+ * weight bytes count the bf16 weights and their cached fp8 copy, but collectives move the bf16
+ * weights only: each GPU casts what it holds or gathered (fp8_weight_cast_s). */
+static double coll_weight_bytes(const nl_recipe *r) { return !strcmp(r->name, "fp8") ? 2.0 : r->weight_bytes; }
+
 /* Whether the layout's checkpoints are split over its tp ranks (q->distribute_saved applies to
  * full recomputation with tp > 1 and no sequence parallelism, which already splits them). */
 static int dist_saved(const nl_train_req *q, const nl_layout *L) {
@@ -464,7 +469,7 @@ static double eval_dp_comm(const nl_train_req *q, const nl_layout *L, const layo
     const nl_hw *hw = &q->hw;
     const nl_eff *e = &q->eff;
     double gbytes = (c->dense_local + c->expert_local) * fmin(q->recipe.grad_bytes, 4);
-    double wbytes = (c->dense_local + c->expert_local) * q->recipe.weight_bytes;
+    double wbytes = (c->dense_local + c->expert_local) * coll_weight_bytes(&q->recipe);
     double bwd_last = c->lps * c->per_layer_bwd, fwd_first = c->lps * c->per_layer_fwd;
     int dp_span = spans(hw, c->t, c->dpz);
     int64_t dz = (int64_t)c->dpz;
@@ -932,7 +937,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
     }
     double local = (P.dense_layers_params * lps / nl + (L->pp > 1 ? fmax(P.emb, P.cls) : P.emb + P.cls)) / t +
                    P.expert_params * lps / nl / ((double)L->ep * t);
-    double wb = local * q->recipe.weight_bytes, gb = local * fmin(q->recipe.grad_bytes, 4);
+    double wb = local * coll_weight_bytes(&q->recipe), gb = local * fmin(q->recipe.grad_bytes, 4);
     int64_t dz = (int64_t)dpz;
     switch (L->zero) {
     case NL_ZERO_0: push(lp, hw, "gradient all-reduce (DDP)", "step", NL_ALL_REDUCE, "dp", dz, gb, dp_span, 1); break;
