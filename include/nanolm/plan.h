@@ -224,6 +224,12 @@ typedef struct nl_eff {
  * experts. The weights' casts are per step or per microbatch and are priced apart. */
 void nl_plan_fp8_cast_bytes(const nl_arch *a, const nl_family *fam, int64_t tp, int sp, int scaling, double T, int moe,
                             double *fwd_bytes, double *bwd_bytes);
+/* The share of HBM bandwidth Transformer Engine's cast-transpose kernel reaches on H100: a
+ * 4096 x 4096 fp16 -> fp8 cast with its transpose (read 2, write 1 + 1 bytes per element, 67 MB,
+ * more than the L2 holds) in 51.5 us (TE pull request #101, March 2023, H100 SXM) is 1.30 TB/s
+ * of 3.35. Priced on the per-tensor recipe's casts; the block-scaled recipe's own kernels are
+ * not measured and stay at the full rate. */
+#define NL_FP8_CAST_TRANSPOSE_BW_SHARE 0.39
 /* Transformer Engine's per-tensor FP8 recipe runs its data- and weight-gradient GEMMs with
  * cuBLAS's split accumulator (use_split_accumulator = _2X_ACC_DGRAD = _2X_ACC_WGRAD = True; the
  * forward keeps fast accumulation): partial sums are "periodically promoted to a higher

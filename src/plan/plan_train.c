@@ -206,8 +206,9 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     double cast_fwd = 0, cast_bwd = 0;
     if (e->fp8_gemm) {
         nl_plan_fp8_cast_bytes(a, &q->fam, L->tp, L->sp, e->fp8_gemm, T, moe, &cast_fwd, &cast_bwd);
-        cast_fwd /= hw->hbm_bw;
-        cast_bwd /= hw->hbm_bw;
+        double bw = hw->hbm_bw * (e->fp8_gemm == NL_FP8_PER_TENSOR ? NL_FP8_CAST_TRANSPOSE_BW_SHARE : 1.0);
+        cast_fwd /= bw;
+        cast_bwd /= bw;
     }
     lt->attn_fwd = at;
     lt->fwd = g + at + ew + k + cast_fwd;
@@ -386,7 +387,8 @@ static double fp8_weight_cast_s(const nl_train_req *q, const nl_layout *L, const
     double w = c->P.dense_layers_params * c->lps / (double)q->arch.n_layers / c->t + c->expert_local;
     double casts = (L->zero == NL_ZERO_3 || L->zero == NL_ZERO_HSDP) ? c->m : 1;
     double bytes = q->eff.fp8_gemm == NL_FP8_BLOCK ? 5.0 : 4.0;
-    return casts * bytes * w / q->hw.hbm_bw;
+    double share = q->eff.fp8_gemm == NL_FP8_PER_TENSOR ? NL_FP8_CAST_TRANSPOSE_BW_SHARE : 1.0;
+    return casts * bytes * w / (q->hw.hbm_bw * share);
 }
 
 /* Compute of one microbatch on the busiest stage: its layers (dense and MoE in proportion)
