@@ -499,7 +499,8 @@ TGT_VNNI static void q8_vnni_row(const nl_qlinear *l, const nl_mv_act *a, float 
     __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
     int64_t k = 0;
     for (; k + 256 <= kp; k += 256) {
-        s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(x + k)), _mm512_loadu_si512((const void *)(w + k)));
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(x + k)),
+                                 _mm512_loadu_si512((const void *)(w + k)));
         s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512((const void *)(x + k + 64)),
                                  _mm512_loadu_si512((const void *)(w + k + 64)));
         s2 = _mm512_dpbusd_epi32(s2, _mm512_loadu_si512((const void *)(x + k + 128)),
@@ -508,7 +509,8 @@ TGT_VNNI static void q8_vnni_row(const nl_qlinear *l, const nl_mv_act *a, float 
                                  _mm512_loadu_si512((const void *)(w + k + 192)));
     }
     for (; k < kp; k += 64)
-        s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(x + k)), _mm512_loadu_si512((const void *)(w + k)));
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(x + k)),
+                                 _mm512_loadu_si512((const void *)(w + k)));
     s0 = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
     int32_t s = _mm512_reduce_add_epi32(s0) - 128 * l->w_sum[n];
     y[m * l->out_features + n] = (float)s * (a->scale[m] * l->w_scale[n]);
