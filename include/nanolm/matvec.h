@@ -112,6 +112,10 @@ nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x
 /* Frees the buffers; safe on a zeroed struct. */
 void nl_mv_act_free(nl_mv_act *a);
 
+/* nl_mv_forward with the caller's act (zeroed before first use, freed by nl_mv_act_free), whose
+ * buffers are reused from call to call instead of allocated per call. Same bits. */
+nl_status nl_mv_forward_act(const nl_mv_weight *wt, nl_mv_act *act, const float *x, int64_t M, float *y, int threads);
+
 /* Output rows [n0, n1) of y (M, N) = x . W^T for every token of a (prepared for wt), on the
  * calling thread: the building block for callers that split the rows over their own threads
  * (one parallel region per step instead of one per matvec). Each (token, row) output has the

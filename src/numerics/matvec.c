@@ -644,19 +644,20 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
     }
 }
 
-nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads) {
-    nl_mv_act act;
-    memset(&act, 0, sizeof act);
-    nl_status rc = nl_mv_act_prepare(&act, wt, x, M);
-    if (rc) {
-        nl_mv_act_free(&act);
-        return rc;
-    }
+nl_status nl_mv_forward_act(const nl_mv_weight *wt, nl_mv_act *act, const float *x, int64_t M, float *y, int threads) {
+    NL_TRY(nl_mv_act_prepare(act, wt, x, M));
     const int64_t N = wt->rows, nblocks = (N + MV_ROWS - 1) / MV_ROWS;
     int nt = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t b = 0; b < nblocks; b++)
-        nl_mv_forward_range(wt, &act, y, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N);
-    nl_mv_act_free(&act);
+        nl_mv_forward_range(wt, act, y, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N);
     return NL_OK;
+}
+
+nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads) {
+    nl_mv_act act;
+    memset(&act, 0, sizeof act);
+    nl_status rc = nl_mv_forward_act(wt, &act, x, M, y, threads);
+    nl_mv_act_free(&act);
+    return rc;
 }
