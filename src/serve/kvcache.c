@@ -120,8 +120,22 @@ static inline const float *walk_f32(const kv_walk *w) {
 static inline const int8_t *walk_codes(const kv_walk *w) {
     return nl_kvcache_codes_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot);
 }
+/* The value of IEEE half h (exact: every half is a float), as nl_fmt_decode(NL_FMT_FP16, h)
+ * gives it, without the general decoder's call per position. */
+static inline float half_value(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, ex = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    uint32_t bits;
+    if (ex == 0) { /* zero or subnormal: man * 2^-24 */
+        float v = (float)man * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    bits = ex == 31 ? sign | 0x7F800000u | (man << 13) : sign | ((ex + 112u) << 23) | (man << 13);
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
 static inline float walk_scale(const kv_walk *w, int64_t kh) {
-    return nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot)[kh]);
+    return half_value(nl_kvcache_scales_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot)[kh]);
 }
 
 /* Dimensions i0 .. i0 + lanes - 1 (lanes <= 16) of a K or V row as 16 floats, zero past lanes
@@ -214,15 +228,57 @@ static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64
  * q[i] * k[j][i]) * scale, times the key's fp16 scale first for an int8 pool. Each sum is the
  * scalar loop's, 16 of them side by side (no fused multiply-add: the build is ISO C, so the
  * compiler does not contract), so the bits equal a one-position-at-a-time loop. */
-static void tile_scores(const float *q, const float *kt, const float *ks, int64_t hd, float scale, int int8, float *a) {
-    v16 sc = {0}, k;
+static inline void score_out(const v16 *sc, const float *ks, float scale, int int8, float *a) {
+    float out[NL_KV_KTILE];
+    memcpy(out, sc, sizeof out);
+    for (int j = 0; j < NL_KV_KTILE; j++) a[j] = int8 ? out[j] * ks[j] * scale : out[j] * scale;
+}
+
+/* tile_scores for up to 8 queries of one sequence against the same key tile: query r's q at
+ * q + r * q_stride, its scores at a + r * a_stride. The eight sums are independent chains in
+ * registers (one chain alone waits on each add), each the same sum as tile_scores'. */
+enum { SCORE_Q = 8 };
+static void tile_scores_rows(const float *q, int64_t q_stride, int nr, const float *kt, const float *ks, int64_t hd,
+                             float scale, int int8, float *a, int64_t a_stride) {
+    const float *qr[SCORE_Q];
+    for (int r = 0; r < SCORE_Q; r++) qr[r] = q + (r < nr ? r : 0) * q_stride; /* rows past nr: dropped */
+    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0}, k;
     for (int64_t i = 0; i < hd; i++) {
         load16(&k, kt + i * NL_KV_KTILE);
-        sc += q[i] * k;
+        s0 += qr[0][i] * k;
+        s1 += qr[1][i] * k;
+        s2 += qr[2][i] * k;
+        s3 += qr[3][i] * k;
+        s4 += qr[4][i] * k;
+        s5 += qr[5][i] * k;
+        s6 += qr[6][i] * k;
+        s7 += qr[7][i] * k;
     }
-    float out[NL_KV_KTILE];
-    memcpy(out, &sc, sizeof out);
-    for (int j = 0; j < NL_KV_KTILE; j++) a[j] = int8 ? out[j] * ks[j] * scale : out[j] * scale;
+    const v16 *sc[SCORE_Q] = {&s0, &s1, &s2, &s3, &s4, &s5, &s6, &s7};
+    for (int r = 0; r < nr; r++) score_out(sc[r], ks, scale, int8, a + r * a_stride);
+}
+
+/* One query against up to 4 consecutive transposed key tiles (kt + u * hd * 16, scales
+ * ks + u * 16): the scores of positions t0 .. t0 + 16 * nt - 1 at a, four independent chains. */
+enum { SCORE_T = 4 };
+static void tiles_scores_query(const float *q, int nt, const float *kt, const float *ks, int64_t hd, float scale,
+                               int int8, float *a) {
+    const int64_t ts = hd * NL_KV_KTILE;
+    const float *k1 = kt + (nt > 1 ? 1 : 0) * ts, *k2 = kt + (nt > 2 ? 2 : 0) * ts, *k3 = kt + (nt > 3 ? 3 : 0) * ts;
+    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, k;
+    for (int64_t i = 0; i < hd; i++) {
+        const float qi = q[i];
+        load16(&k, kt + i * NL_KV_KTILE);
+        s0 += qi * k;
+        load16(&k, k1 + i * NL_KV_KTILE);
+        s1 += qi * k;
+        load16(&k, k2 + i * NL_KV_KTILE);
+        s2 += qi * k;
+        load16(&k, k3 + i * NL_KV_KTILE);
+        s3 += qi * k;
+    }
+    const v16 *sc[SCORE_T] = {&s0, &s1, &s2, &s3};
+    for (int u = 0; u < nt; u++) score_out(sc[u], ks + u * NL_KV_KTILE, scale, int8, a + u * NL_KV_KTILE);
 }
 
 /* Softmax of one score row in place: a[t] = exp(a[t] - max) / sum, the sum in position order.
@@ -273,9 +329,13 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
         } else {
             for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
                 v16 x[4];
-                float scale = 1.0f;
-                for (int k = 0; k < 4; k++) walk_value16(&x[k], &w, kh, g + k * PV_LANES, lanes[k], &scale);
-                const float pt = int8 ? p[t] * scale : p[t];
+                float pt = p[t];
+                if (int8) {
+                    const int8_t *r = walk_codes(&w) + kh * hd + g;
+                    for (int k = 0; k < 4; k++) row16_i8(&x[k], r + k * PV_LANES, lanes[k]);
+                    pt = p[t] * walk_scale(&w, kh);
+                } else
+                    for (int k = 0; k < 4; k++) row16_f32(&x[k], walk_f32(&w) + kh * hd + g + k * PV_LANES, lanes[k]);
                 a0 += pt * x[0];
                 a1 += pt * x[1];
                 a2 += pt * x[2];
@@ -346,13 +406,24 @@ void nl_kvcache_attend_rows(const nl_kvcache *c, const int32_t *table, int64_t l
     const int64_t last = pos0 + nq - 1, n_pos = last + 1, row = n_pos + NL_KV_KTILE;
     const float scale = 1.0f / sqrtf((float)hd);
     const int int8 = c->dtype == NL_KV_INT8;
-    float *kt = scratch + nq * row, ks[NL_KV_KTILE];
-    /* scores: row r of the tile (position pos0 + r) needs positions 0..pos0 + r */
-    for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE) {
-        key_tile(c, table, l, kh, t0, last, kt, ks);
-        for (int64_t r = t0 > pos0 ? t0 - pos0 : 0; r < nq; r++)
-            tile_scores(q + r * q_stride + h * hd, kt, ks, hd, scale, int8, scratch + r * row + t0);
-    }
+    float *kt = scratch + nq * row, ks[SCORE_T * NL_KV_KTILE];
+    if (nq == 1) /* a decode: four key tiles at a time against the one query */
+        for (int64_t t0 = 0; t0 < n_pos; t0 += SCORE_T * NL_KV_KTILE) {
+            int nt = 0;
+            for (; nt < SCORE_T && t0 + nt * NL_KV_KTILE < n_pos; nt++)
+                key_tile(c, table, l, kh, t0 + nt * NL_KV_KTILE, last, kt + nt * hd * NL_KV_KTILE,
+                         ks + nt * NL_KV_KTILE);
+            tiles_scores_query(q + h * hd, nt, kt, ks, hd, scale, int8, scratch + t0);
+        }
+    else /* scores: row r of the tile (position pos0 + r) needs positions 0..pos0 + r */
+        for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE) {
+            key_tile(c, table, l, kh, t0, last, kt, ks);
+            for (int64_t r = t0 > pos0 ? t0 - pos0 : 0; r < nq; r += SCORE_Q) {
+                const int nr = nq - r < SCORE_Q ? (int)(nq - r) : SCORE_Q;
+                tile_scores_rows(q + r * q_stride + h * hd, q_stride, nr, kt, ks, hd, scale, int8,
+                                 scratch + r * row + t0, row);
+            }
+        }
     for (int64_t r = 0; r < nq; r++) softmax_row(scratch + r * row, pos0 + r + 1);
     if (nq == 1) {
         pv_decode(c, table, l, kh, pos0, scratch, out);
