@@ -127,10 +127,14 @@ static void one_round(const nl_arch *a, nl_engine *e, double *pred, double *meas
     nl_machine_opts mo = g_mo;
     nl_cpu_rates r;
     assert_int_equal(nl_machine_measure(a, &mo, &r), NL_OK);
-    print_message("machine: read %.2f GB/s, fp32 kernel %.2f / %.2f / %.2f GFLOP/s at M = 1 / 32 / 256, attention %.2f "
-                  "(chunk %.2f) GFLOP/s + %.2f us, %.2f us per token-layer, overheads %.1f us/step %.1f us/layer\n",
-                  r.read_bw_nt / 1e9, r.gemm[0][0] / 1e9, r.gemm[0][2] / 1e9, r.gemm[0][4] / 1e9, r.attn_flops / 1e9,
-                  r.attn_flops_chunk / 1e9, r.attn_call_s * 1e6, r.row_layer_s * 1e6, r.step_overhead_s * 1e6,
+    print_message("machine: read %.2f GB/s, fp32 kernel %.1f / %.1f / %.1f / %.1f GFLOP/s at M = 1 / 8 / 32 / 256, "
+                  "decode attention %.2f / %.2f / %.2f us per token-head at 96 positions and D = 1 / 8 / 32, RoPE + "
+                  "KV store %.2f / %.2f / %.2f us, chunk attention %.2f GFLOP/s, %.2f us per token-layer, "
+                  "overheads %.1f us/step %.1f us/layer\n",
+                  r.read_bw_nt / 1e9, r.gemm[0][0] / 1e9, r.gemm[0][1] / 1e9, r.gemm[0][2] / 1e9, r.gemm[0][4] / 1e9,
+                  1e6 * (r.attn_row_s[0] + 96 * r.attn_pos_s[0]), 1e6 * (r.attn_row_s[1] + 96 * r.attn_pos_s[1]),
+                  1e6 * (r.attn_row_s[2] + 96 * r.attn_pos_s[2]), r.rope_kv_s[0] * 1e6, r.rope_kv_s[1] * 1e6,
+                  r.rope_kv_s[2] * 1e6, r.attn_flops_chunk / 1e9, r.row_layer_s * 1e6, r.step_overhead_s * 1e6,
                   r.layer_overhead_s * 1e6);
     nl_engine_plan_req q;
     nl_engine_plan_req_default(&q);
@@ -214,7 +218,13 @@ static void rates_round_trip(void **state) {
     r.read_bw_nt = 3.5e10;
     for (int f = 0; f < 3; f++)
         for (int i = 0; i < NL_CPU_NM; i++) r.gemm[f][i] = 1e9 * (f + 1) * (i + 1);
-    r.attn_flops = 4e9;
+    r.attn_flops_chunk = 4e9;
+    for (int i = 0; i < NL_CPU_NB; i++) { /* quotients: the doubles nearest the decimals cJSON prints */
+        r.attn_row_s[i] = (i + 1) / 1e7;
+        r.attn_pos_s[i] = (i + 2) / 1e9;
+        r.rope_kv_s[i] = (i + 3) / 1e6;
+    }
+    r.rope_kv_chunk_s = 1.5e-6;
     r.row_layer_s = 2e-6;
     r.step_overhead_s = 5e-5;
     r.layer_overhead_s = 1e-5;
@@ -231,8 +241,11 @@ static void rates_round_trip(void **state) {
     assert_int_equal(nl_cpu_rates_load(path, NULL, &back), NL_OK);
     assert_string_equal(back.name, "cpu-test");
     assert_int_equal(back.threads, 2);
-    assert_true(back.read_bw_nt == r.read_bw_nt && back.attn_flops == r.attn_flops &&
-                back.step_overhead_s == r.step_overhead_s);
+    assert_true(back.read_bw_nt == r.read_bw_nt && back.attn_flops_chunk == r.attn_flops_chunk &&
+                back.step_overhead_s == r.step_overhead_s && back.rope_kv_chunk_s == r.rope_kv_chunk_s);
+    for (int i = 0; i < NL_CPU_NB; i++)
+        assert_true(back.attn_row_s[i] == r.attn_row_s[i] && back.attn_pos_s[i] == r.attn_pos_s[i] &&
+                    back.rope_kv_s[i] == r.rope_kv_s[i]);
     for (int fm = 0; fm < 3; fm++)
         for (int i = 0; i < NL_CPU_NM; i++) assert_true(back.gemm[fm][i] == r.gemm[fm][i]);
     /* the catalog reads the same entry (its cpu_ fields are left to plan_engine) */
