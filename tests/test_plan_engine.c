@@ -1,9 +1,11 @@
 /* The serving engine's cost model (plan_engine.h) against the engine itself, in one run: the
- * machine is measured (machine.h, as `nanolm bench machine` does), then the engine runs a
- * prefill, decode steps at batch 1, 8 and 32, and 8 sequences served together, on a random
- * model of dim 256 with 1 thread; each prediction is compared with its measurement (ratios
- * only): within 3x always, within 20% when NANOLM_PREDICT_STRICT=1 (the target; see below). Also: the measured rates round-trip through the --hw JSON, which the catalog
- * accepts too, and `nanolm plan serve --hw` reads them. */
+ * engine runs a prefill, decode steps at batch 1, 8 and 32, and 8 sequences served together,
+ * on a random model of dim 256 with 1 thread, five times; the machine is measured (machine.h,
+ * as `nanolm bench machine` does) before and after each time, and each prediction is compared
+ * with its measurement (ratios only, medians of the five rounds): within 20%, the issue's line,
+ * and within 3x (the model is not off by a constant factor). Also: the measured rates
+ * round-trip through the --hw JSON, which the catalog accepts too, and `nanolm plan serve --hw`
+ * reads them. */
 #include "testutil.h"
 
 #include <math.h>
@@ -118,12 +120,12 @@ static double measure_throughput(nl_engine *e, int b, int64_t plen, int64_t out)
     return median(v, 3);
 }
 
-enum { PROMPT = 256, DPROMPT = 64, DOUT = 64, ROUNDS = 3, NQ = 5 };
+enum { PROMPT = 256, DPROMPT = 64, DOUT = 64, ROUNDS = 5, NQ = 5 };
 static const char *const QNAME[NQ] = {"prefill 256 tokens, ms", "decode step batch 1, ms", "decode step batch 8, ms",
                                       "decode step batch 32, ms", "throughput 8 streams, tok/s"};
 
-/* One round: measure the machine, predict, then measure the engine at once (same conditions). */
-static void one_round(const nl_arch *a, nl_engine *e, double *pred, double *meas) {
+/* Measures the machine (as `nanolm bench machine` does) and predicts the five quantities. */
+static void predict(const nl_arch *a, double *pred) {
     nl_machine_opts mo = g_mo;
     nl_cpu_rates r;
     assert_int_equal(nl_machine_measure(a, &mo, &r), NL_OK);
@@ -151,6 +153,10 @@ static void one_round(const nl_arch *a, nl_engine *e, double *pred, double *meas
     assert_int_equal(nl_plan_engine(&q, &r, &p), NL_OK);
     for (int i = 0; i < 3; i++) pred[1 + i] = p.decode_step_s[i] * 1e3;
     pred[4] = p.throughput_tokens_per_s;
+}
+
+/* Measures the engine: the five quantities. */
+static void measure(nl_engine *e, double *meas) {
     meas[0] = measure_prefill(e, PROMPT) * 1e3;
     static const int B[3] = {1, 8, 32};
     for (int i = 0; i < 3; i++) meas[1 + i] = measure_decode(e, B[i], DPROMPT, DOUT) * 1e3;
@@ -179,7 +185,22 @@ static void predicted_vs_measured(void **state) {
     nl_engine *e = NULL;
     assert_int_equal(nl_engine_open_model(&e, &m, NULL, &eo), NL_OK);
     double pred[ROUNDS][NQ], meas[ROUNDS][NQ];
-    for (int k = 0; k < ROUNDS; k++) one_round(&a, e, pred[k], meas[k]);
+    /* The machine is measured before and after each measurement of the engine, and a round's
+     * prediction is the mean of the two: on a shared machine whose speed drifts, the prediction
+     * then sees the conditions of the measurement between them. */
+    double bracket[ROUNDS + 1][NQ];
+    predict(&a, bracket[0]);
+    for (int k = 0; k < ROUNDS; k++) {
+        measure(e, meas[k]);
+        predict(&a, bracket[k + 1]);
+        for (int i = 0; i < NQ; i++) pred[k][i] = 0.5 * (bracket[k][i] + bracket[k + 1][i]);
+        print_message("round %d: predicted/measured %.2f %.2f %.2f %.2f %.2f (machine before: %.2f %.2f %.2f %.2f "
+                      "%.2f)\n",
+                      k + 1, pred[k][0] / meas[k][0], pred[k][1] / meas[k][1], pred[k][2] / meas[k][2],
+                      pred[k][3] / meas[k][3], pred[k][4] / meas[k][4], bracket[k][0] / meas[k][0],
+                      bracket[k][1] / meas[k][1], bracket[k][2] / meas[k][2], bracket[k][3] / meas[k][3],
+                      bracket[k][4] / meas[k][4]);
+    }
     nl_engine_stats st;
     nl_engine_stats_get(e, &st);
     assert_int_equal(st.kv_blocks_used, 0);
@@ -198,14 +219,7 @@ static void predicted_vs_measured(void **state) {
         /* always: the right order of magnitude (the model is not off by a constant factor) */
         assert_true(r > 1.0 / 3 && r < 3);
     }
-    /* The 20% target held for all five before the attention and matvec probes got faster than
-     * the same kernels inside a step (docs/serving.md: batched decode steps measure 0.67-0.71 of
-     * the prediction). Asserted only when asked. */
-    const char *strict = getenv("NANOLM_PREDICT_STRICT");
-    if (strict && strict[0] == '1')
-        assert_true(ok);
-    else if (!ok)
-        print_message("not asserted: some predictions are outside 20%% (NANOLM_PREDICT_STRICT=1 asserts them)\n");
+    assert_true(ok); /* every prediction within 20% of its measurement */
 }
 
 static void rates_round_trip(void **state) {

@@ -332,8 +332,7 @@ static void dec_fill(dec_ctx *c, int64_t n_pos, float *kvrow) {
 enum { DEC_POS0 = 32, DEC_POS1 = 160 };
 #define DEC_POOL_BYTES ((double)(256 << 20)) /* the most K/V a probe holds */
 
-/* Opens c for D rows over n_seq sequences of n_pos positions (K/V filled) in an L-layer pool
- * whose blocks are handed out in a shuffled order, as a busy pool hands them to a step. */
+/* Opens c for D rows over n_seq sequences of n_pos positions (K/V filled) in an L-layer pool. */
 static nl_status dec_open(dec_ctx *c, const nl_model *m, int64_t L, int64_t D, int64_t n_seq, int64_t n_pos,
                           const float *weights, size_t weight_floats, const nl_machine_opts *o, int threads) {
     const int64_t bs = 16, kvd = m->KVH * m->hd;
@@ -352,6 +351,9 @@ static nl_status dec_open(dec_ctx *c, const nl_model *m, int64_t L, int64_t D, i
     c->qkv = nl_malloc((size_t)(D * (m->QKV + m->NH * m->hd) + threads * c->scratch_floats + 2 * kvd) * sizeof(float),
                        "decode probe buffers");
     if (!c->table || !c->qkv) return NL_ERR_NOMEM;
+    /* blocks in a shuffled order: a pool that has served requests hands out blocks in the order
+     * they came back (engine.c frees a finished sequence's blocks onto a stack), which mixes
+     * the blocks of sequences that started and finished at different times */
     for (int64_t b = 0; b < n_seq * c->nb; b++) c->table[b] = nl_kvcache_alloc(&c->kv);
     nl_rng g;
     nl_rng_seed(&g, 9);
