@@ -91,7 +91,8 @@ size_t nl_mv_weight_bytes(const nl_mv_weight *wt);
  * index), NL_ERR_NOMEM (INT8 activation buffers). */
 nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads);
 
-/* One matvec input x (M, K) prepared for a weight format: FP32/BF16 read x as given; INT8
+/* One matvec input x (M, K) prepared for a weight format: FP32 (and BF16 off AVX-512) read x
+ * as given; BF16 on AVX-512 reads a de-interleaved copy (the order its kernel multiplies in); INT8
  * quantizes each token once (absmax, nl_qlinear_quantize_tokens) into codes that every output
  * row then reads. The buffers grow as needed and are reused from call to call. */
 typedef struct nl_mv_act {
@@ -100,7 +101,9 @@ typedef struct nl_mv_act {
     int8_t *q;        /* INT8: (M, kp) codes */
     uint8_t *qu;      /* INT8 on VNNI: (M, kp) codes + 128 */
     float *scale;     /* INT8: (M) token scales */
-    size_t cap_codes, cap_tokens;
+    float *xp;        /* BF16 on AVX-512: (M, k32) x with each 32 columns as 16 even then 16 odd */
+    int64_t k32;      /* K rounded up to 32 */
+    size_t cap_codes, cap_tokens, cap_xp;
 } nl_mv_act;
 
 /* Prepares x (M, K = wt->cols) for wt. Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8
@@ -108,6 +111,10 @@ typedef struct nl_mv_act {
 nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x, int64_t M);
 /* Frees the buffers; safe on a zeroed struct. */
 void nl_mv_act_free(nl_mv_act *a);
+
+/* nl_mv_forward with the caller's act (zeroed before first use, freed by nl_mv_act_free), whose
+ * buffers are reused from call to call instead of allocated per call. Same bits. */
+nl_status nl_mv_forward_act(const nl_mv_weight *wt, nl_mv_act *act, const float *x, int64_t M, float *y, int threads);
 
 /* Output rows [n0, n1) of y (M, N) = x . W^T for every token of a (prepared for wt), on the
  * calling thread: the building block for callers that split the rows over their own threads

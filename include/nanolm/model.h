@@ -313,6 +313,9 @@ void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x
 /* RoPE on (B, T, nh, hd) rows with row stride `stride` floats; inverse=1 rotates backwards. */
 void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nh, int64_t hd,
                    int64_t stride, int inverse);
+/* RoPE on one row of nh heads of size hd at one position (cos_t/sin_t: that position's hd/2
+ * entries), on the calling thread: nl_rope_apply's arithmetic without a parallel region. */
+void nl_rope_row(float *row, const float *cos_t, const float *sin_t, int64_t nh, int64_t hd, int inverse);
 void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH,
                           int64_t hd);
 void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att, const float *qkv, int64_t B,

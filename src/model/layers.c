@@ -85,24 +85,27 @@ void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x
  * x: rows (B, T) with `nh` heads of size hd starting at the row start, row stride `stride`.
  * Pair (2i, 2i+1) of a head at position t is rotated by angle t * theta^(-2i/hd) (tables
  * cos_t/sin_t (T, hd/2)). inverse = 1 rotates by the negative angle (the backward pass). */
+void nl_rope_row(float *row, const float *cos_t, const float *sin_t, int64_t nh, int64_t hd, int inverse) {
+    const int64_t half = hd / 2;
+    const float sgn = inverse ? -1.0f : 1.0f;
+    for (int64_t h = 0; h < nh; h++) {
+        float *v = row + h * hd;
+        for (int64_t i = 0; i < half; i++) {
+            float x0 = v[2 * i], x1 = v[2 * i + 1];
+            float si = sgn * sin_t[i];
+            v[2 * i] = x0 * cos_t[i] - x1 * si;
+            v[2 * i + 1] = x0 * si + x1 * cos_t[i];
+        }
+    }
+}
+
 void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nh, int64_t hd,
                    int64_t stride, int inverse) {
-    int64_t half = hd / 2;
-    float sgn = inverse ? -1.0f : 1.0f;
+    const int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t t = bt % T;
-        const float *c = cos_t + t * half, *s = sin_t + t * half;
-        float *row = x + bt * stride;
-        for (int64_t h = 0; h < nh; h++) {
-            float *v = row + h * hd;
-            for (int64_t i = 0; i < half; i++) {
-                float x0 = v[2 * i], x1 = v[2 * i + 1];
-                float si = sgn * s[i];
-                v[2 * i] = x0 * c[i] - x1 * si;
-                v[2 * i + 1] = x0 * si + x1 * c[i];
-            }
-        }
+        nl_rope_row(x + bt * stride, cos_t + t * half, sin_t + t * half, nh, hd, inverse);
     }
 }
 

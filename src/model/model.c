@@ -525,12 +525,12 @@ static void rope(const nl_model *m, float *qkv, int64_t B, int64_t T, int invers
         nl_rope_apply(qkv, m->rope_cos, m->rope_sin, B, T, NH + KVH, hd, QKV, inverse);
         return;
     }
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            float *x = qkv + (b * T + t) * QKV;
-            const float *c = m->rope_cos + m->positions[t] * half, *s = m->rope_sin + m->positions[t] * half;
-            nl_rope_apply(x, c, s, 1, 1, NH + KVH, hd, QKV, inverse);
-        }
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        const int64_t t = bt % T;
+        nl_rope_row(qkv + bt * QKV, m->rope_cos + m->positions[t] * half, m->rope_sin + m->positions[t] * half,
+                    NH + KVH, hd, inverse);
+    }
 }
 
 /* ---- forward ------------------------------------------------------------------------------------ */

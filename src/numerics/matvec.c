@@ -163,7 +163,8 @@ typedef struct mv_args {
     float *y;           /* (M, N) */
     const float *wf;    /* fp32 (N, K) */
     const uint16_t *wb; /* or bf16 (N, K) */
-    int64_t M, N, K;
+    const float *xp;    /* bf16 on AVX-512: x de-interleaved (M, K32), see tile512_bf */
+    int64_t M, N, K, K32;
 } mv_args;
 
 /* portable: 8 scalar accumulators per pair (lane j takes k = j mod 8), summed pairwise. */
@@ -199,7 +200,7 @@ INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
     }
 }
 
-/* AVX-512: 16 lanes, the k tail with a masked load, then _mm512_reduce_add_ps. One tile is
+/* AVX-512, fp32 weights: 16 lanes, the k tail with a masked load, then _mm512_reduce_add_ps. One tile is
  * R weight rows x T tokens with R * T accumulators held in registers (R <= 4, T <= 6: 24
  * accumulators, 4 weight vectors and one activation vector of the 32 registers); per 16 columns
  * it loads R + T vectors for R * T FMAs, so a batched step is bound by the FMA units, not by
@@ -208,30 +209,22 @@ INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
  * token tile of a row group streams the weights from memory). */
 enum { MV_T512 = 6 }; /* tokens per AVX-512 register tile */
 
-TGT_AVX512 INLINE __m512 load_w512(const float *wf, const uint16_t *wb, int64_t off, __mmask16 mk) {
-    if (wb)
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, wb + off)), 16));
-    return _mm512_maskz_loadu_ps(mk, wf + off);
-}
-
-TGT_AVX512 INLINE void tile512(const float *wf, const uint16_t *wb, const float *x, float *y, int64_t K, int64_t N,
-                               const int R, const int T, int pf) {
+TGT_AVX512 INLINE void tile512(const float *wf, const float *x, float *y, int64_t K, int64_t N, const int R,
+                               const int T, int pf) {
     __m512 acc[4][MV_T512];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    const size_t esize = wb ? 2 : 4;
-    const char *pnext = wb ? (const char *)(wb + R * K) : (const char *)(wf + R * K);
+    const float *pnext = wf + R * K;
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
         __m512 wv[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = load_w512(wf, wb, r * K + k, (__mmask16)0xFFFF);
+        for (int r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(wf + r * K + k);
         if (pf)
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) _mm_prefetch(pnext + (size_t)(r * K + k) * esize, _MM_HINT_T0);
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pnext + r * K + k), _MM_HINT_T0);
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) {
             __m512 xv = _mm512_loadu_ps(x + t * K + k);
@@ -244,10 +237,59 @@ TGT_AVX512 INLINE void tile512(const float *wf, const uint16_t *wb, const float 
         __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);
         __m512 wv[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = load_w512(wf, wb, r * K + k, mk);
+        for (int r = 0; r < R; r++) wv[r] = _mm512_maskz_loadu_ps(mk, wf + r * K + k);
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) {
             __m512 xv = _mm512_maskz_loadu_ps(mk, x + t * K + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) y[t * N + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* bf16 on AVX-512: 32 columns per step. One 64-byte load of 32 bf16 weights gives the even
+ * columns as fp32 by a shift (w << 16) and the odd columns by a mask (w & 0xffff0000), with no
+ * lane-crossing widening; the activations were stored de-interleaved the same way by
+ * nl_mv_act_prepare (per 32 columns: the 16 even, then the 16 odd; zero past K). A (row, token)
+ * pair's one accumulator takes the even half then the odd half of every 32 columns, the same
+ * order in every tile shape. Columns past K load as zero weights (masked). */
+TGT_AVX512 INLINE void tile512_bf(const uint16_t *wb, const float *xp, float *y, int64_t K, int64_t K32, int64_t N,
+                                  const int R, const int T, int pf) {
+    __m512 acc[4][MV_T512];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    const uint16_t *pnext = wb + R * K;
+    for (int64_t k = 0; k < K; k += 32) {
+        const __mmask32 mk = K - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (K - k)) - 1u);
+        __m512i raw[4];
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) raw[r] = _mm512_maskz_loadu_epi16(mk, wb + r * K + k);
+        if (pf)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pnext + r * K + k), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(raw[r], 16));
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            __m512 xv = _mm512_loadu_ps(xp + t * K32 + k);
+            __asm__("" : "+v"(xv));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = _mm512_castsi512_ps(_mm512_and_si512(raw[r], hi));
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            __m512 xv = _mm512_loadu_ps(xp + t * K32 + k + 16);
+            __asm__("" : "+v"(xv));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
         }
@@ -262,8 +304,7 @@ TGT_AVX512 INLINE void tile512(const float *wf, const uint16_t *wb, const float 
 typedef void (*tile512_fn)(const mv_args *, int64_t n, int64_t m, int pf);
 #define TILE512(R, T)                                                                                                  \
     TGT_AVX512 static void tile512_##R##x##T(const mv_args *a, int64_t n, int64_t m, int pf) {                         \
-        tile512(a->wf ? a->wf + n * a->K : NULL, a->wb ? a->wb + n * a->K : NULL, a->x + m * a->K,                     \
-                a->y + m * a->N + n, a->K, a->N, R, T, pf);                                                            \
+        tile512(a->wf + n * a->K, a->x + m * a->K, a->y + m * a->N + n, a->K, a->N, R, T, pf);                         \
     }
 TILE512(4, 1)
 TILE512(4, 2)
@@ -277,6 +318,25 @@ TILE512(1, 3)
 TILE512(1, 4)
 TILE512(1, 5)
 TILE512(1, 6)
+#define TILE512_BF(R, T)                                                                                               \
+    TGT_AVX512 static void tile512bf_##R##x##T(const mv_args *a, int64_t n, int64_t m, int pf) {                       \
+        tile512_bf(a->wb + n * a->K, a->xp + m * a->K32, a->y + m * a->N + n, a->K, a->K32, a->N, R, T, pf);           \
+    }
+TILE512_BF(4, 1)
+TILE512_BF(4, 2)
+TILE512_BF(4, 3)
+TILE512_BF(4, 4)
+TILE512_BF(4, 5)
+TILE512_BF(4, 6)
+TILE512_BF(1, 1)
+TILE512_BF(1, 2)
+TILE512_BF(1, 3)
+TILE512_BF(1, 4)
+TILE512_BF(1, 5)
+TILE512_BF(1, 6)
+static const tile512_fn tiles512bf[2][MV_T512] = {
+    {tile512bf_1x1, tile512bf_1x2, tile512bf_1x3, tile512bf_1x4, tile512bf_1x5, tile512bf_1x6},
+    {tile512bf_4x1, tile512bf_4x2, tile512bf_4x3, tile512bf_4x4, tile512bf_4x5, tile512bf_4x6}};
 static const tile512_fn tiles512[2][MV_T512] = {
     {tile512_1x1, tile512_1x2, tile512_1x3, tile512_1x4, tile512_1x5, tile512_1x6},
     {tile512_4x1, tile512_4x2, tile512_4x3, tile512_4x4, tile512_4x5, tile512_4x6}};
@@ -303,7 +363,7 @@ static void run_block512(const mv_args *a, int64_t n0, int64_t n1, int64_t m0, i
         int64_t m = m0;
         for (int64_t i = 0; i < ntile; i++) {
             int64_t T = base + (i < extra);
-            tiles512[four][T - 1](a, n, m, pf && i == 0);
+            (a->wb ? tiles512bf : tiles512)[four][T - 1](a, n, m, pf && i == 0);
             m += T;
         }
         n += four ? 4 : 1;
@@ -429,6 +489,33 @@ static void run_block(const mv_args *a, nl_mv_path path, int64_t n0, int64_t n1,
             }                                                                                                          \
     }
 
+/* One row against one token (decode): four accumulators over k, so four dpbusd chains overlap;
+ * the int32 sums are exact, so their order changes nothing. Row after row, the weights are one
+ * sequential stream. */
+TGT_VNNI static void q8_vnni_row(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    const int64_t kp = l->k_pad;
+    const int8_t *w = l->w + n * kp;
+    const uint8_t *x = a->qu + m * kp;
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t k = 0;
+    for (; k + 256 <= kp; k += 256) {
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(x + k)),
+                                 _mm512_loadu_si512((const void *)(w + k)));
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512((const void *)(x + k + 64)),
+                                 _mm512_loadu_si512((const void *)(w + k + 64)));
+        s2 = _mm512_dpbusd_epi32(s2, _mm512_loadu_si512((const void *)(x + k + 128)),
+                                 _mm512_loadu_si512((const void *)(w + k + 128)));
+        s3 = _mm512_dpbusd_epi32(s3, _mm512_loadu_si512((const void *)(x + k + 192)),
+                                 _mm512_loadu_si512((const void *)(w + k + 192)));
+    }
+    for (; k < kp; k += 64)
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512((const void *)(x + k)),
+                                 _mm512_loadu_si512((const void *)(w + k)));
+    s0 = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
+    int32_t s = _mm512_reduce_add_epi32(s0) - 128 * l->w_sum[n];
+    y[m * l->out_features + n] = (float)s * (a->scale[m] * l->w_scale[n]);
+}
+
 VNNI_TILE(q8_vnni_4x4, 4, 4)
 VNNI_TILE(q8_vnni_4x1, 4, 1)
 VNNI_TILE(q8_vnni_1x4, 1, 4)
@@ -451,6 +538,11 @@ static void run_block_int8(const nl_qlinear *l, const nl_mv_act *a, float *y, in
         return;
     }
     int64_t n = n0;
+    if (m1 - m0 < MV_TB) { /* decode: row after row (one sequential stream of the codes) */
+        for (; n < n1; n++)
+            for (int64_t m = m0; m < m1; m++) q8_vnni_row(l, a, y, n, m);
+        return;
+    }
     for (; n + MV_RB <= n1; n += MV_RB) {
         int64_t m = m0;
         for (; m + MV_TB <= m1; m += MV_TB) q8_vnni_4x4(l, a, y, n, m);
@@ -465,6 +557,29 @@ static void run_block_int8(const nl_qlinear *l, const nl_mv_act *a, float *y, in
 
 /* ---- activations and the two drivers ---------------------------------------------------------- */
 
+/* a->xp (M, k32): per 32 columns of each token, its 16 even columns then its 16 odd ones, zero
+ * past K (the order tile512_bf multiplies in). */
+static nl_status deinterleave(nl_mv_act *a, const float *x, int64_t M, int64_t K) {
+    a->k32 = (K + 31) & ~(int64_t)31;
+    size_t n = (size_t)M * (size_t)a->k32;
+    if (n > a->cap_xp) {
+        nl_free(a->xp);
+        a->xp = nl_malloc(n * sizeof(float), "matvec bf16 activations");
+        a->cap_xp = a->xp ? n : 0;
+        if (!a->xp) return NL_ERR_NOMEM;
+    }
+    for (int64_t m = 0; m < M; m++) {
+        const float *xm = x + m * K;
+        float *d = a->xp + m * a->k32;
+        for (int64_t c = 0; c < a->k32; c += 32)
+            for (int64_t j = 0; j < 16; j++) {
+                d[c + j] = c + 2 * j < K ? xm[c + 2 * j] : 0.0f;
+                d[c + 16 + j] = c + 2 * j + 1 < K ? xm[c + 2 * j + 1] : 0.0f;
+            }
+    }
+    return NL_OK;
+}
+
 nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x, int64_t M) {
     if (M < 1) return nl_fail(NL_ERR_INVALID, "matvec: M must be positive, got %lld", (long long)M);
     if (wt->fmt != NL_WFMT_FP32 && wt->fmt != NL_WFMT_BF16 && wt->fmt != NL_WFMT_INT8)
@@ -473,6 +588,7 @@ nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x
     a->M = M;
     a->K = wt->cols;
     a->kp = wt->cols;
+    if (wt->fmt == NL_WFMT_BF16 && wt->path == NL_MV_AVX512) return deinterleave(a, x, M, wt->cols);
     if (wt->fmt != NL_WFMT_INT8) return NL_OK;
     const nl_qlinear *l = &wt->q8;
     a->kp = l->k_pad;
@@ -499,6 +615,7 @@ void nl_mv_act_free(nl_mv_act *a) {
     nl_free(a->q);
     nl_free(a->qu);
     nl_free(a->scale);
+    nl_free(a->xp);
     memset(a, 0, sizeof *a);
 }
 
@@ -510,9 +627,11 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
                  .y = y,
                  .wf = wt->fmt == NL_WFMT_FP32 ? wt->f32 : NULL,
                  .wb = wt->fmt == NL_WFMT_BF16 ? wt->bf16 : NULL,
+                 .xp = act->xp,
                  .M = M,
                  .N = wt->rows,
-                 .K = wt->cols};
+                 .K = wt->cols,
+                 .K32 = act->k32};
     for (int64_t nb = n0; nb < n1; nb += MV_RANGE_ROWS) {
         int64_t ne = n1 - nb < MV_RANGE_ROWS ? n1 : nb + MV_RANGE_ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
@@ -525,19 +644,20 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
     }
 }
 
-nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads) {
-    nl_mv_act act;
-    memset(&act, 0, sizeof act);
-    nl_status rc = nl_mv_act_prepare(&act, wt, x, M);
-    if (rc) {
-        nl_mv_act_free(&act);
-        return rc;
-    }
+nl_status nl_mv_forward_act(const nl_mv_weight *wt, nl_mv_act *act, const float *x, int64_t M, float *y, int threads) {
+    NL_TRY(nl_mv_act_prepare(act, wt, x, M));
     const int64_t N = wt->rows, nblocks = (N + MV_ROWS - 1) / MV_ROWS;
     int nt = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t b = 0; b < nblocks; b++)
-        nl_mv_forward_range(wt, &act, y, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N);
-    nl_mv_act_free(&act);
+        nl_mv_forward_range(wt, act, y, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N);
     return NL_OK;
+}
+
+nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads) {
+    nl_mv_act act;
+    memset(&act, 0, sizeof act);
+    nl_status rc = nl_mv_forward_act(wt, &act, x, M, y, threads);
+    nl_mv_act_free(&act);
+    return rc;
 }

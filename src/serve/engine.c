@@ -50,6 +50,7 @@ struct nl_engine {
     nl_wfmt wfmt;
     int64_t weight_macs; /* multiply-adds of the linears per token */
     nl_mv_weight *w;     /* (L, 4): qkv, o, gate_up, down; then the classifier at [4L] */
+    nl_mv_act act;       /* the linears' prepared inputs, reused step after step */
     size_t weight_bytes;
     nl_kvcache kv;
     /* step buffers, sized for max_step_tokens rows */
@@ -307,6 +308,7 @@ void nl_engine_close(nl_engine *e) {
     if (e->w)
         for (int64_t i = 0; e->m && i <= 4 * e->m->L; i++) nl_mv_weight_free(&e->w[i]);
     nl_free(e->w);
+    nl_mv_act_free(&e->act);
     nl_kvcache_free(&e->kv);
     nl_free(e->x);
     nl_free(e->row_tok);
@@ -614,16 +616,15 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
         const nl_layer_weights *lw = &m->w.layers[l];
         nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_att, n, C, eps);
         prof_mark(e, &t, PH_NORM);
-        NL_TRY(nl_mv_forward(&e->w[4 * l + 0], e->xb, n, e->qkv, nt));
+        NL_TRY(nl_mv_forward_act(&e->w[4 * l + 0], &e->act, e->xb, n, e->qkv, nt));
         if (lw->bqkv) nl_add_bias(e->qkv, lw->bqkv, n, QKV); /* Qwen2's q/k/v biases */
         prof_mark(e, &t, PH_QKV);
-        /* one region for all rows: nl_rope_apply opens a parallel region of its own, which
-         * inside this one runs on the calling thread (before, a step opened n regions per layer) */
-#pragma omp parallel for schedule(static) num_threads(nt > 0 ? nt : omp_get_max_threads())
+        /* RoPE on the rotated heads and the KV store of each row: a few hundred ns per row, so
+         * a step of a few rows runs it on this thread rather than waking the team */
+#pragma omp parallel for schedule(static) num_threads(nt > 0 ? nt : omp_get_max_threads()) if (n >= 8)
         for (int64_t i = 0; i < n; i++) {
             float *q = e->qkv + i * QKV;
-            nl_rope_apply(q, m->rope_cos + e->row_pos[i] * half, m->rope_sin + e->row_pos[i] * half, 1, 1, NH + KVH, hd,
-                          QKV, 0);
+            nl_rope_row(q, m->rope_cos + e->row_pos[i] * half, m->rope_sin + e->row_pos[i] * half, NH + KVH, hd, 0);
             nl_kvcache_store(&e->kv, e->row_req[i]->table, l, e->row_pos[i], q + NH * hd, q + (NH + KVH) * hd);
         }
         prof_mark(e, &t, PH_ROPE_KV);
@@ -639,17 +640,17 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
             }
         }
         prof_mark(e, &t, PH_ATTN);
-        NL_TRY(nl_mv_forward(&e->w[4 * l + 1], e->atty, n, e->xb, nt));
+        NL_TRY(nl_mv_forward_act(&e->w[4 * l + 1], &e->act, e->atty, n, e->xb, nt));
         prof_mark(e, &t, PH_O);
         for (int64_t i = 0; i < n * C; i++) e->x[i] += e->xb[i];
         prof_mark(e, &t, PH_RESID);
         nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_ffn, n, C, eps);
         prof_mark(e, &t, PH_NORM);
-        NL_TRY(nl_mv_forward(&e->w[4 * l + 2], e->xb, n, e->h13, nt));
+        NL_TRY(nl_mv_forward_act(&e->w[4 * l + 2], &e->act, e->xb, n, e->h13, nt));
         prof_mark(e, &t, PH_GATE_UP);
         nl_swiglu_forward(e->hact, e->h13, n, H);
         prof_mark(e, &t, PH_SWIGLU);
-        NL_TRY(nl_mv_forward(&e->w[4 * l + 3], e->hact, n, e->xb, nt));
+        NL_TRY(nl_mv_forward_act(&e->w[4 * l + 3], &e->act, e->hact, n, e->xb, nt));
         prof_mark(e, &t, PH_DOWN);
         for (int64_t i = 0; i < n * C; i++) e->x[i] += e->xb[i];
         prof_mark(e, &t, PH_RESID);
@@ -658,7 +659,7 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
     for (int64_t j = 0; j < n_out; j++)
         nl_rmsnorm_forward(e->xb + j * C, e->rstd + j, e->x + e->out_rows[j] * C, m->w.rms_final, 1, C, eps);
     prof_mark(e, &t, PH_NORM);
-    if (n_out) NL_TRY(nl_mv_forward(&e->w[4 * m->L], e->xb, n_out, e->logits, nt));
+    if (n_out) NL_TRY(nl_mv_forward_act(&e->w[4 * m->L], &e->act, e->xb, n_out, e->logits, nt));
     prof_mark(e, &t, PH_CLS);
     return NL_OK;
 }

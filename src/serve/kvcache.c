@@ -91,31 +91,122 @@ void nl_kvcache_store(nl_kvcache *c, const int32_t *table, int64_t l, int64_t po
 /* 16 floats as one value (GCC/Clang vector extension): the compiler emits AVX-512, two AVX2 or
  * four SSE operations. Element-wise + and * are the scalar operations lane by lane. GCC in ISO C
  * mode does not contract a multiply and an add into one fused operation, in these or in the
- * scalar loops whose bits they must equal; Clang contracts both alike. */
+ * scalar loops whose bits they must equal; Clang contracts both alike. Values of this type go
+ * through pointers between functions (no 64-byte vector arguments or results, which change ABI
+ * with the target). */
 typedef float v16 __attribute__((vector_size(64)));
+
+typedef int8_t c16 __attribute__((vector_size(16)));
 static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
 
+/* Walks the positions of a sequence in order without a division per position: the row of
+ * position t is block table[t / bs], slot t % bs. */
+typedef struct kv_walk {
+    const nl_kvcache *c;
+    const int32_t *table;
+    int64_t l, kv, blk, slot;
+} kv_walk;
+
+static inline void walk_start(kv_walk *w, const nl_kvcache *c, const int32_t *table, int64_t l, int kv, int64_t t) {
+    w->c = c, w->table = table, w->l = l, w->kv = kv;
+    w->blk = t / c->block_size, w->slot = t % c->block_size;
+}
+static inline void walk_next(kv_walk *w) {
+    if (++w->slot == w->c->block_size) w->slot = 0, w->blk++;
+}
+static inline const float *walk_f32(const kv_walk *w) {
+    return nl_kvcache_f32_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot);
+}
+static inline const int8_t *walk_codes(const kv_walk *w) {
+    return nl_kvcache_codes_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot);
+}
+static inline float walk_scale(const kv_walk *w, int64_t kh) {
+    return nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot)[kh]);
+}
+
+/* Dimensions i0 .. i0 + lanes - 1 (lanes <= 16) of a K or V row as 16 floats, zero past lanes
+ * (int8 codes widened). */
+static inline void row16_f32(v16 *out, const float *r, int64_t lanes) {
+    if (lanes == 16) {
+        load16(out, r);
+        return;
+    }
+    float f[16] = {0};
+    memcpy(f, r, (size_t)lanes * sizeof(float));
+    load16(out, f);
+}
+static inline void row16_i8(v16 *out, const int8_t *r, int64_t lanes) {
+    c16 b = {0};
+    memcpy(&b, r, (size_t)lanes);
+    *out = __builtin_convertvector(b, v16);
+}
+
+/* In-place transpose of a 16 x 16 tile (m[r] lane c <- m[c] lane r): four rounds, round d
+ * (1, 2, 4, 8) swapping that bit of the row index with the same bit of the column index by
+ * two-input shuffles (vpermt2ps on AVX-512). Data movement only: no bits change. */
+#define T16_LO1(d, c) (((c) & (d)) ? 16 + ((c) ^ (d)) : (c))
+#define T16_HI1(d, c) (((c) & (d)) ? 16 + (c) : ((c) ^ (d)))
+#define T16_IDX(F, d)                                                                                                  \
+    F(d, 0), F(d, 1), F(d, 2), F(d, 3), F(d, 4), F(d, 5), F(d, 6), F(d, 7), F(d, 8), F(d, 9), F(d, 10), F(d, 11),      \
+        F(d, 12), F(d, 13), F(d, 14), F(d, 15)
+#define T16_ROUND(m, d)                                                                                                \
+    for (int r = 0; r < 16; r++)                                                                                       \
+        if (!(r & (d))) {                                                                                              \
+            v16 a = m[r], b = m[r | (d)];                                                                              \
+            m[r] = __builtin_shufflevector(a, b, T16_IDX(T16_LO1, d));                                                 \
+            m[r | (d)] = __builtin_shufflevector(a, b, T16_IDX(T16_HI1, d));                                           \
+        }
+static void transpose16(v16 m[16]) {
+    T16_ROUND(m, 1)
+    T16_ROUND(m, 2)
+    T16_ROUND(m, 4)
+    T16_ROUND(m, 8)
+}
+
+/* Row t of kv head kh, dimensions i0 .. i0 + lanes - 1, as 16 floats (zero past lanes), and for
+ * an int8 pool its fp16 scale in *scale. */
+static inline void walk_value16(v16 *out, const kv_walk *w, int64_t kh, int64_t i0, int64_t lanes, float *scale) {
+    const int64_t hd = w->c->hd;
+    if (w->c->dtype == NL_KV_INT8) {
+        row16_i8(out, walk_codes(w) + kh * hd + i0, lanes);
+        *scale = walk_scale(w, kh);
+    } else
+        row16_f32(out, walk_f32(w) + kh * hd + i0, lanes);
+}
+
 /* Keys of one 16-position tile, transposed: kt[i * 16 + j] = k[t0 + j][i] (int8 codes widened;
- * the fp16 scales of an int8 pool in ks[j]). Positions past `last` are zero. */
+ * the fp16 scales of an int8 pool in ks[j]). Positions past `last` are zero. Each 16 x 16 block
+ * (16 positions x 16 dimensions) is loaded as 16 vectors and transposed in registers. */
 static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
                      float *kt, float *ks) {
-    const int64_t hd = c->hd, bs = c->block_size;
-    for (int j = 0; j < NL_KV_KTILE; j++) {
-        int64_t t = t0 + j;
-        if (t > last) {
-            for (int64_t i = 0; i < hd; i++) kt[i * NL_KV_KTILE + j] = 0.0f;
-            ks[j] = 0.0f;
-            continue;
+    const int64_t hd = c->hd;
+    const int int8 = c->dtype == NL_KV_INT8;
+    const float *rf[NL_KV_KTILE];
+    const int8_t *rc[NL_KV_KTILE];
+    int n = 0;
+    kv_walk w;
+    walk_start(&w, c, table, l, 0, t0);
+    for (; n < NL_KV_KTILE && t0 + n <= last; n++, walk_next(&w)) {
+        if (int8) {
+            rc[n] = walk_codes(&w) + kh * hd;
+            ks[n] = walk_scale(&w, kh);
+        } else
+            rf[n] = walk_f32(&w) + kh * hd;
+    }
+    for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
+    for (int64_t i0 = 0; i0 < hd; i0 += NL_KV_KTILE) {
+        const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
+        v16 m[NL_KV_KTILE];
+        for (int j = 0; j < NL_KV_KTILE; j++) {
+            if (j >= n)
+                m[j] = (v16){0};
+            else if (int8)
+                row16_i8(&m[j], rc[j] + i0, lanes);
+            else
+                row16_f32(&m[j], rf[j] + i0, lanes);
         }
-        int32_t id = table[t / bs];
-        if (c->dtype == NL_KV_INT8) {
-            const int8_t *k = nl_kvcache_codes_row(c, id, l, 0, t % bs) + kh * hd;
-            for (int64_t i = 0; i < hd; i++) kt[i * NL_KV_KTILE + j] = (float)k[i];
-            ks[j] = nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(c, id, l, 0, t % bs)[kh]);
-        } else {
-            const float *k = nl_kvcache_f32_row(c, id, l, 0, t % bs) + kh * hd;
-            for (int64_t i = 0; i < hd; i++) kt[i * NL_KV_KTILE + j] = k[i];
-        }
+        transpose16(m);
+        for (int64_t i = 0; i < lanes; i++) memcpy(kt + (i0 + i) * NL_KV_KTILE, &m[i], sizeof m[i]);
     }
 }
 
@@ -134,32 +225,6 @@ static void tile_scores(const float *q, const float *kt, const float *ks, int64_
     for (int j = 0; j < NL_KV_KTILE; j++) a[j] = int8 ? out[j] * ks[j] * scale : out[j] * scale;
 }
 
-/* tile_scores for one query reading the keys where they lie (the same sums in the same order). */
-static void direct_scores(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
-                          const float *q, float scale, float *a) {
-    const int64_t hd = c->hd, bs = c->block_size;
-    const int64_t n = last - t0 + 1 < NL_KV_KTILE ? last - t0 + 1 : NL_KV_KTILE;
-    float sc[NL_KV_KTILE] = {0};
-    if (c->dtype == NL_KV_INT8) {
-        for (int64_t j = 0; j < n; j++) {
-            int32_t id = table[(t0 + j) / bs];
-            const int8_t *k = nl_kvcache_codes_row(c, id, l, 0, (t0 + j) % bs) + kh * hd;
-            for (int64_t i = 0; i < hd; i++) sc[j] += q[i] * (float)k[i];
-            a[j] = sc[j] * nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(c, id, l, 0, (t0 + j) % bs)[kh]) * scale;
-        }
-        return;
-    }
-    const float *k[NL_KV_KTILE];
-    for (int64_t j = 0; j < n; j++) k[j] = nl_kvcache_f32_row(c, table[(t0 + j) / bs], l, 0, (t0 + j) % bs) + kh * hd;
-    if (n == NL_KV_KTILE) /* 16 independent sums, each over i in order */
-        for (int64_t i = 0; i < hd; i++)
-            for (int j = 0; j < NL_KV_KTILE; j++) sc[j] += q[i] * k[j][i];
-    else
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t i = 0; i < hd; i++) sc[j] += q[i] * k[j][i];
-    for (int64_t j = 0; j < n; j++) a[j] = sc[j] * scale;
-}
-
 /* Softmax of one score row in place: a[t] = exp(a[t] - max) / sum, the sum in position order.
  * The exps are nl_vexpf's (vectorized; the same function as nl_model_step's attention). */
 static void softmax_row(float *a, int64_t n) {
@@ -175,70 +240,92 @@ static void softmax_row(float *a, int64_t n) {
 #define PV_ROWS  4
 #define PV_LANES 16
 
-/* Dimensions i0 .. i0 + lanes - 1 (lanes <= PV_LANES) of the outputs of nr <= PV_ROWS tokens at
- * positions pos, pos + 1, ...: token k's output is the sum over positions 0 .. pos + k, in order,
- * of p[k * row + t] * v[t] (p times the value's fp16 scale for an int8 pool), started from 0. */
-/* Value row t's dimensions i0 .. i0 + lanes - 1 as 16 floats (zero past lanes), and its fp16
- * scale in *scale for an int8 pool. */
-static inline void value16(v16 *out, const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t,
-                           int64_t i0, int64_t lanes, float *scale) {
-    const int64_t hd = c->hd, bs = c->block_size;
-    int32_t id = table[t / bs];
-    float vf[PV_LANES] = {0};
-    if (c->dtype == NL_KV_INT8) {
-        const int8_t *vc = nl_kvcache_codes_row(c, id, l, 1, t % bs) + kh * hd + i0;
-        for (int64_t j = 0; j < lanes; j++) vf[j] = (float)vc[j];
-        *scale = nl_fmt_decode(NL_FMT_FP16, nl_kvcache_scales_row(c, id, l, 1, t % bs)[kh]);
-        load16(out, vf);
-        return;
+/* One token's output (hd) at position pos: out[i] = sum over positions 0 .. pos, in order, of
+ * p[t] * v[t][i] (p times the value's fp16 scale for an int8 pool), started from 0. 64
+ * dimensions at a time in four register accumulators, so each value row is read once per 64
+ * dimensions and the four chains overlap. */
+static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, const float *p,
+                      float *out) {
+    const int64_t hd = c->hd;
+    const int int8 = c->dtype == NL_KV_INT8;
+    for (int64_t g = 0; g < hd; g += 4 * PV_LANES) {
+        int64_t lanes[4];
+        for (int k = 0; k < 4; k++) {
+            int64_t left = hd - g - k * PV_LANES;
+            lanes[k] = left < 0 ? 0 : left < PV_LANES ? left : PV_LANES;
+        }
+        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        kv_walk w;
+        walk_start(&w, c, table, l, 1, 0);
+        if (!int8 && lanes[3] == PV_LANES) {
+            for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+                const float *v = walk_f32(&w) + kh * hd + g, pt = p[t];
+                v16 x0, x1, x2, x3;
+                load16(&x0, v);
+                load16(&x1, v + PV_LANES);
+                load16(&x2, v + 2 * PV_LANES);
+                load16(&x3, v + 3 * PV_LANES);
+                a0 += pt * x0;
+                a1 += pt * x1;
+                a2 += pt * x2;
+                a3 += pt * x3;
+            }
+        } else {
+            for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+                v16 x[4];
+                float scale = 1.0f;
+                for (int k = 0; k < 4; k++) walk_value16(&x[k], &w, kh, g + k * PV_LANES, lanes[k], &scale);
+                const float pt = int8 ? p[t] * scale : p[t];
+                a0 += pt * x[0];
+                a1 += pt * x[1];
+                a2 += pt * x[2];
+                a3 += pt * x[3];
+            }
+        }
+        float o[4 * PV_LANES];
+        memcpy(o, &a0, sizeof a0);
+        memcpy(o + PV_LANES, &a1, sizeof a1);
+        memcpy(o + 2 * PV_LANES, &a2, sizeof a2);
+        memcpy(o + 3 * PV_LANES, &a3, sizeof a3);
+        for (int k = 0; k < 4; k++) memcpy(out + g + k * PV_LANES, o + k * PV_LANES, (size_t)lanes[k] * sizeof(float));
     }
-    const float *v = nl_kvcache_f32_row(c, id, l, 1, t % bs) + kh * hd + i0;
-    if (lanes == PV_LANES) {
-        load16(out, v);
-        return;
-    }
-    for (int64_t j = 0; j < lanes; j++) vf[j] = v[j];
-    load16(out, vf);
 }
 
+/* Dimensions i0 .. i0 + lanes - 1 (lanes <= PV_LANES) of the outputs of 2 <= nr <= PV_ROWS tokens
+ * at positions pos, pos + 1, ...: token k's output is the sum over positions 0 .. pos + k, in
+ * order, of p[k * row + t] * v[t] (p times the value's fp16 scale for an int8 pool), started
+ * from 0: the same sums as pv_decode's. */
 static void pv_block(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, int nr, int64_t i0,
                      int64_t lanes, const float *p, int64_t row, float *out, int64_t out_stride) {
     const int int8 = c->dtype == NL_KV_INT8;
-    v16 acc[PV_ROWS] = {{0}};
+    v16 acc[PV_ROWS];
     float scale = 1.0f;
-    if (nr == 1) { /* a decode: one accumulator */
-        v16 a0 = {0};
-        for (int64_t t = 0; t <= pos; t++) {
-            v16 v;
-            value16(&v, c, table, l, kh, t, i0, lanes, &scale);
-            a0 += (int8 ? p[t] * scale : p[t]) * v;
+    /* positions 0 .. pos, which all nr tokens see: four accumulators in registers (the rows
+     * past nr read row 0's weights and are dropped) */
+    const float *p0 = p, *p1 = p + row, *p2 = p + (nr > 2 ? 2 : 0) * row, *p3 = p + (nr > 3 ? 3 : 0) * row;
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    kv_walk w;
+    walk_start(&w, c, table, l, 1, 0);
+    for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+        v16 v;
+        walk_value16(&v, &w, kh, i0, lanes, &scale);
+        if (int8) {
+            a0 += (p0[t] * scale) * v;
+            a1 += (p1[t] * scale) * v;
+            a2 += (p2[t] * scale) * v;
+            a3 += (p3[t] * scale) * v;
+        } else {
+            a0 += p0[t] * v;
+            a1 += p1[t] * v;
+            a2 += p2[t] * v;
+            a3 += p3[t] * v;
         }
-        acc[0] = a0;
-    } else { /* positions 0 .. pos, which all nr tokens see: four accumulators in registers (the
-              * rows past nr read row 0's weights and are dropped) */
-        const float *p0 = p, *p1 = p + row, *p2 = p + (nr > 2 ? 2 : 0) * row, *p3 = p + (nr > 3 ? 3 : 0) * row;
-        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        for (int64_t t = 0; t <= pos; t++) {
-            v16 v;
-            value16(&v, c, table, l, kh, t, i0, lanes, &scale);
-            if (int8) {
-                a0 += (p0[t] * scale) * v;
-                a1 += (p1[t] * scale) * v;
-                a2 += (p2[t] * scale) * v;
-                a3 += (p3[t] * scale) * v;
-            } else {
-                a0 += p0[t] * v;
-                a1 += p1[t] * v;
-                a2 += p2[t] * v;
-                a3 += p3[t] * v;
-            }
-        }
-        acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
-        for (int64_t t = pos + 1; t < pos + nr; t++) { /* the chunk's own positions: token k sees pos + k */
-            v16 v;
-            value16(&v, c, table, l, kh, t, i0, lanes, &scale);
-            for (int k = (int)(t - pos); k < nr; k++) acc[k] += (int8 ? p[k * row + t] * scale : p[k * row + t]) * v;
-        }
+    }
+    acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+    for (int64_t t = pos + 1; t < pos + nr; t++, walk_next(&w)) { /* the chunk's own positions: token k sees pos + k */
+        v16 v;
+        walk_value16(&v, &w, kh, i0, lanes, &scale);
+        for (int k = (int)(t - pos); k < nr; k++) acc[k] += (int8 ? p[k * row + t] * scale : p[k * row + t]) * v;
     }
     for (int k = 0; k < nr; k++) {
         float o[PV_LANES];
@@ -262,22 +349,27 @@ void nl_kvcache_attend_rows(const nl_kvcache *c, const int32_t *table, int64_t l
     float *kt = scratch + nq * row, ks[NL_KV_KTILE];
     /* scores: row r of the tile (position pos0 + r) needs positions 0..pos0 + r */
     for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE) {
-        if (nq == 1) { /* one query: the keys are read once anyway, so no transposed copy */
-            direct_scores(c, table, l, kh, t0, last, q + h * hd, scale, scratch + t0);
-            continue;
-        }
         key_tile(c, table, l, kh, t0, last, kt, ks);
         for (int64_t r = t0 > pos0 ? t0 - pos0 : 0; r < nq; r++)
             tile_scores(q + r * q_stride + h * hd, kt, ks, hd, scale, int8, scratch + r * row + t0);
     }
     for (int64_t r = 0; r < nq; r++) softmax_row(scratch + r * row, pos0 + r + 1);
+    if (nq == 1) {
+        pv_decode(c, table, l, kh, pos0, scratch, out);
+        return;
+    }
     /* weighted sum: 4 tokens and 16 dimensions at a time, in registers, each value row read once
-     * for the 4 tokens */
-    for (int64_t r0 = 0; r0 < nq; r0 += PV_ROWS)
+     * for the 4 tokens (a last group of one token runs pv_decode's sums) */
+    for (int64_t r0 = 0; r0 < nq; r0 += PV_ROWS) {
+        const int nr = nq - r0 < PV_ROWS ? (int)(nq - r0) : PV_ROWS;
+        if (nr == 1) {
+            pv_decode(c, table, l, kh, pos0 + r0, scratch + r0 * row, out + r0 * out_stride);
+            continue;
+        }
         for (int64_t i0 = 0; i0 < hd; i0 += PV_LANES)
-            pv_block(c, table, l, kh, pos0 + r0, nq - r0 < PV_ROWS ? (int)(nq - r0) : PV_ROWS, i0,
-                     hd - i0 < PV_LANES ? hd - i0 : PV_LANES, scratch + r0 * row, row, out + r0 * out_stride + i0,
-                     out_stride);
+            pv_block(c, table, l, kh, pos0 + r0, nr, i0, hd - i0 < PV_LANES ? hd - i0 : PV_LANES, scratch + r0 * row,
+                     row, out + r0 * out_stride + i0, out_stride);
+    }
 }
 
 void nl_kvcache_attend_head(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos, const float *q,
