@@ -113,6 +113,7 @@ static double time_calls(timed_fn fn, void *ctx, const nl_machine_opts *o) {
 
 typedef struct lin_ctx {
     nl_mv_weight *w; /* (L, 4) */
+    nl_mv_act *act;  /* the prepared inputs, reused from call to call as the engine reuses them */
     int64_t n_w, m;
     float *x, *y;
     int threads;
@@ -120,7 +121,7 @@ typedef struct lin_ctx {
 
 static void run_linears(void *p) {
     lin_ctx *c = p;
-    for (int64_t i = 0; i < c->n_w; i++) nl_mv_forward(&c->w[i], c->x, c->m, c->y, c->threads);
+    for (int64_t i = 0; i < c->n_w; i++) (void)nl_mv_forward_act(&c->w[i], c->act, c->x, c->m, c->y, c->threads);
 }
 
 static nl_status measure_gemm(const nl_arch *a, const nl_machine_opts *o, int threads, nl_cpu_rates *r) {
@@ -151,10 +152,13 @@ static nl_status measure_gemm(const nl_arch *a, const nl_machine_opts *o, int th
                 rc = nl_mv_weight_init(&w[4 * l + j], (nl_wfmt)f, p, shp[j][0], shp[j][1], 0);
                 p += shp[j][0] * shp[j][1];
             }
+        nl_mv_act act;
+        memset(&act, 0, sizeof act);
         for (int i = 0; !rc && i < NL_CPU_NM; i++) {
-            lin_ctx c = {w, 4 * L, nl_cpu_m[i], x, y, threads};
+            lin_ctx c = {w, &act, 4 * L, nl_cpu_m[i], x, y, threads};
             r->gemm[f][i] = flops_per_row * (double)nl_cpu_m[i] / time_calls(run_linears, &c, o);
         }
+        nl_mv_act_free(&act);
         for (int64_t k = 0; k < 4 * L; k++) nl_mv_weight_free(&w[k]);
         memset(w, 0, (size_t)(4 * L) * sizeof *w);
     }
@@ -266,11 +270,12 @@ static void dec_step(dec_ctx *c, const nl_machine_opts *o, double *rope_s, doubl
     for (int64_t l = 0; l < c->L; l++) {
         read_weights(c, c->weight_floats * (size_t)l / (size_t)c->L, c->weight_floats * (size_t)(l + 1) / (size_t)c->L);
         double t0 = nl_machine_clock_s(o);
-#pragma omp parallel for schedule(static) num_threads(nt)
+        /* engine.c runs fewer than 8 rows on the calling thread */
+#pragma omp parallel for schedule(static) num_threads(nt) if (c->D >= 8)
         for (int64_t i = 0; i < c->D; i++) {
             float *q = c->qkv + i * QKV;
             int64_t seq = c->chunk ? 0 : i, pos = c->chunk ? c->pos + i : c->pos;
-            nl_rope_apply(q, m->rope_cos + pos * half, m->rope_sin + pos * half, 1, 1, NH + KVH, hd, QKV, 0);
+            nl_rope_row(q, m->rope_cos + pos * half, m->rope_sin + pos * half, NH + KVH, hd, 0);
             nl_kvcache_store(&c->kv, c->table + seq * c->nb, l, pos, q + NH * hd, q + (NH + KVH) * hd);
         }
         double t1 = nl_machine_clock_s(o);
