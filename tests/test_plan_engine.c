@@ -134,10 +134,11 @@ static void predict(const nl_arch *a, double *pred) {
                   "KV store %.2f / %.2f / %.2f us, chunk attention %.2f GFLOP/s, %.2f us per token-layer, "
                   "overheads %.1f us/step %.1f us/layer\n",
                   r.read_bw_nt / 1e9, r.gemm[0][0] / 1e9, r.gemm[0][1] / 1e9, r.gemm[0][2] / 1e9, r.gemm[0][4] / 1e9,
-                  1e6 * (r.attn_row_s[0] + 96 * r.attn_pos_s[0]), 1e6 * (r.attn_row_s[1] + 96 * r.attn_pos_s[1]),
-                  1e6 * (r.attn_row_s[2] + 96 * r.attn_pos_s[2]), r.rope_kv_s[0] * 1e6, r.rope_kv_s[1] * 1e6,
-                  r.rope_kv_s[2] * 1e6, r.attn_flops_chunk / 1e9, r.row_layer_s * 1e6, r.step_overhead_s * 1e6,
-                  r.layer_overhead_s * 1e6);
+                  1e6 * (r.attn_row_s[0][0] + 96 * r.attn_pos_s[0][0]),
+                  1e6 * (r.attn_row_s[0][1] + 96 * r.attn_pos_s[0][1]),
+                  1e6 * (r.attn_row_s[0][2] + 96 * r.attn_pos_s[0][2]), r.rope_kv_s[0][0] * 1e6,
+                  r.rope_kv_s[0][1] * 1e6, r.rope_kv_s[0][2] * 1e6, r.attn_flops_chunk / 1e9, r.row_layer_s * 1e6,
+                  r.step_overhead_s * 1e6, r.layer_overhead_s * 1e6);
     nl_engine_plan_req q;
     nl_engine_plan_req_default(&q);
     q.arch = *a;
@@ -172,7 +173,8 @@ static void predicted_vs_measured(void **state) {
     g_mo.bw_bytes = (size_t)64 << 20;
     g_mo.min_time_s = 0.01;
     g_mo.repeats = 3;
-    g_mo.formats = 1; /* fp32 */
+    g_mo.formats = 1;    /* fp32 weights */
+    g_mo.kv_formats = 1; /* fp32 KV */
     nl_model m;
     assert_int_equal(nl_model_init(&m, &a), NL_OK);
     nl_model_init_random(&m, 11);
@@ -233,11 +235,12 @@ static void rates_round_trip(void **state) {
     for (int f = 0; f < 3; f++)
         for (int i = 0; i < NL_CPU_NM; i++) r.gemm[f][i] = 1e9 * (f + 1) * (i + 1);
     r.attn_flops_chunk = 4e9;
-    for (int i = 0; i < NL_CPU_NB; i++) { /* quotients: the doubles nearest the decimals cJSON prints */
-        r.attn_row_s[i] = (i + 1) / 1e7;
-        r.attn_pos_s[i] = (i + 2) / 1e9;
-        r.rope_kv_s[i] = (i + 3) / 1e6;
-    }
+    for (int kv = 0; kv < 2; kv++)
+        for (int i = 0; i < NL_CPU_NB; i++) { /* quotients: the doubles nearest the decimals cJSON prints */
+            r.attn_row_s[kv][i] = (i + 1 + 10 * kv) / 1e7;
+            r.attn_pos_s[kv][i] = (i + 2 + 10 * kv) / 1e9;
+            r.rope_kv_s[kv][i] = (i + 3 + 10 * kv) / 1e6;
+        }
     r.rope_kv_chunk_s = 1.5e-6;
     r.row_layer_s = 2e-6;
     r.step_overhead_s = 5e-5;
@@ -257,9 +260,10 @@ static void rates_round_trip(void **state) {
     assert_int_equal(back.threads, 2);
     assert_true(back.read_bw_nt == r.read_bw_nt && back.attn_flops_chunk == r.attn_flops_chunk &&
                 back.step_overhead_s == r.step_overhead_s && back.rope_kv_chunk_s == r.rope_kv_chunk_s);
-    for (int i = 0; i < NL_CPU_NB; i++)
-        assert_true(back.attn_row_s[i] == r.attn_row_s[i] && back.attn_pos_s[i] == r.attn_pos_s[i] &&
-                    back.rope_kv_s[i] == r.rope_kv_s[i]);
+    for (int kv = 0; kv < 2; kv++)
+        for (int i = 0; i < NL_CPU_NB; i++)
+            assert_true(back.attn_row_s[kv][i] == r.attn_row_s[kv][i] &&
+                        back.attn_pos_s[kv][i] == r.attn_pos_s[kv][i] && back.rope_kv_s[kv][i] == r.rope_kv_s[kv][i]);
     for (int fm = 0; fm < 3; fm++)
         for (int i = 0; i < NL_CPU_NM; i++) assert_true(back.gemm[fm][i] == r.gemm[fm][i]);
     /* the catalog reads the same entry (its cpu_ fields are left to plan_engine) */
@@ -293,6 +297,16 @@ static void rates_round_trip(void **state) {
     assert_non_null(strstr(nl_last_error(), "cpu_read_bw_1t"));
     tu_rmdir(dir);
     free(dir);
+    /* a KV format whose decode rows were not measured is refused, naming it */
+    nl_engine_plan_req q;
+    nl_engine_plan_req_default(&q);
+    q.arch = small_arch();
+    nl_engine_plan p;
+    assert_int_equal(nl_plan_engine(&q, &r, &p), NL_OK);
+    for (int i = 0; i < NL_CPU_NB; i++) r.attn_pos_s[1][i] = 0;
+    q.kv = 1;
+    assert_int_equal(nl_plan_engine(&q, &r, &p), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "int8 KV"));
 }
 
 int main(void) {

@@ -301,12 +301,16 @@ static int bench_machine(int argc, char **argv) {
     }
     printf("\ndecode rows per step D:\n  %-26s", "D");
     for (int i = 0; i < NL_CPU_NB; i++) printf(" %9lld", (long long)nl_cpu_m[i]);
-    printf("\n  %-26s", "attention us/(token, head)");
-    for (int i = 0; i < NL_CPU_NB; i++) printf(" %9.3f", r.attn_row_s[i] * 1e6);
-    printf("\n  %-26s", "  + ns per position");
-    for (int i = 0; i < NL_CPU_NB; i++) printf(" %9.3f", r.attn_pos_s[i] * 1e9);
-    printf("\n  %-26s", "RoPE + KV store us/token");
-    for (int i = 0; i < NL_CPU_NB; i++) printf(" %9.3f", r.rope_kv_s[i] * 1e6);
+    static const char *kvf[2] = {"fp32", "int8"};
+    for (int kv = 0; kv < 2; kv++) {
+        printf("\n  %s KV: attention us/(token, head)", kvf[kv]);
+        printf("\n  %-26s", "");
+        for (int i = 0; i < NL_CPU_NB; i++) printf(" %9.3f", r.attn_row_s[kv][i] * 1e6);
+        printf("\n  %-26s", "  + ns per position");
+        for (int i = 0; i < NL_CPU_NB; i++) printf(" %9.3f", r.attn_pos_s[kv][i] * 1e9);
+        printf("\n  %-26s", "RoPE + KV store us/token");
+        for (int i = 0; i < NL_CPU_NB; i++) printf(" %9.3f", r.rope_kv_s[kv][i] * 1e6);
+    }
     printf("\nprompt chunk attention %6.2f GFLOP/s, RoPE + KV store %.3f us per token and layer\n",
            r.attn_flops_chunk / 1e9, r.rope_kv_chunk_s * 1e6);
     printf("per token and layer  %8.2f us (norms, residuals, SwiGLU)\n", r.row_layer_s * 1e6);

@@ -28,14 +28,15 @@ typedef struct rate_field {
     { "cpu_" #f, offsetof(nl_cpu_rates, f) }
 static const rate_field SCALARS[] = {RF(read_bw_1t),  RF(read_bw_nt),      RF(attn_flops_chunk), RF(rope_kv_chunk_s),
                                      RF(row_layer_s), RF(step_overhead_s), RF(layer_overhead_s)};
-/* per decode rows D = nl_cpu_m[i], i < NL_CPU_NB: "cpu_<field>_d<D>" */
+/* per KV format and decode rows D = nl_cpu_m[i], i < NL_CPU_NB: "cpu_<field>_kv<format>_d<D>" */
 static const rate_field PER_D[] = {RF(attn_row_s), RF(attn_pos_s), RF(rope_kv_s)};
 #undef RF
 #define NSCALARS (sizeof SCALARS / sizeof SCALARS[0])
 #define NPER_D   (sizeof PER_D / sizeof PER_D[0])
 
-static void per_d_key(char *k, size_t n, int f, int i) {
-    snprintf(k, n, "%s_d%lld", PER_D[f].name, (long long)nl_cpu_m[i]);
+static const char *const KVFMT[2] = {"fp32", "int8"};
+static void per_d_key(char *k, size_t n, int f, int kv, int i) {
+    snprintf(k, n, "%s_kv%s_d%lld", PER_D[f].name, KVFMT[kv], (long long)nl_cpu_m[i]);
 }
 
 static double max_rate(const double *g) {
@@ -63,11 +64,12 @@ nl_status nl_cpu_rates_json(const nl_cpu_rates *r, double mem_bytes, const char 
     for (size_t i = 0; i < NSCALARS; i++)
         cJSON_AddNumberToObject(o, SCALARS[i].name, *(const double *)((const char *)r + SCALARS[i].off));
     for (size_t f = 0; f < NPER_D; f++)
-        for (int i = 0; i < NL_CPU_NB; i++) {
-            char k[48];
-            per_d_key(k, sizeof k, (int)f, i);
-            cJSON_AddNumberToObject(o, k, ((const double *)((const char *)r + PER_D[f].off))[i]);
-        }
+        for (int kv = 0; kv < 2; kv++)
+            for (int i = 0; i < NL_CPU_NB; i++) {
+                char k[48];
+                per_d_key(k, sizeof k, (int)f, kv, i);
+                cJSON_AddNumberToObject(o, k, ((const double *)((const char *)r + PER_D[f].off))[kv * NL_CPU_NB + i]);
+            }
     for (int f = 0; f < 3; f++)
         for (int i = 0; i < NL_CPU_NM; i++) {
             char k[48];
@@ -109,11 +111,12 @@ static nl_status rates_from(const char *path, cJSON *o, nl_cpu_rates *r) {
     for (size_t i = 0; i < NSCALARS; i++)
         NL_TRY(get_positive(path, r->name, o, SCALARS[i].name, (double *)((char *)r + SCALARS[i].off)));
     for (size_t f = 0; f < NPER_D; f++)
-        for (int i = 0; i < NL_CPU_NB; i++) {
-            char k[48];
-            per_d_key(k, sizeof k, (int)f, i);
-            NL_TRY(get_positive(path, r->name, o, k, (double *)((char *)r + PER_D[f].off) + i));
-        }
+        for (int kv = 0; kv < 2; kv++)
+            for (int i = 0; i < NL_CPU_NB; i++) {
+                char k[48];
+                per_d_key(k, sizeof k, (int)f, kv, i);
+                NL_TRY(get_positive(path, r->name, o, k, (double *)((char *)r + PER_D[f].off) + kv * NL_CPU_NB + i));
+            }
     for (int f = 0; f < 3; f++)
         for (int i = 0; i < NL_CPU_NM; i++) {
             char k[48];
@@ -212,11 +215,11 @@ static double per_d_at(const double *v, int64_t d) {
 /* Seconds per layer of the step's decode rows outside the linears: attention of its n_decode
  * tokens over ctx_decode positions in all, and their RoPE + KV store, at the rates measured
  * for that many decode rows. */
-static double decode_rows_s(const nl_cpu_rates *r, const shape *s, int64_t n_decode, double ctx_decode) {
+static double decode_rows_s(const nl_cpu_rates *r, int kv, const shape *s, int64_t n_decode, double ctx_decode) {
     if (n_decode < 1) return 0;
-    double attn =
-        s->NH * ((double)n_decode * per_d_at(r->attn_row_s, n_decode) + ctx_decode * per_d_at(r->attn_pos_s, n_decode));
-    return attn + (double)n_decode * per_d_at(r->rope_kv_s, n_decode);
+    double attn = s->NH * ((double)n_decode * per_d_at(r->attn_row_s[kv], n_decode) +
+                           ctx_decode * per_d_at(r->attn_pos_s[kv], n_decode));
+    return attn + (double)n_decode * per_d_at(r->rope_kv_s[kv], n_decode);
 }
 
 double nl_plan_engine_step_s(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64_t rows, int64_t n_decode,
@@ -226,7 +229,7 @@ double nl_plan_engine_step_s(const nl_engine_plan_req *q, const nl_cpu_rates *r,
                  linear_s(q, r, 2 * s.H, s.C, rows) + linear_s(q, r, s.C, s.H, rows);
     double chunk = 4 * s.NH * s.hd * ctx_chunk / r->attn_flops_chunk + (double)(rows - n_decode) * r->rope_kv_chunk_s;
     return r->step_overhead_s +
-           s.L * (r->layer_overhead_s + lin + decode_rows_s(r, &s, n_decode, ctx_decode) + chunk +
+           s.L * (r->layer_overhead_s + lin + decode_rows_s(r, q->kv, &s, n_decode, ctx_decode) + chunk +
                   (double)rows * r->row_layer_s) +
            linear_s(q, r, s.V, s.C, n_out);
 }
@@ -309,6 +312,11 @@ nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_
         if (!(r->gemm[q->weights][i] > 0))
             return nl_fail(NL_ERR_INVALID, "plan serve: '%s' has no measured %s kernel rate at M = %lld", r->name,
                            FMT[q->weights], (long long)nl_cpu_m[i]);
+    for (int i = 0; i < NL_CPU_NB; i++)
+        if (!(r->attn_pos_s[q->kv][i] > 0) || !(r->rope_kv_s[q->kv][i] > 0))
+            return nl_fail(NL_ERR_INVALID,
+                           "plan serve: '%s' has no measured decode rates for a %s KV cache at D = %lld", r->name,
+                           KVFMT[q->kv], (long long)nl_cpu_m[i]);
     shape s = shape_of(a);
     int64_t steps = 0;
     nl_engine_plan_req one = *q;
@@ -328,8 +336,8 @@ nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_
     out->linear_s = s.L * (linear_s(q, r, s.QKV, s.C, 1) + linear_s(q, r, s.C, s.ATT, 1) +
                            linear_s(q, r, 2 * s.H, s.C, 1) + linear_s(q, r, s.C, s.H, 1)) +
                     linear_s(q, r, s.V, s.C, 1);
-    out->attention_s = s.L * s.NH * (r->attn_row_s[0] + ctx * r->attn_pos_s[0]);
-    out->rows_s = s.L * (r->row_layer_s + r->rope_kv_s[0]);
+    out->attention_s = s.L * s.NH * (r->attn_row_s[q->kv][0] + ctx * r->attn_pos_s[q->kv][0]);
+    out->rows_s = s.L * (r->row_layer_s + r->rope_kv_s[q->kv][0]);
     out->overhead_s = r->step_overhead_s + s.L * r->layer_overhead_s;
     out->weight_bytes = s.L * (weight_bytes_of(q->weights, s.QKV, s.C) + weight_bytes_of(q->weights, s.C, s.ATT) +
                                weight_bytes_of(q->weights, 2 * s.H, s.C) + weight_bytes_of(q->weights, s.C, s.H)) +

@@ -18,6 +18,7 @@ void nl_machine_opts_default(nl_machine_opts *o) {
     o->min_time_s = 0.05;
     o->repeats = 5;
     o->formats = 7;
+    o->kv_formats = 3;
 }
 
 double nl_machine_clock_s(const nl_machine_opts *o) {
@@ -337,9 +338,11 @@ static void dec_fill(dec_ctx *c, int64_t n_pos, float *kvrow) {
 enum { DEC_POS0 = 32, DEC_POS1 = 160 };
 #define DEC_POOL_BYTES ((double)(256 << 20)) /* the most K/V a probe holds */
 
-/* Opens c for D rows over n_seq sequences of n_pos positions (K/V filled) in an L-layer pool. */
-static nl_status dec_open(dec_ctx *c, const nl_model *m, int64_t L, int64_t D, int64_t n_seq, int64_t n_pos,
-                          const float *weights, size_t weight_floats, const nl_machine_opts *o, int threads) {
+/* Opens c for D rows over n_seq sequences of n_pos positions (K/V filled) in an L-layer pool of
+ * K/V format dt. */
+static nl_status dec_open(dec_ctx *c, const nl_model *m, int64_t L, nl_kv_dtype dt, int64_t D, int64_t n_seq,
+                          int64_t n_pos, const float *weights, size_t weight_floats, const nl_machine_opts *o,
+                          int threads) {
     const int64_t bs = 16, kvd = m->KVH * m->hd;
     memset(c, 0, sizeof *c);
     c->m = m;
@@ -351,7 +354,7 @@ static nl_status dec_open(dec_ctx *c, const nl_model *m, int64_t L, int64_t D, i
     c->threads = threads;
     c->clock_s = clock_cost_s(o);
     c->scratch_floats = nl_kvcache_attend_scratch(1, n_pos, m->hd);
-    NL_TRY(nl_kvcache_init(&c->kv, L, m->KVH, m->hd, NL_KV_FP32, bs, n_seq * c->nb));
+    NL_TRY(nl_kvcache_init(&c->kv, L, m->KVH, m->hd, dt, bs, n_seq * c->nb));
     c->table = nl_malloc((size_t)(n_seq * c->nb) * sizeof(int32_t), "decode probe block tables");
     c->qkv = nl_malloc((size_t)(D * (m->QKV + m->NH * m->hd) + threads * c->scratch_floats + 2 * kvd) * sizeof(float),
                        "decode probe buffers");
@@ -385,9 +388,10 @@ static void dec_close(dec_ctx *c) {
 /* The decode-row rates at D rows, from steps at positions p0 and p1: a line through the two
  * (the fixed part per (token, head) and the cost per position attended). */
 static nl_status measure_decode_d(const nl_model *m, int64_t L, const float *weights, size_t weight_floats,
-                                  const nl_machine_opts *o, int threads, int di, nl_cpu_rates *r) {
+                                  const nl_machine_opts *o, int threads, int kv, int di, nl_cpu_rates *r) {
     const int64_t D = nl_cpu_m[di], bs = 16;
-    double per_pos = (double)nl_kvcache_block_bytes(L, m->KVH, m->hd, NL_KV_FP32, bs) / (double)bs;
+    const nl_kv_dtype dt = kv ? NL_KV_INT8 : NL_KV_FP32;
+    double per_pos = (double)nl_kvcache_block_bytes(L, m->KVH, m->hd, dt, bs) / (double)bs;
     int64_t p1 = (int64_t)(DEC_POOL_BYTES / (per_pos * (double)D)) - bs;
     p1 = p1 > DEC_POS1 ? DEC_POS1 : p1;
     if (p1 > m->arch.seq_len - 1) p1 = m->arch.seq_len - 1;
@@ -395,7 +399,7 @@ static nl_status measure_decode_d(const nl_model *m, int64_t L, const float *wei
     if (p0 < 1)
         return nl_fail(NL_ERR_INVALID, "bench machine: model '%s' is too large for the decode probe", m->arch.name);
     dec_ctx c;
-    nl_status rc = dec_open(&c, m, L, D, D, p1 + 1, weights, weight_floats, o, threads);
+    nl_status rc = dec_open(&c, m, L, dt, D, D, p1 + 1, weights, weight_floats, o, threads);
     if (!rc) {
         double a0, a1, r0, r1;
         dec_time(&c, o, p0, &a0, &r0);
@@ -403,9 +407,9 @@ static nl_status measure_decode_d(const nl_model *m, int64_t L, const float *wei
         double slope = (a1 - a0) / (double)(p1 - p0);
         if (!(slope > 0)) slope = a1 / (double)(p1 + 1);
         double fixed = a0 - slope * (double)(p0 + 1);
-        r->attn_pos_s[di] = slope;
-        r->attn_row_s[di] = fixed > 0 ? fixed : 0;
-        r->rope_kv_s[di] = 0.5 * (r0 + r1);
+        r->attn_pos_s[kv][di] = slope;
+        r->attn_row_s[kv][di] = fixed > 0 ? fixed : 0;
+        r->rope_kv_s[kv][di] = 0.5 * (r0 + r1);
     }
     dec_close(&c);
     return rc;
@@ -417,7 +421,7 @@ static nl_status measure_chunk_rows(const nl_model *m, int64_t L, const float *w
                                     const nl_machine_opts *o, int threads, nl_cpu_rates *r) {
     const int64_t rows = 64;
     dec_ctx c;
-    nl_status rc = dec_open(&c, m, L, rows, 1, rows, weights, weight_floats, o, threads);
+    nl_status rc = dec_open(&c, m, L, NL_KV_FP32, rows, 1, rows, weights, weight_floats, o, threads);
     if (!rc) {
         double a = 0;
         c.chunk = 1;
@@ -427,7 +431,8 @@ static nl_status measure_chunk_rows(const nl_model *m, int64_t L, const float *w
     return rc;
 }
 
-/* The decode-row rates at D = 1, 8, 32 and a chunk's RoPE + KV store for L layers of m's shape,
+/* The decode-row rates at D = 1, 8, 32 (for each KV format of o->kv_formats) and a chunk's RoPE +
+ * KV store for L layers of m's shape,
  * with a buffer the size of the fp32 weights of L layers (at most DEC_POOL_BYTES) read between
  * layers. */
 static nl_status measure_decode_rows(const nl_model *m, int64_t L, const nl_machine_opts *o, int threads,
@@ -438,7 +443,9 @@ static nl_status measure_decode_rows(const nl_model *m, int64_t L, const nl_mach
     if (!w) return NL_ERR_NOMEM;
     for (size_t i = 0; i < wf; i++) w[i] = (float)(i & 255) * 1e-3f;
     nl_status rc = NL_OK;
-    for (int di = 0; !rc && di < NL_CPU_NB; di++) rc = measure_decode_d(m, L, w, wf, o, threads, di, r);
+    for (int kv = 0; kv < 2; kv++)
+        for (int di = 0; !rc && (o->kv_formats & (1 << kv)) && di < NL_CPU_NB; di++)
+            rc = measure_decode_d(m, L, w, wf, o, threads, kv, di, r);
     if (!rc) rc = measure_chunk_rows(m, L, w, wf, o, threads, r);
     nl_free(w);
     return rc;
