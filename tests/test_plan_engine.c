@@ -120,7 +120,7 @@ static double measure_throughput(nl_engine *e, int b, int64_t plen, int64_t out)
     return median(v, 3);
 }
 
-enum { PROMPT = 256, DPROMPT = 64, DOUT = 64, ROUNDS = 5, NQ = 5 };
+enum { PROMPT = 256, DPROMPT = 64, DOUT = 64, ROUNDS = 7, NQ = 5 };
 static const char *const QNAME[NQ] = {"prefill 256 tokens, ms", "decode step batch 1, ms", "decode step batch 8, ms",
                                       "decode step batch 32, ms", "throughput 8 streams, tok/s"};
 
