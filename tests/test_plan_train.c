@@ -512,8 +512,121 @@ static void test_overlap_hbm(void **state) {
     assert_true(e.t_overlap_hbm == 0);
 }
 
+/* The casts of an FP8 recipe, from the tensor shapes. Transformer Engine's te.Linear casts its
+ * input to fp8 with a transposed copy in the forward (read bf16 2 bytes, write 1 + 1) and its
+ * output gradient the same way in the backward. MPT-7B (GeLU MLP, D 4096, F 16384) per token:
+ * forward inputs of Wqkv, out_proj, up and down are D, D, D, F; backward output gradients
+ * 3D, D, F, D. Llama-2-7B (SwiGLU, F 11008): w1 and w3 share their input and have one output
+ * gradient each (3D + F forward, 5D + 2F backward). Tensor parallelism with sequence
+ * parallelism splits all of them. DeepSeek-V3's block scaling: the cast (2 + 1 + 4/128) and a
+ * transposed copy re-made from the fp8 one (1 + 1 + 4/128). */
+static void test_fp8_casts(void **state) {
+    (void)state;
+    /* The cast-transpose kernel's share of H100's 3.35 TB/s: TE pull request #101 times a
+     * 4096 x 4096 fp16 -> fp8 cast with its transpose (4 bytes per element) at 51.53 us. */
+    double measured = 4096.0 * 4096 * 4 / 51.53e-6 / 3.35e12;
+    assert_true(fabs(NL_FP8_CAST_TRANSPOSE_BW_SHARE - measured) < 0.005);
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_arch a;
+    nl_family fam;
+    assert_int_equal(nl_catalog_find_model(&cat, "mpt-7b", &a), NL_OK);
+    nl_catalog_family(&cat, "mpt-7b", &fam);
+    double D = 4096, F = 16384, T = 1000, f, b;
+    nl_plan_fp8_cast_bytes(&a, &fam, 1, 0, NL_FP8_PER_TENSOR, T, 0, &f, &b);
+    assert_true(fabs(f - 4 * T * (3 * D + F)) < 1e-9 * f);
+    assert_true(fabs(b - 4 * T * (5 * D + F)) < 1e-9 * b);
+    double f2, b2;
+    nl_plan_fp8_cast_bytes(&a, &fam, 2, 1, NL_FP8_PER_TENSOR, T, 0, &f2, &b2);
+    assert_true(fabs(f2 - f / 2) < 1e-9 * f && fabs(b2 - b / 2) < 1e-9 * b);
+    nl_plan_fp8_cast_bytes(&a, &fam, 1, 0, NL_FP8_BLOCK, T, 0, &f2, &b2);
+    assert_true(fabs(f2 - (5 + 8.0 / 128) / 4 * f) < 1e-9 * f);
+    assert_true(fabs(b2 - (5 + 8.0 / 128) / 4 * b) < 1e-9 * b);
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-2-7b", &a), NL_OK);
+    nl_catalog_family(&cat, "llama-2-7b", &fam);
+    F = 11008;
+    nl_plan_fp8_cast_bytes(&a, &fam, 1, 0, NL_FP8_PER_TENSOR, T, 0, &f, &b);
+    assert_true(fabs(f - 4 * T * (3 * D + F)) < 1e-9 * f);
+    assert_true(fabs(b - 4 * T * (5 * D + 2 * F)) < 1e-9 * b);
+}
+
+/* An FP8 recipe casts the layers' weights with their transposed copy (4 bytes per parameter, at
+ * the cast-transpose kernel's measured share of HBM bandwidth):
+ * once per step when the weights stay on the GPU (ZeRO-2, the fp8 copy is kept), once per
+ * microbatch under ZeRO-3, which gathers the bf16 weights again for each. With 8 microbatches
+ * the two layouts differ by 7 casts of the layers' parameters and nothing else; in bf16 they
+ * do not differ. Its data-parallel collectives move what bf16's move. */
+static void test_fp8_weight_casts(void **state) {
+    (void)state;
+    nl_train_req q;
+    base_req(&q, "llama-2-7b", 8);
+    q.global_batch = 64;
+    nl_layout L3 = {8, 1, 1, 1, 1, NL_ZERO_3, 1, 8, 1, NL_RECOMPUTE_FULL, 0}, L2 = L3;
+    L2.zero = NL_ZERO_2;
+    nl_train_eval e3, e2;
+    assert_int_equal(nl_plan_train_eval(&q, &L3, &e3), NL_OK);
+    assert_int_equal(nl_plan_train_eval(&q, &L2, &e2), NL_OK);
+    assert_true(e3.t_compute == e2.t_compute);
+    assert_int_equal(nl_plan_recipe("fp8", &q.recipe), NL_OK);
+    assert_int_equal(nl_plan_train_eval(&q, &L3, &e3), NL_OK);
+    assert_int_equal(nl_plan_train_eval(&q, &L2, &e2), NL_OK);
+    nl_arch_params c;
+    nl_plan_count_params(&q.arch, &q.fam, &c);
+    double layers = (double)(c.attention + c.mlp_dense + c.norms);
+    double want = 7 * 4 * layers / (q.hw.hbm_bw * NL_FP8_CAST_TRANSPOSE_BW_SHARE);
+    assert_true(fabs(e3.t_compute - e2.t_compute - want) < 1e-6 * want);
+    /* The collectives move the bf16 weights and gradients, as in bf16: the fp8 copy is made on
+     * each GPU from what it gathered. */
+    nl_train_eval b3;
+    assert_int_equal(nl_plan_recipe("bf16", &q.recipe), NL_OK);
+    assert_int_equal(nl_plan_train_eval(&q, &L3, &b3), NL_OK);
+    assert_true(e3.t_dp == b3.t_dp);
+}
+
+/* Checkpoints distributed over the tp ranks (Megatron-LM's --distribute-saved-activations,
+ * metaseq's --distribute-checkpointed-activations, as OPT-175B ran): with full recomputation each
+ * rank keeps 1/tp of the layer input (2D bytes per token in bf16), and the backward all-gathers
+ * it over the tp ranks once per layer and microbatch before recomputing. Without full
+ * recomputation, or with sequence parallelism (which already splits it), nothing changes. */
+static void test_distributed_checkpoints(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_arch a;
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-2-7b", &a), NL_OK);
+    nl_act_opts o = {.tp = 4, .flash = 1, .recompute = NL_RECOMPUTE_FULL, .seq = 4096, .bytes_per_elem = 2};
+    nl_act_layer l;
+    nl_plan_act_layer(&a, &o, &l);
+    assert_true(fabs(l.bytes_per_token - 2.0 * 4096) < 1e-9);
+    o.distribute_saved = 1;
+    nl_plan_act_layer(&a, &o, &l);
+    assert_true(fabs(l.bytes_per_token - 2.0 * 4096 / 4) < 1e-9);
+
+    nl_train_req q;
+    base_req(&q, "llama-2-7b", 8);
+    q.global_batch = 8;
+    nl_layout L = {2, 4, 1, 1, 1, NL_ZERO_1, 1, 4, 1, NL_RECOMPUTE_FULL, 0};
+    nl_train_eval e0, e1;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e0), NL_OK);
+    q.distribute_saved = 1;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e1), NL_OK);
+    double T = 4096, gather = nl_plan_coll_time(&q.hw, NL_ALL_GATHER, 4, T * 4096 * 2, 0);
+    double want = 4 * 32 * gather; /* 4 microbatches x 32 layers */
+    assert_true(fabs(e1.t_tp - e0.t_tp - want) < 1e-9 * want);
+    assert_true(e1.mem_act < e0.mem_act);
+    assert_true(e1.t_compute == e0.t_compute);
+    L.sp = 1;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e1), NL_OK);
+    q.distribute_saved = 0;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &e0), NL_OK);
+    assert_true(e1.t_tp == e0.t_tp && e1.mem_act == e0.mem_act);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp8_casts),
+        cmocka_unit_test(test_distributed_checkpoints),
+        cmocka_unit_test(test_fp8_weight_casts),
         cmocka_unit_test(test_overlap_hbm),
         cmocka_unit_test(test_attn_triton),
         cmocka_unit_test(test_nvls),

@@ -52,7 +52,7 @@ static void test_targets(void **state) {
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
     assert_true(t->median_abs <= 0.05); /* the target; reached 4.6% */
-    assert_true(t->worst_abs <= 0.22);  /* target 0.15, not met: reached 21.2% (FP8 MPT-3B) */
+    assert_true(t->worst_abs <= 0.16);  /* target 0.15, not met: reached 15.5% (OPT-175B) */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);
     /* nccl-tests bus bandwidth, NVLink SHARP included (the H100 NVLS all-reduce was -25% as a

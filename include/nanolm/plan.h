@@ -156,6 +156,7 @@ typedef struct nl_act_opts {
     nl_family fam;         /* zero = llama */
     int fp8_cache;         /* DeepSeek-V3's recipe: FP8 linear inputs, recomputed norms and MLA
                             up-projections (with selective recomputation; memory.c) */
+    int distribute_saved;  /* full recomputation: the checkpoint split over the tp ranks */
 } nl_act_opts;
 
 typedef struct nl_act_layer {
@@ -206,10 +207,37 @@ typedef struct nl_eff {
     double usable_mem;        /* fraction of HBM the allocator can use */
     double reserved_bytes;    /* CUDA context, NCCL buffers, workspace */
     double fixed_mfu;         /* > 0: napkin mode: time = model FLOPs / (peak * fixed_mfu) */
-    int fp8_gemm;             /* GEMMs at the fp8 peak (set from the recipe by the search) */
+    int fp8_gemm;             /* GEMMs at the fp8 peak: 0, NL_FP8_PER_TENSOR or NL_FP8_BLOCK (set from
+                                 the recipe by the search) */
     double tp_overlap;        /* fraction of tensor-parallel communication hidden behind GEMMs */
     double ep_overlap;        /* fraction of expert all-to-all hidden (1F1B; DualPipe hides it all) */
 } nl_eff;
+/* How an FP8 recipe scales its GEMM operands: one scale per tensor (Transformer Engine's
+ * delayed scaling) or per 1x128 tile and 128x128 block (DeepSeek-V3). */
+#define NL_FP8_PER_TENSOR 1
+#define NL_FP8_BLOCK      2
+/* HBM bytes that an FP8 recipe's casts move for one transformer layer and T tokens on one GPU
+ * (tensor-parallel degree tp, sequence parallelism sp): *fwd_bytes in the forward (every FP8
+ * GEMM's input cast to fp8 with its transposed copy), *bwd_bytes in the backward (every GEMM's
+ * output gradient, the same). scaling is NL_FP8_PER_TENSOR (4 bytes per element: read bf16 2,
+ * write fp8 1 + transposed 1) or NL_FP8_BLOCK (5 + 8/128); moe: the layer's MLP is routed
+ * experts. The weights' casts are per step or per microbatch and are priced apart. */
+void nl_plan_fp8_cast_bytes(const nl_arch *a, const nl_family *fam, int64_t tp, int sp, int scaling, double T, int moe,
+                            double *fwd_bytes, double *bwd_bytes);
+/* The share of HBM bandwidth Transformer Engine's cast-transpose kernel reaches on H100: a
+ * 4096 x 4096 fp16 -> fp8 cast with its transpose (read 2, write 1 + 1 bytes per element, 67 MB,
+ * more than the L2 holds) in 51.5 us (TE pull request #101, March 2023, H100 SXM) is 1.30 TB/s
+ * of 3.35. Priced on the per-tensor recipe's casts; the block-scaled recipe's own kernels are
+ * not measured and stay at the full rate. */
+#define NL_FP8_CAST_TRANSPOSE_BW_SHARE 0.39
+/* Transformer Engine's per-tensor FP8 recipe runs its data- and weight-gradient GEMMs with
+ * cuBLAS's split accumulator (use_split_accumulator = _2X_ACC_DGRAD = _2X_ACC_WGRAD = True; the
+ * forward keeps fast accumulation): partial sums are "periodically promoted to a higher
+ * precision" (cuBLAS docs, CUBLASLT_MATMUL_DESC_FAST_ACCUM), which costs time that the measured
+ * FP8 GEMM rate (nl_plan_gemm_fp8_k_eff's sweep, WGMMA accumulators without promotion) does not
+ * include. pytorch/ao issue #2377 measures fast accumulation 1.1-1.2x faster on H100; the low
+ * end of that range. */
+#define NL_FP8_SPLIT_ACC_SLOWDOWN 1.1
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
 /* The Triton FlashAttention kernel (flash_attn_triton, the one with ALiBi biases that
@@ -262,6 +290,10 @@ typedef struct nl_train_req {
     nl_sched schedule;
     int attn_materialized; /* the run materialises the s x s scores (no flash attention) */
     int attn_triton;       /* flash attention by the Triton kernel: NL_ATTN_TRITON_SLOWDOWN x slower */
+    /* Layouts with full recomputation and tp > 1 without sp keep 1/tp of each checkpointed layer
+     * input per rank and all-gather it before recomputing (Megatron-LM's
+     * --distribute-saved-activations, metaseq's --distribute-checkpointed-activations). */
+    int distribute_saved;
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;

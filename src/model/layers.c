@@ -25,8 +25,12 @@ static inline float rmsnorm_row(float *o, const float *x, const float *w, int64_
     return r;
 }
 
+/* Element counts below which the row-wise ops below run on the calling thread: a decode step's
+ * few rows take less time than waking the team. The arithmetic of a row is the same either way. */
+enum { ROWWISE_PARALLEL_MIN = 16384 };
+
 void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= ROWWISE_PARALLEL_MIN)
     for (int64_t n = 0; n < N; n++) rstd[n] = rmsnorm_row(out + n * C, x + n * C, w, C, eps);
 }
 
@@ -34,7 +38,7 @@ void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
  * nl_rmsnorm_forward: a residual add and the norm that reads its sum in one pass. */
 void nl_rmsnorm_residual_forward(float *out, float *rstd, float *x, const float *r, const float *w, int64_t N,
                                  int64_t C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= ROWWISE_PARALLEL_MIN)
     for (int64_t n = 0; n < N; n++) {
         float *xr = x + n * C;
         if (r) {
@@ -201,7 +205,7 @@ void nl_attention_backward(float *dqkv, float *datt, const float *dout, const fl
 /* ---- SwiGLU -------------------------------------------------------------------------------------
  * h13 (N, 2H) rows [gate | up]; out (N, H) = silu(gate) * up. */
 void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * H >= ROWWISE_PARALLEL_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *g = h13 + n * 2 * H, *u = g + H;
         float *o = out + n * H;

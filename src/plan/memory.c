@@ -215,10 +215,12 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
     double work = sum;
     if (!keep_scores && !o->flash) work += (e * 2 + mask) * heads * o->seq / t;
     if (o->recompute == NL_RECOMPUTE_FULL) {
-        /* Full recomputation (Chen et al. 2016; Korthikanti sec. 4.3) keeps only the layer input. */
+        /* Full recomputation (Chen et al. 2016; Korthikanti sec. 4.3) keeps only the layer input,
+         * 1/t of it per rank when the checkpoints are distributed over the tp ranks
+         * (Megatron-LM's --distribute-saved-activations). */
         memset(L->terms, 0, sizeof L->terms);
         L->n = 0;
-        add(L, "layer input (checkpoint)", e * D, sp);
+        add(L, "layer input (checkpoint)", e * D, o->distribute_saved ? t : sp);
         sum = L->terms[0].bytes;
     }
     L->bytes_per_token = sum;

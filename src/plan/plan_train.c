@@ -98,6 +98,59 @@ static double gemm_s(const nl_hw *hw, const nl_eff *e, double M, double N, doubl
     return t_c > t_m ? t_c : t_m;
 }
 
+/* The casts of an FP8 recipe for one layer and T tokens per GPU (nanolm/plan.h), priced by
+ * layer_compute as HBM traffic (memory-bound kernels at HBM bandwidth, like the bf16
+ * element-wise term). The GEMMs are the ones layer_compute prices; the non-GEMM ops stay bf16
+ * and are not counted here.
+ *  Per-tensor (Transformer Engine's delayed scaling, scaling == NL_FP8_PER_TENSOR): Hopper's
+ *  FP8 GEMM takes both operands K-major, so every FP8 operand is needed twice, as is and
+ *  transposed. TE's te.Linear forward runs fp8_cast_transpose_fused on its input (read bf16 2
+ *  bytes, write the fp8 copy 1 and its transpose 1, amax in the same pass) and on its weight
+ *  (the same 4 bytes per parameter: fp8_weight_cast_s); its backward casts and transposes the
+ *  output gradient (fp8_cast_transpose_bgrad_fused, 4 bytes per element) for the data- and
+ *  weight-gradient GEMMs. The amax history and scale update is a few bytes per tensor (not
+ *  counted).
+ *  Block-scaled (DeepSeek-V3 sec. 3.3.2, NL_FP8_BLOCK): activations and gradients are cast in
+ *  1x128 tiles (read 2, write 1, one fp32 scale per 128), and the backward's transposed operand
+ *  is made again from the stored fp8 copy: "read out, dequantized, transposed, re-quantized
+ *  into 128x1 tiles, and stored in HBM" (sec. 3.5.2): read 1, write 1, a second scale, so 5
+ *  bytes + 8/128 per element. Routed experts get their input cast once per token before the
+ *  dispatch (sec. 3.3.3) and transposed per expert copy. */
+void nl_plan_fp8_cast_bytes(const nl_arch *a, const nl_family *fam, int64_t tp, int sp, int scaling, double T, int moe,
+                            double *fwd_bytes, double *bwd_bytes) {
+    int block = scaling == NL_FP8_BLOCK;
+    double t = (double)tp, spd = sp ? t : 1.0, D = (double)a->dim, hd = (double)nl_arch_head_dim(a);
+    double qd = (double)a->n_heads * hd, kvd = (double)a->n_kv_heads * hd;
+    if (a->kv_lora_rank > 0) {
+        qd = (double)a->n_heads * (hd + (double)a->qk_rope_head_dim);
+        kvd = qd;
+    }
+    /* bytes per element of a tensor cast to fp8 with its transposed copy, and of the cast alone */
+    double ct = block ? 5.0 + 8.0 / 128 : 4.0, c1 = block ? 3.0 + 4.0 / 128 : 3.0, tr = ct - c1;
+    double nmat = fam->gelu_mlp ? 1 : 2; /* fc1 (GeLU) or w1 and w3 (SwiGLU) */
+    /* Per token: forward GEMM inputs (elements) and backward output gradients, attention first. */
+    double in_el = D / spd + qd / t, gout_el = (qd + 2 * kvd) / t + D / spd;
+    double in_bytes = 0;
+    if (!moe) {
+        double F = (double)a->hidden_dim;
+        in_el += D / spd + F / t;
+        gout_el += nmat * F / t + D / spd;
+    } else {
+        double F = (double)a->expert_hidden_dim, k = (double)a->top_k, Fs = F * (double)a->n_shared_experts;
+        /* routed experts: the token's input cast once (before the dispatch when block-scaled,
+         * after it per copy otherwise) and transposed per copy; their SwiGLU inputs per copy */
+        in_bytes += block ? (c1 * D + tr * k * D) : ct * k * D;
+        in_el += k * F / t;
+        gout_el += k * (2 * F / t + D);
+        if (Fs > 0) {
+            in_el += D / spd + Fs / t;
+            gout_el += 2 * Fs / t + D / spd;
+        }
+    }
+    *fwd_bytes = T * (ct * in_el + in_bytes);
+    *bwd_bytes = T * ct * gout_el;
+}
+
 typedef struct layer_time {
     double fwd, bwd, recompute; /* compute of one layer for one microbatch */
     double attn_fwd;            /* attention-core share of fwd */
@@ -148,17 +201,21 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     if (q->fam.layernorm) ew_bytes += T * 2.0 * 4 * D / sp;       /* mean pass of LayerNorm */
     if (q->fam.bias) ew_bytes += T * 2.0 * 2 * (D / sp + Fl / t); /* bias adds */
     if (q->fam.dropout) ew_bytes += T * 3.0 * 2 * D / sp;         /* dropout: mask and output */
-    if (e->fp8_gemm) {
-        /* FP8 GEMMs cast their inputs (activations forward, gradients backward): read bf16 2,
-         * write fp8 1, plus the amax reduction, for the inputs of qkv, wo, fc1/w13 and fc2/w2
-         * (Transformer Engine's per-tensor recipe; Micikevicius et al. 2022 sec. 4). */
-        ew_bytes += T * 3.0 * (D / sp + qd / t + D / sp + Fl / t);
-    }
     double ew = ew_bytes / hw->hbm_bw;
     double k = e->kernels_per_layer * e->kernel_s;
+    double cast_fwd = 0, cast_bwd = 0;
+    if (e->fp8_gemm) {
+        nl_plan_fp8_cast_bytes(a, &q->fam, L->tp, L->sp, e->fp8_gemm, T, moe, &cast_fwd, &cast_bwd);
+        double bw = hw->hbm_bw * (e->fp8_gemm == NL_FP8_PER_TENSOR ? NL_FP8_CAST_TRANSPOSE_BW_SHARE : 1.0);
+        cast_fwd /= bw;
+        cast_bwd /= bw;
+    }
     lt->attn_fwd = at;
-    lt->fwd = g + at + ew + k;
-    lt->bwd = 2 * g + 2.5 * at + 2 * ew + 2 * k;
+    lt->fwd = g + at + ew + k + cast_fwd;
+    /* Transformer Engine runs the backward's FP8 GEMMs with the split accumulator
+     * (NL_FP8_SPLIT_ACC_SLOWDOWN); DeepSeek-V3's promotion overlaps the next WGMMA (sec. 3.3.2). */
+    double bwd_g = 2 * g * (e->fp8_gemm == NL_FP8_PER_TENSOR ? NL_FP8_SPLIT_ACC_SLOWDOWN : 1.0);
+    lt->bwd = bwd_g + 2.5 * at + 2 * ew + 2 * k + cast_bwd;
     lt->recompute = 0;
     if (L->recompute == NL_RECOMPUTE_SELECTIVE) lt->recompute = 0.3 * ew + 0.25 * k; /* the activation */
     if (L->recompute == NL_RECOMPUTE_FULL) lt->recompute = lt->fwd;
@@ -171,6 +228,17 @@ static int spans(const nl_hw *hw, double stride, double size) {
     if (stride * size <= gpn) return 0;
     double k = floor(gpn / stride);
     return k < 1 ? 1 : (int)fmin(k, size);
+}
+
+/* Bytes per parameter that data-parallel collectives move for the weights. The fp8 recipe's
+ * weight bytes count the bf16 weights and their cached fp8 copy, but collectives move the bf16
+ * weights only: each GPU casts what it holds or gathered (fp8_weight_cast_s). */
+static double coll_weight_bytes(const nl_recipe *r) { return !strcmp(r->name, "fp8") ? 2.0 : r->weight_bytes; }
+
+/* Whether the layout's checkpoints are split over its tp ranks (q->distribute_saved applies to
+ * full recomputation with tp > 1 and no sequence parallelism, which already splits them). */
+static int dist_saved(const nl_train_req *q, const nl_layout *L) {
+    return q->distribute_saved && L->recompute == NL_RECOMPUTE_FULL && L->tp > 1 && !L->sp;
 }
 
 /* Derived quantities of one layout that memory, compute and communication share. */
@@ -187,6 +255,7 @@ typedef struct layout_ctx {
     double per_layer_fwd, per_layer_bwd, per_layer_rec, attn_fwd; /* one layer, one microbatch */
     double t_mb_fwd, t_mb; /* one microbatch on the busiest stage: forward, all */
     double cls;            /* classifier and loss of one microbatch */
+    double t_fp8_weights;  /* FP8 recipes: the step's weight casts (fp8_weight_cast_s) */
 } layout_ctx;
 
 /* The layout's own consistency: degrees, divisibility, what the model allows. */
@@ -259,7 +328,8 @@ static void eval_memory(const nl_train_req *q, const nl_layout *L, const layout_
                       .seq = (double)q->seq,
                       .bytes_per_elem = 2,
                       .fam = q->fam,
-                      .fp8_cache = !strcmp(q->recipe.name, "fp8-ds3")};
+                      .fp8_cache = !strcmp(q->recipe.name, "fp8-ds3"),
+                      .distribute_saved = dist_saved(q, L)};
     nl_act_layer al;
     nl_plan_act_layer(a, &ao, &al);
     /* 1F1B: the first stage holds min(p, m) microbatches (Narayanan et al. 2021 sec. 2.2);
@@ -304,6 +374,23 @@ static void eval_memory(const nl_train_req *q, const nl_layout *L, const layout_
                  o->mem_logits / 1e9);
 }
 
+/* The weight casts of an FP8 recipe in one step, at HBM bandwidth: the transformer layers'
+ * weights on this GPU cast to fp8 with their transposed copy (Transformer Engine's
+ * fp8_cast_transpose_fused on the weight: read bf16 2, write 1 + 1 bytes per parameter;
+ * block-scaled, 128x128 blocks: the cast, then the transposed copy read and written again, 5).
+ * How often: te.Linear re-casts on every forward unless told the microbatch is not the first
+ * (`update_fp8_weights = is_first_microbatch is None or is_first_microbatch`). With weights
+ * resident (ZeRO 0-2) the fp8 copy is kept across the step's microbatches, as the recipe's
+ * memory counts it (plan/memory.c: bf16 weights + a cached fp8 copy), so once per step; under
+ * ZeRO-3/HSDP every microbatch gathers the bf16 weights again and casts what it gathered. */
+static double fp8_weight_cast_s(const nl_train_req *q, const nl_layout *L, const layout_ctx *c) {
+    double w = c->P.dense_layers_params * c->lps / (double)q->arch.n_layers / c->t + c->expert_local;
+    double casts = (L->zero == NL_ZERO_3 || L->zero == NL_ZERO_HSDP) ? c->m : 1;
+    double bytes = q->eff.fp8_gemm == NL_FP8_BLOCK ? 5.0 : 4.0;
+    double share = q->eff.fp8_gemm == NL_FP8_PER_TENSOR ? NL_FP8_CAST_TRANSPOSE_BW_SHARE : 1.0;
+    return casts * bytes * w / (q->hw.hbm_bw * share);
+}
+
 /* Compute of one microbatch on the busiest stage: its layers (dense and MoE in proportion)
  * forward, backward and recomputed, and the classifier. */
 static void eval_compute(const nl_train_req *q, const nl_layout *L, layout_ctx *c) {
@@ -319,6 +406,7 @@ static void eval_compute(const nl_train_req *q, const nl_layout *L, layout_ctx *
              3 * c->T * (double)q->arch.vocab_size / c->t * 6 / q->hw.hbm_bw;
     c->t_mb_fwd = c->lps * c->per_layer_fwd;
     c->t_mb = c->t_mb_fwd + c->lps * (c->per_layer_bwd + c->per_layer_rec) + c->cls;
+    c->t_fp8_weights = q->eff.fp8_gemm ? fp8_weight_cast_s(q, L, c) : 0;
 }
 
 /* Tensor, context, expert and pipeline communication of one microbatch: o->t_tp, t_cp, t_ep,
@@ -338,6 +426,9 @@ static void eval_model_parallel_comm(const nl_train_req *q, const nl_layout *L, 
                                  nl_plan_coll_time(hw, NL_ALL_GATHER, L->tp, layer_act, tp_span)
                            : nl_plan_coll_time(hw, NL_ALL_REDUCE, L->tp, layer_act, tp_span);
         t_tp_mb = c->lps * 4 * one * (L->recompute == NL_RECOMPUTE_FULL ? 1.5 : 1.0);
+        /* Distributed checkpoints: each layer's recomputation first all-gathers its input over
+         * the tp ranks (Megatron-LM's CheckpointFunction gathers it before the recompute). */
+        if (dist_saved(q, L)) t_tp_mb += c->lps * nl_plan_coll_time(hw, NL_ALL_GATHER, L->tp, layer_act, tp_span);
     }
     /* Context parallel (ring attention, Liu et al. 2023): all-gather K,V forward, again in
      * backward plus a reduce-scatter of dK,dV; overlapped with the attention core. */
@@ -380,7 +471,7 @@ static double eval_dp_comm(const nl_train_req *q, const nl_layout *L, const layo
     const nl_hw *hw = &q->hw;
     const nl_eff *e = &q->eff;
     double gbytes = (c->dense_local + c->expert_local) * fmin(q->recipe.grad_bytes, 4);
-    double wbytes = (c->dense_local + c->expert_local) * q->recipe.weight_bytes;
+    double wbytes = (c->dense_local + c->expert_local) * coll_weight_bytes(&q->recipe);
     double bwd_last = c->lps * c->per_layer_bwd, fwd_first = c->lps * c->per_layer_fwd;
     int dp_span = spans(hw, c->t, c->dpz);
     int64_t dz = (int64_t)c->dpz;
@@ -447,7 +538,7 @@ static void eval_compute_and_bubble(const nl_train_req *q, const nl_layout *L, c
         o->t_bubble = L->pp > 1 ? o->t_compute * (pp - 1) / (c->m * (double)L->vpp) : 0;
         return;
     }
-    o->t_compute = c->m * c->t_mb;
+    o->t_compute = c->m * c->t_mb + c->t_fp8_weights;
     /* Bubble: (p-1)/v microbatch slots (GPipe and 1F1B alike; Narayanan et al. 2021 sec. 2.2). */
     o->t_bubble = L->pp > 1 ? (pp - 1) / (double)L->vpp * c->t_mb : 0;
     /* DualPipe (DeepSeek-V3 Table 2): (p/2 - 1)(F&B + B - 3W), about (p/2 - 1) forward
@@ -469,7 +560,11 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     memset(o, 0, sizeof *o);
     nl_train_req qq = *q0;
     const nl_train_req *q = &qq;
-    qq.eff.fp8_gemm = !strncmp(q0->recipe.name, "fp8", 3); /* FP8 recipes run their GEMMs in FP8 */
+    /* FP8 recipes run their GEMMs in FP8: per-tensor scaling (Transformer Engine) or DeepSeek-V3's
+     * block scaling. */
+    qq.eff.fp8_gemm = !strcmp(q0->recipe.name, "fp8-ds3")   ? NL_FP8_BLOCK
+                      : !strncmp(q0->recipe.name, "fp8", 3) ? NL_FP8_PER_TENSOR
+                                                            : 0;
     o->L = *L0;
     nl_layout *L = &o->L;
     NL_TRY(check_layout(q, L));
@@ -810,6 +905,9 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
                  tp_span, lps * m);
             push(lp, hw, "grad of MLP input (column-parallel w1/w3)", "backward", NL_ALL_REDUCE, "tp", L->tp, act,
                  tp_span, lps * m);
+            if (dist_saved(q, L))
+                push(lp, hw, "gather the distributed checkpoint (recompute)", "backward", NL_ALL_GATHER, "tp", L->tp,
+                     act, tp_span, lps * m);
         } else {
             push(lp, hw, "gather sequence before qkv", "forward", NL_ALL_GATHER, "tp", L->tp, act, tp_span, lps * m);
             push(lp, hw, "scatter after wo", "forward", NL_REDUCE_SCATTER, "tp", L->tp, act, tp_span, lps * m);
@@ -841,7 +939,7 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
     }
     double local = (P.dense_layers_params * lps / nl + (L->pp > 1 ? fmax(P.emb, P.cls) : P.emb + P.cls)) / t +
                    P.expert_params * lps / nl / ((double)L->ep * t);
-    double wb = local * q->recipe.weight_bytes, gb = local * fmin(q->recipe.grad_bytes, 4);
+    double wb = local * coll_weight_bytes(&q->recipe), gb = local * fmin(q->recipe.grad_bytes, 4);
     int64_t dz = (int64_t)dpz;
     switch (L->zero) {
     case NL_ZERO_0: push(lp, hw, "gradient all-reduce (DDP)", "step", NL_ALL_REDUCE, "dp", dz, gb, dp_span, 1); break;
