@@ -1,8 +1,8 @@
 /* The serving engine's cost model (plan_engine.h) against the engine itself, in one run: the
  * engine runs a prefill, decode steps at batch 1, 8 and 32, and 8 sequences served together,
- * on a random model of dim 256 with 1 thread, five times; the machine is measured (machine.h,
+ * on a random model of dim 256 with 1 thread, seven times; the machine is measured (machine.h,
  * as `nanolm bench machine` does) before and after each time, and each prediction is compared
- * with its measurement (ratios only, medians of the five rounds): within 20%, the issue's line,
+ * with its measurement (ratios only, medians of the seven rounds): within 20%, the issue's line,
  * and within 3x (the model is not off by a constant factor). Also: the measured rates
  * round-trip through the --hw JSON, which the catalog accepts too, and `nanolm plan serve --hw`
  * reads them. */
