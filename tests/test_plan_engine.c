@@ -1,9 +1,11 @@
 /* The serving engine's cost model (plan_engine.h) against the engine itself, in one run: the
- * machine is measured (machine.h, as `nanolm bench machine` does), then the engine runs a
- * prefill, decode steps at batch 1, 8 and 32, and 8 sequences served together, on a random
- * model of dim 256 with 1 thread; each prediction is compared with its measurement (ratios
- * only): within 3x always, within 20% when NANOLM_PREDICT_STRICT=1 (the target; see below). Also: the measured rates round-trip through the --hw JSON, which the catalog
- * accepts too, and `nanolm plan serve --hw` reads them. */
+ * engine runs a prefill, decode steps at batch 1, 8 and 32, and 8 sequences served together,
+ * on a random model of dim 256 with 1 thread, seven times; the machine is measured (machine.h,
+ * as `nanolm bench machine` does) before and after each time, and each prediction is compared
+ * with its measurement (ratios only, medians of the seven rounds): within 20%, the issue's line,
+ * and within 3x (the model is not off by a constant factor). Also: the measured rates
+ * round-trip through the --hw JSON, which the catalog accepts too, and `nanolm plan serve --hw`
+ * reads them. */
 #include "testutil.h"
 
 #include <math.h>
@@ -118,20 +120,25 @@ static double measure_throughput(nl_engine *e, int b, int64_t plen, int64_t out)
     return median(v, 3);
 }
 
-enum { PROMPT = 256, DPROMPT = 64, DOUT = 64, ROUNDS = 3, NQ = 5 };
+enum { PROMPT = 256, DPROMPT = 64, DOUT = 64, ROUNDS = 7, NQ = 5 };
 static const char *const QNAME[NQ] = {"prefill 256 tokens, ms", "decode step batch 1, ms", "decode step batch 8, ms",
                                       "decode step batch 32, ms", "throughput 8 streams, tok/s"};
 
-/* One round: measure the machine, predict, then measure the engine at once (same conditions). */
-static void one_round(const nl_arch *a, nl_engine *e, double *pred, double *meas) {
+/* Measures the machine (as `nanolm bench machine` does) and predicts the five quantities. */
+static void predict(const nl_arch *a, double *pred) {
     nl_machine_opts mo = g_mo;
     nl_cpu_rates r;
     assert_int_equal(nl_machine_measure(a, &mo, &r), NL_OK);
-    print_message("machine: read %.2f GB/s, fp32 kernel %.2f / %.2f / %.2f GFLOP/s at M = 1 / 32 / 256, attention %.2f "
-                  "(chunk %.2f) GFLOP/s + %.2f us, %.2f us per token-layer, overheads %.1f us/step %.1f us/layer\n",
-                  r.read_bw_nt / 1e9, r.gemm[0][0] / 1e9, r.gemm[0][2] / 1e9, r.gemm[0][4] / 1e9, r.attn_flops / 1e9,
-                  r.attn_flops_chunk / 1e9, r.attn_call_s * 1e6, r.row_layer_s * 1e6, r.step_overhead_s * 1e6,
-                  r.layer_overhead_s * 1e6);
+    print_message("machine: read %.2f GB/s, fp32 kernel %.1f / %.1f / %.1f / %.1f GFLOP/s at M = 1 / 8 / 32 / 256, "
+                  "decode attention %.2f / %.2f / %.2f us per token-head at 96 positions and D = 1 / 8 / 32, RoPE + "
+                  "KV store %.2f / %.2f / %.2f us, chunk attention %.2f GFLOP/s, %.2f us per token-layer, "
+                  "overheads %.1f us/step %.1f us/layer\n",
+                  r.read_bw_nt / 1e9, r.gemm[0][0] / 1e9, r.gemm[0][1] / 1e9, r.gemm[0][2] / 1e9, r.gemm[0][4] / 1e9,
+                  1e6 * (r.attn_row_s[0][0] + 96 * r.attn_pos_s[0][0]),
+                  1e6 * (r.attn_row_s[0][1] + 96 * r.attn_pos_s[0][1]),
+                  1e6 * (r.attn_row_s[0][2] + 96 * r.attn_pos_s[0][2]), r.rope_kv_s[0][0] * 1e6,
+                  r.rope_kv_s[0][1] * 1e6, r.rope_kv_s[0][2] * 1e6, r.attn_flops_chunk / 1e9, r.row_layer_s * 1e6,
+                  r.step_overhead_s * 1e6, r.layer_overhead_s * 1e6);
     nl_engine_plan_req q;
     nl_engine_plan_req_default(&q);
     q.arch = *a;
@@ -147,6 +154,10 @@ static void one_round(const nl_arch *a, nl_engine *e, double *pred, double *meas
     assert_int_equal(nl_plan_engine(&q, &r, &p), NL_OK);
     for (int i = 0; i < 3; i++) pred[1 + i] = p.decode_step_s[i] * 1e3;
     pred[4] = p.throughput_tokens_per_s;
+}
+
+/* Measures the engine: the five quantities. */
+static void measure(nl_engine *e, double *meas) {
     meas[0] = measure_prefill(e, PROMPT) * 1e3;
     static const int B[3] = {1, 8, 32};
     for (int i = 0; i < 3; i++) meas[1 + i] = measure_decode(e, B[i], DPROMPT, DOUT) * 1e3;
@@ -162,7 +173,8 @@ static void predicted_vs_measured(void **state) {
     g_mo.bw_bytes = (size_t)64 << 20;
     g_mo.min_time_s = 0.01;
     g_mo.repeats = 3;
-    g_mo.formats = 1; /* fp32 */
+    g_mo.formats = 1;    /* fp32 weights */
+    g_mo.kv_formats = 1; /* fp32 KV */
     nl_model m;
     assert_int_equal(nl_model_init(&m, &a), NL_OK);
     nl_model_init_random(&m, 11);
@@ -175,7 +187,22 @@ static void predicted_vs_measured(void **state) {
     nl_engine *e = NULL;
     assert_int_equal(nl_engine_open_model(&e, &m, NULL, &eo), NL_OK);
     double pred[ROUNDS][NQ], meas[ROUNDS][NQ];
-    for (int k = 0; k < ROUNDS; k++) one_round(&a, e, pred[k], meas[k]);
+    /* The machine is measured before and after each measurement of the engine, and a round's
+     * prediction is the mean of the two: on a shared machine whose speed drifts, the prediction
+     * then sees the conditions of the measurement between them. */
+    double bracket[ROUNDS + 1][NQ];
+    predict(&a, bracket[0]);
+    for (int k = 0; k < ROUNDS; k++) {
+        measure(e, meas[k]);
+        predict(&a, bracket[k + 1]);
+        for (int i = 0; i < NQ; i++) pred[k][i] = 0.5 * (bracket[k][i] + bracket[k + 1][i]);
+        print_message("round %d: predicted/measured %.2f %.2f %.2f %.2f %.2f (machine before: %.2f %.2f %.2f %.2f "
+                      "%.2f)\n",
+                      k + 1, pred[k][0] / meas[k][0], pred[k][1] / meas[k][1], pred[k][2] / meas[k][2],
+                      pred[k][3] / meas[k][3], pred[k][4] / meas[k][4], bracket[k][0] / meas[k][0],
+                      bracket[k][1] / meas[k][1], bracket[k][2] / meas[k][2], bracket[k][3] / meas[k][3],
+                      bracket[k][4] / meas[k][4]);
+    }
     nl_engine_stats st;
     nl_engine_stats_get(e, &st);
     assert_int_equal(st.kv_blocks_used, 0);
@@ -194,14 +221,7 @@ static void predicted_vs_measured(void **state) {
         /* always: the right order of magnitude (the model is not off by a constant factor) */
         assert_true(r > 1.0 / 3 && r < 3);
     }
-    /* The 20% target held for all five before the attention and matvec probes got faster than
-     * the same kernels inside a step (docs/serving.md: batched decode steps measure 0.67-0.71 of
-     * the prediction). Asserted only when asked. */
-    const char *strict = getenv("NANOLM_PREDICT_STRICT");
-    if (strict && strict[0] == '1')
-        assert_true(ok);
-    else if (!ok)
-        print_message("not asserted: some predictions are outside 20%% (NANOLM_PREDICT_STRICT=1 asserts them)\n");
+    assert_true(ok); /* every prediction within 20% of its measurement */
 }
 
 static void rates_round_trip(void **state) {
@@ -214,7 +234,14 @@ static void rates_round_trip(void **state) {
     r.read_bw_nt = 3.5e10;
     for (int f = 0; f < 3; f++)
         for (int i = 0; i < NL_CPU_NM; i++) r.gemm[f][i] = 1e9 * (f + 1) * (i + 1);
-    r.attn_flops = 4e9;
+    r.attn_flops_chunk = 4e9;
+    for (int kv = 0; kv < 2; kv++)
+        for (int i = 0; i < NL_CPU_NB; i++) { /* quotients: the doubles nearest the decimals cJSON prints */
+            r.attn_row_s[kv][i] = (i + 1 + 10 * kv) / 1e7;
+            r.attn_pos_s[kv][i] = (i + 2 + 10 * kv) / 1e9;
+            r.rope_kv_s[kv][i] = (i + 3 + 10 * kv) / 1e6;
+        }
+    r.rope_kv_chunk_s = 1.5e-6;
     r.row_layer_s = 2e-6;
     r.step_overhead_s = 5e-5;
     r.layer_overhead_s = 1e-5;
@@ -231,8 +258,12 @@ static void rates_round_trip(void **state) {
     assert_int_equal(nl_cpu_rates_load(path, NULL, &back), NL_OK);
     assert_string_equal(back.name, "cpu-test");
     assert_int_equal(back.threads, 2);
-    assert_true(back.read_bw_nt == r.read_bw_nt && back.attn_flops == r.attn_flops &&
-                back.step_overhead_s == r.step_overhead_s);
+    assert_true(back.read_bw_nt == r.read_bw_nt && back.attn_flops_chunk == r.attn_flops_chunk &&
+                back.step_overhead_s == r.step_overhead_s && back.rope_kv_chunk_s == r.rope_kv_chunk_s);
+    for (int kv = 0; kv < 2; kv++)
+        for (int i = 0; i < NL_CPU_NB; i++)
+            assert_true(back.attn_row_s[kv][i] == r.attn_row_s[kv][i] &&
+                        back.attn_pos_s[kv][i] == r.attn_pos_s[kv][i] && back.rope_kv_s[kv][i] == r.rope_kv_s[kv][i]);
     for (int fm = 0; fm < 3; fm++)
         for (int i = 0; i < NL_CPU_NM; i++) assert_true(back.gemm[fm][i] == r.gemm[fm][i]);
     /* the catalog reads the same entry (its cpu_ fields are left to plan_engine) */
@@ -266,6 +297,16 @@ static void rates_round_trip(void **state) {
     assert_non_null(strstr(nl_last_error(), "cpu_read_bw_1t"));
     tu_rmdir(dir);
     free(dir);
+    /* a KV format whose decode rows were not measured is refused, naming it */
+    nl_engine_plan_req q;
+    nl_engine_plan_req_default(&q);
+    q.arch = small_arch();
+    nl_engine_plan p;
+    assert_int_equal(nl_plan_engine(&q, &r, &p), NL_OK);
+    for (int i = 0; i < NL_CPU_NB; i++) r.attn_pos_s[1][i] = 0;
+    q.kv = 1;
+    assert_int_equal(nl_plan_engine(&q, &r, &p), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "int8 KV"));
 }
 
 int main(void) {

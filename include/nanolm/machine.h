@@ -24,6 +24,7 @@ typedef struct nl_machine_opts {
     double min_time_s;   /* each timed measurement runs at least this long (default 0.05) */
     int repeats;         /* medians over this many timings (default 5) */
     int formats;         /* bit f set: measure weight format f (0 fp32, 1 bf16, 2 int8; default all) */
+    int kv_formats;      /* bit k set: measure the decode rows with KV format k (0 fp32, 1 int8; default both) */
     int thread_cpu_time; /* 1 (threads must be 1): time with this thread's CPU clock instead of the
                                 wall clock, so that other processes sharing the cores do not count */
 } nl_machine_opts;

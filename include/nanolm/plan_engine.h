@@ -6,17 +6,24 @@
  *   step(rows, contexts) = step_overhead + L x layer_overhead
  *                        + sum over linears (qkv, o, gate_up, down; classifier for the rows that
  *                          sample) of 2 x rows x N x K / rate(M = rows)
- *                        + L x (rows x heads x attn_call + max(KV bytes read / bandwidth, attention FLOPs / attn rate)),
- *                          the rate of decodes (K/V from memory) or of prompt chunks (K/V in cache)
- *                        + L x rows x row_layer (norms, RoPE, KV store, residuals, SwiGLU)
+ *                        + L x heads x (decodes x attn_row(D) + positions attended x attn_pos(D)),
+ *                          D the step's decode rows, K/V where the step finds them
+ *                        + L x FLOPs of the prompt chunks' attention / chunk rate (K/V in cache)
+ *                        + L x (decodes x rope_kv(D) + chunk tokens x rope_kv_chunk)
+ *                        + L x rows x row_layer (norms, residuals, SwiGLU)
  *
- * a roofline per layer (Williams et al., CACM 2009) with the kernel's measured rate at that many
- * rows instead of a datasheet peak. The linear kernel's rate is measured reading the model's own
- * weights (every layer distinct, as the engine reads them), so at small M it is the bandwidth
- * roof of that footprint (caches included); bytes / streaming bandwidth is reported beside it. Prefill is the chunked schedule the engine runs (chunk and
- * step-token budget); decode at batch B is one step of B rows at the mean context; throughput
- * is the engine's continuous batching of B sequences: B x output tokens over the prefill steps
- * plus output decode steps.
+ * the linears a roofline per layer (Williams et al., CACM 2009) with the kernel's measured rate
+ * at that many rows instead of a datasheet peak. The linear kernel's rate is measured reading
+ * the model's own weights (every layer distinct, as the engine reads them), so at small M it is
+ * the bandwidth roof of that footprint (caches included); bytes / streaming bandwidth is
+ * reported beside it. The terms that grow with a step's decode rows (attention, RoPE + KV
+ * store) are measured at D = 1, 8 and 32 decode rows, each its own sequence in a pool of the
+ * model's layers, with the weights' footprint read between layers as the linears read it: a
+ * batched step finds its K/V further out in the memory hierarchy than one sequence does, and
+ * its scattered KV stores miss the cache. Prefill is the chunked schedule the engine runs
+ * (chunk and step-token budget); decode at batch B is one step of B rows at the mean context;
+ * throughput is the engine's continuous batching of B sequences: B x output tokens over the
+ * prefill steps plus output decode steps.
  */
 #ifndef NANOLM_PLAN_ENGINE_H
 #define NANOLM_PLAN_ENGINE_H
@@ -31,11 +38,13 @@ extern "C" {
 #endif
 
 #define NL_CPU_NM 6 /* rows per kernel call measured */
+#define NL_CPU_NB 3 /* decode rows per step measured: the first NL_CPU_NB of nl_cpu_m (1, 8, 32) */
 /* M = 1, 8, 32, 128, 256, 512: the decode batches and prefill chunks of the engine. */
 extern const int64_t nl_cpu_m[NL_CPU_NM];
 
 /* What `nanolm bench machine` measured. In a --hw JSON entry these are flat optional fields
- * named "cpu_" + the field ("cpu_read_bw_1t", "cpu_gemm_fp32_m8", "cpu_gemm_int8_m512", ...)
+ * named "cpu_" + the field ("cpu_read_bw_1t", "cpu_gemm_fp32_m8", "cpu_gemm_int8_m512",
+ * "cpu_attn_pos_s_kvint8_d32", ...)
  * beside the catalog's own fields; the catalog ignores them, plan_engine reads them. */
 typedef struct nl_cpu_rates {
     char name[32];
@@ -44,11 +53,16 @@ typedef struct nl_cpu_rates {
     double read_bw_nt;         /* streaming read, `threads` threads, bytes/s */
     double gemm[3][NL_CPU_NM]; /* the engine's linear kernel (nl_mv_forward), FLOP/s, for fp32 / bf16 / int8
                                   weights at each M of nl_cpu_m, over the measured model's linear shapes */
-    double attn_flops;         /* paged attention (nl_kvcache_attend_head) of decodes (each token its own
-                                  sequence: K/V come from memory), FLOP/s beyond its fixed cost */
-    double attn_call_s;        /* its fixed cost per (token, head) */
-    double attn_flops_chunk;   /* the same for the tokens of one prompt chunk (K/V shared, in cache) */
-    double row_layer_s;        /* per token and layer outside the linears and attention */
+    /* decode rows: RoPE + KV store and attention (nl_kvcache_attend_rows, one token) of
+     * D = nl_cpu_m[i] (i < NL_CPU_NB) decode rows per step, each its own sequence, for a KV
+     * pool of fp32 [0] or int8 [1] (all 0: not measured) */
+    double attn_row_s[2][NL_CPU_NB]; /* attention per (token, head), fixed part */
+    double attn_pos_s[2][NL_CPU_NB]; /* attention per (token, head, position attended) */
+    double rope_kv_s[2][NL_CPU_NB];  /* RoPE + KV store per token and layer */
+    double attn_flops_chunk;         /* attention of the tokens of one prompt chunk (K/V shared, in cache), FLOP/s,
+                                fp32 pool */
+    double rope_kv_chunk_s;          /* RoPE + KV store per token of a prompt chunk and layer, fp32 pool */
+    double row_layer_s;              /* per token and layer: norms, residuals, SwiGLU */
     double step_overhead_s;    /* per engine step: scheduling, embedding, sampling */
     double layer_overhead_s;   /* per layer of a step: starting the thread teams of its kernels */
 } nl_cpu_rates;
@@ -86,11 +100,11 @@ typedef struct nl_engine_plan {
 } nl_engine_plan;
 
 void nl_engine_plan_req_default(nl_engine_plan_req *q);
-/* One engine step of `rows` tokens, n_out of which sample; its decode tokens attend over
- * ctx_decode positions in all (the sum over them of position + 1), its prompt-chunk tokens over
- * ctx_chunk. */
-double nl_plan_engine_step_s(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64_t rows, int64_t n_out,
-                             double ctx_decode, double ctx_chunk);
+/* One engine step of `rows` tokens, n_decode of which are decodes (the rest prompt-chunk tokens)
+ * and n_out of which sample; its decode tokens attend over ctx_decode positions in all (the sum
+ * over them of position + 1), its prompt-chunk tokens over ctx_chunk. */
+double nl_plan_engine_step_s(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64_t rows, int64_t n_decode,
+                             int64_t n_out, double ctx_decode, double ctx_chunk);
 /* The predictions. NL_ERR_INVALID naming what is wrong (bad shape, no rates for the format). */
 nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_engine_plan *out);
 

@@ -299,9 +299,21 @@ static int bench_machine(int argc, char **argv) {
         printf("\n  %-6s", fmt[f]);
         for (int i = 0; i < NL_CPU_NM; i++) printf(" %9.2f", r.gemm[f][i] / 1e9);
     }
-    printf("\npaged attention      %8.2f GFLOP/s + %.3f us per token and head\n", r.attn_flops / 1e9,
-           r.attn_call_s * 1e6);
-    printf("per token and layer  %8.2f us (norms, RoPE, KV store, residuals, SwiGLU)\n", r.row_layer_s * 1e6);
+    printf("\ndecode rows per step D:\n  %-26s", "D");
+    for (int i = 0; i < NL_CPU_NB; i++) printf(" %9lld", (long long)nl_cpu_m[i]);
+    static const char *kvf[2] = {"fp32", "int8"};
+    for (int kv = 0; kv < 2; kv++) {
+        printf("\n  %s KV: attention us/(token, head)", kvf[kv]);
+        printf("\n  %-26s", "");
+        for (int i = 0; i < NL_CPU_NB; i++) printf(" %9.3f", r.attn_row_s[kv][i] * 1e6);
+        printf("\n  %-26s", "  + ns per position");
+        for (int i = 0; i < NL_CPU_NB; i++) printf(" %9.3f", r.attn_pos_s[kv][i] * 1e9);
+        printf("\n  %-26s", "RoPE + KV store us/token");
+        for (int i = 0; i < NL_CPU_NB; i++) printf(" %9.3f", r.rope_kv_s[kv][i] * 1e6);
+    }
+    printf("\nprompt chunk attention %6.2f GFLOP/s, RoPE + KV store %.3f us per token and layer\n",
+           r.attn_flops_chunk / 1e9, r.rope_kv_chunk_s * 1e6);
+    printf("per token and layer  %8.2f us (norms, residuals, SwiGLU)\n", r.row_layer_s * 1e6);
     printf("engine overheads     %8.2f us per step, %.2f us per layer\n", r.step_overhead_s * 1e6,
            r.layer_overhead_s * 1e6);
     return NL_EXIT_OK;

@@ -26,10 +26,18 @@ typedef struct rate_field {
 } rate_field;
 #define RF(f)                                                                                                          \
     { "cpu_" #f, offsetof(nl_cpu_rates, f) }
-static const rate_field SCALARS[] = {RF(read_bw_1t),       RF(read_bw_nt),  RF(attn_flops),      RF(attn_call_s),
-                                     RF(attn_flops_chunk), RF(row_layer_s), RF(step_overhead_s), RF(layer_overhead_s)};
+static const rate_field SCALARS[] = {RF(read_bw_1t),  RF(read_bw_nt),      RF(attn_flops_chunk), RF(rope_kv_chunk_s),
+                                     RF(row_layer_s), RF(step_overhead_s), RF(layer_overhead_s)};
+/* per KV format and decode rows D = nl_cpu_m[i], i < NL_CPU_NB: "cpu_<field>_kv<format>_d<D>" */
+static const rate_field PER_D[] = {RF(attn_row_s), RF(attn_pos_s), RF(rope_kv_s)};
 #undef RF
 #define NSCALARS (sizeof SCALARS / sizeof SCALARS[0])
+#define NPER_D   (sizeof PER_D / sizeof PER_D[0])
+
+static const char *const KVFMT[2] = {"fp32", "int8"};
+static void per_d_key(char *k, size_t n, int f, int kv, int i) {
+    snprintf(k, n, "%s_kv%s_d%lld", PER_D[f].name, KVFMT[kv], (long long)nl_cpu_m[i]);
+}
 
 static double max_rate(const double *g) {
     double m = 0;
@@ -55,6 +63,13 @@ nl_status nl_cpu_rates_json(const nl_cpu_rates *r, double mem_bytes, const char 
     cJSON_AddNumberToObject(o, "cpu_threads", r->threads);
     for (size_t i = 0; i < NSCALARS; i++)
         cJSON_AddNumberToObject(o, SCALARS[i].name, *(const double *)((const char *)r + SCALARS[i].off));
+    for (size_t f = 0; f < NPER_D; f++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int i = 0; i < NL_CPU_NB; i++) {
+                char k[48];
+                per_d_key(k, sizeof k, (int)f, kv, i);
+                cJSON_AddNumberToObject(o, k, ((const double *)((const char *)r + PER_D[f].off))[kv * NL_CPU_NB + i]);
+            }
     for (int f = 0; f < 3; f++)
         for (int i = 0; i < NL_CPU_NM; i++) {
             char k[48];
@@ -95,14 +110,22 @@ static nl_status rates_from(const char *path, cJSON *o, nl_cpu_rates *r) {
     r->threads = (int)t;
     for (size_t i = 0; i < NSCALARS; i++)
         NL_TRY(get_positive(path, r->name, o, SCALARS[i].name, (double *)((char *)r + SCALARS[i].off)));
+    for (size_t f = 0; f < NPER_D; f++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int i = 0; i < NL_CPU_NB; i++) {
+                char k[48];
+                per_d_key(k, sizeof k, (int)f, kv, i);
+                NL_TRY(get_positive(path, r->name, o, k, (double *)((char *)r + PER_D[f].off) + kv * NL_CPU_NB + i));
+            }
     for (int f = 0; f < 3; f++)
         for (int i = 0; i < NL_CPU_NM; i++) {
             char k[48];
             snprintf(k, sizeof k, "cpu_gemm_%s_m%lld", FMT[f], (long long)nl_cpu_m[i]);
             NL_TRY(get_positive(path, r->name, o, k, &r->gemm[f][i]));
         }
-    if (!(r->read_bw_nt > 0) || !(r->attn_flops > 0))
-        return nl_fail(NL_ERR_FORMAT, "%s: entry '%s': cpu_read_bw_nt and cpu_attn_flops must be > 0", path, r->name);
+    if (!(r->read_bw_nt > 0) || !(r->attn_flops_chunk > 0))
+        return nl_fail(NL_ERR_FORMAT, "%s: entry '%s': cpu_read_bw_nt and cpu_attn_flops_chunk must be > 0", path,
+                       r->name);
     return NL_OK;
 }
 
@@ -176,22 +199,44 @@ static double kv_bytes_per_pos(const nl_engine_plan_req *q, const shape *s) {
     return q->kv == 1 ? 2 * (s->KVH * s->hd + s->KVH * 2) : 2 * s->KVH * s->hd * 4;
 }
 
-double nl_plan_engine_step_s(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64_t rows, int64_t n_out,
-                             double ctx_decode, double ctx_chunk) {
+/* v[0 .. NL_CPU_NB) measured at D = nl_cpu_m[i] decode rows: linear in log D between them,
+ * clamped outside (a time per row, which may be 0, so not log-log). */
+static double per_d_at(const double *v, int64_t d) {
+    if (d <= nl_cpu_m[0]) return v[0];
+    for (int i = 1; i < NL_CPU_NB; i++)
+        if (d <= nl_cpu_m[i]) {
+            double t = (log((double)d) - log((double)nl_cpu_m[i - 1])) /
+                       (log((double)nl_cpu_m[i]) - log((double)nl_cpu_m[i - 1]));
+            return v[i - 1] + t * (v[i] - v[i - 1]);
+        }
+    return v[NL_CPU_NB - 1];
+}
+
+/* Seconds per layer of the step's decode rows outside the linears: attention of its n_decode
+ * tokens over ctx_decode positions in all, and their RoPE + KV store, at the rates measured
+ * for that many decode rows. */
+static double decode_rows_s(const nl_cpu_rates *r, int kv, const shape *s, int64_t n_decode, double ctx_decode) {
+    if (n_decode < 1) return 0;
+    double attn = s->NH * ((double)n_decode * per_d_at(r->attn_row_s[kv], n_decode) +
+                           ctx_decode * per_d_at(r->attn_pos_s[kv], n_decode));
+    return attn + (double)n_decode * per_d_at(r->rope_kv_s[kv], n_decode);
+}
+
+double nl_plan_engine_step_s(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64_t rows, int64_t n_decode,
+                             int64_t n_out, double ctx_decode, double ctx_chunk) {
     shape s = shape_of(&q->arch);
     double lin = linear_s(q, r, s.QKV, s.C, rows) + linear_s(q, r, s.C, s.ATT, rows) +
                  linear_s(q, r, 2 * s.H, s.C, rows) + linear_s(q, r, s.C, s.H, rows);
-    double attn_mem = ctx_decode * kv_bytes_per_pos(q, &s) / r->read_bw_nt;
-    double attn_comp = 4 * s.NH * s.hd * ctx_decode / r->attn_flops;
-    double chunk_rate = r->attn_flops_chunk > 0 ? r->attn_flops_chunk : r->attn_flops;
-    double attn = (attn_mem > attn_comp ? attn_mem : attn_comp) + 4 * s.NH * s.hd * ctx_chunk / chunk_rate +
-                  (double)rows * s.NH * r->attn_call_s;
-    return r->step_overhead_s + s.L * (r->layer_overhead_s + lin + attn + (double)rows * r->row_layer_s) +
+    double chunk = 4 * s.NH * s.hd * ctx_chunk / r->attn_flops_chunk + (double)(rows - n_decode) * r->rope_kv_chunk_s;
+    return r->step_overhead_s +
+           s.L * (r->layer_overhead_s + lin + decode_rows_s(r, q->kv, &s, n_decode, ctx_decode) + chunk +
+                  (double)rows * r->row_layer_s) +
            linear_s(q, r, s.V, s.C, n_out);
 }
 
 /* B identical requests submitted together, through the engine's schedule (engine.c: decodes
- * first, then prompt chunks oldest first within the step budget). Returns the seconds until all
+ * first, then prompt chunks oldest first within the step budget, at most one chunk of prompt
+ * tokens per step when chunking). Returns the seconds until all
  * are done; *first_s the seconds until the first one's prefill is done. */
 static double simulate(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64_t B, double *first_s, int64_t *steps) {
     int64_t cached[1024], done[1024];
@@ -201,13 +246,16 @@ static double simulate(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64
     int64_t n_steps = 0, finished = 0;
     *first_s = 0;
     while (finished < B && n_steps < 10000000) {
-        int64_t rows = 0, n_out = 0, budget = q->max_step_tokens;
+        int64_t rows = 0, n_out = 0, n_decode = 0, budget = q->max_step_tokens;
         double ctx = 0, ctx_chunk = 0;
         for (int64_t i = 0; i < B; i++) /* decodes */
             if (cached[i] >= q->prompt && done[i] < q->output) {
                 ctx += (double)(cached[i] + 1);
                 rows++, n_out++, budget--;
             }
+        n_decode = rows;
+        /* with chunking, the prompt tokens of a step are one chunk in all (engine.c schedule) */
+        if (q->chunk > 0 && budget > q->chunk) budget = q->chunk;
         int64_t chunk_of[1024] = {0};
         for (int64_t i = 0; i < B && budget > 0; i++) { /* prompt chunks */
             int64_t left = q->prompt - cached[i];
@@ -223,7 +271,7 @@ static double simulate(const nl_engine_plan_req *q, const nl_cpu_rates *r, int64
             rows += c, budget -= c;
             if (cached[i] + c == q->prompt) n_out++;
         }
-        t += nl_plan_engine_step_s(q, r, rows, n_out, ctx, ctx_chunk);
+        t += nl_plan_engine_step_s(q, r, rows, n_decode, n_out, ctx, ctx_chunk);
         n_steps++;
         for (int64_t i = 0; i < B; i++) {
             if (chunk_of[i]) {
@@ -258,12 +306,17 @@ nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_
     if (q->prompt < 1 || q->output < 1 || q->batch < 1 || q->batch > 1024 || q->max_step_tokens < 1 || q->chunk < 0)
         return nl_fail(NL_ERR_INVALID,
                        "plan serve: prompt and output >= 1, batch in [1, 1024], chunk >= 0, step tokens >= 1");
-    if (!(r->read_bw_nt > 0) || !(r->attn_flops > 0))
+    if (!(r->read_bw_nt > 0) || !(r->attn_flops_chunk > 0))
         return nl_fail(NL_ERR_INVALID, "plan serve: '%s' has no measured bandwidth or attention rate", r->name);
     for (int i = 0; i < NL_CPU_NM; i++)
         if (!(r->gemm[q->weights][i] > 0))
             return nl_fail(NL_ERR_INVALID, "plan serve: '%s' has no measured %s kernel rate at M = %lld", r->name,
                            FMT[q->weights], (long long)nl_cpu_m[i]);
+    for (int i = 0; i < NL_CPU_NB; i++)
+        if (!(r->attn_pos_s[q->kv][i] > 0) || !(r->rope_kv_s[q->kv][i] > 0))
+            return nl_fail(NL_ERR_INVALID,
+                           "plan serve: '%s' has no measured decode rates for a %s KV cache at D = %lld", r->name,
+                           KVFMT[q->kv], (long long)nl_cpu_m[i]);
     shape s = shape_of(a);
     int64_t steps = 0;
     nl_engine_plan_req one = *q;
@@ -275,7 +328,7 @@ nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_
     double ctx = (double)q->prompt + (double)q->output / 2;
     for (int i = 0; i < NL_ENGINE_PLAN_NB; i++) {
         out->decode_batch[i] = bs[i];
-        out->decode_step_s[i] = nl_plan_engine_step_s(q, r, bs[i], bs[i], (double)bs[i] * ctx, 0);
+        out->decode_step_s[i] = nl_plan_engine_step_s(q, r, bs[i], bs[i], bs[i], (double)bs[i] * ctx, 0);
         out->decode_tokens_per_s[i] = (double)bs[i] / out->decode_step_s[i];
     }
     double total = simulate(q, r, q->batch, &first, &steps);
@@ -283,9 +336,8 @@ nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_
     out->linear_s = s.L * (linear_s(q, r, s.QKV, s.C, 1) + linear_s(q, r, s.C, s.ATT, 1) +
                            linear_s(q, r, 2 * s.H, s.C, 1) + linear_s(q, r, s.C, s.H, 1)) +
                     linear_s(q, r, s.V, s.C, 1);
-    double am = ctx * kv_bytes_per_pos(q, &s) / r->read_bw_nt, ac = 4 * s.NH * s.hd * ctx / r->attn_flops;
-    out->attention_s = s.L * ((am > ac ? am : ac) + s.NH * r->attn_call_s);
-    out->rows_s = s.L * r->row_layer_s;
+    out->attention_s = s.L * s.NH * (r->attn_row_s[q->kv][0] + ctx * r->attn_pos_s[q->kv][0]);
+    out->rows_s = s.L * (r->row_layer_s + r->rope_kv_s[q->kv][0]);
     out->overhead_s = r->step_overhead_s + s.L * r->layer_overhead_s;
     out->weight_bytes = s.L * (weight_bytes_of(q->weights, s.QKV, s.C) + weight_bytes_of(q->weights, s.C, s.ATT) +
                                weight_bytes_of(q->weights, 2 * s.H, s.C) + weight_bytes_of(q->weights, s.C, s.H)) +

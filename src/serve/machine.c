@@ -18,6 +18,7 @@ void nl_machine_opts_default(nl_machine_opts *o) {
     o->min_time_s = 0.05;
     o->repeats = 5;
     o->formats = 7;
+    o->kv_formats = 3;
 }
 
 double nl_machine_clock_s(const nl_machine_opts *o) {
@@ -78,11 +79,25 @@ static nl_status measure_bw(const nl_machine_opts *o, int threads, nl_cpu_rates 
 
 /* ---- the engine's linear kernel ------------------------------------------------------------------ */
 
-/* Times fn(ctx) until min_time_s has passed; seconds per call, median of `repeats` timings. */
+/* Seconds that one reading of o's clock adds to the interval it closes (the thread CPU clock is
+ * a system call: about 1.3 us on a virtual machine, as much as a small kernel call); the median
+ * of 5 runs of 64 readings. */
+static double clock_cost_s(const nl_machine_opts *o) {
+    double v[5];
+    for (int k = 0; k < 5; k++) {
+        double t0 = nl_machine_clock_s(o), t1 = t0;
+        for (int i = 0; i < 64; i++) t1 = nl_machine_clock_s(o);
+        v[k] = (t1 - t0) / 64;
+    }
+    return median_of(v, 5);
+}
+
+/* Times fn(ctx) until min_time_s has passed; seconds per call (less the clock's own cost), median
+ * of `repeats` timings. */
 typedef void (*timed_fn)(void *ctx);
 static double time_calls(timed_fn fn, void *ctx, const nl_machine_opts *o) {
     fn(ctx); /* warm-up */
-    double v[32];
+    double v[32], clock_s = clock_cost_s(o);
     int reps = o->repeats < 32 ? o->repeats : 32;
     for (int k = 0; k < reps; k++) {
         int calls = 0;
@@ -91,13 +106,15 @@ static double time_calls(timed_fn fn, void *ctx, const nl_machine_opts *o) {
             fn(ctx);
             calls++;
         } while ((dt = nl_machine_clock_s(o) - t0) < o->min_time_s);
-        v[k] = dt / calls;
+        v[k] = dt / calls - clock_s;
     }
-    return median_of(v, reps);
+    double t = median_of(v, reps);
+    return t > 0 ? t : 0;
 }
 
 typedef struct lin_ctx {
     nl_mv_weight *w; /* (L, 4) */
+    nl_mv_act *act;  /* the prepared inputs, reused from call to call as the engine reuses them */
     int64_t n_w, m;
     float *x, *y;
     int threads;
@@ -105,7 +122,7 @@ typedef struct lin_ctx {
 
 static void run_linears(void *p) {
     lin_ctx *c = p;
-    for (int64_t i = 0; i < c->n_w; i++) nl_mv_forward(&c->w[i], c->x, c->m, c->y, c->threads);
+    for (int64_t i = 0; i < c->n_w; i++) (void)nl_mv_forward_act(&c->w[i], c->act, c->x, c->m, c->y, c->threads);
 }
 
 static nl_status measure_gemm(const nl_arch *a, const nl_machine_opts *o, int threads, nl_cpu_rates *r) {
@@ -136,10 +153,13 @@ static nl_status measure_gemm(const nl_arch *a, const nl_machine_opts *o, int th
                 rc = nl_mv_weight_init(&w[4 * l + j], (nl_wfmt)f, p, shp[j][0], shp[j][1], 0);
                 p += shp[j][0] * shp[j][1];
             }
+        nl_mv_act act;
+        memset(&act, 0, sizeof act);
         for (int i = 0; !rc && i < NL_CPU_NM; i++) {
-            lin_ctx c = {w, 4 * L, nl_cpu_m[i], x, y, threads};
+            lin_ctx c = {w, &act, 4 * L, nl_cpu_m[i], x, y, threads};
             r->gemm[f][i] = flops_per_row * (double)nl_cpu_m[i] / time_calls(run_linears, &c, o);
         }
+        nl_mv_act_free(&act);
         for (int64_t k = 0; k < 4 * L; k++) nl_mv_weight_free(&w[k]);
         memset(w, 0, (size_t)(4 * L) * sizeof *w);
     }
@@ -154,114 +174,297 @@ static nl_status measure_gemm(const nl_arch *a, const nl_machine_opts *o, int th
 
 typedef struct attn_ctx {
     nl_kvcache *kv;
-    int32_t *table; /* (rows, nb): each row its own sequence, as in a decode batch */
-    int64_t rows, pos, NH, hd, nb;
-    int shared; /* 1: every row reads row 0's sequence (a prompt chunk) */
+    int32_t *table; /* (nb): one sequence */
+    int64_t rows, pos, NH, hd;
     float *q, *out, *scratch;
     int64_t scratch_floats; /* per thread */
     int threads;
 } attn_ctx;
 
-/* The engine's attention loop (engine.c forward_rows): (row, head) pairs over the threads, or for
- * a prompt chunk (shared) (tile, head) pairs: the rows are one tile of positions pos - rows + 1 ..
- * pos of row 0's sequence. */
-static void run_attention(void *p) {
+/* The engine's attention loop (engine.c forward_rows) for one prompt chunk: (tile, head) pairs
+ * over the threads; the rows are one tile of positions pos - rows + 1 .. pos of one sequence. */
+static void run_chunk_attention(void *p) {
     attn_ctx *c = p;
-    const int64_t pairs = (c->shared ? 1 : c->rows) * c->NH, qkv = c->NH * c->hd;
+    const int64_t qkv = c->NH * c->hd;
 #pragma omp parallel num_threads(c->threads)
     {
         float *scratch = c->scratch + (int64_t)omp_get_thread_num() * c->scratch_floats;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t k = 0; k < pairs; k++) {
-            if (c->shared) {
-                nl_kvcache_attend_rows(c->kv, c->table, 0, c->pos - c->rows + 1, c->rows, c->q, qkv, c->NH, k,
-                                       c->out + k * c->hd, qkv, scratch);
-                continue;
-            }
-            int64_t i = k / c->NH, h = k % c->NH;
-            nl_kvcache_attend_head(c->kv, c->table + (c->shared ? 0 : i) * c->nb, 0, c->pos, c->q + i * c->NH * c->hd,
-                                   c->NH, h, c->out + i * c->NH * c->hd + h * c->hd, scratch);
-        }
+        for (int64_t h = 0; h < c->NH; h++)
+            nl_kvcache_attend_rows(c->kv, c->table, 0, c->pos - c->rows + 1, c->rows, c->q, qkv, c->NH, h,
+                                   c->out + h * c->hd, qkv, scratch);
     }
 }
 
-/* Seconds per (token, head) of attention over pos + 1 positions (the engine's loop over 8 tokens
- * of 8 sequences, each with its own blocks). */
-static nl_status attention_s(const nl_arch *a, const nl_machine_opts *o, int threads, int64_t pos, int shared,
-                             double *out) {
-    const int64_t NH = a->n_heads, KVH = a->n_kv_heads, hd = nl_arch_head_dim(a), rows = 8, bs = 16;
-    const int64_t nb = (pos + bs) / bs;
+/* The FLOP rate of a prompt chunk's attention: 16 tokens (one tile) at positions 240..255 of one
+ * sequence, whose K/V the chunk has just stored (in cache). */
+static nl_status measure_chunk_attention(const nl_arch *a, const nl_machine_opts *o, int threads, nl_cpu_rates *r) {
+    const int64_t NH = a->n_heads, KVH = a->n_kv_heads, hd = nl_arch_head_dim(a), rows = NL_KV_QTILE, pos = 255;
+    const int64_t bs = 16, nb = (pos + bs) / bs;
     nl_kvcache kv;
-    NL_TRY(nl_kvcache_init(&kv, 1, KVH, hd, NL_KV_FP32, bs, rows * nb));
-    int32_t *table = nl_malloc((size_t)(rows * nb) * sizeof(int32_t), "attention probe table");
-    const int64_t scratch_floats = nl_kvcache_attend_scratch(shared ? rows : 1, pos + 1, hd);
+    NL_TRY(nl_kvcache_init(&kv, 1, KVH, hd, NL_KV_FP32, bs, nb));
+    int32_t table[64];
+    const int64_t scratch_floats = nl_kvcache_attend_scratch(rows, pos + 1, hd);
     float *q =
         nl_malloc((size_t)(rows * NH * hd * 2 + (int64_t)threads * scratch_floats + 2 * KVH * hd) * sizeof(float),
                   "attention probe");
-    if (!q || !table) {
-        nl_free(q);
-        nl_free(table);
+    if (!q) {
         nl_kvcache_free(&kv);
         return NL_ERR_NOMEM;
     }
-    for (int64_t b = 0; b < rows * nb; b++) table[b] = nl_kvcache_alloc(&kv);
+    for (int64_t b = 0; b < nb; b++) table[b] = nl_kvcache_alloc(&kv);
     float *out_h = q + rows * NH * hd, *scratch = out_h + rows * NH * hd,
           *k = scratch + (int64_t)threads * scratch_floats;
     nl_rng g;
     nl_rng_seed(&g, 4);
     for (int64_t i = 0; i < rows * NH * hd; i++) q[i] = nl_rng_float(&g) - 0.5f;
-    for (int64_t i = 0; i < rows; i++)
-        for (int64_t t = 0; t <= pos; t++) {
-            for (int64_t j = 0; j < 2 * KVH * hd; j++) k[j] = nl_rng_float(&g) - 0.5f;
-            nl_kvcache_store(&kv, table + i * nb, 0, t, k, k + KVH * hd);
-        }
-    attn_ctx c = {&kv, table, rows, pos, NH, hd, nb, shared, q, out_h, scratch, scratch_floats, threads};
-    *out = time_calls(run_attention, &c, o) / (double)(rows * NH);
+    for (int64_t t = 0; t <= pos; t++) {
+        for (int64_t j = 0; j < 2 * KVH * hd; j++) k[j] = nl_rng_float(&g) - 0.5f;
+        nl_kvcache_store(&kv, table, 0, t, k, k + KVH * hd);
+    }
+    attn_ctx c = {&kv, table, rows, pos, NH, hd, q, out_h, scratch, scratch_floats, threads};
+    double per = time_calls(run_chunk_attention, &c, o) / (double)(rows * NH); /* per (token, head) */
+    double positions = (double)pos + 1 - (double)(rows - 1) / 2;               /* mean attended */
+    r->attn_flops_chunk = 4.0 * (double)hd * positions / per;
     nl_free(q);
-    nl_free(table);
     nl_kvcache_free(&kv);
     return NL_OK;
 }
 
-/* A line through two contexts: the fixed cost per (token, head) and the FLOP rate beyond it. */
-static nl_status measure_attention(const nl_arch *a, const nl_machine_opts *o, int threads, nl_cpu_rates *r) {
-    const int64_t p0 = 31, p1 = 511;
-    double t0 = 0, t1 = 0;
-    NL_TRY(attention_s(a, o, threads, p0, 0, &t0));
-    NL_TRY(attention_s(a, o, threads, p1, 0, &t1));
-    double flops_per_pos = 4.0 * (double)nl_arch_head_dim(a); /* scores and weighted sum, one head */
-    double slope = (t1 - t0) / (double)(p1 - p0);
-    if (!(slope > 0)) slope = t1 / (double)(p1 + 1);
-    r->attn_flops = flops_per_pos / slope;
-    double fixed = t0 - slope * (double)(p0 + 1);
-    r->attn_call_s = fixed > 0 ? fixed : 0;
-    double th = 0; /* the tokens of a chunk attend as one tile over one sequence's K/V */
-    NL_TRY(attention_s(a, o, threads, 255, 1, &th));
-    double per = th - r->attn_call_s;
-    r->attn_flops_chunk = per > 0 ? flops_per_pos * 256 / per : r->attn_flops;
+/* ---- the decode rows of a step, where the step finds their data ---------------------------------- */
+
+/* A pool of the model's L layers holding D sequences of n_pos positions each (the decode rows of
+ * one step), and a buffer of the weights' footprint that is read between layers, as the step's
+ * linears read the weights: what the step's attention and KV stores find in the caches. */
+typedef struct dec_ctx {
+    const nl_model *m; /* RoPE tables (seq_len > n_pos) and shapes (one layer of them) */
+    int64_t L;         /* layers of the pool (the measured model's) */
+    nl_kvcache kv;
+    int32_t *table; /* (D, nb) */
+    int64_t D, nb, pos;
+    float *qkv, *out; /* (D, QKV), (D, NH*hd) */
+    float *scratch;   /* (threads, scratch_floats) */
+    int64_t scratch_floats;
+    const float *weights; /* (weight_floats) the footprint of the linears */
+    size_t weight_floats;
+    int threads;
+    int chunk;      /* 1: the D rows are one prompt chunk, positions pos .. pos + D - 1 of sequence 0 */
+    double clock_s; /* what one clock reading adds to an interval (clock_cost_s) */
+} dec_ctx;
+
+/* Reads floats [f0, f1) of the weight footprint (not timed): what the linears of a layer read. */
+static void read_weights(const dec_ctx *c, size_t f0, size_t f1) {
+    float acc[16] = {0};
+    for (size_t i = f0; i + 16 <= f1; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += c->weights[i + j];
+    volatile float sink = acc[0] + acc[15];
+    (void)sink;
+}
+
+/* One step of the D decode rows at position c->pos, layer by layer as engine.c forward_rows runs
+ * them: the weights of the layer read, then (timed) RoPE + KV store in one region over the rows,
+ * then (timed) attention, one unit of work per (row, head). Adds the seconds to *rope_s, *attn_s. */
+static void dec_step(dec_ctx *c, const nl_machine_opts *o, double *rope_s, double *attn_s) {
+    const nl_model *m = c->m;
+    const int64_t NH = m->NH, KVH = m->KVH, hd = m->hd, QKV = m->QKV, half = hd / 2, work = c->D * NH;
+    const int nt = c->threads;
+    for (int64_t l = 0; l < c->L; l++) {
+        read_weights(c, c->weight_floats * (size_t)l / (size_t)c->L, c->weight_floats * (size_t)(l + 1) / (size_t)c->L);
+        double t0 = nl_machine_clock_s(o);
+        /* engine.c runs fewer than 8 rows on the calling thread */
+#pragma omp parallel for schedule(static) num_threads(nt) if (c->D >= 8)
+        for (int64_t i = 0; i < c->D; i++) {
+            float *q = c->qkv + i * QKV;
+            int64_t seq = c->chunk ? 0 : i, pos = c->chunk ? c->pos + i : c->pos;
+            nl_rope_row(q, m->rope_cos + pos * half, m->rope_sin + pos * half, NH + KVH, hd, 0);
+            nl_kvcache_store(&c->kv, c->table + seq * c->nb, l, pos, q + NH * hd, q + (NH + KVH) * hd);
+        }
+        double t1 = nl_machine_clock_s(o);
+        *rope_s += t1 - t0 - c->clock_s;
+        if (c->chunk) continue; /* the chunk's attention: measure_chunk_attention */
+#pragma omp parallel num_threads(nt)
+        {
+            float *scratch = c->scratch + (int64_t)omp_get_thread_num() * c->scratch_floats;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t p = 0; p < work; p++) {
+                int64_t i = p / NH, h = p % NH;
+                nl_kvcache_attend_rows(&c->kv, c->table + i * c->nb, l, c->pos, 1, c->qkv + i * QKV, QKV, NH, h,
+                                       c->out + i * NH * hd + h * hd, NH * hd, scratch);
+            }
+        }
+        *attn_s += nl_machine_clock_s(o) - t1 - c->clock_s;
+    }
+}
+
+/* Seconds per (token, head) of attention and per (token, layer) of RoPE + KV store of D decode
+ * rows at position pos (medians of o->repeats timings of at least min_time_s each). */
+static void dec_time(dec_ctx *c, const nl_machine_opts *o, int64_t pos, double *attn, double *rope) {
+    double va[32], vr[32];
+    int reps = o->repeats < 32 ? o->repeats : 32;
+    double rs = 0, as = 0;
+    c->pos = pos;
+    dec_step(c, o, &rs, &as); /* warm-up */
+    for (int k = 0; k < reps; k++) {
+        int steps = 0;
+        rs = as = 0;
+        do {
+            dec_step(c, o, &rs, &as);
+            steps++;
+        } while (rs + as < o->min_time_s && steps < 100000);
+        va[k] = c->chunk ? 0 : as / ((double)steps * (double)(c->L * c->D * c->m->NH));
+        vr[k] = rs / ((double)steps * (double)(c->L * c->D));
+    }
+    *attn = median_of(va, reps);
+    *rope = median_of(vr, reps);
+    *attn = *attn > 0 ? *attn : 0;
+    *rope = *rope > 0 ? *rope : 0;
+}
+
+/* Fills the K/V of positions [0, n_pos) of every sequence and layer with random values. */
+static void dec_fill(dec_ctx *c, int64_t n_pos, float *kvrow) {
+    const nl_model *m = c->m;
+    const int64_t kvd = m->KVH * m->hd;
+    nl_rng g;
+    nl_rng_seed(&g, 8);
+    for (int64_t j = 0; j < 2 * kvd; j++) kvrow[j] = nl_rng_float(&g) - 0.5f;
+    for (int64_t i = 0; i < c->D; i++)
+        for (int64_t l = 0; l < c->L; l++)
+            for (int64_t t = 0; t < n_pos; t++) {
+                kvrow[(i + l + t) % (2 * kvd)] = nl_rng_float(&g) - 0.5f; /* no two rows alike */
+                nl_kvcache_store(&c->kv, c->table + i * c->nb, l, t, kvrow, kvrow + kvd);
+            }
+}
+
+enum { DEC_POS0 = 32, DEC_POS1 = 160 };
+#define DEC_POOL_BYTES ((double)(256 << 20)) /* the most K/V a probe holds */
+
+/* Opens c for D rows over n_seq sequences of n_pos positions (K/V filled) in an L-layer pool of
+ * K/V format dt. */
+static nl_status dec_open(dec_ctx *c, const nl_model *m, int64_t L, nl_kv_dtype dt, int64_t D, int64_t n_seq,
+                          int64_t n_pos, const float *weights, size_t weight_floats, const nl_machine_opts *o,
+                          int threads) {
+    const int64_t bs = 16, kvd = m->KVH * m->hd;
+    memset(c, 0, sizeof *c);
+    c->m = m;
+    c->L = L;
+    c->D = D;
+    c->nb = (n_pos + bs - 1) / bs;
+    c->weights = weights;
+    c->weight_floats = weight_floats;
+    c->threads = threads;
+    c->clock_s = clock_cost_s(o);
+    c->scratch_floats = nl_kvcache_attend_scratch(1, n_pos, m->hd);
+    NL_TRY(nl_kvcache_init(&c->kv, L, m->KVH, m->hd, dt, bs, n_seq * c->nb));
+    c->table = nl_malloc((size_t)(n_seq * c->nb) * sizeof(int32_t), "decode probe block tables");
+    c->qkv = nl_malloc((size_t)(D * (m->QKV + m->NH * m->hd) + threads * c->scratch_floats + 2 * kvd) * sizeof(float),
+                       "decode probe buffers");
+    if (!c->table || !c->qkv) return NL_ERR_NOMEM;
+    /* blocks in a shuffled order: a pool that has served requests hands out blocks in the order
+     * they came back (engine.c frees a finished sequence's blocks onto a stack), which mixes
+     * the blocks of sequences that started and finished at different times */
+    for (int64_t b = 0; b < n_seq * c->nb; b++) c->table[b] = nl_kvcache_alloc(&c->kv);
+    nl_rng g;
+    nl_rng_seed(&g, 9);
+    for (int64_t b = n_seq * c->nb - 1; b > 0; b--) {
+        int64_t j = (int64_t)(nl_rng_float(&g) * (float)(b + 1)) % (b + 1);
+        int32_t t = c->table[b];
+        c->table[b] = c->table[j], c->table[j] = t;
+    }
+    c->out = c->qkv + D * m->QKV;
+    c->scratch = c->out + D * m->NH * m->hd;
+    for (int64_t i = 0; i < D * m->QKV; i++) c->qkv[i] = nl_rng_float(&g) - 0.5f;
+    c->D = n_seq; /* every sequence's K/V */
+    dec_fill(c, n_pos, c->scratch + threads * c->scratch_floats);
+    c->D = D;
     return NL_OK;
+}
+
+static void dec_close(dec_ctx *c) {
+    nl_free(c->table);
+    nl_free(c->qkv);
+    nl_kvcache_free(&c->kv);
+}
+
+/* The decode-row rates at D rows, from steps at positions p0 and p1: a line through the two
+ * (the fixed part per (token, head) and the cost per position attended). */
+static nl_status measure_decode_d(const nl_model *m, int64_t L, const float *weights, size_t weight_floats,
+                                  const nl_machine_opts *o, int threads, int kv, int di, nl_cpu_rates *r) {
+    const int64_t D = nl_cpu_m[di], bs = 16;
+    const nl_kv_dtype dt = kv ? NL_KV_INT8 : NL_KV_FP32;
+    double per_pos = (double)nl_kvcache_block_bytes(L, m->KVH, m->hd, dt, bs) / (double)bs;
+    int64_t p1 = (int64_t)(DEC_POOL_BYTES / (per_pos * (double)D)) - bs;
+    p1 = p1 > DEC_POS1 ? DEC_POS1 : p1;
+    if (p1 > m->arch.seq_len - 1) p1 = m->arch.seq_len - 1;
+    const int64_t p0 = DEC_POS0 < p1 / 2 ? DEC_POS0 : p1 / 2;
+    if (p0 < 1)
+        return nl_fail(NL_ERR_INVALID, "bench machine: model '%s' is too large for the decode probe", m->arch.name);
+    dec_ctx c;
+    nl_status rc = dec_open(&c, m, L, dt, D, D, p1 + 1, weights, weight_floats, o, threads);
+    if (!rc) {
+        double a0, a1, r0, r1;
+        dec_time(&c, o, p0, &a0, &r0);
+        dec_time(&c, o, p1, &a1, &r1);
+        double slope = (a1 - a0) / (double)(p1 - p0);
+        if (!(slope > 0)) slope = a1 / (double)(p1 + 1);
+        double fixed = a0 - slope * (double)(p0 + 1);
+        r->attn_pos_s[kv][di] = slope;
+        r->attn_row_s[kv][di] = fixed > 0 ? fixed : 0;
+        r->rope_kv_s[kv][di] = 0.5 * (r0 + r1);
+    }
+    dec_close(&c);
+    return rc;
+}
+
+/* RoPE + KV store per token and layer of a prompt chunk: 64 consecutive positions of one
+ * sequence, stored into blocks the weights' footprint has been read over since. */
+static nl_status measure_chunk_rows(const nl_model *m, int64_t L, const float *weights, size_t weight_floats,
+                                    const nl_machine_opts *o, int threads, nl_cpu_rates *r) {
+    const int64_t rows = 64;
+    dec_ctx c;
+    nl_status rc = dec_open(&c, m, L, NL_KV_FP32, rows, 1, rows, weights, weight_floats, o, threads);
+    if (!rc) {
+        double a = 0;
+        c.chunk = 1;
+        dec_time(&c, o, 0, &a, &r->rope_kv_chunk_s);
+    }
+    dec_close(&c);
+    return rc;
+}
+
+/* The decode-row rates at D = 1, 8, 32 (for each KV format of o->kv_formats) and a chunk's RoPE +
+ * KV store for L layers of m's shape,
+ * with a buffer the size of the fp32 weights of L layers (at most DEC_POOL_BYTES) read between
+ * layers. */
+static nl_status measure_decode_rows(const nl_model *m, int64_t L, const nl_machine_opts *o, int threads,
+                                     nl_cpu_rates *r) {
+    double wb = 4.0 * (double)L * (double)(m->QKV * m->C + m->C * m->NH * m->hd + 3 * m->H * m->C);
+    size_t wf = (size_t)((wb < DEC_POOL_BYTES ? wb : DEC_POOL_BYTES) / sizeof(float));
+    float *w = nl_malloc(wf * sizeof(float), "decode probe weight footprint");
+    if (!w) return NL_ERR_NOMEM;
+    for (size_t i = 0; i < wf; i++) w[i] = (float)(i & 255) * 1e-3f;
+    nl_status rc = NL_OK;
+    for (int kv = 0; kv < 2; kv++)
+        for (int di = 0; !rc && (o->kv_formats & (1 << kv)) && di < NL_CPU_NB; di++)
+            rc = measure_decode_d(m, L, w, wf, o, threads, kv, di, r);
+    if (!rc) rc = measure_chunk_rows(m, L, w, wf, o, threads, r);
+    nl_free(w);
+    return rc;
 }
 
 typedef struct row_ctx {
     const nl_model *m;
-    nl_kvcache *kv;
-    int32_t *table;
     int64_t rows;
-    float *x, *xb, *qkv, *h13, *hact, *rstd;
+    float *x, *xb, *h13, *hact, *rstd;
 } row_ctx;
 
-/* What engine.c's forward does per row and layer besides the linears and attention. */
+/* What engine.c's forward does per row and layer besides the linears, attention, RoPE and the
+ * KV store: norms, residuals, SwiGLU. */
 static void run_rows(void *p) {
     row_ctx *c = p;
     const nl_model *m = c->m;
-    const int64_t C = m->C, n = c->rows, half = m->hd / 2;
+    const int64_t C = m->C, n = c->rows;
     const nl_layer_weights *lw = &m->w.layers[0];
     nl_rmsnorm_forward(c->xb, c->rstd, c->x, lw->rms_att, n, C, 1e-5f);
-    for (int64_t i = 0; i < n; i++) {
-        float *q = c->qkv + i * m->QKV;
-        nl_rope_apply(q, m->rope_cos + i * half, m->rope_sin + i * half, 1, 1, m->NH + m->KVH, m->hd, m->QKV, 0);
-        nl_kvcache_store(c->kv, c->table, 0, i, q + m->NH * m->hd, q + (m->NH + m->KVH) * m->hd);
-    }
     for (int64_t i = 0; i < n * C; i++) c->x[i] += c->xb[i];
     nl_rmsnorm_forward(c->xb, c->rstd, c->x, lw->rms_ffn, n, C, 1e-5f);
     nl_swiglu_forward(c->hact, c->h13, n, m->H);
@@ -269,25 +472,17 @@ static void run_rows(void *p) {
 }
 
 static nl_status measure_rows(const nl_model *m, const nl_machine_opts *o, nl_cpu_rates *r) {
-    const int64_t rows = 64, bs = 16;
-    nl_kvcache kv;
-    NL_TRY(nl_kvcache_init(&kv, 1, m->KVH, m->hd, NL_KV_FP32, bs, rows / bs));
-    int32_t table[64];
-    for (int64_t b = 0; b < rows / bs; b++) table[b] = nl_kvcache_alloc(&kv);
-    size_t floats = (size_t)(rows * (2 * m->C + m->QKV + 3 * m->H + 1));
+    const int64_t rows = 64;
+    size_t floats = (size_t)(rows * (2 * m->C + 3 * m->H + 1));
     float *buf = nl_calloc(floats, sizeof(float), "row probe buffers");
-    if (!buf) {
-        nl_kvcache_free(&kv);
-        return NL_ERR_NOMEM;
-    }
-    row_ctx c = {m, &kv, table, rows, buf, buf + rows * m->C, buf + 2 * rows * m->C, NULL, NULL, NULL};
-    c.h13 = c.qkv + rows * m->QKV;
+    if (!buf) return NL_ERR_NOMEM;
+    row_ctx c = {m, rows, buf, buf + rows * m->C, NULL, NULL, NULL};
+    c.h13 = c.xb + rows * m->C;
     c.hact = c.h13 + rows * 2 * m->H;
     c.rstd = c.hact + rows * m->H;
     for (int64_t i = 0; i < rows * m->C; i++) c.x[i] = (float)((i % 13) - 6) * 0.1f;
     r->row_layer_s = time_calls(run_rows, &c, o) / (double)rows;
     nl_free(buf);
-    nl_kvcache_free(&kv);
     return NL_OK;
 }
 
@@ -351,9 +546,9 @@ static nl_status measure_overheads(const nl_arch *a, int threads, const nl_machi
     nl_cpu_rates z = *r;
     z.step_overhead_s = z.layer_overhead_s = 0;
     double ctx = 64; /* the probe's mean context */
-    double p1 = nl_plan_engine_step_s(&q, &z, 1, 1, ctx, 0);
+    double p1 = nl_plan_engine_step_s(&q, &z, 1, 1, 1, ctx, 0);
     q.arch.n_layers = 3;
-    double p3 = nl_plan_engine_step_s(&q, &z, 1, 1, ctx, 0);
+    double p3 = nl_plan_engine_step_s(&q, &z, 1, 1, 1, ctx, 0);
     double layer = ((t3 - t1) - (p3 - p1)) / 2;
     r->layer_overhead_s = layer > 0 ? layer : 0;
     double step = t1 - p1 - r->layer_overhead_s;
@@ -380,14 +575,15 @@ nl_status nl_machine_measure(const nl_arch *arch, const nl_machine_opts *opts, n
     snprintf(out->name, sizeof out->name, "cpu-%dt", threads);
     NL_TRY(measure_bw(&o, threads, out));
     NL_TRY(measure_gemm(arch, &o, threads, out));
-    NL_TRY(measure_attention(arch, &o, threads, out));
-    nl_arch one = *arch;
+    NL_TRY(measure_chunk_attention(arch, &o, threads, out));
+    nl_arch one = *arch; /* one layer: the shapes and RoPE tables (reaching the decode probe's positions) */
     one.n_layers = 1;
-    if (one.seq_len < 128) one.seq_len = 128;
+    if (one.seq_len < DEC_POS1 + 1) one.seq_len = DEC_POS1 + 1;
     nl_model m;
     NL_TRY(nl_model_init(&m, &one));
     nl_model_init_random(&m, 6);
     nl_status rc = measure_rows(&m, &o, out);
+    if (!rc) rc = measure_decode_rows(&m, arch->n_layers, &o, threads, out);
     nl_model_free(&m);
     NL_TRY(rc);
     if (!(o.formats & 1)) /* the overhead probe runs fp32 weights */
