@@ -85,7 +85,7 @@ void nl_kvcache_scatter(nl_kvcache *c, const int32_t *table, int64_t n_tokens, c
 /* Floats of scratch nl_kvcache_attend_rows needs for nq queries of a sequence of at most
  * seq_len positions (nl_kvcache_attend_head: nq = 1). */
 static inline int64_t nl_kvcache_attend_scratch(int64_t nq, int64_t seq_len, int64_t hd) {
-    return nq * (seq_len + NL_KV_KTILE) + 4 * hd * NL_KV_KTILE;
+    return nq * (seq_len + NL_KV_KTILE) + hd * NL_KV_KTILE;
 }
 
 /* Causal attention of query head h for nq consecutive tokens of one sequence, at positions

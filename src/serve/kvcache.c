@@ -233,6 +233,14 @@ static inline void score_out(const v16 *sc, const float *ks, float scale, int in
     memcpy(out, sc, sizeof out);
     for (int j = 0; j < NL_KV_KTILE; j++) a[j] = int8 ? out[j] * ks[j] * scale : out[j] * scale;
 }
+static void tile_scores(const float *q, const float *kt, const float *ks, int64_t hd, float scale, int int8, float *a) {
+    v16 sc = {0}, k;
+    for (int64_t i = 0; i < hd; i++) {
+        load16(&k, kt + i * NL_KV_KTILE);
+        sc += q[i] * k;
+    }
+    score_out(&sc, ks, scale, int8, a);
+}
 
 /* tile_scores for up to 8 queries of one sequence against the same key tile: query r's q at
  * q + r * q_stride, its scores at a + r * a_stride. The eight sums are independent chains in
@@ -256,29 +264,6 @@ static void tile_scores_rows(const float *q, int64_t q_stride, int nr, const flo
     }
     const v16 *sc[SCORE_Q] = {&s0, &s1, &s2, &s3, &s4, &s5, &s6, &s7};
     for (int r = 0; r < nr; r++) score_out(sc[r], ks, scale, int8, a + r * a_stride);
-}
-
-/* One query against up to 4 consecutive transposed key tiles (kt + u * hd * 16, scales
- * ks + u * 16): the scores of positions t0 .. t0 + 16 * nt - 1 at a, four independent chains. */
-enum { SCORE_T = 4 };
-static void tiles_scores_query(const float *q, int nt, const float *kt, const float *ks, int64_t hd, float scale,
-                               int int8, float *a) {
-    const int64_t ts = hd * NL_KV_KTILE;
-    const float *k1 = kt + (nt > 1 ? 1 : 0) * ts, *k2 = kt + (nt > 2 ? 2 : 0) * ts, *k3 = kt + (nt > 3 ? 3 : 0) * ts;
-    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, k;
-    for (int64_t i = 0; i < hd; i++) {
-        const float qi = q[i];
-        load16(&k, kt + i * NL_KV_KTILE);
-        s0 += qi * k;
-        load16(&k, k1 + i * NL_KV_KTILE);
-        s1 += qi * k;
-        load16(&k, k2 + i * NL_KV_KTILE);
-        s2 += qi * k;
-        load16(&k, k3 + i * NL_KV_KTILE);
-        s3 += qi * k;
-    }
-    const v16 *sc[SCORE_T] = {&s0, &s1, &s2, &s3};
-    for (int u = 0; u < nt; u++) score_out(sc[u], ks + u * NL_KV_KTILE, scale, int8, a + u * NL_KV_KTILE);
 }
 
 /* Softmax of one score row in place: a[t] = exp(a[t] - max) / sum, the sum in position order.
@@ -406,24 +391,19 @@ void nl_kvcache_attend_rows(const nl_kvcache *c, const int32_t *table, int64_t l
     const int64_t last = pos0 + nq - 1, n_pos = last + 1, row = n_pos + NL_KV_KTILE;
     const float scale = 1.0f / sqrtf((float)hd);
     const int int8 = c->dtype == NL_KV_INT8;
-    float *kt = scratch + nq * row, ks[SCORE_T * NL_KV_KTILE];
-    if (nq == 1) /* a decode: four key tiles at a time against the one query */
-        for (int64_t t0 = 0; t0 < n_pos; t0 += SCORE_T * NL_KV_KTILE) {
-            int nt = 0;
-            for (; nt < SCORE_T && t0 + nt * NL_KV_KTILE < n_pos; nt++)
-                key_tile(c, table, l, kh, t0 + nt * NL_KV_KTILE, last, kt + nt * hd * NL_KV_KTILE,
-                         ks + nt * NL_KV_KTILE);
-            tiles_scores_query(q + h * hd, nt, kt, ks, hd, scale, int8, scratch + t0);
-        }
-    else /* scores: row r of the tile (position pos0 + r) needs positions 0..pos0 + r */
-        for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE) {
-            key_tile(c, table, l, kh, t0, last, kt, ks);
-            for (int64_t r = t0 > pos0 ? t0 - pos0 : 0; r < nq; r += SCORE_Q) {
-                const int nr = nq - r < SCORE_Q ? (int)(nq - r) : SCORE_Q;
+    float *kt = scratch + nq * row, ks[NL_KV_KTILE];
+    /* scores: row r of the tile (position pos0 + r) needs positions 0..pos0 + r */
+    for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE) {
+        key_tile(c, table, l, kh, t0, last, kt, ks);
+        for (int64_t r = t0 > pos0 ? t0 - pos0 : 0; r < nq; r += SCORE_Q) {
+            const int nr = nq - r < SCORE_Q ? (int)(nq - r) : SCORE_Q;
+            if (nr == 1) /* a decode, or a chunk's last row: one chain, no dropped rows */
+                tile_scores(q + r * q_stride + h * hd, kt, ks, hd, scale, int8, scratch + r * row + t0);
+            else
                 tile_scores_rows(q + r * q_stride + h * hd, q_stride, nr, kt, ks, hd, scale, int8,
                                  scratch + r * row + t0, row);
-            }
         }
+    }
     for (int64_t r = 0; r < nq; r++) softmax_row(scratch + r * row, pos0 + r + 1);
     if (nq == 1) {
         pv_decode(c, table, l, kh, pos0, scratch, out);
