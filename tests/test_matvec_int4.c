@@ -34,9 +34,9 @@ static void test_quantizer_rule(void **state) {
     const int64_t N = 5, K = 70, G = 3;
     float w[5 * 70], dq[5 * 70];
     fill(w, (size_t)(N * K), 21);
-    for (int64_t k = 32; k < 64; k++) w[1 * K + k] = 0.0f;   /* row 1, group 1: zeros */
-    for (int64_t k = 0; k < 32; k++) w[2 * K + k] = 1e-12f;  /* row 2, group 0: scale underflows */
-    w[3 * K + 65] = 40.0f;                                   /* row 3, last (partial) group */
+    for (int64_t k = 32; k < 64; k++) w[1 * K + k] = 0.0f;  /* row 1, group 1: zeros */
+    for (int64_t k = 0; k < 32; k++) w[2 * K + k] = 1e-12f; /* row 2, group 0: scale underflows */
+    w[3 * K + 65] = 40.0f;                                  /* row 3, last (partial) group */
     nl_mv_weight wt;
     assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_INT4, w, N, K, 0), NL_OK);
     assert_int_equal(wt.groups, G);
@@ -94,8 +94,8 @@ static void reference(const nl_mv_weight *wt, const float *x, int64_t M, double 
 }
 
 /* K: not a multiple of 32 or 64, exactly 512 + 1 group, 33 groups; N: not a multiple of 4. */
-static const int64_t SIZES[][3] = {{1, 1, 1},     {1, 5, 7},     {3, 17, 33},   {5, 64, 64},  {9, 33, 130},
-                                   {1, 100, 768}, {13, 7, 1001}, {2, 6, 544},   {4, 3, 1056}, {6, 10, 2048}};
+static const int64_t SIZES[][3] = {{1, 1, 1},     {1, 5, 7},     {3, 17, 33}, {5, 64, 64},  {9, 33, 130},
+                                   {1, 100, 768}, {13, 7, 1001}, {2, 6, 544}, {4, 3, 1056}, {6, 10, 2048}};
 
 static void test_against_reference(void **state) {
     (void)state;
@@ -257,7 +257,7 @@ static void test_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_quantizer_rule),   cmocka_unit_test(test_against_reference),
+        cmocka_unit_test(test_quantizer_rule),     cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_error_against_fp32), cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_bad_input),
     };

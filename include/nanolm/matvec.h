@@ -48,7 +48,14 @@ extern "C" {
 
 /* Storage format of a decode weight. AUTO (engine options only): fp32 for an fp32 checkpoint,
  * int8 for a quantized int8 per-channel checkpoint. */
-typedef enum nl_wfmt { NL_WFMT_AUTO = -1, NL_WFMT_FP32 = 0, NL_WFMT_BF16 = 1, NL_WFMT_INT8 = 2, NL_WFMT_INT4 = 3, NL_WFMT_COUNT } nl_wfmt;
+typedef enum nl_wfmt {
+    NL_WFMT_AUTO = -1,
+    NL_WFMT_FP32 = 0,
+    NL_WFMT_BF16 = 1,
+    NL_WFMT_INT8 = 2,
+    NL_WFMT_INT4 = 3,
+    NL_WFMT_COUNT
+} nl_wfmt;
 
 /* Kernel path of the fp32/bf16 kernels (int8 uses nl_qdot_path; int4 runs AVX-512 VNNI on the
  * AVX512 path of a CPU that has VNNI, portable C otherwise). */

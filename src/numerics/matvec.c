@@ -38,7 +38,8 @@ nl_status nl_wfmt_parse(const char *s, nl_wfmt *out) {
             *out = (nl_wfmt)f;
             return NL_OK;
         }
-    return nl_fail(NL_ERR_INVALID, "unknown weight format '%s' (known: fp32, bf16, int8, int4, auto)", s ? s : "(null)");
+    return nl_fail(NL_ERR_INVALID, "unknown weight format '%s' (known: fp32, bf16, int8, int4, auto)",
+                   s ? s : "(null)");
 }
 
 const char *nl_mv_path_name(nl_mv_path p) {
@@ -695,8 +696,8 @@ TGT_Q4 INLINE float q4_tree16_512(__m512 v) {
  * into its low and high nibbles (unsigned 0..15) and dpbusd against the signed activation codes
  * xp (nl_mv_act's q4x order); group sums minus 8 x the group's code sum xsum give the exact isum.
  * The last 16 groups load masked (zero codes and scales past G). */
-TGT_Q4 static float q4_pair_vnni(const uint8_t *w, const uint16_t *d, int64_t G, const int8_t *xp,
-                                 const int32_t *xsum, float xs) {
+TGT_Q4 static float q4_pair_vnni(const uint8_t *w, const uint16_t *d, int64_t G, const int8_t *xp, const int32_t *xsum,
+                                 float xs) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g += 16, w += 256, d += 16, xp += Q4_CHUNK, xsum += 16) {
         const int64_t left = G - g;
@@ -793,7 +794,6 @@ static nl_status grow_codes(nl_mv_act *a, size_t codes, int64_t M) {
     }
     return NL_OK;
 }
-
 
 /* a->xp (M, k32): per 32 columns of each token, its 16 even columns then its 16 odd ones, zero
  * past K (the order tile512_bf multiplies in). */
