@@ -217,13 +217,36 @@ INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
  * token tile of a row group streams the weights from memory). */
 enum { MV_T512 = 6 }; /* tokens per AVX-512 register tile */
 
-TGT_AVX512 INLINE void tile512(const float *wf, const float *x, float *y, int64_t K, int64_t N, const int R,
-                               const int T, int pf) {
-    __m512 acc[4][MV_T512];
+/* The pieces every AVX-512 tile shares: acc[r][t] = 0; acc[r][t] += wv[r] * (token t's 16
+ * activations at x + t * xs), one load per token (the empty asm keeps it in a register: GCC
+ * would fold the load into each of the R FMAs); y[t * N + r] = the sum of acc[r][t]'s lanes. */
+TGT_AVX512 INLINE void tile_zero(__m512 acc[4][MV_T512], const int R, const int T) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+}
+TGT_AVX512 INLINE void tile_fma(__m512 acc[4][MV_T512], const __m512 wv[4], const float *x, int64_t xs, const int R,
+                                const int T) {
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+        __m512 xv = _mm512_loadu_ps(x + t * xs);
+        __asm__("" : "+v"(xv));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+}
+TGT_AVX512 INLINE void tile_store(__m512 acc[4][MV_T512], float *y, int64_t N, const int R, const int T) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) y[t * N + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+TGT_AVX512 INLINE void tile512(const float *wf, const float *x, float *y, int64_t K, int64_t N, const int R,
+                               const int T, int pf) {
+    __m512 acc[4][MV_T512];
+    tile_zero(acc, R, T);
     const float *pnext = wf + R * K;
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
@@ -233,13 +256,7 @@ TGT_AVX512 INLINE void tile512(const float *wf, const float *x, float *y, int64_
         if (pf)
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pnext + r * K + k), _MM_HINT_T0);
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            __m512 xv = _mm512_loadu_ps(x + t * K + k);
-            __asm__("" : "+v"(xv)); /* one load per token: GCC would fold it into each of the R FMAs */
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
-        }
+        tile_fma(acc, wv, x + k, K, R, T);
     }
     if (k < K) {
         __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);
@@ -253,10 +270,7 @@ TGT_AVX512 INLINE void tile512(const float *wf, const float *x, float *y, int64_
             for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
         }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) y[t * N + r] = _mm512_reduce_add_ps(acc[r][t]);
+    tile_store(acc, y, N, R, T);
 }
 
 /* bf16 on AVX-512: 32 columns per step. One 64-byte load of 32 bf16 weights gives the even
@@ -268,10 +282,7 @@ TGT_AVX512 INLINE void tile512(const float *wf, const float *x, float *y, int64_
 TGT_AVX512 INLINE void tile512_bf(const uint16_t *wb, const float *xp, float *y, int64_t K, int64_t K32, int64_t N,
                                   const int R, const int T, int pf) {
     __m512 acc[4][MV_T512];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    tile_zero(acc, R, T);
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
     const uint16_t *pnext = wb + R * K;
     for (int64_t k = 0; k < K; k += 32) {
@@ -285,27 +296,12 @@ TGT_AVX512 INLINE void tile512_bf(const uint16_t *wb, const float *xp, float *y,
             for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pnext + r * K + k), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(raw[r], 16));
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            __m512 xv = _mm512_loadu_ps(xp + t * K32 + k);
-            __asm__("" : "+v"(xv));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
-        }
+        tile_fma(acc, wv, xp + k, K32, R, T);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) wv[r] = _mm512_castsi512_ps(_mm512_and_si512(raw[r], hi));
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            __m512 xv = _mm512_loadu_ps(xp + t * K32 + k + 16);
-            __asm__("" : "+v"(xv));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
-        }
+        tile_fma(acc, wv, xp + k + 16, K32, R, T);
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) y[t * N + r] = _mm512_reduce_add_ps(acc[r][t]);
+    tile_store(acc, y, N, R, T);
 }
 
 /* tile512 on rows n.. and tokens m.. of a, with the row count and token count fixed. */
