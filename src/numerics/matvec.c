@@ -661,12 +661,11 @@ static float q4_pair_portable(const uint8_t *w, const uint16_t *d, int64_t G, co
 #define TGT_Q4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* int32 partial sums of 4 groups (one 64-byte load of packed codes: group b's 16 bytes in 128-bit
- * lane b) against the token's codes xp (64 first halves, then 64 second halves). */
-TGT_Q4 INLINE __m512i q4_block(__m512i wv, const int8_t *xp) {
+ * lane b) against the token's codes: x0 the first 16 columns of each group, x1 the last 16. */
+TGT_Q4 INLINE __m512i q4_block(__m512i wv, __m512i x0, __m512i x1) {
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     __m512i lo = _mm512_and_si512(wv, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), lo4);
-    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512((const void *)xp));
-    return _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512((const void *)(xp + 64)));
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x0), hi, x1);
 }
 
 /* Four blocks' partial sums (a[b] lane 4L + i: group 4b + L) -> the 16 group sums in group order. */
@@ -688,50 +687,97 @@ TGT_Q4 INLINE float q4_tree16_512(__m512 v) {
     return _mm512_cvtss_f32(v);
 }
 
-/* One (row, token) pair on AVX-512 VNNI: per 16 groups, 4 loads of 64 packed bytes, each split
- * into its low and high nibbles (unsigned 0..15) and dpbusd against the signed activation codes
- * xp (nl_mv_act's q4x order); group sums minus 8 x the group's code sum xsum give the exact isum.
- * The last 16 groups load masked (zero codes and scales past G). */
+/* The activations of one chunk of 16 groups: xv[2b], xv[2b + 1] the two halves of block b (the
+ * blocks that hold any of the `left` groups still to go), xs8 = 8 x the groups' code sums. */
+typedef struct q4_xchunk {
+    __m512i xv[8], xs8;
+    int nblk; /* blocks with groups (4 except in the last chunk) */
+} q4_xchunk;
+
+TGT_Q4 INLINE void q4_load_x(q4_xchunk *c, const int8_t *xp, const int32_t *xsum, int64_t left) {
+    c->nblk = left >= 16 ? 4 : (int)((left + 3) / 4);
+    for (int b = 0; b < 4; b++) {
+        c->xv[2 * b] = b < c->nblk ? _mm512_loadu_si512((const void *)(xp + 128 * b)) : _mm512_setzero_si512();
+        c->xv[2 * b + 1] = b < c->nblk ? _mm512_loadu_si512((const void *)(xp + 128 * b + 64)) : _mm512_setzero_si512();
+    }
+    c->xs8 = _mm512_slli_epi32(_mm512_loadu_si512((const void *)xsum), 3);
+}
+
+/* acc + one row's chunk: lane j gets (float)isum_g * d_g of group g = j of the chunk, with isum_g =
+ * dpbusd of the unsigned nibbles (0..15) against the signed codes, minus 8 x the code sum. Groups
+ * past `left` read zero codes and scales (masked loads; whole blocks past it are skipped). */
+TGT_Q4 INLINE __m512 q4_chunk(__m512 acc, const uint8_t *w, const uint16_t *d, const q4_xchunk *c, int64_t left) {
+    __m512i a[4];
+    __m256i dh;
+    if (left >= 16) {
+        for (int b = 0; b < 4; b++)
+            a[b] = q4_block(_mm512_loadu_si512((const void *)(w + 64 * b)), c->xv[2 * b], c->xv[2 * b + 1]);
+        dh = _mm256_loadu_si256((const __m256i *)(const void *)d);
+    } else {
+        for (int b = 0; b < 4; b++) {
+            const int64_t nb = left - 4 * b;
+            const __mmask64 mk = nb >= 4 ? ~(__mmask64)0 : ((__mmask64)1 << (16 * nb)) - 1;
+            a[b] = b < c->nblk ? q4_block(_mm512_maskz_loadu_epi8(mk, w + 64 * b), c->xv[2 * b], c->xv[2 * b + 1])
+                               : _mm512_setzero_si512();
+        }
+        dh = _mm256_maskz_loadu_epi16((__mmask16)((1u << left) - 1u), d);
+    }
+    __m512i s = _mm512_sub_epi32(q4_group_sums(a), c->xs8);
+    return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_cvtph_ps(dh)));
+}
+
+/* One (row, token) pair on AVX-512 VNNI: w the row's G groups, d its scales, xp the token's codes
+ * in nl_mv_act's q4x order, xsum its group code sums, xs its scale. */
 TGT_Q4 static float q4_pair_vnni(const uint8_t *w, const uint16_t *d, int64_t G, const int8_t *xp, const int32_t *xsum,
                                  float xs) {
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g += 16, w += 256, d += 16, xp += Q4_CHUNK, xsum += 16) {
-        const int64_t left = G - g;
-        __m512i a[4];
-        __m256i dh;
-        if (left >= 16) {
-            for (int b = 0; b < 4; b++) a[b] = q4_block(_mm512_loadu_si512((const void *)(w + 64 * b)), xp + 128 * b);
-            dh = _mm256_loadu_si256((const __m256i *)(const void *)d);
-        } else {
-            for (int b = 0; b < 4; b++) {
-                const int64_t nb = left - 4 * b;
-                const __mmask64 mk = nb >= 4 ? ~(__mmask64)0 : nb <= 0 ? 0 : ((__mmask64)1 << (16 * nb)) - 1;
-                a[b] = q4_block(_mm512_maskz_loadu_epi8(mk, w + 64 * b), xp + 128 * b);
-            }
-            dh = _mm256_maskz_loadu_epi16((__mmask16)((1u << left) - 1u), d);
-        }
-        __m512i s = _mm512_sub_epi32(q4_group_sums(a), _mm512_slli_epi32(_mm512_loadu_si512((const void *)xsum), 3));
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_cvtph_ps(dh)));
+    for (int64_t g = 0; g < G; g += 16) {
+        q4_xchunk c;
+        q4_load_x(&c, xp + g * Q4_G, xsum + g, G - g);
+        acc = q4_chunk(acc, w + g * 16, d + g, &c, G - g);
     }
     return q4_tree16_512(acc) * xs;
+}
+
+/* Two rows (w, d and w + G * 16, d + G) against one token: the activations are loaded once for
+ * both, each row's operations are those of q4_pair_vnni (the same bits). */
+TGT_Q4 static void q4_pair2_vnni(const uint8_t *w, const uint16_t *d, int64_t G, const int8_t *xp, const int32_t *xsum,
+                                 float xs, float *y0, float *y1) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    for (int64_t g = 0; g < G; g += 16) {
+        q4_xchunk c;
+        q4_load_x(&c, xp + g * Q4_G, xsum + g, G - g);
+        acc0 = q4_chunk(acc0, w + g * 16, d + g, &c, G - g);
+        acc1 = q4_chunk(acc1, w + (G + g) * 16, d + G + g, &c, G - g);
+    }
+    *y0 = q4_tree16_512(acc0) * xs;
+    *y1 = q4_tree16_512(acc1) * xs;
 }
 
 /* 1 when an int4 weight on path `path` runs the VNNI pair here. */
 static int q4_vnni(nl_mv_path path) { return path == NL_MV_AVX512 && nl_qdot_available(NL_QDOT_VNNI); }
 
-/* Rows [n0, n1) for tokens [m0, m1): row after row (one sequential stream of the codes), each
- * row's bytes staying in L1 for the tokens after the first. */
+/* Rows [n0, n1) for tokens [m0, m1): rows one after another (on VNNI two at a time, adjacent in
+ * memory: one sequential stream of the codes), each row's bytes staying in L1 for the tokens
+ * after the first. */
 static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
                            int64_t m1) {
     const int64_t G = wt->groups, N = wt->rows, kp = a->kp, g16 = kp / Q4_G;
-    const int vnni = q4_vnni(wt->path);
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *w = wt->q4 + n * G * 16;
-        const uint16_t *d = wt->q4_d + n * G;
-        for (int64_t m = m0; m < m1; m++)
-            y[m * N + n] = vnni ? q4_pair_vnni(w, d, G, a->q4x + m * kp, a->xsum + m * g16, a->scale[m])
-                                : q4_pair_portable(w, d, G, a->q + m * kp, a->scale[m]);
+    if (!q4_vnni(wt->path)) {
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m++)
+                y[m * N + n] = q4_pair_portable(wt->q4 + n * G * 16, wt->q4_d + n * G, G, a->q + m * kp, a->scale[m]);
+        return;
     }
+    int64_t n = n0;
+    for (; n + 2 <= n1; n += 2)
+        for (int64_t m = m0; m < m1; m++)
+            q4_pair2_vnni(wt->q4 + n * G * 16, wt->q4_d + n * G, G, a->q4x + m * kp, a->xsum + m * g16, a->scale[m],
+                          &y[m * N + n], &y[m * N + n + 1]);
+    for (; n < n1; n++)
+        for (int64_t m = m0; m < m1; m++)
+            y[m * N + n] =
+                q4_pair_vnni(wt->q4 + n * G * 16, wt->q4_d + n * G, G, a->q4x + m * kp, a->xsum + m * g16, a->scale[m]);
 }
 
 /* INT4 inputs: codes q (M, kp) in column order (kp = the groups rounded up to 16, x 32), each
