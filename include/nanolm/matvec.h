@@ -24,7 +24,9 @@
  *   INT4  llama.cpp's Q4_0 granularity: each output row cut into groups of 32 consecutive input
  *         columns (the last one zero padded), scale d = absmax / 7 stored as fp16 (nearest even),
  *         codes q = clamp(rint(w / d), -8, 7) stored as q + 8, two per byte: byte i of a group
- *         holds column i in its low nibble and column i + 16 in its high nibble. Activations as
+ *         holds column i in its low nibble and column i + 16 in its high nibble (the bytes of
+ *         16 groups interleaved 4 at a time so that a load puts each group in its own lane, and
+ *         one chain of dpbusd sums a whole group without a horizontal add). Activations as
  *         INT8 (each token once, absmax). A (row, token) output is
  *             y = s_x * sum over lanes j of the 16-lane tree below of
  *                 acc[j] = sum over groups g = j, j + 16, ... in order of (float)isum_g * d_g
@@ -86,7 +88,9 @@ typedef struct nl_mv_weight {
     float *owned_f32;
     uint16_t *bf16;  /* BF16: (N, K) bfloat16 bits */
     nl_qlinear q8;   /* INT8 */
-    uint8_t *q4;     /* INT4: (N, groups, 16) packed codes + 8 (see above) */
+    uint8_t *q4;     /* INT4: (N, groups * 16) packed codes + 8 (see above), each row's bytes in
+                        chunks of 16 groups cut in 4 slices of 4 bytes per group (the kernel's
+                        lane order; matvec.c q4_byte_at) */
     uint16_t *q4_d;  /* INT4: (N, groups) fp16 scales */
     int64_t groups;  /* INT4: ceil(K / 32) */
     nl_mv_path path; /* resolved (never AUTO) */

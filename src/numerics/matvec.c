@@ -573,6 +573,15 @@ enum { Q4_G = NL_MV_INT4_GROUP, Q4_CHUNK = 16 * NL_MV_INT4_GROUP }; /* columns p
 
 static nl_status grow_codes(nl_mv_act *a, size_t codes, int64_t M);
 
+/* Where byte i (column i low, i + 16 high) of group g of a row with G groups is stored: groups go
+ * in chunks of 16 (the last one ng = G mod 16 when short), and a chunk's bytes are 4 slices, slice
+ * b holding bytes 4b..4b+3 of each of its groups in turn, so one 64-byte load of slice b puts
+ * group j of the chunk in 32-bit lane j. */
+static inline int64_t q4_byte_at(int64_t G, int64_t g, int i) {
+    const int64_t c = g / 16, ng = G - 16 * c < 16 ? G - 16 * c : 16;
+    return c * 256 + (i / 4) * 4 * ng + 4 * (g % 16) + i % 4;
+}
+
 /* fp16 scale of one group (absmax / 7, nearest even) and its value; NL_ERR_RANGE on overflow. */
 static nl_status q4_scale(const float *src, int64_t cnt, int64_t n, int64_t c0, uint16_t *code, float *d) {
     float amax = 0.0f;
@@ -615,8 +624,8 @@ static nl_status q4_init(nl_mv_weight *wt, const float *w, int64_t N, int64_t K)
                 float v = rintf(src[i] / d);
                 q[i] = (int8_t)(v < -8.0f ? -8 : v > 7.0f ? 7 : (int)v);
             }
-            uint8_t *dst = wt->q4 + (n * G + g) * 16;
-            for (int i = 0; i < 16; i++) dst[i] = (uint8_t)((q[i] + 8) | ((q[i + 16] + 8) << 4));
+            uint8_t *row = wt->q4 + n * G * 16;
+            for (int i = 0; i < 16; i++) row[q4_byte_at(G, g, i)] = (uint8_t)((q[i] + 8) | ((q[i + 16] + 8) << 4));
         }
     return NL_OK;
 }
@@ -629,7 +638,7 @@ nl_status nl_mv_int4_dequantize(const nl_mv_weight *wt, float *w) {
     for (int64_t n = 0; n < wt->rows; n++)
         for (int64_t k = 0; k < K; k++) {
             const int64_t g = k / Q4_G, i = k % Q4_G;
-            const uint8_t b = wt->q4[(n * G + g) * 16 + (i & 15)];
+            const uint8_t b = wt->q4[n * G * 16 + q4_byte_at(G, g, (int)(i & 15))];
             const int q = (i < 16 ? b & 15 : b >> 4) - 8;
             w[n * K + k] = (float)q * nl_fmt_decode(NL_FMT_FP16, wt->q4_d[n * G + g]);
         }
@@ -649,9 +658,12 @@ static inline float q4_tree16(const float *a) {
  * changes it (a lane is never -0: it starts at +0 and x + (-x) rounds to +0). */
 static float q4_pair_portable(const uint8_t *w, const uint16_t *d, int64_t G, const int8_t *x, float xs) {
     float acc[16] = {0};
-    for (int64_t g = 0; g < G; g++, w += 16, x += Q4_G) {
+    for (int64_t g = 0; g < G; g++, x += Q4_G) {
         int32_t s = 0;
-        for (int i = 0; i < 16; i++) s += ((w[i] & 15) - 8) * x[i] + ((w[i] >> 4) - 8) * x[i + 16];
+        for (int i = 0; i < 16; i++) {
+            const int b = w[q4_byte_at(G, g, i)];
+            s += ((b & 15) - 8) * x[i] + ((b >> 4) - 8) * x[i + 16];
+        }
         float p = (float)s * nl_fmt_decode(NL_FMT_FP16, d[g]);
         acc[g & 15] = acc[g & 15] + p;
     }
@@ -659,24 +671,6 @@ static float q4_pair_portable(const uint8_t *w, const uint16_t *d, int64_t G, co
 }
 
 #define TGT_Q4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-
-/* int32 partial sums of 4 groups (one 64-byte load of packed codes: group b's 16 bytes in 128-bit
- * lane b) against the token's codes: x0 the first 16 columns of each group, x1 the last 16. */
-TGT_Q4 INLINE __m512i q4_block(__m512i wv, __m512i x0, __m512i x1) {
-    const __m512i lo4 = _mm512_set1_epi8(0x0F);
-    __m512i lo = _mm512_and_si512(wv, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), lo4);
-    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x0), hi, x1);
-}
-
-/* Four blocks' partial sums (a[b] lane 4L + i: group 4b + L) -> the 16 group sums in group order. */
-TGT_Q4 INLINE __m512i q4_group_sums(const __m512i a[4]) {
-    __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
-    __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
-    __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-    /* u lane 4L + b holds group 4b + L */
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_epi32(order, u);
-}
 
 /* q4_tree16 on a register (the same additions). */
 TGT_Q4 INLINE float q4_tree16_512(__m512 v) {
@@ -687,82 +681,90 @@ TGT_Q4 INLINE float q4_tree16_512(__m512 v) {
     return _mm512_cvtss_f32(v);
 }
 
-/* The activations of one chunk of 16 groups: xv[2b], xv[2b + 1] the two halves of block b (the
- * blocks that hold any of the `left` groups still to go), xs8 = 8 x the groups' code sums. */
-typedef struct q4_xchunk {
-    __m512i xv[8], xs8;
-    int nblk; /* blocks with groups (4 except in the last chunk) */
-} q4_xchunk;
-
-TGT_Q4 INLINE void q4_load_x(q4_xchunk *c, const int8_t *xp, const int32_t *xsum, int64_t left) {
-    c->nblk = left >= 16 ? 4 : (int)((left + 3) / 4);
-    for (int b = 0; b < 4; b++) {
-        c->xv[2 * b] = b < c->nblk ? _mm512_loadu_si512((const void *)(xp + 128 * b)) : _mm512_setzero_si512();
-        c->xv[2 * b + 1] = b < c->nblk ? _mm512_loadu_si512((const void *)(xp + 128 * b + 64)) : _mm512_setzero_si512();
-    }
-    c->xs8 = _mm512_slli_epi32(_mm512_loadu_si512((const void *)xsum), 3);
-}
-
-/* acc + one row's chunk: lane j gets (float)isum_g * d_g of group g = j of the chunk, with isum_g =
- * dpbusd of the unsigned nibbles (0..15) against the signed codes, minus 8 x the code sum. Groups
- * past `left` read zero codes and scales (masked loads; whole blocks past it are skipped). */
-TGT_Q4 INLINE __m512 q4_chunk(__m512 acc, const uint8_t *w, const uint16_t *d, const q4_xchunk *c, int64_t left) {
-    __m512i a[4];
-    __m256i dh;
-    if (left >= 16) {
-        for (int b = 0; b < 4; b++)
-            a[b] = q4_block(_mm512_loadu_si512((const void *)(w + 64 * b)), c->xv[2 * b], c->xv[2 * b + 1]);
-        dh = _mm256_loadu_si256((const __m256i *)(const void *)d);
-    } else {
-        for (int b = 0; b < 4; b++) {
-            const int64_t nb = left - 4 * b;
-            const __mmask64 mk = nb >= 4 ? ~(__mmask64)0 : ((__mmask64)1 << (16 * nb)) - 1;
-            a[b] = b < c->nblk ? q4_block(_mm512_maskz_loadu_epi8(mk, w + 64 * b), c->xv[2 * b], c->xv[2 * b + 1])
-                               : _mm512_setzero_si512();
+/* A tile of R rows (R <= 2; w, d: the first row's codes and scales, the next G groups on) x T
+ * tokens (T <= 4, from token m0 of a) on AVX-512 VNNI, into y (the first output; the tile's are
+ * y[t * N + r]). Per chunk of 16 groups each row's 4 slices (q4_byte_at: 32-bit lane j = group
+ * j) are loaded once and split into low and high nibbles (unsigned 0..15); per token, 8 dpbusd
+ * against its signed codes (nl_mv_act's q4x: slice b's low columns, then its high ones) in two
+ * chains give every group's whole dot product in its lane, minus 8 x the group's code sum: the
+ * exact isum_g; then acc += (float)isum_g * d_g lane by lane. A short last chunk loads 4 x ng
+ * bytes per slice (zero codes and scales in the lanes past it). Every (row, token) pair makes
+ * the same operations in every tile shape: the bits of q4_pair_portable. */
+TGT_Q4 INLINE void q4_tile(const uint8_t *w, const uint16_t *d, int64_t G, const nl_mv_act *a, int64_t m0, float *y,
+                           int64_t N, const int R, const int T) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const int64_t kp = a->kp, g16 = kp / Q4_G;
+    __m512 acc[2][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g += 16) {
+        const int64_t ng = G - g < 16 ? G - g : 16;
+        const __mmask64 mk = ng == 16 ? ~(__mmask64)0 : ((__mmask64)1 << (4 * ng)) - 1;
+        __m512i wl[2][4], wh[2][4];
+        __m512 dv[2];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wc = w + (r * G + g) * 16;
+            for (int b = 0; b < 4; b++) {
+                /* masked loads measured slower here: whole vectors where the chunk allows */
+                __m512i wv =
+                    ng == 16  ? _mm512_loadu_si512((const void *)(wc + 64 * b))
+                    : ng == 8 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(wc + 32 * b)))
+                              : _mm512_maskz_loadu_epi8(mk, wc + b * 4 * ng);
+                wl[r][b] = _mm512_and_si512(wv, lo4);
+                wh[r][b] = _mm512_and_si512(_mm512_srli_epi16(wv, 4), lo4);
+            }
+            const uint16_t *dc = d + r * G + g;
+            dv[r] =
+                _mm512_cvtph_ps(ng == 16  ? _mm256_loadu_si256((const __m256i *)(const void *)dc)
+                                : ng == 8 ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)dc))
+                                          : _mm256_maskz_loadu_epi16((__mmask16)((1u << ng) - 1u), dc));
         }
-        dh = _mm256_maskz_loadu_epi16((__mmask16)((1u << left) - 1u), d);
+        for (int t = 0; t < T; t++) {
+            const int8_t *xp = a->q4x + (m0 + t) * kp + g * Q4_G;
+            __m512i sl[2], sh[2];
+            for (int r = 0; r < R; r++) sl[r] = sh[r] = _mm512_setzero_si512();
+            for (int b = 0; b < 4; b++) {
+                __m512i xl = _mm512_loadu_si512((const void *)(xp + 128 * b));
+                __m512i xh = _mm512_loadu_si512((const void *)(xp + 128 * b + 64));
+                for (int r = 0; r < R; r++) {
+                    sl[r] = _mm512_dpbusd_epi32(sl[r], wl[r][b], xl);
+                    sh[r] = _mm512_dpbusd_epi32(sh[r], wh[r][b], xh);
+                }
+            }
+            __m512i xs8 = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(a->xsum + (m0 + t) * g16 + g)), 3);
+            for (int r = 0; r < R; r++) {
+                __m512i s = _mm512_sub_epi32(_mm512_add_epi32(sl[r], sh[r]), xs8);
+                acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_mul_ps(_mm512_cvtepi32_ps(s), dv[r]));
+            }
+        }
     }
-    __m512i s = _mm512_sub_epi32(q4_group_sums(a), c->xs8);
-    return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_cvtph_ps(dh)));
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) y[t * N + r] = q4_tree16_512(acc[r][t]) * a->scale[m0 + t];
 }
 
-/* One (row, token) pair on AVX-512 VNNI: w the row's G groups, d its scales, xp the token's codes
- * in nl_mv_act's q4x order, xsum its group code sums, xs its scale. */
-TGT_Q4 static float q4_pair_vnni(const uint8_t *w, const uint16_t *d, int64_t G, const int8_t *xp, const int32_t *xsum,
-                                 float xs) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g += 16) {
-        q4_xchunk c;
-        q4_load_x(&c, xp + g * Q4_G, xsum + g, G - g);
-        acc = q4_chunk(acc, w + g * 16, d + g, &c, G - g);
+typedef void (*q4_tile_fn)(const nl_mv_weight *, const nl_mv_act *, int64_t n, int64_t m, float *y);
+#define Q4_TILE(R, T)                                                                                                  \
+    TGT_Q4 static void q4_tile_##R##x##T(const nl_mv_weight *wt, const nl_mv_act *a, int64_t n, int64_t m, float *y) { \
+        q4_tile(wt->q4 + n * wt->groups * 16, wt->q4_d + n * wt->groups, wt->groups, a, m, y + m * wt->rows + n,       \
+                wt->rows, R, T);                                                                                       \
     }
-    return q4_tree16_512(acc) * xs;
-}
-
-/* Two rows (w, d and w + G * 16, d + G) against one token: the activations are loaded once for
- * both, each row's operations are those of q4_pair_vnni (the same bits). */
-TGT_Q4 static void q4_pair2_vnni(const uint8_t *w, const uint16_t *d, int64_t G, const int8_t *xp, const int32_t *xsum,
-                                 float xs, float *y0, float *y1) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-    for (int64_t g = 0; g < G; g += 16) {
-        q4_xchunk c;
-        q4_load_x(&c, xp + g * Q4_G, xsum + g, G - g);
-        acc0 = q4_chunk(acc0, w + g * 16, d + g, &c, G - g);
-        acc1 = q4_chunk(acc1, w + (G + g) * 16, d + G + g, &c, G - g);
-    }
-    *y0 = q4_tree16_512(acc0) * xs;
-    *y1 = q4_tree16_512(acc1) * xs;
-}
+Q4_TILE(2, 1)
+Q4_TILE(1, 1)
+Q4_TILE(1, 2)
+Q4_TILE(1, 3)
+Q4_TILE(1, 4)
+static const q4_tile_fn q4_tiles_1xT[4] = {q4_tile_1x1, q4_tile_1x2, q4_tile_1x3, q4_tile_1x4};
 
 /* 1 when an int4 weight on path `path` runs the VNNI pair here. */
 static int q4_vnni(nl_mv_path path) { return path == NL_MV_AVX512 && nl_qdot_available(NL_QDOT_VNNI); }
 
-/* Rows [n0, n1) for tokens [m0, m1): rows one after another (on VNNI two at a time, adjacent in
- * memory: one sequential stream of the codes), each row's bytes staying in L1 for the tokens
- * after the first. */
+/* Rows [n0, n1) for tokens [m0, m1): rows one after another (one sequential stream of the
+ * codes). On VNNI one token goes against two rows at a time (adjacent in memory), several tokens
+ * against one row in tiles of up to 4 (its codes split into nibbles once per tile), the row's
+ * bytes staying in L1 for the tiles after the first. */
 static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
                            int64_t m1) {
-    const int64_t G = wt->groups, N = wt->rows, kp = a->kp, g16 = kp / Q4_G;
+    const int64_t G = wt->groups, N = wt->rows, kp = a->kp;
     if (!q4_vnni(wt->path)) {
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = m0; m < m1; m++)
@@ -770,19 +772,16 @@ static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y,
         return;
     }
     int64_t n = n0;
-    for (; n + 2 <= n1; n += 2)
-        for (int64_t m = m0; m < m1; m++)
-            q4_pair2_vnni(wt->q4 + n * G * 16, wt->q4_d + n * G, G, a->q4x + m * kp, a->xsum + m * g16, a->scale[m],
-                          &y[m * N + n], &y[m * N + n + 1]);
+    if (m1 - m0 == 1)
+        for (; n + 2 <= n1; n += 2) q4_tile_2x1(wt, a, n, m0, y);
     for (; n < n1; n++)
-        for (int64_t m = m0; m < m1; m++)
-            y[m * N + n] =
-                q4_pair_vnni(wt->q4 + n * G * 16, wt->q4_d + n * G, G, a->q4x + m * kp, a->xsum + m * g16, a->scale[m]);
+        for (int64_t m = m0; m < m1; m += 4) q4_tiles_1xT[(m1 - m < 4 ? m1 - m : 4) - 1](wt, a, n, m, y);
 }
 
 /* INT4 inputs: codes q (M, kp) in column order (kp = the groups rounded up to 16, x 32), each
- * group's code sum xsum (M, kp / 32), and on VNNI the codes again in q4x's order (per 128
- * columns: columns 0-15, 32-47, 64-79, 96-111, then 16-31, 48-63, 80-95, 112-127). */
+ * group's code sum xsum (M, kp / 32), and on VNNI the codes again in q4x's order: per chunk of 16
+ * groups, for slice b = 0..3 the 4 columns 4b.. of each group (lane j = group j), then its
+ * columns 16 + 4b.. (the columns the slice's low and high nibbles hold). */
 static nl_status q4_act(nl_mv_act *a, const nl_mv_weight *wt, const float *x, int64_t M) {
     const int64_t kp = (wt->groups + 15) / 16 * Q4_CHUNK, g16 = kp / Q4_G;
     const size_t codes = (size_t)M * (size_t)kp;
@@ -806,12 +805,12 @@ static nl_status q4_act(nl_mv_act *a, const nl_mv_weight *wt, const float *x, in
             a->xsum[m * g16 + g] = s;
         }
         if (!vnni) continue;
-        int8_t *o = a->q4x + m * kp;
-        for (int64_t c = 0; c < kp; c += 128)
-            for (int j = 0; j < 4; j++) {
-                memcpy(o + c + 16 * j, q + c + 32 * j, 16);
-                memcpy(o + c + 64 + 16 * j, q + c + 32 * j + 16, 16);
-            }
+        int8_t *o = a->q4x + m * kp; /* per chunk: slice b low, slice b high; lane j = group j */
+        for (int64_t c = 0; c < kp; c += Q4_CHUNK)
+            for (int b = 0; b < 4; b++)
+                for (int h = 0; h < 2; h++)
+                    for (int j = 0; j < 16; j++)
+                        memcpy(o + c + (2 * b + h) * 64 + 4 * j, q + c + 32 * j + 16 * h + 4 * b, 4);
     }
     return NL_OK;
 }
