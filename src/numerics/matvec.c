@@ -658,14 +658,19 @@ static inline float q4_tree16(const float *a) {
  * changes it (a lane is never -0: it starts at +0 and x + (-x) rounds to +0). */
 static float q4_pair_portable(const uint8_t *w, const uint16_t *d, int64_t G, const int8_t *x, float xs) {
     float acc[16] = {0};
-    for (int64_t g = 0; g < G; g++, x += Q4_G) {
-        int32_t s = 0;
-        for (int i = 0; i < 16; i++) {
-            const int b = w[q4_byte_at(G, g, i)];
-            s += ((b & 15) - 8) * x[i] + ((b >> 4) - 8) * x[i + 16];
+    for (int64_t c0 = 0; c0 < G; c0 += 16) { /* chunks of 16 groups, bytes as q4_byte_at lays them */
+        const int64_t ng = G - c0 < 16 ? G - c0 : 16;
+        for (int64_t j = 0; j < ng; j++) {
+            const int8_t *xg = x + (c0 + j) * Q4_G;
+            const uint8_t *wj = w + c0 * 16 + 4 * j;
+            int32_t s = 0;
+            for (int b = 0; b < 4; b++)
+                for (int r = 0; r < 4; r++) {
+                    const int v = wj[b * 4 * ng + r], i = 4 * b + r;
+                    s += ((v & 15) - 8) * xg[i] + ((v >> 4) - 8) * xg[i + 16];
+                }
+            acc[j] = acc[j] + (float)s * nl_fmt_decode(NL_FMT_FP16, d[c0 + j]);
         }
-        float p = (float)s * nl_fmt_decode(NL_FMT_FP16, d[g]);
-        acc[g & 15] = acc[g & 15] + p;
     }
     return q4_tree16(acc) * xs;
 }
