@@ -758,15 +758,17 @@ Q4_TILE(1, 1)
 Q4_TILE(1, 2)
 Q4_TILE(1, 3)
 Q4_TILE(1, 4)
+Q4_TILE(2, 2)
+Q4_TILE(2, 3)
 static const q4_tile_fn q4_tiles_1xT[4] = {q4_tile_1x1, q4_tile_1x2, q4_tile_1x3, q4_tile_1x4};
 
 /* 1 when an int4 weight on path `path` runs the VNNI pair here. */
 static int q4_vnni(nl_mv_path path) { return path == NL_MV_AVX512 && nl_qdot_available(NL_QDOT_VNNI); }
 
 /* Rows [n0, n1) for tokens [m0, m1): rows one after another (one sequential stream of the
- * codes). On VNNI one token goes against two rows at a time (adjacent in memory), several tokens
- * against one row in tiles of up to 4 (its codes split into nibbles once per tile), the row's
- * bytes staying in L1 for the tiles after the first. */
+ * codes). On VNNI two rows (adjacent in memory) at a time against tiles of up to 3 tokens (their
+ * codes split into nibbles once per tile, each activation load shared by the two rows), an odd
+ * last row against tiles of up to 4; the rows' bytes stay in L1 for the tiles after the first. */
 static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
                            int64_t m1) {
     const int64_t G = wt->groups, N = wt->rows, kp = a->kp;
@@ -779,6 +781,13 @@ static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y,
     int64_t n = n0;
     if (m1 - m0 == 1)
         for (; n + 2 <= n1; n += 2) q4_tile_2x1(wt, a, n, m0, y);
+    else
+        for (; n + 2 <= n1; n += 2) {
+            int64_t m = m0;
+            for (; m + 3 <= m1; m += 3) q4_tile_2x3(wt, a, n, m, y);
+            if (m1 - m == 2) q4_tile_2x2(wt, a, n, m, y);
+            if (m1 - m == 1) q4_tile_2x1(wt, a, n, m, y);
+        }
     for (; n < n1; n++)
         for (int64_t m = m0; m < m1; m += 4) q4_tiles_1xT[(m1 - m < 4 ? m1 - m : 4) - 1](wt, a, n, m, y);
 }
