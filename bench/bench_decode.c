@@ -6,14 +6,15 @@
  * sum loop); (2) single-stream decode
  * tokens/s of an 85M-parameter llama2.c-shaped model (dim 768, 12 layers, 12 heads, hidden 2048,
  * vocab 512, seq_len 1024, random weights) through the serving engine, at 1 and 2 threads, for
- * fp32, bf16 and int8 weights, printed as the share of the roofline:
+ * fp32, bf16, int8 and int4 weights, printed as the share of the roofline:
  *     share = bytes read per token x tokens/s / read bandwidth (same thread count)
  * where bytes per token = the weights of every linear and the classifier as stored + the
  * token's embedding row + the K and V read by attention (at the mean decode position);
  * (3) total tokens/s of 1, 8 and 32 concurrent streams (fp32, 2 threads), as a ratio to one,
  * each measured after an untimed run of the same engine (which pages in its KV pool), in three
  * rounds of 1, 8 and 32 back to back; the medians over the rounds are printed.
- * Targets (issue 15): share >= 0.80 for fp32 and bf16, >= 0.60 for int8, at 1 and 2 threads;
+ * Targets (issue 15): share >= 0.80 for fp32 and bf16, >= 0.60 for int8, at 1 and 2 threads
+ * (int4: the issue gives none; held to int8's 0.60);
  * 8 streams >= 5x one stream, 32 streams >= 8x.
  * Run with OMP_WAIT_POLICY=active (scripts/bench.sh does so for this benchmark): the engine
  * opens ~100 parallel regions per token, and sleeping threads take longer to wake than a
@@ -225,7 +226,7 @@ int main(int argc, char **argv) {
             run_streams(e, 1); /* warm-up: page in the weights */
             for (int r = 0; r < 3; r++) t[r] = run_streams(e, 1);
             double tps = median(t, 3), roof = bw[th] * 1e9 / bytes, share = tps / roof;
-            double target = f == NL_WFMT_INT8 ? 0.60 : 0.80;
+            double target = f == NL_WFMT_INT8 || f == NL_WFMT_INT4 ? 0.60 : 0.80;
             printf("%-7s %-8d %12.1f %14.1f %12.1f %10.2f %8.2f%s\n", nl_wfmt_name((nl_wfmt)f), th, bytes / 1e6, roof,
                    tps, share, target, share >= target ? "" : "  (below target)");
             if (f == NL_WFMT_FP32 && th == 2) one_stream_fp32_2t = tps;

@@ -425,7 +425,7 @@ static void test_preempt_with_full_queue(void **state) {
     nl_model_free(&m);
 }
 
-/* bf16 and int8 weights run, and stay close to fp32 on this model. */
+/* bf16, int8 and int4 weights run, and stay close to fp32 on this model. */
 static void test_weight_formats(void **state) {
     (void)state;
     nl_model m;
@@ -455,12 +455,80 @@ static void test_weight_formats(void **state) {
             while (same < nt && tok[same] == ref[same]) same++;
             print_message("%s weights (%zu bytes): first %d of %lld greedy tokens equal fp32's\n",
                           nl_wfmt_name((nl_wfmt)f), st.weight_bytes, same, (long long)nref);
-            assert_true(same >= 3);
+            /* int4's own rounding (~10% of each output on Gaussian weights, test_matvec_int4)
+             * flips this random model's first greedy token; test_int4_weights holds it to fp32 on
+             * weights that int4 represents exactly */
+            if (f != NL_WFMT_INT4) assert_true(same >= 3);
             free(tok);
         }
         nl_engine_close(e);
     }
     free(ref);
+    nl_model_free(&m);
+}
+
+/* int4 through the engine: on a model whose linear weights are already int4 values (each
+ * dequantized from its own int4 form, which quantizes back to the same codes and scales), the
+ * int4 engine differs from fp32 only by the int8 activations and the order of its sums, as int8
+ * does: its greedy text stays close to fp32's, and its weights take 4.5 bits each. */
+static void test_int4_weights(void **state) {
+    (void)state;
+    nl_model m;
+    make_model(&m, 64);
+    float *lin[4 * 2 + 1];
+    int64_t shp[4 * 2 + 1][2], nlin = 0;
+    for (int64_t l = 0; l < m.L; l++) {
+        const nl_layer_weights *lw = &m.w.layers[l];
+        float *w4[4] = {lw->wq, lw->wo, lw->w1, lw->w2};
+        const int64_t sh[4][2] = {{m.QKV, m.C}, {m.C, m.NH * m.hd}, {2 * m.H, m.C}, {m.C, m.H}};
+        for (int j = 0; j < 4; j++, nlin++) {
+            lin[nlin] = w4[j];
+            shp[nlin][0] = sh[j][0];
+            shp[nlin][1] = sh[j][1];
+        }
+    }
+    lin[nlin] = m.w.cls;
+    shp[nlin][0] = m.V;
+    shp[nlin++][1] = m.C;
+    for (int64_t i = 0; i < nlin; i++) {
+        nl_mv_weight wt;
+        assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_INT4, lin[i], shp[i][0], shp[i][1], 0), NL_OK);
+        assert_int_equal(nl_mv_int4_dequantize(&wt, lin[i]), NL_OK);
+        nl_mv_weight_free(&wt);
+    }
+    /* six prompts: where greedy texts part is chaotic (one prompt alone can part at token 1) */
+    int32_t p[8], *pp = p;
+    int64_t pl = 8, same_total = 0;
+    nl_sampling s = greedy(20);
+    size_t bytes[2];
+    for (int seed = 1; seed <= 6; seed++) {
+        prompt_of(seed, p, 8);
+        int32_t *tok[2];
+        int64_t nt[2];
+        for (int i = 0; i < 2; i++) {
+            nl_engine_opts o;
+            nl_engine_opts_default(&o);
+            o.weights = i ? NL_WFMT_INT4 : NL_WFMT_FP32;
+            nl_engine *e;
+            assert_int_equal(nl_engine_open_model(&e, &m, NULL, &o), NL_OK);
+            nl_engine_stats st;
+            nl_engine_stats_get(e, &st);
+            bytes[i] = st.weight_bytes;
+            run_all(e, 1, &pp, &pl, &s, &tok[i], &nt[i], NULL);
+            assert_int_equal(nt[i], 20);
+            nl_engine_close(e);
+        }
+        int same = 0;
+        while (same < nt[0] && tok[1][same] == tok[0][same]) same++;
+        print_message("prompt %d: first %d of 20 int4 greedy tokens equal fp32's on int4-exact weights\n", seed, same);
+        same_total += same;
+        free(tok[0]);
+        free(tok[1]);
+    }
+    /* measured 63 of 120 (int8 weights on the same model and prompts: 34) */
+    assert_true(same_total >= 30);
+    print_message("int4 weights %zu bytes, fp32 %zu\n", bytes[1], bytes[0]);
+    assert_int_equal(bytes[1] * 64, bytes[0] * 9); /* 4 bits + 16 bits per 32 = 4.5 bits of 32 */
     nl_model_free(&m);
 }
 
@@ -474,6 +542,7 @@ int main(void) {
         cmocka_unit_test(test_queue_cancel_errors),
         cmocka_unit_test(test_preempt_with_full_queue),
         cmocka_unit_test(test_weight_formats),
+        cmocka_unit_test(test_int4_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,6 @@
 /*
  * nanolm matvec: the decode kernels. y (M, N) = x (M, K) . W^T for a weight W (N, K) stored in
- * fp32, bf16 or int8, where M is small (1 for one stream, up to a few hundred for a batched
+ * fp32, bf16, int8 or int4, where M is small (1 for one stream, up to a few hundred for a batched
  * step). Knows nothing of models.
  *
  * Batch 1 is a matrix-vector product whose time is reading W once: the kernels stream W row by
@@ -21,6 +21,19 @@
  *         output row, each token quantized once per input by absmax (nl_mv_act), int32 sums
  *         (exact, so any order gives the same bits: AVX-512 VNNI or portable C), one multiply by
  *         both scales: the same bits as nl_qlinear_forward.
+ *   INT4  llama.cpp's Q4_0 granularity: each output row cut into groups of 32 consecutive input
+ *         columns (the last one zero padded), scale d = absmax / 7 stored as fp16 (nearest even),
+ *         codes q = clamp(rint(w / d), -8, 7) stored as q + 8, two per byte: byte i of a group
+ *         holds column i in its low nibble and column i + 16 in its high nibble (the bytes of
+ *         16 groups interleaved 4 at a time so that a load puts each group in its own lane, and
+ *         one chain of dpbusd sums a whole group without a horizontal add). Activations as
+ *         INT8 (each token once, absmax). A (row, token) output is
+ *             y = s_x * sum over lanes j of the 16-lane tree below of
+ *                 acc[j] = sum over groups g = j, j + 16, ... in order of (float)isum_g * d_g
+ *         where isum_g is the group's exact int32 dot product; the lanes are added as
+ *         ((0+8)+(4+12)) + ((2+10)+(6+14)) ... (the halving tree: j + 8, then + 4, + 2, + 1).
+ *         AVX-512 VNNI (dpbusd on the unsigned nibbles against the signed activation codes,
+ *         minus 8 x the group's activation sum) and portable C give the same bits.
  */
 #ifndef NANOLM_MATVEC_H
 #define NANOLM_MATVEC_H
@@ -37,9 +50,17 @@ extern "C" {
 
 /* Storage format of a decode weight. AUTO (engine options only): fp32 for an fp32 checkpoint,
  * int8 for a quantized int8 per-channel checkpoint. */
-typedef enum nl_wfmt { NL_WFMT_AUTO = -1, NL_WFMT_FP32 = 0, NL_WFMT_BF16 = 1, NL_WFMT_INT8 = 2, NL_WFMT_COUNT } nl_wfmt;
+typedef enum nl_wfmt {
+    NL_WFMT_AUTO = -1,
+    NL_WFMT_FP32 = 0,
+    NL_WFMT_BF16 = 1,
+    NL_WFMT_INT8 = 2,
+    NL_WFMT_INT4 = 3,
+    NL_WFMT_COUNT
+} nl_wfmt;
 
-/* Kernel path of the fp32/bf16 kernels (int8 uses nl_qdot_path). */
+/* Kernel path of the fp32/bf16 kernels (int8 uses nl_qdot_path; int4 runs AVX-512 VNNI on the
+ * AVX512 path of a CPU that has VNNI, portable C otherwise). */
 typedef enum nl_mv_path {
     NL_MV_AUTO = 0,     /* the fastest this CPU runs */
     NL_MV_PORTABLE = 1, /* plain C, 16 scalar accumulators per pair (same order as AVX-512) */
@@ -48,9 +69,9 @@ typedef enum nl_mv_path {
     NL_MV_COUNT
 } nl_mv_path;
 
-/* "fp32", "bf16", "int8" ("auto" for AUTO); NULL for an unknown value. */
+/* "fp32", "bf16", "int8", "int4" ("auto" for AUTO); NULL for an unknown value. */
 const char *nl_wfmt_name(nl_wfmt f);
-/* Parses "fp32" | "bf16" | "int8" | "auto"; NL_ERR_INVALID naming the text otherwise. */
+/* Parses "fp32" | "bf16" | "int8" | "int4" | "auto"; NL_ERR_INVALID naming the text otherwise. */
 nl_status nl_wfmt_parse(const char *s, nl_wfmt *out);
 /* "portable", "avx2", "avx512" ("auto"). */
 const char *nl_mv_path_name(nl_mv_path p);
@@ -67,12 +88,21 @@ typedef struct nl_mv_weight {
     float *owned_f32;
     uint16_t *bf16;  /* BF16: (N, K) bfloat16 bits */
     nl_qlinear q8;   /* INT8 */
+    uint8_t *q4;     /* INT4: (N, groups * 16) packed codes + 8 (see above), each row's bytes in
+                        chunks of 16 groups cut in 4 slices of 4 bytes per group (the kernel's
+                        lane order; matvec.c q4_byte_at) */
+    uint16_t *q4_d;  /* INT4: (N, groups) fp16 scales */
+    int64_t groups;  /* INT4: ceil(K / 32) */
     nl_mv_path path; /* resolved (never AUTO) */
 } nl_mv_weight;
 
+/* Columns per INT4 scale. */
+#define NL_MV_INT4_GROUP 32
+
 /* Prepares W (N, K) in format fmt. FP32 borrows w (it must outlive the weight) unless copy is
  * set. Errors: NL_ERR_INVALID for sizes or format (AUTO is not a format here), NaN/inf in w
- * (naming the index) for BF16 and INT8, NL_ERR_NOMEM. */
+ * (naming the index) for BF16, INT8 and INT4; NL_ERR_RANGE for an INT4 group whose scale
+ * overflows fp16 (|w| > 458,000, naming the row and columns); NL_ERR_NOMEM. */
 nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64_t N, int64_t K, int copy);
 /* INT8 from existing codes (N, K) and per-row scales (N) (a quantized checkpoint). Errors as
  * nl_qlinear_init_codes. */
@@ -83,31 +113,38 @@ void nl_mv_weight_free(nl_mv_weight *wt);
  * lacks it. */
 nl_status nl_mv_weight_set_path(nl_mv_weight *wt, nl_mv_path p);
 /* Bytes of the weight as stored and read once per call: N*K*4 (fp32), N*K*2 (bf16),
- * N*K + 4N (int8 codes and scales). */
+ * N*K + 4N (int8 codes and scales), N*G*16 + N*G*2 with G = ceil(K / 32) (int4 codes and fp16
+ * scales: N*K/2 + N*(K/32)*2 when 32 divides K). */
 size_t nl_mv_weight_bytes(const nl_mv_weight *wt);
+/* INT4: the weight as the kernels see it, codes x scales, into w (N, K) (tests, error studies).
+ * NL_ERR_INVALID for a weight of another format. */
+nl_status nl_mv_int4_dequantize(const nl_mv_weight *wt, float *w);
 
 /* y (M, N) = x (M, K) . W^T with `threads` OpenMP threads (<= 0: the OpenMP default). Batch
- * invariant (see above). Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8 (naming the
+ * invariant (see above). Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8 or INT4 (naming the
  * index), NL_ERR_NOMEM (INT8 activation buffers). */
 nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads);
 
 /* One matvec input x (M, K) prepared for a weight format: FP32 (and BF16 off AVX-512) read x
  * as given; BF16 on AVX-512 reads a de-interleaved copy (the order its kernel multiplies in); INT8
- * quantizes each token once (absmax, nl_qlinear_quantize_tokens) into codes that every output
+ * and INT4 quantize each token once (absmax, nl_qlinear_quantize_tokens) into codes that every output
  * row then reads. The buffers grow as needed and are reused from call to call. */
 typedef struct nl_mv_act {
     const float *x;   /* (M, K) */
-    int64_t M, K, kp; /* kp: K padded for INT8 (the weight's k_pad) */
-    int8_t *q;        /* INT8: (M, kp) codes */
+    int64_t M, K, kp; /* kp: K padded for INT8 (the weight's k_pad), for INT4 to 512 */
+    int8_t *q;        /* INT8, INT4: (M, kp) codes */
     uint8_t *qu;      /* INT8 on VNNI: (M, kp) codes + 128 */
-    float *scale;     /* INT8: (M) token scales */
+    float *scale;     /* INT8, INT4: (M) token scales */
+    int8_t *q4x;      /* INT4 on VNNI: (M, kp) codes, per 128 columns the first 16 of each of the 4
+                         groups, then their last 16 (the order of a 64-byte load of packed codes) */
+    int32_t *xsum;    /* INT4: (M, kp / 32) each group's sum of codes */
     float *xp;        /* BF16 on AVX-512: (M, k32) x with each 32 columns as 16 even then 16 odd */
     int64_t k32;      /* K rounded up to 32 */
-    size_t cap_codes, cap_tokens, cap_xp;
+    size_t cap_codes, cap_tokens, cap_xp, cap_q4;
 } nl_mv_act;
 
 /* Prepares x (M, K = wt->cols) for wt. Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8
- * (naming the index), NL_ERR_NOMEM. Runs on the calling thread only. */
+ * and INT4 (naming the index), NL_ERR_NOMEM. Runs on the calling thread only. */
 nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x, int64_t M);
 /* Frees the buffers; safe on a zeroed struct. */
 void nl_mv_act_free(nl_mv_act *a);

@@ -111,7 +111,7 @@ typedef struct nl_cmdspec {
 typedef struct nl_model_args {
     const char *ckpt;      /* a Hugging Face folder, safetensors checkpoint or llama2.c .bin */
     const char *tokenizer; /* tokenizer file, or NULL: the checkpoint's own */
-    const char *weights;   /* decode weight format name (auto|fp32|bf16|int8), or NULL: auto */
+    const char *weights;   /* decode weight format name (auto|fp32|bf16|int8|int4), or NULL: auto */
 } nl_model_args;
 int nl_cli_model_opts(nl_opt *opts, nl_model_args *a, int with_weights);
 

@@ -84,7 +84,7 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
                    "e.g. '{\"vocab_size\":512,\"dim\":768,\"n_layers\":12,\"n_heads\":12,\"n_kv_heads\":12,"
                    "\"hidden_dim\":2048,\"seq_len\":1024}'; with --tokenizer for vocabularies other than 256 bytes"),
         NL_OPT_STR("tokenizer", &sa->tok, "FILE", "llama2.c tokenizer (needed for .bin checkpoints)"),
-        NL_OPT_CHOICE("weights", &sa->weights, "auto|fp32|bf16|int8",
+        NL_OPT_CHOICE("weights", &sa->weights, "auto|fp32|bf16|int8|int4",
                       "weight format of the kernels (default auto: fp32, int8 for int8 checkpoints)"),
         NL_OPT_STR("model-name", &sa->model_name, "NAME",
                    "name in /v1/models and responses (default: the checkpoint's file name)"),

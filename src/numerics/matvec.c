@@ -1,4 +1,4 @@
-/* Decode kernels: y (M, N) = x (M, K) . W^T for fp32 / bf16 / int8 weights (see matvec.h). */
+/* Decode kernels: y (M, N) = x (M, K) . W^T for fp32 / bf16 / int8 / int4 weights (see matvec.h). */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -27,6 +27,7 @@ const char *nl_wfmt_name(nl_wfmt f) {
     case NL_WFMT_FP32: return "fp32";
     case NL_WFMT_BF16: return "bf16";
     case NL_WFMT_INT8: return "int8";
+    case NL_WFMT_INT4: return "int4";
     default: return NULL;
     }
 }
@@ -37,7 +38,8 @@ nl_status nl_wfmt_parse(const char *s, nl_wfmt *out) {
             *out = (nl_wfmt)f;
             return NL_OK;
         }
-    return nl_fail(NL_ERR_INVALID, "unknown weight format '%s' (known: fp32, bf16, int8, auto)", s ? s : "(null)");
+    return nl_fail(NL_ERR_INVALID, "unknown weight format '%s' (known: fp32, bf16, int8, int4, auto)",
+                   s ? s : "(null)");
 }
 
 const char *nl_mv_path_name(nl_mv_path p) {
@@ -71,6 +73,8 @@ nl_mv_path nl_mv_auto(void) {
 
 /* ---- the weight ------------------------------------------------------------------------------ */
 
+static nl_status q4_init(nl_mv_weight *wt, const float *w, int64_t N, int64_t K);
+
 nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64_t N, int64_t K, int copy) {
     memset(wt, 0, sizeof *wt);
     if (N < 1 || K < 1)
@@ -99,6 +103,7 @@ nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64
         for (size_t i = 0; i < n; i++) wt->bf16[i] = nl_bf16_from_f32(w[i]);
         return NL_OK;
     case NL_WFMT_INT8: return nl_qlinear_init(&wt->q8, w, N, K, NL_QLINEAR_W8A8);
+    case NL_WFMT_INT4: return q4_init(wt, w, N, K);
     default: return nl_fail(NL_ERR_INVALID, "matvec weight: unknown format %d", (int)fmt);
     }
 }
@@ -117,6 +122,8 @@ void nl_mv_weight_free(nl_mv_weight *wt) {
     nl_free(wt->owned_f32);
     nl_free(wt->bf16);
     nl_qlinear_free(&wt->q8);
+    nl_free(wt->q4);
+    nl_free(wt->q4_d);
     memset(wt, 0, sizeof *wt);
 }
 
@@ -135,6 +142,7 @@ size_t nl_mv_weight_bytes(const nl_mv_weight *wt) {
     case NL_WFMT_FP32: return n * 4;
     case NL_WFMT_BF16: return n * 2;
     case NL_WFMT_INT8: return nl_qlinear_bytes(&wt->q8);
+    case NL_WFMT_INT4: return (size_t)(wt->rows * wt->groups) * (16 + sizeof(uint16_t));
     default: return 0;
     }
 }
@@ -551,7 +559,296 @@ static void run_block_int8(const nl_qlinear *l, const nl_mv_act *a, float *y, in
     }
 }
 
+/* ---- int4 -----------------------------------------------------------------------------------
+ * Q4_0-style weights (see matvec.h): per row, groups of 32 columns with one fp16 scale; codes + 8
+ * two per byte (byte i of a group: column i low, column i + 16 high). Activations: int8 codes of
+ * each token (nl_qlinear_quantize_tokens) padded to kp (a multiple of 512 columns, 16 groups) and
+ * each group's code sum. One (row, token) pair is one call of q4_pair_* on every path and for
+ * every M, tile and thread, so its bits never depend on them; the portable and VNNI pairs make
+ * the same float operations in the same order:
+ *   acc[j] (j < 16) += (float)isum_g * d_g for g = j, j + 16, ... (isum_g exact int32)
+ *   y = tree16(acc) * s_x, tree16 = the halving tree (j + j^8, then j^4, j^2, j^1). */
+
+enum { Q4_G = NL_MV_INT4_GROUP, Q4_CHUNK = 16 * NL_MV_INT4_GROUP }; /* columns per group, per 16 groups */
+
+static nl_status grow_codes(nl_mv_act *a, size_t codes, int64_t M);
+
+/* Where byte i (column i low, i + 16 high) of group g of a row with G groups is stored: groups go
+ * in chunks of 16 (the last one ng = G mod 16 when short), and a chunk's bytes are 4 slices, slice
+ * b holding bytes 4b..4b+3 of each of its groups in turn, so one 64-byte load of slice b puts
+ * group j of the chunk in 32-bit lane j. */
+static inline int64_t q4_byte_at(int64_t G, int64_t g, int i) {
+    const int64_t c = g / 16, ng = G - 16 * c < 16 ? G - 16 * c : 16;
+    return c * 256 + (i / 4) * 4 * ng + 4 * (g % 16) + i % 4;
+}
+
+/* fp16 scale of one group (absmax / 7, nearest even) and its value; NL_ERR_RANGE on overflow. */
+static nl_status q4_scale(const float *src, int64_t cnt, int64_t n, int64_t c0, uint16_t *code, float *d) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < cnt; i++) amax = fabsf(src[i]) > amax ? fabsf(src[i]) : amax;
+    uint32_t c = 0;
+    NL_TRY(nl_fmt_encode(NL_FMT_FP16, amax / 7.0f, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 0, &c));
+    *d = nl_fmt_decode(NL_FMT_FP16, c);
+    if (isinf(*d))
+        return nl_fail(NL_ERR_RANGE,
+                       "int4 matvec weight: row %lld, columns %lld..%lld: absmax %g / 7 overflows the fp16 scale "
+                       "(largest 65504)",
+                       (long long)n, (long long)c0, (long long)(c0 + cnt - 1), (double)amax);
+    *code = (uint16_t)c;
+    return NL_OK;
+}
+
+/* Quantizes w (N, K) into wt->q4 / wt->q4_d (the layout above). */
+static nl_status q4_init(nl_mv_weight *wt, const float *w, int64_t N, int64_t K) {
+    NL_TRY(nl_quant_check_finite(w, (size_t)N * (size_t)K, "int4 matvec weight"));
+    const int64_t G = (K + Q4_G - 1) / Q4_G;
+    wt->groups = G;
+    wt->q4 = nl_malloc((size_t)(N * G) * 16, "int4 matvec codes");
+    wt->q4_d = nl_malloc((size_t)(N * G) * sizeof(uint16_t), "int4 matvec scales");
+    if (!wt->q4 || !wt->q4_d) {
+        nl_mv_weight_free(wt);
+        return NL_ERR_NOMEM;
+    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < G; g++) {
+            const float *src = w + n * K + g * Q4_G;
+            const int64_t cnt = K - g * Q4_G < Q4_G ? K - g * Q4_G : Q4_G;
+            float d;
+            nl_status rc = q4_scale(src, cnt, n, g * Q4_G, &wt->q4_d[n * G + g], &d);
+            if (rc) {
+                nl_mv_weight_free(wt);
+                return rc;
+            }
+            int8_t q[Q4_G] = {0}; /* columns past K: code 0 */
+            for (int64_t i = 0; d > 0.0f && i < cnt; i++) {
+                float v = rintf(src[i] / d);
+                q[i] = (int8_t)(v < -8.0f ? -8 : v > 7.0f ? 7 : (int)v);
+            }
+            uint8_t *row = wt->q4 + n * G * 16;
+            for (int i = 0; i < 16; i++) row[q4_byte_at(G, g, i)] = (uint8_t)((q[i] + 8) | ((q[i + 16] + 8) << 4));
+        }
+    return NL_OK;
+}
+
+nl_status nl_mv_int4_dequantize(const nl_mv_weight *wt, float *w) {
+    if (wt->fmt != NL_WFMT_INT4 || !wt->q4)
+        return nl_fail(NL_ERR_INVALID, "int4 dequantize: the weight is %s, not int4",
+                       nl_wfmt_name(wt->fmt) ? nl_wfmt_name(wt->fmt) : "not initialised");
+    const int64_t K = wt->cols, G = wt->groups;
+    for (int64_t n = 0; n < wt->rows; n++)
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t g = k / Q4_G, i = k % Q4_G;
+            const uint8_t b = wt->q4[n * G * 16 + q4_byte_at(G, g, (int)(i & 15))];
+            const int q = (i < 16 ? b & 15 : b >> 4) - 8;
+            w[n * K + k] = (float)q * nl_fmt_decode(NL_FMT_FP16, wt->q4_d[n * G + g]);
+        }
+    return NL_OK;
+}
+
+/* The lane tree both pairs end with: j + j^8, then j^4, j^2, j^1. */
+static inline float q4_tree16(const float *a) {
+    float s1[8], s2[4];
+    for (int i = 0; i < 8; i++) s1[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++) s2[i] = s1[i] + s1[i + 4];
+    return (s2[0] + s2[2]) + (s2[1] + s2[3]);
+}
+
+/* One (row, token) pair in C: w the row's G groups, d its scales, x the token's codes in column
+ * order. Groups past G (the VNNI path's zero padding) would add +0.0f to a lane, which never
+ * changes it (a lane is never -0: it starts at +0 and x + (-x) rounds to +0). */
+static float q4_pair_portable(const uint8_t *w, const uint16_t *d, int64_t G, const int8_t *x, float xs) {
+    float acc[16] = {0};
+    for (int64_t c0 = 0; c0 < G; c0 += 16) { /* chunks of 16 groups, bytes as q4_byte_at lays them */
+        const int64_t ng = G - c0 < 16 ? G - c0 : 16;
+        for (int64_t j = 0; j < ng; j++) {
+            const int8_t *xg = x + (c0 + j) * Q4_G;
+            const uint8_t *wj = w + c0 * 16 + 4 * j;
+            int32_t s = 0;
+            for (int b = 0; b < 4; b++)
+                for (int r = 0; r < 4; r++) {
+                    const int v = wj[b * 4 * ng + r], i = 4 * b + r;
+                    s += ((v & 15) - 8) * xg[i] + ((v >> 4) - 8) * xg[i + 16];
+                }
+            acc[j] = acc[j] + (float)s * nl_fmt_decode(NL_FMT_FP16, d[c0 + j]);
+        }
+    }
+    return q4_tree16(acc) * xs;
+}
+
+#define TGT_Q4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* q4_tree16 on a register (the same additions). */
+TGT_Q4 INLINE float q4_tree16_512(__m512 v) {
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E)); /* j + j^8 */
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1)); /* j^4 */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));       /* j^2 */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));       /* j^1 */
+    return _mm512_cvtss_f32(v);
+}
+
+/* A tile of R rows (R <= 2; w, d: the first row's codes and scales, the next G groups on) x T
+ * tokens (T <= 4, from token m0 of a) on AVX-512 VNNI, into y (the first output; the tile's are
+ * y[t * N + r]). Per chunk of 16 groups each row's 4 slices (q4_byte_at: 32-bit lane j = group
+ * j) are loaded once and split into low and high nibbles (unsigned 0..15); per token, 8 dpbusd
+ * against its signed codes (nl_mv_act's q4x: slice b's low columns, then its high ones) in two
+ * chains give every group's whole dot product in its lane, minus 8 x the group's code sum: the
+ * exact isum_g; then acc += (float)isum_g * d_g lane by lane. A short last chunk loads 4 x ng
+ * bytes per slice (zero codes and scales in the lanes past it). Every (row, token) pair makes
+ * the same operations in every tile shape: the bits of q4_pair_portable. */
+TGT_Q4 INLINE void q4_tile(const uint8_t *w, const uint16_t *d, int64_t G, const nl_mv_act *a, int64_t m0, float *y,
+                           int64_t N, const int R, const int T) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const int64_t kp = a->kp, g16 = kp / Q4_G;
+    __m512 acc[2][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g += 16) {
+        const int64_t ng = G - g < 16 ? G - g : 16;
+        const __mmask64 mk = ng == 16 ? ~(__mmask64)0 : ((__mmask64)1 << (4 * ng)) - 1;
+        __m512i wl[2][4], wh[2][4];
+        __m512 dv[2];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wc = w + (r * G + g) * 16;
+            for (int b = 0; b < 4; b++) {
+                /* masked loads measured slower here: whole vectors where the chunk allows */
+                __m512i wv =
+                    ng == 16  ? _mm512_loadu_si512((const void *)(wc + 64 * b))
+                    : ng == 8 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(wc + 32 * b)))
+                              : _mm512_maskz_loadu_epi8(mk, wc + b * 4 * ng);
+                wl[r][b] = _mm512_and_si512(wv, lo4);
+                wh[r][b] = _mm512_and_si512(_mm512_srli_epi16(wv, 4), lo4);
+            }
+            const uint16_t *dc = d + r * G + g;
+            dv[r] =
+                _mm512_cvtph_ps(ng == 16  ? _mm256_loadu_si256((const __m256i *)(const void *)dc)
+                                : ng == 8 ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)dc))
+                                          : _mm256_maskz_loadu_epi16((__mmask16)((1u << ng) - 1u), dc));
+        }
+        for (int t = 0; t < T; t++) {
+            const int8_t *xp = a->q4x + (m0 + t) * kp + g * Q4_G;
+            __m512i sl[2], sh[2];
+            for (int r = 0; r < R; r++) sl[r] = sh[r] = _mm512_setzero_si512();
+            for (int b = 0; b < 4; b++) {
+                __m512i xl = _mm512_loadu_si512((const void *)(xp + 128 * b));
+                __m512i xh = _mm512_loadu_si512((const void *)(xp + 128 * b + 64));
+                for (int r = 0; r < R; r++) {
+                    sl[r] = _mm512_dpbusd_epi32(sl[r], wl[r][b], xl);
+                    sh[r] = _mm512_dpbusd_epi32(sh[r], wh[r][b], xh);
+                }
+            }
+            __m512i xs8 = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(a->xsum + (m0 + t) * g16 + g)), 3);
+            for (int r = 0; r < R; r++) {
+                __m512i s = _mm512_sub_epi32(_mm512_add_epi32(sl[r], sh[r]), xs8);
+                acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_mul_ps(_mm512_cvtepi32_ps(s), dv[r]));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) y[t * N + r] = q4_tree16_512(acc[r][t]) * a->scale[m0 + t];
+}
+
+typedef void (*q4_tile_fn)(const nl_mv_weight *, const nl_mv_act *, int64_t n, int64_t m, float *y);
+#define Q4_TILE(R, T)                                                                                                  \
+    TGT_Q4 static void q4_tile_##R##x##T(const nl_mv_weight *wt, const nl_mv_act *a, int64_t n, int64_t m, float *y) { \
+        q4_tile(wt->q4 + n * wt->groups * 16, wt->q4_d + n * wt->groups, wt->groups, a, m, y + m * wt->rows + n,       \
+                wt->rows, R, T);                                                                                       \
+    }
+Q4_TILE(2, 1)
+Q4_TILE(1, 1)
+Q4_TILE(1, 2)
+Q4_TILE(1, 3)
+Q4_TILE(1, 4)
+Q4_TILE(2, 2)
+Q4_TILE(2, 3)
+static const q4_tile_fn q4_tiles_1xT[4] = {q4_tile_1x1, q4_tile_1x2, q4_tile_1x3, q4_tile_1x4};
+
+/* 1 when an int4 weight on path `path` runs the VNNI pair here. */
+static int q4_vnni(nl_mv_path path) { return path == NL_MV_AVX512 && nl_qdot_available(NL_QDOT_VNNI); }
+
+/* Rows [n0, n1) for tokens [m0, m1): rows one after another (one sequential stream of the
+ * codes). On VNNI two rows (adjacent in memory) at a time against tiles of up to 3 tokens (their
+ * codes split into nibbles once per tile, each activation load shared by the two rows), an odd
+ * last row against tiles of up to 4; the rows' bytes stay in L1 for the tiles after the first. */
+static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
+                           int64_t m1) {
+    const int64_t G = wt->groups, N = wt->rows, kp = a->kp;
+    if (!q4_vnni(wt->path)) {
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m++)
+                y[m * N + n] = q4_pair_portable(wt->q4 + n * G * 16, wt->q4_d + n * G, G, a->q + m * kp, a->scale[m]);
+        return;
+    }
+    int64_t n = n0;
+    if (m1 - m0 == 1)
+        for (; n + 2 <= n1; n += 2) q4_tile_2x1(wt, a, n, m0, y);
+    else
+        for (; n + 2 <= n1; n += 2) {
+            int64_t m = m0;
+            for (; m + 3 <= m1; m += 3) q4_tile_2x3(wt, a, n, m, y);
+            if (m1 - m == 2) q4_tile_2x2(wt, a, n, m, y);
+            if (m1 - m == 1) q4_tile_2x1(wt, a, n, m, y);
+        }
+    for (; n < n1; n++)
+        for (int64_t m = m0; m < m1; m += 4) q4_tiles_1xT[(m1 - m < 4 ? m1 - m : 4) - 1](wt, a, n, m, y);
+}
+
+/* INT4 inputs: codes q (M, kp) in column order (kp = the groups rounded up to 16, x 32), each
+ * group's code sum xsum (M, kp / 32), and on VNNI the codes again in q4x's order: per chunk of 16
+ * groups, for slice b = 0..3 the 4 columns 4b.. of each group (lane j = group j), then its
+ * columns 16 + 4b.. (the columns the slice's low and high nibbles hold). */
+static nl_status q4_act(nl_mv_act *a, const nl_mv_weight *wt, const float *x, int64_t M) {
+    const int64_t kp = (wt->groups + 15) / 16 * Q4_CHUNK, g16 = kp / Q4_G;
+    const size_t codes = (size_t)M * (size_t)kp;
+    a->kp = kp;
+    NL_TRY(grow_codes(a, codes, M));
+    if (codes > a->cap_q4) {
+        nl_free(a->q4x);
+        nl_free(a->xsum);
+        a->q4x = nl_malloc(codes, "matvec int4 activation codes (kernel order)");
+        a->xsum = nl_malloc(codes / Q4_G * sizeof(int32_t), "matvec int4 group sums");
+        a->cap_q4 = a->q4x && a->xsum ? codes : 0;
+        if (!a->cap_q4) return NL_ERR_NOMEM;
+    }
+    NL_TRY(nl_qlinear_quantize_tokens(x, M, wt->cols, kp, a->q, NULL, a->scale));
+    const int vnni = q4_vnni(wt->path);
+    for (int64_t m = 0; m < M; m++) {
+        const int8_t *q = a->q + m * kp;
+        for (int64_t g = 0; g < g16; g++) {
+            int32_t s = 0;
+            for (int i = 0; i < Q4_G; i++) s += q[g * Q4_G + i];
+            a->xsum[m * g16 + g] = s;
+        }
+        if (!vnni) continue;
+        int8_t *o = a->q4x + m * kp; /* per chunk: slice b low, slice b high; lane j = group j */
+        for (int64_t c = 0; c < kp; c += Q4_CHUNK)
+            for (int b = 0; b < 4; b++)
+                for (int h = 0; h < 2; h++)
+                    for (int j = 0; j < 16; j++)
+                        memcpy(o + c + (2 * b + h) * 64 + 4 * j, q + c + 32 * j + 16 * h + 4 * b, 4);
+    }
+    return NL_OK;
+}
+
 /* ---- activations and the two drivers ---------------------------------------------------------- */
+
+/* Grows the int8 code buffers q and qu to `codes` bytes and the token scales to M. */
+static nl_status grow_codes(nl_mv_act *a, size_t codes, int64_t M) {
+    if (codes > a->cap_codes) {
+        nl_free(a->q);
+        nl_free(a->qu);
+        a->q = nl_malloc(codes, "matvec int8 activation codes");
+        a->qu = nl_malloc(codes, "matvec unsigned activation codes");
+        a->cap_codes = a->q && a->qu ? codes : 0;
+        if (!a->cap_codes) return NL_ERR_NOMEM;
+    }
+    if ((size_t)M > a->cap_tokens) {
+        nl_free(a->scale);
+        a->scale = nl_malloc((size_t)M * sizeof(float), "matvec token scales");
+        a->cap_tokens = a->scale ? (size_t)M : 0;
+        if (!a->scale) return NL_ERR_NOMEM;
+    }
+    return NL_OK;
+}
 
 /* a->xp (M, k32): per 32 columns of each token, its 16 even columns then its 16 odd ones, zero
  * past K (the order tile512_bf multiplies in). */
@@ -578,31 +875,18 @@ static nl_status deinterleave(nl_mv_act *a, const float *x, int64_t M, int64_t K
 
 nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x, int64_t M) {
     if (M < 1) return nl_fail(NL_ERR_INVALID, "matvec: M must be positive, got %lld", (long long)M);
-    if (wt->fmt != NL_WFMT_FP32 && wt->fmt != NL_WFMT_BF16 && wt->fmt != NL_WFMT_INT8)
+    if (wt->fmt != NL_WFMT_FP32 && wt->fmt != NL_WFMT_BF16 && wt->fmt != NL_WFMT_INT8 && wt->fmt != NL_WFMT_INT4)
         return nl_fail(NL_ERR_INVALID, "matvec: weight not initialised (format %d)", (int)wt->fmt);
     a->x = x;
     a->M = M;
     a->K = wt->cols;
     a->kp = wt->cols;
     if (wt->fmt == NL_WFMT_BF16 && wt->path == NL_MV_AVX512) return deinterleave(a, x, M, wt->cols);
+    if (wt->fmt == NL_WFMT_INT4) return q4_act(a, wt, x, M);
     if (wt->fmt != NL_WFMT_INT8) return NL_OK;
     const nl_qlinear *l = &wt->q8;
     a->kp = l->k_pad;
-    size_t codes = (size_t)M * (size_t)l->k_pad;
-    if (codes > a->cap_codes) {
-        nl_free(a->q);
-        nl_free(a->qu);
-        a->q = nl_malloc(codes, "matvec int8 activation codes");
-        a->qu = nl_malloc(codes, "matvec unsigned activation codes");
-        a->cap_codes = a->q && a->qu ? codes : 0;
-        if (!a->cap_codes) return NL_ERR_NOMEM;
-    }
-    if ((size_t)M > a->cap_tokens) {
-        nl_free(a->scale);
-        a->scale = nl_malloc((size_t)M * sizeof(float), "matvec token scales");
-        a->cap_tokens = a->scale ? (size_t)M : 0;
-        if (!a->scale) return NL_ERR_NOMEM;
-    }
+    NL_TRY(grow_codes(a, (size_t)M * (size_t)l->k_pad, M));
     return nl_qlinear_quantize_tokens(x, M, wt->cols, l->k_pad, a->q, l->path == NL_QDOT_VNNI ? a->qu : NULL, a->scale);
 }
 
@@ -612,6 +896,8 @@ void nl_mv_act_free(nl_mv_act *a) {
     nl_free(a->qu);
     nl_free(a->scale);
     nl_free(a->xp);
+    nl_free(a->q4x);
+    nl_free(a->xsum);
     memset(a, 0, sizeof *a);
 }
 
@@ -634,6 +920,8 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
             int64_t m1 = M - m0 < MV_TOK ? M : m0 + MV_TOK;
             if (wt->fmt == NL_WFMT_INT8)
                 run_block_int8(&wt->q8, act, y, nb, ne, m0, m1);
+            else if (wt->fmt == NL_WFMT_INT4)
+                run_block_int4(wt, act, y, nb, ne, m0, m1);
             else
                 run_block(&a, wt->path, nb, ne, m0, m1);
         }
