@@ -49,6 +49,10 @@
 extern "C" {
 #endif
 
+/* A step of fewer rows than this runs RoPE and the KV store on the calling thread (a few
+ * hundred ns per row: less than waking the team); bench machine's probes follow the same rule. */
+#define NL_ENGINE_ROPE_PARALLEL_ROWS 8
+
 typedef struct nl_engine nl_engine;
 
 /* Why a request ended. */

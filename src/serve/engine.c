@@ -621,7 +621,8 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
         prof_mark(e, &t, PH_QKV);
         /* RoPE on the rotated heads and the KV store of each row: a few hundred ns per row, so
          * a step of a few rows runs it on this thread rather than waking the team */
-#pragma omp parallel for schedule(static) num_threads(nt > 0 ? nt : omp_get_max_threads()) if (n >= 8)
+#pragma omp parallel for schedule(static)                                                                              \
+    num_threads(nt > 0 ? nt : omp_get_max_threads()) if (n >= NL_ENGINE_ROPE_PARALLEL_ROWS)
         for (int64_t i = 0; i < n; i++) {
             float *q = e->qkv + i * QKV;
             nl_rope_row(q, m->rope_cos + e->row_pos[i] * half, m->rope_sin + e->row_pos[i] * half, NH + KVH, hd, 0);

@@ -5,6 +5,7 @@
 #include "nanolm/formats.h"
 #include "model/vexp.h"
 #include "nanolm/kvcache.h"
+#include "nanolm/safetensors.h"
 
 size_t nl_kvcache_block_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, int64_t block_size) {
     size_t rows = (size_t)(L * 2 * block_size);
@@ -120,22 +121,8 @@ static inline const float *walk_f32(const kv_walk *w) {
 static inline const int8_t *walk_codes(const kv_walk *w) {
     return nl_kvcache_codes_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot);
 }
-/* The value of IEEE half h (exact: every half is a float), as nl_fmt_decode(NL_FMT_FP16, h)
- * gives it, without the general decoder's call per position. */
-static inline float half_value(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, ex = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-    uint32_t bits;
-    if (ex == 0) { /* zero or subnormal: man * 2^-24 */
-        float v = (float)man * 0x1p-24f;
-        return sign ? -v : v;
-    }
-    bits = ex == 31 ? sign | 0x7F800000u | (man << 13) : sign | ((ex + 112u) << 23) | (man << 13);
-    float v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
 static inline float walk_scale(const kv_walk *w, int64_t kh) {
-    return half_value(nl_kvcache_scales_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot)[kh]);
+    return nl_st_f16_to_f32(nl_kvcache_scales_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot)[kh]);
 }
 
 /* Dimensions i0 .. i0 + lanes - 1 (lanes <= 16) of a K or V row as 16 floats, zero past lanes

@@ -271,8 +271,8 @@ static void dec_step(dec_ctx *c, const nl_machine_opts *o, double *rope_s, doubl
     for (int64_t l = 0; l < c->L; l++) {
         read_weights(c, c->weight_floats * (size_t)l / (size_t)c->L, c->weight_floats * (size_t)(l + 1) / (size_t)c->L);
         double t0 = nl_machine_clock_s(o);
-        /* engine.c runs fewer than 8 rows on the calling thread */
-#pragma omp parallel for schedule(static) num_threads(nt) if (c->D >= 8)
+        /* as engine.c: fewer than NL_ENGINE_ROPE_PARALLEL_ROWS rows run on the calling thread */
+#pragma omp parallel for schedule(static) num_threads(nt) if (c->D >= NL_ENGINE_ROPE_PARALLEL_ROWS)
         for (int64_t i = 0; i < c->D; i++) {
             float *q = c->qkv + i * QKV;
             int64_t seq = c->chunk ? 0 : i, pos = c->chunk ? c->pos + i : c->pos;
