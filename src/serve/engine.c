@@ -610,8 +610,11 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
         memcpy(e->x + i * C, m->w.embed + (int64_t)e->row_tok[i] * C, (size_t)C * sizeof(float));
     prof_mark(e, &t, PH_EMBED);
     /* attention tiles, the same in every layer: the rows of a prompt chunk in tiles of up to
-     * NL_KV_QTILE, each decode row alone */
-    const int64_t work = attention_tiles(e, n) * NH;
+     * NL_KV_QTILE, each decode row alone. The units of work run kv head by kv head, and within
+     * one, tile by tile with the query heads that share it innermost: a thread's next unit reads
+     * the K/V it has just read (the query heads of a group; a prompt chunk's next tile reads the
+     * same prefix again), from its own cache rather than from memory. */
+    const int64_t n_tiles = attention_tiles(e, n), G = NH / KVH, work = n_tiles * NH;
     for (int64_t l = 0; l < m->L; l++) {
         const nl_layer_weights *lw = &m->w.layers[l];
         nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_att, n, C, eps);
@@ -635,7 +638,8 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
             float *scratch = e->scratch + (int64_t)omp_get_thread_num() * e->scratch_floats;
 #pragma omp for schedule(dynamic, 1)
             for (int64_t p = 0; p < work; p++) {
-                int64_t u = p / NH, h = p % NH, i = e->tile_row[u], nq = e->tile_row[u + 1] - i;
+                const int64_t kvh = p / (n_tiles * G), rem = p % (n_tiles * G), u = rem / G, h = kvh * G + rem % G;
+                const int64_t i = e->tile_row[u], nq = e->tile_row[u + 1] - i;
                 nl_kvcache_attend_rows(&e->kv, e->row_req[i]->table, l, e->row_pos[i], nq, e->qkv + i * QKV, QKV, NH, h,
                                        e->atty + i * NH * hd + h * hd, NH * hd, scratch);
             }

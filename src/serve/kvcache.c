@@ -100,29 +100,74 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef int8_t c16 __attribute__((vector_size(16)));
 static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
 
-/* Walks the positions of a sequence in order without a division per position: the row of
- * position t is block table[t / bs], slot t % bs. */
+/* Walks the positions of a sequence in order without a division or a multiplication per
+ * position: the row of position t is block table[t / bs], slot t % bs, and the slots of a block
+ * are consecutive rows (KVH * hd apart), so the walk steps a pointer and looks the table up once
+ * per block. */
 typedef struct kv_walk {
     const nl_kvcache *c;
     const int32_t *table;
-    int64_t l, kv, blk, slot;
+    int64_t l, kv, blk, slot, end; /* end: one past the last position walked */
+    const float *f;                /* fp32 pool: the row of the current position */
+    const int8_t *q;               /* int8 pool: its codes row */
+    const uint16_t *s;             /* and its scales row */
 } kv_walk;
 
-static inline void walk_start(kv_walk *w, const nl_kvcache *c, const int32_t *table, int64_t l, int kv, int64_t t) {
-    w->c = c, w->table = table, w->l = l, w->kv = kv;
+static inline void walk_block(kv_walk *w) {
+    const int32_t id = w->table[w->blk];
+    if (w->c->dtype == NL_KV_INT8) {
+        w->q = nl_kvcache_codes_row(w->c, id, w->l, (int)w->kv, w->slot);
+        w->s = nl_kvcache_scales_row(w->c, id, w->l, (int)w->kv, w->slot);
+    } else
+        w->f = nl_kvcache_f32_row(w->c, id, w->l, (int)w->kv, w->slot);
+}
+static inline void walk_start(kv_walk *w, const nl_kvcache *c, const int32_t *table, int64_t l, int kv, int64_t t,
+                              int64_t end) {
+    w->c = c, w->table = table, w->l = l, w->kv = kv, w->end = end;
     w->blk = t / c->block_size, w->slot = t % c->block_size;
+    w->f = NULL, w->q = NULL, w->s = NULL;
+    walk_block(w);
 }
+/* The table entry of the next block is read only if positions before `end` remain in it. */
 static inline void walk_next(kv_walk *w) {
-    if (++w->slot == w->c->block_size) w->slot = 0, w->blk++;
+    if (++w->slot == w->c->block_size) {
+        w->slot = 0, w->blk++;
+        if (w->blk * w->c->block_size < w->end) walk_block(w);
+        return;
+    }
+    const int64_t kvd = w->c->KVH * w->c->hd;
+    if (w->c->dtype == NL_KV_INT8) {
+        w->q += kvd;
+        w->s += w->c->KVH;
+    } else
+        w->f += kvd;
 }
-static inline const float *walk_f32(const kv_walk *w) {
-    return nl_kvcache_f32_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot);
+static inline const float *walk_f32(const kv_walk *w) { return w->f; }
+static inline const int8_t *walk_codes(const kv_walk *w) { return w->q; }
+static inline float walk_scale(const kv_walk *w, int64_t kh) { return nl_st_f16_to_f32(w->s[kh]); }
+/* Asks for the cache lines of kv head kh's row at the walk's position. The rows of successive
+ * positions lie KVH * hd apart, a stride the hardware prefetchers follow late or not at all, and
+ * a prefix written steps ago is out of cache: a read that waits on each row runs at a fraction of
+ * the memory bandwidth. */
+static inline void walk_prefetch(const kv_walk *w, int64_t kh) {
+    const int64_t hd = w->c->hd;
+    const char *p;
+    int64_t bytes;
+    if (w->c->dtype == NL_KV_INT8) {
+        p = (const char *)(w->q + kh * hd), bytes = hd;
+        __builtin_prefetch(w->s + kh);
+    } else
+        p = (const char *)(w->f + kh * hd), bytes = hd * (int64_t)sizeof(float);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+    __builtin_prefetch(p + bytes - 1);
 }
-static inline const int8_t *walk_codes(const kv_walk *w) {
-    return nl_kvcache_codes_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot);
-}
-static inline float walk_scale(const kv_walk *w, int64_t kh) {
-    return nl_st_f16_to_f32(nl_kvcache_scales_row(w->c, w->table[w->blk], w->l, (int)w->kv, w->slot)[kh]);
+/* A second walk KV_AHEAD positions ahead of one at t (inactive when none remain): its rows are
+ * prefetched while the first walk's are read. */
+enum { KV_AHEAD = 8 };
+static inline int walk_ahead(kv_walk *a, const kv_walk *w, int64_t t) {
+    if (t + KV_AHEAD >= w->end) return 0;
+    walk_start(a, w->c, w->table, w->l, (int)w->kv, t + KV_AHEAD, w->end);
+    return 1;
 }
 
 /* Dimensions i0 .. i0 + lanes - 1 (lanes <= 16) of a K or V row as 16 floats, zero past lanes
@@ -164,17 +209,6 @@ static void transpose16(v16 m[16]) {
     T16_ROUND(m, 8)
 }
 
-/* Row t of kv head kh, dimensions i0 .. i0 + lanes - 1, as 16 floats (zero past lanes), and for
- * an int8 pool its fp16 scale in *scale. */
-static inline void walk_value16(v16 *out, const kv_walk *w, int64_t kh, int64_t i0, int64_t lanes, float *scale) {
-    const int64_t hd = w->c->hd;
-    if (w->c->dtype == NL_KV_INT8) {
-        row16_i8(out, walk_codes(w) + kh * hd + i0, lanes);
-        *scale = walk_scale(w, kh);
-    } else
-        row16_f32(out, walk_f32(w) + kh * hd + i0, lanes);
-}
-
 /* Keys of one 16-position tile, transposed: kt[i * 16 + j] = k[t0 + j][i] (int8 codes widened;
  * the fp16 scales of an int8 pool in ks[j]). Positions past `last` are zero. Each 16 x 16 block
  * (16 positions x 16 dimensions) is loaded as 16 vectors and transposed in registers. */
@@ -186,7 +220,7 @@ static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64
     const int8_t *rc[NL_KV_KTILE];
     int n = 0;
     kv_walk w;
-    walk_start(&w, c, table, l, 0, t0);
+    walk_start(&w, c, table, l, 0, t0, last + 1);
     for (; n < NL_KV_KTILE && t0 + n <= last; n++, walk_next(&w)) {
         if (int8) {
             rc[n] = walk_codes(&w) + kh * hd;
@@ -195,6 +229,8 @@ static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64
             rf[n] = walk_f32(&w) + kh * hd;
     }
     for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
+    /* the next tile's keys, wanted after this tile's scores */
+    for (int j = 0; j < NL_KV_KTILE && t0 + n + j <= last; j++, walk_next(&w)) walk_prefetch(&w, kh);
     for (int64_t i0 = 0; i0 < hd; i0 += NL_KV_KTILE) {
         const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
         v16 m[NL_KV_KTILE];
@@ -253,20 +289,87 @@ static void tile_scores_rows(const float *q, int64_t q_stride, int nr, const flo
     for (int r = 0; r < nr; r++) score_out(sc[r], ks, scale, int8, a + r * a_stride);
 }
 
-/* Softmax of one score row in place: a[t] = exp(a[t] - max) / sum, the sum in position order.
- * The exps are nl_vexpf's (vectorized; the same function as nl_model_step's attention). */
-static void softmax_row(float *a, int64_t n) {
+/* The largest of a[0..n) that is not NaN (-inf if none), the scalar loop's `if (a[t] > mx) mx =
+ * a[t]` run on 16 lanes and then across them: the same value whatever the order (a zero of
+ * either sign may come out for zeros of both signs; a[t] - mx and its exp are then the same). */
+typedef int32_t i16v __attribute__((vector_size(64)));
+static float row_max(const float *a, int64_t n) {
     float mx = -INFINITY;
-    for (int64_t t = 0; t < n; t++)
+    int64_t t = 0;
+    if (n >= 16) {
+        v16 m = {0}, x;
+        m -= INFINITY;
+        for (; t + 16 <= n; t += 16) {
+            load16(&x, a + t);
+            i16v gt = x > m, xi, mi;
+            memcpy(&xi, &x, sizeof xi);
+            memcpy(&mi, &m, sizeof mi);
+            mi = (xi & gt) | (mi & ~gt);
+            memcpy(&m, &mi, sizeof m);
+        }
+        float lane[16];
+        memcpy(lane, &m, sizeof lane);
+        for (int j = 0; j < 16; j++)
+            if (lane[j] > mx) mx = lane[j];
+    }
+    for (; t < n; t++)
         if (a[t] > mx) mx = a[t];
-    for (int64_t t = 0; t < n; t++) a[t] = nl_vexpf(a[t] - mx);
-    float sum = 0.0f;
-    for (int64_t t = 0; t < n; t++) sum += a[t];
-    for (int64_t t = 0; t < n; t++) a[t] = a[t] / sum;
+    return mx;
+}
+
+/* Softmax of the nq score rows of a tile in place: row r (at s + r * row) holds positions
+ * 0 .. pos0 + r; a[t] = exp(a[t] - max) / sum, the sum in position order. The exps are
+ * nl_vexpf's (vectorized; the same function as nl_model_step's attention). One row's sum is a
+ * chain of dependent adds; the rows of a tile are summed side by side instead: 16 rows' next 16
+ * exps are transposed so that lane j carries row j, and added in position order (each row is
+ * padded with +0 up to the tile's longest row: adding +0 to a positive sum changes no bit). */
+static void softmax_rows(float *s, int64_t nq, int64_t row, int64_t pos0) {
+    const int64_t n_max = pos0 + nq, padded = (n_max + NL_KV_KTILE - 1) / NL_KV_KTILE * NL_KV_KTILE;
+    for (int64_t r = 0; r < nq; r++) {
+        float *a = s + r * row;
+        const int64_t n = pos0 + r + 1;
+        const float mx = row_max(a, n);
+        for (int64_t t = 0; t < n; t++) a[t] = nl_vexpf(a[t] - mx);
+        if (nq > 1) memset(a + n, 0, (size_t)(padded - n) * sizeof(float));
+    }
+    float sum[NL_KV_KTILE];
+    for (int64_t r0 = 0; r0 < nq; r0 += NL_KV_KTILE) {
+        const int64_t nr = nq - r0 < NL_KV_KTILE ? nq - r0 : NL_KV_KTILE;
+        if (nr == 1) {
+            const float *a = s + r0 * row;
+            sum[0] = 0.0f;
+            for (int64_t t = 0; t < pos0 + r0 + 1; t++) sum[0] += a[t];
+        } else {
+            v16 acc = {0}, m[NL_KV_KTILE];
+            for (int64_t t0 = 0; t0 < padded; t0 += NL_KV_KTILE) {
+                for (int j = 0; j < NL_KV_KTILE; j++) {
+                    if (j < nr)
+                        load16(&m[j], s + (r0 + j) * row + t0);
+                    else
+                        m[j] = (v16){0};
+                }
+                transpose16(m);
+                for (int j = 0; j < NL_KV_KTILE; j++) acc += m[j];
+            }
+            memcpy(sum, &acc, sizeof sum);
+        }
+        for (int64_t j = 0; j < nr; j++) {
+            float *a = s + (r0 + j) * row;
+            for (int64_t t = 0; t < pos0 + r0 + j + 1; t++) a[t] = a[t] / sum[j];
+        }
+    }
 }
 
 #define PV_ROWS  4
 #define PV_LANES 16
+
+/* How many of dimensions g + 16k .. g + 16k + 15 exist (k = 0..3) in a head of hd dimensions. */
+static inline void lanes64(int64_t hd, int64_t g, int64_t lanes[4]) {
+    for (int k = 0; k < 4; k++) {
+        int64_t left = hd - g - k * PV_LANES;
+        lanes[k] = left < 0 ? 0 : left < PV_LANES ? left : PV_LANES;
+    }
+}
 
 /* One token's output (hd) at position pos: out[i] = sum over positions 0 .. pos, in order, of
  * p[t] * v[t][i] (p times the value's fp16 scale for an int8 pool), started from 0. 64
@@ -278,13 +381,10 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
     const int int8 = c->dtype == NL_KV_INT8;
     for (int64_t g = 0; g < hd; g += 4 * PV_LANES) {
         int64_t lanes[4];
-        for (int k = 0; k < 4; k++) {
-            int64_t left = hd - g - k * PV_LANES;
-            lanes[k] = left < 0 ? 0 : left < PV_LANES ? left : PV_LANES;
-        }
+        lanes64(hd, g, lanes);
         v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         kv_walk w;
-        walk_start(&w, c, table, l, 1, 0);
+        walk_start(&w, c, table, l, 1, 0, pos + 1);
         if (!int8 && lanes[3] == PV_LANES) {
             for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
                 const float *v = walk_f32(&w) + kh * hd + g, pt = p[t];
@@ -323,46 +423,99 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
     }
 }
 
-/* Dimensions i0 .. i0 + lanes - 1 (lanes <= PV_LANES) of the outputs of 2 <= nr <= PV_ROWS tokens
+/* Dimensions g .. g + 63 (lanes[k] of the k-th 16, zero past hd) of the value row of the walk's
+ * position as four vectors, and for an int8 pool its fp16 scale in *scale. */
+static inline void value64(v16 x[4], const kv_walk *w, int64_t kh, int64_t g, const int64_t lanes[4], int full,
+                           float *scale) {
+    const int64_t hd = w->c->hd;
+    if (full) { /* fp32, all 64 dimensions present */
+        const float *v = walk_f32(w) + kh * hd + g;
+        for (int k = 0; k < 4; k++) load16(&x[k], v + k * PV_LANES);
+    } else if (w->c->dtype == NL_KV_INT8) {
+        const int8_t *r = walk_codes(w) + kh * hd + g;
+        for (int k = 0; k < 4; k++) row16_i8(&x[k], r + k * PV_LANES, lanes[k]);
+        *scale = walk_scale(w, kh);
+    } else
+        for (int k = 0; k < 4; k++) row16_f32(&x[k], walk_f32(w) + kh * hd + g + k * PV_LANES, lanes[k]);
+}
+
+/* pv_rows' sums over positions 0 .. pos of an fp32 pool with all 64 dimensions present: acc[k][d]
+ * += pr[k][t] * v[t][off + 16 d ..], the walk left at position pos + 1. */
+#define PV_ROW_FMA(k)                                                                                                  \
+    do {                                                                                                               \
+        const float pt = pr[k][t];                                                                                     \
+        a##k##0 += pt * x0, a##k##1 += pt * x1, a##k##2 += pt * x2, a##k##3 += pt * x3;                                \
+    } while (0)
+static void pv_rows_f32(kv_walk *w, int64_t kh, int64_t off, int64_t pos, const float *const pr[PV_ROWS],
+                        v16 acc[PV_ROWS][4]) {
+    v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+    v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0}, a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
+    kv_walk ahead;
+    int pf = walk_ahead(&ahead, w, 0);
+    for (int64_t t = 0; t <= pos; t++, walk_next(w)) {
+        if (pf) {
+            walk_prefetch(&ahead, kh);
+            if ((pf = t + 1 + KV_AHEAD < w->end)) walk_next(&ahead);
+        }
+        const float *v = walk_f32(w) + off;
+        v16 x0, x1, x2, x3;
+        load16(&x0, v);
+        load16(&x1, v + PV_LANES);
+        load16(&x2, v + 2 * PV_LANES);
+        load16(&x3, v + 3 * PV_LANES);
+        PV_ROW_FMA(0);
+        PV_ROW_FMA(1);
+        PV_ROW_FMA(2);
+        PV_ROW_FMA(3);
+    }
+    acc[0][0] = a00, acc[0][1] = a01, acc[0][2] = a02, acc[0][3] = a03;
+    acc[1][0] = a10, acc[1][1] = a11, acc[1][2] = a12, acc[1][3] = a13;
+    acc[2][0] = a20, acc[2][1] = a21, acc[2][2] = a22, acc[2][3] = a23;
+    acc[3][0] = a30, acc[3][1] = a31, acc[3][2] = a32, acc[3][3] = a33;
+}
+
+/* Dimensions g .. g + 63 (lanes[k] of each 16 valid) of the outputs of 2 <= nr <= PV_ROWS tokens
  * at positions pos, pos + 1, ...: token k's output is the sum over positions 0 .. pos + k, in
  * order, of p[k * row + t] * v[t] (p times the value's fp16 scale for an int8 pool), started
- * from 0: the same sums as pv_decode's. */
-static void pv_block(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, int nr, int64_t i0,
-                     int64_t lanes, const float *p, int64_t row, float *out, int64_t out_stride) {
-    const int int8 = c->dtype == NL_KV_INT8;
-    v16 acc[PV_ROWS];
+ * from 0: the same sums as pv_decode's. Sixteen accumulators (4 tokens x 64 dimensions) in
+ * registers, so each value row is read once for the 4 tokens and 64 dimensions and the table is
+ * walked once per group of 64 dimensions. */
+static void pv_rows(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, int nr, int64_t g,
+                    const int64_t lanes[4], const float *p, int64_t row, float *out, int64_t out_stride) {
+    const int int8 = c->dtype == NL_KV_INT8, full = !int8 && lanes[3] == PV_LANES;
+    /* rows past nr read row 0's weights and are dropped */
+    const float *pr[PV_ROWS];
+    for (int k = 0; k < PV_ROWS; k++) pr[k] = p + (k < nr ? k : 0) * row;
+    v16 acc[PV_ROWS][4];
+    memset(acc, 0, sizeof acc);
     float scale = 1.0f;
-    /* positions 0 .. pos, which all nr tokens see: four accumulators in registers (the rows
-     * past nr read row 0's weights and are dropped) */
-    const float *p0 = p, *p1 = p + row, *p2 = p + (nr > 2 ? 2 : 0) * row, *p3 = p + (nr > 3 ? 3 : 0) * row;
-    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     kv_walk w;
-    walk_start(&w, c, table, l, 1, 0);
-    for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
-        v16 v;
-        walk_value16(&v, &w, kh, i0, lanes, &scale);
-        if (int8) {
-            a0 += (p0[t] * scale) * v;
-            a1 += (p1[t] * scale) * v;
-            a2 += (p2[t] * scale) * v;
-            a3 += (p3[t] * scale) * v;
-        } else {
-            a0 += p0[t] * v;
-            a1 += p1[t] * v;
-            a2 += p2[t] * v;
-            a3 += p3[t] * v;
+    walk_start(&w, c, table, l, 1, 0, pos + nr);
+    /* positions 0 .. pos, which all nr tokens see */
+    if (full) /* fp32: the 16 accumulators as named registers (GCC spills an array of them) */
+        pv_rows_f32(&w, kh, kh * c->hd + g, pos, pr, acc);
+    else
+        for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+            v16 x[4];
+            value64(x, &w, kh, g, lanes, full, &scale);
+            for (int k = 0; k < PV_ROWS; k++) {
+                const float pt = int8 ? pr[k][t] * scale : pr[k][t];
+                for (int d = 0; d < 4; d++) acc[k][d] += pt * x[d];
+            }
+        }
+    for (int64_t t = pos + 1; t < pos + nr; t++, walk_next(&w)) { /* the chunk's own positions: token k sees pos + k */
+        v16 x[4];
+        value64(x, &w, kh, g, lanes, full, &scale);
+        for (int k = (int)(t - pos); k < nr; k++) {
+            const float pt = int8 ? p[k * row + t] * scale : p[k * row + t];
+            for (int d = 0; d < 4; d++) acc[k][d] += pt * x[d];
         }
     }
-    acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
-    for (int64_t t = pos + 1; t < pos + nr; t++, walk_next(&w)) { /* the chunk's own positions: token k sees pos + k */
-        v16 v;
-        walk_value16(&v, &w, kh, i0, lanes, &scale);
-        for (int k = (int)(t - pos); k < nr; k++) acc[k] += (int8 ? p[k * row + t] * scale : p[k * row + t]) * v;
-    }
     for (int k = 0; k < nr; k++) {
-        float o[PV_LANES];
-        memcpy(o, &acc[k], sizeof o);
-        for (int64_t j = 0; j < lanes; j++) out[k * out_stride + j] = o[j];
+        float o[4 * PV_LANES];
+        memcpy(o, acc[k], sizeof o);
+        for (int d = 0; d < 4; d++)
+            memcpy(out + k * out_stride + g + d * PV_LANES, o + d * PV_LANES, (size_t)lanes[d] * sizeof(float));
     }
 }
 
@@ -391,12 +544,12 @@ void nl_kvcache_attend_rows(const nl_kvcache *c, const int32_t *table, int64_t l
                                  scratch + r * row + t0, row);
         }
     }
-    for (int64_t r = 0; r < nq; r++) softmax_row(scratch + r * row, pos0 + r + 1);
+    softmax_rows(scratch, nq, row, pos0);
     if (nq == 1) {
         pv_decode(c, table, l, kh, pos0, scratch, out);
         return;
     }
-    /* weighted sum: 4 tokens and 16 dimensions at a time, in registers, each value row read once
+    /* weighted sum: 4 tokens and 64 dimensions at a time, in registers, each value row read once
      * for the 4 tokens (a last group of one token runs pv_decode's sums) */
     for (int64_t r0 = 0; r0 < nq; r0 += PV_ROWS) {
         const int nr = nq - r0 < PV_ROWS ? (int)(nq - r0) : PV_ROWS;
@@ -404,9 +557,12 @@ void nl_kvcache_attend_rows(const nl_kvcache *c, const int32_t *table, int64_t l
             pv_decode(c, table, l, kh, pos0 + r0, scratch + r0 * row, out + r0 * out_stride);
             continue;
         }
-        for (int64_t i0 = 0; i0 < hd; i0 += PV_LANES)
-            pv_block(c, table, l, kh, pos0 + r0, nr, i0, hd - i0 < PV_LANES ? hd - i0 : PV_LANES, scratch + r0 * row,
-                     row, out + r0 * out_stride + i0, out_stride);
+        for (int64_t g = 0; g < hd; g += 4 * PV_LANES) {
+            int64_t lanes[4];
+            lanes64(hd, g, lanes);
+            pv_rows(c, table, l, kh, pos0 + r0, nr, g, lanes, scratch + r0 * row, row, out + r0 * out_stride,
+                    out_stride);
+        }
     }
 }
 
