@@ -199,8 +199,8 @@ void nl_plan_report_assumptions(nl_report *r, const nl_train_req *q) {
             nl_report_note(r, "  --attn-eff %.2f     flash attention's share of peak (given)", e->attn);
         else {
             double f, b;
-            int gen = nl_plan_attn_eff(&q->hw, (double)q->seq, (double)nl_arch_head_dim(&q->arch), q->attn_triton, &f,
-                                       &b);
+            int gen =
+                nl_plan_attn_eff(&q->hw, (double)q->seq, (double)nl_arch_head_dim(&q->arch), q->attn_triton, &f, &b);
             nl_report_note(r,
                            "  --attn-eff %.2f/%.2f flash attention forward/backward share of peak at sequence %lld, "
                            "head dim %lld\n                     (%s; docs/planning.md)",

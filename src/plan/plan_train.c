@@ -164,8 +164,8 @@ int nl_plan_attn_eff(const nl_hw *hw, double seq, double head_dim, int triton, d
          * figure), head dim and the forward/backward split as FlashAttention-2 shows them on
          * H100: b = (b/f) f and 3.5 / R = 1 / f + 2.5 / b. */
         double f2, b2;
-        hopper_rates(h100_fa2_fwd_causal_hd128, h100_fa2_fwd_hd128, h100_fa2_bwd_hd128, h100_fa2_fwd_hd64, seq, 128, &f2,
-                     &b2);
+        hopper_rates(h100_fa2_fwd_causal_hd128, h100_fa2_fwd_hd128, h100_fa2_bwd_hd128, h100_fa2_fwd_hd64, seq, 128,
+                     &f2, &b2);
         double r64 = attn_curve(h100_fa2_fwd_hd64, seq) / attn_curve(h100_fa2_fwd_hd128, seq);
         double R = attn_curve(a100_fa2_fb_causal_hd64, seq) * (1 + (hd - 64) / 64 * (1 / r64 - 1));
         f = R * (1 + 2.5 * f2 / b2) / 3.5;
