@@ -11,11 +11,13 @@
 #include <strings.h>
 
 /* The efficiency assumptions, each overridable from the CLI (--gemm-eff, ...):
- *  gemm 0.6 and attn 0.4: what a whole training stack gets out of GEMMs and flash attention
- *     (kernel peaks are higher: ~0.75 for large cuBLAS GEMMs, FlashAttention-2 ~0.35 and
- *     FlashAttention-3 ~0.75 of H100 peak, Shah et al. 2024). Chosen against published runs
- *     (docs/planning.md, "Against published runs"): with them the predictions for Llama 2 7B
- *     on A100 (Touvron et al. 2023) and NeMo's FP8 Llama 7B/8B on 8 H100 are within 15-25%.
+ *  gemm 0.6: what a whole training stack gets out of GEMMs (kernel peaks are higher: ~0.75
+ *     for large cuBLAS GEMMs). Chosen against published runs (docs/planning.md, "Against
+ *     published runs"); the catalog's gemm_eff per GPU replaces it.
+ *  attn 0 = the published FlashAttention kernel rates by GPU, sequence length and head dim
+ *     (nl_plan_attn_eff below: FlashAttention-2 on A100, Dao 2023; FlashAttention-3 on H100,
+ *     Shah et al. 2024), forward and backward apart; NL_ATTN_EFF_FALLBACK 0.4 for GPUs without
+ *     a table. --attn-eff sets one flat share instead.
  *  kernel_s 5 us x 20 kernels per layer forward (norms, projections, RoPE, attention, residual
  *     adds, activation): launch and tail cost that small microbatches cannot hide (assumption).
  *  dp_overlap 0.8: bucketed gradient reduction overlaps the backward pass except the tail
