@@ -51,7 +51,7 @@ static void test_targets(void **state) {
                          *c = group(&r, "collective");
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
-    assert_true(t->median_abs <= 0.05); /* the target; reached 4.6% */
+    assert_true(t->median_abs <= 0.05); /* the target; reached 4.2% */
     assert_true(t->worst_abs <= 0.16);  /* target 0.15, not met: reached 15.5% (OPT-175B) */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);
@@ -59,6 +59,32 @@ static void test_targets(void **state) {
      * ring). */
     assert_true(c->worst_abs <= 0.05);
     nl_plan_validate_free(&r);
+}
+
+/* llm-foundry's long-sequence rows outside the set (not in the targets; docs/planning.md says
+ * why): the H100 FP8 table with its BF16 twins and every 8k and 32k BF16 row of the H100 80GB,
+ * A100 80GB and A100 40GB tables on 8 GPUs. Every run fits, and the errors are guarded at the
+ * level the attention core priced from published kernel rates reached (FP8 table: median 4.6%,
+ * worst 11.5%; BF16 rows: median 5.7%, worst 27.9%, MPT-30B at 8k on A100; with the flat 0.4
+ * they were 24.1% / 70.7% and 6.8% / 56.9%), so that a change that prices long sequences worse
+ * fails. */
+static void test_long_sequence_tables(void **state) {
+    (void)state;
+    static const struct {
+        const char *path;
+        double median, worst;
+    } t[] = {{"tests/validation/foundry-h100-fp8-table.json", 0.05, 0.12},
+             {"tests/validation/foundry-long-seq-bf16.json", 0.06, 0.28}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        nl_valid_result r;
+        assert_int_equal(nl_plan_validate(&cat, tu_src_path(t[i].path), &r), NL_OK);
+        const nl_valid_group *g = group(&r, "train");
+        assert_true(g->n >= 16);
+        assert_true(r.n_nofit == 0);
+        assert_true(g->median_abs <= t[i].median);
+        assert_true(g->worst_abs <= t[i].worst);
+        nl_plan_validate_free(&r);
+    }
 }
 
 /* DeepSeek-V3's selective recipe as its report describes it (sec. 3.3.2-3.3.3), per token and
@@ -158,8 +184,13 @@ static void test_cli(void **state) {
 int main(void) {
     nl_catalog_init(&cat);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_set_shape), cmocka_unit_test(test_targets),    cmocka_unit_test(test_ds3_activations),
-        cmocka_unit_test(test_bad_files), cmocka_unit_test(test_fp8_k_term), cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_set_shape),
+        cmocka_unit_test(test_targets),
+        cmocka_unit_test(test_ds3_activations),
+        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_fp8_k_term),
+        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_long_sequence_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

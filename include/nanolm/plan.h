@@ -200,7 +200,7 @@ double nl_plan_coll_time(const nl_hw *hw, nl_coll c, int64_t p, double bytes, in
 /* ---- efficiency assumptions of the time model -------------------------------------------- */
 typedef struct nl_eff {
     double gemm;              /* fraction of peak a large GEMM reaches; 0 = the GPU's gemm_eff */
-    double attn;              /* fraction of peak the flash-attention kernels reach */
+    double attn;              /* fraction of peak flash attention reaches; 0 = nl_plan_attn_eff */
     double kernel_s;          /* fixed cost per kernel launch */
     double kernels_per_layer; /* kernels per layer forward (backward: twice) */
     double dp_overlap;        /* fraction of backward that can hide data-parallel comm */
@@ -240,12 +240,27 @@ void nl_plan_fp8_cast_bytes(const nl_arch *a, const nl_family *fam, int64_t tp, 
 #define NL_FP8_SPLIT_ACC_SLOWDOWN 1.1
 /* The defaults, each with its source in plan/plan_train.c. */
 void nl_eff_default(nl_eff *e);
-/* The Triton FlashAttention kernel (flash_attn_triton, the one with ALiBi biases that
- * llm-foundry's MPT benchmarks ran: MPT's ALiBi needs attn_impl torch or triton, and its
- * benchmark script defaults to triton) against FlashAttention-2, which `attn`
- * describes: Dao 2023 ("FlashAttention-2", sec. 4.1) measures FlashAttention-2 1.3-2.5x faster
- * than FlashAttention in Triton; the low end of that range. */
-#define NL_ATTN_TRITON_SLOWDOWN 1.3
+/* The share of the GPU's bf16 peak flash attention reaches on the causal attention core of
+ * training, forward (*fwd_eff) and backward (*bwd_eff), at sequence length `seq` and head
+ * dimension `head_dim`, from published kernel rates interpolated in log(seq) (flat beyond
+ * 512..16k; head dim clamped to 64..128): each generation's FlashAttention (FlashAttention-2 on
+ * Ampere from its paper's A100 figure, FlashAttention-3 on Hopper from its paper's H100
+ * figures), or with `triton` the Triton kernel (FlashAttention-2's rate on that GPU over
+ * nl_plan_attn_triton_slowdown). The tables and how they combine: plan/plan_train.c. Returns
+ * the generation whose table priced it (1 Ampere: a100*, 2 Hopper: h100*, h800, h200), or 0
+ * with both shares at NL_ATTN_EFF_FALLBACK (over the Triton slowdown) for a GPU without a
+ * table. --attn-eff (nl_eff.attn > 0) replaces both with one share. */
+int nl_plan_attn_eff(const nl_hw *hw, double seq, double head_dim, int triton, double *fwd_eff, double *bwd_eff);
+#define NL_ATTN_EFF_FALLBACK 0.4
+/* How much slower the Triton FlashAttention kernel (flash_attn_triton, the one with ALiBi
+ * biases that llm-foundry's MPT benchmarks ran: MPT's ALiBi needs attn_impl torch or triton,
+ * and its benchmark script defaults to triton) is than FlashAttention-2 at sequence `seq`. Its
+ * author's note (flash-attention's flash_attn/flash_attn_triton.py): "Overall Triton forward +
+ * backward is slightly slower than CUDA forward + backward", the CUDA kernel being
+ * FlashAttention (v1); so it runs at FlashAttention's rate, and the ratio is FlashAttention-2's
+ * to FlashAttention's forward + backward rate in Dao 2023 Fig. 4(c) (A100, causal, head dim
+ * 64): 1.52 at 512, 1.82 at 2k, 1.76 at 16k. */
+double nl_plan_attn_triton_slowdown(double seq);
 
 /* HBM bytes a NCCL collective moves per byte it receives: staged into device memory, read back,
  * and the user buffers read or written ("at least 2x ... it can be 3x", NCCL's maintainer in
@@ -289,7 +304,7 @@ typedef struct nl_train_req {
     nl_family fam; /* zero = llama */
     nl_sched schedule;
     int attn_materialized; /* the run materialises the s x s scores (no flash attention) */
-    int attn_triton;       /* flash attention by the Triton kernel: NL_ATTN_TRITON_SLOWDOWN x slower */
+    int attn_triton;       /* flash attention by the Triton kernel: nl_plan_attn_triton_slowdown */
     /* Layouts with full recomputation and tp > 1 without sp keep 1/tp of each checkpointed layer
      * input per rank and all-gather it before recomputing (Megatron-LM's
      * --distribute-saved-activations, metaseq's --distribute-checkpointed-activations). */

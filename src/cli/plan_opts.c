@@ -118,7 +118,9 @@ int nl_plan_assumption_opts(nl_opt *opts, nl_plan_args *a) {
     opts[n++] = (nl_opt)NL_OPT_DBL("gemm-eff", &e->gemm, 0.001, 1, "X",
                                    "share of peak a large GEMM reaches (default: the GPU's, 0.55 on H100)");
     opts[n++] =
-        (nl_opt)NL_OPT_DBL("attn-eff", &e->attn, 0.001, 1, "X", "share of peak of flash attention (default 0.4)");
+        (nl_opt)NL_OPT_DBL("attn-eff", &e->attn, 0.001, 1, "X",
+                           "share of peak of flash attention (default: published kernel rates by GPU, sequence and "
+                           "head dim; 0.4 on GPUs without them)");
     opts[n++] = with_given(
         (nl_opt)NL_OPT_DBL("kernel-us", &a->kernel_us, 0, INFINITY, "US", "microseconds per kernel launch (default 5)"),
         &a->kernel_given);
@@ -193,8 +195,20 @@ void nl_plan_report_assumptions(nl_report *r, const nl_train_req *q) {
                        "  --gemm-eff %.2f     share of %s's %.0f TFLOP/s GEMMs get in a training stack (roofline per "
                        "GEMM;\n                     calibrated on published runs, docs/planning.md)",
                        e->gemm > 0 ? e->gemm : q->hw.gemm_eff, q->hw.name, q->hw.flops_bf16 / 1e12);
-        nl_report_note(r, "  --attn-eff %.2f     flash attention (FA2 ~0.35, FA3 ~0.75 of H100 peak; Shah et al. 2024)",
-                       e->attn);
+        if (e->attn > 0)
+            nl_report_note(r, "  --attn-eff %.2f     flash attention's share of peak (given)", e->attn);
+        else {
+            double f, b;
+            int gen =
+                nl_plan_attn_eff(&q->hw, (double)q->seq, (double)nl_arch_head_dim(&q->arch), q->attn_triton, &f, &b);
+            nl_report_note(r,
+                           "  --attn-eff %.2f/%.2f flash attention forward/backward share of peak at sequence %lld, "
+                           "head dim %lld\n                     (%s; docs/planning.md)",
+                           f, b, (long long)q->seq, (long long)nl_arch_head_dim(&q->arch),
+                           gen == 2   ? "FlashAttention-3's published H100 rates"
+                           : gen == 1 ? "FlashAttention-2's published A100 rates"
+                                      : "no published rates for this GPU: the fallback");
+        }
         nl_report_note(r,
                        "  --kernel-us %.0f      per kernel launch, %.0f kernels per layer forward, twice in backward",
                        e->kernel_s * 1e6, e->kernels_per_layer);

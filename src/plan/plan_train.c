@@ -8,13 +8,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* The efficiency assumptions, each overridable from the CLI (--gemm-eff, ...):
- *  gemm 0.6 and attn 0.4: what a whole training stack gets out of GEMMs and flash attention
- *     (kernel peaks are higher: ~0.75 for large cuBLAS GEMMs, FlashAttention-2 ~0.35 and
- *     FlashAttention-3 ~0.75 of H100 peak, Shah et al. 2024). Chosen against published runs
- *     (docs/planning.md, "Against published runs"): with them the predictions for Llama 2 7B
- *     on A100 (Touvron et al. 2023) and NeMo's FP8 Llama 7B/8B on 8 H100 are within 15-25%.
+ *  gemm 0.6: what a whole training stack gets out of GEMMs (kernel peaks are higher: ~0.75
+ *     for large cuBLAS GEMMs). Chosen against published runs (docs/planning.md, "Against
+ *     published runs"); the catalog's gemm_eff per GPU replaces it.
+ *  attn 0 = the published FlashAttention kernel rates by GPU, sequence length and head dim
+ *     (nl_plan_attn_eff below: FlashAttention-2 on A100, Dao 2023; FlashAttention-3 on H100,
+ *     Shah et al. 2024), forward and backward apart; NL_ATTN_EFF_FALLBACK 0.4 for GPUs without
+ *     a table. --attn-eff sets one flat share instead.
  *  kernel_s 5 us x 20 kernels per layer forward (norms, projections, RoPE, attention, residual
  *     adds, activation): launch and tail cost that small microbatches cannot hide (assumption).
  *  dp_overlap 0.8: bucketed gradient reduction overlaps the backward pass except the tail
@@ -27,7 +30,7 @@
  *     layout without recomputation and MPT-30B on 8 GPUs). */
 void nl_eff_default(nl_eff *e) {
     e->gemm = 0; /* the GPU's gemm_eff (catalog) */
-    e->attn = 0.4;
+    e->attn = 0; /* nl_plan_attn_eff's published rates */
     e->kernel_s = 5e-6;
     e->kernels_per_layer = 20;
     e->dp_overlap = 0.8;
@@ -81,6 +84,102 @@ static void get_parts(const nl_train_req *q, parts *p) {
 double nl_plan_gemm_shape_eff(double x) { return x / (x + 128.0); }
 
 double nl_plan_gemm_fp8_k_eff(double K) { return K > 0 ? (K + 260.0) / (K + 460.0) : 1.0; }
+
+/* ---- the attention core's rate (one home: every flash-attention case is priced here) ------- *
+ * Published FlashAttention kernel rates in TFLOP/s at sequence 512, 1k, 2k, 4k, 8k and 16k, each
+ * benchmark at 16k tokens per batch (batch = 16k / seq) and hidden size 2048 (32 heads of 64 or
+ * 16 of 128): 128 x heads query tiles, so every point fills the GPU and the curve is what the
+ * kernel does with sequence length itself (causal masking's partly filled diagonal tiles and
+ * the shorter loops of short rows). FLOPs counted as the papers count them: 4 s^2 d h per
+ * forward, halved under a causal mask, backward 2.5x the forward. */
+static const double attn_seq_pts[6] = {512, 1024, 2048, 4096, 8192, 16384};
+/* Dao 2023, "FlashAttention-2", Fig. 4(c): A100 80GB SXM4, causal, head dim 64, forward +
+ * backward. FlashAttention-2 and FlashAttention (the CUDA kernel of Dao et al. 2022) series. */
+static const double a100_fa2_fb_causal_hd64[6] = {88, 119, 140, 156, 165, 171};
+static const double a100_fa1_fb_causal_hd64[6] = {58, 70, 77, 87, 92, 97};
+#define NL_A100_PEAK_TFLOPS 312.0
+/* Shah et al. 2024, "FlashAttention-3", Fig. 5 (forward) and 6 (backward): H100 80GB SXM5, FP16.
+ * Forward causal and non-causal and backward non-causal at head dim 128, forward non-causal
+ * at head dim 64; the FlashAttention-2 series (the Ampere kernel run on Hopper) and the
+ * FlashAttention-3 series (the Hopper kernel: WGMMA, TMA, warp specialisation). At 512 the
+ * non-causal forward's FA3 bar is read as 467 (two readings of the figure give 467 and 497 to
+ * FA3 and cuDNN; FA3 trails at 512 in the other panels). */
+static const double h100_fa2_fwd_causal_hd128[6] = {191, 260, 298, 319, 333, 335};
+static const double h100_fa2_fwd_hd128[6] = {309, 350, 362, 368, 370, 370};
+static const double h100_fa2_bwd_hd128[6] = {214, 260, 291, 310, 318, 322};
+static const double h100_fa2_fwd_hd64[6] = {282, 306, 318, 321, 322, 324};
+static const double h100_fa3_fwd_causal_hd128[6] = {292, 423, 521, 579, 602, 616};
+static const double h100_fa3_fwd_hd128[6] = {467, 565, 625, 638, 646, 648};
+static const double h100_fa3_bwd_hd128[6] = {316, 424, 501, 542, 559, 561};
+static const double h100_fa3_fwd_hd64[6] = {333, 392, 460, 476, 496, 497};
+#define NL_H100_PEAK_TFLOPS 989.0
+
+/* A curve at `seq`, linear in log2(seq) between the points, flat outside 512..16k (the
+ * measured curves have flattened by 16k: within 1-3% from 8k to 16k). */
+static double attn_curve(const double *v, double seq) {
+    double x = log2(fmax(seq, attn_seq_pts[0]) / attn_seq_pts[0]);
+    if (x >= 5) return v[5];
+    int i = (int)x;
+    return v[i] + (x - i) * (v[i + 1] - v[i]);
+}
+
+/* The GPU generations with a table: 1 Ampere (A100), 2 Hopper (H100, H800, H200); 0 none. */
+static int attn_generation(const nl_hw *hw) {
+    if (!strncasecmp(hw->name, "a100", 4)) return 1;
+    if (!strncasecmp(hw->name, "h100", 4) || !strncasecmp(hw->name, "h800", 4) || !strncasecmp(hw->name, "h200", 4))
+        return 2;
+    return 0;
+}
+
+double nl_plan_attn_triton_slowdown(double seq) {
+    return attn_curve(a100_fa2_fb_causal_hd64, seq) / attn_curve(a100_fa1_fb_causal_hd64, seq);
+}
+
+/* One kernel's H100 curves -> causal forward and backward TFLOP/s at (seq, head dim in
+ * 64..128). Head dim: the forward non-causal rate at 64 against 128, linear in between, on
+ * both passes. The causal backward loses against the non-causal one what the causal forward
+ * loses (the figures show no causal backward). */
+static void hopper_rates(const double *fwd_c, const double *fwd, const double *bwd, const double *fwd64, double seq,
+                         double hd, double *f, double *b) {
+    double r64 = attn_curve(fwd64, seq) / attn_curve(fwd, seq), w = (hd - 64) / 64;
+    double hd_f = r64 + w * (1 - r64);
+    *f = attn_curve(fwd_c, seq) * hd_f;
+    *b = attn_curve(bwd, seq) * attn_curve(fwd_c, seq) / attn_curve(fwd, seq) * hd_f;
+}
+
+int nl_plan_attn_eff(const nl_hw *hw, double seq, double head_dim, int triton, double *fwd_eff, double *bwd_eff) {
+    int gen = attn_generation(hw);
+    double slow = triton ? nl_plan_attn_triton_slowdown(seq) : 1.0;
+    *fwd_eff = *bwd_eff = NL_ATTN_EFF_FALLBACK / slow;
+    if (!gen) return 0;
+    double hd = fmin(fmax(head_dim, 64), 128), f, b;
+    if (gen == 2 && !triton) {
+        /* Hopper's FlashAttention: FlashAttention-3. */
+        hopper_rates(h100_fa3_fwd_causal_hd128, h100_fa3_fwd_hd128, h100_fa3_bwd_hd128, h100_fa3_fwd_hd64, seq, hd, &f,
+                     &b);
+    } else if (gen == 2) {
+        /* The Triton kernel has no Hopper instructions: FlashAttention-2's rate on H100, slowed. */
+        hopper_rates(h100_fa2_fwd_causal_hd128, h100_fa2_fwd_hd128, h100_fa2_bwd_hd128, h100_fa2_fwd_hd64, seq, hd, &f,
+                     &b);
+    } else {
+        /* Ampere: FlashAttention-2's forward + backward rate R at head dim 64 (the paper's A100
+         * figure), head dim and the forward/backward split as FlashAttention-2 shows them on
+         * H100: b = (b/f) f and 3.5 / R = 1 / f + 2.5 / b. */
+        double f2, b2;
+        hopper_rates(h100_fa2_fwd_causal_hd128, h100_fa2_fwd_hd128, h100_fa2_bwd_hd128, h100_fa2_fwd_hd64, seq, 128,
+                     &f2, &b2);
+        double r64 = attn_curve(h100_fa2_fwd_hd64, seq) / attn_curve(h100_fa2_fwd_hd128, seq);
+        double R = attn_curve(a100_fa2_fb_causal_hd64, seq) * (1 + (hd - 64) / 64 * (1 / r64 - 1));
+        f = R * (1 + 2.5 * f2 / b2) / 3.5;
+        b = f * b2 / f2;
+        *fwd_eff = f / NL_A100_PEAK_TFLOPS / slow;
+        *bwd_eff = b / NL_A100_PEAK_TFLOPS / slow;
+        return gen;
+    }
+    *fwd_eff = f / NL_H100_PEAK_TFLOPS / slow;
+    *bwd_eff = b / NL_H100_PEAK_TFLOPS / slow;
+    return gen;
+}
 
 static double gemm_s(const nl_hw *hw, const nl_eff *e, double M, double N, double K) {
     if (M <= 0 || N <= 0 || K <= 0) return 0;
@@ -186,13 +285,19 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     /* Attention core on T local queries against the whole (causal) sequence. */
     double seq = (double)q->seq;
     double attn_flops = T * (double)a->n_heads / t * 2.0 * (qd / (double)a->n_heads + hd) * seq / 2.0;
-    double at = attn_flops / (hw->flops_bf16 * e->attn) * (q->attn_triton ? NL_ATTN_TRITON_SLOWDOWN : 1.0);
+    double f_eff, b_eff;
+    nl_plan_attn_eff(hw, seq, hd, q->attn_triton, &f_eff, &b_eff);
+    if (e->attn > 0) /* --attn-eff: one flat share of peak for FlashAttention */
+        f_eff = b_eff = e->attn / (q->attn_triton ? nl_plan_attn_triton_slowdown(seq) : 1.0);
+    double at = attn_flops / (hw->flops_bf16 * f_eff);
+    double at_bwd = 2.5 * attn_flops / (hw->flops_bf16 * b_eff);
     if (q->attn_materialized) {
         /* Older runs (Megatron-LM 2021, BLOOM, OPT) materialise the scores: QK^T and PV as
          * batched GEMMs on the full s x s square (no causal skip: twice the FLOPs) at GEMM
          * efficiency, plus softmax (and dropout) passes over the a s^2 scores in HBM. */
         double sc = T * (double)a->n_heads / t * seq;
         at = gemm_s(hw, e, T * (double)a->n_heads / t, seq, hd) * 2 + sc * 2 * (q->fam.dropout ? 4 : 2) / hw->hbm_bw;
+        at_bwd = 2.5 * at;
     }
     /* Element-wise traffic (norms, residual adds, RoPE, activation), bf16 read + write. */
     double sp = L->sp ? t : 1.0;
@@ -215,7 +320,7 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     /* Transformer Engine runs the backward's FP8 GEMMs with the split accumulator
      * (NL_FP8_SPLIT_ACC_SLOWDOWN); DeepSeek-V3's promotion overlaps the next WGMMA (sec. 3.3.2). */
     double bwd_g = 2 * g * (e->fp8_gemm == NL_FP8_PER_TENSOR ? NL_FP8_SPLIT_ACC_SLOWDOWN : 1.0);
-    lt->bwd = bwd_g + 2.5 * at + 2 * ew + 2 * k + cast_bwd;
+    lt->bwd = bwd_g + at_bwd + 2 * ew + 2 * k + cast_bwd;
     lt->recompute = 0;
     if (L->recompute == NL_RECOMPUTE_SELECTIVE) lt->recompute = 0.3 * ew + 0.25 * k; /* the activation */
     if (L->recompute == NL_RECOMPUTE_FULL) lt->recompute = lt->fwd;
