@@ -286,9 +286,10 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     double seq = (double)q->seq;
     double attn_flops = T * (double)a->n_heads / t * 2.0 * (qd / (double)a->n_heads + hd) * seq / 2.0;
     double f_eff, b_eff;
-    nl_plan_attn_eff(hw, seq, hd, q->attn_triton, &f_eff, &b_eff);
     if (e->attn > 0) /* --attn-eff: one flat share of peak for FlashAttention */
         f_eff = b_eff = e->attn / (q->attn_triton ? nl_plan_attn_triton_slowdown(seq) : 1.0);
+    else
+        nl_plan_attn_eff(hw, seq, hd, q->attn_triton, &f_eff, &b_eff);
     double at = attn_flops / (hw->flops_bf16 * f_eff);
     double at_bwd = 2.5 * attn_flops / (hw->flops_bf16 * b_eff);
     if (q->attn_materialized) {

@@ -371,6 +371,22 @@ static inline void lanes64(int64_t hd, int64_t g, int64_t lanes[4]) {
     }
 }
 
+/* Dimensions g .. g + 63 (lanes[k] of the k-th 16, zero past hd) of the value row of the walk's
+ * position as four vectors, and for an int8 pool its fp16 scale in *scale. */
+static inline void value64(v16 x[4], const kv_walk *w, int64_t kh, int64_t g, const int64_t lanes[4], int full,
+                           float *scale) {
+    const int64_t hd = w->c->hd;
+    if (full) { /* fp32, all 64 dimensions present */
+        const float *v = walk_f32(w) + kh * hd + g;
+        for (int k = 0; k < 4; k++) load16(&x[k], v + k * PV_LANES);
+    } else if (w->c->dtype == NL_KV_INT8) {
+        const int8_t *r = walk_codes(w) + kh * hd + g;
+        for (int k = 0; k < 4; k++) row16_i8(&x[k], r + k * PV_LANES, lanes[k]);
+        *scale = walk_scale(w, kh);
+    } else
+        for (int k = 0; k < 4; k++) row16_f32(&x[k], walk_f32(w) + kh * hd + g + k * PV_LANES, lanes[k]);
+}
+
 /* One token's output (hd) at position pos: out[i] = sum over positions 0 .. pos, in order, of
  * p[t] * v[t][i] (p times the value's fp16 scale for an int8 pool), started from 0. 64
  * dimensions at a time in four register accumulators, so each value row is read once per 64
@@ -399,15 +415,11 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
                 a3 += pt * x3;
             }
         } else {
+            float scale = 1.0f;
             for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
                 v16 x[4];
-                float pt = p[t];
-                if (int8) {
-                    const int8_t *r = walk_codes(&w) + kh * hd + g;
-                    for (int k = 0; k < 4; k++) row16_i8(&x[k], r + k * PV_LANES, lanes[k]);
-                    pt = p[t] * walk_scale(&w, kh);
-                } else
-                    for (int k = 0; k < 4; k++) row16_f32(&x[k], walk_f32(&w) + kh * hd + g + k * PV_LANES, lanes[k]);
+                value64(x, &w, kh, g, lanes, 0, &scale);
+                const float pt = int8 ? p[t] * scale : p[t];
                 a0 += pt * x[0];
                 a1 += pt * x[1];
                 a2 += pt * x[2];
@@ -423,21 +435,6 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
     }
 }
 
-/* Dimensions g .. g + 63 (lanes[k] of the k-th 16, zero past hd) of the value row of the walk's
- * position as four vectors, and for an int8 pool its fp16 scale in *scale. */
-static inline void value64(v16 x[4], const kv_walk *w, int64_t kh, int64_t g, const int64_t lanes[4], int full,
-                           float *scale) {
-    const int64_t hd = w->c->hd;
-    if (full) { /* fp32, all 64 dimensions present */
-        const float *v = walk_f32(w) + kh * hd + g;
-        for (int k = 0; k < 4; k++) load16(&x[k], v + k * PV_LANES);
-    } else if (w->c->dtype == NL_KV_INT8) {
-        const int8_t *r = walk_codes(w) + kh * hd + g;
-        for (int k = 0; k < 4; k++) row16_i8(&x[k], r + k * PV_LANES, lanes[k]);
-        *scale = walk_scale(w, kh);
-    } else
-        for (int k = 0; k < 4; k++) row16_f32(&x[k], walk_f32(w) + kh * hd + g + k * PV_LANES, lanes[k]);
-}
 
 /* pv_rows' sums over positions 0 .. pos of an fp32 pool with all 64 dimensions present: acc[k][d]
  * += pr[k][t] * v[t][off + 16 d ..], the walk left at position pos + 1. */
