@@ -39,10 +39,9 @@ static void test_set_shape(void **state) {
 }
 
 /* The targets on the whole set, one set of defaults for every case. Met: training throughput
- * median <= 5%, memory cases whose accounting the source spells out within 3%, serving median
- * <= 10%, every published layout fitting. Not met yet (docs/planning.md gives the figures):
- * every training case <= 15%; that one is guarded here at the level reached so that a change
- * that makes the planner worse against published runs fails. */
+ * median <= 5% and every case <= 15%, memory cases whose accounting the source spells out within
+ * 3%, serving median <= 10%, every published layout fitting (docs/planning.md gives the
+ * figures). */
 static void test_targets(void **state) {
     (void)state;
     nl_valid_result r;
@@ -52,7 +51,7 @@ static void test_targets(void **state) {
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
     assert_true(t->median_abs <= 0.05); /* the target; reached 4.2% */
-    assert_true(t->worst_abs <= 0.16);  /* target 0.15, not met: reached 15.5% (OPT-175B) */
+    assert_true(t->worst_abs <= 0.15);  /* the target; reached 14.2% (MPT-70B on 64 H100) */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);
     /* nccl-tests bus bandwidth, NVLink SHARP included (the H100 NVLS all-reduce was -25% as a
@@ -134,9 +133,13 @@ static void test_bad_files(void **state) {
         "[{\"id\": \"x\", \"group\": \"train\", \"source\": \"a paper, Table 1\", \"model\": \"llama-2-7b\", "
         "\"gpu\": \"h100\", \"gpus\": 8, \"layout\": {\"dp\": 8}, \"global_batch\": 8, \"seq\": 4096, "
         "\"attention\": \"sdpa\", \"metric\": \"mfu\", \"published\": 40}]",
+        "[{\"id\": \"x\", \"group\": \"train\", \"source\": \"a paper, Table 1\", \"model\": \"llama-2-7b\", "
+        "\"gpu\": \"h100\", \"gpus\": 8, \"layout\": {\"dp\": 8}, \"global_batch\": 8, \"seq\": 4096, "
+        "\"flops\": \"palm\", \"metric\": \"mfu\", \"published\": 40}]",
     };
     static const char *want[] = {"JSON array",    "source",       "unknown memory metric",
-                                 "unknown model", "algo must be", "attention must be"};
+                                 "unknown model", "algo must be", "attention must be",
+                                 "flops must be"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(path, sizeof path, "%s/bad%zu.json", dir, i);
         FILE *f = fopen(path, "w");
@@ -147,6 +150,44 @@ static void test_bad_files(void **state) {
         assert_non_null(strstr(nl_last_error(), want[i]));
         assert_non_null(strstr(nl_last_error(), path));
     }
+    tu_rmdir(dir);
+    free(dir);
+}
+
+/* A throughput figure is priced with the FLOP count its source divides by. The same OPT-175B
+ * run under Korthikanti et al.'s model FLOPs, 72 B s l h^2 (1 + s/6h + V/12lh), and under the
+ * Chinchilla paper's appendix F: with a 4h two-matrix MLP and heads x head dim = h the two
+ * differ only by what Chinchilla adds, the input embedding as a matmul (3 x 2 s V h per
+ * sequence) and 3 FLOPs per attention score for the softmax (3 x 3 H s^2 per layer). */
+static void test_flops_conventions(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char path[4096];
+    snprintf(path, sizeof path, "%s/opt.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    const char *conv[] = {"megatron-model", "chinchilla"};
+    fputs("[", f);
+    for (int i = 0; i < 2; i++)
+        fprintf(f,
+                "%s{\"id\": \"opt-%s\", \"group\": \"train\", \"source\": \"a paper, sec. 2\", "
+                "\"model\": \"opt-175b\", \"gpu\": \"a100\", \"gpus\": 992, \"layout\": {\"dp\": 124, \"tp\": 8, "
+                "\"micro_batch\": 8, \"zero\": \"2\", \"recompute\": \"full\", \"distribute_saved\": 1}, "
+                "\"global_batch\": 992, \"seq\": 2048, \"attention\": \"materialized\", \"flops\": \"%s\", "
+                "\"metric\": \"tflops_per_gpu\", \"published\": 147}",
+                i ? ", " : "", conv[i], conv[i]);
+    fputs("]", f);
+    fclose(f);
+    nl_valid_result r;
+    assert_int_equal(nl_plan_validate(&cat, path, &r), NL_OK);
+    assert_int_equal(r.n, (size_t)2);
+    double s = 2048, l = 96, h = 12288, V = 50272, H = 96;
+    double megatron = 72 * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+    double extra = 9 * H * s * s * l + 6 * s * V * h;
+    double ratio = r.cases[1].predicted / r.cases[0].predicted;
+    assert_true(fabs(ratio / (1 + extra / megatron) - 1) < 1e-9);
+    assert_true(ratio > 1.002 && ratio < 1.006); /* 0.36% more: small at this shape */
+    nl_plan_validate_free(&r);
     tu_rmdir(dir);
     free(dir);
 }
@@ -188,6 +229,7 @@ int main(void) {
         cmocka_unit_test(test_targets),
         cmocka_unit_test(test_ds3_activations),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_flops_conventions),
         cmocka_unit_test(test_fp8_k_term),
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_long_sequence_tables),

@@ -89,6 +89,15 @@ static double source_flops(const char *conv, const nl_arch *a, double model_flop
     if (!strcmp(conv, "megatron-recompute")) return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
     /* Korthikanti et al. 2022 sec. 6: model FLOPs 72 B s l h^2 (1 + s/6h + V/12lh). */
     if (!strcmp(conv, "megatron-model")) return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+    /* Hoffmann et al. 2022 (Chinchilla) appendix F: per sequence, the embedding and the logits
+     * as matmuls (2 s V h each), per layer the projections, the full s x s scores and their
+     * reduction, 3 FLOPs per score for the softmax and a two-matrix MLP; the backward twice the
+     * forward, no recomputation. */
+    if (!strcmp(conv, "chinchilla")) {
+        double H = (double)a->n_heads, kH = H * (double)nl_arch_head_dim(a), F = (double)a->hidden_dim;
+        double layer = 6 * s * h * kH + 4 * s * s * kH + 3 * H * s * s + 2 * s * kH * h + 4 * s * h * F;
+        return 3 * B * (4 * s * V * h + l * layer);
+    }
     return model_flops; /* "6n-attn": 6 N per token plus the causal attention scores */
 }
 
@@ -125,7 +134,11 @@ static nl_status run_train(const nl_catalog *cat, const char *path, const char *
     c->fits = ev.fits;
     double B = (double)q.global_batch, s = (double)q.seq, gpus = (double)q.gpus;
     const char *m = c->metric;
-    double fl = source_flops(str(e, "flops", "6n-attn"), a, ev.model_flops_per_step, B, s);
+    const char *conv = str(e, "flops", "6n-attn");
+    if (strcmp(conv, "6n-attn") && strcmp(conv, "megatron-recompute") && strcmp(conv, "megatron-model") &&
+        strcmp(conv, "chinchilla"))
+        return bad(path, id, "flops must be 6n-attn, megatron-recompute, megatron-model or chinchilla");
+    double fl = source_flops(conv, a, ev.model_flops_per_step, B, s);
     if (!strcmp(m, "tflops_per_gpu"))
         c->predicted = fl / ev.t_step / gpus / 1e12;
     else if (!strcmp(m, "mfu"))
