@@ -26,8 +26,10 @@ static double rel_err(const float *y, const float *ref, size_t n) {
     return mx / sqrt(ss / (double)n + 1e-30);
 }
 
-static const int64_t SIZES[][3] = {{1, 1, 1},    {1, 5, 7},     {3, 17, 33},  {5, 64, 64},
-                                   {9, 33, 130}, {1, 100, 768}, {13, 7, 1001}};
+/* {5, 64, 64}, {6, 70, 96} and {1, 100, 768}: bf16 on AVX-512 stores 4-row groups interleaved (32
+ * divides K), {6, 70, 96} with two rows after the last group */
+static const int64_t SIZES[][3] = {{1, 1, 1},    {1, 5, 7},   {3, 17, 33},   {5, 64, 64},
+                                   {9, 33, 130}, {6, 70, 96}, {1, 100, 768}, {13, 7, 1001}};
 
 static void test_fp32_bf16_paths(void **state) {
     (void)state;
@@ -91,9 +93,15 @@ static void test_int8_against_reference(void **state) {
 
 /* The int8 kernels give the bits of nl_qlinear_forward (the same codes, scales and formula),
  * and nl_mv_forward_range over any split of the rows gives the bits of nl_mv_forward. */
+static void int8_ranges(int64_t K);
 static void test_int8_matches_qlinear_and_ranges(void **state) {
     (void)state;
-    const int64_t M = 6, N = 70, K = 200;
+    for (int64_t K = 192; K <= 200; K += 8) /* 192: bf16's interleaved groups, cut inside a group */
+        int8_ranges(K);
+}
+
+static void int8_ranges(int64_t K) {
+    const int64_t M = 6, N = 70;
     float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
     float *y = malloc((size_t)(M * N) * 4), *yq = malloc((size_t)(M * N) * 4), *yr = malloc((size_t)(M * N) * 4);
     fill(w, (size_t)(N * K), 11);
@@ -137,9 +145,15 @@ static void test_int8_matches_qlinear_and_ranges(void **state) {
 
 /* Each token's outputs are bit-identical whether it runs alone or among 37 others, with 1 or
  * 2 threads, for every format and path. */
+static void batch_invariance(int64_t K);
 static void test_batch_invariance(void **state) {
     (void)state;
-    const int64_t M = 37, N = 131, K = 300; /* N >= 128: int8 splits one token's rows over 2 threads */
+    batch_invariance(300);
+    batch_invariance(320); /* bf16 on AVX-512: interleaved 4-row groups, three rows after them */
+}
+
+static void batch_invariance(int64_t K) {
+    const int64_t M = 37, N = 131; /* N >= 128: int8 splits one token's rows over 2 threads */
     float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
     float *yb = malloc((size_t)(M * N) * 4), *y1 = malloc((size_t)N * 4);
     fill(w, (size_t)(N * K), 3);

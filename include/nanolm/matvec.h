@@ -86,7 +86,11 @@ typedef struct nl_mv_weight {
     int64_t rows, cols; /* N (outputs), K (inputs) */
     const float *f32;   /* FP32: (N, K), borrowed or owned (owned_f32) */
     float *owned_f32;
-    uint16_t *bf16;  /* BF16: (N, K) bfloat16 bits */
+    uint16_t *bf16; /* BF16: (N, K) bfloat16 bits; on the AVX512 path with 32 | K, each full group
+                        of 4 rows (rows 4g .. 4g + 3, at the same place) is stored interleaved,
+                        32 columns of row 0, of row 1, 2, 3, then the next 32 (bf16_packed): the
+                        4-row tiles read one sequential stream instead of four */
+    int bf16_packed;
     nl_qlinear q8;   /* INT8 */
     uint8_t *q4;     /* INT4: (N, groups * 16) packed codes + 8 (see above), each row's bytes in
                         chunks of 16 groups cut in 4 slices of 4 bytes per group (the kernel's
