@@ -88,8 +88,9 @@ static nl_status bf16_pack(nl_mv_weight *wt, int pack) {
         memcpy(tmp, grp, (size_t)(4 * K) * sizeof(uint16_t));
         for (int64_t j = 0; j < chunks; j++)
             for (int64_t r = 0; r < 4; r++) {
-                uint16_t *rows = (pack ? tmp : grp) + r * K + j * 32, *inter = (pack ? grp : tmp) + (j * 4 + r) * 32;
-                memcpy(pack ? inter : rows, pack ? rows : inter, 32 * sizeof(uint16_t));
+                const int64_t in_rows = r * K + j * 32, interleaved = (j * 4 + r) * 32;
+                memcpy(grp + (pack ? interleaved : in_rows), tmp + (pack ? in_rows : interleaved),
+                       32 * sizeof(uint16_t));
             }
     }
     nl_free(tmp);
@@ -954,7 +955,7 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
                  .N = wt->rows,
                  .K = wt->cols,
                  .K32 = act->k32,
-                 .packed_rows = wt->fmt == NL_WFMT_BF16 && wt->bf16_packed ? wt->rows / 4 * 4 : 0};
+                 .packed_rows = wt->bf16_packed ? wt->rows / 4 * 4 : 0};
     for (int64_t nb = n0; nb < n1; nb += MV_RANGE_ROWS) {
         int64_t ne = n1 - nb < MV_RANGE_ROWS ? n1 : nb + MV_RANGE_ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {

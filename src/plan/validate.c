@@ -82,7 +82,7 @@ static nl_status layout_of(const char *path, const char *id, cJSON *j, nl_layout
     return NL_OK;
 }
 
-/* FLOPs per step as the source counts them. */
+/* FLOPs per step as the source counts them; -1 for a convention it does not know. */
 static double source_flops(const char *conv, const nl_arch *a, double model_flops, double B, double s) {
     double l = (double)a->n_layers, h = (double)a->dim, V = (double)a->vocab_size;
     /* Narayanan et al. 2021 eq. (3): with full recomputation, 96 B s l h^2 (1 + s/6h + V/16lh). */
@@ -98,7 +98,8 @@ static double source_flops(const char *conv, const nl_arch *a, double model_flop
         double layer = 6 * s * h * kH + 4 * s * s * kH + 3 * H * s * s + 2 * s * kH * h + 4 * s * h * F;
         return 3 * B * (4 * s * V * h + l * layer);
     }
-    return model_flops; /* "6n-attn": 6 N per token plus the causal attention scores */
+    if (!strcmp(conv, "6n-attn")) return model_flops; /* 6 N per token plus the causal attention scores */
+    return -1;
 }
 
 static nl_status run_train(const nl_catalog *cat, const char *path, const char *id, cJSON *e, const nl_arch *a,
@@ -134,11 +135,8 @@ static nl_status run_train(const nl_catalog *cat, const char *path, const char *
     c->fits = ev.fits;
     double B = (double)q.global_batch, s = (double)q.seq, gpus = (double)q.gpus;
     const char *m = c->metric;
-    const char *conv = str(e, "flops", "6n-attn");
-    if (strcmp(conv, "6n-attn") && strcmp(conv, "megatron-recompute") && strcmp(conv, "megatron-model") &&
-        strcmp(conv, "chinchilla"))
-        return bad(path, id, "flops must be 6n-attn, megatron-recompute, megatron-model or chinchilla");
-    double fl = source_flops(conv, a, ev.model_flops_per_step, B, s);
+    double fl = source_flops(str(e, "flops", "6n-attn"), a, ev.model_flops_per_step, B, s);
+    if (fl < 0) return bad(path, id, "flops must be 6n-attn, megatron-recompute, megatron-model or chinchilla");
     if (!strcmp(m, "tflops_per_gpu"))
         c->predicted = fl / ev.t_step / gpus / 1e12;
     else if (!strcmp(m, "mfu"))

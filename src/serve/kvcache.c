@@ -435,7 +435,6 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
     }
 }
 
-
 /* pv_rows' sums over positions 0 .. pos of an fp32 pool with all 64 dimensions present: acc[k][d]
  * += pr[k][t] * v[t][off + 16 d ..], the walk left at position pos + 1. */
 #define PV_ROW_FMA(k)                                                                                                  \
