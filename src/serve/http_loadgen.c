@@ -91,7 +91,11 @@ static int on_event(void *ctx, const char *data, size_t n, double t_s) {
     const cJSON *choices = cJSON_GetObjectItemCaseSensitive(doc, "choices");
     const cJSON *c0 = cJSON_GetArrayItem(choices, 0);
     const cJSON *text = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "text") : NULL;
-    if (cJSON_IsString(text) && text->valuestring[0]) {
+    const cJSON *fin = c0 ? cJSON_GetObjectItemCaseSensitive(c0, "finish_reason") : NULL;
+    /* Every chunk with a choice is a token event (vLLM's benchmark counts them the same way),
+     * whether its text prints or not, except a bare end marker: empty text with a finish reason. */
+    int token_event = cJSON_IsString(text) && (text->valuestring[0] || !cJSON_IsString(fin));
+    if (token_event) {
         if (s->chunks == 0)
             s->t_first = t_s;
         else

@@ -156,9 +156,13 @@ static int pump(completion *q) {
         if (nl_engine_read(s->eng, q->id, 0, &o)) return -1;
         int ended = o.finish != NL_FINISH_NONE;
         const char *fin = o.finish == NL_FINISH_STOP ? "stop" : o.finish == NL_FINISH_LENGTH ? "length" : NULL;
+        /* A stream gets one chunk per read that brought tokens, as vLLM sends one per step, even
+         * when their text is empty (a byte that does not print, text held back for a stop
+         * string): a client then sees every token's time, not only the tokens that print. */
+        int got = o.n_tokens > 0 || o.text_len > 0;
         int ok = 1;
         if (q->stream) {
-            if (o.text_len || (ended && fin))
+            if (got || (ended && fin))
                 ok = !nl_http_sse_chunk(&q->cid, o.text, o.text_len, ended ? fin : NULL, &q->out);
             if (ended && !fin) { /* cancelled (shutdown) or a numeric error: say so before [DONE] */
                 nl_http_error e;
@@ -181,7 +185,6 @@ static int pump(completion *q) {
             q->completion_tokens = o.completion_tokens;
             record(q, &o);
         }
-        int got = o.text_len > 0;
         nl_engine_output_free(&o);
         if (!ok) return -1;
         if (ended) return 1;
