@@ -9,7 +9,9 @@
  * fp32, bf16, int8 and int4 weights, printed as the share of the roofline:
  *     share = bytes read per token x tokens/s / read bandwidth (same thread count)
  * where bytes per token = the weights of every linear and the classifier as stored + the
- * token's embedding row + the K and V read by attention (at the mean decode position);
+ * token's embedding row + the K and V read by attention (at the mean decode position), and the
+ * bandwidth is probed again (best of 5 passes) right before each of three decode runs, the share
+ * taken within each round and its median printed;
  * (3) total tokens/s of 1, 8 and 32 concurrent streams (fp32, 2 threads), as a ratio to one,
  * each measured after an untimed run of the same engine (which pages in its KV pool), in three
  * rounds of 1, 8 and 32 back to back; the medians over the rounds are printed.
@@ -68,20 +70,29 @@ static float sum_plain(const float *buf, size_t n) {
 }
 
 /* Streaming read bandwidth in GB/s (1e9 bytes), best of `passes`: `threads` threads each read
- * their own contiguous part of a buffer of n floats (n a multiple of 128 * threads) that the
- * same thread wrote first (first touch, so its pages are its own on a NUMA machine), with the
+ * their own contiguous part of one buffer of BW_FLOATS floats (1 GiB), with the
  * multi-accumulator sum (plain = 0) or the plain loop (plain = 1). One parallel region per pass;
- * the barrier at its end is included in the time. */
-static double read_bandwidth(size_t n, int threads, int passes, int plain) {
-    float *buf = nl_malloc(n * sizeof(float), "bandwidth buffer");
-    if (!buf) exit(1);
+ * the barrier at its end is included in the time. The buffer is allocated and written once, by
+ * two threads each writing its own half (first touch), and kept for the whole run, so that every
+ * probe, the first and the ones made between decode runs, reads the same pages. */
+#define BW_FLOATS ((size_t)1 << 28)
+static float *bw_buf;
+static double read_bandwidth(int threads, int passes, int plain) {
+    const size_t n = BW_FLOATS;
+    if (!bw_buf) {
+        bw_buf = nl_malloc(n * sizeof(float), "bandwidth buffer");
+        if (!bw_buf) exit(1);
+#pragma omp parallel num_threads(2)
+        {
+            float *w = bw_buf + (size_t)omp_get_thread_num() * (n / 2);
+            for (size_t i = 0; i < n / 2; i++) w[i] = (float)(i & 1023);
+        }
+    }
     const size_t part = n / (size_t)threads;
     double best = 1e30;
 #pragma omp parallel num_threads(threads)
     {
-        const float *mine = buf + (size_t)omp_get_thread_num() * part;
-        float *w = buf + (size_t)omp_get_thread_num() * part;
-        for (size_t i = 0; i < part; i++) w[i] = (float)(i & 1023);
+        const float *mine = bw_buf + (size_t)omp_get_thread_num() * part;
         for (int rep = 0; rep < passes; rep++) {
 #pragma omp barrier
             double t0 = nl_time_s();
@@ -97,7 +108,6 @@ static double read_bandwidth(size_t n, int threads, int passes, int plain) {
             sink += s;
         }
     }
-    nl_free(buf);
     return (double)n * sizeof(float) / best / 1e9;
 }
 
@@ -324,11 +334,10 @@ int main(int argc, char **argv) {
     /* 1 GiB: far larger than the last-level cache (32 MiB per CCD on this class of machine) */
     double bw[3] = {0, 1, 1};
     if (!streams_only) {
-        const size_t nbuf = (size_t)1 << 28;
-        bw[1] = read_bandwidth(nbuf, 1, 5, 0);
-        bw[2] = read_bandwidth(nbuf, 2, 5, 0);
-        double plain1 = read_bandwidth(nbuf, 1, 3, 1), plain2 = read_bandwidth(nbuf, 2, 3, 1);
-        printf("read bandwidth (1 GiB, each thread its own first-touched half, best of 5): 1 thread %.1f GB/s, "
+        bw[1] = read_bandwidth(1, 5, 0);
+        bw[2] = read_bandwidth(2, 5, 0);
+        double plain1 = read_bandwidth(1, 3, 1), plain2 = read_bandwidth(2, 3, 1);
+        printf("read bandwidth (1 GiB, each half first written by its own thread, best of 5): 1 thread %.1f GB/s, "
                "2 threads %.1f GB/s\n",
                bw[1], bw[2]);
         printf("  (plain 32-accumulator loop, best of 3: 1 thread %.1f GB/s, 2 threads %.1f GB/s)\n", plain1, plain2);
@@ -350,7 +359,9 @@ int main(int argc, char **argv) {
            (long long)m.n_params, (long long)m.C, (long long)m.L, (long long)m.NH, (long long)m.H, (long long)m.V,
            (long long)m.arch.seq_len);
     if (!streams_only) {
-        printf("single stream: prompt %d, %d greedy tokens, decode steps timed, median of 3\n", PROMPT, GEN);
+        printf("single stream: prompt %d, %d greedy tokens, decode steps timed; three rounds of a bandwidth probe "
+               "(best of 5) and a decode run, medians\n",
+               PROMPT, GEN);
         printf("%-7s %-8s %12s %14s %12s %10s %8s\n", "weights", "threads", "MB/token", "roofline tok/s", "tok/s",
                "share", "target");
     }
@@ -363,10 +374,20 @@ int main(int argc, char **argv) {
             nl_engine_stats st;
             nl_engine_stats_get(e, &st);
             double bytes = (double)st.weight_bytes + (double)m.C * 4 + kv_bytes;
-            double t[3];
+            /* three rounds, each a probe of the read bandwidth with th threads (best of 5
+             * passes, as the first probe) right before a decode run: each round's share compares the two within a
+             * second, and the median over the rounds is printed (the machine's bandwidth drifts
+             * by up to 2x from minute to minute, so a probe made minutes earlier says little) */
+            double t[3], roofs[3], shares[3];
             run_streams(e, 1); /* warm-up: page in the weights */
-            for (int r = 0; r < 3; r++) t[r] = run_streams(e, 1);
-            double tps = median(t, 3), roof = bw[th] * 1e9 / bytes, share = tps / roof;
+            for (int r = 0; r < 3; r++) {
+                double b = bw[th];
+                if (!streams_only) b = read_bandwidth(th, 5, 0);
+                t[r] = run_streams(e, 1);
+                roofs[r] = b * 1e9 / bytes;
+                shares[r] = t[r] / roofs[r];
+            }
+            double tps = median(t, 3), roof = median(roofs, 3), share = median(shares, 3);
             double target = f == NL_WFMT_INT8 || f == NL_WFMT_INT4 ? 0.60 : 0.80;
             printf("%-7s %-8d %12.1f %14.1f %12.1f %10.2f %8.2f%s\n", nl_wfmt_name((nl_wfmt)f), th, bytes / 1e6, roof,
                    tps, share, target, share >= target ? "" : "  (below target)");
@@ -409,5 +430,6 @@ int main(int argc, char **argv) {
         printf("(one stream with its prefill timed: %.1f tok/s; decode steps alone, above: %.1f tok/s)\n", base,
                one_stream_fp32_2t);
     nl_model_free(&m);
+    nl_free(bw_buf);
     return fail ? 1 : 0;
 }
