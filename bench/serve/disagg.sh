@@ -5,9 +5,11 @@
 #   colocated, --chunk 256     one process, 2 threads: prefill in chunks that share steps
 #   disaggregated              `serve --role prefill` (1 thread) and `serve --role decode
 #                              --prefill ...` (1 thread, the HTTP front): the same 2 cores split
-# Load (two `nanolm bench serve` side by side): DECODE_STREAMS closed-loop streams of 16-token
-# prompts and DECODE_OUT output tokens (DECODE_REQS requests), and Poisson arrivals of
-# LONG_LEN-token prompts (1 output token) at LONG_RATE/s (LONG_REQS requests).
+# Load (two `nanolm bench serve` side by side): Poisson arrivals of LONG_LEN-token prompts (1
+# output token) at LONG_RATE/s (LONG_REQS requests), and DECODE_STREAMS closed-loop streams of
+# 16-token prompts and DECODE_OUT output tokens that keep starting requests for as long as the
+# long prompts keep arriving (LONG_REQS / LONG_RATE seconds; a fixed number of decode requests
+# was over within a second on idle cores, before most long prompts came).
 # Prints per setup the medians over REPS runs of: the decode streams' TTFT p50, TPOT p99 and ITL
 # p99, the long prompts' TTFT p50, and the KV bytes moved per request (decode front's /metrics:
 # nanolm_kv_transfer_bytes_total / nanolm_kv_transfers_total), beside the bytes
@@ -24,11 +26,10 @@ heads=${HEADS:-8}
 kv_heads=${KV_HEADS:-8}
 arch="{\"name\":\"rand-d$dim-l$layers\",\"vocab_size\":512,\"dim\":$dim,\"n_layers\":$layers,\"n_heads\":$heads,\"n_kv_heads\":$kv_heads,\"hidden_dim\":1408,\"seq_len\":2048}"
 decode_streams=${DECODE_STREAMS:-8}
-decode_reqs=${DECODE_REQS:-16}
 decode_out=${DECODE_OUT:-64}
 long_len=${LONG_LEN:-512}
-long_rate=${LONG_RATE:-0.5}
-long_reqs=${LONG_REQS:-8}
+long_rate=${LONG_RATE:-2}
+long_reqs=${LONG_REQS:-32}
 reps=${REPS:-3}
 tmp=$(mktemp -d)
 pids=()
@@ -57,8 +58,8 @@ stop_all() {
   pids=()
 }
 per_token=$((2 * layers * kv_heads * (dim / heads) * 4))
-prompt_tokens=$((decode_reqs * 16 + long_reqs * long_len))
-echo "model $arch; load: $decode_streams streams x $decode_out tokens ($decode_reqs requests) + $long_reqs prompts of $long_len tokens at $long_rate/s; medians of $reps runs"
+span=$(awk -v n="$long_reqs" -v r="$long_rate" 'BEGIN{print n / r}')
+echo "model $arch; load: $decode_streams streams x $decode_out tokens for $span s + $long_reqs prompts of $long_len tokens at $long_rate/s; medians of $reps runs"
 printf '%-22s %12s %12s %12s %14s %16s %16s\n' setup "TTFT p50 ms" "TPOT p99 ms" "ITL p99 ms" "long TTFT ms" "KV bytes/req" "expected/req"
 for setup in colocated-chunk0 colocated-chunk256 disaggregated; do
   : >"$tmp/rows"
@@ -74,20 +75,27 @@ for setup in colocated-chunk0 colocated-chunk256 disaggregated; do
     "$build/nanolm" bench serve --url "$url" --requests "$long_reqs" --rate "$long_rate" --concurrency 4 \
       --prompt-len "$long_len" --output-len 1 --seed 5 --json >"$tmp/long.json" &
     long=$!
-    "$build/nanolm" bench serve --url "$url" --requests "$decode_reqs" --concurrency "$decode_streams" --prompt-len 16 \
-      --output-len "$decode_out" --seed 6 --json >"$tmp/dec.json"
+    "$build/nanolm" bench serve --url "$url" --requests 1000000 --duration "$span" --concurrency "$decode_streams" \
+      --prompt-len 16 --output-len "$decode_out" --seed 6 --json >"$tmp/dec.json"
     wait "$long"
     for f in long dec; do
       [[ $(num failed "$tmp/$f.json") == 0 ]] || { echo "disagg.sh: $setup: failed requests: $(cat "$tmp/$f.json")" >&2; exit 1; }
     done
     bytes=0
+    expected=0
     n=$(metric "$url" nanolm_kv_transfers_total)
     [[ -n $n && $n != 0 ]] && bytes=$(awk -v b="$(metric "$url" nanolm_kv_transfer_bytes_total)" -v n="$n" 'BEGIN{print b / n}')
-    echo "$(num ttft_p50_ms "$tmp/dec.json") $(num tpot_p99_ms "$tmp/dec.json") $(num itl_p99_ms "$tmp/dec.json") $(num ttft_p50_ms "$tmp/long.json") $bytes" >>"$tmp/rows"
+    if [[ $setup == disaggregated ]]; then # the formula for the requests this run made
+      dec_reqs=$(num ok "$tmp/dec.json")
+      expected=$(awk -v p="$per_token" -v d="$dec_reqs" -v l="$long_reqs" -v ll="$long_len" \
+        'BEGIN{print p * (d * 16 + l * ll) / (d + l)}')
+      total=$(metric "$url" nanolm_kv_transfer_bytes_total)
+      want=$((per_token * (dec_reqs * 16 + long_reqs * long_len)))
+      [[ $total == "$want" ]] || echo "disagg.sh: KV bytes moved $total, the formula gives $want" >&2
+    fi
+    echo "$(num ttft_p50_ms "$tmp/dec.json") $(num tpot_p99_ms "$tmp/dec.json") $(num itl_p99_ms "$tmp/dec.json") $(num ttft_p50_ms "$tmp/long.json") $bytes $expected" >>"$tmp/rows"
     stop_all
   done
   col() { awk -v c="$1" '{print $c}' "$tmp/rows" | median; }
-  expected=0
-  [[ $setup == disaggregated ]] && expected=$(awk -v p="$per_token" -v t="$prompt_tokens" -v r="$((decode_reqs + long_reqs))" 'BEGIN{print p * t / r}')
-  printf '%-22s %12.1f %12.2f %12.2f %14.1f %16.0f %16.0f\n' "$setup" "$(col 1)" "$(col 2)" "$(col 3)" "$(col 4)" "$(col 5)" "$expected"
+  printf '%-22s %12.1f %12.2f %12.2f %14.1f %16.0f %16.0f\n' "$setup" "$(col 1)" "$(col 2)" "$(col 3)" "$(col 4)" "$(col 5)" "$(col 6)"
 done
