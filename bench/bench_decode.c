@@ -111,17 +111,19 @@ static double read_bandwidth(int threads, int passes, int plain) {
     return (double)n * sizeof(float) / best / 1e9;
 }
 
-static void make_model(nl_model *m) {
+/* A llama2.c-shaped model (vocab 512, tied embeddings) of random weights: dim C, L layers of
+ * NH heads, hidden H, context T. */
+static void make_model(nl_model *m, const char *name, int64_t C, int64_t L, int64_t NH, int64_t H, int64_t T) {
     nl_arch a;
     memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "llama2c-85m");
+    snprintf(a.name, sizeof a.name, "%s", name);
     a.vocab_size = 512;
-    a.dim = 768;
-    a.n_layers = 12;
-    a.n_heads = 12;
-    a.n_kv_heads = 12;
-    a.hidden_dim = 2048;
-    a.seq_len = 1024;
+    a.dim = C;
+    a.n_layers = L;
+    a.n_heads = NH;
+    a.n_kv_heads = NH;
+    a.hidden_dim = H;
+    a.seq_len = T;
     a.rope_theta = 10000;
     a.norm_eps = 1e-5;
     a.tied_embeddings = 1;
@@ -249,26 +251,9 @@ static void chunk_segment(const nl_model *m, int chunk, double secs, double out[
     nl_engine_close(e);
 }
 
-static int run_chunked(double secs) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "rand-d512-l8");
-    a.vocab_size = 512;
-    a.dim = 512;
-    a.n_layers = 8;
-    a.n_heads = 8;
-    a.n_kv_heads = 8;
-    a.hidden_dim = 1408;
-    a.seq_len = 2048;
-    a.rope_theta = 10000;
-    a.norm_eps = 1e-5;
-    a.tied_embeddings = 1;
+static void run_chunked(double secs) {
     nl_model m;
-    if (nl_model_init(&m, &a)) {
-        fprintf(stderr, "bench_decode: %s\n", nl_last_error());
-        return 1;
-    }
-    nl_model_init_random(&m, 1);
+    make_model(&m, "rand-d512-l8", 512, 8, 8, 1408, 2048);
     const int chunks[3] = {0, 256, 128};
     double ratio[3][2][CH_ROUNDS];
     printf("chunked prefill in the engine (dim 512, 8 layers; 8 decodes + one 1024-token prompt; 2 threads; "
@@ -293,7 +278,6 @@ static int run_chunked(double secs) {
         printf("chunk %d: throughput %.3f of unchunked, decode gap p99 %.3f (medians of %d rounds)\n", chunks[c],
                median(ratio[c][0], CH_ROUNDS), median(ratio[c][1], CH_ROUNDS), CH_ROUNDS);
     nl_model_free(&m);
-    return 0;
 }
 
 static nl_engine *open_engine(const nl_model *m, nl_wfmt f, int threads, int batch) {
@@ -323,7 +307,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "usage: bench_decode --chunked [SECONDS > 0]\n");
             return 2;
         }
-        return run_chunked(secs);
+        run_chunked(secs);
+        return 0;
     }
     int streams_only = argc > 1 && !strcmp(argv[1], "--streams");
     int stream_threads = streams_only && argc > 2 ? atoi(argv[2]) : 2;
@@ -351,7 +336,7 @@ int main(int argc, char **argv) {
         }
     }
     nl_model m;
-    make_model(&m);
+    make_model(&m, "llama2c-85m", 768, 12, 12, 2048, 1024);
     const int64_t kvd = m.KVH * m.hd;
     /* K and V of every layer at the mean position of the timed decode steps, fp32 */
     const double kv_bytes = (double)m.L * 2 * (double)kvd * 4 * (PROMPT + 1 + (GEN - 1) / 2.0);
