@@ -214,16 +214,24 @@ static void chunk_segment(const nl_model *m, int chunk, double secs, double out[
     double last[CH_DECODES + 1] = {0};
     uint32_t rng = 7;
     for (int i = 0; i <= CH_DECODES; i++) chunk_submit(e, i, &rng, &ids[i]);
-    size_t cap = 1 << 16, ng = 0;
-    double *gaps = malloc(cap * sizeof *gaps);
+    size_t cap = 0, ng = 0;
+    double *gaps = NULL;
     int64_t rows = 0;
     const double t0 = nl_time_s();
     double t = t0;
     while (t - t0 < secs) {
         int64_t n = 0;
-        if (nl_engine_step(e, &n) || !gaps) {
-            fprintf(stderr, "bench_decode: %s\n", gaps ? nl_last_error() : "out of memory");
+        if (nl_engine_step(e, &n)) {
+            fprintf(stderr, "bench_decode: %s\n", nl_last_error());
             exit(1);
+        }
+        if (ng + CH_DECODES > cap) {
+            cap = 2 * cap + 4096;
+            gaps = realloc(gaps, cap * sizeof *gaps);
+            if (!gaps) {
+                fprintf(stderr, "bench_decode: out of memory for the decode gaps\n");
+                exit(1);
+            }
         }
         rows += n;
         t = nl_time_s();
@@ -232,7 +240,7 @@ static void chunk_segment(const nl_model *m, int chunk, double secs, double out[
             memset(&r, 0, sizeof r);
             if (nl_engine_read(e, ids[i], 0, &r)) continue;
             if (i < CH_DECODES && r.n_tokens > 0) {
-                if (last[i] > 0 && ng < cap) gaps[ng++] = t - last[i];
+                if (last[i] > 0) gaps[ng++] = t - last[i];
                 last[i] = t;
             }
             if (r.finish != NL_FINISH_NONE) {
@@ -244,7 +252,7 @@ static void chunk_segment(const nl_model *m, int chunk, double secs, double out[
         }
     }
     out[0] = (double)rows / (t - t0);
-    qsort(gaps, ng, sizeof *gaps, cmp_double);
+    if (ng) qsort(gaps, ng, sizeof *gaps, cmp_double);
     out[1] = ng ? 1e3 * gaps[ng / 2] : 0;
     out[2] = ng ? 1e3 * gaps[(size_t)(0.99 * (double)(ng - 1))] : 0;
     free(gaps);
