@@ -83,14 +83,12 @@ for setup in colocated-chunk0 colocated-chunk256 disaggregated; do
     done
     bytes=0
     expected=0
-    n=$(metric "$url" nanolm_kv_transfers_total)
-    [[ -n $n && $n != 0 ]] && bytes=$(awk -v b="$(metric "$url" nanolm_kv_transfer_bytes_total)" -v n="$n" 'BEGIN{print b / n}')
-    if [[ $setup == disaggregated ]]; then # the formula for the requests this run made
+    if [[ $setup == disaggregated ]]; then # moved per request, and the formula for the requests this run made
       dec_reqs=$(num ok "$tmp/dec.json")
-      expected=$(awk -v p="$per_token" -v d="$dec_reqs" -v l="$long_reqs" -v ll="$long_len" \
-        'BEGIN{print p * (d * 16 + l * ll) / (d + l)}')
       total=$(metric "$url" nanolm_kv_transfer_bytes_total)
       want=$((per_token * (dec_reqs * 16 + long_reqs * long_len)))
+      bytes=$(awk -v b="$total" -v n="$(metric "$url" nanolm_kv_transfers_total)" 'BEGIN{print b / n}')
+      expected=$(awk -v w="$want" -v n="$((dec_reqs + long_reqs))" 'BEGIN{print w / n}')
       [[ $total == "$want" ]] || echo "disagg.sh: KV bytes moved $total, the formula gives $want" >&2
     fi
     echo "$(num ttft_p50_ms "$tmp/dec.json") $(num tpot_p99_ms "$tmp/dec.json") $(num itl_p99_ms "$tmp/dec.json") $(num ttft_p50_ms "$tmp/long.json") $bytes $expected" >>"$tmp/rows"
