@@ -66,6 +66,51 @@ static void test_fp32_bf16_paths(void **state) {
     }
 }
 
+/* fp32 on AVX-512 reads its panel copy: each output is one fused multiply-add chain over k = 0 ..
+ * K - 1 from +0 (fmaf in order), the same bits for every M, tile and row split. Sizes with N not a
+ * multiple of the panel (48) and M past one register tile (8). */
+static void test_fp32_panels_are_an_fma_chain(void **state) {
+    (void)state;
+    if (!nl_mv_available(NL_MV_AVX512)) {
+        print_message("[  SKIP    ] no AVX-512 on this CPU\n");
+        return;
+    }
+    static const int64_t shapes[][3] = {{1, 47, 5}, {9, 49, 33}, {17, 100, 130}, {3, 96, 768}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
+        float *y = malloc((size_t)(M * N) * 4), *ref = malloc((size_t)(M * N) * 4);
+        fill(w, (size_t)(N * K), 21 + si);
+        fill(x, (size_t)(M * K), 31 + si);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                float s = 0.0f;
+                for (int64_t k = 0; k < K; k++) s = fmaf(w[n * K + k], x[m * K + k], s);
+                ref[m * N + n] = s;
+            }
+        nl_mv_weight wt;
+        assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_FP32, w, N, K, 0), NL_OK);
+        assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
+        assert_non_null(wt.f32_panels);
+        for (int th = 1; th <= 2; th++) {
+            memset(y, 0xFF, (size_t)(M * N) * 4);
+            assert_int_equal(nl_mv_forward(&wt, x, M, y, th), NL_OK);
+            assert_memory_equal(y, ref, (size_t)(M * N) * 4);
+        }
+        /* another path frees the copy, AVX-512 again rebuilds it */
+        assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_PORTABLE), NL_OK);
+        assert_null(wt.f32_panels);
+        assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
+        assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
+        assert_memory_equal(y, ref, (size_t)(M * N) * 4);
+        nl_mv_weight_free(&wt);
+        free(w);
+        free(x);
+        free(y);
+        free(ref);
+    }
+}
+
 static void test_int8_against_reference(void **state) {
     (void)state;
     for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++) {
@@ -233,6 +278,7 @@ static void test_bad_input(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp32_bf16_paths),
+        cmocka_unit_test(test_fp32_panels_are_an_fma_chain),
         cmocka_unit_test(test_int8_against_reference),
         cmocka_unit_test(test_int8_matches_qlinear_and_ranges),
         cmocka_unit_test(test_batch_invariance),

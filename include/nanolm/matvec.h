@@ -86,6 +86,9 @@ typedef struct nl_mv_weight {
     int64_t rows, cols; /* N (outputs), K (inputs) */
     const float *f32;   /* FP32: (N, K), borrowed or owned (owned_f32) */
     float *owned_f32;
+    float *f32_panels; /* FP32 on the AVX512 path: a copy in panels of NL_MV_PANEL rows, each
+                          column by column (the 48 rows' values of column 0, then of column 1,
+                          ...; rows past N zero), read by that path's kernels instead of f32 */
     uint16_t *bf16; /* BF16: (N, K) bfloat16 bits; on the AVX512 path with 32 | K, each full group
                         of 4 rows (rows 4g .. 4g + 3, at the same place) is stored interleaved,
                         32 columns of row 0, of row 1, 2, 3, then the next 32 (bf16_packed): the
@@ -100,11 +103,15 @@ typedef struct nl_mv_weight {
     nl_mv_path path; /* resolved (never AUTO) */
 } nl_mv_weight;
 
+/* Rows per FP32 panel (f32_panels). */
+#define NL_MV_PANEL 48
+
 /* Columns per INT4 scale. */
 #define NL_MV_INT4_GROUP 32
 
 /* Prepares W (N, K) in format fmt. FP32 borrows w (it must outlive the weight) unless copy is
- * set. Errors: NL_ERR_INVALID for sizes or format (AUTO is not a format here), NaN/inf in w
+ * set; on the AVX512 path it also keeps its panel copy (N rounded up to 48, x K x 4 bytes).
+ * Errors: NL_ERR_INVALID for sizes or format (AUTO is not a format here), NaN/inf in w
  * (naming the index) for BF16, INT8 and INT4; NL_ERR_RANGE for an INT4 group whose scale
  * overflows fp16 (|w| > 458,000, naming the row and columns); NL_ERR_NOMEM. */
 nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64_t N, int64_t K, int copy);

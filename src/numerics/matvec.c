@@ -98,6 +98,39 @@ static nl_status bf16_pack(nl_mv_weight *wt, int pack) {
     return NL_OK;
 }
 
+/* FP32 on AVX-512: W (N, K) copied into panels of NL_MV_PANEL (48) rows (f32_panels), or the
+ * copy freed (pack = 0). Panel p holds rows 48p .. 48p + 47 column by column: for each k the 48
+ * values W[48p + j][k], j = 0..47, side by side (rows past N are zero). A tile walks one panel
+ * front to back, one sequential stream, and for each k multiplies 3 vectors of 16 rows by each
+ * token's
+ * x[k] broadcast: every (row, token) output is one fused multiply-add chain over k = 0, 1, ..,
+ * K - 1, in every tile shape, with no sum across lanes. */
+static nl_status f32_pack(nl_mv_weight *wt, int pack) {
+    if (wt->fmt != NL_WFMT_FP32 || !pack == !wt->f32_panels) return NL_OK;
+    if (!pack) {
+        nl_free(wt->f32_panels);
+        wt->f32_panels = NULL;
+        return NL_OK;
+    }
+    const int64_t N = wt->rows, K = wt->cols, np = (N + NL_MV_PANEL - 1) / NL_MV_PANEL;
+    size_t n;
+    if (nl_mul_overflows((size_t)(np * NL_MV_PANEL), (size_t)K * sizeof(float), &n))
+        return nl_fail(NL_ERR_NOMEM, "fp32 matvec panels: %lld x %lld is too large", (long long)N, (long long)K);
+    float *p = nl_malloc(n, "fp32 matvec weight panels");
+    if (!p) return NL_ERR_NOMEM;
+    for (int64_t b = 0; b < np; b++)
+        for (int64_t j = 0; j < NL_MV_PANEL; j++) {
+            const int64_t r = b * NL_MV_PANEL + j;
+            float *d = p + b * K * NL_MV_PANEL + j;
+            if (r >= N)
+                for (int64_t k = 0; k < K; k++) d[k * NL_MV_PANEL] = 0.0f;
+            else
+                for (int64_t k = 0; k < K; k++) d[k * NL_MV_PANEL] = wt->f32[r * K + k];
+        }
+    wt->f32_panels = p;
+    return NL_OK;
+}
+
 nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64_t N, int64_t K, int copy) {
     memset(wt, 0, sizeof *wt);
     if (N < 1 || K < 1)
@@ -112,13 +145,17 @@ nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64
     case NL_WFMT_FP32:
         if (!copy) {
             wt->f32 = w;
-            return NL_OK;
+        } else {
+            wt->owned_f32 = nl_malloc(n * sizeof(float), "fp32 matvec weight");
+            if (!wt->owned_f32) return NL_ERR_NOMEM;
+            memcpy(wt->owned_f32, w, n * sizeof(float));
+            wt->f32 = wt->owned_f32;
         }
-        wt->owned_f32 = nl_malloc(n * sizeof(float), "fp32 matvec weight");
-        if (!wt->owned_f32) return NL_ERR_NOMEM;
-        memcpy(wt->owned_f32, w, n * sizeof(float));
-        wt->f32 = wt->owned_f32;
-        return NL_OK;
+        {
+            nl_status rc = f32_pack(wt, wt->path == NL_MV_AVX512);
+            if (rc) nl_mv_weight_free(wt);
+            return rc;
+        }
     case NL_WFMT_BF16:
         NL_TRY(nl_quant_check_finite(w, n, "bf16 matvec weight"));
         wt->bf16 = nl_malloc(n * sizeof(uint16_t), "bf16 matvec weight");
@@ -143,6 +180,7 @@ nl_status nl_mv_weight_init_int8(nl_mv_weight *wt, const int8_t *codes, const fl
 void nl_mv_weight_free(nl_mv_weight *wt) {
     if (!wt) return;
     nl_free(wt->owned_f32);
+    nl_free(wt->f32_panels);
     nl_free(wt->bf16);
     nl_qlinear_free(&wt->q8);
     nl_free(wt->q4);
@@ -156,6 +194,7 @@ nl_status nl_mv_weight_set_path(nl_mv_weight *wt, nl_mv_path p) {
     if (!nl_mv_available(p))
         return nl_fail(NL_ERR_UNSUPPORTED, "matvec kernel path '%s' is not available on this CPU", nl_mv_path_name(p));
     NL_TRY(bf16_pack(wt, p == NL_MV_AVX512));
+    NL_TRY(f32_pack(wt, p == NL_MV_AVX512));
     wt->path = p;
     return NL_OK;
 }
@@ -233,13 +272,10 @@ INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
     }
 }
 
-/* AVX-512, fp32 weights: 16 lanes, the k tail with a masked load, then _mm512_reduce_add_ps. One tile is
- * R weight rows x T tokens with R * T accumulators held in registers (R <= 4, T <= 6: 24
- * accumulators, 4 weight vectors and one activation vector of the 32 registers); per 16 columns
- * it loads R + T vectors for R * T FMAs, so a batched step is bound by the FMA units, not by
- * loads. R and T are compile-time constants of each instance (the loops unroll fully and nothing
- * spills). pf: when set, the same columns of the R rows after the tile are prefetched (the first
- * token tile of a row group streams the weights from memory). */
+/* AVX-512, bf16 weights (fp32 weights read their panel copy: tile_panel below). One tile is R
+ * weight rows x T tokens with R * T accumulators held in registers (R <= 4, T <= 6: 24
+ * accumulators, 4 weight vectors and one activation vector of the 32 registers). R and T are
+ * compile-time constants of each instance (the loops unroll fully and nothing spills). */
 enum { MV_T512 = 6 }; /* tokens per AVX-512 register tile */
 
 /* The pieces every AVX-512 tile shares: acc[r][t] = 0; acc[r][t] += wv[r] * (token t's 16
@@ -266,36 +302,6 @@ TGT_AVX512 INLINE void tile_store(__m512 acc[4][MV_T512], float *y, int64_t N, c
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) y[t * N + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
-TGT_AVX512 INLINE void tile512(const float *wf, const float *x, float *y, int64_t K, int64_t N, const int R,
-                               const int T, int pf) {
-    __m512 acc[4][MV_T512];
-    tile_zero(acc, R, T);
-    const float *pnext = wf + R * K;
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        __m512 wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(wf + r * K + k);
-        if (pf)
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pnext + r * K + k), _MM_HINT_T0);
-        tile_fma(acc, wv, x + k, K, R, T);
-    }
-    if (k < K) {
-        __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);
-        __m512 wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = _mm512_maskz_loadu_ps(mk, wf + r * K + k);
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            __m512 xv = _mm512_maskz_loadu_ps(mk, x + t * K + k);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
-        }
-    }
-    tile_store(acc, y, N, R, T);
 }
 
 /* bf16 on AVX-512: 32 columns per step. One 64-byte load of 32 bf16 weights gives the even
@@ -329,24 +335,7 @@ TGT_AVX512 INLINE void tile512_bf(const uint16_t *wb, int64_t rs, int64_t cs, co
     tile_store(acc, y, N, R, T);
 }
 
-/* tile512 on rows n.. and tokens m.. of a, with the row count and token count fixed. */
 typedef void (*tile512_fn)(const mv_args *, int64_t n, int64_t m, int pf);
-#define TILE512(R, T)                                                                                                  \
-    TGT_AVX512 static void tile512_##R##x##T(const mv_args *a, int64_t n, int64_t m, int pf) {                         \
-        tile512(a->wf + n * a->K, a->x + m * a->K, a->y + m * a->N + n, a->K, a->N, R, T, pf);                         \
-    }
-TILE512(4, 1)
-TILE512(4, 2)
-TILE512(4, 3)
-TILE512(4, 4)
-TILE512(4, 5)
-TILE512(4, 6)
-TILE512(1, 1)
-TILE512(1, 2)
-TILE512(1, 3)
-TILE512(1, 4)
-TILE512(1, 5)
-TILE512(1, 6)
 /* Where row n of a bf16 weight starts, and how far its next row (rs) and its next 32 columns (cs)
  * lie: in a packed group 32 and 128 elements, else K and 32. */
 INLINE const uint16_t *bf_row(const mv_args *a, int64_t n, int64_t *rs, int64_t *cs) {
@@ -378,14 +367,90 @@ TILE512_BF(1, 6)
 static const tile512_fn tiles512bf[2][MV_T512] = {
     {tile512bf_1x1, tile512bf_1x2, tile512bf_1x3, tile512bf_1x4, tile512bf_1x5, tile512bf_1x6},
     {tile512bf_4x1, tile512bf_4x2, tile512bf_4x3, tile512bf_4x4, tile512bf_4x5, tile512bf_4x6}};
-static const tile512_fn tiles512[2][MV_T512] = {
-    {tile512_1x1, tile512_1x2, tile512_1x3, tile512_1x4, tile512_1x5, tile512_1x6},
-    {tile512_4x1, tile512_4x2, tile512_4x3, tile512_4x4, tile512_4x5, tile512_4x6}};
 
-/* Rows [n0, n1) for tokens [m0, m1) on AVX-512: groups of 4 rows (then single rows) against the
- * tokens in near-equal register tiles of at most 6. Fewer than 4 tokens of an fp32 weight
- * (decode): row after row instead, one long sequential stream of W that the prefetchers follow;
- * a row (a few KB) stays in L1 for the other tokens. bf16 keeps the 4-row tiles at M = 1: one
+/* FP32 on AVX-512, one panel (see f32_pack) against T <= 8 tokens: per column k, the panel's 3
+ * vectors of 16 rows are loaded once and multiplied by each token's x[k] (broadcast) into that
+ * token's 3 accumulators (24 of the 32 registers at T = 8): 3 loads and T broadcasts per 3T
+ * FMAs, so 8 tokens (a batch of 8 decodes) take one pass over the panel while it streams from
+ * memory. Outputs are stored straight from the accumulators, the lanes of rows lo .. hi - 1 of
+ * the panel only. pf: prefetch MV_PF floats ahead in the panel (the first token tile of a panel
+ * streams it from memory; the panels of a thread's rows lie back to back, so this runs on into
+ * the next one). */
+enum { MV_PZ = NL_MV_PANEL / 16, MV_PT = 8, MV_PF = 1024 };
+TGT_AVX512 INLINE void tile_panel(const float *wp, const float *x, float *y, int64_t K, int64_t N, const int T, int lo,
+                                  int hi, int pf) {
+    __m512 acc[MV_PT][MV_PZ];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 3
+        for (int j = 0; j < MV_PZ; j++) acc[t][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const float *wk = wp + k * NL_MV_PANEL;
+        __m512 wv[MV_PZ];
+#pragma GCC unroll 3
+        for (int j = 0; j < MV_PZ; j++) wv[j] = _mm512_load_ps(wk + 16 * j);
+        if (pf)
+#pragma GCC unroll 3
+            for (int j = 0; j < MV_PZ; j++) _mm_prefetch((const char *)(wk + MV_PF + 16 * j), _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m512 xb = _mm512_set1_ps(x[t * K + k]);
+#pragma GCC unroll 3
+            for (int j = 0; j < MV_PZ; j++) acc[t][j] = _mm512_fmadd_ps(wv[j], xb, acc[t][j]);
+        }
+    }
+    if (lo == 0 && hi == NL_MV_PANEL) {
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 3
+            for (int j = 0; j < MV_PZ; j++) _mm512_storeu_ps(y + t * N + 16 * j, acc[t][j]);
+        return;
+    }
+    for (int j = 0; j < MV_PZ; j++) {
+        const int a = lo > 16 * j ? lo - 16 * j : 0, b = hi < 16 * j + 16 ? hi - 16 * j : 16;
+        if (a >= b) continue;
+        const __mmask16 mk = (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u));
+        for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + t * N + 16 * j, mk, acc[t][j]);
+    }
+}
+typedef void (*tile_panel_fn)(const float *wp, const float *x, float *y, int64_t K, int64_t N, int lo, int hi, int pf);
+#define TILE_PANEL(T)                                                                                                  \
+    TGT_AVX512 static void tile_panel_##T(const float *wp, const float *x, float *y, int64_t K, int64_t N, int lo,     \
+                                          int hi, int pf) {                                                            \
+        tile_panel(wp, x, y, K, N, T, lo, hi, pf);                                                                     \
+    }
+TILE_PANEL(1)
+TILE_PANEL(2)
+TILE_PANEL(3)
+TILE_PANEL(4)
+TILE_PANEL(5)
+TILE_PANEL(6)
+TILE_PANEL(7)
+TILE_PANEL(8)
+static const tile_panel_fn tiles_panel[MV_PT] = {tile_panel_1, tile_panel_2, tile_panel_3, tile_panel_4,
+                                                 tile_panel_5, tile_panel_6, tile_panel_7, tile_panel_8};
+
+/* Rows [n0, n1) for tokens [m0, m1) of an fp32 weight on AVX-512: panel after panel, each against
+ * the tokens in near-equal register tiles of at most 8. */
+static void run_panels(const nl_mv_weight *wt, const float *x, float *y, int64_t n0, int64_t n1, int64_t m0,
+                       int64_t m1) {
+    const int64_t K = wt->cols, N = wt->rows, cnt = m1 - m0;
+    const int64_t ntile = (cnt + MV_PT - 1) / MV_PT, base = cnt / ntile, extra = cnt % ntile;
+    for (int64_t p = n0 / NL_MV_PANEL; p * NL_MV_PANEL < n1; p++) {
+        const int64_t r0 = p * NL_MV_PANEL;
+        const int lo = (int)(n0 > r0 ? n0 - r0 : 0), hi = (int)(n1 - r0 < NL_MV_PANEL ? n1 - r0 : NL_MV_PANEL);
+        const float *wp = wt->f32_panels + r0 * K;
+        int64_t m = m0;
+        for (int64_t i = 0; i < ntile; i++) {
+            const int64_t T = base + (i < extra);
+            tiles_panel[T - 1](wp, x + m * K, y + m * N + r0, K, N, lo, hi, i == 0);
+            m += T;
+        }
+    }
+}
+
+/* Rows [n0, n1) for tokens [m0, m1) of a bf16 weight on AVX-512: groups of 4 rows (then single
+ * rows) against the tokens in near-equal register tiles of at most 6, also at M = 1: one
  * row's single accumulator chain (an FMA every 4 cycles behind the widening) reads ~33-38 GB/s
  * from L2 on one core, about the memory bandwidth, and 4 rows' four chains ~50 GB/s (thread CPU
  * time, weights in L2); fp32 reads twice the bytes per FMA and is not latency bound. The 4 rows
@@ -396,11 +461,6 @@ static const tile512_fn tiles512[2][MV_T512] = {
  * way each (row, token) pair runs the same accumulation, so the choice changes no bits. */
 static void run_block512(const mv_args *a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
     const int64_t cnt = m1 - m0;
-    if (cnt < 4 && !a->wb) {
-        for (int64_t n = n0; n < n1; n++)
-            for (int64_t m = m0; m < m1; m++) tile512_1x1(a, n, m, 0);
-        return;
-    }
     const int64_t ntile = (cnt + MV_T512 - 1) / MV_T512, base = cnt / ntile, extra = cnt % ntile;
     for (int64_t n = n0; n < n1;) {
         const int four = n + 4 <= n1 && (n >= a->packed_rows || n % 4 == 0); /* not across packed groups */
@@ -408,7 +468,7 @@ static void run_block512(const mv_args *a, int64_t n0, int64_t n1, int64_t m0, i
         int64_t m = m0;
         for (int64_t i = 0; i < ntile; i++) {
             int64_t T = base + (i < extra);
-            (a->wb ? tiles512bf : tiles512)[four][T - 1](a, n, m, pf && i == 0);
+            tiles512bf[four][T - 1](a, n, m, pf && i == 0);
             m += T;
         }
         n += four ? 4 : 1;
@@ -956,6 +1016,11 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
                  .K = wt->cols,
                  .K32 = act->k32,
                  .packed_rows = wt->bf16_packed ? wt->rows / 4 * 4 : 0};
+    if (wt->fmt == NL_WFMT_FP32 && wt->f32_panels && wt->path == NL_MV_AVX512) {
+        /* a panel's tiles read it from memory once, then from L2 (48 rows x K x 4 bytes) */
+        run_panels(wt, act->x, y, n0, n1, 0, M);
+        return;
+    }
     for (int64_t nb = n0; nb < n1; nb += MV_RANGE_ROWS) {
         int64_t ne = n1 - nb < MV_RANGE_ROWS ? n1 : nb + MV_RANGE_ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
@@ -972,11 +1037,13 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
 
 nl_status nl_mv_forward_act(const nl_mv_weight *wt, nl_mv_act *act, const float *x, int64_t M, float *y, int threads) {
     NL_TRY(nl_mv_act_prepare(act, wt, x, M));
-    const int64_t N = wt->rows, nblocks = (N + MV_ROWS - 1) / MV_ROWS;
+    /* fp32 panels are split whole (a thread's panels lie back to back: one stream) */
+    const int64_t rows = wt->f32_panels && wt->path == NL_MV_AVX512 ? NL_MV_PANEL : MV_ROWS;
+    const int64_t N = wt->rows, nblocks = (N + rows - 1) / rows;
     int nt = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t b = 0; b < nblocks; b++)
-        nl_mv_forward_range(wt, act, y, b * MV_ROWS, (b + 1) * MV_ROWS < N ? (b + 1) * MV_ROWS : N);
+        nl_mv_forward_range(wt, act, y, b * rows, (b + 1) * rows < N ? (b + 1) * rows : N);
     return NL_OK;
 }
 
