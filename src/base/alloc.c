@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 int nl_mul_overflows(size_t count, size_t size, size_t *out) {
     if (size != 0 && count > SIZE_MAX / size) return 1;
@@ -18,6 +19,21 @@ void *nl_malloc(size_t bytes, const char *what) {
         nl_fail(NL_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes, what ? what : "a buffer");
         return NULL;
     }
+    return p;
+}
+
+void *nl_malloc_huge(size_t bytes, const char *what) {
+    enum { HUGE_PAGE = 2 << 20 };
+    if (bytes < 2 * (size_t)HUGE_PAGE) return nl_malloc(bytes, what);
+    void *p = NULL;
+    size_t n = (bytes + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+    if (n < bytes || posix_memalign(&p, HUGE_PAGE, n) != 0) {
+        nl_fail(NL_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes, what ? what : "a buffer");
+        return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: where the kernel declines, 4 KiB pages serve */
+#endif
     return p;
 }
 

@@ -116,7 +116,7 @@ static nl_status f32_pack(nl_mv_weight *wt, int pack) {
     size_t n;
     if (nl_mul_overflows((size_t)(np * NL_MV_PANEL), (size_t)K * sizeof(float), &n))
         return nl_fail(NL_ERR_NOMEM, "fp32 matvec panels: %lld x %lld is too large", (long long)N, (long long)K);
-    float *p = nl_malloc(n, "fp32 matvec weight panels");
+    float *p = nl_malloc_huge(n, "fp32 matvec weight panels");
     if (!p) return NL_ERR_NOMEM;
     for (int64_t b = 0; b < np; b++)
         for (int64_t j = 0; j < NL_MV_PANEL; j++) {

@@ -32,14 +32,14 @@ nl_status nl_kvcache_init(nl_kvcache *c, int64_t L, int64_t KVH, int64_t hd, nl_
     c->block_bytes = nl_kvcache_block_bytes(L, KVH, hd, dt, block_size);
     size_t rows = (size_t)(n_blocks * L * 2 * block_size);
     if (dt == NL_KV_INT8) {
-        c->codes = nl_malloc(rows * (size_t)(KVH * hd), "int8 KV cache pool codes");
+        c->codes = nl_malloc_huge(rows * (size_t)(KVH * hd), "int8 KV cache pool codes");
         c->scales = nl_malloc(rows * (size_t)KVH * sizeof(uint16_t), "int8 KV cache pool scales");
         if (!c->codes || !c->scales) {
             nl_kvcache_free(c);
             return NL_ERR_NOMEM;
         }
     } else {
-        c->f32 = nl_malloc(rows * (size_t)(KVH * hd) * sizeof(float), "fp32 KV cache pool");
+        c->f32 = nl_malloc_huge(rows * (size_t)(KVH * hd) * sizeof(float), "fp32 KV cache pool");
         if (!c->f32) {
             nl_kvcache_free(c);
             return NL_ERR_NOMEM;
