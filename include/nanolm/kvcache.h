@@ -3,10 +3,13 @@
  *
  * One pool of n_blocks fixed-size blocks; a block holds the keys and values of block_size
  * consecutive positions of one sequence for every layer:
- *   fp32  data  (n_blocks, L, 2, block_size, KVH*hd)          K at [.., 0, ..], V at [.., 1, ..]
- *   int8  codes (n_blocks, L, 2, block_size, KVH*hd) and scales (n_blocks, L, 2, block_size, KVH)
+ *   fp32  data  (n_blocks, L, 2, KVH, block_size, hd)         K at [.., 0, ..], V at [.., 1, ..]
+ *   int8  codes (n_blocks, L, 2, KVH, block_size, hd) and scales (n_blocks, L, 2, KVH, block_size)
  *         in the int8 KV format of nanolm/model.h (absmax per head and token, fp16 scale:
  *         nl_kv_quantize_token).
+ * Head-major within a block, as vLLM's: the block_size positions of one kv head are one
+ * contiguous run (4 KiB for 16 fp32 positions of 64 dimensions), so the attention of one head,
+ * which walks its positions in order, reads memory sequentially.
  * A sequence owns a block table (its blocks in position order): position p lives in block
  * table[p / block_size], slot p % block_size. Blocks come from a free list and go back to it
  * when the sequence finishes, is cancelled or is preempted. Not thread-safe: the engine's step
@@ -51,16 +54,19 @@ void nl_kvcache_release(nl_kvcache *c, int32_t id);
 /* Blocks in use. */
 static inline int64_t nl_kvcache_used(const nl_kvcache *c) { return c->n_blocks - c->n_free; }
 
-/* fp32 K (kv = 0) or V (kv = 1) row (KVH*hd) of `slot` in block id, layer l. */
-static inline float *nl_kvcache_f32_row(const nl_kvcache *c, int32_t id, int64_t l, int kv, int64_t slot) {
-    return c->f32 + ((((int64_t)id * c->L + l) * 2 + kv) * c->block_size + slot) * c->KVH * c->hd;
+/* fp32 K (kv = 0) or V (kv = 1) of kv head kh at `slot` in block id, layer l (hd floats; the
+ * next slot's follow). */
+static inline float *nl_kvcache_f32_at(const nl_kvcache *c, int32_t id, int64_t l, int kv, int64_t kh, int64_t slot) {
+    return c->f32 + (((((int64_t)id * c->L + l) * 2 + kv) * c->KVH + kh) * c->block_size + slot) * c->hd;
 }
-/* int8 codes row (KVH*hd) and scales row (KVH) of the same. */
-static inline int8_t *nl_kvcache_codes_row(const nl_kvcache *c, int32_t id, int64_t l, int kv, int64_t slot) {
-    return c->codes + ((((int64_t)id * c->L + l) * 2 + kv) * c->block_size + slot) * c->KVH * c->hd;
+/* int8 codes (hd) and fp16 scale of the same. */
+static inline int8_t *nl_kvcache_codes_at(const nl_kvcache *c, int32_t id, int64_t l, int kv, int64_t kh,
+                                          int64_t slot) {
+    return c->codes + (((((int64_t)id * c->L + l) * 2 + kv) * c->KVH + kh) * c->block_size + slot) * c->hd;
 }
-static inline uint16_t *nl_kvcache_scales_row(const nl_kvcache *c, int32_t id, int64_t l, int kv, int64_t slot) {
-    return c->scales + ((((int64_t)id * c->L + l) * 2 + kv) * c->block_size + slot) * c->KVH;
+static inline uint16_t *nl_kvcache_scale_at(const nl_kvcache *c, int32_t id, int64_t l, int kv, int64_t kh,
+                                            int64_t slot) {
+    return c->scales + ((((int64_t)id * c->L + l) * 2 + kv) * c->KVH + kh) * c->block_size + slot;
 }
 
 /* Stores one token's k and v (KVH*hd each) at position pos of a sequence with block table

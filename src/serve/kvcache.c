@@ -76,16 +76,18 @@ void nl_kvcache_release(nl_kvcache *c, int32_t id) {
 }
 
 void nl_kvcache_store(nl_kvcache *c, const int32_t *table, int64_t l, int64_t pos, const float *k, const float *v) {
-    int32_t id = table[pos / c->block_size];
-    int64_t slot = pos % c->block_size, kvd = c->KVH * c->hd;
-    if (c->dtype == NL_KV_INT8) {
-        nl_kv_quantize_token(nl_kvcache_codes_row(c, id, l, 0, slot), nl_kvcache_scales_row(c, id, l, 0, slot), k,
-                             c->KVH, c->hd);
-        nl_kv_quantize_token(nl_kvcache_codes_row(c, id, l, 1, slot), nl_kvcache_scales_row(c, id, l, 1, slot), v,
-                             c->KVH, c->hd);
-    } else {
-        memcpy(nl_kvcache_f32_row(c, id, l, 0, slot), k, (size_t)kvd * sizeof(float));
-        memcpy(nl_kvcache_f32_row(c, id, l, 1, slot), v, (size_t)kvd * sizeof(float));
+    const int32_t id = table[pos / c->block_size];
+    const int64_t slot = pos % c->block_size, hd = c->hd;
+    for (int64_t kh = 0; kh < c->KVH; kh++) {
+        if (c->dtype == NL_KV_INT8) {
+            nl_kv_quantize_token(nl_kvcache_codes_at(c, id, l, 0, kh, slot), nl_kvcache_scale_at(c, id, l, 0, kh, slot),
+                                 k + kh * hd, 1, hd);
+            nl_kv_quantize_token(nl_kvcache_codes_at(c, id, l, 1, kh, slot), nl_kvcache_scale_at(c, id, l, 1, kh, slot),
+                                 v + kh * hd, 1, hd);
+        } else {
+            memcpy(nl_kvcache_f32_at(c, id, l, 0, kh, slot), k + kh * hd, (size_t)hd * sizeof(float));
+            memcpy(nl_kvcache_f32_at(c, id, l, 1, kh, slot), v + kh * hd, (size_t)hd * sizeof(float));
+        }
     }
 }
 
@@ -100,30 +102,30 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef int8_t c16 __attribute__((vector_size(16)));
 static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
 
-/* Walks the positions of a sequence in order without a division or a multiplication per
- * position: the row of position t is block table[t / bs], slot t % bs, and the slots of a block
- * are consecutive rows (KVH * hd apart), so the walk steps a pointer and looks the table up once
- * per block. */
+/* Walks the positions of one kv head of a sequence in order without a division or a
+ * multiplication per position: the row of position t is block table[t / bs], slot t % bs, and the
+ * slots of one head in a block are consecutive rows (hd apart), so the walk steps a pointer and
+ * looks the table up once per block. */
 typedef struct kv_walk {
     const nl_kvcache *c;
     const int32_t *table;
-    int64_t l, kv, blk, slot, end; /* end: one past the last position walked */
-    const float *f;                /* fp32 pool: the row of the current position */
-    const int8_t *q;               /* int8 pool: its codes row */
-    const uint16_t *s;             /* and its scales row */
+    int64_t l, kv, kh, blk, slot, end; /* end: one past the last position walked */
+    const float *f;                    /* fp32 pool: the head's row at the current position */
+    const int8_t *q;                   /* int8 pool: its codes */
+    const uint16_t *s;                 /* and its scale */
 } kv_walk;
 
 static inline void walk_block(kv_walk *w) {
     const int32_t id = w->table[w->blk];
     if (w->c->dtype == NL_KV_INT8) {
-        w->q = nl_kvcache_codes_row(w->c, id, w->l, (int)w->kv, w->slot);
-        w->s = nl_kvcache_scales_row(w->c, id, w->l, (int)w->kv, w->slot);
+        w->q = nl_kvcache_codes_at(w->c, id, w->l, (int)w->kv, w->kh, w->slot);
+        w->s = nl_kvcache_scale_at(w->c, id, w->l, (int)w->kv, w->kh, w->slot);
     } else
-        w->f = nl_kvcache_f32_row(w->c, id, w->l, (int)w->kv, w->slot);
+        w->f = nl_kvcache_f32_at(w->c, id, w->l, (int)w->kv, w->kh, w->slot);
 }
-static inline void walk_start(kv_walk *w, const nl_kvcache *c, const int32_t *table, int64_t l, int kv, int64_t t,
-                              int64_t end) {
-    w->c = c, w->table = table, w->l = l, w->kv = kv, w->end = end;
+static inline void walk_start(kv_walk *w, const nl_kvcache *c, const int32_t *table, int64_t l, int kv, int64_t kh,
+                              int64_t t, int64_t end) {
+    w->c = c, w->table = table, w->l = l, w->kv = kv, w->kh = kh, w->end = end;
     w->blk = t / c->block_size, w->slot = t % c->block_size;
     w->f = NULL, w->q = NULL, w->s = NULL;
     walk_block(w);
@@ -135,29 +137,27 @@ static inline void walk_next(kv_walk *w) {
         if (w->blk * w->c->block_size < w->end) walk_block(w);
         return;
     }
-    const int64_t kvd = w->c->KVH * w->c->hd;
     if (w->c->dtype == NL_KV_INT8) {
-        w->q += kvd;
-        w->s += w->c->KVH;
+        w->q += w->c->hd;
+        w->s++;
     } else
-        w->f += kvd;
+        w->f += w->c->hd;
 }
 static inline const float *walk_f32(const kv_walk *w) { return w->f; }
 static inline const int8_t *walk_codes(const kv_walk *w) { return w->q; }
-static inline float walk_scale(const kv_walk *w, int64_t kh) { return nl_st_f16_to_f32(w->s[kh]); }
-/* Asks for the cache lines of kv head kh's row at the walk's position. The rows of successive
- * positions lie KVH * hd apart, a stride the hardware prefetchers follow late or not at all, and
- * a prefix written steps ago is out of cache: a read that waits on each row runs at a fraction of
- * the memory bandwidth. */
-static inline void walk_prefetch(const kv_walk *w, int64_t kh) {
+static inline float walk_scale(const kv_walk *w) { return nl_st_f16_to_f32(*w->s); }
+/* Asks for the cache lines of the head's row at the walk's position. A block's rows of one head
+ * are sequential, but each block lies elsewhere in the pool and a prefix written steps ago is out
+ * of cache: a read that waits on each block runs at a fraction of the memory bandwidth. */
+static inline void walk_prefetch(const kv_walk *w) {
     const int64_t hd = w->c->hd;
     const char *p;
     int64_t bytes;
     if (w->c->dtype == NL_KV_INT8) {
-        p = (const char *)(w->q + kh * hd), bytes = hd;
-        __builtin_prefetch(w->s + kh);
+        p = (const char *)w->q, bytes = hd;
+        __builtin_prefetch(w->s);
     } else
-        p = (const char *)(w->f + kh * hd), bytes = hd * (int64_t)sizeof(float);
+        p = (const char *)w->f, bytes = hd * (int64_t)sizeof(float);
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
     __builtin_prefetch(p + bytes - 1);
 }
@@ -166,7 +166,7 @@ static inline void walk_prefetch(const kv_walk *w, int64_t kh) {
 enum { KV_AHEAD = 8 };
 static inline int walk_ahead(kv_walk *a, const kv_walk *w, int64_t t) {
     if (t + KV_AHEAD >= w->end) return 0;
-    walk_start(a, w->c, w->table, w->l, (int)w->kv, t + KV_AHEAD, w->end);
+    walk_start(a, w->c, w->table, w->l, (int)w->kv, w->kh, t + KV_AHEAD, w->end);
     return 1;
 }
 
@@ -220,17 +220,17 @@ static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64
     const int8_t *rc[NL_KV_KTILE];
     int n = 0;
     kv_walk w;
-    walk_start(&w, c, table, l, 0, t0, last + 1);
+    walk_start(&w, c, table, l, 0, kh, t0, last + 1);
     for (; n < NL_KV_KTILE && t0 + n <= last; n++, walk_next(&w)) {
         if (int8) {
-            rc[n] = walk_codes(&w) + kh * hd;
-            ks[n] = walk_scale(&w, kh);
+            rc[n] = walk_codes(&w);
+            ks[n] = walk_scale(&w);
         } else
-            rf[n] = walk_f32(&w) + kh * hd;
+            rf[n] = walk_f32(&w);
     }
     for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
     /* the next tile's keys, wanted after this tile's scores */
-    for (int j = 0; j < NL_KV_KTILE && t0 + n + j <= last; j++, walk_next(&w)) walk_prefetch(&w, kh);
+    for (int j = 0; j < NL_KV_KTILE && t0 + n + j <= last; j++, walk_next(&w)) walk_prefetch(&w);
     for (int64_t i0 = 0; i0 < hd; i0 += NL_KV_KTILE) {
         const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
         v16 m[NL_KV_KTILE];
@@ -373,18 +373,16 @@ static inline void lanes64(int64_t hd, int64_t g, int64_t lanes[4]) {
 
 /* Dimensions g .. g + 63 (lanes[k] of the k-th 16, zero past hd) of the value row of the walk's
  * position as four vectors, and for an int8 pool its fp16 scale in *scale. */
-static inline void value64(v16 x[4], const kv_walk *w, int64_t kh, int64_t g, const int64_t lanes[4], int full,
-                           float *scale) {
-    const int64_t hd = w->c->hd;
+static inline void value64(v16 x[4], const kv_walk *w, int64_t g, const int64_t lanes[4], int full, float *scale) {
     if (full) { /* fp32, all 64 dimensions present */
-        const float *v = walk_f32(w) + kh * hd + g;
+        const float *v = walk_f32(w) + g;
         for (int k = 0; k < 4; k++) load16(&x[k], v + k * PV_LANES);
     } else if (w->c->dtype == NL_KV_INT8) {
-        const int8_t *r = walk_codes(w) + kh * hd + g;
+        const int8_t *r = walk_codes(w) + g;
         for (int k = 0; k < 4; k++) row16_i8(&x[k], r + k * PV_LANES, lanes[k]);
-        *scale = walk_scale(w, kh);
+        *scale = walk_scale(w);
     } else
-        for (int k = 0; k < 4; k++) row16_f32(&x[k], walk_f32(w) + kh * hd + g + k * PV_LANES, lanes[k]);
+        for (int k = 0; k < 4; k++) row16_f32(&x[k], walk_f32(w) + g + k * PV_LANES, lanes[k]);
 }
 
 /* One token's output (hd) at position pos: out[i] = sum over positions 0 .. pos, in order, of
@@ -400,10 +398,10 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
         lanes64(hd, g, lanes);
         v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         kv_walk w;
-        walk_start(&w, c, table, l, 1, 0, pos + 1);
+        walk_start(&w, c, table, l, 1, kh, 0, pos + 1);
         if (!int8 && lanes[3] == PV_LANES) {
             for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
-                const float *v = walk_f32(&w) + kh * hd + g, pt = p[t];
+                const float *v = walk_f32(&w) + g, pt = p[t];
                 v16 x0, x1, x2, x3;
                 load16(&x0, v);
                 load16(&x1, v + PV_LANES);
@@ -418,7 +416,7 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
             float scale = 1.0f;
             for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
                 v16 x[4];
-                value64(x, &w, kh, g, lanes, 0, &scale);
+                value64(x, &w, g, lanes, 0, &scale);
                 const float pt = int8 ? p[t] * scale : p[t];
                 a0 += pt * x[0];
                 a1 += pt * x[1];
@@ -442,15 +440,14 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
         const float pt = pr[k][t];                                                                                     \
         a##k##0 += pt * x0, a##k##1 += pt * x1, a##k##2 += pt * x2, a##k##3 += pt * x3;                                \
     } while (0)
-static void pv_rows_f32(kv_walk *w, int64_t kh, int64_t off, int64_t pos, const float *const pr[PV_ROWS],
-                        v16 acc[PV_ROWS][4]) {
+static void pv_rows_f32(kv_walk *w, int64_t off, int64_t pos, const float *const pr[PV_ROWS], v16 acc[PV_ROWS][4]) {
     v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
     v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0}, a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
-    kv_walk ahead;
+    kv_walk ahead = {0};
     int pf = walk_ahead(&ahead, w, 0);
     for (int64_t t = 0; t <= pos; t++, walk_next(w)) {
         if (pf) {
-            walk_prefetch(&ahead, kh);
+            walk_prefetch(&ahead);
             if ((pf = t + 1 + KV_AHEAD < w->end)) walk_next(&ahead);
         }
         const float *v = walk_f32(w) + off;
@@ -486,14 +483,14 @@ static void pv_rows(const nl_kvcache *c, const int32_t *table, int64_t l, int64_
     memset(acc, 0, sizeof acc);
     float scale = 1.0f;
     kv_walk w;
-    walk_start(&w, c, table, l, 1, 0, pos + nr);
+    walk_start(&w, c, table, l, 1, kh, 0, pos + nr);
     /* positions 0 .. pos, which all nr tokens see */
     if (full) /* fp32: the 16 accumulators as named registers (GCC spills an array of them) */
-        pv_rows_f32(&w, kh, kh * c->hd + g, pos, pr, acc);
+        pv_rows_f32(&w, g, pos, pr, acc);
     else
         for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
             v16 x[4];
-            value64(x, &w, kh, g, lanes, full, &scale);
+            value64(x, &w, g, lanes, full, &scale);
             for (int k = 0; k < PV_ROWS; k++) {
                 const float pt = int8 ? pr[k][t] * scale : pr[k][t];
                 for (int d = 0; d < 4; d++) acc[k][d] += pt * x[d];
@@ -501,7 +498,7 @@ static void pv_rows(const nl_kvcache *c, const int32_t *table, int64_t l, int64_
         }
     for (int64_t t = pos + 1; t < pos + nr; t++, walk_next(&w)) { /* the chunk's own positions: token k sees pos + k */
         v16 x[4];
-        value64(x, &w, kh, g, lanes, full, &scale);
+        value64(x, &w, g, lanes, full, &scale);
         for (int k = (int)(t - pos); k < nr; k++) {
             const float pt = int8 ? p[k * row + t] * scale : p[k * row + t];
             for (int d = 0; d < 4; d++) acc[k][d] += pt * x[d];
@@ -573,31 +570,30 @@ size_t nl_kvcache_seq_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, 
     return rows * (size_t)(KVH * hd) * sizeof(float);
 }
 
-/* One walk for both directions: to_pool 0 copies pool -> buf, 1 copies buf -> pool. */
+/* One walk for both directions: to_pool 0 copies pool -> buf, 1 copies buf -> pool. The buffer
+ * holds row r = (l * 2 + kv) * n + t of all KVH heads (KVH * hd values), then for int8 the
+ * scales in the same row order (KVH each): independent of the block size and of the pool's
+ * head-major order. */
 static void seq_copy(const nl_kvcache *c, const int32_t *table, int64_t n, uint8_t *buf, int to_pool) {
-    const int64_t kvd = c->KVH * c->hd;
-    const size_t row_bytes = c->dtype == NL_KV_INT8 ? (size_t)kvd : (size_t)kvd * sizeof(float);
-    const size_t scale_bytes = (size_t)c->KVH * sizeof(uint16_t);
+    const int64_t hd = c->hd, KVH = c->KVH;
+    const int int8 = c->dtype == NL_KV_INT8;
+    const size_t head_bytes = int8 ? (size_t)hd : (size_t)hd * sizeof(float), row_bytes = (size_t)KVH * head_bytes;
     uint8_t *scales = buf + (size_t)(c->L * 2 * n) * row_bytes; /* int8 only */
     for (int64_t l = 0; l < c->L; l++)
         for (int kv = 0; kv < 2; kv++)
             for (int64_t t = 0; t < n; t++) {
-                int32_t id = table[t / c->block_size];
-                int64_t slot = t % c->block_size, r = (l * 2 + kv) * n + t;
-                uint8_t *b = buf + (size_t)r * row_bytes;
-                uint8_t *p = c->dtype == NL_KV_INT8 ? (uint8_t *)nl_kvcache_codes_row(c, id, l, kv, slot)
-                                                    : (uint8_t *)nl_kvcache_f32_row(c, id, l, kv, slot);
-                if (to_pool)
-                    memcpy(p, b, row_bytes);
-                else
-                    memcpy(b, p, row_bytes);
-                if (c->dtype != NL_KV_INT8) continue;
-                uint8_t *sb = scales + (size_t)r * scale_bytes,
-                        *sp = (uint8_t *)nl_kvcache_scales_row(c, id, l, kv, slot);
-                if (to_pool)
-                    memcpy(sp, sb, scale_bytes);
-                else
-                    memcpy(sb, sp, scale_bytes);
+                const int32_t id = table[t / c->block_size];
+                const int64_t slot = t % c->block_size, r = (l * 2 + kv) * n + t;
+                for (int64_t kh = 0; kh < KVH; kh++) {
+                    uint8_t *b = buf + (size_t)r * row_bytes + (size_t)kh * head_bytes;
+                    uint8_t *p = int8 ? (uint8_t *)nl_kvcache_codes_at(c, id, l, kv, kh, slot)
+                                      : (uint8_t *)nl_kvcache_f32_at(c, id, l, kv, kh, slot);
+                    memcpy(to_pool ? p : b, to_pool ? b : p, head_bytes);
+                    if (!int8) continue;
+                    uint8_t *sb = scales + ((size_t)r * (size_t)KVH + (size_t)kh) * sizeof(uint16_t);
+                    uint8_t *sp = (uint8_t *)nl_kvcache_scale_at(c, id, l, kv, kh, slot);
+                    memcpy(to_pool ? sp : sb, to_pool ? sb : sp, sizeof(uint16_t));
+                }
             }
 }
 
