@@ -68,14 +68,16 @@ static void test_fp32_bf16_paths(void **state) {
 
 /* fp32 on AVX-512 reads its panel copy: each output is one fused multiply-add chain over k = 0 ..
  * K - 1 from +0 (fmaf in order), the same bits for every M, tile and row split. Sizes with N not a
- * multiple of the panel (48) and M past one register tile (8). */
+ * multiple of the panel (48), M past one register tile (8), and M <= 4 over two whole panels
+ * (read two at a time) followed by a partial one. */
 static void test_fp32_panels_are_an_fma_chain(void **state) {
     (void)state;
     if (!nl_mv_available(NL_MV_AVX512)) {
         print_message("[  SKIP    ] no AVX-512 on this CPU\n");
         return;
     }
-    static const int64_t shapes[][3] = {{1, 47, 5}, {9, 49, 33}, {17, 100, 130}, {3, 96, 768}};
+    static const int64_t shapes[][3] = {{1, 47, 5},   {9, 49, 33},  {17, 100, 130},
+                                        {3, 96, 768}, {1, 200, 64}, {4, 200, 64}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
         float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
