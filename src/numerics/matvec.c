@@ -1075,6 +1075,9 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
         run_panels(wt, act->x, y, n0, n1, 0, M);
         return;
     }
+    /* an fp32 weight on AVX-512 always has its panels (init and set_path build them); without
+     * them the AVX-512 tiles here are bf16's only, so the AVX2 ones would serve */
+    const nl_mv_path path = a.wf && wt->path == NL_MV_AVX512 ? NL_MV_AVX2 : wt->path;
     for (int64_t nb = n0; nb < n1; nb += MV_RANGE_ROWS) {
         int64_t ne = n1 - nb < MV_RANGE_ROWS ? n1 : nb + MV_RANGE_ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
@@ -1084,7 +1087,7 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
             else if (wt->fmt == NL_WFMT_INT4)
                 run_block_int4(wt, act, y, nb, ne, m0, m1);
             else
-                run_block(&a, wt->path, nb, ne, m0, m1);
+                run_block(&a, path, nb, ne, m0, m1);
         }
     }
 }
