@@ -610,11 +610,15 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
         memcpy(e->x + i * C, m->w.embed + (int64_t)e->row_tok[i] * C, (size_t)C * sizeof(float));
     prof_mark(e, &t, PH_EMBED);
     /* attention tiles, the same in every layer: the rows of a prompt chunk in tiles of up to
-     * NL_KV_QTILE, each decode row alone. The units of work run kv head by kv head, and within
-     * one, tile by tile with the query heads that share it innermost: a thread's next unit reads
-     * the K/V it has just read (the query heads of a group; a prompt chunk's next tile reads the
-     * same prefix again), from its own cache rather than from memory. */
+     * NL_KV_QTILE, each decode row alone. The leading one-row tiles (the decodes: the schedule
+     * puts them first) run tile by tile with the heads innermost: a block stores its kv heads'
+     * runs one after another (kvcache.h), so a thread's next unit reads on where the last one
+     * stopped, and the query heads of a group share each run. The tiles after them (prompt
+     * chunks) run kv head by kv head, and within one, tile by tile with the query heads that
+     * share it innermost: a chunk's next tile reads the same prefix again, from cache. */
     const int64_t n_tiles = attention_tiles(e, n), G = NH / KVH, work = n_tiles * NH;
+    int64_t n_single = 0;
+    while (n_single < n_tiles && e->tile_row[n_single + 1] - e->tile_row[n_single] == 1) n_single++;
     for (int64_t l = 0; l < m->L; l++) {
         const nl_layer_weights *lw = &m->w.layers[l];
         nl_rmsnorm_forward(e->xb, e->rstd, e->x, lw->rms_att, n, C, eps);
@@ -638,7 +642,14 @@ static nl_status forward_rows(nl_engine *e, int64_t n, int64_t n_out) {
             float *scratch = e->scratch + (int64_t)omp_get_thread_num() * e->scratch_floats;
 #pragma omp for schedule(dynamic, 1)
             for (int64_t p = 0; p < work; p++) {
-                const int64_t kvh = p / (n_tiles * G), rem = p % (n_tiles * G), u = rem / G, h = kvh * G + rem % G;
+                int64_t u, h;
+                if (p < n_single * NH) {
+                    u = p / NH, h = p % NH;
+                } else {
+                    const int64_t q = p - n_single * NH, nc = n_tiles - n_single;
+                    const int64_t kvh = q / (nc * G), rem = q % (nc * G);
+                    u = n_single + rem / G, h = kvh * G + rem % G;
+                }
                 const int64_t i = e->tile_row[u], nq = e->tile_row[u + 1] - i;
                 nl_kvcache_attend_rows(&e->kv, e->row_req[i]->table, l, e->row_pos[i], nq, e->qkv + i * QKV, QKV, NH, h,
                                        e->atty + i * NH * hd + h * hd, NH * hd, scratch);
