@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/formats.h"
 #include "nanolm/matvec.h"
 
 static void fill(float *x, size_t n, uint64_t seed) {
@@ -26,8 +27,7 @@ static double rel_err(const float *y, const float *ref, size_t n) {
     return mx / sqrt(ss / (double)n + 1e-30);
 }
 
-/* {5, 64, 64}, {6, 70, 96} and {1, 100, 768}: bf16 on AVX-512 stores 4-row groups interleaved (32
- * divides K), {6, 70, 96} with two rows after the last group */
+/* N below, at and past a 48-row panel, K odd (bf16 panels pair the columns) and even */
 static const int64_t SIZES[][3] = {{1, 1, 1},    {1, 5, 7},   {3, 17, 33},   {5, 64, 64},
                                    {9, 33, 130}, {6, 70, 96}, {1, 100, 768}, {13, 7, 1001}};
 
@@ -43,7 +43,10 @@ static void test_fp32_bf16_paths(void **state) {
             nl_mv_weight wt;
             assert_int_equal(nl_mv_weight_init(&wt, bf ? NL_WFMT_BF16 : NL_WFMT_FP32, w, N, K, 1), NL_OK);
             nl_mv_reference(ref, x, w, M, N, K, bf);
-            for (int p = NL_MV_PORTABLE; p < NL_MV_COUNT; p++) {
+            /* each path, then AVX-512 again: the weight moves out of its panels and back */
+            static const nl_mv_path order[] = {NL_MV_AVX512, NL_MV_PORTABLE, NL_MV_AVX2, NL_MV_AVX512};
+            for (size_t oi = 0; oi < sizeof order / sizeof order[0]; oi++) {
+                const nl_mv_path p = order[oi];
                 if (!nl_mv_available((nl_mv_path)p)) {
                     print_message("[  SKIP    ] path %s not on this CPU\n", nl_mv_path_name((nl_mv_path)p));
                     continue;
@@ -66,46 +69,104 @@ static void test_fp32_bf16_paths(void **state) {
     }
 }
 
-/* fp32 on AVX-512 reads its panel copy: each output is one fused multiply-add chain over k = 0 ..
- * K - 1 from +0 (fmaf in order), the same bits for every M, tile and row split. Sizes with N not a
- * multiple of the panel (48), M past one register tile (8), and M <= 4 over two whole panels
- * (read two at a time) followed by a partial one. */
-static void test_fp32_panels_are_an_fma_chain(void **state) {
+/* fp32 and bf16 on AVX-512 read panels: each output is one fused multiply-add chain over k = 0 ..
+ * K - 1 from +0 (fmaf in order, over the bf16-rounded weights for bf16), the same bits for every
+ * M, tile and row split. Sizes with N not a multiple of the panel (48), K odd (bf16's last pair
+ * half empty), M past one register tile (8), and M <= 4 over two whole panels (read two at a
+ * time) followed by a partial one. */
+static void test_panels_are_an_fma_chain(void **state) {
     (void)state;
     if (!nl_mv_available(NL_MV_AVX512)) {
         print_message("[  SKIP    ] no AVX-512 on this CPU\n");
         return;
     }
-    static const int64_t shapes[][3] = {{1, 47, 5},   {9, 49, 33},  {17, 100, 130},
-                                        {3, 96, 768}, {1, 200, 64}, {4, 200, 64}};
+    static const int64_t shapes[][3] = {{1, 47, 5},   {9, 49, 33},  {17, 100, 130}, {3, 96, 768},
+                                        {1, 200, 64}, {4, 200, 64}, {2, 150, 1}};
+    for (int bf = 0; bf <= 1; bf++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
+            float *y = malloc((size_t)(M * N) * 4), *ref = malloc((size_t)(M * N) * 4);
+            fill(w, (size_t)(N * K), 21 + si);
+            fill(x, (size_t)(M * K), 31 + si);
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = 0; n < N; n++) {
+                    float s = 0.0f;
+                    for (int64_t k = 0; k < K; k++) {
+                        const float wv = bf ? nl_f32_from_bf16(nl_bf16_from_f32(w[n * K + k])) : w[n * K + k];
+                        s = fmaf(wv, x[m * K + k], s);
+                    }
+                    ref[m * N + n] = s;
+                }
+            nl_mv_weight wt;
+            assert_int_equal(nl_mv_weight_init(&wt, bf ? NL_WFMT_BF16 : NL_WFMT_FP32, w, N, K, 0), NL_OK);
+            assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
+            assert_true(bf ? wt.bf16_panels != NULL && wt.bf16 == NULL : wt.f32_panels != NULL);
+            for (int th = 1; th <= 2; th++) {
+                memset(y, 0xFF, (size_t)(M * N) * 4);
+                assert_int_equal(nl_mv_forward(&wt, x, M, y, th), NL_OK);
+                assert_memory_equal(y, ref, (size_t)(M * N) * 4);
+            }
+            /* another path frees the panels (bf16 moves back into rows: the same values, checked
+             * against the reference by test_fp32_bf16_paths), AVX-512 again rebuilds them */
+            assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_PORTABLE), NL_OK);
+            assert_null(wt.f32_panels);
+            assert_null(wt.bf16_panels);
+            assert_true(bf ? wt.bf16 != NULL : 1);
+            assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
+            assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
+            assert_memory_equal(y, ref, (size_t)(M * N) * 4);
+            nl_mv_weight_free(&wt);
+            free(w);
+            free(x);
+            free(y);
+            free(ref);
+        }
+}
+
+/* int8 on AVX-512 VNNI reads its codes from panels (and keeps no rows): the bits of
+ * nl_qlinear_forward on a layer quantized alike, for M past one register tile (8), M <= 4 over two
+ * whole panels and a partial one, K not a multiple of 4 or 64; another path moves the codes back
+ * into rows, with the same bits. */
+static void test_int8_panels(void **state) {
+    (void)state;
+    if (!nl_mv_available(NL_MV_AVX512) || !nl_qdot_available(NL_QDOT_VNNI)) {
+        print_message("[  SKIP    ] no AVX-512 VNNI on this CPU\n");
+        return;
+    }
+    static const int64_t shapes[][3] = {{1, 47, 5},    {9, 49, 33},   {3, 200, 64},
+                                        {4, 200, 130}, {1, 150, 768}, {13, 100, 70}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
         float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);
         float *y = malloc((size_t)(M * N) * 4), *ref = malloc((size_t)(M * N) * 4);
-        fill(w, (size_t)(N * K), 21 + si);
-        fill(x, (size_t)(M * K), 31 + si);
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) {
-                float s = 0.0f;
-                for (int64_t k = 0; k < K; k++) s = fmaf(w[n * K + k], x[m * K + k], s);
-                ref[m * N + n] = s;
-            }
+        fill(w, (size_t)(N * K), 41 + si);
+        fill(x, (size_t)(M * K), 51 + si);
+        nl_qlinear ql;
+        assert_int_equal(nl_qlinear_init(&ql, w, N, K, NL_QLINEAR_W8A8), NL_OK);
+        for (int64_t m = 0; m < M; m++) assert_int_equal(nl_qlinear_forward(&ql, x + m * K, 1, ref + m * N), NL_OK);
         nl_mv_weight wt;
-        assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_FP32, w, N, K, 0), NL_OK);
-        assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
-        assert_non_null(wt.f32_panels);
+        assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_INT8, w, N, K, 0), NL_OK);
+        assert_non_null(wt.q8_panels);
+        assert_null(wt.q8.w);
         for (int th = 1; th <= 2; th++) {
             memset(y, 0xFF, (size_t)(M * N) * 4);
             assert_int_equal(nl_mv_forward(&wt, x, M, y, th), NL_OK);
             assert_memory_equal(y, ref, (size_t)(M * N) * 4);
         }
-        /* another path frees the copy, AVX-512 again rebuilds it */
-        assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_PORTABLE), NL_OK);
-        assert_null(wt.f32_panels);
+        assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX2), NL_OK);
+        assert_null(wt.q8_panels);
+        assert_memory_equal(wt.q8.w, ql.w, (size_t)(N * ql.k_pad));
+        memset(y, 0xFF, (size_t)(M * N) * 4);
+        assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
+        assert_memory_equal(y, ref, (size_t)(M * N) * 4);
         assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
+        assert_non_null(wt.q8_panels);
+        memset(y, 0xFF, (size_t)(M * N) * 4);
         assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
         assert_memory_equal(y, ref, (size_t)(M * N) * 4);
         nl_mv_weight_free(&wt);
+        nl_qlinear_free(&ql);
         free(w);
         free(x);
         free(y);
@@ -143,7 +204,7 @@ static void test_int8_against_reference(void **state) {
 static void int8_ranges(int64_t K);
 static void test_int8_matches_qlinear_and_ranges(void **state) {
     (void)state;
-    for (int64_t K = 192; K <= 200; K += 8) /* 192: bf16's interleaved groups, cut inside a group */
+    for (int64_t K = 191; K <= 200; K += 9) /* cuts inside a 48-row panel; K odd and even */
         int8_ranges(K);
 }
 
@@ -158,16 +219,20 @@ static void int8_ranges(int64_t K) {
         assert_int_equal(nl_mv_weight_init(&wt, (nl_wfmt)f, w, N, K, 0), NL_OK);
         assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
         if (f == NL_WFMT_INT8) {
-            for (int64_t m = 0; m < M; m++) { /* nl_qlinear_forward one token at a time: its own tiles */
-                assert_int_equal(nl_qlinear_forward(&wt.q8, x + m * K, 1, yq + m * N), NL_OK);
-            }
+            /* nl_qlinear_forward one token at a time (its own tiles) on a layer quantized alike:
+             * on VNNI the matvec weight reads its codes from panels and keeps no rows */
+            nl_qlinear ql;
+            assert_int_equal(nl_qlinear_init(&ql, w, N, K, NL_QLINEAR_W8A8), NL_OK);
+            assert_memory_equal(ql.w_scale, wt.q8.w_scale, (size_t)N * 4);
+            for (int64_t m = 0; m < M; m++) assert_int_equal(nl_qlinear_forward(&ql, x + m * K, 1, yq + m * N), NL_OK);
             assert_memory_equal(y, yq, (size_t)(M * N) * 4);
+            nl_qlinear_free(&ql);
         }
         nl_mv_act act;
         memset(&act, 0, sizeof act);
         assert_int_equal(nl_mv_act_prepare(&act, &wt, x, M), NL_OK);
         memset(yr, 0xFF, (size_t)(M * N) * 4);
-        const int64_t cuts[] = {0, 3, 17, 18, 64, N};
+        const int64_t cuts[] = {0, 3, 17, 18, 48, 64, N};
         for (int c = 0; c + 1 < (int)(sizeof cuts / sizeof cuts[0]); c++)
             nl_mv_forward_range(&wt, &act, yr, cuts[c], cuts[c + 1]);
         assert_memory_equal(y, yr, (size_t)(M * N) * 4);
@@ -196,7 +261,7 @@ static void batch_invariance(int64_t K);
 static void test_batch_invariance(void **state) {
     (void)state;
     batch_invariance(300);
-    batch_invariance(320); /* bf16 on AVX-512: interleaved 4-row groups, three rows after them */
+    batch_invariance(321); /* K odd: bf16 panels end in a half-empty pair */
 }
 
 static void batch_invariance(int64_t K) {
@@ -280,7 +345,8 @@ static void test_bad_input(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp32_bf16_paths),
-        cmocka_unit_test(test_fp32_panels_are_an_fma_chain),
+        cmocka_unit_test(test_panels_are_an_fma_chain),
+        cmocka_unit_test(test_int8_panels),
         cmocka_unit_test(test_int8_against_reference),
         cmocka_unit_test(test_int8_matches_qlinear_and_ranges),
         cmocka_unit_test(test_batch_invariance),

@@ -3,16 +3,21 @@
  * fp32, bf16, int8 or int4, where M is small (1 for one stream, up to a few hundred for a batched
  * step). Knows nothing of models.
  *
- * Batch 1 is a matrix-vector product whose time is reading W once: the kernels stream W row by
- * row (AVX-512 or AVX2 with FMA, portable C otherwise) and OpenMP threads split the output rows
- * in fixed blocks of 16. For M > 1 a tile of 4 weight rows is loaded once into the registers'
- * reach (L1) and used for every token, 4 tokens at a time, so W is still read once per call.
+ * Batch 1 is a matrix-vector product whose time is reading W once. On AVX-512, fp32, bf16 and
+ * int8 (VNNI) weights are stored in panels of 48 rows, column by column (see nl_mv_weight), and a
+ * tile walks one panel (or, up to 4 tokens, two adjacent ones: two sequential streams) front to
+ * back against up to 8 tokens held in registers, so a batch of up to 8 decodes still reads W once;
+ * OpenMP threads take two whole panels at a time. Elsewhere (AVX2 with FMA, portable C) the kernels
+ * stream W row by row, in tiles of 4 rows x 4 tokens for M >= 4, with threads splitting the output
+ * rows in blocks of 16.
  *
  * Batch invariance: y[m][n] is computed by the same sequence of operations whatever M is, which
- * tokens share the call and how many threads run: each (token, row) pair has its own vector
- * accumulator that walks k in the same order (16 lanes for AVX-512, 8 for AVX2, then the same
- * fixed horizontal sum), and the tails of M are handled by the same per-pair code. A request's
- * output is then bit-identical alone or batched (vLLM does not promise this; nanolm does).
+ * tokens share the call and how many threads run. On the panels each fp32 / bf16 output is one
+ * fused multiply-add chain over k = 0 .. K - 1 from +0 (no sum across lanes); int8 sums are exact
+ * int32. Off them each (token, row) pair has its own vector accumulator that walks k in the same
+ * order (8 lanes for AVX2, then the same fixed horizontal sum). The tails of M are handled by the
+ * same per-pair code. A request's output is then bit-identical alone or batched (vLLM does not
+ * promise this; nanolm does); the paths differ from one another in the last bits.
  *
  * Formats:
  *   FP32  W as given (borrowed or copied).
@@ -63,7 +68,7 @@ typedef enum nl_wfmt {
  * AVX512 path of a CPU that has VNNI, portable C otherwise). */
 typedef enum nl_mv_path {
     NL_MV_AUTO = 0,     /* the fastest this CPU runs */
-    NL_MV_PORTABLE = 1, /* plain C, 16 scalar accumulators per pair (same order as AVX-512) */
+    NL_MV_PORTABLE = 1, /* plain C, 8 scalar accumulators per pair */
     NL_MV_AVX2 = 2,     /* 8-lane FMA */
     NL_MV_AVX512 = 3,   /* 16-lane FMA */
     NL_MV_COUNT
@@ -86,24 +91,26 @@ typedef struct nl_mv_weight {
     int64_t rows, cols; /* N (outputs), K (inputs) */
     const float *f32;   /* FP32: (N, K), borrowed or owned (owned_f32) */
     float *owned_f32;
-    float *f32_panels; /* FP32 on the AVX512 path: a copy in panels of NL_MV_PANEL rows, each
+    float *f32_panels;     /* FP32 on the AVX512 path: a copy in panels of NL_MV_PANEL rows, each
                           column by column (the 48 rows' values of column 0, then of column 1,
                           ...; rows past N zero), read by that path's kernels instead of f32 */
-    uint16_t *bf16; /* BF16: (N, K) bfloat16 bits; on the AVX512 path with 32 | K, each full group
-                        of 4 rows (rows 4g .. 4g + 3, at the same place) is stored interleaved,
-                        32 columns of row 0, of row 1, 2, 3, then the next 32 (bf16_packed): the
-                        4-row tiles read one sequential stream instead of four */
-    int bf16_packed;
-    nl_qlinear q8;   /* INT8 */
-    uint8_t *q4;     /* INT4: (N, groups * 16) packed codes + 8 (see above), each row's bytes in
+    uint16_t *bf16;        /* BF16 off the AVX512 path: (N, K) bfloat16 bits (NULL on it) */
+    uint16_t *bf16_panels; /* BF16 on the AVX512 path: the weight in panels of NL_MV_PANEL rows by
+                              pairs of columns (for each pair the 48 rows' two values side by
+                              side; rows past N and a last odd column's partner zero) */
+    nl_qlinear q8;         /* INT8 (on the AVX512 path with VNNI q8.w is NULL: the codes are in q8_panels) */
+    int8_t *q8_panels;     /* INT8 on the AVX512 path with VNNI: the codes (k_pad columns) in panels of
+                          NL_MV_PANEL rows by groups of 4 columns (for each group the 48 rows' 4
+                          codes side by side; rows past N zero) */
+    uint8_t *q4;           /* INT4: (N, groups * 16) packed codes + 8 (see above), each row's bytes in
                         chunks of 16 groups cut in 4 slices of 4 bytes per group (the kernel's
                         lane order; matvec.c q4_byte_at) */
-    uint16_t *q4_d;  /* INT4: (N, groups) fp16 scales */
-    int64_t groups;  /* INT4: ceil(K / 32) */
-    nl_mv_path path; /* resolved (never AUTO) */
+    uint16_t *q4_d;        /* INT4: (N, groups) fp16 scales */
+    int64_t groups;        /* INT4: ceil(K / 32) */
+    nl_mv_path path;       /* resolved (never AUTO) */
 } nl_mv_weight;
 
-/* Rows per FP32 panel (f32_panels). */
+/* Rows per panel (f32_panels, bf16_panels, q8_panels). */
 #define NL_MV_PANEL 48
 
 /* Columns per INT4 scale. */
@@ -111,6 +118,8 @@ typedef struct nl_mv_weight {
 
 /* Prepares W (N, K) in format fmt. FP32 borrows w (it must outlive the weight) unless copy is
  * set; on the AVX512 path it also keeps its panel copy (N rounded up to 48, x K x 4 bytes).
+ * BF16 and INT8 (with VNNI) on the AVX512 path hold their values in panels only (N rounded up to
+ * 48 rows); nl_mv_weight_set_path moves them back into rows for another path.
  * Errors: NL_ERR_INVALID for sizes or format (AUTO is not a format here), NaN/inf in w
  * (naming the index) for BF16, INT8 and INT4; NL_ERR_RANGE for an INT4 group whose scale
  * overflows fp16 (|w| > 458,000, naming the row and columns); NL_ERR_NOMEM. */
@@ -136,8 +145,7 @@ nl_status nl_mv_int4_dequantize(const nl_mv_weight *wt, float *w);
  * index), NL_ERR_NOMEM (INT8 activation buffers). */
 nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads);
 
-/* One matvec input x (M, K) prepared for a weight format: FP32 (and BF16 off AVX-512) read x
- * as given; BF16 on AVX-512 reads a de-interleaved copy (the order its kernel multiplies in); INT8
+/* One matvec input x (M, K) prepared for a weight format: FP32 and BF16 read x as given; INT8
  * and INT4 quantize each token once (absmax, nl_qlinear_quantize_tokens) into codes that every output
  * row then reads. The buffers grow as needed and are reused from call to call. */
 typedef struct nl_mv_act {
@@ -149,9 +157,7 @@ typedef struct nl_mv_act {
     int8_t *q4x;      /* INT4 on VNNI: (M, kp) codes, per 128 columns the first 16 of each of the 4
                          groups, then their last 16 (the order of a 64-byte load of packed codes) */
     int32_t *xsum;    /* INT4: (M, kp / 32) each group's sum of codes */
-    float *xp;        /* BF16 on AVX-512: (M, k32) x with each 32 columns as 16 even then 16 odd */
-    int64_t k32;      /* K rounded up to 32 */
-    size_t cap_codes, cap_tokens, cap_xp, cap_q4;
+    size_t cap_codes, cap_tokens, cap_q4;
 } nl_mv_act;
 
 /* Prepares x (M, K = wt->cols) for wt. Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8

@@ -75,36 +75,34 @@ nl_mv_path nl_mv_auto(void) {
 
 static nl_status q4_init(nl_mv_weight *wt, const float *w, int64_t N, int64_t K);
 
-/* Puts a BF16 weight's full 4-row groups into the AVX-512 tiles' interleaved order (pack = 1, when
- * 32 divides K) or back into rows (pack = 0). Only the order of the values changes. */
-static nl_status bf16_pack(nl_mv_weight *wt, int pack) {
-    const int64_t K = wt->cols, groups = wt->rows / 4, chunks = K / 32;
-    pack = pack && K % 32 == 0 && groups > 0;
-    if (wt->fmt != NL_WFMT_BF16 || pack == wt->bf16_packed) return NL_OK;
-    uint16_t *tmp = nl_malloc((size_t)(4 * K) * sizeof(uint16_t), "bf16 matvec repack");
-    if (!tmp) return NL_ERR_NOMEM;
-    for (int64_t g = 0; g < groups; g++) {
-        uint16_t *grp = wt->bf16 + g * 4 * K;
-        memcpy(tmp, grp, (size_t)(4 * K) * sizeof(uint16_t));
-        for (int64_t j = 0; j < chunks; j++)
-            for (int64_t r = 0; r < 4; r++) {
-                const int64_t in_rows = r * K + j * 32, interleaved = (j * 4 + r) * 32;
-                memcpy(grp + (pack ? interleaved : in_rows), tmp + (pack ? in_rows : interleaved),
-                       32 * sizeof(uint16_t));
-            }
-    }
-    nl_free(tmp);
-    wt->bf16_packed = pack;
-    return NL_OK;
+/* Panels (the AVX-512 path of fp32 and bf16): W (N, K) in blocks of NL_MV_PANEL (48) rows, each
+ * stored column by column, so that a tile walks one panel front to back, one sequential stream,
+ * and for each column k multiplies 3 vectors of 16 rows by each token's x[k] (broadcast): every
+ * (row, token) output is one fused multiply-add chain over k = 0, 1, .., K - 1 from +0, in every
+ * tile shape, with no sum across lanes.
+ *   FP32: for each k the 48 rows' W[48p + j][k] side by side (192 bytes); a copy beside the
+ *         borrowed or owned original (f32_panels), which the other paths read.
+ *   BF16: by pairs of columns, for each pair (2i, 2i + 1) the 48 rows' two values side by side,
+ *         one 32-bit lane per row with column 2i in its low half (192 bytes): a shift
+ *         (lane << 16) gives column 2i as fp32 and a mask (lane & 0xffff0000) column 2i + 1,
+ *         with no lane-crossing widening. K odd: the last pair's high halves are zero. The bf16
+ *         weight lives here only (bf16_panels; bf16 NULL) and moves back into rows for another
+ *         path.
+ *   INT8 (on VNNI): by groups of 4 columns of the padded codes (k_pad), for each group the 48
+ *         rows' 4 codes side by side, one 32-bit lane per row (192 bytes), so that one dpbusd per
+ *         vector adds the group's 4 products into each row's int32 lane. The codes live here only
+ *         (q8_panels; q8.w NULL) and move back into rows for another path.
+ * Rows past N are zero. pack = 0 undoes it. */
+static nl_status panel_alloc(const nl_mv_weight *wt, int64_t kp, size_t esz, void **out) {
+    const int64_t np = (wt->rows + NL_MV_PANEL - 1) / NL_MV_PANEL;
+    size_t n;
+    if (nl_mul_overflows((size_t)(np * NL_MV_PANEL), (size_t)kp * esz, &n))
+        return nl_fail(NL_ERR_NOMEM, "matvec panels: %lld x %lld is too large", (long long)wt->rows,
+                       (long long)wt->cols);
+    *out = nl_malloc_huge(n, "matvec weight panels");
+    return *out ? NL_OK : NL_ERR_NOMEM;
 }
 
-/* FP32 on AVX-512: W (N, K) copied into panels of NL_MV_PANEL (48) rows (f32_panels), or the
- * copy freed (pack = 0). Panel p holds rows 48p .. 48p + 47 column by column: for each k the 48
- * values W[48p + j][k], j = 0..47, side by side (rows past N are zero). A tile walks one panel
- * front to back, one sequential stream, and for each k multiplies 3 vectors of 16 rows by each
- * token's
- * x[k] broadcast: every (row, token) output is one fused multiply-add chain over k = 0, 1, ..,
- * K - 1, in every tile shape, with no sum across lanes. */
 static nl_status f32_pack(nl_mv_weight *wt, int pack) {
     if (wt->fmt != NL_WFMT_FP32 || !pack == !wt->f32_panels) return NL_OK;
     if (!pack) {
@@ -113,22 +111,92 @@ static nl_status f32_pack(nl_mv_weight *wt, int pack) {
         return NL_OK;
     }
     const int64_t N = wt->rows, K = wt->cols, np = (N + NL_MV_PANEL - 1) / NL_MV_PANEL;
-    size_t n;
-    if (nl_mul_overflows((size_t)(np * NL_MV_PANEL), (size_t)K * sizeof(float), &n))
-        return nl_fail(NL_ERR_NOMEM, "fp32 matvec panels: %lld x %lld is too large", (long long)N, (long long)K);
-    float *p = nl_malloc_huge(n, "fp32 matvec weight panels");
-    if (!p) return NL_ERR_NOMEM;
+    void *mem = NULL;
+    NL_TRY(panel_alloc(wt, K, sizeof(float), &mem));
+    float *p = mem;
     for (int64_t b = 0; b < np; b++)
         for (int64_t j = 0; j < NL_MV_PANEL; j++) {
             const int64_t r = b * NL_MV_PANEL + j;
             float *d = p + b * K * NL_MV_PANEL + j;
-            if (r >= N)
-                for (int64_t k = 0; k < K; k++) d[k * NL_MV_PANEL] = 0.0f;
-            else
-                for (int64_t k = 0; k < K; k++) d[k * NL_MV_PANEL] = wt->f32[r * K + k];
+            for (int64_t k = 0; k < K; k++) d[k * NL_MV_PANEL] = r < N ? wt->f32[r * K + k] : 0.0f;
         }
     wt->f32_panels = p;
     return NL_OK;
+}
+
+static nl_status bf16_pack(nl_mv_weight *wt, int pack) {
+    if (wt->fmt != NL_WFMT_BF16 || !pack == !wt->bf16_panels) return NL_OK;
+    const int64_t N = wt->rows, K = wt->cols, kp = K + (K & 1), np = (N + NL_MV_PANEL - 1) / NL_MV_PANEL;
+    uint16_t *rows = wt->bf16, *pan = wt->bf16_panels;
+    if (pack) {
+        void *mem = NULL;
+        NL_TRY(panel_alloc(wt, kp, sizeof(uint16_t), &mem));
+        pan = mem;
+    } else {
+        rows = nl_malloc((size_t)(N * K) * sizeof(uint16_t), "bf16 matvec weight");
+        if (!rows) return NL_ERR_NOMEM;
+    }
+    for (int64_t b = 0; b < np; b++)
+        for (int64_t j = 0; j < NL_MV_PANEL; j++) {
+            const int64_t r = b * NL_MV_PANEL + j;
+            uint16_t *d = pan + b * kp * NL_MV_PANEL + 2 * j; /* row j's lane of pair 0 */
+            for (int64_t k = 0; k < kp; k++) {
+                uint16_t *pk = d + (k / 2) * 2 * NL_MV_PANEL + (k & 1);
+                if (!pack) {
+                    if (r < N && k < K) rows[r * K + k] = *pk;
+                } else {
+                    *pk = r < N && k < K ? rows[r * K + k] : 0;
+                }
+            }
+        }
+    nl_free(pack ? rows : pan);
+    wt->bf16 = pack ? NULL : rows;
+    wt->bf16_panels = pack ? pan : NULL;
+    return NL_OK;
+}
+
+static nl_status q8_pack(nl_mv_weight *wt, int pack) {
+    if (wt->fmt != NL_WFMT_INT8 || !pack == !wt->q8_panels) return NL_OK;
+    nl_qlinear *l = &wt->q8;
+    const int64_t N = wt->rows, kp = l->k_pad, np = (N + NL_MV_PANEL - 1) / NL_MV_PANEL;
+    int8_t *rows = l->w, *pan = wt->q8_panels;
+    if (pack) {
+        void *mem = NULL;
+        NL_TRY(panel_alloc(wt, kp, 1, &mem));
+        pan = mem;
+    } else {
+        rows = nl_calloc((size_t)N, (size_t)kp, "QuantizedLinear weights");
+        if (!rows) return NL_ERR_NOMEM;
+    }
+    for (int64_t b = 0; b < np; b++)
+        for (int64_t j = 0; j < NL_MV_PANEL; j++) {
+            const int64_t r = b * NL_MV_PANEL + j;
+            int8_t *d = pan + b * kp * NL_MV_PANEL + 4 * j; /* row j's lane of group 0 */
+            for (int64_t k = 0; k < kp; k++) {
+                int8_t *pk = d + (k / 4) * 4 * NL_MV_PANEL + (k & 3);
+                if (!pack) {
+                    if (r < N) rows[r * kp + k] = *pk;
+                } else {
+                    *pk = r < N ? rows[r * kp + k] : 0;
+                }
+            }
+        }
+    nl_free(pack ? rows : pan);
+    l->w = pack ? NULL : rows;
+    wt->q8_panels = pack ? pan : NULL;
+    return NL_OK;
+}
+
+/* Whether wt's kernels read panels (run_panels): fp32 and bf16 on AVX-512, int8 there on VNNI. */
+static int has_panels(const nl_mv_weight *wt) {
+    return wt->path == NL_MV_AVX512 && (wt->f32_panels || wt->bf16_panels || wt->q8_panels);
+}
+
+/* An int8 weight's codes into panels where its path reads them (freeing the weight on failure). */
+static nl_status q8_init_panels(nl_mv_weight *wt) {
+    nl_status rc = q8_pack(wt, wt->path == NL_MV_AVX512 && wt->q8.path == NL_QDOT_VNNI);
+    if (rc) nl_mv_weight_free(wt);
+    return rc;
 }
 
 nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64_t N, int64_t K, int copy) {
@@ -161,8 +229,12 @@ nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64
         wt->bf16 = nl_malloc(n * sizeof(uint16_t), "bf16 matvec weight");
         if (!wt->bf16) return NL_ERR_NOMEM;
         for (size_t i = 0; i < n; i++) wt->bf16[i] = nl_bf16_from_f32(w[i]);
-        return bf16_pack(wt, wt->path == NL_MV_AVX512);
-    case NL_WFMT_INT8: return nl_qlinear_init(&wt->q8, w, N, K, NL_QLINEAR_W8A8);
+        {
+            nl_status rc = bf16_pack(wt, wt->path == NL_MV_AVX512);
+            if (rc) nl_mv_weight_free(wt);
+            return rc;
+        }
+    case NL_WFMT_INT8: NL_TRY(nl_qlinear_init(&wt->q8, w, N, K, NL_QLINEAR_W8A8)); return q8_init_panels(wt);
     case NL_WFMT_INT4: return q4_init(wt, w, N, K);
     default: return nl_fail(NL_ERR_INVALID, "matvec weight: unknown format %d", (int)fmt);
     }
@@ -174,7 +246,8 @@ nl_status nl_mv_weight_init_int8(nl_mv_weight *wt, const int8_t *codes, const fl
     wt->cols = K;
     wt->fmt = NL_WFMT_INT8;
     wt->path = nl_mv_auto();
-    return nl_qlinear_init_codes(&wt->q8, codes, scales, N, K, NL_QLINEAR_W8A8);
+    NL_TRY(nl_qlinear_init_codes(&wt->q8, codes, scales, N, K, NL_QLINEAR_W8A8));
+    return q8_init_panels(wt);
 }
 
 void nl_mv_weight_free(nl_mv_weight *wt) {
@@ -182,6 +255,8 @@ void nl_mv_weight_free(nl_mv_weight *wt) {
     nl_free(wt->owned_f32);
     nl_free(wt->f32_panels);
     nl_free(wt->bf16);
+    nl_free(wt->bf16_panels);
+    nl_free(wt->q8_panels);
     nl_qlinear_free(&wt->q8);
     nl_free(wt->q4);
     nl_free(wt->q4_d);
@@ -195,6 +270,7 @@ nl_status nl_mv_weight_set_path(nl_mv_weight *wt, nl_mv_path p) {
         return nl_fail(NL_ERR_UNSUPPORTED, "matvec kernel path '%s' is not available on this CPU", nl_mv_path_name(p));
     NL_TRY(bf16_pack(wt, p == NL_MV_AVX512));
     NL_TRY(f32_pack(wt, p == NL_MV_AVX512));
+    NL_TRY(q8_pack(wt, p == NL_MV_AVX512 && wt->q8.path == NL_QDOT_VNNI));
     wt->path = p;
     return NL_OK;
 }
@@ -234,9 +310,7 @@ typedef struct mv_args {
     float *y;           /* (M, N) */
     const float *wf;    /* fp32 (N, K) */
     const uint16_t *wb; /* or bf16 (N, K) */
-    const float *xp;    /* bf16 on AVX-512: x de-interleaved (M, K32), see tile512_bf */
-    int64_t M, N, K, K32;
-    int64_t packed_rows; /* bf16: rows 0 .. packed_rows - 1 are in 4-row interleaved groups */
+    int64_t M, N, K;
 } mv_args;
 
 /* portable: 8 scalar accumulators per pair (lane j takes k = j mod 8), summed pairwise. */
@@ -272,138 +346,105 @@ INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
     }
 }
 
-/* AVX-512, bf16 weights (fp32 weights read their panel copy: tile_panel below). One tile is R
- * weight rows x T tokens with R * T accumulators held in registers (R <= 4, T <= 6: 24
- * accumulators, 4 weight vectors and one activation vector of the 32 registers). R and T are
- * compile-time constants of each instance (the loops unroll fully and nothing spills). */
-enum { MV_T512 = 6 }; /* tokens per AVX-512 register tile */
+/* AVX-512, fp32 and bf16 weights in panels (see "Panels" above). A tile is P (1 or 2) adjacent panels
+ * against T tokens, P x T x 3 accumulators of 16 rows held in registers (at most 24 of the 32):
+ * per column k the panels' vectors are loaded once and multiplied by each token's x[k]
+ * (broadcast), so a batch of up to 8 decodes reads a panel once while it streams from memory.
+ * P = 2 (T <= 4) keeps two sequential streams in flight: one stream per core left bandwidth
+ * unused (the 85M model's 48 fp32 linears at one token, out of cache, best of 7, three
+ * interleaved runs: 23.0-24.8 GB/s on one thread and 42.8-48.8 on two one panel at a time,
+ * 30.5-31.7 and 53.6-61.0 two at a time; four at a time: no better than two). bf16 takes the
+ * panels one after another for each pair of columns (raw vectors, then each half widened in
+ * turn), so that P = 2 stays inside the registers; each output's chain is the same. Outputs are
+ * stored straight from the accumulators, the lanes of rows lo .. hi - 1 of the panel only (P =
+ * 1). pf: prefetch MV_PF bytes ahead in each panel (the first token tile of a panel streams it
+ * from memory; the panels of a thread's rows lie back to back, so this runs on into the next
+ * one). Without it, two panels at a time read less on this VM, whose memory read ~14 GB/s per
+ * core on 2026-12-02 (48 linears at one token, best of 9, three alternated runs, GB/s, 1 / 2
+ * threads: fp32 13.3-14.2 / 22.8-26.5 without, 13.3-16.4 / 25.4-31.1 with; bf16 11.0-13.2 /
+ * 20.0-21.6 without, 13.4-14.8 / 21.3-28.7 with). */
+enum { MV_PZ = NL_MV_PANEL / 16, MV_PT = 8, MV_PF = 4096 };
 
-/* The pieces every AVX-512 tile shares: acc[r][t] = 0; acc[r][t] += wv[r] * (token t's 16
- * activations at x + t * xs), one load per token (the empty asm keeps it in a register: GCC
- * would fold the load into each of the R FMAs); y[t * N + r] = the sum of acc[r][t]'s lanes. */
-TGT_AVX512 INLINE void tile_zero(__m512 acc[4][MV_T512], const int R, const int T) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-}
-TGT_AVX512 INLINE void tile_fma(__m512 acc[4][MV_T512], const __m512 wv[4], const float *x, int64_t xs, const int R,
-                                const int T) {
-#pragma GCC unroll 6
+/* acc[(p0 + p) * T + t] += wv[p] * token t's x[k], for the np panels p0 .. p0 + np - 1 */
+TGT_AVX512 INLINE void panel_fma(__m512 acc[MV_PT][MV_PZ], const __m512 wv[][MV_PZ], const float *x, int64_t K,
+                                 int64_t k, const int p0, const int np, const int T) {
+#pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
-        __m512 xv = _mm512_loadu_ps(x + t * xs);
-        __asm__("" : "+v"(xv));
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        const __m512 xb = _mm512_set1_ps(x[t * K + k]);
+#pragma GCC unroll 2
+        for (int p = 0; p < np; p++)
+#pragma GCC unroll 3
+            for (int j = 0; j < MV_PZ; j++)
+                acc[(p0 + p) * T + t][j] = _mm512_fmadd_ps(wv[p][j], xb, acc[(p0 + p) * T + t][j]);
     }
 }
-TGT_AVX512 INLINE void tile_store(__m512 acc[4][MV_T512], float *y, int64_t N, const int R, const int T) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) y[t * N + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
 
-/* bf16 on AVX-512: 32 columns per step. One 64-byte load of 32 bf16 weights gives the even
- * columns as fp32 by a shift (w << 16) and the odd columns by a mask (w & 0xffff0000), with no
- * lane-crossing widening; the activations were stored de-interleaved the same way by
- * nl_mv_act_prepare (per 32 columns: the 16 even, then the 16 odd; zero past K). A (row, token)
- * pair's one accumulator takes the even half then the odd half of every 32 columns, the same
- * order in every tile shape. Columns past K load as zero weights (masked). */
-TGT_AVX512 INLINE void tile512_bf(const uint16_t *wb, int64_t rs, int64_t cs, const float *xp, float *y, int64_t K,
-                                  int64_t K32, int64_t N, const int R, const int T, int pf) {
-    __m512 acc[4][MV_T512];
-    tile_zero(acc, R, T);
+/* Panel p0 of a bf16 tile, the column pair i (columns 2i and, if last = 0, 2i + 1). */
+TGT_AVX512 INLINE void panel_bf16_pair(__m512 acc[MV_PT][MV_PZ], const uint16_t *wp, const float *x, int64_t K,
+                                       int64_t i, const int p0, const int T, const int last) {
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
-    const uint16_t *pnext = wb + R * K; /* the next R rows (a packed group lies 4 K further too) */
-    for (int64_t k = 0, c = 0; k < K; k += 32, c += cs) {
-        const __mmask32 mk = K - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (K - k)) - 1u);
-        __m512i raw[4];
-        __m512 wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) raw[r] = _mm512_maskz_loadu_epi16(mk, wb + r * rs + c);
-        if (pf)
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pnext + r * rs + c), _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(raw[r], 16));
-        tile_fma(acc, wv, xp + k, K32, R, T);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = _mm512_castsi512_ps(_mm512_and_si512(raw[r], hi));
-        tile_fma(acc, wv, xp + k + 16, K32, R, T);
-    }
-    tile_store(acc, y, N, R, T);
+    __m512i raw[MV_PZ];
+    __m512 wv[1][MV_PZ];
+#pragma GCC unroll 3
+    for (int j = 0; j < MV_PZ; j++) raw[j] = _mm512_load_si512((const void *)(wp + i * 2 * NL_MV_PANEL + 32 * j));
+#pragma GCC unroll 3
+    for (int j = 0; j < MV_PZ; j++) wv[0][j] = _mm512_castsi512_ps(_mm512_slli_epi32(raw[j], 16));
+    panel_fma(acc, wv, x, K, 2 * i, p0, 1, T);
+    if (last) return;
+#pragma GCC unroll 3
+    for (int j = 0; j < MV_PZ; j++) wv[0][j] = _mm512_castsi512_ps(_mm512_and_si512(raw[j], hi));
+    panel_fma(acc, wv, x, K, 2 * i + 1, p0, 1, T);
 }
 
-typedef void (*tile512_fn)(const mv_args *, int64_t n, int64_t m, int pf);
-/* Where row n of a bf16 weight starts, and how far its next row (rs) and its next 32 columns (cs)
- * lie: in a packed group 32 and 128 elements, else K and 32. */
-INLINE const uint16_t *bf_row(const mv_args *a, int64_t n, int64_t *rs, int64_t *cs) {
-    if (n < a->packed_rows) {
-        *rs = 32, *cs = 128;
-        return a->wb + (n & ~(int64_t)3) * a->K + (n & 3) * 32;
-    }
-    *rs = a->K, *cs = 32;
-    return a->wb + n * a->K;
-}
-#define TILE512_BF(R, T)                                                                                               \
-    TGT_AVX512 static void tile512bf_##R##x##T(const mv_args *a, int64_t n, int64_t m, int pf) {                       \
-        int64_t rs, cs;                                                                                                \
-        const uint16_t *w = bf_row(a, n, &rs, &cs);                                                                    \
-        tile512_bf(w, rs, cs, a->xp + m * a->K32, a->y + m * a->N + n, a->K, a->K32, a->N, R, T, pf);                  \
-    }
-TILE512_BF(4, 1)
-TILE512_BF(4, 2)
-TILE512_BF(4, 3)
-TILE512_BF(4, 4)
-TILE512_BF(4, 5)
-TILE512_BF(4, 6)
-TILE512_BF(1, 1)
-TILE512_BF(1, 2)
-TILE512_BF(1, 3)
-TILE512_BF(1, 4)
-TILE512_BF(1, 5)
-TILE512_BF(1, 6)
-static const tile512_fn tiles512bf[2][MV_T512] = {
-    {tile512bf_1x1, tile512bf_1x2, tile512bf_1x3, tile512bf_1x4, tile512bf_1x5, tile512bf_1x6},
-    {tile512bf_4x1, tile512bf_4x2, tile512bf_4x3, tile512bf_4x4, tile512bf_4x5, tile512bf_4x6}};
-
-/* FP32 on AVX-512, one panel (see f32_pack) against T <= 8 tokens: per column k, the panel's 3
- * vectors of 16 rows are loaded once and multiplied by each token's x[k] (broadcast) into that
- * token's 3 accumulators (24 of the 32 registers at T = 8): 3 loads and T broadcasts per 3T
- * FMAs, so 8 tokens (a batch of 8 decodes) take one pass over the panel while it streams from
- * memory. Outputs are stored straight from the accumulators, the lanes of rows lo .. hi - 1 of
- * the panel only. pf: prefetch MV_PF floats ahead in the panel (the first token tile of a panel
- * streams it from memory; the panels of a thread's rows lie back to back, so this runs on into
- * the next one). */
-enum { MV_PZ = NL_MV_PANEL / 16, MV_PT = 8, MV_PF = 1024 };
-TGT_AVX512 INLINE void tile_panel(const float *wp, const float *x, float *y, int64_t K, int64_t N, const int T, int lo,
-                                  int hi, int pf) {
+/* P panels from w (ps elements apart) against T tokens; bf: bf16 panels, else fp32. */
+TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N,
+                                  const int P, const int T, const int bf, int lo, int hi, int pf) {
     __m512 acc[MV_PT][MV_PZ];
 #pragma GCC unroll 8
-    for (int t = 0; t < T; t++)
+    for (int a = 0; a < P * T; a++)
 #pragma GCC unroll 3
-        for (int j = 0; j < MV_PZ; j++) acc[t][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        const float *wk = wp + k * NL_MV_PANEL;
-        __m512 wv[MV_PZ];
+        for (int j = 0; j < MV_PZ; j++) acc[a][j] = _mm512_setzero_ps();
+    if (!bf) {
+        const float *wp = w;
+        for (int64_t k = 0; k < K; k++) {
+            __m512 wv[2][MV_PZ];
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++)
 #pragma GCC unroll 3
-        for (int j = 0; j < MV_PZ; j++) wv[j] = _mm512_load_ps(wk + 16 * j);
-        if (pf)
+                for (int j = 0; j < MV_PZ; j++) wv[p][j] = _mm512_load_ps(wp + p * ps + k * NL_MV_PANEL + 16 * j);
+            if (pf)
+#pragma GCC unroll 2
+                for (int p = 0; p < P; p++)
 #pragma GCC unroll 3
-            for (int j = 0; j < MV_PZ; j++) _mm_prefetch((const char *)(wk + MV_PF + 16 * j), _MM_HINT_T0);
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const __m512 xb = _mm512_set1_ps(x[t * K + k]);
-#pragma GCC unroll 3
-            for (int j = 0; j < MV_PZ; j++) acc[t][j] = _mm512_fmadd_ps(wv[j], xb, acc[t][j]);
+                    for (int j = 0; j < MV_PZ; j++)
+                        _mm_prefetch((const char *)(wp + p * ps + k * NL_MV_PANEL + 16 * j) + MV_PF, _MM_HINT_T0);
+            panel_fma(acc, wv, x, K, k, 0, P, T);
         }
-    }
-    if (lo == 0 && hi == NL_MV_PANEL) {
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++)
+    } else {
+        const uint16_t *wp = w;
+        const int64_t pairs = K / 2;
+        for (int64_t i = 0; i < pairs; i++) {
+            if (pf)
+#pragma GCC unroll 2
+                for (int p = 0; p < P; p++)
 #pragma GCC unroll 3
-            for (int j = 0; j < MV_PZ; j++) _mm512_storeu_ps(y + t * N + 16 * j, acc[t][j]);
+                    for (int j = 0; j < MV_PZ; j++)
+                        _mm_prefetch((const char *)(wp + p * ps + i * 2 * NL_MV_PANEL + 32 * j) + MV_PF, _MM_HINT_T0);
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++) panel_bf16_pair(acc, wp + p * ps, x, K, i, p, T, 0);
+        }
+        if (K & 1)
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++) panel_bf16_pair(acc, wp + p * ps, x, K, pairs, p, T, 1);
+    }
+    if (P == 2 || (lo == 0 && hi == NL_MV_PANEL)) {
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++)
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++)
+#pragma GCC unroll 3
+                for (int j = 0; j < MV_PZ; j++)
+                    _mm512_storeu_ps(y + t * N + p * NL_MV_PANEL + 16 * j, acc[p * T + t][j]);
         return;
     }
     for (int j = 0; j < MV_PZ; j++) {
@@ -413,119 +454,141 @@ TGT_AVX512 INLINE void tile_panel(const float *wp, const float *x, float *y, int
         for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + t * N + 16 * j, mk, acc[t][j]);
     }
 }
-typedef void (*tile_panel_fn)(const float *wp, const float *x, float *y, int64_t K, int64_t N, int lo, int hi, int pf);
-#define TILE_PANEL(T)                                                                                                  \
-    TGT_AVX512 static void tile_panel_##T(const float *wp, const float *x, float *y, int64_t K, int64_t N, int lo,     \
-                                          int hi, int pf) {                                                            \
-        tile_panel(wp, x, y, K, N, T, lo, hi, pf);                                                                     \
-    }
-TILE_PANEL(1)
-TILE_PANEL(2)
-TILE_PANEL(3)
-TILE_PANEL(4)
-TILE_PANEL(5)
-TILE_PANEL(6)
-TILE_PANEL(7)
-TILE_PANEL(8)
-static const tile_panel_fn tiles_panel[MV_PT] = {tile_panel_1, tile_panel_2, tile_panel_3, tile_panel_4,
-                                                 tile_panel_5, tile_panel_6, tile_panel_7, tile_panel_8};
-
-/* Two adjacent whole panels (wp, then wp + K * NL_MV_PANEL) against T <= 4 tokens: the same
- * operations for each output as tile_panel, with two sequential streams in flight instead of
- * one. A single stream per core left bandwidth unused: the 85M model's 48 linears at one token,
- * out of cache, best of 7, three interleaved runs, read 23.0-24.8 GB/s on one thread and
- * 42.8-48.8 on two one panel at a time, 30.5-31.7 and 53.6-61.0 two at a time (four at a time:
- * no better than two). */
-TGT_AVX512 INLINE void tile_panel2(const float *wp, const float *x, float *y, int64_t K, int64_t N, const int T) {
-    __m512 acc[2][4][MV_PZ];
-    const float *wq = wp + K * NL_MV_PANEL;
-#pragma GCC unroll 2
-    for (int p = 0; p < 2; p++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
+/* INT8 on AVX-512 VNNI, P panels (ps bytes apart) against T tokens' codes + 128 (xu, rows of kp):
+ * per group of 4 columns, the token's 4 codes broadcast as one 32-bit lane, one dpbusd per
+ * vector adds the group's 4 products into each row's int32 lane (exact, so the order is free).
+ * Then, as q8_vnni_row and nl_qlinear_forward: y = (float)(sum - 128 x the row's code sum) x
+ * (token scale x row scale), the same float operations per output, 16 rows at a time. */
+typedef struct mv_q8 {
+    const float *xs;      /* the tile's first token's scale */
+    const int32_t *w_sum; /* the first panel's first row's code sum */
+    const float *w_scale; /* and scale */
+} mv_q8;
+#define TGT_PANEL_Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
+TGT_PANEL_Q8 INLINE void tile_q8(const int8_t *w, int64_t ps, const uint8_t *xu, float *y, int64_t kp, int64_t N,
+                                 const mv_q8 *q, const int P, const int T, int lo, int hi, int pf) {
+    __m512i acc[MV_PT][MV_PZ];
+#pragma GCC unroll 8
+    for (int a = 0; a < P * T; a++)
 #pragma GCC unroll 3
-            for (int j = 0; j < MV_PZ; j++) acc[p][t][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        __m512 wv[2][MV_PZ];
+        for (int j = 0; j < MV_PZ; j++) acc[a][j] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < kp / 4; g++) {
+        __m512i wv[2][MV_PZ];
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++)
+#pragma GCC unroll 3
+            for (int j = 0; j < MV_PZ; j++)
+                wv[p][j] = _mm512_load_si512((const void *)(w + p * ps + g * 4 * NL_MV_PANEL + 64 * j));
+        if (pf)
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++)
+#pragma GCC unroll 3
+                for (int j = 0; j < MV_PZ; j++)
+                    _mm_prefetch((const char *)(w + p * ps + g * 4 * NL_MV_PANEL + 64 * j) + MV_PF, _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            int32_t x4;
+            memcpy(&x4, xu + t * kp + 4 * g, sizeof x4);
+            const __m512i xb = _mm512_set1_epi32(x4);
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++)
+#pragma GCC unroll 3
+                for (int j = 0; j < MV_PZ; j++)
+                    acc[p * T + t][j] = _mm512_dpbusd_epi32(acc[p * T + t][j], xb, wv[p][j]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < P; p++)
 #pragma GCC unroll 3
         for (int j = 0; j < MV_PZ; j++) {
-            wv[0][j] = _mm512_load_ps(wp + k * NL_MV_PANEL + 16 * j);
-            wv[1][j] = _mm512_load_ps(wq + k * NL_MV_PANEL + 16 * j);
+            const int r = p * NL_MV_PANEL + 16 * j;
+            __mmask16 mk = 0xFFFF;
+            if (P == 1) {
+                const int a = lo > 16 * j ? lo - 16 * j : 0, b = hi < 16 * j + 16 ? hi - 16 * j : 16;
+                if (a >= b) continue;
+                mk = (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u));
+            }
+            const __m512i c = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(mk, q->w_sum + r), 7);
+            const __m512 ws = _mm512_maskz_loadu_ps(mk, q->w_scale + r);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[p * T + t][j], c));
+                _mm512_mask_storeu_ps(y + t * N + r, mk, _mm512_mul_ps(f, _mm512_mul_ps(_mm512_set1_ps(q->xs[t]), ws)));
+            }
         }
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const __m512 xb = _mm512_set1_ps(x[t * K + k]);
-#pragma GCC unroll 2
-            for (int p = 0; p < 2; p++)
-#pragma GCC unroll 3
-                for (int j = 0; j < MV_PZ; j++) acc[p][t][j] = _mm512_fmadd_ps(wv[p][j], xb, acc[p][t][j]);
-        }
-    }
-#pragma GCC unroll 2
-    for (int p = 0; p < 2; p++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
-#pragma GCC unroll 3
-            for (int j = 0; j < MV_PZ; j++) _mm512_storeu_ps(y + t * N + p * NL_MV_PANEL + 16 * j, acc[p][t][j]);
 }
-typedef void (*tile_panel2_fn)(const float *wp, const float *x, float *y, int64_t K, int64_t N);
-#define TILE_PANEL2(T)                                                                                                 \
-    TGT_AVX512 static void tile_panel2_##T(const float *wp, const float *x, float *y, int64_t K, int64_t N) {          \
-        tile_panel2(wp, x, y, K, N, T);                                                                                \
-    }
-TILE_PANEL2(1)
-TILE_PANEL2(2)
-TILE_PANEL2(3)
-TILE_PANEL2(4)
-static const tile_panel2_fn tiles_panel2[4] = {tile_panel2_1, tile_panel2_2, tile_panel2_3, tile_panel2_4};
 
-/* Rows [n0, n1) for tokens [m0, m1) of an fp32 weight on AVX-512: panel after panel, each against
- * the tokens in near-equal register tiles of at most 8. */
-static void run_panels(const nl_mv_weight *wt, const float *x, float *y, int64_t n0, int64_t n1, int64_t m0,
-                       int64_t m1) {
-    const int64_t K = wt->cols, N = wt->rows, cnt = m1 - m0;
-    const int64_t ntile = (cnt + MV_PT - 1) / MV_PT, base = cnt / ntile, extra = cnt % ntile;
+/* One tile: P panels from w (ps elements apart) against T tokens from x (rows of K elements: fp32
+ * activations, or int8's codes + 128 in rows of k_pad), into y (the panels' first row of the tile's
+ * first token); q: int8's scales (NULL for fp32 and bf16). */
+typedef void (*tile_panel_fn)(const void *w, int64_t ps, const void *x, float *y, int64_t K, int64_t N, int lo, int hi,
+                              int pf, const mv_q8 *q);
+#define TILE_PANEL(P, T, F)                                                                                            \
+    TGT_PANEL_Q8 static void tile_panel_##P##_##T##_##F(const void *w, int64_t ps, const void *x, float *y, int64_t K, \
+                                                        int64_t N, int lo, int hi, int pf, const mv_q8 *q) {           \
+        if (F == 2)                                                                                                    \
+            tile_q8(w, ps, x, y, K, N, q, P, T, lo, hi, pf);                                                           \
+        else                                                                                                           \
+            tile_panel(w, ps, x, y, K, N, P, T, F, lo, hi, pf);                                                        \
+    }
+#define TILE_PANELS(F)                                                                                                 \
+    TILE_PANEL(1, 1, F)                                                                                                \
+    TILE_PANEL(1, 2, F)                                                                                                \
+    TILE_PANEL(1, 3, F)                                                                                                \
+    TILE_PANEL(1, 4, F)                                                                                                \
+    TILE_PANEL(1, 5, F)                                                                                                \
+    TILE_PANEL(1, 6, F)                                                                                                \
+    TILE_PANEL(1, 7, F)                                                                                                \
+    TILE_PANEL(1, 8, F)                                                                                                \
+    TILE_PANEL(2, 1, F)                                                                                                \
+    TILE_PANEL(2, 2, F)                                                                                                \
+    TILE_PANEL(2, 3, F)                                                                                                \
+    TILE_PANEL(2, 4, F)
+TILE_PANELS(0)
+TILE_PANELS(1)
+TILE_PANELS(2)
+#define TILE_ROW(F)                                                                                                    \
+    {                                                                                                                  \
+        {tile_panel_1_1_##F, tile_panel_1_2_##F, tile_panel_1_3_##F, tile_panel_1_4_##F,                               \
+         tile_panel_1_5_##F, tile_panel_1_6_##F, tile_panel_1_7_##F, tile_panel_1_8_##F},                              \
+        {                                                                                                              \
+            tile_panel_2_1_##F, tile_panel_2_2_##F, tile_panel_2_3_##F, tile_panel_2_4_##F                             \
+        }                                                                                                              \
+    }
+/* [format: fp32, bf16, int8][P - 1][T - 1] */
+static const tile_panel_fn tiles_panel[3][2][MV_PT] = {TILE_ROW(0), TILE_ROW(1), TILE_ROW(2)};
+
+/* Rows [n0, n1) for every token of a weight in panels: panel after panel, each against the
+ * tokens in near-equal register tiles of at most 8, or, for up to 4 tokens, two whole panels at
+ * a time. */
+static void run_panels(const nl_mv_weight *wt, const nl_mv_act *act, float *y, int64_t n0, int64_t n1) {
+    const int f = wt->q8_panels ? 2 : wt->bf16_panels ? 1 : 0;
+    const int64_t M = act->M, N = wt->rows;
+    /* K: the row length of the panels' columns and of x; ps: elements per panel */
+    const int64_t K = f == 2 ? wt->q8.k_pad : wt->cols, ps = NL_MV_PANEL * (f == 1 ? K + (K & 1) : K);
+    const char *base = f == 2 ? (const char *)wt->q8_panels
+                       : f    ? (const char *)wt->bf16_panels
+                              : (const char *)wt->f32_panels;
+    const size_t esz = f == 2 ? 1 : f ? sizeof(uint16_t) : sizeof(float);
+    const char *x = f == 2 ? (const char *)act->qu : (const char *)act->x;
+    const size_t xsz = f == 2 ? 1 : sizeof(float);
+    const int64_t ntile = (M + MV_PT - 1) / MV_PT, tb = M / ntile, extra = M % ntile;
     for (int64_t p = n0 / NL_MV_PANEL; p * NL_MV_PANEL < n1; p++) {
         const int64_t r0 = p * NL_MV_PANEL;
         const int lo = (int)(n0 > r0 ? n0 - r0 : 0), hi = (int)(n1 - r0 < NL_MV_PANEL ? n1 - r0 : NL_MV_PANEL);
-        const float *wp = wt->f32_panels + r0 * K;
-        if (cnt <= 4 && lo == 0 && r0 + 2 * NL_MV_PANEL <= n1) { /* this panel and the next, whole */
-            tiles_panel2[cnt - 1](wp, x + m0 * K, y + m0 * N + r0, K, N);
+        const void *wp = base + (size_t)(p * ps) * esz;
+        mv_q8 q = {act->scale, f == 2 ? wt->q8.w_sum + r0 : NULL, f == 2 ? wt->q8.w_scale + r0 : NULL};
+        if (M <= 4 && lo == 0 && r0 + 2 * NL_MV_PANEL <= n1) { /* this panel and the next, whole */
+            tiles_panel[f][1][M - 1](wp, ps, x, y + r0, K, N, 0, NL_MV_PANEL, 1, &q);
             p++;
             continue;
         }
-        int64_t m = m0;
-        for (int64_t i = 0; i < ntile; i++) {
-            const int64_t T = base + (i < extra);
-            tiles_panel[T - 1](wp, x + m * K, y + m * N + r0, K, N, lo, hi, i == 0);
+        for (int64_t m = 0, i = 0; i < ntile; i++) {
+            const int64_t T = tb + (i < extra);
+            q.xs = act->scale ? act->scale + m : NULL;
+            tiles_panel[f][0][T - 1](wp, ps, x + (size_t)(m * K) * xsz, y + m * N + r0, K, N, lo, hi, i == 0, &q);
             m += T;
         }
-    }
-}
-
-/* Rows [n0, n1) for tokens [m0, m1) of a bf16 weight on AVX-512: groups of 4 rows (then single
- * rows) against the tokens in near-equal register tiles of at most 6, also at M = 1: one
- * row's single accumulator chain (an FMA every 4 cycles behind the widening) reads ~33-38 GB/s
- * from L2 on one core, about the memory bandwidth, and 4 rows' four chains ~50 GB/s (thread CPU
- * time, weights in L2); fp32 reads twice the bytes per FMA and is not latency bound. The 4 rows
- * of a bf16 tile are stored interleaved (bf16_pack), so that they too are one sequential stream:
- * four streams of a few KB each, restarted every 4 rows, read slower (the 85M model's 48
- * linears out of cache, M = 1, three interleaved runs: 21.8-23.4 -> 26.8-27.8 GB/s on one
- * thread, 42.0-48.5 -> 53.1-53.9 on two). Either
- * way each (row, token) pair runs the same accumulation, so the choice changes no bits. */
-static void run_block512(const mv_args *a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
-    const int64_t cnt = m1 - m0;
-    const int64_t ntile = (cnt + MV_T512 - 1) / MV_T512, base = cnt / ntile, extra = cnt % ntile;
-    for (int64_t n = n0; n < n1;) {
-        const int four = n + 4 <= n1 && (n >= a->packed_rows || n % 4 == 0); /* not across packed groups */
-        const int pf = four && n + 8 <= a->N;
-        int64_t m = m0;
-        for (int64_t i = 0; i < ntile; i++) {
-            int64_t T = base + (i < extra);
-            tiles512bf[four][T - 1](a, n, m, pf && i == 0);
-            m += T;
-        }
-        n += four ? 4 : 1;
     }
 }
 
@@ -587,10 +650,6 @@ static void run_block(const mv_args *a, nl_mv_path path, int64_t n0, int64_t n1,
         for (int64_t n = n0; n < n1; n += MV_RB)
             for (int64_t m = m0; m < m1; m += MV_TB)
                 tile_portable(a, n, (int)(n1 - n < MV_RB ? n1 - n : MV_RB), m, (int)(m1 - m < MV_TB ? m1 - m : MV_TB));
-        return;
-    }
-    if (path == NL_MV_AVX512) {
-        run_block512(a, n0, n1, m0, m1);
         return;
     }
     const int bf = a->wb != NULL;
@@ -1005,29 +1064,6 @@ static nl_status grow_codes(nl_mv_act *a, size_t codes, int64_t M) {
     return NL_OK;
 }
 
-/* a->xp (M, k32): per 32 columns of each token, its 16 even columns then its 16 odd ones, zero
- * past K (the order tile512_bf multiplies in). */
-static nl_status deinterleave(nl_mv_act *a, const float *x, int64_t M, int64_t K) {
-    a->k32 = (K + 31) & ~(int64_t)31;
-    size_t n = (size_t)M * (size_t)a->k32;
-    if (n > a->cap_xp) {
-        nl_free(a->xp);
-        a->xp = nl_malloc(n * sizeof(float), "matvec bf16 activations");
-        a->cap_xp = a->xp ? n : 0;
-        if (!a->xp) return NL_ERR_NOMEM;
-    }
-    for (int64_t m = 0; m < M; m++) {
-        const float *xm = x + m * K;
-        float *d = a->xp + m * a->k32;
-        for (int64_t c = 0; c < a->k32; c += 32)
-            for (int64_t j = 0; j < 16; j++) {
-                d[c + j] = c + 2 * j < K ? xm[c + 2 * j] : 0.0f;
-                d[c + 16 + j] = c + 2 * j + 1 < K ? xm[c + 2 * j + 1] : 0.0f;
-            }
-    }
-    return NL_OK;
-}
-
 nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x, int64_t M) {
     if (M < 1) return nl_fail(NL_ERR_INVALID, "matvec: M must be positive, got %lld", (long long)M);
     if (wt->fmt != NL_WFMT_FP32 && wt->fmt != NL_WFMT_BF16 && wt->fmt != NL_WFMT_INT8 && wt->fmt != NL_WFMT_INT4)
@@ -1036,7 +1072,6 @@ nl_status nl_mv_act_prepare(nl_mv_act *a, const nl_mv_weight *wt, const float *x
     a->M = M;
     a->K = wt->cols;
     a->kp = wt->cols;
-    if (wt->fmt == NL_WFMT_BF16 && wt->path == NL_MV_AVX512) return deinterleave(a, x, M, wt->cols);
     if (wt->fmt == NL_WFMT_INT4) return q4_act(a, wt, x, M);
     if (wt->fmt != NL_WFMT_INT8) return NL_OK;
     const nl_qlinear *l = &wt->q8;
@@ -1050,7 +1085,6 @@ void nl_mv_act_free(nl_mv_act *a) {
     nl_free(a->q);
     nl_free(a->qu);
     nl_free(a->scale);
-    nl_free(a->xp);
     nl_free(a->q4x);
     nl_free(a->xsum);
     memset(a, 0, sizeof *a);
@@ -1064,20 +1098,17 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
                  .y = y,
                  .wf = wt->fmt == NL_WFMT_FP32 ? wt->f32 : NULL,
                  .wb = wt->fmt == NL_WFMT_BF16 ? wt->bf16 : NULL,
-                 .xp = act->xp,
                  .M = M,
                  .N = wt->rows,
-                 .K = wt->cols,
-                 .K32 = act->k32,
-                 .packed_rows = wt->bf16_packed ? wt->rows / 4 * 4 : 0};
-    if (wt->fmt == NL_WFMT_FP32 && wt->f32_panels && wt->path == NL_MV_AVX512) {
-        /* a panel's tiles read it from memory once, then from L2 (48 rows x K x 4 bytes) */
-        run_panels(wt, act->x, y, n0, n1, 0, M);
+                 .K = wt->cols};
+    if (has_panels(wt)) {
+        /* a panel's tiles read it from memory once, then from L2 (48 rows x K x 1, 2 or 4 bytes) */
+        run_panels(wt, act, y, n0, n1);
         return;
     }
-    /* an fp32 weight on AVX-512 always has its panels (init and set_path build them); without
-     * them the AVX-512 tiles here are bf16's only, so the AVX2 ones would serve */
-    const nl_mv_path path = a.wf && wt->path == NL_MV_AVX512 ? NL_MV_AVX2 : wt->path;
+    /* fp32 and bf16 on AVX-512 always have their panels (init and set_path build them); the
+     * AVX2 tiles would serve one without */
+    const nl_mv_path path = wt->path == NL_MV_AVX512 ? NL_MV_AVX2 : wt->path;
     for (int64_t nb = n0; nb < n1; nb += MV_RANGE_ROWS) {
         int64_t ne = n1 - nb < MV_RANGE_ROWS ? n1 : nb + MV_RANGE_ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
@@ -1094,9 +1125,9 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
 
 nl_status nl_mv_forward_act(const nl_mv_weight *wt, nl_mv_act *act, const float *x, int64_t M, float *y, int threads) {
     NL_TRY(nl_mv_act_prepare(act, wt, x, M));
-    /* fp32 panels are split two whole ones at a time (a thread's panels lie back to back; up to
-     * 4 tokens read two of them at once) */
-    const int64_t rows = wt->f32_panels && wt->path == NL_MV_AVX512 ? 2 * NL_MV_PANEL : MV_ROWS;
+    /* panels are split two whole ones at a time (a thread's panels lie back to back; up to 4
+     * tokens read two of them at once) */
+    const int64_t rows = has_panels(wt) ? 2 * NL_MV_PANEL : MV_ROWS;
     const int64_t N = wt->rows, nblocks = (N + rows - 1) / rows;
     int nt = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel for schedule(static) num_threads(nt)
