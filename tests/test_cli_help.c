@@ -69,11 +69,34 @@ static void test_json_numbers_round_trip(void **state) {
     free(out);
 }
 
+/* OpenBLAS runs kernels for this CPU's vector width: on a CPU with AVX2 and FMA never its
+ * Prescott (SSE3) fallback, which Debian 12's OpenBLAS chooses for CPUs newer than it
+ * (nl_blas_pick_core names the kernels then and runs nanolm again). */
+static void test_blas_kernels_fit_the_cpu(void **state) {
+    (void)state;
+    __builtin_cpu_init();
+    if (getenv("OPENBLAS_CORETYPE") || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        print_message("[  SKIP    ] OPENBLAS_CORETYPE set, or no AVX2 and FMA on this CPU\n");
+        return;
+    }
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("version --json", &out), 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    const cJSON *b = cJSON_GetObjectItem(j, "blas_kernels");
+    assert_true(cJSON_IsString(b));
+    print_message("OpenBLAS kernels: %s\n", b->valuestring);
+    assert_string_not_equal(b->valuestring, "Prescott");
+    cJSON_Delete(j);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_command_once),
         cmocka_unit_test(test_each_command_has_help),
         cmocka_unit_test(test_json_numbers_round_trip),
+        cmocka_unit_test(test_blas_kernels_fit_the_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -132,6 +132,16 @@ nl_status nl_write_file_atomic(const char *path, const void *data, size_t bytes)
 int nl_threads(void);
 void nl_set_threads(int n);
 
+/* The name of the kernels OpenBLAS runs on this CPU ("SkylakeX", "Haswell", ...). */
+const char *nl_blas_core(void);
+/* OpenBLAS 0.3.21 (Debian 12) does not know CPUs newer than it (Emerald Rapids, family 6 model
+ * 207, among them) and then runs its Prescott (SSE3) kernels, about 5x slower than its AVX-512
+ * ones. It picks them as it loads, before main, from OPENBLAS_CORETYPE. When it chose Prescott on
+ * a CPU with AVX-512 (or AVX2 and FMA) and OPENBLAS_CORETYPE is unset, this sets it to SkylakeX
+ * (Haswell) and executes the program again with argv (from /proc/self/exe); otherwise, or if that
+ * fails, it returns. Call it first thing in main, before any thread or MPI starts. */
+void nl_blas_pick_core(char **argv);
+
 #ifdef __cplusplus
 }
 #endif

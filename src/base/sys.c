@@ -299,6 +299,25 @@ nl_status nl_read_file(const char *path, char **data, size_t *bytes) {
 /* ---- threads ---- */
 
 extern void openblas_set_num_threads(int);
+extern char *openblas_get_corename(void);
+
+const char *nl_blas_core(void) { return openblas_get_corename(); }
+
+/* Measured on that CPU, one thread, a 1024 x 1024 x 1024 sgemm, best of 5: 18.8-23.6 GFLOP/s on
+ * the Prescott kernels, 121-134 on Cooperlake's or SkylakeX's (the same sgemm kernel). */
+void nl_blas_pick_core(char **argv) {
+    const char *core = openblas_get_corename();
+    if (getenv("OPENBLAS_CORETYPE") || !core || strcmp(core, "Prescott") != 0) return;
+    __builtin_cpu_init();
+    const char *want = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
+                           ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                                                                                         : NULL;
+    if (!want || setenv("OPENBLAS_CORETYPE", want, 1) != 0) return;
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE"); /* not executed: carry on with the kernels loaded */
+}
 
 int nl_threads(void) { return omp_get_max_threads(); }
 
