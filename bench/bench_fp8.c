@@ -63,7 +63,7 @@ static int run_shape(int64_t M, int64_t N, int64_t K, int with_reference) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    nl_blas_pick_core(argv); /* its sgemm baseline on OpenBLAS's fastest kernels for this CPU */
+    nl_runtime_reexec(argv); /* its sgemm baseline on OpenBLAS's fastest kernels for this CPU */
     nl_set_threads(1);
     printf("emulated FP8 GEMM, block scaling, E4M3, one thread (median of %d)\n", REPS);
     if (run_shape(768, 384, 128, 1)) return 1;

@@ -38,7 +38,7 @@ static double median(double *v, int n) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    nl_blas_pick_core(argv); /* its sgemm baseline on OpenBLAS's fastest kernels for this CPU */
+    nl_runtime_reexec(argv); /* its sgemm baseline on OpenBLAS's fastest kernels for this CPU */
     int segs = env_int("NANOLM_BENCH_GPTQ_SEGS", 2), reps = env_int("NANOLM_BENCH_GPTQ_REPS", 3);
     if (segs > SEGS_PAPER) segs = SEGS_PAPER;
     int all = nl_threads();

@@ -99,7 +99,7 @@ static int bench_linear(int64_t M, int64_t K, int threads) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    nl_blas_pick_core(argv); /* its sgemm baseline on OpenBLAS's fastest kernels for this CPU */
+    nl_runtime_reexec(argv); /* its sgemm baseline on OpenBLAS's fastest kernels for this CPU */
     const int all = omp_get_num_procs();
     printf("bench_quant: %d threads available, int8 kernel path %s\n\n", all, nl_qdot_path_name(nl_qdot_auto()));
     printf("(1) quantize a 4096 x 4096 fp32 matrix vs memcpy of the same 64 MiB (medians of %d)\n", REPS);

@@ -35,10 +35,10 @@ static int under_memcheck(const char *args, const char *log_dir, int n) {
     snprintf(outp, sizeof outp, "%s/output-%d.txt", log_dir, n);
     /* One thread each: valgrind serialises threads anyway, and fewer is faster. Leaks that
      * are definitely lost count as errors; OpenMP's and OpenBLAS's thread pools stay reachable.
-     * OPENBLAS_CORETYPE names the kernels, so that nanolm never executes itself again to pick
-     * them (nl_blas_pick_core), which would leave memcheck behind. */
+     * NANOLM_NO_REEXEC: nanolm never executes itself again (nl_runtime_reexec), which would
+     * leave memcheck behind. */
     snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Prescott timeout -k 10 900 valgrind "
+             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 NANOLM_NO_REEXEC=1 timeout -k 10 900 valgrind "
              "--tool=memcheck -q "
              "--error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite "
              "--log-file='%s' %s %s >'%s' 2>&1",

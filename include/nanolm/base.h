@@ -134,13 +134,18 @@ void nl_set_threads(int n);
 
 /* The name of the kernels OpenBLAS runs on this CPU ("SkylakeX", "Haswell", ...). */
 const char *nl_blas_core(void);
-/* OpenBLAS 0.3.21 (Debian 12) does not know CPUs newer than it (Emerald Rapids, family 6 model
- * 207, among them) and then runs its Prescott (SSE3) kernels, about 5x slower than its AVX-512
- * ones. It picks them as it loads, before main, from OPENBLAS_CORETYPE. When it chose Prescott on
- * a CPU with AVX-512 (or AVX2 and FMA) and OPENBLAS_CORETYPE is unset, this sets it to SkylakeX
- * (Haswell) and executes the program again with argv (from /proc/self/exe); otherwise, or if that
- * fails, it returns. Call it first thing in main, before any thread or MPI starts. */
-void nl_blas_pick_core(char **argv);
+/* Settings that the libraries read from the environment as they load, before main, where their
+ * defaults are slow here: when one applies and is unset, this sets it and executes the program
+ * again with argv (nl_reexec_self); otherwise, or if that fails, it returns. Call it first thing
+ * in main, before any thread or MPI starts. NANOLM_NO_REEXEC=1 turns it off (a run under
+ * valgrind, which exec would leave behind). Today one setting: OpenBLAS 0.3.21 (Debian 12) does
+ * not know CPUs newer than it (Emerald Rapids, family 6 model 207, among them) and runs its
+ * Prescott (SSE3) kernels, about 5x slower than its AVX-512 ones; where it chose Prescott on a CPU
+ * with AVX-512 (or AVX2 and FMA), OPENBLAS_CORETYPE=SkylakeX (Haswell). */
+void nl_runtime_reexec(char **argv);
+/* Executes this program's own binary (the path /proc/self/exe links to, so that ps shows its
+ * name) with argv and the current environment; returns only if that fails. */
+void nl_reexec_self(char **argv);
 
 #ifdef __cplusplus
 }

@@ -303,11 +303,20 @@ extern char *openblas_get_corename(void);
 
 const char *nl_blas_core(void) { return openblas_get_corename(); }
 
+void nl_reexec_self(char **argv) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || n >= (ssize_t)sizeof self - 1) return;
+    self[n] = '\0';
+    execv(self, argv); /* the binary's own path (not /proc/self/exe): ps and top show its name */
+}
+
 /* Measured on that CPU, one thread, a 1024 x 1024 x 1024 sgemm, best of 5: 18.8-23.6 GFLOP/s on
  * the Prescott kernels, 121-134 on Cooperlake's or SkylakeX's (the same sgemm kernel). */
-void nl_blas_pick_core(char **argv) {
+void nl_runtime_reexec(char **argv) {
+    if (getenv("NANOLM_NO_REEXEC") || getenv("OPENBLAS_CORETYPE")) return;
     const char *core = openblas_get_corename();
-    if (getenv("OPENBLAS_CORETYPE") || !core || strcmp(core, "Prescott") != 0) return;
+    if (!core || strcmp(core, "Prescott") != 0) return;
     __builtin_cpu_init();
     const char *want = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
@@ -315,8 +324,8 @@ void nl_blas_pick_core(char **argv) {
                        : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
                                                                                          : NULL;
     if (!want || setenv("OPENBLAS_CORETYPE", want, 1) != 0) return;
-    execv("/proc/self/exe", argv);
-    unsetenv("OPENBLAS_CORETYPE"); /* not executed: carry on with the kernels loaded */
+    nl_reexec_self(argv);
+    unsetenv("OPENBLAS_CORETYPE"); /* not executed: carry on as loaded */
 }
 
 int nl_threads(void) { return omp_get_max_threads(); }

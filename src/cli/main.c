@@ -67,7 +67,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    nl_blas_pick_core(argv);
+    nl_runtime_reexec(argv);
     if (argc < 2) {
         usage(stderr);
         return NL_EXIT_USAGE;
