@@ -12,11 +12,12 @@ ValueError for bad input (InvalidError, RangeError, UnsupportedError), OSError f
 (FileError, FormatError), MemoryError, NotImplementedError for an unwritten course exercise.
 """
 from ._lib import (CommError, Error, FileError, FormatError, InvalidError, NotImplementedExercise,  # noqa: F401
-                   NumericError, RangeError, UnsupportedError, last_error)
+                   NumericError, RangeError, UnsupportedError, blas_kernels, last_error)
 from ._lib import path as library_path  # noqa: F401
 from .model import Model  # noqa: F401
 from . import formats, plan, quant  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = ["Model", "formats", "plan", "quant", "Error", "InvalidError", "RangeError", "UnsupportedError",
-           "FileError", "FormatError", "NumericError", "CommError", "NotImplementedExercise", "library_path"]
+           "FileError", "FormatError", "NumericError", "CommError", "NotImplementedExercise", "library_path",
+           "blas_kernels"]

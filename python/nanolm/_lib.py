@@ -132,6 +132,15 @@ fn("nl_last_error", ctypes.c_char_p)
 fn("nl_clear_error", None)
 fn("nl_status_name", ctypes.c_char_p, ctypes.c_int)
 fn("nl_free", None, ctypes.c_void_p)
+fn("nl_blas_core", ctypes.c_char_p)
+
+
+def blas_kernels():
+    """The kernels OpenBLAS runs in this process ("SkylakeX", "Haswell", ...). The nanolm CLI
+    names AVX-512 / AVX2 ones where OpenBLAS falls back to "Prescott" on a CPU it does not know
+    (nl_runtime_reexec); a Python process keeps OpenBLAS's choice unless OPENBLAS_CORETYPE was set
+    before the library loaded."""
+    return lib.nl_blas_core().decode()
 
 
 def last_error():

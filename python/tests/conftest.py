@@ -23,12 +23,18 @@ def cli_path():
     return str(p) if p.exists() else None
 
 
-def cli_json(*args):
-    """Runs the nanolm CLI with --json and returns its JSON (skips when there is no CLI)."""
+def cli_json(*args, same_blas=False):
+    """Runs the nanolm CLI with --json and returns its JSON (skips when there is no CLI).
+    same_blas: on the OpenBLAS kernels of this process, for results compared to the digit (the CLI
+    would otherwise name faster ones where OpenBLAS falls back to Prescott)."""
     exe = cli_path()
     if not exe:
         pytest.skip("the nanolm CLI was not found (set NANOLM_BIN or build build/nanolm)")
-    p = subprocess.run([exe, *map(str, args), "--json"], capture_output=True, text=True)
+    env = None
+    if same_blas:
+        import nanolm
+        env = dict(os.environ, OPENBLAS_CORETYPE=nanolm.blas_kernels())
+    p = subprocess.run([exe, *map(str, args), "--json"], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 

@@ -88,7 +88,8 @@ def test_eval_loss_matches_cli(stories, story_file):
     ckpt, tok = stories
     m = nanolm.Model.load(ckpt, tokenizer=tok)
     loss = m.eval_loss(story_file, batch=2, seq=32)
-    d = cli_json("eval", "--ckpt", ckpt, "--tokenizer", tok, "--data", story_file, "--batch", 2, "--seq", 32)
+    d = cli_json("eval", "--ckpt", ckpt, "--tokenizer", tok, "--data", story_file, "--batch", 2, "--seq", 32,
+                 same_blas=True)
     assert loss == pytest.approx(d["mean_loss"], rel=1e-6)
     # the same tokens as an array (nl_data_open encodes with BOS)
     assert m.eval_loss(m.encode(STORY), batch=2, seq=32) == pytest.approx(loss, rel=1e-6)  # BOS + text
@@ -101,7 +102,7 @@ def test_quantize_model_matches_cli(stories, story_file):
     (int8-channel W8A8 and int4-b32), loss almost unchanged, linear weights almost 4x lighter."""
     ckpt, tok = stories
     d = cli_json("quant", "model", "--ckpt", ckpt, "--tokenizer", tok, "--data", story_file, "--seq", 32,
-                 "--batch", 2, "--scheme", "int8-channel", "--scheme", "int4-b32")
+                 "--batch", 2, "--scheme", "int8-channel", "--scheme", "int4-b32", same_blas=True)
     rows = {r["scheme"]: r for r in d["schemes"]}
     m = nanolm.Model.load(ckpt, tokenizer=tok)
     fp32_bytes = quant.model_size_bytes(m)
