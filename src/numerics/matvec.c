@@ -396,9 +396,26 @@ TGT_AVX512 INLINE void panel_bf16_pair(__m512 acc[MV_PT][MV_PZ], const uint16_t 
     panel_fma(acc, wv, x, K, 2 * i + 1, p0, 1, T);
 }
 
+/* What a tile needs beside its weights and tokens. A panel against more than 8 tokens takes
+ * several passes; the first reads it from memory, the others from L2 while the memory sits idle.
+ * Those others prefetch the next panel into L2 (nx: where this tile's share of it starts; nl:
+ * cache lines per step along k), so that its first pass too reads from L2. */
+typedef struct mv_tile {
+    const float *xs;      /* int8: the tile's first token's scale */
+    const int32_t *w_sum; /* int8: the first panel's first row's code sum */
+    const float *w_scale; /* int8: and scale */
+    const char *nx;       /* NULL: no prefetch of the next panel */
+    int nl;
+} mv_tile;
+
+TGT_AVX512 INLINE void prefetch_next_panel(const mv_tile *q, int64_t it) {
+    if (!q->nx) return;
+    for (int l = 0; l < q->nl; l++) _mm_prefetch(q->nx + (it * q->nl + l) * 64, _MM_HINT_T1);
+}
+
 /* P panels from w (ps elements apart) against T tokens; bf: bf16 panels, else fp32. */
 TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N,
-                                  const int P, const int T, const int bf, int lo, int hi, int pf) {
+                                  const int P, const int T, const int bf, int lo, int hi, int pf, const mv_tile *q) {
     __m512 acc[MV_PT][MV_PZ];
 #pragma GCC unroll 8
     for (int a = 0; a < P * T; a++)
@@ -418,6 +435,7 @@ TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, flo
 #pragma GCC unroll 3
                     for (int j = 0; j < MV_PZ; j++)
                         _mm_prefetch((const char *)(wp + p * ps + k * NL_MV_PANEL + 16 * j) + MV_PF, _MM_HINT_T0);
+            prefetch_next_panel(q, k);
             panel_fma(acc, wv, x, K, k, 0, P, T);
         }
     } else {
@@ -430,6 +448,7 @@ TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, flo
 #pragma GCC unroll 3
                     for (int j = 0; j < MV_PZ; j++)
                         _mm_prefetch((const char *)(wp + p * ps + i * 2 * NL_MV_PANEL + 32 * j) + MV_PF, _MM_HINT_T0);
+            prefetch_next_panel(q, i);
 #pragma GCC unroll 2
             for (int p = 0; p < P; p++) panel_bf16_pair(acc, wp + p * ps, x, K, i, p, T, 0);
         }
@@ -459,14 +478,9 @@ TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, flo
  * vector adds the group's 4 products into each row's int32 lane (exact, so the order is free).
  * Then, as q8_vnni_row and nl_qlinear_forward: y = (float)(sum - 128 x the row's code sum) x
  * (token scale x row scale), the same float operations per output, 16 rows at a time. */
-typedef struct mv_q8 {
-    const float *xs;      /* the tile's first token's scale */
-    const int32_t *w_sum; /* the first panel's first row's code sum */
-    const float *w_scale; /* and scale */
-} mv_q8;
 #define TGT_PANEL_Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 TGT_PANEL_Q8 INLINE void tile_q8(const int8_t *w, int64_t ps, const uint8_t *xu, float *y, int64_t kp, int64_t N,
-                                 const mv_q8 *q, const int P, const int T, int lo, int hi, int pf) {
+                                 const mv_tile *q, const int P, const int T, int lo, int hi, int pf) {
     __m512i acc[MV_PT][MV_PZ];
 #pragma GCC unroll 8
     for (int a = 0; a < P * T; a++)
@@ -485,6 +499,7 @@ TGT_PANEL_Q8 INLINE void tile_q8(const int8_t *w, int64_t ps, const uint8_t *xu,
 #pragma GCC unroll 3
                 for (int j = 0; j < MV_PZ; j++)
                     _mm_prefetch((const char *)(w + p * ps + g * 4 * NL_MV_PANEL + 64 * j) + MV_PF, _MM_HINT_T0);
+        prefetch_next_panel(q, g);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             int32_t x4;
@@ -522,14 +537,14 @@ TGT_PANEL_Q8 INLINE void tile_q8(const int8_t *w, int64_t ps, const uint8_t *xu,
  * activations, or int8's codes + 128 in rows of k_pad), into y (the panels' first row of the tile's
  * first token); q: int8's scales (NULL for fp32 and bf16). */
 typedef void (*tile_panel_fn)(const void *w, int64_t ps, const void *x, float *y, int64_t K, int64_t N, int lo, int hi,
-                              int pf, const mv_q8 *q);
+                              int pf, const mv_tile *q);
 #define TILE_PANEL(P, T, F)                                                                                            \
     TGT_PANEL_Q8 static void tile_panel_##P##_##T##_##F(const void *w, int64_t ps, const void *x, float *y, int64_t K, \
-                                                        int64_t N, int lo, int hi, int pf, const mv_q8 *q) {           \
+                                                        int64_t N, int lo, int hi, int pf, const mv_tile *q) {         \
         if (F == 2)                                                                                                    \
             tile_q8(w, ps, x, y, K, N, q, P, T, lo, hi, pf);                                                           \
         else                                                                                                           \
-            tile_panel(w, ps, x, y, K, N, P, T, F, lo, hi, pf);                                                        \
+            tile_panel(w, ps, x, y, K, N, P, T, F, lo, hi, pf, q);                                                     \
     }
 #define TILE_PANELS(F)                                                                                                 \
     TILE_PANEL(1, 1, F)                                                                                                \
@@ -577,15 +592,21 @@ static void run_panels(const nl_mv_weight *wt, const nl_mv_act *act, float *y, i
         const int64_t r0 = p * NL_MV_PANEL;
         const int lo = (int)(n0 > r0 ? n0 - r0 : 0), hi = (int)(n1 - r0 < NL_MV_PANEL ? n1 - r0 : NL_MV_PANEL);
         const void *wp = base + (size_t)(p * ps) * esz;
-        mv_q8 q = {act->scale, f == 2 ? wt->q8.w_sum + r0 : NULL, f == 2 ? wt->q8.w_scale + r0 : NULL};
+        mv_tile q = {act->scale, f == 2 ? wt->q8.w_sum + r0 : NULL, f == 2 ? wt->q8.w_scale + r0 : NULL, NULL, 0};
         if (M <= 4 && lo == 0 && r0 + 2 * NL_MV_PANEL <= n1) { /* this panel and the next, whole */
             tiles_panel[f][1][M - 1](wp, ps, x, y + r0, K, N, 0, NL_MV_PANEL, 1, &q);
             p++;
             continue;
         }
+        /* passes after the first prefetch the next panel of this range, each its share */
+        const int64_t it = f == 0 ? K : f == 1 ? K / 2 : K / 4, lines = ps * (int64_t)esz / 64;
+        const int next = ntile > 1 && it > 0 && r0 + NL_MV_PANEL < n1;
+        const int64_t nl = next ? (lines + (ntile - 1) * it - 1) / ((ntile - 1) * it) : 0;
         for (int64_t m = 0, i = 0; i < ntile; i++) {
             const int64_t T = tb + (i < extra);
             q.xs = act->scale ? act->scale + m : NULL;
+            q.nx = next && i > 0 ? (const char *)wp + ps * (int64_t)esz + (i - 1) * it * nl * 64 : NULL;
+            q.nl = (int)nl;
             tiles_panel[f][0][T - 1](wp, ps, x + (size_t)(m * K) * xsz, y + m * N + r0, K, N, lo, hi, i == 0, &q);
             m += T;
         }
