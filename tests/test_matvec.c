@@ -69,6 +69,14 @@ static void test_fp32_bf16_paths(void **state) {
     }
 }
 
+/* nl_mv_forward with th threads writes every output (y starts as NaN) with the bits of ref. */
+static void forward_is(const nl_mv_weight *wt, const float *x, int64_t M, int64_t N, float *y, const float *ref,
+                       int th) {
+    memset(y, 0xFF, (size_t)(M * N) * 4);
+    assert_int_equal(nl_mv_forward(wt, x, M, y, th), NL_OK);
+    assert_memory_equal(y, ref, (size_t)(M * N) * 4);
+}
+
 /* fp32 and bf16 on AVX-512 read panels: each output is one fused multiply-add chain over k = 0 ..
  * K - 1 from +0 (fmaf in order, over the bf16-rounded weights for bf16), the same bits for every
  * M, tile and row split. Sizes with N not a multiple of the panel (48), K odd (bf16's last pair
@@ -102,11 +110,7 @@ static void test_panels_are_an_fma_chain(void **state) {
             assert_int_equal(nl_mv_weight_init(&wt, bf ? NL_WFMT_BF16 : NL_WFMT_FP32, w, N, K, 0), NL_OK);
             assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
             assert_true(bf ? wt.bf16_panels != NULL && wt.bf16 == NULL : wt.f32_panels != NULL);
-            for (int th = 1; th <= 2; th++) {
-                memset(y, 0xFF, (size_t)(M * N) * 4);
-                assert_int_equal(nl_mv_forward(&wt, x, M, y, th), NL_OK);
-                assert_memory_equal(y, ref, (size_t)(M * N) * 4);
-            }
+            for (int th = 1; th <= 2; th++) forward_is(&wt, x, M, N, y, ref, th);
             /* another path frees the panels (bf16 moves back into rows: the same values, checked
              * against the reference by test_fp32_bf16_paths), AVX-512 again rebuilds them */
             assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_PORTABLE), NL_OK);
@@ -114,8 +118,7 @@ static void test_panels_are_an_fma_chain(void **state) {
             assert_null(wt.bf16_panels);
             assert_true(bf ? wt.bf16 != NULL : 1);
             assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
-            assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
-            assert_memory_equal(y, ref, (size_t)(M * N) * 4);
+            forward_is(&wt, x, M, N, y, ref, 2);
             nl_mv_weight_free(&wt);
             free(w);
             free(x);
@@ -149,22 +152,14 @@ static void test_int8_panels(void **state) {
         assert_int_equal(nl_mv_weight_init(&wt, NL_WFMT_INT8, w, N, K, 0), NL_OK);
         assert_non_null(wt.q8_panels);
         assert_null(wt.q8.w);
-        for (int th = 1; th <= 2; th++) {
-            memset(y, 0xFF, (size_t)(M * N) * 4);
-            assert_int_equal(nl_mv_forward(&wt, x, M, y, th), NL_OK);
-            assert_memory_equal(y, ref, (size_t)(M * N) * 4);
-        }
+        for (int th = 1; th <= 2; th++) forward_is(&wt, x, M, N, y, ref, th);
         assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX2), NL_OK);
         assert_null(wt.q8_panels);
         assert_memory_equal(wt.q8.w, ql.w, (size_t)(N * ql.k_pad));
-        memset(y, 0xFF, (size_t)(M * N) * 4);
-        assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
-        assert_memory_equal(y, ref, (size_t)(M * N) * 4);
+        forward_is(&wt, x, M, N, y, ref, 2);
         assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
         assert_non_null(wt.q8_panels);
-        memset(y, 0xFF, (size_t)(M * N) * 4);
-        assert_int_equal(nl_mv_forward(&wt, x, M, y, 2), NL_OK);
-        assert_memory_equal(y, ref, (size_t)(M * N) * 4);
+        forward_is(&wt, x, M, N, y, ref, 2);
         nl_mv_weight_free(&wt);
         nl_qlinear_free(&ql);
         free(w);

@@ -103,6 +103,38 @@ static nl_status panel_alloc(const nl_mv_weight *wt, int64_t kp, size_t esz, voi
     return *out ? NL_OK : NL_ERR_NOMEM;
 }
 
+/* One element of esz bytes (1, 2 or 4) from s to d, or zero (s NULL); memcpy of a constant
+ * size is one move, and says nothing of the element's type. */
+static inline void panel_el(void *d, const void *s, size_t esz) {
+    static const char zero[4];
+    switch (esz) {
+    case 1: memcpy(d, s ? s : zero, 1); break;
+    case 2: memcpy(d, s ? s : zero, 2); break;
+    default: memcpy(d, s ? s : zero, 4); break;
+    }
+}
+
+/* Copies rows (N rows of rs elements, the first K used) into panels of kp columns (pack = 1:
+ * from src to dst, zero past K and N) or panels back into rows (pack = 0), elements of esz bytes,
+ * 4 / esz of them per 32-bit lane (fp32 one column, bf16 a pair, int8 a group of 4: see above). */
+static void panel_copy(const char *src, char *dst, int64_t rs, int64_t N, int64_t K, int64_t kp, size_t esz, int pack) {
+    const int64_t v = 4 / (int64_t)esz, np = (N + NL_MV_PANEL - 1) / NL_MV_PANEL;
+    for (int64_t b = 0; b < np; b++)
+        for (int64_t j = 0; j < NL_MV_PANEL; j++) {
+            const int64_t r = b * NL_MV_PANEL + j;
+            for (int64_t k = 0; k < kp; k++) {
+                /* row j's lane of step k / v in panel b, and the element in its row */
+                const size_t at_pan = (size_t)(b * kp * NL_MV_PANEL + (k / v) * v * NL_MV_PANEL + v * j + k % v) * esz;
+                const int in_rows = r < N && k < K;
+                const size_t at_row = in_rows ? (size_t)(r * rs + k) * esz : 0;
+                if (pack)
+                    panel_el(dst + at_pan, in_rows ? src + at_row : NULL, esz);
+                else if (in_rows)
+                    panel_el(dst + at_row, src + at_pan, esz);
+            }
+        }
+}
+
 static nl_status f32_pack(nl_mv_weight *wt, int pack) {
     if (wt->fmt != NL_WFMT_FP32 || !pack == !wt->f32_panels) return NL_OK;
     if (!pack) {
@@ -110,80 +142,46 @@ static nl_status f32_pack(nl_mv_weight *wt, int pack) {
         wt->f32_panels = NULL;
         return NL_OK;
     }
-    const int64_t N = wt->rows, K = wt->cols, np = (N + NL_MV_PANEL - 1) / NL_MV_PANEL;
     void *mem = NULL;
-    NL_TRY(panel_alloc(wt, K, sizeof(float), &mem));
-    float *p = mem;
-    for (int64_t b = 0; b < np; b++)
-        for (int64_t j = 0; j < NL_MV_PANEL; j++) {
-            const int64_t r = b * NL_MV_PANEL + j;
-            float *d = p + b * K * NL_MV_PANEL + j;
-            for (int64_t k = 0; k < K; k++) d[k * NL_MV_PANEL] = r < N ? wt->f32[r * K + k] : 0.0f;
-        }
-    wt->f32_panels = p;
+    NL_TRY(panel_alloc(wt, wt->cols, sizeof(float), &mem));
+    panel_copy((const char *)wt->f32, mem, wt->cols, wt->rows, wt->cols, wt->cols, sizeof(float), 1);
+    wt->f32_panels = mem;
+    return NL_OK;
+}
+
+/* bf16 and int8: the values move between their rows (*rows, allocated as `what`, freed after
+ * packing) and their panels (*pan, freed after unpacking). */
+static nl_status move_pack(const nl_mv_weight *wt, void **rows, void **pan, int64_t rs, int64_t K, int64_t kp,
+                           size_t esz, int pack, const char *what) {
+    void *mem = NULL;
+    if (pack)
+        NL_TRY(panel_alloc(wt, kp, esz, &mem));
+    else if (!(mem = nl_calloc((size_t)wt->rows, (size_t)rs * esz, what)))
+        return NL_ERR_NOMEM;
+    panel_copy(pack ? *rows : *pan, mem, rs, wt->rows, K, kp, esz, pack);
+    nl_free(pack ? *rows : *pan);
+    *rows = pack ? NULL : mem;
+    *pan = pack ? mem : NULL;
     return NL_OK;
 }
 
 static nl_status bf16_pack(nl_mv_weight *wt, int pack) {
     if (wt->fmt != NL_WFMT_BF16 || !pack == !wt->bf16_panels) return NL_OK;
-    const int64_t N = wt->rows, K = wt->cols, kp = K + (K & 1), np = (N + NL_MV_PANEL - 1) / NL_MV_PANEL;
-    uint16_t *rows = wt->bf16, *pan = wt->bf16_panels;
-    if (pack) {
-        void *mem = NULL;
-        NL_TRY(panel_alloc(wt, kp, sizeof(uint16_t), &mem));
-        pan = mem;
-    } else {
-        rows = nl_malloc((size_t)(N * K) * sizeof(uint16_t), "bf16 matvec weight");
-        if (!rows) return NL_ERR_NOMEM;
-    }
-    for (int64_t b = 0; b < np; b++)
-        for (int64_t j = 0; j < NL_MV_PANEL; j++) {
-            const int64_t r = b * NL_MV_PANEL + j;
-            uint16_t *d = pan + b * kp * NL_MV_PANEL + 2 * j; /* row j's lane of pair 0 */
-            for (int64_t k = 0; k < kp; k++) {
-                uint16_t *pk = d + (k / 2) * 2 * NL_MV_PANEL + (k & 1);
-                if (!pack) {
-                    if (r < N && k < K) rows[r * K + k] = *pk;
-                } else {
-                    *pk = r < N && k < K ? rows[r * K + k] : 0;
-                }
-            }
-        }
-    nl_free(pack ? rows : pan);
-    wt->bf16 = pack ? NULL : rows;
-    wt->bf16_panels = pack ? pan : NULL;
+    const int64_t K = wt->cols;
+    void *rows = wt->bf16, *pan = wt->bf16_panels;
+    NL_TRY(move_pack(wt, &rows, &pan, K, K, K + (K & 1), sizeof(uint16_t), pack, "bf16 matvec weight"));
+    wt->bf16 = rows;
+    wt->bf16_panels = pan;
     return NL_OK;
 }
 
 static nl_status q8_pack(nl_mv_weight *wt, int pack) {
     if (wt->fmt != NL_WFMT_INT8 || !pack == !wt->q8_panels) return NL_OK;
-    nl_qlinear *l = &wt->q8;
-    const int64_t N = wt->rows, kp = l->k_pad, np = (N + NL_MV_PANEL - 1) / NL_MV_PANEL;
-    int8_t *rows = l->w, *pan = wt->q8_panels;
-    if (pack) {
-        void *mem = NULL;
-        NL_TRY(panel_alloc(wt, kp, 1, &mem));
-        pan = mem;
-    } else {
-        rows = nl_calloc((size_t)N, (size_t)kp, "QuantizedLinear weights");
-        if (!rows) return NL_ERR_NOMEM;
-    }
-    for (int64_t b = 0; b < np; b++)
-        for (int64_t j = 0; j < NL_MV_PANEL; j++) {
-            const int64_t r = b * NL_MV_PANEL + j;
-            int8_t *d = pan + b * kp * NL_MV_PANEL + 4 * j; /* row j's lane of group 0 */
-            for (int64_t k = 0; k < kp; k++) {
-                int8_t *pk = d + (k / 4) * 4 * NL_MV_PANEL + (k & 3);
-                if (!pack) {
-                    if (r < N) rows[r * kp + k] = *pk;
-                } else {
-                    *pk = r < N ? rows[r * kp + k] : 0;
-                }
-            }
-        }
-    nl_free(pack ? rows : pan);
-    l->w = pack ? NULL : rows;
-    wt->q8_panels = pack ? pan : NULL;
+    const int64_t kp = wt->q8.k_pad;
+    void *rows = wt->q8.w, *pan = wt->q8_panels;
+    NL_TRY(move_pack(wt, &rows, &pan, kp, kp, kp, 1, pack, "QuantizedLinear weights"));
+    wt->q8.w = rows;
+    wt->q8_panels = pan;
     return NL_OK;
 }
 
