@@ -138,7 +138,7 @@ const char *nl_blas_core(void);
  * defaults are slow here: when one applies and is unset, this sets it and executes the program
  * again with argv (nl_reexec_self); otherwise, or if that fails, it returns. Call it first thing
  * in main, before any thread or MPI starts. NANOLM_NO_REEXEC=1 turns it off (a run under
- * valgrind, which exec would leave behind). Today one setting: OpenBLAS 0.3.21 (Debian 12) does
+ * valgrind, which exec would leave behind); an AddressSanitizer build never does it. Today one setting: OpenBLAS 0.3.21 (Debian 12) does
  * not know CPUs newer than it (Emerald Rapids, family 6 model 207, among them) and runs its
  * Prescott (SSE3) kernels, about 5x slower than its AVX-512 ones; where it chose Prescott on a CPU
  * with AVX-512 (or AVX2 and FMA), OPENBLAS_CORETYPE=SkylakeX (Haswell). */
