@@ -534,11 +534,16 @@ static nl_status engine_step_s(const nl_arch *a, int64_t layers, int threads, co
 
 /* The engine's residual at batch 1 beyond the linears, attention and per-row work the rates
  * above predict, on 1- and 3-layer models of arch's dims: per layer (the slope) and per step
- * (the rest). Clamped at 0 (noise). */
+ * (the rest). The two models run in turn three times and each step time is the median of its
+ * three: a residual is a small difference of large times, and one run slowed by another process
+ * would otherwise pass whole into every prediction. Clamped at 0 (noise). */
 static nl_status measure_overheads(const nl_arch *a, int threads, const nl_machine_opts *o, nl_cpu_rates *r) {
-    double t1 = 0, t3 = 0;
-    NL_TRY(engine_step_s(a, 1, threads, o, &t1));
-    NL_TRY(engine_step_s(a, 3, threads, o, &t3));
+    double v1[3], v3[3];
+    for (int k = 0; k < 3; k++) {
+        NL_TRY(engine_step_s(a, 1, threads, o, &v1[k]));
+        NL_TRY(engine_step_s(a, 3, threads, o, &v3[k]));
+    }
+    double t1 = median_of(v1, 3), t3 = median_of(v3, 3);
     nl_engine_plan_req q;
     nl_engine_plan_req_default(&q);
     q.arch = *a;
