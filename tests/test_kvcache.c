@@ -165,47 +165,52 @@ static void stories(void **state) {
 
 /* A prompt chunk's tiled attention (nl_kvcache_attend_rows) gives each token the bits that
  * attending it alone (nl_kvcache_attend_head) gives: fp32 and int8 pools, grouped-query heads,
- * blocks scattered in the pool, chunks that start mid-block and end mid-tile. */
+ * blocks scattered in the pool, chunks that start mid-block and end mid-tile; heads of 24
+ * dimensions (partial vectors), 32 and 96 (a last group of two whole vectors) and 64 and 128
+ * (groups of four), which take different loops in the one-token sum. */
 static void attend_rows_equals_one_at_a_time(void **state) {
     (void)state;
-    const int64_t NH = 4, KVH = 2, hd = 24, bs = 5, S = 80, QKV = (NH + 2 * KVH) * hd;
-    for (int dt = 0; dt <= 1; dt++) {
-        nl_kvcache c;
-        assert_int_equal(nl_kvcache_init(&c, 1, KVH, hd, (nl_kv_dtype)dt, bs, 2 * S / bs), NL_OK);
-        int32_t table[S / bs];
-        for (int64_t b = 0; b < S / bs; b++) {
-            (void)nl_kvcache_alloc(&c); /* every other block, so the table is not the identity */
-            table[b] = nl_kvcache_alloc(&c);
-            assert_true(table[b] >= 0);
-        }
-        float *q = malloc(sizeof(float) * S * QKV), *tiled = malloc(sizeof(float) * S * NH * hd),
-              *one = malloc(sizeof(float) * NH * hd);
-        float *scratch = malloc(sizeof(float) * nl_kvcache_attend_scratch(S, S, hd));
-        uint64_t rng = 12345;
-        for (int64_t i = 0; i < S * QKV; i++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            q[i] = (float)((int64_t)(rng >> 40) % 2001 - 1000) / 250.0f;
-        }
-        for (int64_t t = 0; t < S; t++)
-            nl_kvcache_store(&c, table, 0, t, q + t * QKV + NH * hd, q + t * QKV + (NH + KVH) * hd);
-        const int64_t chunks[][2] = {{0, 1}, {0, 16}, {3, 17}, {17, 40}, {57, 23}, {79, 1}};
-        for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
-            int64_t pos0 = chunks[k][0], nq = chunks[k][1];
-            for (int64_t h = 0; h < NH; h++)
-                nl_kvcache_attend_rows(&c, table, 0, pos0, nq, q + pos0 * QKV, QKV, NH, h, tiled + h * hd, NH * hd,
-                                       scratch);
-            for (int64_t r = 0; r < nq; r++) {
-                for (int64_t h = 0; h < NH; h++)
-                    nl_kvcache_attend_head(&c, table, 0, pos0 + r, q + (pos0 + r) * QKV, NH, h, one + h * hd, scratch);
-                assert_memory_equal(one, tiled + r * NH * hd, sizeof(float) * NH * hd);
+    static const int64_t HDS[] = {24, 32, 64, 96, 128};
+    for (size_t hi = 0; hi < sizeof HDS / sizeof HDS[0]; hi++)
+        for (int dt = 0; dt <= 1; dt++) {
+            const int64_t NH = 4, KVH = 2, hd = HDS[hi], bs = 5, S = 80, QKV = (NH + 2 * KVH) * hd;
+            nl_kvcache c;
+            assert_int_equal(nl_kvcache_init(&c, 1, KVH, hd, (nl_kv_dtype)dt, bs, 2 * S / bs), NL_OK);
+            int32_t table[S / bs];
+            for (int64_t b = 0; b < S / bs; b++) {
+                (void)nl_kvcache_alloc(&c); /* every other block, so the table is not the identity */
+                table[b] = nl_kvcache_alloc(&c);
+                assert_true(table[b] >= 0);
             }
+            float *q = malloc(sizeof(float) * S * QKV), *tiled = malloc(sizeof(float) * S * NH * hd),
+                  *one = malloc(sizeof(float) * NH * hd);
+            float *scratch = malloc(sizeof(float) * nl_kvcache_attend_scratch(S, S, hd));
+            uint64_t rng = 12345;
+            for (int64_t i = 0; i < S * QKV; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                q[i] = (float)((int64_t)(rng >> 40) % 2001 - 1000) / 250.0f;
+            }
+            for (int64_t t = 0; t < S; t++)
+                nl_kvcache_store(&c, table, 0, t, q + t * QKV + NH * hd, q + t * QKV + (NH + KVH) * hd);
+            const int64_t chunks[][2] = {{0, 1}, {0, 16}, {3, 17}, {17, 40}, {57, 23}, {79, 1}};
+            for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+                int64_t pos0 = chunks[k][0], nq = chunks[k][1];
+                for (int64_t h = 0; h < NH; h++)
+                    nl_kvcache_attend_rows(&c, table, 0, pos0, nq, q + pos0 * QKV, QKV, NH, h, tiled + h * hd, NH * hd,
+                                           scratch);
+                for (int64_t r = 0; r < nq; r++) {
+                    for (int64_t h = 0; h < NH; h++)
+                        nl_kvcache_attend_head(&c, table, 0, pos0 + r, q + (pos0 + r) * QKV, NH, h, one + h * hd,
+                                               scratch);
+                    assert_memory_equal(one, tiled + r * NH * hd, sizeof(float) * NH * hd);
+                }
+            }
+            free(q);
+            free(tiled);
+            free(one);
+            free(scratch);
+            nl_kvcache_free(&c);
         }
-        free(q);
-        free(tiled);
-        free(one);
-        free(scratch);
-        nl_kvcache_free(&c);
-    }
 }
 
 int main(void) {

@@ -229,8 +229,13 @@ static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64
             rf[n] = walk_f32(&w);
     }
     for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
-    /* the next tile's keys, wanted after this tile's scores */
+    /* the next tile's keys, wanted after this tile's scores, and this tile's values, wanted by
+     * the weighted sum after the softmax: by then they are in cache, where a walk that waited
+     * on each block would run at a fraction of the memory's speed */
     for (int j = 0; j < NL_KV_KTILE && t0 + n + j <= last; j++, walk_next(&w)) walk_prefetch(&w);
+    kv_walk v;
+    walk_start(&v, c, table, l, 1, kh, t0, last + 1);
+    for (int j = 0; j < n; j++, walk_next(&v)) walk_prefetch(&v);
     for (int64_t i0 = 0; i0 < hd; i0 += NL_KV_KTILE) {
         const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
         v16 m[NL_KV_KTILE];
@@ -385,10 +390,19 @@ static inline void value64(v16 x[4], const kv_walk *w, int64_t g, const int64_t 
         for (int k = 0; k < 4; k++) row16_f32(&x[k], walk_f32(w) + g + k * PV_LANES, lanes[k]);
 }
 
+/* Moves a walk KV_AHEAD positions ahead of position t one position on, having prefetched its row
+ * (*pf: 0 once it has passed the end). */
+static inline void ahead_next(kv_walk *a, int *pf, int64_t t) {
+    if (!*pf) return;
+    walk_prefetch(a);
+    if ((*pf = t + 1 + KV_AHEAD < a->end)) walk_next(a);
+}
+
 /* One token's output (hd) at position pos: out[i] = sum over positions 0 .. pos, in order, of
  * p[t] * v[t][i] (p times the value's fp16 scale for an int8 pool), started from 0. 64
  * dimensions at a time in four register accumulators, so each value row is read once per 64
- * dimensions and the four chains overlap. */
+ * dimensions and the four chains overlap; an fp32 head of 32 dimensions (or 16, 48) loads only
+ * the vectors it has. The rows KV_AHEAD positions on are prefetched as the walk goes. */
 static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, const float *p,
                       float *out) {
     const int64_t hd = c->hd;
@@ -396,11 +410,18 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
     for (int64_t g = 0; g < hd; g += 4 * PV_LANES) {
         int64_t lanes[4];
         lanes64(hd, g, lanes);
+        int whole = 0; /* fp32 with every present group of 16 complete: how many groups */
+        if (!int8) {
+            while (whole < 4 && lanes[whole] == PV_LANES) whole++;
+            if (whole < 4 && lanes[whole] != 0) whole = 0;
+        }
         v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        kv_walk w;
+        kv_walk w, ahead = {0};
         walk_start(&w, c, table, l, 1, kh, 0, pos + 1);
-        if (!int8 && lanes[3] == PV_LANES) {
+        int pf = walk_ahead(&ahead, &w, 0);
+        if (whole == 4) {
             for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+                ahead_next(&ahead, &pf, t);
                 const float *v = walk_f32(&w) + g, pt = p[t];
                 v16 x0, x1, x2, x3;
                 load16(&x0, v);
@@ -412,11 +433,22 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
                 a2 += pt * x2;
                 a3 += pt * x3;
             }
+        } else if (whole == 2) {
+            for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+                ahead_next(&ahead, &pf, t);
+                const float *v = walk_f32(&w) + g, pt = p[t];
+                v16 x0, x1;
+                load16(&x0, v);
+                load16(&x1, v + PV_LANES);
+                a0 += pt * x0;
+                a1 += pt * x1;
+            }
         } else {
             float scale = 1.0f;
             for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+                ahead_next(&ahead, &pf, t);
                 v16 x[4];
-                value64(x, &w, g, lanes, 0, &scale);
+                value64(x, &w, g, lanes, whole == 4, &scale);
                 const float pt = int8 ? p[t] * scale : p[t];
                 a0 += pt * x[0];
                 a1 += pt * x[1];
@@ -446,10 +478,7 @@ static void pv_rows_f32(kv_walk *w, int64_t off, int64_t pos, const float *const
     kv_walk ahead = {0};
     int pf = walk_ahead(&ahead, w, 0);
     for (int64_t t = 0; t <= pos; t++, walk_next(w)) {
-        if (pf) {
-            walk_prefetch(&ahead);
-            if ((pf = t + 1 + KV_AHEAD < w->end)) walk_next(&ahead);
-        }
+        ahead_next(&ahead, &pf, t);
         const float *v = walk_f32(w) + off;
         v16 x0, x1, x2, x3;
         load16(&x0, v);
