@@ -355,13 +355,18 @@ INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
  * panels one after another for each pair of columns (raw vectors, then each half widened in
  * turn), so that P = 2 stays inside the registers; each output's chain is the same. Outputs are
  * stored straight from the accumulators, the lanes of rows lo .. hi - 1 of the panel only (P =
- * 1). pf: prefetch MV_PF bytes ahead in each panel (the first token tile of a panel streams it
- * from memory; the panels of a thread's rows lie back to back, so this runs on into the next
- * one). Without it, two panels at a time read less on this VM, whose memory read ~14 GB/s per
+ * 1). pf: prefetch ahead in each panel (the first token tile of a panel streams it from memory;
+ * the panels of a thread's rows lie back to back, so this runs on into the next one): into L1
+ * MV_PF_L1 bytes ahead and into L2 MV_PF_L2 bytes ahead (int8: MV_PF bytes, into L1). Without it, two panels at a time read less on this VM, whose memory read ~14 GB/s per
  * core on 2026-12-02 (48 linears at one token, best of 9, three alternated runs, GB/s, 1 / 2
  * threads: fp32 13.3-14.2 / 22.8-26.5 without, 13.3-16.4 / 25.4-31.1 with; bf16 11.0-13.2 /
  * 20.0-21.6 without, 13.4-14.8 / 21.3-28.7 with). */
-enum { MV_PZ = NL_MV_PANEL / 16, MV_PT = 8, MV_PF = 4096 };
+/* Two distances beat one 4 KB ahead into L1 (the 48 linears, out of cache, best of 7-9, three
+ * alternated runs each, 2026-12-02, GB/s): fp32 1 token 2 threads 14.1*-27.5 -> 27.2-30.3, 8
+ * tokens 20.0-22.5 -> 20.8-23.6 (* one outlier); bf16 1 token 10.7-11.3 -> 12.0-12.6 on one
+ * thread, 18.9-22.1 -> 22.8-24.3 on two. 4 KB into L1 and 16 KB into L2 read more at 8 tokens
+ * but fell to 15 GB/s in two runs of six at one token. */
+enum { MV_PZ = NL_MV_PANEL / 16, MV_PT = 8, MV_PF = 4096, MV_PF_L1 = 2048, MV_PF_L2 = 8192 };
 
 /* acc[(p0 + p) * T + t] += wv[p] * token t's x[k], for the np panels p0 .. p0 + np - 1 */
 TGT_AVX512 INLINE void panel_fma(__m512 acc[MV_PT][MV_PZ], const __m512 wv[][MV_PZ], const float *x, int64_t K,
@@ -431,8 +436,11 @@ TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, flo
 #pragma GCC unroll 2
                 for (int p = 0; p < P; p++)
 #pragma GCC unroll 3
-                    for (int j = 0; j < MV_PZ; j++)
-                        _mm_prefetch((const char *)(wp + p * ps + k * NL_MV_PANEL + 16 * j) + MV_PF, _MM_HINT_T0);
+                    for (int j = 0; j < MV_PZ; j++) {
+                        const char *a = (const char *)(wp + p * ps + k * NL_MV_PANEL + 16 * j);
+                        _mm_prefetch(a + MV_PF_L1, _MM_HINT_T0);
+                        _mm_prefetch(a + MV_PF_L2, _MM_HINT_T1);
+                    }
             prefetch_next_panel(q, k);
             panel_fma(acc, wv, x, K, k, 0, P, T);
         }
@@ -444,8 +452,11 @@ TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, flo
 #pragma GCC unroll 2
                 for (int p = 0; p < P; p++)
 #pragma GCC unroll 3
-                    for (int j = 0; j < MV_PZ; j++)
-                        _mm_prefetch((const char *)(wp + p * ps + i * 2 * NL_MV_PANEL + 32 * j) + MV_PF, _MM_HINT_T0);
+                    for (int j = 0; j < MV_PZ; j++) {
+                        const char *a = (const char *)(wp + p * ps + i * 2 * NL_MV_PANEL + 32 * j);
+                        _mm_prefetch(a + MV_PF_L1, _MM_HINT_T0);
+                        _mm_prefetch(a + MV_PF_L2, _MM_HINT_T1);
+                    }
             prefetch_next_panel(q, i);
 #pragma GCC unroll 2
             for (int p = 0; p < P; p++) panel_bf16_pair(acc, wp + p * ps, x, K, i, p, T, 0);
