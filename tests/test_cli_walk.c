@@ -367,14 +367,10 @@ static void test_json_parses(void **state) {
              * exit, crashed now and then (signal 11 in the tracer, exit 1, no report), and what
              * Open MPI keeps it cannot name once the plugins are unloaded. */
             int mpi = getenv("NANOLM_SANITIZED") && !strncmp(examples[k], "collectives ", 12);
-            const char *had = getenv("ASAN_OPTIONS");
-            char *saved = had ? strdup(had) : NULL;
+            char *saved = mpi && getenv("ASAN_OPTIONS") ? strdup(getenv("ASAN_OPTIONS")) : NULL;
             if (mpi) setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
             int rc = tu_run_cli_ex(&o, examples[k], &out, NULL);
-            if (mpi && saved)
-                setenv("ASAN_OPTIONS", saved, 1);
-            else if (mpi)
-                unsetenv("ASAN_OPTIONS");
+            if (mpi) saved ? setenv("ASAN_OPTIONS", saved, 1) : unsetenv("ASAN_OPTIONS");
             free(saved);
             if (rc != 0) fail_msg("nanolm %s exited %d: %s", examples[k], rc, out ? out : "");
             cJSON *doc = cJSON_Parse(out);

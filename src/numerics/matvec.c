@@ -416,6 +416,12 @@ TGT_AVX512 INLINE void prefetch_next_panel(const mv_tile *q, int64_t it) {
     for (int l = 0; l < q->nl; l++) _mm_prefetch(q->nx + (it * q->nl + l) * 64, _MM_HINT_T1);
 }
 
+/* The cache line at a, MV_PF_L1 bytes on into L1 and MV_PF_L2 bytes on into L2. */
+TGT_AVX512 INLINE void prefetch_panel(const char *a) {
+    _mm_prefetch(a + MV_PF_L1, _MM_HINT_T0);
+    _mm_prefetch(a + MV_PF_L2, _MM_HINT_T1);
+}
+
 /* P panels from w (ps elements apart) against T tokens; bf: bf16 panels, else fp32. */
 TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N,
                                   const int P, const int T, const int bf, int lo, int hi, int pf, const mv_tile *q) {
@@ -436,11 +442,8 @@ TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, flo
 #pragma GCC unroll 2
                 for (int p = 0; p < P; p++)
 #pragma GCC unroll 3
-                    for (int j = 0; j < MV_PZ; j++) {
-                        const char *a = (const char *)(wp + p * ps + k * NL_MV_PANEL + 16 * j);
-                        _mm_prefetch(a + MV_PF_L1, _MM_HINT_T0);
-                        _mm_prefetch(a + MV_PF_L2, _MM_HINT_T1);
-                    }
+                    for (int j = 0; j < MV_PZ; j++)
+                        prefetch_panel((const char *)(wp + p * ps + k * NL_MV_PANEL + 16 * j));
             prefetch_next_panel(q, k);
             panel_fma(acc, wv, x, K, k, 0, P, T);
         }
@@ -452,11 +455,8 @@ TGT_AVX512 INLINE void tile_panel(const void *w, int64_t ps, const float *x, flo
 #pragma GCC unroll 2
                 for (int p = 0; p < P; p++)
 #pragma GCC unroll 3
-                    for (int j = 0; j < MV_PZ; j++) {
-                        const char *a = (const char *)(wp + p * ps + i * 2 * NL_MV_PANEL + 32 * j);
-                        _mm_prefetch(a + MV_PF_L1, _MM_HINT_T0);
-                        _mm_prefetch(a + MV_PF_L2, _MM_HINT_T1);
-                    }
+                    for (int j = 0; j < MV_PZ; j++)
+                        prefetch_panel((const char *)(wp + p * ps + i * 2 * NL_MV_PANEL + 32 * j));
             prefetch_next_panel(q, i);
 #pragma GCC unroll 2
             for (int p = 0; p < P; p++) panel_bf16_pair(acc, wp + p * ps, x, K, i, p, T, 0);

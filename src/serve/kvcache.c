@@ -448,7 +448,7 @@ static void pv_decode(const nl_kvcache *c, const int32_t *table, int64_t l, int6
             for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
                 ahead_next(&ahead, &pf, t);
                 v16 x[4];
-                value64(x, &w, g, lanes, whole == 4, &scale);
+                value64(x, &w, g, lanes, 0, &scale);
                 const float pt = int8 ? p[t] * scale : p[t];
                 a0 += pt * x[0];
                 a1 += pt * x[1];
