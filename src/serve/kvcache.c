@@ -202,7 +202,7 @@ static inline void row16_i8(v16 *out, const int8_t *r, int64_t lanes) {
             m[r] = __builtin_shufflevector(a, b, T16_IDX(T16_LO1, d));                                                 \
             m[r | (d)] = __builtin_shufflevector(a, b, T16_IDX(T16_HI1, d));                                           \
         }
-static void transpose16(v16 m[16]) {
+static inline __attribute__((always_inline)) void transpose16(v16 m[16]) {
     T16_ROUND(m, 1)
     T16_ROUND(m, 2)
     T16_ROUND(m, 4)
@@ -266,6 +266,63 @@ static void tile_scores(const float *q, const float *kt, const float *ks, int64_
     for (int64_t i = 0; i < hd; i++) {
         load16(&k, kt + i * NL_KV_KTILE);
         sc += q[i] * k;
+    }
+    score_out(&sc, ks, scale, int8, a);
+}
+
+/* One query's scores against positions t0 .. last (at most one tile): a[j] = (sum over i, in
+ * order, of q[i] * k[t0 + j][i]) * scale, as tile_scores over key_tile's transposed keys, but
+ * each 16 x 16 block is multiplied while it is in registers. The prefetches of the next tile's
+ * keys and of this tile's values are spread over the blocks, so that they do not stall the
+ * loads of this one all at once. */
+static void decode_scores(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
+                          const float *q, float scale, float *a) {
+    const int64_t hd = c->hd;
+    const int int8 = c->dtype == NL_KV_INT8;
+    const float *rf[NL_KV_KTILE];
+    const int8_t *rc[NL_KV_KTILE];
+    float ks[NL_KV_KTILE];
+    int n = 0;
+    kv_walk w;
+    walk_start(&w, c, table, l, 0, kh, t0, last + 1);
+    for (; n < NL_KV_KTILE && t0 + n <= last; n++, walk_next(&w)) {
+        if (int8) {
+            rc[n] = walk_codes(&w);
+            ks[n] = walk_scale(&w);
+        } else
+            rf[n] = walk_f32(&w);
+    }
+    for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
+    const int64_t n_next = last - (t0 + n) + 1 < NL_KV_KTILE ? last - (t0 + n) + 1 : NL_KV_KTILE;
+    kv_walk v;
+    walk_start(&v, c, table, l, 1, kh, t0, last + 1);
+    const int64_t blocks = (hd + NL_KV_KTILE - 1) / NL_KV_KTILE;
+    int64_t pk = 0, pv = 0;
+    v16 sc = {0};
+    for (int64_t i0 = 0, b = 0; i0 < hd; i0 += NL_KV_KTILE, b++) {
+        const int64_t upto = (b + 1) * NL_KV_KTILE / blocks;
+        for (; pk < upto && pk < n_next; pk++, walk_next(&w)) walk_prefetch(&w);
+        for (; pv < upto && pv < n; pv++, walk_next(&v)) walk_prefetch(&v);
+        const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
+        v16 m[NL_KV_KTILE];
+        if (!int8 && n == NL_KV_KTILE && lanes == NL_KV_KTILE) { /* a whole fp32 block: in registers */
+#pragma GCC unroll 16
+            for (int j = 0; j < NL_KV_KTILE; j++) load16(&m[j], rf[j] + i0);
+            transpose16(m);
+#pragma GCC unroll 16
+            for (int i = 0; i < NL_KV_KTILE; i++) sc += q[i0 + i] * m[i];
+            continue;
+        }
+        for (int j = 0; j < NL_KV_KTILE; j++) {
+            if (j >= n)
+                m[j] = (v16){0};
+            else if (int8)
+                row16_i8(&m[j], rc[j] + i0, lanes);
+            else
+                row16_f32(&m[j], rf[j] + i0, lanes);
+        }
+        transpose16(m);
+        for (int64_t i = 0; i < lanes; i++) sc += q[i0 + i] * m[i];
     }
     score_out(&sc, ks, scale, int8, a);
 }
@@ -554,12 +611,19 @@ void nl_kvcache_attend_rows(const nl_kvcache *c, const int32_t *table, int64_t l
     const float scale = 1.0f / sqrtf((float)hd);
     const int int8 = c->dtype == NL_KV_INT8;
     float *kt = scratch + nq * row, ks[NL_KV_KTILE];
+    if (nq == 1) { /* a decode: its keys multiplied in registers, no transposed tile in memory */
+        for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE)
+            decode_scores(c, table, l, kh, t0, last, q + h * hd, scale, scratch + t0);
+        softmax_rows(scratch, 1, row, pos0);
+        pv_decode(c, table, l, kh, pos0, scratch, out);
+        return;
+    }
     /* scores: row r of the tile (position pos0 + r) needs positions 0..pos0 + r */
     for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE) {
         key_tile(c, table, l, kh, t0, last, kt, ks);
         for (int64_t r = t0 > pos0 ? t0 - pos0 : 0; r < nq; r += SCORE_Q) {
             const int nr = nq - r < SCORE_Q ? (int)(nq - r) : SCORE_Q;
-            if (nr == 1) /* a decode, or a chunk's last row: one chain, no dropped rows */
+            if (nr == 1) /* a chunk's last row: one chain, no dropped rows */
                 tile_scores(q + r * q_stride + h * hd, kt, ks, hd, scale, int8, scratch + r * row + t0);
             else
                 tile_scores_rows(q + r * q_stride + h * hd, q_stride, nr, kt, ks, hd, scale, int8,
