@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "nanolm/engine.h"
+#include "nanolm/model_export.h"
 #include "nanolm/model.h"
 
 /* A byte-vocabulary model whose weights are scaled up, so that logits are far apart and
@@ -467,6 +468,58 @@ static void test_weight_formats(void **state) {
     nl_model_free(&m);
 }
 
+/* An engine that loads its checkpoint (nl_engine_open) gives back the pages of the model's fp32
+ * matrices that its own weights copied (test_matvec: a detached weight reads nothing of its
+ * source): its greedy tokens must be those of an engine over the same model in memory, in every
+ * format, with a tied classifier (kept: the embedding rows are read) and an untied one (released
+ * with the linears). A read of a released page would see zeros. */
+static void test_loaded_engine_matches_borrowed(void **state) {
+    (void)state;
+    const char *tok = tu_committed_data("stories260K/tok512.bin");
+    char *dir = tu_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/model.bin", dir);
+    for (int tied = 1; tied >= 0; tied--) {
+        nl_model m;
+        make_model(&m, 64);
+        nl_arch a = m.arch; /* the same shape with stories260K's vocabulary, whose tokenizer a
+                               llama2.c file needs, and the classifier tied or not */
+        a.vocab_size = 512;
+        a.tied_embeddings = tied;
+        nl_model_free(&m);
+        assert_int_equal(nl_model_init(&m, &a), NL_OK);
+        nl_model_init_random(&m, 43);
+        for (size_t i = 0; i < m.n_params; i++) m.params[i] *= 25.0f;
+        assert_int_equal(nl_model_save_llama2c(path, &m), NL_OK);
+        int32_t p[8], *pp = p;
+        int64_t pl = 8;
+        prompt_of(7, p, 8);
+        nl_sampling s = greedy(16);
+        for (int f = NL_WFMT_FP32; f < NL_WFMT_COUNT; f++) {
+            nl_engine_opts o;
+            nl_engine_opts_default(&o);
+            o.weights = (nl_wfmt)f;
+            nl_engine *borrowed, *loaded;
+            assert_int_equal(nl_engine_open_model(&borrowed, &m, NULL, &o), NL_OK);
+            assert_int_equal(nl_engine_open(&loaded, path, tok, &o), NL_OK);
+            int32_t *a, *b;
+            int64_t na, nb;
+            run_all(borrowed, 1, &pp, &pl, &s, &a, &na, NULL);
+            run_all(loaded, 1, &pp, &pl, &s, &b, &nb, NULL);
+            assert_int_equal(na, 16);
+            assert_int_equal(nb, 16);
+            assert_memory_equal(a, b, 16 * sizeof(int32_t));
+            free(a);
+            free(b);
+            nl_engine_close(borrowed);
+            nl_engine_close(loaded);
+        }
+        nl_model_free(&m);
+    }
+    remove(path);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 /* int4 through the engine: on a model whose linear weights are already int4 values (each
  * dequantized from its own int4 form, which quantizes back to the same codes and scales), the
  * int4 engine differs from fp32 only by the int8 activations and the order of its sums, as int8
@@ -543,6 +596,7 @@ int main(void) {
         cmocka_unit_test(test_preempt_with_full_queue),
         cmocka_unit_test(test_weight_formats),
         cmocka_unit_test(test_int4_weights),
+        cmocka_unit_test(test_loaded_engine_matches_borrowed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -127,6 +127,49 @@ static void test_panels_are_an_fma_chain(void **state) {
         }
 }
 
+/* A weight detached from its fp32 source reads nothing of it again: the source is freed at once
+ * (under AddressSanitizer any later read of it fails the test), and on every path the outputs
+ * have the bits of a weight made the usual way from a copy of the source (fp32 with panels
+ * rebuilds its rows from them when it leaves AVX-512). fp32 without panels (a CPU without
+ * AVX-512) keeps reading the source and says so. */
+static void test_detach_frees_the_source(void **state) {
+    (void)state;
+    const int64_t M = 5, N = 100, K = 67;
+    float *x = malloc((size_t)(M * K) * 4), *y = malloc((size_t)(M * N) * 4), *ref = malloc((size_t)(M * N) * 4);
+    float *w0 = malloc((size_t)(N * K) * 4);
+    fill(x, (size_t)(M * K), 41);
+    static const nl_mv_path order[] = {NL_MV_AVX512, NL_MV_PORTABLE, NL_MV_AVX2, NL_MV_AVX512};
+    for (int f = NL_WFMT_FP32; f < NL_WFMT_COUNT; f++) {
+        fill(w0, (size_t)(N * K), 42 + f);
+        float *w = malloc((size_t)(N * K) * 4);
+        memcpy(w, w0, (size_t)(N * K) * 4);
+        nl_mv_weight wt, fresh;
+        assert_int_equal(nl_mv_weight_init(&wt, (nl_wfmt)f, w, N, K, 0), NL_OK);
+        assert_int_equal(nl_mv_weight_init(&fresh, (nl_wfmt)f, w0, N, K, 0), NL_OK);
+        const int has_own = f != NL_WFMT_FP32 || wt.f32_panels != NULL;
+        assert_int_equal(nl_mv_weight_detach(&wt), has_own);
+        if (has_own) {
+            memset(w, 0x7F, (size_t)(N * K) * 4); /* what a stale read would see, then gone */
+            free(w);
+            w = NULL;
+        }
+        for (size_t oi = 0; oi < sizeof order / sizeof order[0]; oi++) {
+            if (!nl_mv_available(order[oi])) continue;
+            assert_int_equal(nl_mv_weight_set_path(&wt, order[oi]), NL_OK);
+            assert_int_equal(nl_mv_weight_set_path(&fresh, order[oi]), NL_OK);
+            assert_int_equal(nl_mv_forward(&fresh, x, M, ref, 2), NL_OK);
+            forward_is(&wt, x, M, N, y, ref, 2);
+        }
+        nl_mv_weight_free(&wt);
+        nl_mv_weight_free(&fresh);
+        free(w);
+    }
+    free(w0);
+    free(x);
+    free(y);
+    free(ref);
+}
+
 /* int8 on AVX-512 VNNI reads its codes from panels (and keeps no rows): the bits of
  * nl_qlinear_forward on a layer quantized alike, for M past one register tile (8), M <= 4 over two
  * whole panels and a partial one, K not a multiple of 4 or 64; another path moves the codes back
@@ -341,6 +384,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp32_bf16_paths),
         cmocka_unit_test(test_panels_are_an_fma_chain),
+        cmocka_unit_test(test_detach_frees_the_source),
         cmocka_unit_test(test_int8_panels),
         cmocka_unit_test(test_int8_against_reference),
         cmocka_unit_test(test_int8_matches_qlinear_and_ranges),

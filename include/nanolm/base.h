@@ -59,6 +59,11 @@ void *nl_calloc(size_t count, size_t size, const char *what);
  * ~2x faster). Free with nl_free. */
 void *nl_malloc_huge(size_t bytes, const char *what);
 void nl_free(void *p);
+/* Gives the whole pages inside [p, p + bytes) of an allocation back to the system (madvise
+ * MADV_DONTNEED): for data that will not be read again (a model's fp32 matrices once an engine
+ * holds its own copies). The allocation stays valid and is freed as usual; a later read of those
+ * pages sees zeros. Bytes at either end that share a page with other data are kept. */
+void nl_release_pages(void *p, size_t bytes);
 /* count*size with overflow check; returns 0 on success. */
 int nl_mul_overflows(size_t count, size_t size, size_t *out);
 

@@ -129,6 +129,12 @@ nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64
 nl_status nl_mv_weight_init_int8(nl_mv_weight *wt, const int8_t *codes, const float *scales, int64_t N, int64_t K);
 /* Frees what the weight owns; safe on a zeroed struct. */
 void nl_mv_weight_free(nl_mv_weight *wt);
+/* Lets go of the fp32 matrix the weight was made from, where it keeps a copy of its own: 1 for
+ * fp32 with panels (the panels become the only copy; a later nl_mv_weight_set_path to a path
+ * without them rebuilds the rows from them), bf16, int8 and int4 (made from it, never read it
+ * again): the source may then be freed. 0 for fp32 without panels, whose kernels read the
+ * source: it must outlive the weight, as before. */
+int nl_mv_weight_detach(nl_mv_weight *wt);
 /* Selects the fp32/bf16 kernel path (tests, benchmarks). NL_ERR_UNSUPPORTED when this CPU
  * lacks it. */
 nl_status nl_mv_weight_set_path(nl_mv_weight *wt, nl_mv_path p);

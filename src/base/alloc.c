@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 int nl_mul_overflows(size_t count, size_t size, size_t *out) {
     if (size != 0 && count > SIZE_MAX / size) return 1;
@@ -49,3 +50,10 @@ void *nl_calloc(size_t count, size_t size, const char *what) {
 }
 
 void nl_free(void *p) { free(p); }
+
+void nl_release_pages(void *p, size_t bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, e = a + bytes;
+    const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = e & ~(page - 1);
+    if (!p || hi <= lo) return;
+    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: where it fails, the pages stay */
+}

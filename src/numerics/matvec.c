@@ -138,6 +138,13 @@ static void panel_copy(const char *src, char *dst, int64_t rs, int64_t N, int64_
 static nl_status f32_pack(nl_mv_weight *wt, int pack) {
     if (wt->fmt != NL_WFMT_FP32 || !pack == !wt->f32_panels) return NL_OK;
     if (!pack) {
+        if (!wt->f32) { /* detached: the panels are the only copy, so the rows come back from them */
+            wt->owned_f32 = nl_malloc((size_t)wt->rows * (size_t)wt->cols * sizeof(float), "fp32 matvec weight");
+            if (!wt->owned_f32) return NL_ERR_NOMEM;
+            panel_copy((const char *)wt->f32_panels, (char *)wt->owned_f32, wt->cols, wt->rows, wt->cols, wt->cols,
+                       sizeof(float), 0);
+            wt->f32 = wt->owned_f32;
+        }
         nl_free(wt->f32_panels);
         wt->f32_panels = NULL;
         return NL_OK;
@@ -259,6 +266,21 @@ void nl_mv_weight_free(nl_mv_weight *wt) {
     nl_free(wt->q4);
     nl_free(wt->q4_d);
     memset(wt, 0, sizeof *wt);
+}
+
+int nl_mv_weight_detach(nl_mv_weight *wt) {
+    switch (wt->fmt) {
+    case NL_WFMT_FP32:
+        if (!wt->f32_panels) return 0; /* its kernels read the fp32 rows */
+        nl_free(wt->owned_f32);
+        wt->owned_f32 = NULL;
+        wt->f32 = NULL;
+        return 1;
+    case NL_WFMT_BF16:
+    case NL_WFMT_INT8:
+    case NL_WFMT_INT4: return 1; /* made from the source, never read it again */
+    default: return 0;
+    }
 }
 
 nl_status nl_mv_weight_set_path(nl_mv_weight *wt, nl_mv_path p) {
