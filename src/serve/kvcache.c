@@ -209,6 +209,36 @@ static inline __attribute__((always_inline)) void transpose16(v16 m[16]) {
     T16_ROUND(m, 8)
 }
 
+/* The rows of positions t0 .. min(t0 + 15, last) of kv head kh's keys (fp32 rows in rf; int8
+ * codes in rc and fp16 scales in ks, zero past the last): their count, *w left at the next
+ * position. */
+static inline int tile_rows(const nl_kvcache *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
+                            kv_walk *w, const float *rf[NL_KV_KTILE], const int8_t *rc[NL_KV_KTILE], float *ks) {
+    int n = 0;
+    walk_start(w, c, table, l, 0, kh, t0, last + 1);
+    for (; n < NL_KV_KTILE && t0 + n <= last; n++, walk_next(w)) {
+        if (c->dtype == NL_KV_INT8) {
+            rc[n] = walk_codes(w);
+            ks[n] = walk_scale(w);
+        } else
+            rf[n] = walk_f32(w);
+    }
+    for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
+    return n;
+}
+/* Dimensions i0 .. i0 + lanes - 1 of the n rows as m[0..15] (rows past n zero). */
+static inline void block_rows(v16 m[NL_KV_KTILE], int n, int int8, const float *const rf[NL_KV_KTILE],
+                              const int8_t *const rc[NL_KV_KTILE], int64_t i0, int64_t lanes) {
+    for (int j = 0; j < NL_KV_KTILE; j++) {
+        if (j >= n)
+            m[j] = (v16){0};
+        else if (int8)
+            row16_i8(&m[j], rc[j] + i0, lanes);
+        else
+            row16_f32(&m[j], rf[j] + i0, lanes);
+    }
+}
+
 /* Keys of one 16-position tile, transposed: kt[i * 16 + j] = k[t0 + j][i] (int8 codes widened;
  * the fp16 scales of an int8 pool in ks[j]). Positions past `last` are zero. Each 16 x 16 block
  * (16 positions x 16 dimensions) is loaded as 16 vectors and transposed in registers. */
@@ -218,17 +248,8 @@ static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64
     const int int8 = c->dtype == NL_KV_INT8;
     const float *rf[NL_KV_KTILE];
     const int8_t *rc[NL_KV_KTILE];
-    int n = 0;
     kv_walk w;
-    walk_start(&w, c, table, l, 0, kh, t0, last + 1);
-    for (; n < NL_KV_KTILE && t0 + n <= last; n++, walk_next(&w)) {
-        if (int8) {
-            rc[n] = walk_codes(&w);
-            ks[n] = walk_scale(&w);
-        } else
-            rf[n] = walk_f32(&w);
-    }
-    for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
+    const int n = tile_rows(c, table, l, kh, t0, last, &w, rf, rc, ks);
     /* the next tile's keys, wanted after this tile's scores, and this tile's values, wanted by
      * the weighted sum after the softmax: by then they are in cache, where a walk that waited
      * on each block would run at a fraction of the memory's speed */
@@ -239,14 +260,7 @@ static void key_tile(const nl_kvcache *c, const int32_t *table, int64_t l, int64
     for (int64_t i0 = 0; i0 < hd; i0 += NL_KV_KTILE) {
         const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
         v16 m[NL_KV_KTILE];
-        for (int j = 0; j < NL_KV_KTILE; j++) {
-            if (j >= n)
-                m[j] = (v16){0};
-            else if (int8)
-                row16_i8(&m[j], rc[j] + i0, lanes);
-            else
-                row16_f32(&m[j], rf[j] + i0, lanes);
-        }
+        block_rows(m, n, int8, rf, rc, i0, lanes);
         transpose16(m);
         for (int64_t i = 0; i < lanes; i++) memcpy(kt + (i0 + i) * NL_KV_KTILE, &m[i], sizeof m[i]);
     }
@@ -282,17 +296,8 @@ static void decode_scores(const nl_kvcache *c, const int32_t *table, int64_t l, 
     const float *rf[NL_KV_KTILE];
     const int8_t *rc[NL_KV_KTILE];
     float ks[NL_KV_KTILE];
-    int n = 0;
     kv_walk w;
-    walk_start(&w, c, table, l, 0, kh, t0, last + 1);
-    for (; n < NL_KV_KTILE && t0 + n <= last; n++, walk_next(&w)) {
-        if (int8) {
-            rc[n] = walk_codes(&w);
-            ks[n] = walk_scale(&w);
-        } else
-            rf[n] = walk_f32(&w);
-    }
-    for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
+    const int n = tile_rows(c, table, l, kh, t0, last, &w, rf, rc, ks);
     const int64_t n_next = last - (t0 + n) + 1 < NL_KV_KTILE ? last - (t0 + n) + 1 : NL_KV_KTILE;
     kv_walk v;
     walk_start(&v, c, table, l, 1, kh, t0, last + 1);
@@ -313,14 +318,7 @@ static void decode_scores(const nl_kvcache *c, const int32_t *table, int64_t l, 
             for (int i = 0; i < NL_KV_KTILE; i++) sc += q[i0 + i] * m[i];
             continue;
         }
-        for (int j = 0; j < NL_KV_KTILE; j++) {
-            if (j >= n)
-                m[j] = (v16){0};
-            else if (int8)
-                row16_i8(&m[j], rc[j] + i0, lanes);
-            else
-                row16_f32(&m[j], rf[j] + i0, lanes);
-        }
+        block_rows(m, n, int8, rf, rc, i0, lanes);
         transpose16(m);
         for (int64_t i = 0; i < lanes; i++) sc += q[i0 + i] * m[i];
     }
