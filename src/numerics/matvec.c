@@ -378,8 +378,9 @@ INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
  * turn), so that P = 2 stays inside the registers; each output's chain is the same. Outputs are
  * stored straight from the accumulators, the lanes of rows lo .. hi - 1 of the panel only (P =
  * 1). pf: prefetch ahead in each panel (the first token tile of a panel streams it from memory;
- * the panels of a thread's rows lie back to back, so this runs on into the next one): into L1
- * MV_PF_L1 bytes ahead and into L2 MV_PF_L2 bytes ahead (int8: MV_PF bytes, into L1). Without it, two panels at a time read less on this VM, whose memory read ~14 GB/s per
+ * the four panels a thread takes at a time lie back to back, so this runs on into the next
+ * one): into L1 MV_PF_L1 bytes ahead and into L2 MV_PF_L2 bytes ahead (int8: MV_PF bytes, into
+ * L1). Without it, two panels at a time read less on this VM, whose memory read ~14 GB/s per
  * core on 2026-12-02 (48 linears at one token, best of 9, three alternated runs, GB/s, 1 / 2
  * threads: fp32 13.3-14.2 / 22.8-26.5 without, 13.3-16.4 / 25.4-31.1 with; bf16 11.0-13.2 /
  * 20.0-21.6 without, 13.4-14.8 / 21.3-28.7 with). */

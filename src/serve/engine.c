@@ -253,25 +253,21 @@ nl_status nl_engine_open_model(nl_engine **out, const nl_model *m, const nl_toke
  * 722 -> 391 MB, bf16 558 -> 226, int8 435 -> 103). Their pointers in the model are cleared:
  * nothing reads them again. The embedding stays (its rows are the tokens' inputs), and with it a
  * tied classifier. */
+static void release_linear(nl_mv_weight *w, float **src) {
+    if (!*src || !nl_mv_weight_detach(w)) return;
+    nl_release_pages(*src, (size_t)w->rows * (size_t)w->cols * sizeof(float));
+    *src = NULL;
+}
 static void release_model_linears(nl_engine *e) {
     nl_model *m = &e->own_model;
     for (int64_t l = 0; l < m->L; l++) {
         nl_layer_weights *lw = &m->w.layers[l];
         float **src[4] = {&lw->wq, &lw->wo, &lw->w1, &lw->w2}; /* wq: q, k, v; w1: gate, up */
-        for (int j = 0; j < 4; j++) {
-            nl_mv_weight *w = &e->w[4 * l + j];
-            if (!*src[j] || !nl_mv_weight_detach(w)) continue;
-            nl_release_pages(*src[j], (size_t)w->rows * (size_t)w->cols * sizeof(float));
-            *src[j] = NULL;
-        }
+        for (int j = 0; j < 4; j++) release_linear(&e->w[4 * l + j], src[j]);
         if (!lw->wq) lw->wk = lw->wv = NULL;
         if (!lw->w1) lw->w3 = NULL;
     }
-    nl_mv_weight *cls = &e->w[4 * m->L];
-    if (m->w.cls && m->w.cls != m->w.embed && nl_mv_weight_detach(cls)) {
-        nl_release_pages(m->w.cls, (size_t)cls->rows * (size_t)cls->cols * sizeof(float));
-        m->w.cls = NULL;
-    }
+    if (m->w.cls != m->w.embed) release_linear(&e->w[4 * m->L], &m->w.cls);
 }
 
 nl_status nl_engine_open(nl_engine **out, const char *ckpt, const char *tokenizer, const nl_engine_opts *opts) {
