@@ -320,6 +320,17 @@ typedef struct nl_train_req {
     /* Node-limited MoE routing: a token's experts lie on at most this many nodes (DeepSeek-V3:
      * 4, sec. 3.2.2), so at most that many copies cross the network; 0 = top_k copies. */
     int64_t moe_node_limit;
+    /* ZeRO-3 / FSDP parameter collectives, as the stack issues them (plan_train.c):
+     * zero3_calls_per_layer: gathers per layer and pass (0 = 1: FSDP's one flat parameter per
+     * wrapped layer; DeepSpeed ZeRO-3 gathers each parameter tensor of the module it fetches);
+     * zero3_prefetch: parameters gathered ahead of the compute per call (0 = the whole next
+     * layer, FSDP's prefetch; DeepSpeed: stage3_prefetch_bucket_size, 5e7 by default);
+     * zero3_nic_spread: across nodes, spread each ring over the NICs of its members in a node
+     * as one large nccl-tests collective does (1); the default (0) prices each GPU's shard
+     * traffic at its own NIC's share of the node's network (plan_train.c says why). */
+    int64_t zero3_calls_per_layer;
+    double zero3_prefetch;
+    int zero3_nic_spread;
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;

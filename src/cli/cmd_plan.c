@@ -62,13 +62,18 @@ typedef struct train_args {
     int64_t fix[6], interleave; /* dp tp pp cp ep micro-batch; 0: searched */
     int64_t first_layers, last_layers; /* uneven pipeline ends; 0: even stages */
     int64_t node_limit;                /* --moe-node-limit */
+    int64_t z3_calls;                  /* --zero3-calls-per-layer */
+    double z3_prefetch;                /* --zero3-prefetch */
+    int z3_spread;                     /* --zero3-nic-spread */
     int sp, sp_given;
 } train_args;
 
 static int train_parse(train_args *t, int argc, char **argv) {
     memset(t->fix, 0, sizeof t->fix);
     t->gpus = t->global_batch = t->seq = t->interleave = 0;
-    t->first_layers = t->last_layers = t->node_limit = 0;
+    t->first_layers = t->last_layers = t->node_limit = t->z3_calls = 0;
+    t->z3_prefetch = 0;
+    t->z3_spread = 0;
     t->top = 8;
     t->tokens = 0;
     t->svg = t->zero = t->recompute = t->schedule = NULL;
@@ -102,11 +107,22 @@ static int train_parse(train_args *t, int argc, char **argv) {
         NL_OPT_INT("moe-node-limit", &t->node_limit, 1, 1 << 16, "M",
                    "MoE tokens routed to at most M nodes (DeepSeek-V3: 4; default: no limit)"),
     };
+    nl_opt stack[] = {
+        NL_OPT_INT("zero3-calls-per-layer", &t->z3_calls, 1, 1024, "N",
+                   "ZeRO-3 gathers per layer and pass (default 1, FSDP's flat parameter; DeepSpeed: one per "
+                   "parameter tensor)"),
+        NL_OPT_SI("zero3-prefetch", &t->z3_prefetch, 1, INFINITY, "P",
+                  "ZeRO-3 parameters gathered ahead of compute per call (default: the next layer, FSDP; "
+                  "DeepSpeed's stage3_prefetch_bucket_size 50M)"),
+        NL_OPT_FLAG("zero3-nic-spread", &t->z3_spread,
+                    "ZeRO-3 rings across nodes spread over the node's NICs (default: each GPU's own NIC)"),
+    };
     const nl_optgroup own[] = {{"run", run, NL_NOPTS(run)},
-                               {"layout (each fixes that part; the rest is searched)", fix, NL_NOPTS(fix)}};
+                               {"layout (each fixes that part; the rest is searched)", fix, NL_NOPTS(fix)},
+                               {"the training stack (docs/planning.md)", stack, NL_NOPTS(stack)}};
     plan_groups g;
-    nl_optgroup groups[6];
-    int ng = plan_groups_init(&g, &t->pa, &t->json, groups, own, 2);
+    nl_optgroup groups[7];
+    int ng = plan_groups_init(&g, &t->pa, &t->json, groups, own, 3);
     nl_cmdspec spec = {"plan train",
                        "nanolm plan train --model M --gpus N [options]",
                        "Every parallel layout of N GPUs (dp, tp, pp, cp, ep, micro-batch, ZeRO, recomputation)\n"
@@ -147,6 +163,9 @@ static int train_request(train_args *t, nl_train_req *q) {
         return nl_cli_usage_error(
             "plan train: --first-stage-layers and --last-stage-layers go together, with --pp >= 2");
     q->moe_node_limit = t->node_limit;
+    q->zero3_calls_per_layer = t->z3_calls;
+    q->zero3_prefetch = t->z3_prefetch;
+    q->zero3_nic_spread = t->z3_spread;
     q->fix.first_layers = t->first_layers;
     q->fix.last_layers = t->last_layers;
     q->fix.sp_plus1 = t->sp_given ? (t->sp == 0 ? 2 : 1) : 0; /* on|off */

@@ -674,6 +674,16 @@ static void eval_model_parallel_comm(const nl_train_req *q, const nl_layout *L, 
     o->t_pp = c->m * t_pp_mb;
 }
 
+/* The latency of one ring all-gather or reduce-scatter over p ranks, NCCL's own cost model
+ * (src/graph/tuning.cc of NCCL 2.8-2.9, the Simple protocol these large collectives use): a base
+ * of 8.4 us plus 3.4 us per NVLink step and 9.6 us per network step, p - 1 steps of which
+ * nodes - 1 cross the network. Within one node it is the GPU's flat latency_s. */
+static double zero3_ring_latency(const nl_hw *hw, int64_t p, int span) {
+    if (!span || p < 2) return hw->latency_s;
+    double per_node = (double)span, nodes = ceil((double)p / per_node), steps = (double)p - 1;
+    return 8.4e-6 + (steps - (nodes - 1)) * 3.4e-6 + (nodes - 1) * 9.6e-6;
+}
+
 /* Data-parallel / ZeRO communication per step (o->t_dp) and the part of it that backward (or
  * forward, for gathers) cannot hide. Gradients reduce in the recipe's gradient precision,
  * weights gather in the weight precision. */
@@ -707,11 +717,32 @@ static double eval_dp_comm(const nl_train_req *q, const nl_layout *L, const layo
     case NL_ZERO_HSDP: {
         int64_t s = (int64_t)c->shard;
         int sspan = L->zero == NL_ZERO_HSDP ? spans(hw, c->t * (double)L->cp, (double)s) : dp_span;
-        double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, s, wbytes, sspan);
-        double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, s, gbytes, sspan);
+        /* Layer by layer: calls_per_layer gathers (and reduce-scatters) per layer, each a ring
+         * whose latency grows with its ranks (zero3_ring_latency); the bytes as one collective.
+         * NIC sharing: across nodes every GPU of a node is a member and runs the same gathers at
+         * the same time, and each GPU's shard traffic is priced at its own NIC's share of the
+         * node's network, not spread over all the node's NICs as one large nccl-tests ring is
+         * (NCCL issue #1221). The published DeepSpeed ZeRO-3 runs of Narayanan et al. 2021
+         * (Table 2: 175B and 530B on 384-2,240 A100s, one 200 Gb/s NIC per GPU) take as long per
+         * step at 1,536 GPUs as at 768 (and at 2,240 as at 1,120): ~1 TB of parameter traffic
+         * per GPU per step at ~20 GB/s, one NIC at inter_eff; with the spread they would run 2-4x
+         * faster than published. zero3_nic_spread restores the spread. */
+        double calls = c->lps * (q->zero3_calls_per_layer > 0 ? (double)q->zero3_calls_per_layer : 1.0);
+        int nic_span = sspan && !q->zero3_nic_spread ? 1 : sspan;
+        double lat = zero3_ring_latency(hw, s, sspan);
+        double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, s, wbytes, nic_span) - hw->latency_s + calls * lat;
+        double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, s, gbytes, nic_span) - hw->latency_s + calls * lat;
+        /* What a gather can hide behind: the compute of the module before it, but only as much of
+         * it as the prefetch reaches ahead: prefetch parameters per call out of the layer's
+         * (DeepSpeed's stage3_prefetch_bucket_size; FSDP prefetches the next whole layer). */
+        double layer_params = (c->dense_local + c->expert_local) / c->lps;
+        double reach = q->zero3_prefetch > 0 && layer_params > 0
+                           ? fmin(1, q->zero3_prefetch * (calls / c->lps) / layer_params)
+                           : 1.0;
         /* Backward gathers the layer again (recomputation reuses that gather). */
         t_dp = c->m * (2 * ag + rs);
-        exposed = c->m * (fmax(0, ag - e->dp_overlap * fwd_first) + fmax(0, ag + rs - e->dp_overlap * bwd_last));
+        exposed = c->m * (ag - fmin(e->dp_overlap * fwd_first, reach * ag) + (ag + rs) -
+                          fmin(e->dp_overlap * bwd_last, reach * (ag + rs)));
         recv_bytes = c->m * (s > 1 ? (s - 1.0) / (double)s : 0) * (2 * wbytes + gbytes);
         if (L->zero == NL_ZERO_HSDP && c->dpz > c->shard) {
             double ar = nl_plan_coll_time(hw, NL_ALL_REDUCE, (int64_t)(c->dpz / c->shard), gbytes / c->shard, 1);
@@ -1200,11 +1231,13 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         push(lp, hw, "gradient reduce-scatter", "step", NL_REDUCE_SCATTER, "dp", dz, gb, dp_span, 1);
         push(lp, hw, "updated weights all-gather", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, 1);
         break;
-    case NL_ZERO_3:
-        push(lp, hw, "weights all-gather (forward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
-        push(lp, hw, "weights all-gather (backward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
-        push(lp, hw, "gradient reduce-scatter (layer by layer)", "step", NL_REDUCE_SCATTER, "dp", dz, gb, dp_span, m);
+    case NL_ZERO_3: {
+        int z3span = dp_span && !q->zero3_nic_spread ? 1 : dp_span; /* each GPU's own NIC (eval_dp_comm) */
+        push(lp, hw, "weights all-gather (forward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, z3span, m);
+        push(lp, hw, "weights all-gather (backward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, z3span, m);
+        push(lp, hw, "gradient reduce-scatter (layer by layer)", "step", NL_REDUCE_SCATTER, "dp", dz, gb, z3span, m);
         break;
+    }
     case NL_ZERO_HSDP: {
         double in_node = fmax(1, floor((double)hw->gpus_per_node / (t * (double)L->cp)));
         int64_t s = (int64_t)fmin(in_node, dpz);
