@@ -72,6 +72,8 @@ static nl_status figure_train(const char *path, const char *id, cJSON *e, cJSON 
         o->predicted = 100 * fl / t / gpus / peak;
     else if (!strcmp(m, "tokens_per_s_per_gpu"))
         o->predicted = B * s / t / gpus;
+    else if (!strcmp(m, "step_s"))
+        o->predicted = t;
     else if (!strcmp(m, "gpu_hours_per_t_tokens"))
         o->predicted = 1e12 / (B * s / t) * gpus / 3600;
     else
