@@ -685,7 +685,8 @@ static void report_serve_table(nl_report *r, const nl_serve_req *sq, const nl_se
                                                                                         : "HBM reads",
                        sp->decode_kv_s * 1e3, tp > 1 ? " + TP comm" : "", sp->launch_s * 1e3);
     nl_plan_table_rowf(r, 3, "one prefill stalls decode|%.1f steps|prefill / step", sp->stall_steps);
-    nl_plan_table_rowf(r, 3, "chunk of %.0f + %lld decode tokens|%.2f ms|matmul compute at peak vs %.2f ms of weight reads",
+    nl_plan_table_rowf(r, 3,
+                       "chunk of %.0f + %lld decode tokens|%.2f ms|matmul compute at peak vs %.2f ms of weight reads",
                        sq->chunk, batch, sp->chunk_compute_s * 1e3, sp->weight_read_s * 1e3);
     nl_plan_table_rowf(r, 3, "prompt tokens free per step|%.0f|until compute reaches the step's memory time",
                        sp->chunk_free_tokens);
