@@ -43,6 +43,9 @@ static double source_flops(const char *conv, cJSON *a, double model_flops, doubl
         double layer = 6 * s * h * kH + 4 * s * s * kH + 3 * H * s * s + 2 * s * kH * h + 4 * s * h * F;
         return 3 * B * (4 * s * V * h + l * layer);
     }
+    /* Dao 2023 (FlashAttention-2) sec. 4.2, "following Megatron-LM": per sequence
+     * 6 s N + 12 l h s^2, N the parameters, the attention term not halved for the causal mask. */
+    if (!strcmp(conv, "fa2")) return B * (6 * s * num(a, "params", 0) + 12 * l * h * s * s);
     if (!strcmp(conv, "6n-attn")) return model_flops; /* 6 N per token plus the causal attention scores */
     return -1;
 }
@@ -63,8 +66,9 @@ static nl_status figure_train(const char *path, const char *id, cJSON *e, cJSON 
     if (!(t > 0) || !(B > 0) || !(s > 0) || !(gpus > 0) || !(peak > 0))
         return bad(path, id, "incomplete plan train output");
     double model_flops = num(best, "mfu", 0) * t * gpus * peak;
+    if (!cJSON_HasObjectItem(a, "params")) cJSON_AddNumberToObject(a, "params", num(j, "params", 0));
     double fl = source_flops(str(e, "flops", "6n-attn"), a, model_flops, B, s);
-    if (fl < 0) return bad(path, id, "flops must be 6n-attn, megatron-recompute, megatron-model or chinchilla");
+    if (fl < 0) return bad(path, id, "flops must be 6n-attn, megatron-recompute, megatron-model, chinchilla or fa2");
     const char *m = str(e, "metric", "");
     if (!strcmp(m, "tflops_per_gpu"))
         o->predicted = fl / t / gpus / 1e12;
