@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "nanolm/formats.h"
+#include "nanolm/isa.h"
 #include "nanolm/matvec.h"
 #include "nanolm/quant.h"
 
@@ -53,14 +54,11 @@ const char *nl_mv_path_name(nl_mv_path p) {
 }
 
 int nl_mv_available(nl_mv_path p) {
-    __builtin_cpu_init();
     switch (p) {
     case NL_MV_AUTO:
     case NL_MV_PORTABLE: return 1;
-    case NL_MV_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case NL_MV_AVX512:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+    case NL_MV_AVX2: return nl_isa_has(NL_ISA_AVX2);
+    case NL_MV_AVX512: return nl_isa_has(NL_ISA_AVX512);
     default: return 0;
     }
 }
