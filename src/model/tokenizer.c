@@ -339,16 +339,19 @@ nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t te
 /* tokenizer.json: BOS, the BPE ids, EOS. */
 static nl_status encode_hf(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos, int special,
                            int **tokens, int64_t *n_tokens) {
-    int *out = nl_malloc((2 * text_bytes + 8) * sizeof(int), "encoded tokens");
+    int64_t cap = (int64_t)text_bytes + 8; /* grown by nl_bpe_encode as the normalized text needs */
+    int *out = nl_malloc((size_t)cap * sizeof(int), "encoded tokens");
     if (!out) return NL_ERR_NOMEM;
     int64_t n = 0;
     if (bos && t->bos_id >= 0) out[n++] = t->bos_id;
-    int64_t k = nl_bpe_encode(t->bpe, text, text_bytes, special, out + n);
-    if (k < 0) {
+    n = nl_bpe_encode(t->bpe, text, text_bytes, special, &out, &cap, n);
+    int *grown = n == cap ? realloc(out, (size_t)(cap + 1) * sizeof(int)) : out; /* room for EOS */
+    if (n < 0 || !grown) {
         nl_free(out);
-        return NL_ERR_NOMEM;
+        return n == -2 ? NL_ERR_RANGE
+                       : n < 0 ? NL_ERR_NOMEM : nl_fail(NL_ERR_NOMEM, "out of memory encoding %zu bytes", text_bytes);
     }
-    n += k;
+    out = grown;
     if (eos && t->eos_id >= 0) out[n++] = t->eos_id;
     *tokens = out;
     *n_tokens = n;
