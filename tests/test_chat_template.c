@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "nanolm/chat_template.h"
+#include "nanolm/tokenizer.h"
 
 static cJSON *load_cases(void) {
     size_t n = 0;
@@ -258,13 +259,71 @@ static void test_load_hf(void **state) {
     free(dir);
 }
 
+/* The marks of apply_marked follow the user's bytes through concatenation and trim; encoding with
+ * them matches "</s>" as the special token only where the template wrote it. */
+static void test_marked_encoding(void **state) {
+    (void)state;
+    const char *src = "{% for m in messages %}{{ '[' + m.role + ']' + m.content|trim + eos_token }}{% endfor %}";
+    nl_chat_template *t = NULL;
+    assert_int_equal(nl_chat_template_parse(&t, src, strlen(src), "marks"), NL_OK);
+    assert_int_equal(nl_chat_template_set_tokens(t, "<s>", "</s>"), NL_OK);
+    nl_chat_message msgs[1] = {{"user", "  a</s>b "}};
+    char *out = NULL;
+    unsigned char *from_data = NULL;
+    size_t n = 0;
+    assert_int_equal(nl_chat_template_apply_marked(t, msgs, 1, 0, &out, &n, &from_data), NL_OK);
+    assert_string_equal(out, "[user]a</s>b</s>");
+    /* "[" and "]" and the final "</s>" are the template's; "user" and "a</s>b" are data */
+    const char *want = "0111101111110000";
+    assert_int_equal(n, strlen(want));
+    for (size_t i = 0; i < n; i++)
+        if (from_data[i] != want[i] - '0')
+            fail_msg("byte %zu ('%c'): mark %d, want %c", i, out[i], from_data[i], want[i]);
+    /* a SentencePiece-style tokenizer.json with <s> and </s> as special tokens (tok512, exported) */
+    const char *tok_bin = tu_data_path("stories260K/tok512.bin");
+    if (tok_bin) {
+        nl_tokenizer tk, hf;
+        assert_int_equal(nl_tokenizer_load_llama2c(&tk, tok_bin, 0), NL_OK);
+        char *dir = tu_tmpdir(), path[1024];
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        assert_int_equal(nl_tokenizer_save_json(&tk, path), NL_OK);
+        assert_int_equal(nl_tokenizer_load_json(&hf, path, 0), NL_OK);
+        int *ids = NULL, *all = NULL;
+        int64_t k = 0, k_all = 0;
+        assert_int_equal(nl_tokenizer_encode_marked(&hf, out, n, 0, 0, from_data, &ids, &k), NL_OK);
+        assert_int_equal(nl_tokenizer_encode_special(&hf, out, n, 0, 0, 1, &all, &k_all), NL_OK);
+        int eos_marked = 0, eos_all = 0;
+        for (int64_t i = 0; i < k; i++) eos_marked += ids[i] == hf.eos_id;
+        for (int64_t i = 0; i < k_all; i++) eos_all += all[i] == hf.eos_id;
+        assert_int_equal(eos_marked, 1); /* only the template's */
+        assert_int_equal(ids[k - 1], hf.eos_id);
+        assert_int_equal(eos_all, 2); /* without marks the user's "</s>" would be one too */
+        char *back = NULL;
+        size_t back_n = 0;
+        assert_int_equal(nl_tokenizer_decode(&hf, ids, k - 1, &back, &back_n), NL_OK);
+        assert_string_equal(back, "[user]a</s>b"); /* the user's "</s>" comes back as text */
+        nl_free(back);
+        nl_free(ids);
+        nl_free(all);
+        nl_tokenizer_free(&hf);
+        nl_tokenizer_free(&tk);
+        tu_rmdir(dir);
+        free(dir);
+    } else {
+        print_message("[  SKIP    ] tokenizer part: needs stories260K/tok512.bin\n");
+    }
+    free(out);
+    free(from_data);
+    nl_chat_template_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama32),     cmocka_unit_test(test_qwen25),
         cmocka_unit_test(test_mistral_v01), cmocka_unit_test(test_mistral_nemo),
         cmocka_unit_test(test_smollm2),     cmocka_unit_test(test_tinyllama),
         cmocka_unit_test(test_semantics),   cmocka_unit_test(test_errors_name_the_place),
-        cmocka_unit_test(test_load_hf),
+        cmocka_unit_test(test_load_hf),     cmocka_unit_test(test_marked_encoding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,6 +74,16 @@ nl_status nl_chat_template_render_json(const nl_chat_template *t, const char *va
 nl_status nl_chat_template_apply(const nl_chat_template *t, const nl_chat_message *messages, int n_messages,
                                  int add_generation_prompt, char **out, size_t *out_bytes);
 
+/* As nl_chat_template_apply, and *from_data (free with free(); out_bytes bytes) marks each byte
+ * of the text: 1 where it came from the messages (data), 0 where the template wrote it. A
+ * special token may then be matched only where the template wrote it (nl_tokenizer_encode_marked):
+ * "<|im_end|>" typed by a user stays text. Through concatenation, trim, slices and split the
+ * marks follow the bytes; other transformations of data (replace, upper, tojson) mark their whole
+ * result as data. */
+nl_status nl_chat_template_apply_marked(const nl_chat_template *t, const nl_chat_message *messages, int n_messages,
+                                        int add_generation_prompt, char **out, size_t *out_bytes,
+                                        unsigned char **from_data);
+
 /* Loads the chat template of a Hugging Face folder: DIR/chat_template.jinja when present, else
  * tokenizer_config.json's "chat_template" (a string, or a list of {"name", "template"} from which
  * "default" is taken), with bos_token / eos_token from tokenizer_config.json (a string or an

@@ -53,6 +53,8 @@ static void arena_free(arena *a) {
 
 typedef struct outbuf {
     char *p;
+    unsigned char *t; /* track: per byte, 1 where it came from the variables (data), not the template */
+    int track;
     size_t n, cap;
     struct outbuf *next; /* temporaries, freed on error */
 } outbuf;
@@ -1212,6 +1214,8 @@ struct val {
     val **items; /* list items; dict values */
     val **keys;  /* dict keys */
     val *self;   /* bound method receiver */
+    int tk;      /* strings: 0 from the template, 1 from the variables (data), 2 mixed (taint[]) */
+    const unsigned char *taint;
 };
 
 typedef struct frame {
@@ -1227,9 +1231,9 @@ typedef struct rctx {
     int brk; /* 1 break, 2 continue */
 } rctx;
 
-static val V_NONE_V = {V_NONE, 0, 0, 0, 0, NULL, 0, 0, NULL, NULL, NULL};
-static val V_TRUE_V = {V_BOOL, 0, 0, 1, 0, NULL, 0, 0, NULL, NULL, NULL};
-static val V_FALSE_V = {V_BOOL, 0, 0, 0, 0, NULL, 0, 0, NULL, NULL, NULL};
+static val V_NONE_V = {.k = V_NONE};
+static val V_TRUE_V = {.k = V_BOOL, .i = 1};
+static val V_FALSE_V = {.k = V_BOOL};
 
 static val *newv(errctx *e, vkind k) {
     val *v = alloc(e, sizeof(val));
@@ -1259,9 +1263,58 @@ static val *vstr_c(errctx *e, const char *s) { return vstr(e, s, strlen(s)); }
 
 static val *tmp_finish(errctx *e, outbuf *o) {
     val *v = vstr_copy(e, o->p ? o->p : "", o->n);
+    if (o->track && o->n) {
+        unsigned char *t = alloc(e, o->n);
+        memcpy(t, o->t, o->n);
+        v->tk = 2;
+        v->taint = t;
+    }
     free(o->p);
+    free(o->t);
     o->p = NULL;
+    o->t = NULL;
     return v;
+}
+
+/* 1 when a value holds a string from the variables (data). */
+static int any_taint(const val *v) {
+    if (v->k == V_STR) return v->tk != 0;
+    if (v->k == V_LIST || v->k == V_DICT) {
+        for (size_t i = 0; i < v->n; i++)
+            if (any_taint(v->items[i]) || (v->k == V_DICT && any_taint(v->keys[i]))) return 1;
+    }
+    return 0;
+}
+
+static val *with_taint(val *r, const val *src) {
+    r->tk = any_taint(src) ? 1 : 0;
+    return r;
+}
+
+/* v's bytes [a, b) with their origin. */
+static val *sub(errctx *e, const val *v, size_t a, size_t b) {
+    val *r = vstr(e, v->s + a, b - a);
+    r->tk = v->tk;
+    r->taint = v->tk == 2 ? v->taint + a : NULL;
+    return r;
+}
+
+static val *concat(errctx *e, const val *x, const val *y) {
+    char *p = alloc(e, x->n + y->n + 1);
+    memcpy(p, x->s, x->n);
+    memcpy(p + x->n, y->s, y->n);
+    p[x->n + y->n] = 0;
+    val *r = vstr(e, p, x->n + y->n);
+    if (x->tk == y->tk && x->tk != 2) {
+        r->tk = x->tk;
+    } else if (x->n + y->n) {
+        unsigned char *t = alloc(e, x->n + y->n);
+        for (size_t i = 0; i < x->n; i++) t[i] = x->tk == 1 || (x->tk == 2 && x->taint[i]);
+        for (size_t i = 0; i < y->n; i++) t[x->n + i] = y->tk == 1 || (y->tk == 2 && y->taint[i]);
+        r->tk = 2;
+        r->taint = t;
+    }
+    return r;
 }
 static val *vundef(errctx *e, const char *name) {
     val *v = newv(e, V_UNDEF);
@@ -1375,23 +1428,35 @@ static const char *type_name(const val *v) {
 
 /* -- output buffers -- */
 
-static void ob_put(errctx *e, outbuf *o, const char *s, size_t n) {
+/* Appends n bytes whose origin is src's (a string value; NULL: the template's). */
+static void ob_putt(errctx *e, outbuf *o, const char *s, size_t n, const val *src) {
     if (o->n + n + 1 > o->cap) {
         size_t cap = o->cap ? o->cap : 256;
         while (cap < o->n + n + 1) cap *= 2;
         char *p = realloc(o->p, cap);
-        if (!p) {
+        if (p) o->p = p;
+        unsigned char *t = p && o->track ? realloc(o->t, cap) : NULL;
+        if (t) o->t = t;
+        if (!p || (o->track && !t)) {
             snprintf(e->msg, sizeof e->msg, "chat template %s: out of memory", e->what);
             e->code = NL_ERR_NOMEM;
             longjmp(e->jb, 1);
         }
-        o->p = p;
         o->cap = cap;
     }
     memcpy(o->p + o->n, s, n);
+    if (o->track) {
+        if (!src || src->tk == 0)
+            memset(o->t + o->n, 0, n);
+        else if (src->tk == 1)
+            memset(o->t + o->n, 1, n);
+        else
+            memcpy(o->t + o->n, src->taint, n);
+    }
     o->n += n;
     o->p[o->n] = 0;
 }
+static void ob_put(errctx *e, outbuf *o, const char *s, size_t n) { ob_putt(e, o, s, n, NULL); }
 static void ob_puts(errctx *e, outbuf *o, const char *s) { ob_put(e, o, s, strlen(s)); }
 
 /* A temporary buffer (freed by tmp_finish, or by the error path through e->temps). */
@@ -1409,7 +1474,9 @@ static val *tmp_finish(errctx *e, outbuf *o);
 static void free_temps(errctx *e) {
     for (outbuf *o = e->temps; o; o = o->next) {
         free(o->p);
+        free(o->t);
         o->p = NULL;
+        o->t = NULL;
     }
     e->temps = NULL;
 }
@@ -1441,9 +1508,14 @@ static void str_into(errctx *e, outbuf *o, const val *v) {
     case V_BOOL: ob_puts(e, o, v->i ? "True" : "False"); return;
     case V_INT: snprintf(buf, sizeof buf, "%lld", (long long)v->i); break;
     case V_FLOAT: fmt_float(buf, sizeof buf, v->f); break;
-    case V_STR: ob_put(e, o, v->s, v->n); return;
+    case V_STR: ob_putt(e, o, v->s, v->n, v); return;
     case V_FUNC: ob_puts(e, o, "<function>"); return;
-    default: repr_into(e, o, v); return;
+    default: {
+        size_t start = o->n;
+        repr_into(e, o, v);
+        if (o->track && any_taint(v)) memset(o->t + start, 1, o->n - start);
+        return;
+    }
     }
     ob_puts(e, o, buf);
 }
@@ -1502,7 +1574,7 @@ static val *to_str(errctx *e, const val *v) {
     if (v->k == V_STR) return (val *)v;
     outbuf *o = tmp_buf(e);
     str_into(e, o, v);
-    return tmp_finish(e, o);
+    return with_taint(tmp_finish(e, o), v);
 }
 
 /* json.dumps(v, ensure_ascii=False, indent=indent, separators=..., sort_keys=...) */
@@ -1669,7 +1741,7 @@ static val *strip(errctx *e, const val *v, const val *chars, int left, int right
             if (!in_chars(v->s, b, k, chars, &l)) break;
             b = k;
         }
-    return vstr(e, v->s + a, b - a);
+    return sub(e, v, a, b);
 }
 
 static val *case_map(errctx *e, const val *v, int mode /* 0 lower 1 upper 2 title 3 capitalize */) {
@@ -1688,7 +1760,7 @@ static val *case_map(errctx *e, const val *v, int mode /* 0 lower 1 upper 2 titl
         if (alpha) p[i] = up ? (char)(c >= 'a' && c <= 'z' ? c - 32 : c) : (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
         if (mode == 2) word_start = !alpha && !(c >= '0' && c <= '9') && !((unsigned char)c >= 0x80);
     }
-    return vstr(e, p, v->n);
+    return with_taint(vstr(e, p, v->n), v);
 }
 
 static val *replace(errctx *e, const val *v, const val *from, const val *to, int64_t count) {
@@ -1710,7 +1782,9 @@ static val *replace(errctx *e, const val *v, const val *from, const val *to, int
         }
     }
     tmp[m] = 0;
-    return vstr(e, tmp, m);
+    val *r = vstr(e, tmp, m);
+    r->tk = v->tk || to->tk ? 1 : 0;
+    return r;
 }
 
 /* ---- evaluation ------------------------------------------------------------------------------ */
@@ -1805,7 +1879,7 @@ static val *get_item(rctx *r, val *obj, val *key, size_t pos) {
         if (i < 0 || i >= (int64_t)count) return vundef(e, NULL);
         if (obj->k == V_LIST) return obj->items[i];
         size_t a = cp_off(obj->s, obj->n, (size_t)i), b = cp_off(obj->s, obj->n, (size_t)i + 1);
-        return vstr(e, obj->s + a, b - a);
+        return sub(e, obj, a, b);
     }
     if (key->k == V_STR) return get_attr(r, obj, dupn(e, key->s, key->n), pos);
     return vundef(e, NULL);
@@ -1849,7 +1923,7 @@ static val *slice(rctx *r, val *obj, val *va, val *vb, val *vc, size_t pos) {
     if (step == 1) {
         if (b < a) b = a;
         size_t x = cp_off(obj->s, obj->n, (size_t)a), y = cp_off(obj->s, obj->n, (size_t)b);
-        return vstr(e, obj->s + x, y - x);
+        return sub(e, obj, x, y);
     }
     char *buf = alloc(e, obj->n + 1);
     size_t m = 0;
@@ -1858,7 +1932,7 @@ static val *slice(rctx *r, val *obj, val *va, val *vb, val *vc, size_t pos) {
         memcpy(buf + m, obj->s + x, y - x);
         m += y - x;
     }
-    return vstr(e, buf, m);
+    return with_taint(vstr(e, buf, m), obj);
 }
 
 /* Items of an iterable: a list's items, a dict's keys, a string's characters. */
@@ -1878,7 +1952,7 @@ static val *iter_items(rctx *r, val *v, size_t pos) {
         size_t count = cp_len(v->s, v->n);
         for (size_t i = 0; i < count; i++) {
             size_t a = cp_off(v->s, v->n, i), b = cp_off(v->s, v->n, i + 1);
-            list_push(e, l, vstr(e, v->s + a, b - a));
+            list_push(e, l, sub(e, v, a, b));
         }
         return l;
     }
@@ -2021,14 +2095,12 @@ static val *call_method(rctx *r, val *m, const args *a, size_t pos) {
                 if (i >= self->n) break;
                 if (maxsplit >= 0 && done >= maxsplit) {
                     size_t end = self->n;
-                    val tmp = {.k = V_STR, .s = self->s + i, .n = end - i};
-                    val *st = strip(e, &tmp, NULL, 0, 1);
-                    list_push(e, l, st);
+                    list_push(e, l, strip(e, sub(e, self, i, end), NULL, 0, 1));
                     break;
                 }
                 size_t j = i;
                 while (j < self->n && !uspace(self->s + j, self->n - j, &sl)) j++;
-                list_push(e, l, vstr(e, self->s + i, j - i));
+                list_push(e, l, sub(e, self, i, j));
                 done++;
                 i = j;
             }
@@ -2040,7 +2112,7 @@ static val *call_method(rctx *r, val *m, const args *a, size_t pos) {
         int64_t done = 0;
         while (i + sep->n <= self->n) {
             if ((maxsplit < 0 || done < maxsplit) && !memcmp(self->s + i, sep->s, sep->n)) {
-                list_push(e, l, vstr(e, self->s + start, i - start));
+                list_push(e, l, sub(e, self, start, i));
                 i += sep->n;
                 start = i;
                 done++;
@@ -2048,7 +2120,7 @@ static val *call_method(rctx *r, val *m, const args *a, size_t pos) {
                 i++;
             }
         }
-        list_push(e, l, vstr(e, self->s + start, self->n - start));
+        list_push(e, l, sub(e, self, start, self->n));
         return l;
     }
     fail_at(e, NL_ERR_INVALID, pos, "unknown method '%s'", name);
@@ -2153,27 +2225,14 @@ static int contains(rctx *r, val *hay, val *needle, size_t pos) {
 
 static val *arith(rctx *r, const char *op, val *a, val *b, size_t pos) {
     errctx *e = r->e;
-    if (!strcmp(op, "~")) {
-        val *x = to_str(e, a), *y = to_str(e, b);
-        char *p = alloc(e, x->n + y->n + 1);
-        memcpy(p, x->s, x->n);
-        memcpy(p + x->n, y->s, y->n);
-        p[x->n + y->n] = 0;
-        return vstr(e, p, x->n + y->n);
-    }
+    if (!strcmp(op, "~")) return concat(e, to_str(e, a), to_str(e, b));
     if (a->k == V_UNDEF || b->k == V_UNDEF) {
         const val *u = a->k == V_UNDEF ? a : b;
         if (u->s) fail_at(e, NL_ERR_INVALID, pos, "'%s' is undefined (operand of '%s')", u->s, op);
         fail_at(e, NL_ERR_INVALID, pos, "an undefined value is an operand of '%s'", op);
     }
     if (!strcmp(op, "+")) {
-        if (a->k == V_STR && b->k == V_STR) {
-            char *p = alloc(e, a->n + b->n + 1);
-            memcpy(p, a->s, a->n);
-            memcpy(p + a->n, b->s, b->n);
-            p[a->n + b->n] = 0;
-            return vstr(e, p, a->n + b->n);
-        }
+        if (a->k == V_STR && b->k == V_STR) return concat(e, a, b);
         if (a->k == V_LIST && b->k == V_LIST) {
             val *l = newv(e, V_LIST);
             for (size_t i = 0; i < a->n; i++) list_push(e, l, a->items[i]);
@@ -2190,7 +2249,7 @@ static val *arith(rctx *r, const char *op, val *a, val *b, size_t pos) {
         char *p = alloc(e, s->n * (size_t)k + 1);
         for (int64_t i = 0; i < k; i++) memcpy(p + (size_t)i * s->n, s->s, s->n);
         p[s->n * (size_t)k] = 0;
-        return vstr(e, p, s->n * (size_t)k);
+        return with_taint(vstr(e, p, s->n * (size_t)k), s);
     }
     if (!is_num(a) || !is_num(b))
         fail_at(e, NL_ERR_INVALID, pos, "unsupported operand types for %s: %s and %s", op, type_name(a), type_name(b));
@@ -2329,7 +2388,7 @@ static val *apply_filter(rctx *r, const char *name, val *v, const args *a, size_
             else
                 ob_put(e, o, &c, 1);
         }
-        return tmp_finish(e, o);
+        return with_taint(tmp_finish(e, o), s);
     }
     if (!strcmp(name, "default") || !strcmp(name, "d")) {
         val *def = arg(a, 0, "default_value");
@@ -2367,7 +2426,7 @@ static val *apply_filter(rctx *r, const char *name, val *v, const args *a, size_
         }
         outbuf *o = tmp_buf(e);
         json_into(e, o, v, indent, 0, item_sep, key_sep, sk && truthy(sk), pos);
-        return tmp_finish(e, o);
+        return with_taint(tmp_finish(e, o), v);
     }
     if (!strcmp(name, "string")) return to_str(e, v);
     if (!strcmp(name, "lower") || !strcmp(name, "upper") || !strcmp(name, "title") || !strcmp(name, "capitalize")) {
@@ -2663,6 +2722,7 @@ static void exec_list(rctx *r, frame *f, node *n) {
         case N_SETBLOCK: {
             outbuf *saved = r->out;
             outbuf *o = tmp_buf(e);
+            o->track = saved->track;
             r->out = o;
             exec_list(r, f, n->body);
             r->out = saved;
@@ -2687,7 +2747,11 @@ static val *from_json(errctx *e, const cJSON *j) {
         if (d == floor(d) && fabs(d) < 9.007199254740992e15) return vint(e, (int64_t)d);
         return vfloat(e, d);
     }
-    if (cJSON_IsString(j)) return vstr_c(e, j->valuestring);
+    if (cJSON_IsString(j)) {
+        val *v = vstr_c(e, j->valuestring);
+        v->tk = 1; /* data: special-token text in it is not a special token */
+        return v;
+    }
     if (cJSON_IsArray(j)) {
         val *l = newv(e, V_LIST);
         for (const cJSON *c = j->child; c; c = c->next) list_push(e, l, from_json(e, c));
@@ -2698,12 +2762,15 @@ static val *from_json(errctx *e, const cJSON *j) {
     return d;
 }
 
-static nl_status render(const nl_chat_template *t, const cJSON *vars, char **out, size_t *out_bytes) {
+static nl_status render(const nl_chat_template *t, const cJSON *vars, char **out, size_t *out_bytes,
+                        unsigned char **from_data) {
     arena ar = {0};
     errctx e = {.src = t->source, .what = t->what, .ar = &ar};
     outbuf o = {0};
+    o.track = from_data != NULL;
     if (setjmp(e.jb)) {
         free(o.p);
+        free(o.t);
         free_temps(&e);
         arena_free(&ar);
         return nl_fail(e.code, "%s", e.msg);
@@ -2736,6 +2803,7 @@ static nl_status render(const nl_chat_template *t, const cJSON *vars, char **out
     arena_free(&ar);
     *out = o.p;
     if (out_bytes) *out_bytes = o.n;
+    if (from_data) *from_data = o.t;
     return NL_OK;
 }
 
@@ -2747,14 +2815,21 @@ nl_status nl_chat_template_render_json(const nl_chat_template *t, const char *va
         cJSON_Delete(vars);
         return nl_fail(NL_ERR_INVALID, "chat template %s: the variables are not a JSON object", t->what);
     }
-    nl_status rc = render(t, vars, out, out_bytes);
+    nl_status rc = render(t, vars, out, out_bytes, NULL);
     cJSON_Delete(vars);
     return rc;
 }
 
 nl_status nl_chat_template_apply(const nl_chat_template *t, const nl_chat_message *messages, int n_messages,
                                  int add_generation_prompt, char **out, size_t *out_bytes) {
+    return nl_chat_template_apply_marked(t, messages, n_messages, add_generation_prompt, out, out_bytes, NULL);
+}
+
+nl_status nl_chat_template_apply_marked(const nl_chat_template *t, const nl_chat_message *messages, int n_messages,
+                                        int add_generation_prompt, char **out, size_t *out_bytes,
+                                        unsigned char **from_data) {
     *out = NULL;
+    if (from_data) *from_data = NULL;
     cJSON *vars = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(vars, "messages");
     if (!vars || !msgs) {
         cJSON_Delete(vars);
@@ -2771,7 +2846,7 @@ nl_status nl_chat_template_apply(const nl_chat_template *t, const nl_chat_messag
         cJSON_AddItemToArray(msgs, m);
     }
     cJSON_AddBoolToObject(vars, "add_generation_prompt", add_generation_prompt != 0);
-    nl_status rc = render(t, vars, out, out_bytes);
+    nl_status rc = render(t, vars, out, out_bytes, from_data);
     cJSON_Delete(vars);
     return rc;
 }
@@ -2814,8 +2889,16 @@ nl_status nl_chat_template_load_hf(nl_chat_template **out, const char *dir) {
     probe = fopen(jinja_path, "rb");
     if (probe) {
         fclose(probe);
-        rc = nl_read_file(jinja_path, &text, &text_bytes);
+        char *file_text = NULL;
+        rc = nl_read_file(jinja_path, &file_text, &text_bytes);
         if (rc) goto done;
+        text = malloc(text_bytes + 1);
+        if (text) memcpy(text, file_text, text_bytes + 1);
+        nl_free(file_text);
+        if (!text) {
+            rc = nl_fail(NL_ERR_NOMEM, "%s: out of memory", jinja_path);
+            goto done;
+        }
         what = jinja_path;
     } else if (cfg) {
         const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
@@ -2862,7 +2945,7 @@ nl_status nl_chat_template_load_hf(nl_chat_template **out, const char *dir) {
     }
 done:
     cJSON_Delete(cfg);
-    free(cfg_text);
+    nl_free(cfg_text);
     free(text);
     free(jinja_path);
     free(cfg_path);
