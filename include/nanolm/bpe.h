@@ -57,6 +57,11 @@ int nl_bpe_strips_first_space(const nl_bpe *b);
 int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap,
                       int64_t at);
 
+/* As nl_bpe_encode with special = 1, except that a special token is not matched where it
+ * overlaps a byte with plain[i] != 0 (text from a user inside a chat template's output). */
+int64_t nl_bpe_encode_marked(const nl_bpe *b, const char *text, size_t n, const unsigned char *plain, int **out,
+                             int64_t *cap, int64_t at);
+
 /* The bytes a token decodes to (a piece mapped back through bytes_to_unicode, U+2581 as a space,
  * <0xXX> as that byte, an added token as its content); NULL for an id outside the vocabulary
  * or a hole in it. *len receives the length (may contain NUL bytes). */

@@ -985,8 +985,29 @@ static int encode_segment(enc_state *st, const char *seg, size_t n, int first) {
     return rc;
 }
 
+/* 1 when no byte of [i, i + len) is marked plain (special tokens may not be matched there). */
+static int special_ok(const unsigned char *plain, size_t i, size_t len) {
+    if (!plain) return 1;
+    for (size_t k = 0; k < len; k++)
+        if (plain[i + k]) return 0;
+    return 1;
+}
+
+static int64_t encode_impl(const nl_bpe *b, const char *text, size_t n, int special, const unsigned char *plain,
+                           int **out, int64_t *cap, int64_t at);
+
 int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap,
                       int64_t at) {
+    return encode_impl(b, text, n, special, NULL, out, cap, at);
+}
+
+int64_t nl_bpe_encode_marked(const nl_bpe *b, const char *text, size_t n, const unsigned char *plain, int **out,
+                             int64_t *cap, int64_t at) {
+    return encode_impl(b, text, n, 1, plain, out, cap, at);
+}
+
+static int64_t encode_impl(const nl_bpe *b, const char *text, size_t n, int special, const unsigned char *plain,
+                           int **out, int64_t *cap, int64_t at) {
     enc_state st;
     memset(&st, 0, sizeof st);
     st.b = b;
@@ -1006,7 +1027,8 @@ int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, 
         uint8_t c = (uint8_t)text[i];
         for (int j = b->first_byte[c]; j < b->first_byte[c + 1]; j++) {
             const added_tok *t = &b->added[b->added_order[j]];
-            if ((!t->special || special) && t->len <= n - i && !memcmp(text + i, t->s, t->len)) {
+            if ((!t->special || (special && special_ok(plain, i, t->len))) && t->len <= n - i &&
+                !memcmp(text + i, t->s, t->len)) {
                 hit = b->added_order[j];
                 break;
             }
