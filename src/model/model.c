@@ -10,6 +10,7 @@
 #include "nanolm/moe.h"
 #include "blas_serial.h"
 #include "vexp.h"
+#include "vexp_simd.h"
 
 #include "nanolm/formats.h"
 
@@ -533,6 +534,8 @@ static void rope(const nl_model *m, float *qkv, int64_t B, int64_t T, int invers
     }
 }
 
+enum { CE_PIECE = 256 }; /* logits per piece of the loss's exps */
+
 /* ---- forward ------------------------------------------------------------------------------------ */
 
 nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
@@ -608,9 +611,12 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; v++) sum += nl_vexpf(z[v] - mx);
+        float sum = 0.0f, e[CE_PIECE]; /* exps of a piece 8 lanes at a time, summed in order */
+        for (int64_t v0 = 0; v0 < V; v0 += CE_PIECE) {
+            int64_t k = V - v0 < CE_PIECE ? V - v0 : CE_PIECE;
+            nl_vexp_shift(e, z + v0, mx, k);
+            for (int64_t v = 0; v < k; v++) sum += e[v];
+        }
         a->losses[i] = logf(sum) + mx - z[targets[i]];
     }
     double total = 0.0;
@@ -640,11 +646,8 @@ nl_status nl_model_backward(nl_model *m) {
 #pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; v++) {
-            z[v] = nl_vexpf(z[v] - mx);
-            sum += z[v];
-        }
+        nl_vexp_shift(z, z, mx, V);
+        for (int64_t v = 0; v < V; v++) sum += z[v]; /* in order */
         float inv = 1.0f / sum;
 #pragma omp simd
         for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
