@@ -10,6 +10,7 @@
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -136,15 +137,33 @@ float nl_peak_fma_kernel(nl_peak_path p, int64_t iters) {
     return fma_scalar(iters);
 }
 
-/* Seconds for `threads` threads to each run `iters` iterations at once. */
-static double fma_run(nl_peak_path p, int threads, int64_t iters, float *sink) {
-    double t0 = nl_time_s();
+/* Seconds of CPU time used by this thread / by the whole process. */
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static double process_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* FLOP/s of `threads` threads each running `iters` iterations at once: each thread's FLOPs over
+ * its own CPU time, added up. On a machine shared with other processes, a thread's wall time
+ * counts the time it waited for a core; its CPU time does not. */
+static double fma_run(nl_peak_path p, int threads, int64_t iters) {
+    double per = 2.0 * nl_peak_lanes(p) * nl_peak_fma_per_iter(p) * (double)iters, rate = 0;
     float s = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : s)
-    s += nl_peak_fma_kernel(p, iters);
-    double dt = nl_time_s() - t0;
-    *sink += s;
-    return dt;
+#pragma omp parallel num_threads(threads) reduction(+ : s, rate)
+    {
+        double t0 = thread_cpu_s();
+        s += nl_peak_fma_kernel(p, iters);
+        double dt = thread_cpu_s() - t0;
+        rate += per / (dt > 1e-9 ? dt : 1e-9);
+    }
+    peak_sink = s;
+    return rate;
 }
 
 nl_status nl_peak_fma(nl_peak_path p, int threads, double min_time_s, int repeats, double *flops) {
@@ -154,16 +173,22 @@ nl_status nl_peak_fma(nl_peak_path p, int threads, double min_time_s, int repeat
     if (threads <= 0) threads = nl_threads();
     if (!(min_time_s > 0) || repeats < 1)
         return nl_fail(NL_ERR_INVALID, "FMA peak: time %g s and repeats %d must be positive", min_time_s, repeats);
-    float sink = 0;
+    /* iterations for min_time_s on one thread, from a timing of at least a millisecond */
     int64_t iters = 1 << 12;
-    while (fma_run(p, threads, iters, &sink) < min_time_s && iters < ((int64_t)1 << 40)) iters *= 2;
+    double dt;
+    for (;;) {
+        double t0 = thread_cpu_s();
+        peak_sink = nl_peak_fma_kernel(p, iters);
+        dt = thread_cpu_s() - t0;
+        if (dt >= 1e-3 || iters >= ((int64_t)1 << 40)) break;
+        iters *= 2;
+    }
+    if (dt < min_time_s) iters = (int64_t)((double)iters * min_time_s / dt) + 1;
     double best = 0;
     for (int r = 0; r < repeats; r++) {
-        double dt = fma_run(p, threads, iters, &sink);
-        double f = 2.0 * nl_peak_lanes(p) * nl_peak_fma_per_iter(p) * (double)iters * threads / dt;
+        double f = fma_run(p, threads, iters);
         if (f > best) best = f;
     }
-    peak_sink = sink;
     *flops = best;
     return NL_OK;
 }
@@ -186,11 +211,11 @@ nl_status nl_peak_sgemm(int64_t n, int threads, double min_time_s, int repeats, 
     int calls = 1;
     double best = 0;
     for (int r = -1; r < repeats; r++) { /* r = -1: warm-up and the number of calls per timing */
-        double t0 = nl_time_s();
+        double t0 = process_cpu_s();
         for (int k = 0; k < calls; k++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, a, (int)n, b, (int)n,
                         0.0f, c, (int)n);
-        double dt = nl_time_s() - t0;
+        double dt = (process_cpu_s() - t0) / threads; /* the CPU time of `threads` cores */
         if (r < 0) {
             calls = dt >= min_time_s ? 1 : (int)(min_time_s / (dt > 1e-7 ? dt : 1e-7)) + 1;
             continue;
