@@ -1,9 +1,7 @@
 /* nl_vexpf over arrays (see vexp_simd.h). */
 #include "vexp_simd.h"
 
-#include <stdlib.h>
-#include <string.h>
-
+#include "nanolm/isa.h"
 #include "vexp.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -11,20 +9,7 @@
 #define VEXP_X86 1
 #endif
 
-int nl_vexp_simd_avx2(void) {
-    static int cached = -1;
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v < 0) {
-        v = 0;
-#ifdef VEXP_X86
-        __builtin_cpu_init();
-        const char *isa = getenv("NANOLM_ISA");
-        v = __builtin_cpu_supports("avx2") && !(isa && !strcmp(isa, "scalar"));
-#endif
-        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    }
-    return v;
-}
+int nl_vexp_simd_avx2(void) { return nl_isa_has(NL_ISA_AVX2); }
 
 #ifdef VEXP_X86
 /* nl_vexpf (vexp.h) step by step: the clamps (max/min agree with the scalar selects on every

@@ -17,6 +17,7 @@
 #define PEAK_X86 1
 #endif
 
+#include "nanolm/isa.h"
 #include "nanolm/peak.h"
 
 const char *nl_peak_path_name(nl_peak_path p) {
@@ -29,26 +30,21 @@ const char *nl_peak_path_name(nl_peak_path p) {
     }
 }
 
+/* The sets of nanolm/isa.h: the CPU's under NANOLM_ISA's cap. */
 int nl_peak_available(nl_peak_path p) {
     switch (p) {
     case NL_PEAK_AUTO:
     case NL_PEAK_SCALAR: return 1;
 #ifdef PEAK_X86
-    case NL_PEAK_AVX2: __builtin_cpu_init(); return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case NL_PEAK_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+    case NL_PEAK_AVX2: return nl_isa_has(NL_ISA_AVX2);
+    case NL_PEAK_AVX512: return nl_isa_has(NL_ISA_AVX512);
 #endif
     default: return 0;
     }
 }
 
 nl_peak_path nl_peak_auto(void) {
-    const char *cap = getenv("NANOLM_ISA");
-    int max = NL_PEAK_AVX512;
-    if (cap && !strcmp(cap, "scalar")) max = NL_PEAK_SCALAR;
-    if (cap && !strcmp(cap, "avx2")) max = NL_PEAK_AVX2;
-    for (int p = max; p > NL_PEAK_SCALAR; p--)
+    for (int p = NL_PEAK_AVX512; p > NL_PEAK_SCALAR; p--)
         if (nl_peak_available((nl_peak_path)p)) return (nl_peak_path)p;
     return NL_PEAK_SCALAR;
 }
