@@ -10,6 +10,7 @@
 
 #include "nanolm/checkpoint.h"
 #include "nanolm/hf.h"
+#include "nanolm/model_load.h"
 #include "nanolm/model.h"
 #include "cli.h"
 
@@ -69,13 +70,8 @@ nl_status nl_cli_model_arch_fam(nl_catalog *cat, const char *arg, nl_arch *out, 
         return nl_arch_from_hf_config(arg, out);
     struct stat st;
     if (!(n >= 5 && !strcmp(arg + n - 5, ".json")) && stat(arg, &st) == 0 && S_ISREG(st.st_mode)) {
-        /* a checkpoint the engine serves (NanoLM safetensors, llama2.c .bin): its shape */
-        nl_model m;
-        char kind[64];
-        NL_TRY(nl_ckpt_load_model(arg, &m, kind));
-        *out = m.arch;
-        nl_model_free(&m);
-        return NL_OK;
+        /* a checkpoint the engine serves (GGUF metadata, NanoLM safetensors, llama2.c .bin) */
+        return nl_model_load_arch(arg, out);
     }
     return nl_catalog_model_arg_fam(cat, arg, out, fam);
 }
