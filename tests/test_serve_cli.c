@@ -184,8 +184,28 @@ static void test_serve_int4(void **state) {
     free(dir);
 }
 
+/* --dummy-arch sizes whose products wrap size_t (or overflow int64) are refused with a message
+ * instead of allocating a wrapped (tiny) parameter array and writing past it. */
+static void test_dummy_arch_overflow(void **state) {
+    (void)state;
+    static const char *const shapes[] = {
+        "{\"vocab_size\":1099511627776,\"dim\":1099511627776,\"n_layers\":1,\"n_heads\":2,\"n_kv_heads\":2,"
+        "\"hidden_dim\":64,\"seq_len\":64}",
+        "{\"vocab_size\":256,\"dim\":4294967296,\"n_layers\":4294967296,\"n_heads\":2,\"n_kv_heads\":2,"
+        "\"hidden_dim\":4294967296,\"seq_len\":64}",
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        char args[600], *out = NULL;
+        snprintf(args, sizeof args, "serve --dummy-arch '%s' --port 0", shapes[k]);
+        int rc = tu_run_cli(args, &out);
+        if (rc != 2 || !strstr(out, "multiplies past 2^53")) fail_msg("shape %zu: exit %d, \"%s\"", k, rc, out);
+        free(out);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dummy_arch_overflow),
         cmocka_unit_test(test_quantized_checkpoint),
         cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_int4_weights),
