@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "nanolm/checkpoint.h"
+#include "nanolm/client.h"
 
 #define BIN "stories260K/stories260K.bin"
 #define TOK "stories260K/tok512.bin"
@@ -203,9 +204,42 @@ static void test_dummy_arch_overflow(void **state) {
     }
 }
 
+/* NaN logits in a non-streamed request: HTTP 500 naming the model's failure (it used to be 503
+ * "the server is shutting down", while the streamed request got 500). */
+static void test_serve_nan_is_500(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(bin, BIN);
+    TU_REQUIRE_DATA(tok, TOK);
+    nl_model m;
+    char kind[64], path[1024], args[2048];
+    assert_int_equal(nl_ckpt_load_model(bin, &m, kind), NL_OK);
+    m.w.layers[1].wo[5] = NAN;
+    char *dir = tu_tmpdir();
+    snprintf(path, sizeof path, "%s/nan.st", dir);
+    assert_int_equal(nl_ckpt_save(path, &m, kind, NULL), NL_OK);
+    nl_model_free(&m);
+    snprintf(args, sizeof args, "--ckpt '%s' --tokenizer '%s' --threads 1", path, tok);
+    tu_server srv;
+    char *why = NULL;
+    if (tu_server_start(&srv, dir, "nan", args, &why)) fail_msg("%s", why ? why : "the server did not start");
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":8}";
+    nl_http_response r;
+    nl_status rc =
+        nl_http_request("127.0.0.1", srv.port, "POST", "/v1/completions", body, strlen(body), 60, NULL, NULL, &r);
+    int status = rc ? -1 : r.status;
+    char text[512];
+    snprintf(text, sizeof text, "%s", !rc && r.body.data ? r.body.data : "");
+    if (!rc) nl_http_response_free(&r);
+    assert_int_equal(tu_server_stop(&srv), 0);
+    if (status != 500 || !strstr(text, "the model failed")) fail_msg("HTTP %d: %s", status, text);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dummy_arch_overflow),
+        cmocka_unit_test(test_serve_nan_is_500),
         cmocka_unit_test(test_quantized_checkpoint),
         cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_int4_weights),
