@@ -312,12 +312,19 @@ nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
     if (m->acts_mem)
         return nl_fail(NL_ERR_INVALID, "activations already allocated for (%lld, %lld)", (long long)m->B,
                        (long long)m->T);
-    int64_t L = m->L, C = m->C, BT = B * T, NH = m->NH, H = m->H, V = m->V, QKV = m->QKV;
+    int64_t L = m->L, C = m->C, NH = m->NH, H = m->H, V = m->V, QKV = m->QKV;
     int64_t maxdim = C;
     if (QKV > maxdim) maxdim = QKV;
     if (2 * H > maxdim) maxdim = 2 * H;
     if (V > maxdim) maxdim = V;
     if (NH * m->hd > maxdim) maxdim = NH * m->hd;
+    /* every part below is at most (L + 1) x B x T x max(maxdim, NH x T) floats: check in double
+     * before multiplying in int64 */
+    double width = (double)maxdim > (double)NH * (double)T ? (double)maxdim : (double)NH * (double)T;
+    if ((double)(L + 1) * (double)B * (double)T * width * 32 >= 0x1p62)
+        return nl_fail(NL_ERR_INVALID, "activations of batch %lld x %lld for this model: the size overflows",
+                       (long long)B, (long long)T);
+    int64_t BT = B * T;
     struct {
         float **p;
         int64_t n;
