@@ -11,15 +11,19 @@
 # generated token to the last (prompt prefill and model load excluded), at 1 and 2 threads, in
 # ROUNDS rounds that alternate which engine runs first; medians over the rounds, and their ratio.
 # Greedy tokens are compared for fp32/f32 (the other pairs round the weights differently).
-# Usage: bench/bench_llamacpp.sh  (env: NANOLM_BUILD=build, ROUNDS=3, N85=64, NSTORIES=200)
+# Usage: bench/bench_llamacpp.sh  (env: NANOLM_BUILD=build, ROUNDS=3, N85=32, NSTORIES=200 new tokens
+# at 1 thread; N85_2=8, NSTORIES_2=32 at 2 threads, where on a 2-core machine shared with other
+# work both engines' spinning threads wait for descheduled peers and decode can run 10-100x slower)
 # Without node/npm, or when the package cannot be installed, it says so and exits 0.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${NANOLM_BUILD:-build}
 [[ $build = /* ]] || build="$root/$build"
 rounds=${ROUNDS:-3}
-n85=${N85:-64}
+n85=${N85:-32}
 nst=${NSTORIES:-200}
+n85_2=${N85_2:-8}
+nst_2=${NSTORIES_2:-32}
 pkg="$root/bench/llamacpp"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "bench_llamacpp: skipped: needs node and npm (scripts/setup-deps.sh node)"
@@ -47,7 +51,7 @@ p85=$(python3 -c 'print(",".join(str((j * 7) % 512) for j in range(16)))')
 pst=$(OMP_NUM_THREADS=1 "$build/bench_gguf" decode "$dir/s260-f32.gguf" 1 1 fp32 "text:Once upon a time" |
   python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["prompt"])))')
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
-echo "bench_llamacpp: $cpu, $(nproc) cores; $rounds rounds; 85M: $n85 new tokens, stories260K: $nst"
+echo "bench_llamacpp: $cpu, $(nproc) cores; $rounds rounds; new tokens at 1 / 2 threads: 85M $n85 / $n85_2, stories260K $nst / $nst_2"
 res="$dir/results.jsonl"
 : >"$res"
 run_nanolm() { # model pair threads n prompt
@@ -64,10 +68,10 @@ run_llama() { # model type threads n prompt
 pairs=("fp32 f32" "bf16 f16" "int8 q8_0" "int4 q4_0")
 for ((r = 1; r <= rounds; r++)); do
   for model in m85 s260; do
-    if [[ $model = m85 ]]; then n=$n85 p=$p85; else n=$nst p=$pst; fi
     for pr in "${pairs[@]}"; do
       read -r nf lf <<<"$pr"
       for th in 1 2; do
+        if [[ $model = m85 ]]; then p=$p85 n=$n85; ((th == 1)) || n=$n85_2; else p=$pst n=$nst; ((th == 1)) || n=$nst_2; fi
         if ((r % 2)); then
           run_nanolm $model "$nf" $th $n "$p" && run_llama $model "$lf" $th $n "$p"
         else
@@ -85,6 +89,7 @@ pairs = [("fp32", "f32"), ("bf16", "f16"), ("int8", "q8_0"), ("int4", "q4_0")]
 names = {"m85": "85M random", "s260": "stories260K"}
 print("| model | nanolm / llama.cpp | threads | nanolm tok/s | llama.cpp tok/s | ratio | greedy tokens |")
 print("|---|---|---|---|---|---|---|")
+rounds = len([x for x in rows if x["model"] == "m85" and x["threads"] == 1 and x["engine"] == "nanolm" and x["fmt"] == "fp32"])
 for model in ("m85", "s260"):
     for nf, lf in pairs:
         for th in (1, 2):
@@ -98,4 +103,11 @@ for model in ("m85", "s260"):
             if nf != "fp32":
                 agree += " (formats differ)"
             print("| %s | %s / %s | %d | %.1f | %.1f | %.2fx | %s |" % (names[model], nf, lf, th, ma, mb, ma / mb, agree))
+print("medians of %d rounds; each round's ratios:" % rounds)
+for model in ("m85", "s260"):
+    for nf, lf in pairs:
+        for th in (1, 2):
+            a = [x["r"]["decode_tok_s"] for x in rows if x["model"] == model and x["threads"] == th and x["engine"] == "nanolm" and x["fmt"] == nf]
+            b = [x["r"]["decode_tok_s"] for x in rows if x["model"] == model and x["threads"] == th and x["engine"] == "llama.cpp" and x["fmt"] == lf]
+            print("  %s %s/%s %dt: %s" % (names[model], nf, lf, th, " ".join("%.2f" % (u / v) for u, v in zip(a, b))))
 PY

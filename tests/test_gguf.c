@@ -522,12 +522,64 @@ static void test_gpt2_tokenizer(void **s) {
     free(dir);
 }
 
+/* The commands with --ckpt model.gguf: export writes it, generate gives the text of the original
+ * checkpoint, eval its loss, budget reads its shape. */
+static void test_cli(void **s) {
+    (void)s;
+    TU_REQUIRE_DATA(bin, "stories260K/stories260K.bin");
+    TU_REQUIRE_DATA(tokp, "stories260K/tok512.bin");
+    TU_REQUIRE_DATA(text, "tinystories/tinystories_sample.txt");
+    char *dir = tu_tmpdir(), args[3000], *out = NULL, *ref = NULL;
+    snprintf(args, sizeof args, "export --ckpt %s --tokenizer %s --to gguf --dtype f32 %s/s.gguf", bin, tokp, dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    free(out);
+    snprintf(args, sizeof args,
+             "generate --ckpt %s/s.gguf --prompt 'Once upon a time' --steps 40 --temperature 0 --json", dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    snprintf(args, sizeof args,
+             "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 40 --temperature 0 --json", bin,
+             tokp);
+    assert_int_equal(tu_run_cli(args, &ref), 0);
+    const char *a = strstr(out, "\"text\""), *b = strstr(ref, "\"text\"");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_memory_equal(a, b, strcspn(b, "\n,}"));
+    free(out);
+    free(ref);
+    snprintf(args, sizeof args, "eval --ckpt %s/s.gguf --data %s --seq 64 --max-windows 8 --json", dir, text);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    snprintf(args, sizeof args, "eval --ckpt %s --tokenizer %s --data %s --seq 64 --max-windows 8 --json", bin, tokp,
+             text);
+    assert_int_equal(tu_run_cli(args, &ref), 0);
+    a = strstr(out, "\"mean_loss\"");
+    b = strstr(ref, "\"mean_loss\"");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_memory_equal(a, b, strcspn(b, ",}"));
+    free(out);
+    free(ref);
+    snprintf(args, sizeof args, "budget --model %s/s.gguf --json", dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    snprintf(args, sizeof args, "budget --model %s --json", bin);
+    assert_int_equal(tu_run_cli(args, &ref), 0);
+    assert_string_equal(out, ref); /* the shape from the metadata is the checkpoint's */
+    free(out);
+    free(ref);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hand_built),        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_writer_round_trip), cmocka_unit_test(test_blocks),
-        cmocka_unit_test(test_model_round_trip),  cmocka_unit_test(test_model_refusals),
-        cmocka_unit_test(test_stories_tokenizer), cmocka_unit_test(test_gpt2_tokenizer),
+        cmocka_unit_test(test_hand_built),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_writer_round_trip),
+        cmocka_unit_test(test_blocks),
+        cmocka_unit_test(test_model_round_trip),
+        cmocka_unit_test(test_model_refusals),
+        cmocka_unit_test(test_stories_tokenizer),
+        cmocka_unit_test(test_gpt2_tokenizer),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
