@@ -73,7 +73,8 @@ typedef void (*nl_engine_event_fn)(void *user, uint64_t id, const int32_t *new_t
                                    const char *new_text, size_t new_text_len, nl_finish finish);
 
 typedef struct nl_engine_opts {
-    nl_wfmt weights;             /* NL_WFMT_AUTO (default): fp32, or int8 for an int8 quantized checkpoint */
+    nl_wfmt weights;             /* NL_WFMT_AUTO (default): fp32; int8 for an int8 quantized checkpoint or a Q8_0
+                                    GGUF; int4 for a Q4_0 GGUF (on its own blocks) */
     nl_kv_dtype kv;              /* NL_KV_FP32 (default) or NL_KV_INT8 */
     int64_t block_size;          /* tokens per KV block (default 16) */
     int64_t kv_blocks;           /* pool size in blocks; 0: from kv_mem_bytes */

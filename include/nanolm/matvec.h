@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* Storage format of a decode weight. AUTO (engine options only): fp32 for an fp32 checkpoint,
- * int8 for a quantized int8 per-channel checkpoint. */
+ * int8 for a quantized int8 per-channel checkpoint or a Q8_0 GGUF, int4 for a Q4_0 GGUF. */
 typedef enum nl_wfmt {
     NL_WFMT_AUTO = -1,
     NL_WFMT_FP32 = 0,

@@ -223,6 +223,6 @@ int nl_cli_model_opts(nl_opt *opts, nl_model_args *a, int with_weights) {
     if (!with_weights) return 2;
     opts[2] = (nl_opt)NL_OPT_STR(
         "weights", &a->weights, "auto|fp32|bf16|int8|int4",
-        "decode weight format (default auto: fp32, or int8 for a checkpoint that quant model wrote)");
+        "decode weight format (default auto: fp32; int8 for a checkpoint that quant model wrote or a q8_0 GGUF; int4 for a q4_0 GGUF)");
     return 3;
 }
