@@ -96,6 +96,12 @@ nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t te
  * ("<|endoftext|>", "<s>") into their ids (tokenizer.json only; the others have none). */
 nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
                                       int special, int **tokens, int64_t *n_tokens);
+/* As nl_tokenizer_encode_special with special = 1, except that special tokens are not matched
+ * where they overlap a byte with plain[i] != 0 (plain: text_bytes marks, e.g. a chat prompt's
+ * bytes that came from the user, nl_chat_template_apply_marked). plain NULL: every byte may hold
+ * a special token. */
+nl_status nl_tokenizer_encode_marked(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
+                                     const unsigned char *plain, int **tokens, int64_t *n_tokens);
 /* Id of the piece exactly equal to `piece`, or -1. */
 int nl_tokenizer_lookup(const nl_tokenizer *t, const char *piece);
 

@@ -368,23 +368,36 @@ nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t te
     return nl_tokenizer_encode_special(t, text, text_bytes, bos, eos, 0, tokens, n_tokens);
 }
 
-/* tokenizer.json: BOS, the BPE ids, EOS. */
+/* tokenizer.json: BOS, the BPE ids, EOS. plain: no special token where it marks a byte. */
 static nl_status encode_hf(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos, int special,
-                           int **tokens, int64_t *n_tokens) {
-    int *out = nl_malloc((2 * text_bytes + 8) * sizeof(int), "encoded tokens");
+                           const unsigned char *plain, int **tokens, int64_t *n_tokens) {
+    int64_t cap = (int64_t)text_bytes + 8; /* grown by nl_bpe_encode as the normalized text needs */
+    int *out = nl_malloc((size_t)cap * sizeof(int), "encoded tokens");
     if (!out) return NL_ERR_NOMEM;
     int64_t n = 0;
     if (bos && t->bos_id >= 0) out[n++] = t->bos_id;
-    int64_t k = nl_bpe_encode(t->bpe, text, text_bytes, special, out + n);
-    if (k < 0) {
+    n = plain ? nl_bpe_encode_marked(t->bpe, text, text_bytes, plain, &out, &cap, n)
+              : nl_bpe_encode(t->bpe, text, text_bytes, special, &out, &cap, n);
+    int *grown = n == cap ? realloc(out, (size_t)(cap + 1) * sizeof(int)) : out; /* room for EOS */
+    if (n < 0 || !grown) {
         nl_free(out);
-        return NL_ERR_NOMEM;
+        return n == -2 ? NL_ERR_RANGE
+                       : n < 0 ? NL_ERR_NOMEM : nl_fail(NL_ERR_NOMEM, "out of memory encoding %zu bytes", text_bytes);
     }
-    n += k;
+    out = grown;
     if (eos && t->eos_id >= 0) out[n++] = t->eos_id;
     *tokens = out;
     *n_tokens = n;
     return NL_OK;
+}
+
+nl_status nl_tokenizer_encode_marked(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
+                                     const unsigned char *plain, int **tokens, int64_t *n_tokens) {
+    if (t->kind != NL_TOKENIZER_HF || !plain || text_bytes > INT32_MAX / 2 - 8)
+        return nl_tokenizer_encode_special(t, text, text_bytes, bos, eos, 1, tokens, n_tokens);
+    *tokens = NULL;
+    *n_tokens = 0;
+    return encode_hf(t, text, text_bytes, bos, eos, 1, plain, tokens, n_tokens);
 }
 
 nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
@@ -393,7 +406,7 @@ nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, s
     *n_tokens = 0;
     if (text_bytes > INT32_MAX / 2 - 8)
         return nl_fail(NL_ERR_RANGE, "text of %zu bytes is too long to encode at once", text_bytes);
-    if (t->kind == NL_TOKENIZER_HF) return encode_hf(t, text, text_bytes, bos, eos, special, tokens, n_tokens);
+    if (t->kind == NL_TOKENIZER_HF) return encode_hf(t, text, text_bytes, bos, eos, special, NULL, tokens, n_tokens);
     const unsigned char *s = (const unsigned char *)text;
     int *out = nl_malloc((text_bytes + 3) * sizeof(int), "encoded tokens");
     if (!out) return NL_ERR_NOMEM;
