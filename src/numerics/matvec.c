@@ -953,6 +953,41 @@ static nl_status q4_init(nl_mv_weight *wt, const float *w, int64_t N, int64_t K)
     return NL_OK;
 }
 
+nl_status nl_mv_weight_init_q4_0(nl_mv_weight *wt, const void *blocks, int64_t N, int64_t K) {
+    memset(wt, 0, sizeof *wt);
+    if (N < 1 || K < 1 || K % Q4_G)
+        return nl_fail(NL_ERR_INVALID,
+                       "int4 matvec weight from Q4_0: %lld x %lld is not rows of whole 32-column blocks", (long long)N,
+                       (long long)K);
+    wt->rows = N;
+    wt->cols = K;
+    wt->fmt = NL_WFMT_INT4;
+    wt->path = nl_mv_auto();
+    const int64_t G = K / Q4_G;
+    wt->groups = G;
+    wt->q4 = nl_malloc((size_t)(N * G) * 16, "int4 matvec codes");
+    wt->q4_d = nl_malloc((size_t)(N * G) * sizeof(uint16_t), "int4 matvec scales");
+    if (!wt->q4 || !wt->q4_d) {
+        nl_mv_weight_free(wt);
+        return NL_ERR_NOMEM;
+    }
+    const uint8_t *b = blocks;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < G; g++, b += 18) {
+            uint16_t d = (uint16_t)(b[0] | b[1] << 8);
+            if ((d & 0x7C00) == 0x7C00) {
+                nl_mv_weight_free(wt);
+                return nl_fail(NL_ERR_INVALID,
+                               "int4 matvec weight from Q4_0: row %lld, block %lld has a non-finite scale",
+                               (long long)n, (long long)g);
+            }
+            wt->q4_d[n * G + g] = d;
+            uint8_t *row = wt->q4 + n * G * 16;
+            for (int i = 0; i < 16; i++) row[q4_byte_at(G, g, i)] = b[2 + i];
+        }
+    return NL_OK;
+}
+
 nl_status nl_mv_int4_dequantize(const nl_mv_weight *wt, float *w) {
     if (wt->fmt != NL_WFMT_INT4 || !wt->q4)
         return nl_fail(NL_ERR_INVALID, "int4 dequantize: the weight is %s, not int4",

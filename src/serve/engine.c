@@ -11,6 +11,7 @@
 #include "nanolm/engine.h"
 #include "nanolm/hf.h"
 #include "nanolm/kvcache.h"
+#include "nanolm/gguf_model.h"
 #include "nanolm/model_load.h"
 #include "nanolm/quantize_model.h"
 
@@ -286,8 +287,14 @@ nl_status nl_engine_open(nl_engine **out, const char *ckpt, const char *tokenize
         e->tok = &e->own_tok;
         if (e->wfmt == NL_WFMT_AUTO && src.format == NL_CKPT_QUANTIZED)
             e->wfmt = src.int8_per_channel ? NL_WFMT_INT8 : NL_WFMT_FP32;
+        if (e->wfmt == NL_WFMT_AUTO && src.format == NL_CKPT_GGUF) /* the kernels of the file's type */
+            e->wfmt = src.gguf_type == NL_GGML_Q4_0   ? NL_WFMT_INT4
+                      : src.gguf_type == NL_GGML_Q8_0 ? NL_WFMT_INT8
+                                                      : NL_WFMT_FP32;
     }
     if (!rc) rc = engine_init(e);
+    /* int4 from a Q4_0 GGUF: the file's own blocks (the same layout), not a requantization */
+    if (!rc && src.format == NL_CKPT_GGUF && e->wfmt == NL_WFMT_INT4) rc = nl_gguf_int4_weights(ckpt, e->m, e->w, NULL);
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", nl_last_error());
