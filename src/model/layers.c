@@ -9,7 +9,7 @@
 
 #include "nanolm/model.h"
 #include "blas_serial.h"
-#include "vexp.h"
+#include "numerics/vexp.h"
 
 /* ---- RMSNorm --------------------------------------------------------------------------------
  * out (N, C) = x / sqrt(mean(x^2) + eps) * w;  rstd (N) saved for backward. */

@@ -9,7 +9,7 @@
 #include "nanolm/model.h"
 #include "nanolm/moe.h"
 #include "blas_serial.h"
-#include "vexp.h"
+#include "numerics/vexp.h"
 
 #include "nanolm/formats.h"
 
