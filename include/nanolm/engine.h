@@ -83,6 +83,9 @@ typedef struct nl_engine_opts {
     int threads;                 /* OpenMP threads of a step (<= 0: the OpenMP default) */
     int prefix_cache;            /* 1 (default): full KV blocks are shared by the prompts that start
                                     with the same tokens (automatic prefix caching, block_pool.h) */
+    int spec_k;                  /* speculative decoding: tokens drafted per decode step (0, the
+                                    default: off), verified in the same step (nl_sampler_verify) */
+    int spec_ngram;              /* prompt-lookup drafting: longest n-gram matched (default 3) */
     nl_engine_event_fn on_event; /* optional */
     void *event_user;
 } nl_engine_opts;
@@ -206,6 +209,8 @@ typedef struct nl_engine_stats {
     int64_t prefix_cache_queries;   /* prompt tokens looked up at admission */
     int64_t prefix_cache_hits;      /* of those, tokens found cached (not computed) */
     int64_t prefix_cache_evictions; /* cached blocks taken for other tokens */
+    int64_t spec_drafted;           /* speculative tokens drafted and verified */
+    int64_t spec_accepted;          /* of those, accepted by the target */
 } nl_engine_stats;
 /* A consistent snapshot. */
 void nl_engine_stats_get(nl_engine *e, nl_engine_stats *st);

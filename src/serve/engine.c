@@ -33,7 +33,8 @@ void nl_engine_opts_default(nl_engine_opts *o) {
     o->max_step_tokens = 512;
     o->chunk = 256;
     o->max_waiting = 256;
-    o->prefix_cache = 0;
+    o->prefix_cache = 1;
+    o->spec_ngram = 3;
 }
 
 /* ---- setup ----------------------------------------------------------------------------------- */
@@ -54,6 +55,11 @@ static nl_status check_opts(const nl_engine_opts *o) {
                        (long long)o->max_step_tokens, o->max_batch);
     if (o->chunk < 0) return nl_fail(NL_ERR_INVALID, "engine: chunk must be >= 0, got %lld", (long long)o->chunk);
     if (o->max_waiting < 0) return nl_fail(NL_ERR_INVALID, "engine: max waiting must be >= 0, got %d", o->max_waiting);
+    if (o->spec_k < 0 || o->spec_k > NL_KV_QTILE - 1)
+        return nl_fail(NL_ERR_INVALID, "engine: speculative tokens per step must be in [0, %d], got %d",
+                       NL_KV_QTILE - 1, o->spec_k);
+    if (o->spec_k > 0 && (o->spec_ngram < 1 || o->spec_ngram > 64))
+        return nl_fail(NL_ERR_INVALID, "engine: the prompt-lookup n-gram must be in [1, 64], got %d", o->spec_ngram);
     return NL_OK;
 }
 
@@ -61,12 +67,15 @@ static nl_status alloc_buffers(nl_engine *e) {
     int64_t R = e->o.max_step_tokens;
     NL_TRY(nl_runner_init(&e->run, e->m, R, e->o.threads));
     e->sample_tok = nl_malloc((size_t)R * sizeof(int32_t), "engine sampled tokens");
+    e->spec_n = nl_malloc((size_t)R * sizeof(int64_t), "engine verified tokens");
+    e->spec_probs = nl_malloc((size_t)e->m->V * sizeof(float), "engine verification scratch");
     e->row_req = nl_malloc((size_t)R * 2 * sizeof(nl_req *), "engine row requests");
     e->sample_rc = nl_malloc((size_t)R * sizeof(nl_status), "engine sample status");
     e->sample_err = nl_malloc((size_t)R * 256, "engine sample errors");
     e->touched = nl_malloc((size_t)(R + 2 * (int64_t)e->o.max_waiting + 2 * e->o.max_batch + 1) * sizeof(nl_req *),
                            "engine touched list");
-    if (!e->sample_tok || !e->row_req || !e->sample_rc || !e->sample_err || !e->touched) return NL_ERR_NOMEM;
+    if (!e->sample_tok || !e->spec_n || !e->spec_probs || !e->row_req || !e->sample_rc || !e->sample_err || !e->touched)
+        return NL_ERR_NOMEM;
     e->out_req = e->row_req + R;
     return NL_OK;
 }
@@ -209,6 +218,8 @@ void nl_engine_close(nl_engine *e) {
     nl_runner_free(&e->run);
     nl_block_pool_free(&e->pool);
     nl_free(e->sample_tok);
+    nl_free(e->spec_n);
+    nl_free(e->spec_probs);
     nl_free(e->row_req);
     nl_free(e->sample_rc);
     nl_free(e->sample_err);
@@ -495,11 +506,19 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
     }
     /* sampling outside the mutex: only this thread touches the generators */
     double t_sample = e->run.prof ? nl_runner_clock(&e->run) : 0;
-    for (int64_t j = 0; j < n_out; j++) {
+    for (int64_t j = 0; j < n_out;) {
         nl_req *r = e->out_req[j];
-        e->sample_rc[j] =
-            nl_sampler_next(&r->s, &r->rng, e->run.logits + j * e->m->V, e->m->V, NULL, &e->sample_tok[j]);
+        float *logits = e->run.logits + j * e->m->V;
+        e->spec_n[j] = 1;
+        if (r->n_draft > 0) { /* the last token and its drafts (at r->toks[n_toks..]): verified */
+            e->sample_rc[j] = nl_sampler_verify(&r->s, &r->rng, logits, e->m->V, r->toks + r->n_toks, NULL, r->n_draft,
+                                                e->spec_probs, &e->sample_tok[j], &e->spec_n[j]);
+            /* the K/V of the last token and of the accepted drafts hold; the rest is written over */
+            if (!e->sample_rc[j]) r->n_cached = r->n_toks - 1 + e->spec_n[j];
+        } else
+            e->sample_rc[j] = nl_sampler_next(&r->s, &r->rng, logits, e->m->V, NULL, &e->sample_tok[j]);
         if (e->sample_rc[j]) snprintf(e->sample_err[j], 256, "%s", nl_last_error());
+        j += 1 + r->n_draft;
     }
     if (e->run.prof) nl_runner_prof_sampling(&e->run, nl_runner_clock(&e->run) - t_sample);
     ev_item *ev = NULL;
@@ -508,15 +527,21 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
     e->st.steps++;
     e->st.prompt_tokens_computed += n - e->n_decode_rows;
     for (int64_t i = 0; i < n; i++) register_blocks(e, e->row_req[i]);
-    for (int64_t j = 0; j < n_out; j++) {
+    for (int64_t j = 0; j < n_out;) {
         nl_req *r = e->out_req[j];
+        const int64_t k = r->n_draft, jj = j;
+        j += 1 + k;
+        r->n_draft = 0;
         e->touched[e->n_touched++] = r;
-        nl_finish f;
-        if (e->sample_rc[j]) {
-            snprintf(r->error, sizeof r->error, "position %lld: %s", (long long)r->n_toks, e->sample_err[j]);
+        nl_finish f = NL_FINISH_NONE;
+        if (e->sample_rc[jj]) {
+            snprintf(r->error, sizeof r->error, "position %lld: %s", (long long)r->n_toks, e->sample_err[jj]);
             f = NL_FINISH_ERROR;
         } else {
-            f = append_token(e, r, e->sample_tok[j]);
+            for (int64_t t = 0; t < e->spec_n[jj] && f == NL_FINISH_NONE; t++)
+                f = append_token(e, r, e->sample_tok[jj + t]);
+            e->st.spec_drafted += k;
+            e->st.spec_accepted += e->spec_n[jj] - 1;
         }
         if (f != NL_FINISH_NONE) {
             if (!r->keep_kv || f == NL_FINISH_ERROR) nl_engine_free_blocks(e, r);

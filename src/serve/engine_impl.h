@@ -51,7 +51,9 @@ struct nl_engine {
     /* this step: the request of each row (the runner holds tokens, positions, tables), and the
      * request of each logits row */
     nl_req **row_req, **out_req;
-    int32_t *sample_tok;
+    int32_t *sample_tok;   /* tokens sampled per logits row (a speculative group: its tokens from its first) */
+    int64_t *spec_n;       /* tokens a logits row's group gives (1, or 1 + accepted drafts) */
+    float *spec_probs;     /* (V) verification scratch */
     int64_t n_decode_rows; /* of this step's rows, how many are decodes (speculative rows included) */
     nl_req **touched;      /* requests with news this step (events, releases) */
     int64_t n_touched;

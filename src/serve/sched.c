@@ -74,6 +74,27 @@ static inline void add_row(nl_engine *e, int64_t n, nl_req *r, int64_t pos) {
     e->row_req[n] = r;
 }
 
+/* Speculative decoding: drafts up to spec_k tokens for decoding request r (its block for the next
+ * position held) into r->toks[n_toks..], at most `room` of them (rows the step has left), within
+ * its max_tokens and the context, and within the blocks it holds or can get without preempting.
+ * Sets and returns r->n_draft. */
+static int64_t draft(nl_engine *e, nl_req *r, int64_t room) {
+    int64_t k = e->o.spec_k;
+    r->n_draft = 0;
+    if (k <= 0 || r->keep_kv) return 0;
+    const int64_t done = r->n_toks - r->n_prompt, S = e->m->arch.seq_len;
+    if (r->s.max_tokens > 0 && k > r->s.max_tokens - done - 1) k = r->s.max_tokens - done - 1;
+    if (k > S - r->n_toks) k = S - r->n_toks;
+    if (k > room) k = room;
+    if (k <= 0) return 0;
+    k = nl_sampler_ngram_draft(r->toks, r->n_toks, e->o.spec_ngram, k, r->toks + r->n_toks);
+    if (k > 0 && !nl_sched_reserve(e, r, r->n_cached + 1 + k)) {
+        const int64_t held = r->bt.n * e->pool.block_size - r->n_cached - 1;
+        if (k > held) k = held;
+    }
+    return r->n_draft = k > 0 ? k : 0;
+}
+
 int64_t nl_sched_schedule(nl_engine *e, int64_t *n_out) {
     const int64_t bs = e->pool.block_size;
     int64_t n = 0, no = 0, budget = e->o.max_step_tokens;
@@ -104,12 +125,15 @@ int64_t nl_sched_schedule(nl_engine *e, int64_t *n_out) {
             i--;
             continue;
         }
-        add_row(e, n, r, r->n_cached);
-        e->run.out_rows[no] = n;
-        e->out_req[no++] = r;
-        n++;
-        budget--;
-        e->n_decode_rows++;
+        const int64_t k = draft(e, r, budget - 1 - (e->n_running - 1 - i));
+        for (int64_t j = 0; j <= k; j++) {
+            add_row(e, n, r, r->n_cached + j);
+            e->run.out_rows[no] = n;
+            e->out_req[no++] = r;
+            n++;
+        }
+        budget -= 1 + k;
+        e->n_decode_rows += 1 + k;
     }
     /* prompt chunks, oldest first. With chunking, the prompt tokens of a step are one chunk in
      * all, however many prompts wait (Sarathi-Serve's per-step token budget): a step then never
@@ -120,6 +144,7 @@ int64_t nl_sched_schedule(nl_engine *e, int64_t *n_out) {
         nl_req *r = e->running[i];
         int64_t left = r->n_toks - r->n_cached;
         if (left < 2) continue;
+        r->n_draft = 0;
         int64_t c = left;
         if (e->o.chunk > 0 && c > e->o.chunk) c = e->o.chunk;
         if (c > budget) {
