@@ -158,10 +158,10 @@ static void test_same_tokens_on_and_off(void **state) {
     nl_model m;
     make_model(&m, 96);
     const run_cfg cfgs[] = {
-        {0, 0, 0, 4, 0},   {0, 1, 0, 4, 0},                    /* references: fp32 and int8 KV */
-        {1, 0, 0, 4, 0},   {1, 0, 1, 4, 0},  {1, 0, 0, 32, 0}, /* batched, one at a time, all at once */
-        {1, 1, 0, 4, 0},   {1, 1, 1, 4, 0},                    /* int8 KV */
-        {1, 0, 0, 4, 24},  {1, 0, 1, 2, 14},                   /* small pools: preemption, eviction */
+        {0, 0, 0, 4, 0},  {0, 1, 0, 4, 0},                    /* references: fp32 and int8 KV */
+        {1, 0, 0, 4, 0},  {1, 0, 1, 4, 0},  {1, 0, 0, 32, 0}, /* batched, one at a time, all at once */
+        {1, 1, 0, 4, 0},  {1, 1, 1, 4, 0},                    /* int8 KV */
+        {1, 0, 0, 4, 24}, {1, 0, 1, 2, 14},                   /* small pools: preemption, eviction */
     };
     int32_t ref[2][N_REQ][GEN], got[N_REQ][GEN];
     int64_t evictions = 0;

@@ -58,8 +58,9 @@ static double chi_square(const int64_t *count, const float *p, int64_t n, int *d
 static const double CHI999[6] = {0, 10.83, 13.82, 16.27, 18.47, 20.52};
 
 static void check_distribution(const nl_sampling *s, int with_q) {
-    static const float base[K + 1][V] = {
-        {1.0f, 2.0f, 0.5f, 1.5f, -1.0f, 0.0f}, {0.2f, -0.5f, 1.1f, 0.9f, 2.0f, 0.4f}, {1.2f, 1.0f, 0.8f, 0.6f, 0.4f, 0.2f}};
+    static const float base[K + 1][V] = {{1.0f, 2.0f, 0.5f, 1.5f, -1.0f, 0.0f},
+                                         {0.2f, -0.5f, 1.1f, 0.9f, 2.0f, 0.4f},
+                                         {1.2f, 1.0f, 0.8f, 0.6f, 0.4f, 0.2f}};
     static const float qlog[K][V] = {{0.0f, 1.0f, 2.0f, 0.0f, 0.5f, 0.0f}, {1.0f, 0.0f, 0.0f, 1.5f, 0.3f, 0.0f}};
     float p[K + 1][V], q[K][V], probs[V], logits[(K + 1) * V];
     for (int j = 0; j <= K; j++) assert_int_equal(nl_sampler_probs(s, base[j], V, p[j]), NL_OK);
@@ -196,6 +197,7 @@ static int64_t prompt_of(int i, int32_t *p, int64_t *max_tokens) {
 
 typedef struct cfg {
     int spec_k, caching, kv, max_batch;
+    const nl_model *draft; /* NULL: prompt lookup */
 } cfg;
 
 static int64_t run(const nl_model *m, const cfg *c, int32_t out[N_REQ][MAXGEN + 1], int64_t n_out[N_REQ],
@@ -203,6 +205,7 @@ static int64_t run(const nl_model *m, const cfg *c, int32_t out[N_REQ][MAXGEN + 
     nl_engine_opts o;
     nl_engine_opts_default(&o);
     o.spec_k = c->spec_k;
+    o.draft_model = c->draft;
     o.prefix_cache = c->caching;
     o.kv = c->kv ? NL_KV_INT8 : NL_KV_FP32;
     o.block_size = 8;
@@ -244,14 +247,15 @@ static void test_engine_greedy_identical(void **state) {
     (void)state;
     static int32_t ref[2][N_REQ][MAXGEN + 1], got[N_REQ][MAXGEN + 1];
     int64_t nref[2][N_REQ], ngot[N_REQ];
-    const cfg cfgs[] = {{1, 0, 0, 8}, {4, 0, 0, 8}, {7, 1, 0, 8}, {4, 1, 0, 1}, {15, 1, 0, 3}, {4, 1, 1, 8}, {6, 0, 1, 2}};
+    const cfg cfgs[] = {{1, 0, 0, 8, NULL},  {4, 0, 0, 8, NULL}, {7, 1, 0, 8, NULL}, {4, 1, 0, 1, NULL},
+                        {15, 1, 0, 3, NULL}, {4, 1, 1, 8, NULL}, {6, 0, 1, 2, NULL}};
     for (int sc = 0; sc < 2; sc++) {
         nl_model m;
         make_model(&m, 64, sc ? 2.5f : 25.0f); /* request 7 runs to the end of the context */
         nl_engine_stats st;
         int64_t steps_off = 0;
         for (int kv = 0; kv <= 1; kv++) {
-            cfg c = {0, 0, kv, 8};
+            cfg c = {0, 0, kv, 8, NULL};
             steps_off = run(&m, &c, ref[kv], nref[kv], &st);
             assert_int_equal(st.spec_drafted, 0);
         }
@@ -273,12 +277,89 @@ static void test_engine_greedy_identical(void **state) {
     }
 }
 
+/* Draft model mode: with the target itself as the draft every greedy draft is accepted; with
+ * another model few are; the tokens are greedy decoding's either way. Sampled requests run too. */
+static void test_draft_model(void **state) {
+    (void)state;
+    nl_model m, other;
+    make_model(&m, 64, 25.0f);
+    make_model(&other, 64, 2.5f);
+    static int32_t ref[N_REQ][MAXGEN + 1], got[N_REQ][MAXGEN + 1];
+    int64_t nref[N_REQ], ngot[N_REQ];
+    nl_engine_stats st;
+    cfg c0 = {0, 0, 0, 8, NULL};
+    run(&m, &c0, ref, nref, &st);
+    const cfg cfgs[] = {{4, 0, 0, 8, &m}, {3, 1, 0, 2, &m}, {4, 1, 0, 8, &other}, {7, 0, 1, 3, &other}};
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+        if (cfgs[k].kv) { /* an int8 reference */
+            cfg c1 = {0, 0, 1, 8, NULL};
+            run(&m, &c1, ref, nref, &st);
+        }
+        run(&m, &cfgs[k], got, ngot, &st);
+        print_message("draft %s, k %d, caching %d, kv %d, batch %d: %lld of %lld drafts accepted\n",
+                      cfgs[k].draft == &m ? "= target" : "other", cfgs[k].spec_k, cfgs[k].caching, cfgs[k].kv,
+                      cfgs[k].max_batch, (long long)st.spec_accepted, (long long)st.spec_drafted);
+        for (int i = 0; i < N_REQ; i++) {
+            assert_int_equal(ngot[i], nref[i]);
+            assert_memory_equal(got[i], ref[i], sizeof(int32_t) * (size_t)ngot[i]);
+        }
+        assert_true(st.spec_drafted > 0);
+        if (cfgs[k].draft == &m && !cfgs[k].kv) assert_int_equal(st.spec_accepted, st.spec_drafted);
+    }
+    /* sampled requests with drafts from another model: they finish with their lengths */
+    nl_engine_opts o;
+    nl_engine_opts_default(&o);
+    o.spec_k = 4;
+    o.draft_model = &other;
+    o.threads = 1;
+    nl_engine *e;
+    assert_int_equal(nl_engine_open_model(&e, &m, NULL, &o), NL_OK);
+    uint64_t ids[4];
+    for (int i = 0; i < 4; i++) {
+        int32_t p[64];
+        nl_sampling s;
+        nl_sampling_default(&s);
+        s.temperature = 0.9f;
+        s.top_p = i % 2 ? 0.9f : 1.0f;
+        s.seed = (uint64_t)i;
+        s.ignore_eos = 1;
+        int64_t n = prompt_of(i + 2, p, &s.max_tokens);
+        s.max_tokens = 20;
+        assert_int_equal(nl_engine_submit(e, p, n, &s, &ids[i]), NL_OK);
+    }
+    while (nl_engine_busy(e)) assert_int_equal(nl_engine_step(e, NULL), NL_OK);
+    for (int i = 0; i < 4; i++) {
+        nl_engine_output r;
+        assert_int_equal(nl_engine_read(e, ids[i], 1, &r), NL_OK);
+        assert_int_equal(r.n_tokens, 20);
+        nl_engine_output_free(&r);
+        nl_engine_release(e, ids[i]);
+    }
+    nl_engine_stats_get(e, &st);
+    assert_true(st.spec_drafted > 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    nl_engine_close(e);
+    /* a draft of another vocabulary is refused by name */
+    nl_model small;
+    nl_arch a = other.arch;
+    a.vocab_size = 128;
+    assert_int_equal(nl_model_init(&small, &a), NL_OK);
+    nl_model_init_random(&small, 1);
+    o.draft_model = &small;
+    assert_int_equal(nl_engine_open_model(&e, &m, NULL, &o), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "vocabulary"));
+    nl_model_free(&small);
+    nl_model_free(&other);
+    nl_model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_draft),
         cmocka_unit_test(test_verify_greedy),
         cmocka_unit_test(test_verify_keeps_distribution),
         cmocka_unit_test(test_engine_greedy_identical),
+        cmocka_unit_test(test_draft_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -86,6 +86,9 @@ typedef struct nl_engine_opts {
     int spec_k;                  /* speculative decoding: tokens drafted per decode step (0, the
                                     default: off), verified in the same step (nl_sampler_verify) */
     int spec_ngram;              /* prompt-lookup drafting: longest n-gram matched (default 3) */
+    const char *draft_ckpt;      /* with spec_k: draft with this model instead (same tokenizer: the
+                                    same vocabulary size; loaded as the target is, by nl_engine_open) */
+    const nl_model *draft_model; /* or this one, borrowed (nl_engine_open_model; tests) */
     nl_engine_event_fn on_event; /* optional */
     void *event_user;
 } nl_engine_opts;

@@ -80,6 +80,29 @@ static nl_status alloc_buffers(nl_engine *e) {
     return NL_OK;
 }
 
+/* Draft model mode: an engine of the draft model, never stepped, whose runner and pool run the
+ * drafts (a pool for max_batch full contexts: drafting never preempts). */
+static nl_status open_draft(nl_engine *e) {
+    if (!e->o.spec_k || (!e->o.draft_model && !e->o.draft_ckpt)) return NL_OK;
+    nl_engine_opts d;
+    nl_engine_opts_default(&d);
+    d.block_size = e->o.block_size;
+    d.max_batch = e->o.max_batch;
+    d.max_step_tokens = e->o.max_step_tokens;
+    d.chunk = e->o.chunk;
+    d.threads = e->o.threads;
+    d.prefix_cache = 0;
+    nl_status rc = e->o.draft_model ? nl_engine_open_model(&e->draft, e->o.draft_model, NULL, &d)
+                                    : nl_engine_open(&e->draft, e->o.draft_ckpt, e->tok_path, &d);
+    if (rc) return nl_fail(rc, "engine: draft model: %s", nl_last_error());
+    if (e->draft->m->V != e->m->V)
+        return nl_fail(NL_ERR_INVALID, "engine: the draft model's vocabulary has %lld tokens, the target's %lld",
+                       (long long)e->draft->m->V, (long long)e->m->V);
+    e->spec_q = nl_malloc((size_t)e->o.max_step_tokens * (size_t)e->m->V * sizeof(float), "engine draft distributions");
+    e->draft_work = nl_malloc((size_t)e->o.max_step_tokens * 3 * sizeof(int64_t), "engine draft rounds");
+    return e->spec_q && e->draft_work ? NL_OK : NL_ERR_NOMEM;
+}
+
 static nl_status engine_init(nl_engine *e) {
     const nl_model *m = e->m;
     if (m->moe)
@@ -99,7 +122,7 @@ static nl_status engine_init(nl_engine *e) {
     if (!blocks) blocks = (int64_t)e->o.max_batch * ((m->arch.seq_len + e->o.block_size - 1) / e->o.block_size);
     NL_TRY(nl_block_pool_init(&e->pool, m->L, m->KVH, m->hd, e->o.kv, e->o.block_size, blocks, e->o.prefix_cache));
     e->next_id = 1;
-    return NL_OK;
+    return open_draft(e);
 }
 
 static nl_engine *engine_new(const nl_engine_opts *opts) {
@@ -164,6 +187,7 @@ nl_status nl_engine_open(nl_engine **out, const char *ckpt, const char *tokenize
     nl_engine *e = engine_new(opts);
     if (!e) return NL_ERR_NOMEM;
     e->wfmt = e->o.weights;
+    e->tok_path = tokenizer;
     char kind[64] = "byte";
     nl_status rc = NL_OK;
     if (nl_hf_is_folder(ckpt)) { /* a Hugging Face model folder (nanolm/hf.h) */
@@ -205,6 +229,7 @@ static void req_free(nl_req *r) {
     if (!r) return;
     nl_free(r->toks);
     nl_block_table_free(&r->bt);
+    nl_block_table_free(&r->dbt);
     nl_free(r->text);
     nl_free(r);
 }
@@ -220,6 +245,9 @@ void nl_engine_close(nl_engine *e) {
     nl_free(e->sample_tok);
     nl_free(e->spec_n);
     nl_free(e->spec_probs);
+    nl_free(e->spec_q);
+    nl_free(e->draft_work);
+    nl_engine_close(e->draft);
     nl_free(e->row_req);
     nl_free(e->sample_rc);
     nl_free(e->sample_err);
@@ -411,6 +439,8 @@ void nl_engine_release(nl_engine *e, uint64_t id) {
 
 void nl_engine_free_blocks(nl_engine *e, nl_req *r) {
     nl_block_table_clear(&e->pool, &r->bt);
+    if (e->draft) nl_block_table_clear(&e->draft->pool, &r->dbt);
+    r->d_cached = 0;
     r->n_cached = 0;
     r->n_hashed = 0;
     r->last_hash = 0;
@@ -465,6 +495,65 @@ static nl_finish append_token(nl_engine *e, nl_req *r, int32_t tok) {
     return NL_FINISH_NONE;
 }
 
+/* Draft model mode (driver thread, outside the mutex): each request of the step that drafts
+ * (n_draft > 0, its target rows and draft blocks reserved) gets its n_draft tokens from the draft
+ * model, written at r->toks[n_toks..], their distributions at spec_q (rows of its logits group).
+ * The draft model first catches up on the positions it has not seen (a prompt, or what the
+ * target accepted), then runs one position per request and round, batched. */
+static nl_status draft_tokens(nl_engine *e, int64_t n_out) {
+    nl_runner *dr = &e->draft->run;
+    nl_req **reqs = e->draft->row_req; /* the draft engine's own scratch (it never steps) */
+    const int64_t R = e->o.max_step_tokens;
+    int64_t *group = e->draft_work, *done = group + R, *take = done + R, n_r = 0;
+    for (int64_t j = 0; j < n_out; j += 1 + e->out_req[j]->n_draft)
+        if (e->out_req[j]->n_draft > 0) {
+            reqs[n_r] = e->out_req[j];
+            group[n_r] = j;
+            done[n_r++] = 0;
+        }
+    const int64_t V = e->m->V, cap = dr->rows_cap;
+    for (;;) {
+        int64_t rows = 0, outs = 0;
+        for (int64_t q = 0; q < n_r; q++) {
+            nl_req *r = reqs[q];
+            take[q] = 0;
+            if (done[q] >= r->n_draft) continue;
+            const int64_t end = r->n_toks + done[q]; /* positions [d_cached, end) to run */
+            int64_t t = end - r->d_cached;
+            if (t > cap - rows) t = cap - rows;
+            if (t <= 0) continue;
+            for (int64_t i = 0; i < t; i++) {
+                dr->tok[rows] = r->toks[r->d_cached + i];
+                dr->pos[rows] = r->d_cached + i;
+                dr->table[rows] = r->dbt.ids;
+                rows++;
+            }
+            take[q] = t;
+            if (r->d_cached + t == end) dr->out_rows[outs++] = rows - 1;
+        }
+        if (!rows) return NL_OK;
+        NL_TRY(nl_runner_forward(dr, &e->draft->pool.kv, rows, outs));
+        int64_t o = 0; /* logits rows, in request order */
+        for (int64_t q = 0; q < n_r; q++) {
+            nl_req *r = reqs[q];
+            if (!take[q]) continue;
+            r->d_cached += take[q];
+            if (r->d_cached != r->n_toks + done[q]) continue;
+            float *qd = e->spec_q + (group[q] + done[q]) * V;
+            NL_TRY(nl_sampler_probs(&r->s, dr->logits + o * V, V, qd));
+            o++;
+            int32_t d = 0; /* greedy: the argmax (q one-hot); sampled: a draw from q */
+            double u = r->s.temperature > 0 ? nl_rng_double(&r->rng) : 0, acc = 0;
+            for (int64_t v = 0; v < V; v++)
+                if (qd[v] > 0) {
+                    d = (int32_t)v;
+                    if (u < (acc += qd[v])) break;
+                }
+            r->toks[r->n_toks + done[q]++] = d;
+        }
+    }
+}
+
 typedef struct ev_item {
     uint64_t id;
     int32_t *toks;
@@ -498,7 +587,12 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
     nl_sched_admit(e);
     int64_t n_out = 0, n = nl_sched_schedule(e, &n_out);
     pthread_mutex_unlock(&e->mu);
-    nl_status rc = n ? nl_runner_forward(&e->run, &e->pool.kv, n, n_out) : NL_OK;
+    nl_status rc = NL_OK;
+    if (n && e->draft) {
+        rc = draft_tokens(e, n_out);
+        for (int64_t i = 0; i < n; i++) e->run.tok[i] = e->row_req[i]->toks[e->run.pos[i]];
+    }
+    if (!rc && n) rc = nl_runner_forward(&e->run, &e->pool.kv, n, n_out);
     if (rc) n = n_out = 0; /* the rows run again next step (their blocks stay reserved) */
     for (int64_t i = 0; i < n; i++) {
         nl_req *r = e->row_req[i];
@@ -511,10 +605,12 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
         float *logits = e->run.logits + j * e->m->V;
         e->spec_n[j] = 1;
         if (r->n_draft > 0) { /* the last token and its drafts (at r->toks[n_toks..]): verified */
-            e->sample_rc[j] = nl_sampler_verify(&r->s, &r->rng, logits, e->m->V, r->toks + r->n_toks, NULL, r->n_draft,
-                                                e->spec_probs, &e->sample_tok[j], &e->spec_n[j]);
+            e->sample_rc[j] = nl_sampler_verify(&r->s, &r->rng, logits, e->m->V, r->toks + r->n_toks,
+                                                e->draft ? e->spec_q + j * e->m->V : NULL, r->n_draft, e->spec_probs,
+                                                &e->sample_tok[j], &e->spec_n[j]);
             /* the K/V of the last token and of the accepted drafts hold; the rest is written over */
             if (!e->sample_rc[j]) r->n_cached = r->n_toks - 1 + e->spec_n[j];
+            if (r->d_cached > r->n_cached) r->d_cached = r->n_cached; /* the draft model's too */
         } else
             e->sample_rc[j] = nl_sampler_next(&r->s, &r->rng, logits, e->m->V, NULL, &e->sample_tok[j]);
         if (e->sample_rc[j]) snprintf(e->sample_err[j], 256, "%s", nl_last_error());

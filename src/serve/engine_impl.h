@@ -22,6 +22,8 @@ typedef struct nl_req {
     int64_t n_hashed;   /* leading full blocks whose chain hash is known (registered or shared) */
     uint64_t last_hash; /* the chain hash of block n_hashed - 1 (0: none) */
     int64_t n_draft;    /* speculative tokens drafted for this step (rows after the first) */
+    nl_block_table dbt; /* draft model: its blocks in the draft engine's pool */
+    int64_t d_cached;   /* draft model: positions whose draft K/V are held */
     nl_sampling s;
     nl_rng rng;
     nl_finish finish;
@@ -54,6 +56,10 @@ struct nl_engine {
     int32_t *sample_tok;   /* tokens sampled per logits row (a speculative group: its tokens from its first) */
     int64_t *spec_n;       /* tokens a logits row's group gives (1, or 1 + accepted drafts) */
     float *spec_probs;     /* (V) verification scratch */
+    nl_engine *draft;      /* draft model mode: an engine whose runner and pool the drafts use */
+    float *spec_q;         /* draft model mode: (rows_cap, V) the drafter's distribution per draft */
+    int64_t *draft_work;   /* draft model mode: (3, rows_cap) per drafting request, a round's state */
+    const char *tok_path;  /* the tokenizer nl_engine_open was given (for the draft checkpoint) */
     int64_t n_decode_rows; /* of this step's rows, how many are decodes (speculative rows included) */
     nl_req **touched;      /* requests with news this step (events, releases) */
     int64_t n_touched;

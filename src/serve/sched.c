@@ -86,8 +86,13 @@ static int64_t draft(nl_engine *e, nl_req *r, int64_t room) {
     if (r->s.max_tokens > 0 && k > r->s.max_tokens - done - 1) k = r->s.max_tokens - done - 1;
     if (k > S - r->n_toks) k = S - r->n_toks;
     if (k > room) k = room;
+    if (e->draft) { /* the draft model's positions too, and its blocks up to its last draft */
+        const int64_t DS = e->draft->m->arch.seq_len;
+        if (k > DS - r->n_toks) k = DS - r->n_toks;
+        if (k <= 0 || !nl_block_table_reserve(&e->draft->pool, &r->dbt, r->n_toks + k - 1)) return 0;
+    } else if (k > 0)
+        k = nl_sampler_ngram_draft(r->toks, r->n_toks, e->o.spec_ngram, k, r->toks + r->n_toks);
     if (k <= 0) return 0;
-    k = nl_sampler_ngram_draft(r->toks, r->n_toks, e->o.spec_ngram, k, r->toks + r->n_toks);
     if (k > 0 && !nl_sched_reserve(e, r, r->n_cached + 1 + k)) {
         const int64_t held = r->bt.n * e->pool.block_size - r->n_cached - 1;
         if (k > held) k = held;
