@@ -9,8 +9,8 @@
 
 #include "nanolm/model.h"
 #include "blas_serial.h"
-#include "vexp.h"
-#include "vexp_simd.h"
+#include "numerics/vexp.h"
+#include "numerics/vexp_simd.h"
 
 /* ---- RMSNorm --------------------------------------------------------------------------------
  * out (N, C) = x / sqrt(mean(x^2) + eps) * w;  rstd (N) saved for backward. */

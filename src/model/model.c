@@ -9,8 +9,8 @@
 #include "nanolm/model.h"
 #include "nanolm/moe.h"
 #include "blas_serial.h"
-#include "vexp.h"
-#include "vexp_simd.h"
+#include "numerics/vexp.h"
+#include "numerics/vexp_simd.h"
 
 #include "nanolm/formats.h"
 #include "nanolm/step_prof.h"

@@ -497,6 +497,10 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
     m.generation_tokens = st.tokens_generated;
     m.preemptions = st.preemptions;
     m.steps = st.steps;
+    m.prefix_cache_queries = st.prefix_cache_queries;
+    m.prefix_cache_hits = st.prefix_cache_hits;
+    m.spec_drafted = st.spec_drafted;
+    m.spec_accepted = st.spec_accepted;
     m.tokens_per_s = rate;
     nl_http_buf b = {0};
     nl_serve_metrics_text(&m, &b);
