@@ -411,6 +411,20 @@ nl_status nl_hf_load_tokenizer(const char *model_path, const char *kind, const c
                    kind ? kind : "?");
 }
 
+nl_status nl_hf_open_tokenizer(const char *path, nl_tokenizer *tok) {
+    memset(tok, 0, sizeof *tok);
+    if (!path || !path[0]) return nl_fail(NL_ERR_INVALID, "no tokenizer path given");
+    if (!strcmp(path, "byte")) return nl_tokenizer_init_byte(tok);
+    size_t n = strlen(path);
+    if (n >= 5 && !strcmp(path + n - 5, ".gguf"))
+        return nl_fail(NL_ERR_UNSUPPORTED,
+                       "%s: GGUF files are not read by this build yet; give a Hugging Face folder, a tokenizer.json "
+                       "or a llama2.c tokenizer.bin",
+                       path);
+    if (nl_hf_is_folder(path)) return nl_hf_load_tokenizer(path, NULL, NULL, 0, tok);
+    return nl_hf_load_tokenizer(NULL, NULL, path, 0, tok);
+}
+
 /* ---- export --------------------------------------------------------------------------------- */
 
 static cJSON *config_json(const nl_model *m, const nl_tokenizer *tok, nl_st_dtype dtype) {
