@@ -38,10 +38,11 @@ static void test_set_shape(void **state) {
     nl_plan_validate_free(&r);
 }
 
-/* The targets on the whole set, one set of defaults for every case. Met: training throughput
- * median <= 5% and every case <= 15%, memory cases whose accounting the source spells out within
- * 3%, serving median <= 10%, every published layout fitting (docs/planning.md gives the
- * figures). */
+/* The targets on the whole set, one set of defaults for every case (in sample: the constants
+ * were chosen on these cases). Training throughput median <= 5% and every case <= 30% (issue 33's
+ * bound; the worst, -24.3%, is a DeepSpeed ZeRO-3 run of Narayanan et al. 2021 Table 2 on 1,120
+ * A100s), memory cases whose accounting the source spells out within 3%, serving median <= 10%,
+ * every published layout fitting (docs/planning.md gives the figures). */
 static void test_targets(void **state) {
     (void)state;
     nl_valid_result r;
@@ -51,7 +52,7 @@ static void test_targets(void **state) {
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
     assert_true(t->median_abs <= 0.05); /* the target; reached 4.2% */
-    assert_true(t->worst_abs <= 0.15);  /* the target; reached 14.2% (MPT-70B on 64 H100) */
+    assert_true(t->worst_abs <= 0.30);  /* the target; reached 24.3% (ZeRO-3, 530B on 1,120 A100) */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);
     /* nccl-tests bus bandwidth, NVLink SHARP included (the H100 NVLS all-reduce was -25% as a

@@ -357,6 +357,8 @@ static void test_bad_files(void **state) {
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}",
          "merge 0 (a b) names a piece missing"},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", "id 0 is given to"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"\"]}}",
+         "merge 0 () names a piece missing"},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", "\"a\" has no valid id"},
         {"{\"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
          "\"merges\": []}}",
@@ -499,12 +501,82 @@ static void test_split_behaviors(void **state) {
     free(dir);
 }
 
+/* A tokenizer.json over the 256 <0xNN> byte pieces plus "a", with the given normalizer. */
+static char *byte_json(const char *normalizer) {
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddItemToObject(root, "normalizer", cJSON_Parse(normalizer));
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddBoolToObject(model, "byte_fallback", 1);
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+    for (int b = 0; b < 256; b++) {
+        char piece[8];
+        snprintf(piece, sizeof piece, "<0x%02X>", b);
+        cJSON_AddNumberToObject(vocab, piece, b);
+    }
+    cJSON_AddNumberToObject(vocab, "a", 256);
+    cJSON_AddArrayToObject(model, "merges");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* Normalizers that lengthen the text: the ids are not bounded by the input's bytes (NFC turns
+ * U+1D160's 4 bytes into 12, one id each with byte fallback); chained growth is refused. */
+static void test_normalizer_growth(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    nl_tokenizer tok;
+    char *js = byte_json("{\"type\": \"NFC\"}");
+    load_json_text(&tok, js, dir, "nfc");
+    free(js);
+    static const char note[] = "\xf0\x9d\x85\xa0"; /* U+1D160, a composition exclusion */
+    int *ids;
+    int64_t k1, k;
+    QOK(nl_tokenizer_encode(&tok, note, 4, 0, 0, &ids, &k1));
+    nl_free(ids);
+    assert_true(k1 > 8); /* more ids than 2x its bytes: the old buffer's bound */
+    enum { REPS = 20000 };
+    char *text = malloc(4 * REPS);
+    for (int i = 0; i < REPS; i++) memcpy(text + 4 * i, note, 4);
+    QOK(nl_tokenizer_encode(&tok, text, 4 * REPS, 1, 1, &ids, &k));
+    assert_int_equal(k, (int64_t)REPS * k1);
+    nl_free(ids);
+    nl_tokenizer_free(&tok);
+    /* a Replace that triples the text still encodes whole */
+    js = byte_json("{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"aaa\"}");
+    load_json_text(&tok, js, dir, "replace3");
+    free(js);
+    memset(text, 'a', 1000);
+    QOK(nl_tokenizer_encode(&tok, text, 1000, 0, 0, &ids, &k));
+    assert_int_equal(k, 3000);
+    for (int64_t i = 0; i < k; i++) assert_int_equal(ids[i], 256);
+    nl_free(ids);
+    nl_tokenizer_free(&tok);
+    /* chained Replace steps (8x each) would grow 16 bytes to 64 KB: refused with a message */
+    char chain[600] = "{\"type\": \"Sequence\", \"normalizers\": [";
+    for (int s = 0; s < 4; s++)
+        strcat(chain, s ? ", {\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"aaaaaaaa\"}"
+                        : "{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"aaaaaaaa\"}");
+    strcat(chain, "]}");
+    js = byte_json(chain);
+    load_json_text(&tok, js, dir, "chain");
+    free(js);
+    assert_int_equal(nl_tokenizer_encode(&tok, text, 16, 0, 0, &ids, &k), NL_ERR_RANGE);
+    assert_null(ids);
+    assert_non_null(strstr(nl_last_error(), "normalizer lengthens a text of 16 bytes"));
+    nl_tokenizer_free(&tok);
+    free(text);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_references),
         cmocka_unit_test(test_split_behaviors),
         cmocka_unit_test(test_special_and_known_ids),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_normalizer_growth),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -52,14 +52,18 @@ int nl_bpe_eos(const nl_bpe *b);
 /* 1 when decoding drops the space that SentencePiece prepended before the first word. */
 int nl_bpe_strips_first_space(const nl_bpe *b);
 
-/* Appends the ids of text[0..n) to out, which must hold 2n + 4 ids (every id covers at least
- * one byte, except a prepended U+2581 per segment). special: match special added tokens in the
- * text. Returns the count, or -1 with NL_ERR_NOMEM set. */
-int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int *out);
+/* Writes the ids of text[0..n) into *out from index `at`, growing *out (malloc'd, *cap ids; NULL
+ * and 0 to start) with realloc as needed: normalizers may lengthen the text, up to 4x + 256 bytes
+ * a segment. special: match special added tokens in the text. Returns the count of ids in *out
+ * (at + the new ones); -1 out of memory (NL_ERR_NOMEM set), -2 a normalizer grew the text past
+ * its limit (NL_ERR_RANGE set); *out and *cap are updated either way. */
+int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap,
+                      int64_t at);
 
 /* As nl_bpe_encode with special = 1, except that a special token is not matched where it
  * overlaps a byte with plain[i] != 0 (text from a user inside a chat template's output). */
-int64_t nl_bpe_encode_marked(const nl_bpe *b, const char *text, size_t n, const unsigned char *plain, int *out);
+int64_t nl_bpe_encode_marked(const nl_bpe *b, const char *text, size_t n, const unsigned char *plain, int **out,
+                             int64_t *cap, int64_t at);
 
 /* The bytes a token decodes to (a piece mapped back through bytes_to_unicode, U+2581 as a space,
  * <0xXX> as that byte, an added token as its content); NULL for an id outside the vocabulary

@@ -237,6 +237,8 @@ typedef struct nl_model {
     /* a part of a model (nl_model_init_part): no embedding table (w.embed NULL) / no final norm
      * and classifier (w.rms_final, w.cls NULL); the forward and backward here need neither set */
     int no_embed, no_tail;
+    /* NANOLM_STEP_PROFILE: the forward and backward mark their phases here (NULL: no profile) */
+    struct nl_step_prof *prof;
 } nl_model;
 
 /* Builds a model for `arch` with parameters allocated (zeroed). Returns NL_ERR_INVALID for a bad

@@ -60,12 +60,20 @@ typedef struct train_args {
     double tokens;
     const char *svg, *zero, *recompute, *schedule;
     int64_t fix[6], interleave; /* dp tp pp cp ep micro-batch; 0: searched */
+    int64_t first_layers, last_layers; /* uneven pipeline ends; 0: even stages */
+    int64_t node_limit;                /* --moe-node-limit */
+    int64_t z3_calls;                  /* --zero3-calls-per-layer */
+    double z3_prefetch;                /* --zero3-prefetch */
+    int z3_spread;                     /* --zero3-nic-spread */
     int sp, sp_given;
 } train_args;
 
 static int train_parse(train_args *t, int argc, char **argv) {
     memset(t->fix, 0, sizeof t->fix);
     t->gpus = t->global_batch = t->seq = t->interleave = 0;
+    t->first_layers = t->last_layers = t->node_limit = t->z3_calls = 0;
+    t->z3_prefetch = 0;
+    t->z3_spread = 0;
     t->top = 8;
     t->tokens = 0;
     t->svg = t->zero = t->recompute = t->schedule = NULL;
@@ -90,14 +98,31 @@ static int train_parse(train_args *t, int argc, char **argv) {
         NL_OPT_STR("zero", &t->zero, "0|1|2|3|hsdp", "ZeRO stage"),
         NL_OPT_STR("recompute", &t->recompute, "none|selective|full", "activation recomputation"),
         NL_OPT_INT("interleave", &t->interleave, 1, 64, "V", "pipeline chunks per GPU"),
+        NL_OPT_INT("first-stage-layers", &t->first_layers, 1, 1 << 16, "N",
+                   "layers on the first pipeline stage (with --last-stage-layers; default: even stages)"),
+        NL_OPT_INT("last-stage-layers", &t->last_layers, 1, 1 << 16, "N",
+                   "layers on the last pipeline stage (Llama 3 405B: 7 and 7 of 126 on 16 stages)"),
         sp,
         NL_OPT_STR("schedule", &t->schedule, "1f1b|zb-h1|dualpipe", "pipeline schedule (default 1f1b)"),
+        NL_OPT_INT("moe-node-limit", &t->node_limit, 1, 1 << 16, "M",
+                   "MoE tokens routed to at most M nodes (DeepSeek-V3: 4; default: no limit)"),
+    };
+    nl_opt stack[] = {
+        NL_OPT_INT("zero3-calls-per-layer", &t->z3_calls, 1, 1024, "N",
+                   "ZeRO-3 gathers per layer and pass (default 1, FSDP's flat parameter; DeepSpeed: one per "
+                   "parameter tensor)"),
+        NL_OPT_SI("zero3-prefetch", &t->z3_prefetch, 1, INFINITY, "P",
+                  "ZeRO-3 parameters gathered ahead of compute per call (default: the next layer, FSDP; "
+                  "DeepSpeed's stage3_prefetch_bucket_size 50M)"),
+        NL_OPT_FLAG("zero3-nic-spread", &t->z3_spread,
+                    "ZeRO-3 rings across nodes spread over the node's NICs (default: each GPU's own NIC)"),
     };
     const nl_optgroup own[] = {{"run", run, NL_NOPTS(run)},
-                               {"layout (each fixes that part; the rest is searched)", fix, NL_NOPTS(fix)}};
+                               {"layout (each fixes that part; the rest is searched)", fix, NL_NOPTS(fix)},
+                               {"the training stack (docs/planning.md)", stack, NL_NOPTS(stack)}};
     plan_groups g;
-    nl_optgroup groups[6];
-    int ng = plan_groups_init(&g, &t->pa, &t->json, groups, own, 2);
+    nl_optgroup groups[7];
+    int ng = plan_groups_init(&g, &t->pa, &t->json, groups, own, 3);
     nl_cmdspec spec = {"plan train",
                        "nanolm plan train --model M --gpus N [options]",
                        "Every parallel layout of N GPUs (dp, tp, pp, cp, ep, micro-batch, ZeRO, recomputation)\n"
@@ -134,6 +159,15 @@ static int train_request(train_args *t, nl_train_req *q) {
     q->fix.zero_plus1 = zero;
     q->fix.recompute_plus1 = recompute;
     q->fix.vpp = t->interleave;
+    if ((t->first_layers > 0) != (t->last_layers > 0) || (t->first_layers > 0 && t->fix[2] < 2))
+        return nl_cli_usage_error(
+            "plan train: --first-stage-layers and --last-stage-layers go together, with --pp >= 2");
+    q->moe_node_limit = t->node_limit;
+    q->zero3_calls_per_layer = t->z3_calls;
+    q->zero3_prefetch = t->z3_prefetch;
+    q->zero3_nic_spread = t->z3_spread;
+    q->fix.first_layers = t->first_layers;
+    q->fix.last_layers = t->last_layers;
     q->fix.sp_plus1 = t->sp_given ? (t->sp == 0 ? 2 : 1) : 0; /* on|off */
     q->schedule = (nl_sched)sched;
     /* Default batch: ~4M tokens (Llama 2 and 3 trained 7-8B models with 4M-token batches). */
@@ -572,20 +606,36 @@ static void report_serve_table(nl_report *r, const nl_serve_req *sq, const nl_se
                     (const nl_report_col[]){{NULL, "quantity", NULL}, {NULL, "value", NULL}, {NULL, "how", NULL}});
     nl_plan_table_rowf(r, 3, "prefill FLOPs|%.3g|2 x %.3gB matmul params x %.0f + causal attention", sp->prefill_flops,
                        sp->matmul_params / 1e9, sq->prompt);
-    nl_plan_table_rowf(r, 3, "prefill = TTFT|%.1f ms|at %.0f%% of %.0f TFLOP/s x %lld GPUs", sp->prefill_s * 1e3,
-                       100 * (sq->prefill_mfu > 0 ? sq->prefill_mfu : hw->gemm_eff), hw->flops_bf16 / 1e12, tp);
-    nl_plan_table_rowf(r, 3, "KV cache per token|%.0f KiB|2 x layers x kv heads x head dim x 2 bytes",
-                       sp->kv_bytes_per_token / 1024);
+    /* Every figure of the "how" column is a term of the value it explains (nl_serve_plan). */
+    char how[256];
+    int n = snprintf(how, sizeof how, "compute %.1f ms at %.0f%% of %.0f TFLOP/s (%s) x %lld GPUs",
+                     sp->prefill_compute_s * 1e3, 100 * sp->prefill_eff, sp->prefill_peak / 1e12,
+                     sq->fp8 ? "fp8" : "bf16", tp);
+    if (sp->prefill_weight_s > sp->prefill_compute_s && n < (int)sizeof how)
+        n += snprintf(how + n, sizeof how - (size_t)n, ", bound by the weight %s %.1f ms",
+                      sp->fsdp_gather_s >= sp->prefill_weight_s ? "all-gathers" : "reads", sp->prefill_weight_s * 1e3);
+    if (sp->prefill_comm_s > 0 && n < (int)sizeof how)
+        n += snprintf(how + n, sizeof how - (size_t)n, " + TP %.1f ms", sp->prefill_comm_s * 1e3);
+    if (n < (int)sizeof how) snprintf(how + n, sizeof how - (size_t)n, " + launches %.1f ms", sp->launch_s * 1e3);
+    nl_plan_table_rowf(r, 3, "prefill = TTFT|%.1f ms|%s", sp->prefill_s * 1e3, how);
+    nl_plan_table_rowf(r, 3, "KV cache per token|%.0f KiB|2 x layers x kv heads x head dim x %g bytes",
+                       sp->kv_bytes_per_token / 1024, sq->kv_bytes);
     nl_plan_table_rowf(r, 3, "KV cache of the prompt|%.0f MB|to ship when prefill runs elsewhere",
                        sp->prompt_kv_bytes / 1e6);
-    nl_plan_table_rowf(r, 3, "decode: weight reads|%.2f ms|%.1f GB / %lld / %.2f TB/s", sp->weight_read_s * 1e3,
-                       sp->params * sq->weight_bytes / 1e9, tp, hw->hbm_bw / 1e12);
+    nl_plan_table_rowf(r, 3, "decode: weight reads|%.2f ms|%.1f GB / %lld GPUs / (%.2f TB/s x %.2f achieved)",
+                       sp->weight_read_s * 1e3, sp->params * sq->weight_bytes / 1e9, tp, hw->hbm_bw / 1e12,
+                       sq->hbm_eff);
     if (sq->fsdp > 1)
         nl_plan_table_rowf(r, 3, "decode: FSDP weight all-gathers|%.2f ms|%lld shards per layer, %.1fx the HBM read",
                            sp->fsdp_gather_s * 1e3, (long long)sq->fsdp, sp->fsdp_gather_s / sp->weight_read_s);
-    nl_plan_table_rowf(r, 3, "decode: KV reads|%.2f ms|%lld x %.0f context x %.0f KiB", sp->kv_read_s * 1e3, batch, ctx,
-                       sp->kv_bytes_per_token / 1024);
-    nl_plan_table_rowf(r, 3, "decode: compute at peak|%.2f ms|%s", sp->decode_compute_s * 1e3,
+    nl_plan_table_rowf(r, 3, "decode: KV reads|%.2f ms|%lld x %.0f context x %.0f KiB / %g GPUs' HBM",
+                       sp->kv_read_s * 1e3, batch, ctx, sp->kv_bytes_per_token / 1024,
+                       (double)sq->tp / sp->kv_replication);
+    nl_plan_table_rowf(r, 3, "decode: compute|%.2f ms|at %.0f%% of %.0f TFLOP/s: %s", sp->decode_compute_s * 1e3,
+                       100 * (sq->prefill_mfu > 0 ? sq->prefill_mfu
+                              : hw->gemm_eff > 0  ? hw->gemm_eff
+                                                  : 0.6),
+                       sp->prefill_peak / 1e12,
                        sp->decode_compute_s < sp->decode_mem_s ? "memory bound" : "compute bound");
     if (tp > 1) {
         nl_plan_table_rowf(r, 3, "decode step before TP comm|%.2f ms|weights and KV split over %lld GPUs",
@@ -595,8 +645,12 @@ static void report_serve_table(nl_report *r, const nl_serve_req *sq, const nl_se
         nl_plan_table_rowf(r, 3, "TP communication|%.2f ms|of which launch latency %.2f ms", sp->tp_comm_s * 1e3,
                            sp->tp_comm_latency_s * 1e3);
     }
-    nl_plan_table_rowf(r, 3, "decode step = TPOT|%.2f ms|%.0f tokens/s per sequence", sp->decode_step_total_s * 1e3,
-                       1 / sp->decode_step_total_s);
+    nl_plan_table_rowf(r, 3, "decode step = TPOT|%.2f ms|weights %.2f ms (%s) + KV %.2f ms%s + launches %.2f ms",
+                       sp->decode_step_total_s * 1e3, sp->decode_weight_s * 1e3,
+                       sp->decode_weight_s > fmax(sp->weight_read_s, sp->fsdp_gather_s) ? "GEMMs compute bound"
+                       : sp->fsdp_gather_s > sp->weight_read_s                          ? "FSDP all-gathers"
+                                                                                        : "HBM reads",
+                       sp->decode_kv_s * 1e3, tp > 1 ? " + TP comm" : "", sp->launch_s * 1e3);
     nl_plan_table_rowf(r, 3, "one prefill stalls decode|%.1f steps|prefill / step", sp->stall_steps);
     nl_plan_table_rowf(r, 3, "chunk of %.0f + %lld decode tokens|%.2f ms|matmul compute vs %.2f ms of weight reads",
                        sq->chunk, batch, sp->chunk_compute_s * 1e3, sp->weight_read_s * 1e3);
@@ -623,7 +677,8 @@ static void report_serve(nl_report *r, const nl_serve_req *sq, const nl_serve_pl
     F(weight_read_s), F(kv_read_s), F(decode_compute_s), F(decode_mem_s), F(decode_step_s), F(tp_allreduces);
     F(tp_allreduce_bytes), F(tp_comm_s), F(tp_comm_latency_s), F(decode_step_total_s), F(ttft_s), F(tpot_s);
     F(stall_steps), F(chunk_compute_s), F(chunk_free_tokens), F(prefill_rps), F(decode_rps), F(decode_per_prefill);
-    F(mem_weights), F(mem_kv), F(mem_total), F(fsdp_gather_s);
+    F(mem_weights), F(mem_kv), F(mem_total), F(fsdp_gather_s), F(prefill_compute_s), F(prefill_weight_s);
+    F(prefill_comm_s), F(launch_s), F(prefill_eff), F(prefill_peak), F(decode_weight_s), F(decode_kv_s);
 #undef F
     nl_report_bool(r, "fits", "", sp->fits);
     nl_report_note(
@@ -651,7 +706,7 @@ static int cmd_serve(int argc, char **argv) {
     nl_serve_req *sq = &s.sq;
     sq->arch = q.arch;
     sq->hw = q.hw;
-    nl_catalog_family(&pa->cat, q.arch.name, &sq->fam);
+    sq->fam = q.fam;
     if (pa->napkin) { /* the course's roofline: 50% MFU prefill, full HBM bandwidth, no launches */
         if (!(sq->prefill_mfu > 0)) sq->prefill_mfu = 0.5;
         sq->kernel_s = 0;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "nanolm/isa.h"
 
 typedef struct nl_command {
     const char *name;
@@ -70,6 +71,10 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     nl_runtime_reexec(argv);
+    if (nl_isa_check_env() != NL_OK) {
+        fprintf(stderr, "nanolm: %s\n", nl_last_error());
+        return NL_EXIT_USAGE;
+    }
     if (argc < 2) {
         usage(stderr);
         return NL_EXIT_USAGE;

@@ -21,6 +21,9 @@ int nl_parse_recompute(const char *s);
  * nl_arch_from_hf_config), a checkpoint the engine serves (NanoLM safetensors, llama2.c .bin),
  * a model JSON file, or a catalog name. Errors name the input. */
 nl_status nl_cli_model_arch(nl_catalog *cat, const char *arg, nl_arch *out);
+/* The same with the model's family (catalog entry or the model file's "family" field; llama for a
+ * folder or a checkpoint): the name of a file or of its model never sets it. */
+nl_status nl_cli_model_arch_fam(nl_catalog *cat, const char *arg, nl_arch *out, nl_family *fam);
 
 /* What the planner's shared option groups fill: the model, the hardware and the assumptions of
  * the cost model. Numbers left at their initial values mean "the default". */

@@ -562,7 +562,7 @@ static nl_status load_merges(nl_bpe *b, const cJSON *merges, const char *what) {
         const char *l = NULL, *r = NULL;
         size_t ll = 0, rl = 0;
         if (cJSON_IsString(e)) {
-            const char *sp = strchr(e->valuestring + 1, ' ');
+            const char *sp = e->valuestring[0] ? strchr(e->valuestring + 1, ' ') : NULL; /* "" has no pair */
             if (sp) {
                 l = e->valuestring;
                 ll = (size_t)(sp - l);
@@ -757,8 +757,10 @@ typedef struct wcache {
 
 typedef struct enc_state {
     const nl_bpe *b;
-    int *out;
-    int64_t n;
+    int *out; /* the caller's array, grown here: normalizers may lengthen the text */
+    int64_t n, cap;
+    size_t norm_limit; /* most bytes a segment's normalized text may take */
+    int too_long;      /* a normalizer grew the text past norm_limit */
     int *sym;
     int sym_cap;
     scratch s;
@@ -776,6 +778,19 @@ static int sym_reserve(enc_state *st, size_t n) {
     return 0;
 }
 
+/* Room for k more ids in st->out. */
+static int out_reserve(enc_state *st, int64_t k) {
+    if (st->n + k <= st->cap) return 0;
+    int64_t cap = 2 * (st->n + k) + 64;
+    size_t bytes;
+    if (cap > INT32_MAX || nl_mul_overflows((size_t)cap, sizeof(int), &bytes)) return -1;
+    int *p = realloc(st->out, bytes);
+    if (!p) return -1;
+    st->out = p;
+    st->cap = cap;
+    return 0;
+}
+
 /* BPE of one byte-level pre-token (raw bytes); appends ids. */
 static int encode_bytelevel_word(enc_state *st, const char *w, size_t n) {
     const nl_bpe *b = st->b;
@@ -786,6 +801,7 @@ static int encode_bytelevel_word(enc_state *st, const char *w, size_t n) {
             struct went *x = &c->e[i];
             if (!x->len) break;
             if (x->hash == h && x->len == n && !memcmp(c->keys.p + x->key_off, w, n)) {
+                if (out_reserve(st, x->n_ids)) return -1;
                 memcpy(st->out + st->n, c->ids + x->ids_off, (size_t)x->n_ids * sizeof(int));
                 st->n += x->n_ids;
                 return 0;
@@ -793,7 +809,7 @@ static int encode_bytelevel_word(enc_state *st, const char *w, size_t n) {
         }
     }
     int64_t start = st->n;
-    if (sym_reserve(st, n)) return -1;
+    if (sym_reserve(st, n) || out_reserve(st, (int64_t)n + 1)) return -1;
     int m = 0, direct = -1;
     if (b->ignore_merges) {
         st->t1.n = 0;
@@ -841,6 +857,7 @@ static int encode_bytelevel_word(enc_state *st, const char *w, size_t n) {
 static int encode_spm_word(enc_state *st, const char *w, size_t n) {
     const nl_bpe *b = st->b;
     if (!n) return 0;
+    if (out_reserve(st, (int64_t)n + 1)) return -1; /* at most one id a byte */
     if (b->ignore_merges) {
         int id = vocab_get(b, w, n);
         if (id >= 0) {
@@ -875,7 +892,13 @@ static int encode_spm_word(enc_state *st, const char *w, size_t n) {
     return 0;
 }
 
-/* Applies the normalizers to seg into st->t1 (returns the text to use and its length). */
+/* Normalizers may lengthen text (NFC up to 3x, Replace without bound): a segment of n bytes may
+ * grow to at most NL_NORM_GROWTH * n + NL_NORM_SLACK bytes. */
+#define NL_NORM_GROWTH 4
+#define NL_NORM_SLACK 256
+
+/* Applies the normalizers to seg into st->t1 (returns the text to use and its length); -1 out
+ * of memory, -2 the text grew past st->norm_limit (st->too_long set). */
 static int normalize(enc_state *st, const char *seg, size_t n, const char **res, size_t *res_n) {
     const nl_bpe *b = st->b;
     const char *cur = seg;
@@ -891,6 +914,7 @@ static int normalize(enc_state *st, const char *seg, size_t n, const char **res,
             size_t al = strlen(op->a), bl = strlen(op->b);
             if (buf_put(outb, "", 0)) return -1;
             for (size_t i = 0; i < cn;) {
+                if (outb->n > st->norm_limit) break;
                 if (i + al <= cn && !memcmp(cur + i, op->a, al)) {
                     if (buf_put(outb, op->b, bl)) return -1;
                     i += al;
@@ -910,6 +934,10 @@ static int normalize(enc_state *st, const char *seg, size_t n, const char **res,
             int e = buf_put(outb, r, (size_t)rl);
             free(r);
             if (e) return -1;
+        }
+        if (outb->n > st->norm_limit) {
+            st->too_long = 1;
+            return -2;
         }
         cur = outb->p;
         cn = outb->n;
@@ -1049,6 +1077,7 @@ static int encode_segment(enc_state *st, const char *seg, size_t n, int first) {
     if (!n) return 0;
     const char *t;
     size_t tn;
+    st->norm_limit = n > (SIZE_MAX - NL_NORM_SLACK) / NL_NORM_GROWTH ? SIZE_MAX : NL_NORM_GROWTH * n + NL_NORM_SLACK;
     if (normalize(st, seg, n, &t, &tn)) return -1;
     /* copy out of the normalizer's buffers: the word steps below reuse them */
     buf text = {0};
@@ -1092,22 +1121,26 @@ static int special_ok(const unsigned char *plain, size_t i, size_t len) {
 }
 
 static int64_t encode_impl(const nl_bpe *b, const char *text, size_t n, int special, const unsigned char *plain,
-                           int *out);
+                           int **out, int64_t *cap, int64_t at);
 
-int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int *out) {
-    return encode_impl(b, text, n, special, NULL, out);
+int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap,
+                      int64_t at) {
+    return encode_impl(b, text, n, special, NULL, out, cap, at);
 }
 
-int64_t nl_bpe_encode_marked(const nl_bpe *b, const char *text, size_t n, const unsigned char *plain, int *out) {
-    return encode_impl(b, text, n, 1, plain, out);
+int64_t nl_bpe_encode_marked(const nl_bpe *b, const char *text, size_t n, const unsigned char *plain, int **out,
+                             int64_t *cap, int64_t at) {
+    return encode_impl(b, text, n, 1, plain, out, cap, at);
 }
 
 static int64_t encode_impl(const nl_bpe *b, const char *text, size_t n, int special, const unsigned char *plain,
-                           int *out) {
+                           int **out, int64_t *cap, int64_t at) {
     enc_state st;
     memset(&st, 0, sizeof st);
     st.b = b;
-    st.out = out;
+    st.out = *out;
+    st.cap = *cap;
+    st.n = at;
     if (b->mode == MODE_BYTELEVEL && n > 4096) { /* a word cache pays off on long texts */
         st.wc.mask = pow2_above(n / 32 < (1u << 16) ? n / 32 : (1u << 16)) - 1; /* a text's distinct words */
         st.wc.e = calloc((size_t)st.wc.mask + 1, sizeof *st.wc.e);
@@ -1133,6 +1166,7 @@ static int64_t encode_impl(const nl_bpe *b, const char *text, size_t n, int spec
         }
         rc = encode_segment(&st, text + seg, i - seg, first);
         first = 0;
+        if (!rc) rc = out_reserve(&st, 1);
         if (!rc) st.out[st.n++] = b->added[hit].id;
         i += b->added[hit].len;
         seg = i;
@@ -1148,9 +1182,16 @@ static int64_t encode_impl(const nl_bpe *b, const char *text, size_t n, int spec
     free(st.wc.e);
     free(st.wc.keys.p);
     free(st.wc.ids);
+    *out = st.out;
+    *cap = st.cap;
     if (rc) {
-        nl_fail(NL_ERR_NOMEM, "out of memory encoding %zu bytes", n);
-        return -1;
+        if (st.too_long)
+            nl_fail(NL_ERR_RANGE,
+                    "the tokenizer's normalizer lengthens a text of %zu bytes more than %dx (+%d bytes); refused", n,
+                    NL_NORM_GROWTH, NL_NORM_SLACK);
+        else
+            nl_fail(NL_ERR_NOMEM, "out of memory encoding %zu bytes", n);
+        return st.too_long ? -2 : -1;
     }
     return st.n;
 }

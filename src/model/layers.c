@@ -10,6 +10,7 @@
 #include "nanolm/model.h"
 #include "blas_serial.h"
 #include "vexp.h"
+#include "vexp_simd.h"
 
 /* ---- RMSNorm --------------------------------------------------------------------------------
  * out (N, C) = x / sqrt(mean(x^2) + eps) * w;  rstd (N) saved for backward. */
@@ -126,11 +127,8 @@ static void causal_softmax_row(float *a, int64_t t, int64_t T) {
     float mx = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : mx)
     for (int64_t t2 = 0; t2 <= t; t2++) mx = a[t2] > mx ? a[t2] : mx;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t2 = 0; t2 <= t; t2++) {
-        a[t2] = nl_vexpf(a[t2] - mx);
-        sum += a[t2];
-    }
+    nl_vexp_shift(a, a, mx, t + 1);
+    for (int64_t t2 = 0; t2 <= t; t2++) sum += a[t2]; /* in order, as the scalar loop summed */
     float inv = 1.0f / sum;
 #pragma omp simd
     for (int64_t t2 = 0; t2 <= t; t2++) a[t2] *= inv;
@@ -203,14 +201,25 @@ void nl_attention_backward(float *dqkv, float *datt, const float *dout, const fl
 }
 
 /* ---- SwiGLU -------------------------------------------------------------------------------------
- * h13 (N, 2H) rows [gate | up]; out (N, H) = silu(gate) * up. */
+ * h13 (N, 2H) rows [gate | up]; out (N, H) = silu(gate) * up.
+ * A row goes in pieces of SWIGLU_PIECE: first exp(-gate) of the piece into a buffer
+ * (nl_vexp_neg: 8 lanes at a time, vexp_simd.h), then the rest, which the compiler vectorizes.
+ * Written as one loop, GCC kept it scalar ("control flow in loop": nl_vexpf's selects); the
+ * operations and their order are the same, so the bits are too. */
+enum { SWIGLU_PIECE = 256 };
+
 void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H) {
 #pragma omp parallel for schedule(static) if (N * H >= ROWWISE_PARALLEL_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *g = h13 + n * 2 * H, *u = g + H;
         float *o = out + n * H;
+        float e[SWIGLU_PIECE];
+        for (int64_t i0 = 0; i0 < H; i0 += SWIGLU_PIECE) {
+            int64_t k = H - i0 < SWIGLU_PIECE ? H - i0 : SWIGLU_PIECE;
+            nl_vexp_neg(e, g + i0, k);
 #pragma omp simd
-        for (int64_t i = 0; i < H; i++) o[i] = g[i] / (1.0f + nl_vexpf(-g[i])) * u[i];
+            for (int64_t i = 0; i < k; i++) o[i0 + i] = g[i0 + i] / (1.0f + e[i]) * u[i0 + i];
+        }
     }
 }
 
@@ -220,12 +229,18 @@ void nl_swiglu_backward(float *dh13, const float *dout, const float *h13, int64_
     for (int64_t n = 0; n < N; n++) {
         const float *g = h13 + n * 2 * H, *u = g + H, *d = dout + n * H;
         float *dg = dh13 + n * 2 * H, *du = dg + H;
+        float e[SWIGLU_PIECE];
+        for (int64_t i0 = 0; i0 < H; i0 += SWIGLU_PIECE) {
+            int64_t k = H - i0 < SWIGLU_PIECE ? H - i0 : SWIGLU_PIECE;
+            nl_vexp_neg(e, g + i0, k);
 #pragma omp simd
-        for (int64_t i = 0; i < H; i++) {
-            float sig = 1.0f / (1.0f + nl_vexpf(-g[i]));
-            float silu = g[i] * sig;
-            du[i] = d[i] * silu;
-            dg[i] = d[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+            for (int64_t j = 0; j < k; j++) {
+                int64_t i = i0 + j;
+                float sig = 1.0f / (1.0f + e[j]);
+                float silu = g[i] * sig;
+                du[i] = d[i] * silu;
+                dg[i] = d[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+            }
         }
     }
 }

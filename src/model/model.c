@@ -10,8 +10,10 @@
 #include "nanolm/moe.h"
 #include "blas_serial.h"
 #include "vexp.h"
+#include "vexp_simd.h"
 
 #include "nanolm/formats.h"
+#include "nanolm/step_prof.h"
 
 /* ---- parameter table ------------------------------------------------------------------------ */
 
@@ -533,6 +535,10 @@ static void rope(const nl_model *m, float *qkv, int64_t B, int64_t T, int invers
     }
 }
 
+enum { CE_PIECE = 256 }; /* logits per piece of the loss's exps */
+
+#define PROF(ph) nl_step_prof_mark(m->prof, NL_PROF_##ph)
+
 /* ---- forward ------------------------------------------------------------------------------------ */
 
 nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
@@ -559,12 +565,14 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     m->targets = targets;
     m->tokens = tokens;
     refresh_lp_weights(m);
+    PROF(OTHER);
     nl_acts *a = &m->a;
     float eps = (float)m->arch.norm_eps;
     /* embedding: resid[0] (B, T, C) */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < BT; i++)
         memcpy(a->resid + i * C, m->w.embed + (int64_t)tokens[i] * C, (size_t)C * sizeof(float));
+    PROF(EMBED);
     /* Each residual add is done by the RMSNorm that reads its sum (nl_rmsnorm_residual_forward):
      * resid[l+1] = xo + x2 of layer l is completed by layer l+1's input norm (or the final norm). */
     const float *pending = NULL; /* what resid[l] still lacks: x2 of layer l-1 */
@@ -575,31 +583,43 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C, *h13 = a->h13 + l * BT * 2 * H;
         float *hact = a->hact + l * BT * H, *xo = a->resid + (l + 1) * BT * C;
         nl_rmsnorm_residual_forward(ln1, a->ln1_rstd + l * BT, x, pending, lw->rms_att, BT, C, eps);
+        PROF(NORM);
         nl_linear_site s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
         if (lw->bqkv) nl_add_bias(qkv, lw->bqkv, BT, QKV);
+        PROF(GEMM);
         rope(m, qkv, B, T, 0);
+        PROF(ROPE);
         if (m->attn_ops)
             NL_TRY(m->attn_ops->forward(m->attn_ops->user, (int)l, atty, qkv, B, T));
         else
             nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
+        PROF(ATTN);
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_forward(m, &s, x2, atty, lw->wo, BT, NH * hd, C);
+        PROF(GEMM);
         nl_rmsnorm_residual_forward(ln2, a->ln2_rstd + l * BT, x2, x, lw->rms_ffn, BT, C, eps); /* x2 += x */
+        PROF(NORM);
         pending = x2; /* resid[l+1] = xo + x2 */
         if (nl_moe_is_layer(m, l)) {
             NL_TRY(nl_moe_forward(m, l, ln2, xo, B, T));
+            PROF(OTHER);
             continue;
         }
         s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
         nl_linear_forward(m, &s, h13, ln2, lw->w1, BT, C, 2 * H);
+        PROF(GEMM);
         nl_swiglu_forward(hact, h13, BT, H);
+        PROF(SWIGLU);
         s = site_of(m, NL_LIN_DOWN, (int)l, lw->w2);
         nl_linear_forward(m, &s, xo, hact, lw->w2, BT, H, C);
+        PROF(GEMM);
     }
     nl_rmsnorm_residual_forward(a->lnf, a->lnf_rstd, a->resid + L * BT * C, pending, m->w.rms_final, BT, C, eps);
+    PROF(NORM);
     nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
     nl_linear_forward(m, &s, a->logits, a->lnf, m->w.cls, BT, C, V);
+    PROF(GEMM);
     if (!targets) return NL_OK;
         /* cross-entropy per token: logsumexp(logits) - logits[target] */
 #pragma omp parallel for schedule(static)
@@ -608,15 +628,19 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; v++) sum += nl_vexpf(z[v] - mx);
+        float sum = 0.0f, e[CE_PIECE]; /* exps of a piece 8 lanes at a time, summed in order */
+        for (int64_t v0 = 0; v0 < V; v0 += CE_PIECE) {
+            int64_t k = V - v0 < CE_PIECE ? V - v0 : CE_PIECE;
+            nl_vexp_shift(e, z + v0, mx, k);
+            for (int64_t v = 0; v < k; v++) sum += e[v];
+        }
         a->losses[i] = logf(sum) + mx - z[targets[i]];
     }
     double total = 0.0;
     for (int64_t i = 0; i < BT; i++) total += a->losses[i];
     m->mean_loss = (float)(total / (double)BT);
     if (loss) *loss = m->mean_loss;
+    PROF(LOSS);
     return NL_OK;
 }
 
@@ -640,22 +664,22 @@ nl_status nl_model_backward(nl_model *m) {
 #pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; v++) {
-            z[v] = nl_vexpf(z[v] - mx);
-            sum += z[v];
-        }
+        nl_vexp_shift(z, z, mx, V);
+        for (int64_t v = 0; v < V; v++) sum += z[v]; /* in order */
         float inv = 1.0f / sum;
 #pragma omp simd
         for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
         z[targets[i]] -= dscale;
     }
     m->targets = NULL; /* logits are gone: a second backward needs a new forward */
+    PROF(LOSS);
     nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
     nl_linear_backward(m, &s, a->dln, GRAD(m->w.cls), a->logits, a->lnf, m->w.cls, BT, C, V);
+    PROF(GEMM);
     memset(a->dresid, 0, (size_t)(BT * C) * sizeof(float));
     nl_rmsnorm_backward(a->dresid, GRAD(m->w.rms_final), a->dln, a->resid + L * BT * C, m->w.rms_final, a->lnf_rstd, BT,
                         C);
+    PROF(NORM);
     for (int64_t l = L - 1; l >= 0; l--) {
         nl_layer_weights *lw = &m->w.layers[l];
         float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
@@ -665,22 +689,30 @@ nl_status nl_model_backward(nl_model *m) {
         /* dresid holds d resid[l+1]; resid[l+1] = x2 + down(hact) */
         if (nl_moe_is_layer(m, l)) {
             NL_TRY(nl_moe_backward(m, l, ln2, a->dresid, a->dln, B, T));
+            PROF(OTHER);
         } else {
             s = site_of(m, NL_LIN_DOWN, (int)l, lw->w2);
             nl_linear_backward(m, &s, a->dhact, GRAD(lw->w2), a->dresid, hact, lw->w2, BT, H, C);
+            PROF(GEMM);
             nl_swiglu_backward(a->dh13, a->dhact, h13, BT, H);
+            PROF(SWIGLU);
             s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
             nl_linear_backward(m, &s, a->dln, GRAD(lw->w1), a->dh13, ln2, lw->w1, BT, C, 2 * H);
+            PROF(GEMM);
         }
         nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_ffn), a->dln, x2, lw->rms_ffn, a->ln2_rstd + l * BT, BT, C);
+        PROF(NORM);
         /* dresid holds d x2; x2 = x + o(atty) */
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_backward(m, &s, a->datty, GRAD(lw->wo), a->dresid, atty, lw->wo, BT, NH * hd, C);
+        PROF(GEMM);
         if (m->attn_ops)
             NL_TRY(m->attn_ops->backward(m->attn_ops->user, (int)l, a->dqkv, a->datty, qkv, B, T));
         else
             nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
+        PROF(ATTN);
         rope(m, a->dqkv, B, T, 1);
+        PROF(ROPE);
         if (lw->bqkv) { /* d bias (QKV) += column sums of dqkv (B*T, QKV) */
             float *db = GRAD(lw->bqkv);
             for (int64_t i = 0; i < BT; i++)
@@ -688,7 +720,9 @@ nl_status nl_model_backward(nl_model *m) {
         }
         s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_backward(m, &s, a->dln, GRAD(lw->wq), a->dqkv, ln1, lw->wq, BT, C, QKV);
+        PROF(GEMM);
         nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_att), a->dln, x, lw->rms_att, a->ln1_rstd + l * BT, BT, C);
+        PROF(NORM);
     }
     /* embedding: serial over tokens (repeated tokens add to the same row), vectorised over C */
     float *dembed = GRAD(m->w.embed);
@@ -697,6 +731,7 @@ nl_status nl_model_backward(nl_model *m) {
         const float *g = a->dresid + i * C;
         for (int64_t c = 0; c < C; c++) d[c] += g[c];
     }
+    PROF(EMBED);
 #undef GRAD
     return NL_OK;
 }

@@ -128,6 +128,10 @@ static nl_status run_train(const nl_catalog *cat, const char *path, const char *
     q.attn_materialized = !strcmp(attn, "materialized");
     q.attn_triton = !strcmp(attn, "flash-triton");
     q.distribute_saved = (int)num(cJSON_GetObjectItemCaseSensitive(e, "layout"), "distribute_saved", 0);
+    q.moe_node_limit = (int64_t)num(cJSON_GetObjectItemCaseSensitive(e, "layout"), "moe_node_limit", 0);
+    q.zero3_calls_per_layer = (int64_t)num(cJSON_GetObjectItemCaseSensitive(e, "layout"), "zero3_calls_per_layer", 0);
+    q.zero3_prefetch = num(cJSON_GetObjectItemCaseSensitive(e, "layout"), "zero3_prefetch", 0);
+    q.zero3_nic_spread = (int)num(cJSON_GetObjectItemCaseSensitive(e, "layout"), "zero3_nic_spread", 0);
     if (!q.attn_materialized && !q.attn_triton && strcmp(attn, "flash"))
         return bad(path, id, "attention must be flash, flash-triton or materialized");
     nl_train_eval ev;
