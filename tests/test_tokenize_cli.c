@@ -1,6 +1,6 @@
 /* nanolm tokenize: the ids it prints are the library's encoding of the text, the texts of the
- * tokens add up to the text, the counts agree; a Hugging Face folder, a tokenizer.json and
- * "byte" load; --special matches "</s>" as one token; a .gguf and bad usage are refused clearly. */
+ * tokens add up to the text, the counts agree; a Hugging Face folder, a tokenizer.json, a GGUF
+ * file and "byte" load; --special matches "</s>" as one token; bad input is refused clearly. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -88,9 +88,19 @@ static void test_tokenize(void **state) {
     assert_int_equal(cJSON_GetObjectItem(d, "n_tokens")->valueint, 5);
     assert_int_equal(cJSON_GetObjectItem(d, "n_chars")->valueint, 4);
     cJSON_Delete(d);
+    /* a GGUF file (exported): its tokenizer gives the llama2.c tokenizer's ids */
+    snprintf(args, sizeof args, "export --ckpt '%s' --tokenizer '%s' --to gguf '%s/m.gguf' --dtype f32", bin, tk, dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    free(out);
+    assert_int_equal(nl_tokenizer_load_llama2c(&l2c, tk, 0), NL_OK);
+    snprintf(args, sizeof args, "tokenize --tokenizer '%s/m.gguf' --text '%s' --json", dir, text);
+    d = run_json(args);
+    check(d, &l2c, text, 0);
+    cJSON_Delete(d);
+    nl_tokenizer_free(&l2c);
     /* refusals */
-    assert_int_equal(tu_run_cli("tokenize --tokenizer model.gguf --text x", &out), 1);
-    assert_non_null(strstr(out, "GGUF files are not read by this build yet"));
+    assert_int_equal(tu_run_cli("tokenize --tokenizer no-such-model.gguf --text x", &out), 1);
+    assert_non_null(strstr(out, "no-such-model.gguf"));
     free(out);
     assert_int_equal(tu_run_cli("tokenize --tokenizer byte", &out), 2);
     assert_non_null(strstr(out, "give --text TEXT or --file FILE"));

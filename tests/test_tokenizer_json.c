@@ -572,10 +572,8 @@ static void test_normalizer_growth(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_against_references),
-        cmocka_unit_test(test_split_behaviors),
-        cmocka_unit_test(test_special_and_known_ids),
-        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_against_references),    cmocka_unit_test(test_split_behaviors),
+        cmocka_unit_test(test_special_and_known_ids), cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_normalizer_growth),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

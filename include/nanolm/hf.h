@@ -70,8 +70,8 @@ nl_status nl_hf_load_tokenizer(const char *model_path, const char *kind, const c
                                nl_tokenizer *tok);
 
 /* A tokenizer on its own, from `path`: a Hugging Face folder (its tokenizer.json), a
- * tokenizer.json, a llama2.c tokenizer.bin, or "byte". A .gguf file: NL_ERR_UNSUPPORTED until
- * the GGUF reader is in (the message says what to give instead). Errors name the file. */
+ * tokenizer.json, a llama2.c tokenizer.bin, a GGUF file (its tokenizer.ggml.* or
+ * tokenizer.huggingface.json, nanolm/gguf_model.h), or "byte". Errors name the file. */
 nl_status nl_hf_open_tokenizer(const char *path, nl_tokenizer *tok);
 
 /* Writes `m` as a model folder: config.json (Qwen2ForCausalLM with q/k/v biases, else

@@ -3,14 +3,14 @@
     tok = nanolm.Tokenizer.load("path/to/hf-model-folder")   # its tokenizer.json
     tok = nanolm.Tokenizer.load("tokenizer.json")            # byte-level or SentencePiece-style BPE
     tok = nanolm.Tokenizer.load("tok512.bin")                # llama2.c tokenizer
+    tok = nanolm.Tokenizer.load("model.gguf")                # the tokenizer stored in a GGUF file
     tok = nanolm.Tokenizer.load("byte")                      # 256 bytes
     ids = tok.encode("Hello world")                          # [int]
     tok.decode(ids)                                          # "Hello world"
     tok.pieces(ids)                                          # vocabulary spellings: ["Hello", "Ġworld"]
 
 The same encoder as `nanolm tokenize`, `nanolm generate` and the server (pre-tokenizer Splits in
-sequence, as DeepSeek-V3's; Gemma 3's normalizer and Split). GGUF files are refused with
-UnsupportedError until the library reads GGUF.
+sequence, as DeepSeek-V3's; Gemma 3's normalizer and Split; GGUF's tokenizer.ggml.* keys).
 """
 import ctypes
 import os
@@ -49,8 +49,8 @@ class Tokenizer:
     @classmethod
     def load(cls, path):
         """Loads a tokenizer: a Hugging Face model folder (its tokenizer.json), a tokenizer.json,
-        a llama2.c tokenizer.bin, or "byte". Errors: OSError (FileError, FormatError) naming the
-        file and the key; UnsupportedError (a ValueError) for a .gguf file."""
+        a llama2.c tokenizer.bin, a GGUF file, or "byte". Errors: OSError (FileError,
+        FormatError) naming the file and the key."""
         path = os.fspath(path)
         t = ctypes.create_string_buffer(_PAD)
         check(lib.nl_hf_open_tokenizer(cstr(path), t), "Tokenizer.load")

@@ -1,6 +1,6 @@
 """nanolm.Tokenizer: the ids and pieces `nanolm tokenize --json` prints for the same tokenizer
 (a Hugging Face folder exported from stories260K, its tokenizer.json, the llama2.c tokenizer.bin,
-"byte"), decode(encode(x)) == x, special tokens only when asked, and the errors."""
+"byte"; the GGUF export's tokenizer), decode(encode(x)) == x, special tokens only when asked, and the errors."""
 import subprocess
 
 import pytest
@@ -48,8 +48,19 @@ def test_special_tokens_and_ids(folder):
         assert b.encode("caf\u00e9") == [99, 97, 102, 0xC3, 0xA9] and b.decode([104, 105]) == "hi"
 
 
+def test_gguf(folder):
+    exe = cli_path()
+    g = folder.parent / "m.gguf"
+    subprocess.run([exe, "export", "--ckpt", str(data_path("stories260K/stories260K.bin")), "--tokenizer",
+                    str(data_path("stories260K/tok512.bin")), "--to", "gguf", str(g), "--dtype", "f32"],
+                   check=True, capture_output=True)
+    with nanolm.Tokenizer.load(g) as tok, nanolm.Tokenizer.load(data_path("stories260K/tok512.bin")) as ref:
+        assert tok.encode(TEXT) == ref.encode(TEXT) and tok.vocab_size == 512
+        assert tok.decode(tok.encode(TEXT, bos=True)) == TEXT
+
+
 def test_errors(tmp_path):
-    with pytest.raises(nanolm.UnsupportedError, match="GGUF files are not read by this build yet"):
+    with pytest.raises(OSError, match="model.gguf"):
         nanolm.Tokenizer.load(tmp_path / "model.gguf")
     with pytest.raises(OSError):
         nanolm.Tokenizer.load(tmp_path / "missing.json")

@@ -33,13 +33,20 @@ static char *escaped(const char *s, size_t n) {
             memcpy(p, s + i, l);
             p += l;
             i += l - 1;
-        } else if (c >= 0x80) p += sprintf(p, "\\x%02x", c);
-        else if (c == '\n') p += sprintf(p, "\\n");
-        else if (c == '\t') p += sprintf(p, "\\t");
-        else if (c == '\r') p += sprintf(p, "\\r");
-        else if (c == '\\') p += sprintf(p, "\\\\");
-        else if (c < 0x20 || c == 0x7f) p += sprintf(p, "\\x%02x", c);
-        else *p++ = (char)c;
+        } else if (c >= 0x80)
+            p += sprintf(p, "\\x%02x", c);
+        else if (c == '\n')
+            p += sprintf(p, "\\n");
+        else if (c == '\t')
+            p += sprintf(p, "\\t");
+        else if (c == '\r')
+            p += sprintf(p, "\\r");
+        else if (c == '\\')
+            p += sprintf(p, "\\\\");
+        else if (c < 0x20 || c == 0x7f)
+            p += sprintf(p, "\\x%02x", c);
+        else
+            *p++ = (char)c;
     }
     *p = 0;
     return o;
@@ -50,7 +57,8 @@ int nl_cmd_tokenize(int argc, char **argv) {
     int json = 0, special = 0, bos = 0, count_only = 0;
     nl_opt opts[] = {
         NL_OPT_STR("tokenizer", &tok_path, "PATH",
-                   "a Hugging Face model folder, a tokenizer.json, a llama2.c tokenizer.bin, or \"byte\" (required)"),
+                   "a Hugging Face model folder, a tokenizer.json, a llama2.c tokenizer.bin, a GGUF file, or "
+                   "\"byte\" (required)"),
         NL_OPT_STR("text", &text, "TEXT", "the text to tokenize"),
         NL_OPT_STR("file", &file, "FILE", "instead of --text: the whole file"),
         NL_OPT_FLAG("special", &special, "match special tokens written in the text (\"<|eot_id|>\", \"</s>\")"),
@@ -99,9 +107,10 @@ int nl_cmd_tokenize(int argc, char **argv) {
     nl_report_str(r, "kind", "kind", nl_tokenizer_kind_name(tok.kind));
     nl_report_int(r, "vocab_size", "vocabulary", tok.vocab_size, NULL);
     if (!count_only) {
-        nl_report_table(r, "tokens", NULL, 4,
-                        (const nl_report_col[]){{"index", "#", NULL}, {"id", "id", NULL}, {"piece", "piece", NULL},
-                                                {"text", "text", NULL}});
+        nl_report_table(
+            r, "tokens", NULL, 4,
+            (const nl_report_col[]){
+                {"index", "#", NULL}, {"id", "id", NULL}, {"piece", "piece", NULL}, {"text", "text", NULL}});
         int prev = tok.bos_id, fail = 0; /* the first token reads as after BOS: no dummy-prefix space */
         for (int64_t i = 0; i < k && !fail; i++) {
             const char *piece = nl_tokenizer_vocab_piece(&tok, ids[i]);
