@@ -13,6 +13,7 @@
 #include "nanolm/arch.h"
 #include "nanolm/bpe.h"
 #include "nanolm/chat_template.h"
+#include "nanolm/gguf_model.h"
 #include "nanolm/hf.h"
 #include "nanolm/engine.h"
 #include "nanolm/kv_transfer.h"
@@ -91,7 +92,7 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
                       "weight format of the kernels (default auto: fp32, int8 for int8 checkpoints)"),
         NL_OPT_STR("chat-template", &sa->chat_tmpl, "FILE",
                    "Jinja chat template for /v1/chat/completions (default: a model folder's chat_template.jinja "
-                   "or tokenizer_config.json \"chat_template\")"),
+                   "or tokenizer_config.json \"chat_template\", a GGUF file's tokenizer.chat_template)"),
         NL_OPT_STR("model-name", &sa->model_name, "NAME",
                    "name in /v1/models and responses (default: the checkpoint's file name)"),
     };
@@ -334,10 +335,11 @@ static int write_port_file(const char *path, int port) {
  * tokenizer's BOS / EOS pieces. Returns nonzero (message printed) on a bad template. */
 static int load_chat_template(const serve_args *sa, const nl_engine *e, nl_chat_template **ct) {
     *ct = NULL;
-    int folder = sa->ckpt && nl_hf_is_folder(sa->ckpt);
+    int folder = sa->ckpt && nl_hf_is_folder(sa->ckpt), gguf = sa->ckpt && !folder && nl_gguf_is_file(sa->ckpt);
     nl_chat_template *from_folder = NULL;
-    if (folder) {
-        nl_status rc = nl_chat_template_load_hf(&from_folder, sa->ckpt);
+    if (folder || gguf) {
+        nl_status rc = folder ? nl_chat_template_load_hf(&from_folder, sa->ckpt)
+                              : nl_chat_template_load_gguf(&from_folder, sa->ckpt);
         if (rc && rc != NL_ERR_UNSUPPORTED && !sa->chat_tmpl) return nl_cli_fail("serve: chat template");
     }
     if (!sa->chat_tmpl) {

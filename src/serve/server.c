@@ -281,8 +281,8 @@ static int chat_prompt(nl_server *s, const nl_completion_req *req, int32_t **ids
     if (!s->o.chat_template) {
         nl_http_error_set(err, 400, "messages",
                           "this model has no chat template (a Hugging Face folder's chat_template.jinja or the "
-                          "\"chat_template\" of its tokenizer_config.json; `nanolm serve --chat-template FILE` gives "
-                          "one): use /v1/completions");
+                          "\"chat_template\" of its tokenizer_config.json, a GGUF file's tokenizer.chat_template; "
+                          "`nanolm serve --chat-template FILE` gives one): use /v1/completions");
         return 1;
     }
     if (!tok) {
