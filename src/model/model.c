@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
+#include <omp.h>
 #include <string.h>
 
 #include "nanolm/model.h"
@@ -541,6 +542,134 @@ enum { CE_PIECE = 256 }; /* logits per piece of the loss's exps */
 
 /* ---- forward ------------------------------------------------------------------------------------ */
 
+/* ---- the fused forward --------------------------------------------------------------------------
+ * Everything of the forward but attention works on rows of (B*T) independently: the norms, the
+ * linears (thread i computes rows block i of each product, lin_forward_blocks), RoPE, SwiGLU and
+ * the loss. With the default fp32 linears, and when every linear of the layer splits its rows
+ * into the same blocks, a thread carries its block of rows from one attention to the next in one
+ * parallel region: O, residual + norm, gate_up, SwiGLU, down, the next layer's norm, QKV and
+ * RoPE (or the final norm, the classifier and the loss). A layer takes 2 parallel regions
+ * instead of 9, and a block of rows is still in the thread's cache when the next step reads it.
+ * Each element is computed by the same calls with the same arguments as in the unfused forward
+ * (same row blocks, same row functions), so the bits are the same. */
+
+/* Row blocks of the fused forward: the common block count of every linear on n rows, or 0 when
+ * the linears would split differently (then the unfused forward runs). */
+static int fused_blocks(const nl_model *m, int64_t n) {
+    if (m->linear_ops || m->precision != NL_PREC_FP32 || m->moe || m->no_embed || m->no_tail) return 0;
+    int64_t C = m->C, H = m->H, A = m->NH * m->hd;
+    int nb = lin_blocks(n, n * C * m->QKV);
+    if (lin_blocks(n, n * A * C) != nb || lin_blocks(n, n * C * 2 * H) != nb || lin_blocks(n, n * H * C) != nb ||
+        lin_blocks(n, n * C * m->V) != nb)
+        return 0;
+    return nb;
+}
+
+static void rows_sgemm(float *out, const float *in, const float *w, int64_t r0, int64_t r1, int64_t in_dim,
+                       int64_t out_dim) {
+    if (r1 > r0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)out_dim, (int)in_dim, 1.0f,
+                    in + r0 * in_dim, (int)in_dim, w, (int)in_dim, 0.0f, out + r0 * out_dim, (int)out_dim);
+}
+
+/* Thread 0 marks the phases of its rows (the others do the same work on theirs at the same time). */
+#define PROF0(ph)                                                                                                      \
+    do {                                                                                                               \
+        if (m->prof && omp_get_thread_num() == 0) nl_step_prof_mark(m->prof, NL_PROF_##ph);                            \
+    } while (0)
+
+/* Rows [r0, r1) of layer l up to attention: resid[l] += pending, ln1, qkv (+ bias), RoPE. */
+static void fused_pre_attention(nl_model *m, int64_t l, const float *pending, int64_t r0, int64_t r1, int64_t T) {
+    int64_t C = m->C, BT = m->B_cur * m->T_cur, QKV = m->QKV, half = m->hd / 2;
+    nl_acts *a = &m->a;
+    nl_layer_weights *lw = &m->w.layers[l];
+    float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
+    nl_rmsnorm_residual_forward(ln1 + r0 * C, a->ln1_rstd + l * BT + r0, x + r0 * C, pending ? pending + r0 * C : NULL,
+                                lw->rms_att, r1 - r0, C, (float)m->arch.norm_eps);
+    PROF0(NORM);
+    rows_sgemm(qkv, ln1, lw->wq, r0, r1, C, QKV);
+    if (lw->bqkv) nl_add_bias(qkv + r0 * QKV, lw->bqkv, r1 - r0, QKV);
+    PROF0(GEMM);
+    for (int64_t bt = r0; bt < r1; bt++) {
+        int64_t t = m->positions ? m->positions[bt % T] : bt % T;
+        nl_rope_row(qkv + bt * QKV, m->rope_cos + t * half, m->rope_sin + t * half, m->NH + m->KVH, m->hd, 0);
+    }
+    PROF0(ROPE);
+}
+
+/* Cross-entropy of rows [r0, r1) into a->losses (as the unfused forward computes it). */
+static void ce_rows(nl_model *m, const int32_t *targets, int64_t r0, int64_t r1) {
+    int64_t V = m->V;
+    nl_acts *a = &m->a;
+    for (int64_t i = r0; i < r1; i++) {
+        const float *z = a->logits + i * V;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        float sum = 0.0f, e[CE_PIECE];
+        for (int64_t v0 = 0; v0 < V; v0 += CE_PIECE) {
+            int64_t k = V - v0 < CE_PIECE ? V - v0 : CE_PIECE;
+            nl_vexp_shift(e, z + v0, mx, k);
+            for (int64_t v = 0; v < k; v++) sum += e[v];
+        }
+        a->losses[i] = logf(sum) + mx - z[targets[i]];
+    }
+}
+
+static void fused_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T, int nb) {
+    int64_t C = m->C, BT = B * T, L = m->L, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH, KVH = m->KVH, hd = m->hd;
+    nl_acts *a = &m->a;
+    float eps = (float)m->arch.norm_eps;
+    int saved = nl_blas_serial_begin();
+    /* embedding and layer 0 up to attention */
+#pragma omp parallel for schedule(static, 1) num_threads(nb) if (nb > 1)
+    for (int i = 0; i < nb; i++) {
+        int64_t r0, r1;
+        lin_block(BT, i, nb, &r0, &r1);
+        for (int64_t bt = r0; bt < r1; bt++)
+            memcpy(a->resid + bt * C, m->w.embed + (int64_t)tokens[bt] * C, (size_t)C * sizeof(float));
+        PROF0(EMBED);
+        fused_pre_attention(m, 0, NULL, r0, r1, T);
+    }
+    for (int64_t l = 0; l < L; l++) {
+        nl_layer_weights *lw = &m->w.layers[l];
+        float *x = a->resid + l * BT * C, *qkv = a->qkv + l * BT * QKV;
+        float *att = a->att + l * B * NH * T * T, *atty = a->atty + l * BT * NH * hd;
+        float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C, *h13 = a->h13 + l * BT * 2 * H;
+        float *hact = a->hact + l * BT * H, *xo = a->resid + (l + 1) * BT * C;
+        nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd); /* (with attn_ops the forward is unfused) */
+        if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_ATTN);
+#pragma omp parallel for schedule(static, 1) num_threads(nb) if (nb > 1)
+        for (int i = 0; i < nb; i++) {
+            int64_t r0, r1;
+            lin_block(BT, i, nb, &r0, &r1);
+            rows_sgemm(x2, atty, lw->wo, r0, r1, NH * hd, C);
+            PROF0(GEMM);
+            nl_rmsnorm_residual_forward(ln2 + r0 * C, a->ln2_rstd + l * BT + r0, x2 + r0 * C, x + r0 * C, lw->rms_ffn,
+                                        r1 - r0, C, eps); /* x2 += x */
+            PROF0(NORM);
+            rows_sgemm(h13, ln2, lw->w1, r0, r1, C, 2 * H);
+            PROF0(GEMM);
+            nl_swiglu_forward(hact + r0 * H, h13 + r0 * 2 * H, r1 - r0, H);
+            PROF0(SWIGLU);
+            rows_sgemm(xo, hact, lw->w2, r0, r1, H, C);
+            PROF0(GEMM);
+            if (l + 1 < L) {
+                fused_pre_attention(m, l + 1, x2, r0, r1, T); /* resid[l+1] = xo + x2 */
+                continue;
+            }
+            nl_rmsnorm_residual_forward(a->lnf + r0 * C, a->lnf_rstd + r0, xo + r0 * C, x2 + r0 * C, m->w.rms_final,
+                                        r1 - r0, C, eps);
+            PROF0(NORM);
+            rows_sgemm(a->logits, a->lnf, m->w.cls, r0, r1, C, V);
+            PROF0(GEMM);
+            if (targets) ce_rows(m, targets, r0, r1);
+            PROF0(LOSS);
+        }
+    }
+    nl_blas_serial_end(saved);
+}
+
 nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                            float *loss) {
     if (!m->acts_mem || B > m->B || T > m->T || B * T > m->B * m->T)
@@ -568,6 +697,12 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     PROF(OTHER);
     nl_acts *a = &m->a;
     float eps = (float)m->arch.norm_eps;
+    int nb_fused = m->attn_ops ? 0 : fused_blocks(m, BT);
+    if (nb_fused > 0) {
+        fused_forward(m, tokens, targets, B, T, nb_fused);
+        if (!targets) return NL_OK;
+        goto loss_total;
+    }
     /* embedding: resid[0] (B, T, C) */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < BT; i++)
@@ -636,6 +771,7 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         }
         a->losses[i] = logf(sum) + mx - z[targets[i]];
     }
+loss_total:;
     double total = 0.0;
     for (int64_t i = 0; i < BT; i++) total += a->losses[i];
     m->mean_loss = (float)(total / (double)BT);
