@@ -782,6 +782,128 @@ loss_total:;
 
 /* ---- backward ----------------------------------------------------------------------------------- */
 
+/* ---- the fused backward -------------------------------------------------------------------------
+ * The backward of a layer in 3 parallel regions instead of 9 (the forward's conditions, and no
+ * q/k/v biases). Activation gradients go by row blocks, each thread keeping its block from one
+ * step to the next (static schedules over the same blocks give a thread the same block); weight
+ * gradients go by blocks of the weight's rows, which sum over all rows of the batch, after the
+ * barrier that completes what they read. The calls and blocks are those of the unfused backward
+ * (lin_backward_blocks, nl_rmsnorm_backward's two parts, nl_swiglu_backward and nl_rope_row on
+ * rows), so the bits are the same:
+ *   down_swiglu(l): d hact rows, SwiGLU backward rows | d W2
+ *   ffn(l):         d ln2 rows, norm dx rows | d W1; barrier; norm dw | d atty rows | d Wo
+ *   attention backward
+ *   qkv(l):         inverse RoPE rows, d ln1 rows, norm dx rows; barrier; d Wqkv | norm dw, and
+ *                   down_swiglu(l - 1) in the same region */
+
+static void rows_din(float *din, const float *dout, const float *w, int64_t r0, int64_t r1, int64_t in_dim,
+                     int64_t out_dim) {
+    if (r1 > r0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)in_dim, (int)out_dim, 1.0f,
+                    dout + r0 * out_dim, (int)out_dim, w, (int)in_dim, 0.0f, din + r0 * in_dim, (int)in_dim);
+}
+
+/* dw += dout^T in over the weight-row blocks of lin_backward_blocks (an omp for, no wait) */
+static void cols_dw(float *dw, const float *dout, const float *in, int64_t n, int64_t in_dim, int64_t out_dim) {
+    int nb_w = lin_blocks(out_dim, n * in_dim * out_dim);
+#pragma omp for schedule(static, 1) nowait
+    for (int i = 0; i < nb_w; i++) {
+        int64_t o0, o1;
+        lin_block(out_dim, i, nb_w, &o0, &o1);
+        if (o1 > o0)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(o1 - o0), (int)in_dim, (int)n, 1.0f, dout + o0,
+                        (int)out_dim, in, (int)in_dim, 1.0f, dw + o0 * in_dim, (int)in_dim);
+    }
+}
+
+static void norm_dw(float *dw, const float *dout, const float *x, const float *rstd, int64_t N, int64_t C) {
+#pragma omp for schedule(static) nowait
+    for (int64_t c0 = 0; c0 < C; c0 += NL_RMSNORM_DW_BLOCK) nl_rmsnorm_backward_dw_cols(dw, dout, x, rstd, N, C, c0);
+}
+
+/* Inside a region: d hact and the SwiGLU backward on the thread's row blocks, then its part of d W2. */
+static void fused_down_swiglu(nl_model *m, int64_t l, int nb, int64_t BT) {
+    int64_t C = m->C, H = m->H;
+    nl_acts *a = &m->a;
+    nl_layer_weights *lw = &m->w.layers[l];
+#pragma omp for schedule(static, 1) nowait
+    for (int i = 0; i < nb; i++) {
+        int64_t r0, r1;
+        lin_block(BT, i, nb, &r0, &r1);
+        rows_din(a->dhact, a->dresid, lw->w2, r0, r1, H, C);
+        PROF0(GEMM);
+        nl_swiglu_backward(a->dh13 + r0 * 2 * H, a->dhact + r0 * H, a->h13 + l * BT * 2 * H + r0 * 2 * H, r1 - r0, H);
+        PROF0(SWIGLU);
+    }
+    cols_dw(m->grads + (lw->w2 - m->params), a->dresid, a->hact + l * BT * H, BT, H, C);
+    PROF0(GEMM);
+}
+
+static void fused_backward_layers(nl_model *m, int nb) {
+    int64_t B = m->B_cur, T = m->T_cur, BT = B * T, C = m->C, H = m->H, QKV = m->QKV, NH = m->NH, KVH = m->KVH;
+    int64_t hd = m->hd, A = NH * hd, half = hd / 2;
+    nl_acts *a = &m->a;
+    float *G = m->grads;
+    int saved = nl_blas_serial_begin();
+#pragma omp parallel num_threads(nb) if (nb > 1)
+    fused_down_swiglu(m, m->L - 1, nb, BT);
+    for (int64_t l = m->L - 1; l >= 0; l--) {
+        nl_layer_weights *lw = &m->w.layers[l];
+        const float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
+        const float *att = a->att + l * B * NH * T * T, *atty = a->atty + l * BT * A;
+        const float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C;
+#pragma omp parallel num_threads(nb) if (nb > 1)
+        {
+#pragma omp for schedule(static, 1) nowait
+            for (int i = 0; i < nb; i++) {
+                int64_t r0, r1;
+                lin_block(BT, i, nb, &r0, &r1);
+                rows_din(a->dln, a->dh13, lw->w1, r0, r1, C, 2 * H);
+                nl_rmsnorm_backward_rows(a->dresid, a->dln, x2, lw->rms_ffn, a->ln2_rstd + l * BT, r0, r1, C);
+            }
+            cols_dw(G + (lw->w1 - m->params), a->dh13, ln2, BT, C, 2 * H);
+            PROF0(GEMM);
+#pragma omp barrier
+            norm_dw(G + (lw->rms_ffn - m->params), a->dln, x2, a->ln2_rstd + l * BT, BT, C);
+            PROF0(NORM);
+#pragma omp for schedule(static, 1) nowait
+            for (int i = 0; i < nb; i++) {
+                int64_t r0, r1;
+                lin_block(BT, i, nb, &r0, &r1);
+                rows_din(a->datty, a->dresid, lw->wo, r0, r1, A, C);
+            }
+            cols_dw(G + (lw->wo - m->params), a->dresid, atty, BT, A, C);
+            PROF0(GEMM);
+        }
+        nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
+        if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_ATTN);
+#pragma omp parallel num_threads(nb) if (nb > 1)
+        {
+#pragma omp for schedule(static, 1) nowait
+            for (int i = 0; i < nb; i++) {
+                int64_t r0, r1;
+                lin_block(BT, i, nb, &r0, &r1);
+                for (int64_t bt = r0; bt < r1; bt++) {
+                    int64_t t = m->positions ? m->positions[bt % T] : bt % T;
+                    nl_rope_row(a->dqkv + bt * QKV, m->rope_cos + t * half, m->rope_sin + t * half, NH + KVH, hd, 1);
+                }
+                PROF0(ROPE);
+                rows_din(a->dln, a->dqkv, lw->wq, r0, r1, C, QKV);
+                PROF0(GEMM);
+                nl_rmsnorm_backward_rows(a->dresid, a->dln, x, lw->rms_att, a->ln1_rstd + l * BT, r0, r1, C);
+                PROF0(NORM);
+            }
+#pragma omp barrier
+            cols_dw(G + (lw->wq - m->params), a->dqkv, ln1, BT, C, QKV);
+            PROF0(GEMM);
+            norm_dw(G + (lw->rms_att - m->params), a->dln, x, a->ln1_rstd + l * BT, BT, C);
+            PROF0(NORM);
+            if (l > 0) fused_down_swiglu(m, l - 1, nb, BT);
+        }
+    }
+    nl_blas_serial_end(saved);
+}
+
 nl_status nl_model_backward(nl_model *m) {
     if (!m->grads) return nl_fail(NL_ERR_INVALID, "backward: gradients not allocated (nl_model_alloc_grads)");
     if (!m->targets) return nl_fail(NL_ERR_INVALID, "backward: the last forward had no targets");
@@ -816,7 +938,9 @@ nl_status nl_model_backward(nl_model *m) {
     nl_rmsnorm_backward(a->dresid, GRAD(m->w.rms_final), a->dln, a->resid + L * BT * C, m->w.rms_final, a->lnf_rstd, BT,
                         C);
     PROF(NORM);
-    for (int64_t l = L - 1; l >= 0; l--) {
+    int nb_fused = m->attn_ops || m->arch.qkv_bias ? 0 : fused_blocks(m, BT);
+    if (nb_fused > 0) fused_backward_layers(m, nb_fused);
+    for (int64_t l = nb_fused > 0 ? -1 : L - 1; l >= 0; l--) {
         nl_layer_weights *lw = &m->w.layers[l];
         float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
         float *att = a->att + l * B * NH * T * T, *atty = a->atty + l * BT * NH * hd;
