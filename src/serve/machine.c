@@ -1,4 +1,4 @@
-/* Measures this CPU for the engine's cost model (machine.h, plan_engine.h). */
+/* Measures this CPU for the engine's cost model (machine.h, cpu_rates.h). */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -544,16 +544,15 @@ static nl_status measure_overheads(const nl_arch *a, int threads, const nl_machi
         NL_TRY(engine_step_s(a, 3, threads, o, &v3[k]));
     }
     double t1 = median_of(v1, 3), t3 = median_of(v3, 3);
-    nl_engine_plan_req q;
-    nl_engine_plan_req_default(&q);
-    q.arch = *a;
-    q.arch.n_layers = 1;
+    if (!o->predict_step_s) return NL_OK;
+    nl_arch a1 = *a, a3 = *a;
+    a1.n_layers = 1;
+    a3.n_layers = 3;
     nl_cpu_rates z = *r;
     z.step_overhead_s = z.layer_overhead_s = 0;
     double ctx = 64; /* the probe's mean context */
-    double p1 = nl_plan_engine_step_s(&q, &z, 1, 1, 1, ctx, 0);
-    q.arch.n_layers = 3;
-    double p3 = nl_plan_engine_step_s(&q, &z, 1, 1, 1, ctx, 0);
+    double p1 = o->predict_step_s(&a1, &z, ctx);
+    double p3 = o->predict_step_s(&a3, &z, ctx);
     double layer = ((t3 - t1) - (p3 - p1)) / 2;
     r->layer_overhead_s = layer > 0 ? layer : 0;
     double step = t1 - p1 - r->layer_overhead_s;
