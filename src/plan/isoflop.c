@@ -66,11 +66,6 @@ static int fit_budget(const double *x, const double *y, int n, nl_isoflop_budget
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const double *loss, int n, int bootstrap,
                              uint64_t seed, nl_isoflop_fit *out) {
     memset(out, 0, sizeof *out);
@@ -192,7 +187,7 @@ nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const 
         mean /= used;
         for (int i = 0; i < used; i++) ss += (boot[i] - mean) * (boot[i] - mean);
         out->se_a = sqrt(ss / (used - 1));
-        qsort(boot, (size_t)used, sizeof(double), cmp_double);
+        nl_sort_doubles(boot, (size_t)used);
         out->a_lo = boot[(int)floor(0.025 * (used - 1))];
         out->a_hi = boot[(int)ceil(0.975 * (used - 1))];
     }
