@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/vexp.h"
-#include "model/vexp_simd.h"
+#include "numerics/vexp.h"
+#include "numerics/vexp_simd.h"
 #include "nanolm/model.h"
 #include "nanolm/peak.h"
 #include "nanolm/step_prof.h"

@@ -12,6 +12,7 @@
 #include "nanolm/http_loadgen.h"
 #include "nanolm/machine.h"
 #include "nanolm/peak.h"
+#include "nanolm/plan_engine.h"
 #include "nanolm/plan.h"
 #include "plan_opts.h"
 #include "nanolm/svg.h"
@@ -277,6 +278,7 @@ static int bench_machine(int argc, char **argv) {
     mo.min_time_s = min_time;
     mo.repeats = repeats;
     mo.thread_cpu_time = cpu_clock;
+    mo.predict_step_s = nl_plan_engine_probe_step_s; /* the overheads: measured minus the cost model */
     nl_cpu_rates r;
     if (nl_machine_measure(&arch, &mo, &r)) return nl_cli_fail("bench machine");
     if (name) snprintf(r.name, sizeof r.name, "%s", name);

@@ -11,11 +11,6 @@
 #include "nanolm/client.h"
 #include "nanolm/http_request.h"
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 double nl_percentile(const double *sorted, int64_t n, double q) {
     if (n <= 0) return NAN;
     if (q <= 0) return sorted[0];
@@ -33,7 +28,7 @@ void nl_latency_summarize(double *v, int64_t n, nl_latency_summary *s) {
         s->mean = s->p50 = s->p90 = s->p99 = s->max = NAN;
         return;
     }
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    nl_sort_doubles(v, (size_t)n);
     double sum = 0;
     for (int64_t i = 0; i < n; i++) sum += v[i];
     s->mean = sum / (double)n;
