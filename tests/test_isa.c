@@ -1,6 +1,7 @@
 /* The instruction-set switch (nanolm/isa.h): names, the cap NANOLM_ISA and nl_isa_set_cap, the
  * CLI's refusal of a bad value, and the promise that the paths the docs call exact give the same
- * bits under every cap this CPU allows: matvec in each weight format, the bulk format
+ * bits under every cap this CPU allows: matvec in each weight format (fp32 and bf16: one FMA
+ * chain per output on every path; int8 and int4: exact int32 sums), the bulk format
  * conversions and the emulated FP8 GEMM. */
 #include "testutil.h"
 
@@ -104,7 +105,7 @@ static void test_matvec_same_bits_under_every_cap(void **state) {
     nl_isa cs[NL_ISA_COUNT];
     const int nc = caps(cs);
     static const int64_t shapes[][3] = {{1, 70, 96}, {5, 97, 130}, {33, 48, 64}, {2, 130, 1001}};
-    static const nl_wfmt fmts[] = {NL_WFMT_INT8, NL_WFMT_INT4};
+    static const nl_wfmt fmts[] = {NL_WFMT_FP32, NL_WFMT_BF16, NL_WFMT_INT8, NL_WFMT_INT4};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
         float *w = malloc((size_t)(N * K) * 4), *x = malloc((size_t)(M * K) * 4);

@@ -40,7 +40,7 @@ typedef struct nl_train_args {
     const char *log_csv; /* --log CSV, or NULL */
     const char *svg;     /* --svg PLOT, or NULL */
     int precision;       /* --precision: index in NL_TRAIN_PRECISIONS */
-    int seq_given, lr_min_given, eval_given, windows_given, precision_given;
+    int seq_given, lr_min_given, eval_given, windows_given, precision_given, warmup_given;
     char help[NL_TRAIN_NOPTS][NL_TRAIN_HELP]; /* help lines with this command's defaults */
 } nl_train_args;
 

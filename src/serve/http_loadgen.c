@@ -138,16 +138,19 @@ static char *make_body(const nl_loadgen_opts *o, int64_t plen, int64_t olen, uin
     nl_rng rng;
     nl_rng_seed(&rng, seed);
     nl_http_buf b = {0};
+    nl_rng shared;
+    nl_rng_seed(&shared, o->seed ^ 0x5eedULL);
     int fail = nl_http_buf_append(&b, "{\"prompt\":[", 11) != NL_OK;
-    for (int64_t i = 0; i < plen && !fail; i++) {
-        uint64_t id = 3 + nl_rng_below(&rng, (uint64_t)(o->vocab_size - 3));
+    for (int64_t i = 0; i < o->shared_prefix + plen && !fail; i++) {
+        nl_rng *g = i < o->shared_prefix ? &shared : &rng;
+        uint64_t id = 3 + nl_rng_below(g, (uint64_t)(o->vocab_size - 3));
         fail = nl_http_buf_printf(&b, i ? ",%llu" : "%llu", (unsigned long long)id) != NL_OK;
     }
     if (!fail)
         fail = nl_http_buf_printf(&b,
                                   "],\"max_tokens\":%lld,\"temperature\":%.17g,\"seed\":%llu,\"ignore_eos\":true,"
                                   "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
-                                  (long long)olen, o->temperature, (unsigned long long)(seed >> 1)) != NL_OK;
+                                  (long long)olen, o->temperature, (unsigned long long)(seed >> 11)) != NL_OK; /* exact: < 2^53 */
     if (fail) {
         nl_http_buf_free(&b);
         return NULL;
