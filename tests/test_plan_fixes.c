@@ -157,10 +157,19 @@ static void test_dualpipe_bounded_and_checked(void **state) {
     q.gpus = 64, q.seq = 4096, q.global_batch = 256;
     q.hw.intra_eff = q.hw.inter_eff = 0.01;
     nl_layout L = {16, 1, 4, 1, 8, NL_ZERO_1, 1, 16, 1, NL_RECOMPUTE_FULL, 0};
-    nl_train_eval e;
+    nl_train_eval e, f;
     assert_int_equal(nl_plan_train_eval(&q, &L, &e), NL_OK);
     assert_true(e.t_ep > e.t_compute); /* the case: more all-to-all than compute */
     assert_true(e.t_step >= e.t_ep);
+    /* What DualPipe hides beyond 1F1B (which exposes the all-to-alls whole, ep_overlap 0) is the
+     * all-to-all up to the compute, never all of it: every other exposed term is the same. */
+    q.schedule = NL_SCHED_1F1B;
+    assert_int_equal(nl_plan_train_eval(&q, &L, &f), NL_OK);
+    q.schedule = NL_SCHED_DUALPIPE;
+    double hidden = f.t_exposed - e.t_exposed;
+    assert_true(hidden > 0);
+    assert_true(hidden <= e.t_compute * (1 + 1e-9));
+    assert_true(hidden < 0.9 * e.t_ep);
     nl_layout odd = {16, 1, 3, 1, 8, NL_ZERO_1, 1, 16, 1, NL_RECOMPUTE_FULL, 0};
     q.gpus = 48, q.global_batch = 256;
     assert_int_equal(nl_plan_train_eval(&q, &odd, &e), NL_ERR_INVALID);
