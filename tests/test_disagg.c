@@ -30,21 +30,9 @@
 
 /* A byte-vocabulary model with scaled-up weights (greedy choices far apart), GQA 4 heads / 2 kv. */
 static void make_model(nl_model *m) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "disagg-test");
-    a.vocab_size = 256;
-    a.dim = 64;
-    a.n_layers = 3;
-    a.n_heads = 4;
-    a.n_kv_heads = 2;
-    a.hidden_dim = 96;
-    a.seq_len = 128;
-    a.rope_theta = 10000;
-    a.norm_eps = 1e-5;
+    nl_arch a = tu_arch("disagg-test", 256, 64, 3, 4, 2, 96, 128);
     a.tied_embeddings = 1;
-    assert_int_equal(nl_model_init(m, &a), NL_OK);
-    nl_model_init_random(m, 7);
+    tu_model(m, &a, 7);
     for (size_t i = 0; i < m->n_params; i++) m->params[i] *= 25.0f;
     for (int64_t l = 0; l < m->L; l++)
         for (int64_t i = 0; i < m->C; i++) m->w.layers[l].rms_att[i] = m->w.layers[l].rms_ffn[i] = 1.0f;

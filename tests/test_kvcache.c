@@ -14,20 +14,8 @@
 
 /* vocab 64, dim 64, 2 layers, 4 heads, 2 KV heads (hd 16), seq 32. */
 static void tiny(nl_model *m) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "tiny");
-    a.vocab_size = 64;
-    a.dim = 64;
-    a.n_layers = 2;
-    a.n_heads = 4;
-    a.n_kv_heads = 2;
-    a.hidden_dim = 96;
-    a.seq_len = 32;
-    a.rope_theta = 10000.0;
-    a.norm_eps = 1e-5;
-    assert_int_equal(nl_model_init(m, &a), NL_OK);
-    nl_model_init_random(m, 21);
+    nl_arch a = tu_arch("tiny", 64, 64, 2, 4, 2, 96, 32);
+    tu_model(m, &a, 21);
 }
 
 /* Exact bytes; fp32-cache steps match the batched forward; the int8 cache stores each head's

@@ -22,18 +22,7 @@
 #include "nanolm/plan_engine.h"
 
 static nl_arch small_arch(void) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "small-d256");
-    a.vocab_size = 512;
-    a.dim = 256;
-    a.n_layers = 4;
-    a.n_heads = 8;
-    a.n_kv_heads = 4;
-    a.hidden_dim = 688;
-    a.seq_len = 1024;
-    a.rope_theta = 10000;
-    a.norm_eps = 1e-5;
+    nl_arch a = tu_arch("small-d256", 512, 256, 4, 8, 4, 688, 1024);
     a.tied_embeddings = 1;
     return a;
 }

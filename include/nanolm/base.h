@@ -135,6 +135,9 @@ void nl_atomic_remove_pending(void);
  * "<path>.tmp.<pid>" is created and removed; an existing `path` is not touched). `what` names
  * the output in the message (e.g. "--out"). Errors: NL_ERR_IO naming the path and the reason. */
 nl_status nl_check_writable(const char *path, const char *what);
+/* Sends all n bytes of p on socket fd (send with MSG_NOSIGNAL, retried on EINTR): 0, or -1 when
+ * the connection failed or closed (errno says why). */
+int nl_send_all(int fd, const void *p, size_t n);
 /* Advisory lock of an output that a long run rewrites (a training checkpoint): an flock on
  * "<path>.lock", which holds the owner's PID. A second run locking the same path gets NL_ERR_IO
  * naming `what`, the path and the first run's PID. *fd receives the lock's descriptor (-1 on

@@ -289,17 +289,6 @@ nl_status nl_kvx_parse_kv(const uint8_t *msg, size_t len, const nl_kvx_shape *x,
 
 /* ---- sockets ----------------------------------------------------------------------------------- */
 
-static int send_all(int fd, const uint8_t *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* 0 when n bytes arrived, -1 on error, timeout or a closed connection. */
 static int recv_all(int fd, uint8_t *p, size_t n) {
     while (n > 0) {
@@ -378,7 +367,7 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
         goto done;
     }
     set_timeout(fd, 600);
-    if (send_all(fd, req, req_len)) {
+    if (nl_send_all(fd, req, req_len)) {
         rc = nl_fail(NL_ERR_IO, "prefill server %s: sending the request failed: %s", addr, strerror(errno));
         goto done;
     }
@@ -432,7 +421,7 @@ typedef struct conn {
 static void send_error(conn *c, nl_status st, const char *msg) {
     uint8_t *b = NULL;
     size_t n = 0;
-    if (!nl_kvx_encode_error(&c->s->sh, st, msg, &b, &n)) send_all(c->fd, b, n);
+    if (!nl_kvx_encode_error(&c->s->sh, st, msg, &b, &n)) nl_send_all(c->fd, b, n);
     nl_free(b);
 }
 
@@ -494,7 +483,7 @@ static void serve_conn(conn *c) {
     if (rc)
         send_error(c, rc, nl_last_error());
     else
-        rc = send_all(c->fd, ans, n) ? NL_ERR_IO : NL_OK;
+        rc = nl_send_all(c->fd, ans, n) ? NL_ERR_IO : NL_OK;
     pthread_mutex_lock(&s->mu);
     if (rc)
         s->st.requests_failed++;
