@@ -8,7 +8,7 @@
 
 static const char *const phase_names[NL_PROF_COUNT] = {"gemm (linears)", "attention", "rmsnorm", "rope",
                                                        "swiglu",         "loss",      "embedding", "optimizer",
-                                                       "data",           "other"};
+                                                       "data",           "other",     "barrier waits"};
 
 const char *nl_prof_phase_name(nl_prof_phase ph) {
     return ph >= 0 && ph < NL_PROF_COUNT ? phase_names[ph] : "?";
