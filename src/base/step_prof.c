@@ -6,8 +6,8 @@
 #include "nanolm/base.h"
 #include "nanolm/step_prof.h"
 
-static const char *const phase_names[NL_PROF_COUNT] = {"gemm (linears)", "attention", "rmsnorm", "rope",
-                                                       "swiglu",         "loss",      "embedding", "optimizer",
+static const char *const phase_names[NL_PROF_COUNT] = {"gemm (linears)", "attention", "rmsnorm",      "rope",
+                                                       "swiglu",         "loss",      "embedding",    "optimizer",
                                                        "data",           "other",     "barrier waits"};
 
 const char *nl_prof_phase_name(nl_prof_phase ph) {
