@@ -206,6 +206,7 @@ static void predicted_vs_measured(void **state) {
     (void)state;
     nl_arch a = small_arch();
     nl_machine_opts_default(&g_mo);
+    g_mo.predict_step_s = nl_plan_engine_probe_step_s;
     g_mo.threads = 1;
     g_mo.thread_cpu_time = 1;
     g_mo.bw_bytes = (size_t)64 << 20;

@@ -69,7 +69,8 @@ typedef void (*nl_engine_event_fn)(void *user, uint64_t id, const int32_t *new_t
                                    const char *new_text, size_t new_text_len, nl_finish finish);
 
 typedef struct nl_engine_opts {
-    nl_wfmt weights;             /* NL_WFMT_AUTO (default): fp32, or int8 for an int8 quantized checkpoint */
+    nl_wfmt weights;             /* NL_WFMT_AUTO (default): fp32; int8 for an int8 quantized checkpoint or a Q8_0
+                                    GGUF; int4 for a Q4_0 GGUF (on its own blocks) */
     nl_kv_dtype kv;              /* NL_KV_FP32 (default) or NL_KV_INT8 */
     int64_t block_size;          /* tokens per KV block (default 16) */
     int64_t kv_blocks;           /* pool size in blocks; 0: from kv_mem_bytes */
@@ -96,10 +97,10 @@ typedef struct nl_engine_opts {
 /* The defaults above. */
 void nl_engine_opts_default(nl_engine_opts *o);
 
-/* Loads a checkpoint and its tokenizer and builds the engine. ckpt: a NanoLM safetensors
- * checkpoint, a quantized checkpoint written by `nanolm quant model --out`, or a llama2.c .bin
- * (then tokenizer, a llama2.c tokenizer.bin, is required; otherwise it may be NULL for a byte
- * tokenizer checkpoint). opts NULL: defaults. Errors (the message names the file or option):
+/* Loads a checkpoint and its tokenizer (nl_model_load of nanolm/model_load.h) and builds the
+ * engine. ckpt: a Hugging Face folder, a GGUF file, a NanoLM safetensors checkpoint, a quantized
+ * checkpoint written by `nanolm quant model --out`, or a llama2.c .bin (then tokenizer, a
+ * llama2.c tokenizer.bin, is required; otherwise it may be NULL for a byte tokenizer checkpoint). opts NULL: defaults. Errors (the message names the file or option):
  * NL_ERR_IO, NL_ERR_FORMAT, NL_ERR_INVALID (bad option, MoE arch), NL_ERR_NOMEM. */
 nl_status nl_engine_open(nl_engine **e, const char *ckpt, const char *tokenizer, const nl_engine_opts *opts);
 /* The same on a model already built (weights copied or borrowed as the format needs; the

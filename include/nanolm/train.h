@@ -119,7 +119,8 @@ typedef struct nl_train_opts {
     int64_t batch, seq; /* B windows of T tokens per micro-batch (seq 0: the model's seq_len) */
     int64_t grad_accum; /* micro-batches per step (gradients averaged) */
     float lr, lr_min;   /* cosine from lr to lr_min */
-    int64_t warmup;     /* linear warmup steps */
+    int64_t warmup;     /* linear warmup steps; < 0: derived (a resumed run's recorded warmup,
+                           else 100, or steps/10 when that is not below steps) */
     float weight_decay, beta1, beta2, adam_eps, grad_clip;
     nl_precision precision;
     float loss_scale_init;    /* fp16: initial loss scale (0: GradScaler's 65536) */
@@ -210,6 +211,10 @@ typedef struct nl_trainer {
     struct nl_mup *mup;            /* muP hooks (NULL: standard parametrisation) */
     const nl_train_layout *layout; /* a parallel layout's hooks (NULL: this process alone, `model`) */
     int64_t tokens_done;
+    struct nl_step_prof *prof; /* NANOLM_STEP_PROFILE set: the phases of the steps (nanolm/step_prof.h) */
+    int64_t warmup;            /* the warmup this run uses: o->warmup, or derived when that is < 0 */
+    char *out_lock_path;       /* o->out while this run holds its lock (nl_output_lock), else NULL */
+    int out_lock_fd;
 } nl_trainer;
 
 /* Builds the model (fresh from arch and seed, or from o->resume with its state) and allocates
@@ -219,6 +224,12 @@ typedef struct nl_trainer {
  * recorded, and o->steps must exceed its step. Errors: NL_ERR_INVALID naming both values of a
  * mismatch or invalid sizes (seq > arch seq_len), NL_ERR_NOMEM, checkpoint errors. */
 nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opts *o);
+/* Model FLOPs of training on one token at window length T, as nanoGPT's estimate_mfu and PaLM
+ * (appendix B) count them: 6 N for the weight matrices (N: the parameters less the embedding
+ * table, which is a lookup; 2 N forward, 4 N backward) plus 12 L (n_heads head_dim) T for
+ * attention's scores and weighted values, forward and backward, over the full T x T square.
+ * The hardware does more (recomputation, norms, the optimizer): those do not count. */
+double nl_train_flops_per_token(const nl_model *m, int64_t T);
 /* The same loop over a parallel layout (whose model lives in the layout): allocates the log,
  * resumes through L->load (the same checks as nl_trainer_init). Refused, naming the option:
  * precision other than fp32, grad_accum > 1, muP, QAT, FP8, init_weights; o->out or o->resume

@@ -83,11 +83,33 @@ _SPLITS = {"train": 0, "val": 1, "all": 2}
 _KV = {"fp32": 0, "int8": 1}
 
 
+class _ModelOwner:
+    """Owns an nl_model's memory: frees it when the last holder lets go, the Model or an array
+    that views its parameters (Model.params), so a view outlives close() and collection."""
+
+    def __init__(self, m):
+        self.m = m
+
+    def __del__(self):
+        if self.m is not None:
+            lib.nl_model_free(self.m)
+            self.m = None
+
+
+class _ParamsView:
+    """The numpy array interface of the parameters; numpy keeps it (and its owner) as the base."""
+
+    def __init__(self, owner, address, n):
+        self._owner = owner
+        self.__array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (address, False), "version": 3}
+
+
 class Model:
     """A NanoLM model held by libnanolm. Build one with Model.load(path)."""
 
     def __init__(self, _m, tok, path):
         self._m = _m            # nl_model (opaque, padded)
+        self._owner = _ModelOwner(_m)  # frees _m once neither this object nor a params view holds it
         self._tok = tok         # nl_tokenizer
         self._qm = None         # nl_qmodel while quantized
         self._acts = None       # (B, T) the activations are sized for
@@ -141,8 +163,8 @@ class Model:
                 self._qm = None
             if self._tok is not None:
                 lib.nl_tokenizer_free(self._tok)
-            lib.nl_model_free(self._m)
             self._m = None
+            self._owner = None  # the model's memory goes now, or with the last params view
 
     def __del__(self):
         self.close()
@@ -176,9 +198,13 @@ class Model:
 
     @property
     def params(self):
-        """The flat fp32 parameter vector (n_params,), a numpy view of the model's memory (no copy)."""
+        """The flat fp32 parameter vector (n_params,), a numpy view of the model's memory (no copy);
+        the view keeps that memory alive after close() or the model's collection."""
         h = self._head
-        return np.ctypeslib.as_array(h.params, shape=(h.n_params,))
+        if not h.n_params:
+            return np.zeros(0, np.float32)
+        addr = ctypes.cast(h.params, ctypes.c_void_p).value
+        return np.asarray(_ParamsView(self._owner, addr, int(h.n_params)))
 
     def __repr__(self):
         a = self._head.arch
@@ -227,7 +253,10 @@ class Model:
         if len(ids) > h.arch.seq_len:
             raise _lib.InvalidError(f"generate: the prompt is {len(ids)} tokens, longer than the model's seq_len "
                                     f"{h.arch.seq_len}", 1, "invalid argument")
-        steps = min(int(steps), int(h.arch.seq_len))
+        steps = min(_lib.as_int(steps, "generate: steps", 0), int(h.arch.seq_len))
+        seed = _lib.as_int(seed, "generate: seed", 0, (1 << 64) - 1)
+        if not np.isfinite(temperature):
+            raise _lib.InvalidError(f"generate: temperature must be finite, got {temperature}", 1, "invalid argument")
         if self._kv != kv_cache:
             check(lib.nl_model_alloc_kv_dtype(m, _KV[kv_cache]), "generate")
             self._kv = kv_cache
@@ -262,11 +291,12 @@ class Model:
         array of token ids (all of it). The first call sizes the activations for (batch, seq)."""
         m = self._alive()
         h = self._head
-        T = int(seq or h.arch.seq_len)
+        T = _lib.as_int(seq or h.arch.seq_len, "eval_loss: seq", 1)
         if T > h.arch.seq_len:
             raise _lib.InvalidError(f"eval_loss: seq {T} exceeds the model's seq_len {h.arch.seq_len}", 1,
                                     "invalid argument")
-        B = int(batch)
+        B = _lib.as_int(batch, "eval_loss: batch", 1)
+        max_windows = _lib.as_int(max_windows, "eval_loss: max_windows", 0)
         if self._acts is None:
             check(lib.nl_model_alloc_acts(m, B, T), "eval_loss")
             self._acts = (B, T)

@@ -158,3 +158,32 @@ def test_load_errors(stories, tmp_path):
     m.close()
     with pytest.raises(ValueError, match="closed"):
         m.generate("x")
+
+
+def test_params_view_outlives_its_model(stories):
+    """Model.params keeps the model's memory alive: reading it after close() or after the model is
+    collected gives the same numbers (it used to read freed memory and kill the interpreter). Run in
+    a child interpreter, so that a crash fails this test rather than ending the session."""
+    import os
+    import subprocess
+    import sys
+    ckpt, tok = stories
+    code = ("import gc, sys, nanolm\n"
+            "ckpt, tok = sys.argv[1], sys.argv[2]\n"
+            "m = nanolm.Model.load(ckpt, tokenizer=tok)\n"
+            "p = m.params\n"
+            "want = float(p.astype('float64').sum())\n"
+            "m.close()\n"
+            "after_close = float(p.astype('float64').sum())\n"
+            "del m\n"
+            "gc.collect()\n"
+            "q = nanolm.Model.load(ckpt, tokenizer=tok).params\n"
+            "gc.collect()\n"
+            "junk = [bytearray(1 << 20) for _ in range(8)]\n"
+            "print(want, after_close, float(p.astype('float64').sum()), float(q.astype('float64').sum()))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    r = subprocess.run([sys.executable, "-c", code, str(ckpt), str(tok)], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, f"child exited {r.returncode}: {r.stderr[-2000:]}"
+    want, *others = map(float, r.stdout.split())
+    assert want != 0.0 and others == [want, want, want]

@@ -11,6 +11,8 @@
 #include "nanolm/client.h"
 #include "nanolm/http_loadgen.h"
 #include "nanolm/machine.h"
+#include "nanolm/peak.h"
+#include "nanolm/plan_engine.h"
 #include "nanolm/plan.h"
 #include "plan_opts.h"
 #include "nanolm/svg.h"
@@ -276,6 +278,7 @@ static int bench_machine(int argc, char **argv) {
     mo.min_time_s = min_time;
     mo.repeats = repeats;
     mo.thread_cpu_time = cpu_clock;
+    mo.predict_step_s = nl_plan_engine_probe_step_s; /* the overheads: measured minus the cost model */
     nl_cpu_rates r;
     if (nl_machine_measure(&arch, &mo, &r)) return nl_cli_fail("bench machine");
     if (name) snprintf(r.name, sizeof r.name, "%s", name);
@@ -319,6 +322,18 @@ static int bench_machine(int argc, char **argv) {
     printf("per token and layer  %8.2f us (norms, residuals, SwiGLU)\n", r.row_layer_s * 1e6);
     printf("engine overheads     %8.2f us per step, %.2f us per layer\n", r.step_overhead_s * 1e6,
            r.layer_overhead_s * 1e6);
+    /* the ceilings of training's model FLOPs utilisation (nanolm train reports it against both) */
+    nl_peak_path pp = nl_peak_auto();
+    double fma1, fman, sg1, sgn;
+    if (nl_peak_fma(pp, 1, min_time, repeats, &fma1) || nl_peak_fma(pp, r.threads, min_time, repeats, &fman) ||
+        nl_peak_sgemm(NL_PEAK_SGEMM_N, 1, min_time, repeats, &sg1) ||
+        nl_peak_sgemm(NL_PEAK_SGEMM_N, r.threads, min_time, repeats, &sgn))
+        return nl_cli_fail("bench machine");
+    printf("fp32 FMA peak        %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), %s register kernel\n",
+           fma1 / 1e9, fman / 1e9, r.threads, nl_peak_path_name(pp));
+    printf("sgemm %lld^3          %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), OpenBLAS: %.0f%% / %.0f%% of the "
+           "FMA peak\n",
+           (long long)NL_PEAK_SGEMM_N, sg1 / 1e9, sgn / 1e9, r.threads, 100.0 * sg1 / fma1, 100.0 * sgn / fman);
     return NL_EXIT_OK;
 }
 

@@ -11,6 +11,10 @@
 #include "cli.h"
 #include "cli_opt.h"
 #include "nanolm/arch.h"
+#include "nanolm/bpe.h"
+#include "nanolm/chat_template.h"
+#include "nanolm/gguf_model.h"
+#include "nanolm/hf.h"
 #include "nanolm/engine.h"
 #include "nanolm/kv_transfer.h"
 #include "nanolm/model.h"
@@ -50,7 +54,7 @@ enum { ROLE_COLOCATED, ROLE_PREFILL, ROLE_DECODE, ROLE_DISAGG };
 
 /* The options of `serve`, parsed. */
 typedef struct serve_args {
-    const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill, *draft;
+    const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill, *chat_tmpl, *draft;
     int role, port, weights, kv, max_batch, max_waiting, threads, max_conn, no_prefix_cache, spec_k, spec_ngram;
     int64_t block_size, kv_blocks, max_step, chunk;
     double kv_mem, max_body, drain_s;
@@ -86,6 +90,9 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
         NL_OPT_STR("tokenizer", &sa->tok, "FILE", "llama2.c tokenizer (needed for .bin checkpoints)"),
         NL_OPT_CHOICE("weights", &sa->weights, "auto|fp32|bf16|int8|int4",
                       "weight format of the kernels (default auto: fp32, int8 for int8 checkpoints)"),
+        NL_OPT_STR("chat-template", &sa->chat_tmpl, "FILE",
+                   "Jinja chat template for /v1/chat/completions (default: a model folder's chat_template.jinja "
+                   "or tokenizer_config.json \"chat_template\", a GGUF file's tokenizer.chat_template)"),
         NL_OPT_STR("model-name", &sa->model_name, "NAME",
                    "name in /v1/models and responses (default: the checkpoint's file name)"),
     };
@@ -139,7 +146,8 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
     nl_cmdspec spec = {
         "serve",
         "nanolm serve --ckpt FILE [--tokenizer FILE] [--host ADDR] [--port N] [options]",
-        "OpenAI-compatible HTTP server: POST /v1/completions (stream: server-sent events), GET /v1/models, "
+        "OpenAI-compatible HTTP server: POST /v1/completions and /v1/chat/completions (stream: server-sent "
+        "events), GET /v1/models, "
         "/health, /metrics (Prometheus). One engine thread runs continuous batching over a paged KV "
         "cache; SIGINT or SIGTERM stops accepting, lets running requests finish, and exits 0.",
         groups,
@@ -322,6 +330,44 @@ static int write_port_file(const char *path, int port) {
     return nl_write_file_atomic(path, buf, (size_t)n) ? nl_cli_fail("serve: --port-file") : 0;
 }
 
+/* The chat template of /v1/chat/completions: --chat-template, else the model folder's (none: the
+ * endpoint answers 400). bos_token / eos_token from the folder's tokenizer_config.json, else the
+ * tokenizer's BOS / EOS pieces. Returns nonzero (message printed) on a bad template. */
+static int load_chat_template(const serve_args *sa, const nl_engine *e, nl_chat_template **ct) {
+    *ct = NULL;
+    int folder = sa->ckpt && nl_hf_is_folder(sa->ckpt), gguf = sa->ckpt && !folder && nl_gguf_is_file(sa->ckpt);
+    nl_chat_template *from_folder = NULL;
+    if (folder || gguf) {
+        nl_status rc = folder ? nl_chat_template_load_hf(&from_folder, sa->ckpt)
+                              : nl_chat_template_load_gguf(&from_folder, sa->ckpt);
+        if (rc && rc != NL_ERR_UNSUPPORTED && !sa->chat_tmpl) return nl_cli_fail("serve: chat template");
+    }
+    if (!sa->chat_tmpl) {
+        *ct = from_folder;
+        return 0;
+    }
+    char *text = NULL;
+    size_t n = 0;
+    nl_status rc = nl_read_file(sa->chat_tmpl, &text, &n);
+    if (!rc) rc = nl_chat_template_parse(ct, text, n, sa->chat_tmpl);
+    nl_free(text);
+    if (!rc && from_folder) {
+        rc = nl_chat_template_set_tokens(*ct, nl_chat_template_bos(from_folder), nl_chat_template_eos(from_folder));
+    } else if (!rc) {
+        const nl_tokenizer *tok = nl_engine_tokenizer(e);
+        const nl_bpe *b = tok && tok->kind == NL_TOKENIZER_HF ? tok->bpe : NULL;
+        rc = nl_chat_template_set_tokens(*ct, b && tok->bos_id >= 0 ? nl_bpe_piece(b, tok->bos_id) : NULL,
+                                         b && tok->eos_id >= 0 ? nl_bpe_piece(b, tok->eos_id) : NULL);
+    }
+    nl_chat_template_free(from_folder);
+    if (rc) {
+        nl_chat_template_free(*ct);
+        *ct = NULL;
+        return nl_cli_fail("serve: --chat-template");
+    }
+    return 0;
+}
+
 /* The HTTP server (colocated or decode role) until SIGINT/SIGTERM, or until the prefill child
  * (child > 0) exits. */
 static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *sigs) {
@@ -343,8 +389,14 @@ static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *s
     so.max_connections = sa->max_conn;
     so.drain_timeout_s = sa->drain_s;
     so.prefill_addr = sa->prefill;
+    nl_chat_template *ct = NULL;
+    if (load_chat_template(sa, sv->e, &ct)) return 1;
+    so.chat_template = ct;
     nl_server *s = NULL;
-    if (nl_server_start(&s, sv->e, &so)) return nl_cli_fail("serve");
+    if (nl_server_start(&s, sv->e, &so)) {
+        nl_chat_template_free(ct);
+        return nl_cli_fail("serve");
+    }
     const nl_arch *a = nl_engine_arch(sv->e);
     nl_engine_stats st;
     nl_engine_stats_get(sv->e, &st);
@@ -358,6 +410,7 @@ static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *s
     fflush(stderr);
     if (sa->port_file && write_port_file(sa->port_file, nl_server_port(s))) {
         nl_server_stop(s);
+        nl_chat_template_free(ct);
         return NL_EXIT_FAIL;
     }
     int sig = 0, rc = NL_EXIT_OK;
@@ -376,6 +429,7 @@ static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *s
                              : "the prefill process stopped",
             sa->drain_s);
     nl_server_stop(s);
+    nl_chat_template_free(ct);
     nl_engine_stats_get(sv->e, &st);
     fprintf(stderr, "serve: stopped (%lld requests, %lld tokens generated)\n", (long long)st.requests_finished,
             (long long)st.tokens_generated);

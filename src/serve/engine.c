@@ -9,8 +9,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "nanolm/checkpoint.h"
+#include "nanolm/engine.h"
+#include "nanolm/gguf_model.h"
 #include "nanolm/hf.h"
+#include "nanolm/model_load.h"
 #include "nanolm/quantize_model.h"
 #include "serve/engine_impl.h"
 
@@ -188,32 +190,24 @@ nl_status nl_engine_open(nl_engine **out, const char *ckpt, const char *tokenize
     if (!e) return NL_ERR_NOMEM;
     e->wfmt = e->o.weights;
     e->tok_path = tokenizer;
-    char kind[64] = "byte";
-    nl_status rc = NL_OK;
-    if (nl_hf_is_folder(ckpt)) { /* a Hugging Face model folder (nanolm/hf.h) */
-        rc = nl_hf_load_model(ckpt, NL_HF_DEFAULT_MAX_SEQ, &e->own_model);
-        snprintf(kind, sizeof kind, "hf");
-    } else if (nl_qmodel_is_quantized(ckpt)) {
-        /* The model keeps the dequantized fp32 weights once the hook is dropped; int8 per channel
-         * checkpoints run on the int8 kernels (requantizing codes * scale per row by absmax gives
-         * back the same codes and scales). */
-        nl_qmodel qm;
-        rc = nl_qmodel_load(ckpt, &e->own_model, &qm, kind);
-        if (!rc) {
-            int int8pc =
-                qm.spec.kind == NL_QUANT_SYMMETRIC && qm.spec.gran == NL_QUANT_PER_CHANNEL && qm.spec.bits == 8;
-            if (e->wfmt == NL_WFMT_AUTO) e->wfmt = int8pc ? NL_WFMT_INT8 : NL_WFMT_FP32;
-            nl_qmodel_free(&qm);
-        }
-    } else {
-        rc = nl_ckpt_load_model(ckpt, &e->own_model, kind);
-    }
+    /* the format is decided in model/ (nanolm/model_load.h); int8 per-channel quantized
+     * checkpoints run on the int8 kernels (requantizing codes * scale per row by absmax gives
+     * back the same codes and scales) */
+    nl_model_source src;
+    nl_status rc = nl_model_load(ckpt, tokenizer, NL_HF_DEFAULT_MAX_SEQ, &e->own_model, &e->own_tok, &src);
     if (!rc) {
         e->m = &e->own_model;
-        rc = nl_hf_load_tokenizer(ckpt, kind, tokenizer, e->own_model.V, &e->own_tok);
-        if (!rc) e->tok = &e->own_tok;
+        e->tok = &e->own_tok;
+        if (e->wfmt == NL_WFMT_AUTO && src.format == NL_CKPT_QUANTIZED)
+            e->wfmt = src.int8_per_channel ? NL_WFMT_INT8 : NL_WFMT_FP32;
+        if (e->wfmt == NL_WFMT_AUTO && src.format == NL_CKPT_GGUF) /* the kernels of the file's type */
+            e->wfmt = src.gguf_type == NL_GGML_Q4_0   ? NL_WFMT_INT4
+                      : src.gguf_type == NL_GGML_Q8_0 ? NL_WFMT_INT8
+                                                      : NL_WFMT_FP32;
     }
     if (!rc) rc = engine_init(e);
+    /* int4 from a Q4_0 GGUF: the file's own blocks (the same layout), not a requantization */
+    if (!rc && src.format == NL_CKPT_GGUF && e->wfmt == NL_WFMT_INT4) rc = nl_gguf_int4_weights(ckpt, e->m, e->run.w, NULL);
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", nl_last_error());

@@ -1,4 +1,4 @@
-/* Measures this CPU for the engine's cost model (machine.h, plan_engine.h). */
+/* Measures this CPU for the engine's cost model (machine.h, cpu_rates.h). */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -27,16 +27,6 @@ double nl_machine_clock_s(const nl_machine_opts *o) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median_of(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* ---- streaming read bandwidth ------------------------------------------------------------------ */
@@ -72,8 +62,8 @@ static nl_status measure_bw(const nl_machine_opts *o, int threads, nl_cpu_rates 
         v1[k] = read_once(o, buf, n, 1);
         vn[k] = read_once(o, buf, n, threads);
     }
-    r->read_bw_1t = median_of(v1, reps);
-    r->read_bw_nt = median_of(vn, reps);
+    r->read_bw_1t = nl_median(v1, (size_t)reps);
+    r->read_bw_nt = nl_median(vn, (size_t)reps);
     nl_free(buf);
     return NL_OK;
 }
@@ -90,7 +80,7 @@ static double clock_cost_s(const nl_machine_opts *o) {
         for (int i = 0; i < 64; i++) t1 = nl_machine_clock_s(o);
         v[k] = (t1 - t0) / 64;
     }
-    return median_of(v, 5);
+    return nl_median(v, 5);
 }
 
 /* Times fn(ctx) until min_time_s has passed; seconds per call (less the clock's own cost), median
@@ -109,7 +99,7 @@ static double time_calls(timed_fn fn, void *ctx, const nl_machine_opts *o) {
         } while ((dt = nl_machine_clock_s(o) - t0) < o->min_time_s);
         v[k] = dt / calls - clock_s;
     }
-    double t = median_of(v, reps);
+    double t = nl_median(v, (size_t)reps);
     return t > 0 ? t : 0;
 }
 
@@ -303,8 +293,8 @@ static void dec_time(dec_ctx *c, const nl_machine_opts *o, int64_t pos, double *
         va[k] = c->chunk ? 0 : as / ((double)steps * (double)(c->L * c->D * c->m->NH));
         vr[k] = rs / ((double)steps * (double)(c->L * c->D));
     }
-    *attn = median_of(va, reps);
-    *rope = median_of(vr, reps);
+    *attn = nl_median(va, (size_t)reps);
+    *rope = nl_median(vr, (size_t)reps);
     *attn = *attn > 0 ? *attn : 0;
     *rope = *rope > 0 ? *rope : 0;
 }
@@ -515,7 +505,7 @@ static nl_status engine_step_s(const nl_arch *a, int64_t layers, int threads, co
     nl_engine_close(e);
     nl_model_free(&m);
     if (!rc && n < 8) rc = nl_fail(NL_ERR_INVALID, "bench machine: the engine probe ran only %d steps", n);
-    if (!rc) *out = median_of(v + 4, n - 4); /* the first steps warm the caches */
+    if (!rc) *out = nl_median(v + 4, (size_t)(n - 4)); /* the first steps warm the caches */
     return rc;
 }
 
@@ -530,17 +520,16 @@ static nl_status measure_overheads(const nl_arch *a, int threads, const nl_machi
         NL_TRY(engine_step_s(a, 1, threads, o, &v1[k]));
         NL_TRY(engine_step_s(a, 3, threads, o, &v3[k]));
     }
-    double t1 = median_of(v1, 3), t3 = median_of(v3, 3);
-    nl_engine_plan_req q;
-    nl_engine_plan_req_default(&q);
-    q.arch = *a;
-    q.arch.n_layers = 1;
+    double t1 = nl_median(v1, 3), t3 = nl_median(v3, 3);
+    if (!o->predict_step_s) return NL_OK;
+    nl_arch a1 = *a, a3 = *a;
+    a1.n_layers = 1;
+    a3.n_layers = 3;
     nl_cpu_rates z = *r;
     z.step_overhead_s = z.layer_overhead_s = 0;
     double ctx = 64; /* the probe's mean context */
-    double p1 = nl_plan_engine_step_s(&q, &z, 1, 1, 1, ctx, 0);
-    q.arch.n_layers = 3;
-    double p3 = nl_plan_engine_step_s(&q, &z, 1, 1, 1, ctx, 0);
+    double p1 = o->predict_step_s(&a1, &z, ctx);
+    double p3 = o->predict_step_s(&a3, &z, ctx);
     double layer = ((t3 - t1) - (p3 - p1)) / 2;
     r->layer_overhead_s = layer > 0 ? layer : 0;
     double step = t1 - p1 - r->layer_overhead_s;

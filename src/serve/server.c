@@ -90,6 +90,27 @@ static enum MHD_Result send_errorf(nl_server *s, struct MHD_Connection *c, int s
     return send_error(s, c, &e);
 }
 
+/* 405 with the Allow header naming the methods the endpoint takes (RFC 9110 15.5.6). */
+static enum MHD_Result send_method_not_allowed(nl_server *s, struct MHD_Connection *c, const char *allow,
+                                               const char *msg) {
+    pthread_mutex_lock(&s->mu);
+    s->m.requests_rejected++;
+    pthread_mutex_unlock(&s->mu);
+    nl_http_error e;
+    nl_http_error_set(&e, 405, NULL, "%s", msg);
+    nl_http_buf b = {0};
+    nl_http_error_json(&e, &b);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(b.data ? b.len : 2, b.data ? b.data : "{}", MHD_RESPMEM_MUST_COPY);
+    nl_http_buf_free(&b);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Allow", allow);
+    enum MHD_Result ret = MHD_queue_response(c, 405, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 /* 1 when the client has closed its end (a read would return EOF). */
 static int peer_closed(int fd) {
     if (fd < 0) return 0;
@@ -114,6 +135,7 @@ typedef struct completion {
     nl_completion_id cid;
     double t_arrival;
     int cancelled, ended;
+    char error[256]; /* the engine's message when the request failed (NaN logits, ...) */
     nl_http_buf out; /* stream: bytes not yet handed to MHD; else the whole text */
     size_t out_off;
     int64_t prompt_tokens, completion_tokens;
@@ -181,6 +203,7 @@ static int pump(completion *q) {
         if (ended) {
             q->ended = 1;
             q->finish = fin;
+            if (o.finish == NL_FINISH_ERROR) snprintf(q->error, sizeof q->error, "%s", o.error[0] ? o.error : "error");
             q->prompt_tokens = o.prompt_tokens;
             q->completion_tokens = o.completion_tokens;
             record(q, &o);
@@ -250,20 +273,72 @@ static nl_status remote_submit(nl_server *s, const int32_t *ids, int64_t n, cons
     return rc;
 }
 
-/* Parses, submits and answers one POST /v1/completions. */
+/* A chat request's prompt: the messages through the model's chat template, encoded so that
+ * special tokens count only where the template wrote them (not in the users' text). Fills err
+ * and returns 1 on failure. */
+static int chat_prompt(nl_server *s, const nl_completion_req *req, int32_t **ids, int64_t *n, nl_http_error *err) {
+    const nl_tokenizer *tok = nl_engine_tokenizer(s->eng);
+    if (!s->o.chat_template) {
+        nl_http_error_set(err, 400, "messages",
+                          "this model has no chat template (a Hugging Face folder's chat_template.jinja or the "
+                          "\"chat_template\" of its tokenizer_config.json, a GGUF file's tokenizer.chat_template; "
+                          "`nanolm serve --chat-template FILE` gives one): use /v1/completions");
+        return 1;
+    }
+    if (!tok) {
+        nl_http_error_set(err, 400, "messages", "this model has no tokenizer to encode a chat prompt");
+        return 1;
+    }
+    char *text = NULL;
+    unsigned char *from_user = NULL;
+    size_t bytes = 0;
+    if (nl_chat_template_apply_marked(s->o.chat_template, req->messages, req->n_messages, req->add_generation_prompt,
+                                      &text, &bytes, &from_user)) {
+        nl_http_error_set(err, 400, "messages", "the chat template refused the messages: %s", nl_last_error());
+        return 1;
+    }
+    int *tk = NULL;
+    int64_t k = 0;
+    nl_status rc = nl_tokenizer_encode_marked(tok, text, bytes, 0, 0, from_user, &tk, &k);
+    free(text);
+    free(from_user);
+    if (rc) {
+        nl_http_error_set(err, 400, "messages", "cannot tokenize the chat prompt: %s", nl_last_error());
+        return 1;
+    }
+    *ids = nl_malloc(sizeof(int32_t) * (size_t)(k ? k : 1), "chat prompt tokens");
+    if (!*ids) {
+        nl_free(tk);
+        nl_http_error_set(err, 500, NULL, "out of memory");
+        return 1;
+    }
+    for (int64_t i = 0; i < k; i++) (*ids)[i] = tk[i];
+    nl_free(tk);
+    *n = k;
+    return 0;
+}
+
+/* Parses, submits and answers one POST /v1/completions (chat = 0) or /v1/chat/completions. */
 static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const char *body, size_t bytes,
-                                   double t_arrival) {
+                                   double t_arrival, int chat) {
     const nl_arch *arch = nl_engine_arch(s->eng);
     nl_completion_req req;
     nl_http_error err;
-    if (nl_http_parse_completion(body, bytes, arch->vocab_size, &req, &err)) return send_error(s, c, &err);
+    if (chat ? nl_http_parse_chat(body, bytes, &req, &err)
+             : nl_http_parse_completion(body, bytes, arch->vocab_size, &req, &err))
+        return send_error(s, c, &err);
     if (atomic_load(&s->draining)) {
         nl_http_completion_free(&req);
         return send_errorf(s, c, 503, NULL, "the server is shutting down");
     }
     int32_t *ids = NULL;
     int64_t n = 0;
-    if (req.prompt) {
+    if (chat) {
+        if (chat_prompt(s, &req, &ids, &n, &err)) {
+            nl_http_completion_free(&req);
+            return send_error(s, c, &err);
+        }
+    } else if (req.prompt) {
         if (nl_engine_encode(s->eng, req.prompt, req.prompt_bytes, &ids, &n)) {
             nl_http_error_set(&err, 400, "prompt", "cannot tokenize the prompt: %s", nl_last_error());
             nl_http_completion_free(&req);
@@ -289,13 +364,15 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
     }
     nl_completion_id cid;
     memset(&cid, 0, sizeof cid);
-    snprintf(cid.id, sizeof cid.id, "cmpl-%llx%08llx", (unsigned long long)s->created,
+    snprintf(cid.id, sizeof cid.id, "%s-%llx%08llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)s->created,
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
     cid.created = (int64_t)time(NULL);
     cid.model = s->model;
+    cid.chat = chat;
     if (req.max_tokens == 0) { /* nothing asked for: usage only */
         nl_http_buf b = {0};
         if (req.stream) {
+            if (chat) nl_http_sse_chat_role(&cid, &b);
             nl_http_sse_chunk(&cid, "", 0, "length", &b);
             if (req.include_usage) nl_http_sse_usage(&cid, n, 0, &b);
             nl_http_sse_done(&b);
@@ -352,6 +429,11 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
     s->active++;
     pthread_mutex_unlock(&s->mu);
     if (req.stream) {
+        if (chat && nl_http_sse_chat_role(&cid, &q->out)) { /* the first event names the role */
+            completion_free(q);
+            ret = MHD_NO;
+            goto out;
+        }
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, q, stream_free);
         if (!r) {
             completion_free(q);
@@ -377,9 +459,12 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
                                 q->completion_tokens, &b);
         ret = send_json(c, 200, &b);
     } else {
-        nl_http_error_set(&err, 503, NULL, "the request was cancelled: the server is shutting down");
+        if (q->error[0])
+            nl_http_error_set(&err, 500, NULL, "the model failed: %s", q->error);
+        else
+            nl_http_error_set(&err, 503, NULL, "the request was cancelled: the server is shutting down");
         nl_http_error_json(&err, &b);
-        ret = send_json(c, 503, &b);
+        ret = send_json(c, (unsigned)err.status, &b);
     }
     nl_http_buf_free(&b);
     completion_free(q);
@@ -455,7 +540,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     nl_server *s = cls;
     int is_post = !strcmp(method, "POST");
-    if (!strcmp(url, "/v1/completions") && is_post) {
+    int chat = !strcmp(url, "/v1/chat/completions");
+    if ((chat || !strcmp(url, "/v1/completions")) && is_post) {
         conn_state *cs = *con_cls;
         if (!cs) { /* headers only: refuse a declared oversize body before reading it */
             cs = calloc(1, sizeof *cs);
@@ -489,31 +575,35 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             snprintf(msg, sizeof msg, "the request body is more than the limit of %zu bytes", s->o.max_body_bytes);
             return send_errorf(s, c, 413, NULL, msg);
         }
-        return completions(s, c, cs->body.data, cs->body.len, cs->t_arrival);
+        return completions(s, c, cs->body.data, cs->body.len, cs->t_arrival, chat);
     }
     /* Everything else answers on the first call; a body sent with it is ignored. */
     if (*con_cls == NULL) {
         *con_cls = calloc(1, sizeof(conn_state));
         if (!*con_cls) return MHD_NO;
-        if (*upload_data_size == 0 && is_post) return MHD_YES;
+        /* answer on the next call, once the request is read whole: a response queued on the
+         * first call makes libmicrohttpd close the connection (no keep-alive for GETs) */
+        if (*upload_data_size == 0) return MHD_YES;
     }
     if (*upload_data_size) {
         *upload_data_size = 0;
         return MHD_YES;
     }
     int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-    int known = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
+    int known = !strcmp(url, "/v1/completions") || chat || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
                 !strcmp(url, "/metrics");
     if (!known) {
         char msg[320];
         snprintf(msg, sizeof msg,
-                 "no such endpoint: %.200s (known: POST /v1/completions, GET /v1/models, /health, /metrics)", url);
+                 "no such endpoint: %.200s (known: POST /v1/completions, /v1/chat/completions, GET /v1/models, "
+                 "/health, /metrics)",
+                 url);
         return send_errorf(s, c, 404, NULL, msg);
     }
-    if (!is_get || !strcmp(url, "/v1/completions")) {
+    if (!is_get || !strcmp(url, "/v1/completions") || chat) {
         char msg[160];
         snprintf(msg, sizeof msg, "method %.20s is not allowed on %s", method, url);
-        return send_errorf(s, c, 405, NULL, msg);
+        return send_method_not_allowed(s, c, !strcmp(url, "/v1/completions") ? "POST" : "GET, HEAD", msg);
     }
     if (!strcmp(url, "/health")) {
         if (atomic_load(&s->draining)) return send_buf(c, 503, "application/json", "{\"status\":\"draining\"}", 21);
