@@ -4,7 +4,8 @@
  *    independent fused multiply-adds (12 vector accumulators for AVX2, 16 for AVX-512, 8 scalar
  *    ones), so its rate is what the FMA units can do at this clock: 2 FLOPs x lanes per FMA;
  *  - the sgemm rate: OpenBLAS cblas_sgemm on square fp32 matrices, the rate a large GEMM
- *    reaches on this machine (what the training's linear layers call).
+ *    reaches on this machine, with the rows split over the threads and each thread a
+ *    single-threaded sgemm, as the training's linear layers call it.
  * Both are timed on the CPU clock (the threads' CPU time), so that other processes sharing the
  * cores do not lower them: they are what the cores can do, not what they did while shared.
  * The path (scalar, avx2, avx512) is chosen at run time from what the CPU has, capped by
@@ -45,8 +46,8 @@ float nl_peak_fma_kernel(nl_peak_path p, int64_t iters);
  * FLOPs over its CPU time, best of `repeats` timings of at least min_time_s each. NL_ERR_INVALID for a path the CPU lacks or bad counts. */
 nl_status nl_peak_fma(nl_peak_path p, int threads, double min_time_s, int repeats, double *flops);
 
-/* OpenBLAS cblas_sgemm of (n, n) x (n, n) on `threads` OpenBLAS threads (<= 0: the OpenMP
- * default), 2 n^3 FLOPs per call over the process's CPU time / threads, best of `repeats` timings
+/* OpenBLAS cblas_sgemm of (n, n) x (n, n) on `threads` OpenMP threads (<= 0: the OpenMP
+ * default; row blocks, one single-threaded sgemm each), 2 n^3 FLOPs per call over the process's CPU time / threads, best of `repeats` timings
  * of at least min_time_s each, in FLOP/s.
  * NL_ERR_INVALID for n < 16, NL_ERR_NOMEM naming the buffers. */
 nl_status nl_peak_sgemm(int64_t n, int threads, double min_time_s, int repeats, double *flops);

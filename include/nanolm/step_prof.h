@@ -27,6 +27,7 @@ typedef enum nl_prof_phase {
     NL_PROF_OPTIM,  /* zeroing the gradients, clipping, AdamW */
     NL_PROF_DATA,   /* drawing the batch */
     NL_PROF_OTHER,  /* the rest: checks, biases, mixture-of-experts routing */
+    NL_PROF_WAIT,   /* thread 0 waiting at the barriers of the fused forward and backward (model.c) */
     NL_PROF_COUNT
 } nl_prof_phase;
 

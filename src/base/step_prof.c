@@ -6,9 +6,9 @@
 #include "nanolm/base.h"
 #include "nanolm/step_prof.h"
 
-static const char *const phase_names[NL_PROF_COUNT] = {"gemm (linears)", "attention", "rmsnorm", "rope",
-                                                       "swiglu",         "loss",      "embedding", "optimizer",
-                                                       "data",           "other"};
+static const char *const phase_names[NL_PROF_COUNT] = {"gemm (linears)", "attention", "rmsnorm",      "rope",
+                                                       "swiglu",         "loss",      "embedding",    "optimizer",
+                                                       "data",           "other",     "barrier waits"};
 
 const char *nl_prof_phase_name(nl_prof_phase ph) {
     return ph >= 0 && ph < NL_PROF_COUNT ? phase_names[ph] : "?";

@@ -71,7 +71,7 @@ static int parse_args(train_cli *c, int argc, char **argv) {
         NL_OPT_FLAG("report-memory", &c->report_memory, "print the bytes allocated, exactly"),
         NL_OPT_FLAG("json", &c->json, "print the summary as JSON"),
         NL_OPT_FLAG("no-mfu", &c->no_mfu,
-                    "skip measuring this machine's FMA peak and sgemm rate after the run (~0.05 s) and the MFU"),
+                    "skip measuring this machine's FMA peak and sgemm rate after the run (~0.1 s) and the MFU"),
     };
     nl_optgroup groups[] = {
         {"training (SIGTERM/SIGINT finish the step, save with --out, exit 0)", train, ntrain},
@@ -304,9 +304,9 @@ static void measure_mfu(const train_cli *c, const nl_trainer *t, mfu_figs *f) {
     if (c->no_mfu || t->layout || t->wall_s <= 0 || !t->tokens_done) return;
     f->threads = nl_threads();
     f->path = nl_peak_auto();
-    /* short (~40 ms of CPU per thread): both are timed on the CPU clock, steady from the first run */
+    /* short (~60 ms of CPU per thread): both are timed on the CPU clock, steady from the first run */
     if (nl_peak_fma(f->path, f->threads, 0.003, 2, &f->fma_peak) ||
-        nl_peak_sgemm(NL_PEAK_SGEMM_N, f->threads, 0.001, 1, &f->sgemm)) {
+        nl_peak_sgemm(NL_PEAK_SGEMM_N, f->threads, 0.001, 3, &f->sgemm)) {
         fprintf(stderr, "nanolm: train: MFU not measured: %s\n", nl_last_error());
         return;
     }

@@ -638,6 +638,7 @@ static void fused_forward(nl_model *m, const int32_t *tokens, const int32_t *tar
         PROF0(EMBED);
         fused_pre_attention(m, 0, NULL, r0, r1, T);
     }
+    if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_WAIT); /* the region's end: waiting for the others */
     for (int64_t l = 0; l < L; l++) {
         nl_layer_weights *lw = &m->w.layers[l];
         float *x = a->resid + l * BT * C, *qkv = a->qkv + l * BT * QKV;
@@ -673,6 +674,7 @@ static void fused_forward(nl_model *m, const int32_t *tokens, const int32_t *tar
             if (targets) ce_rows(m, targets, r0, r1);
             PROF0(LOSS);
         }
+        if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_WAIT);
     }
     nl_blas_serial_end(saved);
 }
@@ -854,6 +856,7 @@ static void fused_backward_layers(nl_model *m, int nb) {
     int saved = nl_blas_serial_begin();
 #pragma omp parallel num_threads(nb) if (nb > 1)
     fused_down_swiglu(m, m->L - 1, nb, BT);
+    if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_WAIT);
     for (int64_t l = m->L - 1; l >= 0; l--) {
         nl_layer_weights *lw = &m->w.layers[l];
         const float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
@@ -871,6 +874,7 @@ static void fused_backward_layers(nl_model *m, int nb) {
             cols_dw(G + (lw->w1 - m->params), a->dh13, ln2, BT, C, 2 * H);
             PROF0(GEMM);
 #pragma omp barrier
+            PROF0(WAIT);
             norm_dw(G + (lw->rms_ffn - m->params), a->dln, x2, a->ln2_rstd + l * BT, BT, C);
             PROF0(NORM);
 #pragma omp for schedule(static, 1) nowait
@@ -882,6 +886,7 @@ static void fused_backward_layers(nl_model *m, int nb) {
             cols_dw(G + (lw->wo - m->params), a->dresid, atty, BT, A, C);
             PROF0(GEMM);
         }
+        if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_WAIT);
         nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
         if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_ATTN);
 #pragma omp parallel num_threads(nb) if (nb > 1)
@@ -901,12 +906,14 @@ static void fused_backward_layers(nl_model *m, int nb) {
                 PROF0(NORM);
             }
 #pragma omp barrier
+            PROF0(WAIT);
             cols_dw(G + (lw->wq - m->params), a->dqkv, ln1, BT, C, QKV);
             PROF0(GEMM);
             norm_dw(G + (lw->rms_att - m->params), a->dln, x, a->ln1_rstd + l * BT, BT, C);
             PROF0(NORM);
             if (l > 0) fused_down_swiglu(m, l - 1, nb, BT);
         }
+        if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_WAIT);
     }
     nl_blas_serial_end(saved);
 }

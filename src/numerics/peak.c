@@ -202,15 +202,24 @@ nl_status nl_peak_sgemm(int64_t n, int threads, double min_time_s, int repeats, 
         a[i] = (float)((i * 7 + 3) % 17) * 0.0625f - 0.5f;
         b[i] = (float)((i * 5 + 1) % 13) * 0.0625f - 0.375f;
     }
+    /* rows split over the OpenMP threads, each a single-threaded sgemm, as the training's linears
+     * run (model.c); OpenBLAS's own threads stay off (under an address-space limit they cannot
+     * start: nl_blas_guard) */
     int saved = openblas_get_num_threads();
-    openblas_set_num_threads(threads);
+    if (saved > 1) openblas_set_num_threads(1);
     int calls = 1;
     double best = 0;
     for (int r = -1; r < repeats; r++) { /* r = -1: warm-up and the number of calls per timing */
         double t0 = process_cpu_s();
-        for (int k = 0; k < calls; k++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, a, (int)n, b, (int)n,
-                        0.0f, c, (int)n);
+        for (int k = 0; k < calls; k++) {
+#pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
+            for (int i = 0; i < threads; i++) {
+                int64_t r0 = n * i / threads, r1 = n * (i + 1) / threads;
+                if (r1 > r0)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)n, (int)n, 1.0f,
+                                a + r0 * n, (int)n, b, (int)n, 0.0f, c + r0 * n, (int)n);
+            }
+        }
         double dt = (process_cpu_s() - t0) / threads; /* the CPU time of `threads` cores */
         if (r < 0) {
             calls = dt >= min_time_s ? 1 : (int)(min_time_s / (dt > 1e-7 ? dt : 1e-7)) + 1;
@@ -219,7 +228,7 @@ nl_status nl_peak_sgemm(int64_t n, int threads, double min_time_s, int repeats, 
         double f = 2.0 * (double)n * (double)n * (double)n * calls / dt;
         if (f > best) best = f;
     }
-    openblas_set_num_threads(saved);
+    if (saved > 1) openblas_set_num_threads(saved);
     nl_free(a);
     *flops = best;
     return NL_OK;

@@ -548,6 +548,23 @@ static nl_status draft_tokens(nl_engine *e, int64_t n_out) {
     }
 }
 
+/* How much r drafts next, from how its k drafts fared (Hugging Face's assisted generation: two
+ * more after all were accepted, one fewer otherwise), and after drafts that all missed, a wait of
+ * 1, 3, 7, 15 decode steps without drafting before it tries again: a text that does not repeat
+ * costs few wasted rows. Greedy tokens do not depend on it. */
+static void adapt_drafts(nl_engine *e, nl_req *r, int64_t k, int64_t accepted) {
+    if (!r->spec_len) r->spec_len = e->o.spec_k;
+    if (accepted == k)
+        r->spec_len = r->spec_len + 2 < e->o.spec_k ? r->spec_len + 2 : e->o.spec_k;
+    else if (r->spec_len > 1)
+        r->spec_len--;
+    if (accepted == 0) {
+        r->spec_backoff = r->spec_backoff < 15 ? 2 * r->spec_backoff + 1 : 15;
+        r->spec_skip = r->spec_backoff;
+    } else
+        r->spec_backoff = 0;
+}
+
 typedef struct ev_item {
     uint64_t id;
     int32_t *toks;
@@ -632,6 +649,7 @@ nl_status nl_engine_step(nl_engine *e, int64_t *n_tokens) {
                 f = append_token(e, r, e->sample_tok[jj + t]);
             e->st.spec_drafted += k;
             e->st.spec_accepted += e->spec_n[jj] - 1;
+            if (k > 0) adapt_drafts(e, r, k, e->spec_n[jj] - 1);
         }
         if (f != NL_FINISH_NONE) {
             if (!r->keep_kv || f == NL_FINISH_ERROR) nl_engine_free_blocks(e, r);

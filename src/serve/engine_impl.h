@@ -24,6 +24,8 @@ typedef struct nl_req {
     int64_t n_draft;    /* speculative tokens drafted for this step (rows after the first) */
     nl_block_table dbt; /* draft model: its blocks in the draft engine's pool */
     int64_t d_cached;   /* draft model: positions whose draft K/V are held */
+    int64_t spec_len;   /* drafts to ask for next (adapts to what is accepted; 0: spec_k) */
+    int64_t spec_skip, spec_backoff; /* decode steps left without drafting after a miss, and the next such wait */
     nl_sampling s;
     nl_rng rng;
     nl_finish finish;

@@ -82,6 +82,11 @@ static int64_t draft(nl_engine *e, nl_req *r, int64_t room) {
     int64_t k = e->o.spec_k;
     r->n_draft = 0;
     if (k <= 0 || r->keep_kv) return 0;
+    if (r->spec_skip > 0) { /* its last drafts all missed: a few plain steps first */
+        r->spec_skip--;
+        return 0;
+    }
+    if (r->spec_len > 0 && r->spec_len < k) k = r->spec_len;
     const int64_t done = r->n_toks - r->n_prompt, S = e->m->arch.seq_len;
     if (r->s.max_tokens > 0 && k > r->s.max_tokens - done - 1) k = r->s.max_tokens - done - 1;
     if (k > S - r->n_toks) k = S - r->n_toks;
