@@ -1376,14 +1376,15 @@ TGT_Q4_AVX2 INLINE void q4_avx2_tile(const uint8_t *w, const uint16_t *d, int64_
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const int8_t *xp = a->q4x + (m0 + t) * kp + g * Q4_G + 32 * h;
-                __m256i s16 = _mm256_setzero_si256();
+                __m256i p16[4]; /* added as a tree: a short dependency chain */
 #pragma GCC unroll 4
                 for (int b = 0; b < 4; b++) {
                     const __m256i xl = _mm256_loadu_si256((const __m256i *)(const void *)(xp + 128 * b));
                     const __m256i xh = _mm256_loadu_si256((const __m256i *)(const void *)(xp + 128 * b + 64));
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wl[b], xl));
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wh[b], xh));
+                    p16[b] = _mm256_add_epi16(_mm256_maddubs_epi16(wl[b], xl), _mm256_maddubs_epi16(wh[b], xh));
                 }
+                const __m256i s16 =
+                    _mm256_add_epi16(_mm256_add_epi16(p16[0], p16[1]), _mm256_add_epi16(p16[2], p16[3]));
                 const __m256i xs8 = _mm256_slli_epi32(
                     _mm256_loadu_si256((const __m256i *)(const void *)(a->xsum + (m0 + t) * g16 + g + 8 * h)), 3);
                 const __m256i s = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), xs8);
