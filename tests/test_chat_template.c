@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "nanolm/chat_template.h"
+#include "nanolm/gguf.h"
 #include "nanolm/tokenizer.h"
 
 static cJSON *load_cases(void) {
@@ -317,6 +318,39 @@ static void test_marked_encoding(void **state) {
     nl_chat_template_free(t);
 }
 
+/* A GGUF file's tokenizer.chat_template, with bos/eos from tokenizer.ggml.tokens. */
+static void test_load_gguf(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), path[1024];
+    const char *toks[] = {"<unk>", "<s>", "</s>", "a"};
+    nl_gguf_writer w;
+    nl_gguf_writer_init(&w);
+    assert_int_equal(nl_gguf_writer_arr_str(&w, "tokenizer.ggml.tokens", 4, toks, NULL), NL_OK);
+    assert_int_equal(nl_gguf_writer_u32(&w, "tokenizer.ggml.bos_token_id", 1), NL_OK);
+    assert_int_equal(nl_gguf_writer_u32(&w, "tokenizer.ggml.eos_token_id", 2), NL_OK);
+    snprintf(path, sizeof path, "%s/none.gguf", dir);
+    assert_int_equal(nl_gguf_writer_write(&w, path), NL_OK);
+    nl_chat_template *t = NULL;
+    assert_int_equal(nl_chat_template_load_gguf(&t, path), NL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(nl_last_error(), "has no chat template"));
+    assert_int_equal(
+        nl_gguf_writer_str(&w, "tokenizer.chat_template",
+                           "{{ bos_token }}{% for m in messages %}[{{ m.content }}]{{ eos_token }}{% endfor %}"),
+        NL_OK);
+    snprintf(path, sizeof path, "%s/chat.gguf", dir);
+    assert_int_equal(nl_gguf_writer_write(&w, path), NL_OK);
+    nl_gguf_writer_free(&w);
+    assert_int_equal(nl_chat_template_load_gguf(&t, path), NL_OK);
+    nl_chat_message msgs[1] = {{"user", "hi"}};
+    char *out = NULL;
+    assert_int_equal(nl_chat_template_apply(t, msgs, 1, 1, &out, NULL), NL_OK);
+    assert_string_equal(out, "<s>[hi]</s>");
+    free(out);
+    nl_chat_template_free(t);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama32),     cmocka_unit_test(test_qwen25),
@@ -324,6 +358,7 @@ int main(void) {
         cmocka_unit_test(test_smollm2),     cmocka_unit_test(test_tinyllama),
         cmocka_unit_test(test_semantics),   cmocka_unit_test(test_errors_name_the_place),
         cmocka_unit_test(test_load_hf),     cmocka_unit_test(test_marked_encoding),
+        cmocka_unit_test(test_load_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

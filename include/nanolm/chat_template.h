@@ -91,6 +91,12 @@ nl_status nl_chat_template_apply_marked(const nl_chat_template *t, const nl_chat
  * (...)" when neither file has one, NL_ERR_FORMAT naming the file, NL_ERR_IO. */
 nl_status nl_chat_template_load_hf(nl_chat_template **out, const char *dir);
 
+/* Loads the chat template of a GGUF file: the string KV tokenizer.chat_template, with bos_token /
+ * eos_token the entries of tokenizer.ggml.tokens at tokenizer.ggml.bos_token_id / eos_token_id.
+ * Errors: NL_ERR_UNSUPPORTED "PATH has no chat template (no tokenizer.chat_template)",
+ * NL_ERR_FORMAT naming the file and the key, NL_ERR_IO. */
+nl_status nl_chat_template_load_gguf(nl_chat_template **out, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

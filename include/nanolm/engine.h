@@ -49,10 +49,6 @@
 extern "C" {
 #endif
 
-/* A step of fewer rows than this runs RoPE and the KV store on the calling thread (a few
- * hundred ns per row: less than waking the team); bench machine's probes follow the same rule. */
-#define NL_ENGINE_ROPE_PARALLEL_ROWS 8
-
 typedef struct nl_engine nl_engine;
 
 /* Why a request ended. */
@@ -86,6 +82,14 @@ typedef struct nl_engine_opts {
                                  0: no chunking, a whole prompt in one step if the budget allows) */
     int max_waiting;             /* bounded waiting queue (default 256): submit beyond -> NL_ERR_BUSY */
     int threads;                 /* OpenMP threads of a step (<= 0: the OpenMP default) */
+    int prefix_cache;            /* 1 (default): full KV blocks are shared by the prompts that start
+                                    with the same tokens (automatic prefix caching, block_pool.h) */
+    int spec_k;                  /* speculative decoding: tokens drafted per decode step (0, the
+                                    default: off), verified in the same step (nl_sampler_verify) */
+    int spec_ngram;              /* prompt-lookup drafting: longest n-gram matched (default 3) */
+    const char *draft_ckpt;      /* with spec_k: draft with this model instead (same tokenizer: the
+                                    same vocabulary size; loaded as the target is, by nl_engine_open) */
+    const nl_model *draft_model; /* or this one, borrowed (nl_engine_open_model; tests) */
     nl_engine_event_fn on_event; /* optional */
     void *event_user;
 } nl_engine_opts;
@@ -205,6 +209,12 @@ typedef struct nl_engine_stats {
     int64_t prompt_tokens_computed; /* prefill rows run (recomputed ones included) */
     int64_t preemptions;
     int64_t requests_submitted, requests_finished, requests_rejected;
+    int64_t kv_blocks_cached;       /* blocks findable by their prefix hash (free or held) */
+    int64_t prefix_cache_queries;   /* prompt tokens looked up at admission */
+    int64_t prefix_cache_hits;      /* of those, tokens found cached (not computed) */
+    int64_t prefix_cache_evictions; /* cached blocks taken for other tokens */
+    int64_t spec_drafted;           /* speculative tokens drafted and verified */
+    int64_t spec_accepted;          /* of those, accepted by the target */
 } nl_engine_stats;
 /* A consistent snapshot. */
 void nl_engine_stats_get(nl_engine *e, nl_engine_stats *st);

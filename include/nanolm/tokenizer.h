@@ -102,6 +102,10 @@ nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, s
  * a special token. */
 nl_status nl_tokenizer_encode_marked(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
                                      const unsigned char *plain, int **tokens, int64_t *n_tokens);
+/* The vocabulary entry of `id` as the tokenizer spells it ("Ġworld" in a byte-level
+ * tokenizer.json, " world" in llama2.c's, the byte itself for the byte tokenizer), or NULL for an id
+ * outside the vocabulary or a hole in it. */
+const char *nl_tokenizer_vocab_piece(const nl_tokenizer *t, int id);
 /* Id of the piece exactly equal to `piece`, or -1. */
 int nl_tokenizer_lookup(const nl_tokenizer *t, const char *piece);
 

@@ -29,6 +29,7 @@ int nl_cmd_precision(int argc, char **argv);
 int nl_cmd_export(int argc, char **argv);
 int nl_cmd_serve(int argc, char **argv);
 int nl_cmd_bench(int argc, char **argv);
+int nl_cmd_tokenize(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -39,6 +40,7 @@ static const nl_command commands[] = {
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"export", "write a checkpoint as a Hugging Face folder or a llama2.c file", nl_cmd_export},
+    {"tokenize", "a text through a tokenizer: ids, vocabulary pieces, bytes, counts", nl_cmd_tokenize},
     {"quant-compare", "RTN vs GPTQ, AWQ, SmoothQuant, LLM.int8() on a checkpoint (= quant compare)",
      nl_cmd_quant_compare},
     {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},

@@ -2,6 +2,7 @@
  * owned by the template; rendering evaluates it with values in a second arena freed at the end.
  * Errors unwind with longjmp to the entry point (everything lives in the arenas). */
 #include "nanolm/chat_template.h"
+#include "nanolm/gguf.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -2949,5 +2950,57 @@ done:
     free(text);
     free(jinja_path);
     free(cfg_path);
+    return rc;
+}
+
+/* The entry `key` (an id) of tokenizer.ggml.tokens as a new string, or NULL. */
+static char *gguf_token(const nl_gguf_file *f, const char *key) {
+    int64_t id = -1;
+    const nl_gguf_kv *toks = nl_gguf_find_kv(f, "tokenizer.ggml.tokens");
+    if (nl_gguf_get_int_def(f, key, -1, &id) || id < 0 || !toks || toks->type != NL_GGUF_ARRAY ||
+        toks->arr_type != NL_GGUF_STRING || (uint64_t)id >= toks->n)
+        return NULL;
+    uint64_t len = 0;
+    const char *s = nl_gguf_arr_str(toks, (uint64_t)id, &len);
+    char *c = s ? malloc(len + 1) : NULL;
+    if (c) {
+        memcpy(c, s, len);
+        c[len] = 0;
+    }
+    return c;
+}
+
+nl_status nl_chat_template_load_gguf(nl_chat_template **out, const char *path) {
+    *out = NULL;
+    nl_gguf_file f;
+    NL_TRY(nl_gguf_open(&f, path));
+    nl_status rc;
+    const char *text = NULL;
+    uint64_t len = 0;
+    if (!nl_gguf_find_kv(&f, "tokenizer.chat_template")) {
+        rc = nl_fail(NL_ERR_UNSUPPORTED, "%s has no chat template (no tokenizer.chat_template)", path);
+    } else if (!(rc = nl_gguf_get_str(&f, "tokenizer.chat_template", &text, &len))) {
+        size_t pl = strlen(path);
+        char *what = malloc(pl + 32);
+        if (!what) {
+            rc = nl_fail(NL_ERR_NOMEM, "%s: out of memory", path);
+        } else {
+            snprintf(what, pl + 32, "%s tokenizer.chat_template", path);
+            rc = nl_chat_template_parse(out, text, (size_t)len, what);
+            free(what);
+        }
+        if (!rc) {
+            char *bos = gguf_token(&f, "tokenizer.ggml.bos_token_id"),
+                 *eos = gguf_token(&f, "tokenizer.ggml.eos_token_id");
+            rc = nl_chat_template_set_tokens(*out, bos, eos);
+            free(bos);
+            free(eos);
+            if (rc) {
+                nl_chat_template_free(*out);
+                *out = NULL;
+            }
+        }
+    }
+    nl_gguf_close(&f);
     return rc;
 }

@@ -363,6 +363,13 @@ static int64_t codepoints(const nl_tokenizer *t, const unsigned char *text, size
     return n;
 }
 
+const char *nl_tokenizer_vocab_piece(const nl_tokenizer *t, int id) {
+    if (id < 0 || id >= t->vocab_size) return NULL;
+    if (t->kind == NL_TOKENIZER_HF) return nl_bpe_piece(t->bpe, id);
+    if (t->kind == NL_TOKENIZER_BYTE) return t->byte_pieces + 2 * id;
+    return t->pieces[id];
+}
+
 nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
                               int **tokens, int64_t *n_tokens) {
     return nl_tokenizer_encode_special(t, text, text_bytes, bos, eos, 0, tokens, n_tokens);
