@@ -110,7 +110,7 @@ int nl_cmd_tokenize(int argc, char **argv) {
         nl_report_table(
             r, "tokens", NULL, 4,
             (const nl_report_col[]){
-                {"index", "#", NULL}, {"id", "id", NULL}, {"piece", "piece", NULL}, {"text", "text", NULL}});
+                {"index", "i", NULL}, {"id", "id", NULL}, {"piece", "piece", NULL}, {"text", "text", NULL}});
         int prev = tok.bos_id, fail = 0; /* the first token reads as after BOS: no dummy-prefix space */
         for (int64_t i = 0; i < k && !fail; i++) {
             const char *piece = nl_tokenizer_vocab_piece(&tok, ids[i]);
