@@ -14,19 +14,7 @@
 #include "nanolm/safetensors.h"
 #include "quant_check.h"
 
-static void tiny_arch(nl_arch *a) {
-    memset(a, 0, sizeof *a);
-    snprintf(a->name, sizeof a->name, "tiny");
-    a->vocab_size = 64;
-    a->dim = 32;
-    a->n_layers = 1;
-    a->n_heads = 4;
-    a->n_kv_heads = 2;
-    a->hidden_dim = 64;
-    a->seq_len = 16;
-    a->rope_theta = 10000;
-    a->norm_eps = 1e-5;
-}
+static void tiny_arch(nl_arch *a) { *a = tu_arch("tiny", 64, 32, 1, 4, 2, 64, 16); }
 
 /* Copies src to dst with metadata key `mkey` set to `mval` (NULL: unchanged), and, when
  * `tname` is given, byte `at` of that tensor replaced by `byte`. */

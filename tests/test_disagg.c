@@ -10,8 +10,12 @@
  *    colocated server, and /metrics counts the KV bytes moved. */
 #include "testutil.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -26,21 +30,9 @@
 
 /* A byte-vocabulary model with scaled-up weights (greedy choices far apart), GQA 4 heads / 2 kv. */
 static void make_model(nl_model *m) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "disagg-test");
-    a.vocab_size = 256;
-    a.dim = 64;
-    a.n_layers = 3;
-    a.n_heads = 4;
-    a.n_kv_heads = 2;
-    a.hidden_dim = 96;
-    a.seq_len = 128;
-    a.rope_theta = 10000;
-    a.norm_eps = 1e-5;
+    nl_arch a = tu_arch("disagg-test", 256, 64, 3, 4, 2, 96, 128);
     a.tied_embeddings = 1;
-    assert_int_equal(nl_model_init(m, &a), NL_OK);
-    nl_model_init_random(m, 7);
+    tu_model(m, &a, 7);
     for (size_t i = 0; i < m->n_params; i++) m->params[i] *= 25.0f;
     for (int64_t l = 0; l < m->L; l++)
         for (int64_t i = 0; i < m->C; i++) m->w.layers[l].rms_att[i] = m->w.layers[l].rms_ffn[i] = 1.0f;
@@ -317,7 +309,6 @@ static void parser_refuses_bad_input(void **state) {
     expect_refused(m, ml, 52, 256, &sh, 0, "first_token");
     expect_refused(m, ml, 88, (uint32_t)kv.data_bytes + 1, &sh, 0, "kv_bytes");
     expect_refused(m, ml, 92, 1, &sh, 0, "kv_bytes");
-    expect_refused(m, ml, 100, 1, &sh, 0, "reserved");
     expect_refused(m, ml, NL_KVX_KV_HEADER_BYTES + 8, 300, &sh, 0, "vocabulary");
     expect_refused(m, ml - 1, ml, 0, &sh, 0, "header says");
     expect_refused(m, 50, ml, 0, &sh, 0, "shorter");
@@ -518,6 +509,103 @@ static void cli_roles(void **state) {
     free(dir);
 }
 
+/* ---- a fake prefill server that answers for another request ---- */
+
+typedef struct fake_prefill {
+    int lfd, mode; /* 0: a right answer, 1: for another prompt, 2: another request id */
+    nl_kvx_shape sh;
+} fake_prefill;
+
+static int read_n(int fd, uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void *fake_prefill_main(void *arg) {
+    fake_prefill *f = arg;
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0) return NULL;
+    uint8_t hdr[NL_KVX_REQ_HEADER_BYTES];
+    size_t body = 0;
+    if (read_n(fd, hdr, sizeof hdr) || nl_kvx_request_header(hdr, &f->sh, &body)) {
+        close(fd);
+        return NULL;
+    }
+    uint8_t *msg = malloc(sizeof hdr + body);
+    memcpy(msg, hdr, sizeof hdr);
+    nl_kvx_request rq;
+    if (read_n(fd, msg + sizeof hdr, body) || nl_kvx_parse_request(msg, sizeof hdr + body, &f->sh, &rq)) {
+        free(msg);
+        close(fd);
+        return NULL;
+    }
+    free(msg);
+    nl_engine_kv kv;
+    memset(&kv, 0, sizeof kv);
+    kv.n_layers = f->sh.n_layers;
+    kv.kv_heads = f->sh.kv_heads;
+    kv.head_dim = f->sh.head_dim;
+    kv.dtype = f->sh.dtype;
+    kv.n_tokens = rq.n_tokens;
+    kv.tokens = rq.tokens;
+    if (f->mode == 1) rq.tokens[rq.n_tokens - 1] ^= 1;
+    kv.data_bytes = nl_kvcache_seq_bytes(kv.n_layers, kv.kv_heads, kv.head_dim, kv.dtype, kv.n_tokens);
+    kv.data = calloc(1, kv.data_bytes);
+    uint8_t *ans = NULL;
+    size_t n = 0;
+    if (!nl_kvx_encode_kv(&f->sh, &kv, 4, &ans, &n)) {
+        uint32_t id = f->mode == 2 ? rq.id + 1 : rq.id;
+        memcpy(ans + 100, &id, 4); /* little-endian host */
+        send(fd, ans, n, MSG_NOSIGNAL);
+    }
+    nl_free(ans);
+    free(kv.data);
+    nl_free(rq.tokens);
+    close(fd);
+    return NULL;
+}
+
+/* The decode side takes only an answer to its own request: an answer for another prompt or with
+ * another request id is refused with a message saying so (it used to be imported and decoded). */
+static void answer_for_another_request(void **state) {
+    (void)state;
+    static const char *const want[] = {NULL, "answered for another prompt", "answered request id"};
+    for (int mode = 0; mode < 3; mode++) {
+        fake_prefill f = {.mode = mode, .sh = {3, 4, 2, 16, 256, 128, NL_KV_FP32}};
+        f.lfd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        assert_int_equal(bind(f.lfd, (struct sockaddr *)&a, sizeof a), 0);
+        assert_int_equal(listen(f.lfd, 1), 0);
+        socklen_t al = sizeof a;
+        getsockname(f.lfd, (struct sockaddr *)&a, &al);
+        char addr[32];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, fake_prefill_main, &f), 0);
+        int32_t prompt[10];
+        prompt_of(3, prompt, 10);
+        nl_sampling s;
+        nl_sampling_default(&s);
+        nl_engine_kv kv;
+        nl_status rc = nl_kvx_remote_prefill(addr, &f.sh, prompt, 10, &s, &kv, NULL);
+        pthread_join(th, NULL);
+        close(f.lfd);
+        if (!want[mode]) {
+            assert_int_equal(rc, NL_OK);
+            assert_memory_equal(kv.tokens, prompt, sizeof prompt);
+            nl_engine_kv_free(&kv);
+        } else if (rc != NL_ERR_FORMAT || !strstr(nl_last_error(), want[mode])) {
+            fail_msg("mode %d: status %d, '%s' (expected '%s')", mode, rc, nl_last_error(), want[mode]);
+        }
+    }
+}
+
 int main(void) {
     /* correctness, not speed: every kernel on this thread (a loaded machine makes nested
      * thread teams wait on descheduled threads) */
@@ -525,7 +613,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(same_tokens_fp32),  cmocka_unit_test(same_tokens_int8),
         cmocka_unit_test(import_edge_cases), cmocka_unit_test(parser_refuses_bad_input),
-        cmocka_unit_test(over_socket),       cmocka_unit_test_teardown(cli_roles, teardown),
+        cmocka_unit_test(over_socket),       cmocka_unit_test(answer_for_another_request),
+        cmocka_unit_test_teardown(cli_roles, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

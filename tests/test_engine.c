@@ -16,21 +16,9 @@
 /* A byte-vocabulary model whose weights are scaled up, so that logits are far apart and
  * greedy choices do not hinge on the last bit of a sum. */
 static void make_model(nl_model *m, int64_t seq_len) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "engine-test");
-    a.vocab_size = 256;
-    a.dim = 64;
-    a.n_layers = 2;
-    a.n_heads = 4;
-    a.n_kv_heads = 2;
-    a.hidden_dim = 96;
-    a.seq_len = seq_len;
-    a.rope_theta = 10000;
-    a.norm_eps = 1e-5;
+    nl_arch a = tu_arch("engine-test", 256, 64, 2, 4, 2, 96, seq_len);
     a.tied_embeddings = 1;
-    assert_int_equal(nl_model_init(m, &a), NL_OK);
-    nl_model_init_random(m, 42);
+    tu_model(m, &a, 42);
     for (size_t i = 0; i < m->n_params; i++) m->params[i] *= 25.0f;
     for (int64_t l = 0; l < m->L; l++)
         for (int64_t i = 0; i < m->C; i++) m->w.layers[l].rms_att[i] = m->w.layers[l].rms_ffn[i] = 1.0f;

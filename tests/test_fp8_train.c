@@ -13,20 +13,8 @@
 
 /* A small model on random tokens: vocab 64, dim 64, 2 layers, seq 32, batch 4. */
 static void tiny(nl_model *m, int32_t **x, int32_t **y, int64_t B, int64_t T) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "tiny");
-    a.vocab_size = 64;
-    a.dim = 64;
-    a.n_layers = 2;
-    a.n_heads = 4;
-    a.n_kv_heads = 2;
-    a.hidden_dim = 96;
-    a.seq_len = 32;
-    a.rope_theta = 10000.0;
-    a.norm_eps = 1e-5;
-    assert_int_equal(nl_model_init(m, &a), NL_OK);
-    nl_model_init_random(m, 5);
+    nl_arch a = tu_arch("tiny", 64, 64, 2, 4, 2, 96, 32);
+    tu_model(m, &a, 5);
     assert_int_equal(nl_model_alloc_grads(m), NL_OK);
     assert_int_equal(nl_model_alloc_acts(m, B, T), NL_OK);
     *x = malloc(sizeof(int32_t) * (size_t)(B * T));

@@ -8,10 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/engine.h"
 #include "nanolm/formats.h"
 #include "nanolm/ggml_quant.h"
 #include "nanolm/gguf.h"
 #include "nanolm/gguf_model.h"
+#include "nanolm/matvec.h"
 #include "nanolm/model_load.h"
 
 /* ---- a byte builder ------------------------------------------------------------------------- */
@@ -522,12 +524,119 @@ static void test_gpt2_tokenizer(void **s) {
     free(dir);
 }
 
+/* Q4_0 blocks are the int4 kernels' groups: loaded as they are, the kernels see exactly the
+ * file's weights; an engine opened on a Q4_0 file runs int4 on those blocks. */
+static void test_q4_0_kernels(void **s) {
+    (void)s;
+    enum { N = 5, K = 96 };
+    float w[N * K], back[N * K], want[N * K];
+    for (int i = 0; i < N * K; i++) w[i] = sinf(0.37f * (float)i) * (1.0f + (float)(i % 7));
+    uint8_t blocks[N * K / 32 * 18];
+    assert_int_equal(nl_ggml_from_f32(NL_GGML_Q4_0, w, N * K, blocks), NL_OK);
+    assert_int_equal(nl_ggml_to_f32(NL_GGML_Q4_0, blocks, N * K, want), NL_OK);
+    nl_mv_weight wt;
+    assert_int_equal(nl_mv_weight_init_q4_0(&wt, blocks, N, K), NL_OK);
+    assert_int_equal(nl_mv_int4_dequantize(&wt, back), NL_OK);
+    assert_memory_equal(back, want, sizeof want);
+    /* and the product against the scalar reference over those weights */
+    float x[K], y[N], ref[N];
+    for (int i = 0; i < K; i++) x[i] = cosf(0.11f * (float)i);
+    assert_int_equal(nl_mv_forward(&wt, x, 1, y, 1), NL_OK);
+    nl_mv_reference(ref, x, want, 1, N, K, 0);
+    for (int n = 0; n < N; n++) assert_true(fabsf(y[n] - ref[n]) <= 0.05f * (1.0f + fabsf(ref[n])));
+    nl_mv_weight_free(&wt);
+    assert_int_equal(nl_mv_weight_init_q4_0(&wt, blocks, N, 80), NL_ERR_INVALID);
+
+    char *dir = tu_tmpdir(), path[600];
+    snprintf(path, sizeof path, "%s/q4.gguf", dir);
+    nl_model m;
+    small_model(&m);
+    nl_tokenizer tok;
+    assert_int_equal(nl_tokenizer_init_byte(&tok), NL_OK);
+    assert_int_equal(nl_gguf_save(path, &m, &tok, NL_GGML_Q4_0), NL_OK);
+    nl_engine *e;
+    assert_int_equal(nl_engine_open(&e, path, NULL, NULL), NL_OK);
+    assert_int_equal(nl_engine_weights(e), NL_WFMT_INT4); /* auto: the file's type */
+    int32_t prompt[3] = {65, 66, 67};
+    nl_sampling sp;
+    nl_sampling_default(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = 4;
+    sp.ignore_eos = 1;
+    uint64_t id;
+    assert_int_equal(nl_engine_submit(e, prompt, 3, &sp, &id), NL_OK);
+    while (nl_engine_busy(e)) assert_int_equal(nl_engine_step(e, NULL), NL_OK);
+    nl_engine_output out;
+    assert_int_equal(nl_engine_read(e, id, 1, &out), NL_OK);
+    assert_int_equal(out.n_tokens, 4);
+    nl_engine_output_free(&out);
+    nl_engine_release(e, id);
+    nl_engine_close(e);
+    nl_tokenizer_free(&tok);
+    nl_model_free(&m);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+/* The commands with --ckpt model.gguf: export writes it, generate gives the text of the original
+ * checkpoint, eval its loss, budget reads its shape. */
+static void test_cli(void **s) {
+    (void)s;
+    TU_REQUIRE_DATA(bin, "stories260K/stories260K.bin");
+    TU_REQUIRE_DATA(tokp, "stories260K/tok512.bin");
+    TU_REQUIRE_DATA(text, "tinystories/tinystories_sample.txt");
+    char *dir = tu_tmpdir(), args[3000], *out = NULL, *ref = NULL;
+    snprintf(args, sizeof args, "export --ckpt %s --tokenizer %s --to gguf --dtype f32 %s/s.gguf", bin, tokp, dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    free(out);
+    snprintf(args, sizeof args,
+             "generate --ckpt %s/s.gguf --prompt 'Once upon a time' --steps 40 --temperature 0 --json", dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    snprintf(args, sizeof args,
+             "generate --ckpt %s --tokenizer %s --prompt 'Once upon a time' --steps 40 --temperature 0 --json", bin,
+             tokp);
+    assert_int_equal(tu_run_cli(args, &ref), 0);
+    const char *a = strstr(out, "\"text\""), *b = strstr(ref, "\"text\"");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_memory_equal(a, b, strcspn(b, "\n,}"));
+    free(out);
+    free(ref);
+    snprintf(args, sizeof args, "eval --ckpt %s/s.gguf --data %s --seq 64 --max-windows 8 --json", dir, text);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    snprintf(args, sizeof args, "eval --ckpt %s --tokenizer %s --data %s --seq 64 --max-windows 8 --json", bin, tokp,
+             text);
+    assert_int_equal(tu_run_cli(args, &ref), 0);
+    a = strstr(out, "\"mean_loss\"");
+    b = strstr(ref, "\"mean_loss\"");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_memory_equal(a, b, strcspn(b, ",}"));
+    free(out);
+    free(ref);
+    snprintf(args, sizeof args, "budget --model %s/s.gguf --json", dir);
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    snprintf(args, sizeof args, "budget --model %s --json", bin);
+    assert_int_equal(tu_run_cli(args, &ref), 0);
+    assert_string_equal(out, ref); /* the shape from the metadata is the checkpoint's */
+    free(out);
+    free(ref);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hand_built),        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_writer_round_trip), cmocka_unit_test(test_blocks),
-        cmocka_unit_test(test_model_round_trip),  cmocka_unit_test(test_model_refusals),
-        cmocka_unit_test(test_stories_tokenizer), cmocka_unit_test(test_gpt2_tokenizer),
+        cmocka_unit_test(test_hand_built),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_writer_round_trip),
+        cmocka_unit_test(test_blocks),
+        cmocka_unit_test(test_model_round_trip),
+        cmocka_unit_test(test_model_refusals),
+        cmocka_unit_test(test_stories_tokenizer),
+        cmocka_unit_test(test_gpt2_tokenizer),
+        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_q4_0_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -410,6 +410,13 @@ static void test_bad_config(void **state) {
         {"LlamaForCausalLM", "\"attention_bias\": true", "key \"attention_bias\" is true"},
         {"LlamaForCausalLM", "\"num_key_value_heads\": 4", "n_heads 6 is not a multiple of n_kv_heads 4"},
         {"LlamaForCausalLM", "\"tie_word_embeddings\": 1", "key \"tie_word_embeddings\" must be true or false"},
+        /* every size is within [1, 2^40], but their products overflow int64 */
+        {"LlamaForCausalLM",
+         "\"hidden_size\": 1099511627776, \"intermediate_size\": 1099511627776, \"num_hidden_layers\": 1048576, "
+         "\"num_attention_heads\": 2, \"num_key_value_heads\": 2",
+         "the shape multiplies past 2^53"},
+        {"LlamaForCausalLM", "\"max_position_embeddings\": 1099511627776, \"num_hidden_layers\": 1024",
+         "KV cache"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         write_config(f, cases[k].arch, cases[k].extra);

@@ -14,20 +14,8 @@
 
 /* vocab 64, dim 64, 2 layers, 4 heads, 2 KV heads (hd 16), seq 32. */
 static void tiny(nl_model *m) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "tiny");
-    a.vocab_size = 64;
-    a.dim = 64;
-    a.n_layers = 2;
-    a.n_heads = 4;
-    a.n_kv_heads = 2;
-    a.hidden_dim = 96;
-    a.seq_len = 32;
-    a.rope_theta = 10000.0;
-    a.norm_eps = 1e-5;
-    assert_int_equal(nl_model_init(m, &a), NL_OK);
-    nl_model_init_random(m, 21);
+    nl_arch a = tu_arch("tiny", 64, 64, 2, 4, 2, 96, 32);
+    tu_model(m, &a, 21);
 }
 
 /* Exact bytes; fp32-cache steps match the batched forward; the int8 cache stores each head's
@@ -163,8 +151,8 @@ static void stories(void **state) {
     free(out);
 }
 
-/* A prompt chunk's tiled attention (nl_kvcache_attend_rows) gives each token the bits that
- * attending it alone (nl_kvcache_attend_head) gives: fp32 and int8 pools, grouped-query heads,
+/* A prompt chunk's tiled attention (nl_paged_attend_rows) gives each token the bits that
+ * attending it alone (nl_paged_attend_head) gives: fp32 and int8 pools, grouped-query heads,
  * blocks scattered in the pool, chunks that start mid-block and end mid-tile; heads of 24
  * dimensions (partial vectors), 32 and 96 (a last group of two whole vectors) and 64 and 128
  * (groups of four), which take different loops in the one-token sum. */
@@ -178,13 +166,12 @@ static void attend_rows_equals_one_at_a_time(void **state) {
             assert_int_equal(nl_kvcache_init(&c, 1, KVH, hd, (nl_kv_dtype)dt, bs, 2 * S / bs), NL_OK);
             int32_t table[S / bs];
             for (int64_t b = 0; b < S / bs; b++) {
-                (void)nl_kvcache_alloc(&c); /* every other block, so the table is not the identity */
-                table[b] = nl_kvcache_alloc(&c);
+                table[b] = (int32_t)(2 * b + 1); /* every other block, so the table is not the identity */
                 assert_true(table[b] >= 0);
             }
             float *q = malloc(sizeof(float) * S * QKV), *tiled = malloc(sizeof(float) * S * NH * hd),
                   *one = malloc(sizeof(float) * NH * hd);
-            float *scratch = malloc(sizeof(float) * nl_kvcache_attend_scratch(S, S, hd));
+            float *scratch = malloc(sizeof(float) * nl_paged_attend_scratch(S, S, hd));
             uint64_t rng = 12345;
             for (int64_t i = 0; i < S * QKV; i++) {
                 rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -196,12 +183,12 @@ static void attend_rows_equals_one_at_a_time(void **state) {
             for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
                 int64_t pos0 = chunks[k][0], nq = chunks[k][1];
                 for (int64_t h = 0; h < NH; h++)
-                    nl_kvcache_attend_rows(&c, table, 0, pos0, nq, q + pos0 * QKV, QKV, NH, h, tiled + h * hd, NH * hd,
-                                           scratch);
+                    nl_paged_attend_rows(&c, table, 0, pos0, nq, q + pos0 * QKV, QKV, NH, h, tiled + h * hd, NH * hd,
+                                         scratch);
                 for (int64_t r = 0; r < nq; r++) {
                     for (int64_t h = 0; h < NH; h++)
-                        nl_kvcache_attend_head(&c, table, 0, pos0 + r, q + (pos0 + r) * QKV, NH, h, one + h * hd,
-                                               scratch);
+                        nl_paged_attend_head(&c, table, 0, pos0 + r, q + (pos0 + r) * QKV, NH, h, one + h * hd,
+                                             scratch);
                     assert_memory_equal(one, tiled + r * NH * hd, sizeof(float) * NH * hd);
                 }
             }

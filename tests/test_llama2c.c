@@ -79,17 +79,7 @@ static void test_stories260k(void **state) {
 /* An untied GQA model with random weights survives write + read exactly. */
 static void test_untied_round_trip(void **state) {
     (void)state;
-    nl_arch a = {.name = "tiny",
-                 .vocab_size = 37,
-                 .dim = 16,
-                 .n_layers = 2,
-                 .n_heads = 4,
-                 .n_kv_heads = 2,
-                 .hidden_dim = 24,
-                 .seq_len = 8,
-                 .rope_theta = 10000.0,
-                 .norm_eps = 1e-5,
-                 .tied_embeddings = 0};
+    nl_arch a = tu_arch("tiny", 37, 16, 2, 4, 2, 24, 8);
     nl_llama2c_tensor t[NL_LLAMA2C_MAX_TENSORS];
     int n = nl_llama2c_layout(&a, t);
     assert_int_equal(n, 12);

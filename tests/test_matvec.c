@@ -307,6 +307,40 @@ static void int8_ranges(int64_t K) {
     free(yr);
 }
 
+/* int8 at the ends of the code range (codes from a file may hold -128; activation codes reach
+ * +-127): the sums stay exact on every path (AVX2's vpmaddubsw pairs reach 2 x 128 x 127 and must
+ * not saturate), y = (float)sum x (token scale x row scale) with the sum taken here in int64. */
+static void test_int8_extreme_codes(void **state) {
+    (void)state;
+    const int64_t M = 3, N = 6, K = 200;
+    int8_t *codes = malloc((size_t)(N * K));
+    float *x = malloc((size_t)(M * K) * 4), *y = malloc((size_t)(M * N) * 4), scales[6];
+    for (int64_t n = 0; n < N; n++) {
+        scales[n] = 0.01f * (float)(n + 1);
+        for (int64_t k = 0; k < K; k++)
+            codes[n * K + k] = (int8_t)(n == 0   ? -128
+                                        : n == 1 ? 127
+                                        : n == 2 ? (k & 1 ? -128 : 127)
+                                                 : (k * 37 + n) % 256 - 128);
+    }
+    for (int64_t m = 0; m < M; m++) /* |x| = 1 everywhere: every code is +-127 */
+        for (int64_t k = 0; k < K; k++) x[m * K + k] = m == 0 ? -1.0f : m == 1 ? 1.0f : (k % 3 ? 1.0f : -1.0f);
+    nl_mv_weight wt;
+    assert_int_equal(nl_mv_weight_init_int8(&wt, codes, scales, N, K), NL_OK);
+    assert_int_equal(nl_mv_forward(&wt, x, M, y, 1), NL_OK);
+    const float xs = 1.0f / 127.0f;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            int64_t sum = 0;
+            for (int64_t k = 0; k < K; k++) sum += (int64_t)codes[n * K + k] * (x[m * K + k] > 0 ? 127 : -127);
+            assert_true(y[m * N + n] == (float)(int32_t)sum * (xs * scales[n]));
+        }
+    nl_mv_weight_free(&wt);
+    free(codes);
+    free(x);
+    free(y);
+}
+
 /* Each token's outputs are bit-identical whether it runs alone or among 37 others, with 1 or
  * 2 threads, for every format and path. */
 static void batch_invariance(int64_t K);
@@ -396,15 +430,11 @@ static void test_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fp32_bf16_paths),
-        cmocka_unit_test(test_panels_are_an_fma_chain),
-        cmocka_unit_test(test_detach_frees_the_source),
-        cmocka_unit_test(test_int8_panels),
-        cmocka_unit_test(test_int8_against_reference),
-        cmocka_unit_test(test_int8_matches_qlinear_and_ranges),
-        cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_batch_invariance_large_m),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_fp32_bf16_paths),          cmocka_unit_test(test_panels_are_an_fma_chain),
+        cmocka_unit_test(test_detach_frees_the_source),  cmocka_unit_test(test_int8_panels),
+        cmocka_unit_test(test_int8_against_reference),   cmocka_unit_test(test_int8_matches_qlinear_and_ranges),
+        cmocka_unit_test(test_int8_extreme_codes),       cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_batch_invariance_large_m), cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -168,16 +168,7 @@ static double att_obj(double *qkv_in, void *p) {
 static void test_attention_grad(void **state) {
     (void)state;
     enum { B = 2, T = 7, NH = 4, KVH = 2, HD = 6, QKV = (NH + 2 * KVH) * HD };
-    nl_arch a = {.name = "t",
-                 .vocab_size = 8,
-                 .dim = NH * HD,
-                 .n_layers = 1,
-                 .n_heads = NH,
-                 .n_kv_heads = KVH,
-                 .hidden_dim = 8,
-                 .seq_len = T,
-                 .rope_theta = 10000.0,
-                 .norm_eps = 1e-5};
+    nl_arch a = tu_arch("t", 8, NH * HD, 1, NH, KVH, 8, T);
     nl_model m;
     assert_int_equal(nl_model_init(&m, &a), NL_OK);
     static float qkv[B * T * QKV], R[B * T * NH * HD], out[B * T * NH * HD], att[B * NH * T * T], dqkv[B * T * QKV],
@@ -212,20 +203,10 @@ static void test_attention_grad(void **state) {
  * missing residual) that per-layer checks cannot. */
 static void test_model_grad(void **state) {
     (void)state;
-    nl_arch a = {.name = "t",
-                 .vocab_size = 11,
-                 .dim = 8,
-                 .n_layers = 2,
-                 .n_heads = 2,
-                 .n_kv_heads = 1,
-                 .hidden_dim = 12,
-                 .seq_len = 6,
-                 .rope_theta = 10000.0,
-                 .norm_eps = 1e-5,
-                 .tied_embeddings = 1};
+    nl_arch a = tu_arch("t", 11, 8, 2, 2, 1, 12, 6);
+    a.tied_embeddings = 1;
     nl_model m;
-    assert_int_equal(nl_model_init(&m, &a), NL_OK);
-    nl_model_init_random(&m, 7);
+    tu_model(&m, &a, 7);
     for (size_t i = 0; i < m.n_params; i++) m.params[i] += (float)(0.3 * nl_rng_normal(&rng));
     assert_int_equal(nl_model_alloc_grads(&m), NL_OK);
     assert_int_equal(nl_model_alloc_acts(&m, 2, 6), NL_OK);

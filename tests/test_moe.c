@@ -10,11 +10,7 @@
 #include "nanolm/moe.h"
 
 static nl_arch tiny_arch(void) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "moe-test");
-    a.vocab_size = 16, a.dim = 16, a.n_layers = 2, a.n_heads = 2, a.n_kv_heads = 1, a.hidden_dim = 24;
-    a.seq_len = 8, a.rope_theta = 10000, a.norm_eps = 1e-5;
+    nl_arch a = tu_arch("moe-test", 16, 16, 2, 2, 1, 24, 8);
     a.n_experts = 4, a.n_shared_experts = 1, a.top_k = 2, a.expert_hidden_dim = 8, a.first_moe_layer = 1;
     return a;
 }

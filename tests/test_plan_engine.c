@@ -22,18 +22,7 @@
 #include "nanolm/plan_engine.h"
 
 static nl_arch small_arch(void) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "small-d256");
-    a.vocab_size = 512;
-    a.dim = 256;
-    a.n_layers = 4;
-    a.n_heads = 8;
-    a.n_kv_heads = 4;
-    a.hidden_dim = 688;
-    a.seq_len = 1024;
-    a.rope_theta = 10000;
-    a.norm_eps = 1e-5;
+    nl_arch a = tu_arch("small-d256", 512, 256, 4, 8, 4, 688, 1024);
     a.tied_embeddings = 1;
     return a;
 }
@@ -206,6 +195,7 @@ static void predicted_vs_measured(void **state) {
     (void)state;
     nl_arch a = small_arch();
     nl_machine_opts_default(&g_mo);
+    g_mo.predict_step_s = nl_plan_engine_probe_step_s;
     g_mo.threads = 1;
     g_mo.thread_cpu_time = 1;
     g_mo.bw_bytes = (size_t)64 << 20;
@@ -219,6 +209,7 @@ static void predicted_vs_measured(void **state) {
     nl_engine_opts eo;
     nl_engine_opts_default(&eo);
     eo.threads = 1;
+    eo.prefix_cache = 0; /* the rounds repeat their prompts: the model prices computing them */
     eo.max_batch = 32;
     eo.max_step_tokens = 512;
     eo.chunk = 256;

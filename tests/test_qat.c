@@ -12,19 +12,7 @@
 #include "nanolm/tokenizer.h"
 #include "nanolm/train.h"
 
-static void tiny_arch(nl_arch *a, int64_t vocab) {
-    memset(a, 0, sizeof *a);
-    snprintf(a->name, sizeof a->name, "tiny");
-    a->vocab_size = vocab;
-    a->dim = 64;
-    a->n_layers = 2;
-    a->n_heads = 4;
-    a->n_kv_heads = 2;
-    a->hidden_dim = 96;
-    a->seq_len = 32;
-    a->rope_theta = 10000.0;
-    a->norm_eps = 1e-5;
-}
+static void tiny_arch(nl_arch *a, int64_t vocab) { *a = tu_arch("tiny", vocab, 64, 2, 4, 2, 96, 32); }
 
 static void parse(void **state) {
     (void)state;

@@ -14,21 +14,8 @@
 #include "quant_check.h"
 
 static void tiny_model(nl_model *m) {
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "tiny");
-    a.vocab_size = 64;
-    a.dim = 48;
-    a.n_layers = 2;
-    a.n_heads = 4;
-    a.n_kv_heads = 2;
-    a.hidden_dim = 96;
-    a.seq_len = 32;
-    a.rope_theta = 10000;
-    a.norm_eps = 1e-5;
-    a.tied_embeddings = 0;
-    QOK(nl_model_init(m, &a));
-    nl_model_init_random(m, 7);
+    nl_arch a = tu_arch("tiny", 64, 48, 2, 4, 2, 96, 32);
+    tu_model(m, &a, 7);
     QOK(nl_model_alloc_acts(m, 2, 32));
 }
 

@@ -3,7 +3,10 @@
  * client (client.h) and load generator (http_loadgen.h). Every test stops the server it started. */
 #include "testutil.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -490,9 +493,59 @@ static void loadgen(void **state) {
     assert_int_equal(stop(&s), 0);
 }
 
+/* Reads one HTTP response (headers and a Content-Length body) from fd into buf; its length, or
+ * -1 when the connection closed or timed out first. */
+static int read_response(int fd, char *buf, int cap) {
+    int n = 0;
+    for (;;) {
+        buf[n] = 0;
+        char *eoh = strstr(buf, "\r\n\r\n");
+        if (eoh) {
+            const char *cl = strstr(buf, "Content-Length: ");
+            if (!cl) cl = strstr(buf, "content-length: ");
+            int want = (int)(eoh + 4 - buf) + (cl ? atoi(cl + 16) : 0);
+            if (n >= want) return n;
+        }
+        if (n >= cap - 1) return -1;
+        ssize_t r = recv(fd, buf + n, (size_t)(cap - 1 - n), 0);
+        if (r <= 0) return -1;
+        n += (int)r;
+    }
+}
+
+/* GET endpoints keep the connection open (HTTP/1.1 keep-alive: three requests on one socket;
+ * they used to close it after each answer), and 405 names the allowed methods in Allow. */
+static void keep_alive_and_allow(void **state) {
+    (void)state;
+    START(s, NULL);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    static const char *const reqs[] = {"GET /health HTTP/1.1\r\nHost: t\r\n\r\n",
+                                       "GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n",
+                                       "GET /v1/completions HTTP/1.1\r\nHost: t\r\n\r\n"};
+    static const char *const want[] = {"HTTP/1.1 200", "HTTP/1.1 200", "HTTP/1.1 405"};
+    char buf[8192];
+    int answered = 0;
+    for (int i = 0; i < 3; i++) {
+        if (send(fd, reqs[i], strlen(reqs[i]), MSG_NOSIGNAL) < 0 || read_response(fd, buf, sizeof buf) < 0) break;
+        if (strncmp(buf, want[i], strlen(want[i]))) fail_msg("request %d: %.80s", i, buf);
+        answered++;
+    }
+    close(fd);
+    int allow = answered == 3 && strstr(buf, "\r\nAllow: POST\r\n") != NULL;
+    assert_int_equal(stop(&s), 0);
+    if (answered != 3) fail_msg("the connection closed after %d answers", answered);
+    if (!allow) fail_msg("405 without \"Allow: POST\": %.300s", buf);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(keep_alive_and_allow, teardown),
         cmocka_unit_test_teardown(completions, teardown),      cmocka_unit_test_teardown(bad_input, teardown),
         cmocka_unit_test_teardown(disconnect, teardown),       cmocka_unit_test_teardown(queue_full, teardown),
         cmocka_unit_test_teardown(shutdown_cancels, teardown), cmocka_unit_test_teardown(loadgen, teardown),

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "nanolm/checkpoint.h"
+#include "nanolm/client.h"
 
 #define BIN "stories260K/stories260K.bin"
 #define TOK "stories260K/tok512.bin"
@@ -184,8 +185,61 @@ static void test_serve_int4(void **state) {
     free(dir);
 }
 
+/* --dummy-arch sizes whose products wrap size_t (or overflow int64) are refused with a message
+ * instead of allocating a wrapped (tiny) parameter array and writing past it. */
+static void test_dummy_arch_overflow(void **state) {
+    (void)state;
+    static const char *const shapes[] = {
+        "{\"vocab_size\":1099511627776,\"dim\":1099511627776,\"n_layers\":1,\"n_heads\":2,\"n_kv_heads\":2,"
+        "\"hidden_dim\":64,\"seq_len\":64}",
+        "{\"vocab_size\":256,\"dim\":4294967296,\"n_layers\":4294967296,\"n_heads\":2,\"n_kv_heads\":2,"
+        "\"hidden_dim\":4294967296,\"seq_len\":64}",
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        char args[600], *out = NULL;
+        snprintf(args, sizeof args, "serve --dummy-arch '%s' --port 0", shapes[k]);
+        int rc = tu_run_cli(args, &out);
+        if (rc != 2 || !strstr(out, "multiplies past 2^53")) fail_msg("shape %zu: exit %d, \"%s\"", k, rc, out);
+        free(out);
+    }
+}
+
+/* NaN logits in a non-streamed request: HTTP 500 naming the model's failure (it used to be 503
+ * "the server is shutting down", while the streamed request got 500). */
+static void test_serve_nan_is_500(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(bin, BIN);
+    TU_REQUIRE_DATA(tok, TOK);
+    nl_model m;
+    char kind[64], path[1024], args[2048];
+    assert_int_equal(nl_ckpt_load_model(bin, &m, kind), NL_OK);
+    m.w.layers[1].wo[5] = NAN;
+    char *dir = tu_tmpdir();
+    snprintf(path, sizeof path, "%s/nan.st", dir);
+    assert_int_equal(nl_ckpt_save(path, &m, kind, NULL), NL_OK);
+    nl_model_free(&m);
+    snprintf(args, sizeof args, "--ckpt '%s' --tokenizer '%s' --threads 1", path, tok);
+    tu_server srv;
+    char *why = NULL;
+    if (tu_server_start(&srv, dir, "nan", args, &why)) fail_msg("%s", why ? why : "the server did not start");
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":8}";
+    nl_http_response r;
+    nl_status rc =
+        nl_http_request("127.0.0.1", srv.port, "POST", "/v1/completions", body, strlen(body), 60, NULL, NULL, &r);
+    int status = rc ? -1 : r.status;
+    char text[512];
+    snprintf(text, sizeof text, "%s", !rc && r.body.data ? r.body.data : "");
+    if (!rc) nl_http_response_free(&r);
+    assert_int_equal(tu_server_stop(&srv), 0);
+    if (status != 500 || !strstr(text, "the model failed")) fail_msg("HTTP %d: %s", status, text);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dummy_arch_overflow),
+        cmocka_unit_test(test_serve_nan_is_500),
         cmocka_unit_test(test_quantized_checkpoint),
         cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_int4_weights),

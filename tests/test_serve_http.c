@@ -89,7 +89,13 @@ static void bad_requests(void **state) {
         {"{\"prompt\":\"a\",\"top_p\":0}", "top_p", "(0, 1]"},
         {"{\"prompt\":\"a\",\"top_k\":-2}", "top_k", "must be in"},
         {"{\"prompt\":\"a\",\"seed\":\"1\"}", "seed", "integer"},
-        {"{\"prompt\":\"a\",\"seed\":9223372036854775808}", "seed", "must be in"},
+        {"{\"prompt\":\"a\",\"seed\":9223372036854775808}", "seed", "(-2^53, 2^53)"},
+        {"{\"prompt\":\"a\",\"seed\":9223372036854775807}", "seed", "(-2^53, 2^53)"},
+        {"{\"prompt\":\"a\",\"seed\":9007199254740993}", "seed", "not exact"}, /* 2^53 + 1 */
+        {"{\"prompt\":\"a\"} {\"prompt\":\"b\"}", "", "data after its JSON value (at byte 15"},
+        {"{\"prompt\":\"a\"}x", "", "data after its JSON value"},
+        {"{\"prompt\":\"a\\u0000b\"}", "", "\\u0000 (a NUL character) at byte 12"},
+        {"{\"prompt\":\"a\", \"stop\":\"\\\\\\u0000\"}", "", "NUL"},
         {"{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "at most 4"},
         {"{\"prompt\":\"a\",\"stop\":[1]}", "stop", "must be a string"},
         {"{\"prompt\":\"a\",\"stop\":\"\"}", "stop", "empty"},
@@ -134,6 +140,12 @@ static void bad_requests(void **state) {
     assert_int_equal(e.status, 400);
     assert_int_equal(nl_http_parse_completion("{\"prompt\":\"abc\"}", 12, 0, &r, &e), NL_ERR_INVALID);
     assert_non_null(strstr(e.message, "not valid JSON"));
+    /* an escaped backslash before "u0000" is text, not NUL; whitespace after the JSON is fine */
+    const char *ok = "{\"prompt\":\"a\\\\u0000b\", \"seed\":9007199254740991}\r\n ";
+    assert_int_equal(nl_http_parse_completion(ok, strlen(ok), 0, &r, &e), NL_OK);
+    assert_string_equal(r.prompt, "a\\u0000b");
+    assert_int_equal(r.seed, 9007199254740991ull);
+    nl_http_completion_free(&r);
 }
 
 static cJSON *event_json(const char *ev) {

@@ -23,18 +23,8 @@ static void test_cosine_schedule(void **state) {
 }
 
 static void tiny_model(nl_model *m) {
-    nl_arch a = {.name = "t",
-                 .vocab_size = 16,
-                 .dim = 8,
-                 .n_layers = 1,
-                 .n_heads = 2,
-                 .n_kv_heads = 1,
-                 .hidden_dim = 12,
-                 .seq_len = 8,
-                 .rope_theta = 10000.0,
-                 .norm_eps = 1e-5};
-    assert_int_equal(nl_model_init(m, &a), NL_OK);
-    nl_model_init_random(m, 3);
+    nl_arch a = tu_arch("t", 16, 8, 1, 2, 1, 12, 8);
+    tu_model(m, &a, 3);
     assert_int_equal(nl_model_alloc_grads(m), NL_OK);
 }
 

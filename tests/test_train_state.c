@@ -267,6 +267,60 @@ static void test_sigterm_saves_and_exits_0(void **state) {
     free(dir);
 }
 
+/* Two runs with the same --out: the second is refused, naming the first's PID, while the first
+ * runs (it used to overwrite the first's checkpoint, and both reported it); after the first ends,
+ * its lock file is gone and the same --out is free again. */
+static void test_out_locked_by_one_run(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(data, SHAKES);
+    char *dir = tu_tmpdir(), ckpt[512], lock[600], args[2048];
+    snprintf(ckpt, sizeof ckpt, "%s/same.st", dir);
+    snprintf(lock, sizeof lock, "%s.lock", ckpt);
+    const char *argv[] = {"train", "--data", data, "--steps", "100000", "--batch", "4", "--seq", "32",
+                          "--eval-windows", "2", "--eval-every", "1", "--warmup", "2", "--out", ckpt, NULL};
+    const tu_run_opts o = {.one_thread = 1, .stdout_only = 1};
+    tu_proc p;
+    assert_int_equal(tu_spawn_cli(&o, argv, &p), 0);
+    assert_int_equal(tu_wait_for_output(&p, "step ", 1), 1);
+    char want[96];
+    snprintf(want, sizeof want, "being written by another run (PID %ld", (long)p.pid);
+    snprintf(args, sizeof args, "train --data %s --steps 4 %s --out %s", data, QUICK, ckpt);
+    char *out = NULL;
+    int rc = run(args, &out);
+    int refused = rc == 1 && out && strstr(out, want) && !strstr(out, " val ");
+    free(out);
+    kill(p.pid, SIGTERM);
+    char *rest = NULL;
+    assert_int_equal(tu_proc_finish(&p, &rest), 0);
+    free(rest);
+    assert_true(refused);
+    assert_int_equal(access(lock, F_OK), -1); /* removed by the run that held it */
+    snprintf(args, sizeof args, "train --data %s --steps 4 %s --out %s", data, QUICK, ckpt);
+    assert_int_equal(run(args, NULL), 0);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+/* A short run (warmup steps/10, since the default 100 is not below its steps) is extended with
+ * more --steps without repeating a --warmup the user never gave: resume takes the recorded one. */
+static void test_resume_derives_warmup(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(data, SHAKES);
+    char *dir = tu_tmpdir(), args[2048];
+    snprintf(args, sizeof args, "train --data %s --steps 20 --batch 4 --seq 32 --eval-windows 2 --out %s/m.st", data,
+             dir);
+    assert_int_equal(run(args, NULL), 0);
+    snprintf(args, sizeof args, "train --data %s --steps 30 --batch 4 --seq 32 --eval-windows 2 --resume %s/m.st",
+             data, dir);
+    assert_int_equal(run(args, NULL), 0);
+    /* a --warmup given explicitly is still checked against the recorded one */
+    snprintf(args, sizeof args,
+             "train --data %s --steps 40 --batch 4 --seq 32 --eval-windows 2 --warmup 7 --resume %s/m.st", data, dir);
+    expect_fail(args, "warmup 2 steps, this run asks for 7");
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_good),
@@ -275,6 +329,8 @@ int main(void) {
         cmocka_unit_test(test_resume_must_match),
         cmocka_unit_test(test_outputs_checked_first),
         cmocka_unit_test(test_sigterm_saves_and_exits_0),
+        cmocka_unit_test(test_out_locked_by_one_run),
+        cmocka_unit_test(test_resume_derives_warmup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

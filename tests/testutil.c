@@ -332,3 +332,27 @@ void tu_server_kill(tu_server *s) {
     waitpid(s->pid, NULL, 0);
     s->pid = -1;
 }
+
+nl_arch tu_arch(const char *name, int64_t vocab, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,
+                int64_t hidden, int64_t seq_len) {
+    nl_arch a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.name, sizeof a.name, "%s", name);
+    a.vocab_size = vocab;
+    a.dim = dim;
+    a.n_layers = layers;
+    a.n_heads = heads;
+    a.n_kv_heads = kv_heads;
+    a.hidden_dim = hidden;
+    a.seq_len = seq_len;
+    a.rope_theta = 10000;
+    a.norm_eps = 1e-5;
+    return a;
+}
+
+void tu_model(nl_model *m, const nl_arch *a, uint64_t seed) {
+    nl_status rc = nl_model_init(m, a);
+    if (rc) print_error("tu_model: %s\n", nl_last_error());
+    assert_int_equal(rc, NL_OK);
+    nl_model_init_random(m, seed);
+}

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <cmocka.h>
 
+#include "nanolm/model.h"
+
 /* Path of a data file `rel` (e.g. "tinyshakespeare/input.txt"): under the committed data/
  * folder (NANOLM_DATA), else under the optional larger-data folder (NANOLM_DATA_EXTRA, by default
  * ../shared/data), else NULL. Returned buffer is static per call slot (8 slots, round-robin). */
@@ -87,5 +89,13 @@ void tu_rmdir(const char *dir);
 char *tu_read_file(const char *path, size_t *bytes);
 /* Path under the source tree (NANOLM_SRC), e.g. tests/ref/x.bin. Static buffer slots. */
 const char *tu_src_path(const char *rel);
+
+
+/* The small model shapes the tests build: the given sizes, RoPE theta 10000, RMSNorm eps 1e-5,
+ * everything else 0 (untied, dense); a test sets other fields after. */
+nl_arch tu_arch(const char *name, int64_t vocab, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,
+                int64_t hidden, int64_t seq_len);
+/* nl_model_init(m, a) and nl_model_init_random(m, seed); fails the test when the shape is refused. */
+void tu_model(nl_model *m, const nl_arch *a, uint64_t seed);
 
 #endif

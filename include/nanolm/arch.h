@@ -73,7 +73,10 @@ typedef struct nl_arch_params {
     int64_t non_embedding; /* total - embedding - classifier (Kaplan/Chinchilla-style N) */
     int64_t active;        /* parameters used per token (top_k + shared experts only) */
 } nl_arch_params;
+/* Counts are exact up to NL_ARCH_MAX_PARAMS (which nl_arch_validate enforces for the total) and
+ * clamped, never overflowed, past it. */
 void nl_arch_count_params(const nl_arch *a, nl_arch_params *out);
+#define NL_ARCH_MAX_PARAMS ((int64_t)1 << 53)
 
 /* The arch as one-line JSON (every field, MoE included), as checkpoints store it in their
  * metadata. Returns a malloc'd string (free with free()) or NULL when out of memory. */

@@ -83,6 +83,13 @@ uint64_t nl_rng_below(nl_rng *r, uint64_t n);
 /* Standard normal (Box-Muller, deterministic). */
 double nl_rng_normal(nl_rng *r);
 
+/* ---- sorting -------------------------------------------------------------------------------- */
+/* Sorts v ascending (qsort; the one comparator of doubles). */
+void nl_sort_doubles(double *v, size_t n);
+/* The median of v's n values (the mean of the middle two when n is even), sorting v in place;
+ * NaN when n is 0. */
+double nl_median(double *v, size_t n);
+
 /* ---- time ---------------------------------------------------------------------------------- */
 /* Monotonic seconds since an arbitrary origin. */
 double nl_time_s(void);
@@ -128,6 +135,16 @@ void nl_atomic_remove_pending(void);
  * "<path>.tmp.<pid>" is created and removed; an existing `path` is not touched). `what` names
  * the output in the message (e.g. "--out"). Errors: NL_ERR_IO naming the path and the reason. */
 nl_status nl_check_writable(const char *path, const char *what);
+/* Sends all n bytes of p on socket fd (send with MSG_NOSIGNAL, retried on EINTR): 0, or -1 when
+ * the connection failed or closed (errno says why). */
+int nl_send_all(int fd, const void *p, size_t n);
+/* Advisory lock of an output that a long run rewrites (a training checkpoint): an flock on
+ * "<path>.lock", which holds the owner's PID. A second run locking the same path gets NL_ERR_IO
+ * naming `what`, the path and the first run's PID. *fd receives the lock's descriptor (-1 on
+ * failure); nl_output_unlock removes the lock file and closes it (the kernel drops the lock of a
+ * killed process; its stale file is taken over). */
+nl_status nl_output_lock(const char *path, const char *what, int *fd);
+void nl_output_unlock(const char *path, int fd);
 /* Whole-file helpers. nl_read_file returns a NUL-terminated buffer (free with nl_free). */
 nl_status nl_read_file(const char *path, char **data, size_t *bytes);
 nl_status nl_write_file_atomic(const char *path, const void *data, size_t bytes);

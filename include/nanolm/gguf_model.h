@@ -33,6 +33,7 @@
 #include "nanolm/arch.h"
 #include "nanolm/base.h"
 #include "nanolm/gguf.h"
+#include "nanolm/matvec.h"
 #include "nanolm/model.h"
 #include "nanolm/tokenizer.h"
 
@@ -60,6 +61,15 @@ typedef struct nl_gguf_info {
 nl_status nl_gguf_load_model(const char *path, int64_t max_seq, nl_model *m, nl_gguf_info *info);
 /* The tokenizer stored in the file (see above); V is the model's vocabulary. */
 nl_status nl_gguf_load_tokenizer(const char *path, int64_t V, nl_tokenizer *tok);
+
+/* Replaces INT4 decode weights made from m's fp32 matrices by the Q4_0 blocks of the GGUF file m
+ * was loaded from (nl_mv_weight_init_q4_0: the file's own scales and codes, so decode computes
+ * with exactly llama.cpp's weights). w holds 4 * L + 1 weights in the order the model lays out
+ * its linears: per layer q|k|v fused (QKV, C), o (C, NH*hd), gate|up fused (2H, C), down (C, H);
+ * then the classifier (output.weight, or token_embd.weight when tied). A group whose tensors are
+ * not all Q4_0 keeps its weight. *replaced (may be NULL) receives how many were replaced.
+ * Errors: NL_ERR_FORMAT/IO naming the file, NL_ERR_NOMEM. */
+nl_status nl_gguf_int4_weights(const char *path, const nl_model *m, nl_mv_weight *w, int *replaced);
 
 /* Writes m as a llama-architecture GGUF: matrices (embedding, linears, classifier) as `type`
  * (F32, F16, BF16, Q8_0, Q4_0; a matrix whose row is not whole blocks of 32 stays F32, as

@@ -7,20 +7,22 @@
  *   request, decode -> prefill: 64-byte header, then n_tokens int32 prompt tokens
  *     0 magic "NKVQ"  4 version (1)  8 shape: n_layers, n_heads, kv_heads, head_dim, vocab,
  *     seq_len (6 x u32)  32 KV format (0 fp32, 1 int8)  36 n_tokens  40 temperature (f32)
- *     44 top_p (f32)  48 top_k  52 reserved (0)  56 seed (u64)
+ *     44 top_p (f32)  48 top_k  52 request id (u32)  56 seed (u64)
  *   answer, prefill -> decode: 104-byte header, then either status == 0: n_tokens int32 prompt
  *   tokens and kv_bytes of K/V (nl_kvcache_gather's layout), or status != 0: text_len bytes of
  *   error message
  *     0 magic "NKVK"  4 version (1)  8 status (0 ok, else an nl_status)  12 shape (6 x u32)
  *     36 KV format  40 block_size  44 n_blocks (= ceil(n_tokens / block_size) of the sender)
  *     48 n_tokens  52 first_token  56 generator state (4 x u64)  88 kv_bytes (u64)
- *     96 text_len  100 reserved (0)
+ *     96 text_len  100 request id (the request's, echoed)
  *
  * Every field is validated on receipt before anything is allocated: the magic, the version,
  * the model shape and KV format against the receiver's, n_tokens in [1, seq_len), tokens in
  * the vocabulary, n_blocks against n_tokens, and kv_bytes equal to exactly
  * 2 x n_layers x kv_heads x head_dim x bytes x n_tokens (+ the int8 format's fp16 scales,
- * 2 x n_layers x kv_heads x 2 x n_tokens). Bad input gets NL_ERR_FORMAT naming the field.
+ * 2 x n_layers x kv_heads x 2 x n_tokens). Bad input gets NL_ERR_FORMAT naming the field. The
+ * decode side also checks that an answer is for its request: the request id and every prompt
+ * token.
  */
 #ifndef NANOLM_KV_TRANSFER_H
 #define NANOLM_KV_TRANSFER_H
@@ -53,6 +55,7 @@ typedef struct nl_kvx_request {
     int32_t *tokens; /* (n_tokens) nl_free */
     int64_t n_tokens;
     nl_sampling s; /* temperature, top_p, top_k, seed; the rest default */
+    uint32_t id;   /* the request id, which the answer echoes */
 } nl_kvx_request;
 
 /* Encodes a request (buf: nl_free). NL_ERR_INVALID for n outside [1, seq_len]. */
@@ -82,7 +85,8 @@ nl_status nl_kvx_parse_kv(const uint8_t *msg, size_t len, const nl_kvx_shape *ex
  * addr ("HOST:PORT", IPv4), waits for its answer and parses it into out (nl_engine_kv_free).
  * *bytes_moved (may be NULL) receives the bytes of the answer (header, tokens and K/V).
  * Errors: NL_ERR_IO naming addr (cannot connect, connection closed, timeout), the remote
- * side's status and message, NL_ERR_FORMAT for a bad answer. */
+ * side's status and message, NL_ERR_FORMAT for a bad answer or one for another request (its id
+ * or its prompt tokens differ). */
 nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const int32_t *prompt, int64_t n,
                                 const nl_sampling *s, nl_engine_kv *out, size_t *bytes_moved);
 

@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* Storage format of a decode weight. AUTO (engine options only): fp32 for an fp32 checkpoint,
- * int8 for a quantized int8 per-channel checkpoint. */
+ * int8 for a quantized int8 per-channel checkpoint or a Q8_0 GGUF, int4 for a Q4_0 GGUF. */
 typedef enum nl_wfmt {
     NL_WFMT_AUTO = -1,
     NL_WFMT_FP32 = 0,
@@ -128,6 +128,12 @@ nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64
 /* INT8 from existing codes (N, K) and per-row scales (N) (a quantized checkpoint). Errors as
  * nl_qlinear_init_codes. */
 nl_status nl_mv_weight_init_int8(nl_mv_weight *wt, const int8_t *codes, const float *scales, int64_t N, int64_t K);
+/* INT4 straight from llama.cpp's Q4_0 blocks (N rows of K / 32 blocks of 18 bytes: fp16 scale d,
+ * then byte i = column i low nibble, column i + 16 high, value (nibble - 8) * d), which is this
+ * format's group layout: the scales and codes are copied, so the kernels compute with exactly
+ * the file's weights (d may be negative: llama.cpp's quantizer divides by -8). K must be a
+ * multiple of 32. Errors: NL_ERR_INVALID (sizes, an inf/NaN scale naming the row), NL_ERR_NOMEM. */
+nl_status nl_mv_weight_init_q4_0(nl_mv_weight *wt, const void *blocks, int64_t N, int64_t K);
 /* Frees what the weight owns; safe on a zeroed struct. */
 void nl_mv_weight_free(nl_mv_weight *wt);
 /* Lets go of the fp32 matrix the weight was made from, where it keeps a copy of its own: 1 for

@@ -471,18 +471,32 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *out);
 void nl_serve_req_default(nl_serve_req *q);
 
 /* ---- validation against published runs ------------------------------------------------- */
-/* One published figure (tests/validation/published.json) and what the planner predicts for it
- * with the default assumptions. */
+/* Every training, serving and memory case of tests/validation is a command line a user runs
+ * ("plan train ...", "plan serve ...", "budget ..."); validation runs it with --json through a
+ * runner the CLI supplies and reads the figure from its output, so nothing here prices a case
+ * in a way the commands cannot. The runner returns the command's standard output (malloc'd; the
+ * caller frees it) and its exit status, or NULL when it could not run it. Collectives (nccl-tests
+ * bus bandwidth) have no command and are priced with nl_plan_coll_time. */
+typedef char *(*nl_valid_runner)(const char *command, int *exit_status, void *ctx);
+
+/* One published figure and what the planner predicts for it: in sample (the constants as the
+ * catalog sets them) and, with holdout, leave-one-source-out (the calibrated constants refit on
+ * every case but those of the case's own source). */
 typedef struct nl_valid_case {
     char id[64];
     char group[16];  /* "train", "memory", "serve", "collective" */
     char metric[32]; /* "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "state_gb", ... */
     char unit[96];
     char source[320];
+    char source_id[48]; /* the paper or repository: the unit left out together */
+    char command[640];  /* the user command ("" for collectives) */
+    char gpu[32];       /* --gpu of the command ("" when none) */
     double published, predicted;
     double err;  /* signed relative error: predicted / published - 1 */
     int fits;    /* training cases: the published layout fits in memory; -1 elsewhere */
     int formula; /* the published figure is the source's own formula (memory accounting) */
+    double predicted_holdout, err_holdout; /* leave-one-source-out (= in sample for uncalibrated groups) */
+    double gemm_eff_holdout;               /* the GEMM efficiency fit without this case's source (0: none) */
 } nl_valid_case;
 
 typedef struct nl_valid_group {
@@ -494,17 +508,38 @@ typedef struct nl_valid_group {
     double worst_formula_abs;
 } nl_valid_group;
 
+/* A calibrated constant: the GEMM efficiency of a GPU generation, its catalog value, and what
+ * a fit on all the cases gives. */
+typedef struct nl_valid_const {
+    char name[48];     /* "gemm_eff a100" */
+    char gpus[64];     /* the catalog GPUs it applies to */
+    double catalog;    /* the value the catalog sets (in sample) */
+    double fit_all;    /* fit on every case */
+    int n_cases;       /* cases it is fit on */
+    char sources[256]; /* their source ids */
+} nl_valid_const;
+
+#define NL_VALID_CONSTS 2
 typedef struct nl_valid_result {
     nl_valid_case *cases;
     size_t n;
-    nl_valid_group groups[4]; /* train, memory, serve, collective (n = 0 when none) */
-    int n_nofit;              /* training cases whose published layout the planner rejects */
+    nl_valid_group groups[4];  /* train, memory, serve, collective (n = 0 when none): in sample */
+    nl_valid_group holdout[4]; /* the same, leave-one-source-out (holdout runs only) */
+    int has_holdout;
+    nl_valid_const consts[NL_VALID_CONSTS];
+    int n_nofit; /* training cases whose published layout the planner rejects */
 } nl_valid_result;
 /* Loads the validation set at `path` (a JSON array, one object per published figure: id, group,
- * source, model or arch, gpu, layout, metric, published; see tests/validation/README.md) and
- * prices every entry with the default assumptions, models and GPUs from `cat`. NL_ERR_IO /
- * NL_ERR_FORMAT naming the file and the entry on bad input. Free with nl_plan_validate_free. */
-nl_status nl_plan_validate(const nl_catalog *cat, const char *path, nl_valid_result *out);
+ * source, source_id, command or the collective's fields, metric, published; see
+ * tests/validation/README.md), runs every command through `run` and compares. With holdout,
+ * also refits the GEMM efficiency of each GPU generation (A100: a100, a100-40; Hopper: h100,
+ * h200, h800) on the training and serving cases, leaving out one source at a time
+ * (median |error|, grid 0.40..0.90 in steps of 0.01), and prices each case with the constant fit
+ * without its source. NL_ERR_IO / NL_ERR_FORMAT naming the file and the entry on bad input, a
+ * command that fails for another reason than its layout not fitting included. Free with
+ * nl_plan_validate_free. */
+nl_status nl_plan_validate(const nl_catalog *cat, const char *path, nl_valid_runner run, void *ctx, int holdout,
+                           nl_valid_result *out);
 void nl_plan_validate_free(nl_valid_result *r);
 /* Signed errors per case as horizontal bars, grouped. */
 nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r);

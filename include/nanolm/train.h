@@ -119,7 +119,8 @@ typedef struct nl_train_opts {
     int64_t batch, seq; /* B windows of T tokens per micro-batch (seq 0: the model's seq_len) */
     int64_t grad_accum; /* micro-batches per step (gradients averaged) */
     float lr, lr_min;   /* cosine from lr to lr_min */
-    int64_t warmup;     /* linear warmup steps */
+    int64_t warmup;     /* linear warmup steps; < 0: derived (a resumed run's recorded warmup,
+                           else 100, or steps/10 when that is not below steps) */
     float weight_decay, beta1, beta2, adam_eps, grad_clip;
     nl_precision precision;
     float loss_scale_init;    /* fp16: initial loss scale (0: GradScaler's 65536) */
@@ -211,6 +212,9 @@ typedef struct nl_trainer {
     const nl_train_layout *layout; /* a parallel layout's hooks (NULL: this process alone, `model`) */
     int64_t tokens_done;
     struct nl_step_prof *prof; /* NANOLM_STEP_PROFILE set: the phases of the steps (nanolm/step_prof.h) */
+    int64_t warmup;            /* the warmup this run uses: o->warmup, or derived when that is < 0 */
+    char *out_lock_path;       /* o->out while this run holds its lock (nl_output_lock), else NULL */
+    int out_lock_fd;
 } nl_trainer;
 
 /* Builds the model (fresh from arch and seed, or from o->resume with its state) and allocates

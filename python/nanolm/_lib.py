@@ -188,6 +188,32 @@ def as_f32(x, what="x"):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def as_int(v, what, lo=-(1 << 63), hi=(1 << 63) - 1):
+    """An integer argument checked before it reaches a C integer (which would truncate a float
+    and wrap a negative or too large value silently): an int, a numpy integer or an integral
+    float; bool, fractional, NaN and non-numbers are a TypeError, values outside [lo, hi] an
+    InvalidError naming the argument."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, float, np.floating)):
+        raise TypeError(f"nanolm: {what} must be an integer, got {v!r}")
+    if isinstance(v, (float, np.floating)):
+        if not np.isfinite(v) or not float(v).is_integer():
+            raise TypeError(f"nanolm: {what} must be an integer, got {v!r}")
+    v = int(v)
+    if v < lo or v > hi:
+        raise InvalidError(f"{what} must be in [{lo}, {hi}], got {v}", 1, "invalid argument")
+    return v
+
+
+def check_scales(s, what):
+    """Scales handed to a dequantizer: positive and finite, as nl_quant_affine_codes requires
+    (the codes' tensor is filled here, so the C check would not see them)."""
+    bad = ~(np.isfinite(s) & (s > 0))
+    if bad.any():
+        raise InvalidError(f"{what}: scale must be positive and finite, got {s.reshape(-1)[np.argmax(bad.reshape(-1))]:g}",
+                           1, "invalid argument")
+    return s
+
+
 def fptr(a):
     return a.ctypes.data_as(c_float_p)
 

@@ -13,7 +13,9 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _lib
-from ._lib import as_f32, check, fn, fptr, i64, lib
+from ._lib import as_f32, as_int, check, check_scales, fn, fptr, i64, lib
+
+_I32 = (-(1 << 31), (1 << 31) - 1)
 
 SYMMETRIC, AFFINE, MX = 0, 1, 2
 PER_TENSOR, PER_CHANNEL, PER_BLOCK = 0, 1, 2
@@ -164,6 +166,14 @@ def _codes_in(q, lo, hi, dtype, what):
     return np.ascontiguousarray(a, dtype=dtype)
 
 
+def _scales_in(scale, what):
+    """Scales as float32: real numbers only (a complex or string scale is a TypeError)."""
+    a = _lib.to_numpy(scale)
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"nanolm: {what}: scale must hold real numbers, got dtype {a.dtype}")
+    return np.asarray(a, np.float32)
+
+
 def _scale_out(s, axis):
     return s[0] if axis is None else s
 
@@ -176,7 +186,8 @@ def quantize_symmetric(x, bits=8, axis=None):
     x = as_f32(x)
     rows, cols, axis = _rows_cols(x.shape, axis)
     m = _to_rows(x, axis)
-    qt = _run("quantize_symmetric", lambda p: lib.nl_quant_symmetric(fptr(m), rows, cols, int(bits),
+    bits = as_int(bits, "quantize_symmetric: bits", *_I32)
+    qt = _run("quantize_symmetric", lambda p: lib.nl_quant_symmetric(fptr(m), rows, cols, bits,
                                                                      0 if axis is None else 1, p))
     try:
         return Symmetric(_from_rows(_codes(qt), x.shape, axis), _scale_out(_scales(qt), axis))
@@ -189,7 +200,7 @@ def dequantize_symmetric(q, scale, axis=None):
     q = _codes_in(q, -128, 127, np.int8, "dequantize_symmetric")
     rows, cols, axis = _rows_cols(q.shape, axis)
     spec = QuantSpec(SYMMETRIC, PER_TENSOR if axis is None else PER_CHANNEL, 8, 0, 0, 0, 0)
-    s = np.asarray(scale, np.float32)
+    s = check_scales(_scales_in(scale, "dequantize_symmetric"), "dequantize_symmetric")
     return _from_rows(_dequantize(spec, _to_rows(q, axis), s, None, "dequantize_symmetric"), q.shape, axis)
 
 
@@ -200,7 +211,8 @@ def quantize_affine(x, bits=8, axis=None, unsigned=False):
     x = as_f32(x)
     rows, cols, axis = _rows_cols(x.shape, axis)
     m = _to_rows(x, axis)
-    qt = _run("quantize_affine", lambda p: lib.nl_quant_affine(fptr(m), rows, cols, int(bits), 1 if unsigned else 0,
+    bits = as_int(bits, "quantize_affine: bits", *_I32)
+    qt = _run("quantize_affine", lambda p: lib.nl_quant_affine(fptr(m), rows, cols, bits, 1 if unsigned else 0,
                                                                0 if axis is None else 1, p))
     try:
         zp = np.ctypeslib.as_array(qt.zero_points, shape=(qt.n_scales,)).copy()
@@ -218,8 +230,14 @@ def dequantize_affine(q, scale, zero_point, axis=None):
                   "dequantize_affine")
     rows, cols, axis = _rows_cols(q.shape, axis)
     spec = QuantSpec(AFFINE, PER_TENSOR if axis is None else PER_CHANNEL, 8, 0, 1 if unsigned else 0, 0, 0)
-    out = _dequantize(spec, _to_rows(q, axis), np.asarray(scale, np.float32), np.asarray(zero_point, np.int32),
-                      "dequantize_affine")
+    s = check_scales(_scales_in(scale, "dequantize_affine"), "dequantize_affine")
+    zp = _lib.to_numpy(zero_point)
+    if zp.dtype.kind not in "iu":
+        raise TypeError(f"nanolm: dequantize_affine: zero_point must be integers, got dtype {zp.dtype}")
+    if zp.size and (zp.min() < -(1 << 31) or zp.max() > (1 << 31) - 1):
+        raise _lib.InvalidError(f"dequantize_affine: zero_point must fit int32, got [{zp.min()}, {zp.max()}]", 1,
+                                "invalid argument")
+    out = _dequantize(spec, _to_rows(q, axis), s, zp.astype(np.int32), "dequantize_affine")
     return _from_rows(out, q.shape, axis)
 
 
@@ -230,8 +248,9 @@ def quantize_blockwise(x, block_size, bits=8):
     shape = x.shape if x.ndim else (1,)
     rows, cols = (int(np.prod(shape[:-1])), shape[-1])
     m = x.reshape(rows, cols)
-    qt = _run("quantize_blockwise", lambda p: lib.nl_quant_blockwise(fptr(m), rows, cols, int(bits),
-                                                                     int(block_size), p))
+    bits = as_int(bits, "quantize_blockwise: bits", *_I32)
+    block_size = as_int(block_size, "quantize_blockwise: block_size")
+    qt = _run("quantize_blockwise", lambda p: lib.nl_quant_blockwise(fptr(m), rows, cols, bits, block_size, p))
     try:
         return Blockwise(_codes(qt).reshape(x.shape), _scales(qt).reshape(shape[:-1] + (qt.groups_per_row,)))
     finally:
@@ -243,6 +262,7 @@ def dequantize_blockwise(q, scale, block_size):
     q = _codes_in(q, -128, 127, np.int8, "dequantize_blockwise")
     shape = q.shape if q.ndim else (1,)
     rows, cols = int(np.prod(shape[:-1])), shape[-1]
-    spec = QuantSpec(SYMMETRIC, PER_BLOCK, 8, int(block_size), 0, 0, 0)
-    out = _dequantize(spec, q.reshape(rows, cols), np.asarray(scale, np.float32), None, "dequantize_blockwise")
+    spec = QuantSpec(SYMMETRIC, PER_BLOCK, 8, as_int(block_size, "dequantize_blockwise: block_size"), 0, 0, 0)
+    s = check_scales(_scales_in(scale, "dequantize_blockwise"), "dequantize_blockwise")
+    out = _dequantize(spec, q.reshape(rows, cols), s, None, "dequantize_blockwise")
     return out.reshape(q.shape)

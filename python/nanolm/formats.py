@@ -85,7 +85,7 @@ def cast(x, fmt, rounding="rne", overflow="default", seed=1):
         return out
     flat = out.reshape(-1)
     rng = ctypes.create_string_buffer(32)
-    lib.nl_rng_seed(rng, int(seed))
+    lib.nl_rng_seed(rng, _lib.as_int(seed, "cast: seed", 0, (1 << 64) - 1))
     code = ctypes.c_uint32()
     for i in range(flat.size):
         rand = lib.nl_rng_u32(rng) if r == 2 else 0
@@ -111,6 +111,10 @@ def decode(codes, fmt):
     c = _lib.to_numpy(codes)
     if c.dtype.kind not in "iu":
         raise TypeError(f"nanolm: decode: codes must be integers, got dtype {c.dtype}")
+    top = (1 << (8 * np.dtype(dt).itemsize)) - 1
+    if c.size and (c.min() < 0 or c.max() > top):
+        raise _lib.InvalidError(f"decode: codes of {fmt} must be in [0, {top}], got [{c.min()}, {c.max()}]", 1,
+                                "invalid argument")
     c = np.ascontiguousarray(c, dtype=dt)
     out = np.empty(c.shape, np.float32)
     check(lib.nl_fmt_decode_array(f, c.ctypes.data_as(ctypes.c_void_p), c.size, fptr(out)), "decode")

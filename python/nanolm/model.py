@@ -253,7 +253,10 @@ class Model:
         if len(ids) > h.arch.seq_len:
             raise _lib.InvalidError(f"generate: the prompt is {len(ids)} tokens, longer than the model's seq_len "
                                     f"{h.arch.seq_len}", 1, "invalid argument")
-        steps = min(int(steps), int(h.arch.seq_len))
+        steps = min(_lib.as_int(steps, "generate: steps", 0), int(h.arch.seq_len))
+        seed = _lib.as_int(seed, "generate: seed", 0, (1 << 64) - 1)
+        if not np.isfinite(temperature):
+            raise _lib.InvalidError(f"generate: temperature must be finite, got {temperature}", 1, "invalid argument")
         if self._kv != kv_cache:
             check(lib.nl_model_alloc_kv_dtype(m, _KV[kv_cache]), "generate")
             self._kv = kv_cache
@@ -288,11 +291,12 @@ class Model:
         array of token ids (all of it). The first call sizes the activations for (batch, seq)."""
         m = self._alive()
         h = self._head
-        T = int(seq or h.arch.seq_len)
+        T = _lib.as_int(seq or h.arch.seq_len, "eval_loss: seq", 1)
         if T > h.arch.seq_len:
             raise _lib.InvalidError(f"eval_loss: seq {T} exceeds the model's seq_len {h.arch.seq_len}", 1,
                                     "invalid argument")
-        B = int(batch)
+        B = _lib.as_int(batch, "eval_loss: batch", 1)
+        max_windows = _lib.as_int(max_windows, "eval_loss: max_windows", 0)
         if self._acts is None:
             check(lib.nl_model_alloc_acts(m, B, T), "eval_loss")
             self._acts = (B, T)

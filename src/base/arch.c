@@ -1,5 +1,6 @@
 /* Transformer shapes: validation, exact parameter counts, NanoLM presets. */
 #include <stddef.h>
+#include <stdint.h>
 #include "nanolm/arch.h"
 
 #include <cjson/cJSON.h>
@@ -10,6 +11,8 @@
 int64_t nl_arch_head_dim(const nl_arch *a) {
     return a->head_dim > 0 ? a->head_dim : (a->n_heads > 0 ? a->dim / a->n_heads : 0);
 }
+
+static double count_params(const nl_arch *a, nl_arch_params *p);
 
 nl_status nl_arch_validate(const nl_arch *a) {
 #define POS(f)                                                                                                         \
@@ -46,6 +49,17 @@ nl_status nl_arch_validate(const nl_arch *a) {
                        "original_max_position_embeddings > 0 (got %g, %g, %g, %lld)",
                        a->name, a->rope_scaling_factor, a->rope_low_freq_factor, a->rope_high_freq_factor,
                        (long long)a->rope_original_max_pos);
+    /* sizes multiply: the parameter count must stay an exact integer in int64 and in size_t */
+    nl_arch_params p;
+    double total = count_params(a, &p);
+    if (total >= (double)NL_ARCH_MAX_PARAMS)
+        return nl_fail(NL_ERR_INVALID, "arch %s: %.4g parameters; the shape multiplies past 2^53 (%.4g)", a->name,
+                       total, (double)NL_ARCH_MAX_PARAMS);
+    double kv_width = (double)a->n_kv_heads * (double)nl_arch_head_dim(a) + (double)a->kv_lora_rank;
+    if ((double)a->seq_len * (double)a->n_layers * 2 * kv_width >= (double)NL_ARCH_MAX_PARAMS)
+        return nl_fail(NL_ERR_INVALID,
+                       "arch %s: a full context's KV cache (seq_len %lld x %lld layers x 2 x %.0f) multiplies past 2^53",
+                       a->name, (long long)a->seq_len, (long long)a->n_layers, kv_width);
     return NL_OK;
 }
 
@@ -63,41 +77,52 @@ double nl_arch_rope_inv_freq(const nl_arch *a, int64_t i) {
     return (1 - smooth) * f / a->rope_scaling_factor + smooth * f;
 }
 
-void nl_arch_count_params(const nl_arch *a, nl_arch_params *p) {
+/* A count computed in double: exact below 2^53 (every term is a non-negative integer no larger
+ * than the total), and clamped rather than overflowed for shapes nl_arch_validate refuses. */
+static int64_t count_i64(double x) { return x >= 0x1p62 ? INT64_MAX : x <= -0x1p62 ? INT64_MIN : (int64_t)x; }
+
+/* Fills p and returns the total, unclamped. */
+static double count_params(const nl_arch *a, nl_arch_params *p) {
     memset(p, 0, sizeof *p);
-    int64_t hd = nl_arch_head_dim(a);
-    int64_t q = a->n_heads * hd, kv = a->n_kv_heads * hd;
-    int64_t moe_layers = 0;
+    double hd = (double)nl_arch_head_dim(a), dim = (double)a->dim, nh = (double)a->n_heads;
+    double q = nh * hd, kv = (double)a->n_kv_heads * hd, L = (double)a->n_layers;
+    double moe_layers = 0;
     if (a->n_experts > 0) {
-        moe_layers = a->n_layers - a->first_moe_layer;
+        moe_layers = L - (double)a->first_moe_layer;
         if (moe_layers < 0) moe_layers = 0;
     }
-    int64_t dense_layers = a->n_layers - moe_layers;
-    p->embedding = a->vocab_size * a->dim;
-    p->classifier = a->tied_embeddings ? 0 : a->vocab_size * a->dim;
+    double dense_layers = L - moe_layers, emb = (double)a->vocab_size * dim, att;
     if (a->kv_lora_rank > 0) {
         /* MLA (DeepSeek-V2 sec. 2.1): q = W_qb·norm(W_qa x) (or W_q x), [c_kv, k_rope] = W_kva x,
          * [k_nope, v] = W_kvb·norm(c_kv), out = W_o v; the two low-rank norms count here. */
-        int64_t qk = hd + a->qk_rope_head_dim;
-        int64_t wq = a->q_lora_rank > 0 ? a->dim * a->q_lora_rank + a->q_lora_rank + a->q_lora_rank * a->n_heads * qk
-                                        : a->dim * a->n_heads * qk;
-        int64_t wkv = a->dim * (a->kv_lora_rank + a->qk_rope_head_dim) + a->kv_lora_rank +
-                      a->kv_lora_rank * a->n_heads * (hd + a->v_head_dim);
-        p->attention = a->n_layers * (wq + wkv + a->n_heads * a->v_head_dim * a->dim);
+        double qk = hd + (double)a->qk_rope_head_dim, qr = (double)a->q_lora_rank, kvr = (double)a->kv_lora_rank;
+        double wq = a->q_lora_rank > 0 ? dim * qr + qr + qr * nh * qk : dim * nh * qk;
+        double wkv = dim * (kvr + (double)a->qk_rope_head_dim) + kvr + kvr * nh * (hd + (double)a->v_head_dim);
+        att = L * (wq + wkv + nh * (double)a->v_head_dim * dim);
     } else {
-        p->attention = a->n_layers * (a->dim * q + 2 * a->dim * kv + q * a->dim + (a->qkv_bias ? q + 2 * kv : 0));
+        att = L * (dim * q + 2 * dim * kv + q * dim + (a->qkv_bias ? q + 2 * kv : 0));
     }
-    p->mlp_dense = dense_layers * 3 * a->dim * a->hidden_dim;
-    int64_t expert = 3 * a->dim * a->expert_hidden_dim;
-    p->mlp_experts = moe_layers * a->n_experts * expert;
-    p->mlp_shared = moe_layers * a->n_shared_experts * expert;
-    p->router = moe_layers * a->dim * a->n_experts;
-    p->norms = (2 * a->n_layers + 1) * a->dim;
-    p->total = p->embedding + p->classifier + p->attention + p->mlp_dense + p->mlp_experts + p->mlp_shared + p->router +
-               p->norms;
-    p->non_embedding = p->total - p->embedding - p->classifier;
-    p->active = p->total - p->mlp_experts + moe_layers * a->top_k * expert;
+    double dense = dense_layers * 3 * dim * (double)a->hidden_dim;
+    double expert = 3 * dim * (double)a->expert_hidden_dim;
+    double experts = moe_layers * (double)a->n_experts * expert, shared = moe_layers * (double)a->n_shared_experts * expert;
+    double router = moe_layers * dim * (double)a->n_experts, norms = (2 * L + 1) * dim;
+    double cls = a->tied_embeddings ? 0 : emb;
+    double total = emb + cls + att + dense + experts + shared + router + norms;
+    p->embedding = count_i64(emb);
+    p->classifier = count_i64(cls);
+    p->attention = count_i64(att);
+    p->mlp_dense = count_i64(dense);
+    p->mlp_experts = count_i64(experts);
+    p->mlp_shared = count_i64(shared);
+    p->router = count_i64(router);
+    p->norms = count_i64(norms);
+    p->total = count_i64(total);
+    p->non_embedding = count_i64(total - emb - cls);
+    p->active = count_i64(total - experts + moe_layers * (double)a->top_k * expert);
+    return total;
 }
+
+void nl_arch_count_params(const nl_arch *a, nl_arch_params *p) { (void)count_params(a, p); }
 
 static const nl_arch presets[] = {
     /* llama2.c's stories260K (tinyllamas): the shape of data/stories260K. */

@@ -9,6 +9,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,13 +67,6 @@ void nl_progress_end(nl_progress *p) {
 
 /* ---- atomic files ---- */
 
-static char *dupstr(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
 /* The temp file of the atomic write in progress (one at a time per process is what nanolm does;
  * the last one opened is remembered), for nl_atomic_remove_pending in a signal handler. */
 static char pending_tmp[4096];
@@ -108,7 +103,7 @@ nl_status nl_check_writable(const char *path, const char *what) {
     }
     if (fd < 0) {
         int e = errno;
-        char *d = dupstr(path);
+        char *d = strdup(path);
         nl_status rc = nl_fail(NL_ERR_IO, "%s %s cannot be written: cannot create a file in %s: %s", what, path,
                                d ? dirname(d) : "its directory", strerror(e));
         free(d);
@@ -121,9 +116,73 @@ nl_status nl_check_writable(const char *path, const char *what) {
     return NL_OK;
 }
 
+/* "<path>.lock", malloc'd. */
+static char *lock_name(const char *path) {
+    size_t n = strlen(path) + 6;
+    char *l = malloc(n);
+    if (l) snprintf(l, n, "%s.lock", path);
+    return l;
+}
+
+nl_status nl_output_lock(const char *path, const char *what, int *fd_out) {
+    *fd_out = -1;
+    char *name = lock_name(path);
+    if (!name) return nl_fail(NL_ERR_NOMEM, "out of memory locking %s", path);
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int fd = open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            nl_status rc = nl_fail(NL_ERR_IO, "%s %s: cannot create its lock file %s: %s", what, path, name,
+                                   strerror(errno));
+            free(name);
+            return rc;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            char pid[32] = "";
+            ssize_t got = pread(fd, pid, sizeof pid - 1, 0);
+            pid[got > 0 ? got : 0] = 0;
+            pid[strcspn(pid, "\n")] = 0;
+            close(fd);
+            nl_status rc = nl_fail(NL_ERR_IO,
+                                   "%s %s is being written by another run (PID %s, lock %s); wait for it to end or "
+                                   "choose another %s",
+                                   what, path, pid[0] ? pid : "unknown", name, what);
+            free(name);
+            return rc;
+        }
+        /* the holder before us may have removed the file after we opened it: lock the one in place */
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(name, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+            char pid[32];
+            int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+            if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+                nl_status rc = nl_fail(NL_ERR_IO, "%s %s: cannot write its lock file %s: %s", what, path, name,
+                                       strerror(errno));
+                unlink(name);
+                close(fd);
+                free(name);
+                return rc;
+            }
+            free(name);
+            *fd_out = fd;
+            return NL_OK;
+        }
+        close(fd);
+    }
+    free(name);
+    return nl_fail(NL_ERR_IO, "%s %s: its lock file keeps changing under other runs", what, path);
+}
+
+void nl_output_unlock(const char *path, int fd) {
+    if (fd < 0) return;
+    char *name = lock_name(path);
+    if (name) unlink(name); /* while still locked: a waiting run sees the file gone and retries */
+    free(name);
+    close(fd);
+}
+
 nl_status nl_atomic_open(nl_atomic_file *af, const char *path) {
     memset(af, 0, sizeof *af);
-    af->path = dupstr(path);
+    af->path = strdup(path);
     size_t n = strlen(path) + 32;
     af->tmp_path = malloc(n);
     if (!af->path || !af->tmp_path) {
@@ -186,7 +245,7 @@ nl_status nl_atomic_commit(nl_atomic_file *af) {
         return rc;
     }
     /* fsync the directory so the rename itself is durable. */
-    char *d = dupstr(af->path);
+    char *d = strdup(af->path);
     if (d) {
         int fd = open(dirname(d), O_RDONLY | O_DIRECTORY);
         if (fd >= 0) {
@@ -343,4 +402,16 @@ void nl_set_threads(int n) {
     if (cap > 0 && n > cap) n = cap;
     omp_set_num_threads(n);
     openblas_set_num_threads(cap > 0 ? 1 : n);
+}
+
+int nl_send_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n > 0) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
 }

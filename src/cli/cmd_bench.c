@@ -12,6 +12,7 @@
 #include "nanolm/http_loadgen.h"
 #include "nanolm/machine.h"
 #include "nanolm/peak.h"
+#include "nanolm/plan_engine.h"
 #include "nanolm/plan.h"
 #include "plan_opts.h"
 #include "nanolm/svg.h"
@@ -78,7 +79,7 @@ static nl_status plot_sweep(const char *svg, const nl_loadgen_result *res, int n
 
 static int bench_serve(int argc, char **argv) {
     const char *url = "http://127.0.0.1:8080", *svg = NULL, *sweep = NULL;
-    int64_t requests = 64, plen = 128, plen_max = 0, olen = 128, olen_max = 0, vocab = 0, seed = 1;
+    int64_t requests = 64, plen = 128, plen_max = 0, olen = 128, olen_max = 0, vocab = 0, seed = 1, shared = 0;
     int conc = 8, json = 0, conc_given = 0, rate_given = 0;
     double rate = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, temperature = 0, timeout_s = 600, duration_s = 0;
     nl_opt opts[] = {
@@ -91,6 +92,8 @@ static int bench_serve(int argc, char **argv) {
         NL_OPT_INT("prompt-len", &plen, 1, 1 << 20, "P", "prompt tokens (random ids; default 128)"),
         NL_OPT_INT("prompt-len-max", &plen_max, 0, 1 << 20, "P",
                    "> --prompt-len: uniform lengths in [prompt-len, this]"),
+        NL_OPT_INT("shared-prefix", &shared, 0, 1 << 20, "S",
+                   "every prompt starts with the same S tokens (a system prompt), then its --prompt-len own"),
         NL_OPT_INT("output-len", &olen, 1, 1 << 20, "O", "output tokens (max_tokens with ignore_eos; default 128)"),
         NL_OPT_INT("output-len-max", &olen_max, 0, 1 << 20, "O",
                    "> --output-len: uniform lengths in [output-len, this]"),
@@ -141,6 +144,7 @@ static int bench_serve(int argc, char **argv) {
     o.concurrency = conc;
     o.prompt_len = plen;
     o.prompt_len_max = plen_max;
+    o.shared_prefix = shared;
     o.output_len = olen;
     o.output_len_max = olen_max;
     o.vocab_size = vocab;
@@ -274,6 +278,7 @@ static int bench_machine(int argc, char **argv) {
     mo.min_time_s = min_time;
     mo.repeats = repeats;
     mo.thread_cpu_time = cpu_clock;
+    mo.predict_step_s = nl_plan_engine_probe_step_s; /* the overheads: measured minus the cost model */
     nl_cpu_rates r;
     if (nl_machine_measure(&arch, &mo, &r)) return nl_cli_fail("bench machine");
     if (name) snprintf(r.name, sizeof r.name, "%s", name);

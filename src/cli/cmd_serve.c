@@ -54,8 +54,8 @@ enum { ROLE_COLOCATED, ROLE_PREFILL, ROLE_DECODE, ROLE_DISAGG };
 
 /* The options of `serve`, parsed. */
 typedef struct serve_args {
-    const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill, *chat_tmpl;
-    int role, port, weights, kv, max_batch, max_waiting, threads, max_conn;
+    const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill, *chat_tmpl, *draft;
+    int role, port, weights, kv, max_batch, max_waiting, threads, max_conn, no_prefix_cache, spec_k, spec_ngram;
     int64_t block_size, kv_blocks, max_step, chunk;
     double kv_mem, max_body, drain_s;
 } serve_args;
@@ -109,6 +109,16 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
         NL_OPT_INT32("max-waiting", &sa->max_waiting, 1, 1 << 20, "N",
                      "waiting queue bound; beyond it requests get 429 (default 256)"),
         NL_OPT_INT32("threads", &sa->threads, 0, 1024, "N", "OpenMP threads of a step (default: OMP_NUM_THREADS)"),
+        NL_OPT_FLAG("no-prefix-cache", &sa->no_prefix_cache,
+                    "compute every prompt's KV (default: full blocks of a prompt prefix seen before are reused)"),
+        NL_OPT_INT32(
+            "speculate", &sa->spec_k, 0, 15, "K",
+            "speculative decoding: draft K tokens per decode step by prompt lookup (n-gram) and verify "
+            "them in the same step; greedy text unchanged, sampled text keeps its distribution (default 0: off)"),
+        NL_OPT_INT32("spec-ngram", &sa->spec_ngram, 1, 64, "N", "longest n-gram prompt lookup matches (default 3)"),
+        NL_OPT_STR("draft", &sa->draft, "CKPT",
+                   "speculative decoding with this draft model instead of prompt lookup (same tokenizer; "
+                   "--speculate defaults to 4 with it)"),
     };
     nl_opt http_opts[] = {
         NL_OPT_STR("host", &sa->host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"),
@@ -199,6 +209,11 @@ static int open_served(serve_args *sa, served *sv) {
     eo.chunk = sa->chunk;
     eo.max_waiting = sa->max_waiting;
     eo.threads = sa->threads;
+    eo.prefix_cache = !sa->no_prefix_cache;
+    eo.spec_k = sa->spec_k;
+    eo.draft_ckpt = sa->draft;
+    if (sa->draft && !eo.spec_k) eo.spec_k = 4;
+    if (sa->spec_ngram) eo.spec_ngram = sa->spec_ngram;
     if (!sa->dummy) return nl_engine_open(&sv->e, sa->ckpt, sa->tok, &eo) ? nl_cli_fail("serve") : 0;
     /* random weights: for load tests of a model shape without its checkpoint */
     nl_arch a;

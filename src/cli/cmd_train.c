@@ -346,9 +346,7 @@ static int print_result(const train_cli *c, const nl_trainer *t, const nl_fp8_li
     int64_t skipped = t->scaler.skipped;
     if (!last && !c->json) return NL_EXIT_OK;
     nl_report *r = nl_report_new("train");
-    nl_report_str(r, "preset", "", t->model.arch.name);
-    nl_report_int(r, "parameters", "", (long long)t->model.n_params, NULL);
-    nl_report_int(r, "steps", "", (long long)t->step, NULL);
+    nl_cli_train_summary(r, t, t->model.arch.name, (long long)t->model.n_params, t->wall_s, tps);
     if (last) {
         char fp16[96] = "";
         if (c->o.precision == NL_PREC_FP16)
@@ -356,12 +354,7 @@ static int print_result(const train_cli *c, const nl_trainer *t, const nl_fp8_li
         nl_report_note(r, "done: %lld steps, train loss %.4f, val loss %.4f, %.1f s, %.0f tokens/s%s%s%s",
                        (long long)t->step, last->loss, last->val_loss, t->wall_s, tps, c->o.out ? ", checkpoint " : "",
                        c->o.out ? c->o.out : "", fp16);
-        nl_report_num(r, "train_loss", "", last->loss, NULL, NULL);
-        nl_report_num(r, "val_loss", "", last->val_loss, NULL, NULL);
     }
-    nl_report_num(r, "wall_s", "", t->wall_s, NULL, NULL);
-    nl_report_num(r, "tokens_per_s", "", tps, NULL, NULL);
-    nl_report_int(r, "skipped_steps", "", (long long)skipped, NULL);
     report_mfu(r, mfu);
     if (c->fp8) report_fp8(r, &c->fp8r, &fp8->stats);
     if (c->qat_name) report_qat(r, c->qat_name, q);

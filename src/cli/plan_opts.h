@@ -76,6 +76,12 @@ void nl_plan_report_assumptions(nl_report *r, const nl_train_req *q);
  * string cells (the last takes the rest of the line), then the row ends. */
 void nl_plan_table_rowf(nl_report *r, int ncols, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* The runner of `plan validate` (nl_valid_runner): runs "plan ..." or "budget ..." in this process
+ * as a user would run it, its standard output and error captured; returns the output (the
+ * error's text when it failed, malloc'd) and the exit status in *status, or NULL when the line
+ * is not one of those commands or could not be captured. ctx is unused. */
+char *nl_cli_validate_run(const char *command, int *status, void *ctx);
+
 /* `plan serve` against a CPU measured by `nanolm bench machine` (cmd_plan_engine.c): prints
  * the engine cost model's predictions (plan_engine.h) as a table or JSON; returns the exit code. */
 struct nl_cpu_rates;

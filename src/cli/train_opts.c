@@ -1,6 +1,7 @@
 /* The training and parallel layout option groups, declared once (train_opts.h). */
 #include "train_opts.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,7 +46,9 @@ int nl_cli_train_opts(nl_opt *opts, nl_train_args *a) {
     opts[n - 1].given = &a->lr_min_given;
     opts[n++] = (nl_opt)NL_OPT_INT(
         "warmup", &o->warmup, 0, 100000000, "N",
-        help_line(a, &k, "linear warmup steps (default %lld; steps/10 when >= steps)", (long long)o->warmup));
+        help_line(a, &k, "linear warmup steps (default %lld; steps/10 when >= steps; --resume: the run's own)",
+                  (long long)o->warmup));
+    opts[n - 1].given = &a->warmup_given;
     if (!(a->omit & NL_TRAIN_OMIT_GRAD_ACCUM))
         opts[n++] =
             (nl_opt)NL_OPT_INT("grad-accum", &o->grad_accum, 1, 65536, "K",
@@ -92,7 +95,10 @@ int nl_cli_train_finish(nl_train_args *a, const char *cmd) {
     if (o->lr_min > o->lr)
         return nl_cli_usage_error("%s: --lr-min %g is above --lr %g (the cosine decays from --lr to --lr-min)", cmd,
                                   (double)o->lr_min, (double)o->lr);
-    if (o->warmup >= o->steps) o->warmup = o->steps / 10;
+    if (o->resume && !a->warmup_given)
+        o->warmup = -1; /* the trainer takes the warmup the checkpoint recorded */
+    else if (o->warmup >= o->steps)
+        o->warmup = o->steps / 10;
     static const nl_precision prec[] = {NL_PREC_FP32, NL_PREC_BF16, NL_PREC_FP16, NL_PREC_BF16};
     o->precision = prec[a->precision];
     o->tokenizer = "byte";
@@ -146,4 +152,17 @@ int nl_cli_layout_opts(nl_opt *opts, nl_layout_args *a) {
         opts[n++] = (nl_opt)NL_OPT_STR("inject-fault", &a->inject_fault, "R[:exit|_exit|segv|kill|stop]@S",
                                        "(tests) rank R leaves (or stops) at step S");
     return n;
+}
+
+void nl_cli_train_summary(nl_report *r, const nl_trainer *t, const char *preset, long long n_params, double wall_s,
+                          double tokens_per_s) {
+    const nl_train_log *last = t->n_log ? &t->log[t->n_log - 1] : NULL;
+    nl_report_str(r, "preset", "", preset);
+    nl_report_int(r, "parameters", "", n_params, NULL);
+    nl_report_int(r, "steps", "", (long long)t->step, NULL);
+    nl_report_num(r, "train_loss", "", last ? last->loss : NAN, NULL, NULL);
+    nl_report_num(r, "val_loss", "", last ? last->val_loss : NAN, NULL, NULL);
+    nl_report_num(r, "wall_s", "", wall_s, NULL, NULL);
+    nl_report_num(r, "tokens_per_s", "", tokens_per_s, NULL, NULL);
+    nl_report_int(r, "skipped_steps", "", (long long)t->scaler.skipped, NULL);
 }

@@ -220,6 +220,69 @@ nl_status nl_gguf_load_model(const char *path, int64_t max_seq, nl_model *m, nl_
     return NL_OK;
 }
 
+/* One decode weight from the Q4_0 tensors names[0..n) stacked by rows (NULL-terminated). */
+static nl_status q4_group(const nl_gguf_file *f, const char *const *names, int n, int64_t K, nl_mv_weight *w,
+                          int *replaced) {
+    const nl_gguf_tensor *t[3];
+    int64_t rows = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        t[i] = nl_gguf_find_tensor(f, names[i]);
+        if (!t[i] || t[i]->type != NL_GGML_Q4_0 || t[i]->ndim != 2 || t[i]->ne[0] != K) return NL_OK;
+        rows += t[i]->ne[1];
+        bytes += t[i]->bytes;
+    }
+    if (rows != w->rows || K != w->cols) return NL_OK;
+    uint8_t *buf = NULL;
+    const void *src = t[0]->data;
+    if (n > 1) {
+        buf = nl_malloc((size_t)bytes, "stacked Q4_0 blocks");
+        if (!buf) return NL_ERR_NOMEM;
+        size_t off = 0;
+        for (int i = 0; i < n; i++) {
+            memcpy(buf + off, t[i]->data, (size_t)t[i]->bytes);
+            off += (size_t)t[i]->bytes;
+        }
+        src = buf;
+    }
+    nl_mv_weight q;
+    nl_status rc = nl_mv_weight_init_q4_0(&q, src, rows, K);
+    nl_free(buf);
+    if (rc) return rc;
+    q.path = w->path; /* the int4 layout is the same on every path */
+    nl_mv_weight_free(w);
+    *w = q;
+    (*replaced)++;
+    return NL_OK;
+}
+
+nl_status nl_gguf_int4_weights(const char *path, const nl_model *m, nl_mv_weight *w, int *replaced) {
+    int local = 0;
+    if (!replaced) replaced = &local;
+    *replaced = 0;
+    nl_gguf_file f;
+    NL_TRY(nl_gguf_open(&f, path));
+    nl_status rc = NL_OK;
+    char nm[5][64];
+    for (int64_t l = 0; l < m->L && !rc; l++) {
+        static const char *const parts[5] = {"attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"};
+        for (int k = 0; k < 5; k++) snprintf(nm[k], sizeof nm[k], "blk.%lld.%s.weight", (long long)l, parts[k]);
+        const char *qkv[3] = {nm[0], nm[1], nm[2]}, *gu[2] = {nm[3], nm[4]};
+        rc = q4_group(&f, qkv, 3, m->C, &w[4 * l + 0], replaced);
+        snprintf(nm[0], sizeof nm[0], "blk.%lld.attn_output.weight", (long long)l);
+        const char *o[1] = {nm[0]};
+        if (!rc) rc = q4_group(&f, o, 1, m->NH * m->hd, &w[4 * l + 1], replaced);
+        if (!rc) rc = q4_group(&f, gu, 2, m->C, &w[4 * l + 2], replaced);
+        snprintf(nm[1], sizeof nm[1], "blk.%lld.ffn_down.weight", (long long)l);
+        const char *d[1] = {nm[1]};
+        if (!rc) rc = q4_group(&f, d, 1, m->H, &w[4 * l + 3], replaced);
+    }
+    const char *cls[1] = {m->arch.tied_embeddings ? "token_embd.weight" : "output.weight"};
+    if (!rc) rc = q4_group(&f, cls, 1, m->C, &w[4 * m->L], replaced);
+    nl_gguf_close(&f);
+    return rc;
+}
+
 /* ---- tokenizer -------------------------------------------------------------------------------- */
 
 static const nl_gguf_kv *arr_kv(const nl_gguf_file *f, const char *key, nl_gguf_vtype elem, uint64_t n, nl_status *rc) {

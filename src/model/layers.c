@@ -9,8 +9,8 @@
 
 #include "nanolm/model.h"
 #include "blas_serial.h"
-#include "vexp.h"
-#include "vexp_simd.h"
+#include "numerics/vexp.h"
+#include "numerics/vexp_simd.h"
 
 /* ---- RMSNorm --------------------------------------------------------------------------------
  * out (N, C) = x / sqrt(mean(x^2) + eps) * w;  rstd (N) saved for backward. */
@@ -53,36 +53,46 @@ void nl_rmsnorm_residual_forward(float *out, float *rstd, float *x, const float 
 
 /* dx (N, C) += d/dx, dw (C) += d/dw, given dout (N, C), the forward input x and saved rstd.
  * One OpenMP region: rows of dx, then blocks of columns of dw (no barrier between: they are
- * independent). dw[i] sums over the rows in order, whatever the thread count. */
+ * independent). dw[i] sums over the rows in order, whatever the thread count. The rows and the
+ * column blocks are the two functions below (the fused backward in model.c calls them too, so
+ * both paths run the same code: noinline keeps it one copy). */
+__attribute__((noinline)) void nl_rmsnorm_backward_rows(float *dx, const float *dout, const float *x, const float *w,
+                                                        const float *rstd, int64_t n0, int64_t n1, int64_t C) {
+    for (int64_t n = n0; n < n1; n++) {
+        const float *xr = x + n * C, *d = dout + n * C;
+        float r = rstd[n];
+        float dot = 0.0f; /* sum_i dout_i w_i xhat_i */
+#pragma omp simd reduction(+ : dot)
+        for (int64_t i = 0; i < C; i++) dot += d[i] * w[i] * xr[i] * r;
+        dot /= (float)C;
+        float *dxr = dx + n * C;
+#pragma omp simd
+        for (int64_t i = 0; i < C; i++) dxr[i] += r * (d[i] * w[i] - xr[i] * r * dot);
+    }
+}
+
+__attribute__((noinline)) void nl_rmsnorm_backward_dw_cols(float *dw, const float *dout, const float *x,
+                                                           const float *rstd, int64_t N, int64_t C, int64_t c0) {
+    enum { CB = NL_RMSNORM_DW_BLOCK };
+    int64_t nc = C - c0 < CB ? C - c0 : CB;
+    float s[CB] = {0}; /* the partial sums stay in registers */
+    for (int64_t n = 0; n < N; n++) {
+        const float *d = dout + n * C + c0, *xr = x + n * C + c0;
+        float r = rstd[n];
+#pragma omp simd
+        for (int64_t i = 0; i < nc; i++) s[i] += d[i] * xr[i] * r;
+    }
+    for (int64_t i = 0; i < nc; i++) dw[c0 + i] += s[i];
+}
+
 void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
                          int64_t N, int64_t C) {
-    enum { CB = 64 }; /* dw columns per block: the partial sums stay in registers */
 #pragma omp parallel
     {
 #pragma omp for schedule(static) nowait
-        for (int64_t n = 0; n < N; n++) {
-            const float *xr = x + n * C, *d = dout + n * C;
-            float r = rstd[n];
-            float dot = 0.0f; /* sum_i dout_i w_i xhat_i */
-#pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < C; i++) dot += d[i] * w[i] * xr[i] * r;
-            dot /= (float)C;
-            float *dxr = dx + n * C;
-#pragma omp simd
-            for (int64_t i = 0; i < C; i++) dxr[i] += r * (d[i] * w[i] - xr[i] * r * dot);
-        }
+        for (int64_t n = 0; n < N; n++) nl_rmsnorm_backward_rows(dx, dout, x, w, rstd, n, n + 1, C);
 #pragma omp for schedule(static)
-        for (int64_t c0 = 0; c0 < C; c0 += CB) {
-            int64_t nc = C - c0 < CB ? C - c0 : CB;
-            float s[CB] = {0};
-            for (int64_t n = 0; n < N; n++) {
-                const float *d = dout + n * C + c0, *xr = x + n * C + c0;
-                float r = rstd[n];
-#pragma omp simd
-                for (int64_t i = 0; i < nc; i++) s[i] += d[i] * xr[i] * r;
-            }
-            for (int64_t i = 0; i < nc; i++) dw[c0 + i] += s[i];
-        }
+        for (int64_t c0 = 0; c0 < C; c0 += NL_RMSNORM_DW_BLOCK) nl_rmsnorm_backward_dw_cols(dw, dout, x, rstd, N, C, c0);
     }
 }
 

@@ -848,6 +848,53 @@ VNNI_TILE(q8_vnni_4x1, 4, 1)
 VNNI_TILE(q8_vnni_1x4, 1, 4)
 VNNI_TILE(q8_vnni_1x1, 1, 1)
 
+/* INT8 on AVX2 without VNNI: vpmaddubsw multiplies unsigned by signed bytes, so each weight's
+ * sign moves onto the activation (|w| x sign(w) x, vpabsb / vpsignb); |w| <= 128 and the
+ * activation codes lie in [-127, 127], so a pair's sum stays within 2 x 128 x 127 = 32512 and the
+ * int16 never saturates; vpmaddwd by ones widens the pairs to int32. The sums are exact, so any
+ * order gives the same bits as q8_portable and VNNI. A tile is one row (a sequential stream of
+ * its codes) against T <= 4 tokens, the row's |w| computed once for all of them. */
+TGT_AVX2 INLINE void q8_avx2_tile(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m0,
+                                  const int T) {
+    const int64_t kp = l->k_pad;
+    const int8_t *w = l->w + n * kp;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kp; k += 32) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(const void *)(w + k));
+        const __m256i wa = _mm256_abs_epi8(wv);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(a->q + (m0 + t) * kp + k));
+            const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, ones));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc[t]), _mm256_extracti128_si256(acc[t], 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+        y[(m0 + t) * l->out_features + n] = (float)_mm_cvtsi128_si32(s) * (a->scale[m0 + t] * l->w_scale[n]);
+    }
+}
+TGT_AVX2 static void q8_avx2_1(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    q8_avx2_tile(l, a, y, n, m, 1);
+}
+TGT_AVX2 static void q8_avx2_2(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    q8_avx2_tile(l, a, y, n, m, 2);
+}
+TGT_AVX2 static void q8_avx2_3(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    q8_avx2_tile(l, a, y, n, m, 3);
+}
+TGT_AVX2 static void q8_avx2_4(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    q8_avx2_tile(l, a, y, n, m, 4);
+}
+typedef void (*q8_tile_fn)(const nl_qlinear *, const nl_mv_act *, float *, int64_t, int64_t);
+static const q8_tile_fn q8_avx2_tiles[4] = {q8_avx2_1, q8_avx2_2, q8_avx2_3, q8_avx2_4};
+
 static void q8_portable(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
     const int64_t kp = l->k_pad;
     const int8_t *w = l->w + n * kp, *x = a->q + m * kp;
@@ -859,6 +906,11 @@ static void q8_portable(const nl_qlinear *l, const nl_mv_act *a, float *y, int64
 /* Rows [n0, n1) for tokens [m0, m1) of an int8 weight. */
 static void run_block_int8(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
                            int64_t m1) {
+    if (l->path == NL_QDOT_AVX2) { /* row after row, each against tiles of up to 4 tokens */
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m += 4) q8_avx2_tiles[(m1 - m < 4 ? m1 - m : 4) - 1](l, a, y, n, m);
+        return;
+    }
     if (l->path != NL_QDOT_VNNI) {
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = m0; m < m1; m++) q8_portable(l, a, y, n, m);
@@ -949,6 +1001,41 @@ static nl_status q4_init(nl_mv_weight *wt, const float *w, int64_t N, int64_t K)
             }
             uint8_t *row = wt->q4 + n * G * 16;
             for (int i = 0; i < 16; i++) row[q4_byte_at(G, g, i)] = (uint8_t)((q[i] + 8) | ((q[i + 16] + 8) << 4));
+        }
+    return NL_OK;
+}
+
+nl_status nl_mv_weight_init_q4_0(nl_mv_weight *wt, const void *blocks, int64_t N, int64_t K) {
+    memset(wt, 0, sizeof *wt);
+    if (N < 1 || K < 1 || K % Q4_G)
+        return nl_fail(NL_ERR_INVALID,
+                       "int4 matvec weight from Q4_0: %lld x %lld is not rows of whole 32-column blocks", (long long)N,
+                       (long long)K);
+    wt->rows = N;
+    wt->cols = K;
+    wt->fmt = NL_WFMT_INT4;
+    wt->path = nl_mv_auto();
+    const int64_t G = K / Q4_G;
+    wt->groups = G;
+    wt->q4 = nl_malloc((size_t)(N * G) * 16, "int4 matvec codes");
+    wt->q4_d = nl_malloc((size_t)(N * G) * sizeof(uint16_t), "int4 matvec scales");
+    if (!wt->q4 || !wt->q4_d) {
+        nl_mv_weight_free(wt);
+        return NL_ERR_NOMEM;
+    }
+    const uint8_t *b = blocks;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < G; g++, b += 18) {
+            uint16_t d = (uint16_t)(b[0] | b[1] << 8);
+            if ((d & 0x7C00) == 0x7C00) {
+                nl_mv_weight_free(wt);
+                return nl_fail(NL_ERR_INVALID,
+                               "int4 matvec weight from Q4_0: row %lld, block %lld has a non-finite scale",
+                               (long long)n, (long long)g);
+            }
+            wt->q4_d[n * G + g] = d;
+            uint8_t *row = wt->q4 + n * G * 16;
+            for (int i = 0; i < 16; i++) row[q4_byte_at(G, g, i)] = b[2 + i];
         }
     return NL_OK;
 }
@@ -1085,8 +1172,93 @@ Q4_TILE(2, 2)
 Q4_TILE(2, 3)
 static const q4_tile_fn q4_tiles_1xT[4] = {q4_tile_1x1, q4_tile_1x2, q4_tile_1x3, q4_tile_1x4};
 
-/* 1 when an int4 weight on path `path` runs the VNNI pair here. */
-static int q4_vnni(nl_mv_path path) { return path == NL_MV_AVX512 && nl_qdot_available(NL_QDOT_VNNI); }
+#define TGT_Q4_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* INT4 on AVX2: the VNNI tile's operations on 8 lanes (groups) at a time. Per chunk of 16 groups
+ * and half h (groups 8h .. 8h + 7 in the 8 int32 lanes), each slice's 32 bytes split into low
+ * and high nibbles (unsigned 0..15); vpmaddubsw against the token's codes (nl_mv_act's q4x,
+ * |code| <= 127) gives pairs of at most 2 x 15 x 127 = 3810, so the 8 products of a slice pair
+ * add up in int16 (at most 30480) and one vpmaddwd by ones gives each group's sum of its 32
+ * nibble x code products in its lane, exact; minus 8 x the group's code sum: isum_g. Then acc_h
+ * += (float)isum_g * d_g lane by lane (lane j of half h is q4_pair_portable's acc[8h + j]), and
+ * the tree adds acc_0 + acc_1 (j + j^8), then the 128-bit halves (j^4), then j^2 and j^1: the
+ * bits of q4_pair_portable. A short last chunk is copied into a zero-padded one first (zero
+ * codes and scales add +0 to a lane, which never changes it). A tile is one row against T <= 4
+ * tokens. */
+TGT_Q4_AVX2 INLINE void q4_avx2_tile(const uint8_t *w, const uint16_t *d, int64_t G, const nl_mv_act *a, int64_t m0,
+                                     float *y, int64_t N, const int T) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int64_t kp = a->kp, g16 = kp / Q4_G;
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g += 16) {
+        const int64_t ng = G - g < 16 ? G - g : 16;
+        const uint8_t *wc = w + g * 16;
+        const uint16_t *dc = d + g;
+        uint8_t wpad[256];
+        uint16_t dpad[16];
+        if (ng < 16) { /* the short last chunk in the layout of a whole one */
+            memset(wpad, 0, sizeof wpad);
+            memset(dpad, 0, sizeof dpad);
+            for (int b = 0; b < 4; b++) memcpy(wpad + 64 * b, wc + b * 4 * ng, (size_t)(4 * ng));
+            memcpy(dpad, dc, (size_t)ng * sizeof(uint16_t));
+            wc = wpad;
+            dc = dpad;
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256i wl[4], wh[4];
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(const void *)(wc + 64 * b + 32 * h));
+                wl[b] = _mm256_and_si256(wv, lo4);
+                wh[b] = _mm256_and_si256(_mm256_srli_epi16(wv, 4), lo4);
+            }
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(dc + 8 * h)));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const int8_t *xp = a->q4x + (m0 + t) * kp + g * Q4_G + 32 * h;
+                __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++) {
+                    const __m256i xl = _mm256_loadu_si256((const __m256i *)(const void *)(xp + 128 * b));
+                    const __m256i xh = _mm256_loadu_si256((const __m256i *)(const void *)(xp + 128 * b + 64));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wl[b], xl));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wh[b], xh));
+                }
+                const __m256i xs8 = _mm256_slli_epi32(
+                    _mm256_loadu_si256((const __m256i *)(const void *)(a->xsum + (m0 + t) * g16 + g + 8 * h)), 3);
+                const __m256i s = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), xs8);
+                acc[t][h] = _mm256_add_ps(acc[t][h], _mm256_mul_ps(_mm256_cvtepi32_ps(s), dv));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const __m256 v = _mm256_add_ps(acc[t][0], acc[t][1]);                          /* j + j^8 */
+        __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* j^4 */
+        u = _mm_add_ps(u, _mm_shuffle_ps(u, u, 0x4E));                                 /* j^2 */
+        u = _mm_add_ps(u, _mm_shuffle_ps(u, u, 0xB1));                                 /* j^1 */
+        y[t * N] = _mm_cvtss_f32(u) * a->scale[m0 + t];
+    }
+}
+#define Q4_AVX2_TILE(T)                                                                                                \
+    TGT_Q4_AVX2 static void q4_avx2_##T(const nl_mv_weight *wt, const nl_mv_act *a, int64_t n, int64_t m, float *y) {  \
+        q4_avx2_tile(wt->q4 + n * wt->groups * 16, wt->q4_d + n * wt->groups, wt->groups, a, m, y + m * wt->rows + n,  \
+                     wt->rows, T);                                                                                     \
+    }
+Q4_AVX2_TILE(1)
+Q4_AVX2_TILE(2)
+Q4_AVX2_TILE(3)
+Q4_AVX2_TILE(4)
+static const q4_tile_fn q4_avx2_tiles[4] = {q4_avx2_1, q4_avx2_2, q4_avx2_3, q4_avx2_4};
+
+/* Which int4 kernel a weight on `path` runs here: 2 the VNNI tiles, 1 the AVX2 tiles, 0 C. */
+static int q4_kernel(nl_mv_path path) {
+    if (path == NL_MV_AVX512 && nl_qdot_available(NL_QDOT_VNNI)) return 2;
+    if ((path == NL_MV_AVX512 || path == NL_MV_AVX2) && nl_isa_has(NL_ISA_AVX2)) return 1;
+    return 0;
+}
 
 /* Rows [n0, n1) for tokens [m0, m1): rows one after another (one sequential stream of the
  * codes). On VNNI two rows (adjacent in memory) at a time against tiles of up to 3 tokens (their
@@ -1095,7 +1267,13 @@ static int q4_vnni(nl_mv_path path) { return path == NL_MV_AVX512 && nl_qdot_ava
 static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
                            int64_t m1) {
     const int64_t G = wt->groups, N = wt->rows, kp = a->kp;
-    if (!q4_vnni(wt->path)) {
+    const int kern = q4_kernel(wt->path);
+    if (kern == 1) {
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m += 4) q4_avx2_tiles[(m1 - m < 4 ? m1 - m : 4) - 1](wt, a, n, m, y);
+        return;
+    }
+    if (kern == 0) {
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = m0; m < m1; m++)
                 y[m * N + n] = q4_pair_portable(wt->q4 + n * G * 16, wt->q4_d + n * G, G, a->q + m * kp, a->scale[m]);
@@ -1133,7 +1311,7 @@ static nl_status q4_act(nl_mv_act *a, const nl_mv_weight *wt, const float *x, in
         if (!a->cap_q4) return NL_ERR_NOMEM;
     }
     NL_TRY(nl_qlinear_quantize_tokens(x, M, wt->cols, kp, a->q, NULL, a->scale));
-    const int vnni = q4_vnni(wt->path);
+    const int vnni = q4_kernel(wt->path) > 0; /* the VNNI and AVX2 tiles read q4x */
     for (int64_t m = 0; m < M; m++) {
         const int8_t *q = a->q + m * kp;
         for (int64_t g = 0; g < g16; g++) {

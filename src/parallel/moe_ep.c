@@ -213,7 +213,8 @@ static nl_status ep_stats(nl_ep_trainer *t, float loss) {
     return NL_OK;
 }
 
-static nl_status nl_ep_grads(nl_ep_trainer *t, const nl_data *d, int64_t step, float *loss_out) {
+static nl_status L_grads(void *user, const nl_data *d, int64_t step, float *loss_out) {
+    nl_ep_trainer *t = user;
     nl_model *m = &t->model;
     nl_moe *e = m->moe;
     int B = (int)t->o.train.batch, T = (int)(t->o.train.seq / t->o.cp);
@@ -239,7 +240,8 @@ static nl_status nl_ep_grads(nl_ep_trainer *t, const nl_data *d, int64_t step, f
     return NL_OK;
 }
 
-static nl_status nl_ep_sumsq(nl_ep_trainer *t, double *ss_out) {
+static nl_status L_sumsq(void *user, double *ss_out) {
+    nl_ep_trainer *t = user;
     nl_model *m = &t->model;
     /* ep 1: every rank holds the whole reduced gradient; in the one-process trainer's order
      * (nl_grad_norm), so one rank is bit-identical to it */
@@ -262,12 +264,14 @@ static nl_status nl_ep_sumsq(nl_ep_trainer *t, double *ss_out) {
     return NL_OK;
 }
 
-static nl_status nl_ep_update(nl_ep_trainer *t, float lr) {
+static nl_status L_update(void *user, float lr) {
+    nl_ep_trainer *t = user;
     nl_adamw_step(&t->opt, &t->model, lr);
     return NL_OK;
 }
 
-static nl_status nl_ep_eval(nl_ep_trainer *t, const nl_data *d, int64_t windows, double *loss) {
+static nl_status L_eval(void *user, const nl_data *d, int64_t windows, double *loss) {
+    nl_ep_trainer *t = user;
     if (t->o.cp > 1)
         return nl_fail(NL_ERR_UNSUPPORTED,
                        "context parallelism has no validation (its attention needs the sequence split)");
@@ -280,7 +284,8 @@ static nl_status nl_ep_eval(nl_ep_trainer *t, const nl_data *d, int64_t windows,
     return NL_OK;
 }
 
-static nl_status nl_ep_save(nl_ep_trainer *t, const char *path, const nl_ckpt_state *state) {
+static nl_status L_save(void *user, const char *path, const nl_ckpt_state *state) {
+    nl_ep_trainer *t = user;
     if (t->o.ep > 1)
         return nl_fail(NL_ERR_UNSUPPORTED,
                        "expert parallelism over %d ranks: checkpoints hold whole models (ep 1 only)", t->o.ep);
@@ -296,7 +301,8 @@ static nl_status nl_ep_save(nl_ep_trainer *t, const char *path, const nl_ckpt_st
     return st;
 }
 
-static nl_status nl_ep_load(nl_ep_trainer *t, const char *path, nl_ckpt_state *cs) {
+static nl_status L_load(void *user, const char *path, nl_ckpt_state *cs) {
+    nl_ep_trainer *t = user;
     nl_model tmp, *m = &t->model;
     memset(&tmp, 0, sizeof tmp);
     char tok[64];
@@ -320,18 +326,12 @@ out:
     return st;
 }
 
-/* ---- the hooks of the one training loop ------------------------------------------------------- */
+/* ---- the hooks of the one training loop (grads .. load above) --------------------------------- */
 
-static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) { return nl_ep_grads(u, d, step, loss); }
-static nl_status L_sumsq(void *u, double *ss) { return nl_ep_sumsq(u, ss); }
 static void L_scale(void *u, float f) {
     nl_ep_trainer *t = u;
     nl_grad_scale(&t->model, f);
 }
-static nl_status L_update(void *u, float lr) { return nl_ep_update(u, lr); }
-static nl_status L_eval(void *u, const nl_data *d, int64_t w, double *loss) { return nl_ep_eval(u, d, w, loss); }
-static nl_status L_save(void *u, const char *path, const nl_ckpt_state *st) { return nl_ep_save(u, path, st); }
-static nl_status L_load(void *u, const char *path, nl_ckpt_state *st) { return nl_ep_load(u, path, st); }
 static nl_status L_agree_stop(void *u, int *stop) {
     nl_ep_trainer *t = u;
     return nl_comm_max_int(t->world, stop);
@@ -351,14 +351,4 @@ void nl_ep_layout(nl_ep_trainer *t, nl_train_layout *L) {
     L->save = t->o.ep == 1 ? L_save : NULL;
     L->load = t->o.ep == 1 ? L_load : NULL;
     L->agree_stop = L_agree_stop;
-}
-
-nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
-    nl_train_layout L;
-    nl_ep_layout(t, &L);
-    double norm = 0;
-    float loss = 0;
-    NL_TRY(nl_train_layout_step(&L, d, step, t->o.train.lr, t->o.train.grad_clip, &loss, &norm));
-    t->st.grad_norm = norm;
-    return NL_OK;
 }

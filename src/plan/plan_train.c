@@ -331,7 +331,11 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     double bwd_g = 2 * g * (e->fp8_gemm == NL_FP8_PER_TENSOR ? NL_FP8_SPLIT_ACC_SLOWDOWN : 1.0);
     lt->bwd = bwd_g + at_bwd + 2 * ew + 2 * k + cast_bwd;
     lt->recompute = 0;
-    if (L->recompute == NL_RECOMPUTE_SELECTIVE) lt->recompute = 0.3 * ew + 0.25 * k; /* the activation */
+    /* Selective recomputation (Korthikanti et al. 2022 sec. 5) recomputes the attention core
+     * (QK^T, softmax, dropout, attention over V) and keeps the rest: with flash attention that
+     * core is recomputed inside the kernel's backward anyway (priced in at_bwd); with the scores
+     * materialised it is one more forward of the core. Plus the activation function. */
+    if (L->recompute == NL_RECOMPUTE_SELECTIVE) lt->recompute = 0.3 * ew + 0.25 * k + (q->attn_materialized ? at : 0);
     if (L->recompute == NL_RECOMPUTE_FULL) lt->recompute = lt->fwd;
 }
 

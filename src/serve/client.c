@@ -75,17 +75,6 @@ static int connect_to(const char *host, int port, double timeout_s) {
     return fd;
 }
 
-static int send_all(int fd, const char *p, size_t n) {
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Response decoding state: header bytes, then body (identity or chunked), then SSE events. */
 typedef struct rx {
     nl_http_response *resp;
@@ -243,7 +232,7 @@ nl_status nl_http_request(const char *host, int port, const char *method, const 
         return rc;
     }
     resp->t_sent_s = nl_time_s();
-    if (send_all(fd, req.data, req.len)) {
+    if (nl_send_all(fd, req.data, req.len)) {
         int e = errno;
         nl_http_buf_free(&req);
         /* The server may answer (413) and close before reading all of a large body: read on. */

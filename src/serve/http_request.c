@@ -342,7 +342,13 @@ static int parse_fields(const cJSON *doc, int64_t vocab_size, int chat, nl_compl
     const cJSON *seed = field(doc, "seed");
     if (seed) {
         int64_t v = 0;
-        if (get_int(doc, "seed", INT64_MIN, INT64_MAX, &v, err)) return 1;
+        /* JSON numbers are doubles here: past 2^53 a seed would be silently rounded */
+        if (get_int(doc, "seed", -((int64_t)1 << 53) + 1, ((int64_t)1 << 53) - 1, &v, err)) {
+            snprintf(err->message, sizeof err->message,
+                     "'seed' must be an integer in (-2^53, 2^53) (JSON numbers past 2^53 are not exact), got %.17g",
+                     cJSON_GetObjectItemCaseSensitive(doc, "seed")->valuedouble);
+            return 1;
+        }
         req->has_seed = 1;
         req->seed = (uint64_t)v;
     }
@@ -375,6 +381,19 @@ static int parse_fields(const cJSON *doc, int64_t vocab_size, int chat, nl_compl
     return 0;
 }
 
+/* Offset of the first \u0000 escape in body (an odd run of backslashes before "u0000"), or n.
+ * cJSON would cut the string there, silently. */
+static size_t escaped_nul(const char *body, size_t n) {
+    for (size_t i = 0; i + 6 <= n; i++) {
+        if (body[i] != '\\') continue;
+        size_t j = i;
+        while (j < n && body[j] == '\\') j++;
+        if ((j - i) % 2 == 1 && j + 5 <= n && !memcmp(body + j, "u0000", 5)) return j - 1;
+        i = j - 1;
+    }
+    return n;
+}
+
 static nl_status parse_request(const char *body, size_t bytes, int64_t vocab_size, int chat, nl_completion_req *req,
                                nl_http_error *err) {
     memset(req, 0, sizeof *req);
@@ -387,11 +406,24 @@ static nl_status parse_request(const char *body, size_t bytes, int64_t vocab_siz
         bad(err, NULL, "the request body is empty (expected a JSON object)");
         return nl_fail(NL_ERR_INVALID, "%s", err->message);
     }
+    size_t nul = escaped_nul(body, bytes);
+    if (nul < bytes) {
+        bad(err, NULL, "the request body holds \\u0000 (a NUL character) at byte %zu; text with NUL is not accepted",
+            nul);
+        return nl_fail(NL_ERR_INVALID, "%s", err->message);
+    }
     const char *end = NULL;
     cJSON *doc = cJSON_ParseWithLengthOpts(body, bytes, &end, 0);
     if (!doc) {
         size_t at = end && end >= body && end <= body + bytes ? (size_t)(end - body) : 0;
         bad(err, NULL, "the request body is not valid JSON (error near byte %zu of %zu)", at, bytes);
+        return nl_fail(NL_ERR_INVALID, "%s", err->message);
+    }
+    size_t after = end && end >= body && end <= body + bytes ? (size_t)(end - body) : bytes;
+    while (after < bytes && strchr(" \t\r\n", body[after]) && body[after]) after++;
+    if (after < bytes) {
+        cJSON_Delete(doc);
+        bad(err, NULL, "the request body has data after its JSON value (at byte %zu of %zu)", after, bytes);
         return nl_fail(NL_ERR_INVALID, "%s", err->message);
     }
     int failed = parse_fields(doc, vocab_size, chat, req, err);

@@ -126,7 +126,6 @@ nl_status nl_kvx_request_header(const uint8_t *h, const nl_kvx_shape *x, size_t 
     uint32_t n = get32(h + 36);
     if (n < 1 || (int64_t)n >= x->seq_len)
         return nl_fail(NL_ERR_FORMAT, "KV transfer request: n_tokens %u outside [1, %lld)", n, (long long)x->seq_len);
-    if (get32(h + 52)) return nl_fail(NL_ERR_FORMAT, "KV transfer request: reserved field is %u, not 0", get32(h + 52));
     *body_bytes = (size_t)n * 4;
     return NL_OK;
 }
@@ -146,6 +145,7 @@ nl_status nl_kvx_parse_request(const uint8_t *msg, size_t len, const nl_kvx_shap
     out->s.top_p = getf(msg + 44);
     out->s.top_k = (int)get32(msg + 48);
     out->s.seed = get64(msg + 56);
+    out->id = get32(msg + 52);
     if (out->s.top_k < 0) return nl_fail(NL_ERR_FORMAT, "KV transfer request: top_k %d is negative", out->s.top_k);
     if (nl_sampling_check(&out->s)) return nl_fail(NL_ERR_FORMAT, "KV transfer request: %s", nl_last_error());
     int64_t n = (int64_t)(body / 4);
@@ -238,9 +238,8 @@ nl_status nl_kvx_kv_header(const uint8_t *h, const nl_kvx_shape *x, size_t *body
         return nl_fail(NL_ERR_FORMAT,
                        "KV transfer answer: kv_bytes %llu, but %u tokens of this model's %s KV are %zu bytes",
                        (unsigned long long)kvb, n, dtype_name((uint32_t)x->dtype), want);
-    if (get32(h + 96) || get32(h + 100))
-        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: text_len %u / reserved %u must be 0 in a KV answer",
-                       get32(h + 96), get32(h + 100));
+    if (get32(h + 96))
+        return nl_fail(NL_ERR_FORMAT, "KV transfer answer: text_len %u must be 0 in a KV answer", get32(h + 96));
     *body_bytes = (size_t)n * 4 + want;
     return NL_OK;
 }
@@ -290,17 +289,6 @@ nl_status nl_kvx_parse_kv(const uint8_t *msg, size_t len, const nl_kvx_shape *x,
 
 /* ---- sockets ----------------------------------------------------------------------------------- */
 
-static int send_all(int fd, const uint8_t *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* 0 when n bytes arrived, -1 on error, timeout or a closed connection. */
 static int recv_all(int fd, uint8_t *p, size_t n) {
     while (n > 0) {
@@ -341,6 +329,25 @@ static nl_status parse_addr(const char *addr, struct sockaddr_in *sa) {
     return NL_OK;
 }
 
+/* A KV answer must be for the request sent: its request id and its prompt tokens. */
+static nl_status check_answer_is_ours(const char *addr, const uint8_t *msg, uint32_t rid, const int32_t *prompt,
+                                      int64_t n, nl_engine_kv *kv) {
+    nl_status rc = NL_OK;
+    if (get32(msg + 100) != rid)
+        rc = nl_fail(NL_ERR_FORMAT, "prefill server %s answered request id %u, this request is %u", addr,
+                     get32(msg + 100), rid);
+    else if (kv->n_tokens != n)
+        rc = nl_fail(NL_ERR_FORMAT, "prefill server %s answered for a prompt of %lld tokens, this one has %lld", addr,
+                     (long long)kv->n_tokens, (long long)n);
+    for (int64_t i = 0; !rc && i < n; i++)
+        if (kv->tokens[i] != prompt[i])
+            rc = nl_fail(NL_ERR_FORMAT,
+                         "prefill server %s answered for another prompt: token %lld is %d, this prompt's is %d", addr,
+                         (long long)i, kv->tokens[i], prompt[i]);
+    if (rc) nl_engine_kv_free(kv);
+    return rc;
+}
+
 nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const int32_t *prompt, int64_t n,
                                 const nl_sampling *s, nl_engine_kv *out, size_t *bytes_moved) {
     memset(out, 0, sizeof *out);
@@ -350,6 +357,9 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
     uint8_t *req = NULL, *msg = NULL;
     size_t req_len = 0, body = 0;
     NL_TRY(nl_kvx_encode_request(sh, prompt, n, s, &req, &req_len));
+    static atomic_uint next_id = 1;
+    uint32_t rid = atomic_fetch_add(&next_id, 1) ^ ((uint32_t)getpid() << 16);
+    put32(req + 52, rid); /* echoed in the answer: an answer to another request is refused */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     nl_status rc = NL_OK;
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
@@ -357,7 +367,7 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
         goto done;
     }
     set_timeout(fd, 600);
-    if (send_all(fd, req, req_len)) {
+    if (nl_send_all(fd, req, req_len)) {
         rc = nl_fail(NL_ERR_IO, "prefill server %s: sending the request failed: %s", addr, strerror(errno));
         goto done;
     }
@@ -379,6 +389,7 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
         goto done;
     }
     rc = nl_kvx_parse_kv(msg, sizeof hdr + body, sh, out);
+    if (!rc) rc = check_answer_is_ours(addr, msg, rid, prompt, n, out);
     if (!rc && bytes_moved) *bytes_moved = sizeof hdr + body;
 done:
     if (fd >= 0) close(fd);
@@ -410,7 +421,7 @@ typedef struct conn {
 static void send_error(conn *c, nl_status st, const char *msg) {
     uint8_t *b = NULL;
     size_t n = 0;
-    if (!nl_kvx_encode_error(&c->s->sh, st, msg, &b, &n)) send_all(c->fd, b, n);
+    if (!nl_kvx_encode_error(&c->s->sh, st, msg, &b, &n)) nl_send_all(c->fd, b, n);
     nl_free(b);
 }
 
@@ -459,6 +470,7 @@ static void serve_conn(conn *c) {
     }
     nl_free(msg);
     uint64_t id = ok ? run_prefill(c, &rq) : 0;
+    uint32_t rid = rq.id;
     nl_free(rq.tokens);
     if (!id) return;
     nl_engine_kv kv;
@@ -467,10 +479,11 @@ static void serve_conn(conn *c) {
     nl_status rc = nl_engine_export_kv(s->e, id, &kv);
     nl_engine_release(s->e, id); /* its blocks go back now: the copy is in kv */
     if (!rc) rc = nl_kvx_encode_kv(&s->sh, &kv, s->block_size, &ans, &n);
+    if (!rc) put32(ans + 100, rid); /* the request's id, echoed */
     if (rc)
         send_error(c, rc, nl_last_error());
     else
-        rc = send_all(c->fd, ans, n) ? NL_ERR_IO : NL_OK;
+        rc = nl_send_all(c->fd, ans, n) ? NL_ERR_IO : NL_OK;
     pthread_mutex_lock(&s->mu);
     if (rc)
         s->st.requests_failed++;

@@ -90,6 +90,27 @@ static enum MHD_Result send_errorf(nl_server *s, struct MHD_Connection *c, int s
     return send_error(s, c, &e);
 }
 
+/* 405 with the Allow header naming the methods the endpoint takes (RFC 9110 15.5.6). */
+static enum MHD_Result send_method_not_allowed(nl_server *s, struct MHD_Connection *c, const char *allow,
+                                               const char *msg) {
+    pthread_mutex_lock(&s->mu);
+    s->m.requests_rejected++;
+    pthread_mutex_unlock(&s->mu);
+    nl_http_error e;
+    nl_http_error_set(&e, 405, NULL, "%s", msg);
+    nl_http_buf b = {0};
+    nl_http_error_json(&e, &b);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(b.data ? b.len : 2, b.data ? b.data : "{}", MHD_RESPMEM_MUST_COPY);
+    nl_http_buf_free(&b);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Allow", allow);
+    enum MHD_Result ret = MHD_queue_response(c, 405, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 /* 1 when the client has closed its end (a read would return EOF). */
 static int peer_closed(int fd) {
     if (fd < 0) return 0;
@@ -114,6 +135,7 @@ typedef struct completion {
     nl_completion_id cid;
     double t_arrival;
     int cancelled, ended;
+    char error[256]; /* the engine's message when the request failed (NaN logits, ...) */
     nl_http_buf out; /* stream: bytes not yet handed to MHD; else the whole text */
     size_t out_off;
     int64_t prompt_tokens, completion_tokens;
@@ -181,6 +203,7 @@ static int pump(completion *q) {
         if (ended) {
             q->ended = 1;
             q->finish = fin;
+            if (o.finish == NL_FINISH_ERROR) snprintf(q->error, sizeof q->error, "%s", o.error[0] ? o.error : "error");
             q->prompt_tokens = o.prompt_tokens;
             q->completion_tokens = o.completion_tokens;
             record(q, &o);
@@ -436,9 +459,12 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
                                 q->completion_tokens, &b);
         ret = send_json(c, 200, &b);
     } else {
-        nl_http_error_set(&err, 503, NULL, "the request was cancelled: the server is shutting down");
+        if (q->error[0])
+            nl_http_error_set(&err, 500, NULL, "the model failed: %s", q->error);
+        else
+            nl_http_error_set(&err, 503, NULL, "the request was cancelled: the server is shutting down");
         nl_http_error_json(&err, &b);
-        ret = send_json(c, 503, &b);
+        ret = send_json(c, (unsigned)err.status, &b);
     }
     nl_http_buf_free(&b);
     completion_free(q);
@@ -471,6 +497,10 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
     m.generation_tokens = st.tokens_generated;
     m.preemptions = st.preemptions;
     m.steps = st.steps;
+    m.prefix_cache_queries = st.prefix_cache_queries;
+    m.prefix_cache_hits = st.prefix_cache_hits;
+    m.spec_drafted = st.spec_drafted;
+    m.spec_accepted = st.spec_accepted;
     m.tokens_per_s = rate;
     nl_http_buf b = {0};
     nl_serve_metrics_text(&m, &b);
@@ -551,7 +581,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*con_cls == NULL) {
         *con_cls = calloc(1, sizeof(conn_state));
         if (!*con_cls) return MHD_NO;
-        if (*upload_data_size == 0 && is_post) return MHD_YES;
+        /* answer on the next call, once the request is read whole: a response queued on the
+         * first call makes libmicrohttpd close the connection (no keep-alive for GETs) */
+        if (*upload_data_size == 0) return MHD_YES;
     }
     if (*upload_data_size) {
         *upload_data_size = 0;
@@ -571,7 +603,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!is_get || !strcmp(url, "/v1/completions") || chat) {
         char msg[160];
         snprintf(msg, sizeof msg, "method %.20s is not allowed on %s", method, url);
-        return send_errorf(s, c, 405, NULL, msg);
+        return send_method_not_allowed(s, c, !strcmp(url, "/v1/completions") ? "POST" : "GET, HEAD", msg);
     }
     if (!strcmp(url, "/health")) {
         if (atomic_load(&s->draining)) return send_buf(c, 503, "application/json", "{\"status\":\"draining\"}", 21);

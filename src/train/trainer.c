@@ -1,6 +1,7 @@
 /* The NanoLM training loop and evaluation (see nanolm/train.h). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nanolm/checkpoint.h"
@@ -109,21 +110,29 @@ static nl_status arch_mismatch(const char *path, const nl_arch *want, const nl_a
     return NL_OK;
 }
 
+/* The warmup of a run whose o->warmup is < 0 (not chosen): the one a resumed checkpoint recorded
+ * (stored_warmup >= 0), else 100 steps, or steps/10 when that is not below steps. */
+static int64_t derive_warmup(const nl_train_opts *o, int64_t stored_warmup) {
+    if (o->warmup >= 0) return o->warmup;
+    if (stored_warmup >= 0) return stored_warmup;
+    return 100 < o->steps ? 100 : o->steps / 10;
+}
+
 /* What this run records in its checkpoints besides the shape and precision. */
-static void run_of(const nl_train_opts *o, nl_ckpt_run *r) {
+static void run_of(const nl_train_opts *o, int64_t warmup, nl_ckpt_run *r) {
     memset(r, 0, sizeof *r);
     r->mup_base_dim = o->mup_base_dim;
     r->loss_scaling = !o->no_loss_scaling;
     snprintf(r->qat, sizeof r->qat, "%s", o->qat ? o->qat : "");
     snprintf(r->fp8, sizeof r->fp8, "%s", o->fp8 ? o->fp8 : "");
     snprintf(r->schedule, sizeof r->schedule, "cosine");
-    r->warmup = o->warmup;
+    r->warmup = warmup;
 }
 
 /* A resumed run must be the run the checkpoint continues: every field named with both values. */
-static nl_status check_resume(const char *path, const nl_train_opts *o, const nl_ckpt_state *st) {
+static nl_status check_resume(const char *path, const nl_train_opts *o, int64_t warmup, const nl_ckpt_state *st) {
     nl_ckpt_run want;
-    run_of(o, &want);
+    run_of(o, warmup, &want);
     const nl_ckpt_run *have = &st->run;
     /* A run restarted after it saved its last step (a job preempted between the final save and
      * its exit) has nothing to do: NL_DONE, which the CLI reports and exits 0 on, so a restart
@@ -164,6 +173,26 @@ static nl_status check_resume(const char *path, const nl_train_opts *o, const nl
     return NL_OK;
 }
 
+/* One run writes o->out at a time: an advisory lock beside it, held until nl_trainer_free. */
+static nl_status lock_out(nl_trainer *t, const nl_train_opts *o) {
+    if (!o->out) return NL_OK;
+    int fd;
+    NL_TRY(nl_output_lock(o->out, "--out", &fd));
+    if (!(t->out_lock_path = strdup(o->out))) {
+        nl_output_unlock(o->out, fd);
+        return nl_fail(NL_ERR_NOMEM, "out of memory locking %s", o->out);
+    }
+    t->out_lock_fd = fd;
+    return NL_OK;
+}
+
+static void unlock_out(nl_trainer *t) {
+    if (!t->out_lock_path) return;
+    nl_output_unlock(t->out_lock_path, t->out_lock_fd);
+    free(t->out_lock_path);
+    t->out_lock_path = NULL;
+}
+
 nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opts *o) {
     memset(t, 0, sizeof *t);
     nl_status rc;
@@ -173,13 +202,14 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
         return nl_fail(NL_ERR_INVALID, "resuming a run and starting from a checkpoint's weights exclude each other");
     if (o->steps < 1) return nl_fail(NL_ERR_INVALID, "steps must be >= 1, got %lld", (long long)o->steps);
     if (!arch && !o->resume && !o->init_weights) return nl_fail(NL_ERR_INVALID, "no model shape and no checkpoint");
+    NL_TRY(lock_out(t, o));
     if (o->resume || o->init_weights) {
         char tok[64];
         const char *path = o->resume ? o->resume : o->init_weights;
-        NL_TRY(nl_ckpt_load_model(path, &t->model, tok));
+        if ((rc = nl_ckpt_load_model(path, &t->model, tok))) goto fail;
         if (arch && o->resume && (rc = arch_mismatch(path, arch, &t->model.arch))) goto fail;
     } else {
-        NL_TRY(nl_model_init(&t->model, arch));
+        if ((rc = nl_model_init(&t->model, arch))) goto fail;
         nl_model_init_random(&t->model, o->seed);
     }
     nl_model *m = &t->model;
@@ -206,9 +236,12 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
     if (o->loss_scale_init > 0) t->scaler.scale = o->loss_scale_init;
     t->saved_step = o->resume ? -2 : -1; /* -2: the resumed file is a good checkpoint too */
     nl_rng_seed(&t->rng, o->seed ^ 0x9e3779b97f4a7c15ULL);
+    t->warmup = derive_warmup(o, -1);
     if (o->resume) {
         st.opt = &t->opt;
-        if ((rc = nl_ckpt_load_state(o->resume, m, &st)) || (rc = check_resume(o->resume, o, &st))) goto fail;
+        if ((rc = nl_ckpt_load_state(o->resume, m, &st))) goto fail;
+        t->warmup = derive_warmup(o, st.run.warmup);
+        if ((rc = check_resume(o->resume, o, t->warmup, &st))) goto fail;
         t->step = st.step;
         t->rng = st.rng;
         t->scaler = st.scaler;
@@ -285,6 +318,7 @@ nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl
     if (o->steps < 1) return nl_fail(NL_ERR_INVALID, "steps must be >= 1, got %lld", (long long)o->steps);
     t->layout = L;
     t->seq = o->seq;
+    t->warmup = derive_warmup(o, -1);
     t->saved_step = o->resume ? -2 : -1;
     nl_scaler_init(&t->scaler);
     nl_rng_seed(&t->rng, o->seed ^ 0x9e3779b97f4a7c15ULL);
@@ -292,7 +326,8 @@ nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl
         nl_ckpt_state st;
         memset(&st, 0, sizeof st);
         nl_status rc = L->load(L->user, o->resume, &st);
-        if (!rc) rc = check_resume(o->resume, o, &st);
+        t->warmup = derive_warmup(o, rc ? -1 : st.run.warmup);
+        if (!rc) rc = check_resume(o->resume, o, t->warmup, &st);
         if (rc) {
             memset(t, 0, sizeof *t);
             return rc;
@@ -308,6 +343,7 @@ nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl
 }
 
 void nl_trainer_free(nl_trainer *t) {
+    unlock_out(t);
     if (t->layout) { /* the model and optimizer live in the layout */
         nl_free(t->log);
         memset(t, 0, sizeof *t);
@@ -327,7 +363,7 @@ void nl_trainer_free(nl_trainer *t) {
 static nl_status save(nl_trainer *t, const nl_train_opts *o) {
     if (!o->out) return NL_OK;
     nl_ckpt_state st = {t->step, t->rng, &t->opt, t->scaler, o->precision, {0}};
-    run_of(o, &st.run);
+    run_of(o, t->warmup, &st.run);
     if (t->layout)
         NL_TRY(t->layout->save(t->layout->user, o->out, &st));
     else
@@ -394,7 +430,7 @@ nl_status nl_trainer_run(nl_trainer *t, const nl_train_opts *o, const nl_data *d
     t->stopped = 0;
     while (t->step < last && t->n_log < t->log_cap) {
         double t0 = nl_time_s();
-        float lr = nl_lr_cosine(t->step, o->warmup, o->steps, o->lr, o->lr_min);
+        float lr = nl_lr_cosine(t->step, t->warmup, o->steps, o->lr, o->lr_min);
         nl_train_log rec = {.step = t->step + 1, .lr = lr, .val_loss = NAN, .loss_scale = 1.0f};
         nl_status rc;
         if (L) {

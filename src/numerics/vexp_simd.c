@@ -1,8 +1,8 @@
 /* nl_vexpf over arrays (see vexp_simd.h). */
-#include "vexp_simd.h"
+#include "numerics/vexp_simd.h"
 
 #include "nanolm/isa.h"
-#include "vexp.h"
+#include "numerics/vexp.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

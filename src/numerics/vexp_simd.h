@@ -1,13 +1,13 @@
-/* nl_vexpf over arrays, 8 lanes at a time where the CPU has AVX2 (private to src/model).
+/* nl_vexpf over arrays, 8 lanes at a time where the CPU has AVX2 (private to the library).
  *
  * GCC does not vectorize a loop that calls nl_vexpf (its clamps and NaN select are "control
  * flow" under -ftrapping-math), so the softmax and SwiGLU loops ran one lane at a time. These
  * kernels do the same operations in the same order on 8 lanes (no FMA contraction: each step
  * of vexp.h is a separate multiply and add, as the scalar code compiles), so every element
  * has the bits of nl_vexpf. Elements that do not fill a vector go through nl_vexpf.
- * The path is chosen once: AVX2 when the CPU has it and NANOLM_ISA is not "scalar". */
-#ifndef NANOLM_MODEL_VEXP_SIMD_H
-#define NANOLM_MODEL_VEXP_SIMD_H
+ * The path: AVX2 when nl_isa_has(NL_ISA_AVX2) (the CPU's sets under NANOLM_ISA's cap). */
+#ifndef NANOLM_NUMERICS_VEXP_SIMD_H
+#define NANOLM_NUMERICS_VEXP_SIMD_H
 
 #include <stdint.h>
 
