@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 int nl_fuzz_catalog(const uint8_t *data, size_t size);
+int nl_fuzz_chat_template(const uint8_t *data, size_t size);
 int nl_fuzz_checkpoint(const uint8_t *data, size_t size);
 int nl_fuzz_cli_numbers(const uint8_t *data, size_t size);
 int nl_fuzz_data(const uint8_t *data, size_t size);

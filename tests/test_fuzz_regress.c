@@ -125,6 +125,10 @@ static void test_http_request(void **s) {
     (void)s;
     replay_quiet("http_request", nl_fuzz_http_request, 3);
 }
+static void test_chat_template(void **s) {
+    (void)s;
+    replay("chat_template", nl_fuzz_chat_template, 4);
+}
 static void test_kv_transfer(void **s) {
     (void)s;
     replay("kv_transfer", nl_fuzz_kv_transfer, 5);
@@ -147,21 +151,14 @@ static void test_llama2c_header_overflow(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_safetensors),
-        cmocka_unit_test(test_llama2c),
-        cmocka_unit_test(test_gguf),
-        cmocka_unit_test(test_tokenizer),
-        cmocka_unit_test(test_data),
-        cmocka_unit_test(test_checkpoint),
-        cmocka_unit_test(test_catalog),
-        cmocka_unit_test(test_scaling_csv),
-        cmocka_unit_test(test_train_state),
-        cmocka_unit_test(test_cli_numbers),
-        cmocka_unit_test(test_names),
-        cmocka_unit_test(test_formats_cli),
-        cmocka_unit_test(test_http_request),
-        cmocka_unit_test(test_kv_transfer),
-        cmocka_unit_test(test_llama2c_header_overflow),
+        cmocka_unit_test(test_safetensors), cmocka_unit_test(test_llama2c),
+        cmocka_unit_test(test_gguf),        cmocka_unit_test(test_chat_template),
+        cmocka_unit_test(test_tokenizer),   cmocka_unit_test(test_data),
+        cmocka_unit_test(test_checkpoint),  cmocka_unit_test(test_catalog),
+        cmocka_unit_test(test_scaling_csv), cmocka_unit_test(test_train_state),
+        cmocka_unit_test(test_cli_numbers), cmocka_unit_test(test_names),
+        cmocka_unit_test(test_formats_cli), cmocka_unit_test(test_http_request),
+        cmocka_unit_test(test_kv_transfer), cmocka_unit_test(test_llama2c_header_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
