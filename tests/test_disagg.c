@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <omp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/socket.h>
 #include <stdlib.h>
@@ -618,6 +619,75 @@ static void answer_for_another_request(void **state) {
     }
 }
 
+/* The first child process of pid (from /proc), or -1. */
+static int first_child(int pid) {
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", pid, pid);
+    FILE *f = fopen(path, "r");
+    int c = -1;
+    if (f) {
+        if (fscanf(f, "%d", &c) != 1) c = -1;
+        fclose(f);
+    }
+    return c;
+}
+
+/* 1 while pid runs (not gone, not a zombie). */
+static int alive(int pid) {
+    char path[64], st[256] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(st, 1, sizeof st - 1, f);
+    fclose(f);
+    st[n] = 0;
+    const char *p = strrchr(st, ')');
+    return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
+/* --role disagg: a stopped and continued prefill child is not a dead one (the server used to shut
+ * down on any SIGCHLD), and the child dies with its parent, even of SIGKILL (it used to stay
+ * listening). */
+static void disagg_child_signals(void **state) {
+    (void)state;
+    const char *ck = tu_data_path("stories260K/stories260K.bin");
+    const char *tk = tu_data_path("stories260K/tok512.bin");
+    if (!ck || !tk) {
+        print_message("[  SKIP    ] needs stories260K\n");
+        skip();
+        return;
+    }
+    char *dir = tu_tmpdir(), args[2048];
+    snprintf(args, sizeof args, "--ckpt '%s' --tokenizer '%s' --threads 1 --role disagg", ck, tk);
+    tu_server *p = spawn(dir, "disagg-signals", args);
+    int child = first_child(p->pid);
+    assert_true(child > 0);
+    kill(child, SIGSTOP);
+    usleep(300 * 1000);
+    kill(child, SIGCONT);
+    usleep(500 * 1000);
+    nl_http_response r;
+    int health = nl_http_request("127.0.0.1", p->port, "GET", "/health", NULL, 0, 10, NULL, NULL, &r) ? -1 : r.status;
+    if (health >= 0) nl_http_response_free(&r);
+    int still = 0;
+    if (health == 200) { /* and an answer through the continued child */
+        const char *body = "{\"prompt\":\"Once\",\"max_tokens\":4}";
+        still = !nl_http_request("127.0.0.1", p->port, "POST", "/v1/completions", body, strlen(body), 60, NULL, NULL,
+                                 &r) &&
+                r.status == 200;
+        nl_http_response_free(&r);
+    }
+    tu_server_kill(p); /* SIGKILL of the parent */
+    int gone = 0;
+    for (int i = 0; i < 100 && !(gone = !alive(child)); i++) usleep(100 * 1000);
+    if (!gone) kill(child, SIGKILL);
+    tu_rmdir(dir);
+    free(dir);
+    assert_int_equal(health, 200);
+    assert_true(still);
+    assert_true(gone);
+}
+
 int main(void) {
     /* correctness, not speed: every kernel on this thread (a loaded machine makes nested
      * thread teams wait on descheduled threads) */
@@ -627,6 +697,7 @@ int main(void) {
         cmocka_unit_test(import_edge_cases), cmocka_unit_test(parser_refuses_bad_input),
         cmocka_unit_test(over_socket),       cmocka_unit_test(answer_for_another_request),
         cmocka_unit_test_teardown(cli_roles, teardown),
+        cmocka_unit_test_teardown(disagg_child_signals, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -242,8 +243,12 @@ static int start_prefill_child(int argc, char **argv, pid_t *pid, char *addr, si
     const char *extra[] = {"--role", "prefill", "--host", "127.0.0.1", "--port", "0", "--port-file", port_file};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) args[n++] = (char *)extra[i]; /* the last one wins */
     fflush(NULL);
+    pid_t parent = getpid();
     *pid = fork();
     if (*pid == 0) {
+        /* the prefill child dies with this process, even of SIGKILL (the signal outlives exec) */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127); /* the parent died before prctl */
         nl_reexec_self(args);
         _exit(127);
     }
@@ -308,8 +313,9 @@ static int write_port_file(const char *path, int port) {
 }
 
 /* The HTTP server (colocated or decode role) until SIGINT/SIGTERM, or until the prefill child
- * (child > 0) exits. */
-static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *sigs) {
+ * (*child > 0) exits (then reaped: *child = -1). A SIGCHLD of a child that stopped or
+ * continued (SIGSTOP, a debugger) is not a death: the server goes on. */
+static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *sigs) {
     char name[128];
     const char *model_name = sa->model_name;
     if (!model_name) {
@@ -346,13 +352,16 @@ static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *s
         return NL_EXIT_FAIL;
     }
     int sig = 0, rc = NL_EXIT_OK;
-    sigwait(sigs, &sig);
-    if (sig == SIGCHLD) { /* the prefill process went away: new prompts cannot be served */
-        int cst = 0;
-        if (waitpid(child, &cst, WNOHANG) == child) {
+    for (;;) {
+        sigwait(sigs, &sig);
+        if (sig != SIGCHLD) break;
+        int cst = 0; /* the prefill process went away: new prompts cannot be served */
+        if (*child > 0 && waitpid(*child, &cst, WNOHANG) == *child) {
             fprintf(stderr, "nanolm: serve: the prefill process exited (status %d); stopping\n",
                     WIFEXITED(cst) ? WEXITSTATUS(cst) : 128 + WTERMSIG(cst));
+            *child = -1; /* reaped: nothing to signal later */
             rc = NL_EXIT_FAIL;
+            break;
         }
     }
     fprintf(stderr, "serve: %s: not accepting; finishing running requests (up to %g s)\n",
@@ -396,7 +405,7 @@ int nl_cmd_serve(int argc, char **argv) {
     if (sa.role == ROLE_PREFILL)
         rc = serve_prefill(sv.e, sa.host, sa.port, sa.port_file, &sigs);
     else
-        rc = serve_http(&sa, &sv, child, &sigs);
+        rc = serve_http(&sa, &sv, &child, &sigs);
     close_served(&sv);
     if (child > 0 && stop_prefill_child(child) != 0 && rc == NL_EXIT_OK) {
         fprintf(stderr, "nanolm: serve: the prefill process did not exit cleanly\n");
