@@ -542,10 +542,71 @@ static void keep_alive_and_allow(void **state) {
     if (!allow) fail_msg("405 without \"Allow: POST\": %.300s", buf);
 }
 
+/* A client that sends a non-streamed request and goes away: the request stops (it used to run to
+ * its max_tokens, ~20 s here); a bounded wait of 5 s, far beyond the 100 ms check. */
+static void disconnect_non_streamed(void **state) {
+    (void)state;
+    START(s, SLOW_ARCH);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":100000,\"ignore_eos\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    for (int i = 0; i < 200 && metric(&s, "nanolm_requests_running") < 1; i++) sleep_ms(50);
+    assert_true(metric(&s, "nanolm_requests_running") == 1);
+    close(fd);
+    double running = 1, aborted = 0;
+    for (int i = 0; i < 50; i++) { /* up to 5 s */
+        running = metric(&s, "nanolm_requests_running");
+        aborted = metric(&s, "nanolm_requests_total{outcome=\"aborted\"}");
+        if (running == 0 && aborted == 1) break;
+        sleep_ms(100);
+    }
+    assert_int_equal(stop(&s), 0);
+    if (running != 0 || aborted != 1) fail_msg("5 s after the client left: running %g, aborted %g", running, aborted);
+}
+
+/* During drain (SIGTERM with a request running) a new client gets the documented 503 at once (it
+ * used to wait in the listen backlog until the server closed). */
+static void drain_answers_503(void **state) {
+    (void)state;
+    START(s, SLOW_ARCH "--drain-timeout 3");
+    bg b;
+    memset(&b, 0, sizeof b);
+    b.s = &s;
+    b.body = "{\"prompt\":\"Once\",\"max_tokens\":100000,\"ignore_eos\":true,\"stream\":true}";
+    pthread_t th;
+    pthread_create(&th, NULL, bg_post, &b);
+    for (int i = 0; i < 200 && metric(&s, "nanolm_requests_running") < 1; i++) sleep_ms(50);
+    kill(s.p.pid, SIGTERM);
+    sleep_ms(300);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
+    nl_http_response r;
+    nl_status rc = nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 2, NULL, NULL,
+                                   &r);
+    int status = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    rc = nl_http_request("127.0.0.1", s.port, "GET", "/health", NULL, 0, 2, NULL, NULL, &r);
+    int health = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    assert_int_equal(stop(&s), 0);
+    pthread_join(th, NULL);
+    nl_http_buf_free(&b.c.text);
+    if (status != 503 || health != 503) fail_msg("during drain: POST got %d, /health %d (want 503)", status, health);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(keep_alive_and_allow, teardown),
+        cmocka_unit_test_teardown(disconnect_non_streamed, teardown),
+        cmocka_unit_test_teardown(drain_answers_503, teardown),
         cmocka_unit_test_teardown(completions, teardown),      cmocka_unit_test_teardown(bad_input, teardown),
         cmocka_unit_test_teardown(disconnect, teardown),       cmocka_unit_test_teardown(queue_full, teardown),
         cmocka_unit_test_teardown(shutdown_cancels, teardown), cmocka_unit_test_teardown(loadgen, teardown),

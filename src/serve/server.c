@@ -167,12 +167,12 @@ static int pump(completion *q) {
             nl_engine_cancel(s->eng, q->id);
             q->cancelled = 1;
         }
+        /* a client that went away stops its request, streamed or not: a busy request always has
+         * output, so this is checked on every round, not only when the wait times out */
+        if (peer_closed(q->fd)) return -1;
         int w = nl_engine_wait(s->eng, q->id, 100);
         if (w < 0) return -1;
-        if (w == 0) {
-            if (peer_closed(q->fd)) return -1;
-            continue;
-        }
+        if (w == 0) continue;
         nl_engine_output o;
         memset(&o, 0, sizeof o);
         if (nl_engine_read(s->eng, q->id, 0, &o)) return -1;
@@ -679,13 +679,13 @@ void nl_server_stop(nl_server *s) {
     if (!s) return;
     atomic_store(&s->draining, 1);
     if (s->d) {
-        MHD_socket lfd = MHD_quiesce_daemon(s->d); /* no new connections */
+        /* new clients are still accepted while draining, and answered 503 (draining is set), rather
+         * than left waiting in the listen backlog */
         if (wait_idle(s, nl_time_s() + s->o.drain_timeout_s) > 0) {
             atomic_store(&s->cancel_all, 1); /* every waiting handler cancels its request */
             wait_idle(s, nl_time_s() + 30);
         }
         MHD_stop_daemon(s->d);
-        if (lfd != MHD_INVALID_SOCKET) close(lfd);
     }
     if (s->driver_started) {
         atomic_store(&s->stop_driver, 1);
