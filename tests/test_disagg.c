@@ -619,6 +619,56 @@ static void answer_for_another_request(void **state) {
     }
 }
 
+typedef struct stopper {
+    nl_kvx_server *ps;
+    volatile int done;
+} stopper;
+
+static void *stop_main(void *arg) {
+    stopper *st = arg;
+    nl_kvx_server_stop(st->ps);
+    st->done = 1;
+    return NULL;
+}
+
+/* The prefill server under idle clients: connections past NL_KVX_MAX_CONNS get a BUSY answer at
+ * once (it used to start a thread for each of any number), and stopping it returns while idle
+ * clients are still connected (it used to wait for their 600 s timeout): bounded waits, 5 s. */
+static void prefill_server_bounded(void **state) {
+    (void)state;
+    nl_model m;
+    make_model(&m);
+    nl_engine *e = open_engine(&m, NL_KV_FP32, 16, 0);
+    nl_kvx_server *ps = NULL;
+    assert_int_equal(nl_kvx_server_start(&ps, e, "127.0.0.1", 0), NL_OK);
+    enum { N = NL_KVX_MAX_CONNS + 8 };
+    int fds[N], busy = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)nl_kvx_server_port(ps))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < N; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0);
+        usleep(2000); /* in order: the first NL_KVX_MAX_CONNS take the slots */
+    }
+    for (int i = NL_KVX_MAX_CONNS; i < N; i++) { /* the ones past the limit: a BUSY answer */
+        struct timeval tv = {5, 0};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        uint8_t h[NL_KVX_KV_HEADER_BYTES];
+        if (read_n(fds[i], h, sizeof h) == 0 && h[8] == (uint8_t)NL_ERR_BUSY) busy++;
+    }
+    stopper st = {ps, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, stop_main, &st), 0);
+    for (int i = 0; i < 50 && !st.done; i++) usleep(100 * 1000);
+    int stopped = st.done;
+    for (int i = 0; i < N; i++) close(fds[i]); /* lets a hung stop finish, so the test ends */
+    pthread_join(th, NULL);
+    nl_engine_close(e);
+    nl_model_free(&m);
+    assert_int_equal(busy, N - NL_KVX_MAX_CONNS);
+    assert_true(stopped);
+}
+
 /* The first child process of pid (from /proc), or -1. */
 static int first_child(int pid) {
     char path[96];
@@ -698,6 +748,7 @@ int main(void) {
         cmocka_unit_test(over_socket),       cmocka_unit_test(answer_for_another_request),
         cmocka_unit_test_teardown(cli_roles, teardown),
         cmocka_unit_test_teardown(disagg_child_signals, teardown),
+        cmocka_unit_test(prefill_server_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,6 +41,13 @@ extern "C" {
 #define NL_KVX_REQ_HEADER_BYTES 64
 #define NL_KVX_KV_HEADER_BYTES  104
 #define NL_KVX_MAX_TEXT         1024
+/* The prefill server: at most this many connections (one thread each; more get a BUSY error
+ * answer at once), a request must arrive within NL_KVX_REQUEST_TIMEOUT_S of connecting (an idle
+ * connection is closed), its answer be sent within NL_KVX_ANSWER_TIMEOUT_S, and stopping shuts
+ * every connection down rather than waiting for its client. */
+#define NL_KVX_MAX_CONNS          64
+#define NL_KVX_REQUEST_TIMEOUT_S  10
+#define NL_KVX_ANSWER_TIMEOUT_S   120
 
 /* What both sides must agree on: the model's shape and the KV format. */
 typedef struct nl_kvx_shape {

@@ -420,13 +420,14 @@ struct nl_kvx_server {
     atomic_int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int conns; /* connection threads alive */
+    int conns;                       /* connection threads alive */
+    int conn_fd[NL_KVX_MAX_CONNS];   /* their sockets (-1: free slot), shut down by stop */
     nl_kvx_stats st;
 };
 
 typedef struct conn {
     nl_kvx_server *s;
-    int fd;
+    int fd, slot;
 } conn;
 
 static void send_error(conn *c, nl_status st, const char *msg) {
@@ -464,7 +465,7 @@ static void serve_conn(conn *c) {
     nl_kvx_server *s = c->s;
     uint8_t hdr[NL_KVX_REQ_HEADER_BYTES];
     size_t body = 0;
-    if (recv_all(c->fd, hdr, sizeof hdr)) return;
+    if (recv_all(c->fd, hdr, sizeof hdr)) return; /* nothing within the request timeout: closed */
     if (nl_kvx_request_header(hdr, &s->sh, &body)) {
         send_error(c, NL_ERR_FORMAT, nl_last_error());
         return;
@@ -480,6 +481,7 @@ static void serve_conn(conn *c) {
         ok = 0;
     }
     nl_free(msg);
+    if (ok) set_timeout(c->fd, NL_KVX_ANSWER_TIMEOUT_S); /* the answer may be large: more time to send */
     uint64_t id = ok ? run_prefill(c, &rq) : 0;
     uint32_t rid = rq.id;
     nl_free(rq.tokens);
@@ -509,6 +511,9 @@ static void *conn_main(void *arg) {
     conn *c = arg;
     nl_kvx_server *s = c->s;
     serve_conn(c);
+    pthread_mutex_lock(&s->mu);
+    s->conn_fd[c->slot] = -1; /* before close: stop must not shut down a reused descriptor */
+    pthread_mutex_unlock(&s->mu);
     close(c->fd);
     free(c);
     pthread_mutex_lock(&s->mu);
@@ -528,7 +533,25 @@ static void *accept_main(void *arg) {
             usleep(10000);
             continue;
         }
-        set_timeout(fd, 600);
+        set_timeout(fd, NL_KVX_REQUEST_TIMEOUT_S); /* an idle connection is closed after this */
+        int slot = -1;
+        pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < NL_KVX_MAX_CONNS && slot < 0; i++)
+            if (s->conn_fd[i] < 0) slot = i;
+        if (slot >= 0) {
+            s->conn_fd[slot] = fd;
+            s->conns++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (slot < 0) { /* bounded: one thread per connection, at most NL_KVX_MAX_CONNS */
+            conn busy = {s, fd, -1};
+            char msg[96];
+            snprintf(msg, sizeof msg, "the prefill server has %d connections open, its limit", NL_KVX_MAX_CONNS);
+            set_timeout(fd, 1);
+            send_error(&busy, NL_ERR_BUSY, msg);
+            close(fd);
+            continue;
+        }
         conn *c = calloc(1, sizeof *c);
         pthread_t t;
         pthread_attr_t at;
@@ -537,16 +560,13 @@ static void *accept_main(void *arg) {
         if (c) {
             c->s = s;
             c->fd = fd;
-            pthread_mutex_lock(&s->mu);
-            s->conns++;
-            pthread_mutex_unlock(&s->mu);
+            c->slot = slot;
         }
         if (!c || pthread_create(&t, &at, conn_main, c)) {
-            if (c) {
-                pthread_mutex_lock(&s->mu);
-                s->conns--;
-                pthread_mutex_unlock(&s->mu);
-            }
+            pthread_mutex_lock(&s->mu);
+            s->conn_fd[slot] = -1;
+            s->conns--;
+            pthread_mutex_unlock(&s->mu);
             close(fd);
             free(c);
         }
@@ -579,6 +599,7 @@ nl_status nl_kvx_server_start(nl_kvx_server **out, nl_engine *e, const char *hos
     atomic_init(&s->stop, 0);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    for (int i = 0; i < NL_KVX_MAX_CONNS; i++) s->conn_fd[i] = -1;
     s->lfd = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     if (s->lfd >= 0) setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -622,8 +643,11 @@ void nl_kvx_server_stop(nl_kvx_server *s) {
     shutdown(s->lfd, SHUT_RDWR); /* wakes accept */
     pthread_join(s->acceptor, NULL);
     close(s->lfd);
-    /* connection threads see stop within 100 ms of their wait, or finish their I/O */
+    /* connection threads see stop within 100 ms of their wait; one blocked on a client's I/O is
+     * woken by shutting its socket down, so stopping never waits for a client */
     pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < NL_KVX_MAX_CONNS; i++)
+        if (s->conn_fd[i] >= 0) shutdown(s->conn_fd[i], SHUT_RDWR);
     while (s->conns > 0) pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->driver, NULL);
