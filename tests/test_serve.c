@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -595,10 +596,96 @@ static void drain_answers_503(void **state) {
     rc = nl_http_request("127.0.0.1", s.port, "GET", "/health", NULL, 0, 2, NULL, NULL, &r);
     int health = rc ? -1 : r.status;
     if (!rc) nl_http_response_free(&r);
-    assert_int_equal(stop(&s), 0);
+    int st = -1; /* the drain ends by itself (a second SIGTERM would end it at once) */
+    for (int i = 0; i < 600 && waitpid(s.p.pid, &st, WNOHANG) != s.p.pid; i++) sleep_ms(100);
+    s.p.pid = -1;
+    g_srv = NULL;
+    tu_rmdir(s.dir);
+    free(s.dir);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     pthread_join(th, NULL);
     nl_http_buf_free(&b.c.text);
     if (status != 503 || health != 503) fail_msg("during drain: POST got %d, /health %d (want 503)", status, health);
+}
+
+static int connect_to(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Slow clients (half a request line, then nothing) up to and past --max-connections: /health
+ * still answers (connections are kept for it), a completion past the limit gets 503 at once, and
+ * the idle ones are closed after --idle-timeout (it used to be 600 s). Bounded: about 5 s. */
+static void slow_clients(void **state) {
+    (void)state;
+    START(s, "--max-connections 4 --idle-timeout 2");
+    enum { SLOW = 8 };
+    int fds[SLOW];
+    for (int i = 0; i < SLOW; i++) {
+        fds[i] = connect_to(s.port);
+        send(fds[i], "POST /v1/comp", 13, MSG_NOSIGNAL);
+    }
+    sleep_ms(200);
+    nl_http_response r;
+    nl_status rc = nl_http_request("127.0.0.1", s.port, "GET", "/health", NULL, 0, 2, NULL, NULL, &r);
+    int health = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
+    rc = nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 2, NULL, NULL, &r);
+    int post_status = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    int closed = 0;
+    for (int i = 0; i < SLOW; i++) { /* the server closes each within its idle timeout (+ 2 s slack) */
+        struct timeval tv = {4, 0};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char ch;
+        if (recv(fds[i], &ch, 1, 0) == 0 || errno == ECONNRESET) closed++;
+        close(fds[i]);
+    }
+    rc = nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 30, NULL, NULL, &r);
+    int after = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    assert_int_equal(stop(&s), 0);
+    if (health != 200 || post_status != 503 || closed != SLOW || after != 200)
+        fail_msg("/health %d, POST past the limit %d, idle closed %d of %d, POST after %d", health, post_status,
+                 closed, SLOW, after);
+}
+
+/* A storm of streamed requests whose clients leave after the first chunk: every sequence and KV
+ * block comes back (seen in /metrics), and the server still answers. */
+static void disconnect_storm(void **state) {
+    (void)state;
+    START(s, NULL);
+    enum { STORM = 40 };
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true}";
+    for (int i = 0; i < STORM; i++) {
+        stream_ctx c = {0};
+        c.close_after = 1 + i % 3;
+        nl_http_response r;
+        assert_int_equal(nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 30,
+                                         on_event, &c, &r),
+                         NL_OK);
+        nl_http_response_free(&r);
+        nl_http_buf_free(&c.text);
+    }
+    double used = -1, running = -1, aborted = 0;
+    for (int i = 0; i < 100; i++) { /* up to 10 s */
+        used = metric(&s, "nanolm_kv_blocks_used");
+        running = metric(&s, "nanolm_requests_running");
+        aborted = metric(&s, "nanolm_requests_total{outcome=\"aborted\"}");
+        if (used == 0 && running == 0 && aborted == STORM) break;
+        sleep_ms(100);
+    }
+    int status;
+    cJSON *doc = post(&s, "{\"prompt\":\"Once\",\"max_tokens\":3}", &status);
+    cJSON_Delete(doc);
+    assert_int_equal(stop(&s), 0);
+    if (used != 0 || running != 0 || aborted != STORM || status != 200)
+        fail_msg("after %d disconnects: KV blocks used %g, running %g, aborted %g, then HTTP %d", STORM, used,
+                 running, aborted, status);
 }
 
 int main(void) {
@@ -607,6 +694,8 @@ int main(void) {
         cmocka_unit_test_teardown(keep_alive_and_allow, teardown),
         cmocka_unit_test_teardown(disconnect_non_streamed, teardown),
         cmocka_unit_test_teardown(drain_answers_503, teardown),
+        cmocka_unit_test_teardown(slow_clients, teardown),
+        cmocka_unit_test_teardown(disconnect_storm, teardown),
         cmocka_unit_test_teardown(completions, teardown),      cmocka_unit_test_teardown(bad_input, teardown),
         cmocka_unit_test_teardown(disconnect, teardown),       cmocka_unit_test_teardown(queue_full, teardown),
         cmocka_unit_test_teardown(shutdown_cancels, teardown), cmocka_unit_test_teardown(loadgen, teardown),

@@ -25,12 +25,17 @@
 #include "nanolm/base.h"
 #include "nanolm/engine.h"
 
+#define NL_SERVER_RESERVED_CONNS 16
+
 typedef struct nl_server_opts {
     const char *host;         /* IPv4 address to listen on (default "127.0.0.1"; "localhost" accepted) */
     int port;                 /* 0: an ephemeral port (read it with nl_server_port) */
     const char *model_name;   /* reported by /v1/models and in responses (default "nanolm") */
     size_t max_body_bytes;    /* larger bodies get 413 (default 1 MiB) */
-    int max_connections;      /* open connections at most (default 512) */
+    int max_connections;      /* connections that may send completions (default 512); NL_SERVER_RESERVED_CONNS
+                                more are accepted for GET /health, /metrics and /v1/models only */
+    int idle_timeout_s;       /* a connection with no activity for this long is closed, and a request
+                                body must arrive within it (default 30) */
     double drain_timeout_s;   /* at shutdown, how long running requests may finish before they are
                                 cancelled (default 30) */
     const char *prefill_addr; /* decode role: "HOST:PORT" of a prefill server (kv_transfer.h) that

@@ -52,7 +52,7 @@ enum { ROLE_COLOCATED, ROLE_PREFILL, ROLE_DECODE, ROLE_DISAGG };
 /* The options of `serve`, parsed. */
 typedef struct serve_args {
     const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill;
-    int role, port, weights, kv, max_batch, max_waiting, threads, max_conn;
+    int role, port, weights, kv, max_batch, max_waiting, threads, max_conn, idle_s;
     int64_t block_size, kv_blocks, max_step, chunk;
     double kv_mem, max_body, drain_s;
 } serve_args;
@@ -72,6 +72,7 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
                        .max_batch = 32,
                        .max_waiting = 256,
                        .max_conn = 512,
+                       .idle_s = 30,
                        .block_size = 16,
                        .max_step = 512,
                        .chunk = 256,
@@ -111,7 +112,11 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
         NL_OPT_STR("port-file", &sa->port_file, "FILE",
                    "also write the bound port to FILE (atomically) once listening"),
         NL_OPT_SI("max-body", &sa->max_body, 1, 1e9, "BYTES", "largest request body; larger gets 413 (default 1M)"),
-        NL_OPT_INT32("max-connections", &sa->max_conn, 1, 65536, "N", "open connections at most (default 512)"),
+        NL_OPT_INT32("max-connections", &sa->max_conn, 1, 65536, "N",
+                     "connections that may send completions (default 512); 16 more are kept for GET /health, "
+                     "/metrics, /v1/models"),
+        NL_OPT_INT32("idle-timeout", &sa->idle_s, 1, 86400, "S",
+                     "close a connection idle this long; a request body must arrive within it (default 30)"),
         NL_OPT_DBL("drain-timeout", &sa->drain_s, 0, 86400, "S",
                    "on SIGINT/SIGTERM, seconds running requests may finish before they are cancelled (default 30)"),
     };
@@ -332,6 +337,7 @@ static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *
     so.model_name = model_name;
     so.max_body_bytes = (size_t)sa->max_body;
     so.max_connections = sa->max_conn;
+    so.idle_timeout_s = sa->idle_s;
     so.drain_timeout_s = sa->drain_s;
     so.prefill_addr = sa->prefill;
     nl_server *s = NULL;

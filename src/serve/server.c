@@ -32,6 +32,7 @@ struct nl_server {
     atomic_int stop_driver;
     atomic_int draining;   /* refuse new requests */
     atomic_int cancel_all; /* drain timed out: cancel what runs */
+    atomic_int open_conns; /* connections open now (MHD_OPTION_NOTIFY_CONNECTION) */
     atomic_uint_fast64_t next_id;
     pthread_mutex_t mu; /* guards everything below */
     pthread_cond_t idle;
@@ -53,6 +54,7 @@ void nl_server_opts_default(nl_server_opts *o) {
     o->model_name = "nanolm";
     o->max_body_bytes = (size_t)1 << 20;
     o->max_connections = 512;
+    o->idle_timeout_s = 30;
     o->drain_timeout_s = 30;
 }
 
@@ -484,6 +486,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             if (!cs) return MHD_NO;
             cs->t_arrival = nl_time_s();
             *con_cls = cs;
+            if (atomic_load(&s->open_conns) > s->o.max_connections) { /* the reserve is for GETs */
+                char msg[160];
+                snprintf(msg, sizeof msg, "the server has %d connections open, its limit for completions",
+                         s->o.max_connections);
+                cs->too_large = 1; /* ignore the body */
+                return send_errorf(s, c, 503, NULL, msg);
+            }
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             if (cl && strtoull(cl, NULL, 10) > s->o.max_body_bytes) {
                 cs->too_large = 1;
@@ -495,6 +504,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_YES;
         }
         if (*upload_data_size) {
+            if (nl_time_s() - cs->t_arrival > s->o.idle_timeout_s) return MHD_NO; /* a body too slow */
             if (!cs->too_large) {
                 if (cs->body.len + *upload_data_size > s->o.max_body_bytes) {
                     cs->too_large = 1;
@@ -549,6 +559,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     enum MHD_Result r = send_json(c, 200, &b);
     nl_http_buf_free(&b);
     return r;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    (void)c;
+    (void)socket_context;
+    nl_server *s = cls;
+    atomic_fetch_add(&s->open_conns, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -609,6 +627,7 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     if (!o.model_name) o.model_name = "nanolm";
     if (o.max_body_bytes == 0) o.max_body_bytes = (size_t)1 << 20;
     if (o.max_connections <= 0) o.max_connections = 512;
+    if (o.idle_timeout_s <= 0) o.idle_timeout_s = 30;
     if (o.port < 0 || o.port > 65535)
         return nl_fail(NL_ERR_INVALID, "serve: port must be in [0, 65535], got %d", o.port);
     struct sockaddr_in addr;
@@ -627,6 +646,7 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     atomic_init(&s->stop_driver, 0);
     atomic_init(&s->draining, 0);
     atomic_init(&s->cancel_all, 0);
+    atomic_init(&s->open_conns, 0);
     atomic_init(&s->next_id, 1);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);
@@ -641,7 +661,8 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     s->d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL,
         NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o.max_connections + NL_SERVER_RESERVED_CONNS),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.idle_timeout_s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
     if (!s->d) {
         int err = errno;
