@@ -53,6 +53,9 @@ void nl_server_opts_default(nl_server_opts *o);
 nl_status nl_server_start(nl_server **s, nl_engine *e, const nl_server_opts *o);
 /* The port the server listens on. */
 int nl_server_port(const nl_server *s);
+/* Serves a connected stream socket fd (a socket pair's end, for tests and fuzzing) as if it had
+ * been accepted; the server owns and closes it. NL_ERR_IO when it cannot take it. */
+nl_status nl_server_add_connection(nl_server *s, int fd);
 /* Graceful stop: refuses new connections and requests, lets running requests finish for up to
  * drain_timeout_s, cancels what is left (streams get an error event and [DONE]), stops the HTTP
  * threads and the driver, and frees the server (not the engine). Safe on NULL. */

@@ -678,6 +678,16 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
 
 int nl_server_port(const nl_server *s) { return s->port; }
 
+nl_status nl_server_add_connection(nl_server *s, int fd) {
+    struct sockaddr_in peer;
+    memset(&peer, 0, sizeof peer);
+    peer.sin_family = AF_INET;
+    peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (MHD_add_connection(s->d, fd, (const struct sockaddr *)&peer, sizeof peer) != MHD_YES)
+        return nl_fail(NL_ERR_IO, "serve: cannot add a connection (limit reached or closed)");
+    return NL_OK;
+}
+
 /* Waits until no completion is in flight or `until` (nl_time_s) passes; returns what is left. */
 static int64_t wait_idle(nl_server *s, double until) {
     pthread_mutex_lock(&s->mu);
