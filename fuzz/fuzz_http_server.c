@@ -20,8 +20,16 @@ static nl_server *server(void) {
     static nl_model m;
     static nl_engine *e;
     if (s) return s;
-    nl_arch a = {.name = "fuzz", .vocab_size = 256, .dim = 16, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
-                 .hidden_dim = 32, .seq_len = 64, .rope_theta = 10000, .norm_eps = 1e-5};
+    nl_arch a = {.name = "fuzz",
+                 .vocab_size = 256,
+                 .dim = 16,
+                 .n_layers = 1,
+                 .n_heads = 2,
+                 .n_kv_heads = 1,
+                 .hidden_dim = 32,
+                 .seq_len = 64,
+                 .rope_theta = 10000,
+                 .norm_eps = 1e-5};
     nl_engine_opts o;
     nl_engine_opts_default(&o);
     o.threads = 1;

@@ -722,9 +722,9 @@ static void disagg_child_signals(void **state) {
     int still = 0;
     if (health == 200) { /* and an answer through the continued child */
         const char *body = "{\"prompt\":\"Once\",\"max_tokens\":4}";
-        still = !nl_http_request("127.0.0.1", p->port, "POST", "/v1/completions", body, strlen(body), 60, NULL, NULL,
-                                 &r) &&
-                r.status == 200;
+        still =
+            !nl_http_request("127.0.0.1", p->port, "POST", "/v1/completions", body, strlen(body), 60, NULL, NULL, &r) &&
+            r.status == 200;
         nl_http_response_free(&r);
     }
     tu_server_kill(p); /* SIGKILL of the parent */
@@ -743,9 +743,12 @@ int main(void) {
      * thread teams wait on descheduled threads) */
     omp_set_num_threads(1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(same_tokens_fp32),  cmocka_unit_test(same_tokens_int8),
-        cmocka_unit_test(import_edge_cases), cmocka_unit_test(parser_refuses_bad_input),
-        cmocka_unit_test(over_socket),       cmocka_unit_test(answer_for_another_request),
+        cmocka_unit_test(same_tokens_fp32),
+        cmocka_unit_test(same_tokens_int8),
+        cmocka_unit_test(import_edge_cases),
+        cmocka_unit_test(parser_refuses_bad_input),
+        cmocka_unit_test(over_socket),
+        cmocka_unit_test(answer_for_another_request),
         cmocka_unit_test_teardown(cli_roles, teardown),
         cmocka_unit_test_teardown(disagg_child_signals, teardown),
         cmocka_unit_test(prefill_server_bounded),

@@ -573,8 +573,7 @@ static void disconnect_non_streamed(void **state) {
     double generated = metric(&s, "nanolm_generation_tokens_total");
     assert_int_equal(stop(&s), 0);
     if (running != 0 || aborted != 1 || generated >= 400) /* the context (512) holds ~505 more */
-        fail_msg("5 s after the client left: running %g, aborted %g, %g tokens generated", running, aborted,
-                 generated);
+        fail_msg("5 s after the client left: running %g, aborted %g, %g tokens generated", running, aborted, generated);
 }
 
 /* During drain (SIGTERM with a request running) a new client gets the documented 503 at once (it
@@ -593,8 +592,8 @@ static void drain_answers_503(void **state) {
     sleep_ms(300);
     const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
     nl_http_response r;
-    nl_status rc = nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 2, NULL, NULL,
-                                   &r);
+    nl_status rc =
+        nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 2, NULL, NULL, &r);
     int status = rc ? -1 : r.status;
     if (!rc) nl_http_response_free(&r);
     rc = nl_http_request("127.0.0.1", s.port, "GET", "/health", NULL, 0, 2, NULL, NULL, &r);
@@ -654,8 +653,8 @@ static void slow_clients(void **state) {
     if (!rc) nl_http_response_free(&r);
     assert_int_equal(stop(&s), 0);
     if (health != 200 || post_status != 503 || closed != SLOW || after != 200)
-        fail_msg("/health %d, POST past the limit %d, idle closed %d of %d, POST after %d", health, post_status,
-                 closed, SLOW, after);
+        fail_msg("/health %d, POST past the limit %d, idle closed %d of %d, POST after %d", health, post_status, closed,
+                 SLOW, after);
 }
 
 /* A storm of streamed requests whose clients leave after the first chunk: every sequence and KV
@@ -669,9 +668,9 @@ static void disconnect_storm(void **state) {
         stream_ctx c = {0};
         c.close_after = 1 + i % 3;
         nl_http_response r;
-        assert_int_equal(nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 30,
-                                         on_event, &c, &r),
-                         NL_OK);
+        assert_int_equal(
+            nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 30, on_event, &c, &r),
+            NL_OK);
         nl_http_response_free(&r);
         nl_http_buf_free(&c.text);
     }
@@ -688,8 +687,8 @@ static void disconnect_storm(void **state) {
     cJSON_Delete(doc);
     assert_int_equal(stop(&s), 0);
     if (used != 0 || running != 0 || aborted != STORM || status != 200)
-        fail_msg("after %d disconnects: KV blocks used %g, running %g, aborted %g, then HTTP %d", STORM, used,
-                 running, aborted, status);
+        fail_msg("after %d disconnects: KV blocks used %g, running %g, aborted %g, then HTTP %d", STORM, used, running,
+                 aborted, status);
 }
 
 int main(void) {
@@ -700,9 +699,12 @@ int main(void) {
         cmocka_unit_test_teardown(drain_answers_503, teardown),
         cmocka_unit_test_teardown(slow_clients, teardown),
         cmocka_unit_test_teardown(disconnect_storm, teardown),
-        cmocka_unit_test_teardown(completions, teardown),      cmocka_unit_test_teardown(bad_input, teardown),
-        cmocka_unit_test_teardown(disconnect, teardown),       cmocka_unit_test_teardown(queue_full, teardown),
-        cmocka_unit_test_teardown(shutdown_cancels, teardown), cmocka_unit_test_teardown(loadgen, teardown),
+        cmocka_unit_test_teardown(completions, teardown),
+        cmocka_unit_test_teardown(bad_input, teardown),
+        cmocka_unit_test_teardown(disconnect, teardown),
+        cmocka_unit_test_teardown(queue_full, teardown),
+        cmocka_unit_test_teardown(shutdown_cancels, teardown),
+        cmocka_unit_test_teardown(loadgen, teardown),
     };
     if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -45,9 +45,9 @@ extern "C" {
  * answer at once), a request must arrive within NL_KVX_REQUEST_TIMEOUT_S of connecting (an idle
  * connection is closed), its answer be sent within NL_KVX_ANSWER_TIMEOUT_S, and stopping shuts
  * every connection down rather than waiting for its client. */
-#define NL_KVX_MAX_CONNS          64
-#define NL_KVX_REQUEST_TIMEOUT_S  10
-#define NL_KVX_ANSWER_TIMEOUT_S   120
+#define NL_KVX_MAX_CONNS         64
+#define NL_KVX_REQUEST_TIMEOUT_S 10
+#define NL_KVX_ANSWER_TIMEOUT_S  120
 
 /* What both sides must agree on: the model's shape and the KV format. */
 typedef struct nl_kvx_shape {

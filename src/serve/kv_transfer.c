@@ -420,8 +420,8 @@ struct nl_kvx_server {
     atomic_int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int conns;                       /* connection threads alive */
-    int conn_fd[NL_KVX_MAX_CONNS];   /* their sockets (-1: free slot), shut down by stop */
+    int conns;                     /* connection threads alive */
+    int conn_fd[NL_KVX_MAX_CONNS]; /* their sockets (-1: free slot), shut down by stop */
     nl_kvx_stats st;
 };
 
