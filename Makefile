@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 NANOLM_IMPL ?= src
 PREFIX  ?= /usr/local
 
-.PHONY: all deps build run test bench check memcheck install uninstall fuzz clean
+.PHONY: all deps build run test test-isa bench check memcheck install uninstall fuzz clean
 
 all: build
 
@@ -40,6 +40,11 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 900 -j $(JOBS)
+
+# The kernels' tests and the engine/serving tests again under every lower NANOLM_ISA cap this CPU
+# allows (an AVX-512 machine also proves the AVX2 and scalar paths).
+test-isa: build
+	@scripts/test-isa.sh $(BUILD) $(JOBS)
 
 bench: build
 	@scripts/bench.sh $(BUILD)

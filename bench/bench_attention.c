@@ -1,4 +1,4 @@
-/* Decode attention of the paged KV cache (nl_kvcache_attend_rows, one query row) against the
+/* Decode attention of the paged KV cache (nl_paged_attend_rows, one query row) against the
  * machine's read bandwidth, measured in the same run on one thread. For each shape: D sequences
  * of `ctx` positions in a pool of L layers (blocks of 16 in a shuffled order, as a pool that has
  * served requests hands them out); every layer first reads its share of a buffer the size of the
@@ -51,12 +51,12 @@ static double attend(const shape *s, int reps, double *kv_bytes) {
     int32_t *table = nl_malloc((size_t)(s->D * nb) * sizeof(int32_t), "block tables");
     float *q = nl_malloc((size_t)(s->D * s->NH * s->hd + kvd) * sizeof(float), "queries");
     float *out = nl_malloc((size_t)(s->D * s->NH * s->hd) * sizeof(float), "outputs");
-    float *scratch = nl_malloc((size_t)nl_kvcache_attend_scratch(1, s->ctx, s->hd) * sizeof(float), "scratch");
+    float *scratch = nl_malloc((size_t)nl_paged_attend_scratch(1, s->ctx, s->hd) * sizeof(float), "scratch");
     size_t wf = (size_t)(s->weight_mb * 1e6 / sizeof(float));
     float *w = nl_malloc(wf * sizeof(float), "weight footprint");
     if (!table || !q || !out || !scratch || !w) exit(1);
     uint64_t rng = 7;
-    for (int64_t b = 0; b < s->D * nb; b++) table[b] = nl_kvcache_alloc(&c);
+    for (int64_t b = 0; b < s->D * nb; b++) table[b] = (int32_t)b;
     for (int64_t b = s->D * nb - 1; b > 0; b--) { /* shuffled */
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         int64_t j = (int64_t)((rng >> 33) % (uint64_t)(b + 1));
@@ -87,8 +87,8 @@ static double attend(const shape *s, int reps, double *kv_bytes) {
             double t0 = nl_time_s();
             for (int64_t d = 0; d < s->D; d++)
                 for (int64_t h = 0; h < s->NH; h++)
-                    nl_kvcache_attend_rows(&c, table + d * nb, l, s->ctx - 1, 1, q + d * s->NH * s->hd, 0, s->NH, h,
-                                           out + (d * s->NH + h) * s->hd, 0, scratch);
+                    nl_paged_attend_rows(&c, table + d * nb, l, s->ctx - 1, 1, q + d * s->NH * s->hd, 0, s->NH, h,
+                                         out + (d * s->NH + h) * s->hd, 0, scratch);
             tot += nl_time_s() - t0;
         }
         v[r] = tot / (double)(s->L * s->D * s->NH);

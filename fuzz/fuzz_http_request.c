@@ -1,5 +1,5 @@
-/* libFuzzer target: the body of POST /v1/completions through the server's parser and validator
- * (nl_http_parse_completion) and the JSON it answers with. Invariants: an accepted request is
+/* libFuzzer target: the body of POST /v1/completions and /v1/chat/completions through the server's
+ * parsers and validators (nl_http_parse_completion, nl_http_parse_chat) and the JSON it answers with. Invariants: an accepted request is
  * within every documented range; a refused one has status 400, a message and an error document
  * that parses back; the response and chunk built from whatever text was accepted are valid JSON. */
 #include <cjson/cJSON.h>
@@ -40,7 +40,7 @@ int nl_fuzz_http_request(const uint8_t *data, size_t size) {
             if (!req.stop[i] || !req.stop[i][0] || strlen(req.stop[i]) > NL_HTTP_MAX_STOP_BYTES) abort();
         const char *text = req.prompt ? req.prompt : "";
         size_t tn = req.prompt ? req.prompt_bytes : 0;
-        nl_completion_id id = {"cmpl-fuzz", 1, req.model};
+        nl_completion_id id = {"cmpl-fuzz", 1, req.model, 0};
         if (nl_http_completion_json(&id, text, tn, "length", req.n_prompt_tokens, req.max_tokens, &b) == NL_OK)
             check_json(&b, 0);
         b.len = 0;
@@ -49,6 +49,27 @@ int nl_fuzz_http_request(const uint8_t *data, size_t size) {
     } else {
         if (rc != NL_ERR_INVALID || err.status != 400 || !err.message[0] || req.prompt || req.prompt_tokens) abort();
         if (nl_http_error_json(&err, &b) == NL_OK) check_json(&b, 0);
+    }
+    b.len = 0;
+    /* the same bytes as a /v1/chat/completions body */
+    rc = nl_http_parse_chat((const char *)data, size, &req, &err);
+    if (rc == NL_OK) {
+        if (req.n_messages < 1 || req.prompt || req.prompt_tokens || req.max_tokens < 0) abort();
+        for (int i = 0; i < req.n_messages; i++) {
+            const char *r = req.messages[i].role;
+            if (!r || !req.messages[i].content || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")))
+                abort();
+        }
+        nl_completion_id id = {"chatcmpl-fuzz", 1, req.model, 1};
+        const char *text = req.messages[0].content;
+        if (nl_http_completion_json(&id, text, strlen(text), "stop", 1, 1, &b) == NL_OK) check_json(&b, 0);
+        b.len = 0;
+        if (nl_http_sse_chunk(&id, text, strlen(text), NULL, &b) == NL_OK) check_json(&b, 1);
+        b.len = 0;
+        if (nl_http_sse_chat_role(&id, &b) == NL_OK) check_json(&b, 1);
+        nl_http_completion_free(&req);
+    } else {
+        if (rc != NL_ERR_INVALID || err.status != 400 || !err.message[0] || req.messages) abort();
     }
     nl_http_buf_free(&b);
     return 0;

@@ -15,6 +15,7 @@ int nl_fuzz_checkpoint(const uint8_t *data, size_t size);
 int nl_fuzz_cli_numbers(const uint8_t *data, size_t size);
 int nl_fuzz_data(const uint8_t *data, size_t size);
 int nl_fuzz_formats_cli(const uint8_t *data, size_t size);
+int nl_fuzz_gguf(const uint8_t *data, size_t size);
 int nl_fuzz_http_request(const uint8_t *data, size_t size);
 int nl_fuzz_http_server(const uint8_t *data, size_t size);
 int nl_fuzz_kv_transfer(const uint8_t *data, size_t size);

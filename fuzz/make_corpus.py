@@ -216,6 +216,90 @@ put("kv_transfer", "request_int8_sampled.bin", b"\2" + kvx_request(list(range(20
 put("kv_transfer", "answer_fp32.bin", b"\1" + kvx_answer([3, 4, 5]))
 put("kv_transfer", "answer_int8.bin", b"\3" + kvx_answer([1] * 17, True, 8))
 put("kv_transfer", "answer_error.bin", b"\1" + kvx_answer([], error="the waiting queue is full"))
+# ---- GGUF (include/nanolm/gguf.h): small files as nanolm's writer lays them out ----
+def gguf_str(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf(kvs, tensors, version=3):
+    """kvs: (key, type, raw value bytes); tensors: (name, ne, ggml type, raw data)."""
+    h = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for k, t, raw in kvs:
+        h += gguf_str(k) + struct.pack("<I", t) + raw
+    off, blob = 0, b""
+    for name, ne, t, raw in tensors:
+        h += gguf_str(name) + struct.pack("<I", len(ne)) + struct.pack("<%dQ" % len(ne), *ne)
+        h += struct.pack("<IQ", t, off)
+        pad = (-len(raw)) % 32
+        blob += raw + bytes(pad)
+        off += len(raw) + pad
+    h += bytes((-len(h)) % 32)
+    return h + blob
+
+
+def kv_u32(k, v):
+    return (k, 4, struct.pack("<I", v))
+
+
+def kv_f32(k, v):
+    return (k, 6, struct.pack("<f", v))
+
+
+def kv_s(k, v):
+    return (k, 8, gguf_str(v))
+
+
+def kv_arr(k, et, fmt, vals):
+    return (k, 9, struct.pack("<IQ", et, len(vals)) + b"".join(struct.pack(fmt, v) for v in vals))
+
+
+def kv_arr_s(k, vals):
+    return (k, 9, struct.pack("<IQ", 8, len(vals)) + b"".join(gguf_str(v) for v in vals))
+
+
+def f32s(n, scale=0.01):
+    return struct.pack("<%df" % n, *[scale * ((i * 37) % 17 - 8) for i in range(n)])
+
+
+def q8_0(n):
+    return b"".join(struct.pack("<H", 0x2000) + bytes((j * 5) % 256 for j in range(32)) for _ in range(n // 32))
+
+
+def q4_0(n):
+    return b"".join(struct.pack("<H", 0x2400) + bytes((j * 11) % 256 for j in range(16)) for _ in range(n // 32))
+
+
+def tiny_llama(wtype, data_fn):
+    """A llama model of dim 32, 1 layer, 2 heads, hidden 64, vocab 260 (<unk>, <s>, </s>,
+    256 byte pieces, a space), tied embedding, the llama (SentencePiece) tokenizer."""
+    C, H, V = 32, 64, 260
+    toks = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)] + ["\u2581"]
+    kvs = [kv_s("general.architecture", "llama"), kv_s("general.name", "tiny"),
+           kv_u32("llama.context_length", 64), kv_u32("llama.embedding_length", C),
+           kv_u32("llama.block_count", 1), kv_u32("llama.feed_forward_length", H),
+           kv_u32("llama.attention.head_count", 2), kv_u32("llama.attention.head_count_kv", 2),
+           kv_f32("llama.rope.freq_base", 10000.0), kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5),
+           kv_s("tokenizer.ggml.model", "llama"), kv_arr_s("tokenizer.ggml.tokens", toks),
+           kv_arr("tokenizer.ggml.scores", 6, "<f", [0.0] * V),
+           kv_arr("tokenizer.ggml.token_type", 5, "<i", [2, 3, 3] + [6] * 256 + [1]),
+           kv_u32("tokenizer.ggml.bos_token_id", 1), kv_u32("tokenizer.ggml.eos_token_id", 2)]
+    ones = struct.pack("<%df" % C, *[1.0] * C)
+    ts = [("token_embd.weight", [C, V], wtype, data_fn(C * V)), ("blk.0.attn_norm.weight", [C], 0, ones)]
+    for n, ne in (("attn_q", [C, C]), ("attn_k", [C, C]), ("attn_v", [C, C]), ("attn_output", [C, C]),
+                  ("ffn_gate", [C, H]), ("ffn_up", [C, H]), ("ffn_down", [H, C])):
+        ts.append(("blk.0.%s.weight" % n, ne, wtype, data_fn(ne[0] * ne[1])))
+    ts += [("blk.0.ffn_norm.weight", [C], 0, ones), ("output_norm.weight", [C], 0, ones)]
+    return gguf(kvs, ts)
+
+
+put("gguf", "kv_types.gguf", gguf([kv_u32("general.alignment", 32), kv_s("general.name", "kvs"),
+                                   ("i8", 1, b"\xff"), ("u16", 2, b"\x01\x02"), ("i64", 11, struct.pack("<q", -3)),
+                                   ("f64", 12, struct.pack("<d", 0.5)), ("b", 7, b"\x01"),
+                                   kv_arr("ia", 5, "<i", [1, -2, 3]), kv_arr_s("sa", ["x", "yz"])],
+                                  [("a", [32], 8, q8_0(32)), ("b", [2, 1], 0, f32s(2))]))
+put("gguf", "tiny_q8_0.gguf", tiny_llama(8, q8_0))
+put("gguf", "tiny_q4_0.gguf", tiny_llama(2, q4_0))
 # The catalog as `nanolm plan catalog --json` prints it, split into a GPU and a model file
 # (needs the CLI: NANOLM_BIN=build/nanolm).
 if os.environ.get("NANOLM_BIN"):

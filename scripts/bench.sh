@@ -18,6 +18,8 @@ for b in "$build"/bench_*; do
     # threads that spin between regions (a sleeping thread takes longer to wake than a
     # 2-thread decode region lasts).
     bench_decode) OMP_WAIT_POLICY=active "$b" || rc=1 ;;
+    # nanolm's half of bench/bench_llamacpp.sh, which runs it
+    bench_gguf) echo "(run by bench/bench_llamacpp.sh)" ;;
     *) "$b" || rc=1 ;;
   esac
 done

@@ -3,8 +3,9 @@
 
     scripts/long-functions.py [--min N] [PATH ...]     default: --min 150, src/
 
-A function is a top-level brace block whose opening line ends a declarator "name(...)" (not
-struct/enum/union/= initialisers). Its length counts lines from the line of its name to the line
+A function is a top-level brace block whose opening line ends a declarator "name(...)", whatever
+its return type (`static enum MHD_Result completions(...)` counts); struct/enum/union bodies and
+`= {` initialisers are not functions. Its length counts lines from the line of its name to the line
 of its closing brace. Comments, strings and character literals are skipped when matching braces.
 Prints "lines  file:line  name", longest first, then the count.
 """
@@ -41,7 +42,22 @@ def strip_code(text):
     return "".join(out)
 
 
-NAME = re.compile(r"([A-Za-z_]\w*)\s*\([^;{}]*\)\s*(__attribute__\s*\(\(.*?\)\)\s*)?$", re.S)
+def blank_attributes(head):
+    """head with every __attribute__((...)) blanked (balanced parentheses), so that the declarator
+    "name(...)" is what NAME finds in "__attribute__((target("avx2"))) static void f(...)"."""
+    out = head
+    for m in re.finditer(r"__attribute__\s*\(", head):
+        depth, j = 0, m.end() - 1
+        while j < len(head):
+            depth += {"(": 1, ")": -1}.get(head[j], 0)
+            j += 1
+            if depth == 0:
+                break
+        out = out[:m.start()] + " " * (j - m.start()) + out[j:]
+    return out
+
+
+NAME = re.compile(r"([A-Za-z_]\w*)\s*\([^;{}]*\)\s*$", re.S)
 
 
 def functions(path):
@@ -52,9 +68,11 @@ def functions(path):
         ch, pos = m.group(), m.start()
         if ch == "{":
             if depth == 0:
-                head = code[head_begin:pos]
+                head = blank_attributes(code[head_begin:pos])
                 fm = NAME.search(head.rstrip())
-                if fm and not re.search(r"\b(struct|enum|union)\b[^(]*$", head.split("(")[0]) and "=" not in head.split("(")[0]:
+                # A declarator "name(...)" names a function, whatever its return type (an enum or a
+                # struct too); "= {" is data.
+                if fm and "=" not in head.split("(")[0]:
                     start = (fm.group(1), code.count("\n", 0, head_begin + fm.start(1)) + 1)
                 else:
                     start = None

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages nanolm needs, only those that are missing (idempotent).
-# Usage: scripts/setup-deps.sh [fuzz] [torch] [check] [format]
+# Usage: scripts/setup-deps.sh [fuzz] [torch] [check] [format] [pip] [node] [jinja]
 # With everything present it does nothing and needs no apt. Otherwise: as root it runs apt-get
 # itself; else it tries sudo without a password; else it prints the exact apt-get line and
 # exits 1. On a machine without apt/dpkg it checks the build's needs directly (cmake,
@@ -18,7 +18,9 @@ for extra in "$@"; do
     check) pkgs+=(valgrind) ;;
     format) pkgs+=(clang-format) ;;  # scripts/check-format.sh (clang-format-diff)
     pip) pkgs+=(python3-venv python3-pip python3-setuptools python3-wheel) ;;  # pip install ./python
-    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch, check, format, pip)" >&2; exit 2 ;;
+    node) pkgs+=(nodejs npm) ;;  # bench/bench_llamacpp.sh (llama.cpp through the npm package node-llama-cpp)
+    jinja) pkgs+=(python3-jinja2) ;;  # tests/ref/make_chat_fixture.py (chat template renderings)
+    *) echo "setup-deps: unknown extra '$extra' (known: fuzz, torch, check, format, pip, node, jinja)" >&2; exit 2 ;;
   esac
 done
 

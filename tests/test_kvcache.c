@@ -163,8 +163,8 @@ static void stories(void **state) {
     free(out);
 }
 
-/* A prompt chunk's tiled attention (nl_kvcache_attend_rows) gives each token the bits that
- * attending it alone (nl_kvcache_attend_head) gives: fp32 and int8 pools, grouped-query heads,
+/* A prompt chunk's tiled attention (nl_paged_attend_rows) gives each token the bits that
+ * attending it alone (nl_paged_attend_head) gives: fp32 and int8 pools, grouped-query heads,
  * blocks scattered in the pool, chunks that start mid-block and end mid-tile; heads of 24
  * dimensions (partial vectors), 32 and 96 (a last group of two whole vectors) and 64 and 128
  * (groups of four), which take different loops in the one-token sum. */
@@ -178,13 +178,12 @@ static void attend_rows_equals_one_at_a_time(void **state) {
             assert_int_equal(nl_kvcache_init(&c, 1, KVH, hd, (nl_kv_dtype)dt, bs, 2 * S / bs), NL_OK);
             int32_t table[S / bs];
             for (int64_t b = 0; b < S / bs; b++) {
-                (void)nl_kvcache_alloc(&c); /* every other block, so the table is not the identity */
-                table[b] = nl_kvcache_alloc(&c);
+                table[b] = (int32_t)(2 * b + 1); /* every other block, so the table is not the identity */
                 assert_true(table[b] >= 0);
             }
             float *q = malloc(sizeof(float) * S * QKV), *tiled = malloc(sizeof(float) * S * NH * hd),
                   *one = malloc(sizeof(float) * NH * hd);
-            float *scratch = malloc(sizeof(float) * nl_kvcache_attend_scratch(S, S, hd));
+            float *scratch = malloc(sizeof(float) * nl_paged_attend_scratch(S, S, hd));
             uint64_t rng = 12345;
             for (int64_t i = 0; i < S * QKV; i++) {
                 rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -196,12 +195,12 @@ static void attend_rows_equals_one_at_a_time(void **state) {
             for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
                 int64_t pos0 = chunks[k][0], nq = chunks[k][1];
                 for (int64_t h = 0; h < NH; h++)
-                    nl_kvcache_attend_rows(&c, table, 0, pos0, nq, q + pos0 * QKV, QKV, NH, h, tiled + h * hd, NH * hd,
-                                           scratch);
+                    nl_paged_attend_rows(&c, table, 0, pos0, nq, q + pos0 * QKV, QKV, NH, h, tiled + h * hd, NH * hd,
+                                         scratch);
                 for (int64_t r = 0; r < nq; r++) {
                     for (int64_t h = 0; h < NH; h++)
-                        nl_kvcache_attend_head(&c, table, 0, pos0 + r, q + (pos0 + r) * QKV, NH, h, one + h * hd,
-                                               scratch);
+                        nl_paged_attend_head(&c, table, 0, pos0 + r, q + (pos0 + r) * QKV, NH, h, one + h * hd,
+                                             scratch);
                     assert_memory_equal(one, tiled + r * NH * hd, sizeof(float) * NH * hd);
                 }
             }

@@ -44,7 +44,7 @@ static void test_fp32_bf16_paths(void **state) {
             assert_int_equal(nl_mv_weight_init(&wt, bf ? NL_WFMT_BF16 : NL_WFMT_FP32, w, N, K, 1), NL_OK);
             nl_mv_reference(ref, x, w, M, N, K, bf);
             /* each path, then AVX-512 again: the weight moves out of its panels and back */
-            static const nl_mv_path order[] = {NL_MV_AVX512, NL_MV_PORTABLE, NL_MV_AVX2, NL_MV_AVX512};
+            static const nl_mv_path order[] = {NL_MV_AVX512, NL_MV_PORTABLE, NL_MV_AVX2, NL_MV_NEON, NL_MV_AVX512};
             for (size_t oi = 0; oi < sizeof order / sizeof order[0]; oi++) {
                 const nl_mv_path p = order[oi];
                 if (!nl_mv_available((nl_mv_path)p)) {
@@ -77,19 +77,17 @@ static void forward_is(const nl_mv_weight *wt, const float *x, int64_t M, int64_
     assert_memory_equal(y, ref, (size_t)(M * N) * 4);
 }
 
-/* fp32 and bf16 on AVX-512 read panels: each output is one fused multiply-add chain over k = 0 ..
- * K - 1 from +0 (fmaf in order, over the bf16-rounded weights for bf16), the same bits for every
- * M, tile and row split. Sizes with N not a multiple of the panel (48), K odd (bf16's last pair
- * half empty), M past one register tile (8), and M <= 4 over two whole panels (read two at a
- * time) followed by a partial one. */
+/* fp32 and bf16 on every path: each output is one fused multiply-add chain over k = 0 .. K - 1
+ * from +0 (fmaf in order, over the bf16-rounded weights for bf16), the same bits for every path,
+ * M, tile and row split. The SIMD paths read panels of 48 rows; portable C reads rows. Sizes with
+ * N not a multiple of the panel (48), K odd (bf16's last pair half empty), M past one register
+ * tile (AVX2: 2 tokens against a whole panel, 6 against a slice of 16 rows; AVX-512: 8), and M
+ * <= 4 over two whole panels (read two at a time) followed by a partial one; and row ranges cut
+ * inside a panel and inside a slice (nl_mv_forward_range). */
 static void test_panels_are_an_fma_chain(void **state) {
     (void)state;
-    if (!nl_mv_available(NL_MV_AVX512)) {
-        print_message("[  SKIP    ] no AVX-512 on this CPU\n");
-        return;
-    }
     static const int64_t shapes[][3] = {{1, 47, 5},   {9, 49, 33},  {17, 100, 130}, {3, 96, 768},
-                                        {1, 200, 64}, {4, 200, 64}, {2, 150, 1}};
+                                        {1, 200, 64}, {4, 200, 64}, {2, 150, 1},    {7, 97, 31}};
     for (int bf = 0; bf <= 1; bf++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
@@ -106,20 +104,36 @@ static void test_panels_are_an_fma_chain(void **state) {
                     }
                     ref[m * N + n] = s;
                 }
-            nl_mv_weight wt;
-            assert_int_equal(nl_mv_weight_init(&wt, bf ? NL_WFMT_BF16 : NL_WFMT_FP32, w, N, K, 0), NL_OK);
-            assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
-            assert_true(bf ? wt.bf16_panels != NULL && wt.bf16 == NULL : wt.f32_panels != NULL);
-            for (int th = 1; th <= 2; th++) forward_is(&wt, x, M, N, y, ref, th);
-            /* another path frees the panels (bf16 moves back into rows: the same values, checked
-             * against the reference by test_fp32_bf16_paths), AVX-512 again rebuilds them */
-            assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_PORTABLE), NL_OK);
-            assert_null(wt.f32_panels);
-            assert_null(wt.bf16_panels);
-            assert_true(bf ? wt.bf16 != NULL : 1);
-            assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_AVX512), NL_OK);
-            forward_is(&wt, x, M, N, y, ref, 2);
-            nl_mv_weight_free(&wt);
+            for (int p = NL_MV_PORTABLE; p < NL_MV_COUNT; p++) {
+                if (!nl_mv_available((nl_mv_path)p)) continue;
+                nl_mv_weight wt;
+                assert_int_equal(nl_mv_weight_init(&wt, bf ? NL_WFMT_BF16 : NL_WFMT_FP32, w, N, K, 0), NL_OK);
+                assert_int_equal(nl_mv_weight_set_path(&wt, (nl_mv_path)p), NL_OK);
+                if (p != NL_MV_PORTABLE)
+                    assert_true(bf ? wt.bf16_panels != NULL && wt.bf16 == NULL : wt.f32_panels != NULL);
+                for (int th = 1; th <= 2; th++) forward_is(&wt, x, M, N, y, ref, th);
+                /* row ranges cut anywhere: every output once, the same bits */
+                nl_mv_act act;
+                memset(&act, 0, sizeof act);
+                assert_int_equal(nl_mv_act_prepare(&act, &wt, x, M), NL_OK);
+                memset(y, 0xFF, (size_t)(M * N) * 4);
+                static const int64_t cuts[] = {0, 5, 11, 37, 61, 100, 143};
+                for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0] && cuts[c] < N; c++)
+                    nl_mv_forward_range(&wt, &act, y, cuts[c], cuts[c + 1] < N ? cuts[c + 1] : N);
+                if (N > 143) nl_mv_forward_range(&wt, &act, y, 143, N);
+                assert_memory_equal(y, ref, (size_t)(M * N) * 4);
+                nl_mv_act_free(&act);
+                /* the portable path frees the panels (bf16 moves back into rows), a SIMD path
+                 * rebuilds them */
+                assert_int_equal(nl_mv_weight_set_path(&wt, NL_MV_PORTABLE), NL_OK);
+                assert_null(wt.f32_panels);
+                assert_null(wt.bf16_panels);
+                assert_true(bf ? wt.bf16 != NULL : 1);
+                forward_is(&wt, x, M, N, y, ref, 2);
+                assert_int_equal(nl_mv_weight_set_path(&wt, (nl_mv_path)p), NL_OK);
+                forward_is(&wt, x, M, N, y, ref, 2);
+                nl_mv_weight_free(&wt);
+            }
             free(w);
             free(x);
             free(y);
@@ -130,15 +144,15 @@ static void test_panels_are_an_fma_chain(void **state) {
 /* A weight detached from its fp32 source reads nothing of it again: the source is freed at once
  * (under AddressSanitizer any later read of it fails the test), and on every path the outputs
  * have the bits of a weight made the usual way from a copy of the source (fp32 with panels
- * rebuilds its rows from them when it leaves AVX-512). fp32 without panels (a CPU without
- * AVX-512) keeps reading the source and says so. */
+ * rebuilds its rows from them when it goes to the portable path). fp32 without panels (the
+ * portable path) keeps reading the source and says so. */
 static void test_detach_frees_the_source(void **state) {
     (void)state;
     const int64_t M = 5, N = 100, K = 67;
     float *x = malloc((size_t)(M * K) * 4), *y = malloc((size_t)(M * N) * 4), *ref = malloc((size_t)(M * N) * 4);
     float *w0 = malloc((size_t)(N * K) * 4);
     fill(x, (size_t)(M * K), 41);
-    static const nl_mv_path order[] = {NL_MV_AVX512, NL_MV_PORTABLE, NL_MV_AVX2, NL_MV_AVX512};
+    static const nl_mv_path order[] = {NL_MV_AVX512, NL_MV_PORTABLE, NL_MV_AVX2, NL_MV_NEON, NL_MV_AVX512};
     for (int f = NL_WFMT_FP32; f < NL_WFMT_COUNT; f++) {
         fill(w0, (size_t)(N * K), 42 + f);
         float *w = malloc((size_t)(N * K) * 4);
@@ -293,6 +307,40 @@ static void int8_ranges(int64_t K) {
     free(yr);
 }
 
+/* int8 at the ends of the code range (codes from a file may hold -128; activation codes reach
+ * +-127): the sums stay exact on every path (AVX2's vpmaddubsw pairs reach 2 x 128 x 127 and must
+ * not saturate), y = (float)sum x (token scale x row scale) with the sum taken here in int64. */
+static void test_int8_extreme_codes(void **state) {
+    (void)state;
+    const int64_t M = 3, N = 6, K = 200;
+    int8_t *codes = malloc((size_t)(N * K));
+    float *x = malloc((size_t)(M * K) * 4), *y = malloc((size_t)(M * N) * 4), scales[6];
+    for (int64_t n = 0; n < N; n++) {
+        scales[n] = 0.01f * (float)(n + 1);
+        for (int64_t k = 0; k < K; k++)
+            codes[n * K + k] = (int8_t)(n == 0   ? -128
+                                        : n == 1 ? 127
+                                        : n == 2 ? (k & 1 ? -128 : 127)
+                                                 : (k * 37 + n) % 256 - 128);
+    }
+    for (int64_t m = 0; m < M; m++) /* |x| = 1 everywhere: every code is +-127 */
+        for (int64_t k = 0; k < K; k++) x[m * K + k] = m == 0 ? -1.0f : m == 1 ? 1.0f : (k % 3 ? 1.0f : -1.0f);
+    nl_mv_weight wt;
+    assert_int_equal(nl_mv_weight_init_int8(&wt, codes, scales, N, K), NL_OK);
+    assert_int_equal(nl_mv_forward(&wt, x, M, y, 1), NL_OK);
+    const float xs = 1.0f / 127.0f;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            int64_t sum = 0;
+            for (int64_t k = 0; k < K; k++) sum += (int64_t)codes[n * K + k] * (x[m * K + k] > 0 ? 127 : -127);
+            assert_true(y[m * N + n] == (float)(int32_t)sum * (xs * scales[n]));
+        }
+    nl_mv_weight_free(&wt);
+    free(codes);
+    free(x);
+    free(y);
+}
+
 /* Each token's outputs are bit-identical whether it runs alone or among 37 others, with 1 or
  * 2 threads, for every format and path. */
 static void batch_invariance(int64_t K);
@@ -382,15 +430,11 @@ static void test_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fp32_bf16_paths),
-        cmocka_unit_test(test_panels_are_an_fma_chain),
-        cmocka_unit_test(test_detach_frees_the_source),
-        cmocka_unit_test(test_int8_panels),
-        cmocka_unit_test(test_int8_against_reference),
-        cmocka_unit_test(test_int8_matches_qlinear_and_ranges),
-        cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_batch_invariance_large_m),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_fp32_bf16_paths),          cmocka_unit_test(test_panels_are_an_fma_chain),
+        cmocka_unit_test(test_detach_frees_the_source),  cmocka_unit_test(test_int8_panels),
+        cmocka_unit_test(test_int8_against_reference),   cmocka_unit_test(test_int8_matches_qlinear_and_ranges),
+        cmocka_unit_test(test_int8_extreme_codes),       cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_batch_invariance_large_m), cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -206,6 +206,7 @@ static void predicted_vs_measured(void **state) {
     (void)state;
     nl_arch a = small_arch();
     nl_machine_opts_default(&g_mo);
+    g_mo.predict_step_s = nl_plan_engine_probe_step_s;
     g_mo.threads = 1;
     g_mo.thread_cpu_time = 1;
     g_mo.bw_bytes = (size_t)64 << 20;
@@ -219,6 +220,7 @@ static void predicted_vs_measured(void **state) {
     nl_engine_opts eo;
     nl_engine_opts_default(&eo);
     eo.threads = 1;
+    eo.prefix_cache = 0; /* the rounds repeat their prompts: the model prices computing them */
     eo.max_batch = 32;
     eo.max_step_tokens = 512;
     eo.chunk = 256;

@@ -5,6 +5,10 @@
  * compared with the lines shown under it:
  *   - by default, line for line (trailing spaces ignored);
  *   - `...` on a line of its own stands for any number of lines, inside a line for any text;
+ *   - `X±T` (a number, the sign ±, a tolerance) stands for any number within T of X: for figures
+ *     that legitimately move with the CPU (OpenBLAS's sgemm kernels differ between AVX2 and
+ *     AVX-512), so the README holds on every machine without one machine's digits. Such a
+ *     line is compared word by word (runs of spaces are one separator);
  *   - a command with no lines shown under it only has to exit 0; every command has to exit 0;
  *   - lines that start with `#` (after spaces) are comments, not output.
  * An HTML comment on the line before the opening fence changes that, directives separated by ';':
@@ -18,6 +22,7 @@
  * NANOLM_README=path checks another Markdown file the same way. */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,8 +56,48 @@ static int split_lines(char *text, char **lines, int max) {
     return n;
 }
 
+#define PLUS_MINUS "\xc2\xb1" /* U+00B1 in UTF-8 */
+
+/* 1 when the word w (len n) is the number x +- tol, as written in a `X±T` word. */
+static int word_within(const char *pat, size_t pn, const char *w, size_t n) {
+    char pb[64], wb[64];
+    if (pn >= sizeof pb || n >= sizeof wb) return 0;
+    memcpy(pb, pat, pn);
+    pb[pn] = '\0';
+    memcpy(wb, w, n);
+    wb[n] = '\0';
+    char *pm = strstr(pb, PLUS_MINUS), *end;
+    *pm = '\0';
+    const double x = strtod(pb, &end);
+    if (end == pb || *end) return 0;
+    const double tol = strtod(pm + 2, &end);
+    if (end == pm + 2 || *end) return 0;
+    const double v = strtod(wb, &end);
+    if (end == wb) return 0;
+    /* a unit may follow the number in the output (1.46%): it must follow it in the pattern too */
+    return fabs(v - x) <= tol * (1 + 1e-9) && !*end;
+}
+
+/* Word-by-word comparison of a line holding `X±T` words (see the top of the file). */
+static int words_match(const char *pat, const char *line) {
+    for (;;) {
+        while (*pat == ' ') pat++;
+        while (*line == ' ') line++;
+        if (!*pat || !*line) return !*pat && !*line;
+        const size_t pn = strcspn(pat, " "), n = strcspn(line, " ");
+        const char *pm = strstr(pat, PLUS_MINUS);
+        if (pm && pm < pat + pn) {
+            if (!word_within(pat, pn, line, n)) return 0;
+        } else if (pn != n || strncmp(pat, line, n) != 0)
+            return 0;
+        pat += pn;
+        line += n;
+    }
+}
+
 /* 1 when `line` matches `pat`, where "..." inside pat stands for any text. */
 static int line_matches(const char *pat, const char *line) {
+    if (strstr(pat, PLUS_MINUS)) return words_match(pat, line);
     const char *dots = strstr(pat, "...");
     if (!dots) return strcmp(pat, line) == 0;
     size_t head = (size_t)(dots - pat);

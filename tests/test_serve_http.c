@@ -160,7 +160,7 @@ static cJSON *event_json(const char *ev) {
 /* Chunks, the usage chunk, [DONE] and the whole response in OpenAI's shapes. */
 static void responses(void **state) {
     (void)state;
-    nl_completion_id id = {"cmpl-1", 1700000000, "stories260K"};
+    nl_completion_id id = {"cmpl-1", 1700000000, "stories260K", 0};
     nl_http_buf b = {0};
     assert_int_equal(nl_http_sse_chunk(&id, "Lily\"\n", 6, NULL, &b), NL_OK);
     cJSON *doc = event_json(b.data);

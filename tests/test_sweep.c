@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nanolm/isoflop.h"
 #include "nanolm/scaling.h"
 #include "nanolm/sweep.h"
 

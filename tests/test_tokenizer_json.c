@@ -1,7 +1,9 @@
 /* tokenizer.json BPE (nanolm/bpe.h) against independent implementations: token ids of 11,445
  * texts (synthetic Unicode, emoji, numbers, whitespace runs, special tokens, and lines of the
  * ../shared/data corpora) as js-tiktoken and @huggingface/tokenizers give them
- * (tests/ref/make_tok_fixture.mjs wrote tests/ref/tok_fixture.json); decode(encode(x)) == x;
+ * (tests/ref/make_tok_fixture.mjs wrote tests/ref/tok_fixture.json), among them DeepSeek-V3's three
+ * Splits in sequence and Gemma 3's normalizer and Split; decode(encode(x)) == x; the merged Split
+ * behaviors give the pieces tokenizers documents;
  * the SentencePiece-style export of tok512.bin encodes as the llama2.c tokenizer does. */
 #include "testutil.h"
 
@@ -190,7 +192,31 @@ static void test_against_references(void **state) {
         const char *hashes = cJSON_GetObjectItem(v, "hashes")->valuestring;
         assert_int_equal(strlen(hashes), 8 * (size_t)t.n);
         nl_tokenizer tok;
-        if (!strcmp(name, "spm-tok512")) {
+        if (!strcmp(name, "gemma3-style")) {
+            /* Gemma 3's normalizer, Split pre-tokenizer and decoder on the export of tok512.bin */
+            const char *tp = tu_data_path("stories260K/tok512.bin");
+            if (!tp) {
+                print_message("[  SKIP    ] %s: needs ../shared/data/stories260K/tok512.bin\n", name);
+                continue;
+            }
+            nl_tokenizer l2c;
+            QOK(nl_tokenizer_load_llama2c(&l2c, tp, 0));
+            char path[600];
+            snprintf(path, sizeof path, "%s/spm-for-gemma.json", dir);
+            QOK(nl_tokenizer_save_json(&l2c, path));
+            nl_tokenizer_free(&l2c);
+            size_t jn;
+            char *js = tu_read_file(path, &jn);
+            cJSON *root = cJSON_ParseWithLength(js, jn);
+            free(js);
+            const cJSON *patch = cJSON_GetObjectItem(v, "spm_patch"), *e;
+            cJSON_ArrayForEach(e, patch) cJSON_ReplaceItemInObject(root, e->string, cJSON_Duplicate(e, 1));
+            js = cJSON_PrintUnformatted(root);
+            cJSON_Delete(root);
+            load_json_text(&tok, js, dir, name);
+            free(js);
+            check_variant(&tok, name, hashes, &t, 2); /* a U+2581 in a text decodes as a space */
+        } else if (!strcmp(name, "spm-tok512")) {
             const char *tp = tu_data_path("stories260K/tok512.bin");
             if (!tp) {
                 print_message("[  SKIP    ] %s: needs ../shared/data/stories260K/tok512.bin\n", name);
@@ -253,8 +279,9 @@ static void test_against_references(void **state) {
             free(js);
             assert_int_equal(tok.vocab_size, 50257);
             assert_int_equal(tok.eos_id, 50256);
-            /* an NFC normalizer changes "e\u0301" to "\u00e9": decoding gives the NFC text */
-            check_variant(&tok, name, hashes, &t, strcmp(name, "qwen2-style") != 0);
+            /* an NFC normalizer changes "e\u0301" to "\u00e9": decoding gives the NFC text; a Removed
+             * split drops the tabs */
+            check_variant(&tok, name, hashes, &t, strcmp(name, "qwen2-style") && strcmp(name, "split-behaviors"));
         }
         nl_tokenizer_free(&tok);
     }
@@ -376,6 +403,103 @@ static void test_bad_files(void **state) {
     free(dir);
 }
 
+/* A GPT-2-vocabulary tokenizer whose pre_tokenizer is `pre` (JSON) followed by ByteLevel without
+ * its regex. */
+static void gpt2_with(nl_tokenizer *tok, const char *pre, const char *dir, const char *name) {
+    char hdr[2048];
+    snprintf(hdr, sizeof hdr,
+             "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Sequence\","
+             "\"pretokenizers\":[%s%s{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
+             "\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\"}}",
+             pre, pre[0] ? "," : "");
+    cJSON *h = cJSON_Parse(hdr);
+    assert_non_null(h);
+    char *js = gpt2_json(h);
+    cJSON_Delete(h);
+    assert_non_null(js);
+    load_json_text(tok, js, dir, name);
+    free(js);
+}
+
+/* Split's merged behaviors give the pieces tokenizers documents for them (normalizer.rs; its
+ * docstring: Split(" ", "merged_with_previous") cuts "How are  you?" into "How ", "are ", " ",
+ * "you?"): the ids equal those of each expected piece encoded alone, without any split. */
+static void test_split_behaviors(void **state) {
+    (void)state;
+    if (!tu_data_path("gpt2/encoder.json") || !tu_data_path("gpt2/vocab.bpe")) {
+        print_message("[  SKIP    ] needs ../shared/data/gpt2/encoder.json and vocab.bpe\n");
+        skip();
+    }
+    char *dir = tu_tmpdir();
+    nl_tokenizer plain;
+    gpt2_with(&plain, "", dir, "plain");
+    struct {
+        const char *split, *text, *pieces[8];
+    } cases[] = {
+        {"{\"type\":\"Split\",\"pattern\":{\"String\":\" \"},\"behavior\":\"MergedWithPrevious\"}",
+         "How are  you?",
+         {"How ", "are ", " ", "you?"}},
+        {"{\"type\":\"Split\",\"pattern\":{\"String\":\" \"},\"behavior\":\"MergedWithNext\"}",
+         "How are  you?",
+         {"How", " are", " ", " you?"}},
+        {"{\"type\":\"Split\",\"pattern\":{\"String\":\" \"},\"behavior\":\"Isolated\"}",
+         "How are  you?",
+         {"How", " ", "are", " ", " ", "you?"}},
+        {"{\"type\":\"Split\",\"pattern\":{\"Regex\":\"-\"},\"behavior\":\"Contiguous\"}",
+         "a--b-c",
+         {"a", "--", "b", "-", "c"}},
+        {"{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s+\"},\"behavior\":\"Removed\"}",
+         " two\twords ",
+         {"two", "words"}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        nl_tokenizer tok;
+        gpt2_with(&tok, cases[c].split, dir, "case");
+        int *got, *want = malloc(256 * sizeof(int));
+        int64_t ng, nw = 0;
+        QOK(nl_tokenizer_encode(&tok, cases[c].text, strlen(cases[c].text), 0, 0, &got, &ng));
+        for (int k = 0; cases[c].pieces[k]; k++) {
+            int *ids;
+            int64_t n;
+            QOK(nl_tokenizer_encode(&plain, cases[c].pieces[k], strlen(cases[c].pieces[k]), 0, 0, &ids, &n));
+            memcpy(want + nw, ids, (size_t)n * sizeof(int));
+            nw += n;
+            nl_free(ids);
+        }
+        if (ng != nw || memcmp(got, want, (size_t)nw * sizeof(int))) fail_msg("case %zu: %s", c, cases[c].split);
+        nl_free(got);
+        free(want);
+        nl_tokenizer_free(&tok);
+    }
+    /* a merged split is visible in the ids: " are" is one GPT-2 token, "are" after " " two */
+    int *a, *b;
+    int64_t na, nb;
+    nl_tokenizer next, iso;
+    gpt2_with(&next, cases[1].split, dir, "next");
+    gpt2_with(&iso, cases[2].split, dir, "iso");
+    QOK(nl_tokenizer_encode(&next, "How are", 7, 0, 0, &a, &na));
+    QOK(nl_tokenizer_encode(&iso, "How are", 7, 0, 0, &b, &nb));
+    assert_int_equal(na, 2);
+    assert_int_equal(nb, 3);
+    nl_free(a);
+    nl_free(b);
+    nl_tokenizer_free(&next);
+    nl_tokenizer_free(&iso);
+    /* invert is refused by name */
+    char path[600];
+    snprintf(path, sizeof path, "%s/inv.json", dir);
+    FILE *f = fopen(path, "wb");
+    fputs("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Split\","
+          "\"pattern\":{\"String\":\"a\"},\"behavior\":\"Isolated\",\"invert\":true}}",
+          f);
+    fclose(f);
+    nl_tokenizer bad;
+    assert_int_not_equal(nl_tokenizer_load_json(&bad, path, 0), NL_OK);
+    assert_non_null(strstr(nl_last_error(), "invert true is not supported"));
+    nl_tokenizer_free(&plain);
+    tu_rmdir(dir);
+    free(dir);
+}
 
 /* A tokenizer.json over the 256 <0xNN> byte pieces plus "a", with the given normalizer. */
 static char *byte_json(const char *normalizer) {
@@ -448,9 +572,8 @@ static void test_normalizer_growth(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_against_references),
-        cmocka_unit_test(test_special_and_known_ids),
-        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_against_references),    cmocka_unit_test(test_split_behaviors),
+        cmocka_unit_test(test_special_and_known_ids), cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_normalizer_growth),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

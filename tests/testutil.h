@@ -76,7 +76,7 @@ typedef struct tu_server {
  * 0; or -1 when it exited first or did not listen in time (killed then), with *why (may be NULL)
  * a malloc'd explanation with its log. */
 int tu_server_start(tu_server *s, const char *dir, const char *name, const char *args, char **why);
-/* SIGTERM, then waits up to 60 s (SIGKILL after): the exit status, or 128 + the signal. */
+/* SIGTERM, then waits up to 240 s (SIGKILL after): the exit status, or 128 + the signal. */
 int tu_server_stop(tu_server *s);
 /* SIGKILL and wait, for a teardown after a failed test (nothing when pid <= 0). */
 void tu_server_kill(tu_server *s);

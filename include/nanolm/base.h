@@ -83,6 +83,13 @@ uint64_t nl_rng_below(nl_rng *r, uint64_t n);
 /* Standard normal (Box-Muller, deterministic). */
 double nl_rng_normal(nl_rng *r);
 
+/* ---- sorting -------------------------------------------------------------------------------- */
+/* Sorts v ascending (qsort; the one comparator of doubles). */
+void nl_sort_doubles(double *v, size_t n);
+/* The median of v's n values (the mean of the middle two when n is even), sorting v in place;
+ * NaN when n is 0. */
+double nl_median(double *v, size_t n);
+
 /* ---- time ---------------------------------------------------------------------------------- */
 /* Monotonic seconds since an arbitrary origin. */
 double nl_time_s(void);

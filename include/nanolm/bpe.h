@@ -2,13 +2,16 @@
  * BPE tokenizers read from a Hugging Face tokenizer.json ("model": {"type": "BPE"}), in the two
  * forms Llama-family models ship:
  *
- * - byte-level (GPT-2, Llama 3, SmolLM, Qwen2): the text is split at added tokens, normalized
- *   (NFC where the file asks), cut into pre-tokens by the file's regex (GPT-2's when ByteLevel
- *   has use_regex), each pre-token's bytes are mapped to printable characters (GPT-2's
+ * - byte-level (GPT-2, Llama 3, SmolLM, Qwen2, DeepSeek-V3): the text is split at added tokens,
+ *   normalized (NFC where the file asks), cut into pre-tokens by the file's Split pre-tokenizers
+ *   in order, each cutting the pieces of the one before (DeepSeek-V3 has three; GPT-2's regex when
+ *   ByteLevel has use_regex; patterns Regex or String; behaviors Isolated, Removed,
+ *   MergedWithPrevious, MergedWithNext, Contiguous as tokenizers' SplitDelimiterBehavior), each pre-token's bytes are mapped to printable characters (GPT-2's
  *   bytes_to_unicode) and merged by rank. ignore_merges: a pre-token that is itself a vocabulary
  *   entry is emitted as is (Llama 3).
- * - SentencePiece-style (Llama 2, TinyLlama, Mistral): spaces become U+2581, a U+2581 is
- *   prepended (normalizer Prepend, or pre_tokenizer Metaspace), characters missing from the
+ * - SentencePiece-style (Llama 2, TinyLlama, Mistral, Gemma 3): spaces become U+2581, a U+2581 is
+ *   prepended (normalizer Prepend, or pre_tokenizer Metaspace; Gemma 3 prepends none and splits
+ *   on " " merged with the previous piece), characters missing from the
  *   vocabulary become <0xXX> byte tokens (byte_fallback), then merges by rank.
  *
  * Merging follows tokenizers' Word::merge_all: repeatedly merge the adjacent pair with the
@@ -56,6 +59,11 @@ int nl_bpe_strips_first_space(const nl_bpe *b);
  * its limit (NL_ERR_RANGE set); *out and *cap are updated either way. */
 int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap,
                       int64_t at);
+
+/* As nl_bpe_encode with special = 1, except that a special token is not matched where it
+ * overlaps a byte with plain[i] != 0 (text from a user inside a chat template's output). */
+int64_t nl_bpe_encode_marked(const nl_bpe *b, const char *text, size_t n, const unsigned char *plain, int **out,
+                             int64_t *cap, int64_t at);
 
 /* The bytes a token decodes to (a piece mapped back through bytes_to_unicode, U+2581 as a space,
  * <0xXX> as that byte, an added token as its content); NULL for an id outside the vocabulary

@@ -77,7 +77,6 @@ void nl_comm_finalize(void);
  * report names the ranks not waiting, or says that all wait. Default 600 s; <= 0 turns it off.
  * The watchdog thread runs from nl_comm_init when the world has more than one rank. */
 void nl_comm_set_timeout(double seconds);
-double nl_comm_timeout(void);
 /* The world communicator, or NULL before nl_comm_init. */
 nl_comm *nl_comm_world(void);
 /* Splits `parent` into groups: ranks with the same `color` form one group, ordered by `key`.

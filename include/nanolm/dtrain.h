@@ -93,39 +93,21 @@ typedef struct nl_dist_trainer {
  * NL_ERR_COMM. */
 nl_status nl_dist_init(nl_dist_trainer *t, const nl_arch *arch, const nl_dist_opts *o, nl_comm *dp);
 void nl_dist_free(nl_dist_trainer *t);
-/* The hooks of the one training loop (nanolm/train.h), in the order a step calls them:
- * nl_dist_grads runs forward and backward of this rank's slice of step `step`'s global batch and
+/* Fills L with the hooks of the one training loop (nanolm/train.h), in the order a step calls
+ * them: grads runs forward and backward of this rank's slice of step `step`'s global batch and
  * synchronises the gradients (all-reduce per bucket, or reduce-scatter per unit) and averages
- * them over the ranks; *loss gets the mean loss of the global batch. nl_dist_sumsq is the sum of
- * squares of the global gradient (collective for ZeRO); nl_dist_scale_grads scales what this
- * rank owns; nl_dist_update runs AdamW (nl_adamw_update_range) on what it owns and all-gathers the
- * parameters (ZeRO-1/2). nl_dist_eval is the validation loss (every rank, its full replica;
- * ZeRO-3 gathers it). Errors: data or model errors, NL_ERR_COMM. */
-nl_status nl_dist_grads(nl_dist_trainer *t, const nl_data *d, int64_t step, float *loss);
-nl_status nl_dist_sumsq(nl_dist_trainer *t, double *ss);
-void nl_dist_scale_grads(nl_dist_trainer *t, float f);
-nl_status nl_dist_update(nl_dist_trainer *t, float lr);
-nl_status nl_dist_eval(nl_dist_trainer *t, const nl_data *d, int64_t windows, double *loss);
-/* Fills L with the hooks above (and save / load) for nl_trainer_init_layout. */
+ * them over the ranks; the loss is the mean of the global batch. sumsq is the sum of squares of
+ * the global gradient (collective for ZeRO); scale scales what this rank owns; update runs AdamW
+ * (nl_adamw_update_range) on what it owns and all-gathers the parameters (ZeRO-1/2). eval is the
+ * validation loss (every rank, its full replica; ZeRO-3 gathers it). save writes a checkpoint
+ * (nanolm/checkpoint.h: weights, AdamW moments and t, and the state's step, RNG, scaler,
+ * precision and run) that one process can read: the shards are gathered to dp rank 0, which
+ * writes the file atomically (collective over the group). load: every rank reads the checkpoint
+ * (validated as nl_ckpt_load_state does) and keeps its part. Errors: data or model errors,
+ * NL_ERR_COMM, NL_ERR_IO / NL_ERR_FORMAT naming the file, NL_ERR_INVALID when its model differs. */
 void nl_dist_layout(nl_dist_trainer *t, nl_train_layout *L);
-/* One optimizer step (0-based `step`) with learning rate lr: nl_train_layout_step over the hooks.
- * *loss gets the mean loss over the global batch, *grad_norm the global gradient norm before
- * clipping. Errors as the hooks, NL_ERR_NUMERIC for a non-finite loss. */
-nl_status nl_dist_step(nl_dist_trainer *t, const nl_data *d, int64_t step, float lr, float *loss, double *grad_norm);
 /* The persistent and workspace bytes of this rank. */
 void nl_dist_memory_report(const nl_dist_trainer *t, nl_dist_memory *out);
-/* Copies the full parameter vector into out (n_params floats); zero 3 gathers it (collective). */
-nl_status nl_dist_gather_params(nl_dist_trainer *t, float *out);
-
-/* Writes a checkpoint (nanolm/checkpoint.h: weights, AdamW moments and t, and st's step, RNG,
- * scaler, precision and run; st->opt is ignored) that one process can read: the shards are
- * gathered to dp rank 0, which writes the file atomically. Collective over the group.
- * Errors: NL_ERR_IO naming the file, NL_ERR_COMM, NL_ERR_NOMEM. */
-nl_status nl_dist_save(nl_dist_trainer *t, const char *path, const nl_ckpt_state *st);
-/* Every rank reads the checkpoint (validated as nl_ckpt_load_state does) and keeps its part; st
- * gets the stored state (st->opt NULL). Errors: NL_ERR_IO / NL_ERR_FORMAT naming the file,
- * NL_ERR_INVALID when its model differs. */
-nl_status nl_dist_load(nl_dist_trainer *t, const char *path, nl_ckpt_state *st);
 
 #ifdef __cplusplus
 }

@@ -49,10 +49,6 @@
 extern "C" {
 #endif
 
-/* A step of fewer rows than this runs RoPE and the KV store on the calling thread (a few
- * hundred ns per row: less than waking the team); bench machine's probes follow the same rule. */
-#define NL_ENGINE_ROPE_PARALLEL_ROWS 8
-
 typedef struct nl_engine nl_engine;
 
 /* Why a request ended. */
@@ -73,7 +69,8 @@ typedef void (*nl_engine_event_fn)(void *user, uint64_t id, const int32_t *new_t
                                    const char *new_text, size_t new_text_len, nl_finish finish);
 
 typedef struct nl_engine_opts {
-    nl_wfmt weights;             /* NL_WFMT_AUTO (default): fp32, or int8 for an int8 quantized checkpoint */
+    nl_wfmt weights;             /* NL_WFMT_AUTO (default): fp32; int8 for an int8 quantized checkpoint or a Q8_0
+                                    GGUF; int4 for a Q4_0 GGUF (on its own blocks) */
     nl_kv_dtype kv;              /* NL_KV_FP32 (default) or NL_KV_INT8 */
     int64_t block_size;          /* tokens per KV block (default 16) */
     int64_t kv_blocks;           /* pool size in blocks; 0: from kv_mem_bytes */
@@ -85,6 +82,14 @@ typedef struct nl_engine_opts {
                                  0: no chunking, a whole prompt in one step if the budget allows) */
     int max_waiting;             /* bounded waiting queue (default 256): submit beyond -> NL_ERR_BUSY */
     int threads;                 /* OpenMP threads of a step (<= 0: the OpenMP default) */
+    int prefix_cache;            /* 1 (default): full KV blocks are shared by the prompts that start
+                                    with the same tokens (automatic prefix caching, block_pool.h) */
+    int spec_k;                  /* speculative decoding: tokens drafted per decode step (0, the
+                                    default: off), verified in the same step (nl_sampler_verify) */
+    int spec_ngram;              /* prompt-lookup drafting: longest n-gram matched (default 3) */
+    const char *draft_ckpt;      /* with spec_k: draft with this model instead (same tokenizer: the
+                                    same vocabulary size; loaded as the target is, by nl_engine_open) */
+    const nl_model *draft_model; /* or this one, borrowed (nl_engine_open_model; tests) */
     nl_engine_event_fn on_event; /* optional */
     void *event_user;
 } nl_engine_opts;
@@ -92,10 +97,10 @@ typedef struct nl_engine_opts {
 /* The defaults above. */
 void nl_engine_opts_default(nl_engine_opts *o);
 
-/* Loads a checkpoint and its tokenizer and builds the engine. ckpt: a NanoLM safetensors
- * checkpoint, a quantized checkpoint written by `nanolm quant model --out`, or a llama2.c .bin
- * (then tokenizer, a llama2.c tokenizer.bin, is required; otherwise it may be NULL for a byte
- * tokenizer checkpoint). opts NULL: defaults. Errors (the message names the file or option):
+/* Loads a checkpoint and its tokenizer (nl_model_load of nanolm/model_load.h) and builds the
+ * engine. ckpt: a Hugging Face folder, a GGUF file, a NanoLM safetensors checkpoint, a quantized
+ * checkpoint written by `nanolm quant model --out`, or a llama2.c .bin (then tokenizer, a
+ * llama2.c tokenizer.bin, is required; otherwise it may be NULL for a byte tokenizer checkpoint). opts NULL: defaults. Errors (the message names the file or option):
  * NL_ERR_IO, NL_ERR_FORMAT, NL_ERR_INVALID (bad option, MoE arch), NL_ERR_NOMEM. */
 nl_status nl_engine_open(nl_engine **e, const char *ckpt, const char *tokenizer, const nl_engine_opts *opts);
 /* The same on a model already built (weights copied or borrowed as the format needs; the
@@ -204,6 +209,12 @@ typedef struct nl_engine_stats {
     int64_t prompt_tokens_computed; /* prefill rows run (recomputed ones included) */
     int64_t preemptions;
     int64_t requests_submitted, requests_finished, requests_rejected;
+    int64_t kv_blocks_cached;       /* blocks findable by their prefix hash (free or held) */
+    int64_t prefix_cache_queries;   /* prompt tokens looked up at admission */
+    int64_t prefix_cache_hits;      /* of those, tokens found cached (not computed) */
+    int64_t prefix_cache_evictions; /* cached blocks taken for other tokens */
+    int64_t spec_drafted;           /* speculative tokens drafted and verified */
+    int64_t spec_accepted;          /* of those, accepted by the target */
 } nl_engine_stats;
 /* A consistent snapshot. */
 void nl_engine_stats_get(nl_engine *e, nl_engine_stats *st);

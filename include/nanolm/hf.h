@@ -69,6 +69,11 @@ nl_status nl_hf_load_model(const char *dir, int64_t max_seq, nl_model *m);
 nl_status nl_hf_load_tokenizer(const char *model_path, const char *kind, const char *tok_path, int64_t V,
                                nl_tokenizer *tok);
 
+/* A tokenizer on its own, from `path`: a Hugging Face folder (its tokenizer.json), a
+ * tokenizer.json, a llama2.c tokenizer.bin, a GGUF file (its tokenizer.ggml.* or
+ * tokenizer.huggingface.json, nanolm/gguf_model.h), or "byte". Errors name the file. */
+nl_status nl_hf_open_tokenizer(const char *path, nl_tokenizer *tok);
+
 /* Writes `m` as a model folder: config.json (Qwen2ForCausalLM with q/k/v biases, else
  * LlamaForCausalLM), its weights as `dtype` (F32, BF16 or F16) in shards of at most
  * shard_bytes each (0: one model.safetensors; more than one shard adds

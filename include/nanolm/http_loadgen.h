@@ -23,6 +23,8 @@ typedef struct nl_loadgen_opts {
     double rate_rps;        /* Poisson arrival rate; 0: closed loop (send as soon as a slot frees) */
     int64_t prompt_len;     /* prompt tokens (or the low end when prompt_len_max > prompt_len) */
     int64_t prompt_len_max; /* > prompt_len: uniform in [prompt_len, prompt_len_max] */
+    int64_t shared_prefix;  /* every prompt starts with the same this many tokens (a system
+                               prompt; drawn from seed), then its prompt_len own ones */
     int64_t output_len;     /* max_tokens (ignore_eos), or the low end */
     int64_t output_len_max; /* > output_len: uniform in [output_len, output_len_max] */
     int64_t vocab_size;     /* token ids drawn from [3, vocab_size); 0: ask GET /v1/models */

@@ -20,6 +20,16 @@
  *   model        string (any: the server serves one model)
  * Unknown fields are ignored, as OpenAI does; a known field of the wrong type is a 400 that
  * names the field in `param`.
+ *
+ * POST /v1/chat/completions takes the same fields except prompt, echo and best_of, plus:
+ *   messages     [{"role": "system"|"user"|"assistant", "content": string or
+ *                 [{"type": "text", "text": string}]}], at least one          required
+ *   max_completion_tokens   integer >= 0 (OpenAI's newer name of max_tokens; wins when both)
+ *   logprobs     false only
+ *   add_generation_prompt   bool (default true; vLLM's extension)
+ * and answers with "chat.completion" objects ({"message": {"role": "assistant", "content"}})
+ * or "chat.completion.chunk" events: a first delta {"role": "assistant", "content": ""}, then
+ * {"content": text} deltas, then an empty delta with the finish_reason.
  */
 #ifndef NANOLM_HTTP_REQUEST_H
 #define NANOLM_HTTP_REQUEST_H
@@ -28,6 +38,7 @@
 #include <stdint.h>
 
 #include "nanolm/base.h"
+#include "nanolm/chat_template.h"
 
 #define NL_HTTP_MAX_STOP           4  /* stop strings per request (OpenAI's limit) */
 #define NL_HTTP_MAX_STOP_BYTES     64 /* bytes of one stop string */
@@ -62,6 +73,9 @@ typedef struct nl_completion_req {
     int stream;
     int include_usage; /* stream_options.include_usage */
     int ignore_eos;
+    nl_chat_message *messages; /* chat: (n_messages,) role and content (NUL-terminated copies) */
+    int n_messages;
+    int add_generation_prompt; /* chat: 1 unless the request says false */
 } nl_completion_req;
 
 /* An OpenAI-style error: {"error":{"message","type","param","code"}} sent with `status`. */
@@ -82,6 +96,10 @@ void nl_http_error_set(nl_http_error *err, int status, const char *param, const 
  * Token ids in a [int] prompt are checked against vocab_size when vocab_size > 0. */
 nl_status nl_http_parse_completion(const char *body, size_t bytes, int64_t vocab_size, nl_completion_req *req,
                                    nl_http_error *err);
+/* Parses and validates a /v1/chat/completions body, as nl_http_parse_completion (prompt is NULL,
+ * messages set). Errors name the message: "'messages'[2].role must be one of system, user,
+ * assistant, got \"tool\"" (param "messages"). */
+nl_status nl_http_parse_chat(const char *body, size_t bytes, nl_completion_req *req, nl_http_error *err);
 void nl_http_completion_free(nl_completion_req *req);
 
 /* Appends the error's JSON document to out. */
@@ -92,6 +110,7 @@ typedef struct nl_completion_id {
     char id[40];     /* "cmpl-<hex>" */
     int64_t created; /* unix seconds */
     const char *model;
+    int chat; /* 1: chat.completion objects and chunks ("chatcmpl-<hex>") */
 } nl_completion_id;
 
 /* Appends the non-streamed response:
@@ -104,6 +123,8 @@ nl_status nl_http_completion_json(const nl_completion_id *id, const char *text, 
  * with finish_reason null (finish == NULL) or the reason ("stop", "length") on the last chunk. */
 nl_status nl_http_sse_chunk(const nl_completion_id *id, const char *text, size_t text_bytes, const char *finish,
                             nl_http_buf *out);
+/* Chat streams: the first event, a delta {"role": "assistant", "content": ""}. */
+nl_status nl_http_sse_chat_role(const nl_completion_id *id, nl_http_buf *out);
 /* Appends the usage chunk (choices empty) sent before [DONE] when stream_options.include_usage. */
 nl_status nl_http_sse_usage(const nl_completion_id *id, int64_t prompt_tokens, int64_t completion_tokens,
                             nl_http_buf *out);

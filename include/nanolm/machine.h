@@ -1,5 +1,5 @@
 /*
- * nanolm machine: measures this CPU for the serving engine's cost model (plan_engine.h):
+ * nanolm machine: measures this CPU (cpu_rates.h) for the serving engine's cost model in plan/:
  * streaming read bandwidth (1 and N threads), the engine's linear kernel (nl_mv_forward) in
  * fp32, bf16 and int8 at M = 1, 8, 32, 128, 256, 512 rows over a model's linear shapes, the
  * paged attention rate, the per-row elementwise work of a layer, and the engine's per-step
@@ -12,7 +12,7 @@
 
 #include "nanolm/arch.h"
 #include "nanolm/base.h"
-#include "nanolm/plan_engine.h"
+#include "nanolm/cpu_rates.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +27,11 @@ typedef struct nl_machine_opts {
     int kv_formats;      /* bit k set: measure the decode rows with KV format k (0 fp32, 1 int8; default both) */
     int thread_cpu_time; /* 1 (threads must be 1): time with this thread's CPU clock instead of the
                                 wall clock, so that other processes sharing the cores do not count */
+    /* The cost model's time of one batch-1 decode step at context ctx of a model of shape a on
+     * rates r with no step or layer overhead (plan_engine.h: nl_plan_engine_probe_step_s). The
+     * engine's measured step minus this is its overhead; NULL leaves the overheads at 0. The
+     * caller passes it in, so that this layer does not call the planner above it. */
+    double (*predict_step_s)(const nl_arch *a, const nl_cpu_rates *r, double ctx);
 } nl_machine_opts;
 
 void nl_machine_opts_default(nl_machine_opts *o);

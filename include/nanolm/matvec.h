@@ -3,21 +3,21 @@
  * fp32, bf16, int8 or int4, where M is small (1 for one stream, up to a few hundred for a batched
  * step). Knows nothing of models.
  *
- * Batch 1 is a matrix-vector product whose time is reading W once. On AVX-512, fp32, bf16 and
- * int8 (VNNI) weights are stored in panels of 48 rows, column by column (see nl_mv_weight), and a
- * tile walks one panel (or, up to 4 tokens, two adjacent ones: two sequential streams) front to
- * back against up to 8 tokens held in registers, so a batch of up to 8 decodes still reads W once;
- * OpenMP threads take two whole panels at a time. Elsewhere (AVX2 with FMA, portable C) the kernels
- * stream W row by row, in tiles of 4 rows x 4 tokens for M >= 4, with threads splitting the output
- * rows in blocks of 16.
+ * Batch 1 is a matrix-vector product whose time is reading W once. On every SIMD path (AVX-512,
+ * AVX2, NEON) fp32 and bf16 weights are stored in panels of 48 rows, column by column (see
+ * nl_mv_weight), and a tile walks one panel (or, for few tokens, two adjacent ones: two sequential
+ * streams) front to back against the tokens held in registers (AVX-512: up to 8 tokens against a
+ * whole panel; AVX2: up to 2 against a panel or 6 against a slice of 16 rows), so a small batch
+ * still reads W once from memory; OpenMP threads take two whole panels at a time. int8 on
+ * AVX-512 VNNI reads panels too; int8 elsewhere and int4 stream W row by row. Portable C reads
+ * the rows, in tiles of 4 rows x 4 tokens.
  *
- * Batch invariance: y[m][n] is computed by the same sequence of operations whatever M is, which
- * tokens share the call and how many threads run. On the panels each fp32 / bf16 output is one
- * fused multiply-add chain over k = 0 .. K - 1 from +0 (no sum across lanes); int8 sums are exact
- * int32. Off them each (token, row) pair has its own vector accumulator that walks k in the same
- * order (8 lanes for AVX2, then the same fixed horizontal sum). The tails of M are handled by the
- * same per-pair code. A request's output is then bit-identical alone or batched (vLLM does not
- * promise this; nanolm does); the paths differ from one another in the last bits.
+ * Exact on every path: y[m][n] is computed by the same sequence of operations whatever the path
+ * (NANOLM_ISA), M, the tokens that share the call and the number of threads. Each fp32 / bf16
+ * output is one fused multiply-add chain over k = 0 .. K - 1 from +0 (no sum across lanes; fmaf
+ * in portable C); int8 sums are exact int32 and int4 follows one fixed float order (below). A
+ * request's output is then bit-identical alone or batched (vLLM does not promise this; nanolm
+ * does), and the same on an AVX-512, an AVX2, an ARM or a plain C build.
  *
  * Formats:
  *   FP32  W as given (borrowed or copied).
@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* Storage format of a decode weight. AUTO (engine options only): fp32 for an fp32 checkpoint,
- * int8 for a quantized int8 per-channel checkpoint. */
+ * int8 for a quantized int8 per-channel checkpoint or a Q8_0 GGUF, int4 for a Q4_0 GGUF. */
 typedef enum nl_wfmt {
     NL_WFMT_AUTO = -1,
     NL_WFMT_FP32 = 0,
@@ -64,13 +64,14 @@ typedef enum nl_wfmt {
     NL_WFMT_COUNT
 } nl_wfmt;
 
-/* Kernel path of the fp32/bf16 kernels (int8 uses nl_qdot_path; int4 runs AVX-512 VNNI on the
- * AVX512 path of a CPU that has VNNI, portable C otherwise). */
+/* Kernel path of the fp32/bf16 kernels (int8 uses nl_qdot_path; int4 follows this path, with
+ * AVX-512 VNNI where the AVX512 path has it). */
 typedef enum nl_mv_path {
     NL_MV_AUTO = 0,     /* the fastest this CPU runs */
-    NL_MV_PORTABLE = 1, /* plain C, 8 scalar accumulators per pair */
+    NL_MV_PORTABLE = 1, /* plain C, one fmaf chain per pair */
     NL_MV_AVX2 = 2,     /* 8-lane FMA */
     NL_MV_AVX512 = 3,   /* 16-lane FMA */
+    NL_MV_NEON = 4,     /* aarch64: 4-lane FMA */
     NL_MV_COUNT
 } nl_mv_path;
 
@@ -78,7 +79,7 @@ typedef enum nl_mv_path {
 const char *nl_wfmt_name(nl_wfmt f);
 /* Parses "fp32" | "bf16" | "int8" | "int4" | "auto"; NL_ERR_INVALID naming the text otherwise. */
 nl_status nl_wfmt_parse(const char *s, nl_wfmt *out);
-/* "portable", "avx2", "avx512" ("auto"). */
+/* "portable", "avx2", "avx512", "neon" ("auto"). */
 const char *nl_mv_path_name(nl_mv_path p);
 /* 1 if this CPU (and build) runs path p. */
 int nl_mv_available(nl_mv_path p);
@@ -91,11 +92,11 @@ typedef struct nl_mv_weight {
     int64_t rows, cols; /* N (outputs), K (inputs) */
     const float *f32;   /* FP32: (N, K), borrowed or owned (owned_f32) */
     float *owned_f32;
-    float *f32_panels;     /* FP32 on the AVX512 path: a copy in panels of NL_MV_PANEL rows, each
+    float *f32_panels;     /* FP32 on a SIMD path: a copy in panels of NL_MV_PANEL rows, each
                           column by column (the 48 rows' values of column 0, then of column 1,
                           ...; rows past N zero), read by that path's kernels instead of f32 */
-    uint16_t *bf16;        /* BF16 off the AVX512 path: (N, K) bfloat16 bits (NULL on it) */
-    uint16_t *bf16_panels; /* BF16 on the AVX512 path: the weight in panels of NL_MV_PANEL rows by
+    uint16_t *bf16;        /* BF16 on the portable path: (N, K) bfloat16 bits (NULL on SIMD) */
+    uint16_t *bf16_panels; /* BF16 on a SIMD path: the weight in panels of NL_MV_PANEL rows by
                               pairs of columns (for each pair the 48 rows' two values side by
                               side; rows past N and a last odd column's partner zero) */
     nl_qlinear q8;         /* INT8 (on the AVX512 path with VNNI q8.w is NULL: the codes are in q8_panels) */
@@ -117,8 +118,8 @@ typedef struct nl_mv_weight {
 #define NL_MV_INT4_GROUP 32
 
 /* Prepares W (N, K) in format fmt. FP32 borrows w (it must outlive the weight) unless copy is
- * set; on the AVX512 path it also keeps its panel copy (N rounded up to 48, x K x 4 bytes).
- * BF16 and INT8 (with VNNI) on the AVX512 path hold their values in panels only (N rounded up to
+ * set; on a SIMD path it also keeps its panel copy (N rounded up to 48, x K x 4 bytes).
+ * BF16 on a SIMD path and INT8 on the AVX512 path with VNNI hold their values in panels only (N rounded up to
  * 48 rows); nl_mv_weight_set_path moves them back into rows for another path.
  * Errors: NL_ERR_INVALID for sizes or format (AUTO is not a format here), NaN/inf in w
  * (naming the index) for BF16, INT8 and INT4; NL_ERR_RANGE for an INT4 group whose scale
@@ -127,6 +128,12 @@ nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64
 /* INT8 from existing codes (N, K) and per-row scales (N) (a quantized checkpoint). Errors as
  * nl_qlinear_init_codes. */
 nl_status nl_mv_weight_init_int8(nl_mv_weight *wt, const int8_t *codes, const float *scales, int64_t N, int64_t K);
+/* INT4 straight from llama.cpp's Q4_0 blocks (N rows of K / 32 blocks of 18 bytes: fp16 scale d,
+ * then byte i = column i low nibble, column i + 16 high, value (nibble - 8) * d), which is this
+ * format's group layout: the scales and codes are copied, so the kernels compute with exactly
+ * the file's weights (d may be negative: llama.cpp's quantizer divides by -8). K must be a
+ * multiple of 32. Errors: NL_ERR_INVALID (sizes, an inf/NaN scale naming the row), NL_ERR_NOMEM. */
+nl_status nl_mv_weight_init_q4_0(nl_mv_weight *wt, const void *blocks, int64_t N, int64_t K);
 /* Frees what the weight owns; safe on a zeroed struct. */
 void nl_mv_weight_free(nl_mv_weight *wt);
 /* Lets go of the fp32 matrix the weight was made from, where it keeps a copy of its own: 1 for

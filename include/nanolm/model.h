@@ -237,6 +237,8 @@ typedef struct nl_model {
     /* a part of a model (nl_model_init_part): no embedding table (w.embed NULL) / no final norm
      * and classifier (w.rms_final, w.cls NULL); the forward and backward here need neither set */
     int no_embed, no_tail;
+    /* NANOLM_STEP_PROFILE: the forward and backward mark their phases here (NULL: no profile) */
+    struct nl_step_prof *prof;
 } nl_model;
 
 /* Builds a model for `arch` with parameters allocated (zeroed). Returns NL_ERR_INVALID for a bad
@@ -315,6 +317,13 @@ void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, 
                    int64_t stride, int inverse);
 /* RoPE on one row of nh heads of size hd at one position (cos_t/sin_t: that position's hd/2
  * entries), on the calling thread: nl_rope_apply's arithmetic without a parallel region. */
+/* The two parts of nl_rmsnorm_backward: dx rows [n0, n1), and dw columns [c0, c0 + 64) summed over
+ * all N rows in order (the fused backward runs them inside its own parallel regions). */
+enum { NL_RMSNORM_DW_BLOCK = 64 };
+void nl_rmsnorm_backward_rows(float *dx, const float *dout, const float *x, const float *w, const float *rstd,
+                              int64_t n0, int64_t n1, int64_t C);
+void nl_rmsnorm_backward_dw_cols(float *dw, const float *dout, const float *x, const float *rstd, int64_t N, int64_t C,
+                                 int64_t c0);
 void nl_rope_row(float *row, const float *cos_t, const float *sin_t, int64_t nh, int64_t hd, int inverse);
 void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH,
                           int64_t hd);

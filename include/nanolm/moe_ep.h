@@ -86,8 +86,6 @@ size_t nl_ep_act_bytes(const nl_ep_trainer *t);
  * (AdamW), eval (every rank the same validation windows; none with context parallelism), save and
  * load (rank 0 writes the whole model: ep 1 only; NULL otherwise) and agree_stop. */
 void nl_ep_layout(nl_ep_trainer *t, nl_train_layout *L);
-/* One step through those hooks at the constant learning rate o->train.lr; fills t->st. */
-nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step);
 
 #ifdef __cplusplus
 }

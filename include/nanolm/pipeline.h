@@ -96,16 +96,12 @@ typedef struct nl_pipe {
 nl_status nl_pipe_init(nl_pipe *pp, const nl_arch *arch, const nl_dist_opts *o, int M, nl_pipe_schedule sched,
                        nl_comm *pp_comm, nl_comm *dp_comm, nl_comm *tp_comm);
 void nl_pipe_free(nl_pipe *pp);
-/* The hooks of the one training loop (nanolm/train.h): nl_pipe_grads runs the stage schedule
+/* Fills L with the hooks of the one training loop (nanolm/train.h): grads runs the stage schedule
  * (forward and backward of the micro-batches), sums tensor-parallel partial gradients, averages
- * over micro-batches and all-reduces over the data-parallel group; *loss = mean loss of the global
- * batch (every rank). nl_pipe_sumsq: the global gradient's sum of squares (split slices once,
- * replicated tensors once per tensor-parallel group). nl_pipe_update: AdamW on the owned ranges.
+ * over micro-batches and all-reduces over the data-parallel group; the loss is the mean of the
+ * global batch (every rank). sumsq: the global gradient's sum of squares (split slices once,
+ * replicated tensors once per tensor-parallel group). update: AdamW on the owned ranges.
  * No evaluation and no checkpoints (the layout's eval / save / load are NULL). */
-nl_status nl_pipe_grads(nl_pipe *p, const nl_data *d, int64_t step, float *loss);
-nl_status nl_pipe_sumsq(nl_pipe *p, double *ss);
-void nl_pipe_scale_grads(nl_pipe *p, float f);
-nl_status nl_pipe_update(nl_pipe *p, float lr);
 void nl_pipe_layout(nl_pipe *p, nl_train_layout *L);
 /* One step (nl_train_layout_step over the hooks); *loss = mean loss of the global batch (on every
  * rank), *grad_norm before clipping. */

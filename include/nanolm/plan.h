@@ -20,7 +20,7 @@
 typedef struct nl_hw {
     char name[32];
     double flops_bf16;     /* dense peak, FLOP/s */
-    double flops_fp8;      /* dense peak, FLOP/s */
+    double flops_fp8;      /* dense FP8 tensor-core peak, FLOP/s; 0 = no FP8 units (A100, TPU v5p) */
     double mem_bytes;      /* HBM capacity */
     double hbm_bw;         /* HBM bandwidth, bytes/s */
     double intra_bw;       /* scale-up link (NVLink/xGMI) per GPU, one direction, bytes/s */
@@ -36,6 +36,7 @@ typedef struct nl_hw {
     double nic_bw;         /* one NIC, one direction, bytes/s; inter_bw = nics x nic_bw / GPUs */
     double nvls_eff;       /* NVLink SHARP all-reduce: fraction of intra_bw at which each GPU sends and
                               receives the whole array through the switch; 0 = no NVLS */
+    double flops_tf32;     /* dense TF32 tensor-core peak, FLOP/s: the rate of fp32 GEMMs (0 = none) */
 } nl_hw;
 
 /* A model entry: its shape plus where the numbers come from. */
@@ -63,13 +64,19 @@ nl_status nl_catalog_find_model(const nl_catalog *c, const char *name, nl_arch *
 /* Adds or overrides entries from a JSON file: one object or an array of objects. A GPU object
  * names "name" and any of the nl_hw fields (missing fields of a new entry come from "base",
  * default "h100"); a model object names "name" and nl_arch fields ("base" likewise, default
- * none: then vocab_size, dim, n_layers, n_heads, hidden_dim are required). Unknown fields and
- * bad values fail with NL_ERR_FORMAT naming the file and the field. */
+ * none: then vocab_size, dim, n_layers, n_heads, hidden_dim are required) and its "family"
+ * (llama, gpt, opt, bloom, mpt; default llama, or the base's). Changing a non-llama catalog
+ * entry by its name without "family" or "base" fails: the name never sets the family. Unknown
+ * fields and bad values fail with NL_ERR_FORMAT naming the file and the field. */
 nl_status nl_catalog_load_hw(nl_catalog *c, const char *path);
 nl_status nl_catalog_load_model(nl_catalog *c, const char *path);
 /* A model named on the command line: a catalog name, or a JSON file (ending in .json) whose
  * last entry is loaded into the catalog and returned. */
 nl_status nl_catalog_model_arg(nl_catalog *c, const char *arg, nl_arch *out);
+struct nl_family;
+/* The same, with the model's family (fam may be NULL): the catalog entry's, or the file's
+ * "family" field (default llama; with "base", the base's). A name never sets it. */
+nl_status nl_catalog_model_arg_fam(nl_catalog *c, const char *arg, nl_arch *out, struct nl_family *fam);
 /* Comma-separated names, for error messages. Writes into buf. */
 const char *nl_catalog_hw_names(const nl_catalog *c, char *buf, size_t n);
 const char *nl_catalog_model_names(const nl_catalog *c, char *buf, size_t n);
@@ -209,6 +216,7 @@ typedef struct nl_eff {
     double fixed_mfu;         /* > 0: napkin mode: time = model FLOPs / (peak * fixed_mfu) */
     int fp8_gemm;             /* GEMMs at the fp8 peak: 0, NL_FP8_PER_TENSOR or NL_FP8_BLOCK (set from
                                  the recipe by the search) */
+    int fp32_gemm;            /* GEMMs at the TF32 peak with 4-byte operands (set from the fp32 recipe) */
     double tp_overlap;        /* fraction of tensor-parallel communication hidden behind GEMMs */
     double ep_overlap;        /* fraction of expert all-to-all hidden (1F1B; DualPipe hides it all) */
 } nl_eff;
@@ -309,6 +317,20 @@ typedef struct nl_train_req {
      * input per rank and all-gather it before recomputing (Megatron-LM's
      * --distribute-saved-activations, metaseq's --distribute-checkpointed-activations). */
     int distribute_saved;
+    /* Node-limited MoE routing: a token's experts lie on at most this many nodes (DeepSeek-V3:
+     * 4, sec. 3.2.2), so at most that many copies cross the network; 0 = top_k copies. */
+    int64_t moe_node_limit;
+    /* ZeRO-3 / FSDP parameter collectives, as the stack issues them (plan_train.c):
+     * zero3_calls_per_layer: gathers per layer and pass (0 = 1: FSDP's one flat parameter per
+     * wrapped layer; DeepSpeed ZeRO-3 gathers each parameter tensor of the module it fetches);
+     * zero3_prefetch: parameters gathered ahead of the compute per call (0 = the whole next
+     * layer, FSDP's prefetch; DeepSpeed: stage3_prefetch_bucket_size, 5e7 by default);
+     * zero3_nic_spread: across nodes, spread each ring over the NICs of its members in a node
+     * as one large nccl-tests collective does (1); the default (0) prices each GPU's shard
+     * traffic at its own NIC's share of the node's network (plan_train.c says why). */
+    int64_t zero3_calls_per_layer;
+    double zero3_prefetch;
+    int zero3_nic_spread;
     nl_hw hw;
     nl_recipe recipe;
     nl_eff eff;
@@ -324,6 +346,12 @@ typedef struct nl_train_req {
         int zero_plus1, recompute_plus1;
         int64_t vpp;
         int sp_plus1; /* interleave degree; sequence parallelism 1 = off, 2 = on */
+        /* Uneven pipeline ends (Megatron-LM's --decoder-first-pipeline-num-layers and
+         * --decoder-last-pipeline-num-layers): layers on the first and the last stage of every
+         * layout with a pipeline, the rest split evenly over the pp - 2 middle stages; 0 = every
+         * stage ceil(layers / pp). Llama 3 405B (Dubey et al. 2024 sec. 3.3.2): 126 layers on 16
+         * stages = 7 + 14 x 8 + 7. */
+        int64_t first_layers, last_layers;
     } fix;
 } nl_train_req;
 
@@ -429,6 +457,13 @@ typedef struct nl_serve_plan {
     double prefill_rps, decode_rps, decode_per_prefill; /* disaggregation, per GPU group */
     double mem_weights, mem_kv, mem_total;              /* per GPU */
     double fsdp_gather_s;                               /* all-gathers of every layer's weight shards per forward */
+    /* The terms of prefill_s = max(prefill_compute_s, prefill_weight_s) + prefill_comm_s + launch_s:
+     * its FLOPs at prefill_eff of the peak prefill_peak (fp8 or bf16) on tp GPUs, the weight
+     * stream (HBM reads, or FSDP gathers when slower), the TP all-reduces and the launches. */
+    double prefill_compute_s, prefill_weight_s, prefill_comm_s, launch_s, prefill_eff, prefill_peak;
+    /* decode_step_s = decode_weight_s (the weight stream or the GEMMs, the slower) + decode_kv_s
+     * (the KV reads or the attention compute, the slower) */
+    double decode_weight_s, decode_kv_s;
     int fits;
 } nl_serve_plan;
 /* Prices serving `arch` on `tp` GPUs of `hw`. NL_ERR_INVALID on bad sizes. */
@@ -436,18 +471,32 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *out);
 void nl_serve_req_default(nl_serve_req *q);
 
 /* ---- validation against published runs ------------------------------------------------- */
-/* One published figure (tests/validation/published.json) and what the planner predicts for it
- * with the default assumptions. */
+/* Every training, serving and memory case of tests/validation is a command line a user runs
+ * ("plan train ...", "plan serve ...", "budget ..."); validation runs it with --json through a
+ * runner the CLI supplies and reads the figure from its output, so nothing here prices a case
+ * in a way the commands cannot. The runner returns the command's standard output (malloc'd; the
+ * caller frees it) and its exit status, or NULL when it could not run it. Collectives (nccl-tests
+ * bus bandwidth) have no command and are priced with nl_plan_coll_time. */
+typedef char *(*nl_valid_runner)(const char *command, int *exit_status, void *ctx);
+
+/* One published figure and what the planner predicts for it: in sample (the constants as the
+ * catalog sets them) and, with holdout, leave-one-source-out (the calibrated constants refit on
+ * every case but those of the case's own source). */
 typedef struct nl_valid_case {
     char id[64];
     char group[16];  /* "train", "memory", "serve", "collective" */
     char metric[32]; /* "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "state_gb", ... */
     char unit[96];
     char source[320];
+    char source_id[48]; /* the paper or repository: the unit left out together */
+    char command[640];  /* the user command ("" for collectives) */
+    char gpu[32];       /* --gpu of the command ("" when none) */
     double published, predicted;
     double err;  /* signed relative error: predicted / published - 1 */
     int fits;    /* training cases: the published layout fits in memory; -1 elsewhere */
     int formula; /* the published figure is the source's own formula (memory accounting) */
+    double predicted_holdout, err_holdout; /* leave-one-source-out (= in sample for uncalibrated groups) */
+    double gemm_eff_holdout;               /* the GEMM efficiency fit without this case's source (0: none) */
 } nl_valid_case;
 
 typedef struct nl_valid_group {
@@ -459,17 +508,38 @@ typedef struct nl_valid_group {
     double worst_formula_abs;
 } nl_valid_group;
 
+/* A calibrated constant: the GEMM efficiency of a GPU generation, its catalog value, and what
+ * a fit on all the cases gives. */
+typedef struct nl_valid_const {
+    char name[48];     /* "gemm_eff a100" */
+    char gpus[64];     /* the catalog GPUs it applies to */
+    double catalog;    /* the value the catalog sets (in sample) */
+    double fit_all;    /* fit on every case */
+    int n_cases;       /* cases it is fit on */
+    char sources[256]; /* their source ids */
+} nl_valid_const;
+
+#define NL_VALID_CONSTS 2
 typedef struct nl_valid_result {
     nl_valid_case *cases;
     size_t n;
-    nl_valid_group groups[4]; /* train, memory, serve, collective (n = 0 when none) */
-    int n_nofit;              /* training cases whose published layout the planner rejects */
+    nl_valid_group groups[4];  /* train, memory, serve, collective (n = 0 when none): in sample */
+    nl_valid_group holdout[4]; /* the same, leave-one-source-out (holdout runs only) */
+    int has_holdout;
+    nl_valid_const consts[NL_VALID_CONSTS];
+    int n_nofit; /* training cases whose published layout the planner rejects */
 } nl_valid_result;
 /* Loads the validation set at `path` (a JSON array, one object per published figure: id, group,
- * source, model or arch, gpu, layout, metric, published; see tests/validation/README.md) and
- * prices every entry with the default assumptions, models and GPUs from `cat`. NL_ERR_IO /
- * NL_ERR_FORMAT naming the file and the entry on bad input. Free with nl_plan_validate_free. */
-nl_status nl_plan_validate(const nl_catalog *cat, const char *path, nl_valid_result *out);
+ * source, source_id, command or the collective's fields, metric, published; see
+ * tests/validation/README.md), runs every command through `run` and compares. With holdout,
+ * also refits the GEMM efficiency of each GPU generation (A100: a100, a100-40; Hopper: h100,
+ * h200, h800) on the training and serving cases, leaving out one source at a time
+ * (median |error|, grid 0.40..0.90 in steps of 0.01), and prices each case with the constant fit
+ * without its source. NL_ERR_IO / NL_ERR_FORMAT naming the file and the entry on bad input, a
+ * command that fails for another reason than its layout not fitting included. Free with
+ * nl_plan_validate_free. */
+nl_status nl_plan_validate(const nl_catalog *cat, const char *path, nl_valid_runner run, void *ctx, int holdout,
+                           nl_valid_result *out);
 void nl_plan_validate_free(nl_valid_result *r);
 /* Signed errors per case as horizontal bars, grouped. */
 nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r);

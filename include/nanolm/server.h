@@ -3,6 +3,7 @@
  * on libmicrohttpd with one thread per connection.
  *
  *   POST /v1/completions   completion, or server-sent events with "stream": true
+ *   POST /v1/chat/completions  the same for a conversation, through the model's chat template
  *   GET  /v1/models        the one model served
  *   GET  /health           200 {"status":"ok"} (503 "draining" while shutting down)
  *   GET  /metrics          Prometheus text (server_metrics.h)
@@ -23,6 +24,7 @@
 #include <stdint.h>
 
 #include "nanolm/base.h"
+#include "nanolm/chat_template.h"
 #include "nanolm/engine.h"
 
 #define NL_SERVER_RESERVED_CONNS 16
@@ -38,6 +40,8 @@ typedef struct nl_server_opts {
                                 body must arrive within it (default 30) */
     double drain_timeout_s;   /* at shutdown, how long running requests may finish before they are
                                 cancelled (default 30) */
+    const nl_chat_template *chat_template; /* POST /v1/chat/completions renders messages with it; NULL:
+                                              that endpoint answers 400 (the model has no template) */
     const char *prefill_addr; /* decode role: "HOST:PORT" of a prefill server (kv_transfer.h) that
                                 computes each prompt's KV, imported here (502 when it fails);
                                 NULL: colocated (prefill and decode in this engine) */

@@ -34,6 +34,8 @@ typedef struct nl_serve_metrics {
     int64_t requests_ok, requests_aborted, requests_rejected; /* finished, cancelled, refused (4xx/5xx) */
     int64_t prompt_tokens, generation_tokens;                 /* totals */
     int64_t preemptions, steps;
+    int64_t prefix_cache_queries, prefix_cache_hits; /* prompt tokens looked up / found cached */
+    int64_t spec_drafted, spec_accepted;             /* speculative tokens proposed / accepted */
     double tokens_per_s;          /* generated tokens per second over the recent window */
     nl_histogram ttft, tpot, e2e; /* seconds */
 } nl_serve_metrics;

@@ -4,8 +4,7 @@
  * where N is the model's real NON-EMBEDDING parameter count (nl_arch_count_params:
  * attention + MLP + norms; the token embedding and classifier are excluded). Runs are
  * resumable: a run listed in the CSV is skipped, a run with a checkpoint resumes from it.
- * Then approach 2 (a parabola of loss in log N per budget, N_opt = k C^a over the minima) and
- * approach 3 (nl_scaling_fit) are fitted to the rows.
+ * The fits of the rows (approach 2 and 3) are pure arithmetic: nanolm/isoflop.h, in plan/.
  */
 #ifndef NANOLM_SWEEP_H
 #define NANOLM_SWEEP_H
@@ -14,7 +13,6 @@
 
 #include "nanolm/arch.h"
 #include "nanolm/base.h"
-#include "nanolm/scaling.h"
 
 #define NL_SWEEP_MAX_BUDGETS 8
 #define NL_SWEEP_MAX_SHAPES  12
@@ -77,32 +75,5 @@ nl_status nl_sweep_run_worker(const nl_sweep_grid *g, const char *data_path, con
 
 /* Reads DIR's sweep CSV. *rows is malloc'd (nl_free); a missing file gives 0 rows. */
 nl_status nl_sweep_read_csv(const char *path, nl_sweep_row **rows, int *n);
-
-/* ---- approach 2 ---------------------------------------------------------------------------- */
-typedef struct nl_isoflop_budget {
-    double flops;
-    int n_points;
-    double c0, c1, c2;      /* loss = c0 + c1 x + c2 x^2, x = ln N */
-    double n_opt, loss_opt; /* parabola minimum (NaN when c2 <= 0 or outside the sizes) */
-    int outside;            /* the parabola's minimum (n_opt) lies outside the sampled sizes */
-} nl_isoflop_budget;
-
-typedef struct nl_isoflop_fit {
-    int n_budgets;
-    nl_isoflop_budget b[NL_SWEEP_MAX_BUDGETS];
-    double a, log_k;   /* N_opt = exp(log_k) * C^a (least squares in log-log) */
-    double a_lo, a_hi; /* 95% bootstrap percentile interval */
-    double se_a;       /* bootstrap standard deviation of a */
-    int boot_used;     /* resamples that gave a valid fit */
-} nl_isoflop_fit;
-
-/* Approach 2 on points (N, C, loss): budgets are the distinct C values (relative tolerance
- * 1e-6); each needs >= 3 points and a minimum
- * inside its range of N (else it is left out of the power law). Bootstrap: resample the points of every budget with
- * replacement (`bootstrap` times, seeded), refit; a resample with fewer than 3 distinct N or
- * no minimum is redrawn. Errors: NL_ERR_INVALID when fewer than 2 budgets have a minimum
- * (message names the budget). */
-nl_status nl_isoflop_fit_run(const double *n_params, const double *flops, const double *loss, int n, int bootstrap,
-                             uint64_t seed, nl_isoflop_fit *out);
 
 #endif

@@ -61,11 +61,21 @@ nl_status nl_tokenizer_init_byte(nl_tokenizer *t);
  * pieces not at 3..258, no " " piece for the dummy prefix, token count != vocab_size.
  * On error *t is zeroed. */
 nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab_size);
+/* A llama2.c-style (SentencePiece, score-merged) vocabulary from memory: n pieces (lens[i] bytes
+ * each, or NUL-terminated when lens is NULL; spaces as ' ', not U+2581) and their scores, laid out
+ * as nl_tokenizer_load_llama2c requires (<unk>, BOS, EOS, <0x00>..<0xFF> at 3..258, a " " piece);
+ * bos_id / eos_id >= 0 replace the default 1 / 2. `what` names the source in messages (a GGUF
+ * file). Errors as nl_tokenizer_load_llama2c; on error *t is zeroed. */
+nl_status nl_tokenizer_init_spm(nl_tokenizer *t, int n, const char *const *pieces, const size_t *lens,
+                                const float *scores, int bos_id, int eos_id, const char *what);
 /* Loads a Hugging Face tokenizer.json (BPE: byte-level or SentencePiece-style, see
  * nanolm/bpe.h). vocab_size > 0: the model's vocabulary, which must hold every id of the file
  * (models often pad theirs: ids beyond the file decode to nothing). Errors: NL_ERR_IO,
  * NL_ERR_FORMAT naming the file and the key. On error *t is zeroed. */
 nl_status nl_tokenizer_load_json(nl_tokenizer *t, const char *path, int vocab_size);
+/* As nl_tokenizer_load_json, from tokenizer.json text in memory (`what` names it in messages). */
+nl_status nl_tokenizer_parse_json(nl_tokenizer *t, const char *json, size_t json_bytes, const char *what,
+                                  int vocab_size);
 /* Writes the tokenizer as tokenizer.json (atomically): a loaded tokenizer.json as it was read;
  * the byte-level tokenizer as a 256-piece byte-level BPE without merges; a llama2.c vocabulary
  * as SentencePiece-style BPE with byte fallback whose merges are ranked by the merged piece's
@@ -86,6 +96,16 @@ nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t te
  * ("<|endoftext|>", "<s>") into their ids (tokenizer.json only; the others have none). */
 nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
                                       int special, int **tokens, int64_t *n_tokens);
+/* As nl_tokenizer_encode_special with special = 1, except that special tokens are not matched
+ * where they overlap a byte with plain[i] != 0 (plain: text_bytes marks, e.g. a chat prompt's
+ * bytes that came from the user, nl_chat_template_apply_marked). plain NULL: every byte may hold
+ * a special token. */
+nl_status nl_tokenizer_encode_marked(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
+                                     const unsigned char *plain, int **tokens, int64_t *n_tokens);
+/* The vocabulary entry of `id` as the tokenizer spells it ("Ġworld" in a byte-level
+ * tokenizer.json, " world" in llama2.c's, the byte itself for the byte tokenizer), or NULL for an id
+ * outside the vocabulary or a hole in it. */
+const char *nl_tokenizer_vocab_piece(const nl_tokenizer *t, int id);
 /* Id of the piece exactly equal to `piece`, or -1. */
 int nl_tokenizer_lookup(const nl_tokenizer *t, const char *piece);
 

@@ -211,8 +211,9 @@ typedef struct nl_trainer {
     struct nl_mup *mup;            /* muP hooks (NULL: standard parametrisation) */
     const nl_train_layout *layout; /* a parallel layout's hooks (NULL: this process alone, `model`) */
     int64_t tokens_done;
-    int64_t warmup; /* the warmup this run uses: o->warmup, or derived when that is < 0 */
-    char *out_lock_path; /* o->out while this run holds its lock (nl_output_lock), else NULL */
+    struct nl_step_prof *prof; /* NANOLM_STEP_PROFILE set: the phases of the steps (nanolm/step_prof.h) */
+    int64_t warmup;            /* the warmup this run uses: o->warmup, or derived when that is < 0 */
+    char *out_lock_path;       /* o->out while this run holds its lock (nl_output_lock), else NULL */
     int out_lock_fd;
 } nl_trainer;
 
@@ -223,6 +224,12 @@ typedef struct nl_trainer {
  * recorded, and o->steps must exceed its step. Errors: NL_ERR_INVALID naming both values of a
  * mismatch or invalid sizes (seq > arch seq_len), NL_ERR_NOMEM, checkpoint errors. */
 nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opts *o);
+/* Model FLOPs of training on one token at window length T, as nanoGPT's estimate_mfu and PaLM
+ * (appendix B) count them: 6 N for the weight matrices (N: the parameters less the embedding
+ * table, which is a lookup; 2 N forward, 4 N backward) plus 12 L (n_heads head_dim) T for
+ * attention's scores and weighted values, forward and backward, over the full T x T square.
+ * The hardware does more (recomputation, norms, the optimizer): those do not count. */
+double nl_train_flops_per_token(const nl_model *m, int64_t T);
 /* The same loop over a parallel layout (whose model lives in the layout): allocates the log,
  * resumes through L->load (the same checks as nl_trainer_init). Refused, naming the option:
  * precision other than fp32, grad_accum > 1, muP, QAT, FP8, init_weights; o->out or o->resume

@@ -73,13 +73,6 @@ char *nl_st_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
 
 /* ---- reader ---- */
 
-static char *dupstr(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
 void nl_st_close(nl_st_file *f) {
     if (!f) return;
     for (int i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
@@ -197,8 +190,8 @@ static nl_status parse_metadata(const char *file, const cJSON *m, nl_st_file *f)
     cJSON_ArrayForEach(it, m) {
         if (!cJSON_IsString(it))
             return nl_fail(NL_ERR_FORMAT, "%s: __metadata__ value of \"%s\" is not a string", file, it->string);
-        f->meta_keys[f->n_meta] = dupstr(it->string);
-        f->meta_values[f->n_meta] = dupstr(it->valuestring);
+        f->meta_keys[f->n_meta] = strdup(it->string);
+        f->meta_values[f->n_meta] = strdup(it->valuestring);
         f->n_meta++;
         if (!f->meta_keys[f->n_meta - 1] || !f->meta_values[f->n_meta - 1])
             return nl_fail(NL_ERR_NOMEM, "out of memory reading %s", file);
@@ -264,7 +257,7 @@ static nl_status parse_all(nl_st_file *f) {
             continue;
         }
         nl_st_tensor *t = &f->tensors[f->n_tensors++];
-        if (!(t->name = dupstr(it->string))) {
+        if (!(t->name = strdup(it->string))) {
             rc = nl_fail(NL_ERR_NOMEM, "out of memory reading %s", file);
             goto done;
         }
@@ -323,7 +316,7 @@ done:
 
 nl_status nl_st_parse(nl_st_file *f, const void *bytes, size_t n, const char *name) {
     memset(f, 0, sizeof *f);
-    f->path = dupstr(name ? name : "(memory)");
+    f->path = strdup(name ? name : "(memory)");
     if (!f->path) return nl_fail(NL_ERR_NOMEM, "out of memory");
     f->bytes = bytes;
     f->file_bytes = n;
@@ -368,7 +361,7 @@ nl_status nl_st_open(nl_st_file *f, const char *path) {
         }
     }
     close(fd);
-    f->path = dupstr(path);
+    f->path = strdup(path);
     f->bytes = p;
     f->file_bytes = n;
     f->mapped = mapped;
@@ -511,7 +504,7 @@ nl_status nl_st_writer_add(nl_st_writer *w, const char *name, nl_st_dtype dtype,
     }
     nl_st_writer_tensor *t = &w->tensors[w->n_tensors];
     memset(t, 0, sizeof *t);
-    if (!(t->name = dupstr(name))) return nl_fail(NL_ERR_NOMEM, "out of memory adding tensor \"%s\"", name);
+    if (!(t->name = strdup(name))) return nl_fail(NL_ERR_NOMEM, "out of memory adding tensor \"%s\"", name);
     t->dtype = dtype;
     t->ndim = ndim;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
@@ -536,7 +529,7 @@ nl_status nl_st_writer_meta(nl_st_writer *w, const char *key, const char *value)
     if (!key || !value) return nl_fail(NL_ERR_INVALID, "safetensors writer: NULL metadata key or value");
     for (int i = 0; i < w->n_meta; i++)
         if (strcmp(w->meta_keys[i], key) == 0) {
-            char *v = dupstr(value);
+            char *v = strdup(value);
             if (!v) return nl_fail(NL_ERR_NOMEM, "out of memory setting metadata \"%s\"", key);
             free(w->meta_values[i]);
             w->meta_values[i] = v;
@@ -552,7 +545,7 @@ nl_status nl_st_writer_meta(nl_st_writer *w, const char *key, const char *value)
         w->meta_values = v;
         w->cap_meta = cap;
     }
-    char *k = dupstr(key), *v = dupstr(value);
+    char *k = strdup(key), *v = strdup(value);
     if (!k || !v) {
         free(k);
         free(v);

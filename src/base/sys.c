@@ -66,13 +66,6 @@ void nl_progress_end(nl_progress *p) {
 
 /* ---- atomic files ---- */
 
-static char *dupstr(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
 /* The temp file of the atomic write in progress (one at a time per process is what nanolm does;
  * the last one opened is remembered), for nl_atomic_remove_pending in a signal handler. */
 static char pending_tmp[4096];
@@ -109,7 +102,7 @@ nl_status nl_check_writable(const char *path, const char *what) {
     }
     if (fd < 0) {
         int e = errno;
-        char *d = dupstr(path);
+        char *d = strdup(path);
         nl_status rc = nl_fail(NL_ERR_IO, "%s %s cannot be written: cannot create a file in %s: %s", what, path,
                                d ? dirname(d) : "its directory", strerror(e));
         free(d);
@@ -188,7 +181,7 @@ void nl_output_unlock(const char *path, int fd) {
 
 nl_status nl_atomic_open(nl_atomic_file *af, const char *path) {
     memset(af, 0, sizeof *af);
-    af->path = dupstr(path);
+    af->path = strdup(path);
     size_t n = strlen(path) + 32;
     af->tmp_path = malloc(n);
     if (!af->path || !af->tmp_path) {
@@ -251,7 +244,7 @@ nl_status nl_atomic_commit(nl_atomic_file *af) {
         return rc;
     }
     /* fsync the directory so the rename itself is durable. */
-    char *d = dupstr(af->path);
+    char *d = strdup(af->path);
     if (d) {
         int fd = open(dirname(d), O_RDONLY | O_DIRECTORY);
         if (fd >= 0) {

@@ -12,8 +12,9 @@
 /* Context cap for Hugging Face folders (nanolm/hf.h). */
 #define NL_CLI_MAX_SEQ NL_HF_DEFAULT_MAX_SEQ
 
-/* Loads a model, and its tokenizer, from one of: a Hugging Face model folder (nanolm/hf.h; its
- * tokenizer.json unless tok_path is given), a safetensors checkpoint or a llama2.c .bin. The
+/* Loads a model, and its tokenizer, through nl_model_load (nanolm/model_load.h): a Hugging Face
+ * model folder (its tokenizer.json unless tok_path is given), a GGUF file, a safetensors
+ * checkpoint or a llama2.c .bin. The
  * tokenizer is `tok_path` when given (tokenizer.json when it ends in .json, else a llama2.c
  * tokenizer.bin), else the folder's tokenizer.json, else the checkpoint's kind ("byte").
  * Errors name the file. */

@@ -216,12 +216,13 @@ void nl_cli_help(const nl_cmdspec *spec, FILE *f) {
 int nl_cli_model_opts(nl_opt *opts, nl_model_args *a, int with_weights) {
     a->ckpt = a->tokenizer = a->weights = NULL;
     opts[0] = (nl_opt)NL_OPT_STR(
-        "ckpt", &a->ckpt, "F", "model: a Hugging Face folder, a safetensors checkpoint or a llama2.c .bin (required)");
+        "ckpt", &a->ckpt, "F",
+        "model: a Hugging Face folder, a GGUF file, a safetensors checkpoint or a llama2.c .bin (required)");
     opts[1] = (nl_opt)NL_OPT_STR("tokenizer", &a->tokenizer, "FILE",
                                  "tokenizer (tok512.bin or tokenizer.json); needed for llama2.c .bin checkpoints");
     if (!with_weights) return 2;
     opts[2] = (nl_opt)NL_OPT_STR(
         "weights", &a->weights, "auto|fp32|bf16|int8|int4",
-        "decode weight format (default auto: fp32, or int8 for a checkpoint that quant model wrote)");
+        "decode weight format (default auto: fp32; int8 for a checkpoint that quant model wrote or a q8_0 GGUF; int4 for a q4_0 GGUF)");
     return 3;
 }

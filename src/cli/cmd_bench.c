@@ -11,6 +11,8 @@
 #include "nanolm/client.h"
 #include "nanolm/http_loadgen.h"
 #include "nanolm/machine.h"
+#include "nanolm/peak.h"
+#include "nanolm/plan_engine.h"
 #include "nanolm/plan.h"
 #include "plan_opts.h"
 #include "nanolm/svg.h"
@@ -77,7 +79,7 @@ static nl_status plot_sweep(const char *svg, const nl_loadgen_result *res, int n
 
 static int bench_serve(int argc, char **argv) {
     const char *url = "http://127.0.0.1:8080", *svg = NULL, *sweep = NULL;
-    int64_t requests = 64, plen = 128, plen_max = 0, olen = 128, olen_max = 0, vocab = 0, seed = 1;
+    int64_t requests = 64, plen = 128, plen_max = 0, olen = 128, olen_max = 0, vocab = 0, seed = 1, shared = 0;
     int conc = 8, json = 0, conc_given = 0, rate_given = 0;
     double rate = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, temperature = 0, timeout_s = 600, duration_s = 0;
     nl_opt opts[] = {
@@ -90,6 +92,8 @@ static int bench_serve(int argc, char **argv) {
         NL_OPT_INT("prompt-len", &plen, 1, 1 << 20, "P", "prompt tokens (random ids; default 128)"),
         NL_OPT_INT("prompt-len-max", &plen_max, 0, 1 << 20, "P",
                    "> --prompt-len: uniform lengths in [prompt-len, this]"),
+        NL_OPT_INT("shared-prefix", &shared, 0, 1 << 20, "S",
+                   "every prompt starts with the same S tokens (a system prompt), then its --prompt-len own"),
         NL_OPT_INT("output-len", &olen, 1, 1 << 20, "O", "output tokens (max_tokens with ignore_eos; default 128)"),
         NL_OPT_INT("output-len-max", &olen_max, 0, 1 << 20, "O",
                    "> --output-len: uniform lengths in [output-len, this]"),
@@ -140,6 +144,7 @@ static int bench_serve(int argc, char **argv) {
     o.concurrency = conc;
     o.prompt_len = plen;
     o.prompt_len_max = plen_max;
+    o.shared_prefix = shared;
     o.output_len = olen;
     o.output_len_max = olen_max;
     o.vocab_size = vocab;
@@ -273,6 +278,7 @@ static int bench_machine(int argc, char **argv) {
     mo.min_time_s = min_time;
     mo.repeats = repeats;
     mo.thread_cpu_time = cpu_clock;
+    mo.predict_step_s = nl_plan_engine_probe_step_s; /* the overheads: measured minus the cost model */
     nl_cpu_rates r;
     if (nl_machine_measure(&arch, &mo, &r)) return nl_cli_fail("bench machine");
     if (name) snprintf(r.name, sizeof r.name, "%s", name);
@@ -316,6 +322,18 @@ static int bench_machine(int argc, char **argv) {
     printf("per token and layer  %8.2f us (norms, residuals, SwiGLU)\n", r.row_layer_s * 1e6);
     printf("engine overheads     %8.2f us per step, %.2f us per layer\n", r.step_overhead_s * 1e6,
            r.layer_overhead_s * 1e6);
+    /* the ceilings of training's model FLOPs utilisation (nanolm train reports it against both) */
+    nl_peak_path pp = nl_peak_auto();
+    double fma1, fman, sg1, sgn;
+    if (nl_peak_fma(pp, 1, min_time, repeats, &fma1) || nl_peak_fma(pp, r.threads, min_time, repeats, &fman) ||
+        nl_peak_sgemm(NL_PEAK_SGEMM_N, 1, min_time, repeats, &sg1) ||
+        nl_peak_sgemm(NL_PEAK_SGEMM_N, r.threads, min_time, repeats, &sgn))
+        return nl_cli_fail("bench machine");
+    printf("fp32 FMA peak        %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), %s register kernel\n",
+           fma1 / 1e9, fman / 1e9, r.threads, nl_peak_path_name(pp));
+    printf("sgemm %lld^3          %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), OpenBLAS: %.0f%% / %.0f%% of the "
+           "FMA peak\n",
+           (long long)NL_PEAK_SGEMM_N, sg1 / 1e9, sgn / 1e9, r.threads, 100.0 * sg1 / fma1, 100.0 * sgn / fman);
     return NL_EXIT_OK;
 }
 

@@ -21,7 +21,8 @@ typedef struct budget_args {
 typedef struct budget {
     nl_recipe rec;
     nl_hw hw;
-    nl_arch a; /* zero without --model */
+    nl_arch a;     /* zero without --model */
+    nl_family fam; /* the model's family (catalog entry or the file's "family") */
     int has_model, zero, recompute;
     double total, nonemb, active, expert; /* parameters (scaled to --params with --model) */
     double per_gpu, per_gpu_ne;           /* parameters one GPU holds under tp/pp/ep */
@@ -78,7 +79,7 @@ static int count_params(const budget_args *ba, budget *b) {
     b->total = b->nonemb = b->active = pa->params;
     if (!b->has_model) return ba->ep > 1 ? nl_cli_usage_error("budget: --ep needs a --model with experts") : 0;
     nl_arch_params p;
-    nl_arch_count_params(&b->a, &p);
+    nl_plan_count_params(&b->a, &b->fam, &p);                     /* as plan train and plan serve count it */
     double s = pa->params > 0 ? pa->params / (double)p.total : 1; /* a nominal size for the same shape */
     b->total = (double)p.total * s;
     b->nonemb = (double)p.non_embedding * s;
@@ -107,7 +108,8 @@ static int setup(budget_args *ba, budget *b) {
     if (nl_plan_recipe(pa->recipe, &b->rec)) return nl_cli_usage_error("budget: --recipe: %s", nl_last_error());
     if (nl_catalog_find_hw(&pa->cat, pa->gpu, &b->hw)) return nl_cli_usage_error("budget: --gpu: %s", nl_last_error());
     b->has_model = pa->model != NULL;
-    if (b->has_model && nl_cli_model_arch(&pa->cat, pa->model, &b->a))
+    nl_plan_family("llama", &b->fam);
+    if (b->has_model && nl_cli_model_arch_fam(&pa->cat, pa->model, &b->a, &b->fam))
         return nl_cli_usage_error("budget: --model: %s", nl_last_error());
     int rc = count_params(ba, b);
     if (rc) return rc;
@@ -215,7 +217,8 @@ static void compute_act(const budget_args *ba, const budget *b, budget_act *x) {
                       .flash = !ba->no_flash,
                       .recompute = (nl_recompute)b->recompute,
                       .seq = (double)ba->seq,
-                      .bytes_per_elem = 2};
+                      .bytes_per_elem = 2,
+                      .fam = b->fam};
     nl_plan_act_layer(a, &ao, &x->al);
     ao.recompute = NL_RECOMPUTE_SELECTIVE;
     nl_plan_act_layer(a, &ao, &x->sel);

@@ -273,11 +273,6 @@ static nl_status run_op(nl_comm *w, nl_comm_op k, char *a, char *b, size_t n, nl
     }
 }
 
-static int cmp_double(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
 /* The constrained parameter of an alpha-beta fit, "-" when the free fit held. */
 static const char *clamp_name(int clamped) { return clamped == 1 ? "beta = 0" : clamped == 2 ? "alpha = 0" : "-"; }
 
@@ -387,9 +382,8 @@ static nl_status bench_one(nl_comm *w, const bench_args *g, nl_comm_op op, size_
         times[k] = nl_time_s() - t0;
         NL_TRY(nl_comm_max_double(w, &times[k]));
     }
-    qsort(times, (size_t)reps, sizeof(double), cmp_double);
     *row = (bench_row){.op = op, .impl = impl, .bytes = n * nl_comm_dtype_bytes(g->dt), .reps = reps};
-    row->time_s = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+    row->time_s = nl_median(times, (size_t)reps);
     row->algbw = (double)row->bytes / row->time_s;
     row->busbw = row->algbw * busbw_factor(op, nl_comm_size(w));
     return NL_OK;

@@ -98,7 +98,8 @@ int nl_cmd_eval(int argc, char **argv) {
     double target_se = 0;
     int json = 0;
     nl_opt opts[] = {
-        NL_OPT_STR("ckpt", &ckpt, "F", "checkpoint: safetensors from train, or a llama2.c .bin (required)"),
+        NL_OPT_STR("ckpt", &ckpt, "F",
+                   "checkpoint: safetensors from train, a GGUF file, a model folder or a llama2.c .bin (required)"),
         NL_OPT_STR("data", &path, "FILE", "text to evaluate (required)"),
         NL_OPT_STR("tokenizer", &tok_path, "FILE", "llama2.c tokenizer (tok512.bin), needed for .bin checkpoints"),
         NL_OPT_INT("batch", &B, 1, 4096, "B", "windows per forward pass (default 4)"),

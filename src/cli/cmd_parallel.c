@@ -377,7 +377,7 @@ static void report_run(nl_report *r, const par_report *x) {
     nl_report_int(r, "overlap", "", o->overlap, NULL);
     nl_report_int(r, "n_params", "", (long long)x->n_full, NULL);
     nl_report_int(r, "global_batch", "", (long long)(o->train.batch * dp), NULL);
-    nl_report_num(r, "tokens_per_s", "", tokens_per_s, NULL, NULL);
+    nl_cli_train_summary(r, x->tn, a->preset, (long long)x->n_full, x->wall, tokens_per_s);
     nl_report_num(r, "backward_s", "", x->bw_s, NULL, NULL);
     nl_report_num(r, "comm_wait_after_backward_s", "", x->wait_s, NULL, NULL);
     const nl_trainer *tn = x->tn;
@@ -387,8 +387,6 @@ static void report_run(nl_report *r, const par_report *x) {
     nl_report_nums(r, "grad_norms", "", ns, ls ? (int)tn->n_log : 0, NULL, NULL);
     free(ls);
     nl_report_int(r, "first_step", "", (long long)x->first + 1, NULL);
-    if (tn->n_log && !isnan(tn->log[tn->n_log - 1].val_loss))
-        nl_report_num(r, "val_loss", "", tn->log[tn->n_log - 1].val_loss, NULL, NULL);
 }
 
 /* The per-rank table: bytes sent and received per step (and per collective, JSON), memory held

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "cli_opt.h"
@@ -21,8 +22,8 @@ static void usage(FILE *f) {
         "       nanolm plan serve --hw cpu.json --model M|CHECKPOINT [options]\n"
         "                         (cpu.json from `nanolm bench machine --json`: nanolm's own engine on this CPU)\n"
         "       nanolm plan pipeline --stages P --microbatches M [--svg FILE]\n"
-        "       nanolm plan validate [--file FILE.json] [--json] [--svg FILE]\n"
-        "                         (every published figure of tests/validation/published.json, default assumptions)\n\n"
+        "       nanolm plan validate [--file FILE.json] [--holdout source] [--json] [--svg FILE]\n"
+        "                         (every published figure of tests/validation/published.json, through its command)\n\n"
         "Each subcommand's --help lists its options; the planner's assumptions (--gemm-eff, --dp-overlap,\n"
         "--link-eff, --mfu, --napkin, ...) are shared by train, layer and serve; see docs/planning.md.\n");
 }
@@ -60,12 +61,23 @@ typedef struct train_args {
     double tokens;
     const char *svg, *zero, *recompute, *schedule;
     int64_t fix[6], interleave; /* dp tp pp cp ep micro-batch; 0: searched */
+    int64_t first_layers, last_layers; /* uneven pipeline ends; 0: even stages */
+    int64_t node_limit;                /* --moe-node-limit */
+    int64_t z3_calls;                  /* --zero3-calls-per-layer */
+    double z3_prefetch;                /* --zero3-prefetch */
+    int z3_spread;                     /* --zero3-nic-spread */
+    const char *attention;             /* --attention */
+    int dist_saved;                    /* --distribute-saved */
     int sp, sp_given;
 } train_args;
 
 static int train_parse(train_args *t, int argc, char **argv) {
     memset(t->fix, 0, sizeof t->fix);
     t->gpus = t->global_batch = t->seq = t->interleave = 0;
+    t->first_layers = t->last_layers = t->node_limit = t->z3_calls = 0;
+    t->z3_prefetch = 0;
+    t->z3_spread = t->dist_saved = 0;
+    t->attention = NULL;
     t->top = 8;
     t->tokens = 0;
     t->svg = t->zero = t->recompute = t->schedule = NULL;
@@ -90,14 +102,38 @@ static int train_parse(train_args *t, int argc, char **argv) {
         NL_OPT_STR("zero", &t->zero, "0|1|2|3|hsdp", "ZeRO stage"),
         NL_OPT_STR("recompute", &t->recompute, "none|selective|full", "activation recomputation"),
         NL_OPT_INT("interleave", &t->interleave, 1, 64, "V", "pipeline chunks per GPU"),
+        NL_OPT_INT("first-stage-layers", &t->first_layers, 1, 1 << 16, "N",
+                   "layers on the first pipeline stage (with --last-stage-layers; default: even stages)"),
+        NL_OPT_INT("last-stage-layers", &t->last_layers, 1, 1 << 16, "N",
+                   "layers on the last pipeline stage (Llama 3 405B: 7 and 7 of 126 on 16 stages)"),
         sp,
         NL_OPT_STR("schedule", &t->schedule, "1f1b|zb-h1|dualpipe", "pipeline schedule (default 1f1b)"),
+        NL_OPT_INT("moe-node-limit", &t->node_limit, 1, 1 << 16, "M",
+                   "MoE tokens routed to at most M nodes (DeepSeek-V3: 4; default: no limit)"),
+    };
+    nl_opt stack[] = {
+        NL_OPT_STR("attention", &t->attention, "flash|flash-v1|flash-triton|materialized",
+                   "the attention kernel (default flash: FlashAttention-2/3's published rates; flash-v1 and "
+                   "flash-triton: FlashAttention (v1)'s rate, which the Triton kernel runs at; materialized: the s x s "
+                   "scores in memory, as Megatron-LM 2021, BLOOM, OPT)"),
+        NL_OPT_FLAG("distribute-saved", &t->dist_saved,
+                    "full recomputation keeps 1/tp of each checkpoint per rank (Megatron-LM's "
+                    "--distribute-saved-activations)"),
+        NL_OPT_INT("zero3-calls-per-layer", &t->z3_calls, 1, 1024, "N",
+                   "ZeRO-3 gathers per layer and pass (default 1, FSDP's flat parameter; DeepSpeed: one per "
+                   "parameter tensor)"),
+        NL_OPT_SI("zero3-prefetch", &t->z3_prefetch, 1, INFINITY, "P",
+                  "ZeRO-3 parameters gathered ahead of compute per call (default: the next layer, FSDP; "
+                  "DeepSpeed's stage3_prefetch_bucket_size 50M)"),
+        NL_OPT_FLAG("zero3-nic-spread", &t->z3_spread,
+                    "ZeRO-3 rings across nodes spread over the node's NICs (default: each GPU's own NIC)"),
     };
     const nl_optgroup own[] = {{"run", run, NL_NOPTS(run)},
-                               {"layout (each fixes that part; the rest is searched)", fix, NL_NOPTS(fix)}};
+                               {"layout (each fixes that part; the rest is searched)", fix, NL_NOPTS(fix)},
+                               {"the training stack (docs/planning.md)", stack, NL_NOPTS(stack)}};
     plan_groups g;
-    nl_optgroup groups[6];
-    int ng = plan_groups_init(&g, &t->pa, &t->json, groups, own, 2);
+    nl_optgroup groups[7];
+    int ng = plan_groups_init(&g, &t->pa, &t->json, groups, own, 3);
     nl_cmdspec spec = {"plan train",
                        "nanolm plan train --model M --gpus N [options]",
                        "Every parallel layout of N GPUs (dp, tp, pp, cp, ep, micro-batch, ZeRO, recomputation)\n"
@@ -134,6 +170,25 @@ static int train_request(train_args *t, nl_train_req *q) {
     q->fix.zero_plus1 = zero;
     q->fix.recompute_plus1 = recompute;
     q->fix.vpp = t->interleave;
+    if ((t->first_layers > 0) != (t->last_layers > 0) || (t->first_layers > 0 && t->fix[2] < 2))
+        return nl_cli_usage_error(
+            "plan train: --first-stage-layers and --last-stage-layers go together, with --pp >= 2");
+    if (t->attention) {
+        if (!strcmp(t->attention, "materialized"))
+            q->attn_materialized = 1;
+        else if (!strcmp(t->attention, "flash-triton") || !strcmp(t->attention, "flash-v1"))
+            q->attn_triton = 1; /* both at FlashAttention (v1)'s published rate */
+        else if (strcmp(t->attention, "flash"))
+            return nl_cli_usage_error(
+                "plan train: unknown --attention '%s' (flash, flash-v1, flash-triton, materialized)", t->attention);
+    }
+    q->distribute_saved = t->dist_saved;
+    q->moe_node_limit = t->node_limit;
+    q->zero3_calls_per_layer = t->z3_calls;
+    q->zero3_prefetch = t->z3_prefetch;
+    q->zero3_nic_spread = t->z3_spread;
+    q->fix.first_layers = t->first_layers;
+    q->fix.last_layers = t->last_layers;
     q->fix.sp_plus1 = t->sp_given ? (t->sp == 0 ? 2 : 1) : 0; /* on|off */
     q->schedule = (nl_sched)sched;
     /* Default batch: ~4M tokens (Llama 2 and 3 trained 7-8B models with 4M-token batches). */
@@ -234,7 +289,20 @@ static void report_train(nl_report *r, const train_args *t, const nl_train_req *
     char a1[32], a2[32], a3[32], ex[4096];
     nl_report_str(r, "model", "", q->arch.name);
     nl_report_num(r, "params", "", N, NULL, NULL);
+    /* the shape and family priced (what a source's own FLOP count needs) */
+    nl_report_begin_object(r, "arch", NULL);
+    nl_report_str(r, "family", "", q->fam.name);
+    const struct {
+        const char *k;
+        int64_t v;
+    } shape[] = {{"vocab_size", q->arch.vocab_size}, {"dim", q->arch.dim},
+                 {"n_layers", q->arch.n_layers},     {"n_heads", q->arch.n_heads},
+                 {"n_kv_heads", q->arch.n_kv_heads}, {"head_dim", nl_arch_head_dim(&q->arch)},
+                 {"hidden_dim", q->arch.hidden_dim}};
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) nl_report_int(r, shape[i].k, "", shape[i].v, NULL);
+    nl_report_end_object(r);
     nl_report_str(r, "gpu", "", q->hw.name);
+    nl_report_num(r, "flops_bf16", "", q->hw.flops_bf16, NULL, NULL);
     nl_report_int(r, "gpus", "", t->gpus, NULL);
     nl_report_num(r, "tokens", "", q->tokens, NULL, NULL);
     nl_report_int(r, "seq", "", q->seq, NULL);
@@ -572,20 +640,36 @@ static void report_serve_table(nl_report *r, const nl_serve_req *sq, const nl_se
                     (const nl_report_col[]){{NULL, "quantity", NULL}, {NULL, "value", NULL}, {NULL, "how", NULL}});
     nl_plan_table_rowf(r, 3, "prefill FLOPs|%.3g|2 x %.3gB matmul params x %.0f + causal attention", sp->prefill_flops,
                        sp->matmul_params / 1e9, sq->prompt);
-    nl_plan_table_rowf(r, 3, "prefill = TTFT|%.1f ms|at %.0f%% of %.0f TFLOP/s x %lld GPUs", sp->prefill_s * 1e3,
-                       100 * (sq->prefill_mfu > 0 ? sq->prefill_mfu : hw->gemm_eff), hw->flops_bf16 / 1e12, tp);
-    nl_plan_table_rowf(r, 3, "KV cache per token|%.0f KiB|2 x layers x kv heads x head dim x 2 bytes",
-                       sp->kv_bytes_per_token / 1024);
+    /* Every figure of the "how" column is a term of the value it explains (nl_serve_plan). */
+    char how[256];
+    int n = snprintf(how, sizeof how, "compute %.1f ms at %.0f%% of %.0f TFLOP/s (%s) x %lld GPUs",
+                     sp->prefill_compute_s * 1e3, 100 * sp->prefill_eff, sp->prefill_peak / 1e12,
+                     sq->fp8 ? "fp8" : "bf16", tp);
+    if (sp->prefill_weight_s > sp->prefill_compute_s && n < (int)sizeof how)
+        n += snprintf(how + n, sizeof how - (size_t)n, ", bound by the weight %s %.1f ms",
+                      sp->fsdp_gather_s >= sp->prefill_weight_s ? "all-gathers" : "reads", sp->prefill_weight_s * 1e3);
+    if (sp->prefill_comm_s > 0 && n < (int)sizeof how)
+        n += snprintf(how + n, sizeof how - (size_t)n, " + TP %.1f ms", sp->prefill_comm_s * 1e3);
+    if (n < (int)sizeof how) snprintf(how + n, sizeof how - (size_t)n, " + launches %.1f ms", sp->launch_s * 1e3);
+    nl_plan_table_rowf(r, 3, "prefill = TTFT|%.1f ms|%s", sp->prefill_s * 1e3, how);
+    nl_plan_table_rowf(r, 3, "KV cache per token|%.0f KiB|2 x layers x kv heads x head dim x %g bytes",
+                       sp->kv_bytes_per_token / 1024, sq->kv_bytes);
     nl_plan_table_rowf(r, 3, "KV cache of the prompt|%.0f MB|to ship when prefill runs elsewhere",
                        sp->prompt_kv_bytes / 1e6);
-    nl_plan_table_rowf(r, 3, "decode: weight reads|%.2f ms|%.1f GB / %lld / %.2f TB/s", sp->weight_read_s * 1e3,
-                       sp->params * sq->weight_bytes / 1e9, tp, hw->hbm_bw / 1e12);
+    nl_plan_table_rowf(r, 3, "decode: weight reads|%.2f ms|%.1f GB / %lld GPUs / (%.2f TB/s x %.2f achieved)",
+                       sp->weight_read_s * 1e3, sp->params * sq->weight_bytes / 1e9, tp, hw->hbm_bw / 1e12,
+                       sq->hbm_eff);
     if (sq->fsdp > 1)
         nl_plan_table_rowf(r, 3, "decode: FSDP weight all-gathers|%.2f ms|%lld shards per layer, %.1fx the HBM read",
                            sp->fsdp_gather_s * 1e3, (long long)sq->fsdp, sp->fsdp_gather_s / sp->weight_read_s);
-    nl_plan_table_rowf(r, 3, "decode: KV reads|%.2f ms|%lld x %.0f context x %.0f KiB", sp->kv_read_s * 1e3, batch, ctx,
-                       sp->kv_bytes_per_token / 1024);
-    nl_plan_table_rowf(r, 3, "decode: compute at peak|%.2f ms|%s", sp->decode_compute_s * 1e3,
+    nl_plan_table_rowf(r, 3, "decode: KV reads|%.2f ms|%lld x %.0f context x %.0f KiB / %g GPUs' HBM",
+                       sp->kv_read_s * 1e3, batch, ctx, sp->kv_bytes_per_token / 1024,
+                       (double)sq->tp / sp->kv_replication);
+    nl_plan_table_rowf(r, 3, "decode: compute|%.2f ms|at %.0f%% of %.0f TFLOP/s: %s", sp->decode_compute_s * 1e3,
+                       100 * (sq->prefill_mfu > 0 ? sq->prefill_mfu
+                              : hw->gemm_eff > 0  ? hw->gemm_eff
+                                                  : 0.6),
+                       sp->prefill_peak / 1e12,
                        sp->decode_compute_s < sp->decode_mem_s ? "memory bound" : "compute bound");
     if (tp > 1) {
         nl_plan_table_rowf(r, 3, "decode step before TP comm|%.2f ms|weights and KV split over %lld GPUs",
@@ -595,10 +679,15 @@ static void report_serve_table(nl_report *r, const nl_serve_req *sq, const nl_se
         nl_plan_table_rowf(r, 3, "TP communication|%.2f ms|of which launch latency %.2f ms", sp->tp_comm_s * 1e3,
                            sp->tp_comm_latency_s * 1e3);
     }
-    nl_plan_table_rowf(r, 3, "decode step = TPOT|%.2f ms|%.0f tokens/s per sequence", sp->decode_step_total_s * 1e3,
-                       1 / sp->decode_step_total_s);
+    nl_plan_table_rowf(r, 3, "decode step = TPOT|%.2f ms|weights %.2f ms (%s) + KV %.2f ms%s + launches %.2f ms",
+                       sp->decode_step_total_s * 1e3, sp->decode_weight_s * 1e3,
+                       sp->decode_weight_s > fmax(sp->weight_read_s, sp->fsdp_gather_s) ? "GEMMs compute bound"
+                       : sp->fsdp_gather_s > sp->weight_read_s                          ? "FSDP all-gathers"
+                                                                                        : "HBM reads",
+                       sp->decode_kv_s * 1e3, tp > 1 ? " + TP comm" : "", sp->launch_s * 1e3);
     nl_plan_table_rowf(r, 3, "one prefill stalls decode|%.1f steps|prefill / step", sp->stall_steps);
-    nl_plan_table_rowf(r, 3, "chunk of %.0f + %lld decode tokens|%.2f ms|matmul compute vs %.2f ms of weight reads",
+    nl_plan_table_rowf(r, 3,
+                       "chunk of %.0f + %lld decode tokens|%.2f ms|matmul compute at peak vs %.2f ms of weight reads",
                        sq->chunk, batch, sp->chunk_compute_s * 1e3, sp->weight_read_s * 1e3);
     nl_plan_table_rowf(r, 3, "prompt tokens free per step|%.0f|until compute reaches the step's memory time",
                        sp->chunk_free_tokens);
@@ -617,13 +706,17 @@ static void report_serve(nl_report *r, const nl_serve_req *sq, const nl_serve_pl
     nl_report_str(r, "gpu", "", sq->hw.name);
     nl_report_int(r, "tp", "", sq->tp, NULL);
     nl_report_int(r, "batch", "", sq->batch, NULL);
+    nl_report_num(r, "prompt", "", sq->prompt, NULL, NULL);
+    nl_report_num(r, "output", "", sq->output, NULL, NULL);
     nl_report_num(r, "context", "", ctx, NULL, NULL);
 #define F(k) nl_report_num(r, #k, "", sp->k, NULL, NULL)
     F(params), F(matmul_params), F(prefill_flops), F(prefill_s), F(kv_bytes_per_token), F(prompt_kv_bytes);
     F(weight_read_s), F(kv_read_s), F(decode_compute_s), F(decode_mem_s), F(decode_step_s), F(tp_allreduces);
     F(tp_allreduce_bytes), F(tp_comm_s), F(tp_comm_latency_s), F(decode_step_total_s), F(ttft_s), F(tpot_s);
-    F(stall_steps), F(chunk_compute_s), F(chunk_free_tokens), F(prefill_rps), F(decode_rps), F(decode_per_prefill);
-    F(mem_weights), F(mem_kv), F(mem_total), F(fsdp_gather_s);
+    F(batch_prefill_s), F(stall_steps), F(chunk_compute_s), F(chunk_free_tokens), F(prefill_rps), F(decode_rps),
+        F(decode_per_prefill);
+    F(mem_weights), F(mem_kv), F(mem_total), F(fsdp_gather_s), F(prefill_compute_s), F(prefill_weight_s);
+    F(prefill_comm_s), F(launch_s), F(prefill_eff), F(prefill_peak), F(decode_weight_s), F(decode_kv_s);
 #undef F
     nl_report_bool(r, "fits", "", sp->fits);
     nl_report_note(
@@ -651,7 +744,8 @@ static int cmd_serve(int argc, char **argv) {
     nl_serve_req *sq = &s.sq;
     sq->arch = q.arch;
     sq->hw = q.hw;
-    nl_catalog_family(&pa->cat, q.arch.name, &sq->fam);
+    sq->fam = q.fam;
+    if (pa->eff.gemm > 0) sq->hw.gemm_eff = pa->eff.gemm; /* --gemm-eff: prefill and decode GEMMs too */
     if (pa->napkin) { /* the course's roofline: 50% MFU prefill, full HBM bandwidth, no launches */
         if (!(sq->prefill_mfu > 0)) sq->prefill_mfu = 0.5;
         sq->kernel_s = 0;
@@ -824,28 +918,92 @@ static int cmd_pipeline(int argc, char **argv) {
 
 /* ---- plan validate --------------------------------------------------------------------------- */
 
+int nl_cmd_budget(int argc, char **argv);
+int nl_cmd_plan(int argc, char **argv);
+
+/* Reads all of f from the start into a malloc'd string. */
+static char *slurp(FILE *f) {
+    if (fseek(f, 0, SEEK_END)) return NULL;
+    long n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET)) return NULL;
+    char *b = malloc((size_t)n + 1);
+    if (!b) return NULL;
+    size_t got = fread(b, 1, (size_t)n, f);
+    b[got] = 0;
+    return b;
+}
+
+char *nl_cli_validate_run(const char *command, int *status, void *ctx) {
+    (void)ctx;
+    char line[1024], *argv[128];
+    int argc = 0;
+    if (snprintf(line, sizeof line, "%s", command) >= (int)sizeof line) return NULL;
+    for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " ")) argv[argc++] = t;
+    argv[argc] = NULL;
+    if (argc < 1 || (strcmp(argv[0], "plan") && strcmp(argv[0], "budget"))) return NULL;
+    FILE *out = tmpfile(), *err = tmpfile();
+    if (!out || !err) {
+        if (out) fclose(out);
+        if (err) fclose(err);
+        return NULL;
+    }
+    /* The command writes to stdout and stderr as it does for a user: both go to temporary files. */
+    fflush(stdout);
+    fflush(stderr);
+    int o1 = dup(1), o2 = dup(2);
+    if (o1 < 0 || o2 < 0 || dup2(fileno(out), 1) < 0 || dup2(fileno(err), 2) < 0) {
+        if (o1 >= 0) close(o1);
+        if (o2 >= 0) close(o2);
+        fclose(out);
+        fclose(err);
+        return NULL;
+    }
+    int rc = !strcmp(argv[0], "plan") ? nl_cmd_plan(argc, argv) : nl_cmd_budget(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(o1, 1);
+    dup2(o2, 2);
+    close(o1);
+    close(o2);
+    char *text = slurp(rc ? err : out);
+    fclose(out);
+    fclose(err);
+    *status = rc;
+    return text;
+}
+
 static void report_validate_cases(nl_report *r, const nl_valid_result *v) {
-    nl_report_table(r, "cases", NULL, 12,
+    nl_report_table(r, "cases", NULL, 18,
                     (const nl_report_col[]){{"group", "group", NULL},
                                             {"id", "case", NULL},
+                                            {"source_id", "source", NULL},
                                             {"metric", "metric", NULL},
                                             {"unit", "", NULL},
                                             {"source", "", NULL},
+                                            {"command", "", NULL},
                                             {"published", "published", "%-.4g"},
                                             {"predicted", "predicted", "%-.4g"},
                                             {NULL, "error", "%-+.1f%%"},
                                             {"error", "", NULL},
+                                            {"predicted_holdout", "", NULL},
+                                            {NULL, "LOSO error", "%-+.1f%%"},
+                                            {"error_holdout", "", NULL},
+                                            {"gemm_eff_holdout", "", NULL},
                                             {NULL, "fits", NULL},
                                             {"fits", "", NULL},
                                             {"formula", "", NULL}});
     for (size_t i = 0; i < v->n; i++) {
         const nl_valid_case *x = &v->cases[i];
-        const char *s[] = {x->group, x->id, x->metric, x->unit, x->source};
-        for (int k = 0; k < 5; k++) nl_report_cell_str(r, s[k]);
+        const char *s[] = {x->group, x->id, x->source_id, x->metric, x->unit, x->source, x->command};
+        for (int k = 0; k < 7; k++) nl_report_cell_str(r, s[k]);
         nl_report_cell_num(r, x->published);
         nl_report_cell_num(r, x->predicted);
         nl_report_cell_num(r, 100 * x->err);
         nl_report_cell_num(r, x->err);
+        nl_report_cell_num(r, x->predicted_holdout);
+        nl_report_cell_num(r, 100 * x->err_holdout);
+        nl_report_cell_num(r, x->err_holdout);
+        nl_report_cell_num(r, x->gemm_eff_holdout);
         nl_report_cell_str(r, x->fits < 0 ? "" : x->fits ? "yes" : "NO");
         if (x->fits < 0)
             nl_report_cell_str(r, NULL); /* serving cases: no layout to fit */
@@ -856,9 +1014,8 @@ static void report_validate_cases(nl_report *r, const nl_valid_result *v) {
     }
 }
 
-static void report_validate(nl_report *r, const nl_valid_result *v, const char *file) {
-    report_validate_cases(r, v);
-    nl_report_table(r, "groups", NULL, 7,
+static void report_groups(nl_report *r, const char *key, const nl_valid_group *g) {
+    nl_report_table(r, key, NULL, 7,
                     (const nl_report_col[]){{"group", "", NULL},
                                             {"n", "", NULL},
                                             {"median_abs_error", "", NULL},
@@ -867,7 +1024,7 @@ static void report_validate(nl_report *r, const nl_valid_result *v, const char *
                                             {"n_formula", "", NULL},
                                             {"worst_formula_abs_error", "", NULL}});
     for (int k = 0; k < 4; k++) {
-        const nl_valid_group *G = &v->groups[k];
+        const nl_valid_group *G = &g[k];
         nl_report_cell_str(r, G->group);
         nl_report_cell_int(r, G->n);
         nl_report_cell_num(r, G->median_abs);
@@ -877,11 +1034,12 @@ static void report_validate(nl_report *r, const nl_valid_result *v, const char *
         nl_report_cell_num(r, G->worst_formula_abs);
         nl_report_row_end(r);
     }
-    nl_report_int(r, "published_layouts_rejected", "", v->n_nofit, NULL);
-    nl_report_note(r, "%s", "");
-    nl_report_note(r, "Summary (|error| = |predicted / published - 1|):");
+}
+
+static void summary_notes(nl_report *r, const char *title, const nl_valid_group *g) {
+    nl_report_note(r, "%s", title);
     for (int k = 0; k < 4; k++) {
-        const nl_valid_group *G = &v->groups[k];
+        const nl_valid_group *G = &g[k];
         char f[96] = "";
         if (!G->n) {
             nl_report_note(r, "  %-10s no cases", G->group);
@@ -893,8 +1051,47 @@ static void report_validate(nl_report *r, const nl_valid_result *v, const char *
         nl_report_note(r, "  %-10s %2d cases  median %5.1f%%  worst %5.1f%% (%s)%s", G->group, G->n,
                        100 * G->median_abs, 100 * G->worst_abs, G->worst_id, f);
     }
+}
+
+static void report_validate(nl_report *r, const nl_valid_result *v, const char *file) {
+    report_validate_cases(r, v);
+    report_groups(r, "groups", v->groups);
+    if (v->has_holdout) {
+        report_groups(r, "groups_holdout", v->holdout);
+        nl_report_table(r, "constants", NULL, 6,
+                        (const nl_report_col[]){{"name", "", NULL},
+                                                {"gpus", "", NULL},
+                                                {"catalog", "", NULL},
+                                                {"fit_all", "", NULL},
+                                                {"n_cases", "", NULL},
+                                                {"sources", "", NULL}});
+        for (int k = 0; k < NL_VALID_CONSTS; k++) {
+            const nl_valid_const *K = &v->consts[k];
+            nl_report_cell_str(r, K->name);
+            nl_report_cell_str(r, K->gpus);
+            nl_report_cell_num(r, K->catalog);
+            nl_report_cell_num(r, K->fit_all);
+            nl_report_cell_int(r, K->n_cases);
+            nl_report_cell_str(r, K->sources);
+            nl_report_row_end(r);
+        }
+    }
+    nl_report_int(r, "published_layouts_rejected", "", v->n_nofit, NULL);
+    nl_report_note(r, "%s", "");
+    summary_notes(r, "In sample (the catalog's constants; |error| = |predicted / published - 1|):", v->groups);
+    if (v->has_holdout) {
+        nl_report_note(r, "%s", "");
+        summary_notes(
+            r, "Leave-one-source-out (each case priced with the constants refit without its source):", v->holdout);
+        nl_report_note(r, "Calibrated constants (median |error| of the training and serving cases, grid 0.40..0.90):");
+        for (int k = 0; k < NL_VALID_CONSTS; k++) {
+            const nl_valid_const *K = &v->consts[k];
+            nl_report_note(r, "  %-16s %-20s catalog %.2f, fit on all %.2f, %d cases from %s", K->name, K->gpus,
+                           K->catalog, K->fit_all, K->n_cases, K->sources);
+        }
+    }
     nl_report_note(r, "  published training layouts the planner rejects as not fitting: %d", v->n_nofit);
-    nl_report_note(r, "Sources: each case's \"source\" in %s (--json prints them).", file);
+    nl_report_note(r, "Each case is its \"command\" in %s (--json prints them); sources likewise.", file);
 }
 
 /* The published set: --file, or tests/validation/published.json from the working directory (the
@@ -912,25 +1109,31 @@ static const char *validate_file(const char *file, char *buf, size_t n) {
     return buf;
 }
 
-/* nanolm plan validate: the planner against published runs. */
+/* nanolm plan validate: the planner against published runs, through the commands users run. */
 static int cmd_validate(int argc, char **argv) {
-    const char *file = NULL, *svg = NULL;
+    const char *file = NULL, *svg = NULL, *hold = NULL;
     int json = 0;
     nl_opt opts[] = {
         NL_OPT_STR("file", &file, "FILE.json", "the published figures (default tests/validation/published.json)"),
+        NL_OPT_STR("holdout", &hold, "source",
+                   "also refit the calibrated constants leaving out one source at a time and report each case's "
+                   "leave-one-source-out error"),
         NL_OPT_FLAG("json", &json, "print every case and group as JSON"),
         NL_OPT_STR("svg", &svg, "FILE", "predicted against published, one point per case"),
     };
     nl_optgroup groups[] = {{NULL, opts, NL_NOPTS(opts)}};
-    nl_cmdspec spec = {"plan validate",
-                       "nanolm plan validate [--file FILE.json] [--json] [--svg FILE]",
-                       "Every published figure of tests/validation/published.json priced with the default "
-                       "assumptions.",
-                       groups,
-                       1,
-                       0};
+    nl_cmdspec spec = {
+        "plan validate",
+        "nanolm plan validate [--file FILE.json] [--holdout source] [--json] [--svg FILE]",
+        "Runs every case's command (plan train, plan serve, budget) of tests/validation/published.json "
+        "and\ncompares its figure with the published one; with --holdout source, also leave-one-source-out.",
+        groups,
+        1,
+        0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
+    if (hold && strcmp(hold, "source"))
+        return nl_cli_usage_error("plan validate: --holdout takes 'source' (leave one source out), got '%s'", hold);
     char def[4096];
     if (!(file = validate_file(file, def, sizeof def)))
         return nl_cli_usage_error("plan validate: tests/validation/published.json is not in this directory; "
@@ -939,7 +1142,7 @@ static int cmd_validate(int argc, char **argv) {
     if (!cat) return nl_cli_usage_error("plan validate: out of memory");
     nl_catalog_init(cat);
     nl_valid_result v;
-    nl_status st = nl_plan_validate(cat, file, &v);
+    nl_status st = nl_plan_validate(cat, file, nl_cli_validate_run, NULL, hold != NULL, &v);
     free(cat);
     if (st) return nl_cli_fail("plan validate");
     if (svg && nl_plan_svg_validate(svg, &v)) {

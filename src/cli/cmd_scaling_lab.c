@@ -11,6 +11,7 @@
 #include "cli_model.h"
 #include "cli_opt.h"
 #include "nanolm/emergence.h"
+#include "nanolm/isoflop.h"
 #include "nanolm/mup.h"
 #include "nanolm/scaling.h"
 #include "nanolm/tokenizer.h"
@@ -26,57 +27,6 @@ static void progress(void *user, const char *run, const char *what, const nl_swe
     else
         fprintf(stderr, "  %s %s\n", run, what);
     fflush(stderr);
-}
-
-/* Approach 3 prediction of the best loss at budget C: the law's compute-optimal point. */
-static double law_best_loss(const nl_chinchilla *law, double C) {
-    double n, d;
-    nl_scaling_optimal_law(law, C, &n, &d);
-    return nl_scaling_loss(law, n, d);
-}
-
-static nl_status isoflop_svg(const char *path, const nl_sweep_row *rows, int n, const nl_isoflop_fit *f2) {
-    nl_svg_series s[2 * NL_SWEEP_MAX_BUDGETS + 1];
-    double px[NL_SWEEP_MAX_BUDGETS][64], py[NL_SWEEP_MAX_BUDGETS][64], cx[NL_SWEEP_MAX_BUDGETS][64],
-        cy[NL_SWEEP_MAX_BUDGETS][64];
-    double fx[NL_SWEEP_MAX_BUDGETS], fy[NL_SWEEP_MAX_BUDGETS];
-    char names[NL_SWEEP_MAX_BUDGETS][48];
-    size_t ns = 0, nf = 0;
-    for (int k = 0; k < f2->n_budgets; k++) {
-        const nl_isoflop_budget *b = &f2->b[k];
-        size_t m = 0;
-        double lo = INFINITY, hi = 0;
-        for (int i = 0; i < n && m < 64; i++)
-            if (fabs(rows[i].budget_flops / b->flops - 1) < 1e-6) {
-                px[k][m] = rows[i].n_params;
-                py[k][m] = rows[i].val_loss;
-                lo = fmin(lo, px[k][m]);
-                hi = fmax(hi, px[k][m]);
-                m++;
-            }
-        snprintf(names[k], sizeof names[k], "C = %.2g FLOPs", b->flops);
-        s[ns++] = (nl_svg_series){names[k], px[k], py[k], m, nl_svg_color((size_t)k), 1};
-        if (isfinite(b->n_opt)) {
-            for (int j = 0; j < 64; j++) {
-                double x = log(lo) + (log(hi) - log(lo)) * j / 63.0;
-                cx[k][j] = exp(x);
-                cy[k][j] = b->c0 + b->c1 * x + b->c2 * x * x;
-            }
-            s[ns++] = (nl_svg_series){NULL, cx[k], cy[k], 64, nl_svg_color((size_t)k), 0};
-            fx[nf] = b->n_opt;
-            fy[nf] = b->loss_opt;
-            nf++;
-        }
-    }
-    if (nf) s[ns++] = (nl_svg_series){"frontier (parabola minima)", fx, fy, nf, "#000000", 1};
-    nl_svg_plot_opts o = {"IsoFLOP profiles of NanoLM (approach 2)",
-                          "non-embedding parameters N",
-                          "validation loss (nats/token)",
-                          1,
-                          0,
-                          0,
-                          0};
-    return nl_svg_plot(path, &o, s, ns);
 }
 
 /* The options of scaling sweep, as given. */
@@ -210,86 +160,7 @@ static int sweep_train(const nl_sweep_grid *g, const sweep_args *a) {
     return NL_EXIT_OK;
 }
 
-/* The fits of a sweep's finished runs. */
-typedef struct sweep_fits {
-    int n; /* runs used (at most 256) */
-    double N[256], C[256], L[256], D[256];
-    int have2, have3;
-    nl_isoflop_fit f2;                          /* approach 2 */
-    nl_scaling_fit_result f3;                   /* approach 3 */
-    double cmax;                                /* the largest budget */
-    double meas_best, meas_parab, pred2, pred3; /* extrapolation to cmax from the smaller budgets */
-} sweep_fits;
-
-/* Approach 2's extrapolation: the minima of the smaller budgets as a power law in C, at cmax. */
-static double minima_power_law(const nl_isoflop_fit *fs2, double cmax) {
-    double lx[NL_SWEEP_MAX_BUDGETS], ly[NL_SWEEP_MAX_BUDGETS];
-    int m = 0;
-    for (int k = 0; k < fs2->n_budgets; k++)
-        if (isfinite(fs2->b[k].loss_opt)) {
-            lx[m] = log(fs2->b[k].flops);
-            ly[m] = log(fs2->b[k].loss_opt);
-            m++;
-        }
-    if (m < 2) return NAN;
-    double sl = (ly[m - 1] - ly[0]) / (lx[m - 1] - lx[0]);
-    double mx = 0, my = 0, sxx = 0, sxy = 0;
-    for (int k = 0; k < m; k++) mx += lx[k], my += ly[k];
-    mx /= m;
-    my /= m;
-    for (int k = 0; k < m; k++) sxx += (lx[k] - mx) * (lx[k] - mx), sxy += (lx[k] - mx) * (ly[k] - my);
-    if (sxx > 0) sl = sxy / sxx;
-    return exp(my + sl * (log(cmax) - mx));
-}
-
-/* The extrapolation check: fit on all but the largest budget, predict its best loss. */
-static void sweep_extrapolate(sweep_fits *f, const nl_scaling_obs *obs) {
-    f->cmax = 0;
-    for (int i = 0; i < f->n; i++) f->cmax = fmax(f->cmax, f->C[i]);
-    f->meas_best = INFINITY, f->pred3 = NAN, f->pred2 = NAN, f->meas_parab = NAN;
-    int n_small = 0, n_budgets = 0;
-    nl_scaling_obs small[256];
-    double sN[256], sC[256], sL[256];
-    for (int i = 0; i < f->n; i++) {
-        if (fabs(f->C[i] / f->cmax - 1) < 1e-6)
-            f->meas_best = fmin(f->meas_best, f->L[i]);
-        else
-            small[n_small] = obs[i], sN[n_small] = f->N[i], sC[n_small] = f->C[i], sL[n_small] = f->L[i], n_small++;
-        int first = 1;
-        for (int k = 0; k < i; k++) first &= !(fabs(f->C[k] / f->C[i] - 1) < 1e-6);
-        n_budgets += first;
-    }
-    if (f->have2 && f->f2.n_budgets >= 3 && isfinite(f->f2.b[f->f2.n_budgets - 1].loss_opt))
-        f->meas_parab = f->f2.b[f->f2.n_budgets - 1].loss_opt;
-    nl_scaling_fit_result fs;
-    nl_scaling_fit_opts fso = {1e-3, 0, 1};
-    if (n_budgets >= 3 && n_small >= 5 && nl_scaling_fit(small, (size_t)n_small, &fso, &fs) == NL_OK)
-        f->pred3 = law_best_loss(&fs.law, f->cmax);
-    nl_isoflop_fit fs2;
-    if (f->have2 && f->f2.n_budgets >= 3 && nl_isoflop_fit_run(sN, sC, sL, n_small, 0, 1, &fs2) == NL_OK)
-        f->pred2 = minima_power_law(&fs2, f->cmax);
-}
-
-static void sweep_fit(const nl_sweep_row *rows, int n, int boot, sweep_fits *f) {
-    nl_scaling_obs obs[256];
-    f->n = n > 256 ? 256 : n;
-    for (int i = 0; i < f->n; i++) {
-        f->N[i] = rows[i].n_params;
-        f->C[i] = rows[i].budget_flops;
-        f->L[i] = rows[i].val_loss;
-        f->D[i] = rows[i].n_tokens;
-        obs[i] = (nl_scaling_obs){f->N[i], f->D[i], f->L[i]};
-    }
-    f->have2 = nl_isoflop_fit_run(f->N, f->C, f->L, f->n, boot, 1, &f->f2) == NL_OK;
-    if (!f->have2) fprintf(stderr, "nanolm: scaling sweep: %s\n", nl_last_error());
-    nl_scaling_fit_opts fo = {1e-3, boot, 1};
-    f->have3 = f->n >= 5 && nl_scaling_fit(obs, (size_t)f->n, &fo, &f->f3) == NL_OK;
-    if (!f->have3)
-        fprintf(stderr, "nanolm: scaling sweep: approach 3: %s\n", f->n >= 5 ? nl_last_error() : "needs >= 5 runs");
-    sweep_extrapolate(f, obs);
-}
-
-static void report_runs(nl_report *r, const nl_sweep_row *rows, const sweep_fits *f) {
+static void report_runs(nl_report *r, const nl_sweep_row *rows, int n) {
     nl_report_table(r, "runs", NULL, 8,
                     (const nl_report_col[]){{"run", "run", NULL},
                                             {"budget_flops", "budget C", "%-.3g"},
@@ -299,14 +170,14 @@ static void report_runs(nl_report *r, const nl_sweep_row *rows, const sweep_fits
                                             {"flops", "6ND", "%-.3g"},
                                             {"val_loss", "val loss", "%-.4f"},
                                             {"wall_s", "wall s", "%-.1f"}});
-    for (int i = 0; i < f->n; i++) {
+    for (int i = 0; i < n; i++) {
         nl_report_cell_str(r, rows[i].run);
-        nl_report_cell_num(r, f->C[i]);
-        nl_report_cell_num(r, f->N[i]);
-        nl_report_cell_num(r, f->D[i]);
-        nl_report_cell_num(r, f->D[i] / f->N[i]);
+        nl_report_cell_num(r, rows[i].budget_flops);
+        nl_report_cell_num(r, rows[i].n_params);
+        nl_report_cell_num(r, rows[i].n_tokens);
+        nl_report_cell_num(r, rows[i].n_tokens / rows[i].n_params);
         nl_report_cell_num(r, rows[i].flops);
-        nl_report_cell_num(r, f->L[i]);
+        nl_report_cell_num(r, rows[i].val_loss);
         nl_report_cell_num(r, rows[i].wall_s);
         nl_report_row_end(r);
     }
@@ -352,31 +223,21 @@ static void report_approach2(nl_report *r, const nl_isoflop_fit *f2) {
                    f2->a_lo, f2->a_hi, f2->boot_used, 1 - f2->a);
 }
 
-static void report_approach3(nl_report *r, const sweep_fits *f, int64_t boot) {
+static void report_approach3(nl_report *r, const nl_isoflop_study *f, int64_t boot) {
     const nl_scaling_fit_result *f3 = &f->f3;
-    double a3 = f3->law.beta / (f3->law.alpha + f3->law.beta);
     nl_report_begin_object(r, "approach3", NULL);
     nl_report_num(r, "E", "", f3->law.E, NULL, NULL);
     nl_report_num(r, "alpha", "", f3->law.alpha, NULL, NULL);
     nl_report_num(r, "beta", "", f3->law.beta, NULL, NULL);
     nl_report_num(r, "se_alpha", "", f3->se_alpha, NULL, NULL);
     nl_report_num(r, "se_beta", "", f3->se_beta, NULL, NULL);
-    nl_report_num(r, "a", "", a3, NULL, NULL);
+    nl_report_num(r, "a", "", f->a3, NULL, NULL);
     nl_report_end_object(r);
     char line[2048];
-    int len = snprintf(line, sizeof line, "N_opt ~ C^%.3f, D_opt ~ C^%.3f; optimal tokens/param:", a3, 1 - a3);
-    double seen[256];
-    int ns = 0;
-    for (int i = 0; i < f->n && len < (int)sizeof line - 96; i++) {
-        int dup = 0;
-        for (int k = 0; k < ns; k++) dup |= fabs(f->C[i] / seen[k] - 1) < 1e-6;
-        if (dup) continue;
-        seen[ns++] = f->C[i];
-        double nn, dd;
-        nl_scaling_optimal_law(&f3->law, f->C[i], &nn, &dd);
-        len += snprintf(line + len, sizeof line - (size_t)len, "%s %.1f at %.3g (N_opt %.0f)", ns > 1 ? "," : "",
-                        dd / nn, f->C[i], nn);
-    }
+    int len = snprintf(line, sizeof line, "N_opt ~ C^%.3f, D_opt ~ C^%.3f; optimal tokens/param:", f->a3, 1 - f->a3);
+    for (int k = 0; k < f->n_opt3 && len < (int)sizeof line - 96; k++)
+        len += snprintf(line + len, sizeof line - (size_t)len, "%s %.1f at %.3g (N_opt %.0f)", k ? "," : "",
+                        f->opt3_tokens_per_param[k], f->opt3_flops[k], f->opt3_n[k]);
     nl_report_note(
         r, "\napproach 3 (L = E + A/N^alpha + B/D^beta, Huber fit, %lld bootstrap resamples):", (long long)boot);
     nl_report_note(r, "  E %.4f +- %.4f, alpha %.4f +- %.4f, beta %.4f +- %.4f (+- = 1.96 SE)", f3->law.E,
@@ -384,7 +245,7 @@ static void report_approach3(nl_report *r, const sweep_fits *f, int64_t boot) {
     nl_report_note(r, "  %s", line);
 }
 
-static void report_extrapolation(nl_report *r, const sweep_fits *f) {
+static void report_extrapolation(nl_report *r, const nl_isoflop_study *f) {
     nl_report_begin_object(r, "extrapolation", NULL);
     nl_report_num(r, "largest_budget", "", f->cmax, NULL, NULL);
     nl_report_num(r, "measured_best_loss", "", f->meas_best, NULL, NULL);
@@ -426,22 +287,31 @@ int nl_cmd_scaling_sweep(int argc, char **argv) {
         fprintf(stderr, "nanolm: scaling sweep: %s has no finished runs\n", csv);
         return NL_EXIT_FAIL;
     }
-    sweep_fits *f = nl_calloc(1, sizeof *f, "sweep fits");
-    if (!f) {
+    nl_isoflop_study *f = nl_calloc(1, sizeof *f, "sweep fits");
+    double *pts = nl_malloc((size_t)n * 4 * sizeof *pts, "sweep points");
+    if (!f || !pts) {
+        nl_free(f);
+        nl_free(pts);
         nl_free(rows);
         return nl_cli_fail("scaling sweep");
     }
-    sweep_fit(rows, n, (int)a.boot, f);
-    if (f->have2 && isoflop_svg(svg, rows, f->n, &f->f2))
+    double *N = pts, *D = pts + n, *C = pts + 2 * n, *L = pts + 3 * n;
+    for (int i = 0; i < n; i++)
+        N[i] = rows[i].n_params, D[i] = rows[i].n_tokens, C[i] = rows[i].budget_flops, L[i] = rows[i].val_loss;
+    nl_isoflop_study_run(N, D, C, L, n, (int)a.boot, 1, f);
+    if (!f->have2) fprintf(stderr, "nanolm: scaling sweep: %s\n", f->why2);
+    if (!f->have3) fprintf(stderr, "nanolm: scaling sweep: approach 3: %s\n", f->why3);
+    if (f->have2 && nl_isoflop_svg(svg, N, C, L, f->n, &f->f2))
         fprintf(stderr, "nanolm: scaling sweep: %s\n", nl_last_error());
     nl_report *r = nl_report_new("scaling sweep");
-    report_runs(r, rows, f);
+    report_runs(r, rows, f->n);
     if (f->have2) report_approach2(r, &f->f2);
     if (f->have3) report_approach3(r, f, a.boot);
     report_extrapolation(r, f);
     if (f->have2) nl_report_note(r, "\nwrote %s", svg);
     rc = nl_report_print(r, a.json);
     nl_free(f);
+    nl_free(pts);
     nl_free(rows);
     return rc;
 }

@@ -12,6 +12,10 @@
 #include "cli.h"
 #include "cli_opt.h"
 #include "nanolm/arch.h"
+#include "nanolm/bpe.h"
+#include "nanolm/chat_template.h"
+#include "nanolm/gguf_model.h"
+#include "nanolm/hf.h"
 #include "nanolm/engine.h"
 #include "nanolm/kv_transfer.h"
 #include "nanolm/model.h"
@@ -51,8 +55,9 @@ enum { ROLE_COLOCATED, ROLE_PREFILL, ROLE_DECODE, ROLE_DISAGG };
 
 /* The options of `serve`, parsed. */
 typedef struct serve_args {
-    const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill;
-    int role, port, weights, kv, max_batch, max_waiting, threads, max_conn, idle_s;
+    const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill, *chat_tmpl, *draft;
+    int role, port, weights, kv, max_batch, max_waiting, threads, max_conn, no_prefix_cache, spec_k, spec_ngram;
+    int idle_s;
     int64_t block_size, kv_blocks, max_step, chunk;
     double kv_mem, max_body, drain_s;
 } serve_args;
@@ -88,6 +93,9 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
         NL_OPT_STR("tokenizer", &sa->tok, "FILE", "llama2.c tokenizer (needed for .bin checkpoints)"),
         NL_OPT_CHOICE("weights", &sa->weights, "auto|fp32|bf16|int8|int4",
                       "weight format of the kernels (default auto: fp32, int8 for int8 checkpoints)"),
+        NL_OPT_STR("chat-template", &sa->chat_tmpl, "FILE",
+                   "Jinja chat template for /v1/chat/completions (default: a model folder's chat_template.jinja "
+                   "or tokenizer_config.json \"chat_template\", a GGUF file's tokenizer.chat_template)"),
         NL_OPT_STR("model-name", &sa->model_name, "NAME",
                    "name in /v1/models and responses (default: the checkpoint's file name)"),
     };
@@ -104,6 +112,16 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
         NL_OPT_INT32("max-waiting", &sa->max_waiting, 1, 1 << 20, "N",
                      "waiting queue bound; beyond it requests get 429 (default 256)"),
         NL_OPT_INT32("threads", &sa->threads, 0, 1024, "N", "OpenMP threads of a step (default: OMP_NUM_THREADS)"),
+        NL_OPT_FLAG("no-prefix-cache", &sa->no_prefix_cache,
+                    "compute every prompt's KV (default: full blocks of a prompt prefix seen before are reused)"),
+        NL_OPT_INT32(
+            "speculate", &sa->spec_k, 0, 15, "K",
+            "speculative decoding: draft K tokens per decode step by prompt lookup (n-gram) and verify "
+            "them in the same step; greedy text unchanged, sampled text keeps its distribution (default 0: off)"),
+        NL_OPT_INT32("spec-ngram", &sa->spec_ngram, 1, 64, "N", "longest n-gram prompt lookup matches (default 3)"),
+        NL_OPT_STR("draft", &sa->draft, "CKPT",
+                   "speculative decoding with this draft model instead of prompt lookup (same tokenizer; "
+                   "--speculate defaults to 4 with it)"),
     };
     nl_opt http_opts[] = {
         NL_OPT_STR("host", &sa->host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"),
@@ -135,7 +153,8 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
     nl_cmdspec spec = {
         "serve",
         "nanolm serve --ckpt FILE [--tokenizer FILE] [--host ADDR] [--port N] [options]",
-        "OpenAI-compatible HTTP server: POST /v1/completions (stream: server-sent events), GET /v1/models, "
+        "OpenAI-compatible HTTP server: POST /v1/completions and /v1/chat/completions (stream: server-sent "
+        "events), GET /v1/models, "
         "/health, /metrics (Prometheus). One engine thread runs continuous batching over a paged KV "
         "cache; SIGINT or SIGTERM stops accepting, lets running requests finish, and exits 0.",
         groups,
@@ -197,6 +216,11 @@ static int open_served(serve_args *sa, served *sv) {
     eo.chunk = sa->chunk;
     eo.max_waiting = sa->max_waiting;
     eo.threads = sa->threads;
+    eo.prefix_cache = !sa->no_prefix_cache;
+    eo.spec_k = sa->spec_k;
+    eo.draft_ckpt = sa->draft;
+    if (sa->draft && !eo.spec_k) eo.spec_k = 4;
+    if (sa->spec_ngram) eo.spec_ngram = sa->spec_ngram;
     if (!sa->dummy) return nl_engine_open(&sv->e, sa->ckpt, sa->tok, &eo) ? nl_cli_fail("serve") : 0;
     /* random weights: for load tests of a model shape without its checkpoint */
     nl_arch a;
@@ -317,6 +341,44 @@ static int write_port_file(const char *path, int port) {
     return nl_write_file_atomic(path, buf, (size_t)n) ? nl_cli_fail("serve: --port-file") : 0;
 }
 
+/* The chat template of /v1/chat/completions: --chat-template, else the model folder's (none: the
+ * endpoint answers 400). bos_token / eos_token from the folder's tokenizer_config.json, else the
+ * tokenizer's BOS / EOS pieces. Returns nonzero (message printed) on a bad template. */
+static int load_chat_template(const serve_args *sa, const nl_engine *e, nl_chat_template **ct) {
+    *ct = NULL;
+    int folder = sa->ckpt && nl_hf_is_folder(sa->ckpt), gguf = sa->ckpt && !folder && nl_gguf_is_file(sa->ckpt);
+    nl_chat_template *from_folder = NULL;
+    if (folder || gguf) {
+        nl_status rc = folder ? nl_chat_template_load_hf(&from_folder, sa->ckpt)
+                              : nl_chat_template_load_gguf(&from_folder, sa->ckpt);
+        if (rc && rc != NL_ERR_UNSUPPORTED && !sa->chat_tmpl) return nl_cli_fail("serve: chat template");
+    }
+    if (!sa->chat_tmpl) {
+        *ct = from_folder;
+        return 0;
+    }
+    char *text = NULL;
+    size_t n = 0;
+    nl_status rc = nl_read_file(sa->chat_tmpl, &text, &n);
+    if (!rc) rc = nl_chat_template_parse(ct, text, n, sa->chat_tmpl);
+    nl_free(text);
+    if (!rc && from_folder) {
+        rc = nl_chat_template_set_tokens(*ct, nl_chat_template_bos(from_folder), nl_chat_template_eos(from_folder));
+    } else if (!rc) {
+        const nl_tokenizer *tok = nl_engine_tokenizer(e);
+        const nl_bpe *b = tok && tok->kind == NL_TOKENIZER_HF ? tok->bpe : NULL;
+        rc = nl_chat_template_set_tokens(*ct, b && tok->bos_id >= 0 ? nl_bpe_piece(b, tok->bos_id) : NULL,
+                                         b && tok->eos_id >= 0 ? nl_bpe_piece(b, tok->eos_id) : NULL);
+    }
+    nl_chat_template_free(from_folder);
+    if (rc) {
+        nl_chat_template_free(*ct);
+        *ct = NULL;
+        return nl_cli_fail("serve: --chat-template");
+    }
+    return 0;
+}
+
 /* The HTTP server (colocated or decode role) until SIGINT/SIGTERM, or until the prefill child
  * (*child > 0) exits (then reaped: *child = -1). A SIGCHLD of a child that stopped or
  * continued (SIGSTOP, a debugger) is not a death: the server goes on. */
@@ -340,8 +402,14 @@ static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *
     so.idle_timeout_s = sa->idle_s;
     so.drain_timeout_s = sa->drain_s;
     so.prefill_addr = sa->prefill;
+    nl_chat_template *ct = NULL;
+    if (load_chat_template(sa, sv->e, &ct)) return 1;
+    so.chat_template = ct;
     nl_server *s = NULL;
-    if (nl_server_start(&s, sv->e, &so)) return nl_cli_fail("serve");
+    if (nl_server_start(&s, sv->e, &so)) {
+        nl_chat_template_free(ct);
+        return nl_cli_fail("serve");
+    }
     const nl_arch *a = nl_engine_arch(sv->e);
     nl_engine_stats st;
     nl_engine_stats_get(sv->e, &st);
@@ -355,6 +423,7 @@ static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *
     fflush(stderr);
     if (sa->port_file && write_port_file(sa->port_file, nl_server_port(s))) {
         nl_server_stop(s);
+        nl_chat_template_free(ct);
         return NL_EXIT_FAIL;
     }
     int sig = 0, rc = NL_EXIT_OK;
@@ -376,6 +445,7 @@ static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *
                              : "the prefill process stopped",
             sa->drain_s);
     nl_server_stop(s);
+    nl_chat_template_free(ct);
     nl_engine_stats_get(sv->e, &st);
     fprintf(stderr, "serve: stopped (%lld requests, %lld tokens generated)\n", (long long)st.requests_finished,
             (long long)st.tokens_generated);

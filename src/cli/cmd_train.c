@@ -11,7 +11,9 @@
 #include "report.h"
 #include "train_opts.h"
 #include "nanolm/fp8_linear.h"
+#include "nanolm/peak.h"
 #include "nanolm/qat.h"
+#include "nanolm/step_prof.h"
 #include "nanolm/svg.h"
 #include "nanolm/train.h"
 
@@ -20,7 +22,7 @@ typedef struct train_cli {
     nl_train_opts o;
     nl_train_args ta; /* the training group: --data, --steps, ..., --log, --svg, --precision */
     const char *preset;
-    int report_memory, json, preset_given;
+    int report_memory, json, preset_given, no_mfu;
     int fp8, no_loss_scaling; /* --precision fp8: bf16 model + FP8 linears (nanolm/fp8_linear.h) */
     nl_fp8_recipe fp8r;
     int fp8_recipe;          /* --fp8-recipe: index in "e4m3|hybrid" */
@@ -68,6 +70,8 @@ static int parse_args(train_cli *c, int argc, char **argv) {
     nl_opt out[] = {
         NL_OPT_FLAG("report-memory", &c->report_memory, "print the bytes allocated, exactly"),
         NL_OPT_FLAG("json", &c->json, "print the summary as JSON"),
+        NL_OPT_FLAG("no-mfu", &c->no_mfu,
+                    "skip measuring this machine's FMA peak and sgemm rate after the run (~0.05 s) and the MFU"),
     };
     nl_optgroup groups[] = {
         {"training (SIGTERM/SIGINT finish the step, save with --out, exit 0)", train, ntrain},
@@ -285,17 +289,64 @@ static void report_fp8(nl_report *r, const nl_fp8_recipe *rc, const nl_fp8_linea
     nl_report_end_object(r);
 }
 
+/* Model FLOPs utilisation: the run's model FLOPs per second (nl_train_flops_per_token x
+ * tokens/s) against this machine's fp32 FMA peak and its sgemm rate, both measured after the run
+ * on the run's thread count (nanolm/peak.h). */
+typedef struct mfu_figs {
+    int measured;
+    double flops_per_token, model_flops, fma_peak, sgemm;
+    int threads;
+    nl_peak_path path;
+} mfu_figs;
+
+static void measure_mfu(const train_cli *c, const nl_trainer *t, mfu_figs *f) {
+    memset(f, 0, sizeof *f);
+    if (c->no_mfu || t->layout || t->wall_s <= 0 || !t->tokens_done) return;
+    f->threads = nl_threads();
+    f->path = nl_peak_auto();
+    /* short (~40 ms of CPU per thread): both are timed on the CPU clock, steady from the first run */
+    if (nl_peak_fma(f->path, f->threads, 0.003, 2, &f->fma_peak) ||
+        nl_peak_sgemm(NL_PEAK_SGEMM_N, f->threads, 0.001, 1, &f->sgemm)) {
+        fprintf(stderr, "nanolm: train: MFU not measured: %s\n", nl_last_error());
+        return;
+    }
+    f->flops_per_token = nl_train_flops_per_token(&t->model, t->seq);
+    f->model_flops = f->flops_per_token * (double)t->tokens_done / t->wall_s;
+    f->measured = 1;
+}
+
+static void report_mfu(nl_report *r, const mfu_figs *f) {
+    if (!f->measured) return;
+    nl_report_note(r,
+                   "mfu: %.2f GFLOP/s of model FLOPs (6N + attention, %.3g per token) = %.1f%% of this machine's "
+                   "fp32 FMA peak (%.1f GFLOP/s, %s, %d threads), %.1f%% of its sgemm rate (%.1f GFLOP/s, OpenBLAS "
+                   "%d^3)",
+                   f->model_flops / 1e9, f->flops_per_token, 100.0 * f->model_flops / f->fma_peak, f->fma_peak / 1e9,
+                   nl_peak_path_name(f->path), f->threads, 100.0 * f->model_flops / f->sgemm, f->sgemm / 1e9,
+                   NL_PEAK_SGEMM_N);
+    nl_report_begin_object(r, "mfu", NULL);
+    nl_report_num(r, "model_flops_per_token", "", f->flops_per_token, NULL, NULL);
+    nl_report_num(r, "model_flops_per_s", "", f->model_flops, NULL, NULL);
+    nl_report_num(r, "fma_peak_flops_per_s", "", f->fma_peak, NULL, NULL);
+    nl_report_str(r, "fma_peak_path", "", nl_peak_path_name(f->path));
+    nl_report_num(r, "sgemm_flops_per_s", "", f->sgemm, NULL, NULL);
+    nl_report_int(r, "sgemm_n", "", NL_PEAK_SGEMM_N, NULL);
+    nl_report_int(r, "threads", "", f->threads, NULL);
+    nl_report_num(r, "mfu_fma_peak", "", f->model_flops / f->fma_peak, NULL, NULL);
+    nl_report_num(r, "mfu_sgemm", "", f->model_flops / f->sgemm, NULL, NULL);
+    nl_report_end_object(r);
+}
+
 /* The result of a finished run, once, as text ("done: ..." and the QAT and FP8 lines) or JSON.
  * Returns the exit status. */
-static int print_result(const train_cli *c, const nl_trainer *t, const nl_fp8_linear *fp8, const qat_losses *q) {
+static int print_result(const train_cli *c, const nl_trainer *t, const nl_fp8_linear *fp8, const qat_losses *q,
+                        const mfu_figs *mfu) {
     const nl_train_log *last = t->n_log ? &t->log[t->n_log - 1] : NULL;
     double tps = t->wall_s > 0 ? (double)t->tokens_done / t->wall_s : 0;
     int64_t skipped = t->scaler.skipped;
     if (!last && !c->json) return NL_EXIT_OK;
     nl_report *r = nl_report_new("train");
-    nl_report_str(r, "preset", "", t->model.arch.name);
-    nl_report_int(r, "parameters", "", (long long)t->model.n_params, NULL);
-    nl_report_int(r, "steps", "", (long long)t->step, NULL);
+    nl_cli_train_summary(r, t, t->model.arch.name, (long long)t->model.n_params, t->wall_s, tps);
     if (last) {
         char fp16[96] = "";
         if (c->o.precision == NL_PREC_FP16)
@@ -303,12 +354,8 @@ static int print_result(const train_cli *c, const nl_trainer *t, const nl_fp8_li
         nl_report_note(r, "done: %lld steps, train loss %.4f, val loss %.4f, %.1f s, %.0f tokens/s%s%s%s",
                        (long long)t->step, last->loss, last->val_loss, t->wall_s, tps, c->o.out ? ", checkpoint " : "",
                        c->o.out ? c->o.out : "", fp16);
-        nl_report_num(r, "train_loss", "", last->loss, NULL, NULL);
-        nl_report_num(r, "val_loss", "", last->val_loss, NULL, NULL);
     }
-    nl_report_num(r, "wall_s", "", t->wall_s, NULL, NULL);
-    nl_report_num(r, "tokens_per_s", "", tps, NULL, NULL);
-    nl_report_int(r, "skipped_steps", "", (long long)skipped, NULL);
+    report_mfu(r, mfu);
     if (c->fp8) report_fp8(r, &c->fp8r, &fp8->stats);
     if (c->qat_name) report_qat(r, c->qat_name, q);
     if (c->report_memory) { /* the text form printed its table before the run */
@@ -450,8 +497,11 @@ int nl_cmd_train(int argc, char **argv) {
     /* logs cover what ran, also after a failure */
     if (c.ta.log_csv && t->n_log && nl_train_log_write_csv(t, c.ta.log_csv)) exit_code = nl_cli_fail("train: --log");
     if (c.ta.svg && t->n_log && write_svg(c.ta.svg, t)) exit_code = nl_cli_fail("train: --svg");
+    if (t->prof) nl_step_prof_print(t->prof, stderr, "train step profile (NANOLM_STEP_PROFILE, wall and CPU time)");
     if (!rc) {
-        int prc2 = print_result(&c, t, &r.fp8, &r.q);
+        mfu_figs mfu;
+        measure_mfu(&c, t, &mfu);
+        int prc2 = print_result(&c, t, &r.fp8, &r.q, &mfu);
         if (prc2) exit_code = prc2;
     }
     run_free(&r);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "nanolm/isa.h"
 
 typedef struct nl_command {
     const char *name;
@@ -28,6 +29,7 @@ int nl_cmd_precision(int argc, char **argv);
 int nl_cmd_export(int argc, char **argv);
 int nl_cmd_serve(int argc, char **argv);
 int nl_cmd_bench(int argc, char **argv);
+int nl_cmd_tokenize(int argc, char **argv);
 
 /* One line per command; each lives in src/cli/cmd_<name>.c. */
 static const nl_command commands[] = {
@@ -38,6 +40,7 @@ static const nl_command commands[] = {
     {"eval", "mean loss and perplexity of a checkpoint on a text file", nl_cmd_eval},
     {"generate", "continue a prompt with a checkpoint (KV cache, sampling)", nl_cmd_generate},
     {"export", "write a checkpoint as a Hugging Face folder or a llama2.c file", nl_cmd_export},
+    {"tokenize", "a text through a tokenizer: ids, vocabulary pieces, bytes, counts", nl_cmd_tokenize},
     {"quant-compare", "RTN vs GPTQ, AWQ, SmoothQuant, LLM.int8() on a checkpoint (= quant compare)",
      nl_cmd_quant_compare},
     {"fp8", "emulated FP8 GEMM: scaling recipes, limited accumulators, error vs fp64", nl_cmd_fp8},
@@ -68,6 +71,10 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     nl_runtime_reexec(argv);
+    if (nl_isa_check_env() != NL_OK) {
+        fprintf(stderr, "nanolm: %s\n", nl_last_error());
+        return NL_EXIT_USAGE;
+    }
     if (argc < 2) {
         usage(stderr);
         return NL_EXIT_USAGE;

@@ -10,6 +10,7 @@
 
 #include "nanolm/checkpoint.h"
 #include "nanolm/hf.h"
+#include "nanolm/model_load.h"
 #include "nanolm/model.h"
 #include "cli.h"
 
@@ -59,20 +60,20 @@ int nl_parse_recompute(const char *s) {
 }
 
 nl_status nl_cli_model_arch(nl_catalog *cat, const char *arg, nl_arch *out) {
+    return nl_cli_model_arch_fam(cat, arg, out, NULL);
+}
+
+nl_status nl_cli_model_arch_fam(nl_catalog *cat, const char *arg, nl_arch *out, nl_family *fam) {
     size_t n = strlen(arg);
+    if (fam) nl_plan_family("llama", fam); /* folders and checkpoints: Llama blocks (NanoLM's, llama2.c's) */
     if (nl_hf_is_folder(arg) || (n >= 11 && !strcmp(arg + n - 11, "config.json")))
         return nl_arch_from_hf_config(arg, out);
     struct stat st;
     if (!(n >= 5 && !strcmp(arg + n - 5, ".json")) && stat(arg, &st) == 0 && S_ISREG(st.st_mode)) {
-        /* a checkpoint the engine serves (NanoLM safetensors, llama2.c .bin): its shape */
-        nl_model m;
-        char kind[64];
-        NL_TRY(nl_ckpt_load_model(arg, &m, kind));
-        *out = m.arch;
-        nl_model_free(&m);
-        return NL_OK;
+        /* a checkpoint the engine serves (GGUF metadata, NanoLM safetensors, llama2.c .bin) */
+        return nl_model_load_arch(arg, out);
     }
-    return nl_catalog_model_arg(cat, arg, out);
+    return nl_catalog_model_arg_fam(cat, arg, out, fam);
 }
 
 void nl_plan_args_init(nl_plan_args *a) {
@@ -163,7 +164,7 @@ int nl_plan_args_load(nl_plan_args *a, const char *cmd) {
 int nl_plan_args_request(nl_plan_args *a, const char *cmd, nl_train_req *q) {
     memset(q, 0, sizeof *q);
     if (!a->model) return nl_cli_usage_error("%s: --model is required", cmd);
-    if (nl_cli_model_arch(&a->cat, a->model, &q->arch))
+    if (nl_cli_model_arch_fam(&a->cat, a->model, &q->arch, &q->fam))
         return nl_cli_usage_error("%s: --model: %s", cmd, nl_last_error());
     if (nl_catalog_find_hw(&a->cat, a->gpu, &q->hw)) return nl_cli_usage_error("%s: --gpu: %s", cmd, nl_last_error());
     if (nl_plan_recipe(a->recipe, &q->recipe)) return nl_cli_usage_error("%s: --recipe: %s", cmd, nl_last_error());
@@ -181,7 +182,6 @@ int nl_plan_args_request(nl_plan_args *a, const char *cmd, nl_train_req *q) {
     if (a->mfu > 0) a->eff.fixed_mfu = a->mfu;
     q->eff = a->eff;
     q->params_override = a->params;
-    nl_catalog_family(&a->cat, q->arch.name, &q->fam);
     return 0;
 }
 

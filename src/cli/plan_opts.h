@@ -21,6 +21,9 @@ int nl_parse_recompute(const char *s);
  * nl_arch_from_hf_config), a checkpoint the engine serves (NanoLM safetensors, llama2.c .bin),
  * a model JSON file, or a catalog name. Errors name the input. */
 nl_status nl_cli_model_arch(nl_catalog *cat, const char *arg, nl_arch *out);
+/* The same with the model's family (catalog entry or the model file's "family" field; llama for a
+ * folder or a checkpoint): the name of a file or of its model never sets it. */
+nl_status nl_cli_model_arch_fam(nl_catalog *cat, const char *arg, nl_arch *out, nl_family *fam);
 
 /* What the planner's shared option groups fill: the model, the hardware and the assumptions of
  * the cost model. Numbers left at their initial values mean "the default". */
@@ -72,6 +75,12 @@ void nl_plan_report_assumptions(nl_report *r, const nl_train_req *q);
 /* A row of a text-only report table from one '|'-separated printf line ("%s|%.1f ms|how"): ncols
  * string cells (the last takes the rest of the line), then the row ends. */
 void nl_plan_table_rowf(nl_report *r, int ncols, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* The runner of `plan validate` (nl_valid_runner): runs "plan ..." or "budget ..." in this process
+ * as a user would run it, its standard output and error captured; returns the output (the
+ * error's text when it failed, malloc'd) and the exit status in *status, or NULL when the line
+ * is not one of those commands or could not be captured. ctx is unused. */
+char *nl_cli_validate_run(const char *command, int *status, void *ctx);
 
 /* `plan serve` against a CPU measured by `nanolm bench machine` (cmd_plan_engine.c): prints
  * the engine cost model's predictions (plan_engine.h) as a table or JSON; returns the exit code. */

@@ -1,6 +1,7 @@
 /* The training and parallel layout option groups, declared once (train_opts.h). */
 #include "train_opts.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -151,4 +152,17 @@ int nl_cli_layout_opts(nl_opt *opts, nl_layout_args *a) {
         opts[n++] = (nl_opt)NL_OPT_STR("inject-fault", &a->inject_fault, "R[:exit|_exit|segv|kill|stop]@S",
                                        "(tests) rank R leaves (or stops) at step S");
     return n;
+}
+
+void nl_cli_train_summary(nl_report *r, const nl_trainer *t, const char *preset, long long n_params, double wall_s,
+                          double tokens_per_s) {
+    const nl_train_log *last = t->n_log ? &t->log[t->n_log - 1] : NULL;
+    nl_report_str(r, "preset", "", preset);
+    nl_report_int(r, "parameters", "", n_params, NULL);
+    nl_report_int(r, "steps", "", (long long)t->step, NULL);
+    nl_report_num(r, "train_loss", "", last ? last->loss : NAN, NULL, NULL);
+    nl_report_num(r, "val_loss", "", last ? last->val_loss : NAN, NULL, NULL);
+    nl_report_num(r, "wall_s", "", wall_s, NULL, NULL);
+    nl_report_num(r, "tokens_per_s", "", tokens_per_s, NULL, NULL);
+    nl_report_int(r, "skipped_steps", "", (long long)t->scaler.skipped, NULL);
 }

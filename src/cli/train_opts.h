@@ -16,6 +16,7 @@
 
 #include "cli_opt.h"
 #include "nanolm/train.h"
+#include "report.h"
 
 /* Options of the training group that a command may leave out (nl_train_args.omit). */
 enum {
@@ -84,5 +85,13 @@ typedef struct nl_layout_args {
 /* Fills a with the layout defaults and opts (room for NL_LAYOUT_NOPTS) with the options a->offer
  * names (set a->offer first); returns how many it filled. */
 int nl_cli_layout_opts(nl_opt *opts, nl_layout_args *a);
+
+/* The fields of every training command's JSON, whatever the layout: `train --json` and
+ * `train --dp N --json` have the same shape, a layout adds its own fields and never renames these:
+ * preset, parameters (of the whole model), steps, train_loss and val_loss (of the last logged
+ * step; null when none), wall_s, tokens_per_s, skipped_steps. JSON only (each command words its
+ * own text). */
+void nl_cli_train_summary(nl_report *r, const nl_trainer *t, const char *preset, long long n_params, double wall_s,
+                          double tokens_per_s);
 
 #endif

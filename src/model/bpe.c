@@ -24,6 +24,14 @@ typedef struct norm_op {
     char *a, *b; /* PREPEND: a = text; REPLACE: a -> b */
 } norm_op;
 
+/* A Split pre-tokenizer (tokenizers' SplitDelimiterBehavior), or ByteLevel's regex (Isolated). */
+enum { SPLIT_ISOLATED, SPLIT_REMOVED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS };
+#define MAX_SPLITS 8
+typedef struct split_stage {
+    pcre2_code *re;
+    int behavior, invert;
+} split_stage;
+
 typedef struct added_tok {
     char *s;
     size_t len;
@@ -54,7 +62,8 @@ struct nl_bpe {
     int meta_split;       /* Metaspace split at U+2581 */
     int meta;             /* a Metaspace pre-tokenizer is present */
     int add_prefix_space; /* ByteLevel */
-    pcre2_code *re;       /* pre-tokenizer regex (NULL: the segment is one word) */
+    split_stage split[MAX_SPLITS]; /* pre-tokenizer splits, applied in order (none: the segment is one word) */
+    int n_split;
     int byte_ids[256];    /* byte-level: id of the piece of byte b; SPM: <0xXX> ids (-1: none) */
     char b2u[256][3];     /* byte -> UTF-8 of its printable code point */
     uint8_t b2u_len[256];
@@ -254,7 +263,7 @@ void nl_bpe_free(nl_bpe *b) {
         free(b->norm[i].a);
         free(b->norm[i].b);
     }
-    if (b->re) pcre2_code_free(b->re);
+    for (int i = 0; i < b->n_split; i++) pcre2_code_free(b->split[i].re);
     free(b->json);
     free(b);
 }
@@ -322,23 +331,33 @@ static nl_status parse_normalizer(nl_bpe *b, const cJSON *n, const char *what) {
     return NL_OK;
 }
 
-static nl_status set_regex(nl_bpe *b, const char *pat, const char *what) {
-    if (b->re) return nl_fail(NL_ERR_FORMAT, "%s: key \"pre_tokenizer\": two regex splits are not supported", what);
+/* Adds a split stage: a regex (or, literal, a String pattern) with its behavior. */
+static nl_status add_split(nl_bpe *b, const char *pat, int literal, int behavior, int invert, const char *what) {
+    if (b->n_split == MAX_SPLITS)
+        return nl_fail(NL_ERR_FORMAT, "%s: key \"pre_tokenizer\": more than %d splits", what, MAX_SPLITS);
+    if (!pat[0]) return nl_fail(NL_ERR_FORMAT, "%s: key \"pre_tokenizer\": Split with an empty pattern", what);
     int err;
     PCRE2_SIZE off;
-    b->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err,
-                          &off, NULL);
-    if (!b->re) {
+    split_stage *sp = &b->split[b->n_split];
+    sp->re =
+        pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP), &err, &off, NULL);
+    sp->behavior = behavior;
+    sp->invert = invert;
+    if (!sp->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
         return nl_fail(NL_ERR_FORMAT, "%s: key \"pre_tokenizer\": regex error at offset %zu: %s", what, (size_t)off,
                        (const char *)msg);
     }
-    pcre2_jit_compile(b->re, PCRE2_JIT_COMPLETE); /* optional: falls back to the interpreter */
+    pcre2_jit_compile(sp->re, PCRE2_JIT_COMPLETE); /* optional: falls back to the interpreter */
+    b->n_split++;
     return NL_OK;
 }
 
-/* Pre-tokenizers: Sequence, ByteLevel, Split (Regex, Isolated), Metaspace; NULL = none. */
+/* Pre-tokenizers: Sequence, ByteLevel, Split (Regex or String; Isolated, Removed, MergedWithPrevious,
+ * MergedWithNext, Contiguous; invert), Metaspace; NULL = none. Splits apply in their order, each to
+ * the pieces of the one before (DeepSeek-V3: digits, then CJK runs, then its word regex). */
 static nl_status parse_pretok(nl_bpe *b, const cJSON *p, const char *what) {
     if (!p || cJSON_IsNull(p)) return NL_OK;
     const char *ty = jstr(p, "type");
@@ -350,18 +369,26 @@ static nl_status parse_pretok(nl_bpe *b, const cJSON *p, const char *what) {
     if (ty && !strcmp(ty, "ByteLevel")) {
         b->mode = MODE_BYTELEVEL;
         b->add_prefix_space = jbool(p, "add_prefix_space", 0);
-        if (jbool(p, "use_regex", 1)) NL_TRY(set_regex(b, GPT2_REGEX, what));
+        if (jbool(p, "use_regex", 1)) NL_TRY(add_split(b, GPT2_REGEX, 0, SPLIT_ISOLATED, 0, what));
         return NL_OK;
     }
     if (ty && !strcmp(ty, "Split")) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
-        const char *beh = jstr(p, "behavior");
-        if (!jstr(pat, "Regex") || !beh || strcmp(beh, "Isolated") || jbool(p, "invert", 0))
-            return nl_fail(NL_ERR_FORMAT,
-                           "%s: key \"pre_tokenizer\": only Split with a Regex pattern, behavior Isolated and invert "
-                           "false is supported",
-                           what);
-        return set_regex(b, jstr(pat, "Regex"), what);
+        const char *beh = jstr(p, "behavior"), *re = jstr(pat, "Regex"), *lit = jstr(pat, "String");
+        static const char *const names[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
+                                            "Contiguous"};
+        int behavior = -1;
+        for (int k = 0; beh && k < 5; k++)
+            if (!strcmp(beh, names[k])) behavior = k;
+        if ((!re && !lit) || behavior < 0)
+            return nl_fail(
+                NL_ERR_FORMAT,
+                "%s: key \"pre_tokenizer\": Split needs a pattern {\"Regex\"} or {\"String\"} and a behavior "
+                "(Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous), got \"%s\"",
+                what, beh ? beh : "none");
+        if (jbool(p, "invert", 0))
+            return nl_fail(NL_ERR_FORMAT, "%s: key \"pre_tokenizer\": Split with invert true is not supported", what);
+        return add_split(b, re ? re : lit, !re, behavior, 0, what);
     }
     if (ty && !strcmp(ty, "Metaspace")) {
         const char *rep = jstr(p, "replacement"), *scheme = jstr(p, "prepend_scheme");
@@ -923,6 +950,127 @@ static int normalize(enc_state *st, const char *seg, size_t n, const char **res,
     return 0;
 }
 
+typedef int (*word_fn)(enc_state *, const char *, size_t);
+
+/* Split stage k over p[0..n): tokenizers' find_matches (spans alternating between gaps and matches,
+ * empty matches included), then the stage's behavior; each resulting piece goes to stage k + 1,
+ * after the last stage to `word`. */
+static int split_run(enc_state *st, const char *p, size_t n, int k, word_fn word) {
+    const nl_bpe *b = st->b;
+    if (!n) return 0;
+    if (k == b->n_split) return word(st, p, n);
+    const split_stage *sp = &b->split[k];
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(sp->re, NULL);
+    if (!md) return -1;
+    int rc = 0;
+    if (sp->behavior == SPLIT_ISOLATED && !sp->invert) { /* the common case: no span list */
+        size_t off = 0, done = 0;
+        while (!rc && off <= n) {
+            int r = pcre2_match(sp->re, (PCRE2_SPTR)p, n, off, 0, md, NULL);
+            if (r < 0) break;
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            size_t s0 = ov[0], s1 = ov[1];
+            if (s0 > done) rc = split_run(st, p + done, s0 - done, k + 1, word); /* the gap before the match */
+            if (!rc && s1 > s0) rc = split_run(st, p + s0, s1 - s0, k + 1, word);
+            done = s1 > done ? s1 : done;
+            if (s1 == s0) { /* empty match: step one character */
+                off = s1 + 1;
+                while (off < n && ((uint8_t)p[off] & 0xC0) == 0x80) off++;
+            } else {
+                off = s1;
+            }
+            if (off > n) break;
+        }
+        if (!rc && done < n) rc = split_run(st, p + done, n - done, k + 1, word);
+        pcre2_match_data_free(md);
+        return rc;
+    }
+    /* spans: (start, end, is_match), at most 2 per match plus the tail */
+    size_t cap = 64, ns = 0;
+    size_t(*sp3)[3] = malloc(cap * sizeof *sp3);
+    if (!sp3) rc = -1;
+    size_t off = 0, prev = 0;
+    while (!rc && off <= n) {
+        int r = pcre2_match(sp->re, (PCRE2_SPTR)p, n, off, 0, md, NULL);
+        if (r < 0) break;
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t s0 = ov[0], s1 = ov[1];
+        if (ns + 3 > cap) {
+            size_t(*g)[3] = realloc(sp3, 2 * cap * sizeof *sp3);
+            if (!g) {
+                rc = -1;
+                break;
+            }
+            sp3 = g;
+            cap *= 2;
+        }
+        if (s0 > prev) {
+            sp3[ns][0] = prev, sp3[ns][1] = s0, sp3[ns][2] = (size_t)sp->invert;
+            ns++;
+        }
+        sp3[ns][0] = s0, sp3[ns][1] = s1, sp3[ns][2] = (size_t)!sp->invert;
+        ns++;
+        prev = s1;
+        if (s1 == s0) {
+            off = s1 + 1;
+            while (off < n && ((uint8_t)p[off] & 0xC0) == 0x80) off++;
+        } else {
+            off = s1;
+        }
+    }
+    if (!rc && prev < n) {
+        sp3[ns][0] = prev, sp3[ns][1] = n, sp3[ns][2] = (size_t)sp->invert;
+        ns++;
+    }
+    pcre2_match_data_free(md);
+    /* the behavior: pieces [a, b) in order (merged in place into sp3[0..np)) */
+    size_t np = 0;
+    if (!rc) {
+        int prev_match = 0;
+        if (sp->behavior == SPLIT_MERGED_NEXT) { /* fold from the right */
+            size_t w = ns;
+            for (size_t i = ns; i-- > 0;) {
+                int m = (int)sp3[i][2];
+                if (m && !prev_match && w < ns) {
+                    sp3[w][0] = sp3[i][0];
+                } else {
+                    w--;
+                    sp3[w][0] = sp3[i][0];
+                    sp3[w][1] = sp3[i][1];
+                }
+                prev_match = m;
+            }
+            for (size_t i = w; i < ns; i++) {
+                sp3[np][0] = sp3[i][0];
+                sp3[np][1] = sp3[i][1];
+                np++;
+            }
+        } else {
+            for (size_t i = 0; i < ns; i++) {
+                int m = (int)sp3[i][2];
+                int merge = sp->behavior == SPLIT_MERGED_PREV  ? m && !prev_match
+                            : sp->behavior == SPLIT_CONTIGUOUS ? m == prev_match
+                                                               : 0;
+                if (sp->behavior == SPLIT_REMOVED && m) {
+                    prev_match = m;
+                    continue;
+                }
+                if (merge && np) {
+                    sp3[np - 1][1] = sp3[i][1];
+                } else {
+                    sp3[np][0] = sp3[i][0];
+                    sp3[np][1] = sp3[i][1];
+                    np++;
+                }
+                prev_match = m;
+            }
+        }
+    }
+    for (size_t i = 0; !rc && i < np; i++) rc = split_run(st, p + sp3[i][0], sp3[i][1] - sp3[i][0], k + 1, word);
+    free(sp3);
+    return rc;
+}
+
 /* Encodes one segment of text between added tokens. first: the segment starts the input. */
 static int encode_segment(enc_state *st, const char *seg, size_t n, int first) {
     const nl_bpe *b = st->b;
@@ -947,30 +1095,9 @@ static int encode_segment(enc_state *st, const char *seg, size_t n, int first) {
         return -1;
     }
     int rc = 0;
-    int (*word)(enc_state *, const char *, size_t) =
-        b->mode == MODE_BYTELEVEL ? encode_bytelevel_word : encode_spm_word;
-    if (b->re) {
-        pcre2_match_data *md = pcre2_match_data_create_from_pattern(b->re, NULL);
-        if (!md) rc = -1;
-        size_t off = 0, done = 0;
-        while (!rc && off <= text.n) {
-            int r = pcre2_match(b->re, (PCRE2_SPTR)text.p, text.n, off, 0, md, NULL);
-            if (r < 0) break;
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-            size_t s0 = ov[0], s1 = ov[1];
-            if (s0 > done) rc = word(st, text.p + done, s0 - done); /* the gap before the match */
-            if (!rc && s1 > s0) rc = word(st, text.p + s0, s1 - s0);
-            done = s1 > done ? s1 : done;
-            if (s1 == s0) { /* empty match: step one character */
-                off = s1 + 1;
-                while (off < text.n && ((uint8_t)text.p[off] & 0xC0) == 0x80) off++;
-            } else {
-                off = s1;
-            }
-            if (off > text.n) break;
-        }
-        if (!rc && done < text.n) rc = word(st, text.p + done, text.n - done);
-        pcre2_match_data_free(md);
+    word_fn word = b->mode == MODE_BYTELEVEL ? encode_bytelevel_word : encode_spm_word;
+    if (b->n_split) {
+        rc = split_run(st, text.p, text.n, 0, word);
     } else if (b->meta && b->meta_split) { /* words start at each U+2581 */
         size_t w0 = 0;
         for (size_t i = 1; !rc && i <= text.n; i++)
@@ -985,8 +1112,29 @@ static int encode_segment(enc_state *st, const char *seg, size_t n, int first) {
     return rc;
 }
 
+/* 1 when no byte of [i, i + len) is marked plain (special tokens may not be matched there). */
+static int special_ok(const unsigned char *plain, size_t i, size_t len) {
+    if (!plain) return 1;
+    for (size_t k = 0; k < len; k++)
+        if (plain[i + k]) return 0;
+    return 1;
+}
+
+static int64_t encode_impl(const nl_bpe *b, const char *text, size_t n, int special, const unsigned char *plain,
+                           int **out, int64_t *cap, int64_t at);
+
 int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap,
                       int64_t at) {
+    return encode_impl(b, text, n, special, NULL, out, cap, at);
+}
+
+int64_t nl_bpe_encode_marked(const nl_bpe *b, const char *text, size_t n, const unsigned char *plain, int **out,
+                             int64_t *cap, int64_t at) {
+    return encode_impl(b, text, n, 1, plain, out, cap, at);
+}
+
+static int64_t encode_impl(const nl_bpe *b, const char *text, size_t n, int special, const unsigned char *plain,
+                           int **out, int64_t *cap, int64_t at) {
     enc_state st;
     memset(&st, 0, sizeof st);
     st.b = b;
@@ -1006,7 +1154,8 @@ int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, 
         uint8_t c = (uint8_t)text[i];
         for (int j = b->first_byte[c]; j < b->first_byte[c + 1]; j++) {
             const added_tok *t = &b->added[b->added_order[j]];
-            if ((!t->special || special) && t->len <= n - i && !memcmp(text + i, t->s, t->len)) {
+            if ((!t->special || (special && special_ok(plain, i, t->len))) && t->len <= n - i &&
+                !memcmp(text + i, t->s, t->len)) {
                 hit = b->added_order[j];
                 break;
             }

@@ -6,13 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *dupstr(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
 void nl_data_free(nl_data *d) {
     if (!d) return;
     nl_free(d->tokens);
@@ -43,7 +36,7 @@ nl_status nl_data_open(nl_data *d, const char *path, const nl_tokenizer *tok) {
     rc = nl_tokenizer_encode(tok, text, n, 1, 0, &tokens, &m);
     nl_free(text);
     if (rc) return rc;
-    if (!(d->path = dupstr(path))) {
+    if (!(d->path = strdup(path))) {
         nl_free(tokens);
         return nl_fail(NL_ERR_NOMEM, "out of memory opening %s", path);
     }
@@ -64,7 +57,7 @@ nl_status nl_data_from_tokens(nl_data *d, const char *name, const int *tokens, i
             return nl_fail(NL_ERR_INVALID, "%s: token %d at position %lld is outside the vocabulary (0..%d)", name,
                            tokens[i], (long long)i, vocab_size - 1);
     d->tokens = nl_malloc((size_t)n_tokens * sizeof(int), name);
-    d->path = dupstr(name);
+    d->path = strdup(name);
     if (!d->tokens || !d->path) {
         nl_data_free(d);
         return nl_fail(NL_ERR_NOMEM, "out of memory copying %lld tokens of %s", (long long)n_tokens, name);

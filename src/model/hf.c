@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "nanolm/formats.h"
+#include "nanolm/gguf_model.h"
 #include "nanolm/resources.h"
 
 int nl_hf_is_folder(const char *path) {
@@ -409,6 +410,30 @@ nl_status nl_hf_load_tokenizer(const char *model_path, const char *kind, const c
     }
     return nl_fail(NL_ERR_INVALID, "%s uses the %s tokenizer: pass its file with --tokenizer", model_path,
                    kind ? kind : "?");
+}
+
+nl_status nl_hf_open_tokenizer(const char *path, nl_tokenizer *tok) {
+    memset(tok, 0, sizeof *tok);
+    if (!path || !path[0]) return nl_fail(NL_ERR_INVALID, "no tokenizer path given");
+    if (!strcmp(path, "byte")) return nl_tokenizer_init_byte(tok);
+    size_t n = strlen(path);
+    if ((n >= 5 && !strcmp(path + n - 5, ".gguf")) || nl_gguf_is_file(path)) {
+        /* the vocabulary: the model's (llama architecture), else the tokenizer's own token count */
+        nl_arch a;
+        int64_t V = 0;
+        if (nl_gguf_arch(path, 0, &a) == NL_OK) {
+            V = a.vocab_size;
+        } else {
+            nl_gguf_file f;
+            NL_TRY(nl_gguf_open(&f, path));
+            const nl_gguf_kv *kv = nl_gguf_find_kv(&f, "tokenizer.ggml.tokens");
+            V = kv && kv->type == NL_GGUF_ARRAY ? (int64_t)kv->n : 0;
+            nl_gguf_close(&f);
+        }
+        return nl_gguf_load_tokenizer(path, V, tok);
+    }
+    if (nl_hf_is_folder(path)) return nl_hf_load_tokenizer(path, NULL, NULL, 0, tok);
+    return nl_hf_load_tokenizer(NULL, NULL, path, 0, tok);
 }
 
 /* ---- export --------------------------------------------------------------------------------- */

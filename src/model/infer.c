@@ -7,7 +7,7 @@
 
 #include "nanolm/formats.h"
 #include "nanolm/model.h"
-#include "vexp.h"
+#include "numerics/vexp.h"
 
 nl_status nl_model_alloc_kv(nl_model *m) { return nl_model_alloc_kv_dtype(m, NL_KV_FP32); }
 

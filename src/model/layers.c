@@ -9,7 +9,8 @@
 
 #include "nanolm/model.h"
 #include "blas_serial.h"
-#include "vexp.h"
+#include "numerics/vexp.h"
+#include "numerics/vexp_simd.h"
 
 /* ---- RMSNorm --------------------------------------------------------------------------------
  * out (N, C) = x / sqrt(mean(x^2) + eps) * w;  rstd (N) saved for backward. */
@@ -52,36 +53,46 @@ void nl_rmsnorm_residual_forward(float *out, float *rstd, float *x, const float 
 
 /* dx (N, C) += d/dx, dw (C) += d/dw, given dout (N, C), the forward input x and saved rstd.
  * One OpenMP region: rows of dx, then blocks of columns of dw (no barrier between: they are
- * independent). dw[i] sums over the rows in order, whatever the thread count. */
+ * independent). dw[i] sums over the rows in order, whatever the thread count. The rows and the
+ * column blocks are the two functions below (the fused backward in model.c calls them too, so
+ * both paths run the same code: noinline keeps it one copy). */
+__attribute__((noinline)) void nl_rmsnorm_backward_rows(float *dx, const float *dout, const float *x, const float *w,
+                                                        const float *rstd, int64_t n0, int64_t n1, int64_t C) {
+    for (int64_t n = n0; n < n1; n++) {
+        const float *xr = x + n * C, *d = dout + n * C;
+        float r = rstd[n];
+        float dot = 0.0f; /* sum_i dout_i w_i xhat_i */
+#pragma omp simd reduction(+ : dot)
+        for (int64_t i = 0; i < C; i++) dot += d[i] * w[i] * xr[i] * r;
+        dot /= (float)C;
+        float *dxr = dx + n * C;
+#pragma omp simd
+        for (int64_t i = 0; i < C; i++) dxr[i] += r * (d[i] * w[i] - xr[i] * r * dot);
+    }
+}
+
+__attribute__((noinline)) void nl_rmsnorm_backward_dw_cols(float *dw, const float *dout, const float *x,
+                                                           const float *rstd, int64_t N, int64_t C, int64_t c0) {
+    enum { CB = NL_RMSNORM_DW_BLOCK };
+    int64_t nc = C - c0 < CB ? C - c0 : CB;
+    float s[CB] = {0}; /* the partial sums stay in registers */
+    for (int64_t n = 0; n < N; n++) {
+        const float *d = dout + n * C + c0, *xr = x + n * C + c0;
+        float r = rstd[n];
+#pragma omp simd
+        for (int64_t i = 0; i < nc; i++) s[i] += d[i] * xr[i] * r;
+    }
+    for (int64_t i = 0; i < nc; i++) dw[c0 + i] += s[i];
+}
+
 void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
                          int64_t N, int64_t C) {
-    enum { CB = 64 }; /* dw columns per block: the partial sums stay in registers */
 #pragma omp parallel
     {
 #pragma omp for schedule(static) nowait
-        for (int64_t n = 0; n < N; n++) {
-            const float *xr = x + n * C, *d = dout + n * C;
-            float r = rstd[n];
-            float dot = 0.0f; /* sum_i dout_i w_i xhat_i */
-#pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < C; i++) dot += d[i] * w[i] * xr[i] * r;
-            dot /= (float)C;
-            float *dxr = dx + n * C;
-#pragma omp simd
-            for (int64_t i = 0; i < C; i++) dxr[i] += r * (d[i] * w[i] - xr[i] * r * dot);
-        }
+        for (int64_t n = 0; n < N; n++) nl_rmsnorm_backward_rows(dx, dout, x, w, rstd, n, n + 1, C);
 #pragma omp for schedule(static)
-        for (int64_t c0 = 0; c0 < C; c0 += CB) {
-            int64_t nc = C - c0 < CB ? C - c0 : CB;
-            float s[CB] = {0};
-            for (int64_t n = 0; n < N; n++) {
-                const float *d = dout + n * C + c0, *xr = x + n * C + c0;
-                float r = rstd[n];
-#pragma omp simd
-                for (int64_t i = 0; i < nc; i++) s[i] += d[i] * xr[i] * r;
-            }
-            for (int64_t i = 0; i < nc; i++) dw[c0 + i] += s[i];
-        }
+        for (int64_t c0 = 0; c0 < C; c0 += NL_RMSNORM_DW_BLOCK) nl_rmsnorm_backward_dw_cols(dw, dout, x, rstd, N, C, c0);
     }
 }
 
@@ -126,11 +137,8 @@ static void causal_softmax_row(float *a, int64_t t, int64_t T) {
     float mx = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : mx)
     for (int64_t t2 = 0; t2 <= t; t2++) mx = a[t2] > mx ? a[t2] : mx;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t2 = 0; t2 <= t; t2++) {
-        a[t2] = nl_vexpf(a[t2] - mx);
-        sum += a[t2];
-    }
+    nl_vexp_shift(a, a, mx, t + 1);
+    for (int64_t t2 = 0; t2 <= t; t2++) sum += a[t2]; /* in order, as the scalar loop summed */
     float inv = 1.0f / sum;
 #pragma omp simd
     for (int64_t t2 = 0; t2 <= t; t2++) a[t2] *= inv;
@@ -203,14 +211,25 @@ void nl_attention_backward(float *dqkv, float *datt, const float *dout, const fl
 }
 
 /* ---- SwiGLU -------------------------------------------------------------------------------------
- * h13 (N, 2H) rows [gate | up]; out (N, H) = silu(gate) * up. */
+ * h13 (N, 2H) rows [gate | up]; out (N, H) = silu(gate) * up.
+ * A row goes in pieces of SWIGLU_PIECE: first exp(-gate) of the piece into a buffer
+ * (nl_vexp_neg: 8 lanes at a time, vexp_simd.h), then the rest, which the compiler vectorizes.
+ * Written as one loop, GCC kept it scalar ("control flow in loop": nl_vexpf's selects); the
+ * operations and their order are the same, so the bits are too. */
+enum { SWIGLU_PIECE = 256 };
+
 void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H) {
 #pragma omp parallel for schedule(static) if (N * H >= ROWWISE_PARALLEL_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *g = h13 + n * 2 * H, *u = g + H;
         float *o = out + n * H;
+        float e[SWIGLU_PIECE];
+        for (int64_t i0 = 0; i0 < H; i0 += SWIGLU_PIECE) {
+            int64_t k = H - i0 < SWIGLU_PIECE ? H - i0 : SWIGLU_PIECE;
+            nl_vexp_neg(e, g + i0, k);
 #pragma omp simd
-        for (int64_t i = 0; i < H; i++) o[i] = g[i] / (1.0f + nl_vexpf(-g[i])) * u[i];
+            for (int64_t i = 0; i < k; i++) o[i0 + i] = g[i0 + i] / (1.0f + e[i]) * u[i0 + i];
+        }
     }
 }
 
@@ -220,12 +239,18 @@ void nl_swiglu_backward(float *dh13, const float *dout, const float *h13, int64_
     for (int64_t n = 0; n < N; n++) {
         const float *g = h13 + n * 2 * H, *u = g + H, *d = dout + n * H;
         float *dg = dh13 + n * 2 * H, *du = dg + H;
+        float e[SWIGLU_PIECE];
+        for (int64_t i0 = 0; i0 < H; i0 += SWIGLU_PIECE) {
+            int64_t k = H - i0 < SWIGLU_PIECE ? H - i0 : SWIGLU_PIECE;
+            nl_vexp_neg(e, g + i0, k);
 #pragma omp simd
-        for (int64_t i = 0; i < H; i++) {
-            float sig = 1.0f / (1.0f + nl_vexpf(-g[i]));
-            float silu = g[i] * sig;
-            du[i] = d[i] * silu;
-            dg[i] = d[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+            for (int64_t j = 0; j < k; j++) {
+                int64_t i = i0 + j;
+                float sig = 1.0f / (1.0f + e[j]);
+                float silu = g[i] * sig;
+                du[i] = d[i] * silu;
+                dg[i] = d[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+            }
         }
     }
 }

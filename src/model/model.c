@@ -4,14 +4,17 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
+#include <omp.h>
 #include <string.h>
 
 #include "nanolm/model.h"
 #include "nanolm/moe.h"
 #include "blas_serial.h"
-#include "vexp.h"
+#include "numerics/vexp.h"
+#include "numerics/vexp_simd.h"
 
 #include "nanolm/formats.h"
+#include "nanolm/step_prof.h"
 
 /* ---- parameter table ------------------------------------------------------------------------ */
 
@@ -540,7 +543,139 @@ static void rope(const nl_model *m, float *qkv, int64_t B, int64_t T, int invers
     }
 }
 
+enum { CE_PIECE = 256 }; /* logits per piece of the loss's exps */
+
+#define PROF(ph) nl_step_prof_mark(m->prof, NL_PROF_##ph)
+
 /* ---- forward ------------------------------------------------------------------------------------ */
+
+/* ---- the fused forward --------------------------------------------------------------------------
+ * Everything of the forward but attention works on rows of (B*T) independently: the norms, the
+ * linears (thread i computes rows block i of each product, lin_forward_blocks), RoPE, SwiGLU and
+ * the loss. With the default fp32 linears, and when every linear of the layer splits its rows
+ * into the same blocks, a thread carries its block of rows from one attention to the next in one
+ * parallel region: O, residual + norm, gate_up, SwiGLU, down, the next layer's norm, QKV and
+ * RoPE (or the final norm, the classifier and the loss). A layer takes 2 parallel regions
+ * instead of 9, and a block of rows is still in the thread's cache when the next step reads it.
+ * Each element is computed by the same calls with the same arguments as in the unfused forward
+ * (same row blocks, same row functions), so the bits are the same. */
+
+/* Row blocks of the fused forward: the common block count of every linear on n rows, or 0 when
+ * the linears would split differently (then the unfused forward runs). */
+static int fused_blocks(const nl_model *m, int64_t n) {
+    if (m->linear_ops || m->precision != NL_PREC_FP32 || m->moe || m->no_embed || m->no_tail) return 0;
+    int64_t C = m->C, H = m->H, A = m->NH * m->hd;
+    int nb = lin_blocks(n, n * C * m->QKV);
+    if (lin_blocks(n, n * A * C) != nb || lin_blocks(n, n * C * 2 * H) != nb || lin_blocks(n, n * H * C) != nb ||
+        lin_blocks(n, n * C * m->V) != nb)
+        return 0;
+    return nb;
+}
+
+static void rows_sgemm(float *out, const float *in, const float *w, int64_t r0, int64_t r1, int64_t in_dim,
+                       int64_t out_dim) {
+    if (r1 > r0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)out_dim, (int)in_dim, 1.0f,
+                    in + r0 * in_dim, (int)in_dim, w, (int)in_dim, 0.0f, out + r0 * out_dim, (int)out_dim);
+}
+
+/* Thread 0 marks the phases of its rows (the others do the same work on theirs at the same time). */
+#define PROF0(ph)                                                                                                      \
+    do {                                                                                                               \
+        if (m->prof && omp_get_thread_num() == 0) nl_step_prof_mark(m->prof, NL_PROF_##ph);                            \
+    } while (0)
+
+/* Rows [r0, r1) of layer l up to attention: resid[l] += pending, ln1, qkv (+ bias), RoPE. */
+static void fused_pre_attention(nl_model *m, int64_t l, const float *pending, int64_t r0, int64_t r1, int64_t T) {
+    int64_t C = m->C, BT = m->B_cur * m->T_cur, QKV = m->QKV, half = m->hd / 2;
+    nl_acts *a = &m->a;
+    nl_layer_weights *lw = &m->w.layers[l];
+    float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
+    nl_rmsnorm_residual_forward(ln1 + r0 * C, a->ln1_rstd + l * BT + r0, x + r0 * C, pending ? pending + r0 * C : NULL,
+                                lw->rms_att, r1 - r0, C, (float)m->arch.norm_eps);
+    PROF0(NORM);
+    rows_sgemm(qkv, ln1, lw->wq, r0, r1, C, QKV);
+    if (lw->bqkv) nl_add_bias(qkv + r0 * QKV, lw->bqkv, r1 - r0, QKV);
+    PROF0(GEMM);
+    for (int64_t bt = r0; bt < r1; bt++) {
+        int64_t t = m->positions ? m->positions[bt % T] : bt % T;
+        nl_rope_row(qkv + bt * QKV, m->rope_cos + t * half, m->rope_sin + t * half, m->NH + m->KVH, m->hd, 0);
+    }
+    PROF0(ROPE);
+}
+
+/* Cross-entropy of rows [r0, r1) into a->losses (as the unfused forward computes it). */
+static void ce_rows(nl_model *m, const int32_t *targets, int64_t r0, int64_t r1) {
+    int64_t V = m->V;
+    nl_acts *a = &m->a;
+    for (int64_t i = r0; i < r1; i++) {
+        const float *z = a->logits + i * V;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        float sum = 0.0f, e[CE_PIECE];
+        for (int64_t v0 = 0; v0 < V; v0 += CE_PIECE) {
+            int64_t k = V - v0 < CE_PIECE ? V - v0 : CE_PIECE;
+            nl_vexp_shift(e, z + v0, mx, k);
+            for (int64_t v = 0; v < k; v++) sum += e[v];
+        }
+        a->losses[i] = logf(sum) + mx - z[targets[i]];
+    }
+}
+
+static void fused_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T, int nb) {
+    int64_t C = m->C, BT = B * T, L = m->L, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH, KVH = m->KVH, hd = m->hd;
+    nl_acts *a = &m->a;
+    float eps = (float)m->arch.norm_eps;
+    int saved = nl_blas_serial_begin();
+    /* embedding and layer 0 up to attention */
+#pragma omp parallel for schedule(static, 1) num_threads(nb) if (nb > 1)
+    for (int i = 0; i < nb; i++) {
+        int64_t r0, r1;
+        lin_block(BT, i, nb, &r0, &r1);
+        for (int64_t bt = r0; bt < r1; bt++)
+            memcpy(a->resid + bt * C, m->w.embed + (int64_t)tokens[bt] * C, (size_t)C * sizeof(float));
+        PROF0(EMBED);
+        fused_pre_attention(m, 0, NULL, r0, r1, T);
+    }
+    for (int64_t l = 0; l < L; l++) {
+        nl_layer_weights *lw = &m->w.layers[l];
+        float *x = a->resid + l * BT * C, *qkv = a->qkv + l * BT * QKV;
+        float *att = a->att + l * B * NH * T * T, *atty = a->atty + l * BT * NH * hd;
+        float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C, *h13 = a->h13 + l * BT * 2 * H;
+        float *hact = a->hact + l * BT * H, *xo = a->resid + (l + 1) * BT * C;
+        nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd); /* (with attn_ops the forward is unfused) */
+        if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_ATTN);
+#pragma omp parallel for schedule(static, 1) num_threads(nb) if (nb > 1)
+        for (int i = 0; i < nb; i++) {
+            int64_t r0, r1;
+            lin_block(BT, i, nb, &r0, &r1);
+            rows_sgemm(x2, atty, lw->wo, r0, r1, NH * hd, C);
+            PROF0(GEMM);
+            nl_rmsnorm_residual_forward(ln2 + r0 * C, a->ln2_rstd + l * BT + r0, x2 + r0 * C, x + r0 * C, lw->rms_ffn,
+                                        r1 - r0, C, eps); /* x2 += x */
+            PROF0(NORM);
+            rows_sgemm(h13, ln2, lw->w1, r0, r1, C, 2 * H);
+            PROF0(GEMM);
+            nl_swiglu_forward(hact + r0 * H, h13 + r0 * 2 * H, r1 - r0, H);
+            PROF0(SWIGLU);
+            rows_sgemm(xo, hact, lw->w2, r0, r1, H, C);
+            PROF0(GEMM);
+            if (l + 1 < L) {
+                fused_pre_attention(m, l + 1, x2, r0, r1, T); /* resid[l+1] = xo + x2 */
+                continue;
+            }
+            nl_rmsnorm_residual_forward(a->lnf + r0 * C, a->lnf_rstd + r0, xo + r0 * C, x2 + r0 * C, m->w.rms_final,
+                                        r1 - r0, C, eps);
+            PROF0(NORM);
+            rows_sgemm(a->logits, a->lnf, m->w.cls, r0, r1, C, V);
+            PROF0(GEMM);
+            if (targets) ce_rows(m, targets, r0, r1);
+            PROF0(LOSS);
+        }
+    }
+    nl_blas_serial_end(saved);
+}
 
 nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                            float *loss) {
@@ -566,12 +701,20 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
     m->targets = targets;
     m->tokens = tokens;
     refresh_lp_weights(m);
+    PROF(OTHER);
     nl_acts *a = &m->a;
     float eps = (float)m->arch.norm_eps;
+    int nb_fused = m->attn_ops ? 0 : fused_blocks(m, BT);
+    if (nb_fused > 0) {
+        fused_forward(m, tokens, targets, B, T, nb_fused);
+        if (!targets) return NL_OK;
+        goto loss_total;
+    }
     /* embedding: resid[0] (B, T, C) */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < BT; i++)
         memcpy(a->resid + i * C, m->w.embed + (int64_t)tokens[i] * C, (size_t)C * sizeof(float));
+    PROF(EMBED);
     /* Each residual add is done by the RMSNorm that reads its sum (nl_rmsnorm_residual_forward):
      * resid[l+1] = xo + x2 of layer l is completed by layer l+1's input norm (or the final norm). */
     const float *pending = NULL; /* what resid[l] still lacks: x2 of layer l-1 */
@@ -582,31 +725,43 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C, *h13 = a->h13 + l * BT * 2 * H;
         float *hact = a->hact + l * BT * H, *xo = a->resid + (l + 1) * BT * C;
         nl_rmsnorm_residual_forward(ln1, a->ln1_rstd + l * BT, x, pending, lw->rms_att, BT, C, eps);
+        PROF(NORM);
         nl_linear_site s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_forward(m, &s, qkv, ln1, lw->wq, BT, C, QKV);
         if (lw->bqkv) nl_add_bias(qkv, lw->bqkv, BT, QKV);
+        PROF(GEMM);
         rope(m, qkv, B, T, 0);
+        PROF(ROPE);
         if (m->attn_ops)
             NL_TRY(m->attn_ops->forward(m->attn_ops->user, (int)l, atty, qkv, B, T));
         else
             nl_attention_forward(atty, att, qkv, B, T, NH, KVH, hd);
+        PROF(ATTN);
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_forward(m, &s, x2, atty, lw->wo, BT, NH * hd, C);
+        PROF(GEMM);
         nl_rmsnorm_residual_forward(ln2, a->ln2_rstd + l * BT, x2, x, lw->rms_ffn, BT, C, eps); /* x2 += x */
+        PROF(NORM);
         pending = x2; /* resid[l+1] = xo + x2 */
         if (nl_moe_is_layer(m, l)) {
             NL_TRY(nl_moe_forward(m, l, ln2, xo, B, T));
+            PROF(OTHER);
             continue;
         }
         s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
         nl_linear_forward(m, &s, h13, ln2, lw->w1, BT, C, 2 * H);
+        PROF(GEMM);
         nl_swiglu_forward(hact, h13, BT, H);
+        PROF(SWIGLU);
         s = site_of(m, NL_LIN_DOWN, (int)l, lw->w2);
         nl_linear_forward(m, &s, xo, hact, lw->w2, BT, H, C);
+        PROF(GEMM);
     }
     nl_rmsnorm_residual_forward(a->lnf, a->lnf_rstd, a->resid + L * BT * C, pending, m->w.rms_final, BT, C, eps);
+    PROF(NORM);
     nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
     nl_linear_forward(m, &s, a->logits, a->lnf, m->w.cls, BT, C, V);
+    PROF(GEMM);
     if (!targets) return NL_OK;
         /* cross-entropy per token: logsumexp(logits) - logits[target] */
 #pragma omp parallel for schedule(static)
@@ -615,19 +770,146 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; v++) sum += nl_vexpf(z[v] - mx);
+        float sum = 0.0f, e[CE_PIECE]; /* exps of a piece 8 lanes at a time, summed in order */
+        for (int64_t v0 = 0; v0 < V; v0 += CE_PIECE) {
+            int64_t k = V - v0 < CE_PIECE ? V - v0 : CE_PIECE;
+            nl_vexp_shift(e, z + v0, mx, k);
+            for (int64_t v = 0; v < k; v++) sum += e[v];
+        }
         a->losses[i] = logf(sum) + mx - z[targets[i]];
     }
+loss_total:;
     double total = 0.0;
     for (int64_t i = 0; i < BT; i++) total += a->losses[i];
     m->mean_loss = (float)(total / (double)BT);
     if (loss) *loss = m->mean_loss;
+    PROF(LOSS);
     return NL_OK;
 }
 
 /* ---- backward ----------------------------------------------------------------------------------- */
+
+/* ---- the fused backward -------------------------------------------------------------------------
+ * The backward of a layer in 3 parallel regions instead of 9 (the forward's conditions, and no
+ * q/k/v biases). Activation gradients go by row blocks, each thread keeping its block from one
+ * step to the next (static schedules over the same blocks give a thread the same block); weight
+ * gradients go by blocks of the weight's rows, which sum over all rows of the batch, after the
+ * barrier that completes what they read. The calls and blocks are those of the unfused backward
+ * (lin_backward_blocks, nl_rmsnorm_backward's two parts, nl_swiglu_backward and nl_rope_row on
+ * rows), so the bits are the same:
+ *   down_swiglu(l): d hact rows, SwiGLU backward rows | d W2
+ *   ffn(l):         d ln2 rows, norm dx rows | d W1; barrier; norm dw | d atty rows | d Wo
+ *   attention backward
+ *   qkv(l):         inverse RoPE rows, d ln1 rows, norm dx rows; barrier; d Wqkv | norm dw, and
+ *                   down_swiglu(l - 1) in the same region */
+
+static void rows_din(float *din, const float *dout, const float *w, int64_t r0, int64_t r1, int64_t in_dim,
+                     int64_t out_dim) {
+    if (r1 > r0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)in_dim, (int)out_dim, 1.0f,
+                    dout + r0 * out_dim, (int)out_dim, w, (int)in_dim, 0.0f, din + r0 * in_dim, (int)in_dim);
+}
+
+/* dw += dout^T in over the weight-row blocks of lin_backward_blocks (an omp for, no wait) */
+static void cols_dw(float *dw, const float *dout, const float *in, int64_t n, int64_t in_dim, int64_t out_dim) {
+    int nb_w = lin_blocks(out_dim, n * in_dim * out_dim);
+#pragma omp for schedule(static, 1) nowait
+    for (int i = 0; i < nb_w; i++) {
+        int64_t o0, o1;
+        lin_block(out_dim, i, nb_w, &o0, &o1);
+        if (o1 > o0)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(o1 - o0), (int)in_dim, (int)n, 1.0f, dout + o0,
+                        (int)out_dim, in, (int)in_dim, 1.0f, dw + o0 * in_dim, (int)in_dim);
+    }
+}
+
+static void norm_dw(float *dw, const float *dout, const float *x, const float *rstd, int64_t N, int64_t C) {
+#pragma omp for schedule(static) nowait
+    for (int64_t c0 = 0; c0 < C; c0 += NL_RMSNORM_DW_BLOCK) nl_rmsnorm_backward_dw_cols(dw, dout, x, rstd, N, C, c0);
+}
+
+/* Inside a region: d hact and the SwiGLU backward on the thread's row blocks, then its part of d W2. */
+static void fused_down_swiglu(nl_model *m, int64_t l, int nb, int64_t BT) {
+    int64_t C = m->C, H = m->H;
+    nl_acts *a = &m->a;
+    nl_layer_weights *lw = &m->w.layers[l];
+#pragma omp for schedule(static, 1) nowait
+    for (int i = 0; i < nb; i++) {
+        int64_t r0, r1;
+        lin_block(BT, i, nb, &r0, &r1);
+        rows_din(a->dhact, a->dresid, lw->w2, r0, r1, H, C);
+        PROF0(GEMM);
+        nl_swiglu_backward(a->dh13 + r0 * 2 * H, a->dhact + r0 * H, a->h13 + l * BT * 2 * H + r0 * 2 * H, r1 - r0, H);
+        PROF0(SWIGLU);
+    }
+    cols_dw(m->grads + (lw->w2 - m->params), a->dresid, a->hact + l * BT * H, BT, H, C);
+    PROF0(GEMM);
+}
+
+static void fused_backward_layers(nl_model *m, int nb) {
+    int64_t B = m->B_cur, T = m->T_cur, BT = B * T, C = m->C, H = m->H, QKV = m->QKV, NH = m->NH, KVH = m->KVH;
+    int64_t hd = m->hd, A = NH * hd, half = hd / 2;
+    nl_acts *a = &m->a;
+    float *G = m->grads;
+    int saved = nl_blas_serial_begin();
+#pragma omp parallel num_threads(nb) if (nb > 1)
+    fused_down_swiglu(m, m->L - 1, nb, BT);
+    for (int64_t l = m->L - 1; l >= 0; l--) {
+        nl_layer_weights *lw = &m->w.layers[l];
+        const float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
+        const float *att = a->att + l * B * NH * T * T, *atty = a->atty + l * BT * A;
+        const float *x2 = a->resid2 + l * BT * C, *ln2 = a->ln2 + l * BT * C;
+#pragma omp parallel num_threads(nb) if (nb > 1)
+        {
+#pragma omp for schedule(static, 1) nowait
+            for (int i = 0; i < nb; i++) {
+                int64_t r0, r1;
+                lin_block(BT, i, nb, &r0, &r1);
+                rows_din(a->dln, a->dh13, lw->w1, r0, r1, C, 2 * H);
+                nl_rmsnorm_backward_rows(a->dresid, a->dln, x2, lw->rms_ffn, a->ln2_rstd + l * BT, r0, r1, C);
+            }
+            cols_dw(G + (lw->w1 - m->params), a->dh13, ln2, BT, C, 2 * H);
+            PROF0(GEMM);
+#pragma omp barrier
+            norm_dw(G + (lw->rms_ffn - m->params), a->dln, x2, a->ln2_rstd + l * BT, BT, C);
+            PROF0(NORM);
+#pragma omp for schedule(static, 1) nowait
+            for (int i = 0; i < nb; i++) {
+                int64_t r0, r1;
+                lin_block(BT, i, nb, &r0, &r1);
+                rows_din(a->datty, a->dresid, lw->wo, r0, r1, A, C);
+            }
+            cols_dw(G + (lw->wo - m->params), a->dresid, atty, BT, A, C);
+            PROF0(GEMM);
+        }
+        nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
+        if (m->prof) nl_step_prof_mark(m->prof, NL_PROF_ATTN);
+#pragma omp parallel num_threads(nb) if (nb > 1)
+        {
+#pragma omp for schedule(static, 1) nowait
+            for (int i = 0; i < nb; i++) {
+                int64_t r0, r1;
+                lin_block(BT, i, nb, &r0, &r1);
+                for (int64_t bt = r0; bt < r1; bt++) {
+                    int64_t t = m->positions ? m->positions[bt % T] : bt % T;
+                    nl_rope_row(a->dqkv + bt * QKV, m->rope_cos + t * half, m->rope_sin + t * half, NH + KVH, hd, 1);
+                }
+                PROF0(ROPE);
+                rows_din(a->dln, a->dqkv, lw->wq, r0, r1, C, QKV);
+                PROF0(GEMM);
+                nl_rmsnorm_backward_rows(a->dresid, a->dln, x, lw->rms_att, a->ln1_rstd + l * BT, r0, r1, C);
+                PROF0(NORM);
+            }
+#pragma omp barrier
+            cols_dw(G + (lw->wq - m->params), a->dqkv, ln1, BT, C, QKV);
+            PROF0(GEMM);
+            norm_dw(G + (lw->rms_att - m->params), a->dln, x, a->ln1_rstd + l * BT, BT, C);
+            PROF0(NORM);
+            if (l > 0) fused_down_swiglu(m, l - 1, nb, BT);
+        }
+    }
+    nl_blas_serial_end(saved);
+}
 
 nl_status nl_model_backward(nl_model *m) {
     if (!m->grads) return nl_fail(NL_ERR_INVALID, "backward: gradients not allocated (nl_model_alloc_grads)");
@@ -647,23 +929,25 @@ nl_status nl_model_backward(nl_model *m) {
 #pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t v = 0; v < V; v++) {
-            z[v] = nl_vexpf(z[v] - mx);
-            sum += z[v];
-        }
+        nl_vexp_shift(z, z, mx, V);
+        for (int64_t v = 0; v < V; v++) sum += z[v]; /* in order */
         float inv = 1.0f / sum;
 #pragma omp simd
         for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
         z[targets[i]] -= dscale;
     }
     m->targets = NULL; /* logits are gone: a second backward needs a new forward */
+    PROF(LOSS);
     nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
     nl_linear_backward(m, &s, a->dln, GRAD(m->w.cls), a->logits, a->lnf, m->w.cls, BT, C, V);
+    PROF(GEMM);
     memset(a->dresid, 0, (size_t)(BT * C) * sizeof(float));
     nl_rmsnorm_backward(a->dresid, GRAD(m->w.rms_final), a->dln, a->resid + L * BT * C, m->w.rms_final, a->lnf_rstd, BT,
                         C);
-    for (int64_t l = L - 1; l >= 0; l--) {
+    PROF(NORM);
+    int nb_fused = m->attn_ops || m->arch.qkv_bias ? 0 : fused_blocks(m, BT);
+    if (nb_fused > 0) fused_backward_layers(m, nb_fused);
+    for (int64_t l = nb_fused > 0 ? -1 : L - 1; l >= 0; l--) {
         nl_layer_weights *lw = &m->w.layers[l];
         float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
         float *att = a->att + l * B * NH * T * T, *atty = a->atty + l * BT * NH * hd;
@@ -672,22 +956,30 @@ nl_status nl_model_backward(nl_model *m) {
         /* dresid holds d resid[l+1]; resid[l+1] = x2 + down(hact) */
         if (nl_moe_is_layer(m, l)) {
             NL_TRY(nl_moe_backward(m, l, ln2, a->dresid, a->dln, B, T));
+            PROF(OTHER);
         } else {
             s = site_of(m, NL_LIN_DOWN, (int)l, lw->w2);
             nl_linear_backward(m, &s, a->dhact, GRAD(lw->w2), a->dresid, hact, lw->w2, BT, H, C);
+            PROF(GEMM);
             nl_swiglu_backward(a->dh13, a->dhact, h13, BT, H);
+            PROF(SWIGLU);
             s = site_of(m, NL_LIN_GATE_UP, (int)l, lw->w1);
             nl_linear_backward(m, &s, a->dln, GRAD(lw->w1), a->dh13, ln2, lw->w1, BT, C, 2 * H);
+            PROF(GEMM);
         }
         nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_ffn), a->dln, x2, lw->rms_ffn, a->ln2_rstd + l * BT, BT, C);
+        PROF(NORM);
         /* dresid holds d x2; x2 = x + o(atty) */
         s = site_of(m, NL_LIN_O, (int)l, lw->wo);
         nl_linear_backward(m, &s, a->datty, GRAD(lw->wo), a->dresid, atty, lw->wo, BT, NH * hd, C);
+        PROF(GEMM);
         if (m->attn_ops)
             NL_TRY(m->attn_ops->backward(m->attn_ops->user, (int)l, a->dqkv, a->datty, qkv, B, T));
         else
             nl_attention_backward(a->dqkv, a->datt, a->datty, att, qkv, B, T, NH, KVH, hd);
+        PROF(ATTN);
         rope(m, a->dqkv, B, T, 1);
+        PROF(ROPE);
         if (lw->bqkv) { /* d bias (QKV) += column sums of dqkv (B*T, QKV) */
             float *db = GRAD(lw->bqkv);
             for (int64_t i = 0; i < BT; i++)
@@ -695,7 +987,9 @@ nl_status nl_model_backward(nl_model *m) {
         }
         s = site_of(m, NL_LIN_QKV, (int)l, lw->wq);
         nl_linear_backward(m, &s, a->dln, GRAD(lw->wq), a->dqkv, ln1, lw->wq, BT, C, QKV);
+        PROF(GEMM);
         nl_rmsnorm_backward(a->dresid, GRAD(lw->rms_att), a->dln, x, lw->rms_att, a->ln1_rstd + l * BT, BT, C);
+        PROF(NORM);
     }
     /* embedding: serial over tokens (repeated tokens add to the same row), vectorised over C */
     float *dembed = GRAD(m->w.embed);
@@ -704,6 +998,7 @@ nl_status nl_model_backward(nl_model *m) {
         const float *g = a->dresid + i * C;
         for (int64_t c = 0; c < C; c++) d[c] += g[c];
     }
+    PROF(EMBED);
 #undef GRAD
     return NL_OK;
 }

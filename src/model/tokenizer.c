@@ -107,6 +107,53 @@ static nl_status load_fail(nl_tokenizer *t, char *buf, nl_status rc) {
     return rc;
 }
 
+/* Checks a SentencePiece-style vocabulary (pieces with spaces, scores) as llama2.c lays it out
+ * and builds the lookup. */
+static nl_status finish_spm(nl_tokenizer *t, const char *path) {
+    if (t->vocab_size < 259)
+        return load_fail(
+            t, NULL,
+            nl_fail(NL_ERR_FORMAT,
+                    "%s: %d tokens; a llama2.c vocabulary has at least 259 (<unk>, BOS, EOS, 256 byte fallbacks)", path,
+                    t->vocab_size));
+    for (int i = 0; i < 256; i++) {
+        int byte;
+        if (!is_byte_piece(t->pieces[3 + i], &byte) || byte != i)
+            return load_fail(t, NULL,
+                             nl_fail(NL_ERR_FORMAT, "%s: token %d is \"%s\", expected the byte fallback <0x%02X>", path,
+                                     3 + i, t->pieces[3 + i], i));
+    }
+    t->max_token_length = 0;
+    t->words_independent = 1;
+    for (int i = 0; i < t->vocab_size; i++) {
+        const char *s = t->pieces[i];
+        int len = (int)strlen(s);
+        if (len > t->max_token_length) t->max_token_length = len;
+        size_t lead = strspn(s, " ");
+        if (strchr(s + lead, ' ')) t->words_independent = 0;
+    }
+    entry *e = malloc((size_t)t->vocab_size * sizeof *e);
+    t->sorted_ids = malloc((size_t)t->vocab_size * sizeof(int));
+    if (!e || !t->sorted_ids) {
+        free(e);
+        return load_fail(t, NULL, nl_fail(NL_ERR_NOMEM, "out of memory loading %s", path));
+    }
+    for (int i = 0; i < t->vocab_size; i++) {
+        e[i].s = t->pieces[i];
+        e[i].id = i;
+    }
+    qsort(e, (size_t)t->vocab_size, sizeof *e, cmp_entry);
+    for (int i = 0; i < t->vocab_size; i++) t->sorted_ids[i] = e[i].id;
+    free(e);
+    t->bos_id = 1;
+    t->eos_id = 2;
+    init_byte_pieces(t);
+    t->dummy_prefix_id = nl_tokenizer_lookup(t, " ");
+    if (t->dummy_prefix_id < 0)
+        return load_fail(t, NULL, nl_fail(NL_ERR_FORMAT, "%s: no \" \" token for the dummy prefix", path));
+    return NL_OK;
+}
+
 nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab_size) {
     memset(t, 0, sizeof *t);
     char *buf;
@@ -171,48 +218,33 @@ nl_status nl_tokenizer_load_llama2c(nl_tokenizer *t, const char *path, int vocab
                     "%s: %zu bytes left after %d tokens: the file holds more tokens than the model's vocab_size %d",
                     path, n - p, count, vocab_size));
     nl_free(buf);
-    buf = NULL;
-    if (count < 259)
-        return load_fail(
-            t, buf,
-            nl_fail(NL_ERR_FORMAT,
-                    "%s: %d tokens; a llama2.c vocabulary has at least 259 (<unk>, BOS, EOS, 256 byte fallbacks)", path,
-                    count));
-    for (int i = 0; i < 256; i++) {
-        int byte;
-        if (!is_byte_piece(t->pieces[3 + i], &byte) || byte != i)
-            return load_fail(t, buf,
-                             nl_fail(NL_ERR_FORMAT, "%s: token %d is \"%s\", expected the byte fallback <0x%02X>", path,
-                                     3 + i, t->pieces[3 + i], i));
+    return finish_spm(t, path);
+}
+
+nl_status nl_tokenizer_init_spm(nl_tokenizer *t, int n, const char *const *pieces, const size_t *lens,
+                                const float *scores, int bos_id, int eos_id, const char *what) {
+    memset(t, 0, sizeof *t);
+    t->kind = NL_TOKENIZER_LLAMA2C;
+    t->pieces = calloc((size_t)(n > 0 ? n : 1), sizeof(char *));
+    t->scores = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    if (!t->pieces || !t->scores) return load_fail(t, NULL, nl_fail(NL_ERR_NOMEM, "out of memory loading %s", what));
+    for (int i = 0; i < n; i++) {
+        size_t len = lens ? lens[i] : strlen(pieces[i]);
+        if (memchr(pieces[i], 0, len))
+            return load_fail(t, NULL, nl_fail(NL_ERR_FORMAT, "%s: token %d contains a NUL byte", what, i));
+        if (isnan(scores[i]))
+            return load_fail(t, NULL, nl_fail(NL_ERR_FORMAT, "%s: token %d has a NaN score", what, i));
+        char *s = malloc(len + 1);
+        if (!s) return load_fail(t, NULL, nl_fail(NL_ERR_NOMEM, "out of memory loading %s", what));
+        memcpy(s, pieces[i], len);
+        s[len] = '\0';
+        t->pieces[i] = s;
+        t->scores[i] = scores[i];
+        t->vocab_size = i + 1;
     }
-    t->max_token_length = 0;
-    t->words_independent = 1;
-    for (int i = 0; i < count; i++) {
-        const char *s = t->pieces[i];
-        int len = (int)strlen(s);
-        if (len > t->max_token_length) t->max_token_length = len;
-        size_t lead = strspn(s, " ");
-        if (strchr(s + lead, ' ')) t->words_independent = 0;
-    }
-    entry *e = malloc((size_t)count * sizeof *e);
-    t->sorted_ids = malloc((size_t)count * sizeof(int));
-    if (!e || !t->sorted_ids) {
-        free(e);
-        return load_fail(t, buf, nl_fail(NL_ERR_NOMEM, "out of memory loading %s", path));
-    }
-    for (int i = 0; i < count; i++) {
-        e[i].s = t->pieces[i];
-        e[i].id = i;
-    }
-    qsort(e, (size_t)count, sizeof *e, cmp_entry);
-    for (int i = 0; i < count; i++) t->sorted_ids[i] = e[i].id;
-    free(e);
-    t->bos_id = 1;
-    t->eos_id = 2;
-    init_byte_pieces(t);
-    t->dummy_prefix_id = nl_tokenizer_lookup(t, " ");
-    if (t->dummy_prefix_id < 0)
-        return load_fail(t, buf, nl_fail(NL_ERR_FORMAT, "%s: no \" \" token for the dummy prefix", path));
+    NL_TRY(finish_spm(t, what));
+    if (bos_id >= 0 && bos_id < n) t->bos_id = bos_id;
+    if (eos_id >= 0 && eos_id < n) t->eos_id = eos_id;
     return NL_OK;
 }
 
@@ -331,20 +363,28 @@ static int64_t codepoints(const nl_tokenizer *t, const unsigned char *text, size
     return n;
 }
 
+const char *nl_tokenizer_vocab_piece(const nl_tokenizer *t, int id) {
+    if (id < 0 || id >= t->vocab_size) return NULL;
+    if (t->kind == NL_TOKENIZER_HF) return nl_bpe_piece(t->bpe, id);
+    if (t->kind == NL_TOKENIZER_BYTE) return t->byte_pieces + 2 * id;
+    return t->pieces[id];
+}
+
 nl_status nl_tokenizer_encode(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
                               int **tokens, int64_t *n_tokens) {
     return nl_tokenizer_encode_special(t, text, text_bytes, bos, eos, 0, tokens, n_tokens);
 }
 
-/* tokenizer.json: BOS, the BPE ids, EOS. */
+/* tokenizer.json: BOS, the BPE ids, EOS. plain: no special token where it marks a byte. */
 static nl_status encode_hf(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos, int special,
-                           int **tokens, int64_t *n_tokens) {
+                           const unsigned char *plain, int **tokens, int64_t *n_tokens) {
     int64_t cap = (int64_t)text_bytes + 8; /* grown by nl_bpe_encode as the normalized text needs */
     int *out = nl_malloc((size_t)cap * sizeof(int), "encoded tokens");
     if (!out) return NL_ERR_NOMEM;
     int64_t n = 0;
     if (bos && t->bos_id >= 0) out[n++] = t->bos_id;
-    n = nl_bpe_encode(t->bpe, text, text_bytes, special, &out, &cap, n);
+    n = plain ? nl_bpe_encode_marked(t->bpe, text, text_bytes, plain, &out, &cap, n)
+              : nl_bpe_encode(t->bpe, text, text_bytes, special, &out, &cap, n);
     int *grown = n == cap ? realloc(out, (size_t)(cap + 1) * sizeof(int)) : out; /* room for EOS */
     if (n < 0 || !grown) {
         nl_free(out);
@@ -358,13 +398,22 @@ static nl_status encode_hf(const nl_tokenizer *t, const char *text, size_t text_
     return NL_OK;
 }
 
+nl_status nl_tokenizer_encode_marked(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
+                                     const unsigned char *plain, int **tokens, int64_t *n_tokens) {
+    if (t->kind != NL_TOKENIZER_HF || !plain || text_bytes > INT32_MAX / 2 - 8)
+        return nl_tokenizer_encode_special(t, text, text_bytes, bos, eos, 1, tokens, n_tokens);
+    *tokens = NULL;
+    *n_tokens = 0;
+    return encode_hf(t, text, text_bytes, bos, eos, 1, plain, tokens, n_tokens);
+}
+
 nl_status nl_tokenizer_encode_special(const nl_tokenizer *t, const char *text, size_t text_bytes, int bos, int eos,
                                       int special, int **tokens, int64_t *n_tokens) {
     *tokens = NULL;
     *n_tokens = 0;
     if (text_bytes > INT32_MAX / 2 - 8)
         return nl_fail(NL_ERR_RANGE, "text of %zu bytes is too long to encode at once", text_bytes);
-    if (t->kind == NL_TOKENIZER_HF) return encode_hf(t, text, text_bytes, bos, eos, special, tokens, n_tokens);
+    if (t->kind == NL_TOKENIZER_HF) return encode_hf(t, text, text_bytes, bos, eos, special, NULL, tokens, n_tokens);
     const unsigned char *s = (const unsigned char *)text;
     int *out = nl_malloc((text_bytes + 3) * sizeof(int), "encoded tokens");
     if (!out) return NL_ERR_NOMEM;
@@ -510,9 +559,15 @@ nl_status nl_tokenizer_load_json(nl_tokenizer *t, const char *path, int vocab_si
     char *buf;
     size_t n;
     NL_TRY(nl_read_file(path, &buf, &n));
-    nl_status rc = nl_bpe_parse(&t->bpe, buf, n, path);
+    nl_status rc = nl_tokenizer_parse_json(t, buf, n, path, vocab_size);
     nl_free(buf);
-    if (rc) return rc;
+    return rc;
+}
+
+nl_status nl_tokenizer_parse_json(nl_tokenizer *t, const char *json, size_t json_bytes, const char *path,
+                                  int vocab_size) {
+    memset(t, 0, sizeof *t);
+    NL_TRY(nl_bpe_parse(&t->bpe, json, json_bytes, path));
     int V = nl_bpe_vocab_size(t->bpe);
     if (vocab_size > 0 && V > vocab_size) {
         nl_tokenizer_free(t);

@@ -1,6 +1,6 @@
 /*
  * SIMD bulk kernels for fp32 -> bf16 / fp16 / FP8 / MX codes, compiled per target with
- * __attribute__((target(...))) and chosen at run time (__builtin_cpu_supports), so one binary
+ * __attribute__((target(...))) and chosen at run time (nl_isa_has: the CPU's sets under NANOLM_ISA's cap), so one binary
  * runs everywhere. Each computes exactly what the portable kernels in formats.c compute (see
  * formats_kernels.h for the recipe); the tests hold every kernel to the scalar reference.
  *
@@ -11,28 +11,20 @@
  *    the canonical sign | quiet NaN code.
  * Tails shorter than a vector go through the portable kernels.
  */
-#include <cpuid.h>
-#include <immintrin.h>
 #include <string.h>
 
+#include "nanolm/isa.h"
 #include "numerics/formats_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
 
-/* F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" in __builtin_cpu_supports. */
-static int cpu_f16c(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
-}
+/* The CPU's sets under NANOLM_ISA's cap (nanolm/isa.h): AVX2 there includes F16C. */
+int nl_fmt_cpu_avx2(void) { return nl_isa_has(NL_ISA_AVX2); }
 
-int nl_fmt_cpu_avx2(void) { return __builtin_cpu_supports("avx2") && cpu_f16c(); }
+int nl_fmt_cpu_avx512(void) { return nl_isa_has(NL_ISA_AVX512); }
 
-int nl_fmt_cpu_avx512(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-}
-
-int nl_fmt_cpu_avx512bf16(void) { return nl_fmt_cpu_avx512() && __builtin_cpu_supports("avx512bf16"); }
+int nl_fmt_cpu_avx512bf16(void) { return nl_isa_has_ext("avx512bf16"); }
 
 /* ---- AVX-512: 16 lanes ---------------------------------------------------------------------- */
 

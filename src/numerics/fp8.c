@@ -4,10 +4,12 @@
  * the exact model; DeepSeek-V3 (2024) §3.3.1-3.3.2 for the recipe it emulates.
  */
 #include "nanolm/fp8.h"
+#include "nanolm/isa.h"
 
 #include <cblas.h>
-#if defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
+#define FP8_X86 1
 #endif
 #include <math.h>
 #include <omp.h>
@@ -312,12 +314,13 @@ static void fast_lanes(int kbits, int64_t g, int64_t promote, const int32_t *ma,
     for (int w = 0; w < LANES; w++) out[w] = acc32[w];
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#ifdef FP8_X86
 /* The same kernel in AVX-512: the 16 lanes are one register of int32 (two of double for the
- * register adds); vpsravd's counts past 31 fill with the sign, as needed, so no clamp. */
-static void fast_lanes_avx512(int kbits, int64_t g, int64_t promote, const int32_t *ma, const int32_t *xa6,
-                              const int32_t *mb, const int32_t *xb, int64_t K, int64_t row, int64_t col0,
-                              const kernel_scales *ks, float *out) {
+ * register adds); vpsravd's counts past 31 fill with the sign, as needed, so no clamp. Chosen at
+ * run time (nl_isa_has), so a build for any x86-64 carries it. */
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl"))) static void
+fast_lanes_avx512(int kbits, int64_t g, int64_t promote, const int32_t *ma, const int32_t *xa6, const int32_t *mb,
+                  const int32_t *xb, int64_t K, int64_t row, int64_t col0, const kernel_scales *ks, float *out) {
     const int32_t pre = 1 << (kbits - 2);
     const __m512i thr = _mm512_set1_epi32(128 * pre - 1), one = _mm512_set1_epi32(1);
     const __m512i six = _mm512_set1_epi32(6), bias = _mm512_set1_epi32(1023 - kbits + 2);
@@ -701,8 +704,8 @@ static nl_status limited_gemm(const nl_fp8_gemm_opts *o, int64_t M, int64_t N, i
             }
     void (*kernel)(int, int64_t, int64_t, const int32_t *, const int32_t *, const int32_t *, const int32_t *, int64_t,
                    int64_t, int64_t, const kernel_scales *, float *) = fast_lanes;
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-    if (o->reference != 2) kernel = fast_lanes_avx512;
+#ifdef FP8_X86
+    if (o->reference != 2 && nl_isa_has(NL_ISA_AVX512)) kernel = fast_lanes_avx512;
 #endif
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < nchunks * M; t++) {

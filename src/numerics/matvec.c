@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "nanolm/formats.h"
+#include "nanolm/isa.h"
 #include "nanolm/matvec.h"
 #include "nanolm/quant.h"
 
@@ -48,19 +49,18 @@ const char *nl_mv_path_name(nl_mv_path p) {
     case NL_MV_PORTABLE: return "portable";
     case NL_MV_AVX2: return "avx2";
     case NL_MV_AVX512: return "avx512";
+    case NL_MV_NEON: return "neon";
     default: return "?";
     }
 }
 
 int nl_mv_available(nl_mv_path p) {
-    __builtin_cpu_init();
     switch (p) {
     case NL_MV_AUTO:
     case NL_MV_PORTABLE: return 1;
-    case NL_MV_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case NL_MV_AVX512:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+    case NL_MV_AVX2: return nl_isa_has(NL_ISA_AVX2);
+    case NL_MV_AVX512: return nl_isa_has(NL_ISA_AVX512);
+    case NL_MV_NEON: return nl_isa_has(NL_ISA_NEON);
     default: return 0;
     }
 }
@@ -68,6 +68,7 @@ int nl_mv_available(nl_mv_path p) {
 nl_mv_path nl_mv_auto(void) {
     if (nl_mv_available(NL_MV_AVX512)) return NL_MV_AVX512;
     if (nl_mv_available(NL_MV_AVX2)) return NL_MV_AVX2;
+    if (nl_mv_available(NL_MV_NEON)) return NL_MV_NEON;
     return NL_MV_PORTABLE;
 }
 
@@ -75,7 +76,7 @@ nl_mv_path nl_mv_auto(void) {
 
 static nl_status q4_init(nl_mv_weight *wt, const float *w, int64_t N, int64_t K);
 
-/* Panels (the AVX-512 path of fp32 and bf16): W (N, K) in blocks of NL_MV_PANEL (48) rows, each
+/* Panels (fp32 and bf16 on every SIMD path, int8 on AVX-512 VNNI): W (N, K) in blocks of NL_MV_PANEL (48) rows, each
  * stored column by column, so that a tile walks one panel front to back, one sequential stream,
  * and for each column k multiplies 3 vectors of 16 rows by each token's x[k] (broadcast): every
  * (row, token) output is one fused multiply-add chain over k = 0, 1, .., K - 1 from +0, in every
@@ -192,9 +193,13 @@ static nl_status q8_pack(nl_mv_weight *wt, int pack) {
     return NL_OK;
 }
 
-/* Whether wt's kernels read panels (run_panels): fp32 and bf16 on AVX-512, int8 there on VNNI. */
+/* Whether fp32 and bf16 weights are kept in panels on path p: every SIMD path reads them. */
+static int panel_path(nl_mv_path p) { return p == NL_MV_AVX512 || p == NL_MV_AVX2 || p == NL_MV_NEON; }
+
+/* Whether wt's kernels read panels (run_panels*): fp32 and bf16 on every SIMD path, int8 on
+ * AVX-512 with VNNI. */
 static int has_panels(const nl_mv_weight *wt) {
-    return wt->path == NL_MV_AVX512 && (wt->f32_panels || wt->bf16_panels || wt->q8_panels);
+    return panel_path(wt->path) && (wt->f32_panels || wt->bf16_panels || wt->q8_panels);
 }
 
 /* An int8 weight's codes into panels where its path reads them (freeing the weight on failure). */
@@ -225,7 +230,7 @@ nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64
             wt->f32 = wt->owned_f32;
         }
         {
-            nl_status rc = f32_pack(wt, wt->path == NL_MV_AVX512);
+            nl_status rc = f32_pack(wt, panel_path(wt->path));
             if (rc) nl_mv_weight_free(wt);
             return rc;
         }
@@ -235,7 +240,7 @@ nl_status nl_mv_weight_init(nl_mv_weight *wt, nl_wfmt fmt, const float *w, int64
         if (!wt->bf16) return NL_ERR_NOMEM;
         for (size_t i = 0; i < n; i++) wt->bf16[i] = nl_bf16_from_f32(w[i]);
         {
-            nl_status rc = bf16_pack(wt, wt->path == NL_MV_AVX512);
+            nl_status rc = bf16_pack(wt, panel_path(wt->path));
             if (rc) nl_mv_weight_free(wt);
             return rc;
         }
@@ -288,8 +293,8 @@ nl_status nl_mv_weight_set_path(nl_mv_weight *wt, nl_mv_path p) {
     if ((unsigned)p >= NL_MV_COUNT) return nl_fail(NL_ERR_INVALID, "unknown matvec kernel path %d", (int)p);
     if (!nl_mv_available(p))
         return nl_fail(NL_ERR_UNSUPPORTED, "matvec kernel path '%s' is not available on this CPU", nl_mv_path_name(p));
-    NL_TRY(bf16_pack(wt, p == NL_MV_AVX512));
-    NL_TRY(f32_pack(wt, p == NL_MV_AVX512));
+    NL_TRY(bf16_pack(wt, panel_path(p)));
+    NL_TRY(f32_pack(wt, panel_path(p)));
     NL_TRY(q8_pack(wt, p == NL_MV_AVX512 && wt->q8.path == NL_QDOT_VNNI));
     wt->path = p;
     return NL_OK;
@@ -333,37 +338,19 @@ typedef struct mv_args {
     int64_t M, N, K;
 } mv_args;
 
-/* portable: 8 scalar accumulators per pair (lane j takes k = j mod 8), summed pairwise. */
-INLINE float portable_sum8(const float *s) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
-
+/* portable: each (row, token) output is one fused multiply-add chain over k = 0 .. K - 1 from +0
+ * (fmaf, correctly rounded with or without FMA hardware), the operations of the panel kernels;
+ * the R x T chains of a tile advance together along k. */
 static void tile_portable(const mv_args *a, int64_t n0, int R, int64_t m0, int T) {
-    const int64_t K = a->K, K8 = K & ~(int64_t)7;
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) {
-            const float *x = a->x + (m0 + t) * K;
-            float s[8] = {0};
-            if (a->wf) {
-                const float *w = a->wf + (n0 + r) * K;
-                for (int64_t k = 0; k < K8; k += 8)
-                    for (int j = 0; j < 8; j++) s[j] += w[k + j] * x[k + j];
-                for (int64_t k = K8; k < K; k++) s[k - K8] += w[k] * x[k];
-            } else {
-                const uint16_t *w = a->wb + (n0 + r) * K;
-                for (int64_t k = 0; k < K8; k += 8)
-                    for (int j = 0; j < 8; j++) s[j] += nl_f32_from_bf16(w[k + j]) * x[k + j];
-                for (int64_t k = K8; k < K; k++) s[k - K8] += nl_f32_from_bf16(w[k]) * x[k];
-            }
-            a->y[(m0 + t) * a->N + n0 + r] = portable_sum8(s);
+    const int64_t K = a->K;
+    float s[MV_RB][MV_TB] = {{0}};
+    for (int64_t k = 0; k < K; k++)
+        for (int r = 0; r < R; r++) {
+            const float wv = a->wf ? a->wf[(n0 + r) * K + k] : nl_f32_from_bf16(a->wb[(n0 + r) * K + k]);
+            for (int t = 0; t < T; t++) s[r][t] = fmaf(wv, a->x[(m0 + t) * K + k], s[r][t]);
         }
-}
-
-/* Tiles of several rows read R short streams at once, which the hardware prefetchers pick up
- * late at every new tile; the tile prefetches the same columns of the next R rows. */
-INLINE void prefetch_next(const mv_args *a, int64_t n, int R, int64_t k) {
-    for (int r = 0; r < R && n + r < a->N; r++) {
-        const char *p = a->wf ? (const char *)(a->wf + (n + r) * a->K + k) : (const char *)(a->wb + (n + r) * a->K + k);
-        _mm_prefetch(p, _MM_HINT_T0);
-    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) a->y[(m0 + t) * a->N + n0 + r] = s[r][t];
 }
 
 /* AVX-512, fp32 and bf16 weights in panels (see "Panels" above). A tile is P (1 or 2) adjacent panels
@@ -645,90 +632,159 @@ static void run_panels(const nl_mv_weight *wt, const nl_mv_act *act, float *y, i
     }
 }
 
-/* AVX2: 8 lanes; the k tail (K mod 8) is summed in scalar after the horizontal sum. */
-TGT_AVX2 INLINE float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-TGT_AVX2 INLINE __m256 load_f32_256(const mv_args *a, int64_t n, int64_t k) {
-    return _mm256_loadu_ps(a->wf + n * a->K + k);
-}
-TGT_AVX2 INLINE __m256 load_bf16_256(const mv_args *a, int64_t n, int64_t k) {
-    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(a->wb + n * a->K + k));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-INLINE float wscalar(const mv_args *a, int64_t n, int64_t k) {
-    return a->wf ? a->wf[n * a->K + k] : nl_f32_from_bf16(a->wb[n * a->K + k]);
+/* AVX2, fp32 and bf16 weights in the same panels as AVX-512 (see "Panels" above): a panel column
+ * is 6 vectors of 8 rows (192 bytes, 3 cache lines). Every (row, token) output is the same fused
+ * multiply-add chain over k = 0 .. K - 1 from +0 as on AVX-512 and in portable C, so the three
+ * give the same bits. With 16 registers a tile is either a whole panel (V = 6 vectors) against
+ * T <= 2 tokens, or for one token two adjacent panels (two sequential streams, as on AVX-512),
+ * or a slice of 16 rows (V = 2 vectors from vector J0; the slice's cache line of each column)
+ * against up to 6 tokens: at most 12 accumulators. Slices of one panel are passes over it; the
+ * first, prefetching the whole column ahead, reads it from memory and the others from L2. */
+enum { AV_V = NL_MV_PANEL / 8, AV_T = 6 };
+
+/* Vector j (8 rows) of column k of a panel: fp32, or bf16 widened (column 2i in the low half of
+ * its pair's lane, 2i + 1 in the high half). */
+TGT_AVX2 INLINE __m256 av2_w(const void *wp, const int bf, int64_t k, int j) {
+    if (!bf) return _mm256_loadu_ps((const float *)wp + k * NL_MV_PANEL + 8 * j);
+    const __m256i raw =
+        _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)wp + (k >> 1) * 2 * NL_MV_PANEL + 16 * j));
+    return _mm256_castsi256_ps((k & 1) ? _mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000u))
+                                       : _mm256_slli_epi32(raw, 16));
 }
 
-#define AVX2_TILE(NAME, R, T, LOADW)                                                                                   \
-    TGT_AVX2 static void NAME(const mv_args *a, int64_t n0, int64_t m0) {                                              \
-        const int64_t K = a->K, K8 = K & ~(int64_t)7;                                                                  \
-        __m256 acc[R][T];                                                                                              \
-        for (int r = 0; r < R; r++)                                                                                    \
-            for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();                                               \
-        for (int64_t k = 0; k < K8; k += 8) {                                                                          \
-            __m256 xv[T];                                                                                              \
-            for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(a->x + (m0 + t) * K + k);                              \
-            if (R > 1) prefetch_next(a, n0 + R, R, k);                                                                 \
-            for (int r = 0; r < R; r++) {                                                                              \
-                __m256 wv = LOADW(a, n0 + r, k);                                                                       \
-                for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);                         \
-            }                                                                                                          \
-        }                                                                                                              \
-        for (int r = 0; r < R; r++)                                                                                    \
-            for (int t = 0; t < T; t++) {                                                                              \
-                float s = hsum256(acc[r][t]);                                                                          \
-                for (int64_t k = K8; k < K; k++) s += wscalar(a, n0 + r, k) * a->x[(m0 + t) * K + k];                  \
-                a->y[(m0 + t) * a->N + n0 + r] = s;                                                                    \
-            }                                                                                                          \
+/* P panels (ps elements apart) x T tokens, vectors J0 .. J0 + V - 1 of each column; y: the
+ * panel's row 0 of the first token; rows [lo, hi) of the P x 48 are stored. */
+TGT_AVX2 INLINE void tile_av2(const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N, const int P,
+                              const int T, const int V, int J0, const int bf, int lo, int hi, int pf) {
+    __m256 acc[12];
+    const size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+#pragma GCC unroll 12
+    for (int a = 0; a < P * T * V; a++) acc[a] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        if (pf && (!bf || !(k & 1)))
+            for (int p = 0; p < P; p++) {
+                const char *c = (const char *)w + (size_t)(p * ps) * esz + (size_t)(bf ? k >> 1 : k) * 192;
+#pragma GCC unroll 3
+                for (int l = 0; l < 3; l++) {
+                    _mm_prefetch(c + 64 * l + MV_PF_L1, _MM_HINT_T0);
+                    _mm_prefetch(c + 64 * l + MV_PF_L2, _MM_HINT_T1);
+                }
+            }
+        if (V == AV_V) { /* whole panels: each weight vector loaded once, T broadcasts held */
+            __m256 xb[2];
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++) xb[t] = _mm256_broadcast_ss(x + t * K + k);
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++)
+#pragma GCC unroll 6
+                for (int j = 0; j < V; j++) {
+                    const __m256 wv = av2_w((const char *)w + (size_t)(p * ps) * esz, bf, k, J0 + j);
+#pragma GCC unroll 2
+                    for (int t = 0; t < T; t++)
+                        acc[(p * T + t) * V + j] = _mm256_fmadd_ps(wv, xb[t], acc[(p * T + t) * V + j]);
+                }
+        } else { /* a slice: its vectors held, one broadcast at a time */
+            __m256 wv[2];
+#pragma GCC unroll 2
+            for (int j = 0; j < V; j++) wv[j] = av2_w(w, bf, k, J0 + j);
+#pragma GCC unroll 6
+            for (int t = 0; t < T; t++) {
+                const __m256 xb = _mm256_broadcast_ss(x + t * K + k);
+#pragma GCC unroll 2
+                for (int j = 0; j < V; j++) acc[t * V + j] = _mm256_fmadd_ps(wv[j], xb, acc[t * V + j]);
+            }
+        }
     }
+#pragma GCC unroll 2
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 6
+            for (int j = 0; j < V; j++) {
+                const int r = p * NL_MV_PANEL + 8 * (J0 + j);
+                float *yo = y + t * N + r;
+                if (r >= lo && r + 8 <= hi) {
+                    _mm256_storeu_ps(yo, acc[(p * T + t) * V + j]);
+                } else if (r < hi && r + 8 > lo) {
+                    float tmp[8];
+                    _mm256_storeu_ps(tmp, acc[(p * T + t) * V + j]);
+                    for (int i = 0; i < 8; i++)
+                        if (r + i >= lo && r + i < hi) yo[i] = tmp[i];
+                }
+            }
+}
 
-AVX2_TILE(f32_256_4x4, 4, 4, load_f32_256)
-AVX2_TILE(f32_256_4x1, 4, 1, load_f32_256)
-AVX2_TILE(f32_256_1x4, 1, 4, load_f32_256)
-AVX2_TILE(f32_256_1x1, 1, 1, load_f32_256)
-AVX2_TILE(bf16_256_4x4, 4, 4, load_bf16_256)
-AVX2_TILE(bf16_256_4x1, 4, 1, load_bf16_256)
-AVX2_TILE(bf16_256_1x4, 1, 4, load_bf16_256)
-AVX2_TILE(bf16_256_1x1, 1, 1, load_bf16_256)
+typedef void (*tile_av2_fn)(const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N, int J0, int lo,
+                            int hi, int pf);
+#define TILE_AV2(P, T, V, F)                                                                                           \
+    TGT_AVX2 static void tile_av2_##P##_##T##_##V##_##F(const void *w, int64_t ps, const float *x, float *y,           \
+                                                        int64_t K, int64_t N, int J0, int lo, int hi, int pf) {        \
+        tile_av2(w, ps, x, y, K, N, P, T, V, J0, F, lo, hi, pf);                                                       \
+    }
+#define TILES_AV2(F)                                                                                                   \
+    TILE_AV2(2, 1, 6, F)                                                                                               \
+    TILE_AV2(1, 1, 6, F)                                                                                               \
+    TILE_AV2(1, 2, 6, F)                                                                                               \
+    TILE_AV2(1, 1, 2, F)                                                                                               \
+    TILE_AV2(1, 2, 2, F)                                                                                               \
+    TILE_AV2(1, 3, 2, F)                                                                                               \
+    TILE_AV2(1, 4, 2, F)                                                                                               \
+    TILE_AV2(1, 5, 2, F)                                                                                               \
+    TILE_AV2(1, 6, 2, F)
+TILES_AV2(0)
+TILES_AV2(1)
+/* [fp32, bf16]: two panels x 1 token, a panel x 1 or 2 tokens, a slice x 1 .. 6 tokens */
+static const tile_av2_fn tiles_av2_two[2] = {tile_av2_2_1_6_0, tile_av2_2_1_6_1};
+static const tile_av2_fn tiles_av2_panel[2][2] = {{tile_av2_1_1_6_0, tile_av2_1_2_6_0},
+                                                  {tile_av2_1_1_6_1, tile_av2_1_2_6_1}};
+static const tile_av2_fn tiles_av2_slice[2][AV_T] = {
+    {tile_av2_1_1_2_0, tile_av2_1_2_2_0, tile_av2_1_3_2_0, tile_av2_1_4_2_0, tile_av2_1_5_2_0, tile_av2_1_6_2_0},
+    {tile_av2_1_1_2_1, tile_av2_1_2_2_1, tile_av2_1_3_2_1, tile_av2_1_4_2_1, tile_av2_1_5_2_1, tile_av2_1_6_2_1}};
 
-typedef void (*tile_fn)(const mv_args *, int64_t, int64_t);
+/* Rows [n0, n1) for every token, fp32 or bf16 panels on AVX2. */
+static void run_panels_avx2(const nl_mv_weight *wt, const nl_mv_act *act, float *y, int64_t n0, int64_t n1) {
+    const int bf = wt->bf16_panels != NULL;
+    const int64_t M = act->M, N = wt->rows, K = wt->cols, ps = NL_MV_PANEL * (bf ? K + (K & 1) : K);
+    const char *base = bf ? (const char *)wt->bf16_panels : (const char *)wt->f32_panels;
+    const size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+    const int64_t ntile = (M + AV_T - 1) / AV_T, tb = M / ntile, extra = M % ntile;
+    for (int64_t p = n0 / NL_MV_PANEL; p * NL_MV_PANEL < n1; p++) {
+        const int64_t r0 = p * NL_MV_PANEL;
+        const int lo = (int)(n0 > r0 ? n0 - r0 : 0), hi = (int)(n1 - r0 < NL_MV_PANEL ? n1 - r0 : NL_MV_PANEL);
+        const void *wp = base + (size_t)(p * ps) * esz;
+        if (M == 1 && lo == 0 && r0 + 2 * NL_MV_PANEL <= n1) { /* this panel and the next, whole */
+            tiles_av2_two[bf](wp, ps, act->x, y + r0, K, N, 0, 0, 2 * NL_MV_PANEL, 1);
+            p++;
+            continue;
+        }
+        if (M <= 2) {
+            tiles_av2_panel[bf][M - 1](wp, ps, act->x, y + r0, K, N, 0, lo, hi, 1);
+            continue;
+        }
+        int first = 1;
+        for (int s = 0; s < AV_V / 2; s++) {
+            if (16 * s >= hi || 16 * s + 16 <= lo) continue;
+            for (int64_t m = 0, i = 0; i < ntile; i++) {
+                const int64_t T = tb + (i < extra);
+                tiles_av2_slice[bf][T - 1](wp, ps, act->x + m * K, y + m * N + r0, K, N, 2 * s, lo, hi, first);
+                first = 0;
+                m += T;
+            }
+        }
+    }
+}
 
-/* Rows [n0, n1) for tokens [m0, m1): 4x4 tiles, then 4x1 / 1x4 / 1x1 for the edges. */
-static void run_block(const mv_args *a, nl_mv_path path, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
-    if (path == NL_MV_PORTABLE) {
-        for (int64_t n = n0; n < n1; n += MV_RB)
-            for (int64_t m = m0; m < m1; m += MV_TB)
-                tile_portable(a, n, (int)(n1 - n < MV_RB ? n1 - n : MV_RB), m, (int)(m1 - m < MV_TB ? m1 - m : MV_TB));
-        return;
-    }
-    const int bf = a->wb != NULL;
-    tile_fn t44 = bf ? bf16_256_4x4 : f32_256_4x4;
-    tile_fn t41 = bf ? bf16_256_4x1 : f32_256_4x1;
-    tile_fn t14 = bf ? bf16_256_1x4 : f32_256_1x4;
-    tile_fn t11 = bf ? bf16_256_1x1 : f32_256_1x1;
-    int64_t n = n0;
-    if (m1 - m0 < MV_TB) {
-        /* decode (fewer tokens than a tile): row after row, one long sequential stream of W
-         * that the prefetchers follow (measured ~3x the bandwidth of 4-row tiles at M = 1);
-         * a row (a few KB) stays in L1 for the other tokens */
-        for (; n < n1; n++)
-            for (int64_t m = m0; m < m1; m++) t11(a, n, m);
-        return;
-    }
-    for (; n + MV_RB <= n1; n += MV_RB) {
-        int64_t m = m0;
-        for (; m + MV_TB <= m1; m += MV_TB) t44(a, n, m);
-        for (; m < m1; m++) t41(a, n, m);
-    }
-    for (; n < n1; n++) {
-        int64_t m = m0;
-        for (; m + MV_TB <= m1; m += MV_TB) t14(a, n, m);
-        for (; m < m1; m++) t11(a, n, m);
-    }
+/* Rows [n0, n1) for every token of fp32 or bf16 panels on AVX2 or NEON. */
+static void run_panels_simd(const nl_mv_weight *wt, const nl_mv_act *act, float *y, int64_t n0, int64_t n1) {
+    run_panels_avx2(wt, act, y, n0, n1);
+}
+
+/* Rows [n0, n1) for tokens [m0, m1) of fp32 or bf16 rows (the portable path): tiles of up to
+ * 4 rows x 4 tokens. */
+static void run_block(const mv_args *a, int64_t n0, int64_t n1, int64_t m0, int64_t m1) {
+    for (int64_t n = n0; n < n1; n += MV_RB)
+        for (int64_t m = m0; m < m1; m += MV_TB)
+            tile_portable(a, n, (int)(n1 - n < MV_RB ? n1 - n : MV_RB), m, (int)(m1 - m < MV_TB ? m1 - m : MV_TB));
 }
 
 /* ---- int8 ----------------------------------------------------------------------------------
@@ -792,6 +848,53 @@ VNNI_TILE(q8_vnni_4x1, 4, 1)
 VNNI_TILE(q8_vnni_1x4, 1, 4)
 VNNI_TILE(q8_vnni_1x1, 1, 1)
 
+/* INT8 on AVX2 without VNNI: vpmaddubsw multiplies unsigned by signed bytes, so each weight's
+ * sign moves onto the activation (|w| x sign(w) x, vpabsb / vpsignb); |w| <= 128 and the
+ * activation codes lie in [-127, 127], so a pair's sum stays within 2 x 128 x 127 = 32512 and the
+ * int16 never saturates; vpmaddwd by ones widens the pairs to int32. The sums are exact, so any
+ * order gives the same bits as q8_portable and VNNI. A tile is one row (a sequential stream of
+ * its codes) against T <= 4 tokens, the row's |w| computed once for all of them. */
+TGT_AVX2 INLINE void q8_avx2_tile(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m0,
+                                  const int T) {
+    const int64_t kp = l->k_pad;
+    const int8_t *w = l->w + n * kp;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kp; k += 32) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(const void *)(w + k));
+        const __m256i wa = _mm256_abs_epi8(wv);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(a->q + (m0 + t) * kp + k));
+            const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, ones));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc[t]), _mm256_extracti128_si256(acc[t], 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+        y[(m0 + t) * l->out_features + n] = (float)_mm_cvtsi128_si32(s) * (a->scale[m0 + t] * l->w_scale[n]);
+    }
+}
+TGT_AVX2 static void q8_avx2_1(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    q8_avx2_tile(l, a, y, n, m, 1);
+}
+TGT_AVX2 static void q8_avx2_2(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    q8_avx2_tile(l, a, y, n, m, 2);
+}
+TGT_AVX2 static void q8_avx2_3(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    q8_avx2_tile(l, a, y, n, m, 3);
+}
+TGT_AVX2 static void q8_avx2_4(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
+    q8_avx2_tile(l, a, y, n, m, 4);
+}
+typedef void (*q8_tile_fn)(const nl_qlinear *, const nl_mv_act *, float *, int64_t, int64_t);
+static const q8_tile_fn q8_avx2_tiles[4] = {q8_avx2_1, q8_avx2_2, q8_avx2_3, q8_avx2_4};
+
 static void q8_portable(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
     const int64_t kp = l->k_pad;
     const int8_t *w = l->w + n * kp, *x = a->q + m * kp;
@@ -803,6 +906,11 @@ static void q8_portable(const nl_qlinear *l, const nl_mv_act *a, float *y, int64
 /* Rows [n0, n1) for tokens [m0, m1) of an int8 weight. */
 static void run_block_int8(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
                            int64_t m1) {
+    if (l->path == NL_QDOT_AVX2) { /* row after row, each against tiles of up to 4 tokens */
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m += 4) q8_avx2_tiles[(m1 - m < 4 ? m1 - m : 4) - 1](l, a, y, n, m);
+        return;
+    }
     if (l->path != NL_QDOT_VNNI) {
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = m0; m < m1; m++) q8_portable(l, a, y, n, m);
@@ -893,6 +1001,41 @@ static nl_status q4_init(nl_mv_weight *wt, const float *w, int64_t N, int64_t K)
             }
             uint8_t *row = wt->q4 + n * G * 16;
             for (int i = 0; i < 16; i++) row[q4_byte_at(G, g, i)] = (uint8_t)((q[i] + 8) | ((q[i + 16] + 8) << 4));
+        }
+    return NL_OK;
+}
+
+nl_status nl_mv_weight_init_q4_0(nl_mv_weight *wt, const void *blocks, int64_t N, int64_t K) {
+    memset(wt, 0, sizeof *wt);
+    if (N < 1 || K < 1 || K % Q4_G)
+        return nl_fail(NL_ERR_INVALID,
+                       "int4 matvec weight from Q4_0: %lld x %lld is not rows of whole 32-column blocks", (long long)N,
+                       (long long)K);
+    wt->rows = N;
+    wt->cols = K;
+    wt->fmt = NL_WFMT_INT4;
+    wt->path = nl_mv_auto();
+    const int64_t G = K / Q4_G;
+    wt->groups = G;
+    wt->q4 = nl_malloc((size_t)(N * G) * 16, "int4 matvec codes");
+    wt->q4_d = nl_malloc((size_t)(N * G) * sizeof(uint16_t), "int4 matvec scales");
+    if (!wt->q4 || !wt->q4_d) {
+        nl_mv_weight_free(wt);
+        return NL_ERR_NOMEM;
+    }
+    const uint8_t *b = blocks;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < G; g++, b += 18) {
+            uint16_t d = (uint16_t)(b[0] | b[1] << 8);
+            if ((d & 0x7C00) == 0x7C00) {
+                nl_mv_weight_free(wt);
+                return nl_fail(NL_ERR_INVALID,
+                               "int4 matvec weight from Q4_0: row %lld, block %lld has a non-finite scale",
+                               (long long)n, (long long)g);
+            }
+            wt->q4_d[n * G + g] = d;
+            uint8_t *row = wt->q4 + n * G * 16;
+            for (int i = 0; i < 16; i++) row[q4_byte_at(G, g, i)] = b[2 + i];
         }
     return NL_OK;
 }
@@ -1029,8 +1172,93 @@ Q4_TILE(2, 2)
 Q4_TILE(2, 3)
 static const q4_tile_fn q4_tiles_1xT[4] = {q4_tile_1x1, q4_tile_1x2, q4_tile_1x3, q4_tile_1x4};
 
-/* 1 when an int4 weight on path `path` runs the VNNI pair here. */
-static int q4_vnni(nl_mv_path path) { return path == NL_MV_AVX512 && nl_qdot_available(NL_QDOT_VNNI); }
+#define TGT_Q4_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* INT4 on AVX2: the VNNI tile's operations on 8 lanes (groups) at a time. Per chunk of 16 groups
+ * and half h (groups 8h .. 8h + 7 in the 8 int32 lanes), each slice's 32 bytes split into low
+ * and high nibbles (unsigned 0..15); vpmaddubsw against the token's codes (nl_mv_act's q4x,
+ * |code| <= 127) gives pairs of at most 2 x 15 x 127 = 3810, so the 8 products of a slice pair
+ * add up in int16 (at most 30480) and one vpmaddwd by ones gives each group's sum of its 32
+ * nibble x code products in its lane, exact; minus 8 x the group's code sum: isum_g. Then acc_h
+ * += (float)isum_g * d_g lane by lane (lane j of half h is q4_pair_portable's acc[8h + j]), and
+ * the tree adds acc_0 + acc_1 (j + j^8), then the 128-bit halves (j^4), then j^2 and j^1: the
+ * bits of q4_pair_portable. A short last chunk is copied into a zero-padded one first (zero
+ * codes and scales add +0 to a lane, which never changes it). A tile is one row against T <= 4
+ * tokens. */
+TGT_Q4_AVX2 INLINE void q4_avx2_tile(const uint8_t *w, const uint16_t *d, int64_t G, const nl_mv_act *a, int64_t m0,
+                                     float *y, int64_t N, const int T) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int64_t kp = a->kp, g16 = kp / Q4_G;
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g += 16) {
+        const int64_t ng = G - g < 16 ? G - g : 16;
+        const uint8_t *wc = w + g * 16;
+        const uint16_t *dc = d + g;
+        uint8_t wpad[256];
+        uint16_t dpad[16];
+        if (ng < 16) { /* the short last chunk in the layout of a whole one */
+            memset(wpad, 0, sizeof wpad);
+            memset(dpad, 0, sizeof dpad);
+            for (int b = 0; b < 4; b++) memcpy(wpad + 64 * b, wc + b * 4 * ng, (size_t)(4 * ng));
+            memcpy(dpad, dc, (size_t)ng * sizeof(uint16_t));
+            wc = wpad;
+            dc = dpad;
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256i wl[4], wh[4];
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(const void *)(wc + 64 * b + 32 * h));
+                wl[b] = _mm256_and_si256(wv, lo4);
+                wh[b] = _mm256_and_si256(_mm256_srli_epi16(wv, 4), lo4);
+            }
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(dc + 8 * h)));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const int8_t *xp = a->q4x + (m0 + t) * kp + g * Q4_G + 32 * h;
+                __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++) {
+                    const __m256i xl = _mm256_loadu_si256((const __m256i *)(const void *)(xp + 128 * b));
+                    const __m256i xh = _mm256_loadu_si256((const __m256i *)(const void *)(xp + 128 * b + 64));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wl[b], xl));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wh[b], xh));
+                }
+                const __m256i xs8 = _mm256_slli_epi32(
+                    _mm256_loadu_si256((const __m256i *)(const void *)(a->xsum + (m0 + t) * g16 + g + 8 * h)), 3);
+                const __m256i s = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), xs8);
+                acc[t][h] = _mm256_add_ps(acc[t][h], _mm256_mul_ps(_mm256_cvtepi32_ps(s), dv));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const __m256 v = _mm256_add_ps(acc[t][0], acc[t][1]);                          /* j + j^8 */
+        __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* j^4 */
+        u = _mm_add_ps(u, _mm_shuffle_ps(u, u, 0x4E));                                 /* j^2 */
+        u = _mm_add_ps(u, _mm_shuffle_ps(u, u, 0xB1));                                 /* j^1 */
+        y[t * N] = _mm_cvtss_f32(u) * a->scale[m0 + t];
+    }
+}
+#define Q4_AVX2_TILE(T)                                                                                                \
+    TGT_Q4_AVX2 static void q4_avx2_##T(const nl_mv_weight *wt, const nl_mv_act *a, int64_t n, int64_t m, float *y) {  \
+        q4_avx2_tile(wt->q4 + n * wt->groups * 16, wt->q4_d + n * wt->groups, wt->groups, a, m, y + m * wt->rows + n,  \
+                     wt->rows, T);                                                                                     \
+    }
+Q4_AVX2_TILE(1)
+Q4_AVX2_TILE(2)
+Q4_AVX2_TILE(3)
+Q4_AVX2_TILE(4)
+static const q4_tile_fn q4_avx2_tiles[4] = {q4_avx2_1, q4_avx2_2, q4_avx2_3, q4_avx2_4};
+
+/* Which int4 kernel a weight on `path` runs here: 2 the VNNI tiles, 1 the AVX2 tiles, 0 C. */
+static int q4_kernel(nl_mv_path path) {
+    if (path == NL_MV_AVX512 && nl_qdot_available(NL_QDOT_VNNI)) return 2;
+    if ((path == NL_MV_AVX512 || path == NL_MV_AVX2) && nl_isa_has(NL_ISA_AVX2)) return 1;
+    return 0;
+}
 
 /* Rows [n0, n1) for tokens [m0, m1): rows one after another (one sequential stream of the
  * codes). On VNNI two rows (adjacent in memory) at a time against tiles of up to 3 tokens (their
@@ -1039,7 +1267,13 @@ static int q4_vnni(nl_mv_path path) { return path == NL_MV_AVX512 && nl_qdot_ava
 static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
                            int64_t m1) {
     const int64_t G = wt->groups, N = wt->rows, kp = a->kp;
-    if (!q4_vnni(wt->path)) {
+    const int kern = q4_kernel(wt->path);
+    if (kern == 1) {
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m += 4) q4_avx2_tiles[(m1 - m < 4 ? m1 - m : 4) - 1](wt, a, n, m, y);
+        return;
+    }
+    if (kern == 0) {
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = m0; m < m1; m++)
                 y[m * N + n] = q4_pair_portable(wt->q4 + n * G * 16, wt->q4_d + n * G, G, a->q + m * kp, a->scale[m]);
@@ -1077,7 +1311,7 @@ static nl_status q4_act(nl_mv_act *a, const nl_mv_weight *wt, const float *x, in
         if (!a->cap_q4) return NL_ERR_NOMEM;
     }
     NL_TRY(nl_qlinear_quantize_tokens(x, M, wt->cols, kp, a->q, NULL, a->scale));
-    const int vnni = q4_vnni(wt->path);
+    const int vnni = q4_kernel(wt->path) > 0; /* the VNNI and AVX2 tiles read q4x */
     for (int64_t m = 0; m < M; m++) {
         const int8_t *q = a->q + m * kp;
         for (int64_t g = 0; g < g16; g++) {
@@ -1156,12 +1390,12 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
                  .K = wt->cols};
     if (has_panels(wt)) {
         /* a panel's tiles read it from memory once, then from L2 (48 rows x K x 1, 2 or 4 bytes) */
-        run_panels(wt, act, y, n0, n1);
+        if (wt->path == NL_MV_AVX512)
+            run_panels(wt, act, y, n0, n1);
+        else
+            run_panels_simd(wt, act, y, n0, n1);
         return;
     }
-    /* fp32 and bf16 on AVX-512 always have their panels (init and set_path build them); the
-     * AVX2 tiles would serve one without */
-    const nl_mv_path path = wt->path == NL_MV_AVX512 ? NL_MV_AVX2 : wt->path;
     for (int64_t nb = n0; nb < n1; nb += MV_RANGE_ROWS) {
         int64_t ne = n1 - nb < MV_RANGE_ROWS ? n1 : nb + MV_RANGE_ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
@@ -1171,7 +1405,7 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
             else if (wt->fmt == NL_WFMT_INT4)
                 run_block_int4(wt, act, y, nb, ne, m0, m1);
             else
-                run_block(&a, path, nb, ne, m0, m1);
+                run_block(&a, nb, ne, m0, m1);
         }
     }
 }

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "nanolm/isa.h"
 #include "nanolm/qlinear.h"
 #include "nanolm/quant.h"
 
@@ -29,14 +30,11 @@ const char *nl_qdot_path_name(nl_qdot_path p) {
 }
 
 int nl_qdot_available(nl_qdot_path p) {
-    __builtin_cpu_init();
     switch (p) {
     case NL_QDOT_AUTO:
     case NL_QDOT_PORTABLE: return 1;
-    case NL_QDOT_AVX2: return __builtin_cpu_supports("avx2");
-    case NL_QDOT_VNNI:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vnni");
+    case NL_QDOT_AVX2: return nl_isa_has(NL_ISA_AVX2);
+    case NL_QDOT_VNNI: return nl_isa_has_ext("avx512vnni");
     default: return 0;
     }
 }

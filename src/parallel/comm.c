@@ -311,7 +311,6 @@ static void *wd_main(void *arg) {
 }
 
 void nl_comm_set_timeout(double seconds) { g_wd_timeout_s = seconds; }
-double nl_comm_timeout(void) { return g_wd_timeout_s; }
 
 /* One exchange of the ring: send `scount` elements to `dest`, receive `rcount` from `src`. */
 static nl_status sendrecv(nl_comm *c, const char *what, const void *sbuf, size_t scount, int dest, void *rbuf,

@@ -252,7 +252,8 @@ static float *owned_grads(nl_dist_trainer *t, int u, size_t *g0, size_t *n) {
     return t->o.zero == 1 ? t->model.grads + *g0 : t->gshard + x->pos;
 }
 
-nl_status nl_dist_grads(nl_dist_trainer *t, const nl_data *d, int64_t step, float *loss_out) {
+static nl_status L_grads(void *user, const nl_data *d, int64_t step, float *loss_out) {
+    nl_dist_trainer *t = user;
     nl_model *m = &t->model;
     int B = (int)t->o.train.batch, T = (int)t->o.train.seq;
     NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, t->o.train.seed, step, t->r, t->p, B, T, t->x, t->y));
@@ -303,7 +304,8 @@ nl_status nl_dist_grads(nl_dist_trainer *t, const nl_data *d, int64_t step, floa
     return NL_OK;
 }
 
-nl_status nl_dist_sumsq(nl_dist_trainer *t, double *ss) {
+static nl_status L_sumsq(void *user, double *ss) {
+    nl_dist_trainer *t = user;
     /* one rank, or DDP (every rank holds all reduced gradients): the whole vector at once, in the
      * order of the one-process trainer (nl_grad_norm), so --dp 1 is bit-identical to it */
     if (t->o.zero == 0 || t->p == 1) {
@@ -321,7 +323,8 @@ nl_status nl_dist_sumsq(nl_dist_trainer *t, double *ss) {
     return NL_OK;
 }
 
-void nl_dist_scale_grads(nl_dist_trainer *t, float f) {
+static void L_scale(void *user, float f) {
+    nl_dist_trainer *t = user;
     for (int u = 0; u < t->n_units; u++) {
         size_t g0, n;
         float *g = owned_grads(t, u, &g0, &n);
@@ -329,7 +332,8 @@ void nl_dist_scale_grads(nl_dist_trainer *t, float f) {
     }
 }
 
-nl_status nl_dist_update(nl_dist_trainer *t, float lr) {
+static nl_status L_update(void *user, float lr) {
+    nl_dist_trainer *t = user;
     nl_model *m = &t->model;
     t->opt.t++;
     for (int u = 0; u < t->n_units; u++) { /* AdamW on what this rank owns */
@@ -344,7 +348,8 @@ nl_status nl_dist_update(nl_dist_trainer *t, float lr) {
     return NL_OK;
 }
 
-nl_status nl_dist_eval(nl_dist_trainer *t, const nl_data *d, int64_t windows, double *loss) {
+static nl_status L_eval(void *user, const nl_data *d, int64_t windows, double *loss) {
+    nl_dist_trainer *t = user;
     nl_model *m = &t->model;
     if (t->o.zero == 3)
         for (int u = 0; u < t->n_units; u++) NL_TRY(unit_all_gather(t, u));
@@ -356,17 +361,11 @@ nl_status nl_dist_eval(nl_dist_trainer *t, const nl_data *d, int64_t windows, do
     return st;
 }
 
-/* ---- the hooks of the one training loop ------------------------------------------------------- */
+/* ---- the hooks of the one training loop (grads .. eval above, save and load below) ------------ */
 
-static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) {
-    return nl_dist_grads(u, d, step, loss);
-}
-static nl_status L_sumsq(void *u, double *ss) { return nl_dist_sumsq(u, ss); }
-static void L_scale(void *u, float f) { nl_dist_scale_grads(u, f); }
-static nl_status L_update(void *u, float lr) { return nl_dist_update(u, lr); }
-static nl_status L_eval(void *u, const nl_data *d, int64_t w, double *loss) { return nl_dist_eval(u, d, w, loss); }
-static nl_status L_save(void *u, const char *path, const nl_ckpt_state *st) { return nl_dist_save(u, path, st); }
-static nl_status L_load(void *u, const char *path, nl_ckpt_state *st) { return nl_dist_load(u, path, st); }
+static nl_status L_save(void *user, const char *path, const nl_ckpt_state *state);
+static nl_status L_load(void *user, const char *path, nl_ckpt_state *cs);
+
 static nl_status L_agree_stop(void *u, int *stop) {
     (void)u;
     return nl_comm_max_int(nl_comm_world(), stop);
@@ -388,12 +387,6 @@ void nl_dist_layout(nl_dist_trainer *t, nl_train_layout *L) {
     L->agree_stop = L_agree_stop;
 }
 
-nl_status nl_dist_step(nl_dist_trainer *t, const nl_data *d, int64_t step, float lr, float *loss, double *grad_norm) {
-    nl_train_layout L;
-    nl_dist_layout(t, &L);
-    return nl_train_layout_step(&L, d, step, lr, t->o.train.grad_clip, loss, grad_norm);
-}
-
 void nl_dist_memory_report(const nl_dist_trainer *t, nl_dist_memory *out) {
     size_t n = t->model.n_params, S = t->shard_total, f = sizeof(float);
     size_t staging = 0, maxshard = 0;
@@ -407,7 +400,7 @@ void nl_dist_memory_report(const nl_dist_trainer *t, nl_dist_memory *out) {
     out->workspace = staging + (t->o.zero >= 2 ? n * f : 0) + (t->o.zero == 3 ? n * f : 0);
 }
 
-nl_status nl_dist_gather_params(nl_dist_trainer *t, float *out) {
+static nl_status gather_params(nl_dist_trainer *t, float *out) {
     if (t->o.zero == 3) {
         for (int u = 0; u < t->n_units; u++) {
             NL_TRY(unit_all_gather(t, u));
@@ -434,7 +427,8 @@ static nl_status gather_shards(nl_dist_trainer *t, const float *shards, float *f
     return NL_OK;
 }
 
-nl_status nl_dist_save(nl_dist_trainer *t, const char *path, const nl_ckpt_state *state) {
+static nl_status L_save(void *user, const char *path, const nl_ckpt_state *state) {
+    nl_dist_trainer *t = user;
     nl_model *m = &t->model;
     size_t n = m->n_params;
     float *mom = NULL, *params = NULL;
@@ -450,7 +444,7 @@ nl_status nl_dist_save(nl_dist_trainer *t, const char *path, const nl_ckpt_state
             st = NL_ERR_NOMEM;
             goto out;
         }
-        if ((st = nl_dist_gather_params(t, params))) goto out;
+        if ((st = gather_params(t, params))) goto out;
     }
     if (t->r == 0) {
         nl_adamw opt = t->opt;
@@ -474,7 +468,8 @@ out:
     return st;
 }
 
-nl_status nl_dist_load(nl_dist_trainer *t, const char *path, nl_ckpt_state *cs) {
+static nl_status L_load(void *user, const char *path, nl_ckpt_state *cs) {
+    nl_dist_trainer *t = user;
     nl_model tmp, *m = &t->model;
     memset(&tmp, 0, sizeof tmp);
     char tok[64];

@@ -352,13 +352,3 @@ void nl_ep_layout(nl_ep_trainer *t, nl_train_layout *L) {
     L->load = t->o.ep == 1 ? L_load : NULL;
     L->agree_stop = L_agree_stop;
 }
-
-nl_status nl_ep_step(nl_ep_trainer *t, const nl_data *d, int64_t step) {
-    nl_train_layout L;
-    nl_ep_layout(t, &L);
-    double norm = 0;
-    float loss = 0;
-    NL_TRY(nl_train_layout_step(&L, d, step, t->o.train.lr, t->o.train.grad_clip, &loss, &norm));
-    t->st.grad_norm = norm;
-    return NL_OK;
-}

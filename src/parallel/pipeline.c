@@ -559,7 +559,8 @@ static nl_status stage_backward(nl_pipe *p, int k) {
     return NL_OK;
 }
 
-nl_status nl_pipe_grads(nl_pipe *p, const nl_data *d, int64_t step, float *loss_out) {
+static nl_status L_grads(void *user, const nl_data *d, int64_t step, float *loss_out) {
+    nl_pipe *p = user;
     nl_model *m = &p->model;
     NL_TRY(nl_comm_barrier(p->pp)); /* a common origin for the timeline */
     double ts = nl_time_s();
@@ -626,7 +627,8 @@ nl_status nl_pipe_grads(nl_pipe *p, const nl_data *d, int64_t step, float *loss_
     return NL_OK;
 }
 
-nl_status nl_pipe_sumsq(nl_pipe *p, double *ss_out) {
+static nl_status L_sumsq(void *user, double *ss_out) {
+    nl_pipe *p = user;
     const nl_model *m = &p->model;
     /* global norm: split slices once each, replicated tensors once per tensor-parallel group */
     double ss = 0;
@@ -638,9 +640,13 @@ nl_status nl_pipe_sumsq(nl_pipe *p, double *ss_out) {
     return NL_OK;
 }
 
-void nl_pipe_scale_grads(nl_pipe *p, float f) { nl_grad_scale(&p->model, f); }
+static void L_scale(void *user, float f) {
+    nl_pipe *p = user;
+    nl_grad_scale(&p->model, f);
+}
 
-nl_status nl_pipe_update(nl_pipe *p, float lr) {
+static nl_status L_update(void *user, float lr) {
+    nl_pipe *p = user;
     nl_model *m = &p->model;
     p->opt.t++;
     /* AdamW (nl_adamw_update_range) on the owned runs of the part's flat vector */
@@ -656,12 +662,6 @@ nl_status nl_pipe_update(nl_pipe *p, float lr) {
     return NL_OK;
 }
 
-static nl_status L_grads(void *u, const nl_data *d, int64_t step, float *loss) {
-    return nl_pipe_grads(u, d, step, loss);
-}
-static nl_status L_sumsq(void *u, double *ss) { return nl_pipe_sumsq(u, ss); }
-static void L_scale(void *u, float f) { nl_pipe_scale_grads(u, f); }
-static nl_status L_update(void *u, float lr) { return nl_pipe_update(u, lr); }
 static nl_status L_agree_stop(void *u, int *stop) {
     (void)u;
     return nl_comm_max_int(nl_comm_world(), stop);

@@ -31,8 +31,16 @@
  * 2(p-1)/p x link x nvls_eff. The efficiency comes from a measurement that is not in the
  * validation set: 8 H200 (NVLink 4, NCCL 2.20.3), peak all-reduce busbw 475 GB/s (nccl-tests
  * issue #272): 475 / (1.75 x 450) = 0.603. NVLink 5 (B200): 8 B300 with NVLS, busbw 845 GB/s
- * (NCCL issue #2140): 845 / (1.75 x 900) = 0.537. H800 and the PCIe parts are left without it
- * (no published NVLS figure here). */
+ * (NCCL issue #2140): 845 / (1.75 x 900) = 0.537. H800 SXM boards (HGX H800) carry the same four
+ * third-generation NVSwitch chips as HGX H100 with 8 instead of 18 NVLinks per GPU, so NCCL's
+ * NVLS runs there too, at the link rate of the H800's 200 GB/s per direction (the reduction
+ * efficiency is H200's; no H800 NVLS measurement is in this file). The PCIe parts have no
+ * NVSwitch and no NVLS. */
+/* The last number of each GPU is its dense TF32 tensor-core peak (datasheets: half the
+ * "with sparsity" figure): the rate fp32 GEMMs run at under the fp32 recipe (PyTorch's
+ * allow_tf32, on by default in Megatron-LM and cuDNN convolutions; cuBLAS fp32 GEMMs on
+ * Ampere and later). The FP8 peak is 0 on parts without FP8 tensor cores (A100, TPU v5p):
+ * an FP8 recipe is refused there. */
 #define NVLS4    0.603
 #define NVLS5    0.537
 #define MIB      (1024.0 * 1024.0)
@@ -43,40 +51,40 @@ static const nl_hw builtin_hw[] = {
      * dense, 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 GB/s per direction;
      * DGX H100: 8 GPUs, one 400 Gb/s ConnectX-7 per GPU = 50 GB/s. */
     {"h100", 989e12, 1979e12, H100_MEM, 3.35e12, 450e9, 50e9, 8, LAT, EFF, EFF, 2.50,
-     "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9, NVLS4},
+     "NVIDIA H100 SXM5 datasheet; DGX H100 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9, NVLS4, 494.7e12},
     /* NVIDIA H200 SXM datasheet (2024): same compute as H100, 141 GB HBM3e at 4.8 TB/s. */
     {"h200", 989e12, 1979e12, 141e9, 4.8e12, 450e9, 50e9, 8, LAT, EFF, EFF, 3.50,
-     "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9, NVLS4},
+     "NVIDIA H200 SXM datasheet; HGX H200 (8 GPUs, 400 Gb/s IB per GPU)", 0.55, 8, 50e9, NVLS4, 494.7e12},
     /* NVIDIA A100 80GB SXM datasheet (2021): 312 TFLOP/s dense BF16, no FP8, 2.039 TB/s,
      * NVLink 3 600 GB/s bidirectional = 300 per direction; DGX A100: 200 Gb/s HDR per GPU. */
-    {"a100", 312e12, 312e12, 81920 * MIB, 2.039e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.50,
-     "NVIDIA A100 80GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9, 0},
+    {"a100", 312e12, 0, 81920 * MIB, 2.039e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.50,
+     "NVIDIA A100 80GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9, 0, 156e12},
     /* NVIDIA A100 40GB SXM datasheet (2020): as the 80 GB part with 40 GB HBM2 at 1.555 TB/s. */
-    {"a100-40", 312e12, 312e12, 40960 * MIB, 1.555e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.20,
-     "NVIDIA A100 40GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9, 0},
+    {"a100-40", 312e12, 0, 40960 * MIB, 1.555e12, 300e9, 25e9, 8, LAT, EFF, EFF, 1.20,
+     "NVIDIA A100 40GB SXM datasheet; DGX A100 (8 GPUs, 200 Gb/s HDR IB per GPU)", 0.75, 8, 25e9, 0, 156e12},
     /* NVIDIA H800 SXM (the H100 for the Chinese market): H100 compute and HBM, NVLink cut to
      * 400 GB/s bidirectional = 200 per direction (DeepSeek-V3 report sec. 3.1: 'NVLink 160 GB/s'
      * achieved, 'IB 50 GB/s'); 400 Gb/s InfiniBand per GPU. */
     {"h800", 989e12, 1979e12, H100_MEM, 3.35e12, 200e9, 50e9, 8, LAT, EFF, EFF, 2.00,
-     "H100 SXM datasheet with NVLink at 400 GB/s; DeepSeek-V3 report sec. 3.1", 0.55, 8, 50e9, 0},
+     "H100 SXM datasheet with NVLink at 400 GB/s; DeepSeek-V3 report sec. 3.1", 0.55, 8, 50e9, NVLS4, 494.7e12},
     /* NVIDIA H100 PCIe datasheet (2023): 756 TFLOP/s dense BF16, 1513 FP8, 80 GB HBM2e at
      * 2.0 TB/s; PCIe Gen5 64 GB/s per direction between cards (NVLink bridges pair only two). */
     {"h100-pcie", 756e12, 1513e12, H100_MEM, 2.0e12, 64e9, 50e9, 8, LAT, EFF, EFF, 2.00,
-     "NVIDIA H100 PCIe datasheet; PCIe Gen5 x16 between GPUs", 0.55, 8, 50e9, 0},
+     "NVIDIA H100 PCIe datasheet; PCIe Gen5 x16 between GPUs", 0.55, 8, 50e9, 0, 378e12},
     /* Google Cloud TPU v5p documentation (2023): 459 TFLOP/s BF16 per chip (no FP8; int8 918
      * TOPS), 95 GB HBM2e at 2.765 TB/s, ICI 4,800 Gb/s per chip = 600 GB/s, 3D torus of up to
      * 8,960 chips; priced here with 4 chips per host and the ICI as the scale-up link. */
-    {"tpu-v5p", 459e12, 459e12, 95e9, 2.765e12, 300e9, 100e9, 4, LAT, EFF, EFF, 4.20,
-     "Google Cloud TPU v5p documentation (per chip)", 0.55, 0, 0, 0},
+    {"tpu-v5p", 459e12, 0, 95e9, 2.765e12, 300e9, 100e9, 4, LAT, EFF, EFF, 4.20,
+     "Google Cloud TPU v5p documentation (per chip)", 0.55, 0, 0, 0, 0},
     /* NVIDIA DGX B200 datasheet (2024): 72 PF FP8 dense training / 8 GPUs = 4.5 PF FP8 and
      * 2.25 PF BF16 dense per GPU, 1,440 GB and 64 TB/s in 8 GPUs = 180 GB and 8 TB/s each,
      * NVLink 5 1.8 TB/s bidirectional = 900 GB/s per direction, 400 Gb/s ConnectX-7 per GPU. */
     {"b200", 2250e12, 4500e12, 180e9, 8e12, 900e9, 50e9, 8, LAT, EFF, EFF, 5.00,
-     "NVIDIA DGX B200 datasheet (per GPU = system / 8)", 0.55, 8, 50e9, NVLS5},
+     "NVIDIA DGX B200 datasheet (per GPU = system / 8)", 0.55, 8, 50e9, NVLS5, 1125e12},
     /* AMD Instinct MI300X datasheet (2023): 1307.4 TFLOP/s dense BF16, 2614.9 FP8, 192 GB HBM3
      * at 5.3 TB/s, Infinity Fabric 7 x 64 GB/s = 448 GB/s per direction to the 7 peers. */
     {"mi300x", 1307.4e12, 2614.9e12, 192e9, 5.3e12, 448e9, 50e9, 8, LAT, EFF, EFF, 2.50,
-     "AMD Instinct MI300X datasheet; 8-GPU platform, 400 Gb/s per GPU", 0.55, 8, 50e9, 0},
+     "AMD Instinct MI300X datasheet; 8-GPU platform, 400 Gb/s per GPU", 0.55, 8, 50e9, 0, 653.7e12},
 };
 
 #define M(...)                                                                                                         \
@@ -221,21 +229,14 @@ typedef struct field {
 } field; /* kind 0 double, 1 int64, 2 int */
 
 static const field hw_fields[] = {
-    {"flops_bf16", offsetof(nl_hw, flops_bf16), 0, 1},
-    {"flops_fp8", offsetof(nl_hw, flops_fp8), 0, 1},
-    {"mem_bytes", offsetof(nl_hw, mem_bytes), 0, 1},
-    {"hbm_bw", offsetof(nl_hw, hbm_bw), 0, 1},
-    {"intra_bw", offsetof(nl_hw, intra_bw), 0, 1},
-    {"inter_bw", offsetof(nl_hw, inter_bw), 0, 1},
-    {"gpus_per_node", offsetof(nl_hw, gpus_per_node), 1, 1},
-    {"latency_s", offsetof(nl_hw, latency_s), 0, 0},
-    {"intra_eff", offsetof(nl_hw, intra_eff), 0, 1e-3},
-    {"inter_eff", offsetof(nl_hw, inter_eff), 0, 1e-3},
-    {"price_per_hour", offsetof(nl_hw, price_per_hour), 0, 0},
-    {"gemm_eff", offsetof(nl_hw, gemm_eff), 0, 1e-3},
-    {"nics_per_node", offsetof(nl_hw, nics_per_node), 1, 0},
-    {"nic_bw", offsetof(nl_hw, nic_bw), 0, 0},
-    {"nvls_eff", offsetof(nl_hw, nvls_eff), 0, 0},
+    {"flops_bf16", offsetof(nl_hw, flops_bf16), 0, 1},  {"flops_fp8", offsetof(nl_hw, flops_fp8), 0, 0},
+    {"flops_tf32", offsetof(nl_hw, flops_tf32), 0, 0},  {"mem_bytes", offsetof(nl_hw, mem_bytes), 0, 1},
+    {"hbm_bw", offsetof(nl_hw, hbm_bw), 0, 1},          {"intra_bw", offsetof(nl_hw, intra_bw), 0, 1},
+    {"inter_bw", offsetof(nl_hw, inter_bw), 0, 1},      {"gpus_per_node", offsetof(nl_hw, gpus_per_node), 1, 1},
+    {"latency_s", offsetof(nl_hw, latency_s), 0, 0},    {"intra_eff", offsetof(nl_hw, intra_eff), 0, 1e-3},
+    {"inter_eff", offsetof(nl_hw, inter_eff), 0, 1e-3}, {"price_per_hour", offsetof(nl_hw, price_per_hour), 0, 0},
+    {"gemm_eff", offsetof(nl_hw, gemm_eff), 0, 1e-3},   {"nics_per_node", offsetof(nl_hw, nics_per_node), 1, 0},
+    {"nic_bw", offsetof(nl_hw, nic_bw), 0, 0},          {"nvls_eff", offsetof(nl_hw, nvls_eff), 0, 0},
 };
 
 static const field model_fields[] = {
@@ -264,6 +265,7 @@ static const field model_fields[] = {
 static nl_status set_fields(const char *path, const char *name, cJSON *obj, void *dst, const field *fs, size_t nf) {
     for (cJSON *it = obj->child; it; it = it->next) {
         if (!strcmp(it->string, "name") || !strcmp(it->string, "base") || !strcmp(it->string, "source")) continue;
+        if (fs == model_fields && !strcmp(it->string, "family")) continue; /* nl_catalog_load_model */
         /* a CPU's measured rates (`nanolm bench machine`), read by plan_engine.c */
         if (fs == hw_fields && !strncmp(it->string, "cpu_", 4)) continue;
         const field *f = NULL;
@@ -384,6 +386,9 @@ nl_status nl_catalog_load_model(nl_catalog *c, const char *path) {
             if (!strcasecmp(c->models[i].arch.name, name)) slot = i;
         if (base) {
             if ((rc = nl_catalog_find_model(c, base, &m.arch))) break;
+            for (size_t i = 0; i < c->n_models; i++) /* the base's family, unless "family" says */
+                if (!strcasecmp(c->models[i].arch.name, base))
+                    snprintf(m.family, sizeof m.family, "%s", c->models[i].family);
         } else if (slot < c->n_models) {
             m = c->models[slot];
         } else {
@@ -396,6 +401,26 @@ nl_status nl_catalog_load_model(nl_catalog *c, const char *path) {
             m.arch.seq_len = 4096;
             m.arch.rope_theta = 1e4;
             m.arch.norm_eps = 1e-5;
+        }
+        /* The family is a field of the entry ("family": llama, gpt, opt, bloom, mpt), never its
+         * name: a file that reuses a catalog name without "base" is a new model (llama unless it
+         * says), and one that only changes some fields of a non-llama entry must name it. */
+        cJSON *jf = cJSON_GetObjectItemCaseSensitive(o, "family");
+        if (jf) {
+            nl_family f;
+            if (!cJSON_IsString(jf) || nl_plan_family(jf->valuestring, &f)) {
+                rc = nl_fail(NL_ERR_FORMAT, "%s: entry '%s': \"family\" must be one of llama, gpt, opt, bloom, mpt",
+                             path, name);
+                break;
+            }
+            snprintf(m.family, sizeof m.family, "%s", f.name);
+        } else if (!base && slot < c->n_models && c->models[slot].family[0] &&
+                   strcmp(c->models[slot].family, "llama")) {
+            rc = nl_fail(NL_ERR_FORMAT,
+                         "%s: entry '%s' changes the catalog's %s model of that name: say \"family\": \"%s\" (or "
+                         "another) or \"base\", the name alone does not set it",
+                         path, name, c->models[slot].family, c->models[slot].family);
+            break;
         }
         snprintf(m.arch.name, sizeof m.arch.name, "%s", name);
         set_source(m.source, sizeof m.source, path, o);
@@ -422,13 +447,22 @@ nl_status nl_catalog_load_model(nl_catalog *c, const char *path) {
 }
 
 nl_status nl_catalog_model_arg(nl_catalog *c, const char *arg, nl_arch *out) {
-    size_t n = strlen(arg);
+    return nl_catalog_model_arg_fam(c, arg, out, NULL);
+}
+
+nl_status nl_catalog_model_arg_fam(nl_catalog *c, const char *arg, nl_arch *out, nl_family *fam) {
+    size_t n = strlen(arg), slot = c->n_models;
     if (n > 5 && !strcasecmp(arg + n - 5, ".json")) {
         NL_TRY(nl_catalog_load_model(c, arg));
-        *out = c->models[c->last_model].arch;
-        return NL_OK;
+        slot = c->last_model;
+    } else {
+        for (size_t i = 0; i < c->n_models && slot == c->n_models; i++)
+            if (!strcasecmp(c->models[i].arch.name, arg)) slot = i;
+        if (slot == c->n_models) return nl_catalog_find_model(c, arg, out); /* the error listing the names */
     }
-    return nl_catalog_find_model(c, arg, out);
+    *out = c->models[slot].arch;
+    if (fam) NL_TRY(nl_plan_family(c->models[slot].family[0] ? c->models[slot].family : "llama", fam));
+    return NL_OK;
 }
 
 /* ---- counts -------------------------------------------------------------------------------- */

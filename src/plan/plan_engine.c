@@ -6,7 +6,6 @@
 
 #include "nanolm/plan_engine.h"
 
-const int64_t nl_cpu_m[NL_CPU_NM] = {1, 8, 32, 128, 256, 512};
 static const char *const FMT[3] = {"fp32", "bf16", "int8"};
 
 void nl_engine_plan_req_default(nl_engine_plan_req *q) {
@@ -344,4 +343,11 @@ nl_status nl_plan_engine(const nl_engine_plan_req *q, const nl_cpu_rates *r, nl_
                         weight_bytes_of(q->weights, s.V, s.C);
     out->kv_bytes_per_token = s.L * kv_bytes_per_pos(q, &s);
     return NL_OK;
+}
+
+double nl_plan_engine_probe_step_s(const nl_arch *a, const nl_cpu_rates *r, double ctx) {
+    nl_engine_plan_req q;
+    nl_engine_plan_req_default(&q);
+    q.arch = *a;
+    return nl_plan_engine_step_s(&q, r, 1, 1, 1, ctx, 0);
 }

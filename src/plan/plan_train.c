@@ -183,7 +183,12 @@ int nl_plan_attn_eff(const nl_hw *hw, double seq, double head_dim, int triton, d
 
 static double gemm_s(const nl_hw *hw, const nl_eff *e, double M, double N, double K) {
     if (M <= 0 || N <= 0 || K <= 0) return 0;
-    double peak = e->fp8_gemm ? hw->flops_fp8 : hw->flops_bf16, bytes = e->fp8_gemm ? 1 : 2;
+    double peak = e->fp8_gemm    ? hw->flops_fp8
+                  : e->fp32_gemm ? hw->flops_tf32
+                                 : hw->flops_bf16,
+           bytes = e->fp8_gemm    ? 1
+                   : e->fp32_gemm ? 4
+                                  : 2;
     double base = e->gemm > 0 ? e->gemm : hw->gemm_eff > 0 ? hw->gemm_eff : 0.6;
     double eff = base * nl_plan_gemm_shape_eff(M) * nl_plan_gemm_shape_eff(N);
     if (e->fp8_gemm) {
@@ -290,8 +295,11 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
         f_eff = b_eff = e->attn / (q->attn_triton ? nl_plan_attn_triton_slowdown(seq) : 1.0);
     else
         nl_plan_attn_eff(hw, seq, hd, q->attn_triton, &f_eff, &b_eff);
-    double at = attn_flops / (hw->flops_bf16 * f_eff);
-    double at_bwd = 2.5 * attn_flops / (hw->flops_bf16 * b_eff);
+    /* fp32 runs compute the attention core on the TF32 tensor cores (FlashAttention has no fp32
+     * kernel: PyTorch's math path), priced at the kernel shares on the TF32 peak. */
+    double attn_peak = e->fp32_gemm ? hw->flops_tf32 : hw->flops_bf16;
+    double at = attn_flops / (attn_peak * f_eff);
+    double at_bwd = 2.5 * attn_flops / (attn_peak * b_eff);
     if (q->attn_materialized) {
         /* Older runs (Megatron-LM 2021, BLOOM, OPT) materialise the scores: QK^T and PV as
          * batched GEMMs on the full s x s square (no causal skip: twice the FLOPs) at GEMM
@@ -307,7 +315,7 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     if (q->fam.layernorm) ew_bytes += T * 2.0 * 4 * D / sp;       /* mean pass of LayerNorm */
     if (q->fam.bias) ew_bytes += T * 2.0 * 2 * (D / sp + Fl / t); /* bias adds */
     if (q->fam.dropout) ew_bytes += T * 3.0 * 2 * D / sp;         /* dropout: mask and output */
-    double ew = ew_bytes / hw->hbm_bw;
+    double ew = ew_bytes * (e->fp32_gemm ? 2 : 1) / hw->hbm_bw;   /* fp32 activations: 4 bytes, not 2 */
     double k = e->kernels_per_layer * e->kernel_s;
     double cast_fwd = 0, cast_bwd = 0;
     if (e->fp8_gemm) {
@@ -323,7 +331,11 @@ static void layer_compute(const nl_train_req *q, const nl_layout *L, double T, i
     double bwd_g = 2 * g * (e->fp8_gemm == NL_FP8_PER_TENSOR ? NL_FP8_SPLIT_ACC_SLOWDOWN : 1.0);
     lt->bwd = bwd_g + at_bwd + 2 * ew + 2 * k + cast_bwd;
     lt->recompute = 0;
-    if (L->recompute == NL_RECOMPUTE_SELECTIVE) lt->recompute = 0.3 * ew + 0.25 * k; /* the activation */
+    /* Selective recomputation (Korthikanti et al. 2022 sec. 5) recomputes the attention core
+     * (QK^T, softmax, dropout, attention over V) and keeps the rest: with flash attention that
+     * core is recomputed inside the kernel's backward anyway (priced in at_bwd); with the scores
+     * materialised it is one more forward of the core. Plus the activation function. */
+    if (L->recompute == NL_RECOMPUTE_SELECTIVE) lt->recompute = 0.3 * ew + 0.25 * k + (q->attn_materialized ? at : 0);
     if (L->recompute == NL_RECOMPUTE_FULL) lt->recompute = lt->fwd;
 }
 
@@ -352,6 +364,7 @@ typedef struct layout_ctx {
     parts P;
     double t, pp, dpz;                                            /* tp, pp and dp x cp as doubles */
     double lps;                                                   /* layers on the busiest stage */
+    double lps_first;                                             /* layers on the first stage */
     double shard;                                                 /* data-parallel ranks a ZeRO-3/HSDP shard spans */
     double dense_local;                                           /* non-expert parameters on this GPU */
     double expert_local;                                          /* routed-expert parameters on this GPU */
@@ -363,6 +376,94 @@ typedef struct layout_ctx {
     double cls;            /* classifier and loss of one microbatch */
     double t_fp8_weights;  /* FP8 recipes: the step's weight casts (fp8_weight_cast_s) */
 } layout_ctx;
+
+/* Layers per pipeline stage: the busiest stage's and the first stage's (which holds the most
+ * microbatches in flight). Even: ceil(layers / pp) on every stage, one less on the first when
+ * that leaves the stages uneven. Uneven ends: first_layers and last_layers, the middle stages
+ * (layers - first - last) / (pp - 2) each. */
+static void stage_layers(const nl_train_req *q, const nl_layout *L, double *busiest, double *first) {
+    double n = (double)q->arch.n_layers, pp = (double)L->pp;
+    if (L->pp > 1 && (q->fix.first_layers > 0 || q->fix.last_layers > 0)) {
+        double f = (double)q->fix.first_layers, l = (double)q->fix.last_layers;
+        double mid = L->pp > 2 ? (n - f - l) / (pp - 2) : 0;
+        *busiest = fmax(fmax(f, l), mid);
+        *first = f;
+        return;
+    }
+    *busiest = ceil(n / pp);
+    *first = (L->pp > 1 && pp * *busiest > n) ? *busiest - 1 : *busiest;
+}
+
+/* Whether the stages of a layout can be cut as it says: NL_OK, or NL_ERR_INVALID naming the
+ * constraint. Even stages: pp x interleave chunks over the layers (one chunk may hold only the
+ * embedding and one only the output layer: up to layers + 2 chunks, Llama 3 sec. 3.3.2), each
+ * stage's layers a multiple of the interleave. Uneven ends: both given, the middle stages
+ * even, each end's layers (with the embedding or the output layer) filling its chunks. */
+static nl_status check_stages(const nl_train_req *q, const nl_layout *L) {
+    long long n = (long long)q->arch.n_layers, pp = (long long)L->pp, v = (long long)(L->vpp > 1 ? L->vpp : 1);
+    long long f = (long long)q->fix.first_layers, l = (long long)q->fix.last_layers;
+    if (f > 0 || l > 0) {
+        if (pp < 2) return nl_fail(NL_ERR_INVALID, "layout: first/last stage layers need pp >= 2");
+        if (f < 1 || l < 1)
+            return nl_fail(NL_ERR_INVALID, "layout: give both the first and the last stage's layers (>= 1 each)");
+        if (f + l > n || (pp == 2 && f + l != n))
+            return nl_fail(NL_ERR_INVALID,
+                           "layout: first %lld + last %lld stage layers do not fit %lld layers on %lld stages", f, l, n,
+                           pp);
+        if (pp > 2 && (n - f - l) % (pp - 2))
+            return nl_fail(NL_ERR_INVALID,
+                           "layout: the %lld layers between the first (%lld) and last (%lld) stage do not split evenly "
+                           "over the %lld middle stages",
+                           n - f - l, f, l, pp - 2);
+        if (v > 1 && ((pp > 2 && ((n - f - l) / (pp - 2)) % v) || (f % v && (f + 1) % v) || (l % v && (l + 1) % v)))
+            return nl_fail(NL_ERR_INVALID,
+                           "layout: interleave %lld needs each stage's layers in whole chunks of equal size (the end "
+                           "stages may count the embedding or the output layer as one chunk); stages %lld, %lld x "
+                           "%lld, %lld",
+                           v, f, pp - 2, pp > 2 ? (n - f - l) / (pp - 2) : 0, l);
+        return NL_OK;
+    }
+    if (pp * v > n + (v > 1 ? 2 : 0))
+        return nl_fail(NL_ERR_INVALID, "layout: pp %lld x interleave %lld = %lld chunks exceed %lld layers", pp, v,
+                       pp * v, n);
+    if (v > 1 && n % (pp * v) && pp * v != n + 2)
+        return nl_fail(NL_ERR_INVALID,
+                       "layout: interleave %lld: %lld layers do not split into %lld stages x %lld chunks; give the "
+                       "first and last stage's layers for uneven ends (Llama 3 405B: 126 layers on 16 x 8 = "
+                       "--first-stage-layers 7 --last-stage-layers 7)",
+                       v, n, pp, v);
+    return NL_OK;
+}
+
+/* A schedule's own constraints. DualPipe (deepseek-ai/DualPipe, dualpipe.py, DualPipe.step):
+ * `assert num_ranks % 2 == 0` and `num_chunks % 2 == 0 and num_chunks >= num_ranks * 2`: an
+ * even number of stages, an even number of microbatches, at least twice the stages. Interleaved
+ * 1F1B (Megatron-LM's schedules.py): the microbatches a multiple of pp. */
+static nl_status check_schedule(const nl_train_req *q, const nl_layout *L) {
+    long long pp = (long long)L->pp, m = (long long)L->n_micro;
+    if (q->schedule == NL_SCHED_DUALPIPE) {
+        if (pp < 2 || pp % 2)
+            return nl_fail(NL_ERR_INVALID,
+                           "layout: DualPipe runs its two directions over an even number of pipeline "
+                           "stages (pp >= 2, even), got pp %lld",
+                           pp);
+        if (m % 2 || m < 2 * pp)
+            return nl_fail(NL_ERR_INVALID,
+                           "layout: DualPipe needs an even number of microbatches, at least 2 x pp = %lld; the batch "
+                           "gives %lld",
+                           2 * pp, m);
+    } else if (L->pp > 1 && m < pp) {
+        return nl_fail(NL_ERR_INVALID,
+                       "layout: a pipeline of %lld stages needs at least %lld microbatches per step, "
+                       "the batch gives %lld",
+                       pp, pp, m);
+    }
+    if (L->vpp > 1 && m % pp)
+        return nl_fail(NL_ERR_INVALID,
+                       "layout: the interleaved schedule needs the microbatches (%lld) to be a multiple of pp %lld", m,
+                       pp);
+    return NL_OK;
+}
 
 /* The layout's own consistency: degrees, divisibility, what the model allows. */
 static nl_status check_layout(const nl_train_req *q, nl_layout *L) {
@@ -377,13 +478,10 @@ static nl_status check_layout(const nl_train_req *q, nl_layout *L) {
     if (a->n_heads % L->tp)
         return nl_fail(NL_ERR_INVALID, "layout: tp %lld does not divide %lld heads", (long long)L->tp,
                        (long long)a->n_heads);
-    /* Uneven stages are priced by the busiest one (ceil); the search keeps to pp | layers. */
-    /* A chunk may hold only the embedding or only the output layer (Llama 3 sec. 3.3.2: 126
-     * layers on 16 stages x 8 chunks, "the first model chunk on the first stage has only the
-     * embedding"): up to n_layers + 2 chunks. */
-    if (L->pp * L->vpp > a->n_layers + (L->vpp > 1 ? 2 : 0))
-        return nl_fail(NL_ERR_INVALID, "layout: pp*v %lld exceeds %lld layers", (long long)(L->pp * L->vpp),
-                       (long long)a->n_layers);
+    /* Uneven stages are priced by the busiest one; the search keeps to pp | layers unless the
+     * ends are given. */
+    NL_TRY(check_stages(q, L));
+    NL_TRY(check_schedule(q, L));
     if (q->seq % L->cp)
         return nl_fail(NL_ERR_INVALID, "layout: cp %lld does not divide the sequence %lld", (long long)L->cp,
                        (long long)q->seq);
@@ -401,7 +499,7 @@ static void ctx_init(const nl_train_req *q, const nl_layout *L, layout_ctx *c) {
     c->t = (double)L->tp;
     c->pp = (double)L->pp;
     c->dpz = (double)(L->dp * L->cp);
-    c->lps = ceil((double)a->n_layers / c->pp);
+    stage_layers(q, L, &c->lps, &c->lps_first);
     /* Data-parallel ranks inside one node: the HSDP shard group. */
     double in_node = floor((double)q->hw.gpus_per_node / (c->t * (double)L->cp));
     if (in_node < 1) in_node = 1;
@@ -432,7 +530,7 @@ static void eval_memory(const nl_train_req *q, const nl_layout *L, const layout_
                       .flash = !q->attn_materialized,
                       .recompute = L->recompute,
                       .seq = (double)q->seq,
-                      .bytes_per_elem = 2,
+                      .bytes_per_elem = q->eff.fp32_gemm ? 4 : 2,
                       .fam = q->fam,
                       .fp8_cache = !strcmp(q->recipe.name, "fp8-ds3"),
                       .distribute_saved = dist_saved(q, L)};
@@ -448,9 +546,9 @@ static void eval_memory(const nl_train_req *q, const nl_layout *L, const layout_
         inflight = fmin(c->pp + 1, c->m);
         o->mem_weights *= 2;
     }
-    /* When the stages cannot be even, the first and last stages take one layer less (Llama 3
-     * sec. 3.3.2: 126 layers on 16 stages, one layer removed from the first and the last). */
-    double lps_first = (L->pp > 1 && c->pp * c->lps > (double)a->n_layers) ? c->lps - 1 : c->lps;
+    /* The first stage's layers (stage_layers: given, or one less when the stages cannot be even,
+     * as Llama 3 sec. 3.3.2 removes one layer from the first and the last stage). */
+    double lps_first = c->lps_first;
     double act_one = c->T * lps_first * al.bytes_per_token,
            act_work = c->T * (al.working_bytes_per_token - al.bytes_per_token);
     double logits = nl_plan_logits_bytes(a, c->T) / c->t;
@@ -521,7 +619,7 @@ static void eval_model_parallel_comm(const nl_train_req *q, const nl_layout *L, 
                                      double *cp_exposed_mb) {
     const nl_arch *a = &q->arch;
     const nl_hw *hw = &q->hw;
-    double t = c->t, D = (double)a->dim, layer_act = c->T * D * 2;
+    double t = c->t, D = (double)a->dim, layer_act = c->T * D * (q->eff.fp32_gemm ? 4 : 2);
     int tp_span = spans(hw, 1, t), cp_span = spans(hw, t, (double)L->cp), ep_span = spans(hw, t, (double)L->ep),
         pp_span = spans(hw, t * c->dpz, c->pp);
     /* Tensor parallel: 2 all-reduces per layer forward, 2 backward (Shoeybi et al. 2019 fig. 4);
@@ -551,10 +649,20 @@ static void eval_model_parallel_comm(const nl_train_req *q, const nl_layout *L, 
         *cp_exposed_mb = c->lps * (fmax(0, one - c->attn_fwd) + fmax(0, one + rs - 2.5 * c->attn_fwd));
     }
     /* Expert parallel: all-to-all dispatch and combine forward, their twins backward. */
+    /* Node-limited routing (DeepSeek-V3 sec. 3.2.2: each token goes to at most M = 4 nodes; its
+     * copy crosses the network once per node and is forwarded to the node's experts over NVLink)
+     * caps the copies that cross nodes at min(top_k, M) when the group spans nodes. DeepSeek-V3's
+     * FP8 recipe dispatches in FP8 (sec. 3.3.3, "Low-Precision Communication": 1 byte plus a
+     * scale per 128) and combines in BF16. */
     double t_ep_mb = 0;
     if (L->ep > 1 && c->P.moe_layers > 0) {
-        double arr = c->T * (double)a->top_k * D * 2;
-        t_ep_mb = c->lps * c->moe_frac * 4 * nl_plan_coll_time(hw, NL_ALL_TO_ALL, L->ep, arr, ep_span);
+        double copies = (double)a->top_k;
+        if (ep_span && q->moe_node_limit > 0) copies = fmin(copies, (double)q->moe_node_limit);
+        double disp_b = !strcmp(q->recipe.name, "fp8-ds3") ? 1.0 + 4.0 / 128 : 2.0;
+        double arr = c->T * copies * D;
+        t_ep_mb = c->lps * c->moe_frac *
+                  (nl_plan_coll_time(hw, NL_ALL_TO_ALL, L->ep, arr * disp_b, ep_span) +
+                   3 * nl_plan_coll_time(hw, NL_ALL_TO_ALL, L->ep, arr * 2, ep_span));
     }
     /* Pipeline: one activation forward and one gradient backward per microbatch and boundary,
      * v times as often when interleaved (Narayanan et al. 2021 sec. 2.2). Each of the t
@@ -568,6 +676,16 @@ static void eval_model_parallel_comm(const nl_train_req *q, const nl_layout *L, 
     o->t_cp = c->m * t_cp_mb;
     o->t_ep = c->m * t_ep_mb;
     o->t_pp = c->m * t_pp_mb;
+}
+
+/* The latency of one ring all-gather or reduce-scatter over p ranks, NCCL's own cost model
+ * (src/graph/tuning.cc of NCCL 2.8-2.9, the Simple protocol these large collectives use): a base
+ * of 8.4 us plus 3.4 us per NVLink step and 9.6 us per network step, p - 1 steps of which
+ * nodes - 1 cross the network. Within one node it is the GPU's flat latency_s. */
+static double zero3_ring_latency(const nl_hw *hw, int64_t p, int span) {
+    if (!span || p < 2) return hw->latency_s;
+    double per_node = (double)span, nodes = ceil((double)p / per_node), steps = (double)p - 1;
+    return 8.4e-6 + (steps - (nodes - 1)) * 3.4e-6 + (nodes - 1) * 9.6e-6;
 }
 
 /* Data-parallel / ZeRO communication per step (o->t_dp) and the part of it that backward (or
@@ -603,11 +721,32 @@ static double eval_dp_comm(const nl_train_req *q, const nl_layout *L, const layo
     case NL_ZERO_HSDP: {
         int64_t s = (int64_t)c->shard;
         int sspan = L->zero == NL_ZERO_HSDP ? spans(hw, c->t * (double)L->cp, (double)s) : dp_span;
-        double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, s, wbytes, sspan);
-        double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, s, gbytes, sspan);
+        /* Layer by layer: calls_per_layer gathers (and reduce-scatters) per layer, each a ring
+         * whose latency grows with its ranks (zero3_ring_latency); the bytes as one collective.
+         * NIC sharing: across nodes every GPU of a node is a member and runs the same gathers at
+         * the same time, and each GPU's shard traffic is priced at its own NIC's share of the
+         * node's network, not spread over all the node's NICs as one large nccl-tests ring is
+         * (NCCL issue #1221). The published DeepSpeed ZeRO-3 runs of Narayanan et al. 2021
+         * (Table 2: 175B and 530B on 384-2,240 A100s, one 200 Gb/s NIC per GPU) take as long per
+         * step at 1,536 GPUs as at 768 (and at 2,240 as at 1,120): ~1 TB of parameter traffic
+         * per GPU per step at ~20 GB/s, one NIC at inter_eff; with the spread they would run 2-4x
+         * faster than published. zero3_nic_spread restores the spread. */
+        double calls = c->lps * (q->zero3_calls_per_layer > 0 ? (double)q->zero3_calls_per_layer : 1.0);
+        int nic_span = sspan && !q->zero3_nic_spread ? 1 : sspan;
+        double lat = zero3_ring_latency(hw, s, sspan);
+        double ag = nl_plan_coll_time(hw, NL_ALL_GATHER, s, wbytes, nic_span) - hw->latency_s + calls * lat;
+        double rs = nl_plan_coll_time(hw, NL_REDUCE_SCATTER, s, gbytes, nic_span) - hw->latency_s + calls * lat;
+        /* What a gather can hide behind: the compute of the module before it, but only as much of
+         * it as the prefetch reaches ahead: prefetch parameters per call out of the layer's
+         * (DeepSpeed's stage3_prefetch_bucket_size; FSDP prefetches the next whole layer). */
+        double layer_params = (c->dense_local + c->expert_local) / c->lps;
+        double reach = q->zero3_prefetch > 0 && layer_params > 0
+                           ? fmin(1, q->zero3_prefetch * (calls / c->lps) / layer_params)
+                           : 1.0;
         /* Backward gathers the layer again (recomputation reuses that gather). */
         t_dp = c->m * (2 * ag + rs);
-        exposed = c->m * (fmax(0, ag - e->dp_overlap * fwd_first) + fmax(0, ag + rs - e->dp_overlap * bwd_last));
+        exposed = c->m * (ag - fmin(e->dp_overlap * fwd_first, reach * ag) + (ag + rs) -
+                          fmin(e->dp_overlap * bwd_last, reach * (ag + rs)));
         recv_bytes = c->m * (s > 1 ? (s - 1.0) / (double)s : 0) * (2 * wbytes + gbytes);
         if (L->zero == NL_ZERO_HSDP && c->dpz > c->shard) {
             double ar = nl_plan_coll_time(hw, NL_ALL_REDUCE, (int64_t)(c->dpz / c->shard), gbytes / c->shard, 1);
@@ -640,7 +779,8 @@ static void eval_compute_and_bubble(const nl_train_req *q, const nl_layout *L, c
     if (q->eff.fixed_mfu > 0) {
         /* Napkin mode (the course's): compute = 6 * N * tokens at a fixed MFU, N = all parameters;
          * no kernel model. */
-        o->t_compute = 6 * c->P.total * tokens_step / (double)q->gpus / (q->hw.flops_bf16 * q->eff.fixed_mfu);
+        double peak = q->eff.fp32_gemm ? q->hw.flops_tf32 : q->hw.flops_bf16;
+        o->t_compute = 6 * c->P.total * tokens_step / (double)q->gpus / (peak * q->eff.fixed_mfu);
         o->t_bubble = L->pp > 1 ? o->t_compute * (pp - 1) / (c->m * (double)L->vpp) : 0;
         return;
     }
@@ -658,6 +798,28 @@ static void eval_compute_and_bubble(const nl_train_req *q, const nl_layout *L, c
         o->t_bubble = (pp - 1) / (double)L->vpp * (c->t_mb_fwd + c->cls / 3);
 }
 
+/* The tensor cores a recipe's GEMMs run on: FP8 recipes on the FP8 units (per-tensor scaling,
+ * Transformer Engine, or DeepSeek-V3's block scaling), fp32 on the TF32 units; a GPU without
+ * them refuses the recipe (an A100 has no FP8 units: Transformer Engine's FP8 needs Hopper or
+ * Ada, compute capability 8.9+). */
+static nl_status recipe_units(const nl_train_req *q, nl_eff *e) {
+    e->fp8_gemm = !strcmp(q->recipe.name, "fp8-ds3")   ? NL_FP8_BLOCK
+                  : !strncmp(q->recipe.name, "fp8", 3) ? NL_FP8_PER_TENSOR
+                                                       : 0;
+    e->fp32_gemm = !strcmp(q->recipe.name, "fp32");
+    if (e->fp8_gemm && !(q->hw.flops_fp8 > 0))
+        return nl_fail(NL_ERR_INVALID,
+                       "recipe %s runs its GEMMs in FP8, but %s has no FP8 tensor cores (catalog flops_fp8 = 0); "
+                       "use --recipe bf16, or a GPU with FP8 (h100, h200, h800, b200, mi300x)",
+                       q->recipe.name, q->hw.name);
+    if (e->fp32_gemm && !(q->hw.flops_tf32 > 0))
+        return nl_fail(NL_ERR_INVALID,
+                       "recipe fp32 runs its GEMMs at the TF32 rate, but %s has none in the catalog "
+                       "(flops_tf32 = 0); give it with --hw FILE.json",
+                       q->hw.name);
+    return NL_OK;
+}
+
 /* Prices one layout: memory first, then the step (compute, bubble, exposed communication,
  * optimizer) and what follows from it (tokens/s, MFU, days, GPU-hours, cost). A layout that
  * does not fit is priced too, with o->fits = 0 and its reason. Returns NL_ERR_INVALID for an
@@ -668,9 +830,7 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     const nl_train_req *q = &qq;
     /* FP8 recipes run their GEMMs in FP8: per-tensor scaling (Transformer Engine) or DeepSeek-V3's
      * block scaling. */
-    qq.eff.fp8_gemm = !strcmp(q0->recipe.name, "fp8-ds3")   ? NL_FP8_BLOCK
-                      : !strncmp(q0->recipe.name, "fp8", 3) ? NL_FP8_PER_TENSOR
-                                                            : 0;
+    NL_TRY(recipe_units(q0, &qq.eff));
     o->L = *L0;
     nl_layout *L = &o->L;
     NL_TRY(check_layout(q, L));
@@ -689,7 +849,12 @@ nl_status nl_plan_train_eval(const nl_train_req *q0, const nl_layout *L0, nl_tra
     /* Expert all-to-alls: DualPipe hides them behind the other direction's compute (DeepSeek-V3
      * sec. 3.2.1, "nearly zero all-to-all communication overhead"); otherwise they are exposed
      * but the share ep_overlap that token dispatch overlaps with the shared expert. */
-    double ep_exposed = q->schedule == NL_SCHED_DUALPIPE ? 0 : o->t_ep * (1 - q->eff.ep_overlap);
+    /* DualPipe pairs a forward chunk of one microbatch with a backward chunk of another and runs
+     * each one's all-to-all during the other's computation (DeepSeek-V3 sec. 3.2.1, Fig. 4): the
+     * communication hides behind at most the layers' compute of the step; what exceeds it shows. */
+    double dualpipe_cap = c.m * c.lps * (c.per_layer_fwd + c.per_layer_bwd + c.per_layer_rec);
+    double ep_exposed =
+        q->schedule == NL_SCHED_DUALPIPE ? fmax(0, o->t_ep - dualpipe_cap) : o->t_ep * (1 - q->eff.ep_overlap);
     o->t_exposed = o->t_tp * (1 - q->eff.tp_overlap) + c.m * cp_exposed_mb + ep_exposed + o->t_pp + dp_exposed;
     /* Adam reads grads, master weights, m, v and writes master, m, v and the bf16 weights: the
      * optimizer bytes twice plus gradient and weight bytes, per parameter of this rank's shard. */
@@ -738,7 +903,8 @@ typedef struct search_state {
     const nl_train_req *q;
     nl_train_result *r;
     size_t cap;
-    int saw_decomp, saw_zero_dp1, saw_mb;
+    int saw_decomp, saw_zero_dp1, saw_mb, saw_mb_ok;
+    char why[320]; /* the last constraint that turned a layout away (check_stages, check_schedule) */
 } search_state;
 
 /* Whether a layout keeps every degree the user fixed. */
@@ -777,26 +943,35 @@ static nl_status search_micro(search_state *st, nl_layout base) {
         n_mbs = 1;
     }
     int64_t dp = base.dp, pp = base.pp;
+    (void)a;
     for (size_t mi = 0; mi < n_mbs; mi++) {
         int64_t mb = mbs[mi];
         if (q->global_batch % (dp * mb)) {
             st->saw_mb = 1;
             continue;
         }
-        st->saw_decomp = 1;
+        st->saw_mb_ok = 1;
         int64_t nm = q->global_batch / (dp * mb);
-        if (pp > 1 && nm < pp) continue;
         int64_t vmax = pp > 1 ? (q->fix.vpp > 8 ? q->fix.vpp : 8) : 1;
         for (int64_t v = 1; v <= vmax; v++) {
             /* Free: 1, 2, 4, 8; fixed: that degree only. */
             if (q->fix.vpp > 0 ? v != q->fix.vpp : (v & (v - 1)) != 0) continue;
-            /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU. */
-            if (v > 1 && (pp * v > a->n_layers || nm % pp || a->n_layers % (pp * v))) continue;
+            /* Interleaving (Narayanan et al. 2021 sec. 2.2): v chunks per GPU; the stages and
+             * the schedule's own constraints (check_stages, check_schedule). */
+            nl_layout S = base;
+            S.micro_batch = mb;
+            S.n_micro = nm;
+            S.vpp = v;
+            S.recompute = q->fix.recompute_plus1 > 0 ? (nl_recompute)(q->fix.recompute_plus1 - 1) : NL_RECOMPUTE_NONE;
+            if (!keeps_fixed(q, &S)) continue;
+            if (check_stages(q, &S) || check_schedule(q, &S)) {
+                /* the reason to report: the plain schedule's, or the fixed interleave's */
+                if ((q->fix.vpp > 0 || v == 1) && !st->why[0]) snprintf(st->why, sizeof st->why, "%s", nl_last_error());
+                continue;
+            }
+            st->saw_decomp = 1;
             for (int rc = 0; rc <= 2; rc++) {
-                nl_layout L = base;
-                L.micro_batch = mb;
-                L.n_micro = nm;
-                L.vpp = v;
+                nl_layout L = S;
                 L.recompute = (nl_recompute)rc;
                 if (!keeps_fixed(q, &L)) continue;
                 NL_TRY(push_eval(st, &L));
@@ -817,6 +992,7 @@ static nl_status search_grid(search_state *st) {
         if (q->gpus % tp || a->n_heads % tp) continue;
         for (int64_t pp = 1; pp <= a->n_layers && tp * pp <= q->gpus; pp++) {
             if ((q->gpus / tp) % pp || (a->n_layers % pp && pp != q->fix.pp)) continue;
+            if (q->fix.first_layers > 0 && pp == 1) continue; /* uneven ends need a pipeline */
             for (int64_t cp = 1; cp <= 16 && tp * pp * cp <= q->gpus; cp *= 2) {
                 if ((q->gpus / (tp * pp)) % cp || q->seq % cp || q->seq / cp < 512) continue;
                 int64_t dp = q->gpus / (tp * pp * cp);
@@ -853,11 +1029,14 @@ static nl_status no_layout_error(const search_state *st) {
                        "ZeRO stage %s shards over data-parallel ranks, but the fixed layout leaves "
                        "dp = 1 on %lld GPUs: use --zero 0 or more GPUs",
                        nl_zero_name((nl_zero)(q->fix.zero_plus1 - 1)), (long long)q->gpus);
-    if (q->fix.micro_batch > 0 && st->saw_mb)
+    if (q->fix.micro_batch > 0 && st->saw_mb && !st->saw_mb_ok)
         return nl_fail(NL_ERR_INVALID,
-                       "micro-batch %lld does not divide the global batch of %lld sequences per "
-                       "data-parallel rank on any layout of %lld GPUs",
+                       "micro-batch %lld x the data-parallel degree divides the global batch of %lld sequences on no "
+                       "layout of %lld GPUs",
                        (long long)q->fix.micro_batch, (long long)q->global_batch, (long long)q->gpus);
+    if (!st->saw_decomp && st->why[0])
+        return nl_fail(NL_ERR_INVALID, "no layout of %lld GPUs with a global batch of %lld sequences: %s",
+                       (long long)q->gpus, (long long)q->global_batch, st->why);
     if (!st->saw_decomp)
         return nl_fail(
             NL_ERR_INVALID,
@@ -893,6 +1072,8 @@ nl_status nl_plan_train_search(const nl_train_req *q, nl_train_result *r) {
     double t0 = nl_time_s();
     if (q->gpus < 1) return nl_fail(NL_ERR_INVALID, "gpus must be >= 1, got %lld", (long long)q->gpus);
     if (q->seq < 1 || q->global_batch < 1) return nl_fail(NL_ERR_INVALID, "seq and global batch must be >= 1");
+    nl_eff units;
+    NL_TRY(recipe_units(q, &units)); /* a recipe the GPU cannot run: say so, not "no layout" */
     search_state st = {.q = q, .r = r, .cap = 4096};
     r->evals = malloc(st.cap * sizeof *r->evals); /* grown with realloc, freed with free */
     if (!r->evals) return nl_fail(NL_ERR_NOMEM, "training layouts: out of memory");
@@ -1054,11 +1235,13 @@ nl_status nl_plan_layer(const nl_train_req *q, const nl_layout *L, double tokens
         push(lp, hw, "gradient reduce-scatter", "step", NL_REDUCE_SCATTER, "dp", dz, gb, dp_span, 1);
         push(lp, hw, "updated weights all-gather", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, 1);
         break;
-    case NL_ZERO_3:
-        push(lp, hw, "weights all-gather (forward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
-        push(lp, hw, "weights all-gather (backward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, dp_span, m);
-        push(lp, hw, "gradient reduce-scatter (layer by layer)", "step", NL_REDUCE_SCATTER, "dp", dz, gb, dp_span, m);
+    case NL_ZERO_3: {
+        int z3span = dp_span && !q->zero3_nic_spread ? 1 : dp_span; /* each GPU's own NIC (eval_dp_comm) */
+        push(lp, hw, "weights all-gather (forward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, z3span, m);
+        push(lp, hw, "weights all-gather (backward, layer by layer)", "step", NL_ALL_GATHER, "dp", dz, wb, z3span, m);
+        push(lp, hw, "gradient reduce-scatter (layer by layer)", "step", NL_REDUCE_SCATTER, "dp", dz, gb, z3span, m);
         break;
+    }
     case NL_ZERO_HSDP: {
         double in_node = fmax(1, floor((double)hw->gpus_per_node / (t * (double)L->cp)));
         int64_t s = (int64_t)fmin(in_node, dpz);

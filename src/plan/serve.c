@@ -54,6 +54,11 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     if (a->n_heads % q->tp)
         return nl_fail(NL_ERR_INVALID, "serve: tp %lld does not divide %lld heads", (long long)q->tp,
                        (long long)a->n_heads);
+    if (q->fp8 && !(hw->flops_fp8 > 0))
+        return nl_fail(NL_ERR_INVALID,
+                       "serve: FP8 weights and GEMMs need FP8 tensor cores, but %s has none (catalog flops_fp8 = 0); "
+                       "use --precision bf16 or int8 (weight-only), or a GPU with FP8 (h100, h200, h800, b200, mi300x)",
+                       hw->name);
     nl_arch_params p;
     nl_plan_count_params(a, &q->fam, &p);
     /* FP8 serving runs its GEMMs at the fp8 peak (TensorRT-LLM's FP8 engines). */
@@ -90,7 +95,13 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * the GEMM shapes of the prompt (one prompt, or the whole batch's tokens together). */
     double mfu1 = q->prefill_mfu > 0 ? mfu : mfu * forward_shape_eff(a, tp, q->prompt, q->fp8);
     double mfuB = q->prefill_mfu > 0 ? mfu : mfu * forward_shape_eff(a, tp, B * q->prompt, q->fp8);
-    o->prefill_s = fmax(o->prefill_flops / (tp * P * mfu1), wread) + prefill_comm + launch;
+    o->prefill_compute_s = o->prefill_flops / (tp * P * mfu1);
+    o->prefill_weight_s = wread;
+    o->prefill_comm_s = prefill_comm;
+    o->launch_s = launch;
+    o->prefill_eff = mfu1;
+    o->prefill_peak = P;
+    o->prefill_s = fmax(o->prefill_compute_s, wread) + prefill_comm + launch;
     o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfuB), wread) + B * prefill_comm + launch;
 
     o->kv_bytes_per_token = nl_plan_kv_bytes_per_token(a, q->kv_bytes);
@@ -116,7 +127,9 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * GEMMs and the attention over the KV cache run one after the other, each bound by its own
      * resource, so a step whose GEMMs are compute bound at a large batch still pays the KV read
      * in full. The course's single max(memory, compute) is the same for small batches. */
-    o->decode_step_s = fmax(fmax(o->weight_read_s, o->fsdp_gather_s), gemm_c) + fmax(o->kv_read_s, attn_c);
+    o->decode_weight_s = fmax(fmax(o->weight_read_s, o->fsdp_gather_s), gemm_c);
+    o->decode_kv_s = fmax(o->kv_read_s, attn_c);
+    o->decode_step_s = o->decode_weight_s + o->decode_kv_s;
     /* Two all-reduces per layer (after attention, after the MLP) of B x D activations. */
     if (q->tp > 1) {
         o->tp_allreduces = 2 * nlay;

@@ -11,11 +11,6 @@
 #include "nanolm/client.h"
 #include "nanolm/http_request.h"
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 double nl_percentile(const double *sorted, int64_t n, double q) {
     if (n <= 0) return NAN;
     if (q <= 0) return sorted[0];
@@ -33,7 +28,7 @@ void nl_latency_summarize(double *v, int64_t n, nl_latency_summary *s) {
         s->mean = s->p50 = s->p90 = s->p99 = s->max = NAN;
         return;
     }
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    nl_sort_doubles(v, (size_t)n);
     double sum = 0;
     for (int64_t i = 0; i < n; i++) sum += v[i];
     s->mean = sum / (double)n;
@@ -143,9 +138,12 @@ static char *make_body(const nl_loadgen_opts *o, int64_t plen, int64_t olen, uin
     nl_rng rng;
     nl_rng_seed(&rng, seed);
     nl_http_buf b = {0};
+    nl_rng shared;
+    nl_rng_seed(&shared, o->seed ^ 0x5eedULL);
     int fail = nl_http_buf_append(&b, "{\"prompt\":[", 11) != NL_OK;
-    for (int64_t i = 0; i < plen && !fail; i++) {
-        uint64_t id = 3 + nl_rng_below(&rng, (uint64_t)(o->vocab_size - 3));
+    for (int64_t i = 0; i < o->shared_prefix + plen && !fail; i++) {
+        nl_rng *g = i < o->shared_prefix ? &shared : &rng;
+        uint64_t id = 3 + nl_rng_below(g, (uint64_t)(o->vocab_size - 3));
         fail = nl_http_buf_printf(&b, i ? ",%llu" : "%llu", (unsigned long long)id) != NL_OK;
     }
     if (!fail)

@@ -247,15 +247,94 @@ static int parse_stop(const cJSON *doc, nl_completion_req *req, nl_http_error *e
     return 0;
 }
 
-static int parse_fields(const cJSON *doc, int64_t vocab_size, nl_completion_req *req, nl_http_error *err) {
+/* The content of a chat message: a string, or text parts [{"type": "text", "text": s}]. */
+static int message_content(const cJSON *c, int i, char **out, nl_http_error *err) {
+    if (cJSON_IsString(c)) {
+        *out = dup_str(c->valuestring, NULL);
+        return *out ? 0 : bad(err, "messages", "'messages': out of memory");
+    }
+    if (!cJSON_IsArray(c))
+        return bad(err, "messages", "'messages'[%d].content must be a string or an array of text parts, got %s", i,
+                   c ? type_name(c) : "nothing");
+    size_t total = 0;
+    int k = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
+            !cJSON_IsString(text))
+            return bad(err, "messages",
+                       "'messages'[%d].content[%d] must be {\"type\": \"text\", \"text\": string} (this server "
+                       "takes text only)",
+                       i, k);
+        total += strlen(text->valuestring);
+        k++;
+    }
+    char *s = malloc(total + 1);
+    if (!s) return bad(err, "messages", "'messages': out of memory");
+    size_t at = 0;
+    cJSON_ArrayForEach(part, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(s + at, t, n);
+        at += n;
+    }
+    s[at] = 0;
+    *out = s;
+    return 0;
+}
+
+static int parse_messages(const cJSON *doc, nl_completion_req *req, nl_http_error *err) {
+    const cJSON *ms = field(doc, "messages");
+    if (!ms) return bad(err, "messages", "'messages' is required");
+    if (!cJSON_IsArray(ms)) return bad(err, "messages", "'messages' must be an array, got %s", type_name(ms));
+    int n = cJSON_GetArraySize(ms);
+    if (n == 0) return bad(err, "messages", "'messages' is an empty array (give at least one message)");
+    req->messages = calloc((size_t)n, sizeof *req->messages);
+    if (!req->messages) return bad(err, "messages", "'messages': out of memory");
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, ms) {
+        if (!cJSON_IsObject(m))
+            return bad(err, "messages", "'messages'[%d] must be an object, got %s", i, type_name(m));
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role))
+            return bad(err, "messages", "'messages'[%d].role must be a string, got %s", i,
+                       role ? type_name(role) : "nothing");
+        const char *r = role->valuestring;
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
+            return bad(err, "messages", "'messages'[%d].role must be one of system, user, assistant, got \"%.40s\"", i,
+                       r);
+        char *content = NULL;
+        if (message_content(cJSON_GetObjectItemCaseSensitive(m, "content"), i, &content, err)) return 1;
+        req->messages[i].content = content;
+        req->messages[i].role = dup_str(r, NULL);
+        req->n_messages = ++i;
+        if (!req->messages[i - 1].role) return bad(err, "messages", "'messages': out of memory");
+    }
+    return 0;
+}
+
+static int parse_fields(const cJSON *doc, int64_t vocab_size, int chat, nl_completion_req *req, nl_http_error *err) {
     if (!cJSON_IsObject(doc)) return bad(err, NULL, "the request body must be a JSON object, got %s", type_name(doc));
     const cJSON *m = field(doc, "model");
     if (m) {
         if (!cJSON_IsString(m)) return bad(err, "model", "'model' must be a string, got %s", type_name(m));
         if (!(req->model = dup_str(m->valuestring, NULL))) return bad(err, "model", "'model': out of memory");
     }
-    if (parse_prompt(doc, vocab_size, req, err)) return 1;
-    if (get_int(doc, "max_tokens", 0, (int64_t)1 << 40, &req->max_tokens, err)) return 1;
+    if (chat) {
+        if (parse_messages(doc, req, err)) return 1;
+        if (get_bool(doc, "add_generation_prompt", &req->add_generation_prompt, err)) return 1;
+        int lp = 0;
+        if (get_bool(doc, "logprobs", &lp, err)) return 1;
+        if (lp) return bad(err, "logprobs", "'logprobs' is not supported by this server (give false or null)");
+        if (get_int(doc, "max_tokens", 0, (int64_t)1 << 40, &req->max_tokens, err)) return 1;
+        if (get_int(doc, "max_completion_tokens", 0, (int64_t)1 << 40, &req->max_tokens, err)) return 1;
+    } else {
+        if (parse_prompt(doc, vocab_size, req, err)) return 1;
+        if (get_int(doc, "max_tokens", 0, (int64_t)1 << 40, &req->max_tokens, err)) return 1;
+    }
     if (get_num(doc, "temperature", 0, 2, 0, &req->temperature, err)) return 1;
     if (get_num(doc, "top_p", 0, 1, 1, &req->top_p, err)) return 1;
     if (get_int(doc, "top_k", -1, INT32_MAX, &req->top_k, err)) return 1;
@@ -288,6 +367,7 @@ static int parse_fields(const cJSON *doc, int64_t vocab_size, nl_completion_req 
         snprintf(err->message, sizeof err->message, "'n' must be 1: this server returns one choice per request");
         return 1;
     }
+    if (chat) return 0;
     if (get_int(doc, "best_of", 1, 1, &best_of, err)) {
         snprintf(err->message, sizeof err->message, "'best_of' must be 1: this server returns one choice per request");
         return 1;
@@ -314,9 +394,10 @@ static size_t escaped_nul(const char *body, size_t n) {
     return n;
 }
 
-nl_status nl_http_parse_completion(const char *body, size_t bytes, int64_t vocab_size, nl_completion_req *req,
-                                   nl_http_error *err) {
+static nl_status parse_request(const char *body, size_t bytes, int64_t vocab_size, int chat, nl_completion_req *req,
+                               nl_http_error *err) {
     memset(req, 0, sizeof *req);
+    req->add_generation_prompt = 1;
     req->max_tokens = NL_HTTP_DEFAULT_MAX_TOKENS;
     req->temperature = 1.0;
     req->top_p = 1.0;
@@ -345,7 +426,7 @@ nl_status nl_http_parse_completion(const char *body, size_t bytes, int64_t vocab
         bad(err, NULL, "the request body has data after its JSON value (at byte %zu of %zu)", after, bytes);
         return nl_fail(NL_ERR_INVALID, "%s", err->message);
     }
-    int failed = parse_fields(doc, vocab_size, req, err);
+    int failed = parse_fields(doc, vocab_size, chat, req, err);
     cJSON_Delete(doc);
     if (failed) {
         nl_http_completion_free(req);
@@ -354,7 +435,21 @@ nl_status nl_http_parse_completion(const char *body, size_t bytes, int64_t vocab
     return NL_OK;
 }
 
+nl_status nl_http_parse_completion(const char *body, size_t bytes, int64_t vocab_size, nl_completion_req *req,
+                                   nl_http_error *err) {
+    return parse_request(body, bytes, vocab_size, 0, req, err);
+}
+
+nl_status nl_http_parse_chat(const char *body, size_t bytes, nl_completion_req *req, nl_http_error *err) {
+    return parse_request(body, bytes, 0, 1, req, err);
+}
+
 void nl_http_completion_free(nl_completion_req *req) {
+    for (int i = 0; i < req->n_messages; i++) {
+        free((char *)req->messages[i].role);
+        free((char *)req->messages[i].content);
+    }
+    free(req->messages);
     free(req->model);
     free(req->prompt);
     free(req->prompt_tokens);
@@ -376,19 +471,30 @@ static cJSON *string_n(const char *text, size_t n) {
     return j;
 }
 
-static cJSON *head(const nl_completion_id *id) {
+static cJSON *head(const nl_completion_id *id, int chunk) {
     cJSON *doc = cJSON_CreateObject();
     cJSON_AddStringToObject(doc, "id", id->id);
-    cJSON_AddStringToObject(doc, "object", "text_completion");
+    cJSON_AddStringToObject(doc, "object",
+                            !id->chat ? "text_completion"
+                            : chunk   ? "chat.completion.chunk"
+                                      : "chat.completion");
     cJSON_AddNumberToObject(doc, "created", (double)id->created);
     cJSON_AddStringToObject(doc, "model", id->model ? id->model : "");
     return doc;
 }
 
-static void add_choice(cJSON *doc, const char *text, size_t n, const char *finish) {
+/* chat: 0 text completion; 1 chat message; 2 chat delta with content; 3 empty chat delta;
+ * 4 chat delta with the role */
+static void add_choice(cJSON *doc, const char *text, size_t n, const char *finish, int chat) {
     cJSON *choices = cJSON_AddArrayToObject(doc, "choices");
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToObject(c, "text", string_n(text, n));
+    if (chat == 0) {
+        cJSON_AddItemToObject(c, "text", string_n(text, n));
+    } else {
+        cJSON *msg = cJSON_AddObjectToObject(c, chat == 1 ? "message" : "delta");
+        if (chat == 1 || chat == 4) cJSON_AddStringToObject(msg, "role", "assistant");
+        if (chat != 3) cJSON_AddItemToObject(msg, "content", string_n(text, n));
+    }
     cJSON_AddNumberToObject(c, "index", 0);
     cJSON_AddNullToObject(c, "logprobs");
     if (finish)
@@ -407,24 +513,37 @@ static void add_usage(cJSON *doc, int64_t prompt_tokens, int64_t completion_toke
 
 nl_status nl_http_completion_json(const nl_completion_id *id, const char *text, size_t text_bytes, const char *finish,
                                   int64_t prompt_tokens, int64_t completion_tokens, nl_http_buf *out) {
-    cJSON *doc = head(id);
-    add_choice(doc, text, text_bytes, finish);
+    cJSON *doc = head(id, 0);
+    add_choice(doc, text, text_bytes, finish, id->chat ? 1 : 0);
     add_usage(doc, prompt_tokens, completion_tokens);
     return append_json(doc, out);
 }
 
-nl_status nl_http_sse_chunk(const nl_completion_id *id, const char *text, size_t text_bytes, const char *finish,
-                            nl_http_buf *out) {
-    cJSON *doc = head(id);
-    add_choice(doc, text, text_bytes, finish);
+static nl_status sse_event(const nl_completion_id *id, const char *text, size_t text_bytes, const char *finish,
+                           int chat, nl_http_buf *out) {
+    cJSON *doc = head(id, 1);
+    add_choice(doc, text, text_bytes, finish, chat);
     NL_TRY(nl_http_buf_append(out, "data: ", 6));
     NL_TRY(append_json(doc, out));
     return nl_http_buf_append(out, "\n\n", 2);
 }
 
+nl_status nl_http_sse_chunk(const nl_completion_id *id, const char *text, size_t text_bytes, const char *finish,
+                            nl_http_buf *out) {
+    if (!id->chat) return sse_event(id, text, text_bytes, finish, 0, out);
+    /* chat: the text as a content delta, then the finish_reason with an empty delta (OpenAI's shape) */
+    if (text_bytes || !finish) NL_TRY(sse_event(id, text, text_bytes, NULL, 2, out));
+    if (finish) NL_TRY(sse_event(id, "", 0, finish, 3, out));
+    return NL_OK;
+}
+
+nl_status nl_http_sse_chat_role(const nl_completion_id *id, nl_http_buf *out) {
+    return sse_event(id, "", 0, NULL, 4, out);
+}
+
 nl_status nl_http_sse_usage(const nl_completion_id *id, int64_t prompt_tokens, int64_t completion_tokens,
                             nl_http_buf *out) {
-    cJSON *doc = head(id);
+    cJSON *doc = head(id, 1);
     cJSON_AddArrayToObject(doc, "choices");
     add_usage(doc, prompt_tokens, completion_tokens);
     NL_TRY(nl_http_buf_append(out, "data: ", 6));

@@ -1,4 +1,4 @@
-/* Measures this CPU for the engine's cost model (machine.h, plan_engine.h). */
+/* Measures this CPU for the engine's cost model (machine.h, cpu_rates.h). */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -11,6 +11,7 @@
 #include "nanolm/machine.h"
 #include "nanolm/matvec.h"
 #include "nanolm/model.h"
+#include "nanolm/runner.h"
 
 void nl_machine_opts_default(nl_machine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -26,16 +27,6 @@ double nl_machine_clock_s(const nl_machine_opts *o) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median_of(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* ---- streaming read bandwidth ------------------------------------------------------------------ */
@@ -71,8 +62,8 @@ static nl_status measure_bw(const nl_machine_opts *o, int threads, nl_cpu_rates 
         v1[k] = read_once(o, buf, n, 1);
         vn[k] = read_once(o, buf, n, threads);
     }
-    r->read_bw_1t = median_of(v1, reps);
-    r->read_bw_nt = median_of(vn, reps);
+    r->read_bw_1t = nl_median(v1, (size_t)reps);
+    r->read_bw_nt = nl_median(vn, (size_t)reps);
     nl_free(buf);
     return NL_OK;
 }
@@ -89,7 +80,7 @@ static double clock_cost_s(const nl_machine_opts *o) {
         for (int i = 0; i < 64; i++) t1 = nl_machine_clock_s(o);
         v[k] = (t1 - t0) / 64;
     }
-    return median_of(v, 5);
+    return nl_median(v, 5);
 }
 
 /* Times fn(ctx) until min_time_s has passed; seconds per call (less the clock's own cost), median
@@ -108,7 +99,7 @@ static double time_calls(timed_fn fn, void *ctx, const nl_machine_opts *o) {
         } while ((dt = nl_machine_clock_s(o) - t0) < o->min_time_s);
         v[k] = dt / calls - clock_s;
     }
-    double t = median_of(v, reps);
+    double t = nl_median(v, (size_t)reps);
     return t > 0 ? t : 0;
 }
 
@@ -191,8 +182,8 @@ static void run_chunk_attention(void *p) {
         float *scratch = c->scratch + (int64_t)omp_get_thread_num() * c->scratch_floats;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t h = 0; h < c->NH; h++)
-            nl_kvcache_attend_rows(c->kv, c->table, 0, c->pos - c->rows + 1, c->rows, c->q, qkv, c->NH, h,
-                                   c->out + h * c->hd, qkv, scratch);
+            nl_paged_attend_rows(c->kv, c->table, 0, c->pos - c->rows + 1, c->rows, c->q, qkv, c->NH, h,
+                                 c->out + h * c->hd, qkv, scratch);
     }
 }
 
@@ -204,7 +195,7 @@ static nl_status measure_chunk_attention(const nl_arch *a, const nl_machine_opts
     nl_kvcache kv;
     NL_TRY(nl_kvcache_init(&kv, 1, KVH, hd, NL_KV_FP32, bs, nb));
     int32_t table[64];
-    const int64_t scratch_floats = nl_kvcache_attend_scratch(rows, pos + 1, hd);
+    const int64_t scratch_floats = nl_paged_attend_scratch(rows, pos + 1, hd);
     float *q =
         nl_malloc((size_t)(rows * NH * hd * 2 + (int64_t)threads * scratch_floats + 2 * KVH * hd) * sizeof(float),
                   "attention probe");
@@ -212,7 +203,7 @@ static nl_status measure_chunk_attention(const nl_arch *a, const nl_machine_opts
         nl_kvcache_free(&kv);
         return NL_ERR_NOMEM;
     }
-    for (int64_t b = 0; b < nb; b++) table[b] = nl_kvcache_alloc(&kv);
+    for (int64_t b = 0; b < nb; b++) table[b] = (int32_t)b;
     float *out_h = q + rows * NH * hd, *scratch = out_h + rows * NH * hd,
           *k = scratch + (int64_t)threads * scratch_floats;
     nl_rng g;
@@ -240,11 +231,10 @@ typedef struct dec_ctx {
     const nl_model *m; /* RoPE tables (seq_len > n_pos) and shapes (one layer of them) */
     int64_t L;         /* layers of the pool (the measured model's) */
     nl_kvcache kv;
+    nl_runner run;  /* its rows, q/k/v and attention outputs: D rows, no weights */
     int32_t *table; /* (D, nb) */
     int64_t D, nb, pos;
-    float *qkv, *out; /* (D, QKV), (D, NH*hd) */
-    float *scratch;   /* (threads, scratch_floats) */
-    int64_t scratch_floats;
+    float *fill;          /* (2 KVH hd) one token's K/V while filling */
     const float *weights; /* (weight_floats) the footprint of the linears */
     size_t weight_floats;
     int threads;
@@ -261,37 +251,26 @@ static void read_weights(const dec_ctx *c, size_t f0, size_t f1) {
     (void)sink;
 }
 
-/* One step of the D decode rows at position c->pos, layer by layer as engine.c forward_rows runs
- * them: the weights of the layer read, then (timed) RoPE + KV store in one region over the rows,
- * then (timed) attention, one unit of work per (row, head). Adds the seconds to *rope_s, *attn_s. */
+/* One step of the D decode rows at position c->pos through the runner's own layer pieces
+ * (runner.h), layer by layer as nl_runner_forward runs them: the weights of the layer read, then
+ * (timed) RoPE + KV store over the rows, then (timed) attention, one unit of work per (row, head).
+ * Adds the seconds to *rope_s, *attn_s. */
 static void dec_step(dec_ctx *c, const nl_machine_opts *o, double *rope_s, double *attn_s) {
-    const nl_model *m = c->m;
-    const int64_t NH = m->NH, KVH = m->KVH, hd = m->hd, QKV = m->QKV, half = hd / 2, work = c->D * NH;
-    const int nt = c->threads;
+    nl_runner *run = &c->run;
+    for (int64_t i = 0; i < c->D; i++) {
+        int64_t seq = c->chunk ? 0 : i;
+        run->pos[i] = c->chunk ? c->pos + i : c->pos;
+        run->table[i] = c->table + seq * c->nb;
+    }
+    const int64_t n_tiles = nl_runner_tiles(run, c->D);
     for (int64_t l = 0; l < c->L; l++) {
         read_weights(c, c->weight_floats * (size_t)l / (size_t)c->L, c->weight_floats * (size_t)(l + 1) / (size_t)c->L);
         double t0 = nl_machine_clock_s(o);
-        /* as engine.c: fewer than NL_ENGINE_ROPE_PARALLEL_ROWS rows run on the calling thread */
-#pragma omp parallel for schedule(static) num_threads(nt) if (c->D >= NL_ENGINE_ROPE_PARALLEL_ROWS)
-        for (int64_t i = 0; i < c->D; i++) {
-            float *q = c->qkv + i * QKV;
-            int64_t seq = c->chunk ? 0 : i, pos = c->chunk ? c->pos + i : c->pos;
-            nl_rope_row(q, m->rope_cos + pos * half, m->rope_sin + pos * half, NH + KVH, hd, 0);
-            nl_kvcache_store(&c->kv, c->table + seq * c->nb, l, pos, q + NH * hd, q + (NH + KVH) * hd);
-        }
+        nl_runner_rope_store(run, &c->kv, l, c->D);
         double t1 = nl_machine_clock_s(o);
         *rope_s += t1 - t0 - c->clock_s;
         if (c->chunk) continue; /* the chunk's attention: measure_chunk_attention */
-#pragma omp parallel num_threads(nt)
-        {
-            float *scratch = c->scratch + (int64_t)omp_get_thread_num() * c->scratch_floats;
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t p = 0; p < work; p++) {
-                int64_t i = p / NH, h = p % NH;
-                nl_kvcache_attend_rows(&c->kv, c->table + i * c->nb, l, c->pos, 1, c->qkv + i * QKV, QKV, NH, h,
-                                       c->out + i * NH * hd + h * hd, NH * hd, scratch);
-            }
-        }
+        nl_runner_attention(run, &c->kv, l, n_tiles);
         *attn_s += nl_machine_clock_s(o) - t1 - c->clock_s;
     }
 }
@@ -314,8 +293,8 @@ static void dec_time(dec_ctx *c, const nl_machine_opts *o, int64_t pos, double *
         va[k] = c->chunk ? 0 : as / ((double)steps * (double)(c->L * c->D * c->m->NH));
         vr[k] = rs / ((double)steps * (double)(c->L * c->D));
     }
-    *attn = median_of(va, reps);
-    *rope = median_of(vr, reps);
+    *attn = nl_median(va, (size_t)reps);
+    *rope = nl_median(vr, (size_t)reps);
     *attn = *attn > 0 ? *attn : 0;
     *rope = *rope > 0 ? *rope : 0;
 }
@@ -353,16 +332,15 @@ static nl_status dec_open(dec_ctx *c, const nl_model *m, int64_t L, nl_kv_dtype 
     c->weight_floats = weight_floats;
     c->threads = threads;
     c->clock_s = clock_cost_s(o);
-    c->scratch_floats = nl_kvcache_attend_scratch(1, n_pos, m->hd);
     NL_TRY(nl_kvcache_init(&c->kv, L, m->KVH, m->hd, dt, bs, n_seq * c->nb));
+    NL_TRY(nl_runner_init(&c->run, m, D, threads));
     c->table = nl_malloc((size_t)(n_seq * c->nb) * sizeof(int32_t), "decode probe block tables");
-    c->qkv = nl_malloc((size_t)(D * (m->QKV + m->NH * m->hd) + threads * c->scratch_floats + 2 * kvd) * sizeof(float),
-                       "decode probe buffers");
-    if (!c->table || !c->qkv) return NL_ERR_NOMEM;
+    c->fill = nl_malloc((size_t)(2 * kvd) * sizeof(float), "decode probe buffers");
+    if (!c->table || !c->fill) return NL_ERR_NOMEM;
     /* blocks in a shuffled order: a pool that has served requests hands out blocks in the order
-     * they came back (engine.c frees a finished sequence's blocks onto a stack), which mixes
-     * the blocks of sequences that started and finished at different times */
-    for (int64_t b = 0; b < n_seq * c->nb; b++) c->table[b] = nl_kvcache_alloc(&c->kv);
+     * they came back (block_pool.c frees a finished sequence's blocks onto its free queue), which
+     * mixes the blocks of sequences that started and finished at different times */
+    for (int64_t b = 0; b < n_seq * c->nb; b++) c->table[b] = (int32_t)b;
     nl_rng g;
     nl_rng_seed(&g, 9);
     for (int64_t b = n_seq * c->nb - 1; b > 0; b--) {
@@ -370,18 +348,17 @@ static nl_status dec_open(dec_ctx *c, const nl_model *m, int64_t L, nl_kv_dtype 
         int32_t t = c->table[b];
         c->table[b] = c->table[j], c->table[j] = t;
     }
-    c->out = c->qkv + D * m->QKV;
-    c->scratch = c->out + D * m->NH * m->hd;
-    for (int64_t i = 0; i < D * m->QKV; i++) c->qkv[i] = nl_rng_float(&g) - 0.5f;
+    for (int64_t i = 0; i < D * m->QKV; i++) c->run.qkv[i] = nl_rng_float(&g) - 0.5f;
     c->D = n_seq; /* every sequence's K/V */
-    dec_fill(c, n_pos, c->scratch + threads * c->scratch_floats);
+    dec_fill(c, n_pos, c->fill);
     c->D = D;
     return NL_OK;
 }
 
 static void dec_close(dec_ctx *c) {
     nl_free(c->table);
-    nl_free(c->qkv);
+    nl_free(c->fill);
+    nl_runner_free(&c->run);
     nl_kvcache_free(&c->kv);
 }
 
@@ -528,7 +505,7 @@ static nl_status engine_step_s(const nl_arch *a, int64_t layers, int threads, co
     nl_engine_close(e);
     nl_model_free(&m);
     if (!rc && n < 8) rc = nl_fail(NL_ERR_INVALID, "bench machine: the engine probe ran only %d steps", n);
-    if (!rc) *out = median_of(v + 4, n - 4); /* the first steps warm the caches */
+    if (!rc) *out = nl_median(v + 4, (size_t)(n - 4)); /* the first steps warm the caches */
     return rc;
 }
 
@@ -543,17 +520,16 @@ static nl_status measure_overheads(const nl_arch *a, int threads, const nl_machi
         NL_TRY(engine_step_s(a, 1, threads, o, &v1[k]));
         NL_TRY(engine_step_s(a, 3, threads, o, &v3[k]));
     }
-    double t1 = median_of(v1, 3), t3 = median_of(v3, 3);
-    nl_engine_plan_req q;
-    nl_engine_plan_req_default(&q);
-    q.arch = *a;
-    q.arch.n_layers = 1;
+    double t1 = nl_median(v1, 3), t3 = nl_median(v3, 3);
+    if (!o->predict_step_s) return NL_OK;
+    nl_arch a1 = *a, a3 = *a;
+    a1.n_layers = 1;
+    a3.n_layers = 3;
     nl_cpu_rates z = *r;
     z.step_overhead_s = z.layer_overhead_s = 0;
     double ctx = 64; /* the probe's mean context */
-    double p1 = nl_plan_engine_step_s(&q, &z, 1, 1, 1, ctx, 0);
-    q.arch.n_layers = 3;
-    double p3 = nl_plan_engine_step_s(&q, &z, 1, 1, 1, ctx, 0);
+    double p1 = o->predict_step_s(&a1, &z, ctx);
+    double p3 = o->predict_step_s(&a3, &z, ctx);
     double layer = ((t3 - t1) - (p3 - p1)) / 2;
     r->layer_overhead_s = layer > 0 ? layer : 0;
     double step = t1 - p1 - r->layer_overhead_s;

@@ -275,20 +275,72 @@ static nl_status remote_submit(nl_server *s, const int32_t *ids, int64_t n, cons
     return rc;
 }
 
-/* Parses, submits and answers one POST /v1/completions. */
+/* A chat request's prompt: the messages through the model's chat template, encoded so that
+ * special tokens count only where the template wrote them (not in the users' text). Fills err
+ * and returns 1 on failure. */
+static int chat_prompt(nl_server *s, const nl_completion_req *req, int32_t **ids, int64_t *n, nl_http_error *err) {
+    const nl_tokenizer *tok = nl_engine_tokenizer(s->eng);
+    if (!s->o.chat_template) {
+        nl_http_error_set(err, 400, "messages",
+                          "this model has no chat template (a Hugging Face folder's chat_template.jinja or the "
+                          "\"chat_template\" of its tokenizer_config.json, a GGUF file's tokenizer.chat_template; "
+                          "`nanolm serve --chat-template FILE` gives one): use /v1/completions");
+        return 1;
+    }
+    if (!tok) {
+        nl_http_error_set(err, 400, "messages", "this model has no tokenizer to encode a chat prompt");
+        return 1;
+    }
+    char *text = NULL;
+    unsigned char *from_user = NULL;
+    size_t bytes = 0;
+    if (nl_chat_template_apply_marked(s->o.chat_template, req->messages, req->n_messages, req->add_generation_prompt,
+                                      &text, &bytes, &from_user)) {
+        nl_http_error_set(err, 400, "messages", "the chat template refused the messages: %s", nl_last_error());
+        return 1;
+    }
+    int *tk = NULL;
+    int64_t k = 0;
+    nl_status rc = nl_tokenizer_encode_marked(tok, text, bytes, 0, 0, from_user, &tk, &k);
+    free(text);
+    free(from_user);
+    if (rc) {
+        nl_http_error_set(err, 400, "messages", "cannot tokenize the chat prompt: %s", nl_last_error());
+        return 1;
+    }
+    *ids = nl_malloc(sizeof(int32_t) * (size_t)(k ? k : 1), "chat prompt tokens");
+    if (!*ids) {
+        nl_free(tk);
+        nl_http_error_set(err, 500, NULL, "out of memory");
+        return 1;
+    }
+    for (int64_t i = 0; i < k; i++) (*ids)[i] = tk[i];
+    nl_free(tk);
+    *n = k;
+    return 0;
+}
+
+/* Parses, submits and answers one POST /v1/completions (chat = 0) or /v1/chat/completions. */
 static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const char *body, size_t bytes,
-                                   double t_arrival) {
+                                   double t_arrival, int chat) {
     const nl_arch *arch = nl_engine_arch(s->eng);
     nl_completion_req req;
     nl_http_error err;
-    if (nl_http_parse_completion(body, bytes, arch->vocab_size, &req, &err)) return send_error(s, c, &err);
+    if (chat ? nl_http_parse_chat(body, bytes, &req, &err)
+             : nl_http_parse_completion(body, bytes, arch->vocab_size, &req, &err))
+        return send_error(s, c, &err);
     if (atomic_load(&s->draining)) {
         nl_http_completion_free(&req);
         return send_errorf(s, c, 503, NULL, "the server is shutting down");
     }
     int32_t *ids = NULL;
     int64_t n = 0;
-    if (req.prompt) {
+    if (chat) {
+        if (chat_prompt(s, &req, &ids, &n, &err)) {
+            nl_http_completion_free(&req);
+            return send_error(s, c, &err);
+        }
+    } else if (req.prompt) {
         if (nl_engine_encode(s->eng, req.prompt, req.prompt_bytes, &ids, &n)) {
             nl_http_error_set(&err, 400, "prompt", "cannot tokenize the prompt: %s", nl_last_error());
             nl_http_completion_free(&req);
@@ -314,13 +366,15 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
     }
     nl_completion_id cid;
     memset(&cid, 0, sizeof cid);
-    snprintf(cid.id, sizeof cid.id, "cmpl-%llx%08llx", (unsigned long long)s->created,
+    snprintf(cid.id, sizeof cid.id, "%s-%llx%08llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)s->created,
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
     cid.created = (int64_t)time(NULL);
     cid.model = s->model;
+    cid.chat = chat;
     if (req.max_tokens == 0) { /* nothing asked for: usage only */
         nl_http_buf b = {0};
         if (req.stream) {
+            if (chat) nl_http_sse_chat_role(&cid, &b);
             nl_http_sse_chunk(&cid, "", 0, "length", &b);
             if (req.include_usage) nl_http_sse_usage(&cid, n, 0, &b);
             nl_http_sse_done(&b);
@@ -377,6 +431,11 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
     s->active++;
     pthread_mutex_unlock(&s->mu);
     if (req.stream) {
+        if (chat && nl_http_sse_chat_role(&cid, &q->out)) { /* the first event names the role */
+            completion_free(q);
+            ret = MHD_NO;
+            goto out;
+        }
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, q, stream_free);
         if (!r) {
             completion_free(q);
@@ -440,6 +499,10 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
     m.generation_tokens = st.tokens_generated;
     m.preemptions = st.preemptions;
     m.steps = st.steps;
+    m.prefix_cache_queries = st.prefix_cache_queries;
+    m.prefix_cache_hits = st.prefix_cache_hits;
+    m.spec_drafted = st.spec_drafted;
+    m.spec_accepted = st.spec_accepted;
     m.tokens_per_s = rate;
     nl_http_buf b = {0};
     nl_serve_metrics_text(&m, &b);
@@ -479,7 +542,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     nl_server *s = cls;
     int is_post = !strcmp(method, "POST");
-    if (!strcmp(url, "/v1/completions") && is_post) {
+    int chat = !strcmp(url, "/v1/chat/completions");
+    if ((chat || !strcmp(url, "/v1/completions")) && is_post) {
         conn_state *cs = *con_cls;
         if (!cs) { /* headers only: refuse a declared oversize body before reading it */
             cs = calloc(1, sizeof *cs);
@@ -521,7 +585,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             snprintf(msg, sizeof msg, "the request body is more than the limit of %zu bytes", s->o.max_body_bytes);
             return send_errorf(s, c, 413, NULL, msg);
         }
-        return completions(s, c, cs->body.data, cs->body.len, cs->t_arrival);
+        return completions(s, c, cs->body.data, cs->body.len, cs->t_arrival, chat);
     }
     /* Everything else answers on the first call; a body sent with it is ignored. */
     if (*con_cls == NULL) {
@@ -536,18 +600,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-    int known = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
+    int known = !strcmp(url, "/v1/completions") || chat || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
                 !strcmp(url, "/metrics");
     if (!known) {
         char msg[320];
         snprintf(msg, sizeof msg,
-                 "no such endpoint: %.200s (known: POST /v1/completions, GET /v1/models, /health, /metrics)", url);
+                 "no such endpoint: %.200s (known: POST /v1/completions, /v1/chat/completions, GET /v1/models, "
+                 "/health, /metrics)",
+                 url);
         return send_errorf(s, c, 404, NULL, msg);
     }
-    if (!is_get || !strcmp(url, "/v1/completions")) {
+    if (!is_get || !strcmp(url, "/v1/completions") || chat) {
         char msg[160];
         snprintf(msg, sizeof msg, "method %.20s is not allowed on %s", method, url);
-        return send_method_not_allowed(s, c, !strcmp(url, "/v1/completions") ? "POST" : "GET, HEAD", msg);
+        return send_method_not_allowed(s, c, !strcmp(url, "/v1/completions") || chat ? "POST" : "GET, HEAD", msg);
     }
     if (!strcmp(url, "/health")) {
         if (atomic_load(&s->draining)) return send_buf(c, 503, "application/json", "{\"status\":\"draining\"}", 21);

@@ -70,6 +70,18 @@ nl_status nl_serve_metrics_text(const nl_serve_metrics *m, nl_http_buf *out) {
                  (double)m->preemptions));
     NL_TRY(gauge(out, "counter", "nanolm_engine_steps_total", "Engine steps (one batched forward each).",
                  (double)m->steps));
+    NL_TRY(gauge(out, "counter", "nanolm_prefix_cache_queries_total",
+                 "Prompt tokens looked up in the prefix cache at admission.", (double)m->prefix_cache_queries));
+    NL_TRY(gauge(out, "counter", "nanolm_prefix_cache_hits_total",
+                 "Prompt tokens found in the prefix cache (their KV not computed).", (double)m->prefix_cache_hits));
+    NL_TRY(gauge(out, "gauge", "nanolm_prefix_cache_hit_rate", "Prefix cache hits over queries, in tokens.",
+                 m->prefix_cache_queries ? (double)m->prefix_cache_hits / (double)m->prefix_cache_queries : 0.0));
+    NL_TRY(gauge(out, "counter", "nanolm_spec_draft_tokens_total", "Speculative tokens drafted and verified.",
+                 (double)m->spec_drafted));
+    NL_TRY(gauge(out, "counter", "nanolm_spec_accepted_tokens_total", "Drafted tokens the target accepted.",
+                 (double)m->spec_accepted));
+    NL_TRY(gauge(out, "gauge", "nanolm_spec_acceptance_rate", "Accepted over drafted speculative tokens.",
+                 m->spec_drafted ? (double)m->spec_accepted / (double)m->spec_drafted : 0.0));
     NL_TRY(histogram(out, "nanolm_time_to_first_token_seconds", "Time from request arrival to its first token.",
                      &m->ttft));
     NL_TRY(histogram(out, "nanolm_time_per_output_token_seconds", "Mean time between output tokens of a request.",

@@ -6,6 +6,7 @@
 
 #include "nanolm/checkpoint.h"
 #include "nanolm/mup.h"
+#include "nanolm/step_prof.h"
 #include "nanolm/train.h"
 
 void nl_train_opts_default(nl_train_opts *o) {
@@ -255,7 +256,11 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
     /* one record per step this process will run (a resumed run runs steps - step of them) */
     t->log_cap = o->steps - t->step;
     t->log = nl_calloc((size_t)t->log_cap, sizeof(nl_train_log), "training log");
-    if (!t->x || !t->y || !t->log) {
+    if (nl_step_prof_wanted()) {
+        t->prof = nl_calloc(1, sizeof *t->prof, "step profile");
+        if (t->prof) nl_step_prof_init(t->prof, nl_threads());
+    }
+    if (!t->x || !t->y || !t->log || (nl_step_prof_wanted() && !t->prof)) {
         rc = NL_ERR_NOMEM;
         goto fail;
     }
@@ -271,6 +276,12 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
 fail:
     nl_trainer_free(t);
     return rc;
+}
+
+double nl_train_flops_per_token(const nl_model *m, int64_t T) {
+    double n = (double)m->n_params;
+    if (m->w.embed && m->w.embed != m->w.cls) n -= (double)(m->V * m->C); /* tied: it is the classifier too */
+    return 6.0 * n + 12.0 * (double)m->L * (double)(m->NH * m->hd) * (double)T;
 }
 
 nl_status nl_train_layout_step(const nl_train_layout *L, const nl_data *d, int64_t step, float lr, float grad_clip,
@@ -345,6 +356,7 @@ void nl_trainer_free(nl_trainer *t) {
     nl_free(t->x);
     nl_free(t->y);
     nl_free(t->log);
+    nl_free(t->prof);
     memset(t, 0, sizeof *t);
 }
 
@@ -364,18 +376,23 @@ static nl_status save(nl_trainer *t, const nl_train_opts *o) {
 static nl_status plain_step(nl_trainer *t, const nl_train_opts *o, const nl_data *d, float lr, nl_train_log *rec) {
     nl_model *m = &t->model;
     int64_t T = t->seq, B = o->batch, accum = o->grad_accum > 0 ? o->grad_accum : 1;
+    if (t->prof) nl_step_prof_begin(t->prof);
+    m->prof = t->prof; /* the forward and backward mark their phases */
     nl_model_zero_grad(m);
+    nl_step_prof_mark(t->prof, NL_PROF_OPTIM);
     int fp16 = o->precision == NL_PREC_FP16;
     m->loss_scale = (fp16 ? t->scaler.scale : 1.0f) / (float)accum;
     double loss = 0.0;
     for (int64_t k = 0; k < accum; k++) {
         NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, o->seed, t->step * accum + k, 0, 1, (int)B, (int)T, t->x, t->y));
+        nl_step_prof_mark(t->prof, NL_PROF_DATA);
         float l;
         NL_TRY(nl_model_forward(m, t->x, t->y, B, T, &l));
         loss += l / (double)accum;
         if (!isfinite(l)) break;
         NL_TRY(nl_model_backward(m));
     }
+    m->prof = NULL; /* evaluations are not part of the step */
     if (!isfinite(loss))
         return nl_fail(NL_ERR_NUMERIC, "loss is %s at step %lld (lr %.3g)", isnan(loss) ? "nan" : "inf",
                        (long long)t->step + 1, (double)lr);
@@ -392,6 +409,10 @@ static nl_status plain_step(nl_trainer *t, const nl_train_opts *o, const nl_data
     } else {
         rec->grad_norm = (float)nl_grad_clip(m, o->grad_clip);
         nl_adamw_step(&t->opt, m, lr);
+    }
+    if (t->prof) {
+        nl_step_prof_mark(t->prof, NL_PROF_OPTIM);
+        t->prof->steps++;
     }
     return NL_OK;
 }

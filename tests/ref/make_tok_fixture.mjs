@@ -75,8 +75,16 @@ const LLAMA3_SPLIT =
   "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 const QWEN2_SPLIT =
   "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+// DeepSeek-V3's tokenizer.json: three Splits in sequence (digit runs of 1-3, CJK / kana runs, then
+// its word regex; the class [^\r\n...] holds a literal CR and LF, as published), then ByteLevel.
+const DEEPSEEK3_SPLITS = [
+  "\\p{N}{1,3}",
+  "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+  "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+];
 const byteLevel = (useRegex) => ({ type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: useRegex });
-const split = (re) => ({ type: "Split", pattern: { Regex: re }, behavior: "Isolated", invert: false });
+const split = (re, behavior = "Isolated", invert = false) => ({ type: "Split", pattern: { Regex: re }, behavior, invert });
+const splitString = (str, behavior) => ({ type: "Split", pattern: { String: str }, behavior, invert: false });
 const eot = { id: 50256, content: "<|endoftext|>", single_word: false, lstrip: false, rstrip: false, normalized: false, special: true };
 // Everything but model.vocab / model.merges, which the test fills from ../shared/data/gpt2.
 const gpt2Header = (normalizer, pre, ignoreMerges) => ({
@@ -89,6 +97,21 @@ const headers = {
   "gpt2-hf": gpt2Header(null, byteLevel(true), false),
   "llama3-style": gpt2Header(null, { type: "Sequence", pretokenizers: [split(LLAMA3_SPLIT), byteLevel(false)] }, true),
   "qwen2-style": gpt2Header({ type: "NFC" }, { type: "Sequence", pretokenizers: [split(QWEN2_SPLIT), byteLevel(false)] }, false),
+  "deepseek3-style": gpt2Header(null, { type: "Sequence", pretokenizers: [...DEEPSEEK3_SPLITS.map((r) => split(r)), byteLevel(false)] }, false),
+  // Splits in sequence with a String pattern and the Removed behavior, then Llama 3's regex
+  // (tokenizers.js implements Isolated and Removed; tests/test_tokenizer_json.c checks the merged
+  // behaviors against the pieces tokenizers documents)
+  "split-behaviors": gpt2Header(null, { type: "Sequence", pretokenizers: [
+    split("(?:\\r?\\n)+"), splitString("--", "Isolated"), split("\\t", "Removed"),
+    split(LLAMA3_SPLIT), byteLevel(false)] }, false),
+};
+// Gemma 3's pipeline on the SentencePiece-style export of tok512.bin: spaces become U+2581 in the
+// normalizer (no prepended one), a Split on " " merged with the previous piece, byte fallback.
+const GEMMA3_PATCH = {
+  normalizer: { type: "Replace", pattern: { String: " " }, content: "\u2581" },
+  pre_tokenizer: splitString(" ", "MergedWithPrevious"),
+  decoder: { type: "Sequence", decoders: [{ type: "Replace", pattern: { String: "\u2581" }, content: " " },
+                                          { type: "ByteFallback" }, { type: "Fuse" }] },
 };
 const encoder = JSON.parse(readFileSync(join(data, "gpt2/encoder.json"), "utf8"));
 const merges = readFileSync(join(data, "gpt2/vocab.bpe"), "utf8").split("\n").slice(1).filter((l) => l.length);
@@ -123,6 +146,12 @@ for (const [name, h] of Object.entries(headers)) {
   const tok = new Tokenizer(JSON.parse(spmText), {});
   variants.push(run("spm-tok512", "@huggingface/tokenizers Tokenizer.encode, add_special_tokens false",
                     (t) => tok.encode(t, { add_special_tokens: false }).ids, { tokenizer_fnv32: fnv32(Buffer.from(spmText)) }));
+}
+{
+  const tok = new Tokenizer({ ...JSON.parse(spmText), ...GEMMA3_PATCH }, {});
+  variants.push(run("gemma3-style", "@huggingface/tokenizers Tokenizer.encode, add_special_tokens false",
+                    (t) => tok.encode(t, { add_special_tokens: false }).ids,
+                    { tokenizer_fnv32: fnv32(Buffer.from(spmText)), spm_patch: GEMMA3_PATCH }));
 }
 const fixture = {
   about: "made by tests/ref/make_tok_fixture.mjs; hashes: 8 hex digits per text, FNV-1a 32 over the ids as little-endian u32",

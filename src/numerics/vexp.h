@@ -2,10 +2,10 @@
  * GCC from vectorizing them). Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial
  * for e^r, then the exponent bits; relative error ~2 ulp. Inputs below -87.3 give ~1.2e-38
  * (never a subnormal); inputs near 88.7 and above give inf, as expf overflows; NaN stays NaN.
- * Private to the library (src/model, and src/serve/kvcache.c, whose attention must give the bits
- * of nl_model_step's). */
-#ifndef NANOLM_MODEL_VEXP_H
-#define NANOLM_MODEL_VEXP_H
+ * Private to the library (src/model, and src/numerics/paged_attention.c, whose attention must give
+ * the bits of nl_model_step's). */
+#ifndef NANOLM_NUMERICS_VEXP_H
+#define NANOLM_NUMERICS_VEXP_H
 
 #include <stdint.h>
 #include <string.h>

@@ -1,0 +1,572 @@
+/* Paged attention (vLLM's PagedAttention): the causal attention of query rows over the K/V of a
+ * sequence held in fixed-size blocks of a pool (nanolm/paged_attention.h). */
+#include <math.h>
+#include <string.h>
+
+#include "nanolm/paged_attention.h"
+#include "nanolm/safetensors.h"
+#include "numerics/vexp.h"
+
+/* 16 floats as one value (GCC/Clang vector extension): the compiler emits AVX-512, two AVX2 or
+ * four SSE operations. Element-wise + and * are the scalar operations lane by lane. GCC in ISO C
+ * mode does not contract a multiply and an add into one fused operation, in these or in the
+ * scalar loops whose bits they must equal; Clang contracts both alike. Values of this type go
+ * through pointers between functions (no 64-byte vector arguments or results, which change ABI
+ * with the target). */
+typedef float v16 __attribute__((vector_size(64)));
+
+typedef int8_t c16 __attribute__((vector_size(16)));
+static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
+
+/* Walks the positions of one kv head of a sequence in order without a division or a
+ * multiplication per position: the row of position t is block table[t / bs], slot t % bs, and the
+ * slots of one head in a block are consecutive rows (hd apart), so the walk steps a pointer and
+ * looks the table up once per block. */
+typedef struct kv_walk {
+    const nl_paged_kv *c;
+    const int32_t *table;
+    int64_t l, kv, kh, blk, slot, end; /* end: one past the last position walked */
+    const float *f;                    /* fp32 pool: the head's row at the current position */
+    const int8_t *q;                   /* int8 pool: its codes */
+    const uint16_t *s;                 /* and its scale */
+} kv_walk;
+
+static inline void walk_block(kv_walk *w) {
+    const int32_t id = w->table[w->blk];
+    if (w->c->dtype == NL_PAGED_INT8) {
+        w->q = nl_paged_codes_at(w->c, id, w->l, (int)w->kv, w->kh, w->slot);
+        w->s = nl_paged_scale_at(w->c, id, w->l, (int)w->kv, w->kh, w->slot);
+    } else
+        w->f = nl_paged_f32_at(w->c, id, w->l, (int)w->kv, w->kh, w->slot);
+}
+static inline void walk_start(kv_walk *w, const nl_paged_kv *c, const int32_t *table, int64_t l, int kv, int64_t kh,
+                              int64_t t, int64_t end) {
+    w->c = c, w->table = table, w->l = l, w->kv = kv, w->kh = kh, w->end = end;
+    w->blk = t / c->block_size, w->slot = t % c->block_size;
+    w->f = NULL, w->q = NULL, w->s = NULL;
+    walk_block(w);
+}
+/* The table entry of the next block is read only if positions before `end` remain in it. */
+static inline void walk_next(kv_walk *w) {
+    if (++w->slot == w->c->block_size) {
+        w->slot = 0, w->blk++;
+        if (w->blk * w->c->block_size < w->end) walk_block(w);
+        return;
+    }
+    if (w->c->dtype == NL_PAGED_INT8) {
+        w->q += w->c->hd;
+        w->s++;
+    } else
+        w->f += w->c->hd;
+}
+static inline const float *walk_f32(const kv_walk *w) { return w->f; }
+static inline const int8_t *walk_codes(const kv_walk *w) { return w->q; }
+static inline float walk_scale(const kv_walk *w) { return nl_st_f16_to_f32(*w->s); }
+/* Asks for the cache lines of the head's row at the walk's position. A block's rows of one head
+ * are sequential, but each block lies elsewhere in the pool and a prefix written steps ago is out
+ * of cache: a read that waits on each block runs at a fraction of the memory bandwidth. */
+static inline void walk_prefetch(const kv_walk *w) {
+    const int64_t hd = w->c->hd;
+    const char *p;
+    int64_t bytes;
+    if (w->c->dtype == NL_PAGED_INT8) {
+        p = (const char *)w->q, bytes = hd;
+        __builtin_prefetch(w->s);
+    } else
+        p = (const char *)w->f, bytes = hd * (int64_t)sizeof(float);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+    __builtin_prefetch(p + bytes - 1);
+}
+/* A second walk KV_AHEAD positions ahead of one at t (inactive when none remain): its rows are
+ * prefetched while the first walk's are read. */
+enum { KV_AHEAD = 8 };
+static inline int walk_ahead(kv_walk *a, const kv_walk *w, int64_t t) {
+    if (t + KV_AHEAD >= w->end) return 0;
+    walk_start(a, w->c, w->table, w->l, (int)w->kv, w->kh, t + KV_AHEAD, w->end);
+    return 1;
+}
+
+/* Dimensions i0 .. i0 + lanes - 1 (lanes <= 16) of a K or V row as 16 floats, zero past lanes
+ * (int8 codes widened). */
+static inline void row16_f32(v16 *out, const float *r, int64_t lanes) {
+    if (lanes == 16) {
+        load16(out, r);
+        return;
+    }
+    float f[16] = {0};
+    memcpy(f, r, (size_t)lanes * sizeof(float));
+    load16(out, f);
+}
+static inline void row16_i8(v16 *out, const int8_t *r, int64_t lanes) {
+    c16 b = {0};
+    memcpy(&b, r, (size_t)lanes);
+    *out = __builtin_convertvector(b, v16);
+}
+
+/* In-place transpose of a 16 x 16 tile (m[r] lane c <- m[c] lane r): four rounds, round d
+ * (1, 2, 4, 8) swapping that bit of the row index with the same bit of the column index by
+ * two-input shuffles (vpermt2ps on AVX-512). Data movement only: no bits change. */
+#define T16_LO1(d, c) (((c) & (d)) ? 16 + ((c) ^ (d)) : (c))
+#define T16_HI1(d, c) (((c) & (d)) ? 16 + (c) : ((c) ^ (d)))
+#define T16_IDX(F, d)                                                                                                  \
+    F(d, 0), F(d, 1), F(d, 2), F(d, 3), F(d, 4), F(d, 5), F(d, 6), F(d, 7), F(d, 8), F(d, 9), F(d, 10), F(d, 11),      \
+        F(d, 12), F(d, 13), F(d, 14), F(d, 15)
+#define T16_ROUND(m, d)                                                                                                \
+    for (int r = 0; r < 16; r++)                                                                                       \
+        if (!(r & (d))) {                                                                                              \
+            v16 a = m[r], b = m[r | (d)];                                                                              \
+            m[r] = __builtin_shufflevector(a, b, T16_IDX(T16_LO1, d));                                                 \
+            m[r | (d)] = __builtin_shufflevector(a, b, T16_IDX(T16_HI1, d));                                           \
+        }
+static inline __attribute__((always_inline)) void transpose16(v16 m[16]) {
+    T16_ROUND(m, 1)
+    T16_ROUND(m, 2)
+    T16_ROUND(m, 4)
+    T16_ROUND(m, 8)
+}
+
+/* The rows of positions t0 .. min(t0 + 15, last) of kv head kh's keys (fp32 rows in rf; int8
+ * codes in rc and fp16 scales in ks, zero past the last): their count, *w left at the next
+ * position. */
+static inline int tile_rows(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
+                            kv_walk *w, const float *rf[NL_KV_KTILE], const int8_t *rc[NL_KV_KTILE], float *ks) {
+    int n = 0;
+    walk_start(w, c, table, l, 0, kh, t0, last + 1);
+    for (; n < NL_KV_KTILE && t0 + n <= last; n++, walk_next(w)) {
+        if (c->dtype == NL_PAGED_INT8) {
+            rc[n] = walk_codes(w);
+            ks[n] = walk_scale(w);
+        } else
+            rf[n] = walk_f32(w);
+    }
+    for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
+    return n;
+}
+/* Dimensions i0 .. i0 + lanes - 1 of the n rows as m[0..15] (rows past n zero). */
+static inline void block_rows(v16 m[NL_KV_KTILE], int n, int int8, const float *const rf[NL_KV_KTILE],
+                              const int8_t *const rc[NL_KV_KTILE], int64_t i0, int64_t lanes) {
+    for (int j = 0; j < NL_KV_KTILE; j++) {
+        if (j >= n)
+            m[j] = (v16){0};
+        else if (int8)
+            row16_i8(&m[j], rc[j] + i0, lanes);
+        else
+            row16_f32(&m[j], rf[j] + i0, lanes);
+    }
+}
+
+/* Keys of one 16-position tile, transposed: kt[i * 16 + j] = k[t0 + j][i] (int8 codes widened;
+ * the fp16 scales of an int8 pool in ks[j]). Positions past `last` are zero. Each 16 x 16 block
+ * (16 positions x 16 dimensions) is loaded as 16 vectors and transposed in registers. */
+static void key_tile(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
+                     float *kt, float *ks) {
+    const int64_t hd = c->hd;
+    const int int8 = c->dtype == NL_PAGED_INT8;
+    const float *rf[NL_KV_KTILE];
+    const int8_t *rc[NL_KV_KTILE];
+    kv_walk w;
+    const int n = tile_rows(c, table, l, kh, t0, last, &w, rf, rc, ks);
+    /* the next tile's keys, wanted after this tile's scores, and this tile's values, wanted by
+     * the weighted sum after the softmax: by then they are in cache, where a walk that waited
+     * on each block would run at a fraction of the memory's speed */
+    for (int j = 0; j < NL_KV_KTILE && t0 + n + j <= last; j++, walk_next(&w)) walk_prefetch(&w);
+    kv_walk v;
+    walk_start(&v, c, table, l, 1, kh, t0, last + 1);
+    for (int j = 0; j < n; j++, walk_next(&v)) walk_prefetch(&v);
+    for (int64_t i0 = 0; i0 < hd; i0 += NL_KV_KTILE) {
+        const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
+        v16 m[NL_KV_KTILE];
+        block_rows(m, n, int8, rf, rc, i0, lanes);
+        transpose16(m);
+        for (int64_t i = 0; i < lanes; i++) memcpy(kt + (i0 + i) * NL_KV_KTILE, &m[i], sizeof m[i]);
+    }
+}
+
+/* Scores of query q (hd) against a transposed key tile: a[j] = (sum over i, in order, of
+ * q[i] * k[j][i]) * scale, times the key's fp16 scale first for an int8 pool. Each sum is the
+ * scalar loop's, 16 of them side by side (no fused multiply-add: the build is ISO C, so the
+ * compiler does not contract), so the bits equal a one-position-at-a-time loop. */
+static inline void score_out(const v16 *sc, const float *ks, float scale, int int8, float *a) {
+    float out[NL_KV_KTILE];
+    memcpy(out, sc, sizeof out);
+    for (int j = 0; j < NL_KV_KTILE; j++) a[j] = int8 ? out[j] * ks[j] * scale : out[j] * scale;
+}
+static void tile_scores(const float *q, const float *kt, const float *ks, int64_t hd, float scale, int int8, float *a) {
+    v16 sc = {0}, k;
+    for (int64_t i = 0; i < hd; i++) {
+        load16(&k, kt + i * NL_KV_KTILE);
+        sc += q[i] * k;
+    }
+    score_out(&sc, ks, scale, int8, a);
+}
+
+/* One query's scores against positions t0 .. last (at most one tile): a[j] = (sum over i, in
+ * order, of q[i] * k[t0 + j][i]) * scale, as tile_scores over key_tile's transposed keys, but
+ * each 16 x 16 block is multiplied while it is in registers. The prefetches of the next tile's
+ * keys and of this tile's values are spread over the blocks, so that they do not stall the
+ * loads of this one all at once. */
+static void decode_scores(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
+                          const float *q, float scale, float *a) {
+    const int64_t hd = c->hd;
+    const int int8 = c->dtype == NL_PAGED_INT8;
+    const float *rf[NL_KV_KTILE];
+    const int8_t *rc[NL_KV_KTILE];
+    float ks[NL_KV_KTILE];
+    kv_walk w;
+    const int n = tile_rows(c, table, l, kh, t0, last, &w, rf, rc, ks);
+    const int64_t n_next = last - (t0 + n) + 1 < NL_KV_KTILE ? last - (t0 + n) + 1 : NL_KV_KTILE;
+    kv_walk v;
+    walk_start(&v, c, table, l, 1, kh, t0, last + 1);
+    const int64_t blocks = (hd + NL_KV_KTILE - 1) / NL_KV_KTILE;
+    int64_t pk = 0, pv = 0;
+    v16 sc = {0};
+    for (int64_t i0 = 0, b = 0; i0 < hd; i0 += NL_KV_KTILE, b++) {
+        const int64_t upto = (b + 1) * NL_KV_KTILE / blocks;
+        for (; pk < upto && pk < n_next; pk++, walk_next(&w)) walk_prefetch(&w);
+        for (; pv < upto && pv < n; pv++, walk_next(&v)) walk_prefetch(&v);
+        const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
+        v16 m[NL_KV_KTILE];
+        if (!int8 && n == NL_KV_KTILE && lanes == NL_KV_KTILE) { /* a whole fp32 block: in registers */
+#pragma GCC unroll 16
+            for (int j = 0; j < NL_KV_KTILE; j++) load16(&m[j], rf[j] + i0);
+            transpose16(m);
+#pragma GCC unroll 16
+            for (int i = 0; i < NL_KV_KTILE; i++) sc += q[i0 + i] * m[i];
+            continue;
+        }
+        block_rows(m, n, int8, rf, rc, i0, lanes);
+        transpose16(m);
+        for (int64_t i = 0; i < lanes; i++) sc += q[i0 + i] * m[i];
+    }
+    score_out(&sc, ks, scale, int8, a);
+}
+
+/* tile_scores for up to 8 queries of one sequence against the same key tile: query r's q at
+ * q + r * q_stride, its scores at a + r * a_stride. The eight sums are independent chains in
+ * registers (one chain alone waits on each add), each the same sum as tile_scores'. */
+enum { SCORE_Q = 8 };
+static void tile_scores_rows(const float *q, int64_t q_stride, int nr, const float *kt, const float *ks, int64_t hd,
+                             float scale, int int8, float *a, int64_t a_stride) {
+    const float *qr[SCORE_Q];
+    for (int r = 0; r < SCORE_Q; r++) qr[r] = q + (r < nr ? r : 0) * q_stride; /* rows past nr: dropped */
+    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0}, k;
+    for (int64_t i = 0; i < hd; i++) {
+        load16(&k, kt + i * NL_KV_KTILE);
+        s0 += qr[0][i] * k;
+        s1 += qr[1][i] * k;
+        s2 += qr[2][i] * k;
+        s3 += qr[3][i] * k;
+        s4 += qr[4][i] * k;
+        s5 += qr[5][i] * k;
+        s6 += qr[6][i] * k;
+        s7 += qr[7][i] * k;
+    }
+    const v16 *sc[SCORE_Q] = {&s0, &s1, &s2, &s3, &s4, &s5, &s6, &s7};
+    for (int r = 0; r < nr; r++) score_out(sc[r], ks, scale, int8, a + r * a_stride);
+}
+
+/* The largest of a[0..n) that is not NaN (-inf if none), the scalar loop's `if (a[t] > mx) mx =
+ * a[t]` run on 16 lanes and then across them: the same value whatever the order (a zero of
+ * either sign may come out for zeros of both signs; a[t] - mx and its exp are then the same). */
+typedef int32_t i16v __attribute__((vector_size(64)));
+static float row_max(const float *a, int64_t n) {
+    float mx = -INFINITY;
+    int64_t t = 0;
+    if (n >= 16) {
+        v16 m = {0}, x;
+        m -= INFINITY;
+        for (; t + 16 <= n; t += 16) {
+            load16(&x, a + t);
+            i16v gt = x > m, xi, mi;
+            memcpy(&xi, &x, sizeof xi);
+            memcpy(&mi, &m, sizeof mi);
+            mi = (xi & gt) | (mi & ~gt);
+            memcpy(&m, &mi, sizeof m);
+        }
+        float lane[16];
+        memcpy(lane, &m, sizeof lane);
+        for (int j = 0; j < 16; j++)
+            if (lane[j] > mx) mx = lane[j];
+    }
+    for (; t < n; t++)
+        if (a[t] > mx) mx = a[t];
+    return mx;
+}
+
+/* Softmax of the nq score rows of a tile in place: row r (at s + r * row) holds positions
+ * 0 .. pos0 + r; a[t] = exp(a[t] - max) / sum, the sum in position order. The exps are
+ * nl_vexpf's (vectorized; the same function as nl_model_step's attention). One row's sum is a
+ * chain of dependent adds; the rows of a tile are summed side by side instead: 16 rows' next 16
+ * exps are transposed so that lane j carries row j, and added in position order (each row is
+ * padded with +0 up to the tile's longest row: adding +0 to a positive sum changes no bit). */
+static void softmax_rows(float *s, int64_t nq, int64_t row, int64_t pos0) {
+    const int64_t n_max = pos0 + nq, padded = (n_max + NL_KV_KTILE - 1) / NL_KV_KTILE * NL_KV_KTILE;
+    for (int64_t r = 0; r < nq; r++) {
+        float *a = s + r * row;
+        const int64_t n = pos0 + r + 1;
+        const float mx = row_max(a, n);
+        for (int64_t t = 0; t < n; t++) a[t] = nl_vexpf(a[t] - mx);
+        if (nq > 1) memset(a + n, 0, (size_t)(padded - n) * sizeof(float));
+    }
+    float sum[NL_KV_KTILE];
+    for (int64_t r0 = 0; r0 < nq; r0 += NL_KV_KTILE) {
+        const int64_t nr = nq - r0 < NL_KV_KTILE ? nq - r0 : NL_KV_KTILE;
+        if (nr == 1) {
+            const float *a = s + r0 * row;
+            sum[0] = 0.0f;
+            for (int64_t t = 0; t < pos0 + r0 + 1; t++) sum[0] += a[t];
+        } else {
+            v16 acc = {0}, m[NL_KV_KTILE];
+            for (int64_t t0 = 0; t0 < padded; t0 += NL_KV_KTILE) {
+                for (int j = 0; j < NL_KV_KTILE; j++) {
+                    if (j < nr)
+                        load16(&m[j], s + (r0 + j) * row + t0);
+                    else
+                        m[j] = (v16){0};
+                }
+                transpose16(m);
+                for (int j = 0; j < NL_KV_KTILE; j++) acc += m[j];
+            }
+            memcpy(sum, &acc, sizeof sum);
+        }
+        for (int64_t j = 0; j < nr; j++) {
+            float *a = s + (r0 + j) * row;
+            for (int64_t t = 0; t < pos0 + r0 + j + 1; t++) a[t] = a[t] / sum[j];
+        }
+    }
+}
+
+#define PV_ROWS  4
+#define PV_LANES 16
+
+/* How many of dimensions g + 16k .. g + 16k + 15 exist (k = 0..3) in a head of hd dimensions. */
+static inline void lanes64(int64_t hd, int64_t g, int64_t lanes[4]) {
+    for (int k = 0; k < 4; k++) {
+        int64_t left = hd - g - k * PV_LANES;
+        lanes[k] = left < 0 ? 0 : left < PV_LANES ? left : PV_LANES;
+    }
+}
+
+/* Dimensions g .. g + 63 (lanes[k] of the k-th 16, zero past hd) of the value row of the walk's
+ * position as four vectors, and for an int8 pool its fp16 scale in *scale. */
+static inline void value64(v16 x[4], const kv_walk *w, int64_t g, const int64_t lanes[4], int full, float *scale) {
+    if (full) { /* fp32, all 64 dimensions present */
+        const float *v = walk_f32(w) + g;
+        for (int k = 0; k < 4; k++) load16(&x[k], v + k * PV_LANES);
+    } else if (w->c->dtype == NL_PAGED_INT8) {
+        const int8_t *r = walk_codes(w) + g;
+        for (int k = 0; k < 4; k++) row16_i8(&x[k], r + k * PV_LANES, lanes[k]);
+        *scale = walk_scale(w);
+    } else
+        for (int k = 0; k < 4; k++) row16_f32(&x[k], walk_f32(w) + g + k * PV_LANES, lanes[k]);
+}
+
+/* Moves a walk KV_AHEAD positions ahead of position t one position on, having prefetched its row
+ * (*pf: 0 once it has passed the end). */
+static inline void ahead_next(kv_walk *a, int *pf, int64_t t) {
+    if (!*pf) return;
+    walk_prefetch(a);
+    if ((*pf = t + 1 + KV_AHEAD < a->end)) walk_next(a);
+}
+
+/* One token's output (hd) at position pos: out[i] = sum over positions 0 .. pos, in order, of
+ * p[t] * v[t][i] (p times the value's fp16 scale for an int8 pool), started from 0. 64
+ * dimensions at a time in four register accumulators, so each value row is read once per 64
+ * dimensions and the four chains overlap; an fp32 head of 32 dimensions (or 16, 48) loads only
+ * the vectors it has. The rows KV_AHEAD positions on are prefetched as the walk goes. */
+static void pv_decode(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, const float *p,
+                      float *out) {
+    const int64_t hd = c->hd;
+    const int int8 = c->dtype == NL_PAGED_INT8;
+    for (int64_t g = 0; g < hd; g += 4 * PV_LANES) {
+        int64_t lanes[4];
+        lanes64(hd, g, lanes);
+        int whole = 0; /* fp32 with every present group of 16 complete: how many groups */
+        if (!int8) {
+            while (whole < 4 && lanes[whole] == PV_LANES) whole++;
+            if (whole < 4 && lanes[whole] != 0) whole = 0;
+        }
+        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        kv_walk w, ahead = {0};
+        walk_start(&w, c, table, l, 1, kh, 0, pos + 1);
+        int pf = walk_ahead(&ahead, &w, 0);
+        if (whole == 4) {
+            for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+                ahead_next(&ahead, &pf, t);
+                const float *v = walk_f32(&w) + g, pt = p[t];
+                v16 x0, x1, x2, x3;
+                load16(&x0, v);
+                load16(&x1, v + PV_LANES);
+                load16(&x2, v + 2 * PV_LANES);
+                load16(&x3, v + 3 * PV_LANES);
+                a0 += pt * x0;
+                a1 += pt * x1;
+                a2 += pt * x2;
+                a3 += pt * x3;
+            }
+        } else if (whole == 2) {
+            for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+                ahead_next(&ahead, &pf, t);
+                const float *v = walk_f32(&w) + g, pt = p[t];
+                v16 x0, x1;
+                load16(&x0, v);
+                load16(&x1, v + PV_LANES);
+                a0 += pt * x0;
+                a1 += pt * x1;
+            }
+        } else {
+            float scale = 1.0f;
+            for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+                ahead_next(&ahead, &pf, t);
+                v16 x[4];
+                value64(x, &w, g, lanes, 0, &scale);
+                const float pt = int8 ? p[t] * scale : p[t];
+                a0 += pt * x[0];
+                a1 += pt * x[1];
+                a2 += pt * x[2];
+                a3 += pt * x[3];
+            }
+        }
+        float o[4 * PV_LANES];
+        memcpy(o, &a0, sizeof a0);
+        memcpy(o + PV_LANES, &a1, sizeof a1);
+        memcpy(o + 2 * PV_LANES, &a2, sizeof a2);
+        memcpy(o + 3 * PV_LANES, &a3, sizeof a3);
+        for (int k = 0; k < 4; k++) memcpy(out + g + k * PV_LANES, o + k * PV_LANES, (size_t)lanes[k] * sizeof(float));
+    }
+}
+
+/* pv_rows' sums over positions 0 .. pos of an fp32 pool with all 64 dimensions present: acc[k][d]
+ * += pr[k][t] * v[t][off + 16 d ..], the walk left at position pos + 1. */
+#define PV_ROW_FMA(k)                                                                                                  \
+    do {                                                                                                               \
+        const float pt = pr[k][t];                                                                                     \
+        a##k##0 += pt * x0, a##k##1 += pt * x1, a##k##2 += pt * x2, a##k##3 += pt * x3;                                \
+    } while (0)
+static void pv_rows_f32(kv_walk *w, int64_t off, int64_t pos, const float *const pr[PV_ROWS], v16 acc[PV_ROWS][4]) {
+    v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+    v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0}, a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
+    kv_walk ahead = {0};
+    int pf = walk_ahead(&ahead, w, 0);
+    for (int64_t t = 0; t <= pos; t++, walk_next(w)) {
+        ahead_next(&ahead, &pf, t);
+        const float *v = walk_f32(w) + off;
+        v16 x0, x1, x2, x3;
+        load16(&x0, v);
+        load16(&x1, v + PV_LANES);
+        load16(&x2, v + 2 * PV_LANES);
+        load16(&x3, v + 3 * PV_LANES);
+        PV_ROW_FMA(0);
+        PV_ROW_FMA(1);
+        PV_ROW_FMA(2);
+        PV_ROW_FMA(3);
+    }
+    acc[0][0] = a00, acc[0][1] = a01, acc[0][2] = a02, acc[0][3] = a03;
+    acc[1][0] = a10, acc[1][1] = a11, acc[1][2] = a12, acc[1][3] = a13;
+    acc[2][0] = a20, acc[2][1] = a21, acc[2][2] = a22, acc[2][3] = a23;
+    acc[3][0] = a30, acc[3][1] = a31, acc[3][2] = a32, acc[3][3] = a33;
+}
+
+/* Dimensions g .. g + 63 (lanes[k] of each 16 valid) of the outputs of 2 <= nr <= PV_ROWS tokens
+ * at positions pos, pos + 1, ...: token k's output is the sum over positions 0 .. pos + k, in
+ * order, of p[k * row + t] * v[t] (p times the value's fp16 scale for an int8 pool), started
+ * from 0: the same sums as pv_decode's. Sixteen accumulators (4 tokens x 64 dimensions) in
+ * registers, so each value row is read once for the 4 tokens and 64 dimensions and the table is
+ * walked once per group of 64 dimensions. */
+static void pv_rows(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, int nr, int64_t g,
+                    const int64_t lanes[4], const float *p, int64_t row, float *out, int64_t out_stride) {
+    const int int8 = c->dtype == NL_PAGED_INT8, full = !int8 && lanes[3] == PV_LANES;
+    /* rows past nr read row 0's weights and are dropped */
+    const float *pr[PV_ROWS];
+    for (int k = 0; k < PV_ROWS; k++) pr[k] = p + (k < nr ? k : 0) * row;
+    v16 acc[PV_ROWS][4];
+    memset(acc, 0, sizeof acc);
+    float scale = 1.0f;
+    kv_walk w;
+    walk_start(&w, c, table, l, 1, kh, 0, pos + nr);
+    /* positions 0 .. pos, which all nr tokens see */
+    if (full) /* fp32: the 16 accumulators as named registers (GCC spills an array of them) */
+        pv_rows_f32(&w, g, pos, pr, acc);
+    else
+        for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
+            v16 x[4];
+            value64(x, &w, g, lanes, full, &scale);
+            for (int k = 0; k < PV_ROWS; k++) {
+                const float pt = int8 ? pr[k][t] * scale : pr[k][t];
+                for (int d = 0; d < 4; d++) acc[k][d] += pt * x[d];
+            }
+        }
+    for (int64_t t = pos + 1; t < pos + nr; t++, walk_next(&w)) { /* the chunk's own positions: token k sees pos + k */
+        v16 x[4];
+        value64(x, &w, g, lanes, full, &scale);
+        for (int k = (int)(t - pos); k < nr; k++) {
+            const float pt = int8 ? p[k * row + t] * scale : p[k * row + t];
+            for (int d = 0; d < 4; d++) acc[k][d] += pt * x[d];
+        }
+    }
+    for (int k = 0; k < nr; k++) {
+        float o[4 * PV_LANES];
+        memcpy(o, acc[k], sizeof o);
+        for (int d = 0; d < 4; d++)
+            memcpy(out + k * out_stride + g + d * PV_LANES, o + d * PV_LANES, (size_t)lanes[d] * sizeof(float));
+    }
+}
+
+/* The same arithmetic as the contiguous cache of src/model/infer.c (attend_fp32 / attend_int8),
+ * walking the block table: every score a sum over the head dimension in order, max-shifted exp,
+ * weighted sum over positions in order. The nq queries of a tile share each transposed key tile
+ * and each value row they read, which is what makes a prompt chunk's attention cheap; the
+ * arithmetic of each query is the same whatever tile it is in. */
+void nl_paged_attend_rows(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t pos0, int64_t nq,
+                          const float *q, int64_t q_stride, int64_t NH, int64_t h, float *out, int64_t out_stride,
+                          float *scratch) {
+    const int64_t KVH = c->KVH, hd = c->hd, kh = h / (NH / KVH);
+    const int64_t last = pos0 + nq - 1, n_pos = last + 1, row = n_pos + NL_KV_KTILE;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int int8 = c->dtype == NL_PAGED_INT8;
+    float *kt = scratch + nq * row, ks[NL_KV_KTILE];
+    if (nq == 1) { /* a decode: its keys multiplied in registers, no transposed tile in memory */
+        for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE)
+            decode_scores(c, table, l, kh, t0, last, q + h * hd, scale, scratch + t0);
+        softmax_rows(scratch, 1, row, pos0);
+        pv_decode(c, table, l, kh, pos0, scratch, out);
+        return;
+    }
+    /* scores: row r of the tile (position pos0 + r) needs positions 0..pos0 + r */
+    for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE) {
+        key_tile(c, table, l, kh, t0, last, kt, ks);
+        for (int64_t r = t0 > pos0 ? t0 - pos0 : 0; r < nq; r += SCORE_Q) {
+            const int nr = nq - r < SCORE_Q ? (int)(nq - r) : SCORE_Q;
+            if (nr == 1) /* a chunk's last row: one chain, no dropped rows */
+                tile_scores(q + r * q_stride + h * hd, kt, ks, hd, scale, int8, scratch + r * row + t0);
+            else
+                tile_scores_rows(q + r * q_stride + h * hd, q_stride, nr, kt, ks, hd, scale, int8,
+                                 scratch + r * row + t0, row);
+        }
+    }
+    softmax_rows(scratch, nq, row, pos0);
+    if (nq == 1) {
+        pv_decode(c, table, l, kh, pos0, scratch, out);
+        return;
+    }
+    /* weighted sum: 4 tokens and 64 dimensions at a time, in registers, each value row read once
+     * for the 4 tokens (a last group of one token runs pv_decode's sums) */
+    for (int64_t r0 = 0; r0 < nq; r0 += PV_ROWS) {
+        const int nr = nq - r0 < PV_ROWS ? (int)(nq - r0) : PV_ROWS;
+        if (nr == 1) {
+            pv_decode(c, table, l, kh, pos0 + r0, scratch + r0 * row, out + r0 * out_stride);
+            continue;
+        }
+        for (int64_t g = 0; g < hd; g += 4 * PV_LANES) {
+            int64_t lanes[4];
+            lanes64(hd, g, lanes);
+            pv_rows(c, table, l, kh, pos0 + r0, nr, g, lanes, scratch + r0 * row, row, out + r0 * out_stride,
+                    out_stride);
+        }
+    }
+}
+
+void nl_paged_attend_head(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t pos, const float *q,
+                          int64_t NH, int64_t h, float *out, float *scratch) {
+    nl_paged_attend_rows(c, table, l, pos, 1, q, 0, NH, h, out, 0, scratch);
+}

@@ -1,0 +1,65 @@
+/* nl_vexpf over arrays (see vexp_simd.h). */
+#include "numerics/vexp_simd.h"
+
+#include "nanolm/isa.h"
+#include "numerics/vexp.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define VEXP_X86 1
+#endif
+
+int nl_vexp_simd_avx2(void) { return nl_isa_has(NL_ISA_AVX2); }
+
+#ifdef VEXP_X86
+/* nl_vexpf (vexp.h) step by step: the clamps (max/min agree with the scalar selects on every
+ * non-NaN input), round(x / ln2) by the 1.5 * 2^23 trick, the two-part ln2 reduction, the
+ * degree-6 polynomial, the exponent bits, and x itself for NaN lanes. */
+__attribute__((target("avx2"))) static inline __m256 vexp8(__m256 x) {
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    __m256 big = _mm256_set1_ps(12582912.0f);
+    __m256 fn = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)), big), big);
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(xc, _mm256_mul_ps(fn, _mm256_set1_ps(0.693359375f))),
+                             _mm256_mul_ps(fn, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fn), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+__attribute__((target("avx2"))) static int64_t shift_avx2(float *e, const float *x, float c, int64_t n) {
+    __m256 vc = _mm256_set1_ps(c);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(e + i, vexp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vc)));
+    return i;
+}
+
+__attribute__((target("avx2"))) static int64_t neg_avx2(float *e, const float *x, int64_t n) {
+    __m256 sign = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(e + i, vexp8(_mm256_xor_ps(_mm256_loadu_ps(x + i), sign)));
+    return i;
+}
+#endif
+
+void nl_vexp_shift(float *e, const float *x, float c, int64_t n) {
+    int64_t i = 0;
+#ifdef VEXP_X86
+    if (nl_vexp_simd_avx2()) i = shift_avx2(e, x, c, n);
+#endif
+    for (; i < n; i++) e[i] = nl_vexpf(x[i] - c);
+}
+
+void nl_vexp_neg(float *e, const float *x, int64_t n) {
+    int64_t i = 0;
+#ifdef VEXP_X86
+    if (nl_vexp_simd_avx2()) i = neg_avx2(e, x, n);
+#endif
+    for (; i < n; i++) e[i] = nl_vexpf(-x[i]);
+}
