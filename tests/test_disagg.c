@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -669,6 +670,87 @@ static void prefill_server_bounded(void **state) {
     assert_true(stopped);
 }
 
+typedef struct bg_req {
+    int port, status;
+} bg_req;
+
+static void *bg_request(void *arg) {
+    bg_req *b = arg;
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}";
+    nl_http_response r;
+    b->status =
+        nl_http_request("127.0.0.1", b->port, "POST", "/v1/completions", body, strlen(body), 120, NULL, NULL, &r)
+            ? -1
+            : r.status;
+    if (b->status >= 0) nl_http_response_free(&r);
+    return NULL;
+}
+
+static double metric_of(int port, const char *name) {
+    nl_http_response r;
+    if (nl_http_request("127.0.0.1", port, "GET", "/metrics", NULL, 0, 10, NULL, NULL, &r)) return -1;
+    char key[160];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = r.body.data ? strstr(r.body.data, key) : NULL;
+    double v = p ? strtod(p + strlen(key), NULL) : -1;
+    nl_http_response_free(&r);
+    return v;
+}
+
+/* The decode role with a prefill server that never answers: the request waiting on the transfer
+ * is counted as running, and SIGTERM with --drain-timeout 1 cancels it and exits 0 (it used to
+ * show 0 running and outlive SIGTERM by the 600 s socket timeout); with no prefill server
+ * listening, /health says so (503). Bounded: the exit is waited for 20 s. */
+static void decode_waits_on_prefill(void **state) {
+    (void)state;
+    const char *ck = tu_data_path("stories260K/stories260K.bin");
+    const char *tk = tu_data_path("stories260K/tok512.bin");
+    if (!ck || !tk) {
+        print_message("[  SKIP    ] needs stories260K\n");
+        skip();
+        return;
+    }
+    int lfd = socket(AF_INET, SOCK_STREAM, 0); /* listens, never accepts: connect and send succeed */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 16), 0);
+    socklen_t al = sizeof a;
+    getsockname(lfd, (struct sockaddr *)&a, &al);
+    char *dir = tu_tmpdir(), args[2048];
+    snprintf(args, sizeof args,
+             "--ckpt '%s' --tokenizer '%s' --threads 1 --role decode --prefill 127.0.0.1:%d --drain-timeout 1", ck, tk,
+             ntohs(a.sin_port));
+    tu_server *p = spawn(dir, "decode-stuck", args);
+    bg_req b = {p->port, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, bg_request, &b), 0);
+    double running = 0;
+    for (int i = 0; i < 100 && (running = metric_of(p->port, "nanolm_requests_running")) < 1; i++) usleep(50000);
+    kill(p->pid, SIGTERM);
+    int st = -1, exited = 0;
+    for (int i = 0; i < 200 && !(exited = waitpid(p->pid, &st, WNOHANG) == p->pid); i++) usleep(100000);
+    if (exited) p->pid = -1;
+    tu_server_kill(p);
+    close(lfd); /* the fake's backlog goes; a request still waiting on it ends */
+    pthread_join(th, NULL);
+    /* no prefill server at all: /health says so */
+    snprintf(args, sizeof args, "--ckpt '%s' --tokenizer '%s' --threads 1 --role decode --prefill 127.0.0.1:%d", ck, tk,
+             ntohs(a.sin_port));
+    tu_server *q = spawn(dir, "decode-alone", args);
+    nl_http_response r;
+    int health = nl_http_request("127.0.0.1", q->port, "GET", "/health", NULL, 0, 10, NULL, NULL, &r) ? -1 : r.status;
+    if (health >= 0) nl_http_response_free(&r);
+    tu_server_kill(q);
+    tu_rmdir(dir);
+    free(dir);
+    /* the cancelled request gets a 5xx or, when the daemon closes first, a closed connection */
+    if (running != 1 || !exited || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || (b.status >= 0 && b.status < 500) ||
+        health != 503)
+        fail_msg("running %g while waiting; exited %d (status %d); the request got %d; /health alone %d", running,
+                 exited, st, b.status, health);
+}
+
 /* The first child process of pid (from /proc), or -1. */
 static int first_child(int pid) {
     char path[96];
@@ -752,6 +834,7 @@ int main(void) {
         cmocka_unit_test_teardown(cli_roles, teardown),
         cmocka_unit_test_teardown(disagg_child_signals, teardown),
         cmocka_unit_test(prefill_server_bounded),
+        cmocka_unit_test_teardown(decode_waits_on_prefill, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

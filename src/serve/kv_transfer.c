@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -359,8 +360,40 @@ static nl_status check_answer_is_ours(const char *addr, const uint8_t *msg, uint
     return rc;
 }
 
+/* recv_all for the decode side: 0 when n bytes arrived; -1 closed or failed, -2 *cancel became
+ * nonzero, -3 `deadline` (nl_time_s) passed. Looks at both every 100 ms. */
+static int recv_until(int fd, uint8_t *p, size_t n, const atomic_int *cancel, double deadline) {
+    while (n > 0) {
+        if (cancel && atomic_load(cancel)) return -2;
+        if (nl_time_s() > deadline) return -3;
+        struct pollfd pf = {fd, POLLIN, 0};
+        int pr = poll(&pf, 1, 100);
+        if (pr < 0 && errno != EINTR) return -1;
+        if (pr <= 0) continue;
+        ssize_t r = recv(fd, p, n, 0);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static nl_status recv_fail(const char *addr, int why, const char *what) {
+    if (why == -2) return nl_fail(NL_ERR_IO, "prefill server %s: the transfer was cancelled (shutting down)", addr);
+    if (why == -3)
+        return nl_fail(NL_ERR_IO, "prefill server %s did not answer within %d s", addr, NL_KVX_ANSWER_TIMEOUT_S);
+    return nl_fail(NL_ERR_IO, "prefill server %s %s", addr, what);
+}
+
 nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const int32_t *prompt, int64_t n,
                                 const nl_sampling *s, nl_engine_kv *out, size_t *bytes_moved) {
+    return nl_kvx_remote_prefill_cancel(addr, sh, prompt, n, s, NULL, out, bytes_moved);
+}
+
+nl_status nl_kvx_remote_prefill_cancel(const char *addr, const nl_kvx_shape *sh, const int32_t *prompt, int64_t n,
+                                       const nl_sampling *s, const atomic_int *cancel, nl_engine_kv *out,
+                                       size_t *bytes_moved) {
     memset(out, 0, sizeof *out);
     if (bytes_moved) *bytes_moved = 0;
     struct sockaddr_in sa;
@@ -377,14 +410,16 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
         rc = nl_fail(NL_ERR_IO, "cannot connect to the prefill server %s: %s", addr, strerror(errno));
         goto done;
     }
-    set_timeout(fd, 600);
+    set_timeout(fd, NL_KVX_ANSWER_TIMEOUT_S);
+    double deadline = nl_time_s() + NL_KVX_ANSWER_TIMEOUT_S;
     if (send_all(fd, req, req_len)) {
         rc = nl_fail(NL_ERR_IO, "prefill server %s: sending the request failed: %s", addr, strerror(errno));
         goto done;
     }
     uint8_t hdr[NL_KVX_KV_HEADER_BYTES];
-    if (recv_all(fd, hdr, sizeof hdr)) {
-        rc = nl_fail(NL_ERR_IO, "prefill server %s closed the connection before its answer", addr);
+    int why = recv_until(fd, hdr, sizeof hdr, cancel, deadline);
+    if (why) {
+        rc = recv_fail(addr, why, "closed the connection before its answer");
         goto done;
     }
     if ((rc = nl_kvx_kv_header(hdr, sh, &body))) goto done;
@@ -394,9 +429,8 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
         goto done;
     }
     memcpy(msg, hdr, sizeof hdr);
-    if (recv_all(fd, msg + sizeof hdr, body)) {
-        rc = nl_fail(NL_ERR_IO, "prefill server %s: the answer was cut off (expected %zu bytes)", addr,
-                     sizeof hdr + body);
+    if ((why = recv_until(fd, msg + sizeof hdr, body, cancel, deadline))) {
+        rc = recv_fail(addr, why, "cut its answer off");
         goto done;
     }
     rc = nl_kvx_parse_kv(msg, sizeof hdr + body, sh, out);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -42,6 +43,7 @@ struct nl_server {
     int64_t rate_tok[RATE_WINDOW];
     int rate_n, rate_head;
     int64_t kv_transfers;    /* decode role: prompts whose KV came from the prefill server */
+    int64_t transferring;    /* decode role: requests waiting on the prefill server now (running) */
     int64_t kv_bytes_in;     /* their K/V bytes (2 x layers x kv heads x head dim x bytes x tokens) */
     int64_t kv_msg_bytes_in; /* whole answers: headers, prompt tokens and K/V */
     double kv_transfer_s;    /* summed time from sending a prompt to its KV being imported */
@@ -261,8 +263,20 @@ static nl_status remote_submit(nl_server *s, const int32_t *ids, int64_t n, cons
     nl_engine_kv kv;
     size_t moved = 0;
     double t0 = nl_time_s();
-    NL_TRY(nl_kvx_remote_prefill(s->o.prefill_addr, &sh, ids, n, sp, &kv, &moved));
-    nl_status rc = nl_engine_import_kv(s->eng, &kv, sp, id);
+    /* waiting on the transfer is running: counted in /metrics, waited for by the drain, and
+     * cancelled when the drain times out */
+    pthread_mutex_lock(&s->mu);
+    s->transferring++;
+    s->active++;
+    pthread_mutex_unlock(&s->mu);
+    nl_status rc = nl_kvx_remote_prefill_cancel(s->o.prefill_addr, &sh, ids, n, sp, &s->cancel_all, &kv, &moved);
+    pthread_mutex_lock(&s->mu);
+    s->transferring--;
+    s->active--;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+    if (rc) return rc;
+    rc = nl_engine_import_kv(s->eng, &kv, sp, id);
     if (!rc) {
         pthread_mutex_lock(&s->mu);
         s->kv_transfers++;
@@ -483,6 +497,7 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
     nl_engine_stats_get(s->eng, &st);
     pthread_mutex_lock(&s->mu);
     nl_serve_metrics m = s->m;
+    int64_t transferring = s->transferring;
     double rate = 0;
     if (s->rate_n >= 2) {
         int newest = (s->rate_head + RATE_WINDOW - 1) % RATE_WINDOW;
@@ -491,7 +506,7 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
         if (dt > 0) rate = (double)(s->rate_tok[newest] - s->rate_tok[oldest]) / dt;
     }
     pthread_mutex_unlock(&s->mu);
-    m.running = st.running;
+    m.running = st.running + transferring;
     m.waiting = st.waiting;
     m.kv_blocks_used = st.kv_blocks_used;
     m.kv_blocks_free = st.kv_blocks_free;
@@ -526,6 +541,31 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
     enum MHD_Result r = send_buf(c, 200, "text/plain; version=0.0.4", b.data ? b.data : "", b.len);
     nl_http_buf_free(&b);
     return r;
+}
+
+/* Decode role: 1 when the prefill server accepts a connection within 1 s ("HOST:PORT", IPv4). */
+static int prefill_reachable(const char *addr) {
+    const char *colon = strrchr(addr, ':');
+    char host[64];
+    if (!colon || (size_t)(colon - addr) >= sizeof host) return 0;
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    if (inet_pton(AF_INET, !strcmp(host, "localhost") ? "127.0.0.1" : host, &sa.sin_addr) != 1) return 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0) return 0;
+    int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (!ok && errno == EINPROGRESS) {
+        struct pollfd p = {fd, POLLOUT, 0};
+        int err = 0;
+        socklen_t el = sizeof err;
+        ok = poll(&p, 1, 1000) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) && err == 0;
+    }
+    close(fd);
+    return ok;
 }
 
 /* ---- the access handler ---------------------------------------------------------------------- */
@@ -617,6 +657,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (!strcmp(url, "/health")) {
         if (atomic_load(&s->draining)) return send_buf(c, 503, "application/json", "{\"status\":\"draining\"}", 21);
+        if (s->o.prefill_addr && !prefill_reachable(s->o.prefill_addr)) /* decode role: no prefill, no service */
+            return send_buf(c, 503, "application/json", "{\"status\":\"prefill server unreachable\"}", 39);
         return send_buf(c, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return metrics(s, c);
