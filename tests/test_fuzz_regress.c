@@ -134,6 +134,19 @@ static void test_kv_transfer(void **s) {
     replay("kv_transfer", nl_fuzz_kv_transfer, 5);
 }
 
+static void test_tokenizer_json(void **s) {
+    (void)s;
+    replay("tokenizer_json", nl_fuzz_tokenizer_json, 4);
+}
+static void test_prefill_answer(void **s) {
+    (void)s;
+    replay("prefill_answer", nl_fuzz_prefill_answer, 5);
+}
+static void test_http_server(void **s) {
+    (void)s;
+    replay("http_server", nl_fuzz_http_server, 5);
+}
+
 /* The first finding, pinned by its exact outcome: a 33-byte header whose fields multiply past
  * int64 (dim*hidden_dim*n_layers overflowed in the layout) must be refused as a format error
  * that names the file, before any size arithmetic can overflow (since nl_arch_validate bounds
@@ -151,14 +164,25 @@ static void test_llama2c_header_overflow(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_safetensors), cmocka_unit_test(test_llama2c),
-        cmocka_unit_test(test_gguf),        cmocka_unit_test(test_chat_template),
-        cmocka_unit_test(test_tokenizer),   cmocka_unit_test(test_data),
-        cmocka_unit_test(test_checkpoint),  cmocka_unit_test(test_catalog),
-        cmocka_unit_test(test_scaling_csv), cmocka_unit_test(test_train_state),
-        cmocka_unit_test(test_cli_numbers), cmocka_unit_test(test_names),
-        cmocka_unit_test(test_formats_cli), cmocka_unit_test(test_http_request),
-        cmocka_unit_test(test_kv_transfer), cmocka_unit_test(test_llama2c_header_overflow),
+        cmocka_unit_test(test_safetensors),
+        cmocka_unit_test(test_llama2c),
+        cmocka_unit_test(test_gguf),
+        cmocka_unit_test(test_chat_template),
+        cmocka_unit_test(test_tokenizer),
+        cmocka_unit_test(test_data),
+        cmocka_unit_test(test_checkpoint),
+        cmocka_unit_test(test_catalog),
+        cmocka_unit_test(test_scaling_csv),
+        cmocka_unit_test(test_train_state),
+        cmocka_unit_test(test_cli_numbers),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_formats_cli),
+        cmocka_unit_test(test_http_request),
+        cmocka_unit_test(test_kv_transfer),
+        cmocka_unit_test(test_llama2c_header_overflow),
+        cmocka_unit_test(test_tokenizer_json),
+        cmocka_unit_test(test_prefill_answer),
+        cmocka_unit_test(test_http_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
