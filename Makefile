@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 NANOLM_IMPL ?= src
 PREFIX  ?= /usr/local
 
-.PHONY: all deps build run test test-isa bench check memcheck install uninstall fuzz clean
+.PHONY: all deps build run test test-isa test-aarch64 bench check memcheck install uninstall fuzz clean
 
 all: build
 
@@ -45,6 +45,12 @@ test: build
 # allows (an AVX-512 machine also proves the AVX2 and scalar paths).
 test-isa: build
 	@scripts/test-isa.sh $(BUILD) $(JOBS)
+
+# Cross-compiles for aarch64 and runs the core tests under qemu-aarch64: NEON with and without
+# dotprod, and NANOLM_ISA=scalar (scripts/test-aarch64.sh; correctness only).
+test-aarch64:
+	@scripts/setup-deps.sh aarch64
+	@scripts/test-aarch64.sh build-aarch64 $(JOBS)
 
 bench: build
 	@scripts/bench.sh $(BUILD)

@@ -214,6 +214,11 @@ static void test_errors_name_the_place(void **state) {
     expect_error("{{ 'unterminated }}", "{}", "unterminated string literal");
     expect_error("{% set ns = {} %}{% set ns.a = 1 %}", "{}", "only of a namespace()");
     expect_error("{{ x }}", "[1]", "not a JSON object");
+    /* a runaway template stops at the step or memory budget instead of hanging the server */
+    expect_error("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", "{}",
+                 "chat template inline");
+    assert_true(strstr(nl_last_error(), "ran more than 2000000 statements") ||
+                strstr(nl_last_error(), "rendering took more than 256 MiB"));
 }
 
 static void write_file(const char *dir, const char *name, const char *text) {

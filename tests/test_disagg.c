@@ -14,8 +14,10 @@
 #include <netinet/in.h>
 #include <omp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -606,15 +608,221 @@ static void answer_for_another_request(void **state) {
     }
 }
 
+typedef struct stopper {
+    nl_kvx_server *ps;
+    volatile int done;
+} stopper;
+
+static void *stop_main(void *arg) {
+    stopper *st = arg;
+    nl_kvx_server_stop(st->ps);
+    st->done = 1;
+    return NULL;
+}
+
+/* The prefill server under idle clients: connections past NL_KVX_MAX_CONNS get a BUSY answer at
+ * once (it used to start a thread for each of any number), and stopping it returns while idle
+ * clients are still connected (it used to wait for their 600 s timeout): bounded waits, 5 s. */
+static void prefill_server_bounded(void **state) {
+    (void)state;
+    nl_model m;
+    make_model(&m);
+    nl_engine *e = open_engine(&m, NL_KV_FP32, 16, 0);
+    nl_kvx_server *ps = NULL;
+    assert_int_equal(nl_kvx_server_start(&ps, e, "127.0.0.1", 0), NL_OK);
+    enum { N = NL_KVX_MAX_CONNS + 8 };
+    int fds[N], busy = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)nl_kvx_server_port(ps))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < N; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0);
+        usleep(2000); /* in order: the first NL_KVX_MAX_CONNS take the slots */
+    }
+    for (int i = NL_KVX_MAX_CONNS; i < N; i++) { /* the ones past the limit: a BUSY answer */
+        struct timeval tv = {5, 0};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        uint8_t h[NL_KVX_KV_HEADER_BYTES];
+        if (read_n(fds[i], h, sizeof h) == 0 && h[8] == (uint8_t)NL_ERR_BUSY) busy++;
+    }
+    stopper st = {ps, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, stop_main, &st), 0);
+    for (int i = 0; i < 50 && !st.done; i++) usleep(100 * 1000);
+    int stopped = st.done;
+    for (int i = 0; i < N; i++) close(fds[i]); /* lets a hung stop finish, so the test ends */
+    pthread_join(th, NULL);
+    nl_engine_close(e);
+    nl_model_free(&m);
+    assert_int_equal(busy, N - NL_KVX_MAX_CONNS);
+    assert_true(stopped);
+}
+
+typedef struct bg_req {
+    int port, status;
+} bg_req;
+
+static void *bg_request(void *arg) {
+    bg_req *b = arg;
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}";
+    nl_http_response r;
+    b->status =
+        nl_http_request("127.0.0.1", b->port, "POST", "/v1/completions", body, strlen(body), 120, NULL, NULL, &r)
+            ? -1
+            : r.status;
+    if (b->status >= 0) nl_http_response_free(&r);
+    return NULL;
+}
+
+static double metric_of(int port, const char *name) {
+    nl_http_response r;
+    if (nl_http_request("127.0.0.1", port, "GET", "/metrics", NULL, 0, 10, NULL, NULL, &r)) return -1;
+    char key[160];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = r.body.data ? strstr(r.body.data, key) : NULL;
+    double v = p ? strtod(p + strlen(key), NULL) : -1;
+    nl_http_response_free(&r);
+    return v;
+}
+
+/* The decode role with a prefill server that never answers: the request waiting on the transfer
+ * is counted as running, and SIGTERM with --drain-timeout 1 cancels it and exits 0 (it used to
+ * show 0 running and outlive SIGTERM by the 600 s socket timeout); with no prefill server
+ * listening, /health says so (503). Bounded: the exit is waited for 20 s. */
+static void decode_waits_on_prefill(void **state) {
+    (void)state;
+    const char *ck = tu_data_path("stories260K/stories260K.bin");
+    const char *tk = tu_data_path("stories260K/tok512.bin");
+    if (!ck || !tk) {
+        print_message("[  SKIP    ] needs stories260K\n");
+        skip();
+        return;
+    }
+    int lfd = socket(AF_INET, SOCK_STREAM, 0); /* listens, never accepts: connect and send succeed */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 16), 0);
+    socklen_t al = sizeof a;
+    getsockname(lfd, (struct sockaddr *)&a, &al);
+    char *dir = tu_tmpdir(), args[2048];
+    snprintf(args, sizeof args,
+             "--ckpt '%s' --tokenizer '%s' --threads 1 --role decode --prefill 127.0.0.1:%d --drain-timeout 1", ck, tk,
+             ntohs(a.sin_port));
+    tu_server *p = spawn(dir, "decode-stuck", args);
+    bg_req b = {p->port, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, bg_request, &b), 0);
+    double running = 0;
+    for (int i = 0; i < 100 && (running = metric_of(p->port, "nanolm_requests_running")) < 1; i++) usleep(50000);
+    kill(p->pid, SIGTERM);
+    int st = -1, exited = 0;
+    for (int i = 0; i < 200 && !(exited = waitpid(p->pid, &st, WNOHANG) == p->pid); i++) usleep(100000);
+    if (exited) p->pid = -1;
+    tu_server_kill(p);
+    close(lfd); /* the fake's backlog goes; a request still waiting on it ends */
+    pthread_join(th, NULL);
+    /* no prefill server at all: /health says so */
+    snprintf(args, sizeof args, "--ckpt '%s' --tokenizer '%s' --threads 1 --role decode --prefill 127.0.0.1:%d", ck, tk,
+             ntohs(a.sin_port));
+    tu_server *q = spawn(dir, "decode-alone", args);
+    nl_http_response r;
+    int health = nl_http_request("127.0.0.1", q->port, "GET", "/health", NULL, 0, 10, NULL, NULL, &r) ? -1 : r.status;
+    if (health >= 0) nl_http_response_free(&r);
+    tu_server_kill(q);
+    tu_rmdir(dir);
+    free(dir);
+    /* the cancelled request gets a 5xx or, when the daemon closes first, a closed connection */
+    if (running != 1 || !exited || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || (b.status >= 0 && b.status < 500) ||
+        health != 503)
+        fail_msg("running %g while waiting; exited %d (status %d); the request got %d; /health alone %d", running,
+                 exited, st, b.status, health);
+}
+
+/* The first child process of pid (from /proc), or -1. */
+static int first_child(int pid) {
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", pid, pid);
+    FILE *f = fopen(path, "r");
+    int c = -1;
+    if (f) {
+        if (fscanf(f, "%d", &c) != 1) c = -1;
+        fclose(f);
+    }
+    return c;
+}
+
+/* 1 while pid runs (not gone, not a zombie). */
+static int alive(int pid) {
+    char path[64], st[256] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(st, 1, sizeof st - 1, f);
+    fclose(f);
+    st[n] = 0;
+    const char *p = strrchr(st, ')');
+    return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
+/* --role disagg: a stopped and continued prefill child is not a dead one (the server used to shut
+ * down on any SIGCHLD), and the child dies with its parent, even of SIGKILL (it used to stay
+ * listening). */
+static void disagg_child_signals(void **state) {
+    (void)state;
+    const char *ck = tu_data_path("stories260K/stories260K.bin");
+    const char *tk = tu_data_path("stories260K/tok512.bin");
+    if (!ck || !tk) {
+        print_message("[  SKIP    ] needs stories260K\n");
+        skip();
+        return;
+    }
+    char *dir = tu_tmpdir(), args[2048];
+    snprintf(args, sizeof args, "--ckpt '%s' --tokenizer '%s' --threads 1 --role disagg", ck, tk);
+    tu_server *p = spawn(dir, "disagg-signals", args);
+    int child = first_child(p->pid);
+    assert_true(child > 0);
+    kill(child, SIGSTOP);
+    usleep(300 * 1000);
+    kill(child, SIGCONT);
+    usleep(500 * 1000);
+    nl_http_response r;
+    int health = nl_http_request("127.0.0.1", p->port, "GET", "/health", NULL, 0, 10, NULL, NULL, &r) ? -1 : r.status;
+    if (health >= 0) nl_http_response_free(&r);
+    int still = 0;
+    if (health == 200) { /* and an answer through the continued child */
+        const char *body = "{\"prompt\":\"Once\",\"max_tokens\":4}";
+        still =
+            !nl_http_request("127.0.0.1", p->port, "POST", "/v1/completions", body, strlen(body), 60, NULL, NULL, &r) &&
+            r.status == 200;
+        nl_http_response_free(&r);
+    }
+    tu_server_kill(p); /* SIGKILL of the parent */
+    int gone = 0;
+    for (int i = 0; i < 100 && !(gone = !alive(child)); i++) usleep(100 * 1000);
+    if (!gone) kill(child, SIGKILL);
+    tu_rmdir(dir);
+    free(dir);
+    assert_int_equal(health, 200);
+    assert_true(still);
+    assert_true(gone);
+}
+
 int main(void) {
     /* correctness, not speed: every kernel on this thread (a loaded machine makes nested
      * thread teams wait on descheduled threads) */
     omp_set_num_threads(1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(same_tokens_fp32),  cmocka_unit_test(same_tokens_int8),
-        cmocka_unit_test(import_edge_cases), cmocka_unit_test(parser_refuses_bad_input),
-        cmocka_unit_test(over_socket),       cmocka_unit_test(answer_for_another_request),
+        cmocka_unit_test(same_tokens_fp32),
+        cmocka_unit_test(same_tokens_int8),
+        cmocka_unit_test(import_edge_cases),
+        cmocka_unit_test(parser_refuses_bad_input),
+        cmocka_unit_test(over_socket),
+        cmocka_unit_test(answer_for_another_request),
         cmocka_unit_test_teardown(cli_roles, teardown),
+        cmocka_unit_test_teardown(disagg_child_signals, teardown),
+        cmocka_unit_test(prefill_server_bounded),
+        cmocka_unit_test_teardown(decode_waits_on_prefill, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -125,9 +125,26 @@ static void test_http_request(void **s) {
     (void)s;
     replay_quiet("http_request", nl_fuzz_http_request, 3);
 }
+static void test_chat_template(void **s) {
+    (void)s;
+    replay("chat_template", nl_fuzz_chat_template, 4);
+}
 static void test_kv_transfer(void **s) {
     (void)s;
     replay("kv_transfer", nl_fuzz_kv_transfer, 5);
+}
+
+static void test_tokenizer_json(void **s) {
+    (void)s;
+    replay("tokenizer_json", nl_fuzz_tokenizer_json, 4);
+}
+static void test_prefill_answer(void **s) {
+    (void)s;
+    replay("prefill_answer", nl_fuzz_prefill_answer, 5);
+}
+static void test_http_server(void **s) {
+    (void)s;
+    replay("http_server", nl_fuzz_http_server, 5);
 }
 
 /* The first finding, pinned by its exact outcome: a 33-byte header whose fields multiply past
@@ -150,6 +167,7 @@ int main(void) {
         cmocka_unit_test(test_safetensors),
         cmocka_unit_test(test_llama2c),
         cmocka_unit_test(test_gguf),
+        cmocka_unit_test(test_chat_template),
         cmocka_unit_test(test_tokenizer),
         cmocka_unit_test(test_data),
         cmocka_unit_test(test_checkpoint),
@@ -162,6 +180,9 @@ int main(void) {
         cmocka_unit_test(test_http_request),
         cmocka_unit_test(test_kv_transfer),
         cmocka_unit_test(test_llama2c_header_overflow),
+        cmocka_unit_test(test_tokenizer_json),
+        cmocka_unit_test(test_prefill_answer),
+        cmocka_unit_test(test_http_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

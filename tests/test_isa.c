@@ -8,10 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/engine.h"
 #include "nanolm/formats.h"
 #include "nanolm/fp8.h"
 #include "nanolm/isa.h"
 #include "nanolm/matvec.h"
+#include "nanolm/model.h"
 #include "nanolm/qlinear.h"
 
 static void fill(float *x, size_t n, uint64_t seed) {
@@ -72,6 +74,14 @@ static void test_cap_orders_the_sets(void **state) {
         assert_false(nl_qdot_available(NL_QDOT_VNNI));
         assert_false(nl_isa_has_ext("avx512vnni"));
     }
+    if (det == NL_ISA_NEON) { /* aarch64: the NEON kernels, sdot where the CPU has dotprod */
+        nl_isa_set_cap(NL_ISA_NEON);
+        assert_int_equal(nl_mv_auto(), NL_MV_NEON);
+        assert_true(nl_mv_available(NL_MV_NEON));
+        print_message("[  INFO    ] NEON, dotprod %s\n", nl_isa_has_ext("dotprod") ? "yes" : "no");
+    } else {
+        assert_false(nl_mv_available(NL_MV_NEON));
+    }
     nl_isa_set_cap(NL_ISA_COUNT);
     assert_int_equal(nl_isa_check_env(), NL_OK); /* ctest runs this with a valid or no NANOLM_ISA */
 }
@@ -126,6 +136,77 @@ static void test_matvec_same_bits_under_every_cap(void **state) {
         }
         free(w), free(x), free(y0), free(y);
     }
+}
+
+/* Tokens of 3 requests (greedy, and sampled at temperature 1 with a seed: a last-bit change of a
+ * logit can move a draw across a boundary) of 40 tokens each from a small random model in
+ * weight format f under cap `cap`, written to out (3 x 40). */
+static void generate_under(nl_isa cap, const nl_model *m, nl_wfmt f, int32_t *out) {
+    nl_isa_set_cap(cap);
+    nl_engine_opts o;
+    nl_engine_opts_default(&o);
+    o.weights = f;
+    o.threads = 2;
+    nl_engine *e;
+    assert_int_equal(nl_engine_open_model(&e, m, NULL, &o), NL_OK);
+    uint64_t ids[3];
+    for (int r = 0; r < 3; r++) {
+        int32_t prompt[7];
+        for (int j = 0; j < 7; j++) prompt[j] = (int32_t)((r * 53 + j * 11) % 256);
+        nl_sampling s;
+        nl_sampling_default(&s);
+        s.temperature = r == 0 ? 0.0f : 1.0f;
+        s.seed = (uint64_t)(r + 1);
+        s.max_tokens = 40;
+        s.ignore_eos = 1;
+        assert_int_equal(nl_engine_submit(e, prompt, 7, &s, &ids[r]), NL_OK);
+    }
+    while (nl_engine_busy(e)) assert_int_equal(nl_engine_step(e, NULL), NL_OK);
+    for (int r = 0; r < 3; r++) {
+        nl_engine_output res;
+        memset(&res, 0, sizeof res);
+        assert_int_equal(nl_engine_read(e, ids[r], 1, &res), NL_OK);
+        assert_int_equal(res.n_tokens, 40);
+        memcpy(out + r * 40, res.tokens, 40 * sizeof(int32_t));
+        nl_engine_output_free(&res);
+    }
+    nl_engine_close(e);
+    nl_isa_set_cap(NL_ISA_COUNT);
+}
+
+/* The serving engine generates the same tokens under every cap, in every weight format. */
+static void test_generation_same_under_every_cap(void **state) {
+    (void)state;
+    nl_isa cs[NL_ISA_COUNT];
+    const int nc = caps(cs);
+    nl_arch a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.name, sizeof a.name, "isa-test");
+    a.vocab_size = 256;
+    a.dim = 96;
+    a.n_layers = 2;
+    a.n_heads = 4;
+    a.n_kv_heads = 2;
+    a.hidden_dim = 160;
+    a.seq_len = 64;
+    a.rope_theta = 10000;
+    a.norm_eps = 1e-5;
+    a.tied_embeddings = 1;
+    nl_model m;
+    assert_int_equal(nl_model_init(&m, &a), NL_OK);
+    nl_model_init_random(&m, 7);
+    for (size_t i = 0; i < m.n_params; i++) m.params[i] *= 20.0f; /* peaked logits: varied text */
+    int32_t t0[120], t1[120];
+    for (int f = NL_WFMT_FP32; f < NL_WFMT_COUNT; f++) {
+        generate_under(cs[0], &m, (nl_wfmt)f, t0);
+        for (int c = 1; c < nc; c++) {
+            generate_under(cs[c], &m, (nl_wfmt)f, t1);
+            if (memcmp(t0, t1, sizeof t0))
+                fail_msg("generation in %s: %s differs from %s", nl_wfmt_name((nl_wfmt)f), nl_isa_name(cs[c]),
+                         nl_isa_name(cs[0]));
+        }
+    }
+    nl_model_free(&m);
 }
 
 static void test_formats_same_bits_under_every_cap(void **state) {
@@ -185,6 +266,7 @@ int main(void) {
         cmocka_unit_test(test_cap_orders_the_sets),
         cmocka_unit_test(test_cli_reports_and_refuses),
         cmocka_unit_test(test_matvec_same_bits_under_every_cap),
+        cmocka_unit_test(test_generation_same_under_every_cap),
         cmocka_unit_test(test_formats_same_bits_under_every_cap),
         cmocka_unit_test(test_fp8_gemm_same_bits_under_every_cap),
     };

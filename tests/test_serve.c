@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -542,13 +543,168 @@ static void keep_alive_and_allow(void **state) {
     if (!allow) fail_msg("405 without \"Allow: POST\": %.300s", buf);
 }
 
+/* A client that sends a non-streamed request and goes away: the request is aborted at once (it
+ * used to run to the end of the context, counted as a success: a model fast enough that the
+ * engine's wait never times out); a bounded wait of 5 s, far beyond the per-round check. */
+static void disconnect_non_streamed(void **state) {
+    (void)state;
+    START(s, NULL);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":100000,\"ignore_eos\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    for (int i = 0; i < 200 && metric(&s, "nanolm_requests_running") < 1; i++) sleep_ms(50);
+    assert_true(metric(&s, "nanolm_requests_running") == 1);
+    close(fd);
+    double running = 1, aborted = 0;
+    for (int i = 0; i < 50; i++) { /* up to 5 s */
+        running = metric(&s, "nanolm_requests_running");
+        aborted = metric(&s, "nanolm_requests_total{outcome=\"aborted\"}");
+        if (running == 0 && aborted == 1) break;
+        sleep_ms(100);
+    }
+    double generated = metric(&s, "nanolm_generation_tokens_total");
+    assert_int_equal(stop(&s), 0);
+    if (running != 0 || aborted != 1 || generated >= 400) /* the context (512) holds ~505 more */
+        fail_msg("5 s after the client left: running %g, aborted %g, %g tokens generated", running, aborted, generated);
+}
+
+/* During drain (SIGTERM with a request running) a new client gets the documented 503 at once (it
+ * used to wait in the listen backlog until the server closed). */
+static void drain_answers_503(void **state) {
+    (void)state;
+    START(s, SLOW_ARCH "--drain-timeout 3");
+    bg b;
+    memset(&b, 0, sizeof b);
+    b.s = &s;
+    b.body = "{\"prompt\":\"Once\",\"max_tokens\":100000,\"ignore_eos\":true,\"stream\":true}";
+    pthread_t th;
+    pthread_create(&th, NULL, bg_post, &b);
+    for (int i = 0; i < 200 && metric(&s, "nanolm_requests_running") < 1; i++) sleep_ms(50);
+    kill(s.p.pid, SIGTERM);
+    sleep_ms(300);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
+    nl_http_response r;
+    nl_status rc =
+        nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 2, NULL, NULL, &r);
+    int status = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    rc = nl_http_request("127.0.0.1", s.port, "GET", "/health", NULL, 0, 2, NULL, NULL, &r);
+    int health = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    int st = -1; /* the drain ends by itself (a second SIGTERM would end it at once) */
+    for (int i = 0; i < 600 && waitpid(s.p.pid, &st, WNOHANG) != s.p.pid; i++) sleep_ms(100);
+    s.p.pid = -1;
+    g_srv = NULL;
+    tu_rmdir(s.dir);
+    free(s.dir);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    pthread_join(th, NULL);
+    nl_http_buf_free(&b.c.text);
+    if (status != 503 || health != 503) fail_msg("during drain: POST got %d, /health %d (want 503)", status, health);
+}
+
+static int connect_to(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Slow clients (half a request line, then nothing) up to and past --max-connections: /health
+ * still answers (connections are kept for it), a completion past the limit gets 503 at once, and
+ * the idle ones are closed after --idle-timeout (it used to be 600 s). Bounded: about 5 s. */
+static void slow_clients(void **state) {
+    (void)state;
+    START(s, "--max-connections 4 --idle-timeout 2");
+    enum { SLOW = 8 };
+    int fds[SLOW];
+    for (int i = 0; i < SLOW; i++) {
+        fds[i] = connect_to(s.port);
+        send(fds[i], "POST /v1/comp", 13, MSG_NOSIGNAL);
+    }
+    sleep_ms(200);
+    nl_http_response r;
+    nl_status rc = nl_http_request("127.0.0.1", s.port, "GET", "/health", NULL, 0, 2, NULL, NULL, &r);
+    int health = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
+    rc = nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 2, NULL, NULL, &r);
+    int post_status = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    int closed = 0;
+    for (int i = 0; i < SLOW; i++) { /* the server closes each within its idle timeout (+ 2 s slack) */
+        struct timeval tv = {4, 0};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char ch;
+        if (recv(fds[i], &ch, 1, 0) == 0 || errno == ECONNRESET) closed++;
+        close(fds[i]);
+    }
+    rc = nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 30, NULL, NULL, &r);
+    int after = rc ? -1 : r.status;
+    if (!rc) nl_http_response_free(&r);
+    assert_int_equal(stop(&s), 0);
+    if (health != 200 || post_status != 503 || closed != SLOW || after != 200)
+        fail_msg("/health %d, POST past the limit %d, idle closed %d of %d, POST after %d", health, post_status, closed,
+                 SLOW, after);
+}
+
+/* A storm of streamed requests whose clients leave after the first chunk: every sequence and KV
+ * block comes back (seen in /metrics), and the server still answers. */
+static void disconnect_storm(void **state) {
+    (void)state;
+    START(s, NULL);
+    enum { STORM = 40 };
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true}";
+    for (int i = 0; i < STORM; i++) {
+        stream_ctx c = {0};
+        c.close_after = 1 + i % 3;
+        nl_http_response r;
+        assert_int_equal(
+            nl_http_request("127.0.0.1", s.port, "POST", "/v1/completions", body, strlen(body), 30, on_event, &c, &r),
+            NL_OK);
+        nl_http_response_free(&r);
+        nl_http_buf_free(&c.text);
+    }
+    double used = -1, running = -1, aborted = 0;
+    for (int i = 0; i < 100; i++) { /* up to 10 s */
+        used = metric(&s, "nanolm_kv_blocks_used");
+        running = metric(&s, "nanolm_requests_running");
+        aborted = metric(&s, "nanolm_requests_total{outcome=\"aborted\"}");
+        if (used == 0 && running == 0 && aborted == STORM) break;
+        sleep_ms(100);
+    }
+    int status;
+    cJSON *doc = post(&s, "{\"prompt\":\"Once\",\"max_tokens\":3}", &status);
+    cJSON_Delete(doc);
+    assert_int_equal(stop(&s), 0);
+    if (used != 0 || running != 0 || aborted != STORM || status != 200)
+        fail_msg("after %d disconnects: KV blocks used %g, running %g, aborted %g, then HTTP %d", STORM, used, running,
+                 aborted, status);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(keep_alive_and_allow, teardown),
-        cmocka_unit_test_teardown(completions, teardown),      cmocka_unit_test_teardown(bad_input, teardown),
-        cmocka_unit_test_teardown(disconnect, teardown),       cmocka_unit_test_teardown(queue_full, teardown),
-        cmocka_unit_test_teardown(shutdown_cancels, teardown), cmocka_unit_test_teardown(loadgen, teardown),
+        cmocka_unit_test_teardown(disconnect_non_streamed, teardown),
+        cmocka_unit_test_teardown(drain_answers_503, teardown),
+        cmocka_unit_test_teardown(slow_clients, teardown),
+        cmocka_unit_test_teardown(disconnect_storm, teardown),
+        cmocka_unit_test_teardown(completions, teardown),
+        cmocka_unit_test_teardown(bad_input, teardown),
+        cmocka_unit_test_teardown(disconnect, teardown),
+        cmocka_unit_test_teardown(queue_full, teardown),
+        cmocka_unit_test_teardown(shutdown_cancels, teardown),
+        cmocka_unit_test_teardown(loadgen, teardown),
     };
     if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,7 +28,9 @@
  *
  * Errors (NL_ERR_FORMAT when parsing, NL_ERR_INVALID when rendering) name the template (`what`)
  * and the line and column: "chat template X line 3 col 7: unknown filter 'foo'";
- * raise_exception("msg") fails with "... raise_exception: msg".
+ * raise_exception("msg") fails with "... raise_exception: msg". A render stops with an error past
+ * 2,000,000 statements or loop iterations, 64 MiB of output or 256 MiB of working memory (a
+ * runaway template cannot hang the server).
  */
 #ifndef NANOLM_CHAT_TEMPLATE_H
 #define NANOLM_CHAT_TEMPLATE_H

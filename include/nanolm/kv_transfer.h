@@ -27,6 +27,7 @@
 #ifndef NANOLM_KV_TRANSFER_H
 #define NANOLM_KV_TRANSFER_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,13 @@ extern "C" {
 #define NL_KVX_REQ_HEADER_BYTES 64
 #define NL_KVX_KV_HEADER_BYTES  104
 #define NL_KVX_MAX_TEXT         1024
+/* The prefill server: at most this many connections (one thread each; more get a BUSY error
+ * answer at once), a request must arrive within NL_KVX_REQUEST_TIMEOUT_S of connecting (an idle
+ * connection is closed), its answer be sent within NL_KVX_ANSWER_TIMEOUT_S, and stopping shuts
+ * every connection down rather than waiting for its client. */
+#define NL_KVX_MAX_CONNS         64
+#define NL_KVX_REQUEST_TIMEOUT_S 10
+#define NL_KVX_ANSWER_TIMEOUT_S  120
 
 /* What both sides must agree on: the model's shape and the KV format. */
 typedef struct nl_kvx_shape {
@@ -89,6 +97,11 @@ nl_status nl_kvx_parse_kv(const uint8_t *msg, size_t len, const nl_kvx_shape *ex
  * or its prompt tokens differ). */
 nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const int32_t *prompt, int64_t n,
                                 const nl_sampling *s, nl_engine_kv *out, size_t *bytes_moved);
+/* As nl_kvx_remote_prefill, giving up (NL_ERR_IO, "cancelled") within 100 ms of *cancel becoming
+ * nonzero (NULL: never), and after NL_KVX_ANSWER_TIMEOUT_S without the whole answer. */
+nl_status nl_kvx_remote_prefill_cancel(const char *addr, const nl_kvx_shape *sh, const int32_t *prompt, int64_t n,
+                                       const nl_sampling *s, const atomic_int *cancel, nl_engine_kv *out,
+                                       size_t *bytes_moved);
 
 /* The prefill side: a server on host:port (port 0: ephemeral) that answers each connection's
  * request by running it through e as a prefill-only request (batched with the others by a

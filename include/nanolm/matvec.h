@@ -24,7 +24,8 @@
  *   BF16  W rounded to bfloat16 (nl_bf16_from_f32 of formats.h), expanded to fp32 in registers; fp32 activations.
  *   INT8  W8A8 with the weights of nanolm/qlinear.h: int8 codes with one fp32 absmax scale per
  *         output row, each token quantized once per input by absmax (nl_mv_act), int32 sums
- *         (exact, so any order gives the same bits: AVX-512 VNNI or portable C), one multiply by
+ *         (exact, so any order gives the same bits: AVX-512 VNNI, AVX2 vpmaddubsw on |w| against
+ *         the activation carrying w's sign, NEON sdot or widening multiplies, portable C), one multiply by
  *         both scales: the same bits as nl_qlinear_forward.
  *   INT4  llama.cpp's Q4_0 granularity: each output row cut into groups of 32 consecutive input
  *         columns (the last one zero padded), scale d = absmax / 7 stored as fp16 (nearest even),
@@ -38,7 +39,8 @@
  *         where isum_g is the group's exact int32 dot product; the lanes are added as
  *         ((0+8)+(4+12)) + ((2+10)+(6+14)) ... (the halving tree: j + 8, then + 4, + 2, + 1).
  *         AVX-512 VNNI (dpbusd on the unsigned nibbles against the signed activation codes,
- *         minus 8 x the group's activation sum) and portable C give the same bits.
+ *         minus 8 x the group's activation sum), AVX2 (the same 8 lanes at a time with
+ *         vpmaddubsw / vpmaddwd) and portable C (also on ARM) give the same bits.
  */
 #ifndef NANOLM_MATVEC_H
 #define NANOLM_MATVEC_H

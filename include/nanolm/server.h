@@ -27,12 +27,17 @@
 #include "nanolm/chat_template.h"
 #include "nanolm/engine.h"
 
+#define NL_SERVER_RESERVED_CONNS 16
+
 typedef struct nl_server_opts {
     const char *host;         /* IPv4 address to listen on (default "127.0.0.1"; "localhost" accepted) */
     int port;                 /* 0: an ephemeral port (read it with nl_server_port) */
     const char *model_name;   /* reported by /v1/models and in responses (default "nanolm") */
     size_t max_body_bytes;    /* larger bodies get 413 (default 1 MiB) */
-    int max_connections;      /* open connections at most (default 512) */
+    int max_connections;      /* connections that may send completions (default 512); NL_SERVER_RESERVED_CONNS
+                                more are accepted for GET /health, /metrics and /v1/models only */
+    int idle_timeout_s;       /* a connection with no activity for this long is closed, and a request
+                                body must arrive within it (default 30) */
     double drain_timeout_s;   /* at shutdown, how long running requests may finish before they are
                                 cancelled (default 30) */
     const nl_chat_template *chat_template; /* POST /v1/chat/completions renders messages with it; NULL:
@@ -52,6 +57,9 @@ void nl_server_opts_default(nl_server_opts *o);
 nl_status nl_server_start(nl_server **s, nl_engine *e, const nl_server_opts *o);
 /* The port the server listens on. */
 int nl_server_port(const nl_server *s);
+/* Serves a connected stream socket fd (a socket pair's end, for tests and fuzzing) as if it had
+ * been accepted; the server owns and closes it. NL_ERR_IO when it cannot take it. */
+nl_status nl_server_add_connection(nl_server *s, int fd);
 /* Graceful stop: refuses new connections and requests, lets running requests finish for up to
  * drain_timeout_s, cancels what is left (streams get an error event and [DONE]), stops the HTTP
  * threads and the driver, and frees the server (not the engine). Safe on NULL. */

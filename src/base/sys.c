@@ -380,6 +380,10 @@ void nl_runtime_reexec(char **argv) {
     (void)argv;
     return;
 #endif
+#if !defined(__x86_64__) && !defined(__i386__)
+    (void)argv; /* the Prescott fallback is an x86 matter */
+    return;
+#else
     if (getenv("NANOLM_NO_REEXEC") || getenv("OPENBLAS_CORETYPE")) return;
     const char *core = openblas_get_corename();
     if (!core || strcmp(core, "Prescott") != 0) return;
@@ -392,6 +396,7 @@ void nl_runtime_reexec(char **argv) {
     if (!want || setenv("OPENBLAS_CORETYPE", want, 1) != 0) return;
     nl_reexec_self(argv);
     unsetenv("OPENBLAS_CORETYPE"); /* not executed: carry on as loaded */
+#endif
 }
 
 int nl_threads(void) { return omp_get_max_threads(); }

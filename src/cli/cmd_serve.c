@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,6 +57,7 @@ enum { ROLE_COLOCATED, ROLE_PREFILL, ROLE_DECODE, ROLE_DISAGG };
 typedef struct serve_args {
     const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill, *chat_tmpl, *draft;
     int role, port, weights, kv, max_batch, max_waiting, threads, max_conn, no_prefix_cache, spec_k, spec_ngram;
+    int idle_s;
     int64_t block_size, kv_blocks, max_step, chunk;
     double kv_mem, max_body, drain_s;
 } serve_args;
@@ -75,6 +77,7 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
                        .max_batch = 32,
                        .max_waiting = 256,
                        .max_conn = 512,
+                       .idle_s = 30,
                        .block_size = 16,
                        .max_step = 512,
                        .chunk = 256,
@@ -127,7 +130,11 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
         NL_OPT_STR("port-file", &sa->port_file, "FILE",
                    "also write the bound port to FILE (atomically) once listening"),
         NL_OPT_SI("max-body", &sa->max_body, 1, 1e9, "BYTES", "largest request body; larger gets 413 (default 1M)"),
-        NL_OPT_INT32("max-connections", &sa->max_conn, 1, 65536, "N", "open connections at most (default 512)"),
+        NL_OPT_INT32("max-connections", &sa->max_conn, 1, 65536, "N",
+                     "connections that may send completions (default 512); 16 more are kept for GET /health, "
+                     "/metrics, /v1/models"),
+        NL_OPT_INT32("idle-timeout", &sa->idle_s, 1, 86400, "S",
+                     "close a connection idle this long; a request body must arrive within it (default 30)"),
         NL_OPT_DBL("drain-timeout", &sa->drain_s, 0, 86400, "S",
                    "on SIGINT/SIGTERM, seconds running requests may finish before they are cancelled (default 30)"),
     };
@@ -265,8 +272,12 @@ static int start_prefill_child(int argc, char **argv, pid_t *pid, char *addr, si
     const char *extra[] = {"--role", "prefill", "--host", "127.0.0.1", "--port", "0", "--port-file", port_file};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) args[n++] = (char *)extra[i]; /* the last one wins */
     fflush(NULL);
+    pid_t parent = getpid();
     *pid = fork();
     if (*pid == 0) {
+        /* the prefill child dies with this process, even of SIGKILL (the signal outlives exec) */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127); /* the parent died before prctl */
         nl_reexec_self(args);
         _exit(127);
     }
@@ -369,8 +380,9 @@ static int load_chat_template(const serve_args *sa, const nl_engine *e, nl_chat_
 }
 
 /* The HTTP server (colocated or decode role) until SIGINT/SIGTERM, or until the prefill child
- * (child > 0) exits. */
-static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *sigs) {
+ * (*child > 0) exits (then reaped: *child = -1). A SIGCHLD of a child that stopped or
+ * continued (SIGSTOP, a debugger) is not a death: the server goes on. */
+static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *sigs) {
     char name[128];
     const char *model_name = sa->model_name;
     if (!model_name) {
@@ -387,6 +399,7 @@ static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *s
     so.model_name = model_name;
     so.max_body_bytes = (size_t)sa->max_body;
     so.max_connections = sa->max_conn;
+    so.idle_timeout_s = sa->idle_s;
     so.drain_timeout_s = sa->drain_s;
     so.prefill_addr = sa->prefill;
     nl_chat_template *ct = NULL;
@@ -414,13 +427,16 @@ static int serve_http(const serve_args *sa, served *sv, pid_t child, sigset_t *s
         return NL_EXIT_FAIL;
     }
     int sig = 0, rc = NL_EXIT_OK;
-    sigwait(sigs, &sig);
-    if (sig == SIGCHLD) { /* the prefill process went away: new prompts cannot be served */
-        int cst = 0;
-        if (waitpid(child, &cst, WNOHANG) == child) {
+    for (;;) {
+        sigwait(sigs, &sig);
+        if (sig != SIGCHLD) break;
+        int cst = 0; /* the prefill process went away: new prompts cannot be served */
+        if (*child > 0 && waitpid(*child, &cst, WNOHANG) == *child) {
             fprintf(stderr, "nanolm: serve: the prefill process exited (status %d); stopping\n",
                     WIFEXITED(cst) ? WEXITSTATUS(cst) : 128 + WTERMSIG(cst));
+            *child = -1; /* reaped: nothing to signal later */
             rc = NL_EXIT_FAIL;
+            break;
         }
     }
     fprintf(stderr, "serve: %s: not accepting; finishing running requests (up to %g s)\n",
@@ -465,7 +481,7 @@ int nl_cmd_serve(int argc, char **argv) {
     if (sa.role == ROLE_PREFILL)
         rc = serve_prefill(sv.e, sa.host, sa.port, sa.port_file, &sigs);
     else
-        rc = serve_http(&sa, &sv, child, &sigs);
+        rc = serve_http(&sa, &sv, &child, &sigs);
     close_served(&sv);
     if (child > 0 && stop_prefill_child(child) != 0 && rc == NL_EXIT_OK) {
         fprintf(stderr, "nanolm: serve: the prefill process did not exit cleanly\n");

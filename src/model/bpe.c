@@ -853,6 +853,14 @@ static int encode_bytelevel_word(enc_state *st, const char *w, size_t n) {
     return 0;
 }
 
+/* 1 when every one of the n bytes has a <0xNN> piece (byte fallback needs all of them, not only
+ * the first: found by fuzz/fuzz_tokenizer_json.c, a vocabulary missing <0x98> emitted id -1). */
+static int bytes_known(const nl_bpe *b, const char *s, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if (b->byte_ids[(uint8_t)s[k]] < 0) return 0;
+    return 1;
+}
+
 /* BPE of one SentencePiece-style word (normalized UTF-8); appends ids. */
 static int encode_spm_word(enc_state *st, const char *w, size_t n) {
     const nl_bpe *b = st->b;
@@ -876,7 +884,7 @@ static int encode_spm_word(enc_state *st, const char *w, size_t n) {
         if (id >= 0) {
             st->sym[m++] = id;
             prev_unk = 0;
-        } else if (b->byte_fallback && b->byte_ids[(uint8_t)w[i]] >= 0) {
+        } else if (b->byte_fallback && bytes_known(b, w + i, L)) {
             for (size_t k = 0; k < L; k++) st->sym[m++] = b->byte_ids[(uint8_t)w[i + k]];
             prev_unk = 0;
         } else if (b->unk_id >= 0) {

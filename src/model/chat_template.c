@@ -67,6 +67,7 @@ typedef struct errctx {
     char msg[512];
     const char *src, *what;
     arena *ar;
+    size_t used, limit; /* arena bytes taken, and the most a render may take (0: no limit) */
 } errctx;
 
 static void loc(const errctx *e, size_t pos, int *line, int *col) {
@@ -98,6 +99,12 @@ static void fail_at(errctx *e, nl_status code, size_t pos, const char *fmt, ...)
 }
 
 static void *alloc(errctx *e, size_t n) {
+    e->used += n;
+    if (e->limit && e->used > e->limit) {
+        snprintf(e->msg, sizeof e->msg, "chat template %s: rendering took more than %zu MiB", e->what, e->limit >> 20);
+        e->code = NL_ERR_INVALID;
+        longjmp(e->jb, 1);
+    }
     void *p = arena_try(e->ar, n ? n : 1);
     if (!p) {
         snprintf(e->msg, sizeof e->msg, "chat template %s: out of memory", e->what);
@@ -1229,8 +1236,12 @@ typedef struct frame {
 typedef struct rctx {
     errctx *e;
     outbuf *out;
-    int brk; /* 1 break, 2 continue */
+    int brk;       /* 1 break, 2 continue */
+    int64_t steps; /* statements run: a template that never ends is stopped at MAX_STEPS */
 } rctx;
+
+#define MAX_STEPS  2000000
+#define MAX_OUTPUT ((size_t)64 << 20)
 
 static val V_NONE_V = {.k = V_NONE};
 static val V_TRUE_V = {.k = V_BOOL, .i = 1};
@@ -2664,6 +2675,8 @@ static void exec_for(rctx *r, frame *f, node *n) {
     }
     size_t len = items->n;
     for (size_t i = 0; i < len; i++) {
+        if ((r->steps += 1) > MAX_STEPS)
+            fail_at(e, NL_ERR_INVALID, n->pos, "the template ran more than %d statements (a runaway loop?)", MAX_STEPS);
         val *loop = newv(e, V_DICT);
         dict_set(e, loop, vstr_c(e, "index0"), vint(e, (int64_t)i));
         dict_set(e, loop, vstr_c(e, "index"), vint(e, (int64_t)i + 1));
@@ -2689,6 +2702,10 @@ static void exec_for(rctx *r, frame *f, node *n) {
 static void exec_list(rctx *r, frame *f, node *n) {
     errctx *e = r->e;
     for (; n && !r->brk; n = n->next) {
+        if (++r->steps > MAX_STEPS)
+            fail_at(e, NL_ERR_INVALID, n->pos, "the template ran more than %d statements (a runaway loop?)", MAX_STEPS);
+        if (r->out->n > MAX_OUTPUT)
+            fail_at(e, NL_ERR_INVALID, n->pos, "the template wrote more than %zu MiB", MAX_OUTPUT >> 20);
         switch (n->kind) {
         case N_TEXT: ob_put(e, r->out, n->s, n->n); break;
         case N_OUT: str_into(e, r->out, eval(r, f, n->a)); break;
@@ -2766,7 +2783,7 @@ static val *from_json(errctx *e, const cJSON *j) {
 static nl_status render(const nl_chat_template *t, const cJSON *vars, char **out, size_t *out_bytes,
                         unsigned char **from_data) {
     arena ar = {0};
-    errctx e = {.src = t->source, .what = t->what, .ar = &ar};
+    errctx e = {.src = t->source, .what = t->what, .ar = &ar, .limit = (size_t)256 << 20};
     outbuf o = {0};
     o.track = from_data != NULL;
     if (setjmp(e.jb)) {

@@ -1,5 +1,9 @@
 /* Decode kernels: y (M, N) = x (M, K) . W^T for fp32 / bf16 / int8 / int4 weights (see matvec.h). */
+#if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -353,6 +357,9 @@ static void tile_portable(const mv_args *a, int64_t n0, int R, int64_t m0, int T
         for (int t = 0; t < T; t++) a->y[(m0 + t) * a->N + n0 + r] = s[r][t];
 }
 
+enum { MV_PZ = NL_MV_PANEL / 16, MV_PT = 8, MV_PF = 4096, MV_PF_L1 = 2048, MV_PF_L2 = 8192 };
+
+#if defined(__x86_64__) /* the AVX-512 and AVX2 panel kernels */
 /* AVX-512, fp32 and bf16 weights in panels (see "Panels" above). A tile is P (1 or 2) adjacent panels
  * against T tokens, P x T x 3 accumulators of 16 rows held in registers (at most 24 of the 32):
  * per column k the panels' vectors are loaded once and multiplied by each token's x[k]
@@ -376,7 +383,6 @@ static void tile_portable(const mv_args *a, int64_t n0, int R, int64_t m0, int T
  * tokens 20.0-22.5 -> 20.8-23.6 (* one outlier); bf16 1 token 10.7-11.3 -> 12.0-12.6 on one
  * thread, 18.9-22.1 -> 22.8-24.3 on two. 4 KB into L1 and 16 KB into L2 read more at 8 tokens
  * but fell to 15 GB/s in two runs of six at one token. */
-enum { MV_PZ = NL_MV_PANEL / 16, MV_PT = 8, MV_PF = 4096, MV_PF_L1 = 2048, MV_PF_L2 = 8192 };
 
 /* acc[(p0 + p) * T + t] += wv[p] * token t's x[k], for the np panels p0 .. p0 + np - 1 */
 TGT_AVX512 INLINE void panel_fma(__m512 acc[MV_PT][MV_PZ], const __m512 wv[][MV_PZ], const float *x, int64_t K,
@@ -774,9 +780,179 @@ static void run_panels_avx2(const nl_mv_weight *wt, const nl_mv_act *act, float 
     }
 }
 
+#endif /* __x86_64__ */
+
+#if defined(__aarch64__)
+/* NEON, fp32 and bf16 weights in the same panels (see "Panels" above): a panel column is 12
+ * vectors of 4 rows. Every (row, token) output is the same fused multiply-add chain over k = 0 ..
+ * K - 1 from +0 (vfmaq_f32) as on the x86 paths and in portable C. With 32 registers a tile is a
+ * whole panel (V = 12) against T <= 2 tokens or, for one token, two adjacent panels; or a slice
+ * of 16 rows (V = 4 from vector J0) against up to 6 tokens: at most 24 accumulators. */
+enum { NE_V = NL_MV_PANEL / 4, NE_T = 6 };
+
+INLINE float32x4_t ne_w(const void *wp, const int bf, int64_t k, int j) {
+    if (!bf) return vld1q_f32((const float *)wp + k * NL_MV_PANEL + 4 * j);
+    const uint32x4_t raw =
+        vld1q_u32((const uint32_t *)(const void *)((const uint16_t *)wp + (k >> 1) * 2 * NL_MV_PANEL) + 4 * j);
+    return vreinterpretq_f32_u32((k & 1) ? vandq_u32(raw, vdupq_n_u32(0xFFFF0000u)) : vshlq_n_u32(raw, 16));
+}
+
+INLINE void tile_ne(const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N, const int P, const int T,
+                    const int V, int J0, const int bf, int lo, int hi) {
+    float32x4_t acc[24];
+    const size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+    for (int a = 0; a < P * T * V; a++) acc[a] = vdupq_n_f32(0.0f);
+    for (int64_t k = 0; k < K; k++) {
+        if (V == NE_V) { /* whole panels: each weight vector loaded once, T <= 2 broadcasts held */
+            float32x4_t xb[2];
+            for (int t = 0; t < T; t++) xb[t] = vdupq_n_f32(x[t * K + k]);
+            for (int p = 0; p < P; p++)
+                for (int j = 0; j < V; j++) {
+                    const float32x4_t wv = ne_w((const char *)w + (size_t)(p * ps) * esz, bf, k, J0 + j);
+                    for (int t = 0; t < T; t++)
+                        acc[(p * T + t) * V + j] = vfmaq_f32(acc[(p * T + t) * V + j], wv, xb[t]);
+                }
+        } else { /* a slice: its 4 vectors held, one broadcast at a time */
+            float32x4_t wv[4];
+            for (int j = 0; j < V; j++) wv[j] = ne_w(w, bf, k, J0 + j);
+            for (int t = 0; t < T; t++) {
+                const float32x4_t xb = vdupq_n_f32(x[t * K + k]);
+                for (int j = 0; j < V; j++) acc[t * V + j] = vfmaq_f32(acc[t * V + j], wv[j], xb);
+            }
+        }
+    }
+    for (int p = 0; p < P; p++)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < V; j++) {
+                const int r = p * NL_MV_PANEL + 4 * (J0 + j);
+                float tmp[4];
+                vst1q_f32(tmp, acc[(p * T + t) * V + j]);
+                for (int i = 0; i < 4; i++)
+                    if (r + i >= lo && r + i < hi) y[t * N + r + i] = tmp[i];
+            }
+}
+
+typedef void (*tile_ne_fn)(const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N, int J0, int lo,
+                           int hi);
+#define TILE_NE(P, T, V, F)                                                                                            \
+    static void tile_ne_##P##_##T##_##V##_##F(const void *w, int64_t ps, const float *x, float *y, int64_t K,          \
+                                              int64_t N, int J0, int lo, int hi) {                                     \
+        tile_ne(w, ps, x, y, K, N, P, T, V, J0, F, lo, hi);                                                            \
+    }
+#define TILES_NE(F)                                                                                                    \
+    TILE_NE(2, 1, 12, F)                                                                                               \
+    TILE_NE(1, 1, 12, F)                                                                                               \
+    TILE_NE(1, 2, 12, F)                                                                                               \
+    TILE_NE(1, 1, 4, F)                                                                                                \
+    TILE_NE(1, 2, 4, F)                                                                                                \
+    TILE_NE(1, 3, 4, F)                                                                                                \
+    TILE_NE(1, 4, 4, F)                                                                                                \
+    TILE_NE(1, 5, 4, F)                                                                                                \
+    TILE_NE(1, 6, 4, F)
+TILES_NE(0)
+TILES_NE(1)
+static const tile_ne_fn tiles_ne_two[2] = {tile_ne_2_1_12_0, tile_ne_2_1_12_1};
+static const tile_ne_fn tiles_ne_panel[2][2] = {{tile_ne_1_1_12_0, tile_ne_1_2_12_0},
+                                                {tile_ne_1_1_12_1, tile_ne_1_2_12_1}};
+static const tile_ne_fn tiles_ne_slice[2][NE_T] = {
+    {tile_ne_1_1_4_0, tile_ne_1_2_4_0, tile_ne_1_3_4_0, tile_ne_1_4_4_0, tile_ne_1_5_4_0, tile_ne_1_6_4_0},
+    {tile_ne_1_1_4_1, tile_ne_1_2_4_1, tile_ne_1_3_4_1, tile_ne_1_4_4_1, tile_ne_1_5_4_1, tile_ne_1_6_4_1}};
+
+/* Rows [n0, n1) for every token, fp32 or bf16 panels on NEON (the tiling of run_panels_avx2). */
+static void run_panels_neon(const nl_mv_weight *wt, const nl_mv_act *act, float *y, int64_t n0, int64_t n1) {
+    const int bf = wt->bf16_panels != NULL;
+    const int64_t M = act->M, N = wt->rows, K = wt->cols, ps = NL_MV_PANEL * (bf ? K + (K & 1) : K);
+    const char *base = bf ? (const char *)wt->bf16_panels : (const char *)wt->f32_panels;
+    const size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+    const int64_t ntile = (M + NE_T - 1) / NE_T, tb = M / ntile, extra = M % ntile;
+    for (int64_t p = n0 / NL_MV_PANEL; p * NL_MV_PANEL < n1; p++) {
+        const int64_t r0 = p * NL_MV_PANEL;
+        const int lo = (int)(n0 > r0 ? n0 - r0 : 0), hi = (int)(n1 - r0 < NL_MV_PANEL ? n1 - r0 : NL_MV_PANEL);
+        const void *wp = base + (size_t)(p * ps) * esz;
+        if (M == 1 && lo == 0 && r0 + 2 * NL_MV_PANEL <= n1) {
+            tiles_ne_two[bf](wp, ps, act->x, y + r0, K, N, 0, 0, 2 * NL_MV_PANEL);
+            p++;
+            continue;
+        }
+        if (M <= 2) {
+            tiles_ne_panel[bf][M - 1](wp, ps, act->x, y + r0, K, N, 0, lo, hi);
+            continue;
+        }
+        for (int s = 0; s < NE_V / 4; s++) {
+            if (16 * s >= hi || 16 * s + 16 <= lo) continue;
+            for (int64_t m = 0, i = 0; i < ntile; i++) {
+                const int64_t T = tb + (i < extra);
+                tiles_ne_slice[bf][T - 1](wp, ps, act->x + m * K, y + m * N + r0, K, N, 4 * s, lo, hi);
+                m += T;
+            }
+        }
+    }
+}
+
+/* INT8 on NEON: one row against T <= 4 tokens, int32 sums (exact, any order: the bits of
+ * q8_portable). With dotprod, sdot adds 4 products per int32 lane; without, smull / smull2 give
+ * int16 products (at most 128 x 127) and sadalp adds their pairs into int32 lanes. */
+#define TGT_DOT __attribute__((target("arch=armv8.2-a+dotprod")))
+INLINE void q8_ne_store(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m0, const int T,
+                        const int32x4_t *acc) {
+    for (int t = 0; t < T; t++)
+        y[(m0 + t) * l->out_features + n] = (float)vaddvq_s32(acc[t]) * (a->scale[m0 + t] * l->w_scale[n]);
+}
+TGT_DOT INLINE void q8_ne_dot_tile(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m0,
+                                   const int T) {
+    const int64_t kp = l->k_pad;
+    const int8_t *w = l->w + n * kp;
+    int32x4_t acc[4];
+    for (int t = 0; t < T; t++) acc[t] = vdupq_n_s32(0);
+    for (int64_t k = 0; k < kp; k += 16) {
+        const int8x16_t wv = vld1q_s8(w + k);
+        for (int t = 0; t < T; t++) acc[t] = vdotq_s32(acc[t], wv, vld1q_s8(a->q + (m0 + t) * kp + k));
+    }
+    q8_ne_store(l, a, y, n, m0, T, acc);
+}
+INLINE void q8_ne_tile(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m0, const int T) {
+    const int64_t kp = l->k_pad;
+    const int8_t *w = l->w + n * kp;
+    int32x4_t acc[4];
+    for (int t = 0; t < T; t++) acc[t] = vdupq_n_s32(0);
+    for (int64_t k = 0; k < kp; k += 16) {
+        const int8x16_t wv = vld1q_s8(w + k);
+        for (int t = 0; t < T; t++) {
+            const int8x16_t xv = vld1q_s8(a->q + (m0 + t) * kp + k);
+            acc[t] = vpadalq_s16(acc[t], vmull_s8(vget_low_s8(wv), vget_low_s8(xv)));
+            acc[t] = vpadalq_s16(acc[t], vmull_high_s8(wv, xv));
+        }
+    }
+    q8_ne_store(l, a, y, n, m0, T, acc);
+}
+#define Q8_NE(T)                                                                                                       \
+    TGT_DOT static void q8_ne_dot_##T(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {       \
+        q8_ne_dot_tile(l, a, y, n, m, T);                                                                              \
+    }                                                                                                                  \
+    static void q8_ne_##T(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {                   \
+        q8_ne_tile(l, a, y, n, m, T);                                                                                  \
+    }
+Q8_NE(1)
+Q8_NE(2)
+Q8_NE(3)
+Q8_NE(4)
+typedef void (*q8_tile_fn)(const nl_qlinear *, const nl_mv_act *, float *, int64_t, int64_t);
+static const q8_tile_fn q8_ne_tiles[2][4] = {{q8_ne_1, q8_ne_2, q8_ne_3, q8_ne_4},
+                                             {q8_ne_dot_1, q8_ne_dot_2, q8_ne_dot_3, q8_ne_dot_4}};
+#endif /* __aarch64__ */
+
 /* Rows [n0, n1) for every token of fp32 or bf16 panels on AVX2 or NEON. */
 static void run_panels_simd(const nl_mv_weight *wt, const nl_mv_act *act, float *y, int64_t n0, int64_t n1) {
-    run_panels_avx2(wt, act, y, n0, n1);
+#if defined(__x86_64__)
+    if (wt->path == NL_MV_AVX512)
+        run_panels(wt, act, y, n0, n1);
+    else
+        run_panels_avx2(wt, act, y, n0, n1);
+#elif defined(__aarch64__)
+    run_panels_neon(wt, act, y, n0, n1);
+#else
+    (void)wt, (void)act, (void)y, (void)n0, (void)n1; /* no SIMD path is available here */
+#endif
 }
 
 /* Rows [n0, n1) for tokens [m0, m1) of fp32 or bf16 rows (the portable path): tiles of up to
@@ -793,6 +969,7 @@ static void run_block(const mv_args *a, int64_t n0, int64_t n1, int64_t m0, int6
  * then y = (float)sum * (token scale * row scale), the formula of nl_qlinear_forward. VNNI
  * (vpdpbusd) takes the activations as unsigned (codes + 128) and subtracts 128 * sum(row). */
 
+#if defined(__x86_64__) /* the VNNI and AVX2 int8 kernels */
 #define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
 #define VNNI_TILE(NAME, R, T)                                                                                          \
@@ -895,6 +1072,8 @@ TGT_AVX2 static void q8_avx2_4(const nl_qlinear *l, const nl_mv_act *a, float *y
 typedef void (*q8_tile_fn)(const nl_qlinear *, const nl_mv_act *, float *, int64_t, int64_t);
 static const q8_tile_fn q8_avx2_tiles[4] = {q8_avx2_1, q8_avx2_2, q8_avx2_3, q8_avx2_4};
 
+#endif /* __x86_64__ */
+
 static void q8_portable(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n, int64_t m) {
     const int64_t kp = l->k_pad;
     const int8_t *w = l->w + n * kp, *x = a->q + m * kp;
@@ -904,18 +1083,30 @@ static void q8_portable(const nl_qlinear *l, const nl_mv_act *a, float *y, int64
 }
 
 /* Rows [n0, n1) for tokens [m0, m1) of an int8 weight. */
-static void run_block_int8(const nl_qlinear *l, const nl_mv_act *a, float *y, int64_t n0, int64_t n1, int64_t m0,
-                           int64_t m1) {
+static void run_block_int8(const nl_qlinear *l, nl_mv_path path, const nl_mv_act *a, float *y, int64_t n0, int64_t n1,
+                           int64_t m0, int64_t m1) {
+#if defined(__aarch64__)
+    if (path == NL_MV_NEON) { /* row after row, each against tiles of up to 4 tokens */
+        const q8_tile_fn *tiles = q8_ne_tiles[nl_isa_has_ext("dotprod")];
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m += 4) tiles[(m1 - m < 4 ? m1 - m : 4) - 1](l, a, y, n, m);
+        return;
+    }
+#endif
+    (void)path;
+#if defined(__x86_64__)
     if (l->path == NL_QDOT_AVX2) { /* row after row, each against tiles of up to 4 tokens */
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = m0; m < m1; m += 4) q8_avx2_tiles[(m1 - m < 4 ? m1 - m : 4) - 1](l, a, y, n, m);
         return;
     }
+#endif
     if (l->path != NL_QDOT_VNNI) {
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = m0; m < m1; m++) q8_portable(l, a, y, n, m);
         return;
     }
+#if defined(__x86_64__)
     int64_t n = n0;
     if (m1 - m0 < MV_TB) { /* decode: row after row (one sequential stream of the codes) */
         for (; n < n1; n++)
@@ -932,6 +1123,7 @@ static void run_block_int8(const nl_qlinear *l, const nl_mv_act *a, float *y, in
         for (; m + MV_TB <= m1; m += MV_TB) q8_vnni_1x4(l, a, y, n, m);
         for (; m < m1; m++) q8_vnni_1x1(l, a, y, n, m);
     }
+#endif
 }
 
 /* ---- int4 -----------------------------------------------------------------------------------
@@ -1085,6 +1277,7 @@ static float q4_pair_portable(const uint8_t *w, const uint16_t *d, int64_t G, co
     return q4_tree16(acc) * xs;
 }
 
+#if defined(__x86_64__) /* the VNNI and AVX2 int4 kernels */
 #define TGT_Q4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* q4_tree16 on a register (the same additions). */
@@ -1218,14 +1411,15 @@ TGT_Q4_AVX2 INLINE void q4_avx2_tile(const uint8_t *w, const uint16_t *d, int64_
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const int8_t *xp = a->q4x + (m0 + t) * kp + g * Q4_G + 32 * h;
-                __m256i s16 = _mm256_setzero_si256();
+                __m256i p16[4]; /* added as a tree: a short dependency chain */
 #pragma GCC unroll 4
                 for (int b = 0; b < 4; b++) {
                     const __m256i xl = _mm256_loadu_si256((const __m256i *)(const void *)(xp + 128 * b));
                     const __m256i xh = _mm256_loadu_si256((const __m256i *)(const void *)(xp + 128 * b + 64));
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wl[b], xl));
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wh[b], xh));
+                    p16[b] = _mm256_add_epi16(_mm256_maddubs_epi16(wl[b], xl), _mm256_maddubs_epi16(wh[b], xh));
                 }
+                const __m256i s16 =
+                    _mm256_add_epi16(_mm256_add_epi16(p16[0], p16[1]), _mm256_add_epi16(p16[2], p16[3]));
                 const __m256i xs8 = _mm256_slli_epi32(
                     _mm256_loadu_si256((const __m256i *)(const void *)(a->xsum + (m0 + t) * g16 + g + 8 * h)), 3);
                 const __m256i s = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), xs8);
@@ -1253,8 +1447,14 @@ Q4_AVX2_TILE(3)
 Q4_AVX2_TILE(4)
 static const q4_tile_fn q4_avx2_tiles[4] = {q4_avx2_1, q4_avx2_2, q4_avx2_3, q4_avx2_4};
 
+#endif /* __x86_64__ */
+
 /* Which int4 kernel a weight on `path` runs here: 2 the VNNI tiles, 1 the AVX2 tiles, 0 C. */
 static int q4_kernel(nl_mv_path path) {
+#if !defined(__x86_64__)
+    (void)path;
+    return 0;
+#endif
     if (path == NL_MV_AVX512 && nl_qdot_available(NL_QDOT_VNNI)) return 2;
     if ((path == NL_MV_AVX512 || path == NL_MV_AVX2) && nl_isa_has(NL_ISA_AVX2)) return 1;
     return 0;
@@ -1268,15 +1468,16 @@ static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y,
                            int64_t m1) {
     const int64_t G = wt->groups, N = wt->rows, kp = a->kp;
     const int kern = q4_kernel(wt->path);
-    if (kern == 1) {
-        for (int64_t n = n0; n < n1; n++)
-            for (int64_t m = m0; m < m1; m += 4) q4_avx2_tiles[(m1 - m < 4 ? m1 - m : 4) - 1](wt, a, n, m, y);
-        return;
-    }
     if (kern == 0) {
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = m0; m < m1; m++)
                 y[m * N + n] = q4_pair_portable(wt->q4 + n * G * 16, wt->q4_d + n * G, G, a->q + m * kp, a->scale[m]);
+        return;
+    }
+#if defined(__x86_64__)
+    if (kern == 1) {
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = m0; m < m1; m += 4) q4_avx2_tiles[(m1 - m < 4 ? m1 - m : 4) - 1](wt, a, n, m, y);
         return;
     }
     int64_t n = n0;
@@ -1291,6 +1492,7 @@ static void run_block_int4(const nl_mv_weight *wt, const nl_mv_act *a, float *y,
         }
     for (; n < n1; n++)
         for (int64_t m = m0; m < m1; m += 4) q4_tiles_1xT[(m1 - m < 4 ? m1 - m : 4) - 1](wt, a, n, m, y);
+#endif
 }
 
 /* INT4 inputs: codes q (M, kp) in column order (kp = the groups rounded up to 16, x 32), each
@@ -1390,10 +1592,7 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
                  .K = wt->cols};
     if (has_panels(wt)) {
         /* a panel's tiles read it from memory once, then from L2 (48 rows x K x 1, 2 or 4 bytes) */
-        if (wt->path == NL_MV_AVX512)
-            run_panels(wt, act, y, n0, n1);
-        else
-            run_panels_simd(wt, act, y, n0, n1);
+        run_panels_simd(wt, act, y, n0, n1);
         return;
     }
     for (int64_t nb = n0; nb < n1; nb += MV_RANGE_ROWS) {
@@ -1401,7 +1600,7 @@ void nl_mv_forward_range(const nl_mv_weight *wt, const nl_mv_act *act, float *y,
         for (int64_t m0 = 0; m0 < M; m0 += MV_TOK) {
             int64_t m1 = M - m0 < MV_TOK ? M : m0 + MV_TOK;
             if (wt->fmt == NL_WFMT_INT8)
-                run_block_int8(&wt->q8, act, y, nb, ne, m0, m1);
+                run_block_int8(&wt->q8, wt->path, act, y, nb, ne, m0, m1);
             else if (wt->fmt == NL_WFMT_INT4)
                 run_block_int4(wt, act, y, nb, ne, m0, m1);
             else

@@ -1,6 +1,8 @@
 /* QuantizedLinear: int8 weights with per-output-channel scales, W8A8 and weight-only forward,
  * and the int8 GEMM kernel behind it (AVX-512 VNNI / AVX2 / portable, chosen at run time). */
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <string.h>
 
@@ -125,6 +127,7 @@ static void block_portable(const int8_t *a, int64_t lda, const int8_t *b, int64_
     }
 }
 
+#if defined(__x86_64__) /* the x86 kernels; elsewhere nl_qdot_available says no to both */
 /* ---- AVX2: sign-extend to int16, vpmaddwd (exact: |a*b + a'*b'| <= 2^15) ------------------------- */
 
 TGT_AVX2 INLINE __m128i hsum4_256(__m256i r0, __m256i r1, __m256i r2, __m256i r3) {
@@ -229,6 +232,8 @@ TGT_VNNI static void block_vnni(const uint8_t *au, int64_t lda, const int8_t *b,
     }
 }
 
+#endif
+
 /* ---- driver: OpenMP over groups of 4 weight rows; tokens in chunks that stay in L2 ------------ */
 
 #define M_CHUNK 64
@@ -244,8 +249,13 @@ static void run_gemm(nl_qdot_path path, const int8_t *a, const uint8_t *au, int6
         for (int64_t tI = 0; tI < ntiles; tI++) {
             int64_t n0 = tI * 4, n1 = N - n0 < 4 ? N : n0 + 4;
             switch (path) {
+#if defined(__x86_64__)
             case NL_QDOT_VNNI: block_vnni(au, lda, b, ldb, bsum, m0, m1, n0, n1, K, o); break;
             case NL_QDOT_AVX2: block_avx2(a, lda, b, ldb, m0, m1, n0, n1, K, o); break;
+#else
+            case NL_QDOT_VNNI:
+            case NL_QDOT_AVX2: (void)au, (void)bsum; /* never chosen off x86 */
+#endif
             default: block_portable(a, lda, b, ldb, m0, m1, n0, n1, K, o); break;
             }
         }

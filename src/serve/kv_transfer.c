@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -348,8 +349,40 @@ static nl_status check_answer_is_ours(const char *addr, const uint8_t *msg, uint
     return rc;
 }
 
+/* recv_all for the decode side: 0 when n bytes arrived; -1 closed or failed, -2 *cancel became
+ * nonzero, -3 `deadline` (nl_time_s) passed. Looks at both every 100 ms. */
+static int recv_until(int fd, uint8_t *p, size_t n, const atomic_int *cancel, double deadline) {
+    while (n > 0) {
+        if (cancel && atomic_load(cancel)) return -2;
+        if (nl_time_s() > deadline) return -3;
+        struct pollfd pf = {fd, POLLIN, 0};
+        int pr = poll(&pf, 1, 100);
+        if (pr < 0 && errno != EINTR) return -1;
+        if (pr <= 0) continue;
+        ssize_t r = recv(fd, p, n, 0);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static nl_status recv_fail(const char *addr, int why, const char *what) {
+    if (why == -2) return nl_fail(NL_ERR_IO, "prefill server %s: the transfer was cancelled (shutting down)", addr);
+    if (why == -3)
+        return nl_fail(NL_ERR_IO, "prefill server %s did not answer within %d s", addr, NL_KVX_ANSWER_TIMEOUT_S);
+    return nl_fail(NL_ERR_IO, "prefill server %s %s", addr, what);
+}
+
 nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const int32_t *prompt, int64_t n,
                                 const nl_sampling *s, nl_engine_kv *out, size_t *bytes_moved) {
+    return nl_kvx_remote_prefill_cancel(addr, sh, prompt, n, s, NULL, out, bytes_moved);
+}
+
+nl_status nl_kvx_remote_prefill_cancel(const char *addr, const nl_kvx_shape *sh, const int32_t *prompt, int64_t n,
+                                       const nl_sampling *s, const atomic_int *cancel, nl_engine_kv *out,
+                                       size_t *bytes_moved) {
     memset(out, 0, sizeof *out);
     if (bytes_moved) *bytes_moved = 0;
     struct sockaddr_in sa;
@@ -366,14 +399,16 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
         rc = nl_fail(NL_ERR_IO, "cannot connect to the prefill server %s: %s", addr, strerror(errno));
         goto done;
     }
-    set_timeout(fd, 600);
+    set_timeout(fd, NL_KVX_ANSWER_TIMEOUT_S);
+    double deadline = nl_time_s() + NL_KVX_ANSWER_TIMEOUT_S;
     if (nl_send_all(fd, req, req_len)) {
         rc = nl_fail(NL_ERR_IO, "prefill server %s: sending the request failed: %s", addr, strerror(errno));
         goto done;
     }
     uint8_t hdr[NL_KVX_KV_HEADER_BYTES];
-    if (recv_all(fd, hdr, sizeof hdr)) {
-        rc = nl_fail(NL_ERR_IO, "prefill server %s closed the connection before its answer", addr);
+    int why = recv_until(fd, hdr, sizeof hdr, cancel, deadline);
+    if (why) {
+        rc = recv_fail(addr, why, "closed the connection before its answer");
         goto done;
     }
     if ((rc = nl_kvx_kv_header(hdr, sh, &body))) goto done;
@@ -383,9 +418,8 @@ nl_status nl_kvx_remote_prefill(const char *addr, const nl_kvx_shape *sh, const 
         goto done;
     }
     memcpy(msg, hdr, sizeof hdr);
-    if (recv_all(fd, msg + sizeof hdr, body)) {
-        rc = nl_fail(NL_ERR_IO, "prefill server %s: the answer was cut off (expected %zu bytes)", addr,
-                     sizeof hdr + body);
+    if ((why = recv_until(fd, msg + sizeof hdr, body, cancel, deadline))) {
+        rc = recv_fail(addr, why, "cut its answer off");
         goto done;
     }
     rc = nl_kvx_parse_kv(msg, sizeof hdr + body, sh, out);
@@ -409,13 +443,14 @@ struct nl_kvx_server {
     atomic_int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int conns; /* connection threads alive */
+    int conns;                     /* connection threads alive */
+    int conn_fd[NL_KVX_MAX_CONNS]; /* their sockets (-1: free slot), shut down by stop */
     nl_kvx_stats st;
 };
 
 typedef struct conn {
     nl_kvx_server *s;
-    int fd;
+    int fd, slot;
 } conn;
 
 static void send_error(conn *c, nl_status st, const char *msg) {
@@ -453,7 +488,7 @@ static void serve_conn(conn *c) {
     nl_kvx_server *s = c->s;
     uint8_t hdr[NL_KVX_REQ_HEADER_BYTES];
     size_t body = 0;
-    if (recv_all(c->fd, hdr, sizeof hdr)) return;
+    if (recv_all(c->fd, hdr, sizeof hdr)) return; /* nothing within the request timeout: closed */
     if (nl_kvx_request_header(hdr, &s->sh, &body)) {
         send_error(c, NL_ERR_FORMAT, nl_last_error());
         return;
@@ -469,6 +504,7 @@ static void serve_conn(conn *c) {
         ok = 0;
     }
     nl_free(msg);
+    if (ok) set_timeout(c->fd, NL_KVX_ANSWER_TIMEOUT_S); /* the answer may be large: more time to send */
     uint64_t id = ok ? run_prefill(c, &rq) : 0;
     uint32_t rid = rq.id;
     nl_free(rq.tokens);
@@ -498,6 +534,9 @@ static void *conn_main(void *arg) {
     conn *c = arg;
     nl_kvx_server *s = c->s;
     serve_conn(c);
+    pthread_mutex_lock(&s->mu);
+    s->conn_fd[c->slot] = -1; /* before close: stop must not shut down a reused descriptor */
+    pthread_mutex_unlock(&s->mu);
     close(c->fd);
     free(c);
     pthread_mutex_lock(&s->mu);
@@ -517,7 +556,25 @@ static void *accept_main(void *arg) {
             usleep(10000);
             continue;
         }
-        set_timeout(fd, 600);
+        set_timeout(fd, NL_KVX_REQUEST_TIMEOUT_S); /* an idle connection is closed after this */
+        int slot = -1;
+        pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < NL_KVX_MAX_CONNS && slot < 0; i++)
+            if (s->conn_fd[i] < 0) slot = i;
+        if (slot >= 0) {
+            s->conn_fd[slot] = fd;
+            s->conns++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (slot < 0) { /* bounded: one thread per connection, at most NL_KVX_MAX_CONNS */
+            conn busy = {s, fd, -1};
+            char msg[96];
+            snprintf(msg, sizeof msg, "the prefill server has %d connections open, its limit", NL_KVX_MAX_CONNS);
+            set_timeout(fd, 1);
+            send_error(&busy, NL_ERR_BUSY, msg);
+            close(fd);
+            continue;
+        }
         conn *c = calloc(1, sizeof *c);
         pthread_t t;
         pthread_attr_t at;
@@ -526,16 +583,13 @@ static void *accept_main(void *arg) {
         if (c) {
             c->s = s;
             c->fd = fd;
-            pthread_mutex_lock(&s->mu);
-            s->conns++;
-            pthread_mutex_unlock(&s->mu);
+            c->slot = slot;
         }
         if (!c || pthread_create(&t, &at, conn_main, c)) {
-            if (c) {
-                pthread_mutex_lock(&s->mu);
-                s->conns--;
-                pthread_mutex_unlock(&s->mu);
-            }
+            pthread_mutex_lock(&s->mu);
+            s->conn_fd[slot] = -1;
+            s->conns--;
+            pthread_mutex_unlock(&s->mu);
             close(fd);
             free(c);
         }
@@ -568,6 +622,7 @@ nl_status nl_kvx_server_start(nl_kvx_server **out, nl_engine *e, const char *hos
     atomic_init(&s->stop, 0);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    for (int i = 0; i < NL_KVX_MAX_CONNS; i++) s->conn_fd[i] = -1;
     s->lfd = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     if (s->lfd >= 0) setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -611,8 +666,11 @@ void nl_kvx_server_stop(nl_kvx_server *s) {
     shutdown(s->lfd, SHUT_RDWR); /* wakes accept */
     pthread_join(s->acceptor, NULL);
     close(s->lfd);
-    /* connection threads see stop within 100 ms of their wait, or finish their I/O */
+    /* connection threads see stop within 100 ms of their wait; one blocked on a client's I/O is
+     * woken by shutting its socket down, so stopping never waits for a client */
     pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < NL_KVX_MAX_CONNS; i++)
+        if (s->conn_fd[i] >= 0) shutdown(s->conn_fd[i], SHUT_RDWR);
     while (s->conns > 0) pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->driver, NULL);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@ struct nl_server {
     atomic_int stop_driver;
     atomic_int draining;   /* refuse new requests */
     atomic_int cancel_all; /* drain timed out: cancel what runs */
+    atomic_int open_conns; /* connections open now (MHD_OPTION_NOTIFY_CONNECTION) */
     atomic_uint_fast64_t next_id;
     pthread_mutex_t mu; /* guards everything below */
     pthread_cond_t idle;
@@ -41,6 +43,7 @@ struct nl_server {
     int64_t rate_tok[RATE_WINDOW];
     int rate_n, rate_head;
     int64_t kv_transfers;    /* decode role: prompts whose KV came from the prefill server */
+    int64_t transferring;    /* decode role: requests waiting on the prefill server now (running) */
     int64_t kv_bytes_in;     /* their K/V bytes (2 x layers x kv heads x head dim x bytes x tokens) */
     int64_t kv_msg_bytes_in; /* whole answers: headers, prompt tokens and K/V */
     double kv_transfer_s;    /* summed time from sending a prompt to its KV being imported */
@@ -53,6 +56,7 @@ void nl_server_opts_default(nl_server_opts *o) {
     o->model_name = "nanolm";
     o->max_body_bytes = (size_t)1 << 20;
     o->max_connections = 512;
+    o->idle_timeout_s = 30;
     o->drain_timeout_s = 30;
 }
 
@@ -167,12 +171,12 @@ static int pump(completion *q) {
             nl_engine_cancel(s->eng, q->id);
             q->cancelled = 1;
         }
+        /* a client that went away stops its request, streamed or not: a busy request always has
+         * output, so this is checked on every round, not only when the wait times out */
+        if (peer_closed(q->fd)) return -1;
         int w = nl_engine_wait(s->eng, q->id, 100);
         if (w < 0) return -1;
-        if (w == 0) {
-            if (peer_closed(q->fd)) return -1;
-            continue;
-        }
+        if (w == 0) continue;
         nl_engine_output o;
         memset(&o, 0, sizeof o);
         if (nl_engine_read(s->eng, q->id, 0, &o)) return -1;
@@ -259,8 +263,20 @@ static nl_status remote_submit(nl_server *s, const int32_t *ids, int64_t n, cons
     nl_engine_kv kv;
     size_t moved = 0;
     double t0 = nl_time_s();
-    NL_TRY(nl_kvx_remote_prefill(s->o.prefill_addr, &sh, ids, n, sp, &kv, &moved));
-    nl_status rc = nl_engine_import_kv(s->eng, &kv, sp, id);
+    /* waiting on the transfer is running: counted in /metrics, waited for by the drain, and
+     * cancelled when the drain times out */
+    pthread_mutex_lock(&s->mu);
+    s->transferring++;
+    s->active++;
+    pthread_mutex_unlock(&s->mu);
+    nl_status rc = nl_kvx_remote_prefill_cancel(s->o.prefill_addr, &sh, ids, n, sp, &s->cancel_all, &kv, &moved);
+    pthread_mutex_lock(&s->mu);
+    s->transferring--;
+    s->active--;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+    if (rc) return rc;
+    rc = nl_engine_import_kv(s->eng, &kv, sp, id);
     if (!rc) {
         pthread_mutex_lock(&s->mu);
         s->kv_transfers++;
@@ -481,6 +497,7 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
     nl_engine_stats_get(s->eng, &st);
     pthread_mutex_lock(&s->mu);
     nl_serve_metrics m = s->m;
+    int64_t transferring = s->transferring;
     double rate = 0;
     if (s->rate_n >= 2) {
         int newest = (s->rate_head + RATE_WINDOW - 1) % RATE_WINDOW;
@@ -489,7 +506,7 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
         if (dt > 0) rate = (double)(s->rate_tok[newest] - s->rate_tok[oldest]) / dt;
     }
     pthread_mutex_unlock(&s->mu);
-    m.running = st.running;
+    m.running = st.running + transferring;
     m.waiting = st.waiting;
     m.kv_blocks_used = st.kv_blocks_used;
     m.kv_blocks_free = st.kv_blocks_free;
@@ -526,6 +543,31 @@ static enum MHD_Result metrics(nl_server *s, struct MHD_Connection *c) {
     return r;
 }
 
+/* Decode role: 1 when the prefill server accepts a connection within 1 s ("HOST:PORT", IPv4). */
+static int prefill_reachable(const char *addr) {
+    const char *colon = strrchr(addr, ':');
+    char host[64];
+    if (!colon || (size_t)(colon - addr) >= sizeof host) return 0;
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    if (inet_pton(AF_INET, !strcmp(host, "localhost") ? "127.0.0.1" : host, &sa.sin_addr) != 1) return 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0) return 0;
+    int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (!ok && errno == EINPROGRESS) {
+        struct pollfd p = {fd, POLLOUT, 0};
+        int err = 0;
+        socklen_t el = sizeof err;
+        ok = poll(&p, 1, 1000) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) && err == 0;
+    }
+    close(fd);
+    return ok;
+}
+
 /* ---- the access handler ---------------------------------------------------------------------- */
 
 typedef struct conn_state {
@@ -548,6 +590,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             if (!cs) return MHD_NO;
             cs->t_arrival = nl_time_s();
             *con_cls = cs;
+            if (atomic_load(&s->open_conns) > s->o.max_connections) { /* the reserve is for GETs */
+                char msg[160];
+                snprintf(msg, sizeof msg, "the server has %d connections open, its limit for completions",
+                         s->o.max_connections);
+                cs->too_large = 1; /* ignore the body */
+                return send_errorf(s, c, 503, NULL, msg);
+            }
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             if (cl && strtoull(cl, NULL, 10) > s->o.max_body_bytes) {
                 cs->too_large = 1;
@@ -559,6 +608,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_YES;
         }
         if (*upload_data_size) {
+            if (nl_time_s() - cs->t_arrival > s->o.idle_timeout_s) return MHD_NO; /* a body too slow */
             if (!cs->too_large) {
                 if (cs->body.len + *upload_data_size > s->o.max_body_bytes) {
                     cs->too_large = 1;
@@ -603,10 +653,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!is_get || !strcmp(url, "/v1/completions") || chat) {
         char msg[160];
         snprintf(msg, sizeof msg, "method %.20s is not allowed on %s", method, url);
-        return send_method_not_allowed(s, c, !strcmp(url, "/v1/completions") ? "POST" : "GET, HEAD", msg);
+        return send_method_not_allowed(s, c, !strcmp(url, "/v1/completions") || chat ? "POST" : "GET, HEAD", msg);
     }
     if (!strcmp(url, "/health")) {
         if (atomic_load(&s->draining)) return send_buf(c, 503, "application/json", "{\"status\":\"draining\"}", 21);
+        if (s->o.prefill_addr && !prefill_reachable(s->o.prefill_addr)) /* decode role: no prefill, no service */
+            return send_buf(c, 503, "application/json", "{\"status\":\"prefill server unreachable\"}", 39);
         return send_buf(c, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return metrics(s, c);
@@ -615,6 +667,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     enum MHD_Result r = send_json(c, 200, &b);
     nl_http_buf_free(&b);
     return r;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    (void)c;
+    (void)socket_context;
+    nl_server *s = cls;
+    atomic_fetch_add(&s->open_conns, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -675,6 +735,7 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     if (!o.model_name) o.model_name = "nanolm";
     if (o.max_body_bytes == 0) o.max_body_bytes = (size_t)1 << 20;
     if (o.max_connections <= 0) o.max_connections = 512;
+    if (o.idle_timeout_s <= 0) o.idle_timeout_s = 30;
     if (o.port < 0 || o.port > 65535)
         return nl_fail(NL_ERR_INVALID, "serve: port must be in [0, 65535], got %d", o.port);
     struct sockaddr_in addr;
@@ -693,6 +754,7 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     atomic_init(&s->stop_driver, 0);
     atomic_init(&s->draining, 0);
     atomic_init(&s->cancel_all, 0);
+    atomic_init(&s->open_conns, 0);
     atomic_init(&s->next_id, 1);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);
@@ -707,7 +769,8 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     s->d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL,
         NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o.max_connections + NL_SERVER_RESERVED_CONNS),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.idle_timeout_s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
     if (!s->d) {
         int err = errno;
@@ -722,6 +785,16 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
 }
 
 int nl_server_port(const nl_server *s) { return s->port; }
+
+nl_status nl_server_add_connection(nl_server *s, int fd) {
+    struct sockaddr_in peer;
+    memset(&peer, 0, sizeof peer);
+    peer.sin_family = AF_INET;
+    peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (MHD_add_connection(s->d, fd, (const struct sockaddr *)&peer, sizeof peer) != MHD_YES)
+        return nl_fail(NL_ERR_IO, "serve: cannot add a connection (limit reached or closed)");
+    return NL_OK;
+}
 
 /* Waits until no completion is in flight or `until` (nl_time_s) passes; returns what is left. */
 static int64_t wait_idle(nl_server *s, double until) {
@@ -745,13 +818,13 @@ void nl_server_stop(nl_server *s) {
     if (!s) return;
     atomic_store(&s->draining, 1);
     if (s->d) {
-        MHD_socket lfd = MHD_quiesce_daemon(s->d); /* no new connections */
+        /* new clients are still accepted while draining, and answered 503 (draining is set), rather
+         * than left waiting in the listen backlog */
         if (wait_idle(s, nl_time_s() + s->o.drain_timeout_s) > 0) {
             atomic_store(&s->cancel_all, 1); /* every waiting handler cancels its request */
             wait_idle(s, nl_time_s() + 30);
         }
         MHD_stop_daemon(s->d);
-        if (lfd != MHD_INVALID_SOCKET) close(lfd);
     }
     if (s->driver_started) {
         atomic_store(&s->stop_driver, 1);
