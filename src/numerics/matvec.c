@@ -365,24 +365,16 @@ enum { MV_PZ = NL_MV_PANEL / 16, MV_PT = 8, MV_PF = 4096, MV_PF_L1 = 2048, MV_PF
  * per column k the panels' vectors are loaded once and multiplied by each token's x[k]
  * (broadcast), so a batch of up to 8 decodes reads a panel once while it streams from memory.
  * P = 2 (T <= 4) keeps two sequential streams in flight: one stream per core left bandwidth
- * unused (the 85M model's 48 fp32 linears at one token, out of cache, best of 7, three
- * interleaved runs: 23.0-24.8 GB/s on one thread and 42.8-48.8 on two one panel at a time,
- * 30.5-31.7 and 53.6-61.0 two at a time; four at a time: no better than two). bf16 takes the
+ * unused (four at a time were no better than two). bf16 takes the
  * panels one after another for each pair of columns (raw vectors, then each half widened in
  * turn), so that P = 2 stays inside the registers; each output's chain is the same. Outputs are
  * stored straight from the accumulators, the lanes of rows lo .. hi - 1 of the panel only (P =
  * 1). pf: prefetch ahead in each panel (the first token tile of a panel streams it from memory;
  * the four panels a thread takes at a time lie back to back, so this runs on into the next
  * one): into L1 MV_PF_L1 bytes ahead and into L2 MV_PF_L2 bytes ahead (int8: MV_PF bytes, into
- * L1). Without it, two panels at a time read less on this VM, whose memory read ~14 GB/s per
- * core on 2026-12-02 (48 linears at one token, best of 9, three alternated runs, GB/s, 1 / 2
- * threads: fp32 13.3-14.2 / 22.8-26.5 without, 13.3-16.4 / 25.4-31.1 with; bf16 11.0-13.2 /
- * 20.0-21.6 without, 13.4-14.8 / 21.3-28.7 with). */
-/* Two distances beat one 4 KB ahead into L1 (the 48 linears, out of cache, best of 7-9, three
- * alternated runs each, 2026-12-02, GB/s): fp32 1 token 2 threads 14.1*-27.5 -> 27.2-30.3, 8
- * tokens 20.0-22.5 -> 20.8-23.6 (* one outlier); bf16 1 token 10.7-11.3 -> 12.0-12.6 on one
- * thread, 18.9-22.1 -> 22.8-24.3 on two. 4 KB into L1 and 16 KB into L2 read more at 8 tokens
- * but fell to 15 GB/s in two runs of six at one token. */
+ * L1). Without it, two panels at a time read less. */
+/* Two distances beat one 4 KB ahead into L1; 4 KB into L1 and 16 KB into L2 read more at 8
+ * tokens but dropped at one token in some runs. The measurements: bench/results/matvec.md. */
 
 /* acc[(p0 + p) * T + t] += wv[p] * token t's x[k], for the np panels p0 .. p0 + np - 1 */
 TGT_AVX512 INLINE void panel_fma(__m512 acc[MV_PT][MV_PZ], const __m512 wv[][MV_PZ], const float *x, int64_t K,
