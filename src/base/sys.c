@@ -131,8 +131,8 @@ nl_status nl_output_lock(const char *path, const char *what, int *fd_out) {
     for (int attempt = 0; attempt < 8; attempt++) {
         int fd = open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (fd < 0) {
-            nl_status rc = nl_fail(NL_ERR_IO, "%s %s: cannot create its lock file %s: %s", what, path, name,
-                                   strerror(errno));
+            nl_status rc =
+                nl_fail(NL_ERR_IO, "%s %s: cannot create its lock file %s: %s", what, path, name, strerror(errno));
             free(name);
             return rc;
         }
@@ -155,8 +155,8 @@ nl_status nl_output_lock(const char *path, const char *what, int *fd_out) {
             char pid[32];
             int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
             if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
-                nl_status rc = nl_fail(NL_ERR_IO, "%s %s: cannot write its lock file %s: %s", what, path, name,
-                                       strerror(errno));
+                nl_status rc =
+                    nl_fail(NL_ERR_IO, "%s %s: cannot write its lock file %s: %s", what, path, name, strerror(errno));
                 unlink(name);
                 close(fd);
                 free(name);
