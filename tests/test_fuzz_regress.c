@@ -164,24 +164,15 @@ static void test_llama2c_header_overflow(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_safetensors),
-        cmocka_unit_test(test_llama2c),
-        cmocka_unit_test(test_gguf),
-        cmocka_unit_test(test_chat_template),
-        cmocka_unit_test(test_tokenizer),
-        cmocka_unit_test(test_data),
-        cmocka_unit_test(test_checkpoint),
-        cmocka_unit_test(test_catalog),
-        cmocka_unit_test(test_scaling_csv),
-        cmocka_unit_test(test_train_state),
-        cmocka_unit_test(test_cli_numbers),
-        cmocka_unit_test(test_names),
-        cmocka_unit_test(test_formats_cli),
-        cmocka_unit_test(test_http_request),
-        cmocka_unit_test(test_kv_transfer),
-        cmocka_unit_test(test_llama2c_header_overflow),
-        cmocka_unit_test(test_tokenizer_json),
-        cmocka_unit_test(test_prefill_answer),
+        cmocka_unit_test(test_safetensors),    cmocka_unit_test(test_llama2c),
+        cmocka_unit_test(test_gguf),           cmocka_unit_test(test_chat_template),
+        cmocka_unit_test(test_tokenizer),      cmocka_unit_test(test_data),
+        cmocka_unit_test(test_checkpoint),     cmocka_unit_test(test_catalog),
+        cmocka_unit_test(test_scaling_csv),    cmocka_unit_test(test_train_state),
+        cmocka_unit_test(test_cli_numbers),    cmocka_unit_test(test_names),
+        cmocka_unit_test(test_formats_cli),    cmocka_unit_test(test_http_request),
+        cmocka_unit_test(test_kv_transfer),    cmocka_unit_test(test_llama2c_header_overflow),
+        cmocka_unit_test(test_tokenizer_json), cmocka_unit_test(test_prefill_answer),
         cmocka_unit_test(test_http_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -415,8 +415,7 @@ static void test_bad_config(void **state) {
          "\"hidden_size\": 1099511627776, \"intermediate_size\": 1099511627776, \"num_hidden_layers\": 1048576, "
          "\"num_attention_heads\": 2, \"num_key_value_heads\": 2",
          "the shape multiplies past 2^53"},
-        {"LlamaForCausalLM", "\"max_position_embeddings\": 1099511627776, \"num_hidden_layers\": 1024",
-         "KV cache"},
+        {"LlamaForCausalLM", "\"max_position_embeddings\": 1099511627776, \"num_hidden_layers\": 1024", "KV cache"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         write_config(f, cases[k].arch, cases[k].extra);

@@ -238,12 +238,9 @@ static void test_serve_nan_is_500(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dummy_arch_overflow),
-        cmocka_unit_test(test_serve_nan_is_500),
-        cmocka_unit_test(test_quantized_checkpoint),
-        cmocka_unit_test(test_nan_weights),
-        cmocka_unit_test(test_int4_weights),
-        cmocka_unit_test(test_serve_int4),
+        cmocka_unit_test(test_dummy_arch_overflow),  cmocka_unit_test(test_serve_nan_is_500),
+        cmocka_unit_test(test_quantized_checkpoint), cmocka_unit_test(test_nan_weights),
+        cmocka_unit_test(test_int4_weights),         cmocka_unit_test(test_serve_int4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,7 +17,7 @@
 #include "nanolm/train.h"
 
 #define ARCH                                                                                                           \
-    "{\"name\":\"t\",\"vocab_size\":256,\"dim\":64,\"n_layers\":2,\"n_heads\":4,\"n_kv_heads\":4,"                  \
+    "{\"name\":\"t\",\"vocab_size\":256,\"dim\":64,\"n_layers\":2,\"n_heads\":4,\"n_kv_heads\":4,"                     \
     "\"hidden_dim\":96,\"seq_len\":32}"
 
 /* The default linears, called through linear_ops: the forward then takes the unfused path. */
@@ -85,15 +85,16 @@ static void test_vexp_lanes_same_bits(void **state) {
     (void)state;
     enum { N = 4099 }; /* not a multiple of 8: the tail goes through nl_vexpf */
     float *x = malloc(N * sizeof(float)), *e = malloc(N * sizeof(float)), *f = malloc(N * sizeof(float));
-    const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 88.7f, 88.8f, 100.0f, -87.3f, -87.4f, -200.0f,
-                             INFINITY, -INFINITY, NAN, 1e-30f, -1e-30f, 0.5f, -0.5f, 3.4e38f};
+    const float special[] = {0.0f,    -0.0f,    1.0f,      -1.0f, 88.7f,  88.8f,   100.0f, -87.3f, -87.4f,
+                             -200.0f, INFINITY, -INFINITY, NAN,   1e-30f, -1e-30f, 0.5f,   -0.5f,  3.4e38f};
     size_t ns = sizeof special / sizeof special[0];
     for (int i = 0; i < N; i++) x[i] = i < (int)ns ? special[i] : (float)((i * 7919 % 20011) - 10005) * 0.01f;
     for (float c = -3.0f; c <= 3.0f; c += 1.5f) {
         nl_vexp_shift(e, x, c, N);
         for (int i = 0; i < N; i++) {
             float want = nl_vexpf(x[i] - c);
-            if (memcmp(&e[i], &want, sizeof want)) fail_msg("vexp_shift(%g - %g): %a, nl_vexpf %a", x[i], c, e[i], want);
+            if (memcmp(&e[i], &want, sizeof want))
+                fail_msg("vexp_shift(%g - %g): %a, nl_vexpf %a", x[i], c, e[i], want);
         }
     }
     nl_vexp_neg(f, x, N);

@@ -276,8 +276,9 @@ static void test_out_locked_by_one_run(void **state) {
     char *dir = tu_tmpdir(), ckpt[512], lock[600], args[2048];
     snprintf(ckpt, sizeof ckpt, "%s/same.st", dir);
     snprintf(lock, sizeof lock, "%s.lock", ckpt);
-    const char *argv[] = {"train", "--data", data, "--steps", "100000", "--batch", "4", "--seq", "32",
-                          "--eval-windows", "2", "--eval-every", "1", "--warmup", "2", "--out", ckpt, NULL};
+    const char *argv[] = {"train", "--data",   data, "--steps",        "100000", "--batch",
+                          "4",     "--seq",    "32", "--eval-windows", "2",      "--eval-every",
+                          "1",     "--warmup", "2",  "--out",          ckpt,     NULL};
     const tu_run_opts o = {.one_thread = 1, .stdout_only = 1};
     tu_proc p;
     assert_int_equal(tu_spawn_cli(&o, argv, &p), 0);
@@ -310,8 +311,8 @@ static void test_resume_derives_warmup(void **state) {
     snprintf(args, sizeof args, "train --data %s --steps 20 --batch 4 --seq 32 --eval-windows 2 --out %s/m.st", data,
              dir);
     assert_int_equal(run(args, NULL), 0);
-    snprintf(args, sizeof args, "train --data %s --steps 30 --batch 4 --seq 32 --eval-windows 2 --resume %s/m.st",
-             data, dir);
+    snprintf(args, sizeof args, "train --data %s --steps 30 --batch 4 --seq 32 --eval-windows 2 --resume %s/m.st", data,
+             dir);
     assert_int_equal(run(args, NULL), 0);
     /* a --warmup given explicitly is still checked against the recorded one */
     snprintf(args, sizeof args,

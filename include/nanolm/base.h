@@ -123,10 +123,14 @@ nl_status nl_atomic_commit(nl_atomic_file *af);
 void nl_atomic_abort(nl_atomic_file *af);
 /* Opens `path` for reading without ever blocking in open(): a FIFO, a device, a socket or a
  * directory is refused (NL_ERR_IO, "PATH is a FIFO, not a regular file") before anything is
- * read. Every loader of a file named by the user opens it through here. On success *fd is a
- * descriptor in blocking mode (close it); the _stdio variant gives a FILE* opened "rb". */
-nl_status nl_file_open_read(const char *path, int *fd);
+ * read. Every loader of a file named by the user opens it through here or nl_file_map. On
+ * success *f is a FILE* opened "rb". */
 nl_status nl_file_open_read_stdio(const char *path, FILE **f);
+/* The whole file `path` (opened as nl_file_open_read_stdio opens one), read-only: memory-mapped
+ * (*mapped 1), or, for an empty file or where mmap fails, read into memory (*mapped 0; the
+ * address-space limit checked first). Release with nl_file_unmap. */
+nl_status nl_file_map(const char *path, const void **bytes, size_t *n, int *mapped);
+void nl_file_unmap(const void *bytes, size_t n, int mapped);
 /* Async-signal-safe: removes the temporary file of an atomic write in progress in this process
  * (if any), for a signal handler that is about to end the process in the middle of a save. */
 void nl_atomic_remove_pending(void);

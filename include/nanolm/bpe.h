@@ -57,8 +57,7 @@ int nl_bpe_strips_first_space(const nl_bpe *b);
  * a segment. special: match special added tokens in the text. Returns the count of ids in *out
  * (at + the new ones); -1 out of memory (NL_ERR_NOMEM set), -2 a normalizer grew the text past
  * its limit (NL_ERR_RANGE set); *out and *cap are updated either way. */
-int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap,
-                      int64_t at);
+int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap, int64_t at);
 
 /* As nl_bpe_encode with special = 1, except that a special token is not matched where it
  * overlaps a byte with plain[i] != 0 (text from a user inside a chat template's output). */

@@ -57,9 +57,10 @@ nl_status nl_arch_validate(const nl_arch *a) {
                        total, (double)NL_ARCH_MAX_PARAMS);
     double kv_width = (double)a->n_kv_heads * (double)nl_arch_head_dim(a) + (double)a->kv_lora_rank;
     if ((double)a->seq_len * (double)a->n_layers * 2 * kv_width >= (double)NL_ARCH_MAX_PARAMS)
-        return nl_fail(NL_ERR_INVALID,
-                       "arch %s: a full context's KV cache (seq_len %lld x %lld layers x 2 x %.0f) multiplies past 2^53",
-                       a->name, (long long)a->seq_len, (long long)a->n_layers, kv_width);
+        return nl_fail(
+            NL_ERR_INVALID,
+            "arch %s: a full context's KV cache (seq_len %lld x %lld layers x 2 x %.0f) multiplies past 2^53", a->name,
+            (long long)a->seq_len, (long long)a->n_layers, kv_width);
     return NL_OK;
 }
 
@@ -104,7 +105,8 @@ static double count_params(const nl_arch *a, nl_arch_params *p) {
     }
     double dense = dense_layers * 3 * dim * (double)a->hidden_dim;
     double expert = 3 * dim * (double)a->expert_hidden_dim;
-    double experts = moe_layers * (double)a->n_experts * expert, shared = moe_layers * (double)a->n_shared_experts * expert;
+    double experts = moe_layers * (double)a->n_experts * expert,
+           shared = moe_layers * (double)a->n_shared_experts * expert;
     double router = moe_layers * dim * (double)a->n_experts, norms = (2 * L + 1) * dim;
     double cls = a->tied_embeddings ? 0 : emb;
     double total = emb + cls + att + dense + experts + shared + router + norms;

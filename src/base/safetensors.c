@@ -8,7 +8,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -83,10 +82,7 @@ void nl_st_close(nl_st_file *f) {
     }
     free(f->meta_keys);
     free(f->meta_values);
-    if (f->mapped)
-        munmap((void *)f->bytes, f->file_bytes);
-    else if (f->owned)
-        nl_free((void *)f->bytes);
+    if (f->mapped || f->owned) nl_file_unmap(f->bytes, f->file_bytes, f->mapped);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -327,40 +323,10 @@ nl_status nl_st_parse(nl_st_file *f, const void *bytes, size_t n, const char *na
 
 nl_status nl_st_open(nl_st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
-    int fd;
-    NL_TRY(nl_file_open_read(path, &fd));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return nl_fail(NL_ERR_IO, "cannot stat %s: %s", path, strerror(e));
-    }
-    size_t n = (size_t)st.st_size;
-    void *p = n ? mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-    int mapped = p != MAP_FAILED;
-    if (!mapped) { /* empty file or no mmap here: read it */
-        nl_status mem = nl_mem_require((uint64_t)n + 1, path);
-        if (mem) {
-            close(fd);
-            return mem;
-        }
-        p = nl_malloc(n, path);
-        if (!p) {
-            close(fd);
-            return NL_ERR_NOMEM;
-        }
-        size_t got = 0;
-        while (got < n) {
-            ssize_t r = read(fd, (char *)p + got, n - got);
-            if (r <= 0) {
-                nl_free(p);
-                close(fd);
-                return nl_fail(NL_ERR_IO, "reading %s failed: %s", path, r < 0 ? strerror(errno) : "short read");
-            }
-            got += (size_t)r;
-        }
-    }
-    close(fd);
+    const void *p;
+    size_t n;
+    int mapped;
+    NL_TRY(nl_file_map(path, &p, &n, &mapped));
     f->path = strdup(path);
     f->bytes = p;
     f->file_bytes = n;

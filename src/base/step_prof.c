@@ -10,9 +10,7 @@ static const char *const phase_names[NL_PROF_COUNT] = {"gemm (linears)", "attent
                                                        "swiglu",         "loss",      "embedding",    "optimizer",
                                                        "data",           "other",     "barrier waits"};
 
-const char *nl_prof_phase_name(nl_prof_phase ph) {
-    return ph >= 0 && ph < NL_PROF_COUNT ? phase_names[ph] : "?";
-}
+const char *nl_prof_phase_name(nl_prof_phase ph) { return ph >= 0 && ph < NL_PROF_COUNT ? phase_names[ph] : "?"; }
 
 int nl_step_prof_wanted(void) {
     const char *s = getenv("NANOLM_STEP_PROFILE");

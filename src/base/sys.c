@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -131,8 +132,8 @@ nl_status nl_output_lock(const char *path, const char *what, int *fd_out) {
     for (int attempt = 0; attempt < 8; attempt++) {
         int fd = open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (fd < 0) {
-            nl_status rc = nl_fail(NL_ERR_IO, "%s %s: cannot create its lock file %s: %s", what, path, name,
-                                   strerror(errno));
+            nl_status rc =
+                nl_fail(NL_ERR_IO, "%s %s: cannot create its lock file %s: %s", what, path, name, strerror(errno));
             free(name);
             return rc;
         }
@@ -155,8 +156,8 @@ nl_status nl_output_lock(const char *path, const char *what, int *fd_out) {
             char pid[32];
             int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
             if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
-                nl_status rc = nl_fail(NL_ERR_IO, "%s %s: cannot write its lock file %s: %s", what, path, name,
-                                       strerror(errno));
+                nl_status rc =
+                    nl_fail(NL_ERR_IO, "%s %s: cannot write its lock file %s: %s", what, path, name, strerror(errno));
                 unlink(name);
                 close(fd);
                 free(name);
@@ -281,7 +282,8 @@ static const char *file_kind(mode_t m) {
     return "not a regular file";
 }
 
-nl_status nl_file_open_read(const char *path, int *fd) {
+/* The descriptor of nl_file_open_read_stdio and nl_file_map (nanolm/base.h), in blocking mode. */
+static nl_status file_open_read(const char *path, int *fd) {
     *fd = -1;
     /* O_NONBLOCK: open() of a FIFO with no writer would otherwise wait forever. The type is
      * checked on the descriptor itself (fstat), so nothing can swap the file in between. */
@@ -309,10 +311,56 @@ nl_status nl_file_open_read(const char *path, int *fd) {
     return NL_OK;
 }
 
+nl_status nl_file_map(const char *path, const void **bytes, size_t *n, int *mapped) {
+    *bytes = NULL;
+    *n = 0;
+    *mapped = 0;
+    int fd;
+    NL_TRY(file_open_read(path, &fd));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return nl_fail(NL_ERR_IO, "cannot stat %s: %s", path, strerror(e));
+    }
+    const size_t size = (size_t)st.st_size;
+    void *p = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    if (p == MAP_FAILED) { /* empty file or no mmap here: read it */
+        nl_status mem = nl_mem_require((uint64_t)size + 1, path);
+        p = mem ? NULL : nl_malloc(size ? size : 1, path);
+        if (!p) {
+            close(fd);
+            return mem ? mem : NL_ERR_NOMEM;
+        }
+        for (size_t got = 0; got < size;) {
+            ssize_t r = read(fd, (char *)p + got, size - got);
+            if (r <= 0) {
+                nl_free(p);
+                close(fd);
+                return nl_fail(NL_ERR_IO, "reading %s failed: %s", path, r < 0 ? strerror(errno) : "short read");
+            }
+            got += (size_t)r;
+        }
+    } else
+        *mapped = 1;
+    close(fd);
+    *bytes = p;
+    *n = size;
+    return NL_OK;
+}
+
+void nl_file_unmap(const void *bytes, size_t n, int mapped) {
+    if (!bytes) return;
+    if (mapped)
+        munmap((void *)bytes, n);
+    else
+        nl_free((void *)bytes);
+}
+
 nl_status nl_file_open_read_stdio(const char *path, FILE **f) {
     *f = NULL;
     int fd;
-    NL_TRY(nl_file_open_read(path, &fd));
+    NL_TRY(file_open_read(path, &fd));
     *f = fdopen(fd, "rb");
     if (!*f) {
         int e = errno;

@@ -221,8 +221,8 @@ int nl_cli_model_opts(nl_opt *opts, nl_model_args *a, int with_weights) {
     opts[1] = (nl_opt)NL_OPT_STR("tokenizer", &a->tokenizer, "FILE",
                                  "tokenizer (tok512.bin or tokenizer.json); needed for llama2.c .bin checkpoints");
     if (!with_weights) return 2;
-    opts[2] = (nl_opt)NL_OPT_STR(
-        "weights", &a->weights, "auto|fp32|bf16|int8|int4",
-        "decode weight format (default auto: fp32; int8 for a checkpoint that quant model wrote or a q8_0 GGUF; int4 for a q4_0 GGUF)");
+    opts[2] = (nl_opt)NL_OPT_STR("weights", &a->weights, "auto|fp32|bf16|int8|int4",
+                                 "decode weight format (default auto: fp32; int8 for a checkpoint that quant model "
+                                 "wrote or a q8_0 GGUF; int4 for a q4_0 GGUF)");
     return 3;
 }

@@ -329,11 +329,12 @@ static int bench_machine(int argc, char **argv) {
         nl_peak_sgemm(NL_PEAK_SGEMM_N, 1, min_time, repeats, &sg1) ||
         nl_peak_sgemm(NL_PEAK_SGEMM_N, r.threads, min_time, repeats, &sgn))
         return nl_cli_fail("bench machine");
-    printf("fp32 FMA peak        %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), %s register kernel\n",
-           fma1 / 1e9, fman / 1e9, r.threads, nl_peak_path_name(pp));
-    printf("sgemm %lld^3          %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), OpenBLAS: %.0f%% / %.0f%% of the "
-           "FMA peak\n",
-           (long long)NL_PEAK_SGEMM_N, sg1 / 1e9, sgn / 1e9, r.threads, 100.0 * sg1 / fma1, 100.0 * sgn / fman);
+    printf("fp32 FMA peak        %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), %s register kernel\n", fma1 / 1e9,
+           fman / 1e9, r.threads, nl_peak_path_name(pp));
+    printf(
+        "sgemm %lld^3          %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), OpenBLAS: %.0f%% / %.0f%% of the "
+        "FMA peak\n",
+        (long long)NL_PEAK_SGEMM_N, sg1 / 1e9, sgn / 1e9, r.threads, 100.0 * sg1 / fma1, 100.0 * sgn / fman);
     return NL_EXIT_OK;
 }
 

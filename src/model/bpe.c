@@ -903,7 +903,7 @@ static int encode_spm_word(enc_state *st, const char *w, size_t n) {
 /* Normalizers may lengthen text (NFC up to 3x, Replace without bound): a segment of n bytes may
  * grow to at most NL_NORM_GROWTH * n + NL_NORM_SLACK bytes. */
 #define NL_NORM_GROWTH 4
-#define NL_NORM_SLACK 256
+#define NL_NORM_SLACK  256
 
 /* Applies the normalizers to seg into st->t1 (returns the text to use and its length); -1 out
  * of memory, -2 the text grew past st->norm_limit (st->too_long set). */
@@ -1131,8 +1131,7 @@ static int special_ok(const unsigned char *plain, size_t i, size_t len) {
 static int64_t encode_impl(const nl_bpe *b, const char *text, size_t n, int special, const unsigned char *plain,
                            int **out, int64_t *cap, int64_t at);
 
-int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap,
-                      int64_t at) {
+int64_t nl_bpe_encode(const nl_bpe *b, const char *text, size_t n, int special, int **out, int64_t *cap, int64_t at) {
     return encode_impl(b, text, n, special, NULL, out, cap, at);
 }
 

@@ -92,7 +92,8 @@ void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x
 #pragma omp for schedule(static) nowait
         for (int64_t n = 0; n < N; n++) nl_rmsnorm_backward_rows(dx, dout, x, w, rstd, n, n + 1, C);
 #pragma omp for schedule(static)
-        for (int64_t c0 = 0; c0 < C; c0 += NL_RMSNORM_DW_BLOCK) nl_rmsnorm_backward_dw_cols(dw, dout, x, rstd, N, C, c0);
+        for (int64_t c0 = 0; c0 < C; c0 += NL_RMSNORM_DW_BLOCK)
+            nl_rmsnorm_backward_dw_cols(dw, dout, x, rstd, N, C, c0);
     }
 }
 

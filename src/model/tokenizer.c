@@ -389,7 +389,8 @@ static nl_status encode_hf(const nl_tokenizer *t, const char *text, size_t text_
     if (n < 0 || !grown) {
         nl_free(out);
         return n == -2 ? NL_ERR_RANGE
-                       : n < 0 ? NL_ERR_NOMEM : nl_fail(NL_ERR_NOMEM, "out of memory encoding %zu bytes", text_bytes);
+               : n < 0 ? NL_ERR_NOMEM
+                       : nl_fail(NL_ERR_NOMEM, "out of memory encoding %zu bytes", text_bytes);
     }
     out = grown;
     if (eos && t->eos_id >= 0) out[n++] = t->eos_id;

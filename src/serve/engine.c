@@ -207,7 +207,8 @@ nl_status nl_engine_open(nl_engine **out, const char *ckpt, const char *tokenize
     }
     if (!rc) rc = engine_init(e);
     /* int4 from a Q4_0 GGUF: the file's own blocks (the same layout), not a requantization */
-    if (!rc && src.format == NL_CKPT_GGUF && e->wfmt == NL_WFMT_INT4) rc = nl_gguf_int4_weights(ckpt, e->m, e->run.w, NULL);
+    if (!rc && src.format == NL_CKPT_GGUF && e->wfmt == NL_WFMT_INT4)
+        rc = nl_gguf_int4_weights(ckpt, e->m, e->run.w, NULL);
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", nl_last_error());

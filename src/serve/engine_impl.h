@@ -17,14 +17,14 @@ typedef struct nl_req {
     int state;
     int32_t *toks; /* (cap) prompt then completion tokens */
     int64_t n_toks, cap, n_prompt;
-    int64_t n_cached;   /* positions whose K/V are in the cache */
-    nl_block_table bt;  /* its blocks */
-    int64_t n_hashed;   /* leading full blocks whose chain hash is known (registered or shared) */
-    uint64_t last_hash; /* the chain hash of block n_hashed - 1 (0: none) */
-    int64_t n_draft;    /* speculative tokens drafted for this step (rows after the first) */
-    nl_block_table dbt; /* draft model: its blocks in the draft engine's pool */
-    int64_t d_cached;   /* draft model: positions whose draft K/V are held */
-    int64_t spec_len;   /* drafts to ask for next (adapts to what is accepted; 0: spec_k) */
+    int64_t n_cached;                /* positions whose K/V are in the cache */
+    nl_block_table bt;               /* its blocks */
+    int64_t n_hashed;                /* leading full blocks whose chain hash is known (registered or shared) */
+    uint64_t last_hash;              /* the chain hash of block n_hashed - 1 (0: none) */
+    int64_t n_draft;                 /* speculative tokens drafted for this step (rows after the first) */
+    nl_block_table dbt;              /* draft model: its blocks in the draft engine's pool */
+    int64_t d_cached;                /* draft model: positions whose draft K/V are held */
+    int64_t spec_len;                /* drafts to ask for next (adapts to what is accepted; 0: spec_k) */
     int64_t spec_skip, spec_backoff; /* decode steps left without drafting after a miss, and the next such wait */
     nl_sampling s;
     nl_rng rng;

@@ -150,7 +150,8 @@ static char *make_body(const nl_loadgen_opts *o, int64_t plen, int64_t olen, uin
         fail = nl_http_buf_printf(&b,
                                   "],\"max_tokens\":%lld,\"temperature\":%.17g,\"seed\":%llu,\"ignore_eos\":true,"
                                   "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
-                                  (long long)olen, o->temperature, (unsigned long long)(seed >> 11)) != NL_OK; /* exact: < 2^53 */
+                                  (long long)olen, o->temperature,
+                                  (unsigned long long)(seed >> 11)) != NL_OK; /* exact: < 2^53 */
     if (fail) {
         nl_http_buf_free(&b);
         return NULL;
