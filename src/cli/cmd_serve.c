@@ -173,7 +173,7 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
 
 /* OpenMP workers that spin after each step take the cores from the HTTP threads and the
  * clients: on 2 busy cores stories260K served 16 sequential requests at 11.8 tokens/s with
- * spinning and 713 tokens/s with passive waiting (docs/serving.md). Workers that sleep at once
+ * spinning and 713 tokens/s with passive waiting (docs/serving-http.md). Workers that sleep at once
  * pay a wake-up at each of the hundreds of parallel regions of a step, though: one stream of the
  * 85M model through the server read 32-44 tokens/s on 2 threads, against 61-83 in the engine
  * alone. A short spin (GOMP_SPINCOUNT 30000, ~0.3 ms by libgomp's reckoning) keeps them awake
