@@ -61,10 +61,6 @@ void nl_block_pool_free(nl_block_pool *p);
 /* Takes a free block (reference count 1; a free cached block is evicted: its hash forgotten):
  * its id, or -1 when none is free. */
 int32_t nl_block_pool_alloc(nl_block_pool *p);
-/* One more holder of block id (taken out of the free queue when it was free). */
-void nl_block_pool_retain(nl_block_pool *p, int32_t id);
-/* One holder less; at 0 the block joins the free queue (tail when hashed, head otherwise). */
-void nl_block_pool_release(nl_block_pool *p, int32_t id);
 /* Blocks held by sequences (n_blocks - n_free). */
 static inline int64_t nl_block_pool_used(const nl_block_pool *p) { return p->n_blocks - p->n_free; }
 

@@ -60,9 +60,6 @@ void nl_chat_template_free(nl_chat_template *t);
 nl_status nl_chat_template_set_tokens(nl_chat_template *t, const char *bos_token, const char *eos_token);
 const char *nl_chat_template_bos(const nl_chat_template *t);
 const char *nl_chat_template_eos(const nl_chat_template *t);
-/* The template text and the name given at parse time. */
-const char *nl_chat_template_source(const nl_chat_template *t);
-const char *nl_chat_template_what(const nl_chat_template *t);
 
 /* Renders with the variables of a JSON object (vars_json: e.g. {"messages": [...],
  * "add_generation_prompt": true, "date_string": "26 Jul 2024"}); bos_token, eos_token, tools and

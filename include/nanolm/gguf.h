@@ -88,10 +88,8 @@ typedef enum nl_ggml_type {
 
 /* "f32", "q8_0", ... (llama.cpp's names); NULL for a type this reader does not know. */
 const char *nl_ggml_type_name(uint32_t type);
-/* Elements per block and bytes per block of a known type (1 and the element size for plain
- * types); 0 when unknown. */
+/* Elements per block of a known type (1 for plain types); 0 when unknown. */
 int64_t nl_ggml_block_elems(uint32_t type);
-int64_t nl_ggml_block_bytes(uint32_t type);
 /* "uint8", ..., "array"; "?" when out of range. */
 const char *nl_gguf_vtype_name(uint32_t vtype);
 

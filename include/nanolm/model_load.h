@@ -41,8 +41,6 @@ typedef struct nl_model_source {
     uint32_t gguf_type;   /* GGUF: the type of the linears (nanolm/gguf.h nl_ggml_type) */
 } nl_model_source;
 
-/* "hf", "gguf", "quantized", "safetensors", "llama2c". */
-const char *nl_ckpt_format_name(nl_ckpt_format f);
 
 /* Loads the model at `ckpt` (see above; max_seq > 0 caps the context of a folder or GGUF) and,
  * when tok is not NULL, its tokenizer: `tok_path` when given (a tokenizer.json when it ends in

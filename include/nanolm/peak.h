@@ -33,10 +33,6 @@ int nl_peak_available(nl_peak_path p);
 /* The widest path this CPU has, capped by NANOLM_ISA (an unknown value is treated as auto). */
 nl_peak_path nl_peak_auto(void);
 
-/* FLOPs of `iters` iterations of path p's register kernel on one thread: each iteration issues
- * nl_peak_fma_per_iter(p) FMAs of nl_peak_lanes(p) lanes. */
-int nl_peak_lanes(nl_peak_path p);
-int nl_peak_fma_per_iter(nl_peak_path p);
 /* Runs the register kernel of path p for `iters` iterations; returns a value derived from every
  * accumulator (so that the work cannot be optimised away). */
 float nl_peak_fma_kernel(nl_peak_path p, int64_t iters);

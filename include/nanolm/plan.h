@@ -70,9 +70,6 @@ nl_status nl_catalog_find_model(const nl_catalog *c, const char *name, nl_arch *
  * fields and bad values fail with NL_ERR_FORMAT naming the file and the field. */
 nl_status nl_catalog_load_hw(nl_catalog *c, const char *path);
 nl_status nl_catalog_load_model(nl_catalog *c, const char *path);
-/* A model named on the command line: a catalog name, or a JSON file (ending in .json) whose
- * last entry is loaded into the catalog and returned. */
-nl_status nl_catalog_model_arg(nl_catalog *c, const char *arg, nl_arch *out);
 struct nl_family;
 /* The same, with the model's family (fam may be NULL): the catalog entry's, or the file's
  * "family" field (default llama; with "base", the base's). A name never sets it. */

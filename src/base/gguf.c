@@ -43,7 +43,7 @@ int64_t nl_ggml_block_elems(uint32_t type) {
     int i = type_index(type);
     return i < 0 ? 0 : ggml_types[i].blck;
 }
-int64_t nl_ggml_block_bytes(uint32_t type) {
+static int64_t ggml_block_bytes(uint32_t type) {
     int i = type_index(type);
     return i < 0 ? 0 : ggml_types[i].bytes;
 }
@@ -71,7 +71,7 @@ static size_t vtype_size(uint32_t t) {
 }
 
 uint64_t nl_ggml_nbytes(uint32_t type, int ndim, const int64_t *ne) {
-    int64_t blck = nl_ggml_block_elems(type), bb = nl_ggml_block_bytes(type);
+    int64_t blck = nl_ggml_block_elems(type), bb = ggml_block_bytes(type);
     if (!blck || ndim < 1 || ndim > NL_GGUF_MAX_DIMS || ne[0] < 1 || ne[0] % blck) return 0;
     uint64_t rows = 1;
     for (int d = 1; d < ndim; d++) {

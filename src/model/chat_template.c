@@ -1201,9 +1201,6 @@ nl_status nl_chat_template_set_tokens(nl_chat_template *t, const char *bos_token
 }
 const char *nl_chat_template_bos(const nl_chat_template *t) { return t->bos; }
 const char *nl_chat_template_eos(const nl_chat_template *t) { return t->eos; }
-const char *nl_chat_template_source(const nl_chat_template *t) { return t->source; }
-const char *nl_chat_template_what(const nl_chat_template *t) { return t->what; }
-
 /* ---- values ---------------------------------------------------------------------------------- */
 
 typedef enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_FUNC } vkind;

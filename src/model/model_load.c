@@ -124,11 +124,6 @@ nl_status nl_model_load_ckpt(const char *path, nl_model *m, char *tokenizer) {
     return rc;
 }
 
-const char *nl_ckpt_format_name(nl_ckpt_format f) {
-    static const char *const names[] = {"hf", "gguf", "quantized", "safetensors", "llama2c"};
-    return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "?";
-}
-
 nl_status nl_model_load(const char *ckpt, const char *tok_path, int64_t max_seq, nl_model *m, nl_tokenizer *tok,
                         nl_model_source *src) {
     nl_model_source local;

@@ -49,8 +49,8 @@ nl_peak_path nl_peak_auto(void) {
     return NL_PEAK_SCALAR;
 }
 
-int nl_peak_lanes(nl_peak_path p) { return p == NL_PEAK_AVX512 ? 16 : p == NL_PEAK_AVX2 ? 8 : 1; }
-int nl_peak_fma_per_iter(nl_peak_path p) { return p == NL_PEAK_AVX512 ? 16 : p == NL_PEAK_AVX2 ? 12 : 8; }
+static int peak_lanes(nl_peak_path p) { return p == NL_PEAK_AVX512 ? 16 : p == NL_PEAK_AVX2 ? 8 : 1; }
+static int peak_fma_per_iter(nl_peak_path p) { return p == NL_PEAK_AVX512 ? 16 : p == NL_PEAK_AVX2 ? 12 : 8; }
 
 static volatile float peak_a = 0.999999f, peak_b = 1e-7f, peak_sink;
 
@@ -149,7 +149,7 @@ static double process_cpu_s(void) {
  * its own CPU time, added up. On a machine shared with other processes, a thread's wall time
  * counts the time it waited for a core; its CPU time does not. */
 static double fma_run(nl_peak_path p, int threads, int64_t iters) {
-    double per = 2.0 * nl_peak_lanes(p) * nl_peak_fma_per_iter(p) * (double)iters, rate = 0;
+    double per = 2.0 * peak_lanes(p) * peak_fma_per_iter(p) * (double)iters, rate = 0;
     float s = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : s, rate)
     {

@@ -446,10 +446,6 @@ nl_status nl_catalog_load_model(nl_catalog *c, const char *path) {
     return rc;
 }
 
-nl_status nl_catalog_model_arg(nl_catalog *c, const char *arg, nl_arch *out) {
-    return nl_catalog_model_arg_fam(c, arg, out, NULL);
-}
-
 nl_status nl_catalog_model_arg_fam(nl_catalog *c, const char *arg, nl_arch *out, nl_family *fam) {
     size_t n = strlen(arg), slot = c->n_models;
     if (n > 5 && !strcasecmp(arg + n - 5, ".json")) {

@@ -157,11 +157,13 @@ int32_t nl_block_pool_alloc(nl_block_pool *p) {
     return id;
 }
 
-void nl_block_pool_retain(nl_block_pool *p, int32_t id) {
+/* One more holder of block id (taken out of the free queue when it was free). */
+static void pool_retain(nl_block_pool *p, int32_t id) {
     if (p->ref[id]++ == 0) queue_unlink(p, id);
 }
 
-void nl_block_pool_release(nl_block_pool *p, int32_t id) {
+/* One holder less; at 0 the block joins the free queue (tail when hashed, head otherwise). */
+static void pool_release(nl_block_pool *p, int32_t id) {
     if (id < 0 || id >= p->n_blocks || p->ref[id] <= 0) return;
     if (--p->ref[id] == 0) queue_push(p, id, p->hashed[id]);
 }
@@ -218,7 +220,7 @@ int64_t nl_block_table_take_cached(nl_block_pool *p, nl_block_table *t, const in
         uint64_t h = nl_block_hash(parent, toks + k * bs, bs);
         int32_t id = nl_block_pool_find(p, h, parent, toks + k * bs);
         if (id < 0) break;
-        nl_block_pool_retain(p, id);
+        pool_retain(p, id);
         t->ids[t->n++] = id;
         parent = h;
     }
@@ -226,7 +228,7 @@ int64_t nl_block_table_take_cached(nl_block_pool *p, nl_block_table *t, const in
 }
 
 void nl_block_table_clear(nl_block_pool *p, nl_block_table *t) {
-    for (int64_t i = t->n - 1; i >= 0; i--) nl_block_pool_release(p, t->ids[i]);
+    for (int64_t i = t->n - 1; i >= 0; i--) pool_release(p, t->ids[i]);
     t->n = 0;
 }
 
