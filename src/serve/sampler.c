@@ -53,6 +53,36 @@ static int cmp_prob_desc(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* softmax(logits / T) up to its normalization (the exps against the largest logit), sorted by
+ * cmp_prob_desc and cut to the top-k / top-p set: *out (nl_malloc'd) and its first *keep. */
+static nl_status kept_set(const nl_sampling *s, const float *logits, int64_t V, float mx, prob_id **out,
+                          int64_t *keep) {
+    prob_id *pi = nl_malloc((size_t)V * sizeof(prob_id), "sampling scratch");
+    if (!pi) return NL_ERR_NOMEM;
+    for (int64_t v = 0; v < V; v++) {
+        pi[v].p = expf((logits[v] - mx) / s->temperature);
+        pi[v].id = (int32_t)v;
+    }
+    qsort(pi, (size_t)V, sizeof *pi, cmp_prob_desc);
+    int64_t n = V;
+    if (s->top_k > 0 && s->top_k < n) n = s->top_k;
+    if (s->top_p < 1.0f) {
+        double kept_sum = 0.0;
+        for (int64_t i = 0; i < n; i++) kept_sum += pi[i].p;
+        double acc = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            acc += pi[i].p;
+            if (acc >= s->top_p * kept_sum) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    *out = pi;
+    *keep = n;
+    return NL_OK;
+}
+
 nl_status nl_sampler_next(const nl_sampling *s, nl_rng *rng, float *logits, int64_t V, int32_t *scratch,
                           int32_t *token) {
     for (int64_t v = 0; v < V; v++)
@@ -67,32 +97,11 @@ nl_status nl_sampler_next(const nl_sampling *s, nl_rng *rng, float *logits, int6
     int64_t best = 0;
     for (int64_t v = 1; v < V; v++)
         if (logits[v] > logits[best]) best = v;
-    float mx = logits[best];
-    prob_id *pi = nl_malloc((size_t)V * sizeof(prob_id), "sampling scratch");
     (void)scratch;
-    if (!pi) return NL_ERR_NOMEM;
+    prob_id *pi;
+    int64_t keep;
+    NL_TRY(kept_set(s, logits, V, logits[best], &pi, &keep));
     double sum = 0.0;
-    for (int64_t v = 0; v < V; v++) {
-        pi[v].p = expf((logits[v] - mx) / s->temperature);
-        pi[v].id = (int32_t)v;
-        sum += pi[v].p;
-    }
-    qsort(pi, (size_t)V, sizeof *pi, cmp_prob_desc);
-    int64_t keep = V;
-    if (s->top_k > 0 && s->top_k < keep) keep = s->top_k;
-    if (s->top_p < 1.0f) {
-        double kept_sum = 0.0;
-        for (int64_t i = 0; i < keep; i++) kept_sum += pi[i].p;
-        double acc = 0.0;
-        for (int64_t i = 0; i < keep; i++) {
-            acc += pi[i].p;
-            if (acc >= s->top_p * kept_sum) {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
-    sum = 0.0;
     for (int64_t i = 0; i < keep; i++) sum += pi[i].p;
     double r = nl_rng_double(rng) * sum, acc = 0.0;
     int32_t pick = pi[keep - 1].id;
@@ -121,28 +130,9 @@ nl_status nl_sampler_probs(const nl_sampling *s, const float *logits, int64_t V,
         probs[best] = 1.0f;
         return NL_OK;
     }
-    float mx = logits[best];
-    prob_id *pi = nl_malloc((size_t)V * sizeof(prob_id), "sampling scratch");
-    if (!pi) return NL_ERR_NOMEM;
-    for (int64_t v = 0; v < V; v++) {
-        pi[v].p = expf((logits[v] - mx) / s->temperature);
-        pi[v].id = (int32_t)v;
-    }
-    qsort(pi, (size_t)V, sizeof *pi, cmp_prob_desc);
-    int64_t keep = V;
-    if (s->top_k > 0 && s->top_k < keep) keep = s->top_k;
-    if (s->top_p < 1.0f) {
-        double kept_sum = 0.0;
-        for (int64_t i = 0; i < keep; i++) kept_sum += pi[i].p;
-        double acc = 0.0;
-        for (int64_t i = 0; i < keep; i++) {
-            acc += pi[i].p;
-            if (acc >= s->top_p * kept_sum) {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
+    prob_id *pi;
+    int64_t keep;
+    NL_TRY(kept_set(s, logits, V, logits[best], &pi, &keep));
     double sum = 0.0;
     for (int64_t i = 0; i < keep; i++) sum += pi[i].p;
     for (int64_t i = 0; i < keep; i++) probs[pi[i].id] = (float)(pi[i].p / sum);
