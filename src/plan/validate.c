@@ -80,6 +80,8 @@ static nl_status figure_train(const char *path, const char *id, cJSON *e, cJSON 
         o->predicted = t;
     else if (!strcmp(m, "gpu_hours_per_t_tokens"))
         o->predicted = 1e12 / (B * s / t) * gpus / 3600;
+    else if (!strcmp(m, "gpu_hours")) /* the GPU-hours plan train prints for the command's --tokens */
+        o->predicted = num(best, "gpu_hours", NAN);
     else
         return bad(path, id, "unknown training metric");
     return NL_OK;
@@ -92,6 +94,8 @@ static nl_status figure_serve(const char *path, const char *id, cJSON *e, cJSON 
         o->predicted = num(j, "ttft_s", NAN) * 1e3;
     else if (!strcmp(m, "tpot_ms"))
         o->predicted = num(j, "tpot_s", NAN) * 1e3;
+    else if (!strcmp(m, "batch_latency_s")) /* vLLM's benchmark_latency: one static batch, prefill then `output` steps */
+        o->predicted = num(j, "batch_prefill_s", NAN) + out * num(j, "tpot_s", NAN);
     else if (!strcmp(m, "out_tok_s") || !strcmp(m, "out_tok_s_per_gpu")) {
         /* A static batch (TensorRT-LLM's gptSessionBenchmark): the whole batch is prefilled,
          * then `output` decode steps at the average context. */
