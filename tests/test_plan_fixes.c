@@ -363,6 +363,39 @@ static void test_selective_recomputes_materialised_attention(void **state) {
     assert_true(b.t_compute > 1.1 * a.t_compute); /* at 8k the core is a large share of the layer */
 }
 
+/* Context parallelism runs inside a fused attention kernel: Megatron-Core's unfused
+ * DotProductAttention, which materialises the scores, refuses cp > 1. Before: the search split
+ * GPT3-1.3B's 8k scores over cp 2 to 8 with materialised attention, a stack that cannot run,
+ * and a fixed --cp 2 was accepted. */
+static void test_materialised_attention_runs_at_cp1(void **state) {
+    (void)state;
+    nl_train_req q;
+    zero3_req(&q, 8);
+    q.seq = 8192, q.global_batch = 64;
+    q.attn_materialized = 1;
+    nl_layout cp2 = {4, 1, 1, 2, 1, NL_ZERO_1, 1, 16, 1, NL_RECOMPUTE_NONE, 0};
+    nl_train_eval e;
+    assert_int_not_equal(nl_plan_train_eval(&q, &cp2, &e), NL_OK);
+    assert_non_null(strstr(nl_last_error(), "context parallelism needs a fused attention kernel"));
+    char *out = NULL;
+    char base[512], args[600];
+    snprintf(base, sizeof base,
+             "plan train --model-file %s --model gpt3-1.3b-fa --gpu a100 --gpus 8 --seq 8192 --attention materialized",
+             tu_src_path("tests/validation/models.json"));
+    snprintf(args, sizeof args, "%s --cp 2", base);
+    assert_int_not_equal(tu_run_cli(args, &out), 0);
+    assert_non_null(strstr(out, "--attention flash"));
+    free(out);
+    snprintf(args, sizeof args, "%s --json", base); /* the search keeps to cp 1 */
+    assert_int_equal(tu_run_cli(args, &out), 0);
+    cJSON *j = cJSON_Parse(out);
+    cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "ranked"), *x;
+    assert_true(cJSON_GetArraySize(r) > 0);
+    cJSON_ArrayForEach(x, r) assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(x, "cp")->valuedouble, 1);
+    cJSON_Delete(j);
+    free(out);
+}
+
 int main(void) {
     nl_catalog_init(&cat);
     const struct CMUnitTest tests[] = {
@@ -376,6 +409,7 @@ int main(void) {
         cmocka_unit_test(test_h800_nvls),
         cmocka_unit_test(test_zero3_across_nodes),
         cmocka_unit_test(test_selective_recomputes_materialised_attention),
+        cmocka_unit_test(test_materialised_attention_runs_at_cp1),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -465,6 +465,14 @@ static nl_status check_schedule(const nl_train_req *q, const nl_layout *L) {
     return NL_OK;
 }
 
+/* Context parallelism splits attention inside a fused kernel (ring attention over KV blocks);
+ * Megatron-Core's unfused DotProductAttention, which materialises the scores, refuses it
+ * ("Context parallelism is only supported by TEDotProductAttention!",
+ * megatron/core/transformer/dot_product_attention.py), so materialised attention runs at cp 1. */
+#define CP_NEEDS_FUSED                                                                                                 \
+    "layout: context parallelism needs a fused attention kernel (Megatron-Core's unfused attention, which "            \
+    "materialises the scores, supports only cp 1): use --cp 1 or --attention flash"
+
 /* The layout's own consistency: degrees, divisibility, what the model allows. */
 static nl_status check_layout(const nl_train_req *q, nl_layout *L) {
     const nl_arch *a = &q->arch;
@@ -485,6 +493,7 @@ static nl_status check_layout(const nl_train_req *q, nl_layout *L) {
     if (q->seq % L->cp)
         return nl_fail(NL_ERR_INVALID, "layout: cp %lld does not divide the sequence %lld", (long long)L->cp,
                        (long long)q->seq);
+    if (L->cp > 1 && q->attn_materialized) return nl_fail(NL_ERR_INVALID, "%s", CP_NEEDS_FUSED);
     if (L->ep > 1 && (a->n_experts == 0 || a->n_experts % L->ep || (L->dp * L->cp) % L->ep))
         return nl_fail(NL_ERR_INVALID, "layout: ep %lld must divide the experts and dp*cp", (long long)L->ep);
     if (L->zero == NL_ZERO_HSDP && L->dp <= 1) return nl_fail(NL_ERR_INVALID, "layout: hsdp needs dp > 1");
@@ -988,12 +997,13 @@ static nl_status search_grid(search_state *st) {
     const nl_train_req *q = st->q;
     const nl_arch *a = &q->arch;
     int64_t gpn = q->hw.gpus_per_node;
+    if (q->fix.cp > 1 && q->attn_materialized) return nl_fail(NL_ERR_INVALID, "%s", CP_NEEDS_FUSED);
     for (int64_t tp = 1; tp <= q->gpus && tp <= gpn; tp++) {
         if (q->gpus % tp || a->n_heads % tp) continue;
         for (int64_t pp = 1; pp <= a->n_layers && tp * pp <= q->gpus; pp++) {
             if ((q->gpus / tp) % pp || (a->n_layers % pp && pp != q->fix.pp)) continue;
             if (q->fix.first_layers > 0 && pp == 1) continue; /* uneven ends need a pipeline */
-            for (int64_t cp = 1; cp <= 16 && tp * pp * cp <= q->gpus; cp *= 2) {
+            for (int64_t cp = 1; cp <= (q->attn_materialized ? 1 : 16) && tp * pp * cp <= q->gpus; cp *= 2) {
                 if ((q->gpus / (tp * pp)) % cp || q->seq % cp || q->seq / cp < 512) continue;
                 int64_t dp = q->gpus / (tp * pp * cp);
                 for (int64_t ep = 1; ep <= dp * cp; ep *= 2) {

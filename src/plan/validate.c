@@ -94,7 +94,8 @@ static nl_status figure_serve(const char *path, const char *id, cJSON *e, cJSON 
         o->predicted = num(j, "ttft_s", NAN) * 1e3;
     else if (!strcmp(m, "tpot_ms"))
         o->predicted = num(j, "tpot_s", NAN) * 1e3;
-    else if (!strcmp(m, "batch_latency_s")) /* vLLM's benchmark_latency: one static batch, prefill then `output` steps */
+    else if (!strcmp(m,
+                     "batch_latency_s")) /* vLLM's benchmark_latency: one static batch, prefill then `output` steps */
         o->predicted = num(j, "batch_prefill_s", NAN) + out * num(j, "tpot_s", NAN);
     else if (!strcmp(m, "out_tok_s") || !strcmp(m, "out_tok_s_per_gpu")) {
         /* A static batch (TensorRT-LLM's gptSessionBenchmark): the whole batch is prefilled,
