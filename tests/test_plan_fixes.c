@@ -396,6 +396,38 @@ static void test_materialised_attention_runs_at_cp1(void **state) {
     free(out);
 }
 
+/* Transformer Engine's FP8 linears keep the FP8 cast of their inputs for backward (linear.py:
+ * "saved_inputmat = inputmat", the quantized tensor): per token and layer the qkv and fc1 inputs
+ * take D bytes instead of 2D, the w2 input F/t instead of 2F/t, and the output projection's
+ * 1-byte copy comes on top of the bf16 attention output the attention kernel keeps. Before: the
+ * fp8 recipe kept bf16 activations, and Megatron-Bridge's Llama 3 70B layout on 64 H100 (tp 4,
+ * pp 8, v 5, no recomputation, FP8) needed 81.3 GB: plan train fell back to full recomputation. */
+static void test_fp8_linear_inputs_kept_in_fp8(void **state) {
+    (void)state;
+    nl_arch a;
+    assert_int_equal(nl_catalog_find_model(&cat, "llama-3-70b", &a), NL_OK);
+    nl_act_opts o = {.tp = 4, .sp = 1, .flash = 1, .recompute = NL_RECOMPUTE_NONE, .seq = 8192, .bytes_per_elem = 2};
+    nl_act_layer b16, f8;
+    nl_plan_act_layer(&a, &o, &b16);
+    o.fp8_cache = NL_FP8_CACHE_TE;
+    nl_plan_act_layer(&a, &o, &f8);
+    double D = (double)a.dim, F = (double)a.hidden_dim, q = (double)a.n_heads * (double)nl_arch_head_dim(&a), t = 4;
+    double saved = 2 * D / t + F / t - q / t; /* qkv and fc1 inputs (sp shards them), w2 input, wo copy */
+    assert_true(fabs(b16.bytes_per_token - f8.bytes_per_token - saved) < 1e-9 * saved);
+    char *out = NULL;
+    assert_int_equal(tu_run_cli("plan train --model llama-3-70b --gpu h100 --gpus 64 --tp 4 --pp 8 --cp 1 --ep 1 "
+                                "--micro-batch 1 --zero 1 --interleave 5 --global-batch 128 --seq 8192 --recipe fp8 "
+                                "--recompute none --json",
+                                &out),
+                     0);
+    cJSON *j = cJSON_Parse(out);
+    cJSON *best = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "ranked"), 0);
+    assert_non_null(best);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(best, "fits")));
+    cJSON_Delete(j);
+    free(out);
+}
+
 int main(void) {
     nl_catalog_init(&cat);
     const struct CMUnitTest tests[] = {
@@ -410,6 +442,7 @@ int main(void) {
         cmocka_unit_test(test_zero3_across_nodes),
         cmocka_unit_test(test_selective_recomputes_materialised_attention),
         cmocka_unit_test(test_materialised_attention_runs_at_cp1),
+        cmocka_unit_test(test_fp8_linear_inputs_kept_in_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

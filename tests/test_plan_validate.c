@@ -108,8 +108,12 @@ static void test_ds3_activations(void **state) {
     (void)state;
     nl_arch a;
     assert_int_equal(nl_catalog_find_model(&cat, "deepseek-v3", &a), NL_OK);
-    nl_act_opts o = {
-        .tp = 1, .flash = 1, .recompute = NL_RECOMPUTE_SELECTIVE, .seq = 4096, .bytes_per_elem = 2, .fp8_cache = 1};
+    nl_act_opts o = {.tp = 1,
+                     .flash = 1,
+                     .recompute = NL_RECOMPUTE_SELECTIVE,
+                     .seq = 4096,
+                     .bytes_per_elem = 2,
+                     .fp8_cache = NL_FP8_CACHE_DS3};
     nl_act_layer l;
     nl_plan_act_layer(&a, &o, &l);
     double moe = 58.0 / 61.0, dense = 3.0 / 61.0;
@@ -117,7 +121,7 @@ static void test_ds3_activations(void **state) {
                   moe * 2 * 9 * 2048 + dense * 2 * 18432 + moe * 4 * 256;
     assert_true(fabs(l.bytes_per_token - want) < 1e-6 * want);
     /* Without the recipe the same layer keeps the bf16 walk: more than twice as much. */
-    o.fp8_cache = 0;
+    o.fp8_cache = NL_FP8_CACHE_NONE;
     nl_act_layer b;
     nl_plan_act_layer(&a, &o, &b);
     assert_true(b.bytes_per_token > 2 * l.bytes_per_token);

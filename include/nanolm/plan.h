@@ -150,6 +150,11 @@ typedef struct nl_act_term {
 } nl_act_term;
 
 #define NL_ACT_MAX_TERMS 20
+/* What an FP8 recipe keeps in FP8 for backward: nothing (bf16, fp32), Transformer Engine's
+ * per-tensor recipe (each linear's input), DeepSeek-V3's (FP8 linear inputs, recomputed norms and
+ * MLA up-projections, with selective recomputation). */
+enum { NL_FP8_CACHE_NONE = 0, NL_FP8_CACHE_DS3 = 1, NL_FP8_CACHE_TE = 2 };
+
 typedef struct nl_act_opts {
     int64_t tp; /* tensor-parallel degree (>= 1) */
     int sp;     /* sequence parallelism (shards the norm regions by tp) */
@@ -158,8 +163,7 @@ typedef struct nl_act_opts {
     double seq;            /* sequence length (scores without flash) */
     double bytes_per_elem; /* 2 for bf16 */
     nl_family fam;         /* zero = llama */
-    int fp8_cache;         /* DeepSeek-V3's recipe: FP8 linear inputs, recomputed norms and MLA
-                            up-projections (with selective recomputation; memory.c) */
+    int fp8_cache;         /* NL_FP8_CACHE_*: which tensors an FP8 recipe keeps in FP8 (memory.c) */
     int distribute_saved;  /* full recomputation: the checkpoint split over the tp ranks */
 } nl_act_opts;
 
@@ -489,9 +493,9 @@ typedef struct nl_valid_case {
     char command[640];  /* the user command ("" for collectives) */
     char gpu[32];       /* --gpu of the command ("" when none) */
     double published, predicted;
-    double err;  /* signed relative error: predicted / published - 1 */
-    int fits;    /* training cases: the published layout fits in memory; -1 elsewhere */
-    int formula; /* the published figure is the source's own formula (memory accounting) */
+    double err;                            /* signed relative error: predicted / published - 1 */
+    int fits;                              /* training cases: the published layout fits in memory; -1 elsewhere */
+    int formula;                           /* the published figure is the source's own formula (memory accounting) */
     double predicted_holdout, err_holdout; /* leave-one-source-out (= in sample for uncalibrated groups) */
     double gemm_eff_holdout;               /* the GEMM efficiency fit without this case's source (0: none) */
 } nl_valid_case;

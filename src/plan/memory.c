@@ -166,7 +166,7 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
     double F = (dense_layers * (double)a->hidden_dim +
                 moe_layers * (double)(a->top_k + a->n_shared_experts) * (double)a->expert_hidden_dim) /
                (double)a->n_layers;
-    if (o->fp8_cache && o->recompute == NL_RECOMPUTE_SELECTIVE) {
+    if (o->fp8_cache == NL_FP8_CACHE_DS3 && o->recompute == NL_RECOMPUTE_SELECTIVE) {
         act_ds3(a, o, F, moe_layers / (double)a->n_layers, L);
         for (int i = 0; i < L->n; i++) L->bytes_per_token += L->terms[i].bytes;
         /* While a layer is recomputed its full bf16 set is live, as without the recipe. */
@@ -178,10 +178,18 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
         return;
     }
     double mask = f->dropout ? 1.0 : 0.0; /* bytes per element of a dropout mask */
+    /* Transformer Engine's FP8 linears keep the FP8 cast of their input for the weight-gradient
+     * GEMM, not the bf16 tensor (transformer_engine/pytorch/module/linear.py, _Linear.forward:
+     * "if fp8 ...: saved_inputmat = inputmat", the quantized input; LayerNormLinear saves its
+     * FP8 norm output likewise): the qkv, fc1 and fc2 inputs take 1 byte. The attention output
+     * stays in bf16 for the attention kernel's own backward (FlashAttention keeps O), so the
+     * output projection adds its 1-byte copy to it. */
+    double g = o->fp8_cache == NL_FP8_CACHE_TE ? 1.0 : e; /* a GEMM input as the linear keeps it */
+    double wo = o->fp8_cache == NL_FP8_CACHE_TE ? e + 1.0 : e;
     int keep_scores = o->recompute == NL_RECOMPUTE_NONE && !o->flash;
 
     add(L, "attn norm input", e * D, sp);
-    add(L, "qkv input (norm output)", e * D, sp);
+    add(L, "qkv input (norm output)", g * D, sp);
     add(L, "Q and K (after RoPE)", e * q + e * kv, 1.0);
     L->terms[L->n - 1].bytes = e * q / t + e * kv / kvdiv;
     add(L, "V", e * kv, kvdiv);
@@ -194,16 +202,16 @@ void nl_plan_act_layer(const nl_arch *a, const nl_act_opts *o, nl_act_layer *L) 
     } else if (o->flash && o->recompute != NL_RECOMPUTE_FULL) {
         add(L, "softmax log-sum-exp (fp32)", 4.0 * heads, t);
     }
-    add(L, "wo input (attention output)", e * q, t);
+    add(L, "wo input (attention output)", wo * q, t);
     if (mask > 0) add(L, "attention dropout mask", mask * D, sp);
     add(L, "mlp norm input", e * D, sp);
-    add(L, "fc1 input (norm output)", e * D, sp);
+    add(L, "fc1 input (norm output)", g * D, sp);
     if (f->gelu_mlp) {
         add(L, "GeLU input (fc1 output)", e * F, t);
-        add(L, "GeLU output (fc2 input)", e * F, t);
+        add(L, "GeLU output (fc2 input)", g * F, t);
     } else {
         add(L, "gate and up (w1, w3 outputs)", e * 2 * F, t);
-        add(L, "SwiGLU output (w2 input)", e * F, t);
+        add(L, "SwiGLU output (w2 input)", g * F, t);
     }
     if (mask > 0) add(L, "mlp dropout mask", mask * D, sp);
     if (moe_layers > 0)

@@ -541,7 +541,9 @@ static void eval_memory(const nl_train_req *q, const nl_layout *L, const layout_
                       .seq = (double)q->seq,
                       .bytes_per_elem = q->eff.fp32_gemm ? 4 : 2,
                       .fam = q->fam,
-                      .fp8_cache = !strcmp(q->recipe.name, "fp8-ds3"),
+                      .fp8_cache = !strcmp(q->recipe.name, "fp8-ds3") ? NL_FP8_CACHE_DS3
+                                   : !strcmp(q->recipe.name, "fp8")   ? NL_FP8_CACHE_TE
+                                                                      : NL_FP8_CACHE_NONE,
                       .distribute_saved = dist_saved(q, L)};
     nl_act_layer al;
     nl_plan_act_layer(a, &ao, &al);
