@@ -42,12 +42,11 @@ static void test_set_shape(void **state) {
 }
 
 /* The figures on the whole set, one set of defaults for every case (in sample: the constants
- * are the catalog's). Training median 8.4% (guard 9%); eight cases over 30%: FlashAttention-2's
+ * are the catalog's). Training median 8.7% (guard 9%); four cases over 30%: FlashAttention-2's
  * baseline without FlashAttention for GPT3-1.3B at 8k (+53.9%) and LLaMA-1 65B (+30.1%), whose
- * layouts plan train chooses, and six of the runs added unseen (NeMo and Megatron-Bridge H100/B200
- * FP8, Llama 2's GPU-hours: the planner 34-43% slow); memory cases whose accounting the source
- * spells out within 3%, serving median <= 10% (8.4%), every published layout fitting
- * (docs/validation.md gives the figures). */
+ * layouts plan train chooses, NeMo's Llama 2 70B SFT on 16 H100 (-43.2%) and Llama 2 13B's
+ * GPU-hours (-34.8%); memory cases whose accounting the source spells out within 3%, serving
+ * median <= 10% (8.4%), every published layout fitting (docs/validation.md gives the figures). */
 static void test_targets(void **state) {
     (void)state;
     nl_valid_result r;
@@ -58,11 +57,11 @@ static void test_targets(void **state) {
                          *c = group(&r, "collective");
     assert_true(m->n_formula >= 20);
     assert_true(m->worst_formula_abs <= 0.03);
-    assert_true(t->median_abs <= 0.09); /* reached 8.4% */
+    assert_true(t->median_abs <= 0.09); /* reached 8.7% */
     int over = 0;
     for (size_t i = 0; i < r.n; i++)
         if (!strcmp(r.cases[i].group, "train") && fabs(r.cases[i].err) > 0.30) over++;
-    assert_true(over <= 8);            /* the eight named above */
+    assert_true(over <= 4);            /* the four named above */
     assert_true(t->worst_abs <= 0.60); /* reached 53.9% */
     assert_true(s->median_abs <= 0.10);
     assert_true(r.n_nofit == 0);
@@ -240,10 +239,11 @@ static void test_cli(void **state) {
 
 /* Leave-one-source-out: the GEMM efficiency of each GPU generation refit on every source but the
  * case's own, through the commands' --gemm-eff. Issue 33's targets: training median <= 8% (met:
- * 7.7% on 88 cases), memory <= 5% (met: 1.3%), no published layout rejected (met: 0). Missed, and
- * guarded at the level reached, nothing tuned: every training case <= 30% (eight over, worst
+ * 7.7% on 89 cases), memory <= 5% (met: 1.3%), no published layout rejected (met: 0). Missed, and
+ * guarded at the level reached, nothing tuned: every training case <= 30% (four over, worst
  * +58.1%, FlashAttention-2's GPT3-1.3B at 8k without FlashAttention) and serving median <= 12%
- * (12.03%: the TensorRT-LLM Llama-2-70B rows with 2,048 outputs and OCI's MI300X batches >= 128). */
+ * (12.03%: the TensorRT-LLM Llama-2-70B rows with 2,048 outputs, OCI's MI300X batches >= 128, and
+ * TensorRT-LLM's H100 prefill priced with the Hopper constant fit on training runs). */
 static void test_holdout_targets(void **state) {
     (void)state;
     nl_valid_result r;
@@ -258,7 +258,7 @@ static void test_holdout_targets(void **state) {
     int over = 0;
     for (size_t i = 0; i < r.n; i++)
         if (!strcmp(r.cases[i].group, "train") && fabs(r.cases[i].err_holdout) > 0.30) over++;
-    assert_true(over <= 8);
+    assert_true(over <= 4);
     assert_true(t->worst_abs <= 0.60);
     assert_true(m->worst_abs <= 0.05);
     assert_true(s->median_abs <= 0.125); /* target 0.12, missed: 0.1203 */
