@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "cli_model.h"
 #include "cli_opt.h"
 #include "nanolm/emergence.h"
 #include "nanolm/isoflop.h"
@@ -392,24 +391,7 @@ static int lrt_parse(int argc, char **argv, lrt_args *a) {
     return 0;
 }
 
-/* The losses of both parametrisations and the best learning rate per width. */
-typedef struct lrt_result {
-    double sp[8 * 16], mu[8 * 16]; /* [width][lr] */
-    int best_sp[8], best_mu[8];
-    double fb[2][8], lo[2], hi[2]; /* refined best index per width; its range over the widths */
-} lrt_result;
-
-static void lrt_best(const lrt_args *a, lrt_result *x) {
-    x->lo[0] = x->lo[1] = 99;
-    x->hi[0] = x->hi[1] = -1;
-    for (int i = 0; i < a->n_w; i++) {
-        x->best_sp[i] = nl_argmin(x->sp + i * a->n_lr, a->n_lr);
-        x->best_mu[i] = nl_argmin(x->mu + i * a->n_lr, a->n_lr);
-        x->fb[0][i] = nl_argmin_interp(x->sp + i * a->n_lr, a->n_lr);
-        x->fb[1][i] = nl_argmin_interp(x->mu + i * a->n_lr, a->n_lr);
-        for (int k = 0; k < 2; k++) x->lo[k] = fmin(x->lo[k], x->fb[k][i]), x->hi[k] = fmax(x->hi[k], x->fb[k][i]);
-    }
-}
+typedef nl_lr_transfer lrt_result;
 
 /* Text: one row per learning rate, two columns per width. JSON: one row per width. */
 static void lrt_report_tables(nl_report *r, const lrt_args *a, const lrt_result *x) {
@@ -504,12 +486,10 @@ int nl_cmd_scaling_lr_transfer(int argc, char **argv) {
     memset(&d, 0, sizeof d);
     if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, a.data, &tok)) return nl_cli_fail("scaling lr-transfer");
     lrt_result *x = nl_calloc(1, sizeof *x, "lr-transfer losses");
-    if (!x || nl_lr_sweep(&d, a.widths, a.n_w, a.lrs, a.n_lr, a.layers, a.steps, 8, 32, 100, 0, 11, x->sp) ||
-        nl_lr_sweep(&d, a.widths, a.n_w, a.lrs, a.n_lr, a.layers, a.steps, 8, 32, 100, a.base, 11, x->mu)) {
+    if (!x || nl_lr_transfer_run(&d, a.widths, a.n_w, a.lrs, a.n_lr, a.layers, a.steps, a.base, x)) {
         rcode = nl_cli_fail("scaling lr-transfer");
         goto done;
     }
-    lrt_best(&a, x);
     nl_report *r = nl_report_new("scaling lr-transfer");
     nl_report_int(r, "base_width", "", a.base, NULL);
     nl_report_nums(r, "lrs", "", a.lrs, a.n_lr, NULL, NULL);
@@ -609,23 +589,9 @@ static int emg_paths(const emg_args *a, char (*paths)[1100], int *n_ck) {
     return 0;
 }
 
-/* Scores one checkpoint; k = the longest exact match its context allows (at most KMAX). */
+/* Scores one checkpoint (nl_emergence_eval_file) and names its row after the file. */
 static nl_status emg_eval(const emg_args *a, const char *path, emg_row *row, int *kmax) {
-    nl_model m;
-    nl_tokenizer tok;
-    nl_data d;
-    memset(&d, 0, sizeof d);
-    NL_TRY(nl_cli_load_model(path, NULL, &m, &tok));
-    int64_t T = m.arch.seq_len;
-    int k = (int)(T - 1 < NL_EMERGENCE_KMAX ? T - 1 : NL_EMERGENCE_KMAX);
-    *kmax = k < *kmax ? k : *kmax;
-    nl_status st = nl_data_open(&d, a->data, &tok);
-    if (!st) st = nl_model_alloc_acts(&m, 8, T);
-    if (!st) st = nl_emergence_eval(&m, &d, a->split ? NL_DATA_TRAIN : NL_DATA_VAL, 8, T, a->windows, k, &row->e);
-    nl_data_free(&d);
-    nl_tokenizer_free(&tok);
-    nl_model_free(&m);
-    if (st) return st;
+    NL_TRY(nl_emergence_eval_file(path, a->data, a->split ? NL_DATA_TRAIN : NL_DATA_VAL, a->windows, kmax, &row->e));
     const char *base = strrchr(path, '/');
     snprintf(row->name, sizeof row->name, "%.255s", base ? base + 1 : path);
     fprintf(stderr, "  %s: loss %.4f, accuracy %.4f\n", row->name, row->e.mean_loss, row->e.accuracy);
