@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/format_study.h"
 #include "nanolm/fp8_study.h"
 #include "nanolm/quant_compare.h"
 #include "nanolm/quant_study.h"
@@ -128,11 +129,31 @@ static void test_qc_schemes(void **s) {
     assert_int_equal(nl_qc_parse_schemes("bogus", rows, 4, &n), NL_ERR_INVALID);
 }
 
+/* 0.1 in E4M3 is 0.1015625 (the neighbours 0.09375 and 0.1015625); a bf16 sum of 0.01 stalls
+ * long before 1000 additions, and promoting every 64 additions keeps it near 10. */
+static void test_format_cast_and_sum(void **s) {
+    (void)s;
+    nl_fmt_cast_result c;
+    assert_int_equal(nl_fmt_cast(NL_FMT_E4M3, 0.1f, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 1, &c), NL_OK);
+    assert_true(c.decoded == 0.1015625);
+    assert_true(fabs(c.abs_err - fabs(0.1015625 - (double)0.1f)) < 1e-12);
+    assert_true(c.below == 0.09375 && c.above == 0.1015625);
+    nl_fmt_sum_result r;
+    assert_int_equal(nl_fmt_repeated_sum(NL_FMT_BF16, 0.01f, 1000, 0, &r), NL_OK);
+    assert_true(r.result < 5 && r.last_change < 1000);
+    assert_true(r.traj[999] == r.result);
+    free(r.traj);
+    assert_int_equal(nl_fmt_repeated_sum(NL_FMT_BF16, 0.01f, 1000, 64, &r), NL_OK);
+    assert_true(r.result > 9.5 && r.result < 10.5); /* the partial sums stay small enough to count every step */
+    free(r.traj);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fp8_study_rows),  cmocka_unit_test(test_fp8_study_sweep),
-        cmocka_unit_test(test_quant_demo),      cmocka_unit_test(test_quant_outliers),
-        cmocka_unit_test(test_train_log_curve), cmocka_unit_test(test_qc_schemes),
+        cmocka_unit_test(test_fp8_study_rows),      cmocka_unit_test(test_fp8_study_sweep),
+        cmocka_unit_test(test_quant_demo),          cmocka_unit_test(test_quant_outliers),
+        cmocka_unit_test(test_train_log_curve),     cmocka_unit_test(test_qc_schemes),
+        cmocka_unit_test(test_format_cast_and_sum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
