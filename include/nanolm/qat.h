@@ -15,7 +15,7 @@
 #ifndef NANOLM_QAT_H
 #define NANOLM_QAT_H
 
-#include "nanolm/model.h"
+#include "nanolm/linear_hook.h"
 #include "nanolm/quant.h"
 
 #ifdef __cplusplus
@@ -23,12 +23,11 @@ extern "C" {
 #endif
 
 typedef struct nl_qat {
-    nl_model *model;    /* borrowed; model->linear_ops == &ops while installed */
-    nl_quant_spec spec; /* symmetric absmax, per channel or per block */
-    nl_qtensor *qt;     /* (L, 4) one per fused site: qkv, o, gate_up, down */
-    float *wq;          /* (n_params) fake-quantized weights at each site's offset */
-    nl_linear_ops ops;
-    nl_linear_ops *prev_ops;  /* restored by nl_qat_remove */
+    nl_model *model;          /* borrowed; model->linear_ops == &ops while installed */
+    nl_quant_spec spec;       /* symmetric absmax, per channel or per block */
+    nl_qtensor *qt;           /* (L, 4) one per fused site: qkv, o, gate_up, down */
+    float *wq;                /* (n_params) fake-quantized weights at each site's offset */
+    nl_linear_hook hook;      /* installed as model->linear_ops over the previous hook (restored on remove) */
     int64_t fake_quant_calls; /* weight fake-quantizations done (one per site per forward) */
     nl_status status;         /* first failure inside a hook (hooks cannot return one) */
     char error[256];

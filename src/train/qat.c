@@ -29,20 +29,11 @@ nl_status nl_qat_parse(const char *name, nl_quant_spec *spec) {
 
 static int qat_site(const nl_linear_site *s) { return s->kind != NL_LIN_CLS && s->layer >= 0; }
 
-/* Runs the model's default linear (q's hook uninstalled for the call). */
-static void default_forward(nl_qat *q, const nl_linear_site *s, float *out, const float *in, const float *w, int64_t n,
-                            int64_t in_dim, int64_t out_dim) {
-    nl_linear_ops *mine = q->model->linear_ops;
-    q->model->linear_ops = q->prev_ops;
-    nl_linear_forward(q->model, s, out, in, w, n, in_dim, out_dim);
-    q->model->linear_ops = mine;
-}
-
 static void qat_forward(void *user, const nl_linear_site *s, float *out, const float *in, const float *w, int64_t n,
                         int64_t in_dim, int64_t out_dim) {
     nl_qat *q = user;
     if (!qat_site(s)) {
-        default_forward(q, s, out, in, w, n, in_dim, out_dim);
+        nl_linear_hook_forward_prev(&q->hook, s, out, in, w, n, in_dim, out_dim); /* the previous hook */
         return;
     }
     nl_qtensor *qt = &q->qt[(int64_t)s->layer * 4 + (int64_t)s->kind];
@@ -62,7 +53,7 @@ static void qat_forward(void *user, const nl_linear_site *s, float *out, const f
         return;
     }
     q->fake_quant_calls++;
-    default_forward(q, s, out, in, wq, n, in_dim, out_dim);
+    nl_linear_hook_forward_prev(&q->hook, s, out, in, wq, n, in_dim, out_dim);
 }
 
 static void qat_backward(void *user, const nl_linear_site *s, float *din, float *dw, const float *dout, const float *in,
@@ -72,10 +63,7 @@ static void qat_backward(void *user, const nl_linear_site *s, float *din, float 
      * happens between a forward and its backward); the weight gradient dy^T . x does not
      * depend on the weights and is accumulated into the master weights' gradient as is. */
     const float *wb = qat_site(s) ? q->wq + s->weight_offset : w;
-    nl_linear_ops *mine = q->model->linear_ops;
-    q->model->linear_ops = q->prev_ops;
-    nl_linear_backward(q->model, s, din, dw, dout, in, wb, n, in_dim, out_dim);
-    q->model->linear_ops = mine;
+    nl_linear_hook_backward_prev(&q->hook, s, din, dw, dout, in, wb, n, in_dim, out_dim);
 }
 
 nl_status nl_qat_install(nl_qat *q, nl_model *m, const nl_quant_spec *spec) {
@@ -106,17 +94,13 @@ nl_status nl_qat_install(nl_qat *q, nl_model *m, const nl_quant_spec *spec) {
             }
         }
     }
-    q->ops.forward = qat_forward;
-    q->ops.backward = qat_backward;
-    q->ops.user = q;
-    q->prev_ops = m->linear_ops;
-    m->linear_ops = &q->ops;
+    nl_linear_hook_install(&q->hook, m, qat_forward, qat_backward, q);
     return NL_OK;
 }
 
 void nl_qat_remove(nl_qat *q) {
     if (!q) return;
-    if (q->model && q->model->linear_ops == &q->ops) q->model->linear_ops = q->prev_ops;
+    nl_linear_hook_remove(&q->hook);
     if (q->qt && q->model)
         for (int64_t i = 0; i < q->model->L * 4; i++) nl_qtensor_free(&q->qt[i]);
     nl_free(q->qt);
