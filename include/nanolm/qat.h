@@ -15,6 +15,7 @@
 #ifndef NANOLM_QAT_H
 #define NANOLM_QAT_H
 
+#include "nanolm/data.h"
 #include "nanolm/linear_hook.h"
 #include "nanolm/quant.h"
 
@@ -72,6 +73,19 @@ typedef struct nl_qat_recovery {
  * NAN and `why` says which. A NaN or infinite loss gives NAN with its own reason.
  */
 nl_qat_recovery nl_qat_recovered(double fp32_start, double rtn_start, double qat_end, double fp32_end);
+
+/* The validation losses around a QAT run (windows of (B, T), the first `windows` of the split):
+ * the starting weights in fp32 and fake-quantized (= RTN), and after training fake-quantized and
+ * with the fp32 master weights alone. */
+typedef struct nl_qat_losses {
+    double fp32_start, rtn_start, end, fp32_end;
+} nl_qat_losses;
+
+/* Measures l->fp32_start, installs q on m (nl_qat_install) and measures l->rtn_start. */
+nl_status nl_qat_begin(nl_qat *q, nl_model *m, const nl_quant_spec *spec, const nl_data *d, int64_t B, int64_t T,
+                       int64_t windows, nl_qat_losses *l);
+/* Measures l->end, removes q (nl_qat_remove) and measures l->fp32_end. */
+nl_status nl_qat_end(nl_qat *q, const nl_data *d, int64_t B, int64_t T, int64_t windows, nl_qat_losses *l);
 
 #ifdef __cplusplus
 }

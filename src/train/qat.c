@@ -1,6 +1,7 @@
 /* Quantization-aware training: fake-quantized linears with the straight-through estimator
  * (see nanolm/qat.h). */
 #include "nanolm/qat.h"
+#include "nanolm/train.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -144,4 +145,20 @@ nl_qat_recovery nl_qat_recovered(double fp32_start, double rtn_start, double qat
     else
         r.fraction = (rtn_start - qat_end) / r.rtn_delta;
     return r;
+}
+
+nl_status nl_qat_begin(nl_qat *q, nl_model *m, const nl_quant_spec *spec, const nl_data *d, int64_t B, int64_t T,
+                       int64_t windows, nl_qat_losses *l) {
+    NL_TRY(nl_eval_loss(m, d, NL_DATA_VAL, B, T, windows, &l->fp32_start, NULL));
+    NL_TRY(nl_qat_install(q, m, spec));
+    return nl_eval_loss(m, d, NL_DATA_VAL, B, T, windows, &l->rtn_start, NULL);
+}
+
+nl_status nl_qat_end(nl_qat *q, const nl_data *d, int64_t B, int64_t T, int64_t windows, nl_qat_losses *l) {
+    nl_model *m = q->model;
+    if (!m) return nl_fail(NL_ERR_INVALID, "qat: not installed");
+    nl_status rc = nl_eval_loss(m, d, NL_DATA_VAL, B, T, windows, &l->end, NULL);
+    nl_qat_remove(q);
+    if (!rc) rc = nl_eval_loss(m, d, NL_DATA_VAL, B, T, windows, &l->fp32_end, NULL);
+    return rc;
 }
