@@ -1,11 +1,8 @@
 /* nanolm scaling sweep: a mini-Chinchilla IsoFLOP study on NanoLM with approach 2 and 3 fits. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "cli_opt.h"
@@ -15,7 +12,7 @@
 #include "nanolm/scaling.h"
 #include "nanolm/tokenizer.h"
 #include "nanolm/svg.h"
-#include "nanolm/sweep.h"
+#include "nanolm/sweep_jobs.h"
 #include "report.h"
 #include "scaling_lab.h"
 
@@ -85,31 +82,35 @@ static int sweep_plan(const nl_sweep_grid *g, int json) {
                                             {"D", "D tokens", "%-.0f"},
                                             {"tokens_per_param", "D/N", "%-.1f"},
                                             {"steps", "steps", "%-.0f"}});
+    nl_sweep_plan_row runs[NL_SWEEP_MAX_BUDGETS * NL_SWEEP_MAX_SHAPES];
+    int n = nl_sweep_plan(g, runs);
     double tok = 0;
-    for (int b = 0; b < g->n_budgets; b++)
-        for (int s0, ns = nl_sweep_budget_shapes(g, b, &s0), s = s0; s < s0 + ns; s++) {
-            nl_arch a;
-            nl_sweep_arch(g->dims[s], g->layers[s], g->seq, &a);
-            nl_arch_params ap;
-            nl_arch_count_params(&a, &ap);
-            double N = (double)ap.non_embedding, D = g->budgets_flops[b] / (6 * N);
-            char run[32];
-            snprintf(run, sizeof run, "c%d_n%d", b, s);
-            tok += D;
-            nl_report_cell_str(r, run);
-            nl_report_cell_num(r, g->budgets_flops[b]);
-            nl_report_cell_int(r, g->dims[s]);
-            nl_report_cell_int(r, g->layers[s]);
-            nl_report_cell_num(r, N);
-            nl_report_cell_num(r, D);
-            nl_report_cell_num(r, D / N);
-            nl_report_cell_num(r, D / (double)(g->batch * g->seq));
-            nl_report_row_end(r);
-        }
+    for (int i = 0; i < n; i++) {
+        const nl_sweep_plan_row *x = &runs[i];
+        tok += x->d;
+        nl_report_cell_str(r, x->run);
+        nl_report_cell_num(r, x->budget_flops);
+        nl_report_cell_int(r, x->dim);
+        nl_report_cell_int(r, x->layers);
+        nl_report_cell_num(r, x->n);
+        nl_report_cell_num(r, x->d);
+        nl_report_cell_num(r, x->d / x->n);
+        nl_report_cell_num(r, x->steps);
+        nl_report_row_end(r);
+    }
     nl_report_num(r, "total_tokens", "", tok, NULL, NULL);
     nl_report_note(r, "total %.3g training tokens (batch %lld x seq %lld, lr %g)", tok, (long long)g->batch,
                    (long long)g->seq, g->lr);
     return nl_report_print(r, json);
+}
+
+/* A worker's failure (worker -1: a fork that failed). */
+static void worker_error(void *user, int w, const char *message) {
+    (void)user;
+    if (w < 0)
+        fprintf(stderr, "nanolm: scaling sweep: %s\n", message);
+    else
+        fprintf(stderr, "nanolm: scaling sweep (worker %d): %s\n", w, message);
 }
 
 /* Trains the grid's unfinished runs: in this process (--jobs 1) or in J forked workers. */
@@ -120,40 +121,10 @@ static int sweep_train(const nl_sweep_grid *g, const sweep_args *a) {
             g->n_budgets, n_runs, (long long)a->jobs, a->jobs > 1 ? "s" : "", a->dir);
     nl_sweep_progress p = {progress, NULL};
     double t0 = nl_time_s();
-    if (a->jobs == 1) {
-        if (nl_sweep_run(g, a->data, a->dir, &p)) return nl_cli_fail("scaling sweep");
-    } else {
-        /* workers are forked before this process runs any parallel region */
-        pid_t pids[16] = {0};
-        int failed = 0;
-        for (int w = 0; w < a->jobs; w++) {
-            fflush(NULL);
-            pids[w] = fork();
-            if (pids[w] < 0) {
-                fprintf(stderr, "nanolm: scaling sweep: fork: %s\n", strerror(errno));
-                failed = 1;
-                break;
-            }
-            if (pids[w] == 0) {
-                nl_set_threads(1);
-                nl_status rc = nl_sweep_run_worker(g, a->data, a->dir, &p, 1);
-                if (rc) fprintf(stderr, "nanolm: scaling sweep (worker %d): %s\n", w, nl_last_error());
-                fflush(NULL);
-                _exit(rc ? NL_EXIT_FAIL : NL_EXIT_OK);
-            }
-        }
-        for (int w = 0; w < a->jobs; w++) {
-            if (pids[w] <= 0) continue;
-            int st = 0;
-            while (waitpid(pids[w], &st, 0) < 0 && errno == EINTR) {}
-            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
-        }
-        if (failed) {
-            fprintf(stderr,
-                    "nanolm: scaling sweep: a worker failed (finished runs are in %s/sweep.csv; run again to resume)\n",
-                    a->dir);
-            return NL_EXIT_FAIL;
-        }
+    if (nl_sweep_run_jobs(g, a->data, a->dir, &p, (int)a->jobs, worker_error, NULL)) {
+        if (a->jobs == 1) return nl_cli_fail("scaling sweep");
+        fprintf(stderr, "nanolm: scaling sweep: %s\n", nl_last_error());
+        return NL_EXIT_FAIL;
     }
     fprintf(stderr, "scaling sweep: training took %.1f s wall\n", nl_time_s() - t0);
     return NL_EXIT_OK;

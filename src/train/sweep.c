@@ -250,6 +250,25 @@ static nl_status csv_append(const char *csv, const char *lock_path, const nl_swe
     return rc;
 }
 
+int nl_sweep_plan(const nl_sweep_grid *g, nl_sweep_plan_row *rows) {
+    int n = 0;
+    for (int b = 0; b < g->n_budgets; b++)
+        for (int s0, ns = nl_sweep_budget_shapes(g, b, &s0), s = s0; s < s0 + ns; s++) {
+            nl_arch a;
+            nl_sweep_arch(g->dims[s], g->layers[s], g->seq, &a);
+            nl_arch_params ap;
+            nl_arch_count_params(&a, &ap);
+            nl_sweep_plan_row *r = &rows[n++];
+            r->budget_flops = g->budgets_flops[b];
+            r->dim = g->dims[s], r->layers = g->layers[s];
+            r->n = (double)ap.non_embedding;
+            r->d = g->budgets_flops[b] / (6 * r->n);
+            r->steps = r->d / (double)(g->batch * g->seq);
+            snprintf(r->run, sizeof r->run, "c%d_n%d", b, s);
+        }
+    return n;
+}
+
 int nl_sweep_budget_shapes(const nl_sweep_grid *g, int b, int *first) {
     int f = g->budget_shapes[b] > 0 ? g->first_shape[b] : 0;
     int n = g->budget_shapes[b] > 0 ? g->budget_shapes[b] : g->n_shapes;
