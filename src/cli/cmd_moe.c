@@ -2,7 +2,6 @@
  * trained by the one training loop (nl_trainer_run) through the layout's hooks (nl_ep_layout):
  * schedule, warmup, validation, checkpoints, log and SIGTERM handling come from there. */
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +14,6 @@
 #include "nanolm/moe_stats.h"
 #include "nanolm/tokenizer.h"
 
-/* SIGTERM / SIGINT during training (src/cli/cmd_train.c): finish the step, save, exit 0. */
-extern volatile int nl_train_stop_signal;
-void nl_train_catch_stop_signals(int on);
 
 /* What the command line asks for. */
 typedef struct moe_args {
@@ -278,10 +274,7 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
         if (tk) nl_report_nums(rep, "tokens_per_expert", "", tk, (int)ntk, NULL, NULL); /* of the last step */
         free(tk);
     }
-    if (tn.stopped && x->R == 0 && !g->json)
-        printf("stopped by %s after step %lld of %lld%s%s\n", tn.stopped == SIGINT ? "SIGINT" : "SIGTERM",
-               (long long)tn.step, (long long)g->tr.steps,
-               g->tr.out ? "; resume with --resume " : " (no --out: nothing saved)", g->tr.out ? g->tr.out : "");
+    if (x->R == 0 && !g->json) nl_cli_train_stopped(&tn, &g->tr);
     if (x->R == 0 && !g->json && g->tr.out) printf("saved %s after step %lld\n", g->tr.out, (long long)tn.step);
     nl_comm_max_double(x->w, &el);
     if (g->mem && report_memory(x, rep)) {

@@ -132,9 +132,6 @@ static void fault_before_grads(void *u, int64_t step) {
     exit(3);
 }
 
-/* SIGTERM / SIGINT during training (src/cli/cmd_train.c): finish the step, save, exit 0. */
-extern volatile int nl_train_stop_signal;
-void nl_train_catch_stop_signals(int on);
 
 static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     step_probe *p = user;
@@ -497,10 +494,7 @@ static int run_train(par_cli *A, par_run *x) {
     nl_train_catch_stop_signals(0);
     if (trc) return nl_cli_fail("parallel train");
     const nl_trainer *tn = &x->tn;
-    if (tn->stopped && R == 0 && !json)
-        printf("stopped by %s after step %lld of %lld%s%s\n", tn->stopped == SIGINT ? "SIGINT" : "SIGTERM",
-               (long long)tn->step, (long long)tr->steps,
-               tr->out ? "; resume with --resume " : " (no --out: nothing saved)", tr->out ? tr->out : "");
+    if (R == 0 && !json) nl_cli_train_stopped(tn, tr);
     if (R == 0 && A->log_csv && nl_train_log_write_csv(tn, A->log_csv)) return nl_cli_fail("parallel train: --log");
     if (R == 0 && !json && tr->out) printf("saved %s after step %lld\n", tr->out, (long long)tn->step);
     double wall = nl_time_s() - t0;
