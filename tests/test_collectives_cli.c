@@ -1,6 +1,7 @@
 /* `nanolm collectives`: the course demo as one rank (no mpirun) and under mpirun -np 4, the
  * bench's JSON, bad options, and the bad day: a rank that exits or crashes in the middle of a
- * collective must end the whole job (non-zero status, a message naming the rank), not hang. */
+ * collective must end the whole job (non-zero status, a message naming the rank), not hang; and
+ * the library under the command (nanolm/coll_bench.h) on one rank. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "nanolm/base.h"
+#include "nanolm/coll_bench.h"
 #include "testutil.h"
 
 /* Runs `mpirun -np np nanolm <args>` under `timeout` (a hang shows as status 124); returns the
@@ -159,6 +161,37 @@ static void test_rank_dies_mid_collective(void **state) {
     }
 }
 
+/* One rank: the demo holds (1) and sends nothing; the benchmark times every row and fits. */
+/* The library under the command. */
+static void test_coll_one_rank(void **s) {
+    (void)s;
+    assert_int_equal(nl_comm_init(NULL, NULL), NL_OK);
+    nl_comm *w = nl_comm_world();
+    nl_coll_demo d;
+    assert_int_equal(nl_coll_demo_run(w, NL_COMM_OURS, NL_COMM_F32, NULL, NULL, &d), NL_OK);
+    assert_int_equal(d.p, 1);
+    assert_true(d.rows[0] == 1.0 && d.rows[NL_COLL_DEMO_NF] == 1.0 && d.rows[NL_COLL_DEMO_NF + 1] == 1.0);
+    nl_coll_demo_free(&d);
+    nl_coll_bench_opts o = {.impl_mask = 3, .nops = 2, .nsizes = 2, .reps = 2, .dt = NL_COMM_F32};
+    o.ops[0] = NL_COMM_OP_ALL_REDUCE, o.ops[1] = NL_COMM_OP_BROADCAST;
+    o.sizes[0] = 4096, o.sizes[1] = 65536;
+    nl_coll_bench_row *rows;
+    int nrows;
+    assert_int_equal(nl_coll_bench_run(w, &o, &rows, &nrows), NL_OK);
+    assert_int_equal(nrows, 8); /* 2 ops x 2 sizes x 2 implementations */
+    assert_int_equal(rows[0].impl, NL_COMM_OURS);
+    assert_int_equal(rows[1].impl, NL_COMM_NATIVE);
+    assert_true(rows[2].bytes == 65536 && rows[0].reps == 2);
+    assert_true(isfinite(nl_coll_bench_ratio(rows, nrows, 4))); /* broadcast: busbw factor 1 */
+    assert_true(isnan(nl_coll_bench_ratio(rows, nrows, 5)));    /* native has no pair */
+    nl_coll_fit fits[4];
+    int link;
+    assert_int_equal(nl_coll_bench_fits(&o, rows, nrows, 1, fits, &link), 4);
+    assert_int_equal(link, 1); /* all-reduce native */
+    nl_free(rows);
+    nl_comm_finalize();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_demo_one_rank),
@@ -166,6 +199,7 @@ int main(void) {
         cmocka_unit_test(test_bench_json),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_rank_dies_mid_collective),
+        cmocka_unit_test(test_coll_one_rank),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

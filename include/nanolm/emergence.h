@@ -33,4 +33,11 @@ typedef struct nl_emergence {
 nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T, int64_t windows,
                             int kmax, nl_emergence *out);
 
+/* The same for a model file (nl_model_load: checkpoint, GGUF, model folder, llama2.c .bin) and
+ * a text, tokenized with the file's tokenizer, in batches of 8 windows of the model's context;
+ * k = the longest exact match the context allows (at most NL_EMERGENCE_KMAX). *kmax becomes the
+ * smaller of itself and k. Errors name the file. */
+nl_status nl_emergence_eval_file(const char *ckpt, const char *text, nl_data_split split, int64_t windows, int *kmax,
+                                 nl_emergence *out);
+
 #endif

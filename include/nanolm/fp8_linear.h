@@ -19,7 +19,7 @@
 #define NANOLM_FP8_LINEAR_H
 
 #include "nanolm/fp8.h"
-#include "nanolm/model.h"
+#include "nanolm/linear_hook.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,8 +46,7 @@ typedef struct nl_fp8_linear_stats {
 typedef struct nl_fp8_linear {
     nl_fp8_recipe recipe;
     nl_model *model;
-    nl_linear_ops ops;       /* installed as model->linear_ops */
-    nl_linear_ops *prev_ops; /* what was installed before (restored on remove) */
+    nl_linear_hook hook;     /* installed as model->linear_ops over the previous hook (restored on remove) */
     nl_fp8_delayed *delayed; /* (L * 4 sites, 6 roles) for delayed scaling, else NULL */
     nl_fp8_linear_stats stats;
     nl_status status; /* first failure inside a hook (hooks cannot return one) */

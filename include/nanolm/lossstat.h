@@ -45,4 +45,21 @@ double nl_student_t975(double df);
 nl_status nl_eval_token_losses(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T,
                                int64_t max_windows, float **losses, int64_t *n);
 
+/* What `nanolm eval` measures. kv < 0: the batched evaluation (windows of (B, T), activations
+ * allocated here) with the batch-means statistics (se_batch 0: sqrt(tokens)) and, with a llama2.c
+ * tokenizer (llama2c = 1), the mean split between non-ASCII byte-fallback targets (pieces
+ * <0x80>..<0xFF>) and the rest; kv >= 0: token by token through a KV cache of that nl_kv_dtype
+ * (allocated here), loss only. target_se > 0: the tokens needed for that standard error. */
+typedef struct nl_eval_summary {
+    int64_t scored;
+    double loss; /* mean over all scored tokens */
+    nl_loss_stats st;
+    int show_fb; /* the byte-fallback split applies */
+    int64_t n_fb;
+    double sum_fb, fb_mean, rest_mean, need;
+} nl_eval_summary;
+
+nl_status nl_eval_summary_run(nl_model *m, const nl_data *d, int llama2c, nl_data_split split, int64_t B, int64_t T,
+                              int kv, int64_t max_windows, int64_t se_batch, double target_se, nl_eval_summary *out);
+
 #endif

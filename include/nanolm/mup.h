@@ -51,10 +51,24 @@ void nl_mup_free(nl_mup *mu, nl_model *m, struct nl_adamw *opt);
 nl_status nl_lr_sweep(const nl_data *d, const int64_t *widths, int n_w, const double *lrs, int n_lr, int64_t layers,
                       int64_t steps, int64_t batch, int64_t seq, int64_t val_windows, int64_t base_dim, uint64_t seed,
                       double *loss);
-/* Index of the smallest finite value of x (n); -1 if none. */
-int nl_argmin(const double *x, int n);
 /* The minimum's position refined by the parabola through the smallest value and its two
  * neighbours (grid units, e.g. 2.3 lies between x[2] and x[3]); the plain index at an edge or
  * next to a non-finite value; NaN if no value is finite. */
 double nl_argmin_interp(const double *x, int n);
+
+/* The muP transfer experiment of `nanolm scaling lr-transfer`: nl_lr_sweep at every width and
+ * learning rate (batch 8 x seq 32, 100 validation windows, seed 11), once in the standard
+ * parametrisation and once with muP at base width `base`, and the best learning rate per width. */
+enum { NL_LRT_MAX_WIDTHS = 8, NL_LRT_MAX_LRS = 16 };
+typedef struct nl_lr_transfer {
+    double sp[NL_LRT_MAX_WIDTHS * NL_LRT_MAX_LRS], mu[NL_LRT_MAX_WIDTHS * NL_LRT_MAX_LRS]; /* [width][lr] */
+    int best_sp[NL_LRT_MAX_WIDTHS], best_mu[NL_LRT_MAX_WIDTHS]; /* grid index of the smallest loss */
+    double fb[2][NL_LRT_MAX_WIDTHS]; /* [sp, mup][width]: best index refined by nl_argmin_interp */
+    double lo[2], hi[2];             /* the range of fb over the widths */
+} nl_lr_transfer;
+
+/* NL_ERR_INVALID for more than NL_LRT_MAX_WIDTHS widths or NL_LRT_MAX_LRS rates; nl_lr_sweep's
+ * errors. */
+nl_status nl_lr_transfer_run(const nl_data *d, const int64_t *widths, int n_w, const double *lrs, int n_lr,
+                             int64_t layers, int64_t steps, int64_t base, nl_lr_transfer *x);
 #endif

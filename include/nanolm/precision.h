@@ -44,6 +44,22 @@ nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t 
  * 1 if even S = 1 overflows... returns 0 for empty / all-zero x (any scale works). */
 double nl_underflow_max_scale(const float *x, size_t n, double fmax, double s_max);
 
+/* The study of `nanolm precision underflow`: the gradients of nl_grad_sample counted in four
+ * schemes, fp16 without loss scaling, with GradScaler's initial scale 2^16, with the largest
+ * power-of-two scale (<= 2^24) that overflows neither tensor, and bf16 without scaling.
+ * cnt[0][s]: the linear layers' output gradients, cnt[1][s]: the parameter gradients. */
+enum { NL_UNDERFLOW_SCHEMES = 4 };
+typedef struct nl_underflow_study {
+    nl_format fmt[NL_UNDERFLOW_SCHEMES];
+    double scale[NL_UNDERFLOW_SCHEMES];
+    char label[NL_UNDERFLOW_SCHEMES][48];
+    nl_underflow_counts cnt[2][NL_UNDERFLOW_SCHEMES];
+} nl_underflow_study;
+
+/* Allocates m's activations (B, T) and gradients, samples (as nl_grad_sample) and counts. */
+nl_status nl_underflow_study_run(nl_model *m, const int32_t *tokens, int64_t n, int64_t B, int64_t T, int batches,
+                                 nl_underflow_study *out);
+
 #ifdef __cplusplus
 }
 #endif

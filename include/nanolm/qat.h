@@ -15,7 +15,8 @@
 #ifndef NANOLM_QAT_H
 #define NANOLM_QAT_H
 
-#include "nanolm/model.h"
+#include "nanolm/data.h"
+#include "nanolm/linear_hook.h"
 #include "nanolm/quant.h"
 
 #ifdef __cplusplus
@@ -23,12 +24,11 @@ extern "C" {
 #endif
 
 typedef struct nl_qat {
-    nl_model *model;    /* borrowed; model->linear_ops == &ops while installed */
-    nl_quant_spec spec; /* symmetric absmax, per channel or per block */
-    nl_qtensor *qt;     /* (L, 4) one per fused site: qkv, o, gate_up, down */
-    float *wq;          /* (n_params) fake-quantized weights at each site's offset */
-    nl_linear_ops ops;
-    nl_linear_ops *prev_ops;  /* restored by nl_qat_remove */
+    nl_model *model;          /* borrowed; model->linear_ops == &ops while installed */
+    nl_quant_spec spec;       /* symmetric absmax, per channel or per block */
+    nl_qtensor *qt;           /* (L, 4) one per fused site: qkv, o, gate_up, down */
+    float *wq;                /* (n_params) fake-quantized weights at each site's offset */
+    nl_linear_hook hook;      /* installed as model->linear_ops over the previous hook (restored on remove) */
     int64_t fake_quant_calls; /* weight fake-quantizations done (one per site per forward) */
     nl_status status;         /* first failure inside a hook (hooks cannot return one) */
     char error[256];
@@ -73,6 +73,19 @@ typedef struct nl_qat_recovery {
  * NAN and `why` says which. A NaN or infinite loss gives NAN with its own reason.
  */
 nl_qat_recovery nl_qat_recovered(double fp32_start, double rtn_start, double qat_end, double fp32_end);
+
+/* The validation losses around a QAT run (windows of (B, T), the first `windows` of the split):
+ * the starting weights in fp32 and fake-quantized (= RTN), and after training fake-quantized and
+ * with the fp32 master weights alone. */
+typedef struct nl_qat_losses {
+    double fp32_start, rtn_start, end, fp32_end;
+} nl_qat_losses;
+
+/* Measures l->fp32_start, installs q on m (nl_qat_install) and measures l->rtn_start. */
+nl_status nl_qat_begin(nl_qat *q, nl_model *m, const nl_quant_spec *spec, const nl_data *d, int64_t B, int64_t T,
+                       int64_t windows, nl_qat_losses *l);
+/* Measures l->end, removes q (nl_qat_remove) and measures l->fp32_end. */
+nl_status nl_qat_end(nl_qat *q, const nl_data *d, int64_t B, int64_t T, int64_t windows, nl_qat_losses *l);
 
 #ifdef __cplusplus
 }

@@ -41,6 +41,18 @@ int nl_sweep_budget_shapes(const nl_sweep_grid *g, int b, int *first);
  * (multiple of 16), byte vocabulary, seq_len = seq, untied classifier. */
 void nl_sweep_arch(int64_t dim, int64_t layers, int64_t seq, nl_arch *a);
 
+/* One planned run: its shape, N = non-embedding parameters, D = C / (6 N) tokens, optimizer steps. */
+typedef struct nl_sweep_plan_row {
+    char run[32];
+    double budget_flops;
+    int64_t dim, layers;
+    double n, d, steps;
+} nl_sweep_plan_row;
+
+/* Every run of g, in order, into rows (room for NL_SWEEP_MAX_BUDGETS x NL_SWEEP_MAX_SHAPES);
+ * returns the count. */
+int nl_sweep_plan(const nl_sweep_grid *g, nl_sweep_plan_row *rows);
+
 /* One finished run (a CSV row). */
 typedef struct nl_sweep_row {
     char run[32];

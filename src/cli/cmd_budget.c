@@ -5,51 +5,45 @@
 
 #include "cli.h"
 #include "cli_opt.h"
-#include "nanolm/plan.h"
+#include "nanolm/budget.h"
 #include "plan_opts.h"
 #include "report.h"
 
 /* The command line: the shared model and hardware groups, then the layout and the batch. */
 typedef struct budget_args {
     nl_plan_args pa;
-    int64_t gpus, tp, pp, ep, batch, seq, micro;
+    nl_budget_layout L;
     const char *zero, *recompute, *svg;
-    int sp, no_flash, json;
+    int json;
 } budget_args;
 
-/* What the command computes before writing anything. */
+/* What the command computes before writing anything (nanolm/budget.h), and the ZeRO stage asked for. */
 typedef struct budget {
-    nl_recipe rec;
-    nl_hw hw;
-    nl_arch a;     /* zero without --model */
-    nl_family fam; /* the model's family (catalog entry or the file's "family") */
-    int has_model, zero, recompute;
-    double total, nonemb, active, expert; /* parameters (scaled to --params with --model) */
-    double per_gpu, per_gpu_ne;           /* parameters one GPU holds under tp/pp/ep */
-    int64_t dp, shard;                    /* data-parallel degree; hsdp shard group */
+    nl_budget m;
+    int zero;
 } budget;
 
 static int parse_args(budget_args *b, int argc, char **argv) {
     memset(b, 0, sizeof *b);
     nl_plan_args_init(&b->pa);
-    b->gpus = b->tp = b->pp = b->ep = b->batch = 1;
+    b->L.gpus = b->L.tp = b->L.pp = b->L.ep = b->L.batch = 1;
     nl_opt model[3], hw[3];
     nl_plan_model_opts(model, &b->pa);
     nl_plan_hw_opts(hw, &b->pa, 1);
     nl_opt layout[] = {
-        NL_OPT_INT("gpus", &b->gpus, 1, 1 << 24, "N", "GPUs in all (default 1)"),
-        NL_OPT_INT("tp", &b->tp, 1, 1024, "T", "tensor-parallel degree (default 1)"),
-        NL_OPT_INT("pp", &b->pp, 1, 1024, "P", "pipeline stages (default 1)"),
-        NL_OPT_INT("ep", &b->ep, 1, 4096, "E", "expert-parallel degree; needs a --model with experts (default 1)"),
+        NL_OPT_INT("gpus", &b->L.gpus, 1, 1 << 24, "N", "GPUs in all (default 1)"),
+        NL_OPT_INT("tp", &b->L.tp, 1, 1024, "T", "tensor-parallel degree (default 1)"),
+        NL_OPT_INT("pp", &b->L.pp, 1, 1024, "P", "pipeline stages (default 1)"),
+        NL_OPT_INT("ep", &b->L.ep, 1, 4096, "E", "expert-parallel degree; needs a --model with experts (default 1)"),
         NL_OPT_STR("zero", &b->zero, "0|1|2|3|hsdp", "only this ZeRO stage (default: every stage that shards)"),
-        NL_OPT_FLAG("sp", &b->sp, "sequence parallelism with --tp"),
+        NL_OPT_FLAG("sp", &b->L.sp, "sequence parallelism with --tp"),
     };
     nl_opt batch[] = {
-        NL_OPT_INT("batch", &b->batch, 1, 1 << 24, "B", "sequences per micro-batch for the activations (default 1)"),
-        NL_OPT_INT("seq", &b->seq, 1, 1 << 24, "S", "tokens per sequence (default: the model's context)"),
+        NL_OPT_INT("batch", &b->L.batch, 1, 1 << 24, "B", "sequences per micro-batch for the activations (default 1)"),
+        NL_OPT_INT("seq", &b->L.seq, 1, 1 << 24, "S", "tokens per sequence (default: the model's context)"),
         NL_OPT_STR("recompute", &b->recompute, "none|selective|full", "activation recomputation (default none)"),
-        NL_OPT_FLAG("no-flash", &b->no_flash, "attention that materialises the scores"),
-        nl_opt_aliased((nl_opt)NL_OPT_INT("microbatches", &b->micro, 1, 1 << 20, "M",
+        NL_OPT_FLAG("no-flash", &b->L.no_flash, "attention that materialises the scores"),
+        nl_opt_aliased((nl_opt)NL_OPT_INT("microbatches", &b->L.micro, 1, 1 << 20, "M",
                                           "microbatches in a pipeline (default 2 x pp)"),
                        "micro"),
         NL_OPT_STR("svg", &b->svg, "FILE", "memory bars per ZeRO stage"),
@@ -73,98 +67,55 @@ static int parse_args(budget_args *b, int argc, char **argv) {
     return nl_plan_args_load(&b->pa, "budget");
 }
 
-/* The model's parameters, scaled to --params when both are given. */
-static int count_params(const budget_args *ba, budget *b) {
-    const nl_plan_args *pa = &ba->pa;
-    b->total = b->nonemb = b->active = pa->params;
-    if (!b->has_model) return ba->ep > 1 ? nl_cli_usage_error("budget: --ep needs a --model with experts") : 0;
-    nl_arch_params p;
-    nl_plan_count_params(&b->a, &b->fam, &p);                     /* as plan train and plan serve count it */
-    double s = pa->params > 0 ? pa->params / (double)p.total : 1; /* a nominal size for the same shape */
-    b->total = (double)p.total * s;
-    b->nonemb = (double)p.non_embedding * s;
-    b->active = (double)p.active * s;
-    b->expert = (double)p.mlp_experts * s;
-    if (ba->ep > 1 && (b->a.n_experts == 0 || b->a.n_experts % ba->ep))
-        return nl_cli_usage_error("budget: --ep %lld must divide the %lld experts of %s", (long long)ba->ep,
-                                  (long long)b->a.n_experts, b->a.name);
-    if (ba->tp > 1 && b->a.n_heads % ba->tp)
-        return nl_cli_usage_error("budget: --tp %lld does not divide %lld heads", (long long)ba->tp,
-                                  (long long)b->a.n_heads);
-    return 0;
-}
-
 /* Resolves the names and checks the layout; fills everything but the per-stage figures. */
 static int setup(budget_args *ba, budget *b) {
     nl_plan_args *pa = &ba->pa;
     memset(b, 0, sizeof *b);
+    nl_budget *m = &b->m;
     b->zero = -1;
     if (ba->zero && (b->zero = nl_parse_zero(ba->zero)) < 0)
         return nl_cli_usage_error("budget: unknown --zero '%s' (0, 1, 2, 3, hsdp)", ba->zero);
-    b->recompute = NL_RECOMPUTE_NONE;
-    if (ba->recompute && (b->recompute = nl_parse_recompute(ba->recompute)) < 0)
+    ba->L.recompute = NL_RECOMPUTE_NONE;
+    if (ba->recompute && (ba->L.recompute = nl_parse_recompute(ba->recompute)) < 0)
         return nl_cli_usage_error("budget: unknown --recompute '%s' (none, selective, full)", ba->recompute);
     if (!pa->model && !(pa->params > 0)) return nl_cli_usage_error("budget: give --model NAME or --params N");
-    if (nl_plan_recipe(pa->recipe, &b->rec)) return nl_cli_usage_error("budget: --recipe: %s", nl_last_error());
-    if (nl_catalog_find_hw(&pa->cat, pa->gpu, &b->hw)) return nl_cli_usage_error("budget: --gpu: %s", nl_last_error());
-    b->has_model = pa->model != NULL;
-    nl_plan_family("llama", &b->fam);
-    if (b->has_model && nl_cli_model_arch_fam(&pa->cat, pa->model, &b->a, &b->fam))
+    if (nl_plan_recipe(pa->recipe, &m->rec)) return nl_cli_usage_error("budget: --recipe: %s", nl_last_error());
+    if (nl_catalog_find_hw(&pa->cat, pa->gpu, &m->hw)) return nl_cli_usage_error("budget: --gpu: %s", nl_last_error());
+    m->has_model = pa->model != NULL;
+    nl_plan_family("llama", &m->fam);
+    if (m->has_model && nl_cli_model_arch_fam(&pa->cat, pa->model, &m->a, &m->fam))
         return nl_cli_usage_error("budget: --model: %s", nl_last_error());
-    int rc = count_params(ba, b);
-    if (rc) return rc;
-    int64_t tp = ba->tp, pp = ba->pp, ep = ba->ep;
-    if (ba->gpus % (tp * pp))
-        return nl_cli_usage_error("budget: --gpus %lld is not a multiple of tp*pp = %lld", (long long)ba->gpus,
-                                  (long long)(tp * pp));
-    b->dp = ba->gpus / (tp * pp);
-    if (ep > b->dp)
-        return nl_cli_usage_error("budget: --ep %lld exceeds the data-parallel degree %lld", (long long)ep,
-                                  (long long)b->dp);
-    /* Parameters one GPU holds: dense part split by tp*pp, routed experts by ep*tp*pp. */
-    b->per_gpu = (b->total - b->expert) / (double)(tp * pp) + b->expert / (double)(ep * tp * pp);
-    b->per_gpu_ne = (b->nonemb - b->expert) / (double)(tp * pp) + b->expert / (double)(ep * tp * pp);
-    b->shard = b->hw.gpus_per_node / tp > 0 ? b->hw.gpus_per_node / tp : 1;
-    if (b->shard > b->dp) b->shard = b->dp;
-    if (ba->seq == 0 && b->has_model) ba->seq = b->a.seq_len;
+    if (nl_budget_count(&ba->L, pa->params, m)) return nl_cli_usage_error("budget: %s", nl_last_error());
+    if (ba->L.seq == 0 && m->has_model) ba->L.seq = m->a.seq_len;
     return 0;
 }
 
-/* State bytes per GPU at ZeRO stage z: the dense part sharded over dp, the experts over dp/ep. */
-static double stage_bytes(const budget_args *ba, const budget *b, int z, nl_state_bytes *sd) {
-    double edp = (double)b->dp / (double)ba->ep;
-    nl_state_bytes se;
-    nl_plan_state_bytes(&b->rec, (nl_zero)z, b->dp, b->shard, sd);
-    nl_plan_state_bytes(&b->rec, (nl_zero)z, (int64_t)edp, b->shard < edp ? b->shard : (int64_t)edp, &se);
-    double dl = (b->total - b->expert) / (double)(ba->tp * ba->pp), el = b->expert / (double)(ba->ep * ba->tp * ba->pp);
-    return dl * sd->total + el * se.total;
-}
-
 static void report_params(nl_report *r, const budget_args *ba, const budget *b) {
-    const nl_recipe *rec = &b->rec;
+    const nl_recipe *rec = &b->m.rec;
     double per_param = rec->weight_bytes + rec->grad_bytes + rec->optim_bytes;
     char a1[32], a2[32], a3[32], a4[32], a5[32], a6[32];
     nl_report_str(r, "recipe", "", rec->name);
-    nl_report_num(r, "params", "", b->total, NULL, NULL);
-    nl_report_num(r, "params_non_embedding", "", b->nonemb, NULL, NULL);
-    nl_report_num(r, "params_active", "", b->active, NULL, NULL);
-    nl_report_num(r, "params_active_non_embedding", "", b->active - (b->total - b->nonemb), NULL, NULL);
-    nl_report_num(r, "params_per_gpu", "", b->per_gpu, NULL, NULL);
-    nl_report_num(r, "params_per_gpu_non_embedding", "", b->per_gpu_ne, NULL, NULL);
-    nl_report_num(r, "state_bytes_total", "", b->total * per_param, NULL, NULL);
+    nl_report_num(r, "params", "", b->m.total, NULL, NULL);
+    nl_report_num(r, "params_non_embedding", "", b->m.nonemb, NULL, NULL);
+    nl_report_num(r, "params_active", "", b->m.active, NULL, NULL);
+    nl_report_num(r, "params_active_non_embedding", "", b->m.active - (b->m.total - b->m.nonemb), NULL, NULL);
+    nl_report_num(r, "params_per_gpu", "", b->m.per_gpu, NULL, NULL);
+    nl_report_num(r, "params_per_gpu_non_embedding", "", b->m.per_gpu_ne, NULL, NULL);
+    nl_report_num(r, "state_bytes_total", "", b->m.total * per_param, NULL, NULL);
     nl_report_note(r, "Parameters%s%s: %s total (%s without embeddings), %s active per token (%s without embeddings).",
-                   b->has_model ? " of " : "", b->has_model ? b->a.name : "", nl_fmt_count(b->total, a1, sizeof a1),
-                   nl_fmt_count(b->nonemb, a2, sizeof a2), nl_fmt_count(b->active, a3, sizeof a3),
-                   nl_fmt_count(b->active - (b->total - b->nonemb), a6, sizeof a6));
+                   b->m.has_model ? " of " : "", b->m.has_model ? b->m.a.name : "",
+                   nl_fmt_count(b->m.total, a1, sizeof a1), nl_fmt_count(b->m.nonemb, a2, sizeof a2),
+                   nl_fmt_count(b->m.active, a3, sizeof a3),
+                   nl_fmt_count(b->m.active - (b->m.total - b->m.nonemb), a6, sizeof a6));
     nl_report_note(r,
                    "One GPU at tp %lld, pp %lld, ep %lld holds %s parameters (%s without embeddings) = %.2f GB of %s "
                    "weights (%.2f GB).",
-                   (long long)ba->tp, (long long)ba->pp, (long long)ba->ep, nl_fmt_count(b->per_gpu, a4, sizeof a4),
-                   nl_fmt_count(b->per_gpu_ne, a5, sizeof a5), b->per_gpu * rec->weight_bytes / 1e9, rec->name,
-                   b->per_gpu_ne * rec->weight_bytes / 1e9);
+                   (long long)ba->L.tp, (long long)ba->L.pp, (long long)ba->L.ep,
+                   nl_fmt_count(b->m.per_gpu, a4, sizeof a4), nl_fmt_count(b->m.per_gpu_ne, a5, sizeof a5),
+                   b->m.per_gpu * rec->weight_bytes / 1e9, rec->name, b->m.per_gpu_ne * rec->weight_bytes / 1e9);
     nl_report_note(r, "Training state (%s: %g + %g + %g = %g bytes/param; %s): %.3g TB in all.", rec->name,
                    rec->weight_bytes, rec->grad_bytes, rec->optim_bytes, per_param, rec->source,
-                   b->total * per_param / 1e12);
+                   b->m.total * per_param / 1e12);
 }
 
 static void report_stages(nl_report *r, const budget_args *ba, const budget *b) {
@@ -172,7 +123,7 @@ static void report_stages(nl_report *r, const budget_args *ba, const budget *b) 
     snprintf(title, sizeof title,
              "State per GPU by ZeRO stage (Rajbhandari et al. 2020; hsdp shards over %lld GPUs of a node),\n"
              "before activations, against %s's %.0f GB:",
-             (long long)b->shard, b->hw.name, b->hw.mem_bytes / 1e9);
+             (long long)b->m.shard, b->m.hw.name, b->m.hw.mem_bytes / 1e9);
     nl_report_table(r, "stages", title, 9,
                     (const nl_report_col[]){{"stage", "stage", NULL},
                                             {"dp", "dp", "%-.0f"},
@@ -185,59 +136,28 @@ static void report_stages(nl_report *r, const budget_args *ba, const budget *b) 
                                             {"fits", "fits ", NULL}});
     for (int z = 0; z <= 4; z++) {
         if (b->zero >= 0 && z != b->zero) continue;
-        if (b->zero < 0 && z == NL_ZERO_HSDP && b->dp <= b->shard) continue;
-        if (b->zero < 0 && z > 0 && b->dp == 1) continue; /* nothing to shard over */
+        if (b->zero < 0 && z == NL_ZERO_HSDP && b->m.dp <= b->m.shard) continue;
+        if (b->zero < 0 && z > 0 && b->m.dp == 1) continue; /* nothing to shard over */
         nl_state_bytes sd;
-        double bytes = stage_bytes(ba, b, z, &sd);
+        double bytes = nl_budget_stage_bytes(&ba->L, &b->m, z, &sd);
         nl_report_cell_str(r, nl_zero_name((nl_zero)z));
-        nl_report_cell_num(r, (double)b->dp);
+        nl_report_cell_num(r, (double)b->m.dp);
         nl_report_cell_num(r, sd.weights);
         nl_report_cell_num(r, sd.grads);
         nl_report_cell_num(r, sd.optim);
-        nl_report_cell_num(r, bytes / b->per_gpu);
+        nl_report_cell_num(r, bytes / b->m.per_gpu);
         nl_report_cell_num(r, bytes);
         nl_report_cell_num(r, bytes / 1e9);
-        nl_report_cell_bool(r, bytes <= b->hw.mem_bytes);
+        nl_report_cell_bool(r, bytes <= b->m.hw.mem_bytes);
         nl_report_row_end(r);
     }
 }
 
-/* The activations of the batch under the three recomputation modes and Korthikanti's formula. */
-typedef struct budget_act {
-    nl_act_layer al, sel, full;
-    double tokens, layers, bytes, k_none, k_flash, k_full, logits, inflight_1f1b, inflight_gpipe;
-    int64_t micro;
-} budget_act;
-
-static void compute_act(const budget_args *ba, const budget *b, budget_act *x) {
-    const nl_arch *a = &b->a;
-    x->tokens = (double)ba->batch * (double)ba->seq;
-    nl_act_opts ao = {.tp = ba->tp,
-                      .sp = ba->sp,
-                      .flash = !ba->no_flash,
-                      .recompute = (nl_recompute)b->recompute,
-                      .seq = (double)ba->seq,
-                      .bytes_per_elem = 2,
-                      .fam = b->fam};
-    nl_plan_act_layer(a, &ao, &x->al);
-    ao.recompute = NL_RECOMPUTE_SELECTIVE;
-    nl_plan_act_layer(a, &ao, &x->sel);
-    ao.recompute = NL_RECOMPUTE_FULL;
-    nl_plan_act_layer(a, &ao, &x->full);
-    x->layers = (double)a->n_layers / (double)ba->pp;
-    x->bytes = x->al.bytes_per_token * x->tokens * x->layers;
-    x->k_none = nl_plan_act_korthikanti(a, (double)ba->seq, NL_RECOMPUTE_NONE, 0, ba->tp, ba->sp);
-    x->k_flash = nl_plan_act_korthikanti(a, (double)ba->seq, NL_RECOMPUTE_NONE, 1, ba->tp, ba->sp);
-    x->k_full = nl_plan_act_korthikanti(a, (double)ba->seq, NL_RECOMPUTE_FULL, 1, ba->tp, ba->sp);
-    x->logits = nl_plan_logits_bytes(a, x->tokens) / (double)ba->tp;
-    x->micro = ba->micro > 0 ? ba->micro : (ba->pp > 1 ? 2 * ba->pp : 1);
-    x->inflight_1f1b = ba->pp > 1 ? fmin((double)ba->pp, (double)x->micro) : 1;
-    x->inflight_gpipe = (double)x->micro;
-}
+typedef nl_budget_act budget_act;
 
 /* The term-by-term table: JSON rows under "terms", the text table with its total row. */
 static void report_terms(nl_report *r, const budget_args *ba, const budget *b, const budget_act *x) {
-    const double gib = 1024.0 * 1024 * 1024, D = (double)b->a.dim, per = x->tokens * x->layers;
+    const double gib = 1024.0 * 1024 * 1024, D = (double)b->m.a.dim, per = x->tokens * x->layers;
     nl_report_table(
         r, "terms", NULL, 3,
         (const nl_report_col[]){{"tensor", "", NULL}, {"bytes_per_token_layer", "", NULL}, {"bytes", "", NULL}});
@@ -251,9 +171,9 @@ static void report_terms(nl_report *r, const budget_args *ba, const budget *b, c
     snprintf(title, sizeof title,
              "Activations kept for backward: %lld x %lld tokens, %g layers%s, bf16, %s attention, recompute %s,\n"
              "tp %lld%s. Per token per layer (Korthikanti et al. 2022 sec. 4 walk, Llama layer):",
-             (long long)ba->batch, (long long)ba->seq, x->layers, ba->pp > 1 ? " (one stage)" : "",
-             ba->no_flash ? "plain" : "flash", nl_recompute_name((nl_recompute)b->recompute), (long long)ba->tp,
-             ba->sp ? " + sequence parallel" : "");
+             (long long)ba->L.batch, (long long)ba->L.seq, x->layers, ba->L.pp > 1 ? " (one stage)" : "",
+             ba->L.no_flash ? "plain" : "flash", nl_recompute_name((nl_recompute)ba->L.recompute), (long long)ba->L.tp,
+             ba->L.sp ? " + sequence parallel" : "");
     nl_report_table(r, NULL, title, 4,
                     (const nl_report_col[]){{NULL, "tensor", NULL},
                                             {NULL, "bytes/token/layer", "%-.0f"},
@@ -276,7 +196,7 @@ static void report_act(nl_report *r, const budget_args *ba, const budget *b, con
     nl_report_num(r, "layers", "", x->layers, NULL, NULL);
     report_terms(r, ba, b, x);
     nl_report_num(r, "bytes_per_token_layer", "", x->al.bytes_per_token, NULL, NULL);
-    nl_report_num(r, "bytes_per_hidden_unit", "", x->al.bytes_per_token / (double)b->a.dim, NULL, NULL);
+    nl_report_num(r, "bytes_per_hidden_unit", "", x->al.bytes_per_token / (double)b->m.a.dim, NULL, NULL);
     nl_report_num(r, "bytes", "", x->bytes, NULL, NULL);
     const struct {
         const char *key, *label;
@@ -284,8 +204,8 @@ static void report_act(nl_report *r, const budget_args *ba, const budget *b, con
     } rows[] = {
         {NULL, "this walk, no recompute", x->al.bytes_per_token},
         {"selective_bytes",
-         ba->no_flash ? "this walk, selective (recompute the scores)"
-                      : "this walk, selective (recompute: nothing kept to drop with flash)",
+         ba->L.no_flash ? "this walk, selective (recompute the scores)"
+                        : "this walk, selective (recompute: nothing kept to drop with flash)",
          x->sel.bytes_per_token},
         {"full_bytes", "this walk, full (layer input only)", x->full.bytes_per_token},
         {"korthikanti_bytes", "Korthikanti eq.1 sbh(34+5as/h), no flash", x->k_none},
@@ -309,30 +229,12 @@ static void report_act(nl_report *r, const budget_args *ba, const budget *b, con
     nl_report_note(r, "%s", "");
     nl_report_note(r, "Logits (bf16) + fp32 loss copy: %.1f GiB. One layer's working set while recomputing: %.2f GiB.",
                    x->logits / gib, x->al.working_bytes_per_token * x->tokens / gib);
-    if (ba->pp > 1)
+    if (ba->L.pp > 1)
         nl_report_note(r,
                        "Pipeline of %lld stages, %lld microbatches of this size: the first stage holds %g in flight "
                        "with 1F1B\n(%.1f GiB) and %g with GPipe (%.1f GiB).",
-                       (long long)ba->pp, (long long)x->micro, x->inflight_1f1b, x->bytes * x->inflight_1f1b / gib,
+                       (long long)ba->L.pp, (long long)x->micro, x->inflight_1f1b, x->bytes * x->inflight_1f1b / gib,
                        x->inflight_gpipe, x->bytes * x->inflight_gpipe / gib);
-}
-
-/* Memory bars: one per ZeRO stage at this layout, activations included with --model. */
-static nl_status write_svg(const budget_args *ba, const budget *b, const budget_act *x) {
-    nl_train_eval ev[4];
-    memset(ev, 0, sizeof ev);
-    for (int z = 0; z <= 3; z++) {
-        nl_state_bytes sd;
-        nl_plan_state_bytes(&b->rec, (nl_zero)z, b->dp, b->shard, &sd);
-        ev[z].L = (nl_layout){b->dp, ba->tp, ba->pp, 1, ba->ep, (nl_zero)z, ba->batch, 1, 1, (nl_recompute)b->recompute,
-                              ba->sp};
-        ev[z].mem_weights = b->per_gpu * sd.weights;
-        ev[z].mem_grads = b->per_gpu * sd.grads;
-        ev[z].mem_optim = b->per_gpu * sd.optim;
-        ev[z].mem_act = b->has_model ? x->bytes : 0;
-        ev[z].mem_total = ev[z].mem_weights + ev[z].mem_grads + ev[z].mem_optim + ev[z].mem_act;
-    }
-    return nl_plan_svg_memory(ba->svg, ev, 4, b->hw.mem_bytes);
 }
 
 int nl_cmd_budget(int argc, char **argv) {
@@ -343,11 +245,13 @@ int nl_cmd_budget(int argc, char **argv) {
     if ((rc = setup(&ba, &b))) return rc;
     budget_act x;
     memset(&x, 0, sizeof x);
-    if (b.has_model) compute_act(&ba, &b, &x);
-    if (ba.svg && write_svg(&ba, &b, &x)) return nl_cli_fail("--svg");
+    if (b.m.has_model) nl_budget_activations(&ba.L, &b.m, &x);
+    nl_train_eval ev[4];
+    nl_budget_bars(&ba.L, &b.m, &x, ev);
+    if (ba.svg && nl_plan_svg_memory(ba.svg, ev, 4, b.m.hw.mem_bytes)) return nl_cli_fail("--svg");
     nl_report *r = nl_report_new("budget");
     report_params(r, &ba, &b);
     report_stages(r, &ba, &b);
-    if (b.has_model) report_act(r, &ba, &b, &x);
+    if (b.m.has_model) report_act(r, &ba, &b, &x);
     return nl_report_print(r, ba.json);
 }

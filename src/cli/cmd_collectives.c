@@ -9,8 +9,7 @@
 
 #include "cli.h"
 #include "cli_opt.h"
-#include "nanolm/comm.h"
-#include "nanolm/linfit.h"
+#include "nanolm/coll_bench.h"
 #include "report.h"
 
 /* ---- shared option parsing ---------------------------------------------------------------- */
@@ -66,6 +65,16 @@ static void maybe_fault(const fault *f, int rank) {
     exit(3);
 }
 
+/* The fault as a callback of the library: this rank fails at the at-th call. */
+typedef struct fault_at {
+    const fault *f;
+    int rank, calls, at;
+} fault_at;
+static void fault_now(void *u) {
+    fault_at *x = u;
+    if (++x->calls == x->at) maybe_fault(x->f, x->rank);
+}
+
 static int comm_start(nl_comm **w) {
     if (nl_comm_init(NULL, NULL)) return nl_cli_fail("collectives: MPI");
     *w = nl_comm_world();
@@ -78,23 +87,6 @@ static const char demo_summary[] =
     "The course example: rank r holds (r*P+1, ..., r*P+P); reduce-scatter leaves the sum of\n"
     "column r on rank r, all-gather gives everyone the sums; each rank sends 2(P-1) numbers.\n"
     "Runs as one rank without mpirun, or as P ranks under `mpirun -np P`. Rank 0 prints.";
-
-static void store(void *buf, nl_comm_dtype dt, size_t i, float v) {
-    if (dt == NL_COMM_F32)
-        ((float *)buf)[i] = v;
-    else {
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
-    } /* small integers: exact */
-}
-static float load(const void *buf, nl_comm_dtype dt, size_t i) {
-    if (dt == NL_COMM_F32) return ((const float *)buf)[i];
-    uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* The demo's table on rank 0: one row per rank, nf values then the n numbers held and the n after
  * the all-gather (row layout of cmd_demo). */
@@ -170,77 +162,21 @@ static int cmd_demo(int argc, char **argv) {
     nl_comm_impl impl = impl_i == 1 ? NL_COMM_NATIVE : NL_COMM_OURS;
     nl_comm *w = NULL;
     if (comm_start(&w)) return NL_EXIT_FAIL;
-    int p = nl_comm_size(w), r = nl_comm_rank(w);
-    size_t n = (size_t)p, es = nl_comm_dtype_bytes(dt);
-    char holds[64], full[64], mine[8];
-    for (size_t i = 0; i < n; i++) store(holds, dt, i, (float)(r * p + (int)i + 1));
-    nl_comm_reset_stats(w);
-    if (nl_comm_reduce_scatter(w, holds, mine, n, dt, impl)) {
-        rc = nl_cli_fail("reduce-scatter");
-        goto out;
-    }
-    nl_comm_stats after_rs, after_ag;
-    nl_comm_get_stats(w, &after_rs);
-    if (flt.rank >= 0) maybe_fault(&flt, r);
-    if (nl_comm_all_gather(w, mine, full, n, dt, impl)) {
-        rc = nl_cli_fail("all-gather");
-        goto out;
-    }
-    nl_comm_get_stats(w, &after_ag);
-    /* Collect every rank's row on rank 0 (through the native all-gather of the report, which the
-     * counters shown below do not include: they were read before). */
-    enum { NF = 5 };
-    double *row = nl_calloc((size_t)p * (NF + 2 * (size_t)p), sizeof(double), "collectives demo report");
-    if (!row) {
+    fault_at at = {&flt, nl_comm_rank(w), 0, 1};
+    nl_coll_demo d = {0};
+    if (nl_coll_demo_run(w, impl, dt, flt.rank >= 0 ? fault_now : NULL, &at, &d))
         rc = nl_cli_fail("collectives demo");
-        goto out;
-    }
-    size_t rl = NF + 2 * (size_t)p;
-    double *me = row + (size_t)r * rl;
-    me[0] = load(mine, dt, 0);
-    me[1] = (double)after_rs.coll[NL_COMM_OP_REDUCE_SCATTER].sent_bytes / es;
-    me[2] = (double)after_ag.coll[NL_COMM_OP_ALL_GATHER].sent_bytes / es;
-    me[3] = (double)(after_rs.coll[NL_COMM_OP_REDUCE_SCATTER].recv_bytes +
-                     after_ag.coll[NL_COMM_OP_ALL_GATHER].recv_bytes) /
-            es;
-    me[4] = (double)nl_comm_stats_sent_bytes(&after_ag);
-    for (size_t i = 0; i < n; i++) {
-        me[NF + i] = load(holds, dt, i);
-        me[NF + n + i] = load(full, dt, i);
-    }
-    for (int q = 0; q < p; q++) /* everyone contributes its row; the sum assembles the table */
-        for (size_t k = 0; k < rl; k++) {
-            double v = row[(size_t)q * rl + k];
-            if (nl_comm_sum_double(w, &v)) {
-                free(row);
-                rc = nl_cli_fail("report");
-                goto out;
-            }
-            row[(size_t)q * rl + k] = v;
-        }
-    if (r == 0) rc = demo_print(row, rl, NF, p, n, impl, dt, json);
-    free(row);
-out:
+    else if (nl_comm_rank(w) == 0)
+        rc = demo_print(d.rows, d.row_len, NL_COLL_DEMO_NF, d.p, (size_t)d.p, impl, dt, json);
+    nl_coll_demo_free(&d);
     nl_comm_finalize();
     return rc;
 }
 
 /* ---- bench ---------------------------------------------------------------------------------- */
 
-static const nl_comm_op bench_ops[] = {NL_COMM_OP_ALL_REDUCE, NL_COMM_OP_REDUCE_SCATTER, NL_COMM_OP_ALL_GATHER,
-                                       NL_COMM_OP_BROADCAST,  NL_COMM_OP_REDUCE,         NL_COMM_OP_ALL_TO_ALL};
-#define NOPS (sizeof bench_ops / sizeof bench_ops[0])
-
-/* nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md of nccl-tests). */
-static double busbw_factor(nl_comm_op k, int p) {
-    switch (k) {
-    case NL_COMM_OP_ALL_REDUCE: return 2.0 * (p - 1) / p;
-    case NL_COMM_OP_REDUCE_SCATTER:
-    case NL_COMM_OP_ALL_GATHER:
-    case NL_COMM_OP_ALL_TO_ALL: return (double)(p - 1) / p;
-    default: return 1.0;
-    }
-}
+#define NOPS      NL_COLL_BENCH_OPS
+#define bench_ops nl_coll_bench_ops
 
 static const char bench_summary[] =
     "Times every collective (ours and MPI's native), nccl-tests style, and fits t = alpha + beta x.\n"
@@ -259,49 +195,16 @@ static int op_from_name(const char *s, nl_comm_op *out) {
     return -1;
 }
 
-static nl_status run_op(nl_comm *w, nl_comm_op k, char *a, char *b, size_t n, nl_comm_dtype dt, nl_comm_impl impl) {
-    int p = nl_comm_size(w), r = nl_comm_rank(w);
-    size_t es = nl_comm_dtype_bytes(dt);
-    switch (k) {
-    case NL_COMM_OP_ALL_REDUCE: return nl_comm_all_reduce(w, a, n, dt, impl);
-    case NL_COMM_OP_REDUCE_SCATTER: return nl_comm_reduce_scatter(w, a, b, n, dt, impl);
-    case NL_COMM_OP_ALL_GATHER: return nl_comm_all_gather(w, a + nl_comm_chunk_offset(n, p, r) * es, a, n, dt, impl);
-    case NL_COMM_OP_BROADCAST: return nl_comm_broadcast(w, a, n, dt, 0, impl);
-    case NL_COMM_OP_REDUCE: return nl_comm_reduce(w, a, b, n, dt, 0, impl);
-    case NL_COMM_OP_ALL_TO_ALL: return nl_comm_all_to_all(w, a, b, n / (size_t)p, dt, impl);
-    default: return nl_fail(NL_ERR_INVALID, "bench: no such collective");
-    }
-}
-
 /* The constrained parameter of an alpha-beta fit, "-" when the free fit held. */
 static const char *clamp_name(int clamped) { return clamped == 1 ? "beta = 0" : clamped == 2 ? "alpha = 0" : "-"; }
 
-typedef struct bench_row {
-    nl_comm_op op;
-    nl_comm_impl impl;
-    size_t bytes;
-    double time_s, algbw, busbw;
-    int reps;
-} bench_row;
-
-/* Weighted least squares t = alpha + beta * x with weights 1/t^2 (relative errors), x = bus bytes,
- * constrained to alpha >= 0 and beta >= 0 (nl_linfit_nonneg: a negative latency would say that
- * the small messages were not resolved, so the fit says so instead of printing it). With one
- * size only, alpha is that time and beta 0 (clamped). */
-static void fit_alpha_beta(const double *x, const double *t, int m, nl_linfit *f) {
-    double w[64];
-    for (int i = 0; i < m; i++) w[i] = 1.0 / (t[i] * t[i]);
-    if (m < 2 || nl_linfit_nonneg(x, t, w, (size_t)m, f))
-        *f = (nl_linfit){.intercept = m ? t[0] : 0, .r2 = 0, .clamped = 1};
-}
+typedef nl_coll_bench_row bench_row;
 
 /* The options of collectives bench, after parsing. */
 typedef struct bench_args {
-    int impl_mask, json, nops, nsizes;
-    nl_comm_op ops[NOPS];
-    size_t sizes[64];
+    nl_coll_bench_opts o;
+    int json;
     int64_t reps;
-    nl_comm_dtype dt;
     fault flt;
 } bench_args;
 
@@ -310,17 +213,17 @@ static int bench_lists(bench_args *g, const char *ops, const char *sizes) {
     char buf[512];
     snprintf(buf, sizeof buf, "%s", ops ? ops : "");
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); ops && tok; tok = strtok_r(NULL, ",", &save)) {
-        if (g->nops >= (int)NOPS || op_from_name(tok, &g->ops[g->nops]))
+        if (g->o.nops >= (int)NOPS || op_from_name(tok, &g->o.ops[g->o.nops]))
             return nl_cli_usage_error("collectives bench: unknown --ops entry '%s' (all-reduce, reduce-scatter, "
                                       "all-gather, broadcast, reduce, all-to-all)",
                                       tok);
-        g->nops++;
+        g->o.nops++;
     }
     snprintf(buf, sizeof buf, "%s", sizes ? sizes : "");
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); sizes && tok; tok = strtok_r(NULL, ",", &save)) {
-        if (g->nsizes >= 64) return nl_cli_usage_error("collectives bench: too many --sizes (at most 64)");
-        if (parse_bytes("--sizes", tok, &g->sizes[g->nsizes])) return NL_EXIT_USAGE;
-        g->nsizes++;
+        if (g->o.nsizes >= 64) return nl_cli_usage_error("collectives bench: too many --sizes (at most 64)");
+        if (parse_bytes("--sizes", tok, &g->o.sizes[g->o.nsizes])) return NL_EXIT_USAGE;
+        g->o.nsizes++;
     }
     return 0;
 }
@@ -353,49 +256,16 @@ static int bench_parse(int argc, char **argv, bench_args *g) {
     size_t min_b, max_b;
     if (parse_bytes("--min-bytes", min_s, &min_b) || parse_bytes("--max-bytes", max_s, &max_b)) return NL_EXIT_USAGE;
     if (fault_s && parse_fault(fault_s, &g->flt)) return NL_EXIT_USAGE;
-    g->impl_mask = impl_i + 1; /* ours 1, native 2, both 3 */
-    g->dt = dtype_i == 2 ? NL_COMM_BF16 : NL_COMM_F32;
+    g->o.impl_mask = impl_i + 1; /* ours 1, native 2, both 3 */
+    g->o.dt = dtype_i == 2 ? NL_COMM_BF16 : NL_COMM_F32;
     if ((rc = bench_lists(g, ops, sizes))) return rc;
     if (min_b > max_b) return nl_cli_usage_error("collectives bench: --min-bytes is larger than --max-bytes");
-    if (!g->nops)
-        for (size_t k = 0; k < NOPS; k++) g->ops[g->nops++] = bench_ops[k];
-    if (!g->nsizes)
-        for (size_t sz = min_b; sz <= max_b && g->nsizes < 64; sz *= (size_t)step) g->sizes[g->nsizes++] = sz;
+    if (!g->o.nops)
+        for (size_t k = 0; k < NOPS; k++) g->o.ops[g->o.nops++] = bench_ops[k];
+    if (!g->o.nsizes)
+        for (size_t sz = min_b; sz <= max_b && g->o.nsizes < 64; sz *= (size_t)step) g->o.sizes[g->o.nsizes++] = sz;
+    g->o.reps = (int)g->reps;
     return 0;
-}
-
-/* Times one (op, size, impl): a warm-up that sizes the repetitions (same count on every rank),
- * then the median over repetitions of the slowest rank. */
-static nl_status bench_one(nl_comm *w, const bench_args *g, nl_comm_op op, size_t n, nl_comm_impl impl, char *a,
-                           char *b, int *calls, bench_row *row) {
-    double times[1000];
-    double t0 = nl_time_s();
-    NL_TRY(run_op(w, op, a, b, n, g->dt, impl));
-    double tw = nl_time_s() - t0;
-    NL_TRY(nl_comm_max_double(w, &tw));
-    int reps = g->reps ? (int)g->reps : (int)fmin(20, fmax(3, ceil(0.3 / fmax(tw, 1e-9))));
-    for (int k = 0; k < reps; k++) {
-        if (g->flt.rank >= 0 && ++*calls == 3) maybe_fault(&g->flt, nl_comm_rank(w));
-        NL_TRY(nl_comm_barrier(w));
-        t0 = nl_time_s();
-        NL_TRY(run_op(w, op, a, b, n, g->dt, impl));
-        times[k] = nl_time_s() - t0;
-        NL_TRY(nl_comm_max_double(w, &times[k]));
-    }
-    *row = (bench_row){.op = op, .impl = impl, .bytes = n * nl_comm_dtype_bytes(g->dt), .reps = reps};
-    row->time_s = nl_median(times, (size_t)reps);
-    row->algbw = (double)row->bytes / row->time_s;
-    row->busbw = row->algbw * busbw_factor(op, nl_comm_size(w));
-    return NL_OK;
-}
-
-/* busbw of `ours` over native at the same op and size, or NaN (no such pair). */
-static double ratio_vs_native(const bench_row *rows, int nrows, int k) {
-    for (int j = 0; j < nrows; j++)
-        if (rows[k].impl == NL_COMM_OURS && rows[j].impl == NL_COMM_NATIVE && rows[j].op == rows[k].op &&
-            rows[j].bytes == rows[k].bytes)
-            return rows[k].busbw / rows[j].busbw;
-    return NAN;
 }
 
 /* The measured rows: op, size, implementation, median time and bandwidths. */
@@ -419,7 +289,7 @@ static void bench_report_rows(nl_report *r, const bench_row *rows, int nrows, in
                                             {"busbw_ratio_vs_native", "", NULL},
                                             {NULL, "ours/native", NULL}});
     for (int k = 0; k < nrows; k++) {
-        double ratio = ratio_vs_native(rows, nrows, k);
+        double ratio = nl_coll_bench_ratio(rows, nrows, k);
         char bytes[32], tm[32], rs[32] = "";
         size_t B = rows[k].bytes;
         if (B >= (1u << 20) && B % (1u << 20) == 0)
@@ -466,46 +336,31 @@ static void bench_report_fits(nl_report *r, const bench_args *g, const bench_row
                                             {NULL, "bandwidth GB/s", "%-.3f"},
                                             {"r2", "R^2", "%-.3f"},
                                             {"clamped", "constrained", NULL}});
-    int clamped = 0, have_link = 0;
-    nl_linfit link;
-    const char *link_src = NULL;
-    for (int oi = 0; oi < g->nops; oi++)
-        for (int ii = 0; ii < 2; ii++) {
-            double x[64], t[64];
-            int m = 0;
-            for (int k = 0; k < nrows && m < 64; k++)
-                if (rows[k].op == g->ops[oi] && (int)rows[k].impl == ii) {
-                    x[m] = busbw_factor(g->ops[oi], p) * (double)rows[k].bytes;
-                    t[m++] = rows[k].time_s;
-                }
-            if (!m) continue;
-            nl_linfit f;
-            fit_alpha_beta(x, t, m, &f);
-            clamped += f.clamped != 0;
-            char al[32];
-            snprintf(al, sizeof al, "%.1f us", f.intercept * 1e6);
-            nl_report_cell_str(r, nl_comm_op_name(g->ops[oi]));
-            nl_report_cell_str(r, ii ? "native" : "ours");
-            nl_report_cell_num(r, f.intercept);
-            nl_report_cell_str(r, al);
-            nl_report_cell_num(r, f.slope);
-            nl_report_cell_num(r, f.slope > 0 ? 1.0 / f.slope : 0);
-            nl_report_cell_num(r, f.slope > 0 ? 1e-9 / f.slope : 0.0);
-            nl_report_cell_num(r, f.r2);
-            nl_report_cell_str(r, clamp_name(f.clamped));
-            nl_report_row_end(r);
-            if (g->ops[oi] == NL_COMM_OP_ALL_REDUCE && (!have_link || ii == 1)) { /* native first */
-                link = f;
-                link_src = ii ? "all-reduce native" : "all-reduce ours";
-                have_link = 1;
-            }
-        }
-    if (have_link) {
+    nl_coll_fit fits[2 * NOPS];
+    int link = -1, clamped = 0, nf = nl_coll_bench_fits(&g->o, rows, nrows, p, fits, &link);
+    for (int i = 0; i < nf; i++) {
+        const nl_linfit f = fits[i].f;
+        clamped += f.clamped != 0;
+        char al[32];
+        snprintf(al, sizeof al, "%.1f us", f.intercept * 1e6);
+        nl_report_cell_str(r, nl_comm_op_name(fits[i].op));
+        nl_report_cell_str(r, nl_comm_impl_name(fits[i].impl));
+        nl_report_cell_num(r, f.intercept);
+        nl_report_cell_str(r, al);
+        nl_report_cell_num(r, f.slope);
+        nl_report_cell_num(r, f.slope > 0 ? 1.0 / f.slope : 0);
+        nl_report_cell_num(r, f.slope > 0 ? 1e-9 / f.slope : 0.0);
+        nl_report_cell_num(r, f.r2);
+        nl_report_cell_str(r, clamp_name(f.clamped));
+        nl_report_row_end(r);
+    }
+    if (link >= 0) {
+        const nl_linfit *lk = &fits[link].f;
         nl_report_begin_object(r, "link", NULL);
-        nl_report_str(r, "source", "", link_src);
+        nl_report_str(r, "source", "", fits[link].impl == NL_COMM_NATIVE ? "all-reduce native" : "all-reduce ours");
         nl_report_int(r, "ranks", "", p, NULL);
-        nl_report_num(r, "alpha_s", "", link.intercept, NULL, NULL);
-        nl_report_num(r, "bandwidth_bytes_per_s", "", link.slope > 0 ? 1.0 / link.slope : 0, NULL, NULL);
+        nl_report_num(r, "alpha_s", "", lk->intercept, NULL, NULL);
+        nl_report_num(r, "bandwidth_bytes_per_s", "", lk->slope > 0 ? 1.0 / lk->slope : 0, NULL, NULL);
         nl_report_end_object(r);
     }
     if (clamped)
@@ -522,47 +377,24 @@ static int cmd_bench(int argc, char **argv) {
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     nl_comm *w = NULL;
     if (comm_start(&w)) return NL_EXIT_FAIL;
-    int p = nl_comm_size(w), r = nl_comm_rank(w), calls = 0, nrows = 0;
-    size_t es = nl_comm_dtype_bytes(g.dt), maxn = 0;
-    for (int s = 0; s < g.nsizes; s++) maxn = g.sizes[s] / es > maxn ? g.sizes[s] / es : maxn;
-    char *a = nl_malloc(maxn * es + 64, "bench buffer"), *b = nl_malloc(maxn * es + 64, "bench buffer");
-    bench_row *rows = nl_calloc((size_t)g.nops * g.nsizes * 2, sizeof *rows, "bench rows");
-    if (!a || !b || !rows) {
+    int p = nl_comm_size(w), r = nl_comm_rank(w), nrows = 0;
+    fault_at at = {&g.flt, r, 0, 3};
+    if (g.flt.rank >= 0) g.o.before_rep = fault_now, g.o.user = &at;
+    bench_row *rows = NULL;
+    if (nl_coll_bench_run(w, &g.o, &rows, &nrows)) {
         rc = nl_cli_fail("collectives bench");
         goto out;
     }
-    for (size_t i = 0; i < maxn; i++) { /* small values: sums stay finite over all repetitions */
-        if (g.dt == NL_COMM_F32)
-            ((float *)a)[i] = 1e-6f * (float)((i + (size_t)r) % 7);
-        else
-            ((uint16_t *)a)[i] = 0x3400; /* bf16 1.2e-7 */
-    }
-    memcpy(b, a, maxn * es);
-    for (int oi = 0; oi < g.nops; oi++)
-        for (int si = 0; si < g.nsizes; si++)
-            for (int ii = 0; ii < 2; ii++) {
-                if (!(g.impl_mask & (1 << ii))) continue;
-                size_t n = g.sizes[si] / es;
-                if (g.ops[oi] == NL_COMM_OP_ALL_TO_ALL) n -= n % (size_t)p;
-                if (n == 0) continue;
-                if (bench_one(w, &g, g.ops[oi], n, ii ? NL_COMM_NATIVE : NL_COMM_OURS, a, b, &calls, &rows[nrows])) {
-                    rc = nl_cli_fail("collectives bench");
-                    goto out;
-                }
-                nrows++;
-            }
     if (r == 0) {
         nl_report *rep = nl_report_new("collectives bench");
         nl_report_int(rep, "ranks", "", p, NULL);
-        nl_report_str(rep, "dtype", "", nl_comm_dtype_name(g.dt));
-        bench_report_rows(rep, rows, nrows, p, g.dt);
+        nl_report_str(rep, "dtype", "", nl_comm_dtype_name(g.o.dt));
+        bench_report_rows(rep, rows, nrows, p, g.o.dt);
         bench_report_fits(rep, &g, rows, nrows, p);
         rc = nl_report_print(rep, g.json);
     }
 out:
-    nl_free(a);
-    nl_free(b);
-    free(rows);
+    nl_free(rows);
     nl_comm_finalize();
     return rc;
 }

@@ -143,11 +143,6 @@ int nl_cmd_eval(int argc, char **argv) {
     int rcode = NL_EXIT_OK;
     nl_data data;
     memset(&data, 0, sizeof data);
-    int64_t scored = 0;
-    double loss = 0;
-    float *tl = NULL;
-    nl_loss_stats st;
-    memset(&st, 0, sizeof st);
     if (T == 0 || T > m.arch.seq_len) T = T == 0 ? m.arch.seq_len : T;
     if (T > m.arch.seq_len) {
         rcode = nl_cli_usage_error("eval: --seq %lld exceeds the model's seq_len %lld", (long long)T,
@@ -158,39 +153,16 @@ int nl_cmd_eval(int argc, char **argv) {
         rcode = nl_cli_usage_error("eval: --se-batch/--target-se apply to the batched eval, not --kv-cache");
         goto done;
     }
-    if (kv >= 0 ? (nl_data_open(&data, path, &tok) || nl_model_alloc_kv_dtype(&m, (nl_kv_dtype)kv) ||
-                   nl_eval_loss_kv(&m, &data, split, T, max_windows, &loss, &scored))
-                : (nl_data_open(&data, path, &tok) || nl_model_alloc_acts(&m, B, T) ||
-                   nl_eval_token_losses(&m, &data, split, B, T, max_windows, &tl, &scored) ||
-                   nl_loss_stats_compute(tl, scored, se_batch, &st))) {
+    nl_eval_summary e;
+    if (nl_data_open(&data, path, &tok) || nl_eval_summary_run(&m, &data, tok.kind == NL_TOKENIZER_LLAMA2C, split, B, T,
+                                                               kv, max_windows, se_batch, target_se, &e)) {
         rcode = nl_cli_fail("eval");
         goto done;
     }
-    /* Non-ASCII byte-fallback targets (llama2.c pieces <0x80>..<0xFF>, ids 3+128..258; ASCII
-     * fallbacks such as <0x0A> for a newline are ordinary text): loss i predicts token
-     * split_begin + i + 1 (window w covers tokens wT .. wT+T of the split). */
-    int64_t n_fb = 0;
-    double sum_fb = 0, sum_all = 0;
-    if (kv < 0) {
-        const int *tgt = data.tokens + nl_data_split_begin(&data, split) + 1;
-        for (int64_t i = 0; i < scored; i++) {
-            sum_all += tl[i];
-            if (tok.kind == NL_TOKENIZER_LLAMA2C && tgt[i] >= 3 + 128 && tgt[i] <= 258) {
-                n_fb++;
-                sum_fb += tl[i];
-            }
-        }
-        loss = sum_all / (double)scored; /* all tokens; st.mean drops a last partial SE batch */
-    }
-    int show_fb = kv < 0 && tok.kind == NL_TOKENIZER_LLAMA2C;
-    double fb_mean = n_fb ? sum_fb / (double)n_fb : 0;
-    double rest_mean = scored > n_fb ? (sum_all - sum_fb) / (double)(scored - n_fb) : 0;
-    double need = target_se > 0 ? nl_loss_stats_tokens_for_se(&st, target_se) : 0;
-    eval_result res = {ckpt,    path, split,  T,       kv,        scored,    loss, &st,
-                       show_fb, n_fb, sum_fb, fb_mean, rest_mean, target_se, need};
+    eval_result res = {ckpt,      path,   split,    T,         kv,          e.scored,  e.loss, &e.st,
+                       e.show_fb, e.n_fb, e.sum_fb, e.fb_mean, e.rest_mean, target_se, e.need};
     rcode = print_eval(&res, &m, json);
 done:
-    nl_free(tl);
     nl_data_free(&data);
     nl_tokenizer_free(&tok);
     nl_model_free(&m);

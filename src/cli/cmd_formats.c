@@ -10,7 +10,7 @@
 
 #include "cli.h"
 #include "cli_opt.h"
-#include "nanolm/formats.h"
+#include "nanolm/format_study.h"
 #include "report.h"
 
 static int parse_format(const char *opt, const char *s, nl_format *f) {
@@ -97,14 +97,7 @@ static int cmd_table(int argc, char **argv) {
 
 /* ---- cast ---- */
 
-/* One value through a format: the code, its decoded value, the error, and the neighbours. */
-typedef struct cast_result {
-    float x;                  /* the input as fp32 */
-    uint32_t code;            /* its code in the format */
-    double decoded;           /* the code's value */
-    double abs_err, rel_err;  /* |decoded - x|, that over |x| (NaN / inf where meaningless) */
-    double below, above, ulp; /* the format's neighbours of x and their spacing */
-} cast_result;
+typedef nl_fmt_cast_result cast_result;
 
 static int parse_value(const char *s, double *v) {
     if (!strcasecmp(s, "inf") || !strcasecmp(s, "+inf"))
@@ -118,25 +111,6 @@ static int parse_value(const char *s, double *v) {
     return 0;
 }
 
-static nl_status cast_compute(nl_format f, float x, nl_rounding rnd, nl_overflow ovf, uint64_t seed, cast_result *c) {
-    nl_rng rng;
-    nl_rng_seed(&rng, seed);
-    memset(c, 0, sizeof *c);
-    c->x = x;
-    nl_status st = nl_fmt_encode(f, x, rnd, ovf, nl_rng_u32(&rng), &c->code);
-    if (st) return st;
-    c->decoded = nl_fmt_decode(f, c->code);
-    c->abs_err = fabs(c->decoded - (double)x);
-    c->rel_err = x != 0 ? c->abs_err / fabs((double)x) : (c->decoded == 0 ? 0 : INFINITY);
-    if (isnan(c->decoded) || isinf(c->decoded) || isinf(x)) {
-        c->abs_err = (c->decoded == (double)x) ? 0 : (isnan(c->decoded) || x != x) ? NAN : INFINITY;
-        c->rel_err = c->abs_err;
-    }
-    c->below = c->above = NAN;
-    if (x == x) nl_fmt_neighbors(f, x, &c->below, &c->above);
-    c->ulp = nl_fmt_ulp(f, x);
-    return NL_OK;
-}
 
 /* "256" or "none" (no neighbour on that side). */
 static const char *neighbour_text(double v, char *buf, size_t n) {
@@ -223,7 +197,7 @@ static int cmd_cast(int argc, char **argv) {
     double vin;
     if (parse_format("--to", to, &f) || parse_value(value, &vin)) return NL_EXIT_USAGE;
     cast_result c;
-    if (cast_compute(f, (float)vin, rnd_of[rnd_i], ovf_of[ovf_i], (uint64_t)seed, &c))
+    if (nl_fmt_cast(f, (float)vin, rnd_of[rnd_i], ovf_of[ovf_i], (uint64_t)seed, &c))
         return nl_cli_fail("formats cast");
     return cast_print(value, vin, f, &c, json);
 }
@@ -232,30 +206,8 @@ static int cmd_cast(int argc, char **argv) {
 
 /* The running sum of `count` copies of `v`, rounded to the format after each addition; with
  * `every` > 0 the partial sum moves into an fp32 accumulator every `every` terms. */
-typedef struct sum_result {
-    float *traj;         /* [count] the sum after each step */
-    float result;        /* the final sum */
-    int64_t last_change; /* last step at which the (unpromoted) sum changed */
-} sum_result;
+typedef nl_fmt_sum_result sum_result;
 
-static nl_status sum_compute(nl_format f, float v, int64_t count, int64_t every, sum_result *s) {
-    s->traj = malloc((size_t)count * sizeof *s->traj);
-    if (!s->traj) return nl_fail(NL_ERR_NOMEM, "--count %lld is too large", (long long)count);
-    float partial = 0, acc = 0;
-    s->last_change = 0;
-    for (int64_t i = 1; i <= count; i++) {
-        float before = partial;
-        partial = nl_fmt_round(f, partial + v);
-        if (partial != before) s->last_change = i;
-        if (every && (i % every == 0 || i == count)) {
-            acc += partial;
-            partial = 0;
-        }
-        s->traj[i - 1] = every ? acc + partial : partial;
-    }
-    s->result = every ? acc : partial;
-    return NL_OK;
-}
 
 static int sum_print(const nl_format_info *fi, double value, float v, int64_t count, int64_t every, const sum_result *s,
                      int json) {
@@ -329,7 +281,7 @@ static int cmd_sum(int argc, char **argv) {
         return nl_cli_usage_error("formats sum: e8m0 is a scale format (powers of two only); pick an element format");
     float v = nl_fmt_round(f, (float)value);
     sum_result s = {0};
-    if (sum_compute(f, v, count, every, &s)) return nl_cli_fail("formats sum");
+    if (nl_fmt_repeated_sum(f, v, count, every, &s)) return nl_cli_fail("formats sum");
     rc = sum_print(fi, value, v, count, every, &s, json);
     free(s.traj);
     return rc;

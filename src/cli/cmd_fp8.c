@@ -6,50 +6,13 @@
 
 #include "cli.h"
 #include "cli_opt.h"
-#include "nanolm/fp8.h"
+#include "nanolm/fp8_study.h"
 #include "nanolm/svg.h"
+#include "nanolm/train_log.h"
 #include "report.h"
-
-typedef struct gemm_cfg {
-    int64_t M, N, K;
-    nl_format fmt;
-    int uniform;         /* operands: 0 = N(0, 1), 1 = uniform [0, 1), 2 = uniform [-1, 1) */
-    int64_t outlier_col; /* -1 = none */
-    double outlier_factor;
-    uint64_t seed;
-    int history; /* delayed scaling: previous steps recorded before the measured call */
-} gemm_cfg;
-
-typedef struct gemm_row {
-    nl_fp8_scaling scaling;
-    nl_fp8_acc acc;
-    int skipped; /* the combination is not defined (block scaling without promotion) */
-    double acc_max, acc_fro, tot_max, tot_fro;
-    nl_fp8_stats st;
-} gemm_row;
 
 static const char *const dist_names[3] = {"normal", "uniform", "symmetric"};
 static const char *const dist_labels[3] = {"N(0,1)", "uniform [0,1)", "uniform [-1,1)"};
-
-static void fill(float *x, int64_t n, int uniform, nl_rng *r) {
-    for (int64_t i = 0; i < n; i++)
-        x[i] = uniform == 2 ? 2.0f * nl_rng_float(r) - 1.0f : uniform ? nl_rng_float(r) : (float)nl_rng_normal(r);
-}
-
-/* A (M, K) and B (K, N) for a seed. The outlier multiplies column `col` of A (one input
- * channel) by the factor and divides row `col` of B by it, so the exact product is unchanged
- * (trained LLMs pair outlier activation channels with small weights, SmoothQuant §3) and the
- * errors measure only what quantization and accumulation lose. */
-static void make_operands(const gemm_cfg *c, int64_t K, uint64_t seed, int with_outlier, float *A, float *B) {
-    nl_rng r;
-    nl_rng_seed(&r, seed);
-    fill(A, c->M * K, c->uniform, &r);
-    fill(B, K * c->N, c->uniform, &r);
-    if (with_outlier && c->outlier_col >= 0 && c->outlier_col < K) {
-        for (int64_t i = 0; i < c->M; i++) A[i * K + c->outlier_col] *= (float)c->outlier_factor;
-        for (int64_t j = 0; j < c->N; j++) B[c->outlier_col * c->N + j] /= (float)c->outlier_factor;
-    }
-}
 
 static const char *acc_label(const nl_fp8_acc *a, char *buf, size_t n) {
     if (a->bits == 0)
@@ -59,66 +22,6 @@ static const char *acc_label(const nl_fp8_acc *a, char *buf, size_t n) {
     else
         snprintf(buf, n, "%d-bit, promote every %d", a->bits, a->promote);
     return buf;
-}
-
-/* Runs one setting on A, B (K inner) against the fp64 reference `ref` (M, N). */
-static int run_setting(const gemm_cfg *c, int64_t K, const float *A, const float *B, const double *ref, gemm_row *row) {
-    const int64_t M = c->M, N = c->N;
-    row->skipped = 0;
-    if (row->scaling == NL_FP8_SCALE_BLOCK && row->acc.bits &&
-        (row->acc.promote == 0 || NL_FP8_BLOCK % row->acc.promote)) {
-        row->skipped = 1;
-        return NL_EXIT_OK;
-    }
-    nl_fp8_gemm_opts o;
-    nl_fp8_gemm_opts_default(&o);
-    o.fmt_a = o.fmt_b = c->fmt;
-    o.scaling = row->scaling;
-    o.acc = row->acc;
-    nl_fp8_delayed da, db, da2, db2;
-    float *Ad = nl_malloc((size_t)(M * K) * sizeof(float), "dequantized A");
-    float *Bd = nl_malloc((size_t)(K * N) * sizeof(float), "dequantized B");
-    float *C = nl_malloc((size_t)(M * N) * sizeof(float), "C");
-    double *refq = nl_malloc((size_t)(M * N) * sizeof(double), "reference of the FP8 operands");
-    int rc = NL_EXIT_OK;
-    if (!Ad || !Bd || !C || !refq) {
-        rc = nl_cli_fail("fp8 gemm");
-        goto out;
-    }
-    if (row->scaling == NL_FP8_SCALE_DELAYED) {
-        /* the history: previous steps of the same distribution, without the outlier */
-        if (nl_fp8_delayed_init(&da, c->history, 0) || nl_fp8_delayed_init(&db, c->history, 0)) {
-            rc = nl_cli_fail("fp8 gemm");
-            goto out;
-        }
-        for (int h = 0; h < c->history; h++) {
-            make_operands(c, K, c->seed + 1000 + (uint64_t)h, 0, Ad, Bd);
-            if (nl_fp8_quantize(c->fmt, NL_FP8_SCALE_DELAYED, &da, M, K, 1, Ad, Ad, NULL) ||
-                nl_fp8_quantize(c->fmt, NL_FP8_SCALE_DELAYED, &db, K, N, 0, Bd, Bd, NULL)) {
-                rc = nl_cli_fail("fp8 gemm");
-                goto out;
-            }
-        }
-        da2 = da;
-        db2 = db;
-        o.delayed_a = &da;
-        o.delayed_b = &db;
-    }
-    if (nl_fp8_quantize(c->fmt, row->scaling, &da2, M, K, 1, A, Ad, NULL) ||
-        nl_fp8_quantize(c->fmt, row->scaling, &db2, K, N, 0, B, Bd, NULL) ||
-        nl_fp8_gemm(&o, M, N, K, A, B, C, &row->st)) {
-        rc = nl_cli_fail("fp8 gemm");
-        goto out;
-    }
-    nl_fp8_gemm_ref_f64(M, N, K, Ad, Bd, refq);
-    nl_fp8_rel_error(M * N, C, refq, &row->acc_max, &row->acc_fro);
-    nl_fp8_rel_error(M * N, C, ref, &row->tot_max, &row->tot_fro);
-out:
-    nl_free(Ad);
-    nl_free(Bd);
-    nl_free(C);
-    nl_free(refq);
-    return rc;
 }
 
 static void usage(FILE *f) {
@@ -145,7 +48,7 @@ static int parse_scalings(const char *s, int *want) {
 
 /* The options of fp8 gemm, as given. */
 typedef struct gemm_args {
-    gemm_cfg c;
+    nl_fp8_study_cfg c;
     int want[NL_FP8_SCALE_COUNT], scaling_given;
     int64_t bits, promote, group;
     nl_fp8_acc accs[3]; /* fp32, limited never promoted, limited promoted every `promote` */
@@ -173,7 +76,7 @@ static const char gemm_summary[] =
 
 /* Checks the values that the option table cannot (COL:FACTOR, the scalings, the format). */
 static int gemm_check(gemm_args *g, const char *scalings, const char *format, const char *outlier, int64_t seed) {
-    gemm_cfg *c = &g->c;
+    nl_fp8_study_cfg *c = &g->c;
     c->seed = (uint64_t)seed;
     if (scalings && parse_scalings(scalings, g->want)) return NL_EXIT_USAGE;
     g->scaling_given = scalings != NULL;
@@ -233,7 +136,7 @@ static int gemm_parse(int argc, char **argv, gemm_args *g) {
          "promote to fp32 every N products (default 128; 0: only the never-promoted row)", "promote", NULL},
         NL_OPT_INT("group", &g->group, 1, 1 << 20, "G", "products aligned together (default 32)"),
         NL_OPT_STR("outlier", &outlier, "COL:FACTOR", "scale column COL of A up and row COL of B down by FACTOR"),
-        NL_OPT_CHOICE("dist", &g->c.uniform, "normal|uniform|symmetric",
+        NL_OPT_CHOICE("dist", &g->c.dist, "normal|uniform|symmetric",
                       "operands: N(0,1), U[0,1) or U[-1,1) (default normal)"),
         NL_OPT_INT32("history", &g->c.history, 1, NL_FP8_HISTORY_MAX, "H",
                      "delayed scaling: steps recorded first (default 16)"),
@@ -249,34 +152,9 @@ static int gemm_parse(int argc, char **argv, gemm_args *g) {
     return gemm_check(g, scalings, format, outlier, seed);
 }
 
-/* Operands A (M, K), B (K, N) and their fp64 product ref (M, N) for the seed; NULL when out of memory. */
-typedef struct gemm_operands {
-    float *A, *B;
-    double *ref;
-} gemm_operands;
-
-static void operands_free(gemm_operands *o) {
-    nl_free(o->A);
-    nl_free(o->B);
-    nl_free(o->ref);
-}
-
-static nl_status operands_make(const gemm_cfg *c, int64_t K, gemm_operands *o) {
-    o->A = nl_malloc((size_t)(c->M * K) * sizeof(float), "A");
-    o->B = nl_malloc((size_t)(K * c->N) * sizeof(float), "B");
-    o->ref = nl_malloc((size_t)(c->M * c->N) * sizeof(double), "reference");
-    if (!o->A || !o->B || !o->ref) {
-        operands_free(o);
-        return NL_ERR_NOMEM;
-    }
-    make_operands(c, K, c->seed, 1, o->A, o->B);
-    nl_fp8_gemm_ref_f64(c->M, c->N, K, o->A, o->B, o->ref);
-    return NL_OK;
-}
-
 /* --sweep-k: acc err (max) of each accumulator for K = 128, 256, ... up to --k, one scaling. */
 static int gemm_sweep(const gemm_args *g) {
-    const gemm_cfg *c = &g->c;
+    const nl_fp8_study_cfg *c = &g->c;
     nl_fp8_scaling sc = NL_FP8_SCALE_TENSOR;
     if (g->scaling_given) {
         int nw = 0;
@@ -284,28 +162,12 @@ static int gemm_sweep(const gemm_args *g) {
             if (g->want[i]) sc = (nl_fp8_scaling)i, nw++;
         if (nw != 1) return nl_cli_usage_error("fp8 gemm: --sweep-k takes one --scaling");
     }
-    int64_t Ks[32];
-    int nk = 0;
-    for (int64_t k = 128; k <= c->K && nk < 32; k *= 2) Ks[nk++] = k;
-    if (nk == 0) return nl_cli_usage_error("fp8 gemm: --sweep-k needs --k >= 128");
-    double xs[32], ys[3][32];
-    int skipped[3] = {0, 0, 0};
-    for (int ki = 0; ki < nk; ki++) {
-        gemm_operands o;
-        if (operands_make(c, Ks[ki], &o)) return nl_cli_fail("fp8 gemm");
-        xs[ki] = (double)Ks[ki];
-        for (int a = 0; a < g->naccs; a++) {
-            gemm_row row = {.scaling = sc, .acc = g->accs[a]};
-            int rc = run_setting(c, Ks[ki], o.A, o.B, o.ref, &row);
-            if (rc) {
-                operands_free(&o);
-                return rc;
-            }
-            skipped[a] = row.skipped;
-            ys[a][ki] = row.skipped ? NAN : row.acc_max;
-        }
-        operands_free(&o);
-    }
+    if (c->K < 128) return nl_cli_usage_error("fp8 gemm: --sweep-k needs --k >= 128");
+    nl_fp8_k_sweep sw;
+    if (nl_fp8_study_sweep_k(c, sc, g->accs, g->naccs, &sw)) return nl_cli_fail("fp8 gemm");
+    const int nk = sw.nk;
+    double *xs = sw.k, (*ys)[32] = sw.err;
+    const int *skipped = sw.skipped;
     char h[3][64];
     nl_report *r = nl_report_new("fp8 gemm --sweep-k");
     nl_report_str(r, "scaling", "", nl_fp8_scaling_name(sc));
@@ -364,28 +226,19 @@ static int gemm_sweep(const gemm_args *g) {
 
 /* One row per scaling and accumulator: the errors and the saturated / flushed operand counts. */
 static int gemm_table(const gemm_args *g) {
-    const gemm_cfg *c = &g->c;
-    gemm_operands o;
-    if (operands_make(c, c->K, &o)) return nl_cli_fail("fp8 gemm");
-    gemm_row rows[NL_FP8_SCALE_COUNT * 3];
+    const nl_fp8_study_cfg *c = &g->c;
+    nl_fp8_study_row rows[NL_FP8_SCALE_COUNT * 3];
     int nrows = 0;
     for (int s = 0; s < NL_FP8_SCALE_COUNT; s++)
-        for (int a = 0; g->want[s] && a < g->naccs; a++) {
-            gemm_row *row = &rows[nrows++];
-            *row = (gemm_row){.scaling = (nl_fp8_scaling)s, .acc = g->accs[a]};
-            int rc = run_setting(c, c->K, o.A, o.B, o.ref, row);
-            if (rc) {
-                operands_free(&o);
-                return rc;
-            }
-        }
-    operands_free(&o);
+        for (int a = 0; g->want[s] && a < g->naccs; a++)
+            rows[nrows++] = (nl_fp8_study_row){.scaling = (nl_fp8_scaling)s, .acc = g->accs[a]};
+    if (nl_fp8_study_run(c, c->K, rows, nrows)) return nl_cli_fail("fp8 gemm");
     nl_report *r = nl_report_new("fp8 gemm");
     nl_report_int(r, "m", "", c->M, NULL);
     nl_report_int(r, "n", "", c->N, NULL);
     nl_report_int(r, "k", "", c->K, NULL);
     nl_report_str(r, "format", "", nl_fmt_name(c->fmt));
-    nl_report_str(r, "dist", "", dist_names[c->uniform]);
+    nl_report_str(r, "dist", "", dist_names[c->dist]);
     nl_report_int(r, "seed", "", (long long)c->seed, NULL);
     char outl[96] = "";
     if (c->outlier_col >= 0) {
@@ -395,7 +248,7 @@ static int gemm_table(const gemm_args *g) {
     }
     char title[256];
     snprintf(title, sizeof title, "FP8 GEMM %lld x %lld x %lld, %s, %s operands%s", (long long)c->M, (long long)c->N,
-             (long long)c->K, nl_fmt_name(c->fmt), dist_labels[c->uniform], outl);
+             (long long)c->K, nl_fmt_name(c->fmt), dist_labels[c->dist], outl);
     nl_report_table(r, "rows", title, 16,
                     (const nl_report_col[]){{"scaling", "scaling", NULL},
                                             {NULL, "accumulator", NULL},
@@ -414,7 +267,7 @@ static int gemm_table(const gemm_args *g) {
                                             {NULL, "saturated", NULL},
                                             {NULL, "flushed to 0", NULL}});
     for (int i = 0; i < nrows; i++) {
-        const gemm_row *row = &rows[i];
+        const nl_fp8_study_row *row = &rows[i];
         char lab[64], sat[32], fl[32];
         const double nan = NAN;
         nl_report_cell_str(r, nl_fp8_scaling_name(row->scaling));
@@ -452,55 +305,8 @@ static int gemm_cmd(int argc, char **argv) {
 
 /* ---- fp8 curves: loss curves of several training logs (train --log CSV) in one SVG ---------- */
 
-typedef struct curve {
-    const char *label;
-    double *step, *loss;
-    size_t n;
-} curve;
-
-/* Reads step and train_loss or val_loss (the CSV of nanolm train --log). */
-static nl_status read_curve(const char *path, int val, curve *c) {
-    char *text;
-    size_t bytes;
-    NL_TRY(nl_read_file(path, &text, &bytes));
-    size_t lines = 0;
-    for (size_t i = 0; i < bytes; i++) lines += text[i] == '\n';
-    c->step = nl_malloc((lines + 1) * sizeof(double), "curve");
-    c->loss = nl_malloc((lines + 1) * sizeof(double), "curve");
-    c->n = 0;
-    if (!c->step || !c->loss) {
-        nl_free(text);
-        return NL_ERR_NOMEM;
-    }
-    char *save = NULL, *line = strtok_r(text, "\n", &save);
-    if (!line || strncmp(line, "step,lr,train_loss,val_loss", 27)) {
-        nl_free(text);
-        return nl_fail(NL_ERR_FORMAT, "%s: not a training log (expected the header of nanolm train --log)", path);
-    }
-    while ((line = strtok_r(NULL, "\n", &save))) {
-        /* step,lr,train_loss,val_loss,... ; val_loss may be empty */
-        char *f[4] = {line, NULL, NULL, NULL};
-        for (int k = 1; k < 4; k++) {
-            char *comma = f[k - 1] ? strchr(f[k - 1], ',') : NULL;
-            if (comma) {
-                *comma = 0;
-                f[k] = comma + 1;
-            }
-        }
-        if (!f[3]) continue;
-        const char *v = val ? f[3] : f[2];
-        if (!*v || *v == ',') continue;
-        c->step[c->n] = atof(f[0]);
-        c->loss[c->n] = atof(v);
-        c->n++;
-    }
-    nl_free(text);
-    if (c->n == 0) return nl_fail(NL_ERR_FORMAT, "%s: no %s loss values", path, val ? "validation" : "training");
-    return NL_OK;
-}
-
 /* The table (and JSON) of the curves: per run its points, or the summary row in the text form. */
-static int curves_print(const curve *runs, int nrun, int val, const char *svg, int json) {
+static int curves_print(const nl_loss_curve *runs, char (*labels)[128], int nrun, int val, const char *svg, int json) {
     nl_report *r = nl_report_new("fp8 curves");
     nl_report_table(r, "runs", NULL, 7,
                     (const nl_report_col[]){{"label", "run", NULL},
@@ -513,7 +319,7 @@ static int curves_print(const curve *runs, int nrun, int val, const char *svg, i
     for (int i = 0; i < nrun; i++) {
         double mn = runs[i].loss[0];
         for (size_t k = 1; k < runs[i].n; k++) mn = fmin(mn, runs[i].loss[k]);
-        nl_report_cell_str(r, runs[i].label);
+        nl_report_cell_str(r, labels[i]);
         nl_report_cell_nums(r, runs[i].step, (int)runs[i].n);
         nl_report_cell_nums(r, runs[i].loss, (int)runs[i].n);
         nl_report_cell_num(r, (double)runs[i].n);
@@ -552,7 +358,7 @@ static int curves_cmd(int argc, char **argv) {
     if (!title) title = val ? "validation loss" : "training loss";
     if (run_args.n == 0) return nl_cli_usage_error("fp8 curves: give at least one --run LABEL=CSV");
     if (run_args.n > 8) return nl_cli_usage_error("fp8 curves: at most 8 --run");
-    curve runs[8];
+    nl_loss_curve runs[8];
     char labels[8][128];
     int nrun = 0;
     memset(runs, 0, sizeof runs);
@@ -565,9 +371,8 @@ static int curves_cmd(int argc, char **argv) {
         }
         memcpy(labels[i], run_args.v[i], nlab);
         labels[i][nlab] = 0;
-        runs[i].label = labels[i];
         nrun++;
-        if (read_curve(eq + 1, val, &runs[i])) {
+        if (nl_train_log_read_curve(eq + 1, val, &runs[i])) {
             rc = nl_cli_fail("fp8 curves");
             goto done;
         }
@@ -576,19 +381,16 @@ static int curves_cmd(int argc, char **argv) {
         nl_svg_series ser[8];
         for (int i = 0; i < nrun; i++)
             ser[i] = (nl_svg_series){
-                .name = runs[i].label, .x = runs[i].step, .y = runs[i].loss, .n = runs[i].n, .markers = val};
+                .name = labels[i], .x = runs[i].step, .y = runs[i].loss, .n = runs[i].n, .markers = val};
         nl_svg_plot_opts po = {.title = title, .xlabel = "step", .ylabel = "loss (nats/token)"};
         if (nl_svg_plot(svg, &po, ser, (size_t)nrun)) {
             rc = nl_cli_fail("fp8 curves --svg");
             goto done;
         }
     }
-    rc = curves_print(runs, nrun, val, svg, json);
+    rc = curves_print(runs, labels, nrun, val, svg, json);
 done:
-    for (int i = 0; i < nrun; i++) {
-        nl_free(runs[i].step);
-        nl_free(runs[i].loss);
-    }
+    for (int i = 0; i < nrun; i++) { nl_loss_curve_free(&runs[i]); }
     return rc;
 }
 

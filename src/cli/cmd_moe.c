@@ -2,7 +2,6 @@
  * trained by the one training loop (nl_trainer_run) through the layout's hooks (nl_ep_layout):
  * schedule, warmup, validation, checkpoints, log and SIGTERM handling come from there. */
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +11,9 @@
 #include "cli/cli_opt.h"
 #include "cli/report.h"
 #include "cli/train_opts.h"
-#include "nanolm/moe_ep.h"
+#include "nanolm/moe_stats.h"
 #include "nanolm/tokenizer.h"
 
-/* SIGTERM / SIGINT during training (src/cli/cmd_train.c): finish the step, save, exit 0. */
-extern volatile int nl_train_stop_signal;
-void nl_train_catch_stop_signals(int on);
 
 /* What the command line asks for. */
 typedef struct moe_args {
@@ -98,51 +94,13 @@ int nl_cmd_moe(int argc, char **argv) {
     return nl_cmd_moe_train(argc - 1, argv + 1);
 }
 
-/* mean over MoE layers of (max expert load / mean expert load) */
-static double load_ratio(const int64_t *tok, int64_t layers, int64_t E) {
-    double r = 0;
-    for (int64_t l = 0; l < layers; l++) {
-        double mx = 0, sum = 0;
-        for (int64_t e = 0; e < E; e++) {
-            sum += (double)tok[l * E + e];
-            if (tok[l * E + e] > mx) mx = (double)tok[l * E + e];
-        }
-        r += sum > 0 ? mx / (sum / (double)E) : 0;
-    }
-    return r / (double)layers;
-}
-
-/* per-rank values gathered to everyone by a sum of one-hot vectors */
-static nl_status gather(nl_comm *w, double *v, int n, int rank, double mine) {
-    for (int i = 0; i < n; i++) {
-        v[i] = i == rank ? mine : 0;
-        if (n > 1) NL_TRY(nl_comm_sum_double(w, &v[i]));
-    }
-    return NL_OK;
-}
-
-/* The byte counts of a step, gathered from every rank. */
-#define STEP_BYTE_FIELDS 6
-static const char *const STEP_BYTE_NAMES[STEP_BYTE_FIELDS] = {"a2a_sent_bytes",     "a2a_count_bytes",
-                                                              "payload_sent_bytes", "payload_self_bytes",
-                                                              "dispatched_bytes",   "returned_bytes"};
-
-/* One step of the JSON result: its figures, and the byte counts of every rank (bytes[k * N + r]). */
-typedef struct step_rec {
-    int64_t step, slots, dropped;
-    double loss, aux_loss, grad_norm, lr, val_loss, max_mean_load;
-    double *bytes;
-} step_rec;
-
 /* What the per-step callback needs. */
 typedef struct moe_run {
     nl_ep_trainer *t;
     nl_comm *w;
     int N, R, json;
-    double *v; /* (N) gather buffer */
-    step_rec *steps; /* --json: one record per step, written at the end */
-    int64_t n_steps, cap_steps;
-    nl_status err; /* a failed gather in the callback */
+    nl_moe_steps steps; /* --json: one record per step, written at the end */
+    nl_status err;      /* a failed gather in the callback */
 } moe_run;
 
 /* One line (rank 0) or one JSON record per step, from the layout's statistics (t->st). */
@@ -150,37 +108,19 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     moe_run *x = user;
     const nl_ep_step_stats *st = &x->t->st;
     const nl_moe *e = x->t->model.moe;
-    double ratio = load_ratio(st->tokens, e->n_moe_layers, e->E);
     (void)o;
-    if (!x->json) {
-        if (x->R != 0) return;
-        printf("%5lld %9.5f %9.5f %9.3f %9lld %8.4f %14llu", (long long)r->step - 1, r->loss, st->aux_loss, ratio,
-               (long long)st->dropped, r->grad_norm, (unsigned long long)st->a2a_sent_bytes);
-        if (!isnan(r->val_loss)) printf("  val %.4f", r->val_loss);
-        printf("\n");
-        fflush(stdout);
-        return;
-    }
-    double mine[STEP_BYTE_FIELDS] = {(double)st->a2a_sent_bytes,     (double)st->a2a_count_bytes,
-                                     (double)st->payload_sent_bytes, (double)st->payload_self_bytes,
-                                     (double)st->dispatched_bytes,   (double)st->returned_bytes};
-    double *bytes = malloc(sizeof(double) * STEP_BYTE_FIELDS * (size_t)x->N);
-    if (x->n_steps == x->cap_steps) {
-        int64_t cap = x->cap_steps ? 2 * x->cap_steps : 64;
-        step_rec *p = realloc(x->steps, (size_t)cap * sizeof *p);
-        if (p) x->steps = p, x->cap_steps = cap;
-    }
-    if (!bytes || x->n_steps == x->cap_steps) {
-        free(bytes);
-        if (!x->err) x->err = nl_fail(NL_ERR_NOMEM, "out of memory (step %lld's record)", (long long)r->step - 1);
-        return;
-    }
-    for (int k = 0; k < STEP_BYTE_FIELDS; k++) { /* every rank takes part in the gathers */
-        nl_status rc = gather(x->w, bytes + k * x->N, x->N, x->R, mine[k]);
+    if (x->json) {
+        nl_status rc = nl_moe_steps_record(&x->steps, x->w, x->t, r);
         if (rc && !x->err) x->err = rc;
+        return;
     }
-    x->steps[x->n_steps++] = (step_rec){r->step - 1,  st->slots, st->dropped, r->loss, st->aux_loss,
-                                        r->grad_norm, r->lr,     r->val_loss, ratio,   bytes};
+    if (x->R != 0) return;
+    printf("%5lld %9.5f %9.5f %9.3f %9lld %8.4f %14llu", (long long)r->step - 1, r->loss, st->aux_loss,
+           nl_moe_load_ratio(st->tokens, e->n_moe_layers, e->E), (long long)st->dropped, r->grad_norm,
+           (unsigned long long)st->a2a_sent_bytes);
+    if (!isnan(r->val_loss)) printf("  val %.4f", r->val_loss);
+    printf("\n");
+    fflush(stdout);
 }
 
 /* The JSON result's header: the run's shape and layout (the text form printed its line before
@@ -218,14 +158,14 @@ static void report_header(nl_report *r, const nl_arch *a, const nl_moe *e, const
 
 /* The JSON result's steps: one row per step, each rank's byte counts as lists. */
 static void report_steps(nl_report *r, const moe_run *x) {
-    nl_report_col cols[9 + STEP_BYTE_FIELDS] = {
+    nl_report_col cols[9 + NL_MOE_STEP_BYTES] = {
         {"step", "", NULL},      {"loss", "", NULL},    {"aux_loss", "", NULL},
         {"grad_norm", "", NULL}, {"lr", "", NULL},      {"val_loss", "", NULL},
         {"slots", "", NULL},     {"dropped", "", NULL}, {"max_mean_load", "", NULL}};
-    for (int k = 0; k < STEP_BYTE_FIELDS; k++) cols[9 + k] = (nl_report_col){STEP_BYTE_NAMES[k], "", NULL};
-    nl_report_table(r, "steps", NULL, 9 + STEP_BYTE_FIELDS, cols);
-    for (int64_t i = 0; i < x->n_steps; i++) {
-        const step_rec *s = &x->steps[i];
+    for (int k = 0; k < NL_MOE_STEP_BYTES; k++) cols[9 + k] = (nl_report_col){nl_moe_step_byte_names[k], "", NULL};
+    nl_report_table(r, "steps", NULL, 9 + NL_MOE_STEP_BYTES, cols);
+    for (int64_t i = 0; i < x->steps.n; i++) {
+        const nl_moe_step_rec *s = &x->steps.rec[i];
         nl_report_cell_int(r, (long long)s->step);
         nl_report_cell_num(r, s->loss);
         nl_report_cell_num(r, s->aux_loss);
@@ -235,7 +175,7 @@ static void report_steps(nl_report *r, const moe_run *x) {
         nl_report_cell_int(r, (long long)s->slots);
         nl_report_cell_int(r, (long long)s->dropped);
         nl_report_cell_num(r, s->max_mean_load);
-        for (int k = 0; k < STEP_BYTE_FIELDS; k++) nl_report_cell_nums(r, s->bytes + k * x->N, x->N);
+        for (int k = 0; k < NL_MOE_STEP_BYTES; k++) nl_report_cell_nums(r, s->bytes + k * x->N, x->N);
         nl_report_row_end(r);
     }
 }
@@ -271,28 +211,21 @@ static int build_arch(moe_args *g, nl_arch *a, int N) {
 
 /* --report-memory: bytes per rank (every rank takes part in the gathers). */
 static nl_status report_memory(moe_run *x, nl_report *rep) {
-    nl_ep_trainer *t = x->t;
     int N = x->N;
-    double mine[4] = {(double)nl_model_param_bytes(&t->model), (double)nl_model_param_bytes(&t->model),
-                      (double)nl_adamw_bytes(&t->opt), (double)nl_ep_act_bytes(t)};
     const char *names[4] = {"params", "grads", "optimizer", "activations"};
     double *v = calloc((size_t)N * 4, sizeof(double));
     if (!v) return nl_fail(NL_ERR_NOMEM, "out of memory (memory report)");
-    for (int k = 0; k < 4; k++) {
-        nl_status rc = gather(x->w, v + k * N, N, x->R, mine[k]);
-        if (rc) {
-            free(v);
-            return rc;
-        }
-    }
-    for (int r = 0; r < N; r++)
+    nl_status rc = nl_moe_memory(x->w, x->t, v);
+    for (int r = 0; !rc && r < N; r++)
         nl_report_note(rep, "rank %d: params %.0f B, grads %.0f B, optimizer %.0f B, activations %.0f B", r, v[r],
                        v[N + r], v[2 * N + r], v[3 * N + r]);
-    nl_report_begin_object(rep, "memory", NULL);
-    for (int k = 0; k < 4; k++) nl_report_nums(rep, names[k], "", v + k * N, N, NULL, NULL);
-    nl_report_end_object(rep);
+    if (!rc) {
+        nl_report_begin_object(rep, "memory", NULL);
+        for (int k = 0; k < 4; k++) nl_report_nums(rep, names[k], "", v + k * N, N, NULL, NULL);
+        nl_report_end_object(rep);
+    }
     free(v);
-    return NL_OK;
+    return rc;
 }
 
 /* Trains through nl_trainer_run and prints the per-step table or JSON, memory and throughput. */
@@ -341,10 +274,7 @@ static int train_and_report(moe_args *g, const nl_arch *a, nl_ep_trainer *t, con
         if (tk) nl_report_nums(rep, "tokens_per_expert", "", tk, (int)ntk, NULL, NULL); /* of the last step */
         free(tk);
     }
-    if (tn.stopped && x->R == 0 && !g->json)
-        printf("stopped by %s after step %lld of %lld%s%s\n", tn.stopped == SIGINT ? "SIGINT" : "SIGTERM",
-               (long long)tn.step, (long long)g->tr.steps,
-               g->tr.out ? "; resume with --resume " : " (no --out: nothing saved)", g->tr.out ? g->tr.out : "");
+    if (x->R == 0 && !g->json) nl_cli_train_stopped(&tn, &g->tr);
     if (x->R == 0 && !g->json && g->tr.out) printf("saved %s after step %lld\n", g->tr.out, (long long)tn.step);
     nl_comm_max_double(x->w, &el);
     if (g->mem && report_memory(x, rep)) {
@@ -379,12 +309,8 @@ int nl_cmd_moe_train(int argc, char **argv) {
     memset(&tok, 0, sizeof tok);
     memset(&d, 0, sizeof d);
     memset(&t, 0, sizeof t);
-    moe_run x = {.t = &t, .w = w, .N = N, .R = R, .json = g.json, .v = calloc((size_t)N, sizeof(double))};
+    moe_run x = {.t = &t, .w = w, .N = N, .R = R, .json = g.json};
     if ((rc = build_arch(&g, &a, N))) goto out;
-    if (!x.v) {
-        rc = nl_cli_fail("moe train: out of memory");
-        goto out;
-    }
     if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, g.ta.data, &tok) || nl_data_check_window(&d, (int)g.tr.seq)) {
         rc = nl_cli_fail("moe train: --data");
         goto out;
@@ -400,9 +326,7 @@ int nl_cmd_moe_train(int argc, char **argv) {
     }
     rc = train_and_report(&g, &a, &t, &d, &x);
 out:
-    for (int64_t i = 0; i < x.n_steps; i++) free(x.steps[i].bytes);
-    free(x.steps);
-    free(x.v);
+    nl_moe_steps_free(&x.steps);
     nl_ep_free(&t);
     nl_data_free(&d);
     nl_tokenizer_free(&tok);

@@ -13,8 +13,7 @@
 #include "cli_opt.h"
 #include "report.h"
 #include "train_opts.h"
-#include "nanolm/dtrain.h"
-#include "nanolm/pipeline.h"
+#include "nanolm/par_probe.h"
 #include "nanolm/svg.h"
 #include "nanolm/tokenizer.h"
 
@@ -114,81 +113,30 @@ static nl_status draw_timeline(const char *path, int P, int M, const char *sched
     return nl_svg_save(&s, path);
 }
 
-/* Each rank fills its row of (p, k) doubles; afterwards every rank holds the whole table. */
-static nl_status share_rows(nl_comm *w, double *rows, int k) {
-    int p = nl_comm_size(w);
-    for (int i = 0; i < p * k; i++) NL_TRY(nl_comm_sum_double(w, &rows[i]));
-    return NL_OK;
-}
-
-/* The layout's hooks wrapped for what this command reports per step (bytes sent, backward and
- * waiting time, pipeline busy / idle) and for --inject-fault. */
+/* What the command adds to the probe (nanolm/par_probe.h): --inject-fault and --json. */
 typedef struct step_probe {
-    nl_train_layout inner;
-    nl_dist_trainer *dt;
-    nl_pipe *pl;
-    nl_comm_stats st; /* the last step's bytes */
-    double bw_s, wait_s, busy_s, idle_s;
+    nl_par_probe pr;
     int rank, fault_rank, fault_step;
     const char *fault_how;
     int json;
-    float *losses; /* (steps) per step, for --json */
-    double *norms;
 } step_probe;
 
-static nl_status probe_grads(void *u, const nl_data *d, int64_t step, float *loss) {
+/* --inject-fault: a rank that dies at the start of a step. */
+static void fault_before_grads(void *u, int64_t step) {
     step_probe *p = u;
-    if (p->rank == p->fault_rank && step + 1 == p->fault_step) { /* a rank that dies at the start of a step */
-        if (!strcmp(p->fault_how, "kill")) raise(SIGKILL);
-        if (!strcmp(p->fault_how, "stop")) raise(SIGSTOP);
-        if (!strcmp(p->fault_how, "segv")) raise(SIGSEGV);
-        if (!strcmp(p->fault_how, "_exit")) _exit(3);
-        exit(3);
-    }
-    nl_comm_reset_total_stats();
-    return p->inner.grads(p->inner.user, d, step, loss);
-}
-static nl_status probe_sumsq(void *u, double *ss) {
-    step_probe *p = u;
-    return p->inner.sumsq(p->inner.user, ss);
-}
-static void probe_scale(void *u, float f) {
-    step_probe *p = u;
-    p->inner.scale(p->inner.user, f);
-}
-static nl_status probe_update(void *u, float lr) {
-    step_probe *p = u;
-    NL_TRY(p->inner.update(p->inner.user, lr));
-    nl_comm_get_total_stats(&p->st); /* bytes of this step (the last step's are reported) */
-    if (p->pl) p->busy_s += p->pl->busy_s, p->idle_s += p->pl->idle_s;
-    if (p->dt) p->bw_s += p->dt->backward_s, p->wait_s += p->dt->comm_wait_s;
-    return NL_OK;
-}
-static nl_status probe_eval(void *u, const nl_data *d, int64_t w, double *loss) {
-    step_probe *p = u;
-    return p->inner.eval(p->inner.user, d, w, loss);
-}
-static nl_status probe_save(void *u, const char *path, const struct nl_ckpt_state *st) {
-    step_probe *p = u;
-    return p->inner.save(p->inner.user, path, st);
-}
-static nl_status probe_load(void *u, const char *path, struct nl_ckpt_state *st) {
-    step_probe *p = u;
-    return p->inner.load(p->inner.user, path, st);
-}
-static nl_status probe_agree_stop(void *u, int *stop) {
-    step_probe *p = u;
-    return p->inner.agree_stop(p->inner.user, stop);
+    if (p->rank != p->fault_rank || step + 1 != p->fault_step) return;
+    if (!strcmp(p->fault_how, "kill")) raise(SIGKILL);
+    if (!strcmp(p->fault_how, "stop")) raise(SIGSTOP);
+    if (!strcmp(p->fault_how, "segv")) raise(SIGSEGV);
+    if (!strcmp(p->fault_how, "_exit")) _exit(3);
+    exit(3);
 }
 
-/* SIGTERM / SIGINT during training (src/cli/cmd_train.c): finish the step, save, exit 0. */
-extern volatile int nl_train_stop_signal;
-void nl_train_catch_stop_signals(int on);
 
 static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     step_probe *p = user;
     (void)o;
-    if (p->json || !p->inner.rank0) return;
+    if (p->json || !p->pr.inner.rank0) return;
     if (isnan(r->val_loss))
         printf("step %3lld  loss %.6f  grad norm %.4f\n", (long long)r->step, r->loss, r->grad_norm);
     else
@@ -328,7 +276,7 @@ int nl_cmd_parallel(int argc, char **argv) {
 }
 
 /* The report rows: per rank, bytes sent and received, sent per collective, memory x4, pipeline x3. */
-enum { NK = 2 + NL_COMM_OP_COUNT + 4 + 3 };
+enum { NK = NL_PAR_ROW };
 
 /* Everything the report of rank 0 shows. */
 typedef struct par_report {
@@ -468,22 +416,6 @@ static int print_report(const par_report *x) {
     return rc;
 }
 
-/* This rank's row of the report: bytes sent and received, sent per collective, memory
- * (parameters, gradients, optimizer, workspace), pipeline busy and idle seconds, stage. */
-static void fill_rank_row(double *me, const nl_comm_stats *st, const nl_dist_memory *dm, double busy_s, double idle_s,
-                          int pp_rank) {
-    me[0] = (double)nl_comm_stats_sent_bytes(st);
-    me[1] = (double)nl_comm_stats_recv_bytes(st);
-    for (int k = 0; k < NL_COMM_OP_COUNT; k++) me[2 + k] = (double)st->coll[k].sent_bytes;
-    me[2 + NL_COMM_OP_COUNT] = (double)dm->params;
-    me[3 + NL_COMM_OP_COUNT] = (double)dm->grads;
-    me[4 + NL_COMM_OP_COUNT] = (double)dm->optimizer;
-    me[5 + NL_COMM_OP_COUNT] = (double)dm->workspace;
-    me[6 + NL_COMM_OP_COUNT] = busy_s;
-    me[7 + NL_COMM_OP_COUNT] = idle_s;
-    me[8 + NL_COMM_OP_COUNT] = pp_rank;
-}
-
 /* What one run of `parallel train` holds on this rank: the layout, the data, the engine (DDP/ZeRO
  * or pipeline/tensor), the probe around its hooks, the trainer, and the shared report rows. */
 typedef struct par_run {
@@ -496,8 +428,7 @@ typedef struct par_run {
     nl_pipe pl;
     nl_trainer tn;
     step_probe probe;
-    nl_train_layout hooks; /* the probe's hooks: the trainer keeps a pointer to them */
-    double *rows, *ev;     /* (P, NK) per-rank rows; with --pp --svg (P, 2M, 4) timeline events */
+    double *rows, *ev; /* (P, NK) per-rank rows; with --pp --svg (P, 2M, 4) timeline events */
 } par_run;
 
 /* The layout, the data, the engine wrapped by the probe and the trainer (resumed when asked).
@@ -513,24 +444,14 @@ static int run_setup(par_cli *A, const nl_arch *arch, par_run *x) {
         if (nl_pipe_init(&x->pl, arch, &A->o, (int)A->micro, (nl_pipe_schedule)A->sched, x->L.pp_comm, x->L.dp_comm,
                          x->L.tp_comm))
             return nl_cli_fail("parallel train: --tp/--pp/--microbatches/--batch/--sp/--zero");
-        nl_pipe_layout(&x->pl, &p->inner);
-        p->pl = &x->pl;
-    } else {
-        if (nl_dist_init(&x->t, arch, &A->o, x->L.dp_comm)) return nl_cli_fail("parallel train: --dp/--zero");
-        nl_dist_layout(&x->t, &p->inner);
-        p->dt = &x->t;
+    } else if (nl_dist_init(&x->t, arch, &A->o, x->L.dp_comm)) {
+        return nl_cli_fail("parallel train: --dp/--zero");
     }
+    nl_par_probe_init(&p->pr, x->mp ? NULL : &x->t, &x->pl);
+    p->pr.before_grads = fault_before_grads, p->pr.user = p;
     p->rank = x->R, p->fault_rank = A->fault_rank, p->fault_step = A->fault_step, p->fault_how = A->fault_how;
     p->json = A->json;
-    nl_train_layout *h = &x->hooks;
-    *h = p->inner;
-    h->user = p;
-    h->grads = probe_grads, h->sumsq = probe_sumsq, h->scale = probe_scale, h->update = probe_update;
-    h->eval = p->inner.eval ? probe_eval : NULL;
-    h->save = p->inner.save ? probe_save : NULL;
-    h->load = p->inner.load ? probe_load : NULL;
-    h->agree_stop = p->inner.agree_stop ? probe_agree_stop : NULL;
-    if (nl_trainer_init_layout(&x->tn, tr, h))
+    if (nl_trainer_init_layout(&x->tn, tr, &p->pr.hooks))
         return nl_cli_fail(tr->resume ? "parallel train: --resume" : "parallel train");
     x->rows = calloc((size_t)x->P * NK, sizeof(double));
     if (!x->rows) return nl_cli_fail("parallel train: out of memory");
@@ -539,21 +460,11 @@ static int run_setup(par_cli *A, const nl_arch *arch, par_run *x) {
 
 /* Every rank's row of the report (and with --pp --svg its timeline), shared with every rank. */
 static int share_report(const par_cli *A, par_run *x) {
-    nl_dist_memory dm;
-    if (x->mp) /* this rank's part only (see nanolm/pipeline.h) */
-        nl_pipe_memory_report(&x->pl, &dm);
-    else
-        nl_dist_memory_report(&x->t, &dm);
-    fill_rank_row(x->rows + (size_t)x->R * NK, &x->probe.st, &dm, x->probe.busy_s, x->probe.idle_s, x->L.pp_rank);
-    if (share_rows(x->w, x->rows, NK)) return nl_cli_fail("parallel train: report");
+    if (nl_par_share_rows(x->w, &x->probe.pr, x->L.pp_rank, x->rows)) return nl_cli_fail("parallel train: report");
     if (A->pp > 1 && A->svg) {
         x->ev = calloc((size_t)x->P * 2 * (size_t)A->micro * 4, sizeof(double));
         if (!x->ev) return nl_cli_fail("parallel train: --svg");
-        for (int i = 0; i < x->pl.n_ev; i++) {
-            double *e = x->ev + ((size_t)x->R * 2 * (size_t)A->micro + (size_t)i) * 4;
-            e[0] = x->pl.ev_kind[i], e[1] = x->pl.ev_mb[i], e[2] = x->pl.ev_t0[i], e[3] = x->pl.ev_t1[i];
-        }
-        if (share_rows(x->w, x->ev, (int)(2 * A->micro * 4))) return nl_cli_fail("parallel train: report");
+        if (nl_par_share_timeline(x->w, &x->pl, (int)A->micro, x->ev)) return nl_cli_fail("parallel train: report");
     }
     return 0;
 }
@@ -583,17 +494,14 @@ static int run_train(par_cli *A, par_run *x) {
     nl_train_catch_stop_signals(0);
     if (trc) return nl_cli_fail("parallel train");
     const nl_trainer *tn = &x->tn;
-    if (tn->stopped && R == 0 && !json)
-        printf("stopped by %s after step %lld of %lld%s%s\n", tn->stopped == SIGINT ? "SIGINT" : "SIGTERM",
-               (long long)tn->step, (long long)tr->steps,
-               tr->out ? "; resume with --resume " : " (no --out: nothing saved)", tr->out ? tr->out : "");
+    if (R == 0 && !json) nl_cli_train_stopped(tn, tr);
     if (R == 0 && A->log_csv && nl_train_log_write_csv(tn, A->log_csv)) return nl_cli_fail("parallel train: --log");
     if (R == 0 && !json && tr->out) printf("saved %s after step %lld\n", tr->out, (long long)tn->step);
     double wall = nl_time_s() - t0;
     int rc = share_report(A, x);
     if (rc || R != 0) return rc;
     size_t n_full = x->mp ? x->pl.n_params_full : x->t.model.n_params; /* parameters of the whole model */
-    par_report rep = {A, x->P, x->rows, x->ev, tn, first, tn->step, n_full, x->probe.bw_s, x->probe.wait_s, wall};
+    par_report rep = {A, x->P, x->rows, x->ev, tn, first, tn->step, n_full, x->probe.pr.bw_s, x->probe.pr.wait_s, wall};
     return print_report(&rep);
 }
 

@@ -11,19 +11,11 @@
 #include "nanolm/precision.h"
 #include "report.h"
 
-#define GRADSCALER_INIT 65536.0 /* torch.cuda.amp.GradScaler(init_scale=2**16) */
-
 static void usage(FILE *f) {
     fprintf(f, "usage: nanolm precision underflow --ckpt F --data TEXT [options]\n"
                "  underflow: what fp16 (with and without loss scaling) and bf16 would lose of a model's\n"
                "  gradients (see nanolm precision underflow --help)\n");
 }
-
-typedef struct scheme {
-    nl_format f;
-    double scale;
-    const char *label;
-} scheme;
 
 static int underflow_cmd(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *tok_path = NULL;
@@ -58,8 +50,6 @@ static int underflow_cmd(int argc, char **argv) {
     int rc = NL_EXIT_OK;
     nl_data dt;
     memset(&dt, 0, sizeof dt);
-    float *act = NULL, *wgt = NULL;
-    size_t n_act = 0, n_wgt = 0;
     if (T == 0) T = m.arch.seq_len;
     if (T > m.arch.seq_len) {
         rc = nl_cli_usage_error("precision underflow: --seq %lld exceeds the model's seq_len %lld", (long long)T,
@@ -67,33 +57,13 @@ static int underflow_cmd(int argc, char **argv) {
         goto done;
     }
     /* The validation split (last 10%) of the text, tokenized with the checkpoint's tokenizer. */
-    if (nl_data_open(&dt, data, &tok) || nl_model_alloc_acts(&m, B, T) || nl_model_alloc_grads(&m) ||
-        nl_grad_sample(&m, (const int32_t *)dt.tokens + nl_data_split_begin(&dt, NL_DATA_VAL),
-                       nl_data_split_tokens(&dt, NL_DATA_VAL), B, T, (int)nb, &act, &n_act, &wgt, &n_wgt)) {
+    nl_underflow_study u;
+    if (nl_data_open(&dt, data, &tok) ||
+        nl_underflow_study_run(&m, (const int32_t *)dt.tokens + nl_data_split_begin(&dt, NL_DATA_VAL),
+                               nl_data_split_tokens(&dt, NL_DATA_VAL), B, T, (int)nb, &u)) {
         rc = nl_cli_fail("precision underflow");
         goto done;
     }
-    const double fp16_max = nl_fmt_info(NL_FMT_FP16)->max_finite;
-    double s_act = nl_underflow_max_scale(act, n_act, fp16_max, 0x1p24);
-    double s_wgt = nl_underflow_max_scale(wgt, n_wgt, fp16_max, 0x1p24);
-    double s_best = s_act == 0.0 ? s_wgt : (s_wgt == 0.0 ? s_act : fmin(s_act, s_wgt));
-    if (s_best == 0.0) s_best = 1.0;
-    char best_label[48];
-    snprintf(best_label, sizeof best_label, "2^%d (largest w/o overflow)", (int)lround(log2(s_best)));
-    const scheme schemes[4] = {{NL_FMT_FP16, 1.0, "1 (none)"},
-                               {NL_FMT_FP16, GRADSCALER_INIT, "2^16 (GradScaler init)"},
-                               {NL_FMT_FP16, s_best, best_label},
-                               {NL_FMT_BF16, 1.0, "1 (none)"}};
-    const float *vals[2] = {act, wgt};
-    const size_t nv[2] = {n_act, n_wgt};
-    nl_underflow_counts cnt[2][4];
-    memset(cnt, 0, sizeof cnt);
-    for (int k = 0; k < 2; k++)
-        for (int s = 0; s < 4; s++)
-            if (nl_underflow_count(schemes[s].f, (float)schemes[s].scale, vals[k], nv[k], &cnt[k][s])) {
-                rc = nl_cli_fail("precision underflow");
-                goto done;
-            }
     nl_report *r = nl_report_new("precision underflow");
     nl_report_str(r, "checkpoint", "checkpoint", ckpt);
     nl_report_str(r, "data", "text (validation split)", data);
@@ -111,24 +81,22 @@ static int underflow_cmd(int argc, char **argv) {
                                             {"subnormal_frac", "subnormal", "%.6f"},
                                             {"overflow_frac", "overflow (inf)", "%.6f"}});
     for (int k = 0; k < 2; k++)
-        for (int s = 0; s < 4; s++) {
-            const nl_underflow_counts *u = &cnt[k][s];
-            const double z = u->nonzero ? 1.0 / (double)u->nonzero : 0.0;
+        for (int s = 0; s < NL_UNDERFLOW_SCHEMES; s++) {
+            const nl_underflow_counts *c = &u.cnt[k][s];
+            const double z = c->nonzero ? 1.0 / (double)c->nonzero : 0.0;
             nl_report_cell_str(r, k == 0 ? "linear_output_grads" : "parameter_grads");
-            nl_report_cell_str(r, nl_fmt_name(schemes[s].f));
-            nl_report_cell_str(r, schemes[s].label);
-            nl_report_cell_num(r, schemes[s].scale);
-            nl_report_cell_num(r, (double)u->values);
-            nl_report_cell_num(r, (double)u->nonzero);
-            nl_report_cell_num(r, (double)u->flushed * z);
-            nl_report_cell_num(r, (double)u->subnormal * z);
-            nl_report_cell_num(r, (double)u->overflow * z);
+            nl_report_cell_str(r, nl_fmt_name(u.fmt[s]));
+            nl_report_cell_str(r, u.label[s]);
+            nl_report_cell_num(r, u.scale[s]);
+            nl_report_cell_num(r, (double)c->values);
+            nl_report_cell_num(r, (double)c->nonzero);
+            nl_report_cell_num(r, (double)c->flushed * z);
+            nl_report_cell_num(r, (double)c->subnormal * z);
+            nl_report_cell_num(r, (double)c->overflow * z);
             nl_report_row_end(r);
         }
     rc = nl_report_print(r, json);
 done:
-    nl_free(act);
-    nl_free(wgt);
     nl_data_free(&dt);
     nl_tokenizer_free(&tok);
     nl_model_free(&m);

@@ -8,7 +8,7 @@
 
 #include "cli.h"
 #include "cli_opt.h"
-#include "nanolm/quant.h"
+#include "nanolm/quant_study.h"
 #include "report.h"
 
 int nl_cmd_quant_model(int argc, char **argv);   /* cmd_quant_model.c */
@@ -34,13 +34,7 @@ static void usage(FILE *f) {
 
 /* ---- demo ------------------------------------------------------------------------------------ */
 
-typedef struct demo_step {
-    const char *name;
-    float x[4];
-    int64_t block; /* 0 = per tensor */
-    nl_qtensor q;
-    float back[4];
-} demo_step;
+typedef nl_quant_demo_step demo_step;
 
 /* The floats as doubles, for the report's lists (at most 4 here). */
 static void f2d(const float *v, int n, double *out) {
@@ -88,28 +82,10 @@ static int cmd_demo(int argc, char **argv) {
                        0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
-    demo_step st[3] = {
-        {"int8 absmax per tensor", {0.3f, -0.5f, 0.12f, 1.5f}, 0, {.spec = {0}}, {0}},
-        {"outlier 30 instead of 1.5", {0.3f, -0.5f, 0.12f, 30.0f}, 0, {.spec = {0}}, {0}},
-        {"blocks of 2, one scale each", {0.3f, -0.5f, 0.12f, 30.0f}, 2, {.spec = {0}}, {0}},
-    };
-    for (int s = 0; s < 3; s++) {
-        nl_status st_rc = st[s].block ? nl_quant_blockwise(st[s].x, 1, 4, 8, st[s].block, &st[s].q)
-                                      : nl_quant_symmetric(st[s].x, 1, 4, 8, 0, &st[s].q);
-        if (!st_rc) st_rc = nl_quant_dequantize(&st[s].q, st[s].back);
-        if (st_rc) {
-            for (int k = 0; k < s; k++) nl_qtensor_free(&st[k].q);
-            return nl_cli_fail("quant demo");
-        }
-    }
-    /* How many of the 255 codes land within |x| <= 0.5 once the outlier sets the step. */
-    int levels = 0, lo = 0, hi = 0;
-    for (int q = -127; q <= 127; q++)
-        if (fabsf((float)q * st[1].q.scales[0]) <= 0.5f) {
-            if (!levels) lo = q;
-            hi = q;
-            levels++;
-        }
+    nl_quant_demo d;
+    if (nl_quant_demo_run(&d)) return nl_cli_fail("quant demo");
+    const demo_step *st = d.st;
+    const int levels = d.levels, lo = d.lo, hi = d.hi;
     nl_report *r = nl_report_new("quant demo");
     nl_report_table(r, "steps", NULL, 7,
                     (const nl_report_col[]){{"step", "", NULL},
@@ -146,7 +122,7 @@ static int cmd_demo(int argc, char **argv) {
         if (s == 2) nl_report_note(r, "  the outlier spoils only its own block: the first pair keeps 255 levels");
         if (s < 2) nl_report_note(r, "%s", "");
     }
-    for (int s = 0; s < 3; s++) nl_qtensor_free(&st[s].q);
+    nl_quant_demo_free(&d);
     return nl_report_print(r, json);
 }
 
@@ -354,39 +330,6 @@ static int cmd_values(int argc, char **argv) {
 
 /* ---- outliers -------------------------------------------------------------------------------- */
 
-/* The five schemes of `quant outliers` and what each does to the matrix. */
-typedef struct outlier_row {
-    const char *name;
-    nl_quant_granularity g;
-    int64_t block;
-    double mse, sqnr, mse_rest; /* all rows; the rows other than the outlier row */
-    size_t bytes;
-} outlier_row;
-
-/* Quantizes w (rows, cols) with each scheme and measures the error; y is scratch of the same size. */
-static nl_status outliers_run(const float *w, float *y, int64_t rows, int64_t cols, int bits, int64_t orow,
-                              outlier_row *sch, int ns) {
-    size_t n = (size_t)(rows * cols);
-    for (int s = 0; s < ns; s++) {
-        nl_qtensor q;
-        NL_TRY(sch[s].g == NL_QUANT_PER_BLOCK
-                   ? nl_quant_blockwise(w, rows, cols, bits, sch[s].block, &q)
-                   : nl_quant_symmetric(w, rows, cols, bits, sch[s].g == NL_QUANT_PER_CHANNEL, &q));
-        nl_status st = nl_quant_dequantize(&q, y);
-        sch[s].bytes = nl_qtensor_bytes(&q);
-        nl_qtensor_free(&q);
-        NL_TRY(st);
-        sch[s].mse = nl_quant_mse(w, y, n);
-        sch[s].sqnr = nl_quant_sqnr_db(w, y, n);
-        /* Error on the ordinary rows only: what the outlier did to its neighbours. */
-        double e = 0;
-        for (int64_t i = 0; i < rows; i++)
-            if (i != orow) e += nl_quant_mse(w + i * cols, y + i * cols, (size_t)cols) * (double)cols;
-        sch[s].mse_rest = e / (double)((rows - 1) * cols);
-    }
-    return NL_OK;
-}
-
 static int cmd_outliers(int argc, char **argv) {
     int64_t rows = 256, cols = 1024, bits = 8, seed = 1;
     double outlier = 50.0;
@@ -410,26 +353,10 @@ static int cmd_outliers(int argc, char **argv) {
         0};
     if ((rc = nl_cli_parse(&spec, argc, argv, NULL, NULL))) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     size_t n = (size_t)(rows * cols);
-    float *w = nl_malloc(n * sizeof(float), "weight matrix"), *y = nl_malloc(n * sizeof(float), "reconstruction");
-    if (!w || !y) {
-        nl_free(w);
-        nl_free(y);
+    const int64_t orow = NL_QUANT_OUTLIER_ROW;
+    nl_quant_outlier_row sch[NL_QUANT_OUTLIER_SCHEMES];
+    if (nl_quant_outlier_study(rows, cols, (int)bits, outlier, (uint64_t)seed, sch))
         return nl_cli_fail("quant outliers");
-    }
-    nl_rng r;
-    nl_rng_seed(&r, (uint64_t)seed);
-    for (size_t i = 0; i < n; i++) w[i] = (float)(0.02 * nl_rng_normal(&r));
-    const int64_t orow = 7;
-    for (int64_t j = 0; j < cols; j++) w[orow * cols + j] *= (float)outlier;
-    outlier_row sch[5] = {{"per tensor", NL_QUANT_PER_TENSOR, 0, 0, 0, 0, 0},
-                          {"per channel", NL_QUANT_PER_CHANNEL, 0, 0, 0, 0, 0},
-                          {"per block 32", NL_QUANT_PER_BLOCK, 32, 0, 0, 0, 0},
-                          {"per block 64", NL_QUANT_PER_BLOCK, 64, 0, 0, 0, 0},
-                          {"per block 128", NL_QUANT_PER_BLOCK, 128, 0, 0, 0, 0}};
-    nl_status st = outliers_run(w, y, rows, cols, (int)bits, orow, sch, 5);
-    nl_free(w);
-    nl_free(y);
-    if (st) return nl_cli_fail("quant outliers");
     nl_report *rep = nl_report_new("quant outliers");
     nl_report_int(rep, "rows", "", rows, NULL);
     nl_report_int(rep, "cols", "", cols, NULL);

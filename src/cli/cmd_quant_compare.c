@@ -7,25 +7,15 @@
 #include "cli.h"
 #include "cli_model.h"
 #include "cli_opt.h"
-#include "nanolm/quant_methods.h"
+#include "nanolm/quant_compare.h"
 #include "nanolm/svg.h"
-#include "nanolm/train.h"
 #include "report.h"
 
 #define DEFAULT_SCHEMES                                                                                                \
     "rtn-int4-g32,gptq-int4-g32,awq-int4-g32,rtn-int3-g32,gptq-int3-g32,awq-int3-g32,"                                 \
     "rtn-int4-g128,gptq-int4-g128,awq-int4-g128,w8a8,smoothquant-w8a8,int8-outlier6"
 
-typedef struct qc_row {
-    nl_qm_scheme s;
-    int64_t bytes;
-    double loss, time_s, awq_alpha;
-    int *calib_outliers, *eval_outliers; /* [L * NL_QM_SITES] or NULL */
-} qc_row;
-
-static nl_status encode_text(const nl_tokenizer *tok, const char *text, size_t bytes, int **ids, int64_t *n) {
-    return nl_tokenizer_encode(tok, text, bytes, 1, 0, ids, n);
-}
+typedef nl_qc_row qc_row;
 
 static nl_status write_svg(const char *path, const qc_row *rows, int n, double base) {
     nl_svg s;
@@ -106,91 +96,6 @@ static int qc_parse(int argc, char **argv, qc_args *a) {
     if (!a->model.ckpt || !a->data || !a->calib)
         return nl_cli_usage_error("quant compare: --ckpt F, --data TEXT and --calib TEXT are required");
     return 0;
-}
-
-/* Parses every scheme first, so that a typo fails before any work. fp32 is the baseline row,
- * always measured and printed first: listing it adds nothing. */
-static int qc_schemes(const char *schemes, qc_row *rows, int *n_rows) {
-    char list[1024];
-    *n_rows = 0;
-    if (strlen(schemes) >= sizeof list) return nl_cli_usage_error("quant compare: --schemes list too long");
-    snprintf(list, sizeof list, "%s", schemes);
-    for (char *save = NULL, *tokn = strtok_r(list, ",", &save); tokn; tokn = strtok_r(NULL, ",", &save)) {
-        if (*n_rows == 64) return nl_cli_usage_error("quant compare: at most 64 schemes");
-        qc_row *r = &rows[*n_rows];
-        memset(r, 0, sizeof *r);
-        if (nl_qm_parse(tokn, &r->s)) return nl_cli_usage_error("quant compare: --schemes: %s", nl_last_error());
-        if (r->s.method == NL_QM_FP32) continue;
-        for (int j = 0; j < *n_rows; j++)
-            if (!strcmp(rows[j].s.name, r->s.name))
-                return nl_cli_usage_error("quant compare: --schemes lists %s twice", rows[j].s.name);
-        (*n_rows)++;
-    }
-    if (*n_rows == 0) return nl_cli_usage_error("quant compare: --schemes names no scheme besides the fp32 baseline");
-    return 0;
-}
-
-/* The texts as tokens: evaluation and calibration (the halves of one file when they are the same). */
-typedef struct qc_tokens {
-    char *dtext, *ctext;
-    int *eval_ids, *calib_ids;
-    int64_t n_eval, n_calib;
-} qc_tokens;
-
-static nl_status qc_encode(const qc_args *a, const nl_tokenizer *tok, int64_t T, qc_tokens *t) {
-    size_t dbytes = 0, cbytes = 0;
-    NL_TRY(nl_read_file(a->data, &t->dtext, &dbytes));
-    const char *etext = t->dtext, *cal = NULL;
-    size_t ebytes = dbytes, calb = 0;
-    if (!strcmp(a->data, a->calib)) {
-        size_t mid = dbytes / 2;
-        while (mid < dbytes && t->dtext[mid] != '\n') mid++;
-        cal = t->dtext;
-        calb = mid;
-        etext = t->dtext + mid;
-        ebytes = dbytes - mid;
-    } else {
-        NL_TRY(nl_read_file(a->calib, &t->ctext, &cbytes));
-        cal = t->ctext;
-        calb = cbytes;
-    }
-    NL_TRY(encode_text(tok, etext, ebytes, &t->eval_ids, &t->n_eval));
-    NL_TRY(encode_text(tok, cal, calb, &t->calib_ids, &t->n_calib));
-    if (t->n_eval < 2 || t->n_calib < T)
-        return nl_fail(NL_ERR_INVALID,
-                       "%lld evaluation tokens and %lld calibration tokens; need >= 2 and >= --seq %lld",
-                       (long long)t->n_eval, (long long)t->n_calib, (long long)T);
-    if (t->n_calib > a->calib_n) t->n_calib = a->calib_n < T ? T : a->calib_n;
-    if (a->eval_n > 0 && t->n_eval > a->eval_n) t->n_eval = a->eval_n;
-    return NL_OK;
-}
-
-/* Applies scheme r->s to the fp32 parameters `orig` and measures it into r. */
-static nl_status qc_measure(nl_model *m, const float *orig, const nl_qm_calib *cb, const qc_tokens *t, int64_t B,
-                            int64_t T, qc_row *r) {
-    memcpy(m->params, orig, m->n_params * sizeof(float));
-    nl_qm_runtime rt;
-    double t0 = nl_time_s();
-    nl_status rc = nl_qm_apply(m, &r->s, cb, &rt);
-    r->time_s = nl_time_s() - t0;
-    if (!rc) rc = nl_eval_loss_tokens(m, t->eval_ids, t->n_eval, B, T, &r->loss, NULL);
-    if (rc) {
-        nl_qm_runtime_free(&rt);
-        return rc;
-    }
-    r->bytes = nl_qm_model_bytes(m, &r->s);
-    r->awq_alpha = rt.awq_alpha_mean;
-    if (rt.calib_outliers) {
-        size_t k = (size_t)m->L * NL_QM_SITES * sizeof(int);
-        r->calib_outliers = nl_malloc(k, "outlier report");
-        r->eval_outliers = nl_malloc(k, "outlier report");
-        if (r->calib_outliers && r->eval_outliers) {
-            memcpy(r->calib_outliers, rt.calib_outliers, k);
-            memcpy(r->eval_outliers, rt.eval_outliers_max, k);
-        }
-    }
-    nl_qm_runtime_free(&rt);
-    return NL_OK;
 }
 
 /* The main table: the fp32 baseline, then one row per scheme. */
@@ -343,44 +248,25 @@ int nl_cmd_quant_compare(int argc, char **argv) {
     if (rcode) return rcode == NL_CLI_HELP ? NL_EXIT_OK : rcode;
     qc_row rows[64];
     int n_rows = 0;
-    if ((rcode = qc_schemes(a.schemes, rows, &n_rows))) return rcode;
+    /* every scheme parsed first, so that a typo fails before any work */
+    if (nl_qc_parse_schemes(a.schemes, rows, 64, &n_rows))
+        return nl_cli_usage_error("quant compare: %s", nl_last_error());
     nl_model m;
     nl_tokenizer tok;
     if (nl_cli_load_model(a.model.ckpt, a.model.tokenizer, &m, &tok)) return nl_cli_fail("quant compare");
-    qc_tokens t;
-    memset(&t, 0, sizeof t);
-    float *orig = NULL;
+    nl_qc_tokens t;
     double base = 0;
     int64_t scored = 0, T = a.T > m.arch.seq_len ? m.arch.seq_len : a.T;
-    orig = nl_malloc(m.n_params * sizeof(float), "fp32 parameter copy");
-    if (qc_encode(&a, &tok, T, &t) || !orig || nl_model_alloc_acts(&m, a.B, T)) {
+    if (nl_qc_encode(a.data, a.calib, &tok, T, a.calib_n, a.eval_n, &t) || nl_model_alloc_acts(&m, a.B, T) ||
+        nl_qc_run(&m, &t, a.B, T, rows, n_rows, &base, &scored)) {
         rcode = nl_cli_fail("quant compare");
         goto done;
     }
-    memcpy(orig, m.params, m.n_params * sizeof(float));
-    if (nl_eval_loss_tokens(&m, t.eval_ids, t.n_eval, a.B, T, &base, &scored)) {
-        rcode = nl_cli_fail("quant compare");
-        goto done;
-    }
-    nl_qm_calib cb = {.tokens = t.calib_ids, .n = t.n_calib, .B = a.B, .T = T};
-    for (int i = 0; i < n_rows; i++)
-        if (qc_measure(&m, orig, &cb, &t, a.B, T, &rows[i])) {
-            rcode = nl_cli_fail("quant compare");
-            goto done;
-        }
-    memcpy(m.params, orig, m.n_params * sizeof(float));
     rcode = qc_print(&a, &m, rows, n_rows, base, scored, (t.n_calib / T) * T);
     if (a.svg && write_svg(a.svg, rows, n_rows, base)) rcode = nl_cli_fail("quant compare");
 done:
-    for (int i = 0; i < n_rows; i++) {
-        nl_free(rows[i].calib_outliers);
-        nl_free(rows[i].eval_outliers);
-    }
-    nl_free(orig);
-    nl_free(t.eval_ids);
-    nl_free(t.calib_ids);
-    nl_free(t.dtext);
-    nl_free(t.ctext);
+    nl_qc_rows_free(rows, n_rows);
+    nl_qc_tokens_free(&t);
     nl_tokenizer_free(&tok);
     nl_model_free(&m);
     return rcode;

@@ -8,57 +8,15 @@
 #include "cli_model.h"
 #include "cli_opt.h"
 #include "nanolm/quantize_model.h"
-#include "nanolm/train.h"
+#include "nanolm/quant_eval.h"
 #include "report.h"
 
 #define MAX_SCHEMES 24
-#define MAX_GEN     256
 
 static const char *const DEFAULT_SCHEMES[] = {"int8-channel", "int8-tensor", "int8-b32",  "int8-b64", "int8-b128",
                                               "int4-b32",     "int4-b64",    "int4-b128", "mxfp8",    "mxfp4"};
 
-typedef struct qrow {
-    char scheme[64];
-    const char *mode;
-    size_t linear_bytes, model_bytes;
-    double loss;
-    int gen[MAX_GEN];
-    int n_gen, shared;
-    char text[2048];
-} qrow;
-
-/* Greedy continuation of the prompt: the first n_gen generated tokens. */
-static nl_status greedy(nl_model *m, const nl_tokenizer *tok, const int *ids, int64_t n_prompt, int n_gen, qrow *r) {
-    if (!m->kv_cache) NL_TRY(nl_model_alloc_kv(m));
-    nl_rng rng; /* unused by greedy decoding, but never NULL */
-    nl_rng_seed(&rng, 1);
-    int token = ids[0];
-    size_t tl = 0;
-    r->n_gen = 0;
-    r->text[0] = 0;
-    for (int64_t pos = 0; pos < m->arch.seq_len && r->n_gen < n_gen; pos++) {
-        float *logits = nl_model_step(m, token, pos);
-        if (!logits) return nl_fail(NL_ERR_NUMERIC, "generation failed at position %lld", (long long)pos);
-        int next = pos < n_prompt - 1 ? ids[pos + 1] : nl_model_sample(logits, m->V, 0.0f, &rng);
-        if (pos >= n_prompt - 1) r->gen[r->n_gen++] = next;
-        size_t len;
-        const char *piece = nl_tokenizer_piece(tok, token, next, &len);
-        if (piece && pos >= n_prompt - 1 && nl_tokenizer_piece_printable(piece, len) && tl + len + 1 < sizeof r->text) {
-            memcpy(r->text + tl, piece, len);
-            tl += len;
-            r->text[tl] = 0;
-        }
-        token = next;
-    }
-    return NL_OK;
-}
-
-static nl_status evaluate(nl_model *m, const nl_tokenizer *tok, const int *ids, int64_t n, int64_t B, int64_t T,
-                          const int *pids, int64_t np, int n_gen, qrow *r) {
-    int64_t scored;
-    NL_TRY(nl_eval_loss_tokens(m, ids, n, B, T, &r->loss, &scored));
-    return greedy(m, tok, pids, np, n_gen, r);
-}
+typedef nl_quant_eval qrow;
 
 /* The options of quant model, as given. */
 typedef struct qm_args {
@@ -93,7 +51,7 @@ static int qm_parse(int argc, char **argv, qm_args *a) {
          NULL, &a->mode_set},
         NL_OPT_STR("out", &a->out, "Q.safetensors", "write the (single) quantized scheme as safetensors"),
         NL_OPT_STR("prompt", &a->prompt, "TEXT", "prompt of the greedy comparison (default 'Once upon a time')"),
-        NL_OPT_INT("gen", &a->n_gen, 1, MAX_GEN, "N", "greedy tokens compared (default 20)"),
+        NL_OPT_INT("gen", &a->n_gen, 1, NL_QEVAL_MAX_GEN, "N", "greedy tokens compared (default 20)"),
         NL_OPT_INT("max-tokens", &a->max_tokens, 2, 9.2e18, "N", "evaluate only the first N tokens of TEXT"),
         NL_OPT_INT("seq", &a->T, 1, 1 << 20, "T", "tokens per window (default: the model's seq_len)"),
         NL_OPT_INT("batch", &a->B, 1, 4096, "B", "windows per forward pass (default 4)"),
@@ -177,7 +135,7 @@ static int qm_scheme(const qm_args *a, int s, nl_model *m, const nl_tokenizer *t
     nl_quant_spec_name(sp, r->scheme, sizeof r->scheme);
     r->mode = md == NL_QLINEAR_W8A8 ? "w8a8" : "weight-only";
     r->model_bytes = nl_qmodel_size_bytes(m, &qm, &r->linear_bytes);
-    nl_status rc = evaluate(m, tok, t->ids, t->n, a->B, T, t->pids, t->np, (int)a->n_gen, r);
+    nl_status rc = nl_quant_eval_run(m, tok, t->ids, t->n, a->B, T, t->pids, t->np, (int)a->n_gen, r);
     if (!rc && a->out) rc = nl_qmodel_save(&qm, a->out, tkind);
     nl_qmodel_free(&qm);
     return rc ? nl_cli_fail("quant model") : NL_EXIT_OK;
@@ -209,7 +167,7 @@ static int qm_print(const qm_args *a, const qrow *rows, int nrows, int64_t n, si
                                             {"greedy_text", "", NULL}});
     for (int i = 0; i < nrows; i++) {
         const qrow *q = &rows[i];
-        double gen[MAX_GEN];
+        double gen[NL_QEVAL_MAX_GEN];
         char same[32];
         for (int k = 0; k < q->n_gen; k++) gen[k] = q->gen[k];
         snprintf(same, sizeof same, "%d/%d", q->shared, q->n_gen);
@@ -272,7 +230,7 @@ int nl_cmd_quant_model(int argc, char **argv) {
              loaded_q ? nl_quant_spec_name(&lq.spec, sn, sizeof sn) : "");
     r0->mode = !loaded_q ? "fp32" : lq.mode == NL_QLINEAR_W8A8 ? "w8a8" : "weight-only";
     r0->model_bytes = nl_qmodel_size_bytes(&m, loaded_q ? &lq : NULL, &r0->linear_bytes);
-    if (evaluate(&m, &tok, t.ids, t.n, a.B, T, t.pids, t.np, (int)a.n_gen, r0)) {
+    if (nl_quant_eval_run(&m, &tok, t.ids, t.n, a.B, T, t.pids, t.np, (int)a.n_gen, r0)) {
         rcode = nl_cli_fail("quant model");
         goto done;
     }
@@ -280,11 +238,7 @@ int nl_cmd_quant_model(int argc, char **argv) {
     nl_qmodel_size_bytes(&m, NULL, &fp32_linear);
     for (int s = 0; s < a.ns && !loaded_q; s++)
         if ((rcode = qm_scheme(&a, s, &m, &tok, &t, T, tkind, &rows[nrows++]))) goto done;
-    for (int i = 0; i < nrows; i++) {
-        int k = 0;
-        while (k < rows[i].n_gen && k < rows[0].n_gen && rows[i].gen[k] == rows[0].gen[k]) k++;
-        rows[i].shared = k;
-    }
+    nl_quant_eval_shared(rows, nrows);
     rcode = qm_print(&a, rows, nrows, t.n, fp32_linear);
 done:
     nl_free(rows);

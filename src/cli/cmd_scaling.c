@@ -6,7 +6,7 @@
 #include "cli.h"
 #include "cli_opt.h"
 #include "nanolm/plan.h"
-#include "nanolm/scaling.h"
+#include "nanolm/scaling_methods.h"
 #include "plan_opts.h"
 #include "report.h"
 #include "scaling_lab.h"
@@ -30,10 +30,7 @@ static void usage(FILE *f) {
         "           found by name (N/params, D/tokens, C/FLOPs, loss) or as --*-col names them; others are ignored.\n");
 }
 
-typedef struct row {
-    const char *method;
-    double n, d, c, loss;
-} row;
+typedef nl_scaling_choice row;
 
 typedef struct optimal_args {
     nl_plan_args pa; /* --gpu, --hw */
@@ -79,38 +76,6 @@ static int optimal_parse(optimal_args *o, int argc, char **argv) {
 
 /* The five allocations of a budget (flops > 0) or for a model size (params), with the loss the
  * unrounded approach 3 predicts. */
-static void optimal_rows(double flops, double params, row r[5]) {
-    nl_chinchilla law, rounded;
-    nl_scaling_hoffmann(&law);
-    nl_scaling_hoffmann_rounded(&rounded);
-    nl_powerlaw a1n, a1d;
-    nl_scaling_approach1(&a1n, &a1d);
-    if (flops > 0) {
-        double n, d;
-        nl_scaling_rule(20, flops, &n, &d);
-        r[0] = (row){"20 tokens/param", n, d, flops, 0};
-        n = a1n.k * pow(flops, a1n.a);
-        r[1] = (row){"Chinchilla approach 1", n, flops / (6 * n), flops, 0};
-        nl_scaling_optimal_law(&law, flops, &n, &d);
-        r[2] = (row){"Chinchilla approach 3", n, d, flops, 0};
-        nl_scaling_optimal_law(&rounded, flops, &n, &d);
-        r[3] = (row){"approach 3, rounded consts", n, d, flops, 0};
-        n = nl_scaling_kaplan_params(flops);
-        r[4] = (row){"Kaplan 2020 (N ~ C^0.73)", n, flops / (6 * n), flops, 0};
-    } else {
-        double n = params;
-        r[0] = (row){"20 tokens/param", n, 20 * n, 6 * n * 20 * n, 0};
-        double c1 = pow(n / a1n.k, 1 / a1n.a);
-        r[1] = (row){"Chinchilla approach 1", n, c1 / (6 * n), c1, 0};
-        double c3 = nl_scaling_flops_for_params(&law, n);
-        r[2] = (row){"Chinchilla approach 3", n, c3 / (6 * n), c3, 0};
-        double cr = nl_scaling_flops_for_params(&rounded, n);
-        r[3] = (row){"approach 3, rounded consts", n, cr / (6 * n), cr, 0};
-        double ck = 8.64e19 * pow(n / 1.3e9, 1 / 0.73);
-        r[4] = (row){"Kaplan 2020 (N ~ C^0.73)", n, ck / (6 * n), ck, 0};
-    }
-    for (int i = 0; i < 5; i++) r[i].loss = nl_scaling_loss(&law, r[i].n, r[i].d);
-}
 
 /* The Lagrange-multiplier derivation of approach 3's closed form at budget C, numbers substituted
  * (Hoffmann et al. 2022 appendix D.2). */
@@ -195,7 +160,7 @@ static int cmd_optimal(int argc, char **argv) {
         return nl_cli_usage_error("scaling optimal: --gpu: %s", nl_last_error());
     if (o.price >= 0) hw.price_per_hour = o.price;
     row r[5];
-    optimal_rows(o.flops, o.params, r);
+    nl_scaling_methods(o.flops, o.params, r);
     if (o.svg) {
         nl_chinchilla law;
         nl_scaling_hoffmann(&law);

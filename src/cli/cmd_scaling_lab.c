@@ -1,14 +1,10 @@
 /* nanolm scaling sweep: a mini-Chinchilla IsoFLOP study on NanoLM with approach 2 and 3 fits. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "cli.h"
-#include "cli_model.h"
 #include "cli_opt.h"
 #include "nanolm/emergence.h"
 #include "nanolm/isoflop.h"
@@ -16,7 +12,7 @@
 #include "nanolm/scaling.h"
 #include "nanolm/tokenizer.h"
 #include "nanolm/svg.h"
-#include "nanolm/sweep.h"
+#include "nanolm/sweep_jobs.h"
 #include "report.h"
 #include "scaling_lab.h"
 
@@ -86,31 +82,35 @@ static int sweep_plan(const nl_sweep_grid *g, int json) {
                                             {"D", "D tokens", "%-.0f"},
                                             {"tokens_per_param", "D/N", "%-.1f"},
                                             {"steps", "steps", "%-.0f"}});
+    nl_sweep_plan_row runs[NL_SWEEP_MAX_BUDGETS * NL_SWEEP_MAX_SHAPES];
+    int n = nl_sweep_plan(g, runs);
     double tok = 0;
-    for (int b = 0; b < g->n_budgets; b++)
-        for (int s0, ns = nl_sweep_budget_shapes(g, b, &s0), s = s0; s < s0 + ns; s++) {
-            nl_arch a;
-            nl_sweep_arch(g->dims[s], g->layers[s], g->seq, &a);
-            nl_arch_params ap;
-            nl_arch_count_params(&a, &ap);
-            double N = (double)ap.non_embedding, D = g->budgets_flops[b] / (6 * N);
-            char run[32];
-            snprintf(run, sizeof run, "c%d_n%d", b, s);
-            tok += D;
-            nl_report_cell_str(r, run);
-            nl_report_cell_num(r, g->budgets_flops[b]);
-            nl_report_cell_int(r, g->dims[s]);
-            nl_report_cell_int(r, g->layers[s]);
-            nl_report_cell_num(r, N);
-            nl_report_cell_num(r, D);
-            nl_report_cell_num(r, D / N);
-            nl_report_cell_num(r, D / (double)(g->batch * g->seq));
-            nl_report_row_end(r);
-        }
+    for (int i = 0; i < n; i++) {
+        const nl_sweep_plan_row *x = &runs[i];
+        tok += x->d;
+        nl_report_cell_str(r, x->run);
+        nl_report_cell_num(r, x->budget_flops);
+        nl_report_cell_int(r, x->dim);
+        nl_report_cell_int(r, x->layers);
+        nl_report_cell_num(r, x->n);
+        nl_report_cell_num(r, x->d);
+        nl_report_cell_num(r, x->d / x->n);
+        nl_report_cell_num(r, x->steps);
+        nl_report_row_end(r);
+    }
     nl_report_num(r, "total_tokens", "", tok, NULL, NULL);
     nl_report_note(r, "total %.3g training tokens (batch %lld x seq %lld, lr %g)", tok, (long long)g->batch,
                    (long long)g->seq, g->lr);
     return nl_report_print(r, json);
+}
+
+/* A worker's failure (worker -1: a fork that failed). */
+static void worker_error(void *user, int w, const char *message) {
+    (void)user;
+    if (w < 0)
+        fprintf(stderr, "nanolm: scaling sweep: %s\n", message);
+    else
+        fprintf(stderr, "nanolm: scaling sweep (worker %d): %s\n", w, message);
 }
 
 /* Trains the grid's unfinished runs: in this process (--jobs 1) or in J forked workers. */
@@ -121,40 +121,10 @@ static int sweep_train(const nl_sweep_grid *g, const sweep_args *a) {
             g->n_budgets, n_runs, (long long)a->jobs, a->jobs > 1 ? "s" : "", a->dir);
     nl_sweep_progress p = {progress, NULL};
     double t0 = nl_time_s();
-    if (a->jobs == 1) {
-        if (nl_sweep_run(g, a->data, a->dir, &p)) return nl_cli_fail("scaling sweep");
-    } else {
-        /* workers are forked before this process runs any parallel region */
-        pid_t pids[16] = {0};
-        int failed = 0;
-        for (int w = 0; w < a->jobs; w++) {
-            fflush(NULL);
-            pids[w] = fork();
-            if (pids[w] < 0) {
-                fprintf(stderr, "nanolm: scaling sweep: fork: %s\n", strerror(errno));
-                failed = 1;
-                break;
-            }
-            if (pids[w] == 0) {
-                nl_set_threads(1);
-                nl_status rc = nl_sweep_run_worker(g, a->data, a->dir, &p, 1);
-                if (rc) fprintf(stderr, "nanolm: scaling sweep (worker %d): %s\n", w, nl_last_error());
-                fflush(NULL);
-                _exit(rc ? NL_EXIT_FAIL : NL_EXIT_OK);
-            }
-        }
-        for (int w = 0; w < a->jobs; w++) {
-            if (pids[w] <= 0) continue;
-            int st = 0;
-            while (waitpid(pids[w], &st, 0) < 0 && errno == EINTR) {}
-            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
-        }
-        if (failed) {
-            fprintf(stderr,
-                    "nanolm: scaling sweep: a worker failed (finished runs are in %s/sweep.csv; run again to resume)\n",
-                    a->dir);
-            return NL_EXIT_FAIL;
-        }
+    if (nl_sweep_run_jobs(g, a->data, a->dir, &p, (int)a->jobs, worker_error, NULL)) {
+        if (a->jobs == 1) return nl_cli_fail("scaling sweep");
+        fprintf(stderr, "nanolm: scaling sweep: %s\n", nl_last_error());
+        return NL_EXIT_FAIL;
     }
     fprintf(stderr, "scaling sweep: training took %.1f s wall\n", nl_time_s() - t0);
     return NL_EXIT_OK;
@@ -392,24 +362,7 @@ static int lrt_parse(int argc, char **argv, lrt_args *a) {
     return 0;
 }
 
-/* The losses of both parametrisations and the best learning rate per width. */
-typedef struct lrt_result {
-    double sp[8 * 16], mu[8 * 16]; /* [width][lr] */
-    int best_sp[8], best_mu[8];
-    double fb[2][8], lo[2], hi[2]; /* refined best index per width; its range over the widths */
-} lrt_result;
-
-static void lrt_best(const lrt_args *a, lrt_result *x) {
-    x->lo[0] = x->lo[1] = 99;
-    x->hi[0] = x->hi[1] = -1;
-    for (int i = 0; i < a->n_w; i++) {
-        x->best_sp[i] = nl_argmin(x->sp + i * a->n_lr, a->n_lr);
-        x->best_mu[i] = nl_argmin(x->mu + i * a->n_lr, a->n_lr);
-        x->fb[0][i] = nl_argmin_interp(x->sp + i * a->n_lr, a->n_lr);
-        x->fb[1][i] = nl_argmin_interp(x->mu + i * a->n_lr, a->n_lr);
-        for (int k = 0; k < 2; k++) x->lo[k] = fmin(x->lo[k], x->fb[k][i]), x->hi[k] = fmax(x->hi[k], x->fb[k][i]);
-    }
-}
+typedef nl_lr_transfer lrt_result;
 
 /* Text: one row per learning rate, two columns per width. JSON: one row per width. */
 static void lrt_report_tables(nl_report *r, const lrt_args *a, const lrt_result *x) {
@@ -504,12 +457,10 @@ int nl_cmd_scaling_lr_transfer(int argc, char **argv) {
     memset(&d, 0, sizeof d);
     if (nl_tokenizer_init_byte(&tok) || nl_data_open(&d, a.data, &tok)) return nl_cli_fail("scaling lr-transfer");
     lrt_result *x = nl_calloc(1, sizeof *x, "lr-transfer losses");
-    if (!x || nl_lr_sweep(&d, a.widths, a.n_w, a.lrs, a.n_lr, a.layers, a.steps, 8, 32, 100, 0, 11, x->sp) ||
-        nl_lr_sweep(&d, a.widths, a.n_w, a.lrs, a.n_lr, a.layers, a.steps, 8, 32, 100, a.base, 11, x->mu)) {
+    if (!x || nl_lr_transfer_run(&d, a.widths, a.n_w, a.lrs, a.n_lr, a.layers, a.steps, a.base, x)) {
         rcode = nl_cli_fail("scaling lr-transfer");
         goto done;
     }
-    lrt_best(&a, x);
     nl_report *r = nl_report_new("scaling lr-transfer");
     nl_report_int(r, "base_width", "", a.base, NULL);
     nl_report_nums(r, "lrs", "", a.lrs, a.n_lr, NULL, NULL);
@@ -609,23 +560,9 @@ static int emg_paths(const emg_args *a, char (*paths)[1100], int *n_ck) {
     return 0;
 }
 
-/* Scores one checkpoint; k = the longest exact match its context allows (at most KMAX). */
+/* Scores one checkpoint (nl_emergence_eval_file) and names its row after the file. */
 static nl_status emg_eval(const emg_args *a, const char *path, emg_row *row, int *kmax) {
-    nl_model m;
-    nl_tokenizer tok;
-    nl_data d;
-    memset(&d, 0, sizeof d);
-    NL_TRY(nl_cli_load_model(path, NULL, &m, &tok));
-    int64_t T = m.arch.seq_len;
-    int k = (int)(T - 1 < NL_EMERGENCE_KMAX ? T - 1 : NL_EMERGENCE_KMAX);
-    *kmax = k < *kmax ? k : *kmax;
-    nl_status st = nl_data_open(&d, a->data, &tok);
-    if (!st) st = nl_model_alloc_acts(&m, 8, T);
-    if (!st) st = nl_emergence_eval(&m, &d, a->split ? NL_DATA_TRAIN : NL_DATA_VAL, 8, T, a->windows, k, &row->e);
-    nl_data_free(&d);
-    nl_tokenizer_free(&tok);
-    nl_model_free(&m);
-    if (st) return st;
+    NL_TRY(nl_emergence_eval_file(path, a->data, a->split ? NL_DATA_TRAIN : NL_DATA_VAL, a->windows, kmax, &row->e));
     const char *base = strrchr(path, '/');
     snprintf(row->name, sizeof row->name, "%.255s", base ? base + 1 : path);
     fprintf(stderr, "  %s: loss %.4f, accuracy %.4f\n", row->name, row->e.mean_loss, row->e.accuracy);

@@ -11,7 +11,7 @@
 #include "report.h"
 #include "train_opts.h"
 #include "nanolm/fp8_linear.h"
-#include "nanolm/peak.h"
+#include "nanolm/mfu.h"
 #include "nanolm/qat.h"
 #include "nanolm/step_prof.h"
 #include "nanolm/svg.h"
@@ -150,7 +150,6 @@ static nl_status write_svg(const char *path, const nl_trainer *t) {
  * temporary file of a checkpoint being written. Shared with `parallel train` (cmd_parallel.c),
  * whose ranks agree on the stop once per step (nl_train_layout.agree_stop). */
 volatile int nl_train_stop_signal;
-void nl_train_catch_stop_signals(int on);
 static void on_stop_signal(int sig) {
     if (nl_train_stop_signal) {
         nl_atomic_remove_pending();
@@ -242,9 +241,7 @@ static void memory_rows(const nl_trainer *t, mem_row rows[7]) {
 
 /* The validation losses of QAT: fp32 and fake-quantized (RTN) at the start, after QAT fake-quantized
  * and with the fp32 master weights. */
-typedef struct qat_losses {
-    double fp32_start, rtn_start, end, fp32_end;
-} qat_losses;
+typedef nl_qat_losses qat_losses;
 
 /* The QAT figures: JSON object "qat", text line "qat S: validation loss ...". */
 static void report_qat(nl_report *r, const char *scheme, const qat_losses *q) {
@@ -289,30 +286,12 @@ static void report_fp8(nl_report *r, const nl_fp8_recipe *rc, const nl_fp8_linea
     nl_report_end_object(r);
 }
 
-/* Model FLOPs utilisation: the run's model FLOPs per second (nl_train_flops_per_token x
- * tokens/s) against this machine's fp32 FMA peak and its sgemm rate, both measured after the run
- * on the run's thread count (nanolm/peak.h). */
-typedef struct mfu_figs {
-    int measured;
-    double flops_per_token, model_flops, fma_peak, sgemm;
-    int threads;
-    nl_peak_path path;
-} mfu_figs;
+/* Model FLOPs utilisation (nanolm/mfu.h), unless --no-mfu. */
+typedef nl_mfu mfu_figs;
 
 static void measure_mfu(const train_cli *c, const nl_trainer *t, mfu_figs *f) {
     memset(f, 0, sizeof *f);
-    if (c->no_mfu || t->layout || t->wall_s <= 0 || !t->tokens_done) return;
-    f->threads = nl_threads();
-    f->path = nl_peak_auto();
-    /* short (~60 ms of CPU per thread): both are timed on the CPU clock, steady from the first run */
-    if (nl_peak_fma(f->path, f->threads, 0.003, 2, &f->fma_peak) ||
-        nl_peak_sgemm(NL_PEAK_SGEMM_N, f->threads, 0.001, 3, &f->sgemm)) {
-        fprintf(stderr, "nanolm: train: MFU not measured: %s\n", nl_last_error());
-        return;
-    }
-    f->flops_per_token = nl_train_flops_per_token(&t->model, t->seq);
-    f->model_flops = f->flops_per_token * (double)t->tokens_done / t->wall_s;
-    f->measured = 1;
+    if (!c->no_mfu && nl_mfu_measure(t, f)) fprintf(stderr, "nanolm: train: MFU not measured: %s\n", nl_last_error());
 }
 
 static void report_mfu(nl_report *r, const mfu_figs *f) {
@@ -439,22 +418,9 @@ static int run_setup(train_cli *c, const nl_arch *arch, train_run *r) {
     if (c->fp8 && nl_fp8_linear_install(&r->fp8, &r->t.model, &c->fp8r)) return nl_cli_fail("train");
     /* QAT: validation loss of the starting weights in fp32 and fake-quantized (= RTN) */
     const nl_train_opts *o = &c->o;
-    if (c->qat_name &&
-        (nl_eval_loss(&r->t.model, &r->data, NL_DATA_VAL, o->batch, o->seq, o->eval_windows, &r->q.fp32_start, NULL) ||
-         nl_qat_install(&r->qat, &r->t.model, &c->qat) ||
-         nl_eval_loss(&r->t.model, &r->data, NL_DATA_VAL, o->batch, o->seq, o->eval_windows, &r->q.rtn_start, NULL)))
+    if (c->qat_name && nl_qat_begin(&r->qat, &r->t.model, &c->qat, &r->data, o->batch, o->seq, o->eval_windows, &r->q))
         return nl_cli_fail("train: --qat");
     return 0;
-}
-
-/* After QAT: the fake-quantized validation loss, then that of the fp32 master weights alone. */
-static nl_status qat_finish(train_cli *c, train_run *r) {
-    const nl_train_opts *o = &c->o;
-    nl_status rc = nl_eval_loss(&r->t.model, &r->data, NL_DATA_VAL, o->batch, o->seq, o->eval_windows, &r->q.end, NULL);
-    nl_qat_remove(&r->qat);
-    if (!rc)
-        rc = nl_eval_loss(&r->t.model, &r->data, NL_DATA_VAL, o->batch, o->seq, o->eval_windows, &r->q.fp32_end, NULL);
-    return rc;
 }
 
 int nl_cmd_train(int argc, char **argv) {
@@ -485,15 +451,13 @@ int nl_cmd_train(int argc, char **argv) {
     nl_status rc = nl_trainer_run(t, &c.o, &r.data, on_step, &pc);
     nl_train_catch_stop_signals(0);
     nl_progress_end(&pc.bar);
-    if (!rc && t->stopped && !c.json)
-        printf("stopped by %s after step %lld of %lld%s%s\n", t->stopped == SIGINT ? "SIGINT" : "SIGTERM",
-               (long long)t->step, (long long)c.o.steps,
-               c.o.out ? "; resume with --resume " : " (no --out: nothing saved)", c.o.out ? c.o.out : "");
+    if (!rc && !c.json) nl_cli_train_stopped(t, &c.o);
     int exit_code = NL_EXIT_OK;
     if (rc) exit_code = nl_cli_fail("train");
     if (c.fp8 && nl_fp8_linear_status(&r.fp8)) fprintf(stderr, "nanolm: train: %s\n", r.fp8.error);
     if (c.qat_name && nl_qat_status(&r.qat)) fprintf(stderr, "nanolm: train: %s\n", r.qat.error);
-    if (!rc && c.qat_name && (rc = qat_finish(&c, &r)) != 0) exit_code = nl_cli_fail("train: --qat");
+    if (!rc && c.qat_name && (rc = nl_qat_end(&r.qat, &r.data, c.o.batch, c.o.seq, c.o.eval_windows, &r.q)) != 0)
+        exit_code = nl_cli_fail("train: --qat");
     /* logs cover what ran, also after a failure */
     if (c.ta.log_csv && t->n_log && nl_train_log_write_csv(t, c.ta.log_csv)) exit_code = nl_cli_fail("train: --log");
     if (c.ta.svg && t->n_log && write_svg(c.ta.svg, t)) exit_code = nl_cli_fail("train: --svg");

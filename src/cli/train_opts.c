@@ -2,6 +2,7 @@
 #include "train_opts.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -165,4 +166,11 @@ void nl_cli_train_summary(nl_report *r, const nl_trainer *t, const char *preset,
     nl_report_num(r, "wall_s", "", wall_s, NULL, NULL);
     nl_report_num(r, "tokens_per_s", "", tokens_per_s, NULL, NULL);
     nl_report_int(r, "skipped_steps", "", (long long)t->scaler.skipped, NULL);
+}
+
+void nl_cli_train_stopped(const nl_trainer *t, const nl_train_opts *o) {
+    if (!t->stopped) return;
+    printf("stopped by %s after step %lld of %lld%s%s\n", t->stopped == SIGINT ? "SIGINT" : "SIGTERM",
+           (long long)t->step, (long long)o->steps, o->out ? "; resume with --resume " : " (no --out: nothing saved)",
+           o->out ? o->out : "");
 }

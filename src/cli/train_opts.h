@@ -94,4 +94,14 @@ int nl_cli_layout_opts(nl_opt *opts, nl_layout_args *a);
 void nl_cli_train_summary(nl_report *r, const nl_trainer *t, const char *preset, long long n_params, double wall_s,
                           double tokens_per_s);
 
+/* SIGTERM / SIGINT during training (cmd_train.c): the first one sets nl_train_stop_signal (the
+ * trainer finishes the step, saves, and stops); a second one exits at once. on = 1 catches both,
+ * on = 0 restores what was there. */
+extern volatile int nl_train_stop_signal;
+void nl_train_catch_stop_signals(int on);
+
+/* The line after a run a signal stopped: "stopped by SIGTERM after step S of N; resume with
+ * --resume OUT" (or that nothing was saved); nothing when t was not stopped. */
+void nl_cli_train_stopped(const nl_trainer *t, const nl_train_opts *o);
+
 #endif

@@ -3,6 +3,9 @@
 #include <string.h>
 
 #include "nanolm/emergence.h"
+#include "nanolm/hf.h"
+#include "nanolm/model_load.h"
+#include "nanolm/tokenizer.h"
 
 nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, int64_t B, int64_t T, int64_t windows,
                             int kmax, nl_emergence *out) {
@@ -63,4 +66,23 @@ nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, 
     out->p_after_correct = prev_ok ? (double)both_ok / (double)prev_ok : NAN;
     for (int k = 1; k <= kmax; k++) out->exact[k] = (double)hits[k] / (double)starts;
     return NL_OK;
+}
+
+nl_status nl_emergence_eval_file(const char *ckpt, const char *text, nl_data_split split, int64_t windows, int *kmax,
+                                 nl_emergence *out) {
+    nl_model m;
+    nl_tokenizer tok;
+    nl_data d;
+    memset(&d, 0, sizeof d);
+    NL_TRY(nl_model_load(ckpt, NULL, NL_HF_DEFAULT_MAX_SEQ, &m, &tok, NULL));
+    int64_t T = m.arch.seq_len;
+    int k = (int)(T - 1 < NL_EMERGENCE_KMAX ? T - 1 : NL_EMERGENCE_KMAX);
+    *kmax = k < *kmax ? k : *kmax;
+    nl_status st = nl_data_open(&d, text, &tok);
+    if (!st) st = nl_model_alloc_acts(&m, 8, T);
+    if (!st) st = nl_emergence_eval(&m, &d, split, 8, T, windows, k, out);
+    nl_data_free(&d);
+    nl_tokenizer_free(&tok);
+    nl_model_free(&m);
+    return st;
 }

@@ -53,10 +53,7 @@ static void fp8_forward(void *user, const nl_linear_site *s, float *out, const f
     nl_fp8_linear *f = user;
     nl_model *m = f->model;
     if (is_high_precision(s)) {
-        nl_linear_ops *mine = m->linear_ops;
-        m->linear_ops = NULL;
-        nl_linear_forward(m, s, out, in, w, n, in_dim, out_dim);
-        m->linear_ops = mine;
+        nl_linear_forward_default(m, s, out, in, w, n, in_dim, out_dim);
         return;
     }
     /* out (n, out_dim) = in (n, in_dim) . w^T, w stored (out_dim, in_dim) */
@@ -77,10 +74,7 @@ static void fp8_backward(void *user, const nl_linear_site *s, float *din, float 
     nl_fp8_linear *f = user;
     nl_model *m = f->model;
     if (is_high_precision(s)) {
-        nl_linear_ops *mine = m->linear_ops;
-        m->linear_ops = NULL;
-        nl_linear_backward(m, s, din, dw, dout, in, w, n, in_dim, out_dim);
-        m->linear_ops = mine;
+        nl_linear_backward_default(m, s, din, dw, dout, in, w, n, in_dim, out_dim);
         return;
     }
     nl_fp8_stats st;
@@ -138,17 +132,13 @@ nl_status nl_fp8_linear_install(nl_fp8_linear *f, nl_model *m, const nl_fp8_reci
             }
         }
     }
-    f->ops.forward = fp8_forward;
-    f->ops.backward = fp8_backward;
-    f->ops.user = f;
-    f->prev_ops = m->linear_ops;
-    m->linear_ops = &f->ops;
+    nl_linear_hook_install(&f->hook, m, fp8_forward, fp8_backward, f);
     return NL_OK;
 }
 
 void nl_fp8_linear_remove(nl_fp8_linear *f) {
     if (!f) return;
-    if (f->model && f->model->linear_ops == &f->ops) f->model->linear_ops = f->prev_ops;
+    nl_linear_hook_remove(&f->hook);
     nl_free(f->delayed);
     f->delayed = NULL;
     f->model = NULL;

@@ -87,3 +87,42 @@ nl_status nl_eval_token_losses(nl_model *m, const nl_data *d, nl_data_split spli
     *n = s.n;
     return NL_OK;
 }
+
+/* Non-ASCII byte-fallback targets (llama2.c pieces <0x80>..<0xFF>, ids 3+128..258; ASCII
+ * fallbacks such as <0x0A> for a newline are ordinary text): loss i predicts token
+ * split_begin + i + 1 (window w covers tokens wT .. wT+T of the split). */
+static void byte_fallback_split(const nl_data *d, int llama2c, nl_data_split split, const float *tl,
+                                nl_eval_summary *o) {
+    double sum_all = 0;
+    const int *tgt = d->tokens + nl_data_split_begin(d, split) + 1;
+    for (int64_t i = 0; i < o->scored; i++) {
+        sum_all += tl[i];
+        if (llama2c && tgt[i] >= 3 + 128 && tgt[i] <= 258) {
+            o->n_fb++;
+            o->sum_fb += tl[i];
+        }
+    }
+    o->loss = sum_all / (double)o->scored; /* all tokens; st.mean drops a last partial SE batch */
+    o->fb_mean = o->n_fb ? o->sum_fb / (double)o->n_fb : 0;
+    o->rest_mean = o->scored > o->n_fb ? (sum_all - o->sum_fb) / (double)(o->scored - o->n_fb) : 0;
+}
+
+nl_status nl_eval_summary_run(nl_model *m, const nl_data *d, int llama2c, nl_data_split split, int64_t B, int64_t T,
+                              int kv, int64_t max_windows, int64_t se_batch, double target_se, nl_eval_summary *out) {
+    memset(out, 0, sizeof *out);
+    if (kv >= 0) {
+        NL_TRY(nl_model_alloc_kv_dtype(m, (nl_kv_dtype)kv));
+        return nl_eval_loss_kv(m, d, split, T, max_windows, &out->loss, &out->scored);
+    }
+    float *tl = NULL;
+    NL_TRY(nl_model_alloc_acts(m, B, T));
+    nl_status st = nl_eval_token_losses(m, d, split, B, T, max_windows, &tl, &out->scored);
+    if (!st) st = nl_loss_stats_compute(tl, out->scored, se_batch, &out->st);
+    if (!st) {
+        byte_fallback_split(d, llama2c, split, tl, out);
+        out->show_fb = llama2c;
+        out->need = target_se > 0 ? nl_loss_stats_tokens_for_se(&out->st, target_se) : 0;
+    }
+    nl_free(tl);
+    return st;
+}

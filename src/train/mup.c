@@ -96,7 +96,8 @@ void nl_mup_free(nl_mup *mu, nl_model *m, struct nl_adamw *opt) {
 
 #include "nanolm/sweep.h"
 
-int nl_argmin(const double *x, int n) {
+/* Index of the smallest finite value of x (n); -1 if none. */
+static int argmin(const double *x, int n) {
     int best = -1;
     for (int i = 0; i < n; i++)
         if (isfinite(x[i]) && (best < 0 || x[i] < x[best])) best = i;
@@ -142,10 +143,35 @@ nl_status nl_lr_sweep(const nl_data *d, const int64_t *widths, int n_w, const do
 }
 
 double nl_argmin_interp(const double *x, int n) {
-    int b = nl_argmin(x, n);
+    int b = argmin(x, n);
     if (b < 0) return NAN;
     if (b == 0 || b == n - 1 || !isfinite(x[b - 1]) || !isfinite(x[b + 1])) return b;
     double l = x[b - 1], c = x[b], r = x[b + 1], den = l - 2 * c + r;
     if (!(den > 0)) return b;
     return b + (l - r) / (2 * den);
+}
+
+/* The best learning rate per width of both parametrisations, and its spread over the widths. */
+static void lrt_best(int n_w, int n_lr, nl_lr_transfer *x) {
+    x->lo[0] = x->lo[1] = 99;
+    x->hi[0] = x->hi[1] = -1;
+    for (int i = 0; i < n_w; i++) {
+        x->best_sp[i] = argmin(x->sp + i * n_lr, n_lr);
+        x->best_mu[i] = argmin(x->mu + i * n_lr, n_lr);
+        x->fb[0][i] = nl_argmin_interp(x->sp + i * n_lr, n_lr);
+        x->fb[1][i] = nl_argmin_interp(x->mu + i * n_lr, n_lr);
+        for (int k = 0; k < 2; k++) x->lo[k] = fmin(x->lo[k], x->fb[k][i]), x->hi[k] = fmax(x->hi[k], x->fb[k][i]);
+    }
+}
+
+nl_status nl_lr_transfer_run(const nl_data *d, const int64_t *widths, int n_w, const double *lrs, int n_lr,
+                             int64_t layers, int64_t steps, int64_t base, nl_lr_transfer *x) {
+    if (n_w < 1 || n_w > NL_LRT_MAX_WIDTHS || n_lr < 1 || n_lr > NL_LRT_MAX_LRS)
+        return nl_fail(NL_ERR_INVALID, "lr transfer: %d widths and %d learning rates (1..%d and 1..%d)", n_w, n_lr,
+                       NL_LRT_MAX_WIDTHS, NL_LRT_MAX_LRS);
+    memset(x, 0, sizeof *x);
+    NL_TRY(nl_lr_sweep(d, widths, n_w, lrs, n_lr, layers, steps, 8, 32, 100, 0, 11, x->sp));
+    NL_TRY(nl_lr_sweep(d, widths, n_w, lrs, n_lr, layers, steps, 8, 32, 100, base, 11, x->mu));
+    lrt_best(n_w, n_lr, x);
+    return NL_OK;
 }

@@ -2,6 +2,7 @@
 #include "nanolm/precision.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 nl_status nl_underflow_count(nl_format f, float scale, const float *x, size_t n, nl_underflow_counts *c) {
@@ -144,4 +145,42 @@ nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t 
     *wgt = w;
     *n_wgt = (size_t)batches * m->n_params;
     return NL_OK;
+}
+
+#define GRADSCALER_INIT 65536.0 /* torch.cuda.amp.GradScaler(init_scale=2**16) */
+
+/* The four schemes: fp16 unscaled, at GradScaler's initial scale, at the largest scale that
+ * overflows neither tensor; bf16 unscaled. */
+static void study_schemes(const float *act, size_t n_act, const float *wgt, size_t n_wgt, nl_underflow_study *u) {
+    const double fp16_max = nl_fmt_info(NL_FMT_FP16)->max_finite;
+    double s_act = nl_underflow_max_scale(act, n_act, fp16_max, 0x1p24);
+    double s_wgt = nl_underflow_max_scale(wgt, n_wgt, fp16_max, 0x1p24);
+    double s_best = s_act == 0.0 ? s_wgt : (s_wgt == 0.0 ? s_act : fmin(s_act, s_wgt));
+    if (s_best == 0.0) s_best = 1.0;
+    const nl_format f[NL_UNDERFLOW_SCHEMES] = {NL_FMT_FP16, NL_FMT_FP16, NL_FMT_FP16, NL_FMT_BF16};
+    const double sc[NL_UNDERFLOW_SCHEMES] = {1.0, GRADSCALER_INIT, s_best, 1.0};
+    for (int s = 0; s < NL_UNDERFLOW_SCHEMES; s++) u->fmt[s] = f[s], u->scale[s] = sc[s];
+    snprintf(u->label[0], sizeof u->label[0], "1 (none)");
+    snprintf(u->label[1], sizeof u->label[1], "2^16 (GradScaler init)");
+    snprintf(u->label[2], sizeof u->label[2], "2^%d (largest w/o overflow)", (int)lround(log2(s_best)));
+    snprintf(u->label[3], sizeof u->label[3], "1 (none)");
+}
+
+nl_status nl_underflow_study_run(nl_model *m, const int32_t *tokens, int64_t n, int64_t B, int64_t T, int batches,
+                                 nl_underflow_study *out) {
+    memset(out, 0, sizeof *out);
+    float *act = NULL, *wgt = NULL;
+    size_t n_act = 0, n_wgt = 0;
+    NL_TRY(nl_model_alloc_acts(m, B, T));
+    NL_TRY(nl_model_alloc_grads(m));
+    nl_status st = nl_grad_sample(m, tokens, n, B, T, batches, &act, &n_act, &wgt, &n_wgt);
+    if (!st) study_schemes(act, n_act, wgt, n_wgt, out);
+    const float *vals[2] = {act, wgt};
+    const size_t nv[2] = {n_act, n_wgt};
+    for (int k = 0; !st && k < 2; k++)
+        for (int s = 0; !st && s < NL_UNDERFLOW_SCHEMES; s++)
+            st = nl_underflow_count(out->fmt[s], (float)out->scale[s], vals[k], nv[k], &out->cnt[k][s]);
+    nl_free(act);
+    nl_free(wgt);
+    return st;
 }

@@ -1,6 +1,7 @@
 /* Quantization-aware training: fake-quantized linears with the straight-through estimator
  * (see nanolm/qat.h). */
 #include "nanolm/qat.h"
+#include "nanolm/train.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,20 +30,11 @@ nl_status nl_qat_parse(const char *name, nl_quant_spec *spec) {
 
 static int qat_site(const nl_linear_site *s) { return s->kind != NL_LIN_CLS && s->layer >= 0; }
 
-/* Runs the model's default linear (q's hook uninstalled for the call). */
-static void default_forward(nl_qat *q, const nl_linear_site *s, float *out, const float *in, const float *w, int64_t n,
-                            int64_t in_dim, int64_t out_dim) {
-    nl_linear_ops *mine = q->model->linear_ops;
-    q->model->linear_ops = q->prev_ops;
-    nl_linear_forward(q->model, s, out, in, w, n, in_dim, out_dim);
-    q->model->linear_ops = mine;
-}
-
 static void qat_forward(void *user, const nl_linear_site *s, float *out, const float *in, const float *w, int64_t n,
                         int64_t in_dim, int64_t out_dim) {
     nl_qat *q = user;
     if (!qat_site(s)) {
-        default_forward(q, s, out, in, w, n, in_dim, out_dim);
+        nl_linear_hook_forward_prev(&q->hook, s, out, in, w, n, in_dim, out_dim); /* the previous hook */
         return;
     }
     nl_qtensor *qt = &q->qt[(int64_t)s->layer * 4 + (int64_t)s->kind];
@@ -62,7 +54,7 @@ static void qat_forward(void *user, const nl_linear_site *s, float *out, const f
         return;
     }
     q->fake_quant_calls++;
-    default_forward(q, s, out, in, wq, n, in_dim, out_dim);
+    nl_linear_hook_forward_prev(&q->hook, s, out, in, wq, n, in_dim, out_dim);
 }
 
 static void qat_backward(void *user, const nl_linear_site *s, float *din, float *dw, const float *dout, const float *in,
@@ -72,10 +64,7 @@ static void qat_backward(void *user, const nl_linear_site *s, float *din, float 
      * happens between a forward and its backward); the weight gradient dy^T . x does not
      * depend on the weights and is accumulated into the master weights' gradient as is. */
     const float *wb = qat_site(s) ? q->wq + s->weight_offset : w;
-    nl_linear_ops *mine = q->model->linear_ops;
-    q->model->linear_ops = q->prev_ops;
-    nl_linear_backward(q->model, s, din, dw, dout, in, wb, n, in_dim, out_dim);
-    q->model->linear_ops = mine;
+    nl_linear_hook_backward_prev(&q->hook, s, din, dw, dout, in, wb, n, in_dim, out_dim);
 }
 
 nl_status nl_qat_install(nl_qat *q, nl_model *m, const nl_quant_spec *spec) {
@@ -106,17 +95,13 @@ nl_status nl_qat_install(nl_qat *q, nl_model *m, const nl_quant_spec *spec) {
             }
         }
     }
-    q->ops.forward = qat_forward;
-    q->ops.backward = qat_backward;
-    q->ops.user = q;
-    q->prev_ops = m->linear_ops;
-    m->linear_ops = &q->ops;
+    nl_linear_hook_install(&q->hook, m, qat_forward, qat_backward, q);
     return NL_OK;
 }
 
 void nl_qat_remove(nl_qat *q) {
     if (!q) return;
-    if (q->model && q->model->linear_ops == &q->ops) q->model->linear_ops = q->prev_ops;
+    nl_linear_hook_remove(&q->hook);
     if (q->qt && q->model)
         for (int64_t i = 0; i < q->model->L * 4; i++) nl_qtensor_free(&q->qt[i]);
     nl_free(q->qt);
@@ -160,4 +145,20 @@ nl_qat_recovery nl_qat_recovered(double fp32_start, double rtn_start, double qat
     else
         r.fraction = (rtn_start - qat_end) / r.rtn_delta;
     return r;
+}
+
+nl_status nl_qat_begin(nl_qat *q, nl_model *m, const nl_quant_spec *spec, const nl_data *d, int64_t B, int64_t T,
+                       int64_t windows, nl_qat_losses *l) {
+    NL_TRY(nl_eval_loss(m, d, NL_DATA_VAL, B, T, windows, &l->fp32_start, NULL));
+    NL_TRY(nl_qat_install(q, m, spec));
+    return nl_eval_loss(m, d, NL_DATA_VAL, B, T, windows, &l->rtn_start, NULL);
+}
+
+nl_status nl_qat_end(nl_qat *q, const nl_data *d, int64_t B, int64_t T, int64_t windows, nl_qat_losses *l) {
+    nl_model *m = q->model;
+    if (!m) return nl_fail(NL_ERR_INVALID, "qat: not installed");
+    nl_status rc = nl_eval_loss(m, d, NL_DATA_VAL, B, T, windows, &l->end, NULL);
+    nl_qat_remove(q);
+    if (!rc) rc = nl_eval_loss(m, d, NL_DATA_VAL, B, T, windows, &l->fp32_end, NULL);
+    return rc;
 }

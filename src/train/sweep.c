@@ -14,62 +14,59 @@
 #include "nanolm/tokenizer.h"
 #include "nanolm/train.h"
 
+/* The presets: name, budgets, shapes (dims, layers), the window of shapes per budget (count 0:
+ * every shape), batch, seq, val_windows, checkpoints; all at peak lr 3e-3. */
+static const nl_sweep_grid presets[] = {
+    /* 4 budgets over 1.5 decades (1e12, 3e12, 1e13, 3e13) x a window of 5 of 8 shapes (N = 12k ..
+     * 779k non-embedding parameters), 20 runs, 2.2e14 FLOPs (6ND). Centred on the reduced grid's
+     * measured optimum of 55-100 tokens per parameter (N_opt ~ 40-55k at 1e12, 225-300k at 3e13):
+     * every window spans 3-8 tokens per parameter at its largest shape to 490-1200 at its
+     * smallest. Measured: 29.6 min wall with two single-threaded workers (--jobs 2) on 2 cores,
+     * 31-73 GFLOP/s (6ND) each (docs/scaling.md). */
+    {.name = "default",
+     .n_budgets = 4,
+     .n_shapes = 8,
+     .budgets_flops = {1e12, 3e12, 1e13, 3e13},
+     .dims = {32, 48, 64, 64, 96, 96, 128, 128},
+     .layers = {1, 1, 1, 2, 2, 3, 3, 4},
+     .first_shape = {0, 1, 2, 3},
+     .budget_shapes = {5, 5, 5, 5},
+     .batch = 16,
+     .seq = 64,
+     .val_windows = 200,
+     .checkpoints = 5},
+    /* a reduced grid (~4M tokens) for a loaded machine: 3 budgets x 5 shapes, N = 3.4k .. 101k */
+    {.name = "small",
+     .n_budgets = 3,
+     .n_shapes = 5,
+     .budgets_flops = {3e9, 1e10, 3e10},
+     .dims = {16, 24, 32, 48, 64},
+     .layers = {1, 1, 1, 1, 2},
+     .batch = 8,
+     .seq = 64,
+     .val_windows = 200,
+     .checkpoints = 5},
+    {.name = "tiny",
+     .n_budgets = 2,
+     .n_shapes = 3,
+     .budgets_flops = {1e8, 3e8},
+     .dims = {16, 24, 32},
+     .layers = {1, 1, 1},
+     .batch = 4,
+     .seq = 32,
+     .val_windows = 16,
+     .checkpoints = 4},
+};
+
 nl_status nl_sweep_grid_preset(const char *name, nl_sweep_grid *g) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(name, presets[i].name)) {
+            *g = presets[i];
+            g->lr = 3e-3;
+            return NL_OK;
+        }
     memset(g, 0, sizeof *g);
-    if (!strcmp(name, "default")) {
-        /* 4 budgets over 1.5 decades (1e12, 3e12, 1e13, 3e13) x a window of 5 of 8 shapes
-         * (N = 12k .. 779k non-embedding parameters), 20 runs, 2.2e14 FLOPs (6ND). Centred on
-         * the reduced grid's measured optimum of 55-100 tokens per parameter (N_opt ~ 40-55k at
-         * 1e12, 225-300k at 3e13): every window spans 3-8 tokens per parameter at its largest
-         * shape to 490-1200 at its smallest. Measured: 29.6 min wall with two single-threaded
-         * workers (--jobs 2) on 2 cores, 31-73 GFLOP/s (6ND) each (docs/scaling.md). */
-        static const double c[] = {1e12, 3e12, 1e13, 3e13};
-        static const int64_t d[] = {32, 48, 64, 64, 96, 96, 128, 128}, l[] = {1, 1, 1, 2, 2, 3, 3, 4};
-        static const int first[] = {0, 1, 2, 3}, count[] = {5, 5, 5, 5};
-        g->n_budgets = 4;
-        g->n_shapes = 8;
-        memcpy(g->budgets_flops, c, sizeof c);
-        memcpy(g->dims, d, sizeof d);
-        memcpy(g->layers, l, sizeof l);
-        memcpy(g->first_shape, first, sizeof first);
-        memcpy(g->budget_shapes, count, sizeof count);
-        g->batch = 16;
-        g->seq = 64;
-        g->lr = 3e-3;
-        g->val_windows = 200;
-        g->checkpoints = 5;
-    } else if (!strcmp(name, "small")) {
-        /* a reduced grid (~4M tokens) for a loaded machine: 3 budgets x 5 shapes, N = 3.4k .. 101k */
-        static const double c[] = {3e9, 1e10, 3e10};
-        static const int64_t d[] = {16, 24, 32, 48, 64}, l[] = {1, 1, 1, 1, 2};
-        g->n_budgets = 3;
-        g->n_shapes = 5;
-        memcpy(g->budgets_flops, c, sizeof c);
-        memcpy(g->dims, d, sizeof d);
-        memcpy(g->layers, l, sizeof l);
-        g->batch = 8;
-        g->seq = 64;
-        g->lr = 3e-3;
-        g->val_windows = 200;
-        g->checkpoints = 5;
-    } else if (!strcmp(name, "tiny")) {
-        static const double c[] = {1e8, 3e8};
-        static const int64_t d[] = {16, 24, 32}, l[] = {1, 1, 1};
-        g->n_budgets = 2;
-        g->n_shapes = 3;
-        memcpy(g->budgets_flops, c, sizeof c);
-        memcpy(g->dims, d, sizeof d);
-        memcpy(g->layers, l, sizeof l);
-        g->batch = 4;
-        g->seq = 32;
-        g->lr = 3e-3;
-        g->val_windows = 16;
-        g->checkpoints = 4;
-    } else {
-        return nl_fail(NL_ERR_INVALID, "unknown sweep grid '%s' (known: default, small, tiny)", name);
-    }
-    snprintf(g->name, sizeof g->name, "%s", name);
-    return NL_OK;
+    return nl_fail(NL_ERR_INVALID, "unknown sweep grid '%s' (known: default, small, tiny)", name);
 }
 
 void nl_sweep_arch(int64_t dim, int64_t layers, int64_t seq, nl_arch *a) {
@@ -248,6 +245,25 @@ static nl_status csv_append(const char *csv, const char *lock_path, const nl_swe
     }
     unlock_file(fd);
     return rc;
+}
+
+int nl_sweep_plan(const nl_sweep_grid *g, nl_sweep_plan_row *rows) {
+    int n = 0;
+    for (int b = 0; b < g->n_budgets; b++)
+        for (int s0, ns = nl_sweep_budget_shapes(g, b, &s0), s = s0; s < s0 + ns; s++) {
+            nl_arch a;
+            nl_sweep_arch(g->dims[s], g->layers[s], g->seq, &a);
+            nl_arch_params ap;
+            nl_arch_count_params(&a, &ap);
+            nl_sweep_plan_row *r = &rows[n++];
+            r->budget_flops = g->budgets_flops[b];
+            r->dim = g->dims[s], r->layers = g->layers[s];
+            r->n = (double)ap.non_embedding;
+            r->d = g->budgets_flops[b] / (6 * r->n);
+            r->steps = r->d / (double)(g->batch * g->seq);
+            snprintf(r->run, sizeof r->run, "c%d_n%d", b, s);
+        }
+    return n;
 }
 
 int nl_sweep_budget_shapes(const nl_sweep_grid *g, int b, int *first) {
