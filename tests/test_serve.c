@@ -491,6 +491,27 @@ static void loadgen(void **state) {
     o.duration_s = -1;
     assert_int_equal(nl_loadgen_run(&o, &r), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "duration"));
+    /* half the clients leave mid-stream: counted apart (neither ok nor failed), and the server
+     * gives their KV blocks back */
+    o.duration_s = 0;
+    o.rate_rps = 0;
+    o.requests = 16;
+    o.output_len = 16;
+    o.output_len_max = 32;
+    o.disconnect_frac = 0.5;
+    assert_int_equal(nl_loadgen_run(&o, &r), NL_OK);
+    print_message("16 requests, half to leave: %lld ok, %lld left, %lld failed\n", (long long)r.ok,
+                  (long long)r.disconnected, (long long)r.failed);
+    if (r.failed) fail_msg("%lld failed: %s", (long long)r.failed, r.first_error);
+    assert_int_equal(r.ok + r.disconnected, 16);
+    assert_true(r.disconnected > 0 && r.ok > 0);
+    assert_int_equal(r.ttft.n, r.ok);
+    double used = -1;
+    for (int i = 0; i < 50 && (used = metric(&s, "nanolm_kv_blocks_used")) != 0; i++) sleep_ms(100);
+    assert_true(used == 0);
+    o.disconnect_frac = 1.5;
+    assert_int_equal(nl_loadgen_run(&o, &r), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "disconnecting share"));
     assert_int_equal(stop(&s), 0);
 }
 
