@@ -5,7 +5,9 @@
 # mid-stream, after a random number of tokens; DURATION (seconds, default 0: none) stops starting
 # requests after that long. Passes when no request failed, the KV pool is back to 0 blocks used
 # with nothing running or waiting, /health answers 200, and the server's resident memory after
-# the run is within 10% (+ 8 MiB) of what it was after a warm-up of the same load.
+# the run is within 10% (+ 8 MiB) of what it was halfway through (a leak grows steadily; the
+# allocator's arenas and the thread stacks plateau, and a loaded machine reaches that plateau
+# later than one warm-up wave: 19 -> 57 MiB at concurrency 16 with or without disconnects).
 # Usage: bench/serve/soak.sh [BUILD]
 set -euo pipefail
 build=${1:-${NANOLM_BUILD:-build}}
@@ -67,7 +69,7 @@ echo "soak: $sent requests: $ok ok, ${left:-0} left mid-stream, $failed failed i
 awk '{v[NR] = $1} END {if (NR < 4) exit; printf "soak: RSS during the run (KiB) at 25%% %d, 50%% %d, 75%% %d, 100%% %d of %d samples\n",
      v[int(NR / 4)], v[int(NR / 2)], v[int(3 * NR / 4)], v[NR], NR}' "$tmp/rss"
 if [[ $failed == 0 && $used == 0 && $running == 0 && $waiting == 0 && $health == 200 ]] &&
-   awk -v a="$rss0" -v b="$rss1" 'BEGIN{exit !(b <= a * 1.10 + 8192)}'; then
+   awk -v b="$rss1" '{v[NR] = $1} END {exit !(NR >= 2 && b <= v[int(NR / 2)] * 1.10 + 8192)}' "$tmp/rss"; then
   echo "soak: PASS"
 else
   echo "soak: FAIL"
