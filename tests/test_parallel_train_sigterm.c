@@ -19,18 +19,23 @@ static const char *ARGS[] = {"--dim",        "32", "--layers", "1",  "--heads", 
                              "--eval-every", "1",  "--warmup", "2",  "--steps", "100000"};
 #define N_ARGS (sizeof ARGS / sizeof ARGS[0])
 
-/* Runs `mpirun -np 2 nanolm parallel train ... --out CKPT`, waits for three steps, sends SIGTERM
- * to rank pids[which] (which < 0: to every rank), and returns the exit status; *rest gets what
- * was printed after the signal (malloc'd). */
-static int run_and_signal(const char *data, const char *ckpt, int which, char **rest) {
+/* Starts `mpirun -np 2 nanolm parallel train ... --out CKPT` and waits for `steps` steps. */
+static void spawn_run(const char *data, const char *ckpt, int steps, tu_proc *p) {
     const char *argv[64] = {"parallel", "train", "--data", data, "--out", ckpt};
     int k = 6;
     for (size_t i = 0; i < N_ARGS; i++) argv[k++] = ARGS[i];
     argv[k] = NULL;
     const tu_run_opts o = {.np = 2, .one_thread = 1};
+    assert_int_equal(tu_spawn_cli(&o, argv, p), 0);
+    assert_int_equal(tu_wait_for_output(p, "step ", steps), steps);
+}
+
+/* Runs `mpirun -np 2 nanolm parallel train ... --out CKPT`, waits for three steps, sends SIGTERM
+ * to rank pids[which] (which < 0: to every rank), and returns the exit status; *rest gets what
+ * was printed after the signal (malloc'd). */
+static int run_and_signal(const char *data, const char *ckpt, int which, char **rest) {
     tu_proc p;
-    assert_int_equal(tu_spawn_cli(&o, argv, &p), 0);
-    assert_int_equal(tu_wait_for_output(&p, "step ", 3), 3); /* a few steps (and saves) done */
+    spawn_run(data, ckpt, 3, &p); /* a few steps (and saves) done */
     int ranks[8];
     int n = tu_children_of(p.pid, ranks, 8); /* started in rank order: the lower pid is rank 0 (a label here) */
     assert_int_equal(n, 2);
@@ -98,14 +103,8 @@ static void test_out_locked_by_one_run(void **state) {
     char *dir = tu_tmpdir(), ckpt[512], lock[600], args[2048];
     snprintf(ckpt, sizeof ckpt, "%s/same.st", dir);
     snprintf(lock, sizeof lock, "%s.lock", ckpt);
-    const char *argv[64] = {"parallel", "train", "--data", data, "--out", ckpt};
-    int k = 6;
-    for (size_t i = 0; i < N_ARGS; i++) argv[k++] = ARGS[i];
-    argv[k] = NULL;
-    const tu_run_opts o = {.np = 2, .one_thread = 1};
     tu_proc p;
-    assert_int_equal(tu_spawn_cli(&o, argv, &p), 0);
-    assert_int_equal(tu_wait_for_output(&p, "step ", 1), 1);
+    spawn_run(data, ckpt, 1, &p);
     int ranks[8], n = tu_children_of(p.pid, ranks, 8);
     char *held = tu_read_file(lock, NULL);
     long holder = held ? atol(held) : -1;
