@@ -30,7 +30,7 @@ int nl_fuzz_kv_transfer(const uint8_t *data, size_t size) {
         if (rq.n_tokens < 1 || rq.n_tokens >= sh.seq_len) abort();
         for (int64_t i = 0; i < rq.n_tokens; i++)
             if (rq.tokens[i] < 0 || rq.tokens[i] >= sh.vocab) abort();
-        if (nl_kvx_encode_request(&sh, rq.tokens, rq.n_tokens, &rq.s, &again, &again_len)) abort();
+        if (nl_kvx_encode_request(&sh, rq.tokens, rq.n_tokens, &rq.s, rq.id, &again, &again_len)) abort();
         if (again_len != len || memcmp(again, msg, len)) abort();
         nl_free(rq.tokens);
         nl_free(again);
@@ -46,9 +46,10 @@ int nl_fuzz_kv_transfer(const uint8_t *data, size_t size) {
     if (kv.data_bytes != nl_kvcache_seq_bytes(sh.n_layers, sh.kv_heads, sh.head_dim, sh.dtype, kv.n_tokens)) abort();
     for (int64_t i = 0; i < kv.n_tokens; i++)
         if (kv.tokens[i] < 0 || kv.tokens[i] >= sh.vocab) abort();
-    /* the sender's block size is not kept: re-encode with the one in the message */
+    /* the sender's block size and the request id are not kept: re-encode with the message's */
     uint32_t bs = (uint32_t)msg[40] | (uint32_t)msg[41] << 8 | (uint32_t)msg[42] << 16 | (uint32_t)msg[43] << 24;
-    if (nl_kvx_encode_kv(&sh, &kv, bs, &again, &again_len)) abort();
+    uint32_t id = (uint32_t)msg[100] | (uint32_t)msg[101] << 8 | (uint32_t)msg[102] << 16 | (uint32_t)msg[103] << 24;
+    if (nl_kvx_encode_kv(&sh, &kv, bs, id, &again, &again_len)) abort();
     if (again_len != len || memcmp(again, msg, len)) abort();
     nl_free(again);
     nl_engine_kv_free(&kv);

@@ -136,7 +136,7 @@ static void check_kv_type(nl_kv_dtype dt) {
 
             uint8_t *msg = NULL;
             size_t len = 0;
-            assert_int_equal(nl_kvx_encode_kv(&sh, &kv, 16, &msg, &len), NL_OK);
+            assert_int_equal(nl_kvx_encode_kv(&sh, &kv, 16, 0, &msg, &len), NL_OK);
             assert_int_equal(len, NL_KVX_KV_HEADER_BYTES + 4 * (size_t)PLEN[i] + expected_bytes(&m, dt, PLEN[i]));
             nl_engine_kv back;
             assert_int_equal(nl_kvx_parse_kv(msg, len, &sh, &back), NL_OK);
@@ -259,10 +259,11 @@ static void parser_refuses_bad_input(void **state) {
     nl_sampling_default(&s);
     uint8_t *rq = NULL;
     size_t rql = 0;
-    assert_int_equal(nl_kvx_encode_request(&sh, prompt, 10, &s, &rq, &rql), NL_OK);
+    assert_int_equal(nl_kvx_encode_request(&sh, prompt, 10, &s, 0xabcd1234u, &rq, &rql), NL_OK);
     nl_kvx_request r;
     assert_int_equal(nl_kvx_parse_request(rq, rql, &sh, &r), NL_OK);
     assert_int_equal(r.n_tokens, 10);
+    assert_int_equal(r.id, 0xabcd1234u);
     assert_memory_equal(r.tokens, prompt, sizeof prompt);
     nl_free(r.tokens);
     expect_refused(rq, rql, 0, 0x58585858, &sh, 1, "magic");
@@ -293,7 +294,7 @@ static void parser_refuses_bad_input(void **state) {
     kv.data = calloc(1, kv.data_bytes);
     uint8_t *m = NULL;
     size_t ml = 0;
-    assert_int_equal(nl_kvx_encode_kv(&sh, &kv, 4, &m, &ml), NL_OK);
+    assert_int_equal(nl_kvx_encode_kv(&sh, &kv, 4, 0, &m, &ml), NL_OK);
     nl_engine_kv back;
     assert_int_equal(nl_kvx_parse_kv(m, ml, &sh, &back), NL_OK);
     assert_int_equal(back.first_token, 65);
@@ -560,11 +561,7 @@ static void *fake_prefill_main(void *arg) {
     kv.data = calloc(1, kv.data_bytes);
     uint8_t *ans = NULL;
     size_t n = 0;
-    if (!nl_kvx_encode_kv(&f->sh, &kv, 4, &ans, &n)) {
-        uint32_t id = f->mode == 2 ? rq.id + 1 : rq.id;
-        memcpy(ans + 100, &id, 4); /* little-endian host */
-        send(fd, ans, n, MSG_NOSIGNAL);
-    }
+    if (!nl_kvx_encode_kv(&f->sh, &kv, 4, f->mode == 2 ? rq.id + 1 : rq.id, &ans, &n)) send(fd, ans, n, MSG_NOSIGNAL);
     nl_free(ans);
     free(kv.data);
     nl_free(rq.tokens);

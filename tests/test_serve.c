@@ -491,6 +491,27 @@ static void loadgen(void **state) {
     o.duration_s = -1;
     assert_int_equal(nl_loadgen_run(&o, &r), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "duration"));
+    /* half the clients leave mid-stream: counted apart (neither ok nor failed), and the server
+     * gives their KV blocks back */
+    o.duration_s = 0;
+    o.rate_rps = 0;
+    o.requests = 16;
+    o.output_len = 16;
+    o.output_len_max = 32;
+    o.disconnect_frac = 0.5;
+    assert_int_equal(nl_loadgen_run(&o, &r), NL_OK);
+    print_message("16 requests, half to leave: %lld ok, %lld left, %lld failed\n", (long long)r.ok,
+                  (long long)r.disconnected, (long long)r.failed);
+    if (r.failed) fail_msg("%lld failed: %s", (long long)r.failed, r.first_error);
+    assert_int_equal(r.ok + r.disconnected, 16);
+    assert_true(r.disconnected > 0 && r.ok > 0);
+    assert_int_equal(r.ttft.n, r.ok);
+    double used = -1;
+    for (int i = 0; i < 50 && (used = metric(&s, "nanolm_kv_blocks_used")) != 0; i++) sleep_ms(100);
+    assert_true(used == 0);
+    o.disconnect_frac = 1.5;
+    assert_int_equal(nl_loadgen_run(&o, &r), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "disconnecting share"));
     assert_int_equal(stop(&s), 0);
 }
 
@@ -657,6 +678,54 @@ static void slow_clients(void **state) {
                  SLOW, after);
 }
 
+/* Sends one byte of a request head that never ends to fd; 1 when the server has closed the
+ * connection (the send fails, or a read finds the end of the stream). */
+static int trickle(int fd, int *sent) {
+    static const char head[] = "GET /health HTTP/1.1\r\nHost: t\r\nX-Slow: ";
+    char ch = *sent < (int)sizeof head - 1 ? head[*sent] : 'a';
+    if (send(fd, &ch, 1, MSG_NOSIGNAL) != 1) return 1;
+    ++*sent;
+    char r;
+    ssize_t n = recv(fd, &r, 1, MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* Clients that trickle their request headers (a byte every 200 ms, never the blank line) are
+ * closed at --header-timeout although never idle: one on a fresh connection, one on a kept-alive
+ * connection after its first answer. /health answers meanwhile and /metrics counts both. Without
+ * the header deadline they stayed open as long as they trickled. Bounded: 10 s of trickling. */
+static void header_deadline(void **state) {
+    (void)state;
+    START(s, "--header-timeout 1 --idle-timeout 30");
+    int fds[2] = {connect_to(s.port), connect_to(s.port)};
+    struct timeval tv = {10, 0};
+    setsockopt(fds[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const char *get = "GET /health HTTP/1.1\r\nHost: t\r\n\r\n";
+    char buf[4096];
+    int first_ok = send(fds[1], get, strlen(get), MSG_NOSIGNAL) > 0 && read_response(fds[1], buf, sizeof buf) > 0 &&
+                   !strncmp(buf, "HTTP/1.1 200", 12);
+    int sent[2] = {0, 0}, closed[2] = {0, 0}, health = -1;
+    for (int t = 0; t < 50 && !(closed[0] && closed[1]); t++) {
+        for (int i = 0; i < 2; i++)
+            if (!closed[i]) closed[i] = trickle(fds[i], &sent[i]);
+        if (t == 2) {
+            nl_http_response r;
+            nl_status rc = nl_http_request("127.0.0.1", s.port, "GET", "/health", NULL, 0, 5, NULL, NULL, &r);
+            health = rc ? -1 : r.status;
+            if (!rc) nl_http_response_free(&r);
+        }
+        sleep_ms(200);
+    }
+    close(fds[0]);
+    close(fds[1]);
+    double counted = metric(&s, "nanolm_header_timeouts_total");
+    assert_int_equal(stop(&s), 0);
+    if (!first_ok || !closed[0] || !closed[1] || health != 200 || counted != 2)
+        fail_msg("kept-alive first answer %d; closed fresh %d (%d bytes), kept-alive %d (%d bytes); /health %d; "
+                 "header timeouts counted %g",
+                 first_ok, closed[0], sent[0], closed[1], sent[1], health, counted);
+}
+
 /* A storm of streamed requests whose clients leave after the first chunk: every sequence and KV
  * block comes back (seen in /metrics), and the server still answers. */
 static void disconnect_storm(void **state) {
@@ -698,6 +767,7 @@ int main(void) {
         cmocka_unit_test_teardown(disconnect_non_streamed, teardown),
         cmocka_unit_test_teardown(drain_answers_503, teardown),
         cmocka_unit_test_teardown(slow_clients, teardown),
+        cmocka_unit_test_teardown(header_deadline, teardown),
         cmocka_unit_test_teardown(disconnect_storm, teardown),
         cmocka_unit_test_teardown(completions, teardown),
         cmocka_unit_test_teardown(bad_input, teardown),

@@ -6,6 +6,8 @@
  * (ITL, the gap between successive streamed chunks), end-to-end latency, throughput, and goodput
  * (requests/s that met the TTFT and TPOT objectives). Prompts are random token ids of a given
  * length and outputs have a fixed length (ignore_eos), so every run does a known amount of work.
+ * A share of the clients may go away mid-stream (disconnect_frac), as impatient users do: those
+ * requests are counted apart, neither succeeded nor failed.
  */
 #ifndef NANOLM_HTTP_LOADGEN_H
 #define NANOLM_HTTP_LOADGEN_H
@@ -32,8 +34,11 @@ typedef struct nl_loadgen_opts {
     uint64_t seed;          /* prompts, lengths and arrivals */
     double slo_ttft_s;      /* goodput objectives (0: none) */
     double slo_tpot_s;
-    double timeout_s; /* per socket read (0: 300 s) */
-    double duration_s; /* > 0: no request starts later than this after the first (requests is then a cap) */
+    double timeout_s;       /* per socket read (0: 300 s) */
+    double duration_s;      /* > 0: no request starts later than this after the first (requests is then a cap) */
+    double disconnect_frac; /* in [0, 1]: this share of the requests (drawn from seed) closes its
+                               connection after a random number of streamed tokens, in [1, its
+                               output length - 1] (an output of 1 token: after the first) */
 } nl_loadgen_opts;
 
 typedef struct nl_latency_summary {
@@ -43,6 +48,8 @@ typedef struct nl_latency_summary {
 
 typedef struct nl_loadgen_result {
     int64_t requests, ok, failed, good;   /* requests: those started (fewer than asked when a duration ends the run) */
+    int64_t disconnected;                 /* requests whose client went away mid-stream as asked
+                                             (disconnect_frac): requests = ok + failed + disconnected */
     int64_t prompt_tokens, output_tokens; /* of the successful requests (usage) */
     int64_t short_outputs;                /* successful requests that stopped before max_tokens (the
                                              model wrote BOS, which ends a llama2.c story) */

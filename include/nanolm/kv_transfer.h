@@ -66,9 +66,11 @@ typedef struct nl_kvx_request {
     uint32_t id;   /* the request id, which the answer echoes */
 } nl_kvx_request;
 
-/* Encodes a request (buf: nl_free). NL_ERR_INVALID for n outside [1, seq_len]. */
+/* Encodes a request with its id (which the answer must echo; buf: nl_free): every header field
+ * written, so that parsing and encoding again gives the same bytes. NL_ERR_INVALID for n outside
+ * [1, seq_len]. */
 nl_status nl_kvx_encode_request(const nl_kvx_shape *sh, const int32_t *prompt, int64_t n, const nl_sampling *s,
-                                uint8_t **buf, size_t *len);
+                                uint32_t id, uint8_t **buf, size_t *len);
 /* Validates a request header (NL_KVX_REQ_HEADER_BYTES) against expect; *body_bytes receives the
  * bytes that follow. NL_ERR_FORMAT naming the field. */
 nl_status nl_kvx_request_header(const uint8_t *hdr, const nl_kvx_shape *expect, size_t *body_bytes);
@@ -76,10 +78,11 @@ nl_status nl_kvx_request_header(const uint8_t *hdr, const nl_kvx_shape *expect, 
  * NL_ERR_FORMAT naming the field, NL_ERR_NOMEM. out: nl_free(out->tokens). */
 nl_status nl_kvx_parse_request(const uint8_t *msg, size_t len, const nl_kvx_shape *expect, nl_kvx_request *out);
 
-/* Encodes an answer with the KV of kv (block_size: the sender's, for n_blocks) or, with
- * status != 0, an error carrying message (at most NL_KVX_MAX_TEXT bytes of it). buf: nl_free. */
-nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64_t block_size, uint8_t **buf,
-                           size_t *len);
+/* Encodes an answer with the KV of kv (block_size: the sender's, for n_blocks) to the request
+ * `id`, or, with status != 0, an error carrying message (at most NL_KVX_MAX_TEXT bytes of it).
+ * buf: nl_free. */
+nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64_t block_size, uint32_t id,
+                           uint8_t **buf, size_t *len);
 nl_status nl_kvx_encode_error(const nl_kvx_shape *sh, nl_status status, const char *message, uint8_t **buf,
                               size_t *len);
 /* Validates an answer header (NL_KVX_KV_HEADER_BYTES) against expect; *body_bytes receives

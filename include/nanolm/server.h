@@ -38,6 +38,9 @@ typedef struct nl_server_opts {
                                 more are accepted for GET /health, /metrics and /v1/models only */
     int idle_timeout_s;       /* a connection with no activity for this long is closed, and a request
                                 body must arrive within it (default 30) */
+    int header_timeout_s;     /* a request's headers must arrive whole within this long of the
+                                connection opening or of its previous response (keep-alive), or the
+                                connection is closed, however steadily they trickle (default 10) */
     double drain_timeout_s;   /* at shutdown, how long running requests may finish before they are
                                 cancelled (default 30) */
     const nl_chat_template *chat_template; /* POST /v1/chat/completions renders messages with it; NULL:

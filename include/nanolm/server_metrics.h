@@ -36,6 +36,7 @@ typedef struct nl_serve_metrics {
     int64_t preemptions, steps;
     int64_t prefix_cache_queries, prefix_cache_hits; /* prompt tokens looked up / found cached */
     int64_t spec_drafted, spec_accepted;             /* speculative tokens proposed / accepted */
+    int64_t header_timeouts;      /* connections closed because their request headers were too slow */
     double tokens_per_s;          /* generated tokens per second over the recent window */
     nl_histogram ttft, tpot, e2e; /* seconds */
 } nl_serve_metrics;

@@ -231,7 +231,9 @@ nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opt
  * The hardware does more (recomputation, norms, the optimizer): those do not count. */
 double nl_train_flops_per_token(const nl_model *m, int64_t T);
 /* The same loop over a parallel layout (whose model lives in the layout): allocates the log,
- * resumes through L->load (the same checks as nl_trainer_init). Refused, naming the option:
+ * locks o->out on the rank that writes files as nl_trainer_init does (every rank refuses when it
+ * is held; collective through L->agree_stop), resumes through L->load (the same checks as
+ * nl_trainer_init). Refused, naming the option:
  * precision other than fp32, grad_accum > 1, muP, QAT, FP8, init_weights; o->out or o->resume
  * when the layout has no save / load. L is borrowed until nl_trainer_free. */
 nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl_train_layout *L);

@@ -81,7 +81,7 @@ static int bench_serve(int argc, char **argv) {
     const char *url = "http://127.0.0.1:8080", *svg = NULL, *sweep = NULL;
     int64_t requests = 64, plen = 128, plen_max = 0, olen = 128, olen_max = 0, vocab = 0, seed = 1, shared = 0;
     int conc = 8, json = 0, conc_given = 0, rate_given = 0;
-    double rate = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, temperature = 0, timeout_s = 600, duration_s = 0;
+    double rate = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, temperature = 0, timeout_s = 600, duration_s = 0, leave = 0;
     nl_opt opts[] = {
         NL_OPT_STR("url", &url, "URL", "server to load (default http://127.0.0.1:8080)"),
         NL_OPT_INT("requests", &requests, 1, 100000000, "N", "requests in all (default 64)"),
@@ -105,6 +105,9 @@ static int bench_serve(int argc, char **argv) {
         NL_OPT_DBL("duration", &duration_s, 0, 1e7, "S",
                    "start no request after S seconds (--requests is then a cap; default 0: no limit)"),
         NL_OPT_DBL("timeout", &timeout_s, 1, 86400, "S", "per-read socket timeout (default 600)"),
+        NL_OPT_DBL("disconnect", &leave, 0, 1, "F",
+                   "share F of the clients close the connection mid-stream, after a random number of tokens "
+                   "(counted as disconnected, not failed; default 0)"),
         NL_OPT_STR("sweep", &sweep, "R1,R2,..",
                    "run once per arrival rate (requests/s) and tabulate latency vs throughput"),
         NL_OPT_STR("svg", &svg, "FILE", "with --sweep: latency (TTFT, TPOT p50/p99) against output tokens/s"),
@@ -154,6 +157,7 @@ static int bench_serve(int argc, char **argv) {
     o.slo_tpot_s = slo_tpot_ms / 1e3;
     o.timeout_s = timeout_s;
     o.duration_s = duration_s;
+    o.disconnect_frac = leave;
     nl_loadgen_result res[MAX_SWEEP];
     for (int i = 0; i < nrates; i++) {
         o.rate_rps = rates[i];
@@ -176,6 +180,8 @@ static int bench_serve(int argc, char **argv) {
     if (!sweep) {
         nl_report_int(rep, "ok", "succeeded", (long long)r->ok, NULL);
         nl_report_int(rep, "failed", "failed", (long long)r->failed, NULL);
+        if (leave > 0)
+            nl_report_int(rep, "disconnected", "left mid-stream (--disconnect)", (long long)r->disconnected, NULL);
         nl_report_int(rep, "short_outputs", "stopped early (BOS)", (long long)r->short_outputs, NULL);
         nl_report_num(rep, "duration_s", "duration", r->duration_s, "%.2f", "s");
         nl_report_num(rep, "requests_per_s", "throughput", r->requests_per_s, "%.3f", "req/s");

@@ -57,7 +57,7 @@ enum { ROLE_COLOCATED, ROLE_PREFILL, ROLE_DECODE, ROLE_DISAGG };
 typedef struct serve_args {
     const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill, *chat_tmpl, *draft;
     int role, port, weights, kv, max_batch, max_waiting, threads, max_conn, no_prefix_cache, spec_k, spec_ngram;
-    int idle_s;
+    int idle_s, header_s;
     int64_t block_size, kv_blocks, max_step, chunk;
     double kv_mem, max_body, drain_s;
 } serve_args;
@@ -78,6 +78,7 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
                        .max_waiting = 256,
                        .max_conn = 512,
                        .idle_s = 30,
+                       .header_s = 10,
                        .block_size = 16,
                        .max_step = 512,
                        .chunk = 256,
@@ -135,6 +136,9 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
                      "/metrics, /v1/models"),
         NL_OPT_INT32("idle-timeout", &sa->idle_s, 1, 86400, "S",
                      "close a connection idle this long; a request body must arrive within it (default 30)"),
+        NL_OPT_INT32("header-timeout", &sa->header_s, 1, 86400, "S",
+                     "close a connection whose request headers are not complete this long after it opened or "
+                     "after its previous response, however steadily they trickle (default 10)"),
         NL_OPT_DBL("drain-timeout", &sa->drain_s, 0, 86400, "S",
                    "on SIGINT/SIGTERM, seconds running requests may finish before they are cancelled (default 30)"),
     };
@@ -400,6 +404,7 @@ static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *
     so.max_body_bytes = (size_t)sa->max_body;
     so.max_connections = sa->max_conn;
     so.idle_timeout_s = sa->idle_s;
+    so.header_timeout_s = sa->header_s;
     so.drain_timeout_s = sa->drain_s;
     so.prefill_addr = sa->prefill;
     nl_chat_template *ct = NULL;

@@ -60,7 +60,8 @@ static int dvec_push(dvec *d, double x) {
 typedef struct req_state {
     double t_first, t_last;
     int64_t chunks, completion_tokens, prompt_tokens;
-    int done, error;
+    int64_t leave_after; /* > 0: close the connection after this many token events */
+    int done, error, left;
     char error_msg[256];
     dvec itl;
 } req_state;
@@ -98,6 +99,11 @@ static int on_event(void *ctx, const char *data, size_t n, double t_s) {
         s->t_last = t_s;
         s->chunks++;
     }
+    if (s->leave_after > 0 && s->chunks >= s->leave_after && !s->error) { /* a client that goes away */
+        s->left = 1;
+        cJSON_Delete(doc);
+        return 1;
+    }
     const cJSON *usage = cJSON_GetObjectItemCaseSensitive(doc, "usage");
     if (cJSON_IsObject(usage)) {
         const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
@@ -116,10 +122,11 @@ typedef struct shared {
     double *arrival_s;    /* (requests,) offsets from t0 */
     int64_t *plen, *olen; /* (requests,) */
     uint64_t *pseed;      /* (requests,) seed of each prompt */
+    int64_t *leave;       /* (requests,) token events after which the client leaves; 0: it stays */
     pthread_mutex_t mu;
     int64_t next, started; /* next request to take; requests sent */
     dvec ttft, tpot, itl, e2e;
-    int64_t ok, failed, good, prompt_tokens, output_tokens, short_outputs;
+    int64_t ok, failed, good, prompt_tokens, output_tokens, short_outputs, disconnected;
     double t_end;
     char first_error[320];
 } shared;
@@ -159,6 +166,23 @@ static char *make_body(const nl_loadgen_opts *o, int64_t plen, int64_t olen, uin
     return b.data;
 }
 
+/* Why a request failed, into why ("" when it succeeded): the exchange's error, a status other
+ * than 200, an error event, a stream without [DONE], or a token count off what was asked. */
+static void request_error(nl_status rc, const nl_http_response *resp, const req_state *st, int64_t olen, char *why,
+                          size_t cap) {
+    why[0] = 0;
+    if (rc)
+        snprintf(why, cap, "%s", nl_last_error());
+    else if (resp->status != 200)
+        snprintf(why, cap, "HTTP %d: %.200s", resp->status, resp->body.data ? resp->body.data : "");
+    else if (st->error)
+        snprintf(why, cap, "%s", st->error_msg);
+    else if (!st->done)
+        snprintf(why, cap, "the stream ended without data: [DONE]");
+    else if (st->completion_tokens > olen || st->completion_tokens < 1)
+        snprintf(why, cap, "asked for %lld tokens, got %lld", (long long)olen, (long long)st->completion_tokens);
+}
+
 static void *worker(void *arg) {
     shared *sh = arg;
     const nl_loadgen_opts *o = sh->o;
@@ -173,6 +197,7 @@ static void *worker(void *arg) {
         sh->started++;
         pthread_mutex_unlock(&sh->mu);
         req_state st = {0};
+        st.leave_after = sh->leave[i];
         char *body = make_body(o, sh->plen[i], sh->olen[i], sh->pseed[i]);
         nl_http_response resp;
         nl_status rc = NL_ERR_NOMEM;
@@ -182,22 +207,15 @@ static void *worker(void *arg) {
                                  &resp);
         double t_done = nl_time_s();
         free(body);
+        int left = !rc && resp.status == 200 && st.left && resp.closed_early; /* went away as asked */
         char why[320] = "";
-        if (rc)
-            snprintf(why, sizeof why, "%s", nl_last_error());
-        else if (resp.status != 200)
-            snprintf(why, sizeof why, "HTTP %d: %.200s", resp.status, resp.body.data ? resp.body.data : "");
-        else if (st.error)
-            snprintf(why, sizeof why, "%s", st.error_msg);
-        else if (!st.done)
-            snprintf(why, sizeof why, "the stream ended without data: [DONE]");
-        else if (st.completion_tokens > sh->olen[i] || st.completion_tokens < 1)
-            snprintf(why, sizeof why, "asked for %lld tokens, got %lld", (long long)sh->olen[i],
-                     (long long)st.completion_tokens);
+        if (!left) request_error(rc, &resp, &st, sh->olen[i], why, sizeof why);
         if (!rc) nl_http_response_free(&resp);
         pthread_mutex_lock(&sh->mu);
         if (t_done > sh->t_end) sh->t_end = t_done;
-        if (why[0]) {
+        if (left) {
+            sh->disconnected++;
+        } else if (why[0]) {
             sh->failed++;
             if (!sh->first_error[0])
                 snprintf(sh->first_error, sizeof sh->first_error, "request %lld: %.280s", (long long)i, why);
@@ -260,6 +278,9 @@ nl_status nl_loadgen_run(const nl_loadgen_opts *oin, nl_loadgen_result *r) {
     if (o.prompt_len < 1 || o.output_len < 1)
         return nl_fail(NL_ERR_INVALID, "load generator: prompt and output lengths must be >= 1 (got %lld, %lld)",
                        (long long)o.prompt_len, (long long)o.output_len);
+    if (!(o.disconnect_frac >= 0 && o.disconnect_frac <= 1))
+        return nl_fail(NL_ERR_INVALID, "load generator: the disconnecting share must be in [0, 1], got %g",
+                       o.disconnect_frac);
     if (o.prompt_len_max < o.prompt_len) o.prompt_len_max = o.prompt_len;
     if (o.output_len_max < o.output_len) o.output_len_max = o.output_len;
     if (o.timeout_s <= 0) o.timeout_s = 300;
@@ -275,8 +296,9 @@ nl_status nl_loadgen_run(const nl_loadgen_opts *oin, nl_loadgen_result *r) {
     sh.plen = calloc(n, sizeof(int64_t));
     sh.olen = calloc(n, sizeof(int64_t));
     sh.pseed = calloc(n, sizeof(uint64_t));
+    sh.leave = calloc(n, sizeof(int64_t));
     nl_status rc = NL_OK;
-    if (!sh.arrival_s || !sh.plen || !sh.olen || !sh.pseed) {
+    if (!sh.arrival_s || !sh.plen || !sh.olen || !sh.pseed || !sh.leave) {
         rc = nl_fail(NL_ERR_NOMEM, "load generator: %lld requests", (long long)o.requests);
         goto done;
     }
@@ -292,6 +314,11 @@ nl_status nl_loadgen_run(const nl_loadgen_opts *oin, nl_loadgen_result *r) {
         sh.olen[i] = o.output_len + (int64_t)nl_rng_below(&rng, (uint64_t)(o.output_len_max - o.output_len + 1));
         sh.pseed[i] = nl_rng_u64(&rng);
     }
+    nl_rng leave_rng; /* a stream of its own: the same seed gives the same prompts with or without leavers */
+    nl_rng_seed(&leave_rng, o.seed ^ 0x1ea7eULL);
+    for (size_t i = 0; i < n && o.disconnect_frac > 0; i++)
+        if (nl_rng_double(&leave_rng) < o.disconnect_frac)
+            sh.leave[i] = sh.olen[i] > 1 ? 1 + (int64_t)nl_rng_below(&leave_rng, (uint64_t)(sh.olen[i] - 1)) : 1;
     pthread_mutex_init(&sh.mu, NULL);
     int nthreads = o.concurrency < o.requests ? o.concurrency : (int)o.requests;
     pthread_t *th = calloc((size_t)nthreads, sizeof(pthread_t));
@@ -320,7 +347,8 @@ nl_status nl_loadgen_run(const nl_loadgen_opts *oin, nl_loadgen_result *r) {
     }
     r->requests = sh.started;
     r->ok = sh.ok;
-    r->failed = sh.started - sh.ok;
+    r->failed = sh.started - sh.ok - sh.disconnected;
+    r->disconnected = sh.disconnected;
     r->good = sh.good;
     r->prompt_tokens = sh.prompt_tokens;
     r->output_tokens = sh.output_tokens;
@@ -342,6 +370,7 @@ done:
     free(sh.plen);
     free(sh.olen);
     free(sh.pseed);
+    free(sh.leave);
     free(sh.ttft.v);
     free(sh.tpot.v);
     free(sh.itl.v);

@@ -98,7 +98,7 @@ static nl_status check_common(const uint8_t *h, const uint8_t magic[4], const ch
 /* ---- request ----------------------------------------------------------------------------------- */
 
 nl_status nl_kvx_encode_request(const nl_kvx_shape *sh, const int32_t *prompt, int64_t n, const nl_sampling *s,
-                                uint8_t **buf, size_t *len) {
+                                uint32_t id, uint8_t **buf, size_t *len) {
     *buf = NULL;
     *len = 0;
     if (n < 1 || n >= sh->seq_len)
@@ -114,6 +114,7 @@ nl_status nl_kvx_encode_request(const nl_kvx_shape *sh, const int32_t *prompt, i
     putf(b + 40, s->temperature);
     putf(b + 44, s->top_p);
     put32(b + 48, (uint32_t)s->top_k);
+    put32(b + 52, id);
     put64(b + 56, s->seed);
     for (int64_t i = 0; i < n; i++) put32(b + NL_KVX_REQ_HEADER_BYTES + 4 * i, (uint32_t)prompt[i]);
     *buf = b;
@@ -178,8 +179,8 @@ static uint8_t *kv_header(const nl_kvx_shape *sh, size_t body, uint8_t **buf, si
     return b;
 }
 
-nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64_t block_size, uint8_t **buf,
-                           size_t *len) {
+nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64_t block_size, uint32_t id,
+                           uint8_t **buf, size_t *len) {
     *buf = NULL;
     *len = 0;
     if (block_size < 1) return nl_fail(NL_ERR_INVALID, "KV transfer: block size %lld", (long long)block_size);
@@ -192,6 +193,7 @@ nl_status nl_kvx_encode_kv(const nl_kvx_shape *sh, const nl_engine_kv *kv, int64
     put32(b + 52, (uint32_t)kv->first_token);
     for (int i = 0; i < 4; i++) put64(b + 56 + 8 * i, kv->rng.s[i]);
     put64(b + 88, (uint64_t)kv->data_bytes);
+    put32(b + 100, id);
     uint8_t *p = b + NL_KVX_KV_HEADER_BYTES;
     for (int64_t i = 0; i < kv->n_tokens; i++) put32(p + 4 * i, (uint32_t)kv->tokens[i]);
     memcpy(p + 4 * kv->n_tokens, kv->data, kv->data_bytes);
@@ -389,10 +391,10 @@ nl_status nl_kvx_remote_prefill_cancel(const char *addr, const nl_kvx_shape *sh,
     NL_TRY(parse_addr(addr, &sa));
     uint8_t *req = NULL, *msg = NULL;
     size_t req_len = 0, body = 0;
-    NL_TRY(nl_kvx_encode_request(sh, prompt, n, s, &req, &req_len));
     static atomic_uint next_id = 1;
     uint32_t rid = atomic_fetch_add(&next_id, 1) ^ ((uint32_t)getpid() << 16);
-    put32(req + 52, rid); /* echoed in the answer: an answer to another request is refused */
+    /* the id is echoed in the answer: an answer to another request is refused */
+    NL_TRY(nl_kvx_encode_request(sh, prompt, n, s, rid, &req, &req_len));
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     nl_status rc = NL_OK;
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
@@ -514,8 +516,7 @@ static void serve_conn(conn *c) {
     size_t n = 0;
     nl_status rc = nl_engine_export_kv(s->e, id, &kv);
     nl_engine_release(s->e, id); /* its blocks go back now: the copy is in kv */
-    if (!rc) rc = nl_kvx_encode_kv(&s->sh, &kv, s->block_size, &ans, &n);
-    if (!rc) put32(ans + 100, rid); /* the request's id, echoed */
+    if (!rc) rc = nl_kvx_encode_kv(&s->sh, &kv, s->block_size, rid, &ans, &n); /* the request's id, echoed */
     if (rc)
         send_error(c, rc, nl_last_error());
     else

@@ -21,6 +21,15 @@
 
 #define RATE_WINDOW 40 /* samples of the generated-token counter, >= 0.25 s apart: ~10 s */
 
+/* One open connection as the header deadline sees it (its MHD socket context). libmicrohttpd
+ * (0.9.75) has only an idle timeout, which every byte resets: a client that trickles its request
+ * headers would hold the connection forever. */
+typedef struct conn_watch {
+    struct conn_watch *prev, *next;
+    int fd;
+    double since; /* nl_time_s when the connection opened or its last response ended; 0: headers read */
+} conn_watch;
+
 struct nl_server {
     nl_engine *eng;
     nl_server_opts o;
@@ -35,6 +44,8 @@ struct nl_server {
     atomic_int cancel_all; /* drain timed out: cancel what runs */
     atomic_int open_conns; /* connections open now (MHD_OPTION_NOTIFY_CONNECTION) */
     atomic_uint_fast64_t next_id;
+    pthread_mutex_t watch_mu; /* guards the list of open connections */
+    conn_watch *watched;
     pthread_mutex_t mu; /* guards everything below */
     pthread_cond_t idle;
     int64_t active; /* completions in flight (submitted, response not yet finished) */
@@ -57,6 +68,7 @@ void nl_server_opts_default(nl_server_opts *o) {
     o->max_body_bytes = (size_t)1 << 20;
     o->max_connections = 512;
     o->idle_timeout_s = 30;
+    o->header_timeout_s = 10;
     o->drain_timeout_s = 30;
 }
 
@@ -568,6 +580,71 @@ static int prefill_reachable(const char *addr) {
     return ok;
 }
 
+/* ---- the header deadline ------------------------------------------------------------------- */
+
+/* Keeps the list of open connections for the header deadline, and their count. libmicrohttpd
+ * calls CLOSED before it closes the socket, so a listed fd is never one reused by another. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    nl_server *s = cls;
+    pthread_mutex_lock(&s->watch_mu);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_watch *w = calloc(1, sizeof *w);
+        if (w) { /* without memory the connection just has no header deadline */
+            w->fd = conn_fd(c);
+            w->since = nl_time_s();
+            w->next = s->watched;
+            if (w->next) w->next->prev = w;
+            s->watched = w;
+        }
+        *socket_context = w;
+        atomic_fetch_add(&s->open_conns, 1);
+    } else {
+        conn_watch *w = *socket_context;
+        if (w) {
+            if (w->prev)
+                w->prev->next = w->next;
+            else
+                s->watched = w->next;
+            if (w->next) w->next->prev = w->prev;
+            free(w);
+            *socket_context = NULL;
+        }
+        atomic_fetch_sub(&s->open_conns, 1);
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+}
+
+/* Starts (since = now) or stops (0) the header deadline of connection c. */
+static void watch_headers(nl_server *s, struct MHD_Connection *c, double since) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_watch *w = ci ? ci->socket_context : NULL;
+    if (!w) return;
+    pthread_mutex_lock(&s->watch_mu);
+    w->since = since;
+    pthread_mutex_unlock(&s->watch_mu);
+}
+
+/* Shuts down the socket of every connection whose request headers are not read whole within
+ * header_timeout_s of its opening or of its previous response: its thread then sees the end of
+ * the stream and closes it. Called by the driver about every 0.25 s. */
+static void reap_slow_headers(nl_server *s, double now) {
+    int64_t reaped = 0;
+    pthread_mutex_lock(&s->watch_mu);
+    for (conn_watch *w = s->watched; w; w = w->next) {
+        if (w->since > 0 && now - w->since > s->o.header_timeout_s && w->fd >= 0) {
+            shutdown(w->fd, SHUT_RDWR);
+            w->since = 0;
+            reaped++;
+        }
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+    if (!reaped) return;
+    pthread_mutex_lock(&s->mu);
+    s->m.header_timeouts += reaped;
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* ---- the access handler ---------------------------------------------------------------------- */
 
 typedef struct conn_state {
@@ -581,6 +658,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   void **con_cls) {
     (void)version;
     nl_server *s = cls;
+    if (*con_cls == NULL) watch_headers(s, c, 0); /* the first call: the headers are read whole */
     int is_post = !strcmp(method, "POST");
     int chat = !strcmp(url, "/v1/chat/completions");
     if ((chat || !strcmp(url, "/v1/completions")) && is_post) {
@@ -669,18 +747,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return r;
 }
 
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-                          enum MHD_ConnectionNotificationCode toe) {
-    (void)c;
-    (void)socket_context;
-    nl_server *s = cls;
-    atomic_fetch_add(&s->open_conns, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
-}
-
+/* A request is over: free its state, and the connection's next request headers have
+ * header_timeout_s from now (a kept-alive connection left idle is closed then). */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
     (void)toe;
+    watch_headers(cls, c, nl_time_s());
     conn_state *cs = *con_cls;
     if (cs) {
         nl_http_buf_free(&cs->body);
@@ -712,6 +783,7 @@ static void *drive(void *arg) {
             s->rate_head = (s->rate_head + 1) % RATE_WINDOW;
             if (s->rate_n < RATE_WINDOW) s->rate_n++;
             pthread_mutex_unlock(&s->mu);
+            reap_slow_headers(s, now);
             last_sample = now;
         }
     }
@@ -736,6 +808,7 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     if (o.max_body_bytes == 0) o.max_body_bytes = (size_t)1 << 20;
     if (o.max_connections <= 0) o.max_connections = 512;
     if (o.idle_timeout_s <= 0) o.idle_timeout_s = 30;
+    if (o.header_timeout_s <= 0) o.header_timeout_s = 10;
     if (o.port < 0 || o.port > 65535)
         return nl_fail(NL_ERR_INVALID, "serve: port must be in [0, 65535], got %d", o.port);
     struct sockaddr_in addr;
@@ -756,10 +829,12 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     atomic_init(&s->cancel_all, 0);
     atomic_init(&s->open_conns, 0);
     atomic_init(&s->next_id, 1);
+    pthread_mutex_init(&s->watch_mu, NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);
     nl_serve_metrics_init(&s->m);
     if (pthread_create(&s->driver, NULL, drive, s)) {
+        pthread_mutex_destroy(&s->watch_mu);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->idle);
         free(s);
@@ -830,6 +905,7 @@ void nl_server_stop(nl_server *s) {
         atomic_store(&s->stop_driver, 1);
         pthread_join(s->driver, NULL);
     }
+    pthread_mutex_destroy(&s->watch_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->idle);
     free(s);

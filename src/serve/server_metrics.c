@@ -82,6 +82,9 @@ nl_status nl_serve_metrics_text(const nl_serve_metrics *m, nl_http_buf *out) {
                  (double)m->spec_accepted));
     NL_TRY(gauge(out, "gauge", "nanolm_spec_acceptance_rate", "Accepted over drafted speculative tokens.",
                  m->spec_drafted ? (double)m->spec_accepted / (double)m->spec_drafted : 0.0));
+    NL_TRY(gauge(out, "counter", "nanolm_header_timeouts_total",
+                 "Connections closed because their request headers did not arrive within the header timeout.",
+                 (double)m->header_timeouts));
     NL_TRY(histogram(out, "nanolm_time_to_first_token_seconds", "Time from request arrival to its first token.",
                      &m->ttft));
     NL_TRY(histogram(out, "nanolm_time_per_output_token_seconds", "Mean time between output tokens of a request.",

@@ -193,6 +193,20 @@ static void unlock_out(nl_trainer *t) {
     t->out_lock_path = NULL;
 }
 
+/* A parallel run writes o->out from the rank that writes files: that rank takes the same lock as
+ * a one-process run (lock_out), and every rank learns whether it did, so that all of them refuse
+ * together rather than wait on each other. */
+static nl_status lock_layout_out(nl_trainer *t, const nl_train_opts *o, const nl_train_layout *L) {
+    if (!o->out) return NL_OK;
+    nl_status mine = L->rank0 ? lock_out(t, o) : NL_OK;
+    int refused = mine != NL_OK;
+    nl_status rc = L->agree_stop ? L->agree_stop(L->user, &refused) : NL_OK; /* the max over the ranks */
+    if (!rc && !refused) return NL_OK;
+    unlock_out(t);
+    if (mine) return mine; /* lock_out said why */
+    return rc ? rc : nl_fail(NL_ERR_IO, "--out %s is locked by another run (see rank 0's message)", o->out);
+}
+
 nl_status nl_trainer_init(nl_trainer *t, const nl_arch *arch, const nl_train_opts *o) {
     memset(t, 0, sizeof *t);
     nl_status rc;
@@ -316,6 +330,7 @@ nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl
                                              : NULL;
     if (no) return nl_fail(NL_ERR_UNSUPPORTED, "the %s layout does not support %s", L->name, no);
     if (o->steps < 1) return nl_fail(NL_ERR_INVALID, "steps must be >= 1, got %lld", (long long)o->steps);
+    NL_TRY(lock_layout_out(t, o, L));
     t->layout = L;
     t->seq = o->seq;
     t->warmup = derive_warmup(o, -1);
@@ -329,6 +344,7 @@ nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl
         t->warmup = derive_warmup(o, rc ? -1 : st.run.warmup);
         if (!rc) rc = check_resume(o->resume, o, t->warmup, &st);
         if (rc) {
+            unlock_out(t);
             memset(t, 0, sizeof *t);
             return rc;
         }
@@ -338,7 +354,10 @@ nl_status nl_trainer_init_layout(nl_trainer *t, const nl_train_opts *o, const nl
     }
     t->log_cap = o->steps - t->step;
     t->log = nl_calloc((size_t)t->log_cap, sizeof(nl_train_log), "training log");
-    if (!t->log) return NL_ERR_NOMEM;
+    if (!t->log) {
+        unlock_out(t);
+        return NL_ERR_NOMEM;
+    }
     return NL_OK;
 }
 
