@@ -1,4 +1,4 @@
-/* nanolm bench serve: the load generator (src/serve/http_loadgen.c) against an OpenAI-compatible
+/* nanolm bench serve: the load generator (src/tools/http_loadgen.c) against an OpenAI-compatible
  * server, with a latency-vs-throughput sweep over arrival rates. */
 #include <math.h>
 #include <stdio.h>
