@@ -61,6 +61,39 @@ static void by_hand(const nl_model *m, int32_t want[N_REQ][GEN]) {
     nl_engine_close(e);
 }
 
+/* Each test: the model, the reference tokens, and a fresh engine. */
+typedef struct fixture {
+    nl_model m;
+    int32_t want[N_REQ][GEN];
+    nl_engine *e;
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    make_model(&f->m);
+    by_hand(&f->m, f->want);
+    f->e = open_engine(&f->m);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    nl_engine_close(f->e);
+    nl_model_free(&f->m);
+    free(f);
+    return 0;
+}
+
+/* Reads every request and compares its tokens with the reference. */
+static void check_all(fixture *f, const uint64_t *id) {
+    int32_t got[GEN];
+    for (int i = 0; i < N_REQ; i++) {
+        read_tokens(f->e, id[i], got);
+        assert_memory_equal(got, f->want[i], sizeof got);
+    }
+}
+
 typedef struct hook_state {
     nl_engine *e;
     int steps, idle_passes;
@@ -77,12 +110,8 @@ static int until_idle(void *user, int stepped) {
 }
 
 static void test_run_on_caller_thread(void **state) {
-    (void)state;
-    nl_model m;
-    make_model(&m);
-    int32_t want[N_REQ][GEN], got[GEN];
-    by_hand(&m, want);
-    nl_engine *e = open_engine(&m);
+    fixture *f = *state;
+    nl_engine *e = f->e;
     uint64_t id[N_REQ];
     for (int i = 0; i < N_REQ; i++) submit(e, i, &id[i]);
     hook_state h = {e, 0, 0};
@@ -92,19 +121,12 @@ static void test_run_on_caller_thread(void **state) {
     nl_engine_stats_get(e, &st);
     assert_int_equal(h.steps, st.steps); /* the hook saw every step, and no pass idled */
     assert_int_equal(h.idle_passes, 0);
-    for (int i = 0; i < N_REQ; i++) {
-        read_tokens(e, id[i], got);
-        assert_memory_equal(got, want[i], sizeof got);
-    }
-    nl_engine_close(e);
-    nl_model_free(&m);
+    check_all(f, id);
 }
 
 static void test_stop_flag_ends_run(void **state) {
-    (void)state;
-    nl_model m;
-    make_model(&m);
-    nl_engine *e = open_engine(&m);
+    fixture *f = *state;
+    nl_engine *e = f->e;
     atomic_int stop;
     atomic_init(&stop, 1);
     nl_drive_opts o = {.idle_ms = 1, .stop = &stop};
@@ -116,17 +138,12 @@ static void test_stop_flag_ends_run(void **state) {
     assert_int_equal(nl_driver_run(e, &o), NL_OK);
     assert_int_equal(h.steps, 0);
     assert_int_equal(h.idle_passes, 1);
-    nl_engine_close(e);
-    nl_model_free(&m);
 }
 
 static void test_thread_serves_requests(void **state) {
-    (void)state;
-    nl_model m;
-    make_model(&m);
-    int32_t want[N_REQ][GEN], got[GEN];
-    by_hand(&m, want);
-    nl_engine *e = open_engine(&m);
+    fixture *f = *state;
+    nl_engine *e = f->e;
+    int32_t got[GEN];
     nl_driver *d = NULL;
     nl_drive_opts o = {.idle_ms = 5};
     assert_int_equal(nl_driver_start(&d, e, &o), NL_OK);
@@ -144,27 +161,22 @@ static void test_thread_serves_requests(void **state) {
         read_tokens(e, id[i], got);
         /* alone in the engine, each request has the tokens it had among the others (batch
          * invariance, and each request's generator is its own) */
-        assert_memory_equal(got, want[i], sizeof got);
+        assert_memory_equal(got, f->want[i], sizeof got);
     }
     nl_driver_stop(d); /* idle */
     assert_int_equal(nl_driver_start(&d, e, &o), NL_OK);
     for (int i = 0; i < N_REQ; i++) submit(e, i, &id[i]);
     nl_driver_stop(d); /* busy: stops after its pass; what is left stays queued */
     while (nl_engine_busy(e)) assert_int_equal(nl_engine_step(e, NULL), NL_OK);
-    for (int i = 0; i < N_REQ; i++) {
-        read_tokens(e, id[i], got);
-        assert_memory_equal(got, want[i], sizeof got);
-    }
+    check_all(f, id);
     nl_driver_stop(NULL);
-    nl_engine_close(e);
-    nl_model_free(&m);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_run_on_caller_thread),
-        cmocka_unit_test(test_stop_flag_ends_run),
-        cmocka_unit_test(test_thread_serves_requests),
+        cmocka_unit_test_setup_teardown(test_run_on_caller_thread, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_flag_ends_run, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_thread_serves_requests, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
