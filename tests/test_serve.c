@@ -491,6 +491,27 @@ static void loadgen(void **state) {
     o.duration_s = -1;
     assert_int_equal(nl_loadgen_run(&o, &r), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "duration"));
+    /* a shared prefix is the same system prompt whatever the seed; the seed draws what follows:
+     * 32 shared + 32 own tokens, one request a run; the prefix cache (blocks of 16, the last
+     * prompt token always computed) finds 48 tokens of a prompt seen before, 32 of a new one */
+    memset(&o, 0, sizeof o);
+    o.host = "127.0.0.1";
+    o.port = s.port;
+    o.requests = o.concurrency = 1;
+    o.shared_prefix = o.prompt_len = 32;
+    o.output_len = 2;
+    const double hits0 = metric(&s, "nanolm_prefix_cache_hits_total");
+    const uint64_t seeds[3] = {7, 7, 8};
+    const double want_hits[3] = {0, 48, 32};
+    for (int i = 0; i < 3; i++) {
+        o.seed = seeds[i];
+        const double before = metric(&s, "nanolm_prefix_cache_hits_total");
+        assert_int_equal(nl_loadgen_run(&o, &r), NL_OK);
+        assert_int_equal(r.ok, 1);
+        if (i == 0) continue; /* an earlier test may have left blocks of this system prompt */
+        assert_true(metric(&s, "nanolm_prefix_cache_hits_total") - before == want_hits[i]);
+    }
+    assert_true(metric(&s, "nanolm_prefix_cache_hits_total") - hits0 >= 80);
     assert_int_equal(stop(&s), 0);
 }
 
