@@ -418,6 +418,38 @@ static void queue_full(void **state) {
     }
 }
 
+/* A request that waits in the queue longer than --idle-timeout is not cut off (the idle timeout is
+ * for clients, not for the engine's pace): with one running sequence and an idle timeout of 1 s, a
+ * streamed and a plain request queued behind a long one (seconds of decode) both finish whole. */
+static void queued_past_idle_timeout(void **state) {
+    (void)state;
+    START(s, SLOW_ARCH "--max-batch 1 --idle-timeout 1 --drain-timeout 300");
+    bg b[2];
+    memset(b, 0, sizeof b);
+    b[0].s = b[1].s = &s;
+    b[0].body = "{\"prompt\":\"Once\",\"max_tokens\":150,\"ignore_eos\":true,\"stream\":true}";
+    b[1].body = "{\"prompt\":\"Once\",\"max_tokens\":20,\"ignore_eos\":true,\"stream\":true}";
+    pthread_t th[2];
+    pthread_create(&th[0], NULL, bg_post, &b[0]);
+    for (int i = 0; i < 200 && metric(&s, "nanolm_requests_running") < 1; i++) sleep_ms(50);
+    pthread_create(&th[1], NULL, bg_post, &b[1]);
+    int status;
+    cJSON *doc = post(&s, "{\"prompt\":\"Once\",\"max_tokens\":20,\"ignore_eos\":true}", &status);
+    assert_int_equal(status, 200);
+    assert_true(usage_int(doc, "completion_tokens") >= 1);
+    cJSON_Delete(doc);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(b[i].status, 200);
+        if (!b[i].c.done) fail_msg("request %d: the stream was cut off (error '%s')", i, b[i].c.error);
+        if (strcmp(b[i].c.finish, "length") && strcmp(b[i].c.finish, "stop"))
+            fail_msg("request %d: finish '%s', error '%s'", i, b[i].c.finish, b[i].c.error);
+        nl_http_buf_free(&b[i].c.text);
+    }
+    assert_true(metric(&s, "nanolm_requests_total{outcome=\"aborted\"}") == 0);
+    assert_int_equal(stop(&s), 0);
+}
+
 /* SIGTERM when requests cannot finish in --drain-timeout: they are cancelled (an error event, then
  * [DONE]) and the server still exits 0. */
 static void shutdown_cancels(void **state) {
@@ -726,6 +758,7 @@ int main(void) {
         cmocka_unit_test_teardown(queue_full, teardown),
         cmocka_unit_test_teardown(shutdown_cancels, teardown),
         cmocka_unit_test_teardown(loadgen, teardown),
+        cmocka_unit_test_teardown(queued_past_idle_timeout, teardown),
     };
     if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

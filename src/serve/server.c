@@ -444,6 +444,10 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
     pthread_mutex_lock(&s->mu);
     s->active++;
     pthread_mutex_unlock(&s->mu);
+    /* The engine sets the pace now, not the client: a request that waits in the queue longer than
+     * the idle timeout must not be cut off (a client that goes away is noticed by pump). The
+     * idle timeout comes back when the request is over (on_completed). */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (req.stream) {
         if (chat && nl_http_sse_chat_role(&cid, &q->out)) { /* the first event names the role */
             completion_free(q);
@@ -678,9 +682,9 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
-    (void)toe;
+    nl_server *s = cls;
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) /* kept alive: idle again (completions lift it) */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o.idle_timeout_s);
     conn_state *cs = *con_cls;
     if (cs) {
         nl_http_buf_free(&cs->body);
