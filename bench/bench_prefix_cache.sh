@@ -3,7 +3,9 @@
 # (default shape: dim 384, 6 layers, 6 heads, hidden 1024, vocab 512, seq_len 1024; fp32, 2
 # threads), one with prefix caching (the default) and one with --no-prefix-cache, loaded by
 # `nanolm bench serve` closed-loop with C clients whose prompts all start with the same 512-token
-# system prompt followed by 32 tokens of their own, 32 output tokens each. One untimed pass per
+# system prompt followed by 32 tokens of their own, 32 output tokens each. Every pass draws its
+# own prompts (a seed of its own, the same for both servers within a round): only the system
+# prompt is shared, never a whole prompt that an earlier pass computed. One untimed pass per
 # server first (the cached one computes the system prompt there); then rounds alternate the two
 # servers, so that each round's ratio compares runs made seconds apart on a machine whose speed
 # drifts. Prints every round, then the medians: TTFT p50 cached / uncached (target <= 0.25) and
@@ -37,23 +39,23 @@ start() { # $1: name, then serve options
 }
 start on
 start off --no-prefix-cache
-# one closed-loop run against server $1; leaves its JSON in $tmp/r.json
+# one closed-loop run against server $1, $2 requests, prompts of seed $3; leaves its JSON in $tmp/r.json
 load() {
   "$bin" bench serve --url "http://127.0.0.1:$(cat "$tmp/$1.port")" --requests "$2" --concurrency "$clients" \
-    --shared-prefix 512 --prompt-len 32 --output-len 32 --json >"$tmp/r.json"
+    --shared-prefix 512 --prompt-len 32 --output-len 32 --seed "$3" --json >"$tmp/r.json"
 }
 field() { sed -n "s/.*\"$1\":[[:space:]]*\([0-9.eE+-]*\).*/\1/p" "$tmp/r.json" | head -1; }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 echo "bench_prefix_cache: $clients clients, 512-token shared system prompt + 32 own tokens, 32 output tokens, $reqs requests per client"
-load on "$clients"  # untimed: pages in the pools; the cached server computes the system prompt
-load off "$clients"
+load on "$clients" 1  # untimed: pages in the pools; the cached server computes the system prompt
+load off "$clients" 1
 printf '%-6s %-8s %14s %12s %12s\n' round cache "out tok/s" "TTFT p50 ms" "TPOT p50 ms"
 declare -A ttft tps
 ttft_x= tps_x=
 n=$((clients * reqs))
 for r in $(seq "$rounds"); do
   for s in on off; do
-    load "$s" "$n"
+    load "$s" "$n" $((100 + r))
     ttft[$s]=$(field ttft_p50_ms)
     tps[$s]=$(field output_tokens_per_s)
     printf '%-6s %-8s %14.1f %12.1f %12.2f\n' "$r" "$s" "${tps[$s]}" "${ttft[$s]}" "$(field tpot_p50_ms)"

@@ -116,14 +116,8 @@ int main(void) {
     const int rounds = env_int("SPEC_BENCH_ROUNDS", 5), k = env_int("SPEC_BENCH_K", 4);
     const int64_t n_tok = env_int("SPEC_BENCH_TOKENS", 256);
     int rc = workload("stories", NULL, 1, rounds, k, n_tok);
-    nl_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.name, sizeof a.name, "rand85M");
-    a.vocab_size = 512, a.dim = 768, a.n_layers = 12, a.n_heads = 12, a.n_kv_heads = 12, a.hidden_dim = 2048;
-    a.seq_len = 1024, a.rope_theta = 10000, a.norm_eps = 1e-5;
     nl_model m;
-    if (nl_model_init(&m, &a)) return 1;
-    nl_model_init_random(&m, 1);
+    if (bench_random_model(&m, "rand85M", 768, 12, 2048)) return 1;
     if (g_n_prompt > 64) g_n_prompt = 64;
     rc |= workload("rand85M", &m, 1, rounds, k, n_tok / 4);
     nl_model_free(&m);

@@ -5,6 +5,7 @@
  * of the source file it is named after (include/nanolm/model.h -> src/model/model.c), or the
  * table below for the three headers that several files implement. Allowed, from DESIGN.md:
  *     cli      -> everything
+ *     tools    -> serve, parallel, train, model, numerics, base   (load generator, client, probe)
  *     serve    -> parallel, train, model, numerics, base
  *     parallel -> train, model, numerics, base
  *     train    -> model, numerics, base
@@ -25,9 +26,9 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { L_BASE, L_NUMERICS, L_MODEL, L_TRAIN, L_PARALLEL, L_SERVE, L_PLAN, L_CLI, N_LAYERS };
-static const char *const layer_names[N_LAYERS] = {"base",     "numerics", "model", "train",
-                                                  "parallel", "serve",    "plan",  "cli"};
+enum { L_BASE, L_NUMERICS, L_MODEL, L_TRAIN, L_PARALLEL, L_SERVE, L_TOOLS, L_PLAN, L_CLI, N_LAYERS };
+static const char *const layer_names[N_LAYERS] = {"base",  "numerics", "model", "train", "parallel",
+                                                  "serve", "tools",    "plan",  "cli"};
 #define B(l) (1u << (l))
 static const unsigned allowed[N_LAYERS] = {
     [L_BASE] = B(L_BASE),
@@ -36,6 +37,7 @@ static const unsigned allowed[N_LAYERS] = {
     [L_TRAIN] = B(L_TRAIN) | B(L_MODEL) | B(L_NUMERICS) | B(L_BASE),
     [L_PARALLEL] = B(L_PARALLEL) | B(L_TRAIN) | B(L_MODEL) | B(L_NUMERICS) | B(L_BASE),
     [L_SERVE] = B(L_SERVE) | B(L_PARALLEL) | B(L_TRAIN) | B(L_MODEL) | B(L_NUMERICS) | B(L_BASE),
+    [L_TOOLS] = B(L_TOOLS) | B(L_SERVE) | B(L_PARALLEL) | B(L_TRAIN) | B(L_MODEL) | B(L_NUMERICS) | B(L_BASE),
     [L_PLAN] = B(L_PLAN) | B(L_NUMERICS) | B(L_BASE),
     [L_CLI] = ~0u,
 };

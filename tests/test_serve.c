@@ -418,6 +418,38 @@ static void queue_full(void **state) {
     }
 }
 
+/* A request that waits in the queue longer than --idle-timeout is not cut off (the idle timeout is
+ * for clients, not for the engine's pace): with one running sequence and an idle timeout of 1 s, a
+ * streamed and a plain request queued behind a long one (seconds of decode) both finish whole. */
+static void queued_past_idle_timeout(void **state) {
+    (void)state;
+    START(s, SLOW_ARCH "--max-batch 1 --idle-timeout 1 --drain-timeout 300");
+    bg b[2];
+    memset(b, 0, sizeof b);
+    b[0].s = b[1].s = &s;
+    b[0].body = "{\"prompt\":\"Once\",\"max_tokens\":150,\"ignore_eos\":true,\"stream\":true}";
+    b[1].body = "{\"prompt\":\"Once\",\"max_tokens\":20,\"ignore_eos\":true,\"stream\":true}";
+    pthread_t th[2];
+    pthread_create(&th[0], NULL, bg_post, &b[0]);
+    for (int i = 0; i < 200 && metric(&s, "nanolm_requests_running") < 1; i++) sleep_ms(50);
+    pthread_create(&th[1], NULL, bg_post, &b[1]);
+    int status;
+    cJSON *doc = post(&s, "{\"prompt\":\"Once\",\"max_tokens\":20,\"ignore_eos\":true}", &status);
+    assert_int_equal(status, 200);
+    assert_true(usage_int(doc, "completion_tokens") >= 1);
+    cJSON_Delete(doc);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(b[i].status, 200);
+        if (!b[i].c.done) fail_msg("request %d: the stream was cut off (error '%s')", i, b[i].c.error);
+        if (strcmp(b[i].c.finish, "length") && strcmp(b[i].c.finish, "stop"))
+            fail_msg("request %d: finish '%s', error '%s'", i, b[i].c.finish, b[i].c.error);
+        nl_http_buf_free(&b[i].c.text);
+    }
+    assert_true(metric(&s, "nanolm_requests_total{outcome=\"aborted\"}") == 0);
+    assert_int_equal(stop(&s), 0);
+}
+
 /* SIGTERM when requests cannot finish in --drain-timeout: they are cancelled (an error event, then
  * [DONE]) and the server still exits 0. */
 static void shutdown_cancels(void **state) {
@@ -512,6 +544,27 @@ static void loadgen(void **state) {
     o.disconnect_frac = 1.5;
     assert_int_equal(nl_loadgen_run(&o, &r), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "disconnecting share"));
+    /* a shared prefix is the same system prompt whatever the seed; the seed draws what follows:
+     * 32 shared + 32 own tokens, one request a run; the prefix cache (blocks of 16, the last
+     * prompt token always computed) finds 48 tokens of a prompt seen before, 32 of a new one */
+    memset(&o, 0, sizeof o);
+    o.host = "127.0.0.1";
+    o.port = s.port;
+    o.requests = o.concurrency = 1;
+    o.shared_prefix = o.prompt_len = 32;
+    o.output_len = 2;
+    const double hits0 = metric(&s, "nanolm_prefix_cache_hits_total");
+    const uint64_t seeds[3] = {7, 7, 8};
+    const double want_hits[3] = {0, 48, 32};
+    for (int i = 0; i < 3; i++) {
+        o.seed = seeds[i];
+        const double before = metric(&s, "nanolm_prefix_cache_hits_total");
+        assert_int_equal(nl_loadgen_run(&o, &r), NL_OK);
+        assert_int_equal(r.ok, 1);
+        if (i == 0) continue; /* an earlier test may have left blocks of this system prompt */
+        assert_true(metric(&s, "nanolm_prefix_cache_hits_total") - before == want_hits[i]);
+    }
+    assert_true(metric(&s, "nanolm_prefix_cache_hits_total") - hits0 >= 80);
     assert_int_equal(stop(&s), 0);
 }
 
@@ -775,6 +828,7 @@ int main(void) {
         cmocka_unit_test_teardown(queue_full, teardown),
         cmocka_unit_test_teardown(shutdown_cancels, teardown),
         cmocka_unit_test_teardown(loadgen, teardown),
+        cmocka_unit_test_teardown(queued_past_idle_timeout, teardown),
     };
     if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,6 @@
 /*
  * nanolm cpu_rates: what `nanolm bench machine` measures on a CPU, as one description that two
- * layers share (as arch.h describes a model's shape): serve/machine.c fills it, the serving
+ * layers share (as arch.h describes a model's shape): tools/machine.c fills it, the serving
  * engine's cost model in plan/ (plan_engine.h) reads it. Data only.
  */
 #ifndef NANOLM_CPU_RATES_H

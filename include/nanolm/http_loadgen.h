@@ -26,7 +26,8 @@ typedef struct nl_loadgen_opts {
     int64_t prompt_len;     /* prompt tokens (or the low end when prompt_len_max > prompt_len) */
     int64_t prompt_len_max; /* > prompt_len: uniform in [prompt_len, prompt_len_max] */
     int64_t shared_prefix;  /* every prompt starts with the same this many tokens (a system
-                               prompt; drawn from seed), then its prompt_len own ones */
+                               prompt, the same in every run, whatever seed), then its prompt_len
+                               own ones (drawn from seed) */
     int64_t output_len;     /* max_tokens (ignore_eos), or the low end */
     int64_t output_len_max; /* > output_len: uniform in [output_len, output_len_max] */
     int64_t vocab_size;     /* token ids drawn from [3, vocab_size); 0: ask GET /v1/models */

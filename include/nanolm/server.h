@@ -8,7 +8,7 @@
  *   GET  /health           200 {"status":"ok"} (503 "draining" while shutting down)
  *   GET  /metrics          Prometheus text (server_metrics.h)
  *
- * Threads: one driver thread calls nl_engine_step in a loop; HTTP threads only submit, cancel,
+ * Threads: the driver (driver.h) steps the engine on a thread of its own; HTTP threads only submit, cancel,
  * wait on and read requests (engine.h's thread-safety contract). A connection that closes before
  * its completion is done cancels the request, which frees its sequence and KV blocks.
  * Bad input gets an OpenAI-style error (http_request.h): 400 for a bad body or a prompt longer

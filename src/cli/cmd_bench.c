@@ -1,4 +1,4 @@
-/* nanolm bench serve: the load generator (src/serve/http_loadgen.c) against an OpenAI-compatible
+/* nanolm bench serve: the load generator (src/tools/http_loadgen.c) against an OpenAI-compatible
  * server, with a latency-vs-throughput sweep over arrival rates. */
 #include <math.h>
 #include <stdio.h>
@@ -93,7 +93,8 @@ static int bench_serve(int argc, char **argv) {
         NL_OPT_INT("prompt-len-max", &plen_max, 0, 1 << 20, "P",
                    "> --prompt-len: uniform lengths in [prompt-len, this]"),
         NL_OPT_INT("shared-prefix", &shared, 0, 1 << 20, "S",
-                   "every prompt starts with the same S tokens (a system prompt), then its --prompt-len own"),
+                   "every prompt starts with the same S tokens (a system prompt, the same whatever --seed), then its "
+                   "--prompt-len own"),
         NL_OPT_INT("output-len", &olen, 1, 1 << 20, "O", "output tokens (max_tokens with ignore_eos; default 128)"),
         NL_OPT_INT("output-len-max", &olen_max, 0, 1 << 20, "O",
                    "> --output-len: uniform lengths in [output-len, this]"),

@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "cli_opt.h"
+#include "nanolm/driver.h"
 #include "nanolm/engine.h"
 #include "report.h"
 
@@ -112,53 +113,72 @@ static int gen_setup(const gen_args *a, nl_engine_opts *eo, nl_sampling *smp) {
     return 0;
 }
 
-/* Runs the request on the engine and shows each generated token; returns an exit code. */
+/* One generate request as the driver runs it: what the hook after each step reads and shows. */
+typedef struct gen_run_state {
+    nl_engine *e;
+    const gen_args *a;
+    gen_out *g;
+    uint64_t id;
+    int32_t prev; /* the last token shown (for the next piece) */
+    nl_finish fin;
+    int failed; /* the hook failed: the message is set */
+} gen_run_state;
+
+/* Shows what the request produced; returns 1 when it finished (or on BOS, or a failure). */
+static int gen_show(gen_run_state *st, const nl_engine_output *o) {
+    const nl_tokenizer *tok = nl_engine_tokenizer(st->e);
+    gen_out *g = st->g;
+    g->generated += o->n_tokens;
+    for (int64_t i = 0; i < o->n_tokens; i++) {
+        int32_t next = o->tokens[i];
+        if (tok->bos_id >= 0 && next == tok->bos_id) {
+            g->generated -= o->n_tokens - i - 1; /* the tokens after BOS were never shown */
+            st->fin = NL_FINISH_STOP;
+            nl_engine_cancel(st->e, st->id);
+            break;
+        }
+        size_t len;
+        const char *piece = nl_tokenizer_piece(tok, (int)st->prev, next, &len);
+        if (!piece) break;
+        if (show_token(g, st->a->json, next, piece, len)) return st->failed = 1;
+        st->prev = next;
+    }
+    if (!st->a->json) fflush(stdout);
+    if (st->fin == NL_FINISH_ERROR) {
+        if (!st->a->json) printf("\n");
+        fflush(stdout);
+        nl_fail(NL_ERR_NUMERIC, "%s: %s", st->a->model.ckpt, o->error);
+        return st->failed = 1;
+    }
+    return st->fin != NL_FINISH_NONE;
+}
+
+/* The driver's hook after each step: reads the request's news and shows it. */
+static int gen_after_step(void *user, int stepped) {
+    (void)stepped;
+    gen_run_state *st = user;
+    nl_engine_output o;
+    if (nl_engine_read(st->e, st->id, 0, &o)) return st->failed = 1;
+    st->fin = o.finish;
+    int done = gen_show(st, &o);
+    nl_engine_output_free(&o);
+    return done;
+}
+
+/* Runs the request on the engine (the driver loop of driver.h) and shows each generated token;
+ * returns an exit code. */
 static int gen_decode(nl_engine *e, const gen_args *a, nl_sampling *smp, const int32_t *ids, int64_t n, int64_t steps,
                       gen_out *g) {
-    const nl_tokenizer *tok = nl_engine_tokenizer(e);
-    int32_t prev = ids[n - 1];
-    uint64_t id = 0;
+    gen_run_state st = {.e = e, .a = a, .g = g, .prev = ids[n - 1]};
     smp->temperature = (float)a->temperature;
     smp->top_k = (int)a->top_k;
     smp->top_p = (float)a->top_p;
     smp->seed = (uint64_t)a->seed;
     smp->max_tokens = steps - n + 1;
     smp->ignore_eos = 1; /* only BOS ends generate's text (llama2.c's run): checked below */
-    if (nl_engine_submit(e, ids, n, smp, &id)) return nl_cli_fail("generate");
-    nl_finish fin = NL_FINISH_NONE;
-    while (fin == NL_FINISH_NONE) {
-        if (nl_engine_step(e, NULL)) return nl_cli_fail("generate");
-        nl_engine_output o;
-        if (nl_engine_read(e, id, 0, &o)) return nl_cli_fail("generate");
-        fin = o.finish;
-        g->generated += o.n_tokens;
-        for (int64_t i = 0; i < o.n_tokens; i++) {
-            int32_t next = o.tokens[i];
-            if (tok->bos_id >= 0 && next == tok->bos_id) {
-                g->generated -= o.n_tokens - i - 1; /* the tokens after BOS were never shown */
-                fin = NL_FINISH_STOP;
-                nl_engine_cancel(e, id);
-                break;
-            }
-            size_t len;
-            const char *piece = nl_tokenizer_piece(tok, (int)prev, next, &len);
-            if (!piece) break;
-            if (show_token(g, a->json, next, piece, len)) {
-                nl_engine_output_free(&o);
-                return nl_cli_fail("generate");
-            }
-            prev = next;
-        }
-        if (!a->json) fflush(stdout);
-        if (fin == NL_FINISH_ERROR) {
-            if (!a->json) printf("\n");
-            fflush(stdout);
-            nl_fail(NL_ERR_NUMERIC, "%s: %s", a->model.ckpt, o.error);
-            nl_engine_output_free(&o);
-            return nl_cli_fail("generate");
-        }
-        nl_engine_output_free(&o);
-    }
+    if (nl_engine_submit(e, ids, n, smp, &st.id)) return nl_cli_fail("generate");
+    nl_drive_opts o = {.stop_on_error = 1, .after = gen_after_step, .user = &st};
+    if (nl_driver_run(e, &o) || st.failed) return nl_cli_fail("generate");
     g->positions = n - 1 + g->generated;
     return NL_EXIT_OK;
 }

@@ -13,6 +13,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "nanolm/driver.h"
 #include "nanolm/kv_transfer.h"
 #include "nanolm/kvcache.h"
 
@@ -441,7 +442,8 @@ struct nl_kvx_server {
     nl_kvx_shape sh;
     int64_t block_size;
     int lfd, port;
-    pthread_t acceptor, driver;
+    pthread_t acceptor;
+    nl_driver *driver;
     atomic_int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -599,13 +601,6 @@ static void *accept_main(void *arg) {
     return NULL;
 }
 
-static void *drive_main(void *arg) {
-    nl_kvx_server *s = arg;
-    while (!atomic_load(&s->stop))
-        if (nl_engine_wait_work(s->e, 100) && nl_engine_step(s->e, NULL)) usleep(1000); /* out of memory: retry */
-    return NULL;
-}
-
 nl_status nl_kvx_server_start(nl_kvx_server **out, nl_engine *e, const char *host, int port) {
     *out = NULL;
     char addr[96];
@@ -637,14 +632,15 @@ nl_status nl_kvx_server_start(nl_kvx_server **out, nl_engine *e, const char *hos
     socklen_t sl = sizeof sa;
     getsockname(s->lfd, (struct sockaddr *)&sa, &sl);
     s->port = ntohs(sa.sin_port);
-    if (pthread_create(&s->driver, NULL, drive_main, s)) {
+    nl_drive_opts dopt = {.name = "prefill server"};
+    if (nl_driver_start(&s->driver, e, &dopt)) {
         close(s->lfd);
         free(s);
         return nl_fail(NL_ERR_NOMEM, "prefill server: cannot start the engine thread");
     }
     if (pthread_create(&s->acceptor, NULL, accept_main, s)) {
         atomic_store(&s->stop, 1);
-        pthread_join(s->driver, NULL);
+        nl_driver_stop(s->driver);
         close(s->lfd);
         free(s);
         return nl_fail(NL_ERR_NOMEM, "prefill server: cannot start the accept thread");
@@ -674,7 +670,7 @@ void nl_kvx_server_stop(nl_kvx_server *s) {
         if (s->conn_fd[i] >= 0) shutdown(s->conn_fd[i], SHUT_RDWR);
     while (s->conns > 0) pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->driver, NULL);
+    nl_driver_stop(s->driver);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

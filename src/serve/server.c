@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nanolm/driver.h"
 #include "nanolm/http_request.h"
 #include "nanolm/kv_transfer.h"
 #include "nanolm/server_metrics.h"
@@ -37,9 +38,8 @@ struct nl_server {
     struct MHD_Daemon *d;
     int port;
     int64_t created;
-    pthread_t driver;
-    int driver_started;
-    atomic_int stop_driver;
+    nl_driver *driver;
+    double last_sample;    /* the driver's last sample of the token counter (driver thread only) */
     atomic_int draining;   /* refuse new requests */
     atomic_int cancel_all; /* drain timed out: cancel what runs */
     atomic_int open_conns; /* connections open now (MHD_OPTION_NOTIFY_CONNECTION) */
@@ -456,6 +456,10 @@ static enum MHD_Result completions(nl_server *s, struct MHD_Connection *c, const
     pthread_mutex_lock(&s->mu);
     s->active++;
     pthread_mutex_unlock(&s->mu);
+    /* The engine sets the pace now, not the client: a request that waits in the queue longer than
+     * the idle timeout must not be cut off (a client that goes away is noticed by pump). The
+     * idle timeout comes back when the request is over (on_completed). */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (req.stream) {
         if (chat && nl_http_sse_chat_role(&cid, &q->out)) { /* the first event names the role */
             completion_free(q);
@@ -750,8 +754,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 /* A request is over: free its state, and the connection's next request headers have
  * header_timeout_s from now (a kept-alive connection left idle is closed then). */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)toe;
-    watch_headers(cls, c, nl_time_s());
+    nl_server *s = cls;
+    watch_headers(s, c, nl_time_s());
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) /* kept alive: idle again (completions lift it) */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o.idle_timeout_s);
     conn_state *cs = *con_cls;
     if (cs) {
         nl_http_buf_free(&cs->body);
@@ -762,32 +768,23 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---- driver ---------------------------------------------------------------------------------- */
 
-static void *drive(void *arg) {
+/* The driver's hook: samples the generated-token counter every 0.25 s for /metrics' rate. */
+static int sample_rate(void *arg, int stepped) {
+    (void)stepped;
     nl_server *s = arg;
-    double last_sample = 0;
-    while (!atomic_load(&s->stop_driver)) {
-        if (nl_engine_wait_work(s->eng, 100)) {
-            if (nl_engine_step(s->eng, NULL)) {
-                fprintf(stderr, "nanolm: serve: engine step failed: %s\n", nl_last_error());
-                struct timespec ts = {0, 10 * 1000 * 1000};
-                nanosleep(&ts, NULL);
-            }
-        }
-        double now = nl_time_s();
-        if (now - last_sample >= 0.25) {
-            nl_engine_stats st;
-            nl_engine_stats_get(s->eng, &st);
-            pthread_mutex_lock(&s->mu);
-            s->rate_t[s->rate_head] = now;
-            s->rate_tok[s->rate_head] = st.tokens_generated;
-            s->rate_head = (s->rate_head + 1) % RATE_WINDOW;
-            if (s->rate_n < RATE_WINDOW) s->rate_n++;
-            pthread_mutex_unlock(&s->mu);
-            reap_slow_headers(s, now);
-            last_sample = now;
-        }
-    }
-    return NULL;
+    double now = nl_time_s();
+    if (now - s->last_sample < 0.25) return 0;
+    nl_engine_stats st;
+    nl_engine_stats_get(s->eng, &st);
+    pthread_mutex_lock(&s->mu);
+    s->rate_t[s->rate_head] = now;
+    s->rate_tok[s->rate_head] = st.tokens_generated;
+    s->rate_head = (s->rate_head + 1) % RATE_WINDOW;
+    if (s->rate_n < RATE_WINDOW) s->rate_n++;
+    pthread_mutex_unlock(&s->mu);
+    reap_slow_headers(s, now);
+    s->last_sample = now;
+    return 0;
 }
 
 /* ---- life cycle ------------------------------------------------------------------------------ */
@@ -824,7 +821,6 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     s->o = o;
     snprintf(s->model, sizeof s->model, "%s", o.model_name);
     s->created = (int64_t)time(NULL);
-    atomic_init(&s->stop_driver, 0);
     atomic_init(&s->draining, 0);
     atomic_init(&s->cancel_all, 0);
     atomic_init(&s->open_conns, 0);
@@ -833,14 +829,14 @@ nl_status nl_server_start(nl_server **out, nl_engine *e, const nl_server_opts *o
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);
     nl_serve_metrics_init(&s->m);
-    if (pthread_create(&s->driver, NULL, drive, s)) {
+    nl_drive_opts dopt = {.name = "serve", .after = sample_rate, .user = s};
+    if (nl_driver_start(&s->driver, e, &dopt)) {
         pthread_mutex_destroy(&s->watch_mu);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->idle);
         free(s);
         return nl_fail(NL_ERR_NOMEM, "serve: cannot start the engine thread");
     }
-    s->driver_started = 1;
     s->d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL,
         NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
@@ -901,10 +897,7 @@ void nl_server_stop(nl_server *s) {
         }
         MHD_stop_daemon(s->d);
     }
-    if (s->driver_started) {
-        atomic_store(&s->stop_driver, 1);
-        pthread_join(s->driver, NULL);
-    }
+    nl_driver_stop(s->driver);
     pthread_mutex_destroy(&s->watch_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->idle);

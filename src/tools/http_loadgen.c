@@ -145,8 +145,8 @@ static char *make_body(const nl_loadgen_opts *o, int64_t plen, int64_t olen, uin
     nl_rng rng;
     nl_rng_seed(&rng, seed);
     nl_http_buf b = {0};
-    nl_rng shared;
-    nl_rng_seed(&shared, o->seed ^ 0x5eedULL);
+    nl_rng shared; /* the system prompt: the same whatever --seed (the one of seed 1 before) */
+    nl_rng_seed(&shared, 1 ^ 0x5eedULL);
     int fail = nl_http_buf_append(&b, "{\"prompt\":[", 11) != NL_OK;
     for (int64_t i = 0; i < o->shared_prefix + plen && !fail; i++) {
         nl_rng *g = i < o->shared_prefix ? &shared : &rng;
