@@ -1,6 +1,8 @@
 /* The speed work on training keeps its results: the fused forward (a block of rows carried from
  * one attention to the next in one parallel region) gives the bits of the unfused forward, at 1
- * and 2 threads; the 8-lane exps give nl_vexpf's bits on every input class; and the MFU pieces
+ * and 2 threads; the 8-lane exps give nl_vexpf's bits on every input class; the attention tiles,
+ * their transpose and the prefix softmax agree with double-precision sums, and the tiled
+ * attention with the OpenBLAS one (forward and backward, GQA included); and the MFU pieces
  * (the FMA peak, the sgemm rate, the model FLOPs per token, the step profile) refuse bad input
  * by name and add up. */
 #include "testutil.h"
@@ -9,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/isa.h"
+#include "numerics/tile_gemm.h"
 #include "numerics/vexp.h"
 #include "numerics/vexp_simd.h"
 #include "nanolm/model.h"
@@ -105,6 +109,96 @@ static void test_vexp_lanes_same_bits(void **state) {
     free(x), free(e), free(f);
 }
 
+/* nl_tile_gemm (1 to 6 rows, strided A, alpha, acc) and nl_tile_transpose against double sums. */
+static void test_tile_gemm_sums(void **state) {
+    (void)state;
+    enum { K = 40, N = 32, LD = 48 };
+    static float a[6 * K * 7], b[K * LD], c[6 * LD], c0[6 * LD], xt[N * 8];
+    for (int i = 0; i < 6 * K * 7; i++) a[i] = (float)((i * 37 % 101) - 50) * 0.02f;
+    for (int i = 0; i < K * LD; i++) b[i] = (float)((i * 53 % 97) - 48) * 0.03f;
+    for (int i = 0; i < 6 * LD; i++) c0[i] = (float)(i % 13) - 6.0f;
+    for (int tr = 0; tr < 2; tr++)
+        for (int acc = 0; acc < 2; acc++)
+            for (int m = 1; m <= 6; m++) {
+                int64_t ars = tr ? 1 : K, acs = tr ? 7 : 1; /* tr: A read down columns of a wider matrix */
+                memcpy(c, c0, sizeof c);
+                nl_tile_gemm(c, LD, m, a, ars, acs, b, LD, N, K, 0.5f, acc);
+                for (int i = 0; i < 6; i++)
+                    for (int j = 0; j < LD; j++) {
+                        double s = 0;
+                        for (int k = 0; k < K; k++) s += (double)a[i * ars + k * acs] * b[k * LD + j];
+                        double want = j < N && i < m ? 0.5 * s + (acc ? c0[i * LD + j] : 0.0) : c0[i * LD + j];
+                        if (fabs(c[i * LD + j] - want) > 1e-5 * (1.0 + fabs(want)))
+                            fail_msg("tile (m %d tr %d acc %d) [%d][%d]: %g, want %g", m, tr, acc, i, j, c[i * LD + j],
+                                     want);
+                    }
+            }
+    for (int rows = 8; rows <= 16; rows += 3) { /* 8: 8 x 8 blocks; 11, 14: the other loop */
+        nl_tile_transpose(xt, b, rows, 8, LD);
+        for (int t = 0; t < rows; t++)
+            for (int d = 0; d < 8; d++) assert_true(xt[d * rows + t] == b[t * LD + d]);
+    }
+}
+
+/* nl_vsoftmax_prefix: every prefix length of a 24-wide row against a double softmax; zeros after. */
+static void test_softmax_prefix(void **state) {
+    (void)state;
+    enum { LEN = 24 };
+    float a[LEN];
+    for (int n = 1; n <= LEN; n++) {
+        for (int i = 0; i < LEN; i++) a[i] = (float)((i * 29 % 23) - 11) * (i >= n ? 50.0f : 0.7f);
+        double mx = -INFINITY, sum = 0, e[LEN];
+        for (int i = 0; i < n; i++) mx = a[i] > mx ? a[i] : mx;
+        for (int i = 0; i < n; i++) sum += e[i] = exp(a[i] - mx);
+        nl_vsoftmax_prefix(a, n, LEN);
+        for (int i = 0; i < LEN; i++) {
+            double want = i < n ? e[i] / sum : 0.0;
+            if (fabs(a[i] - want) > 1e-6) fail_msg("softmax prefix %d [%d]: %g, want %g", n, i, a[i], want);
+        }
+    }
+}
+
+/* The attention on the AVX2 tiles against the OpenBLAS path (NANOLM_ISA capped at scalar): out,
+ * the probabilities and d qkv, for MHA at head size 32 and GQA at 16. Under a scalar cap both
+ * runs take the OpenBLAS path. */
+static void attention_pair(int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd) {
+    int64_t QKV = (NH + 2 * KVH) * hd, nq = B * T * QKV, no = B * T * NH * hd, na = B * NH * T * T;
+    float *qkv = malloc((size_t)nq * sizeof(float)), *dout = malloc((size_t)no * sizeof(float));
+    float *out[2], *att[2], *dq[2], *datt = malloc((size_t)na * sizeof(float));
+    for (int64_t i = 0; i < nq; i++) qkv[i] = (float)((i * 7919 % 2003) - 1001) * 0.002f;
+    for (int64_t i = 0; i < no; i++) dout[i] = (float)((i * 4099 % 1009) - 504) * 0.004f;
+    for (int r = 0; r < 2; r++) {
+        out[r] = malloc((size_t)no * sizeof(float)), att[r] = malloc((size_t)na * sizeof(float));
+        dq[r] = malloc((size_t)nq * sizeof(float));
+        nl_isa_set_cap(r ? NL_ISA_SCALAR : NL_ISA_COUNT);
+        nl_attention_forward(out[r], att[r], qkv, B, T, NH, KVH, hd);
+        nl_attention_backward(dq[r], datt, dout, att[r], qkv, B, T, NH, KVH, hd);
+    }
+    nl_isa_set_cap(NL_ISA_COUNT);
+    struct {
+        const char *name;
+        float **x;
+        int64_t n;
+    } cmp[] = {{"out", out, no}, {"att", att, na}, {"dqkv", dq, nq}};
+    for (int c = 0; c < 3; c++) {
+        double mx = 0;
+        for (int64_t i = 0; i < cmp[c].n; i++) mx = fmax(mx, fabs(cmp[c].x[1][i]));
+        for (int64_t i = 0; i < cmp[c].n; i++)
+            if (fabs(cmp[c].x[0][i] - cmp[c].x[1][i]) > 1e-5 * mx + 1e-7)
+                fail_msg("attention T %lld hd %lld %s[%lld]: tiles %g, OpenBLAS %g", (long long)T, (long long)hd,
+                         cmp[c].name, (long long)i, cmp[c].x[0][i], cmp[c].x[1][i]);
+    }
+    for (int r = 0; r < 2; r++) free(out[r]), free(att[r]), free(dq[r]);
+    free(qkv), free(dout), free(datt);
+}
+
+static void test_tiled_attention_matches(void **state) {
+    (void)state;
+    attention_pair(2, 64, 4, 4, 32);
+    attention_pair(3, 48, 4, 2, 16);
+    attention_pair(1, 20, 2, 1, 16); /* T not a multiple of 16: both take the OpenBLAS path */
+}
+
 static void test_peak_rates_and_refusals(void **state) {
     (void)state;
     double f = 0;
@@ -169,7 +263,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_forward_same_bits), cmocka_unit_test(test_vexp_lanes_same_bits),
         cmocka_unit_test(test_peak_rates_and_refusals), cmocka_unit_test(test_flops_per_token),
-        cmocka_unit_test(test_step_prof_adds_up),
+        cmocka_unit_test(test_step_prof_adds_up),       cmocka_unit_test(test_tile_gemm_sums),
+        cmocka_unit_test(test_softmax_prefix),          cmocka_unit_test(test_tiled_attention_matches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

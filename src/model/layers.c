@@ -5,10 +5,13 @@
  */
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nanolm/model.h"
 #include "blas_serial.h"
+#include "numerics/tile_gemm.h"
 #include "numerics/vexp.h"
 #include "numerics/vexp_simd.h"
 
@@ -146,10 +149,85 @@ static void causal_softmax_row(float *a, int64_t t, int64_t T) {
     for (int64_t t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
 }
 
+/* Softmax backward in place of row t of dP: dS = P * (dP - <P, dP>) * scale, columns 0..t. */
+static void softmax_backward_row(float *dp, const float *pr, int64_t t, int64_t T, float scale) {
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t t2 = 0; t2 <= t; t2++) dot += pr[t2] * dp[t2];
+#pragma omp simd
+    for (int64_t t2 = 0; t2 <= t; t2++) dp[t2] = pr[t2] * (dp[t2] - dot) * scale;
+    for (int64_t t2 = t + 1; t2 < T; t2++) dp[t2] = 0.0f;
+}
+
+/* The AVX2 path (numerics/tile_gemm.h), when the CPU has it and T and hd are multiples of 16: the
+ * same three steps on blocks of NL_TILE_MR rows, each product only over the blocks the causal mask leaves
+ * (S: columns up to the block's last row, rounded up to 16; P V and dS K: k up to that row;
+ * P^T dO and dS^T Q: k from the block's first row), so about half of OpenBLAS's full squares, and
+ * no packing. K and V are copied transposed (hd, T) for S = Q K^T and dP = dO V^T. */
+enum { ATT_TILE = 16 };
+
+static int att_tiles(int64_t T, int64_t hd) { return T % ATT_TILE == 0 && hd % ATT_TILE == 0 && nl_tile_gemm_avx2(); }
+
+/* Columns of S (or dP) a causal block of rows t0..t1-1 needs. */
+static int64_t causal_cols(int64_t t1, int64_t T) {
+    int64_t n = (t1 + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    return n < T ? n : T;
+}
+
+/* Rows in the block starting at t0: NL_TILE_MR, the last one less (T % 16 == 0: 6, 4 or 2). */
+static int64_t tile_rows(int64_t t0, int64_t T) { return T - t0 < NL_TILE_MR ? T - t0 : NL_TILE_MR; }
+
+/* One (b, h): p (T, T) softmax probabilities, o rows (stride od) = P V. kt: (hd, T) scratch. */
+static void attention_head_tiles(float *o, int64_t od, float *p, const float *q, const float *k, const float *v,
+                                 int64_t T, int64_t hd, int64_t ld, float scale, float *kt) {
+    nl_tile_transpose(kt, k, T, hd, ld);
+    for (int64_t t0 = 0, m; t0 < T; t0 += m) {
+        m = tile_rows(t0, T);
+        nl_tile_gemm(p + t0 * T, T, m, q + t0 * ld, ld, 1, kt, T, causal_cols(t0 + m, T), hd, scale, 0);
+        for (int64_t t = t0; t < t0 + m; t++) nl_vsoftmax_prefix(p + t * T, t + 1, T);
+        nl_tile_gemm(o + t0 * od, od, m, p + t0 * T, T, 1, v, ld, hd, t0 + m, 1.0f, 0);
+    }
+}
+
+/* One (b, h) of the backward (see nl_attention_backward); acc = 0 for the first head of a group. */
+static void attention_head_tiles_backward(float *dq, float *dk, float *dv, float *ds, const float *d, int64_t od,
+                                          const float *p, const float *q, const float *k, const float *v, int64_t T,
+                                          int64_t hd, int64_t ld, float scale, int acc, float *vt) {
+    nl_tile_transpose(vt, v, T, hd, ld);
+    for (int64_t t0 = 0, m; t0 < T; t0 += m) {
+        m = tile_rows(t0, T);
+        nl_tile_gemm(ds + t0 * T, T, m, d + t0 * od, od, 1, vt, T, causal_cols(t0 + m, T), hd, 1.0f, 0);
+        nl_tile_gemm(dv + t0 * ld, ld, m, p + t0 * T + t0, 1, T, d + t0 * od, od, hd, T - t0, 1.0f, acc);
+        for (int64_t t = t0; t < t0 + m; t++) softmax_backward_row(ds + t * T, p + t * T, t, T, scale);
+    }
+    for (int64_t t0 = 0, m; t0 < T; t0 += m) {
+        m = tile_rows(t0, T);
+        nl_tile_gemm(dq + t0 * ld, ld, m, ds + t0 * T, T, 1, k, ld, hd, t0 + m, 1.0f, 0);
+        nl_tile_gemm(dk + t0 * ld, ld, m, ds + t0 * T + t0, 1, T, q + t0 * ld, ld, hd, T - t0, 1.0f, acc);
+    }
+}
+
 void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH,
                           int64_t hd) {
     int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH;
     float scale = 1.0f / sqrtf((float)hd);
+    float *scratch = att_tiles(T, hd) ? malloc((size_t)(omp_get_max_threads() * hd * T) * sizeof(float)) : NULL;
+    if (scratch) { /* (without it, the OpenBLAS path below) */
+#pragma omp parallel
+        {
+            float *kt = scratch + omp_get_thread_num() * hd * T;
+#pragma omp for collapse(2) schedule(static)
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t h = 0; h < NH; h++) {
+                    const float *q = qkv + b * T * QKV + h * hd, *k = qkv + b * T * QKV + (NH + h / group) * hd;
+                    const float *v = qkv + b * T * QKV + (NH + KVH + h / group) * hd;
+                    attention_head_tiles(out + b * T * NH * hd + h * hd, NH * hd, att + (b * NH + h) * T * T, q, k, v,
+                                         T, hd, QKV, scale, kt);
+                }
+        }
+        free(scratch);
+        return;
+    }
     int nb = nl_blas_serial_begin();
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
@@ -166,6 +244,29 @@ void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, i
     nl_blas_serial_end(nb);
 }
 
+/* nl_attention_backward on the AVX2 path: the same loops, a head at a time in tiles. scratch:
+ * (threads, hd, T). */
+static void attention_backward_tiles(float *dqkv, float *datt, const float *dout, const float *att, const float *qkv,
+                                     int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t hd, float *scratch) {
+    int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH, OD = NH * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel
+    {
+        float *vt = scratch + omp_get_thread_num() * hd * T;
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t kh = 0; kh < KVH; kh++) {
+                const float *base = qkv + b * T * QKV;
+                float *dbase = dqkv + b * T * QKV;
+                for (int64_t h = kh * group; h < (kh + 1) * group; h++)
+                    attention_head_tiles_backward(dbase + h * hd, dbase + (NH + kh) * hd, dbase + (NH + KVH + kh) * hd,
+                                                  datt + (b * NH + h) * T * T, dout + b * T * OD + h * hd, OD,
+                                                  att + (b * NH + h) * T * T, base + h * hd, base + (NH + kh) * hd,
+                                                  base + (NH + KVH + kh) * hd, T, hd, QKV, scale, h != kh * group, vt);
+            }
+    }
+}
+
 /* dqkv (B, T, QKV) = d/dqkv (overwritten) from dout (B, T, NH*hd); datt (B, NH, T, T) scratch.
  * dP = dO V^T; dS = P * (dP - rowsum(P * dP)) / sqrt(hd); dQ = dS K; dK += dS^T Q; dV += P^T dO.
  * K and V gradients of a GQA group accumulate over its query heads, so the parallel loop runs
@@ -175,6 +276,12 @@ void nl_attention_backward(float *dqkv, float *datt, const float *dout, const fl
                            int64_t T, int64_t NH, int64_t KVH, int64_t hd) {
     int64_t QKV = (NH + 2 * KVH) * hd, group = NH / KVH, OD = NH * hd;
     float scale = 1.0f / sqrtf((float)hd);
+    float *scratch = att_tiles(T, hd) ? malloc((size_t)(omp_get_max_threads() * hd * T) * sizeof(float)) : NULL;
+    if (scratch) { /* (without it, the OpenBLAS path below) */
+        attention_backward_tiles(dqkv, datt, dout, att, qkv, B, T, NH, KVH, hd, scratch);
+        free(scratch);
+        return;
+    }
     int nb = nl_blas_serial_begin();
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
@@ -192,15 +299,7 @@ void nl_attention_backward(float *dqkv, float *datt, const float *dout, const fl
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, p, (int)T, d,
                             (int)OD, beta, dv, (int)QKV);
                 /* softmax backward, row by row: dS = P * (dP - <P, dP>) / sqrt(hd) */
-                for (int64_t t = 0; t < T; t++) {
-                    const float *pr = p + t * T;
-                    float *dp = ds + t * T, dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (int64_t t2 = 0; t2 <= t; t2++) dot += pr[t2] * dp[t2];
-#pragma omp simd
-                    for (int64_t t2 = 0; t2 <= t; t2++) dp[t2] = pr[t2] * (dp[t2] - dot) * scale;
-                    for (int64_t t2 = t + 1; t2 < T; t2++) dp[t2] = 0.0f;
-                }
+                for (int64_t t = 0; t < T; t++) softmax_backward_row(ds + t * T, p + t * T, t, T, scale);
                 /* dQ = dS K; dK (+)= dS^T Q */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, ds, (int)T, k,
                             (int)QKV, 0.0f, dq, (int)QKV);

@@ -1,6 +1,8 @@
 /* nl_vexpf over arrays (see vexp_simd.h). */
 #include "numerics/vexp_simd.h"
 
+#include <math.h>
+
 #include "nanolm/isa.h"
 #include "numerics/vexp.h"
 
@@ -40,6 +42,36 @@ __attribute__((target("avx2"))) static int64_t shift_avx2(float *e, const float 
     return i;
 }
 
+/* Softmax of a[0..n) in place, a[n..len) = 0; len a multiple of 8. Lanes past n in the last
+ * vector are masked out of the max and the sum (their exps are computed and dropped). */
+__attribute__((target("avx2"))) static void softmax_prefix_avx2(float *a, int64_t n, int64_t len) {
+    int64_t n8 = (n + 7) / 8 * 8;
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 last = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - (n8 - 8))), lane));
+    __m256 ninf = _mm256_set1_ps(-INFINITY), vm = ninf;
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 x = _mm256_loadu_ps(a + i);
+        if (i + 8 == n8) x = _mm256_blendv_ps(ninf, x, last);
+        vm = _mm256_max_ps(vm, x);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    __m256 vc = _mm256_broadcastss_ps(m4), vs = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 e = vexp8(_mm256_sub_ps(_mm256_loadu_ps(a + i), vc));
+        if (i + 8 == n8) e = _mm256_and_ps(e, last);
+        vs = _mm256_add_ps(vs, e);
+        _mm256_storeu_ps(a + i, e);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(vs), _mm256_extractf128_ps(vs, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    __m256 inv = _mm256_set1_ps(1.0f / _mm_cvtss_f32(s4));
+    for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), inv));
+    for (int64_t i = n8; i < len; i += 8) _mm256_storeu_ps(a + i, _mm256_setzero_ps());
+}
+
 __attribute__((target("avx2"))) static int64_t neg_avx2(float *e, const float *x, int64_t n) {
     __m256 sign = _mm256_set1_ps(-0.0f);
     int64_t i = 0;
@@ -62,4 +94,20 @@ void nl_vexp_neg(float *e, const float *x, int64_t n) {
     if (nl_vexp_simd_avx2()) i = neg_avx2(e, x, n);
 #endif
     for (; i < n; i++) e[i] = nl_vexpf(-x[i]);
+}
+
+void nl_vsoftmax_prefix(float *a, int64_t n, int64_t len) {
+#ifdef VEXP_X86
+    if (nl_vexp_simd_avx2() && len % 8 == 0) {
+        softmax_prefix_avx2(a, n, len);
+        return;
+    }
+#endif
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) mx = a[i] > mx ? a[i] : mx;
+    nl_vexp_shift(a, a, mx, n);
+    for (int64_t i = 0; i < n; i++) sum += a[i];
+    float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; i++) a[i] *= inv;
+    for (int64_t i = n; i < len; i++) a[i] = 0.0f;
 }

@@ -15,6 +15,10 @@
 void nl_vexp_shift(float *e, const float *x, float c, int64_t n);
 /* e[i] = nl_vexpf(-x[i]), i < n. e may equal x. */
 void nl_vexp_neg(float *e, const float *x, int64_t n);
+/* Softmax in place of a[0..n) (0 < n <= len), and a[n..len) = 0. On the AVX2 path (len a multiple
+ * of 8) the max and the sum go 8 lanes at a time (the sum in lanes, then across), so its bits
+ * differ from a sum in order; every element of a[0..len) may be read. */
+void nl_vsoftmax_prefix(float *a, int64_t n, int64_t len);
 /* 1 when the AVX2 path is in use. */
 int nl_vexp_simd_avx2(void);
 
