@@ -114,7 +114,10 @@ static void test_matvec_same_bits_under_every_cap(void **state) {
     (void)state;
     nl_isa cs[NL_ISA_COUNT];
     const int nc = caps(cs);
-    static const int64_t shapes[][3] = {{1, 70, 96}, {5, 97, 130}, {33, 48, 64}, {2, 130, 1001}};
+    /* int4's chunks of 16 groups: K = 416 (13 groups, the second 8-group half partial), 768 (24:
+     * a chunk and a half), 1504 (47: two chunks and 15 groups) */
+    static const int64_t shapes[][3] = {{1, 70, 96},  {5, 97, 130}, {33, 48, 64}, {2, 130, 1001},
+                                        {3, 20, 416}, {1, 9, 768},  {5, 11, 1504}};
     static const nl_wfmt fmts[] = {NL_WFMT_FP32, NL_WFMT_BF16, NL_WFMT_INT8, NL_WFMT_INT4};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
