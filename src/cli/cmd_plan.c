@@ -3,10 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "cli_opt.h"
+#include "nanolm/capture.h"
 #include "nanolm/layer_study.h"
 #include "nanolm/plan.h"
 #include "nanolm/plan_engine.h"
@@ -890,18 +890,6 @@ static int cmd_pipeline(int argc, char **argv) {
 int nl_cmd_budget(int argc, char **argv);
 int nl_cmd_plan(int argc, char **argv);
 
-/* Reads all of f from the start into a malloc'd string. */
-static char *slurp(FILE *f) {
-    if (fseek(f, 0, SEEK_END)) return NULL;
-    long n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET)) return NULL;
-    char *b = malloc((size_t)n + 1);
-    if (!b) return NULL;
-    size_t got = fread(b, 1, (size_t)n, f);
-    b[got] = 0;
-    return b;
-}
-
 char *nl_cli_validate_run(const char *command, int *status, void *ctx) {
     (void)ctx;
     char line[1024], *argv[128];
@@ -910,35 +898,7 @@ char *nl_cli_validate_run(const char *command, int *status, void *ctx) {
     for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " ")) argv[argc++] = t;
     argv[argc] = NULL;
     if (argc < 1 || (strcmp(argv[0], "plan") && strcmp(argv[0], "budget"))) return NULL;
-    FILE *out = tmpfile(), *err = tmpfile();
-    if (!out || !err) {
-        if (out) fclose(out);
-        if (err) fclose(err);
-        return NULL;
-    }
-    /* The command writes to stdout and stderr as it does for a user: both go to temporary files. */
-    fflush(stdout);
-    fflush(stderr);
-    int o1 = dup(1), o2 = dup(2);
-    if (o1 < 0 || o2 < 0 || dup2(fileno(out), 1) < 0 || dup2(fileno(err), 2) < 0) {
-        if (o1 >= 0) close(o1);
-        if (o2 >= 0) close(o2);
-        fclose(out);
-        fclose(err);
-        return NULL;
-    }
-    int rc = !strcmp(argv[0], "plan") ? nl_cmd_plan(argc, argv) : nl_cmd_budget(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(o1, 1);
-    dup2(o2, 2);
-    close(o1);
-    close(o2);
-    char *text = slurp(rc ? err : out);
-    fclose(out);
-    fclose(err);
-    *status = rc;
-    return text;
+    return nl_capture_run(!strcmp(argv[0], "plan") ? nl_cmd_plan : nl_cmd_budget, argc, argv, status);
 }
 
 static void report_validate_cases(nl_report *r, const nl_valid_result *v) {
