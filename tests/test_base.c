@@ -9,6 +9,7 @@
 
 #include "nanolm/arch.h"
 #include "nanolm/base.h"
+#include "nanolm/capture.h"
 #include "nanolm/svg.h"
 
 static void test_error_message(void **state) {
@@ -181,8 +182,33 @@ static void test_cli_errors(void **state) {
     free(out);
 }
 
+/* A command that writes to both streams and exits with its argument. */
+static int two_streams(int argc, char **argv) {
+    printf("out of %s\n", argv[0]);
+    fprintf(stderr, "err of %s\n", argv[0]);
+    return argc > 1 ? atoi(argv[1]) : 0;
+}
+
+/* nl_capture_run: stdout when the command succeeds, stderr when it fails, the streams put back. */
+static void test_capture_run(void **state) {
+    (void)state;
+    char *ok_args[] = {"cmd", NULL}, *fail_args[] = {"cmd", "3", NULL};
+    int status = -1;
+    char *text = nl_capture_run(two_streams, 1, ok_args, &status);
+    assert_non_null(text);
+    assert_int_equal(status, 0);
+    assert_string_equal(text, "out of cmd\n");
+    free(text);
+    text = nl_capture_run(two_streams, 2, fail_args, &status);
+    assert_non_null(text);
+    assert_int_equal(status, 3);
+    assert_string_equal(text, "err of cmd\n");
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_capture_run),
         cmocka_unit_test(test_error_message),
         cmocka_unit_test(test_alloc_overflow),
         cmocka_unit_test(test_rng_deterministic),

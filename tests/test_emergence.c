@@ -4,15 +4,42 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "nanolm/emergence.h"
+#include "nanolm/checkpoint.h"
+#include "nanolm/emergence_set.h"
 #include "nanolm/sweep.h"
 #include "nanolm/train.h"
 
 static void check_monotone(const nl_emergence *e) {
     for (int k = 2; k <= e->kmax; k++) assert_true(e->exact[k] <= e->exact[k - 1]);
     assert_true(fabs(e->exact[1] - e->accuracy) < 0.05);
+}
+
+static void count_row(void *user, const nl_emergence_row *row) {
+    assert_true(row->name[0] != 0);
+    (*(int *)user)++;
+}
+
+/* The set of the trained and the untrained checkpoint, given in that order, comes back ordered
+ * by accuracy and named after the files; a missing file is an error naming it. */
+static void check_eval_set(const char *dir, const char *text, const char *trained, const char *untrained) {
+    const char *paths[2] = {trained, untrained};
+    nl_emergence_row rows[2];
+    int kmax = NL_EMERGENCE_KMAX, calls = 0;
+    assert_int_equal(nl_emergence_eval_set(paths, 2, text, NL_DATA_VAL, 4, &kmax, rows, count_row, &calls), NL_OK);
+    assert_int_equal(calls, 2);
+    assert_string_equal(rows[0].name, "untrained.safetensors");
+    assert_string_equal(rows[1].name, "trained.safetensors");
+    assert_true(rows[0].e.accuracy < rows[1].e.accuracy);
+    assert_true(kmax >= 1 && kmax <= NL_EMERGENCE_KMAX);
+    char missing[1100];
+    snprintf(missing, sizeof missing, "%s/none.safetensors", dir);
+    paths[1] = missing;
+    assert_int_not_equal(nl_emergence_eval_set(paths, 2, text, NL_DATA_VAL, 4, &kmax, rows, NULL, NULL), NL_OK);
+    assert_non_null(strstr(nl_last_error(), "none.safetensors"));
 }
 
 static void test_periodic_stream(void **state) {
@@ -38,7 +65,20 @@ static void test_periodic_stream(void **state) {
     assert_int_equal(nl_trainer_init(&t, &a, &o), NL_OK);
     nl_emergence before, after;
     assert_int_equal(nl_emergence_eval(&t.model, &d, NL_DATA_VAL, 8, 40, 0, 32, &before), NL_OK);
+    char *dir = tu_tmpdir(), text[1100], trained[1100], untrained[1100];
+    snprintf(text, sizeof text, "%s/periodic.txt", dir);
+    snprintf(trained, sizeof trained, "%s/trained.safetensors", dir);
+    snprintf(untrained, sizeof untrained, "%s/untrained.safetensors", dir);
+    FILE *f = fopen(text, "w");
+    assert_non_null(f);
+    for (int i = 0; i < N; i++) fputc(tok[i], f);
+    fclose(f);
+    assert_int_equal(nl_ckpt_save(untrained, &t.model, "byte", NULL), NL_OK);
     assert_int_equal(nl_trainer_run(&t, &o, &d, NULL, NULL), NL_OK);
+    assert_int_equal(nl_ckpt_save(trained, &t.model, "byte", NULL), NL_OK);
+    check_eval_set(dir, text, trained, untrained);
+    tu_rmdir(dir);
+    free(dir);
     assert_int_equal(nl_emergence_eval(&t.model, &d, NL_DATA_VAL, 8, 40, 0, 32, &after), NL_OK);
     print_message("untrained: p %.4f, EM1 %.4f, EM8 %.4f; trained: p %.4f, EM32 %.4f, loss %.4f\n", before.accuracy,
                   before.exact[1], before.exact[8], after.accuracy, after.exact[32], after.mean_loss);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/layer_study.h"
 #include "nanolm/plan.h"
 
 #define ROUNDS_TO(x, v, unit) assert_true(fabs((double)(x) - (double)(v)) <= 0.5 * (unit) + 1e-9 * fabs((double)(v)))
@@ -68,6 +69,32 @@ static void test_course_fsdp_one_node(void **state) {
     assert_int_equal(nl_plan_layer(&q, &L, 16384, &lp), NL_OK);
     assert_int_equal(lp.n, 2);
     assert_true(fabs(lp.per_step_s / lp.ddp_step_s - 1) < 1e-12);
+}
+
+/* plan layer's figures around the collectives: the request a layout by its degrees completes,
+ * the data-parallel traffic, the FSDP gather and the width at which TP turns compute-bound. */
+static void test_layer_study(void **state) {
+    (void)state;
+    nl_train_req q;
+    napkin_req(&q, "llama-2-7b", 7e9);
+    nl_layer_study_req a = {8, 1, 1, 1, 1, NL_ZERO_3, 0, 16384, 7e9};
+    nl_layer_study x;
+    assert_int_equal(nl_plan_layer_study(&q, &a, &x), NL_OK);
+    assert_int_equal(q.gpus, 8);
+    assert_int_equal(q.seq, 4096); /* 16,384 tokens are 4 whole sequences */
+    assert_int_equal(q.global_batch, 8 * 4);
+    assert_true(x.N == 7e9 && x.T == 16384);
+    /* pure data parallelism: every collective is a per-step one, ~82 ms (the course's ~80) */
+    ROUNDS_TO(x.dp_traffic * 1e3, 82, 1);
+    assert_true(fabs(x.dp_traffic - x.lp.per_step_s) < 1e-12);
+    ROUNDS_TO(x.fsdp_gather / 1e9, 14, 1); /* bf16 weights, 437.5 MB per layer */
+    /* D > 2(p-1) P / W with p = 2: 2 x 989 TFLOP/s / 450 GB/s */
+    ROUNDS_TO(x.tp_bound, 4396, 1);
+    a.zero = NL_ZERO_1;
+    a.tokens = 1000; /* not a whole number of sequences: one sequence of 1,000 */
+    assert_int_equal(nl_plan_layer_study(&q, &a, &x), NL_OK);
+    assert_int_equal(q.seq, 1000);
+    assert_true(x.fsdp_gather == 0);
 }
 
 static void test_course_fsdp_64_nodes(void **state) {
@@ -691,6 +718,7 @@ int main(void) {
         cmocka_unit_test(test_attn_rates),
         cmocka_unit_test(test_nvls),
         cmocka_unit_test(test_course_fsdp_one_node),
+        cmocka_unit_test(test_layer_study),
         cmocka_unit_test(test_course_fsdp_64_nodes),
         cmocka_unit_test(test_course_moe_all_to_all),
         cmocka_unit_test(test_course_small_facts),

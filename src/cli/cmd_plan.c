@@ -3,10 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "cli_opt.h"
+#include "nanolm/capture.h"
+#include "nanolm/layer_study.h"
 #include "nanolm/plan.h"
 #include "nanolm/plan_engine.h"
 #include "plan_opts.h"
@@ -60,7 +61,7 @@ typedef struct train_args {
     int64_t gpus, global_batch, seq, top;
     double tokens;
     const char *svg, *zero, *recompute, *schedule;
-    int64_t fix[6], interleave; /* dp tp pp cp ep micro-batch; 0: searched */
+    int64_t fix[6], interleave;        /* dp tp pp cp ep micro-batch; 0: searched */
     int64_t first_layers, last_layers; /* uneven pipeline ends; 0: even stages */
     int64_t node_limit;                /* --moe-node-limit */
     int64_t z3_calls;                  /* --zero3-calls-per-layer */
@@ -403,28 +404,6 @@ static int layer_parse(layer_args *l, int argc, char **argv) {
     return nl_plan_args_load(&l->pa, "plan layer");
 }
 
-/* What plan layer computes beside the library's nl_layer_plan. */
-typedef struct layer_extra {
-    double N, T, peak, mfu, active_layer, layer_fwd, dp_traffic, p2, tp_bound;
-} layer_extra;
-
-static void layer_extras(const layer_args *l, const nl_train_req *q, const nl_layer_plan *lp, layer_extra *x) {
-    nl_arch_params ap;
-    nl_plan_count_params(&q->arch, &q->fam, &ap);
-    x->N = l->pa.params > 0 ? l->pa.params : (double)ap.total;
-    x->T = (double)(int64_t)(l->tokens > 0 ? l->tokens : (double)q->arch.seq_len);
-    x->peak = q->hw.flops_bf16;
-    x->mfu = q->eff.fixed_mfu > 0 ? q->eff.fixed_mfu : 0.5;
-    x->active_layer = (double)(ap.active - ap.embedding - ap.classifier - q->arch.dim) / (double)q->arch.n_layers;
-    if (l->pa.params > 0) x->active_layer *= l->pa.params / (double)ap.total;
-    x->layer_fwd = 2 * x->active_layer * x->T / (x->peak * x->mfu);
-    x->dp_traffic = 0;
-    for (int i = 0; i < lp->n; i++)
-        if (!strcmp(lp->c[i].when, "step")) x->dp_traffic += lp->c[i].time_s * lp->c[i].count;
-    x->p2 = (double)(l->tp > 1 ? l->tp : 2);
-    x->tp_bound = 2 * (x->p2 - 1) * x->peak / (q->hw.intra_bw * q->hw.intra_eff);
-}
-
 static void report_collectives(nl_report *r, const nl_layer_plan *lp) {
     nl_report_table(r, "collectives", NULL, 17,
                     (const nl_report_col[]){{NULL, "when", NULL},
@@ -469,7 +448,8 @@ static void report_collectives(nl_report *r, const nl_layer_plan *lp) {
 
 /* The prose under the table: totals, FSDP, against DDP, the MoE layer, when TP is compute-bound. */
 static void report_layer_notes(nl_report *r, const layer_args *l, int zero, const nl_train_req *q,
-                               const nl_layer_plan *lp, const layer_extra *x) {
+                               const nl_layer_study *x) {
+    const nl_layer_plan *lp = &x->lp;
     nl_report_note(r, "%s", "");
     nl_report_note(r,
                    "Per layer, tensor/expert/pipeline collectives: %.3g ms in forward, %.3g ms in backward. Per step: "
@@ -479,13 +459,10 @@ static void report_layer_notes(nl_report *r, const layer_args *l, int zero, cons
                    lp->compute_step_s, q->eff.fixed_mfu > 0 ? "6*N*tokens at the fixed MFU" : "kernel model",
                    100 * lp->per_step_s / lp->compute_step_s);
     if (zero == NL_ZERO_3 || zero == NL_ZERO_HSDP) {
-        double layer_bytes = 0;
-        for (int i = 0; i < lp->n && !layer_bytes; i++)
-            if (strstr(lp->c[i].what, "all-gather")) layer_bytes = lp->c[i].bytes;
         char b1[32];
         nl_report_note(
             r, "FSDP issues these layer by layer, prefetching the next layer's weights: %lld gathers of ~%s each way.",
-            (long long)q->arch.n_layers, nl_fmt_bytes(layer_bytes / (double)q->arch.n_layers, b1, sizeof b1));
+            (long long)q->arch.n_layers, nl_fmt_bytes(x->fsdp_gather / (double)q->arch.n_layers, b1, sizeof b1));
     }
     if (l->dp > 1)
         nl_report_note(r,
@@ -507,8 +484,8 @@ static void report_layer_notes(nl_report *r, const layer_args *l, int zero, cons
                    (long long)q->arch.dim);
 }
 
-static void report_layer(nl_report *r, const layer_args *l, int zero, const nl_train_req *q, const nl_layer_plan *lp,
-                         const layer_extra *x) {
+static void report_layer(nl_report *r, const layer_args *l, int zero, const nl_train_req *q, const nl_layer_study *x) {
+    const nl_layer_plan *lp = &x->lp;
     char a1[32];
     nl_report_str(r, "model", "", q->arch.name);
     nl_report_num(r, "params", "", x->N, NULL, NULL);
@@ -534,7 +511,7 @@ static void report_layer(nl_report *r, const layer_args *l, int zero, const nl_t
              {"layer_forward_compute_s", x->layer_fwd},
              {"tp_compute_bound_dim", x->tp_bound}};
     for (int i = 0; i < 8; i++) nl_report_num(r, v[i].key, "", v[i].v, NULL, NULL);
-    report_layer_notes(r, l, zero, q, lp, x);
+    report_layer_notes(r, l, zero, q, x);
 }
 
 static int cmd_layer(int argc, char **argv) {
@@ -546,19 +523,11 @@ static int cmd_layer(int argc, char **argv) {
         return nl_cli_usage_error("plan layer: unknown --zero '%s' (0, 1, 2, 3, hsdp)", l.zero);
     nl_train_req q;
     if ((rc = nl_plan_args_request(&l.pa, "plan layer", &q))) return rc;
-    int64_t T = (int64_t)(l.tokens > 0 ? l.tokens : (double)q.arch.seq_len);
-    q.seq = (T % q.arch.seq_len == 0) ? q.arch.seq_len : T;
-    int64_t mb = T / q.seq;
-    q.gpus = l.dp * l.tp * l.pp;
-    q.global_batch = l.dp * mb * l.micro;
-    q.tokens = 1e12;
-    nl_layout L = {l.dp, l.tp, l.pp, 1, l.ep, (nl_zero)zero, mb, l.micro, 1, NL_RECOMPUTE_NONE, l.sp};
-    nl_layer_plan lp;
-    if (nl_plan_layer(&q, &L, (double)T, &lp)) return nl_cli_fail("plan layer");
-    layer_extra x;
-    layer_extras(&l, &q, &lp, &x);
+    nl_layer_study_req a = {l.dp, l.tp, l.pp, l.ep, l.micro, (nl_zero)zero, l.sp, l.tokens, l.pa.params};
+    nl_layer_study x;
+    if (nl_plan_layer_study(&q, &a, &x)) return nl_cli_fail("plan layer");
     nl_report *r = nl_report_new("plan layer");
-    report_layer(r, &l, zero, &q, &lp, &x);
+    report_layer(r, &l, zero, &q, &x);
     return nl_report_print(r, l.json);
 }
 
@@ -921,18 +890,6 @@ static int cmd_pipeline(int argc, char **argv) {
 int nl_cmd_budget(int argc, char **argv);
 int nl_cmd_plan(int argc, char **argv);
 
-/* Reads all of f from the start into a malloc'd string. */
-static char *slurp(FILE *f) {
-    if (fseek(f, 0, SEEK_END)) return NULL;
-    long n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET)) return NULL;
-    char *b = malloc((size_t)n + 1);
-    if (!b) return NULL;
-    size_t got = fread(b, 1, (size_t)n, f);
-    b[got] = 0;
-    return b;
-}
-
 char *nl_cli_validate_run(const char *command, int *status, void *ctx) {
     (void)ctx;
     char line[1024], *argv[128];
@@ -941,35 +898,7 @@ char *nl_cli_validate_run(const char *command, int *status, void *ctx) {
     for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " ")) argv[argc++] = t;
     argv[argc] = NULL;
     if (argc < 1 || (strcmp(argv[0], "plan") && strcmp(argv[0], "budget"))) return NULL;
-    FILE *out = tmpfile(), *err = tmpfile();
-    if (!out || !err) {
-        if (out) fclose(out);
-        if (err) fclose(err);
-        return NULL;
-    }
-    /* The command writes to stdout and stderr as it does for a user: both go to temporary files. */
-    fflush(stdout);
-    fflush(stderr);
-    int o1 = dup(1), o2 = dup(2);
-    if (o1 < 0 || o2 < 0 || dup2(fileno(out), 1) < 0 || dup2(fileno(err), 2) < 0) {
-        if (o1 >= 0) close(o1);
-        if (o2 >= 0) close(o2);
-        fclose(out);
-        fclose(err);
-        return NULL;
-    }
-    int rc = !strcmp(argv[0], "plan") ? nl_cmd_plan(argc, argv) : nl_cmd_budget(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(o1, 1);
-    dup2(o2, 2);
-    close(o1);
-    close(o2);
-    char *text = slurp(rc ? err : out);
-    fclose(out);
-    fclose(err);
-    *status = rc;
-    return text;
+    return nl_capture_run(!strcmp(argv[0], "plan") ? nl_cmd_plan : nl_cmd_budget, argc, argv, status);
 }
 
 static void report_validate_cases(nl_report *r, const nl_valid_result *v) {

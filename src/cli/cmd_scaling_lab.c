@@ -6,7 +6,7 @@
 
 #include "cli.h"
 #include "cli_opt.h"
-#include "nanolm/emergence.h"
+#include "nanolm/emergence_set.h"
 #include "nanolm/isoflop.h"
 #include "nanolm/mup.h"
 #include "nanolm/scaling.h"
@@ -489,16 +489,6 @@ done:
     return rcode;
 }
 
-typedef struct emg_row {
-    char name[256];
-    nl_emergence e;
-} emg_row;
-
-static int cmp_emg(const void *a, const void *b) {
-    double x = ((const emg_row *)a)->e.accuracy, y = ((const emg_row *)b)->e.accuracy;
-    return (x > y) - (x < y);
-}
-
 /* The options of scaling emergence, as given. */
 typedef struct emg_args {
     const char *data, *svg[3], *sweep; /* svg: linear, log, relative */
@@ -560,19 +550,15 @@ static int emg_paths(const emg_args *a, char (*paths)[1100], int *n_ck) {
     return 0;
 }
 
-/* Scores one checkpoint (nl_emergence_eval_file) and names its row after the file. */
-static nl_status emg_eval(const emg_args *a, const char *path, emg_row *row, int *kmax) {
-    NL_TRY(nl_emergence_eval_file(path, a->data, a->split ? NL_DATA_TRAIN : NL_DATA_VAL, a->windows, kmax, &row->e));
-    const char *base = strrchr(path, '/');
-    snprintf(row->name, sizeof row->name, "%.255s", base ? base + 1 : path);
+static void emg_progress(void *user, const nl_emergence_row *row) {
+    (void)user;
     fprintf(stderr, "  %s: loss %.4f, accuracy %.4f\n", row->name, row->e.mean_loss, row->e.accuracy);
-    return NL_OK;
 }
 
 static const int emg_ks[] = {1, 2, 4, 8, 16, 32};
 
 /* Table 1 (and the JSON rows): loss, p, exact match and p^k for k = 1, 2, 4, ... */
-static void emg_report_main(nl_report *r, const emg_row *x, int n, int kmax, int nks) {
+static void emg_report_main(nl_report *r, const nl_emergence_row *x, int n, int kmax, int nks) {
     nl_report_col cols[6 + 12] = {
         {"checkpoint", "checkpoint", NULL}, {"loss", "loss", "%-.4f"}, {"accuracy", "p", "%-.4f"},
         {"p_after_correct", "", NULL},      {"starts", "", NULL},      {"exact_match", "", NULL}};
@@ -600,7 +586,7 @@ static void emg_report_main(nl_report *r, const emg_row *x, int n, int kmax, int
 }
 
 /* Table 2 (text only): runs of errors, a first-order chain with q = P(right | previous right). */
-static void emg_report_chain(nl_report *r, const emg_row *x, int n, int kmax) {
+static void emg_report_chain(nl_report *r, const nl_emergence_row *x, int n, int kmax) {
     static const int kr[] = {4, 8, 16, 32};
     int nkr = 0;
     while (nkr < 4 && kr[nkr] <= kmax) nkr++;
@@ -628,7 +614,7 @@ static void emg_report_chain(nl_report *r, const emg_row *x, int n, int kmax) {
 }
 
 /* The plots: 0 linear, 1 log, 2 relative to the largest value. */
-static int emg_svg(const char *path, int lg, const emg_row *x, int n, int nks) {
+static int emg_svg(const char *path, int lg, const nl_emergence_row *x, int n, int nks) {
     nl_svg_series s[12];
     double px[64], ey[6][64], py[6][64];
     char nm[12][32];
@@ -673,15 +659,16 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
     static char paths[64][1100];
     int n_ck = 0;
     if ((rcode = emg_paths(&a, paths, &n_ck))) return rcode;
-    emg_row *x = nl_calloc((size_t)n_ck, sizeof *x, "emergence rows");
+    nl_emergence_row *x = nl_calloc((size_t)n_ck, sizeof *x, "emergence rows");
     if (!x) return nl_cli_fail("scaling emergence");
     int kmax = NL_EMERGENCE_KMAX;
-    for (int i = 0; i < n_ck; i++)
-        if (emg_eval(&a, paths[i], &x[i], &kmax)) {
-            nl_free(x);
-            return nl_cli_fail("scaling emergence");
-        }
-    qsort(x, (size_t)n_ck, sizeof *x, cmp_emg);
+    const char *path_of[64];
+    for (int i = 0; i < n_ck; i++) path_of[i] = paths[i];
+    if (nl_emergence_eval_set(path_of, n_ck, a.data, a.split ? NL_DATA_TRAIN : NL_DATA_VAL, a.windows, &kmax, x,
+                              emg_progress, NULL)) {
+        nl_free(x);
+        return nl_cli_fail("scaling emergence");
+    }
     int nks = 0;
     while (nks < 6 && emg_ks[nks] <= kmax) nks++;
     nl_report *r = nl_report_new("scaling emergence");

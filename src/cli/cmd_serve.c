@@ -1,12 +1,9 @@
 /* nanolm serve: the OpenAI-compatible HTTP server (src/serve/server.c) over the engine. */
-#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -19,6 +16,7 @@
 #include "nanolm/engine.h"
 #include "nanolm/kv_transfer.h"
 #include "nanolm/model.h"
+#include "nanolm/prefill_child.h"
 #include "nanolm/tokenizer.h"
 #include "nanolm/server.h"
 
@@ -248,97 +246,6 @@ static int open_served(serve_args *sa, served *sv) {
     return 0;
 }
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* --role disagg: runs this command again as `--role prefill` on an ephemeral loopback port in a
- * child process and waits until it listens (its port comes back through a file). Fills *pid and
- * addr ("127.0.0.1:PORT"); returns 0, or an exit status after saying why. */
-static int start_prefill_child(int argc, char **argv, pid_t *pid, char *addr, size_t addr_len) {
-    const char *what = "serve --role disagg";
-    char dir[] = "/tmp/nanolm-serve-XXXXXX", port_file[64];
-    if (!mkdtemp(dir)) {
-        nl_fail(NL_ERR_IO, "cannot make a temporary directory: %s", strerror(errno));
-        return nl_cli_fail(what);
-    }
-    snprintf(port_file, sizeof port_file, "%s/port", dir);
-    char **args = calloc((size_t)argc + 10, sizeof *args);
-    if (!args) {
-        rmdir(dir);
-        nl_fail(NL_ERR_NOMEM, "out of memory");
-        return nl_cli_fail(what);
-    }
-    int n = 0;
-    args[n++] = "nanolm";
-    for (int i = 0; i < argc; i++) args[n++] = argv[i];
-    const char *extra[] = {"--role", "prefill", "--host", "127.0.0.1", "--port", "0", "--port-file", port_file};
-    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) args[n++] = (char *)extra[i]; /* the last one wins */
-    fflush(NULL);
-    pid_t parent = getpid();
-    *pid = fork();
-    if (*pid == 0) {
-        /* the prefill child dies with this process, even of SIGKILL (the signal outlives exec) */
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent) _exit(127); /* the parent died before prctl */
-        nl_reexec_self(args);
-        _exit(127);
-    }
-    free(args);
-    int rc = -1;
-    if (*pid < 0) {
-        nl_fail(NL_ERR_IO, "fork: %s", strerror(errno));
-        rc = nl_cli_fail(what);
-    }
-    for (int i = 0; rc < 0 && i < 1200; i++) { /* up to 120 s: loading a large checkpoint */
-        FILE *f = fopen(port_file, "r");
-        int port = 0;
-        if (f) {
-            if (fscanf(f, "%d", &port) != 1) port = 0;
-            fclose(f);
-        }
-        int st;
-        if (port > 0) {
-            snprintf(addr, addr_len, "127.0.0.1:%d", port);
-            rc = 0;
-        } else if (waitpid(*pid, &st, WNOHANG) == *pid) {
-            *pid = -1;
-            nl_fail(NL_ERR_IO, "the prefill process exited before listening (status %d)",
-                    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-            rc = nl_cli_fail(what);
-        } else {
-            sleep_ms(100);
-        }
-    }
-    if (rc < 0) {
-        kill(*pid, SIGKILL);
-        waitpid(*pid, NULL, 0);
-        *pid = -1;
-        nl_fail(NL_ERR_IO, "the prefill process did not listen within 120 s");
-        rc = nl_cli_fail(what);
-    }
-    unlink(port_file);
-    rmdir(dir);
-    return rc;
-}
-
-/* Stops the prefill child (SIGTERM, then SIGKILL after 60 s); returns its exit status. */
-static int stop_prefill_child(pid_t pid) {
-    int st = 0;
-    if (waitpid(pid, &st, WNOHANG) != pid) {
-        kill(pid, SIGTERM);
-        for (int i = 0; i < 600 && waitpid(pid, &st, WNOHANG) != pid; i++) {
-            sleep_ms(100);
-            if (i == 599) {
-                kill(pid, SIGKILL);
-                waitpid(pid, &st, 0);
-            }
-        }
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static int write_port_file(const char *path, int port) {
     char buf[32];
     int n = snprintf(buf, sizeof buf, "%d\n", port);
@@ -475,12 +382,12 @@ int nl_cmd_serve(int argc, char **argv) {
     pid_t child = -1;
     char addr[64];
     if (sa.role == ROLE_DISAGG) {
-        if ((rc = start_prefill_child(argc, argv, &child, addr, sizeof addr))) return rc;
+        if (nl_prefill_child_start(argc, argv, &child, addr, sizeof addr)) return nl_cli_fail("serve --role disagg");
         sa.prefill = addr;
     }
     served sv;
     if ((rc = open_served(&sa, &sv))) {
-        if (child > 0) stop_prefill_child(child);
+        if (child > 0) nl_prefill_child_stop(child);
         return rc;
     }
     if (sa.role == ROLE_PREFILL)
@@ -488,7 +395,7 @@ int nl_cmd_serve(int argc, char **argv) {
     else
         rc = serve_http(&sa, &sv, &child, &sigs);
     close_served(&sv);
-    if (child > 0 && stop_prefill_child(child) != 0 && rc == NL_EXIT_OK) {
+    if (child > 0 && nl_prefill_child_stop(child) != 0 && rc == NL_EXIT_OK) {
         fprintf(stderr, "nanolm: serve: the prefill process did not exit cleanly\n");
         rc = NL_EXIT_FAIL;
     }
