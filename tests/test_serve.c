@@ -18,7 +18,9 @@
 
 #include <cjson/cJSON.h>
 
+#include "nanolm/arch.h"
 #include "nanolm/client.h"
+#include "nanolm/dummy_engine.h"
 #include "nanolm/http_loadgen.h"
 #include "nanolm/loadgen_sweep.h"
 
@@ -885,6 +887,34 @@ static void loadgen_sweep(void **state) {
     assert_int_equal(stop(&s), 0);
 }
 
+/* Random weights of a shape: named "dummy" when the shape has no name, bytes for 256 tokens,
+ * the errors of another vocabulary without a tokenizer and of a shape the model cannot take. */
+static void dummy_engine(void **state) {
+    (void)state;
+    nl_arch a;
+    assert_int_equal(nl_arch_from_json("shape",
+                                       "{\"vocab_size\":256,\"dim\":64,\"n_layers\":2,\"n_heads\":4,"
+                                       "\"n_kv_heads\":4,\"hidden_dim\":128,\"seq_len\":64}",
+                                       &a),
+                     NL_OK);
+    nl_engine_opts eo;
+    nl_engine_opts_default(&eo);
+    nl_dummy_engine d;
+    assert_int_equal(nl_dummy_engine_open(&d, &a, NULL, &eo), NL_OK);
+    assert_non_null(d.e);
+    assert_string_equal(d.name, "dummy");
+    assert_int_equal(nl_engine_arch(d.e)->dim, 64);
+    nl_dummy_engine_close(&d);
+    assert_null(d.e);
+    a.vocab_size = 512;
+    assert_int_equal(nl_dummy_engine_open(&d, &a, NULL, &eo), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "vocab_size 512 needs --tokenizer"));
+    a.vocab_size = 256;
+    a.n_kv_heads = 3;
+    assert_int_not_equal(nl_dummy_engine_open(&d, &a, NULL, &eo), NL_OK);
+    assert_true(strncmp(nl_last_error(), "--dummy-arch: ", 14) == 0);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
@@ -901,6 +931,7 @@ int main(void) {
         cmocka_unit_test_teardown(shutdown_cancels, teardown),
         cmocka_unit_test_teardown(loadgen, teardown),
         cmocka_unit_test_teardown(loadgen_sweep, teardown),
+        cmocka_unit_test(dummy_engine),
         cmocka_unit_test_teardown(queued_past_idle_timeout, teardown),
     };
     if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));
