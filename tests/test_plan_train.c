@@ -9,6 +9,7 @@
 
 #include "nanolm/layer_study.h"
 #include "nanolm/plan.h"
+#include "nanolm/train_layout.h"
 
 #define ROUNDS_TO(x, v, unit) assert_true(fabs((double)(x) - (double)(v)) <= 0.5 * (unit) + 1e-9 * fabs((double)(v)))
 
@@ -240,6 +241,53 @@ static void test_search(void **state) {
     assert_true(r.n > 1000);
     assert_true(r.evals[0].L.dp * r.evals[0].L.tp * r.evals[0].L.pp * r.evals[0].L.cp == 512);
     nl_plan_train_free(&r);
+}
+
+/* A layout's options fill the request: defaults from the model (sequence, ~4M-token batch), the
+ * fixed degrees and stack, and the two errors (uneven ends alone or without pp >= 2, a kernel). */
+static void test_layout_request(void **state) {
+    (void)state;
+    nl_train_req q;
+    base_req(&q, "llama-2-7b", 1);
+    nl_train_layout l;
+    memset(&l, 0, sizeof l);
+    l.gpus = 64;
+    assert_int_equal(nl_train_layout_request(&l, &q), NL_OK);
+    assert_int_equal(q.gpus, 64);
+    assert_int_equal(q.seq, 4096);
+    assert_int_equal(q.global_batch, 1024); /* 4194304 / 4096 */
+    assert_int_equal(q.fix.tp + q.fix.sp_plus1 + q.attn_triton + q.attn_materialized, 0);
+    int64_t fix[6] = {2, 4, 8, 1, 1, 2};
+    memcpy(l.fix, fix, sizeof fix);
+    l.seq = 3000;
+    l.first_layers = l.last_layers = 3;
+    l.attention = "flash-v1";
+    l.sp_given = 1;
+    l.sp = 1; /* off */
+    l.zero_plus1 = NL_ZERO_1 + 1;
+    l.schedule = NL_SCHED_ZB_H1;
+    l.z3_calls = 4;
+    assert_int_equal(nl_train_layout_request(&l, &q), NL_OK);
+    assert_int_equal(q.global_batch, 1398); /* round(4194304 / 3000) */
+    assert_true(q.fix.dp == 2 && q.fix.tp == 4 && q.fix.pp == 8 && q.fix.micro_batch == 2);
+    assert_true(q.fix.first_layers == 3 && q.fix.last_layers == 3 && q.fix.sp_plus1 == 1);
+    assert_true(q.attn_triton == 1 && q.fix.zero_plus1 == NL_ZERO_1 + 1 && q.schedule == NL_SCHED_ZB_H1);
+    assert_int_equal(q.zero3_calls_per_layer, 4);
+    l.attention = "materialized";
+    l.sp = 0;
+    assert_int_equal(nl_train_layout_request(&l, &q), NL_OK);
+    assert_true(q.attn_materialized == 1 && q.fix.sp_plus1 == 2);
+    l.attention = "paged";
+    assert_int_equal(nl_train_layout_request(&l, &q), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "unknown --attention 'paged'"));
+    l.attention = NULL;
+    l.last_layers = 0;
+    assert_int_equal(nl_train_layout_request(&l, &q), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "--first-stage-layers and --last-stage-layers"));
+    l.last_layers = 3;
+    l.fix[2] = 1;
+    assert_int_equal(nl_train_layout_request(&l, &q), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "--pp >= 2"));
 }
 
 static void test_search_errors(void **state) {
@@ -723,6 +771,7 @@ int main(void) {
         cmocka_unit_test(test_course_moe_all_to_all),
         cmocka_unit_test(test_course_small_facts),
         cmocka_unit_test(test_search),
+        cmocka_unit_test(test_layout_request),
         cmocka_unit_test(test_search_errors),
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_bugs),

@@ -18,8 +18,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "nanolm/arch.h"
 #include "nanolm/client.h"
+#include "nanolm/dummy_engine.h"
 #include "nanolm/http_loadgen.h"
+#include "nanolm/loadgen_sweep.h"
 
 typedef struct srv {
     tu_server p; /* the process, its port and its log */
@@ -813,6 +816,105 @@ static void disconnect_storm(void **state) {
                  aborted, status);
 }
 
+static void count_runs(void *ctx, int i, double rate, const nl_loadgen_result *r) {
+    int *seen = ctx;
+    assert_int_equal(i, *seen);
+    assert_true(rate == (i ? 40 : 20));
+    assert_int_equal(r->ok, 3);
+    (*seen)++;
+}
+
+/* A rate sweep: the rate list (its errors), a run per rate with the callback after each, the
+ * count of runs with failures and the plot of the runs. */
+static void loadgen_sweep(void **state) {
+    (void)state;
+    double rates[NL_LOADGEN_MAX_SWEEP];
+    assert_int_equal(nl_loadgen_parse_rates("20,40", rates), 2);
+    assert_true(rates[0] == 20 && rates[1] == 40);
+    assert_int_equal(nl_loadgen_parse_rates("1.5,2,", rates), 2); /* a trailing comma ends the list */
+    assert_true(rates[0] == 1.5);
+    assert_int_equal(nl_loadgen_parse_rates("", rates), -1);
+    assert_string_equal(nl_last_error(), "is empty");
+    const char *bad[] = {"x", "1,0", "1,-2", "1;2", "inf"};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(nl_loadgen_parse_rates(bad[i], rates), -1);
+        assert_non_null(strstr(nl_last_error(), bad[i]));
+    }
+    char many[160] = "1";
+    for (int i = 0; i < NL_LOADGEN_MAX_SWEEP; i++) strcat(many, ",1");
+    assert_int_equal(nl_loadgen_parse_rates(many, rates), -1);
+    assert_non_null(strstr(nl_last_error(), "up to 32 rates"));
+    START(s, NULL);
+    nl_loadgen_opts o;
+    memset(&o, 0, sizeof o);
+    o.host = "127.0.0.1";
+    o.port = s.port;
+    o.requests = 3;
+    o.concurrency = 4;
+    o.prompt_len = 8;
+    o.output_len = 4;
+    o.seed = 5;
+    nl_loadgen_result res[2];
+    int seen = 0;
+    assert_int_equal(nl_loadgen_parse_rates("20,40", rates), 2);
+    assert_int_equal(nl_loadgen_sweep(&o, rates, 2, res, count_runs, &seen), NL_OK);
+    assert_int_equal(seen, 2);
+    assert_true(o.rate_rps == 40);
+    assert_int_equal(nl_loadgen_sweep_failed(res, 2), 0);
+    res[1].failed = 2;
+    assert_int_equal(nl_loadgen_sweep_failed(res, 2), 1);
+    char path[] = "/tmp/test_serve_sweep_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(nl_loadgen_sweep_svg(path, res, 2), NL_OK);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    unlink(path);
+    assert_non_null(strstr(buf, "<svg"));
+    assert_non_null(strstr(buf, "TTFT p99"));
+    assert_non_null(strstr(buf, "TPOT p50"));
+    assert_int_equal(nl_loadgen_sweep_svg(path, res, 0), NL_ERR_INVALID);
+    /* a run that cannot start stops the sweep before any callback */
+    o.duration_s = -1;
+    seen = 0;
+    assert_int_equal(nl_loadgen_sweep(&o, rates, 2, res, count_runs, &seen), NL_ERR_INVALID);
+    assert_int_equal(seen, 0);
+    assert_int_equal(stop(&s), 0);
+}
+
+/* Random weights of a shape: named "dummy" when the shape has no name, bytes for 256 tokens,
+ * the errors of another vocabulary without a tokenizer and of a shape the model cannot take. */
+static void dummy_engine(void **state) {
+    (void)state;
+    nl_arch a;
+    assert_int_equal(nl_arch_from_json("shape",
+                                       "{\"vocab_size\":256,\"dim\":64,\"n_layers\":2,\"n_heads\":4,"
+                                       "\"n_kv_heads\":4,\"hidden_dim\":128,\"seq_len\":64}",
+                                       &a),
+                     NL_OK);
+    nl_engine_opts eo;
+    nl_engine_opts_default(&eo);
+    nl_dummy_engine d;
+    assert_int_equal(nl_dummy_engine_open(&d, &a, NULL, &eo), NL_OK);
+    assert_non_null(d.e);
+    assert_string_equal(d.name, "dummy");
+    assert_int_equal(nl_engine_arch(d.e)->dim, 64);
+    nl_dummy_engine_close(&d);
+    assert_null(d.e);
+    a.vocab_size = 512;
+    assert_int_equal(nl_dummy_engine_open(&d, &a, NULL, &eo), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "vocab_size 512 needs --tokenizer"));
+    a.vocab_size = 256;
+    a.n_kv_heads = 3;
+    assert_int_not_equal(nl_dummy_engine_open(&d, &a, NULL, &eo), NL_OK);
+    assert_true(strncmp(nl_last_error(), "--dummy-arch: ", 14) == 0);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
@@ -828,6 +930,8 @@ int main(void) {
         cmocka_unit_test_teardown(queue_full, teardown),
         cmocka_unit_test_teardown(shutdown_cancels, teardown),
         cmocka_unit_test_teardown(loadgen, teardown),
+        cmocka_unit_test_teardown(loadgen_sweep, teardown),
+        cmocka_unit_test(dummy_engine),
         cmocka_unit_test_teardown(queued_past_idle_timeout, teardown),
     };
     if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));

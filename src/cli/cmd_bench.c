@@ -10,35 +10,18 @@
 #include "cli_opt.h"
 #include "nanolm/client.h"
 #include "nanolm/http_loadgen.h"
+#include "nanolm/loadgen_sweep.h"
 #include "nanolm/machine.h"
 #include "nanolm/peak.h"
 #include "nanolm/plan_engine.h"
 #include "nanolm/plan.h"
 #include "plan_opts.h"
-#include "nanolm/svg.h"
 #include "report.h"
 
-#define MAX_SWEEP 32
-
-/* Parses "1,2,4.5" into rates (> 0). Returns the count, or -1 after printing an error. */
+/* Parses --sweep's rates; -1 after printing an error. */
 static int parse_rates(const char *s, double *rates) {
-    int n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        double v = strtod(p, &end);
-        if (end == p || !(v > 0) || !isfinite(v) || n == MAX_SWEEP || (*end && *end != ',')) {
-            nl_cli_usage_error("bench serve: --sweep wants up to %d rates > 0 separated by commas, got '%s'", MAX_SWEEP,
-                               s);
-            return -1;
-        }
-        rates[n++] = v;
-        p = *end ? end + 1 : end;
-    }
-    if (n == 0) {
-        nl_cli_usage_error("bench serve: --sweep is empty");
-        return -1;
-    }
+    int n = nl_loadgen_parse_rates(s, rates);
+    if (n < 0) nl_cli_usage_error("bench serve: --sweep %s", nl_last_error());
     return n;
 }
 
@@ -58,23 +41,12 @@ static void add_latency(nl_report *r, const char *key, const char *label, const 
     nl_report_int(r, k, "", (long long)s->n, NULL); /* samples: JSON only */
 }
 
-/* The SVG of a rate sweep: TTFT and TPOT p50/p99 (ms) against output tokens/s, a point per rate. */
-static nl_status plot_sweep(const char *svg, const nl_loadgen_result *res, int nrates) {
-    double x[MAX_SWEEP], y[4][MAX_SWEEP];
-    for (int i = 0; i < nrates; i++) {
-        x[i] = res[i].output_tokens_per_s;
-        y[0][i] = res[i].ttft.p50 * 1e3;
-        y[1][i] = res[i].ttft.p99 * 1e3;
-        y[2][i] = res[i].tpot.p50 * 1e3;
-        y[3][i] = res[i].tpot.p99 * 1e3;
-    }
-    nl_svg_series ser[4] = {{"TTFT p50", x, y[0], (size_t)nrates, NULL, 1},
-                            {"TTFT p99", x, y[1], (size_t)nrates, NULL, 1},
-                            {"TPOT p50", x, y[2], (size_t)nrates, NULL, 1},
-                            {"TPOT p99", x, y[3], (size_t)nrates, NULL, 1}};
-    nl_svg_plot_opts po = {
-        "latency vs throughput (one point per arrival rate)", "output tokens/s", "latency (ms)", 0, 1, 0, 0};
-    return nl_svg_plot(svg, &po, ser, 4);
+static void sweep_progress(void *ctx, int i, double rate, const nl_loadgen_result *r) {
+    (void)i;
+    if (*(const int *)ctx > 1)
+        fprintf(stderr,
+                "bench serve: rate %g/s: %.1f output tokens/s, TTFT p50 %.1f ms, TPOT p50 %.2f ms, %lld failed\n", rate,
+                r->output_tokens_per_s, r->ttft.p50 * 1e3, r->tpot.p50 * 1e3, (long long)r->failed);
 }
 
 static int bench_serve(int argc, char **argv) {
@@ -134,7 +106,7 @@ static int bench_serve(int argc, char **argv) {
     if (nl_http_parse_url(url, &u)) return nl_cli_usage_error("bench serve: --url: %s", nl_last_error());
     if (svg && !sweep)
         return nl_cli_usage_error("bench serve: --svg needs --sweep R1,R2,.. (a curve needs several rates)");
-    double rates[MAX_SWEEP];
+    double rates[NL_LOADGEN_MAX_SWEEP];
     int nrates = 1;
     rates[0] = rate;
     if (sweep && (nrates = parse_rates(sweep, rates)) < 0) return NL_EXIT_USAGE;
@@ -159,16 +131,8 @@ static int bench_serve(int argc, char **argv) {
     o.timeout_s = timeout_s;
     o.duration_s = duration_s;
     o.disconnect_frac = leave;
-    nl_loadgen_result res[MAX_SWEEP];
-    for (int i = 0; i < nrates; i++) {
-        o.rate_rps = rates[i];
-        if (nl_loadgen_run(&o, &res[i])) return nl_cli_fail("bench serve");
-        if (nrates > 1)
-            fprintf(stderr,
-                    "bench serve: rate %g/s: %.1f output tokens/s, TTFT p50 %.1f ms, TPOT p50 %.2f ms, %lld failed\n",
-                    rates[i], res[i].output_tokens_per_s, res[i].ttft.p50 * 1e3, res[i].tpot.p50 * 1e3,
-                    (long long)res[i].failed);
-    }
+    nl_loadgen_result res[NL_LOADGEN_MAX_SWEEP];
+    if (nl_loadgen_sweep(&o, rates, nrates, res, sweep_progress, &nrates)) return nl_cli_fail("bench serve");
     nl_loadgen_result *r = &res[nrates - 1];
     nl_report *rep = nl_report_new("bench serve");
     nl_report_str(rep, "url", "url", url);
@@ -219,12 +183,11 @@ static int bench_serve(int argc, char **argv) {
             nl_report_row_end(rep);
         }
     }
-    if (svg && plot_sweep(svg, res, nrates)) {
+    if (svg && nl_loadgen_sweep_svg(svg, res, nrates)) {
         nl_report_free(rep);
         return nl_cli_fail("bench serve --svg");
     }
-    int failed = 0;
-    for (int i = 0; i < nrates; i++) failed += res[i].failed > 0;
+    int failed = nl_loadgen_sweep_failed(res, nrates);
     rc = nl_report_print(rep, json);
     if (failed)
         fprintf(stderr, "nanolm: bench serve: some requests failed (first: %s)\n",

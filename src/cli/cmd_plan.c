@@ -10,6 +10,7 @@
 #include "nanolm/layer_study.h"
 #include "nanolm/plan.h"
 #include "nanolm/plan_engine.h"
+#include "nanolm/train_layout.h"
 #include "plan_opts.h"
 #include "report.h"
 
@@ -58,75 +59,61 @@ static int plan_groups_init(plan_groups *g, nl_plan_args *a, int *json, nl_optgr
 typedef struct train_args {
     nl_plan_args pa;
     int json;
-    int64_t gpus, global_batch, seq, top;
+    int64_t top;
     double tokens;
     const char *svg, *zero, *recompute, *schedule;
-    int64_t fix[6], interleave;        /* dp tp pp cp ep micro-batch; 0: searched */
-    int64_t first_layers, last_layers; /* uneven pipeline ends; 0: even stages */
-    int64_t node_limit;                /* --moe-node-limit */
-    int64_t z3_calls;                  /* --zero3-calls-per-layer */
-    double z3_prefetch;                /* --zero3-prefetch */
-    int z3_spread;                     /* --zero3-nic-spread */
-    const char *attention;             /* --attention */
-    int dist_saved;                    /* --distribute-saved */
-    int sp, sp_given;
+    nl_train_layout lay; /* the run, the fixed layout and the training stack */
 } train_args;
 
 static int train_parse(train_args *t, int argc, char **argv) {
-    memset(t->fix, 0, sizeof t->fix);
-    t->gpus = t->global_batch = t->seq = t->interleave = 0;
-    t->first_layers = t->last_layers = t->node_limit = t->z3_calls = 0;
-    t->z3_prefetch = 0;
-    t->z3_spread = t->dist_saved = 0;
-    t->attention = NULL;
+    memset(&t->lay, 0, sizeof t->lay);
     t->top = 8;
     t->tokens = 0;
     t->svg = t->zero = t->recompute = t->schedule = NULL;
-    t->sp = t->sp_given = 0;
     nl_opt run[] = {
-        NL_OPT_INT("gpus", &t->gpus, 1, 1 << 20, "N", "GPUs in all (required)"),
+        NL_OPT_INT("gpus", &t->lay.gpus, 1, 1 << 20, "N", "GPUs in all (required)"),
         NL_OPT_SI("tokens", &t->tokens, 1, INFINITY, "D", "training tokens (default 20 per parameter)"),
-        NL_OPT_INT("global-batch", &t->global_batch, 1, 1 << 24, "B", "sequences per step (default ~4M tokens)"),
-        NL_OPT_INT("seq", &t->seq, 1, 1 << 24, "S", "tokens per sequence (default: the model's context)"),
+        NL_OPT_INT("global-batch", &t->lay.global_batch, 1, 1 << 24, "B", "sequences per step (default ~4M tokens)"),
+        NL_OPT_INT("seq", &t->lay.seq, 1, 1 << 24, "S", "tokens per sequence (default: the model's context)"),
         NL_OPT_INT("top", &t->top, 1, 1000, "K", "layouts to list (default 8)"),
         NL_OPT_STR("svg", &t->svg, "FILE", "memory bars of the best and rejected layouts"),
     };
-    nl_opt sp = NL_OPT_CHOICE("sp", &t->sp, "on|off", "sequence parallelism with tp (default: searched)");
-    sp.given = &t->sp_given;
+    nl_opt sp = NL_OPT_CHOICE("sp", &t->lay.sp, "on|off", "sequence parallelism with tp (default: searched)");
+    sp.given = &t->lay.sp_given;
     nl_opt fix[] = {
-        NL_OPT_INT("dp", &t->fix[0], 1, 1 << 20, "D", "data-parallel degree"),
-        NL_OPT_INT("tp", &t->fix[1], 1, 1024, "T", "tensor-parallel degree"),
-        NL_OPT_INT("pp", &t->fix[2], 1, 1024, "P", "pipeline stages"),
-        NL_OPT_INT("cp", &t->fix[3], 1, 1024, "C", "context-parallel degree"),
-        NL_OPT_INT("ep", &t->fix[4], 1, 4096, "E", "expert-parallel degree"),
-        NL_OPT_INT("micro-batch", &t->fix[5], 1, 1 << 16, "B", "sequences per micro-batch"),
+        NL_OPT_INT("dp", &t->lay.fix[0], 1, 1 << 20, "D", "data-parallel degree"),
+        NL_OPT_INT("tp", &t->lay.fix[1], 1, 1024, "T", "tensor-parallel degree"),
+        NL_OPT_INT("pp", &t->lay.fix[2], 1, 1024, "P", "pipeline stages"),
+        NL_OPT_INT("cp", &t->lay.fix[3], 1, 1024, "C", "context-parallel degree"),
+        NL_OPT_INT("ep", &t->lay.fix[4], 1, 4096, "E", "expert-parallel degree"),
+        NL_OPT_INT("micro-batch", &t->lay.fix[5], 1, 1 << 16, "B", "sequences per micro-batch"),
         NL_OPT_STR("zero", &t->zero, "0|1|2|3|hsdp", "ZeRO stage"),
         NL_OPT_STR("recompute", &t->recompute, "none|selective|full", "activation recomputation"),
-        NL_OPT_INT("interleave", &t->interleave, 1, 64, "V", "pipeline chunks per GPU"),
-        NL_OPT_INT("first-stage-layers", &t->first_layers, 1, 1 << 16, "N",
+        NL_OPT_INT("interleave", &t->lay.interleave, 1, 64, "V", "pipeline chunks per GPU"),
+        NL_OPT_INT("first-stage-layers", &t->lay.first_layers, 1, 1 << 16, "N",
                    "layers on the first pipeline stage (with --last-stage-layers; default: even stages)"),
-        NL_OPT_INT("last-stage-layers", &t->last_layers, 1, 1 << 16, "N",
+        NL_OPT_INT("last-stage-layers", &t->lay.last_layers, 1, 1 << 16, "N",
                    "layers on the last pipeline stage (Llama 3 405B: 7 and 7 of 126 on 16 stages)"),
         sp,
         NL_OPT_STR("schedule", &t->schedule, "1f1b|zb-h1|dualpipe", "pipeline schedule (default 1f1b)"),
-        NL_OPT_INT("moe-node-limit", &t->node_limit, 1, 1 << 16, "M",
+        NL_OPT_INT("moe-node-limit", &t->lay.node_limit, 1, 1 << 16, "M",
                    "MoE tokens routed to at most M nodes (DeepSeek-V3: 4; default: no limit)"),
     };
     nl_opt stack[] = {
-        NL_OPT_STR("attention", &t->attention, "flash|flash-v1|flash-triton|materialized",
+        NL_OPT_STR("attention", &t->lay.attention, "flash|flash-v1|flash-triton|materialized",
                    "the attention kernel (default flash: FlashAttention-2/3's published rates; flash-v1 and "
                    "flash-triton: FlashAttention (v1)'s rate, which the Triton kernel runs at; materialized: the s x s "
                    "scores in memory, as Megatron-LM 2021, BLOOM, OPT)"),
-        NL_OPT_FLAG("distribute-saved", &t->dist_saved,
+        NL_OPT_FLAG("distribute-saved", &t->lay.dist_saved,
                     "full recomputation keeps 1/tp of each checkpoint per rank (Megatron-LM's "
                     "--distribute-saved-activations)"),
-        NL_OPT_INT("zero3-calls-per-layer", &t->z3_calls, 1, 1024, "N",
+        NL_OPT_INT("zero3-calls-per-layer", &t->lay.z3_calls, 1, 1024, "N",
                    "ZeRO-3 gathers per layer and pass (default 1, FSDP's flat parameter; DeepSpeed: one per "
                    "parameter tensor)"),
-        NL_OPT_SI("zero3-prefetch", &t->z3_prefetch, 1, INFINITY, "P",
+        NL_OPT_SI("zero3-prefetch", &t->lay.z3_prefetch, 1, INFINITY, "P",
                   "ZeRO-3 parameters gathered ahead of compute per call (default: the next layer, FSDP; "
                   "DeepSpeed's stage3_prefetch_bucket_size 50M)"),
-        NL_OPT_FLAG("zero3-nic-spread", &t->z3_spread,
+        NL_OPT_FLAG("zero3-nic-spread", &t->lay.z3_spread,
                     "ZeRO-3 rings across nodes spread over the node's NICs (default: each GPU's own NIC)"),
     };
     const nl_optgroup own[] = {{"run", run, NL_NOPTS(run)},
@@ -145,7 +132,7 @@ static int train_parse(train_args *t, int argc, char **argv) {
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc;
     if ((rc = nl_plan_args_load(&t->pa, "plan train"))) return rc;
-    if (t->gpus < 1) return nl_cli_usage_error("plan train: --gpus is required");
+    if (t->lay.gpus < 1) return nl_cli_usage_error("plan train: --gpus is required");
     return 0;
 }
 
@@ -160,40 +147,10 @@ static int train_request(train_args *t, nl_train_req *q) {
         return nl_cli_usage_error("plan train: unknown --schedule '%s' (1f1b, dualpipe, zb-h1)", t->schedule);
     int rc = nl_plan_args_request(&t->pa, "plan train", q);
     if (rc) return rc;
-    q->gpus = t->gpus;
-    q->seq = t->seq > 0 ? t->seq : q->arch.seq_len;
-    q->fix.dp = t->fix[0];
-    q->fix.tp = t->fix[1];
-    q->fix.pp = t->fix[2];
-    q->fix.cp = t->fix[3];
-    q->fix.ep = t->fix[4];
-    q->fix.micro_batch = t->fix[5];
-    q->fix.zero_plus1 = zero;
-    q->fix.recompute_plus1 = recompute;
-    q->fix.vpp = t->interleave;
-    if ((t->first_layers > 0) != (t->last_layers > 0) || (t->first_layers > 0 && t->fix[2] < 2))
-        return nl_cli_usage_error(
-            "plan train: --first-stage-layers and --last-stage-layers go together, with --pp >= 2");
-    if (t->attention) {
-        if (!strcmp(t->attention, "materialized"))
-            q->attn_materialized = 1;
-        else if (!strcmp(t->attention, "flash-triton") || !strcmp(t->attention, "flash-v1"))
-            q->attn_triton = 1; /* both at FlashAttention (v1)'s published rate */
-        else if (strcmp(t->attention, "flash"))
-            return nl_cli_usage_error(
-                "plan train: unknown --attention '%s' (flash, flash-v1, flash-triton, materialized)", t->attention);
-    }
-    q->distribute_saved = t->dist_saved;
-    q->moe_node_limit = t->node_limit;
-    q->zero3_calls_per_layer = t->z3_calls;
-    q->zero3_prefetch = t->z3_prefetch;
-    q->zero3_nic_spread = t->z3_spread;
-    q->fix.first_layers = t->first_layers;
-    q->fix.last_layers = t->last_layers;
-    q->fix.sp_plus1 = t->sp_given ? (t->sp == 0 ? 2 : 1) : 0; /* on|off */
-    q->schedule = (nl_sched)sched;
-    /* Default batch: ~4M tokens (Llama 2 and 3 trained 7-8B models with 4M-token batches). */
-    q->global_batch = t->global_batch > 0 ? t->global_batch : (int64_t)fmax(1, round(4194304.0 / (double)q->seq));
+    t->lay.zero_plus1 = zero;
+    t->lay.recompute_plus1 = recompute;
+    t->lay.schedule = (nl_sched)sched;
+    if (nl_train_layout_request(&t->lay, q)) return nl_cli_usage_error("plan train: %s", nl_last_error());
     return 0;
 }
 
@@ -304,7 +261,7 @@ static void report_train(nl_report *r, const train_args *t, const nl_train_req *
     nl_report_end_object(r);
     nl_report_str(r, "gpu", "", q->hw.name);
     nl_report_num(r, "flops_bf16", "", q->hw.flops_bf16, NULL, NULL);
-    nl_report_int(r, "gpus", "", t->gpus, NULL);
+    nl_report_int(r, "gpus", "", t->lay.gpus, NULL);
     nl_report_num(r, "tokens", "", q->tokens, NULL, NULL);
     nl_report_int(r, "seq", "", q->seq, NULL);
     nl_report_int(r, "global_batch", "", q->global_batch, NULL);
@@ -313,7 +270,7 @@ static void report_train(nl_report *r, const train_args *t, const nl_train_req *
     nl_report_num(r, "search_s", "", res->search_s, NULL, NULL);
     nl_report_note(r,
                    "Plan: %s (%s parameters) on %lld x %s, %s tokens, global batch %lld x %lld = %s tokens, recipe %s.",
-                   q->arch.name, nl_fmt_count(N, a1, sizeof a1), (long long)t->gpus, q->hw.name,
+                   q->arch.name, nl_fmt_count(N, a1, sizeof a1), (long long)t->lay.gpus, q->hw.name,
                    nl_fmt_count(q->tokens, a2, sizeof a2), (long long)q->global_batch, (long long)q->seq,
                    nl_fmt_count((double)q->global_batch * (double)q->seq, a3, sizeof a3), q->recipe.name);
     nl_report_note(r, "Searched %zu layouts in %.1f ms: %zu fit in memory, %zu do not.", res->n, res->search_s * 1e3,

@@ -11,6 +11,7 @@
 #include "nanolm/arch.h"
 #include "nanolm/bpe.h"
 #include "nanolm/chat_template.h"
+#include "nanolm/dummy_engine.h"
 #include "nanolm/gguf_model.h"
 #include "nanolm/hf.h"
 #include "nanolm/engine.h"
@@ -63,10 +64,8 @@ typedef struct serve_args {
 /* The engine with what it was opened from (random weights keep their model and tokenizer here). */
 typedef struct served {
     nl_engine *e;
-    nl_model dm;
-    nl_tokenizer dt;
+    nl_dummy_engine d;
     int have_dummy;
-    char dummy_name[64];
 } served;
 
 static int parse_args(int argc, char **argv, serve_args *sa) {
@@ -197,9 +196,11 @@ static void passive_omp_wait(int argc, char **argv) {
 }
 
 static void close_served(served *sv) {
-    nl_engine_close(sv->e);
+    if (sv->have_dummy)
+        nl_dummy_engine_close(&sv->d);
+    else
+        nl_engine_close(sv->e);
     sv->e = NULL;
-    if (sv->have_dummy) nl_model_free(&sv->dm), nl_tokenizer_free(&sv->dt);
     sv->have_dummy = 0;
 }
 
@@ -227,22 +228,10 @@ static int open_served(serve_args *sa, served *sv) {
     /* random weights: for load tests of a model shape without its checkpoint */
     nl_arch a;
     if (nl_arch_from_json("--dummy-arch", sa->dummy, &a)) return nl_cli_usage_error("serve: %s", nl_last_error());
-    if (!a.name[0]) snprintf(a.name, sizeof a.name, "dummy");
-    if (nl_model_init(&sv->dm, &a)) return nl_cli_fail("serve: --dummy-arch");
-    nl_model_init_random(&sv->dm, 1);
-    nl_status trc =
-        sa->tok ? nl_tokenizer_load_llama2c(&sv->dt, sa->tok, (int)a.vocab_size)
-        : a.vocab_size == 256
-            ? nl_tokenizer_init_byte(&sv->dt)
-            : nl_fail(NL_ERR_INVALID, "--dummy-arch with vocab_size %lld needs --tokenizer", (long long)a.vocab_size);
-    if (trc || nl_engine_open_model(&sv->e, &sv->dm, &sv->dt, &eo)) {
-        nl_tokenizer_free(&sv->dt);
-        nl_model_free(&sv->dm);
-        return nl_cli_fail("serve");
-    }
+    if (nl_dummy_engine_open(&sv->d, &a, sa->tok, &eo)) return nl_cli_fail("serve");
+    sv->e = sv->d.e;
     sv->have_dummy = 1;
-    snprintf(sv->dummy_name, sizeof sv->dummy_name, "%s", a.name);
-    sa->ckpt = sv->dummy_name;
+    sa->ckpt = sv->d.name;
     return 0;
 }
 
