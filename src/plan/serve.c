@@ -118,7 +118,18 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * measure 80-90%; an assumption shared by every GPU). */
     double bw = hw->hbm_bw * q->hbm_eff;
     o->weight_read_s = o->params * q->weight_bytes / (tp * bw);
-    o->kv_read_s = B * ctx * o->kv_bytes_per_token / (kv_tp * bw);
+    /* A per-query-head decode kernel (NL_DECODE_ATTN_PER_HEAD) streams the cache of each KV head
+     * once for every query head of its group: each GPU reads B x ctx tokens for its tp-th of the
+     * query heads, n_heads / n_kv_heads times what the grouped read of its KV heads takes. */
+    if (q->decode_attn != NL_DECODE_ATTN_GROUPED && q->decode_attn != NL_DECODE_ATTN_PER_HEAD)
+        return nl_fail(NL_ERR_INVALID, "serve: decode attention must be grouped or per-head");
+    o->kv_reads_per_head = 1;
+    double kv_div = kv_tp;
+    if (q->decode_attn == NL_DECODE_ATTN_PER_HEAD && a->kv_lora_rank == 0) {
+        o->kv_reads_per_head = (double)a->n_heads / (double)a->n_kv_heads;
+        kv_div = tp / o->kv_reads_per_head;
+    }
+    o->kv_read_s = B * ctx * o->kv_bytes_per_token / (kv_div * bw);
     o->decode_mem_s = o->weight_read_s + o->kv_read_s;
     double gemm_c = 2 * o->matmul_params * B / (tp * P * mfu),
            attn_c = B * 2 * nl_plan_attn_flops_per_token(a, ctx) / (tp * P * mfu);
