@@ -459,6 +459,7 @@ typedef struct nl_serve_plan {
     double params, matmul_params;
     double prefill_flops, prefill_s; /* one prompt, on tp GPUs */
     double batch_prefill_s;          /* the whole batch's prompts in one prefill */
+    double batch_prefill_comm_s;     /* its TP all-reduces: 2 per layer of B x prompt x D x 2 bytes */
     double kv_bytes_per_token, prompt_kv_bytes;
     double kv_replication; /* copies of each KV head when tp > KV heads */
     double weight_read_s, kv_read_s, decode_compute_s, decode_mem_s, decode_step_s; /* tp applied */

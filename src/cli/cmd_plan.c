@@ -649,8 +649,8 @@ static void report_serve(nl_report *r, const nl_serve_req *sq, const nl_serve_pl
     F(params), F(matmul_params), F(prefill_flops), F(prefill_s), F(kv_bytes_per_token), F(prompt_kv_bytes);
     F(weight_read_s), F(kv_read_s), F(decode_compute_s), F(decode_mem_s), F(decode_step_s), F(tp_allreduces);
     F(tp_allreduce_bytes), F(tp_comm_s), F(tp_comm_latency_s), F(decode_step_total_s), F(ttft_s), F(tpot_s);
-    F(batch_prefill_s), F(stall_steps), F(chunk_compute_s), F(chunk_free_tokens), F(prefill_rps), F(decode_rps),
-        F(decode_per_prefill);
+    F(batch_prefill_s), F(batch_prefill_comm_s), F(stall_steps), F(chunk_compute_s), F(chunk_free_tokens),
+        F(prefill_rps), F(decode_rps), F(decode_per_prefill);
     F(mem_weights), F(mem_kv), F(mem_total), F(fsdp_gather_s), F(prefill_compute_s), F(prefill_weight_s);
     F(prefill_comm_s), F(launch_s), F(prefill_eff), F(prefill_peak), F(decode_weight_s), F(decode_kv_s);
     F(kv_reads_per_head);

@@ -102,7 +102,12 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->prefill_eff = mfu1;
     o->prefill_peak = P;
     o->prefill_s = fmax(o->prefill_compute_s, wread) + prefill_comm + launch;
-    o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfuB), wread) + B * prefill_comm + launch;
+    /* The whole batch's prompts in one forward (TensorRT-LLM's packed context phase, vLLM's
+     * prefill step): each layer's two all-reduces carry the B x prompt tokens together, so the
+     * per-call latency is paid 2 x layers times, not once per prompt. */
+    o->batch_prefill_comm_s =
+        q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, B * q->prompt * D * 2, span) : 0;
+    o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfuB), wread) + o->batch_prefill_comm_s + launch;
 
     o->kv_bytes_per_token = nl_plan_kv_bytes_per_token(a, q->kv_bytes);
     /* With more GPUs than KV heads, each KV head lives on tp / kv_heads GPUs: the cache is
