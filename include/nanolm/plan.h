@@ -441,15 +441,29 @@ typedef struct nl_serve_req {
     double kv_bytes;          /* bytes per KV element (2) */
     double chunk;             /* chunked-prefill tokens per step (256) */
     int64_t fsdp;             /* weights sharded ZeRO-3/FSDP-style over this many GPUs (0/1: none) */
+    int decode_attn;          /* NL_DECODE_ATTN_*: how the decode attention kernel reads a GQA cache */
 } nl_serve_req;
+
+/* The decode attention kernel's reads of a grouped-query (GQA/MQA) KV cache. GROUPED (the
+ * default): each KV head's cache is read once per step for its whole group of query heads
+ * (TensorRT-LLM's XQA kernel from v0.8, FlashInfer, FlashAttention-3's packed GQA). PER_HEAD: one
+ * thread block per query head, each streaming its KV head's cache, n_heads / n_kv_heads times the
+ * bytes: TensorRT-LLM's masked multi-head attention kernel before XQA
+ * (decoderMaskedMultiheadAttentionTemplate.h: blockIdx.x is the query head, hi_kv = hi /
+ * qhead_per_kv), which its XQA note credits with 2.4x Llama-70B throughput for "reducing data
+ * loading" (docs/source/blogs/XQA-kernel.md). Priced without L2 reuse between the group's
+ * blocks: a bound, not a measurement of the re-read L2 absorbs. */
+enum { NL_DECODE_ATTN_GROUPED = 0, NL_DECODE_ATTN_PER_HEAD = 1 };
 
 typedef struct nl_serve_plan {
     double params, matmul_params;
     double prefill_flops, prefill_s; /* one prompt, on tp GPUs */
     double batch_prefill_s;          /* the whole batch's prompts in one prefill */
+    double batch_prefill_comm_s;     /* its TP all-reduces: 2 per layer of B x prompt x D x 2 bytes */
     double kv_bytes_per_token, prompt_kv_bytes;
     double kv_replication; /* copies of each KV head when tp > KV heads */
     double weight_read_s, kv_read_s, decode_compute_s, decode_mem_s, decode_step_s; /* tp applied */
+    double kv_reads_per_head; /* times a step streams each KV head's cache (1; n_heads/n_kv_heads per-head) */
     double tp_allreduces, tp_allreduce_bytes, tp_comm_s, tp_comm_latency_s;
     double decode_step_total_s; /* step + TP communication */
     double ttft_s, tpot_s;

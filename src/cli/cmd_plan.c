@@ -514,6 +514,9 @@ static int serve_parse(serve_args *s, int argc, char **argv) {
         NL_OPT_CHOICE("precision", &s->precision, "bf16|fp16|fp8|int8",
                       "weights and KV cache (default bf16; int8 is weight-only, GEMMs stay bf16)"),
         NL_OPT_INT("fsdp", &q->fsdp, 1, 4096, "N", "weights sharded FSDP-style over N GPUs"),
+        NL_OPT_CHOICE(
+            "decode-attn", &q->decode_attn, "grouped|per-head",
+            "a KV head's cache read once per step (default) or once per query head (TensorRT-LLM before XQA)"),
     };
     nl_opt engine[] = {
         NL_OPT_CHOICE("weights", &s->weights, "fp32|bf16|int8", "the engine's weight format (default fp32)"),
@@ -588,9 +591,16 @@ static void report_serve_table(nl_report *r, const nl_serve_req *sq, const nl_se
     if (sq->fsdp > 1)
         nl_plan_table_rowf(r, 3, "decode: FSDP weight all-gathers|%.2f ms|%lld shards per layer, %.1fx the HBM read",
                            sp->fsdp_gather_s * 1e3, (long long)sq->fsdp, sp->fsdp_gather_s / sp->weight_read_s);
-    nl_plan_table_rowf(r, 3, "decode: KV reads|%.2f ms|%lld x %.0f context x %.0f KiB / %g GPUs' HBM",
-                       sp->kv_read_s * 1e3, batch, ctx, sp->kv_bytes_per_token / 1024,
-                       (double)sq->tp / sp->kv_replication);
+    if (sp->kv_reads_per_head > 1)
+        nl_plan_table_rowf(
+            r, 3,
+            "decode: KV reads|%.2f ms|%lld x %.0f context x %.0f KiB x %g query heads per KV head / %lld "
+            "GPUs' HBM (per-head kernel)",
+            sp->kv_read_s * 1e3, batch, ctx, sp->kv_bytes_per_token / 1024, sp->kv_reads_per_head, tp);
+    else
+        nl_plan_table_rowf(r, 3, "decode: KV reads|%.2f ms|%lld x %.0f context x %.0f KiB / %g GPUs' HBM",
+                           sp->kv_read_s * 1e3, batch, ctx, sp->kv_bytes_per_token / 1024,
+                           (double)sq->tp / sp->kv_replication);
     nl_plan_table_rowf(r, 3, "decode: compute|%.2f ms|at %.0f%% of %.0f TFLOP/s: %s", sp->decode_compute_s * 1e3,
                        100 * (sq->prefill_mfu > 0 ? sq->prefill_mfu
                               : hw->gemm_eff > 0  ? hw->gemm_eff
@@ -639,10 +649,11 @@ static void report_serve(nl_report *r, const nl_serve_req *sq, const nl_serve_pl
     F(params), F(matmul_params), F(prefill_flops), F(prefill_s), F(kv_bytes_per_token), F(prompt_kv_bytes);
     F(weight_read_s), F(kv_read_s), F(decode_compute_s), F(decode_mem_s), F(decode_step_s), F(tp_allreduces);
     F(tp_allreduce_bytes), F(tp_comm_s), F(tp_comm_latency_s), F(decode_step_total_s), F(ttft_s), F(tpot_s);
-    F(batch_prefill_s), F(stall_steps), F(chunk_compute_s), F(chunk_free_tokens), F(prefill_rps), F(decode_rps),
-        F(decode_per_prefill);
+    F(batch_prefill_s), F(batch_prefill_comm_s), F(stall_steps), F(chunk_compute_s), F(chunk_free_tokens),
+        F(prefill_rps), F(decode_rps), F(decode_per_prefill);
     F(mem_weights), F(mem_kv), F(mem_total), F(fsdp_gather_s), F(prefill_compute_s), F(prefill_weight_s);
     F(prefill_comm_s), F(launch_s), F(prefill_eff), F(prefill_peak), F(decode_weight_s), F(decode_kv_s);
+    F(kv_reads_per_head);
 #undef F
     nl_report_bool(r, "fits", "", sp->fits);
     nl_report_note(

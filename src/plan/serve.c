@@ -102,7 +102,12 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
     o->prefill_eff = mfu1;
     o->prefill_peak = P;
     o->prefill_s = fmax(o->prefill_compute_s, wread) + prefill_comm + launch;
-    o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfuB), wread) + B * prefill_comm + launch;
+    /* The whole batch's prompts in one forward (TensorRT-LLM's packed context phase, vLLM's
+     * prefill step): each layer's two all-reduces carry the B x prompt tokens together, so the
+     * per-call latency is paid 2 x layers times, not once per prompt. */
+    o->batch_prefill_comm_s =
+        q->tp > 1 ? 2 * nlay * nl_plan_coll_time(hw, NL_ALL_REDUCE, q->tp, B * q->prompt * D * 2, span) : 0;
+    o->batch_prefill_s = fmax(B * o->prefill_flops / (tp * P * mfuB), wread) + o->batch_prefill_comm_s + launch;
 
     o->kv_bytes_per_token = nl_plan_kv_bytes_per_token(a, q->kv_bytes);
     /* With more GPUs than KV heads, each KV head lives on tp / kv_heads GPUs: the cache is
@@ -118,7 +123,18 @@ nl_status nl_plan_serve(const nl_serve_req *q, nl_serve_plan *o) {
      * measure 80-90%; an assumption shared by every GPU). */
     double bw = hw->hbm_bw * q->hbm_eff;
     o->weight_read_s = o->params * q->weight_bytes / (tp * bw);
-    o->kv_read_s = B * ctx * o->kv_bytes_per_token / (kv_tp * bw);
+    /* A per-query-head decode kernel (NL_DECODE_ATTN_PER_HEAD) streams the cache of each KV head
+     * once for every query head of its group: each GPU reads B x ctx tokens for its tp-th of the
+     * query heads, n_heads / n_kv_heads times what the grouped read of its KV heads takes. */
+    if (q->decode_attn != NL_DECODE_ATTN_GROUPED && q->decode_attn != NL_DECODE_ATTN_PER_HEAD)
+        return nl_fail(NL_ERR_INVALID, "serve: decode attention must be grouped or per-head");
+    o->kv_reads_per_head = 1;
+    double kv_div = kv_tp;
+    if (q->decode_attn == NL_DECODE_ATTN_PER_HEAD && a->kv_lora_rank == 0) {
+        o->kv_reads_per_head = (double)a->n_heads / (double)a->n_kv_heads;
+        kv_div = tp / o->kv_reads_per_head;
+    }
+    o->kv_read_s = B * ctx * o->kv_bytes_per_token / (kv_div * bw);
     o->decode_mem_s = o->weight_read_s + o->kv_read_s;
     double gemm_c = 2 * o->matmul_params * B / (tp * P * mfu),
            attn_c = B * 2 * nl_plan_attn_flops_per_token(a, ctx) / (tp * P * mfu);
