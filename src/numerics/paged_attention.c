@@ -6,6 +6,7 @@
 #include "nanolm/paged_attention.h"
 #include "nanolm/safetensors.h"
 #include "numerics/vexp.h"
+#include "numerics/vexp_simd.h"
 
 /* 16 floats as one value (GCC/Clang vector extension): the compiler emits AVX-512, two AVX2 or
  * four SSE operations. Element-wise + and * are the scalar operations lane by lane. GCC in ISO C
@@ -16,6 +17,14 @@
 typedef float v16 __attribute__((vector_size(64)));
 
 typedef int8_t c16 __attribute__((vector_size(16)));
+/* 8 floats (one AVX2 register, two SSE): kernels whose accumulators must stay in registers hold
+ * eight of these, where sixteen 64-byte values would spill on AVX2. */
+typedef float v8 __attribute__((vector_size(32)));
+static inline v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
 
 /* Walks the positions of one kv head of a sequence in order without a division or a
@@ -272,14 +281,6 @@ static void decode_scores_i8(const nl_paged_kv *c, const int32_t *table, int64_t
     score_out(&sc, ks, scale, 1, a);
 }
 
-/* 8 floats (one AVX2 register, two SSE): the decode scores' accumulators are eight of these, which
- * stay in registers where 64-byte values would spill on AVX2. */
-typedef float v8 __attribute__((vector_size(32)));
-static inline v8 load8(const float *p) {
-    v8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 /* The scores of NT (1 .. NL_KV_DTILES) key tiles of an fp32 pool for one query: tile g's 16
  * lanes of dimension i at p[g] + i * st[g]; out + 16 g its 16 sums over i in order, each the
@@ -353,26 +354,37 @@ static void decode_scores_f32(const nl_paged_kv *c, const int32_t *table, int64_
 
 /* tile_scores for up to 8 queries of one sequence against the same key tile: query r's q at
  * q + r * q_stride, its scores at a + r * a_stride. The eight sums are independent chains in
- * registers (one chain alone waits on each add), each the same sum as tile_scores'. */
+ * registers (one chain alone waits on each add), each the same sum as tile_scores'; the tile's
+ * 16 lanes run as two halves of 8 so that the accumulators fit AVX2's registers. */
 enum { SCORE_Q = 8 };
+#define SQ_ACC(r) s##r += qr[r][i] * k
 static void tile_scores_rows(const float *q, int64_t q_stride, int nr, const float *kt, int64_t kst, const float *ks,
                              int64_t hd, float scale, int int8, float *a, int64_t a_stride) {
     const float *qr[SCORE_Q];
     for (int r = 0; r < SCORE_Q; r++) qr[r] = q + (r < nr ? r : 0) * q_stride; /* rows past nr: dropped */
-    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0}, k;
-    for (int64_t i = 0; i < hd; i++) {
-        load16(&k, kt + i * kst);
-        s0 += qr[0][i] * k;
-        s1 += qr[1][i] * k;
-        s2 += qr[2][i] * k;
-        s3 += qr[3][i] * k;
-        s4 += qr[4][i] * k;
-        s5 += qr[5][i] * k;
-        s6 += qr[6][i] * k;
-        s7 += qr[7][i] * k;
+    float out[SCORE_Q][NL_KV_KTILE];
+    for (int half = 0; half < 2; half++) {
+        v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+        const float *kp = kt + 8 * half;
+        for (int64_t i = 0; i < hd; i++, kp += kst) {
+            const v8 k = load8(kp);
+            SQ_ACC(0);
+            SQ_ACC(1);
+            SQ_ACC(2);
+            SQ_ACC(3);
+            SQ_ACC(4);
+            SQ_ACC(5);
+            SQ_ACC(6);
+            SQ_ACC(7);
+        }
+        const v8 acc[SCORE_Q] = {s0, s1, s2, s3, s4, s5, s6, s7};
+        for (int r = 0; r < SCORE_Q; r++) memcpy(out[r] + 8 * half, &acc[r], sizeof acc[r]);
     }
-    const v16 *sc[SCORE_Q] = {&s0, &s1, &s2, &s3, &s4, &s5, &s6, &s7};
-    for (int r = 0; r < nr; r++) score_out(sc[r], ks, scale, int8, a + r * a_stride);
+    for (int r = 0; r < nr; r++) {
+        v16 sc;
+        load16(&sc, out[r]);
+        score_out(&sc, ks, scale, int8, a + r * a_stride);
+    }
 }
 
 /* The largest of a[0..n) that is not NaN (-inf if none), the scalar loop's `if (a[t] > mx) mx =
@@ -415,7 +427,7 @@ static void softmax_rows(float *s, int64_t nq, int64_t row, int64_t pos0) {
         float *a = s + r * row;
         const int64_t n = pos0 + r + 1;
         const float mx = row_max(a, n);
-        for (int64_t t = 0; t < n; t++) a[t] = nl_vexpf(a[t] - mx);
+        nl_vexp_shift(a, a, mx, n); /* nl_vexpf(a[t] - mx), 8 lanes at a time on AVX2 */
         if (nq > 1) memset(a + n, 0, (size_t)(padded - n) * sizeof(float));
     }
     float sum[NL_KV_KTILE];
@@ -590,34 +602,39 @@ static void pv_decode(const nl_paged_kv *c, const int32_t *table, int64_t l, int
 }
 
 /* pv_rows' sums over positions 0 .. pos of an fp32 pool with all 64 dimensions present: acc[k][d]
- * += pr[k][t] * v[t][off + 16 d ..], the walk left at position pos + 1. */
-#define PV_ROW_FMA(k)                                                                                                  \
+ * += pr[k][t] * v[t][off + 16 d ..]. Sixteen dimensions at a time for the 4 tokens (8 register
+ * accumulators of 8 floats; 64-byte ones would spill on AVX2), the table walked a block at a
+ * time; the first pass prefetches the next block's rows, the later ones find them in cache. */
+#define PVR_ACC(k)                                                                                                     \
     do {                                                                                                               \
         const float pt = pr[k][t];                                                                                     \
-        a##k##0 += pt * x0, a##k##1 += pt * x1, a##k##2 += pt * x2, a##k##3 += pt * x3;                                \
+        lo##k += pt * x0, hi##k += pt * x1;                                                                            \
     } while (0)
-static void pv_rows_f32(kv_walk *w, int64_t off, int64_t pos, const float *const pr[PV_ROWS], v16 acc[PV_ROWS][4]) {
-    v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
-    v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0}, a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
-    kv_walk ahead = {0};
-    int pf = walk_ahead(&ahead, w, 0);
-    for (int64_t t = 0; t <= pos; t++, walk_next(w)) {
-        ahead_next(&ahead, &pf, t);
-        const float *v = walk_f32(w) + off;
-        v16 x0, x1, x2, x3;
-        load16(&x0, v);
-        load16(&x1, v + PV_LANES);
-        load16(&x2, v + 2 * PV_LANES);
-        load16(&x3, v + 3 * PV_LANES);
-        PV_ROW_FMA(0);
-        PV_ROW_FMA(1);
-        PV_ROW_FMA(2);
-        PV_ROW_FMA(3);
+static void pv_rows_f32(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t off, int64_t pos,
+                        const float *const pr[PV_ROWS], v16 acc[PV_ROWS][4]) {
+    const int64_t hd = c->hd, bs = c->block_size;
+    for (int d = 0; d < 4; d++) {
+        v8 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0}, lo2 = {0}, hi2 = {0}, lo3 = {0}, hi3 = {0};
+        for (int64_t b = 0, t = 0; t <= pos; b++) {
+            const float *v = nl_paged_f32_at(c, table[b], l, 1, kh, 0) + off + d * PV_LANES;
+            const float *vn =
+                d == 0 && (b + 1) * bs <= pos ? nl_paged_f32_at(c, table[b + 1], l, 1, kh, 0) + off : NULL;
+            const int64_t n = pos + 1 - t < bs ? pos + 1 - t : bs;
+            for (int64_t sl = 0; sl < n; sl++, t++, v += hd) {
+                if (vn) {
+                    __builtin_prefetch(vn + sl * hd);
+                    __builtin_prefetch(vn + sl * hd + 63);
+                }
+                const v8 x0 = load8(v), x1 = load8(v + 8);
+                PVR_ACC(0);
+                PVR_ACC(1);
+                PVR_ACC(2);
+                PVR_ACC(3);
+            }
+        }
+        const v8 h[2 * PV_ROWS] = {lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3};
+        for (int k = 0; k < PV_ROWS; k++) memcpy(&acc[k][d], &h[2 * k], sizeof acc[k][d]);
     }
-    acc[0][0] = a00, acc[0][1] = a01, acc[0][2] = a02, acc[0][3] = a03;
-    acc[1][0] = a10, acc[1][1] = a11, acc[1][2] = a12, acc[1][3] = a13;
-    acc[2][0] = a20, acc[2][1] = a21, acc[2][2] = a22, acc[2][3] = a23;
-    acc[3][0] = a30, acc[3][1] = a31, acc[3][2] = a32, acc[3][3] = a33;
 }
 
 /* Dimensions g .. g + 63 (lanes[k] of each 16 valid) of the outputs of 2 <= nr <= PV_ROWS tokens
@@ -638,9 +655,10 @@ static void pv_rows(const nl_paged_kv *c, const int32_t *table, int64_t l, int64
     kv_walk w;
     walk_start(&w, c, table, l, 1, kh, 0, pos + nr);
     /* positions 0 .. pos, which all nr tokens see */
-    if (full) /* fp32: the 16 accumulators as named registers (GCC spills an array of them) */
-        pv_rows_f32(&w, g, pos, pr, acc);
-    else
+    if (full) { /* fp32: accumulators in registers, then the walk goes on from pos + 1 */
+        pv_rows_f32(c, table, l, kh, g, pos, pr, acc);
+        walk_start(&w, c, table, l, 1, kh, pos + 1, pos + nr);
+    } else
         for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
             v16 x[4];
             value64(x, &w, g, lanes, full, &scale);
