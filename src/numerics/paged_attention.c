@@ -5,7 +5,6 @@
 
 #include "nanolm/paged_attention.h"
 #include "nanolm/safetensors.h"
-#include "numerics/vexp.h"
 #include "numerics/vexp_simd.h"
 
 /* 16 floats as one value (GCC/Clang vector extension): the compiler emits AVX-512, two AVX2 or
