@@ -692,7 +692,12 @@ TGT_AVX2 INLINE void tile_av2(const void *w, int64_t ps, const float *x, float *
         } else { /* a slice: its vectors held, one broadcast at a time */
             __m256 wv[3];
 #pragma GCC unroll 3
-            for (int j = 0; j < V; j++) wv[j] = av2_w(w, bf, k, J0 + j);
+            for (int j = 0; j < V; j++) {
+                wv[j] = av2_w(w, bf, k, J0 + j);
+                /* held in a register: GCC would otherwise fold the load into each of the T
+                 * multiply-adds, and T loads of each vector made the 24-row slice load-bound */
+                __asm__("" : "+x"(wv[j]));
+            }
 #pragma GCC unroll 6
             for (int t = 0; t < T; t++) {
                 const __m256 xb = _mm256_broadcast_ss(x + t * K + k);

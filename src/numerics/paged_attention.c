@@ -5,7 +5,7 @@
 
 #include "nanolm/paged_attention.h"
 #include "nanolm/safetensors.h"
-#include "numerics/vexp.h"
+#include "numerics/vexp_simd.h"
 
 /* 16 floats as one value (GCC/Clang vector extension): the compiler emits AVX-512, two AVX2 or
  * four SSE operations. Element-wise + and * are the scalar operations lane by lane. GCC in ISO C
@@ -16,6 +16,14 @@
 typedef float v16 __attribute__((vector_size(64)));
 
 typedef int8_t c16 __attribute__((vector_size(16)));
+/* 8 floats (one AVX2 register, two SSE): kernels whose accumulators must stay in registers hold
+ * eight of these, where sixteen 64-byte values would spill on AVX2. */
+typedef float v8 __attribute__((vector_size(32)));
+static inline v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
 
 /* Walks the positions of one kv head of a sequence in order without a division or a
@@ -155,24 +163,61 @@ static inline void block_rows(v16 m[NL_KV_KTILE], int n, int int8, const float *
     }
 }
 
-/* Keys of one 16-position tile, transposed: kt[i * 16 + j] = k[t0 + j][i] (int8 codes widened;
- * the fp16 scales of an int8 pool in ks[j]). Positions past `last` are zero. Each 16 x 16 block
- * (16 positions x 16 dimensions) is loaded as 16 vectors and transposed in registers. */
-static void key_tile(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
-                     float *kt, float *ks) {
+/* The keys of one 16-position tile of an fp32 pool, positions t0 .. t0 + n - 1 (n <= 16), as 16
+ * lanes per dimension: dimension i at the returned pointer + i * *stride. When the 16 slots from
+ * t0's lie in t0's block (always with the default block of 16, whose keys are one tile) they are
+ * read in place; lanes past n are then slots not written for this sequence, whose scores nothing
+ * reads. Otherwise (a block size that is not a multiple of 16) they are gathered into buf (hd x
+ * 16, zero past n) and *stride is 16. */
+static inline const float *key_lanes(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0,
+                                     int64_t n, float *buf, int64_t *stride) {
+    const int64_t bs = c->block_size, hd = c->hd, s0 = t0 % bs;
+    if (s0 + NL_KV_KTILE <= bs) {
+        *stride = bs;
+        return nl_paged_key_f32(c, table[t0 / bs], l, kh) + s0;
+    }
+    for (int64_t j = 0; j < NL_KV_KTILE; j++) {
+        const float *col = j < n ? nl_paged_key_f32(c, table[(t0 + j) / bs], l, kh) + (t0 + j) % bs : NULL;
+        for (int64_t i = 0; i < hd; i++) buf[i * NL_KV_KTILE + j] = col ? col[i * bs] : 0.0f;
+    }
+    *stride = NL_KV_KTILE;
+    return buf;
+}
+/* Asks for the cache lines of an fp32 key tile read in place (one line per dimension with the
+ * default block). */
+static inline void key_prefetch(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0) {
+    const int64_t bs = c->block_size, s0 = t0 % bs;
+    if (s0 + NL_KV_KTILE > bs) return;
+    const float *p = nl_paged_key_f32(c, table[t0 / bs], l, kh) + s0;
+    for (int64_t i = 0; i < c->hd; i++) __builtin_prefetch(p + i * bs);
+}
+
+/* Keys of one 16-position tile, transposed: dimension i of positions t0 + j at the returned
+ * pointer + i * *stride + j (an fp32 pool's keys in place, key_lanes; an int8 pool's codes widened
+ * into kt, stride 16, their fp16 scales in ks[j]). Positions past `last` are zero for int8. Each
+ * int8 16 x 16 block (16 positions x 16 dimensions) is loaded as 16 vectors and transposed in
+ * registers. */
+static const float *key_tile(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0,
+                             int64_t last, float *kt, float *ks, int64_t *stride) {
     const int64_t hd = c->hd;
     const int int8 = c->dtype == NL_PAGED_INT8;
+    /* this tile's values, wanted by the weighted sum after the softmax, and the next tile's keys,
+     * wanted after this tile's scores: by then they are in cache, where a walk that waited on
+     * each block would run at a fraction of the memory's speed */
+    const int64_t n_here = last - t0 + 1 < NL_KV_KTILE ? last - t0 + 1 : NL_KV_KTILE;
+    kv_walk v;
+    walk_start(&v, c, table, l, 1, kh, t0, last + 1);
+    for (int64_t j = 0; j < n_here; j++, walk_next(&v)) walk_prefetch(&v);
+    if (!int8) {
+        if (t0 + NL_KV_KTILE <= last) key_prefetch(c, table, l, kh, t0 + NL_KV_KTILE);
+        for (int j = 0; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
+        return key_lanes(c, table, l, kh, t0, n_here, kt, stride);
+    }
     const float *rf[NL_KV_KTILE];
     const int8_t *rc[NL_KV_KTILE];
     kv_walk w;
     const int n = tile_rows(c, table, l, kh, t0, last, &w, rf, rc, ks);
-    /* the next tile's keys, wanted after this tile's scores, and this tile's values, wanted by
-     * the weighted sum after the softmax: by then they are in cache, where a walk that waited
-     * on each block would run at a fraction of the memory's speed */
     for (int j = 0; j < NL_KV_KTILE && t0 + n + j <= last; j++, walk_next(&w)) walk_prefetch(&w);
-    kv_walk v;
-    walk_start(&v, c, table, l, 1, kh, t0, last + 1);
-    for (int j = 0; j < n; j++, walk_next(&v)) walk_prefetch(&v);
     for (int64_t i0 = 0; i0 < hd; i0 += NL_KV_KTILE) {
         const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
         v16 m[NL_KV_KTILE];
@@ -180,6 +225,8 @@ static void key_tile(const nl_paged_kv *c, const int32_t *table, int64_t l, int6
         transpose16(m);
         for (int64_t i = 0; i < lanes; i++) memcpy(kt + (i0 + i) * NL_KV_KTILE, &m[i], sizeof m[i]);
     }
+    *stride = NL_KV_KTILE;
+    return kt;
 }
 
 /* Scores of query q (hd) against a transposed key tile: a[j] = (sum over i, in order, of
@@ -191,24 +238,24 @@ static inline void score_out(const v16 *sc, const float *ks, float scale, int in
     memcpy(out, sc, sizeof out);
     for (int j = 0; j < NL_KV_KTILE; j++) a[j] = int8 ? out[j] * ks[j] * scale : out[j] * scale;
 }
-static void tile_scores(const float *q, const float *kt, const float *ks, int64_t hd, float scale, int int8, float *a) {
+static void tile_scores(const float *q, const float *kt, int64_t kst, const float *ks, int64_t hd, float scale,
+                        int int8, float *a) {
     v16 sc = {0}, k;
     for (int64_t i = 0; i < hd; i++) {
-        load16(&k, kt + i * NL_KV_KTILE);
+        load16(&k, kt + i * kst);
         sc += q[i] * k;
     }
     score_out(&sc, ks, scale, int8, a);
 }
 
-/* One query's scores against positions t0 .. last (at most one tile): a[j] = (sum over i, in
- * order, of q[i] * k[t0 + j][i]) * scale, as tile_scores over key_tile's transposed keys, but
- * each 16 x 16 block is multiplied while it is in registers. The prefetches of the next tile's
- * keys and of this tile's values are spread over the blocks, so that they do not stall the
- * loads of this one all at once. */
-static void decode_scores(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
-                          const float *q, float scale, float *a) {
+/* One query's scores against positions t0 .. last (at most one tile) of an int8 pool: a[j] =
+ * (sum over i, in order, of q[i] * k[t0 + j][i]) * key scale * scale, as tile_scores over
+ * key_tile's transposed codes, but each 16 x 16 block is multiplied while it is in registers.
+ * The prefetches of the next tile's keys and of this tile's values are spread over the blocks,
+ * so that they do not stall the loads of this one all at once. */
+static void decode_scores_i8(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0,
+                             int64_t last, const float *q, float scale, float *a) {
     const int64_t hd = c->hd;
-    const int int8 = c->dtype == NL_PAGED_INT8;
     const float *rf[NL_KV_KTILE];
     const int8_t *rc[NL_KV_KTILE];
     float ks[NL_KV_KTILE];
@@ -226,43 +273,117 @@ static void decode_scores(const nl_paged_kv *c, const int32_t *table, int64_t l,
         for (; pv < upto && pv < n; pv++, walk_next(&v)) walk_prefetch(&v);
         const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
         v16 m[NL_KV_KTILE];
-        if (!int8 && n == NL_KV_KTILE && lanes == NL_KV_KTILE) { /* a whole fp32 block: in registers */
-#pragma GCC unroll 16
-            for (int j = 0; j < NL_KV_KTILE; j++) load16(&m[j], rf[j] + i0);
-            transpose16(m);
-#pragma GCC unroll 16
-            for (int i = 0; i < NL_KV_KTILE; i++) sc += q[i0 + i] * m[i];
-            continue;
-        }
-        block_rows(m, n, int8, rf, rc, i0, lanes);
+        block_rows(m, n, 1, rf, rc, i0, lanes);
         transpose16(m);
         for (int64_t i = 0; i < lanes; i++) sc += q[i0 + i] * m[i];
     }
-    score_out(&sc, ks, scale, int8, a);
+    score_out(&sc, ks, scale, 1, a);
+}
+
+
+/* The scores of NT (1 .. NL_KV_DTILES) key tiles of an fp32 pool for one query: tile g's 16
+ * lanes of dimension i at p[g] + i * st[g]; out + 16 g its 16 sums over i in order, each the
+ * scalar loop's. The tiles' sums are independent chains side by side (one tile alone waits on
+ * each add); pn[g] (or NULL): the next group's tiles, prefetched a dimension at a time. */
+#define DT_ACC(g)                                                                                                      \
+    do {                                                                                                               \
+        lo##g += qi * load8(p##g), hi##g += qi * load8(p##g + 8);                                                      \
+        if (pn##g) __builtin_prefetch(pn##g), pn##g += sn##g;                                                          \
+        p##g += s##g;                                                                                                  \
+    } while (0)
+static inline __attribute__((always_inline)) void
+dtiles(const float *const p[NL_KV_DTILES], const int64_t st[NL_KV_DTILES], const float *const pn[NL_KV_DTILES],
+       const int64_t stn[NL_KV_DTILES], const float *q, int64_t hd, const int NT, float *out) {
+    const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+    const float *pn0 = pn[0], *pn1 = pn[1], *pn2 = pn[2], *pn3 = pn[3];
+    const int64_t s0 = st[0], s1 = st[1], s2 = st[2], s3 = st[3];
+    const int64_t sn0 = stn[0], sn1 = stn[1], sn2 = stn[2], sn3 = stn[3];
+    v8 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0}, lo2 = {0}, hi2 = {0}, lo3 = {0}, hi3 = {0};
+    for (int64_t i = 0; i < hd; i++) {
+        const float qi = q[i];
+        DT_ACC(0);
+        if (NT > 1) DT_ACC(1);
+        if (NT > 2) DT_ACC(2);
+        if (NT > 3) DT_ACC(3);
+    }
+    const v8 acc[2 * NL_KV_DTILES] = {lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3};
+    memcpy(out, acc, sizeof(float) * 16 * (size_t)NT);
+}
+
+/* One query's scores against positions 0 .. last of an fp32 pool: a[t] = (sum over i, in order,
+ * of q[i] * k[t][i]) * scale, NL_KV_DTILES tiles of 16 positions at a time straight from the
+ * transposed keys (no transpose, no dependent chain of one tile). The next group's keys and this
+ * group's values (read by the weighted sum after the softmax) are prefetched as it goes.
+ * buf: NL_KV_DTILES x hd x 16 floats for tiles gathered across blocks. */
+static void decode_scores_f32(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t last,
+                              const float *q, float scale, float *a, float *buf) {
+    const int64_t hd = c->hd, n_pos = last + 1, group = NL_KV_DTILES * NL_KV_KTILE;
+    const float *p[NL_KV_DTILES], *pn[NL_KV_DTILES] = {NULL, NULL, NULL, NULL};
+    int64_t st[NL_KV_DTILES], stn[NL_KV_DTILES] = {0, 0, 0, 0};
+    for (int64_t t0 = 0; t0 < n_pos; t0 += group) {
+        int nt = 0;
+        for (; nt < NL_KV_DTILES && t0 + nt * NL_KV_KTILE < n_pos; nt++) {
+            const int64_t tt = t0 + nt * NL_KV_KTILE, n = n_pos - tt < NL_KV_KTILE ? n_pos - tt : NL_KV_KTILE;
+            p[nt] = key_lanes(c, table, l, kh, tt, n, buf + nt * hd * NL_KV_KTILE, &st[nt]);
+        }
+        for (int g = nt; g < NL_KV_DTILES; g++) p[g] = p[0], st[g] = st[0];
+        for (int g = 0; g < NL_KV_DTILES; g++) { /* the next group's tiles read in place */
+            const int64_t tt = t0 + group + g * NL_KV_KTILE, bs = c->block_size;
+            pn[g] = NULL;
+            if (tt < n_pos && tt % bs + NL_KV_KTILE <= bs) {
+                pn[g] = nl_paged_key_f32(c, table[tt / bs], l, kh) + tt % bs;
+                stn[g] = bs;
+            }
+        }
+        kv_walk v;
+        walk_start(&v, c, table, l, 1, kh, t0, n_pos);
+        for (int64_t j = 0; j < group && t0 + j < n_pos; j++, walk_next(&v)) walk_prefetch(&v);
+        float sc[NL_KV_DTILES * NL_KV_KTILE];
+        if (nt == 4)
+            dtiles(p, st, pn, stn, q, hd, 4, sc);
+        else if (nt == 3)
+            dtiles(p, st, pn, stn, q, hd, 3, sc);
+        else if (nt == 2)
+            dtiles(p, st, pn, stn, q, hd, 2, sc);
+        else
+            dtiles(p, st, pn, stn, q, hd, 1, sc);
+        for (int64_t j = 0; j < nt * NL_KV_KTILE; j++) a[t0 + j] = sc[j] * scale;
+    }
 }
 
 /* tile_scores for up to 8 queries of one sequence against the same key tile: query r's q at
  * q + r * q_stride, its scores at a + r * a_stride. The eight sums are independent chains in
- * registers (one chain alone waits on each add), each the same sum as tile_scores'. */
+ * registers (one chain alone waits on each add), each the same sum as tile_scores'; the tile's
+ * 16 lanes run as two halves of 8 so that the accumulators fit AVX2's registers. */
 enum { SCORE_Q = 8 };
-static void tile_scores_rows(const float *q, int64_t q_stride, int nr, const float *kt, const float *ks, int64_t hd,
-                             float scale, int int8, float *a, int64_t a_stride) {
+#define SQ_ACC(r) s##r += qr[r][i] * k
+static void tile_scores_rows(const float *q, int64_t q_stride, int nr, const float *kt, int64_t kst, const float *ks,
+                             int64_t hd, float scale, int int8, float *a, int64_t a_stride) {
     const float *qr[SCORE_Q];
     for (int r = 0; r < SCORE_Q; r++) qr[r] = q + (r < nr ? r : 0) * q_stride; /* rows past nr: dropped */
-    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0}, k;
-    for (int64_t i = 0; i < hd; i++) {
-        load16(&k, kt + i * NL_KV_KTILE);
-        s0 += qr[0][i] * k;
-        s1 += qr[1][i] * k;
-        s2 += qr[2][i] * k;
-        s3 += qr[3][i] * k;
-        s4 += qr[4][i] * k;
-        s5 += qr[5][i] * k;
-        s6 += qr[6][i] * k;
-        s7 += qr[7][i] * k;
+    float out[SCORE_Q][NL_KV_KTILE];
+    for (int half = 0; half < 2; half++) {
+        v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+        const float *kp = kt + 8 * half;
+        for (int64_t i = 0; i < hd; i++, kp += kst) {
+            const v8 k = load8(kp);
+            SQ_ACC(0);
+            SQ_ACC(1);
+            SQ_ACC(2);
+            SQ_ACC(3);
+            SQ_ACC(4);
+            SQ_ACC(5);
+            SQ_ACC(6);
+            SQ_ACC(7);
+        }
+        const v8 acc[SCORE_Q] = {s0, s1, s2, s3, s4, s5, s6, s7};
+        for (int r = 0; r < SCORE_Q; r++) memcpy(out[r] + 8 * half, &acc[r], sizeof acc[r]);
     }
-    const v16 *sc[SCORE_Q] = {&s0, &s1, &s2, &s3, &s4, &s5, &s6, &s7};
-    for (int r = 0; r < nr; r++) score_out(sc[r], ks, scale, int8, a + r * a_stride);
+    for (int r = 0; r < nr; r++) {
+        v16 sc;
+        load16(&sc, out[r]);
+        score_out(&sc, ks, scale, int8, a + r * a_stride);
+    }
 }
 
 /* The largest of a[0..n) that is not NaN (-inf if none), the scalar loop's `if (a[t] > mx) mx =
@@ -305,7 +426,7 @@ static void softmax_rows(float *s, int64_t nq, int64_t row, int64_t pos0) {
         float *a = s + r * row;
         const int64_t n = pos0 + r + 1;
         const float mx = row_max(a, n);
-        for (int64_t t = 0; t < n; t++) a[t] = nl_vexpf(a[t] - mx);
+        nl_vexp_shift(a, a, mx, n); /* nl_vexpf(a[t] - mx), 8 lanes at a time on AVX2 */
         if (nq > 1) memset(a + n, 0, (size_t)(padded - n) * sizeof(float));
     }
     float sum[NL_KV_KTILE];
@@ -369,6 +490,41 @@ static inline void ahead_next(kv_walk *a, int *pf, int64_t t) {
     if ((*pf = t + 1 + KV_AHEAD < a->end)) walk_next(a);
 }
 
+/* pv_decode's sums for an fp32 pool, dimensions g .. g + 8 NV - 1 (all present): NV (4 or 8)
+ * register accumulators of 8 floats, the table walked a block at a time (the rows of one head in
+ * a block are consecutive), the next block's row of the same slot prefetched as each is read. */
+#define PV_ACC(j) a##j += pt * load8(v + 8 * (j))
+static inline __attribute__((always_inline)) void pv_f32(const nl_paged_kv *c, const int32_t *table, int64_t l,
+                                                         int64_t kh, int64_t pos, const float *p, int64_t g,
+                                                         const int NV, float *out) {
+    const int64_t hd = c->hd, bs = c->block_size;
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+    for (int64_t b = 0, t = 0; t <= pos; b++) {
+        const float *v = nl_paged_f32_at(c, table[b], l, 1, kh, 0) + g;
+        const float *vn = (b + 1) * bs <= pos ? nl_paged_f32_at(c, table[b + 1], l, 1, kh, 0) + g : NULL;
+        const int64_t n = pos + 1 - t < bs ? pos + 1 - t : bs;
+        for (int64_t sl = 0; sl < n; sl++, t++, v += hd) {
+            if (vn) {
+                __builtin_prefetch(vn + sl * hd);
+                __builtin_prefetch(vn + sl * hd + 8 * NV - 1);
+            }
+            const float pt = p[t];
+            PV_ACC(0);
+            PV_ACC(1);
+            PV_ACC(2);
+            PV_ACC(3);
+            if (NV > 4) {
+                PV_ACC(4);
+                PV_ACC(5);
+                PV_ACC(6);
+                PV_ACC(7);
+            }
+        }
+    }
+    const v8 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    memcpy(out, acc, sizeof(float) * 8 * (size_t)NV);
+}
+
 /* One token's output (hd) at position pos: out[i] = sum over positions 0 .. pos, in order, of
  * p[t] * v[t][i] (p times the value's fp16 scale for an int8 pool), started from 0. 64
  * dimensions at a time in four register accumulators, so each value row is read once per 64
@@ -379,6 +535,14 @@ static void pv_decode(const nl_paged_kv *c, const int32_t *table, int64_t l, int
     const int64_t hd = c->hd;
     const int int8 = c->dtype == NL_PAGED_INT8;
     for (int64_t g = 0; g < hd; g += 4 * PV_LANES) {
+        if (!int8 && hd - g >= 64) {
+            pv_f32(c, table, l, kh, pos, p, g, 8, out + g);
+            continue;
+        }
+        if (!int8 && hd - g == 32) {
+            pv_f32(c, table, l, kh, pos, p, g, 4, out + g);
+            continue;
+        }
         int64_t lanes[4];
         lanes64(hd, g, lanes);
         int whole = 0; /* fp32 with every present group of 16 complete: how many groups */
@@ -437,34 +601,39 @@ static void pv_decode(const nl_paged_kv *c, const int32_t *table, int64_t l, int
 }
 
 /* pv_rows' sums over positions 0 .. pos of an fp32 pool with all 64 dimensions present: acc[k][d]
- * += pr[k][t] * v[t][off + 16 d ..], the walk left at position pos + 1. */
-#define PV_ROW_FMA(k)                                                                                                  \
+ * += pr[k][t] * v[t][off + 16 d ..]. Sixteen dimensions at a time for the 4 tokens (8 register
+ * accumulators of 8 floats; 64-byte ones would spill on AVX2), the table walked a block at a
+ * time; the first pass prefetches the next block's rows, the later ones find them in cache. */
+#define PVR_ACC(k)                                                                                                     \
     do {                                                                                                               \
         const float pt = pr[k][t];                                                                                     \
-        a##k##0 += pt * x0, a##k##1 += pt * x1, a##k##2 += pt * x2, a##k##3 += pt * x3;                                \
+        lo##k += pt * x0, hi##k += pt * x1;                                                                            \
     } while (0)
-static void pv_rows_f32(kv_walk *w, int64_t off, int64_t pos, const float *const pr[PV_ROWS], v16 acc[PV_ROWS][4]) {
-    v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
-    v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0}, a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
-    kv_walk ahead = {0};
-    int pf = walk_ahead(&ahead, w, 0);
-    for (int64_t t = 0; t <= pos; t++, walk_next(w)) {
-        ahead_next(&ahead, &pf, t);
-        const float *v = walk_f32(w) + off;
-        v16 x0, x1, x2, x3;
-        load16(&x0, v);
-        load16(&x1, v + PV_LANES);
-        load16(&x2, v + 2 * PV_LANES);
-        load16(&x3, v + 3 * PV_LANES);
-        PV_ROW_FMA(0);
-        PV_ROW_FMA(1);
-        PV_ROW_FMA(2);
-        PV_ROW_FMA(3);
+static void pv_rows_f32(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t off, int64_t pos,
+                        const float *const pr[PV_ROWS], v16 acc[PV_ROWS][4]) {
+    const int64_t hd = c->hd, bs = c->block_size;
+    for (int d = 0; d < 4; d++) {
+        v8 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0}, lo2 = {0}, hi2 = {0}, lo3 = {0}, hi3 = {0};
+        for (int64_t b = 0, t = 0; t <= pos; b++) {
+            const float *v = nl_paged_f32_at(c, table[b], l, 1, kh, 0) + off + d * PV_LANES;
+            const float *vn =
+                d == 0 && (b + 1) * bs <= pos ? nl_paged_f32_at(c, table[b + 1], l, 1, kh, 0) + off : NULL;
+            const int64_t n = pos + 1 - t < bs ? pos + 1 - t : bs;
+            for (int64_t sl = 0; sl < n; sl++, t++, v += hd) {
+                if (vn) {
+                    __builtin_prefetch(vn + sl * hd);
+                    __builtin_prefetch(vn + sl * hd + 63);
+                }
+                const v8 x0 = load8(v), x1 = load8(v + 8);
+                PVR_ACC(0);
+                PVR_ACC(1);
+                PVR_ACC(2);
+                PVR_ACC(3);
+            }
+        }
+        const v8 h[2 * PV_ROWS] = {lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3};
+        for (int k = 0; k < PV_ROWS; k++) memcpy(&acc[k][d], &h[2 * k], sizeof acc[k][d]);
     }
-    acc[0][0] = a00, acc[0][1] = a01, acc[0][2] = a02, acc[0][3] = a03;
-    acc[1][0] = a10, acc[1][1] = a11, acc[1][2] = a12, acc[1][3] = a13;
-    acc[2][0] = a20, acc[2][1] = a21, acc[2][2] = a22, acc[2][3] = a23;
-    acc[3][0] = a30, acc[3][1] = a31, acc[3][2] = a32, acc[3][3] = a33;
 }
 
 /* Dimensions g .. g + 63 (lanes[k] of each 16 valid) of the outputs of 2 <= nr <= PV_ROWS tokens
@@ -485,9 +654,10 @@ static void pv_rows(const nl_paged_kv *c, const int32_t *table, int64_t l, int64
     kv_walk w;
     walk_start(&w, c, table, l, 1, kh, 0, pos + nr);
     /* positions 0 .. pos, which all nr tokens see */
-    if (full) /* fp32: the 16 accumulators as named registers (GCC spills an array of them) */
-        pv_rows_f32(&w, g, pos, pr, acc);
-    else
+    if (full) { /* fp32: accumulators in registers, then the walk goes on from pos + 1 */
+        pv_rows_f32(c, table, l, kh, g, pos, pr, acc);
+        walk_start(&w, c, table, l, 1, kh, pos + 1, pos + nr);
+    } else
         for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
             v16 x[4];
             value64(x, &w, g, lanes, full, &scale);
@@ -525,22 +695,26 @@ void nl_paged_attend_rows(const nl_paged_kv *c, const int32_t *table, int64_t l,
     const float scale = 1.0f / sqrtf((float)hd);
     const int int8 = c->dtype == NL_PAGED_INT8;
     float *kt = scratch + nq * row, ks[NL_KV_KTILE];
-    if (nq == 1) { /* a decode: its keys multiplied in registers, no transposed tile in memory */
-        for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE)
-            decode_scores(c, table, l, kh, t0, last, q + h * hd, scale, scratch + t0);
+    if (nq == 1) { /* a decode: fp32 keys read in place, int8 blocks multiplied in registers */
+        if (int8)
+            for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE)
+                decode_scores_i8(c, table, l, kh, t0, last, q + h * hd, scale, scratch + t0);
+        else
+            decode_scores_f32(c, table, l, kh, last, q + h * hd, scale, scratch, kt);
         softmax_rows(scratch, 1, row, pos0);
         pv_decode(c, table, l, kh, pos0, scratch, out);
         return;
     }
     /* scores: row r of the tile (position pos0 + r) needs positions 0..pos0 + r */
     for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE) {
-        key_tile(c, table, l, kh, t0, last, kt, ks);
+        int64_t kst;
+        const float *kp = key_tile(c, table, l, kh, t0, last, kt, ks, &kst);
         for (int64_t r = t0 > pos0 ? t0 - pos0 : 0; r < nq; r += SCORE_Q) {
             const int nr = nq - r < SCORE_Q ? (int)(nq - r) : SCORE_Q;
             if (nr == 1) /* a chunk's last row: one chain, no dropped rows */
-                tile_scores(q + r * q_stride + h * hd, kt, ks, hd, scale, int8, scratch + r * row + t0);
+                tile_scores(q + r * q_stride + h * hd, kp, kst, ks, hd, scale, int8, scratch + r * row + t0);
             else
-                tile_scores_rows(q + r * q_stride + h * hd, q_stride, nr, kt, ks, hd, scale, int8,
+                tile_scores_rows(q + r * q_stride + h * hd, q_stride, nr, kp, kst, ks, hd, scale, int8,
                                  scratch + r * row + t0, row);
         }
     }

@@ -67,7 +67,8 @@ void nl_kvcache_store(nl_kvcache *c, const int32_t *table, int64_t l, int64_t po
             nl_kv_quantize_token(nl_kvcache_codes_at(c, id, l, 1, kh, slot), nl_kvcache_scale_at(c, id, l, 1, kh, slot),
                                  v + kh * hd, 1, hd);
         } else {
-            memcpy(nl_kvcache_f32_at(c, id, l, 0, kh, slot), k + kh * hd, (size_t)hd * sizeof(float));
+            float *kc = nl_paged_key_f32(c, id, l, kh) + slot; /* keys transposed: a column */
+            for (int64_t i = 0; i < hd; i++) kc[i * c->block_size] = k[kh * hd + i];
             memcpy(nl_kvcache_f32_at(c, id, l, 1, kh, slot), v + kh * hd, (size_t)hd * sizeof(float));
         }
     }
@@ -81,8 +82,8 @@ size_t nl_kvcache_seq_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, 
 
 /* One walk for both directions: to_pool 0 copies pool -> buf, 1 copies buf -> pool. The buffer
  * holds row r = (l * 2 + kv) * n + t of all KVH heads (KVH * hd values), then for int8 the
- * scales in the same row order (KVH each): independent of the block size and of the pool's
- * head-major order. */
+ * scales in the same row order (KVH each): independent of the block size, of the pool's
+ * head-major order and of its transposed fp32 keys. */
 static void seq_copy(const nl_kvcache *c, const int32_t *table, int64_t n, uint8_t *buf, int to_pool) {
     const int64_t hd = c->hd, KVH = c->KVH;
     const int int8 = c->dtype == NL_KV_INT8;
@@ -95,6 +96,14 @@ static void seq_copy(const nl_kvcache *c, const int32_t *table, int64_t n, uint8
                 const int64_t slot = t % c->block_size, r = (l * 2 + kv) * n + t;
                 for (int64_t kh = 0; kh < KVH; kh++) {
                     uint8_t *b = buf + (size_t)r * row_bytes + (size_t)kh * head_bytes;
+                    if (!int8 && kv == 0) { /* fp32 keys: a column of the transposed block */
+                        float *col = nl_paged_key_f32(c, id, l, kh) + slot;
+                        for (int64_t i = 0; i < hd; i++) {
+                            uint8_t *e = (uint8_t *)(col + i * c->block_size), *f = b + (size_t)i * sizeof(float);
+                            memcpy(to_pool ? e : f, to_pool ? f : e, sizeof(float));
+                        }
+                        continue;
+                    }
                     uint8_t *p = int8 ? (uint8_t *)nl_kvcache_codes_at(c, id, l, kv, kh, slot)
                                       : (uint8_t *)nl_kvcache_f32_at(c, id, l, kv, kh, slot);
                     memcpy(to_pool ? p : b, to_pool ? b : p, head_bytes);
