@@ -200,7 +200,8 @@ static void attend_rows_equals_one_at_a_time(void **state) {
         }
 }
 
-/* Decode attention (one query) over an fp32 pool against a plain double-precision reference:
+/* Decode attention (one query) over an fp32 and an int8 pool against a plain double-precision
+ * reference (int8: on the codes times their scales, read back through nl_kvcache_gather):
  * the keys are stored transposed in their blocks and read in place in groups of tiles, so block
  * sizes that hold one tile (16), two (32), a tile and a half (24: tiles across blocks, gathered)
  * and less than one (5), contexts that end mid-tile and span several groups of tiles, and heads
@@ -209,50 +210,72 @@ static void decode_matches_reference(void **state) {
     (void)state;
     static const int64_t BSS[] = {5, 16, 24, 32}, HDS[] = {24, 32, 64};
     for (size_t bi = 0; bi < sizeof BSS / sizeof BSS[0]; bi++)
-        for (size_t hi = 0; hi < sizeof HDS / sizeof HDS[0]; hi++) {
-            const int64_t NH = 2, KVH = 1, hd = HDS[hi], bs = BSS[bi], S = 150, nb = (S + bs - 1) / bs;
-            nl_kvcache c;
-            assert_int_equal(nl_kvcache_init(&c, 2, KVH, hd, NL_KV_FP32, bs, 2 * nb + 1), NL_OK);
-            int32_t *table = malloc(sizeof(int32_t) * (size_t)nb);
-            for (int64_t b = 0; b < nb; b++) table[b] = (int32_t)(2 * nb - 2 * b); /* scattered, reversed */
-            float *k = malloc(sizeof(float) * S * hd), *v = malloc(sizeof(float) * S * hd),
-                  *q = malloc(sizeof(float) * NH * hd), out[64];
-            float *scratch = malloc(sizeof(float) * nl_paged_attend_scratch(1, S, hd));
-            uint64_t rng = 99;
-            for (int64_t i = 0; i < S * hd; i++) {
-                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                k[i] = (float)((int64_t)(rng >> 40) % 2001 - 1000) / 1000.0f;
-                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                v[i] = (float)((int64_t)(rng >> 40) % 2001 - 1000) / 1000.0f;
-            }
-            for (int64_t i = 0; i < NH * hd; i++) q[i] = (float)((i * 37) % 23 - 11) / 8.0f;
-            for (int64_t t = 0; t < S; t++) nl_kvcache_store(&c, table, 1, t, k + t * hd, v + t * hd);
-            const int64_t positions[] = {0, 15, 16, 63, 64, 100, 149};
-            for (size_t pi = 0; pi < sizeof positions / sizeof positions[0]; pi++)
-                for (int64_t h = 0; h < NH; h++) {
-                    const int64_t pos = positions[pi];
-                    nl_paged_attend_head(&c, table, 1, pos, q, NH, h, out, scratch);
-                    double sc[150], mx = -1e300, sum = 0;
-                    for (int64_t t = 0; t <= pos; t++) {
-                        sc[t] = 0;
-                        for (int64_t i = 0; i < hd; i++) sc[t] += (double)q[h * hd + i] * k[t * hd + i];
-                        sc[t] /= sqrt((double)hd);
-                        mx = sc[t] > mx ? sc[t] : mx;
-                    }
-                    for (int64_t t = 0; t <= pos; t++) sum += (sc[t] = exp(sc[t] - mx));
-                    for (int64_t i = 0; i < hd; i++) {
-                        double o = 0;
-                        for (int64_t t = 0; t <= pos; t++) o += sc[t] / sum * v[t * hd + i];
-                        assert_true(fabs(out[i] - o) <= 1e-5 * (1 + fabs(o)));
-                    }
+        for (size_t hi = 0; hi < sizeof HDS / sizeof HDS[0]; hi++)
+            for (int dt = 0; dt <= 1; dt++) {
+                const int64_t NH = 2, KVH = 1, hd = HDS[hi], bs = BSS[bi], S = 150, nb = (S + bs - 1) / bs;
+                nl_kvcache c;
+                assert_int_equal(nl_kvcache_init(&c, 2, KVH, hd, (nl_kv_dtype)dt, bs, 2 * nb + 1), NL_OK);
+                int32_t *table = malloc(sizeof(int32_t) * (size_t)nb);
+                for (int64_t b = 0; b < nb; b++) table[b] = (int32_t)(2 * nb - 2 * b); /* scattered, reversed */
+                float *k = malloc(sizeof(float) * S * hd), *v = malloc(sizeof(float) * S * hd),
+                      *q = malloc(sizeof(float) * NH * hd), out[64];
+                float *scratch = malloc(sizeof(float) * nl_paged_attend_scratch(1, S, hd));
+                uint64_t rng = 99;
+                for (int64_t i = 0; i < S * hd; i++) {
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    k[i] = (float)((int64_t)(rng >> 40) % 2001 - 1000) / 1000.0f;
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    v[i] = (float)((int64_t)(rng >> 40) % 2001 - 1000) / 1000.0f;
                 }
-            free(table);
-            free(k);
-            free(v);
-            free(q);
-            free(scratch);
-            nl_kvcache_free(&c);
-        }
+                for (int64_t i = 0; i < NH * hd; i++) q[i] = (float)((i * 37) % 23 - 11) / 8.0f;
+                for (int64_t t = 0; t < S; t++) nl_kvcache_store(&c, table, 1, t, k + t * hd, v + t * hd);
+                if (dt == NL_KV_INT8) { /* the reference sees what the pool holds */
+                    uint8_t *g = malloc(nl_kvcache_seq_bytes(2, KVH, hd, NL_KV_INT8, S));
+                    nl_kvcache_gather(&c, table, S, g);
+                    const uint8_t *sc = g + (size_t)(2 * 2 * S * hd); /* rows (l * 2 + kv) * S + t */
+                    for (int kv = 0; kv < 2; kv++)
+                        for (int64_t t = 0; t < S; t++) {
+                            const int64_t r = (1 * 2 + kv) * S + t;
+                            uint16_t h;
+                            memcpy(&h, sc + r * 2, 2);
+                            uint32_t code = h;
+                            const float step = nl_fmt_decode(NL_FMT_FP16, code);
+                            int8_t want[64];
+                            uint16_t want_scale;
+                            nl_kv_quantize_token(want, &want_scale, (kv ? v : k) + t * hd, 1, hd);
+                            assert_int_equal(want_scale, h); /* the store kept the token's codes */
+                            assert_memory_equal(want, g + r * hd, (size_t)hd);
+                            for (int64_t i = 0; i < hd; i++)
+                                (kv ? v : k)[t * hd + i] = (float)(int8_t)g[r * hd + i] * step;
+                        }
+                    free(g);
+                }
+                const int64_t positions[] = {0, 15, 16, 63, 64, 100, 149};
+                for (size_t pi = 0; pi < sizeof positions / sizeof positions[0]; pi++)
+                    for (int64_t h = 0; h < NH; h++) {
+                        const int64_t pos = positions[pi];
+                        nl_paged_attend_head(&c, table, 1, pos, q, NH, h, out, scratch);
+                        double sc[150], mx = -1e300, sum = 0;
+                        for (int64_t t = 0; t <= pos; t++) {
+                            sc[t] = 0;
+                            for (int64_t i = 0; i < hd; i++) sc[t] += (double)q[h * hd + i] * k[t * hd + i];
+                            sc[t] /= sqrt((double)hd);
+                            mx = sc[t] > mx ? sc[t] : mx;
+                        }
+                        for (int64_t t = 0; t <= pos; t++) sum += (sc[t] = exp(sc[t] - mx));
+                        for (int64_t i = 0; i < hd; i++) {
+                            double o = 0;
+                            for (int64_t t = 0; t <= pos; t++) o += sc[t] / sum * v[t * hd + i];
+                            assert_true(fabs(out[i] - o) <= 1e-5 * (1 + fabs(o)));
+                        }
+                    }
+                free(table);
+                free(k);
+                free(v);
+                free(q);
+                free(scratch);
+                nl_kvcache_free(&c);
+            }
 }
 
 int main(void) {

@@ -28,6 +28,9 @@ size_t nl_kvcache_block_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt
  * unknown type, NL_ERR_NOMEM naming the bytes asked for. */
 nl_status nl_kvcache_init(nl_kvcache *c, int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, int64_t block_size,
                           int64_t n_blocks);
+/* The widest head an int8 pool takes (a key is quantized on the stack before it is stored
+ * transposed); real models' heads are 64-256. */
+#define NL_KVCACHE_INT8_MAX_HD 1024
 /* Frees the pool; safe on a zeroed struct. */
 void nl_kvcache_free(nl_kvcache *c);
 /* The pool's rows (nanolm/paged_attention.h). */

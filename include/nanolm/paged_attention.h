@@ -7,10 +7,11 @@
  *         except that the keys of one kv head in a block are stored transposed, (hd, block_size):
  *         dimension i of the block's positions is one run (nl_paged_key_f32)
  *   int8  codes (n_blocks, L, 2, KVH, block_size, hd) and scales (n_blocks, L, 2, KVH, block_size)
- *         (absmax per head and token, fp16 scale: the int8 KV format of nanolm/model.h).
+ *         (absmax per head and token, fp16 scale: the int8 KV format of nanolm/model.h), the key
+ *         codes transposed in the same way (nl_paged_key_codes).
  * Head-major within a block: the block_size positions of one kv head are one contiguous run, so
  * the attention of one head, which walks its positions in order, reads memory sequentially.
- * fp32 keys are dimension-major within that run because a score is a sum over dimensions in
+ * Keys are dimension-major within that run because a score is a sum over dimensions in
  * order: with 16 positions of a dimension side by side, 16 scores advance with one vector load
  * and no transpose (vLLM stores its key cache in the same spirit, head_size / x, block_size, x).
  * A sequence is a block table (its blocks in position order): position p lives in block
@@ -50,9 +51,16 @@ static inline float *nl_paged_f32_at(const nl_paged_kv *c, int32_t id, int64_t l
 static inline float *nl_paged_key_f32(const nl_paged_kv *c, int32_t id, int64_t l, int64_t kh) {
     return nl_paged_f32_at(c, id, l, 0, kh, 0);
 }
-/* int8 codes (hd) and fp16 scale of K (kv = 0) or V (kv = 1) at a slot, one row per position. */
+/* int8 codes of V (kv = 1) at a slot (hd, the next slot's follow), and the fp16 scale of K (kv =
+ * 0) or V at a slot. With kv = 0 and slot 0: where that head's transposed key codes start
+ * (nl_paged_key_codes). */
 static inline int8_t *nl_paged_codes_at(const nl_paged_kv *c, int32_t id, int64_t l, int kv, int64_t kh, int64_t slot) {
     return c->codes + (((((int64_t)id * c->L + l) * 2 + kv) * c->KVH + kh) * c->block_size + slot) * c->hd;
+}
+/* int8 keys of kv head kh in block id, layer l, transposed as fp32 keys are: dimension i of the
+ * position at `slot` is nl_paged_key_codes(..)[i * block_size + slot]. */
+static inline int8_t *nl_paged_key_codes(const nl_paged_kv *c, int32_t id, int64_t l, int64_t kh) {
+    return nl_paged_codes_at(c, id, l, 0, kh, 0);
 }
 static inline uint16_t *nl_paged_scale_at(const nl_paged_kv *c, int32_t id, int64_t l, int kv, int64_t kh,
                                           int64_t slot) {

@@ -133,100 +133,76 @@ static inline __attribute__((always_inline)) void transpose16(v16 m[16]) {
     T16_ROUND(m, 8)
 }
 
-/* The rows of positions t0 .. min(t0 + 15, last) of kv head kh's keys (fp32 rows in rf; int8
- * codes in rc and fp16 scales in ks, zero past the last): their count, *w left at the next
- * position. */
-static inline int tile_rows(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0, int64_t last,
-                            kv_walk *w, const float *rf[NL_KV_KTILE], const int8_t *rc[NL_KV_KTILE], float *ks) {
-    int n = 0;
-    walk_start(w, c, table, l, 0, kh, t0, last + 1);
-    for (; n < NL_KV_KTILE && t0 + n <= last; n++, walk_next(w)) {
-        if (c->dtype == NL_PAGED_INT8) {
-            rc[n] = walk_codes(w);
-            ks[n] = walk_scale(w);
-        } else
-            rf[n] = walk_f32(w);
-    }
-    for (int j = n; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
-    return n;
-}
-/* Dimensions i0 .. i0 + lanes - 1 of the n rows as m[0..15] (rows past n zero). */
-static inline void block_rows(v16 m[NL_KV_KTILE], int n, int int8, const float *const rf[NL_KV_KTILE],
-                              const int8_t *const rc[NL_KV_KTILE], int64_t i0, int64_t lanes) {
-    for (int j = 0; j < NL_KV_KTILE; j++) {
-        if (j >= n)
-            m[j] = (v16){0};
-        else if (int8)
-            row16_i8(&m[j], rc[j] + i0, lanes);
-        else
-            row16_f32(&m[j], rf[j] + i0, lanes);
-    }
-}
-
-/* The keys of one 16-position tile of an fp32 pool, positions t0 .. t0 + n - 1 (n <= 16), as 16
- * lanes per dimension: dimension i at the returned pointer + i * *stride. When the 16 slots from
- * t0's lie in t0's block (always with the default block of 16, whose keys are one tile) they are
- * read in place; lanes past n are then slots not written for this sequence, whose scores nothing
- * reads. Otherwise (a block size that is not a multiple of 16) they are gathered into buf (hd x
- * 16, zero past n) and *stride is 16. */
+/* The keys of one 16-position tile, positions t0 .. t0 + n - 1 (n <= 16), as 16 float lanes per
+ * dimension: dimension i at the returned pointer + i * *stride; for an int8 pool the keys' fp16
+ * scales in ks[j] (0 past n), for fp32 ks is all 0. Keys are stored transposed in their blocks
+ * (nanolm/paged_attention.h). When the 16 slots from t0's lie in t0's block (always with the
+ * default block of 16, whose keys are one tile), fp32 keys are read in place and int8 codes are
+ * widened from it into buf; lanes past n are then slots not written for this sequence, whose
+ * scores nothing reads (int8: times a scale of 0). Otherwise (a block size that is not a multiple
+ * of 16) they are gathered into buf, zero past n. buf: hd x 16 floats. */
 static inline const float *key_lanes(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0,
-                                     int64_t n, float *buf, int64_t *stride) {
+                                     int64_t n, float *buf, int64_t *stride, float *ks) {
     const int64_t bs = c->block_size, hd = c->hd, s0 = t0 % bs;
-    if (s0 + NL_KV_KTILE <= bs) {
-        *stride = bs;
-        return nl_paged_key_f32(c, table[t0 / bs], l, kh) + s0;
-    }
-    for (int64_t j = 0; j < NL_KV_KTILE; j++) {
-        const float *col = j < n ? nl_paged_key_f32(c, table[(t0 + j) / bs], l, kh) + (t0 + j) % bs : NULL;
-        for (int64_t i = 0; i < hd; i++) buf[i * NL_KV_KTILE + j] = col ? col[i * bs] : 0.0f;
+    const int in_place = s0 + NL_KV_KTILE <= bs;
+    if (c->dtype != NL_PAGED_INT8) {
+        for (int j = 0; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
+        if (in_place) {
+            *stride = bs;
+            return nl_paged_key_f32(c, table[t0 / bs], l, kh) + s0;
+        }
+        for (int64_t j = 0; j < NL_KV_KTILE; j++) {
+            const float *col = j < n ? nl_paged_key_f32(c, table[(t0 + j) / bs], l, kh) + (t0 + j) % bs : NULL;
+            for (int64_t i = 0; i < hd; i++) buf[i * NL_KV_KTILE + j] = col ? col[i * bs] : 0.0f;
+        }
+    } else {
+        for (int64_t j = 0; j < NL_KV_KTILE; j++)
+            ks[j] =
+                j < n ? nl_st_f16_to_f32(*nl_paged_scale_at(c, table[(t0 + j) / bs], l, 0, kh, (t0 + j) % bs)) : 0.0f;
+        if (in_place) {
+            const int8_t *codes = nl_paged_key_codes(c, table[t0 / bs], l, kh) + s0;
+            for (int64_t i = 0; i < hd; i++) {
+                c16 b;
+                memcpy(&b, codes + i * bs, sizeof b);
+                const v16 f = __builtin_convertvector(b, v16);
+                memcpy(buf + i * NL_KV_KTILE, &f, sizeof f);
+            }
+        } else
+            for (int64_t j = 0; j < NL_KV_KTILE; j++) {
+                const int8_t *col = j < n ? nl_paged_key_codes(c, table[(t0 + j) / bs], l, kh) + (t0 + j) % bs : NULL;
+                for (int64_t i = 0; i < hd; i++) buf[i * NL_KV_KTILE + j] = col ? (float)col[i * bs] : 0.0f;
+            }
     }
     *stride = NL_KV_KTILE;
     return buf;
 }
-/* Asks for the cache lines of an fp32 key tile read in place (one line per dimension with the
- * default block). */
+/* Asks for the cache lines of a key tile stored in place (fp32: a line per dimension with the
+ * default block; int8: the block's codes and scales). */
 static inline void key_prefetch(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0) {
     const int64_t bs = c->block_size, s0 = t0 % bs;
     if (s0 + NL_KV_KTILE > bs) return;
+    if (c->dtype == NL_PAGED_INT8) {
+        const int8_t *p = nl_paged_key_codes(c, table[t0 / bs], l, kh) + s0;
+        for (int64_t i = 0; i < c->hd; i += 64 / NL_KV_KTILE) __builtin_prefetch(p + i * bs);
+        __builtin_prefetch(nl_paged_scale_at(c, table[t0 / bs], l, 0, kh, s0));
+        return;
+    }
     const float *p = nl_paged_key_f32(c, table[t0 / bs], l, kh) + s0;
     for (int64_t i = 0; i < c->hd; i++) __builtin_prefetch(p + i * bs);
 }
 
-/* Keys of one 16-position tile, transposed: dimension i of positions t0 + j at the returned
- * pointer + i * *stride + j (an fp32 pool's keys in place, key_lanes; an int8 pool's codes widened
- * into kt, stride 16, their fp16 scales in ks[j]). Positions past `last` are zero for int8. Each
- * int8 16 x 16 block (16 positions x 16 dimensions) is loaded as 16 vectors and transposed in
- * registers. */
+/* The keys of one 16-position tile as key_lanes gives them, with this tile's values (wanted by
+ * the weighted sum after the softmax) and the next tile's keys (wanted after this tile's scores)
+ * asked for: by then they are in cache, where a walk that waited on each block would run at a
+ * fraction of the memory's speed. */
 static const float *key_tile(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0,
                              int64_t last, float *kt, float *ks, int64_t *stride) {
-    const int64_t hd = c->hd;
-    const int int8 = c->dtype == NL_PAGED_INT8;
-    /* this tile's values, wanted by the weighted sum after the softmax, and the next tile's keys,
-     * wanted after this tile's scores: by then they are in cache, where a walk that waited on
-     * each block would run at a fraction of the memory's speed */
     const int64_t n_here = last - t0 + 1 < NL_KV_KTILE ? last - t0 + 1 : NL_KV_KTILE;
     kv_walk v;
     walk_start(&v, c, table, l, 1, kh, t0, last + 1);
     for (int64_t j = 0; j < n_here; j++, walk_next(&v)) walk_prefetch(&v);
-    if (!int8) {
-        if (t0 + NL_KV_KTILE <= last) key_prefetch(c, table, l, kh, t0 + NL_KV_KTILE);
-        for (int j = 0; j < NL_KV_KTILE; j++) ks[j] = 0.0f;
-        return key_lanes(c, table, l, kh, t0, n_here, kt, stride);
-    }
-    const float *rf[NL_KV_KTILE];
-    const int8_t *rc[NL_KV_KTILE];
-    kv_walk w;
-    const int n = tile_rows(c, table, l, kh, t0, last, &w, rf, rc, ks);
-    for (int j = 0; j < NL_KV_KTILE && t0 + n + j <= last; j++, walk_next(&w)) walk_prefetch(&w);
-    for (int64_t i0 = 0; i0 < hd; i0 += NL_KV_KTILE) {
-        const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
-        v16 m[NL_KV_KTILE];
-        block_rows(m, n, int8, rf, rc, i0, lanes);
-        transpose16(m);
-        for (int64_t i = 0; i < lanes; i++) memcpy(kt + (i0 + i) * NL_KV_KTILE, &m[i], sizeof m[i]);
-    }
-    *stride = NL_KV_KTILE;
-    return kt;
+    if (t0 + NL_KV_KTILE <= last) key_prefetch(c, table, l, kh, t0 + NL_KV_KTILE);
+    return key_lanes(c, table, l, kh, t0, n_here, kt, stride, ks);
 }
 
 /* Scores of query q (hd) against a transposed key tile: a[j] = (sum over i, in order, of
@@ -247,39 +223,6 @@ static void tile_scores(const float *q, const float *kt, int64_t kst, const floa
     }
     score_out(&sc, ks, scale, int8, a);
 }
-
-/* One query's scores against positions t0 .. last (at most one tile) of an int8 pool: a[j] =
- * (sum over i, in order, of q[i] * k[t0 + j][i]) * key scale * scale, as tile_scores over
- * key_tile's transposed codes, but each 16 x 16 block is multiplied while it is in registers.
- * The prefetches of the next tile's keys and of this tile's values are spread over the blocks,
- * so that they do not stall the loads of this one all at once. */
-static void decode_scores_i8(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0,
-                             int64_t last, const float *q, float scale, float *a) {
-    const int64_t hd = c->hd;
-    const float *rf[NL_KV_KTILE];
-    const int8_t *rc[NL_KV_KTILE];
-    float ks[NL_KV_KTILE];
-    kv_walk w;
-    const int n = tile_rows(c, table, l, kh, t0, last, &w, rf, rc, ks);
-    const int64_t n_next = last - (t0 + n) + 1 < NL_KV_KTILE ? last - (t0 + n) + 1 : NL_KV_KTILE;
-    kv_walk v;
-    walk_start(&v, c, table, l, 1, kh, t0, last + 1);
-    const int64_t blocks = (hd + NL_KV_KTILE - 1) / NL_KV_KTILE;
-    int64_t pk = 0, pv = 0;
-    v16 sc = {0};
-    for (int64_t i0 = 0, b = 0; i0 < hd; i0 += NL_KV_KTILE, b++) {
-        const int64_t upto = (b + 1) * NL_KV_KTILE / blocks;
-        for (; pk < upto && pk < n_next; pk++, walk_next(&w)) walk_prefetch(&w);
-        for (; pv < upto && pv < n; pv++, walk_next(&v)) walk_prefetch(&v);
-        const int64_t lanes = hd - i0 < NL_KV_KTILE ? hd - i0 : NL_KV_KTILE;
-        v16 m[NL_KV_KTILE];
-        block_rows(m, n, 1, rf, rc, i0, lanes);
-        transpose16(m);
-        for (int64_t i = 0; i < lanes; i++) sc += q[i0 + i] * m[i];
-    }
-    score_out(&sc, ks, scale, 1, a);
-}
-
 
 /* The scores of NT (1 .. NL_KV_DTILES) key tiles of an fp32 pool for one query: tile g's 16
  * lanes of dimension i at p[g] + i * st[g]; out + 16 g its 16 sums over i in order, each the
@@ -310,27 +253,32 @@ dtiles(const float *const p[NL_KV_DTILES], const int64_t st[NL_KV_DTILES], const
     memcpy(out, acc, sizeof(float) * 16 * (size_t)NT);
 }
 
-/* One query's scores against positions 0 .. last of an fp32 pool: a[t] = (sum over i, in order,
- * of q[i] * k[t][i]) * scale, NL_KV_DTILES tiles of 16 positions at a time straight from the
- * transposed keys (no transpose, no dependent chain of one tile). The next group's keys and this
- * group's values (read by the weighted sum after the softmax) are prefetched as it goes.
- * buf: NL_KV_DTILES x hd x 16 floats for tiles gathered across blocks. */
-static void decode_scores_f32(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t last,
-                              const float *q, float scale, float *a, float *buf) {
-    const int64_t hd = c->hd, n_pos = last + 1, group = NL_KV_DTILES * NL_KV_KTILE;
+/* One query's scores against positions 0 .. last: a[t] = (sum over i, in order, of q[i] *
+ * k[t][i]) * scale (times the key's fp16 scale first for an int8 pool), NL_KV_DTILES tiles of 16
+ * positions at a time from the transposed keys (fp32 in place, int8 widened: no transpose, no
+ * dependent chain of one tile). The next group's keys and this group's values (read by the
+ * weighted sum after the softmax) are prefetched as it goes. buf: NL_KV_DTILES x hd x 16 floats. */
+static void decode_scores(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t last,
+                          const float *q, float scale, float *a, float *buf) {
+    const int64_t hd = c->hd, n_pos = last + 1, group = NL_KV_DTILES * NL_KV_KTILE, bs = c->block_size;
+    const int int8 = c->dtype == NL_PAGED_INT8;
     const float *p[NL_KV_DTILES], *pn[NL_KV_DTILES] = {NULL, NULL, NULL, NULL};
     int64_t st[NL_KV_DTILES], stn[NL_KV_DTILES] = {0, 0, 0, 0};
+    float ks[NL_KV_DTILES][NL_KV_KTILE];
     for (int64_t t0 = 0; t0 < n_pos; t0 += group) {
         int nt = 0;
         for (; nt < NL_KV_DTILES && t0 + nt * NL_KV_KTILE < n_pos; nt++) {
             const int64_t tt = t0 + nt * NL_KV_KTILE, n = n_pos - tt < NL_KV_KTILE ? n_pos - tt : NL_KV_KTILE;
-            p[nt] = key_lanes(c, table, l, kh, tt, n, buf + nt * hd * NL_KV_KTILE, &st[nt]);
+            p[nt] = key_lanes(c, table, l, kh, tt, n, buf + nt * hd * NL_KV_KTILE, &st[nt], ks[nt]);
         }
         for (int g = nt; g < NL_KV_DTILES; g++) p[g] = p[0], st[g] = st[0];
-        for (int g = 0; g < NL_KV_DTILES; g++) { /* the next group's tiles read in place */
-            const int64_t tt = t0 + group + g * NL_KV_KTILE, bs = c->block_size;
+        for (int g = 0; g < NL_KV_DTILES; g++) { /* the next group's tiles: fp32 read in place as it goes */
+            const int64_t tt = t0 + group + g * NL_KV_KTILE;
             pn[g] = NULL;
-            if (tt < n_pos && tt % bs + NL_KV_KTILE <= bs) {
+            if (tt >= n_pos) continue;
+            if (int8)
+                key_prefetch(c, table, l, kh, tt);
+            else if (tt % bs + NL_KV_KTILE <= bs) {
                 pn[g] = nl_paged_key_f32(c, table[tt / bs], l, kh) + tt % bs;
                 stn[g] = bs;
             }
@@ -347,7 +295,11 @@ static void decode_scores_f32(const nl_paged_kv *c, const int32_t *table, int64_
             dtiles(p, st, pn, stn, q, hd, 2, sc);
         else
             dtiles(p, st, pn, stn, q, hd, 1, sc);
-        for (int64_t j = 0; j < nt * NL_KV_KTILE; j++) a[t0 + j] = sc[j] * scale;
+        for (int g = 0; g < nt; g++)
+            for (int j = 0; j < NL_KV_KTILE; j++) {
+                const float o = sc[g * NL_KV_KTILE + j];
+                a[t0 + g * NL_KV_KTILE + j] = int8 ? o * ks[g][j] * scale : o * scale;
+            }
     }
 }
 
@@ -490,25 +442,45 @@ static inline void ahead_next(kv_walk *a, int *pf, int64_t t) {
     if ((*pf = t + 1 + KV_AHEAD < a->end)) walk_next(a);
 }
 
-/* pv_decode's sums for an fp32 pool, dimensions g .. g + 8 NV - 1 (all present): NV (4 or 8)
- * register accumulators of 8 floats, the table walked a block at a time (the rows of one head in
- * a block are consecutive), the next block's row of the same slot prefetched as each is read. */
-#define PV_ACC(j) a##j += pt * load8(v + 8 * (j))
-static inline __attribute__((always_inline)) void pv_f32(const nl_paged_kv *c, const int32_t *table, int64_t l,
-                                                         int64_t kh, int64_t pos, const float *p, int64_t g,
-                                                         const int NV, float *out) {
+/* 8 int8 codes widened to floats. */
+typedef int8_t c8 __attribute__((vector_size(8)));
+static inline v8 widen8(const int8_t *p) {
+    c8 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, v8);
+}
+/* A value row's 8 floats at dimension offset d: fp32 in place, or int8 codes widened. */
+#define PV_X(d) (I8 ? widen8(vc + (d)) : load8(vf + (d)))
+
+/* pv_decode's sums, dimensions g .. g + 8 NV - 1 (all present): NV (4 or 8) register
+ * accumulators of 8 floats, the table walked a block at a time (the rows of one head in a block
+ * are consecutive), the next block's row of the same slot prefetched as each is read. I8: an
+ * int8 pool (p times the value's fp16 scale, as pv_decode). */
+#define PV_ACC(j) a##j += pt * PV_X(8 * (j))
+static inline __attribute__((always_inline)) void pv_block(const nl_paged_kv *c, const int32_t *table, int64_t l,
+                                                           int64_t kh, int64_t pos, const float *p, int64_t g,
+                                                           const int NV, const int I8, float *out) {
     const int64_t hd = c->hd, bs = c->block_size;
+    const int64_t esz = I8 ? 1 : (int64_t)sizeof(float);
     v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
     for (int64_t b = 0, t = 0; t <= pos; b++) {
-        const float *v = nl_paged_f32_at(c, table[b], l, 1, kh, 0) + g;
-        const float *vn = (b + 1) * bs <= pos ? nl_paged_f32_at(c, table[b + 1], l, 1, kh, 0) + g : NULL;
+        const char *row = I8 ? (const char *)nl_paged_codes_at(c, table[b], l, 1, kh, 0)
+                             : (const char *)nl_paged_f32_at(c, table[b], l, 1, kh, 0);
+        const uint16_t *sc = I8 ? nl_paged_scale_at(c, table[b], l, 1, kh, 0) : NULL;
+        const char *rn = NULL;
+        if ((b + 1) * bs <= pos)
+            rn = I8 ? (const char *)nl_paged_codes_at(c, table[b + 1], l, 1, kh, 0)
+                    : (const char *)nl_paged_f32_at(c, table[b + 1], l, 1, kh, 0);
         const int64_t n = pos + 1 - t < bs ? pos + 1 - t : bs;
-        for (int64_t sl = 0; sl < n; sl++, t++, v += hd) {
-            if (vn) {
-                __builtin_prefetch(vn + sl * hd);
-                __builtin_prefetch(vn + sl * hd + 8 * NV - 1);
+        for (int64_t sl = 0; sl < n; sl++, t++) {
+            const char *r = row + (sl * hd + g) * esz;
+            const float *vf = (const float *)(const void *)r;
+            const int8_t *vc = (const int8_t *)r;
+            if (rn) {
+                __builtin_prefetch(rn + (sl * hd + g) * esz);
+                __builtin_prefetch(rn + (sl * hd + g) * esz + 8 * NV * esz - 1);
             }
-            const float pt = p[t];
+            const float pt = I8 ? p[t] * nl_st_f16_to_f32(sc[sl]) : p[t];
             PV_ACC(0);
             PV_ACC(1);
             PV_ACC(2);
@@ -535,12 +507,15 @@ static void pv_decode(const nl_paged_kv *c, const int32_t *table, int64_t l, int
     const int64_t hd = c->hd;
     const int int8 = c->dtype == NL_PAGED_INT8;
     for (int64_t g = 0; g < hd; g += 4 * PV_LANES) {
-        if (!int8 && hd - g >= 64) {
-            pv_f32(c, table, l, kh, pos, p, g, 8, out + g);
-            continue;
-        }
-        if (!int8 && hd - g == 32) {
-            pv_f32(c, table, l, kh, pos, p, g, 4, out + g);
+        if (hd - g >= 64 || hd - g == 32) { /* whole groups of 64 or a last 32 */
+            if (int8 && hd - g >= 64)
+                pv_block(c, table, l, kh, pos, p, g, 8, 1, out + g);
+            else if (int8)
+                pv_block(c, table, l, kh, pos, p, g, 4, 1, out + g);
+            else if (hd - g >= 64)
+                pv_block(c, table, l, kh, pos, p, g, 8, 0, out + g);
+            else
+                pv_block(c, table, l, kh, pos, p, g, 4, 0, out + g);
             continue;
         }
         int64_t lanes[4];
@@ -600,31 +575,42 @@ static void pv_decode(const nl_paged_kv *c, const int32_t *table, int64_t l, int
     }
 }
 
-/* pv_rows' sums over positions 0 .. pos of an fp32 pool with all 64 dimensions present: acc[k][d]
- * += pr[k][t] * v[t][off + 16 d ..]. Sixteen dimensions at a time for the 4 tokens (8 register
- * accumulators of 8 floats; 64-byte ones would spill on AVX2), the table walked a block at a
- * time; the first pass prefetches the next block's rows, the later ones find them in cache. */
+/* pv_rows' sums over positions 0 .. pos with all 64 dimensions present: acc[k][d] += pr[k][t] *
+ * v[t][off + 16 d ..] (pr times the value's fp16 scale for an int8 pool, I8). Sixteen dimensions
+ * at a time for the 4 tokens (8 register accumulators of 8 floats; 64-byte ones would spill on
+ * AVX2), the table walked a block at a time; the first pass prefetches the next block's rows, the
+ * later ones find them in cache. */
 #define PVR_ACC(k)                                                                                                     \
     do {                                                                                                               \
-        const float pt = pr[k][t];                                                                                     \
+        const float pt = I8 ? pr[k][t] * s : pr[k][t];                                                                 \
         lo##k += pt * x0, hi##k += pt * x1;                                                                            \
     } while (0)
-static void pv_rows_f32(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t off, int64_t pos,
-                        const float *const pr[PV_ROWS], v16 acc[PV_ROWS][4]) {
-    const int64_t hd = c->hd, bs = c->block_size;
+static inline __attribute__((always_inline)) void pv_rows_block(const nl_paged_kv *c, const int32_t *table, int64_t l,
+                                                                int64_t kh, int64_t off, int64_t pos,
+                                                                const float *const pr[PV_ROWS], v16 acc[PV_ROWS][4],
+                                                                const int I8) {
+    const int64_t hd = c->hd, bs = c->block_size, esz = I8 ? 1 : (int64_t)sizeof(float);
     for (int d = 0; d < 4; d++) {
         v8 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0}, lo2 = {0}, hi2 = {0}, lo3 = {0}, hi3 = {0};
         for (int64_t b = 0, t = 0; t <= pos; b++) {
-            const float *v = nl_paged_f32_at(c, table[b], l, 1, kh, 0) + off + d * PV_LANES;
-            const float *vn =
-                d == 0 && (b + 1) * bs <= pos ? nl_paged_f32_at(c, table[b + 1], l, 1, kh, 0) + off : NULL;
+            const char *row = I8 ? (const char *)nl_paged_codes_at(c, table[b], l, 1, kh, 0)
+                                 : (const char *)nl_paged_f32_at(c, table[b], l, 1, kh, 0);
+            const uint16_t *sc = I8 ? nl_paged_scale_at(c, table[b], l, 1, kh, 0) : NULL;
+            const char *rn = NULL;
+            if (d == 0 && (b + 1) * bs <= pos)
+                rn = I8 ? (const char *)nl_paged_codes_at(c, table[b + 1], l, 1, kh, 0)
+                        : (const char *)nl_paged_f32_at(c, table[b + 1], l, 1, kh, 0);
             const int64_t n = pos + 1 - t < bs ? pos + 1 - t : bs;
-            for (int64_t sl = 0; sl < n; sl++, t++, v += hd) {
-                if (vn) {
-                    __builtin_prefetch(vn + sl * hd);
-                    __builtin_prefetch(vn + sl * hd + 63);
+            for (int64_t sl = 0; sl < n; sl++, t++) {
+                const char *r = row + (sl * hd + off + d * PV_LANES) * esz;
+                const float *vf = (const float *)(const void *)r;
+                const int8_t *vc = (const int8_t *)r;
+                if (rn) {
+                    __builtin_prefetch(rn + (sl * hd + off) * esz);
+                    __builtin_prefetch(rn + (sl * hd + off) * esz + 64 * esz - 1);
                 }
-                const v8 x0 = load8(v), x1 = load8(v + 8);
+                const float s = I8 ? nl_st_f16_to_f32(sc[sl]) : 1.0f;
+                const v8 x0 = PV_X(0), x1 = PV_X(8);
                 PVR_ACC(0);
                 PVR_ACC(1);
                 PVR_ACC(2);
@@ -644,7 +630,7 @@ static void pv_rows_f32(const nl_paged_kv *c, const int32_t *table, int64_t l, i
  * walked once per group of 64 dimensions. */
 static void pv_rows(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t pos, int nr, int64_t g,
                     const int64_t lanes[4], const float *p, int64_t row, float *out, int64_t out_stride) {
-    const int int8 = c->dtype == NL_PAGED_INT8, full = !int8 && lanes[3] == PV_LANES;
+    const int int8 = c->dtype == NL_PAGED_INT8, full = !int8 && lanes[3] == PV_LANES, whole = lanes[3] == PV_LANES;
     /* rows past nr read row 0's weights and are dropped */
     const float *pr[PV_ROWS];
     for (int k = 0; k < PV_ROWS; k++) pr[k] = p + (k < nr ? k : 0) * row;
@@ -654,8 +640,11 @@ static void pv_rows(const nl_paged_kv *c, const int32_t *table, int64_t l, int64
     kv_walk w;
     walk_start(&w, c, table, l, 1, kh, 0, pos + nr);
     /* positions 0 .. pos, which all nr tokens see */
-    if (full) { /* fp32: accumulators in registers, then the walk goes on from pos + 1 */
-        pv_rows_f32(c, table, l, kh, g, pos, pr, acc);
+    if (whole) { /* accumulators in registers, then the walk goes on from pos + 1 */
+        if (int8)
+            pv_rows_block(c, table, l, kh, g, pos, pr, acc, 1);
+        else
+            pv_rows_block(c, table, l, kh, g, pos, pr, acc, 0);
         walk_start(&w, c, table, l, 1, kh, pos + 1, pos + nr);
     } else
         for (int64_t t = 0; t <= pos; t++, walk_next(&w)) {
@@ -696,11 +685,7 @@ void nl_paged_attend_rows(const nl_paged_kv *c, const int32_t *table, int64_t l,
     const int int8 = c->dtype == NL_PAGED_INT8;
     float *kt = scratch + nq * row, ks[NL_KV_KTILE];
     if (nq == 1) { /* a decode: fp32 keys read in place, int8 blocks multiplied in registers */
-        if (int8)
-            for (int64_t t0 = 0; t0 < n_pos; t0 += NL_KV_KTILE)
-                decode_scores_i8(c, table, l, kh, t0, last, q + h * hd, scale, scratch + t0);
-        else
-            decode_scores_f32(c, table, l, kh, last, q + h * hd, scale, scratch, kt);
+        decode_scores(c, table, l, kh, last, q + h * hd, scale, scratch, kt);
         softmax_rows(scratch, 1, row, pos0);
         pv_decode(c, table, l, kh, pos0, scratch, out);
         return;

@@ -24,6 +24,9 @@ nl_status nl_kvcache_init(nl_kvcache *c, int64_t L, int64_t KVH, int64_t hd, nl_
                        (long long)L, (long long)KVH, (long long)hd, (long long)block_size, (long long)n_blocks);
     if (n_blocks > INT32_MAX) return nl_fail(NL_ERR_RANGE, "KV cache: %lld blocks is too many", (long long)n_blocks);
     if (dt != NL_KV_FP32 && dt != NL_KV_INT8) return nl_fail(NL_ERR_INVALID, "KV cache: unknown type %d", (int)dt);
+    if (dt == NL_KV_INT8 && hd > NL_KVCACHE_INT8_MAX_HD)
+        return nl_fail(NL_ERR_INVALID, "KV cache: an int8 cache takes heads of at most %d dimensions, got %lld",
+                       NL_KVCACHE_INT8_MAX_HD, (long long)hd);
     c->L = L;
     c->KVH = KVH;
     c->hd = hd;
@@ -61,9 +64,10 @@ void nl_kvcache_store(nl_kvcache *c, const int32_t *table, int64_t l, int64_t po
     const int32_t id = table[pos / c->block_size];
     const int64_t slot = pos % c->block_size, hd = c->hd;
     for (int64_t kh = 0; kh < c->KVH; kh++) {
-        if (c->dtype == NL_KV_INT8) {
-            nl_kv_quantize_token(nl_kvcache_codes_at(c, id, l, 0, kh, slot), nl_kvcache_scale_at(c, id, l, 0, kh, slot),
-                                 k + kh * hd, 1, hd);
+        if (c->dtype == NL_KV_INT8) { /* key codes transposed: quantized into a row, then a column */
+            int8_t row[NL_KVCACHE_INT8_MAX_HD], *kc = nl_paged_key_codes(c, id, l, kh) + slot;
+            nl_kv_quantize_token(row, nl_kvcache_scale_at(c, id, l, 0, kh, slot), k + kh * hd, 1, hd);
+            for (int64_t i = 0; i < hd; i++) kc[i * c->block_size] = row[i];
             nl_kv_quantize_token(nl_kvcache_codes_at(c, id, l, 1, kh, slot), nl_kvcache_scale_at(c, id, l, 1, kh, slot),
                                  v + kh * hd, 1, hd);
         } else {
@@ -83,7 +87,7 @@ size_t nl_kvcache_seq_bytes(int64_t L, int64_t KVH, int64_t hd, nl_kv_dtype dt, 
 /* One walk for both directions: to_pool 0 copies pool -> buf, 1 copies buf -> pool. The buffer
  * holds row r = (l * 2 + kv) * n + t of all KVH heads (KVH * hd values), then for int8 the
  * scales in the same row order (KVH each): independent of the block size, of the pool's
- * head-major order and of its transposed fp32 keys. */
+ * head-major order and of its transposed keys. */
 static void seq_copy(const nl_kvcache *c, const int32_t *table, int64_t n, uint8_t *buf, int to_pool) {
     const int64_t hd = c->hd, KVH = c->KVH;
     const int int8 = c->dtype == NL_KV_INT8;
@@ -96,12 +100,18 @@ static void seq_copy(const nl_kvcache *c, const int32_t *table, int64_t n, uint8
                 const int64_t slot = t % c->block_size, r = (l * 2 + kv) * n + t;
                 for (int64_t kh = 0; kh < KVH; kh++) {
                     uint8_t *b = buf + (size_t)r * row_bytes + (size_t)kh * head_bytes;
-                    if (!int8 && kv == 0) { /* fp32 keys: a column of the transposed block */
-                        float *col = nl_paged_key_f32(c, id, l, kh) + slot;
+                    if (kv == 0) { /* keys: a column of the transposed block */
+                        const size_t esz = int8 ? 1 : sizeof(float);
+                        uint8_t *col = int8 ? (uint8_t *)nl_paged_key_codes(c, id, l, kh) + slot
+                                            : (uint8_t *)(nl_paged_key_f32(c, id, l, kh) + slot);
                         for (int64_t i = 0; i < hd; i++) {
-                            uint8_t *e = (uint8_t *)(col + i * c->block_size), *f = b + (size_t)i * sizeof(float);
-                            memcpy(to_pool ? e : f, to_pool ? f : e, sizeof(float));
+                            uint8_t *e = col + (size_t)(i * c->block_size) * esz, *f = b + (size_t)i * esz;
+                            memcpy(to_pool ? e : f, to_pool ? f : e, esz);
                         }
+                        if (!int8) continue;
+                        uint8_t *sb = scales + ((size_t)r * (size_t)KVH + (size_t)kh) * sizeof(uint16_t);
+                        uint8_t *sp = (uint8_t *)nl_kvcache_scale_at(c, id, l, kv, kh, slot);
+                        memcpy(to_pool ? sp : sb, to_pool ? sb : sp, sizeof(uint16_t));
                         continue;
                     }
                     uint8_t *p = int8 ? (uint8_t *)nl_kvcache_codes_at(c, id, l, kv, kh, slot)
