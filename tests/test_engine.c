@@ -26,20 +26,23 @@ static void make_model(nl_model *m, int64_t seq_len) {
 }
 
 /* Greedy tokens of nl_model_step (the contiguous cache), n_gen after the prompt. */
-static void reference_greedy(nl_model *m, nl_kv_dtype kv, const int32_t *prompt, int64_t n, int64_t n_gen,
+static void reference_greedy(const nl_model *m, nl_kv_dtype kv, const int32_t *prompt, int64_t n, int64_t n_gen,
                              int32_t *out) {
-    assert_int_equal(nl_model_alloc_kv_dtype(m, kv), NL_OK);
+    nl_decode_state st;
+    assert_int_equal(nl_decode_state_init(&st, m, kv), NL_OK);
     nl_rng rng;
     nl_rng_seed(&rng, 0);
     int32_t tok = prompt[0];
     int64_t got = 0;
     for (int64_t pos = 0; got < n_gen; pos++) {
-        float *logits = nl_model_step(m, tok, pos);
+        float *logits = nl_model_step(m, &st, tok, pos);
+        assert_non_null(logits);
         if (pos < n - 1)
             tok = prompt[pos + 1];
         else
             out[got++] = tok = nl_model_sample(logits, m->V, 0.0f, &rng);
     }
+    nl_decode_state_free(&st);
 }
 
 static void prompt_of(int64_t i, int32_t *p, int64_t n) {

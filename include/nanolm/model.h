@@ -149,14 +149,14 @@ typedef struct nl_attn_ops {
 
 struct nl_model;
 /* The linear layer: m->linear_ops when installed, else the default below. */
-void nl_linear_forward(struct nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
-                       int64_t n, int64_t in_dim, int64_t out_dim);
+void nl_linear_forward(const struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
+                       const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
 void nl_linear_backward(struct nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
                         const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
 /* The default linear, whatever hook is installed (a hook that wraps it calls these): inputs
  * rounded per m->precision, then cblas_sgemm in fixed row blocks over the OpenMP threads
  * (bit-identical run to run for a given thread count). Same contract as nl_linear_ops. */
-void nl_linear_forward_default(struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
+void nl_linear_forward_default(const struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
                                const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
 void nl_linear_backward_default(struct nl_model *m, const nl_linear_site *site, float *din, float *dw,
                                 const float *dout, const float *in, const float *w, int64_t n, int64_t in_dim,
@@ -220,14 +220,6 @@ typedef struct nl_model {
     nl_linear_ops *linear_ops; /* NULL: default path */
     float loss_scale;          /* dlogits are multiplied by this (fp16 loss scaling); 1 */
     float mean_loss;           /* of the last forward with targets */
-    /* inference KV cache (nl_model_alloc_kv / nl_model_alloc_kv_dtype) */
-    float *kv_cache;     /* (L, 2, seq_len, KVH*hd) fp32 K and V, then the single-token
-                                    buffers below; with an int8 cache only those buffers */
-    int kv_dtype;        /* nl_kv_dtype of the allocated cache */
-    int8_t *kv_codes;    /* int8 cache: (L, 2, seq_len, KVH*hd) codes, then the scales */
-    uint16_t *kv_scales; /* int8 cache: (L, 2, seq_len, KVH) fp16 absmax step per head and token */
-    size_t kv_bytes;     /* bytes of the K/V storage as allocated (codes + scales, or fp32) */
-    float *inf_x, *inf_xb, *inf_q, *inf_att, *inf_hb, *inf_logits;
     /* context parallelism: the global position of each of the T columns of a batch (NULL:
      * 0..T-1), used by RoPE; and the attention replacement (NULL: nl_attention_*) */
     const int64_t *positions;
@@ -285,25 +277,7 @@ nl_status nl_model_backward(nl_model *m);
 /* Zeroes m->grads. */
 void nl_model_zero_grad(nl_model *m);
 
-/* ---- inference ---------------------------------------------------------------------------------- */
-/* Element type of the KV cache. INT8: per head and per token absmax, 8-bit codes
- * q = round_half_even(x / s) in [-127, 127] with s = fp16(max|x| / 127) (the scale stored as
- * fp16); attention dequantizes on the fly: score = s_k * (q_vec . codes_k), out += p s_v codes_v. */
-typedef enum nl_kv_dtype { NL_KV_FP32 = 0, NL_KV_INT8 = 1 } nl_kv_dtype;
-/* Allocates the fp32 KV cache and the single-token buffers (nl_model_alloc_kv_dtype, FP32). */
-nl_status nl_model_alloc_kv(nl_model *m);
-/* Allocates the KV cache with element type dt (replacing one of another type) and the
- * single-token buffers; m->kv_bytes receives the bytes of the K/V storage. Errors:
- * NL_ERR_INVALID (unknown dt), NL_ERR_UNSUPPORTED (MoE), NL_ERR_NOMEM. */
-nl_status nl_model_alloc_kv_dtype(nl_model *m, nl_kv_dtype dt);
-/* The int8 KV format of one token: per head absmax of x (KVH, hd) into codes (KVH*hd) and fp16
- * scales (KVH), as described at nl_kv_dtype (shared by this cache and the serving engine's). */
-void nl_kv_quantize_token(int8_t *codes, uint16_t *scales, const float *x, int64_t KVH, int64_t hd);
-/* Runs one token at position pos (0-based, < seq_len) with the KV cache; returns logits (V). */
-float *nl_model_step(nl_model *m, int32_t token, int64_t pos);
-/* Picks the next token from logits (V): argmax when temperature == 0, else samples from
- * softmax(logits / temperature) with rng. Modifies logits. */
-int32_t nl_model_sample(float *logits, int64_t V, float temperature, nl_rng *rng);
+/* Decoding one token at a time with a KV cache (nl_decode_state, nl_model_step): nanolm/infer.h. */
 
 /* ---- building blocks (exposed for tests, shapes as in llm.c) ---------------------------------- */
 void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C, float eps);

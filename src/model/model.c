@@ -10,6 +10,7 @@
 #include "nanolm/model.h"
 #include "nanolm/moe.h"
 #include "blas_serial.h"
+#include "model_internal.h"
 #include "numerics/vexp.h"
 #include "numerics/vexp_simd.h"
 
@@ -225,8 +226,6 @@ void nl_model_free(nl_model *m) {
     nl_free(m->table);
     nl_free(m->layer_offsets);
     nl_free(m->w.layers);
-    nl_free(m->kv_cache);
-    nl_free(m->kv_codes);
     memset(m, 0, sizeof *m);
 }
 
@@ -390,7 +389,7 @@ nl_status nl_model_set_precision(nl_model *m, nl_precision p) {
 static nl_format prec_format(nl_precision p) { return p == NL_PREC_BF16 ? NL_FMT_BF16 : NL_FMT_FP16; }
 
 /* Rounds x (n) into dst in the model's precision (a copy; x untouched). */
-static const float *round_copy(nl_model *m, float *dst, const float *x, size_t n) {
+static const float *round_copy(const nl_model *m, float *dst, const float *x, size_t n) {
     memcpy(dst, x, n * sizeof(float));
     nl_fmt_round_array(prec_format(m->precision), dst, n); /* cannot fail for bf16/fp16 */
     return dst;
@@ -481,13 +480,19 @@ static void lin_backward_blocks(float *din, float *dw, const float *dout, const 
     nl_blas_serial_end(saved);
 }
 
-void nl_linear_forward_default(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
-                               int64_t n, int64_t in_dim, int64_t out_dim) {
+/* The default linear with the bf16/fp16 input rounded into lp (n * in_dim floats). */
+static void linear_forward_default_lp(const nl_model *m, const nl_linear_site *site, float *out, const float *in,
+                                      const float *w, int64_t n, int64_t in_dim, int64_t out_dim, float *lp) {
     if (m->precision != NL_PREC_FP32 && m->params_lp) {
         w = m->params_lp + site->weight_offset;
-        in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
+        in = round_copy(m, lp, in, (size_t)(n * in_dim));
     }
     lin_forward_blocks(out, in, w, n, in_dim, out_dim);
+}
+
+void nl_linear_forward_default(const nl_model *m, const nl_linear_site *site, float *out, const float *in,
+                               const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
+    linear_forward_default_lp(m, site, out, in, w, n, in_dim, out_dim, m->a.lp_scratch);
 }
 
 void nl_linear_backward_default(nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
@@ -500,12 +505,20 @@ void nl_linear_backward_default(nl_model *m, const nl_linear_site *site, float *
     lin_backward_blocks(din, dw, dout, in, w, n, in_dim, out_dim);
 }
 
-void nl_linear_forward(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w, int64_t n,
-                       int64_t in_dim, int64_t out_dim) {
+void nl_linear_forward(const nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
+                       int64_t n, int64_t in_dim, int64_t out_dim) {
     if (m->linear_ops && m->linear_ops->forward)
         m->linear_ops->forward(m->linear_ops->user, site, out, in, w, n, in_dim, out_dim);
     else
-        nl_linear_forward_default(m, site, out, in, w, n, in_dim, out_dim);
+        linear_forward_default_lp(m, site, out, in, w, n, in_dim, out_dim, m->a.lp_scratch);
+}
+
+void nl_linear_forward_lp(const nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
+                          int64_t n, int64_t in_dim, int64_t out_dim, float *lp) {
+    if (m->linear_ops && m->linear_ops->forward)
+        m->linear_ops->forward(m->linear_ops->user, site, out, in, w, n, in_dim, out_dim);
+    else
+        linear_forward_default_lp(m, site, out, in, w, n, in_dim, out_dim, lp);
 }
 
 void nl_linear_backward(nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
