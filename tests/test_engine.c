@@ -12,6 +12,7 @@
 #include "nanolm/engine.h"
 #include "nanolm/model_export.h"
 #include "nanolm/model.h"
+#include "serve/engine_impl.h"
 
 /* A byte-vocabulary model whose weights are scaled up, so that logits are far apart and
  * greedy choices do not hinge on the last bit of a sum. */
@@ -463,7 +464,8 @@ static void test_weight_formats(void **state) {
  * matrices that its own weights copied (test_matvec: a detached weight reads nothing of its
  * source): its greedy tokens must be those of an engine over the same model in memory, in every
  * format, with a tied classifier (kept: the embedding rows are read) and an untied one (released
- * with the linears). A read of a released page would see zeros. */
+ * with the linears). A read of a released page would see zeros. Neither model gets a training
+ * state (nl_model.train stays NULL). */
 static void test_loaded_engine_matches_borrowed(void **state) {
     (void)state;
     const char *tok = tu_committed_data("stories260K/tok512.bin");
@@ -499,6 +501,10 @@ static void test_loaded_engine_matches_borrowed(void **state) {
             assert_int_equal(na, 16);
             assert_int_equal(nb, 16);
             assert_memory_equal(a, b, 16 * sizeof(int32_t));
+            /* serving allocates no training state (gradients, activations, low-precision copies)
+             * in the model it borrows or in the one it loads (as `generate` and `serve` do) */
+            assert_null(m.train);
+            assert_null(loaded->own_model.train);
             free(a);
             free(b);
             nl_engine_close(borrowed);

@@ -181,16 +181,16 @@ static void test_families(void **state) {
         float la, lb;
         QOK(nl_model_forward(&a, toks, toks + 1, 1, 16, &la));
         QOK(nl_model_forward(&b, toks, toks + 1, 1, 16, &lb));
-        assert_memory_equal(a.a.logits, b.a.logits, 16 * 256 * sizeof(float));
+        assert_memory_equal(a.train->a.logits, b.train->a.logits, 16 * 256 * sizeof(float));
         nl_decode_state ds;
         QOK(nl_decode_state_init(&ds, &a, NL_KV_FP32));
         for (int64_t pos = 0; pos < 16; pos++) {
             float *lg = nl_model_step(&a, &ds, toks[pos], pos);
             assert_non_null(lg);
             for (int v = 0; v < 256; v++)
-                if (fabsf(lg[v] - b.a.logits[pos * 256 + v]) > 1e-4f)
+                if (fabsf(lg[v] - b.train->a.logits[pos * 256 + v]) > 1e-4f)
                     fail_msg("%s: step %lld logit %d: %g vs forward %g", fam_name[fam], (long long)pos, v, lg[v],
-                             b.a.logits[pos * 256 + v]);
+                             b.train->a.logits[pos * 256 + v]);
         }
         nl_decode_state_free(&ds);
         /* the bias changes the output (it is applied) */

@@ -36,7 +36,7 @@ static void int8_cache(void **state) {
     assert_int_equal(nl_model_alloc_acts(&m, 1, T), NL_OK);
     assert_int_equal(nl_model_forward(&m, x, NULL, 1, T, NULL), NL_OK);
     float *ref = malloc(sizeof(float) * (size_t)(T * V));
-    memcpy(ref, m.a.logits, sizeof(float) * (size_t)(T * V));
+    memcpy(ref, m.train->a.logits, sizeof(float) * (size_t)(T * V));
 
     nl_decode_state st;
     assert_int_equal(nl_decode_state_init(&st, &m, NL_KV_FP32), NL_OK);
@@ -164,6 +164,7 @@ static void two_states_one_model(void **state) {
         nl_decode_state_free(&sb);
     }
     assert_memory_equal(before, m.params, m.n_params * sizeof(float));
+    assert_null(m.train); /* decoding allocates no training state */
     free(before);
     nl_model_free(&m);
 }

@@ -7,8 +7,8 @@
  *   logits (B, T, V) = Wcls . rmsnorm(x)       (Wcls = embedding when tied)
  *
  * Memory layout: every parameter lives in ONE flat fp32 allocation (`params`), gradients in a
- * second with the same layout (`grads`). A layer's tensors are contiguous, so a layer (or any
- * ZeRO shard) is an offset range. The order is:
+ * second with the same layout (`train->grads`). A layer's tensors are contiguous, so a layer (or
+ * any ZeRO shard) is an offset range. The order is:
  *   model.embed_tokens.weight                          (V, C)
  *   for each layer l:                                  [layer_offset(l), layer_offset(l+1))
  *     model.layers.l.input_layernorm.weight            (C)
@@ -192,34 +192,55 @@ typedef struct nl_acts {
     float *lp_scratch2; /* (B*T*maxdim) */
 } nl_acts;
 
+/* ---- training state -------------------------------------------------------------------------
+ * What a forward and backward write besides the output: gradients, activations, the
+ * low-precision copies, and the last forward's shape, tokens and loss. A model points to one
+ * (m->train) only once something needs it: nl_model_alloc_grads, nl_model_alloc_acts or
+ * nl_model_set_precision(bf16/fp16) creates it, nl_model_free frees it. A model loaded to
+ * generate or serve (nl_model_step, the serving engine) never gets one: m->train stays NULL and
+ * such a model is its weights and shape only.
+ *
+ * A pointer rather than a struct passed to every forward/backward: the forward, the backward,
+ * the linear hooks, MoE and every parallel layout already take the model, so the model keeps
+ * that one handle (nl_model_forward(m, ...) is unchanged) while the weights part no longer
+ * carries the buffers; the decode state (nanolm/infer.h), which several sequences have over one
+ * model, is the one passed separately. The optimizer's moments are the trainer's
+ * (nanolm/train.h). */
+typedef struct nl_train_state {
+    float *grads; /* same layout as params; NULL until nl_model_alloc_grads */
+    /* activations (nl_model_alloc_acts) */
+    int64_t B, T;   /* what acts is sized for (0 before nl_model_alloc_acts) */
+    int64_t maxdim; /* widest matmul operand row: max(C, QKV, 2H, V) */
+    float *acts_mem;
+    size_t acts_floats;
+    nl_acts a;
+    /* bf16/fp16 matmuls (nl_model_set_precision) */
+    float *params_lp; /* params rounded to the model's precision */
+    float *lp_mem;    /* the two lp_scratch buffers (once the activations are sized) */
+    size_t lp_floats;
+    /* the last forward */
+    int64_t B_cur, T_cur;            /* its shape */
+    const int32_t *tokens, *targets; /* borrowed; valid until backward */
+    float mean_loss;                 /* of the last forward with targets */
+    float loss_scale;                /* dlogits are multiplied by this (fp16 loss scaling); 1 */
+} nl_train_state;
+
+/* The model: its shape, its weights (one flat allocation, read-only once loaded for inference)
+ * and how its matmuls run; training state behind m->train (NULL until needed, above). */
 typedef struct nl_model {
     nl_arch arch;
     int64_t C, L, NH, KVH, hd, H, V, QKV; /* QKV = (NH + 2 KVH) * hd */
     /* parameters */
     size_t n_params; /* floats */
     float *params;   /* one allocation */
-    float *grads;    /* same layout; NULL until nl_model_alloc_grads */
     nl_weights w;
     nl_param_info *table; /* n_tensors entries, in memory order */
     int n_tensors;
-    size_t *layer_offsets; /* [L+1]: layer l spans [layer_offsets[l], layer_offsets[l+1]) */
-    /* activations */
-    int64_t B, T;   /* what acts is sized for (0 before nl_model_alloc_acts) */
-    int64_t maxdim; /* widest matmul operand row: max(C, QKV, 2H, V) */
-    float *acts_mem;
-    size_t acts_floats;
-    float *lp_mem; /* the two lp_scratch buffers (bf16/fp16 only) */
-    size_t lp_floats;
-    int64_t B_cur, T_cur;            /* shape of the last forward */
-    const int32_t *tokens, *targets; /* of the last forward (borrowed; valid until backward) */
-    nl_acts a;
+    size_t *layer_offsets;      /* [L+1]: layer l spans [layer_offsets[l], layer_offsets[l+1]) */
     float *rope_cos, *rope_sin; /* (seq_len, hd/2) */
-    /* precision of matmul inputs */
-    nl_precision precision;
-    float *params_lp;          /* params rounded to `precision` (bf16/fp16 only) */
+    /* how the matmuls run */
+    nl_precision precision;    /* of matmul inputs (bf16/fp16: with the rounded copy in train) */
     nl_linear_ops *linear_ops; /* NULL: default path */
-    float loss_scale;          /* dlogits are multiplied by this (fp16 loss scaling); 1 */
-    float mean_loss;           /* of the last forward with targets */
     /* context parallelism: the global position of each of the T columns of a batch (NULL:
      * 0..T-1), used by RoPE; and the attention replacement (NULL: nl_attention_*) */
     const int64_t *positions;
@@ -231,6 +252,8 @@ typedef struct nl_model {
     int no_embed, no_tail;
     /* NANOLM_STEP_PROFILE: the forward and backward mark their phases here (NULL: no profile) */
     struct nl_step_prof *prof;
+    /* gradients, activations, low-precision copies; NULL for a model that only runs inference */
+    nl_train_state *train;
 } nl_model;
 
 /* Builds a model for `arch` with parameters allocated (zeroed). Returns NL_ERR_INVALID for a bad
@@ -248,9 +271,10 @@ void nl_model_free(nl_model *m);
 /* GPT-2-style random initialisation: linear weights ~ N(0, 0.02), o_proj/down_proj scaled by
  * 1/sqrt(2L), norms = 1. Deterministic for a seed. */
 void nl_model_init_random(nl_model *m, uint64_t seed);
-/* Allocates (and zeroes) the gradient buffer. */
+/* Allocates (and zeroes) the gradient buffer m->train->grads (creating m->train). */
 nl_status nl_model_alloc_grads(nl_model *m);
-/* Sizes the activation buffer for batches of up to (B, T) tokens, T <= seq_len. Called once. */
+/* Sizes the activation buffer m->train->a for batches of up to (B, T) tokens, T <= seq_len
+ * (creating m->train). Called once. */
 nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T);
 /* Bytes of each buffer (exact, as allocated). */
 size_t nl_model_param_bytes(const nl_model *m);
@@ -263,18 +287,19 @@ int nl_model_params_table(const nl_model *m, const nl_param_info **out);
 /* Finds a tensor by its HF name; NULL if absent. */
 const nl_param_info *nl_model_find_param(const nl_model *m, const char *name);
 
-/* Sets matmul precision (allocates the low-precision weight copy when needed). */
+/* Sets matmul precision (allocates the low-precision weight copy in m->train for bf16/fp16). */
 nl_status nl_model_set_precision(nl_model *m, nl_precision p);
 
-/* Forward over tokens (B, T) (B, T <= the sizes of nl_model_alloc_acts). When targets is not
- * NULL computes per-token cross-entropy and returns the mean in *loss (may be NULL).
- * Tokens outside [0, V) give NL_ERR_INVALID naming the index. */
+/* Forward over tokens (B, T) (B, T <= the sizes of nl_model_alloc_acts) into m->train->a. When
+ * targets is not NULL computes per-token cross-entropy and returns the mean in *loss (may be
+ * NULL). Tokens outside [0, V) give NL_ERR_INVALID naming the index; a model without activations
+ * NL_ERR_INVALID. */
 nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                            float *loss);
 /* Backward of the last forward (which must have had targets): adds (+=) d(mean loss)/d(param)
- * times m->loss_scale into m->grads. */
+ * times m->train->loss_scale into m->train->grads. */
 nl_status nl_model_backward(nl_model *m);
-/* Zeroes m->grads. */
+/* Zeroes m->train->grads (nothing without them). */
 void nl_model_zero_grad(nl_model *m);
 
 /* Decoding one token at a time with a KV cache (nl_decode_state, nl_model_step): nanolm/infer.h. */

@@ -352,7 +352,7 @@ nl_status nl_moe_backward(nl_model *m, int64_t l, const float *x, const float *d
     nl_moe_layer *la = &e->layers[l - e->first];
     const nl_layer_weights *lw = &m->w.layers[l];
     int64_t BT = B * T, C = m->C, E = e->E, K = e->K, F = e->F, SF = e->S * e->F;
-    float *G = m->grads;
+    float *G = m->train->grads;
 #define GRAD(ptr) (G + ((ptr)-m->params))
     /* shared experts */
     if (SF > 0) {

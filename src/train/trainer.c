@@ -55,7 +55,7 @@ nl_status nl_eval_windows(nl_model *m, const nl_data *d, nl_data_split split, in
         if (rc || nb == 0) break;
         float loss;
         rc = nl_model_forward(m, x, y, nb, T, &loss);
-        if (!rc) rc = visit(user, m->a.losses, nb * T);
+        if (!rc) rc = visit(user, m->train->a.losses, nb * T);
     }
     nl_free(x);
     nl_free(y);
@@ -400,7 +400,7 @@ static nl_status plain_step(nl_trainer *t, const nl_train_opts *o, const nl_data
     nl_model_zero_grad(m);
     nl_step_prof_mark(t->prof, NL_PROF_OPTIM);
     int fp16 = o->precision == NL_PREC_FP16;
-    m->loss_scale = (fp16 ? t->scaler.scale : 1.0f) / (float)accum;
+    m->train->loss_scale = (fp16 ? t->scaler.scale : 1.0f) / (float)accum;
     double loss = 0.0;
     for (int64_t k = 0; k < accum; k++) {
         NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, o->seed, t->step * accum + k, 0, 1, (int)B, (int)T, t->x, t->y));
