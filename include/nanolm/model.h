@@ -304,33 +304,36 @@ void nl_model_zero_grad(nl_model *m);
 
 /* Decoding one token at a time with a KV cache (nl_decode_state, nl_model_step): nanolm/infer.h. */
 
-/* ---- building blocks (exposed for tests, shapes as in llm.c) ---------------------------------- */
+/* ---- layer kernels (src/model/layers.c; shapes and argument order as in llm.c) -------------------
+ * The operations every NanoLM forward is built from, on plain arrays: nl_model_forward/backward,
+ * the decode step (nanolm/infer.h), the pipeline stage (parallel/pipeline.c), the serving runner
+ * (serve/runner.c) and the machine probe call these same functions, so each computes the bits
+ * the others do. Outputs first; backward accumulates (+=) into parameter gradients. */
+/* out (N, C) = x / sqrt(mean(x^2) + eps) * w; rstd (N) saved for backward. */
 void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C, float eps);
-/* x (N, C) += r (skipped when r is NULL), then as nl_rmsnorm_forward on the sum (one pass). */
-void nl_rmsnorm_residual_forward(float *out, float *rstd, float *x, const float *r, const float *w, int64_t N,
-                                 int64_t C, float eps);
+/* dx (N, C) += d/dx, dw (C) += d/dw from dout (N, C), the forward input x and its rstd. */
 void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
                          int64_t N, int64_t C);
-/* RoPE on (B, T, nh, hd) rows with row stride `stride` floats; inverse=1 rotates backwards. */
+/* RoPE on (B, T, nh, hd) rows with row stride `stride` floats, pair (2i, 2i+1) of a head at
+ * position t rotated by cos_t/sin_t (T, hd/2); inverse=1 rotates backwards. */
 void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nh, int64_t hd,
                    int64_t stride, int inverse);
 /* RoPE on one row of nh heads of size hd at one position (cos_t/sin_t: that position's hd/2
  * entries), on the calling thread: nl_rope_apply's arithmetic without a parallel region. */
-/* The two parts of nl_rmsnorm_backward: dx rows [n0, n1), and dw columns [c0, c0 + 64) summed over
- * all N rows in order (the fused backward runs them inside its own parallel regions). */
-enum { NL_RMSNORM_DW_BLOCK = 64 };
-void nl_rmsnorm_backward_rows(float *dx, const float *dout, const float *x, const float *w, const float *rstd,
-                              int64_t n0, int64_t n1, int64_t C);
-void nl_rmsnorm_backward_dw_cols(float *dw, const float *dout, const float *x, const float *rstd, int64_t N, int64_t C,
-                                 int64_t c0);
 void nl_rope_row(float *row, const float *cos_t, const float *sin_t, int64_t nh, int64_t hd, int inverse);
+/* Causal grouped-query attention: qkv (B, T, (NH+2KVH)*hd) rows [q | k | v] (q, k rotated),
+ * query head h reads kv head h / (NH/KVH); out (B, T, NH*hd), att (B, NH, T, T) the softmax
+ * probabilities (row t: columns 0..t). */
 void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH,
                           int64_t hd);
+/* dqkv (B, T, QKV) = d/dqkv (overwritten) from dout (B, T, NH*hd); datt (B, NH, T, T) scratch. */
 void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att, const float *qkv, int64_t B,
                            int64_t T, int64_t NH, int64_t KVH, int64_t hd);
 /* x (N, D) += bias (D) on every row. */
 void nl_add_bias(float *x, const float *bias, int64_t N, int64_t D);
+/* h13 (N, 2H) rows [gate | up]; out (N, H) = silu(gate) * up. */
 void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H);
+/* dh13 (N, 2H) = d/dh13 (overwritten) from dout (N, H). */
 void nl_swiglu_backward(float *dh13, const float *dout, const float *h13, int64_t N, int64_t H);
 
 #ifdef __cplusplus

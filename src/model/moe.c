@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "nanolm/moe.h"
+#include "model_internal.h"
 
 /* out (n, o) = in (n, i) . w (o, i)^T, ld = row strides */
 static void gemm_nt(int64_t n, int64_t o, int64_t i, const float *in, int64_t ldi, const float *w, int64_t ldw,

@@ -1,7 +1,7 @@
 /*
  * Pipeline parallelism (GPipe, 1F1B) of NanoLM; see include/nanolm/pipeline.h.
  *
- * A stage runs the same layer code as nl_model_forward / nl_model_backward (the building blocks
+ * A stage runs the same layer code as nl_model_forward / nl_model_backward (the layer kernels
  * of nanolm/model.h in the same order), on its own layers and on one micro-batch at a time, with
  * the activations of each micro-batch kept until its backward.
  */
