@@ -280,11 +280,57 @@ static void attend_rows_equals_one_at_a_time(void **state) {
         }
 }
 
+/* A bf16 model decodes through the state's own matmul scratch, with no activations: its step
+ * logits follow its batched bf16 forward (both round the same weights and inputs to bf16) and
+ * differ from fp32's. */
+static void bf16_decode(void **state) {
+    (void)state;
+    const int64_t T = 24;
+    nl_model m;
+    tiny(&m);
+    int32_t x[24];
+    for (int i = 0; i < T; i++) x[i] = (int32_t)((i * 29 + 3) % 64);
+    float *f32 = malloc(sizeof(float) * (size_t)(T * m.V));
+    nl_decode_state st;
+    assert_int_equal(nl_decode_state_init(&st, &m, NL_KV_FP32), NL_OK);
+    for (int64_t t = 0; t < T; t++) {
+        const float *lg = nl_model_step(&m, &st, x[t], t);
+        assert_non_null(lg);
+        memcpy(f32 + t * m.V, lg, sizeof(float) * (size_t)m.V);
+    }
+    assert_int_equal(nl_model_set_precision(&m, NL_PREC_BF16), NL_OK);
+    assert_non_null(m.train);
+    assert_null(m.train->acts_mem); /* the step needs no activations */
+    float *bf = malloc(sizeof(float) * (size_t)(T * m.V));
+    for (int64_t t = 0; t < T; t++) {
+        const float *lg = nl_model_step(&m, &st, x[t], t);
+        assert_non_null(lg);
+        memcpy(bf + t * m.V, lg, sizeof(float) * (size_t)m.V);
+    }
+    assert_int_equal(nl_model_alloc_acts(&m, 1, T), NL_OK);
+    assert_int_equal(nl_model_forward(&m, x, NULL, 1, T, NULL), NL_OK);
+    double d_fwd = 0, d_32 = 0, amax = 0;
+    for (int64_t i = 0; i < T * m.V; i++) {
+        d_fwd = fmax(d_fwd, fabs(bf[i] - m.train->a.logits[i]));
+        d_32 = fmax(d_32, fabs(bf[i] - f32[i]));
+        amax = fmax(amax, fabs(f32[i]));
+    }
+    print_message("bf16 step: max |step - bf16 forward| %.3g, |step - fp32 step| %.3g (max |logit| %.3g)\n", d_fwd,
+                  d_32, amax);
+    assert_true(d_fwd <= 1e-4 * amax);
+    assert_true(d_32 > 10 * d_fwd);
+    nl_decode_state_free(&st);
+    free(f32);
+    free(bf);
+    nl_model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(attend_rows_equals_one_at_a_time),
         cmocka_unit_test(int8_cache),
         cmocka_unit_test(two_states_one_model),
+        cmocka_unit_test(bf16_decode),
         cmocka_unit_test(stories),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

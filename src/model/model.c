@@ -392,6 +392,8 @@ nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
 
 /* ---- mixed precision -------------------------------------------------------------------------- */
 
+static void refresh_lp_weights(nl_model *m);
+
 nl_status nl_model_set_precision(nl_model *m, nl_precision p) {
     if (p == NL_PREC_FP32) {
         if (m->train) {
@@ -408,6 +410,7 @@ nl_status nl_model_set_precision(nl_model *m, nl_precision p) {
         if (!ts->params_lp) return NL_ERR_NOMEM;
     }
     m->precision = p;
+    refresh_lp_weights(m); /* valid before the first forward (a decode step reads it too) */
     return ensure_lp_scratch(m);
 }
 
