@@ -12,6 +12,7 @@
 #include "nanolm/engine.h"
 #include "nanolm/model_export.h"
 #include "nanolm/model.h"
+#include "serve/engine_impl.h"
 
 /* A byte-vocabulary model whose weights are scaled up, so that logits are far apart and
  * greedy choices do not hinge on the last bit of a sum. */
@@ -26,20 +27,23 @@ static void make_model(nl_model *m, int64_t seq_len) {
 }
 
 /* Greedy tokens of nl_model_step (the contiguous cache), n_gen after the prompt. */
-static void reference_greedy(nl_model *m, nl_kv_dtype kv, const int32_t *prompt, int64_t n, int64_t n_gen,
+static void reference_greedy(const nl_model *m, nl_kv_dtype kv, const int32_t *prompt, int64_t n, int64_t n_gen,
                              int32_t *out) {
-    assert_int_equal(nl_model_alloc_kv_dtype(m, kv), NL_OK);
+    nl_decode_state st;
+    assert_int_equal(nl_decode_state_init(&st, m, kv), NL_OK);
     nl_rng rng;
     nl_rng_seed(&rng, 0);
     int32_t tok = prompt[0];
     int64_t got = 0;
     for (int64_t pos = 0; got < n_gen; pos++) {
-        float *logits = nl_model_step(m, tok, pos);
+        float *logits = nl_model_step(m, &st, tok, pos);
+        assert_non_null(logits);
         if (pos < n - 1)
             tok = prompt[pos + 1];
         else
             out[got++] = tok = nl_model_sample(logits, m->V, 0.0f, &rng);
     }
+    nl_decode_state_free(&st);
 }
 
 static void prompt_of(int64_t i, int32_t *p, int64_t n) {
@@ -460,7 +464,8 @@ static void test_weight_formats(void **state) {
  * matrices that its own weights copied (test_matvec: a detached weight reads nothing of its
  * source): its greedy tokens must be those of an engine over the same model in memory, in every
  * format, with a tied classifier (kept: the embedding rows are read) and an untied one (released
- * with the linears). A read of a released page would see zeros. */
+ * with the linears). A read of a released page would see zeros. Neither model gets a training
+ * state (nl_model.train stays NULL). */
 static void test_loaded_engine_matches_borrowed(void **state) {
     (void)state;
     const char *tok = tu_committed_data("stories260K/tok512.bin");
@@ -496,6 +501,10 @@ static void test_loaded_engine_matches_borrowed(void **state) {
             assert_int_equal(na, 16);
             assert_int_equal(nb, 16);
             assert_memory_equal(a, b, 16 * sizeof(int32_t));
+            /* serving allocates no training state (gradients, activations, low-precision copies)
+             * in the model it borrows or in the one it loads (as `generate` and `serve` do) */
+            assert_null(m.train);
+            assert_null(loaded->own_model.train);
             free(a);
             free(b);
             nl_engine_close(borrowed);

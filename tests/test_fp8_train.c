@@ -50,7 +50,7 @@ static void test_fp8_linears_track_fp32(void **state) {
     assert_int_equal(nl_model_forward(&m, x, y, B, T, &loss32), NL_OK);
     assert_int_equal(nl_model_backward(&m), NL_OK);
     float *g32 = malloc(sizeof(float) * m.n_params);
-    memcpy(g32, m.grads, sizeof(float) * m.n_params);
+    memcpy(g32, m.train->grads, sizeof(float) * m.n_params);
     const char *names[2] = {"e4m3 block fp32-acc", "hybrid e5m2-grad block 14-bit/128"};
     for (int v = 0; v < 2; v++) {
         nl_fp8_recipe r;
@@ -65,7 +65,7 @@ static void test_fp8_linears_track_fp32(void **state) {
         assert_int_equal(nl_model_forward(&m, x, y, B, T, &loss8), NL_OK);
         assert_int_equal(nl_model_backward(&m), NL_OK);
         assert_int_equal(nl_fp8_linear_status(&f), NL_OK);
-        const double cs = cosine(g32, m.grads, m.n_params);
+        const double cs = cosine(g32, m.train->grads, m.n_params);
         print_message("%s: loss fp32 %.5f fp8 %.5f, gradient cosine %.5f, %lld GEMMs, %lld flushed, %lld saturated\n",
                       names[v], loss32, loss8, cs, (long long)f.stats.gemms, (long long)f.stats.flushed,
                       (long long)f.stats.saturated);
@@ -184,7 +184,7 @@ static void test_grad_sample(void **state) {
     nl_model_zero_grad(&m);
     assert_int_equal(nl_model_forward(&m, x, y, B, T, NULL), NL_OK);
     assert_int_equal(nl_model_backward(&m), NL_OK);
-    assert_memory_equal(wgt + 2 * m.n_params, m.grads, sizeof(float) * m.n_params);
+    assert_memory_equal(wgt + 2 * m.n_params, m.train->grads, sizeof(float) * m.n_params);
     assert_int_equal(nl_grad_sample(&m, toks, 50, B, T, 3, &act, &na, &wgt, &nw) == NL_OK, 0);
     nl_free(act);
     nl_free(wgt);

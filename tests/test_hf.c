@@ -14,6 +14,7 @@
 #include "nanolm/checkpoint.h"
 #include "nanolm/formats.h"
 #include "nanolm/hf.h"
+#include "nanolm/infer.h"
 #include "nanolm/model.h"
 #include "nanolm/safetensors.h"
 #include "nanolm/tokenizer.h"
@@ -180,15 +181,18 @@ static void test_families(void **state) {
         float la, lb;
         QOK(nl_model_forward(&a, toks, toks + 1, 1, 16, &la));
         QOK(nl_model_forward(&b, toks, toks + 1, 1, 16, &lb));
-        assert_memory_equal(a.a.logits, b.a.logits, 16 * 256 * sizeof(float));
-        QOK(nl_model_alloc_kv(&a));
+        assert_memory_equal(a.train->a.logits, b.train->a.logits, 16 * 256 * sizeof(float));
+        nl_decode_state ds;
+        QOK(nl_decode_state_init(&ds, &a, NL_KV_FP32));
         for (int64_t pos = 0; pos < 16; pos++) {
-            float *lg = nl_model_step(&a, toks[pos], pos);
+            float *lg = nl_model_step(&a, &ds, toks[pos], pos);
+            assert_non_null(lg);
             for (int v = 0; v < 256; v++)
-                if (fabsf(lg[v] - b.a.logits[pos * 256 + v]) > 1e-4f)
+                if (fabsf(lg[v] - b.train->a.logits[pos * 256 + v]) > 1e-4f)
                     fail_msg("%s: step %lld logit %d: %g vs forward %g", fam_name[fam], (long long)pos, v, lg[v],
-                             b.a.logits[pos * 256 + v]);
+                             b.train->a.logits[pos * 256 + v]);
         }
+        nl_decode_state_free(&ds);
         /* the bias changes the output (it is applied) */
         if (fam == FAM_QWEN2) {
             m.w.layers[0].bqkv[3] += 1.0f;
@@ -224,10 +228,12 @@ static void test_families(void **state) {
                 int nt = cJSON_GetArraySize(tk), np = 9; /* "Once upon" */
                 nl_model g;
                 QOK(nl_hf_load_model(folder, 0, &g));
-                QOK(nl_model_alloc_kv(&g));
+                nl_decode_state gs;
+                QOK(nl_decode_state_init(&gs, &g, NL_KV_FP32));
                 int token = cJSON_GetArrayItem(tk, 0)->valueint;
                 for (int pos = 0; pos + 1 < nt; pos++) {
-                    float *lg = nl_model_step(&g, token, pos);
+                    float *lg = nl_model_step(&g, &gs, token, pos);
+                    assert_non_null(lg);
                     int next =
                         pos + 1 < np ? cJSON_GetArrayItem(tk, pos + 1)->valueint : nl_model_sample(lg, g.V, 0, NULL);
                     if (next != cJSON_GetArrayItem(tk, pos + 1)->valueint)
@@ -235,6 +241,7 @@ static void test_families(void **state) {
                                  cJSON_GetArrayItem(tk, pos + 1)->valueint, next);
                     token = next;
                 }
+                nl_decode_state_free(&gs);
                 nl_model_free(&g);
                 cJSON_Delete(j);
             }

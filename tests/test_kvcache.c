@@ -1,4 +1,5 @@
-/* model/infer: the int8 KV cache (per head, per token absmax, fp16 scales). */
+/* model/infer: the decode state and its int8 KV cache (per head, per token absmax, fp16 scales);
+ * several decode states over one model. */
 #include "testutil.h"
 
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "nanolm/formats.h"
+#include "nanolm/infer.h"
 #include "nanolm/kvcache.h"
 #include "nanolm/model.h"
 
@@ -34,32 +36,37 @@ static void int8_cache(void **state) {
     assert_int_equal(nl_model_alloc_acts(&m, 1, T), NL_OK);
     assert_int_equal(nl_model_forward(&m, x, NULL, 1, T, NULL), NL_OK);
     float *ref = malloc(sizeof(float) * (size_t)(T * V));
-    memcpy(ref, m.a.logits, sizeof(float) * (size_t)(T * V));
+    memcpy(ref, m.train->a.logits, sizeof(float) * (size_t)(T * V));
 
-    assert_int_equal(nl_model_alloc_kv(&m), NL_OK);
-    assert_int_equal(m.kv_bytes, (size_t)(L * 2 * S * KVH * hd * 4));
+    nl_decode_state st;
+    assert_int_equal(nl_decode_state_init(&st, &m, NL_KV_FP32), NL_OK);
+    assert_int_equal(st.kv_bytes, (size_t)(L * 2 * S * KVH * hd * 4));
     double d32 = 0, amax = 0;
     for (int64_t t = 0; t < T; t++) {
-        const float *lg = nl_model_step(&m, x[t], t);
+        const float *lg = nl_model_step(&m, &st, x[t], t);
+        assert_non_null(lg);
         for (int64_t v = 0; v < V; v++) {
             d32 = fmax(d32, fabs(lg[v] - ref[t * V + v]));
             amax = fmax(amax, fabs(ref[t * V + v]));
         }
     }
-    assert_int_equal(nl_model_alloc_kv_dtype(&m, NL_KV_INT8), NL_OK);
-    assert_int_equal(m.kv_dtype, NL_KV_INT8);
+    nl_decode_state_free(&st);
+    assert_int_equal(nl_decode_state_init(&st, &m, NL_KV_INT8), NL_OK);
+    assert_int_equal(st.kv_dtype, NL_KV_INT8);
+    assert_null(st.kv_cache);
     /* codes (1 byte) + one fp16 scale per head and token: exactly half of fp16 for the codes */
-    assert_int_equal(m.kv_bytes, (size_t)(L * 2 * S * KVH * hd + L * 2 * S * KVH * 2));
+    assert_int_equal(st.kv_bytes, (size_t)(L * 2 * S * KVH * hd + L * 2 * S * KVH * 2));
     double d8 = 0;
     for (int64_t t = 0; t < T; t++) {
-        const float *lg = nl_model_step(&m, x[t], t);
+        const float *lg = nl_model_step(&m, &st, x[t], t);
+        assert_non_null(lg);
         for (int64_t v = 0; v < V; v++) d8 = fmax(d8, fabs(lg[v] - ref[t * V + v]));
-        /* inf_q holds the last layer's rotated q | k | v of this token: check its cache entries */
+        /* st.q holds the last layer's rotated q | k | v of this token: check its cache entries */
         const int64_t l = L - 1, kvd = KVH * hd;
         for (int kv = 0; kv < 2; kv++) {
-            const float *src = m.inf_q + (NH + kv * KVH) * hd;
-            const int8_t *codes = m.kv_codes + ((l * 2 + kv) * S + t) * kvd;
-            const uint16_t *sc = m.kv_scales + ((l * 2 + kv) * S + t) * KVH;
+            const float *src = st.q + (NH + kv * KVH) * hd;
+            const int8_t *codes = st.kv_codes + ((l * 2 + kv) * S + t) * kvd;
+            const uint16_t *sc = st.kv_scales + ((l * 2 + kv) * S + t) * KVH;
             for (int64_t h = 0; h < KVH; h++) {
                 float hmax = 0;
                 for (int64_t i = 0; i < hd; i++) hmax = fmaxf(hmax, fabsf(src[h * hd + i]));
@@ -80,12 +87,85 @@ static void int8_cache(void **state) {
     }
     print_message(
         "max |logit - batched| fp32 cache %.3g, int8 cache %.3g (max |logit| %.3g); bytes fp32 %zu int8 %zu\n", d32, d8,
-        amax, (size_t)(L * 2 * S * KVH * hd * 4), m.kv_bytes);
+        amax, (size_t)(L * 2 * S * KVH * hd * 4), st.kv_bytes);
     assert_true(d32 <= 1e-4 * amax);
     assert_true(d8 > d32);
     assert_true(d8 <= 0.05 * amax);
-    assert_int_equal(nl_model_alloc_kv_dtype(&m, (nl_kv_dtype)7), NL_ERR_INVALID);
+    nl_decode_state_free(&st);
+    assert_int_equal(nl_decode_state_init(&st, &m, (nl_kv_dtype)7), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "KV cache type 7"));
+    assert_null(st.mem);
     free(ref);
+    nl_model_free(&m);
+}
+
+/* Greedy decoding of prompt (np tokens) to n positions through one decode state: the tokens
+ * (prompt, then generated) into out. */
+static void greedy_alone(const nl_model *m, nl_kv_dtype dt, const int32_t *prompt, int64_t np, int64_t n,
+                         int32_t *out) {
+    nl_decode_state st;
+    assert_int_equal(nl_decode_state_init(&st, m, dt), NL_OK);
+    out[0] = prompt[0];
+    for (int64_t pos = 0; pos + 1 < n; pos++) {
+        float *lg = nl_model_step(m, &st, out[pos], pos);
+        assert_non_null(lg);
+        out[pos + 1] = pos + 1 < np ? prompt[pos + 1] : nl_model_sample(lg, m->V, 0.0f, NULL);
+    }
+    nl_decode_state_free(&st);
+}
+
+/* The model holds only weights: two decode states over one read-only model, stepped in turn
+ * (one token of sequence a, one of b, ...), give each sequence the greedy tokens it gets alone,
+ * for fp32 and int8 caches; and the step writes nothing of the model (its parameters keep their
+ * bits). */
+static void two_states_one_model(void **state) {
+    (void)state;
+    nl_model m;
+    tiny(&m);
+    const nl_model *cm = &m;
+    const int64_t S = m.arch.seq_len;
+    float *before = malloc(m.n_params * sizeof(float));
+    memcpy(before, m.params, m.n_params * sizeof(float));
+    const int32_t pa[3] = {5, 17, 40}, pb[5] = {63, 2, 2, 31, 8};
+    for (int dt = 0; dt <= 1; dt++) {
+        int32_t alone_a[32], alone_b[32], a[32], b[32];
+        greedy_alone(cm, (nl_kv_dtype)dt, pa, 3, S, alone_a);
+        greedy_alone(cm, (nl_kv_dtype)dt, pb, 5, S, alone_b);
+        nl_decode_state sa, sb;
+        assert_int_equal(nl_decode_state_init(&sa, cm, (nl_kv_dtype)dt), NL_OK);
+        assert_int_equal(nl_decode_state_init(&sb, cm, (nl_kv_dtype)dt), NL_OK);
+        a[0] = pa[0];
+        b[0] = pb[0];
+        for (int64_t pos = 0; pos + 1 < S; pos++) {
+            float *la = nl_model_step(cm, &sa, a[pos], pos);
+            assert_non_null(la);
+            a[pos + 1] = pos + 1 < 3 ? pa[pos + 1] : nl_model_sample(la, m.V, 0.0f, NULL);
+            float *lb = nl_model_step(cm, &sb, b[pos], pos);
+            assert_non_null(lb);
+            b[pos + 1] = pos + 1 < 5 ? pb[pos + 1] : nl_model_sample(lb, m.V, 0.0f, NULL);
+        }
+        assert_memory_equal(a, alone_a, sizeof a);
+        assert_memory_equal(b, alone_b, sizeof b);
+        int differ = 0; /* the two sequences are different ones (not one answer twice) */
+        for (int64_t i = 5; i < S; i++) differ |= a[i] != b[i];
+        assert_true(differ);
+        /* bad input: a position past seq_len, a token outside the vocabulary, another shape's state */
+        assert_null(nl_model_step(cm, &sa, 1, S));
+        assert_non_null(strstr(nl_last_error(), "position 32"));
+        assert_null(nl_model_step(cm, &sa, (int32_t)m.V, 0));
+        assert_non_null(strstr(nl_last_error(), "token 64"));
+        nl_model other;
+        nl_arch oa = tu_arch("other", 64, 64, 3, 4, 2, 96, 32);
+        tu_model(&other, &oa, 1);
+        assert_null(nl_model_step(&other, &sa, 1, 0));
+        assert_non_null(strstr(nl_last_error(), "decode state"));
+        nl_model_free(&other);
+        nl_decode_state_free(&sa);
+        nl_decode_state_free(&sb);
+    }
+    assert_memory_equal(before, m.params, m.n_params * sizeof(float));
+    assert_null(m.train); /* decoding allocates no training state */
+    free(before);
     nl_model_free(&m);
 }
 
@@ -278,11 +358,58 @@ static void decode_matches_reference(void **state) {
             }
 }
 
+/* A bf16 model decodes through the state's own matmul scratch, with no activations: its step
+ * logits follow its batched bf16 forward (both round the same weights and inputs to bf16) and
+ * differ from fp32's. */
+static void bf16_decode(void **state) {
+    (void)state;
+    const int64_t T = 24;
+    nl_model m;
+    tiny(&m);
+    int32_t x[24];
+    for (int i = 0; i < T; i++) x[i] = (int32_t)((i * 29 + 3) % 64);
+    float *f32 = malloc(sizeof(float) * (size_t)(T * m.V));
+    nl_decode_state st;
+    assert_int_equal(nl_decode_state_init(&st, &m, NL_KV_FP32), NL_OK);
+    for (int64_t t = 0; t < T; t++) {
+        const float *lg = nl_model_step(&m, &st, x[t], t);
+        assert_non_null(lg);
+        memcpy(f32 + t * m.V, lg, sizeof(float) * (size_t)m.V);
+    }
+    assert_int_equal(nl_model_set_precision(&m, NL_PREC_BF16), NL_OK);
+    assert_non_null(m.train);
+    assert_null(m.train->acts_mem); /* the step needs no activations */
+    float *bf = malloc(sizeof(float) * (size_t)(T * m.V));
+    for (int64_t t = 0; t < T; t++) {
+        const float *lg = nl_model_step(&m, &st, x[t], t);
+        assert_non_null(lg);
+        memcpy(bf + t * m.V, lg, sizeof(float) * (size_t)m.V);
+    }
+    assert_int_equal(nl_model_alloc_acts(&m, 1, T), NL_OK);
+    assert_int_equal(nl_model_forward(&m, x, NULL, 1, T, NULL), NL_OK);
+    double d_fwd = 0, d_32 = 0, amax = 0;
+    for (int64_t i = 0; i < T * m.V; i++) {
+        d_fwd = fmax(d_fwd, fabs(bf[i] - m.train->a.logits[i]));
+        d_32 = fmax(d_32, fabs(bf[i] - f32[i]));
+        amax = fmax(amax, fabs(f32[i]));
+    }
+    print_message("bf16 step: max |step - bf16 forward| %.3g, |step - fp32 step| %.3g (max |logit| %.3g)\n", d_fwd,
+                  d_32, amax);
+    assert_true(d_fwd <= 1e-4 * amax);
+    assert_true(d_32 > 10 * d_fwd);
+    nl_decode_state_free(&st);
+    free(f32);
+    free(bf);
+    nl_model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(attend_rows_equals_one_at_a_time),
         cmocka_unit_test(decode_matches_reference),
         cmocka_unit_test(int8_cache),
+        cmocka_unit_test(two_states_one_model),
+        cmocka_unit_test(bf16_decode),
         cmocka_unit_test(stories),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

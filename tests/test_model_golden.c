@@ -126,7 +126,7 @@ static void test_forward_backward(void **state) {
     assert_int_equal(nl_model_forward(&m, fx_get(&f, "tokens")->data, fx_get(&f, "targets")->data, B, T, &loss), NL_OK);
     fx_tensor *lg = fx_get(&f, "logits");
     assert_int_equal(lg->numel, (size_t)(B * T * m.V));
-    double e = rel_err(m.a.logits, lg->data, lg->numel);
+    double e = rel_err(m.train->a.logits, lg->data, lg->numel);
     print_message("logits rel err %.3g\n", e);
     assert_true(e < 1e-4);
     float ref_loss = *(float *)fx_get(&f, "loss")->data;
@@ -141,7 +141,7 @@ static void test_forward_backward(void **state) {
         char nm[128];
         snprintf(nm, sizeof nm, "grad:%s", tab[i].name);
         fx_tensor *t = fx_get(&f, nm);
-        double ge = rel_err(m.grads + tab[i].offset, t->data, tab[i].numel);
+        double ge = rel_err(m.train->grads + tab[i].offset, t->data, tab[i].numel);
         if (ge > worst) worst = ge;
         if (ge >= 1e-4) fail_msg("gradient of %s: rel err %.3g", tab[i].name, ge);
     }
@@ -212,7 +212,7 @@ static void test_safetensors_interop(void **state) {
     fixture_load(&fl, tu_src_path("tests/ref/interop_logits.bin"));
     fx_tensor *lg = fx_get(&fl, "logits");
     assert_int_equal(lg->numel, (size_t)(cfg[7] * cfg[8] * m2.V));
-    double e = rel_err(m2.a.logits, lg->data, lg->numel);
+    double e = rel_err(m2.train->a.logits, lg->data, lg->numel);
     print_message("PyTorch on nanolm's file vs nanolm: logits rel err %.3g\n", e);
     assert_true(e < 1e-5);
     nl_model_free(&m2);

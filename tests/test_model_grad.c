@@ -234,11 +234,11 @@ static void test_model_grad(void **state) {
             nl_model_forward(&m, tok, tgt, 2, 6, &lm);
             m.params[i] = x0;
             double num = ((double)lp - lm) / (2.0 * h);
-            double d = fabs(num - m.grads[i]);
+            double d = fabs(num - m.train->grads[i]);
             if (d > md) md = d;
             if (fabs(num) > mg) mg = fabs(num);
             if (d > 2e-3 + 2e-2 * fabs(num))
-                fail_msg("%s[%zu]: analytic %.6g numeric %.6g", tab[k].name, i - tab[k].offset, m.grads[i], num);
+                fail_msg("%s[%zu]: analytic %.6g numeric %.6g", tab[k].name, i - tab[k].offset, m.train->grads[i], num);
         }
         print_message("%-44s max|err| %.2g (max|grad| %.2g)\n", tab[k].name, md, mg);
     }

@@ -66,14 +66,16 @@ static void test_kv_cache_matches_forward(void **state) {
     assert_int_equal(nl_tokenizer_encode(&tok, text, strlen(text), 1, 0, &ids, &n), NL_OK);
     int64_t T = n - 1;
     assert_int_equal(nl_model_alloc_acts(&m, 1, T), NL_OK);
-    assert_int_equal(nl_model_alloc_kv(&m), NL_OK);
+    nl_decode_state st;
+    assert_int_equal(nl_decode_state_init(&st, &m, NL_KV_FP32), NL_OK);
     float loss;
     assert_int_equal(nl_model_forward(&m, ids, ids + 1, 1, T, &loss), NL_OK);
     double md = 0, mx = 0;
     for (int64_t t = 0; t < T; t++) {
-        const float *lg = nl_model_step(&m, ids[t], t);
+        const float *lg = nl_model_step(&m, &st, ids[t], t);
+        assert_non_null(lg);
         for (int64_t v = 0; v < m.V; v++) {
-            double d = fabs(lg[v] - m.a.logits[t * m.V + v]);
+            double d = fabs(lg[v] - m.train->a.logits[t * m.V + v]);
             if (d > md) md = d;
             if (fabs(lg[v]) > mx) mx = fabs(lg[v]);
         }
@@ -83,6 +85,7 @@ static void test_kv_cache_matches_forward(void **state) {
     assert_true(md <= 1e-4 * mx);
     nl_free(ids);
     nl_tokenizer_free(&tok);
+    nl_decode_state_free(&st);
     nl_model_free(&m);
 }
 

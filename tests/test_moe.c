@@ -112,7 +112,7 @@ static void grad_check(float capacity, float aux) {
             same = same && !memcmp(sel0, m.moe->layers[0].sel, sizeof sel0) && m.moe->dropped == dropped;
             *w = w0;
             if (!same) continue; /* the perturbation changed the routing: not differentiable there */
-            double num = (fp - fm) / (2.0 * h), an = m.grads[p->offset + j];
+            double num = (fp - fm) / (2.0 * h), an = m.train->grads[p->offset + j];
             if (fabs(an - num) > md) md = fabs(an - num);
             if (fabs(num) > mg) mg = fabs(num);
             checked++;

@@ -60,7 +60,7 @@ static void ste_gradients(void **state) {
     assert_int_equal(nl_model_forward(&m, x, y, B, T, &loss_fp), NL_OK);
     assert_int_equal(nl_model_backward(&m), NL_OK);
     float *g_fp = malloc(m.n_params * sizeof(float));
-    memcpy(g_fp, m.grads, m.n_params * sizeof(float));
+    memcpy(g_fp, m.train->grads, m.n_params * sizeof(float));
     float *master = malloc(m.n_params * sizeof(float));
     memcpy(master, m.params, m.n_params * sizeof(float));
 
@@ -84,9 +84,9 @@ static void ste_gradients(void **state) {
 
     double gmax = 0, diff = 0, dfp = 0;
     for (size_t i = 0; i < m.n_params; i++) {
-        gmax = fmax(gmax, fabs(r.grads[i]));
-        diff = fmax(diff, fabs(m.grads[i] - r.grads[i]));
-        dfp = fmax(dfp, fabs(m.grads[i] - g_fp[i]));
+        gmax = fmax(gmax, fabs(r.train->grads[i]));
+        diff = fmax(diff, fabs(m.train->grads[i] - r.train->grads[i]));
+        dfp = fmax(dfp, fabs(m.train->grads[i] - g_fp[i]));
     }
     print_message("loss fp32 %.6f, QAT %.6f, fp32 at quantized weights %.6f; max |g_qat - g_at_wq| %.3g, "
                   "max |g_qat - g_fp32| %.3g (max |g| %.3g)\n",

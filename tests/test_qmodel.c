@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "nanolm/checkpoint.h"
+#include "nanolm/infer.h"
 #include "nanolm/model.h"
 #include "nanolm/quantize_model.h"
 #include "nanolm/tokenizer.h"
@@ -109,15 +110,19 @@ static void test_quantize_model_synthetic(void **state) {
     assert_non_null(strstr(nl_last_error(), "quant_fixture.json"));
 }
 
-/* Greedy tokens after the prompt (the first n). */
-static void greedy(nl_model *m, const int *ids, int64_t np, int n, int *out) {
+/* Greedy tokens after the prompt (the first n), from an fp32 cache. */
+static void greedy(const nl_model *m, const int *ids, int64_t np, int n, int *out) {
+    nl_decode_state st;
+    QOK(nl_decode_state_init(&st, m, NL_KV_FP32));
     int token = ids[0], k = 0;
     for (int64_t pos = 0; k < n; pos++) {
-        float *logits = nl_model_step(m, token, pos);
+        float *logits = nl_model_step(m, &st, token, pos);
+        assert_non_null(logits);
         int next = pos < np - 1 ? ids[pos + 1] : nl_model_sample(logits, m->V, 0.0f, NULL);
         if (pos >= np - 1) out[k++] = next;
         token = next;
     }
+    nl_decode_state_free(&st);
 }
 
 /* The real model: int8 per channel (W8A8) on stories260K changes the mean loss on the first
@@ -140,7 +145,6 @@ static void test_stories260k(void **state) {
     QOK(nl_tokenizer_encode(&tok, "Once upon a time", 16, 1, 0, &pids, &np));
     if (n > 16384) n = 16384;
     QOK(nl_model_alloc_acts(&m, 4, 512));
-    QOK(nl_model_alloc_kv(&m));
     double l32, lq;
     int64_t scored;
     QOK(nl_eval_loss_tokens(&m, ids, n, 4, 512, &l32, &scored));

@@ -904,6 +904,7 @@ static void dummy_engine(void **state) {
     assert_non_null(d.e);
     assert_string_equal(d.name, "dummy");
     assert_int_equal(nl_engine_arch(d.e)->dim, 64);
+    assert_null(d.m.train); /* the serving model has no training state */
     nl_dummy_engine_close(&d);
     assert_null(d.e);
     a.vocab_size = 512;

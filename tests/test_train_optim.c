@@ -34,16 +34,16 @@ static void test_grad_clip(void **state) {
     tiny_model(&m);
     double ss = 0;
     for (size_t i = 0; i < m.n_params; i++) {
-        m.grads[i] = (float)((int)(i % 7) - 3) * 0.5f;
-        ss += (double)m.grads[i] * m.grads[i];
+        m.train->grads[i] = (float)((int)(i % 7) - 3) * 0.5f;
+        ss += (double)m.train->grads[i] * m.train->grads[i];
     }
     double norm = nl_grad_clip(&m, 1.0);
     assert_true(fabs(norm - sqrt(ss)) < 1e-6 * sqrt(ss));
     assert_true(fabs(nl_grad_norm(&m) - 1.0) < 1e-5);
     /* below the threshold nothing changes */
-    float g0 = m.grads[1];
+    float g0 = m.train->grads[1];
     nl_grad_clip(&m, 10.0);
-    assert_true(m.grads[1] == g0);
+    assert_true(m.train->grads[1] == g0);
     nl_model_free(&m);
 }
 
@@ -55,17 +55,17 @@ static void test_grad_scaler(void **state) {
     assert_true(s.scale == 65536.0f);
     nl_model m;
     tiny_model(&m);
-    for (size_t i = 0; i < m.n_params; i++) m.grads[i] = 65536.0f * 0.25f;
+    for (size_t i = 0; i < m.n_params; i++) m.train->grads[i] = 65536.0f * 0.25f;
     assert_int_equal(nl_scaler_unscale(&s, &m), 0);
-    assert_true(m.grads[0] == 0.25f);
+    assert_true(m.train->grads[0] == 0.25f);
     nl_scaler_update(&s, 0);
-    m.grads[5] = INFINITY;
+    m.train->grads[5] = INFINITY;
     assert_int_equal(nl_scaler_unscale(&s, &m), 1);
     nl_scaler_update(&s, 1);
     assert_true(s.scale == 32768.0f);
     assert_int_equal(s.skipped, 1);
     assert_int_equal(s.good_steps, 0);
-    m.grads[5] = NAN;
+    m.train->grads[5] = NAN;
     assert_int_equal(nl_scaler_unscale(&s, &m), 1);
     for (int i = 0; i < 1999; i++) nl_scaler_update(&s, 0);
     assert_true(s.scale == 32768.0f);

@@ -38,7 +38,7 @@ static void bwd_default(void *user, const nl_linear_site *site, float *din, floa
 static void run(nl_model *m, int unfused, float *logits, float *losses, float *grads, float *mean) {
     nl_linear_ops ops = {fwd_default, bwd_default, m};
     m->linear_ops = unfused ? &ops : NULL;
-    int64_t B = m->B, T = m->T;
+    int64_t B = m->train->B, T = m->train->T;
     int32_t *x = malloc((size_t)(B * T) * sizeof(int32_t)), *y = malloc((size_t)(B * T) * sizeof(int32_t));
     for (int64_t i = 0; i < B * T; i++) {
         x[i] = (int32_t)((i * 37 + 11) % 256);
@@ -46,10 +46,10 @@ static void run(nl_model *m, int unfused, float *logits, float *losses, float *g
     }
     nl_model_zero_grad(m);
     assert_int_equal(nl_model_forward(m, x, y, B, T, mean), NL_OK);
-    memcpy(logits, m->a.logits, (size_t)(B * T * m->V) * sizeof(float));
-    memcpy(losses, m->a.losses, (size_t)(B * T) * sizeof(float));
+    memcpy(logits, m->train->a.logits, (size_t)(B * T * m->V) * sizeof(float));
+    memcpy(losses, m->train->a.losses, (size_t)(B * T) * sizeof(float));
     assert_int_equal(nl_model_backward(m), NL_OK);
-    memcpy(grads, m->grads, m->n_params * sizeof(float));
+    memcpy(grads, m->train->grads, m->n_params * sizeof(float));
     m->linear_ops = NULL;
     free(x);
     free(y);

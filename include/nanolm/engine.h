@@ -40,6 +40,7 @@
 
 #include "nanolm/arch.h"
 #include "nanolm/base.h"
+#include "nanolm/infer.h"
 #include "nanolm/matvec.h"
 #include "nanolm/model.h"
 #include "nanolm/sampler.h"

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "nanolm/base.h"
-#include "nanolm/model.h"
+#include "nanolm/infer.h"
 #include "nanolm/paged_attention.h"
 
 #ifdef __cplusplus

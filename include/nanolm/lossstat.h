@@ -49,10 +49,12 @@ nl_status nl_eval_token_losses(nl_model *m, const nl_data *d, nl_data_split spli
  * allocated here) with the batch-means statistics (se_batch 0: sqrt(tokens)) and, with a llama2.c
  * tokenizer (llama2c = 1), the mean split between non-ASCII byte-fallback targets (pieces
  * <0x80>..<0xFF>) and the rest; kv >= 0: token by token through a KV cache of that nl_kv_dtype
- * (allocated here), loss only. target_se > 0: the tokens needed for that standard error. */
+ * (a decode state made and freed here), loss only. target_se > 0: the tokens needed for that
+ * standard error. */
 typedef struct nl_eval_summary {
     int64_t scored;
-    double loss; /* mean over all scored tokens */
+    double loss;     /* mean over all scored tokens */
+    size_t kv_bytes; /* kv >= 0: bytes of the K/V storage of the cache as allocated */
     nl_loss_stats st;
     int show_fb; /* the byte-fallback split applies */
     int64_t n_fb;

@@ -3,14 +3,10 @@
  * fp32, bf16, int8 or int4, where M is small (1 for one stream, up to a few hundred for a batched
  * step). Knows nothing of models.
  *
- * Batch 1 is a matrix-vector product whose time is reading W once. On every SIMD path (AVX-512,
- * AVX2, NEON) fp32 and bf16 weights are stored in panels of 48 rows, column by column (see
- * nl_mv_weight), and a tile walks one panel (or, for few tokens, two adjacent ones: two sequential
- * streams) front to back against the tokens held in registers (AVX-512: up to 8 tokens against a
- * whole panel; AVX2: up to 2 against a panel or 6 against a slice of 16 rows), so a small batch
- * still reads W once from memory; OpenMP threads take two whole panels at a time. int8 on
- * AVX-512 VNNI reads panels too; int8 elsewhere and int4 stream W row by row. Portable C reads
- * the rows, in tiles of 4 rows x 4 tokens.
+ * Batch 1 is a matrix-vector product whose time is reading W once. Each kernel path (AVX-512,
+ * AVX2, NEON, portable C) keeps the weight in a layout of its own, chosen so that a small batch
+ * still reads W once from memory; the layouts and the kernels' tiles are internal to numerics/
+ * (src/numerics/matvec_internal.h).
  *
  * Exact on every path: y[m][n] is computed by the same sequence of operations whatever the path
  * (NANOLM_ISA), M, the tokens that share the call and the number of threads. Each fp32 / bf16
@@ -24,23 +20,17 @@
  *   BF16  W rounded to bfloat16 (nl_bf16_from_f32 of formats.h), expanded to fp32 in registers; fp32 activations.
  *   INT8  W8A8 with the weights of nanolm/qlinear.h: int8 codes with one fp32 absmax scale per
  *         output row, each token quantized once per input by absmax (nl_mv_act), int32 sums
- *         (exact, so any order gives the same bits: AVX-512 VNNI, AVX2 vpmaddubsw on |w| against
- *         the activation carrying w's sign, NEON sdot or widening multiplies, portable C), one multiply by
- *         both scales: the same bits as nl_qlinear_forward.
+ *         (exact, so any order and any path give the same bits), one multiply by both scales:
+ *         the same bits as nl_qlinear_forward.
  *   INT4  llama.cpp's Q4_0 granularity: each output row cut into groups of 32 consecutive input
  *         columns (the last one zero padded), scale d = absmax / 7 stored as fp16 (nearest even),
- *         codes q = clamp(rint(w / d), -8, 7) stored as q + 8, two per byte: byte i of a group
- *         holds column i in its low nibble and column i + 16 in its high nibble (the bytes of
- *         16 groups interleaved 4 at a time so that a load puts each group in its own lane, and
- *         one chain of dpbusd sums a whole group without a horizontal add). Activations as
- *         INT8 (each token once, absmax). A (row, token) output is
+ *         codes q = clamp(rint(w / d), -8, 7). Activations as INT8 (each token once, absmax).
+ *         A (row, token) output is
  *             y = s_x * sum over lanes j of the 16-lane tree below of
  *                 acc[j] = sum over groups g = j, j + 16, ... in order of (float)isum_g * d_g
  *         where isum_g is the group's exact int32 dot product; the lanes are added as
  *         ((0+8)+(4+12)) + ((2+10)+(6+14)) ... (the halving tree: j + 8, then + 4, + 2, + 1).
- *         AVX-512 VNNI (dpbusd on the unsigned nibbles against the signed activation codes,
- *         minus 8 x the group's activation sum), AVX2 (the same 8 lanes at a time with
- *         vpmaddubsw / vpmaddwd) and portable C (also on ARM) give the same bits.
+ *         Every path gives the same bits.
  */
 #ifndef NANOLM_MATVEC_H
 #define NANOLM_MATVEC_H
@@ -94,35 +84,22 @@ typedef struct nl_mv_weight {
     int64_t rows, cols; /* N (outputs), K (inputs) */
     const float *f32;   /* FP32: (N, K), borrowed or owned (owned_f32) */
     float *owned_f32;
-    float *f32_panels;     /* FP32 on a SIMD path: a copy in panels of NL_MV_PANEL rows, each
-                          column by column (the 48 rows' values of column 0, then of column 1,
-                          ...; rows past N zero), read by that path's kernels instead of f32 */
+    /* The path's own layouts (src/numerics/matvec_internal.h); NULL where the path has none. */
+    float *f32_panels;     /* FP32 on a SIMD path: a panel copy, read instead of f32 */
     uint16_t *bf16;        /* BF16 on the portable path: (N, K) bfloat16 bits (NULL on SIMD) */
-    uint16_t *bf16_panels; /* BF16 on a SIMD path: the weight in panels of NL_MV_PANEL rows by
-                              pairs of columns (for each pair the 48 rows' two values side by
-                              side; rows past N and a last odd column's partner zero) */
+    uint16_t *bf16_panels; /* BF16 on a SIMD path: the weight, in panels only */
     nl_qlinear q8;         /* INT8 (on the AVX512 path with VNNI q8.w is NULL: the codes are in q8_panels) */
-    int8_t *q8_panels;     /* INT8 on the AVX512 path with VNNI: the codes (k_pad columns) in panels of
-                          NL_MV_PANEL rows by groups of 4 columns (for each group the 48 rows' 4
-                          codes side by side; rows past N zero) */
-    uint8_t *q4;           /* INT4: (N, groups * 16) packed codes + 8 (see above), each row's bytes in
-                        chunks of 16 groups cut in 4 slices of 4 bytes per group (the kernel's
-                        lane order; matvec.c q4_byte_at) */
+    int8_t *q8_panels;     /* INT8 on the AVX512 path with VNNI: the codes, in panels only */
+    uint8_t *q4;           /* INT4: (N, groups * 16) packed codes + 8, in the kernels' byte order */
     uint16_t *q4_d;        /* INT4: (N, groups) fp16 scales */
     int64_t groups;        /* INT4: ceil(K / 32) */
     nl_mv_path path;       /* resolved (never AUTO) */
 } nl_mv_weight;
 
-/* Rows per panel (f32_panels, bf16_panels, q8_panels). */
-#define NL_MV_PANEL 48
-
-/* Columns per INT4 scale. */
-#define NL_MV_INT4_GROUP 32
-
 /* Prepares W (N, K) in format fmt. FP32 borrows w (it must outlive the weight) unless copy is
  * set; on a SIMD path it also keeps its panel copy (N rounded up to 48, x K x 4 bytes).
- * BF16 on a SIMD path and INT8 on the AVX512 path with VNNI hold their values in panels only (N rounded up to
- * 48 rows); nl_mv_weight_set_path moves them back into rows for another path.
+ * BF16 on a SIMD path and INT8 on the AVX512 path with VNNI hold their values in panels only (N
+ * rounded up to 48 rows); nl_mv_weight_set_path moves them back into rows for another path.
  * Errors: NL_ERR_INVALID for sizes or format (AUTO is not a format here), NaN/inf in w
  * (naming the index) for BF16, INT8 and INT4; NL_ERR_RANGE for an INT4 group whose scale
  * overflows fp16 (|w| > 458,000, naming the row and columns); NL_ERR_NOMEM. */
@@ -156,7 +133,7 @@ size_t nl_mv_weight_bytes(const nl_mv_weight *wt);
 nl_status nl_mv_int4_dequantize(const nl_mv_weight *wt, float *w);
 
 /* y (M, N) = x (M, K) . W^T with `threads` OpenMP threads (<= 0: the OpenMP default). Batch
- * invariant (see above). Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8 or INT4 (naming the
+ * invariant (exact, above). Errors: M < 1 (NL_ERR_INVALID), NaN/inf in x for INT8 or INT4 (naming the
  * index), NL_ERR_NOMEM (INT8 activation buffers). */
 nl_status nl_mv_forward(const nl_mv_weight *wt, const float *x, int64_t M, float *y, int threads);
 
@@ -169,8 +146,7 @@ typedef struct nl_mv_act {
     int8_t *q;        /* INT8, INT4: (M, kp) codes */
     uint8_t *qu;      /* INT8 on VNNI: (M, kp) codes + 128 */
     float *scale;     /* INT8, INT4: (M) token scales */
-    int8_t *q4x;      /* INT4 on VNNI: (M, kp) codes, per 128 columns the first 16 of each of the 4
-                         groups, then their last 16 (the order of a 64-byte load of packed codes) */
+    int8_t *q4x;      /* INT4 on VNNI: (M, kp) codes in the kernel's load order (matvec_internal.h) */
     int32_t *xsum;    /* INT4: (M, kp / 32) each group's sum of codes */
     size_t cap_codes, cap_tokens, cap_q4;
 } nl_mv_act;

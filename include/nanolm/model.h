@@ -7,8 +7,8 @@
  *   logits (B, T, V) = Wcls . rmsnorm(x)       (Wcls = embedding when tied)
  *
  * Memory layout: every parameter lives in ONE flat fp32 allocation (`params`), gradients in a
- * second with the same layout (`grads`). A layer's tensors are contiguous, so a layer (or any
- * ZeRO shard) is an offset range. The order is:
+ * second with the same layout (`train->grads`). A layer's tensors are contiguous, so a layer (or
+ * any ZeRO shard) is an offset range. The order is:
  *   model.embed_tokens.weight                          (V, C)
  *   for each layer l:                                  [layer_offset(l), layer_offset(l+1))
  *     model.layers.l.input_layernorm.weight            (C)
@@ -149,14 +149,14 @@ typedef struct nl_attn_ops {
 
 struct nl_model;
 /* The linear layer: m->linear_ops when installed, else the default below. */
-void nl_linear_forward(struct nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
-                       int64_t n, int64_t in_dim, int64_t out_dim);
+void nl_linear_forward(const struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
+                       const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
 void nl_linear_backward(struct nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
                         const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
 /* The default linear, whatever hook is installed (a hook that wraps it calls these): inputs
  * rounded per m->precision, then cblas_sgemm in fixed row blocks over the OpenMP threads
  * (bit-identical run to run for a given thread count). Same contract as nl_linear_ops. */
-void nl_linear_forward_default(struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
+void nl_linear_forward_default(const struct nl_model *m, const nl_linear_site *site, float *out, const float *in,
                                const float *w, int64_t n, int64_t in_dim, int64_t out_dim);
 void nl_linear_backward_default(struct nl_model *m, const nl_linear_site *site, float *din, float *dw,
                                 const float *dout, const float *in, const float *w, int64_t n, int64_t in_dim,
@@ -192,42 +192,55 @@ typedef struct nl_acts {
     float *lp_scratch2; /* (B*T*maxdim) */
 } nl_acts;
 
+/* ---- training state -------------------------------------------------------------------------
+ * What a forward and backward write besides the output: gradients, activations, the
+ * low-precision copies, and the last forward's shape, tokens and loss. A model points to one
+ * (m->train) only once something needs it: nl_model_alloc_grads, nl_model_alloc_acts or
+ * nl_model_set_precision(bf16/fp16) creates it, nl_model_free frees it. A model loaded to
+ * generate or serve (nl_model_step, the serving engine) never gets one: m->train stays NULL and
+ * such a model is its weights and shape only.
+ *
+ * A pointer rather than a struct passed to every forward/backward: the forward, the backward,
+ * the linear hooks, MoE and every parallel layout already take the model, so the model keeps
+ * that one handle (nl_model_forward(m, ...) is unchanged) while the weights part no longer
+ * carries the buffers; the decode state (nanolm/infer.h), which several sequences have over one
+ * model, is the one passed separately. The optimizer's moments are the trainer's
+ * (nanolm/train.h). */
+typedef struct nl_train_state {
+    float *grads; /* same layout as params; NULL until nl_model_alloc_grads */
+    /* activations (nl_model_alloc_acts) */
+    int64_t B, T;   /* what acts is sized for (0 before nl_model_alloc_acts) */
+    int64_t maxdim; /* widest matmul operand row: max(C, QKV, 2H, V) */
+    float *acts_mem;
+    size_t acts_floats;
+    nl_acts a;
+    /* bf16/fp16 matmuls (nl_model_set_precision) */
+    float *params_lp; /* params rounded to the model's precision */
+    float *lp_mem;    /* the two lp_scratch buffers (once the activations are sized) */
+    size_t lp_floats;
+    /* the last forward */
+    int64_t B_cur, T_cur;            /* its shape */
+    const int32_t *tokens, *targets; /* borrowed; valid until backward */
+    float mean_loss;                 /* of the last forward with targets */
+    float loss_scale;                /* dlogits are multiplied by this (fp16 loss scaling); 1 */
+} nl_train_state;
+
+/* The model: its shape, its weights (one flat allocation, read-only once loaded for inference)
+ * and how its matmuls run; training state behind m->train (NULL until needed, above). */
 typedef struct nl_model {
     nl_arch arch;
     int64_t C, L, NH, KVH, hd, H, V, QKV; /* QKV = (NH + 2 KVH) * hd */
     /* parameters */
     size_t n_params; /* floats */
     float *params;   /* one allocation */
-    float *grads;    /* same layout; NULL until nl_model_alloc_grads */
     nl_weights w;
     nl_param_info *table; /* n_tensors entries, in memory order */
     int n_tensors;
-    size_t *layer_offsets; /* [L+1]: layer l spans [layer_offsets[l], layer_offsets[l+1]) */
-    /* activations */
-    int64_t B, T;   /* what acts is sized for (0 before nl_model_alloc_acts) */
-    int64_t maxdim; /* widest matmul operand row: max(C, QKV, 2H, V) */
-    float *acts_mem;
-    size_t acts_floats;
-    float *lp_mem; /* the two lp_scratch buffers (bf16/fp16 only) */
-    size_t lp_floats;
-    int64_t B_cur, T_cur;            /* shape of the last forward */
-    const int32_t *tokens, *targets; /* of the last forward (borrowed; valid until backward) */
-    nl_acts a;
+    size_t *layer_offsets;      /* [L+1]: layer l spans [layer_offsets[l], layer_offsets[l+1]) */
     float *rope_cos, *rope_sin; /* (seq_len, hd/2) */
-    /* precision of matmul inputs */
-    nl_precision precision;
-    float *params_lp;          /* params rounded to `precision` (bf16/fp16 only) */
+    /* how the matmuls run */
+    nl_precision precision;    /* of matmul inputs (bf16/fp16: with the rounded copy in train) */
     nl_linear_ops *linear_ops; /* NULL: default path */
-    float loss_scale;          /* dlogits are multiplied by this (fp16 loss scaling); 1 */
-    float mean_loss;           /* of the last forward with targets */
-    /* inference KV cache (nl_model_alloc_kv / nl_model_alloc_kv_dtype) */
-    float *kv_cache;     /* (L, 2, seq_len, KVH*hd) fp32 K and V, then the single-token
-                                    buffers below; with an int8 cache only those buffers */
-    int kv_dtype;        /* nl_kv_dtype of the allocated cache */
-    int8_t *kv_codes;    /* int8 cache: (L, 2, seq_len, KVH*hd) codes, then the scales */
-    uint16_t *kv_scales; /* int8 cache: (L, 2, seq_len, KVH) fp16 absmax step per head and token */
-    size_t kv_bytes;     /* bytes of the K/V storage as allocated (codes + scales, or fp32) */
-    float *inf_x, *inf_xb, *inf_q, *inf_att, *inf_hb, *inf_logits;
     /* context parallelism: the global position of each of the T columns of a batch (NULL:
      * 0..T-1), used by RoPE; and the attention replacement (NULL: nl_attention_*) */
     const int64_t *positions;
@@ -239,6 +252,8 @@ typedef struct nl_model {
     int no_embed, no_tail;
     /* NANOLM_STEP_PROFILE: the forward and backward mark their phases here (NULL: no profile) */
     struct nl_step_prof *prof;
+    /* gradients, activations, low-precision copies; NULL for a model that only runs inference */
+    nl_train_state *train;
 } nl_model;
 
 /* Builds a model for `arch` with parameters allocated (zeroed). Returns NL_ERR_INVALID for a bad
@@ -256,9 +271,10 @@ void nl_model_free(nl_model *m);
 /* GPT-2-style random initialisation: linear weights ~ N(0, 0.02), o_proj/down_proj scaled by
  * 1/sqrt(2L), norms = 1. Deterministic for a seed. */
 void nl_model_init_random(nl_model *m, uint64_t seed);
-/* Allocates (and zeroes) the gradient buffer. */
+/* Allocates (and zeroes) the gradient buffer m->train->grads (creating m->train). */
 nl_status nl_model_alloc_grads(nl_model *m);
-/* Sizes the activation buffer for batches of up to (B, T) tokens, T <= seq_len. Called once. */
+/* Sizes the activation buffer m->train->a for batches of up to (B, T) tokens, T <= seq_len
+ * (creating m->train). Called once. */
 nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T);
 /* Bytes of each buffer (exact, as allocated). */
 size_t nl_model_param_bytes(const nl_model *m);
@@ -271,67 +287,53 @@ int nl_model_params_table(const nl_model *m, const nl_param_info **out);
 /* Finds a tensor by its HF name; NULL if absent. */
 const nl_param_info *nl_model_find_param(const nl_model *m, const char *name);
 
-/* Sets matmul precision (allocates the low-precision weight copy when needed). */
+/* Sets matmul precision (allocates the low-precision weight copy in m->train for bf16/fp16). */
 nl_status nl_model_set_precision(nl_model *m, nl_precision p);
 
-/* Forward over tokens (B, T) (B, T <= the sizes of nl_model_alloc_acts). When targets is not
- * NULL computes per-token cross-entropy and returns the mean in *loss (may be NULL).
- * Tokens outside [0, V) give NL_ERR_INVALID naming the index. */
+/* Forward over tokens (B, T) (B, T <= the sizes of nl_model_alloc_acts) into m->train->a. When
+ * targets is not NULL computes per-token cross-entropy and returns the mean in *loss (may be
+ * NULL). Tokens outside [0, V) give NL_ERR_INVALID naming the index; a model without activations
+ * NL_ERR_INVALID. */
 nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                            float *loss);
 /* Backward of the last forward (which must have had targets): adds (+=) d(mean loss)/d(param)
- * times m->loss_scale into m->grads. */
+ * times m->train->loss_scale into m->train->grads. */
 nl_status nl_model_backward(nl_model *m);
-/* Zeroes m->grads. */
+/* Zeroes m->train->grads (nothing without them). */
 void nl_model_zero_grad(nl_model *m);
 
-/* ---- inference ---------------------------------------------------------------------------------- */
-/* Element type of the KV cache. INT8: per head and per token absmax, 8-bit codes
- * q = round_half_even(x / s) in [-127, 127] with s = fp16(max|x| / 127) (the scale stored as
- * fp16); attention dequantizes on the fly: score = s_k * (q_vec . codes_k), out += p s_v codes_v. */
-typedef enum nl_kv_dtype { NL_KV_FP32 = 0, NL_KV_INT8 = 1 } nl_kv_dtype;
-/* Allocates the fp32 KV cache and the single-token buffers (nl_model_alloc_kv_dtype, FP32). */
-nl_status nl_model_alloc_kv(nl_model *m);
-/* Allocates the KV cache with element type dt (replacing one of another type) and the
- * single-token buffers; m->kv_bytes receives the bytes of the K/V storage. Errors:
- * NL_ERR_INVALID (unknown dt), NL_ERR_UNSUPPORTED (MoE), NL_ERR_NOMEM. */
-nl_status nl_model_alloc_kv_dtype(nl_model *m, nl_kv_dtype dt);
-/* The int8 KV format of one token: per head absmax of x (KVH, hd) into codes (KVH*hd) and fp16
- * scales (KVH), as described at nl_kv_dtype (shared by this cache and the serving engine's). */
-void nl_kv_quantize_token(int8_t *codes, uint16_t *scales, const float *x, int64_t KVH, int64_t hd);
-/* Runs one token at position pos (0-based, < seq_len) with the KV cache; returns logits (V). */
-float *nl_model_step(nl_model *m, int32_t token, int64_t pos);
-/* Picks the next token from logits (V): argmax when temperature == 0, else samples from
- * softmax(logits / temperature) with rng. Modifies logits. */
-int32_t nl_model_sample(float *logits, int64_t V, float temperature, nl_rng *rng);
+/* Decoding one token at a time with a KV cache (nl_decode_state, nl_model_step): nanolm/infer.h. */
 
-/* ---- building blocks (exposed for tests, shapes as in llm.c) ---------------------------------- */
+/* ---- layer kernels (src/model/layers.c; shapes and argument order as in llm.c) -------------------
+ * The operations every NanoLM forward is built from, on plain arrays: nl_model_forward/backward,
+ * the decode step (nanolm/infer.h), the pipeline stage (parallel/pipeline.c), the serving runner
+ * (serve/runner.c) and the machine probe call these same functions, so each computes the bits
+ * the others do. Outputs first; backward accumulates (+=) into parameter gradients. */
+/* out (N, C) = x / sqrt(mean(x^2) + eps) * w; rstd (N) saved for backward. */
 void nl_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C, float eps);
-/* x (N, C) += r (skipped when r is NULL), then as nl_rmsnorm_forward on the sum (one pass). */
-void nl_rmsnorm_residual_forward(float *out, float *rstd, float *x, const float *r, const float *w, int64_t N,
-                                 int64_t C, float eps);
+/* dx (N, C) += d/dx, dw (C) += d/dw from dout (N, C), the forward input x and its rstd. */
 void nl_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
                          int64_t N, int64_t C);
-/* RoPE on (B, T, nh, hd) rows with row stride `stride` floats; inverse=1 rotates backwards. */
+/* RoPE on (B, T, nh, hd) rows with row stride `stride` floats, pair (2i, 2i+1) of a head at
+ * position t rotated by cos_t/sin_t (T, hd/2); inverse=1 rotates backwards. */
 void nl_rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t nh, int64_t hd,
                    int64_t stride, int inverse);
 /* RoPE on one row of nh heads of size hd at one position (cos_t/sin_t: that position's hd/2
  * entries), on the calling thread: nl_rope_apply's arithmetic without a parallel region. */
-/* The two parts of nl_rmsnorm_backward: dx rows [n0, n1), and dw columns [c0, c0 + 64) summed over
- * all N rows in order (the fused backward runs them inside its own parallel regions). */
-enum { NL_RMSNORM_DW_BLOCK = 64 };
-void nl_rmsnorm_backward_rows(float *dx, const float *dout, const float *x, const float *w, const float *rstd,
-                              int64_t n0, int64_t n1, int64_t C);
-void nl_rmsnorm_backward_dw_cols(float *dw, const float *dout, const float *x, const float *rstd, int64_t N, int64_t C,
-                                 int64_t c0);
 void nl_rope_row(float *row, const float *cos_t, const float *sin_t, int64_t nh, int64_t hd, int inverse);
+/* Causal grouped-query attention: qkv (B, T, (NH+2KVH)*hd) rows [q | k | v] (q, k rotated),
+ * query head h reads kv head h / (NH/KVH); out (B, T, NH*hd), att (B, NH, T, T) the softmax
+ * probabilities (row t: columns 0..t). */
 void nl_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH,
                           int64_t hd);
+/* dqkv (B, T, QKV) = d/dqkv (overwritten) from dout (B, T, NH*hd); datt (B, NH, T, T) scratch. */
 void nl_attention_backward(float *dqkv, float *datt, const float *dout, const float *att, const float *qkv, int64_t B,
                            int64_t T, int64_t NH, int64_t KVH, int64_t hd);
 /* x (N, D) += bias (D) on every row. */
 void nl_add_bias(float *x, const float *bias, int64_t N, int64_t D);
+/* h13 (N, 2H) rows [gate | up]; out (N, H) = silu(gate) * up. */
 void nl_swiglu_forward(float *out, const float *h13, int64_t N, int64_t H);
+/* dh13 (N, 2H) = d/dh13 (overwritten) from dout (N, H). */
 void nl_swiglu_backward(float *dh13, const float *dout, const float *h13, int64_t N, int64_t H);
 
 #ifdef __cplusplus

@@ -104,13 +104,8 @@ int nl_moe_is_layer(const nl_model *m, int64_t l);
 /* Offset range (floats) of layer l's routed experts held by this rank: [*begin, *end). */
 void nl_moe_expert_range(const nl_model *m, int64_t l, size_t *begin, size_t *end);
 
-/* Internal to the model (called by nl_model_forward/backward and alloc/free). */
-nl_status nl_moe_alloc_acts(nl_model *m, int64_t B, int64_t T);
-void nl_moe_free(nl_model *m);
-/* out (BT, C) = MoE MLP of layer l applied to x (BT, C); adds to the aux loss. */
-nl_status nl_moe_forward(nl_model *m, int64_t l, const float *x, float *out, int64_t B, int64_t T);
-/* dx (BT, C) = d/dx given dout (BT, C); accumulates parameter gradients (incl. aux loss). */
-nl_status nl_moe_backward(nl_model *m, int64_t l, const float *x, const float *dout, float *dx, int64_t B, int64_t T);
+/* (The MoE forward, backward and buffers that nl_model_forward/backward, nl_model_alloc_acts
+ * and nl_model_free call are internal to the model: src/model/model_internal.h.) */
 
 /* Built-in MoE presets: "moe-course-tiny" (the course's 64 routed + 2 shared experts, top-6,
  * scaled down to D = 64, 2 layers). Returns NL_ERR_INVALID for another name. */

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "nanolm/data.h"
+#include "nanolm/infer.h"
 #include "nanolm/model.h"
 
 #ifdef __cplusplus
@@ -104,12 +105,13 @@ nl_status nl_eval_window_count(const nl_data *d, nl_data_split split, int64_t T,
 nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t B, int64_t T, double *mean_loss,
                               int64_t *n_scored);
 
-/* The same loss computed token by token through the KV cache (nl_model_step, the generation
- * path) in its current element type (nl_model_alloc_kv_dtype first): window w of T tokens runs
- * positions 0..T-1 from an empty cache. At most max_windows windows (0: all). Errors as
- * nl_eval_loss, plus NL_ERR_INVALID without a KV cache or for a token outside the vocabulary. */
-nl_status nl_eval_loss_kv(nl_model *m, const nl_data *d, nl_data_split split, int64_t T, int64_t max_windows,
-                          double *mean_loss, int64_t *n_scored);
+/* The same loss computed token by token through a KV cache (nl_model_step, the generation path)
+ * with decode state st (nl_decode_state_init for m, in the cache's element type): window w of T
+ * tokens runs positions 0..T-1 from an empty cache. At most max_windows windows (0: all). Errors
+ * as nl_eval_loss, plus NL_ERR_INVALID for a state not made for m or a token outside the
+ * vocabulary. */
+nl_status nl_eval_loss_kv(const nl_model *m, nl_decode_state *st, const nl_data *d, nl_data_split split, int64_t T,
+                          int64_t max_windows, double *mean_loss, int64_t *n_scored);
 
 /* ---- the training loop ------------------------------------------------------------------------- */
 typedef struct nl_train_opts {

@@ -67,8 +67,9 @@ fn("nl_tokenizer_encode", ctypes.c_int, _P, ctypes.c_char_p, ctypes.c_size_t, ct
    ctypes.POINTER(_int_p), ctypes.POINTER(i64))
 fn("nl_tokenizer_piece", ctypes.c_void_p, _P, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t))
 fn("nl_tokenizer_piece_printable", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
-fn("nl_model_alloc_kv_dtype", ctypes.c_int, _P, ctypes.c_int)
-fn("nl_model_step", _lib.c_float_p, _P, ctypes.c_int32, i64)
+fn("nl_decode_state_init", ctypes.c_int, _P, _P, ctypes.c_int)
+fn("nl_decode_state_free", None, _P)
+fn("nl_model_step", _lib.c_float_p, _P, _P, ctypes.c_int32, i64)
 fn("nl_model_sample", ctypes.c_int32, _lib.c_float_p, i64, ctypes.c_float, _P)
 fn("nl_rng_seed", None, _P, ctypes.c_uint64)
 fn("nl_model_alloc_acts", ctypes.c_int, _P, i64, i64)
@@ -113,7 +114,8 @@ class Model:
         self._tok = tok         # nl_tokenizer
         self._qm = None         # nl_qmodel while quantized
         self._acts = None       # (B, T) the activations are sized for
-        self._kv = None
+        self._kv = None         # element type of the decode state _dec holds
+        self._dec = None        # nl_decode_state (opaque, padded) of generate(), made on first use
         self.path = path
         self.scheme = None      # quantization scheme name, None for fp32
 
@@ -158,6 +160,10 @@ class Model:
     def close(self):
         """Frees the C model now (also done when the object is collected)."""
         if getattr(self, "_m", None) is not None:
+            if self._dec is not None:
+                lib.nl_decode_state_free(self._dec)
+                self._dec = None
+                self._kv = None
             if self._qm is not None:
                 lib.nl_qmodel_free(self._qm)
                 self._qm = None
@@ -258,8 +264,12 @@ class Model:
         if not np.isfinite(temperature):
             raise _lib.InvalidError(f"generate: temperature must be finite, got {temperature}", 1, "invalid argument")
         if self._kv != kv_cache:
-            check(lib.nl_model_alloc_kv_dtype(m, _KV[kv_cache]), "generate")
-            self._kv = kv_cache
+            if self._dec is not None:
+                lib.nl_decode_state_free(self._dec)
+                self._dec, self._kv = None, None
+            dec = ctypes.create_string_buffer(_PAD)
+            check(lib.nl_decode_state_init(dec, m, _KV[kv_cache]), "generate")
+            self._dec, self._kv = dec, kv_cache
         rng = ctypes.create_string_buffer(32)
         lib.nl_rng_seed(rng, int(seed))
         bos = ctypes.cast(self._tok, ctypes.POINTER(_TokHead)).contents.bos_id
@@ -270,7 +280,9 @@ class Model:
             out += ctypes.string_at(p, ln)
         pos = 0
         while pos < steps:
-            logits = lib.nl_model_step(m, token, pos)
+            logits = lib.nl_model_step(m, self._dec, token, pos)
+            if not logits:
+                check(1, "generate")
             if pos < len(ids) - 1:
                 nxt = int(ids[pos + 1])
             else:

@@ -15,7 +15,8 @@ typedef struct eval_result {
     const char *ckpt, *path;
     nl_data_split split;
     int64_t T;
-    int kv; /* -1: batched eval; else the nl_kv_dtype of the cache */
+    int kv;          /* -1: batched eval; else the nl_kv_dtype of the cache */
+    size_t kv_bytes; /* kv >= 0: the cache's K/V bytes as allocated */
     int64_t scored;
     double loss;
     const nl_loss_stats *st;
@@ -37,7 +38,7 @@ static int print_eval(const eval_result *r, const nl_model *m, int json) {
     nl_report_int(rep, "seq", "", (long long)r->T, NULL);
     if (r->kv >= 0) {
         nl_report_str(rep, "kv_cache", "", r->kv == NL_KV_INT8 ? "int8" : "fp32");
-        nl_report_int(rep, "kv_cache_bytes", "", (long long)m->kv_bytes, NULL);
+        nl_report_int(rep, "kv_cache_bytes", "", (long long)r->kv_bytes, NULL);
         nl_report_int(rep, "kv_cache_bytes_fp16_basis", "", kv_fp16, NULL);
     } else {
         nl_report_num(rep, "se", "", r->st->se, NULL, NULL);
@@ -72,7 +73,7 @@ static int print_eval(const eval_result *r, const nl_model *m, int json) {
     nl_report_row_end(rep);
     if (r->kv >= 0)
         nl_report_note(rep, "KV cache %s: %zu bytes allocated for %lld positions (fp32 would be %lld, fp16 %lld)",
-                       r->kv == NL_KV_INT8 ? "int8" : "fp32", m->kv_bytes, (long long)m->arch.seq_len, kv_fp32,
+                       r->kv == NL_KV_INT8 ? "int8" : "fp32", r->kv_bytes, (long long)m->arch.seq_len, kv_fp32,
                        kv_fp16);
     else
         nl_report_note(rep,
@@ -159,8 +160,8 @@ int nl_cmd_eval(int argc, char **argv) {
         rcode = nl_cli_fail("eval");
         goto done;
     }
-    eval_result res = {ckpt,      path,   split,    T,         kv,          e.scored,  e.loss, &e.st,
-                       e.show_fb, e.n_fb, e.sum_fb, e.fb_mean, e.rest_mean, target_se, e.need};
+    eval_result res = {ckpt,  path,      split,  T,        kv,        e.kv_bytes,  e.scored,  e.loss,
+                       &e.st, e.show_fb, e.n_fb, e.sum_fb, e.fb_mean, e.rest_mean, target_se, e.need};
     rcode = print_eval(&res, &m, json);
 done:
     nl_data_free(&data);

@@ -11,6 +11,7 @@
 
 #include "nanolm/model.h"
 #include "blas_serial.h"
+#include "model_internal.h"
 #include "numerics/tile_gemm.h"
 #include "numerics/vexp.h"
 #include "numerics/vexp_simd.h"

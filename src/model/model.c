@@ -10,6 +10,7 @@
 #include "nanolm/model.h"
 #include "nanolm/moe.h"
 #include "blas_serial.h"
+#include "model_internal.h"
 #include "numerics/vexp.h"
 #include "numerics/vexp_simd.h"
 
@@ -182,7 +183,6 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
     m->H = arch->hidden_dim;
     m->V = arch->vocab_size;
     m->QKV = (m->NH + 2 * m->KVH) * m->hd;
-    m->loss_scale = 1.0f;
     m->precision = NL_PREC_FP32;
     size_t n_tab = (size_t)((m->arch.qkv_bias ? 12 : 9) * m->L + 3);
     if (m->moe) n_tab += (size_t)(m->L * (4 + 3 * m->moe->E_local));
@@ -216,17 +216,18 @@ static nl_status model_init(nl_model *m, const nl_arch *arch, int ep, int ep_ran
 void nl_model_free(nl_model *m) {
     nl_moe_free(m);
     nl_free(m->params);
-    nl_free(m->grads);
-    nl_free(m->params_lp);
-    nl_free(m->acts_mem);
-    nl_free(m->lp_mem);
+    if (m->train) {
+        nl_free(m->train->grads);
+        nl_free(m->train->params_lp);
+        nl_free(m->train->acts_mem);
+        nl_free(m->train->lp_mem);
+        nl_free(m->train);
+    }
     nl_free(m->rope_cos);
     nl_free(m->rope_sin);
     nl_free(m->table);
     nl_free(m->layer_offsets);
     nl_free(m->w.layers);
-    nl_free(m->kv_cache);
-    nl_free(m->kv_codes);
     memset(m, 0, sizeof *m);
 }
 
@@ -258,20 +259,32 @@ void nl_model_init_random(nl_model *m, uint64_t seed) {
     }
 }
 
+/* m->train, created on first use (the loss scale 1). */
+static nl_train_state *train_state(nl_model *m) {
+    if (!m->train) {
+        m->train = nl_calloc(1, sizeof *m->train, "training state");
+        if (m->train) m->train->loss_scale = 1.0f;
+    }
+    return m->train;
+}
+
 nl_status nl_model_alloc_grads(nl_model *m) {
-    if (m->grads) return NL_OK;
-    m->grads = nl_calloc(m->n_params, sizeof(float), "gradients");
-    return m->grads ? NL_OK : NL_ERR_NOMEM;
+    nl_train_state *ts = train_state(m);
+    if (!ts) return NL_ERR_NOMEM;
+    if (ts->grads) return NL_OK;
+    ts->grads = nl_calloc(m->n_params, sizeof(float), "gradients");
+    return ts->grads ? NL_OK : NL_ERR_NOMEM;
 }
 
 void nl_model_zero_grad(nl_model *m) {
-    if (!m->grads) return;
+    if (!m->train || !m->train->grads) return;
+    float *grads = m->train->grads;
     const size_t chunk = 1 << 16; /* floats */
     int64_t nchunks = (int64_t)((m->n_params + chunk - 1) / chunk);
 #pragma omp parallel for schedule(static) if (nchunks > 1)
     for (int64_t c = 0; c < nchunks; c++) {
         size_t lo = (size_t)c * chunk, n = m->n_params - lo < chunk ? m->n_params - lo : chunk;
-        memset(m->grads + lo, 0, n * sizeof(float));
+        memset(grads + lo, 0, n * sizeof(float));
     }
 }
 
@@ -288,19 +301,23 @@ const nl_param_info *nl_model_find_param(const nl_model *m, const char *name) {
 
 size_t nl_model_param_bytes(const nl_model *m) { return m->n_params * sizeof(float); }
 size_t nl_model_act_bytes(const nl_model *m) {
-    return (m->acts_floats + m->lp_floats + (m->moe ? m->moe->mem_floats : 0)) * sizeof(float);
+    size_t own = m->train ? m->train->acts_floats + m->train->lp_floats : 0;
+    return (own + (m->moe ? m->moe->mem_floats : 0)) * sizeof(float);
 }
-size_t nl_model_lp_weight_bytes(const nl_model *m) { return m->params_lp ? m->n_params * sizeof(float) : 0; }
+size_t nl_model_lp_weight_bytes(const nl_model *m) {
+    return m->train && m->train->params_lp ? m->n_params * sizeof(float) : 0;
+}
 
 /* Allocates the bf16/fp16 matmul scratch once both the precision and the batch are known. */
 static nl_status ensure_lp_scratch(nl_model *m) {
-    if (m->precision == NL_PREC_FP32 || !m->acts_mem || m->lp_mem) return NL_OK;
-    size_t n = (size_t)(m->B * m->T * m->maxdim);
-    m->lp_mem = nl_malloc(2 * n * sizeof(float), "low-precision matmul scratch");
-    if (!m->lp_mem) return NL_ERR_NOMEM;
-    m->lp_floats = 2 * n;
-    m->a.lp_scratch = m->lp_mem;
-    m->a.lp_scratch2 = m->lp_mem + n;
+    nl_train_state *ts = m->train;
+    if (m->precision == NL_PREC_FP32 || !ts || !ts->acts_mem || ts->lp_mem) return NL_OK;
+    size_t n = (size_t)(ts->B * ts->T * ts->maxdim);
+    ts->lp_mem = nl_malloc(2 * n * sizeof(float), "low-precision matmul scratch");
+    if (!ts->lp_mem) return NL_ERR_NOMEM;
+    ts->lp_floats = 2 * n;
+    ts->a.lp_scratch = ts->lp_mem;
+    ts->a.lp_scratch2 = ts->lp_mem + n;
     return NL_OK;
 }
 
@@ -310,9 +327,9 @@ nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
     if (T > m->arch.seq_len)
         return nl_fail(NL_ERR_INVALID, "sequence length %lld exceeds the model's seq_len %lld", (long long)T,
                        (long long)m->arch.seq_len);
-    if (m->acts_mem)
-        return nl_fail(NL_ERR_INVALID, "activations already allocated for (%lld, %lld)", (long long)m->B,
-                       (long long)m->T);
+    if (m->train && m->train->acts_mem)
+        return nl_fail(NL_ERR_INVALID, "activations already allocated for (%lld, %lld)", (long long)m->train->B,
+                       (long long)m->train->T);
     int64_t L = m->L, C = m->C, NH = m->NH, H = m->H, V = m->V, QKV = m->QKV;
     int64_t maxdim = C;
     if (QKV > maxdim) maxdim = QKV;
@@ -325,72 +342,82 @@ nl_status nl_model_alloc_acts(nl_model *m, int64_t B, int64_t T) {
     if ((double)(L + 1) * (double)B * (double)T * width * 32 >= 0x1p62)
         return nl_fail(NL_ERR_INVALID, "activations of batch %lld x %lld for this model: the size overflows",
                        (long long)B, (long long)T);
+    nl_train_state *ts = train_state(m);
+    if (!ts) return NL_ERR_NOMEM;
+    nl_acts *a = &ts->a;
     int64_t BT = B * T;
     struct {
         float **p;
         int64_t n;
     } parts[] = {
-        {&m->a.resid, (L + 1) * BT * C},
-        {&m->a.ln1, L * BT * C},
-        {&m->a.ln1_rstd, L * BT},
-        {&m->a.qkv, L * BT * QKV},
-        {&m->a.att, m->attn_ops ? 0 : L * B * NH * T * T},
-        {&m->a.atty, L * BT * NH * m->hd},
-        {&m->a.resid2, L * BT * C},
-        {&m->a.ln2, L * BT * C},
-        {&m->a.ln2_rstd, L * BT},
-        {&m->a.h13, L * BT * 2 * H},
-        {&m->a.hact, L * BT * H},
-        {&m->a.lnf, BT * C},
-        {&m->a.lnf_rstd, BT},
-        {&m->a.logits, BT * V},
-        {&m->a.losses, BT},
-        {&m->a.dresid, BT * C},
-        {&m->a.dln, BT * C},
-        {&m->a.dqkv, BT * QKV},
-        {&m->a.datty, BT * NH * m->hd},
-        {&m->a.datt, m->attn_ops ? 0 : B * NH * T * T},
-        {&m->a.dh13, BT * 2 * H},
-        {&m->a.dhact, BT * H},
+        {&a->resid, (L + 1) * BT * C},
+        {&a->ln1, L * BT * C},
+        {&a->ln1_rstd, L * BT},
+        {&a->qkv, L * BT * QKV},
+        {&a->att, m->attn_ops ? 0 : L * B * NH * T * T},
+        {&a->atty, L * BT * NH * m->hd},
+        {&a->resid2, L * BT * C},
+        {&a->ln2, L * BT * C},
+        {&a->ln2_rstd, L * BT},
+        {&a->h13, L * BT * 2 * H},
+        {&a->hact, L * BT * H},
+        {&a->lnf, BT * C},
+        {&a->lnf_rstd, BT},
+        {&a->logits, BT * V},
+        {&a->losses, BT},
+        {&a->dresid, BT * C},
+        {&a->dln, BT * C},
+        {&a->dqkv, BT * QKV},
+        {&a->datty, BT * NH * m->hd},
+        {&a->datt, m->attn_ops ? 0 : B * NH * T * T},
+        {&a->dh13, BT * 2 * H},
+        {&a->dhact, BT * H},
     };
     size_t n = sizeof parts / sizeof parts[0], total = 0;
     for (size_t i = 0; i < n; i++) total += ((size_t)parts[i].n + 15) & ~(size_t)15; /* 64-byte aligned parts */
-    m->acts_mem = nl_malloc(total * sizeof(float), "activations");
-    if (!m->acts_mem) return NL_ERR_NOMEM;
+    ts->acts_mem = nl_malloc(total * sizeof(float), "activations");
+    if (!ts->acts_mem) return NL_ERR_NOMEM;
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        *parts[i].p = m->acts_mem + off;
+        *parts[i].p = ts->acts_mem + off;
         off += ((size_t)parts[i].n + 15) & ~(size_t)15;
     }
-    m->acts_floats = total;
-    m->B = B;
-    m->T = T;
-    m->maxdim = maxdim;
+    ts->acts_floats = total;
+    ts->B = B;
+    ts->T = T;
+    ts->maxdim = maxdim;
     if (m->moe) NL_TRY(nl_moe_alloc_acts(m, B, T));
     return ensure_lp_scratch(m);
 }
 
 /* ---- mixed precision -------------------------------------------------------------------------- */
 
+static void refresh_lp_weights(nl_model *m);
+
 nl_status nl_model_set_precision(nl_model *m, nl_precision p) {
     if (p == NL_PREC_FP32) {
-        nl_free(m->params_lp);
-        m->params_lp = NULL;
+        if (m->train) {
+            nl_free(m->train->params_lp);
+            m->train->params_lp = NULL;
+        }
         m->precision = p;
         return NL_OK;
     }
-    if (!m->params_lp) {
-        m->params_lp = nl_malloc(m->n_params * sizeof(float), "low-precision weights");
-        if (!m->params_lp) return NL_ERR_NOMEM;
+    nl_train_state *ts = train_state(m);
+    if (!ts) return NL_ERR_NOMEM;
+    if (!ts->params_lp) {
+        ts->params_lp = nl_malloc(m->n_params * sizeof(float), "low-precision weights");
+        if (!ts->params_lp) return NL_ERR_NOMEM;
     }
     m->precision = p;
+    refresh_lp_weights(m); /* valid before the first forward (a decode step reads it too) */
     return ensure_lp_scratch(m);
 }
 
 static nl_format prec_format(nl_precision p) { return p == NL_PREC_BF16 ? NL_FMT_BF16 : NL_FMT_FP16; }
 
 /* Rounds x (n) into dst in the model's precision (a copy; x untouched). */
-static const float *round_copy(nl_model *m, float *dst, const float *x, size_t n) {
+static const float *round_copy(const nl_model *m, float *dst, const float *x, size_t n) {
     memcpy(dst, x, n * sizeof(float));
     nl_fmt_round_array(prec_format(m->precision), dst, n); /* cannot fail for bf16/fp16 */
     return dst;
@@ -398,8 +425,8 @@ static const float *round_copy(nl_model *m, float *dst, const float *x, size_t n
 
 /* Refreshes the rounded weight copy from the fp32 master weights (once per forward). */
 static void refresh_lp_weights(nl_model *m) {
-    if (m->precision == NL_PREC_FP32 || !m->params_lp) return;
-    round_copy(m, m->params_lp, m->params, m->n_params);
+    if (m->precision == NL_PREC_FP32 || !m->train || !m->train->params_lp) return;
+    round_copy(m, m->train->params_lp, m->params, m->n_params);
 }
 
 /* ---- linear ----------------------------------------------------------------------------------
@@ -481,31 +508,48 @@ static void lin_backward_blocks(float *din, float *dw, const float *dout, const 
     nl_blas_serial_end(saved);
 }
 
-void nl_linear_forward_default(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
-                               int64_t n, int64_t in_dim, int64_t out_dim) {
-    if (m->precision != NL_PREC_FP32 && m->params_lp) {
-        w = m->params_lp + site->weight_offset;
-        in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
+/* The training activations' scratch for a rounded matmul input (NULL without a training state). */
+static float *lp_scratch(const nl_model *m) { return m->train ? m->train->a.lp_scratch : NULL; }
+
+/* The default linear with the bf16/fp16 input rounded into lp (n * in_dim floats). */
+static void linear_forward_default_lp(const nl_model *m, const nl_linear_site *site, float *out, const float *in,
+                                      const float *w, int64_t n, int64_t in_dim, int64_t out_dim, float *lp) {
+    if (m->precision != NL_PREC_FP32 && m->train && m->train->params_lp) {
+        w = m->train->params_lp + site->weight_offset;
+        in = round_copy(m, lp, in, (size_t)(n * in_dim));
     }
     lin_forward_blocks(out, in, w, n, in_dim, out_dim);
 }
 
+void nl_linear_forward_default(const nl_model *m, const nl_linear_site *site, float *out, const float *in,
+                               const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
+    linear_forward_default_lp(m, site, out, in, w, n, in_dim, out_dim, lp_scratch(m));
+}
+
 void nl_linear_backward_default(nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
                                 const float *in, const float *w, int64_t n, int64_t in_dim, int64_t out_dim) {
-    if (m->precision != NL_PREC_FP32 && m->params_lp) {
-        w = m->params_lp + site->weight_offset;
-        in = round_copy(m, m->a.lp_scratch, in, (size_t)(n * in_dim));
-        dout = round_copy(m, m->a.lp_scratch2, dout, (size_t)(n * out_dim));
+    if (m->precision != NL_PREC_FP32 && m->train && m->train->params_lp) {
+        w = m->train->params_lp + site->weight_offset;
+        in = round_copy(m, m->train->a.lp_scratch, in, (size_t)(n * in_dim));
+        dout = round_copy(m, m->train->a.lp_scratch2, dout, (size_t)(n * out_dim));
     }
     lin_backward_blocks(din, dw, dout, in, w, n, in_dim, out_dim);
 }
 
-void nl_linear_forward(nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w, int64_t n,
-                       int64_t in_dim, int64_t out_dim) {
+void nl_linear_forward(const nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
+                       int64_t n, int64_t in_dim, int64_t out_dim) {
     if (m->linear_ops && m->linear_ops->forward)
         m->linear_ops->forward(m->linear_ops->user, site, out, in, w, n, in_dim, out_dim);
     else
-        nl_linear_forward_default(m, site, out, in, w, n, in_dim, out_dim);
+        linear_forward_default_lp(m, site, out, in, w, n, in_dim, out_dim, lp_scratch(m));
+}
+
+void nl_linear_forward_lp(const nl_model *m, const nl_linear_site *site, float *out, const float *in, const float *w,
+                          int64_t n, int64_t in_dim, int64_t out_dim, float *lp) {
+    if (m->linear_ops && m->linear_ops->forward)
+        m->linear_ops->forward(m->linear_ops->user, site, out, in, w, n, in_dim, out_dim);
+    else
+        linear_forward_default_lp(m, site, out, in, w, n, in_dim, out_dim, lp);
 }
 
 void nl_linear_backward(nl_model *m, const nl_linear_site *site, float *din, float *dw, const float *dout,
@@ -587,8 +631,8 @@ static void rows_sgemm(float *out, const float *in, const float *w, int64_t r0, 
 
 /* Rows [r0, r1) of layer l up to attention: resid[l] += pending, ln1, qkv (+ bias), RoPE. */
 static void fused_pre_attention(nl_model *m, int64_t l, const float *pending, int64_t r0, int64_t r1, int64_t T) {
-    int64_t C = m->C, BT = m->B_cur * m->T_cur, QKV = m->QKV, half = m->hd / 2;
-    nl_acts *a = &m->a;
+    int64_t C = m->C, BT = m->train->B_cur * m->train->T_cur, QKV = m->QKV, half = m->hd / 2;
+    nl_acts *a = &m->train->a;
     nl_layer_weights *lw = &m->w.layers[l];
     float *x = a->resid + l * BT * C, *ln1 = a->ln1 + l * BT * C, *qkv = a->qkv + l * BT * QKV;
     nl_rmsnorm_residual_forward(ln1 + r0 * C, a->ln1_rstd + l * BT + r0, x + r0 * C, pending ? pending + r0 * C : NULL,
@@ -607,7 +651,7 @@ static void fused_pre_attention(nl_model *m, int64_t l, const float *pending, in
 /* Cross-entropy of rows [r0, r1) into a->losses (as the unfused forward computes it). */
 static void ce_rows(nl_model *m, const int32_t *targets, int64_t r0, int64_t r1) {
     int64_t V = m->V;
-    nl_acts *a = &m->a;
+    nl_acts *a = &m->train->a;
     for (int64_t i = r0; i < r1; i++) {
         const float *z = a->logits + i * V;
         float mx = -INFINITY;
@@ -625,7 +669,7 @@ static void ce_rows(nl_model *m, const int32_t *targets, int64_t r0, int64_t r1)
 
 static void fused_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T, int nb) {
     int64_t C = m->C, BT = B * T, L = m->L, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH, KVH = m->KVH, hd = m->hd;
-    nl_acts *a = &m->a;
+    nl_acts *a = &m->train->a;
     float eps = (float)m->arch.norm_eps;
     int saved = nl_blas_serial_begin();
     /* embedding and layer 0 up to attention */
@@ -681,9 +725,13 @@ static void fused_forward(nl_model *m, const int32_t *tokens, const int32_t *tar
 
 nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                            float *loss) {
-    if (!m->acts_mem || B > m->B || T > m->T || B * T > m->B * m->T)
+    nl_train_state *ts = m->train;
+    if (!ts || !ts->acts_mem)
+        return nl_fail(NL_ERR_INVALID, "forward: no activations for batch (%lld, %lld) (nl_model_alloc_acts)",
+                       (long long)B, (long long)T);
+    if (B > ts->B || T > ts->T || B * T > ts->B * ts->T)
         return nl_fail(NL_ERR_INVALID, "forward: batch (%lld, %lld) exceeds the activations sized for (%lld, %lld)",
-                       (long long)B, (long long)T, (long long)m->B, (long long)m->T);
+                       (long long)B, (long long)T, (long long)ts->B, (long long)ts->T);
     int64_t C = m->C, BT = B * T, L = m->L, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH, KVH = m->KVH, hd = m->hd;
     for (int64_t i = 0; i < BT; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
@@ -693,18 +741,18 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
             return nl_fail(NL_ERR_INVALID, "forward: target %d at index %lld is outside the vocabulary [0, %lld)",
                            targets[i], (long long)i, (long long)V);
     }
-    m->B_cur = B;
-    m->T_cur = T;
+    ts->B_cur = B;
+    ts->T_cur = T;
     if (m->moe) {
         m->moe->aux_loss = 0;
         m->moe->slots = m->moe->dropped = m->moe->rows_sent = m->moe->rows_self = 0;
         m->moe->rows_dispatched = m->moe->rows_returned = 0;
     }
-    m->targets = targets;
-    m->tokens = tokens;
+    ts->targets = targets;
+    ts->tokens = tokens;
     refresh_lp_weights(m);
     PROF(OTHER);
-    nl_acts *a = &m->a;
+    nl_acts *a = &m->train->a;
     float eps = (float)m->arch.norm_eps;
     int nb_fused = m->attn_ops ? 0 : fused_blocks(m, BT);
     if (nb_fused > 0) {
@@ -783,8 +831,8 @@ nl_status nl_model_forward(nl_model *m, const int32_t *tokens, const int32_t *ta
 loss_total:;
     double total = 0.0;
     for (int64_t i = 0; i < BT; i++) total += a->losses[i];
-    m->mean_loss = (float)(total / (double)BT);
-    if (loss) *loss = m->mean_loss;
+    ts->mean_loss = (float)(total / (double)BT);
+    if (loss) *loss = ts->mean_loss;
     PROF(LOSS);
     return NL_OK;
 }
@@ -833,7 +881,7 @@ static void norm_dw(float *dw, const float *dout, const float *x, const float *r
 /* Inside a region: d hact and the SwiGLU backward on the thread's row blocks, then its part of d W2. */
 static void fused_down_swiglu(nl_model *m, int64_t l, int nb, int64_t BT) {
     int64_t C = m->C, H = m->H;
-    nl_acts *a = &m->a;
+    nl_acts *a = &m->train->a;
     nl_layer_weights *lw = &m->w.layers[l];
 #pragma omp for schedule(static, 1) nowait
     for (int i = 0; i < nb; i++) {
@@ -844,15 +892,16 @@ static void fused_down_swiglu(nl_model *m, int64_t l, int nb, int64_t BT) {
         nl_swiglu_backward(a->dh13 + r0 * 2 * H, a->dhact + r0 * H, a->h13 + l * BT * 2 * H + r0 * 2 * H, r1 - r0, H);
         PROF0(SWIGLU);
     }
-    cols_dw(m->grads + (lw->w2 - m->params), a->dresid, a->hact + l * BT * H, BT, H, C);
+    cols_dw(m->train->grads + (lw->w2 - m->params), a->dresid, a->hact + l * BT * H, BT, H, C);
     PROF0(GEMM);
 }
 
 static void fused_backward_layers(nl_model *m, int nb) {
-    int64_t B = m->B_cur, T = m->T_cur, BT = B * T, C = m->C, H = m->H, QKV = m->QKV, NH = m->NH, KVH = m->KVH;
+    int64_t B = m->train->B_cur, T = m->train->T_cur, BT = B * T, C = m->C, H = m->H, QKV = m->QKV, NH = m->NH,
+            KVH = m->KVH;
     int64_t hd = m->hd, A = NH * hd, half = hd / 2;
-    nl_acts *a = &m->a;
-    float *G = m->grads;
+    nl_acts *a = &m->train->a;
+    float *G = m->train->grads;
     int saved = nl_blas_serial_begin();
 #pragma omp parallel num_threads(nb) if (nb > 1)
     fused_down_swiglu(m, m->L - 1, nb, BT);
@@ -919,16 +968,17 @@ static void fused_backward_layers(nl_model *m, int nb) {
 }
 
 nl_status nl_model_backward(nl_model *m) {
-    if (!m->grads) return nl_fail(NL_ERR_INVALID, "backward: gradients not allocated (nl_model_alloc_grads)");
-    if (!m->targets) return nl_fail(NL_ERR_INVALID, "backward: the last forward had no targets");
-    int64_t B = m->B_cur, T = m->T_cur;
+    nl_train_state *ts = m->train;
+    if (!ts || !ts->grads) return nl_fail(NL_ERR_INVALID, "backward: gradients not allocated (nl_model_alloc_grads)");
+    if (!ts->targets) return nl_fail(NL_ERR_INVALID, "backward: the last forward had no targets");
+    int64_t B = ts->B_cur, T = ts->T_cur;
     int64_t C = m->C, BT = B * T, L = m->L, QKV = m->QKV, H = m->H, V = m->V, NH = m->NH, KVH = m->KVH, hd = m->hd;
-    nl_acts *a = &m->a;
-    const int32_t *targets = m->targets;
-    float *G = m->grads;
+    nl_acts *a = &m->train->a;
+    const int32_t *targets = ts->targets;
+    float *G = ts->grads;
 #define GRAD(ptr) (G + ((ptr)-m->params))
     /* dlogits = (softmax - onehot) * loss_scale / (B T), in place of the logits */
-    float dscale = m->loss_scale / (float)BT;
+    float dscale = ts->loss_scale / (float)BT;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < BT; i++) {
         float *z = a->logits + i * V;
@@ -943,7 +993,7 @@ nl_status nl_model_backward(nl_model *m) {
         for (int64_t v = 0; v < V; v++) z[v] = z[v] * inv * dscale;
         z[targets[i]] -= dscale;
     }
-    m->targets = NULL; /* logits are gone: a second backward needs a new forward */
+    ts->targets = NULL; /* logits are gone: a second backward needs a new forward */
     PROF(LOSS);
     nl_linear_site s = site_of(m, NL_LIN_CLS, -1, m->w.cls);
     nl_linear_backward(m, &s, a->dln, GRAD(m->w.cls), a->logits, a->lnf, m->w.cls, BT, C, V);
@@ -1001,7 +1051,7 @@ nl_status nl_model_backward(nl_model *m) {
     /* embedding: serial over tokens (repeated tokens add to the same row), vectorised over C */
     float *dembed = GRAD(m->w.embed);
     for (int64_t i = 0; i < BT; i++) {
-        float *d = dembed + (int64_t)m->tokens[i] * C;
+        float *d = dembed + (int64_t)ts->tokens[i] * C;
         const float *g = a->dresid + i * C;
         for (int64_t c = 0; c < C; c++) d[c] += g[c];
     }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "nanolm/moe.h"
+#include "model_internal.h"
 
 /* out (n, o) = in (n, i) . w (o, i)^T, ld = row strides */
 static void gemm_nt(int64_t n, int64_t o, int64_t i, const float *in, int64_t ldi, const float *w, int64_t ldw,
@@ -352,7 +353,7 @@ nl_status nl_moe_backward(nl_model *m, int64_t l, const float *x, const float *d
     nl_moe_layer *la = &e->layers[l - e->first];
     const nl_layer_weights *lw = &m->w.layers[l];
     int64_t BT = B * T, C = m->C, E = e->E, K = e->K, F = e->F, SF = e->S * e->F;
-    float *G = m->grads;
+    float *G = m->train->grads;
 #define GRAD(ptr) (G + ((ptr)-m->params))
     /* shared experts */
     if (SF > 0) {

@@ -116,11 +116,12 @@ static int64_t site_in_dim(const nl_model *m, int site) {
 
 /* Input of (l, site) in the activations of the last forward over BT tokens: (BT, in_dim). */
 static const float *site_input(const nl_model *m, int l, int site, int64_t BT) {
+    const nl_acts *a = &m->train->a;
     switch (site) {
-    case SITE_QKV: return m->a.ln1 + l * BT * m->C;
-    case SITE_O: return m->a.atty + l * BT * m->NH * m->hd;
-    case SITE_GATE_UP: return m->a.ln2 + l * BT * m->C;
-    default: return m->a.hact + l * BT * m->H;
+    case SITE_QKV: return a->ln1 + l * BT * m->C;
+    case SITE_O: return a->atty + l * BT * m->NH * m->hd;
+    case SITE_GATE_UP: return a->ln2 + l * BT * m->C;
+    default: return a->hact + l * BT * m->H;
     }
 }
 
@@ -397,11 +398,12 @@ nl_status nl_qm_apply(nl_model *m, const nl_qm_scheme *s, const nl_qm_calib *c, 
         if (!c || !c->tokens || c->T <= 0 || c->B <= 0 || c->n < c->T)
             return nl_fail(NL_ERR_INVALID, "quantize %s: needs calibration text of at least one window (%lld tokens)",
                            s->name, c ? (long long)c->T : 0LL);
-        if (c->B > m->B || c->T > m->T)
+        const int64_t mB = m->train ? m->train->B : 0, mT = m->train ? m->train->T : 0;
+        if (c->B > mB || c->T > mT)
             return nl_fail(NL_ERR_INVALID,
                            "quantize %s: calibration windows (%lld, %lld) exceed the model's activation "
                            "buffers (%lld, %lld)",
-                           s->name, (long long)c->B, (long long)c->T, (long long)m->B, (long long)m->T);
+                           s->name, (long long)c->B, (long long)c->T, (long long)mB, (long long)mT);
     }
     nl_status rc = NL_OK;
     switch (s->method) {

@@ -12,6 +12,7 @@
 #include "nanolm/isa.h"
 #include "nanolm/matvec.h"
 #include "nanolm/quant.h"
+#include "matvec_internal.h"
 
 #define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define TGT_AVX2   __attribute__((target("avx2,fma")))

@@ -44,14 +44,14 @@ static nl_status unit_reduce_scatter(nl_dist_trainer *t, int u) {
     nl_model *m = &t->model;
     const nl_dist_unit *x = &t->units[u];
     size_t padded = x->shard * (size_t)t->p, real = shard_real(t, u);
-    memcpy(t->staging, m->grads + x->begin, x->len * sizeof(float));
+    memcpy(t->staging, m->train->grads + x->begin, x->len * sizeof(float));
     memset(t->staging + x->len, 0, (padded - x->len) * sizeof(float));
     float *mine = t->staging + (size_t)t->r * x->shard;
     NL_TRY(nl_comm_reduce_scatter(t->dp, t->staging, mine, padded, NL_COMM_F32, t->o.impl));
     if (t->o.zero >= 2)
         memcpy(t->gshard + x->pos, mine, x->shard * sizeof(float));
     else
-        memcpy(m->grads + x->begin + (size_t)t->r * x->shard, mine, real * sizeof(float));
+        memcpy(m->train->grads + x->begin + (size_t)t->r * x->shard, mine, real * sizeof(float));
     return NL_OK;
 }
 
@@ -86,7 +86,8 @@ static nl_status unit_grads_done(nl_dist_trainer *t, int u) {
     if (t->o.zero == 0) {
         if (!t->o.overlap) return NL_OK; /* all-reduced after backward */
         const nl_dist_unit *x = &t->units[u];
-        return nl_comm_all_reduce_start(t->dp, t->model.grads + x->begin, x->len, NL_COMM_F32, t->o.impl, &t->req[u]);
+        return nl_comm_all_reduce_start(t->dp, t->model.train->grads + x->begin, x->len, NL_COMM_F32, t->o.impl,
+                                        &t->req[u]);
     }
     return unit_reduce_scatter(t, u);
 }
@@ -245,11 +246,11 @@ static float *owned_grads(nl_dist_trainer *t, int u, size_t *g0, size_t *n) {
     if (t->o.zero == 0) {
         *g0 = x->begin;
         *n = x->len;
-        return t->model.grads + x->begin;
+        return t->model.train->grads + x->begin;
     }
     *g0 = x->begin + (size_t)t->r * x->shard;
     *n = shard_real(t, u);
-    return t->o.zero == 1 ? t->model.grads + *g0 : t->gshard + x->pos;
+    return t->o.zero == 1 ? t->model.train->grads + *g0 : t->gshard + x->pos;
 }
 
 static nl_status L_grads(void *user, const nl_data *d, int64_t step, float *loss_out) {
@@ -281,8 +282,8 @@ static nl_status L_grads(void *user, const nl_data *d, int64_t step, float *loss
                 t->req[u] = NULL;
                 NL_TRY(st);
             } else {
-                NL_TRY(
-                    nl_comm_all_reduce(t->dp, m->grads + t->units[u].begin, t->units[u].len, NL_COMM_F32, t->o.impl));
+                NL_TRY(nl_comm_all_reduce(t->dp, m->train->grads + t->units[u].begin, t->units[u].len, NL_COMM_F32,
+                                          t->o.impl));
             }
         }
     }
@@ -309,7 +310,7 @@ static nl_status L_sumsq(void *user, double *ss) {
     /* one rank, or DDP (every rank holds all reduced gradients): the whole vector at once, in the
      * order of the one-process trainer (nl_grad_norm), so --dp 1 is bit-identical to it */
     if (t->o.zero == 0 || t->p == 1) {
-        *ss = nl_sumsq(t->o.zero >= 2 ? t->gshard : t->model.grads, t->model.n_params);
+        *ss = nl_sumsq(t->o.zero >= 2 ? t->gshard : t->model.train->grads, t->model.n_params);
         return NL_OK;
     }
     double s = 0;

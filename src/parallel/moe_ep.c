@@ -177,15 +177,15 @@ static nl_status ep_sync_grads(nl_ep_trainer *t) {
         if (l < m->L) nl_moe_expert_range(m, l, &b, &en);
         if (l < m->L && b == en) continue; /* dense layer: part of the next replicated range */
         if (b > pos) {
-            if (t->n > 1) NL_TRY(nl_comm_all_reduce(t->world, m->grads + pos, b - pos, NL_COMM_F32, t->o.impl));
+            if (t->n > 1) NL_TRY(nl_comm_all_reduce(t->world, m->train->grads + pos, b - pos, NL_COMM_F32, t->o.impl));
             if (t->n > 1)
-                for (size_t i = pos; i < b; i++) m->grads[i] *= inv;
+                for (size_t i = pos; i < b; i++) m->train->grads[i] *= inv;
         }
         if (en > b) {
             if (nl_comm_size(t->edp_comm) > 1)
-                NL_TRY(nl_comm_all_reduce(t->edp_comm, m->grads + b, en - b, NL_COMM_F32, t->o.impl));
+                NL_TRY(nl_comm_all_reduce(t->edp_comm, m->train->grads + b, en - b, NL_COMM_F32, t->o.impl));
             if (t->n > 1)
-                for (size_t i = b; i < en; i++) m->grads[i] *= inv;
+                for (size_t i = b; i < en; i++) m->train->grads[i] *= inv;
         }
         pos = en;
     }
@@ -246,7 +246,7 @@ static nl_status L_sumsq(void *user, double *ss_out) {
     /* ep 1: every rank holds the whole reduced gradient; in the one-process trainer's order
      * (nl_grad_norm), so one rank is bit-identical to it */
     if (t->o.ep == 1) {
-        *ss_out = nl_sumsq(m->grads, m->n_params);
+        *ss_out = nl_sumsq(m->train->grads, m->n_params);
         return NL_OK;
     }
     size_t pos = 0;
@@ -255,8 +255,8 @@ static nl_status L_sumsq(void *user, double *ss_out) {
         size_t b = m->n_params, en = m->n_params;
         if (l < m->L) nl_moe_expert_range(m, l, &b, &en);
         if (l < m->L && b == en) continue;
-        if (b > pos) ss_rep += nl_sumsq(m->grads + pos, b - pos);
-        if (en > b) ss_exp += nl_sumsq(m->grads + b, en - b);
+        if (b > pos) ss_rep += nl_sumsq(m->train->grads + pos, b - pos);
+        if (en > b) ss_exp += nl_sumsq(m->train->grads + b, en - b);
         pos = en;
     }
     NL_TRY(nl_comm_sum_double(t->ep_comm, &ss_exp));

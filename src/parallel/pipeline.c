@@ -1,7 +1,7 @@
 /*
  * Pipeline parallelism (GPipe, 1F1B) of NanoLM; see include/nanolm/pipeline.h.
  *
- * A stage runs the same layer code as nl_model_forward / nl_model_backward (the building blocks
+ * A stage runs the same layer code as nl_model_forward / nl_model_backward (the layer kernels
  * of nanolm/model.h in the same order), on its own layers and on one micro-batch at a time, with
  * the activations of each micro-batch kept until its backward.
  */
@@ -454,7 +454,7 @@ static nl_status stage_backward(nl_pipe *p, int k) {
     int64_t B = p->b, T = p->o.train.seq, BT = B * T, C = m->C, H = p->h, V = m->V, NH = p->nh, KVH = p->kvh,
             hd = m->hd, QKV = (NH + 2 * KVH) * hd;
     const int32_t *tok = p->x + (size_t)k * BT, *tgt = p->y + (size_t)k * BT;
-    float *G = m->grads;
+    float *G = m->train->grads;
 #define GRAD(ptr) (G + ((ptr)-m->params))
     double t0 = nl_time_s();
     int64_t nl = p->l1 - p->l0;
@@ -603,7 +603,7 @@ static nl_status L_grads(void *user, const nl_data *d, int64_t step, float *loss
         for (int k = 0; k < ntb; k++)
             if (tb[k].kind == NL_PARAM_EMBED || tb[k].kind == NL_PARAM_RMS_ATT || tb[k].kind == NL_PARAM_RMS_FFN ||
                 tb[k].kind == NL_PARAM_RMS_FINAL)
-                NL_TRY(nl_comm_all_reduce(p->tp, m->grads + tb[k].offset, tb[k].numel, NL_COMM_F32, p->o.impl));
+                NL_TRY(nl_comm_all_reduce(p->tp, m->train->grads + tb[k].offset, tb[k].numel, NL_COMM_F32, p->o.impl));
     }
     /* mean over micro-batches and data-parallel ranks */
     /* this rank holds only what it owns: one range, its whole parameter buffer */
@@ -611,11 +611,11 @@ static nl_status L_grads(void *user, const nl_data *d, int64_t step, float *loss
     int nr = 1;
     float scale = 1.0f / (float)M;
     for (int i = 0; i < nr; i++) {
-        for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= scale;
+        for (size_t j = lo[i]; j < hi[i]; j++) m->train->grads[j] *= scale;
         if (p->D > 1) {
-            NL_TRY(nl_comm_all_reduce(p->dp, m->grads + lo[i], hi[i] - lo[i], NL_COMM_F32, p->o.impl));
+            NL_TRY(nl_comm_all_reduce(p->dp, m->train->grads + lo[i], hi[i] - lo[i], NL_COMM_F32, p->o.impl));
             float inv = 1.0f / (float)p->D;
-            for (size_t j = lo[i]; j < hi[i]; j++) m->grads[j] *= inv;
+            for (size_t j = lo[i]; j < hi[i]; j++) m->train->grads[j] *= inv;
         }
     }
     double lsum = 0;
@@ -633,7 +633,7 @@ static nl_status L_sumsq(void *user, double *ss_out) {
     /* global norm: split slices once each, replicated tensors once per tensor-parallel group */
     double ss = 0;
     for (size_t j = 0; j < m->n_params; j++)
-        if (p->own[j] == 2 || (p->own[j] == 1 && p->tr == 0)) ss += (double)m->grads[j] * m->grads[j];
+        if (p->own[j] == 2 || (p->own[j] == 1 && p->tr == 0)) ss += (double)m->train->grads[j] * m->train->grads[j];
     NL_TRY(nl_comm_sum_double(p->pp, &ss)); /* stages own disjoint ranges */
     NL_TRY(nl_comm_sum_double(p->tp, &ss));
     *ss_out = ss;
@@ -656,7 +656,8 @@ static nl_status L_update(void *user, float lr) {
         size_t j = i;
         while (j < n && p->own[j]) j++;
         if (j > i)
-            nl_adamw_update_range(&p->opt, m, lr, i, j - i, m->params + i, m->grads + i, p->adam_m + i, p->adam_v + i);
+            nl_adamw_update_range(&p->opt, m, lr, i, j - i, m->params + i, m->train->grads + i, p->adam_m + i,
+                                  p->adam_v + i);
         i = j;
     }
     return NL_OK;

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nanolm/model.h"
+#include "nanolm/infer.h"
 #include "nanolm/sampler.h"
 
 void nl_sampling_default(nl_sampling *s) {

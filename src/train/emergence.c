@@ -31,13 +31,13 @@ nl_status nl_emergence_eval(nl_model *m, const nl_data *d, nl_data_split split, 
         float l;
         if ((rc = nl_model_forward(m, x, y, nb, T, &l))) break;
         for (int64_t i = 0; i < nb * T; i++) {
-            const float *z = m->a.logits + i * V;
+            const float *z = m->train->a.logits + i * V;
             int64_t best = 0;
             for (int64_t v = 1; v < V; v++)
                 if (z[v] > z[best]) best = v;
             ok[i] = best == y[i];
             correct += ok[i];
-            loss += m->a.losses[i];
+            loss += m->train->a.losses[i];
         }
         scored += nb * T;
         for (int64_t b = 0; b < nb; b++)

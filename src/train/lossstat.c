@@ -111,8 +111,12 @@ nl_status nl_eval_summary_run(nl_model *m, const nl_data *d, int llama2c, nl_dat
                               int kv, int64_t max_windows, int64_t se_batch, double target_se, nl_eval_summary *out) {
     memset(out, 0, sizeof *out);
     if (kv >= 0) {
-        NL_TRY(nl_model_alloc_kv_dtype(m, (nl_kv_dtype)kv));
-        return nl_eval_loss_kv(m, d, split, T, max_windows, &out->loss, &out->scored);
+        nl_decode_state st;
+        NL_TRY(nl_decode_state_init(&st, m, (nl_kv_dtype)kv));
+        out->kv_bytes = st.kv_bytes;
+        nl_status rc = nl_eval_loss_kv(m, &st, d, split, T, max_windows, &out->loss, &out->scored);
+        nl_decode_state_free(&st);
+        return rc;
     }
     float *tl = NULL;
     NL_TRY(nl_model_alloc_acts(m, B, T));

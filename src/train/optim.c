@@ -59,7 +59,7 @@ void nl_adamw_update_range(const nl_adamw *opt, const nl_model *m, float lr, siz
 
 void nl_adamw_step(nl_adamw *opt, nl_model *m, float lr) {
     opt->t++;
-    nl_adamw_update_range(opt, m, lr, 0, m->n_params, m->params, m->grads, opt->m, opt->v);
+    nl_adamw_update_range(opt, m, lr, 0, m->n_params, m->params, m->train->grads, opt->m, opt->v);
 }
 
 double nl_sumsq(const float *g, size_t n_) {
@@ -87,7 +87,7 @@ double nl_sumsq(const float *g, size_t n_) {
     return ss;
 }
 
-double nl_grad_norm(const nl_model *m) { return sqrt(nl_sumsq(m->grads, m->n_params)); }
+double nl_grad_norm(const nl_model *m) { return sqrt(nl_sumsq(m->train->grads, m->n_params)); }
 
 float nl_clip_factor(double norm, double max_norm) {
     if (max_norm > 0 && isfinite(norm) && norm > max_norm) return (float)(max_norm / (norm + 1e-6));
@@ -97,7 +97,7 @@ float nl_clip_factor(double norm, double max_norm) {
 void nl_grad_scale(nl_model *m, float s) {
     int64_t n = (int64_t)m->n_params;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) m->grads[i] *= s;
+    for (int64_t i = 0; i < n; i++) m->train->grads[i] *= s;
 }
 
 double nl_grad_clip(nl_model *m, double max_norm) {
@@ -131,9 +131,9 @@ int nl_scaler_unscale(nl_loss_scaler *s, nl_model *m) {
     int bad = 0;
 #pragma omp parallel for schedule(static) reduction(| : bad)
     for (int64_t i = 0; i < n; i++) {
-        float g = m->grads[i] * inv;
+        float g = m->train->grads[i] * inv;
         if (!isfinite(g)) bad = 1;
-        m->grads[i] = g;
+        m->train->grads[i] = g;
     }
     return bad;
 }

@@ -103,7 +103,7 @@ nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t 
     if (n < (int64_t)batches * B * (T + 1))
         return nl_fail(NL_ERR_INVALID, "grad sample: %lld tokens are fewer than %d batches of %lld windows of %lld + 1",
                        (long long)n, batches, (long long)B, (long long)T);
-    if (!m->grads) NL_TRY(nl_model_alloc_grads(m));
+    NL_TRY(nl_model_alloc_grads(m)); /* (nothing when they exist) */
     *act = *wgt = NULL;
     *n_act = *n_wgt = 0;
     float *w = nl_malloc((size_t)batches * m->n_params * sizeof(float), "parameter gradients");
@@ -114,9 +114,9 @@ nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t 
     g.ops.backward = grab_backward;
     g.ops.user = &g;
     nl_linear_ops *prev = m->linear_ops;
-    const float prev_scale = m->loss_scale;
+    const float prev_scale = m->train->loss_scale;
     nl_status rc = (!w || !x || !y) ? NL_ERR_NOMEM : NL_OK;
-    m->loss_scale = 1.0f;
+    m->train->loss_scale = 1.0f;
     for (int b = 0; b < batches && rc == NL_OK; b++) {
         for (int64_t i = 0; i < B; i++) {
             const int32_t *win = tokens + ((int64_t)b * B + i) * (T + 1);
@@ -129,10 +129,10 @@ nl_status nl_grad_sample(nl_model *m, const int32_t *tokens, int64_t n, int64_t 
         if (rc == NL_OK) rc = nl_model_backward(m);
         m->linear_ops = prev;
         if (rc == NL_OK) rc = g.rc;
-        if (rc == NL_OK) memcpy(w + (size_t)b * m->n_params, m->grads, m->n_params * sizeof(float));
+        if (rc == NL_OK) memcpy(w + (size_t)b * m->n_params, m->train->grads, m->n_params * sizeof(float));
     }
     m->linear_ops = prev;
-    m->loss_scale = prev_scale;
+    m->train->loss_scale = prev_scale;
     nl_free(x);
     nl_free(y);
     if (rc != NL_OK) {

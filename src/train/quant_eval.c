@@ -5,10 +5,9 @@
 #include "nanolm/quant_eval.h"
 #include "nanolm/train.h"
 
-/* Greedy continuation of the prompt: the first n_gen generated tokens. */
-static nl_status greedy(nl_model *m, const nl_tokenizer *tok, const int *ids, int64_t n_prompt, int n_gen,
-                        nl_quant_eval *r) {
-    if (!m->kv_cache) NL_TRY(nl_model_alloc_kv(m));
+/* Greedy continuation of the prompt through decode state st: the first n_gen generated tokens. */
+static nl_status greedy_with(const nl_model *m, nl_decode_state *st, const nl_tokenizer *tok, const int *ids,
+                             int64_t n_prompt, int n_gen, nl_quant_eval *r) {
     nl_rng rng; /* unused by greedy decoding, but never NULL */
     nl_rng_seed(&rng, 1);
     int token = ids[0];
@@ -16,8 +15,8 @@ static nl_status greedy(nl_model *m, const nl_tokenizer *tok, const int *ids, in
     r->n_gen = 0;
     r->text[0] = 0;
     for (int64_t pos = 0; pos < m->arch.seq_len && r->n_gen < n_gen; pos++) {
-        float *logits = nl_model_step(m, token, pos);
-        if (!logits) return nl_fail(NL_ERR_NUMERIC, "generation failed at position %lld", (long long)pos);
+        float *logits = nl_model_step(m, st, token, pos);
+        if (!logits) return NL_ERR_INVALID;
         int next = pos < n_prompt - 1 ? ids[pos + 1] : nl_model_sample(logits, m->V, 0.0f, &rng);
         if (pos >= n_prompt - 1) r->gen[r->n_gen++] = next;
         size_t len;
@@ -30,6 +29,15 @@ static nl_status greedy(nl_model *m, const nl_tokenizer *tok, const int *ids, in
         token = next;
     }
     return NL_OK;
+}
+
+static nl_status greedy(const nl_model *m, const nl_tokenizer *tok, const int *ids, int64_t n_prompt, int n_gen,
+                        nl_quant_eval *r) {
+    nl_decode_state st;
+    NL_TRY(nl_decode_state_init(&st, m, NL_KV_FP32));
+    nl_status rc = greedy_with(m, &st, tok, ids, n_prompt, n_gen, r);
+    nl_decode_state_free(&st);
+    return rc;
 }
 
 nl_status nl_quant_eval_run(nl_model *m, const nl_tokenizer *tok, const int *ids, int64_t n, int64_t B, int64_t T,

@@ -55,7 +55,7 @@ nl_status nl_eval_windows(nl_model *m, const nl_data *d, nl_data_split split, in
         if (rc || nb == 0) break;
         float loss;
         rc = nl_model_forward(m, x, y, nb, T, &loss);
-        if (!rc) rc = visit(user, m->a.losses, nb * T);
+        if (!rc) rc = visit(user, m->train->a.losses, nb * T);
     }
     nl_free(x);
     nl_free(y);
@@ -400,7 +400,7 @@ static nl_status plain_step(nl_trainer *t, const nl_train_opts *o, const nl_data
     nl_model_zero_grad(m);
     nl_step_prof_mark(t->prof, NL_PROF_OPTIM);
     int fp16 = o->precision == NL_PREC_FP16;
-    m->loss_scale = (fp16 ? t->scaler.scale : 1.0f) / (float)accum;
+    m->train->loss_scale = (fp16 ? t->scaler.scale : 1.0f) / (float)accum;
     double loss = 0.0;
     for (int64_t k = 0; k < accum; k++) {
         NL_TRY(nl_data_batch(d, NL_DATA_TRAIN, o->seed, t->step * accum + k, 0, 1, (int)B, (int)T, t->x, t->y));
@@ -522,9 +522,9 @@ nl_status nl_eval_loss_tokens(nl_model *m, const int *tokens, int64_t n, int64_t
     return rc;
 }
 
-nl_status nl_eval_loss_kv(nl_model *m, const nl_data *d, nl_data_split split, int64_t T, int64_t max_windows,
-                          double *mean_loss, int64_t *n_scored) {
-    if (!m->kv_cache) return nl_fail(NL_ERR_INVALID, "nl_eval_loss_kv: allocate the KV cache first");
+nl_status nl_eval_loss_kv(const nl_model *m, nl_decode_state *st, const nl_data *d, nl_data_split split, int64_t T,
+                          int64_t max_windows, double *mean_loss, int64_t *n_scored) {
+    if (!st->mem) return nl_fail(NL_ERR_INVALID, "nl_eval_loss_kv: make the decode state first (nl_decode_state_init)");
     if (T < 1 || T > m->arch.seq_len)
         return nl_fail(NL_ERR_INVALID, "KV-cache eval: sequence length %lld must be in [1, %lld]", (long long)T,
                        (long long)m->arch.seq_len);
@@ -545,7 +545,11 @@ nl_status nl_eval_loss_kv(nl_model *m, const nl_data *d, nl_data_split split, in
                              d->path, (int)(x[t] < 0 || x[t] >= m->V ? x[t] : y[t]), (long long)w, (long long)t);
                 break;
             }
-            const float *logits = nl_model_step(m, x[t], t);
+            const float *logits = nl_model_step(m, st, x[t], t);
+            if (!logits) {
+                rc = NL_ERR_INVALID;
+                break;
+            }
             float mx = logits[0];
             for (int64_t v = 1; v < m->V; v++) mx = logits[v] > mx ? logits[v] : mx;
             double se = 0.0;
