@@ -28,7 +28,7 @@ typedef struct nl_cpu_rates {
     double read_bw_nt;         /* streaming read, `threads` threads, bytes/s */
     double gemm[3][NL_CPU_NM]; /* the engine's linear kernel (nl_mv_forward), FLOP/s, for fp32 / bf16 / int8
                                   weights at each M of nl_cpu_m, over the measured model's linear shapes */
-    /* decode rows: RoPE + KV store and attention (nl_kvcache_attend_rows, one token) of
+    /* decode rows: RoPE + KV store and attention (nl_paged_attend_rows, one token) of
      * D = nl_cpu_m[i] (i < NL_CPU_NB) decode rows per step, each its own sequence, for a KV
      * pool of fp32 [0] or int8 [1] (all 0: not measured) */
     double attn_row_s[2][NL_CPU_NB]; /* attention per (token, head), fixed part */
