@@ -146,8 +146,7 @@ nl_status nl_model_load(const char *ckpt, const char *tok_path, int64_t max_seq,
         src->format = NL_CKPT_QUANTIZED;
         nl_qmodel qm;
         NL_TRY(nl_qmodel_load(ckpt, m, &qm, src->tokenizer));
-        src->int8_per_channel =
-            qm.spec.kind == NL_QUANT_SYMMETRIC && qm.spec.gran == NL_QUANT_PER_CHANNEL && qm.spec.bits == 8;
+        src->int8_per_channel = nl_qmodel_w8a8_ok(&qm.spec);
         nl_qmodel_free(&qm);
     } else {
         src->format = is_safetensors(ckpt) ? NL_CKPT_SAFETENSORS : NL_CKPT_LLAMA2C;
