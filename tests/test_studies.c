@@ -12,6 +12,7 @@
 #include "nanolm/fp8_study.h"
 #include "nanolm/quant_compare.h"
 #include "nanolm/quant_study.h"
+#include "nanolm/train.h"
 #include "nanolm/train_log.h"
 
 static nl_fp8_study_cfg small_cfg(void) {
@@ -59,6 +60,35 @@ static void test_fp8_study_sweep(void **s) {
     assert_true(sw.err[1][3] > sw.err[1][0]); /* a short accumulator loses more as K grows */
     c.K = 64;
     assert_int_equal(nl_fp8_study_sweep_k(&c, NL_FP8_SCALE_TENSOR, accs, 2, &sw), NL_ERR_INVALID);
+}
+
+/* The accumulators fp8 gemm compares, their names, and the plot of a K sweep (skipped ones left out). */
+static void test_fp8_accs_and_plot(void **s) {
+    (void)s;
+    nl_fp8_acc accs[3];
+    char b[64];
+    assert_int_equal(nl_fp8_study_accs(14, 32, 0, accs), 2);
+    assert_int_equal(nl_fp8_study_accs(14, 32, 128, accs), 3);
+    assert_string_equal(nl_fp8_acc_name(&accs[0], b, sizeof b), "fp32");
+    assert_string_equal(nl_fp8_acc_name(&accs[1], b, sizeof b), "14-bit, never promoted");
+    assert_string_equal(nl_fp8_acc_name(&accs[2], b, sizeof b), "14-bit, promote every 128");
+    for (int a = 0; a < 3; a++) assert_int_equal(nl_fp8_acc_validate(&accs[a]), NL_OK);
+    nl_fp8_study_cfg c = small_cfg();
+    c.K = 512;
+    nl_fp8_k_sweep sw;
+    assert_int_equal(nl_fp8_study_sweep_k(&c, NL_FP8_SCALE_TENSOR, accs, 3, &sw), NL_OK);
+    char *dir = tu_tmpdir(), path[1100];
+    snprintf(path, sizeof path, "%s/k.svg", dir);
+    sw.skipped[1] = 1;
+    assert_int_equal(nl_fp8_study_sweep_svg(path, &c, NL_FP8_SCALE_TENSOR, accs, 3, &sw), NL_OK);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "FP8 GEMM accumulation error vs K (e4m3, tensor scaling"));
+    assert_non_null(strstr(svg, "14-bit, promote every 128"));
+    assert_null(strstr(svg, "never promoted"));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
 }
 
 static void test_quant_demo(void **s) {
@@ -115,6 +145,44 @@ static void test_train_log_curve(void **s) {
     free(dir);
 }
 
+/* The plots of loss curves: several runs' curves by label, and a trainer's own log (training
+ * loss every step, validation loss where there is one). */
+static void test_loss_plots(void **s) {
+    (void)s;
+    double st[3] = {1, 2, 3}, la[3] = {3.5, 3.0, 2.5}, lb[2] = {3.4, 2.7};
+    nl_loss_curve curves[2] = {{st, la, 3}, {st, lb, 2}};
+    const char *labels[2] = {"bf16", "fp8 e4m3"};
+    char *dir = tu_tmpdir(), path[1100];
+    snprintf(path, sizeof path, "%s/curves.svg", dir);
+    assert_int_equal(nl_loss_curves_svg(path, "validation loss", labels, curves, 2, 1), NL_OK);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "fp8 e4m3"));
+    assert_non_null(strstr(svg, "validation loss"));
+    free(svg);
+    assert_int_equal(nl_loss_curves_svg(path, "x", labels, curves, 0, 1), NL_ERR_INVALID);
+    nl_train_log log[3] = {{.step = 1, .loss = 3.5f, .val_loss = NAN},
+                           {.step = 2, .loss = 3.0f, .val_loss = 2.9f},
+                           {.step = 3, .loss = 2.5f, .val_loss = NAN}};
+    nl_trainer t;
+    memset(&t, 0, sizeof t);
+    t.log = log, t.n_log = 3;
+    snprintf(path, sizeof path, "%s/train.svg", dir);
+    assert_int_equal(nl_train_log_svg(&t, path), NL_OK);
+    svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "NanoLM training"));
+    assert_non_null(strstr(svg, "validation loss"));
+    free(svg);
+    log[1].val_loss = NAN; /* no validation: the training curve alone */
+    assert_int_equal(nl_train_log_svg(&t, path), NL_OK);
+    svg = tu_read_file(path, NULL);
+    assert_null(strstr(svg, "validation loss"));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 static void test_qc_schemes(void **s) {
     (void)s;
     nl_qc_row rows[4];
@@ -153,7 +221,8 @@ int main(void) {
         cmocka_unit_test(test_fp8_study_rows),      cmocka_unit_test(test_fp8_study_sweep),
         cmocka_unit_test(test_quant_demo),          cmocka_unit_test(test_quant_outliers),
         cmocka_unit_test(test_train_log_curve),     cmocka_unit_test(test_qc_schemes),
-        cmocka_unit_test(test_format_cast_and_sum),
+        cmocka_unit_test(test_format_cast_and_sum), cmocka_unit_test(test_fp8_accs_and_plot),
+        cmocka_unit_test(test_loss_plots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
