@@ -331,16 +331,20 @@ static void print_header(const train_cli *c, const nl_trainer *t, const nl_data 
                : c->o.resume     ? c->o.resume
                                  : "random init",
                q->fp32_start, q->rtn_start, q->rtn_start - q->fp32_start);
-    if (c->report_memory) {
-        const char *hdr[] = {"buffer", "bytes", "MiB"};
-        nl_table tb;
-        nl_table_init(&tb, 3, hdr);
+    if (c->report_memory) { /* the JSON form has them in its result */
+        nl_report *r = nl_report_new("train --report-memory");
+        nl_report_table(
+            r, NULL, NULL, 3,
+            (const nl_report_col[]){{NULL, "buffer", NULL}, {NULL, "bytes", "%-.0f"}, {NULL, "MiB", "%-.2f"}});
         mem_row rows[7];
         memory_rows(t, rows);
-        for (int i = 0; i < 7; i++)
-            nl_table_rowf(&tb, "%s|%zu|%.2f", rows[i].label, rows[i].bytes, (double)rows[i].bytes / 1048576.0);
-        nl_table_print(&tb, stdout);
-        nl_table_free(&tb);
+        for (int i = 0; i < 7; i++) {
+            nl_report_cell_str(r, rows[i].label);
+            nl_report_cell_num(r, (double)rows[i].bytes);
+            nl_report_cell_num(r, (double)rows[i].bytes / 1048576.0);
+            nl_report_row_end(r);
+        }
+        nl_report_print(r, 0);
     }
     fflush(stdout);
 }
