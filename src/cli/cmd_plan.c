@@ -139,9 +139,9 @@ static int train_parse(train_args *t, int argc, char **argv) {
 /* The request of plan train: the shared groups, the run and the fixed parts of the layout. */
 static int train_request(train_args *t, nl_train_req *q) {
     int zero = 0, recompute = 0, sched = NL_SCHED_1F1B;
-    if (t->zero && (zero = nl_parse_zero(t->zero) + 1) < 1)
+    if (t->zero && (zero = nl_zero_parse(t->zero) + 1) < 1)
         return nl_cli_usage_error("plan train: unknown --zero '%s' (0, 1, 2, 3, hsdp)", t->zero);
-    if (t->recompute && (recompute = nl_parse_recompute(t->recompute) + 1) < 1)
+    if (t->recompute && (recompute = nl_recompute_parse(t->recompute) + 1) < 1)
         return nl_cli_usage_error("plan train: unknown --recompute '%s' (none, selective, full)", t->recompute);
     if (t->schedule && (sched = nl_plan_schedule(t->schedule)) < 0)
         return nl_cli_usage_error("plan train: unknown --schedule '%s' (1f1b, dualpipe, zb-h1)", t->schedule);
@@ -476,7 +476,7 @@ static int cmd_layer(int argc, char **argv) {
     int rc = layer_parse(&l, argc, argv);
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     int zero = NL_ZERO_0;
-    if (l.zero && (zero = nl_parse_zero(l.zero)) < 0)
+    if (l.zero && (zero = nl_zero_parse(l.zero)) < 0)
         return nl_cli_usage_error("plan layer: unknown --zero '%s' (0, 1, 2, 3, hsdp)", l.zero);
     nl_train_req q;
     if ((rc = nl_plan_args_request(&l.pa, "plan layer", &q))) return rc;
@@ -671,12 +671,7 @@ static int cmd_serve(int argc, char **argv) {
     sq->arch = q.arch;
     sq->hw = q.hw;
     sq->fam = q.fam;
-    if (pa->eff.gemm > 0) sq->hw.gemm_eff = pa->eff.gemm; /* --gemm-eff: prefill and decode GEMMs too */
-    if (pa->napkin) { /* the course's roofline: 50% MFU prefill, full HBM bandwidth, no launches */
-        if (!(sq->prefill_mfu > 0)) sq->prefill_mfu = 0.5;
-        sq->kernel_s = 0;
-        sq->hbm_eff = 1;
-    }
+    nl_plan_assume_serve(&pa->as, sq);
     nl_serve_plan sp;
     if (nl_plan_serve(sq, &sp)) return nl_cli_fail("plan serve");
     nl_report *r = nl_report_new("plan serve");
