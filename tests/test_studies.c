@@ -118,6 +118,36 @@ static void test_quant_outliers(void **s) {
     assert_int_equal(nl_quant_outlier_study(4, 256, 8, 50, 1, r), NL_ERR_INVALID);
 }
 
+/* A user's values through a scheme: the names `quant values` takes, and the round trip. */
+static void test_quant_values(void **s) {
+    (void)s;
+    nl_quant_spec spec;
+    char name[64];
+    assert_int_equal(nl_quant_values_spec("int8", 2, &spec), NL_OK);
+    assert_string_equal(nl_quant_spec_name(&spec, name, sizeof name), "int8-b2");
+    assert_int_equal(nl_quant_values_spec("int4", 0, &spec), NL_OK);
+    assert_string_equal(nl_quant_spec_name(&spec, name, sizeof name), "int4-tensor");
+    assert_int_equal(nl_quant_values_spec("affine", 0, &spec), NL_OK);
+    assert_int_equal(spec.kind, NL_QUANT_AFFINE);
+    assert_int_equal(nl_quant_values_spec("affine", 2, &spec), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "--block needs an absmax scheme"));
+    assert_int_equal(nl_quant_values_spec("mxfp4", 2, &spec), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "not 'mxfp4'"));
+    assert_int_equal(nl_quant_values_spec("int9x", 0, &spec), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "--scheme int9x: "));
+    const float x[4] = {0.3f, -0.5f, 0.12f, 1.5f};
+    nl_quant_values v;
+    assert_int_equal(nl_quant_values_spec("int8", 0, &spec), NL_OK);
+    assert_int_equal(nl_quant_values_run(x, 4, &spec, &v), NL_OK);
+    assert_int_equal(v.q.n_scales, 1);
+    assert_int_equal(nl_qtensor_code(&v.q, 0, 3), 127); /* the largest value gets the top code */
+    double want = 0;
+    for (int i = 0; i < 4; i++) want = fmax(want, fabs((double)x[i] - (double)v.back[i]));
+    assert_true(v.max_err == want && want > 0 && want <= 1.5 / 127 / 2 * 1.0001);
+    nl_quant_values_free(&v);
+    assert_null(v.back);
+}
+
 static void test_train_log_curve(void **s) {
     (void)s;
     char *dir = tu_tmpdir(), path[1024];
@@ -222,7 +252,7 @@ int main(void) {
         cmocka_unit_test(test_quant_demo),          cmocka_unit_test(test_quant_outliers),
         cmocka_unit_test(test_train_log_curve),     cmocka_unit_test(test_qc_schemes),
         cmocka_unit_test(test_format_cast_and_sum), cmocka_unit_test(test_fp8_accs_and_plot),
-        cmocka_unit_test(test_loss_plots),
+        cmocka_unit_test(test_loss_plots),          cmocka_unit_test(test_quant_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
