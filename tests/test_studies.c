@@ -236,6 +236,14 @@ static void test_format_cast_and_sum(void **s) {
     assert_true(c.decoded == 0.1015625);
     assert_true(fabs(c.abs_err - fabs(0.1015625 - (double)0.1f)) < 1e-12);
     assert_true(c.below == 0.09375 && c.above == 0.1015625);
+    assert_string_equal(c.hex, "0x1D"); /* 0.1015625 = 1.625 x 2^-4: biased exponent 3, mantissa 101 */
+    assert_string_equal(c.binary, "0 | 0011 | 101");
+    assert_int_equal(nl_fmt_cast(NL_FMT_BF16, 257, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 1, &c), NL_OK);
+    assert_string_equal(c.hex, "0x4380");
+    assert_string_equal(c.binary, "0 | 10000111 | 0000000");
+    assert_int_equal(nl_fmt_cast(NL_FMT_INT4, -3, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 1, &c), NL_OK);
+    assert_string_equal(c.hex, "0xD");
+    assert_string_equal(c.binary, "1101"); /* two's complement, no fields */
     nl_fmt_sum_result r;
     assert_int_equal(nl_fmt_repeated_sum(NL_FMT_BF16, 0.01f, 1000, 0, &r), NL_OK);
     assert_true(r.result < 5 && r.last_change < 1000);
