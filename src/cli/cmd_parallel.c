@@ -51,7 +51,8 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
 /* What the command line of `parallel train` asks for. */
 typedef struct par_cli {
     const char *data, *preset, *svg, *log_csv;
-    int64_t dim, layers, heads, kvh, hidden, dp, tp, pp, micro;
+    nl_arch_override shape; /* --dim, --layers, --heads, --kv-heads, --hidden */
+    int64_t dp, tp, pp, micro;
     int json, mem, sched;
     int fault_rank, fault_step;
     char fault_how[16];
@@ -80,6 +81,7 @@ static int parse_args(par_cli *a, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     a->preset = "shakespeare-char";
     a->fault_rank = -1;
+    a->shape.shared_experts = -1;
     snprintf(a->fault_how, sizeof a->fault_how, "exit");
     nl_dist_opts_default(&a->o);
     a->ta.o = &a->o.train;
@@ -90,11 +92,11 @@ static int parse_args(par_cli *a, int argc, char **argv) {
     int nlayout = nl_cli_layout_opts(layout, &a->la);
     nl_opt model[] = {
         NL_OPT_STR("preset", &a->preset, "P", "model shape (default shakespeare-char), then the overrides below"),
-        NL_OPT_INT("dim", &a->dim, 1, 65536, "C", "model width"),
-        NL_OPT_INT("layers", &a->layers, 1, 1024, "L", "layers"),
-        NL_OPT_INT("heads", &a->heads, 1, 1024, "H", "attention heads (and KV heads)"),
-        NL_OPT_INT("kv-heads", &a->kvh, 1, 1024, "K", "KV heads"),
-        NL_OPT_INT("hidden", &a->hidden, 1, 1 << 20, "F", "feed-forward width"),
+        NL_OPT_INT("dim", &a->shape.dim, 1, 65536, "C", "model width"),
+        NL_OPT_INT("layers", &a->shape.layers, 1, 1024, "L", "layers"),
+        NL_OPT_INT("heads", &a->shape.heads, 1, 1024, "H", "attention heads (and KV heads)"),
+        NL_OPT_INT("kv-heads", &a->shape.kv_heads, 1, 1024, "K", "KV heads"),
+        NL_OPT_INT("hidden", &a->shape.hidden, 1, 1 << 20, "F", "feed-forward width"),
     };
     nl_opt out[] = {
         NL_OPT_FLAG("report-memory", &a->mem, "bytes of parameters, gradients, optimizer state on each rank"),
@@ -144,11 +146,7 @@ static int check_args(par_cli *a, nl_arch *arch) {
     if (a->ta.precision == NL_TRAIN_FP8)
         return nl_cli_usage_error("parallel train: --precision fp8 is not supported by the parallel layouts (fp32)");
     if (nl_arch_preset(a->preset, arch)) return nl_cli_usage_error("parallel train: --preset: %s", nl_last_error());
-    if (a->dim) arch->dim = a->dim;
-    if (a->layers) arch->n_layers = a->layers;
-    if (a->heads) arch->n_heads = a->heads, arch->n_kv_heads = a->heads;
-    if (a->kvh) arch->n_kv_heads = a->kvh;
-    if (a->hidden) arch->hidden_dim = a->hidden;
+    nl_arch_override_apply(&a->shape, arch);
     /* the defaults of `nanolm train`: the preset's window */
     if (!a->ta.seq_given) tr->seq = arch->seq_len;
     if (arch->seq_len < tr->seq) arch->seq_len = tr->seq;
