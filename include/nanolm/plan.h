@@ -547,6 +547,10 @@ typedef struct nl_valid_result {
 nl_status nl_plan_validate(const nl_catalog *cat, const char *path, nl_valid_runner run, void *ctx, int holdout,
                            nl_valid_result *out);
 void nl_plan_validate_free(nl_valid_result *r);
+/* Where the published set is when none is given: tests/validation/published.json in the working
+ * directory (the repository root, as `make run` and the tests use it), else under the source tree
+ * $NANOLM_SRC (written into buf[n]); NULL when neither applies. */
+const char *nl_plan_validate_default_file(char *buf, size_t n);
 /* Signed errors per case as horizontal bars, grouped. */
 nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r);
 

@@ -975,21 +975,6 @@ static void report_validate(nl_report *r, const nl_valid_result *v, const char *
     nl_report_note(r, "Each case is its \"command\" in %s (--json prints them); sources likewise.", file);
 }
 
-/* The published set: --file, or tests/validation/published.json from the working directory (the
- * repository root, as `make run` and the tests use it) or from NANOLM_SRC. NULL when not found. */
-static const char *validate_file(const char *file, char *buf, size_t n) {
-    if (file) return file;
-    const char *src = getenv("NANOLM_SRC");
-    FILE *f = fopen("tests/validation/published.json", "rb");
-    if (f) {
-        fclose(f);
-        return "tests/validation/published.json";
-    }
-    if (!src) return NULL;
-    snprintf(buf, n, "%s/tests/validation/published.json", src);
-    return buf;
-}
-
 /* nanolm plan validate: the planner against published runs, through the commands users run. */
 static int cmd_validate(int argc, char **argv) {
     const char *file = NULL, *svg = NULL, *hold = NULL;
@@ -1016,7 +1001,7 @@ static int cmd_validate(int argc, char **argv) {
     if (hold && strcmp(hold, "source"))
         return nl_cli_usage_error("plan validate: --holdout takes 'source' (leave one source out), got '%s'", hold);
     char def[4096];
-    if (!(file = validate_file(file, def, sizeof def)))
+    if (!file && !(file = nl_plan_validate_default_file(def, sizeof def)))
         return nl_cli_usage_error("plan validate: tests/validation/published.json is not in this directory; "
                                   "run from the repository root or give --file FILE.json");
     nl_catalog *cat = malloc(sizeof *cat);
