@@ -494,14 +494,14 @@ typedef struct serve_args {
     nl_plan_args pa;
     int json;
     nl_serve_req sq;
-    int precision, weights, kv, engine_given;
-    int64_t step_tokens;
+    nl_engine_plan_req eq; /* with --hw from `nanolm bench machine`: --weights, --kv, --max-step-tokens */
+    int precision, engine_given;
 } serve_args;
 
 static int serve_parse(serve_args *s, int argc, char **argv) {
     nl_serve_req_default(&s->sq);
-    s->precision = s->weights = s->kv = s->engine_given = 0;
-    s->step_tokens = 512;
+    nl_engine_plan_req_default(&s->eq);
+    s->precision = s->engine_given = 0;
     nl_serve_req *q = &s->sq;
     nl_opt serve[] = {
         NL_OPT_INT("tp", &q->tp, 1, 1024, "N", "tensor-parallel GPUs (default 1)"),
@@ -516,9 +516,9 @@ static int serve_parse(serve_args *s, int argc, char **argv) {
         NL_OPT_INT("fsdp", &q->fsdp, 1, 4096, "N", "weights sharded FSDP-style over N GPUs"),
     };
     nl_opt engine[] = {
-        NL_OPT_CHOICE("weights", &s->weights, "fp32|bf16|int8", "the engine's weight format (default fp32)"),
-        NL_OPT_CHOICE("kv", &s->kv, "fp32|int8", "the engine's KV cache format (default fp32)"),
-        NL_OPT_INT("max-step-tokens", &s->step_tokens, 1, 1 << 20, "N",
+        NL_OPT_CHOICE("weights", &s->eq.weights, "fp32|bf16|int8", "the engine's weight format (default fp32)"),
+        NL_OPT_CHOICE("kv", &s->eq.kv, "fp32|int8", "the engine's KV cache format (default fp32)"),
+        NL_OPT_INT("max-step-tokens", &s->eq.max_step_tokens, 1, 1 << 20, "N",
                    "the engine's token budget per step (default 512)"),
     };
     for (int i = 0; i < 3; i++) engine[i].given = &s->engine_given;
@@ -544,18 +544,14 @@ static int serve_parse(serve_args *s, int argc, char **argv) {
 
 /* plan serve against a CPU measured by `nanolm bench machine`: the engine's cost model. */
 static int serve_engine(serve_args *s, const nl_cpu_rates *cpu) {
-    nl_engine_plan_req eq;
-    nl_engine_plan_req_default(&eq);
+    nl_engine_plan_req eq = s->eq;
     if (!s->pa.model) return nl_cli_usage_error("plan serve: --model is required");
     if (nl_cli_model_arch(&s->pa.cat, s->pa.model, &eq.arch))
         return nl_cli_usage_error("plan serve: --model: %s", nl_last_error());
-    eq.weights = s->weights;
-    eq.kv = s->kv;
     eq.prompt = (int64_t)s->sq.prompt;
     eq.output = (int64_t)s->sq.output;
     eq.batch = s->sq.batch;
     eq.chunk = s->sq.chunk >= 0 ? (int64_t)s->sq.chunk : 256;
-    eq.max_step_tokens = s->step_tokens;
     return nl_cli_plan_serve_engine(cpu, &eq, s->json);
 }
 
