@@ -235,6 +235,18 @@ static void test_search(void **state) {
     nl_plan_train_explain(&q, &r, buf, sizeof buf);
     assert_non_null(strstr(buf, "Memory first"));
     assert_non_null(strstr(buf, "sharded"));
+    /* plan train --svg: the best layouts that fit and the first rejected ones, by name */
+    char *dir = tu_tmpdir(), path[1100], lab[160];
+    snprintf(path, sizeof path, "%s/mem.svg", dir);
+    assert_int_equal(nl_plan_svg_search(path, &r, q.hw.mem_bytes), NL_OK);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "Memory per GPU by layout"));
+    assert_non_null(strstr(svg, nl_layout_str(&r.evals[0].L, lab, sizeof lab)));
+    assert_non_null(strstr(svg, nl_layout_str(&r.evals[r.n_fit].L, lab, sizeof lab)));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
     nl_plan_train_free(&r);
     /* 512 GPUs: the search covers every layout (it prints its own time; no assertion on it). */
     base_req(&q, "llama-2-7b", 512);

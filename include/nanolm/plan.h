@@ -559,5 +559,8 @@ nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r);
 nl_status nl_plan_svg_pipeline(const char *path, int64_t p, int64_t m);
 /* Memory bars (weights, grads, optimizer, activations, logits, temp) per evaluated layout. */
 nl_status nl_plan_svg_memory(const char *path, const nl_train_eval *e, size_t n, double capacity);
+/* The memory bars of a search (`plan train --svg`): its first 8 layouts that fit and first 4 that do
+ * not, against the GPU's capacity. */
+nl_status nl_plan_svg_search(const char *path, const nl_train_result *res, double capacity);
 
 #endif

@@ -286,15 +286,6 @@ static void report_train(nl_report *r, const train_args *t, const nl_train_req *
     nl_plan_report_assumptions(r, q);
 }
 
-/* Memory bars of up to 8 fitting and 4 rejected layouts. */
-static nl_status train_svg(const char *path, const nl_train_result *res, double mem_bytes) {
-    nl_train_eval sel[12];
-    size_t ns = 0;
-    for (size_t i = 0; i < res->n_fit && ns < 8; i++) sel[ns++] = res->evals[i];
-    for (size_t i = res->n_fit; i < res->n && ns < 12; i++) sel[ns++] = res->evals[i];
-    return nl_plan_svg_memory(path, sel, ns, mem_bytes);
-}
-
 static int cmd_train(int argc, char **argv) {
     train_args t;
     int rc = train_parse(&t, argc, argv);
@@ -307,7 +298,7 @@ static int cmd_train(int argc, char **argv) {
     q.tokens = t.tokens > 0 ? t.tokens : 20 * N;
     nl_train_result res;
     if (nl_plan_train_search(&q, &res)) return nl_cli_fail("plan train");
-    if (t.svg && train_svg(t.svg, &res, q.hw.mem_bytes)) {
+    if (t.svg && nl_plan_svg_search(t.svg, &res, q.hw.mem_bytes)) {
         nl_plan_train_free(&res);
         return nl_cli_fail("--svg");
     }
