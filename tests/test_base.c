@@ -134,6 +134,27 @@ static void test_arch_validate_names_field(void **state) {
     assert_non_null(strstr(nl_last_error(), "n_kv_heads"));
 }
 
+/* Overrides of a shape: a field left at 0 (shared experts: below 0) keeps the shape's; heads sets
+ * the KV heads too unless they are given. */
+static void test_arch_override(void **state) {
+    (void)state;
+    nl_arch a, b;
+    assert_int_equal(nl_arch_preset("small", &a), NL_OK);
+    b = a;
+    nl_arch_override o = {.shared_experts = -1};
+    nl_arch_override_apply(&o, &b);
+    assert_memory_equal(&a, &b, sizeof a);
+    o = (nl_arch_override){.dim = 96, .heads = 6, .hidden = 256, .shared_experts = -1};
+    nl_arch_override_apply(&o, &b);
+    assert_true(b.dim == 96 && b.n_heads == 6 && b.n_kv_heads == 6 && b.hidden_dim == 256);
+    assert_true(b.n_layers == a.n_layers && b.n_shared_experts == a.n_shared_experts);
+    o.kv_heads = 2, o.layers = 3, o.experts = 8, o.top_k = 2, o.shared_experts = 0, o.expert_hidden = 32;
+    b.n_shared_experts = 1;
+    nl_arch_override_apply(&o, &b);
+    assert_true(b.n_kv_heads == 2 && b.n_heads == 6 && b.n_layers == 3);
+    assert_true(b.n_experts == 8 && b.top_k == 2 && b.n_shared_experts == 0 && b.expert_hidden_dim == 32);
+}
+
 static void test_arch_json(void **state) {
     (void)state;
     nl_arch a, b;
@@ -217,6 +238,7 @@ int main(void) {
         cmocka_unit_test(test_arch_stories260k_params),
         cmocka_unit_test(test_arch_validate_names_field),
         cmocka_unit_test(test_arch_json),
+        cmocka_unit_test(test_arch_override),
         cmocka_unit_test(test_cli_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

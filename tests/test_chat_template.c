@@ -15,6 +15,7 @@
 
 #include "nanolm/chat_template.h"
 #include "nanolm/gguf.h"
+#include "nanolm/model_load.h"
 #include "nanolm/tokenizer.h"
 
 static cJSON *load_cases(void) {
@@ -265,6 +266,52 @@ static void test_load_hf(void **state) {
     free(dir);
 }
 
+/* The template `serve` uses for a model: the folder's own, none for a plain file, a --chat-template
+ * file taking bos/eos from the folder's tokenizer_config.json, or from the byte tokenizer (none). */
+static void test_for_model(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), file[1100], tmpl[1100];
+    nl_chat_template *t = (nl_chat_template *)1;
+    nl_chat_message msgs[1] = {{"user", "hi"}};
+    char *out = NULL;
+    write_file(dir, "tokenizer_config.json",
+               "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"chat_template\": \"F{{ bos_token }}\"}");
+    assert_int_equal(nl_model_load_chat_template(&t, dir, NULL, NULL), NL_OK);
+    assert_non_null(t);
+    assert_int_equal(nl_chat_template_apply(t, msgs, 1, 0, &out, NULL), NL_OK);
+    assert_string_equal(out, "F<s>");
+    free(out);
+    nl_chat_template_free(t);
+    write_file(dir, "mine.jinja", "M{{ bos_token }}{{ messages[0].content }}{{ eos_token }}");
+    snprintf(tmpl, sizeof tmpl, "%s/mine.jinja", dir);
+    assert_int_equal(nl_model_load_chat_template(&t, dir, tmpl, NULL), NL_OK);
+    assert_int_equal(nl_chat_template_apply(t, msgs, 1, 0, &out, NULL), NL_OK);
+    assert_string_equal(out, "M<s>hi</s>"); /* bos/eos of the folder's template */
+    free(out);
+    nl_chat_template_free(t);
+    snprintf(file, sizeof file, "%s/tokenizer_config.json", dir); /* a file, not a model folder */
+    assert_int_equal(nl_model_load_chat_template(&t, file, NULL, NULL), NL_OK);
+    assert_null(t);
+    nl_tokenizer byte;
+    assert_int_equal(nl_tokenizer_init_byte(&byte), NL_OK);
+    assert_int_equal(nl_model_load_chat_template(&t, file, tmpl, &byte), NL_OK);
+    assert_int_equal(nl_chat_template_apply(t, msgs, 1, 0, &out, NULL), NL_OK);
+    assert_string_equal(out, "Mhi"); /* no BOS / EOS pieces to take */
+    free(out);
+    nl_chat_template_free(t);
+    nl_tokenizer_free(&byte);
+    write_file(dir, "bad.jinja", "{% for %}");
+    snprintf(tmpl, sizeof tmpl, "%s/bad.jinja", dir);
+    assert_int_not_equal(nl_model_load_chat_template(&t, dir, tmpl, NULL), NL_OK);
+    assert_null(t);
+    assert_non_null(strstr(nl_last_error(), "bad.jinja"));
+    write_file(dir, "chat_template.jinja", "{% for %}"); /* the folder's own is broken: an error without a file */
+    assert_int_not_equal(nl_model_load_chat_template(&t, dir, NULL, NULL), NL_OK);
+    assert_null(t);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 /* The marks of apply_marked follow the user's bytes through concatenation and trim; encoding with
  * them matches "</s>" as the special token only where the template wrote it. */
 static void test_marked_encoding(void **state) {
@@ -363,7 +410,7 @@ int main(void) {
         cmocka_unit_test(test_smollm2),     cmocka_unit_test(test_tinyllama),
         cmocka_unit_test(test_semantics),   cmocka_unit_test(test_errors_name_the_place),
         cmocka_unit_test(test_load_hf),     cmocka_unit_test(test_marked_encoding),
-        cmocka_unit_test(test_load_gguf),
+        cmocka_unit_test(test_load_gguf),   cmocka_unit_test(test_for_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -192,6 +192,28 @@ static void test_coll_one_rank(void **s) {
     nl_comm_finalize();
 }
 
+/* The options of the benchmark: the collectives by name, and the defaults for what is not given. */
+static void test_bench_opts(void **s) {
+    (void)s;
+    nl_coll_bench_opts o = {0};
+    assert_int_equal(nl_coll_bench_parse_ops("broadcast,all-reduce", &o), NL_OK);
+    assert_int_equal(o.nops, 2);
+    assert_int_equal(o.ops[0], NL_COMM_OP_BROADCAST);
+    assert_int_equal(o.ops[1], NL_COMM_OP_ALL_REDUCE);
+    nl_coll_bench_defaults(&o, 1024, 16384, 4);
+    assert_int_equal(o.nops, 2); /* given: kept */
+    assert_int_equal(o.nsizes, 3);
+    assert_true(o.sizes[0] == 1024 && o.sizes[1] == 4096 && o.sizes[2] == 16384);
+    nl_coll_bench_opts d = {0};
+    nl_coll_bench_defaults(&d, 1, 1 << 20, 2);
+    assert_int_equal(d.nops, NL_COLL_BENCH_OPS);
+    assert_int_equal(d.nsizes, 21);
+    nl_coll_bench_opts bad = {0};
+    assert_int_equal(nl_coll_bench_parse_ops("all-reduce,gather", &bad), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "'gather'"));
+    assert_int_equal(nl_coll_bench_parse_ops("reduce,reduce,reduce,reduce,reduce,reduce,reduce", &bad), NL_ERR_INVALID);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_demo_one_rank),
@@ -200,6 +222,7 @@ int main(void) {
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_rank_dies_mid_collective),
         cmocka_unit_test(test_coll_one_rank),
+        cmocka_unit_test(test_bench_opts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

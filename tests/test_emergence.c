@@ -104,7 +104,40 @@ static void test_periodic_stream(void **state) {
     nl_data_free(&d);
 }
 
+/* The exact-match lengths shown, and the three plots of a set: every k up to kmax as points
+ * (exact match) and a line (p^k); the relative plot stops at k = 8. */
+static void test_plots(void **state) {
+    (void)state;
+    assert_int_equal(nl_emergence_nks(0), 0);
+    assert_int_equal(nl_emergence_nks(1), 1);
+    assert_int_equal(nl_emergence_nks(5), 3);
+    assert_int_equal(nl_emergence_nks(NL_EMERGENCE_KMAX), NL_EMERGENCE_NKS);
+    nl_emergence_row rows[3];
+    memset(rows, 0, sizeof rows);
+    for (int i = 0; i < 3; i++) {
+        snprintf(rows[i].name, sizeof rows[i].name, "run%d", i);
+        rows[i].e.accuracy = 0.3 + 0.3 * i;
+        rows[i].e.starts = 1000;
+        for (int k = 1; k <= NL_EMERGENCE_KMAX; k++) rows[i].e.exact[k] = pow(rows[i].e.accuracy, k);
+    }
+    char *dir = tu_tmpdir(), path[1100];
+    for (int scale = NL_EMERGENCE_LINEAR; scale <= NL_EMERGENCE_RELATIVE; scale++) {
+        snprintf(path, sizeof path, "%s/e%d.svg", dir, scale);
+        assert_int_equal(nl_emergence_svg(path, (nl_emergence_scale)scale, rows, 3, 16), NL_OK);
+        char *svg = tu_read_file(path, NULL);
+        assert_non_null(svg);
+        assert_non_null(strstr(svg, "exact match k=1"));
+        assert_non_null(strstr(svg, "p^8"));
+        assert_true((strstr(svg, "p^16") != NULL) == (scale != NL_EMERGENCE_RELATIVE));
+        assert_null(strstr(svg, "p^32")); /* beyond kmax */
+        free(svg);
+    }
+    assert_int_equal(nl_emergence_svg(path, NL_EMERGENCE_LINEAR, rows, 0, 16), NL_ERR_INVALID);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_periodic_stream)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_periodic_stream), cmocka_unit_test(test_plots)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -118,6 +118,13 @@ static void test_fp8_linear_delayed_and_errors(void **state) {
     nl_fp8_linear_remove(&f);
 
     nl_fp8_recipe_default(&r);
+    char id[96], desc[140];
+    assert_string_equal(nl_fp8_recipe_id(&r, id, sizeof id), "e4m3/e4m3/block/acc0/promote128");
+    assert_string_equal(nl_fp8_recipe_desc(&r, desc, sizeof desc), "e4m3/e4m3, block scaling, fp32 accumulation");
+    r.fmt_grad = NL_FMT_E5M2, r.acc.bits = 14, r.scaling = NL_FP8_SCALE_TENSOR;
+    assert_string_equal(nl_fp8_recipe_id(&r, id, sizeof id), "e4m3/e5m2/tensor/acc14/promote128");
+    assert_string_equal(nl_fp8_recipe_desc(&r, desc, sizeof desc),
+                        "e4m3/e5m2, tensor scaling, 14-bit accumulator, promote 128");
     r.fmt_grad = NL_FMT_FP16;
     assert_int_equal(nl_fp8_linear_install(&f, &m, &r), NL_ERR_INVALID);
     nl_fp8_recipe_default(&r);

@@ -67,10 +67,44 @@ static void test_best_lr_moves_less(void **state) {
     nl_tokenizer_free(&tok);
 }
 
+/* The plots of a transfer result: the standard parametrisation at the path given, muP as
+ * mup-NAME beside it, one line per width, a diverged run drawn at the top (6). */
+static void test_transfer_svg(void **state) {
+    (void)state;
+    nl_lr_transfer x;
+    memset(&x, 0, sizeof x);
+    x.n_w = 2, x.n_lr = 3;
+    x.widths[0] = 16, x.widths[1] = 32;
+    x.lrs[0] = 1e-3, x.lrs[1] = 1e-2, x.lrs[2] = 1e-1;
+    const double sp[6] = {3.1, 2.9, INFINITY, 3.0, 2.8, 7.5}, mu[6] = {3.2, 2.7, 2.9, 3.1, 2.6, 2.8};
+    memcpy(x.sp, sp, sizeof sp);
+    memcpy(x.mu, mu, sizeof mu);
+    char *dir = tu_tmpdir(), path[1100], mup[1100];
+    snprintf(path, sizeof path, "%s/lr.svg", dir);
+    assert_int_equal(nl_lr_transfer_svg(path, &x, mup, sizeof mup), NL_OK);
+    char want[1100];
+    snprintf(want, sizeof want, "%s/mup-lr.svg", dir);
+    assert_string_equal(mup, want);
+    char *a = tu_read_file(path, NULL), *b = tu_read_file(mup, NULL);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(strstr(a, "standard parametrisation: validation loss vs learning rate"));
+    assert_non_null(strstr(b, "muP: validation loss vs learning rate"));
+    assert_non_null(strstr(a, "width 16"));
+    assert_non_null(strstr(b, "width 32"));
+    free(a);
+    free(b);
+    snprintf(path, sizeof path, "%s/none/lr.svg", dir); /* a folder that is not there */
+    assert_int_not_equal(nl_lr_transfer_svg(path, &x, mup, sizeof mup), NL_OK);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_base_width_is_standard),
         cmocka_unit_test(test_best_lr_moves_less),
+        cmocka_unit_test(test_transfer_svg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 
 #include "nanolm/moe.h"
 #include "nanolm/moe_ep.h"
+#include "nanolm/par_run.h"
 #include "nanolm/tokenizer.h"
 
 #define SHAKES "tinyshakespeare/input.txt"
@@ -142,8 +143,52 @@ static void test_moe_layout_of_size_1_bit_identical(void **state) {
     nl_tokenizer_free(&tok);
 }
 
+/* One rank's run in this process: DDP of one rank trains through the probe (its hook called at
+ * every step); a missing data file and a layout the ranks cannot hold name their part. */
+static int hook_calls;
+static void count_hook(void *user, int64_t step) {
+    (void)step;
+    (*(int *)user)++;
+}
+static void test_run_one_rank(void **state) {
+    (void)state;
+    assert_int_equal(nl_comm_init(NULL, NULL), NL_OK);
+    nl_arch a;
+    assert_int_equal(nl_arch_preset("shakespeare-char", &a), NL_OK);
+    a.dim = 32, a.n_layers = 1, a.n_heads = a.n_kv_heads = 2, a.hidden_dim = 64, a.seq_len = 32;
+    nl_dist_opts o;
+    nl_dist_opts_default(&o);
+    o.train.steps = 2, o.train.batch = 2, o.train.seq = 32, o.train.eval_every = 0, o.train.eval_windows = 1;
+    o.train.tokenizer = "byte";
+    nl_par_run x;
+    nl_par_run_part part;
+    hook_calls = 0;
+    assert_int_equal(nl_par_run_open(&x, nl_comm_world(), &a, &o, 1, 1, 1, 1, NL_PIPE_GPIPE,
+                                     tu_committed_data("tinyshakespeare/input.txt"), count_hook, &hook_calls, &part),
+                     NL_OK);
+    assert_int_equal(x.mp, 0);
+    assert_int_equal(x.tn.step, 0);
+    assert_int_equal(nl_trainer_run(&x.tn, &o.train, &x.d, NULL, NULL), NL_OK);
+    assert_int_equal(x.tn.step, 2);
+    assert_int_equal(hook_calls, 2);
+    assert_true(isfinite(x.tn.log[1].loss));
+    nl_par_run_free(&x);
+    assert_int_not_equal(
+        nl_par_run_open(&x, nl_comm_world(), &a, &o, 1, 1, 1, 1, NL_PIPE_GPIPE, "/no/such/file", NULL, NULL, &part),
+        NL_OK);
+    assert_int_equal(part, NL_PAR_RUN_DATA);
+    nl_par_run_free(&x);
+    assert_int_not_equal(nl_par_run_open(&x, nl_comm_world(), &a, &o, 1, 2, 1, 1, NL_PIPE_GPIPE,
+                                         tu_committed_data("tinyshakespeare/input.txt"), NULL, NULL, &part),
+                         NL_OK);
+    assert_int_equal(part, NL_PAR_RUN_LAYOUT);
+    assert_int_equal(x.mp, 1);
+    nl_par_run_free(&x);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_run_one_rank), /* before the MoE test, which finalizes MPI */
         cmocka_unit_test(test_layouts_of_size_1_bit_identical),
         cmocka_unit_test(test_layout_refusals_are_named),
         cmocka_unit_test(test_moe_layout_of_size_1_bit_identical),

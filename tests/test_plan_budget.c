@@ -137,6 +137,22 @@ static void test_course_moe(void **state) {
     free(out);
 }
 
+/* ZeRO stages and recomputation by name, each name back to its stage; anything else -1. */
+static void test_stage_names(void **state) {
+    (void)state;
+    const char *zeros[] = {"0", "DDP", "1", "zero1", "2", "zero2", "3", "zero3", "FSDP", "hsdp"};
+    const int want[] = {NL_ZERO_0, NL_ZERO_0, NL_ZERO_1, NL_ZERO_1, NL_ZERO_2,
+                        NL_ZERO_2, NL_ZERO_3, NL_ZERO_3, NL_ZERO_3, NL_ZERO_HSDP};
+    for (int i = 0; i < 10; i++) assert_int_equal(nl_zero_parse(zeros[i]), want[i]);
+    for (int z = NL_ZERO_0; z <= NL_ZERO_HSDP; z++) assert_int_equal(nl_zero_parse(nl_zero_name((nl_zero)z)), z);
+    assert_int_equal(nl_zero_parse("4"), -1);
+    assert_int_equal(nl_zero_parse(""), -1);
+    for (int r = NL_RECOMPUTE_NONE; r <= NL_RECOMPUTE_FULL; r++)
+        assert_int_equal(nl_recompute_parse(nl_recompute_name((nl_recompute)r)), r);
+    assert_int_equal(nl_recompute_parse("Selective"), NL_RECOMPUTE_SELECTIVE);
+    assert_int_equal(nl_recompute_parse("partial"), -1);
+}
+
 static void test_cli(void **state) {
     (void)state;
     char *out = NULL;
@@ -321,6 +337,7 @@ int main(void) {
         cmocka_unit_test(test_course_384gib),
         cmocka_unit_test(test_course_moe),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_stage_names),
         cmocka_unit_test(test_budget_bugs),
         cmocka_unit_test(test_planner_option_groups),
         cmocka_unit_test(test_microbatches_spelling),

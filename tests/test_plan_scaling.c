@@ -112,6 +112,25 @@ static size_t synth(nl_scaling_obs *o, const nl_chinchilla *law, double sigma, u
     return n;
 }
 
+/* Approach 3's optimum term by term: the same N and D as nl_scaling_optimal_law, on the budget,
+ * with the optimality condition holding. */
+static void test_optimum_terms(void **state) {
+    (void)state;
+    nl_chinchilla law;
+    nl_scaling_hoffmann(&law);
+    for (double c = 1e18; c <= 1e25; c *= 100) {
+        nl_chinchilla_optimum o;
+        nl_scaling_optimum(&law, c, &o);
+        double n, d;
+        nl_scaling_optimal_law(&law, c, &n, &d);
+        assert_true(fabs(o.n / n - 1) < 1e-12 && fabs(o.d / d - 1) < 1e-12);
+        assert_true(fabs(6 * o.n * o.d / c - 1) < 1e-12);
+        assert_true(fabs(o.a + o.b - 1) < 1e-15);
+        assert_true(fabs(o.lhs / o.rhs - 1) < 1e-9);
+        assert_true(fabs(nl_scaling_flops_for_params(&law, o.n) / c - 1) < 1e-9);
+    }
+}
+
 static void test_fit_recovers(void **state) {
     (void)state;
     nl_chinchilla truth;
@@ -229,6 +248,7 @@ int main(void) {
         cmocka_unit_test(test_course_1b),         cmocka_unit_test(test_course_llama3_overtrain),
         cmocka_unit_test(test_chinchilla_table3), cmocka_unit_test(test_approach3_constants),
         cmocka_unit_test(test_fit_recovers),      cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_optimum_terms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

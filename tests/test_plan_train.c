@@ -9,6 +9,7 @@
 
 #include "nanolm/layer_study.h"
 #include "nanolm/plan.h"
+#include "nanolm/plan_assume.h"
 #include "nanolm/train_layout.h"
 
 #define ROUNDS_TO(x, v, unit) assert_true(fabs((double)(x) - (double)(v)) <= 0.5 * (unit) + 1e-9 * fabs((double)(v)))
@@ -234,6 +235,18 @@ static void test_search(void **state) {
     nl_plan_train_explain(&q, &r, buf, sizeof buf);
     assert_non_null(strstr(buf, "Memory first"));
     assert_non_null(strstr(buf, "sharded"));
+    /* plan train --svg: the best layouts that fit and the first rejected ones, by name */
+    char *dir = tu_tmpdir(), path[1100], lab[160];
+    snprintf(path, sizeof path, "%s/mem.svg", dir);
+    assert_int_equal(nl_plan_svg_search(path, &r, q.hw.mem_bytes), NL_OK);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "Memory per GPU by layout"));
+    assert_non_null(strstr(svg, nl_layout_str(&r.evals[0].L, lab, sizeof lab)));
+    assert_non_null(strstr(svg, nl_layout_str(&r.evals[r.n_fit].L, lab, sizeof lab)));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
     nl_plan_train_free(&r);
     /* 512 GPUs: the search covers every layout (it prints its own time; no assertion on it). */
     base_req(&q, "llama-2-7b", 512);
@@ -288,6 +301,51 @@ static void test_layout_request(void **state) {
     l.fix[2] = 1;
     assert_int_equal(nl_train_layout_request(&l, &q), NL_ERR_INVALID);
     assert_non_null(strstr(nl_last_error(), "--pp >= 2"));
+}
+
+/* The assumptions a user overrides: nothing changes the GPU and the planner's efficiencies; the
+ * napkin sets the course's figures, which an explicit --link-eff or --mfu overrides; serving takes
+ * --gemm-eff and the napkin's roofline. */
+static void test_assumptions(void **state) {
+    (void)state;
+    nl_catalog cat;
+    nl_catalog_init(&cat);
+    nl_hw h100, hw;
+    assert_int_equal(nl_catalog_find_hw(&cat, "h100", &h100), NL_OK);
+    nl_plan_assume a;
+    nl_plan_assume_default(&a);
+    nl_eff eff, def;
+    nl_eff_default(&def);
+    hw = h100;
+    nl_plan_assume_train(&a, &hw, &eff);
+    assert_memory_equal(&hw, &h100, sizeof hw);
+    assert_memory_equal(&eff, &def, sizeof eff);
+    a.kernel_us = 0, a.reserved_gb = 0, a.price = 1.5, a.gpus_per_node = 4, a.latency_us = 20;
+    nl_plan_assume_train(&a, &hw, &eff);
+    assert_true(eff.kernel_s == 0 && eff.reserved_bytes == 0);
+    assert_true(hw.price_per_hour == 1.5 && hw.gpus_per_node == 4 && fabs(hw.latency_s - 20e-6) < 1e-12);
+    nl_plan_assume_default(&a);
+    a.napkin = 1;
+    hw = h100;
+    nl_plan_assume_train(&a, &hw, &eff);
+    assert_true(hw.intra_eff == 1 && hw.inter_eff == 1 && hw.latency_s == 0 && hw.nvls_eff == 0);
+    assert_int_equal(hw.nics_per_node, 0);
+    assert_true(eff.fixed_mfu == 0.4);
+    a.link_eff = 0.5, a.mfu = 0.3;
+    nl_plan_assume_train(&a, &hw, &eff);
+    assert_true(hw.intra_eff == 0.5 && hw.inter_eff == 0.5 && eff.fixed_mfu == 0.3);
+    nl_serve_req sq;
+    nl_serve_req_default(&sq);
+    sq.hw = h100;
+    nl_plan_assume_default(&a);
+    nl_plan_assume_serve(&a, &sq);
+    assert_true(sq.hw.gemm_eff == h100.gemm_eff && sq.hbm_eff < 1 && sq.kernel_s > 0);
+    a.eff.gemm = 0.7, a.napkin = 1;
+    nl_plan_assume_serve(&a, &sq);
+    assert_true(sq.hw.gemm_eff == 0.7 && sq.prefill_mfu == 0.5 && sq.hbm_eff == 1 && sq.kernel_s == 0);
+    sq.prefill_mfu = 0.6; /* given: kept */
+    nl_plan_assume_serve(&a, &sq);
+    assert_true(sq.prefill_mfu == 0.6);
 }
 
 static void test_search_errors(void **state) {
@@ -772,6 +830,7 @@ int main(void) {
         cmocka_unit_test(test_course_small_facts),
         cmocka_unit_test(test_search),
         cmocka_unit_test(test_layout_request),
+        cmocka_unit_test(test_assumptions),
         cmocka_unit_test(test_search_errors),
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_bugs),

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/plan_opts.h"
 #include "nanolm/plan.h"
@@ -22,6 +23,27 @@ static const nl_valid_group *group(const nl_valid_result *r, const char *name) {
 
 /* At least 40 published figures, each with a source and a positive figure; the groups of the
  * issue are present. */
+/* The published set found without --file: in the working directory, else under $NANOLM_SRC. */
+static void test_default_file(void **state) {
+    (void)state;
+    char cwd[2048], buf[4096], root[4096], *saved = getenv("NANOLM_SRC") ? strdup(getenv("NANOLM_SRC")) : NULL;
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(root, sizeof root, "%s", tu_src_path("."));
+    char *dir = tu_tmpdir();
+    assert_int_equal(chdir(dir), 0);
+    setenv("NANOLM_SRC", "/some/tree", 1);
+    assert_string_equal(nl_plan_validate_default_file(buf, sizeof buf), "/some/tree/tests/validation/published.json");
+    unsetenv("NANOLM_SRC");
+    assert_null(nl_plan_validate_default_file(buf, sizeof buf));
+    assert_int_equal(chdir(root), 0);
+    assert_string_equal(nl_plan_validate_default_file(buf, sizeof buf), "tests/validation/published.json");
+    assert_int_equal(chdir(cwd), 0);
+    if (saved) setenv("NANOLM_SRC", saved, 1);
+    free(saved);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 static void test_set_shape(void **state) {
     (void)state;
     nl_valid_result r;
@@ -344,6 +366,7 @@ int main(void) {
     nl_catalog_init(&cat);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_set_shape),
+        cmocka_unit_test(test_default_file),
         cmocka_unit_test(test_targets),
         cmocka_unit_test(test_ds3_activations),
         cmocka_unit_test(test_bad_files),

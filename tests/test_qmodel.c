@@ -9,6 +9,7 @@
 #include "nanolm/checkpoint.h"
 #include "nanolm/infer.h"
 #include "nanolm/model.h"
+#include "nanolm/quant_eval.h"
 #include "nanolm/quantize_model.h"
 #include "nanolm/tokenizer.h"
 #include "nanolm/train.h"
@@ -180,8 +181,89 @@ static void test_stories260k(void **state) {
     nl_model_free(&m);
 }
 
+/* What `quant model` measures, as the library runs it: the model as loaded, each scheme applied to
+ * it (int8 per channel in W8A8, the others weight-only), a written scheme loaded back. */
+static void test_quant_model_steps(void **state) {
+    (void)state;
+    TU_REQUIRE_DATA(bin, "stories260K/stories260K.bin");
+    TU_REQUIRE_DATA(tokp, "stories260K/tok512.bin");
+    TU_REQUIRE_DATA(txt, "tinystories/tinystories_head.txt");
+    nl_quant_spec s8, s8t, s4;
+    QOK(nl_quant_spec_parse("int8-channel", &s8));
+    QOK(nl_quant_spec_parse("int8-tensor", &s8t));
+    QOK(nl_quant_spec_parse("int4-b32", &s4));
+    assert_true(nl_qmodel_w8a8_ok(&s8));
+    assert_false(nl_qmodel_w8a8_ok(&s8t));
+    assert_false(nl_qmodel_w8a8_ok(&s4));
+    nl_model m;
+    nl_tokenizer tok;
+    nl_qmodel lq;
+    int quantized = -1;
+    char tkind[64];
+    QOK(nl_qmodel_open(bin, tokp, 0, &m, &tok, &lq, &quantized, tkind));
+    assert_int_equal(quantized, 0);
+    assert_string_equal(tkind, "tok512");
+    nl_qeval_input in = {.B = 2, .T = 128, .n_gen = 20};
+    QOK(nl_qeval_input_load(&tok, txt, "Once upon a time", 600, &in));
+    assert_int_equal(in.n, 600);
+    assert_true(in.np > 1);
+    QOK(nl_model_alloc_acts(&m, in.B, in.T));
+    nl_quant_eval rows[3];
+    memset(rows, 0, sizeof rows);
+    QOK(nl_quant_eval_loaded(&m, NULL, &tok, &in, &rows[0]));
+    assert_string_equal(rows[0].scheme, "fp32");
+    assert_string_equal(rows[0].mode, "fp32");
+    assert_int_equal(rows[0].linear_bytes, 226560 * 4);
+    assert_int_equal(rows[0].n_gen, 20);
+    assert_non_null(strstr(rows[0].text, "Lily"));
+    char *dir = tu_tmpdir(), out[1100];
+    snprintf(out, sizeof out, "%s/q.safetensors", dir);
+    QOK(nl_quant_eval_scheme(&m, &s8, NL_QLINEAR_W8A8, &tok, &in, out, tkind, &rows[1]));
+    assert_string_equal(rows[1].scheme, "int8-channel");
+    assert_string_equal(rows[1].mode, "w8a8");
+    assert_int_equal(rows[1].linear_bytes, 226560 + 3000 * 4);
+    assert_true(fabs(rows[1].loss - rows[0].loss) < 0.01 * rows[0].loss);
+    QOK(nl_quant_eval_scheme(&m, &s4, NL_QLINEAR_W8A8, &tok, &in, NULL, tkind, &rows[2]));
+    assert_string_equal(rows[2].mode, "weight-only"); /* W8A8 is for int8 per channel only */
+    nl_quant_eval_shared(rows, 3);
+    assert_int_equal(rows[0].shared, 20);
+    assert_int_equal(rows[1].shared, 20);
+    nl_quant_eval fp32_again;
+    QOK(nl_quant_eval_loaded(&m, NULL, &tok, &in, &fp32_again)); /* the schemes gave the fp32 weights back */
+    assert_true(fp32_again.loss == rows[0].loss);
+    nl_tokenizer_free(&tok);
+    nl_model_free(&m);
+    /* the written scheme, loaded back: it names its tokenizer, which must then be given */
+    assert_int_equal(nl_qmodel_open(out, NULL, 0, &m, &tok, &lq, &quantized, tkind), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "tok512 tokenizer"));
+    QOK(nl_qmodel_open(out, tokp, 0, &m, &tok, &lq, &quantized, tkind));
+    assert_int_equal(quantized, 1);
+    QOK(nl_model_alloc_acts(&m, in.B, in.T));
+    nl_quant_eval back;
+    QOK(nl_quant_eval_loaded(&m, &lq, &tok, &in, &back));
+    assert_string_equal(back.scheme, "int8-channel (loaded)");
+    assert_string_equal(back.mode, "w8a8");
+    assert_true(fabs(back.loss - rows[1].loss) < 1e-3 * rows[1].loss);
+    nl_qeval_input_free(&in);
+    /* a text of one token (BOS) cannot be evaluated */
+    char empty[1100];
+    snprintf(empty, sizeof empty, "%s/empty.txt", dir);
+    FILE *f = fopen(empty, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(nl_qeval_input_load(&tok, empty, "Once", 0, &in), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "empty.txt"));
+    nl_qeval_input_free(&in);
+    nl_qmodel_free(&lq);
+    nl_tokenizer_free(&tok);
+    nl_model_free(&m);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quant_model_steps),
         cmocka_unit_test(test_quantize_model_synthetic),
         cmocka_unit_test(test_stories260k),
     };

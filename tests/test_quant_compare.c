@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/quant_compare.h"
+
 static cJSON *find_scheme(cJSON *doc, const char *name) {
     cJSON *r;
     cJSON_ArrayForEach(
@@ -128,8 +130,37 @@ static void test_fp32_listed_once(void **state) {
     free(out);
 }
 
+/* The bar chart of the loss increases: one bar per scheme, labelled with its name and the increase
+ * over fp32; the method names the table prints. */
+static void test_svg_and_names(void **state) {
+    (void)state;
+    nl_qc_row rows[3];
+    int n = 0;
+    assert_int_equal(nl_qc_parse_schemes("rtn-int4-g32,awq-int3-g32,int8-outlier6", rows, 3, &n), NL_OK);
+    assert_int_equal(n, 3);
+    assert_string_equal(nl_qm_method_name(rows[0].s.method), "rtn");
+    assert_string_equal(nl_qm_method_name(rows[1].s.method), "awq");
+    assert_string_equal(nl_qm_method_name(rows[2].s.method), "llm.int8");
+    assert_string_equal(nl_qm_method_name(NL_QM_FP32), "fp32");
+    const double loss[3] = {2.5, 2.75, 2.4};
+    for (int i = 0; i < 3; i++) rows[i].loss = loss[i];
+    char *dir = tu_tmpdir(), path[1100];
+    snprintf(path, sizeof path, "%s/qc.svg", dir);
+    assert_int_equal(nl_qc_svg(path, rows, 3, 2.45), NL_OK);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "loss increase over fp32"));
+    assert_non_null(strstr(svg, "awq-int3-g32"));
+    assert_non_null(strstr(svg, "+0.3000"));
+    assert_non_null(strstr(svg, "-0.0500"));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_svg_and_names),
         cmocka_unit_test(test_bad_scheme),
         cmocka_unit_test(test_fp32_listed_once),
         cmocka_unit_test(test_stories260k_table),

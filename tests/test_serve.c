@@ -23,6 +23,7 @@
 #include "nanolm/dummy_engine.h"
 #include "nanolm/http_loadgen.h"
 #include "nanolm/loadgen_sweep.h"
+#include "nanolm/server.h"
 
 typedef struct srv {
     tu_server p; /* the process, its port and its log */
@@ -916,6 +917,18 @@ static void dummy_engine(void **state) {
     assert_true(strncmp(nl_last_error(), "--dummy-arch: ", 14) == 0);
 }
 
+/* The name a checkpoint is served under by default: its file name without folder and extension. */
+static void model_name(void **state) {
+    (void)state;
+    char b[128];
+    assert_string_equal(nl_server_model_name("models/stories260K.bin", b, sizeof b), "stories260K");
+    assert_string_equal(nl_server_model_name("q.int8.safetensors", b, sizeof b), "q.int8");
+    assert_string_equal(nl_server_model_name("/a/.hidden", b, sizeof b), ".hidden");
+    assert_string_equal(nl_server_model_name("dir/SmolLM2-135M", b, sizeof b), "SmolLM2-135M");
+    char small[4];
+    assert_string_equal(nl_server_model_name("x/abcdef.bin", small, sizeof small), "abc");
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
@@ -933,6 +946,7 @@ int main(void) {
         cmocka_unit_test_teardown(loadgen, teardown),
         cmocka_unit_test_teardown(loadgen_sweep, teardown),
         cmocka_unit_test(dummy_engine),
+        cmocka_unit_test(model_name),
         cmocka_unit_test_teardown(queued_past_idle_timeout, teardown),
     };
     if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER"));

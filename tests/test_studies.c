@@ -12,6 +12,7 @@
 #include "nanolm/fp8_study.h"
 #include "nanolm/quant_compare.h"
 #include "nanolm/quant_study.h"
+#include "nanolm/train.h"
 #include "nanolm/train_log.h"
 
 static nl_fp8_study_cfg small_cfg(void) {
@@ -61,6 +62,35 @@ static void test_fp8_study_sweep(void **s) {
     assert_int_equal(nl_fp8_study_sweep_k(&c, NL_FP8_SCALE_TENSOR, accs, 2, &sw), NL_ERR_INVALID);
 }
 
+/* The accumulators fp8 gemm compares, their names, and the plot of a K sweep (skipped ones left out). */
+static void test_fp8_accs_and_plot(void **s) {
+    (void)s;
+    nl_fp8_acc accs[3];
+    char b[64];
+    assert_int_equal(nl_fp8_study_accs(14, 32, 0, accs), 2);
+    assert_int_equal(nl_fp8_study_accs(14, 32, 128, accs), 3);
+    assert_string_equal(nl_fp8_acc_name(&accs[0], b, sizeof b), "fp32");
+    assert_string_equal(nl_fp8_acc_name(&accs[1], b, sizeof b), "14-bit, never promoted");
+    assert_string_equal(nl_fp8_acc_name(&accs[2], b, sizeof b), "14-bit, promote every 128");
+    for (int a = 0; a < 3; a++) assert_int_equal(nl_fp8_acc_validate(&accs[a]), NL_OK);
+    nl_fp8_study_cfg c = small_cfg();
+    c.K = 512;
+    nl_fp8_k_sweep sw;
+    assert_int_equal(nl_fp8_study_sweep_k(&c, NL_FP8_SCALE_TENSOR, accs, 3, &sw), NL_OK);
+    char *dir = tu_tmpdir(), path[1100];
+    snprintf(path, sizeof path, "%s/k.svg", dir);
+    sw.skipped[1] = 1;
+    assert_int_equal(nl_fp8_study_sweep_svg(path, &c, NL_FP8_SCALE_TENSOR, accs, 3, &sw), NL_OK);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "FP8 GEMM accumulation error vs K (e4m3, tensor scaling"));
+    assert_non_null(strstr(svg, "14-bit, promote every 128"));
+    assert_null(strstr(svg, "never promoted"));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 static void test_quant_demo(void **s) {
     (void)s;
     nl_quant_demo d;
@@ -86,6 +116,36 @@ static void test_quant_outliers(void **s) {
     assert_true(r[1].sqnr > r[0].sqnr);
     assert_true(r[2].bytes > r[4].bytes); /* more blocks, more scales */
     assert_int_equal(nl_quant_outlier_study(4, 256, 8, 50, 1, r), NL_ERR_INVALID);
+}
+
+/* A user's values through a scheme: the names `quant values` takes, and the round trip. */
+static void test_quant_values(void **s) {
+    (void)s;
+    nl_quant_spec spec;
+    char name[64];
+    assert_int_equal(nl_quant_values_spec("int8", 2, &spec), NL_OK);
+    assert_string_equal(nl_quant_spec_name(&spec, name, sizeof name), "int8-b2");
+    assert_int_equal(nl_quant_values_spec("int4", 0, &spec), NL_OK);
+    assert_string_equal(nl_quant_spec_name(&spec, name, sizeof name), "int4-tensor");
+    assert_int_equal(nl_quant_values_spec("affine", 0, &spec), NL_OK);
+    assert_int_equal(spec.kind, NL_QUANT_AFFINE);
+    assert_int_equal(nl_quant_values_spec("affine", 2, &spec), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "--block needs an absmax scheme"));
+    assert_int_equal(nl_quant_values_spec("mxfp4", 2, &spec), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "not 'mxfp4'"));
+    assert_int_equal(nl_quant_values_spec("int9x", 0, &spec), NL_ERR_INVALID);
+    assert_non_null(strstr(nl_last_error(), "--scheme int9x: "));
+    const float x[4] = {0.3f, -0.5f, 0.12f, 1.5f};
+    nl_quant_values v;
+    assert_int_equal(nl_quant_values_spec("int8", 0, &spec), NL_OK);
+    assert_int_equal(nl_quant_values_run(x, 4, &spec, &v), NL_OK);
+    assert_int_equal(v.q.n_scales, 1);
+    assert_int_equal(nl_qtensor_code(&v.q, 0, 3), 127); /* the largest value gets the top code */
+    double want = 0;
+    for (int i = 0; i < 4; i++) want = fmax(want, fabs((double)x[i] - (double)v.back[i]));
+    assert_true(v.max_err == want && want > 0 && want <= 1.5 / 127 / 2 * 1.0001);
+    nl_quant_values_free(&v);
+    assert_null(v.back);
 }
 
 static void test_train_log_curve(void **s) {
@@ -115,6 +175,44 @@ static void test_train_log_curve(void **s) {
     free(dir);
 }
 
+/* The plots of loss curves: several runs' curves by label, and a trainer's own log (training
+ * loss every step, validation loss where there is one). */
+static void test_loss_plots(void **s) {
+    (void)s;
+    double st[3] = {1, 2, 3}, la[3] = {3.5, 3.0, 2.5}, lb[2] = {3.4, 2.7};
+    nl_loss_curve curves[2] = {{st, la, 3}, {st, lb, 2}};
+    const char *labels[2] = {"bf16", "fp8 e4m3"};
+    char *dir = tu_tmpdir(), path[1100];
+    snprintf(path, sizeof path, "%s/curves.svg", dir);
+    assert_int_equal(nl_loss_curves_svg(path, "validation loss", labels, curves, 2, 1), NL_OK);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "fp8 e4m3"));
+    assert_non_null(strstr(svg, "validation loss"));
+    free(svg);
+    assert_int_equal(nl_loss_curves_svg(path, "x", labels, curves, 0, 1), NL_ERR_INVALID);
+    nl_train_log log[3] = {{.step = 1, .loss = 3.5f, .val_loss = NAN},
+                           {.step = 2, .loss = 3.0f, .val_loss = 2.9f},
+                           {.step = 3, .loss = 2.5f, .val_loss = NAN}};
+    nl_trainer t;
+    memset(&t, 0, sizeof t);
+    t.log = log, t.n_log = 3;
+    snprintf(path, sizeof path, "%s/train.svg", dir);
+    assert_int_equal(nl_train_log_svg(&t, path), NL_OK);
+    svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "NanoLM training"));
+    assert_non_null(strstr(svg, "validation loss"));
+    free(svg);
+    log[1].val_loss = NAN; /* no validation: the training curve alone */
+    assert_int_equal(nl_train_log_svg(&t, path), NL_OK);
+    svg = tu_read_file(path, NULL);
+    assert_null(strstr(svg, "validation loss"));
+    free(svg);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 static void test_qc_schemes(void **s) {
     (void)s;
     nl_qc_row rows[4];
@@ -138,6 +236,14 @@ static void test_format_cast_and_sum(void **s) {
     assert_true(c.decoded == 0.1015625);
     assert_true(fabs(c.abs_err - fabs(0.1015625 - (double)0.1f)) < 1e-12);
     assert_true(c.below == 0.09375 && c.above == 0.1015625);
+    assert_string_equal(c.hex, "0x1D"); /* 0.1015625 = 1.625 x 2^-4: biased exponent 3, mantissa 101 */
+    assert_string_equal(c.binary, "0 | 0011 | 101");
+    assert_int_equal(nl_fmt_cast(NL_FMT_BF16, 257, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 1, &c), NL_OK);
+    assert_string_equal(c.hex, "0x4380");
+    assert_string_equal(c.binary, "0 | 10000111 | 0000000");
+    assert_int_equal(nl_fmt_cast(NL_FMT_INT4, -3, NL_ROUND_NEAREST_EVEN, NL_OVERFLOW_DEFAULT, 1, &c), NL_OK);
+    assert_string_equal(c.hex, "0xD");
+    assert_string_equal(c.binary, "1101"); /* two's complement, no fields */
     nl_fmt_sum_result r;
     assert_int_equal(nl_fmt_repeated_sum(NL_FMT_BF16, 0.01f, 1000, 0, &r), NL_OK);
     assert_true(r.result < 5 && r.last_change < 1000);
@@ -153,7 +259,8 @@ int main(void) {
         cmocka_unit_test(test_fp8_study_rows),      cmocka_unit_test(test_fp8_study_sweep),
         cmocka_unit_test(test_quant_demo),          cmocka_unit_test(test_quant_outliers),
         cmocka_unit_test(test_train_log_curve),     cmocka_unit_test(test_qc_schemes),
-        cmocka_unit_test(test_format_cast_and_sum),
+        cmocka_unit_test(test_format_cast_and_sum), cmocka_unit_test(test_fp8_accs_and_plot),
+        cmocka_unit_test(test_loss_plots),          cmocka_unit_test(test_quant_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

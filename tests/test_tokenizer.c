@@ -414,11 +414,29 @@ static void test_bad_files(void **state) {
     free(dir);
 }
 
+/* A piece shown as one line: UTF-8 kept, control bytes, backslashes and stray bytes escaped. */
+static void test_escape(void **state) {
+    (void)state;
+    const char in[] = "h\xc3\xa9\tl\\o\n\x01\xff\xe2\x82 \x7f\r";
+    char *e = nl_tokenizer_escape(in, sizeof in - 1);
+    assert_non_null(e);
+    assert_string_equal(e, "h\xc3\xa9\\tl\\\\o\\n\\x01\\xff\\xe2\\x82 \\x7f\\r");
+    nl_free(e);
+    const char overlong[] = "\xc0\xaf\xed\xa0\x80\xf0\x9f\x98\x80"; /* overlong, surrogate, then an emoji */
+    e = nl_tokenizer_escape(overlong, sizeof overlong - 1);
+    assert_string_equal(e, "\\xc0\\xaf\\xed\\xa0\\x80\xf0\x9f\x98\x80");
+    nl_free(e);
+    e = nl_tokenizer_escape("", 0);
+    assert_string_equal(e, "");
+    nl_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_known_prompts),    cmocka_unit_test(test_matches_reference),
         cmocka_unit_test(test_cross_word_vocab), cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_byte_tokenizer),   cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_escape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

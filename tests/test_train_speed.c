@@ -221,6 +221,12 @@ static void test_peak_rates_and_refusals(void **state) {
     assert_non_null(strstr(nl_last_error(), "size 8"));
     assert_int_equal(nl_peak_sgemm(64, 1, 1e-3, 1, &f), NL_OK);
     assert_true(f > 0);
+    /* bench machine's ceilings: the widest path's FMA peak and sgemm, on one thread and on two */
+    nl_peak_ceilings c;
+    assert_int_equal(nl_peak_ceilings_measure(2, 1e-3, 1, &c), NL_OK);
+    assert_int_equal(c.path, nl_peak_auto());
+    assert_true(c.fma_1t > 0 && c.fma_nt > 0 && c.sgemm_1t > 0 && c.sgemm_nt > 0);
+    assert_int_equal(nl_peak_ceilings_measure(2, 0, 1, &c), NL_ERR_INVALID); /* nl_peak_fma's own check */
 }
 
 static void test_flops_per_token(void **state) {

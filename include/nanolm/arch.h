@@ -95,4 +95,13 @@ size_t nl_arch_last_offset(void);
 /* NULL-terminated list of preset names. */
 const char *const *nl_arch_preset_names(void);
 
+/* Sizes that replace a shape's own (`--dim`, `--layers`, ... of parallel train and moe train):
+ * a field left at 0 (shared_experts: below 0) keeps the shape's. heads sets the KV heads too,
+ * unless kv_heads is given. */
+typedef struct nl_arch_override {
+    int64_t dim, layers, heads, kv_heads, hidden;
+    int64_t experts, top_k, shared_experts, expert_hidden;
+} nl_arch_override;
+void nl_arch_override_apply(const nl_arch_override *o, nl_arch *a);
+
 #endif

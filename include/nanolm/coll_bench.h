@@ -54,6 +54,13 @@ typedef struct nl_coll_bench_opts {
     void *user;
 } nl_coll_bench_opts;
 
+/* Adds the collectives of a ','-separated list of names (all-reduce, reduce-scatter, all-gather,
+ * broadcast, reduce, all-to-all) to o->ops. NL_ERR_INVALID naming an unknown entry, or too many. */
+nl_status nl_coll_bench_parse_ops(const char *list, nl_coll_bench_opts *o);
+/* What o leaves to the defaults: no ops, every collective; no sizes, min_bytes, min_bytes x step,
+ * ... up to max_bytes (at most NL_COLL_BENCH_SIZES). */
+void nl_coll_bench_defaults(nl_coll_bench_opts *o, size_t min_bytes, size_t max_bytes, size_t step);
+
 typedef struct nl_coll_bench_row {
     nl_comm_op op;
     nl_comm_impl impl;

@@ -21,6 +21,8 @@ typedef struct nl_fmt_cast_result {
     double decoded;           /* the code's value */
     double abs_err, rel_err;  /* |decoded - x|, that over |x| (NaN / inf where meaningless) */
     double below, above, ulp; /* the format's neighbours of x and their spacing */
+    char hex[16];             /* the code in hex, "0x4380" */
+    char binary[128];         /* its bits: "0 | 10000111 | 0000000" (sign | exponent | mantissa), plain for int */
 } nl_fmt_cast_result;
 
 /* Encodes x (stochastic rounding draws from a generator seeded with seed). nl_fmt_encode's errors. */

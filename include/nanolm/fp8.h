@@ -124,6 +124,9 @@ typedef struct nl_fp8_acc {
 /* Checks an accumulator description (bits 0 or 2..24, group >= 1, promote >= 0 and a multiple
  * of group). NL_ERR_INVALID naming the bad field. */
 nl_status nl_fp8_acc_validate(const nl_fp8_acc *acc);
+/* An accumulator in words, in buf[n]: "fp32", "14-bit, never promoted" or "14-bit, promote every
+ * 128". Returns buf. */
+const char *nl_fp8_acc_name(const nl_fp8_acc *acc, char *buf, size_t n);
 /* Sums terms[0..n) through the limited accumulator exactly as the GEMM does for one output
  * (unit scales): groups, alignment, truncation or rounding, promotion every acc->promote terms
  * into an fp32 sum. With acc->bits == 0 it is a plain sequential fp32 sum. Terms must be

@@ -35,6 +35,12 @@ typedef struct nl_fp8_recipe {
 
 /* E4M3 everywhere, block scaling, fp32 accumulation, delayed history 16, margin 0. */
 void nl_fp8_recipe_default(nl_fp8_recipe *r);
+/* The recipe as a run records it (and a resume checks it), in buf[n]: formats, scaling and
+ * accumulator, "e4m3/e5m2/block/acc14/promote128". Returns buf. */
+const char *nl_fp8_recipe_id(const nl_fp8_recipe *r, char *buf, size_t n);
+/* The recipe in words, in buf[n]: "e4m3/e4m3, block scaling, fp32 accumulation" or "..., 14-bit
+ * accumulator, promote 128". Returns buf. */
+const char *nl_fp8_recipe_desc(const nl_fp8_recipe *r, char *buf, size_t n);
 
 /* What the FP8 linears did so far. */
 typedef struct nl_fp8_linear_stats {

@@ -61,6 +61,15 @@ typedef struct nl_fp8_k_sweep {
 nl_status nl_fp8_study_sweep_k(const nl_fp8_study_cfg *c, nl_fp8_scaling sc, const nl_fp8_acc *accs, int naccs,
                                nl_fp8_k_sweep *out);
 
+/* The accumulators `fp8 gemm` compares, in accs[3]: fp32, the limited one of `bits` (products
+ * aligned in groups of `group`) never promoted, and, when promote > 0, the same promoted to fp32
+ * every `promote` products. Returns how many (2 or 3). */
+int nl_fp8_study_accs(int bits, int group, int promote, nl_fp8_acc accs[3]);
+/* The plot of a K sweep of scaling sc (c's format and shape in the title): acc err (max) against
+ * K on log axes, one series per accumulator that was not skipped, named by nl_fp8_acc_name. */
+nl_status nl_fp8_study_sweep_svg(const char *path, const nl_fp8_study_cfg *c, nl_fp8_scaling sc, const nl_fp8_acc *accs,
+                                 int naccs, const nl_fp8_k_sweep *sw);
+
 #ifdef __cplusplus
 }
 #endif

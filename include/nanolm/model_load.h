@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "nanolm/base.h"
+#include "nanolm/chat_template.h"
 #include "nanolm/model.h"
 #include "nanolm/safetensors.h"
 #include "nanolm/tokenizer.h"
@@ -61,6 +62,15 @@ nl_status nl_model_load_st_params(const nl_st_file *f, const nl_model *m, const 
 /* The shape only (the planner's arch): config.json of a folder, GGUF metadata, or the model a
  * checkpoint holds. */
 nl_status nl_model_load_arch(const char *ckpt, nl_arch *a);
+
+/* The chat template to serve the model at `ckpt` with: the Jinja file `path` when given (NULL:
+ * none), else the model's own, a Hugging Face folder's or a GGUF file's (*out NULL when it has none
+ * or ckpt is another kind of file: the chat endpoint then answers 400). A template from `path`
+ * takes bos_token / eos_token from the model's own template, else the BOS / EOS pieces of tok when
+ * it is a Hugging Face tokenizer (tok may be NULL). Errors: the model's own template unreadable
+ * (when path is NULL), path unreadable or not a template; *out is NULL then. */
+nl_status nl_model_load_chat_template(nl_chat_template **out, const char *ckpt, const char *path,
+                                      const nl_tokenizer *tok);
 
 #ifdef __cplusplus
 }

@@ -61,6 +61,9 @@ double nl_argmin_interp(const double *x, int n);
  * parametrisation and once with muP at base width `base`, and the best learning rate per width. */
 enum { NL_LRT_MAX_WIDTHS = 8, NL_LRT_MAX_LRS = 16 };
 typedef struct nl_lr_transfer {
+    int n_w, n_lr; /* the grid: widths[n_w] x lrs[n_lr] */
+    int64_t widths[NL_LRT_MAX_WIDTHS];
+    double lrs[NL_LRT_MAX_LRS];
     double sp[NL_LRT_MAX_WIDTHS * NL_LRT_MAX_LRS], mu[NL_LRT_MAX_WIDTHS * NL_LRT_MAX_LRS]; /* [width][lr] */
     int best_sp[NL_LRT_MAX_WIDTHS], best_mu[NL_LRT_MAX_WIDTHS]; /* grid index of the smallest loss */
     double fb[2][NL_LRT_MAX_WIDTHS]; /* [sp, mup][width]: best index refined by nl_argmin_interp */
@@ -71,4 +74,8 @@ typedef struct nl_lr_transfer {
  * errors. */
 nl_status nl_lr_transfer_run(const nl_data *d, const int64_t *widths, int n_w, const double *lrs, int n_lr,
                              int64_t layers, int64_t steps, int64_t base, nl_lr_transfer *x);
+/* The plots of x: validation loss against the learning rate (log axis), one line per width,
+ * diverged runs drawn at 6; the standard parametrisation in `path`, muP in mup-NAME beside it
+ * (NAME: path's file name), whose path goes to mup_path[n]. */
+nl_status nl_lr_transfer_svg(const char *path, const nl_lr_transfer *x, char *mup_path, size_t n);
 #endif

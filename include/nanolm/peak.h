@@ -48,6 +48,15 @@ nl_status nl_peak_fma(nl_peak_path p, int threads, double min_time_s, int repeat
  * NL_ERR_INVALID for n < 16, NL_ERR_NOMEM naming the buffers. */
 nl_status nl_peak_sgemm(int64_t n, int threads, double min_time_s, int repeats, double *flops);
 
+/* The ceilings of training's model FLOPs utilisation as `nanolm bench machine` reports them: the
+ * fp32 FMA peak of the widest path (nl_peak_auto) and the sgemm rate of NL_PEAK_SGEMM_N, each on
+ * one thread and on `threads`. */
+typedef struct nl_peak_ceilings {
+    nl_peak_path path;
+    double fma_1t, fma_nt, sgemm_1t, sgemm_nt; /* FLOP/s */
+} nl_peak_ceilings;
+nl_status nl_peak_ceilings_measure(int threads, double min_time_s, int repeats, nl_peak_ceilings *out);
+
 #ifdef __cplusplus
 }
 #endif

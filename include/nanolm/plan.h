@@ -129,6 +129,9 @@ nl_status nl_plan_recipe(const char *name, nl_recipe *out);
 
 typedef enum nl_zero { NL_ZERO_0 = 0, NL_ZERO_1 = 1, NL_ZERO_2 = 2, NL_ZERO_3 = 3, NL_ZERO_HSDP = 4 } nl_zero;
 const char *nl_zero_name(nl_zero z);
+/* A ZeRO stage by name: 0 or ddp, 1 or zero1, 2 or zero2, 3, zero3 or fsdp, hsdp (any case); -1
+ * for anything else. */
+int nl_zero_parse(const char *name);
 
 /* Bytes per parameter of model state on one GPU under a ZeRO stage sharded over `dp` ranks
  * (HSDP: shard over `shard` ranks, replicate across dp/shard). */
@@ -140,6 +143,8 @@ void nl_plan_state_bytes(const nl_recipe *r, nl_zero z, int64_t dp, int64_t shar
 /* ---- memory: activations ---------------------------------------------------------------- */
 typedef enum nl_recompute { NL_RECOMPUTE_NONE = 0, NL_RECOMPUTE_SELECTIVE = 1, NL_RECOMPUTE_FULL = 2 } nl_recompute;
 const char *nl_recompute_name(nl_recompute r);
+/* none, selective or full (any case) -> the recomputation; -1 for anything else. */
+int nl_recompute_parse(const char *name);
 
 /* One tensor kept for backward: bytes per token per layer, and whether tensor parallelism
  * shards it (without sequence parallelism the norm regions stay replicated). */
@@ -556,6 +561,10 @@ typedef struct nl_valid_result {
 nl_status nl_plan_validate(const nl_catalog *cat, const char *path, nl_valid_runner run, void *ctx, int holdout,
                            nl_valid_result *out);
 void nl_plan_validate_free(nl_valid_result *r);
+/* Where the published set is when none is given: tests/validation/published.json in the working
+ * directory (the repository root, as `make run` and the tests use it), else under the source tree
+ * $NANOLM_SRC (written into buf[n]); NULL when neither applies. */
+const char *nl_plan_validate_default_file(char *buf, size_t n);
 /* Signed errors per case as horizontal bars, grouped. */
 nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r);
 
@@ -564,5 +573,8 @@ nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r);
 nl_status nl_plan_svg_pipeline(const char *path, int64_t p, int64_t m);
 /* Memory bars (weights, grads, optimizer, activations, logits, temp) per evaluated layout. */
 nl_status nl_plan_svg_memory(const char *path, const nl_train_eval *e, size_t n, double capacity);
+/* The memory bars of a search (`plan train --svg`): its first 8 layouts that fit and first 4 that do
+ * not, against the GPU's capacity. */
+nl_status nl_plan_svg_search(const char *path, const nl_train_result *res, double capacity);
 
 #endif

@@ -46,6 +46,9 @@ void nl_qc_tokens_free(nl_qc_tokens *t);
  * gets its fp32 parameters back at the end. */
 nl_status nl_qc_run(nl_model *m, const nl_qc_tokens *t, int64_t B, int64_t T, nl_qc_row *rows, int n, double *base,
                     int64_t *scored);
+/* A bar chart of each row's loss increase over the fp32 baseline `base` (nats/token), one bar a
+ * row in its method's colour, labelled with the scheme and the increase. */
+nl_status nl_qc_svg(const char *path, const nl_qc_row *rows, int n, double base);
 /* Frees the outlier reports of rows[0..n). */
 void nl_qc_rows_free(nl_qc_row *rows, int n);
 

@@ -92,6 +92,8 @@ int64_t nl_qm_model_bytes(const nl_model *m, const nl_qm_scheme *s);
 
 /* Name of a site ("qkv", "o", "gate_up", "down"). */
 const char *nl_qm_site_name(int site);
+/* The name of a method: fp32, rtn, gptq, awq, smoothquant, w8a8, llm.int8 ("?" out of range). */
+const char *nl_qm_method_name(nl_qm_method m);
 
 #ifdef __cplusplus
 }

@@ -54,6 +54,22 @@ typedef struct nl_quant_outlier_row {
 nl_status nl_quant_outlier_study(int64_t rows, int64_t cols, int bits, double factor, uint64_t seed,
                                  nl_quant_outlier_row out[NL_QUANT_OUTLIER_SCHEMES]);
 
+/* ---- values: a user's own values through a scheme (`nanolm quant values`) ---------------- */
+/* The scheme of `name` with one scale per `block` values (0: one for all): int8, int4 or intB
+ * (absmax), affine (uint8 with a zero point, per tensor only), or any name nl_quant_spec_parse
+ * knows (without a block). NL_ERR_INVALID naming the scheme or the --block it does not take. */
+nl_status nl_quant_values_spec(const char *name, int64_t block, nl_quant_spec *spec);
+
+typedef struct nl_quant_values {
+    nl_qtensor q;   /* the codes, scales and zero points of the (1, n) values */
+    float *back;    /* [n] the dequantized values */
+    double max_err; /* the largest |x - back| */
+} nl_quant_values;
+/* Quantizes x[0..n) with spec and dequantizes it back. Free with nl_quant_values_free (also
+ * after an error). */
+nl_status nl_quant_values_run(const float *x, int64_t n, const nl_quant_spec *spec, nl_quant_values *v);
+void nl_quant_values_free(nl_quant_values *v);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,6 +24,7 @@
 #include "nanolm/base.h"
 #include "nanolm/model.h"
 #include "nanolm/qlinear.h"
+#include "nanolm/tokenizer.h"
 #include "nanolm/quant.h"
 
 #ifdef __cplusplus
@@ -49,6 +50,8 @@ typedef struct nl_qmodel {
  * int8 per channel (NL_ERR_UNSUPPORTED otherwise). Errors: bad spec, NaN/inf in a weight
  * (the message names the tensor), NL_ERR_NOMEM. */
 nl_status nl_qmodel_quantize(nl_qmodel *qm, nl_model *m, const nl_quant_spec *spec, nl_qlinear_mode mode);
+/* 1 when spec's weights can run W8A8 (symmetric int8 per channel), else 0. */
+int nl_qmodel_w8a8_ok(const nl_quant_spec *spec);
 /* Uninstalls the hook (m runs fp32 again) and frees everything; safe on a zeroed struct. */
 void nl_qmodel_free(nl_qmodel *qm);
 
@@ -66,6 +69,15 @@ int nl_qmodel_is_quantized(const char *path);
  * and qm installed on it. tokenizer (may be NULL) receives the tokenizer kind (64 bytes).
  * Errors: NL_ERR_IO, NL_ERR_FORMAT naming the file and the tensor, NL_ERR_NOMEM. */
 nl_status nl_qmodel_load(const char *path, nl_model *m, nl_qmodel *qm, char *tokenizer);
+
+/* A model as `quant model` takes it: a quantized checkpoint (nl_qmodel_load; *quantized = 1, qm
+ * installed on m) with the byte tokenizer, or tok_path's llama2.c tokenizer when given; else any
+ * checkpoint nl_model_load reads (max_seq caps a folder's context; *quantized = 0, qm zeroed).
+ * tkind (64 bytes) receives the tokenizer's kind: "byte", "tok512" with tok_path, or what the
+ * quantized checkpoint records. A quantized checkpoint of another tokenizer without tok_path is
+ * NL_ERR_INVALID naming it. On error everything is freed. */
+nl_status nl_qmodel_open(const char *ckpt, const char *tok_path, int64_t max_seq, nl_model *m, nl_tokenizer *tok,
+                         nl_qmodel *qm, int *quantized, char *tkind);
 
 #ifdef __cplusplus
 }

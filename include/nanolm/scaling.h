@@ -26,6 +26,14 @@ double nl_scaling_loss(const nl_chinchilla *law, double n_params, double n_token
 /* Compute-optimal N and D for C = 6*N*D under `law` (minimise L subject to the budget):
  * N = G * (C/6)^(beta/(alpha+beta)), G = (alpha*A/(beta*B))^(1/(alpha+beta)). */
 void nl_scaling_optimal_law(const nl_chinchilla *law, double flops, double *n_params, double *n_tokens);
+/* The same optimum term by term, as approach 3's Lagrange derivation writes it (Hoffmann et al.
+ * 2022 appendix D.2): N = G (C/6)^a, D = (C/6)^b / G with G = (alpha A / (beta B))^(1/(alpha+beta)),
+ * a = beta/(alpha+beta), b = alpha/(alpha+beta); lhs = alpha A N^-alpha and rhs = beta B D^-beta,
+ * equal at the optimum (both 6 lambda N D). */
+typedef struct nl_chinchilla_optimum {
+    double G, a, b, n, d, lhs, rhs;
+} nl_chinchilla_optimum;
+void nl_scaling_optimum(const nl_chinchilla *law, double flops, nl_chinchilla_optimum *o);
 /* The compute that makes `n_params` compute-optimal under `law` (inverse of the above). */
 double nl_scaling_flops_for_params(const nl_chinchilla *law, double n_params);
 

@@ -53,6 +53,9 @@ typedef struct nl_server_opts {
 typedef struct nl_server nl_server;
 
 void nl_server_opts_default(nl_server_opts *o);
+/* The name a checkpoint is served under unless one is given: its file name without the folder
+ * and the extension ("stories260K" for models/stories260K.bin), in buf[n]; returns buf. */
+const char *nl_server_model_name(const char *ckpt, char *buf, size_t n);
 
 /* Starts the driver thread and the HTTP daemon on an engine the caller opened (and closes after
  * nl_server_stop). NL_ERR_INVALID for a bad host, NL_ERR_IO naming host:port when it cannot

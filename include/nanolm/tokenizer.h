@@ -124,6 +124,10 @@ nl_status nl_tokenizer_decode(const nl_tokenizer *t, const int *tokens, int64_t 
 int nl_tokenizer_piece_printable(const char *piece, size_t len);
 /* Writes the piece to f when nl_tokenizer_piece_printable says so. */
 void nl_tokenizer_print_piece(FILE *f, const char *piece, size_t len);
+/* s[0..n) as one line of text, to show a piece or the bytes a token decodes to: valid UTF-8 kept,
+ * control bytes, backslashes and bytes that are not UTF-8 (a token that holds part of a
+ * character) escaped as \n \t \r \\ \xHH. nl_malloc'd; NULL when out of memory (the error set). */
+char *nl_tokenizer_escape(const char *s, size_t n);
 
 #ifdef __cplusplus
 }

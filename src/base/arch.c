@@ -171,6 +171,18 @@ const char *const *nl_arch_preset_names(void) { return preset_names; }
 size_t nl_arch_sizeof(void) { return sizeof(nl_arch); }
 size_t nl_arch_last_offset(void) { return offsetof(nl_arch, rope_original_max_pos); }
 
+void nl_arch_override_apply(const nl_arch_override *o, nl_arch *a) {
+    if (o->dim) a->dim = o->dim;
+    if (o->layers) a->n_layers = o->layers;
+    if (o->heads) a->n_heads = a->n_kv_heads = o->heads;
+    if (o->kv_heads) a->n_kv_heads = o->kv_heads;
+    if (o->hidden) a->hidden_dim = o->hidden;
+    if (o->experts) a->n_experts = o->experts;
+    if (o->top_k) a->top_k = o->top_k;
+    if (o->shared_experts >= 0) a->n_shared_experts = o->shared_experts;
+    if (o->expert_hidden) a->expert_hidden_dim = o->expert_hidden;
+}
+
 nl_status nl_arch_preset(const char *name, nl_arch *out) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, name) == 0) {

@@ -7,7 +7,6 @@
 #ifndef NANOLM_CLI_H
 #define NANOLM_CLI_H
 
-#include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdint.h>
 #include "nanolm/base.h"
@@ -30,14 +29,6 @@ int nl_cli_int(const char *opt, const char *s, int64_t min, int64_t max, int64_t
 
 /* Resets getopt for a (sub)command and sets opterr = 0 so that errors are ours. */
 void nl_cli_getopt_reset(void);
-/* Call when getopt_long returns '?' or ':': prints a one-line error naming the unknown option
- * or the option missing its value, and returns NL_EXIT_USAGE. */
-int nl_cli_bad_option(const char *cmd, char **argv);
-
-/* Prints a cJSON document (pretty) on stdout, then deletes it. Every number is written with the
- * fewest digits that parse back to the same double (nl_json_double, report.h). Returns
- * NL_EXIT_OK, or NL_EXIT_FAIL when memory ran out. */
-int nl_cli_print_json(cJSON *doc);
 
 /* Table printing: column widths are computed from the content. */
 typedef struct nl_table {
@@ -46,8 +37,8 @@ typedef struct nl_table {
     int *right;   /* per column: right-align */
 } nl_table;
 void nl_table_init(nl_table *t, int ncols, const char *const *header);
-void nl_table_row(nl_table *t, ...);                                                         /* ncols const char* */
-void nl_table_rowf(nl_table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3))); /* '|' separated */
+/* A new row of ncols cells at the end of the table, for the caller to fill (NULL: out of memory). */
+char **nl_table_new_row(nl_table *t);
 void nl_table_print(nl_table *t, FILE *f);
 void nl_table_free(nl_table *t);
 

@@ -81,50 +81,6 @@ void nl_cli_getopt_reset(void) {
     opterr = 0;
 }
 
-int nl_cli_bad_option(const char *cmd, char **argv) {
-    const char *arg = argv[optind - 1];
-    if (optopt && optopt != '?' && arg && strncmp(arg, "--", 2) != 0)
-        return nl_cli_usage_error("%s: option -%c %s", cmd, optopt,
-                                  strchr(arg, optopt) && arg[strlen(arg) - 1] == optopt ? "needs a value"
-                                                                                        : "is unknown");
-    if (arg && strncmp(arg, "--", 2) == 0) {
-        /* getopt_long reports both "unknown" and "missing value" as '?' / ':'. */
-        return nl_cli_usage_error("%s: unknown option or missing value: '%s' (see nanolm %s --help)", cmd, arg, cmd);
-    }
-    return nl_cli_usage_error("%s: unknown option '%s' (see nanolm %s --help)", cmd, arg ? arg : "?", cmd);
-}
-
-/* Replaces every number under `item` by its raw text from nl_json_double (report.h): cJSON prints 15
- * digits and accepts them when they come back within an epsilon, so a value such as an fp16
- * 2.2224427084438503e-05 would read back as a different double. */
-static int exact_numbers(cJSON *item) {
-    for (cJSON *c = item ? item->child : NULL, *next; c; c = next) {
-        next = c->next;
-        if (cJSON_IsNumber(c)) {
-            char buf[32];
-            cJSON *raw = cJSON_CreateRaw(nl_json_double(c->valuedouble, buf));
-            if (!raw) return -1;
-            raw->string = c->string; /* the key moves to the replacement */
-            raw->type |= c->type & cJSON_StringIsConst;
-            c->string = NULL;
-            cJSON_ReplaceItemViaPointer(item, c, raw);
-        } else if (exact_numbers(c)) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-int nl_cli_print_json(cJSON *doc) {
-    char *s = exact_numbers(doc) ? NULL : cJSON_Print(doc);
-    if (s) {
-        puts(s);
-        cJSON_free(s);
-    }
-    cJSON_Delete(doc);
-    return s ? NL_EXIT_OK : NL_EXIT_FAIL;
-}
-
 /* ---- tables ---- */
 
 static char *str_dup(const char *s) {
@@ -148,7 +104,7 @@ void nl_table_init(nl_table *t, int ncols, const char *const *header) {
     t->nrows = 1;
 }
 
-static char **table_new_row(nl_table *t) {
+char **nl_table_new_row(nl_table *t) {
     if (t->ncols == 0) return NULL;
     if (t->nrows == t->cap) {
         char **nc = realloc(t->cells, (size_t)t->cap * 2 * (size_t)t->ncols * sizeof(char *));
@@ -157,32 +113,6 @@ static char **table_new_row(nl_table *t) {
         t->cap *= 2;
     }
     return &t->cells[(size_t)t->nrows++ * (size_t)t->ncols];
-}
-
-void nl_table_row(nl_table *t, ...) {
-    char **row = table_new_row(t);
-    if (!row) return;
-    va_list ap;
-    va_start(ap, t);
-    for (int c = 0; c < t->ncols; c++) row[c] = str_dup(va_arg(ap, const char *));
-    va_end(ap);
-}
-
-void nl_table_rowf(nl_table *t, const char *fmt, ...) {
-    char buf[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    char **row = table_new_row(t);
-    if (!row) return;
-    char *p = buf;
-    for (int c = 0; c < t->ncols; c++) {
-        char *bar = p ? strchr(p, '|') : NULL;
-        if (bar) *bar = '\0';
-        row[c] = str_dup(p ? p : "");
-        p = bar ? bar + 1 : NULL;
-    }
 }
 
 void nl_table_print(nl_table *t, FILE *f) {

@@ -51,34 +51,37 @@ static void sweep_progress(void *ctx, int i, double rate, const nl_loadgen_resul
 
 static int bench_serve(int argc, char **argv) {
     const char *url = "http://127.0.0.1:8080", *svg = NULL, *sweep = NULL;
-    int64_t requests = 64, plen = 128, plen_max = 0, olen = 128, olen_max = 0, vocab = 0, seed = 1, shared = 0;
-    int conc = 8, json = 0, conc_given = 0, rate_given = 0;
-    double rate = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, temperature = 0, timeout_s = 600, duration_s = 0, leave = 0;
+    nl_loadgen_opts o = {.requests = 64, .concurrency = 8, .prompt_len = 128, .output_len = 128, .timeout_s = 600};
+    int64_t seed = 1;
+    int json = 0, conc_given = 0, rate_given = 0;
+    double rate = 0, slo_ttft_ms = 0, slo_tpot_ms = 0;
     nl_opt opts[] = {
         NL_OPT_STR("url", &url, "URL", "server to load (default http://127.0.0.1:8080)"),
-        NL_OPT_INT("requests", &requests, 1, 100000000, "N", "requests in all (default 64)"),
-        NL_OPT_INT32("concurrency", &conc, 1, 4096, "C",
+        NL_OPT_INT("requests", &o.requests, 1, 100000000, "N", "requests in all (default 64)"),
+        NL_OPT_INT32("concurrency", &o.concurrency, 1, 4096, "C",
                      "requests in flight at most (default 8; closed loop without --rate)"),
         NL_OPT_DBL("rate", &rate, 0, 1e6, "R",
                    "Poisson arrivals at R requests/s (open loop; at most --concurrency in flight, default 256 then)"),
-        NL_OPT_INT("prompt-len", &plen, 1, 1 << 20, "P", "prompt tokens (random ids; default 128)"),
-        NL_OPT_INT("prompt-len-max", &plen_max, 0, 1 << 20, "P",
+        NL_OPT_INT("prompt-len", &o.prompt_len, 1, 1 << 20, "P", "prompt tokens (random ids; default 128)"),
+        NL_OPT_INT("prompt-len-max", &o.prompt_len_max, 0, 1 << 20, "P",
                    "> --prompt-len: uniform lengths in [prompt-len, this]"),
-        NL_OPT_INT("shared-prefix", &shared, 0, 1 << 20, "S",
+        NL_OPT_INT("shared-prefix", &o.shared_prefix, 0, 1 << 20, "S",
                    "every prompt starts with the same S tokens (a system prompt, the same whatever --seed), then its "
                    "--prompt-len own"),
-        NL_OPT_INT("output-len", &olen, 1, 1 << 20, "O", "output tokens (max_tokens with ignore_eos; default 128)"),
-        NL_OPT_INT("output-len-max", &olen_max, 0, 1 << 20, "O",
+        NL_OPT_INT("output-len", &o.output_len, 1, 1 << 20, "O",
+                   "output tokens (max_tokens with ignore_eos; default 128)"),
+        NL_OPT_INT("output-len-max", &o.output_len_max, 0, 1 << 20, "O",
                    "> --output-len: uniform lengths in [output-len, this]"),
         NL_OPT_DBL("slo-ttft", &slo_ttft_ms, 0, 1e9, "MS", "goodput objective: time to first token at most MS"),
         NL_OPT_DBL("slo-tpot", &slo_tpot_ms, 0, 1e9, "MS", "goodput objective: time per output token at most MS"),
-        NL_OPT_DBL("temperature", &temperature, 0, 2, "T", "sampling temperature sent (default 0: greedy)"),
-        NL_OPT_INT("vocab", &vocab, 0, 1 << 30, "V", "token ids drawn below V (default: vocab_size from /v1/models)"),
+        NL_OPT_DBL("temperature", &o.temperature, 0, 2, "T", "sampling temperature sent (default 0: greedy)"),
+        NL_OPT_INT("vocab", &o.vocab_size, 0, 1 << 30, "V",
+                   "token ids drawn below V (default: vocab_size from /v1/models)"),
         NL_OPT_INT("seed", &seed, 0, INT64_MAX, "S", "seed of prompts, lengths and arrivals (default 1)"),
-        NL_OPT_DBL("duration", &duration_s, 0, 1e7, "S",
+        NL_OPT_DBL("duration", &o.duration_s, 0, 1e7, "S",
                    "start no request after S seconds (--requests is then a cap; default 0: no limit)"),
-        NL_OPT_DBL("timeout", &timeout_s, 1, 86400, "S", "per-read socket timeout (default 600)"),
-        NL_OPT_DBL("disconnect", &leave, 0, 1, "F",
+        NL_OPT_DBL("timeout", &o.timeout_s, 1, 86400, "S", "per-read socket timeout (default 600)"),
+        NL_OPT_DBL("disconnect", &o.disconnect_frac, 0, 1, "F",
                    "share F of the clients close the connection mid-stream, after a random number of tokens "
                    "(counted as disconnected, not failed; default 0)"),
         NL_OPT_STR("sweep", &sweep, "R1,R2,..",
@@ -110,42 +113,29 @@ static int bench_serve(int argc, char **argv) {
     int nrates = 1;
     rates[0] = rate;
     if (sweep && (nrates = parse_rates(sweep, rates)) < 0) return NL_EXIT_USAGE;
-    if ((rate_given || sweep) && !conc_given) conc = 256;
-
-    nl_loadgen_opts o;
-    memset(&o, 0, sizeof o);
+    if ((rate_given || sweep) && !conc_given) o.concurrency = 256;
     o.host = u.host;
     o.port = u.port;
-    o.requests = requests;
-    o.concurrency = conc;
-    o.prompt_len = plen;
-    o.prompt_len_max = plen_max;
-    o.shared_prefix = shared;
-    o.output_len = olen;
-    o.output_len_max = olen_max;
-    o.vocab_size = vocab;
-    o.temperature = temperature;
     o.seed = (uint64_t)seed;
     o.slo_ttft_s = slo_ttft_ms / 1e3;
     o.slo_tpot_s = slo_tpot_ms / 1e3;
-    o.timeout_s = timeout_s;
-    o.duration_s = duration_s;
-    o.disconnect_frac = leave;
     nl_loadgen_result res[NL_LOADGEN_MAX_SWEEP];
     if (nl_loadgen_sweep(&o, rates, nrates, res, sweep_progress, &nrates)) return nl_cli_fail("bench serve");
     nl_loadgen_result *r = &res[nrates - 1];
     nl_report *rep = nl_report_new("bench serve");
     nl_report_str(rep, "url", "url", url);
-    nl_report_int(rep, "requests", "requests", (long long)(sweep ? requests : r->requests),
-                  duration_s > 0 ? "(started within --duration)" : NULL);
-    nl_report_int(rep, "concurrency", "concurrency (most in flight)", conc, NULL);
+    nl_report_int(rep, "requests", "requests", (long long)(sweep ? o.requests : r->requests),
+                  o.duration_s > 0 ? "(started within --duration)" : NULL);
+    nl_report_int(rep, "concurrency", "concurrency (most in flight)", o.concurrency, NULL);
     if (!sweep) nl_report_num(rep, "rate_rps", "arrival rate (0: closed loop)", rate, "%g", "req/s");
-    nl_report_int(rep, "prompt_len", "prompt tokens", (long long)plen, plen_max > plen ? "(low end)" : NULL);
-    nl_report_int(rep, "output_len", "output tokens", (long long)olen, olen_max > olen ? "(low end)" : NULL);
+    nl_report_int(rep, "prompt_len", "prompt tokens", (long long)o.prompt_len,
+                  o.prompt_len_max > o.prompt_len ? "(low end)" : NULL);
+    nl_report_int(rep, "output_len", "output tokens", (long long)o.output_len,
+                  o.output_len_max > o.output_len ? "(low end)" : NULL);
     if (!sweep) {
         nl_report_int(rep, "ok", "succeeded", (long long)r->ok, NULL);
         nl_report_int(rep, "failed", "failed", (long long)r->failed, NULL);
-        if (leave > 0)
+        if (o.disconnect_frac > 0)
             nl_report_int(rep, "disconnected", "left mid-stream (--disconnect)", (long long)r->disconnected, NULL);
         nl_report_int(rep, "short_outputs", "stopped early (BOS)", (long long)r->short_outputs, NULL);
         nl_report_num(rep, "duration_s", "duration", r->duration_s, "%.2f", "s");
@@ -202,20 +192,22 @@ static int bench_serve(int argc, char **argv) {
 
 static int bench_machine(int argc, char **argv) {
     const char *model = NULL, *name = NULL;
-    int threads = 0, json = 0, repeats = 5, cpu_clock = 0;
-    double bw_bytes = 256.0 * 1024 * 1024, min_time = 0.05;
+    int json = 0;
+    double bw_bytes = 256.0 * 1024 * 1024;
+    nl_machine_opts mo;
+    nl_machine_opts_default(&mo);
     nl_opt opts[] = {
         NL_OPT_STR(
             "model", &model, "M",
             "the model whose linear shapes are measured: a NanoLM checkpoint, llama2.c .bin, "
             "Hugging Face folder, model JSON or catalog name (default: the 85M llama2.c shape, dim 768 x 12 layers)"),
-        NL_OPT_INT32("threads", &threads, 0, 1024, "N",
+        NL_OPT_INT32("threads", &mo.threads, 0, 1024, "N",
                      "OpenMP threads of the kernels and the engine (default: OMP_NUM_THREADS)"),
         NL_OPT_STR("name", &name, "NAME", "name of the hardware entry (default cpu-<threads>t)"),
         NL_OPT_SI("bw-bytes", &bw_bytes, 1 << 20, 1e11, "BYTES", "buffer of the read-bandwidth probe (default 256M)"),
-        NL_OPT_DBL("min-time", &min_time, 1e-4, 60, "S", "each timing runs at least this long (default 0.05)"),
-        NL_OPT_INT32("repeats", &repeats, 1, 31, "N", "timings per quantity, the median is kept (default 5)"),
-        NL_OPT_FLAG("cpu-clock", &cpu_clock,
+        NL_OPT_DBL("min-time", &mo.min_time_s, 1e-4, 60, "S", "each timing runs at least this long (default 0.05)"),
+        NL_OPT_INT32("repeats", &mo.repeats, 1, 31, "N", "timings per quantity, the median is kept (default 5)"),
+        NL_OPT_FLAG("cpu-clock", &mo.thread_cpu_time,
                     "time with the thread's CPU clock (needs --threads 1): other processes on "
                     "the cores do not count"),
         NL_OPT_FLAG("json", &json,
@@ -241,13 +233,7 @@ static int bench_machine(int argc, char **argv) {
     if (model ? nl_cli_model_arch(&cat, model, &arch)
               : nl_arch_from_json("default model", MACHINE_DEFAULT_MODEL, &arch))
         return nl_cli_usage_error("bench machine: --model: %s", nl_last_error());
-    nl_machine_opts mo;
-    nl_machine_opts_default(&mo);
-    mo.threads = threads;
     mo.bw_bytes = (size_t)bw_bytes;
-    mo.min_time_s = min_time;
-    mo.repeats = repeats;
-    mo.thread_cpu_time = cpu_clock;
     mo.predict_step_s = nl_plan_engine_probe_step_s; /* the overheads: measured minus the cost model */
     nl_cpu_rates r;
     if (nl_machine_measure(&arch, &mo, &r)) return nl_cli_fail("bench machine");
@@ -293,18 +279,15 @@ static int bench_machine(int argc, char **argv) {
     printf("engine overheads     %8.2f us per step, %.2f us per layer\n", r.step_overhead_s * 1e6,
            r.layer_overhead_s * 1e6);
     /* the ceilings of training's model FLOPs utilisation (nanolm train reports it against both) */
-    nl_peak_path pp = nl_peak_auto();
-    double fma1, fman, sg1, sgn;
-    if (nl_peak_fma(pp, 1, min_time, repeats, &fma1) || nl_peak_fma(pp, r.threads, min_time, repeats, &fman) ||
-        nl_peak_sgemm(NL_PEAK_SGEMM_N, 1, min_time, repeats, &sg1) ||
-        nl_peak_sgemm(NL_PEAK_SGEMM_N, r.threads, min_time, repeats, &sgn))
-        return nl_cli_fail("bench machine");
-    printf("fp32 FMA peak        %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), %s register kernel\n", fma1 / 1e9,
-           fman / 1e9, r.threads, nl_peak_path_name(pp));
+    nl_peak_ceilings pk;
+    if (nl_peak_ceilings_measure(r.threads, mo.min_time_s, mo.repeats, &pk)) return nl_cli_fail("bench machine");
+    printf("fp32 FMA peak        %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), %s register kernel\n",
+           pk.fma_1t / 1e9, pk.fma_nt / 1e9, r.threads, nl_peak_path_name(pk.path));
     printf(
         "sgemm %lld^3          %8.2f GFLOP/s (1 thread) %8.2f GFLOP/s (%d threads), OpenBLAS: %.0f%% / %.0f%% of the "
         "FMA peak\n",
-        (long long)NL_PEAK_SGEMM_N, sg1 / 1e9, sgn / 1e9, r.threads, 100.0 * sg1 / fma1, 100.0 * sgn / fman);
+        (long long)NL_PEAK_SGEMM_N, pk.sgemm_1t / 1e9, pk.sgemm_nt / 1e9, r.threads, 100.0 * pk.sgemm_1t / pk.fma_1t,
+        100.0 * pk.sgemm_nt / pk.fma_nt);
     return NL_EXIT_OK;
 }
 

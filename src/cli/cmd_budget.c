@@ -73,10 +73,10 @@ static int setup(budget_args *ba, budget *b) {
     memset(b, 0, sizeof *b);
     nl_budget *m = &b->m;
     b->zero = -1;
-    if (ba->zero && (b->zero = nl_parse_zero(ba->zero)) < 0)
+    if (ba->zero && (b->zero = nl_zero_parse(ba->zero)) < 0)
         return nl_cli_usage_error("budget: unknown --zero '%s' (0, 1, 2, 3, hsdp)", ba->zero);
     ba->L.recompute = NL_RECOMPUTE_NONE;
-    if (ba->recompute && (ba->L.recompute = nl_parse_recompute(ba->recompute)) < 0)
+    if (ba->recompute && (ba->L.recompute = nl_recompute_parse(ba->recompute)) < 0)
         return nl_cli_usage_error("budget: unknown --recompute '%s' (none, selective, full)", ba->recompute);
     if (!pa->model && !(pa->params > 0)) return nl_cli_usage_error("budget: give --model NAME or --params N");
     if (nl_plan_recipe(pa->recipe, &m->rec)) return nl_cli_usage_error("budget: --recipe: %s", nl_last_error());

@@ -175,9 +175,6 @@ static int cmd_demo(int argc, char **argv) {
 
 /* ---- bench ---------------------------------------------------------------------------------- */
 
-#define NOPS      NL_COLL_BENCH_OPS
-#define bench_ops nl_coll_bench_ops
-
 static const char bench_summary[] =
     "Times every collective (ours and MPI's native), nccl-tests style, and fits t = alpha + beta x.\n"
     "Size S is the nccl-tests size: the array of all-reduce/broadcast/reduce, the full array of\n"
@@ -185,15 +182,6 @@ static const char bench_summary[] =
     "repetitions of the slowest rank; algbw = S/time; busbw = algbw x factor (2(p-1)/p all-reduce,\n"
     "(p-1)/p reduce-scatter, all-gather, all-to-all; 1 broadcast, reduce). The JSON's \"link\" is\n"
     "the measured alpha and bandwidth of all-reduce (native first).";
-
-static int op_from_name(const char *s, nl_comm_op *out) {
-    for (size_t k = 0; k < NOPS; k++)
-        if (!strcmp(s, nl_comm_op_name(bench_ops[k]))) {
-            *out = bench_ops[k];
-            return 0;
-        }
-    return -1;
-}
 
 /* The constrained parameter of an alpha-beta fit, "-" when the free fit held. */
 static const char *clamp_name(int clamped) { return clamped == 1 ? "beta = 0" : clamped == 2 ? "alpha = 0" : "-"; }
@@ -208,19 +196,11 @@ typedef struct bench_args {
     fault flt;
 } bench_args;
 
-/* Splits a ','-separated list into the ops or the sizes. */
-static int bench_lists(bench_args *g, const char *ops, const char *sizes) {
+/* Splits --sizes, a ','-separated list, into the sizes. */
+static int bench_sizes(bench_args *g, const char *sizes) {
     char buf[512];
-    snprintf(buf, sizeof buf, "%s", ops ? ops : "");
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); ops && tok; tok = strtok_r(NULL, ",", &save)) {
-        if (g->o.nops >= (int)NOPS || op_from_name(tok, &g->o.ops[g->o.nops]))
-            return nl_cli_usage_error("collectives bench: unknown --ops entry '%s' (all-reduce, reduce-scatter, "
-                                      "all-gather, broadcast, reduce, all-to-all)",
-                                      tok);
-        g->o.nops++;
-    }
-    snprintf(buf, sizeof buf, "%s", sizes ? sizes : "");
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); sizes && tok; tok = strtok_r(NULL, ",", &save)) {
+    snprintf(buf, sizeof buf, "%s", sizes);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (g->o.nsizes >= 64) return nl_cli_usage_error("collectives bench: too many --sizes (at most 64)");
         if (parse_bytes("--sizes", tok, &g->o.sizes[g->o.nsizes])) return NL_EXIT_USAGE;
         g->o.nsizes++;
@@ -258,12 +238,10 @@ static int bench_parse(int argc, char **argv, bench_args *g) {
     if (fault_s && parse_fault(fault_s, &g->flt)) return NL_EXIT_USAGE;
     g->o.impl_mask = impl_i + 1; /* ours 1, native 2, both 3 */
     g->o.dt = dtype_i == 2 ? NL_COMM_BF16 : NL_COMM_F32;
-    if ((rc = bench_lists(g, ops, sizes))) return rc;
+    if (ops && nl_coll_bench_parse_ops(ops, &g->o)) return nl_cli_usage_error("collectives bench: %s", nl_last_error());
+    if (sizes && (rc = bench_sizes(g, sizes))) return rc;
     if (min_b > max_b) return nl_cli_usage_error("collectives bench: --min-bytes is larger than --max-bytes");
-    if (!g->o.nops)
-        for (size_t k = 0; k < NOPS; k++) g->o.ops[g->o.nops++] = bench_ops[k];
-    if (!g->o.nsizes)
-        for (size_t sz = min_b; sz <= max_b && g->o.nsizes < 64; sz *= (size_t)step) g->o.sizes[g->o.nsizes++] = sz;
+    nl_coll_bench_defaults(&g->o, min_b, max_b, (size_t)step);
     g->o.reps = (int)g->reps;
     return 0;
 }
@@ -336,7 +314,7 @@ static void bench_report_fits(nl_report *r, const bench_args *g, const bench_row
                                             {NULL, "bandwidth GB/s", "%-.3f"},
                                             {"r2", "R^2", "%-.3f"},
                                             {"clamped", "constrained", NULL}});
-    nl_coll_fit fits[2 * NOPS];
+    nl_coll_fit fits[2 * NL_COLL_BENCH_OPS];
     int link = -1, clamped = 0, nf = nl_coll_bench_fits(&g->o, rows, nrows, p, fits, &link);
     for (int i = 0; i < nf; i++) {
         const nl_linfit f = fits[i].f;

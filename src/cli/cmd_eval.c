@@ -10,50 +10,46 @@
 #include "nanolm/train.h"
 #include "report.h"
 
-/* What eval measured. */
+/* What eval measured (nanolm/lossstat.h) and what it measured it on. */
 typedef struct eval_result {
     const char *ckpt, *path;
     nl_data_split split;
     int64_t T;
-    int kv;          /* -1: batched eval; else the nl_kv_dtype of the cache */
-    size_t kv_bytes; /* kv >= 0: the cache's K/V bytes as allocated */
-    int64_t scored;
-    double loss;
-    const nl_loss_stats *st;
-    int show_fb; /* split the mean between non-ASCII byte-fallback targets and the rest */
-    int64_t n_fb;
-    double sum_fb, fb_mean, rest_mean, target_se, need;
+    int kv; /* -1: batched eval; else the nl_kv_dtype of the cache */
+    double target_se;
+    nl_eval_summary e;
 } eval_result;
 
 /* The result, once: the table and its lines in the text form, the values in the JSON. */
-static int print_eval(const eval_result *r, const nl_model *m, int json) {
+static int print_eval(const eval_result *x, const nl_model *m, int json) {
+    const nl_eval_summary *r = &x->e;
     const long long kv_fp32 = (long long)(m->L * 2 * m->arch.seq_len * m->KVH * m->hd * 4), kv_fp16 = kv_fp32 / 2;
     nl_report *rep = nl_report_new("eval");
-    nl_report_str(rep, "checkpoint", "", r->ckpt);
-    nl_report_str(rep, "data", "", r->path);
-    nl_report_str(rep, "split", "", nl_data_split_name(r->split));
+    nl_report_str(rep, "checkpoint", "", x->ckpt);
+    nl_report_str(rep, "data", "", x->path);
+    nl_report_str(rep, "split", "", nl_data_split_name(x->split));
     nl_report_num(rep, "mean_loss", "", r->loss, NULL, NULL);
     nl_report_num(rep, "perplexity", "", exp(r->loss), NULL, NULL);
     nl_report_int(rep, "tokens", "", (long long)r->scored, NULL);
-    nl_report_int(rep, "seq", "", (long long)r->T, NULL);
-    if (r->kv >= 0) {
-        nl_report_str(rep, "kv_cache", "", r->kv == NL_KV_INT8 ? "int8" : "fp32");
+    nl_report_int(rep, "seq", "", (long long)x->T, NULL);
+    if (x->kv >= 0) {
+        nl_report_str(rep, "kv_cache", "", x->kv == NL_KV_INT8 ? "int8" : "fp32");
         nl_report_int(rep, "kv_cache_bytes", "", (long long)r->kv_bytes, NULL);
         nl_report_int(rep, "kv_cache_bytes_fp16_basis", "", kv_fp16, NULL);
     } else {
-        nl_report_num(rep, "se", "", r->st->se, NULL, NULL);
-        nl_report_num(rep, "se_iid", "", r->st->se_iid, NULL, NULL);
-        nl_report_num(rep, "ci95_lo", "", r->st->ci_lo, NULL, NULL);
-        nl_report_num(rep, "ci95_hi", "", r->st->ci_hi, NULL, NULL);
-        nl_report_int(rep, "se_batch_tokens", "", (long long)r->st->batch, NULL);
-        nl_report_int(rep, "se_tokens_used", "", (long long)r->st->n, NULL);
+        nl_report_num(rep, "se", "", r->st.se, NULL, NULL);
+        nl_report_num(rep, "se_iid", "", r->st.se_iid, NULL, NULL);
+        nl_report_num(rep, "ci95_lo", "", r->st.ci_lo, NULL, NULL);
+        nl_report_num(rep, "ci95_hi", "", r->st.ci_hi, NULL, NULL);
+        nl_report_int(rep, "se_batch_tokens", "", (long long)r->st.batch, NULL);
+        nl_report_int(rep, "se_tokens_used", "", (long long)r->st.n, NULL);
         if (r->show_fb) {
             nl_report_int(rep, "non_ascii_byte_tokens", "", (long long)r->n_fb, NULL);
             nl_report_num(rep, "non_ascii_byte_mean_loss", "", r->fb_mean, NULL, NULL);
             nl_report_num(rep, "other_tokens_mean_loss", "", r->rest_mean, NULL, NULL);
         }
-        if (r->target_se > 0) {
-            nl_report_num(rep, "target_se", "", r->target_se, NULL, NULL);
+        if (x->target_se > 0) {
+            nl_report_num(rep, "target_se", "", x->target_se, NULL, NULL);
             nl_report_num(rep, "tokens_for_target_se", "", r->need, NULL, NULL);
         }
     }
@@ -65,29 +61,29 @@ static int print_eval(const eval_result *r, const nl_model *m, int json) {
                                             {NULL, "perplexity", "%-.3f"}});
     char tokens[32];
     snprintf(tokens, sizeof tokens, "%lld", (long long)r->scored);
-    nl_report_cell_str(rep, r->ckpt);
-    nl_report_cell_str(rep, r->path);
+    nl_report_cell_str(rep, x->ckpt);
+    nl_report_cell_str(rep, x->path);
     nl_report_cell_str(rep, tokens);
     nl_report_cell_num(rep, r->loss);
     nl_report_cell_num(rep, exp(r->loss));
     nl_report_row_end(rep);
-    if (r->kv >= 0)
+    if (x->kv >= 0)
         nl_report_note(rep, "KV cache %s: %zu bytes allocated for %lld positions (fp32 would be %lld, fp16 %lld)",
-                       r->kv == NL_KV_INT8 ? "int8" : "fp32", r->kv_bytes, (long long)m->arch.seq_len, kv_fp32,
+                       x->kv == NL_KV_INT8 ? "int8" : "fp32", r->kv_bytes, (long long)m->arch.seq_len, kv_fp32,
                        kv_fp16);
     else
         nl_report_note(rep,
                        "standard error %.4f (i.i.d. formula %.4f; correlation costs x%.1f tokens), 95%% interval "
                        "[%.4f, %.4f]\n  batch means over %lld batches of %lld tokens",
-                       r->st->se, r->st->se_iid, r->st->ess_factor, r->st->ci_lo, r->st->ci_hi,
-                       (long long)r->st->n_batches, (long long)r->st->batch);
+                       r->st.se, r->st.se_iid, r->st.ess_factor, r->st.ci_lo, r->st.ci_hi, (long long)r->st.n_batches,
+                       (long long)r->st.batch);
     if (r->show_fb)
         nl_report_note(rep,
                        "non-ASCII byte-fallback targets (<0x80>..<0xFF>): %lld of %lld (%.2f%%), mean loss %.4f, "
                        "adding %.4f nats/token to the mean; the other tokens: mean loss %.4f",
                        (long long)r->n_fb, (long long)r->scored, 100.0 * (double)r->n_fb / (double)r->scored,
                        r->fb_mean, r->sum_fb / (double)r->scored, r->rest_mean);
-    if (r->target_se > 0) nl_report_note(rep, "tokens for standard error %g: %.0f", r->target_se, r->need);
+    if (x->target_se > 0) nl_report_note(rep, "tokens for standard error %g: %.0f", x->target_se, r->need);
     return nl_report_print(rep, json);
 }
 
@@ -154,14 +150,12 @@ int nl_cmd_eval(int argc, char **argv) {
         rcode = nl_cli_usage_error("eval: --se-batch/--target-se apply to the batched eval, not --kv-cache");
         goto done;
     }
-    nl_eval_summary e;
+    eval_result res = {ckpt, path, split, T, kv, target_se, {0}};
     if (nl_data_open(&data, path, &tok) || nl_eval_summary_run(&m, &data, tok.kind == NL_TOKENIZER_LLAMA2C, split, B, T,
-                                                               kv, max_windows, se_batch, target_se, &e)) {
+                                                               kv, max_windows, se_batch, target_se, &res.e)) {
         rcode = nl_cli_fail("eval");
         goto done;
     }
-    eval_result res = {ckpt,  path,      split,  T,        kv,        e.kv_bytes,  e.scored,  e.loss,
-                       &e.st, e.show_fb, e.n_fb, e.sum_fb, e.fb_mean, e.rest_mean, target_se, e.need};
     rcode = print_eval(&res, &m, json);
 done:
     nl_data_free(&data);

@@ -18,24 +18,6 @@ static int parse_format(const char *opt, const char *s, nl_format *f) {
     return 0;
 }
 
-/* "0 | 10000111 | 0000000" for float formats, plain bits for int formats. */
-static void code_binary(const nl_format_info *fi, uint32_t code, char *out, size_t n) {
-    size_t k = 0;
-    for (int b = fi->bits - 1; b >= 0 && k + 4 < n; b--) {
-        out[k++] = (char)('0' + ((code >> b) & 1));
-        if (fi->kind != NL_FMT_KIND_INT && b > 0) {
-            int sign_end = fi->has_sign && b == fi->bits - 1;
-            int exp_end = b == fi->man_bits && fi->man_bits > 0;
-            if (sign_end || exp_end) {
-                out[k++] = ' ';
-                out[k++] = '|';
-                out[k++] = ' ';
-            }
-        }
-    }
-    out[k] = '\0';
-}
-
 /* ---- table ---- */
 
 static int cmd_table(int argc, char **argv) {
@@ -123,9 +105,7 @@ static const char *neighbour_text(double v, char *buf, size_t n) {
 
 static int cast_print(const char *text, double vin, nl_format f, const cast_result *c, int json) {
     const nl_format_info *fi = nl_fmt_info(f);
-    char bin[128], hex[16], line[256], b1[64], b2[64];
-    code_binary(fi, c->code, bin, sizeof bin);
-    snprintf(hex, sizeof hex, "0x%0*X", (fi->bits + 3) / 4, c->code);
+    char line[256], b1[64], b2[64];
     nl_report *r = nl_report_new("formats cast");
     nl_report_set_gap(r, 1);
     nl_report_str(r, "input", "", text);
@@ -139,9 +119,9 @@ static int cast_print(const char *text, double vin, nl_format f, const cast_resu
     snprintf(line, sizeof line, "%s (%s)", fi->name, fi->description);
     nl_report_str(r, NULL, "format", line);
     nl_report_int(r, "code", "", c->code, NULL);
-    nl_report_str(r, "code_hex", "code", hex);
-    nl_report_str(r, "code_binary", "", bin);
-    snprintf(line, sizeof line, "%s%s", bin,
+    nl_report_str(r, "code_hex", "code", c->hex);
+    nl_report_str(r, "code_binary", "", c->binary);
+    snprintf(line, sizeof line, "%s%s", c->binary,
              fi->kind == NL_FMT_KIND_INT ? ""
              : fi->has_sign              ? "   (sign | exponent | mantissa)"
                                          : "   (exponent)");

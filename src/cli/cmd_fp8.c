@@ -7,22 +7,11 @@
 #include "cli.h"
 #include "cli_opt.h"
 #include "nanolm/fp8_study.h"
-#include "nanolm/svg.h"
 #include "nanolm/train_log.h"
 #include "report.h"
 
 static const char *const dist_names[3] = {"normal", "uniform", "symmetric"};
 static const char *const dist_labels[3] = {"N(0,1)", "uniform [0,1)", "uniform [-1,1)"};
-
-static const char *acc_label(const nl_fp8_acc *a, char *buf, size_t n) {
-    if (a->bits == 0)
-        snprintf(buf, n, "fp32");
-    else if (a->promote == 0)
-        snprintf(buf, n, "%d-bit, never promoted", a->bits);
-    else
-        snprintf(buf, n, "%d-bit, promote every %d", a->bits, a->promote);
-    return buf;
-}
 
 static void usage(FILE *f) {
     fprintf(f, "usage: nanolm fp8 gemm --m M --n N --k K [options]   error of an emulated FP8 GEMM (see --help)\n"
@@ -101,11 +90,7 @@ static int gemm_check(gemm_args *g, const char *scalings, const char *format, co
     if (g->promote % g->group)
         return nl_cli_usage_error("fp8 gemm: --promote-every %lld is not a multiple of --group %lld",
                                   (long long)g->promote, (long long)g->group);
-    nl_fp8_acc accs[3] = {{0, (int)g->group, 0, NL_FP8_ACC_TRUNCATE},
-                          {(int)g->bits, (int)g->group, 0, NL_FP8_ACC_TRUNCATE},
-                          {(int)g->bits, (int)g->group, (int)g->promote, NL_FP8_ACC_TRUNCATE}};
-    memcpy(g->accs, accs, sizeof accs);
-    g->naccs = g->promote > 0 ? 3 : 2;
+    g->naccs = nl_fp8_study_accs((int)g->bits, (int)g->group, (int)g->promote, g->accs);
     return 0;
 }
 
@@ -179,7 +164,8 @@ static int gemm_sweep(const gemm_args *g) {
              "acc err (max|C-R|/max|R|, R = fp64 of the FP8 operands) vs K: %s scaling, %s, M=%lld N=%lld",
              nl_fp8_scaling_name(sc), nl_fmt_name(c->fmt), (long long)c->M, (long long)c->N);
     nl_report_col cols[4] = {{NULL, "K", "%-.0f"}};
-    for (int a = 0; a < g->naccs; a++) cols[1 + a] = (nl_report_col){NULL, acc_label(&g->accs[a], h[a], 64), "%-.3e"};
+    for (int a = 0; a < g->naccs; a++)
+        cols[1 + a] = (nl_report_col){NULL, nl_fp8_acc_name(&g->accs[a], h[a], 64), "%-.3e"};
     nl_report_table(r, NULL, title, 1 + g->naccs, cols);
     for (int ki = 0; ki < nk; ki++) {
         nl_report_cell_num(r, xs[ki]);
@@ -202,19 +188,7 @@ static int gemm_sweep(const gemm_args *g) {
         nl_report_row_end(r);
     }
     if (g->svg) {
-        nl_svg_series ser[3];
-        int ns = 0;
-        for (int a = 0; a < g->naccs; a++)
-            if (!skipped[a])
-                ser[ns++] = (nl_svg_series){.name = h[a], .x = xs, .y = ys[a], .n = (size_t)nk, .markers = 1};
-        snprintf(title, sizeof title, "FP8 GEMM accumulation error vs K (%s, %s scaling, %lldx%lld)",
-                 nl_fmt_name(c->fmt), nl_fp8_scaling_name(sc), (long long)c->M, (long long)c->N);
-        nl_svg_plot_opts po = {.title = title,
-                               .xlabel = "K (products per output)",
-                               .ylabel = "max |C - R| / max |R|",
-                               .logx = 1,
-                               .logy = 1};
-        if (nl_svg_plot(g->svg, &po, ser, (size_t)ns)) {
+        if (nl_fp8_study_sweep_svg(g->svg, c, sc, g->accs, g->naccs, &sw)) {
             nl_report_free(r);
             return nl_cli_fail("fp8 gemm --svg");
         }
@@ -271,7 +245,7 @@ static int gemm_table(const gemm_args *g) {
         char lab[64], sat[32], fl[32];
         const double nan = NAN;
         nl_report_cell_str(r, nl_fp8_scaling_name(row->scaling));
-        nl_report_cell_str(r, acc_label(&row->acc, lab, sizeof lab));
+        nl_report_cell_str(r, nl_fp8_acc_name(&row->acc, lab, sizeof lab));
         nl_report_cell_int(r, row->acc.bits);
         nl_report_cell_int(r, row->acc.promote);
         nl_report_cell_int(r, row->acc.group);
@@ -377,16 +351,11 @@ static int curves_cmd(int argc, char **argv) {
             goto done;
         }
     }
-    if (svg) {
-        nl_svg_series ser[8];
-        for (int i = 0; i < nrun; i++)
-            ser[i] = (nl_svg_series){
-                .name = labels[i], .x = runs[i].step, .y = runs[i].loss, .n = runs[i].n, .markers = val};
-        nl_svg_plot_opts po = {.title = title, .xlabel = "step", .ylabel = "loss (nats/token)"};
-        if (nl_svg_plot(svg, &po, ser, (size_t)nrun)) {
-            rc = nl_cli_fail("fp8 curves --svg");
-            goto done;
-        }
+    const char *names[8];
+    for (int i = 0; i < nrun; i++) names[i] = labels[i];
+    if (svg && nl_loss_curves_svg(svg, title, names, runs, nrun, val)) {
+        rc = nl_cli_fail("fp8 curves --svg");
+        goto done;
     }
     rc = curves_print(runs, labels, nrun, val, svg, json);
 done:

@@ -18,7 +18,7 @@
 /* What the command line asks for. */
 typedef struct moe_args {
     const char *preset;
-    int64_t layers, dim, experts, topk, shared, fe;
+    nl_arch_override shape; /* --layers, --dim, --experts, --top-k, --shared, --expert-hidden */
     double aux, cap;
     int json, mem;
     nl_train_args ta;  /* the training group (train_opts.h), bound to tr */
@@ -30,7 +30,7 @@ typedef struct moe_args {
 static int parse_args(moe_args *a, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     nl_train_opts_default(&a->tr);
-    a->preset = "moe-course-tiny", a->shared = -1;
+    a->preset = "moe-course-tiny", a->shape.shared_experts = -1;
     a->aux = 0.01;
     /* moe train's defaults: 20 steps at a constant learning rate, no validation unless asked */
     a->tr.steps = 20, a->tr.batch = 4, a->tr.seq = 32, a->tr.warmup = 0, a->tr.eval_every = 0;
@@ -44,12 +44,12 @@ static int parse_args(moe_args *a, int argc, char **argv) {
     nl_opt model[] = {
         NL_OPT_STR("preset", &a->preset, "NAME",
                    "MoE shape (moe-course-tiny: 64 routed + 2 shared, top-6, D 64, 2 layers)"),
-        NL_OPT_INT("layers", &a->layers, 1, 64, "N", "override the preset's layers"),
-        NL_OPT_INT("dim", &a->dim, 2, 4096, "D", "override the model width"),
-        NL_OPT_INT("experts", &a->experts, 1, 1024, "E", "routed experts per MoE layer"),
-        NL_OPT_INT("top-k", &a->topk, 1, 1024, "K", "experts per token"),
-        NL_OPT_INT("shared", &a->shared, 0, 64, "S", "shared experts per MoE layer"),
-        NL_OPT_INT("expert-hidden", &a->fe, 1, 65536, "F", "hidden width of each expert"),
+        NL_OPT_INT("layers", &a->shape.layers, 1, 64, "N", "override the preset's layers"),
+        NL_OPT_INT("dim", &a->shape.dim, 2, 4096, "D", "override the model width"),
+        NL_OPT_INT("experts", &a->shape.experts, 1, 1024, "E", "routed experts per MoE layer"),
+        NL_OPT_INT("top-k", &a->shape.top_k, 1, 1024, "K", "experts per token"),
+        NL_OPT_INT("shared", &a->shape.shared_experts, 0, 64, "S", "shared experts per MoE layer"),
+        NL_OPT_INT("expert-hidden", &a->shape.expert_hidden, 1, 65536, "F", "hidden width of each expert"),
         NL_OPT_DBL("aux", &a->aux, 0, 1e6, "A", "load-balancing loss coefficient (0.01; 0 = off)"),
         NL_OPT_DBL("capacity", &a->cap, 0, 1e6, "C", "capacity factor (0 = no token dropping)"),
     };
@@ -186,12 +186,7 @@ static int build_arch(moe_args *g, nl_arch *a, int N) {
     if (rc) return rc;
     int64_t ep = g->la.ep, cp = g->la.cp;
     if (nl_moe_preset(g->preset, a)) return nl_cli_usage_error("moe train: --preset: %s", nl_last_error());
-    if (g->layers) a->n_layers = g->layers;
-    if (g->dim) a->dim = g->dim;
-    if (g->experts) a->n_experts = g->experts;
-    if (g->topk) a->top_k = g->topk;
-    if (g->shared >= 0) a->n_shared_experts = g->shared;
-    if (g->fe) a->expert_hidden_dim = g->fe;
+    nl_arch_override_apply(&g->shape, a);
     if (g->tr.seq > a->seq_len) a->seq_len = g->tr.seq;
     if (nl_arch_validate(a)) return nl_cli_usage_error("moe train: %s", nl_last_error());
     if (N % ep || N % cp)

@@ -12,13 +12,12 @@
 #include "cli_opt.h"
 #include "report.h"
 #include "train_opts.h"
-#include "nanolm/par_probe.h"
+#include "nanolm/par_run.h"
 #include "nanolm/par_svg.h"
-#include "nanolm/tokenizer.h"
 
 /* What the command adds to the probe (nanolm/par_probe.h): --inject-fault and --json. */
 typedef struct step_probe {
-    nl_par_probe pr;
+    const nl_par_probe *pr;
     int rank, fault_rank, fault_step;
     const char *fault_how;
     int json;
@@ -39,7 +38,7 @@ static void fault_before_grads(void *u, int64_t step) {
 static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     step_probe *p = user;
     (void)o;
-    if (p->json || !p->pr.inner.rank0) return;
+    if (p->json || !p->pr->inner.rank0) return;
     if (isnan(r->val_loss))
         printf("step %3lld  loss %.6f  grad norm %.4f\n", (long long)r->step, r->loss, r->grad_norm);
     else
@@ -51,7 +50,8 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
 /* What the command line of `parallel train` asks for. */
 typedef struct par_cli {
     const char *data, *preset, *svg, *log_csv;
-    int64_t dim, layers, heads, kvh, hidden, dp, tp, pp, micro;
+    nl_arch_override shape; /* --dim, --layers, --heads, --kv-heads, --hidden */
+    int64_t dp, tp, pp, micro;
     int json, mem, sched;
     int fault_rank, fault_step;
     char fault_how[16];
@@ -80,6 +80,7 @@ static int parse_args(par_cli *a, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     a->preset = "shakespeare-char";
     a->fault_rank = -1;
+    a->shape.shared_experts = -1;
     snprintf(a->fault_how, sizeof a->fault_how, "exit");
     nl_dist_opts_default(&a->o);
     a->ta.o = &a->o.train;
@@ -90,11 +91,11 @@ static int parse_args(par_cli *a, int argc, char **argv) {
     int nlayout = nl_cli_layout_opts(layout, &a->la);
     nl_opt model[] = {
         NL_OPT_STR("preset", &a->preset, "P", "model shape (default shakespeare-char), then the overrides below"),
-        NL_OPT_INT("dim", &a->dim, 1, 65536, "C", "model width"),
-        NL_OPT_INT("layers", &a->layers, 1, 1024, "L", "layers"),
-        NL_OPT_INT("heads", &a->heads, 1, 1024, "H", "attention heads (and KV heads)"),
-        NL_OPT_INT("kv-heads", &a->kvh, 1, 1024, "K", "KV heads"),
-        NL_OPT_INT("hidden", &a->hidden, 1, 1 << 20, "F", "feed-forward width"),
+        NL_OPT_INT("dim", &a->shape.dim, 1, 65536, "C", "model width"),
+        NL_OPT_INT("layers", &a->shape.layers, 1, 1024, "L", "layers"),
+        NL_OPT_INT("heads", &a->shape.heads, 1, 1024, "H", "attention heads (and KV heads)"),
+        NL_OPT_INT("kv-heads", &a->shape.kv_heads, 1, 1024, "K", "KV heads"),
+        NL_OPT_INT("hidden", &a->shape.hidden, 1, 1 << 20, "F", "feed-forward width"),
     };
     nl_opt out[] = {
         NL_OPT_FLAG("report-memory", &a->mem, "bytes of parameters, gradients, optimizer state on each rank"),
@@ -144,11 +145,7 @@ static int check_args(par_cli *a, nl_arch *arch) {
     if (a->ta.precision == NL_TRAIN_FP8)
         return nl_cli_usage_error("parallel train: --precision fp8 is not supported by the parallel layouts (fp32)");
     if (nl_arch_preset(a->preset, arch)) return nl_cli_usage_error("parallel train: --preset: %s", nl_last_error());
-    if (a->dim) arch->dim = a->dim;
-    if (a->layers) arch->n_layers = a->layers;
-    if (a->heads) arch->n_heads = a->heads, arch->n_kv_heads = a->heads;
-    if (a->kvh) arch->n_kv_heads = a->kvh;
-    if (a->hidden) arch->hidden_dim = a->hidden;
+    nl_arch_override_apply(&a->shape, arch);
     /* the defaults of `nanolm train`: the preset's window */
     if (!a->ta.seq_given) tr->seq = arch->seq_len;
     if (arch->seq_len < tr->seq) arch->seq_len = tr->seq;
@@ -319,43 +316,31 @@ static int print_report(const par_report *x) {
     return rc;
 }
 
-/* What one run of `parallel train` holds on this rank: the layout, the data, the engine (DDP/ZeRO
- * or pipeline/tensor), the probe around its hooks, the trainer, and the shared report rows. */
+/* What one run of `parallel train` holds on this rank: the run (nanolm/par_run.h), what the
+ * command's hook reads, and the shared report rows. */
 typedef struct par_run {
     nl_comm *w;
-    int P, R, mp; /* mp: the pipeline/tensor engine */
-    nl_layout L;
-    nl_tokenizer tok;
-    nl_data d;
-    nl_dist_trainer t;
-    nl_pipe pl;
-    nl_trainer tn;
+    int P, R;
+    nl_par_run run;
     step_probe probe;
     double *rows, *ev; /* (P, NK) per-rank rows; with --pp --svg (P, 2M, 4) timeline events */
 } par_run;
 
-/* The layout, the data, the engine wrapped by the probe and the trainer (resumed when asked).
- * Returns 0 or the exit status after a message. */
+/* The run (resumed when asked) and the report rows. Returns 0 or the exit status after a message. */
 static int run_setup(par_cli *A, const nl_arch *arch, par_run *x) {
-    nl_train_opts *tr = &A->o.train;
-    if (nl_layout_init(x->w, (int)A->dp, (int)A->tp, (int)A->pp, &x->L)) return nl_cli_fail("parallel train: layout");
-    if (nl_tokenizer_init_byte(&x->tok) || nl_data_open(&x->d, A->data, &x->tok) ||
-        nl_data_check_window(&x->d, (int)tr->seq))
-        return nl_cli_fail("parallel train: data");
     step_probe *p = &x->probe;
-    if (x->mp) {
-        if (nl_pipe_init(&x->pl, arch, &A->o, (int)A->micro, (nl_pipe_schedule)A->sched, x->L.pp_comm, x->L.dp_comm,
-                         x->L.tp_comm))
-            return nl_cli_fail("parallel train: --tp/--pp/--microbatches/--batch/--sp/--zero");
-    } else if (nl_dist_init(&x->t, arch, &A->o, x->L.dp_comm)) {
-        return nl_cli_fail("parallel train: --dp/--zero");
-    }
-    nl_par_probe_init(&p->pr, x->mp ? NULL : &x->t, &x->pl);
-    p->pr.before_grads = fault_before_grads, p->pr.user = p;
+    p->pr = &x->run.pr;
     p->rank = x->R, p->fault_rank = A->fault_rank, p->fault_step = A->fault_step, p->fault_how = A->fault_how;
     p->json = A->json;
-    if (nl_trainer_init_layout(&x->tn, tr, &p->pr.hooks))
-        return nl_cli_fail(tr->resume ? "parallel train: --resume" : "parallel train");
+    nl_par_run_part part;
+    if (nl_par_run_open(&x->run, x->w, arch, &A->o, (int)A->dp, (int)A->tp, (int)A->pp, (int)A->micro,
+                        (nl_pipe_schedule)A->sched, A->data, fault_before_grads, p, &part)) {
+        const char *what[] = {"parallel train: layout", "parallel train: data",
+                              x->run.mp ? "parallel train: --tp/--pp/--microbatches/--batch/--sp/--zero"
+                                        : "parallel train: --dp/--zero",
+                              A->o.train.resume ? "parallel train: --resume" : "parallel train"};
+        return nl_cli_fail(what[part]);
+    }
     x->rows = calloc((size_t)x->P * NK, sizeof(double));
     if (!x->rows) return nl_cli_fail("parallel train: out of memory");
     return 0;
@@ -363,24 +348,19 @@ static int run_setup(par_cli *A, const nl_arch *arch, par_run *x) {
 
 /* Every rank's row of the report (and with --pp --svg its timeline), shared with every rank. */
 static int share_report(const par_cli *A, par_run *x) {
-    if (nl_par_share_rows(x->w, &x->probe.pr, x->L.pp_rank, x->rows)) return nl_cli_fail("parallel train: report");
+    if (nl_par_share_rows(x->w, &x->run.pr, x->run.L.pp_rank, x->rows)) return nl_cli_fail("parallel train: report");
     if (A->pp > 1 && A->svg) {
         x->ev = calloc((size_t)x->P * 2 * (size_t)A->micro * 4, sizeof(double));
         if (!x->ev) return nl_cli_fail("parallel train: --svg");
-        if (nl_par_share_timeline(x->w, &x->pl, (int)A->micro, x->ev)) return nl_cli_fail("parallel train: report");
+        if (nl_par_share_timeline(x->w, &x->run.pl, (int)A->micro, x->ev)) return nl_cli_fail("parallel train: report");
     }
     return 0;
 }
 
 static void run_free(par_run *x) {
-    nl_trainer_free(&x->tn);
+    nl_par_run_free(&x->run);
     free(x->rows);
     free(x->ev);
-    nl_dist_free(&x->t);
-    nl_pipe_free(&x->pl);
-    nl_data_free(&x->d);
-    nl_tokenizer_free(&x->tok);
-    nl_layout_free(&x->L);
 }
 
 /* Trains through nl_trainer_run with SIGTERM/SIGINT caught, then says how it stopped, writes the
@@ -388,23 +368,23 @@ static void run_free(par_run *x) {
 static int run_train(par_cli *A, par_run *x) {
     nl_train_opts *tr = &A->o.train;
     int R = x->R, json = A->json;
-    int64_t first = x->tn.step;
+    int64_t first = x->run.tn.step;
     if (tr->resume && R == 0 && !json) printf("resumed from %s after step %lld\n", tr->resume, (long long)first);
     double t0 = nl_time_s();
     nl_train_catch_stop_signals(1);
     tr->stop = &nl_train_stop_signal;
-    nl_status trc = nl_trainer_run(&x->tn, tr, &x->d, on_step, &x->probe);
+    nl_status trc = nl_trainer_run(&x->run.tn, tr, &x->run.d, on_step, &x->probe);
     nl_train_catch_stop_signals(0);
     if (trc) return nl_cli_fail("parallel train");
-    const nl_trainer *tn = &x->tn;
+    const nl_trainer *tn = &x->run.tn;
     if (R == 0 && !json) nl_cli_train_stopped(tn, tr);
     if (R == 0 && A->log_csv && nl_train_log_write_csv(tn, A->log_csv)) return nl_cli_fail("parallel train: --log");
     if (R == 0 && !json && tr->out) printf("saved %s after step %lld\n", tr->out, (long long)tn->step);
     double wall = nl_time_s() - t0;
     int rc = share_report(A, x);
     if (rc || R != 0) return rc;
-    size_t n_full = x->mp ? x->pl.n_params_full : x->t.model.n_params; /* parameters of the whole model */
-    par_report rep = {A, x->P, x->rows, x->ev, tn, first, tn->step, n_full, x->probe.pr.bw_s, x->probe.pr.wait_s, wall};
+    size_t n_full = x->run.mp ? x->run.pl.n_params_full : x->run.t.model.n_params; /* of the whole model */
+    par_report rep = {A, x->P, x->rows, x->ev, tn, first, tn->step, n_full, x->run.pr.bw_s, x->run.pr.wait_s, wall};
     return print_report(&rep);
 }
 
@@ -418,7 +398,7 @@ int nl_cmd_parallel_train(int argc, char **argv) {
     par_run x;
     memset(&x, 0, sizeof x);
     x.w = nl_comm_world();
-    x.P = nl_comm_size(x.w), x.R = nl_comm_rank(x.w), x.mp = A.tp > 1 || A.pp > 1;
+    x.P = nl_comm_size(x.w), x.R = nl_comm_rank(x.w);
     if (!A.dp) A.dp = x.P / (A.tp * A.pp) > 0 ? x.P / (A.tp * A.pp) : 1;
     rc = run_setup(&A, &arch, &x);
     if (!rc) rc = run_train(&A, &x);

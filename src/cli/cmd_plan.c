@@ -139,9 +139,9 @@ static int train_parse(train_args *t, int argc, char **argv) {
 /* The request of plan train: the shared groups, the run and the fixed parts of the layout. */
 static int train_request(train_args *t, nl_train_req *q) {
     int zero = 0, recompute = 0, sched = NL_SCHED_1F1B;
-    if (t->zero && (zero = nl_parse_zero(t->zero) + 1) < 1)
+    if (t->zero && (zero = nl_zero_parse(t->zero) + 1) < 1)
         return nl_cli_usage_error("plan train: unknown --zero '%s' (0, 1, 2, 3, hsdp)", t->zero);
-    if (t->recompute && (recompute = nl_parse_recompute(t->recompute) + 1) < 1)
+    if (t->recompute && (recompute = nl_recompute_parse(t->recompute) + 1) < 1)
         return nl_cli_usage_error("plan train: unknown --recompute '%s' (none, selective, full)", t->recompute);
     if (t->schedule && (sched = nl_plan_schedule(t->schedule)) < 0)
         return nl_cli_usage_error("plan train: unknown --schedule '%s' (1f1b, dualpipe, zb-h1)", t->schedule);
@@ -286,15 +286,6 @@ static void report_train(nl_report *r, const train_args *t, const nl_train_req *
     nl_plan_report_assumptions(r, q);
 }
 
-/* Memory bars of up to 8 fitting and 4 rejected layouts. */
-static nl_status train_svg(const char *path, const nl_train_result *res, double mem_bytes) {
-    nl_train_eval sel[12];
-    size_t ns = 0;
-    for (size_t i = 0; i < res->n_fit && ns < 8; i++) sel[ns++] = res->evals[i];
-    for (size_t i = res->n_fit; i < res->n && ns < 12; i++) sel[ns++] = res->evals[i];
-    return nl_plan_svg_memory(path, sel, ns, mem_bytes);
-}
-
 static int cmd_train(int argc, char **argv) {
     train_args t;
     int rc = train_parse(&t, argc, argv);
@@ -307,7 +298,7 @@ static int cmd_train(int argc, char **argv) {
     q.tokens = t.tokens > 0 ? t.tokens : 20 * N;
     nl_train_result res;
     if (nl_plan_train_search(&q, &res)) return nl_cli_fail("plan train");
-    if (t.svg && train_svg(t.svg, &res, q.hw.mem_bytes)) {
+    if (t.svg && nl_plan_svg_search(t.svg, &res, q.hw.mem_bytes)) {
         nl_plan_train_free(&res);
         return nl_cli_fail("--svg");
     }
@@ -476,7 +467,7 @@ static int cmd_layer(int argc, char **argv) {
     int rc = layer_parse(&l, argc, argv);
     if (rc) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     int zero = NL_ZERO_0;
-    if (l.zero && (zero = nl_parse_zero(l.zero)) < 0)
+    if (l.zero && (zero = nl_zero_parse(l.zero)) < 0)
         return nl_cli_usage_error("plan layer: unknown --zero '%s' (0, 1, 2, 3, hsdp)", l.zero);
     nl_train_req q;
     if ((rc = nl_plan_args_request(&l.pa, "plan layer", &q))) return rc;
@@ -494,14 +485,14 @@ typedef struct serve_args {
     nl_plan_args pa;
     int json;
     nl_serve_req sq;
-    int precision, weights, kv, engine_given;
-    int64_t step_tokens;
+    nl_engine_plan_req eq; /* with --hw from `nanolm bench machine`: --weights, --kv, --max-step-tokens */
+    int precision, engine_given;
 } serve_args;
 
 static int serve_parse(serve_args *s, int argc, char **argv) {
     nl_serve_req_default(&s->sq);
-    s->precision = s->weights = s->kv = s->engine_given = 0;
-    s->step_tokens = 512;
+    nl_engine_plan_req_default(&s->eq);
+    s->precision = s->engine_given = 0;
     nl_serve_req *q = &s->sq;
     nl_opt serve[] = {
         NL_OPT_INT("tp", &q->tp, 1, 1024, "N", "tensor-parallel GPUs (default 1)"),
@@ -519,9 +510,9 @@ static int serve_parse(serve_args *s, int argc, char **argv) {
             "a KV head's cache read once per step (default) or once per query head (TensorRT-LLM before XQA)"),
     };
     nl_opt engine[] = {
-        NL_OPT_CHOICE("weights", &s->weights, "fp32|bf16|int8", "the engine's weight format (default fp32)"),
-        NL_OPT_CHOICE("kv", &s->kv, "fp32|int8", "the engine's KV cache format (default fp32)"),
-        NL_OPT_INT("max-step-tokens", &s->step_tokens, 1, 1 << 20, "N",
+        NL_OPT_CHOICE("weights", &s->eq.weights, "fp32|bf16|int8", "the engine's weight format (default fp32)"),
+        NL_OPT_CHOICE("kv", &s->eq.kv, "fp32|int8", "the engine's KV cache format (default fp32)"),
+        NL_OPT_INT("max-step-tokens", &s->eq.max_step_tokens, 1, 1 << 20, "N",
                    "the engine's token budget per step (default 512)"),
     };
     for (int i = 0; i < 3; i++) engine[i].given = &s->engine_given;
@@ -547,18 +538,14 @@ static int serve_parse(serve_args *s, int argc, char **argv) {
 
 /* plan serve against a CPU measured by `nanolm bench machine`: the engine's cost model. */
 static int serve_engine(serve_args *s, const nl_cpu_rates *cpu) {
-    nl_engine_plan_req eq;
-    nl_engine_plan_req_default(&eq);
+    nl_engine_plan_req eq = s->eq;
     if (!s->pa.model) return nl_cli_usage_error("plan serve: --model is required");
     if (nl_cli_model_arch(&s->pa.cat, s->pa.model, &eq.arch))
         return nl_cli_usage_error("plan serve: --model: %s", nl_last_error());
-    eq.weights = s->weights;
-    eq.kv = s->kv;
     eq.prompt = (int64_t)s->sq.prompt;
     eq.output = (int64_t)s->sq.output;
     eq.batch = s->sq.batch;
     eq.chunk = s->sq.chunk >= 0 ? (int64_t)s->sq.chunk : 256;
-    eq.max_step_tokens = s->step_tokens;
     return nl_cli_plan_serve_engine(cpu, &eq, s->json);
 }
 
@@ -682,12 +669,7 @@ static int cmd_serve(int argc, char **argv) {
     sq->arch = q.arch;
     sq->hw = q.hw;
     sq->fam = q.fam;
-    if (pa->eff.gemm > 0) sq->hw.gemm_eff = pa->eff.gemm; /* --gemm-eff: prefill and decode GEMMs too */
-    if (pa->napkin) { /* the course's roofline: 50% MFU prefill, full HBM bandwidth, no launches */
-        if (!(sq->prefill_mfu > 0)) sq->prefill_mfu = 0.5;
-        sq->kernel_s = 0;
-        sq->hbm_eff = 1;
-    }
+    nl_plan_assume_serve(&pa->as, sq);
     nl_serve_plan sp;
     if (nl_plan_serve(sq, &sp)) return nl_cli_fail("plan serve");
     nl_report *r = nl_report_new("plan serve");
@@ -991,21 +973,6 @@ static void report_validate(nl_report *r, const nl_valid_result *v, const char *
     nl_report_note(r, "Each case is its \"command\" in %s (--json prints them); sources likewise.", file);
 }
 
-/* The published set: --file, or tests/validation/published.json from the working directory (the
- * repository root, as `make run` and the tests use it) or from NANOLM_SRC. NULL when not found. */
-static const char *validate_file(const char *file, char *buf, size_t n) {
-    if (file) return file;
-    const char *src = getenv("NANOLM_SRC");
-    FILE *f = fopen("tests/validation/published.json", "rb");
-    if (f) {
-        fclose(f);
-        return "tests/validation/published.json";
-    }
-    if (!src) return NULL;
-    snprintf(buf, n, "%s/tests/validation/published.json", src);
-    return buf;
-}
-
 /* nanolm plan validate: the planner against published runs, through the commands users run. */
 static int cmd_validate(int argc, char **argv) {
     const char *file = NULL, *svg = NULL, *hold = NULL;
@@ -1032,7 +999,7 @@ static int cmd_validate(int argc, char **argv) {
     if (hold && strcmp(hold, "source"))
         return nl_cli_usage_error("plan validate: --holdout takes 'source' (leave one source out), got '%s'", hold);
     char def[4096];
-    if (!(file = validate_file(file, def, sizeof def)))
+    if (!file && !(file = nl_plan_validate_default_file(def, sizeof def)))
         return nl_cli_usage_error("plan validate: tests/validation/published.json is not in this directory; "
                                   "run from the repository root or give --file FILE.json");
     nl_catalog *cat = malloc(sizeof *cat);

@@ -176,30 +176,6 @@ static const char *short_float(float v, char *buf, size_t n) {
     return buf;
 }
 
-/* The scheme of `quant values`: int8 / int4 / intB (absmax, per tensor or per block), affine
- * (uint8 with a zero point, per tensor), or any name nl_quant_spec_parse knows. */
-static int values_spec(const char *name, int64_t block, nl_quant_spec *spec) {
-    char full[64];
-    int bits;
-    char tail;
-    if (!strcmp(name, "affine")) {
-        if (block)
-            return nl_cli_usage_error("quant values: --block needs an absmax scheme (int8, int4, ...), not affine");
-        snprintf(full, sizeof full, "affine-uint8-tensor");
-    } else if (sscanf(name, "int%d%c", &bits, &tail) == 1) {
-        if (block)
-            snprintf(full, sizeof full, "int%d-b%lld", bits, (long long)block);
-        else
-            snprintf(full, sizeof full, "int%d-tensor", bits);
-    } else {
-        if (block) return nl_cli_usage_error("quant values: --block goes with int8, int4 or intB, not '%s'", name);
-        snprintf(full, sizeof full, "%s", name);
-    }
-    if (nl_quant_spec_parse(full, spec))
-        return nl_cli_usage_error("quant values: --scheme %s: %s", name, nl_last_error());
-    return 0;
-}
-
 /* The text form of one group (block) of `quant values`: how the scale and the zero point come out,
  * then x, the codes and the dequantized values. */
 static void values_text_group(nl_report *r, const nl_quant_spec *spec, const nl_qtensor *q, const float *x,
@@ -244,12 +220,12 @@ static void values_text_group(nl_report *r, const nl_quant_spec *spec, const nl_
 }
 
 /* The result of `quant values`: the JSON values and groups, and the text derivation. */
-static int values_print(const nl_quant_spec *spec, const nl_qtensor *q, const float *x, const float *back, int64_t n,
-                        int json) {
+static int values_print(const nl_quant_spec *spec, const nl_quant_values *v, const float *x, int64_t n, int json) {
+    const nl_qtensor *q = &v->q;
+    const float *back = v->back;
+    const double max_err = v->max_err;
     char name[64];
     nl_quant_spec_name(spec, name, sizeof name);
-    double max_err = 0;
-    for (int64_t i = 0; i < n; i++) max_err = fmax(max_err, fabs((double)x[i] - (double)back[i]));
     double *dx = malloc((size_t)n * 3 * sizeof *dx);
     if (!dx) return nl_cli_usage_error("quant values: out of memory for %lld values", (long long)n);
     double *dq = dx + n, *db = dq + n;
@@ -309,22 +285,14 @@ static int cmd_values(int argc, char **argv) {
     if ((rc = nl_cli_parse(&spec_cmd, argc, argv, &list, &npos))) return rc == NL_CLI_HELP ? NL_EXIT_OK : rc;
     if (!npos) return nl_cli_usage_error("quant values: give the values, e.g. nanolm quant values 0.3,-0.5,0.12,1.5");
     nl_quant_spec spec;
-    if ((rc = values_spec(scheme, block, &spec))) return rc;
-    float *x = NULL, *back = NULL;
+    if (nl_quant_values_spec(scheme, block, &spec)) return nl_cli_usage_error("quant values: %s", nl_last_error());
+    float *x = NULL;
     int64_t n = 0;
     if ((rc = parse_values(list, &x, &n))) return rc;
-    nl_qtensor q;
-    memset(&q, 0, sizeof q);
-    back = malloc((size_t)n * sizeof *back);
-    if (!back)
-        rc = nl_cli_usage_error("quant values: out of memory for %lld values", (long long)n);
-    else if (nl_quant_tensor(x, 1, n, &spec, &q) || nl_quant_dequantize(&q, back))
-        rc = nl_cli_fail("quant values");
-    else
-        rc = values_print(&spec, &q, x, back, n, json);
+    nl_quant_values v;
+    rc = nl_quant_values_run(x, n, &spec, &v) ? nl_cli_fail("quant values") : values_print(&spec, &v, x, n, json);
     free(x);
-    free(back);
-    nl_qtensor_free(&q);
+    nl_quant_values_free(&v);
     return rc;
 }
 

@@ -1,6 +1,5 @@
 /* nanolm quant-compare (also reachable as `nanolm quant compare`): RTN, GPTQ, AWQ, SmoothQuant,
  * W8A8 and LLM.int8() on one checkpoint, side by side: bytes, mean loss, delta vs fp32, time. */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,7 +7,6 @@
 #include "cli_model.h"
 #include "cli_opt.h"
 #include "nanolm/quant_compare.h"
-#include "nanolm/svg.h"
 #include "report.h"
 
 #define DEFAULT_SCHEMES                                                                                                \
@@ -16,38 +14,6 @@
     "rtn-int4-g128,gptq-int4-g128,awq-int4-g128,w8a8,smoothquant-w8a8,int8-outlier6"
 
 typedef nl_qc_row qc_row;
-
-static nl_status write_svg(const char *path, const qc_row *rows, int n, double base) {
-    nl_svg s;
-    double W = 760, H = 40 + 26.0 * n + 40, left = 190, right = 40, top = 40;
-    nl_svg_begin(&s, W, H);
-    nl_svg_text(&s, W / 2, 22, 14, "middle", "loss increase over fp32 (nats/token), lower is better");
-    double lo = 0, hi = 0;
-    for (int i = 0; i < n; i++) {
-        double d = rows[i].loss - base;
-        if (d < lo) lo = d;
-        if (d > hi) hi = d;
-    }
-    if (hi - lo <= 0) hi = lo + 1e-6;
-    double span = W - left - right, x0 = left + (0 - lo) / (hi - lo) * span;
-    for (int i = 0; i < n; i++) {
-        double d = rows[i].loss - base, y = top + 26.0 * i;
-        double x1 = left + (d - lo) / (hi - lo) * span;
-        char val[48];
-        snprintf(val, sizeof val, "%+.4f", d);
-        nl_svg_rect(&s, x1 < x0 ? x1 : x0, y + 4, fabs(x1 - x0) < 1 ? 1 : fabs(x1 - x0), 18,
-                    nl_svg_color((size_t)rows[i].s.method), val);
-        nl_svg_text(&s, left - 8, y + 18, 12, "end", rows[i].s.name);
-        nl_svg_text(&s, (x1 > x0 ? x1 : x0) + 4, y + 18, 11, "start", val);
-    }
-    nl_svg_line(&s, x0, top, x0, top + 26.0 * n, "#000", 1);
-    return nl_svg_save(&s, path);
-}
-
-static const char *method_name(nl_qm_method m) {
-    static const char *names[] = {"fp32", "rtn", "gptq", "awq", "smoothquant", "w8a8", "llm.int8"};
-    return names[m];
-}
 
 /* The options of quant compare, as given. */
 typedef struct qc_args {
@@ -136,7 +102,7 @@ static void qc_report_table(nl_report *r, const char *title, const qc_row *rows,
         snprintf(dp, sizeof dp, q ? "%+.2f" : "0", 100.0 * (loss - base) / base);
         snprintf(ts, sizeof ts, q ? "%.2f" : "0", t);
         nl_report_cell_str(r, sc->name);
-        nl_report_cell_str(r, method_name(sc->method));
+        nl_report_cell_str(r, nl_qm_method_name(sc->method));
         nl_report_cell_int(r, q ? sc->bits : 32);
         nl_report_cell_int(r, q ? sc->act_bits : 32);
         nl_report_cell_int(r, sc->group);
@@ -263,7 +229,7 @@ int nl_cmd_quant_compare(int argc, char **argv) {
         goto done;
     }
     rcode = qc_print(&a, &m, rows, n_rows, base, scored, (t.n_calib / T) * T);
-    if (a.svg && write_svg(a.svg, rows, n_rows, base)) rcode = nl_cli_fail("quant compare");
+    if (a.svg && nl_qc_svg(a.svg, rows, n_rows, base)) rcode = nl_cli_fail("quant compare");
 done:
     nl_qc_rows_free(rows, n_rows);
     nl_qc_tokens_free(&t);

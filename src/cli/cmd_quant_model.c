@@ -77,70 +77,6 @@ static int qm_parse(int argc, char **argv, qm_args *a) {
     return 0;
 }
 
-/* The model as given: a quantized checkpoint (lq filled) or a plain one; tkind its tokenizer kind. */
-static nl_status qm_load(const qm_args *a, int loaded_q, nl_model *m, nl_tokenizer *tok, nl_qmodel *lq, char *tkind) {
-    const char *ckpt = a->model.ckpt, *tok_path = a->model.tokenizer;
-    snprintf(tkind, 64, "byte");
-    if (!loaded_q) {
-        NL_TRY(nl_cli_load_model(ckpt, tok_path, m, tok));
-        if (tok_path) snprintf(tkind, 64, "tok512");
-        return NL_OK;
-    }
-    NL_TRY(nl_qmodel_load(ckpt, m, lq, tkind));
-    nl_status rc =
-        tok_path ? nl_tokenizer_load_llama2c(tok, tok_path, (int)m->V)
-        : !strcmp(tkind, "byte")
-            ? nl_tokenizer_init_byte(tok)
-            : nl_fail(NL_ERR_INVALID, "%s uses the %s tokenizer: pass its file with --tokenizer", ckpt, tkind);
-    if (rc) {
-        nl_qmodel_free(lq);
-        nl_model_free(m);
-    }
-    return rc;
-}
-
-/* The evaluation text and prompt as tokens. */
-typedef struct qm_tokens {
-    char *text;
-    int *ids, *pids;
-    int64_t n, np;
-} qm_tokens;
-
-static int qm_encode(const qm_args *a, const nl_model *m, const nl_tokenizer *tok, qm_tokens *t) {
-    size_t bytes = 0;
-    if (nl_read_file(a->data, &t->text, &bytes) || nl_tokenizer_encode(tok, t->text, bytes, 1, 0, &t->ids, &t->n) ||
-        nl_tokenizer_encode(tok, a->prompt, strlen(a->prompt), 1, 0, &t->pids, &t->np))
-        return nl_cli_fail("quant model");
-    if (a->max_tokens && t->n > a->max_tokens) t->n = a->max_tokens;
-    if (t->n < 2) {
-        nl_fail(NL_ERR_INVALID, "%s has %lld tokens; evaluation needs at least 2", a->data, (long long)t->n);
-        return nl_cli_fail("quant model");
-    }
-    if (t->np < 1 || t->np >= m->arch.seq_len)
-        return nl_cli_usage_error("quant model: --prompt must be 1..seq_len-1 tokens");
-    return 0;
-}
-
-/* Quantizes with scheme s, evaluates into r, and writes --out. */
-static int qm_scheme(const qm_args *a, int s, nl_model *m, const nl_tokenizer *tok, const qm_tokens *t, int64_t T,
-                     const char *tkind, qrow *r) {
-    nl_qmodel qm;
-    const nl_quant_spec *sp = &a->specs[s];
-    const int int8c = sp->kind == NL_QUANT_SYMMETRIC && sp->bits == 8 && sp->gran == NL_QUANT_PER_CHANNEL;
-    nl_qlinear_mode mode = a->mode_i ? NL_QLINEAR_WEIGHT_ONLY : NL_QLINEAR_W8A8;
-    nl_qlinear_mode md = int8c ? mode : NL_QLINEAR_WEIGHT_ONLY;
-    if (a->mode_set && mode == NL_QLINEAR_W8A8 && !int8c)
-        return nl_cli_usage_error("quant model: --mode w8a8 needs --scheme int8-channel, not %s", a->schemes.v[s]);
-    if (nl_qmodel_quantize(&qm, m, sp, md)) return nl_cli_fail("quant model");
-    nl_quant_spec_name(sp, r->scheme, sizeof r->scheme);
-    r->mode = md == NL_QLINEAR_W8A8 ? "w8a8" : "weight-only";
-    r->model_bytes = nl_qmodel_size_bytes(m, &qm, &r->linear_bytes);
-    nl_status rc = nl_quant_eval_run(m, tok, t->ids, t->n, a->B, T, t->pids, t->np, (int)a->n_gen, r);
-    if (!rc && a->out) rc = nl_qmodel_save(&qm, a->out, tkind);
-    nl_qmodel_free(&qm);
-    return rc ? nl_cli_fail("quant model") : NL_EXIT_OK;
-}
-
 static int qm_print(const qm_args *a, const qrow *rows, int nrows, int64_t n, size_t fp32_linear) {
     nl_report *r = nl_report_new("quant model");
     nl_report_str(r, "checkpoint", "", a->model.ckpt);
@@ -196,55 +132,57 @@ int nl_cmd_quant_model(int argc, char **argv) {
     qm_args a;
     int rcode = qm_parse(argc, argv, &a);
     if (rcode) return rcode == NL_CLI_HELP ? NL_EXIT_OK : rcode;
-    const int loaded_q = nl_qmodel_is_quantized(a.model.ckpt);
     nl_model m;
     nl_tokenizer tok;
     nl_qmodel lq;
-    memset(&lq, 0, sizeof lq);
-    memset(&tok, 0, sizeof tok);
+    int loaded_q;
     char tkind[64];
-    if (qm_load(&a, loaded_q, &m, &tok, &lq, tkind)) return nl_cli_fail("quant model");
-    qm_tokens t;
-    memset(&t, 0, sizeof t);
-    int64_t T = a.T ? a.T : m.arch.seq_len;
+    if (nl_qmodel_open(a.model.ckpt, a.model.tokenizer, NL_CLI_MAX_SEQ, &m, &tok, &lq, &loaded_q, tkind))
+        return nl_cli_fail("quant model");
+    nl_qeval_input in = {.B = a.B, .T = a.T ? a.T : m.arch.seq_len, .n_gen = (int)a.n_gen};
+    const nl_qlinear_mode mode = a.mode_i ? NL_QLINEAR_WEIGHT_ONLY : NL_QLINEAR_W8A8;
     qrow *rows = nl_calloc((size_t)a.ns + 1, sizeof(qrow), "result rows");
     if (!rows) {
         rcode = nl_cli_fail("quant model");
         goto done;
     }
-    if (T > m.arch.seq_len) {
-        rcode = nl_cli_usage_error("quant model: --seq %lld exceeds the model's seq_len %lld", (long long)T,
+    if (in.T > m.arch.seq_len) {
+        rcode = nl_cli_usage_error("quant model: --seq %lld exceeds the model's seq_len %lld", (long long)in.T,
                                    (long long)m.arch.seq_len);
         goto done;
     }
-    if ((rcode = qm_encode(&a, &m, &tok, &t))) goto done;
-    if (nl_model_alloc_acts(&m, a.B, T)) {
+    for (int s = 0; s < a.ns && !loaded_q; s++)
+        if (a.mode_set && mode == NL_QLINEAR_W8A8 && !nl_qmodel_w8a8_ok(&a.specs[s])) {
+            rcode = nl_cli_usage_error("quant model: --mode w8a8 needs --scheme int8-channel, not %s", a.schemes.v[s]);
+            goto done;
+        }
+    if (nl_qeval_input_load(&tok, a.data, a.prompt, a.max_tokens, &in)) {
         rcode = nl_cli_fail("quant model");
+        goto done;
+    }
+    if (in.np < 1 || in.np >= m.arch.seq_len) {
+        rcode = nl_cli_usage_error("quant model: --prompt must be 1..seq_len-1 tokens");
         goto done;
     }
     int nrows = 0;
     /* Row 0: the model as loaded (fp32, or the quantized checkpoint). */
-    qrow *r0 = &rows[nrows++];
-    char sn[64];
-    snprintf(r0->scheme, sizeof r0->scheme, loaded_q ? "%s (loaded)" : "fp32",
-             loaded_q ? nl_quant_spec_name(&lq.spec, sn, sizeof sn) : "");
-    r0->mode = !loaded_q ? "fp32" : lq.mode == NL_QLINEAR_W8A8 ? "w8a8" : "weight-only";
-    r0->model_bytes = nl_qmodel_size_bytes(&m, loaded_q ? &lq : NULL, &r0->linear_bytes);
-    if (nl_quant_eval_run(&m, &tok, t.ids, t.n, a.B, T, t.pids, t.np, (int)a.n_gen, r0)) {
+    if (nl_model_alloc_acts(&m, a.B, in.T) ||
+        nl_quant_eval_loaded(&m, loaded_q ? &lq : NULL, &tok, &in, &rows[nrows++])) {
         rcode = nl_cli_fail("quant model");
         goto done;
     }
     size_t fp32_linear = 0;
     nl_qmodel_size_bytes(&m, NULL, &fp32_linear);
     for (int s = 0; s < a.ns && !loaded_q; s++)
-        if ((rcode = qm_scheme(&a, s, &m, &tok, &t, T, tkind, &rows[nrows++]))) goto done;
+        if (nl_quant_eval_scheme(&m, &a.specs[s], mode, &tok, &in, a.out, tkind, &rows[nrows++])) {
+            rcode = nl_cli_fail("quant model");
+            goto done;
+        }
     nl_quant_eval_shared(rows, nrows);
-    rcode = qm_print(&a, rows, nrows, t.n, fp32_linear);
+    rcode = qm_print(&a, rows, nrows, in.n, fp32_linear);
 done:
     nl_free(rows);
-    nl_free(t.ids);
-    nl_free(t.pids);
-    nl_free(t.text);
+    nl_qeval_input_free(&in);
     nl_tokenizer_free(&tok);
     nl_qmodel_free(&lq);
     nl_model_free(&m);

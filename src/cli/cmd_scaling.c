@@ -80,10 +80,9 @@ static int optimal_parse(optimal_args *o, int argc, char **argv) {
 /* The Lagrange-multiplier derivation of approach 3's closed form at budget C, numbers substituted
  * (Hoffmann et al. 2022 appendix D.2). */
 static void report_explain(nl_report *r, const nl_chinchilla *law, double C) {
-    double al = law->alpha, be = law->beta, A = law->A, B = law->B;
-    double G = pow(al * A / (be * B), 1 / (al + be)), a = be / (al + be), b = al / (al + be);
-    double N = G * pow(C / 6, a), D = pow(C / 6, b) / G;
-    double lhs = al * A * pow(N, -al), rhs = be * B * pow(D, -be);
+    const double al = law->alpha, be = law->beta, A = law->A, B = law->B;
+    nl_chinchilla_optimum o;
+    nl_scaling_optimum(law, C, &o);
     nl_report_note(r, "%s", "");
     nl_report_note(r,
                    "Why (Lagrange multipliers, Hoffmann et al. 2022 approach 3):\n"
@@ -100,11 +99,11 @@ static void report_explain(nl_report *r, const nl_chinchilla *law, double C) {
     nl_report_note(r,
                    "  Numbers: G = (%.4f x %.2f / (%.4f x %.2f))^(1/%.4f) = %.4f, a = %.4f, b = %.4f,\n"
                    "  C/6 = %.4g, N = %.4f x %.4g^%.4f = %.4g parameters, D = %.4g^%.4f / %.4f = %.4g tokens",
-                   al, A, be, B, al + be, G, a, b, C / 6, G, C / 6, a, N, C / 6, b, G, D);
+                   al, A, be, B, al + be, o.G, o.a, o.b, C / 6, o.G, C / 6, o.a, o.n, C / 6, o.b, o.G, o.d);
     nl_report_note(r,
                    "  (%.1f tokens per parameter). Check: alpha A N^-alpha = %.4g, beta B D^-beta = %.4g,\n"
                    "  lambda = %.4g per FLOP; 6 N D = %.4g = C.",
-                   D / N, lhs, rhs, lhs / (6 * N * D), 6 * N * D);
+                   o.d / o.n, o.lhs, o.rhs, o.lhs / (6 * o.n * o.d), 6 * o.n * o.d);
 }
 
 static void report_optimal(nl_report *r, const optimal_args *o, const nl_hw *hw, const row rows[5]) {

@@ -11,7 +11,6 @@
 #include "nanolm/mup.h"
 #include "nanolm/scaling.h"
 #include "nanolm/tokenizer.h"
-#include "nanolm/svg.h"
 #include "nanolm/sweep_jobs.h"
 #include "report.h"
 #include "scaling_lab.h"
@@ -412,42 +411,6 @@ static void lrt_report_tables(nl_report *r, const lrt_args *a, const lrt_result 
     }
 }
 
-/* The two SVGs: PLOT (standard parametrisation) and mup-PLOT. */
-static int lrt_svgs(nl_report *r, const lrt_args *a, const lrt_result *x) {
-    for (int k = 0; k < 2; k++) {
-        nl_svg_series s[8];
-        double ys[8][16];
-        char nm[8][32];
-        for (int i = 0; i < a->n_w; i++) {
-            for (int q = 0; q < a->n_lr; q++) {
-                double v = (k ? x->mu : x->sp)[i * a->n_lr + q];
-                ys[i][q] = isfinite(v) ? fmin(v, 6.0) : 6.0; /* diverged runs drawn at the top */
-            }
-            snprintf(nm[i], 32, "width %lld", (long long)a->widths[i]);
-            s[i] = (nl_svg_series){nm[i], a->lrs, ys[i], (size_t)a->n_lr, NULL, 1};
-        }
-        char path[1024];
-        const char *slash = strrchr(a->svg, '/');
-        if (k == 0)
-            snprintf(path, sizeof path, "%s", a->svg);
-        else if (slash)
-            snprintf(path, sizeof path, "%.*s/mup-%s", (int)(slash - a->svg), a->svg, slash + 1);
-        else
-            snprintf(path, sizeof path, "mup-%s", a->svg);
-        nl_svg_plot_opts o = {k ? "muP: validation loss vs learning rate"
-                                : "standard parametrisation: validation loss vs learning rate",
-                              "peak learning rate",
-                              "validation loss (nats/token; diverged = 6)",
-                              1,
-                              0,
-                              0,
-                              0};
-        if (nl_svg_plot(path, &o, s, (size_t)a->n_w)) return nl_cli_fail("scaling lr-transfer");
-        nl_report_note(r, "wrote %s", path);
-    }
-    return NL_EXIT_OK;
-}
-
 int nl_cmd_scaling_lr_transfer(int argc, char **argv) {
     lrt_args a;
     int rcode = lrt_parse(argc, argv, &a);
@@ -477,9 +440,15 @@ int nl_cmd_scaling_lr_transfer(int argc, char **argv) {
         nl_report_note(r, "  width %lld: SP %.2f, muP %.2f", (long long)a.widths[i], x->fb[0][i], x->fb[1][i]);
     nl_report_note(r, "spread across widths: %.2f grid steps without muP, %.2f with muP", x->hi[0] - x->lo[0],
                    x->hi[1] - x->lo[1]);
-    if (a.svg && (rcode = lrt_svgs(r, &a, x))) {
+    char mup_svg[1100];
+    if (a.svg && nl_lr_transfer_svg(a.svg, x, mup_svg, sizeof mup_svg)) {
         nl_report_free(r);
+        rcode = nl_cli_fail("scaling lr-transfer");
         goto done;
+    }
+    if (a.svg) {
+        nl_report_note(r, "wrote %s", a.svg);
+        nl_report_note(r, "wrote %s", mup_svg);
     }
     rcode = nl_report_print(r, a.json);
 done:
@@ -555,17 +524,16 @@ static void emg_progress(void *user, const nl_emergence_row *row) {
     fprintf(stderr, "  %s: loss %.4f, accuracy %.4f\n", row->name, row->e.mean_loss, row->e.accuracy);
 }
 
-static const int emg_ks[] = {1, 2, 4, 8, 16, 32};
-
 /* Table 1 (and the JSON rows): loss, p, exact match and p^k for k = 1, 2, 4, ... */
-static void emg_report_main(nl_report *r, const nl_emergence_row *x, int n, int kmax, int nks) {
+static void emg_report_main(nl_report *r, const nl_emergence_row *x, int n, int kmax) {
+    const int nks = nl_emergence_nks(kmax);
     nl_report_col cols[6 + 12] = {
         {"checkpoint", "checkpoint", NULL}, {"loss", "loss", "%-.4f"}, {"accuracy", "p", "%-.4f"},
         {"p_after_correct", "", NULL},      {"starts", "", NULL},      {"exact_match", "", NULL}};
     char names[12][24];
     for (int q = 0; q < nks; q++) {
-        snprintf(names[2 * q], 24, "EM k=%d", emg_ks[q]);
-        snprintf(names[2 * q + 1], 24, "p^%d", emg_ks[q]);
+        snprintf(names[2 * q], 24, "EM k=%d", nl_emergence_ks[q]);
+        snprintf(names[2 * q + 1], 24, "p^%d", nl_emergence_ks[q]);
         cols[6 + 2 * q] = (nl_report_col){NULL, names[2 * q], "%-.2e"};
         cols[7 + 2 * q] = (nl_report_col){NULL, names[2 * q + 1], "%-.2e"};
     }
@@ -578,8 +546,8 @@ static void emg_report_main(nl_report *r, const nl_emergence_row *x, int n, int 
         nl_report_cell_int(r, (long long)x[i].e.starts);
         nl_report_cell_nums(r, x[i].e.exact + 1, kmax);
         for (int q = 0; q < nks; q++) {
-            nl_report_cell_num(r, x[i].e.exact[emg_ks[q]]);
-            nl_report_cell_num(r, pow(x[i].e.accuracy, emg_ks[q]));
+            nl_report_cell_num(r, x[i].e.exact[nl_emergence_ks[q]]);
+            nl_report_cell_num(r, pow(x[i].e.accuracy, nl_emergence_ks[q]));
         }
         nl_report_row_end(r);
     }
@@ -613,45 +581,6 @@ static void emg_report_chain(nl_report *r, const nl_emergence_row *x, int n, int
     }
 }
 
-/* The plots: 0 linear, 1 log, 2 relative to the largest value. */
-static int emg_svg(const char *path, int lg, const nl_emergence_row *x, int n, int nks) {
-    nl_svg_series s[12];
-    double px[64], ey[6][64], py[6][64];
-    char nm[12][32];
-    for (int i = 0; i < n; i++) px[i] = x[i].e.accuracy;
-    int ns = 0;
-    for (int q = 0; q < nks; q++) {
-        for (int i = 0; i < n; i++) {
-            ey[q][i] = x[i].e.exact[emg_ks[q]];
-            py[q][i] = pow(x[i].e.accuracy, emg_ks[q]);
-            /* log scale: p^k far below one hit among the start positions would only stretch the axis */
-            if (lg == 1 && py[q][i] < 0.1 / (double)x[i].e.starts) py[q][i] = NAN;
-        }
-        if (lg == 2) {
-            if (emg_ks[q] > 8) break; /* longer answers have a handful of hits at most here: noise */
-            double me = 0, mp = 0;
-            for (int i = 0; i < n; i++) me = fmax(me, ey[q][i]), mp = fmax(mp, py[q][i]);
-            for (int i = 0; i < n; i++) {
-                ey[q][i] = me > 0 ? ey[q][i] / me : NAN;
-                py[q][i] = mp > 0 ? py[q][i] / mp : NAN;
-            }
-        }
-        snprintf(nm[2 * q], 32, "exact match k=%d", emg_ks[q]);
-        snprintf(nm[2 * q + 1], 32, "p^%d", emg_ks[q]);
-        s[ns++] = (nl_svg_series){nm[2 * q], px, ey[q], (size_t)n, nl_svg_color((size_t)q), 1};
-        s[ns++] = (nl_svg_series){nm[2 * q + 1], px, py[q], (size_t)n, nl_svg_color((size_t)q), 0};
-    }
-    nl_svg_plot_opts o = {"Per-token accuracy is smooth; exact match of k tokens jumps",
-                          "per-token accuracy p",
-                          lg == 2 ? "exact match (points) and p^k (lines) / their largest value"
-                                  : "exact match of the next k tokens",
-                          0,
-                          lg == 1,
-                          0,
-                          0};
-    return nl_svg_plot(path, &o, s, (size_t)ns) ? nl_cli_fail("scaling emergence") : NL_EXIT_OK;
-}
-
 int nl_cmd_scaling_emergence(int argc, char **argv) {
     emg_args a;
     int rcode = emg_parse(argc, argv, &a);
@@ -669,10 +598,8 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
         nl_free(x);
         return nl_cli_fail("scaling emergence");
     }
-    int nks = 0;
-    while (nks < 6 && emg_ks[nks] <= kmax) nks++;
     nl_report *r = nl_report_new("scaling emergence");
-    emg_report_main(r, x, n_ck, kmax, nks);
+    emg_report_main(r, x, n_ck, kmax);
     nl_report_note(
         r, "(%s split, %lld tokens scored; EM k = all of the next k tokens argmax-correct, %lld start positions)",
         nl_data_split_name(a.split ? NL_DATA_TRAIN : NL_DATA_VAL), (long long)x[0].e.tokens, (long long)x[0].e.starts);
@@ -684,7 +611,10 @@ int nl_cmd_scaling_emergence(int argc, char **argv) {
         1.0 / (double)x[0].e.starts);
     for (int lg = 0; lg < 3; lg++)
         if (a.svg[lg]) {
-            if ((rcode = emg_svg(a.svg[lg], lg, x, n_ck, nks))) break;
+            if (nl_emergence_svg(a.svg[lg], (nl_emergence_scale)lg, x, n_ck, kmax)) {
+                rcode = nl_cli_fail("scaling emergence");
+                break;
+            }
             nl_report_note(r, "wrote %s", a.svg[lg]);
         }
     if (!rcode)

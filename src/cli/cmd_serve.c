@@ -9,17 +9,19 @@
 #include "cli.h"
 #include "cli_opt.h"
 #include "nanolm/arch.h"
-#include "nanolm/bpe.h"
 #include "nanolm/chat_template.h"
 #include "nanolm/dummy_engine.h"
-#include "nanolm/gguf_model.h"
-#include "nanolm/hf.h"
 #include "nanolm/engine.h"
 #include "nanolm/kv_transfer.h"
-#include "nanolm/model.h"
+#include "nanolm/model_load.h"
 #include "nanolm/prefill_child.h"
-#include "nanolm/tokenizer.h"
 #include "nanolm/server.h"
+
+static int write_port_file(const char *path, int port) {
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%d\n", port);
+    return nl_write_file_atomic(path, buf, (size_t)n) ? nl_cli_fail("serve: --port-file") : 0;
+}
 
 /* --role prefill: the KV-transfer server on host:port until SIGINT/SIGTERM (blocked in sigs). */
 static int serve_prefill(nl_engine *e, const char *host, int port, const char *port_file, sigset_t *sigs) {
@@ -32,13 +34,9 @@ static int serve_prefill(nl_engine *e, const char *host, int port, const char *p
             host, nl_kvx_server_port(ps), (long long)a->n_layers, (long long)a->n_kv_heads,
             (long long)nl_arch_head_dim(a), nl_engine_kv_dtype(e) == NL_KV_INT8 ? "int8" : "fp32");
     fflush(stderr);
-    if (port_file) {
-        char buf[32];
-        int n = snprintf(buf, sizeof buf, "%d\n", nl_kvx_server_port(ps));
-        if (nl_write_file_atomic(port_file, buf, (size_t)n)) {
-            nl_kvx_server_stop(ps);
-            return nl_cli_fail("serve: --port-file");
-        }
+    if (port_file && write_port_file(port_file, nl_kvx_server_port(ps))) {
+        nl_kvx_server_stop(ps);
+        return NL_EXIT_FAIL;
     }
     int sig = 0;
     sigwait(sigs, &sig);
@@ -52,13 +50,14 @@ static int serve_prefill(nl_engine *e, const char *host, int port, const char *p
 
 enum { ROLE_COLOCATED, ROLE_PREFILL, ROLE_DECODE, ROLE_DISAGG };
 
-/* The options of `serve`, parsed. */
+/* The options of `serve`, parsed: the engine's and the HTTP server's bound to their options
+ * structs, and the rest. */
 typedef struct serve_args {
-    const char *ckpt, *dummy, *tok, *host, *port_file, *model_name, *prefill, *chat_tmpl, *draft;
-    int role, port, weights, kv, max_batch, max_waiting, threads, max_conn, no_prefix_cache, spec_k, spec_ngram;
-    int idle_s, header_s;
-    int64_t block_size, kv_blocks, max_step, chunk;
-    double kv_mem, max_body, drain_s;
+    nl_engine_opts eo;
+    nl_server_opts so;
+    const char *ckpt, *dummy, *tok, *port_file, *chat_tmpl;
+    int role, weights, kv, no_prefix_cache;
+    double kv_mem, max_body;
 } serve_args;
 
 /* The engine with what it was opened from (random weights keep their model and tokenizer here). */
@@ -69,18 +68,12 @@ typedef struct served {
 } served;
 
 static int parse_args(int argc, char **argv, serve_args *sa) {
-    *sa = (serve_args){.host = "127.0.0.1",
-                       .port = 8080,
-                       .max_batch = 32,
-                       .max_waiting = 256,
-                       .max_conn = 512,
-                       .idle_s = 30,
-                       .header_s = 10,
-                       .block_size = 16,
-                       .max_step = 512,
-                       .chunk = 256,
-                       .max_body = 1 << 20,
-                       .drain_s = 30};
+    *sa = (serve_args){.max_body = 1 << 20};
+    nl_engine_opts *eo = &sa->eo;
+    nl_server_opts *so = &sa->so;
+    nl_engine_opts_default(eo);
+    nl_server_opts_default(so);
+    so->model_name = NULL; /* default: the checkpoint's name (nl_server_model_name) */
     nl_opt model_opts[] = {
         NL_OPT_STR("ckpt", &sa->ckpt, "FILE",
                    "checkpoint: NanoLM safetensors, a `quant model --out` file, or llama2.c .bin (required)"),
@@ -94,49 +87,50 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
         NL_OPT_STR("chat-template", &sa->chat_tmpl, "FILE",
                    "Jinja chat template for /v1/chat/completions (default: a model folder's chat_template.jinja "
                    "or tokenizer_config.json \"chat_template\", a GGUF file's tokenizer.chat_template)"),
-        NL_OPT_STR("model-name", &sa->model_name, "NAME",
+        NL_OPT_STR("model-name", &so->model_name, "NAME",
                    "name in /v1/models and responses (default: the checkpoint's file name)"),
     };
     nl_opt engine_opts[] = {
         NL_OPT_CHOICE("kv-cache", &sa->kv, "fp32|int8", "KV cache format (default fp32)"),
         NL_OPT_SI("kv-mem", &sa->kv_mem, 0, 1e13, "BYTES",
                   "KV pool size in bytes, e.g. 512M (default: max-batch full contexts)"),
-        NL_OPT_INT("kv-blocks", &sa->kv_blocks, 0, 1 << 30, "N", "KV pool size in blocks (overrides --kv-mem)"),
-        NL_OPT_INT("block-size", &sa->block_size, 1, 4096, "N", "tokens per KV block (default 16)"),
-        NL_OPT_INT32("max-batch", &sa->max_batch, 1, 4096, "N", "running sequences at most (default 32)"),
-        NL_OPT_INT("max-step-tokens", &sa->max_step, 1, 1 << 20, "N", "tokens per engine step at most (default 512)"),
-        NL_OPT_INT("chunk", &sa->chunk, 0, 1 << 20, "N",
+        NL_OPT_INT("kv-blocks", &eo->kv_blocks, 0, 1 << 30, "N", "KV pool size in blocks (overrides --kv-mem)"),
+        NL_OPT_INT("block-size", &eo->block_size, 1, 4096, "N", "tokens per KV block (default 16)"),
+        NL_OPT_INT32("max-batch", &eo->max_batch, 1, 4096, "N", "running sequences at most (default 32)"),
+        NL_OPT_INT("max-step-tokens", &eo->max_step_tokens, 1, 1 << 20, "N",
+                   "tokens per engine step at most (default 512)"),
+        NL_OPT_INT("chunk", &eo->chunk, 0, 1 << 20, "N",
                    "prompt tokens per step over all prompts, 0 = no chunking (default 256)"),
-        NL_OPT_INT32("max-waiting", &sa->max_waiting, 1, 1 << 20, "N",
+        NL_OPT_INT32("max-waiting", &eo->max_waiting, 1, 1 << 20, "N",
                      "waiting queue bound; beyond it requests get 429 (default 256)"),
-        NL_OPT_INT32("threads", &sa->threads, 0, 1024, "N", "OpenMP threads of a step (default: OMP_NUM_THREADS)"),
+        NL_OPT_INT32("threads", &eo->threads, 0, 1024, "N", "OpenMP threads of a step (default: OMP_NUM_THREADS)"),
         NL_OPT_FLAG("no-prefix-cache", &sa->no_prefix_cache,
                     "compute every prompt's KV (default: full blocks of a prompt prefix seen before are reused)"),
         NL_OPT_INT32(
-            "speculate", &sa->spec_k, 0, 15, "K",
+            "speculate", &eo->spec_k, 0, 15, "K",
             "speculative decoding: draft K tokens per decode step by prompt lookup (n-gram) and verify "
             "them in the same step; greedy text unchanged, sampled text keeps its distribution (default 0: off)"),
-        NL_OPT_INT32("spec-ngram", &sa->spec_ngram, 1, 64, "N", "longest n-gram prompt lookup matches (default 3)"),
-        NL_OPT_STR("draft", &sa->draft, "CKPT",
+        NL_OPT_INT32("spec-ngram", &eo->spec_ngram, 1, 64, "N", "longest n-gram prompt lookup matches (default 3)"),
+        NL_OPT_STR("draft", &eo->draft_ckpt, "CKPT",
                    "speculative decoding with this draft model instead of prompt lookup (same tokenizer; "
                    "--speculate defaults to 4 with it)"),
     };
     nl_opt http_opts[] = {
-        NL_OPT_STR("host", &sa->host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"),
-        NL_OPT_INT32("port", &sa->port, 0, 65535, "N",
+        NL_OPT_STR("host", &so->host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"),
+        NL_OPT_INT32("port", &so->port, 0, 65535, "N",
                      "port, 0 = ephemeral (default 8080); the bound port is printed on stderr"),
         NL_OPT_STR("port-file", &sa->port_file, "FILE",
                    "also write the bound port to FILE (atomically) once listening"),
         NL_OPT_SI("max-body", &sa->max_body, 1, 1e9, "BYTES", "largest request body; larger gets 413 (default 1M)"),
-        NL_OPT_INT32("max-connections", &sa->max_conn, 1, 65536, "N",
+        NL_OPT_INT32("max-connections", &so->max_connections, 1, 65536, "N",
                      "connections that may send completions (default 512); 16 more are kept for GET /health, "
                      "/metrics, /v1/models"),
-        NL_OPT_INT32("idle-timeout", &sa->idle_s, 1, 86400, "S",
+        NL_OPT_INT32("idle-timeout", &so->idle_timeout_s, 1, 86400, "S",
                      "close a connection idle this long; a request body must arrive within it (default 30)"),
-        NL_OPT_INT32("header-timeout", &sa->header_s, 1, 86400, "S",
+        NL_OPT_INT32("header-timeout", &so->header_timeout_s, 1, 86400, "S",
                      "close a connection whose request headers are not complete this long after it opened or "
                      "after its previous response, however steadily they trickle (default 10)"),
-        NL_OPT_DBL("drain-timeout", &sa->drain_s, 0, 86400, "S",
+        NL_OPT_DBL("drain-timeout", &so->drain_timeout_s, 0, 86400, "S",
                    "on SIGINT/SIGTERM, seconds running requests may finish before they are cancelled (default 30)"),
     };
     nl_opt disagg_opts[] = {
@@ -145,7 +139,8 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
                       "--port (prompt in, its KV cache and first token out); decode: the HTTP front end, each prompt "
                       "prefilled by --prefill and its KV imported here; disagg: both, this process the decode role "
                       "and a child process the prefill role on an ephemeral loopback port (each with --threads)"),
-        NL_OPT_STR("prefill", &sa->prefill, "HOST:PORT", "the prefill server of --role decode, e.g. 127.0.0.1:8081"),
+        NL_OPT_STR("prefill", &so->prefill_addr, "HOST:PORT",
+                   "the prefill server of --role decode, e.g. 127.0.0.1:8081"),
     };
     nl_optgroup groups[] = {{"model", model_opts, NL_NOPTS(model_opts)},
                             {"engine", engine_opts, NL_NOPTS(engine_opts)},
@@ -163,9 +158,15 @@ static int parse_args(int argc, char **argv, serve_args *sa) {
         0};
     int rc = nl_cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return rc;
+    eo->weights = (nl_wfmt)(sa->weights - 1); /* auto = -1 */
+    eo->kv = sa->kv ? NL_KV_INT8 : NL_KV_FP32;
+    eo->kv_mem_bytes = (int64_t)sa->kv_mem;
+    eo->prefix_cache = !sa->no_prefix_cache;
+    if (eo->draft_ckpt && !eo->spec_k) eo->spec_k = 4;
+    so->max_body_bytes = (size_t)sa->max_body;
     if (!sa->ckpt == !sa->dummy)
         return nl_cli_usage_error("serve: give --ckpt FILE or --dummy-arch JSON (one of them)");
-    if ((sa->role == ROLE_DECODE) != (sa->prefill != NULL))
+    if ((sa->role == ROLE_DECODE) != (so->prefill_addr != NULL))
         return nl_cli_usage_error(sa->role == ROLE_DECODE
                                       ? "serve: --role decode needs --prefill HOST:PORT (the prefill server)"
                                       : "serve: --prefill is for --role decode (--role disagg starts its own)");
@@ -207,75 +208,14 @@ static void close_served(served *sv) {
 /* Opens the engine of --ckpt, or of random weights of --dummy-arch. */
 static int open_served(serve_args *sa, served *sv) {
     memset(sv, 0, sizeof *sv);
-    nl_engine_opts eo;
-    nl_engine_opts_default(&eo);
-    eo.weights = (nl_wfmt)(sa->weights - 1); /* auto = -1 */
-    eo.kv = sa->kv ? NL_KV_INT8 : NL_KV_FP32;
-    eo.block_size = sa->block_size;
-    eo.kv_blocks = sa->kv_blocks;
-    eo.kv_mem_bytes = (int64_t)sa->kv_mem;
-    eo.max_batch = sa->max_batch;
-    eo.max_step_tokens = sa->max_step;
-    eo.chunk = sa->chunk;
-    eo.max_waiting = sa->max_waiting;
-    eo.threads = sa->threads;
-    eo.prefix_cache = !sa->no_prefix_cache;
-    eo.spec_k = sa->spec_k;
-    eo.draft_ckpt = sa->draft;
-    if (sa->draft && !eo.spec_k) eo.spec_k = 4;
-    if (sa->spec_ngram) eo.spec_ngram = sa->spec_ngram;
-    if (!sa->dummy) return nl_engine_open(&sv->e, sa->ckpt, sa->tok, &eo) ? nl_cli_fail("serve") : 0;
+    if (!sa->dummy) return nl_engine_open(&sv->e, sa->ckpt, sa->tok, &sa->eo) ? nl_cli_fail("serve") : 0;
     /* random weights: for load tests of a model shape without its checkpoint */
     nl_arch a;
     if (nl_arch_from_json("--dummy-arch", sa->dummy, &a)) return nl_cli_usage_error("serve: %s", nl_last_error());
-    if (nl_dummy_engine_open(&sv->d, &a, sa->tok, &eo)) return nl_cli_fail("serve");
+    if (nl_dummy_engine_open(&sv->d, &a, sa->tok, &sa->eo)) return nl_cli_fail("serve");
     sv->e = sv->d.e;
     sv->have_dummy = 1;
     sa->ckpt = sv->d.name;
-    return 0;
-}
-
-static int write_port_file(const char *path, int port) {
-    char buf[32];
-    int n = snprintf(buf, sizeof buf, "%d\n", port);
-    return nl_write_file_atomic(path, buf, (size_t)n) ? nl_cli_fail("serve: --port-file") : 0;
-}
-
-/* The chat template of /v1/chat/completions: --chat-template, else the model folder's (none: the
- * endpoint answers 400). bos_token / eos_token from the folder's tokenizer_config.json, else the
- * tokenizer's BOS / EOS pieces. Returns nonzero (message printed) on a bad template. */
-static int load_chat_template(const serve_args *sa, const nl_engine *e, nl_chat_template **ct) {
-    *ct = NULL;
-    int folder = sa->ckpt && nl_hf_is_folder(sa->ckpt), gguf = sa->ckpt && !folder && nl_gguf_is_file(sa->ckpt);
-    nl_chat_template *from_folder = NULL;
-    if (folder || gguf) {
-        nl_status rc = folder ? nl_chat_template_load_hf(&from_folder, sa->ckpt)
-                              : nl_chat_template_load_gguf(&from_folder, sa->ckpt);
-        if (rc && rc != NL_ERR_UNSUPPORTED && !sa->chat_tmpl) return nl_cli_fail("serve: chat template");
-    }
-    if (!sa->chat_tmpl) {
-        *ct = from_folder;
-        return 0;
-    }
-    char *text = NULL;
-    size_t n = 0;
-    nl_status rc = nl_read_file(sa->chat_tmpl, &text, &n);
-    if (!rc) rc = nl_chat_template_parse(ct, text, n, sa->chat_tmpl);
-    nl_free(text);
-    if (!rc && from_folder) {
-        rc = nl_chat_template_set_tokens(*ct, nl_chat_template_bos(from_folder), nl_chat_template_eos(from_folder));
-    } else if (!rc) {
-        const nl_tokenizer *tok = nl_engine_tokenizer(e);
-        const nl_bpe *b = tok && tok->kind == NL_TOKENIZER_HF ? tok->bpe : NULL;
-        rc = nl_chat_template_set_tokens(*ct, b && tok->bos_id >= 0 ? nl_bpe_piece(b, tok->bos_id) : NULL,
-                                         b && tok->eos_id >= 0 ? nl_bpe_piece(b, tok->eos_id) : NULL);
-    }
-    nl_chat_template_free(from_folder);
-    if (rc) {
-        nl_chat_template_free(*ct);
-        *ct = NULL;
-        return nl_cli_fail("serve: --chat-template");
-    }
     return 0;
 }
 
@@ -284,27 +224,11 @@ static int load_chat_template(const serve_args *sa, const nl_engine *e, nl_chat_
  * continued (SIGSTOP, a debugger) is not a death: the server goes on. */
 static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *sigs) {
     char name[128];
-    const char *model_name = sa->model_name;
-    if (!model_name) {
-        const char *base = strrchr(sa->ckpt, '/');
-        snprintf(name, sizeof name, "%s", base ? base + 1 : sa->ckpt);
-        char *dot = strrchr(name, '.');
-        if (dot && dot != name) *dot = 0;
-        model_name = name;
-    }
-    nl_server_opts so;
-    nl_server_opts_default(&so);
-    so.host = sa->host;
-    so.port = sa->port;
-    so.model_name = model_name;
-    so.max_body_bytes = (size_t)sa->max_body;
-    so.max_connections = sa->max_conn;
-    so.idle_timeout_s = sa->idle_s;
-    so.header_timeout_s = sa->header_s;
-    so.drain_timeout_s = sa->drain_s;
-    so.prefill_addr = sa->prefill;
-    nl_chat_template *ct = NULL;
-    if (load_chat_template(sa, sv->e, &ct)) return 1;
+    nl_server_opts so = sa->so;
+    if (!so.model_name) so.model_name = nl_server_model_name(sa->ckpt, name, sizeof name);
+    nl_chat_template *ct = NULL; /* /v1/chat/completions: --chat-template, else the model folder's */
+    if (nl_model_load_chat_template(&ct, sa->ckpt, sa->chat_tmpl, nl_engine_tokenizer(sv->e)))
+        return nl_cli_fail(sa->chat_tmpl ? "serve: --chat-template" : "serve: chat template");
     so.chat_template = ct;
     nl_server *s = NULL;
     if (nl_server_start(&s, sv->e, &so)) {
@@ -318,9 +242,9 @@ static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *
         stderr,
         "serve: listening on http://%s:%d (model %s: %lld layers, dim %lld, context %lld; weights %s; KV %lld blocks "
         "of %lld tokens%s%s)\n",
-        sa->host, nl_server_port(s), model_name, (long long)a->n_layers, (long long)a->dim, (long long)a->seq_len,
+        so.host, nl_server_port(s), so.model_name, (long long)a->n_layers, (long long)a->dim, (long long)a->seq_len,
         nl_wfmt_name(nl_engine_weights(sv->e)), (long long)st.kv_blocks_total, (long long)st.block_size,
-        sa->prefill ? "; decode role, prefill at " : "", sa->prefill ? sa->prefill : "");
+        so.prefill_addr ? "; decode role, prefill at " : "", so.prefill_addr ? so.prefill_addr : "");
     fflush(stderr);
     if (sa->port_file && write_port_file(sa->port_file, nl_server_port(s))) {
         nl_server_stop(s);
@@ -344,7 +268,7 @@ static int serve_http(const serve_args *sa, served *sv, pid_t *child, sigset_t *
             sig == SIGINT    ? "SIGINT"
             : sig == SIGTERM ? "SIGTERM"
                              : "the prefill process stopped",
-            sa->drain_s);
+            so.drain_timeout_s);
     nl_server_stop(s);
     nl_chat_template_free(ct);
     nl_engine_stats_get(sv->e, &st);
@@ -372,7 +296,7 @@ int nl_cmd_serve(int argc, char **argv) {
     char addr[64];
     if (sa.role == ROLE_DISAGG) {
         if (nl_prefill_child_start(argc, argv, &child, addr, sizeof addr)) return nl_cli_fail("serve --role disagg");
-        sa.prefill = addr;
+        sa.so.prefill_addr = addr;
     }
     served sv;
     if ((rc = open_served(&sa, &sv))) {
@@ -380,7 +304,7 @@ int nl_cmd_serve(int argc, char **argv) {
         return rc;
     }
     if (sa.role == ROLE_PREFILL)
-        rc = serve_prefill(sv.e, sa.host, sa.port, sa.port_file, &sigs);
+        rc = serve_prefill(sv.e, sa.so.host, sa.so.port, sa.port_file, &sigs);
     else
         rc = serve_http(&sa, &sv, &child, &sigs);
     close_served(&sv);

@@ -10,48 +10,6 @@
 #include "nanolm/tokenizer.h"
 #include "report.h"
 
-/* Length of the valid UTF-8 sequence at s[0..n) (a code point), or 0. */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-    size_t l = s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : 0;
-    if (s[0] >= 0xF5 || l > n) return 0;
-    for (size_t k = 1; k < l; k++)
-        if ((s[k] & 0xC0) != 0x80) return 0;
-    if (l == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))) return 0;
-    if (l == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))) return 0;
-    return l;
-}
-
-/* s[0..n) as one line of text: control bytes, backslashes and bytes that are not UTF-8 (a token
- * that holds part of a character) escaped. */
-static char *escaped(const char *s, size_t n) {
-    char *o = malloc(4 * n + 1), *p = o;
-    if (!o) return NULL;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        size_t l = c >= 0x80 ? utf8_len((const unsigned char *)s + i, n - i) : 0;
-        if (l) {
-            memcpy(p, s + i, l);
-            p += l;
-            i += l - 1;
-        } else if (c >= 0x80)
-            p += sprintf(p, "\\x%02x", c);
-        else if (c == '\n')
-            p += sprintf(p, "\\n");
-        else if (c == '\t')
-            p += sprintf(p, "\\t");
-        else if (c == '\r')
-            p += sprintf(p, "\\r");
-        else if (c == '\\')
-            p += sprintf(p, "\\\\");
-        else if (c < 0x20 || c == 0x7f)
-            p += sprintf(p, "\\x%02x", c);
-        else
-            *p++ = (char)c;
-    }
-    *p = 0;
-    return o;
-}
-
 int nl_cmd_tokenize(int argc, char **argv) {
     const char *tok_path = NULL, *text = NULL, *file = NULL;
     int json = 0, special = 0, bos = 0, count_only = 0;
@@ -116,15 +74,16 @@ int nl_cmd_tokenize(int argc, char **argv) {
             const char *piece = nl_tokenizer_vocab_piece(&tok, ids[i]);
             size_t len = 0;
             const char *bytes = nl_tokenizer_piece(&tok, prev, ids[i], &len);
-            char *ep = piece ? escaped(piece, strlen(piece)) : NULL, *eb = bytes ? escaped(bytes, len) : NULL;
+            char *ep = piece ? nl_tokenizer_escape(piece, strlen(piece)) : NULL,
+                 *eb = bytes ? nl_tokenizer_escape(bytes, len) : NULL;
             fail = (piece && !ep) || (bytes && !eb);
             nl_report_cell_int(r, i);
             nl_report_cell_int(r, ids[i]);
             nl_report_cell_str(r, ep ? ep : "");
             nl_report_cell_str(r, eb ? eb : "");
             nl_report_row_end(r);
-            free(ep);
-            free(eb);
+            nl_free(ep);
+            nl_free(eb);
             prev = ids[i];
         }
     }

@@ -14,8 +14,8 @@
 #include "nanolm/mfu.h"
 #include "nanolm/qat.h"
 #include "nanolm/step_prof.h"
-#include "nanolm/svg.h"
 #include "nanolm/train.h"
+#include "nanolm/train_log.h"
 
 /* What the command line asks for: the training group (train_opts.h) and train's own options. */
 typedef struct train_cli {
@@ -119,32 +119,6 @@ static void on_step(void *user, const nl_train_log *r, const nl_train_opts *o) {
     }
 }
 
-static nl_status write_svg(const char *path, const nl_trainer *t) {
-    int64_t n = t->n_log, nv = 0;
-    double *x = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot"),
-           *y = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot");
-    if (!x || !y) {
-        nl_free(x);
-        nl_free(y);
-        return NL_ERR_NOMEM;
-    }
-    double *vx = x + n, *vy = y + n;
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = (double)t->log[i].step;
-        y[i] = t->log[i].loss;
-        if (!isnan(t->log[i].val_loss)) {
-            vx[nv] = x[i];
-            vy[nv++] = t->log[i].val_loss;
-        }
-    }
-    nl_svg_series s[2] = {{"train loss", x, y, (size_t)n, NULL, 0}, {"validation loss", vx, vy, (size_t)nv, NULL, 1}};
-    nl_svg_plot_opts po = {.title = "NanoLM training", .xlabel = "step", .ylabel = "loss (nats/token)"};
-    nl_status rc = nl_svg_plot(path, &po, s, nv ? 2 : 1);
-    nl_free(x);
-    nl_free(y);
-    return rc;
-}
-
 /* SIGTERM / SIGINT: the first one asks the trainer to finish the current step, save and stop
  * (exit 0, what a preempted job needs); a second one ends the process at once, removing the
  * temporary file of a checkpoint being written. Shared with `parallel train` (cmd_parallel.c),
@@ -206,18 +180,10 @@ static int check_args(train_cli *c, nl_arch *arch) {
     if (c->o.resume && c->o.init_weights)
         return nl_cli_usage_error("train: --resume and --resume-weights exclude each other");
     if (c->fp8) {
-        char acc[48];
-        if (c->fp8r.acc.bits)
-            snprintf(acc, sizeof acc, "%d-bit accumulator, promote %d", c->fp8r.acc.bits, c->fp8r.acc.promote);
-        else
-            snprintf(acc, sizeof acc, "fp32 accumulation");
-        snprintf(c->fp8_desc, sizeof c->fp8_desc, " + FP8 linears (%s/%s, %s scaling, %s)",
-                 nl_fmt_name(c->fp8r.fmt_act), nl_fmt_name(c->fp8r.fmt_grad), nl_fp8_scaling_name(c->fp8r.scaling),
-                 acc);
-        snprintf(c->fp8_id, sizeof c->fp8_id, "%s/%s/%s/acc%d/promote%d", nl_fmt_name(c->fp8r.fmt_act),
-                 nl_fmt_name(c->fp8r.fmt_grad), nl_fp8_scaling_name(c->fp8r.scaling), c->fp8r.acc.bits,
-                 c->fp8r.acc.promote);
-        c->o.fp8 = c->fp8_id;
+        char desc[140];
+        snprintf(c->fp8_desc, sizeof c->fp8_desc, " + FP8 linears (%s)",
+                 nl_fp8_recipe_desc(&c->fp8r, desc, sizeof desc));
+        c->o.fp8 = nl_fp8_recipe_id(&c->fp8r, c->fp8_id, sizeof c->fp8_id);
     }
     c->o.qat = c->qat_name;
     return 0;
@@ -365,16 +331,20 @@ static void print_header(const train_cli *c, const nl_trainer *t, const nl_data 
                : c->o.resume     ? c->o.resume
                                  : "random init",
                q->fp32_start, q->rtn_start, q->rtn_start - q->fp32_start);
-    if (c->report_memory) {
-        const char *hdr[] = {"buffer", "bytes", "MiB"};
-        nl_table tb;
-        nl_table_init(&tb, 3, hdr);
+    if (c->report_memory) { /* the JSON form has them in its result */
+        nl_report *r = nl_report_new("train --report-memory");
+        nl_report_table(
+            r, NULL, NULL, 3,
+            (const nl_report_col[]){{NULL, "buffer", NULL}, {NULL, "bytes", "%-.0f"}, {NULL, "MiB", "%-.2f"}});
         mem_row rows[7];
         memory_rows(t, rows);
-        for (int i = 0; i < 7; i++)
-            nl_table_rowf(&tb, "%s|%zu|%.2f", rows[i].label, rows[i].bytes, (double)rows[i].bytes / 1048576.0);
-        nl_table_print(&tb, stdout);
-        nl_table_free(&tb);
+        for (int i = 0; i < 7; i++) {
+            nl_report_cell_str(r, rows[i].label);
+            nl_report_cell_num(r, (double)rows[i].bytes);
+            nl_report_cell_num(r, (double)rows[i].bytes / 1048576.0);
+            nl_report_row_end(r);
+        }
+        nl_report_print(r, 0);
     }
     fflush(stdout);
 }
@@ -460,7 +430,7 @@ int nl_cmd_train(int argc, char **argv) {
         exit_code = nl_cli_fail("train: --qat");
     /* logs cover what ran, also after a failure */
     if (c.ta.log_csv && t->n_log && nl_train_log_write_csv(t, c.ta.log_csv)) exit_code = nl_cli_fail("train: --log");
-    if (c.ta.svg && t->n_log && write_svg(c.ta.svg, t)) exit_code = nl_cli_fail("train: --svg");
+    if (c.ta.svg && t->n_log && nl_train_log_svg(t, c.ta.svg)) exit_code = nl_cli_fail("train: --svg");
     if (t->prof) nl_step_prof_print(t->prof, stderr, "train step profile (NANOLM_STEP_PROFILE, wall and CPU time)");
     if (!rc) {
         mfu_figs mfu;

@@ -5,7 +5,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/stat.h>
 
 #include "nanolm/checkpoint.h"
@@ -43,22 +42,6 @@ const char *nl_fmt_bytes(double b, char *buf, size_t n) {
     return buf;
 }
 
-int nl_parse_zero(const char *s) {
-    if (!strcasecmp(s, "0") || !strcasecmp(s, "ddp")) return NL_ZERO_0;
-    if (!strcasecmp(s, "1") || !strcasecmp(s, "zero1")) return NL_ZERO_1;
-    if (!strcasecmp(s, "2") || !strcasecmp(s, "zero2")) return NL_ZERO_2;
-    if (!strcasecmp(s, "3") || !strcasecmp(s, "zero3") || !strcasecmp(s, "fsdp")) return NL_ZERO_3;
-    if (!strcasecmp(s, "hsdp")) return NL_ZERO_HSDP;
-    return -1;
-}
-
-int nl_parse_recompute(const char *s) {
-    if (!strcasecmp(s, "none")) return NL_RECOMPUTE_NONE;
-    if (!strcasecmp(s, "selective")) return NL_RECOMPUTE_SELECTIVE;
-    if (!strcasecmp(s, "full")) return NL_RECOMPUTE_FULL;
-    return -1;
-}
-
 nl_status nl_cli_model_arch(nl_catalog *cat, const char *arg, nl_arch *out) {
     return nl_cli_model_arch_fam(cat, arg, out, NULL);
 }
@@ -81,10 +64,7 @@ void nl_plan_args_init(nl_plan_args *a) {
     nl_catalog_init(&a->cat);
     a->gpu = "h100";
     a->recipe = "bf16";
-    nl_eff_default(&a->eff);
-    a->link_eff = -1;
-    a->latency_us = -1;
-    a->price = -1;
+    nl_plan_assume_default(&a->as);
 }
 
 /* The option at opts[i] with `given` bound to flag. */
@@ -114,7 +94,8 @@ int nl_plan_hw_opts(nl_opt *opts, nl_plan_args *a, int with_recipe) {
 }
 
 int nl_plan_assumption_opts(nl_opt *opts, nl_plan_args *a) {
-    nl_eff *e = &a->eff;
+    nl_plan_assume *as = &a->as;
+    nl_eff *e = &as->eff;
     int n = 0;
     opts[n++] = (nl_opt)NL_OPT_DBL("gemm-eff", &e->gemm, 0.001, 1, "X",
                                    "share of peak a large GEMM reaches (default: the GPU's, 0.55 on H100)");
@@ -122,29 +103,27 @@ int nl_plan_assumption_opts(nl_opt *opts, nl_plan_args *a) {
         (nl_opt)NL_OPT_DBL("attn-eff", &e->attn, 0.001, 1, "X",
                            "share of peak of flash attention (default: published kernel rates by GPU, sequence and "
                            "head dim; 0.4 on GPUs without them)");
-    opts[n++] = with_given(
-        (nl_opt)NL_OPT_DBL("kernel-us", &a->kernel_us, 0, INFINITY, "US", "microseconds per kernel launch (default 5)"),
-        &a->kernel_given);
+    opts[n++] = (nl_opt)NL_OPT_DBL("kernel-us", &as->kernel_us, 0, INFINITY, "US",
+                                   "microseconds per kernel launch (default 5)");
     opts[n++] = (nl_opt)NL_OPT_DBL("tp-overlap", &e->tp_overlap, 0, 1, "X",
                                    "share of tensor-parallel communication hidden behind GEMMs (default 0)");
     opts[n++] = (nl_opt)NL_OPT_DBL("dp-overlap", &e->dp_overlap, 0, 1, "X",
                                    "share of backward that hides data-parallel communication (default 0.8)");
     opts[n++] = (nl_opt)NL_OPT_DBL("usable-mem", &e->usable_mem, 0.001, 1, "X",
                                    "share of GPU memory the allocator can use (default 0.95)");
-    opts[n++] = with_given((nl_opt)NL_OPT_DBL("reserved-gb", &a->reserved_gb, 0, INFINITY, "GB",
-                                              "GB per GPU held by the context and buffers (default 2)"),
-                           &a->reserved_given);
-    opts[n++] = (nl_opt)NL_OPT_DBL("link-eff", &a->link_eff, 0.001, 1, "X",
+    opts[n++] = (nl_opt)NL_OPT_DBL("reserved-gb", &as->reserved_gb, 0, INFINITY, "GB",
+                                   "GB per GPU held by the context and buffers (default 2)");
+    opts[n++] = (nl_opt)NL_OPT_DBL("link-eff", &as->link_eff, 0.001, 1, "X",
                                    "achieved share of NVLink and network bandwidth (default: the GPU's, 0.8)");
-    opts[n++] = (nl_opt)NL_OPT_DBL("latency-us", &a->latency_us, 0, INFINITY, "US",
+    opts[n++] = (nl_opt)NL_OPT_DBL("latency-us", &as->latency_us, 0, INFINITY, "US",
                                    "microseconds per collective call (default: the GPU's, 10)");
-    opts[n++] = (nl_opt)NL_OPT_DBL("price", &a->price, 0, INFINITY, "$/H", "$ per GPU-hour (default: the GPU's)");
+    opts[n++] = (nl_opt)NL_OPT_DBL("price", &as->price, 0, INFINITY, "$/H", "$ per GPU-hour (default: the GPU's)");
     opts[n++] =
-        (nl_opt)NL_OPT_INT("gpus-per-node", &a->gpus_per_node, 1, 1024, "N", "GPUs per node (default: the GPU's, 8)");
-    opts[n++] =
-        (nl_opt)NL_OPT_DBL("mfu", &a->mfu, 0.001, 1, "X", "time = 6*N*tokens / (peak * X) instead of the kernel model");
+        (nl_opt)NL_OPT_INT("gpus-per-node", &as->gpus_per_node, 1, 1024, "N", "GPUs per node (default: the GPU's, 8)");
+    opts[n++] = (nl_opt)NL_OPT_DBL("mfu", &as->mfu, 0.001, 1, "X",
+                                   "time = 6*N*tokens / (peak * X) instead of the kernel model");
     opts[n++] = (nl_opt)NL_OPT_FLAG(
-        "napkin", &a->napkin,
+        "napkin", &as->napkin,
         "the course's napkin: --mfu 0.4, --link-eff 1, --latency-us 0, plain rings over one link per GPU");
     return n;
 }
@@ -156,8 +135,6 @@ int nl_plan_args_load(nl_plan_args *a, const char *cmd) {
         if (nl_catalog_load_hw(&a->cat, a->hw_files.v[i])) return nl_cli_fail("--hw");
     for (int i = 0; i < a->model_files.n; i++)
         if (nl_catalog_load_model(&a->cat, a->model_files.v[i])) return nl_cli_fail("--model-file");
-    if (a->kernel_given) a->eff.kernel_s = a->kernel_us * 1e-6;
-    if (a->reserved_given) a->eff.reserved_bytes = a->reserved_gb * 1e9;
     return 0;
 }
 
@@ -168,19 +145,7 @@ int nl_plan_args_request(nl_plan_args *a, const char *cmd, nl_train_req *q) {
         return nl_cli_usage_error("%s: --model: %s", cmd, nl_last_error());
     if (nl_catalog_find_hw(&a->cat, a->gpu, &q->hw)) return nl_cli_usage_error("%s: --gpu: %s", cmd, nl_last_error());
     if (nl_plan_recipe(a->recipe, &q->recipe)) return nl_cli_usage_error("%s: --recipe: %s", cmd, nl_last_error());
-    if (a->napkin) {
-        q->hw.intra_eff = q->hw.inter_eff = 1;
-        q->hw.latency_s = 0;
-        q->hw.nvls_eff = 0;      /* the course's collectives: plain rings, */
-        q->hw.nics_per_node = 0; /* one link per GPU across nodes */
-        a->eff.fixed_mfu = 0.4;
-    }
-    if (a->link_eff > 0) q->hw.intra_eff = q->hw.inter_eff = a->link_eff;
-    if (a->latency_us >= 0) q->hw.latency_s = a->latency_us * 1e-6;
-    if (a->price >= 0) q->hw.price_per_hour = a->price;
-    if (a->gpus_per_node > 0) q->hw.gpus_per_node = a->gpus_per_node;
-    if (a->mfu > 0) a->eff.fixed_mfu = a->mfu;
-    q->eff = a->eff;
+    nl_plan_assume_train(&a->as, &q->hw, &q->eff);
     q->params_override = a->params;
     return 0;
 }

@@ -6,16 +6,13 @@
 #include <stddef.h>
 #include "cli_opt.h"
 #include "nanolm/plan.h"
+#include "nanolm/plan_assume.h"
 #include "report.h"
 
 /* "7.00B", "20.2B", "1.50T", "512M" (3 significant digits). */
 const char *nl_fmt_count(double v, char *buf, size_t n);
 /* Bytes with a decimal unit: "12.25 GB", "201.3 MB". */
 const char *nl_fmt_bytes(double bytes, char *buf, size_t n);
-/* Parses a ZeRO stage: 0/ddp, 1, 2, 3/fsdp, hsdp. Returns -1 when unknown. */
-int nl_parse_zero(const char *s);
-/* Parses none/selective/full; -1 when unknown. */
-int nl_parse_recompute(const char *s);
 
 /* The architecture named by --model: a Hugging Face model folder or its config.json (read by
  * nl_arch_from_hf_config), a checkpoint the engine serves (NanoLM safetensors, llama2.c .bin),
@@ -36,16 +33,7 @@ typedef struct nl_plan_args {
     int gpu_given;           /* --gpu appeared */
     nl_opt_list hw_files;    /* --hw FILE.json, in order */
     const char *recipe;      /* --recipe NAME (default bf16) */
-    nl_eff eff;              /* --gemm-eff, --attn-eff, --tp-overlap, --dp-overlap, --usable-mem */
-    double kernel_us;        /* --kernel-us (given: kernel_given) */
-    double reserved_gb;      /* --reserved-gb (given: reserved_given) */
-    int kernel_given, reserved_given;
-    double link_eff;       /* --link-eff, -1: the GPU's */
-    double latency_us;     /* --latency-us, -1: the GPU's */
-    double price;          /* --price $/GPU-hour, -1: the GPU's */
-    double mfu;            /* --mfu, 0: the kernel model */
-    int64_t gpus_per_node; /* --gpus-per-node, 0: the GPU's */
-    int napkin;            /* --napkin */
+    nl_plan_assume as;       /* the assumptions group: --gemm-eff, ..., --mfu, --napkin */
     nl_catalog cat;        /* the built-in catalog plus --hw / --model-file entries */
 } nl_plan_args;
 

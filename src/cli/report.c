@@ -424,29 +424,14 @@ void nl_report_row_end(nl_report *r) {
     item *it = r->cur;
     if (r->cur_col != it->ncols) r->oom = 1; /* fewer cells than columns */
     char **row = NULL;
-    if (!r->oom && !it->json_only) {
-        /* nl_table_row takes exactly ncols strings; build the row through rowf-free path */
-        nl_table *t = &it->table;
-        if (t->nrows == t->cap) {
-            char **nc = realloc(t->cells, (size_t)t->cap * 2 * (size_t)t->ncols * sizeof(char *));
-            if (!nc)
-                r->oom = 1;
-            else {
-                t->cells = nc;
-                t->cap *= 2;
-            }
-        }
-        if (!r->oom) {
-            row = &t->cells[(size_t)t->nrows++ * (size_t)t->ncols];
-            for (int c = 0; c < it->ncols; c++) {
-                int k = it->vis[c];
-                if (k < 0) continue; /* JSON only */
-                row[k] = r->cur_cells[c];
-                r->cur_cells[c] = NULL;
-                const char *fmt = it->cols[c].fmt;
-                if (r->cur_num[c] && !(fmt && fmt[0] == '%' && fmt[1] == '-')) t->right[k] = 1; /* numbers right */
-            }
-        }
+    if (!r->oom && !it->json_only && !(row = nl_table_new_row(&it->table))) r->oom = 1;
+    for (int c = 0; row && c < it->ncols; c++) {
+        int k = it->vis[c];
+        if (k < 0) continue; /* JSON only */
+        row[k] = r->cur_cells[c];
+        r->cur_cells[c] = NULL;
+        const char *fmt = it->cols[c].fmt;
+        if (r->cur_num[c] && !(fmt && fmt[0] == '%' && fmt[1] == '-')) it->table.right[k] = 1; /* numbers right */
     }
     if (r->cur_row && !r->cur_rows) {
         cJSON_Delete(r->cur_row); /* a text-only table */

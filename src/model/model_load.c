@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/bpe.h"
 #include "nanolm/gguf_model.h"
 #include "nanolm/hf.h"
 #include "nanolm/llama2c.h"
@@ -146,8 +147,7 @@ nl_status nl_model_load(const char *ckpt, const char *tok_path, int64_t max_seq,
         src->format = NL_CKPT_QUANTIZED;
         nl_qmodel qm;
         NL_TRY(nl_qmodel_load(ckpt, m, &qm, src->tokenizer));
-        src->int8_per_channel =
-            qm.spec.kind == NL_QUANT_SYMMETRIC && qm.spec.gran == NL_QUANT_PER_CHANNEL && qm.spec.bits == 8;
+        src->int8_per_channel = nl_qmodel_w8a8_ok(&qm.spec);
         nl_qmodel_free(&qm);
     } else {
         src->format = is_safetensors(ckpt) ? NL_CKPT_SAFETENSORS : NL_CKPT_LLAMA2C;
@@ -178,4 +178,37 @@ nl_status nl_model_load_arch(const char *ckpt, nl_arch *a) {
     *a = m.arch;
     nl_model_free(&m);
     return NL_OK;
+}
+
+nl_status nl_model_load_chat_template(nl_chat_template **out, const char *ckpt, const char *path,
+                                      const nl_tokenizer *tok) {
+    *out = NULL;
+    int folder = ckpt && nl_hf_is_folder(ckpt), gguf = ckpt && !folder && nl_gguf_is_file(ckpt);
+    nl_chat_template *own = NULL;
+    if (folder || gguf) {
+        nl_status rc = folder ? nl_chat_template_load_hf(&own, ckpt) : nl_chat_template_load_gguf(&own, ckpt);
+        if (rc && rc != NL_ERR_UNSUPPORTED && !path) return rc;
+    }
+    if (!path) {
+        *out = own;
+        return NL_OK;
+    }
+    char *text = NULL;
+    size_t n = 0;
+    nl_status rc = nl_read_file(path, &text, &n);
+    if (!rc) rc = nl_chat_template_parse(out, text, n, path);
+    nl_free(text);
+    if (!rc && own) {
+        rc = nl_chat_template_set_tokens(*out, nl_chat_template_bos(own), nl_chat_template_eos(own));
+    } else if (!rc) {
+        const nl_bpe *b = tok && tok->kind == NL_TOKENIZER_HF ? tok->bpe : NULL;
+        rc = nl_chat_template_set_tokens(*out, b && tok->bos_id >= 0 ? nl_bpe_piece(b, tok->bos_id) : NULL,
+                                         b && tok->eos_id >= 0 ? nl_bpe_piece(b, tok->eos_id) : NULL);
+    }
+    nl_chat_template_free(own);
+    if (rc) {
+        nl_chat_template_free(*out);
+        *out = NULL;
+    }
+    return rc;
 }

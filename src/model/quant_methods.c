@@ -19,6 +19,11 @@ static const char *site_names[NL_QM_SITES] = {"qkv", "o", "gate_up", "down"};
 
 const char *nl_qm_site_name(int site) { return site >= 0 && site < NL_QM_SITES ? site_names[site] : "?"; }
 
+const char *nl_qm_method_name(nl_qm_method m) {
+    static const char *names[] = {"fp32", "rtn", "gptq", "awq", "smoothquant", "w8a8", "llm.int8"};
+    return m >= NL_QM_FP32 && m <= NL_QM_LLMINT8 ? names[m] : "?";
+}
+
 nl_status nl_qm_parse(const char *name, nl_qm_scheme *s) {
     memset(s, 0, sizeof *s);
     if (!name || strlen(name) >= sizeof s->name)

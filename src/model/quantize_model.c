@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "nanolm/formats.h"
+#include "nanolm/model_load.h"
 #include "nanolm/quantize_model.h"
 #include "nanolm/safetensors.h"
 
@@ -92,13 +93,16 @@ static nl_status find_linear(nl_qmodel *qm, const nl_model *m) {
     return NL_OK;
 }
 
+int nl_qmodel_w8a8_ok(const nl_quant_spec *spec) {
+    return spec->kind == NL_QUANT_SYMMETRIC && spec->bits == 8 && spec->gran == NL_QUANT_PER_CHANNEL;
+}
+
 static nl_status alloc_tables(nl_qmodel *qm, nl_model *m, const nl_quant_spec *spec, nl_qlinear_mode mode) {
     memset(qm, 0, sizeof *qm);
     NL_TRY(nl_quant_check_spec(spec));
     if (mode != NL_QLINEAR_W8A8 && mode != NL_QLINEAR_WEIGHT_ONLY)
         return nl_fail(NL_ERR_INVALID, "quantize_model: unknown mode %d", (int)mode);
-    const int int8_channel = spec->kind == NL_QUANT_SYMMETRIC && spec->bits == 8 && spec->gran == NL_QUANT_PER_CHANNEL;
-    if (mode == NL_QLINEAR_W8A8 && !int8_channel) {
+    if (mode == NL_QLINEAR_W8A8 && !nl_qmodel_w8a8_ok(spec)) {
         char b[64];
         return nl_fail(NL_ERR_UNSUPPORTED, "W8A8 needs int8-channel weights, not %s (use weight-only)",
                        nl_quant_spec_name(spec, b, sizeof b));
@@ -117,8 +121,7 @@ static nl_status alloc_tables(nl_qmodel *qm, nl_model *m, const nl_quant_spec *s
  * filled qtensors and installs the hook. */
 static nl_status build_and_install(nl_qmodel *qm) {
     nl_model *m = qm->model;
-    const int int8_channel =
-        qm->spec.kind == NL_QUANT_SYMMETRIC && qm->spec.bits == 8 && qm->spec.gran == NL_QUANT_PER_CHANNEL;
+    const int int8_channel = nl_qmodel_w8a8_ok(&qm->spec);
     size_t max_site = 0;
     for (int64_t l = 0; l < qm->L; l++)
         for (int s = 0; s < 4; s++) {
@@ -403,4 +406,28 @@ nl_status nl_qmodel_load(const char *path, nl_model *m, nl_qmodel *qm, char *tok
         return nl_fail(rc, "%s", msg);
     }
     return NL_OK;
+}
+
+nl_status nl_qmodel_open(const char *ckpt, const char *tok_path, int64_t max_seq, nl_model *m, nl_tokenizer *tok,
+                         nl_qmodel *qm, int *quantized, char *tkind) {
+    memset(qm, 0, sizeof *qm);
+    memset(tok, 0, sizeof *tok);
+    snprintf(tkind, 64, "byte");
+    *quantized = nl_qmodel_is_quantized(ckpt);
+    if (!*quantized) {
+        NL_TRY(nl_model_load(ckpt, tok_path, max_seq, m, tok, NULL));
+        if (tok_path) snprintf(tkind, 64, "tok512");
+        return NL_OK;
+    }
+    NL_TRY(nl_qmodel_load(ckpt, m, qm, tkind));
+    nl_status rc =
+        tok_path ? nl_tokenizer_load_llama2c(tok, tok_path, (int)m->V)
+        : !strcmp(tkind, "byte")
+            ? nl_tokenizer_init_byte(tok)
+            : nl_fail(NL_ERR_INVALID, "%s uses the %s tokenizer: pass its file with --tokenizer", ckpt, tkind);
+    if (rc) {
+        nl_qmodel_free(qm);
+        nl_model_free(m);
+    }
+    return rc;
 }

@@ -792,3 +792,43 @@ nl_status nl_tokenizer_save_json(const nl_tokenizer *t, const char *path) {
     free(s);
     return rc;
 }
+
+/* Length of the valid UTF-8 sequence at s[0..n) (a code point), or 0. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    size_t l = s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : 0;
+    if (s[0] >= 0xF5 || l > n) return 0;
+    for (size_t k = 1; k < l; k++)
+        if ((s[k] & 0xC0) != 0x80) return 0;
+    if (l == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))) return 0;
+    if (l == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))) return 0;
+    return l;
+}
+
+char *nl_tokenizer_escape(const char *s, size_t n) {
+    char *o = nl_malloc(4 * n + 1, "escaped text"), *p = o;
+    if (!o) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        size_t l = c >= 0x80 ? utf8_len((const unsigned char *)s + i, n - i) : 0;
+        if (l) {
+            memcpy(p, s + i, l);
+            p += l;
+            i += l - 1;
+        } else if (c >= 0x80)
+            p += sprintf(p, "\\x%02x", c);
+        else if (c == '\n')
+            p += sprintf(p, "\\n");
+        else if (c == '\t')
+            p += sprintf(p, "\\t");
+        else if (c == '\r')
+            p += sprintf(p, "\\r");
+        else if (c == '\\')
+            p += sprintf(p, "\\\\");
+        else if (c < 0x20 || c == 0x7f)
+            p += sprintf(p, "\\x%02x", c);
+        else
+            *p++ = (char)c;
+    }
+    *p = 0;
+    return o;
+}

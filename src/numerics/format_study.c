@@ -1,10 +1,29 @@
 /* Two small studies of a number format (nanolm/format_study.h): one value through it, and a long
  * sum rounded to it after every addition. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "nanolm/format_study.h"
+
+/* "0 | 10000111 | 0000000" for float formats, plain bits for int formats. */
+static void code_binary(const nl_format_info *fi, uint32_t code, char *out, size_t n) {
+    size_t k = 0;
+    for (int b = fi->bits - 1; b >= 0 && k + 4 < n; b--) {
+        out[k++] = (char)('0' + ((code >> b) & 1));
+        if (fi->kind != NL_FMT_KIND_INT && b > 0) {
+            int sign_end = fi->has_sign && b == fi->bits - 1;
+            int exp_end = b == fi->man_bits && fi->man_bits > 0;
+            if (sign_end || exp_end) {
+                out[k++] = ' ';
+                out[k++] = '|';
+                out[k++] = ' ';
+            }
+        }
+    }
+    out[k] = '\0';
+}
 
 nl_status nl_fmt_cast(nl_format f, float x, nl_rounding rnd, nl_overflow ovf, uint64_t seed, nl_fmt_cast_result *c) {
     nl_rng rng;
@@ -23,6 +42,9 @@ nl_status nl_fmt_cast(nl_format f, float x, nl_rounding rnd, nl_overflow ovf, ui
     c->below = c->above = NAN;
     if (x == x) nl_fmt_neighbors(f, x, &c->below, &c->above);
     c->ulp = nl_fmt_ulp(f, x);
+    const nl_format_info *fi = nl_fmt_info(f);
+    snprintf(c->hex, sizeof c->hex, "0x%0*X", (fi->bits + 3) / 4, c->code);
+    code_binary(fi, c->code, c->binary, sizeof c->binary);
     return NL_OK;
 }
 

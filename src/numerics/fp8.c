@@ -12,6 +12,7 @@
 #define FP8_X86 1
 #endif
 #include <math.h>
+#include <stdio.h>
 #include <omp.h>
 #include <string.h>
 #include <strings.h>
@@ -77,6 +78,16 @@ nl_status nl_fp8_delayed_update(nl_fp8_delayed *d, float amax, double fmax_v) {
 }
 
 /* ---- accumulator ------------------------------------------------------------------------------ */
+
+const char *nl_fp8_acc_name(const nl_fp8_acc *acc, char *buf, size_t n) {
+    if (acc->bits == 0)
+        snprintf(buf, n, "fp32");
+    else if (acc->promote == 0)
+        snprintf(buf, n, "%d-bit, never promoted", acc->bits);
+    else
+        snprintf(buf, n, "%d-bit, promote every %d", acc->bits, acc->promote);
+    return buf;
+}
 
 nl_status nl_fp8_acc_validate(const nl_fp8_acc *acc) {
     if (!acc) return nl_fail(NL_ERR_INVALID, "fp8 accumulator: NULL");

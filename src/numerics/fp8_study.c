@@ -2,8 +2,10 @@
  * accumulator (nanolm/fp8_study.h): operands from a seed, the delayed-scaling history, the
  * fp64 references and the sweep over K. */
 #include <math.h>
+#include <stdio.h>
 
 #include "nanolm/fp8_study.h"
+#include "nanolm/svg.h"
 
 static void fill(float *x, int64_t n, nl_fp8_dist dist, nl_rng *r) {
     for (int64_t i = 0; i < n; i++)
@@ -126,4 +128,30 @@ nl_status nl_fp8_study_sweep_k(const nl_fp8_study_cfg *c, nl_fp8_scaling sc, con
         }
     }
     return NL_OK;
+}
+
+int nl_fp8_study_accs(int bits, int group, int promote, nl_fp8_acc accs[3]) {
+    accs[0] = (nl_fp8_acc){0, group, 0, NL_FP8_ACC_TRUNCATE};
+    accs[1] = (nl_fp8_acc){bits, group, 0, NL_FP8_ACC_TRUNCATE};
+    accs[2] = (nl_fp8_acc){bits, group, promote, NL_FP8_ACC_TRUNCATE};
+    return promote > 0 ? 3 : 2;
+}
+
+nl_status nl_fp8_study_sweep_svg(const char *path, const nl_fp8_study_cfg *c, nl_fp8_scaling sc, const nl_fp8_acc *accs,
+                                 int naccs, const nl_fp8_k_sweep *sw) {
+    nl_svg_series ser[3];
+    char names[3][64], title[160];
+    int ns = 0;
+    for (int a = 0; a < naccs && a < 3; a++)
+        if (!sw->skipped[a])
+            ser[ns++] = (nl_svg_series){.name = nl_fp8_acc_name(&accs[a], names[a], sizeof names[a]),
+                                        .x = sw->k,
+                                        .y = sw->err[a],
+                                        .n = (size_t)sw->nk,
+                                        .markers = 1};
+    snprintf(title, sizeof title, "FP8 GEMM accumulation error vs K (%s, %s scaling, %lldx%lld)", nl_fmt_name(c->fmt),
+             nl_fp8_scaling_name(sc), (long long)c->M, (long long)c->N);
+    nl_svg_plot_opts po = {
+        .title = title, .xlabel = "K (products per output)", .ylabel = "max |C - R| / max |R|", .logx = 1, .logy = 1};
+    return nl_svg_plot(path, &po, ser, (size_t)ns);
 }

@@ -233,3 +233,11 @@ nl_status nl_peak_sgemm(int64_t n, int threads, double min_time_s, int repeats, 
     *flops = best;
     return NL_OK;
 }
+
+nl_status nl_peak_ceilings_measure(int threads, double min_time_s, int repeats, nl_peak_ceilings *out) {
+    out->path = nl_peak_auto();
+    NL_TRY(nl_peak_fma(out->path, 1, min_time_s, repeats, &out->fma_1t));
+    NL_TRY(nl_peak_fma(out->path, threads, min_time_s, repeats, &out->fma_nt));
+    NL_TRY(nl_peak_sgemm(NL_PEAK_SGEMM_N, 1, min_time_s, repeats, &out->sgemm_1t));
+    return nl_peak_sgemm(NL_PEAK_SGEMM_N, threads, min_time_s, repeats, &out->sgemm_nt);
+}

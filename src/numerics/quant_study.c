@@ -1,6 +1,7 @@
 /* Two small studies of absmax quantization (nanolm/quant_study.h): the course's four-value
  * example and the damage one outlier row does per tensor, per channel and per block. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "nanolm/quant_study.h"
@@ -85,4 +86,44 @@ nl_status nl_quant_outlier_study(int64_t rows, int64_t cols, int bits, double fa
     nl_free(w);
     nl_free(y);
     return st;
+}
+
+nl_status nl_quant_values_spec(const char *name, int64_t block, nl_quant_spec *spec) {
+    char full[64];
+    int bits;
+    char tail;
+    if (!strcmp(name, "affine")) {
+        if (block) return nl_fail(NL_ERR_INVALID, "--block needs an absmax scheme (int8, int4, ...), not affine");
+        snprintf(full, sizeof full, "affine-uint8-tensor");
+    } else if (sscanf(name, "int%d%c", &bits, &tail) == 1) {
+        if (block)
+            snprintf(full, sizeof full, "int%d-b%lld", bits, (long long)block);
+        else
+            snprintf(full, sizeof full, "int%d-tensor", bits);
+    } else {
+        if (block) return nl_fail(NL_ERR_INVALID, "--block goes with int8, int4 or intB, not '%s'", name);
+        snprintf(full, sizeof full, "%s", name);
+    }
+    if (nl_quant_spec_parse(full, spec)) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", nl_last_error());
+        return nl_fail(NL_ERR_INVALID, "--scheme %s: %s", name, msg);
+    }
+    return NL_OK;
+}
+
+nl_status nl_quant_values_run(const float *x, int64_t n, const nl_quant_spec *spec, nl_quant_values *v) {
+    memset(v, 0, sizeof *v);
+    v->back = nl_malloc((size_t)n * sizeof *v->back, "dequantized values");
+    if (!v->back) return NL_ERR_NOMEM;
+    NL_TRY(nl_quant_tensor(x, 1, n, spec, &v->q));
+    NL_TRY(nl_quant_dequantize(&v->q, v->back));
+    for (int64_t i = 0; i < n; i++) v->max_err = fmax(v->max_err, fabs((double)x[i] - (double)v->back[i]));
+    return NL_OK;
+}
+
+void nl_quant_values_free(nl_quant_values *v) {
+    nl_qtensor_free(&v->q);
+    nl_free(v->back);
+    v->back = NULL;
 }

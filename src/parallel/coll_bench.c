@@ -2,6 +2,7 @@
  * reduce-scatter + all-gather example, every collective timed nccl-tests style, and the
  * alpha-beta fits. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "nanolm/coll_bench.h"
@@ -77,6 +78,30 @@ nl_status nl_coll_demo_run(nl_comm *w, nl_comm_impl impl, nl_comm_dtype dt, void
 const nl_comm_op nl_coll_bench_ops[NL_COLL_BENCH_OPS] = {NL_COMM_OP_ALL_REDUCE, NL_COMM_OP_REDUCE_SCATTER,
                                                          NL_COMM_OP_ALL_GATHER, NL_COMM_OP_BROADCAST,
                                                          NL_COMM_OP_REDUCE,     NL_COMM_OP_ALL_TO_ALL};
+
+nl_status nl_coll_bench_parse_ops(const char *list, nl_coll_bench_opts *o) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < NL_COLL_BENCH_OPS && strcmp(tok, nl_comm_op_name(nl_coll_bench_ops[k]))) k++;
+        if (o->nops >= NL_COLL_BENCH_OPS || k == NL_COLL_BENCH_OPS)
+            return nl_fail(NL_ERR_INVALID,
+                           "unknown --ops entry '%s' (all-reduce, reduce-scatter, all-gather, broadcast, reduce, "
+                           "all-to-all)",
+                           tok);
+        o->ops[o->nops++] = nl_coll_bench_ops[k];
+    }
+    return NL_OK;
+}
+
+void nl_coll_bench_defaults(nl_coll_bench_opts *o, size_t min_bytes, size_t max_bytes, size_t step) {
+    if (!o->nops)
+        for (int k = 0; k < NL_COLL_BENCH_OPS; k++) o->ops[o->nops++] = nl_coll_bench_ops[k];
+    if (!o->nsizes)
+        for (size_t sz = min_bytes; sz <= max_bytes && o->nsizes < NL_COLL_BENCH_SIZES; sz *= step)
+            o->sizes[o->nsizes++] = sz;
+}
 
 /* nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md of nccl-tests). */
 static double busbw_factor(nl_comm_op k, int p) {

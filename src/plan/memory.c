@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 static const nl_recipe recipes[] = {
     /* Plain fp32 with Adam: weights 4, grads 4, moments m and v 4 + 4. */
@@ -57,6 +58,22 @@ const char *nl_zero_name(nl_zero z) {
 const char *nl_recompute_name(nl_recompute r) {
     static const char *n[] = {"none", "selective", "full"};
     return (unsigned)r < 3 ? n[r] : "?";
+}
+
+int nl_zero_parse(const char *s) {
+    if (!strcasecmp(s, "0") || !strcasecmp(s, "ddp")) return NL_ZERO_0;
+    if (!strcasecmp(s, "1") || !strcasecmp(s, "zero1")) return NL_ZERO_1;
+    if (!strcasecmp(s, "2") || !strcasecmp(s, "zero2")) return NL_ZERO_2;
+    if (!strcasecmp(s, "3") || !strcasecmp(s, "zero3") || !strcasecmp(s, "fsdp")) return NL_ZERO_3;
+    if (!strcasecmp(s, "hsdp")) return NL_ZERO_HSDP;
+    return -1;
+}
+
+int nl_recompute_parse(const char *s) {
+    if (!strcasecmp(s, "none")) return NL_RECOMPUTE_NONE;
+    if (!strcasecmp(s, "selective")) return NL_RECOMPUTE_SELECTIVE;
+    if (!strcasecmp(s, "full")) return NL_RECOMPUTE_FULL;
+    return -1;
 }
 
 /* ZeRO (Rajbhandari et al. 2020, Figure 1): stage 1 shards the optimizer states, stage 2 also

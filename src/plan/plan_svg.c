@@ -197,3 +197,11 @@ nl_status nl_plan_svg_validate(const char *path, const nl_valid_result *r) {
     }
     return nl_svg_save(&s, path);
 }
+
+nl_status nl_plan_svg_search(const char *path, const nl_train_result *res, double capacity) {
+    nl_train_eval sel[12];
+    size_t ns = 0;
+    for (size_t i = 0; i < res->n_fit && ns < 8; i++) sel[ns++] = res->evals[i];
+    for (size_t i = res->n_fit; i < res->n && ns < 12; i++) sel[ns++] = res->evals[i];
+    return nl_plan_svg_memory(path, sel, ns, capacity);
+}

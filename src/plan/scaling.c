@@ -30,18 +30,26 @@ double nl_scaling_loss(const nl_chinchilla *l, double n, double d) {
     return l->E + l->A / pow(n, l->alpha) + l->B / pow(d, l->beta);
 }
 
+/* G of the optimum N = G (C/6)^(beta/(alpha+beta)): (alpha A / (beta B))^(1/(alpha+beta)). */
+static double optimum_g(const nl_chinchilla *l) {
+    return pow(l->alpha * l->A / (l->beta * l->B), 1.0 / (l->alpha + l->beta));
+}
+
 /* Minimising E + A N^-alpha + B D^-beta with N D = C/6 (Hoffmann et al. 2022 eq. (4)). */
 void nl_scaling_optimal_law(const nl_chinchilla *l, double flops, double *n, double *d) {
-    double s = l->alpha + l->beta;
-    double G = pow(l->alpha * l->A / (l->beta * l->B), 1.0 / s);
-    *n = G * pow(flops / 6.0, l->beta / s);
+    *n = optimum_g(l) * pow(flops / 6.0, l->beta / (l->alpha + l->beta));
     *d = flops / 6.0 / *n;
 }
 
+void nl_scaling_optimum(const nl_chinchilla *l, double flops, nl_chinchilla_optimum *o) {
+    const double al = l->alpha, be = l->beta;
+    o->G = optimum_g(l), o->a = be / (al + be), o->b = al / (al + be);
+    o->n = o->G * pow(flops / 6, o->a), o->d = pow(flops / 6, o->b) / o->G;
+    o->lhs = al * l->A * pow(o->n, -al), o->rhs = be * l->B * pow(o->d, -be);
+}
+
 double nl_scaling_flops_for_params(const nl_chinchilla *l, double n) {
-    double s = l->alpha + l->beta;
-    double G = pow(l->alpha * l->A / (l->beta * l->B), 1.0 / s);
-    return 6.0 * pow(n / G, s / l->beta);
+    return 6.0 * pow(n / optimum_g(l), (l->alpha + l->beta) / l->beta);
 }
 
 /* Hoffmann et al. 2022 Table 3: approach-1 projections (params, FLOPs, tokens). */

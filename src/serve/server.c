@@ -72,6 +72,14 @@ void nl_server_opts_default(nl_server_opts *o) {
     o->drain_timeout_s = 30;
 }
 
+const char *nl_server_model_name(const char *ckpt, char *buf, size_t n) {
+    const char *base = strrchr(ckpt, '/');
+    snprintf(buf, n, "%s", base ? base + 1 : ckpt);
+    char *dot = strrchr(buf, '.');
+    if (dot && dot != buf) *dot = 0;
+    return buf;
+}
+
 /* ---- responses ------------------------------------------------------------------------------- */
 
 static enum MHD_Result send_buf(struct MHD_Connection *c, unsigned status, const char *type, const char *data,

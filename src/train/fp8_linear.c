@@ -16,6 +16,23 @@ void nl_fp8_recipe_default(nl_fp8_recipe *r) {
     r->margin = 0;
 }
 
+const char *nl_fp8_recipe_id(const nl_fp8_recipe *r, char *buf, size_t n) {
+    snprintf(buf, n, "%s/%s/%s/acc%d/promote%d", nl_fmt_name(r->fmt_act), nl_fmt_name(r->fmt_grad),
+             nl_fp8_scaling_name(r->scaling), r->acc.bits, r->acc.promote);
+    return buf;
+}
+
+const char *nl_fp8_recipe_desc(const nl_fp8_recipe *r, char *buf, size_t n) {
+    char acc[48];
+    if (r->acc.bits)
+        snprintf(acc, sizeof acc, "%d-bit accumulator, promote %d", r->acc.bits, r->acc.promote);
+    else
+        snprintf(acc, sizeof acc, "fp32 accumulation");
+    snprintf(buf, n, "%s/%s, %s scaling, %s", nl_fmt_name(r->fmt_act), nl_fmt_name(r->fmt_grad),
+             nl_fp8_scaling_name(r->scaling), acc);
+    return buf;
+}
+
 static nl_fp8_delayed *delayed_of(nl_fp8_linear *f, const nl_linear_site *s, int role) {
     if (!f->delayed) return NULL;
     return &f->delayed[((int64_t)s->layer * 4 + (int64_t)s->kind) * ROLES + role];

@@ -1,5 +1,6 @@
 /* muP for NanoLM (see nanolm/mup.h). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "nanolm/mup.h"
@@ -94,6 +95,7 @@ void nl_mup_free(nl_mup *mu, nl_model *m, struct nl_adamw *opt) {
     memset(mu, 0, sizeof *mu);
 }
 
+#include "nanolm/svg.h"
 #include "nanolm/sweep.h"
 
 /* Index of the smallest finite value of x (n); -1 if none. */
@@ -170,8 +172,42 @@ nl_status nl_lr_transfer_run(const nl_data *d, const int64_t *widths, int n_w, c
         return nl_fail(NL_ERR_INVALID, "lr transfer: %d widths and %d learning rates (1..%d and 1..%d)", n_w, n_lr,
                        NL_LRT_MAX_WIDTHS, NL_LRT_MAX_LRS);
     memset(x, 0, sizeof *x);
+    x->n_w = n_w, x->n_lr = n_lr;
+    memcpy(x->widths, widths, (size_t)n_w * sizeof *widths);
+    memcpy(x->lrs, lrs, (size_t)n_lr * sizeof *lrs);
     NL_TRY(nl_lr_sweep(d, widths, n_w, lrs, n_lr, layers, steps, 8, 32, 100, 0, 11, x->sp));
     NL_TRY(nl_lr_sweep(d, widths, n_w, lrs, n_lr, layers, steps, 8, 32, 100, base, 11, x->mu));
     lrt_best(n_w, n_lr, x);
+    return NL_OK;
+}
+
+nl_status nl_lr_transfer_svg(const char *path, const nl_lr_transfer *x, char *mup_path, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (slash)
+        snprintf(mup_path, n, "%.*s/mup-%s", (int)(slash - path), path, slash + 1);
+    else
+        snprintf(mup_path, n, "mup-%s", path);
+    for (int k = 0; k < 2; k++) {
+        nl_svg_series s[NL_LRT_MAX_WIDTHS];
+        double ys[NL_LRT_MAX_WIDTHS][NL_LRT_MAX_LRS];
+        char nm[NL_LRT_MAX_WIDTHS][32];
+        for (int i = 0; i < x->n_w; i++) {
+            for (int q = 0; q < x->n_lr; q++) {
+                double v = (k ? x->mu : x->sp)[i * x->n_lr + q];
+                ys[i][q] = isfinite(v) ? fmin(v, 6.0) : 6.0; /* diverged runs drawn at the top */
+            }
+            snprintf(nm[i], 32, "width %lld", (long long)x->widths[i]);
+            s[i] = (nl_svg_series){nm[i], x->lrs, ys[i], (size_t)x->n_lr, NULL, 1};
+        }
+        nl_svg_plot_opts o = {k ? "muP: validation loss vs learning rate"
+                                : "standard parametrisation: validation loss vs learning rate",
+                              "peak learning rate",
+                              "validation loss (nats/token; diverged = 6)",
+                              1,
+                              0,
+                              0,
+                              0};
+        NL_TRY(nl_svg_plot(k ? mup_path : path, &o, s, (size_t)x->n_w));
+    }
     return NL_OK;
 }

@@ -1,8 +1,11 @@
 /* Every quantization scheme applied to the same fp32 model and measured side by side
  * (nanolm/quant_compare.h): the scheme list, the texts as tokens, and the measurements. */
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "nanolm/quant_compare.h"
+#include "nanolm/svg.h"
 #include "nanolm/train.h"
 
 nl_status nl_qc_parse_schemes(const char *schemes, nl_qc_row *rows, int max, int *n_rows) {
@@ -112,4 +115,31 @@ void nl_qc_rows_free(nl_qc_row *rows, int n) {
         nl_free(rows[i].eval_outliers);
         rows[i].calib_outliers = rows[i].eval_outliers = NULL;
     }
+}
+
+nl_status nl_qc_svg(const char *path, const nl_qc_row *rows, int n, double base) {
+    nl_svg s;
+    double W = 760, H = 40 + 26.0 * n + 40, left = 190, right = 40, top = 40;
+    nl_svg_begin(&s, W, H);
+    nl_svg_text(&s, W / 2, 22, 14, "middle", "loss increase over fp32 (nats/token), lower is better");
+    double lo = 0, hi = 0;
+    for (int i = 0; i < n; i++) {
+        double d = rows[i].loss - base;
+        if (d < lo) lo = d;
+        if (d > hi) hi = d;
+    }
+    if (hi - lo <= 0) hi = lo + 1e-6;
+    double span = W - left - right, x0 = left + (0 - lo) / (hi - lo) * span;
+    for (int i = 0; i < n; i++) {
+        double d = rows[i].loss - base, y = top + 26.0 * i;
+        double x1 = left + (d - lo) / (hi - lo) * span;
+        char val[48];
+        snprintf(val, sizeof val, "%+.4f", d);
+        nl_svg_rect(&s, x1 < x0 ? x1 : x0, y + 4, fabs(x1 - x0) < 1 ? 1 : fabs(x1 - x0), 18,
+                    nl_svg_color((size_t)rows[i].s.method), val);
+        nl_svg_text(&s, left - 8, y + 18, 12, "end", rows[i].s.name);
+        nl_svg_text(&s, (x1 > x0 ? x1 : x0) + 4, y + 18, 11, "start", val);
+    }
+    nl_svg_line(&s, x0, top, x0, top + 26.0 * n, "#000", 1);
+    return nl_svg_save(&s, path);
 }

@@ -1,5 +1,6 @@
 /* A (quantized) model's mean loss and greedy tokens, compared with a reference run
  * (nanolm/quant_eval.h). */
+#include <stdio.h>
 #include <string.h>
 
 #include "nanolm/quant_eval.h"
@@ -40,12 +41,54 @@ static nl_status greedy(const nl_model *m, const nl_tokenizer *tok, const int *i
     return rc;
 }
 
-nl_status nl_quant_eval_run(nl_model *m, const nl_tokenizer *tok, const int *ids, int64_t n, int64_t B, int64_t T,
-                            const int *pids, int64_t np, int n_gen, nl_quant_eval *r) {
+/* Mean loss of m on the text, then the greedy tokens after the prompt. */
+static nl_status measure(nl_model *m, const nl_tokenizer *tok, const nl_qeval_input *in, nl_quant_eval *r) {
     int64_t scored;
-    if (n_gen > NL_QEVAL_MAX_GEN) n_gen = NL_QEVAL_MAX_GEN;
-    NL_TRY(nl_eval_loss_tokens(m, ids, n, B, T, &r->loss, &scored));
-    return greedy(m, tok, pids, np, n_gen, r);
+    NL_TRY(nl_eval_loss_tokens(m, in->ids, in->n, in->B, in->T, &r->loss, &scored));
+    return greedy(m, tok, in->pids, in->np, in->n_gen > NL_QEVAL_MAX_GEN ? NL_QEVAL_MAX_GEN : in->n_gen, r);
+}
+
+nl_status nl_qeval_input_load(const nl_tokenizer *tok, const char *data, const char *prompt, int64_t max_tokens,
+                              nl_qeval_input *in) {
+    size_t bytes = 0;
+    NL_TRY(nl_read_file(data, &in->text, &bytes));
+    NL_TRY(nl_tokenizer_encode(tok, in->text, bytes, 1, 0, &in->ids, &in->n));
+    NL_TRY(nl_tokenizer_encode(tok, prompt, strlen(prompt), 1, 0, &in->pids, &in->np));
+    if (max_tokens && in->n > max_tokens) in->n = max_tokens;
+    if (in->n < 2)
+        return nl_fail(NL_ERR_INVALID, "%s has %lld tokens; evaluation needs at least 2", data, (long long)in->n);
+    return NL_OK;
+}
+
+void nl_qeval_input_free(nl_qeval_input *in) {
+    nl_free(in->text);
+    nl_free(in->ids);
+    nl_free(in->pids);
+    in->text = NULL, in->ids = in->pids = NULL;
+}
+
+nl_status nl_quant_eval_loaded(nl_model *m, const nl_qmodel *lq, const nl_tokenizer *tok, const nl_qeval_input *in,
+                               nl_quant_eval *r) {
+    char sn[64];
+    snprintf(r->scheme, sizeof r->scheme, lq ? "%s (loaded)" : "fp32",
+             lq ? nl_quant_spec_name(&lq->spec, sn, sizeof sn) : "");
+    r->mode = !lq ? "fp32" : lq->mode == NL_QLINEAR_W8A8 ? "w8a8" : "weight-only";
+    r->model_bytes = nl_qmodel_size_bytes(m, lq, &r->linear_bytes);
+    return measure(m, tok, in, r);
+}
+
+nl_status nl_quant_eval_scheme(nl_model *m, const nl_quant_spec *spec, nl_qlinear_mode mode, const nl_tokenizer *tok,
+                               const nl_qeval_input *in, const char *out, const char *tkind, nl_quant_eval *r) {
+    nl_qmodel qm;
+    const nl_qlinear_mode md = nl_qmodel_w8a8_ok(spec) ? mode : NL_QLINEAR_WEIGHT_ONLY;
+    NL_TRY(nl_qmodel_quantize(&qm, m, spec, md));
+    nl_quant_spec_name(spec, r->scheme, sizeof r->scheme);
+    r->mode = md == NL_QLINEAR_W8A8 ? "w8a8" : "weight-only";
+    r->model_bytes = nl_qmodel_size_bytes(m, &qm, &r->linear_bytes);
+    nl_status rc = measure(m, tok, in, r);
+    if (!rc && out) rc = nl_qmodel_save(&qm, out, tkind);
+    nl_qmodel_free(&qm);
+    return rc;
 }
 
 

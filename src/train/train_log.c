@@ -1,7 +1,10 @@
 /* Reads back a training log (the CSV of nanolm train --log) as one loss curve (nanolm/train_log.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanolm/svg.h"
+#include "nanolm/train.h"
 #include "nanolm/train_log.h"
 
 void nl_loss_curve_free(nl_loss_curve *c) {
@@ -56,4 +59,41 @@ nl_status nl_train_log_read_curve(const char *path, int val, nl_loss_curve *c) {
     nl_free(text);
     if (c->n == 0) return nl_fail(NL_ERR_FORMAT, "%s: no %s loss values", path, val ? "validation" : "training");
     return NL_OK;
+}
+
+nl_status nl_loss_curves_svg(const char *path, const char *title, const char *const *labels,
+                             const nl_loss_curve *curves, int n, int markers) {
+    if (n < 1 || n > 16) return nl_fail(NL_ERR_INVALID, "%s: %d loss curves to plot (1..16)", path, n);
+    nl_svg_series ser[16];
+    for (int i = 0; i < n; i++)
+        ser[i] = (nl_svg_series){
+            .name = labels[i], .x = curves[i].step, .y = curves[i].loss, .n = curves[i].n, .markers = markers};
+    nl_svg_plot_opts po = {.title = title, .xlabel = "step", .ylabel = "loss (nats/token)"};
+    return nl_svg_plot(path, &po, ser, (size_t)n);
+}
+
+nl_status nl_train_log_svg(const nl_trainer *t, const char *path) {
+    int64_t n = t->n_log, nv = 0;
+    double *x = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot"),
+           *y = nl_malloc((size_t)(2 * n + 1) * sizeof(double), "plot");
+    if (!x || !y) {
+        nl_free(x);
+        nl_free(y);
+        return NL_ERR_NOMEM;
+    }
+    double *vx = x + n, *vy = y + n;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = (double)t->log[i].step;
+        y[i] = t->log[i].loss;
+        if (!isnan(t->log[i].val_loss)) {
+            vx[nv] = x[i];
+            vy[nv++] = t->log[i].val_loss;
+        }
+    }
+    nl_svg_series s[2] = {{"train loss", x, y, (size_t)n, NULL, 0}, {"validation loss", vx, vy, (size_t)nv, NULL, 1}};
+    nl_svg_plot_opts po = {.title = "NanoLM training", .xlabel = "step", .ylabel = "loss (nats/token)"};
+    nl_status rc = nl_svg_plot(path, &po, s, nv ? 2 : 1);
+    nl_free(x);
+    nl_free(y);
+    return rc;
 }
