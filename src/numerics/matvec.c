@@ -643,7 +643,7 @@ static void run_panels(const nl_mv_weight *wt, const nl_mv_act *act, float *y, i
  * so memory streams while the tiles compute; only a range's first panel is read from memory by
  * its first pass. (One thread, CPU time, 2048 x 768: 8 tokens 30 -> 54 GFLOP/s, 32 tokens 70 ->
  * 91, when the first pass of every panel read it from memory.) */
-enum { AV_V = NL_MV_PANEL / 8, AV_T = 6 };
+enum { AV_V = NL_MV_PANEL / 8, AV_T = 6, AV_KB = 128, AV_PASSES = 3 * 6 };
 
 /* Vector j (8 rows) of column k of a panel: fp32, or bf16 widened (column 2i in the low half of
  * its pair's lane, 2i + 1 in the high half). */
@@ -659,13 +659,15 @@ TGT_AVX2 INLINE __m256 av2_w(const void *wp, const int bf, int64_t k, int j) {
  * panel's row 0 of the first token; rows [lo, hi) of the P x 48 are stored. */
 TGT_AVX2 INLINE void tile_av2(const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N, const int P,
                               const int T, const int V, int J0, const int bf, int lo, int hi, int pf, const char *nx,
-                              int64_t nl) {
+                              int64_t nl, int64_t k0, int64_t k1, float *part) {
     __m256 acc[12];
     const size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
     int64_t due = 0; /* nx: nl lines of the next panel spread over the K steps, into L2 */
+    /* columns k0 .. k1 - 1; the sums of columns before k0 are in part (8 floats per accumulator),
+     * where they go again unless k1 is K: the same chain, paused and resumed */
 #pragma GCC unroll 12
-    for (int a = 0; a < P * T * V; a++) acc[a] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
+    for (int a = 0; a < P * T * V; a++) acc[a] = k0 ? _mm256_loadu_ps(part + 8 * a) : _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; k++) {
         if (pf && (!bf || !(k & 1)))
             for (int p = 0; p < P; p++) {
                 const char *c = (const char *)w + (size_t)(p * ps) * esz + (size_t)(bf ? k >> 1 : k) * 192;
@@ -676,7 +678,7 @@ TGT_AVX2 INLINE void tile_av2(const void *w, int64_t ps, const float *x, float *
                 }
             }
         if (nx)
-            for (due += nl; due >= K; due -= K, nx += 64) _mm_prefetch(nx, _MM_HINT_T1);
+            for (due += nl; due >= k1 - k0; due -= k1 - k0, nx += 64) _mm_prefetch(nx, _MM_HINT_T1);
         if (V == AV_V) { /* whole panels: each weight vector loaded once, T broadcasts held */
             __m256 xb[2];
 #pragma GCC unroll 2
@@ -707,6 +709,11 @@ TGT_AVX2 INLINE void tile_av2(const void *w, int64_t ps, const float *x, float *
             }
         }
     }
+    if (k1 < K) {
+#pragma GCC unroll 12
+        for (int a = 0; a < P * T * V; a++) _mm256_storeu_ps(part + 8 * a, acc[a]);
+        return;
+    }
 #pragma GCC unroll 2
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 6
@@ -727,12 +734,12 @@ TGT_AVX2 INLINE void tile_av2(const void *w, int64_t ps, const float *x, float *
 }
 
 typedef void (*tile_av2_fn)(const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N, int J0, int lo,
-                            int hi, int pf, const char *nx, int64_t nl);
+                            int hi, int pf, const char *nx, int64_t nl, int64_t k0, int64_t k1, float *part);
 #define TILE_AV2(P, T, V, F)                                                                                           \
-    TGT_AVX2 static void tile_av2_##P##_##T##_##V##_##F(const void *w, int64_t ps, const float *x, float *y,           \
-                                                        int64_t K, int64_t N, int J0, int lo, int hi, int pf,          \
-                                                        const char *nx, int64_t nl) {                                  \
-        tile_av2(w, ps, x, y, K, N, P, T, V, J0, F, lo, hi, pf, nx, nl);                                               \
+    TGT_AVX2 static void tile_av2_##P##_##T##_##V##_##F(                                                               \
+        const void *w, int64_t ps, const float *x, float *y, int64_t K, int64_t N, int J0, int lo, int hi, int pf,     \
+        const char *nx, int64_t nl, int64_t k0, int64_t k1, float *part) {                                             \
+        tile_av2(w, ps, x, y, K, N, P, T, V, J0, F, lo, hi, pf, nx, nl, k0, k1, part);                                 \
     }
 #define TILES_AV2(F)                                                                                                   \
     TILE_AV2(2, 1, 6, F)                                                                                               \
@@ -771,40 +778,56 @@ static void run_panels_avx2(const nl_mv_weight *wt, const nl_mv_act *act, float 
     /* up to 8 tokens: slices of 3 vectors (24 rows) x up to 4 tokens; more: 2 vectors x up to 6 */
     const int sv = M <= 8 ? 3 : 2, tmax = sv == 3 ? 4 : AV_T, sr = 8 * sv;
     const int64_t ntile = (M + tmax - 1) / tmax, tb = M / ntile, extra = M % ntile;
-    int prefetched = 0; /* whether the previous panel's passes brought this one into L2 */
+    int prefetched = 0; /* whether the previous block's passes brought this one into L2 */
     for (int64_t p = n0 / NL_MV_PANEL; p * NL_MV_PANEL < n1; p++) {
         const int64_t r0 = p * NL_MV_PANEL;
         const int lo = (int)(n0 > r0 ? n0 - r0 : 0), hi = (int)(n1 - r0 < NL_MV_PANEL ? n1 - r0 : NL_MV_PANEL);
         const void *wp = base + (size_t)(p * ps) * esz;
         if (M == 1 && lo == 0 && r0 + 2 * NL_MV_PANEL <= n1) { /* this panel and the next, whole */
-            tiles_av2_two[bf](wp, ps, act->x, y + r0, K, N, 0, 0, 2 * NL_MV_PANEL, 1, NULL, 0);
+            tiles_av2_two[bf](wp, ps, act->x, y + r0, K, N, 0, 0, 2 * NL_MV_PANEL, 1, NULL, 0, 0, K, NULL);
             p++;
             continue;
         }
         if (M <= 2) {
-            tiles_av2_panel[bf][M - 1](wp, ps, act->x, y + r0, K, N, 0, lo, hi, 1, NULL, 0);
+            tiles_av2_panel[bf][M - 1](wp, ps, act->x, y + r0, K, N, 0, lo, hi, 1, NULL, 0, 0, K, NULL);
             continue;
         }
-        /* the slices' passes: the first reads the panel from memory (prefetching it ahead) unless
-         * the previous panel's passes brought it into L2; every pass prefetches its share of the
-         * next panel of this range into L2, so memory streams while the tiles compute */
-        const int nslice = (hi - 1) / sr - lo / sr + 1, passes = nslice * (int)ntile;
-        const int next = r0 + NL_MV_PANEL < N;
-        const int64_t lines = ps * (int64_t)esz / 64, nl = next ? (lines + passes - 1) / passes : 0;
-        const char *nx = next ? (const char *)wp + ps * (int64_t)esz : NULL;
-        int pass = 0;
-        for (int s = 0; s < AV_V / sv; s++) {
-            if (sr * s >= hi || sr * s + sr <= lo) continue;
-            for (int64_t m = 0, i = 0; i < ntile; i++, pass++) {
-                const int64_t T = tb + (i < extra);
-                (sv == 3 ? tiles_av2_slice3[bf][T - 1] : tiles_av2_slice[bf][T - 1])(
-                    wp, ps, act->x + m * K, y + m * N + r0, K, N, sv * s, lo, hi, pass == 0 && !prefetched,
-                    nx ? nx + pass * nl * 64 : NULL,
-                    nx && (pass + 1) * nl > lines ? (lines > pass * nl ? lines - pass * nl : 0) : nl);
-                m += T;
+        /* the slices' passes over a block of KB columns at a time (a sum paused at a block's end
+         * resumes at the next: the same chain): the block stays in L1 for every pass after the
+         * first, which streams it from memory with its prefetches running ahead into the next
+         * block and, at the panel's end, the next panel */
+        float part[AV_PASSES][12 * 8];
+        const int64_t passes = ((hi - 1) / sr - lo / sr + 1) * ntile, kb = sv == 3 && passes <= AV_PASSES ? AV_KB : K;
+        const int64_t col = NL_MV_PANEL * (int64_t)esz; /* bytes of one column of the panel */
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+            const int64_t k1 = K - k0 <= kb ? K : k0 + kb;
+            /* the next block of this panel, or the next panel's first, into L2 while this one
+             * computes: its lines spread over every pass */
+            const char *nx = NULL;
+            int64_t lines = 0;
+            if (k1 < K) {
+                nx = (const char *)wp + k1 * col;
+                lines = ((K - k1 < kb ? K - k1 : kb) * col + 63) / 64;
+            } else if (r0 + NL_MV_PANEL < N) {
+                nx = (const char *)wp + ps * (int64_t)esz;
+                lines = ((K < kb ? K : kb) * col + 63) / 64;
             }
+            const int64_t nl = nx ? (lines + passes - 1) / passes : 0;
+            int pass = 0;
+            for (int s = 0; s < AV_V / sv; s++) {
+                if (sr * s >= hi || sr * s + sr <= lo) continue;
+                for (int64_t m = 0, i = 0; i < ntile; i++, pass++) {
+                    const int64_t T = tb + (i < extra);
+                    const int64_t off = pass * nl, mine = off >= lines ? 0 : lines - off < nl ? lines - off : nl;
+                    (sv == 3 ? tiles_av2_slice3[bf][T - 1] : tiles_av2_slice[bf][T - 1])(
+                        wp, ps, act->x + m * K, y + m * N + r0, K, N, sv * s, lo, hi, pass == 0 && !prefetched,
+                        mine ? nx + off * 64 : NULL, mine, k0, k1, part[pass]);
+                    m += T;
+                }
+            }
+            prefetched = nx != NULL;
+            if (k1 == K) break;
         }
-        prefetched = next;
     }
 }
 
