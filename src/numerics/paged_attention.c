@@ -111,28 +111,6 @@ static inline void row16_i8(v16 *out, const int8_t *r, int64_t lanes) {
     *out = __builtin_convertvector(b, v16);
 }
 
-/* In-place transpose of a 16 x 16 tile (m[r] lane c <- m[c] lane r): four rounds, round d
- * (1, 2, 4, 8) swapping that bit of the row index with the same bit of the column index by
- * two-input shuffles (vpermt2ps on AVX-512). Data movement only: no bits change. */
-#define T16_LO1(d, c) (((c) & (d)) ? 16 + ((c) ^ (d)) : (c))
-#define T16_HI1(d, c) (((c) & (d)) ? 16 + (c) : ((c) ^ (d)))
-#define T16_IDX(F, d)                                                                                                  \
-    F(d, 0), F(d, 1), F(d, 2), F(d, 3), F(d, 4), F(d, 5), F(d, 6), F(d, 7), F(d, 8), F(d, 9), F(d, 10), F(d, 11),      \
-        F(d, 12), F(d, 13), F(d, 14), F(d, 15)
-#define T16_ROUND(m, d)                                                                                                \
-    for (int r = 0; r < 16; r++)                                                                                       \
-        if (!(r & (d))) {                                                                                              \
-            v16 a = m[r], b = m[r | (d)];                                                                              \
-            m[r] = __builtin_shufflevector(a, b, T16_IDX(T16_LO1, d));                                                 \
-            m[r | (d)] = __builtin_shufflevector(a, b, T16_IDX(T16_HI1, d));                                           \
-        }
-static inline __attribute__((always_inline)) void transpose16(v16 m[16]) {
-    T16_ROUND(m, 1)
-    T16_ROUND(m, 2)
-    T16_ROUND(m, 4)
-    T16_ROUND(m, 8)
-}
-
 /* The keys of one 16-position tile, positions t0 .. t0 + n - 1 (n <= 16), as 16 float lanes per
  * dimension: dimension i at the returned pointer + i * *stride; for an int8 pool the keys' fp16
  * scales in ks[j] (0 past n), for fp32 ks is all 0. Keys are stored transposed in their blocks
@@ -369,9 +347,9 @@ static float row_max(const float *a, int64_t n) {
 /* Softmax of the nq score rows of a tile in place: row r (at s + r * row) holds positions
  * 0 .. pos0 + r; a[t] = exp(a[t] - max) / sum, the sum in position order. The exps are
  * nl_vexpf's (vectorized; the same function as nl_model_step's attention). One row's sum is a
- * chain of dependent adds; the rows of a tile are summed side by side instead: 16 rows' next 16
- * exps are transposed so that lane j carries row j, and added in position order (each row is
- * padded with +0 up to the tile's longest row: adding +0 to a positive sum changes no bit). */
+ * chain of dependent adds; the rows of a tile are summed side by side instead, 8 chains at a
+ * time, each in position order (each row is padded with +0 up to the tile's longest row: adding
+ * +0 to a positive sum changes no bit). */
 static void softmax_rows(float *s, int64_t nq, int64_t row, int64_t pos0) {
     const int64_t n_max = pos0 + nq, padded = (n_max + NL_KV_KTILE - 1) / NL_KV_KTILE * NL_KV_KTILE;
     for (int64_t r = 0; r < nq; r++) {
@@ -388,20 +366,19 @@ static void softmax_rows(float *s, int64_t nq, int64_t row, int64_t pos0) {
             const float *a = s + r0 * row;
             sum[0] = 0.0f;
             for (int64_t t = 0; t < pos0 + r0 + 1; t++) sum[0] += a[t];
-        } else {
-            v16 acc = {0}, m[NL_KV_KTILE];
-            for (int64_t t0 = 0; t0 < padded; t0 += NL_KV_KTILE) {
-                for (int j = 0; j < NL_KV_KTILE; j++) {
-                    if (j < nr)
-                        load16(&m[j], s + (r0 + j) * row + t0);
-                    else
-                        m[j] = (v16){0};
+        } else /* 8 rows side by side: 8 independent chains of scalar adds in position order */
+            for (int64_t j0 = 0; j0 < nr; j0 += 8) {
+                const int64_t nj = nr - j0 < 8 ? nr - j0 : 8;
+                const float *a[8];
+                for (int64_t j = 0; j < 8; j++) a[j] = s + (r0 + j0 + (j < nj ? j : 0)) * row; /* past nj: dropped */
+                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
+                for (int64_t t = 0; t < padded; t++) {
+                    s0 += a[0][t], s1 += a[1][t], s2 += a[2][t], s3 += a[3][t];
+                    s4 += a[4][t], s5 += a[5][t], s6 += a[6][t], s7 += a[7][t];
                 }
-                transpose16(m);
-                for (int j = 0; j < NL_KV_KTILE; j++) acc += m[j];
+                const float got[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+                for (int64_t j = 0; j < nj; j++) sum[j0 + j] = got[j];
             }
-            memcpy(sum, &acc, sizeof sum);
-        }
         for (int64_t j = 0; j < nr; j++) {
             float *a = s + (r0 + j) * row;
             for (int64_t t = 0; t < pos0 + r0 + j + 1; t++) a[t] = a[t] / sum[j];
