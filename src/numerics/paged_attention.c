@@ -2,6 +2,9 @@
  * sequence held in fixed-size blocks of a pool (nanolm/paged_attention.h). */
 #include <math.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "nanolm/paged_attention.h"
 #include "nanolm/safetensors.h"
@@ -23,6 +26,23 @@ static inline v8 load8(const float *p) {
     v8 v;
     memcpy(&v, p, sizeof v);
     return v;
+}
+/* 8 int8 codes widened to floats (exact). GCC turns the generic conversion into one byte at a
+ * time, so AVX2 builds use the sign-extending instruction. */
+typedef int8_t c8 __attribute__((vector_size(8)));
+static inline v8 widen8(const int8_t *p) {
+#if defined(__AVX2__)
+    long long b;
+    memcpy(&b, p, sizeof b);
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(b)));
+    v8 v;
+    memcpy(&v, &f, sizeof v);
+    return v;
+#else
+    c8 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, v8);
+#endif
 }
 static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
 
@@ -111,28 +131,6 @@ static inline void row16_i8(v16 *out, const int8_t *r, int64_t lanes) {
     *out = __builtin_convertvector(b, v16);
 }
 
-/* In-place transpose of a 16 x 16 tile (m[r] lane c <- m[c] lane r): four rounds, round d
- * (1, 2, 4, 8) swapping that bit of the row index with the same bit of the column index by
- * two-input shuffles (vpermt2ps on AVX-512). Data movement only: no bits change. */
-#define T16_LO1(d, c) (((c) & (d)) ? 16 + ((c) ^ (d)) : (c))
-#define T16_HI1(d, c) (((c) & (d)) ? 16 + (c) : ((c) ^ (d)))
-#define T16_IDX(F, d)                                                                                                  \
-    F(d, 0), F(d, 1), F(d, 2), F(d, 3), F(d, 4), F(d, 5), F(d, 6), F(d, 7), F(d, 8), F(d, 9), F(d, 10), F(d, 11),      \
-        F(d, 12), F(d, 13), F(d, 14), F(d, 15)
-#define T16_ROUND(m, d)                                                                                                \
-    for (int r = 0; r < 16; r++)                                                                                       \
-        if (!(r & (d))) {                                                                                              \
-            v16 a = m[r], b = m[r | (d)];                                                                              \
-            m[r] = __builtin_shufflevector(a, b, T16_IDX(T16_LO1, d));                                                 \
-            m[r | (d)] = __builtin_shufflevector(a, b, T16_IDX(T16_HI1, d));                                           \
-        }
-static inline __attribute__((always_inline)) void transpose16(v16 m[16]) {
-    T16_ROUND(m, 1)
-    T16_ROUND(m, 2)
-    T16_ROUND(m, 4)
-    T16_ROUND(m, 8)
-}
-
 /* The keys of one 16-position tile, positions t0 .. t0 + n - 1 (n <= 16), as 16 float lanes per
  * dimension: dimension i at the returned pointer + i * *stride; for an int8 pool the keys' fp16
  * scales in ks[j] (0 past n), for fp32 ks is all 0. Keys are stored transposed in their blocks
@@ -140,9 +138,10 @@ static inline __attribute__((always_inline)) void transpose16(v16 m[16]) {
  * default block of 16, whose keys are one tile), fp32 keys are read in place and int8 codes are
  * widened from it into buf; lanes past n are then slots not written for this sequence, whose
  * scores nothing reads (int8: times a scale of 0). Otherwise (a block size that is not a multiple
- * of 16) they are gathered into buf, zero past n. buf: hd x 16 floats. */
-static inline const float *key_lanes(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0,
-                                     int64_t n, float *buf, int64_t *stride, float *ks) {
+ * of 16) they are gathered into buf, zero past n. buf: hd x 16 floats; NULL for int8 tiles in place,
+ * whose codes are then returned as they are (int8_t, stride block_size). */
+static inline const void *key_lanes(const nl_paged_kv *c, const int32_t *table, int64_t l, int64_t kh, int64_t t0,
+                                    int64_t n, float *buf, int64_t *stride, float *ks) {
     const int64_t bs = c->block_size, hd = c->hd, s0 = t0 % bs;
     const int in_place = s0 + NL_KV_KTILE <= bs;
     if (c->dtype != NL_PAGED_INT8) {
@@ -156,16 +155,23 @@ static inline const float *key_lanes(const nl_paged_kv *c, const int32_t *table,
             for (int64_t i = 0; i < hd; i++) buf[i * NL_KV_KTILE + j] = col ? col[i * bs] : 0.0f;
         }
     } else {
-        for (int64_t j = 0; j < NL_KV_KTILE; j++)
-            ks[j] =
-                j < n ? nl_st_f16_to_f32(*nl_paged_scale_at(c, table[(t0 + j) / bs], l, 0, kh, (t0 + j) % bs)) : 0.0f;
+        if (in_place) { /* the tile's scales are consecutive slots of one block */
+            const uint16_t *sp = nl_paged_scale_at(c, table[t0 / bs], l, 0, kh, s0);
+            for (int64_t j = 0; j < NL_KV_KTILE; j++) ks[j] = j < n ? nl_st_f16_to_f32(sp[j]) : 0.0f;
+        } else
+            for (int64_t j = 0; j < NL_KV_KTILE; j++)
+                ks[j] = j < n ? nl_st_f16_to_f32(*nl_paged_scale_at(c, table[(t0 + j) / bs], l, 0, kh, (t0 + j) % bs))
+                              : 0.0f;
         if (in_place) {
             const int8_t *codes = nl_paged_key_codes(c, table[t0 / bs], l, kh) + s0;
+            if (!buf) { /* the caller widens them as it reads */
+                *stride = bs;
+                return codes;
+            }
             for (int64_t i = 0; i < hd; i++) {
-                c16 b;
-                memcpy(&b, codes + i * bs, sizeof b);
-                const v16 f = __builtin_convertvector(b, v16);
-                memcpy(buf + i * NL_KV_KTILE, &f, sizeof f);
+                const v8 lo = widen8(codes + i * bs), hi = widen8(codes + i * bs + 8);
+                memcpy(buf + i * NL_KV_KTILE, &lo, sizeof lo);
+                memcpy(buf + i * NL_KV_KTILE + 8, &hi, sizeof hi);
             }
         } else
             for (int64_t j = 0; j < NL_KV_KTILE; j++) {
@@ -202,7 +208,7 @@ static const float *key_tile(const nl_paged_kv *c, const int32_t *table, int64_t
     walk_start(&v, c, table, l, 1, kh, t0, last + 1);
     for (int64_t j = 0; j < n_here; j++, walk_next(&v)) walk_prefetch(&v);
     if (t0 + NL_KV_KTILE <= last) key_prefetch(c, table, l, kh, t0 + NL_KV_KTILE);
-    return key_lanes(c, table, l, kh, t0, n_here, kt, stride, ks);
+    return (const float *)key_lanes(c, table, l, kh, t0, n_here, kt, stride, ks); /* kt given: floats */
 }
 
 /* Scores of query q (hd) against a transposed key tile: a[j] = (sum over i, in order, of
@@ -224,22 +230,25 @@ static void tile_scores(const float *q, const float *kt, int64_t kst, const floa
     score_out(&sc, ks, scale, int8, a);
 }
 
-/* The scores of NT (1 .. NL_KV_DTILES) key tiles of an fp32 pool for one query: tile g's 16
- * lanes of dimension i at p[g] + i * st[g]; out + 16 g its 16 sums over i in order, each the
- * scalar loop's. The tiles' sums are independent chains side by side (one tile alone waits on
- * each add); pn[g] (or NULL): the next group's tiles, prefetched a dimension at a time. */
+/* The scores of NT (1 .. NL_KV_DTILES) key tiles for one query: tile g's 16 lanes of dimension
+ * i at p[g] + i * st[g] (floats, or with I8 int8 codes widened as they are read); out + 16 g its
+ * 16 sums over i in order, each the scalar loop's. The tiles' sums are independent chains side
+ * by side (one tile alone waits on each add); pn[g] (or NULL): the next group's fp32 tiles,
+ * prefetched a dimension at a time. */
+#define DT_X(g, o) (I8 ? widen8((const int8_t *)p##g + (o)) : load8((const float *)p##g + (o)))
 #define DT_ACC(g)                                                                                                      \
     do {                                                                                                               \
-        lo##g += qi * load8(p##g), hi##g += qi * load8(p##g + 8);                                                      \
+        lo##g += qi * DT_X(g, 0), hi##g += qi * DT_X(g, 8);                                                            \
         if (pn##g) __builtin_prefetch(pn##g), pn##g += sn##g;                                                          \
         p##g += s##g;                                                                                                  \
     } while (0)
 static inline __attribute__((always_inline)) void
-dtiles(const float *const p[NL_KV_DTILES], const int64_t st[NL_KV_DTILES], const float *const pn[NL_KV_DTILES],
-       const int64_t stn[NL_KV_DTILES], const float *q, int64_t hd, const int NT, float *out) {
-    const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+dtiles(const void *const p[NL_KV_DTILES], const int64_t st[NL_KV_DTILES], const float *const pn[NL_KV_DTILES],
+       const int64_t stn[NL_KV_DTILES], const float *q, int64_t hd, const int NT, const int I8, float *out) {
+    const int64_t esz = I8 ? 1 : (int64_t)sizeof(float);
+    const char *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
     const float *pn0 = pn[0], *pn1 = pn[1], *pn2 = pn[2], *pn3 = pn[3];
-    const int64_t s0 = st[0], s1 = st[1], s2 = st[2], s3 = st[3];
+    const int64_t s0 = st[0] * esz, s1 = st[1] * esz, s2 = st[2] * esz, s3 = st[3] * esz;
     const int64_t sn0 = stn[0], sn1 = stn[1], sn2 = stn[2], sn3 = stn[3];
     v8 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0}, lo2 = {0}, hi2 = {0}, lo3 = {0}, hi3 = {0};
     for (int64_t i = 0; i < hd; i++) {
@@ -262,15 +271,23 @@ static void decode_scores(const nl_paged_kv *c, const int32_t *table, int64_t l,
                           const float *q, float scale, float *a, float *buf) {
     const int64_t hd = c->hd, n_pos = last + 1, group = NL_KV_DTILES * NL_KV_KTILE, bs = c->block_size;
     const int int8 = c->dtype == NL_PAGED_INT8;
-    const float *p[NL_KV_DTILES], *pn[NL_KV_DTILES] = {NULL, NULL, NULL, NULL};
+    const void *p[NL_KV_DTILES];
+    const float *pn[NL_KV_DTILES] = {NULL, NULL, NULL, NULL};
     int64_t st[NL_KV_DTILES], stn[NL_KV_DTILES] = {0, 0, 0, 0};
     float ks[NL_KV_DTILES][NL_KV_KTILE];
     for (int64_t t0 = 0; t0 < n_pos; t0 += group) {
         int nt = 0;
+        int codes = int8; /* int8 tiles all in place: their codes widened as dtiles reads them */
         for (; nt < NL_KV_DTILES && t0 + nt * NL_KV_KTILE < n_pos; nt++) {
             const int64_t tt = t0 + nt * NL_KV_KTILE, n = n_pos - tt < NL_KV_KTILE ? n_pos - tt : NL_KV_KTILE;
-            p[nt] = key_lanes(c, table, l, kh, tt, n, buf + nt * hd * NL_KV_KTILE, &st[nt], ks[nt]);
+            codes &= tt % bs + NL_KV_KTILE <= bs;
+            p[nt] = key_lanes(c, table, l, kh, tt, n, codes ? NULL : buf + nt * hd * NL_KV_KTILE, &st[nt], ks[nt]);
         }
+        if (int8 && !codes) /* a tile across blocks: every tile of the group widened into buf */
+            for (int g = 0; g < nt; g++) {
+                const int64_t tt = t0 + g * NL_KV_KTILE, n = n_pos - tt < NL_KV_KTILE ? n_pos - tt : NL_KV_KTILE;
+                p[g] = key_lanes(c, table, l, kh, tt, n, buf + g * hd * NL_KV_KTILE, &st[g], ks[g]);
+            }
         for (int g = nt; g < NL_KV_DTILES; g++) p[g] = p[0], st[g] = st[0];
         for (int g = 0; g < NL_KV_DTILES; g++) { /* the next group's tiles: fp32 read in place as it goes */
             const int64_t tt = t0 + group + g * NL_KV_KTILE;
@@ -287,14 +304,23 @@ static void decode_scores(const nl_paged_kv *c, const int32_t *table, int64_t l,
         walk_start(&v, c, table, l, 1, kh, t0, n_pos);
         for (int64_t j = 0; j < group && t0 + j < n_pos; j++, walk_next(&v)) walk_prefetch(&v);
         float sc[NL_KV_DTILES * NL_KV_KTILE];
-        if (nt == 4)
-            dtiles(p, st, pn, stn, q, hd, 4, sc);
+        const void *const *pv = p;
+        if (codes && nt == 4)
+            dtiles(pv, st, pn, stn, q, hd, 4, 1, sc);
+        else if (codes)
+            for (int g = 0; g < nt; g++) { /* a last group of fewer tiles: one at a time */
+                const void *one[NL_KV_DTILES] = {pv[g], pv[g], pv[g], pv[g]};
+                const int64_t so[NL_KV_DTILES] = {st[g], st[g], st[g], st[g]};
+                dtiles(one, so, pn, stn, q, hd, 1, 1, sc + g * NL_KV_KTILE);
+            }
+        else if (nt == 4)
+            dtiles(pv, st, pn, stn, q, hd, 4, 0, sc);
         else if (nt == 3)
-            dtiles(p, st, pn, stn, q, hd, 3, sc);
+            dtiles(pv, st, pn, stn, q, hd, 3, 0, sc);
         else if (nt == 2)
-            dtiles(p, st, pn, stn, q, hd, 2, sc);
+            dtiles(pv, st, pn, stn, q, hd, 2, 0, sc);
         else
-            dtiles(p, st, pn, stn, q, hd, 1, sc);
+            dtiles(pv, st, pn, stn, q, hd, 1, 0, sc);
         for (int g = 0; g < nt; g++)
             for (int j = 0; j < NL_KV_KTILE; j++) {
                 const float o = sc[g * NL_KV_KTILE + j];
@@ -369,9 +395,9 @@ static float row_max(const float *a, int64_t n) {
 /* Softmax of the nq score rows of a tile in place: row r (at s + r * row) holds positions
  * 0 .. pos0 + r; a[t] = exp(a[t] - max) / sum, the sum in position order. The exps are
  * nl_vexpf's (vectorized; the same function as nl_model_step's attention). One row's sum is a
- * chain of dependent adds; the rows of a tile are summed side by side instead: 16 rows' next 16
- * exps are transposed so that lane j carries row j, and added in position order (each row is
- * padded with +0 up to the tile's longest row: adding +0 to a positive sum changes no bit). */
+ * chain of dependent adds; the rows of a tile are summed side by side instead, 8 chains at a
+ * time, each in position order (each row is padded with +0 up to the tile's longest row: adding
+ * +0 to a positive sum changes no bit). */
 static void softmax_rows(float *s, int64_t nq, int64_t row, int64_t pos0) {
     const int64_t n_max = pos0 + nq, padded = (n_max + NL_KV_KTILE - 1) / NL_KV_KTILE * NL_KV_KTILE;
     for (int64_t r = 0; r < nq; r++) {
@@ -388,20 +414,19 @@ static void softmax_rows(float *s, int64_t nq, int64_t row, int64_t pos0) {
             const float *a = s + r0 * row;
             sum[0] = 0.0f;
             for (int64_t t = 0; t < pos0 + r0 + 1; t++) sum[0] += a[t];
-        } else {
-            v16 acc = {0}, m[NL_KV_KTILE];
-            for (int64_t t0 = 0; t0 < padded; t0 += NL_KV_KTILE) {
-                for (int j = 0; j < NL_KV_KTILE; j++) {
-                    if (j < nr)
-                        load16(&m[j], s + (r0 + j) * row + t0);
-                    else
-                        m[j] = (v16){0};
+        } else /* 8 rows side by side: 8 independent chains of scalar adds in position order */
+            for (int64_t j0 = 0; j0 < nr; j0 += 8) {
+                const int64_t nj = nr - j0 < 8 ? nr - j0 : 8;
+                const float *a[8];
+                for (int64_t j = 0; j < 8; j++) a[j] = s + (r0 + j0 + (j < nj ? j : 0)) * row; /* past nj: dropped */
+                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
+                for (int64_t t = 0; t < padded; t++) {
+                    s0 += a[0][t], s1 += a[1][t], s2 += a[2][t], s3 += a[3][t];
+                    s4 += a[4][t], s5 += a[5][t], s6 += a[6][t], s7 += a[7][t];
                 }
-                transpose16(m);
-                for (int j = 0; j < NL_KV_KTILE; j++) acc += m[j];
+                const float got[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+                for (int64_t j = 0; j < nj; j++) sum[j0 + j] = got[j];
             }
-            memcpy(sum, &acc, sizeof sum);
-        }
         for (int64_t j = 0; j < nr; j++) {
             float *a = s + (r0 + j) * row;
             for (int64_t t = 0; t < pos0 + r0 + j + 1; t++) a[t] = a[t] / sum[j];
@@ -442,13 +467,6 @@ static inline void ahead_next(kv_walk *a, int *pf, int64_t t) {
     if ((*pf = t + 1 + KV_AHEAD < a->end)) walk_next(a);
 }
 
-/* 8 int8 codes widened to floats. */
-typedef int8_t c8 __attribute__((vector_size(8)));
-static inline v8 widen8(const int8_t *p) {
-    c8 b;
-    memcpy(&b, p, sizeof b);
-    return __builtin_convertvector(b, v8);
-}
 /* A value row's 8 floats at dimension offset d: fp32 in place, or int8 codes widened. */
 #define PV_X(d) (I8 ? widen8(vc + (d)) : load8(vf + (d)))
 
