@@ -821,7 +821,8 @@ static void run_panels_avx2(const nl_mv_weight *wt, const nl_mv_act *act, float 
                     const int64_t off = pass * nl, mine = off >= lines ? 0 : lines - off < nl ? lines - off : nl;
                     (sv == 3 ? tiles_av2_slice3[bf][T - 1] : tiles_av2_slice[bf][T - 1])(
                         wp, ps, act->x + m * K, y + m * N + r0, K, N, sv * s, lo, hi, pass == 0 && !prefetched,
-                        mine ? nx + off * 64 : NULL, mine, k0, k1, part[pass]);
+                        mine ? nx + off * 64 : NULL, mine, k0, k1,
+                        kb < K ? part[pass] : NULL); /* whole K: no sum to pause */
                     m += T;
                 }
             }
