@@ -20,29 +20,31 @@ typedef float v16 __attribute__((vector_size(64)));
 
 typedef int8_t c16 __attribute__((vector_size(16)));
 /* 8 floats (one AVX2 register, two SSE): kernels whose accumulators must stay in registers hold
- * eight of these, where sixteen 64-byte values would spill on AVX2. */
+ * eight of these, where sixteen 64-byte values would spill on AVX2. Like v16, they go through
+ * pointers between functions. */
 typedef float v8 __attribute__((vector_size(32)));
-static inline v8 load8(const float *p) {
-    v8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+static inline __attribute__((always_inline)) void load8(v8 *v, const float *p) { memcpy(v, p, sizeof *v); }
 /* 8 int8 codes widened to floats (exact). GCC turns the generic conversion into one byte at a
  * time, so AVX2 builds use the sign-extending instruction. */
 typedef int8_t c8 __attribute__((vector_size(8)));
-static inline v8 widen8(const int8_t *p) {
+static inline __attribute__((always_inline)) void widen8(v8 *v, const int8_t *p) {
 #if defined(__AVX2__)
     long long b;
     memcpy(&b, p, sizeof b);
     const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(b)));
-    v8 v;
-    memcpy(&v, &f, sizeof v);
-    return v;
+    memcpy(v, &f, sizeof *v);
 #else
     c8 b;
     memcpy(&b, p, sizeof b);
-    return __builtin_convertvector(b, v8);
+    *v = __builtin_convertvector(b, v8);
 #endif
+}
+/* 8 floats of an fp32 row, or 8 int8 codes widened (I8). */
+static inline __attribute__((always_inline)) void row8(v8 *v, const void *p, int I8) {
+    if (I8)
+        widen8(v, p);
+    else
+        load8(v, p);
 }
 static inline void load16(v16 *v, const float *p) { memcpy(v, p, sizeof *v); }
 
@@ -169,7 +171,9 @@ static inline const void *key_lanes(const nl_paged_kv *c, const int32_t *table, 
                 return codes;
             }
             for (int64_t i = 0; i < hd; i++) {
-                const v8 lo = widen8(codes + i * bs), hi = widen8(codes + i * bs + 8);
+                v8 lo, hi;
+                widen8(&lo, codes + i * bs);
+                widen8(&hi, codes + i * bs + 8);
                 memcpy(buf + i * NL_KV_KTILE, &lo, sizeof lo);
                 memcpy(buf + i * NL_KV_KTILE + 8, &hi, sizeof hi);
             }
@@ -235,7 +239,7 @@ static void tile_scores(const float *q, const float *kt, int64_t kst, const floa
  * 16 sums over i in order, each the scalar loop's. The tiles' sums are independent chains side
  * by side (one tile alone waits on each add); pn[g] (or NULL): the next group's fp32 tiles,
  * prefetched a dimension at a time. */
-#define DT_X(g, o) (I8 ? widen8((const int8_t *)p##g + (o)) : load8((const float *)p##g + (o)))
+#define DT_X(g, o) (row8(&x, (const char *)p##g + (o)*esz, I8), x)
 #define DT_ACC(g)                                                                                                      \
     do {                                                                                                               \
         lo##g += qi * DT_X(g, 0), hi##g += qi * DT_X(g, 8);                                                            \
@@ -250,7 +254,7 @@ dtiles(const void *const p[NL_KV_DTILES], const int64_t st[NL_KV_DTILES], const 
     const float *pn0 = pn[0], *pn1 = pn[1], *pn2 = pn[2], *pn3 = pn[3];
     const int64_t s0 = st[0] * esz, s1 = st[1] * esz, s2 = st[2] * esz, s3 = st[3] * esz;
     const int64_t sn0 = stn[0], sn1 = stn[1], sn2 = stn[2], sn3 = stn[3];
-    v8 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0}, lo2 = {0}, hi2 = {0}, lo3 = {0}, hi3 = {0};
+    v8 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0}, lo2 = {0}, hi2 = {0}, lo3 = {0}, hi3 = {0}, x;
     for (int64_t i = 0; i < hd; i++) {
         const float qi = q[i];
         DT_ACC(0);
@@ -344,7 +348,8 @@ static void tile_scores_rows(const float *q, int64_t q_stride, int nr, const flo
         v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
         const float *kp = kt + 8 * half;
         for (int64_t i = 0; i < hd; i++, kp += kst) {
-            const v8 k = load8(kp);
+            v8 k;
+            load8(&k, kp);
             SQ_ACC(0);
             SQ_ACC(1);
             SQ_ACC(2);
@@ -468,7 +473,7 @@ static inline void ahead_next(kv_walk *a, int *pf, int64_t t) {
 }
 
 /* A value row's 8 floats at dimension offset d: fp32 in place, or int8 codes widened. */
-#define PV_X(d) (I8 ? widen8(vc + (d)) : load8(vf + (d)))
+#define PV_X(d) (row8(&x, I8 ? (const void *)(vc + (d)) : (const void *)(vf + (d)), I8), x)
 
 /* pv_decode's sums, dimensions g .. g + 8 NV - 1 (all present): NV (4 or 8) register
  * accumulators of 8 floats, the table walked a block at a time (the rows of one head in a block
@@ -499,6 +504,7 @@ static inline __attribute__((always_inline)) void pv_block(const nl_paged_kv *c,
                 __builtin_prefetch(rn + (sl * hd + g) * esz + 8 * NV * esz - 1);
             }
             const float pt = I8 ? p[t] * nl_st_f16_to_f32(sc[sl]) : p[t];
+            v8 x;
             PV_ACC(0);
             PV_ACC(1);
             PV_ACC(2);
@@ -628,7 +634,9 @@ static inline __attribute__((always_inline)) void pv_rows_block(const nl_paged_k
                     __builtin_prefetch(rn + (sl * hd + off) * esz + 64 * esz - 1);
                 }
                 const float s = I8 ? nl_st_f16_to_f32(sc[sl]) : 1.0f;
-                const v8 x0 = PV_X(0), x1 = PV_X(8);
+                v8 x, x0, x1;
+                x0 = PV_X(0);
+                x1 = PV_X(8);
                 PVR_ACC(0);
                 PVR_ACC(1);
                 PVR_ACC(2);
